@@ -1,0 +1,205 @@
+"""fusec's graph IR: slotted ``Value``/``Node``/``Graph`` records with nodes in topological order.
+
+Contracts:
+- every ``Value`` has a static shape (tuple of ints) and a ``DType``; names are unique per graph;
+- a constant is a ``Value`` whose ``data`` is a numpy array of exactly its shape and dtype; it is
+  listed in ``Graph.constants`` and produced by no node;
+- ``Graph.nodes`` is a topological order: each node's inputs are graph inputs, constants, or
+  outputs of earlier nodes. Liveness planning and the runtime rely on this linear order.
+
+Names may come from a model file; they are for people (printer, errors) and are never used as
+identifiers in generated code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from fusec.dtypes import DType
+from fusec.ops import OP_INFO, Op, Shape, format_attrs, infer
+
+
+class IRError(ValueError):  # a compiler bug or a malformed hand-built graph, not user input
+    """The graph breaks an IR invariant; the message names the node or value at fault."""
+
+
+class Value:
+    __slots__ = ("name", "shape", "dtype", "data")
+
+    def __init__(self, name: str, shape: Sequence[int], dtype: DType, data: np.ndarray | None = None):
+        self.name = name
+        self.shape: Shape = tuple(int(d) for d in shape)
+        self.dtype = dtype
+        self.data = data
+
+    @property
+    def is_const(self) -> bool:
+        return self.data is not None
+
+    @property
+    def numel(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.dtype.itemsize
+
+    @property
+    def type_str(self) -> str:
+        return f"{self.dtype.value}[{','.join(str(d) for d in self.shape)}]"
+
+    def __repr__(self) -> str:
+        return f"Value({self.name!r}: {self.type_str})"
+
+
+class Node:
+    __slots__ = ("op", "inputs", "outputs", "attrs", "name")
+
+    def __init__(self, op: Op, inputs: Sequence[Value], outputs: Sequence[Value], attrs: Any, name: str = ""):
+        self.op = op
+        self.inputs: tuple[Value, ...] = tuple(inputs)
+        self.outputs: tuple[Value, ...] = tuple(outputs)
+        self.attrs = attrs
+        self.name = name  # provenance (e.g. the ONNX node name), for messages only
+
+    @property
+    def output(self) -> Value:
+        """The single output of a one-output node."""
+        if len(self.outputs) != 1:
+            raise IRError(f"node {self.describe()} has {len(self.outputs)} outputs, not one")
+        return self.outputs[0]
+
+    def describe(self) -> str:
+        who = f" ({self.name!r})" if self.name else ""
+        return f"{self.op.value}{who} -> {', '.join(repr(v.name) for v in self.outputs)}"
+
+    def __repr__(self) -> str:
+        return f"Node({self.describe()})"
+
+
+class Graph:
+    __slots__ = ("inputs", "outputs", "nodes", "constants", "name")
+
+    def __init__(self, inputs: Sequence[Value], outputs: Sequence[Value], nodes: Sequence[Node],
+                 constants: Sequence[Value] = (), name: str = "graph"):
+        self.inputs = list(inputs)
+        self.outputs = list(outputs)
+        self.nodes = list(nodes)
+        self.constants = list(constants)
+        self.name = name
+
+    # ---- queries --------------------------------------------------------------------------
+    def producers(self) -> dict[Value, Node]:
+        return {o: n for n in self.nodes for o in n.outputs}
+
+    def users(self) -> dict[Value, list[Node]]:
+        out: dict[Value, list[Node]] = {}
+        for n in self.nodes:
+            for v in n.inputs:
+                out.setdefault(v, []).append(n)
+        return out
+
+    def values(self) -> Iterable[Value]:
+        yield from self.inputs
+        yield from self.constants
+        for n in self.nodes:
+            yield from n.outputs
+
+    def op_histogram(self) -> dict[str, int]:
+        hist: dict[str, int] = {}
+        for n in self.nodes:
+            hist[n.op.value] = hist.get(n.op.value, 0) + 1
+        return dict(sorted(hist.items()))
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(c.nbytes for c in self.constants)
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(c.numel for c in self.constants if c.dtype.is_float)
+
+    def copy(self) -> Graph:
+        """A shallow structural copy: new lists, same Value/Node objects (passes rebuild lists)."""
+        return Graph(self.inputs, self.outputs, self.nodes, self.constants, self.name)
+
+    def __str__(self) -> str:
+        return print_graph(self)
+
+
+def verify(graph: Graph) -> None:
+    """Check every IR invariant; raise IRError naming the first value or node at fault.
+
+    Every value is defined once, before use; constants carry data of their declared type;
+    each node's output types are what its op's rule infers; outputs are defined.
+    """
+    defined: set[Value] = set()
+    names: dict[str, Value] = {}
+
+    def define(v: Value, where: str) -> None:
+        if v in defined:
+            raise IRError(f"value {v.name!r} is defined twice ({where})")
+        other = names.get(v.name)
+        if other is not None and other is not v:
+            raise IRError(f"two different values share the name {v.name!r} ({where})")
+        if not isinstance(v.dtype, DType) or any(d < 0 for d in v.shape):
+            raise IRError(f"value {v.name!r} has an invalid type {v.shape} {v.dtype}")
+        defined.add(v)
+        names[v.name] = v
+
+    for v in graph.inputs:
+        if v.is_const:
+            raise IRError(f"graph input {v.name!r} carries constant data")
+        define(v, "graph input")
+    for c in graph.constants:
+        if c.data is None:
+            raise IRError(f"constant {c.name!r} has no data")
+        if tuple(c.data.shape) != c.shape or c.data.dtype != c.dtype.np:
+            raise IRError(f"constant {c.name!r} declares {c.type_str} but holds {c.data.dtype}{list(c.data.shape)}")
+        define(c, "constant")
+    for i, n in enumerate(graph.nodes):
+        if n.op not in OP_INFO:
+            raise IRError(f"node #{i} {n.describe()}: unknown op {n.op}")
+        for v in n.inputs:
+            if v not in defined:
+                raise IRError(f"node #{i} {n.describe()} uses {v.name!r} before it is defined")
+        try:
+            types = infer(n.op, n.attrs, [(v.shape, v.dtype) for v in n.inputs])
+        except (ValueError, TypeError) as e:
+            raise IRError(f"node #{i} {n.describe()}: {e}") from None
+        if len(types) != len(n.outputs):
+            raise IRError(f"node #{i} {n.describe()}: op yields {len(types)} outputs, node has {len(n.outputs)}")
+        for v, (shape, dt) in zip(n.outputs, types):
+            if v.shape != tuple(shape) or v.dtype != dt:
+                raise IRError(f"node #{i} {n.describe()}: output {v.name!r} is {v.type_str}, "
+                              f"rule gives {dt.value}[{','.join(map(str, shape))}]")
+            if v.is_const:
+                raise IRError(f"node #{i} {n.describe()}: output {v.name!r} carries constant data")
+            define(v, f"output of node #{i}")
+    for v in graph.outputs:
+        if v not in defined:
+            raise IRError(f"graph output {v.name!r} is never defined")
+
+
+def _fmt_name(name: str) -> str:
+    """Names from model files may hold anything; print plain ones bare and quote the rest."""
+    if name and all(c.isascii() and (c.isalnum() or c in "._/:-") for c in name):
+        return "%" + name
+    return "%" + repr(name)
+
+
+def print_graph(graph: Graph) -> str:
+    """Deterministic text form, used for pass dumps and golden tests."""
+    lines = [f"graph {graph.name}(" + ", ".join(f"{_fmt_name(v.name)}: {v.type_str}" for v in graph.inputs) + ") {"]
+    for c in graph.constants:
+        lines.append(f"  const {_fmt_name(c.name)}: {c.type_str}")
+    for n in graph.nodes:
+        outs = ", ".join(f"{_fmt_name(v.name)}: {v.type_str}" for v in n.outputs)
+        ins = ", ".join(_fmt_name(v.name) for v in n.inputs)
+        lines.append(f"  {outs} = {n.op.value}{format_attrs(n.attrs)}({ins})")
+    lines.append("  return " + ", ".join(_fmt_name(v.name) for v in graph.outputs))
+    lines.append("}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,292 @@
+"""The numpy reference backend: an interpreter over the IR (autodidax's ``eval_jaxpr``).
+
+It is the living definition of every op; every other backend is checked against it. Floating
+point ops on fp16/bf16 tensors compute in fp32 and round the result back to the storage dtype,
+which is what the CUDA kernels do (fp32 accumulation).
+
+``run(graph, inputs)`` takes a dict of input name to array and returns a dict of output name to
+array. Inputs are checked against the graph's signature (name, shape, dtype) first.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from fusec import ops as O
+from fusec.dtypes import DType
+from fusec.errors import InputError
+from fusec.ir import Graph, Node, Value
+from fusec.ops import Op
+
+
+def _f32(fn: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
+    """Compute a float op in at least fp32 and return the first input's storage dtype."""
+
+    def wrapped(attrs: Any, *xs: np.ndarray) -> np.ndarray:
+        dt = xs[0].dtype
+        up = [x.astype(np.float32) if x.dtype.kind == "f" or x.dtype.name == "bfloat16" else x for x in xs]
+        up = [x if x.dtype != np.float16 and x.dtype.name != "bfloat16" else x.astype(np.float32) for x in up]
+        return np.asarray(fn(attrs, *up)).astype(dt, copy=False)
+
+    return wrapped
+
+
+_erf_vec = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    return _erf_vec(x.astype(np.float64)).astype(x.dtype)
+
+
+def _gelu(a: O.GeluAttrs, x: np.ndarray) -> np.ndarray:
+    if a.approximate == "tanh":
+        c = np.float32(math.sqrt(2.0 / math.pi))
+        return 0.5 * x * (1.0 + np.tanh(c * (x + np.float32(0.044715) * x * x * x)))
+    return 0.5 * x * (1.0 + _erf(x / np.float32(math.sqrt(2.0))))
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    # 1/(1+exp(-x)) overflows harmlessly to 0 for very negative x; silence the warning.
+    with np.errstate(over="ignore"):
+        return (1.0 / (1.0 + np.exp(-x))).astype(x.dtype)
+
+
+def _int_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    # ONNX/C integer division truncates toward zero; numpy's // floors.
+    q = np.abs(a) // np.abs(b)
+    return np.where((a < 0) != (b < 0), -q, q).astype(a.dtype)
+
+
+def _div(attrs: Any, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if a.dtype.kind in "iu":
+        return _int_div(a, b)
+    return _f32(lambda _, x, y: x / y)(attrs, a, b)
+
+
+def _pow(attrs: Any, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if a.dtype.kind in "iu":
+        return np.power(a.astype(np.float64), b.astype(np.float64)).astype(a.dtype)
+    return _f32(lambda _, x, y: np.power(x, y.astype(x.dtype)))(attrs, a, b)
+
+
+def _cast(a: O.CastAttrs, x: np.ndarray) -> np.ndarray:
+    if a.to.is_float and x.dtype == np.bool_:
+        return x.astype(np.float32).astype(a.to.np)
+    if a.to == DType.BF16 and x.dtype.kind in "iu":
+        return x.astype(np.float32).astype(a.to.np)
+    return x.astype(a.to.np)
+
+
+def _reduce(fn: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
+    return _f32(lambda a, x: fn(x, axis=a.axes, keepdims=a.keepdims))
+
+
+def _softmax(a: O.AxisAttrs, x: np.ndarray) -> np.ndarray:
+    m = np.max(x, axis=a.axis, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0)  # an all -inf row gives NaN, as in onnxruntime and torch
+    e = np.exp(x - m)
+    return e / np.sum(e, axis=a.axis, keepdims=True)
+
+
+def _cumsum(a: O.CumSumAttrs, x: np.ndarray) -> np.ndarray:
+    y = np.flip(x, a.axis) if a.reverse else x
+    out = np.cumsum(y, axis=a.axis, dtype=x.dtype)
+    if a.exclusive:
+        out = out - y
+    return np.flip(out, a.axis) if a.reverse else out
+
+
+def _layernorm(a: O.LayerNormAttrs, x: np.ndarray, scale: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+    axes = tuple(range(a.axis, x.ndim))
+    mean = np.mean(x, axis=axes, keepdims=True)
+    var = np.mean(np.square(x - mean), axis=axes, keepdims=True)
+    y = (x - mean) / np.sqrt(var + np.float32(a.eps)) * scale
+    return y if bias is None else y + bias
+
+
+def _rmsnorm(a: O.RMSNormAttrs, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    xf = x.astype(np.float32)
+    ms = np.mean(np.square(xf), axis=-1, keepdims=True)
+    y = (xf / np.sqrt(ms + np.float32(a.eps))).astype(x.dtype)  # HF: normalize, cast back, then scale
+    out = (w.astype(np.float32) + np.float32(a.weight_offset)) * y.astype(np.float32)
+    return out.astype(w.dtype)
+
+
+def _matmul(a: Any, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    dt = x.dtype
+    if dt.kind in "iu":
+        return np.matmul(x, y)
+    return np.matmul(x.astype(np.float32), y.astype(np.float32)).astype(dt)
+
+
+def _slice(a: O.SliceAttrs, x: np.ndarray) -> np.ndarray:
+    idx: list[Any] = [slice(None)] * x.ndim
+    for ax, s, e, st in zip(a.axes, a.starts, a.ends, a.steps):
+        # attrs are normalized to range() semantics; a negative end means "before index 0"
+        idx[ax] = slice(s, e if e >= 0 else None, st)
+    return x[tuple(idx)]
+
+
+def _checked_index(idx: np.ndarray, dim: int, what: str) -> np.ndarray:
+    if idx.size and (idx.min() < -dim or idx.max() >= dim):
+        raise InputError(f"{what}: index out of range [{-dim}, {dim}) (min {idx.min()}, max {idx.max()})")
+    return np.where(idx < 0, idx + dim, idx)
+
+
+def _gather(a: O.AxisAttrs, x: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    return np.take(x, _checked_index(idx, x.shape[a.axis], "gather"), axis=a.axis)
+
+
+def _gather_elements(a: O.AxisAttrs, x: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    return np.take_along_axis(x, _checked_index(idx, x.shape[a.axis], "gather_elements"), axis=a.axis)
+
+
+def _gather_nd(a: O.GatherNDAttrs, x: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    b = a.batch_dims
+    k = idx.shape[-1]
+    bshape = x.shape[:b]
+    nb = int(np.prod(bshape, dtype=np.int64))
+    xb = x.reshape((nb,) + x.shape[b:])
+    ib = idx.reshape((nb, -1, k))
+    out = []
+    for i in range(nb):
+        cols = tuple(_checked_index(ib[i, :, j], x.shape[b + j], "gather_nd") for j in range(k))
+        out.append(xb[i][cols])
+    res = np.stack(out)
+    return res.reshape(idx.shape[:-1] + x.shape[b + k:])
+
+
+def _scatter_nd(a: Any, x: np.ndarray, idx: np.ndarray, upd: np.ndarray) -> np.ndarray:
+    out = x.copy()
+    k = idx.shape[-1]
+    flat_idx = idx.reshape(-1, k)
+    flat_upd = upd.reshape((flat_idx.shape[0],) + x.shape[k:])
+    for i in range(flat_idx.shape[0]):
+        key = tuple(int(_checked_index(flat_idx[i, j:j + 1], x.shape[j], "scatter_nd")[0]) for j in range(k))
+        out[key] = flat_upd[i]
+    return out
+
+
+def _trilu(a: O.TriluAttrs, x: np.ndarray) -> np.ndarray:
+    return np.triu(x, a.k) if a.upper else np.tril(x, a.k)
+
+
+def _isinf(a: O.IsInfAttrs, x: np.ndarray) -> np.ndarray:
+    return (np.isposinf(x) & a.detect_positive) | (np.isneginf(x) & a.detect_negative)
+
+
+IMPL: dict[Op, Callable[..., np.ndarray]] = {
+    Op.NEG: lambda a, x: np.negative(x),
+    Op.ABS: lambda a, x: np.abs(x),
+    Op.EXP: _f32(lambda a, x: np.exp(x)),
+    Op.LOG: _f32(lambda a, x: np.log(x)),
+    Op.SQRT: _f32(lambda a, x: np.sqrt(x)),
+    Op.RECIPROCAL: _f32(lambda a, x: np.reciprocal(x)),
+    Op.ERF: _f32(lambda a, x: _erf(x)),
+    Op.TANH: _f32(lambda a, x: np.tanh(x)),
+    Op.SIGMOID: _f32(lambda a, x: _sigmoid(x)),
+    Op.RELU: lambda a, x: np.maximum(x, np.zeros((), x.dtype)),
+    Op.COS: _f32(lambda a, x: np.cos(x)),
+    Op.SIN: _f32(lambda a, x: np.sin(x)),
+    Op.NOT: lambda a, x: np.logical_not(x),
+    Op.ISNAN: lambda a, x: np.isnan(x),
+    Op.ISINF: _isinf,
+    Op.CAST: _cast,
+    Op.GELU: _f32(_gelu),
+    Op.SILU: _f32(lambda a, x: x * _sigmoid(x)),
+    Op.ADD: _f32(lambda a, x, y: x + y),
+    Op.SUB: _f32(lambda a, x, y: x - y),
+    Op.MUL: _f32(lambda a, x, y: x * y),
+    Op.DIV: _div,
+    Op.POW: _pow,
+    Op.MAX: lambda a, x, y: np.maximum(x, y),
+    Op.MIN: lambda a, x, y: np.minimum(x, y),
+    Op.EQUAL: lambda a, x, y: np.equal(x, y),
+    Op.LESS: lambda a, x, y: np.less(x, y),
+    Op.LESS_EQUAL: lambda a, x, y: np.less_equal(x, y),
+    Op.GREATER: lambda a, x, y: np.greater(x, y),
+    Op.GREATER_EQUAL: lambda a, x, y: np.greater_equal(x, y),
+    Op.AND: lambda a, x, y: np.logical_and(x, y),
+    Op.OR: lambda a, x, y: np.logical_or(x, y),
+    Op.WHERE: lambda a, c, x, y: np.where(c, x, y),
+    Op.REDUCE_SUM: _reduce(np.sum),
+    Op.REDUCE_MEAN: _reduce(np.mean),
+    Op.REDUCE_MAX: lambda a, x: np.max(x, axis=a.axes, keepdims=a.keepdims),
+    Op.SOFTMAX: _f32(_softmax),
+    Op.CUMSUM: _cumsum,
+    Op.LAYERNORM: _f32(_layernorm),
+    Op.RMSNORM: _rmsnorm,
+    Op.MATMUL: _matmul,
+    Op.RESHAPE: lambda a, x: x.reshape(a.shape),
+    Op.TRANSPOSE: lambda a, x: np.transpose(x, a.perm),
+    Op.EXPAND: lambda a, x: np.broadcast_to(x, a.shape),
+    Op.CONCAT: lambda a, *xs: np.concatenate(xs, axis=a.axis),
+    Op.SLICE: _slice,
+    Op.GATHER: _gather,
+    Op.GATHER_ELEMENTS: _gather_elements,
+    Op.GATHER_ND: _gather_nd,
+    Op.SCATTER_ND: _scatter_nd,
+    Op.TILE: lambda a, x: np.tile(x, a.repeats),
+    Op.TRILU: _trilu,
+}
+
+
+def check_inputs(graph: Graph, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Match the caller's inputs to the graph's signature; raise InputError naming the input."""
+    expected = {v.name: v for v in graph.inputs}
+    missing = [n for n in expected if n not in inputs]
+    extra = [n for n in inputs if n not in expected]
+    if missing:
+        raise InputError(f"missing input(s): {', '.join(repr(n) for n in missing)} "
+                         f"(the graph takes {', '.join(repr(n) for n in expected)})")
+    if extra:
+        raise InputError(f"unexpected input(s): {', '.join(repr(n) for n in extra)} "
+                         f"(the graph takes {', '.join(repr(n) for n in expected)})")
+    out: dict[str, np.ndarray] = {}
+    for name, v in expected.items():
+        arr = np.asarray(inputs[name])
+        if tuple(arr.shape) != v.shape:
+            raise InputError(f"input {name!r}: expected shape {list(v.shape)}, got {list(arr.shape)}")
+        if arr.dtype != v.dtype.np:
+            if v.dtype.is_int and arr.dtype.kind in "iu":  # int32/int64 token ids are interchangeable
+                if arr.size and (arr.min() < np.iinfo(v.dtype.np).min or arr.max() > np.iinfo(v.dtype.np).max):
+                    raise InputError(f"input {name!r}: values do not fit {v.dtype.value}")
+                arr = arr.astype(v.dtype.np)
+            else:
+                raise InputError(f"input {name!r}: expected dtype {v.dtype.value}, got {arr.dtype}")
+        out[name] = arr
+    return out
+
+
+def eval_node(node: Node, args: list[np.ndarray]) -> list[np.ndarray]:
+    """Evaluate one node on numpy arrays; returns its outputs in order, with their declared types."""
+    res = IMPL[node.op](node.attrs, *args)
+    results = list(res) if isinstance(res, tuple) else [res]
+    out = []
+    for v, r in zip(node.outputs, results):
+        r = np.asarray(r)
+        if r.dtype != v.dtype.np:
+            r = r.astype(v.dtype.np)
+        if tuple(r.shape) != v.shape:
+            raise AssertionError(f"reference for {node.describe()} produced shape {r.shape}, expected {v.shape}")
+        out.append(r)
+    return out
+
+
+def run(graph: Graph, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Execute ``graph`` on numpy inputs; returns {output name: array}."""
+    env: dict[Value, np.ndarray] = {}
+    for name, arr in check_inputs(graph, inputs).items():
+        env[next(v for v in graph.inputs if v.name == name)] = arr
+    for c in graph.constants:
+        assert c.data is not None
+        env[c] = c.data
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        for node in graph.nodes:
+            for v, r in zip(node.outputs, eval_node(node, [env[v] for v in node.inputs])):
+                env[v] = r
+    return {v.name: np.ascontiguousarray(env[v]) for v in graph.outputs}
