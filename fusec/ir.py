@@ -81,15 +81,18 @@ class Node:
 
 
 class Graph:
-    __slots__ = ("inputs", "outputs", "nodes", "constants", "name")
+    __slots__ = ("inputs", "outputs", "nodes", "constants", "name", "meta")
 
     def __init__(self, inputs: Sequence[Value], outputs: Sequence[Value], nodes: Sequence[Node],
-                 constants: Sequence[Value] = (), name: str = "graph"):
+                 constants: Sequence[Value] = (), name: str = "graph", meta: dict[str, Any] | None = None):
         self.inputs = list(inputs)
         self.outputs = list(outputs)
         self.nodes = list(nodes)
         self.constants = list(constants)
         self.name = name
+        # Records passes leave on the graph for reports and later stages (JSON-able values only):
+        # fusion candidates and decisions, pattern counts, transposes cached, gemms merged.
+        self.meta: dict[str, Any] = dict(meta or {})
 
     # ---- queries --------------------------------------------------------------------------
     def producers(self) -> dict[Value, Node]:
@@ -124,7 +127,7 @@ class Graph:
 
     def copy(self) -> Graph:
         """A shallow structural copy: new lists, same Value/Node objects (passes rebuild lists)."""
-        return Graph(self.inputs, self.outputs, self.nodes, self.constants, self.name)
+        return Graph(self.inputs, self.outputs, self.nodes, self.constants, self.name, self.meta)
 
     def __str__(self) -> str:
         return print_graph(self)

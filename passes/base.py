@@ -1,0 +1,39 @@
+"""The one pass signature: ``run(graph, options) -> PassResult(graph, changed)``.
+
+A pass module exposes ``NAME`` (used in dumps and on the command line), optionally ``REQUIRES``
+(names of passes that must have run before it; checked by the pipeline, not a comment) and
+``run``. Passes never mutate the graph they are given in a way the caller can observe through
+the old ``Graph`` object's lists; they return a new Graph (Value/Node objects may be shared).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from fusec.ir import Graph
+
+
+@dataclasses.dataclass
+class PassResult:
+    graph: Graph
+    changed: bool
+
+
+@dataclasses.dataclass
+class PassOptions:
+    """Knobs shared by all passes. ``disabled_fusions``/``enabled_fusions`` name fusion rules."""
+
+    disabled_fusions: frozenset[str] = frozenset()
+    enabled_fusions: frozenset[str] = frozenset()
+    # Why each matcher declined a near match: list of (pattern, where, reason). Filled by passes.
+    declines: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)
+    # Facts passes record for reports (`inspect`): counters such as transposes_cached.
+    stats: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def decline(self, pattern: str, where: str, reason: str) -> None:
+        """Record that matcher ``pattern`` declined a near match at ``where`` (one line)."""
+        self.declines.append((pattern, where, reason))
+
+    def bump(self, key: str, n: int = 1) -> None:
+        self.stats[key] = self.stats.get(key, 0) + n
