@@ -1,0 +1,151 @@
+"""The ``.fplan`` container: one file, no pickle, validated whole before anything is used.
+
+Layout (all integers little-endian)::
+
+    magic      8 bytes   b"FUSECPLN"
+    version    u32       FORMAT_VERSION
+    mlen       u64       length of the manifest
+    manifest   mlen      UTF-8 JSON object; manifest["blobs"] lists every blob as
+                         {"name", "offset", "length", "sha256"} (offset relative to the data section)
+    data       ...       the blobs, each 256-byte aligned (weights can be uploaded straight from it)
+    trailer    32 bytes  sha256 of everything before it
+
+``read_plan`` checks the magic, the version, that every length fits in the file, the trailer
+hash (any flipped byte anywhere is caught), then each blob's own hash; every failure raises
+``PlanFileError`` naming the broken part (header, manifest, trailer, or the blob's name).
+``write_plan`` writes to a temporary file in the target directory and renames it into place, so
+a failed or interrupted save never leaves a half-written plan behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import tempfile
+from collections.abc import Mapping
+from typing import Any
+
+from fusec.errors import FusecError
+
+MAGIC = b"FUSECPLN"
+FORMAT_VERSION = 1
+_ALIGN = 256
+_HEADER = struct.Struct("<8sIQ")
+
+
+class PlanFileError(FusecError):
+    """The plan file is truncated, tampered with, or of another format; the message names the part."""
+
+
+def _pad(n: int) -> int:
+    return (-n) % _ALIGN
+
+
+def write_plan(path: str | os.PathLike, manifest: Mapping[str, Any], blobs: Mapping[str, bytes]) -> None:
+    """Write ``manifest`` (JSON-able, without a "blobs" key) and ``blobs`` atomically to ``path``."""
+    if "blobs" in manifest:
+        raise ValueError("manifest key 'blobs' is reserved for the container")
+    table = []
+    offset = 0
+    for name, data in blobs.items():
+        table.append({"name": name, "offset": offset, "length": len(data),
+                      "sha256": hashlib.sha256(data).hexdigest()})
+        offset += len(data) + _pad(len(data))
+    man = dict(manifest)
+    man["blobs"] = table
+    mbytes = json.dumps(man, sort_keys=True, separators=(",", ":")).encode("utf-8")
+    header = _HEADER.pack(MAGIC, FORMAT_VERSION, len(mbytes))
+    head = header + mbytes
+    head += b"\0" * _pad(len(head))
+
+    directory = os.path.dirname(os.path.abspath(os.fspath(path)))
+    fd, tmp = tempfile.mkstemp(prefix=".fplan-", suffix=".tmp", dir=directory)
+    try:
+        h = hashlib.sha256()
+        with os.fdopen(fd, "wb") as f:
+            for chunk in _chunks(head, blobs):
+                h.update(chunk)
+                f.write(chunk)
+            f.write(h.digest())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _chunks(head: bytes, blobs: Mapping[str, bytes]):
+    yield head
+    for data in blobs.values():
+        yield data
+        if _pad(len(data)):
+            yield b"\0" * _pad(len(data))
+
+
+class PlanFile:
+    """A validated plan file: ``manifest`` (dict) and ``blob(name) -> memoryview``."""
+
+    def __init__(self, path: str, manifest: dict[str, Any], data: memoryview, table: dict[str, dict[str, Any]]):
+        self.path = path
+        self.manifest = manifest
+        self._data = data
+        self._table = table
+
+    def names(self) -> list[str]:
+        return list(self._table)
+
+    def blob(self, name: str) -> memoryview:
+        entry = self._table.get(name)
+        if entry is None:
+            raise PlanFileError(f"{self.path}: the plan has no part named {name!r}")
+        return self._data[entry["offset"]: entry["offset"] + entry["length"]]
+
+
+def read_plan(path: str | os.PathLike) -> PlanFile:
+    """Read and fully validate a plan file (see the module docstring)."""
+    p = os.fspath(path)
+    try:
+        with open(p, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise PlanFileError(f"cannot read plan file {p!r}: {e.strerror or e}") from None
+    if len(raw) < _HEADER.size + 32:
+        raise PlanFileError(f"{p}: header: file is truncated ({len(raw)} bytes)")
+    magic, version, mlen = _HEADER.unpack_from(raw, 0)
+    if magic != MAGIC:
+        raise PlanFileError(f"{p}: header: not a fusec plan file (bad magic)")
+    if version != FORMAT_VERSION:
+        raise PlanFileError(f"{p}: header: format_version is {version}, this fusec reads {FORMAT_VERSION}")
+    body, trailer = raw[:-32], raw[-32:]
+    mend = _HEADER.size + mlen
+    if mend > len(body):
+        raise PlanFileError(f"{p}: manifest: length {mlen} runs past the end of the file (truncated)")
+    if hashlib.sha256(body).digest() != trailer:
+        raise PlanFileError(f"{p}: trailer: checksum mismatch (the file is truncated or was modified)")
+    try:
+        manifest = json.loads(raw[_HEADER.size:mend].decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise PlanFileError(f"{p}: manifest: not valid JSON ({e})") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("blobs"), list):
+        raise PlanFileError(f"{p}: manifest: missing the blob table")
+    data_start = mend + _pad(mend)
+    data = memoryview(body)[data_start:]
+    table: dict[str, dict[str, Any]] = {}
+    for entry in manifest["blobs"]:
+        try:
+            name, off, length, digest = entry["name"], int(entry["offset"]), int(entry["length"]), entry["sha256"]
+        except (KeyError, TypeError, ValueError):
+            raise PlanFileError(f"{p}: manifest: malformed blob entry {entry!r:.80}") from None
+        if off < 0 or length < 0 or off + length > len(data):
+            raise PlanFileError(f"{p}: blob {name!r}: extends past the end of the file")
+        if hashlib.sha256(data[off:off + length]).hexdigest() != digest:
+            raise PlanFileError(f"{p}: blob {name!r}: checksum mismatch")
+        table[name] = entry
+    del manifest["blobs"]
+    return PlanFile(p, manifest, data, table)
