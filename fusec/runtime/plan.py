@@ -1,0 +1,259 @@
+"""The runtime: a ``Plan`` executes a fixed list of launches over one device arena.
+
+It knows only the plan (manifest + blobs), never the IR. At load it validates the manifest,
+uploads the weights once (one buffer), allocates the arena once, loads the compiled modules and
+resolves every launch argument to a fixed device address. ``run`` then:
+
+1. checks every input's name, shape and dtype before any launch (``InputError`` names it);
+2. copies the caller's inputs into their arena slots (host arrays: one H2D copy each; device
+   arrays, CuPy or DLPack/``__cuda_array_interface__`` such as PyTorch CUDA tensors: one
+   device-to-device copy, no host staging). Copying into fixed slots keeps every pointer of the
+   launch list fixed, which is what makes the CUDA-graph replay possible;
+3. enqueues the launches (or replays the captured CUDA graph) on the caller's stream or the
+   plan's own; nothing in between allocates, synchronizes, or touches the host;
+4. returns CuPy views of the output slots (valid until the next run), or copies them into
+   caller-provided ``outputs`` arrays.
+
+Manifest schema (the lowering writes it; see ``fusec.codegen.lower``):
+  inputs/outputs: [{"name", "shape", "dtype", "offset"}]   (offsets into the arena)
+  memory: {"arena_bytes", "weights_bytes"}
+  modules: [{"id", "cubin": blob name, "source": blob name}]
+  kernels: [{"module": module id, "entry": function name, "smem": dynamic shared bytes}]
+  launches: [{"type": "kernel", "kernel": idx, "grid": [x,y,z], "block": [x,y,z], "smem",
+              "args": [["ptr", "arena"|"weights", byte_offset] | ["i32"|"i64"|"f32", value]],
+              "label": text}
+             | {"type": "gemm", ..., GemmCall fields with a/b/c as ["arena"|"weights", offset]}]
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from fusec.dtypes import DType
+from fusec.errors import InputError
+from fusec.runtime.cublas import GemmCall, Handle
+
+_H2D, _D2D = 1, 3
+_SCALAR = {"i32": np.int32, "i64": np.int64, "f32": np.float32, "u64": np.uint64}
+
+
+class _AllocCounter:
+    """Counts CuPy memory-pool allocations while installed (a measurement, not a promise)."""
+
+    def __init__(self) -> None:
+        from cupy.cuda import memory_hook
+
+        counter = self
+
+        class Hook(memory_hook.MemoryHook):
+            name = "fusec_alloc_counter"
+
+            def alloc_preprocess(self, **kw: Any) -> None:
+                counter.count += 1
+
+            def malloc_preprocess(self, **kw: Any) -> None:
+                counter.count += 1
+
+        self.count = 0
+        self.hook = Hook()
+
+
+class Plan:
+    def __init__(self, manifest: Mapping[str, Any], blob: Any, cuda_graph: bool = False):
+        """``blob(name) -> bytes-like`` gives the plan's parts (weights, cubins, sources)."""
+        import cupy
+
+        self.manifest = dict(manifest)
+        self.cuda_graph = cuda_graph
+        self._cp = cupy
+        mem = self.manifest["memory"]
+        self.arena = cupy.empty(max(int(mem["arena_bytes"]), 1), dtype=cupy.uint8)
+        wbytes = np.frombuffer(blob("weights"), dtype=np.uint8) if int(mem["weights_bytes"]) else np.zeros(1, np.uint8)
+        self.weights = cupy.asarray(wbytes)  # the one upload of the weights
+        self._base = {"arena": self.arena.data.ptr, "weights": self.weights.data.ptr}
+        self._modules = {}
+        for m in self.manifest["modules"]:
+            mod = cupy.cuda.function.Module()
+            mod.load(bytes(blob(m["cubin"])))
+            self._modules[m["id"]] = mod
+        self._functions = []
+        for k in self.manifest["kernels"]:
+            fn = self._modules[k["module"]].get_function(k["entry"])
+            if int(k.get("smem", 0)) > 48 * 1024:
+                # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+                cupy.cuda.driver.funcSetAttribute(fn.ptr, 8, int(k["smem"]))
+            self._functions.append(fn)
+        self._handle = Handle() if any(L["type"] == "gemm" for L in self.manifest["launches"]) else None
+        self._launches = [self._prepare(L) for L in self.manifest["launches"]]
+        self._inputs = [(d["name"], tuple(d["shape"]), DType(d["dtype"]), int(d["offset"])) for d in self.manifest["inputs"]]
+        self._outputs = {d["name"]: self._view(int(d["offset"]), tuple(d["shape"]), DType(d["dtype"]))
+                         for d in self.manifest["outputs"]}
+        self._own_stream = cupy.cuda.Stream(non_blocking=True)
+        self._graph = None
+        self._stats: dict[str, Any] = {}
+
+    # ---- load-time preparation ------------------------------------------------------------
+    def _addr(self, space: str, offset: int) -> int:
+        return self._base[space] + int(offset)
+
+    def _view(self, offset: int, shape: tuple[int, ...], dtype: DType):
+        cp = self._cp
+        n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        raw = self.arena[offset: offset + n]
+        return raw.view(dtype.np if dtype != DType.BF16 else np.uint16).reshape(shape)
+
+    def _prepare(self, L: Mapping[str, Any]):
+        if L["type"] == "kernel":
+            fn = self._functions[int(L["kernel"])]
+            args = tuple(np.uint64(self._addr(a[1], a[2])) if a[0] == "ptr" else _SCALAR[a[0]](a[1]) for a in L["args"])
+            grid, block, smem = tuple(L["grid"]), tuple(L["block"]), int(L.get("smem", 0))
+
+            def launch(stream: Any) -> None:
+                fn(grid, block, args, shared_mem=smem, stream=stream)
+
+            return launch
+        if L["type"] == "gemm":
+            fields = {k: v for k, v in L.items() if k not in ("type", "label")}
+            for key in ("a", "b", "c"):
+                fields[key] = self._addr(*fields[key])
+            call = GemmCall(**fields)
+            handle = self._handle
+
+            def gemm(stream: Any) -> None:
+                handle.set_stream(stream.ptr)
+                call(handle)
+
+            return gemm
+        raise ValueError(f"unknown launch type {L['type']!r}")
+
+    # ---- running ----------------------------------------------------------------------------
+    def _device_array(self, x: Any):
+        """A CuPy view of a device array (no copy), or None for host data."""
+        cp = self._cp
+        if isinstance(x, cp.ndarray):
+            return x
+        if hasattr(x, "__cuda_array_interface__"):
+            return cp.asarray(x)
+        if hasattr(x, "__dlpack_device__") and hasattr(x, "is_cuda") and x.is_cuda:
+            return cp.from_dlpack(x)
+        return None
+
+    def _check_and_stage(self, inputs: Mapping[str, Any]) -> list[tuple[int, Any, int, bool]]:
+        names = [n for n, *_ in self._inputs]
+        missing = [n for n in names if n not in inputs]
+        extra = [n for n in inputs if n not in names]
+        if missing or extra:
+            raise InputError("inputs do not match the plan: " + "; ".join(
+                ([f"missing {', '.join(map(repr, missing))}"] if missing else [])
+                + ([f"unexpected {', '.join(map(repr, extra))}"] if extra else []))
+                + f" (the plan takes {', '.join(map(repr, names))})")
+        staged = []
+        for name, shape, dt, off in self._inputs:
+            x = inputs[name]
+            dev = self._device_array(x)
+            if dev is None:
+                if hasattr(x, "detach"):  # a CPU torch tensor
+                    x = x.detach().numpy()
+                host = np.asarray(x)
+                if host.dtype != dt.np and dt.is_int and host.dtype.kind in "iu":
+                    host = host.astype(dt.np)  # int32/int64 token ids: converted on the host
+                arr, is_dev = host, False
+            else:
+                arr, is_dev = dev, True
+            got_dt = str(arr.dtype)
+            if tuple(arr.shape) != shape:
+                raise InputError(f"input {name!r}: expected shape {list(shape)}, got {list(arr.shape)}")
+            if np.dtype(arr.dtype) != dt.np and not (dt == DType.BF16 and arr.dtype == np.uint16):
+                raise InputError(f"input {name!r}: expected dtype {dt.value}, got {got_dt}")
+            if is_dev:
+                arr = arr if arr.flags.c_contiguous else None
+                if arr is None:
+                    raise InputError(f"input {name!r}: device arrays must be C-contiguous")
+            else:
+                arr = np.ascontiguousarray(arr)
+            staged.append((off, arr, int(arr.nbytes), is_dev))
+        return staged
+
+    def run(self, inputs: Mapping[str, Any], stream: Any = None, outputs: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Run the plan once; see the module docstring for the contract."""
+        cp = self._cp
+        staged = self._check_and_stage(inputs)  # everything refused before any device work
+        if outputs is not None:
+            for name, arr in outputs.items():
+                want = self._outputs.get(name)
+                if want is None:
+                    raise InputError(f"outputs: the plan has no output {name!r}")
+                if not isinstance(arr, cp.ndarray) or arr.shape != want.shape or arr.dtype != want.dtype \
+                        or not arr.flags.c_contiguous:
+                    raise InputError(f"outputs[{name!r}]: expected a contiguous CuPy array {want.dtype}{list(want.shape)}")
+        stream = stream if stream is not None else self._own_stream
+        if self.cuda_graph and self._graph is None:
+            self._capture(stream)
+        counter = _AllocCounter()
+        h2d = d2d = 0
+        t0 = time.perf_counter()
+        with counter.hook:
+            for off, arr, n, is_dev in staged:
+                if is_dev:
+                    cp.cuda.runtime.memcpyAsync(self._base["arena"] + off, arr.data.ptr, n, _D2D, stream.ptr)
+                    d2d += n
+                else:
+                    cp.cuda.runtime.memcpyAsync(self._base["arena"] + off, arr.ctypes.data, n, _H2D, stream.ptr)
+                    h2d += n
+            if self._graph is not None:
+                self._graph.launch(stream)
+            else:
+                for launch in self._launches:
+                    launch(stream)
+            result = dict(self._outputs)
+            if outputs is not None:
+                for name, arr in outputs.items():
+                    src = self._outputs[name]
+                    cp.cuda.runtime.memcpyAsync(arr.data.ptr, src.data.ptr, src.nbytes, _D2D, stream.ptr)
+                    result[name] = arr
+        self._stats = {
+            "launches": len(self._launches),
+            "graph_replays": 1 if self._graph is not None else 0,
+            "syncs": 0,  # run() calls no synchronizing API (tests/test_runtime_gpu.py checks it stays async)
+            "allocations": counter.count,
+            "h2d_bytes": h2d,
+            "d2h_bytes": 0,
+            "d2d_bytes": d2d,
+            "arena_bytes": int(self.arena.nbytes),
+            "weights_bytes": int(self.weights.nbytes),
+            "host_enqueue_ms": (time.perf_counter() - t0) * 1e3,
+        }
+        return result
+
+    def _capture(self, stream: Any) -> None:
+        # Warm up once outside capture (module load, cuBLAS heuristics), then capture the
+        # launch list on a capture-capable stream; the graph is replayed on any stream.
+        cap = self._own_stream
+        for launch in self._launches:
+            launch(cap)
+        cap.synchronize()
+        cap.begin_capture()
+        try:
+            for launch in self._launches:
+                launch(cap)
+        finally:
+            graph = cap.end_capture()
+        graph.upload(cap)
+        cap.synchronize()
+        self._graph = graph
+
+    def stats(self) -> dict[str, Any]:
+        """Counters of the last run: launches, syncs, allocations, h2d_bytes, d2h_bytes, ..."""
+        return dict(self._stats)
+
+    @property
+    def input_signature(self) -> list[dict[str, Any]]:
+        return [dict(d) for d in self.manifest["inputs"]]
+
+    @property
+    def output_signature(self) -> list[dict[str, Any]]:
+        return [dict(d) for d in self.manifest["outputs"]]
