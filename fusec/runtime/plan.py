@@ -101,7 +101,6 @@ class Plan:
         return self._base[space] + int(offset)
 
     def _view(self, offset: int, shape: tuple[int, ...], dtype: DType):
-        cp = self._cp
         n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         raw = self.arena[offset: offset + n]
         return raw.view(dtype.np if dtype != DType.BF16 else np.uint16).reshape(shape)
