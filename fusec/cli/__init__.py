@@ -1,0 +1,78 @@
+"""The ``fusec`` command line.
+
+Each command is one module of this package exposing ``add_parser(subparsers)`` (returns its
+argparse parser) and ``run(args) -> int``; ``COMMANDS`` below is the single list that registers
+them, so adding a command is one new module plus one entry here.
+
+Exit codes: 0 success; 2 bad usage (argparse); 1 a ``FusecError`` (bad model, inputs, shapes or
+files), printed as one line ``fusec: error: <message>`` on stderr. Any other exception is a bug in
+fusec and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from fusec import __version__
+from fusec.errors import FusecError
+
+# Module names under fusec.cli, in the order `fusec --help` lists them.
+COMMANDS: tuple[str, ...] = ("models", "inspect", "run", "export_model")
+
+_DESCRIPTION = """\
+fusec: a kernel-fusion compiler for transformer models (ONNX -> graph IR -> fused CUDA plans).
+
+MODEL arguments take a built-in model name (see `fusec models`) or a path to an .onnx file.
+Run `fusec COMMAND --help` for what each command does, its options and an example."""
+
+_EPILOG = """\
+examples:
+  fusec models
+  fusec inspect gpt2-tiny --json
+  fusec run gpt2-tiny --shapes input_ids:1x16
+  fusec run model.onnx --inputs in.npz --save-outputs out.npz"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fusec", description=_DESCRIPTION, epilog=_EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"fusec {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMANDS:
+        module = importlib.import_module(f"fusec.cli.{name}")
+        cmd_parser = module.add_parser(sub)
+        cmd_parser.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one fusec command; returns the process exit code (see the module docstring)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help/--version (0) and usage errors (2): return, so callers in-process get a code
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    try:
+        return int(args._run(args))
+    except FusecError as e:
+        print_error(str(e))
+        return 1
+
+
+def print_error(message: str) -> None:
+    """``fusec: error: <message>`` as exactly one line, whatever the message holds."""
+    line = one_line(message)
+    enc = getattr(sys.stderr, "encoding", None) or "utf-8"
+    # A name from a model file may not be encodable on this terminal; escape rather than crash.
+    line = line.encode(enc, "backslashreplace").decode(enc, "replace")
+    print(f"fusec: error: {line}", file=sys.stderr)
+
+
+def one_line(text: str) -> str:
+    """Escape line breaks and other control characters, so the text stays on one line."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)

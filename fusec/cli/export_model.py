@@ -1,0 +1,31 @@
+"""``fusec export-model NAME -o FILE.onnx``: write a model as an ONNX file."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from fusec.cli._common import SHAPES_HELP, add_command, fmt_name, load_model
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = add_command(
+        subparsers, "export-model", "write a built-in model as an ONNX file",
+        "Build MODEL (a built-in name, see `fusec models`; an .onnx path also works and\n"
+        "round-trips through fusec's IR) and write it to FILE.onnx with its weights, with static\n"
+        "input shapes (the defaults, or --shapes). The file loads in onnxruntime and in fusec.",
+        ["fusec export-model gpt2-tiny -o gpt2-tiny.onnx",
+         "fusec export-model bert-tiny --shapes input_ids:2x64,attention_mask:2x64 -o bert.onnx"])
+    p.add_argument("model", metavar="NAME", help="a built-in model name (see `fusec models`)")
+    p.add_argument("-o", "--output", metavar="FILE.onnx", required=True, help="where to write the ONNX file")
+    p.add_argument("--shapes", metavar="SHAPES", help=SHAPES_HELP)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from fusec.onnx_export import export_onnx
+
+    graph = load_model(args)
+    export_onnx(graph, args.output)
+    print(f"wrote {fmt_name(args.output)} ({len(graph.nodes)} nodes, {graph.weight_bytes:,} weight bytes)")
+    return 0

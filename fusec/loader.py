@@ -1,0 +1,86 @@
+"""One entry point from "what the user named" to a verified Graph: a built-in model name or an
+ONNX file (path or in-memory ModelProto), with optional static input shapes.
+
+Built-in names win over files of the same name in the working directory, so that
+``fusec run gpt2-tiny`` means the same thing wherever it is typed; write ``./gpt2-tiny`` to mean
+the file.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from fusec.errors import InputError, ModelError
+from fusec.ir import Graph
+
+if TYPE_CHECKING:
+    import onnx
+
+
+def builtin_names() -> list[str]:
+    """The built-in model names (``fusec.models.names()``)."""
+    import fusec.models
+
+    names = getattr(fusec.models, "names", None)
+    # Until the model zoo lands, fusec.models is an empty package: no built-ins yet.
+    return list(names()) if names is not None else []
+
+
+def load_graph(model: str | os.PathLike[str] | onnx.ModelProto,
+               shapes: Mapping[str, Sequence[int]] | None = None) -> Graph:
+    """Load ``model`` as a Graph; ``shapes`` fixes input shapes by input name.
+
+    Raises ModelError when the model cannot be found or read, InputError when ``shapes`` does not
+    fit the model (unknown input name, wrong rank, different dims).
+    """
+    shapes = {k: tuple(int(d) for d in v) for k, v in shapes.items()} if shapes else None
+    if isinstance(model, (str, os.PathLike)):
+        text = os.fspath(model)
+        names = builtin_names() if isinstance(model, str) else []
+        if text in names:
+            import fusec.models
+
+            graph = fusec.models.build(text, shapes=shapes)
+        else:
+            graph = _import_file(text, names, shapes)
+    else:
+        from fusec.frontend.onnx_import import import_onnx
+
+        graph = import_onnx(model, shapes)
+    if shapes:
+        check_shapes_fit(graph, shapes)
+    return graph
+
+
+def _import_file(path: str, names: list[str], shapes: dict[str, tuple[int, ...]] | None) -> Graph:
+    if not os.path.exists(path):
+        if path.endswith(".onnx") or os.sep in path or (os.altsep and os.altsep in path):
+            raise ModelError(f"no such file: {path!r}")
+        builtin = ", ".join(names) if names else "none"
+        raise ModelError(f"no such file or built-in model {path!r} (built-in: {builtin})")
+    if os.path.isdir(path):
+        raise ModelError(f"{path!r} is a directory, not an ONNX file")
+    from fusec.frontend.onnx_import import import_onnx
+
+    return import_onnx(path, shapes)
+
+
+def check_shapes_fit(graph: Graph, shapes: Mapping[str, tuple[int, ...]]) -> None:
+    """Every name in ``shapes`` is a graph input whose shape is the one asked for.
+
+    The importer and the model builders apply ``shapes``; this re-checks the result so that a
+    typo in ``--shapes`` is an error rather than silently ignored, whichever loader ran.
+    """
+    by_name = {v.name: v for v in graph.inputs}
+    for name, shape in shapes.items():
+        v = by_name.get(name)
+        if v is None:
+            takes = ", ".join(repr(n) for n in by_name) or "no inputs"
+            raise InputError(f"--shapes names {name!r}, which is not an input of the model (it takes {takes})")
+        if len(v.shape) != len(shape):
+            raise InputError(f"--shapes gives input {name!r} rank {len(shape)} ({list(shape)}), "
+                             f"but the model's input has rank {len(v.shape)}")
+        if v.shape != shape:
+            raise InputError(f"--shapes asks for input {name!r} as {list(shape)}, but the model fixes it at {list(v.shape)}")
