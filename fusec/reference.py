@@ -290,3 +290,40 @@ def run(graph: Graph, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
             for v, r in zip(node.outputs, eval_node(node, [env[v] for v in node.inputs])):
                 env[v] = r
     return {v.name: np.ascontiguousarray(env[v]) for v in graph.outputs}
+
+
+def run_planned(graph: Graph, inputs: Mapping[str, Any], plan: Any, poison: int = 0xFF) -> dict[str, np.ndarray]:
+    """Execute ``graph`` with every non-weight value stored in ONE byte arena at its planned offset.
+
+    ``plan`` is a ``fusec.passes.memory_plan.MemoryPlan`` (duck-typed: ``arena_bytes``,
+    ``offsets`` {value name: byte offset}, ``alias`` {value name: {"base", "byte_offset", "kind"}}).
+    Each node reads its inputs from their arena slots and its result is written into its slot, so
+    any overlap bug in the plan corrupts the numbers (the arena starts filled with ``poison``,
+    NaN bytes for floats). View nodes (``alias`` kind "view") run nothing: their slot must already
+    hold the right bytes. Views of weights read the weight's bytes at the planned byte offset.
+    """
+    arena = np.full(int(plan.arena_bytes), poison, dtype=np.uint8)
+    consts = {c.name: c for c in graph.constants}
+
+    def slot(v: Value) -> np.ndarray:
+        if v.name in plan.offsets:
+            buf, off = arena, int(plan.offsets[v.name])
+        else:  # a weight, or a view of one: weights live outside the arena
+            a = plan.alias.get(v.name)
+            base = consts[a["base"] if a else v.name]
+            assert base.data is not None
+            buf, off = np.ascontiguousarray(base.data).reshape(-1).view(np.uint8), int(a["byte_offset"]) if a else 0
+        if off < 0 or off + v.nbytes > buf.size:
+            raise AssertionError(f"planned slot of {v.name!r} [{off}, {off + v.nbytes}) is outside its buffer ({buf.size} B)")
+        return buf[off:off + v.nbytes].view(v.dtype.np).reshape(v.shape)
+
+    for name, arr in check_inputs(graph, inputs).items():
+        slot(next(v for v in graph.inputs if v.name == name))[...] = arr
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        for node in graph.nodes:
+            if all(plan.alias.get(o.name, {}).get("kind") == "view" for o in node.outputs):
+                continue
+            results = eval_node(node, [slot(v) for v in node.inputs])
+            for v, r in zip(node.outputs, results):
+                slot(v)[...] = r
+    return {v.name: np.array(slot(v), copy=True) for v in graph.outputs}

@@ -1,0 +1,92 @@
+"""Constant folding: a node whose inputs are all constants becomes a constant, computed by the
+numpy reference (``fusec.reference.eval_node``), so folding means exactly what running means.
+
+Not every such node should fold. ``FoldPolicy`` (module default ``POLICY``) says which decline:
+
+- *layout ops on weights* (``LAYOUT_OPS``: TRANSPOSE, MATMUL) with any input of more than
+  ``policy.max_layout_elements`` elements are left for the transpose-caching / GEMM passes, which
+  rewrite weight layouts deliberately and record what they did (``transposes_cached``); folding
+  them here would hide that work and, for MATMUL of two weights, can grow the weights;
+- *growth*: a node whose result is larger than ``policy.max_growth_elements`` elements and larger
+  than all of its inputs together (EXPAND / TILE / broadcasting of a small constant) stays a node,
+  because a kernel recomputes it for free while a folded copy costs weight memory and upload time.
+
+Each decline is recorded with ``options.decline("constant_fold", where, reason)``. Folded outputs
+keep their value names (so a folded graph output keeps its interface name); constants left
+unused afterwards are dropped (DCE).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+from fusec.passes import dce
+from fusec.passes.base import PassOptions, PassResult
+
+from fusec import reference
+from fusec.ir import Graph, Node, Value
+from fusec.ops import Op
+
+NAME = "constant_fold"
+
+LAYOUT_OPS: frozenset[Op] = frozenset({Op.TRANSPOSE, Op.MATMUL})
+
+
+@dataclasses.dataclass(frozen=True)
+class FoldPolicy:
+    max_layout_elements: int = 4096
+    max_growth_elements: int = 1 << 16
+
+
+POLICY = FoldPolicy()
+
+
+def fold_decline_reason(node: Node, policy: FoldPolicy = POLICY) -> str | None:
+    """Why an all-constant ``node`` must not be folded, or None if it may be."""
+    biggest = max((v.numel for v in node.inputs), default=0)
+    if node.op in LAYOUT_OPS and biggest > policy.max_layout_elements:
+        return (f"{node.op.value} of a {biggest}-element weight is left to the layout passes "
+                f"(limit {policy.max_layout_elements})")
+    out = sum(v.numel for v in node.outputs)
+    if out > policy.max_growth_elements and out > sum(v.numel for v in node.inputs):
+        return f"folding would add a {out}-element constant grown from {sum(v.numel for v in node.inputs)} elements"
+    return None
+
+
+def fold(graph: Graph, options: PassOptions, policy: FoldPolicy = POLICY) -> tuple[Graph, int]:
+    """Fold every foldable node (in one forward sweep, so chains fold through); returns (graph, count)."""
+    consts: list[Value] = list(graph.constants)
+    const_set = set(consts)
+    mapping: dict[Value, Value] = {}
+    kept: list[Node] = []
+    folded = 0
+    with np.errstate(all="ignore"):  # folding mirrors run(): IEEE results, not warnings
+        for node in graph.nodes:
+            ins = [mapping.get(v, v) for v in node.inputs]
+            if not all(v in const_set for v in ins):
+                kept.append(node)
+                continue
+            reason = fold_decline_reason(node, policy)
+            if reason is not None:
+                options.decline(NAME, node.describe(), reason)
+                kept.append(node)
+                continue
+            results = reference.eval_node(node, [v.data for v in ins])
+            for old, arr in zip(node.outputs, results):
+                new = Value(old.name, old.shape, old.dtype, np.ascontiguousarray(arr))
+                mapping[old] = new
+                consts.append(new)
+                const_set.add(new)
+            folded += 1
+    g = Graph(graph.inputs, graph.outputs, kept, consts, graph.name, graph.meta)
+    g = dce.replace_uses(g, mapping)
+    return dce.eliminate(g), folded
+
+
+def run(graph: Graph, options: PassOptions) -> PassResult:
+    g, n = fold(graph, options)
+    if n:
+        options.bump("constants_folded", n)
+    changed = n > 0 or len(g.constants) != len(graph.constants)
+    return PassResult(g, changed)

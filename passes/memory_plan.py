@@ -1,0 +1,212 @@
+"""Static memory planning: every non-weight value gets a fixed byte offset in one arena.
+
+Contract of ``plan_memory(graph, alignment=256) -> MemoryPlan``:
+
+- Time is the linear node order: a value lives from the node that defines it to the last node
+  that reads it (inclusive). Graph inputs and outputs are *pinned*: their storage lives for the
+  whole run, so the runtime can copy inputs in before the first launch and outputs out after
+  the last. Constants (weights) are not in the arena; they live in a separate weights buffer
+  (``weights_bytes``).
+- A *storage group* is one buffer and every value that lives in it:
+  * views (``fusec.passes.views.view_of``) live in their base's buffer at base + byte_offset and
+    extend the buffer's life; a view of a constant aliases the weights buffer and is not in the
+    arena;
+  * in-place: an ELEMENTWISE/BROADCAST node may write its output over an input whose whole
+    buffer dies at that node, when input and output have the same dtype and byte size, neither
+    buffer is pinned, and no *other* input of the node reads the same buffer (a kernel thread
+    could otherwise read an element another thread already overwrote).
+- Offsets: greedy by size (Pisarchyk & Lee, arXiv 2001.03288, "Greedy by Size for Offset
+  Calculation"): groups in decreasing size, each into the smallest gap among the time-overlapping
+  groups already placed, else above them. Sizes are rounded up to ``alignment``, so every offset
+  is aligned.
+
+Numbers: ``naive_bytes`` = sum of the aligned sizes of every value that needs a buffer of its
+own without planning (everything but views and weights); ``lower_bound_bytes`` = max over time
+of the sum of the aligned sizes of live groups (the best any offset assignment of these groups
+can do); ``arena_bytes`` (= planned) >= lower bound.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from fusec.passes import views
+from fusec.passes.base import PassOptions, PassResult
+
+from fusec.ir import Graph, Value
+from fusec.ops import OP_INFO, FusionKind
+
+NAME = "memory_plan"
+REQUIRES = ("views",)  # the plan's views must be the ones the views pass counted: plan last
+
+_INPLACE_KINDS = (FusionKind.ELEMENTWISE, FusionKind.BROADCAST)
+
+
+def align_up(n: int, alignment: int) -> int:
+    return -(-n // alignment) * alignment
+
+
+@dataclasses.dataclass
+class UsageRecord:
+    """One arena buffer: the group named after its root value."""
+
+    name: str
+    size: int  # aligned bytes
+    first: int  # first node index that touches it
+    last: int  # last node index that touches it (inclusive)
+    offset: int = 0
+    pinned: bool = False
+    members: list[str] = dataclasses.field(default_factory=list)
+
+    def overlaps_in_time(self, other: UsageRecord) -> bool:
+        return self.first <= other.last and other.first <= self.last
+
+
+@dataclasses.dataclass
+class MemoryPlan:
+    alignment: int
+    arena_bytes: int
+    offsets: dict[str, int]  # arena values (incl. views, in-place) -> byte offset
+    alias: dict[str, dict[str, Any]]  # value -> {"base": root name, "byte_offset": int, "kind": "view"|"inplace"}
+    records: list[UsageRecord]
+    naive_bytes: int
+    lower_bound_bytes: int
+    weights_bytes: int
+    num_steps: int = 0
+
+    @property
+    def planned_bytes(self) -> int:
+        return self.arena_bytes
+
+    def summary(self) -> dict[str, int]:
+        return {"naive_bytes": self.naive_bytes, "planned_bytes": self.arena_bytes,
+                "lower_bound_bytes": self.lower_bound_bytes, "weights_bytes": self.weights_bytes}
+
+    def to_json(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        return d
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> MemoryPlan:
+        fields = dict(d)
+        fields["records"] = [UsageRecord(**r) for r in d["records"]]
+        fields["offsets"] = {k: int(v) for k, v in d["offsets"].items()}
+        fields["alias"] = {k: dict(v) for k, v in d["alias"].items()}
+        return MemoryPlan(**fields)
+
+
+def greedy_by_size(records: list[UsageRecord]) -> int:
+    """Assign ``offset`` to every record; returns the arena size. Deterministic."""
+    placed: list[UsageRecord] = []  # kept sorted by offset
+    top = 0
+    for rec in sorted(records, key=lambda r: (-r.size, r.first, r.name)):
+        if rec.size == 0:
+            rec.offset = 0
+            continue
+        prev, best, best_gap = 0, None, None
+        for p in placed:
+            if not rec.overlaps_in_time(p):
+                continue
+            gap = p.offset - prev
+            if gap >= rec.size and (best_gap is None or gap < best_gap):
+                best, best_gap = prev, gap
+            prev = max(prev, p.offset + p.size)
+        rec.offset = prev if best is None else best
+        placed.append(rec)
+        placed.sort(key=lambda r: r.offset)
+        top = max(top, rec.offset + rec.size)
+    return top
+
+
+def lower_bound(records: list[UsageRecord], steps: int) -> int:
+    delta = [0] * (steps + 2)
+    for r in records:
+        delta[r.first] += r.size
+        delta[r.last + 1] -= r.size
+    best = cur = 0
+    for d in delta:
+        cur += d
+        best = max(best, cur)
+    return best
+
+
+def plan_memory(graph: Graph, alignment: int = 256) -> MemoryPlan:
+    """Plan ``graph``'s arena (see the module docstring for the contract)."""
+    nodes = graph.nodes
+    end = max(len(nodes) - 1, 0)
+    consts = set(graph.constants)
+    root: dict[Value, Value] = {}
+    boff: dict[Value, int] = {}
+    kind: dict[Value, str] = {}
+    members: dict[Value, list[Value]] = {}
+    first: dict[Value, int] = {}
+    last: dict[Value, int] = {}
+
+    def own(v: Value, t: int) -> None:
+        root[v], boff[v], members[v] = v, 0, [v]
+        first[v] = last[v] = t
+
+    for v in graph.inputs:
+        own(v, 0)
+    for c in graph.constants:
+        own(c, 0)
+    view_nodes = set()
+    for i, node in enumerate(nodes):
+        info = views.view_of(node)
+        if info is not None:
+            out, r = node.outputs[0], root[info.base]
+            root[out], boff[out], kind[out] = r, boff[info.base] + info.byte_offset, "view"
+            members[r].append(out)
+            last[r] = max(last[r], i)
+            view_nodes.add(i)
+        else:
+            for o in node.outputs:
+                own(o, i)
+        for v in node.inputs:
+            last[root[v]] = max(last[root[v]], i)
+    pinned = {root[v] for v in (*graph.inputs, *graph.outputs)}
+    for r in pinned:
+        first[r], last[r] = 0, end
+
+    # In-place: in node order, so chains (add -> mul -> gelu) reuse one buffer.
+    outputs = set(graph.outputs)
+    for i, node in enumerate(nodes):
+        if i in view_nodes or len(node.outputs) != 1:
+            continue
+        info = OP_INFO.get(node.op)
+        out = node.outputs[0]
+        if info is None or info.kind not in _INPLACE_KINDS or out in outputs or root[out] in pinned:
+            continue
+        for v in node.inputs:
+            r = root[v]
+            if (r in consts or r in pinned or last[r] != i or v.dtype != out.dtype or v.nbytes != out.nbytes
+                    or any(root[u] is r and u is not v for u in node.inputs)):
+                continue
+            for m in members.pop(out):  # out and its views move into r's buffer
+                root[m], boff[m] = r, boff[m] + boff[v]
+                members[r].append(m)
+            kind[out] = "inplace"
+            last[r] = max(last[r], last.pop(out))
+            first.pop(out)
+            break
+
+    records = [UsageRecord(r.name, align_up(r.nbytes, alignment), first[r], last[r], pinned=r in pinned,
+                           members=[m.name for m in ms])
+               for r, ms in members.items() if r not in consts]
+    arena = greedy_by_size(records)
+    offset_of = {rec.name: rec.offset for rec in records}
+    offsets = {v.name: offset_of[r.name] + boff[v] for v, r in root.items() if r not in consts}
+    alias = {v.name: {"base": root[v].name, "byte_offset": boff[v], "kind": kind[v]} for v in kind}
+    naive = sum(align_up(v.nbytes, alignment) for v in root if v not in consts and kind.get(v) != "view")
+    return MemoryPlan(alignment=alignment, arena_bytes=arena, offsets=offsets, alias=alias, records=records,
+                      naive_bytes=naive, lower_bound_bytes=lower_bound(records, len(nodes)),
+                      weights_bytes=graph.weight_bytes, num_steps=len(nodes))
+
+
+def run(graph: Graph, options: PassOptions) -> PassResult:
+    plan = plan_memory(graph)
+    g = graph.copy()
+    g.meta["memory_plan"] = plan.to_json()
+    g.meta["memory"] = plan.summary()
+    return PassResult(g, False)
