@@ -1,0 +1,67 @@
+"""Llama and Qwen3 decoders (HF *ForCausalLM), op by op as modeling_llama/qwen3.py compute them.
+
+Qwen3 differs from Llama only in the q/k RMSNorm over head_dim (before RoPE), which
+``cfg.qk_norm`` switches on; Qwen3-0.6B also ties lm_head to the embedding table.
+"""
+
+from __future__ import annotations
+
+from fusec.dtypes import DType
+from fusec.ir import Graph
+from fusec.ops import Op
+
+from .layers import (
+    Blocks,
+    activation,
+    apply_rope,
+    causal_padding_mask,
+    eager_attention,
+    embedding,
+    linear,
+    rms_norm,
+    rope_tables,
+    to_heads,
+)
+from .registry import ModelConfig
+from .weights import WeightSource
+
+
+def build_llama(cfg: ModelConfig, batch: int, seq: int, weights: WeightSource) -> Graph:
+    m = Blocks(cfg.name, weights)
+    d, hd, eps = cfg.hidden_size, cfg.head_dim, cfg.norm_eps
+    ids = m.b.input("input_ids", (batch, seq), DType.I64)
+    mask_in = m.b.input("attention_mask", (batch, seq), DType.I64)
+
+    table = m.param("embed_tokens.weight", (cfg.vocab_size, d))
+    x = embedding(m, table, ids)
+    mask = causal_padding_mask(m, mask_in)
+    cos, sin = rope_tables(m, seq, hd, cfg.rope_theta)
+
+    for i in range(cfg.num_layers):
+        p = f"layers.{i}"
+        h = rms_norm(m, x, f"{p}.input_layernorm", d, eps)
+        heads = []
+        for n, count in (("q", cfg.num_heads), ("k", cfg.num_kv_heads), ("v", cfg.num_kv_heads)):
+            t = to_heads(m, linear(m, h, f"{p}.self_attn.{n}_proj", d, count * hd, cfg.attention_bias), count, hd)
+            if cfg.qk_norm and n != "v":
+                t = rms_norm(m, t, f"{p}.self_attn.{n}_norm", hd, eps)
+            t = m.op(Op.TRANSPOSE, t, perm=(0, 2, 1, 3))
+            if n != "v":
+                t = apply_rope(m, t, cos, sin)
+            heads.append(t)
+        a = eager_attention(m, heads[0], heads[1], heads[2], mask, scale=hd ** -0.5)
+        a = linear(m, a, f"{p}.self_attn.o_proj", cfg.num_heads * hd, d, cfg.attention_bias)
+        x = m.op(Op.ADD, x, a)  # residual + hidden_states
+        h = rms_norm(m, x, f"{p}.post_attention_layernorm", d, eps)
+        gate = activation(m, linear(m, h, f"{p}.mlp.gate_proj", d, cfg.intermediate_size, cfg.mlp_bias),
+                          cfg.activation)
+        up = linear(m, h, f"{p}.mlp.up_proj", d, cfg.intermediate_size, cfg.mlp_bias)
+        h = linear(m, m.op(Op.MUL, gate, up), f"{p}.mlp.down_proj", cfg.intermediate_size, d, cfg.mlp_bias)
+        x = m.op(Op.ADD, x, h)
+
+    x = rms_norm(m, x, "norm", d, eps)
+    if cfg.tie_word_embeddings:
+        logits = m.op(Op.MATMUL, x, m.op(Op.TRANSPOSE, table, perm=(1, 0)))
+    else:
+        logits = linear(m, x, "lm_head", d, cfg.vocab_size, bias=False)
+    return m.finish(logits, "logits")
