@@ -133,6 +133,7 @@ def save_outputs_npz(path: str | os.PathLike[str], outputs: Mapping[str, np.ndar
                         np.lib.format.write_array(member, np.asarray(arr), allow_pickle=False)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual permissions
         os.replace(tmp, target)
     except OSError as e:
         _remove_quietly(tmp)
@@ -140,6 +141,12 @@ def save_outputs_npz(path: str | os.PathLike[str], outputs: Mapping[str, np.ndar
     except BaseException:
         _remove_quietly(tmp)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _remove_quietly(path: str) -> None:

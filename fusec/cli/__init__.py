@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -32,7 +33,7 @@ _EPILOG = """\
 examples:
   fusec models
   fusec inspect gpt2-tiny --json
-  fusec run gpt2-tiny --shapes input_ids:1x16
+  fusec run gpt2-tiny --shapes input_ids:2x32,attention_mask:2x32
   fusec run model.onnx --inputs in.npz --save-outputs out.npz"""
 
 
@@ -60,6 +61,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FusecError as e:
         print_error(str(e))
         return 1
+    except BrokenPipeError:
+        # `fusec inspect ... | head`: the reader left; not an error worth a traceback.
+        _silence_stdout()
+        return 1
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush does not raise again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # stdout without a file descriptor (captured)
+        pass
 
 
 def print_error(message: str) -> None:

@@ -30,7 +30,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--backend defaults to cuda when CuPy finds a GPU, else to the numpy reference backend\n"
         "(with a note on stderr).",
         ["fusec run gpt2-tiny",
-         "fusec run gpt2-tiny --backend reference --shapes input_ids:2x32 --seed 1",
+         "fusec run gpt2-tiny --backend reference --shapes input_ids:2x32,attention_mask:2x32 --seed 1",
          "fusec run model.onnx --inputs in.npz --save-outputs out.npz"])
     add_model_arguments(p)
     p.add_argument("--backend", choices=BACKENDS, default=None,
@@ -50,11 +50,12 @@ def run(args: argparse.Namespace) -> int:
         raise FusecError("no GPU found (CuPy sees no CUDA device); use --backend reference")
     if backend is None:
         backend = "cuda" if device.gpu_available() else "reference"
-        if backend == "reference":
-            print(NO_GPU_NOTE, file=sys.stderr)
 
     graph = load_model(args)
     inputs = _inputs(args, graph)
+    if not explicit and backend == "reference":
+        # after loading, so that a bad model or input stays a single line on stderr
+        print(NO_GPU_NOTE, file=sys.stderr)
     if backend == "cuda":
         try:
             outputs = _run_cuda(args, graph, inputs)
