@@ -1,16 +1,20 @@
 """cuBLAS matrix products on raw arena pointers, with nothing allocated per call.
 
-The plan owns one cuBLAS handle with a fixed workspace (set through ``cublasSetWorkspace_v2``,
-which CuPy's binding does not expose), so GEMMs are safe to capture into a CUDA graph and never
-allocate during a run. Launch records describe row-major products; ``GemmCall`` converts them
-once, at load, into the column-major call cuBLAS takes (C^T = B^T A^T).
+fusec binds the five cuBLAS entry points it needs through ctypes rather than CuPy's binding:
+CuPy's refuses any cuBLAS call during stream capture (so GEMMs could not enter a CUDA graph)
+and re-points the handle at CuPy's current stream on every call. Here the stream is explicit.
+
+The plan owns one cuBLAS handle with a fixed workspace (``cublasSetWorkspace_v2``), so GEMMs
+never allocate during a run and are safe to capture. Launch records describe row-major
+products; ``GemmCall`` converts them once, at load, into the column-major call cuBLAS takes
+(C^T = B^T A^T).
 """
 
 from __future__ import annotations
 
 import ctypes
 import dataclasses
-from typing import Any
+import functools
 
 import numpy as np
 
@@ -21,11 +25,26 @@ _OP_N, _OP_T = 0, 1
 _GEMM_DEFAULT = -1
 WORKSPACE_BYTES = 32 << 20
 
+_vp, _i, _ll = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
 
-def _cublas_lib() -> ctypes.CDLL:
+
+@functools.lru_cache(maxsize=1)
+def _lib() -> ctypes.CDLL:
     from cuda.pathfinder import load_nvidia_dynamic_lib
 
-    return ctypes.CDLL(load_nvidia_dynamic_lib("cublas").abs_path)
+    lib = ctypes.CDLL(load_nvidia_dynamic_lib("cublas").abs_path)
+    lib.cublasCreate_v2.argtypes = [ctypes.POINTER(_vp)]
+    lib.cublasDestroy_v2.argtypes = [_vp]
+    lib.cublasSetStream_v2.argtypes = [_vp, _vp]
+    lib.cublasSetWorkspace_v2.argtypes = [_vp, _vp, ctypes.c_size_t]
+    lib.cublasGemmStridedBatchedEx.argtypes = [
+        _vp, _i, _i, _i, _i, _i, _vp, _vp, _i, _i, _ll, _vp, _i, _i, _ll, _vp, _vp, _i, _i, _ll, _i, _i, _i]
+    return lib
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        raise RuntimeError(f"{what} failed with cuBLAS status {rc}")
 
 
 class Handle:
@@ -33,25 +52,22 @@ class Handle:
 
     def __init__(self) -> None:
         import cupy
-        from cupy_backends.cuda.libs import cublas
 
-        self._cublas = cublas
-        self.ptr = cublas.create()
+        h = _vp()
+        _check(_lib().cublasCreate_v2(ctypes.byref(h)), "cublasCreate")
+        self.ptr = h.value
         self.workspace = cupy.empty(WORKSPACE_BYTES, dtype=cupy.uint8)
-        rc = _cublas_lib().cublasSetWorkspace_v2(ctypes.c_void_p(self.ptr), ctypes.c_void_p(self.workspace.data.ptr),
-                                                 ctypes.c_size_t(WORKSPACE_BYTES))
-        if rc != 0:
-            raise RuntimeError(f"cublasSetWorkspace_v2 failed with status {rc}")
-        self._stream = -1
+        _check(_lib().cublasSetWorkspace_v2(self.ptr, self.workspace.data.ptr, WORKSPACE_BYTES), "cublasSetWorkspace")
+        self._stream: int | None = None
 
     def set_stream(self, stream_ptr: int) -> None:
         if stream_ptr != self._stream:
-            self._cublas.setStream(self.ptr, stream_ptr)
+            _check(_lib().cublasSetStream_v2(self.ptr, stream_ptr), "cublasSetStream")
             self._stream = stream_ptr
 
     def close(self) -> None:
         if self.ptr:
-            self._cublas.destroy(self.ptr)
+            _lib().cublasDestroy_v2(self.ptr)
             self.ptr = 0
 
 
@@ -82,20 +98,20 @@ class GemmCall:
     compute: str
     alpha: float = 1.0
     beta: float = 0.0
-    _scalars: Any = None
+    _scalars: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         # alpha/beta live in host memory for the lifetime of the call (host pointer mode);
         # under graph capture cuBLAS reads them at capture time.
         self._scalars = np.array([self.alpha, self.beta], dtype=np.float32)
 
-    def __call__(self, handle: Handle) -> None:
-        from cupy_backends.cuda.libs import cublas
-
+    def __call__(self, handle: Handle, stream_ptr: int) -> None:
+        assert self._scalars is not None
         t = CUDA_TYPE[self.dtype]
         ap = self._scalars.ctypes.data
+        handle.set_stream(stream_ptr)
         # row-major C = A @ B  <=>  column-major C^T = B^T @ A^T: swap operands, swap m/n.
-        cublas.gemmStridedBatchedEx(
+        rc = _lib().cublasGemmStridedBatchedEx(
             handle.ptr,
             _OP_T if self.trans_b else _OP_N, _OP_T if self.trans_a else _OP_N,
             self.n, self.m, self.k,
@@ -103,3 +119,4 @@ class GemmCall:
             self.a, t, self.lda, self.stride_a,
             ap + 4, self.c, t, self.ldc, self.stride_c,
             self.batch, COMPUTE[self.compute], _GEMM_DEFAULT)
+        _check(rc, f"cublasGemmStridedBatchedEx(m={self.m}, n={self.n}, k={self.k}, batch={self.batch}, {self.dtype})")

@@ -92,9 +92,10 @@ class Plan:
         self._inputs = [(d["name"], tuple(d["shape"]), DType(d["dtype"]), int(d["offset"])) for d in self.manifest["inputs"]]
         self._outputs = {d["name"]: self._view(int(d["offset"]), tuple(d["shape"]), DType(d["dtype"]))
                          for d in self.manifest["outputs"]}
-        self._own_stream = cupy.cuda.Stream(non_blocking=True)
         self._graph = None
         self._stats: dict[str, Any] = {}
+        if cuda_graph:
+            self._capture()  # at load, so that no run ever synchronizes, the first one included
 
     # ---- load-time preparation ------------------------------------------------------------
     def _addr(self, space: str, offset: int) -> int:
@@ -123,8 +124,7 @@ class Plan:
             handle = self._handle
 
             def gemm(stream: Any) -> None:
-                handle.set_stream(stream.ptr)
-                call(handle)
+                call(handle, stream.ptr)
 
             return gemm
         raise ValueError(f"unknown launch type {L['type']!r}")
@@ -189,9 +189,9 @@ class Plan:
                 if not isinstance(arr, cp.ndarray) or arr.shape != want.shape or arr.dtype != want.dtype \
                         or not arr.flags.c_contiguous:
                     raise InputError(f"outputs[{name!r}]: expected a contiguous CuPy array {want.dtype}{list(want.shape)}")
-        stream = stream if stream is not None else self._own_stream
-        if self.cuda_graph and self._graph is None:
-            self._capture(stream)
+        # Default: the caller's current CuPy stream, so that what the caller does next with the
+        # outputs (on that stream) is ordered after the run.
+        stream = stream if stream is not None else cp.cuda.get_current_stream()
         counter = _AllocCounter()
         h2d = d2d = 0
         t0 = time.perf_counter()
@@ -228,10 +228,10 @@ class Plan:
         }
         return result
 
-    def _capture(self, stream: Any) -> None:
+    def _capture(self) -> None:
         # Warm up once outside capture (module load, cuBLAS heuristics), then capture the
-        # launch list on a capture-capable stream; the graph is replayed on any stream.
-        cap = self._own_stream
+        # launch list on a capture-capable (non-default) stream; the graph replays on any stream.
+        cap = self._cp.cuda.Stream(non_blocking=True)
         for launch in self._launches:
             launch(cap)
         cap.synchronize()
