@@ -1,0 +1,179 @@
+"""Safe loading of ONNX files: parse without touching external data, validate every external-data
+reference before any byte of it is read, check the model, and convert tensors to numpy.
+
+Why by hand: ``onnx.load`` with external data follows whatever ``location`` the file names; a
+hostile file could make us read ``/etc/passwd`` or ``../../secret`` into a weight. We parse with
+``load_external_data=False``, validate each location against the model's directory (no absolute
+paths, no ``..``, no symlink escaping the directory, file present, range inside the file) and only
+then read the bytes ourselves. Models over 2 GB are never serialized: the checker gets the path.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import TensorProto, numpy_helper
+
+from fusec.dtypes import DType
+from fusec.errors import ModelError
+
+_PROTO_LIMIT = 2**31 - 1  # protobuf refuses to serialize a message this large
+
+# ONNX elem types fusec can hold in the IR. Other types may appear in folded shape arithmetic only.
+ONNX_TO_DTYPE: dict[int, DType] = {
+    TensorProto.FLOAT: DType.F32,
+    TensorProto.FLOAT16: DType.F16,
+    TensorProto.BFLOAT16: DType.BF16,
+    TensorProto.INT64: DType.I64,
+    TensorProto.INT32: DType.I32,
+    TensorProto.BOOL: DType.BOOL,
+}
+
+
+def onnx_type_name(elem_type: int) -> str:
+    try:
+        return TensorProto.DataType.Name(elem_type).lower()
+    except ValueError:
+        return f"elem_type {elem_type}"
+
+
+def np_dtype_of(elem_type: int) -> np.dtype:
+    """The numpy dtype of an ONNX elem type (bf16 via ml_dtypes); ModelError for types without one."""
+    if elem_type in ONNX_TO_DTYPE:
+        return ONNX_TO_DTYPE[elem_type].np
+    try:
+        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
+    except Exception:
+        raise ModelError(f"unsupported ONNX element type {onnx_type_name(elem_type)}") from None
+
+
+@dataclass
+class LoadedModel:
+    model: onnx.ModelProto
+    label: str  # how error messages name the model (repr of the path, or '<ModelProto>')
+    base_dir: str | None  # directory external data is relative to (None for an in-memory proto)
+    # tensor id -> (validated absolute path, offset, length) for tensors stored outside the file
+    external: dict[int, tuple[str, int, int | None]] = field(default_factory=dict)
+
+    def to_array(self, t: TensorProto, what: str) -> np.ndarray:
+        """The contents of ``t`` as a numpy array; ``what`` names it in error messages."""
+        if id(t) in self.external:
+            return self._read_external(t, what)
+        try:
+            return numpy_helper.to_array(t)
+        except Exception as e:
+            raise ModelError(f"{self.label}: cannot decode tensor {what!r} "
+                             f"({onnx_type_name(t.data_type)}): {_one_line(e)}") from None
+
+    def _read_external(self, t: TensorProto, what: str) -> np.ndarray:
+        path, offset, length = self.external[id(t)]
+        dt = np_dtype_of(t.data_type)
+        shape = tuple(int(d) for d in t.dims)
+        want = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        if length is not None and length != want:
+            raise ModelError(f"{self.label}: external tensor {what!r} has length {length} bytes, "
+                             f"its type {onnx_type_name(t.data_type)}{list(shape)} needs {want}")
+        size = os.path.getsize(path)
+        if offset + want > size:
+            raise ModelError(f"{self.label}: external tensor {what!r}: offset {offset} + {want} bytes "
+                             f"is past the end of {os.path.basename(path)!r} ({size} bytes)")
+        with open(path, "rb") as f:
+            f.seek(offset)
+            buf = f.read(want)
+        return np.frombuffer(buf, dtype=dt.newbyteorder("<")).astype(dt, copy=False).reshape(shape)
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return (text[:300] + "...") if len(text) > 300 else (text or type(e).__name__)
+
+
+def iter_tensors(graph: onnx.GraphProto) -> Iterator[tuple[TensorProto, str]]:
+    """Every tensor stored in ``graph`` (initializers, Constant values, subgraphs), with a label."""
+    for t in graph.initializer:
+        yield t, t.name
+    for st in graph.sparse_initializer:
+        yield st.values, st.values.name
+        yield st.indices, st.indices.name
+    for node in graph.node:
+        for a in node.attribute:
+            if a.HasField("t"):
+                yield a.t, a.t.name or f"{node.name or node.op_type}.{a.name}"
+            for t in a.tensors:
+                yield t, t.name or f"{node.name or node.op_type}.{a.name}"
+            if a.HasField("g"):
+                yield from iter_tensors(a.g)
+            for g in a.graphs:
+                yield from iter_tensors(g)
+
+
+def _validate_external(t: TensorProto, what: str, base_dir: str, label: str) -> tuple[str, int, int | None]:
+    info = {e.key: e.value for e in t.external_data}
+    loc = info.get("location", "")
+    where = f"{label}: external tensor {what!r} location {loc!r}"
+    if not loc:
+        raise ModelError(f"{label}: external tensor {what!r} has no location")
+    parts = loc.replace("\\", "/").split("/")
+    if os.path.isabs(loc) or loc.startswith(("/", "\\")) or (len(loc) > 1 and loc[1] == ":"):
+        raise ModelError(f"{where} is an absolute path; external data must lie next to the model")
+    if ".." in parts:
+        raise ModelError(f"{where} contains '..'; external data must lie inside the model's directory")
+    root = os.path.realpath(base_dir)
+    full = os.path.realpath(os.path.join(root, *parts))
+    if os.path.commonpath([root, full]) != root:
+        raise ModelError(f"{where} resolves outside the model's directory (symlink?)")
+    if not os.path.isfile(full):
+        raise ModelError(f"{where}: file not found")
+    try:
+        offset = int(info.get("offset", "0"))
+        length = int(info["length"]) if "length" in info else None
+    except ValueError:
+        raise ModelError(f"{where}: offset/length are not integers") from None
+    size = os.path.getsize(full)
+    if offset < 0 or (length is not None and length < 0):
+        raise ModelError(f"{where}: negative offset or length")
+    end = offset + (length or 0)
+    if offset > size or end > size:
+        raise ModelError(f"{where}: offset {offset} + length {length or 0} is past the end of the file ({size} bytes)")
+    return full, offset, length
+
+
+def load_model(model: str | os.PathLike | onnx.ModelProto) -> LoadedModel:
+    """Parse and check ``model``; every failure is a one-line ModelError naming the file."""
+    if isinstance(model, onnx.ModelProto):
+        loaded = LoadedModel(model, "<ModelProto>", None)
+        path = None
+    else:
+        path = os.fspath(model)
+        label = repr(path)
+        if not os.path.exists(path):
+            raise ModelError(f"model file {label} not found")
+        if not os.path.isfile(path):
+            raise ModelError(f"model path {label} is not a file")
+        try:
+            proto = onnx.load(path, load_external_data=False)
+        except Exception as e:  # DecodeError, truncated files, text files...
+            raise ModelError(f"{label} is not a readable ONNX model: {_one_line(e)}") from None
+        loaded = LoadedModel(proto, label, os.path.dirname(os.path.abspath(path)))
+    proto = loaded.model
+    if not proto.HasField("graph") or proto.ir_version <= 0 or not proto.opset_import:
+        raise ModelError(f"{loaded.label} is not an ONNX model (no graph, IR version or opset)")
+    for t, what in iter_tensors(proto.graph):
+        if t.data_location == TensorProto.EXTERNAL:
+            if loaded.base_dir is None:
+                raise ModelError(f"{loaded.label}: tensor {what!r} stores its data externally; "
+                                 "import the model from its path so the data can be found")
+            loaded.external[id(t)] = _validate_external(t, what, loaded.base_dir, loaded.label)
+    try:
+        # The checker reads the file itself for big models: a >2 GB proto cannot be serialized.
+        if path is not None:
+            onnx.checker.check_model(path)
+        elif proto.ByteSize() < _PROTO_LIMIT:
+            onnx.checker.check_model(proto)
+    except Exception as e:
+        raise ModelError(f"{loaded.label} fails the ONNX checker: {_one_line(e)}") from None
+    return loaded
