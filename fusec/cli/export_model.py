@@ -23,9 +23,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    graph = load_model(args)
     from fusec.onnx_export import export_onnx
 
-    graph = load_model(args)
     export_onnx(graph, args.output)
     print(f"wrote {fmt_name(args.output)} ({len(graph.nodes)} nodes, {graph.weight_bytes:,} weight bytes)")
     return 0

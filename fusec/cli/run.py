@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
 import numpy as np
 
 from fusec.cli._common import add_command, add_model_arguments, fmt_name, load_model
-from fusec.errors import FusecError
+from fusec.errors import FusecError, InputError
 from fusec.ir import Graph
 
 BACKENDS = ("reference", "cuda")
@@ -51,6 +52,8 @@ def run(args: argparse.Namespace) -> int:
     if backend is None:
         backend = "cuda" if device.gpu_available() else "reference"
 
+    if args.save_outputs:
+        _check_output_dir(args.save_outputs)  # fail before the run, not after it
     graph = load_model(args)
     inputs = _inputs(args, graph)
     if not explicit and backend == "reference":
@@ -82,6 +85,14 @@ def run(args: argparse.Namespace) -> int:
         save_outputs_npz(args.save_outputs, outputs)
         print(f"saved outputs to {fmt_name(args.save_outputs)}")
     return 0
+
+
+def _check_output_dir(path: str) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise InputError(f"cannot write outputs file {path!r}: directory {directory!r} does not exist")
+    if os.path.isdir(path):
+        raise InputError(f"cannot write outputs file {path!r}: it is a directory")
 
 
 def _inputs(args: argparse.Namespace, graph: Graph) -> dict[str, np.ndarray]:
