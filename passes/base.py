@@ -26,6 +26,9 @@ class PassOptions:
 
     disabled_fusions: frozenset[str] = frozenset()
     enabled_fusions: frozenset[str] = frozenset()
+    # Storage dtype of floating-point tensors in the compiled plan ("f32", "f16" or "bf16");
+    # arithmetic inside kernels stays fp32. Applied by passes/precision.py.
+    storage_dtype: str = "f32"
     # Why each matcher declined a near match: list of (pattern, where, reason). Filled by passes.
     declines: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)
     # Facts passes record for reports (`inspect`): counters such as transposes_cached.
