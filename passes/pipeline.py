@@ -16,10 +16,9 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
-from fusec.passes import constant_fold, cse, dce, memory_plan, simplify, views
-from fusec.passes.base import PassOptions
-
 from fusec.ir import Graph, IRError, print_graph, verify
+from fusec.passes import constant_fold, cse, dce, memory_plan, precision, simplify, views
+from fusec.passes.base import PassOptions
 
 PIPELINE: list[ModuleType] = [
     # -- canonicalization: fold, remove no-ops, merge duplicates, drop the dead
@@ -28,6 +27,8 @@ PIPELINE: list[ModuleType] = [
     cse,
     dce,
     # -- pattern recognition (attention, norms, GELU, RoPE ...)
+    # -- storage precision (after recognition: high-level ops keep fp32 math inside)
+    precision,
     # -- layout: weight-transpose caching, GEMM merges
     # -- fusion grouping
     # -- canonicalize what the rewrites left behind
