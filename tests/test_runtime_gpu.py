@@ -36,9 +36,9 @@ def _cubin(src: str) -> bytes:
 
 
 def _plan(manifest, blobs, cuda_graph=False):
-    from fusec.runtime.plan import Plan
+    from fusec.runtime.executor import Executor
 
-    return Plan(manifest, lambda name: blobs[name], cuda_graph=cuda_graph)
+    return Executor(manifest, lambda name: blobs[name], cuda_graph=cuda_graph)
 
 
 def _axpb_plan(n: int, cuda_graph: bool):

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-__all__ = ["Plan"]
+__all__ = ["Executor"]
 
 
 def __getattr__(name: str):
-    if name == "Plan":
-        from fusec.runtime.plan import Plan
+    if name == "Executor":
+        from fusec.runtime.executor import Executor
 
-        return Plan
+        return Executor
     raise AttributeError(name)

@@ -1,4 +1,4 @@
-"""The runtime: a ``Plan`` executes a fixed list of launches over one device arena.
+"""The runtime: an ``Executor`` executes a fixed list of launches over one device arena.
 
 It knows only the plan (manifest + blobs), never the IR. At load it validates the manifest,
 uploads the weights once (one buffer), allocates the arena once, loads the compiled modules and
@@ -62,7 +62,7 @@ class _AllocCounter:
         self.hook = Hook()
 
 
-class Plan:
+class Executor:
     def __init__(self, manifest: Mapping[str, Any], blob: Any, cuda_graph: bool = False):
         """``blob(name) -> bytes-like`` gives the plan's parts (weights, cubins, sources)."""
         import cupy
