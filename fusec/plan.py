@@ -1,0 +1,163 @@
+"""The user-facing ``Plan``: a compiled model (manifest + weights + kernel sources and binaries).
+
+A ``Plan`` needs no GPU to exist, be saved, loaded or inspected (``fusec compile`` cross-compiles
+on machines without one). The device state (arena, uploaded weights, loaded modules, CUDA graph)
+is created by ``fusec.runtime.Executor`` on the first ``run``.
+
+``Plan.load(path)`` validates the whole file (``fusec.planfile``) and the manifest before any
+code is loaded. A plan compiled for another GPU architecture is refused with an error naming the
+``arch`` field, or recompiled from its bundled sources with ``recompile=True``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from fusec import __version__
+from fusec.errors import FusecError
+from fusec.planfile import PlanFileError, read_plan, write_plan
+
+_REQUIRED = ("fusec_version", "arch", "dtype", "inputs", "outputs", "memory", "modules", "kernels", "launches")
+
+
+class PlanArchError(FusecError):
+    """The plan's ``arch`` does not match the GPU it is asked to run on."""
+
+
+class Plan:
+    def __init__(self, manifest: Mapping[str, Any], blobs: Mapping[str, bytes | memoryview], cuda_graph: bool = False):
+        self.manifest = dict(manifest)
+        self._blobs = dict(blobs)
+        self.cuda_graph = bool(cuda_graph or self.manifest.get("cuda_graph", False))
+        self._executor: Any = None
+        _validate_manifest(self.manifest, self._blobs, "<in memory>")
+
+    # ---- persistence --------------------------------------------------------------------------
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the plan to one ``.fplan`` file, atomically."""
+        write_plan(path, self.manifest, {k: bytes(v) for k, v in self._blobs.items()})
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, recompile: bool = False, cuda_graph: bool | None = None) -> Plan:
+        """Read and validate ``path``. ``recompile``: rebuild kernels for the current GPU's arch."""
+        pf = read_plan(path)
+        blobs = {name: pf.blob(name) for name in pf.names()}
+        _validate_manifest(pf.manifest, blobs, str(path))
+        plan = cls(pf.manifest, blobs, cuda_graph=bool(pf.manifest.get("cuda_graph")) if cuda_graph is None else cuda_graph)
+        gpu_arch = _current_arch()
+        if gpu_arch is not None and gpu_arch != plan.arch:
+            if not recompile:
+                raise PlanArchError(f"{path}: field 'arch' is {plan.arch}, but this GPU is {gpu_arch}; "
+                                    f"use fusec.load(path, recompile=True) to rebuild its kernels from the bundled sources")
+            plan._recompile(gpu_arch)
+        return plan
+
+    def _recompile(self, arch: str) -> None:
+        from fusec.codegen.compile import compile_cuda
+
+        for m in self.manifest["modules"]:
+            src = bytes(self._blobs[m["source"]]).decode("utf-8")
+            self._blobs[m["cubin"]] = compile_cuda(src, m["entry"], arch).cubin
+        self.manifest["arch"] = arch
+
+    # ---- facts ---------------------------------------------------------------------------------
+    @property
+    def arch(self) -> str:
+        return str(self.manifest["arch"])
+
+    @property
+    def dtype(self) -> str:
+        return str(self.manifest["dtype"])
+
+    def blob(self, name: str) -> bytes | memoryview:
+        return self._blobs[name]
+
+    def info(self) -> dict[str, Any]:
+        """JSON-able description for ``fusec inspect PLAN --json``."""
+        m = self.manifest
+        kernels = []
+        for L in m["launches"]:
+            if L["type"] == "kernel":
+                k = m["kernels"][L["kernel"]]
+                kernels.append({"name": k["entry"], "label": L.get("label", ""), "grid": L["grid"], "block": L["block"],
+                                "smem": L.get("smem", 0)})
+            else:
+                kernels.append({"name": f"cublas_gemm_{L['dtype']}", "label": L.get("label", ""),
+                                "m": L["m"], "n": L["n"], "k": L["k"], "batch": L["batch"]})
+        out = {k: m[k] for k in ("fusec_version", "arch", "dtype", "inputs", "outputs") if k in m}
+        out.update({k: m[k] for k in ("report", "nvrtc_version", "cupy_version", "cuda_graph") if k in m})
+        out["kernels"] = kernels
+        out["launches"] = len(kernels)
+        out["memory"] = dict(m["memory"])
+        return out
+
+    # ---- running -------------------------------------------------------------------------------
+    def _exec(self) -> Any:
+        if self._executor is None:
+            from fusec.runtime.executor import Executor
+
+            gpu_arch = _current_arch()
+            if gpu_arch is None:
+                raise FusecError("no GPU found (CuPy sees no CUDA device): a plan runs only on a GPU; "
+                                 "use the reference backend (fusec run MODEL --backend reference)")
+            if gpu_arch != self.arch:
+                raise PlanArchError(f"field 'arch' is {self.arch}, but this GPU is {gpu_arch}; "
+                                    f"load with recompile=True")
+            self._executor = Executor(self.manifest, self.blob, cuda_graph=self.cuda_graph)
+        return self._executor
+
+    def run(self, inputs: Mapping[str, Any], stream: Any = None, outputs: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Run once on the GPU; returns {output name: CuPy array} (see fusec.runtime.executor)."""
+        return self._exec().run(inputs, stream=stream, outputs=outputs)
+
+    def stats(self) -> dict[str, Any]:
+        """Counters of the last run: launches, syncs, allocations, h2d_bytes, d2h_bytes, ..."""
+        return self._exec().stats() if self._executor is not None else {}
+
+
+def _current_arch() -> str | None:
+    from fusec.device import gpu_arch
+
+    return gpu_arch()
+
+
+def _validate_manifest(m: Mapping[str, Any], blobs: Mapping[str, Any], where: str) -> None:
+    """Check the manifest's structure and cross-references before anything is loaded."""
+    for key in _REQUIRED:
+        if key not in m:
+            raise PlanFileError(f"{where}: manifest: missing field {key!r}")
+    if not str(m["fusec_version"]).split(".")[0] == __version__.split(".")[0]:
+        raise PlanFileError(f"{where}: manifest: field 'fusec_version' is {m['fusec_version']}, "
+                            f"this is fusec {__version__}; recompile the model")
+    mod_ids = set()
+    for mod in m["modules"]:
+        for part in ("cubin", "source"):
+            if mod.get(part) not in blobs:
+                raise PlanFileError(f"{where}: module {mod.get('id')!r}: missing part {mod.get(part)!r}")
+        mod_ids.add(mod["id"])
+    for i, k in enumerate(m["kernels"]):
+        if k.get("module") not in mod_ids:
+            raise PlanFileError(f"{where}: kernel #{i}: unknown module {k.get('module')!r}")
+    wbytes = int(m["memory"].get("weights_bytes", 0))
+    if wbytes and len(blobs.get("weights", b"")) != wbytes:
+        raise PlanFileError(f"{where}: weights: expected {wbytes} bytes")
+    arena = int(m["memory"].get("arena_bytes", 0))
+    for i, L in enumerate(m["launches"]):
+        if L.get("type") == "kernel":
+            if not 0 <= int(L.get("kernel", -1)) < len(m["kernels"]):
+                raise PlanFileError(f"{where}: launch #{i}: kernel index out of range")
+            ptrs = [a for a in L.get("args", []) if a[0] == "ptr"]
+        elif L.get("type") == "gemm":
+            ptrs = [["ptr", *L[x]] for x in ("a", "b", "c")]
+        else:
+            raise PlanFileError(f"{where}: launch #{i}: unknown type {L.get('type')!r}")
+        for _, space, off in ptrs:
+            limit = arena if space == "arena" else wbytes
+            if space not in ("arena", "weights") or not 0 <= int(off) <= limit:
+                raise PlanFileError(f"{where}: launch #{i}: pointer {space}+{off} outside the {space}")
+    for sig in ("inputs", "outputs"):
+        for d in m[sig]:
+            if not 0 <= int(d["offset"]) <= arena:
+                raise PlanFileError(f"{where}: {sig[:-1]} {d.get('name')!r}: offset outside the arena")
