@@ -1,0 +1,3 @@
+"""CUDA code generation: kernel specs -> Jinja templates -> NVRTC CUBIN (+ disk cache) -> launch."""
+
+from __future__ import annotations

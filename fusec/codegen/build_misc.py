@@ -1,0 +1,98 @@
+"""Builders for the memory-bound kernels: elementwise, row reductions, cumsum, embedding, rope, copy."""
+
+from __future__ import annotations
+
+import math
+
+from fusec.codegen import specs as S
+from fusec.codegen.elementwise import emit
+from fusec.codegen.kernels import Rendered, builder, cdiv, idx_type, kernel_name
+from fusec.codegen.render import Ident, compute_ctype, ctype, float_lit
+from fusec.dtypes import DType
+
+_MAX_GRID = 1 << 20  # grid-stride loops cover the rest
+
+
+def _round_fn(dt: DType) -> Ident | None:
+    return {DType.F16: Ident("fc_round_f16"), DType.BF16: Ident("fc_round_bf16")}.get(dt)
+
+
+def _lowest(dt: DType) -> Ident | str:
+    from fusec.codegen.render import CCode
+
+    if dt.is_float:
+        return CCode("(-__int_as_float(0x7f800000))")
+    return CCode("(-9223372036854775807LL - 1)")
+
+
+@builder(S.ElementwiseSpec)
+def _elementwise(spec: S.ElementwiseSpec) -> Rendered:
+    n = math.prod(spec.shape)
+    rank = len(spec.shape)
+    contig = S.contiguous_strides(spec.shape)
+    inputs = []
+    for op in spec.inputs:
+        if op.strides == contig:
+            mode = "flat"
+        elif all(s == 0 for s in op.strides):
+            mode = "scalar"
+        else:
+            mode = "strided"
+        inputs.append({
+            "ctype": ctype(op.dtype), "compute": compute_ctype(op.dtype), "mode": Ident(mode),
+            "strides": op.strides, "dims": [d for d in range(rank) if op.strides[d] != 0],
+            "vector": spec.vec > 1 and op.strides[-1] == 1,
+        })
+    lines, result, _ = emit(spec.expr, [(Ident(f"x{i}"), op.dtype) for i, op in enumerate(spec.inputs)])
+    max_off = max([n] + [sum((d - 1) * s for d, s in zip(spec.shape, op.strides)) for op in spec.inputs])
+    block = 256
+    groups = n // spec.vec
+    name = kernel_name("ew", spec)
+    ctx = {
+        "name": name, "block": block, "vec": spec.vec, "n_groups": groups, "shape": spec.shape,
+        "dims_rev": list(reversed(range(rank))), "need_coords": any(x["mode"] == "strided" for x in inputs),
+        "inputs": inputs, "out_ctype": ctype(spec.out_dtype), "lines": lines, "result": result,
+        "idx_t": idx_type(max_off + spec.vec),
+    }
+    params = tuple(f"in{i}" for i in range(len(inputs))) + ("out",)
+    return Rendered("elementwise.cu.jinja", ctx, (min(cdiv(groups, block), _MAX_GRID), 1, 1), (block, 1, 1), params)
+
+
+def _row_geometry(nvec: int) -> tuple[int, int]:
+    """(threads, items per thread): about two vector accesses per thread in flight."""
+    if nvec < 128:
+        block = max(32, cdiv(nvec, 32) * 32)
+    else:
+        block = min(1024, max(64, cdiv(cdiv(nvec, 2), 32) * 32))
+    return block, cdiv(nvec, block)
+
+
+@builder(S.RowReduceSpec)
+def _row_reduce(spec: S.RowReduceSpec) -> Rendered:
+    k = spec.kind
+    vec = 1
+    if spec.inner == 1:
+        widths = [spec.dtype.itemsize] + ([spec.w_dtype.itemsize] if spec.w_dtype else [])
+        vec = 16 // max(widths)
+        while vec > 1 and spec.cols % vec:
+            vec //= 2
+    block, items = _row_geometry(spec.cols // vec)
+    cached = items <= 16
+    is_norm = k.endswith("norm")
+    out_dt = spec.w_dtype if k.endswith("rmsnorm") else spec.dtype
+    params = ["x"] + (["res"] if k.startswith("add_") else []) + (["gamma"] if is_norm else [])
+    params += (["beta"] if spec.has_bias else []) + (["mask"] if spec.mask_dtype else [])
+    params += (["sum_out"] if k.startswith("add_") else []) + ["out"]
+    ctx = {
+        "name": kernel_name("row", spec), "kind": Ident(k), "cols": spec.cols, "inner": spec.inner,
+        "vec": vec, "items": items, "block": block, "cached": cached,
+        "x_t": ctype(spec.dtype), "out_t": ctype(out_dt), "w_t": ctype(spec.w_dtype) if spec.w_dtype else None,
+        "acc_t": compute_ctype(spec.dtype) if spec.dtype.is_float else ctype(DType.I64),
+        "has_bias": spec.has_bias, "eps": float_lit(spec.eps, "eps"), "offset": float_lit(spec.weight_offset),
+        "scale": float_lit(spec.scale, "scale") if spec.scale is not None else None,
+        "mask_t": ctype(spec.mask_dtype) if spec.mask_dtype else None,
+        "rows_shape": spec.rows_shape, "rows_dims_rev": list(reversed(range(len(spec.rows_shape)))),
+        "mask_row_strides": spec.mask_row_strides, "mask_col_stride": spec.mask_col_stride,
+        "round_x": _round_fn(spec.dtype), "lowest": _lowest(spec.dtype),
+    }
+    return Rendered("row_reduce.cu.jinja", ctx, (spec.rows, 1, 1), (block, 1, 1), tuple(params))

@@ -1,0 +1,359 @@
+"""Kernel specs: the typed layer between the IR and the templates.
+
+A spec is a frozen record of ints, bools, floats, allow-listed dtypes and fusec expression trees;
+nothing from a model file (names, strings) fits in one. ``kernels.build`` renders a spec's
+template, compiles it and computes its launch geometry. Every spec validates itself on
+construction, so a bad spec fails in Python with a message, never as a CUDA error.
+
+Layout conventions: shapes and strides count elements; a stride of 0 broadcasts. Pointers passed
+at launch must be aligned to 16 bytes (the runtime's arena guarantees it) wherever a spec uses
+vector accesses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from fusec.codegen.elementwise import Expr, dtype_of
+from fusec.dtypes import DType
+
+FLOATS = (DType.F32, DType.F16, DType.BF16)
+HALFS = (DType.F16, DType.BF16)
+ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh", "silu")
+
+
+def _req(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+def _ints(xs: tuple[int, ...], what: str, lo: int | None = None) -> None:
+    for x in xs:
+        _req(isinstance(x, int) and not isinstance(x, bool), f"{what}: {x!r} is not an int")
+        _req(lo is None or x >= lo, f"{what}: {x} < {lo}")
+
+
+def _pos(*pairs: tuple[str, int]) -> None:
+    for what, v in pairs:
+        _req(isinstance(v, int) and not isinstance(v, bool) and v >= 1, f"{what} must be a positive int, got {v!r}")
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    out, acc = [], 1
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= d
+    return tuple(reversed(out))
+
+
+@dataclasses.dataclass(frozen=True)
+class Operand:
+    """An elementwise input: dtype and strides over the kernel's iteration shape."""
+
+    dtype: DType
+    strides: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class ElementwiseSpec:
+    expr: Expr
+    shape: tuple[int, ...]  # iteration (= output) shape, contiguous output
+    inputs: tuple[Operand, ...]
+    out_dtype: DType
+    vec: int = 1  # elements per thread access; >1 needs shape[-1] % vec == 0 (see elementwise_spec)
+
+    def __post_init__(self) -> None:
+        _ints(self.shape, "shape", 1)
+        for op in self.inputs:
+            _req(len(op.strides) == len(self.shape), "operand strides must match the iteration rank")
+            _ints(op.strides, "operand strides", 0)
+        _req(dtype_of(self.expr, [o.dtype for o in self.inputs]) == self.out_dtype,
+             "out_dtype differs from the expression's dtype")
+        _req(self.vec in (1, 2, 4, 8, 16), f"vec must be 1, 2, 4, 8 or 16, got {self.vec}")
+        if self.vec > 1:
+            _req(len(self.shape) > 0 and self.shape[-1] % self.vec == 0, "vec must divide the last dim")
+            for op in self.inputs:
+                _req(op.strides[-1] in (0, 1), "vectorized operands need last stride 0 or 1")
+                _req(all(s % self.vec == 0 for s in op.strides[:-1]), "vectorized operands need aligned rows")
+            widest = max([o.dtype.itemsize for o in self.inputs] + [self.out_dtype.itemsize])
+            _req(self.vec * widest <= 16, "a vector access may not exceed 16 bytes")
+
+
+def elementwise_spec(expr: Expr, in_shapes: list[tuple[int, ...]], in_dtypes: list[DType],
+                     out_shape: tuple[int, ...], vectorize: bool = True) -> ElementwiseSpec:
+    """Broadcast strides, merge dims that are contiguous for every operand, and pick the widest
+    vector access that all operands allow (at render time: DESIGN §5)."""
+    rank = len(out_shape)
+    strides = []
+    for shp in in_shapes:
+        _req(len(shp) <= rank, "an input has a higher rank than the output")
+        full = (1,) * (rank - len(shp)) + tuple(shp)
+        cs = contiguous_strides(full)
+        strides.append([0 if full[d] == 1 and out_shape[d] != 1 else cs[d] for d in range(rank)])
+        _req(all(full[d] in (1, out_shape[d]) for d in range(rank)), f"{list(shp)} does not broadcast to {list(out_shape)}")
+    dims = [d for d in range(rank) if out_shape[d] != 1]
+    shape = [out_shape[d] for d in dims] or [1]
+    st = [[s[d] for d in dims] or [0] for s in strides]
+    ostr = list(contiguous_strides(tuple(shape)))
+    i = len(shape) - 1
+    while i > 0:  # merge dim i-1 into dim i where every operand (and the output) is contiguous across them
+        if all(s[i - 1] == s[i] * shape[i] for s in st + [ostr]):
+            shape[i] *= shape[i - 1]
+            for s in st + [ostr]:
+                del s[i - 1]
+            del shape[i - 1]
+        i -= 1
+    vec = 1
+    if vectorize:
+        widest = max(list(d.itemsize for d in in_dtypes) + [dtype_of(expr, in_dtypes).itemsize])
+        vec = 16 // widest
+        while vec > 1 and not (shape[-1] % vec == 0 and all(s[-1] in (0, 1) and all(x % vec == 0 for x in s[:-1]) for s in st)):
+            vec //= 2
+    return ElementwiseSpec(expr, tuple(shape), tuple(Operand(d, tuple(s)) for d, s in zip(in_dtypes, st)),
+                           dtype_of(expr, in_dtypes), vec)
+
+
+ROW_KINDS = ("layernorm", "rmsnorm", "add_layernorm", "add_rmsnorm", "softmax", "sum", "mean", "max")
+
+
+@dataclasses.dataclass(frozen=True)
+class RowReduceSpec:
+    """Reduce each row of ``x`` viewed as [outer, cols, inner]; a row is (outer, inner) pair.
+
+    Launch params, in order:
+      layernorm: x, gamma, [beta], out          add_layernorm: x, res, gamma, [beta], sum_out, out
+      rmsnorm: x, weight, out                    add_rmsnorm: x, res, weight, sum_out, out
+      softmax: x, [mask], out                    sum / mean / max: x, out (one value per row)
+    rmsnorm's output has ``w_dtype`` (HF: the weight's dtype wins); others have ``dtype``.
+    Softmax computes softmax(x * scale + mask); the mask element of row r, column c lies at
+    sum(coord_i(r) * mask_row_strides[i]) + c * mask_col_stride, coords of r over ``rows_shape``.
+    """
+
+    kind: str
+    outer: int
+    cols: int
+    dtype: DType
+    inner: int = 1
+    w_dtype: DType | None = None
+    has_bias: bool = False
+    eps: float = 1e-5
+    weight_offset: float = 0.0
+    scale: float | None = None
+    mask_dtype: DType | None = None
+    rows_shape: tuple[int, ...] = ()
+    mask_row_strides: tuple[int, ...] = ()
+    mask_col_stride: int = 1
+
+    def __post_init__(self) -> None:
+        _req(self.kind in ROW_KINDS, f"row reduce kind must be one of {ROW_KINDS}, got {self.kind!r}")
+        _pos(("outer", self.outer), ("cols", self.cols), ("inner", self.inner))
+        _req(isinstance(self.dtype, DType), "dtype must be a DType")
+        if self.kind not in ("sum", "max"):
+            _req(self.dtype in FLOATS, f"{self.kind} needs a float dtype")
+        if self.kind in ("layernorm", "add_layernorm", "rmsnorm", "add_rmsnorm"):
+            _req(self.w_dtype in FLOATS, f"{self.kind} needs w_dtype")
+            _req(math.isfinite(self.eps) and self.eps >= 0, "eps must be finite and >= 0")
+            _req(math.isfinite(self.weight_offset), "weight_offset must be finite")
+        if self.kind.startswith("add_") or self.kind.endswith("norm"):
+            _req(self.inner == 1, "norms reduce the innermost axis")
+        _req(not self.has_bias or "layernorm" in self.kind, "only layernorm takes a bias")
+        if self.scale is not None:
+            _req(self.kind == "softmax" and math.isfinite(self.scale), "scale is a finite softmax option")
+        if self.mask_dtype is not None:
+            _req(self.kind == "softmax" and self.inner == 1 and self.mask_dtype in FLOATS, "masks are float, softmax only")
+            _ints(self.rows_shape, "rows_shape", 1)
+            _req(math.prod(self.rows_shape) == self.outer, "rows_shape must multiply to the row count")
+            _req(len(self.mask_row_strides) == len(self.rows_shape), "one mask stride per rows_shape dim")
+            _ints(self.mask_row_strides + (self.mask_col_stride,), "mask strides", 0)
+
+    @property
+    def rows(self) -> int:
+        return self.outer * self.inner
+
+
+@dataclasses.dataclass(frozen=True)
+class CumsumSpec:
+    """Inclusive/exclusive, forward/reverse scan along the middle axis of [outer, n, inner]."""
+
+    outer: int
+    n: int
+    inner: int
+    dtype: DType
+    exclusive: bool = False
+    reverse: bool = False
+
+    def __post_init__(self) -> None:
+        _pos(("outer", self.outer), ("n", self.n), ("inner", self.inner))
+        _req(self.dtype in FLOATS + (DType.I64, DType.I32), "cumsum needs a numeric dtype")
+
+
+@dataclasses.dataclass(frozen=True)
+class EmbeddingSpec:
+    """out[t, :] = table[ids[t], :] (+ pos_table[pos_ids[t], :]); params: ids, table, [pos_ids, pos_table], out.
+
+    An id outside [-vocab, vocab) writes a NaN row (negative ids count from the end, as in the
+    reference's gather): visible downstream, and nothing is read out of bounds.
+    """
+
+    tokens: int
+    vocab: int
+    hidden: int
+    dtype: DType
+    id_dtype: DType = DType.I64
+    pos_vocab: int = 0  # 0: no position embedding
+    pos_id_dtype: DType = DType.I64
+
+    def __post_init__(self) -> None:
+        _pos(("tokens", self.tokens), ("vocab", self.vocab), ("hidden", self.hidden))
+        _req(self.dtype in FLOATS, "embedding tables are float")
+        _req(self.id_dtype in (DType.I64, DType.I32) and self.pos_id_dtype in (DType.I64, DType.I32), "ids are int32/int64")
+        _ints((self.pos_vocab,), "pos_vocab", 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeSpec:
+    """Rotate-half rotary embedding on x[B, H, S, D] (strides per b, h, s; d contiguous).
+
+    cos/sin have ``rotary_dim`` columns (HF's cat(freqs, freqs) form), rows addressed by
+    b * cs_strides[0] + s * cs_strides[1]. Columns >= rotary_dim pass through. Params: x, cos, sin, out.
+    """
+
+    B: int
+    H: int
+    S: int
+    D: int
+    rotary_dim: int
+    dtype: DType
+    x_strides: tuple[int, int, int]
+    out_strides: tuple[int, int, int]
+    cs_strides: tuple[int, int]
+    cs_dtype: DType | None = None
+
+    def __post_init__(self) -> None:
+        _pos(("B", self.B), ("H", self.H), ("S", self.S), ("D", self.D), ("rotary_dim", self.rotary_dim))
+        _req(self.rotary_dim % 2 == 0 and self.rotary_dim <= self.D, "rotary_dim must be even and <= head_dim")
+        _req(self.dtype in FLOATS and (self.cs_dtype or self.dtype) in FLOATS, "rope is float")
+        _ints(self.x_strides + self.out_strides + self.cs_strides, "strides", 0)
+
+
+MASKS = ("none", "additive", "bool")
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionSpec:
+    """out = softmax(q k^T * scale + mask) v for all batches and heads in one launch.
+
+    q [B, Hq, S, D], k/v [B, Hkv, T, D], out [B, Hq, S, D]; strides per (b, h, s) for each, d
+    contiguous. Query head h reads kv head h // (Hq // Hkv) (GQA/MQA). ``causal``: query i may see
+    key j <= i + (T - S) (bottom-right aligned, so decode with a KV cache sees all past keys).
+    mask "additive": added to the scaled scores; "bool": True keeps. Mask element (b, h, i, j) at
+    b*ms[0] + h*ms[1] + i*ms[2] + j*ms[3] (0 broadcasts). Params: q, k, v, [mask], out.
+    A row that sees no key gives NaN, as softmax of all -inf does in the reference.
+    """
+
+    B: int
+    Hq: int
+    Hkv: int
+    S: int
+    T: int
+    D: int
+    dtype: DType
+    scale: float
+    causal: bool = False
+    mask: str = "none"
+    mask_dtype: DType | None = None
+    mask_strides: tuple[int, int, int, int] = (0, 0, 0, 0)
+    q_strides: tuple[int, int, int] | None = None
+    k_strides: tuple[int, int, int] | None = None
+    v_strides: tuple[int, int, int] | None = None
+    o_strides: tuple[int, int, int] | None = None
+
+    def __post_init__(self) -> None:
+        _pos(("B", self.B), ("Hq", self.Hq), ("Hkv", self.Hkv), ("S", self.S), ("T", self.T), ("D", self.D))
+        _req(self.Hq % self.Hkv == 0, "Hq must be a multiple of Hkv")
+        _req(self.dtype in FLOATS, "attention is float")
+        _req(self.D % 8 == 0 and 8 <= self.D <= 256, "head_dim must be a multiple of 8 in [8, 256]")
+        if self.dtype in HALFS:
+            _req(self.D % 16 == 0 and self.D <= 128, "tensor-core attention needs head_dim % 16 == 0 and <= 128")
+        _req(math.isfinite(self.scale), "scale must be finite")
+        _req(self.mask in MASKS, f"mask must be one of {MASKS}")
+        if self.mask == "additive":
+            _req(self.mask_dtype in FLOATS, "an additive mask is float")
+        if self.mask == "bool":
+            _req(self.mask_dtype == DType.BOOL, "a bool mask has dtype bool")
+        _ints(self.mask_strides, "mask strides", 0)
+        for st in self.strides():
+            _ints(st, "strides", 0)
+            if self.dtype in HALFS:
+                _req(all(x % 8 == 0 for x in st), "tensor-core attention needs strides that keep rows 16-byte aligned")
+
+    def strides(self) -> tuple[tuple[int, int, int], ...]:
+        def dflt(h: int, n: int) -> tuple[int, int, int]:
+            return (h * n * self.D, n * self.D, self.D)
+
+        return (self.q_strides or dflt(self.Hq, self.S), self.k_strides or dflt(self.Hkv, self.T),
+                self.v_strides or dflt(self.Hkv, self.T), self.o_strides or dflt(self.Hq, self.S))
+
+
+@dataclasses.dataclass(frozen=True)
+class Epilogue:
+    """Applied to the fp32 accumulator before the store: + bias[n], activation, + residual[m, n]."""
+
+    bias: bool = False
+    activation: str = "none"
+    residual: bool = False
+
+    def __post_init__(self) -> None:
+        _req(self.activation in ACTIVATIONS, f"activation must be one of {ACTIVATIONS}")
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmSpec:
+    """C[b] = epilogue(A[b] @ B[b]); A [M, K] (or [K, M] if trans_a), B [K, N] (or [N, K] if trans_b).
+
+    Operands are row-major with the given batch strides (0 broadcasts); C is [batch, M, N]
+    contiguous. Params: A, B, [bias (N)], [residual (batch, M, N)], C.
+    """
+
+    M: int
+    N: int
+    K: int
+    dtype: DType
+    batch: int = 1
+    trans_a: bool = False
+    trans_b: bool = False
+    a_batch_stride: int = -1  # -1: contiguous
+    b_batch_stride: int = -1
+    epilogue: Epilogue = Epilogue()
+    out_dtype: DType | None = None
+
+    def __post_init__(self) -> None:
+        _pos(("M", self.M), ("N", self.N), ("K", self.K), ("batch", self.batch))
+        _req(self.dtype in FLOATS and (self.out_dtype or self.dtype) in FLOATS, "gemm is float")
+        _ints((self.a_batch_stride, self.b_batch_stride), "batch strides", -1)
+
+    @property
+    def a_bs(self) -> int:
+        return self.M * self.K if self.a_batch_stride < 0 else self.a_batch_stride
+
+    @property
+    def b_bs(self) -> int:
+        return self.K * self.N if self.b_batch_stride < 0 else self.b_batch_stride
+
+
+@dataclasses.dataclass(frozen=True)
+class GemvSpec:
+    """Skinny product for M <= 8: C[M, N] = epilogue(x[M, K] @ W^T), W stored [N, K] (k contiguous,
+    the layout decode wants: weights are transposed once at load). Params: x, W, [bias], [residual], C."""
+
+    M: int
+    N: int
+    K: int
+    dtype: DType
+    epilogue: Epilogue = Epilogue()
+
+    def __post_init__(self) -> None:
+        _pos(("M", self.M), ("N", self.N), ("K", self.K))
+        _req(self.M <= 8, "gemv handles M <= 8")
+        _req(self.dtype in FLOATS, "gemv is float")

@@ -1,0 +1,116 @@
+// fusec common device helpers. Self-contained on purpose: no CUDA headers, so NVRTC needs no
+// include path and the kernel cache key (source, options, arch, NVRTC version) fixes the binary.
+// Storage types: float, fc_half, fc_bf16, long long, int, bool. fp16/bf16 compute in fp32.
+#pragma once
+
+typedef unsigned int fc_u32;
+
+struct __align__(2) fc_half { unsigned short x; };
+struct __align__(2) fc_bf16 { unsigned short x; };
+
+// A vector of N elements moved as one (up to 16-byte) access; the caller guarantees alignment.
+template <class T, int N> struct __align__(sizeof(T) * N) fc_vec { T v[N]; };
+
+// ---- element -> compute value ------------------------------------------------------------
+__device__ __forceinline__ float fc_val(float v) { return v; }
+__device__ __forceinline__ float fc_val(fc_half h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h.x));
+  return f;
+}
+__device__ __forceinline__ float fc_val(fc_bf16 h) { return __uint_as_float(((fc_u32)h.x) << 16); }
+__device__ __forceinline__ long long fc_val(long long v) { return v; }
+__device__ __forceinline__ int fc_val(int v) { return v; }
+__device__ __forceinline__ bool fc_val(bool v) { return v; }
+
+// ---- compute value -> element (round to nearest even) ------------------------------------
+__device__ __forceinline__ fc_half fc_to_half(float f) {
+  fc_half h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h.x) : "f"(f));
+  return h;
+}
+__device__ __forceinline__ fc_bf16 fc_to_bf16(float f) {
+  fc_bf16 h;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h.x) : "f"(f));
+  return h;
+}
+__device__ __forceinline__ void fc_set(float& d, float v) { d = v; }
+__device__ __forceinline__ void fc_set(fc_half& d, float v) { d = fc_to_half(v); }
+__device__ __forceinline__ void fc_set(fc_bf16& d, float v) { d = fc_to_bf16(v); }
+__device__ __forceinline__ void fc_set(long long& d, long long v) { d = v; }
+__device__ __forceinline__ void fc_set(int& d, int v) { d = v; }
+__device__ __forceinline__ void fc_set(bool& d, bool v) { d = v; }
+
+// Round an fp32 value to the precision of a storage type (what storing and reloading would do).
+__device__ __forceinline__ float fc_round_f16(float f) { return fc_val(fc_to_half(f)); }
+__device__ __forceinline__ float fc_round_bf16(float f) { return fc_val(fc_to_bf16(f)); }
+
+// NaN of a storage type (0 / false for integers and bools): the fill for out-of-range gathers.
+template <class T> __device__ __forceinline__ T fc_nan();
+template <> __device__ __forceinline__ float fc_nan<float>() { return __int_as_float(0x7fffffff); }
+template <> __device__ __forceinline__ fc_half fc_nan<fc_half>() { fc_half h; h.x = 0x7e00; return h; }
+template <> __device__ __forceinline__ fc_bf16 fc_nan<fc_bf16>() { fc_bf16 h; h.x = 0x7fc0; return h; }
+template <> __device__ __forceinline__ long long fc_nan<long long>() { return 0; }
+template <> __device__ __forceinline__ int fc_nan<int>() { return 0; }
+template <> __device__ __forceinline__ bool fc_nan<bool>() { return false; }
+
+// ---- numpy-compatible math ---------------------------------------------------------------
+// np.maximum / np.minimum propagate NaN; fmaxf / fminf do not.
+__device__ __forceinline__ float fc_max(float a, float b) { return a != a ? a : (b != b ? b : (a > b ? a : b)); }
+__device__ __forceinline__ float fc_min(float a, float b) { return a != a ? a : (b != b ? b : (a < b ? a : b)); }
+template <class T> __device__ __forceinline__ T fc_max(T a, T b) { return a > b ? a : b; }
+template <class T> __device__ __forceinline__ T fc_min(T a, T b) { return a < b ? a : b; }
+__device__ __forceinline__ float fc_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float fc_gelu_erf(float x) { return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f)); }
+__device__ __forceinline__ float fc_gelu_tanh(float x) {
+  return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+}
+
+// ---- reductions --------------------------------------------------------------------------
+__device__ __forceinline__ float fc_warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float fc_warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ long long fc_warp_sum(long long v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Block-wide sum / max for blockDim.x a multiple of 32 (<= 1024). `scratch` holds 32 values; the
+// trailing barrier lets the caller reuse it for the next reduction.
+template <class T> __device__ __forceinline__ T fc_block_sum(T v, T* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  v = fc_warp_sum(v);
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  T r = lane < nwarps ? scratch[lane] : T(0);
+  r = fc_warp_sum(r);
+  __syncthreads();
+  return r;
+}
+__device__ __forceinline__ long long fc_warp_max(long long v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const long long w = __shfl_xor_sync(0xffffffffu, v, o);
+    v = w > v ? w : v;
+  }
+  return v;
+}
+// `lowest` is the identity of max (-inf for floats); it fills the lanes past the last warp.
+template <class T> __device__ __forceinline__ T fc_block_max(T v, T* scratch, T lowest) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  v = fc_warp_max(v);
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  T r = lane < nwarps ? scratch[lane] : lowest;
+  r = fc_warp_max(r);
+  __syncthreads();
+  return r;
+}

@@ -1,0 +1,71 @@
+// Tensor-core helpers for sm_80+: mma.sync m16n8k16 (fp16/bf16 in, fp32 accumulate), ldmatrix,
+// cp.async. Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16"), g = lane >> 2,
+// t = lane & 3:
+//   A 16x16 row-major: a0 = (g, 2t..2t+1), a1 = (g+8, 2t..), a2 = (g, 2t+8..), a3 = (g+8, 2t+8..)
+//   B 16x8  "col":     b0 = (k 2t..2t+1, n g), b1 = (k 2t+8..2t+9, n g)
+//   C 16x8  fp32:      c0,c1 = (g, 2t..2t+1), c2,c3 = (g+8, 2t..2t+1)
+// Each 32-bit register holds two 16-bit values, the lower k (or column) in the low half.
+#pragma once
+
+__device__ __forceinline__ void fc_mma16816(float c[4], const fc_u32 a[4], const fc_u32 b[2], fc_half) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+__device__ __forceinline__ void fc_mma16816(float c[4], const fc_u32 a[4], const fc_u32 b[2], fc_bf16) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// Two fp32 values -> one register of two 16-bit values (lo in the low half). cvt's first source
+// goes to the upper half.
+__device__ __forceinline__ fc_u32 fc_pack2(float lo, float hi, fc_half) {
+  fc_u32 r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+__device__ __forceinline__ fc_u32 fc_pack2(float lo, float hi, fc_bf16) {
+  fc_u32 r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+__device__ __forceinline__ fc_u32 fc_smem_addr(const void* p) {
+  return (fc_u32)__cvta_generic_to_shared(p);
+}
+
+// A fragment of a 16x16 tile stored row-major in shared memory (k contiguous), `ld` elements per
+// row, rows 16-byte aligned. Lanes 0-15 address rows 0-15 at k0, lanes 16-31 rows 0-15 at k0+8,
+// so the four 8x8 matrices land in a0..a3 in the order above.
+__device__ __forceinline__ void fc_ldsm_a(fc_u32 a[4], const unsigned short* tile, int ld, int lane) {
+  const unsigned short* p = tile + (lane & 15) * ld + ((lane >> 4) << 3);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "r"(fc_smem_addr(p)));
+}
+
+// B fragment of a 16(k) x 8(n) tile stored k-major in shared memory ([k][n], n contiguous, `ld`
+// elements per k row): ldmatrix .trans hands lane (g, t) the elements (k 2t..2t+1, n g).
+// Lanes 0-7 address k rows 0-7, lanes 8-15 rows 8-15 (lanes 16-31 are ignored by .x2).
+__device__ __forceinline__ void fc_ldsm_b_trans(fc_u32 b[2], const unsigned short* tile, int ld, int lane) {
+  const unsigned short* p = tile + (lane & 15) * ld;
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(b[0]), "=r"(b[1]) : "r"(fc_smem_addr(p)));
+}
+
+// B fragment of a 16(k) x 8(n) tile stored n-major ([n][k], k contiguous): two 32-bit loads.
+__device__ __forceinline__ void fc_lds_b_nk(fc_u32 b[2], const unsigned short* tile, int ld, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  b[0] = *reinterpret_cast<const fc_u32*>(tile + g * ld + 2 * t);
+  b[1] = *reinterpret_cast<const fc_u32*>(tile + g * ld + 2 * t + 8);
+}
+
+// 16-byte global -> shared copy that bypasses registers; src_bytes < 16 zero-fills the rest
+// (0 = pure zero fill, used for out-of-range rows: the source address must still be valid).
+__device__ __forceinline__ void fc_cp_async16(void* smem, const void* gmem, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(fc_smem_addr(smem)), "l"(gmem), "r"(src_bytes));
+}
+__device__ __forceinline__ void fc_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void fc_cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N)); }
