@@ -289,7 +289,8 @@ def run(graph: Graph, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
         for node in graph.nodes:
             for v, r in zip(node.outputs, eval_node(node, [env[v] for v in node.inputs])):
                 env[v] = r
-    return {v.name: np.ascontiguousarray(env[v]) for v in graph.outputs}
+    # np.ascontiguousarray turns a 0-d array into shape (1,): reshape keeps scalar outputs scalar
+    return {v.name: np.ascontiguousarray(env[v]).reshape(env[v].shape) for v in graph.outputs}
 
 
 def run_planned(graph: Graph, inputs: Mapping[str, Any], plan: Any, poison: int = 0xFF) -> dict[str, np.ndarray]:

@@ -63,7 +63,8 @@ class Emitter:
         self.used: set[str] = set()
         self.nodes: list[Node] = []
         self.constants: list[Value] = []
-        self._materialized: dict[int, Value] = {}
+        # keyed by id(); the Const is kept alive alongside so its id cannot be reused
+        self._materialized: dict[int, tuple[Const, Value]] = {}
 
     def fresh(self, base: str) -> str:
         """A new name derived from ``base`` that no file value and no emitted value uses."""
@@ -92,11 +93,11 @@ class Emitter:
             except ValueError:
                 raise ModelError(f"{self.label}: value {(s.name or what)!r} has dtype {s.array.dtype}, "
                                  f"which fusec does not support on a run-time tensor") from None
-            arr = np.ascontiguousarray(s.array)
+            arr = np.ascontiguousarray(s.array).reshape(s.array.shape)  # ascontiguousarray makes 0-d 1-d
             v = Value(self.claim(s.name) if s.name else self.fresh(what or "const"), arr.shape, dt, arr)
             self.constants.append(v)
-            self._materialized[key] = v
-        return self._materialized[key]
+            self._materialized[key] = (s, v)
+        return self._materialized[key][1]
 
     def op(self, op: Op, inputs: Sequence[Sym], name: str | None = None, node_name: str = "",
            **attrs: Any) -> Sym:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
@@ -56,12 +56,10 @@ class LoadedModel:
     model: onnx.ModelProto
     label: str  # how error messages name the model (repr of the path, or '<ModelProto>')
     base_dir: str | None  # directory external data is relative to (None for an in-memory proto)
-    # tensor id -> (validated absolute path, offset, length) for tensors stored outside the file
-    external: dict[int, tuple[str, int, int | None]] = field(default_factory=dict)
 
     def to_array(self, t: TensorProto, what: str) -> np.ndarray:
         """The contents of ``t`` as a numpy array; ``what`` names it in error messages."""
-        if id(t) in self.external:
+        if t.data_location == TensorProto.EXTERNAL:
             return self._read_external(t, what)
         try:
             return numpy_helper.to_array(t)
@@ -70,7 +68,12 @@ class LoadedModel:
                              f"({onnx_type_name(t.data_type)}): {_one_line(e)}") from None
 
     def _read_external(self, t: TensorProto, what: str) -> np.ndarray:
-        path, offset, length = self.external[id(t)]
+        # validated again right before reading (cheap): protobuf wrappers have no stable identity
+        # to remember the first validation by, and the file may have changed since
+        if self.base_dir is None:
+            raise ModelError(f"{self.label}: tensor {what!r} stores its data externally; "
+                             "import the model from its path so the data can be found")
+        path, offset, length = _validate_external(t, what, self.base_dir, self.label)
         dt = np_dtype_of(t.data_type)
         shape = tuple(int(d) for d in t.dims)
         want = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
@@ -167,7 +170,7 @@ def load_model(model: str | os.PathLike | onnx.ModelProto) -> LoadedModel:
             if loaded.base_dir is None:
                 raise ModelError(f"{loaded.label}: tensor {what!r} stores its data externally; "
                                  "import the model from its path so the data can be found")
-            loaded.external[id(t)] = _validate_external(t, what, loaded.base_dir, loaded.label)
+            _validate_external(t, what, loaded.base_dir, loaded.label)
     try:
         # The checker reads the file itself for big models: a >2 GB proto cannot be serialized.
         if path is not None:
