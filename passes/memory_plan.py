@@ -11,7 +11,7 @@ Contract of ``plan_memory(graph, alignment=256) -> MemoryPlan``:
   * views (``fusec.passes.views.view_of``) live in their base's buffer at base + byte_offset and
     extend the buffer's life; a view of a constant aliases the weights buffer and is not in the
     arena;
-  * in-place: an ELEMENTWISE/BROADCAST node may write its output over an input whose whole
+  * in-place: an ELEMENTWISE/BROADCAST node (or a fused node made only of such ops) may write its output over an input whose whole
     buffer dies at that node, when input and output have the same dtype and byte size, neither
     buffer is pinned, and no *other* input of the node reads the same buffer (a kernel thread
     could otherwise read an element another thread already overwrote).
@@ -31,16 +31,28 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from fusec.ir import Graph, Node, Value
+from fusec.ops import OP_INFO, FusionKind
 from fusec.passes import views
 from fusec.passes.base import PassOptions, PassResult
-
-from fusec.ir import Graph, Value
-from fusec.ops import OP_INFO, FusionKind
 
 NAME = "memory_plan"
 REQUIRES = ("views",)  # the plan's views must be the ones the views pass counted: plan last
 
 _INPLACE_KINDS = (FusionKind.ELEMENTWISE, FusionKind.BROADCAST)
+
+
+def inplace_capable(node: Node) -> bool:
+    """May ``node`` write its output over a same-size input? True for ELEMENTWISE/BROADCAST ops, and
+    for a fused node (a ``body`` graph in its attrs) whose body holds only such ops: then output
+    element i depends on input elements at index i alone (a same-size input cannot be broadcast)."""
+    info = OP_INFO.get(node.op)
+    if info is not None and info.kind in _INPLACE_KINDS:
+        return True
+    body = getattr(node.attrs, "body", None)
+    if not isinstance(body, Graph) or not body.nodes:
+        return False
+    return all(inplace_capable(n) and views.view_of(n) is None for n in body.nodes)
 
 
 def align_up(n: int, alignment: int) -> int:
@@ -174,9 +186,8 @@ def plan_memory(graph: Graph, alignment: int = 256) -> MemoryPlan:
     for i, node in enumerate(nodes):
         if i in view_nodes or len(node.outputs) != 1:
             continue
-        info = OP_INFO.get(node.op)
         out = node.outputs[0]
-        if info is None or info.kind not in _INPLACE_KINDS or out in outputs or root[out] in pinned:
+        if not inplace_capable(node) or out in outputs or root[out] in pinned:
             continue
         for v in node.inputs:
             r = root[v]
