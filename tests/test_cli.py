@@ -320,6 +320,12 @@ def test_export_model_writes_onnx_that_loads_back(capsys, tmp_path) -> None:
     assert exported["inputs"] == builtin["inputs"] and exported["outputs"] == builtin["outputs"]
     assert exported["parameters"] == builtin["parameters"]
 
+    ort = pytest.importorskip("onnxruntime")  # --help promises the file loads in onnxruntime too
+    graph = load_graph("gpt2-tiny")
+    inputs = random_inputs(graph, seed=2)
+    (got,) = ort.InferenceSession(str(target), providers=["CPUExecutionProvider"]).run(["logits"], inputs)
+    np.testing.assert_allclose(got, reference.run(graph, inputs)["logits"], rtol=1e-4, atol=1e-5)
+
 
 # ---------------------------------------------------------------------------------------------
 # the one-line error contract

@@ -11,12 +11,12 @@ from fusec.cli._common import SHAPES_HELP, add_command, fmt_name, load_model
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = add_command(
         subparsers, "export-model", "write a built-in model as an ONNX file",
-        "Build MODEL (a built-in name, see `fusec models`; an .onnx path also works and\n"
+        "Build NAME (a built-in model, see `fusec models`; an .onnx path also works and\n"
         "round-trips through fusec's IR) and write it to FILE.onnx with its weights, with static\n"
         "input shapes (the defaults, or --shapes). The file loads in onnxruntime and in fusec.",
         ["fusec export-model gpt2-tiny -o gpt2-tiny.onnx",
          "fusec export-model bert-tiny --shapes input_ids:2x64,attention_mask:2x64 -o bert.onnx"])
-    p.add_argument("model", metavar="NAME", help="a built-in model name (see `fusec models`)")
+    p.add_argument("model", metavar="NAME", help="a built-in model name (see `fusec models`) or an .onnx file")
     p.add_argument("-o", "--output", metavar="FILE.onnx", required=True, help="where to write the ONNX file")
     p.add_argument("--shapes", metavar="SHAPES", help=SHAPES_HELP)
     return p

@@ -26,7 +26,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "file are printed JSON-quoted when they hold anything unusual.\n\n"
         "With --json, prints exactly one JSON object with at least the keys model, ops,\n"
         "parameters, weights_bytes, inputs and outputs (each input/output {name, shape, dtype}).",
-        ["fusec inspect gpt2-tiny", "fusec inspect model.onnx --shapes input_ids:1x128 --json"])
+        ["fusec inspect gpt2-tiny", "fusec inspect model.onnx --shapes input_ids:1x128,attention_mask:1x128 --json"])
     add_model_arguments(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     return p
