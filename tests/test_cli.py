@@ -327,6 +327,21 @@ def test_export_model_writes_onnx_that_loads_back(capsys, tmp_path) -> None:
     np.testing.assert_allclose(got, reference.run(graph, inputs)["logits"], rtol=1e-4, atol=1e-5)
 
 
+def test_readme_tour_commands_work(capsys, tmp_path, monkeypatch) -> None:
+    import shlex
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    tour = readme.split("## A short tour", 1)[1]
+    lines = [ln for block in tour.split("```bash\n")[1:] for ln in block.split("```")[0].splitlines()]
+    commands = [shlex.split(ln) for ln in lines if ln.startswith("fusec ")]
+    assert len(commands) >= 3
+    monkeypatch.chdir(tmp_path)
+    for argv in commands:
+        code, _, err = call(capsys, argv[1:])
+        assert code == 0, (argv, err)
+
+
 # ---------------------------------------------------------------------------------------------
 # the one-line error contract
 
