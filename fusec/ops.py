@@ -91,6 +91,10 @@ class Op(enum.Enum):
     SCATTER_ND = "scatter_nd"
     TILE = "tile"
     TRILU = "trilu"
+    # high-level ops produced by the pattern passes and by fusion
+    ATTENTION = "attention"
+    ROPE = "rope"
+    FUSED = "fused"
 
 
 # --------------------------------------------------------------------------------------------
@@ -194,6 +198,40 @@ class TileAttrs:
 class TriluAttrs:
     upper: bool
     k: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionAttrs:
+    """softmax(q @ k^T * scale + mask [+ causal]) @ v over [B, H, S, D] heads, all heads at once.
+
+    k/v may have fewer heads than q (GQA/MQA): q head ``h`` reads kv head ``h // (Hq // Hkv)``
+    (HF repeat_kv order). The optional 4th input is an additive float mask or a bool mask (True =
+    attend), broadcastable to [B, Hq, S, T]. ``causal`` masks key ``j > i + (T - S)`` with -inf.
+    ``nan_to_zero`` zeroes NaN probabilities (fully masked rows), as torch's SDPA export does.
+    """
+
+    scale: float
+    causal: bool = False
+    nan_to_zero: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeAttrs:
+    """Rotate-half RoPE on the first ``rotary_dim`` features of the last axis (the rest pass
+    through): y = x_rot * cos + rotate_half(x_rot) * sin; cos/sin broadcast to x_rot's shape."""
+
+    rotary_dim: int
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class FusedAttrs:
+    """One kernel made of the nodes of ``body`` (a ``fusec.ir.Graph`` whose inputs/outputs match the
+    node's, positionally). ``kind`` is the group's fusion kind, ``rule`` the fusion rule(s) that
+    built it. Compared by identity: two fused nodes are never interchangeable (CSE)."""
+
+    kind: str
+    rule: str
+    body: Any = dataclasses.field(metadata={"format": lambda g: f"<{len(g.nodes)} nodes>"})
 
 
 # --------------------------------------------------------------------------------------------
@@ -406,6 +444,42 @@ def _trilu(a: TriluAttrs, t: Sequence[TensorType]) -> list[TensorType]:
     return [t[0]]
 
 
+def _attention(a: AttentionAttrs, t: Sequence[TensorType]) -> list[TensorType]:
+    (sq, _), (sk, _), (sv, dv) = t[0], t[1], t[2]
+    _float_only(t[:3], "attention")
+    if not (len(sq) == len(sk) == len(sv) == 4):
+        raise ValueError(f"attention needs rank-4 q/k/v [B,H,S,D], got {list(sq)}, {list(sk)}, {list(sv)}")
+    if sk[:3] != sv[:3] or sq[0] != sk[0] or sq[3] != sk[3]:
+        raise ValueError(f"attention q/k/v shapes disagree: {list(sq)}, {list(sk)}, {list(sv)}")
+    if sk[1] == 0 or sq[1] % sk[1]:
+        raise ValueError(f"attention: {sq[1]} query heads is not a multiple of {sk[1]} kv heads")
+    full = (sq[0], sq[1], sq[2], sk[2])
+    if len(t) == 4 and _bcast([t[3], (full, t[3][1])]) != full:
+        raise ValueError(f"attention mask {list(t[3][0])} does not broadcast to {list(full)}")
+    return [((sq[0], sq[1], sq[2], sv[3]), dv)]
+
+
+def _rope(a: RopeAttrs, t: Sequence[TensorType]) -> list[TensorType]:
+    shape = t[0][0]
+    _float_only(t, "rope")
+    rd = a.rotary_dim
+    if not shape or rd <= 0 or rd % 2 or rd > shape[-1]:
+        raise ValueError(f"rope rotary_dim {rd} must be even and in (0, {shape[-1] if shape else 0}]")
+    rot = shape[:-1] + (rd,)
+    for c in t[1:]:
+        if _bcast([c, (rot, c[1])]) != rot:
+            raise ValueError(f"rope cos/sin {list(c[0])} does not broadcast to {list(rot)}")
+    return [t[0]]
+
+
+def _fused(a: FusedAttrs, t: Sequence[TensorType]) -> list[TensorType]:
+    body = a.body
+    want = [(v.shape, v.dtype) for v in body.inputs]
+    if [(tuple(s), d) for s, d in t] != want:
+        raise ValueError("fused node inputs do not match its body's inputs")
+    return [(v.shape, v.dtype) for v in body.outputs]
+
+
 @dataclasses.dataclass(frozen=True)
 class OpInfo:
     kind: FusionKind
@@ -470,6 +544,12 @@ OP_INFO: dict[Op, OpInfo] = {
     Op.SCATTER_ND: OpInfo(_O, NoAttrs, _scatter_nd, (3, 3)),
     Op.TILE: OpInfo(_I, TileAttrs, _tile, (1, 1)),
     Op.TRILU: OpInfo(_I, TriluAttrs, _trilu, (1, 1)),
+    # Attention is two batched matrix products: like a GEMM, it takes elementwise epilogues and
+    # layout (injective) prologues/epilogues. RoPE reads x at i and at i +- rotary_dim/2: an index
+    # remap plus arithmetic, fusable wherever an injective op is.
+    Op.ATTENTION: OpInfo(_G, AttentionAttrs, _attention, (3, 4)),
+    Op.ROPE: OpInfo(_I, RopeAttrs, _rope, (3, 3)),
+    Op.FUSED: OpInfo(_O, FusedAttrs, _fused, (0, -1)),
 }
 
 
@@ -496,7 +576,9 @@ def format_attrs(attrs: Any) -> str:
     parts = []
     for f in dataclasses.fields(attrs):
         v = getattr(attrs, f.name)
-        if isinstance(v, DType):
+        if "format" in f.metadata:  # e.g. a fused node's body: summarized, printed on its own
+            v = f.metadata["format"](v)
+        elif isinstance(v, DType):
             v = v.value
         elif isinstance(v, tuple):
             v = "(" + ",".join(str(x) for x in v) + ")"

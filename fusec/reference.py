@@ -179,6 +179,44 @@ def _isinf(a: O.IsInfAttrs, x: np.ndarray) -> np.ndarray:
     return (np.isposinf(x) & a.detect_positive) | (np.isneginf(x) & a.detect_negative)
 
 
+def _attention(a: O.AttentionAttrs, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+               mask: np.ndarray | None = None) -> np.ndarray:
+    out_dt = v.dtype
+    q, k, v = (x.astype(np.float32) for x in (q, k, v))
+    rep = q.shape[1] // k.shape[1]
+    k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)  # q head h reads kv head h // rep
+    s = np.matmul(q, np.swapaxes(k, -1, -2)) * np.float32(a.scale)
+    if mask is not None:
+        s = np.where(mask, s, -np.inf) if mask.dtype == np.bool_ else s + mask.astype(np.float32)
+    if a.causal:
+        qlen, klen = s.shape[-2:]
+        s = np.where(np.tril(np.ones((qlen, klen), bool), k=klen - qlen), s, -np.inf)
+    p = _softmax(O.AxisAttrs(3), s.astype(np.float32))
+    if a.nan_to_zero:
+        p = np.where(np.isnan(p), np.float32(0), p)
+    return np.matmul(p, v).astype(out_dt)
+
+
+def _rope(a: O.RopeAttrs, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    rd, half = a.rotary_dim, a.rotary_dim // 2
+    xr = x[..., :rd]
+    rot = np.concatenate([-xr[..., half:], xr[..., :half]], axis=-1)
+    y = xr * cos + rot * sin
+    return np.concatenate([y, x[..., rd:]], axis=-1)
+
+
+def _fused(a: O.FusedAttrs, *xs: np.ndarray) -> tuple[np.ndarray, ...]:
+    """A fused node computes exactly what its body computes (the body is run node by node)."""
+    body = a.body
+    env: dict[Value, np.ndarray] = dict(zip(body.inputs, xs))
+    for c in body.constants:
+        env[c] = c.data
+    for node in body.nodes:
+        for v, r in zip(node.outputs, eval_node(node, [env[v] for v in node.inputs])):
+            env[v] = r
+    return tuple(env[v] for v in body.outputs)
+
+
 IMPL: dict[Op, Callable[..., np.ndarray]] = {
     Op.NEG: lambda a, x: np.negative(x),
     Op.ABS: lambda a, x: np.abs(x),
@@ -232,6 +270,9 @@ IMPL: dict[Op, Callable[..., np.ndarray]] = {
     Op.SCATTER_ND: _scatter_nd,
     Op.TILE: lambda a, x: np.tile(x, a.repeats),
     Op.TRILU: _trilu,
+    Op.ATTENTION: _attention,
+    Op.ROPE: _f32(_rope),
+    Op.FUSED: _fused,
 }
 
 
