@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from fusec.codegen import copyspecs as C
 from fusec.codegen import specs as S
 from fusec.codegen.elementwise import emit
 from fusec.codegen.kernels import Rendered, builder, cdiv, idx_type, kernel_name
@@ -96,3 +97,61 @@ def _row_reduce(spec: S.RowReduceSpec) -> Rendered:
         "round_x": _round_fn(spec.dtype), "lowest": _lowest(spec.dtype),
     }
     return Rendered("row_reduce.cu.jinja", ctx, (spec.rows, 1, 1), (block, 1, 1), tuple(params))
+
+
+@builder(S.CumsumSpec)
+def _cumsum(spec: S.CumsumSpec) -> Rendered:
+    lines = spec.outer * spec.inner
+    ctx = {"name": kernel_name("cumsum", spec), "t": ctype(spec.dtype), "acc_t": compute_ctype(spec.dtype),
+           "lines": lines, "n": spec.n, "inner": spec.inner, "exclusive": spec.exclusive,
+           "reverse": spec.reverse, "round_x": _round_fn(spec.dtype)}
+    return Rendered("cumsum.cu.jinja", ctx, (cdiv(lines, 128), 1, 1), (128, 1, 1), ("x", "out"))
+
+
+@builder(S.EmbeddingSpec)
+def _embedding(spec: S.EmbeddingSpec) -> Rendered:
+    vec = 16 // spec.dtype.itemsize
+    while spec.hidden % vec:
+        vec //= 2
+    block = min(256, max(32, cdiv(cdiv(spec.hidden, vec), 32) * 32))
+    ctx = {"name": kernel_name("emb", spec), "t": ctype(spec.dtype), "id_t": ctype(spec.id_dtype),
+           "pid_t": ctype(spec.pos_id_dtype), "hidden": spec.hidden, "vocab": spec.vocab,
+           "pos_vocab": spec.pos_vocab, "vec": vec, "block": block}
+    params = ("ids", "table") + (("pos_ids", "pos_table") if spec.pos_vocab else ()) + ("out",)
+    return Rendered("embedding.cu.jinja", ctx, (spec.tokens, 1, 1), (block, 1, 1), params)
+
+
+@builder(S.RopeSpec)
+def _rope(spec: S.RopeSpec) -> Rendered:
+    half = spec.rotary_dim // 2
+    j = spec.D - half
+    total = spec.B * spec.H * spec.S * j
+    extent = max(total, sum((n - 1) * s for n, s in zip((spec.B, spec.H, spec.S), spec.x_strides)) + spec.D,
+                 sum((n - 1) * s for n, s in zip((spec.B, spec.H, spec.S), spec.out_strides)) + spec.D)
+    ctx = {"name": kernel_name("rope", spec), "t": ctype(spec.dtype), "cs_t": ctype(spec.cs_dtype or spec.dtype),
+           "half": half, "j_count": j, "total": total, "S": spec.S, "H": spec.H, "xs": spec.x_strides,
+           "os": spec.out_strides, "cs": spec.cs_strides, "block": 256, "idx_t": idx_type(extent)}
+    return Rendered("rope.cu.jinja", ctx, (min(cdiv(total, 256), _MAX_GRID), 1, 1), (256, 1, 1),
+                    ("x", "cos", "sin", "out"))
+
+
+@builder(C.CopySpec)
+def _copy(spec: C.CopySpec) -> Rendered:
+    r = len(spec.shape)
+    index = None
+    if spec.index is not None:
+        im = spec.index
+        index = {"ctype": ctype(im.dtype), "strides": im.strides, "comp_stride": im.comp_stride,
+                 "dims": im.dims, "axis_strides": im.axis_strides, "comps": list(range(len(im.dims)))}
+    trilu = None
+    if spec.trilu is not None:
+        up, k, rd, cd = spec.trilu
+        trilu = {"upper": bool(up), "k": int(k), "row_dim": rd, "col_dim": cd}
+    total = spec.numel
+    ctx = {"name": kernel_name("copy", spec), "t": ctype(spec.dtype), "block": 256, "total": total,
+           "idx_t": idx_type(total), "shape": spec.shape, "dims_rev": list(reversed(range(r))),
+           "src_strides": spec.src_strides, "dst_strides": spec.dst_strides,
+           "src_offset": spec.src_offset, "dst_offset": spec.dst_offset,
+           "src_mod": spec.src_mod or (0,) * r, "index": index, "scatter": spec.scatter, "trilu": trilu}
+    params = ("src",) + (("index",) if index else ()) + ("dst",)
+    return Rendered("copy.cu.jinja", ctx, (max(1, min(cdiv(total, 256), _MAX_GRID)), 1, 1), (256, 1, 1), params)
