@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from fusec import reference
 from fusec.builder import GraphBuilder
 from fusec.dtypes import DType
-from fusec.ir import Graph, Value
+from fusec.ir import Graph, Node, Value
 from fusec.ops import OP_INFO, FusionKind, Op
 from fusec.passes import views
 from fusec.passes.memory_plan import MemoryPlan, plan_memory
@@ -87,10 +87,17 @@ def check_plan(g: Graph, plan: MemoryPlan) -> None:
             t = iv[second][0]
             assert iv[first][1] == t, f"{u.name} and {w.name} overlap while both live"
             _, node = producer[second]
-            assert OP_INFO[node.op].kind in (FusionKind.ELEMENTWISE, FusionKind.BROADCAST)
+            assert _pointwise(node), f"in-place output of a {node.op.value} node"
             assert plan.offsets[first.name] == plan.offsets[second.name] and first.nbytes == second.nbytes
             overlapping_inputs = {x for x in node.inputs if x.name in plan.offsets and _overlap(plan, x, second)}
             assert overlapping_inputs == {first}, f"in-place {second.name} races with another input"
+
+
+def _pointwise(node: Node) -> bool:
+    if OP_INFO[node.op].kind in (FusionKind.ELEMENTWISE, FusionKind.BROADCAST):
+        return True
+    body = getattr(node.attrs, "body", None)
+    return isinstance(body, Graph) and all(_pointwise(n) for n in body.nodes)
 
 
 def _overlap(plan: MemoryPlan, x: Value, y: Value) -> bool:
@@ -312,3 +319,38 @@ def test_realistic_transformer_chain_is_within_ten_percent_of_the_lower_bound() 
     assert plan.arena_bytes * 4 < plan.naive_bytes  # reuse actually happened
     assert any(a["kind"] == "inplace" for a in plan.alias.values())
     check_numerics(g, plan, np.random.default_rng())
+
+
+def _fused_graph(body_perm: tuple[int, ...] | None) -> Graph:
+    import pytest
+
+    if not hasattr(Op, "FUSED"):
+        pytest.skip("no fused op in this build")
+    from fusec.ops import make_attrs
+
+    bb = GraphBuilder("body")
+    a = bb.input("a", (8, 8), DType.F32)
+    c = bb.input("c", (8, 8), DType.F32)
+    t = bb.emit(Op.TANH, a if body_perm is None else bb.emit(Op.TRANSPOSE, a, perm=body_perm))
+    bb.output(bb.emit(Op.MUL, t, c), "o")
+    body = bb.build()
+    b = GraphBuilder()
+    x = b.input("x", (8, 8), DType.F32)
+    e = b.emit(Op.EXP, x, name="e")
+    f = b.emit(Op.FUSED, e, x, name="f", attrs_record=make_attrs(Op.FUSED, kind="elementwise", rule="test", body=body))
+    b.output(b.emit(Op.NEG, f), "y")
+    return b.build()
+
+
+def test_fused_elementwise_body_runs_in_place_but_not_with_a_layout_op_inside() -> None:
+    rng = np.random.default_rng()
+    g = _fused_graph(None)
+    plan = plan_memory(g)
+    assert plan.alias["f"]["kind"] == "inplace" and plan.offsets["f"] == plan.offsets["e"]
+    check_plan(g, plan)
+    check_numerics(g, plan, rng)
+    g2 = _fused_graph((1, 0))  # reads e transposed: writing over e would race
+    plan2 = plan_memory(g2)
+    assert "f" not in plan2.alias and plan2.offsets["f"] != plan2.offsets["e"]
+    check_plan(g2, plan2)
+    check_numerics(g2, plan2, rng)
