@@ -173,6 +173,8 @@ def load_model(model: str | os.PathLike | onnx.ModelProto) -> LoadedModel:
             _validate_external(t, what, loaded.base_dir, loaded.label)
     try:
         # The checker reads the file itself for big models: a >2 GB proto cannot be serialized.
+        # It runs after our own validation, so hostile locations get our message; it also refuses
+        # every symlinked external file (even one inside the directory), which we accept.
         if path is not None:
             onnx.checker.check_model(path)
         elif proto.ByteSize() < _PROTO_LIMIT:
