@@ -103,7 +103,7 @@ def _cast(ctx: _Ctx, x: str, frm: DType, to: DType) -> str:
 
 def _emit(ctx: _Ctx, n: Node) -> None:
     ins = [ctx.name(v) for v in n.inputs]
-    out = ctx.name(n.output) if len(n.outputs) == 1 else ""
+    out = ctx.name(n.outputs[0]) if n.outputs else ""
     a = n.attrs
     op = n.op
     if op in _SIMPLE:
@@ -182,6 +182,97 @@ _SPECIAL: dict[Op, Callable[[_Ctx, Node, list[str], str, Any], None]] = {
     Op.TRILU: lambda c, n, i, o, a: c.add("Trilu", [i[0], c.i64(a.k, "k")], [o], upper=int(a.upper)),
 }
 
+
+
+def _attention(ctx: _Ctx, n: Node, ins: list[str], out: str, a: Any) -> None:
+    """ATTENTION as the eager form: [repeat_kv], MatMul(q, k^T) * scale, mask, Softmax, MatMul."""
+    q, k, v = n.inputs[:3]
+    f32 = DType.F32
+    qn, kn, vn = (_cast(ctx, name, val.dtype, f32) for name, val in zip(ins[:3], (q, k, v)))
+    bsz, heads, seq, _ = q.shape
+    kv, klen = k.shape[1], k.shape[2]
+    rep = heads // kv
+    if rep > 1:  # q head h reads kv head h // rep, as HF repeat_kv lays them out
+        def repeat(x: str, d: int) -> str:
+            x = ctx.add("Reshape", [x, ctx.i64([bsz, kv, 1, klen, d], "shape")])
+            x = ctx.add("Expand", [x, ctx.i64([bsz, kv, rep, klen, d], "shape")])
+            return ctx.add("Reshape", [x, ctx.i64([bsz, heads, klen, d], "shape")])
+        kn, vn = repeat(kn, k.shape[3]), repeat(vn, v.shape[3])
+    s = ctx.add("MatMul", [qn, ctx.add("Transpose", [kn], perm=[0, 1, 3, 2])])
+    s = ctx.add("Mul", [s, ctx.scalar(a.scale, f32, "attn_scale")])
+    neg_inf = ctx.scalar(-np.inf, f32, "neg_inf")
+    if len(ins) == 4:
+        mask = n.inputs[3]
+        if mask.dtype == DType.BOOL:
+            s = ctx.add("Where", [ins[3], s, neg_inf])
+        else:
+            s = ctx.add("Add", [s, _cast(ctx, ins[3], mask.dtype, f32)])
+    if a.causal:
+        keep = np.tril(np.ones((seq, klen), bool), k=klen - seq)
+        s = ctx.add("Where", [ctx.const(keep, "causal"), s, neg_inf])
+    p = ctx.add("Softmax", [s], axis=3)
+    if a.nan_to_zero:
+        p = ctx.add("Where", [ctx.add("IsNaN", [p]), ctx.scalar(0.0, f32, "zero"), p])
+    if v.dtype == f32:
+        ctx.add("MatMul", [p, vn], [out])
+    else:
+        ctx.add("Cast", [ctx.add("MatMul", [p, vn])], [out], to=_ONNX_DTYPE[v.dtype])
+
+
+def _rope(ctx: _Ctx, n: Node, ins: list[str], out: str, a: Any) -> None:
+    """ROPE as rotate-half: x_rot * cos + cat(-x2, x1) * sin on the first rotary_dim features."""
+    x, cos, sin = n.inputs
+    f32 = DType.F32
+    xn, cn, sn = (_cast(ctx, name, val.dtype, f32) for name, val in zip(ins, (x, cos, sin)))
+    ax, dim, rd = len(x.shape) - 1, x.shape[-1], a.rotary_dim
+
+    def part(lo: int, hi: int) -> str:
+        return ctx.add("Slice", [xn, ctx.i64([lo], "starts"), ctx.i64([hi], "ends"), ctx.i64([ax], "axes")])
+
+    xr = xn if rd == dim else part(0, rd)
+    rot = ctx.add("Concat", [ctx.add("Neg", [part(rd // 2, rd)]), part(0, rd // 2)], axis=ax)
+    y = ctx.add("Add", [ctx.add("Mul", [xr, cn]), ctx.add("Mul", [rot, sn])])
+    if rd < dim:
+        y = ctx.add("Concat", [y, part(rd, dim)], axis=ax)
+    if x.dtype == f32:
+        ctx.add("Identity", [y], [out])
+    else:
+        ctx.add("Cast", [y], [out], to=_ONNX_DTYPE[x.dtype])
+
+
+def _fused(ctx: _Ctx, n: Node, ins: list[str], out: str, a: Any) -> None:
+    """A fused node is exported as its body, inlined: ONNX has no kernel boundary to keep.
+
+    Body values get names in a scope of their own, so a body object shared by several fused
+    nodes is inlined afresh each time."""
+    body: Graph = a.body
+    outs = [ctx.name(ov) for ov in n.outputs]
+    saved = dict(ctx.names)
+    for bv, name in zip(body.inputs, ins):
+        ctx.names[bv] = name
+    for c in body.constants:
+        ctx.names[c] = ctx.fresh(c.name)
+        ctx.extra_inits.append(numpy_helper.from_array(np.ascontiguousarray(c.data), ctx.names[c]))
+    produced = {v for bn in body.nodes for v in bn.outputs}
+    named: set[Value] = set()
+    for bv, name in zip(body.outputs, outs):
+        if bv in produced and bv not in named:  # written straight into the outer output's name
+            ctx.names[bv] = name
+            named.add(bv)
+    for bn in body.nodes:
+        _emit(ctx, bn)
+    for bv, name in zip(body.outputs, outs):
+        if ctx.names[bv] != name:  # a body input, constant or repeated value passed straight out
+            ctx.add("Identity", [ctx.names[bv]], [name])
+    ctx.names = saved
+
+
+# High-level ops the pattern passes produce; looked up by name so this module also imports
+# against an IR that does not (yet) define them.
+for _name, _fn in (("ATTENTION", _attention), ("ROPE", _rope), ("FUSED", _fused)):
+    if hasattr(Op, _name):
+        _SPECIAL[Op[_name]] = _fn
+
 MAPPED_OPS = frozenset(_SIMPLE) | frozenset(_SPECIAL)
 
 
@@ -225,7 +316,7 @@ def export_onnx(graph: Graph, path: str | os.PathLike[str], *, external_data: bo
     for n in graph.nodes:
         _emit(ctx, n)
     for v, oname in zip(graph.outputs, out_names):
-        if oname != ctx.names[v]:
+        if oname != ctx.name(v):
             ctx.add("Identity", [ctx.names[v]], [oname])
 
     external = graph.weight_bytes > _PROTO_LIMIT if external_data is None else external_data
@@ -248,7 +339,7 @@ def export_onnx(graph: Graph, path: str | os.PathLike[str], *, external_data: bo
         else:
             inits = [numpy_helper.from_array(np.ascontiguousarray(c.data), ctx.names[c]) for c in graph.constants]
         io = set(graph.inputs) | set(graph.outputs) | set(graph.constants)
-        value_info = [_vinfo(ctx.names[v], v) for n in graph.nodes for v in n.outputs if v not in io]
+        value_info = [_vinfo(ctx.name(v), v) for n in graph.nodes for v in n.outputs if v not in io]
         g = helper.make_graph(
             ctx.nodes, ctx.fresh(graph.name) if graph.name else "graph",
             [_vinfo(ctx.names[v], v) for v in graph.inputs],
