@@ -293,7 +293,7 @@ def test_run_falls_back_to_reference_only_when_cuda_backend_is_missing_and_not_a
 
     code, out, err = call(capsys, ["run", "gpt2-tiny", "--backend", "cuda"])
     assert code == 1
-    assert err == "fusec: error: the cuda backend is not available (test)\n"
+    assert err == "fusec: error: the cuda backend is not available (test); use --backend reference\n"
 
 
 def test_summarize_counts_nonfinite_values() -> None:

@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
             outputs = _run_cuda(args, graph, inputs)
         except CudaBackendMissing as e:
             if explicit:
-                raise
+                raise FusecError(f"{e}; use --backend reference") from None
             # The default must keep working on a GPU machine while the cuda backend is missing.
             print(f"{e}: running the numpy reference backend", file=sys.stderr)
             backend = "reference"
