@@ -29,3 +29,15 @@ def describe() -> str:
         return f"{name}, sm_{props['major']}{props['minor']}, {mem_gib:.1f} GiB{more}"
     except Exception as e:  # a description must never be the thing that fails
         return f"CUDA device present, properties unavailable ({type(e).__name__})"
+
+
+def gpu_arch() -> str | None:
+    """``sm_XX`` of the current CUDA device, or None when there is no usable GPU."""
+    if not gpu_available():
+        return None
+    try:
+        import cupy
+
+        return "sm_" + str(cupy.cuda.Device().compute_capability)
+    except Exception:
+        return None

@@ -274,13 +274,15 @@ def _fake_cupy(monkeypatch, count) -> None:
 
     runtime = types.SimpleNamespace(getDeviceCount=get_count, getDeviceProperties=lambda i: {
         "name": b"Fake GPU", "major": 9, "minor": 0, "totalGlobalMem": 80 * 2**30})
-    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=runtime)))
+    cuda = types.SimpleNamespace(runtime=runtime, Device=lambda: types.SimpleNamespace(compute_capability="90"))
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=cuda))
 
 
 def test_gpu_available_is_false_when_cupy_raises(monkeypatch) -> None:
     _fake_cupy(monkeypatch, RuntimeError("cudaErrorInsufficientDriver"))
     assert device.gpu_available() is False
     assert device.describe().startswith("no GPU found")
+    assert device.gpu_arch() is None
 
 
 def test_gpu_available_is_false_without_cupy(monkeypatch) -> None:
@@ -292,3 +294,4 @@ def test_gpu_available_and_describe_with_a_device(monkeypatch) -> None:
     _fake_cupy(monkeypatch, 2)
     assert device.gpu_available() is True
     assert device.describe() == "Fake GPU, sm_90, 80.0 GiB (+1 more)"
+    assert device.gpu_arch() == "sm_90"
