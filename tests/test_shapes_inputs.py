@@ -236,6 +236,20 @@ def test_load_graph_builds_a_builtin_model_with_shapes() -> None:
     assert [(v.name, v.shape) for v in g.inputs] == [("input_ids", (2, 8)), ("attention_mask", (2, 8))]
 
 
+def test_load_graph_takes_a_model_proto_a_path_and_a_pathlike(tmp_path) -> None:
+    import onnx
+    from test_cli import tiny_onnx
+
+    shapes = {"input_ids": (2, 3), "attention_mask": (2, 3)}
+    model = tiny_onnx()
+    onnx.save(model, tmp_path / "m.onnx")
+    for source in (model, str(tmp_path / "m.onnx"), tmp_path / "m.onnx"):
+        g = load_graph(source, shapes)
+        assert [(v.name, v.shape) for v in g.outputs] == [("probs", (2, 3, 4))]
+    with pytest.raises(InputError, match="'nope'"):
+        load_graph(model, {**shapes, "nope": (1,)})
+
+
 def test_load_graph_unknown_name_lists_the_builtins() -> None:
     with pytest.raises(ModelError) as e:
         load_graph("gpt5-huge")
