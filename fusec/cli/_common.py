@@ -42,10 +42,6 @@ def fmt_name(name: str) -> str:
     return json.dumps(name)
 
 
-def fmt_type(v: Value) -> str:
-    return v.type_str
-
-
 def value_record(v: Value) -> dict[str, Any]:
     """The JSON form of a graph input or output."""
     return {"name": v.name, "shape": list(v.shape), "dtype": v.dtype.value}
