@@ -21,12 +21,12 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-from fusec.passes import dce
-from fusec.passes.base import PassOptions, PassResult
 
 from fusec import reference
 from fusec.ir import Graph, Node, Value
 from fusec.ops import Op
+from fusec.passes import dce
+from fusec.passes.base import PassOptions, PassResult
 
 NAME = "constant_fold"
 

@@ -18,11 +18,11 @@ import hashlib
 from typing import Any
 
 import numpy as np
-from fusec.passes import dce
-from fusec.passes.base import PassOptions, PassResult
 
 from fusec.ir import Graph, Node, Value
 from fusec.ops import Op
+from fusec.passes import dce
+from fusec.passes.base import PassOptions, PassResult
 
 NAME = "cse"
 

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from fusec.passes.base import PassOptions, PassResult
-
 from fusec.ir import Graph, Node, Value
+from fusec.passes.base import PassOptions, PassResult
 
 NAME = "dce"
 

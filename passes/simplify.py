@@ -23,11 +23,11 @@ Rewrites repeat to a fixpoint.
 from __future__ import annotations
 
 import numpy as np
-from fusec.passes import dce
-from fusec.passes.base import PassOptions, PassResult
 
 from fusec.ir import Graph, Node, Value
 from fusec.ops import Op, PermAttrs, ShapeAttrs
+from fusec.passes import dce
+from fusec.passes.base import PassOptions, PassResult
 
 NAME = "simplify"
 

@@ -25,10 +25,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from fusec.passes.base import PassOptions, PassResult
-
 from fusec.ir import Graph, Node, Value
 from fusec.ops import Op
+from fusec.passes.base import PassOptions, PassResult
 
 NAME = "views"
 

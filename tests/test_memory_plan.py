@@ -120,7 +120,7 @@ def check_numerics(g: Graph, plan: MemoryPlan, rng: np.random.Generator) -> None
 def random_dags(draw: st.DrawFn) -> Graph:
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     b = GraphBuilder("rand")
-    dims = st.integers(1, 6)
+    dims = st.integers(1, 12)
     pool: list[Value] = []
     for k in range(draw(st.integers(1, 2))):
         pool.append(b.input(f"x{k}", tuple(draw(st.lists(dims, min_size=1, max_size=3))), DType.F32))
@@ -172,7 +172,7 @@ def random_dags(draw: st.DrawFn) -> Graph:
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(random_dags(), st.sampled_from([256, 64]))
+@given(random_dags(), st.sampled_from([256, 64, 16]))
 def test_random_dags_plan_is_sound_and_arena_execution_matches(g: Graph, alignment: int) -> None:
     plan = plan_memory(g, alignment=alignment)
     check_plan(g, plan)

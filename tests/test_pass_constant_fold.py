@@ -4,14 +4,14 @@ large weights and size-growing folds are declined with a reason."""
 from __future__ import annotations
 
 import numpy as np
-from fusec.passes import constant_fold
-from fusec.passes.base import PassOptions
 
 from fusec import reference
 from fusec.builder import GraphBuilder
 from fusec.dtypes import DType
 from fusec.ir import Graph, verify
 from fusec.ops import Op
+from fusec.passes import constant_fold
+from fusec.passes.base import PassOptions
 
 
 def _rand(rng: np.random.Generator, *shape: int) -> np.ndarray:

@@ -6,14 +6,14 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from fusec.passes import simplify
-from fusec.passes.base import PassOptions
 
 from fusec import reference
 from fusec.builder import GraphBuilder
 from fusec.dtypes import DType
 from fusec.ir import Graph, Value, verify
 from fusec.ops import Op
+from fusec.passes import simplify
+from fusec.passes.base import PassOptions
 
 
 def _rand(rng: np.random.Generator, *shape: int) -> np.ndarray:

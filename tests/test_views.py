@@ -4,8 +4,6 @@ row-major elements, and where does it start?), chain resolution, and the views p
 from __future__ import annotations
 
 import numpy as np
-from fusec.passes import views
-from fusec.passes.base import PassOptions
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -13,6 +11,8 @@ from fusec.builder import GraphBuilder
 from fusec.dtypes import DType
 from fusec.ir import Node, Value
 from fusec.ops import Op, PermAttrs, ShapeAttrs, SliceAttrs, infer
+from fusec.passes import views
+from fusec.passes.base import PassOptions
 
 
 def _node(op: Op, shape: tuple[int, ...], attrs: object, dtype: DType = DType.F32) -> Node:
