@@ -1,0 +1,299 @@
+"""Recognize scaled dot-product attention and replace it by ONE ATTENTION op (all heads, GQA/MQA).
+
+The match starts at the second matrix product ``P @ V`` and walks back:
+
+- P: SOFTMAX over the last axis, optionally through float CASTs (HF's fp32 softmax) and torch's
+  SDPA guard ``where(isnan(p), 0, p)`` (-> ``nan_to_zero``);
+- the scores path from the softmax back to ``Q @ K^T``: constant multiplies/divides anywhere on it
+  and on Q and K before the product (torch's SDPA export scales Q and K by sqrt(scale) each) fold
+  into ``scale``; each ADD contributes an additive mask; ``where(cond, s, fill)`` with a -inf /
+  finfo.min fill contributes the additive mask ``where(cond, 0, fill)``; masks combine by ADD. A
+  constant causal mask becomes ``causal=True`` instead of a tensor;
+- K and V are traced back through their layout chain (RESHAPE/TRANSPOSE/EXPAND: the K^T
+  transpose, HF's repeat_kv, torch's 3-D reshapes) to a [B, Hkv, T, D] tensor. Whether a chain
+  really is "transpose + repeat heads" is decided by running it on an index tensor and comparing
+  with the expected index map: one check for every way an exporter spells the same layout.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from fusec import reference
+from fusec.dtypes import DType
+from fusec.ir import Graph, Node, Value
+from fusec.ops import AttentionAttrs, NoAttrs, Op, PermAttrs
+from fusec.passes.base import PassOptions, PassResult
+from fusec.passes.match import Ctx, Rewriter, count_ops, set_pattern_count
+
+NAME = "recognize_attention"
+REQUIRES = ("constant_fold", "recognize_softmax")
+
+_MASK_FILL = -1e30  # a where-fill at or below this masks: s + fill == fill in fp32
+_LAYOUT_OPS = (Op.RESHAPE, Op.TRANSPOSE, Op.EXPAND)
+_MAX_CHAIN = 8
+_ID = (0, 1, 2, 3)
+
+
+class Decline(Exception):
+    """A near match failed a check; the message is the one-line reason."""
+
+
+def _float_cast(ctx: Ctx, v: Value) -> Node | None:
+    n = ctx.prod(v, Op.CAST)
+    return n if n is not None and n.inputs[0].dtype.is_float and v.dtype.is_float else None
+
+
+def _probs(ctx: Ctx, p: Value, nodes: list[Node]) -> tuple[Node, bool] | None:
+    """(softmax node, nan_to_zero) behind the P operand, or None if P is not a softmax."""
+    nan_to_zero = False
+    for _ in range(6):
+        if not ctx.only_used_by(p, nodes):
+            return None
+        n = ctx.prod(p)
+        if n is None:
+            return None
+        if n.op == Op.SOFTMAX:
+            if n.attrs.axis != len(p.shape) - 1:
+                return None
+            nodes.append(n)
+            return n, nan_to_zero
+        if _float_cast(ctx, p) is not None:
+            nodes.append(n)
+            p = n.inputs[0]
+        elif n.op == Op.WHERE and ctx.scalar(n.inputs[1]) == 0.0:
+            isnan = ctx.prod(n.inputs[0], Op.ISNAN)
+            if isnan is None or isnan.inputs[0] is not n.inputs[2]:
+                return None
+            nodes += [n, isnan]
+            nan_to_zero, p = True, n.inputs[2]
+        else:
+            return None
+    return None
+
+
+def _is_qk(n: Node | None) -> bool:
+    return n is not None and n.op == Op.MATMUL and len(n.outputs[0].shape) == 4 and \
+        all(v.data is None for v in n.inputs)
+
+
+def _leads_to_qk(ctx: Ctx, v: Value, depth: int = 8) -> bool:
+    n = ctx.prod(v)
+    if n is None or depth == 0:
+        return False
+    if _is_qk(n):
+        return True
+    if n.op in (Op.CAST, Op.MUL, Op.DIV, Op.ADD, Op.WHERE):
+        return any(_leads_to_qk(ctx, x, depth - 1) for x in n.inputs if x.data is None)
+    return False
+
+
+def _scores(ctx: Ctx, rw: Rewriter, s: Value, nodes: list[Node], new: list[Node]) -> tuple[Node, float, list[Value]]:
+    """Walk from the softmax input to Q @ K^T: (qk node, scale, additive masks already multiplied
+    by any scale applied after them). Mask nodes it has to create go to ``new``."""
+    scale = 1.0
+    masks: list[tuple[Value, float]] = []  # (mask, scale applied after it on the path)
+    for _ in range(12):
+        n = ctx.prod(s)
+        if n is None:
+            raise Decline(f"scores {s.name!r} are not computed from a Q @ K^T product")
+        if not ctx.single_use(s):
+            raise Decline(f"scores {s.name!r} have readers outside the attention")
+        nodes.append(n)
+        if _is_qk(n):
+            return n, scale, [_scaled_mask(rw, m, f, new) for m, f in masks]
+        a = n.inputs
+        if _float_cast(ctx, s) is not None:
+            s = a[0]
+        elif n.op in (Op.MUL, Op.DIV):
+            c = ctx.scalar(a[1])
+            if n.op == Op.MUL and c is None and ctx.scalar(a[0]) is not None:
+                c, a = ctx.scalar(a[0]), (a[1], a[0])
+            if c is None or c == 0.0:
+                raise Decline(f"scores are scaled by a non-constant {n.op.value} ({a[1].name!r})")
+            scale = scale * c if n.op == Op.MUL else scale / c
+            masks = [(m, f * c if n.op == Op.MUL else f / c) for m, f in masks]
+            s = a[0]
+        elif n.op == Op.ADD:
+            on = [x for x in a if _leads_to_qk(ctx, x)]
+            if len(on) != 1:
+                raise Decline("cannot tell the scores from the mask in an ADD")
+            s = on[0]
+            masks.append((a[1] if a[0] is s else a[0], 1.0))
+        elif n.op == Op.WHERE:
+            cond, t, f = a
+            ft, ff = ctx.scalar(t), ctx.scalar(f)
+            if ff is not None and ff <= _MASK_FILL:
+                s, m = t, _where_mask(rw, cond, 0.0, ff, s.dtype, new)
+            elif ft is not None and ft <= _MASK_FILL:
+                s, m = f, _where_mask(rw, cond, ft, 0.0, s.dtype, new)
+            else:
+                raise Decline("a WHERE on the scores does not fill with -inf or finfo.min")
+            masks.append((m, 1.0))
+        else:
+            raise Decline(f"unexpected {n.op.value} between Q @ K^T and the softmax")
+    raise Decline("scores path too long")
+
+
+def _where_mask(rw: Rewriter, cond: Value, yes: float, no: float, dt: DType, new: list[Node]) -> Value:
+    """The additive mask ``where(cond, yes, no)``: a constant when cond is, else a new node."""
+    if cond.data is not None:
+        return rw.const(np.where(cond.data, np.asarray(yes, dt.np), np.asarray(no, dt.np)), "attn_mask")
+    zero = rw.const(np.asarray(yes, dt.np), "attn_mask_yes")
+    fill = rw.const(np.asarray(no, dt.np), "attn_mask_no")
+    node = rw.node(Op.WHERE, [cond, zero, fill], NoAttrs(), base="attn_mask")
+    new.append(node)
+    return node.outputs[0]
+
+
+def _scaled_mask(rw: Rewriter, m: Value, f: float, new: list[Node]) -> Value:
+    if f == 1.0:
+        return m
+    node = rw.node(Op.MUL, [m, rw.const(np.asarray(f, m.dtype.np), "attn_mask_scale")], NoAttrs(), base="attn_mask")
+    new.append(node)
+    return node.outputs[0]
+
+
+def _peel_scale(ctx: Ctx, v: Value, nodes: list[Node]) -> tuple[Value, float]:
+    scale = 1.0
+    while ctx.single_use(v):
+        n = ctx.prod(v)
+        if n is None or n.op not in (Op.MUL, Op.DIV):
+            break
+        c, x = ctx.scalar(n.inputs[1]), n.inputs[0]
+        if n.op == Op.MUL and c is None:
+            c, x = ctx.scalar(n.inputs[0]), n.inputs[1]
+        if c is None or c == 0.0:
+            break
+        scale = scale * c if n.op == Op.MUL else scale / c
+        nodes.append(n)
+        v = x
+    return v, scale
+
+
+def _heads_base(ctx: Ctx, v: Value, heads: int, transposed: bool) -> tuple[Value, tuple[int, ...], list[Node]] | None:
+    """Trace ``v`` ([B, Hq, T, D], or [B, Hq, D, T] if ``transposed``) back through layout ops to a
+    tensor ``x`` with ``transpose(x, perm)`` = [B, Hkv, T, D] of which ``v`` is a head-repeated
+    (and transposed) view. Prefers the furthest ``x`` needing no transpose; else the nearest one
+    that does (a merged transpose, as simplify leaves GPT-2's K^T, has no [B, H, T, D] value)."""
+    permuted = None
+    best = None
+    chain: list[Node] = []
+    cur = v
+    for _ in range(_MAX_CHAIN):
+        if len(cur.shape) == 4:
+            for perm in itertools.permutations(range(4)):
+                if (best is None or perm == _ID) and _same_layout(cur, perm, chain, v, heads, transposed):
+                    if perm == _ID:
+                        best = (cur, perm, list(chain))
+                    elif permuted is None:
+                        permuted = (cur, perm, list(chain))
+        n = ctx.prod(cur)
+        if n is None or n.op not in _LAYOUT_OPS:
+            break
+        chain.append(n)
+        cur = n.inputs[0]
+    return best or permuted
+
+
+def _same_layout(x: Value, perm: tuple[int, ...], chain: list[Node], v: Value, heads: int, transposed: bool) -> bool:
+    b, hkv, t, d = (x.shape[p] for p in perm)
+    want = (v.shape[0], heads) + ((d, t) if transposed else (t, d))
+    if v.shape != want or hkv == 0 or heads % hkv:
+        return False
+    idx = np.arange(x.numel, dtype=np.int64).reshape(x.shape)
+    got = idx
+    for n in reversed(chain):  # chain runs from v back to x; replay it forwards on indices
+        got = reference.IMPL[n.op](n.attrs, got)
+    expect = np.repeat(np.transpose(idx, perm), heads // hkv, axis=1)
+    if transposed:
+        expect = np.swapaxes(expect, 2, 3)
+    return bool(np.array_equal(got, expect))
+
+
+def _transposed(rw: Rewriter, x: Value, perm: tuple[int, ...], new: list[Node]) -> Value:
+    if perm == _ID:
+        return x
+    node = rw.node(Op.TRANSPOSE, [x], PermAttrs(perm), base=f"{x.name}_heads")
+    new.append(node)
+    return node.outputs[0]
+
+
+def _is_causal(m: Value, s: int, t: int) -> bool:
+    if m.data is None or m.numel != s * t or m.shape[-2:] != (s, t):
+        return False
+    a = m.data.reshape(s, t).astype(np.float32)
+    keep = np.tril(np.ones((s, t), bool), k=t - s)
+    return bool(np.all(a[keep] == 0) and np.all(a[~keep] <= _MASK_FILL))
+
+
+def _match(ctx: Ctx, rw: Rewriter, root: Node, opts: PassOptions) -> bool:
+    out = root.outputs[0]
+    nodes: list[Node] = [root]
+    found = _probs(ctx, root.inputs[0], nodes)
+    if found is None or len(out.shape) != 4:
+        return False
+    sm, nan_to_zero = found
+    where = ctx.where(root)
+    new: list[Node] = []
+    try:
+        qk, scale, masks = _scores(ctx, rw, sm.inputs[0], nodes, new)
+        q, sq = _peel_scale(ctx, qk.inputs[0], nodes)
+        kt, sk = _peel_scale(ctx, qk.inputs[1], nodes)
+        if len(q.shape) != 4:
+            raise Decline(f"query {q.name!r} is rank {len(q.shape)}, need [B, H, S, D]")
+        heads = q.shape[1]
+        kb = _heads_base(ctx, kt, heads, transposed=True)
+        vb = _heads_base(ctx, root.inputs[1], heads, transposed=False)
+        if kb is None:
+            raise Decline(f"K operand {kt.name!r} is not K^T of a [B, Hkv, T, D] tensor (with heads repeated)")
+        if vb is None:
+            raise Decline(f"V operand {root.inputs[1].name!r} is not a [B, Hkv, T, D] tensor (with heads repeated)")
+        (k, kperm, kchain), (v, vperm, vchain) = kb, vb
+        k, v = _transposed(rw, k, kperm, new), _transposed(rw, v, vperm, new)
+        if k.shape[1] != v.shape[1]:
+            raise Decline(f"K has {k.shape[1]} heads but V has {v.shape[1]}")
+        s_len, t_len = q.shape[2], k.shape[2]
+        causal = False
+        kept = []
+        for m in masks:
+            if not causal and _is_causal(m, s_len, t_len):
+                causal = True
+            else:
+                kept.append(m)
+        ins = [q, k, v]
+        for m in kept:
+            if not m.dtype.is_float:
+                raise Decline(f"mask {m.name!r} is {m.dtype.value}, expected an additive float mask")
+        mask = kept[0] if kept else None
+        for m in kept[1:]:
+            node = rw.node(Op.ADD, [mask, m], NoAttrs(), base="attn_mask")  # type: ignore[list-item]
+            new.append(node)
+            mask = node.outputs[0]
+        if mask is not None:
+            ins.append(mask)
+        attrs = AttentionAttrs(scale=float(scale * sq * sk), causal=causal, nan_to_zero=nan_to_zero)
+        try:
+            att = rw.node(Op.ATTENTION, ins, attrs, out=out)
+        except ValueError as e:
+            raise Decline(str(e)) from None
+    except Decline as e:
+        opts.decline("attention", where, str(e))
+        return False
+    matched = nodes + kchain + vchain
+    if rw.claimed(matched):
+        return False
+    rw.replace(root, new + [att], matched)
+    return True
+
+
+def run(graph: Graph, options: PassOptions) -> PassResult:
+    ctx = Ctx(graph)
+    rw = Rewriter(graph)
+    found = sum(1 for n in graph.nodes if n.op == Op.MATMUL and not rw.claimed([n]) and _match(ctx, rw, n, options))
+    g = rw.finish() if rw.changed else graph.copy()
+    set_pattern_count(g, "attention", count_ops(g, Op.ATTENTION))
+    options.bump("attention_recognized", found)
+    return PassResult(g, found > 0)
