@@ -1,0 +1,149 @@
+"""Lowering: an optimized, memory-planned graph -> the runtime's launch list + the plan's blobs.
+
+Every node becomes one of: nothing (a zero-copy view, or a node whose output the memory plan
+aliases to its input), one kernel launch (a spec built by ``fusec.lower.specs`` and compiled by
+``fusec.codegen.kernels``), or one cuBLAS GEMM. A fused node whose body no single template
+covers is lowered member by member: always correct, and counted in the report
+(``fused_split``), so a fusion that did not become one kernel is visible, never silent.
+
+Addresses: values live in the arena at the memory plan's offsets (views and in-place values
+included); constants, the fused bodies' constants too, are packed into one weights buffer with
+256-byte alignment. Identical kernels (same spec, so same source) compile once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from fusec.dtypes import DType
+from fusec.errors import FusecError
+from fusec.ir import Graph, Node, Value
+from fusec.ops import Op
+
+Addr = tuple[str, int]  # ("arena" | "weights", byte offset)
+_ALIGN = 256
+
+
+class LoweringError(FusecError):
+    """A node has no GPU implementation; the message names the node and op."""
+
+
+@dataclasses.dataclass
+class Lowered:
+    launches: list[dict[str, Any]]
+    kernels: list[dict[str, Any]]
+    modules: list[dict[str, Any]]
+    blobs: dict[str, bytes]
+    weights_bytes: int
+    report: dict[str, Any]
+
+
+class WeightPacker:
+    """Packs constant tensors into one byte buffer (256-byte aligned, deduplicated by identity)."""
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.where: dict[int, int] = {}
+
+    def add(self, v: Value) -> int:
+        key = id(v)
+        if key not in self.where:
+            assert v.data is not None
+            raw = np.ascontiguousarray(v.data).tobytes()
+            self.where[key] = self.size
+            pad = (-len(raw)) % _ALIGN
+            self.chunks.append(raw + b"\0" * pad)
+            self.size += len(raw) + pad
+        return self.where[key]
+
+    def blob(self) -> bytes:
+        return b"".join(self.chunks)
+
+
+class Context:
+    """What a node lowering needs: addresses, kernel registration, launch emission."""
+
+    def __init__(self, arch: str, offsets: dict[str, int], compute: str, progress: Callable[[str], None] | None):
+        self.arch = arch
+        self.offsets = offsets
+        self.compute = compute  # "f32" or "tf32": math mode of fp32 matrix products
+        self.weights = WeightPacker()
+        self.launches: list[dict[str, Any]] = []
+        self.kernels: list[dict[str, Any]] = []
+        self.modules: list[dict[str, Any]] = []
+        self.blobs: dict[str, bytes] = {}
+        self._kernel_index: dict[str, int] = {}
+        self._progress = progress
+        self.counts: dict[str, int] = {}
+
+    def addr(self, v: Value) -> Addr:
+        if v.is_const:
+            return ("weights", self.weights.add(v))
+        if v.name not in self.offsets:
+            raise LoweringError(f"value {v.name!r} has no place in the memory plan")
+        return ("arena", self.offsets[v.name])
+
+    def same_storage(self, a: Value, b: Value) -> bool:
+        return not a.is_const and not b.is_const and self.addr(a) == self.addr(b)
+
+    def aligned(self, *vals: Value, to: int = 16) -> bool:
+        return all(self.addr(v)[1] % to == 0 for v in vals)
+
+    def kernel(self, spec: Any, args: list[Value], label: str) -> None:
+        """Compile ``spec`` (once per distinct kernel) and append its launch over ``args``."""
+        from fusec.codegen.kernels import build
+
+        ck = build(spec, self.arch)
+        idx = self._kernel_index.get(ck.name)
+        if idx is None:
+            if self._progress is not None:
+                self._progress(ck.name)
+            mid = f"m{len(self.modules)}"
+            self.blobs[f"cubin/{mid}"] = ck.cubin
+            self.blobs[f"source/{mid}"] = ck.source.encode("utf-8")
+            self.modules.append({"id": mid, "cubin": f"cubin/{mid}", "source": f"source/{mid}", "entry": ck.name,
+                                 "template": ck.template})
+            idx = len(self.kernels)
+            self.kernels.append({"module": mid, "entry": ck.name, "smem": ck.shared_mem})
+            self._kernel_index[ck.name] = idx
+        if len(args) != len(ck.params):
+            raise LoweringError(f"{label}: kernel {ck.name} takes {len(ck.params)} pointers, lowering gave {len(args)}")
+        self.launches.append({"type": "kernel", "kernel": idx, "grid": list(ck.grid), "block": list(ck.block),
+                              "smem": ck.shared_mem, "args": [["ptr", *self.addr(v)] for v in args], "label": label})
+        self.count(ck.template.split(".")[0])
+
+    def gemm(self, fields: dict[str, Any], a: Value, b: Value, c: Value, label: str) -> None:
+        self.launches.append({"type": "gemm", **fields, "a": list(self.addr(a)), "b": list(self.addr(b)),
+                              "c": list(self.addr(c)), "label": label})
+        self.count("cublas_gemm")
+
+    def count(self, key: str, n: int = 1) -> None:
+        self.counts[key] = self.counts.get(key, 0) + n
+
+
+def lower(graph: Graph, offsets: dict[str, int], arch: str, compute: str = "f32",
+          progress: Callable[[str], None] | None = None) -> Lowered:
+    """Lower every node of ``graph`` (in order) against the memory plan's ``offsets``."""
+    from fusec.lower.nodes import lower_node
+
+    ctx = Context(arch, offsets, compute, progress)
+    for i, node in enumerate(graph.nodes):
+        lower_node(ctx, node, label=_label(i, node))
+    weights = ctx.weights.blob()
+    if weights:
+        ctx.blobs["weights"] = weights
+    report = {"launches": len(ctx.launches), "kernels_compiled": len(ctx.kernels), "by_template": dict(sorted(ctx.counts.items()))}
+    return Lowered(ctx.launches, ctx.kernels, ctx.modules, ctx.blobs, ctx.weights.size, report)
+
+
+def _label(i: int, node: Node) -> str:
+    # Labels are for people (inspect, profiles); they never reach generated source.
+    return f"#{i} {node.op.value}"
+
+
+__all__ = ["Context", "Lowered", "LoweringError", "lower", "Op", "DType"]

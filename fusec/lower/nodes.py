@@ -1,0 +1,246 @@
+"""One lowering per op: IR node -> kernel spec(s) or a cuBLAS GEMM (the table ``LOWER``)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from fusec.codegen import copyspecs as C
+from fusec.codegen import specs as S
+from fusec.codegen.elementwise import Apply, Const, In, single_op
+from fusec.dtypes import DType
+from fusec.ir import Node, Value
+from fusec.lower import Context, LoweringError
+from fusec.ops import OP_INFO, FusionKind, Op
+
+
+def _strides(shape: tuple[int, ...]) -> list[int]:  # noqa: D103
+    return list(S.contiguous_strides(shape))
+
+
+# ---- elementwise family -----------------------------------------------------------------------
+
+def elementwise(ctx: Context, expr, inputs: list[Value], out: Value, label: str) -> None:
+    vec_ok = ctx.aligned(out, *inputs)  # views may start mid-buffer; vector accesses need 16 bytes
+    spec = S.elementwise_spec(expr, [v.shape for v in inputs], [v.dtype for v in inputs], out.shape, vectorize=vec_ok)
+    ctx.kernel(spec, [*inputs, out], label)
+
+
+def _elementwise_node(ctx: Context, node: Node, label: str) -> None:
+    elementwise(ctx, single_op(node.op, len(node.inputs), node.attrs), list(node.inputs), node.output, label)
+
+
+def _copy(ctx: Context, node: Node, label: str) -> None:
+    """Every data-movement op through the one index-mapping copy kernel (fusec.codegen.copyspecs)."""
+    x, out, a = node.inputs[0], node.output, node.attrs
+    dt = x.dtype
+    if node.op == Op.TRANSPOSE:
+        ctx.kernel(C.transpose(x.shape, a.perm, dt), [x, out], label)
+    elif node.op == Op.SLICE:
+        ctx.kernel(C.slice_(x.shape, a.axes, a.starts, a.ends, a.steps, dt), [x, out], label)
+    elif node.op == Op.EXPAND:
+        ctx.kernel(C.expand(x.shape, out.shape, dt), [x, out], label)
+    elif node.op == Op.TILE:
+        ctx.kernel(C.tile(x.shape, a.repeats, dt), [x, out], label)
+    elif node.op == Op.TRILU:
+        ctx.kernel(C.trilu(x.shape, a.upper, a.k, dt), [x, out], label)
+    elif node.op == Op.CONCAT:
+        for v, spec in zip(node.inputs, C.concat([v.shape for v in node.inputs], a.axis, dt)):
+            ctx.kernel(spec, [v, out], label)
+    elif node.op == Op.GATHER:
+        ctx.kernel(C.gather(x.shape, node.inputs[1].shape, a.axis, dt, node.inputs[1].dtype), [x, node.inputs[1], out], label)
+    elif node.op == Op.GATHER_ELEMENTS:
+        idx = node.inputs[1]
+        ctx.kernel(C.gather_elements(x.shape, idx.shape, a.axis, dt, idx.dtype), [x, idx, out], label)
+    elif node.op == Op.GATHER_ND:
+        idx = node.inputs[1]
+        ctx.kernel(C.gather_nd(x.shape, idx.shape, a.batch_dims, dt, idx.dtype), [x, idx, out], label)
+    elif node.op == Op.SCATTER_ND:
+        idx, upd = node.inputs[1], node.inputs[2]
+        first, scatter = C.scatter_nd(x.shape, idx.shape, dt, idx.dtype)
+        if not ctx.same_storage(x, out):
+            ctx.kernel(first, [x, out], label)
+        ctx.kernel(scatter, [upd, idx, out], label)
+    else:
+        raise LoweringError(f"{label}: no copy lowering for {node.op.value}")
+
+
+def _reshape_copy(ctx: Context, node: Node, label: str) -> None:
+    # A reshape is a view unless the memory plan gave it a buffer of its own (e.g. a graph output).
+    x = node.inputs[0]
+    if not ctx.same_storage(x, node.output):
+        ctx.kernel(C.contiguous(node.output.shape, x.dtype), [x, node.output], label)
+
+
+def _cumsum(ctx: Context, node: Node, label: str) -> None:
+    x, a = node.inputs[0], node.attrs
+    outer, n, inner = math.prod(x.shape[:a.axis]), x.shape[a.axis], math.prod(x.shape[a.axis + 1:])
+    ctx.kernel(S.CumsumSpec(outer, n, inner, x.dtype, a.exclusive, a.reverse), [x, node.output], label)
+
+
+# ---- matrix products ------------------------------------------------------------------------
+
+def _matmul(ctx: Context, node: Node, label: str) -> None:
+    a, b = node.inputs
+    out = node.output
+    sa = a.shape if len(a.shape) > 1 else (1,) + a.shape
+    sb = b.shape if len(b.shape) > 1 else b.shape + (1,)
+    m, k, n = sa[-2], sa[-1], sb[-1]
+    ba, bb = sa[:-2], sb[:-2]
+    batch_shape = tuple(out.shape[:-2]) if len(a.shape) > 1 and len(b.shape) > 1 else ()
+    nbatch = math.prod(batch_shape)
+    if len(bb) == 0 or math.prod(bb) == 1:
+        # weights-like B shared by every batch: fold the batch into M (one large GEMM)
+        m, nbatch, stride_a, stride_b = m * math.prod(ba), 1, 0, 0
+    elif tuple(ba) == tuple(bb) == batch_shape:
+        stride_a, stride_b = m * k, k * n
+    elif math.prod(ba) == 1 and tuple(bb) == batch_shape:
+        stride_a, stride_b = 0, k * n
+    else:
+        raise LoweringError(f"{label}: matmul broadcast {list(a.shape)} @ {list(b.shape)} has no GPU lowering yet")
+    if a.dtype not in (DType.F32, DType.F16, DType.BF16):
+        raise LoweringError(f"{label}: matmul of {a.dtype.value} has no GPU lowering")
+    compute = ctx.compute if a.dtype == DType.F32 else "f32"
+    fields = {"m": m, "n": n, "k": k, "batch": nbatch, "lda": k, "ldb": n, "ldc": n,
+              "stride_a": stride_a, "stride_b": stride_b, "stride_c": m * n,
+              "trans_a": False, "trans_b": False, "dtype": a.dtype.value, "compute": compute}
+    ctx.gemm(fields, a, b, out, label)
+
+
+# ---- reductions and norms ---------------------------------------------------------------------
+
+def _outer_cols_inner(shape: tuple[int, ...], axes: tuple[int, ...], label: str) -> tuple[int, int, int]:
+    lo, hi = min(axes), max(axes)
+    if list(axes) != list(range(lo, hi + 1)):
+        raise LoweringError(f"{label}: reduction over non-adjacent axes {list(axes)} has no GPU lowering yet")
+    return math.prod(shape[:lo]), math.prod(shape[lo:hi + 1]), math.prod(shape[hi + 1:])
+
+
+def _reduce(ctx: Context, node: Node, label: str) -> None:
+    x = node.inputs[0]
+    outer, cols, inner = _outer_cols_inner(x.shape, node.attrs.axes, label)
+    kind = {Op.REDUCE_SUM: "sum", Op.REDUCE_MEAN: "mean", Op.REDUCE_MAX: "max"}[node.op]
+    ctx.kernel(S.RowReduceSpec(kind, outer, cols, x.dtype, inner=inner), [x, node.output], label)
+
+
+def _softmax(ctx: Context, node: Node, label: str) -> None:
+    x = node.inputs[0]
+    outer, cols, inner = _outer_cols_inner(x.shape, (node.attrs.axis,), label)
+    ctx.kernel(S.RowReduceSpec("softmax", outer, cols, x.dtype, inner=inner), [x, node.output], label)
+
+
+def _layernorm(ctx: Context, node: Node, label: str) -> None:
+    x, scale = node.inputs[0], node.inputs[1]
+    bias = node.inputs[2] if len(node.inputs) > 2 else None
+    cols = math.prod(x.shape[node.attrs.axis:])
+    for w in (scale, bias):
+        if w is not None and w.numel != cols:
+            raise LoweringError(f"{label}: layernorm scale/bias must cover the normalized axes")
+    spec = S.RowReduceSpec("layernorm", x.numel // cols, cols, x.dtype, w_dtype=scale.dtype, has_bias=bias is not None,
+                           eps=float(node.attrs.eps))
+    ctx.kernel(spec, [x, scale, *([bias] if bias is not None else []), node.output], label)
+
+
+def _rmsnorm(ctx: Context, node: Node, label: str) -> None:
+    x, w = node.inputs
+    cols = x.shape[-1]
+    spec = S.RowReduceSpec("rmsnorm", x.numel // cols, cols, x.dtype, w_dtype=w.dtype, eps=float(node.attrs.eps),
+                           weight_offset=float(node.attrs.weight_offset))
+    ctx.kernel(spec, [x, w, node.output], label)
+
+
+# ---- attention, rope, embedding ---------------------------------------------------------------
+
+def _bcast_strides(v: Value, full: tuple[int, ...]) -> tuple[int, ...]:
+    shape = (1,) * (len(full) - len(v.shape)) + v.shape
+    st = _strides(shape)
+    return tuple(0 if shape[d] == 1 and full[d] != 1 else st[d] for d in range(len(full)))
+
+
+def _attention(ctx: Context, node: Node, label: str) -> None:
+    q, k, v = node.inputs[:3]
+    mask = node.inputs[3] if len(node.inputs) > 3 else None
+    B, Hq, S_, D = q.shape
+    Hkv, T = k.shape[1], k.shape[2]
+    kind, mdt, mst = "none", None, (0, 0, 0, 0)
+    if mask is not None:
+        kind = "bool" if mask.dtype == DType.BOOL else "additive"
+        mdt, mst = mask.dtype, _bcast_strides(mask, (B, Hq, S_, T))
+    spec = S.AttentionSpec(B, Hq, Hkv, S_, T, D, q.dtype, float(node.attrs.scale), causal=bool(node.attrs.causal),
+                           mask=kind, mask_dtype=mdt, mask_strides=mst)  # type: ignore[arg-type]
+    out = node.output
+    ctx.kernel(spec, [q, k, v, *([mask] if mask is not None else []), out], label)
+    if node.attrs.nan_to_zero:
+        # torch's SDPA export zeroes fully masked rows; the kernel gives NaN there (as softmax does)
+        fix = Apply(Op.WHERE, (Apply(Op.ISNAN, (In(0),)), Const(0.0, out.dtype), In(0)))
+        elementwise(ctx, fix, [out], out, label + " nan_to_zero")
+
+
+def _rope(ctx: Context, node: Node, label: str) -> None:
+    x, cos, sin = node.inputs
+    if len(x.shape) != 4:
+        raise LoweringError(f"{label}: rope expects x of rank 4 [B, H, S, D], got {list(x.shape)}")
+    B, H, S_, D = x.shape
+    rd = node.attrs.rotary_dim
+    full = (B, H, S_, rd)
+    cst, sst = _bcast_strides(cos, full), _bcast_strides(sin, full)
+    if cst != sst or cst[1] != 0 or cst[3] != 1:
+        raise LoweringError(f"{label}: rope cos/sin layout {list(cos.shape)} has no GPU lowering yet")
+    xs = tuple(_strides(x.shape)[:3])
+    spec = S.RopeSpec(B, H, S_, D, rd, x.dtype, xs, xs, (cst[0], cst[2]), cos.dtype)  # type: ignore[arg-type]
+    ctx.kernel(spec, [x, cos, sin, node.output], label)
+
+
+def _gather(ctx: Context, node: Node, label: str) -> None:
+    table, ids = node.inputs
+    if node.attrs.axis == 0 and len(table.shape) == 2 and table.dtype.is_float:
+        spec = S.EmbeddingSpec(ids.numel, table.shape[0], table.shape[1], table.dtype, id_dtype=ids.dtype)
+        ctx.kernel(spec, [ids, table, node.output], label)
+        return
+    _copy(ctx, node, label)
+
+
+def _fused(ctx: Context, node: Node, label: str) -> None:
+    from fusec.lower.fused import lower_fused
+
+    lower_fused(ctx, node, label)
+
+
+LOWER: dict[Op, Callable[[Context, Node, str], None]] = {
+    Op.MATMUL: _matmul,
+    Op.TRANSPOSE: _copy,
+    Op.SLICE: _copy,
+    Op.EXPAND: _copy,
+    Op.TILE: _copy,
+    Op.TRILU: _copy,
+    Op.CONCAT: _copy,
+    Op.GATHER_ELEMENTS: _copy,
+    Op.GATHER_ND: _copy,
+    Op.SCATTER_ND: _copy,
+    Op.CUMSUM: _cumsum,
+    Op.RESHAPE: _reshape_copy,
+    Op.REDUCE_SUM: _reduce,
+    Op.REDUCE_MEAN: _reduce,
+    Op.REDUCE_MAX: _reduce,
+    Op.SOFTMAX: _softmax,
+    Op.LAYERNORM: _layernorm,
+    Op.RMSNORM: _rmsnorm,
+    Op.ATTENTION: _attention,
+    Op.ROPE: _rope,
+    Op.GATHER: _gather,
+    Op.FUSED: _fused,
+}
+
+
+def lower_node(ctx: Context, node: Node, label: str) -> None:
+    from fusec.passes.views import view_of
+
+    if view_of(node) is not None and all(ctx.same_storage(node.inputs[0], o) for o in node.outputs):
+        ctx.count("view")
+        return
+    fn = LOWER.get(node.op)
+    if fn is None and OP_INFO[node.op].kind in (FusionKind.ELEMENTWISE, FusionKind.BROADCAST):
+        fn = _elementwise_node
+    if fn is None:
+        raise LoweringError(f"{label}: op {node.op.value} has no GPU lowering yet (node {node.name!r})")
+    fn(ctx, node, label)
