@@ -1,7 +1,8 @@
 """Constant folding: a node whose inputs are all constants becomes a constant, computed by the
 numpy reference (``fusec.reference.eval_node``), so folding means exactly what running means.
 
-Not every such node should fold. ``FoldPolicy`` (module default ``POLICY``) says which decline:
+Not every such node should fold. ``FoldPolicy`` (module default ``POLICY``) says which decline
+(a zero-copy view of a weight, ``fusec.passes.views.view_of``, always folds: it costs nothing):
 
 - *layout ops on weights* (``LAYOUT_OPS``: TRANSPOSE, MATMUL) with any input of more than
   ``policy.max_layout_elements`` elements are left for the transpose-caching / GEMM passes, which
@@ -25,7 +26,7 @@ import numpy as np
 from fusec import reference
 from fusec.ir import Graph, Node, Value
 from fusec.ops import Op
-from fusec.passes import dce
+from fusec.passes import dce, views
 from fusec.passes.base import PassOptions, PassResult
 
 NAME = "constant_fold"
@@ -44,6 +45,8 @@ POLICY = FoldPolicy()
 
 def fold_decline_reason(node: Node, policy: FoldPolicy = POLICY) -> str | None:
     """Why an all-constant ``node`` must not be folded, or None if it may be."""
+    if views.view_of(node) is not None:
+        return None  # a zero-copy view of a weight: folding is free and keeps views out of the weights alias path
     biggest = max((v.numel for v in node.inputs), default=0)
     if node.op in LAYOUT_OPS and biggest > policy.max_layout_elements:
         return (f"{node.op.value} of a {biggest}-element weight is left to the layout passes "

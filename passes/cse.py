@@ -37,7 +37,8 @@ def _const_key(c: Value) -> tuple[Any, ...]:
 
 def _same_bytes(a: Value, b: Value) -> bool:
     assert a.data is not None and b.data is not None
-    return bool(np.array_equal(np.ascontiguousarray(a.data).view(np.uint8), np.ascontiguousarray(b.data).view(np.uint8)))
+    raw_a, raw_b = (np.ascontiguousarray(v.data).view(np.uint8) for v in (a, b))
+    return bool(np.array_equal(raw_a, raw_b))
 
 
 def dedupe_constants(graph: Graph) -> tuple[Graph, int]:

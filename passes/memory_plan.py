@@ -10,11 +10,13 @@ Contract of ``plan_memory(graph, alignment=256) -> MemoryPlan``:
 - A *storage group* is one buffer and every value that lives in it:
   * views (``fusec.passes.views.view_of``) live in their base's buffer at base + byte_offset and
     extend the buffer's life; a view of a constant aliases the weights buffer and is not in the
-    arena;
-  * in-place: an ELEMENTWISE/BROADCAST node (or a fused node made only of such ops) may write its output over an input whose whole
-    buffer dies at that node, when input and output have the same dtype and byte size, neither
-    buffer is pinned, and no *other* input of the node reads the same buffer (a kernel thread
-    could otherwise read an element another thread already overwrote).
+    arena (``offsets`` lacks it; ``alias`` names the constant). constant_fold folds such views,
+    so after the pipeline none is left;
+  * in-place: an ELEMENTWISE/BROADCAST node (or a fused node made only of such ops) may write
+    its output over an input whose whole buffer dies at that node, when input and output have
+    the same dtype and byte size, neither buffer is pinned, and no *other* input of the node
+    reads the same buffer (a kernel thread could otherwise read an element another thread
+    already overwrote).
 - Offsets: greedy by size (Pisarchyk & Lee, arXiv 2001.03288, "Greedy by Size for Offset
   Calculation"): groups in decreasing size, each into the smallest gap among the time-overlapping
   groups already placed, else above them. Sizes are rounded up to ``alignment``, so every offset

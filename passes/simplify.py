@@ -123,7 +123,8 @@ def _sweep(graph: Graph, options: PassOptions) -> tuple[Graph, int]:
                 mapping[x] = out
                 rewrites += 1
                 continue
-            options.decline(NAME, node.describe(), "no-op writes a named graph output whose source cannot be retargeted")
+            options.decline(NAME, node.describe(), "no-op writes a named graph output from an input, "
+                                                   "a constant or another output: nothing to rename")
         merged = _collapse(node, producers)
         if merged is not None:
             node = merged

@@ -89,6 +89,20 @@ def test_transpose_and_matmul_of_large_weights_are_left_to_layout_passes() -> No
     assert "layout passes" in opts.declines[0][2]
 
 
+def test_large_weight_transpose_that_is_a_view_still_folds() -> None:
+    rng = np.random.default_rng()
+    b = GraphBuilder()
+    x = b.input("x", (2, 100), DType.F32)
+    w = b.const(_rand(rng, 1, 100, 100), name="w")
+    wt = b.emit(Op.TRANSPOSE, w, perm=(1, 0, 2))  # moves only the size-1 axis: zero-copy
+    b.output(b.emit(Op.MATMUL, x, b.emit(Op.RESHAPE, wt, shape=(100, 100))), "y")
+    g = b.build()
+    opts = PassOptions()
+    res = constant_fold.run(g, opts)
+    assert [n.op for n in res.graph.nodes] == [Op.MATMUL] and opts.declines == []
+    _check_same(g, res.graph, {"x": _rand(rng, 2, 100)})
+
+
 def test_small_transpose_folds_and_policy_is_adjustable() -> None:
     rng = np.random.default_rng()
     b = GraphBuilder()
