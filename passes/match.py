@@ -189,6 +189,7 @@ class Rewriter:
         self._repl: dict[Node, list[Node]] = {}
         self._claimed: set[Node] = set()
         self._consts: list[Value] = []
+        self._redirect: dict[Value, Value] = {}
 
     def claimed(self, nodes: Iterable[Node]) -> bool:
         return any(n in self._claimed for n in nodes)
@@ -222,14 +223,28 @@ class Rewriter:
         self._claimed.update(matched)
         self._claimed.add(root)
 
+    def redirect(self, old: Value, new: Value) -> None:
+        """Every reader of ``old`` reads ``new`` instead (same type; ``old`` must not be a graph output)."""
+        assert old.shape == new.shape and old.dtype == new.dtype and old not in self.graph.outputs
+        self._redirect[old] = new
+
     @property
     def changed(self) -> bool:
-        return bool(self._repl)
+        return bool(self._repl) or bool(self._redirect)
 
     def finish(self) -> Graph:
         nodes: list[Node] = []
+        # A replacement may re-produce values of matched nodes other than its root (merge_gemms'
+        # SLICEs re-produce every branch's output): those old producers go, whoever reads them.
+        new_nodes = {m for ms in self._repl.values() for m in ms}
+        reproduced = {v for m in new_nodes for v in m.outputs}
         for n in self.graph.nodes:
-            nodes.extend(self._repl.get(n, [n]))
+            if n not in self._repl and any(v in reproduced for v in n.outputs):
+                continue
+            for m in self._repl.get(n, [n]):
+                if any(v in self._redirect for v in m.inputs):  # a new Node: never mutate the old graph's
+                    m = Node(m.op, [self._redirect.get(v, v) for v in m.inputs], m.outputs, m.attrs, m.name)
+                nodes.append(m)
         nodes = drop_dead(nodes, self.graph.outputs, candidates=self._claimed)
         g = self.graph.copy()
         g.nodes = toposort(nodes, g)

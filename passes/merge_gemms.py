@@ -1,0 +1,101 @@
+"""Horizontal GEMM merges: matrix products that read the same activation with constant [K, N_i]
+weights become ONE product with the weights concatenated along N, followed by SLICEs.
+
+Q/K/V projections (and Llama's gate/up) all read the normed hidden state: one [K, sum N_i] GEMM
+reads the activation once and launches once instead of three times. A constant bias ADD right
+after a branch (Qwen2's q/k/v bias, BERT's) is merged too, as one concatenated bias (zeros for a
+branch without one), so the epilogue fusion sees a single "GEMM + bias". Each SLICE re-produces
+its branch's original output Value, so readers are untouched; whether a SLICE costs a kernel is
+for fusion and ``views`` to decide (attention and elementwise groups read them in place).
+
+Requires ``transpose_cache``: weights must already be constants in [K, N] layout.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fusec.ir import Graph, Node, Value
+from fusec.ops import NoAttrs, Op, SliceAttrs
+from fusec.passes.base import PassOptions, PassResult
+from fusec.passes.match import Ctx, Rewriter
+
+NAME = "merge_gemms"
+REQUIRES = ("transpose_cache",)
+
+
+def _branch(ctx: Ctx, mm: Node) -> tuple[Node, Node | None, Value]:
+    """(matmul, bias ADD or None, the branch's output value)."""
+    out = mm.outputs[0]
+    users = ctx.users(out)
+    n = out.shape[-1]
+    if ctx.single_use(out) and users[0].op == Op.ADD:
+        add = users[0]
+        b = add.inputs[1] if add.inputs[0] is out else add.inputs[0]
+        if b.data is not None and b.numel == n and b.shape[-1:] == (n,) and add.outputs[0].shape == out.shape \
+                and b.dtype == out.dtype:
+            return mm, add, add.outputs[0]
+    return mm, None, out
+
+
+def run(graph: Graph, options: PassOptions) -> PassResult:
+    ctx = Ctx(graph)
+    rw = Rewriter(graph)
+    groups: dict[Value, list[Node]] = {}
+    for node in graph.nodes:
+        if node.op != Op.MATMUL:
+            continue
+        x, w = node.inputs
+        if w.data is None or len(w.shape) != 2 or x.data is not None or len(x.shape) < 2:
+            continue
+        groups.setdefault(x, []).append(node)
+    merged = 0
+    for x, mms in groups.items():
+        if len(mms) < 2:
+            continue
+        if len({m.inputs[1].dtype for m in mms}) != 1:
+            options.decline("merge_gemms", ctx.where(mms[0]), "products of one input have different weight dtypes")
+            continue
+        branches = [_branch(ctx, m) for m in mms]
+        weights = [m.inputs[1].data for m in mms]
+        big = rw.const(np.concatenate(weights, axis=1), _merged_name([m.inputs[1].name for m in mms]))
+        first = mms[0]
+        mm = rw.node(Op.MATMUL, [x, big], NoAttrs(), base=f"{first.outputs[0].name}_merged")
+        new: list[Node] = [mm]
+        y = mm.outputs[0]
+        if any(add is not None for _, add, _ in branches):
+            parts = []
+            for (m, add, _) in branches:
+                n = m.outputs[0].shape[-1]
+                if add is None:
+                    parts.append(np.zeros((n,), m.outputs[0].dtype.np))
+                else:
+                    b = add.inputs[1] if add.inputs[0] is m.outputs[0] else add.inputs[0]
+                    parts.append(np.asarray(b.data).reshape(n))
+            bias = rw.const(np.concatenate(parts), _merged_name([f"{m.inputs[1].name}.bias" for m in mms]))
+            add_node = rw.node(Op.ADD, [y, bias], NoAttrs(), base=f"{y.name}_bias")
+            new.append(add_node)
+            y = add_node.outputs[0]
+        off, last = 0, len(y.shape) - 1
+        matched: list[Node] = []
+        for (m, add, out) in branches:
+            n = m.outputs[0].shape[-1]
+            new.append(rw.node(Op.SLICE, [y], SliceAttrs((last,), (off,), (off + n,), (1,)), out=out))
+            off += n
+            matched += [m] + ([add] if add is not None else [])
+        rw.replace(first, new, matched)
+        merged += 1
+        options.bump("gemms_merged_branches", len(mms))
+    g = rw.finish() if rw.changed else graph.copy()
+    g.meta["gemms_merged"] = merged
+    options.bump("gemms_merged", merged)
+    return PassResult(g, merged > 0)
+
+
+def _merged_name(names: list[str]) -> str:
+    """``layers.0.self_attn.{q,k,v}_proj.weight``-style name: the common prefix plus the parts."""
+    prefix = names[0]
+    for n in names[1:]:
+        while not n.startswith(prefix):
+            prefix = prefix[:-1]
+    return f"{prefix}merged{len(names)}" if prefix else "merged_weight"
