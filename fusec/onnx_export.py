@@ -200,16 +200,16 @@ def _attention(ctx: _Ctx, n: Node, ins: list[str], out: str, a: Any) -> None:
         kn, vn = repeat(kn, k.shape[3]), repeat(vn, v.shape[3])
     s = ctx.add("MatMul", [qn, ctx.add("Transpose", [kn], perm=[0, 1, 3, 2])])
     s = ctx.add("Mul", [s, ctx.scalar(a.scale, f32, "attn_scale")])
-    neg_inf = ctx.scalar(-np.inf, f32, "neg_inf")
+    neg_inf = lambda: ctx.scalar(-np.inf, f32, "neg_inf")
     if len(ins) == 4:
         mask = n.inputs[3]
         if mask.dtype == DType.BOOL:
-            s = ctx.add("Where", [ins[3], s, neg_inf])
+            s = ctx.add("Where", [ins[3], s, neg_inf()])
         else:
             s = ctx.add("Add", [s, _cast(ctx, ins[3], mask.dtype, f32)])
     if a.causal:
         keep = np.tril(np.ones((seq, klen), bool), k=klen - seq)
-        s = ctx.add("Where", [ctx.const(keep, "causal"), s, neg_inf])
+        s = ctx.add("Where", [ctx.const(keep, "causal"), s, neg_inf()])
     p = ctx.add("Softmax", [s], axis=3)
     if a.nan_to_zero:
         p = ctx.add("Where", [ctx.add("IsNaN", [p]), ctx.scalar(0.0, f32, "zero"), p])

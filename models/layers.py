@@ -90,13 +90,13 @@ def rms_norm(m: Blocks, x: Value, prefix: str, dim: int, eps: float) -> Value:
     """LlamaRMSNorm/Qwen3RMSNorm, decomposed as HF writes it:
 
     h = x.to(f32); var = h.pow(2).mean(-1, keepdim=True); h = h * rsqrt(var + eps);
-    return weight * h.to(input_dtype)        (rsqrt exports as SQRT + RECIPROCAL)
+    return weight * h.to(input_dtype)        (torch exports rsqrt as Div(1, Sqrt(.)))
     """
     w = m.param(f"{prefix}.weight", (dim,), NORM)
     in_dtype = x.dtype
     h = x if in_dtype == DType.F32 else m.op(Op.CAST, x, to=DType.F32)
     var = m.op(Op.REDUCE_MEAN, m.op(Op.POW, h, m.scalar(2.0)), axes=(len(x.shape) - 1,), keepdims=True)
-    inv = m.op(Op.RECIPROCAL, m.op(Op.SQRT, m.op(Op.ADD, var, m.scalar(eps))))
+    inv = m.op(Op.DIV, m.scalar(1.0), m.op(Op.SQRT, m.op(Op.ADD, var, m.scalar(eps))))
     h = m.op(Op.MUL, h, inv)
     if in_dtype != DType.F32:
         h = m.op(Op.CAST, h, to=in_dtype)

@@ -51,9 +51,9 @@ def check_structure(g: Graph, cfg: models.ModelConfig, batch: int, seq: int) -> 
     assert hist["softmax"] == n
     if cfg.family in ("gpt2", "bert"):
         assert hist["layernorm"] == 2 * n + 1
-    else:  # RMSNorm stays decomposed, as HF writes it: one REDUCE_MEAN and one RECIPROCAL each
+    else:  # RMSNorm stays decomposed, as HF writes it: REDUCE_MEAN, SQRT and DIV(1, .) (rsqrt) each
         norms = 2 * n + 1 + (2 * n if cfg.qk_norm else 0)
-        assert hist["reduce_mean"] == hist["reciprocal"] == hist["sqrt"] == norms
+        assert hist["reduce_mean"] == hist["div"] == hist["sqrt"] == hist["pow"] == norms
         assert hist["neg"] == 2 * n and hist["concat"] == 2 * n  # rotate_half on q and k
         assert hist.get("expand", 0) == (2 * n if cfg.num_kv_heads < cfg.num_heads else 0)  # repeat_kv
     # nn.Linear projections: TRANSPOSE of a constant [out, in] weight feeding a MATMUL
