@@ -17,7 +17,23 @@ from types import ModuleType
 from typing import Any
 
 from fusec.ir import Graph, IRError, print_graph, verify
-from fusec.passes import constant_fold, cse, dce, memory_plan, precision, simplify, views
+from fusec.passes import (
+    constant_fold,
+    cse,
+    dce,
+    fusion,
+    memory_plan,
+    merge_gemms,
+    precision,
+    recognize_activations,
+    recognize_attention,
+    recognize_norms,
+    recognize_rope,
+    recognize_softmax,
+    simplify,
+    transpose_cache,
+    views,
+)
 from fusec.passes.base import PassOptions
 
 PIPELINE: list[ModuleType] = [
@@ -27,10 +43,18 @@ PIPELINE: list[ModuleType] = [
     cse,
     dce,
     # -- pattern recognition (attention, norms, GELU, RoPE ...)
+    recognize_norms,
+    recognize_activations,
+    recognize_softmax,
+    recognize_rope,
+    recognize_attention,
     # -- storage precision (after recognition: high-level ops keep fp32 math inside)
     precision,
     # -- layout: weight-transpose caching, GEMM merges
+    transpose_cache,
+    merge_gemms,
     # -- fusion grouping
+    fusion,
     # -- canonicalize what the rewrites left behind
     cse,
     dce,

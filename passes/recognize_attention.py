@@ -94,7 +94,7 @@ def _scores(ctx: Ctx, rw: Rewriter, s: Value, nodes: list[Node], new: list[Node]
     """Walk from the softmax input to Q @ K^T: (qk node, scale, additive masks already multiplied
     by any scale applied after them). Mask nodes it has to create go to ``new``."""
     scale = 1.0
-    masks: list[tuple[Value, float]] = []  # (mask, scale applied after it on the path)
+    masks: list[tuple[Value, float]] = []  # (mask, the scale applied after it on the path)
     for _ in range(12):
         n = ctx.prod(s)
         if n is None:
@@ -113,15 +113,14 @@ def _scores(ctx: Ctx, rw: Rewriter, s: Value, nodes: list[Node], new: list[Node]
                 c, a = ctx.scalar(a[0]), (a[1], a[0])
             if c is None or c == 0.0:
                 raise Decline(f"scores are scaled by a non-constant {n.op.value} ({a[1].name!r})")
-            scale = scale * c if n.op == Op.MUL else scale / c
-            masks = [(m, f * c if n.op == Op.MUL else f / c) for m, f in masks]
+            scale = scale * c if n.op == Op.MUL else scale / c  # upstream of the masks seen so far
             s = a[0]
         elif n.op == Op.ADD:
             on = [x for x in a if _leads_to_qk(ctx, x)]
             if len(on) != 1:
                 raise Decline("cannot tell the scores from the mask in an ADD")
             s = on[0]
-            masks.append((a[1] if a[0] is s else a[0], 1.0))
+            masks.append((a[1] if a[0] is s else a[0], scale))
         elif n.op == Op.WHERE:
             cond, t, f = a
             ft, ff = ctx.scalar(t), ctx.scalar(f)
@@ -131,7 +130,7 @@ def _scores(ctx: Ctx, rw: Rewriter, s: Value, nodes: list[Node], new: list[Node]
                 s, m = f, _where_mask(rw, cond, ft, 0.0, s.dtype, new)
             else:
                 raise Decline("a WHERE on the scores does not fill with -inf or finfo.min")
-            masks.append((m, 1.0))
+            masks.append((m, scale))
         else:
             raise Decline(f"unexpected {n.op.value} between Q @ K^T and the softmax")
     raise Decline("scores path too long")

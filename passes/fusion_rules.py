@@ -1,0 +1,142 @@
+"""Fusion rules: which nodes a rule proposes to group (by fusion kind, never by op name), and the
+rule-based profitability default. Legality lives in ``fusion.py``; this file only proposes.
+
+Kinds (``fusec.ops.FusionKind``): an *elementwise-like* node is ELEMENTWISE or BROADCAST; a
+*layout* node is INJECTIVE with one input (its output index is a static function of its input
+index: reshape, transpose, slice ...); any INJECTIVE node may be a *prologue* (a kernel can read
+its input through it: gather, rope, concat too). GEMM nodes anchor epilogues; REDUCE nodes anchor
+norms/softmax with their elementwise neighbours.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from fusec.ir import Node, Value
+from fusec.ops import OP_INFO, FusionKind
+
+K = FusionKind
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    name: str
+    default: bool  # the rule-based profitability default; A/B measurement may overturn it
+    why: str  # one line: what the rule fuses, and why it is (not) on by default
+
+
+RULES: dict[str, Rule] = {r.name: r for r in (
+    Rule("mlp", False, "whole MLP (GEMM -> activation -> GEMM) in one kernel: candidate only; a fused MLP "
+                       "ran 3-14x slower than cuBLAS + separate kernels (seed 004), so it must win an A/B first"),
+    Rule("norm_gemm", False, "norm as the prologue of the next GEMM: candidate only; it recomputes the "
+                             "norm per output tile, worth it only where the A/B says so (small M)"),
+    Rule("gemm_epilogue", True, "elementwise/layout consumers (bias, activation, residual, cast, output "
+                                "layout) applied to the GEMM accumulator before the store"),
+    Rule("gemm_prologue", True, "injective producers (head split/transposes, RoPE, slices of a merged "
+                                "GEMM) read in place by the GEMM/attention kernel"),
+    Rule("reduce_fusion", True, "a reduction (norm, softmax) with its elementwise prologue and epilogue "
+                                "(residual add + norm writes both outputs)"),
+    Rule("elementwise", True, "chains of elementwise/broadcast/injective ops as one memory-bound kernel"),
+)}
+
+
+def kind(n: Node) -> FusionKind:
+    return OP_INFO[n.op].kind
+
+
+def elementwise_like(n: Node) -> bool:
+    return kind(n) in (K.ELEMENTWISE, K.BROADCAST)
+
+
+def layout(n: Node) -> bool:
+    return kind(n) == K.INJECTIVE and len(n.inputs) == 1
+
+
+def is_norm(n: Node) -> bool:
+    """A REDUCE-kind op that keeps its input's shape (norms, softmax), as opposed to a reduction."""
+    return kind(n) == K.REDUCE and len(n.outputs) == 1 and n.outputs[0].shape == n.inputs[0].shape
+
+
+class View:
+    """What the rules may ask about the graph while groups are being formed."""
+
+    def __init__(self, users: Callable[[Value], list[Node]], prod: Callable[[Value], Node | None],
+                 is_output: Callable[[Value], bool], owned: Callable[[Node], bool]):
+        self.users, self.prod, self.is_output, self.owned = users, prod, is_output, owned
+
+    def sole_reader(self, v: Value) -> Node | None:
+        us = self.users(v)
+        return us[0] if len(us) == 1 and not self.is_output(v) else None
+
+    def only_read_by(self, v: Value, members: set[Node]) -> bool:
+        return not self.is_output(v) and all(u in members for u in self.users(v))
+
+
+def epilogue(view: View, anchor: Node) -> list[Node]:
+    """The chain of elementwise-like/layout sole readers after ``anchor`` with the anchor's element
+    count: each step reads the previous result and nothing else derived from the anchor."""
+    chain: list[Node] = []
+    cur = anchor.outputs[0]
+    while True:
+        u = view.sole_reader(cur)
+        if u is None or view.owned(u) or not (elementwise_like(u) or layout(u)) or len(u.outputs) != 1:
+            return chain
+        if u.outputs[0].numel != anchor.outputs[0].numel:
+            return chain
+        chain.append(u)
+        cur = u.outputs[0]
+
+
+def prologue(view: View, anchor: Node, accept: Callable[[Node], bool], members: set[Node]) -> list[Node]:
+    """Producers of ``anchor``'s (non-constant) inputs, transitively, that ``accept`` allows and whose
+    outputs only the group reads."""
+    taken: list[Node] = []
+    group = set(members) | {anchor}
+    stack = [v for v in anchor.inputs if v.data is None]
+    while stack:
+        v = stack.pop()
+        p = view.prod(v)
+        if p is None or p in group or view.owned(p) or not accept(p):
+            continue
+        if not all(view.only_read_by(o, group) for o in p.outputs):
+            continue
+        group.add(p)
+        taken.append(p)
+        stack.extend(x for x in p.inputs if x.data is None)
+    return taken
+
+
+def mlp_candidate(view: View, m2: Node) -> list[Node] | None:
+    """GEMM m1 -> elementwise/injective nodes -> GEMM m2 (both with constant weights): the members
+    from m1 to m2, or None. Everything between must be read only inside the candidate."""
+    if kind(m2) != K.GEMM or len(m2.inputs) != 2 or m2.inputs[1].data is None:
+        return None
+    between: list[Node] = []
+    gemms: list[Node] = []
+    seen: set[Node] = {m2}
+    stack = [m2.inputs[0]]
+    while stack:
+        v = stack.pop()
+        p = view.prod(v)
+        if p is None:
+            if v.data is None:
+                return None  # reaches a graph input: not an MLP body
+            continue
+        if p in seen:
+            continue
+        seen.add(p)
+        if kind(p) == K.GEMM:
+            gemms.append(p)
+            continue
+        if not (elementwise_like(p) or kind(p) == K.INJECTIVE):
+            return None
+        between.append(p)
+        stack.extend(p.inputs)
+    if len(gemms) != 1 or not between or gemms[0].inputs[1].data is None:
+        return None
+    members = set(between) | set(gemms) | {m2}
+    for n in between + gemms:
+        if not all(view.only_read_by(o, members) for o in n.outputs):
+            return None
+    return gemms + between + [m2]
