@@ -74,14 +74,15 @@ def _check_supported(loaded: LoadedModel, opset: int) -> None:
     raise ModelError(f"{loaded.label} has {sum(len(v) for v in bad.values())} unsupported node(s): " + "; ".join(parts))
 
 
-def _bind_shapes(loaded: LoadedModel, inputs: list[onnx.ValueInfoProto],
-                 shapes: Mapping[str, Sequence[int]]) -> dict[str, tuple[int, ...]]:
-    """Static shapes of the graph inputs; every mistake is an InputError naming the input."""
+def _bind_shapes(inputs: list[onnx.ValueInfoProto], shapes: Mapping[str, Sequence[int]],
+                 bound: dict[str, tuple[int, str]]) -> dict[str, tuple[int, ...]]:
+    """Static shapes of the graph inputs; every mistake is an InputError naming the input.
+
+    ``bound`` receives each symbolic dim's size and the input that bound it."""
     names = [vi.name for vi in inputs]
     for n in shapes:
         if n not in names:
             raise InputError(f"shapes names unknown input {n!r} (the model takes {', '.join(repr(x) for x in names)})")
-    bound: dict[str, tuple[int, str]] = {}  # symbolic dim -> (size, input that bound it)
     out: dict[str, tuple[int, ...]] = {}
     for vi in inputs:
         tt = vi.type.tensor_type
@@ -134,7 +135,8 @@ class _Importer:
             arr = self.loaded.to_array(t, t.name)
             self.env[t.name] = Const(arr, weight=arr.size > WEIGHT_MIN_ELEMS, name=t.name)
         real_inputs = [vi for vi in self.g.input if vi.name not in init_names]
-        static = _bind_shapes(self.loaded, real_inputs, shapes)
+        self.bound: dict[str, tuple[int, str]] = {}
+        static = _bind_shapes(real_inputs, shapes, self.bound)
         inputs = []
         for vi in real_inputs:
             et = vi.type.tensor_type.elem_type
@@ -189,8 +191,26 @@ class _Importer:
             if v.name != vi.name or v in outs or v in input_vals:
                 # an alias (Identity, no-op reshape, input passed through): copy it under its own name
                 v = self.em.op(Op.RESHAPE, [v], name=vi.name, node_name=vi.name, shape=v.shape)  # type: ignore[assignment]
+            self._check_declared(vi, v)  # type: ignore[arg-type]
             outs.append(v)  # type: ignore[arg-type]
         return outs
+
+    def _check_declared(self, vi: onnx.ValueInfoProto, v: Value) -> None:
+        """The file's declared output type must agree with what the import computed."""
+        tt = vi.type.tensor_type
+        declared = ONNX_TO_DTYPE.get(tt.elem_type)
+        problem = ""
+        if tt.elem_type and declared != v.dtype:
+            problem = f"dtype {onnx_type_name(tt.elem_type)}"
+        elif tt.HasField("shape"):
+            dims = list(tt.shape.dim)
+            want = [d.dim_value if d.HasField("dim_value") else self.bound.get(d.dim_param, (None,))[0]
+                    for d in dims]
+            if len(dims) != len(v.shape) or any(w is not None and w != g for w, g in zip(want, v.shape)):
+                problem = "shape [" + ", ".join("?" if w is None else str(w) for w in want) + "]"
+        if problem:
+            raise ModelError(f"{self.loaded.label}: graph output {vi.name!r} is declared with {problem}, "
+                             f"but the model computes {v.type_str}")
 
 
 def _live(nodes: list[Node], consts: list[Value], outputs: list[Value]) -> tuple[list[Node], list[Value]]:
