@@ -7,6 +7,7 @@ from that directory, and compare the numpy reference with torch on a batch with 
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 from pathlib import Path
@@ -18,6 +19,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers reads it: ne
 import torch  # noqa: E402
 import transformers  # noqa: E402
 from safetensors import numpy as safetensors_numpy  # noqa: E402
+from safetensors import safe_open  # noqa: E402
 
 from fusec import models, reference
 from fusec.errors import ModelError
@@ -152,3 +154,39 @@ def test_bad_checkpoints_name_the_tensor(checkpoints: dict, tmp_path: Path) -> N
         models.build("bert-tiny", weights_dir=src)
     with pytest.raises(ModelError, match="config.json"):
         models.build("gpt2-tiny", weights_dir=tmp_path)
+
+
+def test_bf16_checkpoint_loads_as_fp32(tmp_path: Path) -> None:
+    # Real Qwen3/Llama checkpoints are bf16: the loader widens them to fp32 on the host.
+    cfg = models.get_config("qwen3-tiny")
+    model = hf_model(cfg)
+    with torch.no_grad():  # make the weights bf16-representable, then compare in fp32
+        for p in model.parameters():
+            p.copy_(p.to(torch.bfloat16).to(torch.float32))
+    # Not model.to(bf16) and back: that would also round RoPE's inv_freq buffer.
+    copy.deepcopy(model).to(torch.bfloat16).save_pretrained(tmp_path, safe_serialization=True)
+    with safe_open(str(tmp_path / "model.safetensors"), framework="numpy") as f:
+        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}
+    feed = inputs(cfg.vocab_size, seed=5)
+    graph = models.build("qwen3-tiny", {k: v.shape for k, v in feed.items()}, weights_dir=tmp_path)
+    got = reference.run(graph, feed)["logits"]
+    with torch.no_grad():
+        want = model(**{k: torch.from_numpy(v) for k, v in feed.items()}).logits.numpy()
+    compare(got, want, feed["attention_mask"])
+
+
+def test_bare_model_names_and_buffers_are_accepted(checkpoints: dict, tmp_path: Path) -> None:
+    # The hub's "gpt2" checkpoint is a GPT2Model: no "transformer." prefix, plus old causal-mask
+    # buffers ("h.N.attn.bias"); both must load, and give the same graph as the prefixed one.
+    src, _ = checkpoints["gpt2-tiny"]
+
+    def bare(t: dict) -> None:
+        for k in list(t):
+            t[k.removeprefix("transformer.")] = t.pop(k)
+        t["h.0.attn.bias"] = np.tril(np.ones((1, 1, 8, 8), np.float32))
+
+    dst = _edited_checkpoint(src, tmp_path / "bare", bare)
+    a = models.build("gpt2-tiny", weights_dir=dst)
+    b = models.build("gpt2-tiny", weights_dir=src)
+    assert str(a) == str(b)
+    assert all(np.array_equal(x.data, y.data) for x, y in zip(a.constants, b.constants))
