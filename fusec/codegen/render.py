@@ -25,9 +25,12 @@ _IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 def _templates_dir() -> Path:
     # Installed wheels carry the templates as package data of fusec.templates; an editable
     # checkout has them at the top level. Both resolve through the package itself.
-    import fusec.templates as t
+    try:
+        import fusec.templates as t
 
-    return Path(t.__file__).resolve().parent
+        return Path(t.__file__).resolve().parent
+    except ImportError:  # a plain checkout on sys.path without installing: templates/ at the top
+        return Path(__file__).resolve().parents[2] / "templates"
 
 
 class Ident(str):
