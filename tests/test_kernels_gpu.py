@@ -106,7 +106,7 @@ def eval_expr(e: Expr, xs: list[np.ndarray]) -> np.ndarray:
 def _ew_cases() -> list[tuple[str, Expr, list[tuple[int, ...]], list[DType], tuple[int, ...]]]:
     cases = []
     for dt in FLOATS:
-        gelu = Apply(O.Op.GELU, (Apply(O.Op.ADD, (In(0), In(1))),))
+        gelu = Apply(O.Op.GELU, (Apply(O.Op.ADD, (In(0), In(1))),), O.GeluAttrs())
         cases.append((f"gelu_bias_{dt.value}", gelu, [(8, 33, 64), (64,)], [dt, dt], (8, 33, 64)))
         silu_mul = Apply(O.Op.MUL, (Apply(O.Op.SILU, (In(0),)), In(1)))
         cases.append((f"silu_mul_odd_{dt.value}", silu_mul, [(7, 13), (7, 13)], [dt, dt], (7, 13)))
