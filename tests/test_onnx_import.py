@@ -36,7 +36,9 @@ def _vi(name: str, elem: int, shape: list | None) -> onnx.ValueInfoProto:
 
 
 def _ort(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
-    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1  # the test machine's cores are shared
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"]).run(None, feeds)
 
 
 def _heads_model() -> onnx.ModelProto:
@@ -132,6 +134,20 @@ def test_unsupported_dtypes_name_the_value() -> None:
     m = _model(nodes, [_vi("x", F32, [3])], [_vi("y", F32, [3])], [_arr(np.array([1, 2, 3], np.int8), "w8")])
     with pytest.raises(ModelError, match="int8"):
         import_onnx(m)
+
+
+@pytest.mark.parametrize("elem", [TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.INT32])
+def test_half_and_int32_tensors_keep_their_dtype(elem: int) -> None:
+    npdt = onnx.helper.tensor_dtype_to_np_dtype(elem)
+    w = (rng.integers(1, 9, (2, 3)) * np.where(rng.random((2, 3)) < 0.5, -1, 1)).astype(npdt)
+    m = _model([helper.make_node("Mul", ["x", "w"], ["y"])], [_vi("x", elem, [2, 3])], [_vi("y", elem, [2, 3])],
+               [_arr(w, "w")])
+    g = import_onnx(m)
+    assert {v.dtype.np for v in g.values()} == {np.dtype(npdt)}
+    x = rng.integers(1, 9, (2, 3)).astype(npdt)
+    got = reference.run(g, {"x": x})["y"]
+    assert got.dtype == npdt  # small integers: exact in every one of these dtypes
+    np.testing.assert_array_equal(got.astype(np.float32), x.astype(np.float32) * w.astype(np.float32))
 
 
 def test_float64_shape_arithmetic_is_fine_when_folded() -> None:
