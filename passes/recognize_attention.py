@@ -175,8 +175,9 @@ def _peel_scale(ctx: Ctx, v: Value, nodes: list[Node]) -> tuple[Value, float]:
 def _heads_base(ctx: Ctx, v: Value, heads: int, transposed: bool) -> tuple[Value, tuple[int, ...], list[Node]] | None:
     """Trace ``v`` ([B, Hq, T, D], or [B, Hq, D, T] if ``transposed``) back through layout ops to a
     tensor ``x`` with ``transpose(x, perm)`` = [B, Hkv, T, D] of which ``v`` is a head-repeated
-    (and transposed) view. Prefers the furthest ``x`` needing no transpose; else the nearest one
-    that does (a merged transpose, as simplify leaves GPT-2's K^T, has no [B, H, T, D] value)."""
+    (and transposed) view. Prefers the furthest ``x`` needing no transpose; else the furthest one
+    that does (a merged transpose, as simplify leaves GPT-2's K^T, has no [B, H, T, D] value: one
+    new transpose of the head-split reshape replaces the chain)."""
     permuted = None
     best = None
     chain: list[Node] = []
@@ -184,11 +185,12 @@ def _heads_base(ctx: Ctx, v: Value, heads: int, transposed: bool) -> tuple[Value
     for _ in range(_MAX_CHAIN):
         if len(cur.shape) == 4:
             for perm in itertools.permutations(range(4)):
-                if (best is None or perm == _ID) and _same_layout(cur, perm, chain, v, heads, transposed):
+                if _same_layout(cur, perm, chain, v, heads, transposed):
                     if perm == _ID:
                         best = (cur, perm, list(chain))
-                    elif permuted is None:
+                    else:
                         permuted = (cur, perm, list(chain))
+                    break
         n = ctx.prod(cur)
         if n is None or n.op not in _LAYOUT_OPS:
             break
