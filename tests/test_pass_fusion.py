@@ -1,0 +1,163 @@
+"""fusion: groups by fusion kind, legality apart from profitability, records, FUSED numerics."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from fusec import reference
+from fusec.builder import GraphBuilder
+from fusec.dtypes import DType
+from fusec.ir import Graph, Value, print_graph, verify
+from fusec.ops import Op
+from fusec.passes import fusion
+from fusec.passes.base import PassOptions
+
+RNG = np.random.default_rng()
+F = DType.F32
+
+
+def _run(g: Graph, **kw) -> tuple[Graph, PassOptions]:  # type: ignore[no-untyped-def]
+    opts = PassOptions(**kw)
+    out = fusion.run(g, opts).graph
+    verify(out)
+    json.dumps(out.meta["fusions"])  # records are JSON-able
+    return out, opts
+
+
+def _same(g0: Graph, g1: Graph) -> None:
+    inputs = {v.name: RNG.standard_normal(v.shape).astype(v.dtype.np) for v in g0.inputs}
+    r0, r1 = reference.run(g0, inputs), reference.run(g1, inputs)
+    for k in r0:
+        np.testing.assert_allclose(r1[k], r0[k], rtol=1e-5, atol=1e-5)
+
+
+def _w(b: GraphBuilder, *shape: int) -> Value:
+    return b.const(RNG.standard_normal(shape).astype(np.float32), name="w")
+
+
+def _fused(g: Graph) -> list:  # type: ignore[type-arg]
+    return [n for n in g.nodes if n.op == Op.FUSED]
+
+
+def _body_ops(n) -> list[Op]:  # type: ignore[no-untyped-def]
+    return [m.op for m in n.attrs.body.nodes]
+
+
+def _block(residual_reads: int = 1) -> Graph:
+    """GPT-2 MLP block: LN -> GEMM+bias+GELU -> GEMM+bias+residual (h read again downstream)."""
+    b = GraphBuilder("block")
+    x = b.input("x", (2, 4, 16), F)
+    h = b.emit(Op.LAYERNORM, x, _w(b, 16), _w(b, 16), axis=2, eps=1e-5)
+    u = b.emit(Op.GELU, b.emit(Op.ADD, b.emit(Op.MATMUL, h, _w(b, 16, 32)), _w(b, 32)), approximate="tanh")
+    d = b.emit(Op.ADD, b.emit(Op.ADD, b.emit(Op.MATMUL, u, _w(b, 32, 16)), _w(b, 16)), x)
+    b.output(b.emit(Op.LAYERNORM, d, _w(b, 16), axis=2, eps=1e-5), "y")
+    for i in range(residual_reads - 1):
+        b.output(b.emit(Op.NEG, d), f"extra{i}")
+    return b.build()
+
+
+def test_gemm_epilogues_and_kernel_count() -> None:
+    g = _block()
+    out, opts = _run(g)
+    groups = _fused(out)
+    assert [_body_ops(n) for n in groups] == [[Op.MATMUL, Op.ADD, Op.GELU], [Op.MATMUL, Op.ADD, Op.ADD]]
+    assert all(n.attrs.rule == "gemm_epilogue" and n.attrs.kind == "gemm" for n in groups)
+    # LN, GEMM(+bias+GELU), GEMM(+bias+residual), LN
+    assert out.meta["kernels"] == 4 == opts.stats["kernels"]
+    assert "= fused[kind=gemm, rule=gemm_epilogue, body=<3 nodes>]" in print_graph(out)
+    _same(g, out)
+
+
+def test_residual_sum_read_twice_ends_the_epilogue_and_joins_the_norm_as_second_output() -> None:
+    b = GraphBuilder()
+    x = b.input("x", (3, 8), F)
+    y = b.input("y", (3, 8), F)
+    h = b.emit(Op.ADD, x, b.emit(Op.EXP, y))
+    b.output(b.emit(Op.LAYERNORM, h, _w(b, 8), axis=1, eps=1e-5), "n")
+    b.output(h, "h")  # the residual stream goes on
+    g = b.build()
+    out, _ = _run(g)
+    (node,) = _fused(out)
+    assert node.attrs.rule == "reduce_fusion" and set(_body_ops(node)) == {Op.EXP, Op.ADD, Op.LAYERNORM}
+    assert [v.name for v in node.outputs] == ["h", "n"]
+    _same(g, out)
+
+
+def test_elementwise_chain_is_one_kernel_and_views_are_free() -> None:
+    b = GraphBuilder()
+    x = b.input("x", (4, 6), F)
+    e = b.emit(Op.EXP, b.emit(Op.RESHAPE, x, shape=(6, 4)))
+    b.output(b.emit(Op.ADD, b.emit(Op.MUL, e, b.scalar(2.0, F)), b.scalar(1.0, F)), "y")
+    g = b.build()
+    out, _ = _run(g)
+    (node,) = _fused(out)
+    assert node.attrs.rule == "elementwise" and out.meta["kernels"] == 1
+    assert len(node.inputs) == 1 and len(node.attrs.body.constants) == 2  # scalars live in the body
+    _same(g, out)
+
+
+def test_legality_rejects_cycles_and_unwanted_extra_outputs() -> None:
+    b = GraphBuilder()
+    x = b.input("x", (4, 4), F)
+    a = b.emit(Op.EXP, x)
+    m = b.emit(Op.MATMUL, a, _w(b, 4, 4))
+    b.output(b.emit(Op.ADD, a, m), "y")
+    g = b.build()
+    grouping = fusion._Grouping(g, PassOptions())
+    exp_node, _, add_node = g.nodes
+    assert "cycle" in (grouping.legal({exp_node, add_node}, multi_output=True) or "")
+    assert grouping.legal({exp_node}, multi_output=False) is None
+    assert "read outside" in (grouping.legal({exp_node, g.nodes[1]}, multi_output=False) or "")
+    out, _ = _run(g)
+    _same(g, out)
+
+
+def test_disabled_rule_is_recorded_and_its_nodes_fall_back() -> None:
+    g = _block()
+    out, _ = _run(g, disabled_fusions=frozenset({"gemm_epilogue"}))
+    recs = [r for r in out.meta["fusions"] if r["rule"] == "gemm_epilogue"]
+    assert recs and all(r["decision"] == "rejected" and r["reason"] == "disabled by option" for r in recs)
+    assert all("matmul" not in [o.value for o in _body_ops(n)] for n in _fused(out))
+    assert out.meta["kernels"] > 4
+    _same(g, out)
+
+
+def test_mlp_is_a_candidate_by_default_and_applies_when_enabled() -> None:
+    g = _block()
+    out, _ = _run(g)
+    (rec,) = [r for r in out.meta["fusions"] if r["rule"] == "mlp"]
+    assert rec["decision"] == "candidate" and "seed 004" in rec["reason"] and len(rec["members"]) >= 5
+    on, _ = _run(g, enabled_fusions=frozenset({"mlp"}))
+    mlp = [n for n in _fused(on) if n.attrs.rule == "mlp"]
+    assert len(mlp) == 1 and _body_ops(mlp[0]).count(Op.MATMUL) == 2
+    assert on.meta["kernels"] == 3  # LN, MLP, LN
+    _same(g, on)
+
+
+def test_norm_gemm_candidate_applies_when_enabled() -> None:
+    g = _block()
+    out, _ = _run(g, enabled_fusions=frozenset({"norm_gemm"}))
+    ng = [n for n in _fused(out) if n.attrs.rule.startswith("norm_gemm")]
+    assert len(ng) == 1 and _body_ops(ng[0])[:2] == [Op.LAYERNORM, Op.MATMUL]
+    _same(g, out)
+
+
+def test_attention_group_takes_head_layouts() -> None:
+    b = GraphBuilder("attn")
+    x = b.input("x", (2, 5, 16), F)
+    qkv = b.emit(Op.ADD, b.emit(Op.MATMUL, x, _w(b, 16, 48)), _w(b, 48))
+    heads = []
+    for i in range(3):
+        s = b.emit(Op.SLICE, qkv, axes=(2,), starts=(16 * i,), ends=(16 * i + 16,), steps=(1,))
+        heads.append(b.emit(Op.TRANSPOSE, b.emit(Op.RESHAPE, s, shape=(2, 5, 4, 4)), perm=(0, 2, 1, 3)))
+    a = b.emit(Op.ATTENTION, *heads, scale=0.5, causal=True)
+    a = b.emit(Op.RESHAPE, b.emit(Op.TRANSPOSE, a, perm=(0, 2, 1, 3)), shape=(2, 5, 16))
+    b.output(b.emit(Op.ADD, b.emit(Op.MATMUL, a, _w(b, 16, 16)), x), "y")
+    g = b.build()
+    out, _ = _run(g)
+    assert out.meta["kernels"] == 3  # QKV GEMM+bias, attention (+layouts), out-proj GEMM+residual
+    att = next(n for n in _fused(out) if Op.ATTENTION in _body_ops(n))
+    assert att.attrs.rule == "gemm_prologue+gemm_epilogue" and _body_ops(att).count(Op.SLICE) == 3
+    _same(g, out)
