@@ -28,6 +28,7 @@ def compile(model: Any, shapes: Mapping[str, Sequence[int]] | None = None, dtype
     before each pass and each kernel compile.
     """
     from fusec.codegen.compile import default_arch, nvrtc_version
+    from fusec.inputs import input_signature
     from fusec.loader import load_graph
     from fusec.lower import lower
     from fusec.lower.legalize import legalize
@@ -61,6 +62,10 @@ def compile(model: Any, shapes: Mapping[str, Sequence[int]] | None = None, dtype
             out.append({"name": v.name, "shape": list(v.shape), "dtype": v.dtype.value, "offset": mplan.offsets[v.name]})
         return out
 
+    inputs = sig(g.inputs)
+    for rec, full in zip(inputs, input_signature(graph)):
+        rec["bound"] = full["bound"]  # lets `fusec run PLAN` draw valid random token ids
+
     manifest = {
         "fusec_version": __version__,
         "nvrtc_version": ".".join(map(str, nvrtc_version())),
@@ -69,7 +74,8 @@ def compile(model: Any, shapes: Mapping[str, Sequence[int]] | None = None, dtype
         "dtype": dtype,
         "cuda_graph": bool(cuda_graph),
         "model": g.name,
-        "inputs": sig(g.inputs),
+        "source": _source(model, shapes),
+        "inputs": inputs,
         "outputs": sig(g.outputs),
         "memory": {"arena_bytes": mplan.arena_bytes, "weights_bytes": low.weights_bytes,
                    **{k: v for k, v in mplan.summary().items() if k != "weights_bytes"}},
@@ -79,6 +85,18 @@ def compile(model: Any, shapes: Mapping[str, Sequence[int]] | None = None, dtype
         "report": rep,
     }
     return Plan(manifest, low.blobs, cuda_graph=cuda_graph)
+
+
+def _source(model: Any, shapes: Mapping[str, Sequence[int]] | None) -> dict[str, Any]:
+    """Where the plan came from, so `fusec run PLAN --check` can rebuild the reference graph."""
+    if isinstance(model, (str, os.PathLike)):
+        from fusec.loader import builtin_names
+
+        name = os.fspath(model)
+        ref = name if name in builtin_names() else os.path.abspath(name)
+    else:
+        ref = None  # an in-memory ModelProto: nothing to point back to
+    return {"model": ref, "shapes": {k: list(v) for k, v in (shapes or {}).items()}}
 
 
 def _check_arch(arch: str) -> None:

@@ -8,6 +8,7 @@ import os
 import tempfile
 import zipfile
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -44,8 +45,21 @@ def index_bound(graph: Graph, value: Value) -> int | None:
     return bound
 
 
+def input_signature(graph: Graph) -> list[dict[str, Any]]:
+    """Each graph input as {"name", "shape", "dtype", "bound"}; ``bound`` is the index bound of
+    integer inputs used as gather indices (None otherwise). Plans store this signature, so that
+    random inputs for a compiled plan follow the same rules as for its graph."""
+    return [{"name": v.name, "shape": list(v.shape), "dtype": v.dtype.value,
+             "bound": index_bound(graph, v) if v.dtype.is_int else None} for v in graph.inputs]
+
+
 def random_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
-    """Deterministic inputs (per ``seed``) that are valid for ``graph``.
+    """Deterministic inputs (per ``seed``) that are valid for ``graph``; see ``random_inputs_for``."""
+    return random_inputs_for(input_signature(graph), seed)
+
+
+def random_inputs_for(signature: list[dict[str, Any]], seed: int = 0) -> dict[str, np.ndarray]:
+    """Deterministic inputs (per ``seed``) for a signature as made by ``input_signature``.
 
     Integer inputs used as gather indices get ids uniform in [0, table size); other integer
     inputs (attention masks, say) get ones, so that nothing is masked out; floats are standard
@@ -53,20 +67,21 @@ def random_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
     """
     rng = np.random.default_rng(seed)
     out: dict[str, np.ndarray] = {}
-    for v in graph.inputs:
-        if v.dtype.is_float:
-            arr = rng.standard_normal(v.shape, dtype=np.float32).astype(v.dtype.np)
-        elif v.dtype.is_int:
-            bound = index_bound(graph, v)
+    for sig in signature:
+        dt, shape = DType(sig["dtype"]), tuple(sig["shape"])
+        if dt.is_float:
+            arr = rng.standard_normal(shape, dtype=np.float32).astype(dt.np)
+        elif dt.is_int:
+            bound = sig.get("bound")
             if bound is not None and bound > 0:
-                arr = rng.integers(0, bound, size=v.shape, dtype=v.dtype.np)
+                arr = rng.integers(0, bound, size=shape, dtype=dt.np)
             else:
-                arr = np.ones(v.shape, dtype=v.dtype.np)
-        elif v.dtype == DType.BOOL:
-            arr = np.ones(v.shape, dtype=np.bool_)
+                arr = np.ones(shape, dtype=dt.np)
+        elif dt == DType.BOOL:
+            arr = np.ones(shape, dtype=np.bool_)
         else:  # a new DType must decide what a valid random input is
-            raise NotImplementedError(f"random_inputs: no rule for dtype {v.dtype.value}")
-        out[v.name] = arr
+            raise NotImplementedError(f"random_inputs: no rule for dtype {dt.value}")
+        out[sig["name"]] = arr
     return out
 
 

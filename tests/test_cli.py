@@ -218,7 +218,7 @@ def test_run_without_gpu_notes_it_and_uses_the_reference(capsys, no_gpu) -> None
 
 def test_run_saved_outputs_equal_the_reference_on_the_same_seed(capsys, tmp_path, no_gpu) -> None:
     saved = tmp_path / "out.npz"
-    code, _, _ = call(capsys, ["run", "llama-tiny", "--backend", "reference", "--seed", "5",
+    code, _, _ = call(capsys, ["run", "llama-tiny", "--backend", "reference", "--seed", "5", "--no-optimize",
                                "--shapes", "input_ids:2x8,attention_mask:2x8", "--save-outputs", str(saved)])
     assert code == 0
     graph = load_graph("llama-tiny", {"input_ids": (2, 8), "attention_mask": (2, 8)})
@@ -237,7 +237,7 @@ def test_run_reads_inputs_from_npz(capsys, tmp_path, no_gpu) -> None:
     inputs["attention_mask"][0, :3] = 0  # left padding: not what random inputs would give
     np.savez(tmp_path / "in.npz", **inputs)
     code, out, _ = call(capsys, ["run", "qwen3-tiny", "--backend", "reference", "--inputs", str(tmp_path / "in.npz"),
-                                 "--save-outputs", str(tmp_path / "out.npz")])
+                                 "--no-optimize", "--save-outputs", str(tmp_path / "out.npz")])
     assert code == 0
     assert "inputs from" in out.splitlines()[0]
     with np.load(tmp_path / "out.npz") as z:
@@ -269,31 +269,45 @@ def test_run_explicit_cuda_without_gpu_is_an_error(capsys, no_gpu) -> None:
 def test_run_default_backend_is_cuda_when_a_gpu_is_found(capsys, monkeypatch) -> None:
     seen = {}
 
-    def fake_cuda(args, graph, inputs):
+    def fake_cuda(args, graph, inputs, plan):
         seen["inputs"] = sorted(inputs)
-        return reference.run(graph, inputs)
+        return reference.run(graph, inputs), {"launches": 1}, plan
 
     monkeypatch.setattr(device, "gpu_available", lambda: True)
     monkeypatch.setattr(run_cmd, "_run_cuda", fake_cuda)
-    code, out, err = call(capsys, ["run", "gpt2-tiny"])
+    code, out, err = call(capsys, ["run", "gpt2-tiny", "--stats"])
     assert code == 0 and err == ""
     assert "backend cuda" in out.splitlines()[0]
     assert seen["inputs"] == ["attention_mask", "input_ids"]
+    assert "stats  launches=1" in out.splitlines()
 
 
-def test_run_falls_back_to_reference_only_when_cuda_backend_is_missing_and_not_asked_for(capsys, monkeypatch) -> None:
-    def missing(args, graph, inputs):
-        raise run_cmd.CudaBackendMissing("the cuda backend is not available (test)")
+def test_run_optimized_reference_is_the_default_and_agrees_with_the_raw_graph(capsys, tmp_path, no_gpu) -> None:
+    for flag, name in (([], "opt.npz"), (["--no-optimize"], "raw.npz")):
+        code, _, err = call(capsys, ["run", "gpt2-tiny", "--backend", "reference", "--seed", "2", *flag,
+                                     "--save-outputs", str(tmp_path / name)])
+        assert code == 0, err
+    with np.load(tmp_path / "opt.npz") as a, np.load(tmp_path / "raw.npz") as b:
+        opt, raw = a["logits"], b["logits"]
+    assert np.linalg.norm(opt - raw) / np.linalg.norm(raw) < 1e-5
 
-    monkeypatch.setattr(device, "gpu_available", lambda: True)
-    monkeypatch.setattr(run_cmd, "_run_cuda", missing)
-    code, out, err = call(capsys, ["run", "gpt2-tiny"])
-    assert code == 0 and "backend reference" in out.splitlines()[0]
-    assert err == "the cuda backend is not available (test): running the numpy reference backend\n"
 
-    code, out, err = call(capsys, ["run", "gpt2-tiny", "--backend", "cuda"])
-    assert code == 1
-    assert err == "fusec: error: the cuda backend is not available (test); use --backend reference\n"
+def test_run_check_prints_the_error_against_the_reference(capsys, no_gpu) -> None:
+    code, out, err = call(capsys, ["run", "bert-tiny", "--backend", "reference", "--check"])
+    assert code == 0, err
+    line = next(ln for ln in out.splitlines() if ln.startswith("check  last_hidden_state"))
+    assert float(line.split("max relative error ")[1].split()[0]) < 1e-5
+
+
+def test_a_plan_file_needs_a_gpu_and_the_cuda_backend(capsys, tmp_path, no_gpu) -> None:
+    import fusec
+
+    path = tmp_path / "g.fplan"
+    fusec.compile("gpt2-tiny", dtype="fp32", arch="sm_90").save(path)
+    code, _, err = call(capsys, ["run", str(path)])
+    assert code == 1 and err.startswith("fusec: error: no GPU found")
+    code, _, err = call(capsys, ["run", str(path), "--backend", "reference"])
+    assert code == 1 and "runs on the cuda backend" in err
 
 
 def test_summarize_counts_nonfinite_values() -> None:

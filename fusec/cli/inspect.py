@@ -15,7 +15,8 @@ from fusec.cli._common import add_command, add_model_arguments, fmt_name, load_m
 from fusec.ir import Graph
 
 # Keys the text renderer lays out itself; any other key is rendered generically.
-_CORE_KEYS = ("model", "graph", "inputs", "outputs", "parameters", "weights_bytes", "constants", "nodes", "ops")
+_CORE_KEYS = ("model", "graph", "inputs", "outputs", "parameters", "weights_bytes", "constants", "nodes", "ops",
+              "imported_ops", "fusions")
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -50,15 +51,70 @@ def build_report(graph: Graph, model: str) -> dict[str, Any]:
     return report
 
 
+def optimized_report(graph: Graph) -> dict[str, Any]:
+    """What compilation makes of ``graph``: the optimized op histogram, the exact number of
+    kernel launches, patterns, fusion decisions, transposes cached, GEMMs merged, memory."""
+    from fusec.lower import lower
+    from fusec.lower.legalize import legalize
+    from fusec.passes.memory_plan import plan_memory
+    from fusec.passes.pipeline import optimize, report
+
+    g, opts = optimize(graph)
+    g = legalize(g)
+    rep = report(g, opts)
+    low = lower(g, plan_memory(g).offsets, "sm_90", dry_run=True)
+    rep["kernels"] = low.report["launches"]
+    rep["kernels_by_kind"] = low.report["by_template"]
+    rep.setdefault("transposes_cached", 0)
+    rep.setdefault("gemms_merged", 0)
+    rep.setdefault("patterns", {})
+    rep.setdefault("fusions", [])
+    if "fused_split" in g.meta:
+        rep["fused_split"] = g.meta["fused_split"]
+    return rep
+
+
 def run(args: argparse.Namespace) -> int:
+    from fusec.cli.run import load_plan_or_none
+
+    plan = load_plan_or_none(args.model)
+    if plan is not None:
+        report = {"model": args.model, **plan.info()}
+        print(json.dumps(report, indent=2, ensure_ascii=True) if args.json else render_plan(report))
+        return 0
     graph = load_model(args)
     report = build_report(graph, args.model)
+    opt = optimized_report(graph)
+    report["imported_ops"] = report["ops"]
+    report["ops"] = opt.pop("ops")
+    report["nodes"] = opt.pop("nodes")
+    for key in ("name", "constants", "parameters", "declines", "stats", "passes"):
+        opt.pop(key, None)
+    report.update(opt)
     if args.json:
         # ensure_ascii: names from model files come out as \\uXXXX escapes, valid on any terminal
         print(json.dumps(report, indent=2, ensure_ascii=True))
     else:
         print(render_text(report))
     return 0
+
+
+def render_plan(report: dict[str, Any]) -> str:
+    mem = report["memory"]
+    lines = [f"plan        {fmt_name(report['model'])}",
+             f"arch        {report['arch']}   dtype {report['dtype']}   fusec {report.get('fusec_version')}"
+             + ("   cuda-graph" if report.get("cuda_graph") else ""),
+             f"memory      arena {_bytes(mem['arena_bytes'])}, weights {_bytes(mem['weights_bytes'])}"]
+    for key in ("inputs", "outputs"):
+        lines.append(f"{key}:")
+        for v in report[key]:
+            lines.append(f"  {fmt_name(v['name'])}  {v['dtype']}[{','.join(str(d) for d in v['shape'])}]")
+    lines.append(f"kernels ({report['launches']} launches per run):")
+    for k in report["kernels"]:
+        geo = f"grid {k['grid']} block {k['block']} smem {k['smem']}" if "grid" in k else \
+            f"m={k['m']} n={k['n']} k={k['k']} batch={k['batch']}"
+        lines.append(f"  {k['label']:<28} {k['name']:<28} {geo}")
+    return "\n".join(lines)
 
 
 def _bytes(n: int) -> str:

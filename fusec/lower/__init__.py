@@ -68,7 +68,9 @@ class WeightPacker:
 class Context:
     """What a node lowering needs: addresses, kernel registration, launch emission."""
 
-    def __init__(self, arch: str, offsets: dict[str, int], compute: str, progress: Callable[[str], None] | None):
+    def __init__(self, arch: str, offsets: dict[str, int], compute: str, progress: Callable[[str], None] | None,
+                 dry_run: bool = False):
+        self.dry_run = dry_run  # count launches, compile nothing (for `fusec inspect MODEL`)
         self.arch = arch
         self.offsets = offsets
         self.compute = compute  # "f32" or "tf32": math mode of fp32 matrix products
@@ -94,10 +96,20 @@ class Context:
     def aligned(self, *vals: Value, to: int = 16) -> bool:
         return all(self.addr(v)[1] % to == 0 for v in vals)
 
-    def kernel(self, spec: Any, args: list[Value], label: str) -> None:
+    def ptr(self, arg: Value | tuple[Value, int]) -> list[Any]:
+        """A launch argument: a value's address, or (value, element offset) into it."""
+        v, elems = arg if isinstance(arg, tuple) else (arg, 0)
+        space, off = self.addr(v)
+        return ["ptr", space, off + elems * v.dtype.itemsize]
+
+    def kernel(self, spec: Any, args: list[Value | tuple[Value, int]], label: str) -> None:
         """Compile ``spec`` (once per distinct kernel) and append its launch over ``args``."""
         from fusec.codegen.kernels import build
 
+        if self.dry_run:
+            self.launches.append({"type": "kernel", "label": label})
+            self.count(type(spec).__name__)
+            return
         ck = build(spec, self.arch)
         idx = self._kernel_index.get(ck.name)
         if idx is None:
@@ -114,7 +126,7 @@ class Context:
         if len(args) != len(ck.params):
             raise LoweringError(f"{label}: kernel {ck.name} takes {len(ck.params)} pointers, lowering gave {len(args)}")
         self.launches.append({"type": "kernel", "kernel": idx, "grid": list(ck.grid), "block": list(ck.block),
-                              "smem": ck.shared_mem, "args": [["ptr", *self.addr(v)] for v in args], "label": label})
+                              "smem": ck.shared_mem, "args": [self.ptr(a) for a in args], "label": label})
         self.count(ck.template.split(".")[0])
 
     def gemm(self, fields: dict[str, Any], a: Value, b: Value, c: Value, label: str) -> None:
@@ -127,11 +139,12 @@ class Context:
 
 
 def lower(graph: Graph, offsets: dict[str, int], arch: str, compute: str = "f32",
-          progress: Callable[[str], None] | None = None) -> Lowered:
-    """Lower every node of ``graph`` (in order) against the memory plan's ``offsets``."""
+          progress: Callable[[str], None] | None = None, dry_run: bool = False) -> Lowered:
+    """Lower every node of ``graph`` (in order) against the memory plan's ``offsets``.
+    ``dry_run``: decide every launch but compile nothing (the launch records are placeholders)."""
     from fusec.lower.nodes import lower_node
 
-    ctx = Context(arch, offsets, compute, progress)
+    ctx = Context(arch, offsets, compute, progress, dry_run)
     for i, node in enumerate(graph.nodes):
         lower_node(ctx, node, label=_label(i, node))
     weights = ctx.weights.blob()

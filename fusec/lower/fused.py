@@ -1,50 +1,175 @@
-"""Fused nodes: which bodies one template covers (``can_lower``), and their lowering.
+"""Fused nodes: which bodies one kernel covers (``plan_for``) and how they are lowered.
 
-A body of elementwise/broadcast ops with one output becomes one elementwise kernel whose
-expression tree is the body (scalar constants become literals, tensor constants extra operands;
-``expand`` is the identity there, since broadcasting composes). Bodies that no template covers
-are split back into their members before memory planning (``fusec.lower.legalize``).
+- elementwise: a body of elementwise/broadcast ops, plus transposes, expands and reshapes that
+  only add or drop size-1 axes, becomes one elementwise kernel. Each leaf read is an operand with
+  its own strides over the output's iteration space (scalar constants become literals).
+- gemm epilogue: MATMUL followed by an elementwise chain: the matrix product (cuBLAS) writes the
+  node's output, then one elementwise kernel applies the whole epilogue in place.
+- attention layout: ATTENTION with the slices/reshapes/transposes that bring q/k/v (and the mask)
+  into [B, H, S, D] and the output back: the attention kernel reads and writes through strides.
+- add + norm: ADD feeding LAYERNORM/RMSNORM, both outputs kept: one row kernel.
+
+Bodies that none covers are split back into their members before memory planning
+(``fusec.lower.legalize``), and reported.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+from fusec.codegen import specs as S
 from fusec.codegen.elementwise import CUDA_EXPR, Apply, Const, Expr, In
 from fusec.ir import Graph, Node, Value
 from fusec.lower import Context, LoweringError
+from fusec.lower import layout as L
 from fusec.ops import OP_INFO, FusionKind, Op
 
-
-def body_expr(body: Graph) -> tuple[Expr, list[Value]] | None:
-    """The body as one expression over its inputs (+ tensor constants), or None if it is not one."""
-    if len(body.outputs) != 1:
-        return None
-    env: dict[Value, Expr] = {v: In(i) for i, v in enumerate(body.inputs)}
-    extra: list[Value] = []
-    for c in body.constants:
-        assert c.data is not None
-        if c.numel == 1:
-            env[c] = Const(c.data.reshape(()).item(), c.dtype)
-        else:
-            env[c] = In(len(body.inputs) + len(extra))
-            extra.append(c)
-    for n in body.nodes:
-        if n.op == Op.EXPAND:
-            env[n.output] = env[n.inputs[0]]
-            continue
-        if OP_INFO[n.op].kind not in (FusionKind.ELEMENTWISE, FusionKind.BROADCAST) or n.op not in CUDA_EXPR:
-            return None
-        env[n.output] = Apply(n.op, tuple(env[v] for v in n.inputs), n.attrs)
-    return env[body.outputs[0]], extra
+_ELEMENTWISE = (FusionKind.ELEMENTWISE, FusionKind.BROADCAST)
 
 
-def plan_for(node: Node) -> Any:
+class _NoPlan(Exception):
+    pass
+
+
+@dataclasses.dataclass
+class IndexedExpr:
+    """An expression over operands that each read a value through strides of the iteration space."""
+
+    expr: Expr
+    operands: list[tuple[Value, tuple[int, ...]]]  # (body value it reads, strides over out dims)
+    plain: bool  # every operand is a plain broadcast (no transpose/reshape): vectorizable path
+
+
+def index_expr(body: Graph, out: Value, leaves: dict[Value, Any] | None = None) -> IndexedExpr:
+    """``out`` (a body value) as an expression over body inputs (and ``leaves``), or _NoPlan."""
+    producers = body.producers()
+    operands: list[tuple[Value, tuple[int, ...]]] = []
+    index: dict[tuple[int, tuple[int, ...]], int] = {}
+    plain = [True]
+    rank = len(out.shape)
+
+    def operand(v: Value, rows: tuple[int | None, ...]) -> Expr:
+        cs = L.View.contiguous(v.shape).strides
+        strides = [0] * max(rank, 1)
+        for j, d in enumerate(rows):
+            if d is not None:
+                strides[d] += cs[j]
+        key = (id(v), tuple(strides))
+        if key not in index:
+            index[key] = len(operands)
+            operands.append((v, tuple(strides)))
+        return In(index[key])
+
+    def go(v: Value, rows: tuple[int | None, ...]) -> Expr:
+        if v.is_const and v.numel == 1:
+            assert v.data is not None
+            return Const(v.data.reshape(()).item(), v.dtype)
+        n = producers.get(v)
+        if n is None or (leaves is not None and v in leaves):
+            return operand(v, rows)
+        if n.op == Op.TRANSPOSE:
+            x_rows: list[int | None] = [None] * len(rows)
+            for k, p in enumerate(n.attrs.perm):
+                x_rows[p] = rows[k]
+            plain[0] = False
+            return go(n.inputs[0], tuple(x_rows))
+        if n.op == Op.RESHAPE:
+            x = n.inputs[0]
+            big_v = [j for j, d in enumerate(v.shape) if d != 1]
+            big_x = [j for j, d in enumerate(x.shape) if d != 1]
+            if [v.shape[j] for j in big_v] != [x.shape[j] for j in big_x]:
+                raise _NoPlan("reshape that regroups axes")
+            x_rows = [None] * len(x.shape)
+            for jv, jx in zip(big_v, big_x):
+                x_rows[jx] = rows[jv]
+            plain[0] = False
+            return go(x, tuple(x_rows))
+        if n.op == Op.EXPAND or (OP_INFO[n.op].kind in _ELEMENTWISE and n.op in CUDA_EXPR):
+            args = []
+            for x in (n.inputs[:1] if n.op == Op.EXPAND else n.inputs):
+                off = len(v.shape) - len(x.shape)
+                args.append(go(x, tuple(rows[j + off] if x.shape[j] == v.shape[j + off] else None
+                                        for j in range(len(x.shape)))))
+            return args[0] if n.op == Op.EXPAND else Apply(n.op, tuple(args), n.attrs)
+        raise _NoPlan(f"{n.op.value} inside an elementwise body")
+
+    expr = go(out, tuple(range(rank)))
+    return IndexedExpr(expr, operands, plain[0])
+
+
+# ---- attention with its layout ------------------------------------------------------------------
+
+def _view_from_input(body: Graph, v: Value) -> tuple[int, L.View]:
+    """Follow layout ops back from ``v`` to a body input: (input index, view of v in that input)."""
+    producers = body.producers()
+    chain = []
+    while v not in body.inputs:
+        n = producers.get(v)
+        if n is None:
+            raise _NoPlan("attention operand is a constant inside the body")
+        chain.append(n)
+        v = n.inputs[0]
+    view: L.View | None = L.View.contiguous(v.shape)
+    for n in reversed(chain):
+        view = L.apply(view, n) if view is not None else None
+    if view is None:
+        raise _NoPlan("attention operand is not a strided view of a body input")
+    return body.inputs.index(v), view
+
+
+def _attention_plan(body: Graph) -> dict[str, Any]:
+    attn = [n for n in body.nodes if n.op == Op.ATTENTION]
+    if len(attn) != 1 or len(body.outputs) != 1:
+        raise _NoPlan("not one attention with one output")
+    a = attn[0]
+    users = body.users()
+    operands = [_view_from_input(body, x) for x in a.inputs]
+    # output: follow single-user layout ops forward to the body output, then invert from there
+    chain, v = [], a.output
+    while v is not body.outputs[0]:
+        us = users.get(v, [])
+        if len(us) != 1 or us[0].op not in (Op.TRANSPOSE, Op.RESHAPE):
+            raise _NoPlan("attention output reaches the group output through other ops")
+        chain.append(us[0])
+        v = us[0].output
+    oview: L.View | None = L.View.contiguous(body.outputs[0].shape)
+    for n in reversed(chain):
+        oview = L.inverse(oview, n) if oview is not None else None
+    if oview is None:
+        raise _NoPlan("attention output layout is not a strided view")
+    for _, view in operands[:3] + [(0, oview)]:
+        if view.strides[-1] != 1:
+            raise _NoPlan("attention operands need a contiguous head dim")
+    return {"node": a, "operands": operands, "out": oview}
+
+
+# ---- planning -------------------------------------------------------------------------------------
+
+def plan_for(node: Node) -> tuple[str, Any] | None:
     """How a fused node is lowered, or None when no single template covers its body."""
-    body = node.attrs.body
-    found = body_expr(body)
-    if found is not None:
-        return ("elementwise", found)
+    body: Graph = node.attrs.body
+    ops = [n.op for n in body.nodes]
+    try:
+        if Op.ATTENTION in ops:
+            return ("attention", _attention_plan(body))
+        if ops and ops[0] == Op.MATMUL and Op.MATMUL not in ops[1:] and len(body.outputs) == 1:
+            mm = body.nodes[0]
+            out = body.outputs[0]
+            if mm.output is out:
+                raise _NoPlan("no epilogue")
+            if out.shape != mm.output.shape or out.dtype != mm.output.dtype:
+                raise _NoPlan("epilogue changes the shape or dtype of the product")
+            return ("gemm_epilogue", (mm, index_expr(body, out, leaves={mm.output: True})))
+        if len(body.nodes) == 2 and ops[0] == Op.ADD and ops[1] in (Op.LAYERNORM, Op.RMSNORM):
+            add, norm = body.nodes
+            if norm.inputs[0] is add.output and len(body.outputs) == 2 and add.inputs[0].shape == add.inputs[1].shape:
+                return ("add_norm", (add, norm))
+            raise _NoPlan("add + norm without both outputs")
+        if len(body.outputs) == 1:
+            return ("elementwise", index_expr(body, body.outputs[0]))
+    except _NoPlan:
+        return None
     return None
 
 
@@ -53,14 +178,91 @@ def can_lower(node: Node) -> bool:
 
 
 def lower_fused(ctx: Context, node: Node, label: str) -> None:
+    from fusec.lower import nodes as N
+
     plan = plan_for(node)
     if plan is None:
         raise LoweringError(f"{label}: fused group ({node.attrs.rule}) has no single-kernel lowering; "
                             f"legalize should have split it")
     kind, detail = plan
+    body: Graph = node.attrs.body
+    outer = dict(zip(body.inputs, node.inputs))
+    outer.update({c: c for c in body.constants})
+    label = f"{label} fused[{node.attrs.rule}]"
     if kind == "elementwise":
+        _emit_indexed(ctx, detail, outer, node.output, label)
+    elif kind == "gemm_epilogue":
+        mm, iexpr = detail
+        outer[mm.output] = node.output
+        N.lower_node(ctx, Node(Op.MATMUL, [outer[x] for x in mm.inputs], [node.output], mm.attrs), label)
+        _emit_indexed(ctx, iexpr, outer, node.output, label + " epilogue")
+    elif kind == "attention":
+        _emit_attention(ctx, detail, node, label)
+    elif kind == "add_norm":
+        add, norm = detail
+        x, res = (outer[v] for v in add.inputs)
+        sum_out, out = (node.outputs[body.outputs.index(v)] for v in (add.output, norm.output))
+        w = [outer[v] for v in norm.inputs[1:]]
+        cols = _norm_cols(norm)
+        kind_ = "add_layernorm" if norm.op == Op.LAYERNORM else "add_rmsnorm"
+        extra = {"has_bias": len(w) > 1} if norm.op == Op.LAYERNORM else {"weight_offset": float(norm.attrs.weight_offset)}
+        spec = S.RowReduceSpec(kind_, x.numel // cols, cols, x.dtype, w_dtype=w[0].dtype, eps=float(norm.attrs.eps), **extra)
+        ctx.kernel(spec, [x, res, *w, sum_out, out], label)
+    ctx.count("fused_" + kind)
+
+
+def _norm_cols(norm: Node) -> int:
+    x = norm.inputs[0]
+    return x.numel // _prod(x.shape[: norm.attrs.axis]) if norm.op == Op.LAYERNORM else x.shape[-1]
+
+
+def _prod(xs: tuple[int, ...]) -> int:
+    out = 1
+    for d in xs:
+        out *= d
+    return out
+
+
+def _emit_indexed(ctx: Context, ie: IndexedExpr, outer: dict[Value, Value], out: Value, label: str) -> None:
+    vals = [outer.get(v, v) for v, _ in ie.operands]
+    if ie.plain:  # standard broadcasting only: let the spec merge dims and vectorize
+        spec = S.elementwise_spec(ie.expr, [v.shape for v in vals], [v.dtype for v in vals], out.shape,
+                                  vectorize=ctx.aligned(out, *vals))
+        ctx.kernel(spec, [*vals, out], label)
+        return
+    shape = out.shape if out.shape else (1,)
+    operands = tuple(S.Operand(v.dtype, st if out.shape else (0,)) for v, (_, st) in zip(vals, ie.operands))
+    spec = S.ElementwiseSpec(ie.expr, shape, operands, out.dtype, 1)
+    ctx.kernel(spec, [*vals, out], label)
+
+
+def _emit_attention(ctx: Context, plan: dict[str, Any], node: Node, label: str) -> None:
+    a: Node = plan["node"]
+    (qi, qv), (ki, kv), (vi, vv) = plan["operands"][:3]
+    B, Hq, S_, D = qv.shape
+    Hkv, T = kv.shape[1], kv.shape[2]
+    ins = node.inputs
+    args: list[Any] = [(ins[qi], qv.offset), (ins[ki], kv.offset), (ins[vi], vv.offset)]
+    mkind, mdt, mst = "none", None, (0, 0, 0, 0)
+    if len(plan["operands"]) > 3:
+        mi, mview = plan["operands"][3]
+        full = L.broadcast_to(mview, (B, Hq, S_, T))
+        if full is None:
+            raise LoweringError(f"{label}: attention mask does not broadcast")
+        mask = ins[mi]
+        mkind = "bool" if mask.dtype.value == "bool" else "additive"
+        mdt, mst = mask.dtype, full.strides
+        args.append((mask, mview.offset))
+    ov = plan["out"]
+    args.append((node.output, ov.offset))
+    spec = S.AttentionSpec(B, Hq, Hkv, S_, T, D, ins[qi].dtype, float(a.attrs.scale), causal=bool(a.attrs.causal),
+                           mask=mkind, mask_dtype=mdt, mask_strides=mst,  # type: ignore[arg-type]
+                           q_strides=qv.strides[:3], k_strides=kv.strides[:3], v_strides=vv.strides[:3],  # type: ignore[arg-type]
+                           o_strides=ov.strides[:3])  # type: ignore[arg-type]
+    ctx.kernel(spec, args, label)
+    if a.attrs.nan_to_zero:
         from fusec.lower.nodes import elementwise
 
-        expr, extra = detail
-        elementwise(ctx, expr, [*node.inputs, *extra], node.output, label + f" fused[{node.attrs.rule}]")
-        ctx.count("fused_one_kernel")
+        out = node.output
+        fix = Apply(Op.WHERE, (Apply(Op.ISNAN, (In(0),)), Const(0.0, out.dtype), In(0)))
+        elementwise(ctx, fix, [out], out, label + " nan_to_zero")

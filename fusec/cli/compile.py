@@ -1,0 +1,97 @@
+"""``fusec compile MODEL -o PLAN``: compile a model into a plan file (works without a GPU)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Any
+
+from fusec.cli._common import add_command, add_model_arguments, fmt_name
+from fusec.errors import InputError
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = add_command(
+        subparsers, "compile", "compile a model into a runnable plan file (.fplan)",
+        "Import MODEL, run the optimization passes (pattern recognition, weight-transpose caching,\n"
+        "fusion, memory planning), render and compile the CUDA kernels with NVRTC for --arch, and\n"
+        "write one plan file: manifest, weights, kernel sources and binaries (no pickle).\n"
+        "Works on a machine without a GPU (cross-compiles; --arch defaults to the current GPU's,\n"
+        "else sm_90). Progress goes to stderr.",
+        ["fusec compile gpt2-small -o gpt2.fplan --dtype fp16 --cuda-graph",
+         "fusec compile model.onnx -o m.fplan --shapes input_ids:8x128,attention_mask:8x128 --arch sm_80",
+         "fusec compile gpt2-tiny -o g.fplan --dump-dir dumps/ --disable-fusion gemm_epilogue"])
+    add_model_arguments(p)
+    add_compile_arguments(p)
+    p.add_argument("-o", "--output", metavar="PLAN", required=True, help="the plan file to write (.fplan)")
+    return p
+
+
+def add_compile_arguments(p: argparse.ArgumentParser) -> None:
+    """Options shared by every command that compiles (compile, run, bench)."""
+    p.add_argument("--dtype", choices=("fp32", "tf32", "fp16", "bf16"), default="fp16",
+                   help="storage/math of float tensors (fp32 accumulation always; tf32: fp32 storage, "
+                        "tf32 matrix products); default fp16")
+    p.add_argument("--arch", metavar="sm_XX", default=None, help="target GPU architecture (default: current GPU, else sm_90)")
+    p.add_argument("--cuda-graph", action="store_true", help="capture the launch list once and replay it as a CUDA graph")
+    p.add_argument("--dump-dir", metavar="DIR", default=None, help="write the graph after each pass as DIR/NN-<pass>.txt")
+    p.add_argument("--disable-fusion", metavar="RULE", action="append", default=[], help="turn a fusion rule off (repeatable)")
+    p.add_argument("--enable-fusion", metavar="RULE", action="append", default=[], help="turn a fusion rule on (repeatable)")
+
+
+class Progress:
+    """One status line on stderr (rewritten in place on a terminal, a line per stage otherwise)."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stderr.isatty()
+        self.counts: dict[str, int] = {}
+        self.t0 = time.perf_counter()
+        self._stage = ""
+
+    def __call__(self, stage: str, item: str) -> None:
+        self.counts[stage] = self.counts.get(stage, 0) + 1
+        if self.tty:
+            msg = f"\r[{time.perf_counter() - self.t0:6.1f}s] {stage} {self.counts[stage]}: {item[:60]}"
+            sys.stderr.write(msg.ljust(90))
+            sys.stderr.flush()
+        elif stage != self._stage:
+            print(f"[{time.perf_counter() - self.t0:6.1f}s] {stage}s ...", file=sys.stderr)
+        self._stage = stage
+
+    def done(self) -> str:
+        if self.tty:
+            sys.stderr.write("\r" + " " * 90 + "\r")
+        parts = ", ".join(f"{n} {k}{'es' if k == 'pass' else 's'}" for k, n in self.counts.items())
+        return f"{parts} in {time.perf_counter() - self.t0:.1f}s"
+
+
+def compile_from_args(args: argparse.Namespace, progress: Progress | None = None):
+    import fusec
+    from fusec.shapes import parse_shapes
+
+    shapes = parse_shapes(args.shapes) if args.shapes is not None else None
+    return fusec.compile(args.model, shapes=shapes, dtype=args.dtype, cuda_graph=args.cuda_graph, arch=args.arch,
+                         disabled_fusions=args.disable_fusion, enabled_fusions=args.enable_fusion,
+                         dump_dir=args.dump_dir, progress=progress)
+
+
+def run(args: argparse.Namespace) -> int:
+    out_dir = os.path.dirname(os.path.abspath(args.output))
+    if not os.path.isdir(out_dir):
+        raise InputError(f"cannot write plan {args.output!r}: directory {out_dir!r} does not exist")
+    from fusec import device
+
+    progress = Progress()
+    plan = compile_from_args(args, progress)
+    plan.save(args.output)
+    info = plan.info()
+    mem = info["memory"]
+    print(f"compiled {fmt_name(args.model)} -> {fmt_name(args.output)} ({progress.done()})")
+    print(f"  arch {info['arch']}  dtype {info['dtype']}  launches {info['launches']}  "
+          f"arena {mem['arena_bytes']:,} B  weights {mem['weights_bytes']:,} B"
+          + ("  cuda-graph" if plan.cuda_graph else ""))
+    if not device.gpu_available():
+        print("  no GPU found: compiled for the target arch only; run it on a GPU with `fusec run`", file=sys.stderr)
+    return 0
