@@ -142,8 +142,15 @@ def test_inspect_json_builtin(capsys) -> None:
     assert report["outputs"] == [{"name": "logits", "shape": [1, 16, 1000], "dtype": "f32"}]
     assert report["parameters"] == graph.num_parameters > 100_000
     assert report["weights_bytes"] == graph.weight_bytes >= 4 * report["parameters"]
-    assert report["ops"] == graph.op_histogram() and report["ops"]["matmul"] > 0
-    assert sum(report["ops"].values()) == report["nodes"] == len(graph.nodes)
+    assert report["imported_ops"] == graph.op_histogram() and report["imported_ops"]["matmul"] > 0
+    # the optimized graph (issue 3's contract): patterns recognized, kernels counted, memory planned
+    assert sum(report["ops"].values()) == report["nodes"] < len(graph.nodes)
+    assert report["patterns"]["attention"] == 2 and report["patterns"]["layernorm"] == 5
+    assert isinstance(report["kernels"], int) and 0 < report["kernels"] < len(graph.nodes)
+    assert all({"name", "kind", "members", "decision", "reason"} <= set(f) for f in report["fusions"])
+    mem = report["memory"]
+    assert mem["lower_bound_bytes"] <= mem["planned_bytes"] <= 1.1 * mem["lower_bound_bytes"] < mem["naive_bytes"]
+    assert isinstance(report["transposes_cached"], int) and isinstance(report["gemms_merged"], int)
 
 
 def test_inspect_text_builtin_with_shapes(capsys) -> None:
