@@ -26,6 +26,7 @@ from fusec.lower import layout as L
 from fusec.ops import OP_INFO, FusionKind, Op
 
 _ELEMENTWISE = (FusionKind.ELEMENTWISE, FusionKind.BROADCAST)
+_LAYOUT = (Op.SLICE, Op.RESHAPE, Op.TRANSPOSE, Op.EXPAND)
 
 
 class _NoPlan(Exception):
@@ -153,6 +154,14 @@ def plan_for(node: Node) -> tuple[str, Any] | None:
     try:
         if Op.ATTENTION in ops:
             return ("attention", _attention_plan(body))
+        if ops.count(Op.ROPE) == 1 and all(o == Op.ROPE or o in _LAYOUT for o in ops) and len(body.outputs) == 1:
+            rope = next(n for n in body.nodes if n.op == Op.ROPE)
+            if rope.output is not body.outputs[0] or any(x not in body.inputs for x in rope.inputs[1:]):
+                raise _NoPlan("rope must be the group's output and read cos/sin directly")
+            xi, xview = _view_from_input(body, rope.inputs[0])
+            if len(xview.shape) != 4 or xview.strides[-1] != 1:
+                raise _NoPlan("rope input is not a [B, H, S, D] view with contiguous D")
+            return ("rope", (rope, xi, xview))
         if ops and ops[0] == Op.MATMUL and Op.MATMUL not in ops[1:] and len(body.outputs) == 1:
             mm = body.nodes[0]
             out = body.outputs[0]
@@ -198,6 +207,18 @@ def lower_fused(ctx: Context, node: Node, label: str) -> None:
         _emit_indexed(ctx, iexpr, outer, node.output, label + " epilogue")
     elif kind == "attention":
         _emit_attention(ctx, detail, node, label)
+    elif kind == "rope":
+        rope, xi, xview = detail
+        cos, sin = (outer[v] for v in rope.inputs[1:])
+        out = node.output
+        B, H, S_, D = out.shape
+        full = (B, H, S_, rope.attrs.rotary_dim)
+        cst = L.broadcast_to(L.View.contiguous(cos.shape), full)
+        if cst is None or cst.strides[1] != 0 or cst.strides[3] != 1 or cos.shape != sin.shape:
+            raise LoweringError(f"{label}: rope cos/sin layout {list(cos.shape)} is not supported")
+        spec = S.RopeSpec(B, H, S_, D, rope.attrs.rotary_dim, out.dtype, xview.strides[:3],  # type: ignore[arg-type]
+                          L.View.contiguous(out.shape).strides[:3], (cst.strides[0], cst.strides[2]), cos.dtype)  # type: ignore[arg-type]
+        ctx.kernel(spec, [(node.inputs[xi], xview.offset), cos, sin, out], label)
     elif kind == "add_norm":
         add, norm = detail
         x, res = (outer[v] for v in add.inputs)
