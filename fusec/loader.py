@@ -28,7 +28,7 @@ def builtin_names() -> list[str]:
     return list(names()) if names is not None else []
 
 
-def load_graph(model: str | os.PathLike[str] | onnx.ModelProto,
+def load_graph(model: str | os.PathLike[str] | onnx.ModelProto | Graph,
                shapes: Mapping[str, Sequence[int]] | None = None) -> Graph:
     """Load ``model`` as a Graph; ``shapes`` fixes input shapes by input name.
 
@@ -36,7 +36,12 @@ def load_graph(model: str | os.PathLike[str] | onnx.ModelProto,
     fit the model (unknown input name, wrong rank, different dims).
     """
     shapes = {k: tuple(int(d) for d in v) for k, v in shapes.items()} if shapes else None
-    if isinstance(model, (str, os.PathLike)):
+    if isinstance(model, Graph):  # already built (e.g. by fusec.models.build with real weights)
+        from fusec.ir import verify
+
+        verify(model)
+        graph = model
+    elif isinstance(model, (str, os.PathLike)):
         text = os.fspath(model)
         names = builtin_names() if isinstance(model, str) else []
         if text in names:
