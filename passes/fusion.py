@@ -80,8 +80,9 @@ class _Grouping:
     # ---- bookkeeping ---------------------------------------------------------------------------
     def record(self, rule: str, kind: str, members: list[Node], decision: str, reason: str,
                name: str | None = None) -> None:
+        ordered = sorted(members, key=self.order.__getitem__)
         self.records.append({"name": name, "rule": rule, "kind": kind, "decision": decision, "reason": reason,
-                             "members": [_label(n) for n in sorted(members, key=self.order.__getitem__)]})
+                             "members": [_label(n) for n in ordered], "layer": self.ctx.layer(ordered[-1])})
 
     def propose(self, rule: str, kind: str, members: list[Node], multi_output: bool = False) -> bool:
         """Decide one candidate; on "applied" it becomes a group. Returns whether it was applied."""

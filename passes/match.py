@@ -77,6 +77,12 @@ class Ctx:
         found = None
         seen: set[Node] = set()
         frontier = [node]
+        # A node reading its own named, layer-less parameter ("ln_f.weight", "model.norm.weight")
+        # belongs to the model, not to the layer upstream of it.
+        own = [v.name for v in node.inputs if v.data is not None and v.numel > 1 and "." in v.name]
+        if own and not any(layer_of_name(t) for t in (node.name, *own, *(v.name for v in node.outputs))):
+            self._layer[node] = None
+            return None
         for _ in range(8):  # a few hops: the projection weights are close to every pattern
             nxt: list[Node] = []
             for n in frontier:

@@ -112,3 +112,21 @@ def test_hf_exports_sdpa(family: str, exporter: str) -> None:
     """torch's SDPA export form: Q and K pre-scaled, where(mask, 0, -inf), the isnan guard.
     (llama/dynamo and bert/legacy are the sdpa exports test_hf_exports also uses: cached once.)"""
     _hf_case(family, exporter, attn="sdpa")
+
+
+def test_explain_cli_reports_per_layer(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from fusec.cli import main
+
+    argv = ["explain", "llama-tiny", "--shapes", "input_ids:1x8,attention_mask:1x8", "--json",
+            "--disable", "gemm_epilogue"]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["patterns"]["attention"] == 2 and report["kernels"] > 0
+    layer = report["layers"]["layers.1"]
+    assert any("attention" in k for k in layer["kernels"])
+    assert any(f["rule"] == "gemm_epilogue" and f["decision"] == "rejected" for f in layer["fusions"])
+    assert any(f["rule"] == "mlp" and f["decision"] == "candidate" for f in layer["fusions"])
+    assert main(["explain", "llama-tiny", "--enable", "no_such_rule"]) == 1
+    assert "unknown fusion rule" in capsys.readouterr().err

@@ -1,0 +1,108 @@
+"""``fusec explain MODEL``: what the pattern and fusion passes did to each layer, and why not.
+
+Runs the optimizer and prints, per transformer layer, the kernels the fused graph will launch,
+every fusion candidate that was rejected or left as a candidate (with its reason), and every near
+match a pattern matcher declined (``PassOptions.decline``: pattern, node, one-line reason).
+Layers are told apart by the layer number in node or weight names (``layers.3``, ``h.3``, ...);
+anything without one is listed under "model".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from fusec.cli._common import add_command, add_model_arguments, fmt_name, load_model
+
+_GLOBAL = "model"
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = add_command(
+        subparsers, "explain", "per layer: recognized patterns, kernels, and why a pattern or fusion was declined",
+        "Optimize MODEL and explain the result layer by layer: the kernels each layer launches,\n"
+        "fusion candidates that were rejected or left as candidates (with the reason), and the near\n"
+        "matches a pattern pass declined (attention, norms, GELU, RoPE ...) with a one-line reason.\n"
+        "--disable/--enable RULE flip fusion rules (mlp, norm_gemm, gemm_epilogue, gemm_prologue,\n"
+        "reduce_fusion, elementwise) to see what changes.",
+        ["fusec explain gpt2-tiny", "fusec explain llama-tiny --enable mlp --json",
+         "fusec explain model.onnx --shapes input_ids:1x128,attention_mask:1x128"])
+    add_model_arguments(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.add_argument("--disable", action="append", default=[], metavar="RULE", help="disable a fusion rule")
+    p.add_argument("--enable", action="append", default=[], metavar="RULE", help="enable a fusion rule")
+    p.add_argument("--all", action="store_true", help="also list applied fusions, not only the declined ones")
+    return p
+
+
+def explain(graph: Any, disabled: list[str] = (), enabled: list[str] = (), show_applied: bool = False
+            ) -> dict[str, Any]:  # type: ignore[assignment]
+    """The JSON-able explanation of optimizing ``graph`` (see the module docstring)."""
+    from fusec.errors import InputError
+    from fusec.ir import Node
+    from fusec.passes.base import PassOptions
+    from fusec.passes.fusion import describe_kernels
+    from fusec.passes.fusion_rules import RULES
+    from fusec.passes.match import Ctx, layer_of_name
+    from fusec.passes.pipeline import optimize
+
+    unknown = sorted((set(disabled) | set(enabled)) - set(RULES))
+    if unknown:
+        raise InputError(f"unknown fusion rule(s) {', '.join(unknown)} (known: {', '.join(RULES)})")
+    opts = PassOptions(disabled_fusions=frozenset(disabled), enabled_fusions=frozenset(enabled))
+    g, opts = optimize(graph, opts)
+    layers: dict[str, dict[str, list[Any]]] = {}
+
+    def slot(layer: str | None) -> dict[str, list[Any]]:
+        return layers.setdefault(layer or _GLOBAL, {"kernels": [], "fusions": [], "declined": []})
+
+    ctx = Ctx(g)
+    kernels = describe_kernels(g)
+    from fusec.passes.views import view_of
+
+    launches: list[Node] = [n for n in g.nodes if view_of(n) is None]
+    for n, text in zip(launches, kernels):
+        slot(ctx.layer(n))["kernels"].append(text)
+    for rec in g.meta.get("fusions", []):
+        if show_applied or rec["decision"] != "applied":
+            slot(rec.get("layer"))["fusions"].append({k: rec[k] for k in ("rule", "decision", "reason", "members")})
+    for pattern, where, reason in opts.declines:
+        slot(layer_of_name(where.split(":", 1)[0]) if ":" in where else None)["declined"].append(
+            {"pattern": pattern, "where": where, "reason": reason})
+    return {"graph": g.name, "patterns": g.meta.get("patterns", {}), "kernels": g.meta.get("kernels"),
+            "transposes_cached": g.meta.get("transposes_cached"), "gemms_merged": g.meta.get("gemms_merged"),
+            "layers": dict(sorted(layers.items(), key=lambda kv: _layer_key(kv[0])))}
+
+
+def _layer_key(name: str) -> tuple[int, int, str]:
+    if name == _GLOBAL:
+        return (0, 0, name)
+    num = name.rsplit(".", 1)[-1]
+    return (1, int(num) if num.isdigit() else 0, name)
+
+
+def render_text(report: dict[str, Any]) -> str:
+    pats = ", ".join(f"{k} {v}" for k, v in report["patterns"].items())
+    lines = [f"graph    {fmt_name(report['graph'])}", f"patterns {pats}",
+             f"kernels  {report['kernels']} (transposes cached {report['transposes_cached']}, "
+             f"gemms merged {report['gemms_merged']})"]
+    for layer, info in report["layers"].items():
+        lines.append(f"{fmt_name(layer)}:")
+        lines.append(f"  kernels ({len(info['kernels'])}): " + "; ".join(info["kernels"]))
+        for f in info["fusions"]:
+            lines.append(f"  fusion {f['rule']} {f['decision']}: {json.dumps(f['reason'])} "
+                         f"[{', '.join(fmt_name(m) for m in f['members'][:8])}{' ...' if len(f['members']) > 8 else ''}]")
+        for d in info["declined"]:
+            lines.append(f"  declined {d['pattern']} at {fmt_name(d['where'])}: {json.dumps(d['reason'])}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    report = explain(load_model(args), args.disable, args.enable, args.all)
+    report = {"model": args.model, **report}
+    if args.json:
+        print(json.dumps(report, indent=2, ensure_ascii=True))
+    else:
+        print(render_text(report))
+    return 0
