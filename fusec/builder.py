@@ -61,7 +61,7 @@ class GraphBuilder:
         """A constant; ``data`` is converted to ``dtype`` (default: its own, if fusec supports it)."""
         arr = np.asarray(data)
         dt = dtype if dtype is not None else DType.from_np(arr.dtype)
-        arr = np.ascontiguousarray(arr.astype(dt.np, copy=False))
+        arr = np.ascontiguousarray(arr.astype(dt.np, copy=False)).reshape(arr.shape)  # keeps 0-d scalars 0-d
         v = Value(self.unique(name), arr.shape, dt, arr)
         self._consts.append(v)
         return v

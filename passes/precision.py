@@ -29,8 +29,9 @@ NAME = "precision"
 def _convert_const(c: Value, dt: DType) -> Value:
     assert c.data is not None
     limit = float(ml_dtypes.finfo(dt.np).max)  # the target's own max: fp32's max rounds up to inf in bf16
-    data = np.clip(c.data, -limit, limit).astype(dt.np)
-    return Value(c.name, c.shape, dt, np.ascontiguousarray(data))
+    # reshape: np.ascontiguousarray turns a 0-d array into shape (1,)
+    data = np.ascontiguousarray(np.clip(c.data, -limit, limit).astype(dt.np)).reshape(c.shape)
+    return Value(c.name, c.shape, dt, data)
 
 
 def run(graph: Graph, options: PassOptions) -> PassResult:

@@ -85,3 +85,23 @@ def test_saved_plan_runs_after_load(tmp_path) -> None:
     a = cupy.asnumpy(plan.run(inputs)["last_hidden_state"])
     b = cupy.asnumpy(fusec.load(path).run(inputs)["last_hidden_state"])
     assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+@pytest.mark.parametrize("exporter", ["legacy", "dynamo"])
+@pytest.mark.parametrize("family", ["gpt2", "llama", "mistral", "qwen2", "qwen3", "phi3", "gpt_neox", "gemma",
+                                    "bert", "roberta", "distilbert"])
+def test_hf_export_runs_on_the_gpu(family: str, exporter: str, dtype: str) -> None:
+    from hf_models import export_hf
+
+    path, inputs, _ = export_hf(family, exporter)
+    shapes = {k: v.shape for k, v in inputs.items()}
+    graph = load_graph(path, shapes)
+    want = reference.run(graph, inputs)
+    got = fusec.compile(path, shapes=shapes, dtype=dtype).run(inputs)
+    keep = inputs["attention_mask"].astype(bool)
+    for name, ref in want.items():
+        out = _to_host(got[name], dtype)[keep]
+        assert np.isfinite(out).all(), f"{family}/{exporter} {dtype}: non-finite values"
+        err = _rel(out, ref[keep])
+        assert err < TOL[dtype], f"{family}/{exporter} {dtype} {name}: relative error {err:.2e}"

@@ -52,3 +52,12 @@ def test_precision_f32_is_a_no_op() -> None:
     g = _graph()
     res = precision.run(g, PassOptions())
     assert not res.changed and [n.op for n in res.graph.nodes] == [n.op for n in g.nodes]
+
+
+def test_scalar_constants_keep_their_rank() -> None:
+    b = GraphBuilder()
+    x = b.input("x", (3,), DType.F32)
+    b.output(b.emit(Op.MUL, x, b.scalar(0.5, DType.F32)), "y")
+    out = precision.run(b.build(), PassOptions(storage_dtype="f16")).graph
+    verify(out)
+    assert out.constants[0].data.shape == () and out.constants[0].data.dtype == np.float16
