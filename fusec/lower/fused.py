@@ -38,64 +38,80 @@ class IndexedExpr:
     """An expression over operands that each read a value through strides of the iteration space."""
 
     expr: Expr
-    operands: list[tuple[Value, tuple[int, ...]]]  # (body value it reads, strides over out dims)
-    plain: bool  # every operand is a plain broadcast (no transpose/reshape): vectorizable path
+    operands: list[tuple[Value, tuple[int, ...], int]]  # (body value read, strides over out dims, element offset)
+    plain: bool  # every operand is a plain broadcast (no transpose/reshape/slice): vectorizable path
 
 
 def index_expr(body: Graph, out: Value, leaves: dict[Value, Any] | None = None) -> IndexedExpr:
-    """``out`` (a body value) as an expression over body inputs (and ``leaves``), or _NoPlan."""
+    """``out`` (a body value) as an expression over body inputs (and ``leaves``), or _NoPlan.
+
+    Each value is reached with ``rows`` (for each of its axes: the iteration axis it follows, or
+    None for coordinate 0) and ``base`` (its start coordinate per axis, from slices)."""
     producers = body.producers()
-    operands: list[tuple[Value, tuple[int, ...]]] = []
-    index: dict[tuple[int, tuple[int, ...]], int] = {}
+    operands: list[tuple[Value, tuple[int, ...], int]] = []
+    index: dict[tuple[int, tuple[int, ...], int], int] = {}
     plain = [True]
     rank = len(out.shape)
+    Rows = tuple[int | None, ...]
 
-    def operand(v: Value, rows: tuple[int | None, ...]) -> Expr:
+    def operand(v: Value, rows: Rows, base: tuple[int, ...]) -> Expr:
         cs = L.View.contiguous(v.shape).strides
         strides = [0] * max(rank, 1)
         for j, d in enumerate(rows):
             if d is not None:
                 strides[d] += cs[j]
-        key = (id(v), tuple(strides))
+        offset = sum(b * c for b, c in zip(base, cs))
+        key = (id(v), tuple(strides), offset)
         if key not in index:
             index[key] = len(operands)
-            operands.append((v, tuple(strides)))
+            operands.append((v, tuple(strides), offset))
         return In(index[key])
 
-    def go(v: Value, rows: tuple[int | None, ...]) -> Expr:
+    def go(v: Value, rows: Rows, base: tuple[int, ...]) -> Expr:
         if v.is_const and v.numel == 1:
             assert v.data is not None
             return Const(v.data.reshape(()).item(), v.dtype)
         n = producers.get(v)
         if n is None or (leaves is not None and v in leaves):
-            return operand(v, rows)
+            return operand(v, rows, base)
+        x = n.inputs[0]
         if n.op == Op.TRANSPOSE:
             x_rows: list[int | None] = [None] * len(rows)
+            x_base = [0] * len(rows)
             for k, p in enumerate(n.attrs.perm):
-                x_rows[p] = rows[k]
+                x_rows[p], x_base[p] = rows[k], base[k]
             plain[0] = False
-            return go(n.inputs[0], tuple(x_rows))
+            return go(x, tuple(x_rows), tuple(x_base))
+        if n.op == Op.SLICE:
+            if any(st != 1 for st in n.attrs.steps):
+                raise _NoPlan("strided slice inside an elementwise body")
+            x_base = list(base)
+            for ax, start in zip(n.attrs.axes, n.attrs.starts):
+                x_base[ax] += start
+            plain[0] = False
+            return go(x, rows, tuple(x_base))
         if n.op == Op.RESHAPE:
-            x = n.inputs[0]
             big_v = [j for j, d in enumerate(v.shape) if d != 1]
             big_x = [j for j, d in enumerate(x.shape) if d != 1]
             if [v.shape[j] for j in big_v] != [x.shape[j] for j in big_x]:
                 raise _NoPlan("reshape that regroups axes")
             x_rows = [None] * len(x.shape)
+            x_base = [0] * len(x.shape)
             for jv, jx in zip(big_v, big_x):
-                x_rows[jx] = rows[jv]
+                x_rows[jx], x_base[jx] = rows[jv], base[jv]
             plain[0] = False
-            return go(x, tuple(x_rows))
+            return go(x, tuple(x_rows), tuple(x_base))
         if n.op == Op.EXPAND or (OP_INFO[n.op].kind in _ELEMENTWISE and n.op in CUDA_EXPR):
             args = []
-            for x in (n.inputs[:1] if n.op == Op.EXPAND else n.inputs):
-                off = len(v.shape) - len(x.shape)
-                args.append(go(x, tuple(rows[j + off] if x.shape[j] == v.shape[j + off] else None
-                                        for j in range(len(x.shape)))))
+            for xi in (n.inputs[:1] if n.op == Op.EXPAND else n.inputs):
+                off = len(v.shape) - len(xi.shape)
+                keep = [xi.shape[j] == v.shape[j + off] for j in range(len(xi.shape))]
+                args.append(go(xi, tuple(rows[j + off] if keep[j] else None for j in range(len(xi.shape))),
+                               tuple(base[j + off] if keep[j] else 0 for j in range(len(xi.shape)))))
             return args[0] if n.op == Op.EXPAND else Apply(n.op, tuple(args), n.attrs)
         raise _NoPlan(f"{n.op.value} inside an elementwise body")
 
-    expr = go(out, tuple(range(rank)))
+    expr = go(out, tuple(range(rank)), (0,) * rank)
     return IndexedExpr(expr, operands, plain[0])
 
 
@@ -245,16 +261,16 @@ def _prod(xs: tuple[int, ...]) -> int:
 
 
 def _emit_indexed(ctx: Context, ie: IndexedExpr, outer: dict[Value, Value], out: Value, label: str) -> None:
-    vals = [outer.get(v, v) for v, _ in ie.operands]
+    vals = [outer.get(v, v) for v, _, _ in ie.operands]
     if ie.plain:  # standard broadcasting only: let the spec merge dims and vectorize
         spec = S.elementwise_spec(ie.expr, [v.shape for v in vals], [v.dtype for v in vals], out.shape,
                                   vectorize=ctx.aligned(out, *vals))
         ctx.kernel(spec, [*vals, out], label)
         return
     shape = out.shape if out.shape else (1,)
-    operands = tuple(S.Operand(v.dtype, st if out.shape else (0,)) for v, (_, st) in zip(vals, ie.operands))
+    operands = tuple(S.Operand(v.dtype, st if out.shape else (0,)) for v, (_, st, _) in zip(vals, ie.operands))
     spec = S.ElementwiseSpec(ie.expr, shape, operands, out.dtype, 1)
-    ctx.kernel(spec, [*vals, out], label)
+    ctx.kernel(spec, [*[(v, off) for v, (_, _, off) in zip(vals, ie.operands)], out], label)
 
 
 def _emit_attention(ctx: Context, plan: dict[str, Any], node: Node, label: str) -> None:
