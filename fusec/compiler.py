@@ -48,7 +48,8 @@ def compile(model: Any, shapes: Mapping[str, Sequence[int]] | None = None, dtype
     g, opts = optimize(graph, opts, dump_dir=dump_dir, progress=step)
     g = legalize(g)
     mplan = plan_memory(g)
-    low = lower(g, mplan.offsets, arch, compute=compute, progress=(lambda k: progress("kernel", k)) if progress else None)
+    low = lower(g, mplan.offsets, arch, compute=compute, progress=(lambda k: progress("kernel", k)) if progress else None,
+                arena_base=mplan.arena_bytes)
     rep = report(g, opts)
     rep["lowering"] = low.report
     if "fused_split" in g.meta:
@@ -77,7 +78,8 @@ def compile(model: Any, shapes: Mapping[str, Sequence[int]] | None = None, dtype
         "source": _source(model, shapes),
         "inputs": inputs,
         "outputs": sig(g.outputs),
-        "memory": {"arena_bytes": mplan.arena_bytes, "weights_bytes": low.weights_bytes,
+        "memory": {"arena_bytes": _round_up(mplan.arena_bytes) + low.scratch_bytes, "weights_bytes": low.weights_bytes,
+                   "scratch_bytes": low.scratch_bytes,
                    **{k: v for k, v in mplan.summary().items() if k != "weights_bytes"}},
         "modules": low.modules,
         "kernels": low.kernels,
@@ -97,6 +99,10 @@ def _source(model: Any, shapes: Mapping[str, Sequence[int]] | None) -> dict[str,
     else:
         ref = None  # an in-memory ModelProto: nothing to point back to
     return {"model": ref, "shapes": {k: list(v) for k, v in (shapes or {}).items()}}
+
+
+def _round_up(n: int, a: int = 256) -> int:
+    return -(-n // a) * a
 
 
 def _check_arch(arch: str) -> None:

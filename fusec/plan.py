@@ -112,6 +112,10 @@ class Plan:
         """Run once on the GPU; returns {output name: CuPy array} (see fusec.runtime.executor)."""
         return self._exec().run(inputs, stream=stream, outputs=outputs)
 
+    def profile(self, inputs: Mapping[str, Any], repeats: int = 5) -> list[dict[str, Any]]:
+        """Per-launch GPU times (a diagnostic that synchronizes; see Executor.profile)."""
+        return self._exec().profile(inputs, repeats)
+
     def stats(self) -> dict[str, Any]:
         """Counters of the last run: launches, syncs, allocations, h2d_bytes, d2h_bytes, ..."""
         return self._exec().stats() if self._executor is not None else {}

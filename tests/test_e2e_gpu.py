@@ -105,3 +105,17 @@ def test_hf_export_runs_on_the_gpu(family: str, exporter: str, dtype: str) -> No
         assert np.isfinite(out).all(), f"{family}/{exporter} {dtype}: non-finite values"
         err = _rel(out, ref[keep])
         assert err < TOL[dtype], f"{family}/{exporter} {dtype} {name}: relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("dtype,tol", [("fp32", 1e-5), ("fp16", 2e-3)])
+def test_padded_odd_n_gemm_matches_reference(dtype: str, tol: float) -> None:
+    from test_lowering import _odd_n_graph
+
+    from fusec.dtypes import DType
+
+    dt = DType.F32 if dtype == "fp32" else DType.F16
+    graph = _odd_n_graph(dt)
+    x = np.random.default_rng().standard_normal((2, 5, 64)).astype(dt.np)
+    want = reference.run(graph, {"x": x})["y"].astype(np.float32)
+    got = _to_host(fusec.compile(graph, dtype=dtype).run({"x": x})["y"], dtype)
+    assert _rel(got, want) < tol

@@ -116,3 +116,22 @@ def test_swiglu_and_attention_layouts_lower_to_single_kernels() -> None:
     kinds = plan.manifest["report"]["lowering"]["by_template"]
     assert kinds.get("fused_attention") == 2 and kinds.get("fused_rope") == 4
     assert "copy" not in kinds, f"layout ops should be absorbed into strides, got {kinds}"
+
+
+def _odd_n_graph(dtype: DType):
+    rng = np.random.default_rng(0)
+    b = GraphBuilder("oddn")
+    x = b.input("x", (2, 5, 64), dtype)
+    w = b.const((rng.standard_normal((64, 1001)) * 0.1).astype(np.float32), name="w", dtype=dtype)
+    b.output(b.emit(Op.MATMUL, x, w), "y")
+    return b.build()
+
+
+def test_odd_n_gemm_is_padded_into_arena_scratch() -> None:
+    plan = fusec.compile(_odd_n_graph(DType.F16), dtype="fp16", arch="sm_90")
+    gemm = [L for L in plan.manifest["launches"] if L["type"] == "gemm"]
+    assert len(gemm) == 1 and gemm[0]["n"] == 1008 and gemm[0]["ldb"] == 1008
+    mem = plan.manifest["memory"]
+    assert mem["scratch_bytes"] >= 10 * 1008 * 2
+    assert gemm[0]["c"][0] == "arena" and gemm[0]["c"][1] + 10 * 1008 * 2 <= mem["arena_bytes"]
+    assert "unpad" in plan.manifest["launches"][-1]["label"]

@@ -28,6 +28,14 @@ Addr = tuple[str, int]  # ("arena" | "weights", byte offset)
 _ALIGN = 256
 
 
+@dataclasses.dataclass(frozen=True)
+class Raw:
+    """A raw address (space, byte offset), e.g. in the scratch tail of the arena."""
+
+    space: str
+    offset: int
+
+
 class LoweringError(FusecError):
     """A node has no GPU implementation; the message names the node and op."""
 
@@ -39,6 +47,7 @@ class Lowered:
     modules: list[dict[str, Any]]
     blobs: dict[str, bytes]
     weights_bytes: int
+    scratch_bytes: int
     report: dict[str, Any]
 
 
@@ -69,7 +78,11 @@ class Context:
     """What a node lowering needs: addresses, kernel registration, launch emission."""
 
     def __init__(self, arch: str, offsets: dict[str, int], compute: str, progress: Callable[[str], None] | None,
-                 dry_run: bool = False):
+                 dry_run: bool = False, arena_base: int = 0):
+        # Scratch: a region appended to the arena (starting at arena_base), reused by every node
+        # that needs temporary space inside its own lowering (launches run in order).
+        self.arena_base = arena_base
+        self.scratch_bytes = 0
         self.dry_run = dry_run  # count launches, compile nothing (for `fusec inspect MODEL`)
         self.arch = arch
         self.offsets = offsets
@@ -96,13 +109,20 @@ class Context:
     def aligned(self, *vals: Value, to: int = 16) -> bool:
         return all(self.addr(v)[1] % to == 0 for v in vals)
 
-    def ptr(self, arg: Value | tuple[Value, int]) -> list[Any]:
-        """A launch argument: a value's address, or (value, element offset) into it."""
+    def scratch(self, nbytes: int) -> Raw:
+        """Temporary space for the node being lowered (valid until the next node's launches)."""
+        self.scratch_bytes = max(self.scratch_bytes, -(-nbytes // _ALIGN) * _ALIGN)
+        return Raw("arena", self.arena_base)
+
+    def ptr(self, arg: Value | tuple[Value, int] | Raw) -> list[Any]:
+        """A launch argument: a value's address, (value, element offset) into it, or a raw address."""
+        if isinstance(arg, Raw):
+            return ["ptr", arg.space, arg.offset]
         v, elems = arg if isinstance(arg, tuple) else (arg, 0)
         space, off = self.addr(v)
         return ["ptr", space, off + elems * v.dtype.itemsize]
 
-    def kernel(self, spec: Any, args: list[Value | tuple[Value, int]], label: str) -> None:
+    def kernel(self, spec: Any, args: list[Value | tuple[Value, int] | Raw], label: str) -> None:
         """Compile ``spec`` (once per distinct kernel) and append its launch over ``args``."""
         from fusec.codegen.kernels import build
 
@@ -129,9 +149,9 @@ class Context:
                               "smem": ck.shared_mem, "args": [self.ptr(a) for a in args], "label": label})
         self.count(ck.template.split(".")[0])
 
-    def gemm(self, fields: dict[str, Any], a: Value, b: Value, c: Value, label: str) -> None:
+    def gemm(self, fields: dict[str, Any], a: Value, b: Value, c: Value | Raw, label: str) -> None:
         self.launches.append({"type": "gemm", **fields, "a": list(self.addr(a)), "b": list(self.addr(b)),
-                              "c": list(self.addr(c)), "label": label})
+                              "c": self.ptr(c)[1:], "label": label})
         self.count("cublas_gemm")
 
     def count(self, key: str, n: int = 1) -> None:
@@ -139,19 +159,20 @@ class Context:
 
 
 def lower(graph: Graph, offsets: dict[str, int], arch: str, compute: str = "f32",
-          progress: Callable[[str], None] | None = None, dry_run: bool = False) -> Lowered:
+          progress: Callable[[str], None] | None = None, dry_run: bool = False, arena_base: int = 0) -> Lowered:
     """Lower every node of ``graph`` (in order) against the memory plan's ``offsets``.
     ``dry_run``: decide every launch but compile nothing (the launch records are placeholders)."""
     from fusec.lower.nodes import lower_node
 
-    ctx = Context(arch, offsets, compute, progress, dry_run)
+    ctx = Context(arch, offsets, compute, progress, dry_run, -(-arena_base // _ALIGN) * _ALIGN)
     for i, node in enumerate(graph.nodes):
         lower_node(ctx, node, label=_label(i, node))
     weights = ctx.weights.blob()
     if weights:
         ctx.blobs["weights"] = weights
     report = {"launches": len(ctx.launches), "kernels_compiled": len(ctx.kernels), "by_template": dict(sorted(ctx.counts.items()))}
-    return Lowered(ctx.launches, ctx.kernels, ctx.modules, ctx.blobs, ctx.weights.size, report)
+    report["scratch_bytes"] = ctx.scratch_bytes
+    return Lowered(ctx.launches, ctx.kernels, ctx.modules, ctx.blobs, ctx.weights.size, ctx.scratch_bytes, report)
 
 
 def _label(i: int, node: Node) -> str:
@@ -159,4 +180,4 @@ def _label(i: int, node: Node) -> str:
     return f"#{i} {node.op.value}"
 
 
-__all__ = ["Context", "Lowered", "LoweringError", "lower", "Op", "DType"]
+__all__ = ["Context", "Lowered", "LoweringError", "Raw", "lower", "Op", "DType"]

@@ -245,6 +245,33 @@ class Executor:
         cap.synchronize()
         self._graph = graph
 
+    def profile(self, inputs: Mapping[str, Any], repeats: int = 5) -> list[dict[str, Any]]:
+        """Time each launch alone (CUDA events around it; synchronizes: a diagnostic, not a run).
+
+        Returns one record per launch, in order: {"index", "label", "kind", "ms"} with the median
+        over ``repeats`` runs. Kernel launches run back to back in a normal run, so the sum is an
+        upper bound of the eager run's GPU time."""
+        cp = self._cp
+        stream = cp.cuda.Stream(non_blocking=True)
+        self.run(inputs, stream=stream)
+        stream.synchronize()
+        events = [(cp.cuda.Event(), cp.cuda.Event()) for _ in self._launches]
+        samples: list[list[float]] = [[] for _ in self._launches]
+        for _ in range(repeats):
+            for launch, (a, b) in zip(self._launches, events):
+                a.record(stream)
+                launch(stream)
+                b.record(stream)
+            stream.synchronize()
+            for i, (a, b) in enumerate(events):
+                samples[i].append(cp.cuda.get_elapsed_time(a, b))
+        out = []
+        for i, L in enumerate(self.manifest["launches"]):
+            kind = self.manifest["kernels"][L["kernel"]]["entry"] if L["type"] == "kernel" else \
+                f"cublas {L['dtype']} m={L['m']} n={L['n']} k={L['k']} b={L['batch']}"
+            out.append({"index": i, "label": L.get("label", ""), "kind": kind, "ms": float(np.median(samples[i]))})
+        return out
+
     def stats(self) -> dict[str, Any]:
         """Counters of the last run: launches, syncs, allocations, h2d_bytes, d2h_bytes, ..."""
         return dict(self._stats)
