@@ -105,9 +105,16 @@ def run(name: str) -> dict:
         want = getattr(model(input_ids=t_ids, attention_mask=t_mask), out_key)
     g = torch.from_dlpack(got).float() if dtype != "bf16" else torch.from_dlpack(got).view(torch.bfloat16).float()
     rel = float((g - want.float()).norm() / want.float().norm())
+    extra = {}
+    if dtype != "fp32":  # who is closer to fp32: fusec or torch at the same precision?
+        with torch.no_grad():
+            ref32 = getattr(model.float()(input_ids=t_ids, attention_mask=t_mask), out_key).float()
+        model = model.to(tdt)
+        extra = {"fusec_err_vs_torch_fp32": float((g - ref32).norm() / ref32.norm()),
+                 "torch_err_vs_torch_fp32": float((want.float() - ref32).norm() / ref32.norm())}
 
     res = {"workload": name, "shape": [b, s], "dtype": dtype, "rel_err_vs_torch": rel, "fusec_compile_s": compile_s,
-           "launches": plan.info()["launches"]}
+           "launches": plan.info()["launches"], **extra}
     with torch.no_grad():
         res["torch_eager"] = time_cuda(lambda: model(input_ids=t_ids, attention_mask=t_mask))
         t0 = time.perf_counter()
