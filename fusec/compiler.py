@@ -20,12 +20,15 @@ DTYPES = {"fp32": ("f32", "f32"), "tf32": ("f32", "tf32"), "fp16": ("f16", "f32"
 def compile(model: Any, shapes: Mapping[str, Sequence[int]] | None = None, dtype: str = "fp16",
             cuda_graph: bool = False, arch: str | None = None, *, disabled_fusions: Sequence[str] = (),
             enabled_fusions: Sequence[str] = (), dump_dir: str | os.PathLike | None = None,
-            progress: Callable[[str, str], None] | None = None) -> Plan:
-    """Compile ``model`` (an ONNX path, an ``onnx.ModelProto`` or a built-in model name).
+            progress: Callable[[str, str], None] | None = None, fusion_overrides: Mapping[str, bool] | None = None,
+            choices: Mapping[str, str] | None = None) -> Plan:
+    """Compile ``model`` (an ONNX path, an ``onnx.ModelProto``, a built-in model name or a ``Graph``).
 
     ``dtype``: storage/math of floating-point tensors: fp32, tf32 (fp32 storage, tf32 matrix
     products), fp16 or bf16 (fp32 accumulation everywhere). ``progress(stage, item)`` is called
-    before each pass and each kernel compile.
+    before each pass and each kernel compile. ``fusion_overrides`` {candidate key: fuse?} and
+    ``choices`` {choice key: kernel variant} carry A/B decisions (``fusec.ab``); without them the
+    rule-based defaults apply.
     """
     from fusec.codegen.compile import default_arch, nvrtc_version
     from fusec.inputs import input_signature
@@ -43,13 +46,13 @@ def compile(model: Any, shapes: Mapping[str, Sequence[int]] | None = None, dtype
     _check_arch(arch)
     graph = load_graph(model, shapes)
     opts = PassOptions(storage_dtype=storage, disabled_fusions=frozenset(disabled_fusions),
-                       enabled_fusions=frozenset(enabled_fusions))
+                       enabled_fusions=frozenset(enabled_fusions), fusion_overrides=dict(fusion_overrides or {}))
     step = (lambda name, i, n: progress("pass", name)) if progress else None
     g, opts = optimize(graph, opts, dump_dir=dump_dir, progress=step)
     g = legalize(g)
     mplan = plan_memory(g)
     low = lower(g, mplan.offsets, arch, compute=compute, progress=(lambda k: progress("kernel", k)) if progress else None,
-                arena_base=mplan.arena_bytes)
+                arena_base=mplan.arena_bytes, choices=dict(choices or {}))
     rep = report(g, opts)
     rep["lowering"] = low.report
     if "fused_split" in g.meta:

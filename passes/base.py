@@ -26,6 +26,10 @@ class PassOptions:
 
     disabled_fusions: frozenset[str] = frozenset()
     enabled_fusions: frozenset[str] = frozenset()
+    # Per-candidate decisions keyed by the stable candidate key (``fusion.candidate_key``, the
+    # "key" of each ``graph.meta["fusions"]`` record): True fuses, False keeps the members apart.
+    # Set from an A/B ledger; wins over the rule flags. Empty: the rule-based defaults.
+    fusion_overrides: dict[str, bool] = dataclasses.field(default_factory=dict)
     # Storage dtype of floating-point tensors in the compiled plan ("f32", "f16" or "bf16");
     # arithmetic inside kernels stays fp32. Applied by passes/precision.py.
     storage_dtype: str = "f32"

@@ -16,6 +16,7 @@ counts the launches of the result (every node except zero-copy views, a FUSED no
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from fusec.ir import Graph, Node, Value, verify
@@ -28,9 +29,13 @@ from fusec.passes.views import view_of
 NAME = "fusion"
 
 
-def decide(rule: str, options: PassOptions) -> tuple[str, str]:
-    """Profitability: (decision, reason) for a legal, non-overlapping candidate of ``rule``."""
+def decide(rule: str, options: PassOptions, key: str | None = None) -> tuple[str, str]:
+    """Profitability: (decision, reason) for a legal, non-overlapping candidate of ``rule``.
+    A per-candidate override (``options.fusion_overrides[key]``, from an A/B ledger) wins over
+    the rule flags and the rule's default."""
     r = R.RULES[rule]
+    if key is not None and key in options.fusion_overrides:
+        return ("applied", "A/B decision: fused") if options.fusion_overrides[key] else ("rejected", "A/B decision: unfused")
     if rule in options.disabled_fusions:
         return "rejected", "disabled by option"
     if rule in options.enabled_fusions:
@@ -81,13 +86,13 @@ class _Grouping:
     def record(self, rule: str, kind: str, members: list[Node], decision: str, reason: str,
                name: str | None = None) -> None:
         ordered = sorted(members, key=self.order.__getitem__)
-        self.records.append({"name": name, "rule": rule, "kind": kind, "decision": decision, "reason": reason,
+        self.records.append({"name": name, "key": candidate_key(rule, ordered), "rule": rule, "kind": kind, "decision": decision, "reason": reason,
                              "members": [_label(n) for n in ordered], "layer": self.ctx.layer(ordered[-1])})
 
     def propose(self, rule: str, kind: str, members: list[Node], multi_output: bool = False) -> bool:
         """Decide one candidate; on "applied" it becomes a group. Returns whether it was applied."""
         clash = [n for n in members if n in self.owner]
-        decision, reason = decide(rule, self.options)
+        decision, reason = decide(rule, self.options, self.key(rule, members))
         if decision == "applied":
             if clash:
                 decision, reason = "rejected", f"{_label(clash[0])} is already in {self._gname(self.owner[clash[0]])}"
@@ -106,7 +111,7 @@ class _Grouping:
     def grow(self, gid: int, rule: str, extra: list[Node], multi_output: bool) -> None:
         """Add ``extra`` (proposed by ``rule``) to group ``gid``, recording the decision."""
         rules, kind, members = self.groups[gid]
-        decision, reason = decide(rule, self.options)
+        decision, reason = decide(rule, self.options, self.key(rule, [members[0]] + extra))
         if decision == "applied" and (why := self.legal(set(members) | set(extra), multi_output)) is not None:
             decision, reason = "rejected", "illegal: " + why
         name = self._gname(gid)
@@ -115,6 +120,9 @@ class _Grouping:
             for n in extra:
                 self.owner[n] = gid
         self.record(rule, kind, [members[0]] + extra, decision, reason, name if decision == "applied" else None)
+
+    def key(self, rule: str, members: list[Node]) -> str:
+        return candidate_key(rule, sorted(members, key=self.order.__getitem__))
 
     def _gname(self, gid: int) -> str:
         return f"fused_{gid}"
@@ -208,6 +216,15 @@ def _pointwise_or_injective(n: Node) -> bool:
 
 def _label(n: Node) -> str:
     return n.name or n.outputs[0].name
+
+
+def candidate_key(rule: str, ordered: list[Node]) -> str:
+    """A candidate's stable name: its rule, first and last member labels and a hash of all member
+    labels (graph order). The ``fused_N`` group names shift when an earlier decision changes;
+    this key does not, so A/B decisions (``PassOptions.fusion_overrides``) can name candidates."""
+    labels = [_label(n) for n in ordered]
+    digest = hashlib.sha256("\0".join(labels).encode()).hexdigest()[:8]
+    return f"{rule}:{labels[0]}..{labels[-1]}#{digest}"
 
 
 def build_fused(graph: Graph, members: list[Node], outputs: list[Value], kind: str, rule: str, name: str) -> Node:

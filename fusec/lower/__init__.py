@@ -159,19 +159,27 @@ class Context:
 
 
 def lower(graph: Graph, offsets: dict[str, int], arch: str, compute: str = "f32",
-          progress: Callable[[str], None] | None = None, dry_run: bool = False, arena_base: int = 0) -> Lowered:
+          progress: Callable[[str], None] | None = None, dry_run: bool = False, arena_base: int = 0,
+          choices: dict[str, str] | None = None) -> Lowered:
     """Lower every node of ``graph`` (in order) against the memory plan's ``offsets``.
-    ``dry_run``: decide every launch but compile nothing (the launch records are placeholders)."""
+    ``dry_run``: decide every launch but compile nothing (the launch records are placeholders).
+    ``choices``: {choice key: variant} for nodes with alternative kernels (``fusec.lower.choices``);
+    absent keys lower as by default."""
+    from fusec.lower.choices import lower_choice
     from fusec.lower.nodes import lower_node
 
     ctx = Context(arch, offsets, compute, progress, dry_run, -(-arena_base // _ALIGN) * _ALIGN)
+    ctx.choices, ctx.choices_applied, ctx.choices_declined = dict(choices or {}), {}, {}
     for i, node in enumerate(graph.nodes):
-        lower_node(ctx, node, label=_label(i, node))
+        if not (ctx.choices and lower_choice(ctx, node, _label(i, node))):
+            lower_node(ctx, node, label=_label(i, node))
     weights = ctx.weights.blob()
     if weights:
         ctx.blobs["weights"] = weights
     report = {"launches": len(ctx.launches), "kernels_compiled": len(ctx.kernels), "by_template": dict(sorted(ctx.counts.items()))}
     report["scratch_bytes"] = ctx.scratch_bytes
+    if ctx.choices:
+        report["choices"] = {"applied": ctx.choices_applied, "declined": ctx.choices_declined}
     return Lowered(ctx.launches, ctx.kernels, ctx.modules, ctx.blobs, ctx.weights.size, ctx.scratch_bytes, report)
 
 

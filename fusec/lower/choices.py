@@ -1,0 +1,160 @@
+"""Kernel choices with alternatives, picked per choice key at lowering time (the A/B's second half).
+
+A *choice point* is a node the lowering can emit in more than one way:
+
+- a fused ``gemm_epilogue`` node whose epilogue is ``[+ bias[N]] [activation] [+ residual[M, N]]``
+  (in that order) over a 2-D weight: ``"cublas"`` (the default: cuBLAS GEMM, then one in-place
+  epilogue kernel), ``"fusec_gemm"`` (fusec's tensor-core ``GemmSpec`` with the epilogue applied
+  to the accumulator before the store: one launch, no round trip of the product), and for
+  M <= 8 also ``"gemv"`` (``GemvSpec`` with the same epilogue; the weight is packed transposed);
+- a plain MATMUL with M <= 8 and a constant 2-D weight: ``"cublas"`` or ``"gemv"``.
+
+The key (``choice_key``) names the shape, dtype and epilogue, never a node name, so every
+same-shaped GEMM of a model shares one decision and one measurement, and a region cut out of the
+model for an experiment has the same key as the node in the model. ``lower(..., choices={key:
+variant})`` selects; a node whose key is absent (or maps to "cublas") lowers exactly as before.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from fusec.codegen import specs as S
+from fusec.ir import Graph, Node, Value
+from fusec.ops import Op
+
+DEFAULT = "cublas"
+_ACT = {Op.RELU: "relu", Op.SILU: "silu"}
+
+
+@dataclasses.dataclass(frozen=True)
+class ChoicePoint:
+    """A node with alternative lowerings. Body values map to the node's operands by ``outer``."""
+
+    key: str
+    variants: tuple[str, ...]  # the first is the default
+    a: Value  # [.., K] activations (body value for fused nodes)
+    b: Value  # [K, N] weight
+    bias: Value | None
+    residual: Value | None
+    epilogue: S.Epilogue
+    m: int
+    n: int
+    k: int
+
+
+def _epilogue(body: Graph) -> tuple[Value | None, str, Value | None] | None:
+    """(bias, activation, residual) when the body after its MATMUL is exactly that chain."""
+    mm = body.nodes[0]
+    cur = mm.output
+    n = mm.inputs[1].shape[-1]
+    bias: Value | None = None
+    act = "none"
+    res: Value | None = None
+    for node in body.nodes[1:]:
+        if cur not in node.inputs or len(node.outputs) != 1 or node.output.dtype != cur.dtype \
+                or node.output.shape != cur.shape:
+            return None
+        if node.op == Op.ADD:
+            other = node.inputs[1] if node.inputs[0] is cur else node.inputs[0]
+            if other is cur:
+                return None
+            if bias is None and act == "none" and res is None and other.numel == n and other.shape[-1:] == (n,) \
+                    and other.dtype == cur.dtype:
+                bias = other
+            elif res is None and other.shape == cur.shape and other.dtype == cur.dtype and not other.is_const:
+                res = other
+            else:
+                return None
+        elif node.op in _ACT or node.op == Op.GELU:
+            if act != "none" or res is not None:
+                return None
+            act = _ACT.get(node.op) or ("gelu_tanh" if node.attrs.approximate == "tanh" else "gelu")
+        else:
+            return None
+        cur = node.output
+    if cur is not body.outputs[0] or (bias is None and act == "none" and res is None):
+        return None
+    return bias, act, res
+
+
+def _epi_name(e: S.Epilogue) -> str:
+    parts = (["bias"] if e.bias else []) + ([e.activation] if e.activation != "none" else []) + (["res"] if e.residual else [])
+    return "+".join(parts) or "none"
+
+
+def _mkn(a: Value, b: Value) -> tuple[int, int, int] | None:
+    if len(a.shape) < 2 or len(b.shape) != 2 or a.shape[-1] != b.shape[0] or a.dtype != b.dtype \
+            or a.dtype not in S.FLOATS:
+        return None
+    return math.prod(a.shape[:-1]), b.shape[1], b.shape[0]
+
+
+def choice_point(node: Node) -> ChoicePoint | None:
+    """The choice point ``node`` is, or None (it has one lowering only)."""
+    if node.op == Op.FUSED:
+        body = node.attrs.body
+        if len(body.outputs) != 1 or not body.nodes or body.nodes[0].op != Op.MATMUL \
+                or any(x.op == Op.MATMUL for x in body.nodes[1:]):
+            return None
+        mm = body.nodes[0]
+        mkn = _mkn(*mm.inputs)
+        epi = _epilogue(body)
+        if mkn is None or epi is None:
+            return None
+        bias, act, res = epi
+        e = S.Epilogue(bias=bias is not None, activation=act, residual=res is not None)
+        m, n, k = mkn
+        variants = (DEFAULT, "fusec_gemm") + (("gemv",) if m <= 8 and _outer(node, mm.inputs[1]).is_const else ())
+        key = f"gemm_epilogue:{mm.inputs[0].dtype.value}:{m}x{n}x{k}:{_epi_name(e)}"
+        return ChoicePoint(key, variants, mm.inputs[0], mm.inputs[1], bias, res, e, m, n, k)
+    if node.op == Op.MATMUL:
+        a, b = node.inputs
+        mkn = _mkn(a, b)
+        if mkn is None or mkn[0] > 8 or not b.is_const:
+            return None
+        m, n, k = mkn
+        return ChoicePoint(f"matmul:{a.dtype.value}:{m}x{n}x{k}", (DEFAULT, "gemv"), a, b, None, None, S.Epilogue(), m, n, k)
+    return None
+
+
+def choice_points(graph: Graph) -> list[tuple[Node, ChoicePoint]]:
+    """Every node of ``graph`` (an optimized, legalized graph) with alternative lowerings."""
+    return [(n, cp) for n in graph.nodes if (cp := choice_point(n)) is not None]
+
+
+def _outer(node: Node, v: Value) -> Value:
+    if node.op != Op.FUSED:
+        return v
+    body = node.attrs.body
+    return node.inputs[body.inputs.index(v)] if v in body.inputs else v
+
+
+def lower_choice(ctx, node: Node, label: str) -> bool:  # noqa: ANN001 (fusec.lower.Context; avoids an import cycle)
+    """Emit ``node`` with the variant ``ctx.choices`` names for its key; False: lower it as usual."""
+    cp = choice_point(node)
+    variant = ctx.choices.get(cp.key) if cp is not None else None
+    if cp is None or variant in (None, DEFAULT):
+        return False
+    if variant not in cp.variants:
+        ctx.choices_declined[cp.key] = f"variant {variant!r} does not apply (have {', '.join(cp.variants)})"
+        return False
+    a, b, out = _outer(node, cp.a), _outer(node, cp.b), node.outputs[0]
+    extra = [_outer(node, v) for v in (cp.bias, cp.residual) if v is not None]
+    if not ctx.aligned(a, out, *extra) or (variant == "fusec_gemm" and not ctx.aligned(b)):
+        # the templates' vector loads need 16-byte aligned operands; a view may start mid-buffer
+        ctx.choices_declined[cp.key] = "operands not 16-byte aligned"
+        return False
+    if variant == "fusec_gemm":
+        spec: object = S.GemmSpec(cp.m, cp.n, cp.k, a.dtype, epilogue=cp.epilogue)
+        ctx.kernel(spec, [a, b, *extra, out], f"{label} fusec_gemm")
+    else:
+        assert b.data is not None
+        # GEMV reads the weight [N, K] (k contiguous): packed transposed once, like any weight layout
+        wt = Value(b.name + "_nk", (cp.n, cp.k), b.dtype, np.ascontiguousarray(np.asarray(b.data).T))
+        ctx.kernel(S.GemvSpec(cp.m, cp.n, cp.k, a.dtype, epilogue=cp.epilogue), [a, wt, *extra, out], f"{label} gemv")
+    ctx.choices_applied[cp.key] = variant
+    return True
