@@ -16,6 +16,7 @@ from fusec.ir import Graph
 
 BACKENDS = ("reference", "cuda")
 NO_GPU_NOTE = "no GPU found: running the numpy reference backend"
+CROSS_NOTE = "no GPU found: compiled the plan for {arch} ({launches} launches, {kernels} kernels, {secs:.1f}s) to check it builds"
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -74,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
     if not explicit and backend == "reference":
         # after loading, so that a bad model or input stays a single line on stderr
         print(NO_GPU_NOTE, file=sys.stderr)
+        _cross_compile(args, graph)
     stats = None
     if backend == "cuda":
         outputs, stats, plan = _run_cuda(args, graph, inputs, plan)
@@ -102,6 +104,21 @@ def run(args: argparse.Namespace) -> int:
         save_outputs_npz(args.save_outputs, outputs)
         print(f"saved outputs to {fmt_name(args.save_outputs)}")
     return 0
+
+
+def _cross_compile(args: argparse.Namespace, graph: Graph) -> None:
+    """Without a GPU the default run still does the compiler's work: build the plan for the
+    target arch (NVRTC needs no device), so a newcomer sees that the CUDA side builds here."""
+    import time
+
+    import fusec
+
+    t0 = time.perf_counter()
+    plan = fusec.compile(graph, dtype=args.dtype, arch=args.arch, disabled_fusions=args.disable_fusion,
+                         enabled_fusions=args.enable_fusion)
+    info = plan.info()
+    print(CROSS_NOTE.format(arch=info["arch"], launches=info["launches"], kernels=len(plan.manifest["kernels"]),
+                            secs=time.perf_counter() - t0), file=sys.stderr)
 
 
 def _type_str(arr: np.ndarray) -> str:
