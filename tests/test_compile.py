@@ -77,3 +77,16 @@ def test_weights_blob_holds_the_constants_in_storage_dtype(plans) -> None:
     plan = plans[("llama-tiny", "sm_90")]
     w = np.frombuffer(bytes(plan.blob("weights")), dtype=np.uint8)
     assert w.size == plan.manifest["memory"]["weights_bytes"] and w.any()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model,dtype", [("gpt2-small", "fp16"), ("minilm", "fp16"), ("bert-base", "fp16"),
+                                         ("qwen3-0.6b", "bf16")])
+def test_large_built_in_models_compile_without_a_gpu(model: str, dtype: str) -> None:
+    plan = fusec.compile(model, dtype=dtype, arch="sm_90")
+    rep = plan.manifest["report"]
+    layers = {"gpt2-small": 12, "minilm": 6, "bert-base": 12, "qwen3-0.6b": 28}[model]
+    assert rep["patterns"]["attention"] == layers
+    mem = plan.manifest["memory"]
+    assert mem["planned_bytes"] <= 1.1 * mem["lower_bound_bytes"]
+    assert plan.info()["launches"] > layers
