@@ -87,7 +87,7 @@ class Plan:
                 kernels.append({"name": f"cublas_gemm_{L['dtype']}", "label": L.get("label", ""),
                                 "m": L["m"], "n": L["n"], "k": L["k"], "batch": L["batch"]})
         out = {k: m[k] for k in ("fusec_version", "arch", "dtype", "inputs", "outputs") if k in m}
-        out.update({k: m[k] for k in ("report", "nvrtc_version", "cupy_version", "cuda_graph") if k in m})
+        out.update({k: m[k] for k in ("report", "nvrtc_version", "cupy_version", "cuda_graph", "ab") if k in m})
         out["kernels"] = kernels
         out["launches"] = len(kernels)
         out["memory"] = dict(m["memory"])

@@ -22,9 +22,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "else sm_90). Progress goes to stderr.",
         ["fusec compile gpt2-small -o gpt2.fplan --dtype fp16 --cuda-graph",
          "fusec compile model.onnx -o m.fplan --shapes input_ids:8x128,attention_mask:8x128 --arch sm_80",
-         "fusec compile gpt2-tiny -o g.fplan --dump-dir dumps/ --disable-fusion gemm_epilogue"])
+         "fusec compile gpt2-tiny -o g.fplan --dump-dir dumps/ --disable-fusion gemm_epilogue",
+         "fusec compile gpt2-small -o g.fplan --cuda-graph --ab          (measure on this GPU, then compile)",
+         "fusec compile gpt2-small -o g.fplan --cuda-graph --decisions ledger.json"])
     add_model_arguments(p)
     add_compile_arguments(p)
+    from fusec.cli.ab import add_ab_arguments
+
+    p.add_argument("--ab", action="store_true", help="A/B-measure every fusion and kernel choice first (needs a GPU; "
+                                                     "see `fusec ab`) and compile with the decisions")
+    p.add_argument("--decisions", metavar="LEDGER", default=None,
+                   help="compile with the decisions of a ledger from `fusec ab --json` (no measuring)")
+    add_ab_arguments(p)
     p.add_argument("-o", "--output", metavar="PLAN", required=True, help="the plan file to write (.fplan)")
     return p
 
@@ -69,12 +78,19 @@ class Progress:
 
 def compile_from_args(args: argparse.Namespace, progress: Progress | None = None):
     import fusec
+    import fusec.ab
+    from fusec.cli.ab import ledger_for_compile
     from fusec.shapes import parse_shapes
 
     shapes = parse_shapes(args.shapes) if args.shapes is not None else None
-    return fusec.compile(args.model, shapes=shapes, dtype=args.dtype, cuda_graph=args.cuda_graph, arch=args.arch,
+    ledger = ledger_for_compile(args)  # --ab / --decisions (compile only); None otherwise
+    plan = fusec.compile(args.model, shapes=shapes, dtype=args.dtype, cuda_graph=args.cuda_graph, arch=args.arch,
                          disabled_fusions=args.disable_fusion, enabled_fusions=args.enable_fusion,
-                         dump_dir=args.dump_dir, progress=progress)
+                         dump_dir=args.dump_dir, progress=progress,
+                         fusion_overrides=ledger.overrides() if ledger else None, choices=ledger.choices() if ledger else None)
+    if ledger is not None:
+        fusec.ab.attach(plan, ledger)
+    return plan
 
 
 def run(args: argparse.Namespace) -> int:
