@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import os
-import tempfile
 import zipfile
 from collections.abc import Mapping
 from typing import Any
@@ -14,6 +13,7 @@ import numpy as np
 
 from fusec.dtypes import DType
 from fusec.errors import InputError
+from fusec.fsutil import atomic_write
 from fusec.ir import Graph, Value
 from fusec.ops import Op
 from fusec.reference import check_inputs
@@ -135,40 +135,13 @@ def save_outputs_npz(path: str | os.PathLike[str], outputs: Mapping[str, np.ndar
     because an output may be named anything, including ``file``.
     """
     target = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(target))
     try:
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(target) + ".", suffix=".tmp")
+        with atomic_write(target) as f, zipfile.ZipFile(f, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+            for name, arr in outputs.items():
+                with zf.open(name + ".npy", "w", force_zip64=True) as member:
+                    np.lib.format.write_array(member, np.asarray(arr), allow_pickle=False)
     except OSError as e:
         raise InputError(f"cannot write outputs file {target!r}: {e.strerror or e}") from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            with zipfile.ZipFile(f, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
-                for name, arr in outputs.items():
-                    with zf.open(name + ".npy", "w", force_zip64=True) as member:
-                        np.lib.format.write_array(member, np.asarray(arr), allow_pickle=False)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual permissions
-        os.replace(tmp, target)
-    except OSError as e:
-        _remove_quietly(tmp)
-        raise InputError(f"cannot write outputs file {target!r}: {e.strerror or e}") from None
-    except BaseException:
-        _remove_quietly(tmp)
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def _remove_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
 
 
 def _one_line(e: BaseException) -> str:

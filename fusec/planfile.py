@@ -23,11 +23,11 @@ import hashlib
 import json
 import os
 import struct
-import tempfile
 from collections.abc import Mapping
 from typing import Any
 
 from fusec.errors import FusecError
+from fusec.fsutil import atomic_write
 
 MAGIC = b"FUSECPLN"
 FORMAT_VERSION = 1
@@ -60,24 +60,12 @@ def write_plan(path: str | os.PathLike, manifest: Mapping[str, Any], blobs: Mapp
     head = header + mbytes
     head += b"\0" * _pad(len(head))
 
-    directory = os.path.dirname(os.path.abspath(os.fspath(path)))
-    fd, tmp = tempfile.mkstemp(prefix=".fplan-", suffix=".tmp", dir=directory)
-    try:
-        h = hashlib.sha256()
-        with os.fdopen(fd, "wb") as f:
-            for chunk in _chunks(head, blobs):
-                h.update(chunk)
-                f.write(chunk)
-            f.write(h.digest())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    h = hashlib.sha256()
+    with atomic_write(path) as f:
+        for chunk in _chunks(head, blobs):
+            h.update(chunk)
+            f.write(chunk)
+        f.write(h.digest())
 
 
 def _chunks(head: bytes, blobs: Mapping[str, bytes]):

@@ -94,3 +94,14 @@ def test_failed_write_leaves_nothing_behind(tmp_path) -> None:
         write_plan(target, {"a": 1}, FailsMidWrite({"b": b"x" * 1000, "c": b"y"}))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x.fplan"]
     assert target.read_bytes() == b"previous plan"
+
+
+def test_saved_plan_gets_the_usual_permissions(tmp_path) -> None:
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        write_plan(tmp_path / "p.fplan", {"a": 1}, {"b": b"123"})
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "p.fplan").stat().st_mode) == 0o644

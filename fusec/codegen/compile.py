@@ -20,12 +20,12 @@ import os
 import re
 import struct
 import sys
-import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 from fusec.errors import FusecError
+from fusec.fsutil import atomic_write
 
 _MAGIC = b"FUSECBN1"
 _ARCH_RE = re.compile(r"^sm_[0-9]{2,3}[a-z]?$")
@@ -120,19 +120,8 @@ def _decode(blob: bytes) -> tuple[bytes, str] | None:
 
 def _write_atomic(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".bin")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    with atomic_write(path, private=True) as f:
+        f.write(data)
 
 
 def _numbered(source: str) -> str:
