@@ -151,7 +151,8 @@ def test_flow_decides_every_candidate(ledger: Ledger) -> None:
     assert mlp.fused["median_ms"] < mlp.unfused["median_ms"] and len(mlp.applies_to) == 2
     assert all(e.decision == FUSED and e.max_error == 0.0 for e in by_rule["gemm_epilogue"])
     assert all(e.decision == UNFUSED and "slower" in e.reason for e in by_rule["norm_gemm"])
-    assert by_rule["choice:fusec_gemm"] and all(e.decision == FUSED for e in by_rule["choice:fusec_gemm"])
+    assert by_rule["choice:fusec_gemm"] and all(e.decision == FUSED and e.count == 2 for e in by_rule["choice:fusec_gemm"])
+    assert all(e.count == len(e.applies_to) for e in ledger.entries if e.kind == "fusion")
     w = ledger.whole_plan
     assert w is not None and w["kept"] == "assembled" and w["unfused"]["median_ms"] == 1.5
     assert ledger.overrides() and ledger.choices()
@@ -183,7 +184,7 @@ def test_budget_measures_largest_first_and_records_the_rest(tmp_path, monkeypatc
     measured = [e for e in led.entries if e.decision != NOT_MEASURED]
     rest = [e for e in led.entries if e.decision == NOT_MEASURED]
     assert len(measured) == 1 and rest and all(e.reason == "not measured (budget)" for e in rest)
-    top = max(led.entries, key=lambda e: e.cost_estimate * len(e.applies_to))
+    top = max(led.entries, key=lambda e: e.cost_estimate * e.count)
     assert measured[0] is top
     assert not led.overrides().keys() & {k for e in rest for k in e.applies_to}
 

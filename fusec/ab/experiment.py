@@ -48,7 +48,7 @@ def run(model: Any, shapes: Mapping[str, Sequence[int]] | None = None, dtype: st
     _, exps = _candidates(graph, DTYPES[dtype][0], candidates)
     env = runner.environment()
     tol = TOLERANCE[dtype]
-    order = sorted(range(len(exps)), key=lambda i: -exps[i].region.cost * len(exps[i].applies_to))
+    order = sorted(range(len(exps)), key=lambda i: -exps[i].weight)
     entries: dict[int, Entry] = {}
     t0 = time.perf_counter()
     for n_done, i in enumerate(order):

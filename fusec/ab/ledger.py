@@ -6,7 +6,7 @@ JSON form (``Ledger.to_json``), version 1::
      "margin", "environment": {...}, "entries": [ENTRY, ...], "whole_plan": {...} | null}
     ENTRY = {"candidate", "key", "rule", "kind": "fusion" | "kernel_choice", "members", "ops",
              "layer", "applies_to": [key, ...], "region": {"signature", "shape"}, "variant",
-             "rule_default", "cost_estimate", "fused": TIMING | null, "unfused": TIMING | null,
+             "rule_default", "cost_estimate", "count", "fused": TIMING | null, "unfused": TIMING | null,
              "max_error", "tolerance", "decision": "fused" | "unfused" | "not measured",
              "reason", "cached"}
     TIMING = {"median_ms", "p10_ms", "p90_ms", ...}
@@ -49,6 +49,7 @@ class Entry:
     variant: str
     rule_default: str
     cost_estimate: float
+    count: int = 1  # places of the model the decision covers (same region structure / choice key)
     fused: dict[str, Any] | None = None
     unfused: dict[str, Any] | None = None
     max_error: float | None = None
@@ -150,7 +151,7 @@ class Ledger:
         head = ("candidate", "rule", "n", "fused ms", "unfused ms", "error", "decision", "reason")
         rows = [head]
         for e in self.entries:
-            rows.append((_short(e.candidate, 44), e.rule, str(len(e.applies_to)), _ms(e.fused), _ms(e.unfused),
+            rows.append((_short(e.candidate, 44), e.rule, str(e.count), _ms(e.fused), _ms(e.unfused),
                          "-" if e.max_error is None else f"{float(e.max_error):.2g}", e.decision, _short(e.reason, 70)))
         widths = [max(len(r[i]) for r in rows) for i in range(len(head) - 1)]
         lines = ["  ".join(c.ljust(w) for c, w in zip(r[:-1], widths)) + "  " + r[-1] for r in rows]

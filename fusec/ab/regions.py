@@ -57,6 +57,12 @@ class Candidate:
     applies_to: list[str]
     default: str  # what the rule-based compile does: "fused" | "unfused"
     variant: str = "fused"  # kernel choice: the alternative's variant name
+    count: int = 1  # how many places of the model this experiment decides
+
+    @property
+    def weight(self) -> float:
+        """Expected effect of the decision on the whole plan (orders a budgeted run)."""
+        return self.region.cost * self.count
 
     @property
     def overrides(self) -> tuple[dict[str, bool], dict[str, bool]]:
@@ -176,6 +182,7 @@ def candidates(graph: Graph, storage: str, only: list[str] | None = None) -> tup
         sig = f"fusion:{r['rule']}:{default}:{region.signature}"
         if sig in out:
             out[sig].applies_to.append(r["key"])
+            out[sig].count += 1
             continue
         out[sig] = Candidate(r["key"], "fusion", r["rule"], list(r["members"]), [n.op.value for n in region.graph.nodes],
                              r.get("layer"), region, [r["key"]], default)
@@ -190,6 +197,7 @@ def candidates(graph: Graph, storage: str, only: list[str] | None = None) -> tup
         for variant in cp.variants[1:]:
             sig = f"choice:{cp.key}:{variant}"
             if sig in out:
+                out[sig].count += 1
                 continue
             region = make_region(pre, labels)
             out[sig] = Candidate(cp.key, "kernel_choice", f"choice:{variant}", labels,
@@ -202,4 +210,4 @@ def describe(c: Candidate) -> dict[str, Any]:
     return {"candidate": c.name, "key": c.key, "rule": c.rule, "kind": c.kind, "members": c.members, "ops": c.ops,
             "layer": c.layer, "applies_to": list(c.applies_to), "region": {"signature": c.region.signature,
                                                                             "shape": c.region.shape},
-            "variant": c.variant, "rule_default": c.default, "cost_estimate": c.region.cost}
+            "variant": c.variant, "rule_default": c.default, "cost_estimate": c.region.cost, "count": c.count}

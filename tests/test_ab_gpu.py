@@ -1,0 +1,150 @@
+"""fusec.ab on a GPU: an injected wrong kernel is rejected on numerics even when it looks faster, a
+deliberately slowed variant is rejected on time, the whole-MLP candidate of gpt2-tiny is measured,
+and the kernel-choice variants (fusec GEMM with fused epilogue, GEMV) agree with cuBLAS."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import fusec
+import fusec.ab
+from fusec.ab.decide import FUSED, TOLERANCE, UNFUSED, rel_error
+from fusec.ab.runner import GpuRunner
+from fusec.plan import Plan
+
+pytestmark = pytest.mark.gpu
+MODEL = "gpt2-tiny"
+
+
+def _blobs(plan: Any) -> dict[str, Any]:
+    from fusec.bench import _blob_names
+
+    return {k: plan.blob(k) for k in _blob_names(plan)}
+
+
+def _is_fused(kw: dict[str, Any]) -> bool:
+    return any((kw.get("overrides") or {}).values()) or any(v != "cublas" for v in (kw.get("choices") or {}).values())
+
+
+def _add_one_to_outputs(plan: Plan) -> Plan:
+    """The plan plus one more kernel per output: out += 1.0 in place (an off-by-one epilogue)."""
+    from fusec.codegen import specs as S
+    from fusec.codegen.elementwise import Apply, Const, In
+    from fusec.codegen.kernels import build
+    from fusec.dtypes import DType
+    from fusec.ops import Op
+
+    m = dict(plan.manifest)
+    blobs = _blobs(plan)
+    modules, kernels, launches = list(m["modules"]), list(m["kernels"]), list(m["launches"])
+    for out in m["outputs"]:
+        dt, shape = DType(out["dtype"]), tuple(out["shape"])
+        spec = S.elementwise_spec(Apply(Op.ADD, (In(0), Const(1.0, dt))), [shape], [dt], shape, vectorize=False)
+        ck = build(spec, plan.arch)
+        mid = f"m{len(modules)}"
+        blobs[f"cubin/{mid}"], blobs[f"source/{mid}"] = ck.cubin, ck.source.encode()
+        modules.append({"id": mid, "cubin": f"cubin/{mid}", "source": f"source/{mid}", "entry": ck.name, "template": ck.template})
+        kernels.append({"module": mid, "entry": ck.name, "smem": ck.shared_mem})
+        ptr = ["ptr", "arena", out["offset"]]
+        launches.append({"type": "kernel", "kernel": len(kernels) - 1, "grid": list(ck.grid), "block": list(ck.block),
+                         "smem": ck.shared_mem, "args": [ptr, ptr], "label": "injected +1"})
+    m.update(modules=modules, kernels=kernels, launches=launches)
+    return Plan(m, blobs, cuda_graph=plan.cuda_graph)
+
+
+class WrongRunner(GpuRunner):
+    """The fused variant gets an injected +1.0 kernel and reports a 10x better time than measured."""
+
+    def build(self, model: Any, **kw: Any) -> Any:
+        plan = super().build(model, **kw)
+        if _is_fused(kw):
+            plan = _add_one_to_outputs(plan)
+            plan.manifest["_wrong"] = True
+        return plan
+
+    def time(self, plan: Any, cuda_graph: bool, iters: int) -> dict[str, Any]:
+        t = super().time(plan, cuda_graph, iters)
+        if plan.manifest.get("_wrong"):
+            t = {**t, **{k: t[k] * 0.1 for k in ("median_ms", "p10_ms", "p90_ms")}}
+        return t
+
+
+class SlowRunner(GpuRunner):
+    """The fused variant runs its whole launch list 8 times (same results: region inputs are
+    pinned, every intermediate is recomputed), so it is correct and clearly slower."""
+
+    def build(self, model: Any, **kw: Any) -> Any:
+        plan = super().build(model, **kw)
+        if _is_fused(kw):
+            m = dict(plan.manifest)
+            m["launches"] = list(m["launches"]) * 8
+            plan = Plan(m, _blobs(plan), cuda_graph=plan.cuda_graph)
+        return plan
+
+
+@pytest.mark.parametrize("cuda_graph", [True, False])
+def test_wrong_kernel_rejected_on_numerics_even_when_faster(cuda_graph: bool) -> None:
+    led = fusec.ab.run(MODEL, dtype="fp16", cuda_graph=cuda_graph, candidates=["choice", "elementwise"],
+                       runner=WrongRunner(), use_cache=False, whole_plan=False, iters=30)
+    assert led.entries
+    for e in led.entries:
+        assert e.fused["median_ms"] < e.unfused["median_ms"], e  # it looks faster ...
+        assert e.decision == UNFUSED and "numerics" in e.reason and e.max_error > TOLERANCE["fp16"], e  # ... and loses
+
+
+def test_slowed_variant_rejected_on_time() -> None:
+    led = fusec.ab.run(MODEL, dtype="fp16", cuda_graph=True, candidates=["choice", "elementwise"],
+                       runner=SlowRunner(), use_cache=False, whole_plan=False, iters=50)
+    assert led.entries
+    for e in led.entries:
+        assert e.max_error is not None and e.max_error <= TOLERANCE["fp16"], e
+        assert e.decision == UNFUSED and "slower" in e.reason and e.fused["median_ms"] > e.unfused["median_ms"], e
+
+
+def test_gpt2_tiny_ledger_measures_the_whole_mlp(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("FUSEC_CACHE_DIR", str(tmp_path))
+    led = fusec.ab.run(MODEL, dtype="fp16")
+    mlp = [e for e in led.entries if e.rule == "mlp"]
+    assert mlp and len(mlp[0].applies_to) == 2
+    for e in mlp:
+        assert e.decision in (FUSED, UNFUSED) and e.fused and e.unfused and e.max_error is not None, e
+    assert all(e.decision in (FUSED, UNFUSED) for e in led.entries), [e.reason for e in led.entries]
+    w = led.whole_plan
+    assert w and all(w[k]["median_ms"] > 0 for k in ("rule_based", "unfused", "assembled"))
+    assert w["kept"] in ("assembled", "rule_based") and "mlp" in led.to_table()
+    # the decisions compile into a plan that computes what the rule-based plan computes
+    runner = GpuRunner()
+    rule = runner.build(MODEL, dtype="fp16", cuda_graph=True)
+    asm = runner.build(MODEL, dtype="fp16", cuda_graph=True, overrides=led.overrides(), choices=led.choices())
+    inputs = runner.inputs(rule, int(np.random.default_rng().integers(1 << 30)))
+    assert rel_error(runner.outputs(asm, inputs), runner.outputs(rule, inputs)) <= 2e-2
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32"])
+def test_kernel_choice_variants_match_cublas(dtype: str) -> None:
+    from fusec.builder import GraphBuilder
+    from fusec.dtypes import DType
+    from fusec.ops import Op
+
+    rng = np.random.default_rng()
+    b = GraphBuilder("choice")
+    x = b.input("x", (4, 96), DType.F32)
+    r = b.input("r", (4, 160), DType.F32)
+    w = b.const((rng.standard_normal((96, 160)) * 0.1).astype(np.float32), name="w")
+    bias = b.const(rng.standard_normal(160).astype(np.float32), name="bias")
+    y = b.emit(Op.ADD, b.emit(Op.SILU, b.emit(Op.ADD, b.emit(Op.MATMUL, x, w), bias)), r)
+    b.output(y, "y")
+    g = b.build()
+    runner = GpuRunner()
+    base = runner.build(g, dtype=dtype, cuda_graph=False)
+    inputs = runner.inputs(base, int(rng.integers(1 << 30)))
+    want = runner.outputs(base, inputs)
+    storage = {"fp16": "f16", "bf16": "bf16", "fp32": "f32"}[dtype]
+    key = f"gemm_epilogue:{storage}:4x160x96:bias+silu+res"
+    for variant in ("fusec_gemm", "gemv"):
+        plan = runner.build(g, dtype=dtype, cuda_graph=False, choices={key: variant})
+        assert plan.manifest["report"]["lowering"]["choices"]["applied"] == {key: variant}
+        assert rel_error(runner.outputs(plan, inputs), want) <= TOLERANCE[dtype] * 5, variant
