@@ -82,8 +82,10 @@ class FakeRunner:
     """Region timings: fused is 30% faster for gemm_epilogue/kernel choices, slower otherwise;
     ``wrong`` rules get fused outputs off by +1.0 (and look 10x faster)."""
 
-    def __init__(self, wrong: tuple[str, ...] = ("mlp",), whole: dict[str, float] | None = None):
+    def __init__(self, wrong: tuple[str, ...] = ("mlp",), whole: dict[str, float] | None = None,
+                 region: dict[str | None, float] | None = None):
         self.wrong, self.whole = wrong, whole or {"rule_based": 1.0, "unfused": 1.5, "assembled": 0.9}
+        self.region = {None: 1.0, "gemm_epilogue": 0.7, "choice": 0.7, "mlp": 0.1, **(region or {})}
         self.built: list[dict[str, Any]] = []
 
     def environment(self) -> dict[str, Any]:
@@ -122,7 +124,7 @@ class FakeRunner:
             m = self.whole[kind]
         else:
             rule = self._fused(plan)
-            m = {None: 1.0, "gemm_epilogue": 0.7, "choice": 0.7, "mlp": 0.1}.get(rule, 1.2)
+            m = self.region.get(rule, 1.2)
         return {"median_ms": m, "p10_ms": m * 0.99, "p90_ms": m * 1.01, "runs": iters}
 
 
@@ -338,3 +340,22 @@ def test_from_json_raises_ledger_error_naming_the_entry(ledger: Ledger) -> None:
         Ledger.from_dict(data)
     with pytest.raises(LedgerError, match="format"):
         Ledger.from_dict({**ledger.to_dict(), "format": "other"})
+
+
+def test_accepted_kernel_choice_keeps_its_gemm_epilogue_fused(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("FUSEC_CACHE_DIR", str(tmp_path))
+    runner = FakeRunner(region={"gemm_epilogue": 1.0})  # epilogue fusion ties (kept unfused); fusec GEMM wins
+    led = fusec.ab.run(MODEL, dtype="fp16", runner=runner, candidates=["gemm_epilogue", "choice"], whole_plan=False)
+    epi = [e for e in led.entries if e.rule == "gemm_epilogue"]
+    choice = [e for e in led.entries if e.kind == "kernel_choice"]
+    assert epi and all(e.decision == UNFUSED and "noise" in e.reason for e in epi)
+    assert choice and all(e.decision == FUSED and len(e.requires) == e.count for e in choice)
+    overrides = led.overrides()
+    assert all(overrides[k] for e in choice for k in e.requires)
+    plan = fusec.compile(MODEL, dtype="fp16", arch="sm_90", fusion_overrides=overrides, choices=led.choices())
+    recs = {r["key"]: r for r in plan.manifest["report"]["fusions"]}
+    assert all(recs[k]["decision"] == "applied" for e in choice for k in e.requires)
+    applied = plan.manifest["report"]["lowering"]["choices"]["applied"]
+    # the tied attention-layout epilogue turned off frees its layout ops, which then join the next
+    # GEMM as a prologue: that one group is no longer a plain GEMM + epilogue (decisions interact)
+    assert len(applied) == len(led.choices()) - 1 and applied.items() <= led.choices().items()

@@ -67,7 +67,7 @@ def decide(fused: Mapping[str, Any] | None, unfused: Mapping[str, Any] | None, e
     spread = max(float(fused["p90_ms"]) - float(fused["p10_ms"]), float(unfused["p90_ms"]) - float(unfused["p10_ms"]))
     gain = u - f
     pct = 100.0 * gain / u if u > 0 else 0.0
-    if gain <= 0:
+    if gain < 0:
         return UNFUSED, f"fused slower: {f:.4f} ms vs {u:.4f} ms ({-pct:.1f}% slower)"
     if gain <= spread:
         return UNFUSED, f"within noise: gain {gain:.4f} ms <= spread {spread:.4f} ms; keep the simpler form"

@@ -6,7 +6,7 @@ JSON form (``Ledger.to_json``), version 1::
      "margin", "environment": {...}, "entries": [ENTRY, ...], "whole_plan": {...} | null}
     ENTRY = {"candidate", "key", "rule", "kind": "fusion" | "kernel_choice", "members", "ops",
              "layer", "applies_to": [key, ...], "region": {"signature", "shape"}, "variant",
-             "rule_default", "cost_estimate", "count", "fused": TIMING | null, "unfused": TIMING | null,
+             "rule_default", "cost_estimate", "count", "requires", "fused": TIMING | null, "unfused": TIMING | null,
              "max_error", "tolerance", "decision": "fused" | "unfused" | "not measured",
              "reason", "cached"}
     TIMING = {"median_ms", "p10_ms", "p90_ms", ...}
@@ -50,6 +50,7 @@ class Entry:
     rule_default: str
     cost_estimate: float
     count: int = 1  # places of the model the decision covers (same region structure / choice key)
+    requires: list[str] = dataclasses.field(default_factory=list)  # kernel choice: fusions it needs
     fused: dict[str, Any] | None = None
     unfused: dict[str, Any] | None = None
     max_error: float | None = None
@@ -82,11 +83,18 @@ class Ledger:
         return bool(self.whole_plan) and self.whole_plan.get("kept") == "rule_based"
 
     def overrides(self) -> dict[str, bool]:
-        """{fusion candidate key: fuse?} for every measured fusion (see module doc)."""
+        """{fusion candidate key: fuse?} for every measured fusion (see module doc). The fusions an
+        accepted kernel choice lowers stay fused, whatever their own (tied) experiment said: the
+        choice was measured on the fused group."""
         if self.kept_rule_based:
             return {}
-        return {k: e.decision == FUSED for e in self.entries if e.kind == "fusion" and e.decision != NOT_MEASURED
-                for k in e.applies_to}
+        out = {k: e.decision == FUSED for e in self.entries if e.kind == "fusion" and e.decision != NOT_MEASURED
+               for k in e.applies_to}
+        chosen = self.choices()
+        for e in self.entries:
+            if e.kind == "kernel_choice" and chosen.get(e.key) == e.variant:
+                out.update({k: True for k in e.requires})
+        return out
 
     def choices(self) -> dict[str, str]:
         """{choice key: variant} for accepted kernel choices (the fastest where several won)."""
@@ -189,6 +197,8 @@ def _entry(e: Any, where: str) -> Entry:
         raise LedgerError(f"{where}: field 'decision' must be one of {_DECISIONS}, got {e.get('decision')!r}")
     if not isinstance(e["applies_to"], list) or not all(isinstance(k, str) for k in e["applies_to"]):
         raise LedgerError(f"{where}: field 'applies_to' must be a list of candidate keys")
+    if not isinstance(e.get("requires", []), list) or not all(isinstance(k, str) for k in e.get("requires", [])):
+        raise LedgerError(f"{where}: field 'requires' must be a list of candidate keys")
     for name in ("candidate", "key", "variant"):
         if not isinstance(e[name], str):
             raise LedgerError(f"{where}: field {name!r} must be a string")

@@ -58,6 +58,9 @@ class Candidate:
     default: str  # what the rule-based compile does: "fused" | "unfused"
     variant: str = "fused"  # kernel choice: the alternative's variant name
     count: int = 1  # how many places of the model this experiment decides
+    # kernel choice: the fusion candidates that must stay fused for the choice point to exist
+    # (the gemm_epilogue groups it lowers); an accepted choice keeps them fused
+    requires: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def weight(self) -> float:
@@ -172,6 +175,7 @@ def candidates(graph: Graph, storage: str, only: list[str] | None = None) -> tup
     pre = pre_fusion(graph, storage)
     records = fusion.run(pre, PassOptions(storage_dtype=storage)).graph.meta["fusions"]
     out: dict[str, Candidate] = {}
+    group_key = {frozenset(r["members"]): r["key"] for r in records if r["decision"] == "applied"}
     for r in records:
         if r["reason"].startswith(_NOT_APPLICABLE) or " is already in " in r["reason"]:
             continue
@@ -196,12 +200,15 @@ def candidates(graph: Graph, storage: str, only: list[str] | None = None) -> tup
             continue
         for variant in cp.variants[1:]:
             sig = f"choice:{cp.key}:{variant}"
+            need = [group_key[frozenset(labels)]] if frozenset(labels) in group_key else []
             if sig in out:
                 out[sig].count += 1
+                out[sig].requires.extend(need)
                 continue
             region = make_region(pre, labels)
             out[sig] = Candidate(cp.key, "kernel_choice", f"choice:{variant}", labels,
-                                 [n.op.value for n in region.graph.nodes], None, region, [cp.key], "unfused", variant)
+                                 [n.op.value for n in region.graph.nodes], None, region, [cp.key], "unfused", variant,
+                                 requires=need)
     return pre, list(out.values())
 
 
@@ -210,4 +217,5 @@ def describe(c: Candidate) -> dict[str, Any]:
     return {"candidate": c.name, "key": c.key, "rule": c.rule, "kind": c.kind, "members": c.members, "ops": c.ops,
             "layer": c.layer, "applies_to": list(c.applies_to), "region": {"signature": c.region.signature,
                                                                             "shape": c.region.shape},
-            "variant": c.variant, "rule_default": c.default, "cost_estimate": c.region.cost, "count": c.count}
+            "variant": c.variant, "rule_default": c.default, "cost_estimate": c.region.cost, "count": c.count,
+            "requires": list(c.requires)}
