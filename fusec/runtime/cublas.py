@@ -70,6 +70,12 @@ class Handle:
             _lib().cublasDestroy_v2(self.ptr)
             self.ptr = 0
 
+    def __del__(self) -> None:  # A/B experiments create many executors: release each handle
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the library may already be gone
+            pass
+
 
 @dataclasses.dataclass
 class GemmCall:
