@@ -30,7 +30,10 @@ def _is_fused(kw: dict[str, Any]) -> bool:
 
 
 def _add_one_to_outputs(plan: Plan) -> Plan:
-    """The plan plus one more kernel per output: out += 1.0 in place (an off-by-one epilogue)."""
+    """The plan plus one more kernel per output: out = out * 1.25 + 1 in place (a wrong epilogue).
+
+    Wrong relative to the output's own scale: a plain ``+ 1`` is invisible on outputs such as an
+    attention mask (0 or -65504 in fp16: relative error ~1e-5, under fp16's tolerance)."""
     from fusec.codegen import specs as S
     from fusec.codegen.elementwise import Apply, Const, In
     from fusec.codegen.kernels import build
@@ -42,7 +45,8 @@ def _add_one_to_outputs(plan: Plan) -> Plan:
     modules, kernels, launches = list(m["modules"]), list(m["kernels"]), list(m["launches"])
     for out in m["outputs"]:
         dt, shape = DType(out["dtype"]), tuple(out["shape"])
-        spec = S.elementwise_spec(Apply(Op.ADD, (In(0), Const(1.0, dt))), [shape], [dt], shape, vectorize=False)
+        wrong = Apply(Op.ADD, (Apply(Op.MUL, (In(0), Const(1.25, dt))), Const(1.0, dt)))
+        spec = S.elementwise_spec(wrong, [shape], [dt], shape, vectorize=False)
         ck = build(spec, plan.arch)
         mid = f"m{len(modules)}"
         blobs[f"cubin/{mid}"], blobs[f"source/{mid}"] = ck.cubin, ck.source.encode()
@@ -50,13 +54,13 @@ def _add_one_to_outputs(plan: Plan) -> Plan:
         kernels.append({"module": mid, "entry": ck.name, "smem": ck.shared_mem})
         ptr = ["ptr", "arena", out["offset"]]
         launches.append({"type": "kernel", "kernel": len(kernels) - 1, "grid": list(ck.grid), "block": list(ck.block),
-                         "smem": ck.shared_mem, "args": [ptr, ptr], "label": "injected +1"})
+                         "smem": ck.shared_mem, "args": [ptr, ptr], "label": "injected wrong epilogue"})
     m.update(modules=modules, kernels=kernels, launches=launches)
     return Plan(m, blobs, cuda_graph=plan.cuda_graph)
 
 
 class WrongRunner(GpuRunner):
-    """The fused variant gets an injected +1.0 kernel and reports a 10x better time than measured."""
+    """The fused variant gets an injected wrong kernel and reports a 10x better time than measured."""
 
     def build(self, model: Any, **kw: Any) -> Any:
         plan = super().build(model, **kw)
