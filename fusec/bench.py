@@ -21,8 +21,12 @@ def _percentiles(ms: list[float]) -> dict[str, float]:
 
 
 def measure(plan: Any, cuda_graph: bool, warmup: int = 10, iters: int = 100, rotate: int = 4,
-            seed: int = 0) -> dict[str, Any]:
-    """Time ``plan`` (a ``fusec.Plan``) in eager or CUDA-graph mode; returns percentiles in ms."""
+            seed: int = 0, batch: int = 1) -> dict[str, Any]:
+    """Time ``plan`` (a ``fusec.Plan``) in eager or CUDA-graph mode; returns percentiles in ms.
+
+    ``batch`` > 1: each sample is ``batch`` runs back to back between one pair of events, divided
+    by ``batch`` (steady-state time per run, without the per-sample synchronization and event
+    overhead that swamps regions of a few microseconds: the A/B experiments use this)."""
     import cupy
 
     from fusec.inputs import random_inputs_for
@@ -39,12 +43,14 @@ def measure(plan: Any, cuda_graph: bool, warmup: int = 10, iters: int = 100, rot
     samples = []
     for i in range(iters):
         start.record(stream)
-        runner.run(sets[i % len(sets)], stream=stream)
+        for _ in range(max(1, batch)):
+            runner.run(sets[i % len(sets)], stream=stream)
         end.record(stream)
         end.synchronize()
-        samples.append(cupy.cuda.get_elapsed_time(start, end))
+        samples.append(cupy.cuda.get_elapsed_time(start, end) / max(1, batch))
     out = _percentiles(samples)
     out["mode"] = "cuda_graph" if cuda_graph else "eager"
+    out["batch"] = max(1, batch)
     out["launches"] = runner.stats().get("launches")
     out["allocations"] = runner.stats().get("allocations")
     return out
