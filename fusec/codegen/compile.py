@@ -72,14 +72,9 @@ def nvrtc_version() -> tuple[int, int]:
 
 def default_arch() -> str:
     """The current GPU's ``sm_XX``, or ``sm_90`` on a machine without one."""
-    try:
-        import cupy
+    from fusec.device import gpu_arch
 
-        if cupy.cuda.runtime.getDeviceCount() > 0:
-            return "sm_" + str(cupy.cuda.Device().compute_capability)
-    except Exception:  # no driver or no device: compile for Hopper
-        pass
-    return "sm_90"
+    return gpu_arch() or "sm_90"
 
 
 def cache_dir() -> Path:

@@ -263,9 +263,9 @@ def _prod(xs: tuple[int, ...]) -> int:
 def _emit_indexed(ctx: Context, ie: IndexedExpr, outer: dict[Value, Value], out: Value, label: str) -> None:
     vals = [outer.get(v, v) for v, _, _ in ie.operands]
     if ie.plain:  # standard broadcasting only: let the spec merge dims and vectorize
-        spec = S.elementwise_spec(ie.expr, [v.shape for v in vals], [v.dtype for v in vals], out.shape,
-                                  vectorize=ctx.aligned(out, *vals))
-        ctx.kernel(spec, [*vals, out], label)
+        from fusec.lower.nodes import elementwise
+
+        elementwise(ctx, ie.expr, vals, out, label)
         return
     shape = out.shape if out.shape else (1,)
     operands = tuple(S.Operand(v.dtype, st if out.shape else (0,)) for v, (_, st, _) in zip(vals, ie.operands))
