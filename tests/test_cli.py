@@ -375,3 +375,15 @@ def test_error_messages_stay_on_one_line(capsys) -> None:
     assert err.count("\n") == 1 and err.startswith("fusec: error: ")
     assert "\\n" in err and "\\x1b" in err and "\\u2028" in err and "é" in err
     assert one_line("plain 'text' é") == "plain 'text' é"
+
+
+def test_run_without_cuda_packages_still_runs_the_reference(capsys, monkeypatch, no_gpu) -> None:
+    import fusec
+
+    def no_cuda(*a, **k):
+        raise ImportError("No module named 'cupy'")
+
+    monkeypatch.setattr(fusec, "compile", no_cuda)
+    code, out, err = call(capsys, ["run", "gpt2-tiny"])
+    assert code == 0 and "backend reference" in out.splitlines()[0]
+    assert "the CUDA compiler is not installed" in err and "fusec[cuda13]" in err

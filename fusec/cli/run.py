@@ -114,8 +114,13 @@ def _cross_compile(args: argparse.Namespace, graph: Graph) -> None:
     import fusec
 
     t0 = time.perf_counter()
-    plan = fusec.compile(graph, dtype=args.dtype, arch=args.arch, disabled_fusions=args.disable_fusion,
-                         enabled_fusions=args.enable_fusion)
+    try:
+        plan = fusec.compile(graph, dtype=args.dtype, arch=args.arch, disabled_fusions=args.disable_fusion,
+                             enabled_fusions=args.enable_fusion)
+    except ImportError as e:  # installed without the cuda12/cuda13 extra: no CuPy or NVRTC
+        print(f"no GPU found, and the CUDA compiler is not installed ({e}); install fusec[cuda13] "
+              f"to compile plans", file=sys.stderr)
+        return
     info = plan.info()
     print(CROSS_NOTE.format(arch=info["arch"], launches=info["launches"], kernels=len(plan.manifest["kernels"]),
                             secs=time.perf_counter() - t0), file=sys.stderr)
