@@ -123,18 +123,11 @@ def run(name: str) -> dict:
         res["torch_compile_s"] = time.perf_counter() - t0
         res["torch_compile"] = time_cuda(lambda: compiled(input_ids=t_ids, attention_mask=t_mask))
     stream = cupy.cuda.get_current_stream()
-    from fusec.plan import Plan
-
-    eager = Plan(plan.manifest, {k: plan.blob(k) for k in _names(plan)}, cuda_graph=False)
+    eager = plan.with_cuda_graph(False)
     res["fusec_eager"] = time_cuda(lambda: eager.run(inputs, stream=stream))
     res["fusec_graph"] = time_cuda(lambda: plan.run(inputs, stream=stream))
     res["fusec_stats"] = plan.stats()
     return res
-
-
-def _names(plan) -> list[str]:
-    m = plan.manifest
-    return [x[k] for x in m["modules"] for k in ("cubin", "source")] + (["weights"] if m["memory"]["weights_bytes"] else [])
 
 
 def main() -> None:

@@ -32,9 +32,8 @@ def measure(plan: Any, cuda_graph: bool, warmup: int = 10, iters: int = 100, rot
     import cupy
 
     from fusec.inputs import random_inputs_for
-    from fusec.plan import Plan
 
-    runner = Plan(plan.manifest, {k: plan.blob(k) for k in _blob_names(plan)}, cuda_graph=cuda_graph)
+    runner = plan.with_cuda_graph(cuda_graph)
     sets = [{k: cupy.asarray(v) for k, v in random_inputs_for(plan.manifest["inputs"], seed + i).items()}
             for i in range(max(1, rotate))]
     stream = cupy.cuda.Stream(non_blocking=True)
@@ -60,11 +59,3 @@ def measure(plan: Any, cuda_graph: bool, warmup: int = 10, iters: int = 100, rot
     out["launches"] = runner.stats().get("launches")
     out["allocations"] = runner.stats().get("allocations")
     return out
-
-
-def _blob_names(plan: Any) -> list[str]:
-    m = plan.manifest
-    names = [x[k] for x in m["modules"] for k in ("cubin", "source")]
-    if int(m["memory"].get("weights_bytes", 0)):
-        names.append("weights")
-    return names

@@ -53,7 +53,7 @@ def compile(model: Any, shapes: Mapping[str, Sequence[int]] | None = None, dtype
     mplan = plan_memory(g)
     low = lower(g, mplan.offsets, arch, compute=compute, progress=(lambda k: progress("kernel", k)) if progress else None,
                 arena_base=mplan.arena_bytes, choices=dict(choices or {}))
-    rep = report(g, opts)
+    rep = report(g, opts, mplan)
     rep["lowering"] = low.report
     if "fused_split" in g.meta:
         rep["fused_split"] = g.meta["fused_split"]

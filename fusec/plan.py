@@ -74,6 +74,14 @@ class Plan:
     def blob(self, name: str) -> bytes | memoryview:
         return self._blobs[name]
 
+    def blobs(self) -> dict[str, bytes | memoryview]:
+        """Every part of the plan by name (weights, kernel sources, cubins)."""
+        return dict(self._blobs)
+
+    def with_cuda_graph(self, cuda_graph: bool) -> Plan:
+        """The same compiled plan, run with or without CUDA-graph replay (its own device state)."""
+        return Plan(self.manifest, self._blobs, cuda_graph=cuda_graph)
+
     def info(self) -> dict[str, Any]:
         """JSON-able description for ``fusec inspect PLAN --json``."""
         m = self.manifest

@@ -129,7 +129,7 @@ def _dump(dump_dir: str | os.PathLike[str], fname: str, graph: Graph) -> None:
         f.write(print_graph(graph))
 
 
-def report(graph: Graph, options: PassOptions | None = None) -> dict[str, Any]:
+def report(graph: Graph, options: PassOptions | None = None, plan: Any = None) -> dict[str, Any]:
     """JSON-able facts about an (optimized) graph for ``fusec inspect --json``.
 
     Always: name, node/constant counts, parameters, the op histogram, and memory numbers (planned
@@ -137,7 +137,8 @@ def report(graph: Graph, options: PassOptions | None = None) -> dict[str, Any]:
     ``options.stats`` are passed through; passes extend the report by recording those keys.
     """
     stats = options.stats if options is not None else {}
-    plan = memory_plan.plan_memory(graph)
+    if plan is None:  # callers that already planned this graph pass their plan
+        plan = memory_plan.plan_memory(graph)
     out: dict[str, Any] = {
         "name": graph.name,
         "nodes": len(graph.nodes),

@@ -19,12 +19,6 @@ pytestmark = pytest.mark.gpu
 MODEL = "gpt2-tiny"
 
 
-def _blobs(plan: Any) -> dict[str, Any]:
-    from fusec.bench import _blob_names
-
-    return {k: plan.blob(k) for k in _blob_names(plan)}
-
-
 def _is_fused(kw: dict[str, Any]) -> bool:
     return any((kw.get("overrides") or {}).values()) or any(v != "cublas" for v in (kw.get("choices") or {}).values())
 
@@ -41,7 +35,7 @@ def _add_one_to_outputs(plan: Plan) -> Plan:
     from fusec.ops import Op
 
     m = dict(plan.manifest)
-    blobs = _blobs(plan)
+    blobs = plan.blobs()
     modules, kernels, launches = list(m["modules"]), list(m["kernels"]), list(m["launches"])
     for out in m["outputs"]:
         dt, shape = DType(out["dtype"]), tuple(out["shape"])
@@ -85,7 +79,7 @@ class SlowRunner(GpuRunner):
         if _is_fused(kw):
             m = dict(plan.manifest)
             m["launches"] = list(m["launches"]) * 8
-            plan = Plan(m, _blobs(plan), cuda_graph=plan.cuda_graph)
+            plan = Plan(m, plan.blobs(), cuda_graph=plan.cuda_graph)
         return plan
 
 

@@ -61,8 +61,9 @@ def optimized_report(graph: Graph) -> dict[str, Any]:
 
     g, opts = optimize(graph)
     g = legalize(g)
-    rep = report(g, opts)
-    low = lower(g, plan_memory(g).offsets, "sm_90", dry_run=True)
+    mplan = plan_memory(g)
+    rep = report(g, opts, mplan)
+    low = lower(g, mplan.offsets, "sm_90", dry_run=True)
     rep["kernels"] = low.report["launches"]
     rep["kernels_by_kind"] = low.report["by_template"]
     rep.setdefault("transposes_cached", 0)

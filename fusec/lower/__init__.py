@@ -19,10 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from fusec.dtypes import DType
 from fusec.errors import FusecError
 from fusec.ir import Graph, Node, Value
-from fusec.ops import Op
 
 Addr = tuple[str, int]  # ("arena" | "weights", byte offset)
 _ALIGN = 256
@@ -188,4 +186,4 @@ def _label(i: int, node: Node) -> str:
     return f"#{i} {node.op.value}"
 
 
-__all__ = ["Context", "Lowered", "LoweringError", "Raw", "lower", "Op", "DType"]
+__all__ = ["Context", "Lowered", "LoweringError", "Raw", "lower"]

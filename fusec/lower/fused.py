@@ -16,6 +16,7 @@ Bodies that none covers are split back into their members before memory planning
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from fusec.codegen import specs as S
@@ -250,14 +251,7 @@ def lower_fused(ctx: Context, node: Node, label: str) -> None:
 
 def _norm_cols(norm: Node) -> int:
     x = norm.inputs[0]
-    return x.numel // _prod(x.shape[: norm.attrs.axis]) if norm.op == Op.LAYERNORM else x.shape[-1]
-
-
-def _prod(xs: tuple[int, ...]) -> int:
-    out = 1
-    for d in xs:
-        out *= d
-    return out
+    return x.numel // math.prod(x.shape[: norm.attrs.axis]) if norm.op == Op.LAYERNORM else x.shape[-1]
 
 
 def _emit_indexed(ctx: Context, ie: IndexedExpr, outer: dict[Value, Value], out: Value, label: str) -> None:

@@ -12,6 +12,7 @@ import dataclasses
 
 import numpy as np
 
+from fusec.codegen.specs import contiguous_strides
 from fusec.ir import Node
 from fusec.ops import Op
 
@@ -24,11 +25,7 @@ class View:
 
     @staticmethod
     def contiguous(shape: tuple[int, ...]) -> View:
-        st, acc = [], 1
-        for d in reversed(shape):
-            st.append(acc)
-            acc *= d
-        return View(tuple(shape), tuple(reversed(st)), 0)
+        return View(tuple(shape), contiguous_strides(tuple(shape)), 0)
 
 
 def reshape(v: View, shape: tuple[int, ...]) -> View | None:

@@ -13,12 +13,8 @@ from fusec.codegen.elementwise import Apply, Const, In, single_op
 from fusec.dtypes import DType
 from fusec.ir import Node, Value
 from fusec.lower import Context, LoweringError
+from fusec.lower import layout as L
 from fusec.ops import OP_INFO, FusionKind, Op
-
-
-def _strides(shape: tuple[int, ...]) -> list[int]:  # noqa: D103
-    return list(S.contiguous_strides(shape))
-
 
 # ---- elementwise family -----------------------------------------------------------------------
 
@@ -169,9 +165,11 @@ def _rmsnorm(ctx: Context, node: Node, label: str) -> None:
 # ---- attention, rope, embedding ---------------------------------------------------------------
 
 def _bcast_strides(v: Value, full: tuple[int, ...]) -> tuple[int, ...]:
-    shape = (1,) * (len(full) - len(v.shape)) + v.shape
-    st = _strides(shape)
-    return tuple(0 if shape[d] == 1 and full[d] != 1 else st[d] for d in range(len(full)))
+    """Strides of ``v`` read broadcast to ``full`` (0 on broadcast axes)."""
+    view = L.broadcast_to(L.View.contiguous(v.shape), full)
+    if view is None:
+        raise LoweringError(f"value {v.name!r} {list(v.shape)} does not broadcast to {list(full)}")
+    return view.strides
 
 
 def _attention(ctx: Context, node: Node, label: str) -> None:
@@ -203,7 +201,7 @@ def _rope(ctx: Context, node: Node, label: str) -> None:
     cst, sst = _bcast_strides(cos, full), _bcast_strides(sin, full)
     if cst != sst or cst[1] != 0 or cst[3] != 1:
         raise LoweringError(f"{label}: rope cos/sin layout {list(cos.shape)} has no GPU lowering yet")
-    xs = tuple(_strides(x.shape)[:3])
+    xs = S.contiguous_strides(x.shape)[:3]
     spec = S.RopeSpec(B, H, S_, D, rd, x.dtype, xs, xs, (cst[0], cst[2]), cos.dtype)  # type: ignore[arg-type]
     ctx.kernel(spec, [x, cos, sin, node.output], label)
 

@@ -94,6 +94,7 @@ class Executor:
                          for d in self.manifest["outputs"]}
         self._graph = None
         self._stats: dict[str, Any] = {}
+        self._allocs = _AllocCounter()  # made once: run() only resets its count
         if cuda_graph:
             self._capture()  # at load, so that no run ever synchronizes, the first one included
 
@@ -192,7 +193,8 @@ class Executor:
         # Default: the caller's current CuPy stream, so that what the caller does next with the
         # outputs (on that stream) is ordered after the run.
         stream = stream if stream is not None else cp.cuda.get_current_stream()
-        counter = _AllocCounter()
+        counter = self._allocs
+        counter.count = 0
         h2d = d2d = 0
         t0 = time.perf_counter()
         with counter.hook:
