@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import heapq
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -21,6 +21,7 @@ import numpy as np
 from fusec.dtypes import DType
 from fusec.ir import Graph, Node, Value
 from fusec.ops import Op, infer
+from fusec.passes.base import PassOptions, PassResult
 
 # Layer numbers in HF/ONNX names: "layers.3", "/h.3/", "layer.3", "blocks.3".
 _LAYER_RE = re.compile(r"(?:^|[^a-z])(layers?|h|blocks?)[._/](\d+)")
@@ -322,3 +323,20 @@ def set_pattern_count(graph: Graph, key: str, n: int) -> None:
     pats = dict(graph.meta.get("patterns", {}))
     pats[key] = n
     graph.meta["patterns"] = pats
+
+
+def recognize(graph: Graph, options: PassOptions, roots: tuple[Op, ...],
+              match: Callable[[Ctx, Rewriter, Node, PassOptions], Any], counts: dict[str, Op | Callable[[Graph], int]],
+              stat: str, outermost_first: bool = False) -> PassResult:
+    """The driver every recognition pass shares: try ``match`` on each unclaimed node whose op is in
+    ``roots`` (last node first with ``outermost_first``, so an outer product claims an inner one
+    before the inner could match on its own), finish the rewrite, record ``graph.meta["patterns"]``
+    (``counts``: key -> the op to count, or a function of the new graph) and bump ``stat``."""
+    ctx, rw = Ctx(graph), Rewriter(graph)
+    order = reversed(graph.nodes) if outermost_first else graph.nodes
+    found = sum(1 for n in order if n.op in roots and not rw.claimed([n]) and match(ctx, rw, n, options))
+    g = rw.finish() if rw.changed else graph.copy()
+    for key, what in counts.items():
+        set_pattern_count(g, key, count_ops(g, what) if isinstance(what, Op) else what(g))
+    options.bump(stat, found)
+    return PassResult(g, found > 0)

@@ -16,7 +16,7 @@ import math
 from fusec.ir import Graph, Node, Value
 from fusec.ops import GeluAttrs, NoAttrs, Op
 from fusec.passes.base import PassOptions, PassResult
-from fusec.passes.match import Ctx, Rewriter, close, count_ops, factors, set_pattern_count, terms
+from fusec.passes.match import Ctx, Rewriter, close, factors, recognize, terms
 
 NAME = "recognize_activations"
 REQUIRES = ("constant_fold",)
@@ -140,17 +140,8 @@ def _count_swiglu(graph: Graph) -> int:
 
 
 def run(graph: Graph, options: PassOptions) -> PassResult:
-    ctx = Ctx(graph)
-    rw = Rewriter(graph)
-    found = 0
-    for node in reversed(graph.nodes):  # outermost product first
-        if node.op != Op.MUL or rw.claimed([node]):
-            continue
-        if _match_gelu(ctx, rw, node, options) or _match_silu(ctx, rw, node, options):
-            found += 1
-    g = rw.finish() if rw.changed else graph.copy()
-    set_pattern_count(g, "gelu", count_ops(g, Op.GELU))
-    set_pattern_count(g, "silu", count_ops(g, Op.SILU))
-    set_pattern_count(g, "swiglu", _count_swiglu(g))
-    options.bump("activations_recognized", found)
-    return PassResult(g, found > 0)
+    # Outermost product first.
+    return recognize(graph, options, (Op.MUL,),
+                     lambda ctx, rw, n, o: _match_gelu(ctx, rw, n, o) or _match_silu(ctx, rw, n, o),
+                     {"gelu": Op.GELU, "silu": Op.SILU, "swiglu": _count_swiglu}, "activations_recognized",
+                     outermost_first=True)

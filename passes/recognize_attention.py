@@ -26,7 +26,7 @@ from fusec.dtypes import DType
 from fusec.ir import Graph, Node, Value
 from fusec.ops import AttentionAttrs, NoAttrs, Op, PermAttrs
 from fusec.passes.base import PassOptions, PassResult
-from fusec.passes.match import Ctx, Rewriter, count_ops, set_pattern_count
+from fusec.passes.match import Ctx, Rewriter, recognize
 
 NAME = "recognize_attention"
 REQUIRES = ("constant_fold", "recognize_softmax")
@@ -291,10 +291,4 @@ def _match(ctx: Ctx, rw: Rewriter, root: Node, opts: PassOptions) -> bool:
 
 
 def run(graph: Graph, options: PassOptions) -> PassResult:
-    ctx = Ctx(graph)
-    rw = Rewriter(graph)
-    found = sum(1 for n in graph.nodes if n.op == Op.MATMUL and not rw.claimed([n]) and _match(ctx, rw, n, options))
-    g = rw.finish() if rw.changed else graph.copy()
-    set_pattern_count(g, "attention", count_ops(g, Op.ATTENTION))
-    options.bump("attention_recognized", found)
-    return PassResult(g, found > 0)
+    return recognize(graph, options, (Op.MATMUL,), _match, {"attention": Op.ATTENTION}, "attention_recognized")

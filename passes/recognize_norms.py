@@ -24,7 +24,7 @@ import numpy as np
 from fusec.ir import Graph, Node, Value
 from fusec.ops import CastAttrs, LayerNormAttrs, Op, RMSNormAttrs, infer
 from fusec.passes.base import PassOptions, PassResult
-from fusec.passes.match import Ctx, Rewriter, count_ops, factors, set_pattern_count, terms
+from fusec.passes.match import Ctx, Rewriter, factors, recognize, terms
 
 NAME = "recognize_norms"
 REQUIRES = ("constant_fold",)  # eps, weights and (1 + w) must be constants
@@ -198,18 +198,8 @@ def _typed(rw: Rewriter, op: Op, ins: list[Value], attrs: object, out: Value) ->
 
 
 def run(graph: Graph, options: PassOptions) -> PassResult:
-    ctx = Ctx(graph)
-    rw = Rewriter(graph)
-    found = 0
     # Outermost first: the weight multiply (or "+ beta") claims the inner product before the
     # inner product could be matched as a weightless norm.
-    for node in reversed(graph.nodes):
-        if node.op not in (Op.MUL, Op.DIV, Op.ADD) or rw.claimed([node]):
-            continue
-        if _match(ctx, rw, node, options) is not None:
-            found += 1
-    g = rw.finish() if rw.changed else graph.copy()
-    set_pattern_count(g, "layernorm", count_ops(g, Op.LAYERNORM))
-    set_pattern_count(g, "rmsnorm", count_ops(g, Op.RMSNORM))
-    options.bump("norms_recognized", found)
-    return PassResult(g, found > 0)
+    return recognize(graph, options, (Op.MUL, Op.DIV, Op.ADD),
+                     lambda ctx, rw, n, o: _match(ctx, rw, n, o) is not None,
+                     {"layernorm": Op.LAYERNORM, "rmsnorm": Op.RMSNORM}, "norms_recognized", outermost_first=True)

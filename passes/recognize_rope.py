@@ -12,7 +12,7 @@ from __future__ import annotations
 from fusec.ir import Graph, Node, Value
 from fusec.ops import Op, RopeAttrs
 from fusec.passes.base import PassOptions, PassResult
-from fusec.passes.match import Ctx, Rewriter, count_ops, factors, set_pattern_count, terms
+from fusec.passes.match import Ctx, Rewriter, factors, recognize, terms
 
 NAME = "recognize_rope"
 REQUIRES = ("constant_fold",)
@@ -111,10 +111,4 @@ def _emit(ctx: Ctx, rw: Rewriter, root: Node, x: Value, cos: Value, sin: Value, 
 
 
 def run(graph: Graph, options: PassOptions) -> PassResult:
-    ctx = Ctx(graph)
-    rw = Rewriter(graph)
-    found = sum(1 for n in graph.nodes if n.op == Op.ADD and not rw.claimed([n]) and _match(ctx, rw, n, options))
-    g = rw.finish() if rw.changed else graph.copy()
-    set_pattern_count(g, "rope", count_ops(g, Op.ROPE))
-    options.bump("rope_recognized", found)
-    return PassResult(g, found > 0)
+    return recognize(graph, options, (Op.ADD,), _match, {"rope": Op.ROPE}, "rope_recognized")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from fusec.ir import Graph, Node, Value
 from fusec.ops import AxisAttrs, Op
 from fusec.passes.base import PassOptions, PassResult
-from fusec.passes.match import Ctx, Rewriter, count_ops, factors, set_pattern_count
+from fusec.passes.match import Ctx, Rewriter, factors, recognize
 
 NAME = "recognize_softmax"
 REQUIRES = ("constant_fold",)
@@ -59,11 +59,5 @@ def _match(ctx: Ctx, rw: Rewriter, root: Node, opts: PassOptions) -> bool:
 
 
 def run(graph: Graph, options: PassOptions) -> PassResult:
-    ctx = Ctx(graph)
-    rw = Rewriter(graph)
-    found = sum(1 for n in reversed(graph.nodes)
-                if n.op in (Op.DIV, Op.MUL) and not rw.claimed([n]) and _match(ctx, rw, n, options))
-    g = rw.finish() if rw.changed else graph.copy()
-    set_pattern_count(g, "softmax", count_ops(g, Op.SOFTMAX))
-    options.bump("softmax_recognized", found)
-    return PassResult(g, found > 0)
+    return recognize(graph, options, (Op.DIV, Op.MUL), _match, {"softmax": Op.SOFTMAX}, "softmax_recognized",
+                     outermost_first=True)
