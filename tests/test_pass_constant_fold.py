@@ -4,34 +4,21 @@ large weights and size-growing folds are declined with a reason."""
 from __future__ import annotations
 
 import numpy as np
+from graph_checks import check_same, rand
 
-from fusec import reference
 from fusec.builder import GraphBuilder
 from fusec.dtypes import DType
-from fusec.ir import Graph, verify
 from fusec.ops import Op
 from fusec.passes import constant_fold
 from fusec.passes.base import PassOptions
-
-
-def _rand(rng: np.random.Generator, *shape: int) -> np.ndarray:
-    return (rng.standard_normal(shape) + 0.5).astype(np.float32)
-
-
-def _check_same(before: Graph, after: Graph, feeds: dict[str, np.ndarray]) -> None:
-    verify(after)
-    want, got = reference.run(before, feeds), reference.run(after, feeds)
-    assert want.keys() == got.keys()
-    for k in want:
-        np.testing.assert_array_equal(got[k], want[k])
 
 
 def test_chain_of_constant_ops_folds_into_one_constant_and_drops_sources() -> None:
     rng = np.random.default_rng()
     b = GraphBuilder()
     x = b.input("x", (4, 8), DType.F32)
-    c1 = b.const(_rand(rng, 8), name="c1")
-    c2 = b.const(_rand(rng, 8), name="c2")
+    c1 = b.const(rand(rng, 8), name="c1")
+    c2 = b.const(rand(rng, 8), name="c2")
     s = b.emit(Op.EXP, b.emit(Op.ADD, c1, c2))  # two foldable nodes in a chain
     b.output(b.emit(Op.MUL, x, s), "y")
     g = b.build()
@@ -42,7 +29,7 @@ def test_chain_of_constant_ops_folds_into_one_constant_and_drops_sources() -> No
     (c,) = res.graph.constants  # c1 and c2 are unused afterwards: dropped
     np.testing.assert_array_equal(c.data, np.exp(c1.data + c2.data))
     assert opts.stats["constants_folded"] == 2
-    _check_same(g, res.graph, {"x": _rand(rng, 4, 8)})
+    check_same(g, res.graph, {"x": rand(rng, 4, 8)})
     assert len(g.nodes) == 3 and len(g.constants) == 2  # the input graph is untouched
 
 
@@ -56,7 +43,7 @@ def test_folded_graph_output_keeps_its_name() -> None:
     res = constant_fold.run(g, PassOptions())
     assert [v.name for v in res.graph.outputs] == ["y", "k"]
     assert res.graph.outputs[1].is_const
-    _check_same(g, res.graph, {"x": np.array([1.0, 2.0, -3.0], np.float32)})
+    check_same(g, res.graph, {"x": np.array([1.0, 2.0, -3.0], np.float32)})
 
 
 def test_nothing_to_fold_when_an_input_is_not_constant() -> None:
@@ -75,8 +62,8 @@ def test_transpose_and_matmul_of_large_weights_are_left_to_layout_passes() -> No
     n = 80  # 6400 elements > max_layout_elements (4096)
     b = GraphBuilder()
     x = b.input("x", (2, n), DType.F32)
-    w = b.const(_rand(rng, n, n), name="w")
-    u = b.const(_rand(rng, n, n), name="u")
+    w = b.const(rand(rng, n, n), name="w")
+    u = b.const(rand(rng, n, n), name="u")
     wt = b.emit(Op.TRANSPOSE, w, perm=(1, 0))
     wu = b.emit(Op.MATMUL, w, u)
     b.output(b.emit(Op.MATMUL, b.emit(Op.MATMUL, x, wt), wu), "y")
@@ -93,27 +80,27 @@ def test_large_weight_transpose_that_is_a_view_still_folds() -> None:
     rng = np.random.default_rng()
     b = GraphBuilder()
     x = b.input("x", (2, 100), DType.F32)
-    w = b.const(_rand(rng, 1, 100, 100), name="w")
+    w = b.const(rand(rng, 1, 100, 100), name="w")
     wt = b.emit(Op.TRANSPOSE, w, perm=(1, 0, 2))  # moves only the size-1 axis: zero-copy
     b.output(b.emit(Op.MATMUL, x, b.emit(Op.RESHAPE, wt, shape=(100, 100))), "y")
     g = b.build()
     opts = PassOptions()
     res = constant_fold.run(g, opts)
     assert [n.op for n in res.graph.nodes] == [Op.MATMUL] and opts.declines == []
-    _check_same(g, res.graph, {"x": _rand(rng, 2, 100)})
+    check_same(g, res.graph, {"x": rand(rng, 2, 100)})
 
 
 def test_small_transpose_folds_and_policy_is_adjustable() -> None:
     rng = np.random.default_rng()
     b = GraphBuilder()
     x = b.input("x", (2, 4), DType.F32)
-    w = b.const(_rand(rng, 3, 4), name="w")
+    w = b.const(rand(rng, 3, 4), name="w")
     b.output(b.emit(Op.MATMUL, x, b.emit(Op.TRANSPOSE, w, perm=(1, 0))), "y")
     g = b.build()
     folded, n = constant_fold.fold(g, PassOptions())
     assert n == 1
     assert [node.op for node in folded.nodes] == [Op.MATMUL]
-    _check_same(g, folded, {"x": _rand(rng, 2, 4)})
+    check_same(g, folded, {"x": rand(rng, 2, 4)})
     strict = constant_fold.FoldPolicy(max_layout_elements=4)
     kept, n2 = constant_fold.fold(g, PassOptions(), strict)
     assert n2 == 0 and [node.op for node in kept.nodes] == [Op.TRANSPOSE, Op.MATMUL]
@@ -143,4 +130,4 @@ def test_integer_shape_arithmetic_folds_exactly() -> None:
     res = constant_fold.run(g, PassOptions())
     assert [n.op for n in res.graph.nodes] == [Op.ADD]
     assert res.graph.constants[0].data.tolist() == [3, -3, -2, 2]  # truncation toward zero
-    _check_same(g, res.graph, {"x": np.array([1, 2, 3, 4], np.int64)})
+    check_same(g, res.graph, {"x": np.array([1, 2, 3, 4], np.int64)})

@@ -3,27 +3,13 @@
 from __future__ import annotations
 
 import numpy as np
+from graph_checks import check_same, rand
 
-from fusec import reference
 from fusec.builder import GraphBuilder
 from fusec.dtypes import DType
-from fusec.ir import Graph, verify
 from fusec.ops import Op
 from fusec.passes import cse, dce
 from fusec.passes.base import PassOptions
-
-
-def _rand(rng: np.random.Generator, *shape: int) -> np.ndarray:
-    return (rng.standard_normal(shape) + 0.5).astype(np.float32)
-
-
-def _check_same(before: Graph, after: Graph, feeds: dict[str, np.ndarray]) -> None:
-    verify(after)
-    want, got = reference.run(before, feeds), reference.run(after, feeds)
-    assert want.keys() == got.keys()
-    for k in want:
-        np.testing.assert_array_equal(got[k], want[k])
-
 
 # ---- DCE -------------------------------------------------------------------------------------
 
@@ -33,7 +19,7 @@ def test_dce_removes_dead_chain_and_its_constant_but_keeps_unused_input() -> Non
     b = GraphBuilder()
     x = b.input("x", (3, 4), DType.F32)
     b.input("unused", (2,), DType.F32)
-    c = b.const(_rand(rng, 3, 4), name="dead_c")
+    c = b.const(rand(rng, 3, 4), name="dead_c")
     b.emit(Op.EXP, b.emit(Op.ADD, x, c))  # dead: nobody reads it
     b.output(b.emit(Op.TANH, x), "y")
     g = b.build()
@@ -44,7 +30,7 @@ def test_dce_removes_dead_chain_and_its_constant_but_keeps_unused_input() -> Non
     assert res.graph.constants == []
     assert [v.name for v in res.graph.inputs] == ["x", "unused"]
     assert opts.stats == {"dce_nodes_removed": 2, "dce_constants_dropped": 1}
-    _check_same(g, res.graph, {"x": _rand(rng, 3, 4), "unused": _rand(rng, 2)})
+    check_same(g, res.graph, {"x": rand(rng, 3, 4), "unused": rand(rng, 2)})
 
 
 def test_dce_keeps_everything_live_and_constant_outputs() -> None:
@@ -77,7 +63,7 @@ def test_cse_merges_identical_nodes_and_commuted_adds() -> None:
     mul = res.graph.nodes[-1]
     assert mul.inputs[0] is mul.inputs[1]
     assert opts.stats["cse_nodes_merged"] == 2
-    _check_same(g, res.graph, {"x": _rand(rng, 2, 3), "y": _rand(rng, 2, 3)})
+    check_same(g, res.graph, {"x": rand(rng, 2, 3), "y": rand(rng, 2, 3)})
 
 
 def test_cse_keeps_nodes_that_differ_in_attrs_or_operand_order_of_non_commutative_ops() -> None:
@@ -96,7 +82,7 @@ def test_cse_keeps_nodes_that_differ_in_attrs_or_operand_order_of_non_commutativ
 
 def test_cse_merges_equal_constants_bitwise_only() -> None:
     rng = np.random.default_rng()
-    data = _rand(rng, 4)
+    data = rand(rng, 4)
     b = GraphBuilder()
     x = b.input("x", (4,), DType.F32)
     c1 = b.const(data, name="c1")
@@ -110,7 +96,7 @@ def test_cse_merges_equal_constants_bitwise_only() -> None:
     assert [c.name for c in res.graph.constants] == ["c1", "z1", "z2"]
     # the two multiplies now read the same constant, so they merged as well
     assert [n.op for n in res.graph.nodes] == [Op.MUL, Op.ADD, Op.ADD, Op.ADD]
-    _check_same(g, res.graph, {"x": _rand(rng, 4)})
+    check_same(g, res.graph, {"x": rand(rng, 4)})
 
 
 def test_cse_keeps_graph_output_names() -> None:
@@ -127,4 +113,4 @@ def test_cse_keeps_graph_output_names() -> None:
     assert [v.name for v in res.graph.outputs] == ["a", "out_tanh", "s1", "s2"]
     assert [n.op for n in res.graph.nodes] == [Op.TANH, Op.NEG, Op.SIGMOID, Op.SIGMOID]
     assert res.graph.nodes[0].outputs[0].name == "out_tanh"  # first position, output's name
-    _check_same(g, res.graph, {"x": _rand(rng, 3)})
+    check_same(g, res.graph, {"x": rand(rng, 3)})

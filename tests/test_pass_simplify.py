@@ -6,27 +6,14 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
+from graph_checks import check_same, rand
 
-from fusec import reference
 from fusec.builder import GraphBuilder
 from fusec.dtypes import DType
-from fusec.ir import Graph, Value, verify
+from fusec.ir import Graph, Value
 from fusec.ops import Op
 from fusec.passes import simplify
 from fusec.passes.base import PassOptions
-
-
-def _rand(rng: np.random.Generator, *shape: int) -> np.ndarray:
-    return (rng.standard_normal(shape) + 0.5).astype(np.float32)
-
-
-def _check_same(before: Graph, after: Graph, feeds: dict[str, np.ndarray]) -> None:
-    verify(after)
-    want, got = reference.run(before, feeds), reference.run(after, feeds)
-    assert want.keys() == got.keys()
-    for k in want:
-        np.testing.assert_array_equal(got[k], want[k])
-
 
 Emit = Callable[[GraphBuilder, Value], Value]
 
@@ -73,7 +60,7 @@ def test_no_op_is_removed(case: str) -> None:
     assert res.changed
     assert [n.op for n in res.graph.nodes] == [Op.EXP, Op.NEG]
     assert res.graph.constants == []
-    _check_same(g, res.graph, {"x": _rand(np.random.default_rng(), 3, 4)})
+    check_same(g, res.graph, {"x": rand(np.random.default_rng(), 3, 4)})
 
 
 @pytest.mark.parametrize("case", sorted(NOT_NO_OPS))
@@ -97,7 +84,7 @@ def test_double_reshape_becomes_one_and_round_trip_vanishes() -> None:
     ops = [(n.op, n.inputs[0].name) for n in res.graph.nodes]
     assert ops == [(Op.RESHAPE, "x"), (Op.TANH, res.graph.nodes[0].outputs[0].name), (Op.TANH, "x")]
     assert res.graph.nodes[0].attrs.shape == (4, 6)
-    _check_same(g, res.graph, {"x": _rand(rng, 2, 3, 4)})
+    check_same(g, res.graph, {"x": rand(rng, 2, 3, 4)})
 
 
 def test_consecutive_transposes_compose() -> None:
@@ -113,7 +100,7 @@ def test_consecutive_transposes_compose() -> None:
     (tr,) = [n for n in res.graph.nodes if n.op == Op.TRANSPOSE]
     assert tr.inputs[0].name == "x" and tr.attrs.perm == (3, 0, 1, 2)
     assert len(res.graph.nodes) == 3  # the inverse pair vanished entirely
-    _check_same(g, res.graph, {"x": _rand(rng, 2, 3, 4, 5)})
+    check_same(g, res.graph, {"x": rand(rng, 2, 3, 4, 5)})
 
 
 def test_no_op_on_named_output_renames_its_source() -> None:
@@ -129,7 +116,7 @@ def test_no_op_on_named_output_renames_its_source() -> None:
     assert res.graph.nodes[0].outputs[0].name == "y"
     assert res.graph.nodes[1].inputs[0].name == "y"
     assert [v.name for v in res.graph.outputs] == ["other", "y"]
-    _check_same(g, res.graph, {"x": _rand(rng, 3, 4)})
+    check_same(g, res.graph, {"x": rand(rng, 3, 4)})
 
 
 def test_no_op_from_input_to_named_output_is_declined_with_reason() -> None:
