@@ -106,16 +106,23 @@ def render_plan(report: dict[str, Any]) -> str:
              f"arch        {report['arch']}   dtype {report['dtype']}   fusec {report.get('fusec_version')}"
              + ("   cuda-graph" if report.get("cuda_graph") else ""),
              f"memory      arena {_bytes(mem['arena_bytes'])}, weights {_bytes(mem['weights_bytes'])}"]
-    for key in ("inputs", "outputs"):
-        lines.append(f"{key}:")
-        for v in report[key]:
-            lines.append(f"  {fmt_name(v['name'])}  {v['dtype']}[{','.join(str(d) for d in v['shape'])}]")
+    lines.extend(_signature_lines(report))
     lines.append(f"kernels ({report['launches']} launches per run):")
     for k in report["kernels"]:
         geo = f"grid {k['grid']} block {k['block']} smem {k['smem']}" if "grid" in k else \
             f"m={k['m']} n={k['n']} k={k['k']} batch={k['batch']}"
         lines.append(f"  {k['label']:<28} {k['name']:<28} {geo}")
     return "\n".join(lines)
+
+
+def _signature_lines(report: dict[str, Any]) -> list[str]:
+    """The inputs and outputs, one per line, names printed safely."""
+    lines = []
+    for key in ("inputs", "outputs"):
+        lines.append(f"{key}:")
+        for v in report[key]:
+            lines.append(f"  {fmt_name(v['name'])}  {v['dtype']}[{','.join(str(d) for d in v['shape'])}]")
+    return lines
 
 
 def _bytes(n: int) -> str:
@@ -131,10 +138,7 @@ def render_text(report: dict[str, Any]) -> str:
              f"parameters  {report['parameters']:,}",
              f"weights     {_bytes(report['weights_bytes'])} ({report['weights_bytes']:,} bytes in "
              f"{report['constants']} constants)"]
-    for key in ("inputs", "outputs"):
-        lines.append(f"{key}:")
-        for v in report[key]:
-            lines.append(f"  {fmt_name(v['name'])}  {v['dtype']}[{','.join(str(d) for d in v['shape'])}]")
+    lines.extend(_signature_lines(report))
     lines.append(f"ops ({report['nodes']} nodes):")
     width = max((len(k) for k in report["ops"]), default=0)
     for op, count in report["ops"].items():
