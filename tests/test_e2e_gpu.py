@@ -119,3 +119,20 @@ def test_padded_odd_n_gemm_matches_reference(dtype: str, tol: float) -> None:
     want = reference.run(graph, {"x": x})["y"].astype(np.float32)
     got = _to_host(fusec.compile(graph, dtype=dtype).run({"x": x})["y"], dtype)
     assert _rel(got, want) < tol
+
+
+@pytest.mark.parametrize("dtype,tol", [("fp32", 1e-5), ("fp16", 2e-3)])
+def test_standalone_attention_with_a_fully_masked_row(dtype: str, tol: float) -> None:
+    from test_lowering import _attention_graph
+
+    from fusec.dtypes import DType
+
+    dt = DType.F32 if dtype == "fp32" else DType.F16
+    graph = _attention_graph(dt)
+    rng = np.random.default_rng()
+    x = {n: rng.standard_normal(s).astype(dt.np) for n, s in (("q", (2, 4, 8, 32)), ("k", (2, 2, 8, 32)),
+                                                             ("v", (2, 2, 8, 32)))}
+    want = reference.run(graph, x)["o"].astype(np.float32)
+    got = _to_host(fusec.compile(graph, dtype=dtype).run(x)["o"], dtype)
+    assert np.isfinite(got).all() and (got[1, :, 3] == 0).all()
+    assert _rel(got, want) < tol

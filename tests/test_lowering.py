@@ -135,3 +135,25 @@ def test_odd_n_gemm_is_padded_into_arena_scratch() -> None:
     assert mem["scratch_bytes"] >= 10 * 1008 * 2
     assert gemm[0]["c"][0] == "arena" and gemm[0]["c"][1] + 10 * 1008 * 2 <= mem["arena_bytes"]
     assert "unpad" in plan.manifest["launches"][-1]["label"]
+
+
+def _attention_graph(dtype: DType):
+    """One standalone attention node: GQA, an additive mask with a fully masked query row, and
+    torch's nan_to_zero guard."""
+    b = GraphBuilder("attn")
+    q = b.input("q", (2, 4, 8, 32), dtype)
+    k = b.input("k", (2, 2, 8, 32), dtype)
+    v = b.input("v", (2, 2, 8, 32), dtype)
+    mask = np.zeros((2, 1, 8, 8), np.float32)
+    mask[1, 0, 3, :] = -np.inf  # query row 3 of batch 1 sees no key
+    m = b.const(mask, name="mask", dtype=dtype)
+    b.output(b.emit(Op.ATTENTION, q, k, v, m, scale=32 ** -0.5, causal=False, nan_to_zero=True), "o")
+    return b.build()
+
+
+def test_standalone_attention_lowers_to_the_kernel_and_the_nan_guard() -> None:
+    plan = fusec.compile(_attention_graph(DType.F16), dtype="fp16", arch="sm_90")
+    entries = [plan.manifest["kernels"][L["kernel"]]["entry"] for L in plan.manifest["launches"]]
+    assert len(entries) == 2 and entries[0].startswith("fc_attn_") and entries[1].startswith("fc_ew_")
+    out = plan.manifest["outputs"][0]["offset"]
+    assert plan.manifest["launches"][0]["args"][-1] == ["ptr", "arena", out]

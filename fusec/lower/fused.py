@@ -21,6 +21,7 @@ from typing import Any
 
 from fusec.codegen import specs as S
 from fusec.codegen.elementwise import CUDA_EXPR, Apply, Const, Expr, In
+from fusec.dtypes import DType
 from fusec.ir import Graph, Node, Value
 from fusec.lower import Context, LoweringError
 from fusec.lower import layout as L
@@ -223,7 +224,7 @@ def lower_fused(ctx: Context, node: Node, label: str) -> None:
         N.lower_node(ctx, Node(Op.MATMUL, [outer[x] for x in mm.inputs], [node.output], mm.attrs), label)
         _emit_indexed(ctx, iexpr, outer, node.output, label + " epilogue")
     elif kind == "attention":
-        _emit_attention(ctx, detail, node, label)
+        emit_attention(ctx, detail, node, label)
     elif kind == "rope":
         rope, xi, xview = detail
         cos, sin = (outer[v] for v in rope.inputs[1:])
@@ -267,7 +268,9 @@ def _emit_indexed(ctx: Context, ie: IndexedExpr, outer: dict[Value, Value], out:
     ctx.kernel(spec, [*[(v, off) for v, (_, _, off) in zip(vals, ie.operands)], out], label)
 
 
-def _emit_attention(ctx: Context, plan: dict[str, Any], node: Node, label: str) -> None:
+def emit_attention(ctx: Context, plan: dict[str, Any], node: Node, label: str) -> None:
+    """The one attention lowering: q/k/v/mask read and the output written through ``plan``'s views
+    (contiguous for a standalone node), then torch's SDPA nan_to_zero guard when asked for."""
     a: Node = plan["node"]
     (qi, qv), (ki, kv), (vi, vv) = plan["operands"][:3]
     B, Hq, S_, D = qv.shape
@@ -281,7 +284,7 @@ def _emit_attention(ctx: Context, plan: dict[str, Any], node: Node, label: str) 
         if full is None:
             raise LoweringError(f"{label}: attention mask does not broadcast")
         mask = ins[mi]
-        mkind = "bool" if mask.dtype.value == "bool" else "additive"
+        mkind = "bool" if mask.dtype == DType.BOOL else "additive"
         mdt, mst = mask.dtype, full.strides
         args.append((mask, mview.offset))
     ov = plan["out"]
@@ -291,7 +294,7 @@ def _emit_attention(ctx: Context, plan: dict[str, Any], node: Node, label: str) 
                            q_strides=qv.strides[:3], k_strides=kv.strides[:3], v_strides=vv.strides[:3],  # type: ignore[arg-type]
                            o_strides=ov.strides[:3])  # type: ignore[arg-type]
     ctx.kernel(spec, args, label)
-    if a.attrs.nan_to_zero:
+    if a.attrs.nan_to_zero:  # torch's SDPA export zeroes fully masked rows; the kernel gives NaN there
         from fusec.lower.nodes import elementwise
 
         out = node.output

@@ -9,7 +9,7 @@ import numpy as np
 
 from fusec.codegen import copyspecs as C
 from fusec.codegen import specs as S
-from fusec.codegen.elementwise import Apply, Const, In, single_op
+from fusec.codegen.elementwise import single_op
 from fusec.dtypes import DType
 from fusec.ir import Node, Value
 from fusec.lower import Context, LoweringError
@@ -173,22 +173,11 @@ def _bcast_strides(v: Value, full: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def _attention(ctx: Context, node: Node, label: str) -> None:
-    q, k, v = node.inputs[:3]
-    mask = node.inputs[3] if len(node.inputs) > 3 else None
-    B, Hq, S_, D = q.shape
-    Hkv, T = k.shape[1], k.shape[2]
-    kind, mdt, mst = "none", None, (0, 0, 0, 0)
-    if mask is not None:
-        kind = "bool" if mask.dtype == DType.BOOL else "additive"
-        mdt, mst = mask.dtype, _bcast_strides(mask, (B, Hq, S_, T))
-    spec = S.AttentionSpec(B, Hq, Hkv, S_, T, D, q.dtype, float(node.attrs.scale), causal=bool(node.attrs.causal),
-                           mask=kind, mask_dtype=mdt, mask_strides=mst)  # type: ignore[arg-type]
-    out = node.output
-    ctx.kernel(spec, [q, k, v, *([mask] if mask is not None else []), out], label)
-    if node.attrs.nan_to_zero:
-        # torch's SDPA export zeroes fully masked rows; the kernel gives NaN there (as softmax does)
-        fix = Apply(Op.WHERE, (Apply(Op.ISNAN, (In(0),)), Const(0.0, out.dtype), In(0)))
-        elementwise(ctx, fix, [out], out, label + " nan_to_zero")
+    """A standalone attention node: the fused-layout emitter with contiguous views."""
+    from fusec.lower.fused import emit_attention
+
+    views = [(i, L.View.contiguous(x.shape)) for i, x in enumerate(node.inputs)]
+    emit_attention(ctx, {"node": node, "operands": views, "out": L.View.contiguous(node.output.shape)}, node, label)
 
 
 def _rope(ctx: Context, node: Node, label: str) -> None:
