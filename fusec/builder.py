@@ -34,6 +34,7 @@ class GraphBuilder:
         self._consts: list[Value] = []
         self._names: set[str] = set()
         self._counter = 0
+        self._states: list[dict[str, str]] = []
 
     def unique(self, base: str) -> str:
         """A name not yet used in this graph, derived from ``base``."""
@@ -56,6 +57,22 @@ class GraphBuilder:
         v = Value(self.unique(name), shape, dtype)
         self._inputs.append(v)
         return v
+
+    def state(self, name: str, shape: Sequence[int], dtype: DType) -> Value:
+        """Declare persistent state ``name`` (a KV cache, a position): read like an input, but
+        owned by the plan, kept across runs and entry points; give its new value with ``update``."""
+        v = self.input(name, shape, dtype)
+        self._states.append({"input": v.name, "output": ""})
+        return v
+
+    def update(self, state: Value, new: Value) -> None:
+        """The state's value after a run is ``new`` (the same value: unchanged)."""
+        rec = next((r for r in self._states if r["input"] == state.name), None)
+        if rec is None or rec["output"]:
+            raise ValueError(f"{state.name!r} is not a state, or is updated twice")
+        if new is not state:  # else: read-only in this graph (output == input, nothing to write back)
+            self.output(new)
+        rec["output"] = new.name
 
     def const(self, data: Any, name: str = "c", dtype: DType | None = None) -> Value:
         """A constant; ``data`` is converted to ``dtype`` (default: its own, if fusec supports it)."""
@@ -96,6 +113,10 @@ class GraphBuilder:
         return v
 
     def build(self) -> Graph:
-        g = Graph(self._inputs, self._outputs, self._nodes, self._consts, self.name)
+        missing = [r["input"] for r in self._states if not r["output"]]
+        if missing:
+            raise ValueError(f"state(s) {', '.join(map(repr, missing))} declared but never given an update")
+        meta = {"states": [dict(r) for r in self._states]} if self._states else {}
+        g = Graph(self._inputs, self._outputs, self._nodes, self._consts, self.name, meta)
         verify(g)
         return g

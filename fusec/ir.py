@@ -125,6 +125,36 @@ class Graph:
     def num_parameters(self) -> int:
         return sum(c.numel for c in self.constants if c.dtype.is_float)
 
+    # ---- state --------------------------------------------------------------------------
+    def state_pairs(self) -> list[tuple[Value, Value]]:
+        """(state input, its value after the run) for every declared state, in declaration order.
+
+        State (``meta["states"]``: [{"input": name, "output": name}]) is persistent device memory
+        the plan owns, kept across runs and shared by a plan's entry points: a KV cache, a
+        position. It is read like a graph input and written back from the named graph output
+        (output == input: read-only here). The caller neither passes nor receives it."""
+        recs = self.meta.get("states") or []
+        ins = {v.name: v for v in self.inputs}
+        outs = {v.name: v for v in self.outputs}
+        pairs = []
+        for r in recs:
+            src = ins.get(r["input"])
+            dst = src if r["output"] == r["input"] else outs.get(r["output"])
+            if src is None or dst is None:
+                raise IRError(f"state {r['input']!r}: its input or its update {r['output']!r} is not in the graph")
+            pairs.append((src, dst))
+        return pairs
+
+    def user_inputs(self) -> list[Value]:
+        """The inputs a caller passes (the graph inputs that are not state)."""
+        state = {r["input"] for r in self.meta.get("states") or []}
+        return [v for v in self.inputs if v.name not in state]
+
+    def user_outputs(self) -> list[Value]:
+        """The outputs a caller receives (the graph outputs that are not state updates)."""
+        state = {r["output"] for r in self.meta.get("states") or []}
+        return [v for v in self.outputs if v.name not in state]
+
     def copy(self) -> Graph:
         """A shallow structural copy: new lists, same Value/Node objects (passes rebuild lists)."""
         return Graph(self.inputs, self.outputs, self.nodes, self.constants, self.name, self.meta)
@@ -185,6 +215,41 @@ def verify(graph: Graph) -> None:
     for v in graph.outputs:
         if v not in defined:
             raise IRError(f"graph output {v.name!r} is never defined")
+    _verify_state(graph)
+
+
+def _verify_state(graph: Graph) -> None:
+    """State updates are well formed, and in-place writes read nothing stale.
+
+    A ``cache_write`` writes into its cache input's storage, so that input must be a state or an
+    earlier ``cache_write`` of one (its storage is the state's), each consumed once, and no node
+    after the write may read the overwritten value."""
+    from fusec.ops import Op
+
+    pairs = graph.state_pairs()
+    for src, dst in pairs:
+        if (src.shape, src.dtype) != (dst.shape, dst.dtype):
+            raise IRError(f"state {src.name!r} is {src.type_str} but its update {dst.name!r} is {dst.type_str}")
+    roots = {src for src, _ in pairs}
+    written_at: dict[Value, int] = {}  # value -> index of the cache_write that overwrote it
+    for i, n in enumerate(graph.nodes):
+        for v in n.inputs:
+            if v in written_at and written_at[v] != i:
+                raise IRError(f"node #{i} {n.describe()} reads {v.name!r} after node #{written_at[v]} "
+                              f"overwrote it in place (cache_write)")
+        if n.op == Op.CACHE_WRITE:
+            cache = n.inputs[0]
+            if cache not in roots:
+                raise IRError(f"node #{i} {n.describe()}: cache_write needs a state (or a cache_write of one) "
+                              f"as its cache, got {cache.name!r}")
+            if cache in written_at:
+                raise IRError(f"node #{i} {n.describe()}: {cache.name!r} is written in place twice")
+            written_at[cache] = i
+            roots.add(n.outputs[0])
+    # a state read after its cache_write is caught above; its update must be the last write
+    for src, dst in pairs:
+        if dst in written_at:
+            raise IRError(f"state {src.name!r}: its update {dst.name!r} is overwritten by a later cache_write")
 
 
 def _fmt_name(name: str) -> str:
@@ -204,5 +269,7 @@ def print_graph(graph: Graph) -> str:
         ins = ", ".join(_fmt_name(v.name) for v in n.inputs)
         lines.append(f"  {outs} = {n.op.value}{format_attrs(n.attrs)}({ins})")
     lines.append("  return " + ", ".join(_fmt_name(v.name) for v in graph.outputs))
+    for r in graph.meta.get("states") or []:
+        lines.append(f"  state {_fmt_name(r['input'])} <- {_fmt_name(r['output'])}")
     lines.append("}")
     return "\n".join(lines) + "\n"

@@ -95,6 +95,10 @@ class Op(enum.Enum):
     ATTENTION = "attention"
     ROPE = "rope"
     FUSED = "fused"
+    # generation: in-place state updates and ops over a KV cache (see fusec/ir.py "state")
+    CACHE_WRITE = "cache_write"
+    KV_ATTENTION = "kv_attention"
+    SAMPLE = "sample"
 
 
 # --------------------------------------------------------------------------------------------
@@ -104,6 +108,14 @@ class Op(enum.Enum):
 @dataclasses.dataclass(frozen=True)
 class NoAttrs:
     pass
+
+
+@dataclasses.dataclass(frozen=True)
+class MatMulAttrs:
+    """``trans_b``: B is stored [.., N, K] and read transposed (a weight kept in nn.Linear's
+    [out, in] layout, e.g. a tied embedding table: cuBLAS reads it with a transpose flag)."""
+
+    trans_b: bool = dataclasses.field(default=False, metadata={"omit_default": True})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,6 +233,40 @@ class RopeAttrs:
     through): y = x_rot * cos + rotate_half(x_rot) * sin; cos/sin broadcast to x_rot's shape."""
 
     rotary_dim: int
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheWriteAttrs:
+    """out = cache with ``new`` written along ``axis`` at a per-row offset:
+    ``out[b, ..., pos[b] + s, ...] = new[b, ..., s, ...]`` (axis >= 1; axis 0 is the row b).
+    Writes that would land past the cache's end are dropped. The write is in place: the output
+    lives in the cache's storage, so the cache input must be a state (or a cache_write of one)
+    that no later node reads (``fusec.ir.verify`` checks)."""
+
+    axis: int
+
+
+@dataclasses.dataclass(frozen=True)
+class KVAttentionAttrs:
+    """softmax(q @ k^T * scale) @ v of q [B, Hq, S, D] over a KV cache k/v [B, Hkv, T, D]:
+    query s of row b attends keys j <= pos[b] + s (and j < T); the rest of the cache is never
+    read. GQA as in ``AttentionAttrs`` (q head h reads kv head h // (Hq // Hkv))."""
+
+    scale: float
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleAttrs:
+    """Next-token choice from logits [B, V] (see fusec/sampling.py for the exact definition):
+    ``temperature`` 0 is greedy argmax (lowest index among equal maxima); otherwise the logits are
+    divided by the temperature, cut to the ``top_k`` largest (0: no cut) and to the nucleus of
+    mass ``top_p`` (1.0: no cut), and one token is drawn by the Gumbel-max trick with noise that
+    is a pure function of (seed, counter[b], b, token), so the same seed gives the same tokens on
+    every backend."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -347,11 +393,15 @@ def _rmsnorm(a: RMSNormAttrs, t: Sequence[TensorType]) -> list[TensorType]:
     return [(shape, wdt)]  # HF: weight * x.to(input_dtype); weight dtype wins
 
 
-def _matmul(a: Any, t: Sequence[TensorType]) -> list[TensorType]:
+def _matmul(a: MatMulAttrs, t: Sequence[TensorType]) -> list[TensorType]:
     sa, sb = t[0][0], t[1][0]
     dt = _same_dtype(t, "matmul")
     if len(sa) == 0 or len(sb) == 0:
         raise ValueError("matmul operands must have rank >= 1")
+    if a.trans_b:
+        if len(sb) < 2:
+            raise ValueError("matmul with trans_b needs B of rank >= 2")
+        sb = tuple(sb[:-2]) + (sb[-1], sb[-2])
     a2 = sa if len(sa) > 1 else (1,) + sa
     b2 = sb if len(sb) > 1 else sb + (1,)
     if a2[-1] != b2[-2]:
@@ -472,6 +522,48 @@ def _rope(a: RopeAttrs, t: Sequence[TensorType]) -> list[TensorType]:
     return [t[0]]
 
 
+def _cache_write(a: CacheWriteAttrs, t: Sequence[TensorType]) -> list[TensorType]:
+    (sc, dc), (sn, dn), (sp, dp) = t
+    if dc != dn:
+        raise ValueError(f"cache_write: cache is {dc.value}, new values are {dn.value}")
+    if not sc or not dp.is_int or tuple(sp) != (sc[0],):
+        raise ValueError(f"cache_write: positions must be integers of shape [{sc[0] if sc else '?'}], "
+                         f"got {dp.value}{list(sp)}")
+    if not 1 <= a.axis < len(sc) or len(sn) != len(sc):
+        raise ValueError(f"cache_write: axis {a.axis} must be in [1, {len(sc)}) and new {list(sn)} must have "
+                         f"the cache's rank {len(sc)}")
+    if any(x != y for i, (x, y) in enumerate(zip(sc, sn)) if i != a.axis) or sn[a.axis] > sc[a.axis]:
+        raise ValueError(f"cache_write: new {list(sn)} does not fit cache {list(sc)} along axis {a.axis}")
+    return [(sc, dc)]
+
+
+def _kv_attention(a: KVAttentionAttrs, t: Sequence[TensorType]) -> list[TensorType]:
+    (sq, dq), (sk, dk), (sv, dv), (sp, dp) = t
+    _float_only(t[:3], "kv_attention")
+    if not (len(sq) == len(sk) == len(sv) == 4) or sk != sv or sq[0] != sk[0] or sq[3] != sk[3]:
+        raise ValueError(f"kv_attention needs q [B,Hq,S,D] and k/v caches [B,Hkv,T,D], got {list(sq)}, "
+                         f"{list(sk)}, {list(sv)}")
+    if sk[1] == 0 or sq[1] % sk[1]:
+        raise ValueError(f"kv_attention: {sq[1]} query heads is not a multiple of {sk[1]} kv heads")
+    if not dp.is_int or tuple(sp) != (sq[0],):
+        raise ValueError(f"kv_attention: positions must be integers of shape [{sq[0]}], got {dp.value}{list(sp)}")
+    return [(sq, dq)]
+
+
+def _sample(a: SampleAttrs, t: Sequence[TensorType]) -> list[TensorType]:
+    (sl, dl), (ss, ds), (sc, dc) = t
+    _float_only(t[:1], "sample")
+    if len(sl) != 2 or sl[1] < 1:
+        raise ValueError(f"sample needs logits [B, V], got {list(sl)}")
+    if not ds.is_int or tuple(ss) != (1,) or not dc.is_int or tuple(sc) != (sl[0],):
+        raise ValueError(f"sample needs an integer seed [1] and integer counters [{sl[0]}], "
+                         f"got {ds.value}{list(ss)}, {dc.value}{list(sc)}")
+    if not (a.temperature >= 0 and a.top_k >= 0 and 0 < a.top_p <= 1):
+        raise ValueError(f"sample: temperature {a.temperature} must be >= 0, top_k {a.top_k} >= 0 and "
+                         f"top_p {a.top_p} in (0, 1]")
+    return [((sl[0],), DType.I64)]
+
+
 def _fused(a: FusedAttrs, t: Sequence[TensorType]) -> list[TensorType]:
     body = a.body
     want = [(v.shape, v.dtype) for v in body.inputs]
@@ -532,7 +624,7 @@ OP_INFO: dict[Op, OpInfo] = {
     Op.CUMSUM: OpInfo(_O, CumSumAttrs, _axis_same, (1, 1)),
     Op.LAYERNORM: OpInfo(_R, LayerNormAttrs, _layernorm, (2, 3)),
     Op.RMSNORM: OpInfo(_R, RMSNormAttrs, _rmsnorm, (2, 2)),
-    Op.MATMUL: OpInfo(_G, NoAttrs, _matmul, (2, 2)),
+    Op.MATMUL: OpInfo(_G, MatMulAttrs, _matmul, (2, 2)),
     Op.RESHAPE: OpInfo(_I, ShapeAttrs, _reshape, (1, 1)),
     Op.TRANSPOSE: OpInfo(_I, PermAttrs, _transpose, (1, 1)),
     Op.EXPAND: OpInfo(_B, ShapeAttrs, _expand, (1, 1)),
@@ -550,6 +642,10 @@ OP_INFO: dict[Op, OpInfo] = {
     Op.ATTENTION: OpInfo(_G, AttentionAttrs, _attention, (3, 4)),
     Op.ROPE: OpInfo(_I, RopeAttrs, _rope, (3, 3)),
     Op.FUSED: OpInfo(_O, FusedAttrs, _fused, (0, -1)),
+    # (cache, new, pos) -> cache'; (q, k_cache, v_cache, pos) -> out; (logits, seed, counter) -> ids
+    Op.CACHE_WRITE: OpInfo(_O, CacheWriteAttrs, _cache_write, (3, 3)),
+    Op.KV_ATTENTION: OpInfo(_O, KVAttentionAttrs, _kv_attention, (4, 4)),
+    Op.SAMPLE: OpInfo(_O, SampleAttrs, _sample, (3, 3)),
 }
 
 
@@ -576,6 +672,8 @@ def format_attrs(attrs: Any) -> str:
     parts = []
     for f in dataclasses.fields(attrs):
         v = getattr(attrs, f.name)
+        if f.metadata.get("omit_default") and v == f.default:
+            continue
         if "format" in f.metadata:  # e.g. a fused node's body: summarized, printed on its own
             v = f.metadata["format"](v)
         elif isinstance(v, DType):
@@ -585,4 +683,4 @@ def format_attrs(attrs: Any) -> str:
         elif isinstance(v, float):
             v = repr(v)
         parts.append(f"{f.name}={v}")
-    return "[" + ", ".join(parts) + "]"
+    return "[" + ", ".join(parts) + "]" if parts else ""

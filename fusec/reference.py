@@ -118,6 +118,8 @@ def _rmsnorm(a: O.RMSNormAttrs, x: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 def _matmul(a: Any, x: np.ndarray, y: np.ndarray) -> np.ndarray:
     dt = x.dtype
+    if getattr(a, "trans_b", False):
+        y = np.swapaxes(y, -1, -2)
     if dt.kind in "iu":
         return np.matmul(x, y)
     return np.matmul(x.astype(np.float32), y.astype(np.float32)).astype(dt)
@@ -205,6 +207,32 @@ def _rope(a: O.RopeAttrs, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np
     return np.concatenate([y, x[..., rd:]], axis=-1)
 
 
+def _cache_write(a: O.CacheWriteAttrs, cache: np.ndarray, new: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    out = np.array(cache, copy=True)  # functional here; in place on the GPU (the output is the cache's storage)
+    length = cache.shape[a.axis]
+    for b in range(cache.shape[0]):
+        start = int(pos[b])
+        n = max(0, min(new.shape[a.axis], length - start))
+        if n:
+            dst = out[b].swapaxes(0, a.axis - 1)
+            dst[start:start + n] = new[b].swapaxes(0, a.axis - 1)[:n]
+    return out
+
+
+def _kv_attention(a: O.KVAttentionAttrs, q: np.ndarray, k: np.ndarray, v: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    bsz, _, slen, _ = q.shape
+    total = k.shape[2]
+    keys = np.arange(total)[None, :]
+    allowed = keys <= (np.asarray(pos).reshape(bsz, 1, 1, 1) + np.arange(slen).reshape(1, 1, slen, 1))
+    return _attention(O.AttentionAttrs(a.scale, nan_to_zero=True), q, k, v, allowed)
+
+
+def _sample(a: O.SampleAttrs, logits: np.ndarray, seed: np.ndarray, counter: np.ndarray) -> np.ndarray:
+    from fusec.sampling import sample
+
+    return sample(logits, seed, counter, a.temperature, a.top_k, a.top_p)
+
+
 def _fused(a: O.FusedAttrs, *xs: np.ndarray) -> tuple[np.ndarray, ...]:
     """A fused node computes exactly what its body computes (the body is run node by node)."""
     body = a.body
@@ -273,6 +301,9 @@ IMPL: dict[Op, Callable[..., np.ndarray]] = {
     Op.ATTENTION: _attention,
     Op.ROPE: _f32(_rope),
     Op.FUSED: _fused,
+    Op.CACHE_WRITE: _cache_write,
+    Op.KV_ATTENTION: _kv_attention,
+    Op.SAMPLE: _sample,
 }
 
 

@@ -1,0 +1,192 @@
+"""Text generation over a prefill entry and a decode entry that share state (models/generate.py).
+
+One loop serves both backends through a small ``Engine`` interface:
+
+* ``ReferenceEngine``: the numpy reference interpreter runs the two graphs (any machine);
+* ``fusec.runtime.generation.PlanEngine``: a compiled plan on the GPU; the decode step is one
+  CUDA-graph replay, and nothing crosses between host and device between the prefill and the
+  read-back of the tokens (or each streamed chunk).
+
+The host writes three small states once (``pos`` = prompt lengths, ``done``, ``seed``), runs the
+prefill on the padded prompts, then ``max_new_tokens - 1`` decode steps, and reads ``tokens`` and
+``pos`` back at the end (or every ``stream_every`` steps). New tokens of row b are
+``tokens[b, length_b : pos_b + 1]``: a row stops at its own end-of-sequence token, which its new
+ids end with (as ``transformers`` does).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from fusec.errors import InputError
+
+
+class Engine(Protocol):
+    meta: Mapping[str, Any]  # graph.meta["generation"] of the decode entry
+
+    def set_state(self, name: str, value: np.ndarray) -> None: ...
+    def read_state(self, name: str) -> np.ndarray: ...
+    def prefill(self, input_ids: np.ndarray) -> None: ...
+    def decode(self) -> None: ...
+    def sync(self) -> None: ...
+    def stats(self) -> dict[str, Any]: ...
+
+
+@dataclasses.dataclass
+class Generated:
+    prompt_ids: list[list[int]]
+    new_ids: list[list[int]]
+    prefill_ms: float
+    decode_ms: float
+    decode_steps: int
+    stats: dict[str, Any] = dataclasses.field(default_factory=dict)
+    text: list[str] | None = None
+
+    @property
+    def decode_tok_s(self) -> float:
+        """Decode throughput: tokens drawn by decode steps (all rows) per second."""
+        n = self.decode_steps * len(self.prompt_ids)
+        return n / (self.decode_ms / 1e3) if self.decode_ms > 0 else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"prompt_ids": self.prompt_ids, "new_ids": self.new_ids, "text": self.text,
+                "prefill_ms": self.prefill_ms, "decode_tok_s": self.decode_tok_s, "stats": self.stats}
+
+
+def check_prompts(prompts: Sequence[Sequence[int]], meta: Mapping[str, Any], vocab: int,
+                  max_new_tokens: int) -> list[list[int]]:
+    """Validate prompts against the plan's batch, prefill length, cache length and vocabulary."""
+    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+        raise InputError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    rows = [list(map(int, p)) for p in prompts]
+    batch, prefill_len, t_max = int(meta["batch"]), int(meta["prefill_len"]), int(meta["max_seq_len"])
+    if not rows:
+        raise InputError("no prompt given")
+    if len(rows) > batch:
+        raise InputError(f"{len(rows)} prompts, but the plan was compiled for a batch of {batch} (--batch)")
+    for i, r in enumerate(rows):
+        if not r:
+            raise InputError(f"prompt {i} is empty")
+        if len(r) > prefill_len:
+            raise InputError(f"prompt {i} has {len(r)} tokens, longer than the compiled prefill length "
+                             f"{prefill_len} (--max-prompt-len)")
+        if len(r) + max_new_tokens > t_max:
+            raise InputError(f"prompt {i}: {len(r)} tokens + {max_new_tokens} new tokens exceed --max-seq-len {t_max}")
+        bad = [t for t in r if not 0 <= t < vocab]
+        if bad:
+            raise InputError(f"prompt {i}: token id {bad[0]} is outside the vocabulary [0, {vocab})")
+    return rows
+
+
+def generate(engine: Engine, prompts: Sequence[Sequence[int]], max_new_tokens: int, vocab: int, seed: int = 0,
+             stream_every: int = 0, on_tokens: Callable[[list[list[int]]], None] | None = None) -> Generated:
+    """Run the prefill and the decode steps; see the module docstring."""
+    meta = engine.meta
+    rows = check_prompts(prompts, meta, vocab, max_new_tokens)
+    batch, prefill_len = int(meta["batch"]), int(meta["prefill_len"])
+    # Unused batch rows repeat the first prompt (their tokens are dropped): every row stays valid.
+    padded = rows + [rows[0]] * (batch - len(rows))
+    lengths = np.array([len(r) for r in padded], np.int64)
+    ids = np.zeros((batch, prefill_len), np.int64)
+    for b, r in enumerate(padded):
+        ids[b, : len(r)] = r
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
+        raise InputError(f"seed must be an integer in [0, 2**63), got {seed!r}")
+    engine.set_state("pos", lengths)
+    engine.set_state("done", np.zeros(batch, bool))
+    engine.set_state("seed", np.array([seed], np.int64))
+
+    t0 = time.perf_counter()
+    engine.prefill(ids)
+    engine.sync()
+    t1 = time.perf_counter()
+    sent = [0] * len(rows)
+    steps = max_new_tokens - 1
+    for step in range(steps):
+        engine.decode()
+        if on_tokens is not None and stream_every and (step + 1) % stream_every == 0 and step + 1 < steps:
+            sent = _emit(engine, rows, sent, on_tokens)
+    engine.sync()
+    t2 = time.perf_counter()
+    new = _new_ids(engine, rows)
+    if on_tokens is not None:
+        tail = [n[s:] for n, s in zip(new, sent)]
+        if any(tail):
+            on_tokens(tail)
+    return Generated(prompt_ids=rows, new_ids=new, prefill_ms=(t1 - t0) * 1e3, decode_ms=(t2 - t1) * 1e3,
+                     decode_steps=steps, stats=engine.stats())
+
+
+def _new_ids(engine: Engine, rows: list[list[int]]) -> list[list[int]]:
+    tokens, pos = engine.read_state("tokens"), engine.read_state("pos")
+    return [[int(t) for t in tokens[b, len(r): int(pos[b]) + 1]] for b, r in enumerate(rows)]
+
+
+def _emit(engine: Engine, rows: list[list[int]], sent: list[int],
+          on_tokens: Callable[[list[list[int]]], None]) -> list[int]:
+    new = _new_ids(engine, rows)
+    on_tokens([n[s:] for n, s in zip(new, sent)])
+    return [len(n) for n in new]
+
+
+def stream(engine: Engine, prompts: Sequence[Sequence[int]], max_new_tokens: int, vocab: int, seed: int = 0,
+           every: int = 8) -> Iterator[list[list[int]]]:
+    """Yield the new tokens of each row every ``every`` decode steps (one read-back per chunk)."""
+    chunks: list[list[list[int]]] = []
+    # The loop is short and synchronous: collect chunks through the callback, then yield them.
+    generate(engine, prompts, max_new_tokens, vocab, seed, every, chunks.append)
+    yield from chunks
+
+
+class ReferenceEngine:
+    """The numpy reference backend: runs the prefill/decode graphs, keeps the state in a dict."""
+
+    def __init__(self, graphs: Mapping[str, Any]):
+        from fusec.ir import verify
+
+        self.graphs = dict(graphs)
+        for g in self.graphs.values():
+            verify(g)
+        self.meta = self.graphs["decode"].meta["generation"]
+        self.state: dict[str, np.ndarray] = {}
+        g = self.graphs["decode"]
+        for src, _ in g.state_pairs():
+            self.state[src.name] = np.zeros(src.shape, src.dtype.np)
+        self._steps = 0
+
+    def set_state(self, name: str, value: np.ndarray) -> None:
+        self.state[name] = np.asarray(value).astype(self.state[name].dtype).reshape(self.state[name].shape)
+
+    def read_state(self, name: str) -> np.ndarray:
+        return self.state[name].copy()
+
+    def _run(self, entry: str, inputs: Mapping[str, np.ndarray]) -> None:
+        from fusec import reference
+
+        g = self.graphs[entry]
+        feeds = dict(inputs)
+        for src, _ in g.state_pairs():
+            feeds[src.name] = self.state[src.name]
+        out = reference.run(g, feeds)
+        for src, dst in g.state_pairs():
+            if dst is not src:
+                self.state[src.name] = out[dst.name]
+        self._steps += 1
+
+    def prefill(self, input_ids: np.ndarray) -> None:
+        self._steps = 0
+        self._run("prefill", {"input_ids": input_ids})
+
+    def decode(self) -> None:
+        self._run("decode", {})
+
+    def sync(self) -> None:
+        pass
+
+    def stats(self) -> dict[str, Any]:
+        return {"backend": "reference", "runs": self._steps}
