@@ -377,9 +377,14 @@ def run_planned(graph: Graph, inputs: Mapping[str, Any], plan: Any, poison: int 
     """
     arena = np.full(int(plan.arena_bytes), poison, dtype=np.uint8)
     consts = {c.name: c for c in graph.constants}
+    # state lives outside the arena, one buffer per state (the plan's state region on the GPU)
+    state_bufs = {src.name: np.full(src.nbytes, poison, np.uint8) for src, _ in graph.state_pairs()}
 
     def slot(v: Value) -> np.ndarray:
-        if v.name in plan.offsets:
+        if v.name in getattr(plan, "state", {}):
+            name, off = plan.state[v.name]
+            buf = state_bufs[name]
+        elif v.name in plan.offsets:
             buf, off = arena, int(plan.offsets[v.name])
         else:  # a weight, or a view of one: weights live outside the arena
             a = plan.alias.get(v.name)

@@ -17,6 +17,11 @@ Contract of ``plan_memory(graph, alignment=256) -> MemoryPlan``:
     the same dtype and byte size, neither buffer is pinned, and no *other* input of the node
     reads the same buffer (a kernel thread could otherwise read an element another thread
     already overwrote).
+- State (``Graph.state_pairs``: a KV cache, a position) lives outside the arena, in the plan's
+  state region, like weights: ``state`` maps every value stored there (the state input, its views,
+  and the ``cache_write`` results, which write in place into their cache's storage) to
+  (state name, byte offset). A state update that is not stored in its state (e.g. ``pos + 1``)
+  stays an ordinary pinned output; the lowering copies it into the state at the end of the run.
 - Offsets: greedy by size (Pisarchyk & Lee, arXiv 2001.03288, "Greedy by Size for Offset
   Calculation"): groups in decreasing size, each into the smallest gap among the time-overlapping
   groups already placed, else above them. Sizes are rounded up to ``alignment``, so every offset
@@ -88,6 +93,7 @@ class MemoryPlan:
     lower_bound_bytes: int
     weights_bytes: int
     num_steps: int = 0
+    state: dict[str, tuple[str, int]] = dataclasses.field(default_factory=dict)  # value -> (state, byte offset)
 
     @property
     def planned_bytes(self) -> int:
@@ -107,6 +113,7 @@ class MemoryPlan:
         fields["records"] = [UsageRecord(**r) for r in d["records"]]
         fields["offsets"] = {k: int(v) for k, v in d["offsets"].items()}
         fields["alias"] = {k: dict(v) for k, v in d["alias"].items()}
+        fields["state"] = {k: (str(v[0]), int(v[1])) for k, v in d.get("state", {}).items()}
         return MemoryPlan(**fields)
 
 
@@ -147,9 +154,12 @@ def lower_bound(records: list[UsageRecord], steps: int) -> int:
 
 def plan_memory(graph: Graph, alignment: int = 256) -> MemoryPlan:
     """Plan ``graph``'s arena (see the module docstring for the contract)."""
+    from fusec.ops import Op
+
     nodes = graph.nodes
     end = max(len(nodes) - 1, 0)
-    consts = set(graph.constants)
+    states = {src for src, _ in graph.state_pairs()}
+    consts = set(graph.constants) | states  # neither lives in the arena
     root: dict[Value, Value] = {}
     boff: dict[Value, int] = {}
     kind: dict[Value, str] = {}
@@ -171,6 +181,12 @@ def plan_memory(graph: Graph, alignment: int = 256) -> MemoryPlan:
         if info is not None:
             out, r = node.outputs[0], root[info.base]
             root[out], boff[out], kind[out] = r, boff[info.base] + info.byte_offset, "view"
+            members[r].append(out)
+            last[r] = max(last[r], i)
+            view_nodes.add(i)
+        elif node.op == Op.CACHE_WRITE:  # writes in place: the result is its cache's storage
+            out, r = node.outputs[0], root[node.inputs[0]]
+            root[out], boff[out], kind[out] = r, boff[node.inputs[0]], "update"
             members[r].append(out)
             last[r] = max(last[r], i)
             view_nodes.add(i)
@@ -211,10 +227,11 @@ def plan_memory(graph: Graph, alignment: int = 256) -> MemoryPlan:
     offset_of = {rec.name: rec.offset for rec in records}
     offsets = {v.name: offset_of[r.name] + boff[v] for v, r in root.items() if r not in consts}
     alias = {v.name: {"base": root[v].name, "byte_offset": boff[v], "kind": kind[v]} for v in kind}
-    naive = sum(align_up(v.nbytes, alignment) for v in root if v not in consts and kind.get(v) != "view")
+    in_state = {v.name: (r.name, boff[v]) for v, r in root.items() if r in states}
+    naive = sum(align_up(v.nbytes, alignment) for v in root if v not in consts and kind.get(v) not in ("view", "update"))
     return MemoryPlan(alignment=alignment, arena_bytes=arena, offsets=offsets, alias=alias, records=records,
                       naive_bytes=naive, lower_bound_bytes=lower_bound(records, len(nodes)),
-                      weights_bytes=graph.weight_bytes, num_steps=len(nodes))
+                      weights_bytes=graph.weight_bytes, num_steps=len(nodes), state=in_state)
 
 
 def run(graph: Graph, options: PassOptions) -> PassResult:
