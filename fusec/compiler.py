@@ -6,6 +6,8 @@ by NVRTC, which needs no device.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -30,66 +32,146 @@ def compile(model: Any, shapes: Mapping[str, Sequence[int]] | None = None, dtype
     ``choices`` {choice key: kernel variant} carry A/B decisions (``fusec.ab``); without them the
     rule-based defaults apply.
     """
-    from fusec.codegen.compile import default_arch, nvrtc_version
-    from fusec.inputs import input_signature
     from fusec.loader import load_graph
+
+    graph = load_graph(model, shapes) if not isinstance(model, Mapping) else None
+    entries = {"main": graph} if graph is not None else dict(model)
+    return compile_entries(entries, dtype=dtype, cuda_graph=cuda_graph, arch=arch,
+                           disabled_fusions=disabled_fusions, enabled_fusions=enabled_fusions, dump_dir=dump_dir,
+                           progress=progress, fusion_overrides=fusion_overrides, choices=choices,
+                           source=_source(model, shapes) if graph is not None else {"model": None, "shapes": {}})
+
+
+@dataclasses.dataclass
+class Staged:
+    """One graph taken through every stage: passes, legalization, memory plan, lowering."""
+
+    graph: Any  # the optimized, legalized graph
+    memory: Any  # its MemoryPlan
+    lowered: Any  # fusec.lower.Lowered
+    report: dict[str, Any]
+
+
+def stage(graph: Any, dtype: str, arch: str, *, disabled_fusions: Sequence[str] = (), enabled_fusions: Sequence[str] = (),
+          dump_dir: str | os.PathLike | None = None, progress: Callable[[str, str], None] | None = None,
+          fusion_overrides: Mapping[str, bool] | None = None, choices: Mapping[str, str] | None = None,
+          state_layout: Mapping[str, int] | None = None, shared: Any = None, dry_run: bool = False) -> Staged:
+    """The one path from a graph to its lowered launch list (every entry point of every plan)."""
     from fusec.lower import lower
     from fusec.lower.legalize import legalize
     from fusec.passes.base import PassOptions
     from fusec.passes.memory_plan import plan_memory
     from fusec.passes.pipeline import optimize, report
 
-    if dtype not in DTYPES:
-        raise InputError(f"unknown dtype {dtype!r} (expected one of {', '.join(DTYPES)})")
     storage, compute = DTYPES[dtype]
-    arch = arch or default_arch()
-    _check_arch(arch)
-    graph = load_graph(model, shapes)
     opts = PassOptions(storage_dtype=storage, disabled_fusions=frozenset(disabled_fusions),
-                       enabled_fusions=frozenset(enabled_fusions), fusion_overrides=dict(fusion_overrides or {}))
+                       enabled_fusions=frozenset(enabled_fusions), fusion_overrides=dict(fusion_overrides or {}),
+                       choices=dict(choices or {}))
     step = (lambda name, i, n: progress("pass", name)) if progress else None
     g, opts = optimize(graph, opts, dump_dir=dump_dir, progress=step)
     g = legalize(g)
     mplan = plan_memory(g)
+    state = {v: int(state_layout[s]) + off for v, (s, off) in mplan.state.items()} if state_layout else {}
     low = lower(g, mplan.offsets, arch, compute=compute, progress=(lambda k: progress("kernel", k)) if progress else None,
-                arena_base=mplan.arena_bytes, choices=dict(choices or {}))
+                arena_base=mplan.arena_bytes, choices=dict(choices or {}), state=state, shared=shared, dry_run=dry_run)
     rep = report(g, opts, mplan)
     rep["lowering"] = low.report
     if "fused_split" in g.meta:
         rep["fused_split"] = g.meta["fused_split"]
+    return Staged(g, mplan, low, rep)
 
-    def sig(values: Any) -> list[dict[str, Any]]:
+
+def state_layout(graph: Any, storage: str) -> tuple[list[dict[str, Any]], int]:
+    """Byte offsets of a graph's states in the plan's state region (declaration order, aligned).
+    Float state is stored in the ``storage`` dtype, as the precision pass retypes it."""
+    from fusec.dtypes import DType
+
+    recs, top = [], 0
+    for src, _ in graph.state_pairs():
+        dt = DType(storage) if src.dtype == DType.F32 else src.dtype
+        recs.append({"name": src.name, "shape": list(src.shape), "dtype": dt.value, "offset": top})
+        top += _round_up(math.prod(src.shape) * dt.itemsize)
+    return recs, top
+
+
+def compile_entries(graphs: Mapping[str, Any], dtype: str = "fp16", cuda_graph: bool = False, arch: str | None = None,
+                    *, source: Mapping[str, Any] | None = None, extra: Mapping[str, Any] | None = None,
+                    extra_blobs: Mapping[str, bytes] | None = None, **options: Any) -> Plan:
+    """Compile one or more entry points into one plan: shared weights, kernels and state.
+
+    A plan with one entry named "main" keeps the flat manifest (inputs/outputs/launches at the top
+    level); several entries go under ``manifest["entries"]``, each with its own inputs, outputs,
+    launch list and arena size; the arena is sized for the largest (entries never run at once)."""
+    from fusec.codegen.compile import default_arch, nvrtc_version
+    from fusec.inputs import input_signature
+
+    if dtype not in DTYPES:
+        raise InputError(f"unknown dtype {dtype!r} (expected one of {', '.join(DTYPES)})")
+    arch = arch or default_arch()
+    _check_arch(arch)
+    staged: dict[str, Staged] = {}
+    first_graph = next(iter(graphs.values()))
+    state_recs, state_bytes = state_layout(first_graph, DTYPES[dtype][0])
+    layout = {r["name"]: r["offset"] for r in state_recs}
+    shared = None
+    dump_dir = options.pop("dump_dir", None)
+    for name, graph in graphs.items():
+        where = dump_dir if dump_dir is None or len(graphs) == 1 else os.path.join(os.fspath(dump_dir), name)
+        st = stage(graph, dtype, arch, state_layout=layout, shared=shared, dump_dir=where, **options)
+        got, _ = state_layout(st.graph, DTYPES[dtype][0])
+        if got != state_recs:
+            raise InputError(f"entry {name!r}: its state differs from the other entries' ({got} vs {state_recs})")
+        staged[name] = st
+        shared = st.lowered
+    last = list(staged.values())[-1].lowered
+
+    def sig(st: Staged, values: Any) -> list[dict[str, Any]]:
         out = []
         for v in values:
             if v.is_const:
                 raise InputError(f"graph output {v.name!r} is a constant; nothing to compute")
-            out.append({"name": v.name, "shape": list(v.shape), "dtype": v.dtype.value, "offset": mplan.offsets[v.name]})
+            out.append({"name": v.name, "shape": list(v.shape), "dtype": v.dtype.value,
+                        "offset": st.memory.offsets[v.name]})
         return out
 
-    inputs = sig(g.inputs)
-    for rec, full in zip(inputs, input_signature(graph)):
-        rec["bound"] = full["bound"]  # lets `fusec run PLAN` draw valid random token ids
-
-    manifest = {
+    entries: dict[str, Any] = {}
+    for name, st in staged.items():
+        inputs = sig(st, st.graph.user_inputs())
+        bounds = {full["name"]: full["bound"] for full in input_signature(graphs[name])}
+        for rec in inputs:
+            rec["bound"] = bounds.get(rec["name"])  # lets `fusec run PLAN` draw valid random token ids
+        entries[name] = {"inputs": inputs, "outputs": sig(st, st.graph.user_outputs()),
+                         "launches": st.lowered.launches,
+                         "arena_bytes": _round_up(st.memory.arena_bytes) + st.lowered.scratch_bytes}
+    first = next(iter(staged.values()))
+    manifest: dict[str, Any] = {
         "fusec_version": __version__,
         "nvrtc_version": ".".join(map(str, nvrtc_version())),
         "cupy_version": _cupy_version(),
         "arch": arch,
         "dtype": dtype,
         "cuda_graph": bool(cuda_graph),
-        "model": g.name,
-        "source": _source(model, shapes),
-        "inputs": inputs,
-        "outputs": sig(g.outputs),
-        "memory": {"arena_bytes": _round_up(mplan.arena_bytes) + low.scratch_bytes, "weights_bytes": low.weights_bytes,
-                   "scratch_bytes": low.scratch_bytes,
-                   **{k: v for k, v in mplan.summary().items() if k != "weights_bytes"}},
-        "modules": low.modules,
-        "kernels": low.kernels,
-        "launches": low.launches,
-        "report": rep,
+        "model": first.graph.name,
+        "source": dict(source or {"model": None, "shapes": {}}),
+        "memory": {"arena_bytes": max(e["arena_bytes"] for e in entries.values()), "weights_bytes": last.weights_bytes,
+                   "scratch_bytes": max(st.lowered.scratch_bytes for st in staged.values()),
+                   "state_bytes": state_bytes,
+                   **{k: v for k, v in first.memory.summary().items() if k != "weights_bytes"}},
+        "modules": last.modules,
+        "kernels": last.kernels,
+        "report": first.report,
     }
-    return Plan(manifest, low.blobs, cuda_graph=cuda_graph)
+    if list(entries) == ["main"]:
+        manifest.update({k: v for k, v in entries["main"].items() if k != "arena_bytes"})
+    else:
+        manifest["entries"] = entries
+        manifest["reports"] = {n: st.report for n, st in staged.items()}
+    if state_recs:
+        manifest["state"] = state_recs
+    manifest.update(extra or {})
+    blobs = dict(last.blobs)
+    blobs.update(extra_blobs or {})
+    return Plan(manifest, blobs, cuda_graph=cuda_graph)
 
 
 def _source(model: Any, shapes: Mapping[str, Sequence[int]] | None) -> dict[str, Any]:

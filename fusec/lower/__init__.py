@@ -47,22 +47,35 @@ class Lowered:
     weights_bytes: int
     scratch_bytes: int
     report: dict[str, Any]
+    packer: WeightPacker | None = None  # to share the weights with another entry point (lower(shared=))
 
 
 class WeightPacker:
-    """Packs constant tensors into one byte buffer (256-byte aligned, deduplicated by identity)."""
+    """Packs constant tensors into one byte buffer (256-byte aligned).
+
+    Deduplicated by identity, and by content among constants of the same name, type and shape:
+    the entry points of one plan (prefill, decode) are optimized separately, so each has its own
+    Value objects (and, after the precision pass, its own arrays) for the same weight; they share
+    one copy in the plan."""
 
     def __init__(self) -> None:
         self.chunks: list[bytes] = []
         self.size = 0
         self.where: dict[int, int] = {}
+        self._by_key: dict[tuple[str, str, tuple[int, ...]], list[tuple[int, bytes]]] = {}
 
     def add(self, v: Value) -> int:
         key = id(v)
         if key not in self.where:
             assert v.data is not None
             raw = np.ascontiguousarray(v.data).tobytes()
+            same = self._by_key.setdefault((v.name, v.dtype.value, v.shape), [])
+            for off, other in same:
+                if other == raw:
+                    self.where[key] = off
+                    return off
             self.where[key] = self.size
+            same.append((self.size, raw))
             pad = (-len(raw)) % _ALIGN
             self.chunks.append(raw + b"\0" * pad)
             self.size += len(raw) + pad
@@ -76,7 +89,7 @@ class Context:
     """What a node lowering needs: addresses, kernel registration, launch emission."""
 
     def __init__(self, arch: str, offsets: dict[str, int], compute: str, progress: Callable[[str], None] | None,
-                 dry_run: bool = False, arena_base: int = 0):
+                 dry_run: bool = False, arena_base: int = 0, state: dict[str, int] | None = None):
         # Scratch: a region appended to the arena (starting at arena_base), reused by every node
         # that needs temporary space inside its own lowering (launches run in order).
         self.arena_base = arena_base
@@ -84,6 +97,7 @@ class Context:
         self.dry_run = dry_run  # count launches, compile nothing (for `fusec inspect MODEL`)
         self.arch = arch
         self.offsets = offsets
+        self.state = dict(state or {})  # value name -> byte offset in the plan's state region
         self.compute = compute  # "f32" or "tf32": math mode of fp32 matrix products
         self.weights = WeightPacker()
         self.launches: list[dict[str, Any]] = []
@@ -97,6 +111,8 @@ class Context:
     def addr(self, v: Value) -> Addr:
         if v.is_const:
             return ("weights", self.weights.add(v))
+        if v.name in self.state:
+            return ("state", self.state[v.name])
         if v.name not in self.offsets:
             raise LoweringError(f"value {v.name!r} has no place in the memory plan")
         return ("arena", self.offsets[v.name])
@@ -158,19 +174,27 @@ class Context:
 
 def lower(graph: Graph, offsets: dict[str, int], arch: str, compute: str = "f32",
           progress: Callable[[str], None] | None = None, dry_run: bool = False, arena_base: int = 0,
-          choices: dict[str, str] | None = None) -> Lowered:
+          choices: dict[str, str] | None = None, state: dict[str, int] | None = None,
+          shared: Lowered | None = None) -> Lowered:
     """Lower every node of ``graph`` (in order) against the memory plan's ``offsets``.
     ``dry_run``: decide every launch but compile nothing (the launch records are placeholders).
     ``choices``: {choice key: variant} for nodes with alternative kernels (``fusec.lower.choices``);
-    absent keys lower as by default."""
+    absent keys lower as by default. ``state``: {value name: byte offset in the state region} for
+    the values the memory plan stores in state. ``shared``: an earlier entry point of the same plan,
+    whose weights, kernels and modules this one reuses (one weights buffer, each kernel compiled once).
+    A state update that the memory plan did not store in its state is copied there last."""
     from fusec.lower.choices import lower_choice
     from fusec.lower.nodes import lower_node
 
-    ctx = Context(arch, offsets, compute, progress, dry_run, -(-arena_base // _ALIGN) * _ALIGN)
+    ctx = Context(arch, offsets, compute, progress, dry_run, -(-arena_base // _ALIGN) * _ALIGN, state)
+    if shared is not None:
+        ctx.weights, ctx.kernels, ctx.modules, ctx.blobs = shared.packer, shared.kernels, shared.modules, shared.blobs
+        ctx._kernel_index = {k["entry"]: i for i, k in enumerate(shared.kernels)}
     ctx.choices, ctx.choices_applied, ctx.choices_declined = dict(choices or {}), {}, {}
     for i, node in enumerate(graph.nodes):
         if not (ctx.choices and lower_choice(ctx, node, _label(i, node))):
             lower_node(ctx, node, label=_label(i, node))
+    _write_back_state(ctx, graph)
     weights = ctx.weights.blob()
     if weights:
         ctx.blobs["weights"] = weights
@@ -178,7 +202,19 @@ def lower(graph: Graph, offsets: dict[str, int], arch: str, compute: str = "f32"
     report["scratch_bytes"] = ctx.scratch_bytes
     if ctx.choices:
         report["choices"] = {"applied": ctx.choices_applied, "declined": ctx.choices_declined}
-    return Lowered(ctx.launches, ctx.kernels, ctx.modules, ctx.blobs, ctx.weights.size, ctx.scratch_bytes, report)
+    return Lowered(ctx.launches, ctx.kernels, ctx.modules, ctx.blobs, ctx.weights.size, ctx.scratch_bytes, report,
+                   ctx.weights)
+
+
+def _write_back_state(ctx: Context, graph: Graph) -> None:
+    """Copy each state update that lives outside its state (e.g. ``pos + 1`` in the arena) into it."""
+    from fusec.codegen.copyspecs import CopySpec
+
+    for src, dst in graph.state_pairs():
+        if dst is src or ctx.addr(dst) == ctx.addr(src):
+            continue
+        n = dst.numel
+        ctx.kernel(CopySpec(dst.dtype, (n,), (1,), (1,)), [dst, Raw(*ctx.addr(src))], f"state {src.name!r} <- update")
 
 
 def _label(i: int, node: Node) -> str:
