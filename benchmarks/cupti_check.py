@@ -1,0 +1,208 @@
+"""Host overhead of the CUPTI driver counters (fusec.runtime.counters), and what they report.
+
+    python benchmarks/cupti_check.py                 # every mode, each in its own process; a table
+    python benchmarks/cupti_check.py --mode toggle   # one mode, JSON on stdout
+    python benchmarks/cupti_check.py --dump          # the raw CUPTI records of one small region
+
+Per mode, in one process: host microseconds (median) of an iteration of K tiny kernel launches
+and of a fusec plan run (gpt2-tiny, eager and CUDA graph), first before CUPTI is initialized
+(baseline), then with the counters created but no region open (idle), then with every iteration
+wrapped in start()/stop() (region); start() and stop() alone; result() after one region.
+Host times only: the launches are asynchronous and the GPU keeps up (synchronized every 50
+iterations, outside the timings)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+_SRC = r'extern "C" __global__ void inc(float* x, int n) { int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) x[i] += 1.0f; }'
+
+
+def _median_us(fn, iters: int, sync=None, every: int = 50) -> float:
+    samples = []
+    for i in range(iters):
+        if sync is not None and i % every == 0:
+            sync()
+        t = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t)
+    return statistics.median(samples) * 1e6
+
+
+def _setup():
+    import cupy
+
+    inc = cupy.RawModule(code=_SRC).get_function("inc")
+    x = cupy.zeros(1024, cupy.float32)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    args = (x, np.int32(1024))
+
+    def kernels(k: int):
+        def run():
+            for _ in range(k):
+                inc((4,), (256,), args, stream=stream)
+        return run
+
+    plans = {}
+    try:
+        import fusec
+        from fusec.inputs import random_inputs
+        from fusec.loader import load_graph
+
+        inputs = random_inputs(load_graph("gpt2-tiny"), seed=0)
+        dev_inputs = {k: cupy.asarray(v) for k, v in inputs.items()}
+        for graph in (False, True):
+            plan = fusec.compile("gpt2-tiny", dtype="fp16", cuda_graph=graph)
+            plan.run(dev_inputs, stream=stream)
+            plans["plan_graph" if graph else "plan_eager"] = (lambda p=plan: p.run(dev_inputs, stream=stream))
+    except Exception as e:  # noqa: BLE001 -- the kernel loops still say what matters
+        print(f"(no fusec plan: {type(e).__name__}: {e})", file=sys.stderr)
+    stream.synchronize()
+    cupy.cuda.Device().synchronize()
+    return cupy, stream, kernels, plans
+
+
+def one_mode(mode: str) -> dict:
+    cupy, stream, kernels, plans = _setup()
+    sync = stream.synchronize
+    work = {"k1": kernels(1), "k20": kernels(20), **plans}
+    iters = {"k1": 5000, "k20": 2000, "plan_eager": 500, "plan_graph": 1000}
+    out: dict = {"mode": mode, "device": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()}
+    for name, fn in work.items():
+        fn()
+        out[f"{name}_baseline_us"] = _median_us(fn, iters[name], sync)
+    if mode == "none":
+        return out
+    os.environ["FUSEC_CUPTI_MODE"] = mode
+    from fusec.runtime.counters import DriverCounters
+
+    t = time.perf_counter()
+    dc = DriverCounters.create()
+    out["create_ms"] = (time.perf_counter() - t) * 1e3
+    out["available"], out["reason"] = dc.available, dc.reason
+    if not dc.available:
+        return out
+    for name, fn in work.items():
+        out[f"{name}_idle_us"] = _median_us(fn, iters[name], sync)
+
+    for name, fn in work.items():
+        def wrapped(fn=fn):
+            dc.start()
+            fn()
+            dc.stop()
+        out[f"{name}_region_us"] = _median_us(wrapped, iters[name], sync)
+        out[f"{name}_region_overhead_us"] = out[f"{name}_region_us"] - out[f"{name}_baseline_us"]
+        res = dc.result()
+        out[f"{name}_counts"] = {k: v for k, v in res.items() if v}
+
+        samples = []
+        for _ in range(100 if name.startswith("plan") else 200):
+            dc.start()
+            fn()
+            dc.stop()
+            t = time.perf_counter()
+            dc.result()
+            samples.append(time.perf_counter() - t)
+        out[f"{name}_result_us"] = statistics.median(samples) * 1e6
+
+    # start() and stop() alone, around nothing.
+    starts, stops = _time_pairs(dc, 5000)
+    out["start_us"], out["stop_us"] = statistics.median(starts) * 1e6, statistics.median(stops) * 1e6
+    return out
+
+
+def _time_pairs(dc, n: int):
+    starts, stops = [], []
+    for _ in range(n):
+        a = time.perf_counter()
+        dc.start()
+        b = time.perf_counter()
+        dc.stop()
+        c = time.perf_counter()
+        starts.append(b - a)
+        stops.append(c - b)
+    return starts, stops
+
+
+def dump() -> None:
+    import cupy
+
+    from fusec.runtime.counters import DriverCounters
+
+    dc = DriverCounters.create()
+    print("available:", dc.available, dc.reason)
+    if not dc.available:
+        return
+    inc = cupy.RawModule(code=_SRC).get_function("inc")
+    x = cupy.zeros(1024, cupy.float32)
+    d = cupy.ones(5000, cupy.uint8)
+    h = np.ones(3000, np.uint8)
+    pool = cupy.cuda.MemoryPool()
+    inc((4,), (256,), (x, np.int32(1024)))
+    cupy.cuda.Device().synchronize()
+    dc.start()
+    inc((4,), (256,), (x, np.int32(1024)))
+    cupy.cuda.Device().synchronize()
+    d.get()
+    d[:3000].set(h)
+    d2 = cupy.empty_like(d)
+    d2.data.copy_from_device_async(d.data, 5000, cupy.cuda.get_current_stream())
+    with cupy.cuda.using_allocator(pool.malloc):
+        y = cupy.empty(1 << 20, cupy.uint8)
+    cupy.cuda.Stream.null.synchronize()
+    dc.stop()
+    res = dc.result()
+    for r in dc._last_records[:80]:
+        print("  ", r)
+    print("result:", json.dumps(res))
+    del y
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mode", choices=["none", "toggle", "always"])
+    ap.add_argument("--dump", action="store_true")
+    ap.add_argument("--json", help="write every mode's numbers here")
+    args = ap.parse_args()
+    if args.dump:
+        return dump()
+    if args.mode:
+        print(json.dumps(one_mode(args.mode)))
+        return
+    rows = []
+    for mode in ("none", "toggle", "always"):
+        p = subprocess.run([sys.executable, __file__, "--mode", mode], capture_output=True, text=True)
+        if p.returncode != 0:
+            print(f"mode {mode} failed:\n{p.stderr[-3000:]}")
+            continue
+        rows.append(json.loads(p.stdout.strip().splitlines()[-1]))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    for r in rows:
+        print(json.dumps(r))
+    print("\nhost us per iteration (median): baseline / idle / region (+overhead); result() us")
+    for r in rows:
+        for w in ("k1", "k20", "plan_eager", "plan_graph"):
+            if f"{w}_baseline_us" not in r:
+                continue
+            line = f"{r['mode']:>6} {w:>10}: {r[f'{w}_baseline_us']:8.1f}"
+            if f"{w}_region_us" in r:
+                line += (f" / {r[f'{w}_idle_us']:8.1f} / {r[f'{w}_region_us']:8.1f} "
+                         f"(+{r[f'{w}_region_overhead_us']:6.1f}); result {r[f'{w}_result_us']:8.1f}")
+            print(line)
+        if "start_us" in r:
+            print(f"{r['mode']:>6} start() {r['start_us']:.2f} us, stop() {r['stop_us']:.2f} us, "
+                  f"create {r['create_ms']:.1f} ms")
+
+
+if __name__ == "__main__":
+    main()

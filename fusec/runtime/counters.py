@@ -1,0 +1,455 @@
+"""Counters of what the CUDA driver actually did during a region, measured with NVIDIA CUPTI.
+
+``Executor.run`` used to report ``syncs`` and ``d2h_bytes`` as promises (literals). This module
+measures them instead, for the whole process: a synchronization or a copy made by any library
+inside the region (CuPy, cuBLAS, PyTorch, ...) is seen, because CUPTI observes the CUDA driver and
+runtime APIs themselves, not fusec's own calls.
+
+    counters = DriverCounters.create()      # never raises; one CUPTI client per process
+    counters.start()                        # cheap: no sync, no allocation
+    ...                                     # the measured region (e.g. one plan run)
+    counters.stop()                         # cheap: no sync
+    counters.result()                       # {"source": "cupti", "syncs": ..., "d2h_bytes": ...}
+
+How it measures (CUPTI Activity API, through the ``cupti-python`` package):
+
+* activity kinds ``DRIVER`` and ``RUNTIME`` give one record per CUDA API call (name, host
+  timestamps, thread, correlation id); ``MEMCPY`` and ``MEMSET`` give one record per copy/set with
+  its direction, size, async flag and host memory kind (pageable or pinned), correlated to the API
+  call that issued it (also a copy node of a replayed CUDA graph, correlated to the graph launch).
+* a region is the host-time window ``[start(), stop()]`` on CUPTI's clock. API records whose start
+  lies in the window belong to the region; copy/set records belong to it when they correlate to
+  one of those API records (their own timestamps are GPU times and may lie after ``stop()``).
+* API calls are classified by name (``classify_api``): synchronize calls, kernel launches, graph
+  launches, device/host allocations, frees, copies. When a runtime call (``cudaMalloc``) and a
+  driver call of the same class (``cuMemAlloc``) nest on one thread, only the outer one counts.
+
+Counters of ``result()``:
+
+* ``syncs``: explicit host synchronizations (``cu/cudaStreamSynchronize``, ``cuCtxSynchronize``,
+  ``cudaDeviceSynchronize``, ``cu/cudaEventSynchronize``, ...) plus blocking copies (a
+  non-async copy between host and device: it waits for the device). ``sync_calls`` names them
+  (``{"cudaDeviceSynchronize": 1, "cudaMemcpy": 1}``), so every sync is attributable.
+* ``h2d_bytes``, ``d2h_bytes``, ``d2d_bytes`` (device, array and peer copies), ``h2h_bytes``,
+  ``memcpy_calls`` (copies executed, graph copy nodes included), ``pageable_memcpys`` (copies
+  from/to pageable host memory: an async one may still block the host), ``memset_calls``.
+* ``allocations``: device allocations that reached the driver (``cuMemAlloc*``, ``cudaMalloc*``,
+  ``cudaMallocAsync``, ``cuMemCreate``, ...). A CuPy memory-pool hit is no allocation: CuPy's
+  pool calls ``cudaMalloc`` only when it has no free block of that size. ``host_allocations``
+  (pinned host memory) and ``frees`` are counted apart.
+* ``kernel_launches``: launch API calls (``cuLaunchKernel*``, ``cudaLaunchKernel*``, cooperative
+  launches); kernels that run inside a replayed CUDA graph are not launches. ``graph_launches``:
+  ``cuGraphLaunch``/``cudaGraphLaunch`` calls.
+* ``api_calls`` (all CUDA API calls seen), ``region_ms`` (host time of the window).
+
+Modes (``FUSEC_CUPTI_MODE``, default ``toggle``): ``toggle`` enables the activity kinds in
+``start()`` and disables them in ``stop()``, so nothing outside regions is traced; ``always``
+enables them once, and ``start()``/``stop()`` only read the CUPTI clock (cheapest per region, but
+every CUDA call of the process is then traced). ``FUSEC_CUPTI=0`` turns the counters off.
+
+``result()`` synchronizes the current device and forces a flush of CUPTI's buffers
+(``activity_flush_all(1)``): copy records are only written once the device has finished them.
+Its own work lies after ``stop()`` and is never counted. It reports the most recent region of the
+process (the counters are one process-wide object); regions do not nest: ``start()`` opens a new
+one.
+
+Limits: CUPTI sees CUDA API calls and the copies/sets they issue. It cannot see a copy done by a
+kernel (e.g. CuPy's copy of a non-contiguous array), implicit synchronization inside a call that
+is not a synchronize or blocking copy (``cudaFree``, a ``cudaMemcpyAsync`` to pageable memory: see
+``frees`` and ``pageable_memcpys``), CuPy memory-pool reuse, or work of other processes. Only one
+CUPTI client can exist per process: when a profiler (Nsight Systems, ``torch.profiler``) holds it,
+``available`` is False and says so; while fusec holds it, such a profiler cannot start.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+# ---- classification of CUDA API names (pure; testable without a GPU) ----------------------------
+
+_SUFFIX = re.compile(r"(_v\d+|_ptsz|_ptds)$")
+
+_KERNEL_LAUNCH = frozenset({
+    "cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchCooperativeKernel", "cuLaunchCooperativeKernelMultiDevice",
+    "cuLaunchGrid", "cuLaunchGridAsync", "cuLaunch",
+    "cudaLaunchKernel", "cudaLaunchKernelExC", "cudaLaunchCooperativeKernel",
+    "cudaLaunchCooperativeKernelMultiDevice", "cudaLaunch",
+})
+_GRAPH_LAUNCH = frozenset({"cuGraphLaunch", "cudaGraphLaunch"})
+_ALLOC = frozenset({
+    "cuMemAlloc", "cuMemAllocPitch", "cuMemAllocManaged", "cuMemAllocAsync", "cuMemAllocFromPoolAsync",
+    "cuMemCreate", "cu64MemAlloc", "cu64MemAllocPitch", "cuArrayCreate", "cuArray3DCreate",
+    "cuMipmappedArrayCreate",
+    "cudaMalloc", "cudaMallocPitch", "cudaMalloc3D", "cudaMallocArray", "cudaMalloc3DArray",
+    "cudaMallocMipmappedArray", "cudaMallocManaged", "cudaMallocAsync", "cudaMallocFromPoolAsync",
+})
+_HOST_ALLOC = frozenset({
+    "cuMemAllocHost", "cuMemHostAlloc", "cu64MemHostAlloc", "cuMemHostRegister",
+    "cudaMallocHost", "cudaHostAlloc", "cudaHostRegister",
+})
+_FREE = frozenset({
+    "cuMemFree", "cuMemFreeAsync", "cuMemFreeHost", "cuMemHostUnregister", "cuMemRelease", "cu64MemFree",
+    "cuArrayDestroy", "cuMipmappedArrayDestroy",
+    "cudaFree", "cudaFreeAsync", "cudaFreeHost", "cudaHostUnregister", "cudaFreeArray", "cudaFreeMipmappedArray",
+})
+
+# Classes whose nested driver call (inside a runtime call of the same class) is not counted again.
+_DEDUPED = ("sync", "kernel_launch", "graph_launch", "alloc", "host_alloc", "free")
+
+
+def api_base_name(name: str) -> str:
+    """``cudaLaunchKernel_ptsz_v7000`` -> ``cudaLaunchKernel``; ``cuMemAlloc_v2`` -> ``cuMemAlloc``."""
+    prev = None
+    while prev != name:
+        prev, name = name, _SUFFIX.sub("", name)
+    return name
+
+
+def classify_api(name: str) -> str | None:
+    """The counter class of a CUDA driver/runtime API name, or None for calls that count nothing.
+
+    Classes: ``sync``, ``kernel_launch``, ``graph_launch``, ``alloc``, ``host_alloc``, ``free``,
+    ``memcpy``, ``memset``."""
+    base = api_base_name(name)
+    if base in _KERNEL_LAUNCH:
+        return "kernel_launch"
+    if base in _GRAPH_LAUNCH:
+        return "graph_launch"
+    if base.endswith("Synchronize") and base.startswith("cu"):
+        return "sync"  # cuCtx/cuStream/cuEvent, cudaDevice/cudaThread/cudaStream/cudaEvent/cudaExecutionCtx
+    if base in _ALLOC:
+        return "alloc"
+    if base in _HOST_ALLOC:
+        return "host_alloc"
+    if base in _FREE:
+        return "free"
+    if "Memcpy" in base and not base.startswith(("cuGraph", "cudaGraph")):
+        return "memcpy"
+    if "Memset" in base and not base.startswith(("cuGraph", "cudaGraph")):
+        return "memset"
+    return None
+
+
+# Copy directions, by CUPTI's CUpti_ActivityMemcpyKind name.
+COPY_DIRECTION = {
+    "HTOD": "h2d", "HTOA": "h2d",
+    "DTOH": "d2h", "ATOH": "d2h",
+    "DTOD": "d2d", "DTOA": "d2d", "ATOD": "d2d", "ATOA": "d2d", "PTOP": "d2d",
+    "HTOH": "h2h",
+}
+
+# Record tuples (what the CUPTI buffer callback keeps; ``aggregate`` consumes them):
+#   ("api", domain "d"|"r", api name, start_ns, end_ns, correlation_id, thread_id)
+#   ("copy", direction "h2d"|"d2h"|"d2d"|"h2h"|"?", bytes, is_async, pageable, correlation_id, runtime_correlation_id)
+#   ("set", bytes, correlation_id, runtime_correlation_id)
+
+
+def aggregate(records: Iterable[tuple], t0: int, t1: int) -> dict[str, Any]:
+    """Counters of the region ``[t0, t1]`` (CUPTI ns) from record tuples (see above)."""
+    api = [r for r in records if r[0] == "api" and t0 <= r[3] <= t1]
+    drv_ids = {r[5]: r[2] for r in api if r[1] == "d"}
+    rt_ids = {r[5]: r[2] for r in api if r[1] == "r"}
+    outer: dict[tuple[str, int], list[tuple[int, int]]] = {}
+    for r in api:
+        cls = classify_api(r[2])
+        if r[1] == "r" and cls in _DEDUPED:
+            outer.setdefault((cls, r[6]), []).append((r[3], r[4]))
+
+    out: dict[str, Any] = {
+        "source": "cupti", "syncs": 0, "sync_calls": {}, "h2d_bytes": 0, "d2h_bytes": 0, "d2d_bytes": 0,
+        "h2h_bytes": 0, "memcpy_calls": 0, "pageable_memcpys": 0, "memset_calls": 0, "allocations": 0,
+        "host_allocations": 0, "frees": 0, "kernel_launches": 0, "graph_launches": 0, "api_calls": len(api),
+        "region_ms": max(t1 - t0, 0) / 1e6,
+    }
+    key = {"kernel_launch": "kernel_launches", "graph_launch": "graph_launches", "alloc": "allocations",
+           "host_alloc": "host_allocations", "free": "frees", "sync": "syncs"}
+    sync_calls: dict[str, int] = out["sync_calls"]
+    for r in api:
+        cls = classify_api(r[2])
+        if cls not in key:
+            continue
+        if r[1] == "d" and any(s <= r[3] and r[4] <= e for s, e in outer.get((cls, r[6]), ())):
+            continue  # the driver call a runtime call of the same class made: counted once, as the runtime call
+        out[key[cls]] += 1
+        if cls == "sync":
+            base = api_base_name(r[2])
+            sync_calls[base] = sync_calls.get(base, 0) + 1
+
+    for r in records:
+        if r[0] == "copy":
+            _, direction, nbytes, is_async, pageable, corr, rt_corr = r
+            name = rt_ids.get(rt_corr) if rt_corr else None
+            if name is None:
+                name = drv_ids.get(corr)
+            if name is None:
+                continue  # issued outside the region
+            out["memcpy_calls"] += 1
+            if direction in ("h2d", "d2h", "d2d", "h2h"):
+                out[direction + "_bytes"] += nbytes
+            if pageable:
+                out["pageable_memcpys"] += 1
+            if not is_async and direction in ("h2d", "d2h"):
+                # A blocking copy between host and device: the host waits for the device.
+                out["syncs"] += 1
+                base = api_base_name(name)
+                sync_calls[base] = sync_calls.get(base, 0) + 1
+        elif r[0] == "set":
+            _, nbytes, corr, rt_corr = r
+            if (rt_corr and rt_corr in rt_ids) or corr in drv_ids:
+                out["memset_calls"] += 1
+    return out
+
+
+# ---- the CUPTI client (one per process) -----------------------------------------------------------
+
+_BUFFER_BYTES = 4 << 20
+_MODES = ("toggle", "always")
+
+
+def _unavailable(reason: str) -> dict[str, Any]:
+    return {"source": "unavailable", "reason": reason}
+
+
+class DriverCounters:
+    """Process-wide CUDA driver counters (see the module docstring). Use ``create()``."""
+
+    _instance: DriverCounters | None = None
+    _lock = threading.Lock()
+
+    def __init__(self) -> None:
+        self.available = False
+        self.reason = "not initialized"
+        self.mode = "toggle"
+        self._cupti: Any = None
+        self._kinds: list[Any] = []
+        self._pending: list[tuple] = []
+        self._last_records: list[tuple] = []
+        self._t0: int | None = None
+        self._t1: int | None = None
+        self._open = False
+        self._region_error: str | None = None
+        self._callback_error: str | None = None
+        self._last: dict[str, Any] | None = None
+        self._subscriber: Any = None
+        self._names: dict[int, dict[int, str]] = {}
+        self._dir: dict[int, str] = {}
+
+    # -- creation ---------------------------------------------------------------------------
+    @classmethod
+    def create(cls) -> DriverCounters:
+        """The process's counters; never raises. ``available`` False comes with ``reason``."""
+        with cls._lock:
+            if cls._instance is None:
+                inst = cls()
+                try:
+                    inst._init()
+                except Exception as e:  # noqa: BLE001 -- whatever CUPTI says, report it and stay usable
+                    inst._fail(f"CUPTI initialization failed: {type(e).__name__}: {_describe(e)}")
+                cls._instance = inst
+            return cls._instance
+
+    def _fail(self, reason: str) -> None:
+        self.available = False
+        self.reason = reason
+        c = self._cupti
+        if c is not None:
+            for k in self._kinds:
+                try:
+                    c.activity_disable(k)
+                except Exception:  # noqa: BLE001
+                    pass
+            if self._subscriber is not None:
+                try:
+                    c.unsubscribe(self._subscriber)
+                except Exception:  # noqa: BLE001
+                    pass
+                self._subscriber = None
+
+    def _init(self) -> None:
+        if os.environ.get("FUSEC_CUPTI", "1").strip().lower() in ("0", "off", "false", "no"):
+            return self._fail("disabled by FUSEC_CUPTI=0")
+        mode = os.environ.get("FUSEC_CUPTI_MODE", "toggle").strip().lower()
+        if mode not in _MODES:
+            return self._fail(f"FUSEC_CUPTI_MODE={mode!r} is not one of {', '.join(_MODES)}")
+        self.mode = mode
+        try:
+            import cupy
+
+            ndev = cupy.cuda.runtime.getDeviceCount()
+        except Exception as e:  # noqa: BLE001
+            return self._fail(f"no CUDA GPU (CuPy: {type(e).__name__}: {_describe(e)})")
+        if ndev < 1:
+            return self._fail("no CUDA GPU (CuPy sees no device)")
+        try:
+            from cupti import cupti as c
+        except Exception as e:  # noqa: BLE001 -- ImportError, or a missing libcupti
+            return self._fail(f"cupti-python is not usable ({type(e).__name__}: {_describe(e)}); "
+                              "install it with `pip install cupti-python`")
+        self._cupti = c
+
+        # Claim the process's one CUPTI subscriber slot, so that a second tool fails loudly
+        # instead of silently taking the activity buffers over (and so that we see one that came first).
+        try:
+            params = c.SubscriberParams()
+            params.struct_size = c.SUBSCRIBER_PARAMS_SIZE
+            params.subscriber_name = "fusec.runtime.counters"
+            self._userdata: dict = {}
+            self._subscriber = c.subscribe_v2(_no_callback, self._userdata, params.ptr)
+        except c.cuptiError as e:
+            old = ""
+            try:
+                old = f" (held by {params.old_subscriber_name!r})" if params.old_subscriber_name else ""
+            except Exception:  # noqa: BLE001
+                pass
+            return self._fail(f"another CUPTI subscriber exists in this process{old}: {_describe(e)}")
+
+        self._names = {int(c.ActivityKind.DRIVER): {int(m): m.name for m in c.DriverApiTraceCbid},
+                       int(c.ActivityKind.RUNTIME): {int(m): m.name for m in c.RuntimeApiTraceCbid}}
+        self._dir = {int(m): COPY_DIRECTION.get(m.name, "?") for m in c.ActivityMemcpyKind}
+        self._pageable = int(c.ActivityMemoryKind.PAGEABLE)
+        self._async_flag = int(c.ActivityFlag.MEMCPY_ASYNC)
+        self._k_driver = int(c.ActivityKind.DRIVER)
+        self._k_runtime = int(c.ActivityKind.RUNTIME)
+        self._k_memcpy = int(c.ActivityKind.MEMCPY)
+        self._k_memset = int(c.ActivityKind.MEMSET)
+        c.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
+        kinds = [c.ActivityKind.DRIVER, c.ActivityKind.RUNTIME, c.ActivityKind.MEMCPY, c.ActivityKind.MEMSET]
+        for k in kinds:  # enable once to learn now (not inside a run) whether this CUPTI can
+            c.activity_enable(k)
+            self._kinds.append(k)
+        if self.mode == "toggle":
+            for k in kinds:
+                c.activity_disable(k)
+        self._get_timestamp = c.get_timestamp
+        self._enable = c.activity_enable
+        self._disable = c.activity_disable
+        self.available = True
+        self.reason = f"CUPTI via cupti-python, mode {self.mode}"
+
+    # -- CUPTI buffer callbacks ---------------------------------------------------------------
+    @staticmethod
+    def _buffer_requested() -> tuple[int, int]:
+        return _BUFFER_BYTES, 0
+
+    def _buffer_completed(self, activities: Any) -> None:
+        try:
+            self._keep(activities)
+        except Exception as e:  # noqa: BLE001 -- runs on a CUPTI thread: report it in result()
+            self._callback_error = f"reading CUPTI records failed: {type(e).__name__}: {e}"
+
+    def _keep(self, activities: Any) -> None:
+        keep = self._pending.append
+        kd, kr, kc, ks = self._k_driver, self._k_runtime, self._k_memcpy, self._k_memset
+        names, direction, pageable, async_flag = self._names, self._dir, self._pageable, self._async_flag
+        for a in activities:
+            k = int(a.kind)
+            if k == kd or k == kr:
+                keep(("api", "d" if k == kd else "r", names[k].get(int(a.cbid), f"cbid{a.cbid}"), int(a.start),
+                      int(a.end), int(a.correlation_id), int(a.thread_id)))
+            elif k == kc:
+                flags = int(_field(a, "flags_", "flags"))
+                keep(("copy", direction.get(int(a.copy_kind), "?"), int(a.bytes), bool(flags & async_flag),
+                      int(a.src_kind) == pageable or int(a.dst_kind) == pageable, int(a.correlation_id),
+                      int(getattr(a, "runtime_correlation_id", 0) or 0)))
+            elif k == ks:
+                keep(("set", int(a.bytes), int(a.correlation_id), int(getattr(a, "runtime_correlation_id", 0) or 0)))
+
+    # -- regions ------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Open a measured region (no sync, no allocation). Ends any region still open."""
+        if not self.available:
+            return
+        # Every record delivered so far belongs to calls made before this point: drop them.
+        self._pending = []
+        self._last_records: list[tuple] = []
+        self._region_error = None
+        self._last = None
+        if self.mode == "toggle" and not self._open:
+            try:
+                for k in self._kinds:
+                    self._enable(k)
+            except Exception as e:  # noqa: BLE001
+                self._region_error = f"activity_enable failed: {_describe(e)}"
+        self._open = True
+        self._t1 = None
+        self._t0 = self._get_timestamp()
+
+    def stop(self) -> None:
+        """Close the region (no sync)."""
+        if not self.available or not self._open:
+            return
+        self._t1 = self._get_timestamp()
+        self._open = False
+        if self.mode == "toggle":
+            try:
+                for k in self._kinds:
+                    self._disable(k)
+            except Exception as e:  # noqa: BLE001
+                self._region_error = f"activity_disable failed: {_describe(e)}"
+
+    def result(self) -> dict[str, Any]:
+        """Counters of the last closed region (see the module docstring).
+
+        Synchronizes the current device and flushes CUPTI's buffers first (copy records are only
+        written once the device has run them); that work lies after the region and is not counted."""
+        if not self.available:
+            return _unavailable(self.reason)
+        if self._last is not None:
+            return dict(self._last)
+        if self._t0 is None or self._t1 is None:
+            return _unavailable("no measured region yet (call start() and stop() first)")
+        if self._region_error is not None:
+            return _unavailable(self._region_error)
+        try:
+            try:
+                import cupy
+
+                cupy.cuda.runtime.deviceSynchronize()
+            except ImportError:
+                pass
+            self._cupti.activity_flush_all(1)  # CUPTI_ACTIVITY_FLAG_FLUSH_FORCED
+        except Exception as e:  # noqa: BLE001
+            return _unavailable(f"flushing CUPTI buffers failed: {_describe(e)}")
+        if self._callback_error is not None:
+            return _unavailable(self._callback_error)
+        records, self._pending = self._pending, []
+        self._last_records = records  # kept until the next start(), for diagnostics
+        self._last = aggregate(records, self._t0, self._t1)
+        return dict(self._last)
+
+
+def _no_callback(userdata: Any, domain: Any, cbid: Any, data: Any) -> None:
+    return None
+
+
+def _field(obj: Any, *names: str) -> Any:
+    for n in names:
+        v = getattr(obj, n, None)
+        if v is not None:
+            return v
+    return 0
+
+
+def _describe(e: BaseException) -> str:
+    status = getattr(e, "status", None)
+    if status is not None:
+        try:
+            from cupti import cupti as c
+
+            return f"{c.Result(status).name} ({status}) {e}".strip()
+        except Exception:  # noqa: BLE001
+            pass
+    return str(e) or type(e).__name__
+
+
+def _reset_for_tests() -> None:
+    """Forget the process's instance (tests only; CUPTI itself stays as it is)."""
+    with DriverCounters._lock:
+        inst = DriverCounters._instance
+        if inst is not None and inst.available:
+            inst._fail("reset")
+        DriverCounters._instance = None
