@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -34,6 +34,7 @@ class Engine(Protocol):
     def prefill(self, input_ids: np.ndarray) -> None: ...
     def decode(self) -> None: ...
     def sync(self) -> None: ...
+    def measure(self, on: bool) -> None: ...  # start/stop counting driver activity (decode loop)
     def stats(self) -> dict[str, Any]: ...
 
 
@@ -85,18 +86,33 @@ def check_prompts(prompts: Sequence[Sequence[int]], meta: Mapping[str, Any], voc
 
 def generate(engine: Engine, prompts: Sequence[Sequence[int]], max_new_tokens: int, vocab: int, seed: int = 0,
              stream_every: int = 0, on_tokens: Callable[[list[list[int]]], None] | None = None) -> Generated:
-    """Run the prefill and the decode steps; see the module docstring."""
+    """Run the prefill and the decode steps; see the module docstring. With ``stream_every`` and
+    ``on_tokens``, each row's new tokens are passed on every ``stream_every`` steps (and at the end)."""
+    it = iter_generate(engine, prompts, max_new_tokens, vocab, seed, stream_every)
+    while True:
+        try:
+            chunk = next(it)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        if on_tokens is not None:
+            on_tokens(chunk)
+
+
+def iter_generate(engine: Engine, prompts: Sequence[Sequence[int]], max_new_tokens: int, vocab: int, seed: int = 0,
+                  stream_every: int = 0) -> Generator[list[list[int]], None, Generated]:
+    """Yield each row's new tokens every ``stream_every`` decode steps (0: only at the end), one
+    read-back per chunk; returns (StopIteration.value) the ``Generated`` record."""
     meta = engine.meta
     rows = check_prompts(prompts, meta, vocab, max_new_tokens)
     batch, prefill_len = int(meta["batch"]), int(meta["prefill_len"])
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
+        raise InputError(f"seed must be an integer in [0, 2**63), got {seed!r}")
     # Unused batch rows repeat the first prompt (their tokens are dropped): every row stays valid.
     padded = rows + [rows[0]] * (batch - len(rows))
     lengths = np.array([len(r) for r in padded], np.int64)
     ids = np.zeros((batch, prefill_len), np.int64)
     for b, r in enumerate(padded):
         ids[b, : len(r)] = r
-    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
-        raise InputError(f"seed must be an integer in [0, 2**63), got {seed!r}")
     engine.set_state("pos", lengths)
     engine.set_state("done", np.zeros(batch, bool))
     engine.set_state("seed", np.array([seed], np.int64))
@@ -105,42 +121,32 @@ def generate(engine: Engine, prompts: Sequence[Sequence[int]], max_new_tokens: i
     engine.prefill(ids)
     engine.sync()
     t1 = time.perf_counter()
+    paused = 0.0  # host time spent handing chunks to the caller, not counted as decode time
     sent = [0] * len(rows)
     steps = max_new_tokens - 1
+    engine.measure(True)
     for step in range(steps):
         engine.decode()
-        if on_tokens is not None and stream_every and (step + 1) % stream_every == 0 and step + 1 < steps:
-            sent = _emit(engine, rows, sent, on_tokens)
+        if stream_every and (step + 1) % stream_every == 0 and step + 1 < steps:
+            new = _new_ids(engine, rows)
+            t_pause = time.perf_counter()
+            yield [n[s:] for n, s in zip(new, sent)]
+            paused += time.perf_counter() - t_pause
+            sent = [len(n) for n in new]
+    engine.measure(False)
     engine.sync()
     t2 = time.perf_counter()
     new = _new_ids(engine, rows)
-    if on_tokens is not None:
-        tail = [n[s:] for n, s in zip(new, sent)]
-        if any(tail):
-            on_tokens(tail)
-    return Generated(prompt_ids=rows, new_ids=new, prefill_ms=(t1 - t0) * 1e3, decode_ms=(t2 - t1) * 1e3,
+    tail = [n[s:] for n, s in zip(new, sent)]
+    if any(tail):
+        yield tail
+    return Generated(prompt_ids=rows, new_ids=new, prefill_ms=(t1 - t0) * 1e3, decode_ms=(t2 - t1 - paused) * 1e3,
                      decode_steps=steps, stats=engine.stats())
 
 
 def _new_ids(engine: Engine, rows: list[list[int]]) -> list[list[int]]:
     tokens, pos = engine.read_state("tokens"), engine.read_state("pos")
     return [[int(t) for t in tokens[b, len(r): int(pos[b]) + 1]] for b, r in enumerate(rows)]
-
-
-def _emit(engine: Engine, rows: list[list[int]], sent: list[int],
-          on_tokens: Callable[[list[list[int]]], None]) -> list[int]:
-    new = _new_ids(engine, rows)
-    on_tokens([n[s:] for n, s in zip(new, sent)])
-    return [len(n) for n in new]
-
-
-def stream(engine: Engine, prompts: Sequence[Sequence[int]], max_new_tokens: int, vocab: int, seed: int = 0,
-           every: int = 8) -> Iterator[list[list[int]]]:
-    """Yield the new tokens of each row every ``every`` decode steps (one read-back per chunk)."""
-    chunks: list[list[list[int]]] = []
-    # The loop is short and synchronous: collect chunks through the callback, then yield them.
-    generate(engine, prompts, max_new_tokens, vocab, seed, every, chunks.append)
-    yield from chunks
 
 
 class ReferenceEngine:
@@ -186,6 +192,9 @@ class ReferenceEngine:
         self._run("decode", {})
 
     def sync(self) -> None:
+        pass
+
+    def measure(self, on: bool) -> None:
         pass
 
     def stats(self) -> dict[str, Any]:

@@ -19,7 +19,8 @@ from fusec import __version__
 from fusec.errors import FusecError
 from fusec.planfile import PlanFileError, read_plan, write_plan
 
-_REQUIRED = ("fusec_version", "arch", "dtype", "inputs", "outputs", "memory", "modules", "kernels", "launches")
+_REQUIRED = ("fusec_version", "arch", "dtype", "memory", "modules", "kernels")
+_ENTRY = ("inputs", "outputs", "launches")  # per entry point: at the top level, or under "entries"
 
 
 class PlanArchError(FusecError):
@@ -27,11 +28,14 @@ class PlanArchError(FusecError):
 
 
 class Plan:
-    def __init__(self, manifest: Mapping[str, Any], blobs: Mapping[str, bytes | memoryview], cuda_graph: bool = False):
+    def __init__(self, manifest: Mapping[str, Any], blobs: Mapping[str, bytes | memoryview], cuda_graph: bool = False,
+                 _device: Any = None):
         self.manifest = dict(manifest)
         self._blobs = dict(blobs)
         self.cuda_graph = bool(cuda_graph or self.manifest.get("cuda_graph", False))
-        self._executor: Any = None
+        self._executors: dict[str, Any] = {}
+        self._device = _device  # fusec.runtime.executor.Device: weights, state, kernels; shared by copies
+        self._last: Any = None
         _validate_manifest(self.manifest, self._blobs, "<in memory>")
 
     # ---- persistence --------------------------------------------------------------------------
@@ -79,14 +83,31 @@ class Plan:
         return dict(self._blobs)
 
     def with_cuda_graph(self, cuda_graph: bool) -> Plan:
-        """The same compiled plan, run with or without CUDA-graph replay (its own device state)."""
-        return Plan(self.manifest, self._blobs, cuda_graph=cuda_graph)
+        """The same compiled plan, run with or without CUDA-graph replay; it shares this plan's
+        device memory (weights uploaded once, the same state and arena: run one at a time)."""
+        return Plan(self.manifest, self._blobs, cuda_graph=cuda_graph, _device=self._device)
+
+    @property
+    def entries(self) -> list[str]:
+        """The plan's entry points ("main" for a one-entry plan; "prefill", "decode" for generation)."""
+        return list(entry_points(self.manifest))
 
     def info(self) -> dict[str, Any]:
         """JSON-able description for ``fusec inspect PLAN --json``."""
         m = self.manifest
+        ents = entry_points(m)
+        if len(ents) > 1:
+            out = {k: m[k] for k in ("fusec_version", "arch", "dtype", "nvrtc_version", "cupy_version", "cuda_graph",
+                                    "generation", "state") if k in m}
+            out["entries"] = {name: self._entry_info(e) for name, e in ents.items()}
+            out["memory"] = dict(m["memory"])
+            return out
+        return self._entry_info(ents["main"], top=True)
+
+    def _entry_info(self, e: Mapping[str, Any], top: bool = False) -> dict[str, Any]:
+        m = self.manifest
         kernels = []
-        for L in m["launches"]:
+        for L in e["launches"]:
             if L["type"] == "kernel":
                 k = m["kernels"][L["kernel"]]
                 kernels.append({"name": k["entry"], "label": L.get("label", ""), "grid": L["grid"], "block": L["block"],
@@ -94,17 +115,24 @@ class Plan:
             else:
                 kernels.append({"name": f"cublas_gemm_{L['dtype']}", "label": L.get("label", ""),
                                 "m": L["m"], "n": L["n"], "k": L["k"], "batch": L["batch"]})
-        out = {k: m[k] for k in ("fusec_version", "arch", "dtype", "inputs", "outputs") if k in m}
-        out.update({k: m[k] for k in ("report", "nvrtc_version", "cupy_version", "cuda_graph", "ab") if k in m})
+        out: dict[str, Any] = {}
+        if top:
+            out = {k: m[k] for k in ("fusec_version", "arch", "dtype") if k in m}
+        out.update({"inputs": e["inputs"], "outputs": e["outputs"]})
+        if top:
+            out.update({k: m[k] for k in ("report", "nvrtc_version", "cupy_version", "cuda_graph", "ab") if k in m})
         out["kernels"] = kernels
         out["launches"] = len(kernels)
-        out["memory"] = dict(m["memory"])
+        if top:
+            out["memory"] = dict(m["memory"])
         return out
 
     # ---- running -------------------------------------------------------------------------------
-    def _exec(self) -> Any:
-        if self._executor is None:
-            from fusec.runtime.executor import Executor
+    def _exec(self, entry: str | None = None) -> Any:
+        entry = entry or self.entries[0]
+        ex = self._executors.get(entry)
+        if ex is None:
+            from fusec.runtime.executor import Device, Executor
 
             gpu_arch = _current_arch()
             if gpu_arch is None:
@@ -113,20 +141,48 @@ class Plan:
             if gpu_arch != self.arch:
                 raise PlanArchError(f"field 'arch' is {self.arch}, but this GPU is {gpu_arch}; "
                                     f"load with recompile=True")
-            self._executor = Executor(self.manifest, self.blob, cuda_graph=self.cuda_graph)
-        return self._executor
+            if self._device is None:
+                self._device = Device(self.manifest, self.blob)
+            ex = self._executors[entry] = Executor(self.manifest, self.blob, cuda_graph=self.cuda_graph, entry=entry,
+                                                   device=self._device)
+        return ex
 
-    def run(self, inputs: Mapping[str, Any], stream: Any = None, outputs: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """Run once on the GPU; returns {output name: CuPy array} (see fusec.runtime.executor)."""
-        return self._exec().run(inputs, stream=stream, outputs=outputs)
+    def device(self) -> Any:
+        """The plan's device state (weights, state region, arena), made on first use."""
+        return self._exec().device
 
-    def profile(self, inputs: Mapping[str, Any], repeats: int = 5) -> list[dict[str, Any]]:
+    def run(self, inputs: Mapping[str, Any], stream: Any = None, outputs: Mapping[str, Any] | None = None,
+            entry: str | None = None, measure: bool = True) -> dict[str, Any]:
+        """Run entry point ``entry`` (default: the first) once on the GPU; returns {output name:
+        CuPy array} (see fusec.runtime.executor). ``measure``: count driver activity for stats()."""
+        self._last = self._exec(entry)
+        return self._last.run(inputs, stream=stream, outputs=outputs, measure=measure)
+
+    def profile(self, inputs: Mapping[str, Any], repeats: int = 5, entry: str | None = None) -> list[dict[str, Any]]:
         """Per-launch GPU times (a diagnostic that synchronizes; see Executor.profile)."""
-        return self._exec().profile(inputs, repeats)
+        return self._exec(entry).profile(inputs, repeats)
 
     def stats(self) -> dict[str, Any]:
-        """Counters of the last run: launches, syncs, allocations, h2d_bytes, d2h_bytes, ..."""
-        return self._exec().stats() if self._executor is not None else {}
+        """Counters of the last run (see Executor.stats): launches, and what the driver did."""
+        return self._last.stats() if self._last is not None else {}
+
+    def generate(self, prompts: Any, max_new_tokens: int = 32, seed: int = 0, stream_every: int = 0,
+                 on_tokens: Any = None) -> Any:
+        """Generate from a generation plan (``fusec compile --generate``): ``prompts`` is a list of
+        token-id lists, or of strings when the plan carries a tokenizer. Returns
+        ``fusec.generation.Generated`` (prompt_ids, new_ids, text, timings, stats)."""
+        from fusec.runtime.generation import generate_with_plan
+
+        return generate_with_plan(self, prompts, max_new_tokens, seed, stream_every, on_tokens)
+
+
+def entry_points(manifest: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Every entry point of a plan: {name: {"inputs", "outputs", "launches", "arena_bytes"}}.
+    A one-entry plan keeps these fields at the top level of its manifest (entry "main")."""
+    if "entries" in manifest:
+        return {k: dict(v) for k, v in manifest["entries"].items()}
+    return {"main": {"inputs": manifest["inputs"], "outputs": manifest["outputs"], "launches": manifest["launches"],
+                     "arena_bytes": manifest["memory"]["arena_bytes"]}}
 
 
 def _current_arch() -> str | None:
@@ -156,7 +212,23 @@ def _validate_manifest(m: Mapping[str, Any], blobs: Mapping[str, Any], where: st
     if wbytes and len(blobs.get("weights", b"")) != wbytes:
         raise PlanFileError(f"{where}: weights: expected {wbytes} bytes")
     arena = int(m["memory"].get("arena_bytes", 0))
-    for i, L in enumerate(m["launches"]):
+    state = int(m["memory"].get("state_bytes", 0))
+    for rec in m.get("state", []):
+        if not 0 <= int(rec["offset"]) <= state:
+            raise PlanFileError(f"{where}: state {rec.get('name')!r}: offset outside the state region")
+    ents = m["entries"] if "entries" in m else {"main": m}
+    if not isinstance(ents, Mapping) or not ents:
+        raise PlanFileError(f"{where}: manifest: field 'entries' must map entry names to entry points")
+    for ename, e in ents.items():
+        for key in _ENTRY:
+            if key not in e:
+                raise PlanFileError(f"{where}: manifest: entry {ename!r}: missing field {key!r}")
+        _validate_entry(e, m, wbytes, arena, state, f"{where}: entry {ename!r}" if "entries" in m else where)
+
+
+def _validate_entry(e: Mapping[str, Any], m: Mapping[str, Any], wbytes: int, arena: int, state: int, where: str) -> None:
+    limits = {"arena": arena, "weights": wbytes, "state": state}
+    for i, L in enumerate(e["launches"]):
         if L.get("type") == "kernel":
             if not 0 <= int(L.get("kernel", -1)) < len(m["kernels"]):
                 raise PlanFileError(f"{where}: launch #{i}: kernel index out of range")
@@ -166,10 +238,9 @@ def _validate_manifest(m: Mapping[str, Any], blobs: Mapping[str, Any], where: st
         else:
             raise PlanFileError(f"{where}: launch #{i}: unknown type {L.get('type')!r}")
         for _, space, off in ptrs:
-            limit = arena if space == "arena" else wbytes
-            if space not in ("arena", "weights") or not 0 <= int(off) <= limit:
+            if space not in limits or not 0 <= int(off) <= limits[space]:
                 raise PlanFileError(f"{where}: launch #{i}: pointer {space}+{off} outside the {space}")
     for sig in ("inputs", "outputs"):
-        for d in m[sig]:
+        for d in e[sig]:
             if not 0 <= int(d["offset"]) <= arena:
                 raise PlanFileError(f"{where}: {sig[:-1]} {d.get('name')!r}: offset outside the arena")

@@ -119,9 +119,8 @@ def build_generation(cfg: ModelConfig, weights: object, shape: GenerationShape, 
     check_generation_model(cfg)
     if shape.max_seq_len > cfg.max_positions:
         raise InputError(f"--max-seq-len {shape.max_seq_len} exceeds the model's {cfg.max_positions} positions")
-    if not eos_ids or any(not 0 <= e < cfg.vocab_size for e in eos_ids):
-        raise InputError(f"end-of-sequence ids {list(eos_ids)} must be non-empty and within the vocabulary "
-                         f"({cfg.vocab_size})")
+    if any(not 0 <= e < cfg.vocab_size for e in eos_ids):
+        raise InputError(f"end-of-sequence ids {list(eos_ids)} must lie within the vocabulary ({cfg.vocab_size})")
     return {"prefill": _build(cfg, weights, shape, sampling, eos_ids, prefill=True),
             "decode": _build(cfg, weights, shape, sampling, eos_ids, prefill=False)}
 
@@ -223,11 +222,12 @@ def _build(cfg: ModelConfig, weights: object, shape: GenerationShape, sampling: 
     tok = m.op(Op.SAMPLE, logits, st.seed, counter, temperature=float(sampling.temperature),
                top_k=int(sampling.top_k), top_p=float(sampling.top_p))
 
-    is_eos: Value | None = None
+    is_eos: Value | None = None  # no end-of-sequence ids: every row runs to max_new_tokens
     for e in eos_ids:
         hit = m.op(Op.EQUAL, tok, m.scalar(int(e), i64))
         is_eos = hit if is_eos is None else m.op(Op.OR, is_eos, hit)
-    assert is_eos is not None
+    if is_eos is None:
+        is_eos = m.op(Op.EQUAL, tok, m.scalar(-1, i64))  # never true: ids are >= 0
     tokens = m.op(Op.CACHE_WRITE, st.tokens, m.op(Op.RESHAPE, tok, shape=(bsz, 1)), counter, axis=1)
     if prefill:
         done, pos = is_eos, st.pos

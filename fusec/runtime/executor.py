@@ -35,6 +35,7 @@ import numpy as np
 
 from fusec.dtypes import DType
 from fusec.errors import InputError
+from fusec.plan import entry_points as entries
 from fusec.runtime.cublas import GemmCall, Handle
 
 _H2D, _D2D = 1, 3
@@ -62,38 +63,93 @@ class _AllocCounter:
         self.hook = Hook()
 
 
-class Executor:
-    def __init__(self, manifest: Mapping[str, Any], blob: Any, cuda_graph: bool = False):
-        """``blob(name) -> bytes-like`` gives the plan's parts (weights, cubins, sources)."""
+class Device:
+    """A plan's device memory and code, made once per plan and shared by its entry points: the
+    weights (uploaded once), the state region (zeroed once, kept across runs and entries), one
+    arena sized for the largest entry (entries never run at once), the loaded kernels and the
+    cuBLAS handle."""
+
+    def __init__(self, manifest: Mapping[str, Any], blob: Any):
         import cupy
 
         self.manifest = dict(manifest)
-        self.cuda_graph = cuda_graph
         self._cp = cupy
         mem = self.manifest["memory"]
         self.arena = cupy.empty(max(int(mem["arena_bytes"]), 1), dtype=cupy.uint8)
         wbytes = np.frombuffer(blob("weights"), dtype=np.uint8) if int(mem["weights_bytes"]) else np.zeros(1, np.uint8)
         self.weights = cupy.asarray(wbytes)  # the one upload of the weights
-        self._base = {"arena": self.arena.data.ptr, "weights": self.weights.data.ptr}
+        self.state = cupy.zeros(max(int(mem.get("state_bytes", 0)), 1), dtype=cupy.uint8)
+        self.state_layout = {r["name"]: r for r in self.manifest.get("state", [])}
+        self.base = {"arena": self.arena.data.ptr, "weights": self.weights.data.ptr, "state": self.state.data.ptr}
         self._modules = {}
         for m in self.manifest["modules"]:
             mod = cupy.cuda.function.Module()
             mod.load(bytes(blob(m["cubin"])))
             self._modules[m["id"]] = mod
-        self._functions = []
+        self.functions = []
         for k in self.manifest["kernels"]:
             fn = self._modules[k["module"]].get_function(k["entry"])
             if int(k.get("smem", 0)) > 48 * 1024:
                 # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
                 cupy.cuda.driver.funcSetAttribute(fn.ptr, 8, int(k["smem"]))
-            self._functions.append(fn)
-        self._handle = Handle() if any(L["type"] == "gemm" for L in self.manifest["launches"]) else None
-        self._launches = [self._prepare(L) for L in self.manifest["launches"]]
-        self._inputs = [(d["name"], tuple(d["shape"]), DType(d["dtype"]), int(d["offset"])) for d in self.manifest["inputs"]]
+            self.functions.append(fn)
+        gemms = any(L["type"] == "gemm" for e in entries(self.manifest).values() for L in e["launches"])
+        self.handle = Handle() if gemms else None
+        from fusec.runtime.counters import DriverCounters
+
+        self.counters = DriverCounters.create()
+
+    def addr(self, space: str, offset: int) -> int:
+        return self.base[space] + int(offset)
+
+    def view(self, buf: Any, offset: int, shape: tuple[int, ...], dtype: DType):
+        n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        return buf[offset: offset + n].view(dtype.np if dtype != DType.BF16 else np.uint16).reshape(shape)
+
+    def state_array(self, name: str):
+        """A CuPy view of state ``name`` (valid as long as the plan's device state lives)."""
+        rec = self.state_layout.get(name)
+        if rec is None:
+            raise InputError(f"the plan has no state {name!r} (states: {', '.join(map(repr, self.state_layout))})")
+        return self.view(self.state, int(rec["offset"]), tuple(rec["shape"]), DType(rec["dtype"]))
+
+    def set_state(self, name: str, value: Any) -> None:
+        """Write state ``name`` from host data (one H2D copy; a setup step, not part of any run)."""
+        dst = self.state_array(name)
+        host = np.ascontiguousarray(np.asarray(value).astype(dst.dtype, copy=False)).reshape(dst.shape)
+        dst.set(host)
+
+    def read_state(self, name: str) -> np.ndarray:
+        """State ``name`` on the host (one D2H copy; synchronizes with the current stream)."""
+        return self.state_array(name).get()
+
+
+class Executor:
+    def __init__(self, manifest: Mapping[str, Any], blob: Any, cuda_graph: bool = False, entry: str = "main",
+                 device: Device | None = None):
+        """``blob(name) -> bytes-like`` gives the plan's parts (weights, cubins, sources); ``entry``
+        names the entry point; ``device`` shares an existing plan's device memory and code."""
+        import cupy
+
+        self.manifest = dict(manifest)
+        self.cuda_graph = cuda_graph
+        self._cp = cupy
+        all_entries = entries(self.manifest)
+        if entry not in all_entries:
+            raise InputError(f"the plan has no entry point {entry!r} (entries: {', '.join(map(repr, all_entries))})")
+        self.entry = all_entries[entry]
+        self.device = device if device is not None else Device(manifest, blob)
+        self.arena, self.weights = self.device.arena, self.device.weights
+        self._base = self.device.base
+        self._functions = self.device.functions
+        self._handle = self.device.handle
+        self._launches = [self._prepare(L) for L in self.entry["launches"]]
+        self._inputs = [(d["name"], tuple(d["shape"]), DType(d["dtype"]), int(d["offset"])) for d in self.entry["inputs"]]
         self._outputs = {d["name"]: self._view(int(d["offset"]), tuple(d["shape"]), DType(d["dtype"]))
-                         for d in self.manifest["outputs"]}
+                         for d in self.entry["outputs"]}
         self._graph = None
         self._stats: dict[str, Any] = {}
+        self._measured: dict[str, Any] | None = None
         self._allocs = _AllocCounter()  # made once: run() only resets its count
         if cuda_graph:
             self._capture()  # at load, so that no run ever synchronizes, the first one included
@@ -103,9 +159,7 @@ class Executor:
         return self._base[space] + int(offset)
 
     def _view(self, offset: int, shape: tuple[int, ...], dtype: DType):
-        n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        raw = self.arena[offset: offset + n]
-        return raw.view(dtype.np if dtype != DType.BF16 else np.uint16).reshape(shape)
+        return self.device.view(self.arena, offset, shape, dtype)
 
     def _prepare(self, L: Mapping[str, Any]):
         if L["type"] == "kernel":
@@ -178,8 +232,10 @@ class Executor:
             staged.append((off, arr, int(arr.nbytes), is_dev))
         return staged
 
-    def run(self, inputs: Mapping[str, Any], stream: Any = None, outputs: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """Run the plan once; see the module docstring for the contract."""
+    def run(self, inputs: Mapping[str, Any], stream: Any = None, outputs: Mapping[str, Any] | None = None,
+            measure: bool = True) -> dict[str, Any]:
+        """Run the plan once; see the module docstring for the contract. ``measure``: count what
+        the driver does during the run (CUPTI; ``stats()`` reports it)."""
         cp = self._cp
         staged = self._check_and_stage(inputs)  # everything refused before any device work
         if outputs is not None:
@@ -196,6 +252,9 @@ class Executor:
         counter = self._allocs
         counter.count = 0
         h2d = d2d = 0
+        driver = self.device.counters if measure else None
+        if driver is not None and driver.available:
+            driver.start()
         t0 = time.perf_counter()
         with counter.hook:
             for off, arr, n, is_dev in staged:
@@ -216,17 +275,20 @@ class Executor:
                     src = self._outputs[name]
                     cp.cuda.runtime.memcpyAsync(arr.data.ptr, src.data.ptr, src.nbytes, _D2D, stream.ptr)
                     result[name] = arr
+        t1 = time.perf_counter()
+        if driver is not None and driver.available:
+            driver.stop()
+        self._measured = None if driver is None else driver
         self._stats = {
             "launches": len(self._launches),
             "graph_replays": 1 if self._graph is not None else 0,
-            "syncs": 0,  # run() calls no synchronizing API (tests/test_runtime_gpu.py checks it stays async)
-            "allocations": counter.count,
-            "h2d_bytes": h2d,
-            "d2h_bytes": 0,
-            "d2d_bytes": d2d,
+            "pool_allocations": counter.count,  # CuPy memory-pool requests seen by a hook
+            "staged_h2d_bytes": h2d,  # the inputs this run copied in, as the executor issued them
+            "staged_d2d_bytes": d2d,
             "arena_bytes": int(self.arena.nbytes),
             "weights_bytes": int(self.weights.nbytes),
-            "host_enqueue_ms": (time.perf_counter() - t0) * 1e3,
+            "state_bytes": int(self.device.state.nbytes),
+            "host_enqueue_ms": (t1 - t0) * 1e3,
         }
         return result
 
@@ -274,20 +336,36 @@ class Executor:
             for i, (a, b) in enumerate(events):
                 samples[i].append(cp.cuda.get_elapsed_time(a, b))
         out = []
-        for i, L in enumerate(self.manifest["launches"]):
+        for i, L in enumerate(self.entry["launches"]):
             kind = self.manifest["kernels"][L["kernel"]]["entry"] if L["type"] == "kernel" else \
                 f"cublas {L['dtype']} m={L['m']} n={L['n']} k={L['k']} b={L['batch']}"
             out.append({"index": i, "label": L.get("label", ""), "kind": kind, "ms": float(np.median(samples[i]))})
         return out
 
     def stats(self) -> dict[str, Any]:
-        """Counters of the last run: launches, syncs, allocations, h2d_bytes, d2h_bytes, ..."""
-        return dict(self._stats)
+        """Counters of the last run. What the driver did (``counters: "cupti"``: syncs, allocations,
+        h2d/d2h/d2d bytes, kernel and graph launches, measured by CUPTI for the whole process) or,
+        where CUPTI cannot be used, ``counters: "unavailable: <reason>"`` and no such numbers.
+        Reading the driver's counters waits for the run to finish (a sync outside the run)."""
+        out = dict(self._stats)
+        out.update(measured(self._measured))
+        return out
+
+
+def measured(counters: Any) -> dict[str, Any]:
+    """The driver's counters of the last region as stats entries (see ``Executor.stats``)."""
+    if counters is None:
+        return {"counters": "off (run with measure=False)"}
+    if not counters.available:
+        return {"counters": f"unavailable: {counters.reason}"}
+    res = dict(counters.result())
+    res.pop("source", None)
+    return {"counters": "cupti", **res}
 
     @property
     def input_signature(self) -> list[dict[str, Any]]:
-        return [dict(d) for d in self.manifest["inputs"]]
+        return [dict(d) for d in self.entry["inputs"]]
 
     @property
     def output_signature(self) -> list[dict[str, Any]]:
-        return [dict(d) for d in self.manifest["outputs"]]
+        return [dict(d) for d in self.entry["outputs"]]

@@ -1,0 +1,160 @@
+"""Where a model to generate with comes from, and compiling it into a generation plan.
+
+``load_generation_model(model)`` accepts a built-in name (``llama-tiny``, ``qwen3-tiny``,
+``qwen3-0.6b``; random weights, or a local HF checkpoint with ``weights_dir``), a local HF
+checkpoint directory (Llama or Qwen3 ``config.json`` + ``*.safetensors`` + ``tokenizer.json``), or a
+GGUF file (Llama architecture; ``models/gguf.py``). ``compile_generation`` turns it into one plan
+with two entry points, "prefill" and "decode", sharing the weights and the KV-cache state, the
+tokenizer stored in the plan when the model has one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from fusec.errors import InputError, ModelError
+
+
+@dataclasses.dataclass
+class GenModel:
+    config: Any  # fusec.models.ModelConfig
+    weights: Any  # fusec.models.generate.SharedWeights
+    tokenizer: Any  # fusec.text.Tokenizer or None
+    eos_ids: tuple[int, ...]
+    source: str
+
+
+def load_generation_model(model: str | os.PathLike[str], weights_dir: str | os.PathLike[str] | None = None,
+                          seed: int = 0) -> GenModel:
+    from fusec.models import registry
+    from fusec.models.generate import SharedWeights, check_generation_model
+
+    text = os.fspath(model)
+    if text.lower().endswith(".gguf"):
+        from fusec.models.gguf import load_gguf
+
+        g = load_gguf(text)
+        return GenModel(g.config, SharedWeights(g.weights), g.tokenizer, tuple(g.eos_ids), os.path.basename(text))
+    if text.lower().endswith(".onnx"):
+        raise ModelError(f"{text}: generation from ONNX decoders with a KV cache is not supported yet; "
+                         f"use a built-in model, a Hugging Face checkpoint directory or a GGUF file")
+    if os.path.isdir(text) and weights_dir is None:
+        family = _hf_family(Path(text))
+        base = {"llama": "llama-tiny", "qwen3": "qwen3-tiny"}[family]
+        return _from_checkpoint(registry.get_config(base), Path(text))
+    cfg = registry.get_config(text)  # ModelError listing the names when unknown
+    check_generation_model(cfg)
+    if weights_dir is not None:
+        return _from_checkpoint(cfg, Path(weights_dir))
+    from fusec.models.weights import RandomWeights
+
+    return GenModel(cfg, SharedWeights(RandomWeights(seed)), None, (), text)
+
+
+def _hf_family(path: Path) -> str:
+    cfg_path = path / "config.json"
+    try:
+        model_type = json.loads(cfg_path.read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError) as e:
+        raise ModelError(f"{path}: not a Hugging Face checkpoint directory ({cfg_path.name}: {e})") from None
+    if model_type not in ("llama", "qwen3"):
+        raise ModelError(f"{cfg_path}: model_type {model_type!r} cannot generate here (supported: llama, qwen3)")
+    return str(model_type)
+
+
+def _from_checkpoint(base: Any, path: Path) -> GenModel:
+    from fusec.models.generate import SharedWeights
+    from fusec.models.hf_weights import HFWeights, config_from_hf
+
+    cfg = config_from_hf(base, path)
+    tok = None
+    if (path / "tokenizer.json").is_file():
+        from fusec.text import Tokenizer
+
+        tok = Tokenizer.from_hf_dir(path)
+    eos = tuple(tok.eos_ids) if tok is not None else _config_eos(path)
+    return GenModel(cfg, SharedWeights(HFWeights(path, cfg)), tok, eos, path.name)
+
+
+def _config_eos(path: Path) -> tuple[int, ...]:
+    for name in ("generation_config.json", "config.json"):
+        try:
+            eos = json.loads((path / name).read_text(encoding="utf-8")).get("eos_token_id")
+        except (OSError, ValueError):
+            continue
+        if eos is not None:
+            return tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]))
+    return ()
+
+
+def build_graphs(gm: GenModel, batch: int, max_seq_len: int, prefill_len: int | None, sampling: Any,
+                 eos_ids: Sequence[int] | None = None) -> dict[str, Any]:
+    from fusec.models.generate import GenerationShape, build_generation
+
+    shape = GenerationShape(batch, max_seq_len, prefill_len if prefill_len is not None else min(max_seq_len, 128))
+    graphs = build_generation(gm.config, gm.weights, shape, sampling, tuple(gm.eos_ids if eos_ids is None else eos_ids))
+    gm.weights.finish()
+    return graphs
+
+
+def compile_generation(model: str | os.PathLike[str] | GenModel, *, batch: int = 1, max_seq_len: int = 256,
+                       prefill_len: int | None = None, sampling: Any = None, dtype: str = "bf16",
+                       arch: str | None = None, weights_dir: str | os.PathLike[str] | None = None,
+                       eos_ids: Sequence[int] | None = None, cuda_graph: bool = True,
+                       progress: Callable[[str, str], None] | None = None) -> Any:
+    """A generation plan (entries "prefill" and "decode"); see the module docstring."""
+    from fusec.compiler import compile_entries
+    from fusec.models.generate import Sampling
+
+    gm = model if isinstance(model, GenModel) else load_generation_model(model, weights_dir)
+    sampling = sampling if sampling is not None else Sampling()
+    graphs = build_graphs(gm, batch, max_seq_len, prefill_len, sampling, eos_ids)
+    meta = dict(graphs["decode"].meta["generation"])
+    meta.update({"vocab_size": gm.config.vocab_size, "num_layers": gm.config.num_layers, "source": gm.source})
+    blobs = {}
+    if gm.tokenizer is not None:
+        t = gm.tokenizer
+        blobs["tokenizer"] = t.backend.to_str().encode("utf-8")
+        meta["tokenizer"] = {"bos_id": t.bos_id, "eos_ids": list(t.eos_ids), "add_bos": t.add_bos,
+                             "chat_template": t.chat_template}
+    return compile_entries(graphs, dtype=dtype, cuda_graph=cuda_graph, arch=arch, progress=progress,
+                           source={"model": gm.source, "shapes": {}}, extra={"generation": meta}, extra_blobs=blobs)
+
+
+def plan_tokenizer(plan: Any) -> Any:
+    """The tokenizer a generation plan carries, or None."""
+    info = plan.manifest.get("generation", {}).get("tokenizer")
+    if info is None:
+        return None
+    import tokenizers
+
+    from fusec.text import Tokenizer
+
+    try:
+        backend = tokenizers.Tokenizer.from_str(bytes(plan.blob("tokenizer")).decode("utf-8"))
+    except Exception as e:  # the tokenizers library raises its own exception types
+        raise ModelError(f"the plan's tokenizer cannot be read: {e}") from None
+    return Tokenizer(backend, bos_id=info.get("bos_id"), eos_ids=info.get("eos_ids") or (), add_bos=info.get("add_bos"),
+                     chat_template=info.get("chat_template"))
+
+
+def encode_prompts(tokenizer: Any, prompts: Sequence[Any], chat: bool = False) -> list[list[int]]:
+    """Token ids of each prompt: lists of ids pass through; strings need a tokenizer."""
+    out = []
+    for p in prompts:
+        if isinstance(p, str):
+            if tokenizer is None:
+                raise InputError("this model carries no tokenizer: give token ids (--prompt-ids) instead of text")
+            if chat:
+                text = tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True)
+                out.append(tokenizer.encode(text, add_bos=False))
+            else:
+                out.append(tokenizer.encode(p))
+        else:
+            out.append([int(t) for t in p])
+    return out
