@@ -74,11 +74,14 @@ def one_mode(mode: str) -> dict:
     cupy, stream, kernels, plans = _setup()
     sync = stream.synchronize
     work = {"k1": kernels(1), "k20": kernels(20), **plans}
-    iters = {"k1": 5000, "k20": 2000, "plan_eager": 500, "plan_graph": 1000}
+    iters = {"k1": 2000, "k20": 600, "plan_eager": 200, "plan_graph": 400}
     out: dict = {"mode": mode, "device": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()}
-    for name, fn in work.items():
+    for fn in work.values():
         fn()
-        out[f"{name}_baseline_us"] = _median_us(fn, iters[name], sync)
+    for _ in range(3):  # the minimum of 3 medians, interleaved: less noise than one long run
+        for name, fn in work.items():
+            v = _median_us(fn, iters[name], sync)
+            out[f"{name}_baseline_us"] = min(v, out.get(f"{name}_baseline_us", v))
     if mode == "none":
         return out
     os.environ["FUSEC_CUPTI_MODE"] = mode
@@ -90,19 +93,26 @@ def one_mode(mode: str) -> dict:
     out["available"], out["reason"] = dc.available, dc.reason
     if not dc.available:
         return out
-    for name, fn in work.items():
-        out[f"{name}_idle_us"] = _median_us(fn, iters[name], sync)
 
-    for name, fn in work.items():
-        def wrapped(fn=fn):
+    def wrap(fn):
+        def wrapped():
             dc.start()
             fn()
             dc.stop()
-        out[f"{name}_region_us"] = _median_us(wrapped, iters[name], sync)
-        out[f"{name}_region_overhead_us"] = out[f"{name}_region_us"] - out[f"{name}_baseline_us"]
-        res = dc.result()
-        out[f"{name}_counts"] = {k: v for k, v in res.items() if v}
+        return wrapped
 
+    for _ in range(3):
+        for name, fn in work.items():
+            for key, f in (("idle", fn), ("region", wrap(fn))):
+                v = _median_us(f, iters[name], sync)
+                out[f"{name}_{key}_us"] = min(v, out.get(f"{name}_{key}_us", v))
+    for name, fn in work.items():
+        out[f"{name}_region_overhead_us"] = out[f"{name}_region_us"] - out[f"{name}_idle_us"]
+        out[f"{name}_idle_overhead_us"] = out[f"{name}_idle_us"] - out[f"{name}_baseline_us"]
+        dc.start()
+        fn()
+        dc.stop()
+        out[f"{name}_counts"] = {k: v for k, v in dc.result().items() if v}
         samples = []
         for _ in range(100 if name.startswith("plan") else 200):
             dc.start()
@@ -180,8 +190,9 @@ def main() -> None:
     rows = []
     for mode in ("none", "toggle", "always"):
         p = subprocess.run([sys.executable, __file__, "--mode", mode], capture_output=True, text=True)
+        if p.stderr.strip():
+            print(f"mode {mode} stderr:\n{p.stderr[-1500:]}")
         if p.returncode != 0:
-            print(f"mode {mode} failed:\n{p.stderr[-3000:]}")
             continue
         rows.append(json.loads(p.stdout.strip().splitlines()[-1]))
     if args.json:
@@ -189,15 +200,15 @@ def main() -> None:
             json.dump(rows, f, indent=1)
     for r in rows:
         print(json.dumps(r))
-    print("\nhost us per iteration (median): baseline / idle / region (+overhead); result() us")
+    print("\nhost us per iteration (min of 3 medians): baseline / idle (+vs baseline) / region (+vs idle); result() us")
     for r in rows:
         for w in ("k1", "k20", "plan_eager", "plan_graph"):
             if f"{w}_baseline_us" not in r:
                 continue
             line = f"{r['mode']:>6} {w:>10}: {r[f'{w}_baseline_us']:8.1f}"
             if f"{w}_region_us" in r:
-                line += (f" / {r[f'{w}_idle_us']:8.1f} / {r[f'{w}_region_us']:8.1f} "
-                         f"(+{r[f'{w}_region_overhead_us']:6.1f}); result {r[f'{w}_result_us']:8.1f}")
+                line += (f" / {r[f'{w}_idle_us']:8.1f} ({r[f'{w}_idle_overhead_us']:+6.1f}) / {r[f'{w}_region_us']:8.1f} "
+                         f"({r[f'{w}_region_overhead_us']:+6.1f}); result {r[f'{w}_result_us']:8.1f}")
             print(line)
         if "start_us" in r:
             print(f"{r['mode']:>6} start() {r['start_us']:.2f} us, stop() {r['stop_us']:.2f} us, "

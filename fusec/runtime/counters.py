@@ -143,7 +143,7 @@ COPY_DIRECTION = {
 }
 
 # Record tuples (what the CUPTI buffer callback keeps; ``aggregate`` consumes them):
-#   ("api", domain "d"|"r", api name, start_ns, end_ns, correlation_id, thread_id)
+#   ("api", domain "d"|"r", api name (a cbid until result() names it), start_ns, end_ns, correlation_id, thread_id)
 #   ("copy", direction "h2d"|"d2h"|"d2d"|"h2h"|"?", bytes, is_async, pageable, correlation_id, runtime_correlation_id)
 #   ("set", bytes, correlation_id, runtime_correlation_id)
 
@@ -235,7 +235,7 @@ class DriverCounters:
         self._callback_error: str | None = None
         self._last: dict[str, Any] | None = None
         self._subscriber: Any = None
-        self._names: dict[int, dict[int, str]] = {}
+        self._names: dict[str, dict[int, str]] = {}
         self._dir: dict[int, str] = {}
 
     # -- creation ---------------------------------------------------------------------------
@@ -293,27 +293,39 @@ class DriverCounters:
 
         # Claim the process's one CUPTI subscriber slot, so that a second tool fails loudly
         # instead of silently taking the activity buffers over (and so that we see one that came first).
+        # The activity records below need no subscriber: a CUPTI that refuses one for another
+        # reason (subscribe_v2 of a newer CUPTI on an older driver) still counts.
+        multiple = int(getattr(c.Result, "ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED", -1))
+        self._userdata: dict = {}
+        self.note = ""
+        params = None
         try:
             params = c.SubscriberParams()
             params.struct_size = c.SUBSCRIBER_PARAMS_SIZE
             params.subscriber_name = "fusec.runtime.counters"
-            self._userdata: dict = {}
             self._subscriber = c.subscribe_v2(_no_callback, self._userdata, params.ptr)
-        except c.cuptiError as e:
-            old = ""
-            try:
-                old = f" (held by {params.old_subscriber_name!r})" if params.old_subscriber_name else ""
-            except Exception:  # noqa: BLE001
-                pass
-            return self._fail(f"another CUPTI subscriber exists in this process{old}: {_describe(e)}")
+        except Exception as e:  # noqa: BLE001
+            first = e
+            if getattr(e, "status", None) != multiple:
+                try:
+                    self._subscriber = c.subscribe(_no_callback, self._userdata)
+                    first = None
+                except Exception as e2:  # noqa: BLE001
+                    first = e2 if getattr(e2, "status", None) == multiple else first
+            if first is not None and getattr(first, "status", None) == multiple:
+                old = getattr(params, "old_subscriber_name", "") if params is not None else ""
+                return self._fail("another CUPTI subscriber exists in this process"
+                                  + (f" ({old!r})" if old else "") + f": {_describe(first)}")
+            if first is not None:
+                self.note = f"; no subscriber slot claimed ({_describe(first)})"
 
-        self._names = {int(c.ActivityKind.DRIVER): {int(m): m.name for m in c.DriverApiTraceCbid},
-                       int(c.ActivityKind.RUNTIME): {int(m): m.name for m in c.RuntimeApiTraceCbid}}
+        self._k_driver = int(c.ActivityKind.DRIVER)
+        self._k_runtime = int(c.ActivityKind.RUNTIME)
+        self._domain = {"d": int(c.CallbackDomain.DRIVER_API), "r": int(c.CallbackDomain.RUNTIME_API)}
+        self._names: dict[str, dict[int, str]] = {"d": {}, "r": {}}  # cbid -> API name, filled in result()
         self._dir = {int(m): COPY_DIRECTION.get(m.name, "?") for m in c.ActivityMemcpyKind}
         self._pageable = int(c.ActivityMemoryKind.PAGEABLE)
         self._async_flag = int(c.ActivityFlag.MEMCPY_ASYNC)
-        self._k_driver = int(c.ActivityKind.DRIVER)
-        self._k_runtime = int(c.ActivityKind.RUNTIME)
         self._k_memcpy = int(c.ActivityKind.MEMCPY)
         self._k_memset = int(c.ActivityKind.MEMSET)
         c.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
@@ -328,9 +340,21 @@ class DriverCounters:
         self._enable = c.activity_enable
         self._disable = c.activity_disable
         self.available = True
-        self.reason = f"CUPTI via cupti-python, mode {self.mode}"
+        self.reason = f"CUPTI via cupti-python, mode {self.mode}{self.note}"
 
     # -- CUPTI buffer callbacks ---------------------------------------------------------------
+    def _api_name(self, dom: str, cbid: int) -> str:
+        names = self._names[dom]
+        name = names.get(cbid)
+        if name is None:
+            try:
+                name = self._cupti.get_callback_name(self._domain[dom], cbid)
+                name = name.decode() if isinstance(name, bytes) else str(name)
+            except Exception:  # noqa: BLE001
+                name = f"cbid{cbid}"
+            names[cbid] = name
+        return name
+
     @staticmethod
     def _buffer_requested() -> tuple[int, int]:
         return _BUFFER_BYTES, 0
@@ -344,12 +368,12 @@ class DriverCounters:
     def _keep(self, activities: Any) -> None:
         keep = self._pending.append
         kd, kr, kc, ks = self._k_driver, self._k_runtime, self._k_memcpy, self._k_memset
-        names, direction, pageable, async_flag = self._names, self._dir, self._pageable, self._async_flag
+        direction, pageable, async_flag = self._dir, self._pageable, self._async_flag
         for a in activities:
             k = int(a.kind)
-            if k == kd or k == kr:
-                keep(("api", "d" if k == kd else "r", names[k].get(int(a.cbid), f"cbid{a.cbid}"), int(a.start),
-                      int(a.end), int(a.correlation_id), int(a.thread_id)))
+            if k == kd or k == kr:  # the API name is looked up in result(), not on CUPTI's thread
+                keep(("api", "d" if k == kd else "r", int(a.cbid), int(a.start), int(a.end), int(a.correlation_id),
+                      int(a.thread_id)))
             elif k == kc:
                 flags = int(_field(a, "flags_", "flags"))
                 keep(("copy", direction.get(int(a.copy_kind), "?"), int(a.bytes), bool(flags & async_flag),
@@ -417,6 +441,7 @@ class DriverCounters:
         if self._callback_error is not None:
             return _unavailable(self._callback_error)
         records, self._pending = self._pending, []
+        records = [r if r[0] != "api" else (r[0], r[1], self._api_name(r[1], r[2]), *r[3:]) for r in records]
         self._last_records = records  # kept until the next start(), for diagnostics
         self._last = aggregate(records, self._t0, self._t1)
         return dict(self._last)
