@@ -278,8 +278,9 @@ class GGUFWeights:
         except Exception as e:
             raise ModelError(f"cannot dequantize GGUF tensor {t.name!r} ({qtype.name}) in "
                              f"{os.fspath(self.path)!r}: {e}") from None
-        # A fresh fp32 array (never a view of the memory-mapped file).
-        arr = np.array(arr.reshape(shape), dtype=np.float32, order="C", copy=True)
+        arr = np.asarray(arr, dtype=np.float32).reshape(shape)
+        if np.shares_memory(arr, t.data):  # F32 comes back as a view of the memory-mapped file
+            arr = arr.copy()
         if name.endswith(("q_proj.weight", "q_proj.bias")):
             arr = _unpermute(arr, self.cfg.num_heads)
         elif name.endswith(("k_proj.weight", "k_proj.bias")):

@@ -15,7 +15,7 @@ pytest.importorskip("gguf")
 pytest.importorskip("tokenizers")
 transformers = pytest.importorskip("transformers")
 
-from test_gguf import CHATML, SPECIALS, find_smollm2, trained_vocab, write_gguf  # noqa: E402
+from test_gguf import CHATML, find_smollm2, trained_vocab, write_gguf  # noqa: E402
 
 from fusec.errors import InputError, ModelError  # noqa: E402
 from fusec.models.gguf import load_gguf  # noqa: E402
