@@ -104,6 +104,9 @@ def test_each_template_is_covered() -> None:
 
     files = {p.name for p in Path(t.__file__).parent.glob("*.cu.jinja")}
     used = {K.prepare(s)[0].template for _, s in ALL}
+    from test_decode_kernels import decode_specs  # the decode-step templates are compiled there
+
+    used |= {K.prepare(s)[0].template for _, s in decode_specs()}
     assert files == used
 
 

@@ -357,3 +357,158 @@ class GemvSpec:
         _pos(("M", self.M), ("N", self.N), ("K", self.K))
         _req(self.M <= 8, "gemv handles M <= 8")
         _req(self.dtype in FLOATS, "gemv is float")
+
+
+# ---- decode step: KV cache write, attention over a KV cache, sampling (fusec.codegen.build_decode) ----
+
+POS_DTYPES = (DType.I64, DType.I32)
+CACHE_DTYPES = FLOATS + POS_DTYPES
+KV_CHUNK_GRANULE = 32  # split lengths of kv_attention are multiples of this many keys
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheWriteSpec:
+    """In-place write of ``new`` into a cache at a per-row offset along one axis.
+
+    The cache is viewed [B, outer, T, inner] (contiguous), ``new`` [B, outer, S, inner]:
+    ``out[b, o, pos[b] + s, i] = new[b, o, s, i]`` where 0 <= pos[b] + s < T; other writes are
+    dropped and nothing else of ``out`` is touched. ``vec`` elements move per access (``inner %
+    vec == 0``, 16-byte aligned pointers). Params: new, pos, out (the cache's storage)."""
+
+    B: int
+    outer: int
+    T: int
+    S: int
+    inner: int
+    dtype: DType
+    pos_dtype: DType = DType.I64
+    vec: int = 1
+
+    def __post_init__(self) -> None:
+        _pos(("B", self.B), ("outer", self.outer), ("T", self.T), ("S", self.S), ("inner", self.inner))
+        _req(self.S <= self.T, f"cache_write: {self.S} new positions do not fit a cache of length {self.T}")
+        _req(self.dtype in CACHE_DTYPES, f"cache_write: dtype {self.dtype!r} is not one of {CACHE_DTYPES}")
+        _req(self.pos_dtype in POS_DTYPES, "cache_write: positions are int32/int64")
+        _req(self.vec in (1, 2, 4, 8, 16) and self.inner % self.vec == 0, "cache_write: vec must divide inner")
+        _req(self.vec * self.dtype.itemsize <= 16, "cache_write: a vector access may not exceed 16 bytes")
+
+    @property
+    def numel_new(self) -> int:
+        return self.B * self.outer * self.S * self.inner
+
+
+def cache_write_spec(cache_shape: tuple[int, ...], new_shape: tuple[int, ...], axis: int, dtype: DType,
+                     pos_dtype: DType = DType.I64, vectorize: bool = True) -> CacheWriteSpec:
+    """The spec of ``Op.CACHE_WRITE`` for a cache/new pair of shapes (widest legal vector access)."""
+    _req(len(cache_shape) == len(new_shape) and 1 <= axis < len(cache_shape),
+         f"cache_write: axis {axis} and shapes {list(cache_shape)}, {list(new_shape)} do not match")
+    _req(all(a == b for i, (a, b) in enumerate(zip(cache_shape, new_shape)) if i != axis),
+         f"cache_write: new {list(new_shape)} does not fit cache {list(cache_shape)} along axis {axis}")
+    outer, inner = math.prod(cache_shape[1:axis]), math.prod(cache_shape[axis + 1:])
+    vec = max(1, 16 // dtype.itemsize) if vectorize else 1
+    while vec > 1 and inner % vec:
+        vec //= 2
+    return CacheWriteSpec(cache_shape[0], outer, cache_shape[axis], new_shape[axis], inner, dtype, pos_dtype, vec)
+
+
+@dataclasses.dataclass(frozen=True)
+class KVAttentionSpec:
+    """Attention of q [B, Hq, S, D] over KV caches k/v [B, Hkv, T, D] (all contiguous): query s of
+    row b sees keys j <= pos[b] + s, j < T (a row that sees none gives 0); q head h reads kv head
+    h // (Hq // Hkv). Flash-decoding: the visible keys of each (b, kv head) are cut into
+    ``splits`` chunks of ceil(len / splits) keys rounded up to ``KV_CHUNK_GRANULE`` (len =
+    min(T, pos[b] + S), read from device memory at run time), one block per chunk and query-row
+    tile; blocks whose chunk starts past the context exit at once, so the work follows the actual
+    context, not T. ``splits == 1``: one launch, params q, k, v, pos, out. ``splits > 1``: this
+    kernel writes per-chunk partials (params q, k, v, pos, part: ``part_floats`` fp32 values of
+    scratch) and ``combine()``'s kernel merges them (params pos, part, out).
+    ``threads``: block size (64, 128 or 256)."""
+
+    B: int
+    Hq: int
+    Hkv: int
+    S: int
+    T: int
+    D: int
+    dtype: DType
+    scale: float
+    splits: int = 1
+    pos_dtype: DType = DType.I64
+    threads: int = 128
+
+    def __post_init__(self) -> None:
+        _pos(("B", self.B), ("Hq", self.Hq), ("Hkv", self.Hkv), ("S", self.S), ("T", self.T), ("D", self.D),
+             ("splits", self.splits))
+        _req(self.Hq % self.Hkv == 0, "kv_attention: Hq must be a multiple of Hkv")
+        _req(self.dtype in FLOATS, "kv_attention is float")
+        _req(self.D % 8 == 0 and 8 <= self.D <= 256, "kv_attention: head_dim must be a multiple of 8 in [8, 256]")
+        _req(math.isfinite(self.scale), "kv_attention: scale must be finite")
+        _req(self.pos_dtype in POS_DTYPES, "kv_attention: positions are int32/int64")
+        _req(self.splits <= -(-self.T // KV_CHUNK_GRANULE), f"kv_attention: {self.splits} splits exceed the "
+             f"{-(-self.T // KV_CHUNK_GRANULE)} chunks of {KV_CHUNK_GRANULE} keys a cache of {self.T} has")
+        _req(self.threads in (64, 128, 256), "kv_attention: threads must be 64, 128 or 256")
+
+    @property
+    def part_floats(self) -> int:
+        """fp32 values of the partials buffer (0 when ``splits == 1``): per (b, h, s, split) D
+        unnormalized outputs, then per (b, h, s, split) the pair (max in log2 units, sum)."""
+        return 0 if self.splits == 1 else self.B * self.Hq * self.S * self.splits * (self.D + 2)
+
+    def combine(self) -> KVCombineSpec:
+        return KVCombineSpec(self.B, self.Hq, self.S, self.T, self.D, self.dtype, self.splits, self.pos_dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class KVCombineSpec:
+    """The second step of a split ``KVAttentionSpec``: out[b, h, s, :] from the chunks' partials
+    (params pos, part, out). Built by ``KVAttentionSpec.combine()``; the fields must match."""
+
+    B: int
+    Hq: int
+    S: int
+    T: int
+    D: int
+    dtype: DType
+    splits: int
+    pos_dtype: DType = DType.I64
+
+    def __post_init__(self) -> None:
+        _pos(("B", self.B), ("Hq", self.Hq), ("S", self.S), ("T", self.T), ("D", self.D), ("splits", self.splits))
+        _req(self.splits >= 2, "kv_combine merges at least 2 splits")
+        _req(self.dtype in FLOATS, "kv_combine is float")
+        _req(self.D % 8 == 0 and 8 <= self.D <= 256, "kv_combine: head_dim must be a multiple of 8 in [8, 256]")
+        _req(self.pos_dtype in POS_DTYPES, "kv_combine: positions are int32/int64")
+        _req(self.splits <= -(-self.T // KV_CHUNK_GRANULE), "kv_combine: more splits than chunks")
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleSpec:
+    """``Op.SAMPLE`` (fusec/sampling.py defines it exactly): logits [B, V] -> token ids [B] int64,
+    one block per row. ``temperature`` 0: argmax (lowest index on ties, NaN wins as in numpy).
+    Otherwise z = x / temperature, the top-k and top-p (nucleus) cuts found by radix descents
+    over the fp32 keys of z with block-wide integer histograms (deterministic; no sort), then
+    the Gumbel-max draw with sampling.py's counter-based noise. Params: logits, seed, counter, out."""
+
+    B: int
+    V: int
+    dtype: DType
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed_dtype: DType = DType.I64
+    counter_dtype: DType = DType.I64
+
+    def __post_init__(self) -> None:
+        _pos(("B", self.B), ("V", self.V))
+        _req(self.V < 2**31, "sample: vocabulary must be < 2**31")
+        _req(self.dtype in FLOATS, "sample: logits are float")
+        _req(self.seed_dtype in POS_DTYPES and self.counter_dtype in POS_DTYPES, "sample: seed/counter are int32/int64")
+        _req(isinstance(self.top_k, int) and not isinstance(self.top_k, bool) and self.top_k >= 0, "sample: top_k >= 0")
+        _req(math.isfinite(self.temperature) and self.temperature >= 0, "sample: temperature must be finite, >= 0")
+        _req(0.0 < self.top_p <= 1.0, "sample: top_p must be in (0, 1]")
+        if self.temperature > 0:
+            _req(self.temperature >= 1e-30, "sample: temperature too small for fp32")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0

@@ -13,6 +13,7 @@ from fusec.codegen.elementwise import single_op
 from fusec.dtypes import DType
 from fusec.ir import Node, Value
 from fusec.lower import Context, LoweringError
+from fusec.lower import decode as _decode
 from fusec.lower import layout as L
 from fusec.ops import OP_INFO, FusionKind, Op
 
@@ -233,6 +234,9 @@ LOWER: dict[Op, Callable[[Context, Node, str], None]] = {
     Op.ROPE: _rope,
     Op.GATHER: _gather,
     Op.FUSED: _fused,
+    Op.CACHE_WRITE: _decode.cache_write,
+    Op.KV_ATTENTION: _decode.kv_attention,
+    Op.SAMPLE: _decode.sample,
 }
 
 

@@ -1,0 +1,124 @@
+"""Builders for the decode-step kernels: KV-cache write, flash-decoding attention over a KV cache
+(+ its combine step), and sampling. Also the geometry choices the lowering and the benchmarks
+share (``kv_attention_spec``: how many splits of the key range fill the GPU)."""
+
+from __future__ import annotations
+
+import math
+
+from fusec.codegen import specs as S
+from fusec.codegen.kernels import Rendered, builder, cdiv, idx_type, kernel_name
+from fusec.codegen.render import ctype, float_lit
+from fusec.dtypes import DType
+
+SMS = 132  # H100/H200 SXM: only steers how many blocks a split attention aims for
+KV_TARGET_BLOCKS = 8 * SMS  # blocks a long-context decode step should have (several per SM)
+_SMEM_LIMIT = 48 * 1024  # static shared memory per block
+_MAX_GRID = 1 << 20
+
+
+def _pow2_ceil(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def kv_layout(spec: S.KVAttentionSpec | S.KVCombineSpec, threads: int = 128) -> dict[str, int]:
+    """Thread layout of the split attention kernel: 16-byte slices of D per lane (``vec``
+    elements), ``lpk`` lanes per key, ``nv`` slices per lane, ``rows`` query rows per tile."""
+    vec = 16 // spec.dtype.itemsize
+    nvec = spec.D // vec
+    lpk = min(32, _pow2_ceil(nvec))
+    nv = cdiv(nvec, lpk)
+    ng = threads // lpk
+    group = spec.Hq // spec.Hkv if isinstance(spec, S.KVAttentionSpec) else 1
+    rows_all = group * spec.S
+    r = min(rows_all, max(1, 32 // (vec * nv)))
+    while r > 1 and ng * r * (spec.D + 2) * 4 > _SMEM_LIMIT:
+        r -= 1
+    unroll = 4 if r * vec * nv <= 16 else 2
+    return {"vec": vec, "nvec": nvec, "lpk": lpk, "nv": nv, "ng": ng, "rows": r,
+            "tiles": cdiv(rows_all, r), "unroll": unroll}
+
+
+def chunk_max(T: int, splits: int) -> int:
+    return cdiv(cdiv(T, splits), S.KV_CHUNK_GRANULE) * S.KV_CHUNK_GRANULE
+
+
+def kv_attention_spec(B: int, Hq: int, Hkv: int, S_: int, T: int, D: int, dtype: DType, scale: float,
+                      pos_dtype: DType = DType.I64, target_blocks: int = KV_TARGET_BLOCKS,
+                      threads: int = 128) -> S.KVAttentionSpec:
+    """The spec for a KV attention: enough splits of the key range that a full-context step has
+    about ``target_blocks`` blocks (batch 1 with a long context still fills every SM)."""
+    probe = S.KVAttentionSpec(B, Hq, Hkv, S_, T, D, dtype, scale, 1, pos_dtype, threads)
+    lay = kv_layout(probe, threads)
+    per_split = B * Hkv * lay["tiles"]
+    splits = max(1, min(cdiv(target_blocks, per_split), cdiv(T, S.KV_CHUNK_GRANULE)))
+    return S.KVAttentionSpec(B, Hq, Hkv, S_, T, D, dtype, scale, splits, pos_dtype, threads)
+
+
+@builder(S.KVAttentionSpec)
+def _kv_attention(spec: S.KVAttentionSpec) -> Rendered:
+    lay = kv_layout(spec, spec.threads)
+    grid = (spec.splits, spec.Hkv * lay["tiles"], spec.B)
+    if grid[1] > 65535 or grid[2] > 65535:
+        raise ValueError(f"kv_attention grid {grid} exceeds the y/z launch limits (S={spec.S} too long?)")
+    ctx = {
+        "name": kernel_name("kvattn", spec), "D": spec.D, "S": spec.S, "T": spec.T, "Hq": spec.Hq,
+        "Hkv": spec.Hkv, "group": spec.Hq // spec.Hkv, "R": lay["rows"], "threads": spec.threads,
+        "vec": lay["vec"], "lpk": lay["lpk"], "nv": lay["nv"], "unroll": lay["unroll"], "splits": spec.splits,
+        "gran": S.KV_CHUNK_GRANULE, "chunk_max": chunk_max(spec.T, spec.splits),
+        "b_rows": spec.B * spec.Hq * spec.S, "t": ctype(spec.dtype), "pos_t": ctype(spec.pos_dtype),
+        "scale_log2": float_lit(spec.scale * math.log2(math.e), "scale"),
+        # ptxas caps registers oddly (and spills) when D / vec is no power of two; lift the cap there
+        "min_blocks": 1 if lay["nvec"] & (lay["nvec"] - 1) else 0,
+    }
+    last = "part" if spec.splits > 1 else "out"
+    return Rendered("kv_attention.cu.jinja", ctx, grid, (spec.threads, 1, 1), ("q", "k", "v", "pos", last))
+
+
+@builder(S.KVCombineSpec)
+def _kv_combine(spec: S.KVCombineSpec) -> Rendered:
+    threads = max(32, cdiv(spec.D, 32) * 32)
+    rows = spec.B * spec.Hq * spec.S
+    if rows >= 2**31:
+        raise ValueError("kv_combine: too many query rows")
+    ctx = {
+        "name": kernel_name("kvcomb", spec), "D": spec.D, "S": spec.S, "T": spec.T, "Hq": spec.Hq,
+        "splits": spec.splits, "gran": S.KV_CHUNK_GRANULE, "chunk_max": chunk_max(spec.T, spec.splits),
+        "b_rows": rows, "t": ctype(spec.dtype), "pos_t": ctype(spec.pos_dtype), "threads": threads,
+    }
+    return Rendered("kv_combine.cu.jinja", ctx, (rows, 1, 1), (threads, 1, 1), ("pos", "part", "out"))
+
+
+@builder(S.CacheWriteSpec)
+def _cache_write(spec: S.CacheWriteSpec) -> Rendered:
+    total = spec.numel_new // spec.vec
+    block = 256
+    extent = spec.B * spec.outer * spec.T * spec.inner
+    ctx = {
+        "name": kernel_name("cachew", spec), "B": spec.B, "outer": spec.outer, "T": spec.T, "S": spec.S,
+        "inner": spec.inner, "vec": spec.vec, "total": total, "t": ctype(spec.dtype),
+        "pos_t": ctype(spec.pos_dtype), "idx_t": idx_type(max(extent, spec.numel_new) + block), "block": block,
+    }
+    return Rendered("cache_write.cu.jinja", ctx, (max(1, min(cdiv(total, block), _MAX_GRID)), 1, 1), (block, 1, 1),
+                    ("new", "pos", "out"))
+
+
+@builder(S.SampleSpec)
+def _sample(spec: S.SampleSpec) -> Rendered:
+    vec = 16 // spec.dtype.itemsize
+    while spec.V % vec:
+        vec //= 2
+    top_k = spec.top_k if 0 < spec.top_k < spec.V else 0
+    top_p_cut = not spec.greedy and spec.top_p < 1.0
+    cuts = not spec.greedy and (top_k > 0 or top_p_cut)
+    threads = 1024 if cuts else min(1024, max(32, cdiv(cdiv(spec.V // vec, 4), 32) * 32))
+    ctx = {
+        "name": kernel_name("sample", spec), "V": spec.V, "threads": threads, "vec": vec,
+        "t": ctype(spec.dtype), "seed_t": ctype(spec.seed_dtype), "ctr_t": ctype(spec.counter_dtype),
+        "greedy": spec.greedy, "top_k": top_k, "top_p_cut": top_p_cut,
+        "temp": float_lit(spec.temperature if not spec.greedy else 1.0, "temperature"),
+        "top_p": float_lit(spec.top_p, "top_p"),
+    }
+    if spec.B > 2**31 - 1:
+        raise ValueError("sample: too many rows")
+    return Rendered("sample.cu.jinja", ctx, (spec.B, 1, 1), (threads, 1, 1), ("logits", "seed", "counter", "out"))

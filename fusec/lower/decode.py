@@ -1,0 +1,77 @@
+"""Lowering of the decode-step ops: CACHE_WRITE (in place), KV_ATTENTION (split + combine) and
+SAMPLE. Everything a launch needs per token (positions, seed, counters) is read from device
+memory, so the launches are fixed and replay in a CUDA graph."""
+
+from __future__ import annotations
+
+from fusec.codegen import specs as S
+from fusec.codegen.build_decode import kv_attention_spec
+from fusec.ir import Node
+from fusec.lower import Context, LoweringError
+
+
+def _where(node: Node, label: str) -> str:
+    return f"{label} (node {node.name!r})"
+
+
+def cache_write(ctx: Context, node: Node, label: str) -> None:
+    cache, new, pos = node.inputs
+    out = node.output
+    if cache.is_const or not ctx.same_storage(cache, out):
+        raise LoweringError(f"{_where(node, label)}: cache_write is in place, but the memory plan put its output "
+                            f"{out.name!r} in other storage than the cache {cache.name!r} {list(cache.shape)}")
+    if pos.dtype not in S.POS_DTYPES:
+        raise LoweringError(f"{_where(node, label)}: positions of dtype {pos.dtype.value} are not supported")
+    if cache.dtype not in S.CACHE_DTYPES:
+        raise LoweringError(f"{_where(node, label)}: a cache of {cache.dtype.value} {list(cache.shape)} is not supported")
+    try:
+        spec = S.cache_write_spec(tuple(cache.shape), tuple(new.shape), node.attrs.axis, cache.dtype, pos.dtype,
+                                  vectorize=ctx.aligned(new, out))
+    except ValueError as e:
+        raise LoweringError(f"{_where(node, label)}: cache {list(cache.shape)}, new {list(new.shape)}: {e}") from None
+    ctx.kernel(spec, [new, pos, out], label)
+
+
+def kv_attention(ctx: Context, node: Node, label: str) -> None:
+    q, k, v, pos = node.inputs
+    out = node.output
+    B, Hq, S_, D = q.shape
+    Hkv, T = k.shape[1], k.shape[2]
+    if not (q.dtype == k.dtype == v.dtype == out.dtype):
+        raise LoweringError(f"{_where(node, label)}: kv_attention needs one dtype for q/k/v/out, got "
+                            f"{q.dtype.value}/{k.dtype.value}/{v.dtype.value}/{out.dtype.value}")
+    if pos.dtype not in S.POS_DTYPES:
+        raise LoweringError(f"{_where(node, label)}: positions of dtype {pos.dtype.value} are not supported")
+    if not ctx.aligned(q, k, v):
+        raise LoweringError(f"{_where(node, label)}: kv_attention needs 16-byte aligned q/k/v")
+    try:
+        spec = kv_attention_spec(B, Hq, Hkv, S_, T, D, q.dtype, float(node.attrs.scale), pos.dtype)
+    except ValueError as e:
+        raise LoweringError(f"{_where(node, label)}: kv_attention of q {list(q.shape)} over k/v {list(k.shape)} "
+                            f"({q.dtype.value}): {e}") from None
+    if spec.splits == 1:
+        ctx.kernel(spec, [q, k, v, pos, out], label)
+        return
+    part = ctx.scratch(spec.part_floats * 4)
+    ctx.kernel(spec, [q, k, v, pos, part], label)
+    ctx.kernel(spec.combine(), [pos, part, out], label + " combine")
+
+
+def sample(ctx: Context, node: Node, label: str) -> None:
+    logits, seed, counter = node.inputs
+    a = node.attrs
+    if seed.dtype not in S.POS_DTYPES or counter.dtype not in S.POS_DTYPES:
+        raise LoweringError(f"{_where(node, label)}: seed/counter must be int32/int64")
+    B, V = logits.shape
+    try:
+        spec = S.SampleSpec(B, V, logits.dtype, float(a.temperature), int(a.top_k), float(a.top_p),
+                            seed.dtype, counter.dtype)
+    except ValueError as e:
+        raise LoweringError(f"{_where(node, label)}: sample over logits {list(logits.shape)} "
+                            f"({logits.dtype.value}): {e}") from None
+    if not ctx.aligned(logits):
+        raise LoweringError(f"{_where(node, label)}: sample needs 16-byte aligned logits")
+    ctx.kernel(spec, [logits, seed, counter, node.output], label)
+
+
+__all__ = ["cache_write", "kv_attention", "sample"]

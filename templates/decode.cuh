@@ -1,0 +1,101 @@
+// Helpers of the decode-step kernels (kv_attention, cache_write, sample). Needs common.cuh.
+#pragma once
+
+struct __align__(16) fc_u32x4 { fc_u32 x, y, z, w; };
+
+// 16-byte read-only global load (the caches and logits are not written during the kernel).
+__device__ __forceinline__ fc_u32x4 fc_ldg16(const void* p) {
+  fc_u32x4 r;
+  asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
+}
+__device__ __forceinline__ fc_u32x4 fc_zero16() { fc_u32x4 r; r.x = r.y = r.z = r.w = 0u; return r; }
+__device__ __forceinline__ fc_u32 fc_word(const fc_u32x4& r, int i) { return i == 0 ? r.x : i == 1 ? r.y : i == 2 ? r.z : r.w; }
+
+// The 16 / sizeof(T) values of a 16-byte chunk as fp32 (call with compile-time indices only).
+__device__ __forceinline__ void fc_unpack16(const fc_u32x4& r, float* out, float) {
+  out[0] = __uint_as_float(r.x); out[1] = __uint_as_float(r.y);
+  out[2] = __uint_as_float(r.z); out[3] = __uint_as_float(r.w);
+}
+__device__ __forceinline__ void fc_unpack16(const fc_u32x4& r, float* out, fc_bf16) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const fc_u32 w = fc_word(r, i);
+    out[2 * i] = __uint_as_float(w << 16);
+    out[2 * i + 1] = __uint_as_float(w & 0xffff0000u);
+  }
+}
+__device__ __forceinline__ void fc_unpack16(const fc_u32x4& r, float* out, fc_half) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const fc_u32 w = fc_word(r, i);
+    fc_half lo, hi;
+    lo.x = (unsigned short)(w & 0xffffu);
+    hi.x = (unsigned short)(w >> 16);
+    out[2 * i] = fc_val(lo);
+    out[2 * i + 1] = fc_val(hi);
+  }
+}
+
+// numpy.argmax order: NaN beats everything, then larger values; ties go to the lower index.
+__device__ __forceinline__ bool fc_argmax_better(float a, int ia, float b, int ib) {
+  const bool an = a != a, bn = b != b;
+  if (an || bn) return an && (!bn || ia < ib);
+  return a > b || (a == b && ia < ib);
+}
+
+// Block-wide argmax (blockDim.x a multiple of 32); every thread gets the winner's index.
+__device__ __forceinline__ int fc_block_argmax(float v, int i, float* sv, int* si) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float w = __shfl_xor_sync(0xffffffffu, v, o);
+    const int j = __shfl_xor_sync(0xffffffffu, i, o);
+    if (fc_argmax_better(w, j, v, i)) { v = w; i = j; }
+  }
+  if (lane == 0) { sv[warp] = v; si[warp] = i; }
+  __syncthreads();
+  v = lane < nwarps ? sv[lane] : -__int_as_float(0x7f800000);
+  i = lane < nwarps ? si[lane] : 0x7fffffff;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float w = __shfl_xor_sync(0xffffffffu, v, o);
+    const int j = __shfl_xor_sync(0xffffffffu, i, o);
+    if (fc_argmax_better(w, j, v, i)) { v = w; i = j; }
+  }
+  __syncthreads();
+  return i;
+}
+
+// Exclusive suffix sum over the threads of a block: sum of `x` over threads with a larger index.
+__device__ __forceinline__ unsigned long long fc_block_suffix_excl(unsigned long long x, unsigned long long* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  unsigned long long s = x;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const unsigned long long y = __shfl_down_sync(0xffffffffu, s, o);
+    if (lane + o < 32) s += y;
+  }
+  if (lane == 0) scratch[warp] = s;  // the warp's total
+  __syncthreads();
+  unsigned long long above = 0;
+  for (int w = warp + 1; w < nwarps; ++w) above += scratch[w];
+  __syncthreads();
+  return s - x + above;
+}
+
+// Order-preserving map of fp32 to uint32 (larger float -> larger key); -0.0 must be made +0.0 first.
+__device__ __forceinline__ fc_u32 fc_fkey(float f) {
+  const fc_u32 u = __float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// splitmix64's finalizer (fusec/sampling.py mix64).
+__device__ __forceinline__ unsigned long long fc_mix64(unsigned long long x) {
+  x ^= x >> 30;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 27;
+  x *= 0x94D049BB133111EBull;
+  x ^= x >> 31;
+  return x;
+}
