@@ -1,15 +1,16 @@
 """Host overhead of the CUPTI driver counters (fusec.runtime.counters), and what they report.
 
     python benchmarks/cupti_check.py                 # every mode, each in its own process; a table
-    python benchmarks/cupti_check.py --mode toggle   # one mode, JSON on stdout
+    python benchmarks/cupti_check.py --mode always   # one mode, JSON on stdout
+    python benchmarks/cupti_check.py --stages        # what each step of attaching CUPTI costs
     python benchmarks/cupti_check.py --dump          # the raw CUPTI records of one small region
 
-Per mode, in one process: host microseconds (median) of an iteration of K tiny kernel launches
-and of a fusec plan run (gpt2-tiny, eager and CUDA graph), first before CUPTI is initialized
-(baseline), then with the counters created but no region open (idle), then with every iteration
-wrapped in start()/stop() (region); start() and stop() alone; result() after one region.
-Host times only: the launches are asynchronous and the GPU keeps up (synchronized every 50
-iterations, outside the timings)."""
+Per mode, in one process: host microseconds (the minimum of 3 medians) of an iteration of K tiny
+kernel launches and of a fusec plan run (gpt2-tiny, eager and CUDA graph): first before CUPTI is
+attached (baseline), then with the counters created and no region open (idle: in mode ``always``
+the API records are being written already), then with every iteration wrapped in start()/stop()
+(region); start() and stop() alone; result() after one region. Host times only: the launches are
+asynchronous and the GPU keeps up (synchronized every 50 iterations, outside the timings)."""
 
 from __future__ import annotations
 
@@ -142,6 +143,49 @@ def _time_pairs(dc, n: int):
     return starts, stops
 
 
+def stages() -> dict:
+    """What each step of attaching CUPTI costs a loop of 20 launches, in one process (no fusec)."""
+    from cupti import cupti as c
+
+    cupy, stream, kernels, _ = _setup()
+    k20, sync = kernels(20), stream.synchronize
+    k20()
+
+    def measure() -> float:
+        return min(_median_us(k20, 600, sync) for _ in range(3))
+
+    out = {"baseline": measure()}
+    ud: dict = {}
+    params = c.SubscriberParams()
+    params.struct_size = c.SUBSCRIBER_PARAMS_SIZE
+    params.subscriber_name = "cupti_check"
+    sub = c.subscribe_v2(lambda *a: None, ud, params.ptr)
+    out["subscribed"] = measure()
+    c.activity_register_callbacks(lambda: (4 << 20, 0), lambda acts: None)
+    out["buffer_callbacks"] = measure()
+    api = [c.ActivityKind.DRIVER, c.ActivityKind.RUNTIME]
+    copies = [c.ActivityKind.MEMCPY, c.ActivityKind.MEMSET]
+    for k in api:
+        c.activity_enable(k)
+    out["api_records_on"] = measure()
+    for k in copies:
+        c.activity_enable(k)
+    out["api_and_copy_records_on"] = measure()
+    for k in api + copies:
+        c.activity_disable(k)
+    out["all_off_again"] = measure()
+    for k in api + copies:
+        samples = []
+        for _ in range(200):
+            t = time.perf_counter()
+            c.activity_enable(k)
+            c.activity_disable(k)
+            samples.append(time.perf_counter() - t)
+        out[f"enable_disable_{k.name}_us"] = statistics.median(samples) * 1e6
+    c.unsubscribe(sub)
+    return out
+
+
 def dump() -> None:
     import cupy
 
@@ -180,15 +224,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mode", choices=["none", "toggle", "always"])
     ap.add_argument("--dump", action="store_true")
+    ap.add_argument("--stages", action="store_true", help="what each step of attaching CUPTI costs 20 launches")
     ap.add_argument("--json", help="write every mode's numbers here")
     args = ap.parse_args()
     if args.dump:
         return dump()
+    if args.stages:
+        print(json.dumps(stages()))
+        return
     if args.mode:
         print(json.dumps(one_mode(args.mode)))
         return
     rows = []
-    for mode in ("none", "toggle", "always"):
+    for mode in ("none", "always", "toggle"):
         p = subprocess.run([sys.executable, __file__, "--mode", mode], capture_output=True, text=True)
         if p.stderr.strip():
             print(f"mode {mode} stderr:\n{p.stderr[-1500:]}")
@@ -199,7 +247,7 @@ def main() -> None:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
     for r in rows:
-        print(json.dumps(r))
+        print(json.dumps({k: v for k, v in r.items() if k.endswith("_counts")}))
     print("\nhost us per iteration (min of 3 medians): baseline / idle (+vs baseline) / region (+vs idle); result() us")
     for r in rows:
         for w in ("k1", "k20", "plan_eager", "plan_graph"):

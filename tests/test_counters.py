@@ -163,6 +163,24 @@ def test_aggregate_counts_only_the_window():
     assert res["api_calls"] == 10
 
 
+def test_aggregate_matches_copies_as_cupti_numbers_them():
+    """As seen on an H100 (CUPTI 13.4): driver and runtime calls share one correlation counter, and
+    a copy issued by a runtime call carries that call's id with runtime_correlation_id 0."""
+    recs = [
+        _api("r", "cudaGetDevice_v3020", 10, 11, 13),
+        ("copy", "d2h", 5000, True, True, 14, 0),
+        _api("r", "cudaMemcpyAsync_v3020", 12, 13, 14),
+        _api("r", "cudaStreamSynchronize_v3020", 14, 15, 15),
+        _api("d", "cuLaunchKernel", 16, 17, 16),
+        ("copy", "h2d", 3000, True, True, 21, 0),                      # its call came after the region
+        _api("r", "cudaMemcpyAsync_v3020", 30, 31, 21),
+    ]
+    res = aggregate(recs, 10, 20)
+    assert (res["d2h_bytes"], res["h2d_bytes"], res["memcpy_calls"]) == (5000, 0, 1)
+    assert res["syncs"] == 1 and res["sync_calls"] == {"cudaStreamSynchronize": 1}
+    assert res["kernel_launches"] == 1 and res["api_calls"] == 4
+
+
 def test_aggregate_counts_a_runtime_call_and_its_nested_driver_call_once():
     recs = [
         _api("r", "cudaMalloc_v3020", 10, 20, 1, tid=7),
