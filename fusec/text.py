@@ -8,8 +8,8 @@
 
 The tokenizer runs on Hugging Face's ``tokenizers`` library. From a GGUF file it is rebuilt out
 of llama.cpp's metadata (``tokenizer.ggml.*``): a byte-level BPE ("gpt2") with the pre-tokenizer
-``tokenizer.ggml.pre`` names, control tokens (token_type 3) as special tokens. Chat templates come
-from model files, so they render in jinja2's immutable sandbox.
+``tokenizer.ggml.pre`` names, or a sentencepiece BPE ("llama"); control tokens (token_type 3) are
+special tokens. Chat templates come from model files, so they render in jinja2's immutable sandbox.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 from .errors import InputError, ModelError
 
-CONTROL, USER_DEFINED = 3, 4  # llama.cpp token types
+UNKNOWN, CONTROL, USER_DEFINED = 2, 3, 4  # llama.cpp token types
 
 # GPT-2's pre-tokenizer regex is ByteLevel(use_regex=True)'s own; these replace it. Patterns as
 # published with the models' tokenizers (Llama 3 / tiktoken cl100k, Qwen2).
@@ -83,16 +83,24 @@ class Tokenizer:
         model = md.get("tokenizer.ggml.model")
         if model is None:
             raise ModelError(f"GGUF file {name!r} has no metadata key 'tokenizer.ggml.model'")
-        if model != "gpt2":
+        if model not in ("gpt2", "llama"):
             raise ModelError(f"GGUF file {name!r}: tokenizer model {model!r} is not supported "
-                             "(only 'gpt2', byte-level BPE)")
+                             "(only 'gpt2', byte-level BPE, and 'llama', sentencepiece BPE)")
         tokens = _str_list(md, "tokenizer.ggml.tokens", name)
-        merges = _str_list(md, "tokenizer.ggml.merges", name)
         types = md.get("tokenizer.ggml.token_type") or [1] * len(tokens)
         if len(types) != len(tokens):
             raise ModelError(f"GGUF file {name!r}: tokenizer.ggml.token_type has {len(types)} entries "
                              f"for {len(tokens)} tokens")
-        backend = _byte_level_bpe(tokens, merges, types, md.get("tokenizer.ggml.pre", "default"), name)
+        if model == "gpt2":
+            merges = _str_list(md, "tokenizer.ggml.merges", name)
+            backend = _byte_level_bpe(tokens, merges, types, md.get("tokenizer.ggml.pre", "default"), name)
+        else:
+            scores = md.get("tokenizer.ggml.scores")
+            if not isinstance(scores, list) or len(scores) != len(tokens):
+                raise ModelError(f"GGUF file {name!r}: tokenizer.ggml.scores is missing or does not match the tokens")
+            merges = _str_list(md, "tokenizer.ggml.merges", name) if "tokenizer.ggml.merges" in md else None
+            backend = _sentencepiece_bpe(tokens, scores, types, merges, bool(md.get("tokenizer.ggml.add_space_prefix",
+                                                                                    True)), name)
 
         def token_id(key: str) -> int | None:
             v = md.get(key)
@@ -107,7 +115,7 @@ class Tokenizer:
                if i is not None]
         template = md.get("tokenizer.chat_template")
         return cls(backend, bos_id=bos, eos_ids=list(dict.fromkeys(eos)),
-                   add_bos=bool(md.get("tokenizer.ggml.add_bos_token", False)),
+                   add_bos=bool(md.get("tokenizer.ggml.add_bos_token", model == "llama")),
                    chat_template=template if isinstance(template, str) else None, vocab_size=len(tokens))
 
     @classmethod
@@ -218,7 +226,7 @@ def _str_list(md: Mapping[str, Any], key: str, name: str) -> list[str]:
 
 
 def _byte_level_bpe(tokens: list[str], merges: list[str], types: Sequence[Any], pre: Any, name: str) -> Any:
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
     alphabet = _byte_alphabet()
     letters = set(alphabet.values())
@@ -255,16 +263,56 @@ def _byte_level_bpe(tokens: list[str], merges: list[str], types: Sequence[Any], 
     else:
         raise ModelError(f"GGUF file {name!r}: pre-tokenizer {pre!r} (tokenizer.ggml.pre) is not supported")
     backend.decoder = decoders.ByteLevel()
-    # Control tokens (<|im_start|>, <|endoftext|>...) match whole in the text and are special;
-    # a mislabelled one outside the byte alphabet would only be unreachable, so it is left out.
-    control = [AddedToken(t, special=True, normalized=False)
-               for t, ty in zip(tokens, types) if ty == CONTROL and spelled(t)]
-    user = [AddedToken(t, special=False, normalized=False)
-            for t, ty in zip(tokens, types) if ty == USER_DEFINED and spelled(t)]
-    if control:
-        backend.add_special_tokens(control)
-    if user:
-        backend.add_tokens(user)
+    # A control token outside the byte alphabet is a mislabelled one nobody can reach: left out.
+    _add_tokens(backend, tokens, types, spelled)
+    return backend
+
+
+def _add_tokens(backend: Any, tokens: list[str], types: Sequence[Any], keep: Any,
+                special: tuple[int, ...] = (CONTROL,)) -> None:
+    """Control tokens (<|im_start|>, </s>...) match whole in the text and are special (dropped by
+    ``decode(skip_special_tokens=True)``); user-defined ones (<think>) match whole but are text."""
+    from tokenizers import AddedToken
+
+    def added(want: tuple[int, ...], is_special: bool) -> list[Any]:
+        return [AddedToken(t, special=is_special, normalized=False)
+                for t, ty in zip(tokens, types) if ty in want and keep(t)]
+
+    backend.add_special_tokens(added(special, True))
+    backend.add_tokens(added((USER_DEFINED,), False))
+
+
+def _sentencepiece_bpe(tokens: list[str], scores: list[Any], types: Sequence[Any], merges: list[str] | None,
+                       add_space_prefix: bool, name: str) -> Any:
+    """A sentencepiece BPE vocabulary ("▁" for spaces, <0xXX> byte tokens as fallback) as a
+    tokenizers BPE. Without merges in the file they come from the scores: sentencepiece joins the
+    adjacent pair whose union scores best, so a pair's rank is its union's score."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {t: i for i, t in enumerate(tokens)}
+    if merges is not None:
+        pairs = [tuple(m.split(" ", 1)) for m in merges]
+    else:
+        ranked = []
+        for tok, score in zip(tokens, scores):
+            splits = sorted(((tok[:k], tok[k:]) for k in range(1, len(tok)) if tok[:k] in vocab and tok[k:] in vocab),
+                            key=lambda p: (vocab[p[0]], vocab[p[1]]))
+            ranked.extend((float(score), len(a), len(b), a, b) for a, b in splits)
+        ranked.sort(key=lambda r: (r[0], r[1], r[2]), reverse=True)  # stable: ties keep the order above
+        pairs = [(a, b) for _, _, _, a, b in ranked]
+    try:
+        bpe = models.BPE(vocab=vocab, merges=pairs, fuse_unk=True, byte_fallback=True)
+    except Exception as e:
+        raise ModelError(f"GGUF file {name!r}: the sentencepiece vocabulary is unusable: {e}") from None
+    backend = Tokenizer(bpe)
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581",
+                                                     prepend_scheme="first" if add_space_prefix else "never",
+                                                     split=False)
+    steps = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+    if add_space_prefix:
+        steps.append(decoders.Strip(content=" ", left=1, right=0))
+    backend.decoder = decoders.Sequence(steps)
+    _add_tokens(backend, tokens, types, lambda t: True, special=(CONTROL, UNKNOWN))
     return backend
 
 

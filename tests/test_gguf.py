@@ -98,7 +98,6 @@ def write_gguf(path: Path, qtype: Any = Q.F32, *, tie: bool = False, pre: str = 
     them ({key: (value, GGUFValueType)}), ``types`` sets one tensor's type by GGUF name."""
     rng = np.random.default_rng(seed)
     tokens, merges = trained_vocab()
-    vocab = len(tokens)
     meta: dict[str, tuple[Any, Any]] = {
         "llama.context_length": (CTX, V.UINT32), "llama.embedding_length": (HIDDEN, V.UINT32),
         "llama.block_count": (LAYERS, V.UINT32), "llama.feed_forward_length": (FFN, V.UINT32),
@@ -115,10 +114,11 @@ def write_gguf(path: Path, qtype: Any = Q.F32, *, tie: bool = False, pre: str = 
     if template is not None:
         meta["tokenizer.chat_template"] = (template, V.STRING)
     meta = {k: v for k, v in {**meta, **(kv or {})}.items() if k not in drop}
+    vocab = len(meta.get("tokenizer.ggml.tokens", (tokens,))[0])
     w = gguf.GGUFWriter(os.fspath(path), arch)
     for key, (value, vtype) in meta.items():
         if vtype == V.ARRAY:
-            sub = V.STRING if isinstance(value[0], str) else V.INT32
+            sub = V.STRING if isinstance(value[0], str) else V.FLOAT32 if isinstance(value[0], float) else V.INT32
             w.add_key_value(key, value, vtype, sub)
         else:
             w.add_key_value(key, value, vtype)
