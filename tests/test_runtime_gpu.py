@@ -71,8 +71,12 @@ def test_kernel_launch_inputs_outputs_and_stats(cuda_graph: bool) -> None:
         y = plan.run({"x": make(x)})["y"]
         np.testing.assert_allclose(cupy.asnumpy(y), w * x + 0.5, rtol=1e-6, atol=1e-6)  # FMA vs mul+add: 1 ulp
         s = plan.stats()
-        assert s["launches"] == 1 and s["syncs"] == 0 and s["allocations"] == 0
-        assert s["h2d_bytes"] + s["d2d_bytes"] == x.nbytes and s["d2h_bytes"] == 0
+        assert s["launches"] == 1 and s["pool_allocations"] == 0
+        assert s["staged_h2d_bytes"] + s["staged_d2d_bytes"] == x.nbytes
+        if s["counters"] == "cupti":  # measured by the driver: the run itself syncs, allocates, copies back nothing
+            assert s["syncs"] == 0 and s["allocations"] == 0 and s["d2h_bytes"] == 0
+            assert s["h2d_bytes"] + s["d2d_bytes"] == x.nbytes
+            assert (s["graph_launches"], s["kernel_launches"]) == ((1, 0) if cuda_graph else (0, 1))
 
 
 def test_graph_replay_is_bitwise_equal_to_eager() -> None:
@@ -157,4 +161,4 @@ def test_gemm_launch_matches_numpy(dtype: str, compute: str, tol: float, trans_b
         ref = a_s.astype(np.float32) @ (b_s.astype(np.float32).T if trans_b else b_s.astype(np.float32))
         err = np.linalg.norm(c - ref) / np.linalg.norm(ref)
         assert err < tol, f"{dtype}/{compute} trans_b={trans_b} graph={graph}: rel err {err:.2e}"
-        assert plan.stats()["allocations"] == 0
+        assert plan.stats()["pool_allocations"] == 0

@@ -1,0 +1,167 @@
+"""``fusec generate MODEL_OR_PLAN --prompt TEXT``: text generation with a KV cache."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from fusec.cli._common import add_command
+from fusec.errors import InputError
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = add_command(
+        subparsers, "generate", "generate text with a decoder (prefill + KV-cache decode)",
+        "Generate tokens from MODEL_OR_PLAN: a generation plan (`fusec compile MODEL --generate`), a\n"
+        "built-in decoder (llama-tiny, qwen3-tiny, qwen3-0.6b; random weights unless --weights-dir),\n"
+        "a Hugging Face Llama/Qwen3 checkpoint directory, or a GGUF file (Llama architecture). The\n"
+        "tokenizer and chat template come with the model (GGUF metadata, tokenizer.json).\n"
+        "On a GPU the model is compiled into a plan whose decode step is one CUDA-graph replay per\n"
+        "token with nothing copied between host and device; without a GPU the numpy reference\n"
+        "backend runs the same graphs (and says so). Prints the text as it streams (--stream), then\n"
+        "prefill time, decode tokens/s and per-step counters.",
+        ["fusec generate SmolLM2-135M-Instruct.Q4_1.gguf --chat --prompt 'What is a GPU?' --max-new-tokens 40",
+         "fusec generate qwen3-tiny --prompt-ids 1,2,3 --prompt-ids 4,5 --max-new-tokens 8 --json",
+         "fusec compile qwen3-0.6b --generate --max-seq-len 1024 --batch 8 --dtype bf16 -o q.fplan",
+         "fusec generate q.fplan --prompt-ids 10,11,12 --temperature 0.8 --top-k 50 --top-p 0.9 --seed 1"])
+    p.add_argument("model", metavar="MODEL_OR_PLAN", help="a .fplan generation plan, built-in name, HF directory or .gguf file")
+    p.add_argument("--prompt", action="append", default=[], help="a text prompt (repeat for a batch)")
+    p.add_argument("--prompt-ids", action="append", default=[], metavar="IDS",
+                   help="a prompt as comma-separated token ids (repeat for a batch)")
+    p.add_argument("--chat", action="store_true", help="wrap each text prompt in the model's chat template")
+    p.add_argument("--max-new-tokens", type=int, default=32, metavar="N", help="tokens to draw per sequence (default 32)")
+    p.add_argument("--stream", action="store_true", help="print tokens as they arrive (one read-back every --stream-every steps)")
+    p.add_argument("--stream-every", type=int, default=8, metavar="N", help="decode steps per streamed chunk (default 8)")
+    p.add_argument("--json", action="store_true", help="print one JSON object: prompt_ids, new_ids, text, prefill_ms, decode_tok_s, stats")
+    p.add_argument("--stats", action="store_true", help="print the prefill and per-decode-step counters")
+    add_generation_arguments(p)
+    return p
+
+
+def add_generation_arguments(p: argparse.ArgumentParser, for_compile: bool = False) -> None:
+    """Options of a generation plan (generate compiles with them; compile --generate too)."""
+    g = p.add_argument_group("generation plan (when compiling)")
+    if for_compile:
+        g.add_argument("--generate", action="store_true", help="compile a generation plan: prefill + KV-cache decode entries")
+    g.add_argument("--batch", type=int, default=None, metavar="B", help="sequences per batch (default: number of prompts)")
+    g.add_argument("--max-seq-len", type=int, default=None, metavar="T",
+                   help="KV-cache length: prompt + new tokens (default: fits the prompts and --max-new-tokens)")
+    g.add_argument("--max-prompt-len", type=int, default=None, metavar="S", help="compiled prefill length (default: min(T, 128))")
+    g.add_argument("--greedy", action="store_true", help="greedy decoding (the default)")
+    g.add_argument("--temperature", type=float, default=0.0, metavar="T", help="sampling temperature (0: greedy)")
+    g.add_argument("--top-k", type=int, default=0, metavar="K", help="keep the K most likely tokens (0: all)")
+    g.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling mass (1.0: all)")
+    g.add_argument("--weights-dir", default=None, metavar="DIR", help="HF checkpoint for a built-in model's weights")
+    if for_compile:
+        return
+    g.add_argument("--seed", type=int, default=0, help="sampling seed (same seed, same tokens)")
+    g.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), default=None, help="storage dtype on the GPU (default bf16)")
+    g.add_argument("--arch", metavar="sm_XX", default=None, help="target GPU architecture (default: current GPU, else sm_90)")
+
+
+def sampling_from_args(args: argparse.Namespace) -> Any:
+    from fusec.models.generate import Sampling
+
+    if args.greedy and (args.temperature or args.top_k or args.top_p != 1.0):
+        raise InputError("--greedy cannot be combined with --temperature/--top-k/--top-p")
+    return Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+
+
+def _prompts(args: argparse.Namespace) -> list[Any]:
+    out: list[Any] = list(args.prompt)
+    for text in args.prompt_ids:
+        try:
+            out.append([int(t) for t in text.split(",") if t.strip()])
+        except ValueError:
+            raise InputError(f"--prompt-ids {text!r}: expected comma-separated integers") from None
+    if not out:
+        raise InputError("give at least one --prompt TEXT or --prompt-ids IDS")
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from fusec import device
+    from fusec.genmodel import encode_prompts, load_generation_model
+
+    prompts = _prompts(args)
+    sampling = sampling_from_args(args)
+    if args.model.endswith(".fplan"):
+        return _run_plan(args, prompts)
+    gm = load_generation_model(args.model, args.weights_dir)
+    ids = encode_prompts(gm.tokenizer, prompts, args.chat)
+    batch = args.batch or len(ids)
+    longest = max(len(i) for i in ids)
+    t_max = args.max_seq_len or longest + args.max_new_tokens
+    s_len = args.max_prompt_len or min(t_max, max(longest, 16))
+    if not device.gpu_available():
+        print("no GPU found: running the numpy reference backend", file=sys.stderr)
+        from fusec.generation import ReferenceEngine
+        from fusec.genmodel import build_graphs
+
+        engine = ReferenceEngine(build_graphs(gm, batch, t_max, s_len, sampling))
+        return _generate(args, engine, ids, gm.tokenizer, gm.config.vocab_size)
+    from fusec.genmodel import compile_generation
+    from fusec.runtime.generation import PlanEngine
+
+    plan = compile_generation(gm, batch=batch, max_seq_len=t_max, prefill_len=s_len, sampling=sampling,
+                              dtype=args.dtype or "bf16", arch=args.arch)
+    return _generate(args, PlanEngine(plan), ids, gm.tokenizer, gm.config.vocab_size)
+
+
+def _run_plan(args: argparse.Namespace, prompts: list[Any]) -> int:
+    import fusec
+    from fusec import device
+    from fusec.genmodel import encode_prompts, plan_tokenizer
+    from fusec.runtime.generation import PlanEngine
+
+    plan = fusec.load(args.model)
+    meta = plan.manifest.get("generation")
+    if meta is None:
+        raise InputError(f"{args.model}: not a generation plan (compile it with `fusec compile MODEL --generate`)")
+    compiled = meta["sampling"]
+    asked = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
+    if any(float(compiled[k]) != float(v) for k, v in asked.items()):
+        raise InputError(f"{args.model} was compiled for sampling {compiled}; recompile with "
+                         f"`fusec compile ... --generate` and the sampling options you want")
+    if not device.gpu_available():
+        raise InputError(f"{args.model}: a plan runs only on a GPU and none was found; give the model itself "
+                         f"(built-in name, HF directory or .gguf) to run the reference backend")
+    tok = plan_tokenizer(plan)
+    return _generate(args, PlanEngine(plan), encode_prompts(tok, prompts, args.chat), tok, int(meta["vocab_size"]))
+
+
+def _generate(args: argparse.Namespace, engine: Any, ids: list[list[int]], tok: Any, vocab: int) -> int:
+    from fusec.generation import iter_generate
+
+    it = iter_generate(engine, ids, args.max_new_tokens, vocab, args.seed, args.stream_every if args.stream else 0)
+    while True:
+        try:
+            chunk = next(it)
+        except StopIteration as stop:
+            res = stop.value
+            break
+        if args.stream and not args.json:
+            for b, new in enumerate(chunk):
+                piece = tok.decode(new) if tok is not None else " ".join(map(str, new))
+                prefix = f"[{b}] " if len(chunk) > 1 else ""
+                print(prefix + piece, end="\n" if len(chunk) > 1 else "", flush=True)
+    if tok is not None:
+        res.text = [tok.decode(n) for n in res.new_ids]
+    if getattr(engine, "last_prefill_ms", None) is not None:
+        res.prefill_ms = engine.last_prefill_ms
+    if args.json:
+        print(json.dumps(res.to_json(), default=str))
+        return 0
+    if args.stream:
+        print()
+    else:
+        for b, new in enumerate(res.new_ids):
+            body = res.text[b] if res.text is not None else " ".join(map(str, new))
+            print((f"[{b}] " if len(res.new_ids) > 1 else "") + body)
+    print(f"prefill {res.prefill_ms:.2f} ms  decode {res.decode_tok_s:.1f} tok/s "
+          f"({res.decode_steps} steps x {len(res.new_ids)} sequences)", file=sys.stderr)
+    if args.stats:
+        print("stats " + json.dumps(res.stats, default=str), file=sys.stderr)
+    return 0
