@@ -1,0 +1,271 @@
+"""Decode-step kernels against fusec.reference / fusec.sampling on the GPU (skipped without one).
+
+Fresh random data each run; outputs poisoned before each launch; caches pre-filled with random
+data so that a write outside the new positions shows. Tolerances ||out - ref|| / ||ref||: fp32
+1e-5, fp16 2e-3, bf16 1e-2 (references in fp32 from the same rounded inputs)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from fusec import ops as O
+from fusec import reference as R
+from fusec import sampling as SM
+from fusec.codegen import kernels as K
+from fusec.codegen import specs as S
+from fusec.codegen.build_decode import kv_attention_spec
+from fusec.dtypes import DType
+
+pytestmark = pytest.mark.gpu
+
+F16, BF16, F32, I64, I32 = DType.F16, DType.BF16, DType.F32, DType.I64, DType.I32
+TOL = {F32: 1e-5, F16: 2e-3, BF16: 1e-2}
+FLOATS = [F32, F16, BF16]
+RNG = np.random.default_rng()
+
+
+def rand(shape: tuple[int, ...], dt: DType, scale: float = 1.0) -> np.ndarray:
+    if dt.is_float:
+        x = RNG.standard_normal(size=shape) * scale
+        x = np.where(np.abs(x) < 1e-3, 0.5, x)
+        return x.astype(np.float32).astype(dt.np)
+    return RNG.integers(-(1 << 40), 1 << 40, size=shape).astype(dt.np)
+
+
+def dev(x: np.ndarray):  # noqa: ANN201
+    import cupy as cp
+
+    x = np.ascontiguousarray(x)
+    return cp.asarray(x.view(np.uint16) if x.dtype == BF16.np else x)
+
+
+def host(x, dt: DType) -> np.ndarray:  # noqa: ANN001
+    a = x.get()
+    return a.view(BF16.np) if dt == BF16 else a
+
+
+def poisoned(shape: tuple[int, ...], dt: DType):  # noqa: ANN201
+    import cupy as cp
+
+    if dt == BF16:
+        return cp.full(shape, 0x7FC0, dtype=np.uint16)
+    if dt.is_float:
+        return cp.full(shape, np.nan, dtype=dt.np)
+    return cp.full(shape, -0x5555555555555556, dtype=np.int64).astype(dt.np)
+
+
+def run(spec: object, args: list) -> None:  # noqa: ANN001
+    import cupy as cp
+
+    K.launch(K.build(spec), args)
+    cp.cuda.runtime.deviceSynchronize()
+
+
+def check(out: np.ndarray, ref: np.ndarray, dt: DType) -> None:
+    o, r = np.asarray(out, np.float64), np.asarray(ref, np.float64)
+    assert o.shape == r.shape
+    assert not np.isnan(o).any(), f"{int(np.isnan(o).sum())} outputs never written (NaN)"
+    err = float(np.linalg.norm(o - r) / max(np.linalg.norm(r), 1e-30))
+    assert err <= TOL[dt], f"relative error {err:.3e} > {TOL[dt]:.0e}"
+
+
+# ---- cache_write ---------------------------------------------------------------------------------
+
+CW = [
+    # dt, cache shape, axis, S, positions (None: random valid)
+    (BF16, (3, 2, 37, 64), 2, 1, [0, 36, 17]),            # decode: pos 0 and pos T-1
+    (F16, (8, 8, 64, 128), 2, 1, None),
+    (F32, (1, 3, 20, 40), 2, 7, [16]),                      # prefill crossing the end: 3 dropped
+    (BF16, (2, 4, 33, 24), 2, 5, [0, 40]),                  # a row wholly past the end
+    (F16, (2, 3, 5, 7, 6), 3, 2, [5, 1]),                   # odd inner (no vectors), rank 5
+    (I64, (3, 50), 1, 1, [0, 49, 7]),                       # token buffer
+    (I32, (2, 9, 4), 1, 3, [6, 0]),
+]
+
+
+@pytest.mark.parametrize("dt,shape,axis,Sn,positions", CW, ids=[f"{c[0].value}-{'x'.join(map(str, c[1]))}-S{c[3]}" for c in CW])
+@pytest.mark.parametrize("pos_dt", [I64, I32])
+def test_cache_write(dt: DType, shape: tuple, axis: int, Sn: int, positions: list | None, pos_dt: DType) -> None:
+    B, T = shape[0], shape[axis]
+    new_shape = tuple(Sn if i == axis else d for i, d in enumerate(shape))
+    cache, new = rand(shape, dt), rand(new_shape, dt)
+    pos = np.array(positions if positions is not None else RNG.integers(0, T - Sn + 1, size=B), dtype=pos_dt.np)
+    ref = R.IMPL[O.Op.CACHE_WRITE](O.CacheWriteAttrs(axis), cache, new, pos)
+    for vectorize in (True, False):
+        buf = dev(cache)  # random "old" contents: anything the kernel touches outside the new rows shows
+        spec = S.cache_write_spec(shape, new_shape, axis, dt, pos_dt, vectorize=vectorize)
+        run(spec, [dev(new), dev(pos), buf])
+        got = host(buf, dt)
+        assert got.tobytes() == np.ascontiguousarray(ref).tobytes(), f"vec={spec.vec}: cache differs from the reference"
+
+
+# ---- kv_attention ------------------------------------------------------------------------------
+
+def kv_ref(q: np.ndarray, k: np.ndarray, v: np.ndarray, pos: np.ndarray, scale: float) -> np.ndarray:
+    f = lambda a: a.astype(np.float32)
+    return R.IMPL[O.Op.KV_ATTENTION](O.KVAttentionAttrs(scale), f(q), f(k), f(v), pos)
+
+
+KV = [
+    # dt, B, Hq, Hkv, S, T, D, positions (None: random), splits (None: auto)
+    (BF16, 1, 16, 8, 1, 4096, 128, [4095], None),         # Qwen3-0.6B, full cache
+    (BF16, 3, 16, 8, 1, 300, 128, [0, 299, 131], None),   # pos 0 and pos T-1
+    (F16, 8, 9, 3, 1, 257, 64, None, None),                # SmolLM2: GQA 3, odd T
+    (F32, 3, 4, 4, 1, 77, 64, [5, 76, 0], None),           # GQA 1
+    (BF16, 2, 32, 4, 1, 130, 128, [129, 64], None),        # GQA 8: two row tiles
+    (F16, 2, 8, 2, 1, 100, 256, [99, 3], 4),               # D 256
+    (BF16, 2, 6, 3, 1, 70, 80, [69, 33], 3),               # D 80: idle lanes
+    (F32, 1, 2, 1, 1, 40, 32, [39], 1),                    # one split: one launch
+    (BF16, 2, 4, 2, 5, 64, 64, [0, 59], None),             # S > 1 (prefill onto a cache): per-row causal
+    (F16, 3, 6, 2, 9, 50, 128, [45, 0, 20], 2),            # S > 1, the last queries run past T
+    (F32, 2, 4, 2, 2, 64, 64, [-1, 10], 2),                # pos -1: query 0 of row 0 sees nothing -> 0
+    (BF16, 1, 16, 8, 1, 4096, 128, [127], 64),             # short context in a long cache, forced splits
+    (BF16, 32, 16, 8, 1, 512, 128, None, None),
+]
+
+
+@pytest.mark.parametrize("dt,B,Hq,Hkv,Sq,T,D,positions,splits", KV,
+                         ids=[f"{c[0].value}-B{c[1]}-H{c[2]}/{c[3]}-S{c[4]}-T{c[5]}-D{c[6]}-x{c[8]}" for c in KV])
+def test_kv_attention(dt: DType, B: int, Hq: int, Hkv: int, Sq: int, T: int, D: int, positions: list | None,
+                      splits: int | None) -> None:
+    scale = 1.0 / math.sqrt(D)
+    q, k, v = rand((B, Hq, Sq, D), dt), rand((B, Hkv, T, D), dt), rand((B, Hkv, T, D), dt)
+    pos = np.array(positions if positions is not None else RNG.integers(0, T, size=B), np.int64)
+    if splits is None:
+        spec = kv_attention_spec(B, Hq, Hkv, Sq, T, D, dt, scale)
+    else:
+        spec = S.KVAttentionSpec(B, Hq, Hkv, Sq, T, D, dt, scale, splits)
+    ref = kv_ref(q, k, v, pos, scale)
+    import cupy as cp
+
+    # keys past each row's context hold NaN: reading any of them would poison the output
+    kn, vn = k.copy(), v.copy()
+    for b in range(B):
+        kn[b, :, max(0, pos[b] + Sq):] = np.nan
+        vn[b, :, max(0, pos[b] + Sq):] = np.nan
+    out = poisoned((B, Hq, Sq, D), dt)
+    args = [dev(q), dev(kn), dev(vn), dev(pos)]
+    if spec.splits == 1:
+        run(spec, args + [out])
+    else:
+        part = cp.full(spec.part_floats, np.nan, dtype=np.float32)
+        run(spec, args + [part])
+        run(spec.combine(), [dev(pos), part, out])
+    check(host(out, dt), ref, dt)
+
+
+@pytest.mark.parametrize("dt", FLOATS)
+def test_kv_attention_matches_for_every_split_count(dt: DType) -> None:
+    B, Hq, Hkv, T, D = 2, 8, 4, 256, 64
+    q, k, v = rand((B, Hq, 1, D), dt), rand((B, Hkv, T, D), dt), rand((B, Hkv, T, D), dt)
+    pos = np.array([255, 100], np.int64)
+    ref = kv_ref(q, k, v, pos, 0.125)
+    import cupy as cp
+
+    for splits in (1, 2, 3, 5, 8):
+        spec = S.KVAttentionSpec(B, Hq, Hkv, 1, T, D, dt, 0.125, splits, I32, threads=256 if splits == 3 else 128)
+        p32 = dev(pos.astype(np.int32))
+        out = poisoned((B, Hq, 1, D), dt)
+        if splits == 1:
+            run(spec, [dev(q), dev(k), dev(v), p32, out])
+        else:
+            part = cp.full(spec.part_floats, np.nan, dtype=np.float32)
+            run(spec, [dev(q), dev(k), dev(v), p32, part])
+            run(spec.combine(), [p32, part, out])
+        check(host(out, dt), ref, dt)
+
+
+# ---- sample --------------------------------------------------------------------------------------
+
+def run_sample(spec: S.SampleSpec, logits: np.ndarray, seed: int, counter: np.ndarray) -> np.ndarray:
+    import cupy as cp
+
+    out = cp.full(spec.B, -7, dtype=np.int64)
+    run(spec, [dev(logits), dev(np.array([seed], spec.seed_dtype.np)), dev(counter.astype(spec.counter_dtype.np)), out])
+    return out.get()
+
+
+@pytest.mark.parametrize("dt", FLOATS)
+@pytest.mark.parametrize("B,V", [(1, 151936), (3, 1001), (8, 32000)])
+def test_greedy(dt: DType, B: int, V: int) -> None:
+    logits = rand((B, V), dt, 3.0)
+    # a tie for the maximum at two places: the lower index wins
+    x32 = logits.astype(np.float32)
+    for b in range(B):
+        i, j = sorted(RNG.choice(V, 2, replace=False))
+        logits[b, i] = logits[b, j] = (x32[b].max() + 1.0).astype(dt.np)
+    got = run_sample(S.SampleSpec(B, V, dt), logits, 0, np.zeros(B, np.int64))
+    want = SM.sample(logits, np.array([0]), np.zeros(B, np.int64))
+    assert (got == want).all(), (got, want)
+
+
+def _explain_mismatch(logits: np.ndarray, seed: int, counter: np.ndarray, b: int, t: float, k: int, p: float) -> float:
+    """The gap between the reference's two best scores of row b (a mismatch is allowed only where it is tiny)."""
+    z = logits[b].astype(np.float32) / np.float32(t)
+    keep = SM.keep_mask(z, k, p)
+    sc = np.where(keep, z + SM.gumbel(seed, int(counter[b]), b, z.shape[0]), -np.inf)
+    top2 = np.sort(sc)[-2:]
+    return float(top2[1] - top2[0])
+
+
+SAMPLING = [
+    # dt, B, V, temperature, top_k, top_p, logit scale
+    (F32, 4, 151936, 0.7, 50, 0.9, 3.0),
+    (BF16, 4, 151936, 1.0, 0, 0.95, 3.0),
+    (F16, 3, 32000, 0.6, 40, 1.0, 2.0),
+    (F32, 5, 1001, 1.3, 0, 1.0, 1.0),      # plain Gumbel-max
+    (BF16, 3, 999, 0.8, 1, 1.0, 2.0),      # top_k 1 == greedy on z
+    (F32, 3, 1000, 1.0, 998, 0.5, 1.0),
+    (F32, 2, 5000, 1.0, 0, 0.05, 4.0),     # tiny nucleus
+    (F16, 2, 4096, 0.9, 100, 0.8, 0.25),   # flat distribution: large kept set
+]
+
+
+@pytest.mark.parametrize("dt,B,V,t,k,p,scale", SAMPLING, ids=[f"{c[0].value}-B{c[1]}-V{c[2]}-t{c[3]}-k{c[4]}-p{c[5]}" for c in SAMPLING])
+def test_sampling_matches_reference(dt: DType, B: int, V: int, t: float, k: int, p: float, scale: float) -> None:
+    spec = S.SampleSpec(B, V, dt, t, k, p)
+    mismatches = 0
+    for trial in range(6):
+        logits = rand((B, V), dt, scale)
+        seed = int(RNG.integers(-(1 << 62), 1 << 62))
+        counter = RNG.integers(0, 100000, size=B).astype(np.int64)
+        got = run_sample(spec, logits, seed, counter)
+        want = SM.sample(logits, np.array([seed]), counter, t, k, p)
+        for b in np.nonzero(got != want)[0]:
+            gap = _explain_mismatch(logits, seed, counter, int(b), t, k, p)
+            assert gap <= 1e-5, f"trial {trial} row {b}: got {got[b]}, want {want[b]}, reference top-2 gap {gap:.3e}"
+            mismatches += 1
+        assert (got >= 0).all() and (got < V).all()
+        again = run_sample(spec, logits, seed, counter)
+        assert (again == got).all(), "not reproducible"
+    assert mismatches <= 1
+
+
+def test_sampling_ties_at_the_cut_are_kept() -> None:
+    """Logits on a coarse grid: many exact ties at the top-k and top-p boundaries."""
+    B, V = 4, 20000
+    spec = S.SampleSpec(B, V, F32, 1.0, 64, 0.7)
+    for _ in range(4):
+        logits = np.round(RNG.standard_normal((B, V)) * 2).astype(np.float32) / 2
+        seed, counter = int(RNG.integers(0, 1 << 62)), RNG.integers(0, 1000, size=B).astype(np.int64)
+        got = run_sample(spec, logits, seed, counter)
+        want = SM.sample(logits, np.array([seed]), counter, 1.0, 64, 0.7)
+        for b in np.nonzero(got != want)[0]:
+            assert _explain_mismatch(logits, seed, counter, int(b), 1.0, 64, 0.7) <= 1e-5
+
+
+def test_sampling_depends_on_seed_counter_and_row_only() -> None:
+    V = 50000
+    spec = S.SampleSpec(6, V, F32, 1.0)
+    logits = np.tile(rand((1, V), F32, 0.5), (6, 1))  # flat-ish: many plausible tokens
+    ctr = np.array([5, 5, 6, 7, 8, 9], np.int64)
+    a = run_sample(spec, logits, 123, ctr)
+    b = run_sample(spec, logits, 123, ctr)
+    c = run_sample(spec, logits, 124, ctr)
+    assert (a == b).all()
+    assert (a != c).any()
+    assert len(set(a.tolist())) >= 4  # rows differ through the row index and the counters
+    assert (a == SM.sample(logits, np.array([123]), ctr, 1.0)).sum() >= 5
