@@ -21,7 +21,7 @@ from fusec import __version__
 from fusec.errors import FusecError
 
 # Module names under fusec.cli, in the order `fusec --help` lists them.
-COMMANDS: tuple[str, ...] = ("models", "inspect", "explain", "compile", "run", "bench", "ab", "export_model")
+COMMANDS: tuple[str, ...] = ("models", "inspect", "explain", "compile", "run", "bench", "generate", "ab", "export_model")
 
 _DESCRIPTION = """\
 fusec: a kernel-fusion compiler for transformer models (ONNX -> graph IR -> fused CUDA plans).

@@ -34,6 +34,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--decisions", metavar="LEDGER", default=None,
                    help="compile with the decisions of a ledger from `fusec ab --json` (no measuring)")
     add_ab_arguments(p)
+    from fusec.cli.generate import add_generation_arguments
+
+    add_generation_arguments(p, for_compile=True)
     p.add_argument("-o", "--output", metavar="PLAN", required=True, help="the plan file to write (.fplan)")
     return p
 
@@ -77,6 +80,16 @@ class Progress:
 
 
 def compile_from_args(args: argparse.Namespace, progress: Progress | None = None):
+    if getattr(args, "generate", False):
+        from fusec.cli.generate import sampling_from_args
+        from fusec.genmodel import compile_generation
+
+        if args.shapes is not None:
+            raise InputError("--shapes does not apply to --generate (use --batch, --max-seq-len, --max-prompt-len)")
+        t_max = args.max_seq_len or 256
+        return compile_generation(args.model, batch=args.batch or 1, max_seq_len=t_max, prefill_len=args.max_prompt_len,
+                                  sampling=sampling_from_args(args), dtype=args.dtype, arch=args.arch,
+                                  weights_dir=args.weights_dir, progress=progress)
     import fusec
     import fusec.ab
     from fusec.cli.ab import ledger_for_compile
@@ -105,7 +118,9 @@ def run(args: argparse.Namespace) -> int:
     info = plan.info()
     mem = info["memory"]
     print(f"compiled {fmt_name(args.model)} -> {fmt_name(args.output)} ({progress.done()})")
-    print(f"  arch {info['arch']}  dtype {info['dtype']}  launches {info['launches']}  "
+    launches = info["launches"] if "launches" in info else \
+        ", ".join(f"{name} {e['launches']}" for name, e in info["entries"].items())
+    print(f"  arch {info['arch']}  dtype {info['dtype']}  launches {launches}  "
           f"arena {mem['arena_bytes']:,} B  weights {mem['weights_bytes']:,} B"
           + ("  cuda-graph" if plan.cuda_graph else ""))
     if not device.gpu_available():
