@@ -101,20 +101,9 @@ class Tokenizer:
             merges = _str_list(md, "tokenizer.ggml.merges", name) if "tokenizer.ggml.merges" in md else None
             backend = _sentencepiece_bpe(tokens, scores, types, merges, bool(md.get("tokenizer.ggml.add_space_prefix",
                                                                                     True)), name)
-
-        def token_id(key: str) -> int | None:
-            v = md.get(key)
-            if v is None:
-                return None
-            if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < len(tokens):
-                raise ModelError(f"GGUF file {name!r}: {key} {v!r} is not a token id")
-            return v
-
-        bos = token_id("tokenizer.ggml.bos_token_id")
-        eos = [i for i in (token_id("tokenizer.ggml.eos_token_id"), token_id("tokenizer.ggml.eot_token_id"))
-               if i is not None]
+        bos, eos = gguf_special_ids(md, name)
         template = md.get("tokenizer.chat_template")
-        return cls(backend, bos_id=bos, eos_ids=list(dict.fromkeys(eos)),
+        return cls(backend, bos_id=bos, eos_ids=eos,
                    add_bos=bool(md.get("tokenizer.ggml.add_bos_token", model == "llama")),
                    chat_template=template if isinstance(template, str) else None, vocab_size=len(tokens))
 
@@ -214,6 +203,20 @@ class Tokenizer:
         extra.setdefault("bos_token", self.bos_token)
         extra.setdefault("eos_token", self.eos_token)
         return apply_chat_template(template, messages, add_generation_prompt, **extra)
+
+
+def gguf_special_ids(md: Mapping[str, Any], name: str = "<gguf>") -> tuple[int | None, tuple[int, ...]]:
+    """(bos id, end-of-generation ids) of GGUF metadata: tokenizer.ggml.eos/eot/eom_token_id."""
+    count = len(md.get("tokenizer.ggml.tokens") or ())
+
+    def token_id(key: str) -> int | None:
+        v = md.get(key)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < count):
+            raise ModelError(f"GGUF file {name!r}: {key} {v!r} is not a token id")
+        return v
+
+    eos = (token_id(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom"))
+    return token_id("tokenizer.ggml.bos_token_id"), tuple(dict.fromkeys(i for i in eos if i is not None))
 
 
 def _str_list(md: Mapping[str, Any], key: str, name: str) -> list[str]:

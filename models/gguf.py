@@ -306,20 +306,15 @@ def load_gguf(path: str | os.PathLike[str], *, tokenizer: bool = True) -> GGUFMo
     tensors = {t.name: t for t in reader.tensors}
     cfg = _config(md, path, tensors)
     _check_tensors(cfg, tensors, path)
-    tok = None
-    if tokenizer:
-        from fusec.text import Tokenizer
+    from fusec.text import Tokenizer, gguf_special_ids
 
-        tok = Tokenizer.from_gguf(md, name=os.fspath(path))
+    tok = Tokenizer.from_gguf(md, name=os.fspath(path)) if tokenizer else None
+    bos, eos_ids = gguf_special_ids(md, os.fspath(path))
     template = md.get("tokenizer.chat_template")
-    bos = md.get("tokenizer.ggml.bos_token_id")
-    eos = md.get("tokenizer.ggml.eos_token_id")
-    eot = md.get("tokenizer.ggml.eot_token_id")
-    eos_ids = tuple(dict.fromkeys(int(i) for i in (eos, eot) if isinstance(i, int)))
     small = {k: v for k, v in md.items() if not (isinstance(v, list) and len(v) > 64)}
     return GGUFModel(path=path, config=cfg, weights=GGUFWeights(reader, cfg, path), tokenizer=tok,
                      chat_template=template if isinstance(template, str) else None,
-                     bos_id=int(bos) if isinstance(bos, int) else None, eos_ids=eos_ids, metadata=small)
+                     bos_id=bos, eos_ids=eos_ids, metadata=small)
 
 
 def build_gguf(path: str | os.PathLike[str], shapes: Mapping[str, Sequence[int]] | None = None) -> Graph:
