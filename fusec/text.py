@@ -41,15 +41,9 @@ _PRE_SPLIT = {"llama3": _LLAMA3_SPLIT, "llama-bpe": _LLAMA3_SPLIT, "llama-v3": _
 def _byte_alphabet() -> dict[int, str]:
     """GPT-2's byte -> printable character map: printable Latin-1 bytes stand for themselves, the
     others (controls, space, ...) move to code points 256 and up, in byte order."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
-    out, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            out[b] = chr(b)
-        else:
-            out[b] = chr(256 + extra)
-            extra += 1
-    return out
+    keep = {*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)}
+    moved = [b for b in range(256) if b not in keep]
+    return {**{b: chr(b) for b in keep}, **{b: chr(256 + i) for i, b in enumerate(moved)}}
 
 
 class Tokenizer:
@@ -70,14 +64,12 @@ class Tokenizer:
     def from_gguf(cls, source: Any, *, name: str = "<gguf>") -> Tokenizer:
         """The tokenizer of a GGUF file, from its metadata: a ``{key: value}`` mapping (as
         ``fusec.models.gguf.read_metadata`` returns), a ``gguf.GGUFReader`` or a file path."""
-        if isinstance(source, (str, os.PathLike)):
-            from fusec.models.gguf import _open, read_metadata
+        from fusec.models.gguf import _open, read_metadata
 
+        if isinstance(source, (str, os.PathLike)):
             name = os.fspath(source)
             source = read_metadata(_open(Path(source)), source)
-        elif hasattr(source, "fields"):
-            from fusec.models.gguf import read_metadata
-
+        elif hasattr(source, "fields"):  # a gguf.GGUFReader
             source = read_metadata(source, name)
         md: Mapping[str, Any] = source
         model = md.get("tokenizer.ggml.model")
