@@ -257,3 +257,16 @@ def test_sentencepiece_gguf_tokenizer_matches_transformers(tmp_path: Path, prefi
         assert ids == hf.encode(text), text
         assert ours.decode(ids) == hf.decode(ids, skip_special_tokens=True), text
         assert ours.decode(ids, skip_special_tokens=False) == hf.decode(ids, skip_special_tokens=False), text
+
+
+def test_tokenizer_survives_serialization(tiny: tuple[Tokenizer, Any, Path]) -> None:
+    """A generation plan stores ``backend.to_str()``; the tokenizer rebuilt from it must agree."""
+    import tokenizers
+
+    ours, hf, _ = tiny
+    again = Tokenizer(tokenizers.Tokenizer.from_str(ours.backend.to_str()), bos_id=ours.bos_id,
+                      eos_ids=ours.eos_ids, add_bos=ours.add_bos, chat_template=ours.chat_template)
+    assert again.vocab_size == ours.vocab_size
+    for text in TEXTS + WITH_SPECIALS:
+        assert again.encode(text) == hf.encode(text)
+        assert again.decode(again.encode(text), skip_special_tokens=False) == text
