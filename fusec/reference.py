@@ -122,7 +122,8 @@ def _matmul(a: Any, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         y = np.swapaxes(y, -1, -2)
     if dt.kind in "iu":
         return np.matmul(x, y)
-    return np.matmul(x.astype(np.float32), y.astype(np.float32)).astype(dt)
+    # copy=False: weights already in fp32 are not copied on every call (decode runs this per token)
+    return np.matmul(x.astype(np.float32, copy=False), y.astype(np.float32, copy=False)).astype(dt, copy=False)
 
 
 def _slice(a: O.SliceAttrs, x: np.ndarray) -> np.ndarray:

@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         from fusec.generation import ReferenceEngine
         from fusec.genmodel import build_graphs
 
-        engine = ReferenceEngine(build_graphs(gm, batch, t_max, s_len, sampling))
+        engine = ReferenceEngine(build_graphs(gm, batch, t_max, s_len, sampling), optimize=True)
         return _generate(args, engine, ids, gm.tokenizer, gm.config.vocab_size)
     from fusec.genmodel import compile_generation
     from fusec.runtime.generation import PlanEngine

@@ -65,6 +65,9 @@ class PlanEngine:
     def sync(self) -> None:
         self.stream.synchronize()
 
+    def finished(self) -> bool | None:
+        return None  # asking would be a device-to-host copy per step: never
+
     def measure(self, on: bool) -> None:
         c = self.device.counters
         if not c.available:
