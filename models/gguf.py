@@ -137,6 +137,9 @@ def _config(md: Mapping[str, Any], path: Path, tensors: Mapping[str, Any]) -> Mo
     arch = m.get("general.architecture", str)
     if arch != "llama":
         raise ModelError(f"GGUF file {os.fspath(path)!r} holds a {arch!r} model; fusec reads only 'llama'")
+    if md.get("split.count", 1) not in (0, 1):
+        raise ModelError(f"GGUF file {os.fspath(path)!r} is one of {md['split.count']} parts of a split model; "
+                         "merge them first (llama-gguf-split --merge)")
     if md.get("llama.expert_count", 0) != 0:
         raise ModelError(f"GGUF file {os.fspath(path)!r}: mixture-of-experts llama (llama.expert_count) "
                          "is not supported")

@@ -306,6 +306,11 @@ def test_llama3_rope_freqs_rejected(tmp_path: Path) -> None:
     assert "rope_freqs.weight" in msg
 
 
+def test_split_file_rejected(tmp_path: Path) -> None:
+    kv = {"split.count": (3, V.UINT16), "split.no": (0, V.UINT16)}
+    assert "split" in _error(write_gguf(tmp_path / "m-00001-of-00003.gguf", kv=kv))
+
+
 def test_bad_metadata_type(tmp_path: Path) -> None:
     msg = _error(write_gguf(tmp_path / "m.gguf", kv={"llama.block_count": ("two", V.STRING)}))
     assert "'llama.block_count'" in msg
