@@ -51,7 +51,7 @@ _SIMPLE = {
     Op.NOT: "Not", Op.ISNAN: "IsNaN", Op.ADD: "Add", Op.SUB: "Sub", Op.MUL: "Mul", Op.DIV: "Div", Op.POW: "Pow",
     Op.MAX: "Max", Op.MIN: "Min", Op.EQUAL: "Equal", Op.LESS: "Less", Op.LESS_EQUAL: "LessOrEqual",
     Op.GREATER: "Greater", Op.GREATER_EQUAL: "GreaterOrEqual", Op.AND: "And", Op.OR: "Or", Op.WHERE: "Where",
-    Op.MATMUL: "MatMul", Op.SCATTER_ND: "ScatterND",
+    Op.SCATTER_ND: "ScatterND",
 }
 
 
@@ -155,6 +155,14 @@ def _reshape(ctx: _Ctx, n: Node, ins: list[str], out: str, a: Any) -> None:
     ctx.add("Reshape", [ins[0], ctx.i64(a.shape, "shape")], [out], **extra)
 
 
+def _matmul(ctx: _Ctx, n: Node, ins: list[str], out: str, a: Any) -> None:
+    b = ins[1]
+    if a.trans_b:  # B stored [.., N, K]: ONNX MatMul reads [.., K, N]
+        r = len(n.inputs[1].shape)
+        b = ctx.add("Transpose", [b], hint=f"{b}_t", perm=[*range(r - 2), r - 1, r - 2])
+    ctx.add("MatMul", [ins[0], b], [out])
+
+
 _SPECIAL: dict[Op, Callable[[_Ctx, Node, list[str], str, Any], None]] = {
     Op.ISINF: lambda c, n, i, o, a: c.add("IsInf", i, [o], detect_positive=int(a.detect_positive),
                                           detect_negative=int(a.detect_negative)),
@@ -172,6 +180,7 @@ _SPECIAL: dict[Op, Callable[[_Ctx, Node, list[str], str, Any], None]] = {
     Op.RMSNORM: _rmsnorm,
     Op.RESHAPE: _reshape,
     Op.TRANSPOSE: lambda c, n, i, o, a: c.add("Transpose", i, [o], perm=list(a.perm)),
+    Op.MATMUL: _matmul,
     Op.EXPAND: lambda c, n, i, o, a: c.add("Expand", [i[0], c.i64(a.shape, "shape")], [o]),
     Op.CONCAT: lambda c, n, i, o, a: c.add("Concat", i, [o], axis=a.axis),
     Op.SLICE: _slice,

@@ -33,6 +33,9 @@ class PassOptions:
     # Storage dtype of floating-point tensors in the compiled plan ("f32", "f16" or "bf16");
     # arithmetic inside kernels stays fp32. Applied by passes/precision.py.
     storage_dtype: str = "f32"
+    # Kernel choices {choice key: variant} (``fusec.lower.choices``) whose weight layout
+    # passes/weight_layout.py materializes in the IR; the lowering then emits the variant.
+    choices: dict[str, str] = dataclasses.field(default_factory=dict)
     # Why each matcher declined a near match: list of (pattern, where, reason). Filled by passes.
     declines: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)
     # Facts passes record for reports (`inspect`): counters such as transposes_cached.

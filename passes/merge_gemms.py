@@ -8,7 +8,8 @@ branch without one), so the epilogue fusion sees a single "GEMM + bias". Each SL
 its branch's original output Value, so readers are untouched; whether a SLICE costs a kernel is
 for fusion and ``views`` to decide (attention and elementwise groups read them in place).
 
-Requires ``transpose_cache``: weights must already be constants in [K, N] layout.
+Requires ``transpose_cache``: weights must already be constants, in [K, N] layout or read with
+``trans_b`` ([N_i, K], concatenated along their rows); products of the two layouts do not merge.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from fusec.ir import Graph, Node, Value
-from fusec.ops import NoAttrs, Op, SliceAttrs
+from fusec.ops import MatMulAttrs, NoAttrs, Op, SliceAttrs
 from fusec.passes.base import PassOptions, PassResult
 from fusec.passes.match import Ctx, Rewriter
 
@@ -41,16 +42,16 @@ def _branch(ctx: Ctx, mm: Node) -> tuple[Node, Node | None, Value]:
 def run(graph: Graph, options: PassOptions) -> PassResult:
     ctx = Ctx(graph)
     rw = Rewriter(graph)
-    groups: dict[Value, list[Node]] = {}
+    groups: dict[tuple[Value, bool], list[Node]] = {}
     for node in graph.nodes:
         if node.op != Op.MATMUL:
             continue
         x, w = node.inputs
         if w.data is None or len(w.shape) != 2 or x.data is not None or len(x.shape) < 2:
             continue
-        groups.setdefault(x, []).append(node)
+        groups.setdefault((x, bool(getattr(node.attrs, "trans_b", False))), []).append(node)
     merged = 0
-    for x, mms in groups.items():
+    for (x, trans_b), mms in groups.items():
         if len(mms) < 2:
             continue
         if len({m.inputs[1].dtype for m in mms}) != 1:
@@ -58,9 +59,9 @@ def run(graph: Graph, options: PassOptions) -> PassResult:
             continue
         branches = [_branch(ctx, m) for m in mms]
         weights = [m.inputs[1].data for m in mms]
-        big = rw.const(np.concatenate(weights, axis=1), _merged_name([m.inputs[1].name for m in mms]))
+        big = rw.const(np.concatenate(weights, axis=0 if trans_b else 1), _merged_name([m.inputs[1].name for m in mms]))
         first = mms[0]
-        mm = rw.node(Op.MATMUL, [x, big], NoAttrs(), base=f"{first.outputs[0].name}_merged")
+        mm = rw.node(Op.MATMUL, [x, big], MatMulAttrs(trans_b=trans_b), base=f"{first.outputs[0].name}_merged")
         new: list[Node] = [mm]
         y = mm.outputs[0]
         if any(add is not None for _, add, _ in branches):

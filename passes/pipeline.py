@@ -24,6 +24,7 @@ from fusec.passes import (
     fusion,
     memory_plan,
     merge_gemms,
+    pad_gemm,
     precision,
     recognize_activations,
     recognize_attention,
@@ -33,6 +34,7 @@ from fusec.passes import (
     simplify,
     transpose_cache,
     views,
+    weight_layout,
 )
 from fusec.passes.base import PassOptions
 
@@ -50,11 +52,14 @@ PIPELINE: list[ModuleType] = [
     recognize_attention,
     # -- storage precision (after recognition: high-level ops keep fp32 math inside)
     precision,
-    # -- layout: weight-transpose caching, GEMM merges
+    # -- layout: weight-transpose caching (or a transpose flag), GEMM merges, N padded to 16 bytes
     transpose_cache,
     merge_gemms,
+    pad_gemm,
     # -- fusion grouping
     fusion,
+    # -- the weight layouts the chosen kernels read (PassOptions.choices; nothing without)
+    weight_layout,
     # -- canonicalize what the rewrites left behind
     cse,
     dce,
@@ -64,7 +69,8 @@ PIPELINE: list[ModuleType] = [
 ]
 
 # Keys passes leave in graph.meta (or options.stats) that ``report`` passes through when present.
-REPORT_KEYS: tuple[str, ...] = ("patterns", "fusions", "kernels", "transposes_cached", "gemms_merged", "views")
+REPORT_KEYS: tuple[str, ...] = ("patterns", "fusions", "kernels", "transposes_cached", "transposes_flagged",
+                                "gemms_merged", "gemms_padded", "weights_relaid", "views")
 
 
 class PassOrderError(RuntimeError):

@@ -7,7 +7,7 @@ import numpy as np
 from fusec import reference
 from fusec.builder import GraphBuilder
 from fusec.dtypes import DType
-from fusec.ir import Graph, Value, verify
+from fusec.ir import Graph, Value, print_graph, verify
 from fusec.ops import Op
 from fusec.passes import merge_gemms, transpose_cache
 from fusec.passes.base import PassOptions
@@ -56,16 +56,25 @@ def test_linear_weight_transposes_become_constants() -> None:
     _same(g, out)
 
 
-def test_tied_embedding_is_cached_once_and_counted() -> None:
+def _tied(vocab: int = 10, dim: int = 8, dtype: DType = F) -> Graph:
     b = GraphBuilder("tied")
     ids = b.input("ids", (2, 4), DType.I64)
-    table = _w(b, (10, 8), "embed.weight")
+    table = b.const(RNG.standard_normal((vocab, dim)).astype(np.float32), name="embed.weight", dtype=dtype)
     x = b.emit(Op.GATHER, table, ids, axis=0)
     b.output(b.emit(Op.MATMUL, x, b.emit(Op.TRANSPOSE, table, perm=(1, 0))), "logits")
-    g = b.build()
+    return b.build()
+
+
+def test_tied_embedding_is_read_through_the_transpose_flag_not_copied() -> None:
+    g = _tied()
     out, opts = _run(transpose_cache, g)
     assert [n.op for n in out.nodes] == [Op.GATHER, Op.MATMUL]
-    assert opts.stats["transpose_cache_extra_bytes"] == 10 * 8 * 4
+    gather, mm = out.nodes
+    assert mm.attrs.trans_b and mm.inputs[1] is gather.inputs[0]  # one table, read by both
+    assert [c.name for c in out.constants] == ["embed.weight"] and out.weight_bytes == g.weight_bytes
+    assert "transpose_cache_extra_bytes" not in opts.stats
+    assert out.meta["transposes_flagged"] == 1 and out.meta["transposes_cached"] == 0
+    assert "matmul[trans_b=True]" in print_graph(out)
     _same(g, out)
 
 

@@ -6,13 +6,23 @@ A *choice point* is a node the lowering can emit in more than one way:
   (in that order) over a 2-D weight: ``"cublas"`` (the default: cuBLAS GEMM, then one in-place
   epilogue kernel), ``"fusec_gemm"`` (fusec's tensor-core ``GemmSpec`` with the epilogue applied
   to the accumulator before the store: one launch, no round trip of the product), and for
-  M <= 8 also ``"gemv"`` (``GemvSpec`` with the same epilogue; the weight is packed transposed);
-- a plain MATMUL with M <= 8 and a constant 2-D weight: ``"cublas"`` or ``"gemv"``.
+  M <= 8 with a constant weight also ``"gemv"`` (``GemvSpec`` with the same epilogue);
+- a plain MATMUL with a constant 2-D weight: ``"cublas"``, and for M <= 8 ``"gemv"``;
+- for every constant 2-D weight, the other of its two layouts: ``"cached_transpose"`` (B stored
+  [K, N], cuBLAS reads it as is) or ``"transpose_flag"`` (B stored [N, K] and read through
+  cuBLAS's transpose flag, ``MATMUL[trans_b=True]``), whichever the passes did not pick.
 
-The key (``choice_key``) names the shape, dtype and epilogue, never a node name, so every
-same-shaped GEMM of a model shares one decision and one measurement, and a region cut out of the
-model for an experiment has the same key as the node in the model. ``lower(..., choices={key:
-variant})`` selects; a node whose key is absent (or maps to "cublas") lowers exactly as before.
+Weights have one owner: a variant that needs the other layout of the weight (``NEEDS_TRANS_B``:
+fusec_gemm reads [K, N], gemv reads [N, K]) never copies it here. ``passes/weight_layout.py``
+materializes the layout the chosen variant needs, as a constant in the IR, before memory
+planning (``PassOptions.choices``, set by ``fusec.compile(choices=...)``); the lowering only
+reads what the IR holds, and declines a variant whose layout is not there.
+
+The key (``choice_key``) names the shape, dtype and epilogue, never a node name or a layout, so
+every same-shaped GEMM of a model shares one decision and one measurement, a region cut out of the
+model for an experiment has the same key as the node in the model, and the key survives the
+layout change its variant asks for. ``lower(..., choices={key: variant})`` selects; a node whose
+key is absent (or maps to "cublas") lowers exactly as before.
 """
 
 from __future__ import annotations
@@ -20,13 +30,15 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import numpy as np
-
 from fusec.codegen import specs as S
 from fusec.ir import Graph, Node, Value
 from fusec.ops import Op
 
 DEFAULT = "cublas"
+# The B layout a variant reads: True [N, K] (trans_b), False [K, N]; absent: either (cuBLAS).
+NEEDS_TRANS_B: dict[str, bool] = {"fusec_gemm": False, "gemv": True, "cached_transpose": False,
+                                  "transpose_flag": True}
+LAYOUT_VARIANTS = ("cached_transpose", "transpose_flag")
 _ACT = {Op.RELU: "relu", Op.SILU: "silu"}
 
 
@@ -35,22 +47,29 @@ class ChoicePoint:
     """A node with alternative lowerings. Body values map to the node's operands by ``outer``."""
 
     key: str
-    variants: tuple[str, ...]  # the first is the default
+    variants: tuple[str, ...]  # the first is the default; the rest are what an A/B should measure
     a: Value  # [.., K] activations (body value for fused nodes)
-    b: Value  # [K, N] weight
+    b: Value  # weight: [K, N], or [N, K] when trans_b
     bias: Value | None
     residual: Value | None
     epilogue: S.Epilogue
     m: int
     n: int
     k: int
+    trans_b: bool = False
+    b_const: bool = False  # the (outer) weight is a constant: a pass may change its layout
+
+    def accepts(self, variant: str) -> bool:
+        """``variant`` applies here: listed, or a layout variant of a constant weight (after
+        weight_layout flipped the layout, the variant naming it is no longer listed)."""
+        return variant in self.variants or (self.b_const and variant in LAYOUT_VARIANTS)
 
 
 def _epilogue(body: Graph) -> tuple[Value | None, str, Value | None] | None:
     """(bias, activation, residual) when the body after its MATMUL is exactly that chain."""
     mm = body.nodes[0]
     cur = mm.output
-    n = mm.inputs[1].shape[-1]
+    n = mm.output.shape[-1]
     bias: Value | None = None
     act = "none"
     res: Value | None = None
@@ -86,11 +105,24 @@ def _epi_name(e: S.Epilogue) -> str:
     return "+".join(parts) or "none"
 
 
-def _mkn(a: Value, b: Value) -> tuple[int, int, int] | None:
-    if len(a.shape) < 2 or len(b.shape) != 2 or a.shape[-1] != b.shape[0] or a.dtype != b.dtype \
-            or a.dtype not in S.FLOATS:
+def _trans_b(mm: Node) -> bool:
+    return bool(getattr(mm.attrs, "trans_b", False))
+
+
+def _mkn(a: Value, b: Value, trans_b: bool) -> tuple[int, int, int] | None:
+    if len(b.shape) != 2:
         return None
-    return math.prod(a.shape[:-1]), b.shape[1], b.shape[0]
+    k, n = (b.shape[1], b.shape[0]) if trans_b else b.shape
+    if len(a.shape) < 2 or a.shape[-1] != k or a.dtype != b.dtype or a.dtype not in S.FLOATS:
+        return None
+    return math.prod(a.shape[:-1]), n, k
+
+
+def _layout_variant(trans_b: bool, b_const: bool) -> tuple[str, ...]:
+    """The weight layout the passes did not pick, as a variant (constant weights only)."""
+    if not b_const:
+        return ()
+    return ("cached_transpose",) if trans_b else ("transpose_flag",)
 
 
 def choice_point(node: Node) -> ChoicePoint | None:
@@ -101,23 +133,28 @@ def choice_point(node: Node) -> ChoicePoint | None:
                 or any(x.op == Op.MATMUL for x in body.nodes[1:]):
             return None
         mm = body.nodes[0]
-        mkn = _mkn(*mm.inputs)
+        tb = _trans_b(mm)
+        mkn = _mkn(*mm.inputs, tb)
         epi = _epilogue(body)
         if mkn is None or epi is None:
             return None
         bias, act, res = epi
         e = S.Epilogue(bias=bias is not None, activation=act, residual=res is not None)
         m, n, k = mkn
-        variants = (DEFAULT, "fusec_gemm") + (("gemv",) if m <= 8 and _outer(node, mm.inputs[1]).is_const else ())
+        const = _outer(node, mm.inputs[1]).is_const
+        variants = (DEFAULT, "fusec_gemm") + (("gemv",) if m <= 8 and const else ()) + _layout_variant(tb, const)
         key = f"gemm_epilogue:{mm.inputs[0].dtype.value}:{m}x{n}x{k}:{_epi_name(e)}"
-        return ChoicePoint(key, variants, mm.inputs[0], mm.inputs[1], bias, res, e, m, n, k)
+        return ChoicePoint(key, variants, mm.inputs[0], mm.inputs[1], bias, res, e, m, n, k, tb, const)
     if node.op == Op.MATMUL:
         a, b = node.inputs
-        mkn = _mkn(a, b)
-        if mkn is None or mkn[0] > 8 or not b.is_const:
+        tb = _trans_b(node)
+        mkn = _mkn(a, b, tb)
+        if mkn is None or not b.is_const:
             return None
         m, n, k = mkn
-        return ChoicePoint(f"matmul:{a.dtype.value}:{m}x{n}x{k}", (DEFAULT, "gemv"), a, b, None, None, S.Epilogue(), m, n, k)
+        variants = (DEFAULT,) + (("gemv",) if m <= 8 else ()) + _layout_variant(tb, True)
+        return ChoicePoint(f"matmul:{a.dtype.value}:{m}x{n}x{k}", variants, a, b, None, None, S.Epilogue(), m, n, k,
+                           tb, True)
     return None
 
 
@@ -139,8 +176,17 @@ def lower_choice(ctx, node: Node, label: str) -> bool:  # noqa: ANN001 (fusec.lo
     variant = ctx.choices.get(cp.key) if cp is not None else None
     if cp is None or variant in (None, DEFAULT):
         return False
-    if variant not in cp.variants:
+    if not cp.accepts(variant):
         ctx.choices_declined[cp.key] = f"variant {variant!r} does not apply (have {', '.join(cp.variants)})"
+        return False
+    need = NEEDS_TRANS_B.get(variant)
+    if need is not None and need != cp.trans_b:
+        ctx.choices_declined[cp.key] = (f"variant {variant!r} reads the weight {'[N, K]' if need else '[K, N]'}; "
+                                        f"the IR holds the other layout (passes/weight_layout.py materializes it "
+                                        f"from PassOptions.choices)")
+        return False
+    if variant in LAYOUT_VARIANTS:  # the layout is the whole variant: cuBLAS reads it as the IR says
+        ctx.choices_applied[cp.key] = variant
         return False
     a, b, out = _outer(node, cp.a), _outer(node, cp.b), node.outputs[0]
     extra = [_outer(node, v) for v in (cp.bias, cp.residual) if v is not None]
@@ -151,10 +197,7 @@ def lower_choice(ctx, node: Node, label: str) -> bool:  # noqa: ANN001 (fusec.lo
     if variant == "fusec_gemm":
         spec: object = S.GemmSpec(cp.m, cp.n, cp.k, a.dtype, epilogue=cp.epilogue)
         ctx.kernel(spec, [a, b, *extra, out], f"{label} fusec_gemm")
-    else:
-        assert b.data is not None
-        # GEMV reads the weight [N, K] (k contiguous): packed transposed once, like any weight layout
-        wt = Value(b.name + "_nk", (cp.n, cp.k), b.dtype, np.ascontiguousarray(np.asarray(b.data).T))
-        ctx.kernel(S.GemvSpec(cp.m, cp.n, cp.k, a.dtype, epilogue=cp.epilogue), [a, wt, *extra, out], f"{label} gemv")
+    else:  # gemv: reads the weight [N, K] (k contiguous), as MATMUL[trans_b] stores it
+        ctx.kernel(S.GemvSpec(cp.m, cp.n, cp.k, a.dtype, epilogue=cp.epilogue), [a, b, *extra, out], f"{label} gemv")
     ctx.choices_applied[cp.key] = variant
     return True

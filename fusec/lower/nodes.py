@@ -5,8 +5,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-import numpy as np
-
 from fusec.codegen import copyspecs as C
 from fusec.codegen import specs as S
 from fusec.codegen.elementwise import single_op
@@ -80,10 +78,17 @@ def _cumsum(ctx: Context, node: Node, label: str) -> None:
 # ---- matrix products ------------------------------------------------------------------------
 
 def _matmul(ctx: Context, node: Node, label: str) -> None:
+    """One cuBLAS GEMM, reading every operand where and as the IR stores it: a B with ``trans_b``
+    ([.., N, K], e.g. a tied embedding table) is read through cuBLAS's transpose flag. Weight
+    layouts (transposes, padding of N to 16 bytes) are passes' work (transpose_cache, pad_gemm):
+    nothing here copies or reshapes a weight, and nothing needs scratch."""
     a, b = node.inputs
     out = node.output
+    trans_b = bool(getattr(node.attrs, "trans_b", False))
     sa = a.shape if len(a.shape) > 1 else (1,) + a.shape
     sb = b.shape if len(b.shape) > 1 else b.shape + (1,)
+    if trans_b:
+        sb = tuple(sb[:-2]) + (sb[-1], sb[-2])
     m, k, n = sa[-2], sa[-1], sb[-1]
     ba, bb = sa[:-2], sb[:-2]
     batch_shape = tuple(out.shape[:-2]) if len(a.shape) > 1 and len(b.shape) > 1 else ()
@@ -100,24 +105,9 @@ def _matmul(ctx: Context, node: Node, label: str) -> None:
     if a.dtype not in (DType.F32, DType.F16, DType.BF16):
         raise LoweringError(f"{label}: matmul of {a.dtype.value} has no GPU lowering")
     compute = ctx.compute if a.dtype == DType.F32 else "f32"
-    align = 16 // a.dtype.itemsize
-    if n % align and b.is_const and stride_b == 0 and len(b.shape) == 2:
-        # Rows of C that are not 16-byte multiples push cuBLAS off its tensor-core fast path
-        # (measured on an H200: 1024x50257x768 fp16 ran at 128 TFLOP/s, padded to 50264 at 620).
-        # Pad the weight's columns with zeros once, compute into scratch, copy the N real columns.
-        npad = -(-n // align) * align
-        assert b.data is not None
-        bp = Value(b.name + "#padded", (k, npad), b.dtype, np.pad(b.data, ((0, 0), (0, npad - n))))
-        tmp = ctx.scratch(m * npad * out.dtype.itemsize)
-        fields = {"m": m, "n": npad, "k": k, "batch": 1, "lda": k, "ldb": npad, "ldc": npad,
-                  "stride_a": 0, "stride_b": 0, "stride_c": m * npad,
-                  "trans_a": False, "trans_b": False, "dtype": a.dtype.value, "compute": compute}
-        ctx.gemm(fields, a, bp, tmp, label + f" (N padded {n}->{npad})")
-        ctx.kernel(C.CopySpec(out.dtype, (m, n), (npad, 1), (n, 1)), [tmp, out], label + " unpad")
-        return
-    fields = {"m": m, "n": n, "k": k, "batch": nbatch, "lda": k, "ldb": n, "ldc": n,
+    fields = {"m": m, "n": n, "k": k, "batch": nbatch, "lda": k, "ldb": k if trans_b else n, "ldc": n,
               "stride_a": stride_a, "stride_b": stride_b, "stride_c": m * n,
-              "trans_a": False, "trans_b": False, "dtype": a.dtype.value, "compute": compute}
+              "trans_a": False, "trans_b": trans_b, "dtype": a.dtype.value, "compute": compute}
     ctx.gemm(fields, a, b, out, label)
 
 
