@@ -121,10 +121,8 @@ class _Meta:
                 raise ModelError(f"GGUF file {os.fspath(self.path)!r} has no metadata key {key!r}")
             return default
         v = self.md[key]
-        ok = isinstance(v, (int, float)) and not isinstance(v, bool) if kind is float else isinstance(v, kind)
-        if kind is int and isinstance(v, bool):
-            ok = False
-        if not ok:
+        numeric = (int, float) if kind is float else (int,) if kind is int else (kind,)
+        if not isinstance(v, numeric) or (kind in (int, float) and isinstance(v, bool)):
             raise ModelError(f"GGUF file {os.fspath(self.path)!r}: metadata key {key!r} is {v!r}, "
                              f"expected {kind.__name__}")
         if kind is int and v <= 0:

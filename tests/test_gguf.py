@@ -311,9 +311,12 @@ def test_split_file_rejected(tmp_path: Path) -> None:
     assert "split" in _error(write_gguf(tmp_path / "m-00001-of-00003.gguf", kv=kv))
 
 
-def test_bad_metadata_type(tmp_path: Path) -> None:
-    msg = _error(write_gguf(tmp_path / "m.gguf", kv={"llama.block_count": ("two", V.STRING)}))
-    assert "'llama.block_count'" in msg
+@pytest.mark.parametrize("key,value", [("llama.block_count", ("two", V.STRING)),
+                                       ("llama.attention.head_count", (True, V.BOOL)),
+                                       ("llama.attention.layer_norm_rms_epsilon", ("1e-5", V.STRING)),
+                                       ("llama.context_length", (0, V.UINT32))])
+def test_bad_metadata_value(tmp_path: Path, key: str, value: tuple[Any, Any]) -> None:
+    assert repr(key) in _error(write_gguf(tmp_path / "m.gguf", kv={key: value}))
 
 
 def test_missing_file(tmp_path: Path) -> None:
