@@ -241,7 +241,9 @@ def _byte_level_bpe(tokens: list[str], merges: list[str], types: Sequence[Any], 
             raise ModelError(f"GGUF file {name!r}: tokenizer.ggml.merges entry {m!r} is not two tokens")
         pairs.append((a, b))
     try:
-        bpe = models.BPE(vocab=vocab, merges=pairs, fuse_unk=False)
+        # Llama 3's BPE (llama.cpp and Meta's tokenizer.json alike) takes a word found whole in
+        # the vocabulary as one token, merges or not.
+        bpe = models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, ignore_merges=_PRE_SPLIT.get(pre) == _LLAMA3_SPLIT)
     except Exception as e:
         raise ModelError(f"GGUF file {name!r}: the BPE vocabulary/merges are unusable: {e}") from None
     backend = Tokenizer(bpe)
