@@ -6,11 +6,13 @@
     python benchmarks/cupti_check.py --dump          # the raw CUPTI records of one small region
 
 Per mode, in one process: host microseconds (the minimum of 3 medians) of an iteration of K tiny
-kernel launches and of a fusec plan run (gpt2-tiny, eager and CUDA graph): first before CUPTI is
-attached (baseline), then with the counters created and no region open (idle: in mode ``always``
-the API records are being written already), then with every iteration wrapped in start()/stop()
-(region); start() and stop() alone; result() after one region. Host times only: the launches are
-asynchronous and the GPU keeps up (synchronized every 50 iterations, outside the timings)."""
+kernel launches and of a fusec plan run (gpt2-tiny, eager and CUDA graph): before CUPTI is
+attached (baseline; plan baselines come from mode ``none``, a process run with FUSEC_CUPTI=0),
+then with the counters created and no region open (idle; plans run with measure=False; in mode
+``always`` the API records are written already), then with every iteration in a region (plans: the
+executor's own start()/stop(), measure=True), also as a mean over back-to-back regions (buffer
+reading included); start() and stop() alone; result() after one region. Host times only: the
+launches are asynchronous and the GPU keeps up (synchronized every 50 iterations, outside timings)."""
 
 from __future__ import annotations
 
@@ -52,6 +54,13 @@ def _setup():
                 inc((4,), (256,), args, stream=stream)
         return run
 
+    stream.synchronize()
+    return cupy, stream, kernels
+
+
+def _plans(cupy, stream) -> dict:
+    """gpt2-tiny plan runs, eager and CUDA graph: {name: run(measure)}. Building a plan creates the
+    counters (fusec's executor wraps every run in a region unless measure=False)."""
     plans = {}
     try:
         import fusec
@@ -62,63 +71,81 @@ def _setup():
         dev_inputs = {k: cupy.asarray(v) for k, v in inputs.items()}
         for graph in (False, True):
             plan = fusec.compile("gpt2-tiny", dtype="fp16", cuda_graph=graph)
-            plan.run(dev_inputs, stream=stream)
-            plans["plan_graph" if graph else "plan_eager"] = (lambda p=plan: p.run(dev_inputs, stream=stream))
+            plan.run(dev_inputs, stream=stream, measure=False)
+            plans["plan_graph" if graph else "plan_eager"] = (
+                lambda measure, p=plan: p.run(dev_inputs, stream=stream, measure=measure))
     except Exception as e:  # noqa: BLE001 -- the kernel loops still say what matters
         print(f"(no fusec plan: {type(e).__name__}: {e})", file=sys.stderr)
     stream.synchronize()
-    cupy.cuda.Device().synchronize()
-    return cupy, stream, kernels, plans
+    return plans
+
+
+def _best(out: dict, key: str, fn, iters: int, sync) -> None:
+    """The minimum of 3 medians (interleaving callers' loops gives less noise than one long run)."""
+    v = _median_us(fn, iters, sync)
+    out[key] = min(v, out.get(key, v))
+
+
+_ITERS = {"k1": 2000, "k20": 600, "plan_eager": 200, "plan_graph": 400}
 
 
 def one_mode(mode: str) -> dict:
-    cupy, stream, kernels, plans = _setup()
+    """Mode ``none`` runs with FUSEC_CUPTI=0 (no CUPTI in the process): the baselines."""
+    os.environ["FUSEC_CUPTI_MODE" if mode != "none" else "FUSEC_CUPTI"] = mode if mode != "none" else "0"
+    cupy, stream, kernels = _setup()
     sync = stream.synchronize
-    work = {"k1": kernels(1), "k20": kernels(20), **plans}
-    iters = {"k1": 2000, "k20": 600, "plan_eager": 200, "plan_graph": 400}
+    loops = {"k1": kernels(1), "k20": kernels(20)}
     out: dict = {"mode": mode, "device": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()}
-    for fn in work.values():
+    for fn in loops.values():
         fn()
-    for _ in range(3):  # the minimum of 3 medians, interleaved: less noise than one long run
-        for name, fn in work.items():
-            v = _median_us(fn, iters[name], sync)
-            out[f"{name}_baseline_us"] = min(v, out.get(f"{name}_baseline_us", v))
-    if mode == "none":
-        return out
-    os.environ["FUSEC_CUPTI_MODE"] = mode
+    for _ in range(3):  # before CUPTI is attached
+        for name, fn in loops.items():
+            _best(out, f"{name}_baseline_us", fn, _ITERS[name], sync)
     from fusec.runtime.counters import DriverCounters
 
     t = time.perf_counter()
-    dc = DriverCounters.create()
+    dc = DriverCounters.create()  # before the plans, so that this is what attaches CUPTI
     out["create_ms"] = (time.perf_counter() - t) * 1e3
     out["available"], out["reason"] = dc.available, dc.reason
+    plans = _plans(cupy, stream)
+    if mode == "none":
+        for _ in range(3):
+            for name, run in plans.items():
+                _best(out, f"{name}_baseline_us", lambda run=run: run(False), _ITERS[name], sync)
+        return out
     if not dc.available:
         return out
 
-    def wrap(fn):
+    def region(fn):
         def wrapped():
             dc.start()
             fn()
             dc.stop()
         return wrapped
 
+    # idle: CUPTI attached, no region; region: wrapped in start()/stop() (plans: the executor's own).
+    work = {name: (fn, region(fn)) for name, fn in loops.items()}
+    work.update({name: (lambda run=run: run(False), lambda run=run: run(True)) for name, run in plans.items()})
     for _ in range(3):
-        for name, fn in work.items():
-            for key, f in (("idle", fn), ("region", wrap(fn))):
-                v = _median_us(f, iters[name], sync)
-                out[f"{name}_{key}_us"] = min(v, out.get(f"{name}_{key}_us", v))
-    for name, fn in work.items():
+        for name, (idle, measured) in work.items():
+            _best(out, f"{name}_idle_us", idle, _ITERS[name], sync)
+            _best(out, f"{name}_region_us", measured, _ITERS[name], sync)
+    for name, (_idle, measured) in work.items():
         out[f"{name}_region_overhead_us"] = out[f"{name}_region_us"] - out[f"{name}_idle_us"]
-        out[f"{name}_idle_overhead_us"] = out[f"{name}_idle_us"] - out[f"{name}_baseline_us"]
-        dc.start()
-        fn()
-        dc.stop()
+        if f"{name}_baseline_us" in out:
+            out[f"{name}_idle_overhead_us"] = out[f"{name}_idle_us"] - out[f"{name}_baseline_us"]
+        # Mean, not median, of region runs back to back with no result(): the CUPTI buffers that
+        # fill meanwhile are read on CUPTI's thread, a cost a median would hide.
+        sync()
+        t = time.perf_counter()
+        for _ in range(5 * _ITERS[name]):
+            measured()
+        out[f"{name}_region_mean_us"] = (time.perf_counter() - t) / (5 * _ITERS[name]) * 1e6
+        measured()
         out[f"{name}_counts"] = {k: v for k, v in dc.result().items() if v}
         samples = []
         for _ in range(100 if name.startswith("plan") else 200):
-            dc.start()
-            fn()
-            dc.stop()
+            measured()
             t = time.perf_counter()
             dc.result()
             samples.append(time.perf_counter() - t)
@@ -147,7 +174,7 @@ def stages() -> dict:
     """What each step of attaching CUPTI costs a loop of 20 launches, in one process (no fusec)."""
     from cupti import cupti as c
 
-    cupy, stream, kernels, _ = _setup()
+    cupy, stream, kernels = _setup()
     k20, sync = kernels(20), stream.synchronize
     k20()
 
@@ -237,7 +264,8 @@ def main() -> None:
         return
     rows = []
     for mode in ("none", "always", "toggle"):
-        p = subprocess.run([sys.executable, __file__, "--mode", mode], capture_output=True, text=True)
+        env = dict(os.environ, FUSEC_CUPTI="0") if mode == "none" else dict(os.environ)
+        p = subprocess.run([sys.executable, __file__, "--mode", mode], capture_output=True, text=True, env=env)
         if p.stderr.strip():
             print(f"mode {mode} stderr:\n{p.stderr[-1500:]}")
         if p.returncode != 0:
@@ -248,19 +276,22 @@ def main() -> None:
             json.dump(rows, f, indent=1)
     for r in rows:
         print(json.dumps({k: v for k, v in r.items() if k.endswith("_counts")}))
-    print("\nhost us per iteration (min of 3 medians): baseline / idle (+vs baseline) / region (+vs idle); result() us")
+    base = {k: v for r in rows if r["mode"] == "none" for k, v in r.items() if k.endswith("_baseline_us")}
+    print("\nhost us per iteration (min of 3 medians): baseline (no CUPTI) / idle (CUPTI attached, no region;"
+          " +vs baseline) / region (+vs idle), region mean; result() us")
     for r in rows:
         for w in ("k1", "k20", "plan_eager", "plan_graph"):
-            if f"{w}_baseline_us" not in r:
-                continue
-            line = f"{r['mode']:>6} {w:>10}: {r[f'{w}_baseline_us']:8.1f}"
+            b = r.get(f"{w}_baseline_us", base.get(f"{w}_baseline_us"))
+            line = f"{r['mode']:>6} {w:>10}: " + (f"{b:8.1f}" if b is not None else "       -")
             if f"{w}_region_us" in r:
-                line += (f" / {r[f'{w}_idle_us']:8.1f} ({r[f'{w}_idle_overhead_us']:+6.1f}) / {r[f'{w}_region_us']:8.1f} "
-                         f"({r[f'{w}_region_overhead_us']:+6.1f}); result {r[f'{w}_result_us']:8.1f}")
+                idle = r[f"{w}_idle_us"]
+                line += (f" / {idle:8.1f} ({idle - b:+6.1f})" if b is not None else f" / {idle:8.1f}")
+                line += (f" / {r[f'{w}_region_us']:8.1f} ({r[f'{w}_region_overhead_us']:+6.1f}),"
+                         f" mean {r[f'{w}_region_mean_us']:8.1f}; result {r[f'{w}_result_us']:8.1f}")
             print(line)
         if "start_us" in r:
             print(f"{r['mode']:>6} start() {r['start_us']:.2f} us, stop() {r['stop_us']:.2f} us, "
-                  f"create {r['create_ms']:.1f} ms")
+                  f"create {r['create_ms']:.1f} ms ({r['reason']})")
 
 
 if __name__ == "__main__":

@@ -202,3 +202,43 @@ def test_aggregate_async_region_is_all_zeros_measured():
     res = aggregate(recs, 0, 100)
     assert res["kernel_launches"] == 5
     assert all(res[k] == 0 for k in ("syncs", "allocations", "memcpy_calls", "h2d_bytes", "d2h_bytes", "d2d_bytes"))
+
+
+class _Rec:
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+def _reader(t0, t1):
+    """A DriverCounters wired as create() wires it, minus CUPTI (for the buffer callback alone)."""
+    dc = DriverCounters()
+    dc._k_driver, dc._k_runtime, dc._k_memcpy, dc._k_memset = 6, 5, 1, 2
+    dc._dir, dc._pageable, dc._async_flag = {1: "h2d", 2: "d2h", 8: "d2d"}, 1, 1
+    dc._t0, dc._t1, dc._want = t0, t1, True
+    return dc
+
+
+def test_buffer_callback_keeps_what_the_region_needs():
+    dc = _reader(100, 200)
+    dc._buffer_completed([
+        _Rec(kind=6, cbid=307, start=150, end=151, correlation_id=4, thread_id=9),   # in the window
+        _Rec(kind=5, cbid=41, start=50, end=60, correlation_id=3, thread_id=9),      # before it
+        _Rec(kind=5, cbid=41, start=250, end=260, correlation_id=5, thread_id=9),    # after it
+        _Rec(kind=1, copy_kind=2, bytes=64, flags_=1, src_kind=3, dst_kind=1, correlation_id=4,
+             runtime_correlation_id=0),
+        _Rec(kind=2, bytes=32, correlation_id=4, runtime_correlation_id=0),
+        _Rec(kind=42),                                                                # another kind
+    ])
+    assert dc._callback_error is None
+    assert dc._pending == [("api", "d", 307, 150, 151, 4, 9), ("copy", "d2h", 64, True, True, 4, 0),
+                           ("set", 32, 4, 0)]
+
+
+def test_buffer_callback_drops_buffers_no_region_waits_for_and_reports_errors():
+    dc = _reader(100, 200)
+    dc._want = False
+    dc._buffer_completed([_Rec(kind=6, cbid=307, start=150, end=151, correlation_id=4, thread_id=9)])
+    assert dc._pending == []
+    dc._want = True
+    dc._buffer_completed([_Rec(kind=1)])  # a record without its fields
+    assert dc._callback_error and "AttributeError" in dc._callback_error

@@ -43,25 +43,28 @@ Counters of ``result()``:
 * ``api_calls`` (all CUDA API calls seen), ``region_ms`` (host time of the window).
 
 Modes (``FUSEC_CUPTI_MODE``, default ``always``): ``always`` enables the activity kinds once, at
-``create()``; ``start()``/``stop()`` then only read CUPTI's clock (well under a microsecond), and
-records that arrive while no region waits for them are dropped unread. ``toggle`` enables the kinds
-in ``start()`` and disables them in ``stop()``, so that nothing outside regions is recorded, but
-``cuptiActivityEnable``/``Disable`` cost about 100 us per region (measured on an H100). In both
-modes, once CUPTI is attached every CUDA API call of the process costs a little more (about 0.4 us
-per call on an H100, region or not). ``FUSEC_CUPTI=0`` turns the counters off.
+``create()``; ``start()``/``stop()`` then only read CUPTI's clock (0.3 to 0.9 us each on an H100),
+and of the records CUPTI delivers, those of calls outside the latest region are dropped at once
+(cupti-python still makes a Python object of each record of a delivered buffer, on CUPTI's thread).
+``toggle`` enables the kinds in ``start()`` and disables them in ``stop()``, so that nothing outside
+regions is recorded, but ``cuptiActivityEnable``/``Disable`` cost about 100 us per region (H100).
+In both modes, once CUPTI is attached each CUDA API call of the process costs a little more (about
+0.4 us per call on an H100, region or not). ``FUSEC_CUPTI=0`` turns the counters off.
 
 ``result()`` synchronizes the current device and forces a flush of CUPTI's buffers
 (``activity_flush_all(1)``): copy records are only written once the device has finished them.
 Its own work lies after ``stop()`` and is never counted. It reports the most recent region of the
 process (the counters are one process-wide object); regions do not nest: ``start()`` opens a new
-one.
+one. ``start()``/``stop()`` are meant for one thread; the calls they count may come from any.
 
 Limits: CUPTI sees CUDA API calls and the copies/sets they issue. It cannot see a copy done by a
 kernel (e.g. CuPy's copy of a non-contiguous array), implicit synchronization inside a call that
 is not a synchronize or blocking copy (``cudaFree``, a ``cudaMemcpyAsync`` to pageable memory: see
-``frees`` and ``pageable_memcpys``), CuPy memory-pool reuse, or work of other processes. Only one
-CUPTI client can exist per process: when a profiler (Nsight Systems, ``torch.profiler``) holds it,
-``available`` is False and says so; while fusec holds it, such a profiler cannot start.
+``frees`` and ``pageable_memcpys``), CuPy memory-pool reuse, or work of other processes; kernels
+inside a replayed graph are not counted (only the graph launch is); ``result()`` synchronizes only
+the current device. CUPTI takes one subscriber per process: ``create()`` reports another one
+(Nsight Systems, ``torch.profiler``) as unavailable when CUPTI says so; while fusec holds the slot,
+such a profiler cannot attach in this process (``FUSEC_CUPTI=0`` leaves it free).
 """
 
 from __future__ import annotations
@@ -376,10 +379,16 @@ class DriverCounters:
         keep = batch.append
         kd, kr, kc, ks = self._k_driver, self._k_runtime, self._k_memcpy, self._k_memset
         direction, pageable, async_flag = self._dir, self._pageable, self._async_flag
+        # Calls outside the latest region are dropped here, cheaply (result() filters exactly).
+        t0 = self._t0 if self._t0 is not None else 0
+        t1 = self._t1 if self._t1 is not None else 1 << 64
         for a in activities:
             k = int(a.kind)
             if k == kd or k == kr:  # the API name is looked up in result(), not on CUPTI's thread
-                keep(("api", "d" if k == kd else "r", int(a.cbid), int(a.start), int(a.end), int(a.correlation_id),
+                st = int(a.start)
+                if st < t0 or st > t1:
+                    continue
+                keep(("api", "d" if k == kd else "r", int(a.cbid), st, int(a.end), int(a.correlation_id),
                       int(a.thread_id)))
             elif k == kc:
                 flags = int(_field(a, "flags_", "flags"))
@@ -402,6 +411,7 @@ class DriverCounters:
         self._want = True
         self._last_records = []
         self._region_error = None
+        self._callback_error = None
         self._last = None
         if self.mode == "toggle" and not self._open:
             try:
