@@ -233,9 +233,12 @@ LOWER: dict[Op, Callable[[Context, Node, str], None]] = {
 def lower_node(ctx: Context, node: Node, label: str) -> None:
     from fusec.passes.views import view_of
 
-    if view_of(node) is not None and all(ctx.same_storage(node.inputs[0], o) for o in node.outputs):
-        ctx.count("view")
-        return
+    view = view_of(node)
+    if view is not None and not node.inputs[0].is_const and not node.output.is_const:
+        space, off = ctx.addr(node.inputs[0])
+        if ctx.addr(node.output) == (space, off + view.byte_offset):  # the memory plan placed it as a view
+            ctx.count("view")
+            return
     fn = LOWER.get(node.op)
     if fn is None and OP_INFO[node.op].kind in (FusionKind.ELEMENTWISE, FusionKind.BROADCAST):
         fn = _elementwise_node
