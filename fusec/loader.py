@@ -67,6 +67,10 @@ def _import_file(path: str, names: list[str], shapes: dict[str, tuple[int, ...]]
         raise ModelError(f"no such file or built-in model {path!r} (built-in: {builtin})")
     if os.path.isdir(path):
         raise ModelError(f"{path!r} is a directory, not an ONNX file")
+    if path.lower().endswith(".gguf"):
+        from fusec.models.gguf import build_gguf
+
+        return build_gguf(path, shapes)
     from fusec.frontend.onnx_import import import_onnx
 
     return import_onnx(path, shapes)
