@@ -22,11 +22,14 @@ from fusec.errors import InputError, ModelError
 
 @dataclasses.dataclass
 class GenModel:
-    config: Any  # fusec.models.ModelConfig
-    weights: Any  # fusec.models.generate.SharedWeights
+    config: Any  # fusec.models.ModelConfig (vocab_size, num_layers are read from it)
+    weights: Any  # fusec.models.generate.SharedWeights (None when ``builder`` makes the graphs)
     tokenizer: Any  # fusec.text.Tokenizer or None
     eos_ids: tuple[int, ...]
     source: str
+    # Makes {"prefill", "decode"} graphs from (GenerationShape, Sampling, eos_ids) for sources that
+    # are not built from a config (an imported ONNX decoder); None: models/generate.py's builders.
+    builder: Callable[[Any, Any, tuple[int, ...]], dict[str, Any]] | None = None
 
 
 def load_generation_model(model: str | os.PathLike[str], weights_dir: str | os.PathLike[str] | None = None,
@@ -97,7 +100,10 @@ def build_graphs(gm: GenModel, batch: int, max_seq_len: int, prefill_len: int | 
     from fusec.models.generate import GenerationShape, build_generation
 
     shape = GenerationShape(batch, max_seq_len, prefill_len if prefill_len is not None else min(max_seq_len, 128))
-    graphs = build_generation(gm.config, gm.weights, shape, sampling, tuple(gm.eos_ids if eos_ids is None else eos_ids))
+    eos = tuple(gm.eos_ids if eos_ids is None else eos_ids)
+    if gm.builder is not None:
+        return gm.builder(shape, sampling, eos)
+    graphs = build_generation(gm.config, gm.weights, shape, sampling, eos)
     gm.weights.finish()
     return graphs
 
