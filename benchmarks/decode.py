@@ -1,73 +1,79 @@
 """fusec generation vs PyTorch peers: Qwen3-0.6B-shaped decode and prefill, one process, same weights.
 
-    python benchmarks/decode.py OUT.json [--quick] [--batches 1,8,32] [--contexts 128,4096] ...
-    python benchmarks/decode.py OUT.json --cpu-check     # tiny model on the CPU: checks the plumbing
+    python benchmarks/decode.py OUT.json            # batch 1, 8, 32 x context 128, 4096
+    python benchmarks/decode.py OUT.json --quick    # batch 1, context 128, fewer repeats
+    python benchmarks/decode.py OUT.json --contexts 4096 --batches 8,32 --full   # a part, every extra
+    python benchmarks/decode.py OUT.json --cpu-check   # tiny model on the CPU: checks the plumbing
 
-What it does (GPU):
+Setup. A ``transformers`` Qwen3ForCausalLM with fusec's ``qwen3-0.6b`` dims (tied embeddings,
+random weights after ``torch.manual_seed(0)``) is cast to bf16 and saved with ``save_pretrained``
+(bf16 safetensors) in a temporary directory; fusec compiles its plans from that checkpoint and
+the torch peer copies the HF model's state_dict, so every engine runs bit-identical bf16 weights.
+The copy bandwidth (a 1 GiB device-to-device torch copy, bytes read + written) and a bf16
+8192^3 GEMM rate are measured first, in the same run: the ceilings of the rooflines.
 
-1. Builds a ``transformers`` Qwen3ForCausalLM with fusec's ``qwen3-0.6b`` dims (tied embeddings,
-   random weights after ``torch.manual_seed(0)``), casts it to bf16 and saves it with
-   ``save_pretrained`` (bf16 safetensors) in a temporary directory. fusec loads that checkpoint
-   once (``load_generation_model``) and compiles a generation plan from it per workload, so all
-   engines run bit-identical bf16 weights.
-2. Measures the device-to-device copy bandwidth (bytes read + written; a 1 GiB torch copy) and a
-   bf16 8192^3 GEMM rate in this run: the ceilings of the rooflines below.
-3. Per workload (batch B, context C; C = 128 then 4096 by default; N = 128 new tokens):
+Engines, per workload (batch B, context C; N = 128 new tokens; T = C + N cache positions):
 
-   * **fusec**: ``compile_generation(gm, batch=B, max_seq_len=C+N, prefill_len=P, dtype="bf16",
-     eos_ids=())`` with P = min(C, 1024); one ``plan.generate`` of N tokens from a P-token prompt
-     (its ``prefill_ms``, ``decode_tok_s`` and stats are recorded as they come); then the timings
-     below on the plan's engine (``PlanEngine``: prefill entry, decode CUDA-graph replays).
-   * **torch**: benchmarks/torch_decoder.py (gpt-fast style: static [B, Hkv, T, D] cache), decode
-     step ``torch.compile(mode="reduce-overhead", fullgraph=True, dynamic=False)`` (CUDA graphs;
-     inductor's coordinate-descent tuning on, as gpt-fast sets it, unless --no-cdt); prefill
-     eager and compiled the same way (reduce-overhead, static shapes).
-   * **hf**: ``model.generate(..., do_sample=False, cache_implementation="static")`` as
-     ``transformers`` does it by default on CUDA (it compiles the decode forward itself with
-     mode="reduce-overhead" when the cache is static; --hf-eager passes disable_compile=True).
+* **fusec**: ``compile_generation(model, batch=B, max_seq_len=C+N, prefill_len=P, dtype="bf16",
+  eos_ids=())`` with P = min(C, 1024). By default a helper process (CPU only) compiles every
+  plan of the run ahead, in workload order, and saves it as an .fplan; this process loads it
+  (``fusec.load``) when the workload starts (``--compile-inline``: compile here instead).
+  ``compile_s`` is the helper's compile time. One ``plan.generate`` of N tokens is recorded as it
+  reports itself (``generate``: prefill_ms, decode_tok_s, stats), then the timings below run on
+  the plan's ``PlanEngine`` (prefill entry; decode = one CUDA-graph replay per step).
+* **torch** (the compiled peer): benchmarks/torch_decoder.py, gpt-fast style with a static
+  [B, Hkv, T, D] cache; the decode step compiled with ``torch.compile(mode="reduce-overhead",
+  fullgraph=True, dynamic=False)`` (CUDA graphs), inductor coordinate-descent tuning as gpt-fast
+  sets it (``--cdt``: at batch 1 only by default, for compile time); prefill eager, and at batch 1
+  (``--compiled-prefill``) also compiled the same way.
+* **HF** (``--hf``: batch 1 only by default): ``model.generate(..., do_sample=False,
+  cache_implementation="static")`` as transformers does it on CUDA: it compiles the decode
+  forward itself (mode "reduce-overhead") when the cache is static; ``--hf-eager`` passes
+  ``disable_compile=True``.
 
-   **decode tok/s** = B x (timed steps) / (CUDA-event time of those steps), median over windows.
-   Each window is N - 1 = 127 consecutive greedy decode steps that start with C tokens in the
-   cache (the step feeding position p attends over p + 1 keys: keys C+1 .. C+N-1, mean C + N/2):
-   fusec and torch time the whole window with two events around it; HF records an event at each
-   logits-processor call of one ``generate(max_new_tokens=N)`` and times steps 2 .. N-1 (N - 2
-   steps: the first decode step of a call, where a compiled static-cache call may re-record its
-   CUDA graph for the new cache, is left out). Each engine reaches context C its own way:
-   fusec: a P-token prompt (P = min(C, 1024)), then C - P untimed decode steps (context 4096:
-   prefill 1024 + 3072 decode steps); torch: one prefill of a C-token prompt; HF: a C-token
-   prompt inside each generate call. Later windows reset the position to C (fusec: state
-   ``pos``; torch: ``input_pos``) and run again over the same positions (the attention reads are
-   the same bytes; the cache contents differ, which costs nothing here).
+Numbers:
 
-   **prefill ms** = CUDA-event time of one prefill of P tokens (P = 128 for context 128, 1024 for
-   context 4096) at batch B from an empty cache, median of repeats: fusec: the prefill entry
-   (``PlanEngine.last_prefill_ms``, which includes the H2D copy of the B x P ids); torch: the
-   decoder's prefill (causal SDPA over the prompt, cache write, last-position logits, argmax),
-   eager and compiled; HF: ``model(input_ids, logits_to_keep=1, use_cache=False)``, eager.
-
-4. Rooflines: **decode roofline tok/s** = B / ((weight bytes + KV bytes) per step / copy bandwidth),
-   weight bytes = every parameter once in bf16 (the tied LM head reads the embedding table once;
-   the embedding lookup reads only B rows), KV bytes = 28 layers x (K + V) x B x 8 heads x 128 x
-   2 bytes x the mean number of keys attended in the timed window (C + N/2). **prefill floor** =
-   max(FLOPs / measured GEMM rate, weight bytes / copy bandwidth), FLOPs = 2 x tokens x matmul
-   parameters of the layers + causal attention (2 x 2 x B x 16 heads x 128 x P(P+1)/2 per layer)
-   + the LM head for one position per row.
-5. Agreement before timing matters (batch 1, context 128 first): the greedy tokens of fusec,
-   torch and HF from the same prompt (common-prefix length of each pair, out of N; bf16 on
-   random weights can diverge after a few tokens where two logits nearly tie), and the first
-   step's logits (last prompt position) of the torch decoder vs HF in bf16 and of both vs HF in
-   fp32 (fusec exposes tokens only: its first token is compared with the fp32 argmax).
+* **decode tok/s** = B x timed steps / CUDA-event time of those steps (median over windows).
+  A window is N - 1 = 127 consecutive greedy decode steps that start with C tokens in the cache:
+  the step feeding position p attends over p + 1 keys (C+1 .. C+N-1; mean C + N/2). fusec and
+  torch put two events around the window; HF records an event at each logits-processor call of
+  one ``generate(max_new_tokens=N)`` and times steps 2 .. N-1 (N - 2 steps; left out: the first
+  decode step of a call, where a compiled static-cache call may re-record its CUDA graph for the
+  call's new cache). Reaching context C: fusec prefills P tokens, then runs C - P untimed decode
+  steps (context 4096: a 1024-token prompt + 3072 steps); torch and HF prefill a C-token prompt,
+  which for C > 1024 is fusec's context itself (its prompt + its own greedy continuation), so
+  their tokens can be compared with fusec's. Later windows reset the position to C and decode
+  the same positions again (same bytes read; only the cache contents differ).
+* **prefill ms** = CUDA-event time of one prefill of P tokens per row from an empty cache (P = 128
+  for context 128, 1024 for context 4096), median of repeats. fusec: the prefill entry
+  (``PlanEngine.last_prefill_ms``, including the H2D copy of the B x P ids); torch: prefill
+  (causal SDPA over the prompt, cache write, last-position logits, argmax), eager / compiled;
+  HF: ``model(input_ids, logits_to_keep=1, use_cache=False)``, eager.
+* **roofline tok/s** = B / ((weight bytes + KV bytes) per step / copy bandwidth). Weight bytes:
+  every parameter once in bf16 (the tied LM head reads the embedding table once; the embedding
+  lookup reads only B rows): 1.19 GB. KV bytes: 28 layers x (K and V) x B x 8 kv heads x 128 x
+  2 bytes x mean keys attended (C + N/2). ``% roof`` = tok/s / roofline; ``x torch`` = tok/s /
+  the torch peer's tok/s (same workload). The torch peer reads the whole T-key cache each step
+  (masked, as gpt-fast does); the roofline counts only the keys attended.
+* **prefill floor** = max(FLOPs / measured GEMM rate, weight bytes / copy bandwidth); FLOPs =
+  2 x B x P x layer matmul parameters + causal attention (2 x 2 x B x 16 x 128 x P(P+1)/2 per
+  layer) + the LM head at one position per row.
+* **agreement**: greedy tokens of each pair of engines from the same context, as the common
+  prefix length out of N (min and mean over rows; bf16 on random weights can diverge after a
+  few tokens where two logits nearly tie). Batch-1 context 128 also compares the first step's
+  logits (last prompt position): torch vs HF in bf16, and both vs HF in fp32 (the checkpoint
+  upcast); fusec exposes tokens only, so its first token is compared with the fp32 argmax.
 
 fusec's driver counters (CUPTI) attach to the whole process and make every CUDA API call a
 little slower, peers included; so they are off (FUSEC_CUPTI=0) while anything is timed, and a
-last pass re-creates the context-128 plans' device state with the counters on and records one
-``generate`` each (``counters`` in the JSON: syncs, allocations, copies per decode step).
+last pass loads the context-128 plans again with the counters on and records one ``generate``
+each (``counters``: syncs, allocations, copies and launches per decode step).
 
-Every stage runs in try/except: an error is recorded and the run goes on. GPU memory is freed
-between workloads (dynamo reset, empty_cache, CuPy pool). ``--budget-s`` (default 480) skips
-the stages and workloads that would start after that many seconds; a full default run may not
-fit in one call: split it (``--contexts 128`` / ``--contexts 4096 --batches 1,8``, ...).
-The JSON is rewritten after every workload. The table is printed last.
+Robustness: each stage runs in try/except (the error is recorded, the run goes on); GPU memory
+is freed after each stage and workload (torch and CuPy pools, dynamo reset). ``--budget-s``
+(default 480) starts no stage after that many seconds: a default run may not fit in one call
+of 10 minutes; what was skipped says so, and the rest can be run with ``--batches`` /
+``--contexts``. The JSON is rewritten after every workload; the table is printed last.
 """
 
 from __future__ import annotations
@@ -641,9 +647,20 @@ def run_hf(ctx: Ctx, batch: int, context: int, prompt: np.ndarray, out: dict[str
             return o, marks
 
         t0 = time.perf_counter()
-        o, _ = gen()
+        try:
+            o, _ = gen()
+        except Exception as e:  # noqa: BLE001 -- transformers' own compile failed: fall back to eager
+            if ctx.args.hf_eager:
+                raise
+            traceback.print_exc()
+            out["compile_error"] = f"{type(e).__name__}: {e}"[:1000]
+            log(f"  hf: generate with transformers' compile failed ({out['compile_error'][:120]}); eager instead")
+            kwargs["disable_compile"] = True
+            torch._dynamo.reset()
+            t0 = time.perf_counter()
+            o, _ = gen()
         out["first_call_s"] = time.perf_counter() - t0  # prefill + (auto-)compile + N tokens
-        out["compiled"] = bool(getattr(hf, "_compiled_call", None) is not None)
+        out["compiled"] = bool(getattr(hf, "_compiled_call", None) is not None and "compile_error" not in out)
         log(f"  hf: first generate (compile={out['compiled']}) in {out['first_call_s']:.1f} s")
         out["tokens"] = o[:, context:].cpu().tolist()
         wins = []
@@ -871,16 +888,28 @@ def print_table(doc: dict[str, Any]) -> None:
     for w in doc["workloads"]:
         roof = w.get("roofline", {}).get("decode_roofline_tok_s")
         engines = w.get("engines", {})
+        if w.get("error") or w.get("skipped"):
+            print(f"{w['batch']:>3} {w['context']:>5}  {str(w.get('error') or w.get('skipped'))[:100]}")
         for k in [k for k in names if k in engines]:
             e = engines[k]
-            comp = e.get("compile_s", e.get("decode_compile_s", e.get("first_call_s")))
             note = e.get("error") or e.get("skipped") or ""
-            if k == "hf":
-                note = note or ("compiled by transformers" if e.get("compiled") else "eager")
+            if k == "fusec":
+                comp = e.get("compile_s")
+                g = e.get("generate", {}).get("decode_tok_s")
+                note = note or (f"generate() says {g:.0f} tok/s (host clock, from ctx {w['prefill_len']})"
+                                if isinstance(g, float) else "")
+            elif k == "torch":
+                comp = e.get("decode_compile_s")
+                note = note or (f"cdt {'on' if e.get('coordinate_descent_tuning') else 'off'}; cudagraph skips "
+                                f"{e.get('cudagraph_skips')}; prefill compile {fmt(e.get('prefill_compile_s'), '.0f')} s")
+            else:
+                comp = e.get("first_call_s")
+                note = note or ("compiled by transformers (compile s = first generate call)" if e.get("compiled")
+                                else "eager" + (" (compile failed: see JSON)" if e.get("compile_error") else ""))
             tok = e.get("decode_tok_s")
             print(f"{w['batch']:>3} {w['context']:>5}  {names[k]:<7}{fmt(tok, '10.0f')}{fmt(roof, '12.0f')}"
                   f"{fmt(e.get('fraction_of_roofline', None) and 100 * e['fraction_of_roofline'], '8.1f')}"
-                  f"{fmt(e.get('ratio_to_compiled_peer'), '9.2f')}{fmt(comp, '11.1f')}  {str(note)[:60]}")
+                  f"{fmt(e.get('ratio_to_compiled_peer'), '9.2f')}{fmt(comp, '11.1f')}  {str(note)[:90]}")
     print("prefill ms (one prefill of P tokens per row, CUDA events, median); floor = max(FLOPs / GEMM rate, "
           "weight bytes / copy bw)")
     print(f"{'B':>3} {'P':>5}  {'fusec':>8}{'torch eager':>13}{'torch comp.':>13}{'HF eager':>10}{'floor':>8}"
