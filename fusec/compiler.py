@@ -1,4 +1,4 @@
-"""``fusec.compile``: model -> graph -> passes -> legalize -> memory plan -> lowering -> Plan.
+"""``fusec.compile``: model -> graph -> passes -> memory plan -> lowering -> Plan.
 
 Works without a GPU: kernels are compiled for ``arch`` (default: the current GPU's, else sm_90)
 by NVRTC, which needs no device.
@@ -44,9 +44,9 @@ def compile(model: Any, shapes: Mapping[str, Sequence[int]] | None = None, dtype
 
 @dataclasses.dataclass
 class Staged:
-    """One graph taken through every stage: passes, legalization, memory plan, lowering."""
+    """One graph taken through every stage: passes, memory plan, lowering."""
 
-    graph: Any  # the optimized, legalized graph
+    graph: Any  # the optimized (fused) graph
     memory: Any  # its MemoryPlan
     lowered: Any  # fusec.lower.Lowered
     report: dict[str, Any]
@@ -58,7 +58,6 @@ def stage(graph: Any, dtype: str, arch: str, *, disabled_fusions: Sequence[str] 
           state_layout: Mapping[str, int] | None = None, shared: Any = None, dry_run: bool = False) -> Staged:
     """The one path from a graph to its lowered launch list (every entry point of every plan)."""
     from fusec.lower import lower
-    from fusec.lower.legalize import legalize
     from fusec.passes.base import PassOptions
     from fusec.passes.memory_plan import plan_memory
     from fusec.passes.pipeline import optimize, report
@@ -69,15 +68,12 @@ def stage(graph: Any, dtype: str, arch: str, *, disabled_fusions: Sequence[str] 
                        choices=dict(choices or {}))
     step = (lambda name, i, n: progress("pass", name)) if progress else None
     g, opts = optimize(graph, opts, dump_dir=dump_dir, progress=step)
-    g = legalize(g)
     mplan = plan_memory(g)
     state = {v: int(state_layout[s]) + off for v, (s, off) in mplan.state.items()} if state_layout else {}
     low = lower(g, mplan.offsets, arch, compute=compute, progress=(lambda k: progress("kernel", k)) if progress else None,
                 arena_base=mplan.arena_bytes, choices=dict(choices or {}), state=state, shared=shared, dry_run=dry_run)
     rep = report(g, opts, mplan)
     rep["lowering"] = low.report
-    if "fused_split" in g.meta:
-        rep["fused_split"] = g.meta["fused_split"]
     return Staged(g, mplan, low, rep)
 
 

@@ -167,7 +167,8 @@ def verify(graph: Graph) -> None:
     """Check every IR invariant; raise IRError naming the first value or node at fault.
 
     Every value is defined once, before use; constants carry data of their declared type;
-    each node's output types are what its op's rule infers; outputs are defined.
+    each node's output types are what its op's rule infers; outputs are defined; a fused node's
+    body passes ``verify`` too (recursively) and matches the node's inputs and outputs.
     """
     defined: set[Value] = set()
     names: dict[str, Value] = {}
@@ -212,10 +213,28 @@ def verify(graph: Graph) -> None:
             if v.is_const:
                 raise IRError(f"node #{i} {n.describe()}: output {v.name!r} carries constant data")
             define(v, f"output of node #{i}")
+        if n.op == Op.FUSED:
+            _verify_body(n, f"node #{i} {n.describe()}")
     for v in graph.outputs:
         if v not in defined:
             raise IRError(f"graph output {v.name!r} is never defined")
     _verify_state(graph)
+
+
+def _verify_body(node: Node, where: str) -> None:
+    """A fused node's body is a graph obeying every invariant itself (verified recursively), with
+    inputs and outputs matching the node's positionally (their types: ``infer`` and the output
+    check above); constants inside it are body constants, never body inputs carrying data."""
+    body = getattr(node.attrs, "body", None)
+    if not isinstance(body, Graph):
+        raise IRError(f"{where}: fused body is not a Graph")
+    if len(body.inputs) != len(node.inputs) or len(body.outputs) != len(node.outputs):
+        raise IRError(f"{where}: fused body has {len(body.inputs)} inputs and {len(body.outputs)} outputs, "
+                      f"the node {len(node.inputs)} and {len(node.outputs)}")
+    try:
+        verify(body)
+    except IRError as e:
+        raise IRError(f"{where}: fused body {body.name!r}: {e}") from None
 
 
 def _verify_state(graph: Graph) -> None:

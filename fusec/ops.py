@@ -275,7 +275,7 @@ class FusedAttrs:
     node's, positionally). ``kind`` is the group's fusion kind, ``rule`` the fusion rule(s) that
     built it. Compared by identity: two fused nodes are never interchangeable (CSE)."""
 
-    kind: str
+    kind: FusionKind = dataclasses.field(metadata={"format": lambda k: k.name.lower()})
     rule: str
     body: Any = dataclasses.field(metadata={"format": lambda g: f"<{len(g.nodes)} nodes>"})
 

@@ -1,64 +1,69 @@
 """Operator fusion: group nodes into kernels; each applied group becomes one FUSED node carrying its
-subgraph (the reference backend runs it, so the fused graph must agree with the original).
+subgraph (the reference backend runs it, so the fused graph must agree with the original), and
+each FUSED node is exactly one kernel of the plan.
 
-Order of proposals (``fusion_rules.RULES``; a rule proposes by fusion kind, never by op name):
-candidate-only rules first (``mlp``, ``norm_gemm``: applied only when enabled), then per GEMM
-anchor its ``gemm_prologue`` and ``gemm_epilogue``, then per REDUCE anchor ``reduce_fusion``,
-then ``elementwise`` chains of what is left.
+Order of proposals (``fusion_rules``; a rule proposes by fusion kind, never by op name):
+whole candidates of the candidate-only rules first (``mlp``, ``norm_gemm``), then per GEMM anchor
+its ``gemm_prologue`` and ``gemm_epilogue``, then per REDUCE anchor ``reduce_fusion``, then
+``elementwise`` groups of what is left.
 
-Legality (``legal``) is separate from profitability (``decide``): a group is legal when
-- only its final values are read outside it (several outputs only where the rule allows them:
-  a residual sum written next to its norm), all outputs with one element count (one index space),
-- and grouping creates no cycle (no path leaves the group and comes back into it).
-Every candidate and its decision is recorded in ``graph.meta["fusions"]``; ``graph.meta["kernels"]``
-counts the launches of the result (every node except zero-copy views, a FUSED node being one).
+A group is formed only when it is
+- legal (``legal``): only its final values are read outside it (several outputs only where the
+  rule allows them: a residual sum written next to its norm), all outputs with one element count
+  (one index space), and grouping creates no cycle (no path leaves the group and comes back);
+- one kernel (``lowerable``): the codegen's capability query, ``fusec.lower.fused.can_fuse``, says
+  a template emits the group's body as one kernel. The pass asks it while it forms groups, like
+  Inductor's scheduler asks its backends ``can_fuse``: a rule's proposal that is not one kernel as
+  a whole is fitted node by node outward from its anchor (each node joins if the group stays legal
+  and lowerable), and every node it declines is recorded with the codegen's reason;
+- profitable (``fusion_rules.decide``): the rule default, an option, or an A/B override.
+Every candidate and its decision is a ``FusionRecord`` in ``graph.meta["fusions"]`` (as JSON);
+``graph.meta["kernels"]`` counts the launches of the result (every node except zero-copy views,
+a FUSED node being one).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
-from typing import Any
+from collections.abc import Collection, Sequence
 
 from fusec.ir import Graph, Node, Value, verify
-from fusec.ops import FusedAttrs, Op
+from fusec.ops import FusedAttrs, FusionKind, Op
 from fusec.passes import fusion_rules as R
 from fusec.passes.base import PassOptions, PassResult
+from fusec.passes.fusion_rules import Decision, FusionRecord
 from fusec.passes.match import Ctx, prune_constants, toposort
+from fusec.passes.subgraph import escaping, extract
 from fusec.passes.views import view_of
 
 NAME = "fusion"
 
 
-def decide(rule: str, options: PassOptions, key: str | None = None) -> tuple[str, str]:
-    """Profitability: (decision, reason) for a legal, non-overlapping candidate of ``rule``.
-    A per-candidate override (``options.fusion_overrides[key]``, from an A/B ledger) wins over
-    the rule flags and the rule's default."""
-    r = R.RULES[rule]
-    if key is not None and key in options.fusion_overrides:
-        return ("applied", "A/B decision: fused") if options.fusion_overrides[key] else ("rejected", "A/B decision: unfused")
-    if rule in options.disabled_fusions:
-        return "rejected", "disabled by option"
-    if rule in options.enabled_fusions:
-        return "applied", "enabled by option"
-    if not r.default:
-        return "candidate", "off by default: " + r.why
-    return "applied", "default on: " + r.why
+@dataclasses.dataclass
+class _Group:
+    kind: FusionKind
+    members: list[Node]
+    rules: list[str] = dataclasses.field(default_factory=list)  # the parts applied, in order
 
 
 class _Grouping:
     def __init__(self, graph: Graph, options: PassOptions):
         self.graph, self.options = graph, options
         self.ctx = Ctx(graph)
+        self.graph_outputs = set(graph.outputs)
         self.order = {n: i for i, n in enumerate(graph.nodes)}
         self.owner: dict[Node, int] = {}
-        self.groups: list[tuple[str, str, list[Node]]] = []  # (rule(s), kind, members)
-        self.records: list[dict[str, Any]] = []
+        self.groups: list[_Group] = []
+        self.records: list[FusionRecord] = []
         self.view = R.View(self.ctx.users, self.ctx.prod, self.ctx.is_output, lambda n: n in self.owner)
 
-    # ---- legality ------------------------------------------------------------------------------
-    def outputs(self, members: set[Node]) -> list[Value]:
-        return [v for n in sorted(members, key=self.order.__getitem__) for v in n.outputs
-                if self.ctx.is_output(v) or any(u not in members for u in self.ctx.users(v))]
+    def sorted(self, members: Collection[Node]) -> list[Node]:
+        return sorted(members, key=self.order.__getitem__)
+
+    # ---- legality and capability ---------------------------------------------------------------
+    def outputs(self, members: Collection[Node]) -> list[Value]:
+        return escaping(self.sorted(members), self.ctx.users, self.graph_outputs)
 
     def legal(self, members: set[Node], multi_output: bool) -> str | None:
         """None if grouping ``members`` into one kernel is correct, else the reason it is not."""
@@ -67,10 +72,13 @@ class _Grouping:
             return f"intermediate {outs[0].name!r} is read outside the group"
         if len({v.numel for v in outs}) > 1:
             return "group outputs differ in element count: " + ", ".join(f"{v.name}{list(v.shape)}" for v in outs)
+        # Does any path leave the group and re-enter it? A search from the group's readers, pruned
+        # at the last member's position (nothing later can lead back): checked for every node a
+        # group grows by, so it must stay cheaper than a whole-graph reachability query.
         last = max(self.order[m] for m in members)
         stack = [u for n in members for v in n.outputs for u in self.ctx.users(v) if u not in members]
         seen: set[Node] = set()
-        while stack:  # does any path leave the group and re-enter it?
+        while stack:
             x = stack.pop()
             if x in seen or self.order[x] > last:
                 continue
@@ -82,50 +90,105 @@ class _Grouping:
                     stack.append(u)
         return None
 
-    # ---- bookkeeping ---------------------------------------------------------------------------
-    def record(self, rule: str, kind: str, members: list[Node], decision: str, reason: str,
-               name: str | None = None) -> None:
-        ordered = sorted(members, key=self.order.__getitem__)
-        self.records.append({"name": name, "key": candidate_key(rule, ordered), "rule": rule, "kind": kind, "decision": decision, "reason": reason,
-                             "members": [_label(n) for n in ordered], "layer": self.ctx.layer(ordered[-1])})
+    def lowerable(self, members: Collection[Node]) -> str | None:
+        """None if the codegen emits ``members`` as one kernel (or they are no fused node at all:
+        a single node, or views only), else the codegen's reason."""
+        from fusec.lower.fused import can_fuse
 
-    def propose(self, rule: str, kind: str, members: list[Node], multi_output: bool = False) -> bool:
-        """Decide one candidate; on "applied" it becomes a group. Returns whether it was applied."""
-        clash = [n for n in members if n in self.owner]
-        decision, reason = decide(rule, self.options, self.key(rule, members))
-        if decision == "applied":
-            if clash:
-                decision, reason = "rejected", f"{_label(clash[0])} is already in {self._gname(self.owner[clash[0]])}"
-            elif (why := self.legal(set(members), multi_output)) is not None:
-                decision, reason = "rejected", "illegal: " + why
-        if decision != "applied":
-            self.record(rule, kind, members, decision, reason)
-            return False
+        ordered = self.sorted(members)
+        if len(ordered) < 2 or all(view_of(n) is not None for n in ordered):
+            return None
+        cap = can_fuse(extract(ordered, self.outputs(ordered), "candidate").body)
+        return None if cap else cap.reason
+
+    def check(self, members: set[Node], multi_output: bool) -> str | None:
+        if (why := self.legal(members, multi_output)) is not None:
+            return "illegal: " + why
+        if (why := self.lowerable(members)) is not None:
+            return "not one kernel: " + why
+        return None
+
+    # ---- bookkeeping ---------------------------------------------------------------------------
+    def record(self, rule: str, kind: FusionKind, members: Sequence[Node], decision: Decision, reason: str,
+               legal: bool, name: str | None = None) -> None:
+        ordered = self.sorted(members)
+        self.records.append(FusionRecord(rule, kind, decision, reason, legal, tuple(_label(n) for n in ordered),
+                                         candidate_key(rule, ordered), self.ctx.layer(ordered[-1]), name))
+
+    def decide(self, rule: str, members: Sequence[Node]) -> tuple[Decision, str]:
+        o = self.options
+        return R.decide(rule, o.disabled_fusions, o.enabled_fusions, o.fusion_overrides,
+                        candidate_key(rule, self.sorted(members)))
+
+    def new_group(self, kind: FusionKind, members: list[Node], rules: list[str]) -> int:
         gid = len(self.groups)
-        self.groups.append((rule, kind, list(members)))
+        self.groups.append(_Group(kind, list(members), rules))
         for n in members:
             self.owner[n] = gid
-        self.record(rule, kind, members, decision, reason, self._gname(gid))
-        return True
+        return gid
 
-    def grow(self, gid: int, rule: str, extra: list[Node], multi_output: bool) -> None:
-        """Add ``extra`` (proposed by ``rule``) to group ``gid``, recording the decision."""
-        rules, kind, members = self.groups[gid]
-        decision, reason = decide(rule, self.options, self.key(rule, [members[0]] + extra))
-        if decision == "applied" and (why := self.legal(set(members) | set(extra), multi_output)) is not None:
-            decision, reason = "rejected", "illegal: " + why
-        name = self._gname(gid)
-        if decision == "applied":
-            self.groups[gid] = (f"{rules}+{rule}", kind, members + extra)
-            for n in extra:
+    # ---- proposals -----------------------------------------------------------------------------
+    def propose(self, rule: str, kind: FusionKind, members: list[Node], multi_output: bool = False) -> None:
+        """A whole candidate: applied as proposed, or not at all."""
+        clash = [n for n in members if n in self.owner]
+        why = (f"{_label(clash[0])} is already in {_gname(self.owner[clash[0]])}" if clash
+               else self.check(set(members), multi_output))
+        if why is not None:
+            self.record(rule, kind, members, Decision.REJECTED, why, legal=False)
+            return
+        decision, reason = self.decide(rule, members)
+        gid = self.new_group(kind, members, [rule]) if decision == Decision.APPLIED else None
+        self.record(rule, kind, members, decision, reason, True, None if gid is None else _gname(gid))
+
+    def propose_anchor(self, anchor: Node, kind: FusionKind, parts: list[tuple[str, list[Node], bool]]) -> None:
+        """One group per anchor: each part (rule, nodes found outward from the anchor, several
+        outputs allowed) joins it, as a whole or as much of it as stays legal and one kernel."""
+        gid = self.new_group(kind, [anchor], [])
+        for rule, extra, multi in parts:
+            extra = [n for n in extra if n not in self.owner]
+            if extra:
+                self.extend(gid, rule, extra, multi)
+
+    def extend(self, gid: int, rule: str, extra: list[Node], multi_output: bool) -> None:
+        group = self.groups[gid]
+        base = set(group.members)
+        if self.check(base | set(extra), multi_output) is None:
+            kept, declined = extra, []
+        else:
+            kept, declined = self.fit(base, extra, multi_output)
+        anchor = group.members[0]
+        for n, why in declined:
+            self.record(rule, group.kind, [anchor, n], Decision.REJECTED, why, legal=False)
+        if not kept:
+            return
+        decision, reason = self.decide(rule, [anchor] + kept)
+        if decision == Decision.APPLIED:
+            group.members += kept
+            group.rules.append(rule)
+            for n in kept:
                 self.owner[n] = gid
-        self.record(rule, kind, [members[0]] + extra, decision, reason, name if decision == "applied" else None)
+        self.record(rule, group.kind, [anchor] + kept, decision, reason, True,
+                    _gname(gid) if decision == Decision.APPLIED else None)
 
-    def key(self, rule: str, members: list[Node]) -> str:
-        return candidate_key(rule, sorted(members, key=self.order.__getitem__))
+    def fit(self, base: set[Node], extra: list[Node], multi_output: bool) -> tuple[list[Node], list[tuple[Node, str]]]:
+        """The nodes of ``extra`` (in the order the rule found them, outward from the group) that
+        join one by one, each touching the group and keeping it legal and one kernel; and the
+        declined ones with the reason. A node only reachable through a declined one is skipped."""
+        group, kept, declined = set(base), [], []
+        for x in extra:
+            if not self.touches(x, group):
+                continue
+            why = self.check(group | {x}, multi_output)
+            if why is None:
+                group.add(x)
+                kept.append(x)
+            else:
+                declined.append((x, why))
+        return kept, declined
 
-    def _gname(self, gid: int) -> str:
-        return f"fused_{gid}"
+    def touches(self, x: Node, group: set[Node]) -> bool:
+        return (any(self.ctx.prod(v) in group for v in x.inputs)
+                or any(u in group for v in x.outputs for u in self.ctx.users(v)))
 
     # ---- rules ---------------------------------------------------------------------------------
     def run_rules(self) -> None:
@@ -133,38 +196,24 @@ class _Grouping:
         for n in nodes:  # candidate-only rules first: if enabled they take precedence
             mlp = R.mlp_candidate(self.view, n)
             if mlp is not None:
-                mlp += R.epilogue(self.view, n)
-                self.propose("mlp", "gemm", mlp)
+                self.propose("mlp", R.K.GEMM, mlp + R.epilogue(self.view, n))
         for n in nodes:
             if R.is_norm(n) and n not in self.owner:
                 m = self.view.sole_reader(n.outputs[0])
                 if m is not None and R.kind(m) == R.K.GEMM and m.inputs[0] is n.outputs[0] and m not in self.owner:
-                    self.propose("norm_gemm", "gemm", [n, m])
+                    self.propose("norm_gemm", R.K.GEMM, [n, m])
         for n in nodes:
-            if R.kind(n) != R.K.GEMM or n in self.owner:
-                continue
-            self.propose_anchor(n, "gemm", [("gemm_prologue", R.prologue(self.view, n, _injective, set()), False),
-                                            ("gemm_epilogue", R.epilogue(self.view, n), False)])
+            if R.kind(n) == R.K.GEMM and n not in self.owner:
+                self.propose_anchor(n, R.K.GEMM, [("gemm_prologue", R.prologue(self.view, n, _injective, set()), False),
+                                                  ("gemm_epilogue", R.epilogue(self.view, n), False)])
         for n in nodes:
-            if R.kind(n) != R.K.REDUCE or n in self.owner:
-                continue
-            pro = R.prologue(self.view, n, _pointwise_or_injective, set())
-            pro += self.multi_output_prologue(n, pro)
-            self.propose_anchor(n, "reduce", [("reduce_fusion", pro + R.epilogue(self.view, n), True)])
+            if R.kind(n) == R.K.REDUCE and n not in self.owner:
+                pro = R.prologue(self.view, n, _pointwise_or_injective, set())
+                pro += self.multi_output_prologue(n, pro)
+                self.propose_anchor(n, R.K.REDUCE, [("reduce_fusion", pro + R.epilogue(self.view, n), True)])
         for n in nodes:
             if n not in self.owner and _pointwise_or_injective(n) and view_of(n) is None:
                 self.elementwise_group(n)
-
-    def propose_anchor(self, anchor: Node, kind: str, parts: list[tuple[str, list[Node], bool]]) -> None:
-        """One group per anchor: each non-empty part (rule, nodes) joins it if decided "applied"."""
-        gid = len(self.groups)
-        self.groups.append(("", kind, [anchor]))
-        self.owner[anchor] = gid
-        for rule, extra, multi in parts:
-            if extra:
-                self.grow(gid, rule, [n for n in extra if n not in self.owner], multi)
-        rules, _, members = self.groups[gid]
-        self.groups[gid] = (rules.lstrip("+"), kind, members)
 
     def multi_output_prologue(self, anchor: Node, taken: list[Node]) -> list[Node]:
         """Elementwise producers feeding the group whose results are also read elsewhere (the
@@ -189,21 +238,34 @@ class _Grouping:
         return extra
 
     def elementwise_group(self, seed: Node) -> None:
-        members = [seed]
-        inside = {seed}
-        frontier = [seed]
+        """The legal group of pointwise/injective nodes around ``seed``; when the codegen cannot
+        emit it as one kernel, the largest group it can, grown from its first non-layout node."""
+        kind = R.kind(seed)
+        members = self.grow(seed, capable=False)
+        if _launches(members) < 2:
+            return
+        why = self.lowerable(members)
+        if why is not None:
+            self.record("elementwise", kind, members, Decision.REJECTED, "not one kernel: " + why, legal=False)
+            start = next((m for m in self.sorted(members) if not R.layout(m)), seed)
+            members = self.grow(start, capable=True)
+            if _launches(members) < 2:
+                return
+        self.propose("elementwise", kind, members, multi_output=True)
+
+    def grow(self, seed: Node, capable: bool) -> list[Node]:
+        members, inside, frontier = [seed], {seed}, [seed]
         while frontier:
             n = frontier.pop()
             near = [self.ctx.prod(v) for v in n.inputs] + [u for v in n.outputs for u in self.ctx.users(v)]
             for m in near:
                 if m is None or m in inside or m in self.owner or not _pointwise_or_injective(m):
                     continue
-                if self.legal(inside | {m}, multi_output=True) is None:
+                if self.legal(inside | {m}, multi_output=True) is None and not (capable and self.lowerable(inside | {m})):
                     inside.add(m)
                     members.append(m)
                     frontier.append(m)
-        if sum(1 for m in members if view_of(m) is None) >= 2:
-            self.propose("elementwise", R.kind(seed).name.lower(), members, multi_output=True)
+        return members
 
 
 def _injective(n: Node) -> bool:
@@ -214,8 +276,16 @@ def _pointwise_or_injective(n: Node) -> bool:
     return R.elementwise_like(n) or R.kind(n) == R.K.INJECTIVE
 
 
+def _launches(members: list[Node]) -> int:
+    return sum(1 for m in members if view_of(m) is None)
+
+
 def _label(n: Node) -> str:
     return n.name or n.outputs[0].name
+
+
+def _gname(gid: int) -> str:
+    return f"fused_{gid}"
 
 
 def candidate_key(rule: str, ordered: list[Node]) -> str:
@@ -227,29 +297,9 @@ def candidate_key(rule: str, ordered: list[Node]) -> str:
     return f"{rule}:{labels[0]}..{labels[-1]}#{digest}"
 
 
-def build_fused(graph: Graph, members: list[Node], outputs: list[Value], kind: str, rule: str, name: str) -> Node:
-    """One FUSED node computing ``outputs`` from ``members`` (a self-contained body Graph)."""
-    produced = {v for n in members for v in n.outputs}
-    inputs: list[Value] = []
-    consts: list[Value] = []
-    fresh: dict[Value, Value] = {}
-    for n in members:
-        for v in n.inputs:
-            if v in produced or v in fresh:
-                continue
-            if v.data is not None and v.numel == 1:  # scalar literals live in the kernel body
-                fresh[v] = Value(v.name, v.shape, v.dtype, v.data)
-                consts.append(fresh[v])
-            else:
-                fresh[v] = Value(v.name, v.shape, v.dtype)
-                inputs.append(v)
-    for v in produced:
-        fresh[v] = Value(v.name, v.shape, v.dtype)
-    body_nodes = [Node(n.op, [fresh[v] for v in n.inputs], [fresh[v] for v in n.outputs], n.attrs, n.name)
-                  for n in members]
-    body = Graph([fresh[v] for v in inputs], [fresh[v] for v in outputs], body_nodes, consts, name=name)
-    verify(body)
-    return Node(Op.FUSED, inputs, outputs, FusedAttrs(kind=kind, rule=rule, body=body), name=name)
+def records(graph: Graph) -> list[FusionRecord]:
+    """The typed fusion records of a fused graph (``graph.meta["fusions"]`` holds their JSON)."""
+    return [FusionRecord.from_json(r) for r in graph.meta.get("fusions", [])]
 
 
 def kernel_count(graph: Graph) -> int:
@@ -273,21 +323,23 @@ def describe_kernels(graph: Graph) -> list[str]:
 def run(graph: Graph, options: PassOptions) -> PassResult:
     grouping = _Grouping(graph, options)
     grouping.run_rules()
-    order = grouping.order
     replace: dict[Node, Node] = {}
     dropped: set[Node] = set()
-    for gid, (rule, kind, members) in enumerate(grouping.groups):
+    for gid, group in enumerate(grouping.groups):
+        members = grouping.sorted(group.members)
         if len(members) < 2 or all(view_of(m) is not None for m in members):
             continue
-        members = sorted(members, key=order.__getitem__)
-        fused = build_fused(graph, members, grouping.outputs(set(members)), kind, rule, grouping._gname(gid))
-        replace[members[-1]] = fused
+        outputs = grouping.outputs(members)
+        cut = extract(members, outputs, _gname(gid))
+        verify(cut.body)
+        rule = "+".join(group.rules)
+        replace[members[-1]] = Node(Op.FUSED, cut.reads, outputs, FusedAttrs(group.kind, rule, cut.body), _gname(gid))
         dropped.update(members[:-1])
     nodes = [replace.get(n, n) for n in graph.nodes if n not in dropped]
     g = graph.copy()
     g.nodes = toposort(nodes, g)
     g.constants = prune_constants(g.constants, g.nodes, g.outputs)
-    g.meta["fusions"] = grouping.records
+    g.meta["fusions"] = [r.to_json() for r in grouping.records]
     g.meta["kernels"] = kernel_count(g)
     options.stats["kernels"] = g.meta["kernels"]
     options.bump("fusions_applied", len(replace))

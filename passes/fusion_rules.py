@@ -1,5 +1,7 @@
-"""Fusion rules: which nodes a rule proposes to group (by fusion kind, never by op name), and the
-rule-based profitability default. Legality lives in ``fusion.py``; this file only proposes.
+"""Fusion rules: which nodes a rule proposes to group (by fusion kind, never by op name), the
+rule-based profitability default (``decide``), and the typed record of every decision
+(``FusionRecord``). Legality and the codegen's capability live in ``fusion.py``; this file only
+proposes and weighs.
 
 Kinds (``fusec.ops.FusionKind``): an *elementwise-like* node is ELEMENTWISE or BROADCAST; a
 *layout* node is INJECTIVE with one input (its output index is a static function of its input
@@ -11,12 +13,53 @@ norms/softmax with their elementwise neighbours.
 from __future__ import annotations
 
 import dataclasses
+import enum
 from collections.abc import Callable
+from typing import Any
 
 from fusec.ir import Node, Value
 from fusec.ops import OP_INFO, FusionKind
 
 K = FusionKind
+
+
+class Decision(str, enum.Enum):
+    APPLIED = "applied"  # the group is one fused node, hence one kernel in the plan
+    REJECTED = "rejected"  # not fused: illegal, no single kernel, overlapping, or turned off
+    CANDIDATE = "candidate"  # legal and lowerable, off by default: an A/B experiment may turn it on
+
+
+@dataclasses.dataclass(frozen=True)
+class FusionRecord:
+    """One fusion candidate and its decision. ``legal``: the group is correct (one index space, no
+    cycle), does not overlap an applied group, and the codegen lowers it as one kernel, i.e. an
+    A/B experiment could apply it; False for candidates that can never be applied as they stand.
+    ``graph.meta["fusions"]`` holds ``to_json()`` of each record (JSON-able for reports and plans);
+    ``from_json`` reads one back."""
+
+    rule: str
+    kind: FusionKind
+    decision: Decision
+    reason: str
+    legal: bool
+    members: tuple[str, ...]
+    key: str
+    layer: str | None = None
+    name: str | None = None  # the fused node's name when applied
+
+    @property
+    def applied(self) -> bool:
+        return self.decision == Decision.APPLIED
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "key": self.key, "rule": self.rule, "kind": self.kind.name.lower(),
+                "decision": self.decision.value, "legal": self.legal, "reason": self.reason,
+                "members": list(self.members), "layer": self.layer}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> FusionRecord:
+        return cls(d["rule"], FusionKind[d["kind"].upper()], Decision(d["decision"]), d["reason"], bool(d["legal"]),
+                   tuple(d["members"]), d["key"], d.get("layer"), d.get("name"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +82,20 @@ RULES: dict[str, Rule] = {r.name: r for r in (
                                 "(residual add + norm writes both outputs)"),
     Rule("elementwise", True, "chains of elementwise/broadcast/injective ops as one memory-bound kernel"),
 )}
+
+
+def decide(rule: str, disabled: frozenset[str], enabled: frozenset[str], overrides: dict[str, bool],
+           key: str) -> tuple[Decision, str]:
+    """Profitability of a legal, lowerable candidate of ``rule``: (decision, reason). A per-candidate
+    override (``overrides[key]``, from an A/B ledger) wins over the rule flags and the default."""
+    if key in overrides:
+        return (Decision.APPLIED, "A/B decision: fused") if overrides[key] else (Decision.REJECTED, "A/B decision: unfused")
+    if rule in disabled:
+        return Decision.REJECTED, "disabled by option"
+    if rule in enabled:
+        return Decision.APPLIED, "enabled by option"
+    r = RULES[rule]
+    return (Decision.APPLIED, "default on: " + r.why) if r.default else (Decision.CANDIDATE, "off by default: " + r.why)
 
 
 def kind(n: Node) -> FusionKind:

@@ -11,11 +11,11 @@ values have no readers outside the match (``Ctx.only_used_by``) or they simply s
 
 from __future__ import annotations
 
-import heapq
 import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import networkx as nx
 import numpy as np
 
 from fusec.dtypes import DType
@@ -285,33 +285,21 @@ def prune_constants(consts: list[Value], nodes: Sequence[Node], outputs: Sequenc
 
 
 def toposort(nodes: list[Node], graph: Graph) -> list[Node]:
-    """Stable topological order: keeps the given order wherever it is already valid."""
+    """Stable topological order: keeps the given order wherever it is already valid (networkx's
+    lexicographical sort, keyed by position: the earliest ready node goes first)."""
     defined = set(graph.inputs) | set(graph.constants)
     pos = {n: i for i, n in enumerate(nodes)}
     prod = {v: n for n in nodes for v in n.outputs}
     if all(all(v in defined or pos.get(prod.get(v), len(nodes)) < i for v in n.inputs)  # type: ignore[arg-type]
            for i, n in enumerate(nodes)):
         return nodes
-    deps: dict[Node, int] = {}
-    users: dict[Node, list[Node]] = {}
-    for n in nodes:
-        ps = {prod[v] for v in n.inputs if v in prod}
-        deps[n] = len(ps)
-        for p in ps:
-            users.setdefault(p, []).append(n)
-    ready = [(pos[n], n) for n in nodes if deps[n] == 0]
-    heapq.heapify(ready)
-    out: list[Node] = []
-    while ready:
-        _, n = heapq.heappop(ready)
-        out.append(n)
-        for u in users.get(n, []):
-            deps[u] -= 1
-            if deps[u] == 0:
-                heapq.heappush(ready, (pos[u], u))
-    if len(out) != len(nodes):
-        raise ValueError("rewrite created a cycle")  # a legality check failed to reject a match
-    return out
+    dag = nx.DiGraph()
+    dag.add_nodes_from(nodes)
+    dag.add_edges_from((prod[v], n) for n in nodes for v in n.inputs if v in prod)
+    try:
+        return list(nx.lexicographical_topological_sort(dag, key=pos.__getitem__))
+    except nx.NetworkXUnfeasible:
+        raise ValueError("rewrite created a cycle") from None  # a legality check failed to reject a match
 
 
 def count_ops(graph: Graph, op: Op) -> int:

@@ -335,7 +335,7 @@ def _fused_graph(body_perm: tuple[int, ...] | None) -> Graph:
     b = GraphBuilder()
     x = b.input("x", (8, 8), DType.F32)
     e = b.emit(Op.EXP, x, name="e")
-    f = b.emit(Op.FUSED, e, x, name="f", attrs_record=make_attrs(Op.FUSED, kind="elementwise", rule="test", body=body))
+    f = b.emit(Op.FUSED, e, x, name="f", attrs_record=make_attrs(Op.FUSED, kind=FusionKind.ELEMENTWISE, rule="test", body=body))
     b.output(b.emit(Op.NEG, f), "y")
     return b.build()
 

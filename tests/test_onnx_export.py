@@ -18,7 +18,7 @@ from fusec.builder import GraphBuilder
 from fusec.dtypes import DType
 from fusec.ir import Graph
 from fusec.onnx_export import export_onnx
-from fusec.ops import Op
+from fusec.ops import FusionKind, Op
 
 
 def ort_run(path: Path, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -192,8 +192,8 @@ def _fused_body() -> Graph:
 def _fused(c: Case) -> Case:
     body = _fused_body()
     x, y = c.x((3, 5)), c.x((5,))
-    o1, o2 = c.b.emit(Op.FUSED, x, y, kind="elementwise", rule="test", body=body)
-    p1, _ = c.b.emit(Op.FUSED, o1, y, kind="elementwise", rule="test", body=body)  # the same body again
+    o1, o2 = c.b.emit(Op.FUSED, x, y, kind=FusionKind.ELEMENTWISE, rule="test", body=body)
+    p1, _ = c.b.emit(Op.FUSED, o1, y, kind=FusionKind.ELEMENTWISE, rule="test", body=body)  # the same body again
     return c.out(Op.ADD, p1, o2)
 
 

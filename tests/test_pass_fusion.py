@@ -1,4 +1,6 @@
-"""fusion: groups by fusion kind, legality apart from profitability, records, FUSED numerics."""
+"""fusion: groups by fusion kind, legality apart from profitability, the codegen's capability
+asked while groups form (a declined node is recorded with the codegen's reason), typed records,
+FUSED numerics."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from fusec import reference
 from fusec.builder import GraphBuilder
 from fusec.dtypes import DType
 from fusec.ir import Graph, Value, print_graph, verify
-from fusec.ops import Op
+from fusec.ops import FusionKind, Op
 from fusec.passes import fusion
 from fusec.passes.base import PassOptions
 
@@ -63,7 +65,7 @@ def test_gemm_epilogues_and_kernel_count() -> None:
     out, opts = _run(g)
     groups = _fused(out)
     assert [_body_ops(n) for n in groups] == [[Op.MATMUL, Op.ADD, Op.GELU], [Op.MATMUL, Op.ADD, Op.ADD]]
-    assert all(n.attrs.rule == "gemm_epilogue" and n.attrs.kind == "gemm" for n in groups)
+    assert all(n.attrs.rule == "gemm_epilogue" and n.attrs.kind == FusionKind.GEMM for n in groups)
     # LN, GEMM(+bias+GELU), GEMM(+bias+residual), LN
     assert out.meta["kernels"] == 4 == opts.stats["kernels"]
     assert "= fused[kind=gemm, rule=gemm_epilogue, body=<3 nodes>]" in print_graph(out)
@@ -79,9 +81,11 @@ def test_residual_sum_read_twice_ends_the_epilogue_and_joins_the_norm_as_second_
     b.output(h, "h")  # the residual stream goes on
     g = b.build()
     out, _ = _run(g)
-    (node,) = _fused(out)
-    assert node.attrs.rule == "reduce_fusion" and set(_body_ops(node)) == {Op.EXP, Op.ADD, Op.LAYERNORM}
+    (node,) = _fused(out)  # the row kernel takes add -> norm; the exp in front is declined, with why
+    assert node.attrs.rule == "reduce_fusion" and _body_ops(node) == [Op.ADD, Op.LAYERNORM]
     assert [v.name for v in node.outputs] == ["h", "n"]
+    (no,) = [r for r in fusion.records(out) if not r.legal]
+    assert no.rule == "reduce_fusion" and no.reason.startswith("not one kernel: ") and len(no.members) == 2
     _same(g, out)
 
 
@@ -124,24 +128,17 @@ def test_disabled_rule_is_recorded_and_its_nodes_fall_back() -> None:
     _same(g, out)
 
 
-def test_mlp_is_a_candidate_by_default_and_applies_when_enabled() -> None:
+def test_candidate_only_rules_the_codegen_cannot_emit_are_declined_even_when_enabled() -> None:
     g = _block()
     out, _ = _run(g)
-    (rec,) = [r for r in out.meta["fusions"] if r["rule"] == "mlp"]
-    assert rec["decision"] == "candidate" and "seed 004" in rec["reason"] and len(rec["members"]) >= 5
-    on, _ = _run(g, enabled_fusions=frozenset({"mlp"}))
-    mlp = [n for n in _fused(on) if n.attrs.rule == "mlp"]
-    assert len(mlp) == 1 and _body_ops(mlp[0]).count(Op.MATMUL) == 2
-    assert on.meta["kernels"] == 3  # LN, MLP, LN
-    _same(g, on)
-
-
-def test_norm_gemm_candidate_applies_when_enabled() -> None:
-    g = _block()
-    out, _ = _run(g, enabled_fusions=frozenset({"norm_gemm"}))
-    ng = [n for n in _fused(out) if n.attrs.rule.startswith("norm_gemm")]
-    assert len(ng) == 1 and _body_ops(ng[0])[:2] == [Op.LAYERNORM, Op.MATMUL]
-    _same(g, out)
+    (rec,) = [r for r in fusion.records(out) if r.rule == "mlp"]
+    assert rec.decision == "rejected" and not rec.legal and len(rec.members) >= 5
+    assert rec.reason.startswith("not one kernel: a matrix product")
+    for rule in ("mlp", "norm_gemm"):
+        on, _ = _run(g, enabled_fusions=frozenset({rule}))
+        assert not any(n.attrs.rule.startswith(rule) for n in _fused(on))
+        assert [_body_ops(n) for n in _fused(on)] == [_body_ops(n) for n in _fused(out)]  # the rest as by default
+        _same(g, on)
 
 
 def test_attention_group_takes_head_layouts() -> None:

@@ -127,6 +127,8 @@ def test_explain_cli_reports_per_layer(capsys: pytest.CaptureFixture[str]) -> No
     layer = report["layers"]["layers.1"]
     assert any("attention" in k for k in layer["kernels"])
     assert any(f["rule"] == "gemm_epilogue" and f["decision"] == "rejected" for f in layer["fusions"])
-    assert any(f["rule"] == "mlp" and f["decision"] == "candidate" for f in layer["fusions"])
+    # the whole-MLP candidate is no single kernel the codegen emits: declined, with its reason
+    assert any(f["rule"] == "mlp" and f["decision"] == "rejected" and not f["legal"]
+               and f["reason"].startswith("not one kernel") for f in layer["fusions"])
     assert main(["explain", "llama-tiny", "--enable", "no_such_rule"]) == 1
     assert "unknown fusion rule" in capsys.readouterr().err

@@ -97,9 +97,11 @@ def _reproduced(c: Candidate, plan: Any) -> str | None:
     """None when the fused build really holds the candidate, else why not."""
     rep = plan.manifest.get("report", {})
     if c.kind == "fusion":
-        recs = [r for r in rep.get("fusions", []) if r.get("key") == c.key]
-        if not recs or recs[0].get("decision") != "applied":
-            why = recs[0].get("reason") if recs else "no such candidate"
+        from fusec.passes.fusion_rules import FusionRecord
+
+        recs = [r for r in map(FusionRecord.from_json, rep.get("fusions", [])) if r.key == c.key]
+        if not recs or not recs[0].applied:
+            why = recs[0].reason if recs else "no such candidate"
             return f"candidate not reproduced in the region graph ({why})"
         return None
     ch = rep.get("lowering", {}).get("choices", {})
@@ -131,8 +133,6 @@ def _measure(runner: Runner, c: Candidate, entry: Entry, dtype: str, cuda_graph:
     except Exception as e:  # a variant that cannot be built or run is rejected, with the error recorded
         failure = _failure(e)
     entry.decision, entry.reason = decide(entry.fused, entry.unfused, entry.max_error, tol, margin, failure)
-    if failure is None and c.kind == "fusion" and fused.manifest.get("report", {}).get("fused_split"):
-        entry.reason += " [the fused group is not one kernel: legalize split it]"
 
 
 def _timing(t: Mapping[str, Any]) -> dict[str, Any]:

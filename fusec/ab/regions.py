@@ -4,17 +4,18 @@
 fusion pass once to read its records, and lowers the rule-based result far enough to find the
 kernel choice points. It returns one ``Candidate`` per distinct experiment:
 
-- a *fusion* candidate for every legal record in ``graph.meta["fusions"]`` (applied by a
-  default-on rule, or a candidate-only rule such as ``mlp``/``norm_gemm``): the variants are
-  "fused" (override True) and "unfused" (override False);
+- a *fusion* candidate for every legal record in ``graph.meta["fusions"]`` (``FusionRecord.legal``:
+  correct and one kernel, applied by a default-on rule or left a candidate by an off-by-default
+  one): the variants are "fused" (override True) and "unfused" (override False);
 - a *kernel choice* for every alternative of every choice point (``fusec.lower.choices``):
   "unfused" is the default lowering (cuBLAS + a separate epilogue kernel), "fused" the variant.
 
 Candidates whose regions are structurally identical (same ops, attributes, shapes, dtypes and
 constant shapes; ``Region.signature``) are one experiment that ``applies_to`` all their keys:
-the 12 MLPs of GPT-2 are measured once. ``extract_region`` cuts the members out of the
-pre-fusion graph: values read from outside become graph inputs, constants stay constants, and
-values read outside the members (or model outputs) become the region's outputs.
+the 12 identical QKV epilogues of GPT-2 are measured once. ``extract_region`` cuts the members out of the
+pre-fusion graph with the fusion pass's own cut (``fusec.passes.subgraph``): values read from
+outside become graph inputs, constants stay constants, and values read outside the members (or
+model outputs) become the region's outputs.
 """
 
 from __future__ import annotations
@@ -26,9 +27,6 @@ from typing import Any
 
 from fusec.ir import Graph, Node, Value, verify
 from fusec.ops import Op
-
-# Fusion records whose reason starts like this can never be applied; no experiment for them.
-_NOT_APPLICABLE = ("illegal:",)
 
 
 class RegionError(ValueError):
@@ -101,25 +99,18 @@ def pre_fusion(graph: Graph, storage: str) -> Graph:
 
 
 def extract_region(graph: Graph, labels: list[str], name: str = "region") -> Graph:
-    """The members ``labels`` of ``graph`` as a standalone, verified graph (see module doc)."""
+    """The members ``labels`` of ``graph`` as a standalone, verified graph: the fusion pass's cut
+    (``fusec.passes.subgraph.extract``) with every constant kept a constant (see module doc)."""
+    from fusec.passes.subgraph import escaping, extract
+
     want = set(labels)
     members = [n for n in graph.nodes if label(n) in want]
     if len(members) != len(want):
         missing = want - {label(n) for n in members}
         raise RegionError(f"region members not in the graph: {sorted(missing)[:5]}")
-    mset = set(members)
-    produced = {v for n in members for v in n.outputs}
-    inputs: list[Value] = []
-    consts: list[Value] = []
-    for n in members:
-        for v in n.inputs:
-            if v in produced or v in inputs or v in consts:
-                continue
-            (consts if v.is_const else inputs).append(v)
     users = graph.users()
-    outs = set(graph.outputs)
-    outputs = [v for n in members for v in n.outputs if v in outs or any(u not in mset for u in users.get(v, []))]
-    g = Graph(inputs, outputs, members, consts, name=name)
+    outputs = escaping(members, lambda v: users.get(v, []), set(graph.outputs))
+    g = extract(members, outputs, name, inline=lambda v: True).body
     verify(g)
     return g
 
@@ -167,33 +158,32 @@ def candidates(graph: Graph, storage: str, only: list[str] | None = None) -> tup
     """(pre-fusion graph, experiments) for ``graph``; ``only``: keep candidates whose key, rule or
     member label is listed."""
     from fusec.lower.choices import choice_points
-    from fusec.lower.legalize import legalize
     from fusec.passes import fusion
     from fusec.passes.base import PassOptions
     from fusec.passes.pipeline import PIPELINE, optimize, pass_name
 
     pre = pre_fusion(graph, storage)
-    records = fusion.run(pre, PassOptions(storage_dtype=storage)).graph.meta["fusions"]
+    records = fusion.records(fusion.run(pre, PassOptions(storage_dtype=storage)).graph)
     out: dict[str, Candidate] = {}
-    group_key = {frozenset(r["members"]): r["key"] for r in records if r["decision"] == "applied"}
+    group_key = {frozenset(r.members): r.key for r in records if r.applied}
     for r in records:
-        if r["reason"].startswith(_NOT_APPLICABLE) or " is already in " in r["reason"]:
+        if not r.legal:  # illegal, not one kernel, or overlapping an applied group: never applicable
             continue
-        if only and not ({r["key"], r["rule"]} & set(only) or set(r["members"]) & set(only)):
+        if only and not ({r.key, r.rule} & set(only) or set(r.members) & set(only)):
             continue
-        region = make_region(pre, r["members"])
-        default = "fused" if r["decision"] == "applied" else "unfused"
-        sig = f"fusion:{r['rule']}:{default}:{region.signature}"
+        region = make_region(pre, list(r.members))
+        default = "fused" if r.applied else "unfused"
+        sig = f"fusion:{r.rule}:{default}:{region.signature}"
         if sig in out:
-            out[sig].applies_to.append(r["key"])
+            out[sig].applies_to.append(r.key)
             out[sig].count += 1
             continue
-        out[sig] = Candidate(r["key"], "fusion", r["rule"], list(r["members"]), [n.op.value for n in region.graph.nodes],
-                             r.get("layer"), region, [r["key"]], default)
-    # kernel choices: from the rule-based graph, legalized as the compiler does
+        out[sig] = Candidate(r.key, "fusion", r.rule, list(r.members), [n.op.value for n in region.graph.nodes],
+                             r.layer, region, [r.key], default)
+    # kernel choices: from the rule-based graph, as the compiler lowers it
     rest = PIPELINE[[pass_name(p) for p in PIPELINE].index("fusion"):]
     full, _ = optimize(pre, PassOptions(storage_dtype=storage), pipeline=rest)
-    for node, cp in choice_points(legalize(full)):
+    for node, cp in choice_points(full):
         body: list[Node] = node.attrs.body.nodes if node.op == Op.FUSED else [node]
         labels = [label(n) for n in body]
         if only and not ({cp.key, "choice"} & set(only) or set(labels) & set(only)):

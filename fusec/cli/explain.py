@@ -1,7 +1,8 @@
 """``fusec explain MODEL``: what the pattern and fusion passes did to each layer, and why not.
 
 Runs the optimizer and prints, per transformer layer, the kernels the fused graph will launch,
-every fusion candidate that was rejected or left as a candidate (with its reason), and every near
+every fusion candidate that was rejected or left as a candidate (with its reason: illegal, not one
+kernel the codegen can emit -- its capability query's answer --, or not profitable), and every near
 match a pattern matcher declined (``PassOptions.decline``: pattern, node, one-line reason).
 Layers are told apart by the layer number in node or weight names (``layers.3``, ``h.3``, ...);
 anything without one is listed under "model".
@@ -42,10 +43,11 @@ def explain(graph: Any, disabled: list[str] = (), enabled: list[str] = (), show_
     from fusec.errors import InputError
     from fusec.ir import Node
     from fusec.passes.base import PassOptions
-    from fusec.passes.fusion import describe_kernels
+    from fusec.passes.fusion import describe_kernels, records
     from fusec.passes.fusion_rules import RULES
     from fusec.passes.match import Ctx, layer_of_name
     from fusec.passes.pipeline import optimize
+    from fusec.passes.views import view_of
 
     unknown = sorted((set(disabled) | set(enabled)) - set(RULES))
     if unknown:
@@ -59,14 +61,13 @@ def explain(graph: Any, disabled: list[str] = (), enabled: list[str] = (), show_
 
     ctx = Ctx(g)
     kernels = describe_kernels(g)
-    from fusec.passes.views import view_of
-
     launches: list[Node] = [n for n in g.nodes if view_of(n) is None]
     for n, text in zip(launches, kernels):
         slot(ctx.layer(n))["kernels"].append(text)
-    for rec in g.meta.get("fusions", []):
-        if show_applied or rec["decision"] != "applied":
-            slot(rec.get("layer"))["fusions"].append({k: rec[k] for k in ("rule", "decision", "reason", "members")})
+    for rec in records(g):
+        if show_applied or not rec.applied:
+            slot(rec.layer)["fusions"].append({"rule": rec.rule, "decision": rec.decision.value, "legal": rec.legal,
+                                               "reason": rec.reason, "members": list(rec.members)})
     for pattern, where, reason in opts.declines:
         slot(layer_of_name(where.split(":", 1)[0]) if ":" in where else None)["declined"].append(
             {"pattern": pattern, "where": where, "reason": reason})

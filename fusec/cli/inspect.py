@@ -55,12 +55,10 @@ def optimized_report(graph: Graph) -> dict[str, Any]:
     """What compilation makes of ``graph``: the optimized op histogram, the exact number of
     kernel launches, patterns, fusion decisions, transposes cached, GEMMs merged, memory."""
     from fusec.lower import lower
-    from fusec.lower.legalize import legalize
     from fusec.passes.memory_plan import plan_memory
     from fusec.passes.pipeline import optimize, report
 
     g, opts = optimize(graph)
-    g = legalize(g)
     mplan = plan_memory(g)
     rep = report(g, opts, mplan)
     low = lower(g, mplan.offsets, "sm_90", dry_run=True)
@@ -70,8 +68,6 @@ def optimized_report(graph: Graph) -> dict[str, Any]:
     rep.setdefault("gemms_merged", 0)
     rep.setdefault("patterns", {})
     rep.setdefault("fusions", [])
-    if "fused_split" in g.meta:
-        rep["fused_split"] = g.meta["fused_split"]
     return rep
 
 

@@ -1,4 +1,5 @@
-"""Fused nodes: which bodies one kernel covers (``plan_for``) and how they are lowered.
+"""Fused nodes: which bodies one kernel covers (``can_fuse``, the capability query the fusion pass
+asks while it forms groups) and how they are lowered (``lower_fused``).
 
 - elementwise: a body of elementwise/broadcast ops, plus transposes, expands and reshapes that
   only add or drop size-1 axes, becomes one elementwise kernel. Each leaf read is an operand with
@@ -7,10 +8,12 @@
   node's output, then one elementwise kernel applies the whole epilogue in place.
 - attention layout: ATTENTION with the slices/reshapes/transposes that bring q/k/v (and the mask)
   into [B, H, S, D] and the output back: the attention kernel reads and writes through strides.
-- add + norm: ADD feeding LAYERNORM/RMSNORM, both outputs kept: one row kernel.
+- rope layout: ROPE with the layout views in front of its input: the rope kernel reads through strides.
+- add + norm: ADD feeding LAYERNORM/RMSNORM: one row kernel (the sum goes to scratch when only
+  the norm's result is read).
 
-Bodies that none covers are split back into their members before memory planning
-(``fusec.lower.legalize``), and reported.
+The fusion pass never forms a group that none covers (it records the decline with
+``Capability.reason``); meeting one here is a compiler bug (``LoweringError``).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from fusec.codegen import specs as S
 from fusec.codegen.elementwise import CUDA_EXPR, Apply, Const, Expr, In
 from fusec.dtypes import DType
 from fusec.ir import Graph, Node, Value
-from fusec.lower import Context, LoweringError
+from fusec.lower import Context, LoweringError, Raw
 from fusec.lower import layout as L
 from fusec.ops import OP_INFO, FusionKind, Op
 
@@ -163,56 +166,100 @@ def _attention_plan(body: Graph) -> dict[str, Any]:
     return {"node": a, "operands": operands, "out": oview}
 
 
-# ---- planning -------------------------------------------------------------------------------------
+# ---- the capability query -----------------------------------------------------------------------
 
-def plan_for(node: Node) -> tuple[str, Any] | None:
-    """How a fused node is lowered, or None when no single template covers its body."""
-    body: Graph = node.attrs.body
-    ops = [n.op for n in body.nodes]
+@dataclasses.dataclass(frozen=True)
+class Capability:
+    """The codegen's answer to "can this group be one kernel?" (Inductor's ``can_fuse`` on its
+    scheduler backends). ``kernel`` names the template family that emits it, or is None and
+    ``reason`` says why no single kernel covers the group."""
+
+    kernel: str | None
+    reason: str = ""
+
+    def __bool__(self) -> bool:
+        return self.kernel is not None
+
+
+def can_fuse(body: Graph) -> Capability:
+    """Whether one kernel can compute ``body`` (a fused node's body, or a group fusion is forming).
+    The fusion pass asks this for every group it forms and declines, with ``reason``, the groups
+    that would not be one kernel: whatever it records as applied, ``lower_fused`` emits as one."""
     try:
-        if Op.ATTENTION in ops:
-            return ("attention", _attention_plan(body))
-        if ops.count(Op.ROPE) == 1 and all(o == Op.ROPE or o in _LAYOUT for o in ops) and len(body.outputs) == 1:
-            rope = next(n for n in body.nodes if n.op == Op.ROPE)
-            if rope.output is not body.outputs[0] or any(x not in body.inputs for x in rope.inputs[1:]):
-                raise _NoPlan("rope must be the group's output and read cos/sin directly")
-            xi, xview = _view_from_input(body, rope.inputs[0])
-            if len(xview.shape) != 4 or xview.strides[-1] != 1:
-                raise _NoPlan("rope input is not a [B, H, S, D] view with contiguous D")
-            return ("rope", (rope, xi, xview))
-        if ops and ops[0] == Op.MATMUL and Op.MATMUL not in ops[1:] and len(body.outputs) == 1:
-            mm = body.nodes[0]
-            out = body.outputs[0]
-            if mm.output is out:
-                raise _NoPlan("no epilogue")
-            if out.shape != mm.output.shape or out.dtype != mm.output.dtype:
-                raise _NoPlan("epilogue changes the shape or dtype of the product")
-            return ("gemm_epilogue", (mm, index_expr(body, out, leaves={mm.output: True})))
-        if len(body.nodes) == 2 and ops[0] == Op.ADD and ops[1] in (Op.LAYERNORM, Op.RMSNORM):
-            add, norm = body.nodes
-            if norm.inputs[0] is add.output and len(body.outputs) == 2 and add.inputs[0].shape == add.inputs[1].shape:
-                return ("add_norm", (add, norm))
-            raise _NoPlan("add + norm without both outputs")
-        if len(body.outputs) == 1:
-            return ("elementwise", index_expr(body, body.outputs[0]))
-    except _NoPlan:
-        return None
-    return None
+        return Capability(kernel_plan(body)[0])
+    except _NoPlan as e:
+        return Capability(None, str(e))
 
 
-def can_lower(node: Node) -> bool:
-    return plan_for(node) is not None
+def kernel_plan(body: Graph) -> tuple[str, Any]:
+    """(template family, what its lowering needs) for ``body``, or _NoPlan naming why none fits."""
+    ops = [n.op for n in body.nodes]
+    if Op.ATTENTION in ops:
+        return ("attention", _attention_plan(body))
+    if Op.ROPE in ops:
+        return ("rope", _rope_plan(body))
+    if Op.MATMUL in ops:
+        if ops[0] != Op.MATMUL or Op.MATMUL in ops[1:]:
+            raise _NoPlan("a matrix product reads its operands as they are: one product, first, "
+                          "with an elementwise epilogue only")
+        return ("gemm_epilogue", _epilogue_plan(body))
+    if any(OP_INFO[o].kind == FusionKind.REDUCE for o in ops):
+        return ("add_norm", _add_norm_plan(body))
+    if len(body.outputs) != 1:
+        raise _NoPlan(f"an elementwise kernel writes one output, the group has {len(body.outputs)}")
+    return ("elementwise", index_expr(body, body.outputs[0]))
+
+
+def _rope_plan(body: Graph) -> tuple[Node, int, L.View, L.View]:
+    ropes = [n for n in body.nodes if n.op == Op.ROPE]
+    if len(ropes) != 1 or any(n.op not in _LAYOUT for n in body.nodes if n.op != Op.ROPE) or len(body.outputs) != 1:
+        raise _NoPlan("the rope kernel takes one rope with layout views (slice/reshape/transpose/expand) "
+                      "in front of it, and nothing else")
+    rope = ropes[0]
+    if rope.output is not body.outputs[0] or any(x not in body.inputs for x in rope.inputs[1:]):
+        raise _NoPlan("rope must be the group's output and read cos/sin directly")
+    xi, xview = _view_from_input(body, rope.inputs[0])
+    if len(xview.shape) != 4 or xview.strides[-1] != 1:
+        raise _NoPlan("rope input is not a [B, H, S, D] view with contiguous D")
+    cos, sin = rope.inputs[1:]
+    B, H, S_, _ = rope.output.shape
+    cst = L.broadcast_to(L.View.contiguous(cos.shape), (B, H, S_, rope.attrs.rotary_dim))
+    if cst is None or cst.strides[1] != 0 or cst.strides[3] != 1 or cos.shape != sin.shape:
+        raise _NoPlan(f"rope cos/sin {list(cos.shape)} are not [S, rotary_dim] rows shared by every head")
+    return rope, xi, xview, cst
+
+
+def _epilogue_plan(body: Graph) -> tuple[Node, IndexedExpr]:
+    mm = body.nodes[0]
+    if len(body.outputs) != 1:
+        raise _NoPlan("a GEMM epilogue writes one output")
+    out = body.outputs[0]
+    if mm.output is out:
+        raise _NoPlan("no epilogue")
+    if out.shape != mm.output.shape or out.dtype != mm.output.dtype:
+        raise _NoPlan("the epilogue changes the shape or dtype of the product")
+    return mm, index_expr(body, out, leaves={mm.output: True})
+
+
+def _add_norm_plan(body: Graph) -> tuple[Node, Node]:
+    ops = [n.op for n in body.nodes]
+    if ops != [Op.ADD, Op.LAYERNORM] and ops != [Op.ADD, Op.RMSNORM]:
+        names = "+".join(o.value for o in ops)
+        raise _NoPlan(f"the only fused reduction is add -> layernorm/rmsnorm (one row kernel), not {names}")
+    add, norm = body.nodes
+    if norm.inputs[0] is not add.output or add.inputs[0].shape != add.inputs[1].shape:
+        raise _NoPlan("add + norm needs the norm to read the sum of two same-shape operands")
+    return add, norm
 
 
 def lower_fused(ctx: Context, node: Node, label: str) -> None:
     from fusec.lower import nodes as N
 
-    plan = plan_for(node)
-    if plan is None:
-        raise LoweringError(f"{label}: fused group ({node.attrs.rule}) has no single-kernel lowering; "
-                            f"legalize should have split it")
-    kind, detail = plan
     body: Graph = node.attrs.body
+    try:
+        kind, detail = kernel_plan(body)
+    except _NoPlan as e:  # fusion asks can_fuse before it forms a group: a bug if this happens
+        raise LoweringError(f"{label}: fused group ({node.attrs.rule}) is not one kernel: {e}") from None
     outer = dict(zip(body.inputs, node.inputs))
     outer.update({c: c for c in body.constants})
     label = f"{label} fused[{node.attrs.rule}]"
@@ -226,21 +273,20 @@ def lower_fused(ctx: Context, node: Node, label: str) -> None:
     elif kind == "attention":
         emit_attention(ctx, detail, node, label)
     elif kind == "rope":
-        rope, xi, xview = detail
+        rope, xi, xview, cst = detail
         cos, sin = (outer[v] for v in rope.inputs[1:])
         out = node.output
         B, H, S_, D = out.shape
-        full = (B, H, S_, rope.attrs.rotary_dim)
-        cst = L.broadcast_to(L.View.contiguous(cos.shape), full)
-        if cst is None or cst.strides[1] != 0 or cst.strides[3] != 1 or cos.shape != sin.shape:
-            raise LoweringError(f"{label}: rope cos/sin layout {list(cos.shape)} is not supported")
         spec = S.RopeSpec(B, H, S_, D, rope.attrs.rotary_dim, out.dtype, xview.strides[:3],  # type: ignore[arg-type]
                           L.View.contiguous(out.shape).strides[:3], (cst.strides[0], cst.strides[2]), cos.dtype)  # type: ignore[arg-type]
         ctx.kernel(spec, [(node.inputs[xi], xview.offset), cos, sin, out], label)
     elif kind == "add_norm":
         add, norm = detail
         x, res = (outer[v] for v in add.inputs)
-        sum_out, out = (node.outputs[body.outputs.index(v)] for v in (add.output, norm.output))
+        out = node.outputs[body.outputs.index(norm.output)]
+        # the row kernel always writes the sum: to the node's output when it is one, else to scratch
+        sum_out: Value | Raw = (node.outputs[body.outputs.index(add.output)] if add.output in body.outputs
+                                else ctx.scratch(add.output.nbytes))
         w = [outer[v] for v in norm.inputs[1:]]
         cols = _norm_cols(norm)
         kind_ = "add_layernorm" if norm.op == Op.LAYERNORM else "add_rmsnorm"
