@@ -790,6 +790,11 @@ def run_workload(ctx: Ctx, batch: int, context: int) -> dict[str, Any]:
     except Exception as e:  # noqa: BLE001
         traceback.print_exc()
         res["agreement"] = {"error": f"{type(e).__name__}: {e}"}
+    a = res["agreement"]
+    log("  agreement: " + ", ".join(f"{k} {v['common_prefix_min']}/{ctx.new_tokens}" for k, v in a.items()
+                                   if isinstance(v, dict) and "common_prefix_min" in v)
+        + (f"; logits torch vs HF norm rel {a['logits_torch_vs_hf']['norm_rel']:.2g}" if "logits_torch_vs_hf" in a
+           else ""))
     roof = res["roofline"].get("decode_roofline_tok_s")
     peer = eng.get("torch", {}).get("decode_tok_s")
     for e in eng.values():
