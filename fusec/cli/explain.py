@@ -73,6 +73,7 @@ def explain(graph: Any, disabled: list[str] = (), enabled: list[str] = (), show_
             {"pattern": pattern, "where": where, "reason": reason})
     return {"graph": g.name, "patterns": g.meta.get("patterns", {}), "kernels": g.meta.get("kernels"),
             "transposes_cached": g.meta.get("transposes_cached"), "gemms_merged": g.meta.get("gemms_merged"),
+            "transposes_flagged": g.meta.get("transposes_flagged", 0), "gemms_padded": g.meta.get("gemms_padded", 0),
             "layers": dict(sorted(layers.items(), key=lambda kv: _layer_key(kv[0])))}
 
 
@@ -87,7 +88,8 @@ def render_text(report: dict[str, Any]) -> str:
     pats = ", ".join(f"{k} {v}" for k, v in report["patterns"].items())
     lines = [f"graph    {fmt_name(report['graph'])}", f"patterns {pats}",
              f"kernels  {report['kernels']} (transposes cached {report['transposes_cached']}, "
-             f"gemms merged {report['gemms_merged']})"]
+             f"read with trans_b {report.get('transposes_flagged', 0)}, gemms merged {report['gemms_merged']}, "
+             f"N padded {report.get('gemms_padded', 0)})"]
     for layer, info in report["layers"].items():
         lines.append(f"{fmt_name(layer)}:")
         lines.append(f"  kernels ({len(info['kernels'])}): " + "; ".join(info["kernels"]))

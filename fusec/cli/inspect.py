@@ -66,6 +66,8 @@ def optimized_report(graph: Graph) -> dict[str, Any]:
     rep["kernels_by_kind"] = low.report["by_template"]
     rep.setdefault("transposes_cached", 0)
     rep.setdefault("gemms_merged", 0)
+    rep.setdefault("transposes_flagged", 0)
+    rep.setdefault("gemms_padded", 0)
     rep.setdefault("patterns", {})
     rep.setdefault("fusions", [])
     return rep
