@@ -27,7 +27,7 @@ import numpy as np
 
 from fusec.codegen import kernels as K
 from fusec.codegen import specs as S
-from fusec.codegen.build_decode import SMS, kv_attention_spec
+from fusec.codegen.build_decode import SMS, kv_attention_spec, sample_spec
 from fusec.dtypes import DType
 
 BF16, F32 = DType.BF16, DType.F32
@@ -97,8 +97,10 @@ def bench_kv(results: list, quick: bool) -> None:
 
     Hq, Hkv, D, T = 16, 8, 128, 4096
     scale = 1 / math.sqrt(D)
-    variants = [("x2", 2 * SMS, 128), ("x4", 4 * SMS, 128), ("x8", 8 * SMS, 128), ("x16", 16 * SMS, 128),
-                ("x8-256t", 8 * SMS, 256), ("nosplit", 0, 128)]
+    # (name, target blocks (0: one split), threads, wide combine)
+    variants = [("default", -1, 128, False), ("x2", 2 * SMS, 128, False), ("x4", 4 * SMS, 128, False), ("x8", 8 * SMS, 128, False),
+                ("x16", 16 * SMS, 128, False), ("x8-256t", 8 * SMS, 256, False), ("x4-wide", 4 * SMS, 128, True),
+                ("x8-wide", 8 * SMS, 128, True), ("nosplit", 0, 128, False)]
     if quick:
         variants = variants[2:3]
     for B in (1, 8, 32):
@@ -109,13 +111,16 @@ def bench_kv(results: list, quick: bool) -> None:
         for ctx in (128, 4096):
             pos = cp.full(B, ctx - 1, dtype=cp.int64)
             kv_bytes = 2 * B * Hkv * ctx * D * 2
-            for vname, target, threads in variants:
-                if target:
-                    spec = kv_attention_spec(B, Hq, Hkv, 1, T, D, BF16, scale, target_blocks=target, threads=threads)
+            for vname, target, threads, wide in variants:
+                if target < 0:
+                    spec = kv_attention_spec(B, Hq, Hkv, 1, T, D, BF16, scale)  # what the lowering picks
+                elif target:
+                    spec = kv_attention_spec(B, Hq, Hkv, 1, T, D, BF16, scale, target_blocks=target, threads=threads,
+                                             max_splits=S.KV_MAX_SPLITS)
                 else:
                     spec = S.KVAttentionSpec(B, Hq, Hkv, 1, T, D, BF16, scale, 1)
                 ck = K.build(spec)
-                cc = K.build(spec.combine()) if spec.splits > 1 else None
+                cc = K.build(spec.combine(wide=wide)) if spec.splits > 1 else None
                 part = cp.empty(max(1, spec.part_floats), cp.float32)
 
                 def one(i: int) -> Callable:
@@ -164,23 +169,105 @@ def bench_sample(results: list, quick: bool) -> None:
     import cupy as cp
 
     V = 151936
-    modes = [("greedy", 0.0, 0, 1.0), ("t1.0", 1.0, 0, 1.0), ("t0.7-k50-p0.9", 0.7, 50, 0.9), ("t1.0-p0.95", 1.0, 0, 0.95)]
+    # random N(0, 3) logits: t0.7-p0.9 keeps ~600 tokens (candidates fit shared memory), t1.0-p0.95 ~12k (they do not)
+    modes = [("greedy", 0.0, 0, 1.0), ("t1.0", 1.0, 0, 1.0), ("t0.6-k20-p0.95", 0.6, 20, 0.95),
+             ("t0.7-k50-p0.9", 0.7, 50, 0.9), ("t0.7-p0.9", 0.7, 0, 0.9), ("t1.0-p0.95", 1.0, 0, 0.95)]
     for dt in (BF16, F32):
-        for B in ((1, 32) if quick else (1, 8, 32)):
+        for B in (1, 32):
             logits = _bf16((B, V), 3.0) if dt == BF16 else cp.random.standard_normal((B, V), dtype=cp.float32) * 3
             seed, ctr = cp.array([42], cp.int64), cp.arange(B, dtype=cp.int64)
             out = cp.empty(B, cp.int64)
             for name, t, k, p in modes:
-                ck = K.build(S.SampleSpec(B, V, dt, t, k, p))
-                us = graph_time([lambda s: K.launch(ck, [logits, seed, ctr, out], stream=s)], min_iters=20)
-                results.append({"bench": "sample", "dtype": dt.value, "B": B, "V": V, "mode": name, "us": us,
-                                "GBps": B * V * dt.itemsize / us * 1e-3})
+                specs = [S.SampleSpec(B, V, dt, t, k, p)]
+                split = sample_spec(B, V, dt, t, k, p)
+                if split.chunks > 1:
+                    specs.append(split)
+                if specs[0].has_cuts:
+                    specs.append(S.SampleSpec(B, V, dt, t, k, p, compact=True))
+                for spec in specs:
+                    ck = K.build(spec)
+                    if spec.chunks == 1:
+                        fn = lambda s, ck=ck: K.launch(ck, [logits, seed, ctr, out], stream=s)  # noqa: E731
+                    else:
+                        cc, part = K.build(spec.combine()), cp.empty(spec.part_bytes // 4, cp.float32)
+
+                        def fn(s, ck=ck, cc=cc, part=part) -> None:  # noqa: ANN001
+                            K.launch(ck, [logits, seed, ctr, part], stream=s)
+                            K.launch(cc, [part, out], stream=s)
+                    us = graph_time([fn], min_iters=20)
+                    results.append({"bench": "sample", "dtype": dt.value, "B": B, "V": V, "mode": name,
+                                    "chunks": spec.chunks, "compact": spec.compact, "us": us,
+                                    "GBps": B * V * dt.itemsize / us * 1e-3})
 
 
 # ---- decode GEMVs: fusec GemvSpec vs cuBLAS -----------------------------------------------------
 
 GEMV_SHAPES = [("qkv", 1024, 4096), ("o_proj", 2048, 1024), ("gate_up", 1024, 6144), ("down", 3072, 1024),
                ("lm_head", 1024, 151936)]
+
+
+# A prototype (not a fusec kernel; measured only to test why GemvSpec is slow at M > 1): each warp
+# owns CPW adjacent columns, so every x chunk loaded (and converted) serves CPW weight rows.
+_PROTO = r"""
+#define M_ %(M)d
+#define N_ %(N)d
+#define K_ %(K)d
+#define CPW %(CPW)d
+#define VEC 8
+typedef fc_bf16 T;
+extern "C" __global__ void __launch_bounds__(128) %(name)s(const T* __restrict__ x, const T* __restrict__ W, T* __restrict__ C) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int n0 = (blockIdx.x * 4 + warp) * CPW;
+  if (n0 >= N_) return;
+  float acc[CPW][M_];
+#pragma unroll
+  for (int c = 0; c < CPW; ++c)
+#pragma unroll
+    for (int m = 0; m < M_; ++m) acc[c][m] = 0.f;
+#pragma unroll 2
+  for (int k0 = lane * VEC; k0 < K_; k0 += 32 * VEC) {
+    float wf[CPW][VEC];
+#pragma unroll
+    for (int c = 0; c < CPW; ++c) {
+      const int n = min(n0 + c, N_ - 1);
+      const fc_vec<T, VEC> w = *reinterpret_cast<const fc_vec<T, VEC>*>(W + (long long)n * K_ + k0);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) wf[c][e] = fc_val(w.v[e]);
+    }
+#pragma unroll
+    for (int m = 0; m < M_; ++m) {
+      const fc_vec<T, VEC> xv = *reinterpret_cast<const fc_vec<T, VEC>*>(x + (long long)m * K_ + k0);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const float xf = fc_val(xv.v[e]);
+#pragma unroll
+        for (int c = 0; c < CPW; ++c) acc[c][m] = fmaf(wf[c][e], xf, acc[c][m]);
+      }
+    }
+  }
+#pragma unroll
+  for (int c = 0; c < CPW; ++c) {
+    float mine = 0.f;
+#pragma unroll
+    for (int m = 0; m < M_; ++m) {
+      const float s = fc_warp_sum(acc[c][m]);
+      if (lane == m) mine = s;
+    }
+    if (lane < M_ && n0 + c < N_) fc_set(C[(long long)lane * N_ + n0 + c], mine);
+  }
+}
+"""
+
+
+def proto_gemv(M: int, N: int, K_: int, cpw: int):  # noqa: ANN201
+    from fusec.codegen.compile import compile_cuda
+    from fusec.codegen.render import _include_cuh
+
+    name = f"proto_gemv_{M}_{N}_{K_}_{cpw}"
+    src = _include_cuh("common.cuh") + _PROTO % {"M": M, "N": N, "K": K_, "CPW": cpw, "name": name}
+    b = compile_cuda(src, name)
+    grid = (-(-N // (4 * cpw)), 1, 1)
+    return K.CompiledKernel(name, "proto", src, b, grid, (128, 1, 1), 0, ("x", "W", "C"))
 
 
 def bench_gemv(results: list, quick: bool) -> None:
@@ -201,6 +288,15 @@ def bench_gemv(results: list, quick: bool) -> None:
             ck = K.build(S.GemvSpec(M, N, Kd, BF16))
             us = graph_time([lambda s, w=w: K.launch(ck, [x, w, c], stream=s) for w in ws])
             row.update(fusec_us=us, fusec_GBps=wbytes / us * 1e-3, fusec_regs=ck.binary.registers)
+            for cpw in (2, 4):
+                pk = proto_gemv(M, N, Kd, cpw)
+                us = graph_time([lambda s, w=w: K.launch(pk, [x, w, c], stream=s) for w in ws])
+                row.update({f"proto{cpw}_us": us, f"proto{cpw}_GBps": wbytes / us * 1e-3})
+                K.launch(ck, [x, ws[0], c])
+                ref = c.copy()
+                K.launch(pk, [x, ws[0], c])
+                same = float(cp.abs((c.astype(cp.uint32) << 16).view(cp.float32) - (ref.astype(cp.uint32) << 16).view(cp.float32)).max())
+                row[f"proto{cpw}_maxdiff_vs_gemv"] = same
             for tb, key in ((False, "cublas_kn"), (True, "cublas_nk")):
                 calls = []
                 for w in (ws if tb else wts):
@@ -226,9 +322,11 @@ def _table(results: list, copy: float, device: str) -> str:
         L.append("")
     sm = [r for r in results if r["bench"] == "sample"]
     if sm:
-        L += ["### sample (V 151936)", "", "| logits | B | mode | us | GB/s of logits |", "|---|---|---|---|---|"]
+        L += ["### sample (V 151936; blocks per row = chunks, + a combine launch when > 1)", "",
+              "| logits | B | mode | blocks/row | us | GB/s of logits |", "|---|---|---|---|---|---|"]
         for r in sm:
-            L.append(f"| {r['dtype']} | {r['B']} | {r['mode']} | {r['us']:.2f} | {r['GBps']:.0f} |")
+            mode = r["mode"] + (" compact" if r.get("compact") else "")
+            L.append(f"| {r['dtype']} | {r['B']} | {mode} | {r.get('chunks', 1)} | {r['us']:.2f} | {r['GBps']:.0f} |")
         L.append("")
     cw = [r for r in results if r["bench"] == "cache_write"]
     if cw:
@@ -237,12 +335,14 @@ def _table(results: list, copy: float, device: str) -> str:
     gv = [r for r in results if r["bench"] == "gemv"]
     if gv:
         L += ["### decode GEMVs, bf16 (weight bandwidth)", "",
-              "| matmul | M | K->N | weights | fusec GemvSpec us (GB/s) | cuBLAS W[K,N] us (GB/s) | cuBLAS W[N,K] trans_b us (GB/s) |",
-              "|---|---|---|---|---|---|---|"]
+              "| matmul | M | K->N | weights | fusec GemvSpec us (GB/s) | cuBLAS W[K,N] us (GB/s) | cuBLAS W[N,K] trans_b us (GB/s) "
+              "| proto 2 cols/warp us (GB/s) | proto 4 cols/warp us (GB/s) |",
+              "|---|---|---|---|---|---|---|---|---|"]
         for r in gv:
             L.append(f"| {r['name']} | {r['M']} | {r['K']}->{r['N']} | {r['bytes'] / 1e6:.1f} MB | {r['fusec_us']:.2f} "
                      f"({r['fusec_GBps']:.0f}) | {r['cublas_kn_us']:.2f} ({r['cublas_kn_GBps']:.0f}) | "
-                     f"{r['cublas_nk_us']:.2f} ({r['cublas_nk_GBps']:.0f}) |")
+                     f"{r['cublas_nk_us']:.2f} ({r['cublas_nk_GBps']:.0f}) | {r.get('proto2_us', 0):.2f} "
+                     f"({r.get('proto2_GBps', 0):.0f}) | {r.get('proto4_us', 0):.2f} ({r.get('proto4_GBps', 0):.0f}) |")
     return "\n".join(L)
 
 

@@ -44,8 +44,8 @@ __device__ __forceinline__ bool fc_argmax_better(float a, int ia, float b, int i
   return a > b || (a == b && ia < ib);
 }
 
-// Block-wide argmax (blockDim.x a multiple of 32); every thread gets the winner's index.
-__device__ __forceinline__ int fc_block_argmax(float v, int i, float* sv, int* si) {
+// Block-wide argmax (blockDim.x a multiple of 32); every thread gets the winner (value, index).
+__device__ __forceinline__ void fc_block_argmax(float& v, int& i, float* sv, int* si) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
@@ -64,7 +64,6 @@ __device__ __forceinline__ int fc_block_argmax(float v, int i, float* sv, int* s
     if (fc_argmax_better(w, j, v, i)) { v = w; i = j; }
   }
   __syncthreads();
-  return i;
 }
 
 // Exclusive suffix sum over the threads of a block: sum of `x` over threads with a larger index.

@@ -9,7 +9,7 @@ import pytest
 from fusec import ops as O
 from fusec.codegen import kernels as K
 from fusec.codegen import specs as S
-from fusec.codegen.build_decode import kv_attention_spec, kv_layout
+from fusec.codegen.build_decode import kv_attention_spec, kv_layout, sample_spec
 from fusec.dtypes import DType
 from fusec.ir import Node, Value
 from fusec.lower import Context, LoweringError
@@ -37,6 +37,7 @@ def decode_specs() -> list[tuple[str, object]]:
             out.append((f"kvattn-{dt.value}-B{B}-H{Hq}/{Hkv}-S{Sq}-T{T}-D{D}-x{sp.splits}", sp))
             if sp.splits > 1:
                 out.append((f"kvcomb-{dt.value}-B{B}-H{Hq}-S{Sq}-T{T}-D{D}", sp.combine()))
+                out.append((f"kvcombw-{dt.value}-B{B}-H{Hq}-S{Sq}-T{T}-D{D}", sp.combine(wide=True)))
         out.append((f"kvattn-{dt.value}-single", S.KVAttentionSpec(2, 4, 2, 1, 50, 64, dt, 0.1, 1, I32, 64)))
         out.append((f"kvattn-{dt.value}-256t", S.KVAttentionSpec(2, 16, 8, 1, 512, 64, dt, 0.1, 4, I64, 256)))
         out.append((f"cachew-{dt.value}-kv", S.cache_write_spec((4, 8, 4096, 128), (4, 8, 1, 128), 2, dt)))
@@ -45,9 +46,15 @@ def decode_specs() -> list[tuple[str, object]]:
         out.append((f"sample-{dt.value}-greedy", S.SampleSpec(8, 151936, dt)))
         out.append((f"sample-{dt.value}-greedy-odd", S.SampleSpec(3, 1001, dt)))
         out.append((f"sample-{dt.value}-topk-topp", S.SampleSpec(4, 151936, dt, 0.7, 50, 0.9)))
+        out.append((f"sample-{dt.value}-topk-topp-compact", S.SampleSpec(4, 151936, dt, 0.7, 50, 0.9, compact=True)))
+        out.append((f"sample-{dt.value}-topp-compact", S.SampleSpec(2, 5000, dt, 0.7, 0, 0.9, compact=True)))
         out.append((f"sample-{dt.value}-topp", S.SampleSpec(2, 1000, dt, 1.0, 0, 0.5, I32, I32)))
         out.append((f"sample-{dt.value}-topk", S.SampleSpec(2, 999, dt, 1.5, 7)))
         out.append((f"sample-{dt.value}-plain", S.SampleSpec(2, 32000, dt, 0.8)))
+        split = sample_spec(1, 151936, dt)
+        out.append((f"sample-{dt.value}-greedy-split{split.chunks}", split))
+        out.append((f"sample-{dt.value}-plain-split", sample_spec(8, 50000, dt, 1.0, 0, 1.0, I32, I32)))
+        out.append((f"samplec-{split.chunks}", split.combine()))
     out.append(("cachew-i64-tokens", S.cache_write_spec((8, 4096), (8, 1), 1, I64)))
     out.append(("cachew-i32-tokens", S.cache_write_spec((8, 4096), (8, 1), 1, I32)))
     return out
@@ -88,8 +95,10 @@ def test_kv_attention_vector_loads_and_params() -> None:
 
 def test_kv_attention_splits_fill_the_gpu() -> None:
     one = kv_attention_spec(1, 16, 8, 1, 4096, 128, BF16, 0.1)
+    eight = kv_attention_spec(8, 16, 8, 1, 4096, 128, BF16, 0.1)
     many = kv_attention_spec(32, 16, 8, 1, 4096, 128, BF16, 0.1)
-    assert one.splits * 8 >= 4 * 132 and many.splits < one.splits
+    assert (one.splits, eight.splits, many.splits) == (64, 16, 4)  # <= one wave of 8 x 132 blocks
+    assert kv_attention_spec(1, 16, 8, 1, 4096, 128, BF16, 0.1, max_splits=1000).splits == 128
     short = kv_attention_spec(1, 16, 8, 1, 64, 128, BF16, 0.1)
     assert short.splits == 2  # never more splits than 32-key chunks
     lay = kv_layout(kv_attention_spec(1, 32, 1, 1, 256, 128, BF16, 0.1))
@@ -141,16 +150,30 @@ def test_spec_validation() -> None:
         S.SampleSpec(1, 10, I64)
     with pytest.raises(ValueError, match="seed"):
         S.SampleSpec(1, 10, F32, seed_dtype=F32)
+    with pytest.raises(ValueError, match="split a row"):
+        S.SampleSpec(1, 10000, F32, 1.0, 5, chunks=4)
+    with pytest.raises(ValueError, match="256 tokens"):
+        S.SampleSpec(1, 1000, F32, chunks=8)
+    with pytest.raises(ValueError, match="at least 2"):
+        S.SampleCombineSpec(4, 1)
+    with pytest.raises(ValueError, match="compact"):
+        S.SampleSpec(1, 1000, F32, 1.0, compact=True)
+    with pytest.raises(ValueError, match="splits"):
+        S.KVCombineSpec(1, 2, 1, 1 << 20, 64, F16, 2000)
 
 
 def test_sample_variants_render_what_they_need() -> None:
     _, greedy = K.prepare(S.SampleSpec(2, 1000, F32))
-    assert "fc_mix64(" not in greedy.split("extern")[1] and "hist" not in greedy
-    _, full = K.prepare(S.SampleSpec(2, 1000, F32, 0.7, 10, 0.9))
+    body = greedy.split('extern "C"')[1]
+    assert "fc_mix64(" not in body and "hist[" not in body
+    r, full = K.prepare(S.SampleSpec(2, 1000, F32, 0.7, 10, 0.9))
+    assert r.shared_mem == 0 and "fc_dyn" not in full
+    r, compact = K.prepare(S.SampleSpec(2, 1000, F32, 0.7, 10, 0.9, compact=True))
+    assert r.shared_mem == 8192 * 8 and "fc_dyn" in compact  # candidates gathered in dynamic shared memory
     assert "0x9E3779B97F4A7C15" in full and "0xD1B54A32D192ED03" in full and "0x8CB92BA72F3D8DD7" in full
     assert "-logf(-logf(u))" in full
     _, kfull = K.prepare(S.SampleSpec(2, 1000, F32, 0.7, 1000, 1.0))  # top_k >= V: no cut
-    assert "hist[" not in kfull
+    assert "hist[" not in kfull.split('extern "C"')[1]
 
 
 # ---- lowering ---------------------------------------------------------------------------------
@@ -211,4 +234,16 @@ def test_lower_sample() -> None:
     node = Node(O.Op.SAMPLE, [logits, seed, ctr], [out], O.SampleAttrs(0.7, 40, 0.95))
     ctx = _ctx({"lg": 0, "seed": 8192, "ctr": 8448, "ids": 8704})
     LOWER[O.Op.SAMPLE](ctx, node, "#2 sample")
-    assert len(ctx.launches) == 1 and ctx.launches[0]["grid"] == [2, 1, 1]
+    assert len(ctx.launches) == 1 and ctx.launches[0]["grid"] == [1, 2, 1]
+
+
+def test_lower_greedy_splits_rows_over_blocks() -> None:
+    logits, seed, ctr = Value("lg", (1, 151936), BF16), Value("seed", (1,), I64), Value("ctr", (1,), I64)
+    out = Value("ids", (1,), I64)
+    node = Node(O.Op.SAMPLE, [logits, seed, ctr], [out], O.SampleAttrs())
+    ctx = _ctx({"lg": 0, "seed": 1 << 20, "ctr": (1 << 20) + 256, "ids": (1 << 20) + 512})
+    ctx.arena_base = 2 << 20
+    LOWER[O.Op.SAMPLE](ctx, node, "#3 sample")
+    assert len(ctx.launches) == 2 and ctx.launches[0]["grid"][0] >= 32
+    assert ctx.launches[0]["args"][-1] == ctx.launches[1]["args"][0] == ["ptr", "arena", 2 << 20]
+    assert ctx.launches[1]["args"][1] == ["ptr", "arena", (1 << 20) + 512]

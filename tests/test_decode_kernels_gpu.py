@@ -16,7 +16,7 @@ from fusec import reference as R
 from fusec import sampling as SM
 from fusec.codegen import kernels as K
 from fusec.codegen import specs as S
-from fusec.codegen.build_decode import kv_attention_spec
+from fusec.codegen.build_decode import kv_attention_spec, sample_spec
 from fusec.dtypes import DType
 
 pytestmark = pytest.mark.gpu
@@ -124,13 +124,16 @@ KV = [
     (F32, 2, 4, 2, 2, 64, 64, [-1, 10], 2),                # pos -1: query 0 of row 0 sees nothing -> 0
     (BF16, 1, 16, 8, 1, 4096, 128, [127], 64),             # short context in a long cache, forced splits
     (BF16, 32, 16, 8, 1, 512, 128, None, None),
+    (F16, 1, 4, 1, 1, 12000, 64, [11999], 300),          # 300 splits: several per combine thread
+    (F32, 2, 2, 2, 3, 9000, 24, [8990, 4000], 200),       # D 24: idle combine lanes, S > 1
 ]
 
 
+@pytest.mark.parametrize("wide", [False, True], ids=["combine", "wide_combine"])
 @pytest.mark.parametrize("dt,B,Hq,Hkv,Sq,T,D,positions,splits", KV,
                          ids=[f"{c[0].value}-B{c[1]}-H{c[2]}/{c[3]}-S{c[4]}-T{c[5]}-D{c[6]}-x{c[8]}" for c in KV])
 def test_kv_attention(dt: DType, B: int, Hq: int, Hkv: int, Sq: int, T: int, D: int, positions: list | None,
-                      splits: int | None) -> None:
+                      splits: int | None, wide: bool) -> None:
     scale = 1.0 / math.sqrt(D)
     q, k, v = rand((B, Hq, Sq, D), dt), rand((B, Hkv, T, D), dt), rand((B, Hkv, T, D), dt)
     pos = np.array(positions if positions is not None else RNG.integers(0, T, size=B), np.int64)
@@ -149,16 +152,19 @@ def test_kv_attention(dt: DType, B: int, Hq: int, Hkv: int, Sq: int, T: int, D: 
     out = poisoned((B, Hq, Sq, D), dt)
     args = [dev(q), dev(kn), dev(vn), dev(pos)]
     if spec.splits == 1:
+        if wide:
+            pytest.skip("one split: no combine step")
         run(spec, args + [out])
     else:
-        part = cp.full(spec.part_floats, np.nan, dtype=np.float32)
+        part = cp.full(spec.part_floats, np.nan, dtype=np.float32)  # chunks never reached stay NaN
         run(spec, args + [part])
-        run(spec.combine(), [dev(pos), part, out])
+        run(spec.combine(wide=wide), [dev(pos), part, out])
     check(host(out, dt), ref, dt)
 
 
+@pytest.mark.parametrize("wide", [False, True], ids=["combine", "wide_combine"])
 @pytest.mark.parametrize("dt", FLOATS)
-def test_kv_attention_matches_for_every_split_count(dt: DType) -> None:
+def test_kv_attention_matches_for_every_split_count(dt: DType, wide: bool) -> None:
     B, Hq, Hkv, T, D = 2, 8, 4, 256, 64
     q, k, v = rand((B, Hq, 1, D), dt), rand((B, Hkv, T, D), dt), rand((B, Hkv, T, D), dt)
     pos = np.array([255, 100], np.int64)
@@ -174,7 +180,7 @@ def test_kv_attention_matches_for_every_split_count(dt: DType) -> None:
         else:
             part = cp.full(spec.part_floats, np.nan, dtype=np.float32)
             run(spec, [dev(q), dev(k), dev(v), p32, part])
-            run(spec.combine(), [p32, part, out])
+            run(spec.combine(wide=wide), [p32, part, out])
         check(host(out, dt), ref, dt)
 
 
@@ -184,20 +190,29 @@ def run_sample(spec: S.SampleSpec, logits: np.ndarray, seed: int, counter: np.nd
     import cupy as cp
 
     out = cp.full(spec.B, -7, dtype=np.int64)
-    run(spec, [dev(logits), dev(np.array([seed], spec.seed_dtype.np)), dev(counter.astype(spec.counter_dtype.np)), out])
+    args = [dev(logits), dev(np.array([seed], spec.seed_dtype.np)), dev(counter.astype(spec.counter_dtype.np))]
+    if spec.chunks == 1:
+        run(spec, args + [out])
+    else:
+        part = cp.full(spec.part_bytes // 4, np.nan, dtype=np.float32)
+        run(spec, args + [part])
+        run(spec.combine(), [part, out])
     return out.get()
 
 
+@pytest.mark.parametrize("split", [False, True])
 @pytest.mark.parametrize("dt", FLOATS)
-@pytest.mark.parametrize("B,V", [(1, 151936), (3, 1001), (8, 32000)])
-def test_greedy(dt: DType, B: int, V: int) -> None:
+@pytest.mark.parametrize("B,V", [(1, 151936), (3, 1001), (8, 32000), (2, 4099)])
+def test_greedy(dt: DType, B: int, V: int, split: bool) -> None:
     logits = rand((B, V), dt, 3.0)
     # a tie for the maximum at two places: the lower index wins
     x32 = logits.astype(np.float32)
     for b in range(B):
         i, j = sorted(RNG.choice(V, 2, replace=False))
         logits[b, i] = logits[b, j] = (x32[b].max() + 1.0).astype(dt.np)
-    got = run_sample(S.SampleSpec(B, V, dt), logits, 0, np.zeros(B, np.int64))
+    spec = sample_spec(B, V, dt) if split else S.SampleSpec(B, V, dt)
+    assert spec.chunks > 1 or not split or V < 4096
+    got = run_sample(spec, logits, 0, np.zeros(B, np.int64))
     want = SM.sample(logits, np.array([0]), np.zeros(B, np.int64))
     assert (got == want).all(), (got, want)
 
@@ -221,12 +236,25 @@ SAMPLING = [
     (F32, 3, 1000, 1.0, 998, 0.5, 1.0),
     (F32, 2, 5000, 1.0, 0, 0.05, 4.0),     # tiny nucleus
     (F16, 2, 4096, 0.9, 100, 0.8, 0.25),   # flat distribution: large kept set
+    (F32, 2, 50000, 1.0, 20000, 1.0, 1.0),  # more candidates than shared memory holds: passes over the row
+    (BF16, 2, 50000, 1.0, 0, 0.9, 0.1),     # the same for top-p alone (flat: a huge nucleus)
+    (F32, 2, 50000, 1.0, 0, 0.9, 0.1),
 ]
 
 
 @pytest.mark.parametrize("dt,B,V,t,k,p,scale", SAMPLING, ids=[f"{c[0].value}-B{c[1]}-V{c[2]}-t{c[3]}-k{c[4]}-p{c[5]}" for c in SAMPLING])
-def test_sampling_matches_reference(dt: DType, B: int, V: int, t: float, k: int, p: float, scale: float) -> None:
-    spec = S.SampleSpec(B, V, dt, t, k, p)
+@pytest.mark.parametrize("variant", ["one_block", "split", "compact"])
+def test_sampling_matches_reference(dt: DType, B: int, V: int, t: float, k: int, p: float, scale: float, variant: str) -> None:
+    if variant == "split":
+        spec = sample_spec(B, V, dt, t, k, p)
+        if spec.chunks == 1:
+            pytest.skip("a cut (or a small vocabulary) keeps one block per row")
+    elif variant == "compact":
+        if not S.SampleSpec(B, V, dt, t, k, p).has_cuts:
+            pytest.skip("compact applies to top-k/top-p cuts")
+        spec = S.SampleSpec(B, V, dt, t, k, p, compact=True)
+    else:
+        spec = S.SampleSpec(B, V, dt, t, k, p)
     mismatches = 0
     for trial in range(6):
         logits = rand((B, V), dt, scale)
@@ -247,8 +275,9 @@ def test_sampling_matches_reference(dt: DType, B: int, V: int, t: float, k: int,
 def test_sampling_ties_at_the_cut_are_kept() -> None:
     """Logits on a coarse grid: many exact ties at the top-k and top-p boundaries."""
     B, V = 4, 20000
-    spec = S.SampleSpec(B, V, F32, 1.0, 64, 0.7)
-    for _ in range(4):
+    specs = (S.SampleSpec(B, V, F32, 1.0, 64, 0.7), S.SampleSpec(B, V, F32, 1.0, 64, 0.7, compact=True))
+    for trial in range(8):
+        spec = specs[trial % 2]
         logits = np.round(RNG.standard_normal((B, V)) * 2).astype(np.float32) / 2
         seed, counter = int(RNG.integers(0, 1 << 62)), RNG.integers(0, 1000, size=B).astype(np.int64)
         got = run_sample(spec, logits, seed, counter)
@@ -263,6 +292,7 @@ def test_sampling_depends_on_seed_counter_and_row_only() -> None:
     logits = np.tile(rand((1, V), F32, 0.5), (6, 1))  # flat-ish: many plausible tokens
     ctr = np.array([5, 5, 6, 7, 8, 9], np.int64)
     a = run_sample(spec, logits, 123, ctr)
+    assert (run_sample(sample_spec(6, V, F32, 1.0), logits, 123, ctr) == a).all()  # split: the same draw
     b = run_sample(spec, logits, 123, ctr)
     c = run_sample(spec, logits, 124, ctr)
     assert (a == b).all()

@@ -12,7 +12,13 @@ from fusec.codegen.render import ctype, float_lit
 from fusec.dtypes import DType
 
 SMS = 132  # H100/H200 SXM: only steers how many blocks a split attention aims for
-KV_TARGET_BLOCKS = 8 * SMS  # blocks a long-context decode step should have (several per SM)
+# A full-context decode step should be one wave of blocks: 8 blocks of 128 threads fit an SM at
+# the 64 registers the kernel takes for D 128. Measured on an H100 (B 32, ctx 4096): 3 splits
+# (768 blocks) 219 us, 5 splits (1280 blocks, 1.2 waves) 255 us, 9 splits (2304) 223 us.
+KV_TARGET_BLOCKS = 8 * SMS
+# The default combine step loops over the splits per output column: beyond ~64 splits it costs
+# more than the extra parallelism brings (B 1, ctx 4096: 64 splits 24 us, 128 splits 32 us).
+KV_MAX_AUTO_SPLITS = 64
 _SMEM_LIMIT = 48 * 1024  # static shared memory per block
 _MAX_GRID = 1 << 20
 
@@ -45,13 +51,14 @@ def chunk_max(T: int, splits: int) -> int:
 
 def kv_attention_spec(B: int, Hq: int, Hkv: int, S_: int, T: int, D: int, dtype: DType, scale: float,
                       pos_dtype: DType = DType.I64, target_blocks: int = KV_TARGET_BLOCKS,
-                      threads: int = 128) -> S.KVAttentionSpec:
-    """The spec for a KV attention: enough splits of the key range that a full-context step has
-    about ``target_blocks`` blocks (batch 1 with a long context still fills every SM)."""
+                      threads: int = 128, max_splits: int = KV_MAX_AUTO_SPLITS) -> S.KVAttentionSpec:
+    """The spec for a KV attention: as many splits of the key range as keep a full-context step
+    within ``target_blocks`` blocks (one wave), at most ``max_splits``: batch 1 with a long
+    context still spreads over the SMs, a large batch is not cut into a wave and a tail."""
     probe = S.KVAttentionSpec(B, Hq, Hkv, S_, T, D, dtype, scale, 1, pos_dtype, threads)
     lay = kv_layout(probe, threads)
     per_split = B * Hkv * lay["tiles"]
-    splits = max(1, min(cdiv(target_blocks, per_split), cdiv(T, S.KV_CHUNK_GRANULE)))
+    splits = max(1, min(target_blocks // per_split, cdiv(T, S.KV_CHUNK_GRANULE), max_splits, S.KV_MAX_SPLITS))
     return S.KVAttentionSpec(B, Hq, Hkv, S_, T, D, dtype, scale, splits, pos_dtype, threads)
 
 
@@ -77,7 +84,7 @@ def _kv_attention(spec: S.KVAttentionSpec) -> Rendered:
 
 @builder(S.KVCombineSpec)
 def _kv_combine(spec: S.KVCombineSpec) -> Rendered:
-    threads = max(32, cdiv(spec.D, 32) * 32)
+    threads = 128 if spec.wide else max(32, cdiv(spec.D, 32) * 32)
     rows = spec.B * spec.Hq * spec.S
     if rows >= 2**31:
         raise ValueError("kv_combine: too many query rows")
@@ -86,7 +93,8 @@ def _kv_combine(spec: S.KVCombineSpec) -> Rendered:
         "splits": spec.splits, "gran": S.KV_CHUNK_GRANULE, "chunk_max": chunk_max(spec.T, spec.splits),
         "b_rows": rows, "t": ctype(spec.dtype), "pos_t": ctype(spec.pos_dtype), "threads": threads,
     }
-    return Rendered("kv_combine.cu.jinja", ctx, (rows, 1, 1), (threads, 1, 1), ("pos", "part", "out"))
+    template = "kv_combine_wide.cu.jinja" if spec.wide else "kv_combine.cu.jinja"
+    return Rendered(template, ctx, (rows, 1, 1), (threads, 1, 1), ("pos", "part", "out"))
 
 
 @builder(S.CacheWriteSpec)
@@ -103,22 +111,53 @@ def _cache_write(spec: S.CacheWriteSpec) -> Rendered:
                     ("new", "pos", "out"))
 
 
+# SampleSpec.compact: after level 0 of the first radix descent, the elements that can still be
+# kept (those in the selected bin or above) are gathered into shared memory when at most this
+# many, and the remaining levels and the draw run over them instead of over the row.
+SAMPLE_CANDIDATES = 8192
+
+
 @builder(S.SampleSpec)
 def _sample(spec: S.SampleSpec) -> Rendered:
     vec = 16 // spec.dtype.itemsize
     while spec.V % vec:
         vec //= 2
-    top_k = spec.top_k if 0 < spec.top_k < spec.V else 0
+    top_k = spec.top_k if 0 < spec.top_k < spec.V and not spec.greedy else 0
     top_p_cut = not spec.greedy and spec.top_p < 1.0
-    cuts = not spec.greedy and (top_k > 0 or top_p_cut)
-    threads = 1024 if cuts else min(1024, max(32, cdiv(cdiv(spec.V // vec, 4), 32) * 32))
+    per_block = cdiv(spec.V // vec, spec.chunks)  # vectors of a row one block reads
+    threads = 1024 if spec.has_cuts else min(1024, max(32, cdiv(cdiv(per_block, 4), 32) * 32))
     ctx = {
-        "name": kernel_name("sample", spec), "V": spec.V, "threads": threads, "vec": vec,
+        "name": kernel_name("sample", spec), "V": spec.V, "threads": threads, "vec": vec, "chunks": spec.chunks,
         "t": ctype(spec.dtype), "seed_t": ctype(spec.seed_dtype), "ctr_t": ctype(spec.counter_dtype),
         "greedy": spec.greedy, "top_k": top_k, "top_p_cut": top_p_cut,
         "temp": float_lit(spec.temperature if not spec.greedy else 1.0, "temperature"),
-        "top_p": float_lit(spec.top_p, "top_p"),
+        "top_p": float_lit(spec.top_p, "top_p"), "cuts": spec.has_cuts,
+        "compact": spec.compact, "cap": SAMPLE_CANDIDATES,
     }
-    if spec.B > 2**31 - 1:
-        raise ValueError("sample: too many rows")
-    return Rendered("sample.cu.jinja", ctx, (spec.B, 1, 1), (threads, 1, 1), ("logits", "seed", "counter", "out"))
+    smem = SAMPLE_CANDIDATES * 8 if ctx["compact"] else 0
+    last = "part" if spec.chunks > 1 else "out"
+    return Rendered("sample.cu.jinja", ctx, (spec.chunks, spec.B, 1), (threads, 1, 1), ("logits", "seed", "counter", last),
+                    smem)
+
+
+@builder(S.SampleCombineSpec)
+def _sample_combine(spec: S.SampleCombineSpec) -> Rendered:
+    threads = min(256, cdiv(spec.chunks, 32) * 32)
+    ctx = {"name": kernel_name("samplec", spec), "chunks": spec.chunks, "threads": threads}
+    return Rendered("sample_combine.cu.jinja", ctx, (spec.B, 1, 1), (threads, 1, 1), ("part", "out"))
+
+
+SAMPLE_TARGET_BLOCKS = 2 * SMS
+
+
+def sample_spec(B: int, V: int, dtype: DType, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                seed_dtype: DType = DType.I64, counter_dtype: DType = DType.I64,
+                target_blocks: int = SAMPLE_TARGET_BLOCKS) -> S.SampleSpec:
+    """The spec for ``Op.SAMPLE``: greedy and uncut sampling split each row over enough blocks
+    (chunks of >= 2048 tokens) that a small batch still uses the whole GPU; a top-k/top-p cut
+    needs row-wide histograms and runs one block per row."""
+    one = S.SampleSpec(B, V, dtype, temperature, top_k, top_p, seed_dtype, counter_dtype)
+    if one.has_cuts:
+        return one
+    chunks = max(1, min(cdiv(target_blocks, B), V // 2048))
+    return S.SampleSpec(B, V, dtype, temperature, top_k, top_p, seed_dtype, counter_dtype, chunks)

@@ -5,7 +5,7 @@ memory, so the launches are fixed and replay in a CUDA graph."""
 from __future__ import annotations
 
 from fusec.codegen import specs as S
-from fusec.codegen.build_decode import kv_attention_spec
+from fusec.codegen.build_decode import kv_attention_spec, sample_spec
 from fusec.ir import Node
 from fusec.lower import Context, LoweringError
 
@@ -64,14 +64,19 @@ def sample(ctx: Context, node: Node, label: str) -> None:
         raise LoweringError(f"{_where(node, label)}: seed/counter must be int32/int64")
     B, V = logits.shape
     try:
-        spec = S.SampleSpec(B, V, logits.dtype, float(a.temperature), int(a.top_k), float(a.top_p),
-                            seed.dtype, counter.dtype)
+        spec = sample_spec(B, V, logits.dtype, float(a.temperature), int(a.top_k), float(a.top_p),
+                           seed.dtype, counter.dtype)
     except ValueError as e:
         raise LoweringError(f"{_where(node, label)}: sample over logits {list(logits.shape)} "
                             f"({logits.dtype.value}): {e}") from None
     if not ctx.aligned(logits):
         raise LoweringError(f"{_where(node, label)}: sample needs 16-byte aligned logits")
-    ctx.kernel(spec, [logits, seed, counter, node.output], label)
+    if spec.chunks == 1:
+        ctx.kernel(spec, [logits, seed, counter, node.output], label)
+        return
+    part = ctx.scratch(spec.part_bytes)
+    ctx.kernel(spec, [logits, seed, counter, part], label)
+    ctx.kernel(spec.combine(), [part, node.output], label + " combine")
 
 
 __all__ = ["cache_write", "kv_attention", "sample"]
