@@ -34,7 +34,7 @@ from fusec.passes import fusion_rules as R
 from fusec.passes.base import PassOptions, PassResult
 from fusec.passes.fusion_rules import Decision, FusionRecord
 from fusec.passes.match import Ctx, prune_constants, toposort
-from fusec.passes.subgraph import escaping, extract
+from fusec.passes.subgraph import escaping, extract, label
 from fusec.passes.views import view_of
 
 NAME = "fusion"
@@ -112,7 +112,7 @@ class _Grouping:
     def record(self, rule: str, kind: FusionKind, members: Sequence[Node], decision: Decision, reason: str,
                legal: bool, name: str | None = None) -> None:
         ordered = self.sorted(members)
-        self.records.append(FusionRecord(rule, kind, decision, reason, legal, tuple(_label(n) for n in ordered),
+        self.records.append(FusionRecord(rule, kind, decision, reason, legal, tuple(label(n) for n in ordered),
                                          candidate_key(rule, ordered), self.ctx.layer(ordered[-1]), name))
 
     def decide(self, rule: str, members: Sequence[Node]) -> tuple[Decision, str]:
@@ -131,7 +131,7 @@ class _Grouping:
     def propose(self, rule: str, kind: FusionKind, members: list[Node], multi_output: bool = False) -> None:
         """A whole candidate: applied as proposed, or not at all."""
         clash = [n for n in members if n in self.owner]
-        why = (f"{_label(clash[0])} is already in {_gname(self.owner[clash[0]])}" if clash
+        why = (f"{label(clash[0])} is already in {_gname(self.owner[clash[0]])}" if clash
                else self.check(set(members), multi_output))
         if why is not None:
             self.record(rule, kind, members, Decision.REJECTED, why, legal=False)
@@ -280,10 +280,6 @@ def _launches(members: list[Node]) -> int:
     return sum(1 for m in members if view_of(m) is None)
 
 
-def _label(n: Node) -> str:
-    return n.name or n.outputs[0].name
-
-
 def _gname(gid: int) -> str:
     return f"fused_{gid}"
 
@@ -292,7 +288,7 @@ def candidate_key(rule: str, ordered: list[Node]) -> str:
     """A candidate's stable name: its rule, first and last member labels and a hash of all member
     labels (graph order). The ``fused_N`` group names shift when an earlier decision changes;
     this key does not, so A/B decisions (``PassOptions.fusion_overrides``) can name candidates."""
-    labels = [_label(n) for n in ordered]
+    labels = [label(n) for n in ordered]
     digest = hashlib.sha256("\0".join(labels).encode()).hexdigest()[:8]
     return f"{rule}:{labels[0]}..{labels[-1]}#{digest}"
 

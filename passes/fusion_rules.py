@@ -8,6 +8,10 @@ Kinds (``fusec.ops.FusionKind``): an *elementwise-like* node is ELEMENTWISE or B
 index: reshape, transpose, slice ...); any INJECTIVE node may be a *prologue* (a kernel can read
 its input through it: gather, rope, concat too). GEMM nodes anchor epilogues; REDUCE nodes anchor
 norms/softmax with their elementwise neighbours.
+
+``mlp`` and ``norm_gemm`` have no single-kernel template today, so the codegen's capability query
+declines them (recorded, ``legal=False``: no A/B experiment measures a fusion codegen cannot emit).
+They stay rules: a template that covers them makes them candidates without touching the pass.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ import numpy as np
 from fusec.dtypes import DType
 from fusec.ir import Graph, Node, Value
 from fusec.ops import Op, infer
+from fusec.passes import subgraph
 from fusec.passes.base import PassOptions, PassResult
 
 # Layer numbers in HF/ONNX names: "layers.3", "/h.3/", "layer.3", "blocks.3".
@@ -104,7 +105,7 @@ class Ctx:
 
     def where(self, node: Node) -> str:
         """``layers.3: <node name or output name> (op)``: names the node for decline messages."""
-        label = f"{node.name or node.outputs[0].name} ({node.op.value})"
+        label = f"{subgraph.label(node)} ({node.op.value})"
         lay = self.layer(node)
         return f"{lay}: {label}" if lay else label
 

@@ -19,6 +19,11 @@ from collections.abc import Callable, Collection, Sequence
 from fusec.ir import Graph, Node, Value
 
 
+def label(n: Node) -> str:
+    """How fusion records and A/B regions name a node: its own name, else its first output's."""
+    return n.name or n.outputs[0].name
+
+
 @dataclasses.dataclass
 class Cut:
     body: Graph

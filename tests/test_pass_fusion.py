@@ -158,3 +158,35 @@ def test_attention_group_takes_head_layouts() -> None:
     att = next(n for n in _fused(out) if Op.ATTENTION in _body_ops(n))
     assert att.attrs.rule == "gemm_prologue+gemm_epilogue" and _body_ops(att).count(Op.SLICE) == 3
     _same(g, out)
+
+
+def test_attention_prologue_declines_rope_with_the_codegens_reason_and_rope_keeps_its_views() -> None:
+    """The attention kernel reads q/k/v through layout views only: the prologue's RoPE nodes are
+    declined at fusion time (recorded, not legal), and each RoPE forms its own one-kernel group
+    with the views in front of it. Every applied record is part of a fused node that lowers."""
+    from fusec.lower.fused import can_fuse
+
+    b = GraphBuilder("rope_attn")
+    x = b.input("x", (1, 6, 32), F)
+    qkv = b.emit(Op.MATMUL, x, _w(b, 32, 96))
+    cos = b.const(RNG.standard_normal((6, 8)).astype(np.float32), name="cos")
+    sin = b.const(RNG.standard_normal((6, 8)).astype(np.float32), name="sin")
+    heads = []
+    for i in range(3):
+        s = b.emit(Op.SLICE, qkv, axes=(2,), starts=(32 * i,), ends=(32 * i + 32,), steps=(1,))
+        h = b.emit(Op.TRANSPOSE, b.emit(Op.RESHAPE, s, shape=(1, 6, 4, 8)), perm=(0, 2, 1, 3))
+        heads.append(b.emit(Op.ROPE, h, cos, sin, rotary_dim=8) if i < 2 else h)
+    a = b.emit(Op.ATTENTION, *heads, scale=0.35, causal=True)
+    b.output(b.emit(Op.RESHAPE, b.emit(Op.TRANSPOSE, a, perm=(0, 2, 1, 3)), shape=(1, 6, 32)), "y")
+    g = b.build()
+    out, _ = _run(g)
+    groups = _fused(out)
+    att = next(n for n in groups if Op.ATTENTION in _body_ops(n))
+    assert Op.ROPE not in _body_ops(att) and _body_ops(att).count(Op.SLICE) == 1  # v's views only
+    ropes = [n for n in groups if Op.ROPE in _body_ops(n)]
+    assert len(ropes) == 2 and all(_body_ops(n)[-1] == Op.ROPE and Op.SLICE in _body_ops(n) for n in ropes)
+    declined = [r for r in fusion.records(out) if r.rule == "gemm_prologue" and not r.legal]
+    assert len(declined) == 2 and all("through rope" in r.reason for r in declined)
+    assert all(can_fuse(n.attrs.body) for n in groups)
+    assert {r.name for r in fusion.records(out) if r.applied} == {n.name for n in groups}
+    _same(g, out)

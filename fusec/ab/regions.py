@@ -27,6 +27,7 @@ from typing import Any
 
 from fusec.ir import Graph, Node, Value, verify
 from fusec.ops import Op
+from fusec.passes.subgraph import escaping, extract, label
 
 
 class RegionError(ValueError):
@@ -84,10 +85,6 @@ class Candidate:
         return self.key if self.kind == "fusion" else f"{self.key}->{self.variant}"
 
 
-def label(n: Node) -> str:
-    return n.name or n.outputs[0].name
-
-
 def pre_fusion(graph: Graph, storage: str) -> Graph:
     """``graph`` after every pass that precedes fusion (the graph the fusion records name)."""
     from fusec.passes.base import PassOptions
@@ -101,8 +98,6 @@ def pre_fusion(graph: Graph, storage: str) -> Graph:
 def extract_region(graph: Graph, labels: list[str], name: str = "region") -> Graph:
     """The members ``labels`` of ``graph`` as a standalone, verified graph: the fusion pass's cut
     (``fusec.passes.subgraph.extract``) with every constant kept a constant (see module doc)."""
-    from fusec.passes.subgraph import escaping, extract
-
     want = set(labels)
     members = [n for n in graph.nodes if label(n) in want]
     if len(members) != len(want):

@@ -120,7 +120,7 @@ def index_expr(body: Graph, out: Value, leaves: dict[Value, Any] | None = None) 
     return IndexedExpr(expr, operands, plain[0])
 
 
-# ---- attention with its layout ------------------------------------------------------------------
+# ---- attention and rope with their layouts ------------------------------------------------------------------
 
 def _view_from_input(body: Graph, v: Value) -> tuple[int, L.View]:
     """Follow layout ops back from ``v`` to a body input: (input index, view of v in that input)."""
@@ -129,14 +129,16 @@ def _view_from_input(body: Graph, v: Value) -> tuple[int, L.View]:
     while v not in body.inputs:
         n = producers.get(v)
         if n is None:
-            raise _NoPlan("attention operand is a constant inside the body")
+            raise _NoPlan("a kernel operand is a constant inside the body")
+        if n.op not in _LAYOUT:
+            raise _NoPlan(f"the kernel reads its operands in place through layout views only, not through {n.op.value}")
         chain.append(n)
         v = n.inputs[0]
     view: L.View | None = L.View.contiguous(v.shape)
     for n in reversed(chain):
         view = L.apply(view, n) if view is not None else None
     if view is None:
-        raise _NoPlan("attention operand is not a strided view of a body input")
+        raise _NoPlan("a kernel operand's layout views do not compose into one strided view of a body input")
     return body.inputs.index(v), view
 
 
