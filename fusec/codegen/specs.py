@@ -492,7 +492,9 @@ class KVCombineSpec:
 @dataclasses.dataclass(frozen=True)
 class SampleSpec:
     """``Op.SAMPLE`` (fusec/sampling.py defines it exactly): logits [B, V] -> token ids [B] int64,
-    one block per row. ``temperature`` 0: argmax (lowest index on ties, NaN wins as in numpy).
+    one block per row, or ``chunks`` blocks per row plus ``combine()``'s kernel for greedy and
+    uncut sampling (``build_decode.sample_spec`` picks). ``temperature`` 0: argmax (lowest index
+    on ties, NaN wins as in numpy).
     Otherwise z = x / temperature, the top-k and top-p (nucleus) cuts found by radix descents
     over the fp32 keys of z with block-wide integer histograms (deterministic; no sort), then
     the Gumbel-max draw with sampling.py's counter-based noise. Params: logits, seed, counter, out."""
