@@ -2,9 +2,9 @@
 
 Every node becomes one of: nothing (a zero-copy view, or a node whose output the memory plan
 aliases to its input), one kernel launch (a spec built by ``fusec.lower.specs`` and compiled by
-``fusec.codegen.kernels``), or one cuBLAS GEMM. A fused node whose body no single template
-covers is lowered member by member: always correct, and counted in the report
-(``fused_split``), so a fusion that did not become one kernel is visible, never silent.
+``fusec.codegen.kernels``), or one cuBLAS GEMM. A fused node is one kernel (a GEMM epilogue:
+the product, then one epilogue kernel): the fusion pass forms only groups that
+``fusec.lower.fused.can_fuse`` accepts, and records every group it declines with the reason.
 
 Addresses: values live in the arena at the memory plan's offsets (views and in-place values
 included); constants, the fused bodies' constants too, are packed into one weights buffer with

@@ -159,7 +159,7 @@ def choice_point(node: Node) -> ChoicePoint | None:
 
 
 def choice_points(graph: Graph) -> list[tuple[Node, ChoicePoint]]:
-    """Every node of ``graph`` (an optimized, legalized graph) with alternative lowerings."""
+    """Every node of ``graph`` (an optimized graph) with alternative lowerings."""
     return [(n, cp) for n in graph.nodes if (cp := choice_point(n)) is not None]
 
 
