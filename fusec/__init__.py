@@ -13,11 +13,32 @@ def compile(model, shapes=None, dtype="fp16", cuda_graph=False, arch=None, **kw)
     """Compile a model into a runnable ``Plan``; see ``fusec.compiler.compile``."""
     from fusec.compiler import compile as _compile
 
+    _check_fusion_names(kw.get("disabled_fusions", ()), "disabled_fusions")
+    _check_fusion_names(kw.get("enabled_fusions", ()), "enabled_fusions")
     return _compile(model, shapes=shapes, dtype=dtype, cuda_graph=cuda_graph, arch=arch, **kw)
 
 
+def _check_fusion_names(names, what):
+    """A misspelled fusion rule name is an error listing the known ones, never ignored."""
+    from fusec.errors import InputError
+    from fusec.passes.fusion_rules import RULES
+
+    if isinstance(names, str):
+        raise InputError(f"{what} must be a list of fusion rule names, got the string {names!r}")
+    unknown = [n for n in names if n not in RULES]
+    if unknown:
+        raise InputError(f"{what}: unknown fusion rule(s) {', '.join(repr(n) for n in unknown)} "
+                         f"(known: {', '.join(RULES)})")
+
+
 def load(path, recompile=False, cuda_graph=None):
-    """Load and validate a ``.fplan`` file; see ``fusec.plan.Plan.load``."""
+    """Load and validate a ``.fplan`` file; see ``fusec.plan.Plan.load``.
+
+    A plan is executable code (CUDA binaries run on the GPU with the process's rights; with
+    ``recompile=True`` its bundled sources are compiled). ``load`` checks the file's integrity and
+    every manifest field (types, ranges, pointers inside their regions, launch limits, cubin
+    headers and arch), but a checksum proves nothing about who wrote it: load plans only from
+    trusted sources."""
     from fusec.plan import Plan
 
     return Plan.load(path, recompile=recompile, cuda_graph=cuda_graph)

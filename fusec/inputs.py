@@ -4,10 +4,12 @@
 
 from __future__ import annotations
 
+import io
 import os
+import stat
 import zipfile
 from collections.abc import Mapping
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -17,6 +19,7 @@ from fusec.fsutil import atomic_write
 from fusec.ir import Graph, Value
 from fusec.ops import Op
 from fusec.reference import check_inputs
+from fusec.shapes import MAX_BYTES_ENV, check_size, max_bytes
 
 # Ops through which an integer input keeps its meaning as an index (token ids cast to i32, an
 # unsqueeze/reshape, a transpose or broadcast) before it reaches a gather.
@@ -65,6 +68,10 @@ def random_inputs_for(signature: list[dict[str, Any]], seed: int = 0) -> dict[st
     inputs (attention masks, say) get ones, so that nothing is masked out; floats are standard
     normal; bools are True.
     """
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise InputError(f"seed must be a non-negative integer, got {seed!r}")
+    for sig in signature:
+        check_size(tuple(sig["shape"]), f"input {sig['name']!r}", DType(sig["dtype"]).itemsize)
     rng = np.random.default_rng(seed)
     out: dict[str, np.ndarray] = {}
     for sig in signature:
@@ -85,44 +92,168 @@ def random_inputs_for(signature: list[dict[str, Any]], seed: int = 0) -> dict[st
     return out
 
 
-def load_inputs_npz(path: str | os.PathLike[str], graph: Graph) -> dict[str, np.ndarray]:
-    """Read the inputs of ``graph`` from an ``.npz`` file, keyed by input name.
-
-    Raises InputError naming the file when it cannot be read (missing, not an npz, holds pickled
-    objects), and naming the input when one is missing, extra, or of the wrong dtype or shape.
-    """
-    where = repr(os.fspath(path))
+def _open_once(path: str | os.PathLike[str], where: str) -> IO[bytes]:
+    """Open the inputs file once; a pipe or FIFO (``--inputs <(cat in.npz)``) is read into memory
+    (up to the byte limit), since a zip archive needs seeking and a pipe can be read only once."""
     try:
-        with open(path, "rb") as f:
-            magic = f.read(6)
+        f = open(path, "rb")  # noqa: SIM115 (returned)
     except FileNotFoundError:
         raise InputError(f"inputs file {where} does not exist") from None
     except IsADirectoryError:
         raise InputError(f"inputs file {where} is a directory") from None
     except OSError as e:
         raise InputError(f"cannot read inputs file {where}: {e.strerror or e}") from None
-    # Check the magic first: numpy reports any non-npy/npz file as "pickled data".
-    if magic.startswith(b"\x93NUMPY"):
-        raise InputError(f"inputs file {where} is a single .npy array, not an .npz archive of named inputs")
-    if not magic.startswith(b"PK"):
-        raise InputError(f"inputs file {where} is not an .npz file (save inputs with np.savez)")
     try:
-        with np.load(path, allow_pickle=False) as z:
-            arrays = {name: z[name] for name in z.files}
-    except ValueError as e:
-        if "pickle" in str(e):
-            raise InputError(f"inputs file {where} holds pickled objects, which fusec does not load; "
-                             "save plain numeric arrays (np.savez)") from None
-        raise InputError(f"inputs file {where} is not a readable .npz file ({_one_line(e)})") from None
-    except (OSError, EOFError, zipfile.BadZipFile, KeyError) as e:
-        raise InputError(f"inputs file {where} is not a readable .npz file ({_one_line(e)})") from None
+        st = os.fstat(f.fileno())
+        if stat.S_ISDIR(st.st_mode):
+            raise InputError(f"inputs file {where} is a directory")
+        if stat.S_ISREG(st.st_mode):
+            return f
+        limit = max_bytes()
+        chunks, total = [], 0
+        while total <= limit:
+            chunk = f.read(1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        data = b"".join(chunks)
+        if len(data) > limit:
+            raise InputError(f"inputs file {where} (a pipe) holds more than {limit} bytes "
+                             f"(set {MAX_BYTES_ENV} to raise the limit)")
+        f.close()
+        return io.BytesIO(data)
+    except OSError as e:
+        f.close()
+        raise InputError(f"cannot read inputs file {where}: {e.strerror or e}") from None
+    except BaseException:
+        f.close()
+        raise
+
+
+def _read_members(zf: zipfile.ZipFile, graph: Graph, where: str) -> dict[str, np.ndarray]:
+    """Every member as an array, each checked before it is inflated: a known input name, a plain
+    (non-object) dtype, the header's shape equal to the input's, and a declared size that fits
+    the header (so neither a lying header nor a deflate bomb can allocate more than expected)."""
+    expected = {v.name: v for v in graph.inputs}
+    arrays: dict[str, np.ndarray] = {}
+    for info in zf.infolist():
+        if info.is_dir():
+            continue
+        if not info.filename.endswith(".npy"):
+            raise InputError(f"inputs file {where}: member {info.filename!r} is not an .npy array")
+        name = info.filename[:-4]
+        if name in arrays:
+            raise InputError(f"inputs file {where}: input {name!r} appears twice")
+        v = expected.get(name)
+        if v is None:
+            raise InputError(f"inputs file {where}: unexpected input(s): {name!r} "
+                             f"(the graph takes {', '.join(repr(n) for n in expected)})")
+        with zf.open(info) as member:
+            try:
+                version = np.lib.format.read_magic(member)
+                if version == (1, 0):
+                    shape, fortran, dtype = np.lib.format.read_array_header_1_0(member)
+                else:
+                    shape, fortran, dtype = np.lib.format.read_array_header_2_0(member)
+            except (ValueError, EOFError, OSError) as e:
+                raise InputError(f"inputs file {where}: input {name!r} is not a readable .npy array "
+                                 f"({_one_line(e)})") from None
+            if dtype.hasobject:
+                raise InputError(f"inputs file {where} holds pickled objects (input {name!r}), which fusec "
+                                 "does not load; save plain numeric arrays (np.savez)")
+            if tuple(shape) != tuple(v.shape):
+                raise InputError(f"inputs file {where}: input {name!r}: expected shape {list(v.shape)}, got {list(shape)}")
+            try:
+                check_size(shape, f"input {name!r}", dtype.itemsize)
+            except InputError as e:
+                raise InputError(f"inputs file {where}: {e}") from None
+            need = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            if info.file_size > need + 65536 + 4096:
+                raise InputError(f"inputs file {where}: input {name!r} declares {info.file_size} bytes, but "
+                                 f"its header describes {need}")
+            try:
+                arr = _read_array(member, tuple(shape), fortran, dtype, name, where)
+            except (ValueError, EOFError, OSError, zipfile.BadZipFile) as e:
+                raise InputError(f"inputs file {where}: input {name!r} is not a readable .npy array "
+                                 f"({_one_line(e)})") from None
+        arrays[name] = arr
+    return arrays
+
+
+def _read_array(f: Any, shape: tuple[int, ...], fortran: bool, dtype: np.dtype, name: str, where: str) -> np.ndarray:
+    """The data of an .npy member after its header: exactly the bytes the header describes."""
+    count = int(np.prod(shape, dtype=np.int64))
+    need = count * dtype.itemsize
+    data = bytearray(need)
+    view, done = memoryview(data), 0
+    while done < need:
+        n = f.readinto(view[done:])
+        if not n:
+            raise InputError(f"inputs file {where}: input {name!r} is truncated ({done} of {need} bytes)")
+        done += n
+    arr = np.frombuffer(data, dtype=dtype, count=count)
+    return arr.reshape(shape[::-1]).transpose() if fortran else arr.reshape(shape)
+
+
+def check_index_bounds(graph: Graph, arrays: Mapping[str, np.ndarray], bounds: Mapping[str, int | None] | None = None,
+                       where: str = "") -> None:
+    """Integer inputs used as gather indices (token ids) lie in [-rows, rows) of every table they
+    index; an InputError names the input (and ``where``, the file) otherwise."""
+    prefix = f"{where}: " if where else ""
+    by_name = {v.name: v for v in graph.inputs}
+    for name, arr in arrays.items():
+        v = by_name.get(name)
+        if v is None or not v.dtype.is_int or not np.asarray(arr).size:
+            continue
+        bound = bounds.get(name) if bounds is not None else index_bound(graph, v)
+        if not bound:
+            continue
+        lo, hi = int(np.min(arr)), int(np.max(arr))
+        if lo < -bound or hi >= bound:
+            bad = hi if hi >= bound else lo
+            raise InputError(f"{prefix}input {name!r}: value {bad} is out of range [0, {bound}) "
+                             f"(it indexes a table of {bound} rows, e.g. token ids)")
+
+
+def load_inputs_npz(path: str | os.PathLike[str], graph: Graph,
+                    bounds: Mapping[str, int | None] | None = None) -> dict[str, np.ndarray]:
+    """Read the inputs of ``graph`` from an ``.npz`` file, keyed by input name.
+
+    Raises InputError naming the file when it cannot be read (missing, not an npz, holds pickled
+    objects), and naming the input when one is missing, extra, of the wrong dtype or shape, or
+    (token ids) out of range. Each member's header is checked before it is inflated; the file is
+    opened once, so a pipe works. ``bounds``: index bounds by input name (plans store them).
+    """
+    where = repr(os.fspath(path))
+    f = _open_once(path, where)
+    with f:
+        try:
+            magic = f.read(6)
+            f.seek(0)
+        except OSError as e:
+            raise InputError(f"cannot read inputs file {where}: {e.strerror or e}") from None
+        # Check the magic first: numpy reports any non-npy/npz file as "pickled data".
+        if magic.startswith(b"\x93NUMPY"):
+            raise InputError(f"inputs file {where} is a single .npy array, not an .npz archive of named inputs")
+        if not magic.startswith(b"PK"):
+            raise InputError(f"inputs file {where} is not an .npz file (save inputs with np.savez)")
+        try:
+            with zipfile.ZipFile(f) as zf:
+                arrays = _read_members(zf, graph, where)
+        except InputError:
+            raise
+        except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError, NotImplementedError) as e:
+            raise InputError(f"inputs file {where} is not a readable .npz file ({_one_line(e)})") from None
     # bf16 has no numpy dtype of its own; np.savez stores ml_dtypes.bfloat16 arrays as raw 2-byte voids
     for v in graph.inputs:
         arr = arrays.get(v.name)
         if v.dtype == DType.BF16 and arr is not None and arr.dtype == np.dtype("V2"):
             arrays[v.name] = arr.view(DType.BF16.np)
     try:
-        return check_inputs(graph, arrays)
+        out = check_inputs(graph, arrays)
+        check_index_bounds(graph, out, bounds)
+        return out
     except InputError as e:
         raise InputError(f"inputs file {where}: {e}") from None
 
@@ -135,13 +266,34 @@ def save_outputs_npz(path: str | os.PathLike[str], outputs: Mapping[str, np.ndar
     because an output may be named anything, including ``file``.
     """
     target = os.fspath(path)
+    for name in outputs:
+        check_member_name(name)
     try:
-        with atomic_write(target) as f, zipfile.ZipFile(f, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+        with atomic_write(target, what="outputs file") as f, zipfile.ZipFile(f, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
             for name, arr in outputs.items():
                 with zf.open(name + ".npy", "w", force_zip64=True) as member:
                     np.lib.format.write_array(member, np.asarray(arr), allow_pickle=False)
     except OSError as e:
         raise InputError(f"cannot write outputs file {target!r}: {e.strerror or e}") from None
+
+
+def check_member_name(name: str) -> None:
+    """An output name becomes the archive member ``NAME.npy``: refuse names that an unzip tool
+    would turn into a path outside the target directory, or that cannot be a member name."""
+    bad = ""
+    if not isinstance(name, str) or not name:
+        bad = "is empty"
+    elif "\0" in name:
+        bad = "contains a NUL character"
+    elif "\\" in name:
+        bad = "contains a backslash"
+    elif name.startswith("/") or (len(name) > 1 and name[1] == ":"):
+        bad = "is an absolute path"
+    elif any(part in ("..", ".") for part in name.split("/")):
+        bad = "contains a '..' or '.' path component"
+    if bad:
+        raise InputError(f"output {name!r} {bad}, so it cannot be a member of the outputs .npz archive "
+                         "(it would name a path outside the archive); rename it in the model")
 
 
 def _one_line(e: BaseException) -> str:

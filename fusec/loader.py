@@ -35,7 +35,9 @@ def load_graph(model: str | os.PathLike[str] | onnx.ModelProto | Graph,
     Raises ModelError when the model cannot be found or read, InputError when ``shapes`` does not
     fit the model (unknown input name, wrong rank, different dims).
     """
-    shapes = {k: tuple(int(d) for d in v) for k, v in shapes.items()} if shapes else None
+    from fusec.shapes import normalize_shapes
+
+    shapes = normalize_shapes(shapes) if shapes else None  # (1.5, 16) is an error, not (1, 16)
     if isinstance(model, Graph):  # already built (e.g. by fusec.models.build with real weights)
         from fusec.ir import verify
 

@@ -192,55 +192,18 @@ def _current_arch() -> str | None:
 
 
 def _validate_manifest(m: Mapping[str, Any], blobs: Mapping[str, Any], where: str) -> None:
-    """Check the manifest's structure and cross-references before anything is loaded."""
-    for key in _REQUIRED:
-        if key not in m:
-            raise PlanFileError(f"{where}: manifest: missing field {key!r}")
-    if not str(m["fusec_version"]).split(".")[0] == __version__.split(".")[0]:
-        raise PlanFileError(f"{where}: manifest: field 'fusec_version' is {m['fusec_version']}, "
-                            f"this is fusec {__version__}; recompile the model")
-    mod_ids = set()
-    for mod in m["modules"]:
-        for part in ("cubin", "source"):
-            if mod.get(part) not in blobs:
-                raise PlanFileError(f"{where}: module {mod.get('id')!r}: missing part {mod.get(part)!r}")
-        mod_ids.add(mod["id"])
-    for i, k in enumerate(m["kernels"]):
-        if k.get("module") not in mod_ids:
-            raise PlanFileError(f"{where}: kernel #{i}: unknown module {k.get('module')!r}")
-    wbytes = int(m["memory"].get("weights_bytes", 0))
-    if wbytes and len(blobs.get("weights", b"")) != wbytes:
-        raise PlanFileError(f"{where}: weights: expected {wbytes} bytes")
-    arena = int(m["memory"].get("arena_bytes", 0))
-    state = int(m["memory"].get("state_bytes", 0))
-    for rec in m.get("state", []):
-        if not 0 <= int(rec["offset"]) <= state:
-            raise PlanFileError(f"{where}: state {rec.get('name')!r}: offset outside the state region")
-    ents = m["entries"] if "entries" in m else {"main": m}
-    if not isinstance(ents, Mapping) or not ents:
-        raise PlanFileError(f"{where}: manifest: field 'entries' must map entry names to entry points")
-    for ename, e in ents.items():
-        for key in _ENTRY:
-            if key not in e:
-                raise PlanFileError(f"{where}: manifest: entry {ename!r}: missing field {key!r}")
-        _validate_entry(e, m, wbytes, arena, state, f"{where}: entry {ename!r}" if "entries" in m else where)
+    """Check the manifest strictly before anything is loaded: types, ranges, no unknown keys,
+    every pointer range inside its region, launch limits, cubin headers and arch, self-contained
+    sources (see ``fusec.plancheck``). Raises PlanFileError naming the field."""
+    from fusec.plancheck import validate
+
+    validate(m, blobs, where, __version__)
 
 
 def _validate_entry(e: Mapping[str, Any], m: Mapping[str, Any], wbytes: int, arena: int, state: int, where: str) -> None:
-    limits = {"arena": arena, "weights": wbytes, "state": state}
-    for i, L in enumerate(e["launches"]):
-        if L.get("type") == "kernel":
-            if not 0 <= int(L.get("kernel", -1)) < len(m["kernels"]):
-                raise PlanFileError(f"{where}: launch #{i}: kernel index out of range")
-            ptrs = [a for a in L.get("args", []) if a[0] == "ptr"]
-        elif L.get("type") == "gemm":
-            ptrs = [["ptr", *L[x]] for x in ("a", "b", "c")]
-        else:
-            raise PlanFileError(f"{where}: launch #{i}: unknown type {L.get('type')!r}")
-        for _, space, off in ptrs:
-            if space not in limits or not 0 <= int(off) <= limits[space]:
-                raise PlanFileError(f"{where}: launch #{i}: pointer {space}+{off} outside the {space}")
-    for sig in ("inputs", "outputs"):
-        for d in e[sig]:
-            if not 0 <= int(d["offset"]) <= arena:
-                raise PlanFileError(f"{where}: {sig[:-1]} {d.get('name')!r}: offset outside the arena")
+    """One entry point's inputs, outputs and launches (kept for callers; see ``fusec.plancheck``)."""
+    from fusec.plancheck import _Check, _entry
+
+    kernels = m.get("kernels", [])
+    _entry(_Check(where), e, kernels if isinstance(kernels, list) else [],
+           {"arena": arena, "weights": wbytes, "state": state}, "")

@@ -76,6 +76,18 @@ def _chunks(head: bytes, blobs: Mapping[str, bytes]):
             yield b"\0" * _pad(len(data))
 
 
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a number fusec accepts (the manifest must hold finite numbers)")
+
+
+def _short(v: Any) -> str:
+    try:
+        text = repr(v)
+    except RecursionError:
+        text = "(nested too deeply)"
+    return text[:80]
+
+
 class PlanFile:
     """A validated plan file: ``manifest`` (dict) and ``blob(name) -> memoryview``."""
 
@@ -117,9 +129,13 @@ def read_plan(path: str | os.PathLike) -> PlanFile:
     if hashlib.sha256(body).digest() != trailer:
         raise PlanFileError(f"{p}: trailer: checksum mismatch (the file is truncated or was modified)")
     try:
-        manifest = json.loads(raw[_HEADER.size:mend].decode("utf-8"))
+        manifest = json.loads(raw[_HEADER.size:mend].decode("utf-8"), parse_constant=_no_constant)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise PlanFileError(f"{p}: manifest: not valid JSON ({e})") from None
+    except ValueError as e:  # NaN/Infinity, or an integer too long to parse
+        raise PlanFileError(f"{p}: manifest: {e}") from None
+    except RecursionError:
+        raise PlanFileError(f"{p}: manifest: JSON nested too deeply") from None
     if not isinstance(manifest, dict) or not isinstance(manifest.get("blobs"), list):
         raise PlanFileError(f"{p}: manifest: missing the blob table")
     data_start = mend + _pad(mend)
@@ -127,9 +143,13 @@ def read_plan(path: str | os.PathLike) -> PlanFile:
     table: dict[str, dict[str, Any]] = {}
     for entry in manifest["blobs"]:
         try:
-            name, off, length, digest = entry["name"], int(entry["offset"]), int(entry["length"]), entry["sha256"]
+            name, off, length, digest = entry["name"], entry["offset"], entry["length"], entry["sha256"]
+            if not (isinstance(name, str) and isinstance(digest, str) and type(off) is int and type(length) is int):
+                raise TypeError
         except (KeyError, TypeError, ValueError):
-            raise PlanFileError(f"{p}: manifest: malformed blob entry {entry!r:.80}") from None
+            raise PlanFileError(f"{p}: manifest: malformed blob entry {_short(entry)}") from None
+        if name in table:
+            raise PlanFileError(f"{p}: blob {name!r}: listed twice")
         if off < 0 or length < 0 or off + length > len(data):
             raise PlanFileError(f"{p}: blob {name!r}: extends past the end of the file")
         if hashlib.sha256(data[off:off + length]).hexdigest() != digest:

@@ -5,8 +5,9 @@ argparse parser) and ``run(args) -> int``; ``COMMANDS`` below is the single list
 them, so adding a command is one new module plus one entry here.
 
 Exit codes: 0 success; 2 bad usage (argparse); 1 a ``FusecError`` (bad model, inputs, shapes or
-files), printed as one line ``fusec: error: <message>`` on stderr. Any other exception is a bug in
-fusec and keeps its traceback.
+files), printed as one line ``fusec: error: <message>`` on stderr, and likewise an OS error (naming
+the path), running out of memory or a too-deeply nested input; 130 Ctrl-C (temporary files are
+removed). Any other exception is a bug in fusec and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -61,10 +62,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FusecError as e:
         print_error(str(e))
         return 1
+    except KeyboardInterrupt:
+        # files being written are temp files until the last moment; atomic_write removed them
+        print_error("interrupted")
+        return 130
+    except MemoryError:
+        print_error("out of memory: the model, its inputs or its shapes need more memory than this machine has "
+                    "(check --shapes and the input files)")
+        return 1
+    except RecursionError:
+        print_error("the model or an input file is nested too deeply to process (RecursionError)")
+        return 1
+    except OSError as e:
+        if isinstance(e, BrokenPipeError):
+            raise
+        print_error(_os_error(e))
+        return 1
     except BrokenPipeError:
         # `fusec inspect ... | head`: the reader left; not an error worth a traceback.
         _silence_stdout()
         return 1
+
+
+def _os_error(e: OSError) -> str:
+    """An OS error as one line naming the path(s) involved."""
+    what = e.strerror or str(e) or type(e).__name__
+    paths = [p for p in (e.filename, e.filename2) if p is not None]
+    if paths:
+        return f"{' -> '.join(repr(os.fsdecode(p)) if isinstance(p, bytes) else repr(p) for p in paths)}: {what}"
+    return f"{what} ({type(e).__name__})"
 
 
 def _silence_stdout() -> None:

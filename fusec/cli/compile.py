@@ -53,6 +53,17 @@ def add_compile_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enable-fusion", metavar="RULE", action="append", default=[], help="turn a fusion rule on (repeatable)")
 
 
+def check_dump_dir(args: argparse.Namespace) -> None:
+    """--dump-dir must be a directory or not exist yet (it is created)."""
+    d = getattr(args, "dump_dir", None)
+    if d is None:
+        return
+    if not d:
+        raise InputError("--dump-dir is empty")
+    if os.path.exists(d) and not os.path.isdir(d):
+        raise InputError(f"--dump-dir {d!r} exists and is not a directory")
+
+
 class Progress:
     """One status line on stderr (rewritten in place on a terminal, a line per stage otherwise)."""
 
@@ -90,6 +101,7 @@ def compile_from_args(args: argparse.Namespace, progress: Progress | None = None
         return compile_generation(args.model, batch=args.batch or 1, max_seq_len=t_max, prefill_len=args.max_prompt_len,
                                   sampling=sampling_from_args(args), dtype=args.dtype, arch=args.arch,
                                   weights_dir=args.weights_dir, progress=progress)
+    check_dump_dir(args)
     import fusec
     import fusec.ab
     from fusec.cli.ab import ledger_for_compile
@@ -107,9 +119,10 @@ def compile_from_args(args: argparse.Namespace, progress: Progress | None = None
 
 
 def run(args: argparse.Namespace) -> int:
-    out_dir = os.path.dirname(os.path.abspath(args.output))
-    if not os.path.isdir(out_dir):
-        raise InputError(f"cannot write plan {args.output!r}: directory {out_dir!r} does not exist")
+    from fusec.fsutil import check_output_path
+
+    # before compiling: not a directory, device node, /proc file, or the model being read
+    check_output_path(args.output, "plan", not_same_as=[args.model] if os.path.isfile(args.model) else [])
     from fusec import device
 
     progress = Progress()

@@ -30,13 +30,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "(with a note on stderr). The reference backend runs the optimized, memory-planned graph\n"
         "(every value in one byte arena at its planned offset) unless --no-optimize is given.\n"
         "A .fplan file runs on the cuda backend; --check rebuilds its source model for the\n"
-        "reference.",
+        "reference. A plan holds GPU binaries that run as they are: fusec checks the file and\n"
+        "every manifest field before loading code, but run plans only from trusted sources.",
         ["fusec run gpt2-tiny",
          "fusec run gpt2-tiny --backend reference --shapes input_ids:2x32,attention_mask:2x32 --seed 1",
          "fusec run model.onnx --inputs in.npz --save-outputs out.npz",
          "fusec run gpt2.fplan --check --stats"])
     p.add_argument("model", metavar="PLAN_OR_MODEL",
-                   help="a compiled .fplan file, a built-in model name (see `fusec models`) or an .onnx path")
+                   help="a compiled .fplan file, a built-in model name (see `fusec models`) or an .onnx path; "
+                        "a plan is executable GPU code: run plans only from trusted sources")
     p.add_argument("--shapes", metavar="SHAPES", help=SHAPES_HELP)
     add_compile_arguments(p)
     p.add_argument("--no-optimize", action="store_true",
@@ -56,8 +58,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from fusec import device
 
-    if args.save_outputs:
-        _check_output_dir(args.save_outputs)  # fail before the run, not after it
+    if args.seed < 0:
+        raise InputError(f"--seed must be a non-negative integer, got {args.seed}")
+    if args.save_outputs is not None:
+        _check_output_dir(args)  # fail before the run, not after it
     plan = load_plan_or_none(args.model)
     backend = args.backend
     explicit = backend is not None
@@ -98,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"check  {fmt_name(name)}  max relative error {err:.3e} (vs the numpy reference, fp32)")
     if args.stats and stats is not None:
         print("stats  " + "  ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in stats.items()))
-    if args.save_outputs:
+    if args.save_outputs is not None:
         from fusec.inputs import save_outputs_npz
 
         save_outputs_npz(args.save_outputs, outputs)
@@ -176,12 +180,12 @@ def _run_reference(args: argparse.Namespace, graph: Graph, inputs: dict[str, np.
     return reference.run_planned(optimized, inputs, plan_memory(optimized))
 
 
-def _check_output_dir(path: str) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        raise InputError(f"cannot write outputs file {path!r}: directory {directory!r} does not exist")
-    if os.path.isdir(path):
-        raise InputError(f"cannot write outputs file {path!r}: it is a directory")
+def _check_output_dir(args: argparse.Namespace) -> None:
+    """--save-outputs: a writable place that is neither the model nor the inputs file."""
+    from fusec.fsutil import check_output_path
+
+    keep = [p for p in (args.model, args.inputs) if p and os.path.isfile(p)]
+    check_output_path(args.save_outputs, "outputs file", not_same_as=keep)
 
 
 def _inputs(args: argparse.Namespace, graph: Graph | None, plan: Any) -> dict[str, np.ndarray]:
@@ -194,7 +198,7 @@ def _inputs(args: argparse.Namespace, graph: Graph | None, plan: Any) -> dict[st
             from fusec.ir import Value
 
             stub = Graph([Value(d["name"], d["shape"], DType(d["dtype"])) for d in sig], [], [])
-            return load_inputs_npz(args.inputs, stub)
+            return load_inputs_npz(args.inputs, stub, bounds={d["name"]: d.get("bound") for d in sig})
         return random_inputs_for(sig, seed=args.seed)
     if args.inputs:
         return load_inputs_npz(args.inputs, graph)

@@ -18,9 +18,10 @@ import numpy as np
 
 from fusec import reference
 from fusec.dtypes import DType
-from fusec.errors import ModelError
+from fusec.errors import InputError, ModelError
 from fusec.ir import Node, Value
 from fusec.ops import Op, infer, make_attrs
+from fusec.shapes import check_size
 
 WEIGHT_MIN_ELEMS = 4096  # a file tensor with more elements than this is a weight, never folded
 
@@ -99,6 +100,22 @@ class Emitter:
             self._materialized[key] = (s, v)
         return self._materialized[key][1]
 
+    def check_size(self, shape: Sequence[int], what: str, itemsize: int = 1) -> None:
+        """A ModelError naming the model and ``what`` when a tensor would pass the size limits
+        (``fusec.shapes.max_elements``/``max_bytes``), checked before anything is allocated."""
+        try:
+            check_size(shape, what, itemsize)
+        except InputError as e:
+            raise ModelError(f"{self.label}: {e}") from None
+
+    def _check_folded_size(self, op: Op, rec: Any, arrays: list[np.ndarray], node_name: str) -> None:
+        try:
+            types = infer(op, rec, [(tuple(a.shape), DType.from_np(a.dtype)) for a in arrays])
+        except Exception:  # a dtype the IR lacks (shape arithmetic in float64, say): the handler checked
+            return
+        for shape, dt in types:
+            self.check_size(shape, f"node {node_name!r}: the result of {op.value}", dt.itemsize)
+
     def op(self, op: Op, inputs: Sequence[Sym], name: str | None = None, node_name: str = "",
            **attrs: Any) -> Sym:
         """``op(inputs)``: folded to a Const when every input is a non-weight constant, else a node.
@@ -108,6 +125,7 @@ class Emitter:
         rec = make_attrs(op, **attrs)
         if all(isinstance(s, Const) and not s.weight for s in inputs):
             arrays = [s.array for s in inputs]  # type: ignore[union-attr]
+            self._check_folded_size(op, rec, arrays, node_name)
             try:
                 with np.errstate(all="ignore"):
                     res = reference.IMPL[op](rec, *arrays)
@@ -122,6 +140,8 @@ class Emitter:
             raise ModelError(f"{self.label}: node {node_name!r}: {op.value} on "
                              f"{', '.join(v.type_str for v in ins)}: {e}") from None
         outs = []
+        for shape, dt in types:
+            self.check_size(shape, f"node {node_name!r}: the result of {op.value}", dt.itemsize)
         for i, (shape, dt) in enumerate(types):
             vname = self.claim(name) if (name and i == 0) else self.fresh(f"{name or node_name or op.value}.{op.value}")
             outs.append(Value(vname, shape, dt))

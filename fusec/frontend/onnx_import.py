@@ -24,6 +24,7 @@ from fusec.frontend.emit import WEIGHT_MIN_ELEMS, Const, Emitter, Sym
 from fusec.frontend.onnx_ctx import HANDLERS, NodeCtx
 from fusec.frontend.onnx_load import ONNX_TO_DTYPE, LoadedModel, load_model, onnx_type_name
 from fusec.ir import Graph, Node, Value, verify
+from fusec.shapes import check_size, normalize_shapes
 from fusec.ops import Op
 
 MIN_OPSET = 13
@@ -93,12 +94,15 @@ def _bind_shapes(inputs: list[onnx.ValueInfoProto], shapes: Mapping[str, Sequenc
             sym = [d.dim_param or "?" for d in dims if not d.HasField("dim_value")]
             if sym:
                 raise InputError(f"input {vi.name!r} has symbolic dims {sym}; give its shape in shapes")
-            out[vi.name] = tuple(int(d.dim_value) for d in dims)
+            fixed = tuple(int(d.dim_value) for d in dims)
+            for i, d in enumerate(fixed):
+                if d <= 0:
+                    raise InputError(f"input {vi.name!r}: dim {i} is {d} in the model; fusec needs positive dims "
+                                     "(give the shape in shapes)")
+            check_size(fixed, f"input {vi.name!r}")
+            out[vi.name] = fixed
             continue
-        try:
-            given = tuple(int(d) for d in shapes[vi.name])
-        except (TypeError, ValueError):
-            raise InputError(f"shape of input {vi.name!r} must be a sequence of ints, got {shapes[vi.name]!r}") from None
+        given = normalize_shapes({vi.name: shapes[vi.name]})[vi.name]  # type: ignore[index]
         if dims is not None and len(given) != len(dims):
             raise InputError(f"input {vi.name!r} has rank {len(dims)}, shapes gives {list(given)}")
         for i, g in enumerate(given):
@@ -130,6 +134,7 @@ class _Importer:
 
     def run(self, shapes: Mapping[str, Sequence[int]]) -> Graph:
         label = self.loaded.label
+        _check_names(self.g, label)
         init_names = {t.name for t in self.g.initializer}
         for t in self.g.initializer:
             arr = self.loaded.to_array(t, t.name)
@@ -211,6 +216,22 @@ class _Importer:
         if problem:
             raise ModelError(f"{self.loaded.label}: graph output {vi.name!r} is declared with {problem}, "
                              f"but the model computes {v.type_str}")
+
+
+def _check_names(g: onnx.GraphProto, label: str) -> None:
+    """Graph outputs are what plans, archives and callers key results by: refuse an output named
+    twice, an empty output name, and an output that is also a graph input (never renamed)."""
+    inputs = {vi.name for vi in g.input}
+    seen: set[str] = set()
+    for vi in g.output:
+        name = vi.name
+        if not name:
+            raise ModelError(f"{label}: a graph output has an empty name")
+        if name in seen:
+            raise ModelError(f"{label}: graph output {name!r} is listed twice; output names must be unique")
+        if name in inputs:
+            raise ModelError(f"{label}: graph output {name!r} is also a graph input; fusec does not rename outputs")
+        seen.add(name)
 
 
 def _live(nodes: list[Node], consts: list[Value], outputs: list[Value]) -> tuple[list[Node], list[Value]]:

@@ -10,7 +10,9 @@ then read the bytes ourselves. Models over 2 GB are never serialized: the checke
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -19,7 +21,8 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from fusec.dtypes import DType
-from fusec.errors import ModelError
+from fusec.errors import FusecError, ModelError
+from fusec.shapes import check_size
 
 _PROTO_LIMIT = 2**31 - 1  # protobuf refuses to serialize a message this large
 
@@ -68,25 +71,40 @@ class LoadedModel:
                              f"({onnx_type_name(t.data_type)}): {_one_line(e)}") from None
 
     def _read_external(self, t: TensorProto, what: str) -> np.ndarray:
-        # validated again right before reading (cheap): protobuf wrappers have no stable identity
-        # to remember the first validation by, and the file may have changed since
+        # validated again right before reading: protobuf wrappers have no stable identity to
+        # remember the first validation by, and the file may have changed since. The bytes come
+        # from the one descriptor that was checked (see _open_external), never from a new open.
         if self.base_dir is None:
             raise ModelError(f"{self.label}: tensor {what!r} stores its data externally; "
                              "import the model from its path so the data can be found")
-        path, offset, length = _validate_external(t, what, self.base_dir, self.label)
         dt = np_dtype_of(t.data_type)
         shape = tuple(int(d) for d in t.dims)
+        if any(d < 0 for d in shape):
+            raise ModelError(f"{self.label}: external tensor {what!r} has a negative dim {list(shape)}")
+        try:
+            check_size(shape, f"external tensor {what!r}", dt.itemsize)
+        except FusecError as e:
+            raise ModelError(f"{self.label}: {e}") from None
         want = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-        if length is not None and length != want:
-            raise ModelError(f"{self.label}: external tensor {what!r} has length {length} bytes, "
-                             f"its type {onnx_type_name(t.data_type)}{list(shape)} needs {want}")
-        size = os.path.getsize(path)
-        if offset + want > size:
-            raise ModelError(f"{self.label}: external tensor {what!r}: offset {offset} + {want} bytes "
-                             f"is past the end of {os.path.basename(path)!r} ({size} bytes)")
-        with open(path, "rb") as f:
-            f.seek(offset)
-            buf = f.read(want)
+        fd, name, offset, length, size = _validate_external(t, what, self.base_dir, self.label, keep_open=True)
+        try:
+            if length is not None and length != want:
+                raise ModelError(f"{self.label}: external tensor {what!r} has length {length} bytes, "
+                                 f"its type {onnx_type_name(t.data_type)}{list(shape)} needs {want}")
+            if offset + want > size:
+                raise ModelError(f"{self.label}: external tensor {what!r}: offset {offset} + {want} bytes "
+                                 f"is past the end of {name!r} ({size} bytes)")
+            buf = bytearray(want)
+            view, done = memoryview(buf), 0
+            while done < want:
+                n = os.preadv(fd, [view[done:]], offset + done)
+                if n <= 0:
+                    raise ModelError(f"{self.label}: external tensor {what!r}: {name!r} shrank while it was read")
+                done += n
+        except OSError as e:
+            raise ModelError(f"{self.label}: external tensor {what!r}: cannot read {name!r}: {e.strerror or e}") from None
+        finally:
+            os.close(fd)
         return np.frombuffer(buf, dtype=dt.newbyteorder("<")).astype(dt, copy=False).reshape(shape)
 
 
@@ -114,7 +132,62 @@ def iter_tensors(graph: onnx.GraphProto) -> Iterator[tuple[TensorProto, str]]:
                 yield from iter_tensors(g)
 
 
-def _validate_external(t: TensorProto, what: str, base_dir: str, label: str) -> tuple[str, int, int | None]:
+def check_names(graph: onnx.GraphProto, label: str) -> None:
+    """Every name in the graph (subgraphs included) is valid UTF-8: protobuf hands invalid UTF-8
+    back as ``bytes``, which nothing downstream expects. Iterative: subgraphs may nest deeply."""
+    stack = [graph]
+    while stack:
+        g = stack.pop()
+        named = [("graph input", vi.name) for vi in g.input] + [("graph output", vi.name) for vi in g.output]
+        named += [("value info", vi.name) for vi in g.value_info] + [("initializer", t.name) for t in g.initializer]
+        for n in g.node:
+            named.append(("node name", n.name))
+            named += [(f"node {n.name!r} input", x) for x in n.input] + [(f"node {n.name!r} output", x) for x in n.output]
+            for a in n.attribute:
+                if a.HasField("g"):
+                    stack.append(a.g)
+                stack.extend(a.graphs)
+        for what, name in named:
+            if not isinstance(name, str):
+                shown = bytes(name).decode("utf-8", "backslashreplace")
+                raise ModelError(f"{label}: {what} {shown!r} is not valid UTF-8")
+
+
+def _open_external(root: str, rel: list[str], where: str) -> tuple[int, os.stat_result]:
+    """Open ``root/rel...`` without following any symlink (``O_NOFOLLOW`` on every component,
+    each opened relative to its parent's descriptor) and check the descriptor: a regular file with
+    one link. The caller compares its device/inode with the path it validated."""
+    flags_dir = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        for i, comp in enumerate(rel):
+            last = i == len(rel) - 1
+            flags = (os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)) if last else flags_dir
+            try:
+                nfd = os.open(comp, flags, dir_fd=fd)
+            except OSError as e:
+                if e.errno in (errno.ELOOP, errno.EMLINK) or (e.errno == errno.ENOTDIR and not last):
+                    raise ModelError(f"{where} is or passes through a symbolic link; external data must be "
+                                     "regular files inside the model's directory") from None
+                raise
+            os.close(fd)
+            fd = nfd
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ModelError(f"{where} is not a regular file")
+        if st.st_nlink != 1:
+            raise ModelError(f"{where} has {st.st_nlink} hard links; external data must be a file of its own "
+                             "(a hard link can point outside the model's directory)")
+        return fd, st
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _validate_external(t: TensorProto, what: str, base_dir: str, label: str,
+                       keep_open: bool = False) -> tuple[int, str, int, int | None, int]:
+    """Check one external-data reference; returns (fd or -1, location, offset, length, file size).
+    With ``keep_open`` the caller reads from ``fd`` and closes it."""
     info = {e.key: e.value for e in t.external_data}
     loc = info.get("location", "")
     where = f"{label}: external tensor {what!r} location {loc!r}"
@@ -125,24 +198,48 @@ def _validate_external(t: TensorProto, what: str, base_dir: str, label: str) -> 
         raise ModelError(f"{where} is an absolute path; external data must lie next to the model")
     if ".." in parts:
         raise ModelError(f"{where} contains '..'; external data must lie inside the model's directory")
+    if "\0" in loc:
+        raise ModelError(f"{where} contains a NUL character")
     root = os.path.realpath(base_dir)
     full = os.path.realpath(os.path.join(root, *parts))
     if os.path.commonpath([root, full]) != root:
         raise ModelError(f"{where} resolves outside the model's directory (symlink?)")
-    if not os.path.isfile(full):
-        raise ModelError(f"{where}: file not found")
     try:
         offset = int(info.get("offset", "0"))
         length = int(info["length"]) if "length" in info else None
     except ValueError:
         raise ModelError(f"{where}: offset/length are not integers") from None
-    size = os.path.getsize(full)
     if offset < 0 or (length is not None and length < 0):
         raise ModelError(f"{where}: negative offset or length")
-    end = offset + (length or 0)
-    if offset > size or end > size:
-        raise ModelError(f"{where}: offset {offset} + length {length or 0} is past the end of the file ({size} bytes)")
-    return full, offset, length
+    try:
+        validated = os.stat(full)
+    except FileNotFoundError:
+        raise ModelError(f"{where}: file not found") from None
+    except OSError as e:
+        raise ModelError(f"{where}: {e.strerror or e}") from None
+    if stat.S_ISDIR(validated.st_mode):
+        raise ModelError(f"{where}: is a directory, not a file")
+    rel = [p for p in parts if p not in ("", ".")]
+    try:
+        fd, st = _open_external(root, rel, where)
+    except FileNotFoundError:
+        raise ModelError(f"{where}: file not found") from None
+    except OSError as e:
+        raise ModelError(f"{where}: cannot open: {e.strerror or e}") from None
+    try:
+        if (st.st_dev, st.st_ino) != (validated.st_dev, validated.st_ino):
+            raise ModelError(f"{where}: the file changed while it was checked (replaced or relinked); refusing it")
+        size = st.st_size
+        end = offset + (length or 0)
+        if offset > size or end > size:
+            raise ModelError(f"{where}: offset {offset} + length {length or 0} is past the end of the file ({size} bytes)")
+    except BaseException:
+        os.close(fd)
+        raise
+    if not keep_open:
+        os.close(fd)
+        fd = -1
+    return fd, loc, offset, length, size
 
 
 def load_model(model: str | os.PathLike | onnx.ModelProto) -> LoadedModel:
@@ -165,6 +262,7 @@ def load_model(model: str | os.PathLike | onnx.ModelProto) -> LoadedModel:
     proto = loaded.model
     if not proto.HasField("graph") or proto.ir_version <= 0 or not proto.opset_import:
         raise ModelError(f"{loaded.label} is not an ONNX model (no graph, IR version or opset)")
+    check_names(proto.graph, loaded.label)
     for t, what in iter_tensors(proto.graph):
         if t.data_location == TensorProto.EXTERNAL:
             if loaded.base_dir is None:

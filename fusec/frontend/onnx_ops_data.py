@@ -213,6 +213,7 @@ def _expand(cx: NodeCtx) -> list[Sym | None]:
         out = tuple(int(d) for d in np.broadcast_shapes(x.shape, tuple(target)))
     except ValueError:
         raise cx.fail(f"cannot expand {list(x.shape)} to {target}") from None
+    cx.em.check_size(out, f"node {cx.node.name!r} (Expand)")
     if out == tuple(x.shape):
         return [x]
     if len(out) > len(x.shape):  # the IR's EXPAND keeps the rank: add leading 1s first
@@ -226,6 +227,7 @@ def _tile(cx: NodeCtx) -> list[Sym | None]:
     reps = tuple(cx.ints(1) or [])
     if len(reps) != len(x.shape) or min(reps, default=1) < 0:
         raise cx.fail(f"repeats {list(reps)} do not fit shape {list(x.shape)}")
+    cx.em.check_size([d * r for d, r in zip(x.shape, reps)], f"node {cx.node.name!r} (Tile)")
     if all(r == 1 for r in reps):
         return [x]
     return [cx.emit(Op.TILE, x, final=True, repeats=reps)]
@@ -270,7 +272,11 @@ def _range(cx: NodeCtx) -> list[Sym | None]:
     s, lim, d = start.item(), limit.item(), delta.item()
     if d == 0:
         raise cx.fail("Range with delta 0")
-    n = max(int(math.ceil((lim - s) / d)), 0)
+    try:
+        n = max(int(math.ceil((lim - s) / d)), 0)
+    except (OverflowError, ValueError):  # inf or nan bounds
+        raise cx.fail(f"Range({s}, {lim}, {d}) has no finite length") from None
+    cx.em.check_size((n,), f"node {cx.node.name!r} (Range)", start.dtype.itemsize)
     return [Const((s + np.arange(n, dtype=np.float64 if start.dtype.kind == "f" else np.int64) * d).astype(start.dtype))]
 
 
@@ -281,6 +287,9 @@ def _constant_of_shape(cx: NodeCtx) -> list[Sym | None]:
         raise cx.fail(f"negative dim in shape {shape}")
     value = cx.attr("value")
     fill = np.zeros(1, np.float32) if value is None else np.asarray(value).reshape(-1)
+    if fill.size != 1:
+        raise cx.fail(f"value must hold one element, it holds {fill.size}")
+    cx.em.check_size(shape, f"node {cx.node.name!r} (ConstantOfShape)", fill.dtype.itemsize)
     return [Const(np.full(tuple(shape), fill[0], dtype=fill.dtype))]
 
 

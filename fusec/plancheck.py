@@ -1,0 +1,411 @@
+"""Strict validation of a plan's manifest, before any of its code is loaded.
+
+A plan is executable code: its cubins run on the GPU, its sources are compiled by
+``recompile=True``. The container's checksums (``fusec.planfile``) only prove the file is whole;
+anyone can re-hash a tampered one. So the manifest is checked as hostile input: every field's
+type and range, no unknown keys, every pointer range (offset plus extent, where the extent is known)
+inside its region, launch limits (grid, block, shared memory), the cubin's ELF header and its arch,
+kernel sources that include nothing, and strings free of control characters (they are printed).
+Every failure is one ``PlanFileError`` naming the field. This does not make an untrusted plan
+safe to run: load plans only from trusted sources.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import struct
+from collections.abc import Mapping
+from typing import Any
+
+from fusec.planfile import PlanFileError
+
+MAX_BYTES = 2**44  # no region (arena, weights, state) is larger than 16 TiB
+MAX_DIM = 2**40
+MAX_DEPTH = 32  # nesting of the manifest's JSON
+MAX_GRID = (2**31 - 1, 65535, 65535)
+MAX_BLOCK = (1024, 1024, 64)
+MAX_THREADS = 1024
+MAX_SMEM = 232448  # 227 KiB: the largest opt-in shared memory per block of any arch fusec targets
+DTYPES = {"f32": 4, "f16": 2, "bf16": 2, "i64": 8, "i32": 4, "bool": 1}
+PLAN_DTYPES = ("fp32", "tf32", "fp16", "bf16")
+ARCH_RE = re.compile(r"sm_([0-9]{2,3})[a-z]?")
+VERSION_RE = re.compile(r"[0-9A-Za-z.+_-]{1,64}")
+IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,200}")
+SCALARS = {"i32": (-(2**31), 2**31 - 1), "i64": (-(2**63), 2**63 - 1), "u64": (0, 2**64 - 1), "f32": None}
+EM_CUDA = 190
+
+TOP_KEYS = {"fusec_version", "nvrtc_version", "cupy_version", "arch", "dtype", "cuda_graph", "model", "source",
+            "memory", "modules", "kernels", "report", "reports", "inputs", "outputs", "launches", "entries", "state",
+            "generation", "ab"}
+REQUIRED = ("fusec_version", "arch", "dtype", "memory", "modules", "kernels")
+MEMORY_KEYS = {"arena_bytes", "weights_bytes", "scratch_bytes", "state_bytes", "naive_bytes", "planned_bytes",
+               "lower_bound_bytes"}
+MODULE_KEYS = {"id", "cubin", "source", "entry", "template"}
+KERNEL_KEYS = {"module", "entry", "smem"}
+SIG_KEYS = {"name", "shape", "dtype", "offset", "bound"}
+ENTRY_KEYS = {"inputs", "outputs", "launches", "arena_bytes"}
+KERNEL_LAUNCH_KEYS = {"type", "kernel", "grid", "block", "smem", "args", "label"}
+GEMM_KEYS = {"type", "m", "n", "k", "batch", "lda", "ldb", "ldc", "stride_a", "stride_b", "stride_c", "trans_a",
+             "trans_b", "dtype", "compute", "a", "b", "c", "label", "alpha", "beta"}
+GEMM_DTYPES = {"f32": 4, "f16": 2, "bf16": 2}
+GEMM_COMPUTE = ("f32", "tf32")
+
+
+class _Check:
+    def __init__(self, where: str):
+        self.where = where
+
+    def fail(self, field: str, msg: str) -> PlanFileError:
+        return PlanFileError(f"{self.where}: manifest: field {field!r}: {msg}")
+
+    # ---- typed getters ---------------------------------------------------------------------
+    def obj(self, v: Any, field: str, keys: set[str] | None = None, required: tuple[str, ...] = ()) -> Mapping[str, Any]:
+        if not isinstance(v, Mapping):
+            raise self.fail(field, f"must be an object, got {_kind(v)}")
+        if keys is not None:
+            unknown = sorted(str(k) for k in v if k not in keys)
+            if unknown:
+                raise self.fail(field, f"unknown key(s) {', '.join(repr(k[:40]) for k in unknown[:5])}")
+        for k in required:
+            if k not in v:
+                raise self.fail(field, f"missing key {k!r}")
+        return v
+
+    def arr(self, v: Any, field: str, max_len: int = 10**7) -> list[Any]:
+        if not isinstance(v, list):
+            raise self.fail(field, f"must be a list, got {_kind(v)}")
+        if len(v) > max_len:
+            raise self.fail(field, f"has {len(v)} items, more than {max_len}")
+        return v
+
+    def int(self, v: Any, field: str, lo: int = 0, hi: int = MAX_BYTES) -> int:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise self.fail(field, f"must be an integer, got {_kind(v)}")
+        if not lo <= v <= hi:
+            raise self.fail(field, f"{v} is outside [{lo}, {hi}]")
+        return v
+
+    def str(self, v: Any, field: str, pattern: re.Pattern[str] | None = None, max_len: int = 4096) -> str:
+        if not isinstance(v, str):
+            raise self.fail(field, f"must be a string, got {_kind(v)}")
+        if len(v) > max_len:
+            raise self.fail(field, f"is {len(v)} characters long, more than {max_len}")
+        if pattern is not None and not pattern.fullmatch(v):
+            raise self.fail(field, f"{_shown(v)} is not of the expected form {pattern.pattern!r}")
+        return v
+
+    def bool(self, v: Any, field: str) -> bool:
+        if not isinstance(v, bool):
+            raise self.fail(field, f"must be true or false, got {_kind(v)}")
+        return v
+
+    def shape(self, v: Any, field: str) -> list[int]:
+        dims = self.arr(v, field, max_len=16)
+        return [self.int(d, f"{field}[{i}]", 0, MAX_DIM) for i, d in enumerate(dims)]
+
+    def span(self, space: str, off: int, nbytes: int, limits: Mapping[str, int], field: str) -> None:
+        """``[off, off + nbytes)`` lies inside region ``space`` (a zero-size span still starts inside)."""
+        if space not in limits:
+            raise self.fail(field, f"unknown memory space {_shown(space)} (expected {', '.join(limits)})")
+        limit = limits[space]
+        if off >= limit and not (nbytes == 0 and off <= limit):
+            raise self.fail(field, f"pointer {space}+{off} is at or past the end of the {space} ({limit} bytes)")
+        if off + nbytes > limit:
+            raise self.fail(field, f"{space}+{off} with {nbytes} bytes runs past the end of the {space} ({limit} bytes)")
+
+
+def _kind(v: Any) -> str:
+    return "null" if v is None else {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
+                                     int: "an integer", float: "a number"}.get(type(v), type(v).__name__)
+
+
+def _shown(s: Any) -> str:
+    """A value from the file, safe to print: escaped (no terminal control sequences), cut short."""
+    text = repr(s)
+    return (text[:60] + "...") if len(text) > 60 else text
+
+
+_ESCAPED = ("report", "reports", "ab", "generation", "source")
+
+
+def check_tree(obj: Any, where: str) -> None:
+    """The manifest as JSON: bounded depth, finite numbers, strings without control characters
+    (an ``arch`` holding an escape sequence must not reach a terminal). Iterative."""
+    stack: list[tuple[Any, int, str]] = [(obj, 0, "")]
+    while stack:
+        v, depth, path = stack.pop()
+        if depth > MAX_DEPTH:
+            raise PlanFileError(f"{where}: manifest: field {path or '(top)'!r}: nested more than {MAX_DEPTH} levels deep")
+        if isinstance(v, dict):
+            for k, x in v.items():
+                if not isinstance(k, str) or not k.isprintable():
+                    raise PlanFileError(f"{where}: manifest: {path or '(top)'!r} has a key with control characters: "
+                                        f"{_shown(k)}")
+                stack.append((x, depth + 1, f"{path}.{k}" if path else k))
+        elif isinstance(v, list):
+            for i, x in enumerate(v):
+                stack.append((x, depth + 1, f"{path}[{i}]"))
+        elif isinstance(v, float):
+            if not math.isfinite(v):
+                raise PlanFileError(f"{where}: manifest: field {path!r}: {v} is not a finite number")
+        elif isinstance(v, str):
+            # names from the model and free text are printed escaped (fmt_name, JSON); every other
+            # string (arch, dtype, versions, kernel names, labels) is printed as it is
+            if path.startswith(_ESCAPED) or path.endswith(".name") or path == "model":
+                continue
+            for ch in v:
+                o = ord(ch)
+                if o < 32 or o == 0x7F or 0x80 <= o < 0xA0:
+                    raise PlanFileError(f"{where}: manifest: field {path!r}: string {_shown(v)} holds control characters")
+
+
+def cubin_arch(data: bytes) -> int | None:
+    """The ``sm_XX`` number of a CUDA ELF cubin, or None when ``data`` is not one."""
+    if len(data) < 64 or data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        return None
+    (machine,) = struct.unpack_from("<H", data, 18)
+    if machine != EM_CUDA:
+        return None
+    (flags,) = struct.unpack_from("<I", data, 48)
+    abi = data[8]
+    return (flags >> 8) & 0xFF if abi >= 8 else flags & 0xFF
+
+
+def validate(m: Any, blobs: Mapping[str, Any], where: str, fusec_version: str) -> None:
+    """Raise PlanFileError naming the field at the first thing wrong with manifest ``m``."""
+    c = _Check(where)
+    if not isinstance(m, Mapping):
+        raise PlanFileError(f"{where}: manifest: must be a JSON object")
+    check_tree(m, where)
+    unknown = sorted(k for k in m if k not in TOP_KEYS)
+    if unknown:
+        raise PlanFileError(f"{where}: manifest: unknown field(s) {', '.join(_shown(k) for k in unknown[:5])}")
+    for key in REQUIRED:
+        if key not in m:
+            raise PlanFileError(f"{where}: manifest: missing field {key!r}")
+    version = c.str(m["fusec_version"], "fusec_version", VERSION_RE)
+    if version.split(".")[0] != fusec_version.split(".")[0]:
+        raise PlanFileError(f"{where}: manifest: field 'fusec_version' is {_shown(version)}, "
+                            f"this is fusec {fusec_version}; recompile the model")
+    arch = c.str(m["arch"], "arch", ARCH_RE)
+    arch_num = int(ARCH_RE.fullmatch(arch).group(1))  # type: ignore[union-attr]
+    if m["dtype"] not in PLAN_DTYPES:
+        raise c.fail("dtype", f"{_shown(m['dtype'])} is not one of {', '.join(PLAN_DTYPES)}")
+    for key in ("nvrtc_version", "cupy_version"):
+        if key in m:
+            c.str(m[key], key, VERSION_RE)
+    if "model" in m:
+        c.str(m["model"], "model")
+    if "cuda_graph" in m:
+        c.bool(m["cuda_graph"], "cuda_graph")
+    for key in ("report", "reports", "generation", "ab"):
+        if key in m:
+            c.obj(m[key], key)
+    if "source" in m:
+        src = c.obj(m["source"], "source", {"model", "shapes"})
+        if src.get("model") is not None:
+            c.str(src["model"], "source.model")
+        for name, dims in c.obj(src.get("shapes", {}), "source.shapes").items():
+            c.shape(dims, f"source.shapes.{name}")
+
+    mem = c.obj(m["memory"], "memory", MEMORY_KEYS, ("arena_bytes",))
+    for k, v in mem.items():
+        c.int(v, f"memory.{k}")
+    arena = mem["arena_bytes"]
+    wbytes = mem.get("weights_bytes", 0)
+    state = mem.get("state_bytes", 0)
+    if wbytes and ("weights" not in blobs or len(blobs["weights"]) != wbytes):
+        raise PlanFileError(f"{where}: weights: expected {wbytes} bytes (field 'memory.weights_bytes')")
+    limits = {"arena": arena, "weights": wbytes, "state": state}
+
+    # modules and kernels: every cubin an ELF for this arch, every source self-contained
+    mod_entry: dict[str, str] = {}
+    for i, mod in enumerate(c.arr(m["modules"], "modules", 100000)):
+        f = f"modules[{i}]"
+        mod = c.obj(mod, f, MODULE_KEYS, ("id", "cubin", "source", "entry"))
+        mid = c.str(mod["id"], f"{f}.id", max_len=200)
+        if mid in mod_entry:
+            raise c.fail(f"{f}.id", f"module {_shown(mid)} is defined twice")
+        entry = c.str(mod["entry"], f"{f}.entry", IDENT_RE)
+        if "template" in mod:
+            c.str(mod["template"], f"{f}.template", max_len=200)
+        for part in ("cubin", "source"):
+            name = c.str(mod[part], f"{f}.{part}", max_len=200)
+            if name not in blobs:
+                raise PlanFileError(f"{where}: module {_shown(mid)}: missing part {_shown(name)}")
+        cubin = bytes(blobs[mod["cubin"]][:64])
+        got = cubin_arch(cubin)
+        if got is None:
+            raise PlanFileError(f"{where}: module {_shown(mid)}: part {_shown(mod['cubin'])} is not a CUDA ELF cubin "
+                                "(bad header); refusing to load it")
+        if got != arch_num:
+            raise PlanFileError(f"{where}: module {_shown(mid)}: cubin is for sm_{got}, but field 'arch' is {arch}")
+        _check_source(blobs[mod["source"]], entry, f"{where}: module {_shown(mid)}: part {_shown(mod['source'])}")
+        mod_entry[mid] = entry
+    kernels = c.arr(m["kernels"], "kernels", 100000)
+    for i, k in enumerate(kernels):
+        f = f"kernels[{i}]"
+        k = c.obj(k, f, KERNEL_KEYS, ("module", "entry"))
+        if k["module"] not in mod_entry:
+            raise PlanFileError(f"{where}: kernel #{i}: unknown module {_shown(k['module'])}")
+        if c.str(k["entry"], f"{f}.entry", IDENT_RE) != mod_entry[k["module"]]:
+            raise c.fail(f"{f}.entry", f"{_shown(k['entry'])} is not the entry of module {_shown(k['module'])}")
+        c.int(k.get("smem", 0), f"{f}.smem", 0, MAX_SMEM)
+
+    # state records: inside the state region
+    state_names = set()
+    for i, rec in enumerate(c.arr(m.get("state", []), "state", 100000)):
+        f = f"state[{i}]"
+        rec = c.obj(rec, f, {"name", "shape", "dtype", "offset"}, ("name", "shape", "dtype", "offset"))
+        name = c.str(rec["name"], f"{f}.name")
+        if name in state_names:
+            raise c.fail(f"{f}.name", f"state {_shown(name)} is declared twice")
+        state_names.add(name)
+        nbytes = _nbytes(c, rec, f)
+        off = c.int(rec["offset"], f"{f}.offset")
+        try:
+            c.span("state", off, nbytes, limits, f"{f}.offset")
+        except PlanFileError:
+            raise PlanFileError(f"{where}: state {_shown(name)}: offset {off} + {nbytes} bytes lies outside the "
+                                f"state region ({state} bytes)") from None
+
+    if "entries" in m:
+        if any(k in m for k in ("inputs", "outputs", "launches")):
+            raise PlanFileError(f"{where}: manifest: field 'entries' and top-level entry fields are both present")
+        ents = m["entries"]
+        if not isinstance(ents, Mapping) or not ents:
+            raise PlanFileError(f"{where}: manifest: field 'entries' must map entry names to entry points")
+        for name, e in ents.items():
+            c.str(name, "entries", IDENT_RE)
+            c.obj(e, f"entries.{name}", ENTRY_KEYS, ("inputs", "outputs", "launches", "arena_bytes"))
+            if c.int(e["arena_bytes"], f"entries.{name}.arena_bytes") > arena:
+                raise c.fail(f"entries.{name}.arena_bytes", f"{e['arena_bytes']} is more than memory.arena_bytes ({arena})")
+    else:
+        for key in ("inputs", "outputs", "launches"):
+            if key not in m:
+                raise PlanFileError(f"{where}: manifest: missing field {key!r}")
+        ents = {"main": m}
+    for ename, e in ents.items():
+        prefix = f"entries.{ename}." if "entries" in m else ""
+        _entry(c, e, kernels, limits, prefix)
+
+
+def _check_source(blob: Any, entry: str, what: str) -> None:
+    """Bundled sources are compiled by ``recompile=True``: they are self-contained (fusec's
+    templates inline their helpers), so a source that includes a file (``#include "/etc/..."``)
+    or lacks its entry point is refused."""
+    try:
+        text = bytes(blob).decode("utf-8")
+    except UnicodeDecodeError:
+        raise PlanFileError(f"{what}: kernel source is not UTF-8 text") from None
+    if re.search(r"^\s*#\s*include\b|__has_include", text, re.MULTILINE):
+        raise PlanFileError(f"{what}: kernel source includes a file; fusec's sources are self-contained")
+    if not re.search(r"\b" + re.escape(entry) + r"\s*\(", text):
+        raise PlanFileError(f"{what}: kernel source does not define its entry {entry!r}")
+
+
+def _nbytes(c: _Check, rec: Mapping[str, Any], f: str) -> int:
+    dims = c.shape(rec["shape"], f"{f}.shape")
+    if rec["dtype"] not in DTYPES:
+        raise c.fail(f"{f}.dtype", f"{_shown(rec['dtype'])} is not one of {', '.join(DTYPES)}")
+    n = DTYPES[rec["dtype"]]
+    for d in dims:
+        n *= d
+    if n > MAX_BYTES:
+        raise c.fail(f"{f}.shape", f"{dims} is larger than {MAX_BYTES} bytes")
+    return n
+
+
+def _entry(c: _Check, e: Mapping[str, Any], kernels: list[Any], limits: Mapping[str, int], prefix: str) -> None:
+    arena_only = {"arena": limits["arena"]}
+    for sig in ("inputs", "outputs"):
+        names = set()
+        for i, d in enumerate(c.arr(e[sig], f"{prefix}{sig}", 100000)):
+            f = f"{prefix}{sig}[{i}]"
+            d = c.obj(d, f, SIG_KEYS, ("name", "shape", "dtype", "offset"))
+            name = c.str(d["name"], f"{f}.name")
+            if name in names:
+                raise c.fail(f"{f}.name", f"{_shown(name)} appears twice")
+            names.add(name)
+            nbytes = _nbytes(c, d, f)
+            if d.get("bound") is not None:
+                c.int(d["bound"], f"{f}.bound", 0, 2**62)
+            off = c.int(d["offset"], f"{f}.offset")
+            c.span("arena", off, nbytes, arena_only, f"{f}.offset")
+    for i, L in enumerate(c.arr(e["launches"], f"{prefix}launches", 10**6)):
+        f = f"{prefix}launches[{i}]"
+        L = c.obj(L, f)
+        if L.get("type") == "kernel":
+            L = c.obj(L, f, KERNEL_LAUNCH_KEYS, ("kernel", "grid", "block", "args"))
+            kid = c.int(L["kernel"], f"{f}.kernel", 0, 2**31)
+            if kid >= len(kernels):
+                raise c.fail(f"{f}.kernel", f"launch #{i}: kernel index out of range ({kid}; the plan has "
+                                            f"{len(kernels)} kernels)")
+            grid = c.arr(L["grid"], f"{f}.grid", 3)
+            block = c.arr(L["block"], f"{f}.block", 3)
+            if len(grid) != 3 or len(block) != 3:
+                raise c.fail(f"{f}.grid", "grid and block must have 3 dims")
+            for j in range(3):
+                c.int(grid[j], f"{f}.grid[{j}]", 1, MAX_GRID[j])
+                c.int(block[j], f"{f}.block[{j}]", 1, MAX_BLOCK[j])
+            if block[0] * block[1] * block[2] > MAX_THREADS:
+                raise c.fail(f"{f}.block", f"{block} has more than {MAX_THREADS} threads")
+            c.int(L.get("smem", 0), f"{f}.smem", 0, MAX_SMEM)
+            if "label" in L:
+                c.str(L["label"], f"{f}.label")
+            for j, a in enumerate(c.arr(L["args"], f"{f}.args", 4096)):
+                fa = f"{f}.args[{j}]"
+                a = c.arr(a, fa, 3)
+                if not a or not isinstance(a[0], str):
+                    raise c.fail(fa, "must be [kind, ...]")
+                if a[0] == "ptr":
+                    if len(a) != 3 or not isinstance(a[1], str):
+                        raise c.fail(fa, 'a pointer is ["ptr", space, offset]')
+                    c.span(a[1], c.int(a[2], fa), 1, limits, fa)  # at least its first byte inside
+                elif a[0] in SCALARS:
+                    if len(a) != 2:
+                        raise c.fail(fa, "a scalar is [type, value]")
+                    rng = SCALARS[a[0]]
+                    if rng is None:
+                        if isinstance(a[1], bool) or not isinstance(a[1], (int, float)):
+                            raise c.fail(fa, f"must be a number, got {_kind(a[1])}")
+                    else:
+                        c.int(a[1], fa, *rng)
+                else:
+                    raise c.fail(fa, f"unknown argument kind {_shown(a[0])}")
+        elif L.get("type") == "gemm":
+            L = c.obj(L, f, GEMM_KEYS, tuple(k for k in GEMM_KEYS if k not in ("label", "alpha", "beta")))
+            _gemm(c, L, limits, f)
+        else:
+            raise c.fail(f"{f}.type", f"unknown launch type {_shown(L.get('type'))}")
+
+
+def _gemm(c: _Check, L: Mapping[str, Any], limits: Mapping[str, int], f: str) -> None:
+    """A row-major strided-batched GEMM's operands lie inside their regions (see fusec.runtime.cublas)."""
+    i32 = 2**31 - 1
+    m, n, k = (c.int(L[x], f"{f}.{x}", 1, i32) for x in ("m", "n", "k"))
+    batch = c.int(L["batch"], f"{f}.batch", 1, i32)
+    lda, ldb, ldc = (c.int(L[x], f"{f}.{x}", 1, i32) for x in ("lda", "ldb", "ldc"))
+    sa, sb, sc = (c.int(L[x], f"{f}.{x}", 0, 2**62) for x in ("stride_a", "stride_b", "stride_c"))
+    ta, tb = c.bool(L["trans_a"], f"{f}.trans_a"), c.bool(L["trans_b"], f"{f}.trans_b")
+    if L["dtype"] not in GEMM_DTYPES:
+        raise c.fail(f"{f}.dtype", f"{_shown(L['dtype'])} is not one of {', '.join(GEMM_DTYPES)}")
+    if L["compute"] not in GEMM_COMPUTE:
+        raise c.fail(f"{f}.compute", f"{_shown(L['compute'])} is not one of {', '.join(GEMM_COMPUTE)}")
+    for x in ("alpha", "beta"):
+        if x in L and (isinstance(L[x], bool) or not isinstance(L[x], (int, float))):
+            raise c.fail(f"{f}.{x}", f"must be a number, got {_kind(L[x])}")
+    size = GEMM_DTYPES[L["dtype"]]
+    # (rows, cols) as stored, row-major with the given leading dimension
+    shapes = {"a": ((k, m) if ta else (m, k), lda, sa), "b": ((n, k) if tb else (k, n), ldb, sb),
+              "c": ((m, n), ldc, sc)}
+    for x, ((rows, cols), ld, stride) in shapes.items():
+        fx = f"{f}.{x}"
+        op = c.arr(L[x], fx, 2)
+        if len(op) != 2 or not isinstance(op[0], str):
+            raise c.fail(fx, "an operand is [space, offset]")
+        if ld < cols:
+            raise c.fail(f"{f}.ld{x}", f"{ld} is less than the operand's {cols} columns")
+        extent = ((batch - 1) * stride + (rows - 1) * ld + cols) * size
+        c.span(op[0], c.int(op[1], fx), extent, limits, fx)
