@@ -152,8 +152,9 @@ class _Grouping:
     def extend(self, gid: int, rule: str, extra: list[Node], multi_output: bool) -> None:
         group = self.groups[gid]
         base = set(group.members)
+        declined: list[tuple[Node, str]] = []
         if self.check(base | set(extra), multi_output) is None:
-            kept, declined = extra, []
+            kept = extra
         else:
             kept, declined = self.fit(base, extra, multi_output)
         anchor = group.members[0]
@@ -174,7 +175,9 @@ class _Grouping:
         """The nodes of ``extra`` (in the order the rule found them, outward from the group) that
         join one by one, each touching the group and keeping it legal and one kernel; and the
         declined ones with the reason. A node only reachable through a declined one is skipped."""
-        group, kept, declined = set(base), [], []
+        group = set(base)
+        kept: list[Node] = []
+        declined: list[tuple[Node, str]] = []
         for x in extra:
             if not self.touches(x, group):
                 continue
