@@ -7,17 +7,26 @@ inline their ``.cuh`` helpers and include no CUDA headers), so the cache key
 sha256(source, options, arch, NVRTC version) determines the binary.
 
 Disk entries live under ``$FUSEC_CACHE_DIR`` (default ``~/.cache/fusec``) as
-``kernels/<key[:2]>/<key>.bin``: magic, sha256 of the body, body (log length, log, cubin). They are
-written to a temp file in the same directory and ``os.replace``d, so a reader never sees half an
-entry; an entry whose digest does not match is recompiled and rewritten, never loaded.
+``kernels/<key[:2]>/<key>.bin``: magic, HMAC-SHA256 of the body under the cache's own secret
+``key`` file (0600, made on first use), body (log length, log, cubin). They are written to a temp
+file in the same directory and ``os.replace``d, so a reader never sees half an entry; an entry
+whose MAC does not match (corrupt, planted by someone without the key, or of an older format),
+that is not a CUDA ELF cubin for the arch asked for, or that is not a private file of this user
+is recompiled and rewritten, never loaded.
+
+Cache entries become code in every plan compiled here, so the cache is trusted only when it is
+private: a cache directory owned by another user or writable by others is refused
+(``KernelCacheError``: fix its permissions or point ``FUSEC_CACHE_DIR`` elsewhere).
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
 import re
+import stat
 import struct
 import sys
 import threading
@@ -27,7 +36,7 @@ from pathlib import Path
 from fusec.errors import FusecError
 from fusec.fsutil import atomic_write
 
-_MAGIC = b"FUSECBN1"
+_MAGIC = b"FUSECBN2"
 _ARCH_RE = re.compile(r"^sm_[0-9]{2,3}[a-z]?$")
 
 
@@ -39,6 +48,10 @@ class KernelCompileError(FusecError):
         self.log = log
         self.source = source
         super().__init__(f"NVRTC failed to compile kernel {kernel!r}:\n{log.strip()}")
+
+
+class KernelCacheError(FusecError):
+    """The on-disk kernel cache is not private to this user (see the module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -95,17 +108,75 @@ def _entry_path(key: str) -> Path:
     return cache_dir() / "kernels" / key[:2] / f"{key}.bin"
 
 
-def _encode(cubin: bytes, log: str) -> bytes:
+def _check_private_dir(path: Path) -> None:
+    """``path`` (if it exists) is a directory owned by this user that others cannot write."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise KernelCacheError(f"kernel cache directory {str(path)!r}: {e.strerror or e}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise KernelCacheError(f"kernel cache directory {str(path)!r} is not a directory (set FUSEC_CACHE_DIR)")
+    if st.st_uid != os.getuid():
+        raise KernelCacheError(f"kernel cache directory {str(path)!r} belongs to another user (uid {st.st_uid}); "
+                               "its entries would become code in your plans: set FUSEC_CACHE_DIR to a directory of yours")
+    if st.st_mode & 0o022:
+        raise KernelCacheError(f"kernel cache directory {str(path)!r} is writable by others (mode "
+                               f"{stat.S_IMODE(st.st_mode):o}); its entries would become code in your plans: "
+                               f"run chmod go-w {str(path)!r} or set FUSEC_CACHE_DIR")
+
+
+def check_cache_dirs(key: str | None = None) -> None:
+    """The cache root, ``kernels`` and (given a key) the entry's subdirectory are private."""
+    root = cache_dir()
+    paths = [root, root / "kernels"] + ([root / "kernels" / key[:2]] if key else [])
+    for p in paths:
+        _check_private_dir(p)
+
+
+def _mac_key() -> bytes:
+    """The cache's secret (32 random bytes in ``$FUSEC_CACHE_DIR/key``, 0600), made on first use."""
+    root = cache_dir()
+    path = root / "key"
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(2):
+        try:
+            fd = os.open(path, flags)
+        except FileNotFoundError:
+            root.mkdir(parents=True, exist_ok=True, mode=0o700)
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+            except FileExistsError:
+                continue
+            with os.fdopen(fd, "wb") as f:
+                f.write(os.urandom(32))
+            continue
+        except OSError as e:
+            raise KernelCacheError(f"kernel cache key {str(path)!r}: {e.strerror or e}") from None
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+                raise KernelCacheError(f"kernel cache key {str(path)!r} is not a private file of this user "
+                                       "(mode 0600); remove it or set FUSEC_CACHE_DIR")
+            key = f.read(64)
+        if len(key) == 32:
+            return key
+        raise KernelCacheError(f"kernel cache key {str(path)!r} is damaged; remove it (the cache is rebuilt)")
+    raise KernelCacheError(f"kernel cache key {str(path)!r} cannot be created")
+
+
+def _encode(cubin: bytes, log: str, key: bytes) -> bytes:
     lb = log.encode()
     body = struct.pack("<I", len(lb)) + lb + cubin
-    return _MAGIC + hashlib.sha256(body).digest() + body
+    return _MAGIC + hmac.new(key, body, hashlib.sha256).digest() + body
 
 
-def _decode(blob: bytes) -> tuple[bytes, str] | None:
+def _decode(blob: bytes, key: bytes) -> tuple[bytes, str] | None:
     if len(blob) < 44 or blob[:8] != _MAGIC:
         return None
     digest, body = blob[8:40], blob[40:]
-    if hashlib.sha256(body).digest() != digest:
+    if not hmac.compare_digest(hmac.new(key, body, hashlib.sha256).digest(), digest):
         return None
     (n,) = struct.unpack("<I", body[:4])
     if 4 + n > len(body):
@@ -113,9 +184,22 @@ def _decode(blob: bytes) -> tuple[bytes, str] | None:
     return body[4 + n:], body[4:4 + n].decode(errors="replace")
 
 
+def _read_private(path: Path) -> bytes | None:
+    """The entry's bytes, or None if it is not a regular file of this user that others cannot write."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+            return None
+        return f.read(64 << 20)
+
+
 def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_write(path, private=True) as f:
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with atomic_write(path, private=True, what="kernel cache entry") as f:
         f.write(data)
 
 
@@ -162,11 +246,18 @@ def compile_cuda(source: str, kernel: str, arch: str | None = None, options: tup
             STATS["memory_hits"] += 1
             return hit
     path = _entry_path(key)
+    from fusec.plancheck import cubin_arch
+
+    want_arch = int(re.sub(r"[a-z]$", "", arch[3:]))
+    mac_key = b""
+    if use_disk:
+        check_cache_dirs(key)
+        mac_key = _mac_key()
     if use_disk and path.exists():
-        try:
-            decoded = _decode(path.read_bytes())
-        except OSError:
-            decoded = None
+        raw = _read_private(path)
+        decoded = _decode(raw, mac_key) if raw is not None else None
+        if decoded is not None and cubin_arch(decoded[0]) != want_arch:
+            decoded = None  # a valid MAC over a cubin for another arch: never load it
         if decoded is not None:
             b = Binary(decoded[0], decoded[1], key, from_disk=True)
             with _LOCK:
@@ -175,12 +266,12 @@ def compile_cuda(source: str, kernel: str, arch: str | None = None, options: tup
             return b
         STATS["corrupt"] += 1  # recompile below and overwrite the bad entry
     cubin, log = _nvrtc(source, kernel, opts)
-    if cubin[:4] != b"\x7fELF":
+    if cubin[:4] != b"\x7fELF" or cubin_arch(cubin) != want_arch:
         raise KernelCompileError(kernel, "NVRTC returned no ELF cubin\n" + log, source)
     b = Binary(cubin, log, key)
     if use_disk:
         try:
-            _write_atomic(path, _encode(cubin, log))
+            _write_atomic(path, _encode(cubin, log, mac_key))
         except OSError as e:  # a read-only cache must not stop compilation
             print(f"fusec: warning: cannot write kernel cache {path}: {e}", file=sys.stderr)
     with _LOCK:
