@@ -13,8 +13,9 @@ Otherwise, for row ``b`` with logits ``x`` (fp32 math):
    top_p * sum(e over kept)``. This is the smallest prefix of the sorted distribution whose mass
    reaches ``top_p`` (ties at the boundary kept), without a sort;
 4. draw by the Gumbel-max trick: ``argmax over kept v of z[v] + g(seed, counter[b], b, v)`` with
-   ``g = -log(-log(u))`` and ``u`` a 24-bit uniform in (0, 1) from a counter-based hash
-   (splitmix64's finalizer). The noise is a pure function of its four integers, so the CUDA
+   ``g = -log(-log(u))`` and ``u`` a 23-bit uniform in (0, 1) from a counter-based hash
+   (splitmix64's finalizer; 23 bits, so u never rounds to 0 or 1). The noise is a pure
+   function of its four integers, so the CUDA
    kernel and this reference draw the same token from the same logits; only a last-bit difference
    between two libm ``logf``s can change a draw, and only between two near-equal candidates.
 
@@ -53,12 +54,15 @@ def row_key(seed: int, counter: int, row: int) -> np.uint64:
 
 
 def uniforms(seed: int, counter: int, row: int, vocab: int) -> np.ndarray:
-    """u[v] = ((mix64(key ^ (v * TOKEN_MUL + 1)) >> 40) + 0.5) / 2**24 as float32, v in [0, vocab)."""
+    """u[v] = ((mix64(key ^ (v * TOKEN_MUL + 1)) >> 41) + 0.5) / 2**23 as float32, v in [0, vocab).
+
+    23 bits plus one half are exact in fp32, so u lies strictly inside (0, 1): with 24 bits, the
+    top value 2**24 - 0.5 rounds to 2**24 and u = 1 gives an infinite Gumbel noise."""
     key = row_key(seed, counter, row)
     with np.errstate(over="ignore"):
         v = np.arange(vocab, dtype=np.uint64) * np.uint64(TOKEN_MUL) + np.uint64(1)
         r = mix64(v ^ key)
-    return ((r >> np.uint64(40)).astype(np.float32) + np.float32(0.5)) / np.float32(1 << 24)
+    return ((r >> np.uint64(41)).astype(np.float32) + np.float32(0.5)) / np.float32(1 << 23)
 
 
 def gumbel(seed: int, counter: int, row: int, vocab: int) -> np.ndarray:
