@@ -43,9 +43,10 @@ def load_generation_model(model: str | os.PathLike[str], weights_dir: str | os.P
 
         g = load_gguf(text)
         return GenModel(g.config, SharedWeights(g.weights), g.tokenizer, tuple(g.eos_ids), os.path.basename(text))
-    if text.lower().endswith(".onnx"):
-        raise ModelError(f"{text}: generation from ONNX decoders with a KV cache is not supported yet; "
-                         f"use a built-in model, a Hugging Face checkpoint directory or a GGUF file")
+    if text.lower().endswith(".onnx"):  # a decoder exported with a KV cache (past_key_values.* / present.*)
+        from fusec.frontend.kv_cache import onnx_generation_model
+
+        return onnx_generation_model(text)
     if os.path.isdir(text) and weights_dir is None:
         family = _hf_family(Path(text))
         base = {"llama": "llama-tiny", "qwen3": "qwen3-tiny"}[family]

@@ -219,6 +219,16 @@ def _build(cfg: ModelConfig, weights: object, shape: GenerationShape, sampling: 
         logits = m.op(Op.MATMUL, x, m.op(Op.TRANSPOSE, table, perm=(1, 0)))
     else:
         logits = linear(m, x, "lm_head", d, cfg.vocab_size, bias=False)
+    return finish_step(m, st, logits, counter, new_caches, shape, sampling, eos_ids, prefill)
+
+
+def finish_step(m: Blocks, st: _State, logits: Value, counter: Value, new_caches: list[tuple[Value, Value]],
+                shape: GenerationShape, sampling: Sampling, eos_ids: tuple[int, ...], prefill: bool) -> Graph:
+    """The tail every generation graph shares: draw a token from ``logits`` [B, V] at ``counter``,
+    end rows at an eos id, record the token, advance ``pos``/``cur``/``done``, give every state its
+    update (``new_caches``: each layer's written K/V caches) and set ``meta["generation"]``.
+    Also used by fusec/frontend/kv_cache.py (ONNX decoders exported with a KV cache)."""
+    bsz, t_max, i64 = shape.batch, shape.max_seq_len, DType.I64
     tok = m.op(Op.SAMPLE, logits, st.seed, counter, temperature=float(sampling.temperature),
                top_k=int(sampling.top_k), top_p=float(sampling.top_p))
 
