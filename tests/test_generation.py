@@ -211,7 +211,7 @@ def test_cli_generate_json_on_the_reference_backend(capsys, monkeypatch):
     (["generate", "llama-tiny", "--prompt-ids", "1,2,99999"], "outside the vocabulary"),
     (["generate", "llama-tiny", "--prompt-ids", "1,2", "--max-seq-len", "4", "--max-new-tokens", "8"], "exceed"),
     (["generate", "llama-tiny", "--prompt-ids", "1", "--temperature", "-1"], "temperature"),
-    (["generate", "model.onnx", "--prompt-ids", "1"], "not supported yet"),
+    (["generate", "missing.onnx", "--prompt-ids", "1"], "not found"),
 ])
 def test_cli_generate_bad_input_is_one_line(capsys, monkeypatch, argv, message):
     from fusec import device
