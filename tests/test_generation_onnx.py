@@ -95,6 +95,35 @@ def test_graphs_keep_the_state_contract_of_the_builtin_decoders():
         ops = [n.op for n in g.nodes]
         assert ops.count(Op.CACHE_WRITE) == 2 * cfg.num_hidden_layers + 1 and ops.count(Op.SAMPLE) == 1
         assert Op.CONCAT not in {n.op for n in g.nodes if any(i.shape == cache for i in n.inputs)}
+    # decode attends keys 0..pos through kv_attention, as the built-in decoders do
+    assert [n.op for n in ours["decode"].nodes].count(Op.KV_ATTENTION) == cfg.num_hidden_layers
+    assert Op.ATTENTION not in {n.op for n in ours["decode"].nodes}
+
+
+@pytest.mark.parametrize("compare, swapped", [(Op.LESS_EQUAL, True), (Op.LESS, False)])
+def test_kv_attention_replaces_only_a_mask_proven_to_be_keys_up_to_pos(compare, swapped):
+    from fusec import reference
+    from fusec.builder import GraphBuilder
+    from fusec.frontend.kv_cache import use_kv_attention
+
+    b = GraphBuilder("attn")
+    k, v = (b.state(n, (2, 1, 6, 4), DType.F32) for n in ("k.0", "v.0"))
+    pos = b.state("pos", (2,), DType.I64)
+    q, new = b.input("q", (2, 2, 1, 4), DType.F32), b.input("new", (2, 1, 1, 4), DType.F32)
+    kc, vc = (b.emit(Op.CACHE_WRITE, c, new, pos, axis=2) for c in (k, v))
+    allowed = b.emit(compare, b.const(np.arange(6)[None, :]), b.emit(Op.RESHAPE, pos, shape=(2, 1)))
+    mask = b.emit(Op.RESHAPE, allowed, shape=(2, 1, 1, 6))
+    b.output(b.emit(Op.ATTENTION, q, kc, vc, mask, scale=0.5), "out")
+    for s, u in ((k, kc), (v, vc), (pos, pos)):
+        b.update(s, u)
+    g = b.build()
+    got = use_kv_attention(g)
+    assert (Op.KV_ATTENTION in {n.op for n in got.nodes}) == swapped
+    rng = np.random.default_rng(0)
+    feeds = {"k.0": rng.standard_normal((2, 1, 6, 4), np.float32), "v.0": rng.standard_normal((2, 1, 6, 4), np.float32),
+             "pos": np.array([2, 5]), "q": rng.standard_normal((2, 2, 1, 4), np.float32),
+             "new": rng.standard_normal((2, 1, 1, 4), np.float32)}
+    np.testing.assert_allclose(reference.run(got, feeds)["out"], reference.run(g, feeds)["out"], rtol=1e-6)
 
 
 def test_sampled_generation_is_reproducible():
