@@ -2,11 +2,12 @@
 
 API
 ---
-``export_kv(family, exporter, out_dir=None, *, layout="bhsd") -> (onnx_path, hf_model)``
+``export_kv(family, exporter, out_dir=None, *, layout="bhsd", attn="eager", dtype="fp32") -> (onnx_path, hf_model)``
 
 - ``family``: ``"llama"`` or ``"qwen3"`` (``FAMILIES``); the model is ``hf_models.build_model``'s
-  (eager attention, deterministic non-zero random weights), saved next to the file with its
-  ``config.json`` (eos id ``EOS``) so that the file's directory looks like an Optimum export.
+  (``attn``: the HF attention implementation, eager by default; deterministic non-zero random
+  weights; ``dtype="fp16"`` halves it), with a ``config.json`` and ``generation_config.json``
+  (eos id ``EOS``) next to the file, as in an Optimum export folder.
 - ``exporter``: ``"legacy"`` (``torch.onnx.export(dynamo=False, opset_version=17)``) or
   ``"dynamo"`` (``torch.onnx.export(dynamo=True)``).
 - The graph's inputs are ``input_ids`` [batch, seq], ``attention_mask`` [batch, past + seq],
@@ -21,7 +22,7 @@ API
   returned ``present.*`` as the past, through onnxruntime, against torch; returns the largest
   absolute logits difference.
 
-Caching: one export per ``(family, exporter, layout)`` per process, in a temporary directory
+Caching: one export per ``(family, exporter, layout, attn, dtype)`` per process, in a temporary directory
 removed at exit (or ``out_dir`` on the first call). An exporter failure calls ``pytest.skip`` with
 the error summarized (cached too).
 """
@@ -44,7 +45,7 @@ FAMILIES = ("llama", "qwen3")
 EXPORTERS = ("legacy", "dynamo")
 EOS = 7  # the eos id written into config.json / generation_config.json next to the file
 
-_CACHE: dict[tuple[str, str, str], tuple[str, Any] | str] = {}
+_CACHE: dict[tuple[str, ...], tuple[str, Any] | str] = {}
 _TMP: str | None = None
 
 
@@ -87,6 +88,7 @@ def make_wrapper(model: Any, layout: str = "bhsd") -> Any:
 
 def example_inputs(model: Any, batch: int, seq: int, past: int, seed: int = 0,
                    layout: str = "bhsd") -> dict[str, np.ndarray]:
+    """Feeds for the wrapper: random ids and caches (in the model's dtype), all-ones mask."""
     cfg = model.config
     rng = np.random.default_rng(seed)
     hkv = cfg.num_key_value_heads
@@ -96,8 +98,14 @@ def example_inputs(model: Any, batch: int, seq: int, past: int, seed: int = 0,
              "attention_mask": np.ones((batch, past + seq), np.int64),
              "position_ids": np.tile(np.arange(past, past + seq, dtype=np.int64), (batch, 1))}
     for name in io_names(cfg.num_hidden_layers)[0][3:]:
-        feeds[name] = rng.standard_normal(shape).astype(np.float32)
+        feeds[name] = rng.standard_normal(shape).astype(np.float16 if model.dtype == _torch_fp16() else np.float32)
     return feeds
+
+
+def _torch_fp16() -> Any:
+    import torch
+
+    return torch.float16
 
 
 def _export(model: Any, exporter: str, layout: str, path: Path) -> None:
@@ -141,27 +149,32 @@ def _out_root(out_dir: str | None) -> Path:
     return Path(_TMP)
 
 
-def export_kv(family: str, exporter: str, out_dir: str | None = None, *, layout: str = "bhsd") -> tuple[str, Any]:
+def export_kv(family: str, exporter: str, out_dir: str | None = None, *, layout: str = "bhsd", attn: str = "eager",
+              dtype: str = "fp32") -> tuple[str, Any]:
     """Export (once per process) the tiny ``family`` decoder with a KV cache; see the module doc."""
     import hf_models
     import pytest
 
-    key = (family, exporter, layout)
+    key = (family, exporter, layout, attn, dtype)
     if key not in _CACHE:
         if family not in FAMILIES:
             raise ValueError(f"unknown family {family!r} (known: {', '.join(FAMILIES)})")
-        folder = _out_root(out_dir) / f"{family}-{exporter}-{layout}"
+        folder = _out_root(out_dir) / f"{family}-{exporter}-{layout}-{attn}-{dtype}"
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / "model.onnx"
-        model = hf_models.build_model(family, "eager")
+        model = hf_models.build_model(family, attn)
+        if dtype == "fp16":
+            model = model.half()
+        elif dtype != "fp32":
+            raise ValueError(f"unknown dtype {dtype!r} (fp32, fp16)")
         model.generation_config.eos_token_id = EOS
         model.config.eos_token_id = EOS
         try:
             _export(model, exporter, layout, path)
         except Exception as e:  # the exporter's own failure: report it, don't hide it in a traceback
             msg = str(e).strip().splitlines()
-            _CACHE[key] = f"{exporter} export of {family} with a KV cache failed: {type(e).__name__}: " \
-                          f"{msg[0][:300] if msg else ''}"
+            _CACHE[key] = (f"{exporter} export of {family} ({attn}, {dtype}) with a KV cache failed: "
+                           f"{type(e).__name__}: {msg[0][:300] if msg else ''}")
         else:
             (folder / "config.json").write_text(json.dumps({"model_type": family, "eos_token_id": EOS}))
             (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": EOS}))

@@ -28,7 +28,8 @@ from fusec.ops import Op  # noqa: E402
 PROMPTS = [[11, 12, 13, 14, 15, 16, 17, 18, 19], [21, 22, 23], [31, 32, 33, 34, 35, 36]]
 NEW = 16
 CASES = [("llama", "legacy"), ("qwen3", "legacy"),
-         pytest.param("llama", "dynamo", marks=pytest.mark.slow), pytest.param("qwen3", "dynamo", marks=pytest.mark.slow)]
+         pytest.param("llama", "dynamo", marks=pytest.mark.slow),
+         pytest.param("qwen3", "dynamo", marks=pytest.mark.slow)]
 
 
 def _hf_greedy(model, prompt, eos):
@@ -143,7 +144,8 @@ def test_generation_plan_compiles_without_a_gpu(tmp_path):
     m = plan.manifest
     assert set(plan.entries) == {"prefill", "decode"}
     assert [r["name"] for r in m["state"]] == ["k.0", "v.0", "k.1", "v.1", "pos", "cur", "done", "tokens", "seed"]
-    assert m["entries"]["decode"]["inputs"] == [] and [i["name"] for i in m["entries"]["prefill"]["inputs"]] == ["input_ids"]
+    assert m["entries"]["decode"]["inputs"] == []
+    assert [i["name"] for i in m["entries"]["prefill"]["inputs"]] == ["input_ids"]
     assert m["generation"]["vocab_size"] == 256 and m["generation"]["source"] == "model.onnx"
     assert m["generation"]["eos_ids"] == [hf_kv_export.EOS] and m["generation"]["num_layers"] == 2
     # the decode step writes the caches in place: no launch copies a whole cache back
@@ -243,3 +245,16 @@ def test_an_export_without_a_cache_is_refused():
     assert "\n" not in str(e.value)
     with pytest.raises(ModelError, match="not found"):
         load_generation_model("no-such-model.onnx")
+
+
+@pytest.mark.parametrize("attn, dtype", [("sdpa", "fp32"), ("eager", "fp16")])
+def test_sdpa_and_fp16_exports_generate_as_transformers(attn, dtype):
+    path, model = hf_kv_export.export_kv("llama", "legacy", attn=attn, dtype=dtype)
+    assert hf_kv_export.check_export(path, model) < (1e-4 if dtype == "fp32" else 2e-2)
+    gm = load_generation_model(path)
+    graphs = build_graphs(gm, 3, 40, 12, Sampling(), eos_ids=[])
+    assert [n.op for n in graphs["decode"].nodes].count(Op.KV_ATTENTION) == gm.config.num_layers
+    assert all(s.dtype == DType.F32 for s, _ in graphs["decode"].state_pairs() if s.name[:2] in ("k.", "v."))
+    res = generate(ReferenceEngine(graphs, optimize=True), PROMPTS, NEW, gm.config.vocab_size)
+    for p, new in zip(PROMPTS, res.new_ids):
+        assert new == _hf_greedy(model, p, None), f"{attn}/{dtype}"

@@ -132,10 +132,11 @@ def _probe(loaded: LoadedModel, name: str) -> OnnxDecoderConfig:
                 shown = "unknown" if dims is None else "[" + ", ".join(map(str, dims)) + "]"
                 raise ModelError(f"{label}: input {pin!r} has shape {shown}; fusec needs the cache as [batch, "
                                  f"kv_heads, past, head_dim] (heads and head_dim fixed, past length symbolic)")
-            if cache is not None and (dims[1], dims[3]) != cache:  # type: ignore[index]
-                raise ModelError(f"{label}: input {pin!r} has {dims[1]} heads of {dims[3]}, the other caches "  # type: ignore[index]
+            heads, head_dim = int(dims[1]), int(dims[3])  # type: ignore[index]
+            if cache is not None and (heads, head_dim) != cache:
+                raise ModelError(f"{label}: input {pin!r} has {heads} heads of {head_dim}, the other caches "
                                  f"{cache[0]} of {cache[1]}")
-            cache = (dims[1], dims[3])  # type: ignore[index, assignment]
+            cache = (heads, head_dim)
             et = inputs[pin].type.tensor_type.elem_type
             if et not in ONNX_TO_DTYPE or not ONNX_TO_DTYPE[et].is_float:
                 raise ModelError(f"{label}: input {pin!r} has dtype {onnx_type_name(et)}; caches must be float")
@@ -164,7 +165,8 @@ def _probe(loaded: LoadedModel, name: str) -> OnnxDecoderConfig:
 # ---- the two imports ----------------------------------------------------------------------------
 
 def _past_names(cfg: OnnxDecoderConfig) -> list[tuple[str, str]]:
-    return [(f"past_key_values.{i}.{kv}", f"present.{i}.{kv}") for i in range(cfg.num_layers) for kv in ("key", "value")]
+    return [(f"past_key_values.{i}.{kv}", f"present.{i}.{kv}")
+            for i in range(cfg.num_layers) for kv in ("key", "value")]
 
 
 def _import(loaded: LoadedModel, opset: int, cfg: OnnxDecoderConfig, batch: int, seq: int, past: int) -> Graph:
@@ -375,8 +377,9 @@ def use_kv_attention(graph: Graph) -> Graph:
 
     The proof is by evaluation: the mask must depend on nothing but the ``pos`` state (and
     constants), and evaluating it for every position in every row must give "attend" (True or +0)
-    for keys j <= pos[b] and "never" (False, -inf or below -1e30, which softmax turns into an exact
-    0) after them. Anything else keeps the masked attention over the whole cache (correct, slower).
+    for keys j <= pos[b] and "never" after them (False, or at most -6e4: HF masks with the dtype's
+    lowest value, -65504 in fp16, which softmax turns into an exact 0 unless a masked score is ~6e4
+    above the row's best). Anything else keeps the masked attention over the whole cache (correct, slower).
     Runs the pass pipeline's canonicalization and pattern recognition first (what recognizes the
     attention); the full pipeline runs them again, harmlessly."""
     from fusec import reference
@@ -396,6 +399,8 @@ def use_kv_attention(graph: Graph) -> Graph:
 
     def is_cache(v: Value) -> bool:
         n = producers.get(v)
+        if n is not None and n.op == Op.CAST:  # an fp16/bf16 model reads its fp32 cache state cast
+            n = producers.get(n.inputs[0])
         return n is not None and n.op == Op.CACHE_WRITE and n.inputs[0].name in states \
             and n.inputs[0].name[:2] in ("k.", "v.") and n.inputs[2] is pos
 
@@ -422,7 +427,7 @@ def use_kv_attention(graph: Graph) -> Graph:
                 if got.dtype == np.bool_:
                     ok = bool((got == allowed).all())
                 else:
-                    ok = bool((got[allowed] == 0).all() and (got[~allowed] <= -1e30).all())
+                    ok = bool((got[allowed] == 0).all() and (got[~allowed] <= -6e4).all())
                 if not ok:
                     break
         checked[mask] = ok
