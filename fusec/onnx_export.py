@@ -33,6 +33,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from fusec.dtypes import DType
+from fusec.errors import ModelError
 from fusec.ir import Graph, Node, Value, verify
 from fusec.ops import Op
 
@@ -283,6 +284,10 @@ for _name, _fn in (("ATTENTION", _attention), ("ROPE", _rope), ("FUSED", _fused)
         _SPECIAL[Op[_name]] = _fn
 
 MAPPED_OPS = frozenset(_SIMPLE) | frozenset(_SPECIAL)
+# Generation ops read and write plan state (a KV cache, the seed) in place; an ONNX graph has no
+# state, so a generation graph is refused as a whole (ONNX decoders carry the cache as
+# past/present tensors instead: fusec.frontend.kv_cache turns those into state on import).
+STATEFUL_OPS = frozenset({Op.CACHE_WRITE, Op.KV_ATTENTION, Op.SAMPLE})
 
 
 def _vinfo(name: str, v: Value) -> onnx.ValueInfoProto:
@@ -309,6 +314,10 @@ def export_onnx(graph: Graph, path: str | os.PathLike[str], *, external_data: bo
     rejects the result; in every failure case nothing new is left at ``path``.
     """
     verify(graph)
+    stateful = sorted({n.op.value for n in graph.nodes if n.op in STATEFUL_OPS})
+    if stateful or graph.meta.get("states"):
+        raise ModelError(f"graph {graph.name!r} holds plan state ({', '.join(stateful) or 'declared states'}); "
+                         f"ONNX export writes stateless graphs only")
     path = Path(path)
     ctx = _Ctx()
     # Inputs and outputs claim their names first, so sanitizing never renames them needlessly.

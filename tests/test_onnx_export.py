@@ -209,12 +209,24 @@ if hasattr(Op, "FUSED"):
 
 
 def test_every_ir_op_is_mapped_and_covered() -> None:
-    assert onnx_export.MAPPED_OPS == set(Op)
+    assert onnx_export.MAPPED_OPS | onnx_export.STATEFUL_OPS == set(Op)
+    assert not onnx_export.MAPPED_OPS & onnx_export.STATEFUL_OPS
     def ops(g: Graph) -> set[Op]:
         return {n.op for n in g.nodes} | {o for n in g.nodes if hasattr(n.attrs, "body") for o in ops(n.attrs.body)}
 
     covered = {o for name, make in CASES.items() for o in ops(make(Case(name)).b.build())}
-    assert covered == set(Op)
+    assert covered == onnx_export.MAPPED_OPS
+
+
+def test_generation_graphs_are_refused_in_one_line(tmp_path: Path) -> None:
+    from fusec.errors import ModelError
+    from fusec.genmodel import build_graphs, load_generation_model
+    from fusec.models.generate import Sampling
+
+    g = build_graphs(load_generation_model("llama-tiny"), 1, 8, 4, Sampling(), [])["decode"]
+    with pytest.raises(ModelError, match="plan state"):
+        export_onnx(g, tmp_path / "d.onnx")
+    assert not (tmp_path / "d.onnx").exists()
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
