@@ -385,7 +385,8 @@ def use_kv_attention(graph: Graph) -> Graph:
     from fusec import reference
     from fusec.ir import verify
     from fusec.ops import KVAttentionAttrs
-    from fusec.passes import recognize_attention
+    from fusec.passes import dce, recognize_attention
+    from fusec.passes.base import PassOptions
     from fusec.passes.pipeline import PIPELINE, optimize
 
     g = optimize(graph, pipeline=PIPELINE[:PIPELINE.index(recognize_attention) + 1])[0]
@@ -446,6 +447,7 @@ def use_kv_attention(graph: Graph) -> Graph:
     if not changed:
         return graph
     out = Graph(g.inputs, g.outputs, nodes, g.constants, g.name, g.meta)
+    out = dce.run(out, PassOptions()).graph  # the mask's computation is dead now
     verify(out)
     return out
 
