@@ -15,7 +15,10 @@ A group is formed only when it is
   a template emits the group's body as one kernel. The pass asks it while it forms groups, like
   Inductor's scheduler asks its backends ``can_fuse``: a rule's proposal that is not one kernel as
   a whole is fitted node by node outward from its anchor (each node joins if the group stays legal
-  and lowerable), and every node it declines is recorded with the codegen's reason;
+  and lowerable), and every node it declines is recorded with the codegen's reason; an
+  elementwise group that is not one kernel is recorded as declined and regrown node by node from
+  its first non-layout node. This is the one question the pass asks the codegen (no lowering
+  state: a pure function of the candidate body, cut out with ``passes.subgraph.extract``);
 - profitable (``fusion_rules.decide``): the rule default, an option, or an A/B override.
 Every candidate and its decision is a ``FusionRecord`` in ``graph.meta["fusions"]`` (as JSON);
 ``graph.meta["kernels"]`` counts the launches of the result (every node except zero-copy views,

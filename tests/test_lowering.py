@@ -129,3 +129,20 @@ def test_standalone_attention_lowers_to_the_kernel_and_the_nan_guard() -> None:
     assert len(entries) == 2 and entries[0].startswith("fc_attn_") and entries[1].startswith("fc_ew_")
     out = plan.manifest["outputs"][0]["offset"]
     assert plan.manifest["launches"][0]["args"][-1] == ["ptr", "arena", out]
+
+
+def test_add_norm_whose_sum_nobody_reads_is_one_row_kernel_writing_the_sum_to_scratch() -> None:
+    b = GraphBuilder("addnorm")
+    x = b.input("x", (4, 32), DType.F32)
+    y = b.input("y", (4, 32), DType.F32)
+    w = b.const(np.ones(32, np.float32), name="w")
+    b.output(b.emit(Op.LAYERNORM, b.emit(Op.ADD, x, y), w, axis=1, eps=1e-5), "n")
+    g, _ = optimize(b.build())
+    (node,) = [n for n in g.nodes if n.op == Op.FUSED]
+    assert [m.op for m in node.attrs.body.nodes] == [Op.ADD, Op.LAYERNORM] and len(node.outputs) == 1
+    mplan = plan_memory(g)
+    low = lower(g, mplan.offsets, "sm_90", arena_base=mplan.arena_bytes)
+    assert len(low.launches) == 1 and low.report["by_template"]["fused_add_norm"] == 1
+    assert low.scratch_bytes >= 4 * 32 * 4
+    sum_arg = low.launches[0]["args"][-2]  # x, res, w, sum, out
+    assert sum_arg[:2] == ["ptr", "arena"] and sum_arg[2] >= mplan.arena_bytes  # the scratch tail of the arena
