@@ -55,7 +55,8 @@ class Staged:
 def stage(graph: Any, dtype: str, arch: str, *, disabled_fusions: Sequence[str] = (), enabled_fusions: Sequence[str] = (),
           dump_dir: str | os.PathLike | None = None, progress: Callable[[str, str], None] | None = None,
           fusion_overrides: Mapping[str, bool] | None = None, choices: Mapping[str, str] | None = None,
-          state_layout: Mapping[str, int] | None = None, shared: Any = None, dry_run: bool = False) -> Staged:
+          state_layout: Mapping[str, int] | None = None, shared: Any = None, dry_run: bool = False,
+          weights_nk: bool = False) -> Staged:
     """The one path from a graph to its lowered launch list (every entry point of every plan)."""
     from fusec.lower import lower
     from fusec.passes.base import PassOptions
@@ -65,7 +66,7 @@ def stage(graph: Any, dtype: str, arch: str, *, disabled_fusions: Sequence[str] 
     storage, compute = DTYPES[dtype]
     opts = PassOptions(storage_dtype=storage, disabled_fusions=frozenset(disabled_fusions),
                        enabled_fusions=frozenset(enabled_fusions), fusion_overrides=dict(fusion_overrides or {}),
-                       choices=dict(choices or {}))
+                       choices=dict(choices or {}), weights_nk=weights_nk)
     step = (lambda name, i, n: progress("pass", name)) if progress else None
     g, opts = optimize(graph, opts, dump_dir=dump_dir, progress=step)
     mplan = plan_memory(g)

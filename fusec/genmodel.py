@@ -129,8 +129,11 @@ def compile_generation(model: str | os.PathLike[str] | GenModel, *, batch: int =
         blobs["tokenizer"] = t.backend.to_str().encode("utf-8")
         meta["tokenizer"] = {"bos_id": t.bos_id, "eos_ids": list(t.eos_ids), "add_bos": t.add_bos,
                              "chat_template": t.chat_template}
+    # weights_nk: the prefill's cuBLAS reads each weight [N, K] through its transpose flag, the
+    # layout the decode step's GEMV reads, so the two entries share one copy of every weight
     return compile_entries(graphs, dtype=dtype, cuda_graph=cuda_graph, arch=arch, progress=progress,
-                           source={"model": gm.source, "shapes": {}}, extra={"generation": meta}, extra_blobs=blobs)
+                           source={"model": gm.source, "shapes": {}}, extra={"generation": meta}, extra_blobs=blobs,
+                           weights_nk=True)
 
 
 def plan_tokenizer(plan: Any) -> Any:

@@ -36,6 +36,10 @@ class PassOptions:
     # Kernel choices {choice key: variant} (``fusec.lower.choices``) whose weight layout
     # passes/weight_layout.py materializes in the IR; the lowering then emits the variant.
     choices: dict[str, str] = dataclasses.field(default_factory=dict)
+    # Read every constant 2-D weight [N, K] through the transpose flag instead of caching its
+    # transpose (passes/transpose_cache.py): a generation plan's prefill (cuBLAS) and decode (GEMV,
+    # which reads [N, K]) then share one copy of each weight.
+    weights_nk: bool = False
     # Why each matcher declined a near match: list of (pattern, where, reason). Filled by passes.
     declines: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)
     # Facts passes record for reports (`inspect`): counters such as transposes_cached.

@@ -9,6 +9,8 @@ call). Every TRANSPOSE whose input is a constant and whose readers are all matri
   [V, D] rows, the lm_head reads the transpose) stays where it is, and each reader becomes
   ``MATMUL[trans_b=True](x, W)``: cuBLAS reads the [N, K] layout with its transpose flag, so the
   table is stored once (a cached transpose would store it twice: +622 MB on qwen3-0.6b fp32);
+  With ``PassOptions.weights_nk`` every 2-D weight is read so (generation plans: the decode
+  GEMV reads [N, K] too, and prefill and decode share one copy);
 - *cached transpose*: otherwise a new constant already in [in, out] row-major order replaces it;
   the old constant dies with it (no extra bytes).
 
@@ -56,7 +58,7 @@ def run(graph: Graph, options: PassOptions) -> PassResult:
                             f"{', '.join(non_gemm)} (not a matrix product)")
             continue
         shared = any(u is not node for u in ctx.users(w)) or ctx.is_output(w)
-        if shared and len(w.shape) == 2 and node.attrs.perm == (1, 0) and _flaggable(readers, out) \
+        if (shared or options.weights_nk) and len(w.shape) == 2 and node.attrs.perm == (1, 0) and _flaggable(readers, out) \
                 and not rw.claimed(readers):
             for mm in readers:  # the product reads W [N, K] through cuBLAS's transpose flag: no copy
                 rw.replace(mm, [Node(Op.MATMUL, [mm.inputs[0], w], mm.outputs, MatMulAttrs(trans_b=True), mm.name)],

@@ -8,7 +8,8 @@ themselves. This pass writes that layout as a constant of the graph (a transpose
 every product that needs it) and flips the product's ``trans_b``, so the lowering never copies a
 weight and the copy is in the pass dumps and the weight bytes. The weight it replaces dies unless
 something else reads it (a tied embedding's GATHER): those bytes are counted in
-``stats["weight_layout_extra_bytes"]``. Without choices this pass changes nothing.
+``stats["weight_layout_extra_bytes"]``. Without choices, the rule-based defaults of
+``fusec.lower.choices.choose`` apply (a single-row product reads its weight [N, K] for the GEMV).
 
 It runs after fusion because a choice key names the fused epilogue.
 """
@@ -49,13 +50,9 @@ def _relayout(node: Node, w_new: Value, trans_b: bool) -> Node:
 
 
 def run(graph: Graph, options: PassOptions) -> PassResult:
-    from fusec.lower.choices import NEEDS_TRANS_B, choice_point
+    from fusec.lower.choices import NEEDS_TRANS_B, choice_point, choose
 
     choices = getattr(options, "choices", None) or {}
-    if not choices:
-        g = graph.copy()
-        g.meta["weights_relaid"] = []
-        return PassResult(g, False)
     ctx = Ctx(graph)
     rw = Rewriter(graph)
     made: dict[int, Value] = {}
@@ -65,7 +62,8 @@ def run(graph: Graph, options: PassOptions) -> PassResult:
         cp = choice_point(node)
         if cp is None or not cp.b_const:
             continue
-        need = NEEDS_TRANS_B.get(choices.get(cp.key, ""))
+        variant = choose(choices, cp)
+        need = NEEDS_TRANS_B.get(variant)
         if need is None or need == cp.trans_b:
             continue
         w = node.inputs[node.attrs.body.inputs.index(cp.b)] if node.op == Op.FUSED and cp.b in node.attrs.body.inputs \
@@ -77,7 +75,7 @@ def run(graph: Graph, options: PassOptions) -> PassResult:
             readers_left[w] = len(ctx.users(w)) + (1 if ctx.is_output(w) else 0)
         readers_left[w] -= 1
         rw.replace(node, [_relayout(node, new, need)], [node])
-        records.append({"key": cp.key, "variant": choices[cp.key], "where": ctx.where(node), "weight": w.name,
+        records.append({"key": cp.key, "variant": variant, "where": ctx.where(node), "weight": w.name,
                         "stored": new.name, "shape": list(new.shape)})
     extra = sum(w.nbytes for w, left in readers_left.items() if left > 0)
     g = rw.finish() if rw.changed else graph.copy()

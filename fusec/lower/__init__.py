@@ -192,7 +192,7 @@ def lower(graph: Graph, offsets: dict[str, int], arch: str, compute: str = "f32"
         ctx._kernel_index = {k["entry"]: i for i, k in enumerate(shared.kernels)}
     ctx.choices, ctx.choices_applied, ctx.choices_declined = dict(choices or {}), {}, {}
     for i, node in enumerate(graph.nodes):
-        if not (ctx.choices and lower_choice(ctx, node, _label(i, node))):
+        if not lower_choice(ctx, node, _label(i, node)):  # explicit choices, else the rule-based defaults
             lower_node(ctx, node, label=_label(i, node))
     _write_back_state(ctx, graph)
     weights = ctx.weights.blob()

@@ -158,6 +158,21 @@ def choice_point(node: Node) -> ChoicePoint | None:
     return None
 
 
+def choose(choices: dict[str, str], cp: ChoicePoint) -> str:
+    """The variant ``cp`` lowers with: an explicit choice (an A/B ledger, the caller) wins; else the
+    rule-based default. The rule: fusec's GEMV for a single-row product over a constant weight
+    (M == 1: a decode step at batch 1), with its epilogue fused, else cuBLAS. Measured on an H100
+    (benchmarks/decode_kernels_results.md): at M = 1 the GEMV matched or beat cuBLAS on every
+    Qwen3-0.6B decode shape (4.9 vs 5.8 us QKV, 6.3 vs 7.1 us gate/up, 100 vs 106 us lm_head), and
+    fusing the epilogue saves cuBLAS's separate epilogue launch; at M = 8 it was 2-3x slower."""
+    explicit = choices.get(cp.key)
+    if explicit is not None:
+        return explicit
+    if cp.m == 1 and "gemv" in cp.variants:
+        return "gemv"
+    return DEFAULT
+
+
 def choice_points(graph: Graph) -> list[tuple[Node, ChoicePoint]]:
     """Every node of ``graph`` (an optimized graph) with alternative lowerings."""
     return [(n, cp) for n in graph.nodes if (cp := choice_point(n)) is not None]
@@ -173,7 +188,7 @@ def _outer(node: Node, v: Value) -> Value:
 def lower_choice(ctx, node: Node, label: str) -> bool:  # noqa: ANN001 (fusec.lower.Context; avoids an import cycle)
     """Emit ``node`` with the variant ``ctx.choices`` names for its key; False: lower it as usual."""
     cp = choice_point(node)
-    variant = ctx.choices.get(cp.key) if cp is not None else None
+    variant = choose(ctx.choices, cp) if cp is not None else None
     if cp is None or variant in (None, DEFAULT):
         return False
     if not cp.accepts(variant):
