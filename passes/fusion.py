@@ -59,6 +59,7 @@ class _Grouping:
         self.owner: dict[Node, int] = {}
         self.groups: list[_Group] = []
         self.records: list[FusionRecord] = []
+        self.not_one_kernel: set[Node] = set()  # members of elementwise groups declined as a whole
         self.view = R.View(self.ctx.users, self.ctx.prod, self.ctx.is_output, lambda n: n in self.owner)
 
     def sorted(self, members: Collection[Node]) -> list[Node]:
@@ -68,9 +69,10 @@ class _Grouping:
     def outputs(self, members: Collection[Node]) -> list[Value]:
         return escaping(self.sorted(members), self.ctx.users, self.graph_outputs)
 
-    def legal(self, members: set[Node], multi_output: bool) -> str | None:
-        """None if grouping ``members`` into one kernel is correct, else the reason it is not."""
-        outs = self.outputs(members)
+    def legal(self, members: set[Node], multi_output: bool, outs: list[Value] | None = None) -> str | None:
+        """None if grouping ``members`` into one kernel is correct, else the reason it is not
+        (``outs``: ``self.outputs(members)`` when the caller has it)."""
+        outs = self.outputs(members) if outs is None else outs
         if len(outs) > 1 and not multi_output:
             return f"intermediate {outs[0].name!r} is read outside the group"
         if len({v.numel for v in outs}) > 1:
@@ -93,7 +95,7 @@ class _Grouping:
                     stack.append(u)
         return None
 
-    def lowerable(self, members: Collection[Node]) -> str | None:
+    def lowerable(self, members: Collection[Node], outs: list[Value] | None = None) -> str | None:
         """None if the codegen emits ``members`` as one kernel (or they are no fused node at all:
         a single node, or views only), else the codegen's reason."""
         from fusec.lower.fused import can_fuse
@@ -101,13 +103,15 @@ class _Grouping:
         ordered = self.sorted(members)
         if len(ordered) < 2 or all(view_of(n) is not None for n in ordered):
             return None
-        cap = can_fuse(extract(ordered, self.outputs(ordered), "candidate").body)
+        cap = can_fuse(extract(ordered, self.outputs(ordered) if outs is None else outs, "candidate").body)
         return None if cap else cap.reason
 
-    def check(self, members: set[Node], multi_output: bool) -> str | None:
-        if (why := self.legal(members, multi_output)) is not None:
+    def check(self, members: set[Node], multi_output: bool, capable: bool = True) -> str | None:
+        """None if ``members`` may be one group: legal and (``capable``) one kernel; else why not."""
+        outs = self.outputs(members)
+        if (why := self.legal(members, multi_output, outs)) is not None:
             return "illegal: " + why
-        if (why := self.lowerable(members)) is not None:
+        if capable and (why := self.lowerable(members, outs)) is not None:
             return "not one kernel: " + why
         return None
 
@@ -247,17 +251,20 @@ class _Grouping:
         """The legal group of pointwise/injective nodes around ``seed``; when the codegen cannot
         emit it as one kernel, the largest group it can, grown from its first non-layout node."""
         kind = R.kind(seed)
-        members = self.grow(seed, capable=False)
-        if _launches(members) < 2:
-            return
-        why = self.lowerable(members)
-        if why is not None:
-            self.record("elementwise", kind, members, Decision.REJECTED, "not one kernel: " + why, legal=False)
-            start = next((m for m in self.sorted(members) if not R.layout(m)), seed)
-            members = self.grow(start, capable=True)
+        if seed in self.not_one_kernel:  # what is left of a group declined as a whole (recorded)
+            members = self.grow(seed, capable=True)
+        else:
+            members = self.grow(seed, capable=False)
             if _launches(members) < 2:
                 return
-        self.propose("elementwise", kind, members, multi_output=True)
+            why = self.lowerable(members)
+            if why is not None:
+                self.record("elementwise", kind, members, Decision.REJECTED, "not one kernel: " + why, legal=False)
+                self.not_one_kernel.update(members)
+                start = next((m for m in self.sorted(members) if not R.layout(m)), seed)
+                members = self.grow(start, capable=True)
+        if _launches(members) >= 2:
+            self.propose("elementwise", kind, members, multi_output=True)
 
     def grow(self, seed: Node, capable: bool) -> list[Node]:
         members, inside, frontier = [seed], {seed}, [seed]
@@ -267,7 +274,7 @@ class _Grouping:
             for m in near:
                 if m is None or m in inside or m in self.owner or not _pointwise_or_injective(m):
                     continue
-                if self.legal(inside | {m}, multi_output=True) is None and not (capable and self.lowerable(inside | {m})):
+                if self.check(inside | {m}, multi_output=True, capable=capable) is None:
                     inside.add(m)
                     members.append(m)
                     frontier.append(m)

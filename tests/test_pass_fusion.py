@@ -190,3 +190,18 @@ def test_attention_prologue_declines_rope_with_the_codegens_reason_and_rope_keep
     assert all(can_fuse(n.attrs.body) for n in groups)
     assert {r.name for r in fusion.records(out) if r.applied} == {n.name for n in groups}
     _same(g, out)
+
+
+def test_elementwise_group_the_codegen_cannot_emit_is_declined_and_regrown_in_parts() -> None:
+    b = GraphBuilder()
+    x = b.input("x", (4, 8), F)
+    r = b.emit(Op.RESHAPE, b.emit(Op.EXP, x), shape=(8, 4))  # regroups axes: no elementwise index map
+    b.output(b.emit(Op.ABS, b.emit(Op.NEG, b.emit(Op.SIGMOID, r))), "y")
+    g = b.build()
+    out, _ = _run(g)
+    whole = [r for r in fusion.records(out) if r.rule == "elementwise" and not r.legal]
+    assert len(whole) == 1 and "regroups axes" in whole[0].reason and len(whole[0].members) == 5
+    (node,) = _fused(out)
+    assert _body_ops(node) == [Op.SIGMOID, Op.NEG, Op.ABS]
+    assert [n.op for n in out.nodes] == [Op.EXP, Op.RESHAPE, Op.FUSED]
+    _same(g, out)
