@@ -12,10 +12,10 @@ kernel choice points. It returns one ``Candidate`` per distinct experiment:
 
 Candidates whose regions are structurally identical (same ops, attributes, shapes, dtypes and
 constant shapes; ``Region.signature``) are one experiment that ``applies_to`` all their keys:
-the 12 identical QKV epilogues of GPT-2 are measured once. ``extract_region`` cuts the members out of the
-pre-fusion graph with the fusion pass's own cut (``fusec.passes.subgraph``): values read from
-outside become graph inputs, constants stay constants, and values read outside the members (or
-model outputs) become the region's outputs.
+the 12 identical QKV epilogues of GPT-2 are measured once. ``extract_region`` cuts the members
+out of the pre-fusion graph with the fusion pass's own cut (``fusec.passes.subgraph``): values
+read from outside become graph inputs, constants stay constants, and values read outside the
+members (or model outputs) become the region's outputs.
 """
 
 from __future__ import annotations
