@@ -89,6 +89,7 @@ def test_wrong_kernel_rejected_on_numerics_even_when_faster(cuda_graph: bool) ->
                        runner=WrongRunner(), use_cache=False, whole_plan=False, iters=30)
     assert led.entries
     for e in led.entries:
+        assert e.fused is not None and e.unfused is not None, (e.key, e.decision, e.reason)
         assert e.fused["median_ms"] < e.unfused["median_ms"], e  # it looks faster ...
         assert e.decision == UNFUSED and "numerics" in e.reason and e.max_error > TOLERANCE["fp16"], e  # ... and loses
 
