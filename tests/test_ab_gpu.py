@@ -60,12 +60,12 @@ class WrongRunner(GpuRunner):
         plan = super().build(model, **kw)
         if _is_fused(kw):
             plan = _add_one_to_outputs(plan)
-            plan.manifest["_wrong"] = True
+            plan.wrong = True  # on the object, not in the manifest (which is validated strictly)
         return plan
 
     def time(self, plan: Any, cuda_graph: bool, iters: int) -> dict[str, Any]:
         t = super().time(plan, cuda_graph, iters)
-        if plan.manifest.get("_wrong"):
+        if getattr(plan, "wrong", False):
             t = {**t, **{k: t[k] * 0.1 for k in ("median_ms", "p10_ms", "p90_ms")}}
         return t
 
