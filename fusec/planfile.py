@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import struct
 from collections.abc import Mapping
 from typing import Any
@@ -111,8 +112,15 @@ def read_plan(path: str | os.PathLike) -> PlanFile:
     """Read and fully validate a plan file (see the module docstring)."""
     p = os.fspath(path)
     try:
-        with open(p, "rb") as f:
+        # O_NONBLOCK: a FIFO named as a plan is refused below instead of blocking the open
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise PlanFileError(f"plan file {p!r} is not a regular file")
             raw = f.read()
+    except PlanFileError:
+        raise
     except OSError as e:
         raise PlanFileError(f"cannot read plan file {p!r}: {e.strerror or e}") from None
     if len(raw) < _HEADER.size + 32:

@@ -108,7 +108,11 @@ def compile_from_args(args: argparse.Namespace, progress: Progress | None = None
     from fusec.shapes import parse_shapes
 
     shapes = parse_shapes(args.shapes) if args.shapes is not None else None
-    ledger = ledger_for_compile(args)  # --ab / --decisions (compile only); None otherwise
+    try:
+        ledger = ledger_for_compile(args)  # --ab / --decisions (compile only); None otherwise
+    except RecursionError:  # json.loads of a hostile 100k-deep ledger
+        raise InputError(f"--decisions {getattr(args, 'decisions', None)!r}: the JSON is nested too deeply "
+                         "to be a ledger") from None
     plan = fusec.compile(args.model, shapes=shapes, dtype=args.dtype, cuda_graph=args.cuda_graph, arch=args.arch,
                          disabled_fusions=args.disable_fusion, enabled_fusions=args.enable_fusion,
                          dump_dir=args.dump_dir, progress=progress,

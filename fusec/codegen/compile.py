@@ -198,7 +198,13 @@ def _read_private(path: Path) -> bytes | None:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    missing = []
+    d = path.parent
+    while not d.exists() and d != d.parent:
+        missing.append(d)
+        d = d.parent
+    for d in reversed(missing):  # every directory fusec makes in the cache is private
+        d.mkdir(mode=0o700, exist_ok=True)
     with atomic_write(path, private=True, what="kernel cache entry") as f:
         f.write(data)
 

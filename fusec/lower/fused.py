@@ -53,6 +53,7 @@ def index_expr(body: Graph, out: Value, leaves: dict[Value, Any] | None = None) 
     Each value is reached with ``rows`` (for each of its axes: the iteration axis it follows, or
     None for coordinate 0) and ``base`` (its start coordinate per axis, from slices)."""
     producers = body.producers()
+    _check_expr_size(out, producers, leaves)  # before the recursive walk below: bounded depth
     operands: list[tuple[Value, tuple[int, ...], int]] = []
     index: dict[tuple[int, tuple[int, ...], int], int] = {}
     plain = [True]
@@ -118,6 +119,36 @@ def index_expr(body: Graph, out: Value, leaves: dict[Value, Any] | None = None) 
 
     expr = go(out, tuple(range(rank)), (0,) * rank)
     return IndexedExpr(expr, operands, plain[0])
+
+
+MAX_EXPR_DEPTH = 200  # ops on the longest path of one elementwise kernel's expression
+MAX_EXPR_NODES = 20000  # its size as a tree (a value read twice is expanded twice)
+
+
+def _check_expr_size(out: Value, producers: dict[Value, Node], leaves: dict[Value, Any] | None) -> None:
+    """_NoPlan when ``out``'s expression is deeper or larger than one kernel takes; iterative, so a
+    10,000-op chain is declined (and split by the fusion pass) instead of overflowing the stack."""
+    depth: dict[Value, int] = {}
+    size: dict[Value, int] = {}
+    stack: list[tuple[Value, bool]] = [(out, False)]
+    while stack:
+        v, ready = stack.pop()
+        if v in depth:
+            continue
+        n = producers.get(v)
+        if n is None or (leaves is not None and v in leaves):
+            depth[v], size[v] = 0, 1
+            continue
+        if not ready:
+            stack.append((v, True))
+            stack.extend((x, False) for x in n.inputs if x not in depth)
+            continue
+        depth[v] = 1 + max((depth[x] for x in n.inputs), default=0)
+        size[v] = min(1 + sum(size[x] for x in n.inputs), MAX_EXPR_NODES + 1)
+        if depth[v] > MAX_EXPR_DEPTH:
+            raise _NoPlan(f"an elementwise kernel computes at most {MAX_EXPR_DEPTH} ops in a row")
+        if size[v] > MAX_EXPR_NODES:
+            raise _NoPlan(f"an elementwise kernel's expression has at most {MAX_EXPR_NODES} terms")
 
 
 # ---- attention and rope with their layouts ------------------------------------------------------------------
