@@ -64,6 +64,13 @@ def test_compile_refuses_to_overwrite_its_input_model(capsys, relu) -> None:
     assert relu.read_bytes() == before
 
 
+def test_export_model_refuses_device_nodes_and_its_input(capsys, relu) -> None:
+    fails(capsys, ["export-model", "gpt2-tiny", "-o", "/dev/null"], needles=["/dev/null", "not a regular file"])
+    before = relu.read_bytes()
+    fails(capsys, ["export-model", str(relu), "-o", str(relu)], needles=["relu.onnx", "input"])
+    assert relu.read_bytes() == before
+
+
 def test_dump_dir_that_is_a_file(capsys, tmp_path, relu) -> None:
     fails(capsys, ["compile", str(relu), "-o", str(tmp_path / "r.fplan"), "--dump-dir", str(relu)],
           needles=["--dump-dir", "relu.onnx", "not a directory"])

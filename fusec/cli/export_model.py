@@ -23,6 +23,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    import os
+
+    from fusec.fsutil import check_output_path
+
+    check_output_path(args.output, "ONNX file", not_same_as=[args.model] if os.path.isfile(args.model) else [])
     graph = load_model(args)
     from fusec.onnx_export import export_onnx
 
