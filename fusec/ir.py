@@ -163,7 +163,7 @@ class Graph:
         return print_graph(self)
 
 
-def verify(graph: Graph) -> None:
+def verify(graph: Graph, *, _body: bool = False) -> None:
     """Check every IR invariant; raise IRError naming the first value or node at fault.
 
     Every value is defined once, before use; constants carry data of their declared type;
@@ -218,7 +218,26 @@ def verify(graph: Graph) -> None:
     for v in graph.outputs:
         if v not in defined:
             raise IRError(f"graph output {v.name!r} is never defined")
-    _verify_state(graph)
+    _verify_state(graph, _body)
+
+
+def writes_in_place(node: Node) -> list[tuple[int, int]]:
+    """(input index, output index) pairs where ``node`` writes the output into the input's storage:
+    a ``cache_write``'s cache, and a fused node whose body writes one of its inputs so (the memory
+    plan places such outputs in their input's storage; ``verify`` checks nothing reads the old value)."""
+    from fusec.ops import Op
+
+    if node.op == Op.CACHE_WRITE:
+        return [(0, 0)]
+    body = getattr(node.attrs, "body", None)
+    if node.op != Op.FUSED or not isinstance(body, Graph):
+        return []
+    root: dict[Value, int] = {v: i for i, v in enumerate(body.inputs)}
+    for n in body.nodes:
+        for j, k in writes_in_place(n):
+            if n.inputs[j] in root:
+                root[n.outputs[k]] = root[n.inputs[j]]
+    return [(root[v], k) for k, v in enumerate(body.outputs) if v in root and v not in body.inputs]
 
 
 def _verify_body(node: Node, where: str) -> None:
@@ -232,39 +251,40 @@ def _verify_body(node: Node, where: str) -> None:
         raise IRError(f"{where}: fused body has {len(body.inputs)} inputs and {len(body.outputs)} outputs, "
                       f"the node {len(node.inputs)} and {len(node.outputs)}")
     try:
-        verify(body)
+        verify(body, _body=True)
     except IRError as e:
         raise IRError(f"{where}: fused body {body.name!r}: {e}") from None
 
 
-def _verify_state(graph: Graph) -> None:
+def _verify_state(graph: Graph, body: bool = False) -> None:
     """State updates are well formed, and in-place writes read nothing stale.
 
-    A ``cache_write`` writes into its cache input's storage, so that input must be a state or an
-    earlier ``cache_write`` of one (its storage is the state's), each consumed once, and no node
-    after the write may read the overwritten value."""
-    from fusec.ops import Op
-
+    A ``cache_write`` (or a fused node containing one, ``writes_in_place``) writes into its cache
+    input's storage, so that input must be a state or an earlier such write of one (its storage is
+    the state's), each consumed once, and no node after the write may read the overwritten value.
+    In a fused body (or any graph that declares no state: a region cut out of a larger graph) the
+    inputs stand for the outer values, which the enclosing graph checks."""
     pairs = graph.state_pairs()
+    body = body or not pairs
     for src, dst in pairs:
         if (src.shape, src.dtype) != (dst.shape, dst.dtype):
             raise IRError(f"state {src.name!r} is {src.type_str} but its update {dst.name!r} is {dst.type_str}")
-    roots = {src for src, _ in pairs}
-    written_at: dict[Value, int] = {}  # value -> index of the cache_write that overwrote it
+    roots = {src for src, _ in pairs} | (set(graph.inputs) if body else set())
+    written_at: dict[Value, int] = {}  # value -> index of the node that overwrote it in place
     for i, n in enumerate(graph.nodes):
         for v in n.inputs:
             if v in written_at and written_at[v] != i:
                 raise IRError(f"node #{i} {n.describe()} reads {v.name!r} after node #{written_at[v]} "
                               f"overwrote it in place (cache_write)")
-        if n.op == Op.CACHE_WRITE:
-            cache = n.inputs[0]
+        for j, k in writes_in_place(n):
+            cache = n.inputs[j]
             if cache not in roots:
                 raise IRError(f"node #{i} {n.describe()}: cache_write needs a state (or a cache_write of one) "
                               f"as its cache, got {cache.name!r}")
             if cache in written_at:
                 raise IRError(f"node #{i} {n.describe()}: {cache.name!r} is written in place twice")
             written_at[cache] = i
-            roots.add(n.outputs[0])
+            roots.add(n.outputs[k])
     # a state read after its cache_write is caught above; its update must be the last write
     for src, dst in pairs:
         if dst in written_at:

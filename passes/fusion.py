@@ -212,6 +212,9 @@ class _Grouping:
                 m = self.view.sole_reader(n.outputs[0])
                 if m is not None and R.kind(m) == R.K.GEMM and m.inputs[0] is n.outputs[0] and m not in self.owner:
                     self.propose("norm_gemm", R.K.GEMM, [n, m])
+        for n in nodes:  # before the GEMM anchors: a RoPE joins its norm and cache write, not attention
+            if R.kind(n) == R.K.INJECTIVE and n not in self.owner and (extra := R.head_rope(self.view, n)):
+                self.propose_anchor(n, R.K.INJECTIVE, [("head_rope", extra, False)])
         for n in nodes:
             if R.kind(n) == R.K.GEMM and n not in self.owner:
                 self.propose_anchor(n, R.K.GEMM, [("gemm_prologue", R.prologue(self.view, n, _injective, set()), False),

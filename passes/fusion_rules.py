@@ -85,6 +85,8 @@ RULES: dict[str, Rule] = {r.name: r for r in (
     Rule("reduce_fusion", True, "a reduction (norm, softmax) with its elementwise prologue and epilogue "
                                 "(residual add + norm writes both outputs)"),
     Rule("elementwise", True, "chains of elementwise/broadcast/injective ops as one memory-bound kernel"),
+    Rule("head_rope", True, "per-head norm in front of a RoPE and the KV-cache write after it, in the RoPE's "
+                            "one pass over the heads (decode: three launches per K, two per Q become one)"),
 )}
 
 
@@ -166,6 +168,47 @@ def prologue(view: View, anchor: Node, accept: Callable[[Node], bool], members: 
         taken.append(p)
         stack.extend(x for x in p.inputs if x.data is None)
     return taken
+
+
+def head_rope(view: View, rope: Node) -> list[Node]:
+    """Around a multi-input INJECTIVE node (RoPE reads x, cos, sin): the layout chain in front of its
+    first input and the row norm (a REDUCE keeping its shape) that chain starts from, if only the
+    chain reads it; after it, its layout chain and a sole reader that writes the result into its
+    own first input's storage (an OPAQUE node reading the chain as its second input: a KV-cache
+    write). Whether one kernel covers the group is the codegen's to say."""
+    if kind(rope) != K.INJECTIVE or len(rope.inputs) < 2 or len(rope.outputs) != 1:
+        return []
+    before: list[Node] = []
+    v = rope.inputs[0]
+    while True:
+        p = view.prod(v)
+        if p is None or view.owned(p) or view.sole_reader(p.outputs[0]) is None or len(p.outputs) != 1:
+            break
+        if layout(p):
+            before.append(p)
+            v = p.inputs[0]
+            continue
+        if is_norm(p) and len(p.inputs) >= 1:
+            before.append(p)
+        break
+    if not any(is_norm(n) for n in before):
+        before = []  # layout views alone are the rope kernel's own prologue
+    after: list[Node] = []
+    cur = rope.outputs[0]
+    while True:
+        u = view.sole_reader(cur)
+        if u is None or view.owned(u) or len(u.outputs) != 1:
+            break
+        if layout(u):
+            after.append(u)
+            cur = u.outputs[0]
+            continue
+        if kind(u) == K.OPAQUE and len(u.inputs) >= 2 and u.inputs[1] is cur and u.inputs[0] is not cur:
+            after.append(u)
+        break
+    if not after or kind(after[-1]) != K.OPAQUE:
+        after = []
+    return before + after
 
 
 def mlp_candidate(view: View, m2: Node) -> list[Node] | None:

@@ -154,7 +154,7 @@ def lower_bound(records: list[UsageRecord], steps: int) -> int:
 
 def plan_memory(graph: Graph, alignment: int = 256) -> MemoryPlan:
     """Plan ``graph``'s arena (see the module docstring for the contract)."""
-    from fusec.ops import Op
+    from fusec.ir import writes_in_place
 
     nodes = graph.nodes
     end = max(len(nodes) - 1, 0)
@@ -184,11 +184,15 @@ def plan_memory(graph: Graph, alignment: int = 256) -> MemoryPlan:
             members[r].append(out)
             last[r] = max(last[r], i)
             view_nodes.add(i)
-        elif node.op == Op.CACHE_WRITE:  # writes in place: the result is its cache's storage
-            out, r = node.outputs[0], root[node.inputs[0]]
-            root[out], boff[out], kind[out] = r, boff[node.inputs[0]], "update"
-            members[r].append(out)
-            last[r] = max(last[r], i)
+        elif writes_in_place(node):  # a cache_write (or a fused one): the result is its cache's storage
+            for j, k in writes_in_place(node):
+                out, r = node.outputs[k], root[node.inputs[j]]
+                root[out], boff[out], kind[out] = r, boff[node.inputs[j]], "update"
+                members[r].append(out)
+                last[r] = max(last[r], i)
+            for k, o in enumerate(node.outputs):
+                if o not in root:
+                    own(o, i)
             view_nodes.add(i)
         else:
             for o in node.outputs:

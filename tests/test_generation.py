@@ -69,10 +69,12 @@ def test_verify_rejects_stale_reads_and_writes_into_non_state():
     with pytest.raises(IRError, match="overwrote it in place"):
         b.build()
     b = GraphBuilder("bad2")
+    cache = b.state("cache", (1, 4), DType.F32)
     x = b.input("x", (1, 4), DType.F32)
     pos = b.input("pos", (1,), DType.I64)
     y = b.emit(Op.CACHE_WRITE, x, b.input("n", (1, 1), DType.F32), pos, axis=1)
     b.output(y, "y")
+    b.update(cache, cache)
     with pytest.raises(IRError, match="needs a state"):
         b.build()
 
@@ -236,3 +238,31 @@ def test_generate_api_errors_name_the_problem():
     with pytest.raises(FusecError):
         compile_generation("llama-tiny", batch=1, max_seq_len=1000, prefill_len=8, arch="sm_90")  # > positions
     verify(build_graphs(gm, 1, 16, 4, Sampling(0.7, 5, 0.9), eos_ids=[1, 2])["decode"])
+
+
+def test_head_rope_group_is_one_kernel_and_keeps_the_numbers():
+    """Qwen3 with head_dim 64: each layer's q norm + RoPE and k norm + RoPE + cache write are fused
+    (two head_rope kernels); the fused graphs generate exactly what the unfused ones do."""
+    import dataclasses
+
+    from fusec.genmodel import GenModel
+    from fusec.models import get_config
+    from fusec.models.generate import SharedWeights
+    from fusec.models.weights import RandomWeights
+    from fusec.passes.fusion import records
+
+    cfg = dataclasses.replace(get_config("qwen3-tiny"), head_dim=64, name="qwen3-d64")
+
+    def model():
+        return GenModel(cfg, SharedWeights(RandomWeights(1)), None, (), cfg.name)
+
+    plan = compile_generation(model(), batch=2, max_seq_len=32, prefill_len=8, dtype="fp32", arch="sm_90", eos_ids=[])
+    labels = [L["label"] for L in plan.manifest["entries"]["decode"]["launches"]]
+    assert sum("fused[head_rope]" in x for x in labels) == 2 * cfg.num_layers
+    assert sum(x.endswith("cache_write") for x in labels) == cfg.num_layers + 1  # V per layer, and the tokens
+    raw = ReferenceEngine(build_graphs(model(), 2, 32, 12, Sampling(), []))
+    fused = ReferenceEngine(build_graphs(model(), 2, 32, 12, Sampling(), []), optimize=True)
+    applied = [r for r in records(fused.graphs["decode"]) if r.rule == "head_rope" and r.applied]
+    assert len(applied) == 2 * cfg.num_layers
+    a = generate(raw, PROMPTS[:2], 8, cfg.vocab_size).new_ids
+    assert a == generate(fused, PROMPTS[:2], 8, cfg.vocab_size).new_ids

@@ -59,3 +59,26 @@ def test_bf16_generation_runs_and_stops_at_eos():
     assert all(1 <= len(n) <= 20 for n in res.new_ids)
     assert all(len(n) == 20 or n[-1] == 7 for n in res.new_ids)
     assert all(0 <= t < 1000 for n in res.new_ids for t in n)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_head_rope_fusion_generates_like_the_reference(head_dim):
+    """Qwen3 with head_dim 64/128: q/k norm + RoPE (+ the K cache write) run as one head_rope kernel."""
+    import dataclasses
+
+    from fusec.genmodel import GenModel
+    from fusec.models import get_config
+    from fusec.models.generate import SharedWeights
+    from fusec.models.weights import RandomWeights
+
+    cfg = dataclasses.replace(get_config("qwen3-tiny"), head_dim=head_dim, name=f"qwen3-d{head_dim}")
+
+    def model():
+        return GenModel(cfg, SharedWeights(RandomWeights(1)), None, (), cfg.name)
+
+    plan = compile_generation(model(), batch=4, max_seq_len=48, prefill_len=12, dtype="fp32", eos_ids=[])
+    labels = [L["label"] for L in plan.manifest["entries"]["decode"]["launches"]]
+    assert sum("head_rope" in x for x in labels) == 2 * cfg.num_layers
+    res = plan.generate(PROMPTS, max_new_tokens=16)
+    want = generate(ReferenceEngine(build_graphs(model(), 4, 48, 12, Sampling(), [])), PROMPTS, 16, cfg.vocab_size)
+    assert res.new_ids == want.new_ids

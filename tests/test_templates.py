@@ -44,6 +44,8 @@ def _specs(dt: DType) -> list:
         S.CumsumSpec(3, 7, 2, dt, exclusive=True, reverse=True),
         S.EmbeddingSpec(7, 50, 40, dt, pos_vocab=16, id_dtype=I32),
         S.RopeSpec(2, 3, 5, 64, 32, dt, (960, 320, 64), (960, 320, 64), (0, 32)),
+        S.HeadRopeSpec(2, 3, 1, 128, dt, (1152, 128, 384), (3 * 40 * 128, 40 * 128, 128), (128, 0), dt,
+                       norm=True, eps=1e-6, w_dtype=dt, cache_len=40),  # q/k norm + RoPE + cache write
         S.AttentionSpec(2, 4, 2, 37, 45, 64, tc_attn, 0.125, causal=True, mask="additive", mask_dtype=dt,
                         mask_strides=(45, 0, 0, 1)),
         S.GemmSpec(70, 90, 40, dt, batch=2, trans_b=True, epilogue=S.Epilogue(bias=True, activation="gelu", residual=True)),

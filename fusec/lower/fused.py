@@ -230,6 +230,13 @@ def kernel_plan(body: Graph) -> tuple[str, Any]:
     if Op.ATTENTION in ops:
         return ("attention", _attention_plan(body))
     if Op.ROPE in ops:
+        from fusec.lower import heads
+
+        if heads.applies(body):  # a norm before it or a cache write after it: the head_rope family
+            try:
+                return ("head_rope", heads.plan(body))
+            except heads.NoPlan as e:
+                raise _NoPlan(str(e)) from None
         return ("rope", _rope_plan(body))
     if Op.MATMUL in ops:
         if ops[0] != Op.MATMUL or Op.MATMUL in ops[1:]:
@@ -305,6 +312,10 @@ def lower_fused(ctx: Context, node: Node, label: str) -> None:
         _emit_indexed(ctx, iexpr, outer, node.output, label + " epilogue")
     elif kind == "attention":
         emit_attention(ctx, detail, node, label)
+    elif kind == "head_rope":
+        from fusec.lower import heads
+
+        heads.emit(ctx, detail, node, label)
     elif kind == "rope":
         rope, xi, xview, cst = detail
         cos, sin = (outer[v] for v in rope.inputs[1:])
