@@ -215,6 +215,12 @@ def validate(m: Any, blobs: Mapping[str, Any], where: str, fusec_version: str) -
     arena = mem["arena_bytes"]
     wbytes = mem.get("weights_bytes", 0)
     state = mem.get("state_bytes", 0)
+    from fusec.shapes import MAX_BYTES_ENV, max_bytes
+
+    for key, n in (("arena_bytes", arena), ("state_bytes", state), ("weights_bytes", wbytes)):
+        if n > max_bytes():  # a run-time Tile to 1e12 elements: a 4 TB arena is refused, not allocated
+            raise c.fail(f"memory.{key}", f"{n} bytes is more than the limit {max_bytes()} "
+                                          f"(set {MAX_BYTES_ENV} to raise it)")
     if wbytes and ("weights" not in blobs or len(blobs["weights"]) != wbytes):
         raise PlanFileError(f"{where}: weights: expected {wbytes} bytes (field 'memory.weights_bytes')")
     limits = {"arena": arena, "weights": wbytes, "state": state}

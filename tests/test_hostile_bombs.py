@@ -147,3 +147,14 @@ def test_random_inputs_for_a_huge_signature_are_refused() -> None:
 def test_load_graph_refuses_huge_builtin_shapes() -> None:
     with pytest.raises(FusecError, match="elements"):
         load_graph("gpt2-tiny", {"input_ids": (BIG, BIG), "attention_mask": (BIG, BIG)})
+
+
+def test_a_plan_whose_arena_passes_the_byte_limit_is_refused_when_compiled(capsys, monkeypatch, tmp_path) -> None:
+    """No single tensor passes the limits, but the memory plan does: compile refuses the plan."""
+    from fusec.planfile import PlanFileError
+
+    monkeypatch.setenv("FUSEC_MAX_BYTES", "40000")  # gpt2-tiny's arena is about 45 KB
+    with pytest.raises(PlanFileError, match="memory.arena_bytes.*FUSEC_MAX_BYTES"):
+        fusec.compile("gpt2-tiny")
+    fails(capsys, ["compile", "gpt2-tiny", "-o", str(tmp_path / "g.fplan")], needles=["arena_bytes", "FUSEC_MAX_BYTES"])
+    assert not (tmp_path / "g.fplan").exists()
