@@ -54,6 +54,22 @@ def test_compile_output_paths_are_refused_before_compiling(capsys, tmp_path, tar
     assert _tmp_files(tmp_path) == []
 
 
+def test_read_only_directory_is_one_line_naming_the_plan(capsys, monkeypatch, tmp_path) -> None:
+    """What a read-only directory does to a non-root user (the tests may run as root)."""
+    import fusec.fsutil
+
+    real = fusec.fsutil.tempfile.mkstemp
+
+    def denied(*a, **k):
+        if k.get("dir") != str(tmp_path):  # the kernel cache elsewhere stays writable
+            return real(*a, **k)
+        raise PermissionError(13, "Permission denied", os.path.join(k["dir"], "x.tmp"))
+
+    monkeypatch.setattr(fusec.fsutil.tempfile, "mkstemp", denied)
+    fails(capsys, ["compile", "gpt2-tiny", "-o", str(tmp_path / "g.fplan")], needles=["g.fplan", "Permission denied"])
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_compile_refuses_to_overwrite_its_input_model(capsys, relu) -> None:
     before = relu.read_bytes()
     fails(capsys, ["compile", str(relu), "-o", str(relu)], needles=["relu.onnx", "input"])

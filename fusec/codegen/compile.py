@@ -279,7 +279,8 @@ def compile_cuda(source: str, kernel: str, arch: str | None = None, options: tup
         try:
             _write_atomic(path, _encode(cubin, log, mac_key))
         except OSError as e:  # a read-only cache must not stop compilation
-            print(f"fusec: warning: cannot write kernel cache {path}: {e}", file=sys.stderr)
+            why = str(e) if str(path) in str(e) else f"cannot write kernel cache {path}: {e}"
+            print(f"fusec: warning: {why}", file=sys.stderr)
     with _LOCK:
         STATS["compiled"] += 1
         _MEM[key] = b
