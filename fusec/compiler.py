@@ -50,6 +50,7 @@ class Staged:
     memory: Any  # its MemoryPlan
     lowered: Any  # fusec.lower.Lowered
     report: dict[str, Any]
+    options: Any = None  # the PassOptions after the passes (declines, stats)
 
 
 def stage(graph: Any, dtype: str, arch: str, *, disabled_fusions: Sequence[str] = (), enabled_fusions: Sequence[str] = (),
@@ -75,7 +76,7 @@ def stage(graph: Any, dtype: str, arch: str, *, disabled_fusions: Sequence[str] 
                 arena_base=mplan.arena_bytes, choices=dict(choices or {}), state=state, shared=shared, dry_run=dry_run)
     rep = report(g, opts, mplan)
     rep["lowering"] = low.report
-    return Staged(g, mplan, low, rep)
+    return Staged(g, mplan, low, rep, opts)
 
 
 def state_layout(graph: Any, storage: str) -> tuple[list[dict[str, Any]], int]:

@@ -42,18 +42,20 @@ def explain(graph: Any, disabled: list[str] = (), enabled: list[str] = (), show_
     """The JSON-able explanation of optimizing ``graph`` (see the module docstring)."""
     from fusec.errors import InputError
     from fusec.ir import Node
-    from fusec.passes.base import PassOptions
     from fusec.passes.fusion import describe_kernels, records
     from fusec.passes.fusion_rules import RULES
     from fusec.passes.match import Ctx, layer_of_name
-    from fusec.passes.pipeline import optimize
     from fusec.passes.views import view_of
 
     unknown = sorted((set(disabled) | set(enabled)) - set(RULES))
     if unknown:
         raise InputError(f"unknown fusion rule(s) {', '.join(unknown)} (known: {', '.join(RULES)})")
-    opts = PassOptions(disabled_fusions=frozenset(disabled), enabled_fusions=frozenset(enabled))
-    g, opts = optimize(graph, opts)
+    from fusec.codegen.compile import default_arch
+    from fusec.compiler import stage
+
+    # the one staging path `fusec compile` and `inspect` take (fp32), lowered as a dry run
+    st = stage(graph, "fp32", default_arch(), disabled_fusions=disabled, enabled_fusions=enabled, dry_run=True)
+    g, opts = st.graph, st.options
     layers: dict[str, dict[str, list[Any]]] = {}
 
     def slot(layer: str | None) -> dict[str, list[Any]]:
@@ -72,6 +74,7 @@ def explain(graph: Any, disabled: list[str] = (), enabled: list[str] = (), show_
         slot(layer_of_name(where.split(":", 1)[0]) if ":" in where else None)["declined"].append(
             {"pattern": pattern, "where": where, "reason": reason})
     return {"graph": g.name, "patterns": g.meta.get("patterns", {}), "kernels": g.meta.get("kernels"),
+            "launches": st.lowered.report["launches"],
             "transposes_cached": g.meta.get("transposes_cached"), "gemms_merged": g.meta.get("gemms_merged"),
             "transposes_flagged": g.meta.get("transposes_flagged", 0), "gemms_padded": g.meta.get("gemms_padded", 0),
             "layers": dict(sorted(layers.items(), key=lambda kv: _layer_key(kv[0])))}
@@ -87,7 +90,8 @@ def _layer_key(name: str) -> tuple[int, int, str]:
 def render_text(report: dict[str, Any]) -> str:
     pats = ", ".join(f"{k} {v}" for k, v in report["patterns"].items())
     lines = [f"graph    {fmt_name(report['graph'])}", f"patterns {pats}",
-             f"kernels  {report['kernels']} (transposes cached {report['transposes_cached']}, "
+             f"kernels  {report['kernels']} fused nodes and ops, {report['launches']} launches (a cuBLAS GEMM and its "
+             f"epilogue are two; transposes cached {report['transposes_cached']}, "
              f"read with trans_b {report.get('transposes_flagged', 0)}, gemms merged {report['gemms_merged']}, "
              f"N padded {report.get('gemms_padded', 0)})"]
     for layer, info in report["layers"].items():
