@@ -42,17 +42,8 @@ from fusec.errors import InputError, ModelError
 from fusec.ir import Graph, Value
 from fusec.ops import Op
 
-from .layers import (
-    Blocks,
-    activation,
-    apply_rope,
-    causal_padding_mask,
-    eager_attention,
-    embedding,
-    linear,
-    rms_norm,
-    to_heads,
-)
+from .layers import Blocks, causal_padding_mask, eager_attention, embedding, linear, rms_norm
+from .llama import decoder_layer
 from .registry import ModelConfig
 
 
@@ -176,36 +167,21 @@ def _build(cfg: ModelConfig, weights: object, shape: GenerationShape, sampling: 
         write_at = st.pos
 
     x = embedding(m, table, ids)
-    new_caches = []
-    for i in range(cfg.num_layers):
-        p = f"layers.{i}"
-        h = rms_norm(m, x, f"{p}.input_layernorm", d, eps)
-        heads = []
-        for n, count in (("q", cfg.num_heads), ("k", cfg.num_kv_heads), ("v", cfg.num_kv_heads)):
-            t = to_heads(m, linear(m, h, f"{p}.self_attn.{n}_proj", d, count * hd, cfg.attention_bias), count, hd)
-            if cfg.qk_norm and n != "v":
-                t = rms_norm(m, t, f"{p}.self_attn.{n}_norm", hd, eps)
-            t = m.op(Op.TRANSPOSE, t, perm=(0, 2, 1, 3))
-            if n != "v":
-                t = apply_rope(m, t, cos, sin)
-            heads.append(t)
-        q, k, v = heads
+    new_caches: list[tuple[Value, Value]] = []
+
+    def attend(i: int, q: Value, k: Value, v: Value) -> Value:
+        """Write this layer's K/V into the cache, then attend: prefill over the fresh keys (the
+        HF eager form the pattern passes fuse), decode over the cache up to each row's position."""
         k_cache = m.op(Op.CACHE_WRITE, st.caches[i][0], k, write_at, axis=2)
         v_cache = m.op(Op.CACHE_WRITE, st.caches[i][1], v, write_at, axis=2)
         new_caches.append((k_cache, v_cache))
         if prefill:
-            a = eager_attention(m, q, k, v, mask, scale=hd ** -0.5)
-        else:
-            a = m.op(Op.KV_ATTENTION, q, k_cache, v_cache, st.pos, scale=hd ** -0.5)
-            a = m.op(Op.RESHAPE, m.op(Op.TRANSPOSE, a, perm=(0, 2, 1, 3)), shape=(bsz, 1, cfg.num_heads * hd))
-        a = linear(m, a, f"{p}.self_attn.o_proj", cfg.num_heads * hd, d, cfg.attention_bias)
-        x = m.op(Op.ADD, x, a)
-        h = rms_norm(m, x, f"{p}.post_attention_layernorm", d, eps)
-        gate = activation(m, linear(m, h, f"{p}.mlp.gate_proj", d, cfg.intermediate_size, cfg.mlp_bias),
-                          cfg.activation)
-        up = linear(m, h, f"{p}.mlp.up_proj", d, cfg.intermediate_size, cfg.mlp_bias)
-        h = linear(m, m.op(Op.MUL, gate, up), f"{p}.mlp.down_proj", cfg.intermediate_size, d, cfg.mlp_bias)
-        x = m.op(Op.ADD, x, h)
+            return eager_attention(m, q, k, v, mask, scale=hd ** -0.5)
+        a = m.op(Op.KV_ATTENTION, q, k_cache, v_cache, st.pos, scale=hd ** -0.5)
+        return m.op(Op.RESHAPE, m.op(Op.TRANSPOSE, a, perm=(0, 2, 1, 3)), shape=(bsz, 1, cfg.num_heads * hd))
+
+    for i in range(cfg.num_layers):
+        x = decoder_layer(m, cfg, x, i, cos, sin, lambda q, k, v, i=i: attend(i, q, k, v))
 
     if prefill:  # the hidden state of each row's last real token: row b*S + pos[b] - 1 of [B*S, D]
         starts = m.b.const(np.arange(bsz, dtype=np.int64) * seq - 1, name="row_starts")

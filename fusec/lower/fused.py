@@ -153,14 +153,19 @@ def _check_expr_size(out: Value, producers: dict[Value, Node], leaves: dict[Valu
 
 # ---- attention and rope with their layouts ------------------------------------------------------------------
 
-def _view_from_input(body: Graph, v: Value) -> tuple[int, L.View]:
-    """Follow layout ops back from ``v`` to a body input: (input index, view of v in that input)."""
+def _view_from_input(body: Graph, v: Value, through: Node | None = None) -> tuple[int, L.View]:
+    """Follow layout ops back from ``v`` to a body input: (input index, view of v in that input).
+    ``through``: a row-wise node (a norm over the last axis) walked through as if it were the
+    identity, for kernels that apply it to the rows they load (``fusec.lower.heads``)."""
     producers = body.producers()
     chain = []
     while v not in body.inputs:
         n = producers.get(v)
         if n is None:
             raise _NoPlan("a kernel operand is a constant inside the body")
+        if n is through:
+            v = n.inputs[0]
+            continue
         if n.op not in _LAYOUT:
             raise _NoPlan(f"the kernel reads its operands in place through layout views only, not through {n.op.value}")
         chain.append(n)

@@ -13,7 +13,7 @@ from typing import Any
 
 from fusec.codegen import specs as S
 from fusec.ir import Graph, Node, Value
-from fusec.lower import Context, LoweringError, Raw
+from fusec.lower import Context, LoweringError
 from fusec.lower import layout as L
 from fusec.ops import Op
 
@@ -49,7 +49,12 @@ def plan(body: Graph) -> dict[str, Any]:
     if norm is not None:
         if len(norm.inputs) != 2 or norm.inputs[1].shape != (shape[3],) or norm.inputs[0].shape[-1] != shape[3]:
             raise NoPlan("the norm must be an RMSNorm over the head dimension with a [D] weight")
-    xi, xview = _source_view(body, x, norm)
+    from fusec.lower.fused import _NoPlan, _view_from_input
+
+    try:  # the norm maps rows to rows of the same shape: read x through it as the identity
+        xi, xview = _view_from_input(body, x, through=norm)
+    except _NoPlan as e:
+        raise NoPlan(str(e)) from None
     if len(xview.shape) != 4 or xview.strides[3] != 1:
         raise NoPlan("the RoPE input is not a [B, H, S, D] view with contiguous D")
     write = writes[0] if writes else None
@@ -72,30 +77,6 @@ def _through_layouts(body: Graph, v: Value) -> Value:
             and n.inputs[0].shape == v.shape:
         v = n.inputs[0]
     return v
-
-
-def _source_view(body: Graph, v: Value, norm: Node | None) -> tuple[int, L.View]:
-    """(body input index, view of ``v`` in it), walking back through layout ops and through the
-    norm as if it were the identity (it maps rows to rows of the same shape)."""
-    prod = body.producers()
-    chain: list[Node] = []
-    while v not in body.inputs:
-        n = prod.get(v)
-        if n is None:
-            raise NoPlan("a kernel operand is a constant inside the body")
-        if n is norm:
-            v = n.inputs[0]
-            continue
-        if n.op not in _LAYOUT:
-            raise NoPlan(f"the kernel reads x through layout views only, not through {n.op.value}")
-        chain.append(n)
-        v = n.inputs[0]
-    view: L.View | None = L.View.contiguous(v.shape)
-    for n in reversed(chain):
-        view = L.apply(view, n) if view is not None else None
-    if view is None:
-        raise NoPlan("the layout views in front of the RoPE do not compose into one strided view")
-    return body.inputs.index(v), view
 
 
 def emit(ctx: Context, p: dict[str, Any], node: Node, label: str) -> None:
@@ -123,12 +104,10 @@ def emit(ctx: Context, p: dict[str, Any], node: Node, label: str) -> None:
         cache, pos = outer[write.inputs[0]], outer[write.inputs[2]]
         if not ctx.same_storage(cache, out):
             raise LoweringError(f"{label}: the cache write's result is not planned in the cache's storage")
-        out_strides = L.View.contiguous(out.shape).strides[:3]
         kw.update(cache_len=out.shape[2], pos_dtype=pos.dtype)
         args.append(pos)
-    else:
-        out_strides = L.View.contiguous(out.shape).strides[:3]
+    out_strides = L.View.contiguous(out.shape).strides[:3]  # [B, H, S|T, D]: the rope's result or the cache
     spec = S.HeadRopeSpec(B, H, S_, D, out.dtype, tuple(xview.strides[:3]), tuple(out_strides),  # type: ignore[arg-type]
                           (cst[0], cst[2]), cos.dtype, **kw)
-    args.append(out if not isinstance(out, Raw) else out)
+    args.append(out)
     ctx.kernel(spec, args, label)
