@@ -259,3 +259,34 @@ def test_executor_run_measured(dc, kit, cuda_graph):
         assert res["h2d_bytes"] == h2d and res["d2d_bytes"] == d2d and res["memcpy_calls"] == 1
         assert res["pageable_memcpys"] == (1 if h2d else 0)  # numpy input: async copy from pageable memory
         assert (res["kernel_launches"], res["graph_launches"]) == ((0, 1) if cuda_graph else (1, 0))
+
+
+def test_a_sync_and_a_copy_injected_into_a_plan_run_are_counted(dc, kit):
+    """Issue 8's check: stats() of a real plan run counts a synchronize and a device-to-host copy
+    that something inside the run made (here: one launch of the list is wrapped to do both)."""
+    cp = kit["cp"]
+    import fusec
+
+    plan = fusec.compile("gpt2-tiny", dtype="fp16")
+    from fusec.inputs import random_inputs
+    from fusec.loader import load_graph
+
+    inputs = random_inputs(load_graph("gpt2-tiny"), seed=1)
+    plan.run(inputs)
+    clean = plan.stats()
+    assert clean["counters"] == "cupti" and clean["syncs"] == 0 and clean["d2h_bytes"] == 0
+    ex = plan._exec()
+    probe = cp.arange(1000, dtype=cp.float32)  # 4000 bytes, allocated before the run
+    inner = ex._launches[3]
+
+    def leaky(stream):
+        inner(stream)
+        cp.cuda.Device().synchronize()  # a sync inside the run ...
+        probe.get()  # ... and a D2H copy (CuPy: cudaMemcpyAsync + a stream sync)
+
+    ex._launches[3] = leaky
+    plan.run(inputs)
+    s = plan.stats()
+    print("injected:", {k: s[k] for k in ("syncs", "d2h_bytes", "sync_calls")})
+    assert s["syncs"] >= 2 and s["d2h_bytes"] == probe.nbytes
+    assert s["sync_calls"].get("cudaDeviceSynchronize", 0) + s["sync_calls"].get("cuCtxSynchronize", 0) >= 1
