@@ -190,6 +190,13 @@ def head_rope(view: View, rope: Node) -> list[Node]:
             continue
         if is_norm(p) and len(p.inputs) >= 1:
             before.append(p)
+            # the norm's own layout chain (a slice of a merged QKV product, the head reshape): the
+            # kernel reads x through it, so the slice is never copied out
+            v = p.inputs[0]
+            while (q := view.prod(v)) is not None and layout(q) and not view.owned(q) and len(q.outputs) == 1 \
+                    and view.sole_reader(q.outputs[0]) is not None:
+                before.append(q)
+                v = q.inputs[0]
         break
     if not any(is_norm(n) for n in before):
         before = []  # layout views alone are the rope kernel's own prologue
