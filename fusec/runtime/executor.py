@@ -36,6 +36,8 @@ import numpy as np
 from fusec.dtypes import DType
 from fusec.errors import InputError
 from fusec.plan import entry_points as entries
+from fusec.report.nvtx import ENABLED as NVTX_ENABLED
+from fusec.report.nvtx import run_with_ranges
 from fusec.runtime.cublas import GemmCall, Handle
 
 _H2D, _D2D = 1, 3
@@ -233,9 +235,10 @@ class Executor:
         return staged
 
     def run(self, inputs: Mapping[str, Any], stream: Any = None, outputs: Mapping[str, Any] | None = None,
-            measure: bool = True) -> dict[str, Any]:
+            measure: bool = True, nvtx: bool | None = None) -> dict[str, Any]:
         """Run the plan once; see the module docstring for the contract. ``measure``: count what
-        the driver does during the run (CUPTI; ``stats()`` reports it)."""
+        the driver does during the run (CUPTI; ``stats()`` reports it). ``nvtx``: NVTX ranges around
+        the launches (default: ``FUSEC_NVTX``; see ``fusec.report.nvtx``)."""
         cp = self._cp
         staged = self._check_and_stage(inputs)  # everything refused before any device work
         if outputs is not None:
@@ -264,7 +267,9 @@ class Executor:
                 else:
                     cp.cuda.runtime.memcpyAsync(self._base["arena"] + off, arr.ctypes.data, n, _H2D, stream.ptr)
                     h2d += n
-            if self._graph is not None:
+            if nvtx or (nvtx is None and NVTX_ENABLED):
+                run_with_ranges(self, stream)
+            elif self._graph is not None:
                 self._graph.launch(stream)
             else:
                 for launch in self._launches:
