@@ -20,6 +20,22 @@ __device__ __forceinline__ void fc_mma16816(float c[4], const fc_u32 a[4], const
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// tf32 (sm_80+): fp32 rounded to 10 mantissa bits (low 13 bits zero), and mma.sync m16n8k8 with
+// fp32 accumulate. Fragments (PTX ISA, m16n8k8 .tf32), one 32-bit element per register:
+//   A 16x8 row-major: a0 = (g, t), a1 = (g+8, t), a2 = (g, t+4), a3 = (g+8, t+4)
+//   B 8x8 "col":      b0 = (k t, n g), b1 = (k t+4, n g);  C as for m16n8k16.
+__device__ __forceinline__ fc_u32 fc_tf32(float x) {
+  fc_u32 r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return r;
+}
+__device__ __forceinline__ void fc_mma1688(float c[4], const fc_u32 a[4], const fc_u32 b[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
 // Two fp32 values -> one register of two 16-bit values (lo in the low half). cvt's first source
 // goes to the upper half.
 __device__ __forceinline__ fc_u32 fc_pack2(float lo, float hi, fc_half) {

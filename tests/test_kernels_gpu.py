@@ -408,6 +408,39 @@ def test_attention_bshd_strides() -> None:
     check(tr(host(out, F16)), attention_ref(tr(q), tr(k), tr(v), 0.125, True), F16)
 
 
+ATTN_F32 = [
+    # B, Hq, Hkv, S, T, D, causal, mask
+    (8, 12, 12, 128, 128, 64, True, "additive"),  # GPT-2 small's layer (BN 64)
+    (2, 8, 2, 77, 77, 128, True, "none"),          # GQA, head_dim 128 (BN 32), S not a tile multiple
+    (2, 4, 1, 70, 93, 32, False, "bool"),          # MQA, T not a tile multiple, padding mask
+    (1, 2, 2, 1, 300, 64, True, "none"),           # one query row against 300 keys
+]
+# 3xTF32 keeps fp32 accuracy (the reference is float64); one tf32 product rounds inputs to 10 bits.
+F32_MATH_TOL = {"3xtf32": 1e-5, "simt": 1e-5, "tf32": 3e-3}
+
+
+@pytest.mark.parametrize("math_", ["3xtf32", "tf32", "simt"])
+@pytest.mark.parametrize("B,Hq,Hkv,Sq,T,D,causal,mask", ATTN_F32,
+                         ids=[f"D{a[5]}-S{a[3]}-T{a[4]}-{a[7]}{'-causal' if a[6] else ''}" for a in ATTN_F32])
+def test_attention_fp32_math(math_: str, B: int, Hq: int, Hkv: int, Sq: int, T: int, D: int, causal: bool,
+                             mask: str) -> None:
+    """fp32 attention on tf32 tensor cores (split into big + small parts, or one tf32 product) and
+    on the SIMT path, against a float64 reference."""
+    q, k, v = rand((B, Hq, Sq, D), F32), rand((B, Hkv, T, D), F32), rand((B, Hkv, T, D), F32)
+    scale = 1.0 / math.sqrt(D)
+    args, m, kw = [dev(q), dev(k), dev(v)], None, {}
+    if mask != "none":
+        keep = RNG.random((B, 1, 1, T)) < 0.8
+        keep[..., 0] = True
+        m = keep if mask == "bool" else np.where(keep, 0.0, -1e4).astype(np.float32)
+        kw = dict(mask=mask, mask_dtype=BOOL if mask == "bool" else F32, mask_strides=(T, 0, 0, 1))
+        args.append(dev(m))
+    out = poisoned((B, Hq, Sq, D), F32)
+    run(S.AttentionSpec(B, Hq, Hkv, Sq, T, D, F32, scale, causal=causal, fp32_math=math_, **kw), args + [out])
+    err = rel_err(host(out, F32), attention_ref(q, k, v, scale, causal, m, mask))
+    assert err <= F32_MATH_TOL[math_], f"{math_}: relative error {err:.3e} > {F32_MATH_TOL[math_]:.0e}"
+
+
 # ---- gemm / gemv -------------------------------------------------------------------------------
 
 def epilogue_ref(acc, bias, act, res, dt):  # noqa: ANN001, ANN201

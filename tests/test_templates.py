@@ -64,6 +64,9 @@ def _all_specs() -> list[tuple[str, object]]:
         S.AttentionSpec(1, 8, 1, 1, 300, 128, BF16, 0.088, causal=True),  # MQA decode
         S.AttentionSpec(2, 2, 2, 20, 20, 80, F16, 0.1, mask="bool", mask_dtype=BOOL, mask_strides=(400, 0, 20, 1)),
         S.AttentionSpec(1, 2, 2, 9, 9, 32, F16, 0.2),
+        S.AttentionSpec(2, 8, 2, 77, 77, 128, F32, 0.088, causal=True, fp32_math="3xtf32"),  # BN 32
+        S.AttentionSpec(2, 4, 4, 64, 64, 64, F32, 0.125, fp32_math="tf32"),
+        S.AttentionSpec(2, 4, 4, 64, 64, 64, F32, 0.125, fp32_math="simt"),
         S.GemmSpec(64, 128, 64, F16, trans_a=True, b_batch_stride=0, batch=2),
         S.GemmSpec(33, 17, 13, BF16),  # K, N not multiples of 8: element-copy path
         C.transpose((2, 3, 4), (2, 0, 1), I64), C.tile((2, 3), (2, 2), BOOL),
@@ -179,3 +182,20 @@ def test_code_emitted_from_the_op_table_only() -> None:
     assert "fc_gelu_tanh" in src and "fc_round_bf16" in src
     with pytest.raises(TypeError):
         render("copy.cu.jinja", name=Ident("k"), t=ctype(F16), block=[CCode("ok"), "not ok"])
+
+
+def test_attention_math_variant_choice() -> None:
+    """fp32 attention runs on tf32 tensor cores split into big + small parts unless told otherwise
+    (or head_dim > 128, where the fragments no longer fit in registers); halfs use mma.sync."""
+    assert S.AttentionSpec(1, 2, 2, 8, 8, 64, F32, 0.1).math() == "3xtf32"
+    assert S.AttentionSpec(1, 2, 2, 8, 8, 160, F32, 0.1).math() == "simt"
+    assert S.AttentionSpec(1, 2, 2, 8, 8, 64, F32, 0.1, fp32_math="tf32").math() == "tf32"
+    assert S.AttentionSpec(1, 2, 2, 8, 8, 64, F16, 0.1).math() == "mma16"
+    with pytest.raises(ValueError, match="tf32 attention"):
+        S.AttentionSpec(1, 2, 2, 8, 8, 64, F16, 0.1, fp32_math="3xtf32")
+    with pytest.raises(ValueError, match="tf32 attention"):
+        S.AttentionSpec(1, 2, 2, 8, 8, 160, F32, 0.1, fp32_math="tf32")
+    srcs = {m: K.build(S.AttentionSpec(1, 2, 2, 8, 8, 64, F32, 0.1, fp32_math=m), "sm_90").source
+            for m in ("3xtf32", "tf32", "simt")}
+    assert srcs["3xtf32"].count("fc_mma1688(c,") == 3 and srcs["tf32"].count("fc_mma1688(c,") == 1
+    assert "fc_mma1688" not in srcs["simt"]

@@ -5,20 +5,24 @@ from __future__ import annotations
 from fusec.codegen import specs as S
 from fusec.codegen.kernels import Rendered, builder, cdiv, kernel_name
 from fusec.codegen.render import Ident, ctype, float_lit
+from fusec.dtypes import DType
 
 
 @builder(S.AttentionSpec)
 def _attention(spec: S.AttentionSpec) -> Rendered:
-    tc = spec.dtype in S.HALFS
+    math = spec.math()
+    tc = math == "mma16"
+    tf32 = math in ("3xtf32", "tf32")
     qs, ks, vs, os_ = spec.strides()
     ctx = {
-        "name": kernel_name("attn", spec), "tc": tc, "D": spec.D, "S": spec.S, "T": spec.T,
+        "name": kernel_name("attn", spec), "tc": tc, "tf32": tf32, "split": math == "3xtf32",
+        "BN": 64 if tc or spec.D <= 64 else 32, "D": spec.D, "S": spec.S, "T": spec.T,
         "group": spec.Hq // spec.Hkv, "t": ctype(spec.dtype), "scale": float_lit(spec.scale, "scale"),
         "causal": spec.causal, "mask": Ident(spec.mask),
         "mask_t": ctype(spec.mask_dtype) if spec.mask_dtype else None, "ms": spec.mask_strides,
         "qs": qs, "ks": ks, "vs": vs, "os": os_,
     }
-    rows_per_block = 64 if tc else 4
+    rows_per_block = 64 if tc or tf32 else 4
     grid = (cdiv(spec.S, rows_per_block), spec.Hq, spec.B)
     _req_grid(grid)
     params = ("q", "k", "v") + (("mask",) if spec.mask != "none" else ()) + ("out",)
@@ -28,3 +32,18 @@ def _attention(spec: S.AttentionSpec) -> Rendered:
 def _req_grid(grid: tuple[int, int, int]) -> None:
     if grid[1] > 65535 or grid[2] > 65535:
         raise ValueError(f"attention grid {grid} exceeds the y/z launch limits")
+
+
+def unsupported(b: int, hq: int, hkv: int, s: int, t: int, d: int, dtype: DType, scale: float = 1.0) -> str:
+    """Why the attention kernel cannot take q [b, hq, s, d], k/v [b, hkv, t, d] stored as ``dtype``
+    (read contiguously, or through views whose strides are multiples of d), or "" when it can.
+    The explicit legality check recognition asks before it makes an ATTENTION node: the spec's
+    own rules and the launch grid's, so what recognition accepts the lowering emits."""
+    if min(b, hq, hkv, s, t, d) <= 0:
+        return "attention over an empty dimension"
+    try:
+        S.AttentionSpec(b, hq, hkv, s, t, d, dtype, scale)
+        _req_grid((1, hq, b))
+    except ValueError as e:
+        return f"attention kernel: {e}"
+    return ""

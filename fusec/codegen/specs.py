@@ -268,10 +268,17 @@ class AttentionSpec:
     k_strides: tuple[int, int, int] | None = None
     v_strides: tuple[int, int, int] | None = None
     o_strides: tuple[int, int, int] | None = None
+    # fp32 math: "3xtf32" (tensor cores, each product split into big + small tf32 parts: fp32
+    # accuracy), "tf32" (one tf32 product, for --dtype tf32), "simt" (one warp per query row, FMA);
+    # "" picks 3xtf32 where the tensor-core path fits (head_dim <= 128), else simt. Halfs: mma.sync f16/bf16.
+    fp32_math: str = ""
 
     def __post_init__(self) -> None:
         _pos(("B", self.B), ("Hq", self.Hq), ("Hkv", self.Hkv), ("S", self.S), ("T", self.T), ("D", self.D))
         _req(self.Hq % self.Hkv == 0, "Hq must be a multiple of Hkv")
+        _req(self.fp32_math in ("", "3xtf32", "tf32", "simt"), "fp32_math must be '', 3xtf32, tf32 or simt")
+        if self.fp32_math in ("3xtf32", "tf32"):
+            _req(self.dtype == DType.F32 and self.D <= 128, "tf32 attention is for fp32 tensors with head_dim <= 128")
         _req(self.dtype in FLOATS, "attention is float")
         _req(self.D % 8 == 0 and 8 <= self.D <= 256, "head_dim must be a multiple of 8 in [8, 256]")
         if self.dtype in HALFS:
@@ -287,6 +294,12 @@ class AttentionSpec:
             _ints(st, "strides", 0)
             if self.dtype in HALFS:
                 _req(all(x % 8 == 0 for x in st), "tensor-core attention needs strides that keep rows 16-byte aligned")
+
+    def math(self) -> str:
+        """The kernel variant: "mma16" (fp16/bf16), "3xtf32", "tf32" or "simt"."""
+        if self.dtype in HALFS:
+            return "mma16"
+        return self.fp32_math or ("3xtf32" if self.D <= 128 else "simt")
 
     def strides(self) -> tuple[tuple[int, int, int], ...]:
         def dflt(h: int, n: int) -> tuple[int, int, int]:
