@@ -86,17 +86,19 @@ def test_weights_round_trip(tmp_path):
     np.testing.assert_array_equal(inits[c.name], c.data)
 
 
-def test_plan_with_other_fusion_flags_says_what_is_missing(tmp_path):
+def test_plan_rebuilt_with_other_fusion_flags_says_what_is_missing(tmp_path):
     import fusec
 
-    plan = fusec.compile("gpt2-tiny", arch="sm_90", disabled_fusions=["gemm_epilogue"])
-    plan.save(tmp_path / "g.fplan")
-    sub = load_subject(os.fspath(tmp_path / "g.fplan"))
+    fusec.compile("gpt2-tiny", arch="sm_90").save(tmp_path / "g.fplan")
+    sub = load_subject(os.fspath(tmp_path / "g.fplan"), disabled_fusions=["gemm_epilogue"])
     assert sub.graph is None and "--disable-fusion" in sub.missing
     with pytest.raises(FusecError, match="export-graph needs the plan's fused graph"):
         sub.need_graph("export-graph")
-    again = load_subject(os.fspath(tmp_path / "g.fplan"), disabled_fusions=["gemm_epilogue"])
+    fusec.compile("gpt2-tiny", arch="sm_90", disabled_fusions=["gemm_epilogue"]).save(tmp_path / "n.fplan")
+    again = load_subject(os.fspath(tmp_path / "n.fplan"), disabled_fusions=["gemm_epilogue"])
     assert again.graph is not None, again.missing
+    default = load_subject(os.fspath(tmp_path / "g.fplan"))
+    assert len(again.launches) > len(default.launches)  # the epilogues are launches of their own now
 
 
 def test_plan_without_source_needs_model(tmp_path):

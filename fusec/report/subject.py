@@ -16,6 +16,7 @@ when one is needed (``fusec profile MODEL``).
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -90,7 +91,7 @@ def load_subject(target: str, *, shapes: Mapping[str, Sequence[int]] | None = No
 
     graph = load_graph(target, shapes)
     arch = arch or default_arch()
-    staged = _stage(graph, dtype, arch, disabled_fusions, enabled_fusions, progress)
+    staged = _stage(graph, dtype, arch, progress, disabled_fusions=disabled_fusions, enabled_fusions=enabled_fusions)
 
     def compile_plan() -> Any:
         import fusec
@@ -104,8 +105,6 @@ def load_subject(target: str, *, shapes: Mapping[str, Sequence[int]] | None = No
 
 def is_plan_file(target: str) -> bool:
     """Does ``target`` name a plan file (by its magic bytes)?"""
-    import os
-
     from fusec.planfile import MAGIC
 
     if not os.path.isfile(target):
@@ -123,14 +122,13 @@ def _plan_or_none(target: str) -> Any:
     return Plan.load(target)
 
 
-def _stage(graph: Any, dtype: str, arch: str, disabled: Sequence[str], enabled: Sequence[str],
-           progress: Callable[[str, str], None] | None) -> Any:
+def _stage(graph: Any, dtype: str, arch: str, progress: Callable[[str, str], None] | None, **options: Any) -> Any:
+    """``fusec.compiler.stage`` as a dry run (passes, memory plan, launch list; no NVRTC)."""
     from fusec.compiler import DTYPES, stage
 
     if dtype not in DTYPES:
         raise FusecError(f"unknown dtype {dtype!r} (expected one of {', '.join(DTYPES)})")
-    return stage(graph, dtype, arch, disabled_fusions=disabled, enabled_fusions=enabled, dry_run=True,
-                 progress=progress)
+    return stage(graph, dtype, arch, dry_run=True, progress=progress, **options)
 
 
 def _plan_subject(target: str, plan: Any, model: str | None, entry: str | None, disabled: Sequence[str],
@@ -149,17 +147,30 @@ def _plan_subject(target: str, plan: Any, model: str | None, entry: str | None, 
         return sub
     src = m.get("source") or {}
     source = model or src.get("model")
+    if model is None and src.get("kind") == "file" and source:
+        source = os.path.join(os.path.dirname(os.path.abspath(target)), str(source))  # recorded: its base name
     if not source:
         sub.missing = f"{target} records no fused graph and no source model; give the model it was compiled from with --model"
         return sub
+    recorded = src.get("options") or {}  # the compile options that shape the graph, where the plan records them
+    options = {"disabled_fusions": tuple(disabled) or tuple(recorded.get("disabled_fusions") or ()),
+               "enabled_fusions": tuple(enabled) or tuple(recorded.get("enabled_fusions") or ()),
+               "fusion_overrides": dict(recorded.get("fusion_overrides") or {}),
+               "choices": dict(recorded.get("choices") or {})}
     from fusec.loader import load_graph
 
     shapes = {k: tuple(v) for k, v in (src.get("shapes") or {}).items()} or None
     try:
+        if src.get("kind") == "file" and src.get("sha256") and os.path.isfile(source):
+            from fusec import loader
+
+            digest = getattr(loader, "file_sha256", None)
+            if digest is not None and digest(source) != src["sha256"]:
+                raise FusecError(f"{source!r} is not the file the plan was compiled from (its sha256 differs)")
         graph = load_graph(source, shapes)
-        staged = _stage(graph, str(m["dtype"]), str(m["arch"]), disabled, enabled, progress)
+        staged = _stage(graph, str(m["dtype"]), str(m["arch"]), progress=progress, **options)
     except FusecError as e:
-        sub.missing = f"its source model {source!r} cannot be rebuilt: {e}"
+        sub.missing = f"its source model cannot be rebuilt ({e}); give it with --model"
         return sub
     mismatch = _mismatch([L.get("label", "") for L in sub.launches], [L.get("label", "") for L in staged.lowered.launches])
     got, want = staged.memory.summary(), m["memory"]
