@@ -152,11 +152,12 @@ class Plan:
         return self._exec().device
 
     def run(self, inputs: Mapping[str, Any], stream: Any = None, outputs: Mapping[str, Any] | None = None,
-            entry: str | None = None, measure: bool = True) -> dict[str, Any]:
+            entry: str | None = None, measure: bool = True, nvtx: bool | None = None) -> dict[str, Any]:
         """Run entry point ``entry`` (default: the first) once on the GPU; returns {output name:
-        CuPy array} (see fusec.runtime.executor). ``measure``: count driver activity for stats()."""
+        CuPy array} (see fusec.runtime.executor). ``measure``: count driver activity for stats().
+        ``nvtx``: an NVTX range around each launch (default: on when FUSEC_NVTX=1; fusec.report.nvtx)."""
         self._last = self._exec(entry)
-        return self._last.run(inputs, stream=stream, outputs=outputs, measure=measure)
+        return self._last.run(inputs, stream=stream, outputs=outputs, measure=measure, nvtx=nvtx)
 
     def profile(self, inputs: Mapping[str, Any], repeats: int = 5, entry: str | None = None) -> list[dict[str, Any]]:
         """Per-launch GPU times (a diagnostic that synchronizes; see Executor.profile)."""

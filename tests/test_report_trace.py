@@ -139,6 +139,8 @@ def test_nvtx_is_off_by_default_and_the_executor_asks_for_it():
     assert (off.stdout.strip(), on.stdout.strip()) == ("False", "True")
     import inspect
 
+    from fusec.plan import Plan
     from fusec.runtime.executor import Executor
 
     assert "nvtx" in inspect.signature(Executor.run).parameters
+    assert "nvtx" in inspect.signature(Plan.run).parameters
