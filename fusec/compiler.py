@@ -32,14 +32,16 @@ def compile(model: Any, shapes: Mapping[str, Sequence[int]] | None = None, dtype
     ``choices`` {choice key: kernel variant} carry A/B decisions (``fusec.ab``); without them the
     rule-based defaults apply.
     """
-    from fusec.loader import load_graph
+    from fusec.loader import load_graph, source_record
 
     graph = load_graph(model, shapes) if not isinstance(model, Mapping) else None
     entries = {"main": graph} if graph is not None else dict(model)
+    options = {"disabled_fusions": disabled_fusions, "enabled_fusions": enabled_fusions,
+               "fusion_overrides": fusion_overrides, "choices": choices}
     return compile_entries(entries, dtype=dtype, cuda_graph=cuda_graph, arch=arch,
                            disabled_fusions=disabled_fusions, enabled_fusions=enabled_fusions, dump_dir=dump_dir,
                            progress=progress, fusion_overrides=fusion_overrides, choices=choices,
-                           source=_source(model, shapes) if graph is not None else {"model": None, "shapes": {}})
+                           source=source_record(model if graph is not None else None, shapes, options))
 
 
 @dataclasses.dataclass
@@ -100,8 +102,9 @@ def compile_entries(graphs: Mapping[str, Any], dtype: str = "fp16", cuda_graph: 
     A plan with one entry named "main" keeps the flat manifest (inputs/outputs/launches at the top
     level); several entries go under ``manifest["entries"]``, each with its own inputs, outputs,
     launch list and arena size; the arena is sized for the largest (entries never run at once)."""
-    from fusec.codegen.compile import default_arch, nvrtc_version
+    from fusec.codegen.compile import default_arch
     from fusec.inputs import input_signature
+    from fusec.planenv import toolchain
 
     if dtype not in DTYPES:
         raise InputError(f"unknown dtype {dtype!r} (expected one of {', '.join(DTYPES)})")
@@ -144,13 +147,12 @@ def compile_entries(graphs: Mapping[str, Any], dtype: str = "fp16", cuda_graph: 
     first = next(iter(staged.values()))
     manifest: dict[str, Any] = {
         "fusec_version": __version__,
-        "nvrtc_version": ".".join(map(str, nvrtc_version())),
-        "cupy_version": _cupy_version(),
+        **toolchain(),  # nvrtc_version, cupy_version, driver_version: checked at load (fusec.planenv)
         "arch": arch,
         "dtype": dtype,
         "cuda_graph": bool(cuda_graph),
         "model": first.graph.name,
-        "source": dict(source or {"model": None, "shapes": {}}),
+        "source": {"model": None, "kind": "other", "sha256": None, "shapes": {}, **(source or {})},
         "memory": {"arena_bytes": max(e["arena_bytes"] for e in entries.values()), "weights_bytes": last.weights_bytes,
                    "scratch_bytes": max(st.lowered.scratch_bytes for st in staged.values()),
                    "state_bytes": state_bytes,
@@ -172,16 +174,21 @@ def compile_entries(graphs: Mapping[str, Any], dtype: str = "fp16", cuda_graph: 
     return Plan(manifest, blobs, cuda_graph=cuda_graph)
 
 
-def _source(model: Any, shapes: Mapping[str, Sequence[int]] | None) -> dict[str, Any]:
-    """Where the plan came from, so `fusec run PLAN --check` can rebuild the reference graph."""
-    if isinstance(model, (str, os.PathLike)):
-        from fusec.loader import builtin_names
+def recompile(plan_path: str | os.PathLike, arch: str, out_path: str | os.PathLike, *, from_source: bool = False,
+              model: str | os.PathLike | None = None, progress: Callable[[str, str], None] | None = None) -> Plan:
+    """Re-target the plan file ``plan_path`` to GPU architecture ``arch`` and write it to
+    ``out_path``; returns the new plan. ``fusec compile PLAN --arch sm_XX -o OUT`` calls this.
 
-        name = os.fspath(model)
-        ref = name if name in builtin_names() else os.path.abspath(name)
-    else:
-        ref = None  # an in-memory ModelProto: nothing to point back to
-    return {"model": ref, "shapes": {k: list(v) for k, v in (shapes or {}).items()}}
+    By default the plan's bundled kernel sources are compiled for ``arch`` (its launch list, memory
+    plan and weights do not depend on the arch; every plan, generation plans included, can be
+    re-targeted this way). ``from_source=True`` compiles the recorded source model again, with the
+    recorded shapes, dtype and options: a built-in model, or the ONNX/GGUF file ``model`` (default:
+    the recorded file name next to the plan), whose sha256 must be the recorded one. Errors (no
+    usable source, a digest that differs, a kernel that does not fit or compile for ``arch``) are
+    one-line ``FusecError``s; see ``fusec.retarget``."""
+    from fusec.retarget import recompile as _recompile
+
+    return _recompile(plan_path, arch, out_path, from_source=from_source, model=model, progress=progress)
 
 
 def _round_up(n: int, a: int = 256) -> int:
@@ -191,12 +198,3 @@ def _round_up(n: int, a: int = 256) -> int:
 def _check_arch(arch: str) -> None:
     if not (arch.startswith("sm_") and arch[3:].isdigit() and int(arch[3:]) >= 70):
         raise InputError(f"--arch must look like sm_80 or sm_90 (sm_70 or newer), got {arch!r}")
-
-
-def _cupy_version() -> str:
-    try:
-        import cupy
-
-        return str(cupy.__version__)
-    except Exception:
-        return "unavailable"

@@ -95,3 +95,80 @@ def check_shapes_fit(graph: Graph, shapes: Mapping[str, tuple[int, ...]]) -> Non
                              f"but the model's input has rank {len(v.shape)}")
         if v.shape != shape:
             raise InputError(f"--shapes asks for input {name!r} as {list(shape)}, but the model fixes it at {list(v.shape)}")
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """sha256 of a file's bytes, read in chunks (an ONNX file: its own bytes; external data files
+    are not included)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(16 << 20), b""):
+                h.update(chunk)
+    except OSError as e:
+        raise ModelError(f"cannot read {os.fspath(path)!r}: {e.strerror or e}") from None
+    return h.hexdigest()
+
+
+def builtin_sha256(name: str) -> str:
+    """sha256 of what defines a built-in model's graph: its name, its config and its weights
+    (seeded random, seed 0): equal digests mean ``fusec.models.build(name)`` builds the same graph."""
+    import dataclasses
+    import hashlib
+    import json
+
+    import fusec.models
+
+    cfg = dataclasses.asdict(fusec.models.get_config(name))
+    text = json.dumps({"name": name, "config": cfg, "weights": "random, seed 0"}, sort_keys=True)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def source_record(model: object, shapes: Mapping[str, Sequence[int]] | None,
+                  options: Mapping[str, object] | None = None) -> dict[str, object]:
+    """What a plan records about its source model: a digest, never a path. ``{"model": the
+    built-in name or the file's base name (None in memory), "kind": builtin | file | memory,
+    "sha256": builtin_sha256 / file_sha256 (None in memory), "shapes", "options": the compile
+    options that change the graph}``; ``fusec.compiler.recompile(from_source=True)`` rebuilds
+    the plan from it, checking the digest."""
+    rec: dict[str, object] = {"model": None, "kind": "memory", "sha256": None}
+    if isinstance(model, (str, os.PathLike)):
+        text = os.fspath(model)
+        if isinstance(model, str) and text in builtin_names():
+            rec = {"model": text, "kind": "builtin", "sha256": builtin_sha256(text)}
+        elif os.path.isfile(text):
+            rec = {"model": os.path.basename(text), "kind": "file", "sha256": file_sha256(text)}
+    rec["shapes"] = {k: [int(d) for d in v] for k, v in (shapes or {}).items()}
+    opts = {k: (sorted(v) if not isinstance(v, Mapping) else dict(v)) for k, v in (options or {}).items() if v}
+    if opts:
+        rec["options"] = opts
+    return rec
+
+
+def resolve_source(record: Mapping[str, object], where: str, model: str | os.PathLike[str] | None = None) -> str:
+    """What to load to rebuild a plan's source model (``source_record``): the built-in name, or
+    the file ``model`` (default: the recorded file name next to the plan ``where``), after
+    checking its digest. FusecError naming the field when there is nothing that matches."""
+    from fusec.errors import FusecError
+
+    kind, digest, name = record.get("kind"), record.get("sha256"), record.get("model")
+    if kind == "builtin":
+        if str(name) not in builtin_names():
+            raise FusecError(f"{where}: the plan was compiled from built-in model {name!r}, which this fusec "
+                             "does not have")
+        if builtin_sha256(str(name)) != digest:
+            raise FusecError(f"{where}: built-in model {name!r} changed since the plan was compiled "
+                             "(field 'source.sha256' differs)")
+        return str(name)
+    if kind == "file":
+        path = os.fspath(model) if model is not None else os.path.join(os.path.dirname(os.path.abspath(where)),
+                                                                         str(name))
+        if not os.path.isfile(path):
+            raise FusecError(f"{where}: the source model {name!r} is not at {path!r}; give its path")
+        if file_sha256(path) != digest:
+            raise FusecError(f"{where}: {path!r} is not the file the plan was compiled from "
+                             "(its sha256 differs from field 'source.sha256')")
+        return path
+    raise FusecError(f"{where}: the plan records no source model to rebuild (field 'source.kind' is {kind!r})")

@@ -18,7 +18,7 @@ import struct
 from collections.abc import Mapping
 from typing import Any
 
-from fusec.planfile import PlanFileError
+from fusec.planfile import PlanFileError, blob_length
 
 MAX_BYTES = 2**44  # no region (arena, weights, state) is larger than 16 TiB
 MAX_DIM = 2**40
@@ -35,10 +35,15 @@ IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,200}")
 SCALARS = {"i32": (-(2**31), 2**31 - 1), "i64": (-(2**63), 2**63 - 1), "u64": (0, 2**64 - 1), "f32": None}
 EM_CUDA = 190
 
-TOP_KEYS = {"fusec_version", "nvrtc_version", "cupy_version", "arch", "dtype", "cuda_graph", "model", "source",
-            "memory", "modules", "kernels", "report", "reports", "inputs", "outputs", "launches", "entries", "state",
-            "generation", "ab"}
-REQUIRED = ("fusec_version", "arch", "dtype", "memory", "modules", "kernels")
+TOP_KEYS = {"fusec_version", "nvrtc_version", "cupy_version", "driver_version", "arch", "dtype", "cuda_graph", "model",
+            "source", "memory", "modules", "kernels", "report", "reports", "inputs", "outputs", "launches", "entries",
+            "state", "generation", "ab"}
+# format 2: the toolchain (fusec.planenv) and the source record are required; older plans: recompile
+REQUIRED = ("fusec_version", "nvrtc_version", "cupy_version", "driver_version", "arch", "dtype", "source", "memory",
+            "modules", "kernels")
+SOURCE_KEYS = {"model", "kind", "sha256", "shapes", "options"}
+SOURCE_KINDS = ("builtin", "file", "memory", "other")
+SHA256_RE = re.compile(r"[0-9a-f]{64}")
 MEMORY_KEYS = {"arena_bytes", "weights_bytes", "scratch_bytes", "state_bytes", "naive_bytes", "planned_bytes",
                "lower_bound_bytes"}
 MODULE_KEYS = {"id", "cubin", "source", "entry", "template"}
@@ -192,9 +197,8 @@ def validate(m: Any, blobs: Mapping[str, Any], where: str, fusec_version: str) -
     arch_num = int(ARCH_RE.fullmatch(arch).group(1))  # type: ignore[union-attr]
     if m["dtype"] not in PLAN_DTYPES:
         raise c.fail("dtype", f"{_shown(m['dtype'])} is not one of {', '.join(PLAN_DTYPES)}")
-    for key in ("nvrtc_version", "cupy_version"):
-        if key in m:
-            c.str(m[key], key, VERSION_RE)
+    for key in ("nvrtc_version", "cupy_version", "driver_version"):
+        c.str(m[key], key, VERSION_RE)
     if "model" in m:
         c.str(m["model"], "model")
     if "cuda_graph" in m:
@@ -202,12 +206,25 @@ def validate(m: Any, blobs: Mapping[str, Any], where: str, fusec_version: str) -
     for key in ("report", "reports", "generation", "ab"):
         if key in m:
             c.obj(m[key], key)
-    if "source" in m:
-        src = c.obj(m["source"], "source", {"model", "shapes"})
-        if src.get("model") is not None:
-            c.str(src["model"], "source.model")
-        for name, dims in c.obj(src.get("shapes", {}), "source.shapes").items():
-            c.shape(dims, f"source.shapes.{name}")
+    src = c.obj(m["source"], "source", SOURCE_KEYS, ("model", "kind", "sha256", "shapes"))
+    if src["model"] is not None:
+        c.str(src["model"], "source.model")
+    if src["kind"] not in SOURCE_KINDS:
+        raise c.fail("source.kind", f"{_shown(src['kind'])} is not one of {', '.join(SOURCE_KINDS)}")
+    if src["sha256"] is not None:
+        c.str(src["sha256"], "source.sha256", SHA256_RE)
+    for name, dims in c.obj(src["shapes"], "source.shapes").items():
+        c.shape(dims, f"source.shapes.{name}")
+    for key, v in c.obj(src.get("options", {}), "source.options").items():
+        if isinstance(v, list):
+            for i, x in enumerate(v):
+                c.str(x, f"source.options.{key}[{i}]", max_len=200)
+        elif isinstance(v, Mapping):
+            for k, x in v.items():
+                if not isinstance(x, (bool, str)):
+                    raise c.fail(f"source.options.{key}", f"{_shown(k)} maps to {_kind(x)}, not a boolean or a string")
+        else:
+            raise c.fail(f"source.options.{key}", f"must be a list or an object, got {_kind(v)}")
 
     mem = c.obj(m["memory"], "memory", MEMORY_KEYS, ("arena_bytes",))
     for k, v in mem.items():
@@ -221,7 +238,7 @@ def validate(m: Any, blobs: Mapping[str, Any], where: str, fusec_version: str) -
         if n > max_bytes():  # a run-time Tile to 1e12 elements: a 4 TB arena is refused, not allocated
             raise c.fail(f"memory.{key}", f"{n} bytes is more than the limit {max_bytes()} "
                                           f"(set {MAX_BYTES_ENV} to raise it)")
-    if wbytes and ("weights" not in blobs or len(blobs["weights"]) != wbytes):
+    if wbytes and ("weights" not in blobs or blob_length(blobs, "weights") != wbytes):  # length only: not read here
         raise PlanFileError(f"{where}: weights: expected {wbytes} bytes (field 'memory.weights_bytes')")
     limits = {"arena": arena, "weights": wbytes, "state": state}
 

@@ -156,8 +156,8 @@ def test_inspect_json_builtin(capsys) -> None:
 def test_inspect_text_builtin_with_shapes(capsys) -> None:
     code, out, _ = call(capsys, ["inspect", "bert-tiny", "--shapes", "input_ids:2x8,attention_mask:2x8"])
     assert code == 0
-    assert "  input_ids  i64[2,8]" in out.splitlines()
-    assert "  last_hidden_state  f32[2,8,128]" in out.splitlines()
+    rows = [ln.split() for ln in out.splitlines()]  # aligned columns: name, type
+    assert ["input_ids", "i64[2,8]"] in rows and ["last_hidden_state", "f32[2,8,128]"] in rows
     assert any(ln.startswith("parameters  ") for ln in out.splitlines())
 
 

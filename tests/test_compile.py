@@ -43,6 +43,8 @@ def test_plan_file_round_trip(tmp_path, plans) -> None:
 
 
 def test_corrupted_and_truncated_plans_are_refused(tmp_path, plans) -> None:
+    from fusec.plan import Plan
+
     path = tmp_path / "g.fplan"
     plans[("bert-tiny", "sm_90")].save(path)
     raw = path.read_bytes()
@@ -50,10 +52,12 @@ def test_corrupted_and_truncated_plans_are_refused(tmp_path, plans) -> None:
     with pytest.raises(PlanFileError):
         fusec.load(path)
     bad = bytearray(raw)
-    bad[len(bad) // 2] ^= 0x55
+    bad[len(bad) // 2] ^= 0x55  # inside the weights: checked on first use, or at once with verify="all"
     path.write_bytes(bytes(bad))
-    with pytest.raises(PlanFileError, match="checksum"):
-        fusec.load(path)
+    with pytest.raises(PlanFileError, match="blob 'weights': checksum"):
+        fusec.load(path).blob("weights")
+    with pytest.raises(PlanFileError, match="blob 'weights': checksum"):
+        Plan.load(path, verify="all")
 
 
 def test_manifest_cross_references_are_checked(plans) -> None:

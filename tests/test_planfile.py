@@ -53,18 +53,21 @@ def test_flipped_byte_anywhere_is_refused(plan_path) -> None:
             read_plan(path)
 
 
-def test_tampered_blob_with_recomputed_trailer_names_the_blob(plan_path) -> None:
-    import hashlib
-
+def test_tampered_blob_names_the_blob(plan_path) -> None:
+    """The trailer covers the header and the manifest (which holds every blob's hash); a changed
+    blob is named by its own checksum, at once (verify="all") or on first use (verify="lazy")."""
     path, blobs = plan_path
     raw = bytearray(path.read_bytes())
     needle = blobs["source/k0"]
     pos = bytes(raw).index(needle)
     raw[pos] ^= 0x01
-    body = bytes(raw[:-32])
-    path.write_bytes(body + hashlib.sha256(body).digest())
+    path.write_bytes(bytes(raw))
     with pytest.raises(PlanFileError, match="blob 'source/k0': checksum mismatch"):
         read_plan(path)
+    pf = read_plan(path, verify="lazy")
+    assert bytes(pf.blob("cubin/k0")) == blobs["cubin/k0"]
+    with pytest.raises(PlanFileError, match="blob 'source/k0': checksum mismatch"):
+        pf.blob("source/k0")
 
 
 def test_other_format_and_version_are_refused(tmp_path, plan_path) -> None:

@@ -1,8 +1,9 @@
 """``fusec inspect MODEL``: what a model is made of.
 
 The report is a plain JSON-able dict built by ``build_report``; the text form is rendered from
-the same dict. Later stages add their own top-level keys (say ``"compile"``: a dict the compiler
-fills) and both forms pick them up: ``--json`` as is, the text form through ``_render_extra``.
+the same dict (``fusec.cli.inspect_text``). A plan is mapped, not read: its weights are never
+touched (``fusec.planfile``). Later stages add their own top-level keys (say ``"compile"``: a dict
+the compiler fills) and both forms pick them up: ``--json`` as is, the text form generically.
 """
 
 from __future__ import annotations
@@ -11,12 +12,10 @@ import argparse
 import json
 from typing import Any
 
-from fusec.cli._common import add_command, add_model_arguments, fmt_name, load_model, value_record
+from fusec.cli._common import add_command, add_model_arguments, load_model, value_record
+from fusec.cli.inspect_text import render_extra as _render_extra  # noqa: F401  (kept for callers)
+from fusec.cli.inspect_text import render_plan, render_text
 from fusec.ir import Graph
-
-# Keys the text renderer lays out itself; any other key is rendered generically.
-_CORE_KEYS = ("model", "graph", "inputs", "outputs", "parameters", "weights_bytes", "constants", "nodes", "ops",
-              "imported_ops", "fusions")
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -95,64 +94,3 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(render_text(report))
     return 0
-
-
-def render_plan(report: dict[str, Any]) -> str:
-    mem = report["memory"]
-    lines = [f"plan        {fmt_name(report['model'])}",
-             f"arch        {report['arch']}   dtype {report['dtype']}   fusec {report.get('fusec_version')}"
-             + ("   cuda-graph" if report.get("cuda_graph") else ""),
-             f"memory      arena {_bytes(mem['arena_bytes'])}, weights {_bytes(mem['weights_bytes'])}"]
-    lines.extend(_signature_lines(report))
-    lines.append(f"kernels ({report['launches']} launches per run):")
-    for k in report["kernels"]:
-        geo = f"grid {k['grid']} block {k['block']} smem {k['smem']}" if "grid" in k else \
-            f"m={k['m']} n={k['n']} k={k['k']} batch={k['batch']}"
-        lines.append(f"  {k['label']:<28} {k['name']:<28} {geo}")
-    return "\n".join(lines)
-
-
-def _signature_lines(report: dict[str, Any]) -> list[str]:
-    """The inputs and outputs, one per line, names printed safely."""
-    lines = []
-    for key in ("inputs", "outputs"):
-        lines.append(f"{key}:")
-        for v in report[key]:
-            lines.append(f"  {fmt_name(v['name'])}  {v['dtype']}[{','.join(str(d) for d in v['shape'])}]")
-    return lines
-
-
-def _bytes(n: int) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
-
-
-def render_text(report: dict[str, Any]) -> str:
-    lines = [f"model       {fmt_name(report['model'])}",
-             f"graph       {fmt_name(report['graph'])}",
-             f"parameters  {report['parameters']:,}",
-             f"weights     {_bytes(report['weights_bytes'])} ({report['weights_bytes']:,} bytes in "
-             f"{report['constants']} constants)"]
-    lines.extend(_signature_lines(report))
-    lines.append(f"ops ({report['nodes']} nodes):")
-    width = max((len(k) for k in report["ops"]), default=0)
-    for op, count in report["ops"].items():
-        lines.append(f"  {op:<{width}}  {count}")
-    for key, value in report.items():
-        if key not in _CORE_KEYS:
-            lines.extend(_render_extra(key, value, 0))
-    return "\n".join(lines)
-
-
-def _render_extra(key: str, value: Any, depth: int) -> list[str]:
-    pad = "  " * depth
-    if isinstance(value, dict) and value:
-        out = [f"{pad}{fmt_name(str(key))}:"]
-        for k, v in value.items():
-            out.extend(_render_extra(str(k), v, depth + 1))
-        return out
-    # scalars and lists on one line, JSON-escaped so nothing from a model file can break it
-    text = value if isinstance(value, (int, float)) and not isinstance(value, bool) else json.dumps(value, default=str)
-    return [f"{pad}{fmt_name(str(key))}: {text}"]

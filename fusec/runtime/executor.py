@@ -39,6 +39,7 @@ from fusec.plan import entry_points as entries
 from fusec.report.nvtx import ENABLED as NVTX_ENABLED
 from fusec.report.nvtx import run_with_ranges
 from fusec.runtime.cublas import GemmCall, Handle
+from fusec.runtime.guard import RunGuard, allocate, guarded
 
 _H2D, _D2D = 1, 3
 _SCALAR = {"i32": np.int32, "i64": np.int64, "f32": np.float32, "u64": np.uint64}
@@ -77,10 +78,13 @@ class Device:
         self.manifest = dict(manifest)
         self._cp = cupy
         mem = self.manifest["memory"]
-        self.arena = cupy.empty(max(int(mem["arena_bytes"]), 1), dtype=cupy.uint8)
+        # a loaded plan's weights: checksum checked here, on first use, then uploaded from the file mapping
         wbytes = np.frombuffer(blob("weights"), dtype=np.uint8) if int(mem["weights_bytes"]) else np.zeros(1, np.uint8)
-        self.weights = cupy.asarray(wbytes)  # the one upload of the weights
-        self.state = cupy.zeros(max(int(mem.get("state_bytes", 0)), 1), dtype=cupy.uint8)
+        self.arena = allocate(cupy, "arena", int(mem["arena_bytes"]))  # out of memory: MemoryError, asked/free
+        self.weights = allocate(cupy, "weights", wbytes.nbytes)
+        self.weights.set(wbytes)  # the one upload of the weights
+        self.state = allocate(cupy, "state", int(mem.get("state_bytes", 0)), zero=True)
+        self.guard = RunGuard()  # one run at a time over this arena (a Plan installs its own, shared by its copies)
         self.state_layout = {r["name"]: r for r in self.manifest.get("state", [])}
         self.base = {"arena": self.arena.data.ptr, "weights": self.weights.data.ptr, "state": self.state.data.ptr}
         self._modules = {}
@@ -234,6 +238,7 @@ class Executor:
             staged.append((off, arr, int(arr.nbytes), is_dev))
         return staged
 
+    @guarded  # one call at a time per device: another thread's call meanwhile raises ConcurrentRunError
     def run(self, inputs: Mapping[str, Any], stream: Any = None, outputs: Mapping[str, Any] | None = None,
             measure: bool = True, nvtx: bool | None = None) -> dict[str, Any]:
         """Run the plan once; see the module docstring for the contract. ``measure``: count what
@@ -252,6 +257,7 @@ class Executor:
         # Default: the caller's current CuPy stream, so that what the caller does next with the
         # outputs (on that stream) is ordered after the run.
         stream = stream if stream is not None else cp.cuda.get_current_stream()
+        self.device.guard.follow(stream, lambda: cp.cuda.Event(disable_timing=True))  # after the last run's stream
         counter = self._allocs
         counter.count = 0
         h2d = d2d = 0
