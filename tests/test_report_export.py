@@ -112,3 +112,26 @@ def test_plan_without_source_needs_model(tmp_path):
     assert sub.graph is None and "--model" in sub.missing
     sub = load_subject(os.fspath(tmp_path / "g.fplan"), model=os.fspath(tmp_path / "m.onnx"))
     assert sub.graph is not None, sub.missing
+
+
+def test_plan_from_a_file_finds_it_next_to_the_plan_and_checks_its_digest(tmp_path):
+    import fusec
+    from fusec.onnx_export import export_onnx
+
+    src = tmp_path / "m.onnx"
+    export_onnx(load_graph("gpt2-tiny"), src)
+    plan = fusec.compile(os.fspath(src), arch="sm_90")
+    plan.save(tmp_path / "g.fplan")
+    if plan.manifest["source"].get("kind") != "file":
+        pytest.skip("plans of this version record the source by path")
+    assert load_subject(os.fspath(tmp_path / "g.fplan")).graph is not None
+    elsewhere = tmp_path / "sub"
+    elsewhere.mkdir()
+    os.replace(tmp_path / "g.fplan", elsewhere / "g.fplan")
+    sub = load_subject(os.fspath(elsewhere / "g.fplan"))
+    assert sub.graph is None and "--model" in sub.missing
+    assert load_subject(os.fspath(elsewhere / "g.fplan"), model=os.fspath(src)).graph is not None
+    other = tmp_path / "other.onnx"
+    export_onnx(load_graph("bert-tiny"), other)
+    sub = load_subject(os.fspath(elsewhere / "g.fplan"), model=os.fspath(other))
+    assert sub.graph is None and "sha256" in sub.missing
