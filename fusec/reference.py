@@ -21,6 +21,7 @@ from fusec.dtypes import DType
 from fusec.errors import InputError
 from fusec.ir import Graph, Node, Value
 from fusec.ops import Op
+from fusec import reference_ops as RO
 
 
 def _f32(fn: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
@@ -28,8 +29,8 @@ def _f32(fn: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
 
     def wrapped(attrs: Any, *xs: np.ndarray) -> np.ndarray:
         dt = xs[0].dtype
-        up = [x.astype(np.float32) if x.dtype.kind == "f" or x.dtype.name == "bfloat16" else x for x in xs]
-        up = [x if x.dtype != np.float16 and x.dtype.name != "bfloat16" else x.astype(np.float32) for x in up]
+        # fp16/bf16 compute in fp32; fp32 and fp64 compute in their own precision
+        up = [x.astype(np.float32) if x.dtype == np.float16 or x.dtype.name == "bfloat16" else x for x in xs]
         return np.asarray(fn(attrs, *up)).astype(dt, copy=False)
 
     return wrapped
@@ -85,6 +86,7 @@ def _reduce(fn: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
     return _f32(lambda a, x: fn(x, axis=a.axes, keepdims=a.keepdims))
 
 
+
 def _softmax(a: O.AxisAttrs, x: np.ndarray) -> np.ndarray:
     m = np.max(x, axis=a.axis, keepdims=True)
     m = np.where(np.isfinite(m), m, 0)  # an all -inf row gives NaN, as in onnxruntime and torch
@@ -124,58 +126,6 @@ def _matmul(a: Any, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         return np.matmul(x, y)
     # copy=False: weights already in fp32 are not copied on every call (decode runs this per token)
     return np.matmul(x.astype(np.float32, copy=False), y.astype(np.float32, copy=False)).astype(dt, copy=False)
-
-
-def _slice(a: O.SliceAttrs, x: np.ndarray) -> np.ndarray:
-    idx: list[Any] = [slice(None)] * x.ndim
-    for ax, s, e, st in zip(a.axes, a.starts, a.ends, a.steps):
-        # attrs are normalized to range() semantics; a negative end means "before index 0"
-        idx[ax] = slice(s, e if e >= 0 else None, st)
-    return x[tuple(idx)]
-
-
-def _checked_index(idx: np.ndarray, dim: int, what: str) -> np.ndarray:
-    if idx.size and (idx.min() < -dim or idx.max() >= dim):
-        raise InputError(f"{what}: index out of range [{-dim}, {dim}) (min {idx.min()}, max {idx.max()})")
-    return np.where(idx < 0, idx + dim, idx)
-
-
-def _gather(a: O.AxisAttrs, x: np.ndarray, idx: np.ndarray) -> np.ndarray:
-    return np.take(x, _checked_index(idx, x.shape[a.axis], "gather"), axis=a.axis)
-
-
-def _gather_elements(a: O.AxisAttrs, x: np.ndarray, idx: np.ndarray) -> np.ndarray:
-    return np.take_along_axis(x, _checked_index(idx, x.shape[a.axis], "gather_elements"), axis=a.axis)
-
-
-def _gather_nd(a: O.GatherNDAttrs, x: np.ndarray, idx: np.ndarray) -> np.ndarray:
-    b = a.batch_dims
-    k = idx.shape[-1]
-    bshape = x.shape[:b]
-    nb = int(np.prod(bshape, dtype=np.int64))
-    xb = x.reshape((nb,) + x.shape[b:])
-    ib = idx.reshape((nb, -1, k))
-    out = []
-    for i in range(nb):
-        cols = tuple(_checked_index(ib[i, :, j], x.shape[b + j], "gather_nd") for j in range(k))
-        out.append(xb[i][cols])
-    res = np.stack(out)
-    return res.reshape(idx.shape[:-1] + x.shape[b + k:])
-
-
-def _scatter_nd(a: Any, x: np.ndarray, idx: np.ndarray, upd: np.ndarray) -> np.ndarray:
-    out = x.copy()
-    k = idx.shape[-1]
-    flat_idx = idx.reshape(-1, k)
-    flat_upd = upd.reshape((flat_idx.shape[0],) + x.shape[k:])
-    for i in range(flat_idx.shape[0]):
-        key = tuple(int(_checked_index(flat_idx[i, j:j + 1], x.shape[j], "scatter_nd")[0]) for j in range(k))
-        out[key] = flat_upd[i]
-    return out
-
-
-def _trilu(a: O.TriluAttrs, x: np.ndarray) -> np.ndarray:
-    return np.triu(x, a.k) if a.upper else np.tril(x, a.k)
 
 
 def _isinf(a: O.IsInfAttrs, x: np.ndarray) -> np.ndarray:
@@ -265,6 +215,11 @@ IMPL: dict[Op, Callable[..., np.ndarray]] = {
     Op.CAST: _cast,
     Op.GELU: _f32(_gelu),
     Op.SILU: _f32(lambda a, x: x * _sigmoid(x)),
+    Op.FLOOR: lambda a, x: np.floor(x),
+    Op.CEIL: lambda a, x: np.ceil(x),
+    Op.ROUND: lambda a, x: np.round(x),  # numpy rounds half to even, as ONNX Round does
+    Op.SIGN: lambda a, x: np.sign(x),
+    Op.BITWISE_NOT: lambda a, x: np.invert(x),
     Op.ADD: _f32(lambda a, x, y: x + y),
     Op.SUB: _f32(lambda a, x, y: x - y),
     Op.MUL: _f32(lambda a, x, y: x * y),
@@ -279,10 +234,21 @@ IMPL: dict[Op, Callable[..., np.ndarray]] = {
     Op.GREATER_EQUAL: lambda a, x, y: np.greater_equal(x, y),
     Op.AND: lambda a, x, y: np.logical_and(x, y),
     Op.OR: lambda a, x, y: np.logical_or(x, y),
+    Op.XOR: lambda a, x, y: np.logical_xor(x, y),
+    Op.MOD: RO.mod,
+    Op.BITWISE_AND: lambda a, x, y: np.bitwise_and(x, y),
+    Op.BITWISE_OR: lambda a, x, y: np.bitwise_or(x, y),
+    Op.BITWISE_XOR: lambda a, x, y: np.bitwise_xor(x, y),
+    Op.BIT_SHIFT: RO.bit_shift,
     Op.WHERE: lambda a, c, x, y: np.where(c, x, y),
     Op.REDUCE_SUM: _reduce(np.sum),
     Op.REDUCE_MEAN: _reduce(np.mean),
-    Op.REDUCE_MAX: lambda a, x: np.max(x, axis=a.axes, keepdims=a.keepdims),
+    Op.REDUCE_MAX: RO.reduce_max,
+    Op.REDUCE_MIN: RO.reduce_min,
+    Op.REDUCE_PROD: _reduce(np.prod),
+    Op.ARGMAX: lambda a, x: RO.arg(np.argmax, a, x),
+    Op.ARGMIN: lambda a, x: RO.arg(np.argmin, a, x),
+    Op.TOPK: RO.topk,
     Op.SOFTMAX: _f32(_softmax),
     Op.CUMSUM: _cumsum,
     Op.LAYERNORM: _f32(_layernorm),
@@ -292,13 +258,14 @@ IMPL: dict[Op, Callable[..., np.ndarray]] = {
     Op.TRANSPOSE: lambda a, x: np.transpose(x, a.perm),
     Op.EXPAND: lambda a, x: np.broadcast_to(x, a.shape),
     Op.CONCAT: lambda a, *xs: np.concatenate(xs, axis=a.axis),
-    Op.SLICE: _slice,
-    Op.GATHER: _gather,
-    Op.GATHER_ELEMENTS: _gather_elements,
-    Op.GATHER_ND: _gather_nd,
-    Op.SCATTER_ND: _scatter_nd,
+    Op.SLICE: RO.slice_,
+    Op.GATHER: RO.gather,
+    Op.GATHER_ELEMENTS: RO.gather_elements,
+    Op.GATHER_ND: RO.gather_nd,
+    Op.SCATTER_ND: RO.scatter_nd,
     Op.TILE: lambda a, x: np.tile(x, a.repeats),
-    Op.TRILU: _trilu,
+    Op.TRILU: RO.trilu,
+    Op.PAD: RO.pad,
     Op.ATTENTION: _attention,
     Op.ROPE: _f32(_rope),
     Op.FUSED: _fused,

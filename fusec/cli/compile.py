@@ -8,7 +8,8 @@ import sys
 import time
 from typing import Any
 
-from fusec.cli._common import add_command, add_model_arguments, fmt_name
+from fusec.cli import _common
+from fusec.cli._common import add_command, add_fusion_arguments, add_model_arguments, check_fusion_names, fmt_name, note
 from fusec.errors import InputError
 
 
@@ -32,7 +33,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--ab", action="store_true", help="A/B-measure every fusion and kernel choice first (needs a GPU; "
                                                      "see `fusec ab`) and compile with the decisions")
     p.add_argument("--decisions", metavar="LEDGER", default=None,
-                   help="compile with the decisions of a ledger from `fusec ab --json` (no measuring)")
+                   help="compile with the decisions of a ledger from `fusec ab --json-out FILE` (no measuring)")
     add_ab_arguments(p)
     from fusec.cli.generate import add_generation_arguments
 
@@ -41,16 +42,32 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-def add_compile_arguments(p: argparse.ArgumentParser) -> None:
-    """Options shared by every command that compiles (compile, run, bench)."""
-    p.add_argument("--dtype", choices=("fp32", "tf32", "fp16", "bf16"), default="fp16",
+DTYPES = ("fp32", "tf32", "fp16", "bf16")
+
+
+def add_compile_arguments(p: argparse.ArgumentParser, dtype_help: str = "default fp16") -> None:
+    """Options shared by every command that compiles (compile, run, bench). --dtype defaults to
+    None here: ``compile_from_args`` reads None as fp16 (``run`` gives the reference backend fp32)."""
+    p.add_argument("--dtype", choices=DTYPES, default=None,
                    help="storage/math of float tensors (fp32 accumulation always; tf32: fp32 storage, "
-                        "tf32 matrix products); default fp16")
-    p.add_argument("--arch", metavar="sm_XX", default=None, help="target GPU architecture (default: current GPU, else sm_90)")
+                        f"tf32 matrix products; fp16/bf16 need sm_80+); {dtype_help}")
+    p.add_argument("--arch", metavar="sm_XX", default=None,
+                   help="target GPU architecture, checked against what this NVRTC compiles for "
+                        "(default: current GPU, else sm_90; `fusec doctor` lists them)")
     p.add_argument("--cuda-graph", action="store_true", help="capture the launch list once and replay it as a CUDA graph")
     p.add_argument("--dump-dir", metavar="DIR", default=None, help="write the graph after each pass as DIR/NN-<pass>.txt")
-    p.add_argument("--disable-fusion", metavar="RULE", action="append", default=[], help="turn a fusion rule off (repeatable)")
-    p.add_argument("--enable-fusion", metavar="RULE", action="append", default=[], help="turn a fusion rule on (repeatable)")
+    add_fusion_arguments(p)
+
+
+def check_compile_options(args: argparse.Namespace) -> str:
+    """Everything about a compile that can be wrong before any work starts: the fusion names, the
+    toolchain (CuPy, NVRTC) and --arch against this NVRTC and --dtype. Returns the target arch."""
+    from fusec import toolchain
+    from fusec.codegen.compile import check_arch, default_arch
+
+    check_fusion_names(args)
+    toolchain.require_compiler()
+    return check_arch(args.arch or default_arch(), getattr(args, "dtype", None) or "fp16")
 
 
 def check_dump_dir(args: argparse.Namespace) -> None:
@@ -64,42 +81,75 @@ def check_dump_dir(args: argparse.Namespace) -> None:
         raise InputError(f"--dump-dir {d!r} exists and is not a directory")
 
 
+def plural(word: str, n: int = 2) -> str:
+    """``pass`` -> ``passes``, ``kernel`` -> ``kernels`` (n != 1)."""
+    if n == 1:
+        return word
+    return word + ("es" if word.endswith(("s", "sh", "ch", "x")) else "s")
+
+
 class Progress:
-    """One status line on stderr (rewritten in place on a terminal, a line per stage otherwise)."""
+    """One status line on stderr (rewritten in place on a terminal, a line per stage otherwise);
+    nothing with -q, every step with its time with -v."""
 
     def __init__(self) -> None:
-        self.tty = sys.stderr.isatty()
+        self.level = _common.VERBOSITY
+        self.tty = sys.stderr.isatty() and self.level < _common.VERBOSE
         self.counts: dict[str, int] = {}
         self.t0 = time.perf_counter()
         self._stage = ""
+        self._stage_t0 = self.t0
+        self.times: dict[str, float] = {}
 
     def __call__(self, stage: str, item: str) -> None:
+        now = time.perf_counter()
+        if stage != self._stage and self._stage:
+            self.times[self._stage] = self.times.get(self._stage, 0.0) + now - self._stage_t0
+        if stage != self._stage:
+            self._stage_t0 = now
         self.counts[stage] = self.counts.get(stage, 0) + 1
-        if self.tty:
-            msg = f"\r[{time.perf_counter() - self.t0:6.1f}s] {stage} {self.counts[stage]}: {item[:60]}"
+        if self.level <= _common.QUIET:
+            pass
+        elif self.level >= _common.VERBOSE:
+            print(f"[{now - self.t0:6.1f}s] {stage} {self.counts[stage]}: {item[:80]}", file=sys.stderr)
+        elif self.tty:
+            msg = f"\r[{now - self.t0:6.1f}s] {stage} {self.counts[stage]}: {item[:60]}"
             sys.stderr.write(msg.ljust(90))
             sys.stderr.flush()
         elif stage != self._stage:
-            print(f"[{time.perf_counter() - self.t0:6.1f}s] {stage}s ...", file=sys.stderr)
+            print(f"[{now - self.t0:6.1f}s] {plural(stage)} ...", file=sys.stderr)
         self._stage = stage
 
     def done(self) -> str:
+        now = time.perf_counter()
+        if self._stage:
+            self.times[self._stage] = self.times.get(self._stage, 0.0) + now - self._stage_t0
+            self._stage = ""
         if self.tty:
             sys.stderr.write("\r" + " " * 90 + "\r")
-        parts = ", ".join(f"{n} {k}{'es' if k == 'pass' else 's'}" for k, n in self.counts.items())
-        return f"{parts} in {time.perf_counter() - self.t0:.1f}s"
+        if self.level >= _common.VERBOSE:
+            note("timings: " + ", ".join(f"{plural(k)} {t:.2f}s" for k, t in self.times.items()), _common.VERBOSE)
+        parts = ", ".join(f"{n} {plural(k, n)}" for k, n in self.counts.items())
+        return f"{parts} in {now - self.t0:.1f}s"
 
 
 def compile_from_args(args: argparse.Namespace, progress: Progress | None = None):
+    """The plan the compile options in ``args`` describe (checked up front, see check_compile_options)."""
+    arch = check_compile_options(args)
+    if args.dtype is None:
+        args.dtype = "fp16"
     if getattr(args, "generate", False):
         from fusec.cli.generate import sampling_from_args
         from fusec.genmodel import compile_generation
 
         if args.shapes is not None:
             raise InputError("--shapes does not apply to --generate (use --batch, --max-seq-len, --max-prompt-len)")
+        if args.disable_fusion or args.enable_fusion:
+            raise InputError("--disable-fusion/--enable-fusion do not apply to --generate: generation plans use "
+                             "the default fusion rules")
         t_max = args.max_seq_len or 256
         return compile_generation(args.model, batch=args.batch or 1, max_seq_len=t_max, prefill_len=args.max_prompt_len,
-                                  sampling=sampling_from_args(args), dtype=args.dtype, arch=args.arch,
+                                  sampling=sampling_from_args(args), dtype=args.dtype, arch=arch,
                                   weights_dir=args.weights_dir, progress=progress)
     check_dump_dir(args)
     import fusec
@@ -113,7 +163,7 @@ def compile_from_args(args: argparse.Namespace, progress: Progress | None = None
     except RecursionError:  # json.loads of a hostile 100k-deep ledger
         raise InputError(f"--decisions {getattr(args, 'decisions', None)!r}: the JSON is nested too deeply "
                          "to be a ledger") from None
-    plan = fusec.compile(args.model, shapes=shapes, dtype=args.dtype, cuda_graph=args.cuda_graph, arch=args.arch,
+    plan = fusec.compile(args.model, shapes=shapes, dtype=args.dtype, cuda_graph=args.cuda_graph, arch=arch,
                          disabled_fusions=args.disable_fusion, enabled_fusions=args.enable_fusion,
                          dump_dir=args.dump_dir, progress=progress,
                          fusion_overrides=ledger.overrides() if ledger else None, choices=ledger.choices() if ledger else None)
@@ -141,5 +191,5 @@ def run(args: argparse.Namespace) -> int:
           f"arena {mem['arena_bytes']:,} B  weights {mem['weights_bytes']:,} B"
           + ("  cuda-graph" if plan.cuda_graph else ""))
     if not device.gpu_available():
-        print("  no GPU found: compiled for the target arch only; run it on a GPU with `fusec run`", file=sys.stderr)
+        note("  no GPU found: compiled for the target arch only; run it on a GPU with `fusec run`")
     return 0

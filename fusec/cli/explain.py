@@ -14,7 +14,8 @@ import argparse
 import json
 from typing import Any
 
-from fusec.cli._common import add_command, add_model_arguments, fmt_name, load_model
+from fusec.cli._common import (add_command, add_fusion_arguments, add_json_flag, add_model_arguments, check_fusion_names,
+                               fmt_name, load_model)
 
 _GLOBAL = "model"
 
@@ -25,14 +26,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "Optimize MODEL and explain the result layer by layer: the kernels each layer launches,\n"
         "fusion candidates that were rejected or left as candidates (with the reason), and the near\n"
         "matches a pattern pass declined (attention, norms, GELU, RoPE ...) with a one-line reason.\n"
-        "--disable/--enable RULE flip fusion rules (mlp, norm_gemm, gemm_epilogue, gemm_prologue,\n"
-        "reduce_fusion, elementwise) to see what changes.",
-        ["fusec explain gpt2-tiny", "fusec explain llama-tiny --enable mlp --json",
+        "--disable-fusion/--enable-fusion RULE flip fusion rules (the same flags as compile and run)\n"
+        "to see what changes.",
+        ["fusec explain gpt2-tiny", "fusec explain llama-tiny --enable-fusion mlp --json",
          "fusec explain model.onnx --shapes input_ids:1x128,attention_mask:1x128"])
     add_model_arguments(p)
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    p.add_argument("--disable", action="append", default=[], metavar="RULE", help="disable a fusion rule")
-    p.add_argument("--enable", action="append", default=[], metavar="RULE", help="enable a fusion rule")
+    add_json_flag(p)
+    # --disable/--enable: the old spellings, hidden (deprecated) aliases of the shared flags
+    add_fusion_arguments(p, deprecated_aliases=True)
     p.add_argument("--all", action="store_true", help="also list applied fusions, not only the declined ones")
     return p
 
@@ -106,7 +107,8 @@ def render_text(report: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    report = explain(load_model(args), args.disable, args.enable, args.all)
+    check_fusion_names(args)
+    report = explain(load_model(args), args.disable_fusion, args.enable_fusion, args.all)
     report = {"model": args.model, **report}
     if args.json:
         print(json.dumps(report, indent=2, ensure_ascii=True))

@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from typing import Any
 
 import numpy as np
 
-from fusec.cli._common import SHAPES_HELP, add_command, fmt_name, load_model
+from fusec.cli import _validate
+from fusec.cli._common import SHAPES_HELP, add_command, check_fusion_names, fmt_name, note
 from fusec.cli.compile import add_compile_arguments
 from fusec.errors import FusecError, InputError
 from fusec.ir import Graph
 
 BACKENDS = ("reference", "cuda")
-NO_GPU_NOTE = "no GPU found: running the numpy reference backend"
-CROSS_NOTE = "no GPU found: compiled the plan for {arch} ({launches} launches, {kernels} kernels, {secs:.1f}s) to check it builds"
+NO_GPU_NOTE = "{why}: running the numpy reference backend"
+CROSS_NOTE = "compiled the plan for {arch} too ({launches} launches, {kernels} kernels, {secs:.1f}s), to check it builds"
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -28,106 +28,198 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "of ones, standard normal floats (seeded by --seed).\n\n"
         "--backend defaults to cuda when CuPy finds a GPU, else to the numpy reference backend\n"
         "(with a note on stderr). The reference backend runs the optimized, memory-planned graph\n"
-        "(every value in one byte arena at its planned offset) unless --no-optimize is given.\n"
+        "(every value in one byte arena at its planned offset) in fp32, or with floats stored as\n"
+        "--dtype fp16/bf16 to preview that precision, unless --no-optimize is given.\n\n"
+        "Validation (like polygraphy/trtexec): --check compares every output with the numpy\n"
+        "reference (fp32), --check ort with onnxruntime, --compare OUT.npz with saved outputs; an\n"
+        "element matches when |got - want| <= atol + rtol*|want| (defaults by dtype). A table shows\n"
+        "per output the max abs/rel error and the mismatch count; any mismatch exits with status 3.\n\n"
         "A .fplan file runs on the cuda backend; --check rebuilds its source model for the\n"
         "reference. A plan holds GPU binaries that run as they are: fusec checks the file and\n"
         "every manifest field before loading code, but run plans only from trusted sources.",
         ["fusec run gpt2-tiny",
          "fusec run gpt2-tiny --backend reference --shapes input_ids:2x32,attention_mask:2x32 --seed 1",
-         "fusec run model.onnx --inputs in.npz --save-outputs out.npz",
+         "fusec run model.onnx --inputs in.npz --save-outputs out.npz --check ort",
+         "fusec run gpt2-tiny --save-inputs in.npz --save-outputs want.npz",
+         "fusec run gpt2.fplan --inputs in.npz --compare want.npz --atol 1e-2 --rtol 1e-2",
          "fusec run gpt2.fplan --check --stats"])
     p.add_argument("model", metavar="PLAN_OR_MODEL",
                    help="a compiled .fplan file, a built-in model name (see `fusec models`) or an .onnx path; "
                         "a plan is executable GPU code: run plans only from trusted sources")
-    p.add_argument("--shapes", metavar="SHAPES", help=SHAPES_HELP)
-    add_compile_arguments(p)
+    p.add_argument("--shapes", metavar="SHAPES", help=SHAPES_HELP + "; default with --inputs: the arrays' shapes")
+    add_compile_arguments(p, dtype_help="default fp16 on the cuda backend, fp32 on the reference backend")
     p.add_argument("--no-optimize", action="store_true",
                    help="reference backend: run the raw imported graph instead of the optimized, memory-planned one")
-    p.add_argument("--check", action="store_true",
-                   help="also run the numpy reference backend and print the max relative error per output")
+    p.add_argument("--check", nargs="?", const="reference", choices=("reference", "ort"), default=None,
+                   help="compare every output with the numpy reference (default) or onnxruntime (--check ort); "
+                        "prints a per-output error table, exit status 3 on a mismatch")
+    p.add_argument("--compare", metavar="OUT.npz", default=None,
+                   help="compare the outputs with the ones saved in this .npz file (exit status 3 on a mismatch)")
+    p.add_argument("--atol", type=float, default=None,
+                   help="absolute tolerance of --check/--compare (default by dtype: fp32 1e-4, tf32 5e-3, fp16 1e-2, bf16 5e-2)")
+    p.add_argument("--rtol", type=float, default=None, help="relative tolerance of --check/--compare (default: as --atol)")
     p.add_argument("--stats", action="store_true",
-                   help="print the run's counters: launches, syncs, allocations, H2D/D2H bytes (cuda backend)")
+                   help="print the run's counters: launches, syncs, allocations, H2D/D2H bytes (cuda backend only)")
     p.add_argument("--backend", choices=BACKENDS, default=None,
                    help="where to run: cuda (needs a GPU) or reference (numpy, any machine); default: cuda if a GPU is found")
     p.add_argument("--inputs", metavar="IN.npz", help="read the inputs from this .npz file (keyed by input name; no pickles)")
+    p.add_argument("--save-inputs", metavar="IN.npz", help="write the inputs used (given or random) to this .npz file")
     p.add_argument("--save-outputs", metavar="OUT.npz", help="write the outputs to this .npz file, keyed by output name")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     return p
 
 
 def run(args: argparse.Namespace) -> int:
-    from fusec import device
+    from fusec import device, toolchain
 
     if args.seed < 0:
         raise InputError(f"--seed must be a non-negative integer, got {args.seed}")
-    if args.save_outputs is not None:
-        _check_output_dir(args)  # fail before the run, not after it
+    check_fusion_names(args)
+    _check_output_paths(args)  # fail before the run, not after it
+    want_saved = _validate.load_npz(args.compare, "--compare file") if args.compare else None
     plan = load_plan_or_none(args.model)
     backend = args.backend
     explicit = backend is not None
-    if plan is not None and backend == "reference":
-        raise FusecError("a .fplan file runs on the cuda backend; give the model itself for --backend reference")
-    if backend == "cuda" or plan is not None:
-        if not device.gpu_available():
-            raise FusecError("no GPU found (CuPy sees no CUDA device); use --backend reference")
+    if plan is not None:
+        _plan_needs_cuda(args, plan, backend)
         backend = "cuda"
+    elif backend == "cuda":
+        why = toolchain.gpu_missing_reason()
+        if why is not None:
+            raise FusecError(f"--backend cuda needs a GPU: {why}; use --backend reference (numpy, any machine)")
     if backend is None:
         backend = "cuda" if device.gpu_available() else "reference"
+    if backend == "reference":
+        _refuse_gpu_only_flags(args, explicit)
 
-    graph = None if plan is not None else load_model(args)
+    graph = None if plan is not None else _load_model(args)
     inputs = _inputs(args, graph, plan)
+    if args.save_inputs is not None:
+        from fusec.inputs import save_outputs_npz
+
+        save_outputs_npz(args.save_inputs, inputs)
     if not explicit and backend == "reference":
         # after loading, so that a bad model or input stays a single line on stderr
-        print(NO_GPU_NOTE, file=sys.stderr)
+        note(NO_GPU_NOTE.format(why=toolchain.gpu_missing_reason() or "no GPU found"))
         _cross_compile(args, graph)
     stats = None
     if backend == "cuda":
         outputs, stats, plan = _run_cuda(args, graph, inputs, plan)
+        dtype = (plan.manifest.get("dtype") if plan is not None else None) or args.dtype or "fp16"
     else:
+        dtype = args.dtype or "fp32"
         outputs = _run_reference(args, graph, inputs)
 
     source = f"inputs from {fmt_name(args.inputs)}" if args.inputs else f"random inputs, seed {args.seed}"
-    print(f"model {fmt_name(args.model)}  backend {backend}  ({source})")
+    print(f"model {fmt_name(args.model)}  backend {backend}  dtype {dtype}  ({source})")
     for name, arr in inputs.items():
         print(f"  input  {fmt_name(name)}  {_type_str(arr)}")
     for name, arr in outputs.items():
         print(f"output {fmt_name(name)}  {_type_str(arr)}  {summarize(arr)}")
-    if args.check:
-        ref_graph = graph if graph is not None else _source_graph(plan)
-        from fusec import reference
-
-        want = reference.run(ref_graph, inputs)
-        for name, arr in outputs.items():
-            err = _rel_err(arr, want[name])
-            print(f"check  {fmt_name(name)}  max relative error {err:.3e} (vs the numpy reference, fp32)")
+    failures = _validate_outputs(args, graph, plan, inputs, outputs, backend, dtype, want_saved)
     if args.stats and stats is not None:
         print("stats  " + "  ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in stats.items()))
+    if args.save_inputs is not None:
+        note(f"saved inputs to {fmt_name(args.save_inputs)}")
     if args.save_outputs is not None:
         from fusec.inputs import save_outputs_npz
 
         save_outputs_npz(args.save_outputs, outputs)
         print(f"saved outputs to {fmt_name(args.save_outputs)}")
+    if failures:
+        raise failures[0]
     return 0
+
+
+def _validate_outputs(args: argparse.Namespace, graph: Graph | None, plan: Any, inputs: dict[str, np.ndarray],
+                      outputs: dict[str, np.ndarray], backend: str, dtype: str,
+                      want_saved: dict[str, np.ndarray] | None) -> list[FusecError]:
+    """--check and --compare: print each table; return the failures (exit status 3)."""
+    failures: list[FusecError] = []
+    yardsticks: list[tuple[str, dict[str, np.ndarray]]] = []
+    if args.check:
+        ref_graph = graph if graph is not None else _source_graph(plan)
+        if args.check == "ort":
+            src = args.model if graph is not None else (plan.manifest.get("source") or {}).get("model") or ""
+            yardsticks.append(("onnxruntime", _validate.ort_outputs(src, ref_graph, inputs, list(outputs))))
+        else:
+            from fusec import reference
+
+            if backend == "reference" and args.no_optimize:
+                note("--check: --no-optimize runs the same raw graph the reference check runs", 1)
+            yardsticks.append(("the numpy reference (fp32)", reference.run(ref_graph, inputs)))
+    if want_saved is not None:
+        yardsticks.append((f"{fmt_name(args.compare)}", want_saved))
+    atol, rtol = _validate.tolerance(args, dtype) if yardsticks else (0.0, 0.0)
+    for against, want in yardsticks:
+        diffs = _validate.compare(outputs, want, atol, rtol)
+        print(_validate.render(diffs, against, atol, rtol))
+        bad = _validate.failure(diffs, against, atol, rtol)
+        if bad is not None:
+            failures.append(bad)
+    return failures
+
+
+def _plan_needs_cuda(args: argparse.Namespace, plan: Any, backend: str | None) -> None:
+    """A plan runs only on the cuda backend: say what to run instead, never send the user in a circle."""
+    from fusec import toolchain
+
+    src = (plan.manifest.get("source") or {}).get("model")
+    shapes = (plan.manifest.get("source") or {}).get("shapes") or {}
+    if src:
+        shape_arg = (" --shapes " + ",".join(f"{k}:{'x'.join(map(str, v))}" for k, v in shapes.items())) if shapes else ""
+        instead = f"run its model on the CPU with `fusec run {src} --backend reference{shape_arg}`"
+    else:
+        instead = "run the model it was compiled from with `fusec run MODEL --backend reference`"
+    if backend == "reference":
+        raise FusecError(f"{args.model} is a compiled plan (GPU code) and runs only on the cuda backend; {instead}")
+    why = toolchain.gpu_missing_reason()
+    if why is not None:
+        raise FusecError(f"{args.model} is a compiled plan and runs only on a GPU: {why}; {instead}")
+
+
+def _refuse_gpu_only_flags(args: argparse.Namespace, explicit: bool) -> None:
+    """Flags that mean something only on the GPU are refused, never silently ignored."""
+    where = "--backend reference" if explicit else "the reference backend (no GPU found)"
+    if args.stats:
+        raise InputError(f"--stats counts what the GPU did (launches, syncs, copies); {where} has no such counters: "
+                         "drop --stats, or run on a GPU")
+    if explicit:
+        for flag, given in (("--cuda-graph", args.cuda_graph), ("--arch", args.arch is not None)):
+            if given:
+                raise InputError(f"{flag} applies to compiling for the GPU; {where} compiles nothing: drop {flag}")
+    if args.no_optimize and (args.disable_fusion or args.enable_fusion or args.dtype not in (None, "fp32")):
+        raise InputError("--no-optimize runs the raw imported graph: --dtype and fusion flags do not apply to it")
 
 
 def _cross_compile(args: argparse.Namespace, graph: Graph) -> None:
     """Without a GPU the default run still does the compiler's work: build the plan for the
-    target arch (NVRTC needs no device), so a newcomer sees that the CUDA side builds here."""
+    target arch (NVRTC needs no device), so a newcomer sees that the CUDA side builds here. A
+    failure is one line on stderr; the reference result follows all the same."""
     import time
 
     import fusec
+    from fusec import toolchain
+    from fusec.codegen.compile import check_arch, default_arch
 
     t0 = time.perf_counter()
+    dtype = args.dtype or "fp16"
     try:
-        plan = fusec.compile(graph, dtype=args.dtype, arch=args.arch, disabled_fusions=args.disable_fusion,
+        toolchain.require_compiler()
+        arch = check_arch(args.arch or default_arch(), dtype)
+        plan = fusec.compile(graph, dtype=dtype, arch=arch, disabled_fusions=args.disable_fusion,
                              enabled_fusions=args.enable_fusion)
-    except ImportError as e:  # installed without the cuda12/cuda13 extra: no CuPy or NVRTC
-        print(f"no GPU found, and the CUDA compiler is not installed ({e}); install fusec[cuda13] "
-              f"to compile plans", file=sys.stderr)
+    except KeyboardInterrupt:
+        raise
+    except Exception as e:  # noqa: BLE001 -- the reference result still comes; say in one line why the side compile did not
+        from fusec.cli import one_line
+
+        why = toolchain.explain_missing(e) or (str(e).strip().splitlines() or [type(e).__name__])[0]
+        note(one_line(f"the side compile for the GPU failed, the reference result follows: {why}"))
         return
     info = plan.info()
-    print(CROSS_NOTE.format(arch=info["arch"], launches=info["launches"], kernels=len(plan.manifest["kernels"]),
-                            secs=time.perf_counter() - t0), file=sys.stderr)
+    note(CROSS_NOTE.format(arch=info["arch"], launches=info["launches"], kernels=len(plan.manifest["kernels"]),
+                           secs=time.perf_counter() - t0))
 
 
 def _type_str(arr: np.ndarray) -> str:
@@ -169,23 +261,65 @@ def _rel_err(got: np.ndarray, want: np.ndarray) -> float:
 
 
 def _run_reference(args: argparse.Namespace, graph: Graph, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The optimized, memory-planned graph (floats stored as --dtype, fusion flags applied) on numpy."""
     from fusec import reference
 
     if args.no_optimize:
         return reference.run(graph, inputs)
+    from fusec.cli.compile import check_dump_dir
+    from fusec.compiler import DTYPES
+    from fusec.passes.base import PassOptions
     from fusec.passes.memory_plan import plan_memory
     from fusec.passes.pipeline import optimize
 
-    optimized, _ = optimize(graph)
+    check_dump_dir(args)
+    storage, _ = DTYPES[args.dtype or "fp32"]
+    opts = PassOptions(storage_dtype=storage, disabled_fusions=frozenset(args.disable_fusion),
+                       enabled_fusions=frozenset(args.enable_fusion))
+    optimized, _ = optimize(graph, opts, dump_dir=args.dump_dir)
     return reference.run_planned(optimized, inputs, plan_memory(optimized))
 
 
-def _check_output_dir(args: argparse.Namespace) -> None:
-    """--save-outputs: a writable place that is neither the model nor the inputs file."""
+def _check_output_paths(args: argparse.Namespace) -> None:
+    """--save-outputs/--save-inputs: writable places that are not the model, an input file or each other."""
     from fusec.fsutil import check_output_path
 
-    keep = [p for p in (args.model, args.inputs) if p and os.path.isfile(p)]
-    check_output_path(args.save_outputs, "outputs file", not_same_as=keep)
+    keep = [p for p in (args.model, args.inputs, args.compare) if p and os.path.isfile(p)]
+    for flag, path, what in (("--save-outputs", args.save_outputs, "outputs file"),
+                             ("--save-inputs", args.save_inputs, "inputs file")):
+        if path is not None:
+            check_output_path(path, what, not_same_as=keep)
+    if args.save_outputs is not None and args.save_inputs is not None and \
+            os.path.abspath(args.save_outputs) == os.path.abspath(args.save_inputs):
+        raise InputError("--save-inputs and --save-outputs name the same file")
+
+
+def _load_model(args: argparse.Namespace) -> Graph:
+    """The model with --shapes applied; without --shapes, the shapes of the --inputs arrays."""
+    from fusec.loader import load_graph
+    from fusec.shapes import parse_shapes
+
+    if args.shapes is not None:
+        return load_graph(args.model, parse_shapes(args.shapes))
+    shapes = _validate.npz_shapes(args.inputs) if args.inputs else None
+    if shapes:
+        from fusec.loader import builtin_names
+
+        if args.model in builtin_names():  # a built-in's input names and ranks are known without building it
+            import fusec.models
+
+            defaults = dict(fusec.models.get_config(args.model).default_shapes or {})
+            if set(defaults) != set(shapes) or any(len(defaults[k]) != len(v) for k, v in shapes.items()):
+                shapes = None  # the inputs loader names what does not fit
+    if not shapes:
+        return load_graph(args.model)
+    try:
+        return load_graph(args.model, shapes)
+    except InputError as e:
+        try:
+            return load_graph(args.model)  # the inputs loader then says what in the file does not fit
+        except InputError:
+            raise InputError(f"--inputs {args.inputs!r} (its shapes fix the model's): {e}") from None
 
 
 def _inputs(args: argparse.Namespace, graph: Graph | None, plan: Any) -> dict[str, np.ndarray]:

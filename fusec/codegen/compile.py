@@ -21,6 +21,7 @@ private: a cache directory owned by another user or writable by others is refuse
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
@@ -33,11 +34,13 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from fusec.errors import FusecError
+from fusec.errors import FusecError, InputError
 from fusec.fsutil import atomic_write
 
 _MAGIC = b"FUSECBN2"
 _ARCH_RE = re.compile(r"^sm_[0-9]{2,3}[a-z]?$")
+# Storage dtypes whose kernels use sm_80 instructions (cp.async, bf16/fp16 tensor-core mma).
+SM80_DTYPES = ("fp16", "bf16")
 
 
 class KernelCompileError(FusecError):
@@ -81,6 +84,48 @@ def nvrtc_version() -> tuple[int, int]:
 
     major, minor = nvrtc.getVersion()
     return int(major), int(minor)
+
+
+@functools.lru_cache(maxsize=1)
+def supported_archs() -> tuple[int, ...]:
+    """The ``sm_XX`` numbers this NVRTC compiles for (``nvrtcGetSupportedArchs``); () when unknown."""
+    try:
+        from cupy_backends.cuda.libs import nvrtc
+
+        return tuple(sorted(int(a) for a in nvrtc.getSupportedArchs()))
+    except Exception:  # noqa: BLE001 -- no CuPy/NVRTC (compiling reports that) or an old binding
+        return ()
+
+
+def check_arch(arch: str, dtype: str | None = None) -> str:
+    """``arch`` if fusec can compile for it with this NVRTC (and ``dtype``); else an InputError in
+    one line saying which archs work. Checked before any compiling starts.
+
+    ``sm_90a``-style targets are refused: fusec's kernels use no arch-specific instructions, and
+    an ``a`` cubin runs only on that exact arch, so plain ``sm_90`` is the same code and more
+    portable."""
+    if not isinstance(arch, str) or not _ARCH_RE.match(arch):
+        raise InputError(f"--arch must look like sm_80 or sm_90, got {arch!r}")
+    num = int(re.sub(r"[a-z]$", "", arch[3:]))
+    if arch[-1].isalpha():
+        raise InputError(f"--arch {arch}: arch-specific targets are not supported; fusec's kernels use no "
+                         f"{arch}-only instructions, so use --arch sm_{num} (the same code, runs on every sm_{num} GPU)")
+    archs = supported_archs()
+    if archs and num not in archs:
+        try:
+            ver = ".".join(map(str, nvrtc_version()))
+        except Exception:  # noqa: BLE001
+            ver = "?"
+        hint = ""
+        if num < archs[0] and ver.startswith("13"):
+            hint = ('; CUDA 13 dropped it: the CUDA 12 toolchain compiles for it (pip install "cupy-cuda12x>=13" '
+                    '"nvidia-cuda-nvrtc-cu12>=12,<13" "nvidia-cublas-cu12>=12,<13")')
+        raise InputError(f"--arch {arch}: this NVRTC ({ver}) compiles for "
+                         f"{', '.join(f'sm_{a}' for a in archs)}{hint}")
+    if dtype in SM80_DTYPES and num < 80:
+        raise InputError(f"--dtype {dtype} needs --arch sm_80 or newer: fusec's {dtype} kernels use sm_80 "
+                         f"instructions (cp.async, {dtype} tensor-core mma); use --dtype fp32 or tf32 for {arch}")
+    return arch
 
 
 def default_arch() -> str:
@@ -241,9 +286,7 @@ def compile_cuda(source: str, kernel: str, arch: str | None = None, options: tup
     Identical (source, options, arch) compile once per process; the disk cache is consulted
     unless ``use_disk`` is false. Raises KernelCompileError with the NVRTC log on failure.
     """
-    arch = arch or default_arch()
-    if not _ARCH_RE.match(arch):
-        raise ValueError(f"bad target arch {arch!r} (expected e.g. sm_90)")
+    arch = check_arch(arch or default_arch())
     opts = (f"--gpu-architecture={arch}", "-std=c++17", "-Xptxas=-v") + tuple(options)
     key = cache_key(source, opts, arch)
     with _LOCK:

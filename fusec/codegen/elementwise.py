@@ -12,6 +12,7 @@ The table ``CUDA_EXPR`` is keyed by ``Op`` (DESIGN.md §3: one table per concern
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -81,6 +82,42 @@ def _pow(args: Sequence[str], dts: Sequence[DType], attrs: Any, out: DType) -> s
     return f"(({compute_ctype(dts[0])})pow((double)({args[0]}), (double)({args[1]})))"
 
 
+def _sign(args: Sequence[str], dts: Sequence[DType], attrs: Any, out: DType) -> str:
+    x = args[0]
+    if dts[0].is_float:  # +-0 and NaN come back unchanged, as numpy's sign gives them
+        return f"({x} > 0.0f ? 1.0f : ({x} < 0.0f ? -1.0f : {x}))"
+    return f"(({compute_ctype(out)})(({x} > 0) - ({x} < 0)))"
+
+
+def _mod(args: Sequence[str], dts: Sequence[DType], attrs: O.ModAttrs, out: DType) -> str:
+    a, b = args
+    if dts[0].is_float:
+        r = f"fmodf({a}, {b})"
+        if attrs.fmod:
+            return r
+        # the divisor's sign: a non-zero remainder of the other sign moves by one divisor
+        return f"(({r} != 0.0f && (({r} < 0.0f) != ({b} < 0.0f))) ? {r} + {b} : {r})"
+    ct = compute_ctype(out)
+    r = f"({a} % {b})"
+    if not attrs.fmod:
+        r = f"(({r} != 0 && (({r} < 0) != ({b} < 0))) ? {r} + {b} : {r})"
+    return f"({b} == 0 ? ({ct})0 : ({ct}){r})"  # integer remainder by zero: 0, as the reference
+
+
+def _bit_shift(args: Sequence[str], dts: Sequence[DType], attrs: O.BitShiftAttrs, out: DType) -> str:
+    a, b = args
+    ct = compute_ctype(out)
+    bits = 8 * out.itemsize
+    unsigned = "unsigned long long" if bits == 64 else "unsigned int"
+    if attrs.left:  # through the unsigned type: bits moved past the top are dropped, no UB
+        shifted = f"({ct})(({unsigned}){a} << {b})"
+        fill = f"({ct})0"
+    else:  # >> of a signed C integer is arithmetic in CUDA
+        shifted = f"({a} >> {b})"
+        fill = f"({a} < 0 ? ({ct})-1 : ({ct})0)"
+    return f"(({b} < 0 || {b} >= {bits}) ? {fill} : {shifted})"
+
+
 CUDA_EXPR: dict[Op, Callable[..., str]] = {
     Op.NEG: _fmt("(-{0})"),
     Op.ABS: _by_type("fabsf({0})", "({0} < 0 ? -{0} : {0})"),
@@ -100,6 +137,11 @@ CUDA_EXPR: dict[Op, Callable[..., str]] = {
     Op.CAST: _cast,
     Op.GELU: _gelu,
     Op.SILU: _fmt("({0} * fc_sigmoid({0}))"),
+    Op.FLOOR: _fmt("floorf({0})"),
+    Op.CEIL: _fmt("ceilf({0})"),
+    Op.ROUND: _fmt("rintf({0})"),  # round half to even (the default rounding mode)
+    Op.SIGN: _sign,
+    Op.BITWISE_NOT: _fmt("(~{0})"),
     Op.ADD: _fmt("({0} + {1})"),
     Op.SUB: _fmt("({0} - {1})"),
     Op.MUL: _fmt("({0} * {1})"),
@@ -115,6 +157,12 @@ CUDA_EXPR: dict[Op, Callable[..., str]] = {
     Op.GREATER_EQUAL: _fmt("({0} >= {1})"),
     Op.AND: _fmt("({0} && {1})"),
     Op.OR: _fmt("({0} || {1})"),
+    Op.XOR: _fmt("({0} != {1})"),
+    Op.MOD: _mod,
+    Op.BITWISE_AND: _fmt("({0} & {1})"),
+    Op.BITWISE_OR: _fmt("({0} | {1})"),
+    Op.BITWISE_XOR: _fmt("({0} ^ {1})"),
+    Op.BIT_SHIFT: _bit_shift,
     Op.WHERE: _fmt("({0} ? {1} : {2})"),
 }
 
@@ -129,10 +177,18 @@ def dtype_of(e: Expr, in_dtypes: Sequence[DType]) -> DType:
     return O.infer(e.op, e.attrs, arg_types)[0][1]
 
 
+# IEEE bit patterns of the fp32 constants a literal cannot spell (NVRTC has no math.h macros here)
+_NONFINITE = {"inf": "__int_as_float(0x7f800000)", "-inf": "__int_as_float((int)0xff800000)",
+              "nan": "__int_as_float(0x7fc00000)"}
+
+
 def _const_code(c: Const) -> str:
     if c.dtype.is_float:
         # the reference holds the constant in its storage dtype: round it the same way
-        return float_lit(float(c.dtype.np.type(c.value)), "constant")
+        v = float(c.dtype.np.type(c.value))
+        if not math.isfinite(v):
+            return _NONFINITE["nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")]
+        return float_lit(v, "constant")
     if c.dtype == DType.BOOL:
         return "true" if bool(c.value) else "false"
     v = cint(int(c.value), -(2**63), 2**63 - 1, "integer constant")

@@ -62,6 +62,8 @@ class NodeCtx:
         if not self.has(i):
             return None if default is None else np.asarray(default)
         s = self.ins[i]
+        if not isinstance(s, Const) and s is not None and 0 in s.shape:
+            return np.zeros(s.shape, s.dtype.np)  # an empty tensor's value is known from its type
         if not isinstance(s, Const):
             raise self.fail(f"input {i} ({self.node.input[i]!r}) depends on run-time data, but it decides "
                             "a shape or an attribute and fusec compiles static shapes")

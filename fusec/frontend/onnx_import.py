@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 import onnx
 
 from fusec.errors import InputError, ModelError
-from fusec.frontend import onnx_einsum, onnx_ops, onnx_ops_data  # noqa: F401  (they register handlers)
+from fusec.frontend import onnx_einsum, onnx_ops, onnx_ops_data, onnx_ops_ext  # noqa: F401  (they register handlers)
 from fusec.frontend.emit import WEIGHT_MIN_ELEMS, Const, Emitter, Sym
 from fusec.frontend.onnx_ctx import HANDLERS, NodeCtx
 from fusec.frontend.onnx_load import ONNX_TO_DTYPE, LoadedModel, load_model, onnx_type_name
@@ -96,8 +96,8 @@ def _bind_shapes(inputs: list[onnx.ValueInfoProto], shapes: Mapping[str, Sequenc
                 raise InputError(f"input {vi.name!r} has symbolic dims {sym}; give its shape in shapes")
             fixed = tuple(int(d.dim_value) for d in dims)
             for i, d in enumerate(fixed):
-                if d <= 0:
-                    raise InputError(f"input {vi.name!r}: dim {i} is {d} in the model; fusec needs positive dims "
+                if d < 0:
+                    raise InputError(f"input {vi.name!r}: dim {i} is {d} in the model; fusec needs dims >= 0 "
                                      "(give the shape in shapes)")
             check_size(fixed, f"input {vi.name!r}")
             out[vi.name] = fixed
@@ -147,7 +147,7 @@ class _Importer:
             et = vi.type.tensor_type.elem_type
             if et not in ONNX_TO_DTYPE:
                 raise ModelError(f"{label}: input {vi.name!r} has dtype {onnx_type_name(et)}, "
-                                 "which fusec does not support (fp32, fp16, bf16, int64, int32, bool)")
+                                 "which fusec does not support (fp32, fp16, bf16, fp64, int8-64, uint8-64, bool)")
             v = Value(self.em.claim(vi.name), static[vi.name], ONNX_TO_DTYPE[et])
             inputs.append(v)
             self.env[vi.name] = v

@@ -34,6 +34,14 @@ ONNX_TO_DTYPE: dict[int, DType] = {
     TensorProto.INT64: DType.I64,
     TensorProto.INT32: DType.I32,
     TensorProto.BOOL: DType.BOOL,
+    # reference-only dtypes (the GPU lowering refuses them, naming op and dtype)
+    TensorProto.DOUBLE: DType.F64,
+    TensorProto.INT16: DType.I16,
+    TensorProto.INT8: DType.I8,
+    TensorProto.UINT8: DType.U8,
+    TensorProto.UINT16: DType.U16,
+    TensorProto.UINT32: DType.U32,
+    TensorProto.UINT64: DType.U64,
 }
 
 

@@ -132,12 +132,11 @@ def _layernorm(cx: NodeCtx) -> list[Sym | None]:
     return [cx.emit(Op.LAYERNORM, *ins, final=True, axis=axis, eps=float(cx.attr("epsilon", 1e-5))), None, None]
 
 
-_REDUCE = {"ReduceSum": Op.REDUCE_SUM, "ReduceMean": Op.REDUCE_MEAN, "ReduceMax": Op.REDUCE_MAX}
-# numpy-only reductions: fine inside shape arithmetic, no IR op for run-time data
-_REDUCE_FOLD = {"ReduceMin": np.min, "ReduceProd": np.prod}
+_REDUCE = {"ReduceSum": Op.REDUCE_SUM, "ReduceMean": Op.REDUCE_MEAN, "ReduceMax": Op.REDUCE_MAX,
+           "ReduceMin": Op.REDUCE_MIN, "ReduceProd": Op.REDUCE_PROD}
 
 
-@handler(*_REDUCE, *_REDUCE_FOLD)
+@handler(*_REDUCE)
 def _reduce(cx: NodeCtx) -> list[Sym | None]:
     x = cx.x(0)
     rank = len(x.shape)
@@ -150,31 +149,7 @@ def _reduce(cx: NodeCtx) -> list[Sym | None]:
             return [x]
         axes = list(range(rank))
     norm = tuple(sorted({cx.axis(int(a), rank, "reduce axis") for a in axes}))
-    if cx.node.op_type in _REDUCE_FOLD:
-        if not isinstance(x, Const) or x.weight:
-            raise cx.fail("fusec folds this reduction on constants only; here it reads run-time data")
-        return [Const(_REDUCE_FOLD[cx.node.op_type](x.array, axis=norm, keepdims=keep))]
     return [cx.emit(_REDUCE[cx.node.op_type], x, final=True, axes=norm, keepdims=keep)]
-
-
-# numpy-only elementwise ops, used by exporters in index arithmetic (e.g. Mod for positions)
-_FOLD_ONLY = {"Mod": None, "Floor": np.floor, "Ceil": np.ceil, "Round": np.round, "Sign": np.sign}
-
-
-@handler(*_FOLD_ONLY)
-def _fold_only(cx: NodeCtx) -> list[Sym | None]:
-    xs = [cx.x(i) for i in range(len(cx.ins))]
-    if not all(isinstance(x, Const) and not x.weight for x in xs):
-        raise cx.fail("fusec folds this op on constants only; here it reads run-time data")
-    arrs = [x.array for x in xs]  # type: ignore[union-attr]
-    if cx.node.op_type == "Mod":
-        a, b = arrs
-        if cx.attr("fmod", 0) or a.dtype.kind == "f":
-            out = np.fmod(a, b)
-        else:
-            out = np.mod(a, b)  # integer Mod with fmod=0 takes the divisor's sign, like numpy
-        return [Const(out.astype(a.dtype))]
-    return [Const(_FOLD_ONLY[cx.node.op_type](arrs[0]).astype(arrs[0].dtype))]  # type: ignore[misc]
 
 
 @handler("MatMul")

@@ -192,6 +192,8 @@ def lower(graph: Graph, offsets: dict[str, int], arch: str, compute: str = "f32"
         ctx._kernel_index = {k["entry"]: i for i, k in enumerate(shared.kernels)}
     ctx.choices, ctx.choices_applied, ctx.choices_declined = dict(choices or {}), {}, {}
     for i, node in enumerate(graph.nodes):
+        if not _gpu_ready(ctx, node, _label(i, node)):
+            continue
         if not lower_choice(ctx, node, _label(i, node)):  # explicit choices, else the rule-based defaults
             lower_node(ctx, node, label=_label(i, node))
     _write_back_state(ctx, graph)
@@ -215,6 +217,24 @@ def _write_back_state(ctx: Context, graph: Graph) -> None:
             continue
         n = dst.numel
         ctx.kernel(CopySpec(dst.dtype, (n,), (1,), (1,)), [dst, Raw(*ctx.addr(src))], f"state {src.name!r} <- update")
+
+
+def _gpu_ready(ctx: Context, node: Node, label: str) -> bool:
+    """False for a node with nothing to compute (every output empty); a LoweringError naming the op
+    and dtype for a value generated CUDA has no type for (fp64, 8/16-bit and unsigned integers run
+    on the reference backend only), or for an empty input of a node whose output is not empty."""
+    body = node.attrs.body.nodes if node.op.value == "fused" else [node]
+    for n in body:
+        for v in (*n.inputs, *n.outputs):
+            if not v.dtype.on_gpu:
+                raise LoweringError(f"{label}: {n.op.value} on {v.dtype.value} has no GPU lowering "
+                                    "(that dtype runs on the reference backend only)")
+    if node.outputs and all(o.numel == 0 for o in node.outputs):
+        ctx.count("empty")
+        return False
+    if any(v.numel == 0 for v in node.inputs):
+        raise LoweringError(f"{label}: {node.op.value} of an empty (zero-size) input has no GPU lowering")
+    return True
 
 
 def _label(i: int, node: Node) -> str:

@@ -1,0 +1,205 @@
+"""``fusec run --check/--compare``: outputs against a yardstick, element by element.
+
+An element matches when ``|got - want| <= atol + rtol * |want|`` (NaN matches NaN, an infinity the
+same infinity); integer and boolean outputs must be equal. The table shows per output the largest
+absolute error, the largest relative error (``|got - want| / |want|`` over elements with
+``want != 0``) and how many elements do not match. Yardsticks: the numpy reference backend
+(fp32), onnxruntime (``--check ort``), or a saved ``.npz`` of outputs (``--compare``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+import zipfile
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from fusec.errors import FusecError, InputError
+
+# (atol, rtol) by the dtype the run stored floats in; fp32 accumulation everywhere.
+DEFAULT_TOLERANCE = {"fp32": (1e-4, 1e-4), "tf32": (5e-3, 5e-3), "fp16": (1e-2, 1e-2), "bf16": (5e-2, 5e-2)}
+
+
+class CheckFailed(FusecError):
+    """Outputs differ from the yardstick beyond the tolerance (exit code 3)."""
+
+    exit_code = 3
+
+
+@dataclasses.dataclass
+class Diff:
+    name: str
+    shape: str
+    max_abs: float
+    max_rel: float
+    mismatches: int
+    total: int
+    problem: str = ""  # a shape/dtype disagreement or a missing output: no element comparison
+
+    @property
+    def ok(self) -> bool:
+        return not self.problem and self.mismatches == 0
+
+
+def compare_one(name: str, got: np.ndarray, want: np.ndarray, atol: float, rtol: float) -> Diff:
+    got, want = np.asarray(got), np.asarray(want)
+    shape = "x".join(str(d) for d in want.shape) or "scalar"
+    if got.shape != want.shape:
+        return Diff(name, shape, float("nan"), float("nan"), want.size, want.size,
+                    f"shape {got.shape} vs {want.shape}")
+    if want.dtype.kind in "biu" or got.dtype.kind in "biu":
+        g, w = got.astype(np.int64 if got.dtype.kind != "b" else np.bool_), want.astype(np.int64 if want.dtype.kind != "b" else np.bool_)
+        bad = g != w
+        err = np.abs(got.astype(np.float64) - want.astype(np.float64))
+        return Diff(name, shape, float(err.max()) if err.size else 0.0, 0.0, int(bad.sum()), want.size)
+    g, w = got.astype(np.float64), want.astype(np.float64)
+    same_special = (np.isnan(g) & np.isnan(w)) | (np.isinf(g) & (g == w))
+    with np.errstate(invalid="ignore", over="ignore"):
+        err = np.abs(g - w)
+        bad = ~same_special & ~(err <= atol + rtol * np.abs(w))
+        err = np.where(same_special, 0.0, err)
+        nz = (w != 0) & np.isfinite(w)
+        rel = err[nz] / np.abs(w[nz])
+    finite = err[np.isfinite(err)]
+    max_abs = float(finite.max()) if finite.size else (0.0 if not err.size else float("inf"))
+    if finite.size < err.size:
+        max_abs = float("inf")
+    max_rel = float(rel.max()) if rel.size else 0.0
+    return Diff(name, shape, max_abs, max_rel, int(bad.sum()), want.size)
+
+
+def compare(got: Mapping[str, np.ndarray], want: Mapping[str, np.ndarray], atol: float, rtol: float) -> list[Diff]:
+    """One Diff per output of ``got``; an output ``want`` lacks is a problem, not a silent skip."""
+    out = []
+    for name, arr in got.items():
+        if name not in want:
+            out.append(Diff(name, "x".join(map(str, np.shape(arr))), float("nan"), float("nan"), 0, int(np.size(arr)),
+                            "not in the yardstick"))
+        else:
+            out.append(compare_one(name, arr, want[name], atol, rtol))
+    return out
+
+
+def render(diffs: list[Diff], against: str, atol: float, rtol: float) -> str:
+    """The per-output table, aligned; one header line naming the yardstick and tolerance."""
+    from fusec.cli._common import fmt_name
+
+    rows = [("output", "shape", "max abs err", "max rel err", "mismatches", "result")]
+    for d in diffs:
+        rows.append((fmt_name(d.name), d.shape, _num(d.max_abs), _num(d.max_rel), f"{d.mismatches}/{d.total}",
+                     "ok" if d.ok else f"FAIL ({d.problem})" if d.problem else "FAIL"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = [f"check against {against} (atol {atol:g}, rtol {rtol:g}: |got - want| <= atol + rtol * |want|)"]
+    for r in rows:
+        cells = [r[0].ljust(widths[0]), r[1].ljust(widths[1])] + [c.rjust(w) for c, w in zip(r[2:5], widths[2:5])] + [r[5]]
+        lines.append("  " + "  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+def _num(x: float) -> str:
+    return "-" if x != x else f"{x:.3e}"
+
+
+def failure(diffs: list[Diff], against: str, atol: float, rtol: float) -> CheckFailed | None:
+    """The one-line error for the outputs that did not match, or None when all did."""
+    bad = [d for d in diffs if not d.ok]
+    if not bad:
+        return None
+    from fusec.cli._common import fmt_name
+
+    parts = [f"{fmt_name(d.name)} ({d.problem or f'{d.mismatches} of {d.total} elements'})" for d in bad]
+    which = "an output differs" if len(bad) == 1 else f"{len(bad)} outputs differ"
+    return CheckFailed(f"{which} from {against} beyond atol {atol:g} + rtol {rtol:g} * |want|: " + ", ".join(parts))
+
+
+def tolerance(args: Any, dtype: str) -> tuple[float, float]:
+    atol_d, rtol_d = DEFAULT_TOLERANCE.get(dtype, DEFAULT_TOLERANCE["fp32"])
+    atol = atol_d if args.atol is None else args.atol
+    rtol = rtol_d if args.rtol is None else args.rtol
+    for flag, v in (("--atol", atol), ("--rtol", rtol)):
+        if not (v >= 0 and np.isfinite(v)):
+            raise InputError(f"{flag} must be a finite number >= 0, got {v}")
+    return float(atol), float(rtol)
+
+
+def load_npz(path: str, what: str) -> dict[str, np.ndarray]:
+    """Every array of an .npz file (no pickles), or an InputError naming the file."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if not isinstance(z, np.lib.npyio.NpzFile):
+                raise InputError(f"{what} {path!r} is a single .npy array, not an .npz archive keyed by name")
+            out = {}
+            for k in z.files:
+                arr = z[k]
+                out[k] = arr.view(_bf16()) if arr.dtype == np.dtype("V2") else arr
+            return out
+    except InputError:
+        raise
+    except FileNotFoundError:
+        raise InputError(f"{what} {path!r} does not exist") from None
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError, KeyError) as e:
+        raise InputError(f"{what} {path!r} is not a readable .npz file without pickles ({str(e).splitlines()[0][:120]})") from None
+
+
+def _bf16() -> Any:
+    from fusec.dtypes import DType
+
+    return DType.BF16.np
+
+
+def npz_shapes(path: str) -> dict[str, tuple[int, ...]] | None:
+    """{name: shape} from the array headers of an .npz file (nothing inflated), or None when the
+    file is not a regular .npz (a pipe is read once, later)."""
+    if not os.path.isfile(path):
+        return None
+    try:
+        with zipfile.ZipFile(path) as zf:
+            shapes = {}
+            for info in zf.infolist():
+                if not info.filename.endswith(".npy"):
+                    continue
+                with zf.open(info) as f:
+                    version = np.lib.format.read_magic(f)
+                    shape, _, dtype = (np.lib.format.read_array_header_1_0(f) if version == (1, 0)
+                                       else np.lib.format.read_array_header_2_0(f))
+                if dtype.hasobject:
+                    return None  # refused (unpickled never) by the inputs loader
+                shapes[info.filename[:-4]] = tuple(int(d) for d in shape)
+            return shapes
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError):
+        return None  # the inputs loader reports an unreadable file in one line
+
+
+def ort_outputs(model: str, graph: Any, inputs: Mapping[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
+    """The outputs onnxruntime computes for ``inputs``: on the .onnx file itself, else on the
+    graph exported to ONNX (built-in models, a plan's source model)."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        raise InputError("--check ort needs onnxruntime, which is not installed: pip install onnxruntime "
+                         "(or use --check, which compares with fusec's numpy reference)") from None
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    feeds = {k: np.asarray(v) for k, v in inputs.items()}
+    if model.lower().endswith(".onnx") and os.path.isfile(model):
+        return _ort_run(ort, model, opts, feeds, names)
+    from fusec.onnx_export import export_onnx
+
+    with tempfile.TemporaryDirectory(prefix="fusec-check-") as d:
+        path = os.path.join(d, "model.onnx")
+        export_onnx(graph, path)
+        return _ort_run(ort, path, opts, feeds, names)
+
+
+def _ort_run(ort: Any, path: str, opts: Any, feeds: dict[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
+    try:
+        sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+        wanted = [o.name for o in sess.get_outputs() if o.name in names]
+        got = sess.run(wanted, feeds)
+    except Exception as e:  # noqa: BLE001 -- onnxruntime raises its own types; the yardstick failed, say so
+        raise InputError(f"--check ort: onnxruntime could not run the model ({str(e).strip().splitlines()[0][:200]})") from None
+    return dict(zip(wanted, got))

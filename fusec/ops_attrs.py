@@ -1,0 +1,251 @@
+"""The attribute records of fusec's ops: one frozen dataclass per op that has attributes.
+
+Values are normalized at construction time (axes non-negative, shapes fully resolved) so that
+passes and backends never re-derive them. ``fusec.ops`` re-exports every record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+from fusec.dtypes import DType
+
+if TYPE_CHECKING:
+    from fusec.ops import FusionKind
+
+
+@dataclasses.dataclass(frozen=True)
+class NoAttrs:
+    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class MatMulAttrs:
+    """``trans_b``: B is stored [.., N, K] and read transposed (a weight kept in nn.Linear's
+    [out, in] layout, e.g. a tied embedding table: cuBLAS reads it with a transpose flag)."""
+
+    trans_b: bool = dataclasses.field(default=False, metadata={"omit_default": True})
+
+
+@dataclasses.dataclass(frozen=True)
+class CastAttrs:
+    to: DType
+
+
+@dataclasses.dataclass(frozen=True)
+class GeluAttrs:
+    approximate: str = "none"  # "none" (erf form) or "tanh"
+
+    def __post_init__(self) -> None:
+        if self.approximate not in ("none", "tanh"):
+            raise ValueError(f"gelu approximate must be 'none' or 'tanh', got {self.approximate!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class IsInfAttrs:
+    detect_positive: bool = True
+    detect_negative: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class ReduceAttrs:
+    axes: tuple[int, ...]  # non-negative, sorted, unique
+    keepdims: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class AxisAttrs:
+    axis: int  # non-negative
+
+
+@dataclasses.dataclass(frozen=True)
+class CumSumAttrs:
+    axis: int
+    exclusive: bool = False
+    reverse: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerNormAttrs:
+    """y = (x - mean) / sqrt(var + eps) * scale (+ bias), over axes [axis, rank)."""
+
+    axis: int
+    eps: float
+
+
+@dataclasses.dataclass(frozen=True)
+class RMSNormAttrs:
+    """y = x / sqrt(mean(x^2) + eps) * (weight + weight_offset), over the last axis.
+
+    ``weight_offset`` is 1.0 for Gemma's ``(1 + w)`` form. The statistic is always computed in
+    fp32 (the HF "upcast" form); ``out_dtype`` is the dtype of the result.
+    """
+
+    eps: float
+    weight_offset: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class ShapeAttrs:
+    shape: tuple[int, ...]  # fully resolved target shape (no -1, no 0-copy)
+
+
+@dataclasses.dataclass(frozen=True)
+class PermAttrs:
+    perm: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class SliceAttrs:
+    """Normalized slice: for each listed axis, python ``range(start, end, step)`` already clamped."""
+
+    axes: tuple[int, ...]
+    starts: tuple[int, ...]
+    ends: tuple[int, ...]
+    steps: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class GatherNDAttrs:
+    batch_dims: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class TileAttrs:
+    repeats: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class TriluAttrs:
+    upper: bool
+    k: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionAttrs:
+    """softmax(q @ k^T * scale + mask [+ causal]) @ v over [B, H, S, D] heads, all heads at once.
+
+    k/v may have fewer heads than q (GQA/MQA): q head ``h`` reads kv head ``h // (Hq // Hkv)``
+    (HF repeat_kv order). The optional 4th input is an additive float mask or a bool mask (True =
+    attend), broadcastable to [B, Hq, S, T]. ``causal`` masks key ``j > i + (T - S)`` with -inf.
+    ``nan_to_zero`` zeroes NaN probabilities (fully masked rows), as torch's SDPA export does.
+    """
+
+    scale: float
+    causal: bool = False
+    nan_to_zero: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeAttrs:
+    """Rotate-half RoPE on the first ``rotary_dim`` features of the last axis (the rest pass
+    through): y = x_rot * cos + rotate_half(x_rot) * sin; cos/sin broadcast to x_rot's shape."""
+
+    rotary_dim: int
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheWriteAttrs:
+    """out = cache with ``new`` written along ``axis`` at a per-row offset:
+    ``out[b, ..., pos[b] + s, ...] = new[b, ..., s, ...]`` (axis >= 1; axis 0 is the row b).
+    Writes that would land past the cache's end are dropped. The write is in place: the output
+    lives in the cache's storage, so the cache input must be a state (or a cache_write of one)
+    that no later node reads (``fusec.ir.verify`` checks)."""
+
+    axis: int
+
+
+@dataclasses.dataclass(frozen=True)
+class KVAttentionAttrs:
+    """softmax(q @ k^T * scale) @ v of q [B, Hq, S, D] over a KV cache k/v [B, Hkv, T, D]:
+    query s of row b attends keys j <= pos[b] + s (and j < T); the rest of the cache is never
+    read. GQA as in ``AttentionAttrs`` (q head h reads kv head h // (Hq // Hkv))."""
+
+    scale: float
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleAttrs:
+    """Next-token choice from logits [B, V] (see fusec/sampling.py for the exact definition):
+    ``temperature`` 0 is greedy argmax (lowest index among equal maxima); otherwise the logits are
+    divided by the temperature, cut to the ``top_k`` largest (0: no cut) and to the nucleus of
+    mass ``top_p`` (1.0: no cut), and one token is drawn by the Gumbel-max trick with noise that
+    is a pure function of (seed, counter[b], b, token), so the same seed gives the same tokens on
+    every backend."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class FusedAttrs:
+    """One kernel made of the nodes of ``body`` (a ``fusec.ir.Graph`` whose inputs/outputs match the
+    node's, positionally). ``kind`` is the group's fusion kind, ``rule`` the fusion rule(s) that
+    built it. Compared by identity: two fused nodes are never interchangeable (CSE)."""
+
+    kind: FusionKind = dataclasses.field(metadata={"format": lambda k: k.name.lower()})
+    rule: str
+    body: Any = dataclasses.field(metadata={"format": lambda g: f"<{len(g.nodes)} nodes>"})
+
+
+@dataclasses.dataclass(frozen=True)
+class ModAttrs:
+    """ONNX Mod: ``fmod`` False takes the divisor's sign (Python's %, integers only in ONNX),
+    True the dividend's (C fmod); an integer remainder by zero is 0 (numpy's convention)."""
+
+    fmod: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class BitShiftAttrs:
+    """x << y (``left``) or x >> y (arithmetic for signed types); a shift amount that is negative
+    or at least the bit width gives what the sign fill alone gives: -1 for a right shift of a
+    negative x, else 0."""
+
+    left: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class ArgAttrs:
+    """ARGMAX/ARGMIN along ``axis``: int64 index of the first extremum (the last with
+    ``select_last_index``); NaN counts as the extremum, as numpy's argmax does."""
+
+    axis: int  # non-negative
+    keepdims: bool = True
+    select_last_index: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class TopKAttrs:
+    """TOPK: int64 indices of the ``k`` largest (``largest``) or smallest elements along ``axis``,
+    ordered from the extremum on; equal elements keep index order. The values are
+    ``gather_elements(x, indices, axis)`` (the importer emits that second op)."""
+
+    axis: int
+    k: int
+    largest: bool = True
+
+    def __post_init__(self) -> None:
+        if self.k < 0:
+            raise ValueError(f"topk k must be >= 0, got {self.k}")
+
+
+PAD_MODES = ("constant", "reflect", "edge", "wrap")
+
+
+@dataclasses.dataclass(frozen=True)
+class PadAttrs:
+    """PAD: ``pads`` = (begin_0, .., begin_{r-1}, end_0, .., end_{r-1}) over every axis; a negative
+    pad removes elements (applied first), a positive one adds them per ``mode``. In constant mode
+    the fill is the optional scalar second input (0 without it)."""
+
+    pads: tuple[int, ...]
+    mode: str = "constant"
+
+    def __post_init__(self) -> None:
+        if self.mode not in PAD_MODES:
+            raise ValueError(f"pad mode must be one of {', '.join(PAD_MODES)}, got {self.mode!r}")
+        if len(self.pads) % 2:
+            raise ValueError(f"pads must have two entries per axis, got {len(self.pads)}")
