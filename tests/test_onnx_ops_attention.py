@@ -1,0 +1,123 @@
+"""ONNX Attention (opsets 23-25) against onnxruntime and ONNX's own reference evaluator.
+
+The common form must import as one IR ``attention`` node (the op the GPU runs fused); the rest
+(softcap, present/qk outputs, sliding windows, key padding) decomposes into primitive IR ops.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx.reference import ReferenceEvaluator
+from test_onnx_ops import C, F, _build
+from test_onnx_ops import test_op_matches_onnxruntime as check_against_onnxruntime
+
+from fusec import reference
+from fusec.frontend.onnx_import import import_onnx
+
+MASK_BOOL = np.array([[1, 1, 0, 0, 1, 0], [0, 0, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1], [0, 1, 0, 1, 0, 1]], bool)
+PAST = (None, F(2, 3, 3, 8), F(2, 3, 3, 8))
+
+ORT_CASES = [
+    C("plain-4d", "Attention", F(2, 3, 4, 8), F(2, 3, 6, 8), F(2, 3, 6, 8), opset=23, ops=("attention",)),
+    C("causal-gqa-s-ne-t", "Attention", F(2, 6, 4, 8), F(2, 2, 6, 8), F(2, 2, 6, 8), attrs={"is_causal": 1},
+      opset=23, ops=("attention",)),
+    C("causal-square", "Attention", F(1, 2, 5, 8), F(1, 2, 5, 8), F(1, 2, 5, 8), attrs={"is_causal": 1},
+      opset=23, ops=("attention",)),
+    C("3d-diff-v-dim", "Attention", F(2, 4, 24), F(2, 6, 24), F(2, 6, 30),
+      attrs={"q_num_heads": 3, "kv_num_heads": 3}, opset=23, ops=("attention",)),
+    C("3d-gqa-scaled", "Attention", F(2, 4, 72), F(2, 6, 24), F(2, 6, 24),
+      attrs={"q_num_heads": 9, "kv_num_heads": 3, "scale": 0.1}, opset=23, ops=("attention",)),
+    C("float-mask-causal", "Attention", F(2, 3, 4, 8), F(2, 3, 6, 8), F(2, 3, 6, 8), F(2, 1, 4, 6),
+      attrs={"is_causal": 1}, opset=23, ops=("attention",)),
+    C("bool-mask", "Attention", F(2, 3, 4, 8), F(2, 3, 6, 8), F(2, 3, 6, 8), MASK_BOOL[:, :6] | np.eye(4, 6, dtype=bool),
+      opset=23, ops=("attention",)),
+    C("softcap", "Attention", F(2, 3, 4, 8), F(2, 3, 6, 8), F(2, 3, 6, 8), attrs={"softcap": 2.0}, opset=23,
+      ops=("tanh", "softmax")),
+    C("past-present-causal", "Attention", F(2, 3, 4, 8), F(2, 3, 4, 8), F(2, 3, 4, 8), *PAST,
+      attrs={"is_causal": 1}, out=("f", "f", "f"), opset=23, ops=("concat", "softmax")),
+    C("past-qk-bias", "Attention", F(2, 3, 4, 8), F(2, 3, 4, 8), F(2, 3, 4, 8), F(4, 7), F(2, 3, 3, 8),
+      F(2, 3, 3, 8), attrs={"qk_matmul_output_mode": 2}, out=("f", "f", "f", "f"), opset=23),
+    C("fp16", "Attention", ((2, 3, 4, 8), "h"), ((2, 3, 6, 8), "h"), ((2, 3, 6, 8), "h"), out="h", opset=23,
+      tol=1e-2),
+]
+
+
+@pytest.mark.parametrize("case", ORT_CASES, ids=[c.id for c in ORT_CASES])
+def test_attention_matches_onnxruntime(case) -> None:
+    check_against_onnxruntime(case)
+
+
+def _rng_feeds(model, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for vi in model.graph.input:
+        shape = [d.dim_value for d in vi.type.tensor_type.shape.dim]
+        feeds[vi.name] = rng.standard_normal(shape).astype(np.float32)
+    return feeds
+
+
+ONNX_REF_CASES = [
+    # a fully masked row (row 1 of MASK_BOOL): ONNX specifies zeros, not NaN
+    C("bool-mask-dead-row", "Attention", F(1, 2, 4, 8), F(1, 2, 6, 8), F(1, 2, 6, 8), MASK_BOOL, opset=23,
+      ops=("attention",)),
+    C("dead-row-mode3", "Attention", F(1, 2, 4, 8), F(1, 2, 6, 8), F(1, 2, 6, 8), MASK_BOOL, None, None, None,
+      attrs={"qk_matmul_output_mode": 3}, opset=24),
+    C("window-causal", "Attention", F(2, 3, 4, 8), F(2, 3, 6, 8), F(2, 3, 6, 8),
+      attrs={"is_causal": 1, "left_window_size": 2}, opset=25),
+    C("window-bidirectional", "Attention", F(1, 1, 5, 4), F(1, 1, 5, 4), F(1, 1, 5, 4),
+      attrs={"left_window_size": 1, "right_window_size": 2}, opset=25),
+    C("nonpad-causal-decode", "Attention", F(2, 4, 1, 8), F(2, 2, 8, 8), F(2, 2, 8, 8), None, None, None,
+      np.array([3, 8], np.int64), attrs={"is_causal": 1}, opset=24),
+]
+
+
+@pytest.mark.parametrize("case", ONNX_REF_CASES, ids=[c.id for c in ONNX_REF_CASES])
+def test_attention_matches_onnx_reference(case) -> None:
+    model, _ = _build(case)
+    if case.id == "dead-row-mode3":  # only Y and qk_matmul_output
+        node = model.graph.node[0]
+        node.output[:] = ["out0", "", "", "out3"]
+        del model.graph.output[1:]
+        model.graph.output.add().CopyFrom(model.graph.output[0])
+        model.graph.output[1].name = "out3"
+        dims = model.graph.output[1].type.tensor_type.shape.dim
+        for d, n in zip(dims, (1, 2, 4, 6)):
+            d.dim_value = n
+    feeds = _rng_feeds(model, 7)
+    g = import_onnx(model)
+    for op in case.ops:
+        assert op in g.op_histogram(), g.op_histogram()
+    got = reference.run(g, feeds)
+    want = ReferenceEvaluator(model).run(None, feeds)
+    for (name, r), w in zip(got.items(), want):
+        assert not np.isnan(r).any(), f"{case.id}/{name}: NaN in fusec's result"
+        np.testing.assert_allclose(r, w, rtol=1e-5, atol=1e-6, err_msg=f"{case.id}/{name}")
+
+
+def test_plain_attention_is_one_ir_node_and_decomposed_forms_are_not() -> None:
+    plain = import_onnx(_build(ORT_CASES[0])[0]).op_histogram()
+    assert plain.get("attention") == 1 and "softmax" not in plain, plain
+    capped = import_onnx(_build(ORT_CASES[7])[0]).op_histogram()
+    assert "attention" not in capped and capped.get("matmul") == 2, capped
+
+
+def test_attention_refusals_are_one_line() -> None:
+    from fusec.errors import ModelError
+
+    bad = C("bad-heads", "Attention", F(2, 4, 20), F(2, 6, 24), F(2, 6, 24),
+            attrs={"q_num_heads": 3, "kv_num_heads": 3}, opset=23)
+    model = _build_unchecked(bad)
+    with pytest.raises(ModelError, match="head count") as e:
+        import_onnx(model)
+    assert "\n" not in str(e.value)
+
+
+def _build_unchecked(case):
+    from onnx import TensorProto, helper
+
+    names = [f"in{i}" for i in range(len(case.ins))]
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(s)) for n, (s, _) in zip(names, case.ins)]
+    node = helper.make_node(case.op, names, ["out0"], name="n", **case.attrs)
+    graph = helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info("out0", TensorProto.FLOAT, [2, 4, 24])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", case.opset)], ir_version=10)
