@@ -1,0 +1,162 @@
+"""Generate docs/OPS.md, the published list of what fusec supports, from the tables themselves:
+the ONNX importer's handler registry, opset range and element types, and the IR's op table
+(``fusec.ops.OP_INFO``: fusion kind, arity, and the dtypes its shape/dtype rule accepts, found by
+asking the rule). Nothing here is written by hand, so the page cannot drift from the code; a CPU
+test (tests/test_opsdoc.py) fails when the committed page differs from this output.
+
+    python -m fusec.opsdoc > docs/OPS.md
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+REGENERATE = "python -m fusec.opsdoc > docs/OPS.md"
+_PROBE_SHAPE = (4,)
+
+
+def _frontend_modules() -> list[Any]:
+    import fusec.frontend
+    import fusec.frontend.onnx_import  # noqa: F401  (imports every handler module)
+
+    mods = []
+    for info in sorted(pkgutil.iter_modules(fusec.frontend.__path__), key=lambda i: i.name):
+        mods.append(importlib.import_module(f"fusec.frontend.{info.name}"))
+    return mods
+
+
+def _onnx_to_ir(mods: Iterable[Any]) -> tuple[dict[str, set[str]], set[str]]:
+    """{ONNX op: IR op names} from the importer's module-level tables (dicts of ONNX op name to
+    ``Op``), and the ONNX ops listed in its fold-only tables (names with FOLD in them)."""
+    from fusec.ops import Op
+
+    maps: dict[str, set[str]] = {}
+    folded: set[str] = set()
+    for mod in mods:
+        for attr, table in sorted(vars(mod).items()):
+            if not attr.isupper() and not attr.lstrip("_").isupper():
+                continue
+            if isinstance(table, dict) and table and all(isinstance(k, str) for k in table):
+                if "FOLD" in attr.upper():
+                    folded.update(table)
+                elif all(isinstance(v, Op) for v in table.values()):
+                    for k, v in table.items():
+                        maps.setdefault(k, set()).add(v.value)
+            elif isinstance(table, (set, frozenset, tuple)) and "FOLD" in attr.upper() \
+                    and all(isinstance(k, str) for k in table):
+                folded.update(table)
+    return maps, folded
+
+
+def _probe_dtypes(op: Any) -> list[str] | None:
+    """The dtypes op's rule accepts for same-shape inputs of one dtype (a leading bool condition
+    tried too), or None when the op's attributes or signature cannot be probed that way."""
+    from fusec.dtypes import DType
+    from fusec.ops import OP_INFO, infer
+
+    info = OP_INFO[op]
+    lo, hi = info.arity
+    if lo < 1 or (hi >= 0 and hi != lo) or lo > 3:
+        return None
+    try:
+        attrs = info.attrs()
+    except TypeError:
+        return None
+    ok = []
+    for dt in DType:
+        for first in (dt, DType.BOOL) if lo > 1 else (dt,):  # a leading condition: where(cond, a, b)
+            types = [(_PROBE_SHAPE, first)] + [(_PROBE_SHAPE, dt)] * (lo - 1)
+            try:
+                infer(op, attrs, types)
+            except Exception:  # the rule says no: not accepted
+                continue
+            ok.append(dt.value)
+            break
+    return ok or None
+
+
+def _row(cells: Iterable[Any]) -> str:
+    return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+
+
+def render() -> str:
+    """The whole page, deterministic for a given fusec and onnx."""
+    import onnx
+
+    from fusec.compiler import DTYPES as PLAN_DTYPES
+    from fusec.dtypes import DType
+    from fusec.frontend.onnx_ctx import HANDLERS
+    from fusec.frontend.onnx_import import MIN_OPSET
+    from fusec.frontend.onnx_load import ONNX_TO_DTYPE
+    from fusec.ops import OP_INFO
+    from fusec.plancheck import DTYPES as PLAN_TENSOR_DTYPES
+
+    mods = _frontend_modules()
+    maps, folded = _onnx_to_ir(mods)
+    top = onnx.defs.onnx_opset_version()
+    onnx_types = sorted((onnx.helper.tensor_dtype_to_string(k).removeprefix("TensorProto."), v.value)
+                        for k, v in ONNX_TO_DTYPE.items())
+    lines = [
+        "# Supported ops, opsets and dtypes",
+        "",
+        f"Generated from fusec's tables by `{REGENERATE}`; do not edit by hand",
+        "(tests/test_opsdoc.py checks that this page is what the generator prints).",
+        "",
+        "## ONNX import",
+        "",
+        f"- Opsets: the default domain (`ai.onnx`), opset {MIN_OPSET} to {top} (the newest the installed",
+        f"  `onnx` package defines). Other domains are refused, naming the node.",
+        "- Element types of inputs, outputs and initializers (ONNX type -> fusec dtype): "
+        + ", ".join(f"{a} -> {b}" for a, b in onnx_types) + ".",
+        f"- {len(HANDLERS)} ONNX ops. \"IR ops\" is what an op becomes when the importer's tables say so",
+        "  (others are decomposed by their handler into the IR ops below)"
+        + ("; \"constants only\" ops are folded at import and refused when they read run-time data." if folded
+           else "."),
+        "",
+        _row(("ONNX op", "IR ops") + (("note",) if folded else ())),
+        _row(("---", "---") + (("---",) if folded else ())),
+    ]
+    for name in sorted(HANDLERS):
+        ir = ", ".join(f"`{x}`" for x in sorted(maps.get(name, ()))) or "-"
+        note = ("constants only" if name in folded else "",) if folded else ()
+        lines.append(_row((f"`{name}`", ir) + note))
+    lines += [
+        "",
+        "## IR ops",
+        "",
+        f"{len(OP_INFO)} ops in one closed vocabulary (`fusec.ops.Op`). Kind: what fusion may assume",
+        "(TVM's pattern kinds). Dtypes: what the op's shape/dtype rule accepts for inputs of one dtype",
+        "(\"-\": the rule needs a specific signature; see `fusec/ops.py`).",
+        "",
+        _row(("op", "kind", "inputs", "dtypes")),
+        _row(("---", "---", "---", "---")),
+    ]
+    for op, info in OP_INFO.items():
+        lo, hi = info.arity
+        arity = str(lo) if lo == hi else f"{lo}..{hi if hi >= 0 else 'n'}"
+        dts = _probe_dtypes(op)
+        lines.append(_row((f"`{op.value}`", info.kind.name.lower(), arity, ", ".join(dts) if dts else "-")))
+    lines += [
+        "",
+        "## Dtypes",
+        "",
+        "- IR dtypes: " + ", ".join(d.value for d in DType) + ".",
+        "- Plan tensors (inputs, outputs, state of a compiled plan): " + ", ".join(PLAN_TENSOR_DTYPES) + ".",
+        "- Plan precision (`--dtype`): " + ", ".join(f"{k} (storage {s}, matrix products {c})"
+                                                   for k, (s, c) in PLAN_DTYPES.items()) + ".",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    sys.stdout.write(render())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
