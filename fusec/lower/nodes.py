@@ -10,7 +10,8 @@ from fusec.codegen import specs as S
 from fusec.codegen.elementwise import single_op
 from fusec.dtypes import DType
 from fusec.ir import Node, Value
-from fusec.lower import Context, LoweringError
+from fusec.lower import Context, LoweringError, Raw
+from fusec.lower import batching as B
 from fusec.lower import decode as _decode
 from fusec.lower import layout as L
 from fusec.ops import OP_INFO, FusionKind, Op
@@ -78,37 +79,45 @@ def _cumsum(ctx: Context, node: Node, label: str) -> None:
 # ---- matrix products ------------------------------------------------------------------------
 
 def _matmul(ctx: Context, node: Node, label: str) -> None:
-    """One cuBLAS GEMM, reading every operand where and as the IR stores it: a B with ``trans_b``
+    """cuBLAS GEMMs, reading every operand where and as the IR stores it: a B with ``trans_b``
     ([.., N, K], e.g. a tied embedding table) is read through cuBLAS's transpose flag. Weight
     layouts (transposes, padding of N to 16 bytes) are passes' work (transpose_cache, pad_gemm):
-    nothing here copies or reshapes a weight, and nothing needs scratch."""
+    nothing here copies or reshapes a weight. Broadcast batches (``fusec.lower.batching``): batch
+    axes B is shared along fold into M, the rest is one strided-batched call (stride 0 for an
+    operand shared by every product) or a few calls at offsets; past that an operand is first
+    copied broadcast into scratch."""
     a, b = node.inputs
     out = node.output
     trans_b = bool(getattr(node.attrs, "trans_b", False))
-    sa = a.shape if len(a.shape) > 1 else (1,) + a.shape
-    sb = b.shape if len(b.shape) > 1 else b.shape + (1,)
-    if trans_b:
-        sb = tuple(sb[:-2]) + (sb[-1], sb[-2])
-    m, k, n = sa[-2], sa[-1], sb[-1]
-    ba, bb = sa[:-2], sb[:-2]
-    batch_shape = tuple(out.shape[:-2]) if len(a.shape) > 1 and len(b.shape) > 1 else ()
-    nbatch = math.prod(batch_shape)
-    if len(bb) == 0 or math.prod(bb) == 1:
-        # weights-like B shared by every batch: fold the batch into M (one large GEMM)
-        m, nbatch, stride_a, stride_b = m * math.prod(ba), 1, 0, 0
-    elif tuple(ba) == tuple(bb) == batch_shape:
-        stride_a, stride_b = m * k, k * n
-    elif math.prod(ba) == 1 and tuple(bb) == batch_shape:
-        stride_a, stride_b = 0, k * n
-    else:
-        raise LoweringError(f"{label}: matmul broadcast {list(a.shape)} @ {list(b.shape)} has no GPU lowering yet")
     if a.dtype not in (DType.F32, DType.F16, DType.BF16):
         raise LoweringError(f"{label}: matmul of {a.dtype.value} has no GPU lowering")
+    sa = a.shape if len(a.shape) > 1 else (1,) + a.shape
+    sb = b.shape if len(b.shape) > 1 else b.shape + (1,)
+    k, n = (sb[-1], sb[-2]) if trans_b else (sb[-2], sb[-1])
+    plan = B.gemm_batches(tuple(sa[:-2]), tuple(sb[:-2]), sa[-2], k, n)
+    ops: list[Value | Raw] = [a, b]
+    grown = [(i, x, tuple(full) + tuple(shape[-2:])) for i, (x, full, shape) in
+             enumerate(((a, plan.expand_a, sa), (b, plan.expand_b, sb))) if full is not None]
+    if grown:  # operands that vary along some broadcast batch axes but not all: copy them broadcast
+        sizes = [-(-math.prod(shape) * x.dtype.itemsize // 256) * 256 for _, x, shape in grown]
+        base = ctx.scratch(sum(sizes))
+        for (i, x, shape), off in zip(grown, [0, sizes[0]]):
+            ops[i] = Raw(base.space, base.offset + off)
+            src = (1,) * (len(shape) - len(x.shape)) + tuple(x.shape)  # a 1-D B has no batch: never grown
+            ctx.kernel(C.expand(src, shape, x.dtype), [x, ops[i]], f"{label} broadcast operand")
     compute = ctx.compute if a.dtype == DType.F32 else "f32"
-    fields = {"m": m, "n": n, "k": k, "batch": nbatch, "lda": k, "ldb": k if trans_b else n, "ldc": n,
-              "stride_a": stride_a, "stride_b": stride_b, "stride_c": m * n,
+    fields = {"m": plan.m, "n": n, "k": k, "batch": plan.batch, "lda": k, "ldb": k if trans_b else n, "ldc": n,
+              "stride_a": plan.strides[0], "stride_b": plan.strides[1], "stride_c": plan.strides[2],
               "trans_a": False, "trans_b": trans_b, "dtype": a.dtype.value, "compute": compute}
-    ctx.gemm(fields, a, b, out, label)
+    for oa, ob, oc in plan.calls:
+        ctx.gemm(fields, a, b, (out, oc), label)
+        if oa or ob or grown:  # Context.gemm addresses whole values: point A/B at the call's product
+            ctx.launches[-1]["a"] = ctx.ptr(_at(ops[0], oa, a.dtype))[1:]
+            ctx.launches[-1]["b"] = ctx.ptr(_at(ops[1], ob, b.dtype))[1:]
+
+
+def _at(x: Value | Raw, elems: int, dt: DType) -> tuple[Value, int] | Raw:
+    return (x, elems) if isinstance(x, Value) else Raw(x.space, x.offset + elems * dt.itemsize)
 
 
 # ---- reductions and norms ---------------------------------------------------------------------
@@ -121,10 +130,16 @@ def _outer_cols_inner(shape: tuple[int, ...], axes: tuple[int, ...], label: str)
 
 
 def _reduce(ctx: Context, node: Node, label: str) -> None:
+    """One row-reduce kernel; reduced axes that are not adjacent (extent-1 axes aside) are first
+    made so by a transposed copy into scratch (kept axes first, reduced axes last)."""
     x = node.inputs[0]
-    outer, cols, inner = _outer_cols_inner(x.shape, node.attrs.axes, label)
+    perm, outer, cols, inner = B.reduce_transpose(x.shape, node.attrs.axes)
     kind = {Op.REDUCE_SUM: "sum", Op.REDUCE_MEAN: "mean", Op.REDUCE_MAX: "max"}[node.op]
-    ctx.kernel(S.RowReduceSpec(kind, outer, cols, x.dtype, inner=inner), [x, node.output], label)
+    src: Value | Raw = x
+    if perm is not None:
+        src = ctx.scratch(x.nbytes)
+        ctx.kernel(C.transpose(x.shape, perm, x.dtype), [x, src], f"{label} reduced axes last")
+    ctx.kernel(S.RowReduceSpec(kind, outer, cols, x.dtype, inner=inner), [src, node.output], label)
 
 
 def _softmax(ctx: Context, node: Node, label: str) -> None:
