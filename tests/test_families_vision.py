@@ -70,6 +70,22 @@ def test_compiles_for_sm90_with_attention_once_per_layer(family: str, exporter: 
     assert patterns.get("attention", 0) == FAMILIES[family].layers, f"{family}/{exporter}: {patterns}"
 
 
+@pytest.mark.parametrize("exporter", EXPORTERS)
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_optimized_planned_graph_keeps_the_numbers(family: str, exporter: str) -> None:
+    """The graph the GPU plan is lowered from (passes, fusion, memory plan: every value in one
+    arena at its planned offset) computes what the imported graph does."""
+    from fusec.passes.memory_plan import plan_memory
+    from fusec.passes.pipeline import optimize
+
+    path, inputs, _ = export_family(family, exporter)
+    graph = load_graph(path, {k: v.shape for k, v in inputs.items()})
+    opt, _ = optimize(graph)
+    out = FAMILIES[family].output
+    got = reference.run_planned(opt, inputs, plan_memory(opt))[out]
+    assert _rel(got, reference.run(graph, inputs)[out]) < 1e-5
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
 @pytest.mark.parametrize("exporter", EXPORTERS)
