@@ -24,9 +24,9 @@ import numpy as np
 from fusec import reference
 from fusec.dtypes import DType
 from fusec.ir import Graph, Node, Value
-from fusec.ops import AttentionAttrs, NoAttrs, Op, PermAttrs
+from fusec.ops import AttentionAttrs, AxisAttrs, CastAttrs, MatMulAttrs, NoAttrs, Op, PermAttrs, ShapeAttrs
 from fusec.passes.base import PassOptions, PassResult
-from fusec.passes.match import Ctx, Rewriter, recognize
+from fusec.passes.match import Ctx, Rewriter, count_ops, recognize, set_pattern_count
 
 NAME = "recognize_attention"
 REQUIRES = ("constant_fold", "recognize_softmax")
@@ -85,7 +85,7 @@ def _leads_to_qk(ctx: Ctx, v: Value, depth: int = 8) -> bool:
         return False
     if _is_qk(n):
         return True
-    if n.op in (Op.CAST, Op.MUL, Op.DIV, Op.ADD, Op.WHERE):
+    if n.op in (Op.CAST, Op.MUL, Op.DIV, Op.ADD, Op.WHERE, Op.TANH):
         return any(_leads_to_qk(ctx, x, depth - 1) for x in n.inputs if x.data is None)
     return False
 
@@ -131,6 +131,9 @@ def _scores(ctx: Ctx, rw: Rewriter, s: Value, nodes: list[Node], new: list[Node]
             else:
                 raise Decline("a WHERE on the scores does not fill with -inf or finfo.min")
             masks.append((m, scale))
+        elif n.op == Op.TANH:
+            raise Decline("scores soft-capped by tanh (cap * tanh(s / cap), Gemma-2's attn_logit_softcapping): "
+                          "the attention kernel has no soft-cap")
         else:
             raise Decline(f"unexpected {n.op.value} between Q @ K^T and the softmax")
     raise Decline("scores path too long")
@@ -201,6 +204,8 @@ def _heads_base(ctx: Ctx, v: Value, heads: int, transposed: bool) -> tuple[Value
 
 def _same_layout(x: Value, perm: tuple[int, ...], chain: list[Node], v: Value, heads: int, transposed: bool) -> bool:
     b, hkv, t, d = (x.shape[p] for p in perm)
+    if v.shape[1] == 1 and len(v.shape) == 4:  # one head the matmul broadcasts (Falcon's MQA: no repeat_kv)
+        heads = 1
     want = (v.shape[0], heads) + ((d, t) if transposed else (t, d))
     if v.shape != want or hkv == 0 or heads % hkv:
         return False
@@ -276,6 +281,9 @@ def _match(ctx: Ctx, rw: Rewriter, root: Node, opts: PassOptions) -> bool:
         if mask is not None:
             ins.append(mask)
         attrs = AttentionAttrs(scale=float(scale * sq * sk), causal=causal, nan_to_zero=nan_to_zero)
+        why = _unsupported(q, k, attrs.scale, opts)
+        if why:
+            raise Decline(f"{why}; left unfused")
         try:
             att = rw.node(Op.ATTENTION, ins, attrs, out=out)
         except ValueError as e:
@@ -290,5 +298,67 @@ def _match(ctx: Ctx, rw: Rewriter, root: Node, opts: PassOptions) -> bool:
     return True
 
 
+def _unsupported(q: Value, k: Value, scale: float, opts: PassOptions) -> str:
+    """Why the attention kernel cannot take this q/k in the plan's storage dtype ("" if it can)."""
+    from fusec.codegen.build_attention import unsupported
+
+    dt = DType(opts.storage_dtype) if q.dtype == DType.F32 else q.dtype
+    (b, hq, s, d), (hkv, t) = q.shape, k.shape[1:3]
+    return unsupported(b, hq, hkv, s, t, d, dt, scale) if dt.is_float else f"attention in {dt.value}"
+
+
+def _decompose(rw: Rewriter, n: Node) -> list[Node]:
+    """An ATTENTION node as the ops it stands for (repeat KV heads, q @ k^T * scale + masks,
+    softmax, @ v): for a node the attention kernel cannot take, e.g. one made before the storage
+    dtype was known. Masked scores get finfo(fp32).min rather than -inf (a masked-out row of an
+    additive-free causal mask never happens: each query sees key 0)."""
+    q, k, v, *mask = n.inputs
+    a, new = n.attrs, []
+
+    def add(op: Op, ins: list[Value], attrs: object, out: Value | None = None) -> Value:
+        new.append(rw.node(op, ins, attrs, base="attn_unfused", out=out))
+        return new[-1].outputs[0]
+
+    b, hq, s, d = q.shape
+    hkv, t = k.shape[1], k.shape[2]
+    if hkv != hq:
+        k, v = ((add(Op.RESHAPE, [add(Op.EXPAND, [add(Op.RESHAPE, [x], ShapeAttrs((b, hkv, 1, t, d)))],
+                                      ShapeAttrs((b, hkv, hq // hkv, t, d)))], ShapeAttrs((b, hq, t, d))))
+                for x in (k, v))
+    sc = add(Op.MATMUL, [q, add(Op.TRANSPOSE, [k], PermAttrs((0, 1, 3, 2)))], MatMulAttrs())
+    sc = add(Op.MUL, [sc, rw.const(np.asarray(a.scale, sc.dtype.np), "attn_scale")], NoAttrs())
+    low = np.asarray(np.finfo(np.float32).min, sc.dtype.np)
+    for m in mask:
+        if m.dtype == DType.BOOL:
+            sc = add(Op.WHERE, [m, sc, rw.const(low, "attn_fill")], NoAttrs())
+        else:
+            sc = add(Op.ADD, [sc, m if m.dtype == sc.dtype else add(Op.CAST, [m], CastAttrs(sc.dtype))], NoAttrs())
+    if a.causal:
+        keep = np.tril(np.ones((s, t), bool), k=t - s)
+        sc = add(Op.ADD, [sc, rw.const(np.where(keep, 0, low).astype(sc.dtype.np), "attn_causal")], NoAttrs())
+    p = add(Op.SOFTMAX, [sc], AxisAttrs(3))
+    if a.nan_to_zero:
+        p = add(Op.WHERE, [add(Op.ISNAN, [p], NoAttrs()), rw.const(np.asarray(0, p.dtype.np), "attn_zero"), p],
+                NoAttrs())
+    if p.dtype != v.dtype:
+        p = add(Op.CAST, [p], CastAttrs(v.dtype))
+    add(Op.MATMUL, [p, v], MatMulAttrs(), out=n.outputs[0])
+    return new
+
+
+def _legalize(graph: Graph, options: PassOptions) -> Graph:
+    """Unfuse the ATTENTION nodes already in the graph that the kernel cannot take."""
+    rw = Rewriter(graph)
+    for n in graph.nodes:
+        if n.op == Op.ATTENTION and (why := _unsupported(n.inputs[0], n.inputs[1], n.attrs.scale, options)):
+            options.decline("attention", n.name or n.outputs[0].name, f"{why}; unfused")
+            rw.replace(n, _decompose(rw, n), [])
+    return rw.finish() if rw.changed else graph
+
+
 def run(graph: Graph, options: PassOptions) -> PassResult:
-    return recognize(graph, options, (Op.MATMUL,), _match, {"attention": Op.ATTENTION}, "attention_recognized")
+    res = recognize(graph, options, (Op.MATMUL,), _match, {"attention": Op.ATTENTION}, "attention_recognized")
+    g = _legalize(res.graph, options)
+    if g is not res.graph:
+        set_pattern_count(g, "attention", count_ops(g, Op.ATTENTION))
+    return PassResult(g, res.changed or g is not res.graph)

@@ -175,7 +175,7 @@ def _bcast_strides(v: Value, full: tuple[int, ...]) -> tuple[int, ...]:
     view = L.broadcast_to(L.View.contiguous(v.shape), full)
     if view is None:
         raise LoweringError(f"value {v.name!r} {list(v.shape)} does not broadcast to {list(full)}")
-    return view.strides
+    return tuple(0 if n == 1 else s for n, s in zip(full, view.strides))  # an extent-1 axis reads index 0
 
 
 def _attention(ctx: Context, node: Node, label: str) -> None:
