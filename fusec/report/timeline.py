@@ -68,7 +68,7 @@ _COLORS = {"live": "#4c78a8", "pinned": "#9ecae9", "extent": "#e45756", "bound":
 def to_svg(tl: Mapping[str, Any]) -> str:
     """The timeline as one ``<svg>`` element (a step area per series, dashed limits, tooltips)."""
     n = tl["steps"]
-    top = max(tl["arena_bytes"], max(tl["live"], default=0), 1) * 1.08
+    top = max(tl["arena_bytes"], max(tl["live"], default=0), 1) * 1.18  # room for the legend
     pw, ph = _W - _L - _R, _H - _T - _B
     x = lambda t: _L + pw * t / n
     y = lambda b: _T + ph * (1 - b / top)
