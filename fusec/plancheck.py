@@ -52,7 +52,8 @@ SIG_KEYS = {"name", "shape", "dtype", "offset", "bound"}
 ENTRY_KEYS = {"inputs", "outputs", "launches", "arena_bytes"}
 KERNEL_LAUNCH_KEYS = {"type", "kernel", "grid", "block", "smem", "args", "label"}
 GEMM_KEYS = {"type", "m", "n", "k", "batch", "lda", "ldb", "ldc", "stride_a", "stride_b", "stride_c", "trans_a",
-             "trans_b", "dtype", "compute", "a", "b", "c", "label", "alpha", "beta"}
+             "trans_b", "dtype", "compute", "a", "b", "c", "label", "alpha", "beta", "epilogue", "bias", "c_in"}
+GEMM_OPTIONAL = ("label", "alpha", "beta", "epilogue", "bias", "c_in")  # the last three: cuBLASLt epilogues
 GEMM_DTYPES = {"f32": 4, "f16": 2, "bf16": 2}
 GEMM_COMPUTE = ("f32", "tf32")
 
@@ -398,7 +399,7 @@ def _entry(c: _Check, e: Mapping[str, Any], kernels: list[Any], limits: Mapping[
                 else:
                     raise c.fail(fa, f"unknown argument kind {_shown(a[0])}")
         elif L.get("type") == "gemm":
-            L = c.obj(L, f, GEMM_KEYS, tuple(k for k in GEMM_KEYS if k not in ("label", "alpha", "beta")))
+            L = c.obj(L, f, GEMM_KEYS, tuple(k for k in GEMM_KEYS if k not in GEMM_OPTIONAL))
             _gemm(c, L, limits, f)
         else:
             raise c.fail(f"{f}.type", f"unknown launch type {_shown(L.get('type'))}")
@@ -432,3 +433,23 @@ def _gemm(c: _Check, L: Mapping[str, Any], limits: Mapping[str, int], f: str) ->
             raise c.fail(f"{f}.ld{x}", f"{ld} is less than the operand's {cols} columns")
         extent = ((batch - 1) * stride + (rows - 1) * ld + cols) * size
         c.span(op[0], c.int(op[1], fx), extent, limits, fx)
+    _gemm_epilogue(c, L, limits, f, n * size, ((batch - 1) * sc + (m - 1) * ldc + n) * size)
+
+
+def _gemm_epilogue(c: _Check, L: Mapping[str, Any], limits: Mapping[str, int], f: str, bias_bytes: int,
+                   c_bytes: int) -> None:
+    """cuBLASLt fields (fusec.runtime.cublaslt): a known epilogue, a bias of N elements exactly when
+    the epilogue adds one, and a C input shaped like C."""
+    from fusec.runtime.cublaslt import EPILOGUES, WITH_BIAS
+
+    epi = L.get("epilogue")
+    if epi is not None and (not isinstance(epi, str) or epi not in EPILOGUES):
+        raise c.fail(f"{f}.epilogue", f"{_shown(epi)} is not one of {', '.join(EPILOGUES)}")
+    if (epi in WITH_BIAS) != ("bias" in L):
+        raise c.fail(f"{f}.bias", f"epilogue {_shown(epi)} {'needs' if epi in WITH_BIAS else 'takes no'} bias")
+    for x, nbytes in (("bias", bias_bytes), ("c_in", c_bytes)):
+        if x in L:
+            op = c.arr(L[x], f"{f}.{x}", 2)
+            if len(op) != 2 or not isinstance(op[0], str):
+                raise c.fail(f"{f}.{x}", "an operand is [space, offset]")
+            c.span(op[0], c.int(op[1], f"{f}.{x}"), nbytes, limits, f"{f}.{x}")

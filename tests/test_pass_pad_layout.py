@@ -193,7 +193,7 @@ def test_layout_variants_are_choices_and_apply_through_the_pass(tmp_path: Path) 
     o, _ = optimize(_small_m(), PassOptions(storage_dtype="f16"))
     cp = choice_point(_legal(o).nodes[0])
     assert cp is not None and cp.key == KEY and not cp.trans_b
-    assert cp.variants == ("cublas", "fusec_gemm", "gemv", "transpose_flag")
+    assert cp.variants == ("cublas", "fusec_gemm", "gemv", "transpose_flag", "cublaslt")  # + bias inside cuBLASLt
     p = fusec.compile(_small_m(), dtype="fp16", arch="sm_90", choices={KEY: "transpose_flag"}, dump_dir=tmp_path)
     assert p.manifest["report"]["lowering"]["choices"]["applied"] == {KEY: "transpose_flag"}
     gemm = [L for L in p.manifest["launches"] if L["type"] == "gemm"]

@@ -1,4 +1,4 @@
-"""``fusec bench PLAN_OR_MODEL``: latency of a compiled plan, eager and CUDA-graph (GPU only)."""
+"""``fusec bench PLAN_OR_MODEL``: latency of a compiled plan: eager, CUDA graph, bound (GPU only)."""
 
 from __future__ import annotations
 
@@ -13,18 +13,27 @@ from fusec.errors import FusecError
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = add_command(
-        subparsers, "bench", "time a plan on the GPU: median/p10/p90 latency, eager and CUDA graph",
+        subparsers, "bench", "time a plan on the GPU: median/p10/p90 latency, host enqueue time, per-kernel profile",
         "Time single requests of a compiled plan with CUDA events: warm-up runs first, then each\n"
-        "timed run is one request (inputs already on the device, rotated among a few sets), in\n"
-        "both modes: eager launches and CUDA-graph replay. PLAN_OR_MODEL is a .fplan file, or a\n"
-        "model that is compiled first with the compile options below. Needs a GPU.",
-        ["fusec bench gpt2.fplan", "fusec bench gpt2-small --dtype fp16 --iters 200 --json"])
+        "timed run is one request (inputs already on the device, rotated among a few sets). Modes:\n"
+        "eager launches, CUDA-graph replay through run(), and a bound run (plan.bind(): one graph\n"
+        "launch, no per-call Python); each reports the GPU time and host_enqueue_ms, the host time of\n"
+        "the call. --cuda-graph times the graph modes only. --per-kernel adds each launch's time,\n"
+        "share, TFLOP/s or GB/s and roofline fraction against ceilings measured on this GPU.\n"
+        "PLAN_OR_MODEL is a .fplan file, or a model compiled first with the options below. Needs a GPU.",
+        ["fusec bench gpt2.fplan", "fusec bench gpt2-small --dtype fp16 --iters 200 --json",
+         "fusec bench bert-base --dtype fp16 --shapes input_ids:32x128,attention_mask:32x128 --per-kernel"])
     p.add_argument("model", metavar="PLAN_OR_MODEL", help="a .fplan file, a built-in model name or an .onnx path")
     p.add_argument("--shapes", metavar="SHAPES", help="input shapes when compiling a model (see fusec compile --help)")
-    add_compile_arguments(p)
+    add_compile_arguments(p)  # includes --cuda-graph: here it selects the graph modes only
     p.add_argument("--warmup", type=int, default=10, help="untimed runs first (default 10)")
     p.add_argument("--iters", type=int, default=100, help="timed runs per mode (default 100)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--per-kernel", action="store_true",
+                   help="also time each launch (CUDA events) with its share, TFLOP/s or GB/s and roofline fraction")
+    p.add_argument("--peak-gbps", type=float, default=None, help="copy bandwidth for the roofline (default: measured)")
+    p.add_argument("--peak-tflops", type=float, default=None, help="GEMM rate for the roofline (default: measured)")
+    p.add_argument("--top", type=int, default=25, help="kernels listed by --per-kernel in text output (default 25)")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of text")
     return p
 
 
@@ -33,24 +42,40 @@ def run(args: argparse.Namespace) -> int:
     from fusec.bench import measure
     from fusec.cli.run import load_plan_or_none
 
+    if args.iters < 1 or args.warmup < 0 or args.top < 0:
+        raise FusecError("--iters must be >= 1, --warmup and --top >= 0")
+    if (args.peak_gbps is None) != (args.peak_tflops is None) or any(
+            x is not None and x <= 0 for x in (args.peak_gbps, args.peak_tflops)):
+        raise FusecError("--peak-gbps and --peak-tflops go together, both > 0")
     if not device.gpu_available():
         raise FusecError("no GPU found (CuPy sees no CUDA device): fusec bench times plans on a GPU")
-    if args.iters < 1 or args.warmup < 0:
-        raise FusecError("--iters must be >= 1 and --warmup >= 0")
     plan = load_plan_or_none(args.model)
     if plan is None:
         from fusec.cli.compile import compile_from_args
 
         plan = compile_from_args(args)
-    results = [measure(plan, cuda_graph=g, warmup=args.warmup, iters=args.iters) for g in (False, True)]
+    single = "entries" not in plan.manifest
+    modes = [(True, False)] if args.cuda_graph else [(False, False), (True, False)]
+    if single:  # a bound run takes one entry's inputs; generation plans are timed by fusec generate
+        modes.append((True, True))
+    results = [measure(plan, cuda_graph=g, warmup=args.warmup, iters=args.iters, bound=b) for g, b in modes]
     info = plan.info()
-    out = {"model": args.model, "device": device.describe(), "arch": info["arch"], "dtype": info["dtype"],
-           "launches": info["launches"], "results": results}
+    launches = info.get("launches", sum(len(e["kernels"]) for e in info.get("entries", {}).values()))
+    out: dict[str, Any] = {"model": args.model, "device": device.describe(), "arch": info["arch"],
+                           "dtype": info["dtype"], "launches": launches, "results": results}
+    if args.per_kernel:
+        from fusec.bench_kernels import format_table, per_kernel
+
+        peaks = None if args.peak_gbps is None else {"gbps": args.peak_gbps, "tflops": args.peak_tflops,
+                                                     "measured": False, "how": "given"}
+        out["per_kernel"] = per_kernel(plan, peaks=peaks)
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
-    print(f"{fmt_name(args.model)} on {out['device']} ({info['dtype']}, {info['launches']} launches per run)")
+    print(f"{fmt_name(args.model)} on {out['device']} ({info['dtype']}, {launches} launches per run)")
     for r in results:
         print(f"  {r['mode']:<10} median {r['median_ms']:.4f} ms  p10 {r['p10_ms']:.4f}  p90 {r['p90_ms']:.4f}  "
-              f"({r['runs']} runs, {r['allocations']} allocations in the last)")
+              f"host enqueue {r['host_enqueue_ms']:.4f} ms  ({r['runs']} runs)")
+    if args.per_kernel:
+        print(format_table(out["per_kernel"], args.top))
     return 0

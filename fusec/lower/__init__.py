@@ -107,6 +107,7 @@ class Context:
         self._kernel_index: dict[str, int] = {}
         self._progress = progress
         self.counts: dict[str, int] = {}
+        self.launch_bytes: list[int] = []  # per launch: bytes of the distinct values it reads/writes
 
     def addr(self, v: Value) -> Addr:
         if v.is_const:
@@ -142,6 +143,7 @@ class Context:
 
         if self.dry_run:
             self.launches.append({"type": "kernel", "label": label})
+            self.launch_bytes.append(_value_bytes(args))
             self.count(type(spec).__name__)
             return
         ck = build(spec, self.arch)
@@ -161,11 +163,13 @@ class Context:
             raise LoweringError(f"{label}: kernel {ck.name} takes {len(ck.params)} pointers, lowering gave {len(args)}")
         self.launches.append({"type": "kernel", "kernel": idx, "grid": list(ck.grid), "block": list(ck.block),
                               "smem": ck.shared_mem, "args": [self.ptr(a) for a in args], "label": label})
+        self.launch_bytes.append(_value_bytes(args))
         self.count(ck.template.split(".")[0])
 
     def gemm(self, fields: dict[str, Any], a: Value, b: Value, c: Value | Raw, label: str) -> None:
         self.launches.append({"type": "gemm", **fields, "a": list(self.addr(a)), "b": list(self.addr(b)),
                               "c": self.ptr(c)[1:], "label": label})
+        self.launch_bytes.append(_value_bytes([a, b, c]))  # the bench adds a cuBLASLt bias/residual
         self.count("cublas_gemm")
 
     def count(self, key: str, n: int = 1) -> None:
@@ -202,6 +206,7 @@ def lower(graph: Graph, offsets: dict[str, int], arch: str, compute: str = "f32"
         ctx.blobs["weights"] = weights
     report = {"launches": len(ctx.launches), "kernels_compiled": len(ctx.kernels), "by_template": dict(sorted(ctx.counts.items()))}
     report["scratch_bytes"] = ctx.scratch_bytes
+    report["launch_bytes"] = ctx.launch_bytes  # minimum bytes per launch (fusec bench --per-kernel)
     if ctx.choices:
         report["choices"] = {"applied": ctx.choices_applied, "declined": ctx.choices_declined}
     return Lowered(ctx.launches, ctx.kernels, ctx.modules, ctx.blobs, ctx.weights.size, ctx.scratch_bytes, report,
@@ -235,6 +240,13 @@ def _gpu_ready(ctx: Context, node: Node, label: str) -> bool:
     if any(v.numel == 0 for v in node.inputs):
         raise LoweringError(f"{label}: {node.op.value} of an empty (zero-size) input has no GPU lowering")
     return True
+
+
+def _value_bytes(args: list[Any]) -> int:
+    """Bytes of the distinct values a launch touches (each read or written once: its minimum
+    traffic); raw scratch addresses are not counted."""
+    seen = {id(v): v for a in args if not isinstance(a, Raw) for v in [a[0] if isinstance(a, tuple) else a]}
+    return sum(int(v.nbytes) for v in seen.values())
 
 
 def _label(i: int, node: Node) -> str:

@@ -32,6 +32,7 @@ import math
 
 from fusec.codegen import specs as S
 from fusec.ir import Graph, Node, Value
+from fusec.lower import gemm_lt
 from fusec.ops import Op
 
 DEFAULT = "cublas"
@@ -143,6 +144,8 @@ def choice_point(node: Node) -> ChoicePoint | None:
         m, n, k = mkn
         const = _outer(node, mm.inputs[1]).is_const
         variants = (DEFAULT, "fusec_gemm") + (("gemv",) if m <= 8 and const else ()) + _layout_variant(tb, const)
+        if gemm_lt.applies(e, mm.inputs[0].dtype, n, k):  # the epilogue inside cuBLASLt (fusec.lower.gemm_lt)
+            variants += (gemm_lt.VARIANT,)
         key = f"gemm_epilogue:{mm.inputs[0].dtype.value}:{m}x{n}x{k}:{_epi_name(e)}"
         return ChoicePoint(key, variants, mm.inputs[0], mm.inputs[1], bias, res, e, m, n, k, tb, const)
     if node.op == Op.MATMUL:
@@ -170,6 +173,8 @@ def choose(choices: dict[str, str], cp: ChoicePoint) -> str:
         return explicit
     if cp.m == 1 and "gemv" in cp.variants:
         return "gemv"
+    if gemm_lt.VARIANT in cp.variants:  # one cuBLASLt call instead of cuBLAS + an epilogue kernel
+        return gemm_lt.VARIANT
     return DEFAULT
 
 
@@ -209,7 +214,12 @@ def lower_choice(ctx, node: Node, label: str) -> bool:  # noqa: ANN001 (fusec.lo
         # the templates' vector loads need 16-byte aligned operands; a view may start mid-buffer
         ctx.choices_declined[cp.key] = "operands not 16-byte aligned"
         return False
-    if variant == "fusec_gemm":
+    if variant == gemm_lt.VARIANT:
+        gemm_lt.emit(ctx, cp, a, b, out, *(_outer(node, v) if v is not None else None for v in (cp.bias, cp.residual)),
+                     label=label)
+        if cp.key not in ctx.choices:  # the rule-based default: its launch records say so ("epilogue")
+            return True
+    elif variant == "fusec_gemm":
         spec: object = S.GemmSpec(cp.m, cp.n, cp.k, a.dtype, epilogue=cp.epilogue)
         ctx.kernel(spec, [a, b, *extra, out], f"{label} fusec_gemm")
     else:  # gemv: reads the weight [N, K] (k contiguous), as MATMUL[trans_b] stores it

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import functools
+from typing import Any
 
 import numpy as np
 
@@ -59,6 +60,15 @@ class Handle:
         self.workspace = cupy.empty(WORKSPACE_BYTES, dtype=cupy.uint8)
         _check(_lib().cublasSetWorkspace_v2(self.ptr, self.workspace.data.ptr, WORKSPACE_BYTES), "cublasSetWorkspace")
         self._stream: int | None = None
+        self._lt = 0  # cuBLASLt handle (fusec.runtime.cublaslt), made with the first epilogue GEMM's
+
+    def lt(self) -> int:
+        """The plan's cuBLASLt handle; it shares this handle's workspace (GEMMs run in stream order)."""
+        if not self._lt:
+            from fusec.runtime import cublaslt
+
+            self._lt = cublaslt.create_handle()
+        return self._lt
 
     def set_stream(self, stream_ptr: int) -> None:
         if stream_ptr != self._stream:
@@ -66,6 +76,11 @@ class Handle:
             self._stream = stream_ptr
 
     def close(self) -> None:
+        if self._lt:
+            from fusec.runtime import cublaslt
+
+            cublaslt.destroy_handle(self._lt)
+            self._lt = 0
         if self.ptr:
             _lib().cublasDestroy_v2(self.ptr)
             self.ptr = 0
@@ -83,6 +98,10 @@ class GemmCall:
 
     Pointers are absolute device addresses resolved at load; ``trans_b`` means B is stored
     [N, K] (e.g. an nn.Linear weight), and cuBLAS reads it transposed (no copy).
+
+    ``epilogue`` (a ``fusec.runtime.cublaslt.EPILOGUES`` name), ``bias`` ([N] vector) and ``c_in``
+    (an [M, N] matrix read as C while the result goes to ``c``; with ``beta`` = 1 a residual) make
+    the call a cuBLASLt product with its epilogue fused (``fusec.runtime.cublaslt``).
     """
 
     m: int
@@ -104,7 +123,11 @@ class GemmCall:
     compute: str
     alpha: float = 1.0
     beta: float = 0.0
+    epilogue: str | None = None
+    bias: int | None = None
+    c_in: int | None = None
     _scalars: np.ndarray | None = None
+    _lt: Any = None
 
     def __post_init__(self) -> None:
         # alpha/beta live in host memory for the lifetime of the call (host pointer mode);
@@ -113,6 +136,9 @@ class GemmCall:
 
     def __call__(self, handle: Handle, stream_ptr: int) -> None:
         assert self._scalars is not None
+        if self.epilogue is not None or self.c_in is not None:
+            self._call_lt(handle, stream_ptr)
+            return
         t = CUDA_TYPE[self.dtype]
         ap = self._scalars.ctypes.data
         handle.set_stream(stream_ptr)
@@ -126,3 +152,11 @@ class GemmCall:
             ap + 4, self.c, t, self.ldc, self.stride_c,
             self.batch, COMPUTE[self.compute], _GEMM_DEFAULT)
         _check(rc, f"cublasGemmStridedBatchedEx(m={self.m}, n={self.n}, k={self.k}, batch={self.batch}, {self.dtype})")
+
+    def _call_lt(self, handle: Handle, stream_ptr: int) -> None:
+        # prepared at the first call: the executor makes it outside capture (warm-up or eager run)
+        if self._lt is None:
+            from fusec.runtime.cublaslt import LtMatmul
+
+            self._lt = LtMatmul(self, handle.lt(), handle.workspace.data.ptr, WORKSPACE_BYTES)
+        self._lt(stream_ptr)

@@ -1,0 +1,155 @@
+"""``fusec bench --per-kernel``: each launch's GPU time, share, achieved bandwidth or FLOP/s, and
+its roofline fraction against ceilings measured on this GPU (GPU only, except the pure helpers).
+
+Time: CUDA events around each launch of an eager run (``Plan.profile``: median of ``repeats``);
+the events cost about a microsecond each, so the smallest kernels read a little slow and the sum of
+the launches is an upper bound of the eager run's GPU time.
+Work: a GEMM's FLOPs (2 M N K per batch) and minimum bytes (A, B, C once; a cuBLASLt bias and
+residual once) come from its launch record; a kernel's minimum bytes are those of the distinct
+values it reads and writes, recorded by the lowering (``report.lowering.launch_bytes``).
+Roofline: floor = max(FLOPs / peak FLOP/s, bytes / copy bandwidth); fraction = floor / time.
+The two ceilings are measured here (``measure_peaks``: a 1 GiB device-to-device copy counting bytes
+read plus written, and an 8192^3 cuBLAS GEMM in the plan's dtype on random data), or given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+_SIZE = {"f32": 4, "f16": 2, "bf16": 2}
+
+
+def gemm_work(L: Mapping[str, Any]) -> tuple[float, float]:
+    """(FLOPs, minimum bytes) of a "gemm" launch record."""
+    m, n, k, batch = (int(L[x]) for x in ("m", "n", "k", "batch"))
+    size = _SIZE[L["dtype"]]
+    a = m * k * (batch if int(L["stride_a"]) else 1)
+    b = k * n * (batch if int(L["stride_b"]) else 1)
+    c = m * n * batch
+    extra = (n if "bias" in L else 0) + (c if "c_in" in L else 0)
+    return 2.0 * m * n * k * batch, float((a + b + c + extra) * size)
+
+
+def entry_launches(manifest: Mapping[str, Any], entry: str | None = None) -> tuple[str, list[dict], list[int] | None]:
+    """(entry name, its launch records, the lowering's bytes per launch or None)."""
+    from fusec.plan import entry_points
+
+    ents = entry_points(manifest)
+    name = entry or next(iter(ents))
+    rep = manifest.get("reports", {}).get(name) if "entries" in manifest else manifest.get("report")
+    nbytes = ((rep or {}).get("lowering") or {}).get("launch_bytes")
+    launches = ents[name]["launches"]
+    if not isinstance(nbytes, list) or len(nbytes) != len(launches):
+        nbytes = None  # a plan compiled before the lowering recorded them
+    return name, launches, nbytes
+
+
+def rows(manifest: Mapping[str, Any], times_ms: list[float], peaks: Mapping[str, float],
+         entry: str | None = None) -> list[dict[str, Any]]:
+    """One record per launch: label, kind, ms, share, FLOPs, bytes, TFLOP/s, GB/s, floor, fraction."""
+    _, launches, nbytes = entry_launches(manifest, entry)
+    total = sum(times_ms) or 1.0
+    out = []
+    for i, (L, ms) in enumerate(zip(launches, times_ms)):
+        if L["type"] == "gemm":
+            flops, moved = gemm_work(L)
+            kind = f"{'cublaslt[' + L['epilogue'] + ']' if 'epilogue' in L else 'cublas'} {L['m']}x{L['n']}x{L['k']}" \
+                   + (f" b{L['batch']}" if int(L["batch"]) > 1 else "")
+        else:
+            flops, moved = 0.0, float(nbytes[i]) if nbytes is not None else None
+            kind = manifest["kernels"][L["kernel"]]["entry"]
+        s = ms * 1e-3
+        floor_s = max(flops / (peaks["tflops"] * 1e12), (moved or 0.0) / (peaks["gbps"] * 1e9))
+        out.append({"index": i, "label": L.get("label", ""), "kind": kind, "ms": ms, "share": ms / total,
+                    "flops": flops, "bytes": moved, "tflops": flops / s / 1e12 if s > 0 and flops else None,
+                    "gbps": moved / s / 1e9 if s > 0 and moved else None, "floor_ms": floor_s * 1e3,
+                    "roofline": floor_s / s if s > 0 and floor_s > 0 else None,
+                    "bound": "flops" if flops / (peaks["tflops"] * 1e12) >= (moved or 0.0) / (peaks["gbps"] * 1e9)
+                    else "bytes"})
+    return out
+
+
+def measure_peaks(dtype: str, compute: str = "f32", iters: int = 10) -> dict[str, Any]:
+    """The two ceilings on this GPU: copy bandwidth (GB/s, read + written) and GEMM TFLOP/s in
+    ``dtype`` (cuBLAS through fusec's own binding, 8192^3, random data). Median of ``iters``."""
+    import cupy
+
+    from fusec.runtime.cublas import GemmCall, Handle
+
+    stream = cupy.cuda.Stream(non_blocking=True)
+    n = 1 << 30
+    src = cupy.random.default_rng(0).integers(0, 255, n, dtype=cupy.uint8)
+    dst = cupy.empty_like(src)
+
+    def timed(fn: Any) -> float:
+        fn()
+        stream.synchronize()
+        t = []
+        for _ in range(iters):
+            a, b = cupy.cuda.Event(), cupy.cuda.Event()
+            a.record(stream)
+            fn()
+            b.record(stream)
+            b.synchronize()
+            t.append(cupy.cuda.get_elapsed_time(a, b))
+        return float(np.median(t))
+
+    copy_ms = timed(lambda: cupy.cuda.runtime.memcpyAsync(dst.data.ptr, src.data.ptr, n, 3, stream.ptr))
+    del src, dst
+    s = 8192
+    size = _SIZE[dtype]
+    rng = cupy.random.default_rng(1)
+    buf = [rng.standard_normal(s * s, dtype=cupy.float32) for _ in range(2)]
+    if size == 2:
+        if dtype == "f16":
+            ops = [x.astype(cupy.float16) for x in buf]
+        else:  # bf16: the upper half of each fp32 word
+            ops = [(x.view(cupy.uint32) >> 16).astype(cupy.uint16) for x in buf]
+    else:
+        ops = buf
+    c = cupy.empty(s * s * size, dtype=cupy.uint8)
+    handle = Handle()
+    call = GemmCall(s, s, s, 1, ops[0].data.ptr, ops[1].data.ptr, c.data.ptr, s, s, s, 0, 0, 0, False, False, dtype,
+                    compute)
+    gemm_ms = timed(lambda: call(handle, stream.ptr))
+    handle.close()
+    return {"gbps": 2 * n / (copy_ms * 1e-3) / 1e9, "tflops": 2 * s ** 3 / (gemm_ms * 1e-3) / 1e12,
+            "dtype": dtype, "compute": compute, "measured": True,
+            "how": f"1 GiB device-to-device copy ({copy_ms:.3f} ms, read + written); {s}^3 {dtype} GEMM "
+                   f"({gemm_ms:.3f} ms), median of {iters}"}
+
+
+def per_kernel(plan: Any, repeats: int = 20, peaks: Mapping[str, Any] | None = None, seed: int = 0) -> dict[str, Any]:
+    """The per-kernel profile of ``plan``'s first entry on random inputs (see the module doc)."""
+    from fusec.inputs import random_inputs_for
+
+    name, launches, _ = entry_launches(plan.manifest)
+    gemm = next((L for L in launches if L["type"] == "gemm"), None)
+    dtype = gemm["dtype"] if gemm else {"fp16": "f16", "bf16": "bf16"}.get(plan.dtype, "f32")
+    compute = gemm["compute"] if gemm else "f32"
+    pk = dict(peaks) if peaks else measure_peaks(dtype, compute)
+    inputs = random_inputs_for(plan.manifest["inputs"] if "entries" not in plan.manifest
+                               else plan.manifest["entries"][name]["inputs"], seed)
+    prof = plan.profile(inputs, repeats=repeats, entry=name)
+    recs = rows(plan.manifest, [p["ms"] for p in prof], pk, name)
+    total = sum(r["ms"] for r in recs)
+    floor = sum(r["floor_ms"] for r in recs)
+    return {"entry": name, "peaks": pk, "launches": recs, "sum_ms": total, "floor_ms": floor,
+            "roofline": floor / total if total else None}
+
+
+def format_table(res: Mapping[str, Any], top: int = 25) -> str:
+    pk = res["peaks"]
+    lines = [f"per-kernel ({len(res['launches'])} launches, sum {res['sum_ms']:.4f} ms, floor {res['floor_ms']:.4f} ms, "
+             f"{100 * (res['roofline'] or 0):.1f}% of roofline); ceilings: {pk['gbps']:.0f} GB/s copy, "
+             f"{pk['tflops']:.0f} TFLOP/s {pk.get('dtype', '')} ({pk.get('how', 'given')})",
+             f"  {'us':>8} {'share':>6} {'TFLOP/s':>8} {'GB/s':>7} {'roof':>5}  kind / label"]
+    for r in sorted(res["launches"], key=lambda r: -r["ms"])[:top]:
+        tf = f"{r['tflops']:.0f}" if r["tflops"] else "-"
+        bw = f"{r['gbps']:.0f}" if r["gbps"] else "-"
+        roof = f"{100 * r['roofline']:.0f}%" if r["roofline"] else "-"
+        lines.append(f"  {1e3 * r['ms']:8.1f} {100 * r['share']:5.1f}% {tf:>8} {bw:>7} {roof:>5}  {r['kind'][:48]}  {r['label'][:40]}")
+    return "\n".join(lines)

@@ -1,0 +1,100 @@
+"""``fusec bench --per-kernel`` (fusec.bench_kernels) and the bench command's options.
+
+CPU: a GEMM record's FLOPs and minimum bytes, the lowering's per-launch bytes (each distinct value
+once), the roofline rows built from given times and ceilings, and the command's refusals. GPU: the
+command end to end (JSON, the three modes, --cuda-graph, the per-kernel profile)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import fusec
+from fusec.bench_kernels import entry_launches, format_table, gemm_work, rows
+from fusec.cli import main
+
+MODEL = "gpt2-tiny"
+
+
+@pytest.fixture(scope="module")
+def plan():  # noqa: ANN201
+    return fusec.compile(MODEL, dtype="fp16", arch="sm_90")
+
+
+def test_gemm_work_counts_flops_and_each_operand_once() -> None:
+    L = {"m": 8, "n": 16, "k": 32, "batch": 1, "stride_a": 0, "stride_b": 0, "dtype": "f16"}
+    flops, moved = gemm_work(L)
+    assert flops == 2 * 8 * 16 * 32 and moved == (8 * 32 + 32 * 16 + 8 * 16) * 2
+    lt = dict(L, bias=["weights", 0], c_in=["arena", 0], epilogue="bias")
+    assert gemm_work(lt)[1] == moved + (16 + 8 * 16) * 2  # + the bias row and the residual
+    batched = dict(L, batch=4, stride_a=256, stride_b=0, dtype="f32")
+    assert gemm_work(batched) == (4 * flops, float((4 * 256 + 512 + 4 * 128) * 4))
+
+
+def test_lowering_records_minimum_bytes_per_launch(plan) -> None:  # noqa: ANN001
+    name, launches, nbytes = entry_launches(plan.manifest)
+    assert name == "main" and nbytes is not None and len(nbytes) == len(launches)
+    ins = {d["name"]: d for d in plan.manifest["inputs"]}
+    ids = ins["input_ids"]
+    emb = launches[0]  # the token embedding reads the ids and the table, writes the activations
+    assert plan.manifest["kernels"][emb["kernel"]]["entry"].startswith("fc_emb")
+    assert nbytes[0] > int(np.prod(ids["shape"])) * 8  # ids + table rows + output, each once
+    gemms = [(L, n) for L, n in zip(launches, nbytes) if L["type"] == "gemm" and L["batch"] == 1]
+    assert gemms and all(n > 0 for n in nbytes)
+    for L, n in gemms:  # A, B and C of the record, once each (the tied lm_head's padded table included)
+        assert n == (L["m"] * L["k"] + L["k"] * L["n"] + L["m"] * L["n"]) * 2
+
+
+def test_rows_give_share_rate_and_roofline(plan) -> None:  # noqa: ANN001
+    _, launches, nbytes = entry_launches(plan.manifest)
+    times = [0.01 * (i + 1) for i in range(len(launches))]
+    peaks = {"gbps": 1000.0, "tflops": 100.0}
+    recs = rows(plan.manifest, times, peaks)
+    assert len(recs) == len(launches)
+    assert abs(sum(r["share"] for r in recs) - 1.0) < 1e-9
+    for r, L, ms in zip(recs, launches, times):
+        if L["type"] == "gemm":
+            flops, moved = gemm_work(L)
+            assert r["tflops"] == pytest.approx(flops / (ms * 1e-3) / 1e12)
+            floor = max(flops / 1e14, moved / 1e12)
+        else:
+            assert r["tflops"] is None and r["gbps"] == pytest.approx(r["bytes"] / (ms * 1e-3) / 1e9)
+            floor = r["bytes"] / 1e12
+        assert r["roofline"] == pytest.approx(floor / (ms * 1e-3))
+    text = format_table({"peaks": peaks, "launches": recs, "sum_ms": sum(times), "floor_ms": 1.0, "roofline": 0.5}, 5)
+    assert len(text.splitlines()) == 2 + 5 and ("cublas" in text or "fc_" in text)
+
+
+def test_bench_refusals_are_one_line(capsys) -> None:  # noqa: ANN001
+    assert main(["bench", MODEL, "--peak-gbps", "3000"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--peak-gbps and --peak-tflops" in err[0]
+    assert main(["bench", MODEL, "--iters", "0"]) == 1
+    assert "--iters" in capsys.readouterr().err
+
+
+def test_bench_without_gpu_says_so(capsys) -> None:  # noqa: ANN001
+    from fusec.device import gpu_available
+
+    if gpu_available():
+        pytest.skip("this machine has a GPU")
+    assert main(["bench", MODEL]) == 1
+    assert "no GPU" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_gpu_bench_json_modes_and_per_kernel(capsys) -> None:  # noqa: ANN001
+    assert main(["bench", MODEL, "--dtype", "fp16", "--iters", "5", "--warmup", "2", "--per-kernel", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [r["mode"] for r in out["results"]] == ["eager", "cuda_graph", "bound"]
+    for r in out["results"]:
+        assert r["median_ms"] > 0 and r["host_enqueue_ms"] > 0
+    pk = out["per_kernel"]
+    assert len(pk["launches"]) == out["launches"] and pk["peaks"]["measured"]
+    assert abs(sum(r["share"] for r in pk["launches"]) - 1) < 1e-6
+    assert all(r["roofline"] is None or 0 < r["roofline"] < 1.5 for r in pk["launches"])
+    assert main(["bench", MODEL, "--dtype", "fp16", "--iters", "3", "--warmup", "1", "--cuda-graph", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [r["mode"] for r in out["results"]] == ["cuda_graph", "bound"]
