@@ -38,10 +38,11 @@ def _ort(path: str, inputs: dict[str, np.ndarray]) -> np.ndarray:
     return ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"]).run(None, inputs)[0]
 
 
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
 @pytest.mark.parametrize("exporter", EXPORTERS)
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_reference_matches_onnxruntime_and_torch(family: str, exporter: str) -> None:
-    path, inputs, model = export_family(family, exporter)
+def test_reference_matches_onnxruntime_and_torch(family: str, exporter: str, attn: str) -> None:
+    path, inputs, model = export_family(family, exporter, attn)
     graph = load_graph(path, {k: v.shape for k, v in inputs.items()})
     got = reference.run(graph, inputs)[FAMILIES[family].output]
     keep = _keep(inputs)
@@ -52,10 +53,11 @@ def test_reference_matches_onnxruntime_and_torch(family: str, exporter: str) -> 
         np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-4)
 
 
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
 @pytest.mark.parametrize("exporter", EXPORTERS)
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_compiles_for_sm90_with_attention_once_per_layer(family: str, exporter: str) -> None:
-    path, inputs, _ = export_family(family, exporter)
+def test_compiles_for_sm90_with_attention_once_per_layer(family: str, exporter: str, attn: str) -> None:
+    path, inputs, _ = export_family(family, exporter, attn)
     shapes = {k: v.shape for k, v in inputs.items()}
     graph = load_graph(path, shapes)
     ops = [n.op for n in graph.nodes]

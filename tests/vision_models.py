@@ -3,9 +3,10 @@ Whisper-encoder families), with the same recipe as ``tests/hf_models.py``.
 
 API
 ---
-``export_family(family, exporter) -> (onnx_path, inputs, model)``: ``family`` is a key of
-``FAMILIES``, ``exporter`` ``"legacy"`` (TorchScript, opset 17) or ``"dynamo"``. One export per
-(family, exporter) per process, into ``hf_models``' export directory (a temporary one removed at
+``export_family(family, exporter, attn="eager") -> (onnx_path, inputs, model)``: ``family`` is a
+key of ``FAMILIES``, ``exporter`` ``"legacy"`` (TorchScript, opset 17) or ``"dynamo"``, ``attn``
+the HF attention implementation (``"eager"`` or ``"sdpa"``). One export per
+(family, exporter, attn) per process, into ``hf_models``' export directory (a temporary one removed at
 exit, or ``$FUSEC_HF_EXPORT_DIR`` if set, guarded by its version stamp). An exporter that fails calls
 ``pytest.skip`` with its error in one line.
 ``torch_forward(family, model, inputs)``: the exported output computed by torch.
@@ -47,12 +48,13 @@ FAMILIES = {
     "whisper_encoder": Family(("input_features",), "last_hidden_state"),
 }
 
-_CACHE: dict[tuple[str, str], tuple[str, dict[str, np.ndarray], Any] | str] = {}
+_CACHE: dict[tuple[str, str, str], tuple[str, dict[str, np.ndarray], Any] | str] = {}
 _SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
 
 
-def build_model(family: str) -> Any:
-    """The tiny HF model of ``family`` (eager attention, eval mode, perturbed weights)."""
+def build_model(family: str, attn: str = "eager") -> Any:
+    """The tiny HF model of ``family`` (``attn``: the HF attention implementation, eager or sdpa;
+    eval mode, perturbed weights)."""
     import torch
     import transformers as T
 
@@ -76,10 +78,7 @@ def build_model(family: str) -> Any:
         model = T.WhisperModel(cfg).get_encoder()
     else:
         raise ValueError(f"unknown family {family!r} (known: {', '.join(FAMILIES)})")
-    if hasattr(model, "set_attn_implementation"):
-        with contextlib.suppress(Exception):
-            model.set_attn_implementation("eager")
-    model.config._attn_implementation = "eager"
+    model.set_attn_implementation(attn)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
@@ -137,17 +136,17 @@ def _export(family: str, exporter: str, path: Path, model: Any) -> None:
             raise ValueError(f"unknown exporter {exporter!r} (known: {', '.join(EXPORTERS)})")
 
 
-def export_family(family: str, exporter: str) -> tuple[str, dict[str, np.ndarray], Any]:
+def export_family(family: str, exporter: str, attn: str = "eager") -> tuple[str, dict[str, np.ndarray], Any]:
     """Export (once per process) the tiny ``family`` model with ``exporter``; see the module doc."""
     import pytest
 
-    key = (family, exporter)
+    key = (family, exporter, attn)
     if key not in _CACHE:
         root = _out_root(None)
         root.mkdir(parents=True, exist_ok=True)
-        path = root / f"vision-{family}-{exporter}.onnx"
+        path = root / f"vision-{family}-{exporter}-{attn}.onnx"
         stamp = path.with_suffix(".stamp")
-        model = build_model(family)
+        model = build_model(family, attn)
         if not (path.exists() and stamp.exists() and stamp.read_text() == _stamp()):
             try:
                 _export(family, exporter, path, model)
