@@ -5,7 +5,9 @@ asks while it forms groups) and how they are lowered (``lower_fused``).
   only add or drop size-1 axes, becomes one elementwise kernel. Each leaf read is an operand with
   its own strides over the output's iteration space (scalar constants become literals).
 - gemm epilogue: MATMUL followed by an elementwise chain: the matrix product (cuBLAS) writes the
-  node's output, then one elementwise kernel applies the whole epilogue in place.
+  node's output, then one elementwise kernel applies the whole epilogue in place. Where cuBLASLt
+  computes the epilogue exactly (bias, ReLU, tanh-GELU, residual), the kernel choice lowers the node
+  as one cuBLASLt call instead (``fusec.lower.gemm_lt``, picked in ``fusec.lower.choices``).
 - attention layout: ATTENTION with the slices/reshapes/transposes that bring q/k/v (and the mask)
   into [B, H, S, D] and the output back: the attention kernel reads and writes through strides.
 - rope layout: ROPE with the layout views in front of its input: the rope kernel reads through strides.
