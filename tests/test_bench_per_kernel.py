@@ -94,7 +94,9 @@ def test_gpu_bench_json_modes_and_per_kernel(capsys) -> None:  # noqa: ANN001
     pk = out["per_kernel"]
     assert len(pk["launches"]) == out["launches"] and pk["peaks"]["measured"]
     assert abs(sum(r["share"] for r in pk["launches"]) - 1) < 1e-6
-    assert all(r["roofline"] is None or 0 < r["roofline"] < 1.5 for r in pk["launches"])
+    # a fraction, except that data resident in the 50 MB L2 may beat the DRAM copy ceiling
+    assert all(r["roofline"] is None or 0 < r["roofline"] < 10 for r in pk["launches"])
+    assert pk["floor_ms"] < pk["sum_ms"]
     assert main(["bench", MODEL, "--dtype", "fp16", "--iters", "3", "--warmup", "1", "--cuda-graph", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert [r["mode"] for r in out["results"]] == ["cuda_graph", "bound"]
