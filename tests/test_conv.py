@@ -136,7 +136,7 @@ REFUSED = [
     (("Conv", (1, 3, 5, 5), (4, 3, 3, 3)), dict(pads=[1, 1]), "pads"),
     (("Conv", (1, 3, 5, 5), (4, 3, 3, 3)), dict(kernel_shape=[2, 2]), "kernel_shape"),
     (("Conv", (1, 3, 2, 2), (4, 3, 3, 3)), dict(), "window"),
-    (("MaxPool", (1, 3, 5, 5)), dict(kernel_shape=[2, 2], storage_order=1), "storage_order"),
+    (("MaxPool", (1, 3, 5, 5)), dict(kernel_shape=[2, 2], storage_order=2), "storage_order"),
     (("LpPool", (1, 3, 5, 5)), dict(kernel_shape=[2, 2], p=0), "p=0"),
 ]
 
@@ -148,10 +148,15 @@ def test_unsupported_convs_are_refused_naming_node_and_attribute(spec, attrs, wo
         import_onnx(model)
 
 
-def test_maxpool_indices_output_is_refused_by_name() -> None:
-    model, _ = _model("MaxPool", (1, 2, 4, 4), n_out=2, kernel_shape=[2, 2])
-    with pytest.raises(FusecError, match="'the_node'.*Indices"):
-        import_onnx(model)
+@pytest.mark.parametrize("order", [0, 1])
+def test_maxpool_indices_match_onnx_reference(order: int) -> None:
+    model, feeds = _model("MaxPool", (2, 3, 7, 6), n_out=2, kernel_shape=[3, 2], strides=[2, 2], pads=[1, 0, 1, 1],
+                          storage_order=order)
+    want = ReferenceEvaluator(model).run(None, feeds)
+    g = import_onnx(model)
+    got = reference.run(g, feeds)
+    np.testing.assert_array_equal(got[g.outputs[0].name], want[0])
+    np.testing.assert_array_equal(got[g.outputs[1].name], want[1])
 
 
 @pytest.mark.parametrize("which", [0, 3, 9])

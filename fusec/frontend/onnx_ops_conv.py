@@ -275,16 +275,30 @@ def _pool_window(cx: NodeCtx, x: Sym, ints: bool = False) -> _Window:
 @handler("MaxPool")
 def _maxpool(cx: NodeCtx) -> list[Sym | None]:
     x = cx.x(0)
-    if cx.used(1):
-        raise cx.fail("output Indices of MaxPool is not supported")
-    if int(cx.attr("storage_order", 0)) != 0:
-        raise cx.fail("attribute storage_order=1 is not supported")
+    order = int(cx.attr("storage_order", 0))
+    if order not in (0, 1):
+        raise cx.fail(f"attribute storage_order={order} is not 0 or 1")
     win = _pool_window(cx, x, ints=True)
     n, c = x.shape[:2]
     lowest = -np.inf if np_dtype(x).kind == "f" else np.iinfo(np_dtype(x)).min
     taps = _windows(cx, x, win.coords(), lowest)
     y = cx.emit(Op.REDUCE_MAX, taps, axes=(2,), keepdims=False)
-    return [_reshape(cx, y, (n, c) + win.out, final=True), None]
+    out = _reshape(cx, y, (n, c) + win.out, final=True)
+    if not cx.used(1):
+        return [out, None]
+    # Indices: the flat input index (over N, C and the spatial axes, the latter column-major with
+    # storage_order=1) of the window's first maximum; a padded tap (-inf) is never the first one
+    table = win.table()  # [K, P]
+    kk, p = table.shape
+    size = math.prod(win.spatial)
+    if order:
+        inside = table < size
+        table[inside] = np.ravel_multi_index(np.unravel_index(table[inside], win.spatial), win.spatial, order="F")
+    k = cx.emit(Op.ARGMAX, taps, axis=2, keepdims=False)  # [N, C, P]: the tap of each maximum
+    flat = cx.emit(Op.ADD, cx.emit(Op.MUL, k, Const(np.asarray(p, np.int64))), Const(np.arange(p, dtype=np.int64)))
+    spatial = cx.emit(Op.GATHER, Const(table.reshape(-1)), flat, axis=0)
+    base = Const((np.arange(n * c, dtype=np.int64) * size).reshape(n, c, 1))
+    return [out, _reshape(cx, cx.emit(Op.ADD, spatial, base), (n, c) + win.out)]
 
 
 @handler("AveragePool")
