@@ -34,6 +34,8 @@ def compile(model: Any, shapes: Mapping[str, Sequence[int]] | None = None, dtype
     """
     from fusec.loader import load_graph, source_record
 
+    if progress is not None and isinstance(model, (str, os.PathLike)):  # building a large model takes a while
+        progress("build", os.fspath(model))
     graph = load_graph(model, shapes) if not isinstance(model, Mapping) else None
     entries = {"main": graph} if graph is not None else dict(model)
     options = {"disabled_fusions": disabled_fusions, "enabled_fusions": enabled_fusions,

@@ -317,8 +317,10 @@ def eval_node(node: Node, args: list[np.ndarray]) -> list[np.ndarray]:
     return out
 
 
-def run(graph: Graph, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
-    """Execute ``graph`` on numpy inputs; returns {output name: array}."""
+def run(graph: Graph, inputs: Mapping[str, Any],
+        progress: Callable[[str, str], None] | None = None) -> dict[str, np.ndarray]:
+    """Execute ``graph`` on numpy inputs; returns {output name: array}. ``progress(stage, item)``:
+    called before each node (``fusec run`` shows it on a terminal)."""
     env: dict[Value, np.ndarray] = {}
     for name, arr in check_inputs(graph, inputs).items():
         env[next(v for v in graph.inputs if v.name == name)] = arr
@@ -326,14 +328,17 @@ def run(graph: Graph, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
         assert c.data is not None
         env[c] = c.data
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        for node in graph.nodes:
+        for i, node in enumerate(graph.nodes):
+            if progress is not None:
+                progress("reference", f"{node.op.value} ({i + 1}/{len(graph.nodes)})")
             for v, r in zip(node.outputs, eval_node(node, [env[v] for v in node.inputs])):
                 env[v] = r
     # np.ascontiguousarray turns a 0-d array into shape (1,): reshape keeps scalar outputs scalar
     return {v.name: np.ascontiguousarray(env[v]).reshape(env[v].shape) for v in graph.outputs}
 
 
-def run_planned(graph: Graph, inputs: Mapping[str, Any], plan: Any, poison: int = 0xFF) -> dict[str, np.ndarray]:
+def run_planned(graph: Graph, inputs: Mapping[str, Any], plan: Any, poison: int = 0xFF,
+                progress: Callable[[str, str], None] | None = None) -> dict[str, np.ndarray]:
     """Execute ``graph`` with every non-weight value stored in ONE byte arena at its planned offset.
 
     ``plan`` is a ``fusec.passes.memory_plan.MemoryPlan`` (duck-typed: ``arena_bytes``,
@@ -366,9 +371,11 @@ def run_planned(graph: Graph, inputs: Mapping[str, Any], plan: Any, poison: int 
     for name, arr in check_inputs(graph, inputs).items():
         slot(next(v for v in graph.inputs if v.name == name))[...] = arr
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        for node in graph.nodes:
+        for i, node in enumerate(graph.nodes):
             if all(plan.alias.get(o.name, {}).get("kind") == "view" for o in node.outputs):
                 continue
+            if progress is not None:  # as in run()
+                progress("reference", f"{node.op.value} ({i + 1}/{len(graph.nodes)})")
             results = eval_node(node, [slot(v) for v in node.inputs])
             for v, r in zip(node.outputs, results):
                 slot(v)[...] = r

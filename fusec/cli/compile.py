@@ -88,13 +88,17 @@ def plural(word: str, n: int = 2) -> str:
     return word + ("es" if word.endswith(("s", "sh", "ch", "x")) else "s")
 
 
+# One-step stages: shown on the progress line while they run, left out of the closing summary.
+_UNCOUNTED = ("build", "write")
+
+
 class Progress:
     """One status line on stderr (rewritten in place on a terminal, a line per stage otherwise);
     nothing with -q, every step with its time with -v."""
 
     def __init__(self) -> None:
         self.level = _common.VERBOSITY
-        self.tty = sys.stderr.isatty() and self.level < _common.VERBOSE
+        self.tty = sys.stderr.isatty() and _common.QUIET < self.level < _common.VERBOSE  # -q: not even the clearing
         self.counts: dict[str, int] = {}
         self.t0 = time.perf_counter()
         self._stage = ""
@@ -129,7 +133,7 @@ class Progress:
             sys.stderr.write("\r" + " " * 90 + "\r")
         if self.level >= _common.VERBOSE:
             note("timings: " + ", ".join(f"{plural(k)} {t:.2f}s" for k, t in self.times.items()), _common.VERBOSE)
-        parts = ", ".join(f"{n} {plural(k, n)}" for k, n in self.counts.items())
+        parts = ", ".join(f"{n} {plural(k, n)}" for k, n in self.counts.items() if k not in _UNCOUNTED)
         return f"{parts} in {now - self.t0:.1f}s"
 
 
@@ -181,6 +185,7 @@ def run(args: argparse.Namespace) -> int:
 
     progress = Progress()
     plan = compile_from_args(args, progress)
+    progress("write", args.output)
     plan.save(args.output)
     info = plan.info()
     mem = info["memory"]

@@ -7,8 +7,10 @@ report on (a plan, or a model with the compile options that shape its fused grap
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from fusec.cli._common import SHAPES_HELP, add_command, add_fusion_arguments, check_fusion_names, fmt_name, note
@@ -33,10 +35,34 @@ def add_subject_arguments(p: argparse.ArgumentParser) -> None:
                    help="a plan with several entry points (prefill, decode): which one (default: the first)")
 
 
-def subject_from_args(args: argparse.Namespace) -> Any:
-    """Resolve PLAN_OR_MODEL (see ``fusec.report.subject.load_subject``), with progress on stderr."""
+def terminal_progress() -> Any:
+    """compile's progress line (``fusec.cli.compile.Progress``) where someone watches: on a terminal
+    unless -q, and always with -v (a line per step). None otherwise: nothing goes to stderr."""
     from fusec.cli import _common
     from fusec.cli.compile import Progress
+
+    if _common.VERBOSITY >= _common.VERBOSE or (sys.stderr.isatty() and _common.VERBOSITY > _common.QUIET):
+        return Progress()
+    return None
+
+
+@contextlib.contextmanager
+def progress_stage(stage: str, item: str | None, enabled: bool = True) -> Iterator[Any]:
+    """A long stage (model build, plan write, reference run) on the progress line; yields the
+    progress callable (``progress(stage, item)``, or None when nobody watches) for its steps.
+    ``item``: what the line shows at once (None: nothing until the first step)."""
+    progress = terminal_progress() if enabled else None
+    if progress is not None and item is not None:
+        progress(stage, item)
+    try:
+        yield progress
+    finally:
+        if progress is not None:
+            progress.done()
+
+
+def subject_from_args(args: argparse.Namespace) -> Any:
+    """Resolve PLAN_OR_MODEL (see ``fusec.report.subject.load_subject``), with progress on stderr."""
     from fusec.report.subject import is_plan_file, load_subject
     from fusec.shapes import parse_shapes
 
@@ -44,8 +70,7 @@ def subject_from_args(args: argparse.Namespace) -> Any:
     if is_plan_file(args.model) and (args.shapes is not None or args.dtype is not None or args.arch is not None):
         raise InputError("--shapes, --dtype and --arch apply to a model; a plan was compiled with its own")
     shapes = parse_shapes(args.shapes) if args.shapes is not None else None
-    # compile's progress line, on a terminal only (or with -v): building a large model takes a while
-    progress = Progress() if sys.stderr.isatty() or _common.VERBOSITY >= _common.VERBOSE else None
+    progress = terminal_progress()  # building a large model takes a while
     try:
         return load_subject(args.model, shapes=shapes, dtype=args.dtype or "fp16", arch=args.arch,
                             disabled_fusions=args.disable_fusion, enabled_fusions=args.enable_fusion,
@@ -88,7 +113,8 @@ def run(args: argparse.Namespace) -> int:
         raise FusecError("fusec profile runs the plan on a GPU, and CuPy sees no CUDA device; `fusec memory` and "
                          "`fusec export-graph` work without one")
     sub = subject_from_args(args)
-    plan = sub.compiled()
+    with progress_stage("kernel", None) as step:
+        plan = sub.compiled(step)
     from fusec.inputs import random_inputs_for
     from fusec.plan import entry_points
     from fusec.report.trace import profile_plan, write_trace

@@ -92,7 +92,10 @@ def run(args: argparse.Namespace) -> int:
     if backend == "reference":
         _refuse_gpu_only_flags(args, explicit)
 
-    graph = None if plan is not None else _load_model(args)
+    from fusec.cli.profile import progress_stage
+
+    with progress_stage("build", args.model, enabled=plan is None):
+        graph = None if plan is not None else _load_model(args)
     inputs = _inputs(args, graph, plan)
     if args.save_inputs is not None:
         from fusec.inputs import save_outputs_npz
@@ -147,7 +150,10 @@ def _validate_outputs(args: argparse.Namespace, graph: Graph | None, plan: Any, 
 
             if backend == "reference" and args.no_optimize:
                 note("--check: --no-optimize runs the same raw graph the reference check runs", 1)
-            yardsticks.append(("the numpy reference (fp32)", reference.run(ref_graph, inputs)))
+            from fusec.cli.profile import progress_stage
+
+            with progress_stage("reference", None) as step:
+                yardsticks.append(("the numpy reference (fp32)", reference.run(ref_graph, inputs, progress=step)))
     if want_saved is not None:
         yardsticks.append((f"{fmt_name(args.compare)}", want_saved))
     atol, rtol = _validate.tolerance(args, dtype) if yardsticks else (0.0, 0.0)
@@ -263,9 +269,11 @@ def _rel_err(got: np.ndarray, want: np.ndarray) -> float:
 def _run_reference(args: argparse.Namespace, graph: Graph, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The optimized, memory-planned graph (floats stored as --dtype, fusion flags applied) on numpy."""
     from fusec import reference
+    from fusec.cli.profile import progress_stage
 
     if args.no_optimize:
-        return reference.run(graph, inputs)
+        with progress_stage("reference", None) as step:
+            return reference.run(graph, inputs, progress=step)
     from fusec.cli.compile import check_dump_dir
     from fusec.compiler import DTYPES
     from fusec.passes.base import PassOptions
@@ -277,7 +285,8 @@ def _run_reference(args: argparse.Namespace, graph: Graph, inputs: dict[str, np.
     opts = PassOptions(storage_dtype=storage, disabled_fusions=frozenset(args.disable_fusion),
                        enabled_fusions=frozenset(args.enable_fusion))
     optimized, _ = optimize(graph, opts, dump_dir=args.dump_dir)
-    return reference.run_planned(optimized, inputs, plan_memory(optimized))
+    with progress_stage("reference", None) as step:
+        return reference.run_planned(optimized, inputs, plan_memory(optimized), progress=step)
 
 
 def _check_output_paths(args: argparse.Namespace) -> None:

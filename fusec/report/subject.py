@@ -44,19 +44,19 @@ class Subject:
     mplan: Any = None  # its passes.memory_plan.MemoryPlan
     plan: Any = None  # the fusec.plan.Plan (a plan file, or compiled on demand)
     missing: str | None = None  # why graph is None
-    _compile: Callable[[], Any] | None = None
+    _compile: Callable[[Any], Any] | None = None
 
     def need_graph(self, what: str) -> None:
         """Refuse a report that needs the fused graph when it could not be rebuilt."""
         if self.graph is None:
             raise FusecError(f"{what} needs the plan's fused graph: {self.missing}")
 
-    def compiled(self) -> Any:
+    def compiled(self, progress: Callable[[str, str], None] | None = None) -> Any:
         """The runnable Plan (a model is compiled on first use, with the options it was staged with)."""
         if self.plan is None and self._compile is not None:
             from fusec.plan import entry_points
 
-            self.plan = self._compile()
+            self.plan = self._compile(progress)
             launches = list(entry_points(self.plan.manifest)[self.entry]["launches"])
             mismatch = _mismatch([L.get("label", "") for L in launches], [L.get("label", "") for L in self.launches])
             if mismatch is not None:  # not expected: compile and the dry run take one path
@@ -93,7 +93,7 @@ def load_subject(target: str, *, shapes: Mapping[str, Sequence[int]] | None = No
     arch = arch or default_arch()
     staged = _stage(graph, dtype, arch, progress, disabled_fusions=disabled_fusions, enabled_fusions=enabled_fusions)
 
-    def compile_plan() -> Any:
+    def compile_plan(progress: Callable[[str, str], None] | None) -> Any:
         import fusec
 
         return fusec.compile(graph, dtype=dtype, arch=arch, disabled_fusions=disabled_fusions,
