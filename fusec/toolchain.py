@@ -162,6 +162,7 @@ def checks() -> list[Check]:
             gpu_arch = "sm_" + str(cupy.cuda.Device(0).compute_capability)
             out.append(Check("gpu", True, device.describe()))
         else:
+            why = "no CUDA driver" if drv is None else why
             out.append(Check("gpu", False, f"no GPU found ({why})", "run on a machine with an NVIDIA GPU to run plans"))
     else:
         out.append(Check("gpu", False, "unknown (CuPy is not installed)", "install CuPy first (see cupy)"))
@@ -182,11 +183,15 @@ def checks() -> list[Check]:
         out.append(Check("nvrtc", False, "unknown (fusec calls NVRTC through CuPy, which is not installed)",
                          pip_command("cupy", "nvrtc", major=major)))
 
+    from fusec.codegen.compile import MIN_ARCH
+
     arch = gpu_arch or "sm_90"
-    arch_ok = not archs or int(arch[3:]) in archs
-    out.append(Check("arch", arch_ok, f"{arch} ({'this GPU' if gpu_arch else 'the default target without a GPU'})"
-                     + ("" if arch_ok else "; this NVRTC cannot compile for it"),
-                     None if arch_ok else pip_command("nvrtc", major=major)))
+    num = int(arch[3:])
+    arch_ok = num >= MIN_ARCH and (not archs or num in archs)
+    why = "" if arch_ok else f"; fusec's kernels need sm_{MIN_ARCH} or newer" if num < MIN_ARCH else \
+        "; this NVRTC cannot compile for it"
+    out.append(Check("arch", arch_ok, f"{arch} ({'this GPU' if gpu_arch else 'the default target without a GPU'}){why}",
+                     None if arch_ok or num < MIN_ARCH else pip_command("nvrtc", major=major)))
 
     try:
         blas, lt = _cublas_versions()

@@ -2,7 +2,9 @@
 `fusec` executable works from outside the repository.
 
 The wheel test builds offline (``--no-build-isolation``: this machine's setuptools) and installs
-into a fresh venv with ``--system-site-packages`` so that numpy, onnx, ... come from this machine.
+into a fresh venv that sees the site-packages of the interpreter running the tests (a ``.pth``
+file), so that numpy, onnx, ml_dtypes ... come from wherever the user installed them: the system
+Python or a virtual environment (``--system-site-packages`` would see only the base interpreter's).
 It is marked slow (about half a minute), which CI still runs: CI deselects only ``gpu``.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import site
 import subprocess
 import sys
 import sysconfig
@@ -65,6 +68,17 @@ def test_ci_runs_the_readme_test_command() -> None:
     assert ci_lines[-1] == test_cmd
 
 
+def _outer_site_dirs() -> list[str]:
+    """The site-packages directories this interpreter imports from (a venv's, with its base's when
+    it has --system-site-packages, and the user site when enabled), in sys.path order."""
+    dirs = list(site.getsitepackages())
+    if site.ENABLE_USER_SITE:
+        dirs.append(site.getusersitepackages())
+    on_path = [os.path.realpath(p) for p in sys.path]
+    return [d for d in sorted(set(dirs), key=lambda d: on_path.index(os.path.realpath(d)) if os.path.realpath(d) in on_path
+                                   else len(on_path)) if os.path.isdir(d) and os.path.realpath(d) in on_path]
+
+
 def _run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: int = 300) -> subprocess.CompletedProcess:
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"{cmd} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
@@ -98,16 +112,20 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path: Path) -> None:
         assert f"fusec/templates/{cu.name}" in names, f"template {cu.name} is missing from the wheel"
 
     venv = tmp_path / "venv"
-    _run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], tmp_path, env)
+    _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], tmp_path, env)
     bindir = venv / ("Scripts" if os.name == "nt" else "bin")
     vpython = bindir / "python"
-    # --ignore-installed: this machine's (editable) fusec is visible through the system site;
+    site = Path(_run([str(vpython), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                     tmp_path, env).stdout.strip())
+    # The dependencies (and pip) from the site directories of the interpreter running this test,
+    # appended after the venv's own: plain directory lines, so no .pth file there runs (an
+    # editable install's finder of this checkout stays out, the wheel's copy is the one imported).
+    (site / "outer-site.pth").write_text("\n".join(_outer_site_dirs()) + "\n")
+    # --ignore-installed: this machine's (editable) fusec has metadata in the outer site;
     # install beside it in the venv rather than skip or uninstall it.
     _run([str(vpython), "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--ignore-installed", str(wheel)],
          tmp_path, env)
 
-    site = Path(_run([str(vpython), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                     tmp_path, env).stdout.strip())
     assert site.is_relative_to(venv)
     for sub in ("passes", "models", "templates", "cli"):
         assert (site / "fusec" / sub / "__init__.py").is_file(), f"fusec/{sub} not installed"

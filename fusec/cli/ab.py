@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any
 
-from fusec.cli._common import add_command, add_model_arguments
+from fusec.cli._common import add_command, add_json_flag, add_model_arguments, note
 from fusec.errors import InputError
 
 
@@ -26,13 +26,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "when it is faster by more than the p10-p90 spread and 3%. Then time the rule-based, all-unfused and\n"
         "assembled plans. Needs a GPU. Results are cached under $FUSEC_CACHE_DIR/ab.",
         ["fusec ab gpt2-small --shapes input_ids:8x128 --dtype fp16 --cuda-graph",
-         "fusec ab qwen3-0.6b --shapes input_ids:1x128 --dtype bf16 --cuda-graph --json ledger.json",
+         "fusec ab qwen3-0.6b --shapes input_ids:1x128 --dtype bf16 --cuda-graph --json-out ledger.json",
          "fusec compile gpt2-small -o g.fplan --decisions ledger.json"])
     add_model_arguments(p)
     p.add_argument("--dtype", choices=("fp32", "tf32", "fp16", "bf16"), default="fp16", help="storage/math dtype (default fp16)")
     p.add_argument("--cuda-graph", action="store_true", help="time as the plan runs with CUDA-graph replay")
     add_ab_arguments(p)
-    p.add_argument("--json", metavar="OUT", default=None, help="also write the ledger as JSON to OUT")
+    add_json_flag(p, "the ledger as one JSON object")
+    p.add_argument("--json-out", metavar="FILE", default=None,
+                   help="also write the ledger as JSON to FILE (what `fusec compile --decisions FILE` reads)")
     return p
 
 
@@ -52,6 +54,10 @@ class AbProgress:
         self.t0 = time.perf_counter()
 
     def __call__(self, i: int, n: int, name: str) -> None:
+        from fusec.cli import _common
+
+        if _common.VERBOSITY <= _common.QUIET:
+            return
         width = 30
         bar = "#" * (width * i // max(n, 1))
         msg = f"[{time.perf_counter() - self.t0:6.1f}s] ab [{bar:<{width}}] {i}/{n} {name[:60]}"
@@ -97,19 +103,19 @@ def ledger_for_compile(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.json is not None:
-        out_dir = os.path.dirname(os.path.abspath(args.json))
-        if not os.path.isdir(out_dir):
-            raise InputError(f"cannot write {args.json!r}: directory {out_dir!r} does not exist")
+    from fusec.fsutil import atomic_write, check_output_path
+
+    if args.json_out is not None:  # before measuring: not a directory, device node, or the model
+        check_output_path(args.json_out, "ledger file", not_same_as=[args.model] if os.path.isfile(args.model) else [])
+    from fusec import toolchain
     from fusec.ab.runner import GpuRunner
 
+    toolchain.require_gpu("fusec ab")
     GpuRunner()  # fails in one line, before any work, where there is no GPU
     ledger = run_from_args(args)
-    print(ledger.to_table())
-    if args.json is not None:
-        tmp = args.json + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(ledger.to_json())
-        os.replace(tmp, args.json)
-        print(f"ledger written to {args.json}", file=sys.stderr)
+    print(ledger.to_json() if args.json else ledger.to_table())
+    if args.json_out is not None:
+        with atomic_write(args.json_out, what="ledger file") as f:  # Ctrl-C leaves no half-written ledger
+            f.write(ledger.to_json().encode("utf-8"))
+        note(f"ledger written to {args.json_out}")
     return 0

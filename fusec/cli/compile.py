@@ -25,8 +25,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
          "fusec compile model.onnx -o m.fplan --shapes input_ids:8x128,attention_mask:8x128 --arch sm_80",
          "fusec compile gpt2-tiny -o g.fplan --dump-dir dumps/ --disable-fusion gemm_epilogue",
          "fusec compile gpt2-small -o g.fplan --cuda-graph --ab          (measure on this GPU, then compile)",
-         "fusec compile gpt2-small -o g.fplan --cuda-graph --decisions ledger.json"])
+         "fusec compile gpt2-small -o g.fplan --cuda-graph --decisions ledger.json",
+         "fusec compile g.fplan --arch sm_80 -o g80.fplan          (re-target a plan to another GPU arch)"])
     add_model_arguments(p)
+    p.add_argument("--from-source", action="store_true",
+                   help="MODEL is a plan: compile its recorded source model again for --arch (default: recompile "
+                        "the plan's bundled kernel sources)")
+    p.add_argument("--source-model", metavar="MODEL", default=None,
+                   help="with --from-source: the plan's source file (default: the recorded name next to the plan)")
     add_compile_arguments(p)
     from fusec.cli.ab import add_ab_arguments
 
@@ -176,8 +182,51 @@ def compile_from_args(args: argparse.Namespace, progress: Progress | None = None
     return plan
 
 
+def is_plan_file(path: str) -> bool:
+    """True when ``path`` is a file starting with the plan magic bytes."""
+    from fusec.planfile import MAGIC
+
+    if not os.path.isfile(path):
+        return False
+    with open(path, "rb") as f:
+        return f.read(len(MAGIC)) == MAGIC
+
+
+def retarget(args: argparse.Namespace) -> int:
+    """``fusec compile PLAN --arch sm_XX -o NEW``: the same plan for another arch (fusec.compiler.recompile)."""
+    from fusec.compiler import recompile
+    from fusec.codegen.compile import check_arch
+
+    if args.arch is None:
+        raise InputError(f"{args.model} is a compiled plan: give --arch sm_XX to re-target it to another GPU arch")
+    given = [flag for flag, on in (("--shapes", args.shapes is not None), ("--dtype", args.dtype is not None),
+                                   ("--cuda-graph", args.cuda_graph), ("--dump-dir", args.dump_dir is not None),
+                                   ("--disable-fusion", args.disable_fusion), ("--enable-fusion", args.enable_fusion),
+                                   ("--ab", args.ab), ("--decisions", args.decisions is not None),
+                                   ("--generate", args.generate)) if on]
+    if given:
+        raise InputError(f"{', '.join(given)}: re-targeting a plan keeps what it was compiled with; only --arch "
+                         f"(and --from-source) apply to a plan")
+    if args.source_model is not None and not args.from_source:
+        raise InputError("--source-model applies only with --from-source")
+    from fusec import toolchain
+
+    toolchain.require_compiler()
+    arch = check_arch(args.arch)
+    progress = Progress()
+    plan = recompile(args.model, arch, args.output, from_source=args.from_source, model=args.source_model,
+                     progress=progress)
+    print(f"re-targeted {fmt_name(args.model)} -> {fmt_name(args.output)} for {plan.arch} ({progress.done()})")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from fusec.fsutil import check_output_path
+
+    if is_plan_file(args.model):
+        return retarget(args)
+    if args.from_source or args.source_model is not None:
+        raise InputError("--from-source/--source-model apply when MODEL is a compiled plan being re-targeted")
 
     # before compiling: not a directory, device node, /proc file, or the model being read
     check_output_path(args.output, "plan", not_same_as=[args.model] if os.path.isfile(args.model) else [])

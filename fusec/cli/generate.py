@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from fusec.cli._common import add_command
+from fusec.cli._common import add_command, add_json_flag, note
 from fusec.errors import InputError
 
 
@@ -34,7 +34,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=32, metavar="N", help="tokens to draw per sequence (default 32)")
     p.add_argument("--stream", action="store_true", help="print tokens as they arrive (one read-back every --stream-every steps)")
     p.add_argument("--stream-every", type=int, default=8, metavar="N", help="decode steps per streamed chunk (default 8)")
-    p.add_argument("--json", action="store_true", help="print one JSON object: prompt_ids, new_ids, text, prefill_ms, decode_tok_s, stats")
+    add_json_flag(p, "one JSON object (prompt_ids, new_ids, text, prefill_ms, decode_tok_s, stats)")
     p.add_argument("--stats", action="store_true", help="print the prefill and per-decode-step counters")
     add_generation_arguments(p)
     return p
@@ -89,6 +89,13 @@ def run(args: argparse.Namespace) -> int:
     sampling = sampling_from_args(args)
     if args.model.endswith(".fplan"):
         return _run_plan(args, prompts)
+    arch = None
+    if device.gpu_available():  # the GPU path compiles: check the toolchain and --arch before loading
+        from fusec import toolchain
+        from fusec.codegen.compile import check_arch, default_arch
+
+        toolchain.require_compiler()
+        arch = check_arch(args.arch or default_arch(), args.dtype or "bf16")
     gm = load_generation_model(args.model, args.weights_dir)
     ids = encode_prompts(gm.tokenizer, prompts, args.chat)
     batch = args.batch or len(ids)
@@ -96,7 +103,9 @@ def run(args: argparse.Namespace) -> int:
     t_max = args.max_seq_len or longest + args.max_new_tokens
     s_len = args.max_prompt_len or min(t_max, max(longest, 16))
     if not device.gpu_available():
-        print("no GPU found: running the numpy reference backend", file=sys.stderr)
+        from fusec import toolchain
+
+        note(f"{toolchain.gpu_missing_reason() or 'no GPU found'}: running the numpy reference backend")
         from fusec.generation import ReferenceEngine
         from fusec.genmodel import build_graphs
 
@@ -106,13 +115,12 @@ def run(args: argparse.Namespace) -> int:
     from fusec.runtime.generation import PlanEngine
 
     plan = compile_generation(gm, batch=batch, max_seq_len=t_max, prefill_len=s_len, sampling=sampling,
-                              dtype=args.dtype or "bf16", arch=args.arch)
+                              dtype=args.dtype or "bf16", arch=arch)
     return _generate(args, PlanEngine(plan), ids, gm.tokenizer, gm.config.vocab_size)
 
 
 def _run_plan(args: argparse.Namespace, prompts: list[Any]) -> int:
     import fusec
-    from fusec import device
     from fusec.genmodel import encode_prompts, plan_tokenizer
     from fusec.runtime.generation import PlanEngine
 
@@ -125,9 +133,12 @@ def _run_plan(args: argparse.Namespace, prompts: list[Any]) -> int:
     if any(float(compiled[k]) != float(v) for k, v in asked.items()):
         raise InputError(f"{args.model} was compiled for sampling {compiled}; recompile with "
                          f"`fusec compile ... --generate` and the sampling options you want")
-    if not device.gpu_available():
-        raise InputError(f"{args.model}: a plan runs only on a GPU and none was found; give the model itself "
-                         f"(built-in name, HF directory or .gguf) to run the reference backend")
+    from fusec import toolchain
+
+    why = toolchain.gpu_missing_reason()
+    if why is not None:
+        raise InputError(f"{args.model}: a generation plan runs only on a GPU: {why}; to run on the CPU, give "
+                         f"`fusec generate` the model itself (built-in name, HF directory or .gguf)")
     tok = plan_tokenizer(plan)
     return _generate(args, PlanEngine(plan), encode_prompts(tok, prompts, args.chat), tok, int(meta["vocab_size"]))
 

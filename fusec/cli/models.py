@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from fusec.cli._common import add_command
+from fusec.cli._common import add_command, add_json_flag
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -16,7 +16,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "Any of these names can stand for MODEL in the other commands; the weights are random\n"
         "(seeded) unless a model's builder is given a weights directory from Python.",
         ["fusec models", "fusec models --json"])
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    add_json_flag(p)
     return p
 
 

@@ -66,6 +66,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--save-inputs", metavar="IN.npz", help="write the inputs used (given or random) to this .npz file")
     p.add_argument("--save-outputs", metavar="OUT.npz", help="write the outputs to this .npz file, keyed by output name")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    p.add_argument("--source-model", metavar="MODEL", default=None,
+                   help="a plan's source model for --check (default: the built-in it records, or the recorded "
+                        "file name next to the plan; its sha256 must match)")
     return p
 
 
@@ -141,9 +144,9 @@ def _validate_outputs(args: argparse.Namespace, graph: Graph | None, plan: Any, 
     failures: list[FusecError] = []
     yardsticks: list[tuple[str, dict[str, np.ndarray]]] = []
     if args.check:
-        ref_graph = graph if graph is not None else _source_graph(plan)
+        ref_graph = graph if graph is not None else _source_graph(plan, args)
         if args.check == "ort":
-            src = args.model if graph is not None else (plan.manifest.get("source") or {}).get("model") or ""
+            src = args.model if graph is not None else _source_path(plan, args)
             yardsticks.append(("onnxruntime", _validate.ort_outputs(src, ref_graph, inputs, list(outputs))))
         else:
             from fusec import reference
@@ -166,12 +169,23 @@ def _validate_outputs(args: argparse.Namespace, graph: Graph | None, plan: Any, 
     return failures
 
 
+def _source_path(plan: Any, args: argparse.Namespace) -> str:
+    from fusec.loader import resolve_source
+
+    try:
+        return resolve_source(plan.manifest.get("source") or {}, args.model, args.source_model)
+    except FusecError:
+        return ""
+
+
 def _plan_needs_cuda(args: argparse.Namespace, plan: Any, backend: str | None) -> None:
     """A plan runs only on the cuda backend: say what to run instead, never send the user in a circle."""
     from fusec import toolchain
 
-    src = (plan.manifest.get("source") or {}).get("model")
-    shapes = (plan.manifest.get("source") or {}).get("shapes") or {}
+    record = plan.manifest.get("source") or {}
+    src, shapes = record.get("model"), record.get("shapes") or {}
+    if src and record.get("kind") == "file":
+        src = os.path.join(os.path.dirname(args.model), str(src))
     if src:
         shape_arg = (" --shapes " + ",".join(f"{k}:{'x'.join(map(str, v))}" for k, v in shapes.items())) if shapes else ""
         instead = f"run its model on the CPU with `fusec run {src} --backend reference{shape_arg}`"
@@ -248,22 +262,16 @@ def load_plan_or_none(model: str):
     return fusec.load(model)
 
 
-def _source_graph(plan) -> Graph:
-    from fusec.loader import load_graph
+def _source_graph(plan, args: argparse.Namespace) -> Graph:
+    """The plan's source model rebuilt for the reference (the digest the plan records must match)."""
+    from fusec.loader import load_graph, resolve_source
 
-    src = plan.manifest.get("source", {})
-    if not src.get("model"):
-        raise FusecError("--check: this plan does not record its source model (compiled from an in-memory ONNX model)")
+    src = plan.manifest.get("source") or {}
     try:
-        return load_graph(src["model"], {k: tuple(v) for k, v in src.get("shapes", {}).items()} or None)
+        model = resolve_source(src, args.model, args.source_model)
+        return load_graph(model, {k: tuple(v) for k, v in (src.get("shapes") or {}).items()} or None)
     except FusecError as e:
-        raise FusecError(f"--check: cannot rebuild the plan's source model {src['model']!r}: {e}") from None
-
-
-def _rel_err(got: np.ndarray, want: np.ndarray) -> float:
-    """max |got - want| / max |want| over all elements (floats compared in float64)."""
-    g, w = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
-    return float(np.max(np.abs(g - w)) / max(float(np.max(np.abs(w))), 1e-30)) if w.size else 0.0
+        raise FusecError(f"--check: cannot rebuild the plan's source model: {e} (give it with --source-model)") from None
 
 
 def _run_reference(args: argparse.Namespace, graph: Graph, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

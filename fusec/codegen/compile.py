@@ -39,8 +39,9 @@ from fusec.fsutil import atomic_write
 
 _MAGIC = b"FUSECBN2"
 _ARCH_RE = re.compile(r"^sm_[0-9]{2,3}[a-z]?$")
-# Storage dtypes whose kernels use sm_80 instructions (cp.async, bf16/fp16 tensor-core mma).
-SM80_DTYPES = ("fp16", "bf16")
+# The oldest arch fusec's kernels compile for: the templates use sm_80 instructions (cp.async in
+# attention and GEMM tiles, fp16/bf16 tensor-core mma) whatever the dtype.
+MIN_ARCH = 80
 
 
 class KernelCompileError(FusecError):
@@ -98,8 +99,9 @@ def supported_archs() -> tuple[int, ...]:
 
 
 def check_arch(arch: str, dtype: str | None = None) -> str:
-    """``arch`` if fusec can compile for it with this NVRTC (and ``dtype``); else an InputError in
-    one line saying which archs work. Checked before any compiling starts.
+    """``arch`` if fusec can compile for it with this NVRTC; else an InputError in one line saying
+    which archs work (sm_80 and newer that NVRTC lists). Checked before any compiling starts;
+    ``dtype`` only words the message (every dtype needs sm_80 today).
 
     ``sm_90a``-style targets are refused: fusec's kernels use no arch-specific instructions, and
     an ``a`` cubin runs only on that exact arch, so plain ``sm_90`` is the same code and more
@@ -110,21 +112,17 @@ def check_arch(arch: str, dtype: str | None = None) -> str:
     if arch[-1].isalpha():
         raise InputError(f"--arch {arch}: arch-specific targets are not supported; fusec's kernels use no "
                          f"{arch}-only instructions, so use --arch sm_{num} (the same code, runs on every sm_{num} GPU)")
+    if num < MIN_ARCH:
+        raise InputError(f"--arch {arch} is too old: fusec's kernels need sm_{MIN_ARCH} or newer (fp16/bf16 "
+                         f"tensor-core mma and cp.async, used for every --dtype{f', {dtype} included' if dtype else ''})")
     archs = supported_archs()
     if archs and num not in archs:
         try:
             ver = ".".join(map(str, nvrtc_version()))
         except Exception:  # noqa: BLE001
             ver = "?"
-        hint = ""
-        if num < archs[0] and ver.startswith("13"):
-            hint = ('; CUDA 13 dropped it: the CUDA 12 toolchain compiles for it (pip install "cupy-cuda12x>=13" '
-                    '"nvidia-cuda-nvrtc-cu12>=12,<13" "nvidia-cublas-cu12>=12,<13")')
         raise InputError(f"--arch {arch}: this NVRTC ({ver}) compiles for "
-                         f"{', '.join(f'sm_{a}' for a in archs)}{hint}")
-    if dtype in SM80_DTYPES and num < 80:
-        raise InputError(f"--dtype {dtype} needs --arch sm_80 or newer: fusec's {dtype} kernels use sm_80 "
-                         f"instructions (cp.async, {dtype} tensor-core mma); use --dtype fp32 or tf32 for {arch}")
+                         f"{', '.join(f'sm_{a}' for a in archs if a >= MIN_ARCH)}")
     return arch
 
 
