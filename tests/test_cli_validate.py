@@ -150,3 +150,39 @@ def test_element_comparison_rules() -> None:
     assert not d.ok and d.problem == "shape (2, 3) vs (3, 2)"
     d = _validate.compare_one("x", np.array([0.0, 1.1]), np.array([0.0, 1.0]), 0.0, 0.2)
     assert d.ok and d.max_rel == pytest.approx(0.1)
+
+
+# ---- on the GPU ------------------------------------------------------------------------------------
+_REAL_GPU_AVAILABLE = __import__("fusec.device", fromlist=["gpu_available"]).gpu_available
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+def test_cuda_run_check_agrees_with_the_reference(capsys, monkeypatch, dtype) -> None:
+    from fusec import device
+
+    monkeypatch.setattr(device, "gpu_available", _REAL_GPU_AVAILABLE)
+    code, out, err = call(capsys, ["run", "gpt2-tiny", "--dtype", dtype, "--check", "--stats"])
+    assert code == 0, err
+    assert f"backend cuda  dtype {dtype}" in out.splitlines()[0]
+    assert table_rows(out, "the numpy reference (fp32)")["logits"][3:5] == ["0/16000", "ok"]
+    assert any(ln.startswith("stats  ") for ln in out.splitlines())
+
+
+@pytest.mark.gpu
+def test_a_plan_checks_against_its_source_and_compares_with_saved_outputs(capsys, monkeypatch, tmp_path) -> None:
+    from fusec import device
+
+    monkeypatch.setattr(device, "gpu_available", _REAL_GPU_AVAILABLE)
+    plan, ins, want = tmp_path / "g.fplan", tmp_path / "in.npz", tmp_path / "want.npz"
+    assert call(capsys, ["compile", "gpt2-tiny", "--dtype", "fp16", "-o", str(plan)])[0] == 0
+    code, out, err = call(capsys, ["run", "gpt2-tiny", "--backend", "reference", "--seed", "3", "--save-inputs", str(ins),
+                                   "--save-outputs", str(want)])
+    assert code == 0, err
+    code, out, err = call(capsys, ["run", str(plan), "--inputs", str(ins), "--check", "--compare", str(want)])
+    assert code == 0, err
+    assert table_rows(out, "the numpy reference (fp32)")["logits"][4] == "ok"
+    assert table_rows(out, str(want))["logits"][4] == "ok"
+    code, out, err = call(capsys, ["run", str(plan), "--inputs", str(ins), "--compare", str(want), "--atol", "0",
+                                   "--rtol", "0"])
+    assert code == 3 and "an output differs from" in err  # fp16 on the GPU is not bit-equal to fp32 numpy

@@ -9,6 +9,7 @@ absolute error, the largest relative error (``|got - want| / |want|`` over eleme
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import tempfile
@@ -18,7 +19,9 @@ from typing import Any
 
 import numpy as np
 
+from fusec.cli._common import fmt_name, note
 from fusec.errors import FusecError, InputError
+from fusec.ir import Graph
 
 # (atol, rtol) by the dtype the run stored floats in; fp32 accumulation everywhere.
 DEFAULT_TOLERANCE = {"fp32": (1e-4, 1e-4), "tf32": (5e-3, 5e-3), "fp16": (1e-2, 1e-2), "bf16": (5e-2, 5e-2)}
@@ -86,8 +89,6 @@ def compare(got: Mapping[str, np.ndarray], want: Mapping[str, np.ndarray], atol:
 
 def render(diffs: list[Diff], against: str, atol: float, rtol: float) -> str:
     """The per-output table, aligned; one header line naming the yardstick and tolerance."""
-    from fusec.cli._common import fmt_name
-
     rows = [("output", "shape", "max abs err", "max rel err", "mismatches", "result")]
     for d in diffs:
         rows.append((fmt_name(d.name), d.shape, _num(d.max_abs), _num(d.max_rel), f"{d.mismatches}/{d.total}",
@@ -109,8 +110,6 @@ def failure(diffs: list[Diff], against: str, atol: float, rtol: float) -> CheckF
     bad = [d for d in diffs if not d.ok]
     if not bad:
         return None
-    from fusec.cli._common import fmt_name
-
     parts = [f"{fmt_name(d.name)} ({d.problem or f'{d.mismatches} of {d.total} elements'})" for d in bad]
     which = "an output differs" if len(bad) == 1 else f"{len(bad)} outputs differ"
     return CheckFailed(f"{which} from {against} beyond atol {atol:g} + rtol {rtol:g} * |want|: " + ", ".join(parts))
@@ -203,3 +202,56 @@ def _ort_run(ort: Any, path: str, opts: Any, feeds: dict[str, np.ndarray], names
     except Exception as e:  # noqa: BLE001 -- onnxruntime raises its own types; the yardstick failed, say so
         raise InputError(f"--check ort: onnxruntime could not run the model ({str(e).strip().splitlines()[0][:200]})") from None
     return dict(zip(wanted, got))
+
+
+def validate_outputs(args: argparse.Namespace, graph: Graph | None, plan: Any, inputs: dict[str, np.ndarray],
+                      outputs: dict[str, np.ndarray], backend: str, dtype: str,
+                      want_saved: dict[str, np.ndarray] | None) -> list[FusecError]:
+    """--check and --compare: print each table; return the failures (exit status 3)."""
+    failures: list[FusecError] = []
+    yardsticks: list[tuple[str, dict[str, np.ndarray]]] = []
+    if args.check:
+        ref_graph = graph if graph is not None else source_graph(plan, args)
+        if args.check == "ort":
+            src = args.model if graph is not None else source_path(plan, args)
+            yardsticks.append(("onnxruntime", ort_outputs(src, ref_graph, inputs, list(outputs))))
+        else:
+            from fusec import reference
+
+            if backend == "reference" and args.no_optimize:
+                note("--check: --no-optimize runs the same raw graph the reference check runs", 1)
+            from fusec.cli.profile import progress_stage
+
+            with progress_stage("reference", None) as step:
+                yardsticks.append(("the numpy reference (fp32)", reference.run(ref_graph, inputs, progress=step)))
+    if want_saved is not None:
+        yardsticks.append((f"{fmt_name(args.compare)}", want_saved))
+    atol, rtol = tolerance(args, dtype) if yardsticks else (0.0, 0.0)
+    for against, want in yardsticks:
+        diffs = compare(outputs, want, atol, rtol)
+        print(render(diffs, against, atol, rtol))
+        bad = failure(diffs, against, atol, rtol)
+        if bad is not None:
+            failures.append(bad)
+    return failures
+
+
+def source_graph(plan, args: argparse.Namespace) -> Graph:
+    """The plan's source model rebuilt for the reference (the digest the plan records must match)."""
+    from fusec.loader import load_graph, resolve_source
+
+    src = plan.manifest.get("source") or {}
+    try:
+        model = resolve_source(src, args.model, args.source_model)
+        return load_graph(model, {k: tuple(v) for k, v in (src.get("shapes") or {}).items()} or None)
+    except FusecError as e:
+        raise FusecError(f"--check: cannot rebuild the plan's source model: {e} (give it with --source-model)") from None
+
+
+def source_path(plan: Any, args: argparse.Namespace) -> str:
+    from fusec.loader import resolve_source
+
+    try:
+        return resolve_source(plan.manifest.get("source") or {}, args.model, args.source_model)
+    except FusecError:
+        return ""

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 from typing import Any
 
 import numpy as np
 
 from fusec.cli import _validate
-from fusec.cli._common import SHAPES_HELP, add_command, check_fusion_names, fmt_name, note
+from fusec.cli._common import SHAPES_HELP, VERBOSE, add_command, check_fusion_names, fmt_name, note
 from fusec.cli.compile import add_compile_arguments
 from fusec.errors import FusecError, InputError
 from fusec.ir import Graph
@@ -97,9 +98,11 @@ def run(args: argparse.Namespace) -> int:
 
     from fusec.cli.profile import progress_stage
 
+    t = [("start", time.perf_counter())]
     with progress_stage("build", args.model, enabled=plan is None):
         graph = None if plan is not None else _load_model(args)
     inputs = _inputs(args, graph, plan)
+    t.append(("load", time.perf_counter()))
     if args.save_inputs is not None:
         from fusec.inputs import save_outputs_npz
 
@@ -108,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
         # after loading, so that a bad model or input stays a single line on stderr
         note(NO_GPU_NOTE.format(why=toolchain.gpu_missing_reason() or "no GPU found"))
         _cross_compile(args, graph)
+        t.append(("side compile", time.perf_counter()))
     stats = None
     if backend == "cuda":
         outputs, stats, plan = _run_cuda(args, graph, inputs, plan)
@@ -115,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         dtype = args.dtype or "fp32"
         outputs = _run_reference(args, graph, inputs)
+    t.append(("compile and run" if backend == "cuda" and graph is not None else "run", time.perf_counter()))
 
     source = f"inputs from {fmt_name(args.inputs)}" if args.inputs else f"random inputs, seed {args.seed}"
     print(f"model {fmt_name(args.model)}  backend {backend}  dtype {dtype}  ({source})")
@@ -122,7 +127,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"  input  {fmt_name(name)}  {_type_str(arr)}")
     for name, arr in outputs.items():
         print(f"output {fmt_name(name)}  {_type_str(arr)}  {summarize(arr)}")
-    failures = _validate_outputs(args, graph, plan, inputs, outputs, backend, dtype, want_saved)
+    failures = _validate.validate_outputs(args, graph, plan, inputs, outputs, backend, dtype, want_saved)
+    if args.check or args.compare:
+        t.append(("check", time.perf_counter()))
+    note("timings: " + ", ".join(f"{name} {t1 - t0:.2f}s" for (_, t0), (name, t1) in zip(t, t[1:])), VERBOSE)
     if args.stats and stats is not None:
         print("stats  " + "  ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in stats.items()))
     if args.save_inputs is not None:
@@ -135,47 +143,6 @@ def run(args: argparse.Namespace) -> int:
     if failures:
         raise failures[0]
     return 0
-
-
-def _validate_outputs(args: argparse.Namespace, graph: Graph | None, plan: Any, inputs: dict[str, np.ndarray],
-                      outputs: dict[str, np.ndarray], backend: str, dtype: str,
-                      want_saved: dict[str, np.ndarray] | None) -> list[FusecError]:
-    """--check and --compare: print each table; return the failures (exit status 3)."""
-    failures: list[FusecError] = []
-    yardsticks: list[tuple[str, dict[str, np.ndarray]]] = []
-    if args.check:
-        ref_graph = graph if graph is not None else _source_graph(plan, args)
-        if args.check == "ort":
-            src = args.model if graph is not None else _source_path(plan, args)
-            yardsticks.append(("onnxruntime", _validate.ort_outputs(src, ref_graph, inputs, list(outputs))))
-        else:
-            from fusec import reference
-
-            if backend == "reference" and args.no_optimize:
-                note("--check: --no-optimize runs the same raw graph the reference check runs", 1)
-            from fusec.cli.profile import progress_stage
-
-            with progress_stage("reference", None) as step:
-                yardsticks.append(("the numpy reference (fp32)", reference.run(ref_graph, inputs, progress=step)))
-    if want_saved is not None:
-        yardsticks.append((f"{fmt_name(args.compare)}", want_saved))
-    atol, rtol = _validate.tolerance(args, dtype) if yardsticks else (0.0, 0.0)
-    for against, want in yardsticks:
-        diffs = _validate.compare(outputs, want, atol, rtol)
-        print(_validate.render(diffs, against, atol, rtol))
-        bad = _validate.failure(diffs, against, atol, rtol)
-        if bad is not None:
-            failures.append(bad)
-    return failures
-
-
-def _source_path(plan: Any, args: argparse.Namespace) -> str:
-    from fusec.loader import resolve_source
-
-    try:
-        return resolve_source(plan.manifest.get("source") or {}, args.model, args.source_model)
-    except FusecError:
-        return ""
 
 
 def _plan_needs_cuda(args: argparse.Namespace, plan: Any, backend: str | None) -> None:
@@ -260,18 +227,6 @@ def load_plan_or_none(model: str):
     import fusec
 
     return fusec.load(model)
-
-
-def _source_graph(plan, args: argparse.Namespace) -> Graph:
-    """The plan's source model rebuilt for the reference (the digest the plan records must match)."""
-    from fusec.loader import load_graph, resolve_source
-
-    src = plan.manifest.get("source") or {}
-    try:
-        model = resolve_source(src, args.model, args.source_model)
-        return load_graph(model, {k: tuple(v) for k, v in (src.get("shapes") or {}).items()} or None)
-    except FusecError as e:
-        raise FusecError(f"--check: cannot rebuild the plan's source model: {e} (give it with --source-model)") from None
 
 
 def _run_reference(args: argparse.Namespace, graph: Graph, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
