@@ -75,7 +75,7 @@ class Rule:
 
 RULES: dict[str, Rule] = {r.name: r for r in (
     Rule("mlp", False, "whole MLP (GEMM -> activation -> GEMM) in one kernel: candidate only; a fused MLP "
-                       "ran 3-14x slower than cuBLAS + separate kernels (seed 004), so it must win an A/B first"),
+                       "ran 3-14x slower than cuBLAS + separate kernels when measured, so it must win an A/B first"),
     Rule("norm_gemm", False, "norm as the prologue of the next GEMM: candidate only; it recomputes the "
                              "norm per output tile, worth it only where the A/B says so (small M)"),
     Rule("gemm_epilogue", True, "elementwise/layout consumers (bias, activation, residual, cast, output "

@@ -166,3 +166,15 @@ def test_recompile_a_plan_for_another_arch(capsys, tmp_path) -> None:
     assert code == 1 and err.startswith("fusec: error: --dtype: re-targeting a plan keeps what it was compiled with")
     code, _, err = call(capsys, ["compile", str(src), "-o", str(tmp_path / "x.fplan")])
     assert code == 1 and "give --arch sm_XX to re-target it" in err
+
+
+def test_no_internal_wording_reaches_users(capsys) -> None:
+    import re
+
+    internal = re.compile(r"\bseed \d{3}\b|\bissue \d+\b|\bhelper\b")  # the project's session/issue names
+    for rule in RULES.values():
+        assert not internal.search(rule.why), rule
+    code, out, _ = call(capsys, ["explain", "llama-tiny", "--all", "--json"])
+    assert code == 0 and not internal.search(out)
+    code, out, _ = call(capsys, ["inspect", "llama-tiny", "--json"])
+    assert code == 0 and not internal.search(out)
