@@ -191,3 +191,30 @@ def test_pooling_on_the_gpu(op: str, xs, attrs) -> None:
     want = ReferenceEvaluator(model).run(None, feeds)[0].astype(np.float64)
     got = cupy.asnumpy(fusec.compile(model, dtype="fp32").run(feeds)["y"]).astype(np.float64)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("k,past,bias,act,dtype", [(4, False, False, "none", np.float32), (4, True, True, "silu", np.float32),
+                                                    (1, False, True, "swish", np.float32), (3, True, True, "silu", np.float16)])
+def test_causal_conv_with_state_matches_onnx_reference(k: int, past: bool, bias: bool, act: str, dtype) -> None:  # noqa: ANN001
+    rng = np.random.default_rng(5)
+    b, c, length = 2, 3, 6
+    feeds = {"x": rng.standard_normal((b, c, length)).astype(dtype)}
+    ttype = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    ins, inits = ["x", "w"], [onnx.numpy_helper.from_array(rng.standard_normal((c, 1, k)).astype(dtype), "w")]
+    ins.append("b" if bias else "")
+    if bias:
+        inits.append(onnx.numpy_helper.from_array(rng.standard_normal(c).astype(dtype), "b"))
+    if past:
+        ins.append("s")
+        inits.append(onnx.numpy_helper.from_array(rng.standard_normal((b, c, k - 1)).astype(dtype), "s"))
+    node = helper.make_node("CausalConvWithState", ins, ["y", "state"], name="the_node", activation=act)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", ttype, (b, c, length))],
+                              [helper.make_tensor_value_info("y", ttype, (b, c, length)),
+                               helper.make_tensor_value_info("state", ttype, (b, c, k - 1))], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 27)])
+    want = ReferenceEvaluator(model).run(None, feeds)
+    g = import_onnx(model)
+    got = reference.run(g, feeds)
+    tol = 2e-3 if dtype == np.float16 else 1e-5
+    np.testing.assert_allclose(got[g.outputs[0].name], want[0], rtol=tol, atol=tol)
+    np.testing.assert_array_equal(got[g.outputs[1].name], want[1])

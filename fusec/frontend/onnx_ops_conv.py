@@ -1,4 +1,4 @@
-"""ONNX op handlers, part 3: convolution and pooling, lowered onto existing IR ops (no conv op).
+"""ONNX op handlers: convolutions, lowered onto existing IR ops (no conv op in the IR).
 
 - ``Conv`` whose kernel equals its stride (a ViT/CLIP patch embedding; a 1x1 conv too), without
   padding, dilation or groups: the input is cut into non-overlapping patches by a reshape and one
@@ -10,8 +10,9 @@
   the flattened spatial axis (padded taps read one zero element appended to it), then one GEMM
   ``W [M, C*K] @ cols [N, C*K, P]`` whose result is already channels-first (groups: a batch of
   ``group`` GEMMs).
-- ``MaxPool``/``AveragePool``: the same gathered windows reduced over the window axis;
-  ``GlobalAveragePool``/``GlobalMaxPool``: a reduction over the spatial axes.
+- ``ConvTranspose``: the same table, each (tap, output) pointing at the one input it reads;
+  ``CausalConvWithState`` (depthwise, causal): shifted slices times the per-channel taps.
+- the window geometry and the gathered windows serve ``onnx_ops_pool.py`` too.
 
 What has no cheap form here is refused with the node and the attribute named.
 """
@@ -23,6 +24,7 @@ import math
 
 import numpy as np
 
+from fusec.dtypes import DType
 from fusec.frontend.emit import Const, Sym, np_dtype
 from fusec.frontend.onnx_ctx import NodeCtx, handler
 from fusec.ops import Op
@@ -30,13 +32,13 @@ from fusec.ops import Op
 _MAX_INDEX_ELEMS = 1 << 26  # the constant im2col table: refuse a conv whose table would pass this
 
 
-def _reshape(cx: NodeCtx, x: Sym, shape: tuple[int, ...], final: bool = False) -> Sym:
+def reshape_to(cx: NodeCtx, x: Sym, shape: tuple[int, ...], final: bool = False) -> Sym:
     if tuple(x.shape) == tuple(shape):
         return x
     return cx.emit(Op.RESHAPE, x, final=final, shape=tuple(int(d) for d in shape))
 
 
-class _Window:
+class Window:
     """A sliding window's geometry over the spatial axes: kernel, strides, dilations, pads (begin,
     end per axis, after auto_pad), ceil_mode, and the output's spatial shape."""
 
@@ -107,7 +109,7 @@ def _table(coords: list[np.ndarray], spatial: tuple[int, ...]) -> np.ndarray:
     return idx
 
 
-def _windows(cx: NodeCtx, x: Sym, coords: list[np.ndarray], fill: float) -> Sym:
+def window_taps(cx: NodeCtx, x: Sym, coords: list[np.ndarray], fill: float) -> Sym:
     """[N, C, K, P]: the taps (per-axis coordinates ``coords``, see ``_table``) of every output
     position, gathered from the flattened spatial axis; taps in the padding read ``fill``."""
     n, c = x.shape[:2]
@@ -117,14 +119,14 @@ def _windows(cx: NodeCtx, x: Sym, coords: list[np.ndarray], fill: float) -> Sym:
         raise cx.fail(f"the im2col index table would hold {kk * p} entries (kernel {[a.shape[0] for a in coords]}, "
                       f"output {[a.shape[1] for a in coords]}); fusec refuses more than {_MAX_INDEX_ELEMS}")
     cx.em.check_size((n, c, kk, p), f"node {cx.node.name!r}: the im2col columns", np_dtype(x).itemsize)
-    flat = _reshape(cx, x, (n, c, math.prod(spatial)))
+    flat = reshape_to(cx, x, (n, c, math.prod(spatial)))
     if any((a < 0).any() for a in coords):
         pad = Const(np.full((n, c, 1), fill, dtype=np_dtype(x)))
         flat = cx.emit(Op.CONCAT, flat, pad, axis=2)
     return cx.emit(Op.GATHER, flat, Const(_table(coords, spatial)), axis=2)
 
 
-def _kernel_shape(cx: NodeCtx, w_shape: tuple[int, ...] | None, rank: int) -> list[int]:
+def kernel_shape_of(cx: NodeCtx, w_shape: tuple[int, ...] | None, rank: int) -> list[int]:
     ks = cx.attr("kernel_shape")
     if ks is None:
         if w_shape is None:
@@ -135,22 +137,22 @@ def _kernel_shape(cx: NodeCtx, w_shape: tuple[int, ...] | None, rank: int) -> li
     return [int(k) for k in ks]
 
 
-def _check_input(cx: NodeCtx, x: Sym, ints: bool = False) -> None:
+def check_input(cx: NodeCtx, x: Sym, ints: bool = False) -> None:
     if len(x.shape) < 3:
         raise cx.fail(f"input {list(x.shape)} needs rank >= 3 ([N, C, spatial...])")
     if np_dtype(x).kind != "f" and not (ints and np_dtype(x).kind in "iu"):
         raise cx.fail(f"input of dtype {np_dtype(x)} is not supported (floating-point only)")
 
 
-def _add_bias(cx: NodeCtx, y: Sym, bias: Sym | None, shape: tuple[int, ...], final: bool) -> Sym:
+def add_bias(cx: NodeCtx, y: Sym, bias: Sym | None, shape: tuple[int, ...], final: bool) -> Sym:
     if bias is None:
         return y
     if tuple(bias.shape) != (shape[-1] if len(shape) == 1 else shape[0],) and math.prod(bias.shape) != math.prod(shape):
         raise cx.fail(f"bias B {list(bias.shape)} must hold one value per output channel")
-    return cx.emit(Op.ADD, y, _reshape(cx, bias, shape), final=final)
+    return cx.emit(Op.ADD, y, reshape_to(cx, bias, shape), final=final)
 
 
-def _patch_conv(cx: NodeCtx, x: Sym, w: Sym, bias: Sym | None, win: _Window) -> Sym:
+def _patch_conv(cx: NodeCtx, x: Sym, w: Sym, bias: Sym | None, win: Window) -> Sym:
     """kernel == stride, no padding/dilation/groups: patches by reshape + transpose, one GEMM."""
     n, c, r = x.shape[0], x.shape[1], len(win.spatial)
     m = w.shape[0]
@@ -160,23 +162,23 @@ def _patch_conv(cx: NodeCtx, x: Sym, w: Sym, bias: Sym | None, win: _Window) -> 
     split = (n, c) + tuple(itertools.chain.from_iterable(zip(win.out, win.kernel)))
     # [N, C, O0, K0, O1, K1, ..] -> [N, O0, O1, .., C, K0, K1, ..]
     perm = (0,) + tuple(2 + 2 * i for i in range(r)) + (1,) + tuple(3 + 2 * i for i in range(r))
-    patches = cx.emit(Op.TRANSPOSE, _reshape(cx, x, split), perm=perm)
+    patches = cx.emit(Op.TRANSPOSE, reshape_to(cx, x, split), perm=perm)
     ck, p = c * math.prod(win.kernel), math.prod(win.out)
-    cols = _reshape(cx, patches, (n * p, ck))
-    wt = cx.emit(Op.TRANSPOSE, _reshape(cx, w, (m, ck)), perm=(1, 0))
+    cols = reshape_to(cx, patches, (n * p, ck))
+    wt = cx.emit(Op.TRANSPOSE, reshape_to(cx, w, (m, ck)), perm=(1, 0))
     y = cx.emit(Op.MATMUL, cols, wt)
-    y = _add_bias(cx, y, bias, (m,), final=False)
+    y = add_bias(cx, y, bias, (m,), final=False)
     # back to channels-first as [N, P, M] -> [N, M, P] -> [N, M, *out]: the flatten + transpose a
     # ViT/CLIP embedding applies next then cancels with these (simplify collapses reshape pairs
     # and transpose pairs), and no copy is left
-    y = cx.emit(Op.TRANSPOSE, _reshape(cx, y, (n, p, m)), perm=(0, 2, 1))
-    return _reshape(cx, y, (n, m) + win.out, final=True)
+    y = cx.emit(Op.TRANSPOSE, reshape_to(cx, y, (n, p, m)), perm=(0, 2, 1))
+    return reshape_to(cx, y, (n, m) + win.out, final=True)
 
 
 @handler("Conv")
 def _conv(cx: NodeCtx) -> list[Sym | None]:
     x, w = cx.x(0), cx.x(1)
-    _check_input(cx, x)
+    check_input(cx, x)
     bias = cx.x(2) if cx.has(2) else None
     r = len(x.shape) - 2
     n, c = x.shape[:2]
@@ -186,29 +188,29 @@ def _conv(cx: NodeCtx) -> list[Sym | None]:
     m, cg = w.shape[:2]
     if group < 1 or c % group or m % group or cg * group != c:
         raise cx.fail(f"attribute group={group} does not fit input channels {c} and weight {list(w.shape)}")
-    win = _Window(cx, tuple(x.shape[2:]), _kernel_shape(cx, tuple(w.shape), r))
+    win = Window(cx, tuple(x.shape[2:]), kernel_shape_of(cx, tuple(w.shape), r))
     if tuple(w.shape[2:]) != win.kernel:
         raise cx.fail(f"kernel_shape {list(win.kernel)} differs from the weight's {list(w.shape[2:])}")
     if group == 1 and win.kernel == win.strides and not (any(win.begin) or any(win.end)) and set(win.dilations) == {1}:
         return [_patch_conv(cx, x, w, bias, win)]
-    return [_gemm_windows(cx, x, _reshape(cx, w, (group, m // group, cg * math.prod(win.kernel))), bias,
+    return [_gemmwindow_taps(cx, x, reshape_to(cx, w, (group, m // group, cg * math.prod(win.kernel))), bias,
                           win.coords(), m, win.out)]
 
 
-def _gemm_windows(cx: NodeCtx, x: Sym, wg: Sym, bias: Sym | None, coords: list[np.ndarray], m: int,
+def _gemmwindow_taps(cx: NodeCtx, x: Sym, wg: Sym, bias: Sym | None, coords: list[np.ndarray], m: int,
                   out: tuple[int, ...]) -> Sym:
     """im2col + GEMM: ``wg`` [G, M/G, C/G*K] (group-major weights, taps fastest) times the gathered
     windows [N, C*K, P], channels-first out: [N, M, *out]."""
     n, c = x.shape[:2]
     group, ck = wg.shape[0], wg.shape[2]
     p = math.prod(out)
-    cols = _windows(cx, x, coords, 0.0)  # [N, C, K, P]
+    cols = window_taps(cx, x, coords, 0.0)  # [N, C, K, P]
     if group == 1:
-        y = cx.emit(Op.MATMUL, _reshape(cx, wg, (m, ck)), _reshape(cx, cols, (n, ck, p)))  # [N, M, P]
+        y = cx.emit(Op.MATMUL, reshape_to(cx, wg, (m, ck)), reshape_to(cx, cols, (n, ck, p)))  # [N, M, P]
     else:  # one GEMM per group: [G, M/G, C/G*K] @ [N, G, C/G*K, P] -> [N, G, M/G, P]
-        y = _reshape(cx, cx.emit(Op.MATMUL, wg, _reshape(cx, cols, (n, group, ck, p))), (n, m, p))
-    y = _add_bias(cx, y, bias, (m, 1), final=False)
-    return _reshape(cx, y, (n, m) + tuple(out), final=True)
+        y = reshape_to(cx, cx.emit(Op.MATMUL, wg, reshape_to(cx, cols, (n, group, ck, p))), (n, m, p))
+    y = add_bias(cx, y, bias, (m, 1), final=False)
+    return reshape_to(cx, y, (n, m) + tuple(out), final=True)
 
 
 @handler("ConvTranspose")
@@ -216,7 +218,7 @@ def _conv_transpose(cx: NodeCtx) -> list[Sym | None]:
     """y[o] = sum over taps k and inputs i with i * stride + k * dilation - pad_begin = o of x[i] w[k]:
     the same im2col + GEMM, the table pointing each (tap, output) at the one input it reads, if any."""
     x, w = cx.x(0), cx.x(1)
-    _check_input(cx, x)
+    check_input(cx, x)
     bias = cx.x(2) if cx.has(2) else None
     r = len(x.shape) - 2
     n, c = x.shape[:2]
@@ -225,7 +227,7 @@ def _conv_transpose(cx: NodeCtx) -> list[Sym | None]:
     if len(w.shape) != r + 2 or group < 1 or w.shape[0] != c or c % group:
         raise cx.fail(f"weight W {list(w.shape)} (attribute group={group}) does not fit input {list(x.shape)}")
     mg = w.shape[1]
-    kernel = tuple(_kernel_shape(cx, tuple(w.shape), r))
+    kernel = tuple(kernel_shape_of(cx, tuple(w.shape), r))
     if kernel != tuple(w.shape[2:]):
         raise cx.fail(f"kernel_shape {list(kernel)} differs from the weight's {list(w.shape[2:])}")
     attrs = {}
@@ -261,98 +263,48 @@ def _conv_transpose(cx: NodeCtx) -> list[Sym | None]:
         coords.append(np.where((t % st[ax] == 0) & (i >= 0) & (i < spatial[ax]), i, -1))
     # W [C, M/G, *k] -> [G, M/G, C/G * K]
     kk = math.prod(kernel)
-    wg = cx.emit(Op.TRANSPOSE, _reshape(cx, w, (group, c // group, mg, kk)), perm=(0, 2, 1, 3))
-    wg = _reshape(cx, wg, (group, mg, c // group * kk))
-    return [_gemm_windows(cx, x, wg, bias, coords, mg * group, tuple(out))]
+    wg = cx.emit(Op.TRANSPOSE, reshape_to(cx, w, (group, c // group, mg, kk)), perm=(0, 2, 1, 3))
+    wg = reshape_to(cx, wg, (group, mg, c // group * kk))
+    return [_gemmwindow_taps(cx, x, wg, bias, coords, mg * group, tuple(out))]
 
 
-def _pool_window(cx: NodeCtx, x: Sym, ints: bool = False) -> _Window:
-    _check_input(cx, x, ints)
-    r = len(x.shape) - 2
-    return _Window(cx, tuple(x.shape[2:]), _kernel_shape(cx, None, r), ceil_mode=bool(cx.attr("ceil_mode", 0)))
+@handler("CausalConvWithState")
+def _causal_conv(cx: NodeCtx) -> list[Sym | None]:
+    """Depthwise causal Conv1d over [past_state, input] (zeros without a state), an optional
+    SiLU, and the last k-1 positions as the new state: a sum of k shifted slices times the per-
+    channel taps (elementwise work the fusion pass joins), no im2col."""
+    x, w = cx.x(0), cx.x(1)
+    if len(x.shape) != 3 or len(w.shape) != 3 or tuple(w.shape[:2]) != (x.shape[1], 1) or w.shape[2] < 1:
+        raise cx.fail(f"input {list(x.shape)} and weight {list(w.shape)} must be [B, C, L] and [C, 1, k]")
+    if np_dtype(x).kind != "f":
+        raise cx.fail(f"input of dtype {np_dtype(x)} is not supported (floating-point only)")
+    act = cx.attr("activation", "none") or "none"
+    if act not in ("none", "silu", "swish"):
+        raise cx.fail(f"attribute activation={act!r} is not one of none, silu, swish")
+    b, c, length = x.shape
+    k = w.shape[2]
+    past = cx.x(3) if cx.has(3) else Const(np.zeros((b, c, k - 1), np_dtype(x)))
+    if tuple(past.shape) != (b, c, k - 1):
+        raise cx.fail(f"past_state {list(past.shape)} must be [{b}, {c}, {k - 1}]")
+    padded = cx.emit(Op.CONCAT, past, x, axis=2) if k > 1 else x
 
+    def window(v: Sym, start: int, size: int) -> Sym:
+        return cx.emit(Op.SLICE, v, axes=(2,), starts=(start,), ends=(start + size,), steps=(1,))
 
-@handler("MaxPool")
-def _maxpool(cx: NodeCtx) -> list[Sym | None]:
-    x = cx.x(0)
-    order = int(cx.attr("storage_order", 0))
-    if order not in (0, 1):
-        raise cx.fail(f"attribute storage_order={order} is not 0 or 1")
-    win = _pool_window(cx, x, ints=True)
-    n, c = x.shape[:2]
-    lowest = -np.inf if np_dtype(x).kind == "f" else np.iinfo(np_dtype(x)).min
-    taps = _windows(cx, x, win.coords(), lowest)
-    y = cx.emit(Op.REDUCE_MAX, taps, axes=(2,), keepdims=False)
-    out = _reshape(cx, y, (n, c) + win.out, final=True)
-    if not cx.used(1):
-        return [out, None]
-    # Indices: the flat input index (over N, C and the spatial axes, the latter column-major with
-    # storage_order=1) of the window's first maximum; a padded tap (-inf) is never the first one
-    table = win.table()  # [K, P]
-    kk, p = table.shape
-    size = math.prod(win.spatial)
-    if order:
-        inside = table < size
-        table[inside] = np.ravel_multi_index(np.unravel_index(table[inside], win.spatial), win.spatial, order="F")
-    k = cx.emit(Op.ARGMAX, taps, axis=2, keepdims=False)  # [N, C, P]: the tap of each maximum
-    flat = cx.emit(Op.ADD, cx.emit(Op.MUL, k, Const(np.asarray(p, np.int64))), Const(np.arange(p, dtype=np.int64)))
-    spatial = cx.emit(Op.GATHER, Const(table.reshape(-1)), flat, axis=0)
-    base = Const((np.arange(n * c, dtype=np.int64) * size).reshape(n, c, 1))
-    return [out, _reshape(cx, cx.emit(Op.ADD, spatial, base), (n, c) + win.out)]
-
-
-@handler("AveragePool")
-def _avgpool(cx: NodeCtx) -> list[Sym | None]:
-    x = cx.x(0)
-    win = _pool_window(cx, x)
-    n, c = x.shape[:2]
-    taps = _windows(cx, x, win.coords(), 0.0)
-    s = cx.emit(Op.REDUCE_SUM, taps, axes=(2,), keepdims=False)  # [N, C, P]
-    table = win.table()
-    size = math.prod(win.spatial)
-    if cx.attr("count_include_pad", 0):
-        # explicit pads count; what ceil_mode adds past the padded input does not
-        limit = tuple(nn + b + e for nn, b, e in zip(win.spatial, win.begin, win.end))
-        count = _count_in(win, limit)
-    else:
-        count = (table != size).sum(axis=0)
-    inv = Const((1.0 / np.maximum(count, 1)).astype(np_dtype(x)))
-    y = cx.emit(Op.MUL, s, inv)
-    return [_reshape(cx, y, (n, c) + win.out, final=True)]
-
-
-def _count_in(win: _Window, limit: tuple[int, ...]) -> np.ndarray:
-    """[P] how many taps of each window fall in [0, limit) of the padded input, per output position."""
-    per_axis = []
-    for ax in range(len(win.spatial)):
-        start = np.arange(win.out[ax]) * win.strides[ax]
-        taps = start[:, None] + np.arange(win.kernel[ax])[None, :] * win.dilations[ax]
-        per_axis.append(((taps >= 0) & (taps < limit[ax])).sum(axis=1))
-    grid = per_axis[0]
-    for a in per_axis[1:]:
-        grid = np.multiply.outer(grid, a)
-    return np.asarray(grid).reshape(-1)
-
-
-@handler("LpPool")
-def _lppool(cx: NodeCtx) -> list[Sym | None]:
-    """(sum over the window of |x|^p)^(1/p); padded taps add 0."""
-    x = cx.x(0)
-    win = _pool_window(cx, x)
-    n, c = x.shape[:2]
-    p = float(cx.attr("p", 2))
-    if p <= 0:
-        raise cx.fail(f"attribute p={p} must be positive")
     dt = np_dtype(x)
-    taps = cx.emit(Op.POW, cx.emit(Op.ABS, _windows(cx, x, win.coords(), 0.0)), Const(np.asarray(p, dt)))
-    s = cx.emit(Op.REDUCE_SUM, taps, axes=(2,), keepdims=False)
-    y = cx.emit(Op.POW, s, Const(np.asarray(1.0 / p, dt)))
-    return [_reshape(cx, y, (n, c) + win.out, final=True)]
+    wide = dt.itemsize < 4  # fp16/bf16: accumulate the taps and apply SiLU in fp32, round once
 
+    def f32(v: Sym) -> Sym:
+        return cx.emit(Op.CAST, v, to=DType.F32) if wide else v
 
-@handler("GlobalAveragePool", "GlobalMaxPool")
-def _global_pool(cx: NodeCtx) -> list[Sym | None]:
-    x = cx.x(0)
-    _check_input(cx, x)
-    op = Op.REDUCE_MEAN if cx.node.op_type == "GlobalAveragePool" else Op.REDUCE_MAX
-    return [cx.emit(op, x, final=True, axes=tuple(range(2, len(x.shape))), keepdims=True)]
+    y = None
+    for j in range(k):
+        term = cx.emit(Op.MUL, f32(window(padded, j, length)), f32(reshape_to(cx, window(w, j, 1), (c, 1))))
+        y = term if y is None else cx.emit(Op.ADD, y, term)
+    if cx.has(2):
+        y = cx.emit(Op.ADD, y, f32(reshape_to(cx, cx.x(2), (c, 1))))
+    if act != "none":
+        y = cx.emit(Op.SILU, y)
+    if wide:
+        y = cx.emit(Op.CAST, y, to=DType.from_np(dt))
+    return [y, window(padded, length, k - 1) if cx.used(1) else None]
