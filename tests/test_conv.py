@@ -218,3 +218,16 @@ def test_causal_conv_with_state_matches_onnx_reference(k: int, past: bool, bias:
     tol = 2e-3 if dtype == np.float16 else 1e-5
     np.testing.assert_allclose(got[g.outputs[0].name], want[0], rtol=tol, atol=tol)
     np.testing.assert_array_equal(got[g.outputs[1].name], want[1])
+
+
+def test_maxpool_indices_feed_maxunpool_like_onnx_reference() -> None:
+    x = np.random.default_rng(6).standard_normal((2, 3, 6, 6)).astype(np.float32)
+    nodes = [helper.make_node("MaxPool", ["x"], ["y", "i"], name="pool", kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("MaxUnpool", ["y", "i"], ["z"], name="unpool", kernel_shape=[2, 2], strides=[2, 2])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, x.shape)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22)])
+    want = ReferenceEvaluator(model).run(None, {"x": x})[0]
+    got = reference.run(import_onnx(model), {"x": x})["z"]
+    np.testing.assert_array_equal(got, want)
+    assert (got != 0).sum() == x.size // 4  # one maximum kept per window

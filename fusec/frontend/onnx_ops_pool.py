@@ -5,8 +5,8 @@
   taps and the constant tap -> input index table (row- or column-major per ``storage_order``);
 - ``AveragePool``: REDUCE_SUM times a constant 1 / count per output position (``count_include_pad``
   and ``ceil_mode`` decide which taps count);
-- ``LpPool``: (sum |x|^p)^(1/p); ``GlobalAveragePool``/``GlobalMaxPool``: a reduction over the
-  spatial axes.
+- ``LpPool``: (sum |x|^p)^(1/p); ``MaxUnpool``: a scatter into zeros;
+  ``GlobalAveragePool``/``GlobalMaxPool``: a reduction over the spatial axes.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import math
 
 import numpy as np
 
+from fusec.dtypes import DType
 from fusec.frontend.emit import Const, Sym, np_dtype
 from fusec.frontend.onnx_ctx import NodeCtx, handler
 from fusec.frontend.onnx_ops_conv import Window, check_input, kernel_shape_of, reshape_to, window_taps
@@ -111,3 +112,32 @@ def _global_pool(cx: NodeCtx) -> list[Sym | None]:
     check_input(cx, x)
     op = Op.REDUCE_MEAN if cx.node.op_type == "GlobalAveragePool" else Op.REDUCE_MAX
     return [cx.emit(op, x, final=True, axes=tuple(range(2, len(x.shape))), keepdims=True)]
+
+
+@handler("MaxUnpool")
+def _max_unpool(cx: NodeCtx) -> list[Sym | None]:
+    """Zeros with each X written at its flat index I (over the whole output, as MaxPool's Indices
+    count): one SCATTER_ND into a zero tensor of the output's size."""
+    x, idx = cx.x(0), cx.x(1)
+    check_input(cx, x)
+    r = len(x.shape) - 2
+    if tuple(idx.shape) != tuple(x.shape) or np_dtype(idx).kind not in "iu":
+        raise cx.fail(f"indices I {list(idx.shape)} must be integers shaped like X {list(x.shape)}")
+    kernel = kernel_shape_of(cx, None, r)
+    strides = [int(s) for s in (cx.attr("strides") or [1] * r)]
+    pads = [int(p) for p in (cx.attr("pads") or [0] * (2 * r))]
+    if len(strides) != r or len(pads) != 2 * r or min(strides) < 1 or min(pads) < 0:
+        raise cx.fail(f"attributes strides={strides} / pads={pads} do not fit {r} spatial axes")
+    shape = cx.ints(2)
+    if shape is None:
+        shape = list(x.shape[:2]) + [(n - 1) * s + k - b - e for n, s, k, b, e in
+                                     zip(x.shape[2:], strides, kernel, pads[:r], pads[r:])]
+    if len(shape) != r + 2 or tuple(shape[:2]) != tuple(x.shape[:2]) or min(shape) < 1:
+        raise cx.fail(f"output shape {shape} does not fit X {list(x.shape)}")
+    cx.em.check_size(shape, f"node {cx.node.name!r}: the unpooled output", np_dtype(x).itemsize)
+    size = math.prod(shape)
+    flat = cx.emit(Op.SCATTER_ND, Const(np.zeros(size, np_dtype(x))),
+                   reshape_to(cx, cx.emit(Op.CAST, idx, to=DType.I64) if np_dtype(idx) != np.int64 else idx,
+                              (math.prod(idx.shape), 1)),
+                   reshape_to(cx, x, (math.prod(x.shape),)))
+    return [reshape_to(cx, flat, tuple(shape), final=True)]
