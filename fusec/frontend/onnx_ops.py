@@ -124,8 +124,10 @@ def _softmax(cx: NodeCtx) -> list[Sym | None]:
 
 @handler("LayerNormalization")
 def _layernorm(cx: NodeCtx) -> list[Sym | None]:
-    if cx.used(1) or cx.used(2):
-        raise cx.fail("only output Y of LayerNormalization is supported (Mean/InvStdDev are used)")
+    if cx.used(1) or cx.used(2):  # Mean / InvStdDev used: decomposed (onnx_ops_norm)
+        from fusec.frontend.onnx_ops_norm import layernorm_with_stats
+
+        return layernorm_with_stats(cx)
     x = cx.x(0)
     axis = cx.axis(int(cx.attr("axis", -1)), len(x.shape))
     ins = [x, cx.x(1)] + ([cx.x(2)] if cx.has(2) else [])
