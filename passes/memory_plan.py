@@ -117,11 +117,12 @@ class MemoryPlan:
         return MemoryPlan(**fields)
 
 
-def greedy_by_size(records: list[UsageRecord]) -> int:
-    """Assign ``offset`` to every record; returns the arena size. Deterministic."""
+def _place(records: list[UsageRecord], key: Any) -> int:
+    """Best-fit offsets in the order ``key`` gives (each record into the smallest gap among the
+    time-overlapping records already placed, else above them); returns the arena size."""
     placed: list[UsageRecord] = []  # kept sorted by offset
     top = 0
-    for rec in sorted(records, key=lambda r: (-r.size, r.first, r.name)):
+    for rec in sorted(records, key=key):
         if rec.size == 0:
             rec.offset = 0
             continue
@@ -138,6 +139,44 @@ def greedy_by_size(records: list[UsageRecord]) -> int:
         placed.sort(key=lambda r: r.offset)
         top = max(top, rec.offset + rec.size)
     return top
+
+
+REPAIR_ROUNDS = 8
+_REPAIR_BUDGET = 4_000_000  # record pairs compared over all repair rounds (each placement is O(n^2))
+
+
+def greedy_by_size(records: list[UsageRecord]) -> int:
+    """Assign ``offset`` to every record; returns the arena size. Deterministic.
+
+    Greedy by size first. When that ends above the lower bound, a few repair rounds: the records
+    placed above the bound move ahead of their size class (a priority bumped once per round they
+    overflow) and the placement is redone; the smallest arena wins. Greedy by size places the large
+    per-layer buffers before the small long-lived ones that cross layers (a residual stream, a mask),
+    which then find no gap; placed earlier, they leave the large ones a layout that fits (GPT-2 tiny:
+    1.096x -> 1.0x the bound)."""
+    bound = lower_bound(records, max((r.last for r in records), default=0) + 1)
+    prio: dict[str, int] = {}
+
+    def key(r: UsageRecord) -> tuple[Any, ...]:
+        return (-prio.get(r.name, 0), -r.size, r.first, r.name)
+
+    top = _place(records, key)
+    best = (top, {r.name: r.offset for r in records})
+    rounds = min(REPAIR_ROUNDS, _REPAIR_BUDGET // max(len(records) ** 2, 1)) if top > bound else 0
+    for _ in range(rounds):
+        over = [r.name for r in records if r.offset + r.size > bound and not r.pinned]
+        if not over:
+            break
+        for name in over:
+            prio[name] = prio.get(name, 0) + 1
+        top = _place(records, key)
+        if top < best[0]:
+            best = (top, {r.name: r.offset for r in records})
+        if top <= bound:
+            break
+    for r in records:
+        r.offset = best[1][r.name]
+    return best[0]
 
 
 def lower_bound(records: list[UsageRecord], steps: int) -> int:

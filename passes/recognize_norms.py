@@ -62,7 +62,7 @@ def _core(ctx: Ctx, q: Value) -> _Core | None:
     if not ctx.single_use(sq.inputs[0]):
         return None
     eps, ts = terms(ctx, sq.inputs[0], nodes)
-    if len(ts) != 1 or eps < 0:
+    if len(ts) != 1 or not 0 <= eps < float("inf"):  # the row kernels take a finite eps >= 0
         return None
     red = ctx.prod(ts[0], Op.REDUCE_MEAN)
     if red is None or not ctx.single_use(ts[0]):

@@ -84,6 +84,10 @@ def _match(ctx: Ctx, rw: Rewriter, root: Node, opts: PassOptions) -> bool:
                     return False
             if rw.claimed(matched):
                 return False
+            why = _unsupported(x.shape, cos, sin, x.shape[-1])
+            if why:
+                opts.decline("rope", where, why)
+                return False
             try:
                 _emit(ctx, rw, root, x, cos, sin, matched)
             except ValueError as e:  # cos/sin that do not broadcast to the rotated part
@@ -91,6 +95,20 @@ def _match(ctx: Ctx, rw: Rewriter, root: Node, opts: PassOptions) -> bool:
                 return False
             return True
     return False
+
+
+def _unsupported(x: tuple[int, ...], cos: Value, sin: Value, rd: int) -> str:
+    """Why no rope kernel takes a ROPE over x [B, H, S, D] rotating ``rd`` columns ("" if one does):
+    they read cos/sin as [B|1, 1, S|1, rd] rows shared by every head (any layout the reference runs
+    is still recognized by nothing else, so declining keeps the model compilable)."""
+    c = (1,) * (4 - len(cos.shape)) + cos.shape
+    if len(x) != 4:
+        return f"rope over a rank-{len(x)} x {list(x)}: the rope kernels take [B, H, S, D]"
+    if cos.shape != sin.shape or len(c) != 4 or not (cos.dtype.is_float and sin.dtype.is_float):
+        return f"cos {cos.type_str} and sin {sin.type_str} are not one float layout"
+    if c[0] not in (1, x[0]) or (c[1] != 1 and x[1] != 1) or c[2] not in (1, x[2]) or c[3] != rd:
+        return f"cos/sin {list(cos.shape)} are not [B|1, 1, S|1, {rd}] rows shared by every head of x {list(x)}"
+    return ""
 
 
 def _emit(ctx: Ctx, rw: Rewriter, root: Node, x: Value, cos: Value, sin: Value, matched: list[Node]) -> None:

@@ -207,3 +207,28 @@ def test_rope_with_one_head_lowers(heads: int, rd: int) -> None:
     b.output(b.emit(Op.ROPE, x, cos, sin, rotary_dim=rd), "y")
     plan = fusec.compile(b.build(), dtype="fp16", arch="sm_90")
     assert plan.info()["launches"] > 0
+
+
+@pytest.mark.parametrize("x_shape, cs_shape, why", [
+    ((2, 3, 5, 8), (1, 3, 5, 8), "rows shared by every head"),  # cos/sin per head: no rope kernel reads that
+    ((6, 5, 8), (1, 5, 8), "rank-3"),  # heads folded into the batch
+])
+def test_rope_no_kernel_takes_is_declined_and_compiles(x_shape: tuple, cs_shape: tuple, why: str) -> None:
+    from fusec.builder import GraphBuilder
+    from fusec.dtypes import DType
+    from fusec.ops import Op
+
+    f, d, ax = DType.F32, x_shape[-1], len(x_shape) - 1
+    b = GraphBuilder("rope")
+    x = b.input("x", x_shape, f)
+    cos, sin = b.input("cos", cs_shape, f), b.input("sin", cs_shape, f)
+    halves = [b.emit(Op.SLICE, x, axes=(ax,), starts=(s,), ends=(e,), steps=(1,)) for s, e in ((0, d // 2), (d // 2, d))]
+    rh = b.emit(Op.CONCAT, b.emit(Op.NEG, halves[1]), halves[0], axis=ax)
+    b.output(b.emit(Op.ADD, b.emit(Op.MUL, x, cos), b.emit(Op.MUL, rh, sin)), "y")
+    g0 = b.build()
+    g, opts = optimize(g0, PassOptions())
+    assert g.meta["patterns"]["rope"] == 0
+    assert any(why in r for p, _, r in opts.declines if p == "rope"), opts.declines
+    feed = _feed(g0)
+    assert _rel(reference.run(g, feed)["y"], reference.run(g0, feed)["y"]) <= 1e-6
+    assert fusec.compile(g0, dtype="fp16", arch="sm_90").info()["launches"] > 0

@@ -203,6 +203,8 @@ def _attention_plan(body: Graph) -> dict[str, Any]:
     for _, view in operands[:3] + [(0, oview)]:
         if view.strides[-1] != 1:
             raise _NoPlan("attention operands need a contiguous head dim")
+        if a.output.dtype in S.HALFS and any(x % 8 for x in view.strides[:3]):  # AttentionSpec's own rule
+            raise _NoPlan("tensor-core attention reads operands through strides that keep rows 16-byte aligned")
     return {"node": a, "operands": operands, "out": oview}
 
 
@@ -271,7 +273,7 @@ def _rope_plan(body: Graph) -> tuple[Node, int, L.View, L.View]:
     cos, sin = rope.inputs[1:]
     B, H, S_, _ = rope.output.shape
     cst = L.broadcast_to(L.View.contiguous(cos.shape), (B, H, S_, rope.attrs.rotary_dim))
-    if cst is None or cst.strides[1] != 0 or cst.strides[3] != 1 or cos.shape != sin.shape:
+    if cst is None or (cst.strides[1] != 0 and H != 1) or cst.strides[3] != 1 or cos.shape != sin.shape:
         raise _NoPlan(f"rope cos/sin {list(cos.shape)} are not [S, rotary_dim] rows shared by every head")
     return rope, xi, xview, cst
 

@@ -45,6 +45,10 @@ def plan(body: Graph) -> dict[str, Any]:
                      f"got {list(shape)} rotating {rope.attrs.rotary_dim}")
     if any(c not in body.inputs for c in rope.inputs[1:]):
         raise NoPlan("RoPE must read cos/sin directly")
+    cos, sin = rope.inputs[1:]
+    cs = L.broadcast_to(L.View.contiguous(cos.shape), shape)
+    if cs is None or cos.shape != sin.shape or (cs.strides[1] != 0 and shape[1] != 1) or cs.strides[3] != 1:
+        raise NoPlan(f"cos/sin {list(cos.shape)} are not [B|1, 1, S|1, D] rows shared by every head")
     norm = norms[0] if norms else None
     if norm is not None:
         if len(norm.inputs) != 2 or norm.inputs[1].shape != (shape[3],) or norm.inputs[0].shape[-1] != shape[3]:
