@@ -18,6 +18,7 @@ import fusec
 from fusec import reference
 from fusec.builder import GraphBuilder
 from fusec.codegen import copyspecs as CS
+from fusec.codegen import elementwise as E
 from fusec.codegen import specs as S
 from fusec.dtypes import DType
 from fusec.lower import Context
@@ -119,10 +120,18 @@ def _emulate(launches: list[dict], mem: dict[str, np.ndarray]) -> None:
             src = _strided(mem, args[0], spec.dtype, spec.shape, spec.src_strides, spec.src_offset)
             dst = _strided(mem, args[1], spec.dtype, spec.shape, spec.dst_strides, spec.dst_offset)
             dst[...] = src.copy()
+        elif isinstance(spec, S.ElementwiseSpec) and isinstance(spec.expr, E.Apply) and spec.expr.args == (E.In(0),) \
+                and spec.expr.op in (Op.NEG, Op.BITWISE_NOT) \
+                and all(d == 1 or a == b for d, a, b in zip(spec.shape, spec.inputs[0].strides,
+                                                            S.contiguous_strides(spec.shape))):
+            n = math.prod(spec.shape)
+            x = _buf(mem, args[0], spec.out_dtype, n).copy()
+            _buf(mem, args[1], spec.out_dtype, n)[...] = -x if spec.expr.op == Op.NEG else ~x
         elif isinstance(spec, S.RowReduceSpec) and spec.kind in ("sum", "mean", "max"):
             x = _buf(mem, args[0], spec.dtype, spec.outer * spec.cols * spec.inner).reshape(spec.outer, spec.cols, spec.inner)
             fn = {"sum": np.sum, "mean": np.mean, "max": np.max}[spec.kind]
-            _buf(mem, args[1], spec.dtype, spec.outer * spec.inner)[...] = fn(x.astype(np.float64), axis=1).reshape(-1)
+            wide = x if spec.dtype.is_int else x.astype(np.float64)
+            _buf(mem, args[1], spec.dtype, spec.outer * spec.inner)[...] = fn(wide, axis=1).reshape(-1)
         else:
             raise AssertionError(f"{L['label']}: the emulator has no model of {type(spec).__name__}")
 
@@ -175,10 +184,16 @@ def test_broadcast_matmul_launches_compute_the_reference(sa, sb) -> None:
 
 
 @pytest.mark.parametrize("shape,axes", REDUCES)
-@pytest.mark.parametrize("op", [Op.REDUCE_SUM, Op.REDUCE_MEAN, Op.REDUCE_MAX])
-def test_reduce_over_any_axes_launches_compute_the_reference(shape, axes, op: Op) -> None:
-    g = _reduce_graph(shape, axes, op, keepdims=bool(len(axes) % 2))
+@pytest.mark.parametrize("op,dt", [(Op.REDUCE_SUM, DType.F32), (Op.REDUCE_MEAN, DType.F32), (Op.REDUCE_MAX, DType.F32),
+                                   (Op.REDUCE_MIN, DType.F32), (Op.REDUCE_MIN, DType.I64)])
+def test_reduce_over_any_axes_launches_compute_the_reference(shape, axes, op: Op, dt: DType) -> None:
+    g = _reduce_graph(shape, axes, op, keepdims=bool(len(axes) % 2), dt=dt)
     feeds = _feeds(g)
+    if dt.is_int:  # the whole int64 range, its ends included: ~x never overflows
+        rng = np.random.default_rng(3)
+        x = rng.integers(-(2**63), 2**63 - 1, size=shape, dtype=np.int64, endpoint=True)
+        x.reshape(-1)[:2] = (-(2**63), 2**63 - 1)
+        feeds = {"x": x}
     got, launches = _run_lowered(g, feeds)
     np.testing.assert_allclose(got["y"], reference.run(g, feeds)["y"], rtol=1e-5, atol=1e-6)
     copies = [L for L in launches if isinstance(L.get("spec"), CS.CopySpec)]
@@ -188,7 +203,7 @@ def test_reduce_over_any_axes_launches_compute_the_reference(shape, axes, op: Op
 @pytest.mark.parametrize("case", ["matmul", "reduce"])
 def test_broadcast_lowerings_compile_for_sm90(case: str) -> None:
     graphs = ([_matmul_graph(sa, sb) for sa, sb in MATMULS] if case == "matmul"
-              else [_reduce_graph(s, a) for s, a in REDUCES])
+              else [_reduce_graph(s, a, op) for s, a in REDUCES for op in (Op.REDUCE_SUM, Op.REDUCE_MIN)])
     for g in graphs:
         plan = fusec.compile(g, dtype="fp16", arch="sm_90")
         assert plan.info()["launches"] >= 1
@@ -222,7 +237,7 @@ def test_broadcast_matmul_on_the_gpu(sa, sb, dtype: str, tol: float) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape,axes", REDUCES)
-@pytest.mark.parametrize("op", [Op.REDUCE_SUM, Op.REDUCE_MAX])
+@pytest.mark.parametrize("op", [Op.REDUCE_SUM, Op.REDUCE_MAX, Op.REDUCE_MIN])
 def test_reduce_over_any_axes_on_the_gpu(shape, axes, op: Op) -> None:
     _gpu_check(_reduce_graph(shape, axes, op), "fp32", 1e-5)
 

@@ -131,15 +131,32 @@ def _outer_cols_inner(shape: tuple[int, ...], axes: tuple[int, ...], label: str)
 
 def _reduce(ctx: Context, node: Node, label: str) -> None:
     """One row-reduce kernel; reduced axes that are not adjacent (extent-1 axes aside) are first
-    made so by a transposed copy into scratch (kept axes first, reduced axes last)."""
+    made so by a transposed copy into scratch (kept axes first, reduced axes last). A min is the
+    max kernel between two order-reversing flips, both exact: -x for floats, ~x for integers."""
     x = node.inputs[0]
     perm, outer, cols, inner = B.reduce_transpose(x.shape, node.attrs.axes)
-    kind = {Op.REDUCE_SUM: "sum", Op.REDUCE_MEAN: "mean", Op.REDUCE_MAX: "max"}[node.op]
+    kind = {Op.REDUCE_SUM: "sum", Op.REDUCE_MEAN: "mean", Op.REDUCE_MAX: "max", Op.REDUCE_MIN: "max"}[node.op]
+    flip = None
+    if node.op == Op.REDUCE_MIN:
+        if not (x.dtype.is_float or x.dtype.is_int):
+            raise LoweringError(f"{label}: reduce_min of {x.dtype.value} has no GPU lowering")
+        flip = single_op(Op.NEG if x.dtype.is_float else Op.BITWISE_NOT, 1)
+    step = -(-x.nbytes // 256) * 256
+    base = ctx.scratch(step * ((flip is not None) + (perm is not None))) if flip or perm else None
     src: Value | Raw = x
+    if flip is not None:
+        spec = S.elementwise_spec(flip, [x.shape], [x.dtype], x.shape, vectorize=ctx.aligned(x))
+        src = Raw(base.space, base.offset)
+        ctx.kernel(spec, [x, src], f"{label} flip order")
     if perm is not None:
-        src = ctx.scratch(x.nbytes)
-        ctx.kernel(C.transpose(x.shape, perm, x.dtype), [x, src], f"{label} reduced axes last")
-    ctx.kernel(S.RowReduceSpec(kind, outer, cols, x.dtype, inner=inner), [src, node.output], label)
+        dst = Raw(base.space, base.offset + (step if flip is not None else 0))
+        ctx.kernel(C.transpose(x.shape, perm, x.dtype), [src, dst], f"{label} reduced axes last")
+        src = dst
+    out = node.output
+    ctx.kernel(S.RowReduceSpec(kind, outer, cols, x.dtype, inner=inner), [src, out], label)
+    if flip is not None:
+        spec = S.elementwise_spec(flip, [out.shape], [out.dtype], out.shape, vectorize=ctx.aligned(out))
+        ctx.kernel(spec, [out, out], f"{label} flip back")
 
 
 def _softmax(ctx: Context, node: Node, label: str) -> None:
@@ -232,6 +249,7 @@ LOWER: dict[Op, Callable[[Context, Node, str], None]] = {
     Op.REDUCE_SUM: _reduce,
     Op.REDUCE_MEAN: _reduce,
     Op.REDUCE_MAX: _reduce,
+    Op.REDUCE_MIN: _reduce,
     Op.SOFTMAX: _softmax,
     Op.LAYERNORM: _layernorm,
     Op.RMSNORM: _rmsnorm,
