@@ -177,7 +177,9 @@ def export_case(case: str, exporter: str) -> tuple[str, dict[str, np.ndarray], A
                 stamp.write_text(want)
             except Exception as e:  # the exporter's own failure, in one line
                 msg = str(e).strip().splitlines()
-                _CACHE[key] = f"{exporter} export of {case} failed: {type(e).__name__}: {msg[0][:300] if msg else ''}"
+                cause = [m for m in msg if m.startswith("<class ")]  # torch.onnx's wrapped root cause
+                line = (cause or msg or [""])[-1 if cause else 0]
+                _CACHE[key] = f"{exporter} export of {case} failed: {type(e).__name__}: {line[:300]}"
     got = _CACHE[key]
     if isinstance(got, str):
         pytest.skip(got)

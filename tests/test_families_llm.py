@@ -232,3 +232,29 @@ def test_rope_no_kernel_takes_is_declined_and_compiles(x_shape: tuple, cs_shape:
     feed = _feed(g0)
     assert _rel(reference.run(g, feed)["y"], reference.run(g0, feed)["y"]) <= 1e-6
     assert fusec.compile(g0, dtype="fp16", arch="sm_90").info()["launches"] > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+@pytest.mark.parametrize("d, unfused", [(4, False), (256, False), (4, True), (256, True)])
+def test_attention_left_unfused_runs_on_the_gpu(d: int, unfused: bool, dtype: str) -> None:
+    """The fallbacks above on the device: an eager attention recognition declined (head_dim 4; 256
+    in fp16) and an ATTENTION node unfused again, against the reference."""
+    import cupy
+
+    from fusec.builder import GraphBuilder
+    from fusec.dtypes import DType
+    from fusec.ops import Op
+
+    if unfused:
+        b = GraphBuilder("attn")
+        ins = [b.input("q", (2, 4, 5, d), DType.F32), b.input("k", (2, 1, 7, d), DType.F32),
+               b.input("v", (2, 1, 7, d), DType.F32), b.input("mask", (2, 1, 5, 7), DType.F32)]
+        b.output(b.emit(Op.ATTENTION, *ins, scale=d ** -0.5, causal=True, nan_to_zero=False), "o")
+        g0 = b.build()
+    else:
+        g0 = _eager_graph(4, 1, d)
+    feed = _feed(g0)
+    want = reference.run(g0, feed)["o"]
+    got = cupy.asnumpy(fusec.compile(g0, dtype=dtype).run(feed)["o"]).astype(np.float32)
+    assert np.isfinite(got).all() and _rel(got, want) < TOL[dtype]
