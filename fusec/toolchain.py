@@ -286,10 +286,12 @@ def require_compiler() -> None:
         raise ToolchainError(why) from e
 
 
-def gpu_missing_reason() -> str | None:
-    """Why no GPU is usable here, in a few words (CuPy missing, no driver, no device); None with one."""
+def gpu_missing_reason(with_fix: bool = True) -> str | None:
+    """Why no GPU is usable here, in a few words (CuPy missing, no driver, no device); None with one.
+    ``with_fix``: name the pip command when CuPy is missing."""
     if installed_cupy() is None:
-        return "CuPy is not installed (" + pip_command("cupy", "nvrtc", "cublas", "pathfinder") + ")"
+        fix = ": " + pip_command("cupy", "nvrtc", "cublas", "pathfinder") if with_fix else ""
+        return f"no GPU usable (CuPy is not installed{fix})"
     from fusec import device
 
     if device.gpu_available():

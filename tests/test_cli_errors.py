@@ -248,3 +248,23 @@ def test_sigint_during_compile_exits_130_without_a_traceback(tmp_path) -> None:
     assert proc.returncode == 130, err
     assert err.splitlines()[-1] == "fusec: error: interrupted" and "Traceback" not in err
     assert list(out.parent.iterdir()) == []
+
+
+@pytest.mark.parametrize("argv", [["run", "gpt2-tiny", "--backend", "cuda"], ["ab", "gpt2-tiny"]])
+def test_gpu_commands_without_cupy_say_cupy_is_missing_not_no_device(capsys, monkeypatch, argv) -> None:
+    monkeypatch.setattr(toolchain, "installed_cupy", lambda: None)
+    code, out, err = call(capsys, argv)
+    msg = one_error_line(err)
+    assert code == 1 and out == "" and "CuPy sees no" not in msg
+    assert f"needs a GPU: no GPU usable (CuPy is not installed: {_pip('cupy', 'nvrtc', 'cublas', 'pathfinder')})" in msg
+
+
+def test_run_without_cupy_notes_it_once_and_runs_the_reference(capsys, monkeypatch) -> None:
+    monkeypatch.setattr(toolchain, "installed_cupy", lambda: None)
+    monkeypatch.setattr(device, "gpu_available", lambda: False)
+    hide_cupy(monkeypatch)
+    code, out, err = call(capsys, ["run", "gpt2-tiny"])
+    assert code == 0 and out.startswith("model gpt2-tiny  backend reference")
+    first, second = err.splitlines()
+    assert first == "no GPU usable (CuPy is not installed): running the numpy reference backend"
+    assert second.startswith("the side compile for the GPU failed, the reference result follows: CuPy is not installed")

@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     if not device.gpu_available():
         from fusec import toolchain
 
-        note(f"{toolchain.gpu_missing_reason() or 'no GPU found'}: running the numpy reference backend")
+        note(f"{toolchain.gpu_missing_reason(with_fix=False) or 'no GPU found'}: running the numpy reference backend")
         from fusec.generation import ReferenceEngine
         from fusec.genmodel import build_graphs
 

@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
         save_outputs_npz(args.save_inputs, inputs)
     if not explicit and backend == "reference":
         # after loading, so that a bad model or input stays a single line on stderr
-        note(NO_GPU_NOTE.format(why=toolchain.gpu_missing_reason() or "no GPU found"))
+        note(NO_GPU_NOTE.format(why=toolchain.gpu_missing_reason(with_fix=False) or "no GPU found"))
         _cross_compile(args, graph)
         t.append(("side compile", time.perf_counter()))
     stats = None
