@@ -102,6 +102,15 @@ def _strided(mem, addr, dt: DType, shape, strides, offset: int) -> np.ndarray:  
     return np.lib.stride_tricks.as_strided(base[offset:], shape, [s * dt.itemsize for s in strides], writeable=True)
 
 
+def _eval(e, ins: list[np.ndarray]) -> np.ndarray:  # noqa: ANN001
+    if isinstance(e, E.In):
+        return ins[e.index]
+    if isinstance(e, E.Const):
+        return np.asarray(e.value, e.dtype.np)
+    with np.errstate(all="ignore"):
+        return np.asarray(reference.IMPL[e.op](e.attrs, *[_eval(a, ins) for a in e.args]))
+
+
 def _emulate(launches: list[dict], mem: dict[str, np.ndarray]) -> None:
     for L in launches:
         if L["type"] == "gemm":
@@ -120,13 +129,14 @@ def _emulate(launches: list[dict], mem: dict[str, np.ndarray]) -> None:
             src = _strided(mem, args[0], spec.dtype, spec.shape, spec.src_strides, spec.src_offset)
             dst = _strided(mem, args[1], spec.dtype, spec.shape, spec.dst_strides, spec.dst_offset)
             dst[...] = src.copy()
-        elif isinstance(spec, S.ElementwiseSpec) and isinstance(spec.expr, E.Apply) and spec.expr.args == (E.In(0),) \
-                and spec.expr.op in (Op.NEG, Op.BITWISE_NOT) \
-                and all(d == 1 or a == b for d, a, b in zip(spec.shape, spec.inputs[0].strides,
-                                                            S.contiguous_strides(spec.shape))):
-            n = math.prod(spec.shape)
-            x = _buf(mem, args[0], spec.out_dtype, n).copy()
-            _buf(mem, args[1], spec.out_dtype, n)[...] = -x if spec.expr.op == Op.NEG else ~x
+        elif isinstance(spec, S.ElementwiseSpec):  # the expression evaluated by the reference's op table
+            ins = [_strided(mem, a, o.dtype, spec.shape, o.strides, 0).copy() for a, o in zip(args, spec.inputs)]
+            _buf(mem, args[-1], spec.out_dtype, math.prod(spec.shape))[...] = _eval(spec.expr, ins).reshape(-1)
+        elif isinstance(spec, S.CumsumSpec):
+            x = _buf(mem, args[0], spec.dtype, spec.outer * spec.n * spec.inner).reshape(spec.outer, spec.n, spec.inner)
+            c = np.cumsum(x[:, ::-1] if spec.reverse else x, axis=1)
+            c = (c - (x[:, ::-1] if spec.reverse else x)) if spec.exclusive else c
+            _buf(mem, args[1], spec.dtype, x.size)[...] = (c[:, ::-1] if spec.reverse else c).reshape(-1)
         elif isinstance(spec, S.RowReduceSpec) and spec.kind in ("sum", "mean", "max"):
             x = _buf(mem, args[0], spec.dtype, spec.outer * spec.cols * spec.inner).reshape(spec.outer, spec.cols, spec.inner)
             fn = {"sum": np.sum, "mean": np.mean, "max": np.max}[spec.kind]
@@ -200,6 +210,39 @@ def test_reduce_over_any_axes_launches_compute_the_reference(shape, axes, op: Op
     assert len(copies) == (reduce_transpose(shape, tuple(axes))[0] is not None)
 
 
+ARGS = [((3, 5), 1), ((4, 3, 2), 1), ((2, 3, 4), 0), ((6,), 0)]
+
+
+@pytest.mark.parametrize("shape,axis", ARGS)
+@pytest.mark.parametrize("op", [Op.ARGMAX, Op.ARGMIN])
+@pytest.mark.parametrize("dt", [DType.F32, DType.F16, DType.I64])
+@pytest.mark.parametrize("last", [False, True])
+def test_arg_reduce_launches_compute_the_reference(shape, axis: int, op: Op, dt: DType, last: bool) -> None:
+    """Ties (values drawn from a few), NaNs (floats: a NaN is the extremum) and the int64 range ends."""
+    g = _arg_graph(shape, axis, op, dt, last)
+    rng = np.random.default_rng(7)
+    if dt.is_int:
+        vals = np.array([-(2**63), -1, 0, 5, 2**63 - 1], np.int64)
+    else:
+        vals = np.array([-np.inf, -1.5, 0.0, 2.0, np.inf, np.nan]).astype(dt.np)
+    feeds = {"x": rng.choice(vals, size=shape)}
+    got, _ = _run_lowered(g, feeds)
+    np.testing.assert_array_equal(got["y"], reference.run(g, feeds)["y"])
+
+
+def _arg_graph(shape, axis: int, op: Op, dt: DType = DType.F32, last: bool = False):  # noqa: ANN001
+    b = GraphBuilder("arg")
+    x = b.input("x", shape, dt)
+    b.output(b.emit(op, x, axis=axis, keepdims=bool(axis), select_last_index=last), "y")
+    return b.build()
+
+
+def test_arg_reduce_compiles_for_sm90() -> None:
+    for (shape, axis), op in itertools.product(ARGS[:2], (Op.ARGMAX, Op.ARGMIN)):
+        plan = fusec.compile(_arg_graph(shape, axis, op), dtype="fp16", arch="sm_90")
+        assert plan.info()["launches"] == (7 if op == Op.ARGMIN else 6)
+
+
 @pytest.mark.parametrize("case", ["matmul", "reduce"])
 def test_broadcast_lowerings_compile_for_sm90(case: str) -> None:
     graphs = ([_matmul_graph(sa, sb) for sa, sb in MATMULS] if case == "matmul"
@@ -233,6 +276,19 @@ def _gpu_check(graph, dtype: str, tol: float) -> None:  # noqa: ANN001
 @pytest.mark.parametrize("dtype,tol", [("fp32", 1e-5), ("fp16", 2e-3)])
 def test_broadcast_matmul_on_the_gpu(sa, sb, dtype: str, tol: float) -> None:
     _gpu_check(_matmul_graph(sa, sb), dtype, tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape,axis", ARGS)
+@pytest.mark.parametrize("op", [Op.ARGMAX, Op.ARGMIN])
+@pytest.mark.parametrize("last", [False, True])
+def test_arg_reduce_on_the_gpu(shape, axis: int, op: Op, last: bool) -> None:
+    import cupy
+
+    g = _arg_graph(shape, axis, op, DType.F32, last)
+    x = np.random.default_rng(8).choice(np.array([-1.0, 0.0, 2.0, np.nan], np.float32), size=shape)
+    got = cupy.asnumpy(fusec.compile(g, dtype="fp32").run({"x": x})["y"])
+    np.testing.assert_array_equal(got, reference.run(g, {"x": x})["y"])
 
 
 @pytest.mark.gpu

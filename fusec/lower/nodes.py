@@ -11,6 +11,7 @@ from fusec.codegen.elementwise import single_op
 from fusec.dtypes import DType
 from fusec.ir import Node, Value
 from fusec.lower import Context, LoweringError, Raw
+from fusec.lower import argreduce as _argreduce
 from fusec.lower import batching as B
 from fusec.lower import decode as _decode
 from fusec.lower import layout as L
@@ -250,6 +251,8 @@ LOWER: dict[Op, Callable[[Context, Node, str], None]] = {
     Op.REDUCE_MEAN: _reduce,
     Op.REDUCE_MAX: _reduce,
     Op.REDUCE_MIN: _reduce,
+    Op.ARGMAX: _argreduce.lower_arg,
+    Op.ARGMIN: _argreduce.lower_arg,
     Op.SOFTMAX: _softmax,
     Op.LAYERNORM: _layernorm,
     Op.RMSNORM: _rmsnorm,
