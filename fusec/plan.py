@@ -83,7 +83,9 @@ class Plan:
     def save(self, path: str | os.PathLike) -> None:
         """Write the plan to one ``.fplan`` file, atomically (parts of a loaded plan are checked
         as they are written, then streamed from the mapping: nothing is copied in memory)."""
-        write_plan(path, self.manifest, {k: self._blobs[k] for k in self._blobs})
+        parts = {k: self._blobs[k] for k in self._blobs}  # each checked on first use
+        known = self._blobs.checked_digests() if isinstance(self._blobs, PlanBlobs) else None
+        write_plan(path, self.manifest, parts, digests=known)  # a checked part is not hashed twice
 
     @classmethod
     def load(cls, path: str | os.PathLike, recompile: bool = False, cuda_graph: bool | None = None,

@@ -60,16 +60,19 @@ def _pad(n: int) -> int:
     return (-n) % _ALIGN
 
 
-def write_plan(path: str | os.PathLike, manifest: Mapping[str, Any], blobs: Mapping[str, Any]) -> None:
+def write_plan(path: str | os.PathLike, manifest: Mapping[str, Any], blobs: Mapping[str, Any],
+               digests: Mapping[str, str] | None = None) -> None:
     """Write ``manifest`` (JSON-able, without a "blobs" key) and ``blobs`` (bytes-like: bytes,
-    memoryview, a mapped plan's parts; nothing is copied) atomically to ``path``."""
+    memoryview, a mapped plan's parts; nothing is copied) atomically to ``path``. ``digests``:
+    sha256 already known for some blobs (parts of a checked plan file), not computed again."""
     if "blobs" in manifest:
         raise ValueError("manifest key 'blobs' is reserved for the container")
     table = []
     offset = 0
+    known = digests or {}
     for name, data in blobs.items():
         n = memoryview(data).nbytes
-        table.append({"name": name, "offset": offset, "length": n, "sha256": _sha256(data)})
+        table.append({"name": name, "offset": offset, "length": n, "sha256": known.get(name) or _sha256(data)})
         offset += n + _pad(n)
     man = dict(manifest)
     man["blobs"] = table
@@ -214,6 +217,10 @@ class PlanBlobs(MutableMapping):
         if name in self._own:
             return memoryview(self._own[name]).nbytes
         return self._pf.length(name)
+
+    def checked_digests(self) -> dict[str, str]:
+        """sha256 of the file's parts already checked and not replaced (``write_plan(digests=)``)."""
+        return {n: self._pf._table[n]["sha256"] for n in self._pf._checked if n not in self._own}
 
     @property
     def path(self) -> str:

@@ -258,3 +258,18 @@ def test_recompile_refuses_a_kernel_whose_shared_memory_does_not_fit(tmp_path, p
         recompile(big, "sm_75", tmp_path / "o.fplan")
     with pytest.raises(FusecError, match="--arch"):
         recompile(big, "hopper", tmp_path / "o.fplan")
+
+
+def test_saving_a_checked_plan_hashes_nothing_again(tmp_path, plan_file, monkeypatch) -> None:
+    import fusec.planfile as planfile
+
+    plan = Plan.load(plan_file, verify="all")
+    hashed: list[int] = []
+    real = planfile._sha256
+    monkeypatch.setattr(planfile, "_sha256", lambda data: hashed.append(memoryview(data).nbytes) or real(data))
+    plan.save(tmp_path / "same.fplan")
+    assert hashed == []  # every part's digest came from the checked file
+    plan._recompile("sm_80")
+    plan.save(tmp_path / "sm80.fplan")
+    assert len(hashed) == len(plan.manifest["modules"])  # only the new cubins are hashed
+    assert Plan.load(tmp_path / "sm80.fplan", verify="all").arch == "sm_80"
