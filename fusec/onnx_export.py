@@ -32,6 +32,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from fusec import onnx_export_ext
 from fusec.dtypes import DType
 from fusec.errors import ModelError
 from fusec.ir import Graph, Node, Value, verify
@@ -283,7 +284,11 @@ for _name, _fn in (("ATTENTION", _attention), ("ROPE", _rope), ("FUSED", _fused)
     if hasattr(Op, _name):
         _SPECIAL[Op[_name]] = _fn
 
+_SIMPLE.update(onnx_export_ext.SIMPLE)
+_SPECIAL.update(onnx_export_ext.SPECIAL)
+_ONNX_DTYPE.update(onnx_export_ext.DTYPES)
 MAPPED_OPS = frozenset(_SIMPLE) | frozenset(_SPECIAL)
+UNEXPORTABLE_OPS = frozenset(onnx_export_ext.NOT_IN_OPSET)  # no opset-17 form: refused in one line
 # Generation ops read and write plan state (a KV cache, the seed) in place; an ONNX graph has no
 # state, so a generation graph is refused as a whole (ONNX decoders carry the cache as
 # past/present tensors instead: fusec.frontend.kv_cache turns those into state on import).
@@ -318,6 +323,7 @@ def export_onnx(graph: Graph, path: str | os.PathLike[str], *, external_data: bo
     if stateful or graph.meta.get("states"):
         raise ModelError(f"graph {graph.name!r} holds plan state ({', '.join(stateful) or 'declared states'}); "
                          f"ONNX export writes stateless graphs only")
+    onnx_export_ext.check_opset(graph)
     path = Path(path)
     ctx = _Ctx()
     # Inputs and outputs claim their names first, so sanitizing never renames them needlessly.

@@ -197,6 +197,43 @@ def _fused(c: Case) -> Case:
     return c.out(Op.ADD, p1, o2)
 
 
+def _ints(c: Case, shape: tuple[int, ...], dt: DType, lo: int, hi: int) -> Any:
+    x = c.x(shape, dt)
+    c.feed[x.name] = c.rng.integers(lo, hi, shape).astype(dt.np)
+    return x
+
+
+CASES.update({
+    **{op.value: _unary(op) for op in (Op.FLOOR, Op.CEIL, Op.ROUND, Op.SIGN)},
+    "xor": _binary(Op.XOR, DType.BOOL),
+    "mod": lambda c: c.out(Op.MOD, c.x((3, 5), DType.I64), _ints(c, (5,), DType.I64, 1, 6)),
+    "fmod_f64": lambda c: c.out(Op.MOD, c.x((3, 5), DType.F64), c.x((5,), DType.F64, "positive"), fmod=True),
+    "bit_shift_u8": lambda c: c.out(Op.BIT_SHIFT, _ints(c, (3, 5), DType.U8, 0, 256), _ints(c, (5,), DType.U8, 0, 8),
+                                    left=True),
+    "argmax": lambda c: c.out(Op.ARGMAX, c.x((3, 5)), axis=1, keepdims=False),
+    "argmin_last": lambda c: c.out(Op.ARGMIN, _ints(c, (3, 5), DType.I32, 0, 3), axis=0, select_last_index=True),
+    "topk": lambda c: c.out(Op.TOPK, c.x((3, 6)), axis=1, k=2, largest=False),
+    "pad_constant": lambda c: c.out(Op.PAD, c.x((3, 4)), c.b.const(np.float32(2.5), name="fill"), pads=(1, 0, -1, 2)),
+    "pad_reflect": lambda c: c.out(Op.PAD, c.x((3, 4)), pads=(1, 2, 1, 0), mode="reflect"),
+    "reduce_min": lambda c: c.out(Op.REDUCE_MIN, c.x((3, 4, 5)), axes=(1,), keepdims=True),
+    "reduce_prod": lambda c: c.out(Op.REDUCE_PROD, c.x((3, 4, 5), kind="positive"), axes=(0, 2), keepdims=False),
+})
+
+
+def test_ops_without_an_opset_17_form_are_refused_in_one_line(tmp_path: Path) -> None:
+    from fusec.errors import ModelError
+
+    c = Case("bitwise")
+    c.out(Op.BITWISE_AND, c.x((3, 4), DType.I32), c.x((4,), DType.I32))
+    with pytest.raises(ModelError, match="bitwise_and needs opset 18"):
+        onnx_export.export_onnx(c.b.build(), tmp_path / "b.onnx")
+    assert not (tmp_path / "b.onnx").exists()
+    c = Case("wrap")
+    c.out(Op.PAD, c.x((3, 4)), pads=(1, 1, 1, 1), mode="wrap")
+    with pytest.raises(ModelError, match="wrap mode needs opset 19"):
+        onnx_export.export_onnx(c.b.build(), tmp_path / "w.onnx")
+
+
 if hasattr(Op, "ATTENTION"):
     CASES["attention_gqa_float_mask"] = lambda c: _attention(c, "float")
     CASES["attention_bool_causal"] = lambda c: _attention(c, "bool")
@@ -209,8 +246,8 @@ if hasattr(Op, "FUSED"):
 
 
 def test_every_ir_op_is_mapped_and_covered() -> None:
-    assert onnx_export.MAPPED_OPS | onnx_export.STATEFUL_OPS == set(Op)
-    assert not onnx_export.MAPPED_OPS & onnx_export.STATEFUL_OPS
+    assert onnx_export.MAPPED_OPS | onnx_export.STATEFUL_OPS | onnx_export.UNEXPORTABLE_OPS == set(Op)
+    assert not onnx_export.MAPPED_OPS & (onnx_export.STATEFUL_OPS | onnx_export.UNEXPORTABLE_OPS)
     def ops(g: Graph) -> set[Op]:
         return {n.op for n in g.nodes} | {o for n in g.nodes if hasattr(n.attrs, "body") for o in ops(n.attrs.body)}
 
