@@ -90,8 +90,10 @@ def _report(ref: list[C.Result], comp: list[C.Result], args: argparse.Namespace,
            f"Generated {datetime.date.today().isoformat()} by `{cmd}` at {_revision()}.", "", "## Summary", ""]
     out += summary
     out += ["", "## Refusals by reason (reference)", ""] + C.reason_table(ref, "refused")
+    if args.compile:
+        out += ["", "## Compile-path refusals by reason", ""] + C.reason_table(comp, "refused")
     for title, rs, st in (("Wrong results (reference)", ref, "wrong"), ("Crashes (reference)", ref, "crashed"),
-                          ("Compile-path refusals", comp, "refused"), ("Compile-path crashes", comp, "crashed")):
+                          ("Compile-path crashes", comp, "crashed")):
         lst = C.listing(rs, st)
         out += ["", f"## {title}: {len(lst)}", ""] + (lst or ["none"])
     out += ["", "## Per op", ""] + C.per_op_table(ref, comp)

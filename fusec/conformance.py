@@ -199,6 +199,8 @@ def reason_group(reason: str) -> str:
     r = re.sub(r"^[^:]*: node '[^']*' \([^)]*\): ", "", reason)  # "label: node 'n' (Op): "
     r = re.sub(r"^[^:]*: (?=(has \d+ unsupported|input|value|graph output|node))", "", r)
     r = re.sub(r"at node\(s\) [^;]*", "", r)
+    r = re.sub(r"^#\d+ ", "", r)  # the lowering's node number
+    r = re.sub(r"\bon (bool|[iu](8|16|32|64)|f(16|32|64)|bf16)\b", "on <dtype>", r)
     r = re.sub(r"'[^']*'", "'…'", r)
     r = re.sub(r"\[[0-9, ]*\]", "[…]", r)
     r = re.sub(r"\b\d+\b", "N", r)

@@ -7,6 +7,7 @@ The full table (both paths over every test) is ``python benchmarks/conformance.p
 
 from __future__ import annotations
 
+import collections
 import json
 import pathlib
 
@@ -16,10 +17,17 @@ import pytest
 from fusec import conformance as C
 
 FLOOR_FILE = pathlib.Path(__file__).with_name("conformance_floor.json")
-# ops whose passing tests also take the compile path here (the full compile path runs in the script)
-COMPILE_OPS = {"Add", "Relu", "Softmax", "Gelu", "LayerNormalization", "Gemm", "Transpose", "Where",
-               "ReduceMean", "LogSoftmax", "Softplus", "Elu", "HardSwish", "Mish", "LeakyRelu", "Clip",
-               "RMSNormalization", "GroupNormalization", "Selu", "HardSigmoid"}
+# ops whose passing (non-_expanded) tests also take the compile path here; the full compile path
+# runs in the script (about 4 minutes with a cold kernel cache: too long for CI)
+COMPILE_OPS = {
+    "Add", "Relu", "Softmax", "Gelu", "Gemm", "Transpose", "Where", "Clip", "MatMul", "Concat", "Gather", "Slice",
+    "Attention", "RotaryEmbedding", "RMSNormalization", "LayerNormalization", "GroupNormalization",
+    "InstanceNormalization", "MeanVarianceNormalization", "LpNormalization", "BatchNormalization", "LRN",
+    "LogSoftmax", "Softplus", "Softsign", "Mish", "Elu", "Selu", "Celu", "LeakyRelu", "PRelu", "ThresholdedRelu",
+    "HardSigmoid", "HardSwish", "Shrink", "SwiGLU", "Mean", "Sinh", "Cosh", "Tan", "Asinh", "Acosh", "Atanh",
+    "NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss", "SpaceToDepth", "DepthToSpace",
+}
+PER_OP = 5  # Attention alone has 90 plain tests; five of each op keep the test near a minute
 
 
 @pytest.fixture(scope="module")
@@ -49,14 +57,25 @@ def test_reference_pass_floor(reference_results: list[C.Result]) -> None:
 
 
 def test_compile_path_subset(cases: list, reference_results: list[C.Result]) -> None:
+    """The sm_90 compile path (passes, lowering, codegen, NVRTC; no GPU) on passing tests of
+    COMPILE_OPS: no crash, and at least the committed number compile."""
     ops = C.op_names(cases)
     passing = {r.name for r in reference_results if r.status == "pass"}
-    chosen = [c for c in cases if c.name in passing and ops[c.name] in COMPILE_OPS]
-    assert len(chosen) >= 20, f"only {len(chosen)} passing tests of {sorted(COMPILE_OPS)}"
+    chosen, per_op = [], collections.Counter()
+    for c in cases:  # the first PER_OP passing plain tests of each op, in the loader's order
+        op = ops[c.name]
+        if c.name in passing and op in COMPILE_OPS and "_expanded" not in c.name and per_op[op] < PER_OP:
+            chosen.append(c)
+            per_op[op] += 1
     results = [C.compile_case(c, ops[c.name]) for c in chosen]
     crashed = C.listing(results, "crashed")
     assert not crashed, "compile path crashed:\n" + "\n".join(crashed)
-    assert C.counts(results)["pass"] >= len(chosen) // 2, C.listing(results, "refused")
+    floor = int(json.loads(FLOOR_FILE.read_text())["compile_subset_pass"])
+    got = C.counts(results)["pass"]
+    print(f"compile path: {got} of {len(chosen)} pass; floor {floor}")
+    if got > floor:
+        print(f"the compile pass count rose: set compile_subset_pass to {got} in {FLOOR_FILE}")
+    assert got >= floor, "compile-path refusals:\n" + "\n".join(C.listing(results, "refused"))
 
 
 def test_compare_rules() -> None:
