@@ -94,3 +94,17 @@ def test_fused_body_with_minus_inf_matches_reference() -> None:
     got, want = _run(m, inputs)
     assert np.isneginf(got[0]).sum() == np.isneginf(want[0]).sum() > 0
     np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("pads,fill", [((1, 2, 0, 1), None), ((2, -1, -1, 3), 2.5), ((-1, 0, 0, -2), None)])
+@pytest.mark.parametrize("dt", [np.float32, np.float16, np.int64])
+def test_constant_pad_matches_reference(pads: tuple[int, ...], fill: float | None, dt: Any) -> None:
+    x = ints(dt, (5, 7)) if np.dtype(dt).kind == "i" else halves(dt, (5, 7))
+    consts = {"pads": np.array(pads, np.int64)} | ({"v": np.array(fill, dt)} if fill is not None else {})
+    _same(model("Pad", {"x": x}, consts), {"x": x})
+
+
+def test_constant_pad_with_a_run_time_fill_matches_reference() -> None:
+    x, v = halves(np.float32, (2, 3, 4)), np.array(-3.0, np.float32)
+    m = model("Pad", {"x": x, "v": v}, {"pads": np.array([0, 1, 2, 1, 0, -1], np.int64)}, order=["x", "pads", "v"])
+    _same(m, {"x": x, "v": v})

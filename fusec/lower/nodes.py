@@ -15,6 +15,7 @@ from fusec.lower import argreduce as _argreduce
 from fusec.lower import batching as B
 from fusec.lower import decode as _decode
 from fusec.lower import layout as L
+from fusec.lower import pad as _pad
 from fusec.ops import OP_INFO, FusionKind, Op
 
 # ---- elementwise family -----------------------------------------------------------------------
@@ -263,6 +264,7 @@ LOWER: dict[Op, Callable[[Context, Node, str], None]] = {
     Op.CACHE_WRITE: _decode.cache_write,
     Op.KV_ATTENTION: _decode.kv_attention,
     Op.SAMPLE: _decode.sample,
+    Op.PAD: _pad.lower_pad,
 }
 
 
