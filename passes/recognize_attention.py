@@ -310,8 +310,9 @@ def _unsupported(q: Value, k: Value, scale: float, opts: PassOptions) -> str:
 def _decompose(rw: Rewriter, n: Node) -> list[Node]:
     """An ATTENTION node as the ops it stands for (repeat KV heads, q @ k^T * scale + masks,
     softmax, @ v): for a node the attention kernel cannot take, e.g. one made before the storage
-    dtype was known. Masked scores get finfo(fp32).min rather than -inf (a masked-out row of an
-    additive-free causal mask never happens: each query sees key 0)."""
+    dtype was known. Causal and bool masks fill with finfo(fp32).min, not -inf: a causal row always
+    sees key 0; a row a bool mask hides entirely averages V where the reference gives NaN (rows that
+    see no key are unspecified, as in the kernel)."""
     q, k, v, *mask = n.inputs
     a, new = n.attrs, []
 
