@@ -1,5 +1,6 @@
 """Issue 12's vision/audio families, tiny random HF models exported by both torch exporters
-(tests/vision_models.py): ViT, CLIP's vision and text towers, Whisper's encoder.
+(tests/vision_models.py): ViT, CLIP's vision and text towers, Whisper's encoder; and two
+convolutional networks (ResNet, ConvNeXt) for the conv and pooling lowerings.
 
 On the CPU: fusec's numpy reference matches onnxruntime and torch; the model compiles for sm_90
 (NVRTC) with attention recognized once per layer; the patch-embedding Conv is a GEMM (no im2col
@@ -18,6 +19,9 @@ from fusec.loader import load_graph
 from fusec.ops import Op
 
 TOL = {"fp32": 1e-4, "fp16": 2e-2}
+# (family, exporter, attention implementation): sdpa only where the family has attention
+CASES = [(f, ex, attn) for f, fam in FAMILIES.items() for ex in EXPORTERS
+         for attn in (("eager", "sdpa") if fam.layers else ("eager",))]
 
 
 def _rel(got: np.ndarray, want: np.ndarray) -> float:
@@ -38,9 +42,7 @@ def _ort(path: str, inputs: dict[str, np.ndarray]) -> np.ndarray:
     return ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"]).run(None, inputs)[0]
 
 
-@pytest.mark.parametrize("attn", ["eager", "sdpa"])
-@pytest.mark.parametrize("exporter", EXPORTERS)
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family,exporter,attn", CASES)
 def test_reference_matches_onnxruntime_and_torch(family: str, exporter: str, attn: str) -> None:
     path, inputs, model = export_family(family, exporter, attn)
     graph = load_graph(path, {k: v.shape for k, v in inputs.items()})
@@ -53,9 +55,7 @@ def test_reference_matches_onnxruntime_and_torch(family: str, exporter: str, att
         np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-4)
 
 
-@pytest.mark.parametrize("attn", ["eager", "sdpa"])
-@pytest.mark.parametrize("exporter", EXPORTERS)
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family,exporter,attn", CASES)
 def test_compiles_for_sm90_with_attention_once_per_layer(family: str, exporter: str, attn: str) -> None:
     path, inputs, _ = export_family(family, exporter, attn)
     shapes = {k: v.shape for k, v in inputs.items()}
@@ -65,6 +65,8 @@ def test_compiles_for_sm90_with_attention_once_per_layer(family: str, exporter: 
         assert Op.GATHER not in ops
     if family == "whisper_encoder":  # two Conv1d (k=3, padding 1): im2col gathers
         assert ops.count(Op.GATHER) == 2
+    if not FAMILIES[family].layers:  # CNNs: every conv is a GEMM (3x3 ones after an im2col gather)
+        assert ops.count(Op.MATMUL) >= 4 and Op.GATHER in ops
     plan = fusec.compile(path, shapes=shapes, dtype="fp16", arch="sm_90")
     assert [d["name"] for d in plan.info()["inputs"]] == list(FAMILIES[family].inputs)
     assert plan.info()["launches"] > 0

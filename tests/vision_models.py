@@ -37,8 +37,8 @@ BATCH, IMAGE, PATCH, CHANNELS, MELS, FRAMES, SEQ, VOCAB, PAD_LEN = 2, 32, 8, 3, 
 @dataclasses.dataclass(frozen=True)
 class Family:
     inputs: tuple[str, ...]
-    output: str
-    layers: int = 2
+    output: str  # the HF output field exported (and the ONNX output's name)
+    layers: int = 2  # attention layers (0: a convolutional network)
 
 
 FAMILIES = {
@@ -46,7 +46,12 @@ FAMILIES = {
     "clip_vision": Family(("pixel_values",), "last_hidden_state"),
     "clip_text": Family(("input_ids", "attention_mask"), "last_hidden_state"),
     "whisper_encoder": Family(("input_features",), "last_hidden_state"),
+    # convolutional networks: 3x3 and 1x1 convs, BatchNorm, MaxPool, global average pooling
+    # (ResNet's pooled output); depthwise 7x7 convs and channels-last LayerNorms (ConvNeXt)
+    "resnet": Family(("pixel_values",), "pooler_output", layers=0),
+    "convnext": Family(("pixel_values",), "last_hidden_state", layers=0),
 }
+ATTENTION_FAMILIES = [f for f, fam in FAMILIES.items() if fam.layers]
 
 _CACHE: dict[tuple[str, str, str], tuple[str, dict[str, np.ndarray], Any] | str] = {}
 _SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
@@ -76,18 +81,30 @@ def build_model(family: str, attn: str = "eager") -> Any:
                               decoder_ffn_dim=128, max_source_positions=FRAMES // 2, max_target_positions=16,
                               pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1)
         model = T.WhisperModel(cfg).get_encoder()
+    elif family == "resnet":
+        model = T.ResNetModel(T.ResNetConfig(embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1],
+                                             layer_type="basic", num_channels=CHANNELS))
+    elif family == "convnext":
+        model = T.ConvNextModel(T.ConvNextConfig(hidden_sizes=[16, 32], depths=[1, 1], num_stages=2,
+                                                 num_channels=CHANNELS))
     else:
         raise ValueError(f"unknown family {family!r} (known: {', '.join(FAMILIES)})")
-    model.set_attn_implementation(attn)
+    if FAMILIES[family].layers:
+        model.set_attn_implementation(attn)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
+        for name, b in model.named_buffers():  # BatchNorm statistics too
+            if name.endswith("running_mean"):
+                b.add_(torch.randn_like(b) * 0.1)
+            elif name.endswith("running_var"):
+                b.mul_(1 + torch.rand_like(b))
     return model.eval()
 
 
 def make_inputs(family: str, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    if family in ("vit", "clip_vision"):
+    if family in ("vit", "clip_vision", "resnet", "convnext"):
         return {"pixel_values": rng.standard_normal((BATCH, CHANNELS, IMAGE, IMAGE)).astype(np.float32)}
     if family == "whisper_encoder":
         return {"input_features": rng.standard_normal((BATCH, MELS, FRAMES)).astype(np.float32)}
@@ -106,7 +123,7 @@ def _wrapper(model: Any, family: str) -> Any:
             self.m = model
 
         def forward(self, *args: torch.Tensor) -> torch.Tensor:
-            return self.m(**dict(zip(FAMILIES[family].inputs, args))).last_hidden_state
+            return getattr(self.m(**dict(zip(FAMILIES[family].inputs, args))), FAMILIES[family].output)
 
     return Wrapper().eval()
 
