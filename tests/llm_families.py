@@ -45,14 +45,14 @@ def _dec(kv: int) -> dict[str, Any]:
                 num_attention_heads=4, num_key_value_heads=kv, max_position_embeddings=64)
 
 
-def _kv_case(family: str, kv: int) -> Case:
+def _kv_case(family: str, kv: int, window: int | None = None) -> Case:
     def make() -> Any:
         import transformers as T
 
         if family == "llama":
             return T.LlamaConfig(**_dec(kv))
         if family == "mistral":
-            return T.MistralConfig(**_dec(kv), head_dim=16, sliding_window=None)
+            return T.MistralConfig(**_dec(kv), head_dim=16, sliding_window=window)
         if family == "qwen2":
             return T.Qwen2Config(**_dec(kv))
         if family == "qwen3":
@@ -121,6 +121,7 @@ CASES: dict[str, Case] = {}
 for _f in ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma"):
     CASES[f"{_f}-kv1"] = _kv_case(_f, 1)
     CASES[f"{_f}-kv4"] = _kv_case(_f, 4)
+CASES["mistral-window"] = _kv_case("mistral", 1, window=4)  # a sliding window shorter than the sequence
 CASES.update({
     "gemma2": _gemma2(2, None), "gemma2-kv1": _gemma2(1, None), "gemma2-softcap": _gemma2(2, 50.0),
     "falcon-kv1": _falcon(1), "falcon-kv2": _falcon(2), "falcon-kv4": _falcon(4),

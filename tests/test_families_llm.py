@@ -29,7 +29,7 @@ from fusec.passes.pipeline import optimize
 
 _KV = [f"{f}-kv{k}" for f in ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma") for k in (1, 4)]
 _ONE = [(c, L.EXPORTERS[i % 2]) for i, c in enumerate(_KV)] + [("llama-kv1", "dynamo")]
-_ONE += [("gemma2-kv1", "dynamo"), ("falcon-kv2", "legacy"), ("falcon-kv4", "dynamo"), ("phi-kv1", "dynamo")]
+_ONE += [("mistral-window", "legacy"), ("gemma2-kv1", "dynamo"), ("falcon-kv2", "legacy"), ("falcon-kv4", "dynamo"), ("phi-kv1", "dynamo")]
 _BOTH = [(c, e) for c in ("gemma2", "falcon-kv1", "phi", "t5") for e in L.EXPORTERS]
 CASES = sorted(set(_ONE + _BOTH))
 IDS = ["-".join(c) for c in CASES]
