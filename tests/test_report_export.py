@@ -135,3 +135,34 @@ def test_plan_from_a_file_finds_it_next_to_the_plan_and_checks_its_digest(tmp_pa
     export_onnx(load_graph("bert-tiny"), other)
     sub = load_subject(os.fspath(elsewhere / "g.fplan"), model=os.fspath(other))
     assert sub.graph is None and "sha256" in sub.missing
+
+
+@pytest.fixture(scope="module")
+def generation_plan(tmp_path_factory):
+    from fusec.genmodel import compile_generation
+
+    path = tmp_path_factory.mktemp("gen") / "gen.fplan"
+    compile_generation("llama-tiny", batch=1, max_seq_len=32, dtype="fp16", arch="sm_90").save(path)
+    return os.fspath(path)
+
+
+@pytest.mark.parametrize("entry", ["prefill", "decode"])
+def test_generation_plan_entries_are_rebuilt(tmp_path, generation_plan, entry):
+    from fusec.report.timeline import timeline
+
+    sub = load_subject(generation_plan, entry=entry)
+    assert sub.graph is not None, sub.missing
+    model = export_fused(sub.graph, tmp_path / f"{entry}.onnx", weights=False)
+    onnx.checker.check_model(model)
+    kernel_nodes = {i for i, n in enumerate(model.graph.node) if n.doc_string != VIEW_DOC}
+    assert {d["node"] for d in sub.describe() if d["node"] is not None} == kernel_nodes
+    tl = timeline(sub.mplan, sub.graph, sub.describe())
+    assert max(tl["live"]) == sub.graph.meta["memory"]["lower_bound_bytes"]
+    assert max(tl["extent"]) == sub.graph.meta["memory"]["planned_bytes"]
+    if entry == "decode":  # the step that reads the KV cache
+        assert any(d["ops"] == ["kv_attention"] for d in sub.describe())
+
+
+def test_generation_plan_with_another_decoder_says_what_is_missing(generation_plan):
+    sub = load_subject(generation_plan, entry="decode", model="qwen3-tiny")
+    assert sub.graph is None and "qwen3-tiny" in sub.missing

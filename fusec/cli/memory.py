@@ -56,7 +56,12 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {fmt_name(args.output)}: {tl['steps']} steps, peak live {fmt_bytes(peak)} ({peak:,} B) = lower bound, "
           f"planned arena {fmt_bytes(tl['arena_bytes'])} ({tl['arena_bytes']:,} B), "
           f"naive {fmt_bytes(tl['naive_bytes'])}")
-    if sub.is_plan and int(sub.memory.get("arena_bytes", tl["arena_bytes"])) != tl["arena_bytes"]:
-        print(f"  the plan's arena is {int(sub.memory['arena_bytes']):,} B: the planned arena rounded up, plus "
-              f"{int(sub.memory.get('scratch_bytes', 0)):,} B of kernel scratch space")
+    if sub.is_plan:
+        from fusec.plan import entry_points
+
+        entry = int(entry_points(sub.plan.manifest)[sub.entry]["arena_bytes"])
+        whole = int(sub.memory["arena_bytes"])
+        if entry != tl["arena_bytes"] or whole != entry:
+            print(f"  the plan allocates {whole:,} B" + (", sized for its largest entry point" if whole != entry else "")
+                  + f"; {sub.entry} needs {entry:,} B (the planned arena rounded up, plus kernel scratch space)")
     return 0

@@ -5,9 +5,10 @@ A plan stores its launch list (one record per kernel launch or cuBLAS call, each
 which ops each kernel fuses and the memory plan's liveness live in the graph. ``load_subject``
 rebuilds that graph from the plan's recorded source model (or ``--model``) with the same path the
 compiler takes (``fusec.compiler.stage``, as a dry run: no NVRTC), and accepts it only when it
-lowers to exactly the plan's launch labels and memory numbers. When it cannot (no recorded source,
-a generation plan, other compile options), ``Subject.missing`` says what is missing and reports
-that need the graph refuse with that sentence.
+lowers to exactly the plan's launch labels and memory numbers; a generation plan's entries are
+rebuilt from the decoder it records, in compile_generation's order. When it cannot (no recorded
+source, a changed source file, other compile options), ``Subject.missing`` says what is missing
+and reports that need the graph refuse with that sentence.
 
 For a model, the graph is built and staged here; ``Subject.compiled()`` compiles the real plan
 when one is needed (``fusec profile MODEL``).
@@ -142,9 +143,7 @@ def _plan_subject(target: str, plan: Any, model: str | None, entry: str | None, 
         raise FusecError(f"--entry {name!r}: the plan has no such entry point (entries: {', '.join(map(repr, entries))})")
     sub = Subject(target, True, name, list(entries[name]["launches"]), list(m["kernels"]), dict(m["memory"]), plan=plan)
     if len(entries) > 1:
-        sub.missing = (f"{target} is a generation plan (entries {', '.join(entries)}); its graphs are built from "
-                       "the decoder, not from one model file, and are not rebuilt here")
-        return sub
+        return _generation_subject(sub, model, progress)
     src = m.get("source") or {}
     source = model or src.get("model")
     if model is None and src.get("kind") == "file" and source:
@@ -184,6 +183,54 @@ def _plan_subject(target: str, plan: Any, model: str | None, entry: str | None, 
         return sub
     sub.graph, sub.mplan = staged.graph, staged.memory
     return sub
+
+
+def _generation_subject(sub: Subject, model: str | None, progress: Callable[[str, str], None] | None) -> Subject:
+    """A generation plan's entry: its prefill and decode graphs are built again from the decoder
+    the plan records (``manifest["generation"]``) and staged in the compiler's order (state layout
+    of the first graph, kernels and weights shared, weights read [N, K]), as compile_generation does."""
+    m = sub.plan.manifest
+    gen = m.get("generation") or {}
+    source = model or gen.get("source")
+    if model is None and source and not _is_builtin(str(source)):
+        source = os.path.join(os.path.dirname(os.path.abspath(sub.target)), str(source))  # recorded: its base name
+    if not source:
+        sub.missing = f"{sub.target} is a generation plan that records no decoder; give it with --model"
+        return sub
+    try:
+        from fusec.compiler import DTYPES, stage, state_layout
+        from fusec.genmodel import build_graphs, load_generation_model
+        from fusec.models.generate import Sampling
+
+        if progress is not None:
+            progress("build", str(source))
+        graphs = build_graphs(load_generation_model(source), int(gen["batch"]), int(gen["max_seq_len"]),
+                              gen.get("prefill_len"), Sampling(**gen.get("sampling", {})), gen.get("eos_ids"))
+        dtype, arch = str(m["dtype"]), str(m["arch"])
+        recs, _ = state_layout(next(iter(graphs.values())), DTYPES[dtype][0])
+        layout, shared, staged = {r["name"]: r["offset"] for r in recs}, None, None
+        for name, graph in graphs.items():
+            st = stage(graph, dtype, arch, state_layout=layout, shared=shared, dry_run=True, weights_nk=True,
+                       progress=progress)
+            shared = st.lowered
+            if name == sub.entry:
+                staged = st
+    except (FusecError, KeyError, TypeError) as e:
+        sub.missing = f"its decoder {source!r} cannot be rebuilt ({type(e).__name__}: {e}); give it with --model"
+        return sub
+    mismatch = "no such entry rebuilt" if staged is None else \
+        _mismatch([L.get("label", "") for L in sub.launches], [L.get("label", "") for L in staged.lowered.launches])
+    if mismatch is not None:
+        sub.missing = f"its decoder {source!r} rebuilt here does not give the plan's {sub.entry} launches ({mismatch})"
+        return sub
+    sub.graph, sub.mplan = staged.graph, staged.memory
+    return sub
+
+
+def _is_builtin(name: str) -> bool:
+    from fusec.loader import builtin_names
+
+    return name in builtin_names()
 
 
 def _mismatch(have: list[str], rebuilt: list[str]) -> str | None:
