@@ -83,6 +83,8 @@ def test_conv_matches_onnx_reference(xs, ws, attrs, bias: bool) -> None:
     assert ops.count(Op.MATMUL) == 1
     patch = attrs.get("strides", [1] * (len(xs) - 2)) == list(ws[2:]) and not attrs.get("pads")
     assert (Op.GATHER not in ops) == patch  # kernel == stride: reshape/transpose + GEMM, no im2col
+    if patch and set(ws[2:]) == {1}:  # 1x1: the GEMM reads x as it is
+        assert Op.TRANSPOSE not in ops
 
 
 CONV_TRANSPOSES = [

@@ -1,6 +1,6 @@
 """ONNX op handlers: convolutions, lowered onto existing IR ops (no conv op in the IR).
 
-- ``Conv`` whose kernel equals its stride (a ViT/CLIP patch embedding; a 1x1 conv too), without
+- ``Conv`` whose kernel (larger than 1x1) equals its stride (a ViT/CLIP patch embedding), without
   padding, dilation or groups: the input is cut into non-overlapping patches by a reshape and one
   transpose, and the conv is one GEMM ``[N*P, C*K] @ W^T [C*K, M]`` (the weight is the GEMM's B,
   as an ``nn.Linear``'s would be), then a transpose back to channels-first (which cancels with the
@@ -9,7 +9,7 @@
   dilations, padding, ``auto_pad``, groups): im2col by one GATHER with a constant index table over
   the flattened spatial axis (padded taps read one zero element appended to it), then one GEMM
   ``W [M, C*K] @ cols [N, C*K, P]`` whose result is already channels-first (groups: a batch of
-  ``group`` GEMMs).
+  ``group`` GEMMs; a 1x1, stride-1 conv: that GEMM on x as it is).
 - ``ConvTranspose``: the same table, each (tap, output) pointing at the one input it reads;
   ``CausalConvWithState`` (depthwise, causal): shifted slices times the per-channel taps.
 - the window geometry and the gathered windows serve ``onnx_ops_pool.py`` too.
@@ -97,7 +97,7 @@ class Window:
 def _table(coords: list[np.ndarray], spatial: tuple[int, ...]) -> np.ndarray:
     """[K, P] flat input index of kernel tap k (row-major over the kernel axes) for output position
     p, from per-axis [k_ax, o_ax] coordinates; taps in the padding (-1 on some axis) read index S,
-    one past the last element (where ``_windows`` appends the fill value)."""
+    one past the last element (where ``window_taps`` appends the fill value)."""
     size = math.prod(spatial)
     k_axes = [c.shape[0] for c in coords]
     idx = np.zeros((math.prod(k_axes), math.prod(c.shape[1] for c in coords)), np.int64)
@@ -191,20 +191,23 @@ def _conv(cx: NodeCtx) -> list[Sym | None]:
     win = Window(cx, tuple(x.shape[2:]), kernel_shape_of(cx, tuple(w.shape), r))
     if tuple(w.shape[2:]) != win.kernel:
         raise cx.fail(f"kernel_shape {list(win.kernel)} differs from the weight's {list(w.shape[2:])}")
-    if group == 1 and win.kernel == win.strides and not (any(win.begin) or any(win.end)) and set(win.dilations) == {1}:
+    if group == 1 and win.kernel == win.strides and not (any(win.begin) or any(win.end)) \
+            and set(win.dilations) == {1} and math.prod(win.kernel) > 1:
         return [_patch_conv(cx, x, w, bias, win)]
-    return [_gemmwindow_taps(cx, x, reshape_to(cx, w, (group, m // group, cg * math.prod(win.kernel))), bias,
-                          win.coords(), m, win.out)]
+    return [_im2col_gemm(cx, x, reshape_to(cx, w, (group, m // group, cg * math.prod(win.kernel))), bias,
+                         win.coords(), m, win.out)]
 
 
-def _gemmwindow_taps(cx: NodeCtx, x: Sym, wg: Sym, bias: Sym | None, coords: list[np.ndarray], m: int,
-                  out: tuple[int, ...]) -> Sym:
+def _im2col_gemm(cx: NodeCtx, x: Sym, wg: Sym, bias: Sym | None, coords: list[np.ndarray], m: int,
+                 out: tuple[int, ...]) -> Sym:
     """im2col + GEMM: ``wg`` [G, M/G, C/G*K] (group-major weights, taps fastest) times the gathered
-    windows [N, C*K, P], channels-first out: [N, M, *out]."""
+    windows [N, C*K, P], channels-first out: [N, M, *out]. A 1x1, stride-1, unpadded conv reads x
+    as it is (no gather)."""
     n, c = x.shape[:2]
     group, ck = wg.shape[0], wg.shape[2]
     p = math.prod(out)
-    cols = window_taps(cx, x, coords, 0.0)  # [N, C, K, P]
+    identity = all(a.shape == (1, x.shape[2 + i]) and (a[0] == np.arange(a.shape[1])).all() for i, a in enumerate(coords))
+    cols = x if identity else window_taps(cx, x, coords, 0.0)  # [N, C, K, P]
     if group == 1:
         y = cx.emit(Op.MATMUL, reshape_to(cx, wg, (m, ck)), reshape_to(cx, cols, (n, ck, p)))  # [N, M, P]
     else:  # one GEMM per group: [G, M/G, C/G*K] @ [N, G, C/G*K, P] -> [N, G, M/G, P]
@@ -265,7 +268,7 @@ def _conv_transpose(cx: NodeCtx) -> list[Sym | None]:
     kk = math.prod(kernel)
     wg = cx.emit(Op.TRANSPOSE, reshape_to(cx, w, (group, c // group, mg, kk)), perm=(0, 2, 1, 3))
     wg = reshape_to(cx, wg, (group, mg, c // group * kk))
-    return [_gemmwindow_taps(cx, x, wg, bias, coords, mg * group, tuple(out))]
+    return [_im2col_gemm(cx, x, wg, bias, coords, mg * group, tuple(out))]
 
 
 @handler("CausalConvWithState")
