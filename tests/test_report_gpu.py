@@ -61,3 +61,21 @@ def test_nvtx_ranges_leave_results_unchanged():
         ranged = cp.asnumpy(plan.run(inputs, nvtx=True)["logits"])
         np.testing.assert_array_equal(plain, ranged)
         assert plan.stats()["launches"] == len(plan.manifest["launches"])
+
+
+def test_profile_generation_decode_entry(tmp_path, capsys):
+    import fusec
+    from fusec.genmodel import compile_generation
+    from fusec.plan import entry_points
+
+    path = tmp_path / "gen.fplan"
+    compile_generation("llama-tiny", batch=1, max_seq_len=32, dtype="fp16").save(path)
+    out = tmp_path / "decode.json"
+    assert main(["profile", os.fspath(path), "--entry", "decode", "-o", os.fspath(out)]) == 0, capsys.readouterr().err
+    doc = json.loads(out.read_text())
+    gpu = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["pid"] == 1]
+    launches = entry_points(fusec.load(path).manifest)["decode"]["launches"]
+    assert [e["args"]["label"] for e in gpu] == [L["label"] for L in launches]
+    assert all(e["dur"] > 0 for e in gpu)
+    assert any(e["args"]["ops"] == ["kv_attention"] for e in gpu)
+    assert doc["otherData"]["entry"] == "decode"
