@@ -84,10 +84,21 @@ def _inputs(case: Any) -> tuple[dict[str, Any], dict[str, tuple[int, ...]]]:
     graph = case.model.graph
     inits = {t.name for t in graph.initializer}
     names = [vi.name for vi in graph.input if vi.name not in inits]
-    arrays = list(case.data_sets[0][0])
+    arrays = [_array(a) for a in case.data_sets[0][0]]
     feeds = dict(zip(names, arrays))
-    shapes = {n: tuple(int(d) for d in np.shape(a)) for n, a in feeds.items() if isinstance(a, np.ndarray)}
+    static = {vi.name for vi in graph.input if vi.type.tensor_type.HasField("shape")
+              and all(d.HasField("dim_value") for d in vi.type.tensor_type.shape.dim)}
+    # shapes for inputs the model leaves open (as a user gives them); static ones come from the model
+    shapes = {n: tuple(int(d) for d in np.shape(a)) for n, a in feeds.items()
+              if isinstance(a, np.ndarray) and n not in static}
     return feeds, shapes
+
+
+def _array(a: Any) -> Any:
+    """A test's data as numpy: dtypes numpy lacks (bfloat16, float8, int4) come as TensorProtos."""
+    import onnx
+
+    return onnx.numpy_helper.to_array(a) if isinstance(a, onnx.TensorProto) else a
 
 
 def compare(name: str, expected: Any, got: Any, rtol: float, atol: float) -> str:
@@ -143,7 +154,7 @@ def reference_case(case: Any, op: str) -> Result:
         graph = load_graph(case.model, shapes)
         outs = reference.run(graph, feeds)
         for vi, want in zip(case.model.graph.output, case.data_sets[0][1]):
-            why = compare(vi.name, want, outs[vi.name], case.rtol, case.atol)
+            why = compare(vi.name, _array(want), outs[vi.name], case.rtol, case.atol)
             if why:
                 return why
         return ""

@@ -109,3 +109,20 @@ def test_classification() -> None:
     assert C._guarded("t", "Foo", lambda: "").status == "pass"
     assert C.reason_group("m.onnx: node 'a1' (Foo): input 3 ('x') is bad") == C.reason_group(
         "n.onnx: node 'b2' (Foo): input 4 ('y') is bad")
+
+
+def test_inputs_take_tensor_protos_and_give_shapes_only_where_the_model_leaves_them_open() -> None:
+    import ml_dtypes
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Add", ["a", "b"], ["y"])], "g",
+                              [helper.make_tensor_value_info("a", TensorProto.BFLOAT16, [2]),
+                               helper.make_tensor_value_info("b", TensorProto.BFLOAT16, ["n"])],
+                              [helper.make_tensor_value_info("y", TensorProto.BFLOAT16, [2])])
+    a = np.array([1.0, 2.0], ml_dtypes.bfloat16)
+    case = type("Case", (), {"model": helper.make_model(graph), "data_sets": [([onnx.numpy_helper.from_array(a), a],
+                                                                              [])]})
+    feeds, shapes = C._inputs(case)
+    assert feeds["a"].dtype == ml_dtypes.bfloat16 and list(feeds["a"]) == list(a)
+    assert shapes == {"b": (2,)}

@@ -89,3 +89,18 @@ def test_float_only_activations_refuse_integers() -> None:
     model, _ = _build(C("Elu-int", "Elu", ((3,), "i"), out="i", opset=13))
     with pytest.raises(ModelError, match="floating-point"):
         import_onnx(model)
+
+
+def test_bfloat16_input_is_a_float() -> None:
+    """ml_dtypes' bfloat16 is not numpy kind 'f': it must still count as floating point."""
+    import ml_dtypes
+
+    case = C("Celu-bf16", "Celu", F(5), attrs={"alpha": 2.0}, opset=13)
+    model, _ = _build(case)
+    model.graph.input[0].type.tensor_type.elem_type = 16  # BFLOAT16
+    model.graph.output[0].type.tensor_type.elem_type = 16
+    x = np.array([-3.0, -0.5, 0.0, 0.5, 3.0], np.float32)
+    got = reference.run(import_onnx(model), {"in0": x.astype(ml_dtypes.bfloat16)})["out0"]
+    want = np.maximum(0, x) + np.minimum(0, 2.0 * (np.exp(x / 2.0) - 1))
+    assert got.dtype == ml_dtypes.bfloat16
+    np.testing.assert_allclose(got.astype(np.float32), want, rtol=2**-7, atol=1e-2)

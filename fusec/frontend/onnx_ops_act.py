@@ -20,9 +20,14 @@ def c(x: Sym, v: float) -> Const:
     return Const(np.asarray(v).astype(np_dtype(x)))
 
 
+def is_float(dt: np.dtype) -> bool:
+    """fp16/32/64 or bf16 (ml_dtypes' bfloat16 is not of numpy kind 'f')."""
+    return dt.kind == "f" or dt.name == "bfloat16"
+
+
 def _float_input(cx: NodeCtx, i: int = 0) -> Sym:
     x = cx.x(i)
-    if np_dtype(x).kind != "f":
+    if not is_float(np_dtype(x)):
         raise cx.fail(f"input {i} has dtype {np_dtype(x)}; this op takes floating-point tensors")
     return x
 

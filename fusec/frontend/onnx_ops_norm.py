@@ -16,7 +16,7 @@ from fusec.dtypes import DType
 from fusec.frontend.emit import Const, Sym, np_dtype
 from fusec.frontend.onnx_ctx import NodeCtx, handler
 from fusec.frontend.onnx_load import np_dtype_of
-from fusec.frontend.onnx_ops_act import c
+from fusec.frontend.onnx_ops_act import c, is_float
 from fusec.frontend.onnx_ops_data import reshape
 from fusec.ops import Op
 
@@ -39,7 +39,7 @@ def _stash(cx: NodeCtx, x: Sym) -> np.dtype:
 
 def _float(cx: NodeCtx, i: int = 0) -> Sym:
     x = cx.x(i)
-    if np_dtype(x).kind != "f":
+    if not is_float(np_dtype(x)):
         raise cx.fail(f"input {i} has dtype {np_dtype(x)}; this op takes floating-point tensors")
     return x
 
@@ -79,7 +79,7 @@ def _rms_norm(cx: NodeCtx) -> list[Sym | None]:
     eps = float(cx.attr("epsilon", 1e-5))
     stash = _stash(cx, x)
     if axis == rank - 1 and tuple(scale.shape) == (x.shape[-1],) and stash == np.float32 \
-            and np_dtype(scale).kind == "f":
+            and is_float(np_dtype(scale)):
         return [cx.emit(Op.RMSNORM, x, scale, final=True, eps=eps)]
     xs = cast(cx, x, stash)
     ms = cx.emit(Op.REDUCE_MEAN, cx.emit(Op.MUL, xs, xs), axes=tuple(range(axis, rank)), keepdims=True)
@@ -212,7 +212,7 @@ def _reduce_family(cx: NodeCtx) -> list[Sym | None]:
     op = cx.node.op_type
     axes = reduce_axes(cx, x)
     keep = bool(cx.attr("keepdims", 1))
-    if op in ("ReduceL2", "ReduceLogSum", "ReduceLogSumExp") and np_dtype(x).kind != "f":
+    if op in ("ReduceL2", "ReduceLogSum", "ReduceLogSumExp") and not is_float(np_dtype(x)):
         raise cx.fail(f"input has dtype {np_dtype(x)}; {op} takes floating-point tensors here")
     if axes is None:  # no reduction: the elementwise part only
         pre = {"ReduceL1": Op.ABS, "ReduceL2": Op.ABS, "ReduceLogSum": Op.LOG}.get(op)
