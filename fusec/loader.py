@@ -37,7 +37,8 @@ def load_graph(model: str | os.PathLike[str] | onnx.ModelProto | Graph,
     """
     from fusec.shapes import normalize_shapes
 
-    shapes = normalize_shapes(shapes) if shapes else None  # (1.5, 16) is an error, not (1, 16)
+    # (1.5, 16) is an error, not (1, 16); a 0 dim only where an ONNX model fixes it (the importer checks)
+    shapes = normalize_shapes(shapes, allow_zero=True) if shapes else None
     if isinstance(model, Graph):  # already built (e.g. by fusec.models.build with real weights)
         from fusec.ir import verify
 
@@ -49,7 +50,7 @@ def load_graph(model: str | os.PathLike[str] | onnx.ModelProto | Graph,
         if text in names:
             import fusec.models
 
-            graph = fusec.models.build(text, shapes=shapes)
+            graph = fusec.models.build(text, shapes=normalize_shapes(shapes) if shapes else None)
         else:
             graph = _import_file(text, names, shapes)
     else:
@@ -72,7 +73,9 @@ def _import_file(path: str, names: list[str], shapes: dict[str, tuple[int, ...]]
     if path.lower().endswith(".gguf"):
         from fusec.models.gguf import build_gguf
 
-        return build_gguf(path, shapes)
+        from fusec.shapes import normalize_shapes
+
+        return build_gguf(path, normalize_shapes(shapes) if shapes else None)
     from fusec.frontend.onnx_import import import_onnx
 
     return import_onnx(path, shapes)

@@ -57,9 +57,10 @@ def check_size(shape: Sequence[int], what: str, itemsize: int = 1) -> int:
     return n
 
 
-def normalize_shapes(shapes: Mapping[str, Any] | None) -> dict[str, tuple[int, ...]] | None:
+def normalize_shapes(shapes: Mapping[str, Any] | None, allow_zero: bool = False) -> dict[str, tuple[int, ...]] | None:
     """API shapes ({name: dims}) as {str: tuple of positive ints}; anything else (1.5, "8",
-    True, a negative dim, a huge product) is an InputError naming the input, never truncated."""
+    True, a negative dim, a huge product) is an InputError naming the input, never truncated.
+    ``allow_zero``: let 0 through (the ONNX importer accepts it where the model fixes that dim at 0)."""
     if shapes is None:
         return None
     if not isinstance(shapes, Mapping):
@@ -80,7 +81,7 @@ def normalize_shapes(shapes: Mapping[str, Any] | None) -> dict[str, tuple[int, .
                 raise InputError(f"shape of input {name!r} must be a sequence of ints, got {dims!r:.80} "
                                  f"(dim {i} is {d!r:.40}, not an integer)")
             d = int(d.__index__())
-            if d <= 0:
+            if d < 0 or (d == 0 and not allow_zero):
                 raise InputError(f"input {name!r}: dim {i} must be positive, got {d}")
             fixed.append(d)
         check_size(fixed, f"input {name!r}")

@@ -285,3 +285,17 @@ def test_float64_elementwise_chain_stays_float64() -> None:
     m.ir_version = 10
     got, want = run_both(m, {"x": x})
     assert got[0].dtype == np.float64 and np.array_equal(got[0], want[0])
+
+
+def test_shapes_may_restate_a_zero_dim_the_model_fixes_but_not_give_one() -> None:
+    from fusec.errors import InputError
+    from fusec.loader import load_graph
+
+    x, like = rng.standard_normal((3, 4)).astype(np.float32), np.zeros((0,), np.float16)
+    m = model("CastLike", {"x": x, "like": like})
+    g = load_graph(m, {"x": (3, 4), "like": (0,)})  # what a caller passing every input's shape does
+    assert reference.run(g, {"x": x, "like": like})["y0"].dtype == np.float16
+    dyn = model("Relu", {"x": x})
+    dyn.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "n"
+    with pytest.raises(InputError, match="dim 0 must be positive"):
+        load_graph(dyn, {"x": (0, 4)})

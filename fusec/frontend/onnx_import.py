@@ -104,11 +104,11 @@ def _bind_shapes(inputs: list[onnx.ValueInfoProto], shapes: Mapping[str, Sequenc
             check_size(fixed, f"input {vi.name!r}")
             out[vi.name] = fixed
             continue
-        given = normalize_shapes({vi.name: shapes[vi.name]})[vi.name]  # type: ignore[index]
+        given = normalize_shapes({vi.name: shapes[vi.name]}, allow_zero=True)[vi.name]  # type: ignore[index]
         if dims is not None and len(given) != len(dims):
             raise InputError(f"input {vi.name!r} has rank {len(dims)}, shapes gives {list(given)}")
         for i, g in enumerate(given):
-            if g <= 0:
+            if g <= 0 and not (g == 0 and dims is not None and dims[i].HasField("dim_value") and dims[i].dim_value == 0):
                 raise InputError(f"input {vi.name!r}: dim {i} must be positive, got {g}")
             if dims is None:
                 continue
