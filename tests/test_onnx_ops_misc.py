@@ -20,6 +20,13 @@ CASES = [
     C("DepthToSpace-CRD", "DepthToSpace", F(1, 8, 2, 3), attrs={"blocksize": 2, "mode": "CRD"}, opset=13),
     C("EyeLike", "EyeLike", F(3, 4), attrs={"k": 1}, opset=13),
     C("EyeLike-dtype", "EyeLike", F(4, 3), attrs={"k": -1, "dtype": 7}, out="i", opset=13),
+    C("ScatterElements", "ScatterElements", F(3, 4), np.array([[1, 0, 2, 0], [2, 2, 0, 1]], np.int64), F(2, 4),
+      opset=18, ops=("scatter_nd",)),
+    C("ScatterElements-axis-neg", "ScatterElements", F(2, 5), np.array([[1, -1], [0, -3]], np.int64), F(2, 2),
+      attrs={"axis": 1}, opset=18),
+    C("ReverseSequence-batch0", "ReverseSequence", F(3, 5, 2), np.array([5, 1, 3], np.int64),
+      attrs={"batch_axis": 0, "time_axis": 1}, opset=13, ops=("gather_elements",)),
+    C("ReverseSequence-time0", "ReverseSequence", F(4, 2), np.array([2, 4], np.int64), opset=13),
 ]
 
 
@@ -75,4 +82,35 @@ def test_space_to_depth_refuses_a_blocksize_that_does_not_divide() -> None:
 
     model, _ = _build(C("s2d-bad", "SpaceToDepth", F(1, 1, 4, 6), attrs={"blocksize": 4}, opset=13))
     with pytest.raises(ModelError, match="multiples of blocksize"):
+        import_onnx(model)
+
+
+@pytest.mark.parametrize("mode", ["linear", "circular"])
+def test_tensor_scatter_matches_the_spec(mode: str) -> None:
+    """TensorScatter (opset 24) against the spec's pseudocode in numpy."""
+    rng = np.random.default_rng(9)
+    cache = rng.standard_normal((2, 3, 5, 4)).astype(np.float32)
+    upd = rng.standard_normal((2, 3, 2, 4)).astype(np.float32)
+    write = np.array([1, 4 if mode == "circular" else 3], np.int64)  # circular wraps 4, 5 to 4, 0
+    model, feeds = _build(C(f"ts-{mode}", "TensorScatter", F(2, 3, 5, 4), F(2, 3, 2, 4), ((2,), "i"),
+                            attrs={"mode": mode}, opset=24))
+    feeds = {"in0": cache, "in1": upd, "in2": write}
+    want = cache.copy()
+    for idx in np.ndindex(cache.shape[:2]):
+        for s in range(upd.shape[2]):
+            pos = write[idx[0]] + s
+            if mode == "circular":
+                pos %= cache.shape[2]
+            want[idx + (pos,)] = upd[idx + (s,)]
+    g = import_onnx(model)
+    assert "scatter_nd" in g.op_histogram()
+    np.testing.assert_array_equal(reference.run(g, feeds)["out0"], want)
+
+
+def test_scatter_elements_reductions_are_refused() -> None:
+    from fusec.errors import ModelError
+
+    model, _ = _build(C("se-add", "ScatterElements", F(2, 3), np.zeros((2, 3), np.int64), F(2, 3),
+                        attrs={"reduction": "add"}, opset=18))
+    with pytest.raises(ModelError, match="reduction 'add' is not supported"):
         import_onnx(model)

@@ -123,3 +123,82 @@ def _eye_like(cx: NodeCtx) -> list[Sym | None]:
         raise cx.fail(f"input must be 2-D, got {list(x.shape)}")
     dt = np_dtype_of(int(cx.attr("dtype"))) if cx.attr("dtype") is not None else np_dtype(x)
     return [Const(np.eye(x.shape[0], x.shape[1], k=int(cx.attr("k", 0)), dtype=dt))]
+
+
+def _grid_indices(cx: NodeCtx, shape: tuple[int, ...], axis: int, along: Sym) -> Sym:
+    """[*shape, rank] coordinates of every element of ``shape``, with the ``axis`` coordinate taken
+    from the run-time int64 tensor ``along`` (broadcast to ``shape``): ScatterND's index form."""
+    rank = len(shape)
+    parts: list[Sym] = []
+    for i in range(rank):
+        if i == axis:
+            part: Sym = along if tuple(along.shape) == shape else cx.emit(Op.EXPAND, along, shape=shape)
+        else:
+            part = Const(np.indices(shape, dtype=np.int64)[i])
+        parts.append(reshape(cx, part, shape + (1,), final=False))
+    return cx.emit(Op.CONCAT, *parts, axis=rank)
+
+
+def _int64(cx: NodeCtx, x: Sym) -> Sym:
+    return x if np_dtype(x) == np.int64 else cx.emit(Op.CAST, x, to=DType.I64)
+
+
+@handler("ScatterElements")
+def _scatter_elements(cx: NodeCtx) -> list[Sym | None]:
+    """ScatterElements without a reduction is ScatterND with full coordinates."""
+    data, idx, upd = cx.x(0), cx.x(1), cx.x(2)
+    if cx.attr("reduction", "none") != "none":
+        raise cx.fail(f"ScatterElements reduction {cx.attr('reduction')!r} is not supported")
+    if len(idx.shape) != len(data.shape) or tuple(idx.shape) != tuple(upd.shape):
+        raise cx.fail(f"indices {list(idx.shape)} and updates {list(upd.shape)} must have one shape of data's rank")
+    axis = cx.axis(int(cx.attr("axis", 0)), len(data.shape))
+    along = _int64(cx, idx)
+    dim = Const(np.asarray(data.shape[axis], np.int64))
+    negative = cx.emit(Op.LESS, along, Const(np.zeros((), np.int64)))
+    along = cx.emit(Op.WHERE, negative, cx.emit(Op.ADD, along, dim), along)
+    return [cx.emit(Op.SCATTER_ND, data, _grid_indices(cx, tuple(idx.shape), axis, along), upd, final=True)]
+
+
+@handler("TensorScatter")
+def _tensor_scatter(cx: NodeCtx) -> list[Sym | None]:
+    """Write ``update`` into the cache at write_indices[b] + s along ``axis`` (mod the cache length
+    in circular mode), as ScatterND with full coordinates."""
+    cache, upd = cx.x(0), cx.x(1)
+    rank = len(cache.shape)
+    axis = cx.axis(int(cx.attr("axis", -2)), rank)
+    mode = str(cx.attr("mode", "linear"))
+    fits = len(upd.shape) == rank and upd.shape[axis] <= cache.shape[axis] and all(
+        u == k for i, (u, k) in enumerate(zip(upd.shape, cache.shape)) if i != axis)
+    if axis == 0 or mode not in ("linear", "circular") or not fits:
+        raise cx.fail(f"update {list(upd.shape)} does not fit cache {list(cache.shape)} along axis {axis} "
+                      f"(mode {mode!r})")
+    b, shape = cache.shape[0], tuple(upd.shape)
+    seq = Const(np.arange(shape[axis], dtype=np.int64).reshape(tuple(shape[axis] if i == axis else 1
+                                                                     for i in range(rank))))
+    pos: Sym = seq
+    if cx.has(2):
+        start = reshape(cx, _int64(cx, cx.x(2)), (b,) + (1,) * (rank - 1), final=False)
+        pos = cx.emit(Op.ADD, start, seq)
+    if mode == "circular":
+        pos = cx.emit(Op.MOD, pos, Const(np.asarray(cache.shape[axis], np.int64)), fmod=False)
+    return [cx.emit(Op.SCATTER_ND, cache, _grid_indices(cx, shape, axis, pos), upd, final=True)]
+
+
+@handler("ReverseSequence")
+def _reverse_sequence(cx: NodeCtx) -> list[Sym | None]:
+    """out[.., t, ..] = x[.., L_b - 1 - t, ..] for t < L_b (else x itself): a GatherElements."""
+    x, lens = cx.x(0), cx.x(1)
+    if len(x.shape) < 2:
+        raise cx.fail(f"input must have rank >= 2, got {list(x.shape)}")
+    bax, tax = (cx.axis(int(cx.attr(n, d)), len(x.shape)) for n, d in (("batch_axis", 1), ("time_axis", 0)))
+    if bax == tax or tuple(lens.shape) != (x.shape[bax],):
+        raise cx.fail(f"batch_axis {bax} / time_axis {tax} and sequence_lens {list(lens.shape)} do not fit "
+                      f"{list(x.shape)}")
+    rank = len(x.shape)
+    t = Const(np.arange(x.shape[tax], dtype=np.int64).reshape(tuple(x.shape[tax] if i == tax else 1
+                                                                   for i in range(rank))))
+    n = reshape(cx, _int64(cx, lens), tuple(x.shape[bax] if i == bax else 1 for i in range(rank)), final=False)
+    back = cx.emit(Op.SUB, cx.emit(Op.SUB, n, Const(np.ones((), np.int64))), t)
+    idx = cx.emit(Op.WHERE, cx.emit(Op.LESS, t, n), back, t)
+    idx = cx.emit(Op.EXPAND, idx, shape=tuple(x.shape))
+    return [cx.emit(Op.GATHER_ELEMENTS, x, idx, final=True, axis=tax)]
