@@ -41,6 +41,9 @@ from fusec.planenv import PlanArchError
 from fusec.planfile import PlanBlobs, PlanFileError, read_plan, write_plan
 from fusec.runtime.guard import ConcurrentRunError, DeviceMemoryError, RunGuard, fmt_bytes
 
+__all__ = ["ConcurrentRunError", "DeviceMemoryError", "Plan", "PlanArchError", "TensorInfo", "entry_points",
+           "stream_handle"]
+
 _REQUIRED = ("fusec_version", "arch", "dtype", "memory", "modules", "kernels")
 _ENTRY = ("inputs", "outputs", "launches")  # per entry point: at the top level, or under "entries"
 
