@@ -30,7 +30,8 @@ def add_subject_arguments(p: argparse.ArgumentParser) -> None:
                    help="a model: target GPU architecture (default: current GPU, else sm_90); a plan has its own")
     add_fusion_arguments(p)
     p.add_argument("--model", dest="source", metavar="MODEL", default=None,
-                   help="a plan: the model it was compiled from, when the plan does not record it")
+                   help="a plan: the model (or decoder) it was compiled from, when the plan does not record "
+                        "it or the recorded file is not next to the plan")
     p.add_argument("--entry", metavar="NAME", default=None,
                    help="a plan with several entry points (prefill, decode): which one (default: the first)")
 
