@@ -54,13 +54,16 @@ def _probe_dtypes(op: Any) -> list[str] | None:
     from fusec.dtypes import DType
     from fusec.ops import OP_INFO, infer
 
+    from fusec.ops import FusionKind
+
     info = OP_INFO[op]
     lo, hi = info.arity
     if lo < 1 or (hi >= 0 and hi != lo) or lo > 3:
         return None
-    try:
-        attrs = info.attrs()
-    except TypeError:
+    if lo > 1 and info.kind not in (FusionKind.ELEMENTWISE, FusionKind.BROADCAST):
+        return None  # inputs of different roles (data, indices): one dtype for all says nothing
+    attrs = _probe_attrs(info.attrs)
+    if attrs is None:
         return None
     ok = []
     for dt in DType:
@@ -73,6 +76,27 @@ def _probe_dtypes(op: Any) -> list[str] | None:
             ok.append(dt.value)
             break
     return ok or None
+
+
+def _probe_attrs(cls: type) -> Any:
+    """An attribute record for a 1-D probe input of 4 elements: required fields by their name
+    (axis 0, a shape of (4,), ...); None when a required field is not one of these."""
+    import dataclasses
+
+    from fusec.dtypes import DType
+
+    known = {"axes": (0,), "axis": 0, "k": 1, "shape": _PROBE_SHAPE, "perm": (0,), "starts": (0,), "ends": (4,),
+             "steps": (1,), "repeats": (1,), "upper": True, "left": True, "to": DType.F32}
+    kw = {}
+    for f in dataclasses.fields(cls) if dataclasses.is_dataclass(cls) else ():
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            if f.name not in known:
+                return None
+            kw[f.name] = known[f.name]
+    try:
+        return cls(**kw)
+    except (TypeError, ValueError):
+        return None
 
 
 def _row(cells: Iterable[Any]) -> str:
@@ -126,7 +150,8 @@ def render() -> str:
         "",
         f"{len(OP_INFO)} ops in one closed vocabulary (`fusec.ops.Op`). Kind: what fusion may assume",
         "(TVM's pattern kinds). Dtypes: what the op's shape/dtype rule accepts for inputs of one dtype",
-        "(\"-\": the rule needs a specific signature; see `fusec/ops.py`).",
+        "(\"-\": the rule needs a specific signature; see `fusec/ops.py`). A compiled plan's inputs,",
+        "outputs and state are limited to the plan tensor dtypes below.",
         "",
         _row(("op", "kind", "inputs", "dtypes")),
         _row(("---", "---", "---", "---")),
