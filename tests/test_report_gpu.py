@@ -46,6 +46,7 @@ def test_profile_writes_one_slice_per_launch(tmp_path, capsys, target):
         assert a["ts"] + a["dur"] <= b["ts"] + 1.0  # event resolution: about 0.5 us
     assert doc["otherData"]["gpu_timing"] == "cuda-events"
     assert doc["otherData"]["slice_names"].startswith("fused ops")
+    assert doc["otherData"]["launch_mode"].startswith("eager")
 
 
 def test_nvtx_ranges_leave_results_unchanged():

@@ -114,6 +114,8 @@ def profile_plan(plan: Any, launches: Sequence[Mapping[str, Any]], inputs: Mappi
     info = {"warmup_runs": max(1, int(warmup)), "arch": plan.arch, "dtype": plan.dtype,
             "entry": entry or plan.entries[0], "device": describe(),
             "clock_alignment": "host time 0 = when the event before the first launch was recorded",
+            "launch_mode": "eager" + (" (the plan replays these launches as one CUDA graph in a normal run)"
+                                      if plan.cuda_graph else ""),
             "cupti": "not used for kernel times (one CUPTI client per process: fusec's driver counters)"}
     info.update(meta or {})
     return trace_document(launches, gpu, host, info)
