@@ -21,7 +21,8 @@ Contracts:
   share one arena) runs one call at a time: a ``run`` from a second thread while one is in
   progress raises ``ConcurrentRunError`` (a ``FusecError``); serialize the calls, or load the plan
   once per thread. Consecutive runs on different streams are ordered on the GPU (the new stream
-  waits for the previous one), never overlapped.
+  waits for the previous one), never overlapped. (``Executor.replay``, a benchmark's bare graph
+  replay, bypasses both: its caller orders it.)
 - **Outputs are views** of the plan's arena: valid until the next run of the plan, which
   overwrites them. Copy what you keep (``arr.copy()``), or pass ``outputs=`` arrays to fill.
 - **Out of memory** while the plan's device memory is made (first run) raises ``MemoryError``
@@ -41,8 +42,8 @@ from fusec.planenv import PlanArchError
 from fusec.planfile import PlanBlobs, PlanFileError, read_plan, write_plan
 from fusec.runtime.guard import ConcurrentRunError, DeviceMemoryError, RunGuard, fmt_bytes
 
-__all__ = ["ConcurrentRunError", "DeviceMemoryError", "Plan", "PlanArchError", "TensorInfo", "entry_points",
-           "stream_handle"]
+__all__ = ["ConcurrentRunError", "DeviceMemoryError", "Plan", "PlanArchError", "PlanFileError", "TensorInfo",
+           "entry_points", "stream_handle"]
 
 _REQUIRED = ("fusec_version", "arch", "dtype", "memory", "modules", "kernels")
 _ENTRY = ("inputs", "outputs", "launches")  # per entry point: at the top level, or under "entries"
