@@ -26,6 +26,7 @@ COMPILE_OPS = {
     "LogSoftmax", "Softplus", "Softsign", "Mish", "Elu", "Selu", "Celu", "LeakyRelu", "PRelu", "ThresholdedRelu",
     "HardSigmoid", "HardSwish", "Shrink", "SwiGLU", "Mean", "Sinh", "Cosh", "Tan", "Asinh", "Acosh", "Atanh",
     "NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss", "SpaceToDepth", "DepthToSpace",
+    "LinearAttention", "ScatterElements", "TensorScatter", "ReverseSequence",
 }
 PER_OP = 5  # Attention alone has 90 plain tests; five of each op keep the test near a minute
 

@@ -113,3 +113,22 @@ def _build_unchecked(case):
     out = helper.make_tensor_value_info("out0", TensorProto.FLOAT, [2, 4, 24])
     graph = helper.make_graph([node], "g", inputs, [out])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", case.opset)], ir_version=10)
+
+
+LINEAR_CASES = [
+    C("linear", "LinearAttention", F(2, 3, 8), F(2, 3, 8), F(2, 3, 8),
+      attrs={"q_num_heads": 2, "kv_num_heads": 2, "update_rule": "linear"}, out=("f", "f"), opset=27),
+    C("gated-per-dim", "LinearAttention", F(2, 3, 8), F(2, 3, 8), F(2, 3, 8), None, F(2, 3, 8),
+      attrs={"q_num_heads": 2, "kv_num_heads": 2, "update_rule": "gated"}, out=("f", "f"), opset=27),
+    C("delta", "LinearAttention", F(1, 4, 8), F(1, 4, 8), F(1, 4, 6), None, None, F(1, 4, 2),
+      attrs={"q_num_heads": 2, "kv_num_heads": 2, "update_rule": "delta"}, out=("f", "f"), opset=27),
+    C("gated-delta-gqa-past", "LinearAttention", F(2, 3, 16), F(2, 3, 4), F(2, 3, 4), F(2, 1, 4, 4), F(2, 3, 1),
+      F(2, 3, 1), attrs={"q_num_heads": 4, "kv_num_heads": 1, "scale": 0.3}, out=("f", "f"), opset=27,
+      ops=("matmul", "exp")),
+]
+
+
+@pytest.mark.parametrize("case", LINEAR_CASES, ids=[c.id for c in LINEAR_CASES])
+def test_linear_attention_matches_onnx_reference(case) -> None:
+    model, _ = _build(case)
+    check_against_onnx_reference(model, _rng_feeds(model, 11), case.ops, tol=1e-4, label=case.id)

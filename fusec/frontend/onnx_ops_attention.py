@@ -229,3 +229,71 @@ def _decomposed(cx: NodeCtx, q: Sym, k: Sym, v: Sym, mask: Sym | None, causal: b
         qk_out = p
     y = cx.emit(Op.MATMUL, p, v, final=final)
     return y, qk_out
+
+
+def _step(cx: NodeCtx, x: Sym, i: int) -> Sym:
+    """x[:, :, i:i+1, :] of a [B, H, T, D] tensor."""
+    return cx.emit(Op.SLICE, x, axes=(2,), starts=(i,), ends=(i + 1,), steps=(1,))
+
+
+MAX_LINEAR_ATTENTION_STEPS = 512  # the recurrence is unrolled: one group of nodes per token
+
+
+@handler("LinearAttention")
+def _linear_attention(cx: NodeCtx) -> list[Sym | None]:
+    """The recurrence of ONNX LinearAttention (opset 27), unrolled over the static sequence length,
+    in fp32: S = exp(g_t) S (gated); v_t = beta_t (v_t - S^T k_t) (delta); S += k_t v_t^T;
+    o_t = scale q_t^T S (each KV head's state read by its group of query heads)."""
+    rule = str(cx.attr("update_rule", "gated_delta"))
+    qh, kvh = int(cx.attr("q_num_heads", 0) or 0), int(cx.attr("kv_num_heads", 0) or 0)
+    if rule not in ("linear", "gated", "delta", "gated_delta") or qh <= 0 or kvh <= 0 or qh % kvh:
+        raise cx.fail(f"update_rule {rule!r} with q_num_heads {qh} and kv_num_heads {kvh} is not valid")
+    gating, delta = rule in ("gated", "gated_delta"), rule in ("delta", "gated_delta")
+    if gating != cx.has(4) or delta != cx.has(5):
+        raise cx.fail(f"update_rule {rule!r} takes decay: {gating}, beta: {delta}")
+    f32 = np.dtype(np.float32)
+    out_dt = np_dtype(cx.x(0))
+
+    def f(x: Sym) -> Sym:
+        return x if np_dtype(x) == f32 else cx.emit(Op.CAST, x, to=DType.F32)
+
+    q, k, v = (f(_heads(cx, cx.x(i), n, w)) for i, n, w in ((0, qh, "query"), (1, kvh, "key"), (2, kvh, "value")))
+    b, _, t, dk = q.shape
+    dv = v.shape[3]
+    if len(cx.x(0).shape) != 3 or k.shape[3] != dk or t > MAX_LINEAR_ATTENTION_STEPS:
+        raise cx.fail(f"query/key/value must be [B, T, H*D] with one head size and T <= "
+                      f"{MAX_LINEAR_ATTENTION_STEPS}, got {list(cx.x(0).shape)}, {list(cx.x(1).shape)}")
+    gate = beta = None
+    if gating:
+        g = f(cx.x(4))
+        if g.shape[-1] == kvh:
+            g = cx.emit(Op.TRANSPOSE, reshape(cx, g, (b, t, kvh, 1), final=False), perm=(0, 2, 1, 3))
+        else:
+            g = _heads(cx, g, kvh, "decay")
+        gate = cx.emit(Op.EXP, g)  # [B, Hkv, T, 1 or dk]
+    if delta:
+        bt = f(cx.x(5))
+        if len(bt.shape) != 3 or bt.shape[-1] not in (kvh, 1):
+            raise cx.fail(f"beta of shape {list(bt.shape)} must be [B, T, kv_num_heads or 1]")
+        beta = cx.emit(Op.TRANSPOSE, reshape(cx, bt, (b, t, bt.shape[-1], 1), final=False), perm=(0, 2, 1, 3))
+    state_dt = np_dtype(cx.x(3)) if cx.has(3) else out_dt
+    state: Sym = f(cx.x(3)) if cx.has(3) else Const(np.zeros((b, kvh, dk, dv), np.float32))
+    if tuple(state.shape) != (b, kvh, dk, dv):
+        raise cx.fail(f"past_state of shape {list(state.shape)} must be [{b}, {kvh}, {dk}, {dv}]")
+    scale = float(cx.attr("scale", 0.0) or 0.0) or 1.0 / math.sqrt(dk)
+    outs = []
+    for i in range(t):
+        k_t, v_t = _step(cx, k, i), _step(cx, v, i)
+        if gate is not None:  # decay over d_k: [B, H, 1, X] -> [B, H, X, 1], broadcast over d_v
+            state = cx.emit(Op.MUL, state, cx.emit(Op.TRANSPOSE, _step(cx, gate, i), perm=(0, 1, 3, 2)))
+        if beta is not None:
+            v_t = cx.emit(Op.MUL, _step(cx, beta, i), cx.emit(Op.SUB, v_t, cx.emit(Op.MATMUL, k_t, state)))
+        state = cx.emit(Op.ADD, state, cx.emit(Op.MATMUL, cx.emit(Op.TRANSPOSE, k_t, perm=(0, 1, 3, 2)), v_t))
+        read = _repeat_heads(cx, state, qh // kvh)
+        outs.append(cx.emit(Op.MUL, cx.emit(Op.MATMUL, _step(cx, q, i), read), Const(np.float32(scale))))
+    y = outs[0] if len(outs) == 1 else cx.emit(Op.CONCAT, *outs, axis=2)
+    y = reshape(cx, cx.emit(Op.TRANSPOSE, y, perm=(0, 2, 1, 3)), (b, t, qh * dv), final=False)
+    y = y if out_dt == f32 else cx.emit(Op.CAST, y, to=DType.from_np(out_dt))
+    if cx.used(1) and state_dt != f32:
+        state = cx.emit(Op.CAST, state, to=DType.from_np(state_dt))
+    return [y, state if cx.used(1) else None]
