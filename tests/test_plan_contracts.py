@@ -236,7 +236,7 @@ def test_generation_plans_list_inputs_per_entry() -> None:
 def test_repr_says_what_the_plan_is(plan) -> None:
     text = repr(plan)
     m = plan.manifest
-    assert text.startswith("<fusec.Plan 'gpt2-tiny' sm_90 fp16 ") and text.endswith(">") and "\n" not in text
+    assert text.startswith(f"<fusec.Plan 'gpt2-tiny' {plan.arch} fp16 ") and text.endswith(">") and "\n" not in text
     assert "input_ids i64[2, 8]" in text and "-> logits f16[2, 8, 1000]" in text
     assert f"{len(m['kernels'])} kernels, {len(m['launches'])} launches" in text
     assert f"weights {fmt_bytes(m['memory']['weights_bytes'])}" in text
