@@ -29,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--filter", default="", help="only tests whose name or op contains this (case-insensitive)")
     ap.add_argument("--write", metavar="MD", help="write the Markdown report here (e.g. CONFORMANCE.md)")
     ap.add_argument("--json", metavar="FILE", help="write every result as JSON here")
+    ap.add_argument("--bind-shape-inputs", action="store_true",
+                    help="also count the tests that pass once graph inputs deciding a shape (Reshape's shape, "
+                         "Reduce's axes...) are bound to the test's values at compile time (a separate row)")
     ap.add_argument("-v", "--verbose", action="store_true", help="print every test that does not pass")
     args = ap.parse_args(argv)
 
@@ -45,12 +48,13 @@ def main(argv: list[str] | None = None) -> int:
 
     ref, comp = C.run_all(cases, compile_path=args.compile, arch=args.arch, dtype=args.dtype, only=only,
                           progress=progress)
+    bound = C.run_bound(cases, ref) if args.bind_shape_inputs else []
     if args.verbose:
         for r in comp:
             if r.status != "pass":
                 print(f"compile {r.status:8s} {r.name}: {r.reason}", file=sys.stderr)
     secs = time.perf_counter() - t0
-    summary = _summary(ref, comp, args, secs)
+    summary = _summary(ref, comp, args, secs, bound)
     print("\n".join(summary))
     if args.write:
         with open(args.write, "w", encoding="utf-8") as f:
@@ -63,10 +67,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _summary(ref: list[C.Result], comp: list[C.Result], args: argparse.Namespace, secs: float) -> list[str]:
+def _summary(ref: list[C.Result], comp: list[C.Result], args: argparse.Namespace, secs: float,
+             bound: list[C.Result]) -> list[str]:
     rc = C.counts(ref)
     lines = ["| path | tests | pass | refused | wrong | crashed |", "| --- | ---: | ---: | ---: | ---: | ---: |",
              f"| reference (numpy) | {len(ref)} | {rc['pass']} | {rc['refused']} | {rc['wrong']} | {rc['crashed']} |"]
+    if bound:
+        bc = C.counts(bound)
+        lines.append(f"| reference, shape-deciding inputs bound to the test's values | {len(bound)} | {bc['pass']} "
+                     f"| {bc['refused']} | {bc['wrong']} | {bc['crashed']} |")
     if args.compile:
         cc = C.counts(comp)
         lines.append(f"| compile {args.arch} {args.dtype} (of the reference passes) | {len(comp)} | {cc['pass']} "
@@ -78,6 +87,7 @@ def _summary(ref: list[C.Result], comp: list[C.Result], args: argparse.Namespace
 
 def _report(ref: list[C.Result], comp: list[C.Result], args: argparse.Namespace, summary: list[str]) -> list[str]:
     cmd = "python benchmarks/conformance.py" + (" --compile" if args.compile else "") + (
+        " --bind-shape-inputs" if args.bind_shape_inputs else "") + (
         f" --filter {args.filter}" if args.filter else "") + f" --write {args.write}"
     out = ["# ONNX node-test conformance", "",
            "ONNX's backend node tests (`onnx.backend.test.loader.load_node_model_tests()`) run through fusec's "

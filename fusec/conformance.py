@@ -144,22 +144,56 @@ def _guarded(name: str, op: str, fn: Callable[[], str]) -> Result:
     return Result(name, op, "wrong" if why else "pass", why)
 
 
-def reference_case(case: Any, op: str) -> Result:
-    """Import ``case`` and run it on fusec's numpy reference backend."""
+_RUNTIME_INPUT = re.compile(r"input \d+ \('((?:[^'\\]|\\.)*)'\) depends on run-time data")
+
+
+def bind_inputs(case: Any, names: Sequence[str]) -> Any:
+    """A copy of ``case`` whose graph inputs ``names`` are initializers holding the test's values
+    (an input that decides a shape, as an exporter that fixed it would have written it)."""
+    import copy
+
+    import onnx
+
+    feeds, _ = _inputs(case)
+    model = copy.deepcopy(case.model)
+    keep = [vi for vi in model.graph.input if vi.name not in names]
+    for name in names:
+        model.graph.initializer.append(onnx.numpy_helper.from_array(np.asarray(feeds[name]), name))
+    del model.graph.input[:]
+    model.graph.input.extend(keep)
+    data = [(list(a for vi, a in zip(case.model.graph.input, case.data_sets[0][0]) if vi.name not in names),
+             case.data_sets[0][1])]
+    return dataclasses.replace(case, model=model, data_sets=data) if dataclasses.is_dataclass(case) else case
+
+
+def reference_case(case: Any, op: str, bind_shape_inputs: bool = False) -> Result:
+    """Import ``case`` and run it on fusec's numpy reference backend. ``bind_shape_inputs``: when
+    the import refuses a graph input because it decides a shape, retry with that input bound to
+    the test's value (``bind_inputs``), as many times as there are such inputs."""
     from fusec import reference
     from fusec.loader import load_graph
 
-    def go() -> str:
-        feeds, shapes = _inputs(case)
-        graph = load_graph(case.model, shapes)
+    def go(c: Any) -> str:
+        feeds, shapes = _inputs(c)
+        graph = load_graph(c.model, shapes)
         outs = reference.run(graph, feeds)
-        for vi, want in zip(case.model.graph.output, case.data_sets[0][1]):
-            why = compare(vi.name, _array(want), outs[vi.name], case.rtol, case.atol)
+        for vi, want in zip(c.model.graph.output, c.data_sets[0][1]):
+            why = compare(vi.name, _array(want), outs[vi.name], c.rtol, c.atol)
             if why:
                 return why
         return ""
 
-    return _guarded(case.name, op, go)
+    res = _guarded(case.name, op, lambda: go(case))
+    bound: list[str] = []
+    inputs = {vi.name for vi in case.model.graph.input}
+    while bind_shape_inputs and res.status == "refused":
+        m = _RUNTIME_INPUT.search(res.reason)
+        if not m or m.group(1) not in inputs or m.group(1) in bound:
+            break
+        bound.append(m.group(1))
+        bound_case = bind_inputs(case, bound)
+        res = _guarded(case.name, op, lambda: go(bound_case))
+    return res
 
 
 def compile_case(case: Any, op: str, arch: str = "sm_90", dtype: str = "fp32") -> Result:
@@ -193,6 +227,14 @@ def run_all(cases: Sequence[Any], compile_path: bool = False, arch: str = "sm_90
         if compile_path and r.status == "pass":
             comp.append(compile_case(c, ops[c.name], arch, dtype))
     return ref, comp
+
+
+def run_bound(cases: Sequence[Any], ref: Sequence[Result]) -> list[Result]:
+    """``ref`` with each refusal of a shape-deciding graph input re-run with such inputs bound to
+    the test's values (``reference_case(..., bind_shape_inputs=True)``); other results as they are."""
+    by_name = {c.name: c for c in cases}
+    return [reference_case(by_name[r.name], r.op, True) if r.status == "refused" and _RUNTIME_INPUT.search(r.reason)
+            else r for r in ref]
 
 
 # ---- tables ---------------------------------------------------------------------------------

@@ -127,3 +127,26 @@ def test_inputs_take_tensor_protos_and_give_shapes_only_where_the_model_leaves_t
     feeds, shapes = C._inputs(case)
     assert feeds["a"].dtype == ml_dtypes.bfloat16 and list(feeds["a"]) == list(a)
     assert shapes == {"b": (2,)}
+
+
+def test_binding_a_shape_input_turns_its_refusal_into_a_run() -> None:
+    """reference_case(bind_shape_inputs=True): the Reshape target given as a graph input is refused
+    (it decides a shape), then bound to the test's value and run; the data input stays an input."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Reshape", ["x", "shape"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
+                               helper.make_tensor_value_info("shape", TensorProto.INT64, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 2])])
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    from onnx.backend.test.case.test_case import TestCase
+
+    case = TestCase(name="t", model_name="t", url=None, model_dir=None,
+                    model=helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]),
+                    data_sets=[([x, np.array([3, 2], np.int64)], [x.reshape(3, 2)])], kind="node", rtol=1e-6, atol=0)
+    plain = C.reference_case(case, "Reshape")
+    assert plain.status == "refused" and "depends on run-time data" in plain.reason
+    assert C.reference_case(case, "Reshape", bind_shape_inputs=True).status == "pass"
+    (again,) = C.run_bound([case], [plain])
+    assert again.status == "pass"
+    assert [vi.name for vi in C.bind_inputs(case, ["shape"]).model.graph.input] == ["x"]
