@@ -97,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
     except FusecError as e:
         message = _with_log(str(e)) if getattr(e, "log", None) is not None else str(e)
-        return _fail(message, getattr(e, "exit_code", EXIT_ERROR), debug)
+        return _fail(message, e.exit_code, debug)
     except MemoryError:
         return _fail("out of memory: the model, its inputs or its shapes need more memory than this machine has "
                      "(check --shapes and the input files)", EXIT_ERROR, debug)

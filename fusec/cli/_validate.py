@@ -20,17 +20,11 @@ from typing import Any
 import numpy as np
 
 from fusec.cli._common import fmt_name, note
-from fusec.errors import FusecError, InputError
+from fusec.errors import CheckFailed, FusecError, InputError
 from fusec.ir import Graph
 
 # (atol, rtol) by the dtype the run stored floats in; fp32 accumulation everywhere.
 DEFAULT_TOLERANCE = {"fp32": (1e-4, 1e-4), "tf32": (5e-3, 5e-3), "fp16": (1e-2, 1e-2), "bf16": (5e-2, 5e-2)}
-
-
-class CheckFailed(FusecError):
-    """Outputs differ from the yardstick beyond the tolerance (exit code 3)."""
-
-    exit_code = 3
 
 
 @dataclasses.dataclass
