@@ -61,3 +61,4 @@ def emit(ctx: Any, cp: Any, a: Value, b: Value, out: Value, bias: Value | None, 
         fields["beta"] = 1.0
     ctx.gemm(fields, a, b, out, f"{label} cublaslt[{epi}{'+res' if residual is not None else ''}]")
     ctx.count("cublaslt_epilogue")
+    ctx.count("fused_gemm_epilogue")  # the fused node's one kernel, as lower_fused counts it
