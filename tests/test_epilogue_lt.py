@@ -213,3 +213,84 @@ def test_gpu_lt_epilogue_matches_reference_and_cublas(case, epi, dtype: str) -> 
         assert rel_error({"y": y}, {"y": want}) < tol, (variant, graph_mode)
     assert np.array_equal(outs["cublaslt", False], outs["cublaslt", True])  # capture replays the same call
     assert rel_error({"y": outs["cublaslt", False]}, {"y": outs["cublas", False]}) < TOLERANCE[dtype]
+
+
+class _FakeLt:
+    """Stands in for libcublasLt: hands out handles, records every attribute and call."""
+
+    def __init__(self, algos: int = 1) -> None:
+        self.algos, self.next, self.attrs, self.layouts, self.calls, self.destroyed = algos, 100, {}, {}, [], []
+
+    def _new(self, ref) -> int:  # noqa: ANN001
+        self.next += 1
+        ref._obj.value = self.next
+        return 0
+
+    def cublasLtMatmulDescCreate(self, ref, compute, scale):  # noqa: ANN001, ANN201, N802
+        self.compute, self.scale = compute, scale
+        return self._new(ref)
+
+    def cublasLtMatrixLayoutCreate(self, ref, t, rows, cols, ld):  # noqa: ANN001, ANN201, N802
+        self._new(ref)
+        self.layouts[self.next] = (t, rows, cols, ld)
+        return 0
+
+    def cublasLtMatmulPreferenceCreate(self, ref):  # noqa: ANN001, ANN201, N802
+        return self._new(ref)
+
+    def _set(self, obj, attr, ref, size):  # noqa: ANN001, ANN201
+        self.attrs[(obj, attr)] = ref._obj.value
+        return 0
+
+    cublasLtMatmulDescSetAttribute = cublasLtMatmulPreferenceSetAttribute = cublasLtMatrixLayoutSetAttribute = _set
+
+    def cublasLtMatmulAlgoGetHeuristic(self, h, desc, a, b, c, d, pref, n, heur, count):  # noqa: ANN001, ANN201, N802
+        self.heuristic_layouts = (a, b, c, d)
+        heur._obj.algo.data[0] = 42
+        count._obj.value = self.algos
+        return 0
+
+    def cublasLtMatmul(self, *args):  # noqa: ANN002, ANN201, N802
+        self.calls.append(args)
+        return 0
+
+    def __getattr__(self, name: str):  # the Destroy functions
+        if name.endswith("Destroy"):
+            return lambda ptr: self.destroyed.append(ptr)
+        raise AttributeError(name)
+
+
+def test_lt_matmul_binds_the_problem_cublaslt_is_given(monkeypatch) -> None:  # noqa: ANN001
+    """The descriptors LtMatmul sets (a fake libcublasLt records them): ops, layouts, epilogue, bias,
+    C = the residual with D the output, operand alignment for the heuristic, one call per run."""
+    import ctypes
+
+    from fusec.runtime import cublaslt
+    from fusec.runtime.cublas import GemmCall
+
+    fake = _FakeLt()
+    monkeypatch.setattr(cublaslt, "_lib", lambda: fake)
+    call = GemmCall(m=64, n=96, k=32, batch=1, a=0x10000, b=0x20010, c=0x30000, lda=32, ldb=32, ldc=96,
+                    stride_a=0, stride_b=0, stride_c=64 * 96, trans_a=False, trans_b=True, dtype="bf16",
+                    compute="f32", beta=1.0, epilogue="gelu_bias", bias=0x40000, c_in=0x50000)
+    lt = cublaslt.LtMatmul(call, 7, 0x60000, 1 << 20)
+    assert fake.compute == 68 and fake.scale == 0  # CUBLAS_COMPUTE_32F, fp32 alpha/beta
+    assert fake.attrs[(lt.desc, 3)] == 1 and fake.attrs[(lt.desc, 4)] == 0  # cuBLASLt's A = fusec's B, transposed
+    assert fake.attrs[(lt.desc, 7)] == cublaslt.EPILOGUES["gelu_bias"] and fake.attrs[(lt.desc, 8)] == 0x40000
+    a, b, c, d = (fake.layouts[x] for x in lt.layouts)
+    assert a == (14, 32, 96, 32) and b == (14, 32, 64, 32) and c == d == (14, 96, 64, 96)  # column-major views
+    assert lt.ptrs == (0x20010, 0x10000, 0x50000, 0x30000)  # C is the residual, D the output
+    align = {k: v for (obj, k), v in fake.attrs.items() if k in (5, 6, 7, 8) and obj not in (lt.desc,)}
+    assert align == {5: 16, 6: 256, 7: 256, 8: 256}  # B at 0x20010 is 16-byte aligned only
+    lt(0xABC)
+    (args,) = fake.calls
+    assert args[-1] == 0xABC and ctypes.cast(args[2], ctypes.POINTER(ctypes.c_float))[1] == 1.0  # beta
+    assert [args[i].value for i in (3, 5, 8, 10)] == [0x20010, 0x10000, 0x50000, 0x30000]  # A, B, C, D
+    assert [args[i].value for i in (4, 6, 9, 11)] == list(lt.layouts) and args[0].value == 7
+    lt.close()
+    assert set(fake.destroyed) >= set(lt.layouts) | {lt.desc}
+    fake.algos = 0
+    with pytest.raises(RuntimeError, match="no algorithm"):
+        cublaslt.LtMatmul(call, 7, 0x60000, 1 << 20)
+    with pytest.raises(RuntimeError, match="bias"):
+        cublaslt.LtMatmul(GemmCall(**{**call.__dict__, "bias": None, "_scalars": None, "_lt": None}), 7, 0, 0)
