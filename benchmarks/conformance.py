@@ -97,6 +97,11 @@ def _report(ref: list[C.Result], comp: list[C.Result], args: argparse.Namespace,
            "*refused*: a one-line `FusecError`; *wrong*: an output differs; *crashed*: any other exception "
            "(a bug). `tests/test_conformance.py` keeps the reference crash count at 0 and the pass count at "
            "or above `tests/conformance_floor.json`.", "",
+           "fusec compiles static shapes, so a graph input that decides a shape (Reshape's target, Reduce's "
+           "axes, Slice's starts, OneHot's depth) is refused: the node tests feed those as run-time inputs. "
+           "With `--bind-shape-inputs` a separate row counts the tests that pass once such inputs are bound to "
+           "the test's values, as an exporter that fixed them writes them (initializers); the plain row is "
+           "the headline number.", "",
            f"Generated {datetime.date.today().isoformat()} by `{cmd}` at {_revision()}.", "", "## Summary", ""]
     out += summary
     out += ["", "## Refusals by reason (reference)", ""] + C.reason_table(ref, "refused")

@@ -21,8 +21,8 @@ import onnx
 from fusec.errors import InputError, ModelError
 from fusec.frontend import onnx_einsum, onnx_ops, onnx_ops_data, onnx_ops_ext  # noqa: F401  (they register handlers)
 from fusec.frontend import onnx_ops_conv, onnx_ops_pool  # noqa: F401  (Conv and pooling handlers)
-from fusec.frontend import onnx_ops_act, onnx_ops_attention, onnx_ops_loss  # noqa: F401  (decompositions)
-from fusec.frontend import onnx_ops_misc, onnx_ops_norm, onnx_ops_quant, onnx_ops_seq  # noqa: F401  (decompositions)
+from fusec.frontend import onnx_ops_act, onnx_ops_attention, onnx_ops_loss, onnx_ops_misc  # noqa: F401  (decomposed)
+from fusec.frontend import onnx_ops_norm, onnx_ops_quant, onnx_ops_resize, onnx_ops_seq  # noqa: F401  (decomposed)
 from fusec.frontend.emit import WEIGHT_MIN_ELEMS, Const, Emitter, Sym
 from fusec.frontend.onnx_ctx import HANDLERS, NodeCtx
 from fusec.frontend.onnx_load import ONNX_TO_DTYPE, LoadedModel, load_model, onnx_type_name
