@@ -60,6 +60,9 @@ def main() -> None:
                      "launches": plan.info()["launches"], "time": time_cuda(lambda: plan.run(inputs, stream=stream))}
         if attn_math is None:
             res[name]["profile"] = sorted(plan.profile(inputs, repeats=5), key=lambda p: -p["ms"])[:12]
+        print(name, json.dumps({k: v for k, v in res[name].items() if k != "profile"}), flush=True)
+        with open(out_path, "w") as f:
+            json.dump(res, f, indent=2)
 
     fusec_case("fusec_fp32_3xtf32", "fp32", None)
     fusec_case("fusec_fp32_simt_attention", "fp32", "simt")
@@ -72,6 +75,8 @@ def main() -> None:
             got = model(input_ids=t_ids, attention_mask=t_mask).logits
             res[f"torch_eager_{tag}"] = {"rel_err_vs_f64": rel(got), "max_abs_vs_f64": maxabs(got),
                                          "time": time_cuda(lambda: model(input_ids=t_ids, attention_mask=t_mask))}
+            if tf32:  # torch.compile's fp32 default is the target's baseline; its tf32 build costs minutes more
+                continue
             torch._dynamo.reset()
             t0 = time.perf_counter()
             compiled = torch.compile(model)
