@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import importlib.metadata
+import importlib.util
 import os
 import platform
 from typing import Any
@@ -289,7 +290,7 @@ def require_compiler() -> None:
 def gpu_missing_reason(with_fix: bool = True) -> str | None:
     """Why no GPU is usable here, in a few words (CuPy missing, no driver, no device); None with one.
     ``with_fix``: name the pip command when CuPy is missing."""
-    if installed_cupy() is None:
+    if installed_cupy() is None or not _importable("cupy"):
         fix = ": " + pip_command("cupy", "nvrtc", "cublas", "pathfinder") if with_fix else ""
         return f"no GPU usable (CuPy is not installed{fix})"
     from fusec import device
@@ -299,6 +300,13 @@ def gpu_missing_reason(with_fix: bool = True) -> str | None:
     if driver_version() is None:
         return "no GPU found (no CUDA driver: libcuda.so.1 is not on this machine)"
     return "no GPU found (CuPy sees no CUDA device)"
+
+
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError, AttributeError):  # a module entry set to None (hidden) or broken
+        return False
 
 
 def require_gpu(what: str) -> None:

@@ -58,6 +58,14 @@ def test_compile_without_cupy_is_one_line_with_the_pip_command(capsys, tmp_path,
     assert list(tmp_path.iterdir()) == []
 
 
+def test_bench_without_cupy_says_cupy_is_missing_not_no_device(capsys, monkeypatch) -> None:
+    hide_cupy(monkeypatch)
+    code, _, err = call(capsys, ["bench", "gpt2-tiny"])
+    msg = one_error_line(err)
+    assert code == 1 and "CuPy is not installed" in msg and "sees no CUDA device" not in msg
+    assert msg.endswith(_pip("cupy", "nvrtc", "cublas", "pathfinder") + ")")
+
+
 def test_a_cupy_import_failing_deep_inside_is_one_line(capsys, tmp_path, monkeypatch) -> None:
     def deep(*a, **k):
         raise ModuleNotFoundError("No module named 'cupy_backends'", name="cupy_backends")

@@ -47,8 +47,9 @@ def run(args: argparse.Namespace) -> int:
     if (args.peak_gbps is None) != (args.peak_tflops is None) or any(
             x is not None and x <= 0 for x in (args.peak_gbps, args.peak_tflops)):
         raise FusecError("--peak-gbps and --peak-tflops go together, both > 0")
-    if not device.gpu_available():
-        raise FusecError("no GPU found (CuPy sees no CUDA device): fusec bench times plans on a GPU")
+    from fusec.toolchain import require_gpu
+
+    require_gpu("fusec bench (it times plans on a GPU)")  # says why: no CuPy, no driver or no device
     plan = load_plan_or_none(args.model)
     if plan is None:
         from fusec.cli.compile import compile_from_args
