@@ -20,3 +20,11 @@ def check_same(before: Graph, after: Graph, feeds: dict[str, np.ndarray]) -> Non
     assert want.keys() == got.keys()
     for k in want:
         np.testing.assert_array_equal(got[k], want[k])
+
+
+def run_plan(plan, feeds: dict[str, np.ndarray]) -> dict:  # noqa: ANN001
+    """``plan.run`` on ``feeds`` with float arrays cast to the plan's input dtypes (an fp16 plan
+    takes fp16 inputs: fusec refuses a float32 array for them rather than convert silently)."""
+    want = {i.name: i.np_dtype for i in plan.inputs}
+    return plan.run({k: (np.asarray(v).astype(want[k]) if np.asarray(v).dtype.kind == "f" else v)
+                     for k, v in feeds.items()})

@@ -13,8 +13,11 @@ import math
 
 import numpy as np
 import pytest
+from graph_checks import run_plan
 
 import fusec
+from fusec.errors import FusecError
+from fusec.lower import argreduce
 from fusec import reference
 from fusec.builder import GraphBuilder
 from fusec.codegen import copyspecs as CS
@@ -217,8 +220,11 @@ ARGS = [((3, 5), 1), ((4, 3, 2), 1), ((2, 3, 4), 0), ((6,), 0)]
 @pytest.mark.parametrize("op", [Op.ARGMAX, Op.ARGMIN])
 @pytest.mark.parametrize("dt", [DType.F32, DType.F16, DType.I64])
 @pytest.mark.parametrize("last", [False, True])
-def test_arg_reduce_launches_compute_the_reference(shape, axis: int, op: Op, dt: DType, last: bool) -> None:
-    """Ties (values drawn from a few), NaNs (floats: a NaN is the extremum) and the int64 range ends."""
+def test_arg_reduce_launches_compute_the_reference(shape, axis: int, op: Op, dt: DType, last: bool,
+                                                   monkeypatch) -> None:
+    """Ties (values drawn from a few), NaNs (floats: a NaN is the extremum) and the int64 range ends.
+    (The lowering is switched off for plans: its GPU run disagreed; its emulation is kept in view.)"""
+    monkeypatch.setattr(argreduce, "ENABLED", True)
     g = _arg_graph(shape, axis, op, dt, last)
     rng = np.random.default_rng(7)
     if dt.is_int:
@@ -237,10 +243,17 @@ def _arg_graph(shape, axis: int, op: Op, dt: DType = DType.F32, last: bool = Fal
     return b.build()
 
 
-def test_arg_reduce_compiles_for_sm90() -> None:
+def test_arg_reduce_compiles_for_sm90(monkeypatch) -> None:
+    monkeypatch.setattr(argreduce, "ENABLED", True)
     for (shape, axis), op in itertools.product(ARGS[:2], (Op.ARGMAX, Op.ARGMIN)):
         plan = fusec.compile(_arg_graph(shape, axis, op), dtype="fp16", arch="sm_90")
         assert plan.info()["launches"] == (7 if op == Op.ARGMIN else 6)
+
+
+def test_arg_reduce_is_refused_on_the_gpu_path_while_switched_off() -> None:
+    for op in (Op.ARGMAX, Op.ARGMIN):
+        with pytest.raises(FusecError, match=f"{op.value} has no GPU lowering yet"):
+            fusec.compile(_arg_graph((3, 5), 1, op), dtype="fp32", arch="sm_90")
 
 
 @pytest.mark.parametrize("case", ["matmul", "reduce"])
@@ -266,7 +279,7 @@ def _gpu_check(graph, dtype: str, tol: float) -> None:  # noqa: ANN001
 
     feeds = _feeds(graph, seed=4)
     want = reference.run(graph, feeds)["y"].astype(np.float64)
-    got = cupy.asnumpy(fusec.compile(graph, dtype=dtype).run(feeds)["y"]).astype(np.float64)
+    got = cupy.asnumpy(run_plan(fusec.compile(graph, dtype=dtype), feeds)["y"]).astype(np.float64)
     err = np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30)
     assert err < tol, f"relative error {err:.2e}"
 
@@ -279,12 +292,15 @@ def test_broadcast_matmul_on_the_gpu(sa, sb, dtype: str, tol: float) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.xfail(reason="argmax/argmin launches gave wrong indices on the H100 (24 of 32 cases, 2026-11-23); "
+                          "switched off for plans (fusec.lower.argreduce.ENABLED)", strict=False)
 @pytest.mark.parametrize("shape,axis", ARGS)
 @pytest.mark.parametrize("op", [Op.ARGMAX, Op.ARGMIN])
 @pytest.mark.parametrize("last", [False, True])
-def test_arg_reduce_on_the_gpu(shape, axis: int, op: Op, last: bool) -> None:
+def test_arg_reduce_on_the_gpu(shape, axis: int, op: Op, last: bool, monkeypatch) -> None:
     import cupy
 
+    monkeypatch.setattr(argreduce, "ENABLED", True)  # what was measured wrong on the H100: kept in view
     g = _arg_graph(shape, axis, op, DType.F32, last)
     x = np.random.default_rng(8).choice(np.array([-1.0, 0.0, 2.0, np.nan], np.float32), size=shape)
     got = cupy.asnumpy(fusec.compile(g, dtype="fp32").run({"x": x})["y"])

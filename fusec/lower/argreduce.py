@@ -9,6 +9,11 @@
 4. the row-reduce max of ``t`` into the output, then ``~`` back in place for the first index.
 
 Six launches (seven for ARGMIN), scratch of about three int64 copies of the input.
+
+Switched off (``ENABLED``): on the H100 (2026-11-23) these launches gave wrong indices for 24 of 32
+cases of tests/test_lowering_broadcast.py::test_arg_reduce_on_the_gpu while the numpy emulation of
+the same launch records agrees with the reference; until the cause is found the GPU path refuses
+ARGMAX/ARGMIN (the reference backend runs them) rather than return wrong indices.
 """
 
 from __future__ import annotations
@@ -21,11 +26,16 @@ from fusec.dtypes import DType
 from fusec.ir import Node
 from fusec.ops import Op
 
+ENABLED = False  # see the module docstring
+
 
 def lower_arg(ctx, node: Node, label: str) -> None:  # noqa: ANN001 (fusec.lower.Context; avoids an import cycle)
     from fusec.lower import LoweringError, Raw
 
     x, out, a = node.inputs[0], node.output, node.attrs
+    if not ENABLED:
+        raise LoweringError(f"{label}: {node.op.value} has no GPU lowering yet (its kernels disagreed with the "
+                            f"reference on an H100); it runs on the reference backend")
     if not (x.dtype.is_float or x.dtype.is_int):
         raise LoweringError(f"{label}: {node.op.value} of {x.dtype.value} has no GPU lowering")
     outer, cols, inner = math.prod(x.shape[:a.axis]), x.shape[a.axis], math.prod(x.shape[a.axis + 1:])
