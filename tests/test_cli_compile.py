@@ -53,7 +53,7 @@ def test_bench_and_plan_run_need_a_gpu(capsys, tmp_path, no_gpu) -> None:
     plan = tmp_path / "g.fplan"
     assert call(capsys, ["compile", "bert-tiny", "-o", str(plan)])[0] == 0
     code, _, err = call(capsys, ["bench", str(plan)])
-    assert code == 1 and err.startswith("fusec: error: no GPU found")
+    assert code == 1 and err.startswith("fusec: error: fusec bench") and "no GPU found" in err
     code, _, err = call(capsys, ["run", str(plan), "--stats"])
     assert code == 1 and "no GPU found" in err
 
