@@ -7,6 +7,7 @@ passes and backends never re-derive them. ``fusec.ops`` re-exports every record.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import TYPE_CHECKING, Any
 
 from fusec.dtypes import DType
@@ -122,6 +123,16 @@ class TriluAttrs:
     k: int = 0
 
 
+def check_softcap(cap: Any) -> float:
+    """An attention soft-cap as a float: 0.0 for none (0 or None), else finite and positive."""
+    if cap is None:
+        return 0.0
+    c = float(cap)
+    if not math.isfinite(c) or c < 0:
+        raise ValueError(f"attention softcap must be a finite number >= 0 (0 = none), got {cap!r}")
+    return c
+
+
 @dataclasses.dataclass(frozen=True)
 class AttentionAttrs:
     """softmax(q @ k^T * scale + mask [+ causal]) @ v over [B, H, S, D] heads, all heads at once.
@@ -130,11 +141,17 @@ class AttentionAttrs:
     (HF repeat_kv order). The optional 4th input is an additive float mask or a bool mask (True =
     attend), broadcastable to [B, Hq, S, T]. ``causal`` masks key ``j > i + (T - S)`` with -inf.
     ``nan_to_zero`` zeroes NaN probabilities (fully masked rows), as torch's SDPA export does.
+    ``softcap`` > 0 caps the scaled scores before any mask: s = softcap * tanh(s / softcap)
+    (Gemma-2's attn_logit_softcapping, ONNX Attention's ``softcap``); 0 (or None) = no cap.
     """
 
     scale: float
     causal: bool = False
     nan_to_zero: bool = False
+    softcap: float = dataclasses.field(default=0.0, metadata={"omit_default": True})
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "softcap", check_softcap(self.softcap))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,9 +177,14 @@ class CacheWriteAttrs:
 class KVAttentionAttrs:
     """softmax(q @ k^T * scale) @ v of q [B, Hq, S, D] over a KV cache k/v [B, Hkv, T, D]:
     query s of row b attends keys j <= pos[b] + s (and j < T); the rest of the cache is never
-    read. GQA as in ``AttentionAttrs`` (q head h reads kv head h // (Hq // Hkv))."""
+    read. GQA as in ``AttentionAttrs`` (q head h reads kv head h // (Hq // Hkv)); ``softcap`` as
+    there (applied to the scaled scores)."""
 
     scale: float
+    softcap: float = dataclasses.field(default=0.0, metadata={"omit_default": True})
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "softcap", check_softcap(self.softcap))
 
 
 @dataclasses.dataclass(frozen=True)

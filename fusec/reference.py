@@ -139,6 +139,8 @@ def _attention(a: O.AttentionAttrs, q: np.ndarray, k: np.ndarray, v: np.ndarray,
     rep = q.shape[1] // k.shape[1]
     k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)  # q head h reads kv head h // rep
     s = np.matmul(q, np.swapaxes(k, -1, -2)) * np.float32(a.scale)
+    if a.softcap:
+        s = np.float32(a.softcap) * np.tanh(s / np.float32(a.softcap))
     if mask is not None:
         s = np.where(mask, s, -np.inf) if mask.dtype == np.bool_ else s + mask.astype(np.float32)
     if a.causal:
@@ -175,7 +177,7 @@ def _kv_attention(a: O.KVAttentionAttrs, q: np.ndarray, k: np.ndarray, v: np.nda
     total = k.shape[2]
     keys = np.arange(total)[None, :]
     allowed = keys <= (np.asarray(pos).reshape(bsz, 1, 1, 1) + np.arange(slen).reshape(1, 1, slen, 1))
-    return _attention(O.AttentionAttrs(a.scale, nan_to_zero=True), q, k, v, allowed)
+    return _attention(O.AttentionAttrs(a.scale, nan_to_zero=True, softcap=a.softcap), q, k, v, allowed)
 
 
 def _sample(a: O.SampleAttrs, logits: np.ndarray, seed: np.ndarray, counter: np.ndarray) -> np.ndarray:

@@ -439,7 +439,7 @@ def use_kv_attention(graph: Graph) -> Graph:
         if n.op == Op.ATTENTION and len(n.inputs) == 4 and n.inputs[0].shape[2] == 1 \
                 and is_cache(n.inputs[1]) and is_cache(n.inputs[2]) \
                 and mask_is_pos(n.inputs[3], n.inputs[1].shape[2]):
-            nodes.append(Node(Op.KV_ATTENTION, [*n.inputs[:3], pos], n.outputs, KVAttentionAttrs(n.attrs.scale),
+            nodes.append(Node(Op.KV_ATTENTION, [*n.inputs[:3], pos], n.outputs, KVAttentionAttrs(n.attrs.scale, softcap=n.attrs.softcap),
                               n.name))
             changed += 1
         else:
