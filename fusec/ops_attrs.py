@@ -27,6 +27,13 @@ class MatMulAttrs:
     [out, in] layout, e.g. a tied embedding table: cuBLAS reads it with a transpose flag)."""
 
     trans_b: bool = dataclasses.field(default=False, metadata={"omit_default": True})
+    # "tf32": an fp32 product computed on tf32 tensor cores (inputs rounded to 10 mantissa bits;
+    # passes/split_tf32.py feeds it hi/lo splits, so that the sum is fp32-accurate); "f32": exact.
+    precision: str = dataclasses.field(default="f32", metadata={"omit_default": True})
+
+    def __post_init__(self) -> None:
+        if self.precision not in ("f32", "tf32"):
+            raise ValueError(f"matmul precision must be 'f32' or 'tf32', got {self.precision!r}")
 
 
 @dataclasses.dataclass(frozen=True)
