@@ -249,3 +249,67 @@ def source_path(plan: Any, args: argparse.Namespace) -> str:
         return resolve_source(plan.manifest.get("source") or {}, args.model, args.source_model)
     except FusecError:
         return ""
+
+
+def bisecting(args: argparse.Namespace) -> bool:
+    """--bisect (or a flag of it) given: the flags it needs and refuses, checked first, one line each."""
+    if not (args.bisect or args.json or args.bisect_rows is not None):
+        return False
+    if not args.bisect:
+        raise InputError("--json and --bisect-rows apply to --bisect: add --check --bisect")
+    if args.check != "reference":
+        raise InputError("--bisect compares every launch with the numpy reference: use --check, not --check ort "
+                         "(onnxruntime gives the outputs only)" if args.check else
+                         "--bisect needs --check: it compares every launch with the numpy reference")
+    for flag, given in (("--compare", args.compare), ("--no-optimize", args.no_optimize),
+                        ("--cuda-graph", args.cuda_graph), ("--stats", args.stats), ("--save-outputs", args.save_outputs)):
+        if given:
+            raise InputError(f"--bisect runs the plan eagerly, launch by launch, against the reference: drop {flag}")
+    if args.backend == "reference":
+        raise InputError("--bisect runs the plan launch by launch on the GPU: drop --backend reference")
+    if args.bisect_rows is not None and args.bisect_rows < 0:
+        raise InputError(f"--bisect-rows must be >= 0, got {args.bisect_rows}")
+    return True
+
+
+def check_bisect(args: argparse.Namespace, plan: Any) -> None:
+    """--bisect: the plan's source record, then the GPU (one line each)."""
+    if plan is not None:
+        from fusec.debug import staged_for
+
+        staged_for(plan, args.model, args.source_model)  # the graph it was compiled from, or why not
+    from fusec import toolchain
+
+    why = toolchain.gpu_missing_reason()
+    if why is not None:
+        raise FusecError(f"--bisect runs the plan launch by launch on the GPU: {why}")
+
+
+def run_bisect(args: argparse.Namespace, plan: Any, inputs: dict[str, np.ndarray]) -> int:
+    """Compile (unless a plan was given), bisect, print the table (or JSON) and the verdict;
+    a divergence is CheckFailed (exit status 3) naming the launch, its node and op."""
+    import json
+
+    from fusec.debug import bisect
+
+    model = args.source_model
+    if plan is None:
+        from fusec.cli.compile import compile_from_args
+
+        plan = compile_from_args(args)
+        model = args.model
+    atol, rtol = tolerance(args, plan.dtype)
+    report = bisect(plan, inputs, atol=atol, rtol=rtol, model=model)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=1, default=float))
+    else:
+        print(f"bisect {fmt_name(args.model)} ({plan.dtype}, {len(report.rows)} rows) against the numpy reference "
+              f"of the post-pass graph (atol {atol:g}, rtol {rtol:g})")
+        print(report.table(args.bisect_rows))
+        if report.inputs_off:
+            print("inputs of the first diverging launch: " + ", ".join(
+                f"{fmt_name(d['name'])} ({d['origin']}: {d['status']})" for d in report.inputs_off))
+        print(report.verdict())
+    if report.diverged:
+        raise CheckFailed(report.verdict())
+    return 0

@@ -43,7 +43,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
          "fusec run model.onnx --inputs in.npz --save-outputs out.npz --check ort",
          "fusec run gpt2-tiny --save-inputs in.npz --save-outputs want.npz",
          "fusec run gpt2.fplan --inputs in.npz --compare want.npz --atol 1e-2 --rtol 1e-2",
-         "fusec run gpt2.fplan --check --stats"])
+         "fusec run gpt2.fplan --check --stats",
+         "fusec run gpt2-tiny --dtype fp32 --check --bisect --bisect-rows 5"])
     p.add_argument("model", metavar="PLAN_OR_MODEL",
                    help="a compiled .fplan file, a built-in model name (see `fusec models`) or an .onnx path; "
                         "a plan is executable GPU code: run plans only from trusted sources")
@@ -67,6 +68,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--save-inputs", metavar="IN.npz", help="write the inputs used (given or random) to this .npz file")
     p.add_argument("--save-outputs", metavar="OUT.npz", help="write the outputs to this .npz file, keyed by output name")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    p.add_argument("--bisect", action="store_true",
+                   help="with --check: run the plan launch by launch on the GPU and compare every launch's output "
+                        "with the reference's value of the same IR value; prints the table and the first launch "
+                        "that diverges (exit status 3), see fusec.debug")
+    p.add_argument("--bisect-rows", metavar="N", type=int, default=None,
+                   help="--bisect: show only N launches either side of the first divergence (default: all)")
+    p.add_argument("--json", action="store_true", help="--bisect: print the report as JSON instead of the table")
     p.add_argument("--source-model", metavar="MODEL", default=None,
                    help="a plan's source model for --check (default: the built-in it records, or the recorded "
                         "file name next to the plan; its sha256 must match)")
@@ -79,11 +87,15 @@ def run(args: argparse.Namespace) -> int:
     if args.seed < 0:
         raise InputError(f"--seed must be a non-negative integer, got {args.seed}")
     check_fusion_names(args)
+    bisect = _validate.bisecting(args)
     _check_output_paths(args)  # fail before the run, not after it
     want_saved = _validate.load_npz(args.compare, "--compare file") if args.compare else None
     plan = load_plan_or_none(args.model)
     backend = args.backend
     explicit = backend is not None
+    if bisect:
+        _validate.check_bisect(args, plan)  # flags, the plan's source record, the GPU: one line each
+        backend = "cuda"
     if plan is not None:
         _plan_needs_cuda(args, plan, backend)
         backend = "cuda"
@@ -112,6 +124,8 @@ def run(args: argparse.Namespace) -> int:
         note(NO_GPU_NOTE.format(why=toolchain.gpu_missing_reason(with_fix=False) or "no GPU found"))
         _cross_compile(args, graph)
         t.append(("side compile", time.perf_counter()))
+    if bisect:
+        return _validate.run_bisect(args, plan, inputs)
     stats = None
     if backend == "cuda":
         outputs, stats, plan = _run_cuda(args, graph, inputs, plan)

@@ -327,6 +327,23 @@ class Executor:
             raise RuntimeError("replay() needs a plan loaded with cuda_graph=True")
         self._graph.launch(stream)
 
+    @guarded
+    def step(self, inputs: Mapping[str, Any], after: Any) -> None:
+        """A diagnostic run (``fusec.debug.bisect``): stage ``inputs``, then the launches one at a
+        time, eager (never the CUDA graph), calling ``after(i)`` once launch ``i`` has finished on
+        the GPU (one synchronize per launch), while what it wrote is still in the arena."""
+        cp = self._cp
+        stream = cp.cuda.Stream(non_blocking=True)
+        self.device.guard.follow(stream, lambda: cp.cuda.Event(disable_timing=True))
+        staged = self._check_and_stage(inputs)
+        for off, arr, n, is_dev in staged:
+            src, kind = (arr.data.ptr, _D2D) if is_dev else (arr.ctypes.data, _H2D)
+            cp.cuda.runtime.memcpyAsync(self._base["arena"] + off, src, n, kind, stream.ptr)
+        for i, launch in enumerate(self._launches):
+            launch(stream)
+            stream.synchronize()
+            after(i)
+
     def profile(self, inputs: Mapping[str, Any], repeats: int = 5) -> list[dict[str, Any]]:
         """Time each launch alone (CUDA events around it; synchronizes: a diagnostic, not a run).
 

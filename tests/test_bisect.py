@@ -1,0 +1,228 @@
+"""fusec.debug.bisect / `fusec run --check --bisect`: the first launch of a plan whose output
+diverges from the reference (issue 12: gemma2 fp32 non-finite logits).
+
+CPU: the launch -> IR value mapping of compiled plans, the comparison and report over a fake
+executor that replays the reference's values and corrupts chosen launches, the refusals (a plan
+without a rebuildable source, a launch list that differs) and the CLI's flag handling.
+GPU: gpt2-tiny bisects clean in fp32 and fp16; a launch perturbed inside the executor is named."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from test_cli import call
+
+import fusec
+from fusec.compiler import stage
+from fusec.debug import bisect, compare_launches, launch_map, reference_values, staged_for
+from fusec.errors import FusecError
+from fusec.inputs import random_inputs
+from fusec.loader import load_graph
+from fusec.lower.choices import choice_points, choose
+from fusec.plan import Plan
+
+MODEL = "gpt2-tiny"
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    """gpt2-tiny fp32 for sm_90 (NVRTC, no GPU), its rebuilt post-pass graph and the launch map."""
+    plan = fusec.compile(MODEL, dtype="fp32", arch="sm_90")
+    st = staged_for(plan, "gpt2-tiny plan")
+    slots = launch_map(st.graph, plan.manifest["launches"], st.memory.offsets, st.memory.state)
+    return plan, st, slots
+
+
+@pytest.fixture(scope="module")
+def replay(compiled):
+    """The reference values and a fake executor over them: (run(corrupt) -> Report)."""
+    plan, st, slots = compiled
+    inputs = random_inputs(load_graph(MODEL), seed=0)
+    ref = reference_values(st.graph, inputs)
+
+    def run(corrupt: dict[int, str], atol: float = 1e-4, rtol: float = 1e-4):
+        def step(after):
+            for i in range(len(slots)):
+                after(i)
+
+        def read(addr, v):
+            i = next(s.index for s in slots if any(a == addr and w is v for w, a in s.values))
+            x = ref[v.name].copy()
+            if corrupt.get(i) == "nan":
+                x.reshape(-1)[5] = np.nan
+            elif corrupt.get(i) == "off":
+                x.reshape(-1)[-1] += 0.5
+            return x
+
+        return compare_launches(st.graph, slots, ref, inputs, step, read, atol, rtol)
+
+    return run
+
+
+def test_every_launch_maps_to_its_node_and_the_last_launch_to_its_values(compiled) -> None:
+    plan, st, slots = compiled
+    assert len(slots) == len(plan.manifest["launches"]) == len(st.lowered.launches)
+    seen = set()
+    for s in slots:
+        assert s.node is not None and s.label.startswith(f"#{s.node} {st.graph.nodes[s.node].op.value}")
+        node = st.graph.nodes[s.node]
+        assert [v.name for v, _ in s.values] == [o.name for o in node.outputs], s.label
+        for v, (space, off) in s.values:
+            assert space == "arena" and off == st.memory.offsets[v.name]
+        seen.add(s.node)
+    out = plan.manifest["outputs"][0]
+    last = slots[-1].values[0]
+    assert (last[0].name, last[1][1]) == (out["name"], out["offset"])  # the logits: the plan's own record
+    assert len(seen) == len(slots)  # one launch per node in this plan: every launch completes a node
+
+
+def test_a_gemm_before_its_epilogue_is_listed_as_not_compared() -> None:
+    """cuBLASLt epilogues forced back to cuBLAS: GEMM into the output, then the epilogue kernel; the
+    GEMM's row says which launch completes the node."""
+    st0 = stage(load_graph(MODEL), "fp32", "sm_90", dry_run=True)
+    keys = {cp.key: "cublas" for _, cp in choice_points(st0.graph) if choose({}, cp) == "cublaslt"}
+    assert keys
+    plan = fusec.compile(MODEL, dtype="fp32", arch="sm_90", choices=keys)
+    st = staged_for(plan, "p")
+    slots = launch_map(st.graph, plan.manifest["launches"], st.memory.offsets, st.memory.state)
+    partial = [s for s in slots if not s.values]
+    assert partial and all(s.why_not.startswith(f"partial: node #{s.node} is complete after launch ") for s in partial)
+    for s in partial:
+        done = int(s.why_not.rsplit(" ", 1)[1])
+        assert done > s.index and slots[done].node == s.node and slots[done].values
+    assert len([s for s in slots if s.values]) == len({s.node for s in slots})
+
+
+def test_a_clean_replay_reports_no_divergence(replay, compiled) -> None:
+    rep = replay({})
+    assert not rep.diverged and rep.first_nonfinite is None
+    assert all(r.status == "ok" and r.max_abs == 0 and r.local == 0 for r in rep.rows)
+    assert rep.verdict().startswith(f"no divergence: {len(rep.rows)} of {len(rep.rows)} launches compared")
+
+
+def test_nan_in_one_launch_is_named_first(replay, compiled) -> None:
+    _, st, slots = compiled
+    k = 7
+    rep = replay({k: "nan"})
+    r = rep.rows[rep.first]
+    assert r.index == k and r.status == "NONFINITE" and r.nonfinite == 1 and r.ref_nonfinite == 0
+    assert rep.first_nonfinite == rep.first
+    assert [x.index for x in rep.rows if x.bad] == [k]
+    assert r.local == float("inf")  # wrong on its own inputs: the kernel, not what came in
+    node = st.graph.nodes[slots[k].node]
+    assert f"launch {k} ({slots[k].label}), node #{slots[k].node} [fused: " in rep.verdict()
+    assert rep.verdict().count(node.attrs.body.nodes[0].op.value) >= 1
+    assert {d["name"] for d in rep.inputs_off} == {v.name for v in node.inputs}
+    assert all(d["status"] in ("ok", "given") for d in rep.inputs_off)
+
+
+def test_a_tolerance_breach_before_a_nan_is_the_first_divergence(replay) -> None:
+    rep = replay({3: "off", 12: "nan"})
+    assert rep.rows[rep.first].index == 3 and rep.rows[rep.first].status == "DIVERGES"
+    assert rep.rows[rep.first].mismatches == 1 and abs(rep.rows[rep.first].max_abs - 0.5) < 1e-3
+    assert rep.rows[rep.first_nonfinite].index == 12
+    assert "first non-finite at launch 12" in rep.verdict()
+    loose = replay({3: "off", 12: "nan"}, atol=1.0)  # within a looser tolerance: only the NaN counts
+    assert loose.rows[loose.first].index == 12
+
+
+def test_table_and_json(replay, compiled) -> None:
+    rep = replay({9: "nan"})
+    text = rep.table(around=2)
+    lines = text.splitlines()
+    assert lines[0].split()[:2] == ["launch", "label"]
+    assert [ln.split()[0] for ln in lines[1:-1]] == ["7", "8", "9", "10", "11"]
+    assert "NONFINITE <== FIRST" in text and lines[-1] == f"(5 of {len(rep.rows)} launches shown)"
+    doc = json.loads(json.dumps(rep.to_json(), allow_nan=False))  # strict JSON: inf as a string
+    assert doc["diverged"] and doc["first"] == 9
+    assert [x["local"] for x in doc["launches"] if x["index"] == 9] == ["inf"]
+    assert sorted({x["index"] for x in doc["launches"]}) == list(range(len(compiled[2])))
+
+
+def test_plans_without_a_rebuildable_graph_are_refused_in_one_line(compiled, tmp_path) -> None:
+    g = load_graph(MODEL)
+    mem = fusec.compile(g, dtype="fp32", arch="sm_90")
+    with pytest.raises(FusecError, match=r"does not record a source model that can be rebuilt \(kind 'memory'\)"):
+        staged_for(mem, "mem.fplan")
+    assert staged_for(mem, "mem.fplan", g).graph.nodes  # given the Graph, it maps
+    plan = compiled[0]
+    bad = Plan(dict(plan.manifest, launches=[dict(L) for L in plan.manifest["launches"]]), plan.blobs())
+    bad.manifest["launches"][4]["label"] = "#4 something else"
+    with pytest.raises(FusecError, match="first difference at launch 4") as e:
+        staged_for(bad, "bad.fplan")
+    assert "\n" not in str(e.value)
+
+
+# ---- the CLI ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv, msg", [
+    (["--bisect"], "--bisect needs --check"),
+    (["--json"], "--json and --bisect-rows apply to --bisect"),
+    (["--check", "ort", "--bisect"], "use --check, not --check ort"),
+    (["--check", "--bisect", "--cuda-graph"], "drop --cuda-graph"),
+    (["--check", "--bisect", "--compare", "x.npz"], "drop --compare"),
+    (["--check", "--bisect", "--backend", "reference"], "drop --backend reference"),
+    (["--check", "--bisect", "--bisect-rows", "-1"], "--bisect-rows must be >= 0"),
+])
+def test_cli_flags_are_checked_in_one_line(capsys, argv, msg) -> None:
+    code, out, err = call(capsys, ["run", MODEL, *argv])
+    assert code != 0 and msg in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_cli_without_a_gpu_says_so_after_checking_the_plan(capsys, monkeypatch, tmp_path) -> None:
+    from fusec import toolchain
+
+    monkeypatch.setattr(toolchain, "gpu_missing_reason", lambda *a, **k: "no GPU found (test)")
+    code, _, err = call(capsys, ["run", MODEL, "--check", "--bisect"])
+    assert code != 0 and err.strip() == "fusec: error: --bisect runs the plan launch by launch on the GPU: no GPU found (test)"
+    mem = tmp_path / "mem.fplan"
+    fusec.compile(load_graph(MODEL), dtype="fp32", arch="sm_90").save(mem)
+    code, _, err = call(capsys, ["run", str(mem), "--check", "--bisect"])
+    assert code != 0 and "does not record a source model that can be rebuilt" in err
+    assert "fusec run MODEL --check --bisect" in err and len(err.strip().splitlines()) == 1
+
+
+# ---- GPU ----------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, tol", [("fp32", 1e-4), ("fp16", 1e-2)])
+def test_gpt2_tiny_bisects_clean_on_the_gpu(dtype: str, tol: float) -> None:
+    inputs = random_inputs(load_graph(MODEL), seed=0)
+    rep = bisect(MODEL, inputs, atol=tol, rtol=tol, dtype=dtype)
+    assert not rep.diverged, rep.table() + "\n" + rep.verdict()
+    assert all(r.status == "ok" for r in rep.rows) and rep.rows[-1].value == "logits"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("how", ["nan", "off"])
+def test_a_perturbed_launch_is_found_on_the_gpu(monkeypatch, how: str) -> None:
+    """Launch k's output is overwritten on the GPU right after it runs (a wrong kernel)."""
+    from fusec.runtime.executor import Executor
+
+    plan = fusec.compile(MODEL, dtype="fp32")
+    st = staged_for(plan, "p")
+    slots = launch_map(st.graph, plan.manifest["launches"], st.memory.offsets, st.memory.state)
+    k = 6
+    target, (v, (_, off)) = plan.manifest["launches"][k], slots[k].values[0]
+    orig = Executor._prepare
+
+    def prepare(self, L):
+        fn = orig(self, L)
+        if L is not target:
+            return fn
+
+        def perturbed(stream):
+            fn(stream)
+            with stream:
+                view = self._view(off, v.shape, v.dtype).reshape(-1)
+                view[3] = np.nan if how == "nan" else view[3] + 1.0
+
+        return perturbed
+
+    monkeypatch.setattr(Executor, "_prepare", prepare)
+    rep = bisect(plan, random_inputs(load_graph(MODEL), seed=0), atol=1e-4, rtol=1e-4)
+    first = rep.rows[rep.first]
+    assert first.index == k and first.status == ("NONFINITE" if how == "nan" else "DIVERGES"), rep.verdict()
+    assert all(r.status == "ok" for r in rep.rows[:rep.first])
