@@ -46,6 +46,8 @@ class Slot:
     node: int | None
     values: list[tuple[Value, tuple[str, int]]]
     why_not: str = ""  # set when nothing is compared after this launch
+    reads: list[tuple[Value, tuple[str, int]]] = dataclasses.field(default_factory=list)  # first launch of a node:
+    # its inputs made by launches (or given), re-read just before it to catch one overwritten before its use
 
 
 def launch_map(graph: Graph, launches: list[Mapping[str, Any]], offsets: Mapping[str, int],
@@ -60,25 +62,30 @@ def launch_map(graph: Graph, launches: list[Mapping[str, Any]], offsets: Mapping
         m = _LABEL.match(str(L.get("label", "")))
         nodes.append(int(m.group(1)) if m and int(m.group(1)) < len(graph.nodes) else None)
     last = {n: i for i, n in enumerate(nodes) if n is not None}
+    first = {n: i for i, n in reversed(list(enumerate(nodes))) if n is not None}
+    made = {o.name for n in last for o in graph.nodes[n].outputs} | {v.name for v in graph.inputs}
+
+    def where(v: Value) -> tuple[str, int] | None:
+        if v.name in state:
+            s, off = state[v.name]
+            return ("state", int(state_layout[s]) + int(off))
+        return ("arena", int(offsets[v.name])) if v.name in offsets else None
+
     slots = []
     for i, (L, n) in enumerate(zip(launches, nodes)):
         label = str(L.get("label", ""))
         if n is None:
             slots.append(Slot(i, label, None, [], "no node (a state write-back or an unlabelled launch)"))
             continue
+        reads = [(v, a) for v in graph.nodes[n].inputs if first[n] == i and v.name in made
+                 for a in [where(v)] if a is not None]
         if last[n] != i:
-            slots.append(Slot(i, label, n, [], f"partial: node #{n} is complete after launch {last[n]}"))
+            slots.append(Slot(i, label, n, [], f"partial: node #{n} is complete after launch {last[n]}", reads))
             continue
-        vals, skipped = [], []
-        for v in graph.nodes[n].outputs:
-            if v.name in state:
-                s, off = state[v.name]
-                vals.append((v, ("state", int(state_layout[s]) + int(off))))
-            elif v.name in offsets:
-                vals.append((v, ("arena", int(offsets[v.name]))))
-            else:
-                skipped.append(v.name)
-        slots.append(Slot(i, label, n, vals, f"{', '.join(skipped)} has no arena slot" if skipped and not vals else ""))
+        vals = [(v, a) for v in graph.nodes[n].outputs for a in [where(v)] if a is not None]
+        skipped = [v.name for v in graph.nodes[n].outputs if where(v) is None]
+        slots.append(Slot(i, label, n, vals, f"{', '.join(skipped)} has no arena slot" if skipped and not vals else "",
+                          reads))
     return slots
 
 
@@ -97,6 +104,7 @@ class Row:
     nonfinite: int | None = None  # non-finite elements of the GPU's value
     ref_nonfinite: int | None = None
     local: float | None = None  # max abs error against the reference on the GPU's own inputs
+    stale: list[str] = dataclasses.field(default_factory=list)  # inputs whose bytes changed before this node ran
     status: str = "ok"  # ok | DIVERGES | NONFINITE | not compared: <why>
 
     @property
@@ -128,6 +136,8 @@ class Report:
                 f"{r.mismatches} elements beyond atol {self.atol:g} + rtol {self.rtol:g}*|ref| (max abs {r.max_abs:.3g})")
         off = [d["name"] for d in self.inputs_off if d["status"] == "off"]
         came = f"; inputs already off: {', '.join(off)}" if off else "; all its computed inputs were within tolerance"
+        if r.stale:
+            came += f"; inputs overwritten in the arena before it ran (memory plan?): {', '.join(r.stale)}"
         extra = ""
         if self.first_nonfinite is not None and self.first_nonfinite != self.first:
             extra = f"; first non-finite at launch {self.rows[self.first_nonfinite].index}"
@@ -145,7 +155,8 @@ class Report:
                 "local", "result")
         cells = [head] + [(str(r.index), r.label, _short(r.ops), r.value or "-", "x".join(map(str, r.shape or [])) or "-",
                            r.dtype or "-", _num(r.max_abs), _num(r.rel), _int(r.mismatches), _int(r.nonfinite),
-                           _num(r.local), r.status + (" <== FIRST" if self.first is not None and r is self.rows[self.first]
+                           _num(r.local), r.status + (f" (stale input {', '.join(r.stale)})" if r.stale else "")
+                           + (" <== FIRST" if self.first is not None and r is self.rows[self.first]
                                                       else "")) for r in rows]
         widths = [max(len(c[i]) for c in cells) for i in range(len(head))]
         lines = ["  ".join(c[i].ljust(widths[i]) for i in range(len(head))).rstrip() for c in cells]
@@ -235,7 +246,18 @@ def compare_launches(graph: Graph, slots: list[Slot], ref: Mapping[str, np.ndarr
                         gpu[v.name] = r  # a launch-less node (view, alias): exact on the GPU's own values
         done[0] = max(done[0], upto)
 
+    stale: dict[int, list[str]] = {}  # node -> inputs overwritten between their launch and this node's first
+
+    def check_reads(j: int) -> None:
+        for v, addr in slots[j].reads if j < len(slots) else []:
+            if v.name in gpu and np.asarray(read(addr, v)).tobytes() != np.asarray(gpu[v.name]).tobytes():
+                stale.setdefault(slots[j].node, []).append(v.name)
+
     def after(i: int) -> None:
+        record(i)
+        check_reads(i + 1)  # the next node's inputs, just before its first launch
+
+    def record(i: int) -> None:
         s = slots[i]
         node = graph.nodes[s.node] if s.node is not None else None
         ops = node_ops(node) if node is not None else "-"
@@ -250,7 +272,7 @@ def compare_launches(graph: Graph, slots: list[Slot], ref: Mapping[str, np.ndarr
         for v, addr in s.values:
             got = np.array(read(addr, v))  # a copy: later launches may overwrite the slot
             gpu[v.name] = got
-            row = Row(i, s.label, s.node, ops, v.name, list(v.shape), v.dtype.value)
+            row = Row(i, s.label, s.node, ops, v.name, list(v.shape), v.dtype.value, stale=stale.get(s.node, []))
             if v.name not in ref:
                 row.status = "not compared: the reference has no value of this name"
             else:
@@ -280,7 +302,9 @@ def _inputs_status(graph: Graph, row: Row, gpu: Mapping[str, np.ndarray], ref: M
     out = []
     for v in node.inputs:
         origin = "weight" if v.is_const else "graph input" if v.name in graph_inputs else f"node #{producer.get(v.name)}"
-        if v.is_const or v.name in graph_inputs:
+        if v.name in row.stale:
+            status = "overwritten before use"
+        elif v.is_const or v.name in graph_inputs:
             status = "given"
         elif v.name in gpu and v.name in ref:
             d = diff(gpu[v.name], ref[v.name], atol, rtol)
@@ -358,14 +382,14 @@ def bisect(plan_or_model: Any, inputs: Mapping[str, Any], *, atol: float = 1e-4,
 
 def _feeds(graph: Graph, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
     """The inputs as host arrays of the post-pass graph's input types (floats cast to the plan's
-    storage dtype, as ``fusec run`` feeds an fp16 plan)."""
+    storage dtype, as ``fusec run`` feeds an fp16 plan; int32 token ids as the plan's int64)."""
     out = {}
     for v in graph.inputs:
         if v.name not in inputs:
             raise FusecError(f"bisect: missing input {v.name!r} (the plan takes "
                              f"{', '.join(repr(x.name) for x in graph.inputs)})")
         a = np.asarray(inputs[v.name])
-        out[v.name] = a.astype(v.dtype.np) if a.dtype.kind == "f" and v.dtype.is_float else a
+        out[v.name] = a.astype(v.dtype.np) if a.dtype != v.dtype.np and a.dtype.kind in "fiub" else a
     return out
 
 

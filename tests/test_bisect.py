@@ -47,13 +47,19 @@ def replay(compiled):
             for i in range(len(slots)):
                 after(i)
 
+        made_by = {w.name: s.index for s in slots for w, _ in s.values}
+        reads: dict[str, int] = {}
+
         def read(addr, v):
-            i = next(s.index for s in slots if any(a == addr and w is v for w, a in s.values))
-            x = ref[v.name].copy()
+            i = made_by.get(v.name)
+            reads[v.name] = reads.get(v.name, 0) + 1
+            x = np.array(inputs[v.name] if i is None else ref[v.name])
             if corrupt.get(i) == "nan":
                 x.reshape(-1)[5] = np.nan
             elif corrupt.get(i) == "off":
                 x.reshape(-1)[-1] += 0.5
+            elif corrupt.get(i) == "stale" and reads[v.name] > 1:  # right when made, changed when used
+                x.reshape(-1)[0] += 1.0
             return x
 
         return compare_launches(st.graph, slots, ref, inputs, step, read, atol, rtol)
@@ -226,3 +232,22 @@ def test_a_perturbed_launch_is_found_on_the_gpu(monkeypatch, how: str) -> None:
     first = rep.rows[rep.first]
     assert first.index == k and first.status == ("NONFINITE" if how == "nan" else "DIVERGES"), rep.verdict()
     assert all(r.status == "ok" for r in rep.rows[:rep.first])
+
+
+def test_an_input_overwritten_before_its_use_is_named(replay, compiled) -> None:
+    """The bytes of a value change between the launch that made it and the node that reads it (what
+    an overlap in the memory plan does): the reading node's row and the verdict name it."""
+    _, st, slots = compiled
+    k = 2  # t2 (the residual stream) and t8: read again by later nodes
+    rep = replay({k: "stale"})
+    made = {v.name for v, _ in slots[k].values}
+    hit = [r for r in rep.rows if r.stale]
+    assert hit and all(set(r.stale) <= made for r in hit)
+    users = {i for i, n in enumerate(st.graph.nodes) if any(v.name in made for v in n.inputs)}
+    assert {r.node for r in hit} == users
+    assert not rep.diverged  # the fake's outputs stay right: the stale bytes are reported, not invented errors
+    j = next(s.index for s in slots if s.node == min(users) and s.values)
+    rep = replay({k: "stale", j: "nan"})
+    r = rep.rows[rep.first]
+    assert r.index == j and r.stale and "overwritten in the arena before it ran (memory plan?)" in rep.verdict()
+    assert [d["status"] for d in rep.inputs_off if d["name"] in r.stale] == ["overwritten before use"] * len(r.stale)
