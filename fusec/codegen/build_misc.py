@@ -148,10 +148,11 @@ def _copy(spec: C.CopySpec) -> Rendered:
         up, k, rd, cd = spec.trilu
         trilu = {"upper": bool(up), "k": int(k), "row_dim": rd, "col_dim": cd}
     total = spec.numel
-    ctx = {"name": kernel_name("copy", spec), "t": ctype(spec.dtype), "block": 256, "total": total,
+    flat, threads = C.flat_ctx(spec, 256)  # the fast path of a contiguous output, or None
+    ctx = {"name": kernel_name("copy", spec), "t": ctype(spec.dtype), "block": 256, "total": total, "flat": flat,
            "idx_t": idx_type(total), "shape": spec.shape, "dims_rev": list(reversed(range(r))),
            "src_strides": spec.src_strides, "dst_strides": spec.dst_strides,
            "src_offset": spec.src_offset, "dst_offset": spec.dst_offset,
            "src_mod": spec.src_mod or (0,) * r, "index": index, "scatter": spec.scatter, "trilu": trilu}
     params = ("src",) + (("index",) if index else ()) + ("dst",)
-    return Rendered("copy.cu.jinja", ctx, (max(1, min(cdiv(total, 256), _MAX_GRID)), 1, 1), (256, 1, 1), params)
+    return Rendered("copy.cu.jinja", ctx, (max(1, min(cdiv(threads, 256), _MAX_GRID)), 1, 1), (256, 1, 1), params)

@@ -14,6 +14,9 @@ from fusec.codegen.specs import contiguous_strides
 from fusec.dtypes import DType
 
 
+_INT32_MAX = (1 << 31) - 1
+
+
 def _req(cond: bool, msg: str) -> None:
     if not cond:
         raise ValueError(msg)
@@ -64,6 +67,91 @@ class CopySpec:
     @property
     def numel(self) -> int:
         return math.prod(self.shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class FlatRows:
+    """A copy whose output is contiguous and whose source is rows of a wider (or equal) array:
+    flat output element f = row * width + col reads src_offset + row * src_row_stride + col.
+    The copy kernel's fast path (templates/copy.cu.jinja): each warp takes a tile of
+    ``32 * per_lane`` consecutive output elements, loads them with coalesced scalar loads (lane l
+    reads tile elements i * 32 + l, ``per_lane`` loads in flight per thread), stages them in shared
+    memory and stores them as 16-byte vectors (two per lane); the output row stride may be odd.
+    ``col_64``: the in-tile column ``col0 + k`` (< width + tile) needs 64 bits."""
+
+    rows: int
+    width: int
+    src_row_stride: int
+    total: int
+    vec: int  # elements per 16-byte vector
+    per_lane: int  # elements each lane moves per tile (2 vectors)
+
+    @property
+    def tile(self) -> int:
+        return 32 * self.per_lane
+
+    @property
+    def tiles(self) -> int:
+        return -(-self.total // self.tile)
+
+    @property
+    def col_64(self) -> bool:
+        return self.width + self.tile > _INT32_MAX
+
+    def index_bound(self, warps: int) -> int:
+        """A bound of every flat index the grid-stride loop forms (a tile base below ``total``
+        plus one stride of at most ``tiles + warps`` tiles; see ``flat_ctx``'s grid)."""
+        return (2 * self.tiles + warps) * self.tile
+
+
+def _collapse(shape: tuple[int, ...], *strides: tuple[int, ...]) -> tuple[list[int], list[list[int]]]:
+    """Drop size-1 dims and merge neighbours that are contiguous in every stride list."""
+    dims = [d for d in range(len(shape)) if shape[d] != 1]
+    out_shape: list[int] = []
+    out_strides: list[list[int]] = [[] for _ in strides]
+    for d in dims:
+        if out_shape and all(ss[-1] == shape[d] * s[d] for ss, s in zip(out_strides, strides)):
+            out_shape[-1] *= shape[d]
+            for ss, s in zip(out_strides, strides):
+                ss[-1] = s[d]
+        else:
+            out_shape.append(shape[d])
+            for ss, s in zip(out_strides, strides):
+                ss.append(s[d])
+    return out_shape, out_strides
+
+
+def flat_rows(spec: CopySpec) -> FlatRows | None:
+    """The fast path's parameters when ``spec`` is a plain strided read into a contiguous output
+    whose rows are contiguous in the source (a SLICE on the last axis such as the unpad of padded
+    logits, a contiguous copy, a slice of middle axes that leaves the inner ones whole); else None."""
+    if spec.index is not None or spec.scatter or spec.trilu is not None or any(spec.src_mod) or spec.numel == 0:
+        return None
+    shape, (src, dst) = _collapse(spec.shape, spec.src_strides, spec.dst_strides)
+    if not shape:  # a single element
+        shape, src, dst = [1], [1], [1]
+    if dst != list(contiguous_strides(tuple(shape))) or src[-1] != 1 or len(shape) > 2:
+        return None
+    width = shape[-1]
+    rows = shape[0] if len(shape) == 2 else 1
+    row_stride = src[0] if len(shape) == 2 else width
+    vec = max(1, 16 // spec.dtype.itemsize)
+    return FlatRows(rows, width, row_stride, spec.numel, vec, 2 * vec)
+
+
+def flat_ctx(spec: CopySpec, block: int) -> tuple[dict | None, int]:
+    """(template context of the fast path or None, threads to launch) for the copy kernel."""
+    from fusec.codegen.render import ctype
+
+    fr = flat_rows(spec)
+    if fr is None:
+        return None, spec.numel
+    warps = block // 32
+    ctx = {"width": fr.width, "row_stride": fr.src_row_stride, "vec": fr.vec, "per_lane": fr.per_lane,
+           "tile": fr.tile, "warps": warps, "vecs": fr.per_lane // fr.vec,
+           "idx_t": ctype(DType.I32 if fr.index_bound(warps) <= _INT32_MAX else DType.I64),
+           "col_t": ctype(DType.I64 if fr.col_64 else DType.I32)}
+    return ctx, fr.tiles * 32
 
 
 def contiguous(shape: tuple[int, ...], dtype: DType) -> CopySpec:
