@@ -211,6 +211,9 @@ def _attention(ctx: _Ctx, n: Node, ins: list[str], out: str, a: Any) -> None:
         kn, vn = repeat(kn, k.shape[3]), repeat(vn, v.shape[3])
     s = ctx.add("MatMul", [qn, ctx.add("Transpose", [kn], perm=[0, 1, 3, 2])])
     s = ctx.add("Mul", [s, ctx.scalar(a.scale, f32, "attn_scale")])
+    if a.softcap:  # cap * tanh(s / cap) on the scaled scores, before the masks
+        cap = ctx.scalar(a.softcap, f32, "attn_softcap")
+        s = ctx.add("Mul", [ctx.add("Tanh", [ctx.add("Div", [s, cap])]), cap])
     neg_inf = lambda: ctx.scalar(-np.inf, f32, "neg_inf")
     if len(ins) == 4:
         mask = n.inputs[3]
@@ -288,7 +291,9 @@ _SIMPLE.update(onnx_export_ext.SIMPLE)
 _SPECIAL.update(onnx_export_ext.SPECIAL)
 _ONNX_DTYPE.update(onnx_export_ext.DTYPES)
 MAPPED_OPS = frozenset(_SIMPLE) | frozenset(_SPECIAL)
-UNEXPORTABLE_OPS = frozenset(onnx_export_ext.NOT_IN_OPSET)  # no opset-17 form: refused in one line
+# Made by passes for the GPU only (3xTF32's operand split reads fp32 bit patterns): refused in one line.
+PASS_ONLY_OPS = frozenset({Op.TF32_SPLIT})
+UNEXPORTABLE_OPS = frozenset(onnx_export_ext.NOT_IN_OPSET) | PASS_ONLY_OPS  # no opset-17 form: refused in one line
 # Generation ops read and write plan state (a KV cache, the seed) in place; an ONNX graph has no
 # state, so a generation graph is refused as a whole (ONNX decoders carry the cache as
 # past/present tensors instead: fusec.frontend.kv_cache turns those into state on import).
@@ -324,6 +329,10 @@ def export_onnx(graph: Graph, path: str | os.PathLike[str], *, external_data: bo
         raise ModelError(f"graph {graph.name!r} holds plan state ({', '.join(stateful) or 'declared states'}); "
                          f"ONNX export writes stateless graphs only")
     onnx_export_ext.check_opset(graph)
+    pass_only = sorted({n.op.value for n in graph.nodes if n.op in PASS_ONLY_OPS})
+    if pass_only:
+        raise ModelError(f"graph {graph.name!r} holds {pass_only[0]}, an op the passes make for the GPU; "
+                         f"export the graph before the passes")
     path = Path(path)
     ctx = _Ctx()
     # Inputs and outputs claim their names first, so sanitizing never renames them needlessly.

@@ -8,7 +8,9 @@ The match starts at the second matrix product ``P @ V`` and walks back:
   and on Q and K before the product (torch's SDPA export scales Q and K by sqrt(scale) each) fold
   into ``scale``; each ADD contributes an additive mask; ``where(cond, s, fill)`` with a -inf /
   finfo.min fill contributes the additive mask ``where(cond, 0, fill)``; masks combine by ADD. A
-  constant causal mask becomes ``causal=True`` instead of a tensor;
+  constant causal mask becomes ``causal=True`` instead of a tensor. One TANH with only constant
+  scales between it and Q @ K^T is a soft-cap (Gemma-2): ``c * tanh(a * qk)`` is
+  ``softcap * tanh(scale * qk / softcap)`` with softcap = |c|, scale = a * c;
 - K and V are traced back through their layout chain (RESHAPE/TRANSPOSE/EXPAND: the K^T
   transpose, HF's repeat_kv, torch's 3-D reshapes) to a [B, Hkv, T, D] tensor. Whether a chain
   really is "transpose + repeat heads" is decided by running it on an index tensor and comparing
@@ -90,11 +92,13 @@ def _leads_to_qk(ctx: Ctx, v: Value, depth: int = 8) -> bool:
     return False
 
 
-def _scores(ctx: Ctx, rw: Rewriter, s: Value, nodes: list[Node], new: list[Node]) -> tuple[Node, float, list[Value]]:
+def _scores(ctx: Ctx, rw: Rewriter, s: Value, nodes: list[Node],
+            new: list[Node]) -> tuple[Node, float, list[Value], float]:
     """Walk from the softmax input to Q @ K^T: (qk node, scale, additive masks already multiplied
-    by any scale applied after them). Mask nodes it has to create go to ``new``."""
+    by any scale applied after them, soft-cap or 0). Mask nodes it has to create go to ``new``."""
     scale = 1.0
     masks: list[tuple[Value, float]] = []  # (mask, the scale applied after it on the path)
+    cap_at: tuple[float, int] | None = None  # at the TANH: (the scale after it, masks seen)
     for _ in range(12):
         n = ctx.prod(s)
         if n is None:
@@ -103,7 +107,12 @@ def _scores(ctx: Ctx, rw: Rewriter, s: Value, nodes: list[Node], new: list[Node]
             raise Decline(f"scores {s.name!r} have readers outside the attention")
         nodes.append(n)
         if _is_qk(n):
-            return n, scale, [_scaled_mask(rw, m, f, new) for m, f in masks]
+            cap = 0.0
+            if cap_at is not None:
+                if len(masks) > cap_at[1]:
+                    raise Decline("a mask between Q @ K^T and the tanh soft-cap (the kernel caps before masking)")
+                cap, scale = abs(cap_at[0]), scale * cap_at[0]
+            return n, scale, [_scaled_mask(rw, m, f, new) for m, f in masks], cap
         a = n.inputs
         if _float_cast(ctx, s) is not None:
             s = a[0]
@@ -131,9 +140,10 @@ def _scores(ctx: Ctx, rw: Rewriter, s: Value, nodes: list[Node], new: list[Node]
             else:
                 raise Decline("a WHERE on the scores does not fill with -inf or finfo.min")
             masks.append((m, scale))
-        elif n.op == Op.TANH:
-            raise Decline("scores soft-capped by tanh (cap * tanh(s / cap), Gemma-2's attn_logit_softcapping): "
-                          "the attention kernel has no soft-cap")
+        elif n.op == Op.TANH:  # soft-cap: c * tanh(a * qk), c the scale so far, a what follows
+            if cap_at is not None:
+                raise Decline("two tanh on the scores path (one soft-cap only)")
+            cap_at, scale, s = (scale, len(masks)), 1.0, a[0]
         else:
             raise Decline(f"unexpected {n.op.value} between Q @ K^T and the softmax")
     raise Decline("scores path too long")
@@ -245,7 +255,7 @@ def _match(ctx: Ctx, rw: Rewriter, root: Node, opts: PassOptions) -> bool:
     where = ctx.where(root)
     new: list[Node] = []
     try:
-        qk, scale, masks = _scores(ctx, rw, sm.inputs[0], nodes, new)
+        qk, scale, masks, softcap = _scores(ctx, rw, sm.inputs[0], nodes, new)
         q, sq = _peel_scale(ctx, qk.inputs[0], nodes)
         kt, sk = _peel_scale(ctx, qk.inputs[1], nodes)
         if len(q.shape) != 4:
@@ -280,7 +290,7 @@ def _match(ctx: Ctx, rw: Rewriter, root: Node, opts: PassOptions) -> bool:
             mask = node.outputs[0]
         if mask is not None:
             ins.append(mask)
-        attrs = AttentionAttrs(scale=float(scale * sq * sk), causal=causal, nan_to_zero=nan_to_zero)
+        attrs = AttentionAttrs(scale=float(scale * sq * sk), causal=causal, nan_to_zero=nan_to_zero, softcap=softcap)
         why = _unsupported(q, k, attrs.scale, opts)
         if why:
             raise Decline(f"{why}; left unfused")
@@ -308,7 +318,7 @@ def _unsupported(q: Value, k: Value, scale: float, opts: PassOptions) -> str:
 
 
 def _decompose(rw: Rewriter, n: Node) -> list[Node]:
-    """An ATTENTION node as the ops it stands for (repeat KV heads, q @ k^T * scale + masks,
+    """An ATTENTION node as the ops it stands for (repeat KV heads, q @ k^T * scale [soft-capped] + masks,
     softmax, @ v): for a node the attention kernel cannot take, e.g. one made before the storage
     dtype was known. Causal and bool masks fill with finfo(fp32).min, not -inf: a causal row always
     sees key 0; a row a bool mask hides entirely averages V where the reference gives NaN (rows that
@@ -328,6 +338,9 @@ def _decompose(rw: Rewriter, n: Node) -> list[Node]:
                 for x in (k, v))
     sc = add(Op.MATMUL, [q, add(Op.TRANSPOSE, [k], PermAttrs((0, 1, 3, 2)))], MatMulAttrs())
     sc = add(Op.MUL, [sc, rw.const(np.asarray(a.scale, sc.dtype.np), "attn_scale")], NoAttrs())
+    if a.softcap:
+        cap = rw.const(np.asarray(a.softcap, sc.dtype.np), "attn_softcap")
+        sc = add(Op.MUL, [add(Op.TANH, [add(Op.DIV, [sc, cap], NoAttrs())], NoAttrs()), cap], NoAttrs())
     low = np.asarray(np.finfo(np.float32).min, sc.dtype.np)
     for m in mask:
         if m.dtype == DType.BOOL:

@@ -32,7 +32,9 @@ ORT_CASES = [
     C("bool-mask", "Attention", F(2, 3, 4, 8), F(2, 3, 6, 8), F(2, 3, 6, 8),
       MASK_BOOL[:, :6] | np.eye(4, 6, dtype=bool), opset=23, ops=("attention",)),
     C("softcap", "Attention", F(2, 3, 4, 8), F(2, 3, 6, 8), F(2, 3, 6, 8), attrs={"softcap": 2.0}, opset=23,
-      ops=("tanh", "softmax")),
+      ops=("attention",)),
+    C("softcap-mask-causal-gqa", "Attention", F(2, 6, 4, 8), F(2, 2, 6, 8), F(2, 2, 6, 8), F(2, 1, 4, 6),
+      attrs={"softcap": 0.5, "is_causal": 1, "scale": 2.0}, opset=23, ops=("attention",)),  # cap, then the masks
     C("past-present-causal", "Attention", F(2, 3, 4, 8), F(2, 3, 4, 8), F(2, 3, 4, 8), *PAST,
       attrs={"is_causal": 1}, out=("f", "f", "f"), opset=23, ops=("concat", "softmax")),
     C("past-qk-bias", "Attention", F(2, 3, 4, 8), F(2, 3, 4, 8), F(2, 3, 4, 8), F(4, 7), F(2, 3, 3, 8),
@@ -89,8 +91,11 @@ def test_attention_matches_onnx_reference(case) -> None:
 def test_plain_attention_is_one_ir_node_and_decomposed_forms_are_not() -> None:
     plain = import_onnx(_build(ORT_CASES[0])[0]).op_histogram()
     assert plain.get("attention") == 1 and "softmax" not in plain, plain
-    capped = import_onnx(_build(ORT_CASES[7])[0]).op_histogram()
-    assert "attention" not in capped and capped.get("matmul") == 2, capped
+    by_id = {c.id: c for c in ORT_CASES}
+    g = import_onnx(_build(by_id["softcap"])[0])
+    assert g.op_histogram() == {"attention": 1} and [n.attrs.softcap for n in g.nodes] == [2.0]
+    present = import_onnx(_build(by_id["past-present-causal"])[0]).op_histogram()
+    assert "attention" not in present and present.get("matmul") == 2, present
 
 
 def test_attention_refusals_are_one_line() -> None:

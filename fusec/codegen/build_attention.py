@@ -18,6 +18,7 @@ def _attention(spec: S.AttentionSpec) -> Rendered:
         "name": kernel_name("attn", spec), "tc": tc, "tf32": tf32, "split": math == "3xtf32",
         "BN": 64 if tc or spec.D <= 64 else 32, "D": spec.D, "S": spec.S, "T": spec.T,
         "group": spec.Hq // spec.Hkv, "t": ctype(spec.dtype), "scale": float_lit(spec.scale, "scale"),
+        "softcap": float_lit(spec.softcap, "softcap") if spec.softcap else None,
         "causal": spec.causal, "mask": Ident(spec.mask),
         "mask_t": ctype(spec.mask_dtype) if spec.mask_dtype else None, "ms": spec.mask_strides,
         "qs": qs, "ks": ks, "vs": vs, "os": os_,

@@ -114,7 +114,7 @@ def elementwise_spec(expr: Expr, in_shapes: list[tuple[int, ...]], in_dtypes: li
                            dtype_of(expr, in_dtypes), vec)
 
 
-ROW_KINDS = ("layernorm", "rmsnorm", "add_layernorm", "add_rmsnorm", "softmax", "sum", "mean", "max")
+ROW_KINDS = ("layernorm", "rmsnorm", "add_layernorm", "add_rmsnorm", "softmax", "sum", "mean", "max", "prod")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,7 +149,7 @@ class RowReduceSpec:
         _req(self.kind in ROW_KINDS, f"row reduce kind must be one of {ROW_KINDS}, got {self.kind!r}")
         _pos(("outer", self.outer), ("cols", self.cols), ("inner", self.inner))
         _req(isinstance(self.dtype, DType), "dtype must be a DType")
-        if self.kind not in ("sum", "max"):
+        if self.kind not in ("sum", "max", "prod"):
             _req(self.dtype in FLOATS, f"{self.kind} needs a float dtype")
         if self.kind in ("layernorm", "add_layernorm", "rmsnorm", "add_rmsnorm"):
             _req(self.w_dtype in FLOATS, f"{self.kind} needs w_dtype")
@@ -240,6 +240,10 @@ class RopeSpec:
 MASKS = ("none", "additive", "bool")
 
 
+def _softcap_ok(cap: float) -> bool:
+    return isinstance(cap, (int, float)) and not isinstance(cap, bool) and math.isfinite(cap) and cap >= 0
+
+
 @dataclasses.dataclass(frozen=True)
 class AttentionSpec:
     """out = softmax(q k^T * scale + mask) v for all batches and heads in one launch.
@@ -250,6 +254,7 @@ class AttentionSpec:
     mask "additive": added to the scaled scores; "bool": True keeps. Mask element (b, h, i, j) at
     b*ms[0] + h*ms[1] + i*ms[2] + j*ms[3] (0 broadcasts). Params: q, k, v, [mask], out.
     A row that sees no key gives NaN, as softmax of all -inf does in the reference.
+    ``softcap`` > 0: the scaled scores become softcap * tanh(s / softcap) before the mask (0: none).
     """
 
     B: int
@@ -272,6 +277,7 @@ class AttentionSpec:
     # accuracy), "tf32" (one tf32 product, for --dtype tf32), "simt" (one warp per query row, FMA);
     # "" picks 3xtf32 where the tensor-core path fits (head_dim <= 128), else simt. Halfs: mma.sync f16/bf16.
     fp32_math: str = ""
+    softcap: float = 0.0
 
     def __post_init__(self) -> None:
         _pos(("B", self.B), ("Hq", self.Hq), ("Hkv", self.Hkv), ("S", self.S), ("T", self.T), ("D", self.D))
@@ -284,6 +290,7 @@ class AttentionSpec:
         if self.dtype in HALFS:
             _req(self.D % 16 == 0 and self.D <= 128, "tensor-core attention needs head_dim % 16 == 0 and <= 128")
         _req(math.isfinite(self.scale), "scale must be finite")
+        _req(_softcap_ok(self.softcap), "softcap must be finite and >= 0 (0 = none)")
         _req(self.mask in MASKS, f"mask must be one of {MASKS}")
         if self.mask == "additive":
             _req(self.mask_dtype in FLOATS, "an additive mask is float")
@@ -436,7 +443,8 @@ class KVAttentionSpec:
     context, not T. ``splits == 1``: one launch, params q, k, v, pos, out. ``splits > 1``: this
     kernel writes per-chunk partials (params q, k, v, pos, part: ``part_floats`` fp32 values of
     scratch) and ``combine()``'s kernel merges them (params pos, part, out).
-    ``threads``: block size (64, 128 or 256)."""
+    ``threads``: block size (64, 128 or 256). ``softcap`` as in ``AttentionSpec`` (the partials
+    hold capped scores, so kv_combine does not need it)."""
 
     B: int
     Hq: int
@@ -449,6 +457,7 @@ class KVAttentionSpec:
     splits: int = 1
     pos_dtype: DType = DType.I64
     threads: int = 128
+    softcap: float = 0.0
 
     def __post_init__(self) -> None:
         _pos(("B", self.B), ("Hq", self.Hq), ("Hkv", self.Hkv), ("S", self.S), ("T", self.T), ("D", self.D),
@@ -457,6 +466,7 @@ class KVAttentionSpec:
         _req(self.dtype in FLOATS, "kv_attention is float")
         _req(self.D % 8 == 0 and 8 <= self.D <= 256, "kv_attention: head_dim must be a multiple of 8 in [8, 256]")
         _req(math.isfinite(self.scale), "kv_attention: scale must be finite")
+        _req(_softcap_ok(self.softcap), "kv_attention: softcap must be finite and >= 0 (0 = none)")
         _req(self.pos_dtype in POS_DTYPES, "kv_attention: positions are int32/int64")
         _req(self.splits <= -(-self.T // KV_CHUNK_GRANULE), f"kv_attention: {self.splits} splits exceed the "
              f"{-(-self.T // KV_CHUNK_GRANULE)} chunks of {KV_CHUNK_GRANULE} keys a cache of {self.T} has")

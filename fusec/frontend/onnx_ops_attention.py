@@ -1,7 +1,7 @@
 """ONNX ``Attention`` (opsets 23 to 25), what the torch dynamo exporter and onnxscript emit.
 
-The common form (only ``Y`` used; no softcap, sliding window or ``nonpad_kv_seqlen``) becomes one
-IR ``ATTENTION`` node, the op the GPU runs as one kernel: ONNX's causal mask is written as a
+The common form (only ``Y`` used; no sliding window or ``nonpad_kv_seqlen``) becomes one
+IR ``ATTENTION`` node (``softcap`` included: ONNX caps the scaled scores before the mask, as the IR does), the op the GPU runs as one kernel: ONNX's causal mask is written as a
 constant boolean mask unless it is the IR's own bottom-right form, a float mask and the causal
 mask are combined into one additive mask, and ``nan_to_zero`` gives fully masked rows the zeros
 ONNX specifies. Everything else is decomposed the way ONNX's function body does it: 3-D inputs
@@ -130,6 +130,9 @@ def _attention(cx: NodeCtx) -> list[Sym | None]:
     scale = cx.attr("scale")
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     softcap = float(cx.attr("softcap", 0.0) or 0.0)
+    if not math.isfinite(softcap):
+        raise cx.fail(f"softcap must be finite, got {softcap}")
+    softcap = max(softcap, 0.0)  # ONNX: a cap <= 0 is none
     causal = bool(cx.attr("is_causal", 0))
     mode = int(cx.attr("qk_matmul_output_mode", 0))
     left, right = int(cx.attr("left_window_size", -1)), int(cx.attr("right_window_size", -1))
@@ -139,9 +142,9 @@ def _attention(cx: NodeCtx) -> list[Sym | None]:
         mask = cx.emit(Op.CAST, mask, to=DType.from_np(np_dtype(q)))
 
     qk_out: Sym | None = None
-    if not (cx.used(1) or cx.used(2) or cx.used(3)) and softcap <= 0 and left < 0 and right < 0 and nonpad is None \
+    if not (cx.used(1) or cx.used(2) or cx.used(3)) and left < 0 and right < 0 and nonpad is None \
             and precision in (None, 1) and np_dtype(q) != np.float64:
-        y = _fused(cx, q, k, v, mask, causal, past_len, scale, final=not rank3)
+        y = _fused(cx, q, k, v, mask, causal, past_len, scale, softcap, final=not rank3)
     else:
         y, qk_out = _decomposed(cx, q, k, v, mask, causal, past_len, scale, softcap, mode, (left, right), nonpad,
                                 precision, final=not rank3)
@@ -152,7 +155,7 @@ def _attention(cx: NodeCtx) -> list[Sym | None]:
 
 
 def _fused(cx: NodeCtx, q: Sym, k: Sym, v: Sym, mask: Sym | None, causal: bool, past_len: int, scale: float,
-           final: bool) -> Sym:
+           softcap: float, final: bool) -> Sym:
     """One IR ATTENTION node: the causal frontier j <= i + past_len is the IR's own (bottom-right,
     offset T - S) when past_len == T - S, else a constant boolean mask."""
     s, t = q.shape[2], k.shape[2]
@@ -169,7 +172,7 @@ def _fused(cx: NodeCtx, q: Sym, k: Sym, v: Sym, mask: Sym | None, causal: bool, 
     rank_fix = mask is not None and len(mask.shape) < 4
     if rank_fix:  # the IR's mask broadcasts like numpy: leading 1s are implied, written out here
         ins[3] = reshape(cx, mask, (1,) * (4 - len(mask.shape)) + tuple(mask.shape), final=False)
-    return cx.emit(Op.ATTENTION, *ins, final=final, scale=scale, causal=ir_causal, nan_to_zero=True)
+    return cx.emit(Op.ATTENTION, *ins, final=final, scale=scale, causal=ir_causal, nan_to_zero=True, softcap=softcap)
 
 
 def _decomposed(cx: NodeCtx, q: Sym, k: Sym, v: Sym, mask: Sym | None, causal: bool, past_len: int, scale: float,
