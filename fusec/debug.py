@@ -105,6 +105,7 @@ class Row:
     ref_nonfinite: int | None = None
     local: float | None = None  # max abs error against the reference on the GPU's own inputs
     stale: list[str] = dataclasses.field(default_factory=list)  # inputs whose bytes changed before this node ran
+    where: list[list[int]] = dataclasses.field(default_factory=list)  # up to 3 indices: non-finite, else beyond tol
     status: str = "ok"  # ok | DIVERGES | NONFINITE | not compared: <why>
 
     @property
@@ -142,7 +143,7 @@ class Report:
         if self.first_nonfinite is not None and self.first_nonfinite != self.first:
             extra = f"; first non-finite at launch {self.rows[self.first_nonfinite].index}"
         return (f"first divergence at launch {r.index} ({r.label}), node #{r.node} [{r.ops}], value {r.value!r}: "
-                f"{what}{came}{extra}")
+                f"{what} (at {', '.join(map(str, r.where))}){came}{extra}")
 
     def table(self, around: int | None = None) -> str:
         """The rows as aligned text; ``around``: only that many rows either side of the first bad one."""
@@ -206,7 +207,10 @@ def diff(got: np.ndarray, want: np.ndarray, atol: float, rtol: float) -> dict[st
         beyond = ~same & ~(err <= atol + rtol * np.abs(w))
     max_abs = float(err[both].max()) if both.any() else 0.0
     scale = float(np.abs(w[fin_w]).max()) if fin_w.any() else 0.0
+    worst = ~fin_g & fin_w if (~fin_g & fin_w).any() else beyond
+    where = [[int(i) for i in ix] for ix in np.argwhere(worst)[:3]]
     return {"max_abs": max_abs, "rel": max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else float("inf")),
+            "where": where,
             "mismatches": int(beyond.sum()), "nonfinite": int((~fin_g).sum()), "ref_nonfinite": int((~fin_w).sum()),
             "new_nonfinite": int((~fin_g & fin_w).sum())}
 
@@ -278,7 +282,7 @@ def compare_launches(graph: Graph, slots: list[Slot], ref: Mapping[str, np.ndarr
             else:
                 d = diff(got, ref[v.name], atol, rtol)
                 row.max_abs, row.rel, row.mismatches = d["max_abs"], d["rel"], d["mismatches"]
-                row.nonfinite, row.ref_nonfinite = d["nonfinite"], d["ref_nonfinite"]
+                row.nonfinite, row.ref_nonfinite, row.where = d["nonfinite"], d["ref_nonfinite"], d["where"]
                 row.status = "NONFINITE" if d["new_nonfinite"] else "DIVERGES" if d["mismatches"] else "ok"
                 if mine is not None:
                     dl = diff(got, mine[v.name], atol, rtol)

@@ -114,6 +114,7 @@ def test_nan_in_one_launch_is_named_first(replay, compiled) -> None:
     rep = replay({k: "nan"})
     r = rep.rows[rep.first]
     assert r.index == k and r.status == "NONFINITE" and r.nonfinite == 1 and r.ref_nonfinite == 0
+    assert r.where == [list(np.unravel_index(5, r.shape))] and f"(at {r.where[0]})" in rep.verdict()
     assert rep.first_nonfinite == rep.first
     assert [x.index for x in rep.rows if x.bad] == [k]
     assert r.local == float("inf")  # wrong on its own inputs: the kernel, not what came in

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from fusec.cli import _validate
-from fusec.cli._common import SHAPES_HELP, VERBOSE, add_command, check_fusion_names, fmt_name, note
+from fusec.cli._common import SHAPES_HELP, VERBOSE, add_command, add_json_flag, check_fusion_names, fmt_name, note
 from fusec.cli.compile import add_compile_arguments
 from fusec.errors import FusecError, InputError
 from fusec.ir import Graph
@@ -74,7 +74,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "that diverges (exit status 3), see fusec.debug")
     p.add_argument("--bisect-rows", metavar="N", type=int, default=None,
                    help="--bisect: show only N launches either side of the first divergence (default: all)")
-    p.add_argument("--json", action="store_true", help="--bisect: print the report as JSON instead of the table")
+    add_json_flag(p, "the --bisect report as JSON")
     p.add_argument("--source-model", metavar="MODEL", default=None,
                    help="a plan's source model for --check (default: the built-in it records, or the recorded "
                         "file name next to the plan; its sha256 must match)")
