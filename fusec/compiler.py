@@ -23,14 +23,16 @@ def compile(model: Any, shapes: Mapping[str, Sequence[int]] | None = None, dtype
             cuda_graph: bool = False, arch: str | None = None, *, disabled_fusions: Sequence[str] = (),
             enabled_fusions: Sequence[str] = (), dump_dir: str | os.PathLike | None = None,
             progress: Callable[[str, str], None] | None = None, fusion_overrides: Mapping[str, bool] | None = None,
-            choices: Mapping[str, str] | None = None) -> Plan:
+            choices: Mapping[str, str] | None = None, fp32_gemm: str = "3xtf32") -> Plan:
     """Compile ``model`` (an ONNX path, an ``onnx.ModelProto``, a built-in model name or a ``Graph``).
 
     ``dtype``: storage/math of floating-point tensors: fp32, tf32 (fp32 storage, tf32 matrix
     products), fp16 or bf16 (fp32 accumulation everywhere). ``progress(stage, item)`` is called
     before each pass and each kernel compile. ``fusion_overrides`` {candidate key: fuse?} and
     ``choices`` {choice key: kernel variant} carry A/B decisions (``fusec.ab``); without them the
-    rule-based defaults apply.
+    rule-based defaults apply. ``fp32_gemm``: how an fp32 plan (sm_80+) runs its products with
+    constant weights: "3xtf32" (passes/split_tf32.py, fp32-accurate on tf32 tensor cores) or
+    "sgemm" (cuBLAS's exact-fp32 path); other dtypes and older GPUs always take the plain product.
     """
     from fusec.loader import load_graph, source_record
 
@@ -39,10 +41,11 @@ def compile(model: Any, shapes: Mapping[str, Sequence[int]] | None = None, dtype
     graph = load_graph(model, shapes) if not isinstance(model, Mapping) else None
     entries = {"main": graph} if graph is not None else dict(model)
     options = {"disabled_fusions": disabled_fusions, "enabled_fusions": enabled_fusions,
-               "fusion_overrides": fusion_overrides, "choices": choices}
+               "fusion_overrides": fusion_overrides, "choices": choices,
+               "fp32_gemm": fp32_gemm if fp32_gemm != "3xtf32" else None}  # recorded when not the default
     return compile_entries(entries, dtype=dtype, cuda_graph=cuda_graph, arch=arch,
                            disabled_fusions=disabled_fusions, enabled_fusions=enabled_fusions, dump_dir=dump_dir,
-                           progress=progress, fusion_overrides=fusion_overrides, choices=choices,
+                           progress=progress, fusion_overrides=fusion_overrides, choices=choices, fp32_gemm=fp32_gemm,
                            source=source_record(model if graph is not None else None, shapes, options))
 
 
@@ -61,7 +64,7 @@ def stage(graph: Any, dtype: str, arch: str, *, disabled_fusions: Sequence[str] 
           dump_dir: str | os.PathLike | None = None, progress: Callable[[str, str], None] | None = None,
           fusion_overrides: Mapping[str, bool] | None = None, choices: Mapping[str, str] | None = None,
           state_layout: Mapping[str, int] | None = None, shared: Any = None, dry_run: bool = False,
-          weights_nk: bool = False) -> Staged:
+          weights_nk: bool = False, fp32_gemm: str = "3xtf32") -> Staged:
     """The one path from a graph to its lowered launch list (every entry point of every plan)."""
     from fusec.lower import lower
     from fusec.passes.base import PassOptions
@@ -71,7 +74,8 @@ def stage(graph: Any, dtype: str, arch: str, *, disabled_fusions: Sequence[str] 
     storage, compute = DTYPES[dtype]
     opts = PassOptions(storage_dtype=storage, disabled_fusions=frozenset(disabled_fusions),
                        enabled_fusions=frozenset(enabled_fusions), fusion_overrides=dict(fusion_overrides or {}),
-                       choices=dict(choices or {}), weights_nk=weights_nk)
+                       choices=dict(choices or {}), weights_nk=weights_nk,
+                       fp32_gemm=fp32_gemm_mode(dtype, arch, fp32_gemm))
     step = (lambda name, i, n: progress("pass", name)) if progress else None
     g, opts = optimize(graph, opts, dump_dir=dump_dir, progress=step)
     mplan = plan_memory(g)
@@ -81,6 +85,18 @@ def stage(graph: Any, dtype: str, arch: str, *, disabled_fusions: Sequence[str] 
     rep = report(g, opts, mplan)
     rep["lowering"] = low.report
     return Staged(g, mplan, low, rep, opts)
+
+
+def fp32_gemm_mode(dtype: str, arch: str, requested: str) -> str:
+    """The ``PassOptions.fp32_gemm`` a plan gets: ``requested`` for fp32 plans on sm_80+ (tf32
+    tensor cores), else "sgemm" (the option names how exact fp32 is computed; tf32/fp16/bf16 plans
+    already run their products on tensor cores)."""
+    from fusec.passes.split_tf32 import MODES
+
+    if requested not in MODES:
+        raise InputError(f"unknown fp32 GEMM mode {requested!r} (expected one of {', '.join(MODES)})")
+    tensor_cores = arch.startswith("sm_") and arch[3:].isdigit() and int(arch[3:]) >= 80
+    return requested if dtype == "fp32" and tensor_cores else "sgemm"
 
 
 def state_layout(graph: Any, storage: str) -> tuple[list[dict[str, Any]], int]:

@@ -144,7 +144,8 @@ def source_record(model: object, shapes: Mapping[str, Sequence[int]] | None,
         elif os.path.isfile(text):
             rec = {"model": os.path.basename(text), "kind": "file", "sha256": file_sha256(text)}
     rec["shapes"] = {k: [int(d) for d in v] for k, v in (shapes or {}).items()}
-    opts = {k: (sorted(v) if not isinstance(v, Mapping) else dict(v)) for k, v in (options or {}).items() if v}
+    opts = {k: (v if isinstance(v, str) else sorted(v) if not isinstance(v, Mapping) else dict(v))
+            for k, v in (options or {}).items() if v}
     if opts:
         rec["options"] = opts
     return rec

@@ -99,6 +99,8 @@ class Op(enum.Enum):
     RMSNORM = "rmsnorm"
     # matrix products
     MATMUL = "matmul"
+    # x [.., K] -> [hi(x), hi(x), lo(x)] [.., 3K]: the A operand of a 3xTF32 product (passes/split_tf32.py)
+    TF32_SPLIT = "tf32_split"
     # data movement
     RESHAPE = "reshape"
     TRANSPOSE = "transpose"
@@ -192,6 +194,7 @@ OP_INFO: dict[Op, OpInfo] = {
     Op.LAYERNORM: OpInfo(_R, LayerNormAttrs, I._layernorm, (2, 3)),
     Op.RMSNORM: OpInfo(_R, RMSNormAttrs, I._rmsnorm, (2, 2)),
     Op.MATMUL: OpInfo(_G, MatMulAttrs, I._matmul, (2, 2)),
+    Op.TF32_SPLIT: OpInfo(_O, NoAttrs, I._tf32_split, (1, 1)),
     Op.RESHAPE: OpInfo(_I, ShapeAttrs, I._reshape, (1, 1)),
     Op.TRANSPOSE: OpInfo(_I, PermAttrs, I._transpose, (1, 1)),
     Op.EXPAND: OpInfo(_B, ShapeAttrs, I._expand, (1, 1)),

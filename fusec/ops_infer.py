@@ -358,6 +358,15 @@ def _topk(a: TopKAttrs, t: Sequence[TensorType]) -> list[TensorType]:
     return [(tuple(a.k if i == a.axis else d for i, d in enumerate(shape)), DType.I64)]
 
 
+def _tf32_split(a: Any, t: Sequence[TensorType]) -> list[TensorType]:
+    shape, dt = t[0]
+    if dt != DType.F32:
+        raise ValueError(f"tf32_split takes float32, got {dt.value}")
+    if len(shape) == 0:
+        raise ValueError("tf32_split needs rank >= 1 (it splits the last axis)")
+    return [(tuple(shape[:-1]) + (3 * shape[-1],), dt)]
+
+
 def _pad(a: PadAttrs, t: Sequence[TensorType]) -> list[TensorType]:
     shape, dt = t[0]
     rank = len(shape)

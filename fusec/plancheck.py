@@ -224,8 +224,10 @@ def validate(m: Any, blobs: Mapping[str, Any], where: str, fusec_version: str) -
             for k, x in v.items():
                 if not isinstance(x, (bool, str)):
                     raise c.fail(f"source.options.{key}", f"{_shown(k)} maps to {_kind(x)}, not a boolean or a string")
+        elif isinstance(v, str):  # a mode such as fp32_gemm
+            c.str(v, f"source.options.{key}", max_len=200)
         else:
-            raise c.fail(f"source.options.{key}", f"must be a list or an object, got {_kind(v)}")
+            raise c.fail(f"source.options.{key}", f"must be a list, an object or a string, got {_kind(v)}")
 
     mem = c.obj(m["memory"], "memory", MEMORY_KEYS, ("arena_bytes",))
     for k, v in mem.items():

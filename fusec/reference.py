@@ -120,6 +120,8 @@ def _rmsnorm(a: O.RMSNormAttrs, x: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 def _matmul(a: Any, x: np.ndarray, y: np.ndarray) -> np.ndarray:
     dt = x.dtype
+    if getattr(a, "precision", "f32") == "tf32" and dt == np.float32:  # tf32 tensor cores (3xTF32)
+        return RO.matmul_tf32(bool(getattr(a, "trans_b", False)), x, y)
     if getattr(a, "trans_b", False):
         y = np.swapaxes(y, -1, -2)
     if dt.kind in "iu":
@@ -256,6 +258,7 @@ IMPL: dict[Op, Callable[..., np.ndarray]] = {
     Op.LAYERNORM: _f32(_layernorm),
     Op.RMSNORM: _rmsnorm,
     Op.MATMUL: _matmul,
+    Op.TF32_SPLIT: RO.tf32_split,
     Op.RESHAPE: lambda a, x: x.reshape(a.shape),
     Op.TRANSPOSE: lambda a, x: np.transpose(x, a.perm),
     Op.EXPAND: lambda a, x: np.broadcast_to(x, a.shape),

@@ -150,3 +150,45 @@ def scatter_nd(a: Any, x: np.ndarray, idx: np.ndarray, upd: np.ndarray) -> np.nd
 
 def trilu(a: O.TriluAttrs, x: np.ndarray) -> np.ndarray:
     return np.triu(x, a.k) if a.upper else np.tril(x, a.k)
+
+
+# ---- 3xTF32 (passes/split_tf32.py) -----------------------------------------------------------
+# A tf32 tensor-core product reads only the top 10 explicit mantissa bits of each fp32 operand
+# (PyTorch's numerical-accuracy notes; the PTX mma .tf32 operands): the reference assumes the low
+# 13 bits are dropped (truncation, the worse of truncation and rounding). ``tf32_hi`` rounds to
+# nearest-even onto 10 bits, so it has no low bits and is read exactly under either conversion.
+_TF32_LOW = np.uint32(0x1FFF)
+
+
+def tf32_truncate(x: np.ndarray) -> np.ndarray:
+    """What a tf32 tensor core reads of fp32 ``x``: the low 13 mantissa bits cleared."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    return (bits & ~_TF32_LOW).view(np.float32)
+
+
+def tf32_hi(x: np.ndarray) -> np.ndarray:
+    """``x`` rounded to nearest-even on 10 explicit mantissa bits (inf/NaN kept; a finite value
+    that would round past the largest float is truncated instead, so hi stays finite)."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    finite = (bits & np.uint32(0x7F800000)) != np.uint32(0x7F800000)
+    up = (bits + np.uint32(0xFFF) + ((bits >> np.uint32(13)) & np.uint32(1))) & ~_TF32_LOW
+    up_finite = (up & np.uint32(0x7F800000)) != np.uint32(0x7F800000)
+    out = np.where(finite & up_finite, up, np.where(finite, bits & ~_TF32_LOW, bits))
+    return out.astype(np.uint32).view(np.float32)
+
+
+def tf32_split(a: Any, x: np.ndarray) -> np.ndarray:
+    """[.., K] -> [hi, hi, lo] along the last axis: lo = x - hi (exact in fp32), 0 where x is not finite."""
+    x = np.asarray(x, dtype=np.float32)
+    hi = tf32_hi(x)
+    with np.errstate(invalid="ignore"):
+        lo = np.where(np.isfinite(x), x - hi, np.float32(0)).astype(np.float32)
+    return np.concatenate([hi, hi, lo], axis=-1)
+
+
+def matmul_tf32(trans_b: bool, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """An fp32 product on tf32 tensor cores: both operands truncated to tf32, products exact in
+    fp32 (11 x 11 significant bits), accumulated in fp32."""
+    if trans_b:
+        y = np.swapaxes(y, -1, -2)
+    return np.matmul(tf32_truncate(x), tf32_truncate(y)).astype(np.float32, copy=False)

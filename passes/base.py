@@ -40,6 +40,10 @@ class PassOptions:
     # transpose (passes/transpose_cache.py): a generation plan's prefill (cuBLAS) and decode (GEMV,
     # which reads [N, K]) then share one copy of each weight.
     weights_nk: bool = False
+    # How fp32 products with a constant weight run: "3xtf32" (passes/split_tf32.py: one tf32
+    # tensor-core GEMM over 3K, fp32-accurate) or "sgemm" (cuBLAS's exact-fp32 SIMT path). Plain
+    # ``optimize`` keeps "sgemm"; ``fusec.compiler.stage`` picks "3xtf32" for fp32 plans on sm_80+.
+    fp32_gemm: str = "sgemm"
     # Why each matcher declined a near match: list of (pattern, where, reason). Filled by passes.
     declines: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)
     # Facts passes record for reports (`inspect`): counters such as transposes_cached.

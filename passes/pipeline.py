@@ -32,6 +32,7 @@ from fusec.passes import (
     recognize_rope,
     recognize_softmax,
     simplify,
+    split_tf32,
     transpose_cache,
     views,
     weight_layout,
@@ -56,6 +57,8 @@ PIPELINE: list[ModuleType] = [
     transpose_cache,
     merge_gemms,
     pad_gemm,
+    # -- fp32 products with a constant weight as one 3xTF32 tensor-core GEMM (PassOptions.fp32_gemm)
+    split_tf32,
     # -- fusion grouping
     fusion,
     # -- the weight layouts the chosen kernels read (PassOptions.choices; nothing without)
@@ -70,7 +73,7 @@ PIPELINE: list[ModuleType] = [
 
 # Keys passes leave in graph.meta (or options.stats) that ``report`` passes through when present.
 REPORT_KEYS: tuple[str, ...] = ("patterns", "fusions", "kernels", "transposes_cached", "transposes_flagged",
-                                "gemms_merged", "gemms_padded", "weights_relaid", "views")
+                                "gemms_merged", "gemms_padded", "gemms_split_tf32", "weights_relaid", "views")
 
 
 class PassOrderError(RuntimeError):

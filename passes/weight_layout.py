@@ -16,10 +16,12 @@ It runs after fusion because a choice key names the fused epilogue.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from fusec.ir import Graph, Node, Value
-from fusec.ops import FusedAttrs, MatMulAttrs, Op
+from fusec.ops import FusedAttrs, Op
 from fusec.passes.base import PassOptions, PassResult
 from fusec.passes.match import Ctx, Rewriter
 
@@ -30,7 +32,7 @@ REQUIRES = ("fusion",)
 def _relayout(node: Node, w_new: Value, trans_b: bool) -> Node:
     """``node`` (a MATMUL, or a fused group whose first member is the MATMUL) reading ``w_new``."""
     if node.op == Op.MATMUL:
-        return Node(Op.MATMUL, [node.inputs[0], w_new], node.outputs, MatMulAttrs(trans_b=trans_b), node.name)
+        return Node(Op.MATMUL, [node.inputs[0], w_new], node.outputs, dataclasses.replace(node.attrs, trans_b=trans_b), node.name)
     body: Graph = node.attrs.body
     mm = body.nodes[0]
     bw = mm.inputs[1]
@@ -43,7 +45,7 @@ def _relayout(node: Node, w_new: Value, trans_b: bool) -> Node:
         nb = w_new
         inputs, outer = list(body.inputs), list(node.inputs)
         consts = [w_new if c is bw else c for c in body.constants]
-    new_mm = Node(Op.MATMUL, [mm.inputs[0], nb], mm.outputs, MatMulAttrs(trans_b=trans_b), mm.name)
+    new_mm = Node(Op.MATMUL, [mm.inputs[0], nb], mm.outputs, dataclasses.replace(mm.attrs, trans_b=trans_b), mm.name)  # keeps precision
     new_body = Graph(inputs, body.outputs, [new_mm, *body.nodes[1:]], consts, body.name, dict(body.meta))
     attrs = FusedAttrs(node.attrs.kind, node.attrs.rule, new_body)
     return Node(Op.FUSED, outer, node.outputs, attrs, node.name)

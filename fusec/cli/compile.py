@@ -62,6 +62,10 @@ def add_compile_arguments(p: argparse.ArgumentParser, dtype_help: str = "default
                         "(default: current GPU, else sm_90; `fusec doctor` lists them)")
     p.add_argument("--cuda-graph", action="store_true", help="capture the launch list once and replay it as a CUDA graph")
     p.add_argument("--dump-dir", metavar="DIR", default=None, help="write the graph after each pass as DIR/NN-<pass>.txt")
+    p.add_argument("--fp32-gemm", choices=("3xtf32", "sgemm"), default="3xtf32",
+                   help="--dtype fp32 on sm_80+: products with a constant weight as one 3xTF32 tensor-core GEMM "
+                        "(fp32-accurate, 3x the weight bytes of those products; the default) or cuBLAS's exact "
+                        "SGEMM (sgemm); `fusec inspect` counts them as gemms_split_tf32")
     add_fusion_arguments(p)
 
 
@@ -175,7 +179,7 @@ def compile_from_args(args: argparse.Namespace, progress: Progress | None = None
                          "to be a ledger") from None
     plan = fusec.compile(args.model, shapes=shapes, dtype=args.dtype, cuda_graph=args.cuda_graph, arch=arch,
                          disabled_fusions=args.disable_fusion, enabled_fusions=args.enable_fusion,
-                         dump_dir=args.dump_dir, progress=progress,
+                         dump_dir=args.dump_dir, progress=progress, fp32_gemm=getattr(args, "fp32_gemm", "3xtf32"),
                          fusion_overrides=ledger.overrides() if ledger else None, choices=ledger.choices() if ledger else None)
     if ledger is not None:
         fusec.ab.attach(plan, ledger)
@@ -203,7 +207,8 @@ def retarget(args: argparse.Namespace) -> int:
                                    ("--cuda-graph", args.cuda_graph), ("--dump-dir", args.dump_dir is not None),
                                    ("--disable-fusion", args.disable_fusion), ("--enable-fusion", args.enable_fusion),
                                    ("--ab", args.ab), ("--decisions", args.decisions is not None),
-                                   ("--generate", args.generate)) if on]
+                                   ("--generate", args.generate),
+                                   ("--fp32-gemm", getattr(args, "fp32_gemm", "3xtf32") != "3xtf32")) if on]
     if given:
         raise InputError(f"{', '.join(given)}: re-targeting a plan keeps what it was compiled with; only --arch "
                          f"(and --from-source) apply to a plan")

@@ -59,6 +59,7 @@ class ChoicePoint:
     k: int
     trans_b: bool = False
     b_const: bool = False  # the (outer) weight is a constant: a pass may change its layout
+    precision: str = "f32"  # the MATMUL's: "tf32" for a 3xTF32 product (passes/split_tf32.py)
 
     def accepts(self, variant: str) -> bool:
         """``variant`` applies here: listed, or a layout variant of a constant weight (after
@@ -147,7 +148,8 @@ def choice_point(node: Node) -> ChoicePoint | None:
         if gemm_lt.applies(e, mm.inputs[0].dtype, n, k):  # the epilogue inside cuBLASLt (fusec.lower.gemm_lt)
             variants += (gemm_lt.VARIANT,)
         key = f"gemm_epilogue:{mm.inputs[0].dtype.value}:{m}x{n}x{k}:{_epi_name(e)}"
-        return ChoicePoint(key, variants, mm.inputs[0], mm.inputs[1], bias, res, e, m, n, k, tb, const)
+        return ChoicePoint(key, variants, mm.inputs[0], mm.inputs[1], bias, res, e, m, n, k, tb, const,
+                           getattr(mm.attrs, "precision", "f32"))
     if node.op == Op.MATMUL:
         a, b = node.inputs
         tb = _trans_b(node)
@@ -157,7 +159,7 @@ def choice_point(node: Node) -> ChoicePoint | None:
         m, n, k = mkn
         variants = (DEFAULT,) + (("gemv",) if m <= 8 else ()) + _layout_variant(tb, True)
         return ChoicePoint(f"matmul:{a.dtype.value}:{m}x{n}x{k}", variants, a, b, None, None, S.Epilogue(), m, n, k,
-                           tb, True)
+                           tb, True, getattr(node.attrs, "precision", "f32"))
     return None
 
 

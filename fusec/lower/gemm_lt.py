@@ -53,7 +53,8 @@ def emit(ctx: Any, cp: Any, a: Value, b: Value, out: Value, bias: Value | None, 
     fields: dict[str, Any] = {
         "m": m, "n": n, "k": k, "batch": 1, "lda": k, "ldb": k if cp.trans_b else n, "ldc": n,
         "stride_a": 0, "stride_b": 0, "stride_c": m * n, "trans_a": False, "trans_b": cp.trans_b,
-        "dtype": a.dtype.value, "compute": ctx.compute if a.dtype == DType.F32 else "f32", "epilogue": epi}
+        "dtype": a.dtype.value, "epilogue": epi,
+        "compute": ("tf32" if cp.precision == "tf32" else ctx.compute) if a.dtype == DType.F32 else "f32"}
     if bias is not None:
         fields["bias"] = list(ctx.addr(bias))
     if residual is not None:

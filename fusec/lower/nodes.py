@@ -16,6 +16,7 @@ from fusec.lower import batching as B
 from fusec.lower import decode as _decode
 from fusec.lower import layout as L
 from fusec.lower import pad as _pad
+from fusec.lower import tf32_split as _tf32_split
 from fusec.ops import OP_INFO, FusionKind, Op
 
 # ---- elementwise family -----------------------------------------------------------------------
@@ -107,7 +108,7 @@ def _matmul(ctx: Context, node: Node, label: str) -> None:
             ops[i] = Raw(base.space, base.offset + off)
             src = (1,) * (len(shape) - len(x.shape)) + tuple(x.shape)  # a 1-D B has no batch: never grown
             ctx.kernel(C.expand(src, shape, x.dtype), [x, ops[i]], f"{label} broadcast operand")
-    compute = ctx.compute if a.dtype == DType.F32 else "f32"
+    compute = gemm_compute(ctx, node.attrs, a.dtype)
     fields = {"m": plan.m, "n": n, "k": k, "batch": plan.batch, "lda": k, "ldb": k if trans_b else n, "ldc": n,
               "stride_a": plan.strides[0], "stride_b": plan.strides[1], "stride_c": plan.strides[2],
               "trans_a": False, "trans_b": trans_b, "dtype": a.dtype.value, "compute": compute}
@@ -116,6 +117,14 @@ def _matmul(ctx: Context, node: Node, label: str) -> None:
         if oa or ob or grown:  # Context.gemm addresses whole values: point A/B at the call's product
             ctx.launches[-1]["a"] = ctx.ptr(_at(ops[0], oa, a.dtype))[1:]
             ctx.launches[-1]["b"] = ctx.ptr(_at(ops[1], ob, b.dtype))[1:]
+
+
+def gemm_compute(ctx: Context, attrs: object, dtype: DType) -> str:
+    """The cuBLAS compute mode of a product: "tf32" for a ``precision=tf32`` MATMUL (3xTF32,
+    passes/split_tf32.py) and for fp32 in a tf32 plan; "f32" otherwise."""
+    if dtype != DType.F32:
+        return "f32"
+    return "tf32" if getattr(attrs, "precision", "f32") == "tf32" else ctx.compute
 
 
 def _at(x: Value | Raw, elems: int, dt: DType) -> tuple[Value, int] | Raw:
@@ -265,6 +274,7 @@ LOWER: dict[Op, Callable[[Context, Node, str], None]] = {
     Op.KV_ATTENTION: _decode.kv_attention,
     Op.SAMPLE: _decode.sample,
     Op.PAD: _pad.lower_pad,
+    Op.TF32_SPLIT: _tf32_split.lower_split,
 }
 
 
