@@ -108,3 +108,62 @@ def test_constant_pad_with_a_run_time_fill_matches_reference() -> None:
     x, v = halves(np.float32, (2, 3, 4)), np.array(-3.0, np.float32)
     m = model("Pad", {"x": x, "v": v}, {"pads": np.array([0, 1, 2, 1, 0, -1], np.int64)}, order=["x", "pads", "v"])
     _same(m, {"x": x, "v": v})
+
+
+# ---- arg max/min, top-k, product reduction, reflect / edge / wrap pads ------------------------------
+
+def _few(dt: Any, shape: tuple[int, ...], nan: bool = True) -> np.ndarray:
+    """Few distinct values (ties), infinities and (floats, ``nan``) NaNs."""
+    if np.dtype(dt).kind == "i":
+        return np.random.default_rng(3).choice(np.array([-(2**63), -1, 0, 5, 2**63 - 1]), size=shape).astype(dt)
+    vals = [-np.inf, -1.5, 0.0, 2.0, np.inf] + ([np.nan] if nan else [])
+    return np.random.default_rng(3).choice(np.array(vals), size=shape).astype(dt)
+
+
+@pytest.mark.parametrize("op", ["ArgMax", "ArgMin"])
+@pytest.mark.parametrize("shape,axis", [((7, 33), 1), ((5, 3, 9), 1), ((300, 2), 0), ((2, 1000), -1)])
+@pytest.mark.parametrize("last", [0, 1])
+@pytest.mark.parametrize("dt", [np.float32, np.float16, np.int64])
+def test_arg_reduce_matches_reference(op: str, shape: tuple[int, ...], axis: int, last: int, dt: Any) -> None:
+    x = _few(dt, shape)
+    _same(model(op, {"x": x}, axis=axis, keepdims=axis % 2, select_last_index=last), {"x": x})
+
+
+@pytest.mark.parametrize("shape,axis,k", [((7, 33), 1, 5), ((5, 40, 3), 1, 32), ((300, 2), 0, 1), ((2, 50000), 1, 8),
+                                          ((3, 5), 1, 5)])
+@pytest.mark.parametrize("largest", [1, 0])
+@pytest.mark.parametrize("dt", [np.float32, np.float16, np.int64])
+def test_topk_values_and_indices_match_reference(shape: tuple[int, ...], axis: int, k: int, largest: int,
+                                                 dt: Any) -> None:
+    x = _few(dt, shape)
+    _same(model("TopK", {"x": x}, {"k": np.array([k], np.int64)}, n_out=2, axis=axis, largest=largest), {"x": x})
+
+
+def test_topk_of_distinct_values_matches_reference() -> None:
+    x = np.random.default_rng(4).permutation(4096).astype(np.float32).reshape(4, 1024)
+    _same(model("TopK", {"x": x}, {"k": np.array([32], np.int64)}, n_out=2, axis=1), {"x": x})
+
+
+@pytest.mark.parametrize("shape,axes", [((6, 33), [1]), ((5, 7, 3), [0, 2]), ((4, 300), [1]), ((9,), [0])])
+@pytest.mark.parametrize("dt,tol", [(np.float32, 1e-5), (np.float16, 2e-3), (np.int64, 0.0)])
+def test_reduce_prod_matches_reference(shape: tuple[int, ...], axes: list[int], dt: Any, tol: float) -> None:
+    rng = np.random.default_rng(6)
+    if np.dtype(dt).kind == "i":
+        x = rng.choice(np.array([-3, -1, 1, 2, 7]), size=shape).astype(dt)  # wraps like numpy's int64 product
+    else:
+        x = rng.uniform(0.97, 1.03, size=shape).astype(dt) * rng.choice(np.array([-1, 1]), size=shape).astype(dt)
+    _same(model("ReduceProd", {"x": x}, {"axes": np.array(axes, np.int64)}, keepdims=0), {"x": x}, tol)
+
+
+@pytest.mark.parametrize("mode", ["reflect", "edge", "wrap"])
+@pytest.mark.parametrize("pads", [(1, 2, 0, 3), (0, 6, 4, 0), (-1, 2, 1, -2)])
+@pytest.mark.parametrize("dt", [np.float32, np.float16, np.int64])
+def test_pad_modes_match_reference(mode: str, pads: tuple[int, ...], dt: Any) -> None:
+    x = ints(dt, (5, 7)) if np.dtype(dt).kind == "i" else halves(dt, (5, 7))
+    _same(model("Pad", {"x": x}, {"pads": np.array(pads, np.int64)}, mode=mode), {"x": x})
+
+
+def test_pad_modes_of_a_rank_4_tensor_match_reference() -> None:
+    x = halves(np.float32, (2, 3, 5, 6))
+    for mode in ("reflect", "edge", "wrap"):
+        _same(model("Pad", {"x": x}, {"pads": np.array([0, 0, 2, 3, 0, 0, 4, 1], np.int64)}, mode=mode), {"x": x})

@@ -10,10 +10,12 @@
 
 Six launches (seven for ARGMIN), scratch of about three int64 copies of the input.
 
-Switched off (``ENABLED``): on the H100 (2026-11-23) these launches gave wrong indices for 24 of 32
-cases of tests/test_lowering_broadcast.py::test_arg_reduce_on_the_gpu while the numpy emulation of
-the same launch records agrees with the reference; until the cause is found the GPU path refuses
-ARGMAX/ARGMIN (the reference backend runs them) rather than return wrong indices.
+Step 2 needs numpy's max, NaN included: a row holding a NaN and numbers must give NaN as ``m``, or
+step 3 marks both the NaNs and the largest number and the smaller index of the two wins. The
+row-reduce max kernel once folded its warps with ``fmaxf`` (which drops a NaN): on the H100
+(2026-11-23) that gave wrong indices for 24 of 32 cases of
+tests/test_lowering_broadcast.py::test_arg_reduce_on_the_gpu, while the numpy emulation, whose max
+keeps NaN, agreed. The kernel now folds with ``fc_max`` at every stage (templates/row_reduce.cu.jinja).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from fusec.dtypes import DType
 from fusec.ir import Node
 from fusec.ops import Op
 
-ENABLED = False  # see the module docstring
+ENABLED = True  # a switch for the GPU path; see the module docstring
 
 
 def lower_arg(ctx, node: Node, label: str) -> None:  # noqa: ANN001 (fusec.lower.Context; avoids an import cycle)
@@ -34,8 +36,8 @@ def lower_arg(ctx, node: Node, label: str) -> None:  # noqa: ANN001 (fusec.lower
 
     x, out, a = node.inputs[0], node.output, node.attrs
     if not ENABLED:
-        raise LoweringError(f"{label}: {node.op.value} has no GPU lowering yet (its kernels disagreed with the "
-                            f"reference on an H100); it runs on the reference backend")
+        raise LoweringError(f"{label}: {node.op.value} has no GPU lowering (switched off: "
+                            f"fusec.lower.argreduce.ENABLED); it runs on the reference backend")
     if not (x.dtype.is_float or x.dtype.is_int):
         raise LoweringError(f"{label}: {node.op.value} of {x.dtype.value} has no GPU lowering")
     outer, cols, inner = math.prod(x.shape[:a.axis]), x.shape[a.axis], math.prod(x.shape[a.axis + 1:])

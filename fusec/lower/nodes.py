@@ -16,6 +16,7 @@ from fusec.lower import batching as B
 from fusec.lower import decode as _decode
 from fusec.lower import layout as L
 from fusec.lower import pad as _pad
+from fusec.lower import topk as _topk
 from fusec.lower import tf32_split as _tf32_split
 from fusec.ops import OP_INFO, FusionKind, Op
 
@@ -146,7 +147,8 @@ def _reduce(ctx: Context, node: Node, label: str) -> None:
     max kernel between two order-reversing flips, both exact: -x for floats, ~x for integers."""
     x = node.inputs[0]
     perm, outer, cols, inner = B.reduce_transpose(x.shape, node.attrs.axes)
-    kind = {Op.REDUCE_SUM: "sum", Op.REDUCE_MEAN: "mean", Op.REDUCE_MAX: "max", Op.REDUCE_MIN: "max"}[node.op]
+    kind = {Op.REDUCE_SUM: "sum", Op.REDUCE_MEAN: "mean", Op.REDUCE_MAX: "max", Op.REDUCE_MIN: "max",
+            Op.REDUCE_PROD: "prod"}[node.op]
     flip = None
     if node.op == Op.REDUCE_MIN:
         if not (x.dtype.is_float or x.dtype.is_int):
@@ -261,6 +263,7 @@ LOWER: dict[Op, Callable[[Context, Node, str], None]] = {
     Op.REDUCE_MEAN: _reduce,
     Op.REDUCE_MAX: _reduce,
     Op.REDUCE_MIN: _reduce,
+    Op.REDUCE_PROD: _reduce,
     Op.ARGMAX: _argreduce.lower_arg,
     Op.ARGMIN: _argreduce.lower_arg,
     Op.SOFTMAX: _softmax,
@@ -274,6 +277,7 @@ LOWER: dict[Op, Callable[[Context, Node, str], None]] = {
     Op.KV_ATTENTION: _decode.kv_attention,
     Op.SAMPLE: _decode.sample,
     Op.PAD: _pad.lower_pad,
+    Op.TOPK: _topk.lower_topk,
     Op.TF32_SPLIT: _tf32_split.lower_split,
 }
 

@@ -1,9 +1,20 @@
-"""GPU lowering of ``Op.PAD`` in constant mode: two launches into the output, the fill (an
-elementwise kernel of the fill value, broadcast) then the copy of the kept part of the input into
-its box (the index-mapping copy kernel). Reflect, edge and wrap modes read mirrored or periodic
-positions, which neither kernel maps: they are refused naming the mode."""
+"""GPU lowering of ``Op.PAD``.
+
+Constant mode: two launches into the output, the fill (an elementwise kernel of the fill value,
+broadcast) then the copy of the kept part of the input into its box (the index-mapping copy kernel).
+
+Reflect, edge and wrap modes: the output splits, axis by axis, into at most three segments (before,
+the input, after); in each the source coordinate is affine in the output one: ``start + step * j``
+with step 1 (the input, and wrap's periodic copies), -1 (reflect's mirror images) or 0 (edge's
+repeated border). Every combination of segments is one copy launch with those source strides
+(3 ** padded axes launches at most, no fill). Negative pads crop first, as in the reference. A wrap
+pad wider than one period (the extent) is refused in one line (shape inference already refuses a
+reflect pad wider than one reflection and any pad of an empty axis)."""
 
 from __future__ import annotations
+
+import itertools
+import math
 
 from fusec.codegen import copyspecs as C
 from fusec.codegen import specs as S
@@ -11,13 +22,21 @@ from fusec.codegen.elementwise import Const, In
 from fusec.ir import Node
 from fusec.lower import Context, LoweringError
 
+MAX_PAD_COPIES = 81  # 3 ** 4: four padded axes
+
 
 def lower_pad(ctx: Context, node: Node, label: str) -> None:
     x, out, a = node.inputs[0], node.output, node.attrs
-    if a.mode != "constant":
-        raise LoweringError(f"{label}: pad in {a.mode} mode has no GPU lowering yet (constant mode has)")
     rank = len(x.shape)
     begins, ends = a.pads[:rank], a.pads[rank:]
+    kept = tuple(d + min(b, 0) + min(e, 0) for d, b, e in zip(x.shape, begins, ends))
+    xs, os_ = S.contiguous_strides(x.shape), S.contiguous_strides(out.shape)
+    crop = sum(-min(b, 0) * s for b, s in zip(begins, xs))
+    if a.mode != "constant":
+        for spec in mirror_copies(x.dtype, kept, [max(b, 0) for b in begins], [max(e, 0) for e in ends],
+                                  xs, os_, crop, a.mode, label):
+            ctx.kernel(spec, [x, out], label)
+        return
     if any(b > 0 or e > 0 for b, e in zip(begins, ends)):
         if len(node.inputs) > 1:  # the run-time fill value, read at every position
             fill = S.elementwise_spec(In(0), [node.inputs[1].shape], [x.dtype], out.shape, vectorize=False)
@@ -25,10 +44,38 @@ def lower_pad(ctx: Context, node: Node, label: str) -> None:
         else:
             zero = False if x.dtype.value == "bool" else 0
             ctx.kernel(S.elementwise_spec(Const(zero, x.dtype), [], [], out.shape, vectorize=False), [out], label)
-    kept = tuple(d + min(b, 0) + min(e, 0) for d, b, e in zip(x.shape, begins, ends))
     if 0 in kept:
         return  # nothing of the input survives the crop
-    xs, os_ = S.contiguous_strides(x.shape), S.contiguous_strides(out.shape)
-    src_off = sum(-min(b, 0) * s for b, s in zip(begins, xs))
     dst_off = sum(max(b, 0) * s for b, s in zip(begins, os_))
-    ctx.kernel(C.CopySpec(x.dtype, kept, xs, os_, src_offset=src_off, dst_offset=dst_off), [x, out], label)
+    ctx.kernel(C.CopySpec(x.dtype, kept, xs, os_, src_offset=crop, dst_offset=dst_off), [x, out], label)
+
+
+def _segments(d: int, b: int, e: int, mode: str, axis: int, label: str) -> list[tuple[int, int, int, int]]:
+    """(output start, length, source start, source step) along one axis of (cropped) extent ``d``."""
+    if mode == "reflect" and d == 1:
+        mode = "edge"  # a single element reflects onto itself (numpy, the reference)
+    widest = {"reflect": d - 1, "wrap": d, "edge": math.inf if d else 0}[mode]
+    if (b or e) and max(b, e) > widest:
+        raise LoweringError(f"{label}: pad in {mode} mode of {max(b, e)} on axis {axis} exceeds what one copy "
+                            f"maps ({widest} for an extent of {d}); it runs on the reference backend")
+    before = {"reflect": (b, -1), "edge": (0, 0), "wrap": (d - b, 1)}[mode]
+    after = {"reflect": (d - 2, -1), "edge": (d - 1, 0), "wrap": (0, 1)}[mode]
+    segs = [(0, b) + before, (b, d, 0, 1), (b + d, e) + after]
+    return [s for s in segs if s[1] > 0]
+
+
+def mirror_copies(dtype, kept: tuple[int, ...], begins: list[int], ends: list[int], xs: tuple[int, ...],  # noqa: ANN001
+                  os_: tuple[int, ...], crop: int, mode: str, label: str) -> list[C.CopySpec]:
+    """The copy specs of a reflect / edge / wrap pad (see the module docstring)."""
+    per_axis = [_segments(d, b, e, mode, i, label) for i, (d, b, e) in enumerate(zip(kept, begins, ends))]
+    count = math.prod(len(p) for p in per_axis)
+    if count > MAX_PAD_COPIES:
+        raise LoweringError(f"{label}: pad in {mode} mode over {sum(len(p) > 1 for p in per_axis)} axes needs "
+                            f"{count} copies (more than {MAX_PAD_COPIES}); it runs on the reference backend")
+    specs = []
+    for combo in itertools.product(*per_axis):
+        shape = tuple(s[1] for s in combo)
+        src = tuple(s[3] * st for s, st in zip(combo, xs))
+        specs.append(C.CopySpec(dtype, shape, src, os_, src_offset=crop + sum(s[2] * st for s, st in zip(combo, xs)),
+                                dst_offset=sum(s[0] * st for s, st in zip(combo, os_))))
+    return specs
