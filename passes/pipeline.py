@@ -73,7 +73,8 @@ PIPELINE: list[ModuleType] = [
 
 # Keys passes leave in graph.meta (or options.stats) that ``report`` passes through when present.
 REPORT_KEYS: tuple[str, ...] = ("patterns", "fusions", "kernels", "transposes_cached", "transposes_flagged",
-                                "gemms_merged", "gemms_padded", "gemms_split_tf32", "weights_relaid", "views")
+                                "gemms_merged", "gemms_padded", "gemms_split_tf32", "split_tf32_extra_bytes", "weights_relaid",
+                                "views")
 
 
 class PassOrderError(RuntimeError):

@@ -116,6 +116,7 @@ def run(graph: Graph, options: PassOptions) -> PassResult:
         rewritten += 1
     g = rw.finish() if rw.changed else graph.copy()
     g.meta["gemms_split_tf32"] = rewritten
+    g.meta["split_tf32_extra_bytes"] = extra
     options.bump("gemms_split_tf32", rewritten)
     if extra:
         options.bump("split_tf32_extra_bytes", extra)
