@@ -135,6 +135,8 @@ def per_kernel(plan: Any, repeats: int = 20, peaks: Mapping[str, Any] | None = N
                                else plan.manifest["entries"][name]["inputs"], seed)
     prof = plan.profile(inputs, repeats=repeats, entry=name)
     recs = rows(plan.manifest, [p["ms"] for p in prof], pk, name)
+    for r, p in zip(recs, prof):  # the cuBLASLt algorithm picked at load (fusec.runtime.lt_pick)
+        r["kind"] += f" {p['algo']}" if "algo" in p else ""
     total = sum(r["ms"] for r in recs)
     floor = sum(r["floor_ms"] for r in recs)
     return {"entry": name, "peaks": pk, "launches": recs, "sum_ms": total, "floor_ms": floor,

@@ -246,8 +246,10 @@ class _FakeLt:
 
     def cublasLtMatmulAlgoGetHeuristic(self, h, desc, a, b, c, d, pref, n, heur, count):  # noqa: ANN001, ANN201, N802
         self.heuristic_layouts = (a, b, c, d)
-        heur._obj.algo.data[0] = 42
-        count._obj.value = self.algos
+        self.asked = n
+        for i in range(min(n, self.algos)):  # candidate i is algorithm 42 + i, best first
+            heur[i].algo.data[0] = 42 + i
+        count._obj.value = min(n, self.algos)
         return 0
 
     def cublasLtMatmul(self, *args):  # noqa: ANN002, ANN201, N802

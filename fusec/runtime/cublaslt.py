@@ -13,7 +13,8 @@ but not cublasLt), so, as for cuBLAS (``fusec.runtime.cublas``), the library is 
 ctypes: ``libcublasLt`` found by ``cuda.pathfinder`` (the nvidia-cublas wheel or the toolkit).
 Everything that can be decided before a run is decided once per launch at its first call, which
 the executor makes outside any graph capture: the descriptors, the layouts and the algorithm
-(``cublasLtMatmulAlgoGetHeuristic`` with the operands' real pointer alignment). A run then makes
+(``cublasLtMatmulAlgoGetHeuristic`` with the operands' real pointer alignment: up to ``MAX_ALGOS``
+candidates, which ``fusec.runtime.lt_pick`` times at load to keep the fastest). A run then makes
 one ``cublasLtMatmul`` call on the plan's stream with the plan's fixed workspace: nothing is
 allocated, nothing synchronizes, and the call is capturable.
 
@@ -40,6 +41,7 @@ _DESC_TRANSA, _DESC_TRANSB, _DESC_EPILOGUE, _DESC_BIAS_POINTER = 3, 4, 7, 8
 _LAYOUT_BATCH_COUNT, _LAYOUT_BATCH_STRIDE = 5, 6
 _PREF_MAX_WORKSPACE = 1
 _PREF_MIN_ALIGN = {"a": 5, "b": 6, "c": 7, "d": 8}
+MAX_ALGOS = 8  # heuristic candidates asked for (fusec.runtime.lt_pick times them)
 
 _vp, _i = ctypes.c_void_p, ctypes.c_int
 
@@ -171,15 +173,22 @@ class LtMatmul:
         for key, ptr in zip("abcd", self.ptrs):
             self._set(lib.cublasLtMatmulPreferenceSetAttribute, pref.value, _PREF_MIN_ALIGN[key],
                       ctypes.c_uint32(_alignment(ptr)))
-        heur = _Heuristic()
+        heur = (_Heuristic * MAX_ALGOS)()
         count = ctypes.c_int(0)
         what = f"cublasLtMatmul(m={call.m}, n={call.n}, k={call.k}, batch={call.batch}, {call.dtype}, epilogue={epi})"
-        _check(lib.cublasLtMatmulAlgoGetHeuristic(lt_handle, self.desc, *self.layouts, pref.value, 1, ctypes.byref(heur),
+        _check(lib.cublasLtMatmulAlgoGetHeuristic(lt_handle, self.desc, *self.layouts, pref.value, MAX_ALGOS, heur,
                                                   ctypes.byref(count)), what + " heuristic")
         if count.value < 1:
             raise RuntimeError(f"{what}: cuBLASLt has no algorithm for this problem")
-        self.algo = heur.algo
-        self.algo_workspace = int(heur.workspace_size)
+        # the heuristic's candidates, best first by its own estimate; fusec.runtime.lt_pick may time
+        # them and switch to another (``use``) before the first run
+        self.candidates = [heur[i] for i in range(count.value) if heur[i].state == 0]
+        if not self.candidates:
+            raise RuntimeError(f"{what}: cuBLASLt's heuristic returned no usable algorithm")
+        self.algo = _Algo()
+        self.algo_index = 0
+        self.use(0)
+        self.call = call
         self._what = what
         self._scalars = call._scalars  # host alpha, beta (float32), kept alive by the GemmCall
         ap = self._scalars.ctypes.data
@@ -189,6 +198,25 @@ class LtMatmul:
         self._args = tuple(_vp(x) for x in (self.handle, self.desc, ap, a, la, b, lb, ap + 4, c, lc, d, ld)) + (
             ctypes.byref(self.algo), _vp(self.workspace_ptr), ctypes.c_size_t(self.workspace_bytes))
         self._fn = lib.cublasLtMatmul
+
+    def use(self, index: int) -> None:
+        """Run with the heuristic's candidate ``index`` from now on (the algorithm struct is
+        updated in place: the prepared arguments point at it)."""
+        h = self.candidates[index]
+        ctypes.memmove(ctypes.addressof(self.algo), ctypes.addressof(h.algo), ctypes.sizeof(_Algo))
+        self.algo_index = index
+        self.algo_workspace = int(h.workspace_size)
+
+    def algo_bytes(self, index: int) -> bytes:
+        return bytes(self.candidates[index].algo)
+
+    def enqueue(self, stream_ptr: int, index: int, d_ptr: int) -> int:
+        """One call with candidate ``index`` writing D at ``d_ptr`` (timing on scratch); the
+        cuBLAS status, not raised."""
+        args = list(self._args)
+        args[10] = _vp(d_ptr)
+        args[12] = ctypes.byref(self.candidates[index].algo)
+        return int(self._fn(*args, stream_ptr))
 
     def _set(self, fn: Any, obj: Any, attr: int, value: Any) -> None:
         _check(fn(obj, attr, ctypes.byref(value), ctypes.sizeof(value)), f"cuBLASLt set attribute {attr}")

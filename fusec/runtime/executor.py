@@ -184,10 +184,15 @@ class Executor:
                     fields[key] = self._addr(*fields[key])
             call = GemmCall(**fields)
             handle = self._handle
+            if call.epilogue is not None or call.c_in is not None:
+                from fusec.runtime.lt_pick import prepare
+
+                prepare(call, handle)  # cuBLASLt: descriptors and the timed algorithm pick, before any capture
 
             def gemm(stream: Any) -> None:
                 call(handle, stream.ptr)
 
+            gemm.lt = call._lt  # type: ignore[attr-defined]  # profile() labels the algorithm picked
             return gemm
         raise ValueError(f"unknown launch type {L['type']!r}")
 
@@ -368,7 +373,12 @@ class Executor:
         for i, L in enumerate(self.entry["launches"]):
             kind = self.manifest["kernels"][L["kernel"]]["entry"] if L["type"] == "kernel" else \
                 f"cublas {L['dtype']} m={L['m']} n={L['n']} k={L['k']} b={L['batch']}"
-            out.append({"index": i, "label": L.get("label", ""), "kind": kind, "ms": float(np.median(samples[i]))})
+            rec = {"index": i, "label": L.get("label", ""), "kind": kind, "ms": float(np.median(samples[i]))}
+            lt = getattr(self._launches[i], "lt", None)
+            if lt is not None:
+                rec["algo"] = f"algo {lt.algo_index}/{len(lt.candidates)}"
+                rec["kind"] += " " + rec["algo"]
+            out.append(rec)
         return out
 
     def stats(self) -> dict[str, Any]:
