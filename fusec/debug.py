@@ -145,11 +145,12 @@ class Report:
         return (f"first divergence at launch {r.index} ({r.label}), node #{r.node} [{r.ops}], value {r.value!r}: "
                 f"{what} (at {', '.join(map(str, r.where))}){came}{extra}")
 
-    def table(self, around: int | None = None) -> str:
-        """The rows as aligned text; ``around``: only that many rows either side of the first bad one."""
-        rows = self.rows
-        if around is not None and self.first is not None:
-            rows = rows[max(0, self.first - around): self.first + around + 1]
+    def table(self, around: int | None = None, at: int | None = None) -> str:
+        """The rows as aligned text; ``around``: only that many rows either side of row ``at``
+        (default: the first bad one)."""
+        rows, at = self.rows, self.first if at is None else at
+        if around is not None and at is not None:
+            rows = rows[max(0, at - around): at + around + 1]
         elif around is not None:
             rows = rows[: 2 * around + 1]
         head = ("launch", "label", "ops", "value", "shape", "dtype", "max abs", "rel", "beyond tol", "nonfinite",
