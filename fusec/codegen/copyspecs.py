@@ -15,6 +15,7 @@ from fusec.dtypes import DType
 
 
 _INT32_MAX = (1 << 31) - 1
+FLAT_FAST_PATH = True  # benchmarks/unpad_lt.py turns it off in-process for its before/after
 
 
 def _req(cond: bool, msg: str) -> None:
@@ -125,7 +126,8 @@ def flat_rows(spec: CopySpec) -> FlatRows | None:
     """The fast path's parameters when ``spec`` is a plain strided read into a contiguous output
     whose rows are contiguous in the source (a SLICE on the last axis such as the unpad of padded
     logits, a contiguous copy, a slice of middle axes that leaves the inner ones whole); else None."""
-    if spec.index is not None or spec.scatter or spec.trilu is not None or any(spec.src_mod) or spec.numel == 0:
+    if not FLAT_FAST_PATH or spec.index is not None or spec.scatter or spec.trilu is not None \
+            or any(spec.src_mod) or spec.numel == 0:
         return None
     shape, (src, dst) = _collapse(spec.shape, spec.src_strides, spec.dst_strides)
     if not shape:  # a single element
