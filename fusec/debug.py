@@ -127,9 +127,9 @@ class Report:
         return self.first is not None
 
     def verdict(self) -> str:
-        n = sum(1 for r in self.rows if r.status in ("ok", "DIVERGES", "NONFINITE"))
+        n = len({r.index for r in self.rows if r.status in ("ok", "DIVERGES", "NONFINITE")})
         if self.first is None:
-            return (f"no divergence: {n} of {len(self.rows)} launches compared with the reference "
+            return (f"no divergence: {n} of {len({r.index for r in self.rows})} launches compared with the reference "
                     f"(atol {self.atol:g}, rtol {self.rtol:g}), all within tolerance and finite")
         r = self.rows[self.first]
         what = (f"{r.nonfinite - (r.ref_nonfinite or 0)} non-finite elements where the reference is finite"

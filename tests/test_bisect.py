@@ -105,7 +105,8 @@ def test_a_clean_replay_reports_no_divergence(replay, compiled) -> None:
     rep = replay({})
     assert not rep.diverged and rep.first_nonfinite is None
     assert all(r.status == "ok" and r.max_abs == 0 and r.local == 0 for r in rep.rows)
-    assert rep.verdict().startswith(f"no divergence: {len(rep.rows)} of {len(rep.rows)} launches compared")
+    n = len(compiled[2])
+    assert rep.verdict().startswith(f"no divergence: {n} of {n} launches compared")
 
 
 def test_nan_in_one_launch_is_named_first(replay, compiled) -> None:
@@ -252,3 +253,90 @@ def test_an_input_overwritten_before_its_use_is_named(replay, compiled) -> None:
     r = rep.rows[rep.first]
     assert r.index == j and r.stale and "overwritten in the arena before it ran (memory plan?)" in rep.verdict()
     assert [d["status"] for d in rep.inputs_off if d["name"] in r.stale] == ["overwritten before use"] * len(r.stale)
+
+
+# ---- bisect() and the CLI end to end over a fake device (the GPU's glue, on the CPU) -------------
+
+class _FakeExec:
+    """Stands in for Executor + Device: a host arena; each 'launch' writes the reference's values of
+    the launch's outputs at their planned offsets (launch ``bad``: one element NaN)."""
+
+    def __init__(self, plan, bad: int | None):
+        st = staged_for(plan, "fake")
+        self.slots = launch_map(st.graph, plan.manifest["launches"], st.memory.offsets, st.memory.state)
+        self.graph, self.bad, self.offsets = st.graph, bad, st.memory.offsets
+        self.arena = np.zeros(int(plan.manifest["memory"]["arena_bytes"]), np.uint8)
+        self.state = np.zeros(1, np.uint8)
+        self.device = self
+
+    def view(self, buf, off, shape, dtype):
+        n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+
+        class Host:
+            def get(_):
+                return buf[off:off + n].view(dtype.np if dtype.value != "bf16" else np.uint16).reshape(shape).copy()
+
+        return Host()
+
+    def _put(self, off: int, arr: np.ndarray) -> None:
+        raw = np.ascontiguousarray(arr).view(np.uint8).reshape(-1)
+        self.arena[off:off + raw.size] = raw
+
+    def step(self, feeds, after) -> None:
+        for v in self.graph.inputs:
+            self._put(self.offsets[v.name], feeds[v.name])
+        ref = reference_values(self.graph, feeds)
+        for i, s in enumerate(self.slots):
+            for v, (_, off) in s.values:
+                x = ref[v.name].copy()
+                if i == self.bad:
+                    x.reshape(-1)[1] = np.nan
+                self._put(off, x)
+            after(i)
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """Plans 'run' on _FakeExec; the CLI believes a GPU is there. Returns {"bad": launch or None}."""
+    from fusec import toolchain
+
+    bad = {"bad": None}
+
+    class Eager:
+        def __init__(self, plan):
+            self.plan = plan
+
+        def _exec(self):
+            return _FakeExec(self.plan, bad["bad"])
+
+    monkeypatch.setattr(Plan, "with_cuda_graph", lambda self, g: Eager(self))
+    monkeypatch.setattr(toolchain, "gpu_missing_reason", lambda *a, **k: None)
+    return bad
+
+
+def test_bisect_over_the_fake_device_reads_every_value_back(compiled, fake_gpu) -> None:
+    plan = compiled[0]
+    inputs = {k: v.astype(np.int32) for k, v in random_inputs(load_graph(MODEL), seed=1).items()}  # cast to i64
+    rep = bisect(plan, inputs, model=MODEL)
+    assert not rep.diverged and all(r.status == "ok" and not r.stale for r in rep.rows), rep.table()
+    fake_gpu["bad"] = 11
+    rep = bisect(plan, inputs, model=MODEL)
+    assert rep.rows[rep.first].index == 11 and rep.rows[rep.first].status == "NONFINITE"
+    later = [r for r in rep.rows if r.index > 11]
+    assert later and all(r.status == "ok" for r in later)  # the fake writes right values after it
+
+
+def test_cli_bisect_prints_the_table_and_exits_3_naming_the_launch(capsys, fake_gpu, tmp_path) -> None:
+    base = ["run", MODEL, "--dtype", "fp32", "--arch", "sm_90", "--check", "--bisect"]
+    code, out, err = call(capsys, base)
+    assert code == 0, err
+    assert out.splitlines()[-1].startswith("no divergence: 18 of 18 launches compared")
+    fake_gpu["bad"] = 5
+    code, out, err = call(capsys, base + ["--bisect-rows", "1"])
+    assert code == 3
+    lines = out.splitlines()
+    assert [ln.split()[0] for ln in lines[2:5]] == ["4", "5", "6"] and "<== FIRST" in lines[3]
+    assert err.startswith("fusec: error: first divergence at launch 5 (#5 fused") and "[fused: matmul add add]" in err
+    code, out, err = call(capsys, base + ["--json"])
+    doc = json.loads(out)
+    assert code == 3 and doc["first"] == 5 and doc["first_nonfinite"] == 5 and len(doc["launches"]) == 19
