@@ -156,7 +156,7 @@ def test_reduce_prod_matches_reference(shape: tuple[int, ...], axes: list[int], 
 
 
 @pytest.mark.parametrize("mode", ["reflect", "edge", "wrap"])
-@pytest.mark.parametrize("pads", [(1, 2, 0, 3), (0, 6, 4, 0), (-1, 2, 1, -2)])
+@pytest.mark.parametrize("pads", [(1, 2, 0, 3), (0, 6, 4, 0), (-1, 2, 1, -2), (3, 0, 2, 0)])  # last: whole rows
 @pytest.mark.parametrize("dt", [np.float32, np.float16, np.int64])
 def test_pad_modes_match_reference(mode: str, pads: tuple[int, ...], dt: Any) -> None:
     x = ints(dt, (5, 7)) if np.dtype(dt).kind == "i" else halves(dt, (5, 7))

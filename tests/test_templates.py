@@ -10,6 +10,7 @@ from fusec import ops as O
 from fusec.codegen import copyspecs as C
 from fusec.codegen import kernels as K
 from fusec.codegen import specs as S
+from fusec.codegen.build_topk import TopKSpec
 from fusec.codegen.elementwise import Apply, Const, In
 from fusec.codegen.render import CCode, Ident, ctype, float_lit, render
 from fusec.dtypes import DType
@@ -73,6 +74,7 @@ def _all_specs() -> list[tuple[str, object]]:
         C.slice_((5, 6), (1,), (5,), (0,), (-2,), F16), *C.concat([(2, 3), (2, 5)], 1, F32),
         C.gather_elements((3, 4), (3, 2), 1, F32, I32), C.gather_nd((2, 3, 4), (2, 1, 2), 1, F32, I64),
         *C.scatter_nd((4, 5), (3, 1), F32, I64), C.trilu((3, 4, 5), True, 1, F16), C.expand((3, 1), (2, 3, 4), F32),
+        TopKSpec(3, 500, 2, 8, F16, largest=False), S.RowReduceSpec("prod", 5, 11, I64, inner=2),
     ]
     out += [(f"{type(s).__name__}-extra{i}", s) for i, s in enumerate(extra)]
     return out
