@@ -3,14 +3,15 @@ subgraph (the reference backend runs it, so the fused graph must agree with the 
 each FUSED node is exactly one kernel of the plan.
 
 Order of proposals (``fusion_rules``; a rule proposes by fusion kind, never by op name):
-whole candidates of the candidate-only rules first (``mlp``, ``norm_gemm``), then per GEMM anchor
-its ``gemm_prologue`` and ``gemm_epilogue``, then per REDUCE anchor ``reduce_fusion``, then
+whole candidates of the candidate-only rules first (``mlp``, ``norm_gemm``), then RoPE siblings
+(``rope_siblings``: the q and k RoPEs of one layer, one output each) and single RoPEs with their
+norm and cache write (``head_rope``), then per GEMM anchor its ``gemm_prologue`` and ``gemm_epilogue``, then per REDUCE anchor ``reduce_fusion``, then
 ``elementwise`` groups of what is left.
 
 A group is formed only when it is
 - legal (``legal``): only its final values are read outside it (several outputs only where the
   rule allows them: a residual sum written next to its norm), all outputs with one element count
-  (one index space), and grouping creates no cycle (no path leaves the group and comes back);
+  (one index space; ``rope_siblings`` alone gives each output its own: its grid is their rows in turn), and grouping creates no cycle (no path leaves the group and comes back);
 - one kernel (``lowerable``): the codegen's capability query, ``fusec.lower.fused.can_fuse``, says
   a template emits the group's body as one kernel. The pass asks it while it forms groups, like
   Inductor's scheduler asks its backends ``can_fuse``: a rule's proposal that is not one kernel as
@@ -69,13 +70,15 @@ class _Grouping:
     def outputs(self, members: Collection[Node]) -> list[Value]:
         return escaping(self.sorted(members), self.ctx.users, self.graph_outputs)
 
-    def legal(self, members: set[Node], multi_output: bool, outs: list[Value] | None = None) -> str | None:
+    def legal(self, members: set[Node], multi_output: bool, outs: list[Value] | None = None,
+              spaces: bool = False) -> str | None:
         """None if grouping ``members`` into one kernel is correct, else the reason it is not
-        (``outs``: ``self.outputs(members)`` when the caller has it)."""
+        (``outs``: ``self.outputs(members)`` when the caller has it; ``spaces``: each output may have
+        its own index space, for kernels whose grid is the concatenation of their parts')."""
         outs = self.outputs(members) if outs is None else outs
         if len(outs) > 1 and not multi_output:
             return f"intermediate {outs[0].name!r} is read outside the group"
-        if len({v.numel for v in outs}) > 1:
+        if len({v.numel for v in outs}) > 1 and not spaces:
             return "group outputs differ in element count: " + ", ".join(f"{v.name}{list(v.shape)}" for v in outs)
         # Does any path leave the group and re-enter it? A search from the group's readers, pruned
         # at the last member's position (nothing later can lead back): checked for every node a
@@ -106,10 +109,10 @@ class _Grouping:
         cap = can_fuse(extract(ordered, self.outputs(ordered) if outs is None else outs, "candidate").body)
         return None if cap else cap.reason
 
-    def check(self, members: set[Node], multi_output: bool, capable: bool = True) -> str | None:
+    def check(self, members: set[Node], multi_output: bool, capable: bool = True, spaces: bool = False) -> str | None:
         """None if ``members`` may be one group: legal and (``capable``) one kernel; else why not."""
         outs = self.outputs(members)
-        if (why := self.legal(members, multi_output, outs)) is not None:
+        if (why := self.legal(members, multi_output, outs, spaces)) is not None:
             return "illegal: " + why
         if capable and (why := self.lowerable(members, outs)) is not None:
             return "not one kernel: " + why
@@ -135,11 +138,12 @@ class _Grouping:
         return gid
 
     # ---- proposals -----------------------------------------------------------------------------
-    def propose(self, rule: str, kind: FusionKind, members: list[Node], multi_output: bool = False) -> None:
+    def propose(self, rule: str, kind: FusionKind, members: list[Node], multi_output: bool = False,
+                spaces: bool = False) -> None:
         """A whole candidate: applied as proposed, or not at all."""
         clash = [n for n in members if n in self.owner]
         why = (f"{label(clash[0])} is already in {_gname(self.owner[clash[0]])}" if clash
-               else self.check(set(members), multi_output))
+               else self.check(set(members), multi_output, spaces=spaces))
         if why is not None:
             self.record(rule, kind, members, Decision.REJECTED, why, legal=False)
             return
@@ -212,9 +216,7 @@ class _Grouping:
                 m = self.view.sole_reader(n.outputs[0])
                 if m is not None and R.kind(m) == R.K.GEMM and m.inputs[0] is n.outputs[0] and m not in self.owner:
                     self.propose("norm_gemm", R.K.GEMM, [n, m])
-        for n in nodes:  # before the GEMM anchors: a RoPE joins its norm and cache write, not attention
-            if R.kind(n) == R.K.INJECTIVE and n not in self.owner and (extra := R.head_rope(self.view, n)):
-                self.propose_anchor(n, R.K.INJECTIVE, [("head_rope", extra, False)])
+        self.head_ropes(nodes)  # before the GEMM anchors: a RoPE joins its norm and cache write, not attention
         for n in nodes:
             if R.kind(n) == R.K.GEMM and n not in self.owner:
                 self.propose_anchor(n, R.K.GEMM, [("gemm_prologue", R.prologue(self.view, n, _injective, set()), False),
@@ -227,6 +229,28 @@ class _Grouping:
         for n in nodes:
             if n not in self.owner and _pointwise_or_injective(n) and view_of(n) is None:
                 self.elementwise_group(n)
+
+    def head_ropes(self, nodes: list[Node]) -> None:
+        """RoPE-like nodes (multi-input INJECTIVE) with their ``head_rope`` members (a norm before,
+        a cache write after) and the layout views they read through. Siblings, i.e. those with
+        one ``sibling_key`` (the q and k heads of one QKV product, rotated at the same positions),
+        are proposed first as one group with one output per sibling (``rope_siblings``); what is
+        not grouped so is proposed alone (``head_rope``)."""
+        found: list[tuple[Node, list[Node]]] = []
+        for n in nodes:
+            if R.kind(n) == R.K.INJECTIVE and len(n.inputs) >= 2 and len(n.outputs) == 1 and n not in self.owner:
+                extra = R.head_rope(self.view, n)
+                found.append((n, extra + [m for m in R.input_views(self.view, n) if m not in extra]))
+        siblings: dict[tuple[Value, ...], list[tuple[Node, list[Node]]]] = {}
+        for rope, extra in found:
+            siblings.setdefault(R.sibling_key(self.view, rope, extra), []).append((rope, extra))
+        for group in siblings.values():
+            if len(group) > 1:
+                members = [m for rope, extra in group for m in (rope, *extra)]
+                self.propose("rope_siblings", R.K.INJECTIVE, members, multi_output=True, spaces=True)
+        for rope, _ in found:
+            if rope not in self.owner and (extra := R.head_rope(self.view, rope)):
+                self.propose_anchor(rope, R.K.INJECTIVE, [("head_rope", extra, False)])
 
     def multi_output_prologue(self, anchor: Node, taken: list[Node]) -> list[Node]:
         """Elementwise producers feeding the group whose results are also read elsewhere (the

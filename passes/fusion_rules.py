@@ -87,6 +87,9 @@ RULES: dict[str, Rule] = {r.name: r for r in (
     Rule("elementwise", True, "chains of elementwise/broadcast/injective ops as one memory-bound kernel"),
     Rule("head_rope", True, "per-head norm in front of a RoPE and the KV-cache write after it, in the RoPE's "
                             "one pass over the heads (decode: three launches per K, two per Q become one)"),
+    Rule("rope_siblings", True, "RoPEs rotating heads of one product with the same cos/sin (the q and k slices "
+                                "of a merged QKV GEMM), each with its head_rope norm and cache write, in one "
+                                "launch whose grid covers all their heads (one launch per layer instead of two)"),
 )}
 
 
@@ -216,6 +219,33 @@ def head_rope(view: View, rope: Node) -> list[Node]:
     if not after or kind(after[-1]) != K.OPAQUE:
         after = []
     return before + after
+
+
+def input_views(view: View, rope: Node) -> list[Node]:
+    """The layout chain in front of a multi-input INJECTIVE node's first input, each link read only
+    by the next (the slice and head transpose a RoPE reads a merged QKV product through)."""
+    chain: list[Node] = []
+    v = rope.inputs[0]
+    while (p := view.prod(v)) is not None and layout(p) and not view.owned(p) and view.sole_reader(v) is not None:
+        chain.append(p)
+        v = p.inputs[0]
+    return chain
+
+
+def sibling_key(view: View, rope: Node, members: list[Node]) -> tuple[Value, ...]:
+    """What RoPE siblings share: the value ``rope`` reads its rotated input from (its first input
+    followed back through ``members``, its own norm and layout views; where that is a projection,
+    a GEMM with constant weights, the activation it projects) and its other inputs (cos, sin).
+    RoPEs with one key rotate heads of one product (a merged QKV GEMM), or of projections of one
+    activation (separate q and kv GEMMs), at the same positions: one launch can cover them all
+    (``rope_siblings``)."""
+    inside = set(members)
+    v = rope.inputs[0]
+    while (p := view.prod(v)) is not None and p in inside:
+        v = p.inputs[0]
+    if (p := view.prod(v)) is not None and kind(p) == K.GEMM and len(p.inputs) == 2 and p.inputs[1].data is not None:
+        v = p.inputs[0]
+    return (v, *rope.inputs[1:])
 
 
 def mlp_candidate(view: View, m2: Node) -> list[Node] | None:

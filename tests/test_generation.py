@@ -242,7 +242,8 @@ def test_generate_api_errors_name_the_problem():
 
 def test_head_rope_group_is_one_kernel_and_keeps_the_numbers():
     """Qwen3 with head_dim 64: each layer's q norm + RoPE and k norm + RoPE + cache write are fused
-    (two head_rope kernels); the fused graphs generate exactly what the unfused ones do."""
+    into one launch (rope_siblings: one kernel over the q and k heads); the fused graphs generate
+    exactly what the unfused ones do."""
     import dataclasses
 
     from fusec.genmodel import GenModel
@@ -258,11 +259,12 @@ def test_head_rope_group_is_one_kernel_and_keeps_the_numbers():
 
     plan = compile_generation(model(), batch=2, max_seq_len=32, prefill_len=8, dtype="fp32", arch="sm_90", eos_ids=[])
     labels = [L["label"] for L in plan.manifest["entries"]["decode"]["launches"]]
-    assert sum("fused[head_rope]" in x for x in labels) == 2 * cfg.num_layers
+    assert sum("fused[rope_siblings]" in x for x in labels) == cfg.num_layers
+    assert not any("rope" in x and "rope_siblings" not in x for x in labels)
     assert sum(x.endswith("cache_write") for x in labels) == cfg.num_layers + 1  # V per layer, and the tokens
     raw = ReferenceEngine(build_graphs(model(), 2, 32, 12, Sampling(), []))
     fused = ReferenceEngine(build_graphs(model(), 2, 32, 12, Sampling(), []), optimize=True)
-    applied = [r for r in records(fused.graphs["decode"]) if r.rule == "head_rope" and r.applied]
-    assert len(applied) == 2 * cfg.num_layers
+    applied = [r for r in records(fused.graphs["decode"]) if r.rule == "rope_siblings" and r.applied]
+    assert len(applied) == cfg.num_layers
     a = generate(raw, PROMPTS[:2], 8, cfg.vocab_size).new_ids
     assert a == generate(fused, PROMPTS[:2], 8, cfg.vocab_size).new_ids

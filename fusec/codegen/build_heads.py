@@ -1,6 +1,9 @@
-"""Builder of the per-head RMSNorm -> RoPE -> (cache) kernel (``HeadRopeSpec``)."""
+"""Builder of the per-head RMSNorm -> RoPE -> (cache) kernel: one ``HeadRopeSpec``, or several in
+one launch (``HeadRopeGroupSpec``: the q and k heads of one QKV product)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 from fusec.codegen import specs as S
 from fusec.codegen.kernels import Rendered, builder, cdiv, idx_type, kernel_name
@@ -9,19 +12,51 @@ from fusec.codegen.render import ctype, float_lit
 _WARPS = 4  # rows per block: small blocks, since decode has few rows (B x heads)
 
 
-@builder(S.HeadRopeSpec)
-def _head_rope(spec: S.HeadRopeSpec) -> Rendered:
-    rows = spec.B * spec.H * spec.S
-    t_rows = spec.cache_len if spec.cache_len else spec.S
-    extent = max(sum((n - 1) * st for n, st in zip((spec.B, spec.H, spec.S), spec.x_strides)),
-                 sum((n - 1) * st for n, st in zip((spec.B, spec.H, t_rows), spec.out_strides)),
-                 (spec.B - 1) * spec.cs_strides[0] + (spec.S - 1) * spec.cs_strides[1]) + spec.D + rows
-    ctx = {"name": kernel_name("headrope", spec), "t": ctype(spec.dtype), "cs_t": ctype(spec.cs_dtype),
-           "w_t": ctype(spec.w_dtype or spec.dtype), "pos_t": ctype(spec.pos_dtype), "norm": spec.norm,
-           "cache": spec.cache_len > 0, "cache_len": spec.cache_len, "per_lane": spec.D // 32,
-           "half_k": spec.D // 64, "D": spec.D, "S": spec.S, "H": spec.H, "rows": rows, "xs": spec.x_strides,
-           "os": spec.out_strides, "cs": spec.cs_strides, "eps": float_lit(spec.eps),
-           "weight_offset": float_lit(spec.weight_offset), "warps": _WARPS, "block": 32 * _WARPS,
-           "idx_t": idx_type(extent)}
-    params = ("x",) + (("w",) if spec.norm else ()) + ("cos", "sin") + (("pos",) if spec.cache_len else ()) + ("out",)
-    return Rendered("head_rope.cu.jinja", ctx, (cdiv(rows, _WARPS), 1, 1), (32 * _WARPS, 1, 1), params)
+@dataclasses.dataclass(frozen=True)
+class HeadRopeGroupSpec:
+    """Several ``HeadRopeSpec`` parts in one launch: the grid covers part 0's rows (b, h, s), then
+    part 1's, ...; each part has its own heads, x view, norm (weight, eps) and output (a cache or
+    not), all share B, S, D, the dtype, cos/sin (one tensor, ``cs_strides``) and the positions.
+    Params: x0, [w0], x1, [w1], ..., cos, sin, [pos], out0, out1, ..."""
+
+    parts: tuple[S.HeadRopeSpec, ...]
+
+    def __post_init__(self) -> None:
+        S._req(len(self.parts) >= 1 and all(isinstance(p, S.HeadRopeSpec) for p in self.parts),
+               "a head_rope group needs HeadRopeSpec parts")
+        p0 = self.parts[0]
+        for i, p in enumerate(self.parts[1:], 1):
+            S._req((p.B, p.S, p.D, p.dtype, p.cs_strides, p.cs_dtype) == (p0.B, p0.S, p0.D, p0.dtype, p0.cs_strides, p0.cs_dtype),
+                   f"head_rope group part {i} differs from part 0 in B, S, D, dtype or cos/sin layout")
+        S._req(len({p.pos_dtype for p in self.parts if p.cache_len}) <= 1, "head_rope group parts share one positions dtype")
+
+
+def _parts_of(spec: S.HeadRopeSpec | HeadRopeGroupSpec) -> tuple[S.HeadRopeSpec, ...]:
+    return spec.parts if isinstance(spec, HeadRopeGroupSpec) else (spec,)
+
+
+def _render(spec: S.HeadRopeSpec | HeadRopeGroupSpec) -> Rendered:
+    parts = _parts_of(spec)
+    p0 = parts[0]
+    rows = [p.B * p.H * p.S for p in parts]
+    extent = sum(rows) + p0.D + (p0.B - 1) * p0.cs_strides[0] + (p0.S - 1) * p0.cs_strides[1]
+    for p in parts:
+        t_rows = p.cache_len if p.cache_len else p.S
+        extent = max(extent, sum((n - 1) * st for n, st in zip((p.B, p.H, p.S), p.x_strides)) + p.D,
+                     sum((n - 1) * st for n, st in zip((p.B, p.H, t_rows), p.out_strides)) + p.D)
+    caches = [p for p in parts if p.cache_len]
+    ctx = {"name": kernel_name("headrope", spec), "t": ctype(p0.dtype), "cs_t": ctype(p0.cs_dtype),
+           "pos_t": ctype(caches[0].pos_dtype if caches else p0.pos_dtype), "any_cache": bool(caches),
+           "per_lane": p0.D // 32, "half_k": p0.D // 64, "D": p0.D, "S": p0.S, "cs": p0.cs_strides,
+           "warps": _WARPS, "block": 32 * _WARPS, "idx_t": idx_type(extent),
+           "parts": [{"H": p.H, "rows": r, "xs": p.x_strides, "os": p.out_strides, "norm": p.norm,
+                      "w_t": ctype(p.w_dtype or p.dtype), "eps": float_lit(p.eps),
+                      "weight_offset": float_lit(p.weight_offset), "cache": p.cache_len > 0,
+                      "cache_len": p.cache_len} for p, r in zip(parts, rows)]}
+    params = tuple(n for i, p in enumerate(parts) for n in (f"x{i}",) + ((f"w{i}",) if p.norm else ())) \
+        + ("cos", "sin") + (("pos",) if caches else ()) + tuple(f"out{i}" for i in range(len(parts)))
+    return Rendered("head_rope.cu.jinja", ctx, (cdiv(sum(rows), _WARPS), 1, 1), (32 * _WARPS, 1, 1), params)
+
+
+builder(S.HeadRopeSpec)(_render)
+builder(HeadRopeGroupSpec)(_render)

@@ -1,5 +1,7 @@
 """The ``head_rope`` kernel family: [RMSNorm over head_dim] -> layout views -> RoPE -> [layout views
--> KV-cache write], one warp per head row (``HeadRopeSpec``).
+-> KV-cache write], one warp per head row (``HeadRopeSpec``); several such RoPEs sharing cos/sin
+(the q and k heads of one QKV product, each with its own norm and output) in one launch
+(``HeadRopeGroupSpec``: the grid covers the heads of every part).
 
 ``plan(body)`` is the capability half (asked by fusion through ``fused.can_fuse``): it says why a
 body is not one such kernel, or returns what ``emit`` needs. The norm works on whole rows of the
@@ -9,6 +11,7 @@ kernel reads x through the composed view of the norm's input and normalizes each
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from fusec.codegen import specs as S
@@ -25,20 +28,49 @@ class NoPlan(Exception):
 
 
 def applies(body: Graph) -> bool:
-    """Bodies this family answers for: a RoPE with a norm before it or a cache write after it."""
-    ops = {n.op for n in body.nodes}
-    return Op.ROPE in ops and bool(ops & {Op.RMSNORM, Op.CACHE_WRITE})
+    """Bodies this family answers for: a RoPE with a norm before it or a cache write after it, or
+    several RoPEs (siblings rotating heads of one product: one launch covers all their heads)."""
+    ops = [n.op for n in body.nodes]
+    return ops.count(Op.ROPE) > 1 or (Op.ROPE in ops and bool(set(ops) & {Op.RMSNORM, Op.CACHE_WRITE}))
 
 
-def plan(body: Graph) -> dict[str, Any]:
+@dataclasses.dataclass
+class Part:
+    """One RoPE of a head_rope body with its norm and cache write; ``x`` is (body input index,
+    view of the RoPE's input in it), ``out`` the index of the body output it writes."""
+
+    rope: Node
+    norm: Node | None
+    write: Node | None
+    x: tuple[int, L.View]
+    out: int
+
+
+def plan(body: Graph) -> list[Part]:
+    """The parts of a head_rope body (one per RoPE, all sharing cos/sin and the positions), or
+    NoPlan saying why the body is not one such kernel."""
     ropes = [n for n in body.nodes if n.op == Op.ROPE]
-    norms = [n for n in body.nodes if n.op == Op.RMSNORM]
-    writes = [n for n in body.nodes if n.op == Op.CACHE_WRITE]
     other = [n for n in body.nodes if n.op not in _LAYOUT + (Op.ROPE, Op.RMSNORM, Op.CACHE_WRITE)]
-    if len(ropes) != 1 or len(norms) > 1 or len(writes) > 1 or other or len(body.outputs) != 1:
-        raise NoPlan("the head_rope kernel takes one RoPE, at most one RMSNorm before it and one cache write "
-                     "after it, joined by layout views")
-    rope = ropes[0]
+    if not ropes or other or len(body.outputs) != len(ropes):
+        raise NoPlan("the head_rope kernel takes RoPEs, each with at most one RMSNorm before it and one cache "
+                     "write after it, joined by layout views, and one output per RoPE")
+    parts = [_part(body, rope) for rope in ropes]
+    claimed = [n for p in parts for n in (p.norm, p.write) if n is not None]
+    if len(set(claimed)) != len(claimed) or len(claimed) != sum(n.op in (Op.RMSNORM, Op.CACHE_WRITE) for n in body.nodes):
+        raise NoPlan("every RMSNorm and cache write must belong to exactly one RoPE of the group")
+    if len({p.out for p in parts}) != len(parts):
+        raise NoPlan("each RoPE of the group must write its own output")
+    r0 = parts[0].rope
+    for p in parts[1:]:
+        (B, _, S_, D), (B0, _, S0, D0) = p.rope.output.shape, r0.output.shape
+        if (B, S_, D) != (B0, S0, D0) or p.rope.inputs[1:] != r0.inputs[1:] or p.rope.output.dtype != r0.output.dtype:
+            raise NoPlan("RoPEs in one head_rope kernel must share batch, sequence, head size, dtype and cos/sin")
+    if len({p.write.inputs[2] for p in parts if p.write is not None}) > 1:
+        raise NoPlan("the cache writes of one head_rope kernel must share the positions")
+    return parts
+
+
+def _part(body: Graph, rope: Node) -> Part:
     x, shape = rope.inputs[0], rope.output.shape
     if len(shape) != 4 or rope.attrs.rotary_dim != shape[3] or shape[3] % 64 or shape[3] > 256:
         raise NoPlan(f"head_rope needs a full-width RoPE over [B, H, S, D] with D a multiple of 64 up to 256, "
@@ -49,7 +81,11 @@ def plan(body: Graph) -> dict[str, Any]:
     cs = L.broadcast_to(L.View.contiguous(cos.shape), shape)
     if cs is None or cos.shape != sin.shape or (cs.strides[1] != 0 and shape[1] != 1) or cs.strides[3] != 1:
         raise NoPlan(f"cos/sin {list(cos.shape)} are not [B|1, 1, S|1, D] rows shared by every head")
-    norm = norms[0] if norms else None
+    prod = body.producers()
+    v = x
+    while (n := prod.get(v)) is not None and n.op in _LAYOUT:
+        v = n.inputs[0]
+    norm = prod.get(v) if prod.get(v) is not None and prod[v].op == Op.RMSNORM else None
     if norm is not None:
         if len(norm.inputs) != 2 or norm.inputs[1].shape != (shape[3],) or norm.inputs[0].shape[-1] != shape[3]:
             raise NoPlan("the norm must be an RMSNorm over the head dimension with a [D] weight")
@@ -61,17 +97,22 @@ def plan(body: Graph) -> dict[str, Any]:
         raise NoPlan(str(e)) from None
     if len(xview.shape) != 4 or xview.strides[3] != 1:
         raise NoPlan("the RoPE input is not a [B, H, S, D] view with contiguous D")
+    writes = [n for n in body.nodes if n.op == Op.CACHE_WRITE and _through_layouts(body, n.inputs[1]) is rope.output]
+    if len(writes) > 1:
+        raise NoPlan("a RoPE's result is written to one cache at most")
     write = writes[0] if writes else None
     if write is not None:
-        if write.output is not body.outputs[0] or write.attrs.axis != 2 or len(write.inputs[0].shape) != 4:
-            raise NoPlan("the cache write must be the group's output, along axis 2 of a [B, H, T, D] cache")
-        if _through_layouts(body, write.inputs[1]) is not rope.output or write.inputs[1].shape != shape:
+        if write.output not in body.outputs or write.attrs.axis != 2 or len(write.inputs[0].shape) != 4:
+            raise NoPlan("the cache write must be a group output, along axis 2 of a [B, H, T, D] cache")
+        if write.inputs[1].shape != shape:
             raise NoPlan("the cache write must store the RoPE's [B, H, S, D] result")
         if write.inputs[0] not in body.inputs or write.inputs[2] not in body.inputs:
             raise NoPlan("the cache and the positions must be inputs of the group")
-    elif rope.output is not body.outputs[0]:
-        raise NoPlan("without a cache write, the RoPE must be the group's output")
-    return {"rope": rope, "norm": norm, "write": write, "x": (xi, xview)}
+        if rope.output in body.outputs or any(u is not write and u.op != Op.RESHAPE for u in body.users().get(rope.output, [])):
+            raise NoPlan("a RoPE whose result goes to a cache must have no other reader in the group")
+    elif rope.output not in body.outputs:
+        raise NoPlan("without a cache write, the RoPE must be a group output")
+    return Part(rope, norm, write, (xi, xview), body.outputs.index((write or rope).output))
 
 
 def _through_layouts(body: Graph, v: Value) -> Value:
@@ -83,35 +124,52 @@ def _through_layouts(body: Graph, v: Value) -> Value:
     return v
 
 
-def emit(ctx: Context, p: dict[str, Any], node: Node, label: str) -> None:
+def emit(ctx: Context, parts: list[Part], node: Node, label: str) -> None:
+    from fusec.codegen.build_heads import HeadRopeGroupSpec
+
+    specs, xs, ws, outs = [], [], [], []
+    pos: Value | None = None
+    for p in parts:
+        spec, x, w, out, ppos = _part_spec(ctx, p, node, label)
+        specs.append(spec)
+        xs.append(x)
+        ws.append(w)
+        outs.append(out)
+        pos = ppos if ppos is not None else pos
+    cos = node.inputs[node.attrs.body.inputs.index(parts[0].rope.inputs[1])]
+    sin = node.inputs[node.attrs.body.inputs.index(parts[0].rope.inputs[2])]
+    args: list[Any] = [a for x, w in zip(xs, ws) for a in ([x] if w is None else [x, w])]
+    args += [cos, sin] + ([pos] if pos is not None else []) + outs
+    ctx.kernel(specs[0] if len(specs) == 1 else HeadRopeGroupSpec(tuple(specs)), args, label)
+
+
+def _part_spec(ctx: Context, p: Part, node: Node, label: str) -> tuple[S.HeadRopeSpec, Any, Value | None, Value, Value | None]:
+    """One part's spec and its pointers: (spec, x, norm weight, output, positions)."""
     from fusec.lower.nodes import _bcast_strides
 
     body: Graph = node.attrs.body
     outer: dict[Value, Value] = dict(zip(body.inputs, node.inputs))
     outer.update({c: c for c in body.constants})
-    rope, norm, write = p["rope"], p["norm"], p["write"]
-    xi, xview = p["x"]
+    rope, norm, write = p.rope, p.norm, p.write
+    xi, xview = p.x
     B, H, S_, D = rope.output.shape
     cos, sin = (outer[v] for v in rope.inputs[1:])
     cst = _bcast_strides(cos, (B, H, S_, D))
     if cst != _bcast_strides(sin, (B, H, S_, D)) or cst[1] != 0 or cst[3] != 1:
         raise LoweringError(f"{label}: cos/sin layout {list(cos.shape)} is not [B|1, 1, S|1, D]")
-    out = node.output
-    args: list[Any] = [(node.inputs[xi], xview.offset)]
+    out = node.outputs[p.out]
+    w: Value | None = None
+    pos: Value | None = None
     kw: dict[str, Any] = {}
     if norm is not None:
         w = outer[norm.inputs[1]]
-        args.append(w)
         kw.update(norm=True, eps=float(norm.attrs.eps), weight_offset=float(norm.attrs.weight_offset), w_dtype=w.dtype)
-    args += [cos, sin]
     if write is not None:
         cache, pos = outer[write.inputs[0]], outer[write.inputs[2]]
         if not ctx.same_storage(cache, out):
             raise LoweringError(f"{label}: the cache write's result is not planned in the cache's storage")
         kw.update(cache_len=out.shape[2], pos_dtype=pos.dtype)
-        args.append(pos)
     out_strides = L.View.contiguous(out.shape).strides[:3]  # [B, H, S|T, D]: the rope's result or the cache
     spec = S.HeadRopeSpec(B, H, S_, D, out.dtype, tuple(xview.strides[:3]), tuple(out_strides),  # type: ignore[arg-type]
                           (cst[0], cst[2]), cos.dtype, **kw)
-    args.append(out)
-    ctx.kernel(spec, args, label)
+    return spec, (node.inputs[xi], xview.offset), w, out, pos

@@ -1,0 +1,305 @@
+"""RoPE siblings (``rope_siblings``): the q and k heads of one QKV product, each with its own
+per-head norm (Qwen3) and output (the K cache in decode), rotated by one head_rope launch.
+
+CPU: the fused graphs (one launch per layer for q + k, GQA / MQA / MHA, with and without q/k
+norm), reference agreement with the same graph fused without the rule, the memory plan of the
+two-output node, NVRTC compiles of the group kernel, generation plans (prefill + decode), and the
+declines. GPU (``-m gpu``): the group kernel against float64 numpy, and generation against the
+reference for MQA.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from fusec import reference  # noqa: E402
+from fusec.codegen import kernels as K  # noqa: E402
+from fusec.codegen import specs as S  # noqa: E402
+from fusec.codegen.build_heads import HeadRopeGroupSpec  # noqa: E402
+from fusec.dtypes import DType  # noqa: E402
+from fusec.models import get_config  # noqa: E402
+from fusec.passes.base import PassOptions  # noqa: E402
+from fusec.passes.fusion import describe_kernels, kernel_count, records  # noqa: E402
+from fusec.passes.pipeline import optimize  # noqa: E402
+
+F32, F16, BF16 = DType.F32, DType.F16, DType.BF16
+PROMPTS = [[11, 12, 13, 14, 15, 16, 17, 18, 19], [21, 22, 23], [31, 32, 33, 34, 35, 36]]
+
+# (model, config changes): GQA with q/k norm, MQA with q/k norm, MHA with q/k norm, Llama GQA (plain RoPE)
+CASES = {
+    "qwen3-gqa": ("qwen3-tiny", dict(head_dim=64)),
+    "qwen3-mqa": ("qwen3-tiny", dict(head_dim=64, num_kv_heads=1)),
+    "qwen3-mha": ("qwen3-tiny", dict(head_dim=64, num_kv_heads=4)),
+    "llama-gqa": ("llama-tiny", dict(hidden_size=128, head_dim=64)),
+    "llama-mqa-d128": ("llama-tiny", dict(hidden_size=128, head_dim=128, num_heads=2, num_kv_heads=1)),
+}
+
+
+def _cfg(case: str):  # noqa: ANN202
+    name, kw = CASES[case]
+    return dataclasses.replace(get_config(name), name=f"{name}-{case}", **kw)
+
+
+def _graph(cfg, batch: int = 2, seq: int = 8):  # noqa: ANN001, ANN202
+    from fusec.models.llama import build_llama
+    from fusec.models.weights import RandomWeights
+
+    w = RandomWeights(3)
+    g = build_llama(cfg, batch, seq, w)
+    w.finish()
+    return g
+
+
+def _feeds(cfg, batch: int = 2, seq: int = 8) -> dict[str, np.ndarray]:  # noqa: ANN001
+    rng = np.random.default_rng(5)
+    mask = np.ones((batch, seq), np.int64)
+    mask[1, seq - 3:] = 0
+    return {"input_ids": rng.integers(0, cfg.vocab_size, (batch, seq)), "attention_mask": mask}
+
+
+def _optimized(g, disabled=()):  # noqa: ANN001, ANN202
+    return optimize(g, PassOptions(disabled_fusions=frozenset(disabled)))[0]
+
+
+# ---- the fused graph ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_q_and_k_rope_are_one_launch_per_layer(case: str) -> None:
+    """One rope_siblings kernel per layer and no other RoPE launch; the rule saves exactly one
+    launch per layer; the fused graph computes bit for bit what the graph fused without it does."""
+    cfg = _cfg(case)
+    g0 = _graph(cfg)
+    g = _optimized(g0)
+    ks = describe_kernels(g)
+    sib = [k for k in ks if k.startswith("rope_siblings:")]
+    assert len(sib) == cfg.num_layers, ks
+    assert all(k.count("rope") == 3 for k in sib), sib  # the rule name and two RoPEs
+    assert all(k.count("rmsnorm") == (2 if cfg.qk_norm else 0) for k in sib), sib
+    assert not [k for k in ks if "rope" in k and not k.startswith("rope_siblings:")], ks
+    applied = [r for r in records(g) if r.rule == "rope_siblings" and r.applied]
+    assert len(applied) == cfg.num_layers and all(r.legal for r in applied)
+    g_off = _optimized(g0, ("rope_siblings",))
+    assert kernel_count(g_off) == kernel_count(g) + cfg.num_layers
+    assert not any(k.startswith("rope_siblings") for k in describe_kernels(g_off))
+    fused = [n for n in g.nodes if n.op.value == "fused" and n.attrs.rule == "rope_siblings"]
+    assert all(len(n.outputs) == 2 for n in fused)
+    q, k = fused[0].outputs
+    assert (q.shape[1], k.shape[1]) == (cfg.num_heads, cfg.num_kv_heads)
+    feeds = _feeds(cfg)
+    want, got = reference.run(g_off, feeds), reference.run(g, feeds)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name])
+    raw = reference.run(g0, feeds)
+    for name in raw:
+        np.testing.assert_allclose(got[name], raw[name], rtol=1e-4, atol=1e-4)
+
+
+def test_memory_plan_of_the_two_output_node() -> None:
+    """Each value in one arena at its planned offset (poisoned first): the two outputs of the
+    sibling node get slots that nothing overwrites while attention reads them."""
+    from fusec.passes.memory_plan import plan_memory
+
+    cfg = _cfg("qwen3-mqa")
+    g = _optimized(_graph(cfg))
+    feeds = _feeds(cfg)
+    got = reference.run_planned(g, feeds, plan_memory(g))
+    want = reference.run(g, feeds)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name])
+
+
+def test_decline_names_the_reason_and_falls_back() -> None:
+    """head_dim 32 is no head_rope kernel (D must be a multiple of 64): the sibling candidate is
+    recorded as rejected with the codegen's reason, and the graph is what it was without the rule."""
+    cfg = get_config("qwen3-tiny")
+    g0 = _graph(cfg)
+    g = _optimized(g0)
+    rej = [r for r in records(g) if r.rule == "rope_siblings"]
+    assert len(rej) == cfg.num_layers
+    assert all(not r.applied and not r.legal and "multiple of 64" in r.reason for r in rej), rej
+    assert describe_kernels(g) == describe_kernels(_optimized(g0, ("rope_siblings",)))
+
+
+def test_disabled_rule_gives_two_head_rope_launches() -> None:
+    cfg = _cfg("qwen3-gqa")
+    g = _optimized(_graph(cfg), ("rope_siblings",))
+    assert sum(k.startswith("head_rope:") for k in describe_kernels(g)) == 2 * cfg.num_layers
+    off = [r for r in records(g) if r.rule == "rope_siblings"]
+    assert off and all(r.reason == "disabled by option" and r.legal for r in off)
+
+
+# ---- the kernel -------------------------------------------------------------------------------------
+
+def _pair(dt: DType, B: int, S_: int, Hq: int, Hkv: int, D: int, norm: bool, cache_len: int,
+          cs_dt: DType | None = None) -> HeadRopeGroupSpec:
+    """q heads then k heads of one [B, S, (Hq + 2 Hkv) D] product; q to a [B, Hq, S, D] output,
+    k to a [B, Hkv, T, D] cache at pos[b] + s (T = cache_len) or to a [B, Hkv, S, D] output."""
+    row = (Hq + 2 * Hkv) * D
+    xs = (S_ * row, D, row)
+    cs = (S_ * D, D)
+    kw = dict(norm=True, eps=1e-6, w_dtype=F32) if norm else {}
+    q = S.HeadRopeSpec(B, Hq, S_, D, dt, xs, (Hq * S_ * D, S_ * D, D), cs, cs_dt or dt, **kw)
+    t = cache_len or S_
+    k = S.HeadRopeSpec(B, Hkv, S_, D, dt, xs, (Hkv * t * D, t * D, D), cs, cs_dt or dt, cache_len=cache_len, **kw)
+    return HeadRopeGroupSpec((q, k))
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("dt", [F32, F16, BF16])
+def test_group_kernel_compiles(arch: str, dt: DType) -> None:
+    """NVRTC compiles the two-part kernel (norm + cache on k, GQA) and the plain one (MQA, D 128);
+    the grid covers the rows of both parts, the params are each part's x [w], then the shared
+    cos, sin [pos], then each part's output."""
+    for spec, params in ((_pair(dt, 2, 5, 4, 2, 64, True, 40), ("x0", "w0", "x1", "w1", "cos", "sin", "pos", "out0", "out1")),
+                         (_pair(dt, 1, 7, 8, 1, 128, False, 0, F32), ("x0", "x1", "cos", "sin", "out0", "out1"))):
+        ck = K.build(spec, arch)
+        assert ck.params == params
+        rows = sum(p.B * p.H * p.S for p in spec.parts)
+        assert ck.grid[0] * ck.block[0] // 32 >= rows > (ck.grid[0] - 1) * ck.block[0] // 32
+        assert ck.source.count("__device__ __forceinline__ void hr_part") == 2
+
+
+def test_group_spec_rejects_parts_that_cannot_share_a_launch() -> None:
+    q = S.HeadRopeSpec(1, 4, 8, 64, F16, (1, 1, 1), (1, 1, 1), (64, 0), F16)
+    with pytest.raises(ValueError, match="part 1 differs from part 0"):
+        HeadRopeGroupSpec((q, dataclasses.replace(q, S=4)))
+    with pytest.raises(ValueError, match="part 1 differs from part 0"):
+        HeadRopeGroupSpec((q, dataclasses.replace(q, cs_strides=(0, 64))))
+    with pytest.raises(ValueError, match="one positions dtype"):
+        HeadRopeGroupSpec((dataclasses.replace(q, cache_len=9, pos_dtype=DType.I32), dataclasses.replace(q, cache_len=9)))
+
+
+# ---- generation plans -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", ["qwen3-mqa", "llama-gqa"])
+def test_generation_plan_one_rope_launch_per_layer(case: str) -> None:
+    """Prefill and decode of a compiled generation plan (fp16, sm_80): one rope_siblings launch per
+    layer and no other RoPE launch; decode's carries the K cache write. The reference generation
+    of the optimized graphs (fused bodies) matches the unoptimized one."""
+    from fusec.generation import ReferenceEngine, generate
+    from fusec.genmodel import GenModel, build_graphs, compile_generation
+    from fusec.models.generate import Sampling, SharedWeights
+    from fusec.models.weights import RandomWeights
+
+    cfg = _cfg(case)
+
+    def model():  # noqa: ANN202
+        return GenModel(cfg, SharedWeights(RandomWeights(1)), None, (), cfg.name)
+
+    plan = compile_generation(model(), batch=2, max_seq_len=32, prefill_len=8, dtype="fp16", arch="sm_80", eos_ids=[])
+    for entry in ("prefill", "decode"):
+        labels = [L["label"] for L in plan.manifest["entries"][entry]["launches"]]
+        assert sum("fused[rope_siblings]" in x for x in labels) == cfg.num_layers, (entry, labels)
+        assert not [x for x in labels if "rope" in x and "rope_siblings" not in x], (entry, labels)
+    dec = build_graphs(model(), 2, 32, 8, Sampling(), [])["decode"]
+    g = _optimized(dec)
+    sib = [k for k in describe_kernels(g) if k.startswith("rope_siblings:")]
+    assert len(sib) == cfg.num_layers and all(k.endswith("rope+cache_write") for k in sib), sib
+    raw = ReferenceEngine(build_graphs(model(), 2, 32, 12, Sampling(), []))
+    fused = ReferenceEngine(build_graphs(model(), 2, 32, 12, Sampling(), []), optimize=True)
+    assert generate(raw, PROMPTS[:2], 6, cfg.vocab_size).new_ids == generate(fused, PROMPTS[:2], 6, cfg.vocab_size).new_ids
+
+
+# ---- GPU ---------------------------------------------------------------------------------------------
+
+TOL = {F32: 1e-5, F16: 2e-3, BF16: 1e-2}
+
+
+def _round(x: np.ndarray, dt: DType) -> np.ndarray:
+    return x.astype(np.float32).astype(dt.np).astype(np.float64)
+
+
+def _ref_part(x: np.ndarray, w: np.ndarray | None, cos: np.ndarray, sin: np.ndarray, dt: DType) -> np.ndarray:
+    """[B, H, S, D] rows: RMSNorm rounded to dt then scaled by w and rounded (as the unfused pair
+    stores and reloads it), then rotate-half RoPE with [B, S, D] cos/sin, in float64."""
+    if w is not None:
+        inv = 1.0 / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6)
+        x = _round(w * _round(x * inv, dt), dt)
+    half = x.shape[-1] // 2
+    rot = np.concatenate([-x[..., half:], x[..., :half]], -1)
+    return x * cos[:, None] + rot * sin[:, None]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dt", [F32, F16, BF16])
+@pytest.mark.parametrize("Hq,Hkv,D,norm", [(4, 2, 64, True), (8, 1, 128, True), (6, 1, 64, False), (16, 8, 128, True)])
+def test_group_kernel_matches_numpy(dt: DType, Hq: int, Hkv: int, D: int, norm: bool) -> None:
+    """q heads to their output and k heads into a cache at per-batch positions (rows past the cache
+    dropped), from one merged QKV buffer, in one launch: against float64 numpy; the cache rows not
+    written keep their poison, and the V columns are never read (NaN there would show)."""
+    import cupy as cp
+
+    B, S_, T = 2, 5, 12
+    spec = _pair(dt, B, S_, Hq, Hkv, D, norm, T)
+    rng = np.random.default_rng()
+    qkv = rng.uniform(-1, 1, (B, S_, Hq + 2 * Hkv, D)).astype(dt.np)
+    qkv[:, :, Hq + Hkv:] = np.nan  # V: not read
+    wq, wk = (rng.uniform(0.5, 1.5, D).astype(np.float32) for _ in range(2))
+    ang = (np.arange(S_)[None, :, None] + np.array([0, 3])[:, None, None]) * (1e4 ** (-np.arange(D) % (D // 2) / (D // 2)))
+    cos, sin = np.cos(ang).astype(dt.np), np.sin(ang).astype(dt.np)
+    pos = np.array([0, T - 3], np.int64)  # batch 1: its last 2 rows fall past the cache
+
+    def d(a: np.ndarray):  # noqa: ANN202
+        a = np.ascontiguousarray(a)
+        return cp.asarray(a.view(np.uint16) if dt == BF16 else a)
+
+    nan = {F32: np.float32(np.nan), F16: np.float16(np.nan)}
+    raw = cp.uint16 if dt == BF16 else dt.np
+
+    def poisoned(shape):  # noqa: ANN001, ANN202
+        return cp.full(shape, 0x7FC0, dtype=raw) if dt == BF16 else cp.full(shape, nan[dt], dtype=raw)
+
+    flat = d(qkv).reshape(-1)
+    q_out, cache = poisoned((B, Hq, S_, D)), poisoned((B, Hkv, T, D))
+    args = [flat, *([d(wq)] if norm else []), flat[Hq * D:], *([d(wk)] if norm else []), d(cos), d(sin), d(pos), q_out, cache]
+    ck = K.build(spec)
+    K.launch(ck, args)
+    cp.cuda.runtime.deviceSynchronize()
+
+    def host(a):  # noqa: ANN001, ANN202
+        h = a.get()
+        return (h.view(BF16.np) if dt == BF16 else h).astype(np.float64)
+
+    x = qkv.astype(np.float64).transpose(0, 2, 1, 3)
+    c64, s64 = cos.astype(np.float64), sin.astype(np.float64)
+    ref_q = _ref_part(x[:, :Hq], wq.astype(np.float64) if norm else None, c64, s64, dt)
+    ref_k = _ref_part(x[:, Hq:Hq + Hkv], wk.astype(np.float64) if norm else None, c64, s64, dt)
+    got_q, got_c = host(q_out), host(cache)
+    assert np.linalg.norm(got_q - ref_q) / np.linalg.norm(ref_q) <= TOL[dt]
+    for b in range(B):
+        n = min(S_, T - int(pos[b]))
+        rows = got_c[b, :, pos[b]:pos[b] + n]
+        assert np.linalg.norm(rows - ref_k[b, :, :n]) / np.linalg.norm(ref_k[b, :, :n]) <= TOL[dt]
+        untouched = np.delete(got_c[b], np.arange(pos[b], pos[b] + n), axis=1)
+        assert np.isnan(untouched).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["qwen3-mqa", "llama-mqa-d128"])
+def test_generation_with_siblings_matches_the_reference(case: str) -> None:
+    """An fp32 generation plan whose q and k RoPEs run as one launch per layer (MQA, with and
+    without q/k norm) generates the reference's tokens (GQA: test_generation_gpu.py's
+    test_head_rope_fusion_generates_like_the_reference)."""
+    from fusec.generation import ReferenceEngine, generate
+    from fusec.genmodel import GenModel, build_graphs, compile_generation
+    from fusec.models.generate import Sampling, SharedWeights
+    from fusec.models.weights import RandomWeights
+
+    cfg = _cfg(case)
+
+    def model():  # noqa: ANN202
+        return GenModel(cfg, SharedWeights(RandomWeights(1)), None, (), cfg.name)
+
+    plan = compile_generation(model(), batch=3, max_seq_len=40, prefill_len=12, dtype="fp32", eos_ids=[])
+    for entry in ("prefill", "decode"):
+        labels = [L["label"] for L in plan.manifest["entries"][entry]["launches"]]
+        assert sum("fused[rope_siblings]" in x for x in labels) == cfg.num_layers
+    got = plan.generate(PROMPTS, max_new_tokens=12).new_ids
+    want = generate(ReferenceEngine(build_graphs(model(), 3, 40, 12, Sampling(), [])), PROMPTS, 12, cfg.vocab_size).new_ids
+    assert got == want
