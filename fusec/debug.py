@@ -136,14 +136,15 @@ class Report:
                 if r.status == "NONFINITE" else
                 f"{r.mismatches} elements beyond atol {self.atol:g} + rtol {self.rtol:g}*|ref| (max abs {r.max_abs:.3g})")
         off = [d["name"] for d in self.inputs_off if d["status"] == "off"]
-        came = f"; inputs already off: {', '.join(off)}" if off else "; all its computed inputs were within tolerance"
+        came = f"; inputs already off: {', '.join(off)}" if off else "; none of its inputs was already off"
         if r.stale:
             came += f"; inputs overwritten in the arena before it ran (memory plan?): {', '.join(r.stale)}"
-        extra = ""
+        if r.local is not None:
+            came += f"; local error {r.local:.3g} (on the GPU's own inputs)"
         if self.first_nonfinite is not None and self.first_nonfinite != self.first:
-            extra = f"; first non-finite at launch {self.rows[self.first_nonfinite].index}"
+            came += f"; first non-finite at launch {self.rows[self.first_nonfinite].index}"
         return (f"first divergence at launch {r.index} ({r.label}), node #{r.node} [{r.ops}], value {r.value!r}: "
-                f"{what} (at {', '.join(map(str, r.where))}){came}{extra}")
+                f"{what} (at {', '.join(map(str, r.where))}){came}")
 
     def table(self, around: int | None = None, at: int | None = None) -> str:
         """The rows as aligned text; ``around``: only that many rows either side of row ``at``
@@ -155,15 +156,15 @@ class Report:
             rows = rows[: 2 * around + 1]
         head = ("launch", "label", "ops", "value", "shape", "dtype", "max abs", "rel", "beyond tol", "nonfinite",
                 "local", "result")
+        first = self.rows[self.first] if self.first is not None else None
         cells = [head] + [(str(r.index), r.label, _short(r.ops), r.value or "-", "x".join(map(str, r.shape or [])) or "-",
-                           r.dtype or "-", _num(r.max_abs), _num(r.rel), _int(r.mismatches), _int(r.nonfinite),
-                           _num(r.local), r.status + (f" (stale input {', '.join(r.stale)})" if r.stale else "")
-                           + (" <== FIRST" if self.first is not None and r is self.rows[self.first]
-                                                      else "")) for r in rows]
+                           r.dtype or "-", *map(_fmt, (r.max_abs, r.rel, r.mismatches, r.nonfinite, r.local)),
+                           r.status + (f" (stale input {', '.join(r.stale)})" if r.stale else "")
+                           + (" <== FIRST" if r is first else "")) for r in rows]
         widths = [max(len(c[i]) for c in cells) for i in range(len(head))]
         lines = ["  ".join(c[i].ljust(widths[i]) for i in range(len(head))).rstrip() for c in cells]
         if len(rows) < len(self.rows):
-            lines.append(f"({len(rows)} of {len(self.rows)} launches shown)")
+            lines.append(f"({len(rows)} of {len(self.rows)} rows shown)")
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
@@ -183,12 +184,8 @@ def _short(ops: str, n: int = 48) -> str:
     return ops if len(ops) <= n else ops[: n - 3] + "..."
 
 
-def _num(x: float | None) -> str:
-    return "-" if x is None else f"{x:.2e}"
-
-
-def _int(x: int | None) -> str:
-    return "-" if x is None else str(x)
+def _fmt(x: float | int | None) -> str:
+    return "-" if x is None else str(x) if isinstance(x, int) else f"{x:.2e}"
 
 
 def node_ops(node: Node) -> str:

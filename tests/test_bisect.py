@@ -142,7 +142,7 @@ def test_table_and_json(replay, compiled) -> None:
     lines = text.splitlines()
     assert lines[0].split()[:2] == ["launch", "label"]
     assert [ln.split()[0] for ln in lines[1:-1]] == ["7", "8", "9", "10", "11"]
-    assert "NONFINITE <== FIRST" in text and lines[-1] == f"(5 of {len(rep.rows)} launches shown)"
+    assert "NONFINITE <== FIRST" in text and lines[-1] == f"(5 of {len(rep.rows)} rows shown)"
     doc = json.loads(json.dumps(rep.to_json(), allow_nan=False))  # strict JSON: inf as a string
     assert doc["diverged"] and doc["first"] == 9
     assert [x["local"] for x in doc["launches"] if x["index"] == 9] == ["inf"]

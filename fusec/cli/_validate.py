@@ -309,7 +309,8 @@ def run_bisect(args: argparse.Namespace, plan: Any, inputs: dict[str, np.ndarray
         if report.inputs_off:
             print("inputs of the first diverging launch: " + ", ".join(
                 f"{fmt_name(d['name'])} ({d['origin']}: {d['status']})" for d in report.inputs_off))
-        print(report.verdict())
-    if report.diverged:
+        if not report.diverged:
+            print(report.verdict())
+    if report.diverged:  # the verdict: one line on stderr
         raise CheckFailed(report.verdict())
     return 0
