@@ -160,3 +160,38 @@ def test_tiny_gpt2_fp16_lt_plan_matches_reference_with_pick_on_and_off(monkeypat
         assert err <= TOLERANCE["fp16"] * 5, f"FUSEC_LT_PICK={flag}: rel error {err} against the fp32 reference"
     assert rel_error(outs["1"], outs["0"]) <= TOLERANCE["fp16"] * 5
     assert any(p["times_ms"] for p in lt_pick.picks())  # the pick-on plan timed its signatures
+
+
+@pytest.mark.gpu
+def test_pick_writes_no_plan_buffer_and_the_pick_computes_the_product(monkeypatch) -> None:  # noqa: ANN001
+    """Timing writes a scratch D: the real D, the residual and the operands keep their bytes; the
+    chosen algorithm then computes what the heuristic's first computes."""
+    cp = pytest.importorskip("cupy")
+    from fusec.runtime.cublas import Handle
+
+    monkeypatch.setattr(lt_pick, "_CACHE", {})
+    monkeypatch.delenv("FUSEC_LT_PICK", raising=False)
+    m, n, k = 512, 768, 256
+    rng = cp.random.default_rng(0)
+    a, b = (rng.standard_normal(s, dtype=cp.float32).astype(cp.float16) for s in (m * k, n * k))
+    bias, res = rng.standard_normal(n, dtype=cp.float32).astype(cp.float16), rng.standard_normal(m * n, dtype=cp.float32).astype(cp.float16)
+    d = cp.full(m * n, 7.0, dtype=cp.float16)
+    before = [x.copy() for x in (a, b, bias, res, d)]
+    handle = Handle()
+    kw = dict(m=m, n=n, k=k, batch=1, a=a.data.ptr, b=b.data.ptr, c=d.data.ptr, lda=k, ldb=k, ldc=n, stride_a=0,
+              stride_b=0, stride_c=m * n, trans_a=False, trans_b=True, dtype="f16", compute="f32", beta=1.0,
+              epilogue="bias", bias=bias.data.ptr, c_in=res.data.ptr)
+    call = GemmCall(**kw)
+    lt = lt_pick.prepare(call, handle)
+    cp.cuda.Device().synchronize()
+    for x, y in zip((a, b, bias, res, d), before):
+        assert bool((x == y).all()), "the pick wrote a plan buffer"
+    assert lt.pick["timed"] == (len(lt.candidates) > 1)
+    stream = cp.cuda.Stream(non_blocking=True)
+    call(handle, stream.ptr)
+    stream.synchronize()
+    want = (a.reshape(m, k).astype(cp.float32) @ b.reshape(n, k).astype(cp.float32).T
+            + bias.astype(cp.float32) + res.reshape(m, n).astype(cp.float32))
+    got = d.reshape(m, n).astype(cp.float32)
+    assert float(cp.linalg.norm(got - want) / cp.linalg.norm(want)) < 2e-3
+    handle.close()

@@ -167,3 +167,18 @@ def test_unpad_copy_on_gpu(dt: DType, shape: tuple[int, int, int]) -> None:
         got = dst.get().reshape(rows, n)
         assert np.array_equal(got, host[:, :n]), f"{dt.value} {shape} dst offset {off}"
         assert int(buf[(rows * n) if off == 0 else 0].get()) == 0xFFFF  # nothing written outside
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec", AWKWARD, ids=lambda s: f"{s.dtype.value}{list(s.shape)}")
+def test_fast_path_specs_on_gpu(spec: C.CopySpec) -> None:
+    """Every awkward spec of the emulation, launched: the same values as the generic mapping."""
+    cp = pytest.importorskip("cupy")
+    extent = spec.src_offset + sum((n - 1) * s for n, s in zip(spec.shape, spec.src_strides)) + 1
+    bits = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[spec.dtype.itemsize]
+    host = (np.arange(extent, dtype=np.uint64) % (1 << min(8 * spec.dtype.itemsize - 1, 15))).astype(bits)
+    if spec.dtype == BOOL:
+        host = host % 2
+    dst = cp.full(spec.numel, 0xFF, dtype=bits)
+    K.launch(K.build(spec), [cp.asarray(host), dst])
+    assert np.array_equal(dst.get(), reference(spec, host))
