@@ -187,7 +187,8 @@ def bench_pick() -> list[dict[str, Any]]:
             rec = {"gemm": name, "m": m, "n": n, "k": k, "epilogue": epi + ("+residual" if residual else ""),
                    "b_stored": "[N, K]" if trans_b else "[K, N]", "cublas_no_epilogue_ms": cublas_ms, **t}
             res.append(rec)
-            print(f"{name} {m}x{n}x{k} {rec['epilogue']} B{rec['b_stored']}: cuBLAS (no epilogue) {cublas_ms * 1e3:.1f} us; "
+            print(f"{name} {m}x{n}x{k} {rec['epilogue']} B{rec['b_stored']}: "
+                  f"cuBLAS (no epilogue) {cublas_ms * 1e3:.1f} us; "
                   f"cuBLASLt first {t['first_ms'] * 1e3:.1f} us, best #{t['best_index']} {t['best_ms'] * 1e3:.1f} us; "
                   f"candidates {[round(x * 1e3, 1) if x else None for x in t['candidates_ms']]}", flush=True)
     handle.close()
@@ -222,7 +223,8 @@ def bench_plans(peaks: dict[str, Any]) -> list[dict[str, Any]]:
                 r["per_kernel_top"] = format_table(pk, 15)
                 print(r["per_kernel_top"], flush=True)
             rec[side] = r
-            print(f"{name} {side}: bound graph {r['steady']['median_ms']:.4f} / {r['steady_again']['median_ms']:.4f} ms "
+            print(f"{name} {side}: bound graph {r['steady']['median_ms']:.4f} / "
+                  f"{r['steady_again']['median_ms']:.4f} ms "
                   f"({r['launches']} launches)", flush=True)
             del plan
         rec["picks"] = lt_pick.picks()

@@ -174,7 +174,7 @@ def test_pick_writes_no_plan_buffer_and_the_pick_computes_the_product(monkeypatc
     m, n, k = 512, 768, 256
     rng = cp.random.default_rng(0)
     a, b = (rng.standard_normal(s, dtype=cp.float32).astype(cp.float16) for s in (m * k, n * k))
-    bias, res = rng.standard_normal(n, dtype=cp.float32).astype(cp.float16), rng.standard_normal(m * n, dtype=cp.float32).astype(cp.float16)
+    bias, res = (rng.standard_normal(s, dtype=cp.float32).astype(cp.float16) for s in (n, m * n))
     d = cp.full(m * n, 7.0, dtype=cp.float16)
     before = [x.copy() for x in (a, b, bias, res, d)]
     handle = Handle()
