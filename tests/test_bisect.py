@@ -200,7 +200,7 @@ def test_gpt2_tiny_bisects_clean_on_the_gpu(dtype: str, tol: float) -> None:
     inputs = random_inputs(load_graph(MODEL), seed=0)
     rep = bisect(MODEL, inputs, atol=tol, rtol=tol, dtype=dtype)
     assert not rep.diverged, rep.table() + "\n" + rep.verdict()
-    assert all(r.status == "ok" for r in rep.rows) and rep.rows[-1].value == "logits"
+    assert all(r.status == "ok" and not r.stale for r in rep.rows) and rep.rows[-1].value == "logits"
 
 
 @pytest.mark.gpu
