@@ -241,7 +241,8 @@ def test_group_kernel_matches_numpy(dt: DType, Hq: int, Hkv: int, D: int, norm: 
     qkv = rng.uniform(-1, 1, (B, S_, Hq + 2 * Hkv, D)).astype(dt.np)
     qkv[:, :, Hq + Hkv:] = np.nan  # V: not read
     wq, wk = (rng.uniform(0.5, 1.5, D).astype(np.float32) for _ in range(2))
-    ang = (np.arange(S_)[None, :, None] + np.array([0, 3])[:, None, None]) * (1e4 ** (-np.arange(D) % (D // 2) / (D // 2)))
+    inv_freq = 1e4 ** -((np.arange(D) % (D // 2)) / (D // 2))  # cat(freqs, freqs), as HF's RoPE
+    ang = (np.arange(S_)[None, :, None] + np.array([0, 3])[:, None, None]) * inv_freq  # [B, S, D], per-batch offsets
     cos, sin = np.cos(ang).astype(dt.np), np.sin(ang).astype(dt.np)
     pos = np.array([0, T - 3], np.int64)  # batch 1: its last 2 rows fall past the cache
 
