@@ -35,7 +35,7 @@ def emulate(spec: C.CopySpec, src: np.ndarray) -> np.ndarray:
     flat = r.ctx["flat"]
     assert flat is not None
     total, width, rs, tile, warps = spec.numel, flat["width"], flat["row_stride"], flat["tile"], flat["warps"]
-    it, ct = str(flat["idx_t"]), str(flat["col_t"])
+    it, ct, st = str(flat["idx_t"]), str(flat["col_t"]), str(flat["src_t"])
     out = np.full(total, -7, dtype=src.dtype)
     grid = r.grid[0]
     stride = _typed(grid * warps * tile, it, "stride")
@@ -50,7 +50,9 @@ def emulate(spec: C.CopySpec, src: np.ndarray) -> np.ndarray:
                 c = col0 + i * 32 + lanes
                 _typed(int(c.max()), ct, "c")
                 dr = c // width
-                so = (row0 + dr) * rs + (c - dr * width) + spec.src_offset
+                so = (row0 + dr) * rs + (c - dr * width)
+                _typed(int(so.max()), st, "source offset")
+                so = so + spec.src_offset
                 f = base + i * 32 + lanes
                 ok = f < total
                 got[i * 32 + lanes[ok]] = src[so[ok]]
@@ -123,18 +125,19 @@ def test_index_math_near_2_31_elements(rows: int) -> None:
     r, _ = K.prepare(spec)
     flat = r.ctx["flat"]
     total, width, tile, warps = spec.numel, flat["width"], flat["tile"], flat["warps"]
-    it, ct = str(flat["idx_t"]), str(flat["col_t"])
+    it, ct, st = str(flat["idx_t"]), str(flat["col_t"]), str(flat["src_t"])
     assert (it == "int") == (2 * total + 9 * tile < (1 << 31))
+    assert (st == "int") == (rows * 50264 + 50257 + tile < (1 << 31))
     stride = _typed(r.grid[0] * warps * tile, it, "stride")
     last = (total - 1) // tile * tile
     for base in (0, last - stride if last >= stride else 0, last):
         _typed(base + stride, it, "next base")
         row0 = base // width
         col0 = _typed(base - row0 * width, ct, "col0")
-        for k in (0, tile - 1):
+        for k in (0, tile - 1):  # every lane forms its offsets, past the end too (not read)
             c = _typed(col0 + k, ct, "c")
             dr = c // width
-            so = (row0 + dr) * 50264 + (c - dr * width)
+            so = _typed((row0 + dr) * 50264 + (c - dr * width), st, "source offset")
             f = base + k
             if f < total:
                 assert so == (f // 50257) * 50264 + f % 50257

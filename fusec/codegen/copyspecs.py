@@ -152,6 +152,9 @@ def flat_ctx(spec: CopySpec, block: int) -> tuple[dict | None, int]:
     ctx = {"width": fr.width, "row_stride": fr.src_row_stride, "vec": fr.vec, "per_lane": fr.per_lane,
            "tile": fr.tile, "warps": warps, "vecs": fr.per_lane // fr.vec,
            "idx_t": ctype(DType.I32 if fr.index_bound(warps) <= _INT32_MAX else DType.I64),
+           # source offsets relative to src + src_offset, formed for lanes past the end too (not read)
+           "src_t": ctype(DType.I32 if 0 <= fr.src_row_stride and fr.rows * fr.src_row_stride + fr.width
+                          + fr.tile <= _INT32_MAX else DType.I64),
            "col_t": ctype(DType.I64 if fr.col_64 else DType.I32)}
     return ctx, fr.tiles * 32
 
