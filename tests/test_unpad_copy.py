@@ -185,3 +185,25 @@ def test_fast_path_specs_on_gpu(spec: C.CopySpec) -> None:
     dst = cp.full(spec.numel, 0xFF, dtype=bits)
     K.launch(K.build(spec), [cp.asarray(host), dst])
     assert np.array_equal(dst.get(), reference(spec, host))
+
+
+def test_padded_product_output_is_unpadded_by_the_fast_path() -> None:
+    """y = x @ W with N = 37 (fp16 rows of 74 bytes): pad_gemm pads N to 40 and the graph output is
+    the unpad copy, whose kernel in the compiled plan takes the fast path."""
+    import fusec
+    from fusec.builder import GraphBuilder
+    from fusec.ops import Op
+
+    b = GraphBuilder("odd_n")
+    x = b.input("x", (6, 64), F32)
+    w = np.random.default_rng(0).standard_normal((64, 37)).astype(np.float32)
+    b.output(b.emit(Op.MATMUL, x, b.const(w, name="w")), "y")
+    plan = fusec.compile(b.build(), dtype="fp16", arch="sm_90")
+    launches = plan.manifest["launches"]
+    (gemm,) = [L for L in launches if L["type"] == "gemm"]
+    assert gemm["n"] == 40  # padded
+    kernels = plan.manifest["kernels"]
+    sources = {m["id"]: bytes(plan.blob(m["source"])).decode() for m in plan.manifest["modules"]}
+    copies = [L for L in launches if L["type"] == "kernel" and kernels[L["kernel"]]["entry"].startswith("fc_copy")]
+    assert len(copies) == 1
+    assert "uint4" in sources[kernels[copies[0]["kernel"]]["module"]]
