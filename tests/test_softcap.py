@@ -15,6 +15,11 @@ import math
 
 import numpy as np
 import pytest
+from test_decode_kernels import _cache_dir  # noqa: F401  (autouse: kernels built into a temporary cache)
+from test_decode_kernels_gpu import dev as _dev
+from test_decode_kernels_gpu import host as _host
+from test_decode_kernels_gpu import poisoned
+from test_decode_kernels_gpu import run as _launch
 
 from fusec import ops as O
 from fusec import reference
@@ -31,14 +36,6 @@ from fusec.passes.base import PassOptions
 F16, BF16, F32, I64, BOOL = DType.F16, DType.BF16, DType.F32, DType.I64, DType.BOOL
 RNG = np.random.default_rng()
 B, HQ, HKV, SQ, D = 2, 4, 2, 6, 8
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _cache_dir(tmp_path_factory: pytest.TempPathFactory) -> None:
-    mp = pytest.MonkeyPatch()
-    mp.setenv("FUSEC_CACHE_DIR", str(tmp_path_factory.mktemp("fusec_cache")))
-    yield
-    mp.undo()
 
 
 def numpy_attention(q, k, v, scale, cap, mask=None, causal=False):  # noqa: ANN001, ANN201
@@ -308,25 +305,6 @@ GPU_TOL = {F32: 1e-5, F16: 3e-3, BF16: 1.5e-2}
 TF32_TOL = 3e-3
 
 
-def _dev(x: np.ndarray):  # noqa: ANN202
-    import cupy as cp
-
-    x = np.ascontiguousarray(x)
-    return cp.asarray(x.view(np.uint16) if x.dtype == BF16.np else x)
-
-
-def _host(x, dt: DType) -> np.ndarray:  # noqa: ANN001
-    a = x.get()
-    return a.view(BF16.np) if dt == BF16 else a
-
-
-def _launch(spec: object, args: list) -> None:
-    import cupy as cp
-
-    K.launch(K.build(spec), args)
-    cp.cuda.runtime.deviceSynchronize()
-
-
 def _rand(shape: tuple[int, ...], dt: DType, spread: float = 1.0) -> np.ndarray:
     return (RNG.standard_normal(shape) * spread).astype(np.float32).astype(dt.np)
 
@@ -337,8 +315,6 @@ GPU_PREFILL = [(dt, m, D_) for dt, m in PREFILL for D_ in (64, 128)]
 @pytest.mark.gpu
 @pytest.mark.parametrize("dt, math_, D_", GPU_PREFILL, ids=[f"{d.value}-{m or 'mma'}-D{x}" for d, m, x in GPU_PREFILL])
 def test_gpu_prefill_attention_with_a_cap(dt: DType, math_: str, D_: int) -> None:
-    import cupy as cp
-
     Bn, Hq, Hkv, Sq, T = 2, 8, 2, 77, 77
     # scores of spread ~ sqrt(D) * 4 * 0.5: well past the cap of 5, so an ignored cap fails the check
     q, k, v = _rand((Bn, Hq, Sq, D_), dt, 2.0), _rand((Bn, Hkv, T, D_), dt, 2.0), _rand((Bn, Hkv, T, D_), dt)
@@ -346,9 +322,7 @@ def test_gpu_prefill_attention_with_a_cap(dt: DType, math_: str, D_: int) -> Non
     keep = RNG.random((Bn, 1, 1, T)) < 0.8
     keep[..., 0] = True
     mask = np.where(keep, 0.0, -1e4).astype(dt.np)
-    out = cp.full((Bn, Hq, Sq, D_), np.nan, dtype=np.float32 if dt == F32 else np.float16)
-    if dt == BF16:
-        out = cp.full((Bn, Hq, Sq, D_), 0x7FC0, dtype=np.uint16)
+    out = poisoned((Bn, Hq, Sq, D_), dt)
     spec = S.AttentionSpec(Bn, Hq, Hkv, Sq, T, D_, dt, scale, causal=True, mask="additive", mask_dtype=dt,
                            mask_strides=(T, 0, 0, 1), fp32_math=math_, softcap=cap)
     _launch(spec, [_dev(q), _dev(k), _dev(v), _dev(mask), out])
@@ -377,9 +351,7 @@ def test_gpu_decode_attention_with_a_cap(dt: DType, sq: int, splits: int) -> Non
     f = lambda a: a.astype(np.float32)  # noqa: E731
     want = reference.IMPL[Op.KV_ATTENTION](O.KVAttentionAttrs(scale, softcap=cap), f(q), f(k), f(v), pos)
     bare = reference.IMPL[Op.KV_ATTENTION](O.KVAttentionAttrs(scale), f(q), f(k), f(v), pos)
-    out = cp.full((Bn, Hq, sq, D_), np.nan, dtype=np.float32 if dt == F32 else np.float16)
-    if dt == BF16:
-        out = cp.full((Bn, Hq, sq, D_), 0x7FC0, dtype=np.uint16)
+    out = poisoned((Bn, Hq, sq, D_), dt)
     args = [_dev(q), _dev(k), _dev(v), _dev(pos)]
     if splits == 1:
         _launch(spec, args + [out])
