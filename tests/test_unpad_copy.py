@@ -85,13 +85,17 @@ AWKWARD = [
     C.slice_((4, 10, 6), (0, 2), (1, 1), (3, 5), (1, 1), F16),  # outer dims merge: rows of 4, stride 6
     C.contiguous((1000,), F16),  # one row, W = total
     C.expand((1, 45), (6, 45), F32),  # row stride 0
+    C.CopySpec(F16, (3, 7), (-7, 1), (7, 1), src_offset=14, dst_offset=5),  # rows in reverse (a pad), dst offset
 ]
+
+
+def _extent(spec: C.CopySpec) -> int:
+    return spec.src_offset + sum(max(0, (n - 1) * s) for n, s in zip(spec.shape, spec.src_strides)) + 1
 
 
 @pytest.mark.parametrize("spec", AWKWARD, ids=lambda s: f"{s.dtype.value}{list(s.shape)}")
 def test_emulation_matches_generic_mapping(spec: C.CopySpec) -> None:
-    extent = spec.src_offset + sum((n - 1) * s for n, s in zip(spec.shape, spec.src_strides)) + 1
-    src = np.arange(extent, dtype=np.int64)  # distinct values: a wrong offset cannot go unseen
+    src = np.arange(_extent(spec), dtype=np.int64)  # distinct values: a wrong offset cannot go unseen
     assert np.array_equal(emulate(spec, src), reference(spec, src))
 
 
@@ -177,14 +181,14 @@ def test_unpad_copy_on_gpu(dt: DType, shape: tuple[int, int, int]) -> None:
 def test_fast_path_specs_on_gpu(spec: C.CopySpec) -> None:
     """Every awkward spec of the emulation, launched: the same values as the generic mapping."""
     cp = pytest.importorskip("cupy")
-    extent = spec.src_offset + sum((n - 1) * s for n, s in zip(spec.shape, spec.src_strides)) + 1
     bits = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[spec.dtype.itemsize]
-    host = (np.arange(extent, dtype=np.uint64) % (1 << min(8 * spec.dtype.itemsize - 1, 15))).astype(bits)
+    host = (np.arange(_extent(spec), dtype=np.uint64) % (1 << min(8 * spec.dtype.itemsize - 1, 15))).astype(bits)
     if spec.dtype == BOOL:
         host = host % 2
-    dst = cp.full(spec.numel, 0xFF, dtype=bits)
+    dst = cp.full(spec.dst_offset + spec.numel, 0xFF, dtype=bits)
     K.launch(K.build(spec), [cp.asarray(host), dst])
-    assert np.array_equal(dst.get(), reference(spec, host))
+    got = dst.get()
+    assert np.array_equal(got[spec.dst_offset:], reference(spec, host)) and (got[:spec.dst_offset] == 0xFF).all()
 
 
 def test_padded_product_output_is_unpadded_by_the_fast_path() -> None:
