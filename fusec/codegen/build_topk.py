@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from fusec.codegen.kernels import Rendered, builder, cdiv, kernel_name
-from fusec.codegen.render import Ident, compute_ctype, ctype
+from fusec.codegen.render import compute_ctype, ctype
 from fusec.dtypes import DType
 
 MAX_K = 32  # each thread keeps a sorted list of k candidates in registers
@@ -49,5 +49,5 @@ def _topk(spec: TopKSpec) -> Rendered:
     rows = spec.outer * spec.inner
     ctx = {"name": kernel_name("topk", spec), "x_t": ctype(spec.dtype), "v_t": compute_ctype(spec.dtype),
            "is_float": spec.dtype.is_float, "largest": spec.largest, "cols": spec.cols, "inner": spec.inner,
-           "k": spec.k, "block": block, "kind": Ident("topk")}
+           "k": spec.k, "block": block}
     return Rendered("topk.cu.jinja", ctx, (rows, 1, 1), (block, 1, 1), ("x", "out"))
