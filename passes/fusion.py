@@ -232,7 +232,8 @@ class _Grouping:
 
     def head_ropes(self, nodes: list[Node]) -> None:
         """RoPE-like nodes (multi-input INJECTIVE) with their ``head_rope`` members (a norm before,
-        a cache write after) and the layout views they read through. Siblings, i.e. those with
+        a cache write after; or a cache write beside other readers: ``side_writes``) and the
+        layout views they read through. Siblings, i.e. those with
         one ``sibling_key`` (the q and k heads of one QKV product, rotated at the same positions),
         are proposed first as one group with one output per sibling (``rope_siblings``); what is
         not grouped so is proposed alone (``head_rope``)."""
@@ -240,7 +241,10 @@ class _Grouping:
         for n in nodes:
             if R.kind(n) == R.K.INJECTIVE and len(n.inputs) >= 2 and len(n.outputs) == 1 and n not in self.owner:
                 extra = R.head_rope(self.view, n)
-                found.append((n, extra + [m for m in R.input_views(self.view, n) if m not in extra]))
+                extra += [m for m in R.input_views(self.view, n) if m not in extra]
+                if not any(R.kind(m) == R.K.OPAQUE for m in extra):
+                    extra += R.side_writes(self.view, n)[:1]
+                found.append((n, extra))
         siblings: dict[tuple[Value, ...], list[tuple[Node, list[Node]]]] = {}
         for rope, extra in found:
             siblings.setdefault(R.sibling_key(self.view, rope, extra), []).append((rope, extra))

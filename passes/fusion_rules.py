@@ -232,6 +232,15 @@ def input_views(view: View, rope: Node) -> list[Node]:
     return chain
 
 
+def side_writes(view: View, rope: Node) -> list[Node]:
+    """OPAQUE readers of ``rope``'s result that write it (their second input) into their own
+    first input's storage (a KV-cache write) while something else reads the result too (prefill:
+    attention reads K, the cache keeps it): a kernel can store the rows twice."""
+    cur = rope.outputs[0]
+    return [u for u in view.users(cur) if kind(u) == K.OPAQUE and not view.owned(u) and len(u.outputs) == 1
+            and len(u.inputs) >= 2 and u.inputs[1] is cur and u.inputs[0] is not cur]
+
+
 def sibling_key(view: View, rope: Node, members: list[Node]) -> tuple[Value, ...]:
     """What RoPE siblings share: the value ``rope`` reads its rotated input from (its first input
     followed back through ``members``, its own norm and layout views; where that is a projection,

@@ -114,6 +114,35 @@ def test_memory_plan_of_the_two_output_node() -> None:
         np.testing.assert_array_equal(got[name], want[name])
 
 
+@pytest.mark.parametrize("entry", ["prefill", "decode"])
+def test_memory_plan_of_generation_siblings(entry: str) -> None:
+    """Generation graphs run with every value at its planned arena slot and the caches in their
+    state buffers: the sibling node's K cache output is written in place (prefill: next to K's
+    rotated rows, which attention reads), and the results equal the unplanned reference's."""
+    from fusec.genmodel import GenModel, build_graphs
+    from fusec.models.generate import Sampling, SharedWeights
+    from fusec.models.weights import RandomWeights
+    from fusec.passes.memory_plan import plan_memory
+
+    cfg = _cfg("qwen3-mqa")
+    gm = GenModel(cfg, SharedWeights(RandomWeights(1)), None, (), cfg.name)
+    g = _optimized(build_graphs(gm, 2, 32, 8, Sampling(), [])[entry])
+    sib = [n for n in g.nodes if n.op.value == "fused" and n.attrs.rule == "rope_siblings"]
+    assert len(sib) == cfg.num_layers and all(len(n.outputs) == (3 if entry == "prefill" else 2) for n in sib)
+    rng = np.random.default_rng(2)
+    fixed = {"pos": np.array([0, 0]) if entry == "prefill" else np.array([8, 5]), "cur": np.array([8, 5]),
+             "done": np.zeros(2, bool), "seed": np.array([3])}
+    feeds = {v.name: fixed[v.name] if v.name in fixed
+             else rng.standard_normal(v.shape).astype(np.float32) if v.dtype == F32
+             else rng.integers(0, cfg.vocab_size, v.shape) for v in g.inputs}
+    plan = plan_memory(g)
+    got, want = reference.run_planned(g, feeds, plan), reference.run(g, feeds)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name])
+    caches = [n.outputs[i] for n in sib for i, o in enumerate(n.outputs) if o.shape[2] == 32]
+    assert len(caches) == cfg.num_layers and all(plan.alias[c.name]["kind"] == "update" for c in caches)
+
+
 def test_decline_names_the_reason_and_falls_back() -> None:
     """head_dim 32 is no head_rope kernel (D must be a multiple of 64): the sibling candidate is
     recorded as rejected with the codegen's reason, and the graph is what it was without the rule."""
@@ -163,6 +192,8 @@ def test_group_kernel_compiles(arch: str, dt: DType) -> None:
         rows = sum(p.B * p.H * p.S for p in spec.parts)
         assert ck.grid[0] * ck.block[0] // 32 >= rows > (ck.grid[0] - 1) * ck.block[0] // 32
         assert ck.source.count("__device__ __forceinline__ void hr_part") == 2
+    dual = HeadRopeGroupSpec(_pair(dt, 2, 5, 4, 2, 64, True, 40).parts, copies=(1,))  # prefill: k to the cache and out
+    assert K.build(dual, arch).params[-3:] == ("out0", "out1", "res1")
 
 
 def test_group_spec_rejects_parts_that_cannot_share_a_launch() -> None:
@@ -171,6 +202,8 @@ def test_group_spec_rejects_parts_that_cannot_share_a_launch() -> None:
         HeadRopeGroupSpec((q, dataclasses.replace(q, S=4)))
     with pytest.raises(ValueError, match="part 1 differs from part 0"):
         HeadRopeGroupSpec((q, dataclasses.replace(q, cs_strides=(0, 64))))
+    with pytest.raises(ValueError, match="must name distinct parts that write a cache"):
+        HeadRopeGroupSpec((q, q), copies=(0,))
     with pytest.raises(ValueError, match="one positions dtype"):
         HeadRopeGroupSpec((dataclasses.replace(q, cache_len=9, pos_dtype=DType.I32), dataclasses.replace(q, cache_len=9)))
 
@@ -197,10 +230,14 @@ def test_generation_plan_one_rope_launch_per_layer(case: str) -> None:
         labels = [L["label"] for L in plan.manifest["entries"][entry]["launches"]]
         assert sum("fused[rope_siblings]" in x for x in labels) == cfg.num_layers, (entry, labels)
         assert not [x for x in labels if "rope" in x and "rope_siblings" not in x], (entry, labels)
-    dec = build_graphs(model(), 2, 32, 8, Sampling(), [])["decode"]
-    g = _optimized(dec)
-    sib = [k for k in describe_kernels(g) if k.startswith("rope_siblings:")]
-    assert len(sib) == cfg.num_layers and all(k.endswith("rope+cache_write") for k in sib), sib
+    graphs = build_graphs(model(), 2, 32, 8, Sampling(), [])
+    for entry in ("prefill", "decode"):  # prefill: K goes to attention and, in the same launch, to the cache
+        g = _optimized(graphs[entry])
+        sib = [k for k in describe_kernels(g) if k.startswith("rope_siblings:")]
+        assert len(sib) == cfg.num_layers and all(k.endswith("rope+cache_write") for k in sib), (entry, sib)
+        n_writes = sum(k == "cache_write" for k in describe_kernels(g))
+        assert n_writes == sum(k == "cache_write" for k in describe_kernels(_optimized(graphs[entry], ("rope_siblings",)))) \
+            - (cfg.num_layers if entry == "prefill" else 0)
     raw = ReferenceEngine(build_graphs(model(), 2, 32, 12, Sampling(), []))
     fused = ReferenceEngine(build_graphs(model(), 2, 32, 12, Sampling(), []), optimize=True)
     assert generate(raw, PROMPTS[:2], 6, cfg.vocab_size).new_ids == generate(fused, PROMPTS[:2], 6, cfg.vocab_size).new_ids
@@ -229,14 +266,17 @@ def _ref_part(x: np.ndarray, w: np.ndarray | None, cos: np.ndarray, sin: np.ndar
 @pytest.mark.gpu
 @pytest.mark.parametrize("dt", [F32, F16, BF16])
 @pytest.mark.parametrize("Hq,Hkv,D,norm", [(4, 2, 64, True), (8, 1, 128, True), (6, 1, 64, False), (16, 8, 128, True)])
-def test_group_kernel_matches_numpy(dt: DType, Hq: int, Hkv: int, D: int, norm: bool) -> None:
+@pytest.mark.parametrize("dual", [False, True])
+def test_group_kernel_matches_numpy(dt: DType, Hq: int, Hkv: int, D: int, norm: bool, dual: bool) -> None:
     """q heads to their output and k heads into a cache at per-batch positions (rows past the cache
     dropped), from one merged QKV buffer, in one launch: against float64 numpy; the cache rows not
-    written keep their poison, and the V columns are never read (NaN there would show)."""
+    written keep their poison, and the V columns are never read (NaN there would show). ``dual``
+    (prefill): k's rotated rows also go to a [B, Hkv, S, D] output, all of them."""
     import cupy as cp
 
     B, S_, T = 2, 5, 12
     spec = _pair(dt, B, S_, Hq, Hkv, D, norm, T)
+    spec = HeadRopeGroupSpec(spec.parts, copies=(1,) if dual else ())
     rng = np.random.default_rng()
     qkv = rng.uniform(-1, 1, (B, S_, Hq + 2 * Hkv, D)).astype(dt.np)
     qkv[:, :, Hq + Hkv:] = np.nan  # V: not read
@@ -257,8 +297,9 @@ def test_group_kernel_matches_numpy(dt: DType, Hq: int, Hkv: int, D: int, norm: 
         return cp.full(shape, 0x7FC0, dtype=raw) if dt == BF16 else cp.full(shape, nan[dt], dtype=raw)
 
     flat = d(qkv).reshape(-1)
-    q_out, cache = poisoned((B, Hq, S_, D)), poisoned((B, Hkv, T, D))
-    args = [flat, *([d(wq)] if norm else []), flat[Hq * D:], *([d(wk)] if norm else []), d(cos), d(sin), d(pos), q_out, cache]
+    q_out, cache, k_out = poisoned((B, Hq, S_, D)), poisoned((B, Hkv, T, D)), poisoned((B, Hkv, S_, D))
+    args = [flat, *([d(wq)] if norm else []), flat[Hq * D:], *([d(wk)] if norm else []), d(cos), d(sin), d(pos), q_out, cache,
+            *([k_out] if dual else [])]
     ck = K.build(spec)
     K.launch(ck, args)
     cp.cuda.runtime.deviceSynchronize()
@@ -273,6 +314,9 @@ def test_group_kernel_matches_numpy(dt: DType, Hq: int, Hkv: int, D: int, norm: 
     ref_k = _ref_part(x[:, Hq:Hq + Hkv], wk.astype(np.float64) if norm else None, c64, s64, dt)
     got_q, got_c = host(q_out), host(cache)
     assert np.linalg.norm(got_q - ref_q) / np.linalg.norm(ref_q) <= TOL[dt]
+    if dual:
+        got_k = host(k_out)
+        assert np.linalg.norm(got_k - ref_k) / np.linalg.norm(ref_k) <= TOL[dt]
     for b in range(B):
         n = min(S_, T - int(pos[b]))
         rows = got_c[b, :, pos[b]:pos[b] + n]

@@ -17,9 +17,12 @@ class HeadRopeGroupSpec:
     """Several ``HeadRopeSpec`` parts in one launch: the grid covers part 0's rows (b, h, s), then
     part 1's, ...; each part has its own heads, x view, norm (weight, eps) and output (a cache or
     not), all share B, S, D, the dtype, cos/sin (one tensor, ``cs_strides``) and the positions.
-    Params: x0, [w0], x1, [w1], ..., cos, sin, [pos], out0, out1, ..."""
+    The parts named in ``copies`` (each writing a cache) also write their rotated rows to a
+    contiguous [B, H, S, D] output (prefill: attention reads K besides the cache).
+    Params: x0, [w0], x1, [w1], ..., cos, sin, [pos], out0, out1, ..., [res_i for i in copies]."""
 
     parts: tuple[S.HeadRopeSpec, ...]
+    copies: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         S._req(len(self.parts) >= 1 and all(isinstance(p, S.HeadRopeSpec) for p in self.parts),
@@ -29,6 +32,9 @@ class HeadRopeGroupSpec:
             S._req((p.B, p.S, p.D, p.dtype, p.cs_strides, p.cs_dtype) == (p0.B, p0.S, p0.D, p0.dtype, p0.cs_strides, p0.cs_dtype),
                    f"head_rope group part {i} differs from part 0 in B, S, D, dtype or cos/sin layout")
         S._req(len({p.pos_dtype for p in self.parts if p.cache_len}) <= 1, "head_rope group parts share one positions dtype")
+        S._req(list(self.copies) == sorted(set(self.copies)) and all(
+            isinstance(i, int) and 0 <= i < len(self.parts) and self.parts[i].cache_len for i in self.copies),
+            f"head_rope group copies {self.copies} must name distinct parts that write a cache, in order")
 
 
 def _parts_of(spec: S.HeadRopeSpec | HeadRopeGroupSpec) -> tuple[S.HeadRopeSpec, ...]:
@@ -37,6 +43,7 @@ def _parts_of(spec: S.HeadRopeSpec | HeadRopeGroupSpec) -> tuple[S.HeadRopeSpec,
 
 def _render(spec: S.HeadRopeSpec | HeadRopeGroupSpec) -> Rendered:
     parts = _parts_of(spec)
+    copies = spec.copies if isinstance(spec, HeadRopeGroupSpec) else ()
     p0 = parts[0]
     rows = [p.B * p.H * p.S for p in parts]
     extent = sum(rows) + p0.D + (p0.B - 1) * p0.cs_strides[0] + (p0.S - 1) * p0.cs_strides[1]
@@ -44,17 +51,19 @@ def _render(spec: S.HeadRopeSpec | HeadRopeGroupSpec) -> Rendered:
         t_rows = p.cache_len if p.cache_len else p.S
         extent = max(extent, sum((n - 1) * st for n, st in zip((p.B, p.H, p.S), p.x_strides)) + p.D,
                      sum((n - 1) * st for n, st in zip((p.B, p.H, t_rows), p.out_strides)) + p.D)
+    extent = max([extent] + [rows[i] * p0.D for i in copies])  # the contiguous copies
     caches = [p for p in parts if p.cache_len]
     ctx = {"name": kernel_name("headrope", spec), "t": ctype(p0.dtype), "cs_t": ctype(p0.cs_dtype),
            "pos_t": ctype(caches[0].pos_dtype if caches else p0.pos_dtype), "any_cache": bool(caches),
            "per_lane": p0.D // 32, "half_k": p0.D // 64, "D": p0.D, "S": p0.S, "cs": p0.cs_strides,
-           "warps": _WARPS, "block": 32 * _WARPS, "idx_t": idx_type(extent),
+           "warps": _WARPS, "block": 32 * _WARPS, "idx_t": idx_type(extent), "copies": list(copies),
            "parts": [{"H": p.H, "rows": r, "xs": p.x_strides, "os": p.out_strides, "norm": p.norm,
                       "w_t": ctype(p.w_dtype or p.dtype), "eps": float_lit(p.eps),
                       "weight_offset": float_lit(p.weight_offset), "cache": p.cache_len > 0,
-                      "cache_len": p.cache_len} for p, r in zip(parts, rows)]}
+                      "cache_len": p.cache_len, "dual": i in copies} for i, (p, r) in enumerate(zip(parts, rows))]}
     params = tuple(n for i, p in enumerate(parts) for n in (f"x{i}",) + ((f"w{i}",) if p.norm else ())) \
-        + ("cos", "sin") + (("pos",) if caches else ()) + tuple(f"out{i}" for i in range(len(parts)))
+        + ("cos", "sin") + (("pos",) if caches else ()) + tuple(f"out{i}" for i in range(len(parts))) \
+        + tuple(f"res{i}" for i in copies)
     return Rendered("head_rope.cu.jinja", ctx, (cdiv(sum(rows), _WARPS), 1, 1), (32 * _WARPS, 1, 1), params)
 
 

@@ -37,13 +37,15 @@ def applies(body: Graph) -> bool:
 @dataclasses.dataclass
 class Part:
     """One RoPE of a head_rope body with its norm and cache write; ``x`` is (body input index,
-    view of the RoPE's input in it), ``out`` the index of the body output it writes."""
+    view of the RoPE's input in it), ``out`` the index of the body output it writes (the cache
+    when it has one), ``res`` that of its rotated rows when they are an output besides the cache."""
 
     rope: Node
     norm: Node | None
     write: Node | None
     x: tuple[int, L.View]
     out: int
+    res: int | None = None
 
 
 def plan(body: Graph) -> list[Part]:
@@ -51,15 +53,16 @@ def plan(body: Graph) -> list[Part]:
     NoPlan saying why the body is not one such kernel."""
     ropes = [n for n in body.nodes if n.op == Op.ROPE]
     other = [n for n in body.nodes if n.op not in _LAYOUT + (Op.ROPE, Op.RMSNORM, Op.CACHE_WRITE)]
-    if not ropes or other or len(body.outputs) != len(ropes):
+    if not ropes or other:
         raise NoPlan("the head_rope kernel takes RoPEs, each with at most one RMSNorm before it and one cache "
-                     "write after it, joined by layout views, and one output per RoPE")
+                     "write after it, joined by layout views")
     parts = [_part(body, rope) for rope in ropes]
     claimed = [n for p in parts for n in (p.norm, p.write) if n is not None]
     if len(set(claimed)) != len(claimed) or len(claimed) != sum(n.op in (Op.RMSNORM, Op.CACHE_WRITE) for n in body.nodes):
         raise NoPlan("every RMSNorm and cache write must belong to exactly one RoPE of the group")
-    if len({p.out for p in parts}) != len(parts):
-        raise NoPlan("each RoPE of the group must write its own output")
+    outs = [i for p in parts for i in (p.out, p.res) if i is not None]
+    if sorted(outs) != list(range(len(body.outputs))):
+        raise NoPlan("the group's outputs must be its RoPEs' results or caches, each written by one RoPE")
     r0 = parts[0].rope
     for p in parts[1:]:
         (B, _, S_, D), (B0, _, S0, D0) = p.rope.output.shape, r0.output.shape
@@ -108,11 +111,12 @@ def _part(body: Graph, rope: Node) -> Part:
             raise NoPlan("the cache write must store the RoPE's [B, H, S, D] result")
         if write.inputs[0] not in body.inputs or write.inputs[2] not in body.inputs:
             raise NoPlan("the cache and the positions must be inputs of the group")
-        if rope.output in body.outputs or any(u is not write and u.op != Op.RESHAPE for u in body.users().get(rope.output, [])):
+        if any(u is not write and u.op != Op.RESHAPE for u in body.users().get(rope.output, [])):
             raise NoPlan("a RoPE whose result goes to a cache must have no other reader in the group")
     elif rope.output not in body.outputs:
         raise NoPlan("without a cache write, the RoPE must be a group output")
-    return Part(rope, norm, write, (xi, xview), body.outputs.index((write or rope).output))
+    res = body.outputs.index(rope.output) if write is not None and rope.output in body.outputs else None
+    return Part(rope, norm, write, (xi, xview), body.outputs.index((write or rope).output), res)
 
 
 def _through_layouts(body: Graph, v: Value) -> Value:
@@ -139,8 +143,10 @@ def emit(ctx: Context, parts: list[Part], node: Node, label: str) -> None:
     cos = node.inputs[node.attrs.body.inputs.index(parts[0].rope.inputs[1])]
     sin = node.inputs[node.attrs.body.inputs.index(parts[0].rope.inputs[2])]
     args: list[Any] = [a for x, w in zip(xs, ws) for a in ([x] if w is None else [x, w])]
-    args += [cos, sin] + ([pos] if pos is not None else []) + outs
-    ctx.kernel(specs[0] if len(specs) == 1 else HeadRopeGroupSpec(tuple(specs)), args, label)
+    copies = tuple(i for i, p in enumerate(parts) if p.res is not None)
+    args += [cos, sin] + ([pos] if pos is not None else []) + outs + [node.outputs[parts[i].res] for i in copies]  # type: ignore[index]
+    group = len(specs) > 1 or copies
+    ctx.kernel(HeadRopeGroupSpec(tuple(specs), copies) if group else specs[0], args, label)
 
 
 def _part_spec(ctx: Context, p: Part, node: Node, label: str) -> tuple[S.HeadRopeSpec, Any, Value | None, Value, Value | None]:
