@@ -40,6 +40,7 @@ import stat
 import struct
 import threading
 from collections.abc import Iterator, Mapping, MutableMapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from fusec.errors import FusecError
@@ -67,26 +68,47 @@ def write_plan(path: str | os.PathLike, manifest: Mapping[str, Any], blobs: Mapp
     sha256 already known for some blobs (parts of a checked plan file), not computed again."""
     if "blobs" in manifest:
         raise ValueError("manifest key 'blobs' is reserved for the container")
+    # The blobs are hashed on threads (hashlib releases the GIL) while they are written: the blob
+    # table is first laid out with placeholder digests of the final length, the data section is
+    # written after the header's space, and the header is written last, over that space.
+    known = digests or {}
+    todo = [name for name in blobs if not known.get(name)]
     table = []
     offset = 0
-    known = digests or {}
     for name, data in blobs.items():
         n = memoryview(data).nbytes
-        table.append({"name": name, "offset": offset, "length": n, "sha256": known.get(name) or _sha256(data)})
+        table.append({"name": name, "offset": offset, "length": n, "sha256": known.get(name) or "0" * 64})
         offset += n + _pad(n)
+    with ThreadPoolExecutor(max_workers=max(1, min(len(todo), os.cpu_count() or 1, 8))) as pool:
+        # the largest first: the weights' hash is the one the write waits for
+        futures = {name: pool.submit(_sha256, blobs[name])
+                   for name in sorted(todo, key=lambda k: -memoryview(blobs[k]).nbytes)}
+        head_len = len(_head(manifest, table))
+        with atomic_write(path) as f:
+            f.seek(head_len)
+            for data in blobs.values():
+                view = memoryview(data).cast("B")
+                f.write(view)
+                if _pad(view.nbytes):
+                    f.write(b"\0" * _pad(view.nbytes))
+            for rec in table:
+                if rec["name"] in futures:
+                    rec["sha256"] = futures[rec["name"]].result()
+            head = _head(manifest, table)
+            if len(head) != head_len:  # a digest is always 64 hex digits
+                raise AssertionError("plan header changed size")
+            f.write(hashlib.sha256(head).digest())
+            f.seek(0)
+            f.write(head)
+
+
+def _head(manifest: Mapping[str, Any], table: list[dict[str, Any]]) -> bytes:
+    """Header, manifest (with the blob ``table``) and zero padding to the data section."""
     man = dict(manifest)
     man["blobs"] = table
     mbytes = json.dumps(man, sort_keys=True, separators=(",", ":")).encode("utf-8")
     head = _HEADER.pack(MAGIC, FORMAT_VERSION, len(mbytes)) + mbytes
-    head += b"\0" * _pad(len(head))
-    with atomic_write(path) as f:
-        f.write(head)
-        for data in blobs.values():
-            view = memoryview(data).cast("B")
-            f.write(view)
-            if _pad(view.nbytes):
-                f.write(b"\0" * _pad(view.nbytes))
-        f.write(hashlib.sha256(head).digest())
+    return head + b"\0" * _pad(len(head))
 
 
 def _sha256(data: Any) -> str:

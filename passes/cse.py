@@ -29,30 +29,48 @@ NAME = "cse"
 COMMUTATIVE: frozenset[Op] = frozenset({Op.ADD, Op.MUL, Op.MAX, Op.MIN, Op.EQUAL, Op.AND, Op.OR})
 
 
+_SAMPLE = 1 << 16  # bytes: constants up to this size are hashed whole
+
+
 def _const_key(c: Value) -> tuple[Any, ...]:
+    """(dtype, shape, digest of a sample of the bytes): equal constants get equal keys; constants
+    whose keys collide are compared byte for byte. The sample (the first and last 32 KiB and
+    ~64 KiB spread evenly over the rest) keeps a model's weights from being hashed whole: two
+    random weight matrices differ in their first bytes."""
     assert c.data is not None
-    raw = np.ascontiguousarray(c.data).view(np.uint8)
-    return (c.dtype, c.shape, hashlib.blake2b(raw.data, digest_size=16).digest())
+    raw = np.ascontiguousarray(c.data).reshape(-1).view(np.uint8)
+    h = hashlib.blake2b(digest_size=16)
+    if raw.nbytes <= 2 * _SAMPLE:
+        h.update(raw.data)
+    else:
+        half = _SAMPLE // 2
+        h.update(raw[:half].data)
+        h.update(raw[-half:].data)
+        h.update(np.ascontiguousarray(raw[:: raw.nbytes // _SAMPLE]).data)
+    return (c.dtype, c.shape, h.digest())
 
 
 def _same_bytes(a: Value, b: Value) -> bool:
     assert a.data is not None and b.data is not None
-    raw_a, raw_b = (np.ascontiguousarray(v.data).view(np.uint8) for v in (a, b))
-    return bool(np.array_equal(raw_a, raw_b))
+    raw_a, raw_b = (np.ascontiguousarray(v.data).reshape(-1).view(np.uint8) for v in (a, b))
+    chunk = 16 << 20  # compared a chunk at a time: memcmp speed, stops at the first difference
+    return raw_a.nbytes == raw_b.nbytes and all(raw_a[i:i + chunk].tobytes() == raw_b[i:i + chunk].tobytes()
+                                                for i in range(0, raw_a.nbytes, chunk))
 
 
 def dedupe_constants(graph: Graph) -> tuple[Graph, int]:
     outputs = set(graph.outputs)
-    seen: dict[tuple[Any, ...], Value] = {}
+    seen: dict[tuple[Any, ...], list[Value]] = {}  # key -> the distinct constants with that key
     mapping: dict[Value, Value] = {}
     consts = []
     for c in graph.constants:
-        key = _const_key(c)
-        first = seen.get(key)
-        if first is not None and c not in outputs and _same_bytes(first, c):
+        group = seen.setdefault(_const_key(c), [])
+        first = next((f for f in group if _same_bytes(f, c)), None)
+        if first is not None and c not in outputs:
             mapping[c] = first
             continue
-        seen.setdefault(key, c)
+        if first is None:
+            group.append(c)
         consts.append(c)
     g = Graph(graph.inputs, graph.outputs, graph.nodes, consts, graph.name, graph.meta)
     return (dce.replace_uses(g, mapping), len(mapping)) if mapping else (g, 0)

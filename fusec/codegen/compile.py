@@ -31,6 +31,7 @@ import stat
 import struct
 import sys
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -144,7 +145,9 @@ def cache_key(source: str, options: tuple[str, ...], arch: str) -> str:
 
 _MEM: dict[str, Binary] = {}
 _LOCK = threading.Lock()
-STATS = {"compiled": 0, "disk_hits": 0, "memory_hits": 0, "corrupt": 0}
+# compiled: NVRTC runs; disk_hits/memory_hits: cache hits; inflight_hits: a compile of the same
+# source already under way was shared; corrupt: disk entries refused and rewritten.
+STATS = {"compiled": 0, "disk_hits": 0, "memory_hits": 0, "inflight_hits": 0, "corrupt": 0}
 
 
 def _entry_path(key: str) -> Path:
@@ -284,6 +287,16 @@ def compile_cuda(source: str, kernel: str, arch: str | None = None, options: tup
     Identical (source, options, arch) compile once per process; the disk cache is consulted
     unless ``use_disk`` is false. Raises KernelCompileError with the NVRTC log on failure.
     """
+    return compile_cuda_async(source, kernel, arch, options, use_disk).result()
+
+
+def compile_cuda_async(source: str, kernel: str, arch: str | None = None, options: tuple[str, ...] = (),
+                       use_disk: bool = True) -> Future[Binary]:
+    """``compile_cuda`` on a thread pool: returns at once with a future of the Binary.
+
+    NVRTC releases the GIL while it compiles, so distinct sources compile in parallel (up to
+    ``compile_threads()`` at once). A source already compiled, or being compiled, in this process
+    is not compiled again: its future is shared (``STATS["inflight_hits"]`` counts those)."""
     arch = check_arch(arch or default_arch())
     opts = (f"--gpu-architecture={arch}", "-std=c++17", "-Xptxas=-v") + tuple(options)
     key = cache_key(source, opts, arch)
@@ -291,7 +304,45 @@ def compile_cuda(source: str, kernel: str, arch: str | None = None, options: tup
         hit = _MEM.get(key)
         if hit is not None:
             STATS["memory_hits"] += 1
-            return hit
+            done: Future[Binary] = Future()
+            done.set_result(hit)
+            return done
+        fut = _INFLIGHT.get(key)
+        if fut is not None:
+            STATS["inflight_hits"] += 1
+            return fut
+        fut = _executor().submit(_compile_uncached, source, kernel, arch, opts, key, use_disk)
+        _INFLIGHT[key] = fut
+    fut.add_done_callback(lambda _f: _forget_inflight(key))
+    return fut
+
+
+def compile_threads() -> int:
+    """NVRTC compiles run at once: ``$FUSEC_COMPILE_THREADS``, else the CPU count (at most 16)."""
+    env = os.environ.get("FUSEC_COMPILE_THREADS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    return max(1, min(16, os.cpu_count() or 1))
+
+
+_POOL: ThreadPoolExecutor | None = None
+_INFLIGHT: dict[str, Future[Binary]] = {}
+
+
+def _executor() -> ThreadPoolExecutor:
+    global _POOL
+    if _POOL is None:  # called under _LOCK
+        _POOL = ThreadPoolExecutor(max_workers=compile_threads(), thread_name_prefix="fusec-nvrtc")
+    return _POOL
+
+
+def _forget_inflight(key: str) -> None:
+    with _LOCK:  # the Binary is in _MEM by now (a failed compile is retried by the next caller)
+        _INFLIGHT.pop(key, None)
+
+
+def _compile_uncached(source: str, kernel: str, arch: str, opts: tuple[str, ...], key: str, use_disk: bool) -> Binary:
+    """The disk cache's entry for ``key``, else NVRTC (then written to the disk cache)."""
     path = _entry_path(key)
     from fusec.plancheck import cubin_arch
 
@@ -311,7 +362,8 @@ def compile_cuda(source: str, kernel: str, arch: str | None = None, options: tup
                 STATS["disk_hits"] += 1
                 _MEM[key] = b
             return b
-        STATS["corrupt"] += 1  # recompile below and overwrite the bad entry
+        with _LOCK:
+            STATS["corrupt"] += 1  # recompile below and overwrite the bad entry
     cubin, log = _nvrtc(source, kernel, opts)
     if cubin[:4] != b"\x7fELF" or cubin_arch(cubin) != want_arch:
         raise KernelCompileError(kernel, "NVRTC returned no ELF cubin\n" + log, source)

@@ -10,9 +10,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from typing import Any
 
-from fusec.codegen.compile import Binary, compile_cuda
+from fusec.codegen.compile import Binary, compile_cuda_async
 from fusec.codegen.render import CType, Ident, ctype, render
 from fusec.dtypes import DType
 
@@ -81,10 +82,36 @@ def prepare(spec: Any) -> tuple[Rendered, str]:
 
 
 def build(spec: Any, arch: str | None = None) -> CompiledKernel:
+    return build_async(spec, arch).result()
+
+
+@dataclasses.dataclass(frozen=True)
+class PendingKernel:
+    """A rendered kernel whose CUBIN is still compiling: everything a launch record needs now
+    (name, geometry, params), the binary from ``result()``."""
+
+    name: str
+    template: str
+    source: str
+    future: Future[Binary]
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_mem: int
+    params: tuple[str, ...]
+
+    def result(self) -> CompiledKernel:
+        """Waits for the compile; raises its KernelCompileError."""
+        return CompiledKernel(self.name, self.template, self.source, self.future.result(), self.grid, self.block,
+                              self.shared_mem, self.params)
+
+
+def build_async(spec: Any, arch: str | None = None) -> PendingKernel:
+    """Render ``spec`` and start compiling it (``compile_cuda_async``: in parallel with other
+    kernels; an identical source compiles once)."""
     r, source = prepare(spec)
     name = str(r.ctx["name"])
-    binary = compile_cuda(source, name, arch)
-    return CompiledKernel(name, r.template, source, binary, r.grid, r.block, r.shared_mem, r.params)
+    future = compile_cuda_async(source, name, arch)
+    return PendingKernel(name, r.template, source, future, r.grid, r.block, r.shared_mem, r.params)
 
 
 def _load_builders() -> None:

@@ -59,30 +59,39 @@ class WeightPacker:
     one copy in the plan."""
 
     def __init__(self) -> None:
-        self.chunks: list[bytes] = []
+        self.chunks: list[Any] = []  # bytes-like: uint8 views of the (contiguous) arrays, zero padding
         self.size = 0
         self.where: dict[int, int] = {}
-        self._by_key: dict[tuple[str, str, tuple[int, ...]], list[tuple[int, bytes]]] = {}
+        self._by_key: dict[tuple[str, str, tuple[int, ...]], list[tuple[int, np.ndarray]]] = {}
 
     def add(self, v: Value) -> int:
         key = id(v)
         if key not in self.where:
             assert v.data is not None
-            raw = np.ascontiguousarray(v.data).tobytes()
+            # no copy of a contiguous array: its bytes are copied once, by blob()
+            raw = np.ascontiguousarray(v.data).reshape(-1).view(np.uint8)
             same = self._by_key.setdefault((v.name, v.dtype.value, v.shape), [])
             for off, other in same:
-                if other == raw:
+                if _same_bytes(other, raw):
                     self.where[key] = off
                     return off
             self.where[key] = self.size
             same.append((self.size, raw))
-            pad = (-len(raw)) % _ALIGN
-            self.chunks.append(raw + b"\0" * pad)
-            self.size += len(raw) + pad
+            pad = (-raw.nbytes) % _ALIGN
+            self.chunks.append(raw.data)
+            if pad:
+                self.chunks.append(b"\0" * pad)
+            self.size += raw.nbytes + pad
         return self.where[key]
 
     def blob(self) -> bytes:
         return b"".join(self.chunks)
+
+
+def _same_bytes(a: np.ndarray, b: np.ndarray, chunk: int = 16 << 20) -> bool:
+    """Byte equality of two uint8 arrays, compared a chunk at a time (memcmp speed, no full copy)."""
+    return a.nbytes == b.nbytes and all(a[i:i + chunk].tobytes() == b[i:i + chunk].tobytes()
+                                        for i in range(0, a.nbytes, chunk))
 
 
 class Context:
@@ -106,8 +115,15 @@ class Context:
         self.blobs: dict[str, bytes] = {}
         self._kernel_index: dict[str, int] = {}
         self._progress = progress
+        self.pending: list[tuple[str, Any]] = []  # (blob name, PendingKernel) still compiling
         self.counts: dict[str, int] = {}
         self.launch_bytes: list[int] = []  # per launch: bytes of the distinct values it reads/writes
+
+    def finish_kernels(self) -> None:
+        """Wait for the kernels still compiling and store their cubins (raises the first failure)."""
+        for blob, pk in self.pending:
+            self.blobs[blob] = pk.result().cubin
+        self.pending.clear()
 
     def addr(self, v: Value) -> Addr:
         if v.is_const:
@@ -139,20 +155,21 @@ class Context:
 
     def kernel(self, spec: Any, args: list[Value | tuple[Value, int] | Raw], label: str) -> None:
         """Compile ``spec`` (once per distinct kernel) and append its launch over ``args``."""
-        from fusec.codegen.kernels import build
+        from fusec.codegen.kernels import build_async
 
         if self.dry_run:
             self.launches.append({"type": "kernel", "label": label})
             self.launch_bytes.append(_value_bytes(args))
             self.count(type(spec).__name__)
             return
-        ck = build(spec, self.arch)
+        ck = build_async(spec, self.arch)  # compiles in the background; lower() collects the cubins
         idx = self._kernel_index.get(ck.name)
         if idx is None:
             if self._progress is not None:
                 self._progress(ck.name)
             mid = f"m{len(self.modules)}"
-            self.blobs[f"cubin/{mid}"] = ck.cubin
+            self.blobs[f"cubin/{mid}"] = b""  # keeps the blob order; filled by finish_kernels()
+            self.pending.append((f"cubin/{mid}", ck))
             self.blobs[f"source/{mid}"] = ck.source.encode("utf-8")
             self.modules.append({"id": mid, "cubin": f"cubin/{mid}", "source": f"source/{mid}", "entry": ck.name,
                                  "template": ck.template})
@@ -201,9 +218,10 @@ def lower(graph: Graph, offsets: dict[str, int], arch: str, compute: str = "f32"
         if not lower_choice(ctx, node, _label(i, node)):  # explicit choices, else the rule-based defaults
             lower_node(ctx, node, label=_label(i, node))
     _write_back_state(ctx, graph)
-    weights = ctx.weights.blob()
+    weights = ctx.weights.blob()  # packed while the kernels compile
     if weights:
         ctx.blobs["weights"] = weights
+    ctx.finish_kernels()
     report = {"launches": len(ctx.launches), "kernels_compiled": len(ctx.kernels), "by_template": dict(sorted(ctx.counts.items()))}
     report["scratch_bytes"] = ctx.scratch_bytes
     report["launch_bytes"] = ctx.launch_bytes  # minimum bytes per launch (fusec bench --per-kernel)
