@@ -168,6 +168,13 @@ def test_tiny_gpt2_fp32_compiles_with_the_rewrite_and_matches_the_unrewritten_re
     assert st.report["split_tf32_extra_bytes"] == 2 * 2 * 49152 * 4 + 3 * 1000 * 64 * 4
     assert st.graph.op_histogram().get("tf32_split") == 9
     assert off.report["gemms_split_tf32"] == 0 and "tf32_split" not in off.graph.op_histogram()
+    from fusec.lower.choices import choice_points
+
+    keys = [cp.key for _, cp in choice_points(st.graph)]  # A/B keys tell a 3xTF32 product from an exact one
+    assert keys[:4] == ["gemm_epilogue:f32:256x192x192:bias:tf32", "gemm_epilogue:f32:256x64x192:bias+res:tf32",
+                        "gemm_epilogue:f32:256x256x192:bias+gelu_tanh:tf32", "gemm_epilogue:f32:256x64x768:bias+res:tf32"]
+    assert keys[8:] == ["matmul:f32:256x1000x192:tf32"]  # the lm_head: K' = 3 x 64
+    assert not any(cp.key.endswith(":tf32") for _, cp in choice_points(off.graph))
     for dtype, arch in (("tf32", "sm_90"), ("fp16", "sm_90"), ("fp32", "sm_75")):
         assert stage(g, dtype, arch, dry_run=True).report["gemms_split_tf32"] == 0, (dtype, arch)
     rng = np.random.default_rng(0)

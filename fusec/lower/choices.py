@@ -107,6 +107,11 @@ def _epi_name(e: S.Epilogue) -> str:
     return "+".join(parts) or "none"
 
 
+def _prec_key(precision: str) -> str:
+    """A 3xTF32 product (passes/split_tf32.py, K tripled) keys apart from an exact one of that K."""
+    return "" if precision == "f32" else f":{precision}"
+
+
 def _trans_b(mm: Node) -> bool:
     return bool(getattr(mm.attrs, "trans_b", False))
 
@@ -147,9 +152,9 @@ def choice_point(node: Node) -> ChoicePoint | None:
         variants = (DEFAULT, "fusec_gemm") + (("gemv",) if m <= 8 and const else ()) + _layout_variant(tb, const)
         if gemm_lt.applies(e, mm.inputs[0].dtype, n, k):  # the epilogue inside cuBLASLt (fusec.lower.gemm_lt)
             variants += (gemm_lt.VARIANT,)
-        key = f"gemm_epilogue:{mm.inputs[0].dtype.value}:{m}x{n}x{k}:{_epi_name(e)}"
-        return ChoicePoint(key, variants, mm.inputs[0], mm.inputs[1], bias, res, e, m, n, k, tb, const,
-                           getattr(mm.attrs, "precision", "f32"))
+        prec = getattr(mm.attrs, "precision", "f32")
+        key = f"gemm_epilogue:{mm.inputs[0].dtype.value}:{m}x{n}x{k}:{_epi_name(e)}{_prec_key(prec)}"
+        return ChoicePoint(key, variants, mm.inputs[0], mm.inputs[1], bias, res, e, m, n, k, tb, const, prec)
     if node.op == Op.MATMUL:
         a, b = node.inputs
         tb = _trans_b(node)
@@ -158,8 +163,9 @@ def choice_point(node: Node) -> ChoicePoint | None:
             return None
         m, n, k = mkn
         variants = (DEFAULT,) + (("gemv",) if m <= 8 else ()) + _layout_variant(tb, True)
-        return ChoicePoint(f"matmul:{a.dtype.value}:{m}x{n}x{k}", variants, a, b, None, None, S.Epilogue(), m, n, k,
-                           tb, True, getattr(node.attrs, "precision", "f32"))
+        prec = getattr(node.attrs, "precision", "f32")
+        return ChoicePoint(f"matmul:{a.dtype.value}:{m}x{n}x{k}{_prec_key(prec)}", variants, a, b, None, None,
+                           S.Epilogue(), m, n, k, tb, True, prec)
     return None
 
 
