@@ -312,6 +312,19 @@ def test_reduce_over_any_axes_on_the_gpu(shape, axes, op: Op) -> None:
     _gpu_check(_reduce_graph(shape, axes, op), "fp32", 1e-5)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", [Op.REDUCE_MAX, Op.REDUCE_MIN])
+@pytest.mark.parametrize("shape,axes", [((3, 70), (1,)), ((2, 300, 3), (1,)), ((4, 5), (0,))])
+def test_reduce_max_min_keep_nan_on_the_gpu(op: Op, shape, axes) -> None:
+    """A NaN anywhere in a row is the row's max / min, as numpy says (the warp fold once dropped it)."""
+    import cupy
+
+    g = _reduce_graph(shape, axes, op)
+    x = np.random.default_rng(9).choice(np.array([-1.0, 0.0, 2.0, np.nan], np.float32), size=shape)
+    got = cupy.asnumpy(run_plan(fusec.compile(g, dtype="fp32"), {"x": x})["y"])
+    np.testing.assert_array_equal(got, reference.run(g, {"x": x})["y"])
+
+
 def test_plan_products_cover_every_output_once() -> None:
     """Every C element is written by exactly one product of one call (no gap, no overlap)."""
     for (sa, sb), mc in itertools.product(MATMULS, (1, MAX_CALLS)):
