@@ -194,6 +194,9 @@ def test_group_kernel_compiles(arch: str, dt: DType) -> None:
         assert ck.source.count("__device__ __forceinline__ void hr_part") == 2
     dual = HeadRopeGroupSpec(_pair(dt, 2, 5, 4, 2, 64, True, 40).parts, copies=(1,))  # prefill: k to the cache and out
     assert K.build(dual, arch).params[-3:] == ("out0", "out1", "res1")
+    fixed = HeadRopeGroupSpec(_pair(dt, 1, 5, 4, 2, 64, True, 40).parts, copies=(1,), fixed_pos=0)  # one-row prefill
+    ck = K.build(fixed, arch)
+    assert "pos" not in ck.params and "(hr_idx)0 + s" in ck.source
 
 
 def test_group_spec_rejects_parts_that_cannot_share_a_launch() -> None:
@@ -210,11 +213,12 @@ def test_group_spec_rejects_parts_that_cannot_share_a_launch() -> None:
 
 # ---- generation plans -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("case", ["qwen3-mqa", "llama-gqa"])
-def test_generation_plan_one_rope_launch_per_layer(case: str) -> None:
+@pytest.mark.parametrize("case,batch", [("qwen3-mqa", 2), ("llama-gqa", 2), ("qwen3-gqa", 1)])
+def test_generation_plan_one_rope_launch_per_layer(case: str, batch: int) -> None:
     """Prefill and decode of a compiled generation plan (fp16, sm_80): one rope_siblings launch per
-    layer and no other RoPE launch; decode's carries the K cache write. The reference generation
-    of the optimized graphs (fused bodies) matches the unoptimized one."""
+    layer and no other RoPE launch; both carry the K cache write (a one-row batch's prefill writes
+    from the literal position 0). The reference generation of the optimized graphs (fused bodies)
+    matches the unoptimized one."""
     from fusec.generation import ReferenceEngine, generate
     from fusec.genmodel import GenModel, build_graphs, compile_generation
     from fusec.models.generate import Sampling, SharedWeights
@@ -225,12 +229,12 @@ def test_generation_plan_one_rope_launch_per_layer(case: str) -> None:
     def model():  # noqa: ANN202
         return GenModel(cfg, SharedWeights(RandomWeights(1)), None, (), cfg.name)
 
-    plan = compile_generation(model(), batch=2, max_seq_len=32, prefill_len=8, dtype="fp16", arch="sm_80", eos_ids=[])
+    plan = compile_generation(model(), batch=batch, max_seq_len=32, prefill_len=8, dtype="fp16", arch="sm_80", eos_ids=[])
     for entry in ("prefill", "decode"):
         labels = [L["label"] for L in plan.manifest["entries"][entry]["launches"]]
         assert sum("fused[rope_siblings]" in x for x in labels) == cfg.num_layers, (entry, labels)
         assert not [x for x in labels if "rope" in x and "rope_siblings" not in x], (entry, labels)
-    graphs = build_graphs(model(), 2, 32, 8, Sampling(), [])
+    graphs = build_graphs(model(), batch, 32, 8, Sampling(), [])
     for entry in ("prefill", "decode"):  # prefill: K goes to attention and, in the same launch, to the cache
         g = _optimized(graphs[entry])
         sib = [k for k in describe_kernels(g) if k.startswith("rope_siblings:")]
@@ -238,9 +242,9 @@ def test_generation_plan_one_rope_launch_per_layer(case: str) -> None:
         n_writes = sum(k == "cache_write" for k in describe_kernels(g))
         assert n_writes == sum(k == "cache_write" for k in describe_kernels(_optimized(graphs[entry], ("rope_siblings",)))) \
             - (cfg.num_layers if entry == "prefill" else 0)
-    raw = ReferenceEngine(build_graphs(model(), 2, 32, 12, Sampling(), []))
-    fused = ReferenceEngine(build_graphs(model(), 2, 32, 12, Sampling(), []), optimize=True)
-    assert generate(raw, PROMPTS[:2], 6, cfg.vocab_size).new_ids == generate(fused, PROMPTS[:2], 6, cfg.vocab_size).new_ids
+    raw = ReferenceEngine(build_graphs(model(), batch, 32, 12, Sampling(), []))
+    fused = ReferenceEngine(build_graphs(model(), batch, 32, 12, Sampling(), []), optimize=True)
+    assert generate(raw, PROMPTS[:batch], 6, cfg.vocab_size).new_ids == generate(fused, PROMPTS[:batch], 6, cfg.vocab_size).new_ids
 
 
 # ---- GPU ---------------------------------------------------------------------------------------------
@@ -326,10 +330,11 @@ def test_group_kernel_matches_numpy(dt: DType, Hq: int, Hkv: int, D: int, norm: 
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", ["qwen3-mqa", "llama-mqa-d128"])
-def test_generation_with_siblings_matches_the_reference(case: str) -> None:
+@pytest.mark.parametrize("case,batch", [("qwen3-mqa", 3), ("llama-mqa-d128", 3), ("qwen3-gqa", 1)])
+def test_generation_with_siblings_matches_the_reference(case: str, batch: int) -> None:
     """An fp32 generation plan whose q and k RoPEs run as one launch per layer (MQA, with and
-    without q/k norm) generates the reference's tokens (GQA: test_generation_gpu.py's
+    without q/k norm; GQA with one row, whose prefill writes the K cache from a literal position)
+    generates the reference's tokens (GQA with 4 rows: test_generation_gpu.py's
     test_head_rope_fusion_generates_like_the_reference)."""
     from fusec.generation import ReferenceEngine, generate
     from fusec.genmodel import GenModel, build_graphs, compile_generation
@@ -341,10 +346,11 @@ def test_generation_with_siblings_matches_the_reference(case: str) -> None:
     def model():  # noqa: ANN202
         return GenModel(cfg, SharedWeights(RandomWeights(1)), None, (), cfg.name)
 
-    plan = compile_generation(model(), batch=3, max_seq_len=40, prefill_len=12, dtype="fp32", eos_ids=[])
+    plan = compile_generation(model(), batch=batch, max_seq_len=40, prefill_len=12, dtype="fp32", eos_ids=[])
     for entry in ("prefill", "decode"):
         labels = [L["label"] for L in plan.manifest["entries"][entry]["launches"]]
         assert sum("fused[rope_siblings]" in x for x in labels) == cfg.num_layers
-    got = plan.generate(PROMPTS, max_new_tokens=12).new_ids
-    want = generate(ReferenceEngine(build_graphs(model(), 3, 40, 12, Sampling(), [])), PROMPTS, 12, cfg.vocab_size).new_ids
+    got = plan.generate(PROMPTS[:batch], max_new_tokens=12).new_ids
+    want = generate(ReferenceEngine(build_graphs(model(), batch, 40, 12, Sampling(), [])), PROMPTS[:batch], 12,
+                    cfg.vocab_size).new_ids
     assert got == want

@@ -19,10 +19,13 @@ class HeadRopeGroupSpec:
     not), all share B, S, D, the dtype, cos/sin (one tensor, ``cs_strides``) and the positions.
     The parts named in ``copies`` (each writing a cache) also write their rotated rows to a
     contiguous [B, H, S, D] output (prefill: attention reads K besides the cache).
+    ``fixed_pos`` >= 0: every batch row starts at that cache row (a one-row batch's literal
+    positions), and there is no ``pos`` param.
     Params: x0, [w0], x1, [w1], ..., cos, sin, [pos], out0, out1, ..., [res_i for i in copies]."""
 
     parts: tuple[S.HeadRopeSpec, ...]
     copies: tuple[int, ...] = ()
+    fixed_pos: int = -1
 
     def __post_init__(self) -> None:
         S._req(len(self.parts) >= 1 and all(isinstance(p, S.HeadRopeSpec) for p in self.parts),
@@ -35,6 +38,7 @@ class HeadRopeGroupSpec:
         S._req(list(self.copies) == sorted(set(self.copies)) and all(
             isinstance(i, int) and 0 <= i < len(self.parts) and self.parts[i].cache_len for i in self.copies),
             f"head_rope group copies {self.copies} must name distinct parts that write a cache, in order")
+        S._req(isinstance(self.fixed_pos, int) and self.fixed_pos >= -1, f"fixed_pos must be an int >= -1, got {self.fixed_pos!r}")
 
 
 def _parts_of(spec: S.HeadRopeSpec | HeadRopeGroupSpec) -> tuple[S.HeadRopeSpec, ...]:
@@ -44,6 +48,7 @@ def _parts_of(spec: S.HeadRopeSpec | HeadRopeGroupSpec) -> tuple[S.HeadRopeSpec,
 def _render(spec: S.HeadRopeSpec | HeadRopeGroupSpec) -> Rendered:
     parts = _parts_of(spec)
     copies = spec.copies if isinstance(spec, HeadRopeGroupSpec) else ()
+    fixed = spec.fixed_pos if isinstance(spec, HeadRopeGroupSpec) else -1
     p0 = parts[0]
     rows = [p.B * p.H * p.S for p in parts]
     extent = sum(rows) + p0.D + (p0.B - 1) * p0.cs_strides[0] + (p0.S - 1) * p0.cs_strides[1]
@@ -54,7 +59,8 @@ def _render(spec: S.HeadRopeSpec | HeadRopeGroupSpec) -> Rendered:
     extent = max([extent] + [rows[i] * p0.D for i in copies])  # the contiguous copies
     caches = [p for p in parts if p.cache_len]
     ctx = {"name": kernel_name("headrope", spec), "t": ctype(p0.dtype), "cs_t": ctype(p0.cs_dtype),
-           "pos_t": ctype(caches[0].pos_dtype if caches else p0.pos_dtype), "any_cache": bool(caches),
+           "pos_t": ctype(caches[0].pos_dtype if caches else p0.pos_dtype), "any_cache": bool(caches) and fixed < 0,
+           "fixed_pos": fixed,
            "per_lane": p0.D // 32, "half_k": p0.D // 64, "D": p0.D, "S": p0.S, "cs": p0.cs_strides,
            "warps": _WARPS, "block": 32 * _WARPS, "idx_t": idx_type(extent), "copies": list(copies),
            "parts": [{"H": p.H, "rows": r, "xs": p.x_strides, "os": p.out_strides, "norm": p.norm,
@@ -62,7 +68,7 @@ def _render(spec: S.HeadRopeSpec | HeadRopeGroupSpec) -> Rendered:
                       "weight_offset": float_lit(p.weight_offset), "cache": p.cache_len > 0,
                       "cache_len": p.cache_len, "dual": i in copies} for i, (p, r) in enumerate(zip(parts, rows))]}
     params = tuple(n for i, p in enumerate(parts) for n in (f"x{i}",) + ((f"w{i}",) if p.norm else ())) \
-        + ("cos", "sin") + (("pos",) if caches else ()) + tuple(f"out{i}" for i in range(len(parts))) \
+        + ("cos", "sin") + (("pos",) if caches and fixed < 0 else ()) + tuple(f"out{i}" for i in range(len(parts))) \
         + tuple(f"res{i}" for i in copies)
     return Rendered("head_rope.cu.jinja", ctx, (cdiv(sum(rows), _WARPS), 1, 1), (32 * _WARPS, 1, 1), params)
 

@@ -15,6 +15,7 @@ import dataclasses
 from typing import Any
 
 from fusec.codegen import specs as S
+from fusec.dtypes import DType
 from fusec.ir import Graph, Node, Value
 from fusec.lower import Context, LoweringError
 from fusec.lower import layout as L
@@ -68,7 +69,7 @@ def plan(body: Graph) -> list[Part]:
         (B, _, S_, D), (B0, _, S0, D0) = p.rope.output.shape, r0.output.shape
         if (B, S_, D) != (B0, S0, D0) or p.rope.inputs[1:] != r0.inputs[1:] or p.rope.output.dtype != r0.output.dtype:
             raise NoPlan("RoPEs in one head_rope kernel must share batch, sequence, head size, dtype and cos/sin")
-    if len({p.write.inputs[2] for p in parts if p.write is not None}) > 1:
+    if len({_positions_key(p.write.inputs[2]) for p in parts if p.write is not None}) > 1:
         raise NoPlan("the cache writes of one head_rope kernel must share the positions")
     return parts
 
@@ -109,14 +110,27 @@ def _part(body: Graph, rope: Node) -> Part:
             raise NoPlan("the cache write must be a group output, along axis 2 of a [B, H, T, D] cache")
         if write.inputs[1].shape != shape:
             raise NoPlan("the cache write must store the RoPE's [B, H, S, D] result")
-        if write.inputs[0] not in body.inputs or write.inputs[2] not in body.inputs:
-            raise NoPlan("the cache and the positions must be inputs of the group")
+        if write.inputs[0] not in body.inputs or (write.inputs[2] not in body.inputs and fixed_position(write.inputs[2]) is None):
+            raise NoPlan("the cache and the positions must be inputs of the group (or the positions one integer literal)")
         if any(u is not write and u.op != Op.RESHAPE for u in body.users().get(rope.output, [])):
             raise NoPlan("a RoPE whose result goes to a cache must have no other reader in the group")
     elif rope.output not in body.outputs:
         raise NoPlan("without a cache write, the RoPE must be a group output")
     res = body.outputs.index(rope.output) if write is not None and rope.output in body.outputs else None
     return Part(rope, norm, write, (xi, xview), body.outputs.index((write or rope).output), res)
+
+
+def fixed_position(v: Value) -> int | None:
+    """The value of positions the body holds as a literal (a one-row batch's constant start, which
+    fusion keeps inside the body), else None."""
+    if v.data is None or v.numel != 1 or v.dtype not in (DType.I32, DType.I64):
+        return None
+    return int(v.data.reshape(()).item())
+
+
+def _positions_key(v: Value) -> object:
+    fixed = fixed_position(v)
+    return v if fixed is None else ("fixed", fixed)
 
 
 def _through_layouts(body: Graph, v: Value) -> Value:
@@ -133,6 +147,7 @@ def emit(ctx: Context, parts: list[Part], node: Node, label: str) -> None:
 
     specs, xs, ws, outs = [], [], [], []
     pos: Value | None = None
+    fixed = next((f for p in parts if p.write is not None and (f := fixed_position(p.write.inputs[2])) is not None), -1)
     for p in parts:
         spec, x, w, out, ppos = _part_spec(ctx, p, node, label)
         specs.append(spec)
@@ -144,9 +159,11 @@ def emit(ctx: Context, parts: list[Part], node: Node, label: str) -> None:
     sin = node.inputs[node.attrs.body.inputs.index(parts[0].rope.inputs[2])]
     args: list[Any] = [a for x, w in zip(xs, ws) for a in ([x] if w is None else [x, w])]
     copies = tuple(i for i, p in enumerate(parts) if p.res is not None)
+    if fixed >= 0:
+        pos = None  # the literal start row is part of the kernel
     args += [cos, sin] + ([pos] if pos is not None else []) + outs + [node.outputs[parts[i].res] for i in copies]  # type: ignore[index]
-    group = len(specs) > 1 or copies
-    ctx.kernel(HeadRopeGroupSpec(tuple(specs), copies) if group else specs[0], args, label)
+    group = len(specs) > 1 or copies or fixed >= 0
+    ctx.kernel(HeadRopeGroupSpec(tuple(specs), copies, fixed) if group else specs[0], args, label)
 
 
 def _part_spec(ctx: Context, p: Part, node: Node, label: str) -> tuple[S.HeadRopeSpec, Any, Value | None, Value, Value | None]:
@@ -171,7 +188,7 @@ def _part_spec(ctx: Context, p: Part, node: Node, label: str) -> tuple[S.HeadRop
         w = outer[norm.inputs[1]]
         kw.update(norm=True, eps=float(norm.attrs.eps), weight_offset=float(norm.attrs.weight_offset), w_dtype=w.dtype)
     if write is not None:
-        cache, pos = outer[write.inputs[0]], outer[write.inputs[2]]
+        cache, pos = outer[write.inputs[0]], outer.get(write.inputs[2], write.inputs[2])
         if not ctx.same_storage(cache, out):
             raise LoweringError(f"{label}: the cache write's result is not planned in the cache's storage")
         kw.update(cache_len=out.shape[2], pos_dtype=pos.dtype)
