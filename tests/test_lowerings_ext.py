@@ -81,6 +81,14 @@ def test_arg_reduce_with_a_staged_row_max_computes_the_reference(shape, axis: in
     np.testing.assert_array_equal(_run_staged(g, {"x": x})["y"], reference.run(g, {"x": x})["y"])
 
 
+@pytest.mark.parametrize("op", [Op.REDUCE_MAX, Op.REDUCE_MIN])
+@pytest.mark.parametrize("shape,axes", [((3, 70), (1,)), ((2, 300, 3), (1,)), ((2, 3, 4), (0, 2))])
+def test_reduce_max_min_with_a_staged_row_max_keep_nan(op: Op, shape, axes) -> None:
+    g = T._reduce_graph(shape, axes, op)
+    x = _nan_rows(shape)
+    np.testing.assert_array_equal(_run_staged(g, {"x": x})["y"], reference.run(g, {"x": x})["y"])
+
+
 def test_staged_model_of_the_old_fold_gives_the_h100_failures(monkeypatch) -> None:
     """With fmaxf's fold (the kernel before the fix) the staged model fails 14 of the 16 cases of
     test_arg_reduce_on_the_gpu, as measured on the H100 (14 xfailed, 2 xpassed, RESULTS.md)."""
