@@ -167,3 +167,8 @@ def test_pad_modes_of_a_rank_4_tensor_match_reference() -> None:
     x = halves(np.float32, (2, 3, 5, 6))
     for mode in ("reflect", "edge", "wrap"):
         _same(model("Pad", {"x": x}, {"pads": np.array([0, 0, 2, 3, 0, 0, 4, 1], np.int64)}, mode=mode), {"x": x})
+
+
+def test_wrap_pad_over_several_periods_matches_reference() -> None:
+    x = halves(np.float32, (3, 4))
+    _same(model("Pad", {"x": x}, {"pads": np.array([7, 0, 2, 9], np.int64)}, mode="wrap"), {"x": x})

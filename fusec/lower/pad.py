@@ -5,11 +5,12 @@ broadcast) then the copy of the kept part of the input into its box (the index-m
 
 Reflect, edge and wrap modes: the output splits, axis by axis, into at most three segments (before,
 the input, after); in each the source coordinate is affine in the output one: ``start + step * j``
-with step 1 (the input, and wrap's periodic copies), -1 (reflect's mirror images) or 0 (edge's
-repeated border). Every combination of segments is one copy launch with those source strides
-(3 ** padded axes launches at most, no fill). Negative pads crop first, as in the reference. A wrap
-pad wider than one period (the extent) is refused in one line (shape inference already refuses a
-reflect pad wider than one reflection and any pad of an empty axis)."""
+with step 1 (the input, and wrap's periodic copies: one segment per period a pad spans), -1
+(reflect's mirror images) or 0 (edge's repeated border). Every combination of segments is one copy
+launch with those source strides (3 ** padded axes launches for pads within one period, no fill).
+Negative pads crop first, as in the reference. More than ``MAX_PAD_COPIES`` launches (wide wrap pads
+over several axes) are refused in one line (shape inference already refuses a reflect pad wider
+than one reflection and any pad of an empty axis)."""
 
 from __future__ import annotations
 
@@ -50,16 +51,29 @@ def lower_pad(ctx: Context, node: Node, label: str) -> None:
     ctx.kernel(C.CopySpec(x.dtype, kept, xs, os_, src_offset=crop, dst_offset=dst_off), [x, out], label)
 
 
+def _wrap_runs(out: int, length: int, src: int, d: int) -> list[tuple[int, int, int, int]]:
+    """Wrap's periodic positions from output ``out`` on, source ``src`` (mod d): one run per period."""
+    runs = []
+    while length > 0:
+        n = min(d - src % d, length)
+        runs.append((out, n, src % d, 1))
+        out, length, src = out + n, length - n, 0
+    return runs
+
+
 def _segments(d: int, b: int, e: int, mode: str, axis: int, label: str) -> list[tuple[int, int, int, int]]:
     """(output start, length, source start, source step) along one axis of (cropped) extent ``d``."""
     if mode == "reflect" and d == 1:
         mode = "edge"  # a single element reflects onto itself (numpy, the reference)
-    widest = {"reflect": d - 1, "wrap": d, "edge": math.inf if d else 0}[mode]
-    if (b or e) and max(b, e) > widest:
-        raise LoweringError(f"{label}: pad in {mode} mode of {max(b, e)} on axis {axis} exceeds what one copy "
-                            f"maps ({widest} for an extent of {d}); it runs on the reference backend")
-    before = {"reflect": (b, -1), "edge": (0, 0), "wrap": (d - b, 1)}[mode]
-    after = {"reflect": (d - 2, -1), "edge": (d - 1, 0), "wrap": (0, 1)}[mode]
+    if mode == "reflect" and max(b, e) > d - 1:  # shape inference refuses it first
+        raise LoweringError(f"{label}: pad in reflect mode of {max(b, e)} on axis {axis} exceeds its extent "
+                            f"less one ({d - 1})")
+    if (b or e) and d == 0:
+        raise LoweringError(f"{label}: pad in {mode} mode of the empty axis {axis}")
+    if mode == "wrap":
+        return [s for s in _wrap_runs(0, b, -b, d) + [(b, d, 0, 1)] + _wrap_runs(b + d, e, 0, d) if s[1] > 0]
+    before = {"reflect": (b, -1), "edge": (0, 0)}[mode]
+    after = {"reflect": (d - 2, -1), "edge": (d - 1, 0)}[mode]
     segs = [(0, b) + before, (b, d, 0, 1), (b + d, e) + after]
     return [s for s in segs if s[1] > 0]
 
