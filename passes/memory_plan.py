@@ -35,6 +35,7 @@ can do); ``arena_bytes`` (= planned) >= lower bound.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from typing import Any
 
@@ -120,24 +121,28 @@ class MemoryPlan:
 def _place(records: list[UsageRecord], key: Any) -> int:
     """Best-fit offsets in the order ``key`` gives (each record into the smallest gap among the
     time-overlapping records already placed, else above them); returns the arena size."""
-    placed: list[UsageRecord] = []  # kept sorted by offset
+    # placed: (offset, end, first, last) sorted by offset, a new record after those with its offset
+    # (the order a stable sort gives); plain tuples keep the O(n^2) scan cheap.
+    placed: list[tuple[int, int, int, int]] = []
     top = 0
     for rec in sorted(records, key=key):
-        if rec.size == 0:
+        size = rec.size
+        if size == 0:
             rec.offset = 0
             continue
+        rf, rl = rec.first, rec.last
         prev, best, best_gap = 0, None, None
-        for p in placed:
-            if not rec.overlaps_in_time(p):
+        for off, end, first, last in placed:
+            if first > rl or rf > last:  # not alive at the same time
                 continue
-            gap = p.offset - prev
-            if gap >= rec.size and (best_gap is None or gap < best_gap):
+            gap = off - prev
+            if gap >= size and (best_gap is None or gap < best_gap):
                 best, best_gap = prev, gap
-            prev = max(prev, p.offset + p.size)
+            if end > prev:
+                prev = end
         rec.offset = prev if best is None else best
-        placed.append(rec)
-        placed.sort(key=lambda r: r.offset)
-        top = max(top, rec.offset + rec.size)
+        bisect.insort_right(placed, (rec.offset, rec.offset + size, rf, rl), key=lambda t: t[0])
+        top = max(top, rec.offset + size)
     return top
 
 

@@ -18,6 +18,7 @@ import dataclasses
 import ml_dtypes
 import numpy as np
 
+from fusec.bulk import cast_clipped
 from fusec.dtypes import DType
 from fusec.ir import Graph, Node, Value
 from fusec.ops import CastAttrs, infer
@@ -30,7 +31,7 @@ def _convert_const(c: Value, dt: DType) -> Value:
     assert c.data is not None
     limit = float(ml_dtypes.finfo(dt.np).max)  # the target's own max: fp32's max rounds up to inf in bf16
     # reshape: np.ascontiguousarray turns a 0-d array into shape (1,)
-    data = np.ascontiguousarray(np.clip(c.data, -limit, limit).astype(dt.np)).reshape(c.shape)
+    data = cast_clipped(np.asarray(c.data), dt.np, limit)  # = np.clip(...).astype(...), blockwise (fusec.bulk)
     return Value(c.name, c.shape, dt, data)
 
 

@@ -23,8 +23,7 @@ layouts other kernels need) is ``weight_layout``'s (``fusec.lower.choices``: var
 
 from __future__ import annotations
 
-import numpy as np
-
+from fusec.bulk import transposed
 from fusec.ir import Graph, Node
 from fusec.ops import OP_INFO, FusionKind, MatMulAttrs, Op
 from fusec.passes.base import PassOptions, PassResult
@@ -70,7 +69,7 @@ def run(graph: Graph, options: PassOptions) -> PassResult:
         new = folded.get(key)
         if new is None:
             assert w.data is not None
-            new = folded[key] = rw.const(np.ascontiguousarray(np.transpose(w.data, node.attrs.perm)), f"{w.name}.T")
+            new = folded[key] = rw.const(transposed(w.data, node.attrs.perm), f"{w.name}.T")  # fusec.bulk: tiled copy
             if shared:
                 extra += w.nbytes
         # The TRANSPOSE is replaced by nothing: its readers are re-pointed at the cached constant.

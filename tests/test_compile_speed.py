@@ -147,3 +147,25 @@ def test_plan_file_bytes_are_the_straightforward_layout(tmp_path: Path) -> None:
     assert path.read_bytes() == head + data + hashlib.sha256(head).digest()
     pf = read_plan(path, verify="all")
     assert bytes(pf.blob("weights")) == blobs["weights"]
+
+
+@pytest.mark.parametrize("target", ["bfloat16", "float16"])
+def test_bulk_cast_and_transpose_give_the_plain_expressions_bytes(target: str) -> None:
+    import ml_dtypes
+
+    from fusec.bulk import _MIN, cast_clipped, transposed
+
+    dt = np.dtype(getattr(ml_dtypes, target) if target == "bfloat16" else np.float16)
+    limit = float(ml_dtypes.finfo(dt).max)
+    rng = np.random.default_rng(3)
+    a = (rng.standard_normal((1100, _MIN // 1000 + 7), dtype=np.float32) * 3e4).astype(np.float32)
+    a.reshape(-1)[:8] = [np.inf, -np.inf, np.nan, -0.0, 3.4e38, -3.4e38, 65519.0, 65520.0]
+    for x in (a, a[:, 3:].T):  # contiguous, and a strided view
+        want = np.ascontiguousarray(np.clip(x, -limit, limit).astype(dt)).reshape(x.shape)
+        got = cast_clipped(x, dt, limit)
+        assert got.dtype == dt and got.shape == x.shape and got.flags.c_contiguous
+        assert got.tobytes() == want.tobytes()
+        t = transposed(got, (1, 0))
+        assert t.shape == got.shape[::-1] and t.tobytes() == np.ascontiguousarray(got.T).tobytes()
+    small = a[:4, :5]
+    assert cast_clipped(small, dt, limit).tobytes() == np.clip(small, -limit, limit).astype(dt).tobytes()
