@@ -14,6 +14,7 @@ from fusec.codegen.build_topk import TopKSpec
 from fusec.codegen.elementwise import Apply, Const, In
 from fusec.codegen.render import CCode, Ident, ctype, float_lit, render
 from fusec.dtypes import DType
+from fusec.lower.tf32_split import Tf32SplitSpec
 
 F16, BF16, F32, I64, I32, BOOL = DType.F16, DType.BF16, DType.F32, DType.I64, DType.I32, DType.BOOL
 FLOATS = [F32, F16, BF16]
@@ -75,6 +76,7 @@ def _all_specs() -> list[tuple[str, object]]:
         C.gather_elements((3, 4), (3, 2), 1, F32, I32), C.gather_nd((2, 3, 4), (2, 1, 2), 1, F32, I64),
         *C.scatter_nd((4, 5), (3, 1), F32, I64), C.trilu((3, 4, 5), True, 1, F16), C.expand((3, 1), (2, 3, 4), F32),
         TopKSpec(3, 500, 2, 8, F16, largest=False), S.RowReduceSpec("prod", 5, 11, I64, inner=2),
+        Tf32SplitSpec(7, 36), Tf32SplitSpec(3, 5, vec=1),
     ]
     out += [(f"{type(s).__name__}-extra{i}", s) for i, s in enumerate(extra)]
     return out
