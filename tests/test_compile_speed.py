@@ -169,3 +169,20 @@ def test_bulk_cast_and_transpose_give_the_plain_expressions_bytes(target: str) -
         assert t.shape == got.shape[::-1] and t.tobytes() == np.ascontiguousarray(got.T).tobytes()
     small = a[:4, :5]
     assert cast_clipped(small, dt, limit).tobytes() == np.clip(small, -limit, limit).astype(dt).tobytes()
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
+def test_a_forked_child_compiles_with_its_own_pool(cache: Path) -> None:
+    import os
+
+    CC.compile_cuda(SRC % "8.0f", "fc_speed_k", "sm_90")  # the parent's pool exists now
+    pid = os.fork()
+    if pid == 0:  # child: a fresh source must compile (the parent's threads are gone)
+        code = 1
+        try:
+            fut = CC.compile_cuda_async(SRC % "9.0f", "fc_speed_k", "sm_90", use_disk=False)
+            code = 0 if fut.result(timeout=120).cubin[:4] == b"\x7fELF" else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -336,6 +336,17 @@ def _executor() -> ThreadPoolExecutor:
     return _POOL
 
 
+def _after_fork_in_child() -> None:
+    """A forked child has none of the parent's pool threads: it starts its own pool."""
+    global _POOL, _LOCK
+    _POOL, _LOCK = None, threading.Lock()
+    _INFLIGHT.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _forget_inflight(key: str) -> None:
     with _LOCK:  # the Binary is in _MEM by now (a failed compile is retried by the next caller)
         _INFLIGHT.pop(key, None)
