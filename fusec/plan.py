@@ -118,18 +118,26 @@ class Plan:
     def _recompile(self, arch: str) -> None:
         """Rebuild every module's cubin for ``arch`` from its bundled source (the launch list, the
         memory plan and the weights do not depend on the arch); records this machine's toolchain."""
-        from fusec.codegen.compile import compile_cuda
+        from fusec.codegen.compile import compile_cuda_async
         from fusec.planenv import toolchain
 
-        cubins = {}
+        def failed(m: dict[str, Any], e: FusecError) -> FusecError:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            return FusecError(f"{self._where}: module {m['id']!r} ({m['entry']}) does not compile for {arch}: {first}")
+
+        pending = []  # every module starts compiling at once (NVRTC runs on a thread pool)
         for m in self.manifest["modules"]:
             src = bytes(self._blobs[m["source"]]).decode("utf-8")
             try:
-                cubins[m["cubin"]] = compile_cuda(src, m["entry"], arch).cubin
+                pending.append((m, compile_cuda_async(src, m["entry"], arch)))
             except FusecError as e:
-                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                raise FusecError(f"{self._where}: module {m['id']!r} ({m['entry']}) does not compile for {arch}: "
-                                 f"{first}") from None
+                raise failed(m, e) from None
+        cubins = {}
+        for m, fut in pending:
+            try:
+                cubins[m["cubin"]] = fut.result().cubin
+            except FusecError as e:
+                raise failed(m, e) from None
         self._blobs.update(cubins)
         self.manifest["arch"] = arch
         self.manifest.update(toolchain())
