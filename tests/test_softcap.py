@@ -239,6 +239,8 @@ def test_prefill_kernel_renders_the_cap_and_compiles(dt: DType, math_: str, arch
     src = capped.source
     assert src.index("float v = dot * 0.125f;") < src.index(line) < src.index("v += fc_val(mrow")
     assert capped.name != plain.name  # the cap is part of the kernel's identity (no cache collision)
+    # finfo(fp32).min masks stay finite in log2 units (a row they hide averages V, no 0 / 0)
+    assert "fmaxf(v * LOG2E, -3.402823466e38f)" in src
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
@@ -362,3 +364,30 @@ def test_gpu_decode_attention_with_a_cap(dt: DType, sq: int, splits: int) -> Non
     err = _rel(_host(out, dt), want)
     assert err <= GPU_TOL[dt], f"{dt.value} S{sq} x{splits}: relative error {err:.3e} > {GPU_TOL[dt]:.0e}"
     assert _rel(bare, want) > 10 * GPU_TOL[dt]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dt, math_", PREFILL, ids=[f"{d.value}-{m or 'mma'}" for d, m in PREFILL])
+@pytest.mark.parametrize("cap", [0.0, 5.0], ids=["plain", "capped"])
+def test_gpu_a_row_that_a_finfo_min_mask_hides_averages_v(dt: DType, math_: str, cap: float) -> None:
+    """HF's additive masks fill with finfo(dtype).min: a query row whose keys are all hidden (Gemma-2's
+    sliding window over a right-padded row) gets the plain mean of V from the softmax, not NaN;
+    score * log2(e) must not round -3.4e38 to -inf (0 / 0 in the kernel, spread by later layers)."""
+    Bn, Hq, Hkv, Sq, T, D_ = 2, 4, 2, 20, 20, 64
+    q, k, v = _rand((Bn, Hq, Sq, D_), dt), _rand((Bn, Hkv, T, D_), dt), _rand((Bn, Hkv, T, D_), dt)
+    fill = np.finfo(np.float16 if dt == F16 else np.float32).min
+    keep = np.tril(np.ones((Sq, T), bool)) & ~np.tril(np.ones((Sq, T), bool), k=-4)  # a window of 4 keys
+    keep = np.broadcast_to(keep, (Bn, 1, Sq, T)).copy()
+    keep[1, :, :, 12:] = False  # row 1 right-padded from key 12: its queries 15.. see no key at all
+    mask = np.where(keep, 0.0, fill).astype(dt.np)
+    out = poisoned((Bn, Hq, Sq, D_), dt)
+    spec = S.AttentionSpec(Bn, Hq, Hkv, Sq, T, D_, dt, 0.125, mask="additive", mask_dtype=dt,
+                           mask_strides=(Sq * T, 0, T, 1), fp32_math=math_, softcap=cap)
+    _launch(spec, [_dev(q), _dev(k), _dev(v), _dev(mask), out])
+    f = lambda a: a.astype(np.float64)  # noqa: E731
+    want = numpy_attention(f(q), f(k), f(v), 0.125, cap, f(mask))
+    got = _host(out, dt).astype(np.float64)
+    assert np.isfinite(got).all(), f"{int((~np.isfinite(got)).sum())} non-finite outputs"
+    assert np.allclose(want[1, :, 15:], np.repeat(f(v), Hq // Hkv, axis=1)[1, :, None].mean(axis=2), atol=1e-12)
+    tol = TF32_TOL if math_ == "tf32" else GPU_TOL[dt]
+    assert _rel(got, want) <= tol, f"{dt.value}/{math_ or 'mma'}: relative error {_rel(got, want):.3e}"
