@@ -186,3 +186,22 @@ def test_a_forked_child_compiles_with_its_own_pool(cache: Path) -> None:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_threads_making_the_cache_key_at_once_all_read_one_whole_key(cache: Path) -> None:
+    # Compiles on several threads each read the key; the first one makes it: none may see it
+    # half-written ("damaged").
+    barrier = threading.Barrier(8)
+    got: list[bytes] = []
+
+    def one() -> None:
+        barrier.wait()
+        got.append(CC._mac_key())
+
+    threads = [threading.Thread(target=one) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(got) == 8 and len(set(got)) == 1 and len(got[0]) == 32
+    assert sorted(p.name for p in (cache / "cache").iterdir()) == ["key"]  # no temporary left behind

@@ -23,22 +23,19 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import hmac
 import json
 import os
 import re
-import stat
-import struct
 import sys
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 
+from fusec.codegen.kernel_cache import (  # noqa: F401 -- the cache's storage, re-exported
+    _MAGIC, KernelCacheError, _decode, _encode, _entry_path, _mac_key, _read_private, _write_atomic, cache_dir,
+    check_cache_dirs)
 from fusec.errors import FusecError, InputError
-from fusec.fsutil import atomic_write
 
-_MAGIC = b"FUSECBN2"
 _ARCH_RE = re.compile(r"^sm_[0-9]{2,3}[a-z]?$")
 # The oldest arch fusec's kernels compile for: the templates use sm_80 instructions (cp.async in
 # attention and GEMM tiles, fp16/bf16 tensor-core mma) whatever the dtype.
@@ -53,10 +50,6 @@ class KernelCompileError(FusecError):
         self.log = log
         self.source = source
         super().__init__(f"NVRTC failed to compile kernel {kernel!r}:\n{log.strip()}")
-
-
-class KernelCacheError(FusecError):
-    """The on-disk kernel cache is not private to this user (see the module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -134,10 +127,6 @@ def default_arch() -> str:
     return gpu_arch() or "sm_90"
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("FUSEC_CACHE_DIR") or Path.home() / ".cache" / "fusec")
-
-
 def cache_key(source: str, options: tuple[str, ...], arch: str) -> str:
     blob = json.dumps([source, list(options), arch, list(nvrtc_version())], separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()
@@ -148,111 +137,6 @@ _LOCK = threading.Lock()
 # compiled: NVRTC runs; disk_hits/memory_hits: cache hits; inflight_hits: a compile of the same
 # source already under way was shared; corrupt: disk entries refused and rewritten.
 STATS = {"compiled": 0, "disk_hits": 0, "memory_hits": 0, "inflight_hits": 0, "corrupt": 0}
-
-
-def _entry_path(key: str) -> Path:
-    return cache_dir() / "kernels" / key[:2] / f"{key}.bin"
-
-
-def _check_private_dir(path: Path) -> None:
-    """``path`` (if it exists) is a directory owned by this user that others cannot write."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return
-    except OSError as e:
-        raise KernelCacheError(f"kernel cache directory {str(path)!r}: {e.strerror or e}") from None
-    if not stat.S_ISDIR(st.st_mode):
-        raise KernelCacheError(f"kernel cache directory {str(path)!r} is not a directory (set FUSEC_CACHE_DIR)")
-    if st.st_uid != os.getuid():
-        raise KernelCacheError(f"kernel cache directory {str(path)!r} belongs to another user (uid {st.st_uid}); "
-                               "its entries would become code in your plans: set FUSEC_CACHE_DIR to a directory of yours")
-    if st.st_mode & 0o022:
-        raise KernelCacheError(f"kernel cache directory {str(path)!r} is writable by others (mode "
-                               f"{stat.S_IMODE(st.st_mode):o}); its entries would become code in your plans: "
-                               f"run chmod go-w {str(path)!r} or set FUSEC_CACHE_DIR")
-
-
-def check_cache_dirs(key: str | None = None) -> None:
-    """The cache root, ``kernels`` and (given a key) the entry's subdirectory are private."""
-    root = cache_dir()
-    paths = [root, root / "kernels"] + ([root / "kernels" / key[:2]] if key else [])
-    for p in paths:
-        _check_private_dir(p)
-
-
-def _mac_key() -> bytes:
-    """The cache's secret (32 random bytes in ``$FUSEC_CACHE_DIR/key``, 0600), made on first use."""
-    root = cache_dir()
-    path = root / "key"
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    for _ in range(2):
-        try:
-            fd = os.open(path, flags)
-        except FileNotFoundError:
-            root.mkdir(parents=True, exist_ok=True, mode=0o700)
-            try:
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-            except FileExistsError:
-                continue
-            with os.fdopen(fd, "wb") as f:
-                f.write(os.urandom(32))
-            continue
-        except OSError as e:
-            raise KernelCacheError(f"kernel cache key {str(path)!r}: {e.strerror or e}") from None
-        with os.fdopen(fd, "rb") as f:
-            st = os.fstat(f.fileno())
-            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-                raise KernelCacheError(f"kernel cache key {str(path)!r} is not a private file of this user "
-                                       "(mode 0600); remove it or set FUSEC_CACHE_DIR")
-            key = f.read(64)
-        if len(key) == 32:
-            return key
-        raise KernelCacheError(f"kernel cache key {str(path)!r} is damaged; remove it (the cache is rebuilt)")
-    raise KernelCacheError(f"kernel cache key {str(path)!r} cannot be created")
-
-
-def _encode(cubin: bytes, log: str, key: bytes) -> bytes:
-    lb = log.encode()
-    body = struct.pack("<I", len(lb)) + lb + cubin
-    return _MAGIC + hmac.new(key, body, hashlib.sha256).digest() + body
-
-
-def _decode(blob: bytes, key: bytes) -> tuple[bytes, str] | None:
-    if len(blob) < 44 or blob[:8] != _MAGIC:
-        return None
-    digest, body = blob[8:40], blob[40:]
-    if not hmac.compare_digest(hmac.new(key, body, hashlib.sha256).digest(), digest):
-        return None
-    (n,) = struct.unpack("<I", body[:4])
-    if 4 + n > len(body):
-        return None
-    return body[4 + n:], body[4:4 + n].decode(errors="replace")
-
-
-def _read_private(path: Path) -> bytes | None:
-    """The entry's bytes, or None if it is not a regular file of this user that others cannot write."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
-    except OSError:
-        return None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
-            return None
-        return f.read(64 << 20)
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    missing = []
-    d = path.parent
-    while not d.exists() and d != d.parent:
-        missing.append(d)
-        d = d.parent
-    for d in reversed(missing):  # every directory fusec makes in the cache is private
-        d.mkdir(mode=0o700, exist_ok=True)
-    with atomic_write(path, private=True, what="kernel cache entry") as f:
-        f.write(data)
 
 
 def _numbered(source: str) -> str:
