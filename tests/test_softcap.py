@@ -304,7 +304,9 @@ def test_onnx_export_writes_the_cap(tmp_path) -> None:  # noqa: ANN001
 # ---- GPU: the kernels against float64 numpy ----------------------------------------------------
 
 GPU_TOL = {F32: 1e-5, F16: 3e-3, BF16: 1.5e-2}
-TF32_TOL = 3e-3
+# one tf32 product rounds q, k, p and v to 10 bits; scores here reach ~5 (not ~1 as in test_kernels_gpu), so
+# the bound is looser than there: an ignored cap is still 0.9 away (relative) on these inputs
+TF32_TOL = 1e-2
 
 
 def _rand(shape: tuple[int, ...], dt: DType, spread: float = 1.0) -> np.ndarray:
