@@ -150,8 +150,10 @@ def test_plan_file_bytes_are_the_straightforward_layout(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("target", ["bfloat16", "float16"])
-def test_bulk_cast_and_transpose_give_the_plain_expressions_bytes(target: str) -> None:
+def test_bulk_cast_and_transpose_give_the_plain_expressions_bytes(target: str, monkeypatch: pytest.MonkeyPatch) -> None:
     import ml_dtypes
+
+    monkeypatch.setenv("FUSEC_BULK_THREADS", "3")  # parts of uneven size, on threads
 
     from fusec.bulk import _MIN, cast_clipped, transposed
 
