@@ -178,12 +178,12 @@ def tf32_hi(x: np.ndarray) -> np.ndarray:
 
 
 def tf32_split(a: Any, x: np.ndarray) -> np.ndarray:
-    """[.., K] -> [hi, hi, lo] along the last axis: lo = x - hi (exact in fp32), 0 where x is not finite."""
+    """[.., K] -> [lo, hi, hi] along the last axis: lo = x - hi (exact in fp32), 0 where x is not finite."""
     x = np.asarray(x, dtype=np.float32)
     hi = tf32_hi(x)
     with np.errstate(invalid="ignore"):
         lo = np.where(np.isfinite(x), x - hi, np.float32(0)).astype(np.float32)
-    return np.concatenate([hi, hi, lo], axis=-1)
+    return np.concatenate([lo, hi, hi], axis=-1)
 
 
 def matmul_tf32(trans_b: bool, x: np.ndarray, y: np.ndarray) -> np.ndarray:

@@ -5,12 +5,18 @@ H100: 49 TFLOP/s); tf32 tensor cores run several times faster but read only 10 m
 Splitting each operand into a tf32 head and the rest, hi(x) = x rounded to 10 mantissa bits and
 lo(x) = x - hi(x) (exact in fp32), gives
 
-    A @ B  ~=  hi(A) hi(B) + hi(A) lo(B) + lo(A) hi(B)        (lo(A) lo(B), ~2^-22 relative, dropped)
+    A @ B  ~=  lo(A) hi(B) + hi(A) lo(B) + hi(A) hi(B)        (lo(A) lo(B), ~2^-22 relative, dropped)
 
 and the three products are one GEMM over K' = 3K, accumulated in fp32 by the tensor cores:
 
-    y = x @ W        becomes      xs = tf32_split(x)                      # [.., 3K]: hi(x) | hi(x) | lo(x)
+    y = x @ W        becomes      xs = tf32_split(x)                      # [.., 3K]: lo(x) | hi(x) | hi(x)
                                   y  = matmul[precision=tf32](xs, W3)      # W3 [3K, N]: hi(W); lo(W); hi(W)
+
+The two small products come first along K' and the large one last: cuBLAS walks K in order, so
+the small terms (~2^-11 of the result) sum among themselves before the large partial sums arrive;
+placed after them (hi | hi | lo, the first version) they were added onto an accumulator already
+the size of the result, and GPT-2 small fp32's logits were 2.9e-5 from float64 on an H100 (SGEMM:
+3.7e-6; a per-product error model predicts no such gap, so the loss is in the accumulation).
 
 (a ``trans_b`` weight [N, K], e.g. the tied embedding read by the lm_head, becomes [N, 3K] with
 column blocks hi | lo | hi). W3 is a constant made here, so it shows in the dumps and the weight

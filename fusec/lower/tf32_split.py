@@ -1,5 +1,5 @@
 """GPU lowering of ``Op.TF32_SPLIT`` (3xTF32's A operand, passes/split_tf32.py): one memory-bound
-kernel (templates/tf32_split.cu.jinja) reading x [rows, K] once and writing hi | hi | lo [rows, 3K],
+kernel (templates/tf32_split.cu.jinja) reading x [rows, K] once and writing lo | hi | hi [rows, 3K],
 16-byte accesses where K is a multiple of 4 and both operands are 16-byte aligned."""
 
 from __future__ import annotations
