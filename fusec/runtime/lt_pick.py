@@ -15,7 +15,11 @@ on the GPU and keeps the fastest.
 * The GPU is first kept busy ~``WARM_MS`` (clocks up); then each candidate: one warm-up call and
   ``REPEATS`` calls between two CUDA events, in ``PASSES`` rounds; the smallest mean of its best
   round wins, ties to the heuristic's earlier rank. A candidate whose call fails is skipped.
-* ``FUSEC_LT_PICK=0`` turns it off: the heuristic's first candidate, as before.
+* Off by default; ``FUSEC_LT_PICK=1`` turns it on. Measured on an H100 (benchmarks/RESULTS.md,
+  2026-11-23 evening): the candidates timed alone differ by 1-5 %, and the picks made whole plans
+  slower, not faster (GPT-2 small fp16 b8 s128 0.923 -> 0.959 ms, BERT-base fp16 b32 s128
+  1.923 -> 1.961 ms, bound graph replay): a product timed alone, on inputs hot in L2, is not the
+  product inside the plan. A pick would have to be an A/B of the whole plan (``fusec.ab``).
 * ``picks()`` lists what was chosen (``Executor.profile`` labels the launch ``algo i/n``).
 """
 
@@ -35,9 +39,9 @@ _LOCK = threading.Lock()
 
 
 def enabled(env: Mapping[str, str] | None = None) -> bool:
-    """False when ``FUSEC_LT_PICK`` is 0/off/false/no (read at each prepare, not at import)."""
-    v = (env if env is not None else os.environ).get("FUSEC_LT_PICK", "1").strip().lower()
-    return v not in ("0", "off", "false", "no")
+    """True when ``FUSEC_LT_PICK`` is 1/on/true/yes (read at each prepare, not at import)."""
+    v = (env if env is not None else os.environ).get("FUSEC_LT_PICK", "0").strip().lower()
+    return v in ("1", "on", "true", "yes")
 
 
 def fastest(times: Sequence[float]) -> int:
