@@ -155,7 +155,8 @@ def _plan_subject(target: str, plan: Any, model: str | None, entry: str | None, 
     options = {"disabled_fusions": tuple(disabled) or tuple(recorded.get("disabled_fusions") or ()),
                "enabled_fusions": tuple(enabled) or tuple(recorded.get("enabled_fusions") or ()),
                "fusion_overrides": dict(recorded.get("fusion_overrides") or {}),
-               "choices": dict(recorded.get("choices") or {})}
+               "choices": dict(recorded.get("choices") or {}),
+               "fp32_gemm": str(recorded.get("fp32_gemm") or "3xtf32")}  # --fp32-gemm sgemm is recorded
     from fusec.loader import load_graph
 
     shapes = {k: tuple(v) for k, v in (src.get("shapes") or {}).items()} or None
