@@ -43,6 +43,10 @@ REQUIRED = ("fusec_version", "nvrtc_version", "cupy_version", "driver_version", 
             "modules", "kernels")
 SOURCE_KEYS = {"model", "kind", "sha256", "shapes", "options"}
 SOURCE_KINDS = ("builtin", "file", "memory", "other")
+# fusec.compile's options a plan records (loader.source_record): a re-target from source passes them
+# back to fusec.compile as keywords, so no other key (e.g. dump_dir, a path to write to) may pass
+SOURCE_OPTIONS = {"disabled_fusions", "enabled_fusions", "fusion_overrides", "choices", "fp32_gemm"}
+FP32_GEMM_MODES = ("3xtf32", "sgemm")  # passes/split_tf32.MODES (not imported: plancheck stays light)
 SHA256_RE = re.compile(r"[0-9a-f]{64}")
 MEMORY_KEYS = {"arena_bytes", "weights_bytes", "scratch_bytes", "state_bytes", "naive_bytes", "planned_bytes",
                "lower_bound_bytes"}
@@ -216,7 +220,7 @@ def validate(m: Any, blobs: Mapping[str, Any], where: str, fusec_version: str) -
         c.str(src["sha256"], "source.sha256", SHA256_RE)
     for name, dims in c.obj(src["shapes"], "source.shapes").items():
         c.shape(dims, f"source.shapes.{name}")
-    for key, v in c.obj(src.get("options", {}), "source.options").items():
+    for key, v in c.obj(src.get("options", {}), "source.options", SOURCE_OPTIONS).items():
         if isinstance(v, list):
             for i, x in enumerate(v):
                 c.str(x, f"source.options.{key}[{i}]", max_len=200)
@@ -224,8 +228,9 @@ def validate(m: Any, blobs: Mapping[str, Any], where: str, fusec_version: str) -
             for k, x in v.items():
                 if not isinstance(x, (bool, str)):
                     raise c.fail(f"source.options.{key}", f"{_shown(k)} maps to {_kind(x)}, not a boolean or a string")
-        elif isinstance(v, str):  # a mode such as fp32_gemm
-            c.str(v, f"source.options.{key}", max_len=200)
+        elif isinstance(v, str) and key == "fp32_gemm":  # the one mode option
+            if v not in FP32_GEMM_MODES:
+                raise c.fail(f"source.options.{key}", f"{_shown(v)} is not one of {', '.join(FP32_GEMM_MODES)}")
         else:
             raise c.fail(f"source.options.{key}", f"must be a list, an object or a string, got {_kind(v)}")
 

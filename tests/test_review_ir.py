@@ -4,6 +4,7 @@ graphs whose rewritten reference must equal the unrewritten one, and the --fp32-
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from fusec.builder import GraphBuilder
 from fusec.dtypes import DType
@@ -23,3 +24,38 @@ def test_report_of_an_sgemm_plan_restages_with_its_recorded_fp32_gemm(tmp_path) 
     sub = load_subject(str(path))
     assert sub.missing is None and sub.graph is not None
     assert "tf32_split" not in sub.graph.op_histogram()
+
+
+def _tampered(tmp_path, options: dict) -> str:  # noqa: ANN001
+    """A gpt2-tiny fp32 plan whose manifest's source.options is replaced by ``options``."""
+    import fusec
+    from fusec.planfile import read_plan, write_plan
+
+    good = tmp_path / "good.fplan"
+    fusec.compile("gpt2-tiny", shapes={"input_ids": (1, 16), "attention_mask": (1, 16)}, dtype="fp32",
+                  arch="sm_90").save(str(good))
+    pf = read_plan(str(good))
+    m = {k: v for k, v in pf.manifest.items() if k != "blobs"}
+    m["source"] = dict(m["source"], options=options)
+    bad = tmp_path / "bad.fplan"
+    write_plan(str(bad), m, {name: bytes(pf.blob(name)) for name in pf._table})
+    return str(bad)
+
+
+def test_plan_source_options_admit_only_compile_options(tmp_path) -> None:  # noqa: ANN001
+    """A re-target from source passes source.options to fusec.compile as keywords: a string option
+    (allowed for fp32_gemm) named dump_dir made it write pass dumps where the plan said."""
+    import os
+
+    from fusec.errors import FusecError
+    from fusec.passes.split_tf32 import MODES
+    from fusec.plancheck import FP32_GEMM_MODES
+    from fusec.retarget import recompile
+
+    assert tuple(FP32_GEMM_MODES) == tuple(MODES)
+    evil = tmp_path / "evil"
+    for options, why in (({"dump_dir": str(evil)}, "unknown key"), ({"fp32_gemm": "fast"}, "is not one of")):
+        bad = _tampered(tmp_path, options)
+        with pytest.raises(FusecError, match=why):
+            recompile(bad, "sm_80", str(tmp_path / "out.fplan"), from_source=True)
+        assert not os.path.exists(evil)
