@@ -118,7 +118,7 @@ class Plan:
     def _recompile(self, arch: str) -> None:
         """Rebuild every module's cubin for ``arch`` from its bundled source (the launch list, the
         memory plan and the weights do not depend on the arch); records this machine's toolchain."""
-        from fusec.codegen.compile import compile_cuda_async
+        from fusec.codegen.compile import abandon, compile_cuda_async
         from fusec.planenv import toolchain
 
         def failed(m: dict[str, Any], e: FusecError) -> FusecError:
@@ -126,18 +126,22 @@ class Plan:
             return FusecError(f"{self._where}: module {m['id']!r} ({m['entry']}) does not compile for {arch}: {first}")
 
         pending = []  # every module starts compiling at once (NVRTC runs on a thread pool)
-        for m in self.manifest["modules"]:
-            src = bytes(self._blobs[m["source"]]).decode("utf-8")
-            try:
-                pending.append((m, compile_cuda_async(src, m["entry"], arch)))
-            except FusecError as e:
-                raise failed(m, e) from None
         cubins = {}
-        for m, fut in pending:
-            try:
-                cubins[m["cubin"]] = fut.result().cubin
-            except FusecError as e:
-                raise failed(m, e) from None
+        try:
+            for m in self.manifest["modules"]:
+                src = bytes(self._blobs[m["source"]]).decode("utf-8")
+                try:
+                    pending.append((m, compile_cuda_async(src, m["entry"], arch)))
+                except FusecError as e:
+                    raise failed(m, e) from None
+            for m, fut in pending:
+                try:
+                    cubins[m["cubin"]] = fut.result().cubin
+                except FusecError as e:
+                    raise failed(m, e) from None
+        except BaseException:  # the first failure (or Ctrl-C): the modules still queued are not compiled
+            abandon([fut for _, fut in pending])
+            raise
         self._blobs.update(cubins)
         self.manifest["arch"] = arch
         self.manifest.update(toolchain())

@@ -133,7 +133,7 @@ def cache_key(source: str, options: tuple[str, ...], arch: str) -> str:
 
 
 _MEM: dict[str, Binary] = {}
-_LOCK = threading.Lock()
+_LOCK = threading.RLock()  # re-entrant for abandon()
 # compiled: NVRTC runs; disk_hits/memory_hits: cache hits; inflight_hits: a compile of the same
 # source already under way was shared; corrupt: disk entries refused and rewritten.
 STATS = {"compiled": 0, "disk_hits": 0, "memory_hits": 0, "inflight_hits": 0, "corrupt": 0}
@@ -194,11 +194,27 @@ def compile_cuda_async(source: str, kernel: str, arch: str | None = None, option
         fut = _INFLIGHT.get(key)
         if fut is not None:
             STATS["inflight_hits"] += 1
+            _USERS[fut] = _USERS.get(fut, 0) + 1
             return fut
         fut = _executor().submit(_compile_uncached, source, kernel, arch, opts, key, use_disk)
         _INFLIGHT[key] = fut
-    fut.add_done_callback(lambda _f: _forget_inflight(key))
+        _USERS[fut] = 1
+    fut.add_done_callback(lambda f: _forget_inflight(key, f))
     return fut
+
+
+def abandon(futures: list[Future[Binary]]) -> None:
+    """The caller no longer wants these compiles (its lowering failed or was interrupted): each one
+    that has not started and that no other caller shares is cancelled, so that it does not run
+    (the interpreter waits at exit for every queued task of the pool)."""
+    with _LOCK:  # re-entrant: a cancel runs the done callback (_forget_inflight) at once, in this thread
+        for fut in futures:
+            n = _USERS.get(fut, 0) - 1
+            if n > 0:
+                _USERS[fut] = n
+            else:
+                _USERS.pop(fut, None)
+                fut.cancel()  # False for one already running or done: it completes (and is cached)
 
 
 def compile_threads() -> int:
@@ -211,6 +227,7 @@ def compile_threads() -> int:
 
 _POOL: ThreadPoolExecutor | None = None
 _INFLIGHT: dict[str, Future[Binary]] = {}
+_USERS: dict[Future[Binary], int] = {}  # callers given each in-flight future (abandon() cancels at 0)
 
 
 def _executor() -> ThreadPoolExecutor:
@@ -223,17 +240,20 @@ def _executor() -> ThreadPoolExecutor:
 def _after_fork_in_child() -> None:
     """A forked child has none of the parent's pool threads: it starts its own pool."""
     global _POOL, _LOCK
-    _POOL, _LOCK = None, threading.Lock()
+    _POOL, _LOCK = None, threading.RLock()
     _INFLIGHT.clear()
+    _USERS.clear()
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def _forget_inflight(key: str) -> None:
-    with _LOCK:  # the Binary is in _MEM by now (a failed compile is retried by the next caller)
-        _INFLIGHT.pop(key, None)
+def _forget_inflight(key: str, fut: Future[Binary]) -> None:
+    with _LOCK:  # the Binary is in _MEM by now (a failed or cancelled compile is retried by the next caller)
+        if _INFLIGHT.get(key) is fut:
+            del _INFLIGHT[key]
+        _USERS.pop(fut, None)
 
 
 def _compile_uncached(source: str, kernel: str, arch: str, opts: tuple[str, ...], key: str, use_disk: bool) -> Binary:

@@ -176,6 +176,10 @@ class Context:
             idx = len(self.kernels)
             self.kernels.append({"module": mid, "entry": ck.name, "smem": ck.shared_mem})
             self._kernel_index[ck.name] = idx
+        else:  # a kernel this plan has already: the future of its first use is the one collected
+            from fusec.codegen.compile import abandon
+
+            abandon([ck.future])
         if len(args) != len(ck.params):
             raise LoweringError(f"{label}: kernel {ck.name} takes {len(ck.params)} pointers, lowering gave {len(args)}")
         self.launches.append({"type": "kernel", "kernel": idx, "grid": list(ck.grid), "block": list(ck.block),
@@ -212,16 +216,22 @@ def lower(graph: Graph, offsets: dict[str, int], arch: str, compute: str = "f32"
         ctx.weights, ctx.kernels, ctx.modules, ctx.blobs = shared.packer, shared.kernels, shared.modules, shared.blobs
         ctx._kernel_index = {k["entry"]: i for i, k in enumerate(shared.kernels)}
     ctx.choices, ctx.choices_applied, ctx.choices_declined = dict(choices or {}), {}, {}
-    for i, node in enumerate(graph.nodes):
-        if not _gpu_ready(ctx, node, _label(i, node)):
-            continue
-        if not lower_choice(ctx, node, _label(i, node)):  # explicit choices, else the rule-based defaults
-            lower_node(ctx, node, label=_label(i, node))
-    _write_back_state(ctx, graph)
-    weights = ctx.weights.blob()  # packed while the kernels compile
-    if weights:
-        ctx.blobs["weights"] = weights
-    ctx.finish_kernels()
+    try:
+        for i, node in enumerate(graph.nodes):
+            if not _gpu_ready(ctx, node, _label(i, node)):
+                continue
+            if not lower_choice(ctx, node, _label(i, node)):  # explicit choices, else the rule-based defaults
+                lower_node(ctx, node, label=_label(i, node))
+        _write_back_state(ctx, graph)
+        weights = ctx.weights.blob()  # packed while the kernels compile
+        if weights:
+            ctx.blobs["weights"] = weights
+        ctx.finish_kernels()
+    except BaseException:  # an error or Ctrl-C: the compiles still queued are not wanted
+        from fusec.codegen.compile import abandon
+
+        abandon([pk.future for _, pk in ctx.pending])
+        raise
     report = {"launches": len(ctx.launches), "kernels_compiled": len(ctx.kernels), "by_template": dict(sorted(ctx.counts.items()))}
     report["scratch_bytes"] = ctx.scratch_bytes
     report["launch_bytes"] = ctx.launch_bytes  # minimum bytes per launch (fusec bench --per-kernel)

@@ -1,0 +1,127 @@
+"""Review (review-rt) of the parallel NVRTC compile: a lowering that fails, or is interrupted,
+while kernels are still queued must not leave them to compile (the interpreter joins the pool's
+threads at exit, so Ctrl-C or an error would wait for every queued NVRTC run); a compile shared
+in flight with another caller is not cancelled under it."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from fusec.codegen import compile as CC
+from fusec.dtypes import DType
+from fusec.ir import Graph, Node, Value
+from fusec.ops import NoAttrs, Op
+
+SRC = 'extern "C" __global__ void fc_rr_k(float* x) { x[threadIdx.x] = %s; }'
+
+
+@pytest.fixture()
+def slow_pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """One NVRTC thread whose compiles wait for ``release``; records the sources it compiled."""
+    monkeypatch.setenv("FUSEC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("FUSEC_COMPILE_THREADS", "1")
+    monkeypatch.setattr(CC, "_POOL", None)
+    CC.clear_memory_cache()
+    release, started, ran = threading.Event(), threading.Event(), []
+    real = CC._nvrtc
+
+    def waiting(source: str, kernel: str, options: tuple[str, ...]) -> tuple[bytes, str]:
+        started.set()
+        assert release.wait(60)
+        ran.append(source)
+        return real(source, kernel, options)
+
+    monkeypatch.setattr(CC, "_nvrtc", waiting)
+    yield release, started, ran
+    release.set()
+
+
+def _graph() -> Graph:
+    x = Value("x", (4,), DType.F32)
+    y = Value("y", (4,), DType.F32)
+    return Graph([x], [y], [Node(Op.RELU, [x], [y], NoAttrs())], [])
+
+
+def test_a_failed_lowering_cancels_its_queued_compiles(slow_pool, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fusec.codegen.copyspecs import CopySpec
+    from fusec.lower import LoweringError, Raw, lower
+
+    release, started, ran = slow_pool
+    futures = []
+    import fusec.codegen.kernels as K
+
+    real_build = K.build_async
+
+    def spy(spec, arch=None):
+        pk = real_build(spec, arch)
+        futures.append(pk.future)
+        return pk
+
+    monkeypatch.setattr(K, "build_async", spy)
+
+    def failing(ctx, node, label):
+        for n in (100, 101, 101, 102, 103):  # 101 twice: one compile, shared
+            ctx.kernel(CopySpec(DType.F32, (n,), (1,), (1,)), [Raw("arena", 0), Raw("arena", 4096)], f"{label} {n}")
+        raise LoweringError(f"{label}: boom")
+
+    monkeypatch.setattr("fusec.lower.nodes.lower_node", failing)
+    monkeypatch.setattr("fusec.lower.choices.lower_choice", lambda ctx, node, label: False)
+    with pytest.raises(LoweringError, match="boom"):
+        lower(_graph(), {"x": 0, "y": 256}, "sm_90")
+    assert started.wait(60)
+    release.set()
+    for f in futures:
+        try:
+            f.result(timeout=120)
+        except Exception:  # noqa: BLE001 -- CancelledError for the queued ones
+            pass
+    # the one already running finishes; the three queued behind it never start
+    assert len(ran) == 1 and len({id(f) for f in futures if f.cancelled()}) == 3
+
+
+def test_cancelling_spares_a_compile_another_caller_waits_for(slow_pool) -> None:
+    release, started, ran = slow_pool
+    first = CC.compile_cuda_async(SRC % "1.0f", "fc_rr_k", "sm_90")  # runs (and blocks the one thread)
+    mine = CC.compile_cuda_async(SRC % "2.0f", "fc_rr_k", "sm_90")  # queued
+    theirs = CC.compile_cuda_async(SRC % "2.0f", "fc_rr_k", "sm_90")  # the same, shared in flight
+    alone = CC.compile_cuda_async(SRC % "3.0f", "fc_rr_k", "sm_90")  # queued, nobody else waits
+    assert mine is theirs
+    CC.abandon([mine, alone])
+    release.set()
+    assert first.result(timeout=120).cubin[:4] == b"\x7fELF"
+    assert theirs.result(timeout=120).cubin[:4] == b"\x7fELF" and alone.cancelled()
+    # an abandoned compile is not remembered: asking again compiles it
+    again = CC.compile_cuda_async(SRC % "3.0f", "fc_rr_k", "sm_90")
+    assert again is not alone and again.result(timeout=120).cubin[:4] == b"\x7fELF"
+
+
+def test_a_plan_recompile_stops_at_the_first_module_that_fails(slow_pool, monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from fusec.errors import FusecError
+    from fusec.plan import Plan
+
+    release, started, ran = slow_pool
+    waiting = CC._nvrtc
+
+    def bad_first(source: str, kernel: str, options: tuple[str, ...]) -> tuple[bytes, str]:
+        if "bad" in source:
+            assert release.wait(60)
+            raise CC.KernelCompileError(kernel, "error: bad", source)
+        return waiting(source, kernel, options)
+
+    monkeypatch.setattr(CC, "_nvrtc", bad_first)
+    srcs = ["/* bad */" + SRC % "0.0f"] + [SRC % f"{v}.5f" for v in range(3)]
+    fake = SimpleNamespace(_where="p.fplan", manifest={"modules": [
+        {"id": f"m{i}", "entry": "fc_rr_k", "source": f"source/m{i}", "cubin": f"cubin/m{i}"} for i in range(4)]},
+        _blobs={f"source/m{i}": s.encode() for i, s in enumerate(srcs)})
+    threading.Timer(0.5, release.set).start()
+    with pytest.raises(FusecError, match="module 'm0' .*does not compile for sm_90: NVRTC failed"):
+        Plan._recompile(fake, "sm_90")
+    last = SRC % "9.5f"  # queued behind whatever is left: when it is done, the pool is drained
+    assert CC.compile_cuda_async(last, "fc_rr_k", "sm_90").result(timeout=120).cubin[:4] == b"\x7fELF"
+    # the pool's thread may take the next module as m0 fails; the rest are never compiled
+    assert len(ran) <= 2 and ran[-1] == last and fake.manifest.get("arch") is None
