@@ -16,35 +16,13 @@ import dataclasses
 import math
 
 from fusec.codegen.elementwise import Expr, dtype_of
+from fusec.codegen.spec_base import FLOATS, HALFS, _ints, _pos, _req, _softcap_ok, contiguous_strides  # noqa: F401
+from fusec.codegen.specs_decode import (  # noqa: F401  (one namespace for every spec: S.KVAttentionSpec, ...)
+    CACHE_DTYPES, KV_CHUNK_GRANULE, KV_MAX_SPLITS, POS_DTYPES, CacheWriteSpec, KVAttentionSpec, KVCombineSpec,
+    SampleCombineSpec, SampleSpec, cache_write_spec)
 from fusec.dtypes import DType
 
-FLOATS = (DType.F32, DType.F16, DType.BF16)
-HALFS = (DType.F16, DType.BF16)
 ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh", "silu")
-
-
-def _req(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ValueError(msg)
-
-
-def _ints(xs: tuple[int, ...], what: str, lo: int | None = None) -> None:
-    for x in xs:
-        _req(isinstance(x, int) and not isinstance(x, bool), f"{what}: {x!r} is not an int")
-        _req(lo is None or x >= lo, f"{what}: {x} < {lo}")
-
-
-def _pos(*pairs: tuple[str, int]) -> None:
-    for what, v in pairs:
-        _req(isinstance(v, int) and not isinstance(v, bool) and v >= 1, f"{what} must be a positive int, got {v!r}")
-
-
-def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    out, acc = [], 1
-    for d in reversed(shape):
-        out.append(acc)
-        acc *= d
-    return tuple(reversed(out))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,10 +218,6 @@ class RopeSpec:
 MASKS = ("none", "additive", "bool")
 
 
-def _softcap_ok(cap: float) -> bool:
-    return isinstance(cap, (int, float)) and not isinstance(cap, bool) and math.isfinite(cap) and cap >= 0
-
-
 @dataclasses.dataclass(frozen=True)
 class AttentionSpec:
     """out = softmax(q k^T * scale + mask) v for all batches and heads in one launch.
@@ -380,207 +354,6 @@ class GemvSpec:
 
 
 # ---- decode step: KV cache write, attention over a KV cache, sampling (fusec.codegen.build_decode) ----
-
-POS_DTYPES = (DType.I64, DType.I32)
-CACHE_DTYPES = FLOATS + POS_DTYPES
-KV_CHUNK_GRANULE = 32  # split lengths of kv_attention are multiples of this many keys
-KV_MAX_SPLITS = 1024  # the combine step keeps one weight per split in shared memory
-
-
-@dataclasses.dataclass(frozen=True)
-class CacheWriteSpec:
-    """In-place write of ``new`` into a cache at a per-row offset along one axis.
-
-    The cache is viewed [B, outer, T, inner] (contiguous), ``new`` [B, outer, S, inner]:
-    ``out[b, o, pos[b] + s, i] = new[b, o, s, i]`` where 0 <= pos[b] + s < T; other writes are
-    dropped and nothing else of ``out`` is touched. ``vec`` elements move per access (``inner %
-    vec == 0``, 16-byte aligned pointers). Params: new, pos, out (the cache's storage)."""
-
-    B: int
-    outer: int
-    T: int
-    S: int
-    inner: int
-    dtype: DType
-    pos_dtype: DType = DType.I64
-    vec: int = 1
-
-    def __post_init__(self) -> None:
-        _pos(("B", self.B), ("outer", self.outer), ("T", self.T), ("S", self.S), ("inner", self.inner))
-        _req(self.S <= self.T, f"cache_write: {self.S} new positions do not fit a cache of length {self.T}")
-        _req(self.dtype in CACHE_DTYPES, f"cache_write: dtype {self.dtype!r} is not one of {CACHE_DTYPES}")
-        _req(self.pos_dtype in POS_DTYPES, "cache_write: positions are int32/int64")
-        _req(self.vec in (1, 2, 4, 8, 16) and self.inner % self.vec == 0, "cache_write: vec must divide inner")
-        _req(self.vec * self.dtype.itemsize <= 16, "cache_write: a vector access may not exceed 16 bytes")
-
-    @property
-    def numel_new(self) -> int:
-        return self.B * self.outer * self.S * self.inner
-
-
-def cache_write_spec(cache_shape: tuple[int, ...], new_shape: tuple[int, ...], axis: int, dtype: DType,
-                     pos_dtype: DType = DType.I64, vectorize: bool = True) -> CacheWriteSpec:
-    """The spec of ``Op.CACHE_WRITE`` for a cache/new pair of shapes (widest legal vector access)."""
-    _req(len(cache_shape) == len(new_shape) and 1 <= axis < len(cache_shape),
-         f"cache_write: axis {axis} and shapes {list(cache_shape)}, {list(new_shape)} do not match")
-    _req(all(a == b for i, (a, b) in enumerate(zip(cache_shape, new_shape)) if i != axis),
-         f"cache_write: new {list(new_shape)} does not fit cache {list(cache_shape)} along axis {axis}")
-    outer, inner = math.prod(cache_shape[1:axis]), math.prod(cache_shape[axis + 1:])
-    vec = max(1, 16 // dtype.itemsize) if vectorize else 1
-    while vec > 1 and inner % vec:
-        vec //= 2
-    return CacheWriteSpec(cache_shape[0], outer, cache_shape[axis], new_shape[axis], inner, dtype, pos_dtype, vec)
-
-
-@dataclasses.dataclass(frozen=True)
-class KVAttentionSpec:
-    """Attention of q [B, Hq, S, D] over KV caches k/v [B, Hkv, T, D] (all contiguous): query s of
-    row b sees keys j <= pos[b] + s, j < T (a row that sees none gives 0); q head h reads kv head
-    h // (Hq // Hkv). Flash-decoding: the visible keys of each (b, kv head) are cut into
-    ``splits`` chunks of ceil(len / splits) keys rounded up to ``KV_CHUNK_GRANULE`` (len =
-    min(T, pos[b] + S), read from device memory at run time), one block per chunk and query-row
-    tile; blocks whose chunk starts past the context exit at once, so the work follows the actual
-    context, not T. ``splits == 1``: one launch, params q, k, v, pos, out. ``splits > 1``: this
-    kernel writes per-chunk partials (params q, k, v, pos, part: ``part_floats`` fp32 values of
-    scratch) and ``combine()``'s kernel merges them (params pos, part, out).
-    ``threads``: block size (64, 128 or 256). ``softcap`` as in ``AttentionSpec`` (the partials
-    hold capped scores, so kv_combine does not need it)."""
-
-    B: int
-    Hq: int
-    Hkv: int
-    S: int
-    T: int
-    D: int
-    dtype: DType
-    scale: float
-    splits: int = 1
-    pos_dtype: DType = DType.I64
-    threads: int = 128
-    softcap: float = 0.0
-
-    def __post_init__(self) -> None:
-        _pos(("B", self.B), ("Hq", self.Hq), ("Hkv", self.Hkv), ("S", self.S), ("T", self.T), ("D", self.D),
-             ("splits", self.splits))
-        _req(self.Hq % self.Hkv == 0, "kv_attention: Hq must be a multiple of Hkv")
-        _req(self.dtype in FLOATS, "kv_attention is float")
-        _req(self.D % 8 == 0 and 8 <= self.D <= 256, "kv_attention: head_dim must be a multiple of 8 in [8, 256]")
-        _req(math.isfinite(self.scale), "kv_attention: scale must be finite")
-        _req(_softcap_ok(self.softcap), "kv_attention: softcap must be finite and >= 0 (0 = none)")
-        _req(self.pos_dtype in POS_DTYPES, "kv_attention: positions are int32/int64")
-        _req(self.splits <= -(-self.T // KV_CHUNK_GRANULE), f"kv_attention: {self.splits} splits exceed the "
-             f"{-(-self.T // KV_CHUNK_GRANULE)} chunks of {KV_CHUNK_GRANULE} keys a cache of {self.T} has")
-        _req(self.threads in (64, 128, 256), "kv_attention: threads must be 64, 128 or 256")
-        _req(self.splits <= KV_MAX_SPLITS, f"kv_attention: at most {KV_MAX_SPLITS} splits")
-
-    @property
-    def part_floats(self) -> int:
-        """fp32 values of the partials buffer (0 when ``splits == 1``): per (b, h, s, split) D
-        unnormalized outputs, then per (b, h, s, split) the pair (max in log2 units, sum)."""
-        return 0 if self.splits == 1 else self.B * self.Hq * self.S * self.splits * (self.D + 2)
-
-    def combine(self, wide: bool = False) -> KVCombineSpec:
-        return KVCombineSpec(self.B, self.Hq, self.S, self.T, self.D, self.dtype, self.splits, self.pos_dtype, wide)
-
-
-@dataclasses.dataclass(frozen=True)
-class KVCombineSpec:
-    """The second step of a split ``KVAttentionSpec``: out[b, h, s, :] from the chunks' partials
-    (params pos, part, out). Built by ``KVAttentionSpec.combine()``; the fields must match.
-    ``wide``: 128 threads per row (split-lanes x 16-byte column loads, weights in shared memory)
-    instead of one thread per column looping over the splits; faster with many splits (measured
-    on an H100: B 1, 128 splits, 15.5 us for the pair vs 24 us) but not yet validated on a GPU
-    after its last fix, so not the default."""
-
-    B: int
-    Hq: int
-    S: int
-    T: int
-    D: int
-    dtype: DType
-    splits: int
-    pos_dtype: DType = DType.I64
-    wide: bool = False
-
-    def __post_init__(self) -> None:
-        _pos(("B", self.B), ("Hq", self.Hq), ("S", self.S), ("T", self.T), ("D", self.D), ("splits", self.splits))
-        _req(self.splits >= 2, "kv_combine merges at least 2 splits")
-        _req(self.dtype in FLOATS, "kv_combine is float")
-        _req(self.D % 8 == 0 and 8 <= self.D <= 256, "kv_combine: head_dim must be a multiple of 8 in [8, 256]")
-        _req(self.pos_dtype in POS_DTYPES, "kv_combine: positions are int32/int64")
-        _req(self.splits <= -(-self.T // KV_CHUNK_GRANULE), "kv_combine: more splits than chunks")
-        _req(self.splits <= KV_MAX_SPLITS, f"kv_combine: at most {KV_MAX_SPLITS} splits")
-
-
-@dataclasses.dataclass(frozen=True)
-class SampleSpec:
-    """``Op.SAMPLE`` (fusec/sampling.py defines it exactly): logits [B, V] -> token ids [B] int64,
-    one block per row, or ``chunks`` blocks per row plus ``combine()``'s kernel for greedy and
-    uncut sampling (``build_decode.sample_spec`` picks). ``temperature`` 0: argmax (lowest index
-    on ties, NaN wins as in numpy).
-    Otherwise z = x / temperature, the top-k and top-p (nucleus) cuts found by radix descents
-    over the fp32 keys of z with block-wide integer histograms (deterministic; no sort), then
-    the Gumbel-max draw with sampling.py's counter-based noise. Params: logits, seed, counter, out."""
-
-    B: int
-    V: int
-    dtype: DType
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed_dtype: DType = DType.I64
-    counter_dtype: DType = DType.I64
-    chunks: int = 1  # > 1 (no top-k/top-p cut only): blocks per row, merged by SampleCombineSpec
-    # with a cut: gather the elements that can still be kept into shared memory after level 0 of
-    # the first descent (warp-aggregated histogram). Correct on the GPU, but slower as it stands
-    # (H100, V 151936, top-k 50 + top-p 0.9: 444 us vs 147 us): the aggregation loop costs more
-    # than the atomics it saves. Kept for the next step (plain atomics at level 0 + the gather).
-    compact: bool = False
-
-    def __post_init__(self) -> None:
-        _pos(("B", self.B), ("V", self.V), ("chunks", self.chunks))
-        _req(self.B <= 65535, "sample: at most 65535 rows")
-        _req(self.chunks == 1 or not self.has_cuts, "sample: only greedy and uncut sampling split a row over blocks")
-        _req(self.chunks <= max(1, self.V // 256), "sample: chunks of fewer than 256 tokens")
-        _req(not self.compact or self.has_cuts, "sample: compact applies to top-k/top-p cuts only")
-        _req(self.V < 2**31, "sample: vocabulary must be < 2**31")
-        _req(self.dtype in FLOATS, "sample: logits are float")
-        _req(self.seed_dtype in POS_DTYPES and self.counter_dtype in POS_DTYPES, "sample: seed/counter are int32/int64")
-        _req(isinstance(self.top_k, int) and not isinstance(self.top_k, bool) and self.top_k >= 0, "sample: top_k >= 0")
-        _req(math.isfinite(self.temperature) and self.temperature >= 0, "sample: temperature must be finite, >= 0")
-        _req(0.0 < self.top_p <= 1.0, "sample: top_p must be in (0, 1]")
-        if self.temperature > 0:
-            _req(self.temperature >= 1e-30, "sample: temperature too small for fp32")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
-
-    @property
-    def has_cuts(self) -> bool:
-        return not self.greedy and (0 < self.top_k < self.V or self.top_p < 1.0)
-
-    @property
-    def part_bytes(self) -> int:
-        """Scratch of a split row (``chunks > 1``): per (row, chunk) the best score and its index."""
-        return 0 if self.chunks == 1 else self.B * self.chunks * 8
-
-    def combine(self) -> SampleCombineSpec:
-        return SampleCombineSpec(self.B, self.chunks)
-
-
-@dataclasses.dataclass(frozen=True)
-class SampleCombineSpec:
-    """Second step of a split ``SampleSpec``: ids[b] = the index of the best (score, index) pair of
-    row b's chunks (numpy argmax order). Params: part, out."""
-
-    B: int
-    chunks: int
-
-    def __post_init__(self) -> None:
-        _pos(("B", self.B), ("chunks", self.chunks))
-        _req(self.chunks >= 2, "sample_combine merges at least 2 chunks")
-
 
 @dataclasses.dataclass(frozen=True)
 class HeadRopeSpec:
