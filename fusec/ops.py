@@ -99,7 +99,7 @@ class Op(enum.Enum):
     RMSNORM = "rmsnorm"
     # matrix products
     MATMUL = "matmul"
-    # x [.., K] -> [hi(x), hi(x), lo(x)] [.., 3K]: the A operand of a 3xTF32 product (passes/split_tf32.py)
+    # x [.., K] -> [lo(x), hi(x), hi(x)] [.., 3K]: the A operand of a 3xTF32 product (passes/split_tf32.py)
     TF32_SPLIT = "tf32_split"
     # data movement
     RESHAPE = "reshape"

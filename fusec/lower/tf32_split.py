@@ -18,7 +18,7 @@ _MAX_GRID = 1 << 16  # a grid-stride loop covers the rest
 
 @dataclasses.dataclass(frozen=True)
 class Tf32SplitSpec:
-    """out[r, :] = hi(x[r]) | hi(x[r]) | lo(x[r]) for x [rows, k] fp32; params: x, out."""
+    """out[r, :] = lo(x[r]) | hi(x[r]) | hi(x[r]) for x [rows, k] fp32; params: x, out."""
 
     rows: int
     k: int
