@@ -103,6 +103,7 @@ class Row:
     mismatches: int | None = None  # elements beyond atol + rtol * |ref|
     nonfinite: int | None = None  # non-finite elements of the GPU's value
     ref_nonfinite: int | None = None
+    new_nonfinite: int | None = None  # non-finite on the GPU where the reference is finite
     local: float | None = None  # max abs error against the reference on the GPU's own inputs
     stale: list[str] = dataclasses.field(default_factory=list)  # inputs whose bytes changed before this node ran
     where: list[list[int]] = dataclasses.field(default_factory=list)  # up to 3 indices: non-finite, else beyond tol
@@ -132,7 +133,7 @@ class Report:
             return (f"no divergence: {n} of {len({r.index for r in self.rows})} launches compared with the reference "
                     f"(atol {self.atol:g}, rtol {self.rtol:g}), all within tolerance and finite")
         r = self.rows[self.first]
-        what = (f"{r.nonfinite - (r.ref_nonfinite or 0)} non-finite elements where the reference is finite"
+        what = (f"{r.new_nonfinite} non-finite elements where the reference is finite"
                 if r.status == "NONFINITE" else
                 f"{r.mismatches} elements beyond atol {self.atol:g} + rtol {self.rtol:g}*|ref| (max abs {r.max_abs:.3g})")
         off = [d["name"] for d in self.inputs_off if d["status"] == "off"]
@@ -281,6 +282,7 @@ def compare_launches(graph: Graph, slots: list[Slot], ref: Mapping[str, np.ndarr
                 d = diff(got, ref[v.name], atol, rtol)
                 row.max_abs, row.rel, row.mismatches = d["max_abs"], d["rel"], d["mismatches"]
                 row.nonfinite, row.ref_nonfinite, row.where = d["nonfinite"], d["ref_nonfinite"], d["where"]
+                row.new_nonfinite = d["new_nonfinite"]
                 row.status = "NONFINITE" if d["new_nonfinite"] else "DIVERGES" if d["mismatches"] else "ok"
                 if mine is not None:
                     dl = diff(got, mine[v.name], atol, rtol)
