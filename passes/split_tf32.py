@@ -35,7 +35,8 @@ sets it for ``--dtype fp32`` on sm_80+ unless ``--fp32-gemm sgemm``) and not in 
 
 Counters: ``gemms_split_tf32`` (products rewritten), ``split_tf32_extra_bytes`` (W3 bytes beyond
 the weights they replace: 2x a weight read only by these products, 3x one that something else
-still reads, such as the tied embedding table's GATHER).
+still reads, such as the tied embedding table's GATHER; a weight read both [K, N] and, through
+the transpose flag, [N, K] gets one W3 per layout, 5x when it then dies).
 """
 
 from __future__ import annotations
@@ -92,6 +93,8 @@ def run(graph: Graph, options: PassOptions) -> PassResult:
     rw = Rewriter(graph)
     split_w: dict[tuple[int, bool], Value] = {}
     split_x: dict[int, Value] = {}
+    made: dict[int, tuple[Value, list[Value]]] = {}  # id(weight) -> (weight, the W3s made of it)
+    done: set[int] = set()  # ids of the products rewritten
     rewritten = extra = 0
     candidates = [n for n in graph.nodes if n.op == Op.MATMUL and n.output.dtype == DType.F32]
     if mode == "3xtf32" and options.weights_nk and candidates:
@@ -114,12 +117,14 @@ def run(graph: Graph, options: PassOptions) -> PassResult:
         w3 = split_w.get((id(w), tb))
         if w3 is None:
             w3 = split_w[(id(w), tb)] = rw.const(split_weight(w.data, tb), f"{w.name}.tf32x3")
-            others = [u for u in ctx.users(w) if u not in candidates or _why_not(ctx, u) is not None
-                      or bool(getattr(u.attrs, "trans_b", False)) != tb]
-            extra += w3.nbytes - (0 if others or ctx.is_output(w) else w.nbytes)
+            made.setdefault(id(w), (w, []))[1].append(w3)
+        done.add(id(node))
         new.append(Node(Op.MATMUL, [xs, w3], node.outputs, MatMulAttrs(trans_b=tb, precision="tf32"), node.name))
         rw.replace(node, new, [node])
         rewritten += 1
+    for w, w3s in made.values():  # a weight dies when every reader was rewritten (one W3 per layout read)
+        kept = ctx.is_output(w) or any(id(u) not in done for u in ctx.users(w))
+        extra += sum(v.nbytes for v in w3s) - (0 if kept else w.nbytes)
     g = rw.finish() if rw.changed else graph.copy()
     g.meta["gemms_split_tf32"] = rewritten
     g.meta["split_tf32_extra_bytes"] = extra

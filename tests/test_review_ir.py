@@ -59,3 +59,35 @@ def test_plan_source_options_admit_only_compile_options(tmp_path) -> None:  # no
         with pytest.raises(FusecError, match=why):
             recompile(bad, "sm_80", str(tmp_path / "out.fplan"), from_source=True)
         assert not os.path.exists(evil)
+
+
+def _const_bytes(g) -> int:  # noqa: ANN001
+    return sum(c.nbytes for c in g.constants)
+
+
+def test_split_tf32_extra_bytes_of_a_weight_read_in_both_layouts() -> None:
+    """W (more than constant_fold's layout limit) read as x @ W and, through the transpose flag,
+    x2 @ W^T: two W3s (one per layout) replace W, which dies: 6 - 1 = 5x its bytes (was 6x, each W3
+    counted as if the other product kept W alive). The counter must equal the constants' growth."""
+    from fusec import reference
+    from fusec.passes import dce, pipeline
+
+    rng = np.random.default_rng(0)
+    w = rng.normal(0, 0.1, (128, 128)).astype(np.float32)
+    b = GraphBuilder("both_layouts")
+    x, x2 = b.input("x", (256, 128), DType.F32), b.input("x2", (256, 128), DType.F32)
+    wv = b.const(w, "w")
+    b.output(b.emit(Op.MATMUL, x, wv), "y1")
+    b.output(b.emit(Op.MATMUL, x2, b.emit(Op.TRANSPOSE, wv, perm=(1, 0))), "y2")
+    g = b.build()
+    i = [pipeline.pass_name(m) for m in pipeline.PIPELINE].index("split_tf32")
+    pre, _ = optimize(g, PassOptions(fp32_gemm="3xtf32"), pipeline=pipeline.PIPELINE[:i])
+    assert sorted(bool(n.attrs.trans_b) for n in pre.nodes if n.op == Op.MATMUL) == [False, True]
+    assert [c.name for c in pre.constants] == ["w"]  # one weight, read in both layouts
+    post, opts = optimize(pre, PassOptions(fp32_gemm="3xtf32"), pipeline=[pipeline.PIPELINE[i], dce])
+    assert opts.stats["gemms_split_tf32"] == 2
+    assert opts.stats["split_tf32_extra_bytes"] == _const_bytes(post) - _const_bytes(pre) == 5 * w.nbytes
+    feed = {"x": rng.normal(0, 1, (256, 128)).astype(np.float32), "x2": rng.normal(0, 1, (256, 128)).astype(np.float32)}
+    got, want = reference.run(post, feed), reference.run(g, feed)
+    for k in want:
+        assert np.abs(got[k] - want[k]).max() <= 1e-5 * np.abs(want[k]).max()
