@@ -221,18 +221,18 @@ def validate(m: Any, blobs: Mapping[str, Any], where: str, fusec_version: str) -
     for name, dims in c.obj(src["shapes"], "source.shapes").items():
         c.shape(dims, f"source.shapes.{name}")
     for key, v in c.obj(src.get("options", {}), "source.options", SOURCE_OPTIONS).items():
-        if isinstance(v, list):
+        if key == "fp32_gemm":  # the one mode option
+            if not isinstance(v, str) or v not in FP32_GEMM_MODES:
+                raise c.fail(f"source.options.{key}", f"{_shown(v)} is not one of {', '.join(FP32_GEMM_MODES)}")
+        elif isinstance(v, list):
             for i, x in enumerate(v):
                 c.str(x, f"source.options.{key}[{i}]", max_len=200)
         elif isinstance(v, Mapping):
             for k, x in v.items():
                 if not isinstance(x, (bool, str)):
                     raise c.fail(f"source.options.{key}", f"{_shown(k)} maps to {_kind(x)}, not a boolean or a string")
-        elif isinstance(v, str) and key == "fp32_gemm":  # the one mode option
-            if v not in FP32_GEMM_MODES:
-                raise c.fail(f"source.options.{key}", f"{_shown(v)} is not one of {', '.join(FP32_GEMM_MODES)}")
         else:
-            raise c.fail(f"source.options.{key}", f"must be a list, an object or a string, got {_kind(v)}")
+            raise c.fail(f"source.options.{key}", f"must be a list or an object, got {_kind(v)}")
 
     mem = c.obj(m["memory"], "memory", MEMORY_KEYS, ("arena_bytes",))
     for k, v in mem.items():

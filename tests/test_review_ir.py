@@ -54,7 +54,8 @@ def test_plan_source_options_admit_only_compile_options(tmp_path) -> None:  # no
 
     assert tuple(FP32_GEMM_MODES) == tuple(MODES)
     evil = tmp_path / "evil"
-    for options, why in (({"dump_dir": str(evil)}, "unknown key"), ({"fp32_gemm": "fast"}, "is not one of")):
+    for options, why in (({"dump_dir": str(evil)}, "unknown key"), ({"fp32_gemm": "fast"}, "is not one of"),
+                         ({"fp32_gemm": ["sgemm"]}, "is not one of")):
         bad = _tampered(tmp_path, options)
         with pytest.raises(FusecError, match=why):
             recompile(bad, "sm_80", str(tmp_path / "out.fplan"), from_source=True)
