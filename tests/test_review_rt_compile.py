@@ -125,3 +125,56 @@ def test_a_plan_recompile_stops_at_the_first_module_that_fails(slow_pool, monkey
     assert CC.compile_cuda_async(last, "fc_rr_k", "sm_90").result(timeout=120).cubin[:4] == b"\x7fELF"
     # the pool's thread may take the next module as m0 fails; the rest are never compiled
     assert len(ran) <= 2 and ran[-1] == last and fake.manifest.get("arch") is None
+
+
+def _child_compile(src: str, q, release: threading.Event | None = None) -> None:  # runs in a forked process
+    if release is not None:
+        release.set()  # the child's copy: its own compile need not wait
+    try:
+        b = CC.compile_cuda_async(src, "fc_rr_k", "sm_90").result(timeout=120)
+        q.put(("ok", CC._mac_key().hex(), b.cubin[:4].hex(), b.from_disk))
+    except BaseException as e:  # noqa: BLE001
+        q.put(("error", repr(e), "", False))
+
+
+def test_processes_sharing_a_fresh_cache_agree_on_one_key_and_entry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import multiprocessing as mp
+
+    monkeypatch.setenv("FUSEC_CACHE_DIR", str(tmp_path / "cache"))
+    CC.clear_memory_cache()
+    src = SRC % "4.25f"
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_child_compile, args=(src, q)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    got = [q.get(timeout=180) for _ in procs]
+    for p in procs:
+        p.join(60)
+    assert [g[0] for g in got] == ["ok"] * 4, got
+    assert len({g[1] for g in got}) == 1 and {g[2] for g in got} == {"7f454c46"}
+    # the entry they left is whole and signed with that key: this process loads it from disk
+    b = CC.compile_cuda(src, "fc_rr_k", "sm_90")
+    assert b.from_disk and CC._mac_key().hex() == got[0][1]
+    names = sorted(p.name for p in (tmp_path / "cache").rglob("*") if p.is_file())
+    assert names == sorted(["key", f"{b.key}.bin"])  # no temporary left behind
+
+
+def test_a_child_forked_while_a_compile_is_in_flight_compiles_it_itself(slow_pool, tmp_path: Path) -> None:
+    import multiprocessing as mp
+
+    release, started, ran = slow_pool
+    src = SRC % "5.25f"
+    fut = CC.compile_cuda_async(src, "fc_rr_k", "sm_90")  # in flight in the parent (blocked)
+    assert started.wait(60)
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=_child_compile, args=(src, q, release))
+    p.start()
+    try:
+        got = q.get(timeout=180)  # the child's own pool (the parent's threads do not exist there)
+    finally:
+        release.set()
+        p.join(60)
+    assert got[0] == "ok" and got[2] == "7f454c46", got
+    assert fut.result(timeout=120).cubin[:4] == b"\x7fELF"
