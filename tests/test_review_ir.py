@@ -114,3 +114,52 @@ def test_an_infinite_activation_stays_infinite_through_3xtf32() -> None:
     assert np.isposinf(want[0]).all()
     got = reference.run(st.graph, feed)["y"]
     np.testing.assert_array_equal(got[0], want[0])
+
+
+def _two_ropes(variant: str):  # noqa: ANN202
+    """x @ [Wq | Wk] (merged by merge_gemms) -> q heads [2, 2, 8, 64] and k heads [2, 1, 8, 64],
+    each rotated; ``variant``: "between" (a reader of q placed before k's RoPE), "k_twice" (k also
+    read outside), "k_from_q" (k's input reads q: grouping would be a cycle), "diffpos" (k's cos
+    differs: not siblings)."""
+    rng = np.random.default_rng(0)
+    B, S, E, D = 2, 8, 128, 64
+    b = GraphBuilder(variant)
+    x = b.input("x", (B, S, E), DType.F32)
+    cos, sin, cos2 = (b.input(n, (S, D), DType.F32) for n in ("cos", "sin", "cos2"))
+
+    def heads(w, h):  # noqa: ANN001, ANN202
+        y = b.emit(Op.RESHAPE, b.emit(Op.MATMUL, x, b.const(w, f"w{h}")), shape=(B, S, h, D))
+        return b.emit(Op.TRANSPOSE, y, perm=(0, 2, 1, 3))
+
+    q = b.emit(Op.ROPE, heads(rng.normal(0, 0.1, (E, 2 * D)).astype(np.float32), 2), cos, sin, rotary_dim=D)
+    if variant == "between":
+        b.output(b.emit(Op.MUL, q, q), "qq")
+    kin = heads(rng.normal(0, 0.1, (E, D)).astype(np.float32), 1)
+    if variant == "k_from_q":
+        kin = b.emit(Op.ADD, kin, b.emit(Op.SLICE, q, axes=(1,), starts=(0,), ends=(1,), steps=(1,)))
+    k = b.emit(Op.ROPE, kin, cos2 if variant == "diffpos" else cos, sin, rotary_dim=D)
+    b.output(q, "q")
+    b.output(k, "k")
+    if variant == "k_twice":
+        b.output(b.emit(Op.ADD, k, k), "k2")
+    feeds = {"x": rng.normal(0, 1, (B, S, E)).astype(np.float32)}
+    feeds.update({n: rng.normal(0, 1, (S, D)).astype(np.float32) for n in ("cos", "sin", "cos2")})
+    return b.build(), feeds
+
+
+@pytest.mark.parametrize("variant,grouped", [("between", True), ("k_twice", True), ("k_from_q", False),
+                                             ("diffpos", False)])
+def test_rope_siblings_on_adversarial_graphs(variant: str, grouped: bool) -> None:
+    from fusec import reference
+    from fusec.compiler import stage
+    from fusec.passes.fusion import describe_kernels
+
+    g, feeds = _two_ropes(variant)
+    out = optimize(g, PassOptions())[0]
+    sib = [k for k in describe_kernels(out) if k.startswith("rope_siblings")]
+    assert len(sib) == (1 if grouped else 0), describe_kernels(out)
+    got, want = reference.run(out, feeds), reference.run(g, feeds)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name])
+    labels = [L["label"] for L in stage(g, "fp32", "sm_90", dry_run=True).lowered.launches]
+    assert sum("rope_siblings" in lab for lab in labels) == (1 if grouped else 0), labels
