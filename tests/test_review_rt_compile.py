@@ -179,3 +179,23 @@ def test_a_child_forked_while_a_compile_is_in_flight_compiles_it_itself(slow_poo
         p.join(60)
     assert got[0] == "ok" and got[2] == "7f454c46", got
     assert fut.result(timeout=120).cubin[:4] == b"\x7fELF"
+
+
+def test_an_interrupted_compile_cuda_is_not_left_queued(slow_pool, monkeypatch: pytest.MonkeyPatch) -> None:
+    release, started, ran = slow_pool
+    first = CC.compile_cuda_async(SRC % "6.5f", "fc_rr_k", "sm_90")  # occupies the one thread
+    assert started.wait(60)
+    waited = []
+
+    def interrupted(self, timeout=None):  # noqa: ANN001 -- Ctrl-C arrives while the caller waits
+        waited.append(self)
+        raise KeyboardInterrupt
+
+    real_result = CC.Future.result
+    monkeypatch.setattr(CC.Future, "result", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        CC.compile_cuda(SRC % "7.5f", "fc_rr_k", "sm_90")
+    monkeypatch.setattr(CC.Future, "result", real_result)
+    release.set()
+    assert first.result(timeout=120).cubin[:4] == b"\x7fELF"
+    assert len(waited) == 1 and waited[0].cancelled() and len(ran) == 1

@@ -171,7 +171,12 @@ def compile_cuda(source: str, kernel: str, arch: str | None = None, options: tup
     Identical (source, options, arch) compile once per process; the disk cache is consulted
     unless ``use_disk`` is false. Raises KernelCompileError with the NVRTC log on failure.
     """
-    return compile_cuda_async(source, kernel, arch, options, use_disk).result()
+    fut = compile_cuda_async(source, kernel, arch, options, use_disk)
+    try:
+        return fut.result()
+    except BaseException:  # Ctrl-C while it waits: not compiled if it has not started (abandon)
+        abandon([fut])
+        raise
 
 
 def compile_cuda_async(source: str, kernel: str, arch: str | None = None, options: tuple[str, ...] = (),
