@@ -207,6 +207,21 @@ def test_compiled_plan_records_tf32_gemms_and_the_option_turns_them_off(tmp_path
     assert src_off["options"]["fp32_gemm"] == "sgemm"
 
 
+
+def test_sgemm_with_ab_or_a_ledger_is_refused_in_one_line(tmp_path, capsys) -> None:  # noqa: ANN001
+    from fusec.cli import main as cli_main
+
+    ledger = tmp_path / "ledger.json"
+    ledger.write_text("{}")
+    for extra in (["--ab"], ["--decisions", str(ledger)]):
+        out = tmp_path / "x.fplan"
+        rc = cli_main(["compile", "gpt2-tiny", "--dtype", "fp32", "--arch", "sm_90", "--fp32-gemm", "sgemm",
+                       "-o", str(out), *extra])
+        err = capsys.readouterr().err
+        assert rc == 1 and "--fp32-gemm sgemm cannot be combined with --ab/--decisions" in err, (extra, err)
+        assert not out.exists()
+
+
 # ---- the split kernel -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])

@@ -172,6 +172,11 @@ def compile_from_args(args: argparse.Namespace, progress: Progress | None = None
     from fusec.shapes import parse_shapes
 
     shapes = parse_shapes(args.shapes) if args.shapes is not None else None
+    if getattr(args, "fp32_gemm", "3xtf32") != "3xtf32" and (getattr(args, "ab", False)
+                                                            or getattr(args, "decisions", None) is not None):
+        # A/B runs and ledgers measure the default plan (3xTF32 products have their own choice keys)
+        raise InputError("--fp32-gemm sgemm cannot be combined with --ab/--decisions: A/B experiments measure "
+                         "the default fp32 products (3xtf32)")
     try:
         ledger = ledger_for_compile(args)  # --ab / --decisions (compile only); None otherwise
     except RecursionError:  # json.loads of a hostile 100k-deep ledger
