@@ -199,3 +199,24 @@ def test_an_interrupted_compile_cuda_is_not_left_queued(slow_pool, monkeypatch: 
     release.set()
     assert first.result(timeout=120).cubin[:4] == b"\x7fELF"
     assert len(waited) == 1 and waited[0].cancelled() and len(ran) == 1
+
+
+@pytest.mark.parametrize("damage", ["short", "long", "symlink"])
+def test_a_damaged_cache_key_is_one_error_naming_it(damage: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    root = tmp_path / "cache"
+    monkeypatch.setenv("FUSEC_CACHE_DIR", str(root))
+    CC.clear_memory_cache()
+    root.mkdir(mode=0o700)
+    key = root / "key"
+    if damage == "symlink":
+        (tmp_path / "elsewhere").write_bytes(b"k" * 32)
+        key.symlink_to(tmp_path / "elsewhere")
+    else:
+        fd = os.open(key, os.O_WRONLY | os.O_CREAT, 0o600)
+        os.write(fd, b"k" * (16 if damage == "short" else 40))
+        os.close(fd)
+    with pytest.raises(CC.KernelCacheError, match=f"kernel cache key '{key}'"):
+        CC.compile_cuda(SRC % "8.25f", "fc_rr_k", "sm_90")
+    assert not (root / "kernels").exists() or not any((root / "kernels").rglob("*.bin"))
