@@ -178,12 +178,14 @@ def tf32_hi(x: np.ndarray) -> np.ndarray:
 
 
 def tf32_split(a: Any, x: np.ndarray) -> np.ndarray:
-    """[.., K] -> [lo, hi, hi] along the last axis: lo = x - hi (exact in fp32), 0 where x is not finite."""
+    """[.., K] -> [lo, mid, hi] along the last axis: lo = x - hi (exact in fp32), mid = hi; where x
+    is not finite, lo = mid = 0 (mid meets lo(W): inf * lo(W) would add NaN), so x meets hi(W) only."""
     x = np.asarray(x, dtype=np.float32)
     hi = tf32_hi(x)
+    finite = np.isfinite(x)
     with np.errstate(invalid="ignore"):
-        lo = np.where(np.isfinite(x), x - hi, np.float32(0)).astype(np.float32)
-    return np.concatenate([lo, hi, hi], axis=-1)
+        lo = np.where(finite, x - hi, np.float32(0)).astype(np.float32)
+    return np.concatenate([lo, np.where(finite, hi, np.float32(0)).astype(np.float32), hi], axis=-1)
 
 
 def matmul_tf32(trans_b: bool, x: np.ndarray, y: np.ndarray) -> np.ndarray:

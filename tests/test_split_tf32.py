@@ -71,9 +71,11 @@ def test_tf32_hi_rounds_to_nearest_even_and_keeps_specials() -> None:
     assert hi[4] == 0x7F7FE000  # would round to inf: truncated, stays finite
     assert hi[5] == 0x7F800000 and np.isnan(hi[6:].view(np.float32)).all()
     split = RO.tf32_split(None, bits.view(np.float32)[None, 4:])
-    # lo | hi | hi, K = 3: hi of inf/nan (elements 1, 2) stays so in both hi blocks, their lo is 0
-    assert np.isfinite(split[0, 4:6].astype(np.float64) + split[0, 7:9]).sum() == 0
-    assert (split[0, 1:3] == 0).all()
+    # lo | mid | hi, K = 3: inf/nan (elements 1, 2) stay so in the hi block only; lo and mid are 0
+    # there (mid meets lo(W)); the finite element 0 has mid == hi
+    assert not np.isfinite(split[0, 7:9]).any()
+    assert (split[0, 1:3] == 0).all() and (split[0, 4:6] == 0).all()
+    assert split[0, 3] == split[0, 6] == hi[4].view(np.float32)
 
 
 def test_pass_rewrites_weight_products_with_split_and_w3() -> None:
@@ -270,6 +272,28 @@ def test_gpu_tiny_gpt2_fp32_plan_vs_float64(monkeypatch) -> None:  # noqa: ANN00
     print("rel err vs float64 products:", rel)
     assert rel["3xtf32"] <= 1e-5 and rel["sgemm"] <= 1e-5
     assert rel["tf32"] > 3 * rel["3xtf32"]  # the plan did not silently run plain tf32
+
+
+@pytest.mark.gpu
+def test_gpu_an_infinite_activation_gives_the_sgemm_row() -> None:
+    """inf in x: the 3xTF32 plan's row is +inf like the SGEMM plan's (the split keeps x out of the block
+    that meets lo(W)); the other rows agree with the SGEMM plan within 1e-5."""
+    import cupy
+
+    import fusec
+
+    rng = np.random.default_rng(3)
+    b = GraphBuilder("inf_row")
+    x = b.input("x", (256, 64), DType.F32)
+    b.output(b.emit(Op.MATMUL, x, b.const(rng.uniform(0.5, 1.0, (64, 32)).astype(np.float32), "w")), "y")
+    g = b.build()
+    feed = {"x": rng.uniform(0.0, 1.0, (256, 64)).astype(np.float32)}
+    feed["x"][0, 0] = np.inf
+    got = {mode: cupy.asnumpy(fusec.compile(g, dtype="fp32", fp32_gemm=mode).run(feed)["y"])
+           for mode in ("3xtf32", "sgemm")}
+    assert np.isposinf(got["sgemm"][0]).all()
+    np.testing.assert_array_equal(got["3xtf32"][0], got["sgemm"][0])
+    assert _rel(got["3xtf32"][1:], got["sgemm"][1:]) <= 1e-5
 
 
 @pytest.mark.gpu
