@@ -9,7 +9,7 @@ lo(x) = x - hi(x) (exact in fp32), gives
 
 and the three products are one GEMM over K' = 3K, accumulated in fp32 by the tensor cores:
 
-    y = x @ W        becomes      xs = tf32_split(x)                      # [.., 3K]: lo(x) | hi(x) | hi(x)
+    y = x @ W        becomes      xs = tf32_split(x)                      # [.., 3K]: lo(x) | hi(x) | hi(x) (*)
                                   y  = matmul[precision=tf32](xs, W3)      # W3 [3K, N]: hi(W); lo(W); hi(W)
 
 The two small products come first along K' and the large one last: cuBLAS walks K in order, so
@@ -17,6 +17,9 @@ the small terms (~2^-11 of the result) sum among themselves before the large par
 placed after them (hi | hi | lo, the first version) they were added onto an accumulator already
 the size of the result, and GPT-2 small fp32's logits were 2.9e-5 from float64 on an H100 (SGEMM:
 3.7e-6; a per-product error model predicts no such gap, so the loss is in the accumulation).
+
+(*) Where x is inf or NaN, its lo and middle blocks are 0: the middle block meets lo(W), and inf * lo(W)
+would add NaN (or a second inf) to what an SGEMM gives, x * W.
 
 (a ``trans_b`` weight [N, K], e.g. the tied embedding read by the lm_head, becomes [N, 3K] with
 column blocks hi | lo | hi). W3 is a constant made here, so it shows in the dumps and the weight
