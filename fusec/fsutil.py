@@ -16,6 +16,7 @@ import contextlib
 import os
 import stat
 import tempfile
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from typing import IO
@@ -30,9 +31,24 @@ class OutputError(FusecError, OSError):
     """A file fusec was asked to write cannot be written; the message names the path."""
 
 
+_UMASK_LOCK = threading.Lock()
+
+
 def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
+    """The process umask, read without changing it where the system says it (Linux 4.7+:
+    /proc/self/status). Elsewhere it is set and put back, the only portable way; the window then
+    holds 0o077, so a file another thread makes meanwhile (kernel compiles write the cache from a
+    thread pool) gets a stricter mode, never one without any umask."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    with _UMASK_LOCK:
+        mask = os.umask(0o077)
+        os.umask(mask)
     return mask
 
 
