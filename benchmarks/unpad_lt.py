@@ -31,22 +31,9 @@ REPS = 50
 
 
 def _timer(stream: Any) -> Any:
-    import cupy
+    from fusec.bench_kernels import event_median_ms
 
-    def median_ms(fn: Any, reps: int = REPS) -> float:
-        fn()
-        stream.synchronize()
-        ts = []
-        for _ in range(reps):
-            a, b = cupy.cuda.Event(), cupy.cuda.Event()
-            a.record(stream)
-            fn()
-            b.record(stream)
-            b.synchronize()
-            ts.append(cupy.cuda.get_elapsed_time(a, b))
-        return float(np.median(ts))
-
-    return median_ms
+    return lambda fn, reps=REPS: event_median_ms(fn, stream, reps)
 
 
 def _copy_kernels(spec: Any) -> dict[str, Any]:

@@ -72,6 +72,24 @@ def rows(manifest: Mapping[str, Any], times_ms: list[float], peaks: Mapping[str,
     return out
 
 
+def event_median_ms(fn: Any, stream: Any, iters: int) -> float:
+    """Median over ``iters`` of ``fn()``'s GPU time between two CUDA events on ``stream``, after one
+    untimed call (a diagnostic: synchronizes after each)."""
+    import cupy
+
+    fn()
+    stream.synchronize()
+    t = []
+    for _ in range(iters):
+        a, b = cupy.cuda.Event(), cupy.cuda.Event()
+        a.record(stream)
+        fn()
+        b.record(stream)
+        b.synchronize()
+        t.append(cupy.cuda.get_elapsed_time(a, b))
+    return float(np.median(t))
+
+
 def measure_peaks(dtype: str, compute: str = "f32", iters: int = 10) -> dict[str, Any]:
     """The two ceilings on this GPU: copy bandwidth (GB/s, read + written) and GEMM TFLOP/s in
     ``dtype`` (cuBLAS through fusec's own binding, 8192^3, random data). Median of ``iters``."""
@@ -85,17 +103,7 @@ def measure_peaks(dtype: str, compute: str = "f32", iters: int = 10) -> dict[str
     dst = cupy.empty_like(src)
 
     def timed(fn: Any) -> float:
-        fn()
-        stream.synchronize()
-        t = []
-        for _ in range(iters):
-            a, b = cupy.cuda.Event(), cupy.cuda.Event()
-            a.record(stream)
-            fn()
-            b.record(stream)
-            b.synchronize()
-            t.append(cupy.cuda.get_elapsed_time(a, b))
-        return float(np.median(t))
+        return event_median_ms(fn, stream, iters)
 
     copy_ms = timed(lambda: cupy.cuda.runtime.memcpyAsync(dst.data.ptr, src.data.ptr, n, 3, stream.ptr))
     del src, dst

@@ -100,3 +100,30 @@ def test_gpu_bench_json_modes_and_per_kernel(capsys) -> None:  # noqa: ANN001
     assert main(["bench", MODEL, "--dtype", "fp16", "--iters", "3", "--warmup", "1", "--cuda-graph", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert [r["mode"] for r in out["results"]] == ["cuda_graph", "bound"]
+
+
+def test_event_median_ms_times_each_call_between_two_events(monkeypatch) -> None:  # noqa: ANN001
+    """One untimed call first, then ``iters`` calls each bracketed by its own pair of events; the
+    median of their elapsed times (fake events: the clock is the number of calls made so far)."""
+    import cupy
+
+    from fusec.bench_kernels import event_median_ms
+
+    calls = []
+
+    class Ev:
+        def record(self, stream) -> None:  # noqa: ANN001
+            self.at = len(calls)
+
+        def synchronize(self) -> None:
+            pass
+
+    class Stream:
+        def synchronize(self) -> None:
+            pass
+
+    monkeypatch.setattr(cupy.cuda, "Event", Ev)
+    monkeypatch.setattr(cupy.cuda, "get_elapsed_time", lambda a, b: float((b.at - a.at) * len(calls)))
+    ms = event_median_ms(lambda: calls.append(1), Stream(), 3)
+    assert len(calls) == 4  # the warm-up call is not timed
+    assert ms == 3.0  # elapsed (1 call) x calls so far: 2, 3, 4 -> median 3

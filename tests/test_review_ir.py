@@ -96,16 +96,12 @@ def test_split_tf32_extra_bytes_of_a_weight_read_in_both_layouts() -> None:
 
 def test_an_infinite_activation_stays_infinite_through_3xtf32() -> None:
     """A non-finite x meets hi(W) only (the split puts 0 in the block that meets lo(W)), as in an SGEMM."""
+    from test_split_tf32 import inf_row_case
+
     from fusec import reference
     from fusec.compiler import stage
 
-    rng = np.random.default_rng(1)
-    b = GraphBuilder("inf_row")
-    x = b.input("x", (256, 64), DType.F32)
-    b.output(b.emit(Op.MATMUL, x, b.const(rng.uniform(0.5, 1.0, (64, 32)).astype(np.float32), "w")), "y")
-    g = b.build()
-    feed = {"x": rng.uniform(0.0, 1.0, (256, 64)).astype(np.float32)}
-    feed["x"][0, 0] = np.inf  # W > 0: the SGEMM's row 0 is +inf throughout
+    g, feed = inf_row_case(1)
     st = stage(g, "fp32", "sm_90", dry_run=True)
     assert st.report["gemms_split_tf32"] == 1
     want = reference.run(g, feed)["y"]

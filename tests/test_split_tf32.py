@@ -274,6 +274,18 @@ def test_gpu_tiny_gpt2_fp32_plan_vs_float64(monkeypatch) -> None:  # noqa: ANN00
     assert rel["tf32"] > 3 * rel["3xtf32"]  # the plan did not silently run plain tf32
 
 
+def inf_row_case(seed: int) -> tuple[Graph, dict[str, np.ndarray]]:
+    """y = x @ W over 256 rows (enough for the 3xTF32 rewrite), W > 0 and x[0, 0] = inf: an SGEMM's
+    row 0 is +inf throughout."""
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder("inf_row")
+    x = b.input("x", (256, 64), DType.F32)
+    b.output(b.emit(Op.MATMUL, x, b.const(rng.uniform(0.5, 1.0, (64, 32)).astype(np.float32), "w")), "y")
+    feed = {"x": rng.uniform(0.0, 1.0, (256, 64)).astype(np.float32)}
+    feed["x"][0, 0] = np.inf
+    return b.build(), feed
+
+
 @pytest.mark.gpu
 def test_gpu_an_infinite_activation_gives_the_sgemm_row() -> None:
     """inf in x: the 3xTF32 plan's row is +inf like the SGEMM plan's (the split keeps x out of the block
@@ -282,13 +294,7 @@ def test_gpu_an_infinite_activation_gives_the_sgemm_row() -> None:
 
     import fusec
 
-    rng = np.random.default_rng(3)
-    b = GraphBuilder("inf_row")
-    x = b.input("x", (256, 64), DType.F32)
-    b.output(b.emit(Op.MATMUL, x, b.const(rng.uniform(0.5, 1.0, (64, 32)).astype(np.float32), "w")), "y")
-    g = b.build()
-    feed = {"x": rng.uniform(0.0, 1.0, (256, 64)).astype(np.float32)}
-    feed["x"][0, 0] = np.inf
+    g, feed = inf_row_case(3)
     got = {mode: cupy.asnumpy(fusec.compile(g, dtype="fp32", fp32_gemm=mode).run(feed)["y"])
            for mode in ("3xtf32", "sgemm")}
     assert np.isposinf(got["sgemm"][0]).all()

@@ -266,19 +266,12 @@ class Executor:
         self.device.guard.follow(stream, lambda: cp.cuda.Event(disable_timing=True))  # after the last run's stream
         counter = self._allocs
         counter.count = 0
-        h2d = d2d = 0
         driver = self.device.counters if measure else None
         if driver is not None and driver.available:
             driver.start()
         t0 = time.perf_counter()
         with counter.hook:
-            for off, arr, n, is_dev in staged:
-                if is_dev:
-                    cp.cuda.runtime.memcpyAsync(self._base["arena"] + off, arr.data.ptr, n, _D2D, stream.ptr)
-                    d2d += n
-                else:
-                    cp.cuda.runtime.memcpyAsync(self._base["arena"] + off, arr.ctypes.data, n, _H2D, stream.ptr)
-                    h2d += n
+            h2d, d2d = self._stage(staged, stream)
             if nvtx or (nvtx is None and NVTX_ENABLED):
                 run_with_ranges(self, stream)
             elif self._graph is not None:
@@ -332,6 +325,18 @@ class Executor:
             raise RuntimeError("replay() needs a plan loaded with cuda_graph=True")
         self._graph.launch(stream)
 
+    def _stage(self, staged: list[tuple[int, Any, int, bool]], stream: Any) -> tuple[int, int]:
+        """Enqueue the checked inputs' copies into their arena slots; (H2D bytes, D2D bytes)."""
+        h2d = d2d = 0
+        for off, arr, n, is_dev in staged:
+            if is_dev:
+                self._cp.cuda.runtime.memcpyAsync(self._base["arena"] + off, arr.data.ptr, n, _D2D, stream.ptr)
+                d2d += n
+            else:
+                self._cp.cuda.runtime.memcpyAsync(self._base["arena"] + off, arr.ctypes.data, n, _H2D, stream.ptr)
+                h2d += n
+        return h2d, d2d
+
     @guarded
     def step(self, inputs: Mapping[str, Any], after: Any) -> None:
         """A diagnostic run (``fusec.debug.bisect``): stage ``inputs``, then the launches one at a
@@ -340,10 +345,7 @@ class Executor:
         cp = self._cp
         stream = cp.cuda.Stream(non_blocking=True)
         self.device.guard.follow(stream, lambda: cp.cuda.Event(disable_timing=True))
-        staged = self._check_and_stage(inputs)
-        for off, arr, n, is_dev in staged:
-            src, kind = (arr.data.ptr, _D2D) if is_dev else (arr.ctypes.data, _H2D)
-            cp.cuda.runtime.memcpyAsync(self._base["arena"] + off, src, n, kind, stream.ptr)
+        self._stage(self._check_and_stage(inputs), stream)
         for i, launch in enumerate(self._launches):
             launch(stream)
             stream.synchronize()
