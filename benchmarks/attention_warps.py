@@ -1,13 +1,12 @@
-"""The fp16/bf16 attention kernel in each block layout (1, 2, 4, 8 warps per block; each warp
-owning 16 query rows, or the warps splitting the keys of 16 rows), at the attention shapes of the
-issue-13 workloads (GPU only).
+"""The fp16/bf16 attention kernel at 1, 2, 4 and 8 warps per block, at the attention shapes of
+the issue-13 workloads (GPU only).
 
     python benchmarks/attention_warps.py [OUT.json]
 
 Each variant is launched 50 times inside one CUDA graph (so host launch latency is not timed, as
 in a plan's graph), the graph replayed 20 times between CUDA events: the median per launch.
 Q/K/V are each read from L2 after the first launch, as in a plan where the QKV product has just
-written them. ``auto`` is what ``AttentionSpec.block_layout`` picks.
+written them. ``auto`` is what ``AttentionSpec.block_warps`` picks.
 """
 
 from __future__ import annotations
@@ -30,13 +29,6 @@ SHAPES = {  # name: B, Hq, Hkv, S, D, dtype, causal, padding mask
     "bert-base 32x128": (32, 12, 12, 128, 64, F16, False, True),
     "minilm 32x128": (32, 12, 12, 128, 32, F16, False, True),
 }
-
-
-LAYOUTS = [(1, False), (2, False), (4, False), (8, False), (1, True), (2, True), (4, True), (8, True)]
-
-
-def _label(warps: int, split_keys: bool) -> str:
-    return f"{'split' if split_keys else 'rows'}{warps}"
 
 
 def _f32(x, dt: DType):  # noqa: ANN001, ANN202
@@ -67,11 +59,10 @@ def main(argv: list[str]) -> int:
             args.append(cp.asarray(m))
             kw = dict(mask="additive", mask_dtype=F16, mask_strides=(s, 0, 0, 1))
         args.append(o)
-        auto = S.AttentionSpec(b, hq, hkv, s, s, d, dt, 1 / math.sqrt(d), causal=causal, **kw).block_layout()
-        row: dict = {"auto": _label(*auto)}
+        row: dict = {"auto": S.AttentionSpec(b, hq, hkv, s, s, d, dt, 1 / math.sqrt(d), causal=causal, **kw).block_warps()}
         ref = None
-        for w, sk in LAYOUTS:
-            spec = S.AttentionSpec(b, hq, hkv, s, s, d, dt, 1 / math.sqrt(d), causal=causal, warps=w, split_keys=sk, **kw)
+        for w in (1, 2, 4, 8):
+            spec = S.AttentionSpec(b, hq, hkv, s, s, d, dt, 1 / math.sqrt(d), causal=causal, warps=w, **kw)
             ck = K.build(spec)
             with stream:
                 K.launch(ck, args, stream)
@@ -93,14 +84,13 @@ def main(argv: list[str]) -> int:
                     e.record(stream)
                     e.synchronize()
                     t.append(cp.cuda.get_elapsed_time(a, e) * 1000 / 50)
-            row[_label(w, sk)] = {"us": statistics.median(t), "grid": list(ck.grid), "block": list(ck.block),
-                                "max_diff_vs_first": diff}
+            row[f"warps{w}"] = {"us": statistics.median(t), "grid": list(ck.grid), "block": list(ck.block),
+                                "max_diff_vs_warps1": diff}
         out["shapes"][name] = row
-        labels = [_label(w, sk) for w, sk in LAYOUTS]
-        best = min(labels, key=lambda k: row[k]["us"])
-        print(f"{name}: " + "  ".join(f"{k} {row[k]['us']:.2f}" for k in labels)
-              + f" us | auto {row['auto']}, best {best}; max diff vs the first "
-              + f"{max(row[k]['max_diff_vs_first'] for k in labels):.2e}", flush=True)
+        best = min((1, 2, 4, 8), key=lambda w: row[f"warps{w}"]["us"])
+        print(f"{name}: " + "  ".join(f"w{w} {row[f'warps{w}']['us']:.2f} us" for w in (1, 2, 4, 8))
+              + f"  | auto w{row['auto']}, best w{best}; max diff vs w1 "
+              + f"{max(row[f'warps{w}']['max_diff_vs_warps1'] for w in (2, 4, 8)):.2e}", flush=True)
     if len(argv) > 0:
         with open(argv[0], "w") as f:
             json.dump(out, f, indent=1)

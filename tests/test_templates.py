@@ -66,10 +66,7 @@ def _all_specs() -> list[tuple[str, object]]:
         S.AttentionSpec(1, 8, 1, 1, 300, 128, BF16, 0.088, causal=True),  # MQA decode
         S.AttentionSpec(2, 2, 2, 20, 20, 80, F16, 0.1, mask="bool", mask_dtype=BOOL, mask_strides=(400, 0, 20, 1)),
         S.AttentionSpec(1, 2, 2, 9, 9, 32, F16, 0.2),
-        *(S.AttentionSpec(1, 4, 2, 100, 200, 128, BF16, 0.1, causal=True, warps=w, split_keys=sk)
-          for w in (1, 2, 4, 8) for sk in (False, True)),  # split keys with D 128 at 8 warps: 139 KB dynamic smem
-        S.AttentionSpec(2, 3, 3, 37, 300, 32, F16, 0.1, mask="additive", mask_dtype=F16, mask_strides=(300, 0, 0, 1),
-                        split_keys=True),
+        *(S.AttentionSpec(1, 4, 2, 100, 200, 128, BF16, 0.1, causal=True, warps=w) for w in (1, 2, 4, 8)),
         S.AttentionSpec(2, 8, 2, 77, 77, 128, F32, 0.088, causal=True, fp32_math="3xtf32"),  # BN 32
         S.AttentionSpec(2, 4, 4, 64, 64, 64, F32, 0.125, fp32_math="tf32"),
         S.AttentionSpec(2, 4, 4, 64, 64, 64, F32, 0.125, fp32_math="simt"),
@@ -209,34 +206,27 @@ def test_attention_math_variant_choice() -> None:
     assert "fc_mma1688" not in srcs["simt"]
 
 
-@pytest.mark.parametrize("b,hq,hkv,s,t,dt,want", [
-    (1, 16, 8, 128, 128, DType.BF16, (4, True)),  # Qwen3-0.6B prefill 1x128: 32 blocks of 64 rows -> split keys
-    (1, 8, 1, 1, 300, DType.BF16, (4, True)),     # one query row against 300 keys
-    (1, 2, 2, 9, 20, DType.F16, (1, True)),       # one key tile: one warp
-    (8, 12, 12, 128, 128, DType.F16, (4, False)),  # GPT-2 small b8: 192 blocks of 64 rows
-    (32, 12, 12, 128, 128, DType.F16, (4, False)),  # BERT-base b32: 768
-    (32, 12, 12, 128, 128, DType.F32, (4, False)),  # the tf32 kernels keep rows mode
+@pytest.mark.parametrize("b,hq,s,dt,want", [
+    (1, 16, 128, DType.BF16, 1),   # Qwen3-0.6B prefill 1x128: 8 blocks of 16 rows per head -> 128 blocks
+    (8, 12, 128, DType.F16, 2),    # GPT-2 small b8: 4 blocks of 32 rows per (batch, head) -> 384
+    (32, 12, 128, DType.F16, 8),   # BERT-base b32: one block of 128 rows per (batch, head) -> 384
+    (32, 12, 128, DType.F32, 4),   # the tf32 kernels keep 4 warps
 ])
-def test_attention_block_layout_follows_the_grid(b: int, hq: int, hkv: int, s: int, t: int, dt: DType,
-                                                 want: tuple[int, bool]) -> None:
-    spec = S.AttentionSpec(b, hq, hkv, s, t, 64, dt, 0.125, causal=True)
-    assert spec.block_layout() == want
+def test_attention_rows_per_block_follow_the_grid(b: int, hq: int, s: int, dt: DType, want: int) -> None:
+    spec = S.AttentionSpec(b, hq, hq, s, s, 64, dt, 0.125, causal=True)
+    assert spec.block_warps() == want
     rendered, _ = K.prepare(spec)
-    warps, split = want
-    rows = 16 if split else 16 * warps
-    assert rendered.block == (32 * warps, 1, 1)
+    rows = 16 * want
+    assert rendered.block == (32 * want if dt != DType.F32 else 128, 1, 1)
     assert rendered.grid == (-(-s // rows), hq, b)
-    assert (rendered.grid[0] * hq * b >= S.ATTN_MIN_BLOCKS) == (not split) or dt == DType.F32
-    # split keys: per warp a K and a V tile of 32 rows of 64 + 8 halfs, the merge area fits in them
-    assert rendered.shared_mem == (warps * 2 * 32 * 72 * 2 if split else 0)
+    if dt != DType.F32:
+        assert rendered.grid[0] * hq * b >= S.ATTN_MIN_BLOCKS or want == 1
+        assert want == 8 or -(-s // (2 * rows)) * hq * b < S.ATTN_MIN_BLOCKS  # twice the rows would starve the GPU
 
 
-def test_attention_layout_is_checked() -> None:
-    assert S.AttentionSpec(1, 2, 2, 9, 9, 32, DType.F16, 0.2, warps=2).block_layout() == (2, False)
-    assert S.AttentionSpec(1, 2, 2, 9, 9, 32, DType.F16, 0.2, split_keys=True).block_layout() == (4, True)
+def test_attention_warps_are_checked() -> None:
+    assert S.AttentionSpec(1, 2, 2, 9, 9, 32, DType.F16, 0.2, warps=2).block_warps() == 2
     with pytest.raises(ValueError, match="warps must be"):
         S.AttentionSpec(1, 2, 2, 9, 9, 32, DType.F16, 0.2, warps=3)
     with pytest.raises(ValueError, match="only the fp16/bf16"):
         S.AttentionSpec(1, 2, 2, 9, 9, 32, DType.F32, 0.2, warps=2)
-    with pytest.raises(ValueError, match="only the fp16/bf16"):
-        S.AttentionSpec(1, 2, 2, 9, 9, 32, DType.F32, 0.2, split_keys=True)

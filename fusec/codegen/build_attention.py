@@ -14,24 +14,20 @@ def _attention(spec: S.AttentionSpec) -> Rendered:
     tc = math == "mma16"
     tf32 = math in ("3xtf32", "tf32")
     qs, ks, vs, os_ = spec.strides()
-    warps, split_keys = spec.block_layout()
     ctx = {
         "name": kernel_name("attn", spec), "tc": tc, "tf32": tf32, "split": math == "3xtf32",
-        "split_keys": split_keys, "BN": 32 if split_keys or not (tc or spec.D <= 64) else 64, "D": spec.D, "S": spec.S, "T": spec.T,
+        "BN": 64 if tc or spec.D <= 64 else 32, "D": spec.D, "S": spec.S, "T": spec.T,
         "group": spec.Hq // spec.Hkv, "t": ctype(spec.dtype), "scale": float_lit(spec.scale, "scale"),
         "softcap": float_lit(spec.softcap, "softcap") if spec.softcap else None,
         "causal": spec.causal, "mask": Ident(spec.mask),
         "mask_t": ctype(spec.mask_dtype) if spec.mask_dtype else None, "ms": spec.mask_strides,
-        "qs": qs, "ks": ks, "vs": vs, "os": os_, "warps": warps,
+        "qs": qs, "ks": ks, "vs": vs, "os": os_, "warps": spec.block_warps(),
     }
-    rows_per_block = (16 if split_keys else 16 * warps) if tc or tf32 else 4
+    rows_per_block = 16 * ctx["warps"] if tc or tf32 else 4
     grid = (cdiv(spec.S, rows_per_block), spec.Hq, spec.B)
     _req_grid(grid)
     params = ("q", "k", "v") + (("mask",) if spec.mask != "none" else ()) + ("out",)
-    smem = 0
-    if split_keys:  # per warp a K and a V tile of 32 rows; then the merge area (fp32 partials, max, sum)
-        smem = max(warps * 2 * 32 * (spec.D + 8) * 2, warps * 16 * (spec.D + 2) * 4)
-    return Rendered("attention.cu.jinja", ctx, grid, (32 * warps if tc else 128, 1, 1), params, smem)
+    return Rendered("attention.cu.jinja", ctx, grid, (32 * ctx["warps"] if tc else 128, 1, 1), params)
 
 
 def _req_grid(grid: tuple[int, int, int]) -> None:

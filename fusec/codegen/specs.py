@@ -218,11 +218,10 @@ class RopeSpec:
 MASKS = ("none", "additive", "bool")
 
 
-# Blocks of 64 query rows the fp16/bf16 attention grid must reach before rows mode is used: one
-# per SM of an H100 (132). Fewer (Qwen3-0.6B's 1 x 128 prefill: 32) leave most SMs idle while each
-# warp walks every key alone; split-keys mode divides the keys among a block's warps instead
-# (benchmarks/attention_warps.py, benchmarks/RESULTS.md "attention block layout").
-ATTN_MIN_BLOCKS = 132
+# Blocks the attention kernel's grid should reach before it shares K/V tiles among more query
+# rows per block: two per SM of an H100 (132 SMs), where the per-block latency of loading K/V
+# is hidden by the other blocks (benchmarks/RESULTS.md, "attention rows per block").
+ATTN_MIN_BLOCKS = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -259,10 +258,9 @@ class AttentionSpec:
     # "" picks 3xtf32 where the tensor-core path fits (head_dim <= 128), else simt. Halfs: mma.sync f16/bf16.
     fp32_math: str = ""
     softcap: float = 0.0
-    # fp16/bf16 kernel only (see ``block_layout``): warps per block, 1, 2, 4 or 8 (0: auto), and
-    # whether they split the keys (True) or own 16 query rows each (False); None: auto.
+    # warps per block of the fp16/bf16 kernel (16 query rows each): 1, 2, 4 or 8; 0 picks
+    # ``block_warps()`` from the grid size. The tf32 and SIMT kernels always run 4.
     warps: int = 0
-    split_keys: bool | None = None
 
     def __post_init__(self) -> None:
         _pos(("B", self.B), ("Hq", self.Hq), ("Hkv", self.Hkv), ("S", self.S), ("T", self.T), ("D", self.D))
@@ -276,8 +274,7 @@ class AttentionSpec:
         if self.dtype in HALFS:
             _req(self.D % 16 == 0 and self.D <= 128, "tensor-core attention needs head_dim % 16 == 0 and <= 128")
         else:
-            _req(self.warps in (0, 4) and not self.split_keys,
-                 "only the fp16/bf16 attention kernel takes warps other than 4 or split_keys")
+            _req(self.warps in (0, 4), "only the fp16/bf16 attention kernel takes warps other than 4")
         _req(math.isfinite(self.scale), "scale must be finite")
         _req(_softcap_ok(self.softcap), "softcap must be finite and >= 0 (0 = none)")
         _req(self.mask in MASKS, f"mask must be one of {MASKS}")
@@ -297,20 +294,19 @@ class AttentionSpec:
             return "mma16"
         return self.fp32_math or ("3xtf32" if self.D <= 128 else "simt")
 
-    def block_layout(self) -> tuple[int, bool]:
-        """(warps per block, split_keys) of the fp16/bf16 kernel. Rows mode (split_keys False):
-        16 query rows per warp, the block's warps share each K/V tile. Split-keys mode: the
-        warps share 16 query rows and divide the key tiles among them, merging their partial
-        softmax results at the end. Auto (warps 0, split_keys None): 4 warps in rows mode when that
-        gives ATTN_MIN_BLOCKS blocks, else split keys over up to 4 warps (a short prefill of one
-        sequence: 16 heads x 128 tokens are 32 blocks of 64 rows). Other variants: (4, False)."""
+    def block_warps(self) -> int:
+        """Warps per block (16 query rows each) of the fp16/bf16 kernel: the most, up to 8, that
+        still give ATTN_MIN_BLOCKS blocks, so K/V tiles are shared by as many query rows as the
+        occupancy allows; 1 when even that gives fewer (a short prefill of one sequence).
+        Other variants: 4."""
         if self.math() != "mma16":
-            return 4, False
-        if self.warps or self.split_keys is not None:
-            return self.warps or 4, bool(self.split_keys)
-        if -(-self.S // 64) * self.Hq * self.B >= ATTN_MIN_BLOCKS:
-            return 4, False
-        return max(1, min(4, -(-self.T // 32))), True
+            return 4
+        if self.warps:
+            return self.warps
+        for w in (8, 4, 2):
+            if -(-self.S // (16 * w)) * self.Hq * self.B >= ATTN_MIN_BLOCKS:
+                return w
+        return 1
 
     def strides(self) -> tuple[tuple[int, int, int], ...]:
         def dflt(h: int, n: int) -> tuple[int, int, int]:
