@@ -408,37 +408,6 @@ def test_attention_bshd_strides() -> None:
     check(tr(host(out, F16)), attention_ref(tr(q), tr(k), tr(v), 0.125, True), F16)
 
 
-ATTN_WARPS = [
-    # dt, B, Hq, Hkv, S, T, D, causal, mask: rows per block 16 * warps; K/V tiles prefetched
-    (BF16, 1, 4, 2, 100, 200, 128, True, "none"),     # GQA, 4 K/V tiles, S not a multiple of any block
-    (F16, 2, 3, 3, 37, 300, 64, False, "additive"),  # 5 tiles, padding mask
-    (F16, 1, 2, 1, 130, 130, 32, True, "bool"),      # MQA, causal, the last block's range ends mid-tile
-]
-
-
-@pytest.mark.parametrize("warps", [1, 2, 4, 8])
-@pytest.mark.parametrize("dt,B,Hq,Hkv,Sq,T,D,causal,mask", ATTN_WARPS,
-                         ids=[f"{a[0].value}-D{a[6]}-S{a[4]}-T{a[5]}-{a[8]}" for a in ATTN_WARPS])
-def test_attention_every_block_size(warps: int, dt: DType, B: int, Hq: int, Hkv: int, Sq: int, T: int, D: int,
-                                    causal: bool, mask: str) -> None:
-    """The fp16/bf16 kernel at 1, 2, 4 and 8 warps per block agrees with the reference."""
-    q, k, v = rand((B, Hq, Sq, D), dt), rand((B, Hkv, T, D), dt), rand((B, Hkv, T, D), dt)
-    args = [dev(q), dev(k), dev(v)]
-    m, kw = None, {}
-    if mask != "none":
-        m = RNG.random((B, 1, 1, T)) < 0.7
-        m[..., 0] = True
-        if mask == "additive":
-            m = np.where(m, 0.0, -1e4).astype(dt.np)
-        kw = dict(mask=mask, mask_dtype=dt if mask == "additive" else BOOL, mask_strides=(T, 0, 0, 1))
-        args.append(dev(m))
-    out = poisoned((B, Hq, Sq, D), dt)
-    spec = S.AttentionSpec(B, Hq, Hkv, Sq, T, D, dt, 0.1, causal=causal, warps=warps, **kw)
-    assert spec.block_warps() == warps
-    run(spec, args + [out])
-    check(host(out, dt), attention_ref(q, k, v, 0.1, causal, m, mask), dt)
-
-
 ATTN_F32 = [
     # B, Hq, Hkv, S, T, D, causal, mask
     (8, 12, 12, 128, 128, 64, True, "additive"),  # GPT-2 small's layer (BN 64)

@@ -66,7 +66,6 @@ def _all_specs() -> list[tuple[str, object]]:
         S.AttentionSpec(1, 8, 1, 1, 300, 128, BF16, 0.088, causal=True),  # MQA decode
         S.AttentionSpec(2, 2, 2, 20, 20, 80, F16, 0.1, mask="bool", mask_dtype=BOOL, mask_strides=(400, 0, 20, 1)),
         S.AttentionSpec(1, 2, 2, 9, 9, 32, F16, 0.2),
-        *(S.AttentionSpec(1, 4, 2, 100, 200, 128, BF16, 0.1, causal=True, warps=w) for w in (1, 2, 4, 8)),
         S.AttentionSpec(2, 8, 2, 77, 77, 128, F32, 0.088, causal=True, fp32_math="3xtf32"),  # BN 32
         S.AttentionSpec(2, 4, 4, 64, 64, 64, F32, 0.125, fp32_math="tf32"),
         S.AttentionSpec(2, 4, 4, 64, 64, 64, F32, 0.125, fp32_math="simt"),
@@ -204,29 +203,3 @@ def test_attention_math_variant_choice() -> None:
             for m in ("3xtf32", "tf32", "simt")}
     assert srcs["3xtf32"].count("fc_mma1688(c,") == 3 and srcs["tf32"].count("fc_mma1688(c,") == 1
     assert "fc_mma1688" not in srcs["simt"]
-
-
-@pytest.mark.parametrize("b,hq,s,dt,want", [
-    (1, 16, 128, DType.BF16, 1),   # Qwen3-0.6B prefill 1x128: 8 blocks of 16 rows per head -> 128 blocks
-    (8, 12, 128, DType.F16, 2),    # GPT-2 small b8: 4 blocks of 32 rows per (batch, head) -> 384
-    (32, 12, 128, DType.F16, 8),   # BERT-base b32: one block of 128 rows per (batch, head) -> 384
-    (32, 12, 128, DType.F32, 4),   # the tf32 kernels keep 4 warps
-])
-def test_attention_rows_per_block_follow_the_grid(b: int, hq: int, s: int, dt: DType, want: int) -> None:
-    spec = S.AttentionSpec(b, hq, hq, s, s, 64, dt, 0.125, causal=True)
-    assert spec.block_warps() == want
-    rendered, _ = K.prepare(spec)
-    rows = 16 * want
-    assert rendered.block == (32 * want if dt != DType.F32 else 128, 1, 1)
-    assert rendered.grid == (-(-s // rows), hq, b)
-    if dt != DType.F32:
-        assert rendered.grid[0] * hq * b >= S.ATTN_MIN_BLOCKS or want == 1
-        assert want == 8 or -(-s // (2 * rows)) * hq * b < S.ATTN_MIN_BLOCKS  # twice the rows would starve the GPU
-
-
-def test_attention_warps_are_checked() -> None:
-    assert S.AttentionSpec(1, 2, 2, 9, 9, 32, DType.F16, 0.2, warps=2).block_warps() == 2
-    with pytest.raises(ValueError, match="warps must be"):
-        S.AttentionSpec(1, 2, 2, 9, 9, 32, DType.F16, 0.2, warps=3)
-    with pytest.raises(ValueError, match="only the fp16/bf16"):
-        S.AttentionSpec(1, 2, 2, 9, 9, 32, DType.F32, 0.2, warps=2)

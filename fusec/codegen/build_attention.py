@@ -21,13 +21,13 @@ def _attention(spec: S.AttentionSpec) -> Rendered:
         "softcap": float_lit(spec.softcap, "softcap") if spec.softcap else None,
         "causal": spec.causal, "mask": Ident(spec.mask),
         "mask_t": ctype(spec.mask_dtype) if spec.mask_dtype else None, "ms": spec.mask_strides,
-        "qs": qs, "ks": ks, "vs": vs, "os": os_, "warps": spec.block_warps(),
+        "qs": qs, "ks": ks, "vs": vs, "os": os_,
     }
-    rows_per_block = 16 * ctx["warps"] if tc or tf32 else 4
+    rows_per_block = 64 if tc or tf32 else 4
     grid = (cdiv(spec.S, rows_per_block), spec.Hq, spec.B)
     _req_grid(grid)
     params = ("q", "k", "v") + (("mask",) if spec.mask != "none" else ()) + ("out",)
-    return Rendered("attention.cu.jinja", ctx, grid, (32 * ctx["warps"] if tc else 128, 1, 1), params)
+    return Rendered("attention.cu.jinja", ctx, grid, (128, 1, 1), params)
 
 
 def _req_grid(grid: tuple[int, int, int]) -> None:

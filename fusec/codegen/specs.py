@@ -218,12 +218,6 @@ class RopeSpec:
 MASKS = ("none", "additive", "bool")
 
 
-# Blocks the attention kernel's grid should reach before it shares K/V tiles among more query
-# rows per block: two per SM of an H100 (132 SMs), where the per-block latency of loading K/V
-# is hidden by the other blocks (benchmarks/RESULTS.md, "attention rows per block").
-ATTN_MIN_BLOCKS = 256
-
-
 @dataclasses.dataclass(frozen=True)
 class AttentionSpec:
     """out = softmax(q k^T * scale + mask) v for all batches and heads in one launch.
@@ -258,13 +252,9 @@ class AttentionSpec:
     # "" picks 3xtf32 where the tensor-core path fits (head_dim <= 128), else simt. Halfs: mma.sync f16/bf16.
     fp32_math: str = ""
     softcap: float = 0.0
-    # warps per block of the fp16/bf16 kernel (16 query rows each): 1, 2, 4 or 8; 0 picks
-    # ``block_warps()`` from the grid size. The tf32 and SIMT kernels always run 4.
-    warps: int = 0
 
     def __post_init__(self) -> None:
         _pos(("B", self.B), ("Hq", self.Hq), ("Hkv", self.Hkv), ("S", self.S), ("T", self.T), ("D", self.D))
-        _req(self.warps in (0, 1, 2, 4, 8), "warps must be 0 (auto), 1, 2, 4 or 8")
         _req(self.Hq % self.Hkv == 0, "Hq must be a multiple of Hkv")
         _req(self.fp32_math in ("", "3xtf32", "tf32", "simt"), "fp32_math must be '', 3xtf32, tf32 or simt")
         if self.fp32_math in ("3xtf32", "tf32"):
@@ -273,8 +263,6 @@ class AttentionSpec:
         _req(self.D % 8 == 0 and 8 <= self.D <= 256, "head_dim must be a multiple of 8 in [8, 256]")
         if self.dtype in HALFS:
             _req(self.D % 16 == 0 and self.D <= 128, "tensor-core attention needs head_dim % 16 == 0 and <= 128")
-        else:
-            _req(self.warps in (0, 4), "only the fp16/bf16 attention kernel takes warps other than 4")
         _req(math.isfinite(self.scale), "scale must be finite")
         _req(_softcap_ok(self.softcap), "softcap must be finite and >= 0 (0 = none)")
         _req(self.mask in MASKS, f"mask must be one of {MASKS}")
@@ -293,20 +281,6 @@ class AttentionSpec:
         if self.dtype in HALFS:
             return "mma16"
         return self.fp32_math or ("3xtf32" if self.D <= 128 else "simt")
-
-    def block_warps(self) -> int:
-        """Warps per block (16 query rows each) of the fp16/bf16 kernel: the most, up to 8, that
-        still give ATTN_MIN_BLOCKS blocks, so K/V tiles are shared by as many query rows as the
-        occupancy allows; 1 when even that gives fewer (a short prefill of one sequence).
-        Other variants: 4."""
-        if self.math() != "mma16":
-            return 4
-        if self.warps:
-            return self.warps
-        for w in (8, 4, 2):
-            if -(-self.S // (16 * w)) * self.Hq * self.B >= ATTN_MIN_BLOCKS:
-                return w
-        return 1
 
     def strides(self) -> tuple[tuple[int, int, int], ...]:
         def dflt(h: int, n: int) -> tuple[int, int, int]:
