@@ -2,8 +2,10 @@
 its roofline fraction against ceilings measured on this GPU (GPU only, except the pure helpers).
 
 Time: CUDA events around each launch of an eager run (``Plan.profile``: median of ``repeats``);
-the events cost about a microsecond each, so the smallest kernels read a little slow and the sum of
-the launches is an upper bound of the eager run's GPU time.
+each short kernel's time then includes the host's launch gap, so the sum of the launches is an upper
+bound of the eager run's GPU time (2-3.5x a graph replay on an H100). With ``graph`` (``fusec bench
+--cuda-graph --per-kernel``): each launch's kernels' durations inside bound CUDA-graph replays, from
+CUPTI's kernel records (``fusec.runtime.kernel_trace``), the time the launch costs a replay.
 Work: a GEMM's FLOPs (2 M N K per batch) and minimum bytes (A, B, C once; a cuBLASLt bias and
 residual once) come from its launch record; a kernel's minimum bytes are those of the distinct
 values it reads and writes, recorded by the lowering (``report.lowering.launch_bytes``).
@@ -130,8 +132,12 @@ def measure_peaks(dtype: str, compute: str = "f32", iters: int = 10) -> dict[str
                    f"({gemm_ms:.3f} ms), median of {iters}"}
 
 
-def per_kernel(plan: Any, repeats: int = 20, peaks: Mapping[str, Any] | None = None, seed: int = 0) -> dict[str, Any]:
-    """The per-kernel profile of ``plan``'s first entry on random inputs (see the module doc)."""
+def per_kernel(plan: Any, repeats: int = 20, peaks: Mapping[str, Any] | None = None, seed: int = 0,
+               graph: bool = False) -> dict[str, Any]:
+    """The per-kernel profile of ``plan``'s first entry on random inputs (see the module doc).
+    ``graph``: times from CUPTI's kernel records of bound CUDA-graph replays
+    (``fusec.runtime.kernel_trace``: no launch gaps counted), falling back to per-launch CUDA
+    events, with the reason in ``source``, where CUPTI cannot record kernels."""
     from fusec.inputs import random_inputs_for
 
     name, launches, _ = entry_launches(plan.manifest)
@@ -141,14 +147,29 @@ def per_kernel(plan: Any, repeats: int = 20, peaks: Mapping[str, Any] | None = N
     pk = dict(peaks) if peaks else measure_peaks(dtype, compute)
     inputs = random_inputs_for(plan.manifest["inputs"] if "entries" not in plan.manifest
                                else plan.manifest["entries"][name]["inputs"], seed)
-    prof = plan.profile(inputs, repeats=repeats, entry=name)
-    recs = rows(plan.manifest, [p["ms"] for p in prof], pk, name)
+    replay: dict[str, Any] | None = None
+    source = "cuda events around each launch of an eager run"
+    if graph:
+        from fusec.errors import FusecError
+        from fusec.runtime.kernel_trace import graph_launch_times
+
+        try:
+            replay = graph_launch_times(plan, inputs, replays=repeats, entry=name)
+            source = f"CUPTI kernel records of {replay['replays']} CUDA-graph replays"
+        except FusecError as e:
+            source += f" (graph replay times unavailable: {e})"
+    prof = plan.profile(inputs, repeats=1 if replay else repeats, entry=name)
+    times = replay["ms"] if replay else [p["ms"] for p in prof]
+    recs = rows(plan.manifest, times, pk, name)
     for r, p in zip(recs, prof):  # the cuBLASLt algorithm picked at load (fusec.runtime.lt_pick)
         r["kind"] += f" {p['algo']}" if "algo" in p else ""
     total = sum(r["ms"] for r in recs)
     floor = sum(r["floor_ms"] for r in recs)
-    return {"entry": name, "peaks": pk, "launches": recs, "sum_ms": total, "floor_ms": floor,
-            "roofline": floor / total if total else None}
+    out = {"entry": name, "peaks": pk, "launches": recs, "sum_ms": total, "floor_ms": floor,
+           "roofline": floor / total if total else None, "source": source}
+    if replay:
+        out["replay"] = {k: replay[k] for k in ("wall_ms", "busy_ms", "gaps_ms", "other_ms", "replays")}
+    return out
 
 
 def format_table(res: Mapping[str, Any], top: int = 25) -> str:
@@ -156,7 +177,12 @@ def format_table(res: Mapping[str, Any], top: int = 25) -> str:
     lines = [f"per-kernel ({len(res['launches'])} launches, sum {res['sum_ms']:.4f} ms, floor {res['floor_ms']:.4f} ms, "
              f"{100 * (res['roofline'] or 0):.1f}% of roofline); ceilings: {pk['gbps']:.0f} GB/s copy, "
              f"{pk['tflops']:.0f} TFLOP/s {pk.get('dtype', '')} ({pk.get('how', 'given')})",
-             f"  {'us':>8} {'share':>6} {'TFLOP/s':>8} {'GB/s':>7} {'roof':>5}  kind / label"]
+             f"  times: {res.get('source', 'cuda events around each launch of an eager run')}"]
+    if "replay" in res:
+        rp = res["replay"]
+        lines.append(f"  replay: wall {rp['wall_ms']:.4f} ms = kernels {rp['busy_ms']:.4f} ms + gaps {rp['gaps_ms']:.4f} ms"
+                     f" (kernels no launch ran eagerly, e.g. input copies: {rp['other_ms']:.4f} ms)")
+    lines.append(f"  {'us':>8} {'share':>6} {'TFLOP/s':>8} {'GB/s':>7} {'roof':>5}  kind / label")
     for r in sorted(res["launches"], key=lambda r: -r["ms"])[:top]:
         tf = f"{r['tflops']:.0f}" if r["tflops"] else "-"
         bw = f"{r['gbps']:.0f}" if r["gbps"] else "-"

@@ -291,6 +291,10 @@ class Plan:
         """Per-launch GPU times (a diagnostic that synchronizes; see Executor.profile)."""
         return self._exec(entry).profile(inputs, repeats)
 
+    def launch_each(self, inputs: Mapping[str, Any], before: Any, entry: str | None = None) -> None:
+        """Run launch by launch with ``before(i)`` ahead of each (a diagnostic; see Executor.launch_each)."""
+        self._exec(entry).launch_each(inputs, before)
+
     def bind(self, inputs: Mapping[str, Any] | None = None, outputs: Mapping[str, Any] | None = None,
              entry: str | None = None) -> Any:
         """Bind caller device arrays once; the returned object's ``run()`` is one CUDA-graph launch

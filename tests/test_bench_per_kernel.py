@@ -64,7 +64,13 @@ def test_rows_give_share_rate_and_roofline(plan) -> None:  # noqa: ANN001
             floor = r["bytes"] / 1e12
         assert r["roofline"] == pytest.approx(floor / (ms * 1e-3))
     text = format_table({"peaks": peaks, "launches": recs, "sum_ms": sum(times), "floor_ms": 1.0, "roofline": 0.5}, 5)
-    assert len(text.splitlines()) == 2 + 5 and ("cublas" in text or "fc_" in text)
+    assert len(text.splitlines()) == 3 + 5 and ("cublas" in text or "fc_" in text)
+    assert text.splitlines()[1] == "  times: cuda events around each launch of an eager run"
+    replay = {"wall_ms": 0.5, "busy_ms": 0.45, "gaps_ms": 0.05, "other_ms": 0.002, "replays": 20}
+    text = format_table({"peaks": peaks, "launches": recs, "sum_ms": sum(times), "floor_ms": 1.0, "roofline": 0.5,
+                         "source": "CUPTI kernel records of 20 CUDA-graph replays", "replay": replay}, 5)
+    assert text.splitlines()[1] == "  times: CUPTI kernel records of 20 CUDA-graph replays"
+    assert text.splitlines()[2].startswith("  replay: wall 0.5000 ms = kernels 0.4500 ms + gaps 0.0500 ms")
 
 
 def test_bench_refusals_are_one_line(capsys) -> None:  # noqa: ANN001
@@ -100,6 +106,23 @@ def test_gpu_bench_json_modes_and_per_kernel(capsys) -> None:  # noqa: ANN001
     assert main(["bench", MODEL, "--dtype", "fp16", "--iters", "3", "--warmup", "1", "--cuda-graph", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert [r["mode"] for r in out["results"]] == ["cuda_graph", "bound"]
+
+
+@pytest.mark.gpu
+def test_gpu_per_kernel_from_graph_replays(capsys) -> None:  # noqa: ANN001
+    """--cuda-graph --per-kernel: each launch's kernel time inside bound graph replays (CUPTI)."""
+    pytest.importorskip("cupti", reason="cupti-python is not installed")
+    assert main(["bench", MODEL, "--dtype", "fp16", "--iters", "3", "--warmup", "1", "--cuda-graph", "--per-kernel",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    pk = out["per_kernel"]
+    assert pk["source"].startswith("CUPTI kernel records of"), pk["source"]
+    rp = pk["replay"]
+    assert len(pk["launches"]) == out["launches"] and all(r["ms"] > 0 for r in pk["launches"])
+    # the launches' kernels and the unattributed ones (input copies) make up the replay's busy time
+    # (medians over replays of each part vs the median of the whole: equal up to their spread)
+    assert pk["sum_ms"] + rp["other_ms"] == pytest.approx(rp["busy_ms"], rel=0.1)
+    assert 0 < rp["busy_ms"] <= rp["wall_ms"] and rp["gaps_ms"] == pytest.approx(rp["wall_ms"] - rp["busy_ms"])
 
 
 def test_event_median_ms_times_each_call_between_two_events(monkeypatch) -> None:  # noqa: ANN001

@@ -19,17 +19,22 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "eager launches, CUDA-graph replay through run(), and a bound run (plan.bind(): one graph\n"
         "launch, no per-call Python); each reports the GPU time and host_enqueue_ms, the host time of\n"
         "the call. --cuda-graph times the graph modes only. --per-kernel adds each launch's time,\n"
-        "share, TFLOP/s or GB/s and roofline fraction against ceilings measured on this GPU.\n"
+        "share, TFLOP/s or GB/s and roofline fraction against ceilings measured on this GPU: with\n"
+        "--cuda-graph, each launch's kernel time inside bound graph replays (CUPTI kernel records;\n"
+        "what the launch costs a replay), else CUDA events around each launch of an eager run (a\n"
+        "short kernel's time then includes the host's launch gap).\n"
         "PLAN_OR_MODEL is a .fplan file, or a model compiled first with the options below. Needs a GPU.",
         ["fusec bench gpt2.fplan", "fusec bench gpt2-small --dtype fp16 --iters 200 --json",
-         "fusec bench bert-base --dtype fp16 --shapes input_ids:32x128,attention_mask:32x128 --per-kernel"])
+         "fusec bench bert-base --dtype fp16 --shapes input_ids:32x128,attention_mask:32x128 --per-kernel",
+         "fusec bench qwen3-0.6b --dtype bf16 --cuda-graph --per-kernel --top 40"])
     p.add_argument("model", metavar="PLAN_OR_MODEL", help="a .fplan file, a built-in model name or an .onnx path")
     p.add_argument("--shapes", metavar="SHAPES", help="input shapes when compiling a model (see fusec compile --help)")
     add_compile_arguments(p)  # includes --cuda-graph: here it selects the graph modes only
     p.add_argument("--warmup", type=int, default=10, help="untimed runs first (default 10)")
     p.add_argument("--iters", type=int, default=100, help="timed runs per mode (default 100)")
     p.add_argument("--per-kernel", action="store_true",
-                   help="also time each launch (CUDA events) with its share, TFLOP/s or GB/s and roofline fraction")
+                   help="also time each launch (graph replays with --cuda-graph, else eager CUDA events) with its "
+                        "share, TFLOP/s or GB/s and roofline fraction")
     p.add_argument("--peak-gbps", type=float, default=None, help="copy bandwidth for the roofline (default: measured)")
     p.add_argument("--peak-tflops", type=float, default=None, help="GEMM rate for the roofline (default: measured)")
     p.add_argument("--top", type=int, default=25, help="kernels listed by --per-kernel in text output (default 25)")
@@ -69,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
 
         peaks = None if args.peak_gbps is None else {"gbps": args.peak_gbps, "tflops": args.peak_tflops,
                                                      "measured": False, "how": "given"}
-        out["per_kernel"] = per_kernel(plan, peaks=peaks)
+        out["per_kernel"] = per_kernel(plan, peaks=peaks, graph=args.cuda_graph)
     if args.json:
         print(json.dumps(out, indent=2))
         return 0

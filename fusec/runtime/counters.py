@@ -72,8 +72,10 @@ from __future__ import annotations
 import os
 import re
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
+
+from fusec.errors import FusecError
 
 # ---- classification of CUDA API names (pure; testable without a GPU) ----------------------------
 
@@ -244,6 +246,8 @@ class DriverCounters:
         self._subscriber: Any = None
         self._names: dict[str, dict[int, str]] = {}
         self._dir: dict[int, str] = {}
+        self._kernel_sink: list[tuple[int, int, str]] | None = None  # kernel_records() collects here
+        self._k_kernel = -1
 
     # -- creation ---------------------------------------------------------------------------
     @classmethod
@@ -335,6 +339,7 @@ class DriverCounters:
         self._async_flag = int(c.ActivityFlag.MEMCPY_ASYNC)
         self._k_memcpy = int(c.ActivityKind.MEMCPY)
         self._k_memset = int(c.ActivityKind.MEMSET)
+        self._k_kernel = int(c.ActivityKind.CONCURRENT_KERNEL)
         c.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
         kinds = [c.ActivityKind.DRIVER, c.ActivityKind.RUNTIME, c.ActivityKind.MEMCPY, c.ActivityKind.MEMSET]
         for k in kinds:  # enable once to learn now (not inside a run) whether this CUPTI can
@@ -373,17 +378,26 @@ class DriverCounters:
             self._callback_error = f"reading CUPTI records failed: {type(e).__name__}: {e}"
 
     def _keep(self, activities: Any) -> None:
-        if not self._want:
-            return  # no region waits for records: drop the buffer unread
+        sink = self._kernel_sink
+        if not self._want and sink is None:
+            return  # no region and no kernel trace waits for records: drop the buffer unread
+        want = self._want
         batch: list[tuple] = []
         keep = batch.append
-        kd, kr, kc, ks = self._k_driver, self._k_runtime, self._k_memcpy, self._k_memset
+        kernels: list[tuple[int, int, str]] = []
+        kd, kr, kc, ks, kk = self._k_driver, self._k_runtime, self._k_memcpy, self._k_memset, self._k_kernel
         direction, pageable, async_flag = self._dir, self._pageable, self._async_flag
         # Calls outside the latest region are dropped here, cheaply (result() filters exactly).
         t0 = self._t0 if self._t0 is not None else 0
         t1 = self._t1 if self._t1 is not None else 1 << 64
         for a in activities:
             k = int(a.kind)
+            if k == kk:
+                if sink is not None:
+                    kernels.append((int(a.start), int(a.end), str(a.name)))
+                continue
+            if not want:
+                continue
             if k == kd or k == kr:  # the API name is looked up in result(), not on CUPTI's thread
                 st = int(a.start)
                 if st < t0 or st > t1:
@@ -398,7 +412,10 @@ class DriverCounters:
             elif k == ks:
                 keep(("set", int(a.bytes), int(a.correlation_id), int(getattr(a, "runtime_correlation_id", 0) or 0)))
         with self._plock:
-            self._pending.extend(batch)
+            if want:
+                self._pending.extend(batch)
+            if sink is not None:
+                sink.extend(kernels)
 
     # -- regions ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -468,6 +485,43 @@ class DriverCounters:
         self._last_records = records  # kept until the next start(), for diagnostics
         self._last = aggregate(records, self._t0, self._t1)
         return dict(self._last)
+
+
+    # -- kernel records (a diagnostic for fusec.runtime.kernel_trace) ---------------------------
+    def timestamp(self) -> int:
+        """CUPTI's clock now (ns): the clock of the kernel records' start and end."""
+        return int(self._get_timestamp())
+
+    def kernel_records(self, fn: Callable[[], None]) -> list[tuple[int, int, str]]:
+        """Run ``fn()`` with CUPTI's kernel records on; return (start, end, name) of every kernel
+        that started inside it, sorted by start (GPU times on ``timestamp()``'s clock).
+        Synchronizes the device before and after. FusecError when CUPTI is not usable here."""
+        if not self.available:
+            raise FusecError(f"no CUPTI kernel records: {self.reason}")
+        import cupy
+
+        c = self._cupti
+        cupy.cuda.runtime.deviceSynchronize()
+        c.activity_flush_all(1)
+        sink: list[tuple[int, int, str]] = []
+        self._kernel_sink = sink
+        c.activity_enable(c.ActivityKind.CONCURRENT_KERNEL)
+        try:
+            t0 = self.timestamp()
+            fn()
+            cupy.cuda.runtime.deviceSynchronize()
+            t1 = self.timestamp()
+        finally:
+            try:
+                c.activity_flush_all(1)
+            finally:
+                c.activity_disable(c.ActivityKind.CONCURRENT_KERNEL)
+                self._kernel_sink = None
+        if self._callback_error is not None:
+            raise FusecError(self._callback_error)
+        with self._plock:
+            recs = [r for r in sink if t0 <= r[0] <= t1]
+        return sorted(recs)
 
 
 def _no_callback(userdata: Any, domain: Any, cbid: Any, data: Any) -> None:

@@ -28,7 +28,7 @@ Manifest schema (the lowering writes it; see ``fusec.codegen.lower``):
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -382,6 +382,19 @@ class Executor:
                 rec["kind"] += " " + rec["algo"]
             out.append(rec)
         return out
+
+    def launch_each(self, inputs: Mapping[str, Any], before: Callable[[int], None]) -> None:
+        """Run once, launch by launch, synchronizing after each and calling ``before(i)`` ahead of
+        launch i and ``before(len(launches))`` at the end (a diagnostic: it lets what the GPU
+        records be attributed to launches; ``fusec.runtime.kernel_trace``)."""
+        stream = self._cp.cuda.Stream(non_blocking=True)
+        self.run(inputs, stream=stream)  # stages the inputs as a run does
+        stream.synchronize()
+        for i, launch in enumerate(self._launches):
+            before(i)
+            launch(stream)
+            stream.synchronize()
+        before(len(self._launches))
 
     def stats(self) -> dict[str, Any]:
         """Counters of the last run. What the driver did (``counters: "cupti"``: syncs, allocations,
