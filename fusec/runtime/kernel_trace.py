@@ -77,7 +77,7 @@ def graph_launch_times(plan: Any, inputs: Mapping[str, Any], replays: int = 20,
     eager = counters.kernel_records(
         lambda: plan.launch_each(inputs, lambda i: marks.append(counters.timestamp()), entry=entry))
     expected = [[name for _, _, name in g] for g in split_by_marks(eager, marks)]
-    bound = plan.bind(inputs, entry=entry)
+    bound = plan.bind({k: cupy.asarray(v) for k, v in inputs.items()}, entry=entry)  # bind takes device arrays
     for _ in range(3):
         bound.run()
     cupy.cuda.runtime.deviceSynchronize()
