@@ -6,7 +6,7 @@ torch's scaled_dot_product_attention reaches at the four workloads' attention sh
 
 Each op is captured 20 times into one torch CUDA graph and the graph replayed 20 times between
 CUDA events: the median per op, as in a plan's graph (no host launch latency). Compare with the
-per-kernel times of benchmarks/graph_profile.py for the same shapes.
+per-kernel times of `fusec bench MODEL --cuda-graph --per-kernel` for the same shapes.
 """
 
 from __future__ import annotations
