@@ -207,3 +207,48 @@ def test_threads_making_the_cache_key_at_once_all_read_one_whole_key(cache: Path
         t.join()
     assert len(got) == 8 and len(set(got)) == 1 and len(got[0]) == 32
     assert sorted(p.name for p in (cache / "cache").iterdir()) == ["key"]  # no temporary left behind
+
+
+def test_a_caller_that_refuses_the_disk_gets_no_binary_read_from_it(cache: Path) -> None:
+    src = SRC % "10.0f"
+    CC.compile_cuda(src, "fc_speed_k", "sm_90")  # NVRTC, written to the disk cache
+    CC.clear_memory_cache()
+    from_disk = CC.compile_cuda(src, "fc_speed_k", "sm_90")  # read back: now in memory too
+    assert from_disk.from_disk
+    before = dict(CC.STATS)
+    fresh = CC.compile_cuda(src, "fc_speed_k", "sm_90", use_disk=False)
+    assert not fresh.from_disk and fresh.cubin[:4] == b"\x7fELF"
+    assert CC.STATS["compiled"] == before["compiled"] + 1 and CC.STATS["memory_hits"] == before["memory_hits"]
+    assert CC.compile_cuda(src, "fc_speed_k", "sm_90", use_disk=False) is fresh  # NVRTC's own result is shared
+
+
+def test_compiles_in_flight_are_shared_only_with_the_same_disk_choice(cache: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    release = threading.Event()
+    real = CC._nvrtc
+
+    def held(source: str, kernel: str, options: tuple[str, ...]) -> tuple[bytes, str]:
+        release.wait(60)
+        return real(source, kernel, options)
+
+    monkeypatch.setattr(CC, "_nvrtc", held)
+    src = SRC % "11.0f"
+    a = CC.compile_cuda_async(src, "fc_speed_k", "sm_90")
+    b = CC.compile_cuda_async(src, "fc_speed_k", "sm_90", use_disk=False)
+    c = CC.compile_cuda_async(src, "fc_speed_k", "sm_90", use_disk=False)
+    release.set()
+    assert a is not b and b is c
+    assert a.result(timeout=120).cubin == b.result(timeout=120).cubin
+
+
+def test_the_pool_follows_fusec_compile_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(CC, "_POOL", None)
+    monkeypatch.setenv("FUSEC_COMPILE_THREADS", "3")
+    with CC._LOCK:
+        first = CC._executor()
+        assert first._max_workers == 3 and CC._executor() is first
+    monkeypatch.setenv("FUSEC_COMPILE_THREADS", "5")
+    with CC._LOCK:
+        second = CC._executor()
+    assert second is not first and second._max_workers == 5
+    assert CC.compile_cuda_async(SRC % "12.0f", "fc_speed_k", "sm_90", use_disk=False).result(timeout=120).cubin

@@ -185,26 +185,29 @@ def compile_cuda_async(source: str, kernel: str, arch: str | None = None, option
 
     NVRTC releases the GIL while it compiles, so distinct sources compile in parallel (up to
     ``compile_threads()`` at once). A source already compiled, or being compiled, in this process
-    is not compiled again: its future is shared (``STATS["inflight_hits"]`` counts those)."""
+    is not compiled again: its future is shared (``STATS["inflight_hits"]`` counts those). A caller
+    with ``use_disk`` false never receives a Binary read from the disk cache, from memory or from a
+    compile it shares: it shares only compiles that do not read the disk either."""
     arch = check_arch(arch or default_arch())
     opts = (f"--gpu-architecture={arch}", "-std=c++17", "-Xptxas=-v") + tuple(options)
     key = cache_key(source, opts, arch)
     with _LOCK:
         hit = _MEM.get(key)
-        if hit is not None:
+        if hit is not None and (use_disk or not hit.from_disk):
             STATS["memory_hits"] += 1
             done: Future[Binary] = Future()
             done.set_result(hit)
             return done
-        fut = _INFLIGHT.get(key)
+        flight = (key, use_disk)
+        fut = _INFLIGHT.get(flight)
         if fut is not None:
             STATS["inflight_hits"] += 1
             _USERS[fut] = _USERS.get(fut, 0) + 1
             return fut
         fut = _executor().submit(_compile_uncached, source, kernel, arch, opts, key, use_disk)
-        _INFLIGHT[key] = fut
+        _INFLIGHT[flight] = fut
         _USERS[fut] = 1
-    fut.add_done_callback(lambda f: _forget_inflight(key, f))
+    fut.add_done_callback(lambda f: _forget_inflight(flight, f))
     return fut
 
 
@@ -231,14 +234,20 @@ def compile_threads() -> int:
 
 
 _POOL: ThreadPoolExecutor | None = None
-_INFLIGHT: dict[str, Future[Binary]] = {}
+_POOL_SIZE = 0
+_INFLIGHT: dict[tuple[str, bool], Future[Binary]] = {}  # (cache key, use_disk) -> the compile under way
 _USERS: dict[Future[Binary], int] = {}  # callers given each in-flight future (abandon() cancels at 0)
 
 
 def _executor() -> ThreadPoolExecutor:
-    global _POOL
-    if _POOL is None:  # called under _LOCK
-        _POOL = ThreadPoolExecutor(max_workers=compile_threads(), thread_name_prefix="fusec-nvrtc")
+    """The compile pool, sized by ``compile_threads()`` as it is now: a changed
+    ``FUSEC_COMPILE_THREADS`` gets a new pool (the old one finishes what it was given)."""
+    global _POOL, _POOL_SIZE
+    n = compile_threads()
+    if _POOL is None or n != _POOL_SIZE:  # called under _LOCK
+        if _POOL is not None:
+            _POOL.shutdown(wait=False)
+        _POOL, _POOL_SIZE = ThreadPoolExecutor(max_workers=n, thread_name_prefix="fusec-nvrtc"), n
     return _POOL
 
 
@@ -254,10 +263,10 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def _forget_inflight(key: str, fut: Future[Binary]) -> None:
+def _forget_inflight(flight: tuple[str, bool], fut: Future[Binary]) -> None:
     with _LOCK:  # the Binary is in _MEM by now (a failed or cancelled compile is retried by the next caller)
-        if _INFLIGHT.get(key) is fut:
-            del _INFLIGHT[key]
+        if _INFLIGHT.get(flight) is fut:
+            del _INFLIGHT[flight]
         _USERS.pop(fut, None)
 
 
