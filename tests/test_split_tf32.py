@@ -210,18 +210,42 @@ def test_compiled_plan_records_tf32_gemms_and_the_option_turns_them_off(tmp_path
 
 
 
-def test_sgemm_with_ab_or_a_ledger_is_refused_in_one_line(tmp_path, capsys) -> None:  # noqa: ANN001
+def test_sgemm_with_ab_or_another_modes_ledger_is_refused_in_one_line(tmp_path, capsys) -> None:  # noqa: ANN001
+    import json
+
     from fusec.cli import main as cli_main
 
-    ledger = tmp_path / "ledger.json"
-    ledger.write_text("{}")
-    for extra in (["--ab"], ["--decisions", str(ledger)]):
+    def ledger(**extra: str) -> str:
+        path = tmp_path / f"ledger{len(extra)}{''.join(extra.values())}.json"
+        path.write_text(json.dumps({"format": "fusec-ab-ledger", "version": 1, "model": "gpt2-tiny", "dtype": "fp32",
+                                    "cuda_graph": False, "entries": [], **extra}))
+        return str(path)
+
+    cases = [(["--ab"], "--fp32-gemm sgemm cannot be combined with --ab"),
+             # a ledger from before the field was recorded measured the default mode
+             (["--decisions", ledger()], "field 'fp32_gemm' is '3xtf32', but this compile uses --fp32-gemm sgemm"),
+             (["--decisions", ledger(fp32_gemm="3xtf32")], "field 'fp32_gemm' is '3xtf32'"),
+             (["--decisions", ledger(fp32_gemm="fast")], "field 'fp32_gemm' must be '3xtf32' or 'sgemm'")]
+    for extra, why in cases:
         out = tmp_path / "x.fplan"
         rc = cli_main(["compile", "gpt2-tiny", "--dtype", "fp32", "--arch", "sm_90", "--fp32-gemm", "sgemm",
                        "-o", str(out), *extra])
         err = capsys.readouterr().err
-        assert rc == 1 and "--fp32-gemm sgemm cannot be combined with --ab/--decisions" in err, (extra, err)
+        assert rc == 1 and why in err and len(err.strip().splitlines()) == 1, (extra, err)
         assert not out.exists()
+    out = tmp_path / "ok.fplan"  # a ledger that says it measured sgemm products applies to an sgemm compile
+    assert cli_main(["compile", "gpt2-tiny", "--dtype", "fp32", "--arch", "sm_90", "--fp32-gemm", "sgemm",
+                     "-o", str(out), "--decisions", ledger(fp32_gemm="sgemm")]) == 0
+    assert out.exists()
+    capsys.readouterr()
+
+
+def test_a_ledger_records_its_fp32_mode() -> None:
+    from fusec.ab.ledger import Ledger
+
+    led = Ledger("gpt2-tiny", "fp32", False)
+    assert led.to_dict()["fp32_gemm"] == "3xtf32"
+    assert Ledger.from_json(led.to_json()).fp32_gemm == "3xtf32"
 
 
 # ---- the split kernel -------------------------------------------------------------------------

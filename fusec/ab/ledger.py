@@ -3,7 +3,8 @@
 JSON form (``Ledger.to_json``), version 1::
 
     {"format": "fusec-ab-ledger", "version": 1, "model", "dtype", "shapes", "cuda_graph",
-     "margin", "environment": {...}, "entries": [ENTRY, ...], "whole_plan": {...} | null}
+     "margin", "environment": {...}, "entries": [ENTRY, ...], "whole_plan": {...} | null,
+     "fp32_gemm": "3xtf32" | "sgemm"}
     ENTRY = {"candidate", "key", "rule", "kind": "fusion" | "kernel_choice", "members", "ops",
              "layer", "applies_to": [key, ...], "region": {"signature", "shape"}, "variant",
              "rule_default", "cost_estimate", "count", "requires", "fused": TIMING | null, "unfused": TIMING | null,
@@ -11,6 +12,10 @@ JSON form (``Ledger.to_json``), version 1::
              "reason", "cached"}
     TIMING = {"median_ms", "p10_ms", "p90_ms", ...}
 
+``fp32_gemm``: how the measured plan ran fp32 products with constant weights (``fusec.compile``'s
+option; A/B experiments measure the default, "3xtf32"; a ledger without the field is from before
+it was recorded, when only that mode was measured). ``fusec compile --decisions`` refuses a ledger
+whose mode differs from the compile's: the 3xTF32 products' choice keys would not exist.
 ``Ledger.overrides()``/``choices()`` turn the decisions into compile options; a ledger whose
 whole-plan check kept the rule-based plan yields none (the rule-based plan is reproduced).
 ``from_json`` validates everything it uses and raises ``LedgerError`` naming the field.
@@ -76,6 +81,7 @@ class Ledger:
     environment: dict[str, Any] = dataclasses.field(default_factory=dict)
     entries: list[Entry] = dataclasses.field(default_factory=list)
     whole_plan: dict[str, Any] | None = None
+    fp32_gemm: str = "3xtf32"
 
     # ---- decisions as compile options -----------------------------------------------------
     @property
@@ -113,7 +119,8 @@ class Ledger:
     def to_dict(self) -> dict[str, Any]:
         return {"format": FORMAT, "version": VERSION, "model": self.model, "dtype": self.dtype, "shapes": self.shapes,
                 "cuda_graph": self.cuda_graph, "margin": self.margin, "environment": self.environment,
-                "entries": [e.to_dict() for e in self.entries], "whole_plan": self.whole_plan}
+                "entries": [e.to_dict() for e in self.entries], "whole_plan": self.whole_plan,
+                "fp32_gemm": self.fp32_gemm}
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent, ensure_ascii=True)
@@ -140,9 +147,12 @@ class Ledger:
         whole = data.get("whole_plan")
         if whole is not None and not isinstance(whole, dict):
             raise LedgerError(f"{where}: field 'whole_plan' must be an object or null")
+        fp32_gemm = data.get("fp32_gemm", "3xtf32")
+        if fp32_gemm not in ("3xtf32", "sgemm"):
+            raise LedgerError(f"{where}: field 'fp32_gemm' must be '3xtf32' or 'sgemm', got {fp32_gemm!r}")
         entries = [_entry(e, f"{where}: entries[{i}]") for i, e in enumerate(data["entries"])]
         return cls(data["model"], data["dtype"], data["cuda_graph"], dict(data.get("shapes") or {}),
-                   float(data.get("margin", 0.03)), dict(data.get("environment") or {}), entries, whole)
+                   float(data.get("margin", 0.03)), dict(data.get("environment") or {}), entries, whole, fp32_gemm)
 
     @classmethod
     def load(cls, path: str) -> Ledger:

@@ -93,6 +93,10 @@ def ledger_for_compile(args: argparse.Namespace):
         if ledger.dtype != args.dtype:
             raise LedgerError(f"{args.decisions}: field 'dtype' is {ledger.dtype!r}, but this compile uses {args.dtype!r}; "
                               f"its kernel-choice keys would not match")
+        mode = getattr(args, "fp32_gemm", "3xtf32")
+        if args.dtype == "fp32" and ledger.fp32_gemm != mode:
+            raise LedgerError(f"{args.decisions}: field 'fp32_gemm' is {ledger.fp32_gemm!r}, but this compile uses "
+                              f"--fp32-gemm {mode}; its kernel-choice keys would not match")
         if ledger.model != args.model and os.path.basename(ledger.model) != os.path.basename(args.model):
             print(f"fusec: warning: ledger {args.decisions} was measured on {ledger.model!r}, compiling {args.model!r}",
                   file=sys.stderr)
