@@ -47,7 +47,8 @@ class Slot:
     values: list[tuple[Value, tuple[str, int]]]
     why_not: str = ""  # set when nothing is compared after this launch
     reads: list[tuple[Value, tuple[str, int]]] = dataclasses.field(default_factory=list)  # first launch of a node:
-    # its inputs made by launches (or given), re-read just before it to catch one overwritten before its use
+    # its inputs made by launches (or given; an input read through a launch-less view: the value it views),
+    # re-read just before it to catch one overwritten before its use
 
 
 def launch_map(graph: Graph, launches: list[Mapping[str, Any]], offsets: Mapping[str, int],
@@ -64,6 +65,16 @@ def launch_map(graph: Graph, launches: list[Mapping[str, Any]], offsets: Mapping
     last = {n: i for i, n in enumerate(nodes) if n is not None}
     first = {n: i for i, n in reversed(list(enumerate(nodes))) if n is not None}
     made = {o.name for n in last for o in graph.nodes[n].outputs} | {v.name for v in graph.inputs}
+    producer = {o.name: k for k, node in enumerate(graph.nodes) for o in node.outputs}
+
+    def storage(v: Value) -> Value:
+        """The launched value (or graph input) whose bytes ``v`` reads: a launch-less node (a view,
+        an alias) reads its first input's storage, so a read of it is a read of that value."""
+        seen = 0
+        while v.name not in made and (k := producer.get(v.name)) is not None and k not in last \
+                and graph.nodes[k].inputs and seen < len(graph.nodes):
+            v, seen = graph.nodes[k].inputs[0], seen + 1
+        return v
 
     def where(v: Value) -> tuple[str, int] | None:
         if v.name in state:
@@ -77,8 +88,8 @@ def launch_map(graph: Graph, launches: list[Mapping[str, Any]], offsets: Mapping
         if n is None:
             slots.append(Slot(i, label, None, [], "no node (a state write-back or an unlabelled launch)"))
             continue
-        reads = [(v, a) for v in graph.nodes[n].inputs if first[n] == i and v.name in made
-                 for a in [where(v)] if a is not None]
+        roots = {} if first[n] != i else {r.name: r for v in graph.nodes[n].inputs for r in [storage(v)]}
+        reads = [(r, a) for r in roots.values() if r.name in made for a in [where(r)] if a is not None]
         if last[n] != i:
             slots.append(Slot(i, label, n, [], f"partial: node #{n} is complete after launch {last[n]}", reads))
             continue

@@ -340,3 +340,23 @@ def test_cli_bisect_prints_the_table_and_exits_3_naming_the_launch(capsys, fake_
     code, out, err = call(capsys, base + ["--json"])
     doc = json.loads(out)
     assert code == 3 and doc["first"] == 5 and doc["first_nonfinite"] == 5 and len(doc["launches"]) == 19
+
+
+def test_an_input_read_through_a_view_is_checked_at_its_storage() -> None:
+    """qwen3-tiny's per-head norms read reshape views (launch-less nodes) of the QKV products: the
+    check before such a node re-reads the viewed product's bytes, so an overwrite of the product
+    between its launch and the norm is named, not skipped."""
+    plan = fusec.compile("qwen3-tiny", dtype="fp32", arch="sm_90")
+    st = staged_for(plan, "qwen3-tiny plan")
+    slots = launch_map(st.graph, plan.manifest["launches"], st.memory.offsets, st.memory.state)
+    launched = {s.node for s in slots}
+    views = {n.outputs[0].name: n.inputs[0].name for k, n in enumerate(st.graph.nodes) if k not in launched}
+    assert views  # the model has them, or this test checks nothing
+    readers = [s for s in slots if s.node is not None and s.reads
+               and any(v.name in views for v in st.graph.nodes[s.node].inputs)]
+    assert readers
+    for s in readers:
+        viewed = {views[v.name] for v in st.graph.nodes[s.node].inputs if v.name in views}
+        assert viewed <= {v.name for v, _ in s.reads}, s.label
+        for v, addr in s.reads:
+            assert addr == ("arena", st.memory.offsets[v.name])
