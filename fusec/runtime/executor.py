@@ -84,6 +84,9 @@ class Device:
         self.weights = allocate(cupy, "weights", wbytes.nbytes)
         self.weights.set(wbytes)  # the one upload of the weights
         self.state = allocate(cupy, "state", int(mem.get("state_bytes", 0)), zero=True)
+        # The upload above is a copy from pageable host memory on CuPy's current stream: it may return
+        # before the DMA lands, and runs use their own (non-blocking) streams, which do not wait for it.
+        cupy.cuda.get_current_stream().synchronize()
         self.guard = RunGuard()  # one run at a time over this arena (a Plan installs its own, shared by its copies)
         self.state_layout = {r["name"]: r for r in self.manifest.get("state", [])}
         self.base = {"arena": self.arena.data.ptr, "weights": self.weights.data.ptr, "state": self.state.data.ptr}
@@ -120,10 +123,16 @@ class Device:
         return self.view(self.state, int(rec["offset"]), tuple(rec["shape"]), DType(rec["dtype"]))
 
     def set_state(self, name: str, value: Any) -> None:
-        """Write state ``name`` from host data (one H2D copy; a setup step, not part of any run)."""
+        """Write state ``name`` from host data (one H2D copy; a setup step, not part of any run).
+        Returns once the copy has landed: a copy from pageable memory may return before its DMA
+        does, and the next run's stream (non-blocking: a generation engine's) would not wait for it
+        (the positions, done flags and seed of a generation then raced its prefill: found on the H100
+        as two generations with one seed that differed)."""
         dst = self.state_array(name)
         host = np.ascontiguousarray(np.asarray(value).astype(dst.dtype, copy=False)).reshape(dst.shape)
-        dst.set(host)
+        stream = self._cp.cuda.get_current_stream()
+        dst.set(host, stream=stream)
+        stream.synchronize()
 
     def read_state(self, name: str) -> np.ndarray:
         """State ``name`` on the host (one D2H copy; synchronizes with the current stream)."""
