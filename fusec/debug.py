@@ -49,6 +49,7 @@ class Slot:
     reads: list[tuple[Value, tuple[str, int]]] = dataclasses.field(default_factory=list)  # first launch of a node:
     # its inputs made by launches (or given; an input read through a launch-less view: the value it views),
     # re-read just before it to catch one overwritten before its use
+    views: dict[str, list[str]] = dataclasses.field(default_factory=dict)  # a read value -> the node's inputs viewing it
 
 
 def launch_map(graph: Graph, launches: list[Mapping[str, Any]], offsets: Mapping[str, int],
@@ -90,13 +91,17 @@ def launch_map(graph: Graph, launches: list[Mapping[str, Any]], offsets: Mapping
             continue
         roots = {} if first[n] != i else {r.name: r for v in graph.nodes[n].inputs for r in [storage(v)]}
         reads = [(r, a) for r in roots.values() if r.name in made for a in [where(r)] if a is not None]
+        views: dict[str, list[str]] = {}
+        for v in graph.nodes[n].inputs if reads else []:
+            if (r := storage(v)) is not v:
+                views.setdefault(r.name, []).append(v.name)
         if last[n] != i:
-            slots.append(Slot(i, label, n, [], f"partial: node #{n} is complete after launch {last[n]}", reads))
+            slots.append(Slot(i, label, n, [], f"partial: node #{n} is complete after launch {last[n]}", reads, views))
             continue
         vals = [(v, a) for v in graph.nodes[n].outputs for a in [where(v)] if a is not None]
         skipped = [v.name for v in graph.nodes[n].outputs if where(v) is None]
         slots.append(Slot(i, label, n, vals, f"{', '.join(skipped)} has no arena slot" if skipped and not vals else "",
-                          reads))
+                          reads, views))
     return slots
 
 
@@ -265,7 +270,8 @@ def compare_launches(graph: Graph, slots: list[Slot], ref: Mapping[str, np.ndarr
     def check_reads(j: int) -> None:
         for v, addr in slots[j].reads if j < len(slots) else []:
             if v.name in gpu and np.asarray(read(addr, v)).tobytes() != np.asarray(gpu[v.name]).tobytes():
-                stale.setdefault(slots[j].node, []).append(v.name)
+                # the value and the node's inputs that read it through views (the inputs table names those)
+                stale.setdefault(slots[j].node, []).extend([v.name, *slots[j].views.get(v.name, [])])
 
     def after(i: int) -> None:
         record(i)

@@ -360,3 +360,5 @@ def test_an_input_read_through_a_view_is_checked_at_its_storage() -> None:
         assert viewed <= {v.name for v, _ in s.reads}, s.label
         for v, addr in s.reads:
             assert addr == ("arena", st.memory.offsets[v.name])
+        for root, names in s.views.items():  # what a stale report of the viewed value names besides it
+            assert names and all(views[x] == root for x in names)

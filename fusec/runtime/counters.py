@@ -247,6 +247,7 @@ class DriverCounters:
         self._names: dict[str, dict[int, str]] = {}
         self._dir: dict[int, str] = {}
         self._kernel_sink: list[tuple[int, int, str]] | None = None  # kernel_records() collects here
+        self._kernel_error: str | None = None
         self._k_kernel = -1
 
     # -- creation ---------------------------------------------------------------------------
@@ -376,6 +377,8 @@ class DriverCounters:
             self._keep(activities)
         except Exception as e:  # noqa: BLE001 -- runs on a CUPTI thread: report it in result()
             self._callback_error = f"reading CUPTI records failed: {type(e).__name__}: {e}"
+            if self._kernel_sink is not None:  # and in kernel_records (a region's start() clears the other)
+                self._kernel_error = self._callback_error
 
     def _keep(self, activities: Any) -> None:
         sink = self._kernel_sink
@@ -495,33 +498,50 @@ class DriverCounters:
     def kernel_records(self, fn: Callable[[], None]) -> list[tuple[int, int, str]]:
         """Run ``fn()`` with CUPTI's kernel records on; return (start, end, name) of every kernel
         that started inside it, sorted by start (GPU times on ``timestamp()``'s clock).
-        Synchronizes the device before and after. FusecError when CUPTI is not usable here."""
+        Synchronizes the device before and after. FusecError when CUPTI is not usable here or
+        fails (kernel records are then off again and nothing is left collecting); an error of
+        ``fn`` itself propagates as it is."""
         if not self.available:
             raise FusecError(f"no CUPTI kernel records: {self.reason}")
         import cupy
 
         c = self._cupti
-        cupy.cuda.runtime.deviceSynchronize()
-        c.activity_flush_all(1)
         sink: list[tuple[int, int, str]] = []
-        self._kernel_sink = sink
-        c.activity_enable(c.ActivityKind.CONCURRENT_KERNEL)
+        self._kernel_error = None
+        try:
+            cupy.cuda.runtime.deviceSynchronize()
+            c.activity_flush_all(1)
+            self._kernel_sink = sink
+            c.activity_enable(c.ActivityKind.CONCURRENT_KERNEL)
+        except Exception as e:  # noqa: BLE001 -- CUPTI or the device refused: say so, leave nothing on
+            self._kernel_sink = None
+            self._quietly(c.activity_disable, c.ActivityKind.CONCURRENT_KERNEL)
+            raise FusecError(f"no CUPTI kernel records: {_describe(e)}") from None
         try:
             t0 = self.timestamp()
             fn()
             cupy.cuda.runtime.deviceSynchronize()
             t1 = self.timestamp()
         finally:
-            try:
-                c.activity_flush_all(1)
-            finally:
-                c.activity_disable(c.ActivityKind.CONCURRENT_KERNEL)
-                self._kernel_sink = None
-        if self._callback_error is not None:
-            raise FusecError(self._callback_error)
+            flushed = self._quietly(c.activity_flush_all, 1)  # delivers the window's records to the sink
+            self._kernel_sink = None
+            disabled = self._quietly(c.activity_disable, c.ActivityKind.CONCURRENT_KERNEL)
+        if flushed or disabled:
+            raise FusecError(f"CUPTI kernel records failed: {flushed or disabled}")
+        if self._kernel_error is not None:
+            raise FusecError(self._kernel_error)
         with self._plock:
             recs = [r for r in sink if t0 <= r[0] <= t1]
         return sorted(recs)
+
+    @staticmethod
+    def _quietly(call: Callable[..., Any], *args: Any) -> str:
+        """Run a CUPTI call; "" when it succeeded, else what it said."""
+        try:
+            call(*args)
+        except Exception as e:  # noqa: BLE001
+            return _describe(e)
+        return ""
 
 
 def _no_callback(userdata: Any, domain: Any, cbid: Any, data: Any) -> None:

@@ -351,14 +351,31 @@ class Executor:
         """A diagnostic run (``fusec.debug.bisect``): stage ``inputs``, then the launches one at a
         time, eager (never the CUDA graph), calling ``after(i)`` once launch ``i`` has finished on
         the GPU (one synchronize per launch), while what it wrote is still in the arena."""
+        self._one_by_one(inputs, None, after)
+
+    @guarded
+    def launch_each(self, inputs: Mapping[str, Any], before: Callable[[int], None]) -> None:
+        """Stage ``inputs``, then run launch by launch, synchronizing after each and calling
+        ``before(i)`` ahead of launch i and ``before(len(launches))`` at the end (a diagnostic: it
+        lets what the GPU records be attributed to launches; ``fusec.runtime.kernel_trace``)."""
+        self._one_by_one(inputs, before, None)
+
+    def _one_by_one(self, inputs: Mapping[str, Any], before: Callable[[int], None] | None,
+                    after: Callable[[int], None] | None) -> None:
         cp = self._cp
         stream = cp.cuda.Stream(non_blocking=True)
         self.device.guard.follow(stream, lambda: cp.cuda.Event(disable_timing=True))
         self._stage(self._check_and_stage(inputs), stream)
+        stream.synchronize()  # the staging copies lie before launch 0
         for i, launch in enumerate(self._launches):
+            if before is not None:
+                before(i)
             launch(stream)
             stream.synchronize()
-            after(i)
+            if after is not None:
+                after(i)
+        if before is not None:
+            before(len(self._launches))
 
     def profile(self, inputs: Mapping[str, Any], repeats: int = 5) -> list[dict[str, Any]]:
         """Time each launch alone (CUDA events around it; synchronizes: a diagnostic, not a run).
@@ -391,19 +408,6 @@ class Executor:
                 rec["kind"] += " " + rec["algo"]
             out.append(rec)
         return out
-
-    def launch_each(self, inputs: Mapping[str, Any], before: Callable[[int], None]) -> None:
-        """Run once, launch by launch, synchronizing after each and calling ``before(i)`` ahead of
-        launch i and ``before(len(launches))`` at the end (a diagnostic: it lets what the GPU
-        records be attributed to launches; ``fusec.runtime.kernel_trace``)."""
-        stream = self._cp.cuda.Stream(non_blocking=True)
-        self.run(inputs, stream=stream)  # stages the inputs as a run does
-        stream.synchronize()
-        for i, launch in enumerate(self._launches):
-            before(i)
-            launch(stream)
-            stream.synchronize()
-        before(len(self._launches))
 
     def stats(self) -> dict[str, Any]:
         """Counters of the last run. What the driver did (``counters: "cupti"``: syncs, allocations,

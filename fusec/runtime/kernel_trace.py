@@ -40,6 +40,17 @@ def split_by_marks(records: Sequence[Record], marks: Sequence[int]) -> list[list
     return groups
 
 
+def launch_kernels(eager: Sequence[Record], marks: Sequence[int]) -> list[list[str]]:
+    """The kernel names each launch ran in the eager pass (records between its mark and the next).
+    Every launch runs at least one kernel: one with none means records were lost, or stamped
+    before their launch's mark, and any attribution would charge a neighbour: FusecError."""
+    expected = [[name for _, _, name in g] for g in split_by_marks(eager, marks)]
+    empty = next((i for i, names in enumerate(expected) if not names), None)
+    if empty is not None:
+        raise FusecError(f"CUPTI recorded no kernel for launch {empty} in the eager pass")
+    return expected
+
+
 def attribute(expected: Sequence[Sequence[str]], replay: Sequence[Record]) -> tuple[list[float], float]:
     """(ns per launch, ns of unmatched kernels) for one replay's records, sorted by start, matched
     in order against the kernel names each launch ran eagerly. A launch whose kernels are not all
@@ -70,13 +81,16 @@ def graph_launch_times(plan: Any, inputs: Mapping[str, Any], replays: int = 20,
 
     from fusec.runtime.counters import DriverCounters
 
+    if replays < 1:
+        raise FusecError(f"replays must be >= 1, got {replays}")
+
     counters = DriverCounters.create()
     if not counters.available:
         raise FusecError(f"no CUPTI kernel records: {counters.reason}")
     marks: list[int] = []
     eager = counters.kernel_records(
         lambda: plan.launch_each(inputs, lambda i: marks.append(counters.timestamp()), entry=entry))
-    expected = [[name for _, _, name in g] for g in split_by_marks(eager, marks)]
+    expected = launch_kernels(eager, marks)
     bound = plan.bind({k: cupy.asarray(v) for k, v in inputs.items()}, entry=entry)  # bind takes device arrays
     for _ in range(3):
         bound.run()
@@ -98,14 +112,16 @@ def graph_launch_times(plan: Any, inputs: Mapping[str, Any], replays: int = 20,
         t, other = attribute(expected, rec)
         times.append(t)
         others.append(other)
-        walls.append(rec[-1][1] - rec[0][0])
+        walls.append(max(e for _, e, _ in rec) - rec[0][0])
         busies.append(sum(e - s for s, e, _ in rec))
     if not times:
         raise FusecError("CUPTI recorded no kernel during the graph replays")
-    ms = np.nanmedian(np.array(times), axis=0) * 1e-6
-    if np.isnan(ms).any():
-        bad = int(np.isnan(ms).argmax())
+    arr = np.array(times)
+    lost = np.isnan(arr).all(axis=0)
+    if lost.any():
+        bad = int(lost.argmax())
         raise FusecError(f"launch {bad}'s kernels {expected[bad]} were not found in the graph replays")
+    ms = np.nanmedian(arr, axis=0) * 1e-6
     return {"ms": [float(x) for x in ms], "wall_ms": float(np.median(walls)) * 1e-6,
             "busy_ms": float(np.median(busies)) * 1e-6, "gaps_ms": float(np.median(walls) - np.median(busies)) * 1e-6,
             "other_ms": float(np.median(others)) * 1e-6, "replays": len(times),
