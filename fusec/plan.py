@@ -77,7 +77,7 @@ class Plan:
         self._blobs = blobs if isinstance(blobs, PlanBlobs) else dict(blobs)
         self.cuda_graph = bool(cuda_graph or self.manifest.get("cuda_graph", False))
         self._executors: dict[str, Any] = {}
-        self._device = _device  # fusec.runtime.executor.Device: weights, state, kernels; shared by copies
+        self._device = _device  # fusec.runtime.plan_device.Device: weights, state, kernels; shared by copies
         self._guard = _guard if _guard is not None else RunGuard()  # one call at a time, shared by copies
         self._last: Any = None
         self._where = _where
@@ -252,7 +252,8 @@ class Plan:
         entry = entry or self.entries[0]
         ex = self._executors.get(entry)
         if ex is None:
-            from fusec.runtime.executor import Device, Executor
+            from fusec.runtime.executor import Executor
+            from fusec.runtime.plan_device import Device
 
             gpu_arch = _current_arch()
             if gpu_arch is None:

@@ -1,5 +1,5 @@
 """Host -> device copies a plan makes outside its runs land before the next run can read them
-(fusec.runtime.executor.Device), without a GPU: the order of calls against fakes of CuPy."""
+(fusec.runtime.plan_device.Device), without a GPU: the order of calls against fakes of CuPy."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import types
 
 import numpy as np
 
-from fusec.runtime.executor import Device
+from fusec.runtime.plan_device import Device
 
 
 class _Log(list):
