@@ -20,7 +20,11 @@ from fusec import reference
 from fusec.frontend.onnx_import import import_onnx
 from fusec.ir import verify
 
-rng = np.random.default_rng()
+rng = np.random.default_rng(20261123)  # seeded: a failure must be reproducible
+# Ops whose outputs are sums of many products: fp32 accumulation in another order (numpy's BLAS vs
+# onnxruntime's) differs by ~K * 2^-24 * the terms' magnitude, which cancellation can leave far above
+# 1e-5 of the (small) result, so their absolute tolerance scales with the output's magnitude.
+CONTRACTIONS = {"Gemm", "MatMul", "Conv", "ConvTranspose", "Einsum"}
 
 _ELEM = {"f": TensorProto.FLOAT, "h": TensorProto.FLOAT16, "i": TensorProto.INT64, "b": TensorProto.BOOL,
          "i32": TensorProto.INT32}
@@ -226,7 +230,11 @@ def test_op_matches_onnxruntime(case: Case) -> None:
         assert r.shape == w.shape, f"{case.id}/{name}: shape {r.shape} vs onnxruntime {w.shape}"
         assert r.dtype == w.dtype, f"{case.id}/{name}: dtype {r.dtype} vs onnxruntime {w.dtype}"
         if r.dtype.kind in "fc":
-            np.testing.assert_allclose(r.astype(np.float32), w.astype(np.float32), rtol=case.tol, atol=case.tol / 10)
+            scale = 1.0
+            if case.op in CONTRACTIONS and np.isfinite(w).any():
+                scale = max(1.0, float(np.abs(w[np.isfinite(w)]).max()))
+            np.testing.assert_allclose(r.astype(np.float32), w.astype(np.float32), rtol=case.tol,
+                                       atol=case.tol / 10 * scale)
         else:
             np.testing.assert_array_equal(r, w)
 
