@@ -165,11 +165,27 @@ def per_kernel(plan: Any, repeats: int = 20, peaks: Mapping[str, Any] | None = N
         r["kind"] += f" {p['algo']}" if "algo" in p else ""
     total = sum(r["ms"] for r in recs)
     floor = sum(r["floor_ms"] for r in recs)
-    out = {"entry": name, "peaks": pk, "launches": recs, "sum_ms": total, "floor_ms": floor,
+    out = {"entry": name, "peaks": pk, "launches": recs, "kinds": by_kind(recs), "sum_ms": total, "floor_ms": floor,
            "roofline": floor / total if total else None, "source": source}
     if replay:
         out["replay"] = {k: replay[k] for k in ("wall_ms", "busy_ms", "gaps_ms", "other_ms", "replays")}
     return out
+
+
+def by_kind(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The launches grouped by what they run (a kernel, or a cuBLAS(Lt) call of one shape; the
+    cuBLASLt algorithm suffix aside): count, total and mean ms, share, and the first launch's label,
+    largest total first: where a plan's time goes when one kernel runs once per layer."""
+    groups: dict[str, dict[str, Any]] = {}
+    total = sum(r["ms"] for r in recs) or 1.0
+    for r in recs:
+        key = r["kind"].split(" algo ")[0]
+        g = groups.setdefault(key, {"kind": key, "count": 0, "ms": 0.0, "label": r["label"]})
+        g["count"] += 1
+        g["ms"] += r["ms"]
+    for g in groups.values():
+        g["mean_ms"], g["share"] = g["ms"] / g["count"], g["ms"] / total
+    return sorted(groups.values(), key=lambda g: -g["ms"])
 
 
 def format_table(res: Mapping[str, Any], top: int = 25) -> str:
@@ -188,4 +204,10 @@ def format_table(res: Mapping[str, Any], top: int = 25) -> str:
         bw = f"{r['gbps']:.0f}" if r["gbps"] else "-"
         roof = f"{100 * r['roofline']:.0f}%" if r["roofline"] else "-"
         lines.append(f"  {1e3 * r['ms']:8.1f} {100 * r['share']:5.1f}% {tf:>8} {bw:>7} {roof:>5}  {r['kind'][:48]}  {r['label'][:40]}")
+    kinds = res.get("kinds") or []
+    if kinds and len(kinds) < len(res["launches"]):  # some kernel runs more than once: the totals per kind
+        lines.append(f"  by kind: {'us':>8} {'share':>6} {'count':>5} {'us each':>8}  kind / first label")
+        for g in kinds[:top]:
+            lines.append(f"           {1e3 * g['ms']:8.1f} {100 * g['share']:5.1f}% {g['count']:5d} {1e3 * g['mean_ms']:8.2f}"
+                         f"  {g['kind'][:48]}  {g['label'][:40]}")
     return "\n".join(lines)

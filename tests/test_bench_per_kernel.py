@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import fusec
-from fusec.bench_kernels import entry_launches, format_table, gemm_work, rows
+from fusec.bench_kernels import by_kind, entry_launches, format_table, gemm_work, rows
 from fusec.cli import main
 
 MODEL = "gpt2-tiny"
@@ -65,6 +65,17 @@ def test_rows_give_share_rate_and_roofline(plan) -> None:  # noqa: ANN001
         assert r["roofline"] == pytest.approx(floor / (ms * 1e-3))
     text = format_table({"peaks": peaks, "launches": recs, "sum_ms": sum(times), "floor_ms": 1.0, "roofline": 0.5}, 5)
     assert len(text.splitlines()) == 3 + 5 and ("cublas" in text or "fc_" in text)
+    kinds = by_kind(recs)
+    assert sum(g["count"] for g in kinds) == len(recs) and sum(g["ms"] for g in kinds) == pytest.approx(sum(times))
+    assert [g["ms"] for g in kinds] == sorted((g["ms"] for g in kinds), reverse=True)
+    for g in kinds:  # each group: the launches of one kind, its mean their mean
+        mine = [r for r in recs if r["kind"].split(" algo ")[0] == g["kind"]]
+        assert g["count"] == len(mine) and g["mean_ms"] == pytest.approx(sum(r["ms"] for r in mine) / len(mine))
+    assert len(kinds) < len(recs)  # gpt2-tiny runs its layer's kernels once per layer
+    text = format_table({"peaks": peaks, "launches": recs, "kinds": kinds, "sum_ms": sum(times), "floor_ms": 1.0,
+                         "roofline": 0.5}, 5)
+    lines = text.splitlines()
+    assert lines[3 + 5].startswith("  by kind:") and len(lines) == 3 + 5 + 1 + min(5, len(kinds))
     assert text.splitlines()[1] == "  times: cuda events around each launch of an eager run"
     replay = {"wall_ms": 0.5, "busy_ms": 0.45, "gaps_ms": 0.05, "other_ms": 0.002, "replays": 20}
     text = format_table({"peaks": peaks, "launches": recs, "sum_ms": sum(times), "floor_ms": 1.0, "roofline": 0.5,
