@@ -150,3 +150,51 @@ def test_kernel_records_keep_the_window_and_report_a_lost_buffer(monkeypatch) ->
 
     with pytest.raises(FusecError, match="reading CUPTI records failed"):
         dc.kernel_records(broken)
+
+
+class _KindCupti(_FakeCupti):
+    """Records which activity kinds are on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.on: set[int] = set()
+
+    def activity_enable(self, kind: int) -> None:
+        self.calls.append(("enable", kind))
+        self.on.add(kind)
+
+    def activity_disable(self, kind: int) -> None:
+        self.calls.append(("disable", kind))
+        self.on.discard(kind)
+
+
+def _lazy(monkeypatch):  # noqa: ANN001, ANN202
+    """A DriverCounters in lazy mode as _init leaves it: API kinds (5, 6) on, copy kinds (1, 2) off."""
+    import cupy
+
+    monkeypatch.setattr(cupy.cuda.runtime, "deviceSynchronize", lambda: None)
+    dc = _traced(monkeypatch)
+    fake = _KindCupti()
+    fake.on = {5, 6}
+    dc._cupti, dc._enable, dc._disable = fake, fake.activity_enable, fake.activity_disable
+    dc.mode, dc._copy_kinds, dc._names = "lazy", [1, 2], {"d": {}, "r": {}}
+    return dc, fake
+
+
+def test_lazy_counters_trace_copies_from_a_region_to_its_sync(monkeypatch) -> None:  # noqa: ANN001
+    dc, fake = _lazy(monkeypatch)
+    dc.start()
+    assert fake.on == {1, 2, 5, 6}  # the region's copies are recorded
+    dc.stop()
+    assert fake.on == {1, 2, 5, 6}  # its copies may still be running: on until the sync
+    dc.start()
+    dc.stop()
+    assert fake.calls.count(("enable", 1)) == 1  # no toggling per region
+    res = dc.result()
+    assert res["source"] == "cupti" and fake.on == {5, 6}  # after result()'s sync: off, API kinds kept
+    dc.start()
+    assert fake.on == {1, 2, 5, 6}
+    dc.quiesce()  # what plan.bind does: bound runs are never measured
+    assert fake.on == {5, 6}
+    dc.quiesce()
+    assert fake.calls.count(("disable", 1)) == 2

@@ -42,13 +42,19 @@ Counters of ``result()``:
   ``cuGraphLaunch``/``cudaGraphLaunch`` calls.
 * ``api_calls`` (all CUDA API calls seen), ``region_ms`` (host time of the window).
 
-Modes (``FUSEC_CUPTI_MODE``, default ``always``): ``always`` enables the activity kinds once, at
+Modes (``FUSEC_CUPTI_MODE``, default ``lazy``): ``always`` enables the activity kinds once, at
 ``create()``; ``start()``/``stop()`` then only read CUPTI's clock (0.3 to 0.9 us each on an H100),
 and of the records CUPTI delivers, those of calls outside the latest region are dropped at once
 (cupti-python still makes a Python object of each record of a delivered buffer, on CUPTI's thread).
+But with the MEMCPY or MEMSET kind enabled every CUDA-graph launch costs ~1 us of GPU time per
+graph node (H100: Qwen3-0.6B's 256-launch prefill 1.497 -> 1.654 ms; benchmarks/cupti_cost.py).
+``lazy`` keeps the API kinds on as ``always`` does and turns the copy kinds on at a region's
+``start()``, and off again once the region's copies have run: in ``result()`` (after its device
+sync) or ``quiesce()`` (``plan.bind`` calls it), so that bound runs pay nothing for the counters.
 ``toggle`` enables the kinds in ``start()`` and disables them in ``stop()``, so that nothing outside
-regions is recorded, but ``cuptiActivityEnable``/``Disable`` cost about 100 us per region (H100).
-In both modes, once CUPTI is attached each CUDA API call of the process costs a little more (about
+regions is recorded, but ``cuptiActivityEnable``/``Disable`` cost about 100 us per region (H100),
+and a region's copies that run after ``stop()`` are not recorded.
+In every mode, once CUPTI is attached each CUDA API call of the process costs a little more (about
 0.4 us per call on an H100, region or not). ``FUSEC_CUPTI=0`` turns the counters off.
 
 ``result()`` synchronizes the current device and forces a flush of CUPTI's buffers
@@ -214,7 +220,7 @@ def aggregate(records: Iterable[tuple], t0: int, t1: int) -> dict[str, Any]:
 # ---- the CUPTI client (one per process) -----------------------------------------------------------
 
 _BUFFER_BYTES = 4 << 20
-_MODES = ("always", "toggle")
+_MODES = ("lazy", "always", "toggle")
 
 
 def _unavailable(reason: str) -> dict[str, Any]:
@@ -230,7 +236,9 @@ class DriverCounters:
     def __init__(self) -> None:
         self.available = False
         self.reason = "not initialized"
-        self.mode = "always"
+        self.mode = "lazy"
+        self._copy_kinds: list[Any] = []  # lazy: MEMCPY and MEMSET, on from a region's start() to its sync
+        self._copies_on = False
         self._cupti: Any = None
         self._kinds: list[Any] = []
         self._pending: list[tuple] = []
@@ -284,7 +292,7 @@ class DriverCounters:
     def _init(self) -> None:
         if os.environ.get("FUSEC_CUPTI", "1").strip().lower() in ("0", "off", "false", "no"):
             return self._fail("disabled by FUSEC_CUPTI=0")
-        mode = os.environ.get("FUSEC_CUPTI_MODE", "always").strip().lower()
+        mode = os.environ.get("FUSEC_CUPTI_MODE", "lazy").strip().lower()
         if mode not in _MODES:
             return self._fail(f"FUSEC_CUPTI_MODE={mode!r} is not one of {', '.join(_MODES)}")
         self.mode = mode
@@ -348,6 +356,10 @@ class DriverCounters:
             self._kinds.append(k)
         if self.mode == "toggle":
             for k in kinds:
+                c.activity_disable(k)
+        if self.mode == "lazy":
+            self._copy_kinds = [c.ActivityKind.MEMCPY, c.ActivityKind.MEMSET]
+            for k in self._copy_kinds:
                 c.activity_disable(k)
         self._get_timestamp = c.get_timestamp
         self._enable = c.activity_enable
@@ -439,6 +451,13 @@ class DriverCounters:
                     self._enable(k)
             except Exception as e:  # noqa: BLE001
                 self._region_error = f"activity_enable failed: {_describe(e)}"
+        if self._copy_kinds and not self._copies_on:
+            try:
+                for k in self._copy_kinds:
+                    self._enable(k)
+                self._copies_on = True
+            except Exception as e:  # noqa: BLE001
+                self._region_error = f"activity_enable failed: {_describe(e)}"
         self._open = True
         self._t1 = None
         self._t0 = self._get_timestamp()
@@ -479,6 +498,7 @@ class DriverCounters:
             self._cupti.activity_flush_all(1)  # CUPTI_ACTIVITY_FLAG_FLUSH_FORCED
         except Exception as e:  # noqa: BLE001
             return _unavailable(f"flushing CUPTI buffers failed: {_describe(e)}")
+        self._copies_off()  # the region's copies have run and their records are in
         if self._callback_error is not None:
             return _unavailable(self._callback_error)
         with self._plock:
@@ -489,6 +509,30 @@ class DriverCounters:
         self._last = aggregate(records, self._t0, self._t1)
         return dict(self._last)
 
+
+    def quiesce(self) -> None:
+        """Lazy mode: wait for the device, collect what the open or last region's copies recorded,
+        and turn the copy kinds off (they cost every graph launch ~1 us per node while on). A setup
+        step (``plan.bind`` calls it): it synchronizes. Nothing to do in the other modes."""
+        if not self.available or not self._copies_on:
+            return
+        try:
+            import cupy
+
+            cupy.cuda.runtime.deviceSynchronize()
+            self._cupti.activity_flush_all(1)
+        except Exception as e:  # noqa: BLE001
+            self._region_error = f"flushing CUPTI buffers failed: {_describe(e)}"
+        self._copies_off()
+
+    def _copies_off(self) -> None:
+        if self._copies_on:
+            self._copies_on = False
+            for k in self._copy_kinds:
+                try:
+                    self._disable(k)
+                except Exception as e:  # noqa: BLE001
+                    self._region_error = f"activity_disable failed: {_describe(e)}"
 
     # -- kernel records (a diagnostic for fusec.runtime.kernel_trace) ---------------------------
     def timestamp(self) -> int:
