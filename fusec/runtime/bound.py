@@ -63,8 +63,8 @@ class BoundRun:
         self._keep = (inputs, outputs)  # the caller's arrays stay referenced while bound
         self.host_enqueue_ms: float | None = None
         self._graph = self._capture(copies_in, ex._launches, copies_out)
-        # bound runs are never measured: the driver counters' copy tracing, left on by a measured
-        # run, would cost each launch ~1 us per graph node (fusec.runtime.counters, "lazy")
+        # bound runs are never measured: in the counters' "lazy" mode, copy tracing left on by a
+        # measured run would cost each launch ~1 us per graph node (a no-op in the other modes)
         ex.device.counters.quiesce()
 
     def _check(self, arr: Any, want: Any, what: str) -> Any:

@@ -42,7 +42,7 @@ Counters of ``result()``:
   ``cuGraphLaunch``/``cudaGraphLaunch`` calls.
 * ``api_calls`` (all CUDA API calls seen), ``region_ms`` (host time of the window).
 
-Modes (``FUSEC_CUPTI_MODE``, default ``lazy``): ``always`` enables the activity kinds once, at
+Modes (``FUSEC_CUPTI_MODE``, default ``always``): ``always`` enables the activity kinds once, at
 ``create()``; ``start()``/``stop()`` then only read CUPTI's clock (0.3 to 0.9 us each on an H100),
 and of the records CUPTI delivers, those of calls outside the latest region are dropped at once
 (cupti-python still makes a Python object of each record of a delivered buffer, on CUPTI's thread).
@@ -51,6 +51,8 @@ graph node (H100: Qwen3-0.6B's 256-launch prefill 1.497 -> 1.654 ms; benchmarks/
 ``lazy`` keeps the API kinds on as ``always`` does and turns the copy kinds on at a region's
 ``start()``, and off again once the region's copies have run: in ``result()`` (after its device
 sync) or ``quiesce()`` (``plan.bind`` calls it), so that bound runs pay nothing for the counters.
+It is meant to become the default; it has been tested on the CPU against a fake CUPTI only, not
+yet on a GPU (the session that wrote it had no device time left), so ``always`` stays the default.
 ``toggle`` enables the kinds in ``start()`` and disables them in ``stop()``, so that nothing outside
 regions is recorded, but ``cuptiActivityEnable``/``Disable`` cost about 100 us per region (H100),
 and a region's copies that run after ``stop()`` are not recorded.
@@ -220,7 +222,7 @@ def aggregate(records: Iterable[tuple], t0: int, t1: int) -> dict[str, Any]:
 # ---- the CUPTI client (one per process) -----------------------------------------------------------
 
 _BUFFER_BYTES = 4 << 20
-_MODES = ("lazy", "always", "toggle")
+_MODES = ("always", "lazy", "toggle")
 
 
 def _unavailable(reason: str) -> dict[str, Any]:
@@ -236,7 +238,7 @@ class DriverCounters:
     def __init__(self) -> None:
         self.available = False
         self.reason = "not initialized"
-        self.mode = "lazy"
+        self.mode = "always"
         self._copy_kinds: list[Any] = []  # lazy: MEMCPY and MEMSET, on from a region's start() to its sync
         self._copies_on = False
         self._cupti: Any = None
@@ -292,7 +294,7 @@ class DriverCounters:
     def _init(self) -> None:
         if os.environ.get("FUSEC_CUPTI", "1").strip().lower() in ("0", "off", "false", "no"):
             return self._fail("disabled by FUSEC_CUPTI=0")
-        mode = os.environ.get("FUSEC_CUPTI_MODE", "lazy").strip().lower()
+        mode = os.environ.get("FUSEC_CUPTI_MODE", "always").strip().lower()
         if mode not in _MODES:
             return self._fail(f"FUSEC_CUPTI_MODE={mode!r} is not one of {', '.join(_MODES)}")
         self.mode = mode
