@@ -511,7 +511,6 @@ class DriverCounters:
         self._last = aggregate(records, self._t0, self._t1)
         return dict(self._last)
 
-
     def quiesce(self) -> None:
         """Lazy mode: wait for the device, collect what the open or last region's copies recorded,
         and turn the copy kinds off (they cost every graph launch ~1 us per node while on). A setup
