@@ -27,7 +27,7 @@ def _size_only(records: list[M.UsageRecord]) -> int:
 
 
 def test_repair_is_never_worse_than_greedy_by_size_and_stays_valid() -> None:
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(20261123)
     better = 0
     for trial in range(300):
         n, steps = int(rng.integers(2, 30)), int(rng.integers(2, 40))

@@ -16,7 +16,7 @@ from fusec.errors import InputError, ModelError
 from fusec.frontend.onnx_import import import_onnx
 from fusec.ir import verify
 
-rng = np.random.default_rng()
+rng = np.random.default_rng(20261123)
 F32, I64 = TensorProto.FLOAT, TensorProto.INT64
 
 
@@ -182,8 +182,10 @@ def test_weights_are_not_folded_into_but_small_constants_are() -> None:
     assert tr.inputs[0].name == "w"
     x = rng.standard_normal((2, 64)).astype(np.float32)
     got, want = reference.run(g, {"x": x}), _ort(m, {"x": x})
-    np.testing.assert_allclose(got["y"], want[0], rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(got["h"], want[1], rtol=1e-5, atol=1e-5)
+    # Both outputs are sums of products: fp32 accumulation in another order than onnxruntime's differs
+    # by ~K * 2^-24 of the terms' magnitude, which cancellation can leave above 1e-5 of a small result.
+    for r, w in ((got["y"], want[0]), (got["h"], want[1])):
+        np.testing.assert_allclose(r, w, rtol=1e-5, atol=1e-6 * max(1.0, float(np.abs(w).max())))
 
 
 def test_odd_names_survive_and_aliased_or_constant_outputs_get_their_own_names() -> None:

@@ -60,7 +60,7 @@ def test_no_op_is_removed(case: str) -> None:
     assert res.changed
     assert [n.op for n in res.graph.nodes] == [Op.EXP, Op.NEG]
     assert res.graph.constants == []
-    check_same(g, res.graph, {"x": rand(np.random.default_rng(), 3, 4)})
+    check_same(g, res.graph, {"x": rand(np.random.default_rng(20261123), 3, 4)})
 
 
 @pytest.mark.parametrize("case", sorted(NOT_NO_OPS))
@@ -72,7 +72,7 @@ def test_look_alike_is_kept(case: str) -> None:
 
 
 def test_double_reshape_becomes_one_and_round_trip_vanishes() -> None:
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(20261124)
     b = GraphBuilder()
     x = b.input("x", (2, 3, 4), DType.F32)
     r = b.emit(Op.RESHAPE, b.emit(Op.RESHAPE, x, shape=(6, 4)), shape=(4, 6))
@@ -88,7 +88,7 @@ def test_double_reshape_becomes_one_and_round_trip_vanishes() -> None:
 
 
 def test_consecutive_transposes_compose() -> None:
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(20261125)
     b = GraphBuilder()
     x = b.input("x", (2, 3, 4, 5), DType.F32)
     t = b.emit(Op.TRANSPOSE, b.emit(Op.TRANSPOSE, x, perm=(0, 2, 1, 3)), perm=(3, 0, 2, 1))
@@ -104,7 +104,7 @@ def test_consecutive_transposes_compose() -> None:
 
 
 def test_no_op_on_named_output_renames_its_source() -> None:
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(20261126)
     b = GraphBuilder()
     x = b.input("x", (3, 4), DType.F32)
     e = b.emit(Op.EXP, x)

@@ -42,7 +42,7 @@ def _plan(manifest, blobs, cuda_graph=False):
 
 
 def _axpb_plan(n: int, cuda_graph: bool):
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(20261123)
     w = rng.standard_normal(n).astype(np.float32)
     blobs = {"weights": w.tobytes(), "cubin/m0": _cubin(_SRC)}
     x_off, y_off = 0, ((n * 4 + 255) // 256) * 256
@@ -67,7 +67,7 @@ def test_kernel_launch_inputs_outputs_and_stats(cuda_graph: bool) -> None:
     n = 10_000
     plan, w = _axpb_plan(n, cuda_graph)
     for make in (lambda a: a, cupy.asarray, lambda a: torch.from_numpy(a).cuda()):
-        x = np.random.default_rng().standard_normal(n).astype(np.float32)
+        x = np.random.default_rng(20261124).standard_normal(n).astype(np.float32)
         y = plan.run({"x": make(x)})["y"]
         np.testing.assert_allclose(cupy.asnumpy(y), w * x + 0.5, rtol=1e-6, atol=1e-6)  # FMA vs mul+add: 1 ulp
         s = plan.stats()
@@ -84,7 +84,7 @@ def test_graph_replay_is_bitwise_equal_to_eager() -> None:
 
     n = 4096
     eager, w = _axpb_plan(n, False)
-    x = np.random.default_rng().standard_normal(n).astype(np.float32)
+    x = np.random.default_rng(20261125).standard_normal(n).astype(np.float32)
     a = cupy.asnumpy(eager.run({"x": x})["y"])
     graph = eager.__class__(eager.manifest, lambda k: {"weights": w.tobytes(), "cubin/m0": _cubin(_SRC)}[k], cuda_graph=True)
     b = cupy.asnumpy(graph.run({"x": x})["y"])
@@ -108,7 +108,7 @@ def test_run_does_not_block_the_host() -> None:
     import cupy
 
     plan, _ = _axpb_plan(1 << 20, False)
-    x = cupy.asarray(np.random.default_rng().standard_normal(1 << 20).astype(np.float32))
+    x = cupy.asarray(np.random.default_rng(20261126).standard_normal(1 << 20).astype(np.float32))
     mod = cupy.cuda.function.Module()
     mod.load(_cubin(_SRC))
     spin = mod.get_function("spin")
@@ -134,7 +134,7 @@ def test_run_does_not_block_the_host() -> None:
 def test_gemm_launch_matches_numpy(dtype: str, compute: str, tol: float, trans_b: bool) -> None:
     import cupy
 
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(20261127)
     batch, m, n, k = 3, 37, 70, 45
     dt = DType(dtype)
     a = rng.standard_normal((batch, m, k)).astype(np.float32)
