@@ -8,7 +8,8 @@ import numbers
 import pytest
 
 from fusec.runtime import counters
-from fusec.runtime.counters import DriverCounters, aggregate, api_base_name, classify_api
+from fusec.runtime.counters import DriverCounters
+from fusec.runtime.driver_records import aggregate, api_base_name, classify_api
 
 _NUMERIC_KEYS = ("syncs", "h2d_bytes", "d2h_bytes", "d2d_bytes", "memcpy_calls", "allocations",
                  "kernel_launches", "graph_launches")
