@@ -393,12 +393,3 @@ def _validate_manifest(m: Mapping[str, Any], blobs: Mapping[str, Any], where: st
     from fusec.plancheck import validate
 
     validate(m, blobs, where, __version__)
-
-
-def _validate_entry(e: Mapping[str, Any], m: Mapping[str, Any], wbytes: int, arena: int, state: int, where: str) -> None:
-    """One entry point's inputs, outputs and launches (kept for callers; see ``fusec.plancheck``)."""
-    from fusec.plancheck import _Check, _entry
-
-    kernels = m.get("kernels", [])
-    _entry(_Check(where), e, kernels if isinstance(kernels, list) else [],
-           {"arena": arena, "weights": wbytes, "state": state}, "")

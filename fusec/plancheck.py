@@ -19,121 +19,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from fusec.planfile import PlanFileError, blob_length
-
-MAX_BYTES = 2**44  # no region (arena, weights, state) is larger than 16 TiB
-MAX_DIM = 2**40
-MAX_DEPTH = 32  # nesting of the manifest's JSON
-MAX_GRID = (2**31 - 1, 65535, 65535)
-MAX_BLOCK = (1024, 1024, 64)
-MAX_THREADS = 1024
-MAX_SMEM = 232448  # 227 KiB: the largest opt-in shared memory per block of any arch fusec targets
-DTYPES = {"f32": 4, "f16": 2, "bf16": 2, "i64": 8, "i32": 4, "bool": 1}
-PLAN_DTYPES = ("fp32", "tf32", "fp16", "bf16")
-ARCH_RE = re.compile(r"sm_([0-9]{2,3})[a-z]?")
-VERSION_RE = re.compile(r"[0-9A-Za-z.+_-]{1,64}")
-IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,200}")
-SCALARS = {"i32": (-(2**31), 2**31 - 1), "i64": (-(2**63), 2**63 - 1), "u64": (0, 2**64 - 1), "f32": None}
-EM_CUDA = 190
-
-TOP_KEYS = {"fusec_version", "nvrtc_version", "cupy_version", "driver_version", "arch", "dtype", "cuda_graph", "model",
-            "source", "memory", "modules", "kernels", "report", "reports", "inputs", "outputs", "launches", "entries",
-            "state", "generation", "ab"}
-# format 2: the toolchain (fusec.planenv) and the source record are required; older plans: recompile
-REQUIRED = ("fusec_version", "nvrtc_version", "cupy_version", "driver_version", "arch", "dtype", "source", "memory",
-            "modules", "kernels")
-SOURCE_KEYS = {"model", "kind", "sha256", "shapes", "options"}
-SOURCE_KINDS = ("builtin", "file", "memory", "other")
-# fusec.compile's options a plan records (loader.source_record): a re-target from source passes them
-# back to fusec.compile as keywords, so no other key (e.g. dump_dir, a path to write to) may pass
-SOURCE_OPTIONS = {"disabled_fusions", "enabled_fusions", "fusion_overrides", "choices", "fp32_gemm"}
-FP32_GEMM_MODES = ("3xtf32", "sgemm")  # passes/split_tf32.MODES (not imported: plancheck stays light)
-SHA256_RE = re.compile(r"[0-9a-f]{64}")
-MEMORY_KEYS = {"arena_bytes", "weights_bytes", "scratch_bytes", "state_bytes", "naive_bytes", "planned_bytes",
-               "lower_bound_bytes"}
-MODULE_KEYS = {"id", "cubin", "source", "entry", "template"}
-KERNEL_KEYS = {"module", "entry", "smem"}
-SIG_KEYS = {"name", "shape", "dtype", "offset", "bound"}
-ENTRY_KEYS = {"inputs", "outputs", "launches", "arena_bytes"}
-KERNEL_LAUNCH_KEYS = {"type", "kernel", "grid", "block", "smem", "args", "label"}
-GEMM_KEYS = {"type", "m", "n", "k", "batch", "lda", "ldb", "ldc", "stride_a", "stride_b", "stride_c", "trans_a",
-             "trans_b", "dtype", "compute", "a", "b", "c", "label", "alpha", "beta", "epilogue", "bias", "c_in"}
-GEMM_OPTIONAL = ("label", "alpha", "beta", "epilogue", "bias", "c_in")  # the last three: cuBLASLt epilogues
-GEMM_DTYPES = {"f32": 4, "f16": 2, "bf16": 2}
-GEMM_COMPUTE = ("f32", "tf32")
-
-
-class _Check:
-    def __init__(self, where: str):
-        self.where = where
-
-    def fail(self, field: str, msg: str) -> PlanFileError:
-        return PlanFileError(f"{self.where}: manifest: field {field!r}: {msg}")
-
-    # ---- typed getters ---------------------------------------------------------------------
-    def obj(self, v: Any, field: str, keys: set[str] | None = None, required: tuple[str, ...] = ()) -> Mapping[str, Any]:
-        if not isinstance(v, Mapping):
-            raise self.fail(field, f"must be an object, got {_kind(v)}")
-        if keys is not None:
-            unknown = sorted(str(k) for k in v if k not in keys)
-            if unknown:
-                raise self.fail(field, f"unknown key(s) {', '.join(repr(k[:40]) for k in unknown[:5])}")
-        for k in required:
-            if k not in v:
-                raise self.fail(field, f"missing key {k!r}")
-        return v
-
-    def arr(self, v: Any, field: str, max_len: int = 10**7) -> list[Any]:
-        if not isinstance(v, list):
-            raise self.fail(field, f"must be a list, got {_kind(v)}")
-        if len(v) > max_len:
-            raise self.fail(field, f"has {len(v)} items, more than {max_len}")
-        return v
-
-    def int(self, v: Any, field: str, lo: int = 0, hi: int = MAX_BYTES) -> int:
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise self.fail(field, f"must be an integer, got {_kind(v)}")
-        if not lo <= v <= hi:
-            raise self.fail(field, f"{v} is outside [{lo}, {hi}]")
-        return v
-
-    def str(self, v: Any, field: str, pattern: re.Pattern[str] | None = None, max_len: int = 4096) -> str:
-        if not isinstance(v, str):
-            raise self.fail(field, f"must be a string, got {_kind(v)}")
-        if len(v) > max_len:
-            raise self.fail(field, f"is {len(v)} characters long, more than {max_len}")
-        if pattern is not None and not pattern.fullmatch(v):
-            raise self.fail(field, f"{_shown(v)} is not of the expected form {pattern.pattern!r}")
-        return v
-
-    def bool(self, v: Any, field: str) -> bool:
-        if not isinstance(v, bool):
-            raise self.fail(field, f"must be true or false, got {_kind(v)}")
-        return v
-
-    def shape(self, v: Any, field: str) -> list[int]:
-        dims = self.arr(v, field, max_len=16)
-        return [self.int(d, f"{field}[{i}]", 0, MAX_DIM) for i, d in enumerate(dims)]
-
-    def span(self, space: str, off: int, nbytes: int, limits: Mapping[str, int], field: str) -> None:
-        """``[off, off + nbytes)`` lies inside region ``space`` (a zero-size span still starts inside)."""
-        if space not in limits:
-            raise self.fail(field, f"unknown memory space {_shown(space)} (expected {', '.join(limits)})")
-        limit = limits[space]
-        if off >= limit and not (nbytes == 0 and off <= limit):
-            raise self.fail(field, f"pointer {space}+{off} is at or past the end of the {space} ({limit} bytes)")
-        if off + nbytes > limit:
-            raise self.fail(field, f"{space}+{off} with {nbytes} bytes runs past the end of the {space} ({limit} bytes)")
-
-
-def _kind(v: Any) -> str:
-    return "null" if v is None else {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
-                                     int: "an integer", float: "a number"}.get(type(v), type(v).__name__)
-
-
-def _shown(s: Any) -> str:
-    """A value from the file, safe to print: escaped (no terminal control sequences), cut short."""
-    text = repr(s)
-    return (text[:60] + "...") if len(text) > 60 else text
+from fusec.plancheck_fields import (
+    FieldCheck, ARCH_RE, DTYPES, EM_CUDA, ENTRY_KEYS, FP32_GEMM_MODES, GEMM_COMPUTE, GEMM_DTYPES,
+    GEMM_KEYS, GEMM_OPTIONAL, IDENT_RE, KERNEL_KEYS, KERNEL_LAUNCH_KEYS, MAX_BLOCK, MAX_BYTES,
+    MAX_DEPTH, MAX_GRID, MAX_SMEM, MAX_THREADS, MEMORY_KEYS, MODULE_KEYS, PLAN_DTYPES, REQUIRED,
+    SCALARS, SHA256_RE, SIG_KEYS, SOURCE_KEYS, SOURCE_KINDS, SOURCE_OPTIONS, TOP_KEYS, VERSION_RE,
+    _kind, _shown,
+)
 
 
 _ESCAPED = ("report", "reports", "ab", "generation", "source")
@@ -184,7 +76,7 @@ def cubin_arch(data: bytes) -> int | None:
 
 def validate(m: Any, blobs: Mapping[str, Any], where: str, fusec_version: str) -> None:
     """Raise PlanFileError naming the field at the first thing wrong with manifest ``m``."""
-    c = _Check(where)
+    c = FieldCheck(where)
     if not isinstance(m, Mapping):
         raise PlanFileError(f"{where}: manifest: must be a JSON object")
     check_tree(m, where)
@@ -336,7 +228,7 @@ def _check_source(blob: Any, entry: str, what: str) -> None:
         raise PlanFileError(f"{what}: kernel source does not define its entry {entry!r}")
 
 
-def _nbytes(c: _Check, rec: Mapping[str, Any], f: str) -> int:
+def _nbytes(c: FieldCheck, rec: Mapping[str, Any], f: str) -> int:
     dims = c.shape(rec["shape"], f"{f}.shape")
     if rec["dtype"] not in DTYPES:
         raise c.fail(f"{f}.dtype", f"{_shown(rec['dtype'])} is not one of {', '.join(DTYPES)}")
@@ -348,7 +240,7 @@ def _nbytes(c: _Check, rec: Mapping[str, Any], f: str) -> int:
     return n
 
 
-def _entry(c: _Check, e: Mapping[str, Any], kernels: list[Any], limits: Mapping[str, int], prefix: str) -> None:
+def _entry(c: FieldCheck, e: Mapping[str, Any], kernels: list[Any], limits: Mapping[str, int], prefix: str) -> None:
     arena_only = {"arena": limits["arena"]}
     for sig in ("inputs", "outputs"):
         names = set()
@@ -412,7 +304,7 @@ def _entry(c: _Check, e: Mapping[str, Any], kernels: list[Any], limits: Mapping[
             raise c.fail(f"{f}.type", f"unknown launch type {_shown(L.get('type'))}")
 
 
-def _gemm(c: _Check, L: Mapping[str, Any], limits: Mapping[str, int], f: str) -> None:
+def _gemm(c: FieldCheck, L: Mapping[str, Any], limits: Mapping[str, int], f: str) -> None:
     """A row-major strided-batched GEMM's operands lie inside their regions (see fusec.runtime.cublas)."""
     i32 = 2**31 - 1
     m, n, k = (c.int(L[x], f"{f}.{x}", 1, i32) for x in ("m", "n", "k"))
@@ -443,7 +335,7 @@ def _gemm(c: _Check, L: Mapping[str, Any], limits: Mapping[str, int], f: str) ->
     _gemm_epilogue(c, L, limits, f, n * size, ((batch - 1) * sc + (m - 1) * ldc + n) * size)
 
 
-def _gemm_epilogue(c: _Check, L: Mapping[str, Any], limits: Mapping[str, int], f: str, bias_bytes: int,
+def _gemm_epilogue(c: FieldCheck, L: Mapping[str, Any], limits: Mapping[str, int], f: str, bias_bytes: int,
                    c_bytes: int) -> None:
     """cuBLASLt fields (fusec.runtime.cublaslt): a known epilogue, a bias of N elements exactly when
     the epilogue adds one, and a C input shaped like C."""
