@@ -105,7 +105,7 @@ def test_graphs_keep_the_state_contract_of_the_builtin_decoders():
 def test_kv_attention_replaces_only_a_mask_proven_to_be_keys_up_to_pos(compare, swapped):
     from fusec import reference
     from fusec.builder import GraphBuilder
-    from fusec.frontend.kv_cache import use_kv_attention
+    from fusec.frontend.kv_attention import use_kv_attention
 
     # head_dim 8: an attention the kernels cannot take (head_dim 4) is unfused again by recognition
     b = GraphBuilder("attn")

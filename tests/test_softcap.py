@@ -195,7 +195,7 @@ def test_an_unfused_attention_keeps_its_cap() -> None:
 
 
 def test_the_kv_cache_rewrite_keeps_the_cap() -> None:
-    from fusec.frontend.kv_cache import use_kv_attention
+    from fusec.frontend.kv_attention import use_kv_attention
 
     b = GraphBuilder("attn")
     k, v = (b.state(n, (2, 1, 6, 8), F32) for n in ("k.0", "v.0"))
