@@ -144,6 +144,9 @@ def run(name: str, budget: float | None = None, autotune: bool = True, onnx: boo
                            "fusec_compile_s": time.perf_counter() - t0, "launches": plan.info()["launches"]}
     inputs = {"input_ids": cupy.asarray(ids), "attention_mask": cupy.asarray(mask)}
     got = plan.run(inputs)[out_key]
+    from fusec.bench import counters_state
+
+    res["fusec_driver_counters"] = counters_state()  # "off (disabled by FUSEC_CUPTI=0)" unless asked for
     g = torch.from_dlpack(got)
     g = (g.view(torch.bfloat16) if dtype == "bf16" else g).float()
     with torch.no_grad():
@@ -261,4 +264,7 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # fusec's driver counters, attached, add ~1 us per node to every graph launch (fusec.runtime.counters):
+    # off unless asked for, so that fusec's times are its plans' own
+    os.environ.setdefault("FUSEC_CUPTI", "0")
     sys.exit(main())

@@ -249,7 +249,7 @@ def dump() -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mode", choices=["none", "lazy", "toggle", "always"])
+    ap.add_argument("--mode", choices=["none", "lazy", "always"])
     ap.add_argument("--dump", action="store_true")
     ap.add_argument("--stages", action="store_true", help="what each step of attaching CUPTI costs 20 launches")
     ap.add_argument("--json", help="write every mode's numbers here")
@@ -263,7 +263,7 @@ def main() -> None:
         print(json.dumps(one_mode(args.mode)))
         return
     rows = []
-    for mode in ("none", "lazy", "always", "toggle"):
+    for mode in ("none", "lazy", "always"):
         env = dict(os.environ, FUSEC_CUPTI="0") if mode == "none" else dict(os.environ)
         p = subprocess.run([sys.executable, __file__, "--mode", mode], capture_output=True, text=True, env=env)
         if p.stderr.strip():

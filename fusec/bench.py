@@ -6,7 +6,12 @@ end event and waits for it, so each sample is the latency of one request as the 
 launch overhead included (the GPU sits idle while the host enqueues). ``host_enqueue_ms`` is the
 host time the call itself took (perf_counter around it; median). Inputs are uploaded once and
 rotated among ``rotate`` different sets so that the caches do not see one input over and over.
-Warm-up runs come first.
+Warm-up runs come first. Timed runs are not measured by the driver counters (``run(...,
+measure=False)``); one more, untimed run after them is, for ``allocations`` (None for bound runs,
+which are never measured). The counters' CUPTI tracing, when attached, still slows every
+CUDA-graph launch of the process (see ``fusec.runtime.counters``): ``driver_counters`` in the
+result says whether it was attached; ``fusec bench`` turns the counters off while it times unless
+asked otherwise.
 
 The per-kernel profile (``per_kernel``) lives in ``fusec.bench_kernels``.
 """
@@ -56,7 +61,7 @@ def measure(plan: Any, cuda_graph: bool, warmup: int = 10, iters: int = 100, rot
             b.run(stream)
     else:
         def call(i: int) -> None:
-            runner.run(sets[i % len(sets)], stream=stream)
+            runner.run(sets[i % len(sets)], stream=stream, measure=False)
 
     def refill(i: int) -> None:
         if bound:
@@ -82,7 +87,7 @@ def measure(plan: Any, cuda_graph: bool, warmup: int = 10, iters: int = 100, rot
             elif cuda_graph:  # the inputs are staged: replay only, so the host never starves the GPU
                 runner._exec().replay(stream)
             else:
-                runner.run(sets[i % len(sets)], stream=stream)
+                runner.run(sets[i % len(sets)], stream=stream, measure=False)
         end.record(stream)
         end.synchronize()
         samples.append(cupy.cuda.get_elapsed_time(start, end) / max(1, batch))
@@ -90,7 +95,19 @@ def measure(plan: Any, cuda_graph: bool, warmup: int = 10, iters: int = 100, rot
     out["mode"] = "bound" if bound else "cuda_graph" if cuda_graph else "eager"
     out["batch"] = max(1, batch)
     out["host_enqueue_ms"] = float(np.median(host))
-    stats = runner.stats()
+    stats: dict[str, Any] = {}
+    if not bound:  # (a bound run is never measured)
+        runner.run(sets[0], stream=stream)  # untimed and measured: the driver's allocations in one run
+        stats = runner.stats()
     out["launches"] = stats.get("launches", len(plan.manifest.get("launches", [])))
     out["allocations"] = stats.get("allocations")
+    out["driver_counters"] = counters_state()
     return out
+
+
+def counters_state() -> str:
+    """Whether fusec's driver counters were attached to this process, and what that costs timings."""
+    from fusec.runtime.counters import DriverCounters
+
+    inst = DriverCounters.peek()
+    return "not created" if inst is None else inst.describe()

@@ -7,6 +7,7 @@ command end to end (JSON, the three modes, --cuda-graph, the per-kernel profile)
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -161,3 +162,65 @@ def test_event_median_ms_times_each_call_between_two_events(monkeypatch) -> None
     ms = event_median_ms(lambda: calls.append(1), Stream(), 3)
     assert len(calls) == 4  # the warm-up call is not timed
     assert ms == 3.0  # elapsed (1 call) x calls so far: 2, 3, 4 -> median 3
+
+
+def test_bench_turns_the_counters_off_only_when_nobody_asked(monkeypatch) -> None:  # noqa: ANN001
+    """Attached CUPTI copy tracing slows every graph launch: bench times without it unless FUSEC_CUPTI
+    is set, --per-kernel needs CUPTI, or the process already has its counters; and a counters
+    object made while it was off is forgotten afterwards, so the process's later plans count."""
+    from fusec.runtime.counters import off_while_timing
+    from fusec.runtime import counters
+    from fusec.runtime.counters import DriverCounters
+
+    counters._reset_for_tests()
+    monkeypatch.delenv("FUSEC_CUPTI", raising=False)
+    with off_while_timing():
+        assert os.environ.get("FUSEC_CUPTI") == "0"
+        inst = DriverCounters.create()
+        assert not inst.available and "FUSEC_CUPTI=0" in inst.reason
+        assert DriverCounters.peek() is inst
+    assert "FUSEC_CUPTI" not in os.environ
+    assert DriverCounters.peek() is None  # it never attached CUPTI: forgotten
+    with off_while_timing(keep=True):
+        assert "FUSEC_CUPTI" not in os.environ
+    monkeypatch.setenv("FUSEC_CUPTI", "1")
+    with off_while_timing():
+        assert os.environ["FUSEC_CUPTI"] == "1"
+    monkeypatch.delenv("FUSEC_CUPTI")
+    made = DriverCounters.create()  # no GPU here (or CUPTI state): whatever it is, it exists already
+    with off_while_timing():
+        assert "FUSEC_CUPTI" not in os.environ and DriverCounters.peek() is made
+    counters._reset_for_tests()
+
+
+def test_counters_describe_what_they_cost_timings() -> None:
+    from fusec.bench import counters_state
+    from fusec.runtime import counters
+    from fusec.runtime.counters import DriverCounters
+
+    counters._reset_for_tests()
+    assert counters_state() == "not created"
+    off = DriverCounters()
+    off.reason = "disabled by FUSEC_CUPTI=0"
+    assert off.describe() == "off (disabled by FUSEC_CUPTI=0)"
+    on = DriverCounters()
+    on.available, on.reason = True, "CUPTI via cupti-python, mode always"
+    assert "~1 us of GPU time per node" in on.describe() and "FUSEC_CUPTI=0" in on.describe()
+    on.mode, on.reason = "lazy", "CUPTI via cupti-python, mode lazy"
+    assert on.describe().endswith("copy tracing only inside measured runs")
+
+
+@pytest.mark.gpu
+def test_gpu_bench_times_without_the_counters_and_says_so(tmp_path) -> None:  # noqa: ANN001
+    """In its own process (the counters are one per process), with cupti-python importable or not."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "FUSEC_CUPTI"}
+    r = subprocess.run([sys.executable, "-m", "fusec", "bench", MODEL, "--dtype", "fp16", "--iters", "3",
+                        "--warmup", "1", "--cuda-graph", "--json"], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["driver_counters"] == "off (disabled by FUSEC_CUPTI=0)"
+    assert all(res["driver_counters"] == out["driver_counters"] for res in out["results"])

@@ -23,6 +23,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--cuda-graph, each launch's kernel time inside bound graph replays (CUPTI kernel records;\n"
         "what the launch costs a replay), else CUDA events around each launch of an eager run (a\n"
         "short kernel's time then includes the host's launch gap).\n"
+        "fusec's driver counters (CUPTI, with the cupti extra) slow every CUDA-graph launch while\n"
+        "attached (~1 us per graph node), so bench turns them off for its timings (FUSEC_CUPTI=0)\n"
+        "unless FUSEC_CUPTI is set or --per-kernel needs CUPTI; the output says which.\n"
         "PLAN_OR_MODEL is a .fplan file, or a model compiled first with the options below. Needs a GPU.",
         ["fusec bench gpt2.fplan", "fusec bench gpt2-small --dtype fp16 --iters 200 --json",
          "fusec bench bert-base --dtype fp16 --shapes input_ids:32x128,attention_mask:32x128 --per-kernel",
@@ -43,6 +46,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    from fusec.runtime.counters import off_while_timing
+
+    with off_while_timing(keep=args.per_kernel):  # --per-kernel needs CUPTI's kernel records
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     from fusec import device
     from fusec.bench import measure
     from fusec.cli.run import load_plan_or_none
@@ -68,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
     info = plan.info()
     launches = info.get("launches", sum(len(e["kernels"]) for e in info.get("entries", {}).values()))
     out: dict[str, Any] = {"model": args.model, "device": device.describe(), "arch": info["arch"],
-                           "dtype": info["dtype"], "launches": launches, "results": results}
+                           "dtype": info["dtype"], "launches": launches, "results": results,
+                           "driver_counters": results[-1]["driver_counters"]}
     if args.per_kernel:
         from fusec.bench_kernels import format_table, per_kernel
 
@@ -79,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2))
         return 0
     print(f"{fmt_name(args.model)} on {out['device']} ({info['dtype']}, {launches} launches per run)")
+    print(f"  driver counters: {out['driver_counters']}")
     for r in results:
         print(f"  {r['mode']:<10} median {r['median_ms']:.4f} ms  p10 {r['p10_ms']:.4f}  p90 {r['p90_ms']:.4f}  "
               f"host enqueue {r['host_enqueue_ms']:.4f} ms  ({r['runs']} runs)")

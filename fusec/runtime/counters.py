@@ -37,11 +37,11 @@ graph node (H100: Qwen3-0.6B's 256-launch prefill 1.497 -> 1.654 ms; benchmarks/
 sync) or ``quiesce()`` (``plan.bind`` calls it), so that bound runs pay nothing for the counters.
 It is meant to become the default; it has been tested on the CPU against a fake CUPTI only, not
 yet on a GPU (the session that wrote it had no device time left), so ``always`` stays the default.
-``toggle`` enables the kinds in ``start()`` and disables them in ``stop()``, so that nothing outside
-regions is recorded, but ``cuptiActivityEnable``/``Disable`` cost about 100 us per region (H100),
-and a region's copies that run after ``stop()`` are not recorded.
+(A mode ``toggle`` that turned every kind off at ``stop()`` was removed: it cost ~100 us of host time
+per region on an H100 and missed a region's asynchronous copies that ran after ``stop()``.)
 In every mode, once CUPTI is attached each CUDA API call of the process costs a little more (about
-0.4 us per call on an H100, region or not). ``FUSEC_CUPTI=0`` turns the counters off.
+0.4 us per call on an H100, region or not). ``FUSEC_CUPTI=0`` turns the counters off;
+``fusec bench`` and ``fusec ab`` set it for themselves unless it is set (``off_while_timing``).
 
 ``result()`` synchronizes the current device and forces a flush of CUPTI's buffers
 (``activity_flush_all(1)``): copy records are only written once the device has finished them.
@@ -61,9 +61,10 @@ such a profiler cannot attach in this process (``FUSEC_CUPTI=0`` leaves it free)
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from fusec.errors import FusecError
@@ -72,7 +73,7 @@ from fusec.runtime.driver_records import COPY_DIRECTION, aggregate
 # ---- the CUPTI client (one per process) -----------------------------------------------------------
 
 _BUFFER_BYTES = 4 << 20
-_MODES = ("always", "lazy", "toggle")
+_MODES = ("always", "lazy")
 
 
 def _unavailable(reason: str) -> dict[str, Any]:
@@ -111,6 +112,31 @@ class DriverCounters:
         self._k_kernel = -1
 
     # -- creation ---------------------------------------------------------------------------
+    @classmethod
+    def peek(cls) -> DriverCounters | None:
+        """The process's counters if ``create()`` has made them, else None; attaches nothing."""
+        return cls._instance
+
+    @classmethod
+    def forget_unattached(cls) -> None:
+        """Drop the process's instance if it never attached CUPTI (made while ``FUSEC_CUPTI=0``, or
+        without a GPU), so that a later ``create()`` tries again; an attached one stays."""
+        with cls._lock:
+            inst = cls._instance
+            if inst is not None and not inst.available and inst._cupti is None:
+                cls._instance = None
+
+    def describe(self) -> str:
+        """One line on what the counters cost timings: off, or on with the tracing that slows
+        every CUDA-graph launch (mode ``always``: the copy kinds stay on; ``lazy``: only
+        inside measured runs)."""
+        if not self.available:
+            return f"off ({self.reason})"
+        if self.mode == "always":
+            return (f"on ({self.reason}): CUPTI's copy tracing adds ~1 us of GPU time per node to every "
+                    "CUDA-graph launch; FUSEC_CUPTI=0 times without it")
+        return f"on ({self.reason}): copy tracing only inside measured runs"
+
     @classmethod
     def create(cls) -> DriverCounters:
         """The process's counters; never raises. ``available`` False comes with ``reason``."""
@@ -206,9 +232,6 @@ class DriverCounters:
         for k in kinds:  # enable once to learn now (not inside a run) whether this CUPTI can
             c.activity_enable(k)
             self._kinds.append(k)
-        if self.mode == "toggle":
-            for k in kinds:
-                c.activity_disable(k)
         if self.mode == "lazy":
             self._copy_kinds = [c.ActivityKind.MEMCPY, c.ActivityKind.MEMSET]
             for k in self._copy_kinds:
@@ -297,12 +320,6 @@ class DriverCounters:
         self._region_error = None
         self._callback_error = None
         self._last = None
-        if self.mode == "toggle" and not self._open:
-            try:
-                for k in self._kinds:
-                    self._enable(k)
-            except Exception as e:  # noqa: BLE001
-                self._region_error = f"activity_enable failed: {_describe(e)}"
         if self._copy_kinds and not self._copies_on:
             try:
                 for k in self._copy_kinds:
@@ -320,12 +337,6 @@ class DriverCounters:
             return
         self._t1 = self._get_timestamp()
         self._open = False
-        if self.mode == "toggle":
-            try:
-                for k in self._kinds:
-                    self._disable(k)
-            except Exception as e:  # noqa: BLE001
-                self._region_error = f"activity_disable failed: {_describe(e)}"
 
     def result(self) -> dict[str, Any]:
         """Counters of the last closed region (see the module docstring).
@@ -437,6 +448,24 @@ class DriverCounters:
         except Exception as e:  # noqa: BLE001
             return _describe(e)
         return ""
+
+
+@contextlib.contextmanager
+def off_while_timing(keep: bool = False) -> Iterator[None]:
+    """FUSEC_CUPTI=0 inside, unless ``keep`` (the caller needs CUPTI, e.g. for kernel records) or
+    FUSEC_CUPTI is set: attached counters add ~1 us of GPU time per node to every graph launch
+    (see the module docstring), which a benchmark must not time (``fusec bench``, ``fusec ab``).
+    It acts only if the process has not created its counters yet (they are one per process);
+    ``DriverCounters.peek().describe()`` says what held."""
+    if keep or "FUSEC_CUPTI" in os.environ or DriverCounters.peek() is not None:
+        yield
+        return
+    os.environ["FUSEC_CUPTI"] = "0"
+    try:
+        yield
+    finally:
+        os.environ.pop("FUSEC_CUPTI", None)
+        DriverCounters.forget_unattached()  # the process's later plans get their counters
 
 
 def _no_callback(userdata: Any, domain: Any, cbid: Any, data: Any) -> None:
