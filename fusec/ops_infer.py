@@ -199,15 +199,32 @@ def _gather(a: AxisAttrs, t: Sequence[TensorType]) -> list[TensorType]:
     return [(sd[: a.axis] + tuple(si) + sd[a.axis + 1:], dd)]
 
 
+def _int_indices(op: str, dt: DType) -> None:
+    if not dt.is_int:
+        raise ValueError(f"{op} indices must be integers, got {dt.value}")
+
+
 def _gather_elements(a: AxisAttrs, t: Sequence[TensorType]) -> list[TensorType]:
-    if len(t[0][0]) != len(t[1][0]):
+    (sd, _), (si, di) = t[0], t[1]
+    if len(sd) != len(si):
         raise ValueError("gather_elements: data and indices must have the same rank")
-    return [(t[1][0], t[0][1])]
+    _check_axes([a.axis], len(sd))
+    _int_indices("gather_elements", di)
+    for d, (n, m) in enumerate(zip(si, sd)):
+        if d != a.axis and n > m:
+            raise ValueError(f"gather_elements: indices dim {d} is {n}, beyond the data's {m}")
+    return [(si, t[0][1])]
 
 
 def _gather_nd(a: GatherNDAttrs, t: Sequence[TensorType]) -> list[TensorType]:
-    (sd, dd), (si, _) = t[0], t[1]
+    (sd, dd), (si, di) = t[0], t[1]
+    _int_indices("gather_nd", di)
     b = a.batch_dims
+    if not si or b >= min(len(sd), len(si)):
+        raise ValueError(f"gather_nd: batch_dims {b} must be below the ranks of data ({len(sd)}) and indices "
+                         f"({len(si)})")
+    if tuple(si[:b]) != tuple(sd[:b]):
+        raise ValueError(f"gather_nd: the batch dims of data {list(sd[:b])} and indices {list(si[:b])} differ")
     last = si[-1]
     if b + last > len(sd):
         raise ValueError("gather_nd: index tuples longer than the data rank")
@@ -215,6 +232,13 @@ def _gather_nd(a: GatherNDAttrs, t: Sequence[TensorType]) -> list[TensorType]:
 
 
 def _scatter_nd(a: Any, t: Sequence[TensorType]) -> list[TensorType]:
+    (sd, dd), (si, di), (su, du) = t
+    _int_indices("scatter_nd", di)
+    if not si or si[-1] > len(sd):
+        raise ValueError(f"scatter_nd: index tuples of length {si[-1] if si else '?'} for data of rank {len(sd)}")
+    want = tuple(si[:-1]) + tuple(sd[si[-1]:])
+    if tuple(su) != want or du != dd:
+        raise ValueError(f"scatter_nd: updates must be {dd.value}{list(want)}, got {du.value}{list(su)}")
     return [t[0]]
 
 

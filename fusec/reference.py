@@ -97,8 +97,9 @@ def _softmax(a: O.AxisAttrs, x: np.ndarray) -> np.ndarray:
 def _cumsum(a: O.CumSumAttrs, x: np.ndarray) -> np.ndarray:
     y = np.flip(x, a.axis) if a.reverse else x
     out = np.cumsum(y, axis=a.axis, dtype=x.dtype)
-    if a.exclusive:
-        out = out - y
+    if a.exclusive:  # the inclusive sums shifted one place (not out - y: inf - inf, absorbed terms)
+        out = np.roll(out, 1, axis=a.axis)
+        out[(slice(None),) * a.axis + (0,)] = 0
     return np.flip(out, a.axis) if a.reverse else out
 
 

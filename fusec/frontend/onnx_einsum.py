@@ -41,6 +41,13 @@ def _parse(cx: NodeCtx, eq: str, ranks: list[int]) -> tuple[list[str], str]:
     if not arrow:  # implicit output: letters that appear once, in alphabetical order
         letters = "".join(terms)
         rhs = ell + "".join(sorted(c for c in set(letters) if letters.count(c) == 1 and c not in ell))
+    if not rhs.isalpha() and rhs:
+        raise cx.fail(f"equation {eq!r}: output {rhs!r} holds a character that is not a letter")
+    missing = sorted(set(rhs) - set("".join(terms)))
+    if missing:
+        raise cx.fail(f"equation {eq!r}: output letter(s) {', '.join(missing)} appear in no operand")
+    if len(set(rhs)) != len(rhs):
+        raise cx.fail(f"equation {eq!r}: output {rhs!r} repeats a letter")
     return terms, rhs
 
 

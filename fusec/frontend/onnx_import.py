@@ -26,6 +26,7 @@ from fusec.frontend import onnx_ops_norm, onnx_ops_quant, onnx_ops_resize, onnx_
 from fusec.frontend.emit import WEIGHT_MIN_ELEMS, Const, Emitter, Sym
 from fusec.frontend.onnx_ctx import HANDLERS, NodeCtx
 from fusec.frontend.onnx_load import ONNX_TO_DTYPE, LoadedModel, load_model, onnx_type_name
+from fusec.frontend.onnx_ops_act import InexactConstant
 from fusec.ir import Graph, Node, Value, verify
 from fusec.shapes import check_size, normalize_shapes
 from fusec.ops import Op
@@ -173,7 +174,10 @@ class _Importer:
             else:
                 raise ModelError(f"{self.loaded.label}: node {node.name!r} uses {name!r}, which nothing defines")
         cx = NodeCtx(self.em, self.loaded, node, ins, self.opset, used)
-        results = list(HANDLERS[node.op_type](cx))
+        try:
+            results = list(HANDLERS[node.op_type](cx))
+        except InexactConstant as e:
+            raise cx.fail(str(e)) from None
         for i, name in enumerate(node.output):
             if not name:
                 continue

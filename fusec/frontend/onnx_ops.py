@@ -11,6 +11,7 @@ import numpy as np
 from fusec.dtypes import DType
 from fusec.frontend.emit import Const, Sym, np_dtype
 from fusec.frontend.onnx_ctx import NodeCtx, handler
+from fusec.frontend.onnx_ops_act import c
 from fusec.frontend.onnx_load import np_dtype_of
 from fusec.ops import Op
 
@@ -124,13 +125,23 @@ def _softmax(cx: NodeCtx) -> list[Sym | None]:
 
 @handler("LayerNormalization")
 def _layernorm(cx: NodeCtx) -> list[Sym | None]:
-    if cx.used(1) or cx.used(2):  # Mean / InvStdDev used: decomposed (onnx_ops_norm)
-        from fusec.frontend.onnx_ops_norm import layernorm_with_stats
-
-        return layernorm_with_stats(cx)
     x = cx.x(0)
     axis = cx.axis(int(cx.attr("axis", -1)), len(x.shape))
     ins = [x, cx.x(1)] + ([cx.x(2)] if cx.has(2) else [])
+    norm_shape = tuple(x.shape[axis:])
+    for p in ins[1:]:
+        try:
+            fits_x = tuple(np.broadcast_shapes(tuple(p.shape), tuple(x.shape))) == tuple(x.shape)
+        except ValueError:
+            fits_x = False
+        if not fits_x:
+            raise cx.fail(f"scale/bias of shape {list(p.shape)} does not broadcast to the input's {list(x.shape)}")
+    fits = all(tuple(np.broadcast_shapes(tuple(p.shape), norm_shape)) == norm_shape for p in ins[1:])
+    if cx.used(1) or cx.used(2) or not fits:
+        # Mean / InvStdDev used, or a scale/bias that also spans the outer axes: decomposed
+        from fusec.frontend.onnx_ops_norm import layernorm_with_stats
+
+        return layernorm_with_stats(cx)
     return [cx.emit(Op.LAYERNORM, *ins, final=True, axis=axis, eps=float(cx.attr("epsilon", 1e-5))), None, None]
 
 
@@ -159,10 +170,6 @@ def _matmul(cx: NodeCtx) -> list[Sym | None]:
     return [cx.emit(Op.MATMUL, cx.x(0), cx.x(1), final=True)]
 
 
-def _scalar_like(x: Sym, v: float) -> Const:
-    return Const(np.asarray(v, dtype=np_dtype(x)))
-
-
 @handler("Gemm")
 def _gemm(cx: NodeCtx) -> list[Sym | None]:
     """Y = alpha * A' @ B' + beta * C: MATMUL, with TRANSPOSE / MUL / ADD only where needed."""
@@ -177,12 +184,12 @@ def _gemm(cx: NodeCtx) -> list[Sym | None]:
     has_c = cx.has(2) and beta != 0.0
     y = cx.emit(Op.MATMUL, a, b, final=(alpha == 1.0 and not has_c))
     if alpha != 1.0:
-        y = cx.emit(Op.MUL, y, _scalar_like(y, alpha), final=not has_c)
+        y = cx.emit(Op.MUL, y, c(y, alpha), final=not has_c)
     if has_c:
-        c = cx.x(2)
+        cin = cx.x(2)
         if beta != 1.0:
-            c = cx.emit(Op.MUL, c, _scalar_like(c, beta))
-        y = cx.emit(Op.ADD, y, c, final=True)
+            cin = cx.emit(Op.MUL, cin, c(cin, beta))
+        y = cx.emit(Op.ADD, y, cin, final=True)
     return [y]
 
 
@@ -192,5 +199,5 @@ def _swish(cx: NodeCtx) -> list[Sym | None]:
     alpha = float(cx.attr("alpha", 1.0))
     if alpha == 1.0:
         return [cx.emit(Op.SILU, x, final=True)]
-    s = cx.emit(Op.SIGMOID, cx.emit(Op.MUL, x, _scalar_like(x, alpha)))
+    s = cx.emit(Op.SIGMOID, cx.emit(Op.MUL, x, c(x, alpha)))
     return [cx.emit(Op.MUL, x, s, final=True)]

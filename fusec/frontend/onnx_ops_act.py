@@ -8,6 +8,8 @@ formulas wherever those are finite.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from fusec.frontend.emit import Const, Sym, np_dtype
@@ -15,9 +17,24 @@ from fusec.frontend.onnx_ctx import NodeCtx, handler
 from fusec.ops import Op
 
 
+class InexactConstant(ValueError):
+    """An attribute value the input's integer dtype cannot hold (the importer names the node)."""
+
+
 def c(x: Sym, v: float) -> Const:
-    """A scalar constant of ``x``'s dtype."""
-    return Const(np.asarray(v).astype(np_dtype(x)))
+    """A scalar constant of ``x``'s dtype; for an integer dtype, only a value it holds exactly
+    (a fractional bias on an int32 input would silently become another number)."""
+    dt = np_dtype(x)
+    arr = np.asarray(v).astype(dt)
+    if dt.kind in "iub" and float(arr) != float(v):
+        raise InexactConstant(f"value {v:g} cannot be held exactly by the input's dtype {dt.name}")
+    return Const(arr)
+
+
+def _far(x: Sym) -> float:
+    """Where the inverse hyperbolic functions switch to log(|x|) + ln 2: x^2 must not overflow before
+    it (fp16: past 255), and the dropped 1/(4x^2) term must be below the dtype's precision."""
+    return 64.0 if np_dtype(x) == np.float16 else 1e4
 
 
 def is_float(dt: np.dtype) -> bool:
@@ -151,8 +168,11 @@ def _hard_swish(cx: NodeCtx) -> list[Sym | None]:
 def _shrink(cx: NodeCtx) -> list[Sym | None]:
     x = cx.x(0)
     lambd, bias = float(cx.attr("lambd", 0.5)), float(cx.attr("bias", 0.0))
-    low = cx.emit(Op.WHERE, cx.emit(Op.LESS, x, c(x, -lambd)), cx.emit(Op.ADD, x, c(x, bias)), c(x, 0.0))
-    high = cx.emit(Op.GREATER, x, c(x, lambd))
+    lo, hi = -lambd, lambd
+    if not is_float(np_dtype(x)):  # integer x: x < -1.5 is x < -1, x > 1.5 is x > 1
+        lo, hi = math.ceil(lo), math.floor(hi)
+    low = cx.emit(Op.WHERE, cx.emit(Op.LESS, x, c(x, lo)), cx.emit(Op.ADD, x, c(x, bias)), c(x, 0.0))
+    high = cx.emit(Op.GREATER, x, c(x, hi))
     return [cx.emit(Op.WHERE, high, cx.emit(Op.SUB, x, c(x, bias)), low, final=True)]
 
 
@@ -185,10 +205,32 @@ def _mean(cx: NodeCtx) -> list[Sym | None]:
 
 @handler("Sinh", "Cosh")
 def _sinh_cosh(cx: NodeCtx) -> list[Sym | None]:
+    """With h = exp(|x| - ln 2) = e^|x| / 2 (finite up to |x| ~ 89.4, where e^|x| alone overflows):
+    cosh = h + 1/(4h), sinh = sign(x) (h - 1/(4h)); sinh below |x| = 0.5 by its series to x^7
+    (the difference cancels there)."""
     x = _float_input(cx)
-    ep, en = cx.emit(Op.EXP, x), cx.emit(Op.EXP, cx.emit(Op.NEG, x))
-    both = cx.emit(Op.SUB if cx.node.op_type == "Sinh" else Op.ADD, ep, en)
-    return [cx.emit(Op.MUL, both, c(x, 0.5), final=True)]
+    h = cx.emit(Op.EXP, cx.emit(Op.SUB, cx.emit(Op.ABS, x), c(x, float(np.log(2.0)))))
+    quarter = cx.emit(Op.DIV, c(x, 0.25), h)
+    if cx.node.op_type == "Cosh":
+        return [cx.emit(Op.ADD, h, quarter, final=True)]
+    big = cx.emit(Op.MUL, cx.emit(Op.SIGN, x), cx.emit(Op.SUB, h, quarter))
+    x2 = cx.emit(Op.MUL, x, x)
+    poly: Sym = c(x, 1.0 / 5040)
+    for k in (1.0 / 120, 1.0 / 6, 1.0):
+        poly = cx.emit(Op.ADD, cx.emit(Op.MUL, poly, x2), c(x, k))
+    small = cx.emit(Op.MUL, x, poly)
+    return [cx.emit(Op.WHERE, cx.emit(Op.LESS, cx.emit(Op.ABS, x), c(x, 0.5)), small, big, final=True)]
+
+
+def _log1p(cx: NodeCtx, y: Sym) -> Sym:
+    """log(1 + y) without losing a small y: log(u) * y / (u - 1) with u = 1 + y rounded (y itself
+    where u - 1 is 0); log(u) alone from u = 2^24 on (1 + y is y there, and y / (u - 1) could be
+    inf / inf)."""
+    u = cx.emit(Op.ADD, c(y, 1.0), y)
+    d = cx.emit(Op.SUB, u, c(y, 1.0))
+    lg = cx.emit(Op.LOG, u)
+    near = cx.emit(Op.WHERE, cx.emit(Op.EQUAL, d, c(y, 0.0)), y, cx.emit(Op.MUL, lg, cx.emit(Op.DIV, y, d)))
+    return cx.emit(Op.WHERE, cx.emit(Op.LESS, u, c(y, float(2**24))), near, lg)
 
 
 @handler("Tan")
@@ -199,24 +241,34 @@ def _tan(cx: NodeCtx) -> list[Sym | None]:
 
 @handler("Acosh")
 def _acosh(cx: NodeCtx) -> list[Sym | None]:
-    """log(x + sqrt(x^2 - 1))."""
+    """log1p(t + sqrt(t (t + 2))) with t = x - 1 (no cancellation near 1); log(x) + ln 2 from x = 1e4
+    on (fp16: 64), where t (t + 2) could overflow and the 1/x^2 terms are below the precision."""
     x = _float_input(cx)
-    root = cx.emit(Op.SQRT, cx.emit(Op.SUB, cx.emit(Op.MUL, x, x), c(x, 1.0)))
-    return [cx.emit(Op.LOG, cx.emit(Op.ADD, x, root), final=True)]
+    t = cx.emit(Op.SUB, x, c(x, 1.0))
+    near = _log1p(cx, cx.emit(Op.ADD, t, cx.emit(Op.SQRT, cx.emit(Op.MUL, t, cx.emit(Op.ADD, t, c(x, 2.0))))))
+    far = cx.emit(Op.ADD, cx.emit(Op.LOG, x), c(x, float(np.log(2.0))))
+    return [cx.emit(Op.WHERE, cx.emit(Op.LESS, x, c(x, _far(x))), near, far, final=True)]
 
 
 @handler("Asinh")
 def _asinh(cx: NodeCtx) -> list[Sym | None]:
-    """sign(x) * log(|x| + sqrt(x^2 + 1)) (odd; no cancellation for negative x)."""
+    """sign(x) * log1p(a + a^2 / (1 + sqrt(1 + a^2))) with a = |x| (odd; no cancellation for small
+    a); sign(x) * (log(a) + ln 2) from a = 1e4 on (fp16: 64), where a^2 could overflow."""
     x = _float_input(cx)
-    ax = cx.emit(Op.ABS, x)
-    y = cx.emit(Op.LOG, cx.emit(Op.ADD, ax, cx.emit(Op.SQRT, cx.emit(Op.ADD, cx.emit(Op.MUL, x, x), c(x, 1.0)))))
-    return [cx.emit(Op.WHERE, cx.emit(Op.LESS, x, c(x, 0.0)), cx.emit(Op.NEG, y), y, final=True)]
+    a = cx.emit(Op.ABS, x)
+    a2 = cx.emit(Op.MUL, a, a)
+    root = cx.emit(Op.ADD, c(x, 1.0), cx.emit(Op.SQRT, cx.emit(Op.ADD, a2, c(x, 1.0))))
+    near = _log1p(cx, cx.emit(Op.ADD, a, cx.emit(Op.DIV, a2, root)))
+    far = cx.emit(Op.ADD, cx.emit(Op.LOG, a), c(x, float(np.log(2.0))))
+    y = cx.emit(Op.WHERE, cx.emit(Op.LESS, a, c(x, _far(x))), near, far)
+    return [cx.emit(Op.MUL, cx.emit(Op.SIGN, x), y, final=True)]
 
 
 @handler("Atanh")
 def _atanh(cx: NodeCtx) -> list[Sym | None]:
-    """0.5 * log((1 + x) / (1 - x))."""
+    """sign(x) * 0.5 * log1p(2a / (1 - a)) with a = |x| (no cancellation for small a)."""
     x = _float_input(cx)
-    ratio = cx.emit(Op.DIV, cx.emit(Op.ADD, c(x, 1.0), x), cx.emit(Op.SUB, c(x, 1.0), x))
-    return [cx.emit(Op.MUL, cx.emit(Op.LOG, ratio), c(x, 0.5), final=True)]
+    a = cx.emit(Op.ABS, x)
+    ratio = cx.emit(Op.DIV, cx.emit(Op.ADD, a, a), cx.emit(Op.SUB, c(x, 1.0), a))
+    y = cx.emit(Op.MUL, _log1p(cx, ratio), c(x, 0.5))
+    return [cx.emit(Op.MUL, cx.emit(Op.SIGN, x), y, final=True)]

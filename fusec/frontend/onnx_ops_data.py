@@ -153,7 +153,11 @@ def clamp_slice(dim: int, start: int, end: int, step: int) -> tuple[int, int]:
         end += dim
     if step > 0:
         return max(0, min(start, dim)), max(0, min(end, dim))
-    return max(-1, min(start, dim - 1)), max(-1, min(end, dim - 1))
+    if dim == 0:
+        return 0, 0  # nothing to take backwards
+    # ONNX clamps a backward start to [0, dim-1] (a start before index 0 takes index 0) and the end to
+    # [-1, dim-1]; a start of -1 would read as the last element in range()/numpy terms
+    return max(0, min(start, dim - 1)), max(-1, min(end, dim - 1))
 
 
 @handler("Slice")

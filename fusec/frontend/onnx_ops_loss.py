@@ -49,8 +49,9 @@ def nll(cx: NodeCtx, x: Sym, target: Sym, weight: Sym | None, final: bool = True
     total = cx.emit(Op.REDUCE_SUM, loss, axes=every, keepdims=False, final=final and reduction == "sum")
     if reduction == "sum":
         return total
-    # ONNX's reference: an unweighted loss with ignore_index -1 averages over every element
-    if w is None or (weight is None and cx.node.op_type == "NegativeLogLikelihoodLoss" and ignore == -1):
+    # the mean over the targets not ignored, as onnxruntime and PyTorch take it (onnx.reference's
+    # NegativeLogLikelihoodLoss averages over every element when ignore_index is -1: not followed)
+    if w is None:
         return cx.emit(Op.DIV, total, c(total, float(np.prod(target.shape))), final=final)
     return cx.emit(Op.DIV, total, cx.emit(Op.REDUCE_SUM, w, axes=every, keepdims=False), final=final)
 
