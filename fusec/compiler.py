@@ -66,6 +66,7 @@ def stage(graph: Any, dtype: str, arch: str, *, disabled_fusions: Sequence[str] 
           state_layout: Mapping[str, int] | None = None, shared: Any = None, dry_run: bool = False,
           weights_nk: bool = False, fp32_gemm: str = "3xtf32") -> Staged:
     """The one path from a graph to its lowered launch list (every entry point of every plan)."""
+    from fusec.ir import verify
     from fusec.lower import lower
     from fusec.passes.base import PassOptions
     from fusec.passes.memory_plan import plan_memory
@@ -78,6 +79,7 @@ def stage(graph: Any, dtype: str, arch: str, *, disabled_fusions: Sequence[str] 
                        fp32_gemm=fp32_gemm_mode(dtype, arch, fp32_gemm))
     step = (lambda name, i, n: progress("pass", name)) if progress else None
     g, opts = optimize(graph, opts, dump_dir=dump_dir, progress=step)
+    verify(g)  # the optimized graph is well formed (no read of a value after it is overwritten in place)
     mplan = plan_memory(g)
     state = {v: int(state_layout[s]) + off for v, (s, off) in mplan.state.items()} if state_layout else {}
     low = lower(g, mplan.offsets, arch, compute=compute, progress=(lambda k: progress("kernel", k)) if progress else None,

@@ -32,7 +32,7 @@ import dataclasses
 import hashlib
 from collections.abc import Collection, Sequence
 
-from fusec.ir import Graph, Node, Value, verify
+from fusec.ir import Graph, Node, Value, verify, writes_in_place
 from fusec.ops import FusedAttrs, FusionKind, Op
 from fusec.passes import fusion_rules as R
 from fusec.passes.base import PassOptions, PassResult
@@ -62,6 +62,11 @@ class _Grouping:
         self.records: list[FusionRecord] = []
         self.not_one_kernel: set[Node] = set()  # members of elementwise groups declined as a whole
         self.view = R.View(self.ctx.users, self.ctx.prod, self.ctx.is_output, lambda n: n in self.owner)
+        # values some node overwrites in place (a cache_write's cache): value -> positions of the writers
+        self.overwritten: dict[Value, list[int]] = {}
+        for n in graph.nodes:
+            for j, _ in writes_in_place(n):
+                self.overwritten.setdefault(n.inputs[j], []).append(self.order[n])
 
     def sorted(self, members: Collection[Node]) -> list[Node]:
         return sorted(members, key=self.order.__getitem__)
@@ -84,6 +89,12 @@ class _Grouping:
         # at the last member's position (nothing later can lead back): checked for every node a
         # group grows by, so it must stay cheaper than a whole-graph reachability query.
         last = max(self.order[m] for m in members)
+        # The group runs at its last member: a member's read of a value that a node between the
+        # member and there overwrites in place (a cache_write) would see the new contents.
+        for m in members:
+            for v in m.inputs:
+                if any(self.order[m] < w < last for w in self.overwritten.get(v, ())):
+                    return f"{m.describe()} reads {v.name!r} before it is overwritten in place; the group runs after"
         stack = [u for n in members for v in n.outputs for u in self.ctx.users(v) if u not in members]
         seen: set[Node] = set()
         while stack:

@@ -76,9 +76,13 @@ def _probs(ctx: Ctx, p: Value, nodes: list[Node]) -> tuple[Node, bool] | None:
     return None
 
 
+def _plain_matmul(n: Node | None) -> bool:
+    """A product read as it is stored, in exact fp32 (attention computes A @ B, not A @ B^T)."""
+    return n is not None and n.op == Op.MATMUL and not n.attrs.trans_b and n.attrs.precision == "f32"
+
+
 def _is_qk(n: Node | None) -> bool:
-    return n is not None and n.op == Op.MATMUL and len(n.outputs[0].shape) == 4 and \
-        all(v.data is None for v in n.inputs)
+    return _plain_matmul(n) and len(n.outputs[0].shape) == 4 and all(v.data is None for v in n.inputs)
 
 
 def _leads_to_qk(ctx: Ctx, v: Value, depth: int = 8) -> bool:
@@ -238,7 +242,10 @@ def _transposed(rw: Rewriter, x: Value, perm: tuple[int, ...], new: list[Node]) 
 
 
 def _is_causal(m: Value, s: int, t: int) -> bool:
-    if m.data is None or m.numel != s * t or m.shape[-2:] != (s, t):
+    """A constant mask that is exactly causal (query i sees keys up to i + t - s). Not with more
+    queries than keys: their first rows would see no key (NaN in attention) where the additive
+    mask's finite fill still averages over all of them."""
+    if m.data is None or m.numel != s * t or m.shape[-2:] != (s, t) or s > t:
         return False
     a = m.data.reshape(s, t).astype(np.float32)
     keep = np.tril(np.ones((s, t), bool), k=t - s)
@@ -249,7 +256,7 @@ def _match(ctx: Ctx, rw: Rewriter, root: Node, opts: PassOptions) -> bool:
     out = root.outputs[0]
     nodes: list[Node] = [root]
     found = _probs(ctx, root.inputs[0], nodes)
-    if found is None or len(out.shape) != 4:
+    if found is None or len(out.shape) != 4 or not _plain_matmul(root):
         return False
     sm, nan_to_zero = found
     where = ctx.where(root)

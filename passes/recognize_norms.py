@@ -144,6 +144,9 @@ def _match(ctx: Ctx, rw: Rewriter, root: Node, opts: PassOptions) -> list[Node] 
                 nodes.append(c)
         # An upcast with other readers (the residual add, in torch's export) stays alive for them;
         # RMSNORM reads x itself and upcasts internally.
+        if tuple(out.shape) != tuple(x.shape):
+            opts.decline("rmsnorm", where, f"the weight broadcasts {list(x.shape)} to {list(out.shape)}")
+            return None
         if rw.claimed(nodes):
             return None
         new = _typed(rw, Op.RMSNORM, [x, _as_vector(rw, w, dim, out, "rmsnorm_weight")],
@@ -166,11 +169,14 @@ def _match(ctx: Ctx, rw: Rewriter, root: Node, opts: PassOptions) -> list[Node] 
         if not ctx.only_used_by(v, nodes):
             opts.decline("layernorm", where, f"intermediate {v.name!r} has readers outside the norm")
             return None
+    if tuple(out.shape) != tuple(x.shape):
+        opts.decline("layernorm", where, f"the weight or bias broadcasts {list(x.shape)} to {list(out.shape)}")
+        return None
     if rw.claimed(nodes):
         return None
     ins = [x, _as_vector(rw, w, dim, out, "layernorm_weight")]
     if bias is not None:
-        if bias.numel != dim:
+        if bias.numel != dim or bias.shape[-1:] != (dim,):  # (1, ..., 1, D): the last axis only
             opts.decline("layernorm", where, f"bias {list(bias.shape)} is not a [{dim}] vector")
             return None
         ins.append(_as_vector(rw, bias, dim, out, "layernorm_bias"))
