@@ -9,6 +9,15 @@ the storage dtype (``simplify`` then drops the ones that became no-ops).
 Constants are converted with saturation to the finite range of the storage dtype: HF models add
 ``finfo(float32).min`` as a mask value, which fp16 would turn into -inf, and a fully masked row
 would then produce NaN (-inf - -inf) that spreads through the next layer.
+
+One computation stays in fp32: rotary angles computed in the graph (HF's ``position_ids.float() @
+inv_freq``, then ``cos``/``sin``). Positions are integers cast to float; fp16 holds integers exactly
+only up to 2048 and bf16 up to 256, and an angle of thousands of radians stored in half precision
+is off by whole radians (cos errors of 0.1 at position 1000 in fp16). So every value on a path from
+an integer-to-float ``cast`` to a ``cos``/``sin`` through arithmetic and layout ops (``_ANGLE_OPS``),
+with small constants (``inv_freq``) as the only other float operands, keeps fp32; the ``cos``/``sin``
+output is cast to the storage dtype. Paths that end elsewhere (an attention mask made from an
+integer mask) are stored as before.
 """
 
 from __future__ import annotations
@@ -21,7 +30,7 @@ import numpy as np
 from fusec.bulk import cast_clipped
 from fusec.dtypes import DType
 from fusec.ir import Graph, Node, Value
-from fusec.ops import CastAttrs, infer
+from fusec.ops import CastAttrs, Op, infer
 from fusec.passes.base import PassOptions, PassResult
 
 NAME = "precision"
@@ -33,6 +42,41 @@ def _convert_const(c: Value, dt: DType) -> Value:
     # reshape: np.ascontiguousarray turns a 0-d array into shape (1,)
     data = cast_clipped(np.asarray(c.data), dt.np, limit)  # = np.clip(...).astype(...), blockwise (fusec.bulk)
     return Value(c.name, c.shape, dt, data)
+
+
+# Ops a rotary angle passes through between the position cast and cos/sin; constants that join it
+# are small (inv_freq: head_dim / 2 values), and stay fp32 copies.
+_ANGLE_OPS = frozenset({Op.MUL, Op.ADD, Op.SUB, Op.DIV, Op.NEG, Op.MATMUL, Op.RESHAPE, Op.TRANSPOSE, Op.EXPAND,
+                        Op.CONCAT, Op.SLICE, Op.GATHER, Op.TILE})
+_ANGLE_ENDS = frozenset({Op.COS, Op.SIN})
+_SMALL_CONST = 1 << 16
+
+
+def _angle_values(graph: Graph) -> set[Value]:
+    """Values on a path from an integer-to-fp32 cast to a cos/sin through ``_ANGLE_OPS`` (see the
+    module docstring), whose other float operands are small constants."""
+    def joins(v: Value) -> bool:
+        return not v.dtype.is_float or (v.data is not None and v.numel <= _SMALL_CONST)
+
+    fwd: set[Value] = set()
+    for n in graph.nodes:
+        if n.op == Op.CAST and n.attrs.to == DType.F32 and not n.inputs[0].dtype.is_float:
+            fwd.add(n.outputs[0])
+        elif n.op in _ANGLE_OPS and any(v in fwd for v in n.inputs) \
+                and all(v in fwd or joins(v) for v in n.inputs):
+            fwd.update(o for o in n.outputs if o.dtype == DType.F32)
+    back: set[Value] = set()
+    producer = {o: n for n in graph.nodes for o in n.outputs}
+    stack = [n.inputs[0] for n in graph.nodes if n.op in _ANGLE_ENDS and n.inputs[0] in fwd]
+    while stack:
+        v = stack.pop()
+        if v in back or v not in fwd:
+            continue
+        back.add(v)
+        p = producer.get(v)
+        if p is not None and p.op in _ANGLE_OPS:
+            stack.extend(p.inputs)
+    return back
 
 
 def run(graph: Graph, options: PassOptions) -> PassResult:
@@ -53,12 +97,47 @@ def run(graph: Graph, options: PassOptions) -> PassResult:
         nc = _convert_const(c, target) if c.dtype == DType.F32 else c
         mapping[c] = nc
         consts.append(nc)
+    wide = _angle_values(graph)
+    wide32: dict[Value, Value] = {}  # fp32 values of the angle paths, and fp32 copies of their constants
+    outputs = set(graph.outputs)
     nodes = []
+
+    def narrow(v: Value) -> Value:  # the storage-dtype value a reader outside the angle path gets
+        if v not in mapping:
+            node = Node(Op.CAST, [wide32[v]], [Value(f"{v.name}_{target.value}", v.shape, target)],
+                        CastAttrs(target), f"{v.name}_{target.value}")
+            nodes.append(node)
+            mapping[v] = node.outputs[0]
+        return mapping[v]
+
+    def as32(v: Value) -> Value:
+        if v not in wide32:  # a small constant joining an angle: its fp32 data
+            wide32[v] = Value(f"{v.name}_f32", v.shape, v.dtype, v.data) if v.dtype == DType.F32 else mapping[v]
+            if v.dtype == DType.F32:
+                consts.append(wide32[v])
+        return wide32[v]
+
     for n in graph.nodes:
         attrs = n.attrs
+        keep32 = n.outputs[0] in wide or (n.op in _ANGLE_ENDS and n.inputs[0] in wide)
+        if keep32:  # computed in fp32: its fp32 operands as they are, cos/sin cast to storage after
+            ins = [as32(v) for v in n.inputs]
+            types = infer(n.op, attrs, [(v.shape, v.dtype) for v in ins])
+            ends = n.op in _ANGLE_ENDS
+            outs = [Value(o.name if not (ends or o in outputs) else f"{o.name}_f32", shape, dt)
+                    for o, (shape, dt) in zip(n.outputs, types)]
+            nodes.append(Node(n.op, ins, outs, attrs, n.name))
+            wide32.update(zip(n.outputs, outs))
+            for o in n.outputs:
+                if ends or o in outputs:
+                    node = Node(Op.CAST, [wide32[o]], [Value(o.name, o.shape, target)], CastAttrs(target),
+                                f"{o.name}_cast")
+                    nodes.append(node)
+                    mapping[o] = node.outputs[0]
+            continue
         if isinstance(attrs, CastAttrs) and attrs.to == DType.F32:
             attrs = dataclasses.replace(attrs, to=target)
-        ins = [mapping[v] for v in n.inputs]
+        ins = [narrow(v) if v in wide32 else mapping[v] for v in n.inputs]
         types = infer(n.op, attrs, [(v.shape, v.dtype) for v in ins])
         outs = [Value(o.name, shape, dt) for o, (shape, dt) in zip(n.outputs, types)]
         mapping.update(zip(n.outputs, outs))
