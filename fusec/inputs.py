@@ -8,14 +8,14 @@ import io
 import os
 import stat
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import IO, Any
 
 import numpy as np
 
 from fusec.dtypes import DType
 from fusec.errors import InputError
-from fusec.fsutil import atomic_write
+from fusec.fsutil import OutputError, atomic_write
 from fusec.ir import Graph, Value
 from fusec.ops import Op
 from fusec.reference import check_inputs
@@ -132,56 +132,82 @@ def _open_once(path: str | os.PathLike[str], where: str) -> IO[bytes]:
 
 
 def _read_members(zf: zipfile.ZipFile, graph: Graph, where: str) -> dict[str, np.ndarray]:
-    """Every member as an array, each checked before it is inflated: a known input name, a plain
-    (non-object) dtype, the header's shape equal to the input's, and a declared size that fits
-    the header (so neither a lying header nor a deflate bomb can allocate more than expected)."""
-    expected = {v.name: v for v in graph.inputs}
+    """Every member as an array, each checked before it is inflated (see ``read_npz_members``):
+    a known input name and the header's shape equal to the input's."""
+    return read_npz_members(zf, f"inputs file {where}", "input", {v.name: tuple(v.shape) for v in graph.inputs})
+
+
+def read_npz_members(zf: zipfile.ZipFile, where: str, what: str, shapes: Mapping[str, tuple[int, ...]] | None = None,
+                     names: Collection[str] | None = None) -> dict[str, np.ndarray]:
+    """The ``.npy`` members of an open archive as arrays, keyed by name, each checked before it is
+    inflated: a plain numeric dtype (no objects, strings or records; bf16 comes as 2-byte voids), a
+    size within the limits (``FUSEC_MAX_ELEMENTS``/``FUSEC_MAX_BYTES``, also for all members
+    together), and a declared size that fits the header (neither a lying header nor a deflate bomb
+    allocates more than expected). ``shapes``: the names and shapes the members must have (an
+    unknown name is refused); ``names``: read only these members (the others' headers are still
+    checked). ``what`` names a member in messages ("input", "output")."""
     arrays: dict[str, np.ndarray] = {}
+    seen: set[str] = set()
+    total = 0
     for info in zf.infolist():
         if info.is_dir():
             continue
         if not info.filename.endswith(".npy"):
-            raise InputError(f"inputs file {where}: member {info.filename!r} is not an .npy array")
+            raise InputError(f"{where}: member {info.filename!r} is not an .npy array")
         name = info.filename[:-4]
-        if name in arrays:
-            raise InputError(f"inputs file {where}: input {name!r} appears twice")
-        v = expected.get(name)
-        if v is None:
-            raise InputError(f"inputs file {where}: unexpected input(s): {name!r} "
-                             f"(the graph takes {', '.join(repr(n) for n in expected)})")
-        with zf.open(info) as member:
+        if name in seen:
+            raise InputError(f"{where}: {what} {name!r} appears twice")
+        seen.add(name)
+        if shapes is not None and name not in shapes:
+            raise InputError(f"{where}: unexpected {what}(s): {name!r} "
+                             f"(expected {', '.join(repr(n) for n in shapes)})")
+        try:
+            member = zf.open(info)
+        except (RuntimeError, NotImplementedError) as e:  # encrypted, or an unsupported compression method
+            raise InputError(f"{where}: {what} {name!r} cannot be read ({_one_line(e)})") from None
+        with member:
             try:
                 version = np.lib.format.read_magic(member)
-                if version == (1, 0):
-                    shape, fortran, dtype = np.lib.format.read_array_header_1_0(member)
-                else:
-                    shape, fortran, dtype = np.lib.format.read_array_header_2_0(member)
-            except (ValueError, EOFError, OSError) as e:
-                raise InputError(f"inputs file {where}: input {name!r} is not a readable .npy array "
-                                 f"({_one_line(e)})") from None
+                if version not in ((1, 0), (2, 0)):
+                    raise ValueError(f".npy format version {version[0]}.{version[1]} (fusec reads 1.0 and 2.0)")
+                read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+                    np.lib.format.read_array_header_2_0
+                shape, fortran, dtype = read_header(member)
+            except Exception as e:  # noqa: BLE001 -- numpy's header parser on untrusted bytes: any failure is the file's
+                raise InputError(f"{where}: {what} {name!r} is not a readable .npy array ({_one_line(e)})") from None
             if dtype.hasobject:
-                raise InputError(f"inputs file {where} holds pickled objects (input {name!r}), which fusec "
+                raise InputError(f"{where} holds pickled objects ({what} {name!r}), which fusec "
                                  "does not load; save plain numeric arrays (np.savez)")
-            if tuple(shape) != tuple(v.shape):
-                raise InputError(f"inputs file {where}: input {name!r}: expected shape {list(v.shape)}, got {list(shape)}")
+            if dtype.kind not in "biuf" and dtype != np.dtype("V2"):
+                raise InputError(f"{where}: {what} {name!r} has dtype {dtype.str!r}; fusec reads numeric arrays only")
+            if shapes is not None and tuple(shape) != tuple(shapes[name]):
+                raise InputError(f"{where}: {what} {name!r}: expected shape {list(shapes[name])}, got {list(shape)}")
             try:
-                check_size(shape, f"input {name!r}", dtype.itemsize)
+                check_size(shape, f"{what} {name!r}", dtype.itemsize)
             except InputError as e:
-                raise InputError(f"inputs file {where}: {e}") from None
+                raise InputError(f"{where}: {e}") from None
             need = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
             if info.file_size > need + 65536 + 4096:
-                raise InputError(f"inputs file {where}: input {name!r} declares {info.file_size} bytes, but "
+                raise InputError(f"{where}: {what} {name!r} declares {info.file_size} bytes, but "
                                  f"its header describes {need}")
+            if names is not None and name not in names:
+                continue
+            total += need
+            if total > max_bytes():
+                raise InputError(f"{where}: its arrays hold more than {max_bytes()} bytes "
+                                 f"(set {MAX_BYTES_ENV} to raise the limit)")
             try:
-                arr = _read_array(member, tuple(shape), fortran, dtype, name, where)
+                arr = _read_array(member, tuple(shape), fortran, dtype, f"{where}: {what} {name!r}")
+            except InputError:
+                raise
             except (ValueError, EOFError, OSError, zipfile.BadZipFile) as e:
-                raise InputError(f"inputs file {where}: input {name!r} is not a readable .npy array "
+                raise InputError(f"{where}: {what} {name!r} is not a readable .npy array "
                                  f"({_one_line(e)})") from None
         arrays[name] = arr
     return arrays
 
 
-def _read_array(f: Any, shape: tuple[int, ...], fortran: bool, dtype: np.dtype, name: str, where: str) -> np.ndarray:
+def _read_array(f: Any, shape: tuple[int, ...], fortran: bool, dtype: np.dtype, label: str) -> np.ndarray:
     """The data of an .npy member after its header: exactly the bytes the header describes."""
     count = int(np.prod(shape, dtype=np.int64))
     need = count * dtype.itemsize
@@ -190,7 +216,7 @@ def _read_array(f: Any, shape: tuple[int, ...], fortran: bool, dtype: np.dtype, 
     while done < need:
         n = f.readinto(view[done:])
         if not n:
-            raise InputError(f"inputs file {where}: input {name!r} is truncated ({done} of {need} bytes)")
+            raise InputError(f"{label} is truncated ({done} of {need} bytes)")
         done += n
     arr = np.frombuffer(data, dtype=dtype, count=count)
     return arr.reshape(shape[::-1]).transpose() if fortran else arr.reshape(shape)
@@ -243,7 +269,7 @@ def load_inputs_npz(path: str | os.PathLike[str], graph: Graph,
                 arrays = _read_members(zf, graph, where)
         except InputError:
             raise
-        except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError, NotImplementedError) as e:
+        except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError, NotImplementedError, RuntimeError) as e:
             raise InputError(f"inputs file {where} is not a readable .npz file ({_one_line(e)})") from None
     # bf16 has no numpy dtype of its own; np.savez stores ml_dtypes.bfloat16 arrays as raw 2-byte voids
     for v in graph.inputs:
@@ -273,6 +299,8 @@ def save_outputs_npz(path: str | os.PathLike[str], outputs: Mapping[str, np.ndar
             for name, arr in outputs.items():
                 with zf.open(name + ".npy", "w", force_zip64=True) as member:
                     np.lib.format.write_array(member, np.asarray(arr), allow_pickle=False)
+    except OutputError as e:  # atomic_write's: it names the file already
+        raise InputError(str(e)) from None
     except OSError as e:
         raise InputError(f"cannot write outputs file {target!r}: {e.strerror or e}") from None
 

@@ -35,6 +35,7 @@ from onnx import TensorProto, helper, numpy_helper
 from fusec import onnx_export_ext
 from fusec.dtypes import DType
 from fusec.errors import ModelError
+from fusec.fsutil import OutputError
 from fusec.ir import Graph, Node, Value, verify
 from fusec.ops import Op
 
@@ -355,7 +356,10 @@ def export_onnx(graph: Graph, path: str | os.PathLike[str], *, external_data: bo
     external = graph.weight_bytes > _PROTO_LIMIT if external_data is None else external_data
     data_name = path.name + ".data"
     parent = path.parent if str(path.parent) else Path(".")
-    tmpdir = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent))
+    try:
+        tmpdir = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent))
+    except OSError as e:
+        raise OutputError(f"cannot write ONNX file {os.fspath(path)!r}: {e.strerror or e}") from None
     placed_data = False
     try:
         inits: list[onnx.TensorProto] = []
@@ -388,9 +392,11 @@ def export_onnx(graph: Graph, path: str | os.PathLike[str], *, external_data: bo
             os.replace(tmpdir / data_name, parent / data_name)
             placed_data = True
         os.replace(tmp_model, path)
-    except BaseException:
+    except BaseException as e:
         if placed_data:  # the model never landed: do not leave its data file behind
             (parent / data_name).unlink(missing_ok=True)
+        if isinstance(e, OSError) and not isinstance(e, OutputError):  # a full disk, a read-only directory
+            raise OutputError(f"cannot write ONNX file {os.fspath(path)!r}: {e.strerror or e}") from None
         raise
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)

@@ -195,3 +195,36 @@ def test_usage_errors_exit_2(capsys, argv) -> None:
     assert main(argv) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.startswith("usage: fusec")
+
+
+def _npz_member_bytes(path, name: str, ids: np.ndarray, version: int = 1) -> None:  # noqa: ANN001
+    import io
+    import zipfile
+
+    buf = io.BytesIO()
+    np.lib.format.write_array(buf, ids)
+    raw = bytearray(buf.getvalue())
+    raw[6] = version  # the format's major version byte, after the magic
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr(name + ".npy", bytes(raw))
+
+
+@pytest.mark.parametrize("damage, needle", [
+    ("encrypted", "cannot be read"),  # the zip's encryption flag set on the member
+    ("npy_v3", "version 3.0 (fusec reads 1.0 and 2.0)"),
+])
+@pytest.mark.parametrize("flag", ["--inputs", "--compare"])
+def test_npz_files_numpy_or_zipfile_cannot_read_are_one_line(capsys, tmp_path, damage, needle, flag) -> None:
+    """These ended in exit 70 (RuntimeError from zipfile, a tokenizer error from numpy's header parser)."""
+    path = tmp_path / "bad.npz"
+    # format version 3.0 (a utf-8 header): numpy's 1.0/2.0 header readers cannot parse it
+    _npz_member_bytes(path, "input_ids", np.zeros((1, 16), np.int64), version=3 if damage == "npy_v3" else 1)
+    data = bytearray(path.read_bytes())
+    if damage == "encrypted":  # general-purpose flag bit 0, in the local and the central header
+        for sig in (b"PK\x03\x04", b"PK\x01\x02"):
+            at = data.find(sig)
+            off = at + (6 if sig == b"PK\x03\x04" else 8)
+            data[off] |= 1
+    path.write_bytes(bytes(data))
+    err = fails(capsys, ["run", "gpt2-tiny", "--backend", "reference", flag, str(path)])
+    assert needle in err and "input_ids" in err

@@ -186,3 +186,44 @@ def test_a_plan_checks_against_its_source_and_compares_with_saved_outputs(capsys
     code, out, err = call(capsys, ["run", str(plan), "--inputs", str(ins), "--compare", str(want), "--atol", "0",
                                    "--rtol", "0"])
     assert code == 3 and "an output differs from" in err  # fp16 on the GPU is not bit-equal to fp32 numpy
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.bool_, np.uint64])
+def test_an_integer_yardstick_for_float_outputs_is_a_dtype_problem_not_a_pass(capsys, tmp_path, dtype) -> None:
+    """It used to cast both sides to integers: logits of +-0.7 truncated to 0 'matched' zeros."""
+    saved = tmp_path / "out.npz"
+    assert call(capsys, ["run", "gpt2-tiny", "--backend", "reference", "--save-outputs", str(saved)])[0] == 0
+    logits = np.load(saved)["logits"]
+    np.savez(tmp_path / "zeros.npz", logits=np.zeros(logits.shape, dtype))
+    code, out, err = call(capsys, ["run", "gpt2-tiny", "--backend", "reference", "--compare", str(tmp_path / "zeros.npz")])
+    assert code == 3 and f"logits (dtype float32 vs {np.dtype(dtype).name})" in err
+    d = _validate.compare_one("ids", np.array([1, 2], np.int32), np.array([1, 2], np.int64), 0.0, 0.0)
+    assert d.ok  # integers of two widths still compare by value
+
+
+def test_compare_reads_only_the_outputs_and_checks_every_header_first(capsys, tmp_path, monkeypatch) -> None:
+    """A member the run does not produce is never inflated; one beyond the byte limit is refused by
+    its header before the run; non-numeric arrays are refused in one line."""
+    saved = tmp_path / "out.npz"
+    call(capsys, ["run", "gpt2-tiny", "--backend", "reference", "--save-outputs", str(saved)])
+    logits = np.load(saved)["logits"]
+    np.savez_compressed(tmp_path / "extra.npz", logits=logits, junk=np.zeros((1000, 1000)))
+    monkeypatch.setenv("FUSEC_MAX_BYTES", str(4_000_000))  # junk: 8 MB
+    code, out, err = call(capsys, ["run", "gpt2-tiny", "--backend", "reference", "--compare", str(tmp_path / "extra.npz")])
+    assert code == 1 and out == "" and "output 'junk' needs 8000000 bytes" in err and "FUSEC_MAX_BYTES" in err
+    monkeypatch.delenv("FUSEC_MAX_BYTES")
+    read: list[str] = []
+    real = _validate.load_npz
+
+    def spy(path, what, names=None):  # noqa: ANN001, ANN202
+        got = real(path, what, names)
+        read.extend(got)
+        return got
+
+    monkeypatch.setattr(_validate, "load_npz", spy)
+    code, out, err = call(capsys, ["run", "gpt2-tiny", "--backend", "reference", "--compare", str(tmp_path / "extra.npz")])
+    assert code == 0, err
+    assert read == ["logits"]  # junk's header was checked, its 8 MB never inflated
+    np.savez(tmp_path / "text.npz", logits=np.array(["a"]))
+    code, _, err = call(capsys, ["run", "gpt2-tiny", "--backend", "reference", "--compare", str(tmp_path / "text.npz")])
+    assert code == 1 and err.count("\n") == 1 and "output 'logits' has dtype '<U1'; fusec reads numeric arrays only" in err

@@ -56,10 +56,25 @@ def test_entry_with_a_valid_mac_but_another_arch_is_not_used(cache) -> None:
     good = CC.compile_cuda(SRC % "2.0f", "fc_hostile_k", "sm_90")
     path = _entry(cache)
     other = CC.compile_cuda(SRC % "2.0f", "fc_hostile_k", "sm_80", use_disk=False).cubin
-    path.write_bytes(CC._encode(other, "", CC._mac_key()))
+    path.write_bytes(CC._encode(other, "", CC._mac_key(), path.stem))
     CC.clear_memory_cache()
     again = CC.compile_cuda(SRC % "2.0f", "fc_hostile_k", "sm_90")
     assert not again.from_disk and cubin_arch(again.cubin) == 90 and again.cubin == good.cubin
+
+
+def test_an_entry_moved_to_another_key_is_not_used(cache) -> None:
+    """Entries are MAC'd with their key: swapping two valid entries' files makes both misses."""
+    one = CC.compile_cuda(SRC % "4.0f", "fc_hostile_k", "sm_90")
+    two = CC.compile_cuda(SRC % "5.0f", "fc_hostile_k", "sm_90")
+    assert one.cubin != two.cubin
+    p1, p2 = sorted((cache / "kernels").rglob("*.bin"))
+    b1, b2 = p1.read_bytes(), p2.read_bytes()
+    p1.write_bytes(b2)
+    p2.write_bytes(b1)
+    CC.clear_memory_cache()
+    again = (CC.compile_cuda(SRC % "4.0f", "fc_hostile_k", "sm_90"), CC.compile_cuda(SRC % "5.0f", "fc_hostile_k", "sm_90"))
+    assert [b.from_disk for b in again] == [False, False]
+    assert (again[0].cubin, again[1].cubin) == (one.cubin, two.cubin)
 
 
 def test_entry_writable_by_others_is_not_used(cache) -> None:

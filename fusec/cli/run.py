@@ -89,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
     check_fusion_names(args)
     bisect = _validate.bisecting(args)
     _check_output_paths(args)  # fail before the run, not after it
-    want_saved = _validate.load_npz(args.compare, "--compare file") if args.compare else None
+    if args.compare:  # every header checked now, before the run; the arrays are read after it
+        _validate.load_npz(args.compare, "--compare file", names=())
     plan = load_plan_or_none(args.model)
     backend = args.backend
     explicit = backend is not None
@@ -141,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"  input  {fmt_name(name)}  {_type_str(arr)}")
     for name, arr in outputs.items():
         print(f"output {fmt_name(name)}  {_type_str(arr)}  {summarize(arr)}")
-    failures = _validate.validate_outputs(args, graph, plan, inputs, outputs, backend, dtype, want_saved)
+    failures = _validate.validate_outputs(args, graph, plan, inputs, outputs, backend, dtype)
     if args.check or args.compare:
         t.append(("check", time.perf_counter()))
     note("timings: " + ", ".join(f"{name} {t1 - t0:.2f}s" for (_, t0), (name, t1) in zip(t, t[1:])), VERBOSE)

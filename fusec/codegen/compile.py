@@ -282,7 +282,7 @@ def _compile_uncached(source: str, kernel: str, arch: str, opts: tuple[str, ...]
         mac_key = _mac_key()
     if use_disk and path.exists():
         raw = _read_private(path)
-        decoded = _decode(raw, mac_key) if raw is not None else None
+        decoded = _decode(raw, mac_key, key) if raw is not None else None
         if decoded is not None and cubin_arch(decoded[0]) != want_arch:
             decoded = None  # a valid MAC over a cubin for another arch: never load it
         if decoded is not None:
@@ -299,7 +299,7 @@ def _compile_uncached(source: str, kernel: str, arch: str, opts: tuple[str, ...]
     b = Binary(cubin, log, key)
     if use_disk:
         try:
-            _write_atomic(path, _encode(cubin, log, mac_key))
+            _write_atomic(path, _encode(cubin, log, mac_key, key))
         except OSError as e:  # a read-only cache must not stop compilation
             why = str(e) if str(path) in str(e) else f"cannot write kernel cache {path}: {e}"
             print(f"fusec: warning: {why}", file=sys.stderr)

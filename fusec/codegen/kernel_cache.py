@@ -16,7 +16,7 @@ from pathlib import Path
 from fusec.errors import FusecError
 from fusec.fsutil import atomic_write
 
-_MAGIC = b"FUSECBN2"
+_MAGIC = b"FUSECBN3"  # 3: the MAC covers the entry's key (its file name) too
 
 
 class KernelCacheError(FusecError):
@@ -109,17 +109,23 @@ def _create_key(path: Path) -> None:
             os.unlink(tmp)
 
 
-def _encode(cubin: bytes, log: str, key: bytes) -> bytes:
+def _mac(key: bytes, entry: str, body: bytes) -> bytes:
+    """Over the entry's key (the hash of its source and options) and its contents: an entry moved or
+    copied to another key's file fails it, as a changed one does."""
+    return hmac.new(key, entry.encode() + b"\0" + body, hashlib.sha256).digest()
+
+
+def _encode(cubin: bytes, log: str, key: bytes, entry: str) -> bytes:
     lb = log.encode()
     body = struct.pack("<I", len(lb)) + lb + cubin
-    return _MAGIC + hmac.new(key, body, hashlib.sha256).digest() + body
+    return _MAGIC + _mac(key, entry, body) + body
 
 
-def _decode(blob: bytes, key: bytes) -> tuple[bytes, str] | None:
+def _decode(blob: bytes, key: bytes, entry: str) -> tuple[bytes, str] | None:
     if len(blob) < 44 or blob[:8] != _MAGIC:
         return None
     digest, body = blob[8:40], blob[40:]
-    if not hmac.compare_digest(hmac.new(key, body, hashlib.sha256).digest(), digest):
+    if not hmac.compare_digest(_mac(key, entry, body), digest):
         return None
     (n,) = struct.unpack("<I", body[:4])
     if 4 + n > len(body):
