@@ -238,7 +238,7 @@ def check_index_bounds(graph: Graph, arrays: Mapping[str, np.ndarray], bounds: M
         lo, hi = int(np.min(arr)), int(np.max(arr))
         if lo < -bound or hi >= bound:
             bad = hi if hi >= bound else lo
-            raise InputError(f"{prefix}input {name!r}: value {bad} is out of range [0, {bound}) "
+            raise InputError(f"{prefix}input {name!r}: value {bad} is out of range [-{bound}, {bound}) "
                              f"(it indexes a table of {bound} rows, e.g. token ids)")
 
 
