@@ -155,6 +155,11 @@ class Tokenizer:
         ``tokenizer.ggml.add_bos_token``; a HF tokenizer.json's post-processor); True/False: force."""
         if not isinstance(text, str):
             raise InputError(f"text to encode must be a str, got {type(text).__name__}")
+        try:  # lone surrogates (undecodable argv bytes arrive so) are no text: the backend raises TypeError on them
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise InputError(f"text to encode is not valid Unicode: lone surrogate U+{ord(text[e.start]):04X} at "
+                             f"character {e.start} (bytes that were not UTF-8?)") from None
         if add_bos is None and self.add_bos is None:
             return list(self.backend.encode(text, add_special_tokens=True).ids)
         ids = list(self.backend.encode(text, add_special_tokens=False).ids)

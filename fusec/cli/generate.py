@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
@@ -69,8 +70,46 @@ def sampling_from_args(args: argparse.Namespace) -> Any:
     return Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
 
 
+def check_generation_sizes(args: argparse.Namespace) -> None:
+    """--batch, --max-seq-len, --max-prompt-len: None (the default) or a positive integer; a 0 is
+    refused, never taken as the default."""
+    for name in ("batch", "max_seq_len", "max_prompt_len"):
+        v = getattr(args, name, None)
+        if v is not None and v < 1:
+            raise InputError(f"--{name.replace('_', '-')} must be a positive integer, got {v}")
+
+
+def _check_options(args: argparse.Namespace) -> None:
+    """The generate options that can be wrong on their own, checked before any model loads."""
+    if args.max_new_tokens < 1:
+        raise InputError(f"--max-new-tokens must be a positive integer, got {args.max_new_tokens}")
+    if args.stream_every < 1:
+        raise InputError(f"--stream-every must be a positive integer, got {args.stream_every}")
+    check_generation_sizes(args)
+    if args.chat and args.prompt_ids:
+        raise InputError("--chat wraps text prompts (--prompt) in the chat template; --prompt-ids are token ids "
+                         "and are never wrapped: drop --chat, or give the prompt as --prompt TEXT")
+    if args.arch is not None:  # as `fusec run` checks it, also where the reference backend compiles nothing
+        from fusec.codegen.compile import check_arch
+
+        check_arch(args.arch, args.dtype or "bf16")
+
+
+def _utf8_prompt(text: str) -> str:
+    """``text`` if it encodes as UTF-8. Bytes in argv that are not UTF-8 reach Python as lone
+    surrogates (\\udcXX): an InputError naming --prompt, never a tokenizer's TypeError."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        c = ord(text[e.start])
+        what = f"byte 0x{c - 0xDC00:02x}" if 0xDC80 <= c <= 0xDCFF else f"lone surrogate U+{c:04X}"
+        raise InputError(f"--prompt is not valid UTF-8 text ({what} at character {e.start}): give prompts as "
+                         "UTF-8") from None
+    return text
+
+
 def _prompts(args: argparse.Namespace) -> list[Any]:
-    out: list[Any] = list(args.prompt)
+    out: list[Any] = [_utf8_prompt(t) for t in args.prompt]
     for text in args.prompt_ids:
         try:
             out.append([int(t) for t in text.split(",") if t.strip()])
@@ -85,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
     from fusec import device
     from fusec.genmodel import encode_prompts, load_generation_model
 
+    _check_options(args)
     prompts = _prompts(args)
     sampling = sampling_from_args(args)
     if args.model.endswith(".fplan"):
@@ -98,10 +138,13 @@ def run(args: argparse.Namespace) -> int:
         arch = check_arch(args.arch or default_arch(), args.dtype or "bf16")
     gm = load_generation_model(args.model, args.weights_dir)
     ids = encode_prompts(gm.tokenizer, prompts, args.chat)
-    batch = args.batch or len(ids)
+    batch = args.batch if args.batch is not None else len(ids)
     longest = max(len(i) for i in ids)
-    t_max = args.max_seq_len or longest + args.max_new_tokens
-    s_len = args.max_prompt_len or min(t_max, max(longest, 16))
+    t_max = args.max_seq_len if args.max_seq_len is not None else longest + args.max_new_tokens
+    if t_max < longest + args.max_new_tokens:  # said before the prefill length (min(T, ...)) blames --max-prompt-len
+        i = max(range(len(ids)), key=lambda b: len(ids[b]))
+        raise InputError(f"prompt {i}: {longest} tokens + {args.max_new_tokens} new tokens exceed --max-seq-len {t_max}")
+    s_len = args.max_prompt_len if args.max_prompt_len is not None else min(t_max, max(longest, 16))
     if not device.gpu_available():
         from fusec import toolchain
 
@@ -147,17 +190,17 @@ def _generate(args: argparse.Namespace, engine: Any, ids: list[list[int]], tok: 
     from fusec.generation import iter_generate
 
     it = iter_generate(engine, ids, args.max_new_tokens, vocab, args.seed, args.stream_every if args.stream else 0)
+    stream = _Stream(tok, len(ids)) if args.stream and not args.json else None
     while True:
         try:
             chunk = next(it)
         except StopIteration as stop:
             res = stop.value
             break
-        if args.stream and not args.json:
-            for b, new in enumerate(chunk):
-                piece = tok.decode(new) if tok is not None else " ".join(map(str, new))
-                prefix = f"[{b}] " if len(chunk) > 1 else ""
-                print(prefix + piece, end="\n" if len(chunk) > 1 else "", flush=True)
+        if stream is not None:
+            stream.add(chunk)
+    if stream is not None:
+        stream.finish(res.new_ids)
     if tok is not None:
         res.text = [tok.decode(n) for n in res.new_ids]
     if getattr(engine, "last_prefill_ms", None) is not None:
@@ -165,9 +208,7 @@ def _generate(args: argparse.Namespace, engine: Any, ids: list[list[int]], tok: 
     if args.json:
         print(json.dumps(res.to_json(), default=str))
         return 0
-    if args.stream:
-        print()
-    else:
+    if not args.stream:
         for b, new in enumerate(res.new_ids):
             body = res.text[b] if res.text is not None else " ".join(map(str, new))
             print((f"[{b}] " if len(res.new_ids) > 1 else "") + body)
@@ -176,3 +217,44 @@ def _generate(args: argparse.Namespace, engine: Any, ids: list[list[int]], tok: 
     if args.stats:
         print("stats " + json.dumps(res.stats, default=str), file=sys.stderr)
     return 0
+
+
+class _Stream:
+    """Prints each row's new tokens as they arrive, so that a row's printed pieces, joined, are
+    exactly its final text: with a tokenizer the whole sequence so far is decoded and only the new
+    suffix printed (a piece decoded alone would turn a character split across chunks into U+FFFD),
+    holding back a trailing incomplete character (U+FFFD at the end) until it completes or the
+    generation ends; token ids keep their separating space across chunks. One row prints on one
+    line; several print a ``[b] piece`` line per row and chunk."""
+
+    def __init__(self, tok: Any, rows: int):
+        self.tok = tok
+        self.ids: list[list[int]] = [[] for _ in range(rows)]
+        self.shown = [""] * rows  # what each row has printed so far
+
+    def add(self, chunk: list[list[int]], final: bool = False) -> None:
+        one = len(chunk) == 1
+        for b, new in enumerate(chunk):
+            started = bool(self.ids[b])
+            self.ids[b].extend(int(t) for t in new)
+            if self.tok is not None:
+                text = self.tok.decode(self.ids[b])
+                if not final:
+                    text = text.rstrip("\ufffd")
+                if not text.startswith(self.shown[b]):  # a decoder that rewrote earlier text: print the new rest
+                    keep = len(os.path.commonprefix([text, self.shown[b]]))
+                    self.shown[b] = self.shown[b][:keep]
+                piece = text[len(self.shown[b]):]
+                self.shown[b] += piece
+            else:  # one row's chunks share a line: the space between them is the text's own
+                piece = (" " if one and started and new else "") + " ".join(map(str, new))
+            if one:
+                print(piece, end="", flush=True)
+            elif piece:
+                print(f"[{b}] {piece}", flush=True)
+
+    def finish(self, new_ids: list[list[int]]) -> None:
+        """Print what is still held back (the tokens past the last chunk, a trailing U+FFFD)."""
+        self.add([n[len(have):] for n, have in zip(new_ids, self.ids)], final=True)
+        if len(self.ids) == 1:
+            print(flush=True)
