@@ -215,7 +215,7 @@ class Plan:
         """JSON-able description for ``fusec inspect PLAN --json``."""
         m = self.manifest
         ents = entry_points(m)
-        if len(ents) > 1:
+        if "entries" in m:  # named entry points (a generation plan's prefill and decode; any one entry too)
             out = {k: m[k] for k in ("fusec_version", "arch", "dtype", "nvrtc_version", "cupy_version",
                                     "driver_version", "cuda_graph", "source", "generation", "state") if k in m}
             out["entries"] = {name: self._entry_info(e) for name, e in ents.items()}

@@ -5,7 +5,10 @@ A plan is executable code: its cubins run on the GPU, its sources are compiled b
 anyone can re-hash a tampered one. So the manifest is checked as hostile input: every field's
 type and range, no unknown keys, every pointer range (offset plus extent, where the extent is known)
 inside its region, launch limits (grid, block, shared memory), the cubin's ELF header and its arch,
-kernel sources that include nothing, and strings free of control characters (they are printed).
+kernel sources that include nothing (every preprocessor directive one fusec writes, found as the
+preprocessor finds it), the fields later code reads (a generation plan's record, the report that
+``inspect`` prints: types and ranges), source models named, never given as paths, and strings free
+of control characters (they are printed).
 Every failure is one ``PlanFileError`` naming the field. This does not make an untrusted plan
 safe to run: load plans only from trusted sources.
 """
@@ -15,16 +18,17 @@ from __future__ import annotations
 import math
 import re
 import struct
+import unicodedata
 from collections.abc import Mapping
 from typing import Any
 
 from fusec.planfile import PlanFileError, blob_length
 from fusec.plancheck_fields import (
-    FieldCheck, ARCH_RE, DTYPES, EM_CUDA, ENTRY_KEYS, FP32_GEMM_MODES, GEMM_COMPUTE, GEMM_DTYPES,
-    GEMM_KEYS, GEMM_OPTIONAL, IDENT_RE, KERNEL_KEYS, KERNEL_LAUNCH_KEYS, MAX_BLOCK, MAX_BYTES,
-    MAX_DEPTH, MAX_GRID, MAX_SMEM, MAX_THREADS, MEMORY_KEYS, MODULE_KEYS, PLAN_DTYPES, REQUIRED,
-    SCALARS, SHA256_RE, SIG_KEYS, SOURCE_KEYS, SOURCE_KINDS, SOURCE_OPTIONS, TOP_KEYS, VERSION_RE,
-    _kind, _shown,
+    FieldCheck, ARCH_RE, DIRECTIVES, DTYPES, EM_CUDA, ENTRY_KEYS, FP32_GEMM_MODES, GEMM_COMPUTE, GEMM_DTYPES,
+    GEMM_KEYS, GEMM_OPTIONAL, GEN_ENTRIES, GEN_KEYS, GEN_REQUIRED, IDENT_RE, KERNEL_KEYS, KERNEL_LAUNCH_KEYS,
+    MAX_BLOCK, MAX_BYTES, MAX_CHAT_TEMPLATE, MAX_DEPTH, MAX_DIM, MAX_GRID, MAX_SMEM, MAX_THREADS, MEMORY_KEYS,
+    MODULE_KEYS, PLAN_DTYPES, PRAGMA_RE, REQUIRED, SAMPLING_KEYS, SCALARS, SHA256_RE, SIG_KEYS, SOURCE_KEYS,
+    SOURCE_KINDS, SOURCE_OPTIONS, SOURCE_REFUSED, TOKENIZER_KEYS, TOP_KEYS, VERSION_RE, _kind, _shown,
 )
 
 
@@ -92,22 +96,23 @@ def validate(m: Any, blobs: Mapping[str, Any], where: str, fusec_version: str) -
                             f"this is fusec {fusec_version}; recompile the model")
     arch = c.str(m["arch"], "arch", ARCH_RE)
     arch_num = int(ARCH_RE.fullmatch(arch).group(1))  # type: ignore[union-attr]
-    if m["dtype"] not in PLAN_DTYPES:
-        raise c.fail("dtype", f"{_shown(m['dtype'])} is not one of {', '.join(PLAN_DTYPES)}")
+    c.choice(m["dtype"], "dtype", PLAN_DTYPES)
     for key in ("nvrtc_version", "cupy_version", "driver_version"):
         c.str(m[key], key, VERSION_RE)
     if "model" in m:
         c.str(m["model"], "model")
     if "cuda_graph" in m:
         c.bool(m["cuda_graph"], "cuda_graph")
-    for key in ("report", "reports", "generation", "ab"):
-        if key in m:
-            c.obj(m[key], key)
+    if "ab" in m:
+        c.obj(m["ab"], "ab")
+    if "report" in m:
+        _report(c, m["report"], "report")
+    for name, rep in c.obj(m.get("reports", {}), "reports").items():
+        _report(c, rep, f"reports.{name}")
     src = c.obj(m["source"], "source", SOURCE_KEYS, ("model", "kind", "sha256", "shapes"))
     if src["model"] is not None:
-        c.str(src["model"], "source.model")
-    if src["kind"] not in SOURCE_KINDS:
-        raise c.fail("source.kind", f"{_shown(src['kind'])} is not one of {', '.join(SOURCE_KINDS)}")
+        _base_name(c, src["model"], "source.model")
+    c.choice(src["kind"], "source.kind", SOURCE_KINDS)
     if src["sha256"] is not None:
         c.str(src["sha256"], "source.sha256", SHA256_RE)
     for name, dims in c.obj(src["shapes"], "source.shapes").items():
@@ -170,7 +175,7 @@ def validate(m: Any, blobs: Mapping[str, Any], where: str, fusec_version: str) -
     for i, k in enumerate(kernels):
         f = f"kernels[{i}]"
         k = c.obj(k, f, KERNEL_KEYS, ("module", "entry"))
-        if k["module"] not in mod_entry:
+        if c.str(k["module"], f"{f}.module", max_len=200) not in mod_entry:
             raise PlanFileError(f"{where}: kernel #{i}: unknown module {_shown(k['module'])}")
         if c.str(k["entry"], f"{f}.entry", IDENT_RE) != mod_entry[k["module"]]:
             raise c.fail(f"{f}.entry", f"{_shown(k['entry'])} is not the entry of module {_shown(k['module'])}")
@@ -212,27 +217,181 @@ def validate(m: Any, blobs: Mapping[str, Any], where: str, fusec_version: str) -
     for ename, e in ents.items():
         prefix = f"entries.{ename}." if "entries" in m else ""
         _entry(c, e, kernels, limits, prefix)
+    if "generation" in m:
+        _generation(c, m, blobs)
 
 
 def _check_source(blob: Any, entry: str, what: str) -> None:
     """Bundled sources are compiled by ``recompile=True``: they are self-contained (fusec's
-    templates inline their helpers), so a source that includes a file (``#include "/etc/..."``)
-    or lacks its entry point is refused."""
+    templates inline their helpers), so a source that includes a file or lacks its entry point is
+    refused. Directives are found as the preprocessor finds them: continuations joined, comments
+    made spaces (``#/**/include``), the digraph ``%:`` read as ``#``; each one must be one of
+    fusec's own (DIRECTIVES: ``#define``, ``#pragma unroll``/``once``, ...). Nothing that could
+    reach a file without a directive passes (``__has_include``, ``_Pragma``, token pasting), nor
+    what the preprocessor might read otherwise than this check does (trigraphs, raw strings,
+    control and format characters)."""
     try:
         text = bytes(blob).decode("utf-8")
     except UnicodeDecodeError:
         raise PlanFileError(f"{what}: kernel source is not UTF-8 text") from None
-    if re.search(r"^\s*#\s*include\b|__has_include", text, re.MULTILINE):
-        raise PlanFileError(f"{what}: kernel source includes a file; fusec's sources are self-contained")
+    found = _ASCII_CONTROL.search(text)
+    bad = found.group(0) if found else None
+    if bad is None and not text.isascii():
+        bad = next((ch for ch in text if ch not in "\t\n" and unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp")),
+                   None)
+    if bad is not None:
+        raise PlanFileError(f"{what}: kernel source holds the control or format character {bad!r}")
+    odd = _ODD.search(text)
+    if odd:  # each read otherwise by some preprocessors, or otherwise than this check reads it
+        raise PlanFileError(f"{what}: kernel source holds {_shown(odd.group(0))} (a trigraph, a raw string literal "
+                            "or a backslash before spaces at a line end); fusec's sources hold none")
+    joined = _SPLICE.sub("", text)
+    for view in _source_views(joined):
+        for word in SOURCE_REFUSED:
+            if word in view:
+                raise PlanFileError(f"{what}: kernel source uses {word!r}; fusec's sources are self-contained "
+                                    "and paste no tokens")
+        for m in _DIRECTIVE.finditer(view):
+            rest = m.group(1).strip()
+            name = re.match(r"[A-Za-z_]\w*", rest)
+            if not rest or (name and name.group(0) in DIRECTIVES and
+                            (name.group(0) != "pragma" or PRAGMA_RE.fullmatch(rest[6:].strip()))):
+                continue
+            shown = _shown("#" + rest[:40])
+            if name and name.group(0).startswith("include"):
+                raise PlanFileError(f"{what}: kernel source includes a file ({shown}); fusec's sources are "
+                                    "self-contained")
+            raise PlanFileError(f"{what}: kernel source has the directive {shown}, not one fusec writes "
+                                f"(#{', #'.join(DIRECTIVES)} and #pragma unroll/once)")
     if not re.search(r"\b" + re.escape(entry) + r"\s*\(", text):
         raise PlanFileError(f"{what}: kernel source does not define its entry {entry!r}")
 
 
+# C/C++ lexing for _check_source (after continuations are joined): comments, string and character
+# literals (ending at the end of their line, as an unterminated one does) and pp-numbers with a digit
+# separator (1'000: no character literal); a number starts where no identifier goes on
+_IDCHAR = r"(?:[A-Za-z0-9_$]|[^\x00-\x7f]|\\u[0-9A-Fa-f]{4}|\\U[0-9A-Fa-f]{8})"
+_PART = rf"(?:[eEpP][+-]|\.|{_IDCHAR})"
+_TOKEN = re.compile(
+    r"(?=[/\"'.0-9])"  # (only where a token can start: quicker)
+    r"(?:(?P<c>//[^\n]*|/\*.*?(?:\*/|\Z))"
+    r"|\"(?:[^\"\\\n]|\\[^\n])*\"?|'(?:[^'\\\n]|\\[^\n])*'?"
+    rf"|(?<![A-Za-z0-9_$\x80-\U0010ffff])\.?[0-9]{_PART}*'{_IDCHAR}(?:'{_IDCHAR}|{_PART})*)", re.S)
+_COMMENT = re.compile(r"(?P<c>//[^\n]*|/\*.*?(?:\*/|\Z))", re.S)  # literals not seen: a "/*" in one opens a comment
+_ASCII_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+_SPLICE = re.compile(r"\\\n")
+_ODD = re.compile(r"\?\?[=/'()!<>-]|R\"|\\[ \t]+\n")
+# a directive: "#" or "%:" first on a line (after spaces, or what may read as them), then its name
+_DIRECTIVE = re.compile(r"^(?:[^\S\n]|[\u200b-\u200d\u2060\ufeff])*(?:#|%:)(.*)$", re.M)
+
+
+def _source_views(text: str) -> list[str]:
+    """``text`` with its comments made spaces, four ways, so that a directive any one of them shows
+    is checked: comments found by a lexer that knows literals, and by a plain search for ``//`` and
+    ``/*`` (a lexer this check got wrong cannot hide a line); a comment made one space (a directive
+    may span a multi-line comment) and the same keeping its line breaks (what follows it may start
+    a line)."""
+    def one_space(m: re.Match[str]) -> str:
+        return " " if m.lastgroup == "c" else m.group(0)  # a literal or a number, as it is
+
+    def spaces(m: re.Match[str]) -> str:
+        return " " + "\n" * m.group(0).count("\n") if m.lastgroup == "c" else m.group(0)
+
+    ways = (one_space, spaces) if "/*" in text else (one_space,)  # no block comment: the two ways are one
+    return [rx.sub(way, text) for rx in (_TOKEN, _COMMENT) for way in ways]
+
+
+def _base_name(c: FieldCheck, v: Any, field: str) -> str:
+    """A built-in model's name or a file's or directory's base name, as ``loader.source_record``
+    and ``genmodel`` record a source model (``Path(".").name`` is "", ``Path("..").name`` is "..");
+    never a path (``/etc/shadow`` would be hashed, probed and suggested as a model to run)."""
+    name = c.str(v, field, max_len=255)
+    if not name.isprintable() or "/" in name or "\\" in name:
+        raise c.fail(field, f"{_shown(name)} is not a model's name or a file's base name (a plan records "
+                            "its source model by name, never by path)")
+    return name
+
+
+def _counts(c: FieldCheck, v: Any, field: str) -> None:
+    for k, n in c.obj(v, field).items():
+        c.int(n, f"{field}.{k}", 0, 2**62)
+
+
+def _report(c: FieldCheck, rep: Any, f: str) -> None:
+    """The compiler's report is informational, but ``fusec inspect`` prints it and ``fusec
+    bench-kernels`` reads its launch bytes: what they read has the types the compiler writes
+    (its strings are printed escaped)."""
+    rep = c.obj(rep, f)
+    if "nodes" in rep:
+        c.int(rep["nodes"], f"{f}.nodes", 0, 2**62)
+    for key in ("ops", "patterns"):
+        if key in rep:
+            _counts(c, rep[key], f"{f}.{key}")
+    for i, x in enumerate(c.arr(rep.get("fusions", []), f"{f}.fusions", 10**6)):
+        x = c.obj(x, f"{f}.fusions[{i}]")
+        for key in ("rule", "kind", "decision", "layer", "reason"):
+            if x.get(key) is not None:
+                c.str(x[key], f"{f}.fusions[{i}].{key}", max_len=1 << 16)
+        if x.get("members") is not None:
+            c.arr(x["members"], f"{f}.fusions[{i}].members")
+    low = c.obj(rep.get("lowering", {}), f"{f}.lowering")
+    if "kernels_compiled" in low:
+        c.int(low["kernels_compiled"], f"{f}.lowering.kernels_compiled", 0, 2**62)
+    if "by_template" in low:
+        _counts(c, low["by_template"], f"{f}.lowering.by_template")
+    for i, n in enumerate(c.arr(low.get("launch_bytes", []), f"{f}.lowering.launch_bytes")):
+        c.int(n, f"{f}.lowering.launch_bytes[{i}]", 0, 2**62)
+
+
+def _generation(c: FieldCheck, m: Mapping[str, Any], blobs: Mapping[str, Any]) -> None:
+    """A generation plan (``fusec.genmodel.compile_generation``): its two entry points, and the
+    record that ``fusec generate``, ``fusec.runtime.generation`` and ``fusec.report.subject`` read
+    (every key typed and in range; the states the runner writes shaped as the record says)."""
+    ents = m.get("entries")
+    if not isinstance(ents, Mapping) or sorted(ents) != sorted(GEN_ENTRIES):
+        got = ", ".join(_shown(k) for k in ents) if isinstance(ents, Mapping) else "none"
+        raise c.fail("entries", f"a generation plan has the entry points {' and '.join(GEN_ENTRIES)}; got {got}")
+    g = c.obj(m["generation"], "generation", GEN_KEYS, GEN_REQUIRED)
+    c.choice(g["entry"], "generation.entry", GEN_ENTRIES)
+    i31 = 2**31 - 1
+    batch = c.int(g["batch"], "generation.batch", 1, i31)
+    t_max = c.int(g["max_seq_len"], "generation.max_seq_len", 1, MAX_DIM)
+    c.int(g["prefill_len"], "generation.prefill_len", 1, t_max)
+    c.int(g["vocab_size"], "generation.vocab_size", 1, i31)
+    c.int(g["num_layers"], "generation.num_layers", 0, i31)
+    for i, e in enumerate(c.arr(g["eos_ids"], "generation.eos_ids", 4096)):
+        c.int(e, f"generation.eos_ids[{i}]", 0, i31)
+    _base_name(c, g["source"], "generation.source")
+    s = c.obj(g["sampling"], "generation.sampling", set(SAMPLING_KEYS), SAMPLING_KEYS)
+    c.num(s["temperature"], "generation.sampling.temperature", 0, math.inf)
+    c.int(s["top_k"], "generation.sampling.top_k", 0, i31)
+    if c.num(s["top_p"], "generation.sampling.top_p", 0, 1) == 0:
+        raise c.fail("generation.sampling.top_p", "0 is outside (0, 1]")
+    if "tokenizer" in g:
+        t = c.obj(g["tokenizer"], "generation.tokenizer", TOKENIZER_KEYS)
+        if t.get("bos_id") is not None:
+            c.int(t["bos_id"], "generation.tokenizer.bos_id", 0, i31)
+        for i, e in enumerate(c.arr(t.get("eos_ids") or [], "generation.tokenizer.eos_ids", 4096)):
+            c.int(e, f"generation.tokenizer.eos_ids[{i}]", 0, i31)
+        if t.get("add_bos") is not None:
+            c.bool(t["add_bos"], "generation.tokenizer.add_bos")
+        if t.get("chat_template") is not None:
+            c.str(t["chat_template"], "generation.tokenizer.chat_template", max_len=MAX_CHAT_TEMPLATE)
+        if "tokenizer" not in blobs:
+            raise PlanFileError(f"{c.where}: missing part 'tokenizer' (field 'generation.tokenizer')")
+    states = {r["name"]: r for r in m.get("state", [])}
+    for name, dtype, shape in (("pos", "i64", [batch]), ("done", "bool", [batch]), ("seed", "i64", [1]),
+                               ("tokens", "i64", [batch, t_max])):
+        r = states.get(name)
+        if r is None or r["dtype"] != dtype or list(r["shape"]) != shape:
+            got = "none" if r is None else f"{r['dtype']}{list(r['shape'])}"
+            raise c.fail("state", f"a generation plan's state {name!r} must be {dtype}{shape} (generation.batch "
+                                  f"{batch}, generation.max_seq_len {t_max}); got {got}")
+
+
 def _nbytes(c: FieldCheck, rec: Mapping[str, Any], f: str) -> int:
     dims = c.shape(rec["shape"], f"{f}.shape")
-    if rec["dtype"] not in DTYPES:
-        raise c.fail(f"{f}.dtype", f"{_shown(rec['dtype'])} is not one of {', '.join(DTYPES)}")
-    n = DTYPES[rec["dtype"]]
+    n = DTYPES[c.choice(rec["dtype"], f"{f}.dtype", DTYPES)]
     for d in dims:
         n *= d
     if n > MAX_BYTES:
@@ -312,10 +471,8 @@ def _gemm(c: FieldCheck, L: Mapping[str, Any], limits: Mapping[str, int], f: str
     lda, ldb, ldc = (c.int(L[x], f"{f}.{x}", 1, i32) for x in ("lda", "ldb", "ldc"))
     sa, sb, sc = (c.int(L[x], f"{f}.{x}", 0, 2**62) for x in ("stride_a", "stride_b", "stride_c"))
     ta, tb = c.bool(L["trans_a"], f"{f}.trans_a"), c.bool(L["trans_b"], f"{f}.trans_b")
-    if L["dtype"] not in GEMM_DTYPES:
-        raise c.fail(f"{f}.dtype", f"{_shown(L['dtype'])} is not one of {', '.join(GEMM_DTYPES)}")
-    if L["compute"] not in GEMM_COMPUTE:
-        raise c.fail(f"{f}.compute", f"{_shown(L['compute'])} is not one of {', '.join(GEMM_COMPUTE)}")
+    c.choice(L["dtype"], f"{f}.dtype", GEMM_DTYPES)
+    c.choice(L["compute"], f"{f}.compute", GEMM_COMPUTE)
     for x in ("alpha", "beta"):
         if x in L and (isinstance(L[x], bool) or not isinstance(L[x], (int, float))):
             raise c.fail(f"{f}.{x}", f"must be a number, got {_kind(L[x])}")
@@ -342,8 +499,8 @@ def _gemm_epilogue(c: FieldCheck, L: Mapping[str, Any], limits: Mapping[str, int
     from fusec.runtime.cublaslt import EPILOGUES, WITH_BIAS
 
     epi = L.get("epilogue")
-    if epi is not None and (not isinstance(epi, str) or epi not in EPILOGUES):
-        raise c.fail(f"{f}.epilogue", f"{_shown(epi)} is not one of {', '.join(EPILOGUES)}")
+    if epi is not None:
+        c.choice(epi, f"{f}.epilogue", EPILOGUES)
     if (epi in WITH_BIAS) != ("bias" in L):
         raise c.fail(f"{f}.bias", f"epilogue {_shown(epi)} {'needs' if epi in WITH_BIAS else 'takes no'} bias")
     for x, nbytes in (("bias", bias_bytes), ("c_in", c_bytes)):

@@ -49,6 +49,23 @@ GEMM_KEYS = {"type", "m", "n", "k", "batch", "lda", "ldb", "ldc", "stride_a", "s
 GEMM_OPTIONAL = ("label", "alpha", "beta", "epilogue", "bias", "c_in")  # the last three: cuBLASLt epilogues
 GEMM_DTYPES = {"f32": 4, "f16": 2, "bf16": 2}
 GEMM_COMPUTE = ("f32", "tf32")
+# a generation plan (fusec.genmodel.compile_generation; read by fusec.runtime.generation, fusec generate,
+# fusec.generation.check_prompts, fusec.report.subject): its entry points and its "generation" record
+GEN_ENTRIES = ("prefill", "decode")
+GEN_KEYS = {"entry", "batch", "max_seq_len", "prefill_len", "eos_ids", "sampling", "vocab_size", "num_layers",
+            "source", "tokenizer"}
+GEN_REQUIRED = ("entry", "batch", "max_seq_len", "prefill_len", "eos_ids", "sampling", "vocab_size", "num_layers",
+                "source")
+SAMPLING_KEYS = ("temperature", "top_k", "top_p")  # models/generate.Sampling: every field, each required
+TOKENIZER_KEYS = {"bos_id", "eos_ids", "add_bos", "chat_template"}
+MAX_CHAT_TEMPLATE = 1 << 20
+# the kernel sources' preprocessor directives: what fusec's templates use (define, pragma unroll and
+# once), and what cannot read a file (undef, the conditionals: __has_include is refused on its own)
+DIRECTIVES = ("define", "undef", "if", "ifdef", "ifndef", "elif", "else", "endif", "pragma")
+PRAGMA_RE = re.compile(r"(?:unroll|nounroll)(?:[ \t(][\w \t()+*/-]*)?|once[ \t]*")
+# identifiers a source may not hold: they read files, or make a pragma without a directive (``##``
+# could paste one together, so no source pastes tokens: fusec's templates never do)
+SOURCE_REFUSED = ("__has_include", "__has_embed", "_Pragma", "__pragma", "##", "%:%:")
 
 
 class FieldCheck:
@@ -94,6 +111,20 @@ class FieldCheck:
             raise self.fail(field, f"is {len(v)} characters long, more than {max_len}")
         if pattern is not None and not pattern.fullmatch(v):
             raise self.fail(field, f"{_shown(v)} is not of the expected form {pattern.pattern!r}")
+        return v
+
+    def choice(self, v: Any, field: str, options: Any) -> str:
+        """A string, one of ``options`` (checked a string first: a list or an object is no dict key)."""
+        if not isinstance(v, str) or v not in options:
+            raise self.fail(field, f"{_shown(v)} is not one of {', '.join(options)}")
+        return v
+
+    def num(self, v: Any, field: str, lo: float, hi: float) -> float:
+        """A number (an integer or a float, not a boolean) in [lo, hi]."""
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise self.fail(field, f"must be a number, got {_kind(v)}")
+        if not lo <= v <= hi:
+            raise self.fail(field, f"{v} is outside [{lo}, {hi}]")
         return v
 
     def bool(self, v: Any, field: str) -> bool:

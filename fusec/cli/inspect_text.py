@@ -2,7 +2,9 @@
 for people: readable byte counts (KiB/MiB/GiB), aligned tables, and the sections the README
 promises: op histograms (imported and optimized), recognized patterns, fusion decisions, kernel
 count, the memory plan (naive / planned / lower bound); for a plan also its source, toolchain and
-kernels with their launch configurations. Names from model files go through ``fmt_name``.
+kernels with their launch configurations. Names from model files go through ``fmt_name``, and
+every other string a plan holds is printed escaped too (``one_line``: a plan's report is checked for
+types, not for terminal escapes).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from fusec.cli import one_line
 from fusec.cli._common import fmt_name
 from fusec.runtime.guard import fmt_bytes
 
@@ -50,11 +53,11 @@ def signature_lines(report: Mapping[str, Any]) -> list[str]:
 def _ops_lines(ops: Mapping[str, int], imported: Mapping[str, int] | None, nodes: Any) -> list[str]:
     if imported is None:
         lines = [f"ops ({nodes} nodes):"]
-        lines.extend(table(list(ops.items()), right=(1,)))
+        lines.extend(table([(fmt_name(str(k)), v) for k, v in ops.items()], right=(1,)))
         return lines
     names = list(imported) + [k for k in ops if k not in imported]
     lines = [f"ops (imported {sum(imported.values())} nodes -> optimized {nodes}):"]
-    lines.extend(table([(k, imported.get(k, 0) or "-", ops.get(k, 0) or "-") for k in names],
+    lines.extend(table([(fmt_name(str(k)), imported.get(k, 0) or "-", ops.get(k, 0) or "-") for k in names],
                        header=("op", "imported", "optimized"), right=(1, 2)))
     return lines
 
@@ -63,7 +66,7 @@ def _patterns_lines(patterns: Mapping[str, int]) -> list[str]:
     found = {k: v for k, v in patterns.items() if v}
     if not found:
         return ["patterns    none recognized"]
-    return ["patterns    " + ", ".join(f"{k} {v}" for k, v in found.items())]
+    return ["patterns    " + ", ".join(f"{fmt_name(str(k))} {one_line(str(v))}" for k, v in found.items())]
 
 
 def _fusion_lines(fusions: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -73,8 +76,8 @@ def _fusion_lines(fusions: Sequence[Mapping[str, Any]]) -> list[str]:
     for f in fusions:
         members = f.get("members") or []
         where = fmt_name(str(f["layer"])) if f.get("layer") else "-"
-        rows.append((f.get("rule") or f.get("kind") or "-", f.get("decision", "-"), where, len(members),
-                     f.get("reason") or ""))
+        rows.append((one_line(str(f.get("rule") or f.get("kind") or "-")), one_line(str(f.get("decision", "-"))),
+                     where, len(members), one_line(str(f.get("reason") or ""))))
     lines.extend(table(rows, header=("rule", "decision", "layer", "ops", "reason"), right=(3,)))
     return lines
 
@@ -96,7 +99,7 @@ def _kernel_lines(kernels: Sequence[Mapping[str, Any]], compiled: int | None, by
         head += f", {compiled} compiled kernels"
     lines = [head]
     if by_kind:
-        lines.append("  by kind: " + ", ".join(f"{k} {v}" for k, v in by_kind.items()))
+        lines.append("  by kind: " + ", ".join(f"{fmt_name(str(k))} {v}" for k, v in by_kind.items()))
     rows = []
     for i, k in enumerate(kernels):
         if "grid" in k:
@@ -172,7 +175,7 @@ def render_text(report: Mapping[str, Any]) -> str:
     if "kernels" in report:
         kinds = report.get("kernels_by_kind") or {}
         lines.append(f"kernels     {report['kernels']} launches per run"
-                     + (" (" + ", ".join(f"{k} {v}" for k, v in kinds.items()) + ")" if kinds else ""))
+                     + (" (" + ", ".join(f"{fmt_name(str(k))} {v}" for k, v in kinds.items()) + ")" if kinds else ""))
     if "memory" in report:
         mem = report["memory"]
         lines.append(f"memory plan naive {fmt_bytes(mem.get('naive_bytes', 0))} -> planned "
