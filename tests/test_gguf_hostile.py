@@ -23,6 +23,7 @@ from hostile_helpers import fails
 
 from fusec.errors import ModelError
 from fusec.models import gguf as fg
+from fusec.models import gguf_file as gf
 
 U8, I8, U16, I16, U32, I32, F32, BOOL, STR, ARR, U64, I64, F64 = 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12
 _FMT = {U8: "B", I8: "b", U16: "H", I16: "h", U32: "I", I32: "i", F32: "f", BOOL: "?", U64: "Q", I64: "q", F64: "d"}
@@ -134,14 +135,14 @@ def test_an_array_declaring_2_62_items_past_the_end_is_refused(tmp_path) -> None
     p.write_bytes(_header() + _s("x") + struct.pack("<IIQ", ARR, U8, 2**62))
     with _deadline(), pytest.raises(ModelError, match=r"metadata key 'x' is an array of 4611686018427387904 items.*"
                                                       r"at most 4194304"):
-        fg._open(p)
+        gf._open(p)
 
 
 def test_a_nested_array_declaring_2_40_items_is_refused(tmp_path) -> None:
     p = tmp_path / "nested.gguf"
     p.write_bytes(_header() + _s("x") + struct.pack("<IIQ", ARR, ARR, 1) + struct.pack("<IQ", I32, 2**40))
     with _deadline(), pytest.raises(ModelError, match="metadata key 'x' is an array of 1099511627776 items"):
-        fg._open(p)
+        gf._open(p)
 
 
 @pytest.mark.parametrize("sub, n, needle", [
@@ -154,7 +155,7 @@ def test_an_array_longer_than_the_bytes_left_is_refused_before_reading(tmp_path,
     p = tmp_path / "short.gguf"
     p.write_bytes(_header() + _s("tokens") + struct.pack("<IIQ", ARR, sub, n) + b"\0" * 64)
     with _deadline(), pytest.raises(ModelError, match="metadata key 'tokens'") as e:
-        fg._open(p)
+        gf._open(p)
     assert needle in str(e.value)
 
 
@@ -163,7 +164,7 @@ def test_a_string_array_that_ends_early_names_the_item(tmp_path) -> None:
     p.write_bytes(_header() + _s("t") + struct.pack("<IIQ", ARR, STR, 4) + _s("a") + _s("b") + struct.pack("<Q", 99)
                   + b"\0" * 9)
     with _deadline(), pytest.raises(ModelError, match="item 2 of metadata key 't' \\(99 bytes\\)"):
-        fg._open(p)
+        gf._open(p)
 
 
 def test_a_large_valid_array_is_read_quickly(tmp_path) -> None:
@@ -172,29 +173,29 @@ def test_a_large_valid_array_is_read_quickly(tmp_path) -> None:
     p.write_bytes(_header() + _s("junk.bytes") + struct.pack("<IIQ", ARR, U8, n) + bytes(range(256)) * (n // 256)
                   + b"\7" * (n % 256))
     with _deadline():
-        md = fg.read_metadata(fg._open(p), p)
+        md = gf.read_metadata(gf._open(p), p)
     assert len(md["junk.bytes"]) == n and md["junk.bytes"][:3] == [0, 1, 2] and md["junk.bytes"][-1] == 7
 
 
 def test_an_array_over_the_item_cap_is_refused(tmp_path) -> None:
-    n = fg.MAX_ARRAY_ITEMS + 1
+    n = gf.MAX_ARRAY_ITEMS + 1
     p = tmp_path / "big.gguf"
     p.write_bytes(_header() + _s("junk") + struct.pack("<IIQ", ARR, U8, n) + b"\0" * n)
     with _deadline(), pytest.raises(ModelError, match=f"'junk' is an array of {n} items.*at most {n - 1} per array"):
-        fg._open(p)
+        gf._open(p)
 
 
 def test_counts_of_keys_and_tensors_past_the_end_are_refused(tmp_path) -> None:
     p = tmp_path / "kv.gguf"
     p.write_bytes(_header(n_kv=2**63))
     with _deadline(), pytest.raises(ModelError, match="9223372036854775808 metadata keys do not fit"):
-        fg._open(p)
+        gf._open(p)
     p.write_bytes(_header(n_kv=0, n_tensors=60_000) + b"\0" * 64)
     with _deadline(), pytest.raises(ModelError, match="60000 tensor descriptions do not fit"):
-        fg._open(p)
+        gf._open(p)
     p.write_bytes(_header(n_kv=0, n_tensors=1) + _s("t") + struct.pack("<I", 2**32 - 1) + b"\0" * 64)
     with _deadline(), pytest.raises(ModelError, match="tensor 't' has 4294967295 dimensions"):
-        fg._open(p)
+        gf._open(p)
 
 
 def test_metadata_matches_ggufreader(tmp_path) -> None:
@@ -208,13 +209,13 @@ def test_metadata_matches_ggufreader(tmp_path) -> None:
            kv("a_f32", ARR, (F32, [0.1, -2.5, 3e38])), kv("a_str", ARR, (STR, ["a", "", "\u00e9\u00e8"])),
            kv("a_bool", ARR, (BOOL, [True, False])), kv("a_i64", ARR, (I64, [-1, 2**62]))]
     _gguf(p, kvs, [("w", [32, 2], 0, np.ones(64, np.float32).tobytes())])
-    ours = fg.read_metadata(fg._open(p), p)
-    theirs = fg.read_metadata(gguf.GGUFReader(p), p)
+    ours = gf.read_metadata(gf._open(p), p)
+    theirs = gf.read_metadata(gguf.GGUFReader(p), p)
     assert ours == theirs
     assert [type(v) for v in ours.values()] == [type(v) for v in theirs.values()]
-    assert fg.read_metadata(fg._open(p), p, max_array=2) == {k: v for k, v in theirs.items()
+    assert gf.read_metadata(gf._open(p), p, max_array=2) == {k: v for k, v in theirs.items()
                                                              if not (isinstance(v, list) and len(v) > 2)}
-    (t,) = fg._open(p).tensors
+    (t,) = gf._open(p).tensors
     r = gguf.GGUFReader(p).tensors[0]
     assert (t.name, t.n_bytes, t.data_offset, t.data.shape) == (r.name, r.n_bytes, r.data_offset, r.data.shape)
     assert np.array_equal(t.data, r.data)
@@ -311,4 +312,4 @@ def test_a_quantized_row_that_splits_a_block_is_refused(tmp_path) -> None:
     p = tmp_path / "q.gguf"  # Q8_0 (type 8): blocks of 32; a 16-wide row does not fill one
     p.write_bytes(_header(n_kv=0, n_tensors=1) + _s("t") + struct.pack("<IQQIQ", 2, 16, 2, 8, 0) + b"\0" * 64)
     with _deadline(), pytest.raises(ModelError, match="tensor 't' \\(Q8_0\\) has rows of 16 elements"):
-        fg._open(p)
+        gf._open(p)
