@@ -11,7 +11,6 @@ tokenizer stored in the plan when the model has one.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -61,13 +60,15 @@ def load_generation_model(model: str | os.PathLike[str], weights_dir: str | os.P
 
 
 def _hf_family(path: Path) -> str:
-    cfg_path = path / "config.json"
-    try:
-        model_type = json.loads(cfg_path.read_text(encoding="utf-8")).get("model_type")
-    except (OSError, ValueError) as e:
-        raise ModelError(f"{path}: not a Hugging Face checkpoint directory ({cfg_path.name}: {e})") from None
+    from fusec.modelfiles import read_json_in_dir
+
+    hf = read_json_in_dir(path, "config.json", missing_ok=True)  # ModelError: a link, a FIFO, not an object...
+    if hf is None:
+        raise ModelError(f"{path}: not a Hugging Face checkpoint directory (it has no config.json)")
+    model_type = hf.get("model_type")
     if model_type not in ("llama", "qwen3"):
-        raise ModelError(f"{cfg_path}: model_type {model_type!r} cannot generate here (supported: llama, qwen3)")
+        raise ModelError(f"{path / 'config.json'}: model_type {model_type!r:.60} cannot generate here "
+                         "(supported: llama, qwen3)")
     return str(model_type)
 
 
@@ -77,7 +78,7 @@ def _from_checkpoint(base: Any, path: Path) -> GenModel:
 
     cfg = config_from_hf(base, path)
     tok = None
-    if (path / "tokenizer.json").is_file():
+    if os.path.lexists(path / "tokenizer.json"):  # a link or FIFO there is refused, not skipped
         from fusec.text import Tokenizer
 
         tok = Tokenizer.from_hf_dir(path)
@@ -86,13 +87,15 @@ def _from_checkpoint(base: Any, path: Path) -> GenModel:
 
 
 def _config_eos(path: Path) -> tuple[int, ...]:
+    """The eos_token_id (one id or a list) of ``path``'s generation_config.json, else its
+    config.json; () when neither names one. ModelError for ids that are not ints >= 0."""
+    from fusec.modelfiles import read_json_in_dir
+    from fusec.text import config_token_ids
+
     for name in ("generation_config.json", "config.json"):
-        try:
-            eos = json.loads((path / name).read_text(encoding="utf-8")).get("eos_token_id")
-        except (OSError, ValueError):
-            continue
-        if eos is not None:
-            return tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]))
+        data = read_json_in_dir(path, name, missing_ok=True)
+        if data is not None and data.get("eos_token_id") is not None:
+            return config_token_ids(data["eos_token_id"], f"{os.fspath(path / name)!r}: eos_token_id")
     return ()
 
 

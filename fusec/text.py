@@ -9,17 +9,21 @@
 The tokenizer runs on Hugging Face's ``tokenizers`` library. From a GGUF file it is rebuilt out
 of llama.cpp's metadata (``tokenizer.ggml.*``): a byte-level BPE ("gpt2") with the pre-tokenizer
 ``tokenizer.ggml.pre`` names, or a sentencepiece BPE ("llama"); control tokens (token_type 3) are
-special tokens. Chat templates come from model files, so they render in jinja2's immutable sandbox.
+special tokens. Chat templates come from model files: they render sandboxed and on a budget
+(``fusec.chat_template``). The files of a HF directory are opened through fusec.modelfiles: inside the
+directory only, no links, no FIFOs, a size cap.
 """
 
 from __future__ import annotations
 
-import json
+import math
+import numbers
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .chat_template import apply_chat_template
 from .errors import InputError, ModelError
 
 UNKNOWN, CONTROL, USER_DEFINED = 2, 3, 4  # llama.cpp token types
@@ -80,23 +84,33 @@ class Tokenizer:
                              "(only 'gpt2', byte-level BPE, and 'llama', sentencepiece BPE)")
         tokens = _str_list(md, "tokenizer.ggml.tokens", name)
         types = md.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+        if not isinstance(types, list) or not all(isinstance(t, numbers.Integral) and not isinstance(t, bool)
+                                                  for t in types):
+            raise ModelError(f"GGUF file {name!r}: tokenizer.ggml.token_type is not a list of integers")
         if len(types) != len(tokens):
             raise ModelError(f"GGUF file {name!r}: tokenizer.ggml.token_type has {len(types)} entries "
                              f"for {len(tokens)} tokens")
         if model == "gpt2":
             merges = _str_list(md, "tokenizer.ggml.merges", name)
-            backend = _byte_level_bpe(tokens, merges, types, md.get("tokenizer.ggml.pre", "default"), name)
+            pre = md.get("tokenizer.ggml.pre", "default")
+            if not isinstance(pre, str):
+                raise ModelError(f"GGUF file {name!r}: tokenizer.ggml.pre is {pre!r:.60}, not a string")
+            backend = _byte_level_bpe(tokens, merges, types, pre, name)
         else:
             scores = md.get("tokenizer.ggml.scores")
             if not isinstance(scores, list) or len(scores) != len(tokens):
                 raise ModelError(f"GGUF file {name!r}: tokenizer.ggml.scores is missing or does not match the tokens")
+            bad = next((i for i, x in enumerate(scores) if not _real(x)), None)
+            if bad is not None:  # the merge ranks are sorted by score: each must be a number
+                raise ModelError(f"GGUF file {name!r}: tokenizer.ggml.scores[{bad}] is {scores[bad]!r:.60}, "
+                                 "not a number")
             merges = _str_list(md, "tokenizer.ggml.merges", name) if "tokenizer.ggml.merges" in md else None
-            backend = _sentencepiece_bpe(tokens, scores, types, merges, bool(md.get("tokenizer.ggml.add_space_prefix",
-                                                                                    True)), name)
+            backend = _sentencepiece_bpe(tokens, scores, types, merges,
+                                         _flag(md, "tokenizer.ggml.add_space_prefix", True, name), name)
         bos, eos = gguf_special_ids(md, name)
         template = md.get("tokenizer.chat_template")
         return cls(backend, bos_id=bos, eos_ids=eos,
-                   add_bos=bool(md.get("tokenizer.ggml.add_bos_token", model == "llama")),
+                   add_bos=_flag(md, "tokenizer.ggml.add_bos_token", model == "llama", name),
                    chat_template=template if isinstance(template, str) else None, vocab_size=len(tokens))
 
     @classmethod
@@ -106,16 +120,21 @@ class Tokenizer:
         eos_token_id (one id or a list) of generation_config.json."""
         import tokenizers
 
+        from .modelfiles import read_json_in_dir, read_text_in_dir
+
         d = Path(path)
-        file = d / "tokenizer.json"
-        if not file.is_file():
+        # every file is opened inside the directory only (no symlink, no FIFO, a size cap): fusec.modelfiles
+        text = read_text_in_dir(d, "tokenizer.json", missing_ok=True)
+        if text is None:
             raise ModelError(f"checkpoint directory {os.fspath(d)!r} has no tokenizer.json")
         try:
-            backend = tokenizers.Tokenizer.from_file(os.fspath(file))
+            backend = tokenizers.Tokenizer.from_str(text)
         except Exception as e:
-            raise ModelError(f"cannot read {os.fspath(file)!r}: {str(e).splitlines()[0] if str(e) else e!r}") from None
-        config = _json(d / "tokenizer_config.json")
-        gen = _json(d / "generation_config.json")
+            first = str(e).splitlines()[0] if str(e) else repr(e)
+            raise ModelError(f"cannot read {os.fspath(d / 'tokenizer.json')!r}: {first:.300}") from None
+        del text
+        config = read_json_in_dir(d, "tokenizer_config.json", missing_ok=True) or {}
+        gen = read_json_in_dir(d, "generation_config.json", missing_ok=True) or {}
 
         def token_id(tok: Any, where: str) -> int | None:
             if isinstance(tok, dict):
@@ -124,27 +143,24 @@ class Tokenizer:
                 return None
             i = backend.token_to_id(tok) if isinstance(tok, str) else None
             if i is None:
-                raise ModelError(f"{where} in {os.fspath(d)!r}: token {tok!r} is not in the vocabulary")
+                raise ModelError(f"{where} in {os.fspath(d)!r}: token {tok!r:.60} is not in the vocabulary")
             return i
 
         bos = token_id(config.get("bos_token"), "bos_token")
-        eos: list[int] = []
+        gen_where = f"{os.fspath(d / 'generation_config.json')!r}"
         gen_eos = gen.get("eos_token_id")
-        for i in gen_eos if isinstance(gen_eos, list) else [gen_eos]:
-            if isinstance(i, int) and not isinstance(i, bool):
-                eos.append(i)
+        eos = list(config_token_ids(gen_eos, f"{gen_where}: eos_token_id")) if gen_eos is not None else []
         cfg_eos = token_id(config.get("eos_token"), "eos_token")
         if cfg_eos is not None and cfg_eos not in eos:
             eos.insert(0, cfg_eos)
-        if bos is None and isinstance(gen.get("bos_token_id"), int):
-            bos = gen["bos_token_id"]
+        if bos is None and gen.get("bos_token_id") is not None:
+            bos = _token_id_value(gen["bos_token_id"], f"{gen_where}: bos_token_id")
         template = config.get("chat_template")
         if isinstance(template, list):  # [{"name": ..., "template": ...}]: the default one
             named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
             template = named.get("default")
-        jinja = d / "chat_template.jinja"  # transformers >= 4.43 saves the template beside the config
-        if template is None and jinja.is_file():
-            template = jinja.read_text(encoding="utf-8")
+        if template is None:  # transformers >= 4.43 saves the template beside the config
+            template = read_text_in_dir(d, "chat_template.jinja", missing_ok=True)
         return cls(backend, bos_id=bos, eos_ids=eos, add_bos=None,
                    chat_template=template if isinstance(template, str) else None)
 
@@ -214,6 +230,17 @@ def gguf_special_ids(md: Mapping[str, Any], name: str = "<gguf>") -> tuple[int |
 
     eos = (token_id(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom"))
     return token_id("tokenizer.ggml.bos_token_id"), tuple(dict.fromkeys(i for i in eos if i is not None))
+
+
+def _real(x: Any) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool) and not math.isnan(x)  # -inf sorts fine
+
+
+def _flag(md: Mapping[str, Any], key: str, default: bool, name: str) -> bool:
+    v = md.get(key, default)
+    if not isinstance(v, bool):  # a string "false" is no flag (bool() of it is True)
+        raise ModelError(f"GGUF file {name!r}: {key} is {v!r:.60}, not a bool")
+    return v
 
 
 def _str_list(md: Mapping[str, Any], key: str, name: str) -> list[str]:
@@ -318,93 +345,14 @@ def _sentencepiece_bpe(tokens: list[str], scores: list[Any], types: Sequence[Any
     return backend
 
 
-def _json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise ModelError(f"cannot read {os.fspath(path)!r}: {e}") from None
-    if not isinstance(data, dict):
-        raise ModelError(f"{os.fspath(path)!r} does not hold a JSON object")
-    return data
+def _token_id_value(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ModelError(f"{where} is {value!r:.60}, not a token id (an integer >= 0)")
+    return value
 
 
-# ---- chat templates -------------------------------------------------------------------------------------
-
-class _TemplateRaised(Exception):
-    """raise_exception() called by a template: the messages do not fit it."""
-
-
-def _raise_exception(message: Any) -> None:
-    raise _TemplateRaised(str(message))
-
-
-def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
-            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-
-def _strftime_now(fmt: str) -> str:
-    import datetime
-
-    return datetime.datetime.now().strftime(fmt)
-
-
-def _environment() -> Any:
-    from jinja2 import nodes
-    from jinja2.ext import Extension, loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    class Generation(Extension):
-        """``{% generation %}...{% endgeneration %}`` (marks assistant text for training masks in
-        HF templates): renders its body unchanged."""
-
-        tags = {"generation"}
-
-        def parse(self, parser: Any) -> Any:
-            lineno = next(parser.stream).lineno
-            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-            return nodes.Scope(body, lineno=lineno)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, Generation])
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
-    return env
-
-
-_ENV: Any = None
-
-
-def apply_chat_template(template: str, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
-                        **extra: Any) -> str:
-    """Render a chat ``template`` (jinja2, from a model file: run sandboxed) over ``messages``
-    (``[{"role": ..., "content": ...}, ...]``), as Hugging Face's ``apply_chat_template(...,
-    tokenize=False)`` does. ``extra`` (bos_token, eos_token, tools, ...) goes to the template.
-    ModelError for a broken template, InputError when the template rejects the messages."""
-    import jinja2
-
-    global _ENV
-    if not isinstance(template, str):
-        raise ModelError(f"chat template must be a string, got {type(template).__name__}")
-    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not all(
-            isinstance(m, Mapping) for m in messages):
-        raise InputError("chat messages must be a list of {'role': ..., 'content': ...} mappings")
-    if _ENV is None:
-        _ENV = _environment()
-    try:
-        compiled = _ENV.from_string(template)
-    except jinja2.TemplateSyntaxError as e:
-        raise ModelError(f"chat template has a syntax error (line {e.lineno}): {e.message}") from None
-    context = {"bos_token": "", "eos_token": "", **extra}
-    try:
-        return compiled.render(messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt,
-                               **context)
-    except _TemplateRaised as e:
-        raise InputError(f"chat template rejected the messages: {e}") from None
-    except jinja2.exceptions.SecurityError as e:
-        raise ModelError(f"chat template tried an unsafe operation: {e}") from None
-    except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise InputError(f"chat template failed on these messages: {first}") from None
+def config_token_ids(value: Any, where: str) -> tuple[int, ...]:
+    """Token ids from a Hugging Face config (``eos_token_id``: one id or a list of them): ints >= 0,
+    never a bool, a float (2.7 is not 2), a string or an object; ModelError naming ``where``."""
+    items = value if isinstance(value, list) else [value]
+    return tuple(dict.fromkeys(_token_id_value(i, where) for i in items))

@@ -49,10 +49,21 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
             raise ModelError(f"model {self.name!r}: unknown family {self.family!r}")
+        # sizes first: a 0 or negative count would divide by zero below, or pass the products
+        # checked below ((-4) * (-16) == 64), and 64.0 or "64" would fail far from here
+        for field in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size", "max_positions",
+                      "num_kv_heads", "head_dim"):
+            value = getattr(self, field)
+            least = 0 if field in ("num_kv_heads", "head_dim") else 1  # 0: derived below
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
+                raise ModelError(f"model {self.name!r}: {field} is {value!r:.40}, not an integer >= {least}")
         if self.num_kv_heads == 0:
             object.__setattr__(self, "num_kv_heads", self.num_heads)
         if self.head_dim == 0:
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
+        if self.head_dim == 0:
+            raise ModelError(f"model {self.name!r}: hidden size {self.hidden_size} is smaller than its "
+                             f"{self.num_heads} heads (no head_dim)")
         if self.num_heads % self.num_kv_heads:
             raise ModelError(f"model {self.name!r}: {self.num_heads} heads is not a multiple of "
                              f"{self.num_kv_heads} key/value heads")

@@ -10,7 +10,6 @@ then read the bytes ourselves. Models over 2 GB are never serialized: the checke
 
 from __future__ import annotations
 
-import errno
 import os
 import stat
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ from onnx import TensorProto, numpy_helper
 
 from fusec.dtypes import DType
 from fusec.errors import FusecError, ModelError
+from fusec.modelfiles import open_in_dir
 from fusec.shapes import check_size
 
 _PROTO_LIMIT = 2**31 - 1  # protobuf refuses to serialize a message this large
@@ -81,7 +81,7 @@ class LoadedModel:
     def _read_external(self, t: TensorProto, what: str) -> np.ndarray:
         # validated again right before reading: protobuf wrappers have no stable identity to
         # remember the first validation by, and the file may have changed since. The bytes come
-        # from the one descriptor that was checked (see _open_external), never from a new open.
+        # from the one descriptor that was checked (see fusec.modelfiles.open_in_dir), never from a new open.
         if self.base_dir is None:
             raise ModelError(f"{self.label}: tensor {what!r} stores its data externally; "
                              "import the model from its path so the data can be found")
@@ -161,37 +161,6 @@ def check_names(graph: onnx.GraphProto, label: str) -> None:
                 raise ModelError(f"{label}: {what} {shown!r} is not valid UTF-8")
 
 
-def _open_external(root: str, rel: list[str], where: str) -> tuple[int, os.stat_result]:
-    """Open ``root/rel...`` without following any symlink (``O_NOFOLLOW`` on every component,
-    each opened relative to its parent's descriptor) and check the descriptor: a regular file with
-    one link. The caller compares its device/inode with the path it validated."""
-    flags_dir = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
-    try:
-        for i, comp in enumerate(rel):
-            last = i == len(rel) - 1
-            flags = (os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)) if last else flags_dir
-            try:
-                nfd = os.open(comp, flags, dir_fd=fd)
-            except OSError as e:
-                if e.errno in (errno.ELOOP, errno.EMLINK) or (e.errno == errno.ENOTDIR and not last):
-                    raise ModelError(f"{where} is or passes through a symbolic link; external data must be "
-                                     "regular files inside the model's directory") from None
-                raise
-            os.close(fd)
-            fd = nfd
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ModelError(f"{where} is not a regular file")
-        if st.st_nlink != 1:
-            raise ModelError(f"{where} has {st.st_nlink} hard links; external data must be a file of its own "
-                             "(a hard link can point outside the model's directory)")
-        return fd, st
-    except BaseException:
-        os.close(fd)
-        raise
-
-
 def _validate_external(t: TensorProto, what: str, base_dir: str, label: str,
                        keep_open: bool = False) -> tuple[int, str, int, int | None, int]:
     """Check one external-data reference; returns (fd or -1, location, offset, length, file size).
@@ -229,7 +198,7 @@ def _validate_external(t: TensorProto, what: str, base_dir: str, label: str,
         raise ModelError(f"{where}: is a directory, not a file")
     rel = [p for p in parts if p not in ("", ".")]
     try:
-        fd, st = _open_external(root, rel, where)
+        fd, st = open_in_dir(root, rel, where)
     except FileNotFoundError:
         raise ModelError(f"{where}: file not found") from None
     except OSError as e:
