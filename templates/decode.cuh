@@ -9,6 +9,14 @@ __device__ __forceinline__ fc_u32x4 fc_ldg16(const void* p) {
   asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
   return r;
 }
+// 16-byte load of a weight streamed once per step: skips L1; volatile keeps it where it is written
+// (ahead of fc_pdl_wait(), so that it overlaps the previous kernel).
+__device__ __forceinline__ fc_u32x4 fc_ldw16(const void* p) {
+  fc_u32x4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
+}
 __device__ __forceinline__ fc_u32x4 fc_zero16() { fc_u32x4 r; r.x = r.y = r.z = r.w = 0u; return r; }
 __device__ __forceinline__ fc_u32 fc_word(const fc_u32x4& r, int i) { return i == 0 ? r.x : i == 1 ? r.y : i == 2 ? r.z : r.w; }
 

@@ -494,15 +494,3 @@ def test_gemm_broadcast_b_over_batch() -> None:
     out = poisoned((3, 50, 40), F16)
     run(S.GemmSpec(50, 40, 64, F16, batch=3, b_batch_stride=0), [dev(a), dev(b), out])
     check(host(out, F16), a.astype(np.float64) @ b.astype(np.float64), F16)
-
-
-@pytest.mark.parametrize("dt", FLOATS)
-@pytest.mark.parametrize("M,N,K", [(1, 3072, 1024), (5, 77, 36), (8, 1000, 1024), (1, 50, 7)])
-def test_gemv(dt: DType, M: int, N: int, K: int) -> None:
-    x, w = rand((M, K), dt), rand((N, K), dt)
-    bv, rv = rand((N,), dt), rand((M, N), dt)
-    out = poisoned((M, N), dt)
-    run(S.GemvSpec(M, N, K, dt, epilogue=S.Epilogue(bias=True, activation="silu", residual=True)),
-        [dev(x), dev(w), dev(bv), dev(rv), out])
-    ref = epilogue_ref(x.astype(np.float64) @ w.astype(np.float64).T, bv, "silu", rv, dt)
-    check(host(out, dt), ref, dt)

@@ -52,6 +52,9 @@ def _specs(dt: DType) -> list:
                         mask_strides=(45, 0, 0, 1)),
         S.GemmSpec(70, 90, 40, dt, batch=2, trans_b=True, epilogue=S.Epilogue(bias=True, activation="gelu", residual=True)),
         S.GemvSpec(3, 100, 64, dt, epilogue=S.Epilogue(bias=True, activation="silu")),
+        S.GemvSpec(13, 96, 1048, dt, norm=True, eps=1e-6, weight_offset=1.0, glu="silu",
+                   epilogue=S.Epilogue(bias=True, residual=True)),  # norm prologue + gated epilogue, K tail
+        S.GemvSpec(1, 1000, 64, dt, norm=True, argmax=True, max_blocks=16),  # LM head + greedy partials
         C.gather((10, 8), (2, 3), 0, dt, I64),
     ]
 
@@ -171,8 +174,12 @@ def test_spec_validation() -> None:
         S.AttentionSpec(1, 6, 4, 8, 8, 64, F16, 0.1)
     with pytest.raises(ValueError, match="head_dim"):
         S.AttentionSpec(1, 2, 2, 8, 8, 72, F16, 0.1)
-    with pytest.raises(ValueError):
-        S.GemvSpec(9, 8, 8, F16)
+    with pytest.raises(ValueError, match="M <= 16"):
+        S.GemvSpec(17, 8, 8, F16)
+    with pytest.raises(ValueError, match="multiple of 8"):
+        S.GemvSpec(1, 8, 12, F16)
+    with pytest.raises(ValueError, match="own activation"):
+        S.GemvSpec(1, 8, 16, F16, glu="silu", epilogue=S.Epilogue(activation="relu"))
     with pytest.raises(ValueError, match="activation"):
         S.Epilogue(activation="swish; x")
     with pytest.raises(ValueError, match="out_dtype"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fusec.codegen import specs as S
 from fusec.codegen.kernels import Rendered, builder, cdiv, kernel_name
-from fusec.codegen.render import Ident, ctype
+from fusec.codegen.render import Ident, ctype, float_lit
 from fusec.dtypes import DType
 
 _SMS = 132  # H100/H200 SXM; only steers the tile-size choice
@@ -48,13 +48,16 @@ def _gemm(spec: S.GemmSpec) -> Rendered:
 
 @builder(S.GemvSpec)
 def _gemv(spec: S.GemvSpec) -> Rendered:
-    vec = 16 // spec.dtype.itemsize
-    while spec.K % vec:
-        vec //= 2
+    nch = cdiv(spec.K, 64)  # 64-wide k chunks
+    warps = max(4, min(16, cdiv(nch, 4)))  # >= 4: the epilogue takes one thread per output of a tile
+    e = spec.epilogue
     ctx = {
-        "name": kernel_name("gemv", spec), "M": spec.M, "N": spec.N, "K": spec.K, "vec": vec,
-        "t": ctype(spec.dtype), "bias": spec.epilogue.bias, "act": Ident(spec.epilogue.activation),
-        "residual": spec.epilogue.residual, "round_x": _round_fn(spec.dtype),
+        "name": kernel_name("gemv", spec), "M": spec.M, "N": spec.N, "K": spec.K, "nout": spec.n_out,
+        "half": spec.N // 2, "warps": warps, "ch": cdiv(nch, warps), "nch": nch, "tiles": spec.tiles,
+        "t": ctype(spec.dtype), "tc": spec.dtype in S.HALFS, "bias": e.bias, "act": Ident(e.activation),
+        "residual": e.residual, "round_x": _round_fn(spec.dtype), "norm": spec.norm, "eps": float_lit(spec.eps),
+        "weight_offset": float_lit(spec.weight_offset), "glu": Ident(spec.glu) if spec.glu else None,
+        "glu_swap": spec.glu_swap, "argmax": spec.argmax, "group": 4 if spec.glu else 8,
     }
-    return Rendered("gemv.cu.jinja", ctx, (cdiv(spec.N, 4), 1, 1), (128, 1, 1),
-                    ("x", "W") + _epi_params(spec.epilogue) + ("C",))
+    params = ("x", "W") + (("g",) if spec.norm else ()) + _epi_params(e) + ("C",) + (("part",) if spec.argmax else ())
+    return Rendered("gemv.cu.jinja", ctx, (spec.grid, 1, 1), (32 * warps, 1, 1), params)

@@ -336,21 +336,67 @@ class GemmSpec:
         return self.K * self.N if self.b_batch_stride < 0 else self.b_batch_stride
 
 
+GLU_ACTS = ("silu", "gelu", "gelu_tanh", "relu")
+GEMV_MAX_M = 16
+
+
 @dataclasses.dataclass(frozen=True)
 class GemvSpec:
-    """Skinny product for M <= 8: C[M, N] = epilogue(x[M, K] @ W^T), W stored [N, K] (k contiguous,
-    the layout decode wants: weights are transposed once at load). Params: x, W, [bias], [residual], C."""
+    """Skinny product for M <= 16 (decode): C[M, Nout] = epilogue(xn[M, K] @ W^T), W stored [N, K]
+    (k contiguous: the layout decode reads). fp16/bf16 run on tensor cores, fp32 on FMA.
+
+    ``norm``: xn is x RMS-normalized over K as ``Op.RMSNORM`` computes it (weight ``g`` [K], ``eps``,
+    ``weight_offset``; rounded to the storage dtype as the unfused node stores it); else xn = x.
+    ``glu``: a gated unit over the two halves of the product (F = N / 2 weight rows each):
+    C[m, j] = glu(y[m, j]) * y[m, F + j] (``glu_swap``: the second half is activated), Nout = F;
+    the epilogue's bias covers all N rows, its activation must be "none". ``argmax``: the kernel also
+    writes each block's (largest stored output, its column) per row to ``part`` (``part_floats``
+    fp32 words: [M][grid][value, index bits]), what greedy sampling reduces instead of reading C.
+    ``max_blocks`` caps the grid (blocks then loop over tiles of 8 weight rows); 0: one block per tile.
+    Params: x, W, [g], [bias], [residual], C, [part]."""
 
     M: int
     N: int
     K: int
     dtype: DType
     epilogue: Epilogue = Epilogue()
+    norm: bool = False
+    eps: float = 1e-6
+    weight_offset: float = 0.0
+    glu: str = ""
+    glu_swap: bool = False
+    argmax: bool = False
+    max_blocks: int = 0
 
     def __post_init__(self) -> None:
         _pos(("M", self.M), ("N", self.N), ("K", self.K))
-        _req(self.M <= 8, "gemv handles M <= 8")
+        _req(self.M <= GEMV_MAX_M, f"gemv handles M <= {GEMV_MAX_M}")
         _req(self.dtype in FLOATS, "gemv is float")
+        _req(self.K % (16 // self.dtype.itemsize) == 0, "gemv reads 16-byte slices of each weight row: K must be "
+             f"a multiple of {16 // self.dtype.itemsize} for {self.dtype.value}")
+        _req(math.isfinite(self.eps) and self.eps >= 0 and math.isfinite(self.weight_offset),
+             "gemv norm: eps must be finite and >= 0, weight_offset finite")
+        _req(self.glu in ("",) + GLU_ACTS, f"gemv glu must be one of {GLU_ACTS} or empty")
+        if self.glu:
+            _req(self.N % 2 == 0, "a gated gemv needs an even number of weight rows")
+            _req(self.epilogue.activation == "none", "a gated gemv applies its own activation")
+        _ints((self.max_blocks,), "max_blocks", 0)
+
+    @property
+    def n_out(self) -> int:
+        return self.N // 2 if self.glu else self.N
+
+    @property
+    def tiles(self) -> int:
+        return -(-self.n_out // 4) if self.glu else -(-self.N // 8)
+
+    @property
+    def grid(self) -> int:
+        return min(self.tiles, self.max_blocks) if self.max_blocks else self.tiles
+
+    @property
+    def part_floats(self) -> int:
+        return self.M * self.grid * 2 if self.argmax else 0
 
 
 # ---- decode step: KV cache write, attention over a KV cache, sampling (fusec.codegen.build_decode) ----

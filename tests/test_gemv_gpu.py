@@ -1,0 +1,110 @@
+"""The skinny-product kernel (``GemvSpec``: decode's matrix products, M <= 16) against float64
+numpy on the GPU (skipped without one): plain, with the RMSNorm prologue, the gated (SwiGLU)
+epilogue and the greedy argmax partials, at odd sizes (K with a partial last chunk, N not a
+multiple of the 8-row tile, every M from 1 to 16), with the grid capped (blocks loop over tiles).
+Outputs are poisoned first; tolerances as in test_kernels_gpu."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fusec.codegen import specs as S
+from fusec.dtypes import DType
+
+from test_kernels_gpu import BF16, F16, F32, FLOATS, check, dev, epilogue_ref, host, poisoned, rand, run
+
+pytestmark = pytest.mark.gpu
+
+
+def _rd(a: np.ndarray, dt: DType) -> np.ndarray:
+    return a.astype(np.float32).astype(dt.np).astype(np.float64)
+
+
+def norm_ref(x: np.ndarray, g: np.ndarray, eps: float, off: float, dt: DType) -> np.ndarray:
+    """RMSNORM as the kernels compute it: x * (1 / sqrt(mean(x^2) + eps)) rounded, times (g + off) rounded."""
+    xf = x.astype(np.float32)
+    inv = np.float32(1.0) / np.sqrt(np.mean(xf * xf, axis=-1, keepdims=True) + np.float32(eps))
+    n = (xf * inv).astype(dt.np).astype(np.float32)
+    return ((g.astype(np.float32) + np.float32(off)) * n).astype(dt.np).astype(np.float64)
+
+
+def _gemv(dt: DType, M: int, N: int, K: int, **kw: object):  # noqa: ANN202
+    spec = S.GemvSpec(M, N, K, dt, **kw)  # type: ignore[arg-type]
+    e = spec.epilogue
+    x, w = rand((M, K), dt), rand((N, K), dt, -0.2, 0.2)
+    g = rand((K,), dt) if spec.norm else None
+    bv = rand((N,), dt) if e.bias else None
+    rv = rand((M, spec.n_out), dt) if e.residual else None
+    out = poisoned((M, spec.n_out), dt)
+    part = None
+    args = [dev(x), dev(w)] + ([dev(g)] if g is not None else []) + ([dev(bv)] if bv is not None else []) \
+        + ([dev(rv)] if rv is not None else []) + [out]
+    if spec.argmax:
+        import cupy as cp
+
+        part = cp.full((spec.part_floats,), np.nan, dtype=np.float32)
+        args.append(part)
+    run(spec, args)
+    xn = norm_ref(x, g, spec.eps, spec.weight_offset, dt) if g is not None else x.astype(np.float64)
+    acc = xn @ w.astype(np.float64).T
+    if spec.glu:
+        F = N // 2
+        first, second = _rd(acc[:, :F], dt), _rd(acc[:, F:], dt)
+        if bv is not None:
+            first, second = _rd(first + bv[:F].astype(np.float64), dt), _rd(second + bv[F:].astype(np.float64), dt)
+        if spec.glu_swap:
+            first, second = second, first
+        gated = epilogue_ref(first, None, spec.glu, None, dt)  # activation, rounded
+        ref = _rd(gated * second, dt)
+        if rv is not None:
+            ref = ref + rv.astype(np.float64)
+    else:
+        ref = epilogue_ref(acc, bv, e.activation, rv, dt)
+    got = host(out, dt)
+    check(got, ref, dt)
+    return spec, got, part
+
+
+@pytest.mark.parametrize("dt", FLOATS)
+@pytest.mark.parametrize("M,N,K", [(1, 4096, 1024), (1, 1000, 3072), (8, 6144, 1024), (16, 1024, 2048),
+                                   (3, 77, 72), (5, 13, 8), (11, 300, 1096)])
+def test_gemv_plain_and_epilogue(dt: DType, M: int, N: int, K: int) -> None:
+    if dt == F32 and K % 4:
+        pytest.skip("fp32 rows are read 4 at a time")
+    _gemv(dt, M, N, K)
+    _gemv(dt, M, N, K, epilogue=S.Epilogue(bias=True, activation="silu", residual=True))
+
+
+@pytest.mark.parametrize("dt", FLOATS)
+@pytest.mark.parametrize("M", list(range(1, 17)))
+def test_gemv_every_m_with_norm(dt: DType, M: int) -> None:
+    _gemv(dt, M, 136, 520, norm=True, eps=1e-6, weight_offset=1.0 if M % 2 else 0.0)
+
+
+@pytest.mark.parametrize("dt", FLOATS)
+@pytest.mark.parametrize("M,F,K,swap,act", [(1, 3072, 1024, False, "silu"), (8, 3072, 1024, False, "silu"),
+                                            (3, 37, 264, True, "gelu_tanh"), (16, 100, 128, False, "gelu")])
+def test_gemv_norm_and_gated_epilogue(dt: DType, M: int, F: int, K: int, swap: bool, act: str) -> None:
+    _gemv(dt, M, 2 * F, K, norm=True, eps=1e-5, glu=act, glu_swap=swap,
+          epilogue=S.Epilogue(bias=M == 3, residual=M == 16))
+
+
+@pytest.mark.parametrize("dt", [BF16, F16, F32])
+@pytest.mark.parametrize("M,N,K,cap", [(1, 151936, 1024, 1024), (8, 49152, 576, 512), (4, 1001, 64, 0), (2, 333, 40, 7)])
+def test_gemv_argmax_partials(dt: DType, M: int, N: int, K: int, cap: int) -> None:
+    spec, got, part = _gemv(dt, M, N, K, norm=True, argmax=True, max_blocks=cap)
+    p = part.get().reshape(M, spec.grid, 2)
+    assert not np.isnan(p[..., 0]).any(), "a block wrote no partial"
+    idx = p[..., 1].view(np.int32)
+    for m in range(M):
+        best = max(range(spec.grid), key=lambda b: (p[m, b, 0], -idx[m, b]))
+        assert idx[m, best] == int(np.argmax(got[m].astype(np.float32))), f"row {m}"
+        assert p[m, best, 0] == got[m].astype(np.float32).max()
+
+
+def test_gemv_capped_grid_loops_over_tiles() -> None:
+    for cap in (1, 3, 64):
+        spec, *_ = _gemv(BF16, 2, 1000, 256, max_blocks=cap, epilogue=S.Epilogue(residual=True))
+        assert spec.grid == cap
+    _gemv(F16, 1, 998, 2048, glu="silu", max_blocks=5)
