@@ -353,6 +353,9 @@ def _entry(c: FieldCheck, e: Mapping[str, Any], kernels: list[Any], limits: Mapp
             if block[0] * block[1] * block[2] > MAX_THREADS:
                 raise c.fail(f"{f}.block", f"{block} has more than {MAX_THREADS} threads")
             c.int(L.get("smem", 0), f"{f}.smem", 0, MAX_SMEM)
+            if not isinstance(L.get("pdl", False), bool):
+                raise c.fail(f"{f}.pdl", f"must be true or false, got {_kind(L['pdl'])}")
+            _regions(c, L, limits, f)
             if "label" in L:
                 c.str(L["label"], f"{f}.label")
             for j, a in enumerate(c.arr(L["args"], f"{f}.args", 4096)):
@@ -378,6 +381,7 @@ def _entry(c: FieldCheck, e: Mapping[str, Any], kernels: list[Any], limits: Mapp
         elif L.get("type") == "gemm":
             L = c.obj(L, f, GEMM_KEYS, tuple(k for k in GEMM_KEYS if k not in GEMM_OPTIONAL))
             _gemm(c, L, limits, f)
+            _regions(c, L, limits, f)
         else:
             raise c.fail(f"{f}.type", f"unknown launch type {_shown(L.get('type'))}")
 
@@ -428,3 +432,16 @@ def _gemm_epilogue(c: FieldCheck, L: Mapping[str, Any], limits: Mapping[str, int
             if len(op) != 2 or not isinstance(op[0], str):
                 raise c.fail(f"{f}.{x}", "an operand is [space, offset]")
             c.span(op[0], c.int(op[1], f"{f}.{x}"), nbytes, limits, f"{f}.{x}")
+
+
+def _regions(c: Any, L: Mapping[str, Any], limits: Any, f: str) -> None:
+    """A launch's read/write regions (fusec.program): [space, offset, nbytes], each starting inside
+    its space (an extent may run past it: a raw scratch address of unknown size)."""
+    for key in ("reads", "writes"):
+        for j, r in enumerate(c.arr(L.get(key, []), f"{f}.{key}", 4096)):
+            fr = f"{f}.{key}[{j}]"
+            r = c.arr(r, fr, 3)
+            if len(r) != 3 or not isinstance(r[0], str):
+                raise c.fail(fr, "a region is [space, offset, nbytes]")
+            c.span(r[0], c.int(r[1], fr), 1, limits, fr)
+            c.int(r[2], fr, 1, 2**41)

@@ -43,10 +43,12 @@ MODULE_KEYS = {"id", "cubin", "source", "entry", "template"}
 KERNEL_KEYS = {"module", "entry", "smem"}
 SIG_KEYS = {"name", "shape", "dtype", "offset", "bound"}
 ENTRY_KEYS = {"inputs", "outputs", "launches", "arena_bytes"}
-KERNEL_LAUNCH_KEYS = {"type", "kernel", "grid", "block", "smem", "args", "label"}
+KERNEL_LAUNCH_KEYS = {"type", "kernel", "grid", "block", "smem", "args", "label", "reads", "writes", "pdl"}
 GEMM_KEYS = {"type", "m", "n", "k", "batch", "lda", "ldb", "ldc", "stride_a", "stride_b", "stride_c", "trans_a",
-             "trans_b", "dtype", "compute", "a", "b", "c", "label", "alpha", "beta", "epilogue", "bias", "c_in"}
-GEMM_OPTIONAL = ("label", "alpha", "beta", "epilogue", "bias", "c_in")  # the last three: cuBLASLt epilogues
+             "trans_b", "dtype", "compute", "a", "b", "c", "label", "alpha", "beta", "epilogue", "bias", "c_in",
+             "reads", "writes"}
+# bias, c_in: cuBLASLt epilogues; reads/writes: the program's regions (fusec.program)
+GEMM_OPTIONAL = ("label", "alpha", "beta", "epilogue", "bias", "c_in", "reads", "writes")
 GEMM_DTYPES = {"f32": 4, "f16": 2, "bf16": 2}
 GEMM_COMPUTE = ("f32", "tf32")
 # a generation plan (fusec.genmodel.compile_generation; read by fusec.runtime.generation, fusec generate,

@@ -27,9 +27,11 @@ from fusec.errors import FusecError
 # The pip requirements of each CUDA major's extra, by the piece they bring.
 PACKAGES: dict[int, dict[str, str]] = {
     12: {"cupy": "cupy-cuda12x>=13", "nvrtc": "nvidia-cuda-nvrtc-cu12>=12,<13",
-         "cublas": "nvidia-cublas-cu12>=12,<13", "pathfinder": "cuda-pathfinder>=1.2"},
+         "cublas": "nvidia-cublas-cu12>=12,<13", "pathfinder": "cuda-pathfinder>=1.2",
+         "bindings": "cuda-bindings>=12.4,<13"},
     13: {"cupy": "cupy-cuda13x>=13", "nvrtc": "nvidia-cuda-nvrtc>=13,<14",
-         "cublas": "nvidia-cublas>=13,<14", "pathfinder": "cuda-pathfinder>=1.2"},
+         "cublas": "nvidia-cublas>=13,<14", "pathfinder": "cuda-pathfinder>=1.2",
+         "bindings": "cuda-bindings>=13,<14"},
 }
 
 

@@ -30,7 +30,7 @@ def _extras() -> dict[str, list[str]]:
 def test_each_cuda_extra_brings_cupy_nvrtc_cublas_and_pathfinder(major, nvrtc, cublas) -> None:
     # the PyPI names (checked with `pip download --no-deps`): cuBLAS 13 ships libcublas and libcublasLt
     names = {r.split(">")[0].split("=")[0].split("<")[0] for r in _extras()[f"cuda{major}"]}
-    assert names == {f"cupy-cuda{major}x", nvrtc, cublas, "cuda-pathfinder"}
+    assert names == {f"cupy-cuda{major}x", nvrtc, cublas, "cuda-pathfinder", "cuda-bindings"}
     # doctor's fix commands name exactly the extra's requirements
     assert sorted(_extras()[f"cuda{major}"]) == sorted(toolchain.PACKAGES[major].values())
 

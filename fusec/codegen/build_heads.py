@@ -69,7 +69,7 @@ def _render(spec: S.HeadRopeSpec | HeadRopeGroupSpec) -> Rendered:
                       "cache_len": p.cache_len, "dual": i in copies} for i, (p, r) in enumerate(zip(parts, rows))]}
     params = tuple(n for i, p in enumerate(parts) for n in (f"x{i}",) + ((f"w{i}",) if p.norm else ())) \
         + ("cos", "sin") + (("pos",) if caches and fixed < 0 else ()) + tuple(f"out{i}" for i in range(len(parts))) \
-        + tuple(f"res{i}" for i in copies)
+        + tuple(f"dual{i}" for i in copies)
     return Rendered("head_rope.cu.jinja", ctx, (cdiv(sum(rows), _WARPS), 1, 1), (32 * _WARPS, 1, 1), params)
 
 

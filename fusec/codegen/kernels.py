@@ -30,6 +30,7 @@ class CompiledKernel:
     block: tuple[int, int, int]
     shared_mem: int  # dynamic bytes
     params: tuple[str, ...]  # pointer parameters, in launch order
+    pdl: bool = False  # waits for the kernel before it in-kernel (fc_pdl_wait): may be launched overlapping it
 
     @property
     def cubin(self) -> bytes:
@@ -44,6 +45,23 @@ def kernel_name(kind: str, spec: Any) -> Ident:
 def idx_type(*extents: int) -> CType:
     """32-bit index math where every offset fits (cheaper), else 64-bit."""
     return ctype(DType.I32 if max(extents, default=0) <= _INT32_MAX else DType.I64)
+
+
+# Output parameters are named so (every builder follows it): what a launch writes, for the program's
+# read/write regions (fusec.program).
+_WRITTEN = ("out", "C", "part", "sum_out", "dst", "dual")
+
+
+def written(params: Sequence[str]) -> tuple[int, ...]:
+    """Indices of the parameters a kernel writes (out*, C, part, sum_out, dst, dual*)."""
+    return tuple(i for i, p in enumerate(params) if p in _WRITTEN or p.startswith(("out", "dual")))
+
+
+def waits_in_kernel(source: str) -> bool:
+    """Whether the kernel itself (after its pasted helper headers) calls fc_pdl_wait(): only such a
+    kernel may be launched overlapping the one before it."""
+    body = source.rsplit("// ---- end ", 1)[-1]
+    return "fc_pdl_wait();" in body
 
 
 def cdiv(a: int, b: int) -> int:
@@ -98,11 +116,12 @@ class PendingKernel:
     block: tuple[int, int, int]
     shared_mem: int
     params: tuple[str, ...]
+    pdl: bool = False
 
     def result(self) -> CompiledKernel:
         """Waits for the compile; raises its KernelCompileError."""
         return CompiledKernel(self.name, self.template, self.source, self.future.result(), self.grid, self.block,
-                              self.shared_mem, self.params)
+                              self.shared_mem, self.params, self.pdl)
 
 
 def build_async(spec: Any, arch: str | None = None) -> PendingKernel:
@@ -111,7 +130,8 @@ def build_async(spec: Any, arch: str | None = None) -> PendingKernel:
     r, source = prepare(spec)
     name = str(r.ctx["name"])
     future = compile_cuda_async(source, name, arch)
-    return PendingKernel(name, r.template, source, future, r.grid, r.block, r.shared_mem, r.params)
+    return PendingKernel(name, r.template, source, future, r.grid, r.block, r.shared_mem, r.params,
+                         waits_in_kernel(source))
 
 
 def _load_builders() -> None:

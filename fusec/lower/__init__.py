@@ -21,17 +21,26 @@ import numpy as np
 
 from fusec.errors import FusecError
 from fusec.ir import Graph, Node, Value
+from fusec.program import Region, Task
 
 Addr = tuple[str, int]  # ("arena" | "weights", byte offset)
 _ALIGN = 256
+_UNKNOWN_EXTENT = 1 << 40  # a raw address of unknown size: everything after it in its space
+
+
+def _pdl_arch(arch: str) -> bool:
+    """Programmatic dependent launch needs sm_90+ (griddepcontrol)."""
+    return arch.startswith("sm_") and arch[3:5].isdigit() and int(arch[3:].rstrip("abcdefghijklmnopqrstuvwxyz")) >= 90
 
 
 @dataclasses.dataclass(frozen=True)
 class Raw:
-    """A raw address (space, byte offset), e.g. in the scratch tail of the arena."""
+    """A raw address (space, byte offset), e.g. in the scratch tail of the arena; ``nbytes`` its
+    extent (0: unknown, taken as everything after it in its space by the program's dependencies)."""
 
     space: str
     offset: int
+    nbytes: int = 0
 
 
 class LoweringError(FusecError):
@@ -40,7 +49,7 @@ class LoweringError(FusecError):
 
 @dataclasses.dataclass
 class Lowered:
-    launches: list[dict[str, Any]]
+    launches: list[dict[str, Any]]  # the program's tasks as launch records (fusec.program.Task.to_json)
     kernels: list[dict[str, Any]]
     modules: list[dict[str, Any]]
     blobs: dict[str, bytes]
@@ -109,7 +118,7 @@ class Context:
         self.state = dict(state or {})  # value name -> byte offset in the plan's state region
         self.compute = compute  # "f32" or "tf32": math mode of fp32 matrix products
         self.weights = WeightPacker()
-        self.launches: list[dict[str, Any]] = []
+        self.tasks: list[Task] = []
         self.kernels: list[dict[str, Any]] = []
         self.modules: list[dict[str, Any]] = []
         self.blobs: dict[str, bytes] = {}
@@ -118,6 +127,7 @@ class Context:
         self.pending: list[tuple[str, Any]] = []  # (blob name, PendingKernel) still compiling
         self.counts: dict[str, int] = {}
         self.launch_bytes: list[int] = []  # per launch: bytes of the distinct values it reads/writes
+        self.node = ""  # the node being lowered (its tasks name it)
 
     def finish_kernels(self) -> None:
         """Wait for the kernels still compiling and store their cubins (raises the first failure)."""
@@ -143,7 +153,28 @@ class Context:
     def scratch(self, nbytes: int) -> Raw:
         """Temporary space for the node being lowered (valid until the next node's launches)."""
         self.scratch_bytes = max(self.scratch_bytes, -(-nbytes // _ALIGN) * _ALIGN)
-        return Raw("arena", self.arena_base)
+        return Raw("arena", self.arena_base, nbytes)
+
+    @property
+    def launches(self) -> list[dict[str, Any]]:
+        return [t.record for t in self.tasks]
+
+    def region(self, arg: Value | tuple[Value, int] | Raw) -> Region:
+        """The bytes an argument may touch: a value's whole extent (from an element offset into it),
+        or a raw address's (its known size, else everything after it in its space)."""
+        if isinstance(arg, Raw):
+            return Region(arg.space, arg.offset, arg.nbytes or _UNKNOWN_EXTENT)
+        v, elems = arg if isinstance(arg, tuple) else (arg, 0)
+        space, off = self.addr(v)
+        start = elems * v.dtype.itemsize
+        return Region(space, off + start, max(int(v.nbytes) - start, 1))
+
+    def emit(self, record: dict[str, Any], reads: list[Any], writes: list[Any], pdl: bool = False) -> None:
+        """Append one task (a launch record and the arguments it reads and writes)."""
+        # PDL only where the task before is a fusec kernel too (a cuBLAS call or nothing: plain order)
+        pdl = pdl and _pdl_arch(self.arch) and bool(self.tasks) and self.tasks[-1].record.get("type") == "kernel"
+        self.tasks.append(Task(record, tuple(self.region(a) for a in reads), tuple(self.region(a) for a in writes),
+                               self.node, pdl))
 
     def ptr(self, arg: Value | tuple[Value, int] | Raw) -> list[Any]:
         """A launch argument: a value's address, (value, element offset) into it, or a raw address."""
@@ -155,10 +186,10 @@ class Context:
 
     def kernel(self, spec: Any, args: list[Value | tuple[Value, int] | Raw], label: str) -> None:
         """Compile ``spec`` (once per distinct kernel) and append its launch over ``args``."""
-        from fusec.codegen.kernels import build_async
+        from fusec.codegen.kernels import build_async, written
 
         if self.dry_run:
-            self.launches.append({"type": "kernel", "label": label})
+            self.emit({"type": "kernel", "label": label}, list(args), [])
             self.launch_bytes.append(_value_bytes(args))
             self.count(type(spec).__name__)
             return
@@ -182,14 +213,17 @@ class Context:
             abandon([ck.future])
         if len(args) != len(ck.params):
             raise LoweringError(f"{label}: kernel {ck.name} takes {len(ck.params)} pointers, lowering gave {len(args)}")
-        self.launches.append({"type": "kernel", "kernel": idx, "grid": list(ck.grid), "block": list(ck.block),
-                              "smem": ck.shared_mem, "args": [self.ptr(a) for a in args], "label": label})
+        out = set(written(ck.params))
+        self.emit({"type": "kernel", "kernel": idx, "grid": list(ck.grid), "block": list(ck.block),
+                   "smem": ck.shared_mem, "args": [self.ptr(a) for a in args], "label": label},
+                  [a for i, a in enumerate(args) if i not in out], [a for i, a in enumerate(args) if i in out], ck.pdl)
         self.launch_bytes.append(_value_bytes(args))
         self.count(ck.template.split(".")[0])
 
-    def gemm(self, fields: dict[str, Any], a: Value, b: Value, c: Value | Raw, label: str) -> None:
-        self.launches.append({"type": "gemm", **fields, "a": list(self.addr(a)), "b": list(self.addr(b)),
-                              "c": self.ptr(c)[1:], "label": label})
+    def gemm(self, fields: dict[str, Any], a: Value, b: Value, c: Value | tuple[Value, int] | Raw, label: str,
+             extra_reads: tuple[Value | Raw, ...] = ()) -> None:
+        self.emit({"type": "gemm", **fields, "a": list(self.addr(a)), "b": list(self.addr(b)),
+                   "c": self.ptr(c)[1:], "label": label}, [a, b, *extra_reads], [c])
         self.launch_bytes.append(_value_bytes([a, b, c]))  # the bench adds a cuBLASLt bias/residual
         self.count("cublas_gemm")
 
@@ -218,10 +252,12 @@ def lower(graph: Graph, offsets: dict[str, int], arch: str, compute: str = "f32"
     ctx.choices, ctx.choices_applied, ctx.choices_declined = dict(choices or {}), {}, {}
     try:
         for i, node in enumerate(graph.nodes):
+            ctx.node = node.name
             if not _gpu_ready(ctx, node, _label(i, node)):
                 continue
             if not lower_choice(ctx, node, _label(i, node)):  # explicit choices, else the rule-based defaults
                 lower_node(ctx, node, label=_label(i, node))
+        ctx.node = ""
         _write_back_state(ctx, graph)
         weights = ctx.weights.blob()  # packed while the kernels compile
         if weights:
@@ -232,12 +268,13 @@ def lower(graph: Graph, offsets: dict[str, int], arch: str, compute: str = "f32"
 
         abandon([pk.future for _, pk in ctx.pending])
         raise
-    report = {"launches": len(ctx.launches), "kernels_compiled": len(ctx.kernels), "by_template": dict(sorted(ctx.counts.items()))}
+    launches = [t.to_json() for t in ctx.tasks]
+    report = {"launches": len(launches), "kernels_compiled": len(ctx.kernels), "by_template": dict(sorted(ctx.counts.items()))}
     report["scratch_bytes"] = ctx.scratch_bytes
     report["launch_bytes"] = ctx.launch_bytes  # minimum bytes per launch (fusec bench --per-kernel)
     if ctx.choices:
         report["choices"] = {"applied": ctx.choices_applied, "declined": ctx.choices_declined}
-    return Lowered(ctx.launches, ctx.kernels, ctx.modules, ctx.blobs, ctx.weights.size, ctx.scratch_bytes, report,
+    return Lowered(launches, ctx.kernels, ctx.modules, ctx.blobs, ctx.weights.size, ctx.scratch_bytes, report,
                    ctx.weights)
 
 
@@ -249,7 +286,8 @@ def _write_back_state(ctx: Context, graph: Graph) -> None:
         if dst is src or ctx.addr(dst) == ctx.addr(src):
             continue
         n = dst.numel
-        ctx.kernel(CopySpec(dst.dtype, (n,), (1,), (1,)), [dst, Raw(*ctx.addr(src))], f"state {src.name!r} <- update")
+        ctx.kernel(CopySpec(dst.dtype, (n,), (1,), (1,)), [dst, Raw(*ctx.addr(src), src.nbytes)],
+                   f"state {src.name!r} <- update")
 
 
 def _gpu_ready(ctx: Context, node: Node, label: str) -> bool:

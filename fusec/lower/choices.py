@@ -149,7 +149,8 @@ def choice_point(node: Node) -> ChoicePoint | None:
         e = S.Epilogue(bias=bias is not None, activation=act, residual=res is not None)
         m, n, k = mkn
         const = _outer(node, mm.inputs[1]).is_const
-        variants = (DEFAULT, "fusec_gemm") + (("gemv",) if m <= 8 and const else ()) + _layout_variant(tb, const)
+        variants = (DEFAULT, "fusec_gemm") + (("gemv",) if _gemv_fits(m, k, mm.inputs[0]) and const else ()) \
+            + _layout_variant(tb, const)
         if gemm_lt.applies(e, mm.inputs[0].dtype, n, k):  # the epilogue inside cuBLASLt (fusec.lower.gemm_lt)
             variants += (gemm_lt.VARIANT,)
         prec = getattr(mm.attrs, "precision", "f32")
@@ -162,11 +163,16 @@ def choice_point(node: Node) -> ChoicePoint | None:
         if mkn is None or not b.is_const:
             return None
         m, n, k = mkn
-        variants = (DEFAULT,) + (("gemv",) if m <= 8 else ()) + _layout_variant(tb, True)
+        variants = (DEFAULT,) + (("gemv",) if _gemv_fits(m, k, a) else ()) + _layout_variant(tb, True)
         prec = getattr(node.attrs, "precision", "f32")
         return ChoicePoint(f"matmul:{a.dtype.value}:{m}x{n}x{k}{_prec_key(prec)}", variants, a, b, None, None,
                            S.Epilogue(), m, n, k, tb, True, prec)
     return None
+
+
+def _gemv_fits(m: int, k: int, a: Value) -> bool:
+    """GemvSpec's limits: at most 16 rows, weight rows read in 16-byte slices."""
+    return m <= S.GEMV_MAX_M and k % (16 // a.dtype.itemsize) == 0
 
 
 def choose(choices: dict[str, str], cp: ChoicePoint) -> str:

@@ -114,7 +114,7 @@ def _matmul(ctx: Context, node: Node, label: str) -> None:
               "stride_a": plan.strides[0], "stride_b": plan.strides[1], "stride_c": plan.strides[2],
               "trans_a": False, "trans_b": trans_b, "dtype": a.dtype.value, "compute": compute}
     for oa, ob, oc in plan.calls:
-        ctx.gemm(fields, a, b, (out, oc), label)
+        ctx.gemm(fields, a, b, (out, oc), label, extra_reads=tuple(x for x in ops if isinstance(x, Raw)))
         if oa or ob or grown:  # Context.gemm addresses whole values: point A/B at the call's product
             ctx.launches[-1]["a"] = ctx.ptr(_at(ops[0], oa, a.dtype))[1:]
             ctx.launches[-1]["b"] = ctx.ptr(_at(ops[1], ob, b.dtype))[1:]

@@ -109,6 +109,10 @@ class Executor:
             fn = self._functions[int(L["kernel"])]
             args = tuple(np.uint64(self._addr(a[1], a[2])) if a[0] == "ptr" else _SCALAR[a[0]](a[1]) for a in L["args"])
             grid, block, smem = tuple(L["grid"]), tuple(L["block"]), int(L.get("smem", 0))
+            if L.get("pdl") and self.device.pdl:  # overlaps the kernel before it (fusec.runtime.pdl)
+                from fusec.runtime.pdl import PdlLaunch
+
+                return PdlLaunch(fn.ptr, grid, block, smem, args)
 
             def launch(stream: Any) -> None:
                 fn(grid, block, args, shared_mem=smem, stream=stream)
@@ -356,11 +360,3 @@ def measured(counters: Any) -> dict[str, Any]:
     res = dict(counters.result())
     res.pop("source", None)
     return {"counters": "cupti", **res}
-
-    @property
-    def input_signature(self) -> list[dict[str, Any]]:
-        return [dict(d) for d in self.entry["inputs"]]
-
-    @property
-    def output_signature(self) -> list[dict[str, Any]]:
-        return [dict(d) for d in self.entry["outputs"]]

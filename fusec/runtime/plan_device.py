@@ -51,6 +51,12 @@ class Device:
                 # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
                 cupy.cuda.driver.funcSetAttribute(fn.ptr, 8, int(k["smem"]))
             self.functions.append(fn)
+        # programmatic dependent launch: launch records that allow it overlap the kernel before them,
+        # unless FUSEC_PDL=0 or cuda-bindings is missing (then every launch is plain: same results)
+        from fusec import knobs
+        from fusec.runtime import pdl
+
+        self.pdl = bool(knobs.get("FUSEC_PDL")) and pdl.available()
         gemms = any(L["type"] == "gemm" for e in entries(self.manifest).values() for L in e["launches"])
         self.handle = Handle() if gemms else None
         from fusec.runtime.counters import DriverCounters

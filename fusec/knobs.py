@@ -1,0 +1,87 @@
+"""Every ``FUSEC_*`` environment knob, declared once and read when used (never cached at import,
+so a test or a caller that sets one later is obeyed).
+
+A knob is a name, a kind and a default; ``get(NAME)`` parses it and names the variable in a
+one-line ``InputError`` when its text is not of its kind. ``fusec --help`` and the README list
+them from ``KNOBS``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+from fusec.errors import InputError
+
+_TRUE = ("1", "on", "true", "yes")
+_FALSE = ("0", "off", "false", "no", "")
+
+
+@dataclasses.dataclass(frozen=True)
+class Knob:
+    name: str
+    kind: str  # "bool", "int", "float", "path", "choice"
+    default: Any
+    help: str
+    choices: tuple[str, ...] = ()
+
+
+KNOBS: dict[str, Knob] = {k.name: k for k in (
+    Knob("FUSEC_CACHE_DIR", "path", None, "kernel cache directory (default ~/.cache/fusec); must be private"),
+    Knob("FUSEC_COMPILE_THREADS", "int", 0, "NVRTC compile threads (0: one per core, at most 8)"),
+    Knob("FUSEC_BULK_THREADS", "int", 0, "threads converting weights on the host (0: automatic)"),
+    Knob("FUSEC_DEBUG", "bool", False, "print tracebacks with errors"),
+    Knob("FUSEC_DUMP_SOURCE_ON_ERROR", "bool", False, "print a kernel's numbered source when NVRTC rejects it"),
+    Knob("FUSEC_MAX_ELEMENTS", "float", None, "largest tensor (elements) a model or input may declare"),
+    Knob("FUSEC_MAX_BYTES", "float", None, "largest tensor (bytes) a model or input may declare"),
+    Knob("FUSEC_NVTX", "bool", False, "NVTX ranges around each launch (Nsight Systems)"),
+    Knob("FUSEC_CUPTI", "bool", True, "allow fusec's driver counters (CUPTI) when stats are asked for"),
+    Knob("FUSEC_CUPTI_MODE", "choice", "always", "which CUPTI activity kinds stay on", ("always", "lazy")),
+    Knob("FUSEC_LT_PICK", "bool", False, "time cuBLASLt's candidate algorithms when a plan is compiled on a GPU"),
+    Knob("FUSEC_PDL", "bool", True, "launch kernels that allow it with programmatic dependent launch (sm_90+)"),
+)}
+
+
+def raw(name: str) -> str | None:
+    """The variable's text, or None when unset (``name`` must be a declared knob)."""
+    if name not in KNOBS:
+        raise KeyError(f"undeclared fusec knob {name!r}")
+    return os.environ.get(name)
+
+
+def get(name: str) -> Any:
+    """The knob's value now: parsed from the environment, else its default."""
+    k = KNOBS[name]
+    text = raw(name)
+    if text is None:
+        return k.default
+    t = text.strip()
+    if k.kind == "bool":
+        if t.lower() in _TRUE:
+            return True
+        if t.lower() in _FALSE:
+            return False
+        raise InputError(f"environment variable {name}={text!r} must be 0 or 1")
+    if k.kind == "int":
+        try:
+            return int(t) if t else k.default
+        except ValueError:
+            raise InputError(f"environment variable {name}={text!r} is not an integer") from None
+    if k.kind == "float":
+        if not t:
+            return k.default
+        try:
+            return float(t)
+        except ValueError:
+            raise InputError(f"environment variable {name}={text!r} is not a number") from None
+    if k.kind == "choice":
+        if t.lower() not in k.choices:
+            raise InputError(f"environment variable {name}={text!r} must be one of {', '.join(k.choices)}")
+        return t.lower()
+    return t or k.default
+
+
+def describe() -> list[str]:
+    """One line per knob, for --help and the README."""
+    return [f"{k.name} ({k.kind}, default {k.default!r}): {k.help}" for k in KNOBS.values()]
