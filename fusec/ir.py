@@ -56,14 +56,17 @@ class Value:
 
 
 class Node:
-    __slots__ = ("op", "inputs", "outputs", "attrs", "name")
+    __slots__ = ("op", "inputs", "outputs", "attrs", "name", "kernel")
 
-    def __init__(self, op: Op, inputs: Sequence[Value], outputs: Sequence[Value], attrs: Any, name: str = ""):
+    def __init__(self, op: Op, inputs: Sequence[Value], outputs: Sequence[Value], attrs: Any, name: str = "",
+                 kernel: Any = None):
         self.op = op
         self.inputs: tuple[Value, ...] = tuple(inputs)
         self.outputs: tuple[Value, ...] = tuple(outputs)
         self.attrs = attrs
         self.name = name  # provenance (e.g. the ONNX node name), for messages only
+        # how the node runs (passes/select_kernels.py Selection), set by kernel selection, read by the lowering
+        self.kernel = kernel
 
     @property
     def output(self) -> Value:

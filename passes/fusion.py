@@ -222,16 +222,10 @@ class _Grouping:
             mlp = R.mlp_candidate(self.view, n)
             if mlp is not None:
                 self.propose("mlp", R.K.GEMM, mlp + R.epilogue(self.view, n))
-        for n in nodes:
-            if R.is_norm(n) and n not in self.owner:
-                m = self.view.sole_reader(n.outputs[0])
-                if m is not None and R.kind(m) == R.K.GEMM and m.inputs[0] is n.outputs[0] and m not in self.owner:
-                    self.propose("norm_gemm", R.K.GEMM, [n, m])
         self.head_ropes(nodes)  # before the GEMM anchors: a RoPE joins its norm and cache write, not attention
         for n in nodes:
             if R.kind(n) == R.K.GEMM and n not in self.owner:
-                self.propose_anchor(n, R.K.GEMM, [("gemm_prologue", R.prologue(self.view, n, _injective, set()), False),
-                                                  ("gemm_epilogue", R.epilogue(self.view, n), False)])
+                self.gemm_anchor(n)
         for n in nodes:
             if R.kind(n) == R.K.REDUCE and n not in self.owner:
                 pro = R.prologue(self.view, n, _pointwise_or_injective, set())
@@ -240,6 +234,28 @@ class _Grouping:
         for n in nodes:
             if n not in self.owner and _pointwise_or_injective(n) and view_of(n) is None:
                 self.elementwise_group(n)
+
+    def gemm_anchor(self, n: Node) -> None:
+        """One group per product: its norm prologue, injective prologue, elementwise epilogue, or else
+        a gated unit, and a sampler of its result; each part as far as it stays one kernel."""
+        gid = self.new_group(R.K.GEMM, [n], [])
+        parts = [("norm_gemm", R.norm_prologue(self.view, n), False),
+                 ("gemm_prologue", R.prologue(self.view, n, _injective, set()), False),
+                 ("gemm_epilogue", R.epilogue(self.view, n), False)]
+        for rule, extra, multi in parts:
+            extra = [m for m in extra if m not in self.owner]
+            if extra:
+                self.extend(gid, rule, extra, multi)
+        chain = [m for m in self.groups[gid].members[1:] if self.order[m] > self.order[n]]
+        if not chain:
+            extra = R.gated(self.view, n)
+            if extra:
+                self.extend(gid, "gated_epilogue", extra, False)
+                chain = [m for m in self.groups[gid].members[1:] if self.order[m] > self.order[n]]
+        end = max(chain, key=self.order.__getitem__) if chain else None
+        extra = R.sample_after(self.view, n, [end] if end is not None else [])
+        if extra:
+            self.extend(gid, "gemm_sample", extra, False)
 
     def head_ropes(self, nodes: list[Node]) -> None:
         """RoPE-like nodes (multi-input INJECTIVE) with their ``head_rope`` members (a norm before,
@@ -259,9 +275,15 @@ class _Grouping:
         siblings: dict[tuple[Value, ...], list[tuple[Node, list[Node]]]] = {}
         for rope, extra in found:
             siblings.setdefault(R.sibling_key(self.view, rope, extra), []).append((rope, extra))
-        for group in siblings.values():
-            if len(group) > 1:
-                members = [m for rope, extra in group for m in (rope, *extra)]
+        copies = R.cache_copies(self.view, nodes)
+        for key, group in siblings.items():
+            members = [m for rope, extra in group for m in (rope, *extra)]
+            positions = {m.inputs[2] for m in members if R.kind(m) == R.K.OPAQUE and len(m.inputs) == 3}
+            plain = [m for (src, pos), chain in copies.items() if src is key[0] and pos in positions for m in chain
+                     if m not in self.owner]
+            if plain:  # the V heads of the same product, copied into their cache by the same launch
+                self.propose("rope_siblings", R.K.INJECTIVE, members + plain, multi_output=True, spaces=True)
+            if len(group) > 1 and not any(m in self.owner for m in members):
                 self.propose("rope_siblings", R.K.INJECTIVE, members, multi_output=True, spaces=True)
         for rope, _ in found:
             if rope not in self.owner and (extra := R.head_rope(self.view, rope)):

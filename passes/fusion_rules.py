@@ -9,9 +9,9 @@ index: reshape, transpose, slice ...); any INJECTIVE node may be a *prologue* (a
 its input through it: gather, rope, concat too). GEMM nodes anchor epilogues; REDUCE nodes anchor
 norms/softmax with their elementwise neighbours.
 
-``mlp`` and ``norm_gemm`` have no single-kernel template today, so the codegen's capability query
-declines them (recorded, ``legal=False``: no A/B experiment measures a fusion codegen cannot emit).
-They stay rules: a template that covers them makes them candidates without touching the pass.
+``norm_gemm``, ``gated_epilogue`` and ``gemm_sample`` propose what only the skinny-product kernel
+covers (``fusec.lower.skinny``: decode's products, M <= 16): elsewhere the codegen's capability
+query declines them, with its reason, and they are recorded ``legal=False``.
 """
 
 from __future__ import annotations
@@ -76,8 +76,12 @@ class Rule:
 RULES: dict[str, Rule] = {r.name: r for r in (
     Rule("mlp", False, "whole MLP (GEMM -> activation -> GEMM) in one kernel: candidate only; a fused MLP "
                        "ran 3-14x slower than cuBLAS + separate kernels when measured, so it must win an A/B first"),
-    Rule("norm_gemm", False, "norm as the prologue of the next GEMM: candidate only; it recomputes the "
-                             "norm per output tile, worth it only where the A/B says so (small M)"),
+    Rule("norm_gemm", True, "an RMSNorm as the prologue of the skinny product (M <= 16) that reads it: each "
+                            "block normalizes the rows it reads, so the norm costs no launch and no round trip"),
+    Rule("gated_epilogue", True, "a gated unit (the product's two halves, one activated, multiplied: SwiGLU) as "
+                                 "the skinny product's epilogue: a tile holds rows j of both halves"),
+    Rule("gemm_sample", True, "a greedy sample of the skinny product's result: each block writes its argmax, one "
+                              "small launch merges them (no separate pass over the logits)"),
     Rule("gemm_epilogue", True, "elementwise/layout consumers (bias, activation, residual, cast, output "
                                 "layout) applied to the GEMM accumulator before the store"),
     Rule("gemm_prologue", True, "injective producers (head split/transposes, RoPE, slices of a merged "
@@ -241,6 +245,30 @@ def side_writes(view: View, rope: Node) -> list[Node]:
             and len(u.inputs) >= 2 and u.inputs[1] is cur and u.inputs[0] is not cur]
 
 
+def cache_copies(view: View, nodes: list[Node]) -> dict[tuple[Value, Value], list[Node]]:
+    """Cache writes (OPAQUE nodes storing their second input into their first input's storage at
+    the positions of their third) of heads that are not rotated: {(source, positions): the layout
+    chain and the write}, where source is found as ``sibling_key`` finds it (the activation a
+    projection with constant weights reads, or the value the layout chain starts from). A head_rope
+    launch over the same source and positions can copy these rows too (the V heads of a QKV product)."""
+    out: dict[tuple[Value, Value], list[Node]] = {}
+    for w in nodes:
+        if kind(w) != K.OPAQUE or len(w.inputs) != 3 or len(w.outputs) != 1 or view.owned(w) \
+                or w.inputs[0].shape != w.outputs[0].shape or w.inputs[1] is w.inputs[0]:
+            continue
+        chain: list[Node] = []
+        v = w.inputs[1]
+        while (p := view.prod(v)) is not None and layout(p) and not view.owned(p) and view.sole_reader(v) is not None:
+            chain.append(p)
+            v = p.inputs[0]
+        if not chain or view.sole_reader(w.inputs[1]) is not w:
+            continue
+        if (p := view.prod(v)) is not None and kind(p) == K.GEMM and len(p.inputs) == 2 and p.inputs[1].data is not None:
+            v = p.inputs[0]
+        out.setdefault((v, w.inputs[2]), []).extend(chain[::-1] + [w])
+    return out
+
+
 def sibling_key(view: View, rope: Node, members: list[Node]) -> tuple[Value, ...]:
     """What RoPE siblings share: the value ``rope`` reads its rotated input from (its first input
     followed back through ``members``, its own norm and layout views; where that is a projection,
@@ -255,6 +283,50 @@ def sibling_key(view: View, rope: Node, members: list[Node]) -> tuple[Value, ...
     if (p := view.prod(v)) is not None and kind(p) == K.GEMM and len(p.inputs) == 2 and p.inputs[1].data is not None:
         v = p.inputs[0]
     return (v, *rope.inputs[1:])
+
+
+def norm_prologue(view: View, gemm: Node) -> list[Node]:
+    """The norm (a REDUCE keeping its shape) whose result is the product's first operand and read
+    by nothing else."""
+    p = view.prod(gemm.inputs[0])
+    if p is None or view.owned(p) or not is_norm(p) or view.sole_reader(gemm.inputs[0]) is not gemm:
+        return []
+    return [p]
+
+
+def gated(view: View, gemm: Node, limit: int = 8) -> list[Node]:
+    """The elementwise/layout nodes after ``gemm`` reached from its result whose own results are read
+    only among them, up to one value leaving them (a gated unit: two slices, an activation, a
+    product); [] when that is not so within ``limit`` nodes."""
+    first = view.users(gemm.outputs[0])
+    if len(first) < 2 or not all(kind(u) == K.INJECTIVE and len(u.inputs) == 1 for u in first):
+        return []  # a gated unit reads the product through (at least) two slices
+    taken: list[Node] = []
+    inside: set[Node] = {gemm}
+    frontier = [gemm.outputs[0]]
+    while frontier:
+        v = frontier.pop()
+        for u in view.users(v):
+            if u in inside:
+                continue
+            if view.owned(u) or not (elementwise_like(u) or kind(u) == K.INJECTIVE) or len(u.outputs) != 1:
+                continue  # a reader of ``v`` outside: ``v`` leaves the group (counted below)
+            inside.add(u)
+            taken.append(u)
+            frontier.append(u.outputs[0])
+            if len(taken) > limit:
+                return []
+    leaving = [n for n in taken if view.is_output(n.outputs[0]) or any(x not in inside for x in view.users(n.outputs[0]))]
+    return taken if len(taken) >= 2 and len(leaving) == 1 else []
+
+
+def sample_after(view: View, gemm: Node, chain: list[Node]) -> list[Node]:
+    """An OPAQUE sole reader of the product's result (after its epilogue ``chain``): a sampler."""
+    cur = (chain[-1] if chain else gemm).outputs[0]
+    u = view.sole_reader(cur)
+    if u is None or view.owned(u) or kind(u) != K.OPAQUE or len(u.outputs) != 1 or u.inputs[0] is not cur:
+        return []
+    return [u]
 
 
 def mlp_candidate(view: View, m2: Node) -> list[Node] | None:

@@ -31,11 +31,11 @@ from fusec.passes import (
     recognize_norms,
     recognize_rope,
     recognize_softmax,
+    select_kernels,
     simplify,
     split_tf32,
     transpose_cache,
     views,
-    weight_layout,
 )
 from fusec.passes.base import PassOptions
 
@@ -61,11 +61,12 @@ PIPELINE: list[ModuleType] = [
     split_tf32,
     # -- fusion grouping
     fusion,
-    # -- the weight layouts the chosen kernels read (PassOptions.choices; nothing without)
-    weight_layout,
     # -- canonicalize what the rewrites left behind
     cse,
     dce,
+    # -- how each node runs (family, variant, the weight layout it reads), recorded on the node:
+    #    the last rewrite (the nodes the lowering reads are the ones it decided for)
+    select_kernels,
     # -- execution planning: keep last (no graph rewrites after the plan)
     views,
     memory_plan,

@@ -67,4 +67,7 @@ def extract(members: Sequence[Node], outputs: Sequence[Value], name: str,
         fresh[v] = Value(v.name, v.shape, v.dtype)
     nodes = [Node(n.op, [fresh[v] for v in n.inputs], [fresh[v] for v in n.outputs], n.attrs, n.name)
              for n in members]
-    return Cut(Graph(inputs, [fresh[v] for v in outputs], nodes, consts, name=name), reads)
+    # which inputs the outer graph feeds a constant (a weight): a body input never carries data, but
+    # the codegen's capability query must know (fusec.lower.skinny reads only constant weights)
+    meta = {"const_inputs": [i for i, v in enumerate(reads) if v.is_const]}
+    return Cut(Graph(inputs, [fresh[v] for v in outputs], nodes, consts, name=name, meta=meta), reads)

@@ -128,7 +128,9 @@ def test_memory_plan_of_generation_siblings(entry: str) -> None:
     gm = GenModel(cfg, SharedWeights(RandomWeights(1)), None, (), cfg.name)
     g = _optimized(build_graphs(gm, 2, 32, 8, Sampling(), [])[entry])
     sib = [n for n in g.nodes if n.op.value == "fused" and n.attrs.rule == "rope_siblings"]
-    assert len(sib) == cfg.num_layers and all(len(n.outputs) == (3 if entry == "prefill" else 2) for n in sib)
+    # prefill: q, K's rotated rows (attention reads them) and the K cache; decode: q, the K cache and
+    # the V cache (V's heads copied by the same launch: the V cache write is no launch of its own)
+    assert len(sib) == cfg.num_layers and all(len(n.outputs) == 3 for n in sib)
     rng = np.random.default_rng(2)
     fixed = {"pos": np.array([0, 0]) if entry == "prefill" else np.array([8, 5]), "cur": np.array([8, 5]),
              "done": np.zeros(2, bool), "seed": np.array([3])}
@@ -140,7 +142,8 @@ def test_memory_plan_of_generation_siblings(entry: str) -> None:
     for name in want:
         np.testing.assert_array_equal(got[name], want[name])
     caches = [n.outputs[i] for n in sib for i, o in enumerate(n.outputs) if o.shape[2] == 32]
-    assert len(caches) == cfg.num_layers and all(plan.alias[c.name]["kind"] == "update" for c in caches)
+    per_layer = 1 if entry == "prefill" else 2
+    assert len(caches) == per_layer * cfg.num_layers and all(plan.alias[c.name]["kind"] == "update" for c in caches)
 
 
 def test_decline_names_the_reason_and_falls_back() -> None:
@@ -193,7 +196,7 @@ def test_group_kernel_compiles(arch: str, dt: DType) -> None:
         assert ck.grid[0] * ck.block[0] // 32 >= rows > (ck.grid[0] - 1) * ck.block[0] // 32
         assert ck.source.count("__device__ __forceinline__ void hr_part") == 2
     dual = HeadRopeGroupSpec(_pair(dt, 2, 5, 4, 2, 64, True, 40).parts, copies=(1,))  # prefill: k to the cache and out
-    assert K.build(dual, arch).params[-3:] == ("out0", "out1", "res1")
+    assert K.build(dual, arch).params[-3:] == ("out0", "out1", "dual1")
     fixed = HeadRopeGroupSpec(_pair(dt, 1, 5, 4, 2, 64, True, 40).parts, copies=(1,), fixed_pos=0)  # one-row prefill
     ck = K.build(fixed, arch)
     assert "pos" not in ck.params and "(hr_idx)0 + s" in ck.source
@@ -238,10 +241,12 @@ def test_generation_plan_one_rope_launch_per_layer(case: str, batch: int) -> Non
     for entry in ("prefill", "decode"):  # prefill: K goes to attention and, in the same launch, to the cache
         g = _optimized(graphs[entry])
         sib = [k for k in describe_kernels(g) if k.startswith("rope_siblings:")]
-        assert len(sib) == cfg.num_layers and all(k.endswith("rope+cache_write") for k in sib), (entry, sib)
+        # decode: the V heads' cache write joins (rope+cache_write+cache_write)
+        assert len(sib) == cfg.num_layers and all(k.endswith("rope+cache_write" if entry == "prefill" else
+                                                             "rope+cache_write+cache_write") for k in sib), (entry, sib)
         n_writes = sum(k == "cache_write" for k in describe_kernels(g))
         assert n_writes == sum(k == "cache_write" for k in describe_kernels(_optimized(graphs[entry], ("rope_siblings",)))) \
-            - (cfg.num_layers if entry == "prefill" else 0)
+            - cfg.num_layers  # prefill: K's cache write joins; decode: V's (K's joins with the rule off too)
     raw = ReferenceEngine(build_graphs(model(), batch, 32, 12, Sampling(), []))
     fused = ReferenceEngine(build_graphs(model(), batch, 32, 12, Sampling(), []), optimize=True)
     assert generate(raw, PROMPTS[:batch], 6, cfg.vocab_size).new_ids == generate(fused, PROMPTS[:batch], 6, cfg.vocab_size).new_ids

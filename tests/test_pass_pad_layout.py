@@ -1,5 +1,5 @@
 """Weights have one owner: pad_gemm (N padded to 16 bytes in the IR), transpose flags (MATMUL
-trans_b), weight_layout (the layout a chosen kernel reads), and a lowering that copies no weight."""
+trans_b), select_kernels (the layout a chosen kernel reads), and a lowering that copies no weight."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from fusec.ir import Graph, print_graph, verify
 from fusec.lower import lower
 from fusec.lower.choices import choice_point
 from fusec.ops import MatMulAttrs, Op
-from fusec.passes import merge_gemms, pad_gemm, transpose_cache, weight_layout
+from fusec.passes import merge_gemms, pad_gemm, select_kernels, transpose_cache
 from fusec.passes.base import PassOptions
 from fusec.passes.memory_plan import plan_memory
 
@@ -57,9 +57,9 @@ def _odd(n: int = 1001, bias: bool = True, dtype: DType = H) -> Graph:
     return b.build()
 
 
-def _tied(vocab: int = 1001, dim: int = 64, dtype: DType = H) -> Graph:
+def _tied(vocab: int = 1001, dim: int = 64, dtype: DType = H, rows: tuple[int, int] = (2, 4)) -> Graph:
     b = GraphBuilder("tied")
-    ids = b.input("ids", (2, 4), DType.I64)
+    ids = b.input("ids", rows, DType.I64)
     table = b.const(RNG.standard_normal((vocab, dim)).astype(np.float32), name="embed.weight", dtype=dtype)
     x = b.emit(Op.GATHER, table, ids, axis=0)
     b.output(b.emit(Op.MATMUL, x, b.emit(Op.TRANSPOSE, table, perm=(1, 0))), "logits")
@@ -129,7 +129,7 @@ def test_merge_of_flagged_weights_concatenates_rows() -> None:
 # ---- the whole pipeline and the lowering ---------------------------------------------------------
 
 def test_tied_lm_head_compiles_to_one_table_a_trans_b_gemm_and_no_scratch() -> None:
-    g = _tied()
+    g = _tied(rows=(4, 8))  # 32 rows: cuBLAS (16 or fewer take the skinny product)
     plan = fusec.compile(g, dtype="fp16", arch="sm_90")
     gemm = [L for L in plan.manifest["launches"] if L["type"] == "gemm"]
     assert len(gemm) == 1 and gemm[0]["trans_b"] and gemm[0]["n"] == 1008 and gemm[0]["ldb"] == 64
@@ -164,9 +164,9 @@ def test_trans_b_matmul_exports_to_onnx(tmp_path: Path) -> None:
     np.testing.assert_allclose(got, reference.run(g, {"x": xin})["y"], rtol=1e-5, atol=1e-5)
 
 
-def _small_m() -> Graph:
+def _small_m(rows: int = 2) -> Graph:
     b = GraphBuilder("gemv")
-    x = b.input("x", (2, 64), F)
+    x = b.input("x", (rows, 64), F)
     w = b.const(RNG.standard_normal((64, 128)).astype(np.float32), name="w")
     bias = b.const(RNG.standard_normal(128).astype(np.float32), name="bias")
     b.output(b.emit(Op.ADD, b.emit(Op.MATMUL, x, w), bias), "y")
@@ -190,32 +190,52 @@ def test_layout_variants_are_choices_and_apply_through_the_pass(tmp_path: Path) 
     from fusec.loader import load_graph
     from fusec.passes.pipeline import optimize
 
-    o, _ = optimize(_small_m(), PassOptions(storage_dtype="f16"))
+    key = "gemm_epilogue:f16:40x128x64:bias"  # 40 rows: more than the skinny product takes
+    o, _ = optimize(_small_m(40), PassOptions(storage_dtype="f16"))
     cp = choice_point(_legal(o).nodes[0])
-    assert cp is not None and cp.key == KEY and not cp.trans_b
-    assert cp.variants == ("cublas", "fusec_gemm", "gemv", "transpose_flag", "cublaslt")  # + bias inside cuBLASLt
-    p = fusec.compile(_small_m(), dtype="fp16", arch="sm_90", choices={KEY: "transpose_flag"}, dump_dir=tmp_path)
-    assert p.manifest["report"]["lowering"]["choices"]["applied"] == {KEY: "transpose_flag"}
+    assert cp is not None and cp.key == key and not cp.trans_b
+    assert cp.variants == ("cublas", "fusec_gemm", "transpose_flag", "cublaslt")  # + bias inside cuBLASLt
+    p = fusec.compile(_small_m(40), dtype="fp16", arch="sm_90", choices={key: "transpose_flag"}, dump_dir=tmp_path)
+    assert p.manifest["report"]["lowering"]["choices"]["applied"] == {key: "transpose_flag"}
     gemm = [L for L in p.manifest["launches"] if L["type"] == "gemm"]
     assert gemm[0]["trans_b"] and gemm[0]["ldb"] == 64
-    dump = (tmp_path / sorted(f.name for f in tmp_path.iterdir() if "weight_layout" in f.name)[0]).read_text()
+    dump = (tmp_path / sorted(f.name for f in tmp_path.iterdir() if "select_kernels" in f.name)[0]).read_text()
     assert "w.nk" in dump
     # tied lm_head: the flag is the default, the cached transpose the alternative
     tied = _legal(optimize(load_graph(_tied(vocab=1000)), PassOptions(storage_dtype="f16"))[0])
     cp = next(c for n in tied.nodes if (c := choice_point(n)) is not None)
     assert cp.trans_b and cp.variants == ("cublas", "gemv", "cached_transpose")  # gemv reads the table as is
+    assert next(n for n in tied.nodes if choice_point(n) is not None).kernel.variant == "gemv"  # 8 rows
 
 
-def test_lowering_declines_a_variant_whose_layout_is_not_in_the_ir() -> None:
+def test_the_lowering_decides_nothing_a_choice_given_only_to_it_is_declined() -> None:
     from fusec.passes.pipeline import optimize
 
-    o = _legal(optimize(_small_m(), PassOptions(storage_dtype="f16"))[0])  # no choices: no relayout
+    o = _legal(optimize(_big_m(), PassOptions(storage_dtype="f16"))[0])  # no choices: the rule-based selection
     mp = plan_memory(o)
-    low = lower(o, mp.offsets, "sm_90", dry_run=True, arena_base=mp.arena_bytes, choices={KEY: "gemv"})
-    assert "layout" in low.report["choices"]["declined"][KEY] and low.report["by_template"].get("cublas_gemm") == 1
+    low = lower(o, mp.offsets, "sm_90", dry_run=True, arena_base=mp.arena_bytes, choices={BIG_KEY: "gemv"})
+    assert "not applied" in low.report["choices"]["declined"][BIG_KEY]
+    assert "gemv" not in low.report["by_template"] and low.report["by_template"].get("cublas_gemm") == 1
 
 
-def test_weight_layout_without_choices_changes_nothing() -> None:
-    g = _small_m()
-    out, _ = _run(weight_layout, g)
-    assert [n.op for n in out.nodes] == [n.op for n in g.nodes] and out.meta["weights_relaid"] == []
+def test_selection_without_choices_relays_only_what_the_rule_picks() -> None:
+    from fusec.passes import fusion
+
+    big = _big_m()  # 40 rows: cuBLAS reads the weight as it is
+    out, _ = _run(select_kernels, fusion.run(big, PassOptions()).graph)
+    assert [n.op for n in out.nodes] == [n.op for n in fusion.run(big, PassOptions()).graph.nodes]
+    assert out.meta["weights_relaid"] == [] and all(n.kernel is not None for n in out.nodes)
+    small, _ = _run(select_kernels, fusion.run(_small_m(), PassOptions()).graph)  # 2 rows: the skinny product
+    rec, = small.meta["weights_relaid"]
+    assert rec["variant"] == "gemv" and rec["shape"] == [128, 64]
+
+
+def _big_m() -> Graph:
+    b = GraphBuilder("gemm")
+    x = b.input("x", (40, 64), F)
+    w = b.const(RNG.standard_normal((64, 128)).astype(np.float32), name="w")
+    b.output(b.emit(Op.MATMUL, x, w), "y")
+    return b.build()
+
+
+BIG_KEY = "matmul:f16:40x128x64"

@@ -66,7 +66,7 @@ def _render(spec: S.HeadRopeSpec | HeadRopeGroupSpec) -> Rendered:
            "parts": [{"H": p.H, "rows": r, "xs": p.x_strides, "os": p.out_strides, "norm": p.norm,
                       "w_t": ctype(p.w_dtype or p.dtype), "eps": float_lit(p.eps),
                       "weight_offset": float_lit(p.weight_offset), "cache": p.cache_len > 0,
-                      "cache_len": p.cache_len, "dual": i in copies} for i, (p, r) in enumerate(zip(parts, rows))]}
+                      "cache_len": p.cache_len, "dual": i in copies, "rotate": p.rotate} for i, (p, r) in enumerate(zip(parts, rows))]}
     params = tuple(n for i, p in enumerate(parts) for n in (f"x{i}",) + ((f"w{i}",) if p.norm else ())) \
         + ("cos", "sin") + (("pos",) if caches and fixed < 0 else ()) + tuple(f"out{i}" for i in range(len(parts))) \
         + tuple(f"dual{i}" for i in copies)

@@ -430,10 +430,13 @@ class HeadRopeSpec:
     w_dtype: DType | None = None
     cache_len: int = 0
     pos_dtype: DType = DType.I64
+    rotate: bool = True  # False: the rows are copied into the cache as they are (V heads beside rotated K)
 
     def __post_init__(self) -> None:
         _pos(("B", self.B), ("H", self.H), ("S", self.S), ("D", self.D))
         _req(self.D % 64 == 0 and self.D <= 256, f"head_rope needs D a multiple of 64 up to 256, got {self.D}")
+        _req(self.rotate or (not self.norm and self.cache_len > 0), "a head_rope part that does not rotate copies "
+             "its rows, without a norm, into a cache")
         _req(self.dtype in FLOATS and self.cs_dtype in FLOATS, "head_rope is float")
         _req(not self.norm or (self.w_dtype or self.dtype) in FLOATS, "the norm weight is float")
         _req(self.cache_len >= 0 and self.pos_dtype in (DType.I32, DType.I64), "cache_len >= 0, integer positions")

@@ -242,21 +242,24 @@ def lower(graph: Graph, offsets: dict[str, int], arch: str, compute: str = "f32"
     the values the memory plan stores in state. ``shared``: an earlier entry point of the same plan,
     whose weights, kernels and modules this one reuses (one weights buffer, each kernel compiled once).
     A state update that the memory plan did not store in its state is copied there last."""
-    from fusec.lower.choices import lower_choice
     from fusec.lower.nodes import lower_node
+
+    if any(n.kernel is None for n in graph.nodes):  # a graph that skipped the pipeline: the same pass selects
+        from fusec.passes import select_kernels
+        from fusec.passes.base import PassOptions
+
+        graph = select_kernels.run(graph, PassOptions(choices=dict(choices or {}))).graph
 
     ctx = Context(arch, offsets, compute, progress, dry_run, -(-arena_base // _ALIGN) * _ALIGN, state)
     if shared is not None:
         ctx.weights, ctx.kernels, ctx.modules, ctx.blobs = shared.packer, shared.kernels, shared.modules, shared.blobs
         ctx._kernel_index = {k["entry"]: i for i, k in enumerate(shared.kernels)}
-    ctx.choices, ctx.choices_applied, ctx.choices_declined = dict(choices or {}), {}, {}
     try:
         for i, node in enumerate(graph.nodes):
             ctx.node = node.name
             if not _gpu_ready(ctx, node, _label(i, node)):
                 continue
-            if not lower_choice(ctx, node, _label(i, node)):  # explicit choices, else the rule-based defaults
-                lower_node(ctx, node, label=_label(i, node))
+            lower_node(ctx, node, label=_label(i, node))  # as passes/select_kernels.py decided
         ctx.node = ""
         _write_back_state(ctx, graph)
         weights = ctx.weights.blob()  # packed while the kernels compile
@@ -272,10 +275,25 @@ def lower(graph: Graph, offsets: dict[str, int], arch: str, compute: str = "f32"
     report = {"launches": len(launches), "kernels_compiled": len(ctx.kernels), "by_template": dict(sorted(ctx.counts.items()))}
     report["scratch_bytes"] = ctx.scratch_bytes
     report["launch_bytes"] = ctx.launch_bytes  # minimum bytes per launch (fusec bench --per-kernel)
-    if ctx.choices:
-        report["choices"] = {"applied": ctx.choices_applied, "declined": ctx.choices_declined}
+    if choices:
+        report["choices"] = _explicit_choices(graph, choices)
     return Lowered(launches, ctx.kernels, ctx.modules, ctx.blobs, ctx.weights.size, ctx.scratch_bytes, report,
                    ctx.weights)
+
+
+def _explicit_choices(graph: Graph, choices: dict[str, str]) -> dict[str, dict[str, str]]:
+    """Which explicitly asked-for variants the selection applied, and why the others were not."""
+    applied: dict[str, str] = {}
+    declined: dict[str, str] = {}
+    for n in graph.nodes:
+        sel = n.kernel
+        if sel is None or not sel.key or sel.key not in choices:
+            continue
+        if sel.variant == choices[sel.key] and sel.reason == "explicit choice":
+            applied[sel.key] = sel.variant
+        else:
+            declined[sel.key] = f"variant {choices[sel.key]!r} not applied: {sel.reason}"
+    return {"applied": applied, "declined": declined}
 
 
 def _write_back_state(ctx: Context, graph: Graph) -> None:

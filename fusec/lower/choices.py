@@ -148,7 +148,7 @@ def choice_point(node: Node) -> ChoicePoint | None:
         bias, act, res = epi
         e = S.Epilogue(bias=bias is not None, activation=act, residual=res is not None)
         m, n, k = mkn
-        const = _outer(node, mm.inputs[1]).is_const
+        const = outer(node, mm.inputs[1]).is_const
         variants = (DEFAULT, "fusec_gemm") + (("gemv",) if _gemv_fits(m, k, mm.inputs[0]) and const else ()) \
             + _layout_variant(tb, const)
         if gemm_lt.applies(e, mm.inputs[0].dtype, n, k):  # the epilogue inside cuBLASLt (fusec.lower.gemm_lt)
@@ -177,15 +177,16 @@ def _gemv_fits(m: int, k: int, a: Value) -> bool:
 
 def choose(choices: dict[str, str], cp: ChoicePoint) -> str:
     """The variant ``cp`` lowers with: an explicit choice (an A/B ledger, the caller) wins; else the
-    rule-based default. The rule: fusec's GEMV for a single-row product over a constant weight
-    (M == 1: a decode step at batch 1), with its epilogue fused, else cuBLAS. Measured on an H100
-    (benchmarks/decode_kernels_results.md): at M = 1 the GEMV matched or beat cuBLAS on every
-    Qwen3-0.6B decode shape (4.9 vs 5.8 us QKV, 6.3 vs 7.1 us gate/up, 100 vs 106 us lm_head), and
-    fusing the epilogue saves cuBLAS's separate epilogue launch; at M = 8 it was 2-3x slower."""
+    rule-based default. The rule: fusec's skinny product (GemvSpec: tensor cores, 16-byte weight
+    loads, its epilogue fused, launched overlapping the kernel before it) for a product of at most
+    16 rows over a constant weight (a decode step at batch <= 16), else cuBLASLt with the epilogue
+    inside where it computes it, else cuBLAS. The earlier FMA GEMV matched or beat cuBLAS at M = 1
+    and lost 2-3x at M = 8 (benchmarks/decode_kernels_results.md); the tensor-core kernel that
+    replaced it is measured against cuBLAS at M = 1..16 in benchmarks/RESULTS.md."""
     explicit = choices.get(cp.key)
     if explicit is not None:
         return explicit
-    if cp.m == 1 and "gemv" in cp.variants:
+    if "gemv" in cp.variants:
         return "gemv"
     if gemm_lt.VARIANT in cp.variants:  # one cuBLASLt call instead of cuBLAS + an epilogue kernel
         return gemm_lt.VARIANT
@@ -197,46 +198,33 @@ def choice_points(graph: Graph) -> list[tuple[Node, ChoicePoint]]:
     return [(n, cp) for n in graph.nodes if (cp := choice_point(n)) is not None]
 
 
-def _outer(node: Node, v: Value) -> Value:
+# variants whose kernels read their activations, bias and residual with 16-byte accesses
+ALIGNED = ("cublaslt", "fusec_gemm", "gemv")
+
+
+def outer(node: Node, v: Value) -> Value:
     if node.op != Op.FUSED:
         return v
     body = node.attrs.body
     return node.inputs[body.inputs.index(v)] if v in body.inputs else v
 
 
-def lower_choice(ctx, node: Node, label: str) -> bool:  # noqa: ANN001 (fusec.lower.Context; avoids an import cycle)
-    """Emit ``node`` with the variant ``ctx.choices`` names for its key; False: lower it as usual."""
+def emit(ctx, node: Node, sel, label: str) -> bool:  # noqa: ANN001 (fusec.lower.Context, passes.select_kernels.Selection)
+    """Emit the product variant ``sel`` (passes/select_kernels.py) chose for ``node``; False when the
+    variant is cuBLAS (the op's own lowering emits it). Layouts and alignment were settled by the
+    selection: the IR holds the weight as the variant reads it."""
+    if not sel.key or sel.variant in ("", DEFAULT) or sel.variant in LAYOUT_VARIANTS:
+        return False  # no choice point (a fused family's one kernel), or cuBLAS
     cp = choice_point(node)
-    variant = choose(ctx.choices, cp) if cp is not None else None
-    if cp is None or variant in (None, DEFAULT):
-        return False
-    if not cp.accepts(variant):
-        ctx.choices_declined[cp.key] = f"variant {variant!r} does not apply (have {', '.join(cp.variants)})"
-        return False
-    need = NEEDS_TRANS_B.get(variant)
-    if need is not None and need != cp.trans_b:
-        ctx.choices_declined[cp.key] = (f"variant {variant!r} reads the weight {'[N, K]' if need else '[K, N]'}; "
-                                        f"the IR holds the other layout (passes/weight_layout.py materializes it "
-                                        f"from PassOptions.choices)")
-        return False
-    if variant in LAYOUT_VARIANTS:  # the layout is the whole variant: cuBLAS reads it as the IR says
-        ctx.choices_applied[cp.key] = variant
-        return False
-    a, b, out = _outer(node, cp.a), _outer(node, cp.b), node.outputs[0]
-    extra = [_outer(node, v) for v in (cp.bias, cp.residual) if v is not None]
-    if not ctx.aligned(a, out, *extra) or (variant == "fusec_gemm" and not ctx.aligned(b)):
-        # the templates' vector loads need 16-byte aligned operands; a view may start mid-buffer
-        ctx.choices_declined[cp.key] = "operands not 16-byte aligned"
-        return False
-    if variant == gemm_lt.VARIANT:
-        gemm_lt.emit(ctx, cp, a, b, out, *(_outer(node, v) if v is not None else None for v in (cp.bias, cp.residual)),
+    if cp is None or not cp.accepts(sel.variant):
+        raise AssertionError(f"{label}: selected variant {sel.variant!r} does not fit the node")
+    a, b, out = outer(node, cp.a), outer(node, cp.b), node.outputs[0]
+    extra = [outer(node, v) for v in (cp.bias, cp.residual) if v is not None]
+    if sel.variant == gemm_lt.VARIANT:
+        gemm_lt.emit(ctx, cp, a, b, out, *(outer(node, v) if v is not None else None for v in (cp.bias, cp.residual)),
                      label=label)
-        if cp.key not in ctx.choices:  # the rule-based default: its launch records say so ("epilogue")
-            return True
-    elif variant == "fusec_gemm":
-        spec: object = S.GemmSpec(cp.m, cp.n, cp.k, a.dtype, epilogue=cp.epilogue)
-        ctx.kernel(spec, [a, b, *extra, out], f"{label} fusec_gemm")
+    elif sel.variant == "fusec_gemm":
+        ctx.kernel(S.GemmSpec(cp.m, cp.n, cp.k, a.dtype, epilogue=cp.epilogue), [a, b, *extra, out], f"{label} fusec_gemm")
     else:  # gemv: reads the weight [N, K] (k contiguous), as MATMUL[trans_b] stores it
         ctx.kernel(S.GemvSpec(cp.m, cp.n, cp.k, a.dtype, epilogue=cp.epilogue), [a, b, *extra, out], f"{label} gemv")
-    ctx.choices_applied[cp.key] = variant
     return True

@@ -248,6 +248,13 @@ def kernel_plan(body: Graph) -> tuple[str, Any]:
                 raise _NoPlan(str(e)) from None
         return ("rope", _rope_plan(body))
     if Op.MATMUL in ops:
+        from fusec.lower import skinny
+
+        if skinny.applies(body):  # a norm before it, a gated unit or a sample after it: decode's skinny product
+            try:
+                return ("gemv", skinny.plan(body))
+            except skinny.NoPlan as e:
+                raise _NoPlan(str(e)) from None
         if ops[0] != Op.MATMUL or Op.MATMUL in ops[1:]:
             raise _NoPlan("a matrix product reads its operands as they are: one product, first, "
                           "with an elementwise epilogue only")
@@ -304,11 +311,11 @@ def _add_norm_plan(body: Graph) -> tuple[Node, Node]:
 def lower_fused(ctx: Context, node: Node, label: str) -> None:
     from fusec.lower import nodes as N
 
+    from fusec.passes.select_kernels import selection
+
     body: Graph = node.attrs.body
-    try:
-        kind, detail = kernel_plan(body)
-    except _NoPlan as e:  # fusion asks can_fuse before it forms a group: a bug if this happens
-        raise LoweringError(f"{label}: fused group ({node.attrs.rule}) is not one kernel: {e}") from None
+    sel = selection(node)  # the family and plan passes/select_kernels.py chose
+    kind, detail = ("gemm_epilogue" if sel.family in ("gemm_epilogue", "cublas") else sel.family), sel.detail
     outer = dict(zip(body.inputs, node.inputs))
     outer.update({c: c for c in body.constants})
     label = f"{label} fused[{node.attrs.rule}]"
@@ -317,7 +324,7 @@ def lower_fused(ctx: Context, node: Node, label: str) -> None:
     elif kind == "gemm_epilogue":
         mm, iexpr = detail
         outer[mm.output] = node.output
-        N.lower_node(ctx, Node(Op.MATMUL, [outer[x] for x in mm.inputs], [node.output], mm.attrs), label)
+        N.matmul(ctx, Node(Op.MATMUL, [outer[x] for x in mm.inputs], [node.output], mm.attrs), label)  # cuBLAS
         _emit_indexed(ctx, iexpr, outer, node.output, label + " epilogue")
     elif kind == "attention":
         emit_attention(ctx, detail, node, label)
@@ -325,6 +332,10 @@ def lower_fused(ctx: Context, node: Node, label: str) -> None:
         from fusec.lower import heads
 
         heads.emit(ctx, detail, node, label)
+    elif kind == "gemv":
+        from fusec.lower import skinny
+
+        skinny.emit(ctx, detail, node, label)
     elif kind == "rope":
         rope, xi, xview, cst = detail
         cos, sin = (outer[v] for v in rope.inputs[1:])
@@ -346,7 +357,6 @@ def lower_fused(ctx: Context, node: Node, label: str) -> None:
         extra = {"has_bias": len(w) > 1} if norm.op == Op.LAYERNORM else {"weight_offset": float(norm.attrs.weight_offset)}
         spec = S.RowReduceSpec(kind_, x.numel // cols, cols, x.dtype, w_dtype=w[0].dtype, eps=float(norm.attrs.eps), **extra)
         ctx.kernel(spec, [x, res, *w, sum_out, out], label)
-    ctx.count("fused_" + kind)
 
 
 def _norm_cols(norm: Node) -> int:

@@ -63,4 +63,3 @@ def emit(ctx: Any, cp: Any, a: Value, b: Value, out: Value, bias: Value | None, 
     ctx.gemm(fields, a, b, out, f"{label} cublaslt[{epi}{'+res' if residual is not None else ''}]",
              tuple(v for v in (bias, residual) if v is not None))
     ctx.count("cublaslt_epilogue")
-    ctx.count("fused_gemm_epilogue")  # the fused node's one kernel, as lower_fused counts it

@@ -39,14 +39,21 @@ def applies(body: Graph) -> bool:
 class Part:
     """One RoPE of a head_rope body with its norm and cache write; ``x`` is (body input index,
     view of the RoPE's input in it), ``out`` the index of the body output it writes (the cache
-    when it has one), ``res`` that of its rotated rows when they are an output besides the cache."""
+    when it has one), ``res`` that of its rotated rows when they are an output besides the cache.
+    A part without a RoPE (``rope`` None) copies its heads into a cache as they are (the V heads
+    of the QKV product the RoPE parts rotate)."""
 
-    rope: Node
+    rope: Node | None
     norm: Node | None
     write: Node | None
     x: tuple[int, L.View]
     out: int
     res: int | None = None
+
+    @property
+    def rows(self) -> Value:
+        """The [B, H, S, D] rows the part stores: the RoPE's result, or what the cache copy stores."""
+        return self.rope.output if self.rope is not None else self.write.inputs[1]  # type: ignore[union-attr]
 
 
 def plan(body: Graph) -> list[Part]:
@@ -59,19 +66,50 @@ def plan(body: Graph) -> list[Part]:
                      "write after it, joined by layout views")
     parts = [_part(body, rope) for rope in ropes]
     claimed = [n for p in parts for n in (p.norm, p.write) if n is not None]
+    parts += [_copy_part(body, w) for w in body.nodes if w.op == Op.CACHE_WRITE and w not in claimed]
+    claimed = [n for p in parts for n in (p.norm, p.write) if n is not None]
     if len(set(claimed)) != len(claimed) or len(claimed) != sum(n.op in (Op.RMSNORM, Op.CACHE_WRITE) for n in body.nodes):
-        raise NoPlan("every RMSNorm and cache write must belong to exactly one RoPE of the group")
+        raise NoPlan("every RMSNorm and cache write must belong to exactly one RoPE (or cache copy) of the group")
     outs = [i for p in parts for i in (p.out, p.res) if i is not None]
     if sorted(outs) != list(range(len(body.outputs))):
         raise NoPlan("the group's outputs must be its RoPEs' results or caches, each written by one RoPE")
     r0 = parts[0].rope
+    assert r0 is not None
     for p in parts[1:]:
-        (B, _, S_, D), (B0, _, S0, D0) = p.rope.output.shape, r0.output.shape
-        if (B, S_, D) != (B0, S0, D0) or p.rope.inputs[1:] != r0.inputs[1:] or p.rope.output.dtype != r0.output.dtype:
+        (B, _, S_, D), (B0, _, S0, D0) = p.rows.shape, r0.output.shape
+        if (B, S_, D) != (B0, S0, D0) or p.rows.dtype != r0.output.dtype or \
+                (p.rope is not None and p.rope.inputs[1:] != r0.inputs[1:]):
             raise NoPlan("RoPEs in one head_rope kernel must share batch, sequence, head size, dtype and cos/sin")
     if len({_positions_key(p.write.inputs[2]) for p in parts if p.write is not None}) > 1:
         raise NoPlan("the cache writes of one head_rope kernel must share the positions")
     return parts
+
+
+def _copy_part(body: Graph, write: Node) -> Part:
+    """A cache write of heads that are not rotated (read through layout views of a body input)."""
+    from fusec.lower.fused import _NoPlan, _view_from_input
+
+    x = write.inputs[1]
+    if len(x.shape) != 4 or x.shape[3] % 64 or x.shape[3] > 256:
+        raise NoPlan(f"a cache copy in a head_rope kernel moves [B, H, S, D] rows with D a multiple of 64 up to 256, "
+                     f"got {list(x.shape)}")
+    _check_write(body, write, x.shape)
+    try:
+        xi, xview = _view_from_input(body, x)
+    except _NoPlan as e:
+        raise NoPlan(str(e)) from None
+    if len(xview.shape) != 4 or xview.strides[3] != 1:
+        raise NoPlan("a cache copy reads a [B, H, S, D] view with contiguous D")
+    return Part(None, None, write, (xi, xview), body.outputs.index(write.output))
+
+
+def _check_write(body: Graph, write: Node, shape: tuple[int, ...]) -> None:
+    if write.output not in body.outputs or write.attrs.axis != 2 or len(write.inputs[0].shape) != 4:
+        raise NoPlan("the cache write must be a group output, along axis 2 of a [B, H, T, D] cache")
+    if write.inputs[1].shape != shape:
+        raise NoPlan("the cache write must store the RoPE's [B, H, S, D] result")
+    if write.inputs[0] not in body.inputs or (write.inputs[2] not in body.inputs and fixed_position(write.inputs[2]) is None):
+        raise NoPlan("the cache and the positions must be inputs of the group (or the positions one integer literal)")
 
 
 def _part(body: Graph, rope: Node) -> Part:
@@ -106,12 +144,7 @@ def _part(body: Graph, rope: Node) -> Part:
         raise NoPlan("a RoPE's result is written to one cache at most")
     write = writes[0] if writes else None
     if write is not None:
-        if write.output not in body.outputs or write.attrs.axis != 2 or len(write.inputs[0].shape) != 4:
-            raise NoPlan("the cache write must be a group output, along axis 2 of a [B, H, T, D] cache")
-        if write.inputs[1].shape != shape:
-            raise NoPlan("the cache write must store the RoPE's [B, H, S, D] result")
-        if write.inputs[0] not in body.inputs or (write.inputs[2] not in body.inputs and fixed_position(write.inputs[2]) is None):
-            raise NoPlan("the cache and the positions must be inputs of the group (or the positions one integer literal)")
+        _check_write(body, write, shape)
         if any(u is not write and u.op != Op.RESHAPE for u in body.users().get(rope.output, [])):
             raise NoPlan("a RoPE whose result goes to a cache must have no other reader in the group")
     elif rope.output not in body.outputs:
@@ -149,7 +182,7 @@ def emit(ctx: Context, parts: list[Part], node: Node, label: str) -> None:
     pos: Value | None = None
     fixed = next((f for p in parts if p.write is not None and (f := fixed_position(p.write.inputs[2])) is not None), -1)
     for p in parts:
-        spec, x, w, out, ppos = _part_spec(ctx, p, node, label)
+        spec, x, w, out, ppos = _part_spec(ctx, p, parts[0], node, label)
         specs.append(spec)
         xs.append(x)
         ws.append(w)
@@ -166,16 +199,18 @@ def emit(ctx: Context, parts: list[Part], node: Node, label: str) -> None:
     ctx.kernel(HeadRopeGroupSpec(tuple(specs), copies, fixed) if group else specs[0], args, label)
 
 
-def _part_spec(ctx: Context, p: Part, node: Node, label: str) -> tuple[S.HeadRopeSpec, Any, Value | None, Value, Value | None]:
+def _part_spec(ctx: Context, p: Part, first: Part, node: Node, label: str
+               ) -> tuple[S.HeadRopeSpec, Any, Value | None, Value, Value | None]:
     """One part's spec and its pointers: (spec, x, norm weight, output, positions)."""
     from fusec.lower.nodes import _bcast_strides
 
     body: Graph = node.attrs.body
     outer: dict[Value, Value] = dict(zip(body.inputs, node.inputs))
     outer.update({c: c for c in body.constants})
-    rope, norm, write = p.rope, p.norm, p.write
+    rope, norm, write = p.rope or first.rope, p.norm, p.write
+    assert rope is not None
     xi, xview = p.x
-    B, H, S_, D = rope.output.shape
+    B, H, S_, D = p.rows.shape
     cos, sin = (outer[v] for v in rope.inputs[1:])
     cst = _bcast_strides(cos, (B, H, S_, D))
     if cst != _bcast_strides(sin, (B, H, S_, D)) or cst[1] != 0 or cst[3] != 1:
@@ -194,5 +229,5 @@ def _part_spec(ctx: Context, p: Part, node: Node, label: str) -> tuple[S.HeadRop
         kw.update(cache_len=out.shape[2], pos_dtype=pos.dtype)
     out_strides = L.View.contiguous(out.shape).strides[:3]  # [B, H, S|T, D]: the rope's result or the cache
     spec = S.HeadRopeSpec(B, H, S_, D, out.dtype, tuple(xview.strides[:3]), tuple(out_strides),  # type: ignore[arg-type]
-                          (cst[0], cst[2]), cos.dtype, **kw)
+                          (cst[0], cst[2]), cos.dtype, rotate=p.rope is not None, **kw)
     return spec, (node.inputs[xi], xview.offset), w, out, pos

@@ -82,7 +82,7 @@ def _cumsum(ctx: Context, node: Node, label: str) -> None:
 
 # ---- matrix products ------------------------------------------------------------------------
 
-def _matmul(ctx: Context, node: Node, label: str) -> None:
+def matmul(ctx: Context, node: Node, label: str) -> None:
     """cuBLAS GEMMs, reading every operand where and as the IR stores it: a B with ``trans_b``
     ([.., N, K], e.g. a tied embedding table) is read through cuBLAS's transpose flag. Weight
     layouts (transposes, padding of N to 16 bytes) are passes' work (transpose_cache, pad_gemm):
@@ -247,7 +247,7 @@ def _fused(ctx: Context, node: Node, label: str) -> None:
 
 
 LOWER: dict[Op, Callable[[Context, Node, str], None]] = {
-    Op.MATMUL: _matmul,
+    Op.MATMUL: matmul,
     Op.TRANSPOSE: _copy,
     Op.SLICE: _copy,
     Op.EXPAND: _copy,
@@ -283,14 +283,23 @@ LOWER: dict[Op, Callable[[Context, Node, str], None]] = {
 
 
 def lower_node(ctx: Context, node: Node, label: str) -> None:
+    """Emit ``node`` as its kernel selection (passes/select_kernels.py) says."""
+    from fusec.lower.choices import emit
+    from fusec.passes.select_kernels import selection
     from fusec.passes.views import view_of
 
-    view = view_of(node)
-    if view is not None and not node.inputs[0].is_const and not node.output.is_const:
+    sel = selection(node)
+    if sel.family == "view":
+        view = view_of(node)
         space, off = ctx.addr(node.inputs[0])
-        if ctx.addr(node.output) == (space, off + view.byte_offset):  # the memory plan placed it as a view
-            ctx.count("view")
-            return
+        if view is None or ctx.addr(node.output) != (space, off + view.byte_offset):
+            raise LoweringError(f"{label}: selected as a view, but the memory plan did not place it in its input")
+        ctx.count("view")
+        return
+    if node.op == Op.FUSED:
+        ctx.count("fused_" + sel.family)  # one per fused node, whatever its launches
+    if emit(ctx, node, sel, label):
+        return
     fn = LOWER.get(node.op)
     if fn is None and OP_INFO[node.op].kind in (FusionKind.ELEMENTWISE, FusionKind.BROADCAST):
         fn = _elementwise_node

@@ -1,0 +1,235 @@
+"""The skinny-product family: decode's matrix products as one ``GemvSpec`` launch.
+
+A body of this family is [RMSNORM ->] MATMUL (M <= 16 rows, a constant weight stored [N, K] and
+read with ``trans_b``) -> [an elementwise epilogue: + bias, activation, + residual | a gated unit:
+the product's two halves sliced apart, one activated, multiplied] [-> a greedy SAMPLE of the
+result]. The norm becomes the kernel's prologue (each block normalizes the rows it reads), the
+gated unit its epilogue (a tile holds rows j of both halves), and a greedy SAMPLE its argmax
+partials, merged by a second, tiny launch (``SampleCombineSpec``): the logits are still written
+(a bisect or a reader of them sees them), but no kernel reads them back.
+
+``plan(body)`` is the capability half (asked through ``fused.can_fuse`` while fusion forms groups):
+it raises ``NoPlan`` saying why a body is not one such kernel, or returns what ``emit`` needs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from fusec.codegen import specs as S
+from fusec.ir import Graph, Node, Value
+from fusec.ops import Op
+
+_ACT = {Op.RELU: "relu", Op.SILU: "silu"}
+# greedy argmax partials: at most this many blocks (the combine step merges one pair per block)
+ARGMAX_MAX_BLOCKS = 1024
+
+
+class NoPlan(Exception):
+    """The body is not one skinny-product kernel; the message says why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    mm: Node
+    norm: Node | None
+    bias: Value | None  # body values
+    act: str
+    residual: Value | None
+    glu: str  # "" or the gated half's activation
+    glu_swap: bool
+    sample: Node | None
+    out: Value  # the body value the product's epilogue ends in (the logits when it samples)
+    m: int
+    n: int
+    k: int
+
+    def spec(self) -> S.GemvSpec:
+        return S.GemvSpec(self.m, self.n, self.k, self.mm.inputs[0].dtype,
+                          S.Epilogue(bias=self.bias is not None, activation=self.act, residual=self.residual is not None),
+                          norm=self.norm is not None,
+                          eps=float(self.norm.attrs.eps) if self.norm is not None else 1e-6,
+                          weight_offset=float(self.norm.attrs.weight_offset) if self.norm is not None else 0.0,
+                          glu=self.glu, glu_swap=self.glu_swap, argmax=self.sample is not None,
+                          max_blocks=ARGMAX_MAX_BLOCKS if self.sample is not None else 0)
+
+
+def applies(body: Graph) -> bool:
+    """Bodies only this family covers: a product with a norm before it, a gated unit or a sample after it."""
+    ops = [n.op for n in body.nodes]
+    if Op.MATMUL not in ops:
+        return False
+    i = ops.index(Op.MATMUL)
+    return (i > 0 and ops[i - 1] == Op.RMSNORM) or Op.SAMPLE in ops or _glu_nodes(body, body.nodes[i]) is not None
+
+
+def is_constant(body: Graph, v: Value) -> bool:
+    """Whether body value ``v`` holds a constant: a body constant, or an input the outer graph
+    feeds a constant (``passes.subgraph.extract`` records which)."""
+    return v in body.constants or (v in body.inputs and body.inputs.index(v) in body.meta.get("const_inputs", ()))
+
+
+def fits(m: int, k: int, a: Value, b: Value, trans_b: bool, const: bool) -> str | None:
+    """None when GemvSpec takes this product, else why not."""
+    if m > S.GEMV_MAX_M:
+        return f"the skinny product takes at most {S.GEMV_MAX_M} rows, this one has {m}"
+    if not const:
+        return "the skinny product streams a constant weight (kernel selection stores it [N, K])"
+    if a.dtype not in S.FLOATS or a.dtype != b.dtype:
+        return f"the skinny product needs one float dtype for x and the weight ({a.dtype.value}, {b.dtype.value})"
+    if k % (16 // a.dtype.itemsize):
+        return f"the skinny product reads 16-byte slices: K = {k} is not a multiple of {16 // a.dtype.itemsize}"
+    return None
+
+
+def plan(body: Graph) -> Plan:
+    nodes = list(body.nodes)
+    mms = [n for n in nodes if n.op == Op.MATMUL]
+    if len(mms) != 1:
+        raise NoPlan("a skinny product body has exactly one matrix product")
+    mm = mms[0]
+    i = nodes.index(mm)
+    if i > 1 or (i == 1 and nodes[0].op != Op.RMSNORM):
+        raise NoPlan("only an RMSNorm may come before the skinny product")
+    a, b = mm.inputs
+    if len(b.shape) != 2 or len(a.shape) < 2:
+        raise NoPlan("the skinny product multiplies rows by a 2-D weight")
+    trans_b = bool(getattr(mm.attrs, "trans_b", False))
+    n, k = (b.shape[0], b.shape[1]) if trans_b else (b.shape[1], b.shape[0])
+    m = math.prod(a.shape[:-1])
+    if getattr(mm.attrs, "precision", "f32") != "f32":
+        raise NoPlan("the skinny product computes exact products (not a 3xTF32 split)")
+    if (why := fits(m, k, a, b, trans_b, const=is_constant(body, b))) is not None:
+        raise NoPlan(why)
+    norm = nodes[0] if i == 1 else None
+    if norm is not None:
+        if norm.outputs[0] is not a or norm.inputs[1].shape != (k,) or norm.inputs[1].dtype != a.dtype \
+                or norm.inputs[0].dtype != a.dtype:
+            raise NoPlan("the norm prologue must be an RMSNorm over K, in the product's dtype, feeding it directly")
+        if norm.inputs[1] not in body.inputs and norm.inputs[1] not in body.constants:
+            raise NoPlan("the norm weight must be an operand of the group")
+    rest = nodes[i + 1:]
+    sample = rest[-1] if rest and rest[-1].op == Op.SAMPLE else None
+    if sample is not None:
+        rest = rest[:-1]
+        if float(sample.attrs.temperature) != 0.0:
+            raise NoPlan("only greedy sampling reads the product's argmax partials")
+    glu = _glu_nodes(body, mm)
+    bias = res = None
+    act, gact, swap = "none", "", False
+    if glu is not None:
+        gact, swap, members, out = glu
+        if {id(x) for x in rest} != {id(x) for x in members}:
+            raise NoPlan("a gated unit must be the whole epilogue")
+        if n % 2:
+            raise NoPlan("a gated unit needs an even number of weight rows")
+    else:
+        bias, act, res, out = _epilogue(rest, mm.output, n)
+    if sample is not None:
+        if sample.inputs[0] is not out or len(out.shape) != 2:
+            raise NoPlan("the sample must read the product's [rows, vocabulary] result")
+        if n <= 8:
+            raise NoPlan("a vocabulary of at most 8 tokens is sampled by the plain sampler")
+        if glu is not None:
+            raise NoPlan("a gated unit does not feed a sample")
+    elif out not in body.outputs or len(body.outputs) != 1:
+        raise NoPlan("the product's result must be the group's one output")
+    return Plan(mm, norm, bias, act, res, gact, swap, sample, out, m, n, k)
+
+
+def _epilogue(rest: list[Node], cur: Value, n: int) -> tuple[Value | None, str, Value | None, Value]:
+    """(bias, activation, residual, last value) of an elementwise chain after the product."""
+    bias = res = None
+    act = "none"
+    for node in rest:
+        if cur not in node.inputs or len(node.outputs) != 1 or node.output.shape != cur.shape \
+                or node.output.dtype != cur.dtype:
+            raise NoPlan("the skinny product's epilogue is + bias, an activation, + residual, in that order")
+        if node.op == Op.ADD:
+            other = node.inputs[1] if node.inputs[0] is cur else node.inputs[0]
+            if bias is None and act == "none" and res is None and other.numel == n and other.shape[-1:] == (n,) \
+                    and other.dtype == cur.dtype and other is not cur:
+                bias = other
+            elif res is None and other.shape == cur.shape and other.dtype == cur.dtype and other is not cur:
+                res = other
+            else:
+                raise NoPlan("an add in the epilogue must be a bias [N] or a residual of the output's shape")
+        elif node.op in _ACT or node.op == Op.GELU:
+            if act != "none" or res is not None:
+                raise NoPlan("one activation, before the residual")
+            act = _ACT.get(node.op) or ("gelu_tanh" if node.attrs.approximate == "tanh" else "gelu")
+        else:
+            raise NoPlan(f"{node.op.value} is not part of a skinny product's epilogue")
+        cur = node.output
+    return bias, act, res, cur
+
+
+def _half(node: Node, v: Value) -> int | None:
+    """0 / 1 when ``node`` slices ``v``'s first / second half along its last axis, else None."""
+    if node.op != Op.SLICE or node.inputs[0] is not v or len(v.shape) < 1:
+        return None
+    a, last = node.attrs, len(v.shape) - 1
+    f = v.shape[-1] // 2
+    if v.shape[-1] % 2 or a.axes != (last,) or a.steps != (1,):
+        return None
+    if (a.starts, a.ends) == ((0,), (f,)):
+        return 0
+    if (a.starts, a.ends) == ((f,), (2 * f,)):
+        return 1
+    return None
+
+
+def _glu_nodes(body: Graph, mm: Node) -> tuple[str, bool, list[Node], Value] | None:
+    """(activation, swapped, members, output) when the product's result is read only by the two
+    half slices of a gated unit act(half a) * half b, else None."""
+    users = body.users()
+    readers = users.get(mm.output, [])
+    if len(readers) != 2:
+        return None
+    halves = {h: s for s in readers if (h := _half(s, mm.output)) is not None}
+    if len(halves) != 2:
+        return None
+    for h in (0, 1):
+        sa, sb = halves[h], halves[1 - h]
+        act_nodes = users.get(sa.output, [])
+        if len(act_nodes) != 1 or (act_nodes[0].op not in _ACT and act_nodes[0].op != Op.GELU):
+            continue
+        an = act_nodes[0]
+        muls = users.get(an.output, [])
+        if len(muls) != 1 or muls[0].op != Op.MUL or set(map(id, muls[0].inputs)) != {id(an.output), id(sb.output)}:
+            continue
+        if users.get(sb.output, []) != [muls[0]]:
+            continue
+        act = _ACT.get(an.op) or ("gelu_tanh" if an.attrs.approximate == "tanh" else "gelu")
+        return act, h == 1, [sa, sb, an, muls[0]], muls[0].output
+    return None
+
+
+def emit(ctx: Any, p: Plan, node: Node, label: str) -> None:
+    """One GemvSpec launch over the fused node's operands (and the argmax combine when it samples)."""
+    body: Graph = node.attrs.body
+    if not getattr(p.mm.attrs, "trans_b", False):
+        raise AssertionError(f"{label}: the skinny product's weight is not stored [N, K] (kernel selection's layout)")
+    outer: dict[Value, Value] = dict(zip(body.inputs, node.inputs))
+    outer.update({c: c for c in body.constants})
+    spec = p.spec()
+    x = outer[p.norm.inputs[0] if p.norm is not None else p.mm.inputs[0]]
+    args: list[Any] = [x, outer[p.mm.inputs[1]]]
+    if p.norm is not None:
+        args.append(outer[p.norm.inputs[1]])
+    args += [outer[v] for v in (p.bias, p.residual) if v is not None]
+    if p.sample is None:
+        args.append(node.output)
+        ctx.kernel(spec, args, f"{label} gemv")
+        return
+    from fusec.codegen.specs_decode import SampleCombineSpec
+    from fusec.lower import Raw
+
+    lb = -(-p.out.nbytes // 256) * 256
+    base = ctx.scratch(lb + spec.part_floats * 4)
+    logits = Raw(base.space, base.offset, p.out.nbytes)  # written for whoever looks, read by no kernel
+    part = Raw(base.space, base.offset + lb, spec.part_floats * 4)
+    ctx.kernel(spec, args + [logits, part], f"{label} gemv+argmax")
+    ctx.kernel(SampleCombineSpec(p.m, spec.grid), [part, node.output], f"{label} argmax combine")

@@ -1,0 +1,195 @@
+"""Kernel selection: the one decision of how each node runs, recorded on the node (``node.kernel``).
+
+For every node of the optimized graph this pass decides, once:
+
+- its **family**: ``view`` (no launch: the memory plan aliases it), a fused body's template family
+  (``fusec.lower.fused.kernel_plan``: ``gemv``, ``gemm_epilogue``, ``attention``, ``head_rope``,
+  ``rope``, ``add_norm``, ``elementwise``), or the op's own lowering (its op name);
+- for products with alternatives (``fusec.lower.choices``: a fused GEMM epilogue, a plain MATMUL
+  over a constant weight): the **variant** (the GEMM back end: cuBLAS + epilogue kernel, cuBLASLt
+  with the epilogue inside, fusec's GEMM, the skinny GEMV) by an explicit choice
+  (``PassOptions.choices``, an A/B ledger) or the rule-based default (``choices.choose``), and the
+  **weight layout** that variant reads: this pass writes it into the IR (a transposed copy of the
+  weight, shared by every product that reads it so, and ``trans_b`` flipped), so that the lowering
+  never copies a weight and the copy shows in the dumps and the weight bytes.
+
+The lowering (``fusec.lower``) reads ``node.kernel`` and decides nothing; ``explain``, ``inspect``
+and the A/B read the same record (``graph.meta["kernels"]`` holds it as JSON, per node).
+
+A variant whose operands are not 16-byte aligned (a view that starts mid-buffer) is declined here,
+with the reason, from the views' byte offsets: every buffer of the plan starts 256-byte aligned.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from fusec.ir import Graph, Node, Value
+from fusec.ops import FusedAttrs, Op
+from fusec.passes.base import PassOptions, PassResult
+from fusec.passes.match import Ctx, Rewriter
+from fusec.passes.views import view_of
+
+NAME = "select_kernels"
+REQUIRES = ("fusion",)
+
+
+@dataclasses.dataclass(frozen=True)
+class Selection:
+    """How a node runs. ``detail`` is what the lowering needs for a fused body (the template
+    family's plan); it is derived from the node, never serialized."""
+
+    family: str
+    variant: str = ""
+    key: str = ""  # the choice key of a product with alternatives ("" otherwise)
+    layout: str = ""  # a constant-weight product: "nk" (stored [N, K], read with trans_b) or "kn"
+    reason: str = ""
+    detail: Any = dataclasses.field(default=None, compare=False, repr=False)
+
+    def to_json(self) -> dict[str, Any]:
+        out = {"family": self.family}
+        out.update({k: v for k, v in (("variant", self.variant), ("key", self.key), ("layout", self.layout),
+                                      ("reason", self.reason)) if v})
+        return out
+
+
+def _offsets(graph: Graph) -> dict[Value, int]:
+    """Each value's byte offset from the start of its buffer (views only: everything else starts
+    a buffer, 256-byte aligned)."""
+    off: dict[Value, int] = {}
+    for n in graph.nodes:
+        info = view_of(n)
+        if info is not None:
+            off[n.outputs[0]] = off.get(info.base, 0) + info.byte_offset
+    return off
+
+
+def _select(node: Node, options: PassOptions, offsets: dict[Value, int]) -> Selection:
+    from fusec.lower import choices as C
+    from fusec.lower.fused import _NoPlan, kernel_plan
+
+    if view_of(node) is not None and not node.inputs[0].is_const:
+        return Selection("view", reason="a zero-copy view of its input")
+    cp = C.choice_point(node)
+    if node.op == Op.FUSED:
+        try:
+            family, detail = kernel_plan(node.attrs.body)
+        except _NoPlan as e:  # fusion asks can_fuse before it forms a group: a bug if this happens
+            from fusec.lower import LoweringError
+
+            raise LoweringError(f"{node.describe()}: fused group ({node.attrs.rule}) is not one kernel: {e}") from None
+        if family == "gemv":
+            return Selection("gemv", "gemv", layout="nk", reason="only the skinny product covers this body",
+                             detail=detail)
+        if cp is None:
+            return Selection(family, reason=f"the one {family} kernel of this body", detail=detail)
+    if cp is None:
+        return Selection(node.op.value, reason="the op's own lowering")
+    variant = C.choose(options.choices, cp)
+    reason = "explicit choice" if cp.key in options.choices else "rule-based default"
+    if not cp.accepts(variant):
+        options.decline("select_kernels", node.name or node.outputs[0].name,
+                        f"{cp.key}: variant {variant!r} does not apply (have {', '.join(cp.variants)})")
+        variant, reason = C.DEFAULT, f"{variant!r} does not apply here"
+    operands = [C.outer(node, v) for v in (cp.a, cp.bias, cp.residual) if v is not None] + list(node.outputs)
+    if variant in C.ALIGNED and any(offsets.get(v, 0) % 16 for v in operands):
+        options.decline("select_kernels", node.name or node.outputs[0].name,
+                        f"{cp.key}: variant {variant!r} needs 16-byte aligned operands")
+        variant, reason = C.DEFAULT, "operands not 16-byte aligned"
+    need = C.NEEDS_TRANS_B.get(variant)
+    layout = "" if not cp.b_const else ("nk" if (cp.trans_b if need is None else need) else "kn")
+    family = {"cublas": "gemm_epilogue" if node.op == Op.FUSED else "cublas"}.get(variant, variant)
+    if variant in C.LAYOUT_VARIANTS:
+        family = "gemm_epilogue" if node.op == Op.FUSED else "cublas"
+    detail = None
+    if node.op == Op.FUSED:
+        detail = kernel_plan(node.attrs.body)[1]
+    return Selection(family, variant, cp.key, layout, reason, detail)
+
+
+def _matmul_of(node: Node) -> tuple[Node, Graph | None]:
+    if node.op == Op.MATMUL:
+        return node, None
+    body: Graph = node.attrs.body
+    return next(n for n in body.nodes if n.op == Op.MATMUL), body
+
+
+def _relayout(node: Node, w_new: Value, trans_b: bool) -> Node:
+    """``node`` (a MATMUL, or a fused group with one MATMUL) reading ``w_new`` with ``trans_b``."""
+    mm, body = _matmul_of(node)
+    attrs = dataclasses.replace(mm.attrs, trans_b=trans_b)  # keeps precision
+    if body is None:
+        return Node(Op.MATMUL, [node.inputs[0], w_new], node.outputs, attrs, node.name)
+    bw = mm.inputs[1]
+    if bw in body.inputs:  # the weight enters as an operand: a new body input of the new shape
+        nb = Value(f"{bw.name}.{'nk' if trans_b else 'kn'}", w_new.shape, w_new.dtype)
+        inputs = [nb if v is bw else v for v in body.inputs]
+        outer = [w_new if v is bw else o for v, o in zip(body.inputs, node.inputs)]
+        consts = list(body.constants)
+    else:  # a body constant
+        nb = w_new
+        inputs, outer = list(body.inputs), list(node.inputs)
+        consts = [w_new if c is bw else c for c in body.constants]
+    new_mm = Node(Op.MATMUL, [mm.inputs[0], nb], mm.outputs, attrs, mm.name)
+    new_body = Graph(inputs, body.outputs, [new_mm if n is mm else n for n in body.nodes], consts, body.name,
+                     dict(body.meta))
+    return Node(Op.FUSED, outer, node.outputs, FusedAttrs(node.attrs.kind, node.attrs.rule, new_body), node.name)
+
+
+def run(graph: Graph, options: PassOptions) -> PassResult:
+    from fusec.lower import choices as C
+
+    ctx = Ctx(graph)
+    rw = Rewriter(graph)
+    offsets = _offsets(graph)
+    made: dict[int, Value] = {}
+    readers_left: dict[Value, int] = {}
+    relaid: list[dict[str, Any]] = []
+    chosen: dict[Node, Selection] = {}
+    for node in graph.nodes:
+        sel = _select(node, options, offsets)
+        if sel.layout:  # a constant-weight product: store the weight the way the variant reads it
+            mm, body = _matmul_of(node)
+            trans_b = bool(getattr(mm.attrs, "trans_b", False))
+            if (sel.layout == "nk") != trans_b:
+                w = C.outer(node, mm.inputs[1])
+                assert w.data is not None
+                new = made.get(id(w))
+                if new is None:
+                    new = made[id(w)] = rw.const(np.ascontiguousarray(np.asarray(w.data).T),
+                                                  f"{w.name}.{sel.layout}")
+                    readers_left[w] = len(ctx.users(w)) + (1 if ctx.is_output(w) else 0)
+                readers_left[w] -= 1
+                new_node = _relayout(node, new, sel.layout == "nk")
+                rw.replace(node, [new_node], [node])
+                relaid.append({"key": sel.key, "variant": sel.variant, "where": ctx.where(node), "weight": w.name,
+                               "stored": new.name, "shape": list(new.shape)})
+                if new_node.op == Op.FUSED:  # the plan of the new body
+                    from fusec.lower.fused import kernel_plan
+
+                    sel = dataclasses.replace(sel, detail=kernel_plan(new_node.attrs.body)[1])
+                chosen[new_node] = sel
+                continue
+        chosen[node] = sel
+    g = rw.finish() if rw.changed else graph.copy()
+    # fresh Node objects carry the records: the nodes of the graph this pass was given stay as they were
+    g.nodes = [Node(n.op, n.inputs, n.outputs, n.attrs, n.name, kernel=chosen[n]) for n in g.nodes]
+    extra = sum(w.nbytes for w, left in readers_left.items() if left > 0)
+    g.meta["weights_relaid"] = relaid
+    g.meta["kernels"] = [{"node": n.name or n.outputs[0].name, **n.kernel.to_json()} for n in g.nodes]
+    options.bump("weights_relaid", len(relaid))
+    if extra:
+        options.bump("weight_layout_extra_bytes", extra)
+    return PassResult(g, bool(relaid))
+
+
+def selection(node: Node) -> Selection:
+    """``node``'s recorded selection (a graph that skipped this pass is a compiler bug)."""
+    sel = getattr(node, "kernel", None)
+    if sel is None:
+        raise RuntimeError(f"node {node.describe()} has no kernel selection: the graph did not go through "
+                           f"passes/{NAME}.py")
+    return sel
