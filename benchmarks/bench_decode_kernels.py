@@ -27,7 +27,7 @@ import numpy as np
 
 from fusec.codegen import kernels as K
 from fusec.codegen import specs as S
-from fusec.codegen.build_decode import SMS, kv_attention_spec, sample_spec
+from fusec.codegen.build_decode import kv_layout, SMS, kv_attention_spec, sample_spec
 from fusec.dtypes import DType
 
 BF16, F32 = DType.BF16, DType.F32
@@ -97,10 +97,9 @@ def bench_kv(results: list, quick: bool) -> None:
 
     Hq, Hkv, D, T = 16, 8, 128, 4096
     scale = 1 / math.sqrt(D)
-    # (name, target blocks (0: one split), threads, wide combine)
-    variants = [("default", -1, 128, False), ("x2", 2 * SMS, 128, False), ("x4", 4 * SMS, 128, False), ("x8", 8 * SMS, 128, False),
-                ("x16", 16 * SMS, 128, False), ("x8-256t", 8 * SMS, 256, False), ("x4-wide", 4 * SMS, 128, True),
-                ("x8-wide", 8 * SMS, 128, True), ("nosplit", 0, 128, False)]
+    # (name, target blocks (0: one split), threads); a split one merges in-kernel (its last block)
+    variants = [("default", -1, 128), ("x2", 2 * SMS, 128), ("x4", 4 * SMS, 128), ("x8", 8 * SMS, 128),
+                ("x16", 16 * SMS, 128), ("x8-256t", 8 * SMS, 256), ("nosplit", 0, 128)]
     if quick:
         variants = variants[2:3]
     for B in (1, 8, 32):
@@ -111,7 +110,7 @@ def bench_kv(results: list, quick: bool) -> None:
         for ctx in (128, 4096):
             pos = cp.full(B, ctx - 1, dtype=cp.int64)
             kv_bytes = 2 * B * Hkv * ctx * D * 2
-            for vname, target, threads, wide in variants:
+            for vname, target, threads in variants:
                 if target < 0:
                     spec = kv_attention_spec(B, Hq, Hkv, 1, T, D, BF16, scale)  # what the lowering picks
                 elif target:
@@ -120,18 +119,17 @@ def bench_kv(results: list, quick: bool) -> None:
                 else:
                     spec = S.KVAttentionSpec(B, Hq, Hkv, 1, T, D, BF16, scale, 1)
                 ck = K.build(spec)
-                cc = K.build(spec.combine(wide=wide)) if spec.splits > 1 else None
                 part = cp.empty(max(1, spec.part_floats), cp.float32)
+                sync = cp.zeros(max(1, spec.sync_ints(kv_layout(spec, spec.threads)["tiles"])), cp.int32)
 
                 def one(i: int) -> Callable:
                     q, k, v = sets[i]
 
                     def f(s) -> None:  # noqa: ANN001
-                        if cc is None:
+                        if spec.splits == 1:
                             K.launch(ck, [q, k, v, pos, out], stream=s)
                         else:
-                            K.launch(ck, [q, k, v, pos, part], stream=s)
-                            K.launch(cc, [pos, part, out], stream=s)
+                            K.launch(ck, [q, k, v, pos, part, sync, out], stream=s)
                     return f
 
                 us = graph_time([one(i) for i in range(nsets)])

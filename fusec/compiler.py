@@ -64,7 +64,7 @@ def stage(graph: Any, dtype: str, arch: str, *, disabled_fusions: Sequence[str] 
           dump_dir: str | os.PathLike | None = None, progress: Callable[[str, str], None] | None = None,
           fusion_overrides: Mapping[str, bool] | None = None, choices: Mapping[str, str] | None = None,
           state_layout: Mapping[str, int] | None = None, shared: Any = None, dry_run: bool = False,
-          weights_nk: bool = False, fp32_gemm: str = "3xtf32") -> Staged:
+          weights_nk: bool = False, fp32_gemm: str = "3xtf32", sync_base: int = 0) -> Staged:
     """The one path from a graph to its lowered launch list (every entry point of every plan)."""
     from fusec.ir import verify
     from fusec.lower import lower
@@ -83,7 +83,8 @@ def stage(graph: Any, dtype: str, arch: str, *, disabled_fusions: Sequence[str] 
     mplan = plan_memory(g)
     state = {v: int(state_layout[s]) + off for v, (s, off) in mplan.state.items()} if state_layout else {}
     low = lower(g, mplan.offsets, arch, compute=compute, progress=(lambda k: progress("kernel", k)) if progress else None,
-                arena_base=mplan.arena_bytes, choices=dict(choices or {}), state=state, shared=shared, dry_run=dry_run)
+                arena_base=mplan.arena_bytes, choices=dict(choices or {}), state=state, shared=shared, dry_run=dry_run,
+                sync_base=sync_base)
     rep = report(g, opts, mplan)
     rep["lowering"] = low.report
     return Staged(g, mplan, low, rep, opts)
@@ -138,7 +139,8 @@ def compile_entries(graphs: Mapping[str, Any], dtype: str = "fp16", cuda_graph: 
     dump_dir = options.pop("dump_dir", None)
     for name, graph in graphs.items():
         where = dump_dir if dump_dir is None or len(graphs) == 1 else os.path.join(os.fspath(dump_dir), name)
-        st = stage(graph, dtype, arch, state_layout=layout, shared=shared, dump_dir=where, **options)
+        st = stage(graph, dtype, arch, state_layout=layout, shared=shared, dump_dir=where, sync_base=state_bytes,
+                   **options)
         got, _ = state_layout(st.graph, DTYPES[dtype][0])
         if got != state_recs:
             raise InputError(f"entry {name!r}: its state differs from the other entries' ({got} vs {state_recs})")
@@ -175,7 +177,8 @@ def compile_entries(graphs: Mapping[str, Any], dtype: str = "fp16", cuda_graph: 
         "source": {"model": None, "kind": "other", "sha256": None, "shapes": {}, **(source or {})},
         "memory": {"arena_bytes": max(e["arena_bytes"] for e in entries.values()), "weights_bytes": last.weights_bytes,
                    "scratch_bytes": max(st.lowered.scratch_bytes for st in staged.values()),
-                   "state_bytes": state_bytes,
+                   # the states, then the kernels' counters (zeroed once with them)
+                   "state_bytes": state_bytes + max(st.lowered.sync_bytes for st in staged.values()),
                    **{k: v for k, v in first.memory.summary().items() if k != "weights_bytes"}},
         "modules": last.modules,
         "kernels": last.kernels,

@@ -35,9 +35,6 @@ def decode_specs() -> list[tuple[str, object]]:
                                      (2, 8, 1, 3, 100, 256), (2, 6, 6, 1, 33, 80), (2, 4, 2, 7, 64, 32)]:
             sp = kv_attention_spec(B, Hq, Hkv, Sq, T, D, dt, 0.1)
             out.append((f"kvattn-{dt.value}-B{B}-H{Hq}/{Hkv}-S{Sq}-T{T}-D{D}-x{sp.splits}", sp))
-            if sp.splits > 1:
-                out.append((f"kvcomb-{dt.value}-B{B}-H{Hq}-S{Sq}-T{T}-D{D}", sp.combine()))
-                out.append((f"kvcombw-{dt.value}-B{B}-H{Hq}-S{Sq}-T{T}-D{D}", sp.combine(wide=True)))
         out.append((f"kvattn-{dt.value}-single", S.KVAttentionSpec(2, 4, 2, 1, 50, 64, dt, 0.1, 1, I32, 64)))
         out.append((f"kvattn-{dt.value}-256t", S.KVAttentionSpec(2, 16, 8, 1, 512, 64, dt, 0.1, 4, I64, 256)))
         out.append((f"cachew-{dt.value}-kv", S.cache_write_spec((4, 8, 4096, 128), (4, 8, 1, 128), 2, dt)))
@@ -85,10 +82,10 @@ def test_compiles_sm80(label: str, spec: object) -> None:
 def test_kv_attention_vector_loads_and_params() -> None:
     sp = kv_attention_spec(1, 16, 8, 1, 4096, 128, BF16, 0.088)
     r, src = K.prepare(sp)
-    assert r.params == ("q", "k", "v", "pos", "part") and sp.splits > 1
-    assert "ld.global.nc.v4.u32" in src
+    assert r.params == ("q", "k", "v", "pos", "part", "sync", "out") and sp.splits > 1  # merged in-kernel
+    assert "ld.global.nc.v4.u32" in src and "atomicAdd" in src
     assert r.grid == (sp.splits, 8, 1)  # one tile: the GQA group's 2 query heads share a block
-    assert K.prepare(sp.combine())[0].params == ("pos", "part", "out")
+    assert sp.sync_ints(1) == 8  # one counter per (b, tile, kv head)
     single = S.KVAttentionSpec(1, 16, 8, 1, 64, 128, BF16, 0.088)
     assert K.prepare(single)[0].params == ("q", "k", "v", "pos", "out") and single.part_floats == 0
 
@@ -122,8 +119,6 @@ def test_spec_validation() -> None:
         S.KVAttentionSpec(1, 2, 2, 1, 64, 64, F16, 0.1, pos_dtype=F32)
     with pytest.raises(ValueError, match="threads"):
         S.KVAttentionSpec(1, 2, 2, 1, 64, 64, F16, 0.1, threads=100)
-    with pytest.raises(ValueError, match="at least 2"):
-        S.KVCombineSpec(1, 2, 1, 64, 64, F16, 1)
     with pytest.raises(ValueError, match="do not fit"):
         S.CacheWriteSpec(1, 1, 4, 5, 8, F16)
     with pytest.raises(ValueError, match="vec"):
@@ -159,7 +154,7 @@ def test_spec_validation() -> None:
     with pytest.raises(ValueError, match="compact"):
         S.SampleSpec(1, 1000, F32, 1.0, compact=True)
     with pytest.raises(ValueError, match="splits"):
-        S.KVCombineSpec(1, 2, 1, 1 << 20, 64, F16, 2000)
+        S.KVAttentionSpec(1, 2, 2, 1, 1 << 20, 64, F16, 0.1, splits=2000)
 
 
 def test_sample_variants_render_what_they_need() -> None:

@@ -129,11 +129,27 @@ KV = [
 ]
 
 
-@pytest.mark.parametrize("wide", [False, True], ids=["combine", "wide_combine"])
+def run_kv(spec: S.KVAttentionSpec, args: list, out) -> None:  # noqa: ANN001
+    """One launch; a split one twice (its counters must be back at zero for the second)."""
+    import cupy as cp
+
+    if spec.splits == 1:
+        run(spec, args + [out])
+        return
+    from fusec.codegen.build_decode import kv_layout
+
+    part = cp.full(spec.part_floats, np.nan, dtype=np.float32)  # chunks never reached stay NaN
+    sync = cp.zeros(spec.sync_ints(kv_layout(spec, spec.threads)["tiles"]), dtype=np.int32)
+    for _ in range(2):
+        out[...] = out.dtype.type(0)
+        run(spec, args + [part, sync, out])
+        assert int(cp.count_nonzero(sync)) == 0, "a split attention left its counters set"
+
+
 @pytest.mark.parametrize("dt,B,Hq,Hkv,Sq,T,D,positions,splits", KV,
                          ids=[f"{c[0].value}-B{c[1]}-H{c[2]}/{c[3]}-S{c[4]}-T{c[5]}-D{c[6]}-x{c[8]}" for c in KV])
 def test_kv_attention(dt: DType, B: int, Hq: int, Hkv: int, Sq: int, T: int, D: int, positions: list | None,
-                      splits: int | None, wide: bool) -> None:
+                      splits: int | None) -> None:
     scale = 1.0 / math.sqrt(D)
     q, k, v = rand((B, Hq, Sq, D), dt), rand((B, Hkv, T, D), dt), rand((B, Hkv, T, D), dt)
     pos = np.array(positions if positions is not None else RNG.integers(0, T, size=B), np.int64)
@@ -150,21 +166,12 @@ def test_kv_attention(dt: DType, B: int, Hq: int, Hkv: int, Sq: int, T: int, D: 
         kn[b, :, max(0, pos[b] + Sq):] = np.nan
         vn[b, :, max(0, pos[b] + Sq):] = np.nan
     out = poisoned((B, Hq, Sq, D), dt)
-    args = [dev(q), dev(kn), dev(vn), dev(pos)]
-    if spec.splits == 1:
-        if wide:
-            pytest.skip("one split: no combine step")
-        run(spec, args + [out])
-    else:
-        part = cp.full(spec.part_floats, np.nan, dtype=np.float32)  # chunks never reached stay NaN
-        run(spec, args + [part])
-        run(spec.combine(wide=wide), [dev(pos), part, out])
+    run_kv(spec, [dev(q), dev(kn), dev(vn), dev(pos)], out)
     check(host(out, dt), ref, dt)
 
 
-@pytest.mark.parametrize("wide", [False, True], ids=["combine", "wide_combine"])
 @pytest.mark.parametrize("dt", FLOATS)
-def test_kv_attention_matches_for_every_split_count(dt: DType, wide: bool) -> None:
+def test_kv_attention_matches_for_every_split_count(dt: DType) -> None:
     B, Hq, Hkv, T, D = 2, 8, 4, 256, 64
     q, k, v = rand((B, Hq, 1, D), dt), rand((B, Hkv, T, D), dt), rand((B, Hkv, T, D), dt)
     pos = np.array([255, 100], np.int64)
@@ -173,14 +180,8 @@ def test_kv_attention_matches_for_every_split_count(dt: DType, wide: bool) -> No
 
     for splits in (1, 2, 3, 5, 8):
         spec = S.KVAttentionSpec(B, Hq, Hkv, 1, T, D, dt, 0.125, splits, I32, threads=256 if splits == 3 else 128)
-        p32 = dev(pos.astype(np.int32))
         out = poisoned((B, Hq, 1, D), dt)
-        if splits == 1:
-            run(spec, [dev(q), dev(k), dev(v), p32, out])
-        else:
-            part = cp.full(spec.part_floats, np.nan, dtype=np.float32)
-            run(spec, [dev(q), dev(k), dev(v), p32, part])
-            run(spec.combine(wide=wide), [p32, part, out])
+        run_kv(spec, [dev(q), dev(k), dev(v), dev(pos.astype(np.int32))], out)
         check(host(out, dt), ref, dt)
 
 

@@ -27,7 +27,7 @@ def _pow2_ceil(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def kv_layout(spec: S.KVAttentionSpec | S.KVCombineSpec, threads: int = 128) -> dict[str, int]:
+def kv_layout(spec: S.KVAttentionSpec, threads: int = 128) -> dict[str, int]:
     """Thread layout of the split attention kernel: 16-byte slices of D per lane (``vec``
     elements), ``lpk`` lanes per key, ``nv`` slices per lane, ``rows`` query rows per tile."""
     vec = 16 // spec.dtype.itemsize
@@ -35,8 +35,7 @@ def kv_layout(spec: S.KVAttentionSpec | S.KVCombineSpec, threads: int = 128) -> 
     lpk = min(32, _pow2_ceil(nvec))
     nv = cdiv(nvec, lpk)
     ng = threads // lpk
-    group = spec.Hq // spec.Hkv if isinstance(spec, S.KVAttentionSpec) else 1
-    rows_all = group * spec.S
+    rows_all = spec.Hq // spec.Hkv * spec.S
     r = min(rows_all, max(1, 32 // (vec * nv)))
     while r > 1 and ng * r * (spec.D + 2) * 4 > _SMEM_LIMIT:
         r -= 1
@@ -81,23 +80,8 @@ def _kv_attention(spec: S.KVAttentionSpec) -> Rendered:
         # ptxas caps registers oddly (and spills) when D / vec is no power of two; lift the cap there
         "min_blocks": 1 if lay["nvec"] & (lay["nvec"] - 1) else 0,
     }
-    last = "part" if spec.splits > 1 else "out"
-    return Rendered("kv_attention.cu.jinja", ctx, grid, (spec.threads, 1, 1), ("q", "k", "v", "pos", last))
-
-
-@builder(S.KVCombineSpec)
-def _kv_combine(spec: S.KVCombineSpec) -> Rendered:
-    threads = 128 if spec.wide else max(32, cdiv(spec.D, 32) * 32)
-    rows = spec.B * spec.Hq * spec.S
-    if rows >= 2**31:
-        raise ValueError("kv_combine: too many query rows")
-    ctx = {
-        "name": kernel_name("kvcomb", spec), "D": spec.D, "S": spec.S, "T": spec.T, "Hq": spec.Hq,
-        "splits": spec.splits, "gran": S.KV_CHUNK_GRANULE, "chunk_max": chunk_max(spec.T, spec.splits),
-        "b_rows": rows, "t": ctype(spec.dtype), "pos_t": ctype(spec.pos_dtype), "threads": threads,
-    }
-    template = "kv_combine_wide.cu.jinja" if spec.wide else "kv_combine.cu.jinja"
-    return Rendered(template, ctx, (rows, 1, 1), (threads, 1, 1), ("pos", "part", "out"))
+    params = ("q", "k", "v", "pos") + (("part", "sync") if spec.splits > 1 else ()) + ("out",)
+    return Rendered("kv_attention.cu.jinja", ctx, grid, (spec.threads, 1, 1), params)
 
 
 @builder(S.CacheWriteSpec)

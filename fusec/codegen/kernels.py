@@ -49,11 +49,11 @@ def idx_type(*extents: int) -> CType:
 
 # Output parameters are named so (every builder follows it): what a launch writes, for the program's
 # read/write regions (fusec.program).
-_WRITTEN = ("out", "C", "part", "sum_out", "dst", "dual")
+_WRITTEN = ("out", "C", "part", "sum_out", "dst", "dual", "sync")
 
 
 def written(params: Sequence[str]) -> tuple[int, ...]:
-    """Indices of the parameters a kernel writes (out*, C, part, sum_out, dst, dual*)."""
+    """Indices of the parameters a kernel writes (out*, C, part, sum_out, dst, dual*, sync)."""
     return tuple(i for i, p in enumerate(params) if p in _WRITTEN or p.startswith(("out", "dual")))
 
 

@@ -13,7 +13,7 @@ from fusec.dtypes import DType
 POS_DTYPES = (DType.I64, DType.I32)
 CACHE_DTYPES = FLOATS + POS_DTYPES
 KV_CHUNK_GRANULE = 32  # split lengths of kv_attention are multiples of this many keys
-KV_MAX_SPLITS = 1024  # the combine step keeps one weight per split in shared memory
+KV_MAX_SPLITS = 1024  # the merging block loops over the splits
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,12 +68,14 @@ class KVAttentionSpec:
     h // (Hq // Hkv). Flash-decoding: the visible keys of each (b, kv head) are cut into
     ``splits`` chunks of ceil(len / splits) keys rounded up to ``KV_CHUNK_GRANULE`` (len =
     min(T, pos[b] + S), read from device memory at run time), one block per chunk and query-row
-    tile; blocks whose chunk starts past the context exit at once, so the work follows the actual
-    context, not T. ``splits == 1``: one launch, params q, k, v, pos, out. ``splits > 1``: this
-    kernel writes per-chunk partials (params q, k, v, pos, part: ``part_floats`` fp32 values of
-    scratch) and ``combine()``'s kernel merges them (params pos, part, out).
+    tile; blocks whose chunk starts past the context skip the keys, so the work follows the actual
+    context, not T. ``splits == 1``: params q, k, v, pos, out. ``splits > 1``: each block writes its
+    chunk's partials (``part``: ``part_floats`` fp32 values of scratch) and counts itself in
+    (``sync``: ``sync_ints`` int32 counters, zero before the launch and after it); the last block
+    of each (b, tile, kv head) merges the partials into ``out``: one launch either way. Params
+    q, k, v, pos, part, sync, out.
     ``threads``: block size (64, 128 or 256). ``softcap`` as in ``AttentionSpec`` (the partials
-    hold capped scores, so kv_combine does not need it)."""
+    hold capped scores)."""
 
     B: int
     Hq: int
@@ -108,37 +110,9 @@ class KVAttentionSpec:
         unnormalized outputs, then per (b, h, s, split) the pair (max in log2 units, sum)."""
         return 0 if self.splits == 1 else self.B * self.Hq * self.S * self.splits * (self.D + 2)
 
-    def combine(self, wide: bool = False) -> KVCombineSpec:
-        return KVCombineSpec(self.B, self.Hq, self.S, self.T, self.D, self.dtype, self.splits, self.pos_dtype, wide)
-
-
-@dataclasses.dataclass(frozen=True)
-class KVCombineSpec:
-    """The second step of a split ``KVAttentionSpec``: out[b, h, s, :] from the chunks' partials
-    (params pos, part, out). Built by ``KVAttentionSpec.combine()``; the fields must match.
-    ``wide``: 128 threads per row (split-lanes x 16-byte column loads, weights in shared memory)
-    instead of one thread per column looping over the splits; faster with many splits (measured
-    on an H100: B 1, 128 splits, 15.5 us for the pair vs 24 us) but not yet validated on a GPU
-    after its last fix, so not the default."""
-
-    B: int
-    Hq: int
-    S: int
-    T: int
-    D: int
-    dtype: DType
-    splits: int
-    pos_dtype: DType = DType.I64
-    wide: bool = False
-
-    def __post_init__(self) -> None:
-        _pos(("B", self.B), ("Hq", self.Hq), ("S", self.S), ("T", self.T), ("D", self.D), ("splits", self.splits))
-        _req(self.splits >= 2, "kv_combine merges at least 2 splits")
-        _req(self.dtype in FLOATS, "kv_combine is float")
-        _req(self.D % 8 == 0 and 8 <= self.D <= 256, "kv_combine: head_dim must be a multiple of 8 in [8, 256]")
-        _req(self.pos_dtype in POS_DTYPES, "kv_combine: positions are int32/int64")
-        _req(self.splits <= -(-self.T // KV_CHUNK_GRANULE), "kv_combine: more splits than chunks")
-        _req(self.splits <= KV_MAX_SPLITS, f"kv_combine: at most {KV_MAX_SPLITS} splits")
+    def sync_ints(self, tiles: int) -> int:
+        """int32 counters of a split launch: one per (b, tile, kv head) block column."""
+        return 0 if self.splits == 1 else self.B * self.Hkv * tiles
 
 
 @dataclasses.dataclass(frozen=True)

@@ -57,6 +57,7 @@ class Lowered:
     scratch_bytes: int
     report: dict[str, Any]
     packer: WeightPacker | None = None  # to share the weights with another entry point (lower(shared=))
+    sync_bytes: int = 0  # kernels' counters at the end of the state region (zero between launches)
 
 
 class WeightPacker:
@@ -107,11 +108,16 @@ class Context:
     """What a node lowering needs: addresses, kernel registration, launch emission."""
 
     def __init__(self, arch: str, offsets: dict[str, int], compute: str, progress: Callable[[str], None] | None,
-                 dry_run: bool = False, arena_base: int = 0, state: dict[str, int] | None = None):
+                 dry_run: bool = False, arena_base: int = 0, state: dict[str, int] | None = None, sync_base: int = 0):
         # Scratch: a region appended to the arena (starting at arena_base), reused by every node
         # that needs temporary space inside its own lowering (launches run in order).
         self.arena_base = arena_base
         self.scratch_bytes = 0
+        # Counters some kernels keep between their blocks (a split attention's "last block merges"),
+        # in the state region after the states: zeroed once when the plan's device memory is made,
+        # and back to zero when each such kernel ends, so every node can use them from offset 0.
+        self.sync_base = sync_base
+        self.sync_bytes = 0
         self.dry_run = dry_run  # count launches, compile nothing (for `fusec inspect MODEL`)
         self.arch = arch
         self.offsets = offsets
@@ -154,6 +160,11 @@ class Context:
         """Temporary space for the node being lowered (valid until the next node's launches)."""
         self.scratch_bytes = max(self.scratch_bytes, -(-nbytes // _ALIGN) * _ALIGN)
         return Raw("arena", self.arena_base, nbytes)
+
+    def sync(self, nbytes: int) -> Raw:
+        """Zeroed counters for the node being lowered (its kernel leaves them zero again)."""
+        self.sync_bytes = max(self.sync_bytes, -(-nbytes // _ALIGN) * _ALIGN)
+        return Raw("state", self.sync_base, nbytes)
 
     @property
     def launches(self) -> list[dict[str, Any]]:
@@ -234,7 +245,7 @@ class Context:
 def lower(graph: Graph, offsets: dict[str, int], arch: str, compute: str = "f32",
           progress: Callable[[str], None] | None = None, dry_run: bool = False, arena_base: int = 0,
           choices: dict[str, str] | None = None, state: dict[str, int] | None = None,
-          shared: Lowered | None = None) -> Lowered:
+          shared: Lowered | None = None, sync_base: int = 0) -> Lowered:
     """Lower every node of ``graph`` (in order) against the memory plan's ``offsets``.
     ``dry_run``: decide every launch but compile nothing (the launch records are placeholders).
     ``choices``: {choice key: variant} for nodes with alternative kernels (``fusec.lower.choices``);
@@ -250,7 +261,7 @@ def lower(graph: Graph, offsets: dict[str, int], arch: str, compute: str = "f32"
 
         graph = select_kernels.run(graph, PassOptions(choices=dict(choices or {}))).graph
 
-    ctx = Context(arch, offsets, compute, progress, dry_run, -(-arena_base // _ALIGN) * _ALIGN, state)
+    ctx = Context(arch, offsets, compute, progress, dry_run, -(-arena_base // _ALIGN) * _ALIGN, state, sync_base)
     if shared is not None:
         ctx.weights, ctx.kernels, ctx.modules, ctx.blobs = shared.packer, shared.kernels, shared.modules, shared.blobs
         ctx._kernel_index = {k["entry"]: i for i, k in enumerate(shared.kernels)}
@@ -278,7 +289,7 @@ def lower(graph: Graph, offsets: dict[str, int], arch: str, compute: str = "f32"
     if choices:
         report["choices"] = _explicit_choices(graph, choices)
     return Lowered(launches, ctx.kernels, ctx.modules, ctx.blobs, ctx.weights.size, ctx.scratch_bytes, report,
-                   ctx.weights)
+                   ctx.weights, ctx.sync_bytes)
 
 
 def _explicit_choices(graph: Graph, choices: dict[str, str]) -> dict[str, dict[str, str]]:

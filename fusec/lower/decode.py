@@ -1,4 +1,4 @@
-"""Lowering of the decode-step ops: CACHE_WRITE (in place), KV_ATTENTION (split + combine) and
+"""Lowering of the decode-step ops: CACHE_WRITE (in place), KV_ATTENTION (split, merged in-kernel) and
 SAMPLE. Everything a launch needs per token (positions, seed, counters) is read from device
 memory, so the launches are fixed and replay in a CUDA graph."""
 
@@ -53,9 +53,11 @@ def kv_attention(ctx: Context, node: Node, label: str) -> None:
     if spec.splits == 1:
         ctx.kernel(spec, [q, k, v, pos, out], label)
         return
+    from fusec.codegen.build_decode import kv_layout
+
     part = ctx.scratch(spec.part_floats * 4)
-    ctx.kernel(spec, [q, k, v, pos, part], label)
-    ctx.kernel(spec.combine(), [pos, part, out], label + " combine")
+    sync = ctx.sync(spec.sync_ints(kv_layout(spec, spec.threads)["tiles"]) * 4)
+    ctx.kernel(spec, [q, k, v, pos, part, sync, out], label)  # the last block of each head merges: one launch
 
 
 def sample(ctx: Context, node: Node, label: str) -> None:
