@@ -200,101 +200,47 @@ def bench_sample(results: list, quick: bool) -> None:
 
 # ---- decode GEMVs: fusec GemvSpec vs cuBLAS -----------------------------------------------------
 
-GEMV_SHAPES = [("qkv", 1024, 4096), ("o_proj", 2048, 1024), ("gate_up", 1024, 6144), ("down", 3072, 1024),
-               ("lm_head", 1024, 151936)]
+GEMV_SHAPES = [("qwen3 qkv", 1024, 4096), ("qwen3 o_proj", 2048, 1024), ("qwen3 gate_up", 1024, 6144),
+               ("qwen3 down", 3072, 1024), ("qwen3 lm_head", 1024, 151936),
+               ("llama1b qkv", 2048, 3072), ("llama1b o_proj", 2048, 2048), ("llama1b gate_up", 2048, 16384),
+               ("llama1b down", 8192, 2048), ("llama1b lm_head", 2048, 128256)]
 
 
-# A prototype (not a fusec kernel; measured only to test why GemvSpec is slow at M > 1): each warp
-# owns CPW adjacent columns, so every x chunk loaded (and converted) serves CPW weight rows.
-_PROTO = r"""
-#define M_ %(M)d
-#define N_ %(N)d
-#define K_ %(K)d
-#define CPW %(CPW)d
-#define VEC 8
-typedef fc_bf16 T;
-extern "C" __global__ void __launch_bounds__(128) %(name)s(const T* __restrict__ x, const T* __restrict__ W, T* __restrict__ C) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int n0 = (blockIdx.x * 4 + warp) * CPW;
-  if (n0 >= N_) return;
-  float acc[CPW][M_];
-#pragma unroll
-  for (int c = 0; c < CPW; ++c)
-#pragma unroll
-    for (int m = 0; m < M_; ++m) acc[c][m] = 0.f;
-#pragma unroll 2
-  for (int k0 = lane * VEC; k0 < K_; k0 += 32 * VEC) {
-    float wf[CPW][VEC];
-#pragma unroll
-    for (int c = 0; c < CPW; ++c) {
-      const int n = min(n0 + c, N_ - 1);
-      const fc_vec<T, VEC> w = *reinterpret_cast<const fc_vec<T, VEC>*>(W + (long long)n * K_ + k0);
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) wf[c][e] = fc_val(w.v[e]);
-    }
-#pragma unroll
-    for (int m = 0; m < M_; ++m) {
-      const fc_vec<T, VEC> xv = *reinterpret_cast<const fc_vec<T, VEC>*>(x + (long long)m * K_ + k0);
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) {
-        const float xf = fc_val(xv.v[e]);
-#pragma unroll
-        for (int c = 0; c < CPW; ++c) acc[c][m] = fmaf(wf[c][e], xf, acc[c][m]);
-      }
-    }
-  }
-#pragma unroll
-  for (int c = 0; c < CPW; ++c) {
-    float mine = 0.f;
-#pragma unroll
-    for (int m = 0; m < M_; ++m) {
-      const float s = fc_warp_sum(acc[c][m]);
-      if (lane == m) mine = s;
-    }
-    if (lane < M_ && n0 + c < N_) fc_set(C[(long long)lane * N_ + n0 + c], mine);
-  }
-}
-"""
+def _pdl_chain(ck, args_per_launch: list[list]) -> list[Callable]:  # noqa: ANN001
+    """Launch closures with programmatic dependent launch (each may overlap the one before)."""
+    import numpy as np
 
+    from fusec.runtime.pdl import PdlLaunch
 
-def proto_gemv(M: int, N: int, K_: int, cpw: int):  # noqa: ANN201
-    from fusec.codegen.compile import compile_cuda
-    from fusec.codegen.render import _include_cuh
-
-    name = f"proto_gemv_{M}_{N}_{K_}_{cpw}"
-    src = _include_cuh("common.cuh") + _PROTO % {"M": M, "N": N, "K": K_, "CPW": cpw, "name": name}
-    b = compile_cuda(src, name)
-    grid = (-(-N // (4 * cpw)), 1, 1)
-    return K.CompiledKernel(name, "proto", src, b, grid, (128, 1, 1), 0, ("x", "W", "C"))
+    fn = K.load(ck)
+    return [PdlLaunch(fn.ptr, ck.grid, ck.block, ck.shared_mem, tuple(np.uint64(a.data.ptr) for a in args))
+            for args in args_per_launch]
 
 
 def bench_gemv(results: list, quick: bool) -> None:
+    """Each decode product shape alone, in a CUDA graph cycling over weight copies (> L2): fusec's
+    skinny product launched plainly and with PDL (weight loads overlap the previous launch), and
+    cuBLAS reading the same bytes as [N, K] (trans_b) and [K, N]."""
     import cupy as cp
 
     from fusec.runtime import cublas
 
     handle = cublas.Handle()
-    for name, Kd, N in GEMV_SHAPES:
+    shapes = GEMV_SHAPES[:2] if quick else GEMV_SHAPES
+    for name, Kd, N in shapes:
         wbytes = N * Kd * 2
-        nsets = max(1, min(32, -(-L2_ROTATE // wbytes)))
+        nsets = max(2, min(32, -(-L2_ROTATE // wbytes)))
         ws = [_bf16((N, Kd), 0.05) for _ in range(nsets)]  # [N, K]: GemvSpec's layout, cuBLAS trans_b
         wts = [w.reshape(Kd, N) for w in ws]                # the same bytes read as a [K, N] weight
-        for M in (1, 8):
+        for M in ((1, 8) if quick else (1, 4, 8, 16)):
             x = _bf16((M, Kd))
             c = cp.empty((M, N), cp.uint16)
             row = {"bench": "gemv", "name": name, "M": M, "K": Kd, "N": N, "bytes": wbytes}
             ck = K.build(S.GemvSpec(M, N, Kd, BF16))
             us = graph_time([lambda s, w=w: K.launch(ck, [x, w, c], stream=s) for w in ws])
             row.update(fusec_us=us, fusec_GBps=wbytes / us * 1e-3, fusec_regs=ck.binary.registers)
-            for cpw in (2, 4):
-                pk = proto_gemv(M, N, Kd, cpw)
-                us = graph_time([lambda s, w=w: K.launch(pk, [x, w, c], stream=s) for w in ws])
-                row.update({f"proto{cpw}_us": us, f"proto{cpw}_GBps": wbytes / us * 1e-3})
-                K.launch(ck, [x, ws[0], c])
-                ref = c.copy()
-                K.launch(pk, [x, ws[0], c])
-                same = float(cp.abs((c.astype(cp.uint32) << 16).view(cp.float32) - (ref.astype(cp.uint32) << 16).view(cp.float32)).max())
-                row[f"proto{cpw}_maxdiff_vs_gemv"] = same
+            us = graph_time(_pdl_chain(ck, [[x, w, c] for w in ws]))
+            row.update(fusec_pdl_us=us, fusec_pdl_GBps=wbytes / us * 1e-3)
             for tb, key in ((False, "cublas_kn"), (True, "cublas_nk")):
                 calls = []
                 for w in (ws if tb else wts):
@@ -305,6 +251,7 @@ def bench_gemv(results: list, quick: bool) -> None:
                 us = graph_time(calls)
                 row.update({f"{key}_us": us, f"{key}_GBps": wbytes / us * 1e-3})
             results.append(row)
+            print(json.dumps(row), flush=True)
         del ws, wts
 
 
@@ -332,16 +279,15 @@ def _table(results: list, copy: float, device: str) -> str:
         L += [f"| {r['B']} | {r['us']:.2f} |" for r in cw] + [""]
     gv = [r for r in results if r["bench"] == "gemv"]
     if gv:
-        L += ["### decode GEMVs, bf16 (weight bandwidth)", "",
-              "| matmul | M | K->N | weights | fusec GemvSpec us (GB/s) | cuBLAS W[K,N] us (GB/s) | cuBLAS W[N,K] trans_b us (GB/s) "
-              "| proto 2 cols/warp us (GB/s) | proto 4 cols/warp us (GB/s) |",
+        L += ["### decode products, bf16 (us per launch and weight GB/s; a graph cycling over weight copies)", "",
+              "| product | M | K->N | weights | fusec | fusec + PDL | % of copy (PDL) | cuBLAS [N,K] | cuBLAS [K,N] |",
               "|---|---|---|---|---|---|---|---|---|"]
         for r in gv:
-            L.append(f"| {r['name']} | {r['M']} | {r['K']}->{r['N']} | {r['bytes'] / 1e6:.1f} MB | {r['fusec_us']:.2f} "
-                     f"({r['fusec_GBps']:.0f}) | {r['cublas_kn_us']:.2f} ({r['cublas_kn_GBps']:.0f}) | "
-                     f"{r['cublas_nk_us']:.2f} ({r['cublas_nk_GBps']:.0f}) | {r.get('proto2_us', 0):.2f} "
-                     f"({r.get('proto2_GBps', 0):.0f}) | {r.get('proto4_us', 0):.2f} ({r.get('proto4_GBps', 0):.0f}) |")
-    return "\n".join(L)
+            L.append(f"| {r['name']} | {r['M']} | {r['K']}->{r['N']} | {r['bytes'] / 1e6:.1f} MB "
+                     f"| {r['fusec_us']:.2f} ({r['fusec_GBps']:.0f}) | {r['fusec_pdl_us']:.2f} ({r['fusec_pdl_GBps']:.0f}) "
+                     f"| {100 * r['fusec_pdl_GBps'] * 1e9 / copy:.0f}% | {r['cublas_nk_us']:.2f} ({r['cublas_nk_GBps']:.0f}) "
+                     f"| {r['cublas_kn_us']:.2f} ({r['cublas_kn_GBps']:.0f}) |")
+        L.append("")
 
 
 def main() -> int:

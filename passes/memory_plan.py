@@ -196,6 +196,37 @@ def lower_bound(records: list[UsageRecord], steps: int) -> int:
     return best
 
 
+def _updates_in_state(graph: Graph, nodes: list[Node], states: set[Value], root: dict[Value, Value],
+                      boff: dict[Value, int], kind: dict[Value, str], members: dict[Value, list[Value]],
+                      last: dict[Value, int]) -> None:
+    """Store a state's new value straight into the state's storage (no copy after the run) where
+    that is safe: the node computing it runs after every read of the old value, and reads the old
+    value itself (if at all) only elementwise, element i for element i (an in-place capable node)."""
+    users: dict[Value, list[int]] = {}
+    for i, n in enumerate(nodes):
+        for v in n.inputs:
+            users.setdefault(root.get(v, v), []).append(i)
+    producer = {o: i for i, n in enumerate(nodes) for o in n.outputs}
+    user_outs = set(graph.user_outputs())
+    for src, dst in graph.state_pairs():
+        if dst is src or src not in states or dst in kind or root.get(dst) is not dst or dst in user_outs:
+            continue
+        i = producer.get(dst)
+        if i is None or dst.nbytes != src.nbytes or dst.dtype != src.dtype:
+            continue
+        p = nodes[i]
+        reads = [j for j in users.get(src, [])]
+        if any(j > i for j in reads):
+            continue  # the old value is still read after the new one is made
+        if i in reads and not (inplace_capable(p) and len(p.outputs) == 1 and views.view_of(p) is None):
+            continue
+        for m in members.pop(dst):  # the new value and its views move into the state's storage
+            root[m] = src
+            members[src].append(m)
+        kind[dst] = "update"
+        last[src] = max(last[src], last.pop(dst, i))
+
+
 def plan_memory(graph: Graph, alignment: int = 256) -> MemoryPlan:
     """Plan ``graph``'s arena (see the module docstring for the contract)."""
     from fusec.ir import writes_in_place
@@ -243,6 +274,7 @@ def plan_memory(graph: Graph, alignment: int = 256) -> MemoryPlan:
                 own(o, i)
         for v in node.inputs:
             last[root[v]] = max(last[root[v]], i)
+    _updates_in_state(graph, nodes, states, root, boff, kind, members, last)
     pinned = {root[v] for v in (*graph.inputs, *graph.outputs)}
     for r in pinned:
         first[r], last[r] = 0, end

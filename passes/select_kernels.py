@@ -93,7 +93,7 @@ def _select(node: Node, options: PassOptions, offsets: dict[Value, int]) -> Sele
     if not cp.accepts(variant):
         options.decline("select_kernels", node.name or node.outputs[0].name,
                         f"{cp.key}: variant {variant!r} does not apply (have {', '.join(cp.variants)})")
-        variant, reason = C.DEFAULT, f"{variant!r} does not apply here"
+        variant, reason = C.choose({}, cp), f"{variant!r} does not apply here: the rule-based default"
     operands = [C.outer(node, v) for v in (cp.a, cp.bias, cp.residual) if v is not None] + list(node.outputs)
     if variant in C.ALIGNED and any(offsets.get(v, 0) % 16 for v in operands):
         options.decline("select_kernels", node.name or node.outputs[0].name,

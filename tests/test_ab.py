@@ -323,13 +323,17 @@ def test_kernel_choices_select_the_variant_and_default_is_unchanged() -> None:
     default = fusec.compile(g, dtype="fp16", arch="sm_90")
     same = fusec.compile(g, dtype="fp16", arch="sm_90", choices={"unrelated:key": "gemv"})
     assert default.manifest["launches"] == same.manifest["launches"]
-    assert [L["type"] for L in default.manifest["launches"]] == ["gemm", "kernel"]
+    # two rows: the rule-based default is the skinny product, its epilogue inside (one kernel)
+    assert [L["type"] for L in default.manifest["launches"]] == ["kernel"]
+    assert [m["template"] for m in default.manifest["modules"]] == ["gemv.cu.jinja"]
     key = "gemm_epilogue:f16:2x128x64:bias+gelu"
     for variant, template in (("fusec_gemm", "gemm"), ("gemv", "gemv")):
         p = fusec.compile(g, dtype="fp16", arch="sm_90", choices={key: variant})
         assert p.manifest["report"]["lowering"]["choices"]["applied"] == {key: variant}
         assert [L["type"] for L in p.manifest["launches"]] == ["kernel"]
         assert [m["template"] for m in p.manifest["modules"]] == [f"{template}.cu.jinja"]
+    cublas = fusec.compile(g, dtype="fp16", arch="sm_90", choices={key: "cublas"})  # the product, then the epilogue
+    assert [L["type"] for L in cublas.manifest["launches"]] == ["gemm", "kernel"]
     bad = fusec.compile(g, dtype="fp16", arch="sm_90", choices={key: "nonsense"})
     assert "nonsense" in bad.manifest["report"]["lowering"]["choices"]["declined"][key]
     assert bad.manifest["launches"] == default.manifest["launches"]

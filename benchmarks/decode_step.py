@@ -1,0 +1,222 @@
+"""A generation plan's decode step on the GPU, launched with and without programmatic dependent
+launch (PDL): step time, tokens/s against the copy-bandwidth roofline, launches per step, and the
+per-kernel profile of CUDA-graph replays (CUPTI kernel records): time per kernel family and the
+gap between consecutive kernels (negative: they overlapped).
+
+    python benchmarks/decode_step.py OUT_DIR [--model qwen3-0.6b|llama-1b] [--batches 1,8] [--context 128]
+
+One plan per batch (bf16, random weights, greedy), compiled once and loaded twice: FUSEC_PDL=1 and
+FUSEC_PDL=0 (read when a plan's device memory is made). The same prompt and steps run on both; the
+drawn tokens and the final KV caches must be bit-identical (PDL changes when a kernel starts, never
+what it computes). Roofline: (weight bytes + KV bytes attended) per step over the device-to-device
+copy bandwidth measured in the same process. Writes OUT_DIR/decode_step.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def model(name: str) -> Any:
+    from fusec.genmodel import GenModel
+    from fusec.models.generate import SharedWeights
+    from fusec.models.registry import get_config
+    from fusec.models.weights import RandomWeights
+
+    if name == "llama-1b":  # the Llama-3.2-1B shape: tied 128,256 vocabulary, 16 layers, d 2048, GQA 32/8
+        cfg = dataclasses.replace(get_config("llama-tiny"), name="llama-1b", vocab_size=128256, hidden_size=2048,
+                                  num_layers=16, num_heads=32, num_kv_heads=8, head_dim=64, intermediate_size=8192,
+                                  max_positions=131072, rope_theta=500000.0, tie_word_embeddings=True)
+    else:
+        cfg = get_config(name)
+    return GenModel(cfg, SharedWeights(RandomWeights(0)), None, (), cfg.name)
+
+
+def copy_bw() -> float:
+    import cupy as cp
+
+    n = 1 << 30
+    a, b = cp.ones(n // 4, cp.float32), cp.empty(n // 4, cp.float32)
+    for _ in range(3):
+        b[...] = a
+    e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+    ts = []
+    for _ in range(10):
+        e0.record()
+        b[...] = a
+        e1.record()
+        e1.synchronize()
+        ts.append(cp.cuda.get_elapsed_time(e0, e1) * 1e-3)
+    del a, b
+    return 2 * n / statistics.median(ts)
+
+
+def family(name: str, kernels: dict[str, str]) -> str:
+    t = kernels.get(name)
+    if t is not None:
+        return t
+    return "cublas" if "gemm" in name.lower() or "sm90" in name or "cutlass" in name else name[:24]
+
+
+def run_mode(path: str, pdl: bool, batch: int, steps: int, windows: int) -> tuple[dict[str, Any], Any, Any]:
+    import cupy as cp
+
+    import fusec
+    from fusec.runtime.counters import DriverCounters
+    from fusec.runtime.generation import PlanEngine
+
+    os.environ["FUSEC_PDL"] = "1" if pdl else "0"
+    plan = fusec.load(path)
+    eng = PlanEngine(plan)
+    gen = plan.manifest["generation"]
+    vocab = int(gen["vocab_size"])
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, vocab, (batch, int(gen["prefill_len"])))
+    pdl_launches = sum(bool(L.get("pdl")) for L in plan.manifest["entries"]["decode"]["launches"])
+
+    def start() -> None:  # every row's prompt fills the prefill: decode starts at position prefill_len
+        eng.set_state("pos", np.full(batch, int(gen["prefill_len"]), np.int64))
+        eng.set_state("done", np.zeros(batch, bool))
+        eng.set_state("seed", np.array([0], np.int64))
+        eng.prefill(ids)
+
+    start()
+    for _ in range(8):
+        eng.decode()
+    eng.sync()
+    times = []
+    a, b = cp.cuda.Event(), cp.cuda.Event()
+    for _ in range(windows):
+        start()
+        a.record(eng.stream)
+        for _ in range(steps):
+            eng.decode()
+        b.record(eng.stream)
+        b.synchronize()
+        times.append(cp.cuda.get_elapsed_time(a, b) / steps)
+    tokens = eng.read_state("tokens")
+    caches = {n: eng.read_state(n) for n in ("k.0", "v.0")}
+    out: dict[str, Any] = {"pdl": pdl, "step_ms": statistics.median(times), "step_ms_all": times,
+                           "launches": len(plan.manifest["entries"]["decode"]["launches"]),
+                           "pdl_launches": pdl_launches, "device_pdl": bool(eng.device.pdl)}
+    # per-kernel profile: CUPTI kernel records of a few replays, split by CUPTI timestamps
+    counters = DriverCounters.create()
+    if counters.available:
+        start()
+        marks: list[int] = []
+
+        def replays() -> None:
+            for _ in range(10):
+                marks.append(counters.timestamp())
+                eng.decode()
+                eng.sync()
+            marks.append(counters.timestamp())
+
+        from fusec.runtime.kernel_trace import split_by_marks
+
+        recs = split_by_marks(counters.kernel_records(replays), marks)
+        mods = {m["id"]: m["template"].split(".")[0] for m in plan.manifest["modules"]}
+        kern = {k["entry"]: mods[k["module"]] for k in plan.manifest["kernels"]}
+        by: dict[str, list[float]] = {}
+        gaps: list[float] = []
+        walls, busy = [], []
+        for r in recs:
+            if not r:
+                continue
+            r = sorted(r)
+            walls.append((r[-1][1] - r[0][0]) * 1e-3)
+            busy.append(sum(e - s for s, e, _ in r) * 1e-3)
+            gaps += [(r[i + 1][0] - r[i][1]) * 1e-3 for i in range(len(r) - 1)]
+            per: dict[str, float] = {}
+            for s, e, n in r:
+                f = family(n, kern)
+                per[f] = per.get(f, 0.0) + (e - s) * 1e-3
+            for f, us in per.items():
+                by.setdefault(f, []).append(us)
+        out["profile"] = {"wall_us": statistics.median(walls), "busy_us": statistics.median(busy),
+                          "kernels": len(recs[0]) if recs else 0,
+                          "gap_us_median": statistics.median(gaps) if gaps else None,
+                          "gap_us_p10": float(np.percentile(gaps, 10)) if gaps else None,
+                          "gap_us_p90": float(np.percentile(gaps, 90)) if gaps else None,
+                          "by_family_us": {f: round(statistics.median(v), 2) for f, v in sorted(by.items())}}
+    else:
+        out["profile"] = f"unavailable: {counters.reason}"
+    eng.sync()
+    del eng, plan
+    return out, tokens, caches
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--model", default="qwen3-0.6b")
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--context", type=int, default=128, help="prompt tokens (at most 128): the cache holds them")
+    ap.add_argument("--steps", type=int, default=127)
+    ap.add_argument("--windows", type=int, default=5)
+    args = ap.parse_args()
+    from fusec.genmodel import compile_generation
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    bw = copy_bw()
+    gm = model(args.model)
+    cfg = gm.config
+    results: dict[str, Any] = {"model": args.model, "copy_Bps": bw, "context": args.context, "runs": []}
+    tmp = tempfile.mkdtemp()
+    for batch in map(int, args.batches.split(",")):
+        t0 = time.time()
+        plan = compile_generation(gm, batch=batch, max_seq_len=args.context + args.steps + 16,
+                                  prefill_len=args.context, dtype="bf16", eos_ids=[])
+        compile_s = time.time() - t0
+        path = os.path.join(tmp, f"b{batch}.fplan")
+        plan.save(path)
+        weights = int(plan.manifest["memory"]["weights_bytes"])
+        del plan
+        kv = 2 * cfg.num_layers * batch * cfg.num_kv_heads * cfg.head_dim * 2 * (args.context + args.steps / 2)
+        roof_ms = (weights + kv) / bw * 1e3
+        rec: dict[str, Any] = {"batch": batch, "compile_s": round(compile_s, 1), "weights_bytes": weights,
+                               "kv_bytes_per_step": kv, "roofline_step_ms": roof_ms}
+        same = True
+        ref = None
+        for pdl in (True, False):
+            r, tokens, caches = run_mode(path, pdl, batch, args.steps, args.windows)
+            r["tok_s"] = batch / (r["step_ms"] * 1e-3)
+            r["pct_roofline"] = 100 * roof_ms / r["step_ms"]
+            rec["pdl" if pdl else "plain"] = r
+            if ref is None:
+                ref = (tokens, caches)
+            else:
+                same = bool(np.array_equal(ref[0], tokens) and all(np.array_equal(ref[1][k], caches[k]) for k in caches))
+        rec["pdl_bit_identical"] = same
+        rec["layers"] = cfg.num_layers
+        rec["launches_per_layer"] = round(rec["pdl"]["launches"] / cfg.num_layers, 2)
+        results["runs"].append(rec)
+        print(json.dumps(rec, default=str), flush=True)
+        (out / "decode_step.json").write_text(json.dumps(results, indent=1, default=str))
+    md = [f"model {args.model}, context {args.context}, copy bandwidth {bw / 1e9:.0f} GB/s", "",
+          "| batch | launches (per layer) | PDL step ms | tok/s | % roofline | plain step ms | median gap PDL / plain (us) | bit-identical |",
+          "|---|---|---|---|---|---|---|---|"]
+    for r in results["runs"]:
+        g = [x["profile"]["gap_us_median"] if isinstance(x["profile"], dict) else None for x in (r["pdl"], r["plain"])]
+        md.append(f"| {r['batch']} | {r['pdl']['launches']} ({r['launches_per_layer']}) | {r['pdl']['step_ms']:.3f} "
+                  f"| {r['pdl']['tok_s']:.0f} | {r['pdl']['pct_roofline']:.0f}% | {r['plain']['step_ms']:.3f} "
+                  f"| {g[0]} / {g[1]} | {r['pdl_bit_identical']} |")
+    (out / "decode_step.md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
