@@ -49,11 +49,13 @@ def _gemm(spec: S.GemmSpec) -> Rendered:
 @builder(S.GemvSpec)
 def _gemv(spec: S.GemvSpec) -> Rendered:
     nch = cdiv(spec.K, 64)  # 64-wide k chunks
-    warps = max(4, min(16, cdiv(nch, 4)))  # >= 4: the epilogue takes one thread per output of a tile
+    kg = cdiv(nch, 32)  # k groups of at most 8 warps x 4 chunks: a lane holds 4 chunks' slices (x 2: the next step's)
+    warps = max(4, cdiv(nch, 4 * kg))  # >= 4: the epilogue takes one thread per output of a tile
+    ch = cdiv(nch, warps * kg)
     e = spec.epilogue
     ctx = {
         "name": kernel_name("gemv", spec), "M": spec.M, "N": spec.N, "K": spec.K, "nout": spec.n_out,
-        "half": spec.N // 2, "warps": warps, "ch": cdiv(nch, warps), "nch": nch, "tiles": spec.tiles,
+        "half": spec.N // 2, "warps": warps, "ch": ch, "nch": nch, "kg": kg, "tiles": spec.tiles,
         "t": ctype(spec.dtype), "tc": spec.dtype in S.HALFS, "bias": e.bias, "act": Ident(e.activation),
         "residual": e.residual, "round_x": _round_fn(spec.dtype), "norm": spec.norm, "eps": float_lit(spec.eps),
         "weight_offset": float_lit(spec.weight_offset), "glu": Ident(spec.glu) if spec.glu else None,

@@ -119,7 +119,7 @@ class Executor:
 
             return launch
         if L["type"] == "gemm":
-            fields = {k: v for k, v in L.items() if k not in ("type", "label")}
+            fields = {k: v for k, v in L.items() if k not in ("type", "label", "reads", "writes", "pdl")}
             for key in ("a", "b", "c", "bias", "c_in"):  # bias, c_in: cuBLASLt epilogues (runtime/cublaslt.py)
                 if key in fields:
                     fields[key] = self._addr(*fields[key])

@@ -1,0 +1,43 @@
+#!/bin/bash
+# One device call of a session: install fusec (editable, no deps) and the carried wheels, then run
+# the named steps, each under its own time limit, results under $OUT (or /tmp/gpu_session).
+# Usage: bash benchmarks/gpu_session.sh STEP [STEP ...]
+#   kernels   GPU tests of the decode kernels, PDL and generation
+#   gpu_all   every GPU test (benchmarks/gpu_check.sh)
+#   gemv      decode products alone vs cuBLAS (benchmarks/bench_decode_kernels.py --only gemv)
+#   kv        split attention alone (--only kv)
+#   step_q    Qwen3-0.6B decode step, PDL vs plain, batch 1 and 8 (benchmarks/decode_step.py)
+#   step_l    the Llama-3.2-1B shape, batch 1
+#   peer      Qwen3-0.6B decode and prefill vs the gpt-fast-style torch peer (benchmarks/decode.py --quick)
+export PYTHONUNBUFFERED=1
+cd "$(dirname "$0")/.."
+R=${OUT:-/tmp/gpu_session}; mkdir -p "$R"
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+python3 -m pip install -q --no-deps --no-build-isolation -e . > "$R/install.txt" 2>&1 || tail -5 "$R/install.txt"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader | tee "$R/device.txt"
+python3 -c "import cupy, cuda.bindings; print('cupy', cupy.__version__, 'cuda-bindings', cuda.bindings.__version__)" | tee -a "$R/device.txt"
+PT="python3 -m pytest -q -p no:cacheprovider -m gpu -rfE"
+for step in "$@"; do
+  t0=$(date +%s)
+  case "$step" in
+    kernels) timeout 300 $PT -n 8 tests/test_gemv_gpu.py tests/test_decode_kernels_gpu.py tests/test_pdl_gpu.py \
+               tests/test_head_rope_pair.py tests/test_softcap.py tests/test_generation_gpu.py > "$R/t_kernels.txt" 2>&1
+             tail -n 25 "$R/t_kernels.txt" ;;
+    gpu_all) OUT="$R" timeout 420 bash benchmarks/gpu_check.sh ;;
+    gemv) timeout 150 python3 benchmarks/bench_decode_kernels.py "$R/bk" --only gemv > "$R/gemv.txt" 2>&1
+          grep "^|" "$R/gemv.txt" | tail -n 45 ;;
+    kv) timeout 120 python3 benchmarks/bench_decode_kernels.py "$R/bkv" --only kv > "$R/kv.txt" 2>&1
+        grep "^|" "$R/kv.txt" | tail -n 25 ;;
+    step_q) timeout 300 python3 benchmarks/decode_step.py "$R/step_q" --model qwen3-0.6b --batches 1,8 > "$R/step_q.txt" 2>&1
+            tail -n 6 "$R/step_q.txt" ;;
+    step_l) timeout 300 python3 benchmarks/decode_step.py "$R/step_l" --model llama-1b --batches 1 --context 32 > "$R/step_l.txt" 2>&1
+            tail -n 5 "$R/step_l.txt" ;;
+    peer) timeout 400 python3 benchmarks/decode.py "$R/peer.json" --quick --batches 1,8 --contexts 128 > "$R/peer.txt" 2>&1
+          tail -n 25 "$R/peer.txt" ;;
+    *) echo "unknown step $step" ;;
+  esac
+  echo "[$step: $(( $(date +%s) - t0 )) s]"
+done
