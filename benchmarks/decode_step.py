@@ -1,7 +1,9 @@
 """A generation plan's decode step on the GPU, launched with and without programmatic dependent
 launch (PDL): step time, tokens/s against the copy-bandwidth roofline, launches per step, and the
 per-kernel profile of CUDA-graph replays (CUPTI kernel records): time per kernel family and the
-gap between consecutive kernels (negative: they overlapped).
+gap between consecutive kernels (negative: the next one started, waiting in-kernel, before the one
+before it ended). A kernel's time in the profile runs from the end of the one before (or its own
+start, if later) to its end: under PDL a kernel's start includes its wait.
 
     python benchmarks/decode_step.py OUT_DIR [--model qwen3-0.6b|llama-1b] [--batches 1,8] [--context 128]
 
@@ -139,9 +141,11 @@ def run_mode(path: str, pdl: bool, batch: int, steps: int, windows: int) -> tupl
             busy.append(sum(e - s for s, e, _ in r) * 1e-3)
             gaps += [(r[i + 1][0] - r[i][1]) * 1e-3 for i in range(len(r) - 1)]
             per: dict[str, float] = {}
-            for s, e, n in r:
+            prev_end = r[0][0]
+            for s, e, n in r:  # a kernel's own time: from when it could run (the one before ended) to its end
                 f = family(n, kern)
-                per[f] = per.get(f, 0.0) + (e - s) * 1e-3
+                per[f] = per.get(f, 0.0) + (e - max(s, prev_end)) * 1e-3
+                prev_end = max(prev_end, e)
             for f, us in per.items():
                 by.setdefault(f, []).append(us)
         out["profile"] = {"wall_us": statistics.median(walls), "busy_us": statistics.median(busy),
@@ -188,18 +192,24 @@ def main() -> int:
         roof_ms = (weights + kv) / bw * 1e3
         rec: dict[str, Any] = {"batch": batch, "compile_s": round(compile_s, 1), "weights_bytes": weights,
                                "kv_bytes_per_step": kv, "roofline_step_ms": roof_ms}
-        same = True
-        ref = None
-        for pdl in (True, False):
-            r, tokens, caches = run_mode(path, pdl, batch, args.steps, args.windows)
+        runs = {}
+        for mode, pdl in (("pdl", True), ("plain", False), ("plain_again", False)):
+            r, tokens, caches = run_mode(path, pdl, batch, args.steps, args.windows if mode != "plain_again" else 1)
             r["tok_s"] = batch / (r["step_ms"] * 1e-3)
             r["pct_roofline"] = 100 * roof_ms / r["step_ms"]
-            rec["pdl" if pdl else "plain"] = r
-            if ref is None:
-                ref = (tokens, caches)
-            else:
-                same = bool(np.array_equal(ref[0], tokens) and all(np.array_equal(ref[1][k], caches[k]) for k in caches))
-        rec["pdl_bit_identical"] = same
+            if mode != "plain_again":
+                rec[mode] = r
+            runs[mode] = (tokens, caches)
+
+        def same(a: str, b: str) -> dict[str, Any]:
+            (ta, ca), (tb, cb) = runs[a], runs[b]
+            diff = np.argwhere(ta != tb)
+            return {"tokens": bool(diff.size == 0), "first_token_diff": diff[0].tolist() if diff.size else None,
+                    "caches": all(np.array_equal(ca[k].view(np.uint8), cb[k].view(np.uint8)) for k in ca)}
+
+        rec["pdl_vs_plain"] = same("pdl", "plain")
+        rec["plain_vs_plain"] = same("plain", "plain_again")
+        rec["pdl_bit_identical"] = rec["pdl_vs_plain"]["tokens"] and rec["pdl_vs_plain"]["caches"]
         rec["layers"] = cfg.num_layers
         rec["launches_per_layer"] = round(rec["pdl"]["launches"] / cfg.num_layers, 2)
         results["runs"].append(rec)

@@ -117,11 +117,12 @@ template <class T> __device__ __forceinline__ T fc_block_max(T v, T* scratch, T 
 
 // ---- programmatic dependent launch (sm_90+; no-ops elsewhere) ---------------------------------
 // A kernel launched with programmatic stream serialization may start while the kernel before it
-// still runs. It calls fc_pdl_trigger() first (its own dependents may then be scheduled), loads
-// only what no earlier kernel writes (weights, constants), and calls fc_pdl_wait() before its
-// first access to anything else: the wait returns once every earlier kernel has completed and its
-// writes are visible. Launched plainly, both are no-ops. The "memory" clobbers keep the compiler
-// from moving loads or stores across them.
+// still runs. It loads only what no earlier kernel writes (weights, constants), calls
+// fc_pdl_wait() before its first access to anything else (the wait returns once every earlier
+// kernel has completed and its writes are visible), then fc_pdl_trigger(): the kernel after it may
+// now be scheduled. Triggering only after the wait keeps one kernel ahead at most. Launched
+// plainly, both are no-ops. The "memory" clobbers keep the compiler from moving loads or stores
+// across them.
 __device__ __forceinline__ void fc_pdl_trigger() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");

@@ -226,8 +226,5 @@ def emit(ctx, node: Node, sel, label: str) -> bool:  # noqa: ANN001 (fusec.lower
     elif sel.variant == "fusec_gemm":
         ctx.kernel(S.GemmSpec(cp.m, cp.n, cp.k, a.dtype, epilogue=cp.epilogue), [a, b, *extra, out], f"{label} fusec_gemm")
     else:  # gemv: reads the weight [N, K] (k contiguous), as MATMUL[trans_b] stores it
-        from fusec.lower.skinny import grid_cap
-
-        ctx.kernel(S.GemvSpec(cp.m, cp.n, cp.k, a.dtype, epilogue=cp.epilogue, max_blocks=grid_cap(ctx.arch)),
-                   [a, b, *extra, out], f"{label} gemv")
+        ctx.kernel(S.GemvSpec(cp.m, cp.n, cp.k, a.dtype, epilogue=cp.epilogue), [a, b, *extra, out], f"{label} gemv")
     return True

@@ -23,13 +23,6 @@ from fusec.ir import Graph, Node, Value
 from fusec.ops import Op
 
 _ACT = {Op.RELU: "relu", Op.SILU: "silu"}
-# Multiprocessors of the arch's datacenter part: the skinny product runs one block per SM, looping
-# over tiles, so that the next kernel's blocks (launched overlapping it: PDL) fit beside it.
-_SMS = {"sm_80": 108, "sm_90": 132, "sm_100": 148}
-
-
-def grid_cap(arch: str) -> int:
-    return _SMS.get(arch.rstrip("abcdefghijklmnopqrstuvwxyz"), 128)
 
 
 class NoPlan(Exception):
@@ -51,14 +44,13 @@ class Plan:
     n: int
     k: int
 
-    def spec(self, arch: str) -> S.GemvSpec:
+    def spec(self) -> S.GemvSpec:
         return S.GemvSpec(self.m, self.n, self.k, self.mm.inputs[0].dtype,
                           S.Epilogue(bias=self.bias is not None, activation=self.act, residual=self.residual is not None),
                           norm=self.norm is not None,
                           eps=float(self.norm.attrs.eps) if self.norm is not None else 1e-6,
                           weight_offset=float(self.norm.attrs.weight_offset) if self.norm is not None else 0.0,
-                          glu=self.glu, glu_swap=self.glu_swap, argmax=self.sample is not None,
-                          max_blocks=grid_cap(arch))
+                          glu=self.glu, glu_swap=self.glu_swap, argmax=self.sample is not None)
 
 
 def applies(body: Graph) -> bool:
@@ -219,7 +211,7 @@ def emit(ctx: Any, p: Plan, node: Node, label: str) -> None:
         raise AssertionError(f"{label}: the skinny product's weight is not stored [N, K] (kernel selection's layout)")
     outer: dict[Value, Value] = dict(zip(body.inputs, node.inputs))
     outer.update({c: c for c in body.constants})
-    spec = p.spec(ctx.arch)
+    spec = p.spec()
     x = outer[p.norm.inputs[0] if p.norm is not None else p.mm.inputs[0]]
     args: list[Any] = [x, outer[p.mm.inputs[1]]]
     if p.norm is not None:
