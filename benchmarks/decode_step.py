@@ -108,7 +108,7 @@ def run_mode(path: str, pdl: bool, batch: int, steps: int, windows: int) -> tupl
         b.synchronize()
         times.append(cp.cuda.get_elapsed_time(a, b) / steps)
     tokens = eng.read_state("tokens")
-    caches = {n: eng.read_state(n) for n in ("k.0", "v.0")}
+    caches = {r["name"]: eng.read_state(r["name"]) for r in plan.manifest["state"]}
     out: dict[str, Any] = {"pdl": pdl, "step_ms": statistics.median(times), "step_ms_all": times,
                            "launches": len(plan.manifest["entries"]["decode"]["launches"]),
                            "pdl_launches": pdl_launches, "device_pdl": bool(eng.device.pdl)}
@@ -128,6 +128,9 @@ def run_mode(path: str, pdl: bool, batch: int, steps: int, windows: int) -> tupl
         from fusec.runtime.kernel_trace import split_by_marks
 
         recs = split_by_marks(counters.kernel_records(replays), marks)
+        if recs and recs[1]:
+            r0 = sorted(recs[1])
+            out["timeline"] = [(n[:28], round((s - r0[0][0]) * 1e-3, 2), round((e - r0[0][0]) * 1e-3, 2)) for s, e, n in r0]
         mods = {m["id"]: m["template"].split(".")[0] for m in plan.manifest["modules"]}
         kern = {k["entry"]: mods[k["module"]] for k in plan.manifest["kernels"]}
         by: dict[str, list[float]] = {}
@@ -193,22 +196,25 @@ def main() -> int:
         rec: dict[str, Any] = {"batch": batch, "compile_s": round(compile_s, 1), "weights_bytes": weights,
                                "kv_bytes_per_step": kv, "roofline_step_ms": roof_ms}
         runs = {}
-        for mode, pdl in (("pdl", True), ("plain", False), ("plain_again", False)):
-            r, tokens, caches = run_mode(path, pdl, batch, args.steps, args.windows if mode != "plain_again" else 1)
+        for mode, pdl in (("pdl", True), ("plain", False), ("plain_again", False), ("pdl_again", True)):
+            r, tokens, caches = run_mode(path, pdl, batch, args.steps, args.windows if not mode.endswith("again") else 1)
             r["tok_s"] = batch / (r["step_ms"] * 1e-3)
             r["pct_roofline"] = 100 * roof_ms / r["step_ms"]
-            if mode != "plain_again":
+            if not mode.endswith("again"):
                 rec[mode] = r
             runs[mode] = (tokens, caches)
 
         def same(a: str, b: str) -> dict[str, Any]:
             (ta, ca), (tb, cb) = runs[a], runs[b]
             diff = np.argwhere(ta != tb)
-            return {"tokens": bool(diff.size == 0), "first_token_diff": diff[0].tolist() if diff.size else None,
-                    "caches": all(np.array_equal(ca[k].view(np.uint8), cb[k].view(np.uint8)) for k in ca)}
+            states = [k for k in ca if not np.array_equal(ca[k].view(np.uint8), cb[k].view(np.uint8))]
+            return {"tokens": bool(diff.size == 0), "token_diffs": int(len(diff)),
+                    "first_token_diff": [diff[0].tolist(), int(ta[tuple(diff[0])]), int(tb[tuple(diff[0])])] if diff.size else None,
+                    "caches": not states, "states_differing": states}
 
         rec["pdl_vs_plain"] = same("pdl", "plain")
         rec["plain_vs_plain"] = same("plain", "plain_again")
+        rec["pdl_vs_pdl"] = same("pdl", "pdl_again")
         rec["pdl_bit_identical"] = rec["pdl_vs_plain"]["tokens"] and rec["pdl_vs_plain"]["caches"]
         rec["layers"] = cfg.num_layers
         rec["launches_per_layer"] = round(rec["pdl"]["launches"] / cfg.num_layers, 2)

@@ -37,6 +37,9 @@ for step in "$@"; do
             tail -n 5 "$R/step_l.txt" ;;
     peer) timeout 400 python3 benchmarks/decode.py "$R/peer.json" --quick --batches 1,8 --contexts 128 > "$R/peer.txt" 2>&1
           tail -n 25 "$R/peer.txt" ;;
+    step_diag) timeout 300 python3 benchmarks/decode_step.py "$R/step_d" --model qwen3-0.6b --batches 1 --windows 2 > "$R/step_d.txt" 2>&1
+               tail -n 4 "$R/step_d.txt" ;;
+    sass) timeout 60 python3 benchmarks/sass_check.py "$R/sass" 2>&1 | tail -n 60 ;;
     *) echo "unknown step $step" ;;
   esac
   echo "[$step: $(( $(date +%s) - t0 )) s]"

@@ -133,3 +133,17 @@ __device__ __forceinline__ void fc_pdl_wait() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
+// The wait, after the loads issued before it: ptxas schedules griddepcontrol.wait as early as it
+// can, above loads it sees no dependency on (seen in the SASS: ACQBULK first, the weight loads after
+// it, so nothing overlapped the previous kernel). A branch on the loaded values pins it below them:
+// the wait runs on either side, but only once `dep` (an opaque function of every load) is known.
+__device__ __forceinline__ void fc_pdl_wait_after(fc_u32 dep) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("" : "+r"(dep));
+  if (dep == 0x9e3779b9u) {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+  } else {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+  }
+#endif
+}

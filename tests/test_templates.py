@@ -54,7 +54,7 @@ def _specs(dt: DType) -> list:
         S.GemvSpec(3, 100, 64, dt, epilogue=S.Epilogue(bias=True, activation="silu")),
         S.GemvSpec(13, 96, 1048, dt, norm=True, eps=1e-6, weight_offset=1.0, glu="silu",
                    epilogue=S.Epilogue(bias=True, residual=True)),  # norm prologue + gated epilogue, K tail
-        S.GemvSpec(1, 1000, 64, dt, norm=True, argmax=True, max_blocks=16),  # LM head + greedy partials
+        S.GemvSpec(1, 1000, 64, dt, norm=True, argmax=True), S.GemvSpec(3, 512, 4160, dt, norm=True),  # 2 k groups  # LM head + greedy partials
         C.gather((10, 8), (2, 3), 0, dt, I64),
     ]
 

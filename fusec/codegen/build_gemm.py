@@ -60,6 +60,8 @@ def _gemv(spec: S.GemvSpec) -> Rendered:
         "residual": e.residual, "round_x": _round_fn(spec.dtype), "norm": spec.norm, "eps": float_lit(spec.eps),
         "weight_offset": float_lit(spec.weight_offset), "glu": Ident(spec.glu) if spec.glu else None,
         "glu_swap": spec.glu_swap, "argmax": spec.argmax, "group": 4 if spec.glu else 8,
+        # the norm's statistic from the fragments: one k group holds all of x's rows in registers
+        "fast_norm": spec.norm and spec.dtype in S.HALFS and kg == 1,
     }
     params = ("x", "W") + (("g",) if spec.norm else ()) + _epi_params(e) + ("C",) + (("part",) if spec.argmax else ())
     return Rendered("gemv.cu.jinja", ctx, (spec.grid, 1, 1), (32 * warps, 1, 1), params)

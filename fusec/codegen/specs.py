@@ -352,7 +352,7 @@ class GemvSpec:
     the epilogue's bias covers all N rows, its activation must be "none". ``argmax``: the kernel also
     writes each block's (largest stored output, its column) per row to ``part`` (``part_floats``
     fp32 words: [M][grid][value, index bits]), what greedy sampling reduces instead of reading C.
-    ``max_blocks`` caps the grid (blocks then loop over tiles of 8 weight rows); 0: one block per tile.
+    One block per tile of 8 weight rows (4 rows of each half for ``glu``).
     Params: x, W, [g], [bias], [residual], C, [part]."""
 
     M: int
@@ -366,7 +366,6 @@ class GemvSpec:
     glu: str = ""
     glu_swap: bool = False
     argmax: bool = False
-    max_blocks: int = 0
 
     def __post_init__(self) -> None:
         _pos(("M", self.M), ("N", self.N), ("K", self.K))
@@ -380,7 +379,6 @@ class GemvSpec:
         if self.glu:
             _req(self.N % 2 == 0, "a gated gemv needs an even number of weight rows")
             _req(self.epilogue.activation == "none", "a gated gemv applies its own activation")
-        _ints((self.max_blocks,), "max_blocks", 0)
 
     @property
     def n_out(self) -> int:
@@ -392,7 +390,7 @@ class GemvSpec:
 
     @property
     def grid(self) -> int:
-        return min(self.tiles, self.max_blocks) if self.max_blocks else self.tiles
+        return self.tiles
 
     @property
     def part_floats(self) -> int:

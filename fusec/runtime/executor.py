@@ -246,10 +246,19 @@ class Executor:
     def _capture(self) -> None:
         # Warm up once outside capture (module load, cuBLAS heuristics), then capture the
         # launch list on a capture-capable (non-default) stream; the graph replays on any stream.
+        # The warm-up computes on whatever the arena holds and writes the plan's state (a
+        # generation's tokens, caches): the state is put back as it was, so loading a plan, or a
+        # CUDA-graph copy of one in use, changes no state.
         cap = self._cp.cuda.Stream(non_blocking=True)
+        state = self.device.state
+        saved = state.copy() if state.nbytes else None
+        self._cp.cuda.get_current_stream().synchronize()
         for launch in self._launches:
             launch(cap)
         cap.synchronize()
+        if saved is not None:
+            state[...] = saved
+            self._cp.cuda.get_current_stream().synchronize()
         cap.begin_capture()
         try:
             for launch in self._launches:
