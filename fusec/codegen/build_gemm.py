@@ -49,8 +49,9 @@ def _gemm(spec: S.GemmSpec) -> Rendered:
 @builder(S.GemvSpec)
 def _gemv(spec: S.GemvSpec) -> Rendered:
     nch = cdiv(spec.K, 64)  # 64-wide k chunks
-    kg = cdiv(nch, 32)  # k groups of at most 8 warps x 4 chunks: a lane holds 4 chunks' slices (x 2: the next step's)
-    warps = max(4, cdiv(nch, 4 * kg))  # >= 4: the epilogue takes one thread per output of a tile
+    cmax = 4 if spec.dtype in S.HALFS else 2  # chunks a lane holds per k group: 64 (fp32 128) bytes, x 2 buffers
+    kg = cdiv(nch, 8 * cmax)  # k groups of at most 8 warps
+    warps = max(4, cdiv(nch, cmax * kg))  # >= 4: the epilogue takes one thread per output of a tile
     ch = cdiv(nch, warps * kg)
     e = spec.epilogue
     ctx = {
@@ -61,7 +62,8 @@ def _gemv(spec: S.GemvSpec) -> Rendered:
         "weight_offset": float_lit(spec.weight_offset), "glu": Ident(spec.glu) if spec.glu else None,
         "glu_swap": spec.glu_swap, "argmax": spec.argmax, "group": 4 if spec.glu else 8,
         # the norm's statistic from the fragments: one k group holds all of x's rows in registers
-        "fast_norm": spec.norm and spec.dtype in S.HALFS and kg == 1,
+        # (up to 8 rows: with 16, those registers spill)
+        "fast_norm": spec.norm and spec.dtype in S.HALFS and kg == 1 and spec.M <= 8,
     }
     params = ("x", "W") + (("g",) if spec.norm else ()) + _epi_params(e) + ("C",) + (("part",) if spec.argmax else ())
     return Rendered("gemv.cu.jinja", ctx, (spec.grid, 1, 1), (32 * warps, 1, 1), params)
