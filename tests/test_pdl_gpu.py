@@ -46,8 +46,8 @@ def test_overlapped_launches_give_bit_identical_results(dtype: str, tmp_path, mo
     arch = gpu_arch()
     plan = compile_generation(_model(), batch=2, max_seq_len=48, prefill_len=8, dtype=dtype, eos_ids=[])
     decode = plan.manifest["entries"]["decode"]["launches"]
-    if int(arch[3:]) >= 90:
-        assert sum(bool(L.get("pdl")) for L in decode) > len(decode) // 2
+    if int(arch[3:]) >= 90:  # every launch after the first may overlap the one before
+        assert sum(bool(L.get("pdl")) for L in decode) == len(decode) - 1
     path = str(tmp_path / "p.fplan")
     plan.save(path)
     ids_pdl, cache_pdl = _run(path, True, monkeypatch)
