@@ -210,3 +210,11 @@ def test_attention_math_variant_choice() -> None:
             for m in ("3xtf32", "tf32", "simt")}
     assert srcs["3xtf32"].count("fc_mma1688(c,") == 3 and srcs["tf32"].count("fc_mma1688(c,") == 1
     assert "fc_mma1688" not in srcs["simt"]
+
+
+def test_every_template_waits_in_kernel_so_every_launch_may_overlap() -> None:
+    """Each kernel waits for the one before it in-kernel (PDL), the decode product too (its wait
+    pinned below its weight loads): a template that did not would be launched plainly."""
+    for label, spec in _all_specs():
+        assert K.prepare(spec)[0] is not None
+        assert K.waits_in_kernel(K.prepare(spec)[1]), label

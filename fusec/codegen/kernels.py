@@ -61,7 +61,7 @@ def waits_in_kernel(source: str) -> bool:
     """Whether the kernel itself (after its pasted helper headers) calls fc_pdl_wait(): only such a
     kernel may be launched overlapping the one before it."""
     body = source.rsplit("// ---- end ", 1)[-1]
-    return "fc_pdl_wait();" in body
+    return "fc_pdl_wait();" in body or "fc_pdl_wait_after(" in body
 
 
 def cdiv(a: int, b: int) -> int:
