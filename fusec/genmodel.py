@@ -2,8 +2,9 @@
 
 ``load_generation_model(model)`` accepts a built-in name (``llama-tiny``, ``qwen3-tiny``,
 ``qwen3-0.6b``; random weights, or a local HF checkpoint with ``weights_dir``), a local HF
-checkpoint directory (Llama or Qwen3 ``config.json`` + ``*.safetensors`` + ``tokenizer.json``), or a
-GGUF file (Llama architecture; ``models/gguf.py``). ``compile_generation`` turns it into one plan
+checkpoint directory (``config.json`` + ``*.safetensors`` + ``tokenizer.json`` of any Llama-style
+family: Llama, Mistral, Qwen2/2.5, Qwen3, Gemma 1/2/3, Phi-3; models/families.py), or a GGUF file
+(architectures llama, qwen2, qwen3, gemma, gemma2, gemma3, phi3; ``models/gguf.py``). ``compile_generation`` turns it into one plan
 with two entry points, "prefill" and "decode", sharing the weights and the KV-cache state, the
 tokenizer stored in the plan when the model has one.
 """
@@ -40,16 +41,17 @@ def load_generation_model(model: str | os.PathLike[str], weights_dir: str | os.P
     if text.lower().endswith(".gguf"):
         from fusec.models.gguf import load_gguf
 
+        from fusec.models.weights import model_weights
+
         g = load_gguf(text)
-        return GenModel(g.config, SharedWeights(g.weights), g.tokenizer, tuple(g.eos_ids), os.path.basename(text))
+        return GenModel(g.config, SharedWeights(model_weights(g.config, g.weights)), g.tokenizer, tuple(g.eos_ids),
+                        os.path.basename(text))
     if text.lower().endswith(".onnx"):  # a decoder exported with a KV cache (past_key_values.* / present.*)
         from fusec.frontend.kv_cache import onnx_generation_model
 
         return onnx_generation_model(text)
     if os.path.isdir(text) and weights_dir is None:
-        family = _hf_family(Path(text))
-        base = {"llama": "llama-tiny", "qwen3": "qwen3-tiny"}[family]
-        return _from_checkpoint(registry.get_config(base), Path(text))
+        return _from_checkpoint(None, Path(text))
     cfg = registry.get_config(text)  # ModelError listing the names when unknown
     check_generation_model(cfg)
     if weights_dir is not None:
@@ -59,31 +61,24 @@ def load_generation_model(model: str | os.PathLike[str], weights_dir: str | os.P
     return GenModel(cfg, SharedWeights(RandomWeights(seed)), None, (), text)
 
 
-def _hf_family(path: Path) -> str:
-    from fusec.modelfiles import read_json_in_dir
-
-    hf = read_json_in_dir(path, "config.json", missing_ok=True)  # ModelError: a link, a FIFO, not an object...
-    if hf is None:
-        raise ModelError(f"{path}: not a Hugging Face checkpoint directory (it has no config.json)")
-    model_type = hf.get("model_type")
-    if model_type not in ("llama", "qwen3"):
-        raise ModelError(f"{path / 'config.json'}: model_type {model_type!r:.60} cannot generate here "
-                         "(supported: llama, qwen3)")
-    return str(model_type)
-
-
 def _from_checkpoint(base: Any, path: Path) -> GenModel:
+    """A Hugging Face checkpoint directory: ``base`` None reads any Llama-style decoder family
+    from its config.json (models/hf_config.py); a built-in config takes the checkpoint's dims."""
+    from fusec.modelfiles import read_json_in_dir
     from fusec.models.generate import SharedWeights
-    from fusec.models.hf_weights import HFWeights, config_from_hf
+    from fusec.models.hf_weights import HFWeights, config_from_hf, hf_decoder_config
+    from fusec.models.weights import model_weights
 
-    cfg = config_from_hf(base, path)
+    if base is None and read_json_in_dir(path, "config.json", missing_ok=True) is None:  # a link, a FIFO...: refused
+        raise ModelError(f"{path}: not a Hugging Face checkpoint directory (it has no config.json)")
+    cfg = hf_decoder_config(path) if base is None else config_from_hf(base, path)
     tok = None
     if os.path.lexists(path / "tokenizer.json"):  # a link or FIFO there is refused, not skipped
         from fusec.text import Tokenizer
 
         tok = Tokenizer.from_hf_dir(path)
     eos = tuple(tok.eos_ids) if tok is not None else _config_eos(path)
-    return GenModel(cfg, SharedWeights(HFWeights(path, cfg)), tok, eos, path.name)
+    return GenModel(cfg, SharedWeights(model_weights(cfg, HFWeights(path, cfg))), tok, eos, path.name)
 
 
 def _config_eos(path: Path) -> tuple[int, ...]:
