@@ -94,6 +94,35 @@ def _config_eos(path: Path) -> tuple[int, ...]:
     return ()
 
 
+def generation_support() -> dict[str, Any]:
+    """What ``load_generation_model`` accepts, from the tables that decide it: decoder families
+    (HF model_type, GGUF architecture), GGUF tensor types, RoPE scalings, refused kinds."""
+    from fusec.models.families import FAMILIES, MOE, MULTIMODAL
+    from fusec.models.gguf import SUPPORTED_TYPES
+    from fusec.models.rope import ACCEPTED
+
+    return {"families": {f.name: {"hf_model_type": list(f.hf_types), "gguf_architecture": f.gguf_arch or "llama"}
+                         for f in FAMILIES.values()},
+            "gguf_types": list(SUPPORTED_TYPES), "rope_scaling": list(ACCEPTED),
+            "refused": {"mixture_of_experts": sorted(MOE), "multimodal": sorted(MULTIMODAL)}}
+
+
+def support_text() -> str:
+    """``generation_support()`` as the lines ``fusec generate --help`` prints."""
+    import textwrap
+
+    s = generation_support()
+    fams = ", ".join(f"{'/'.join(v['hf_model_type'])} ({v['gguf_architecture']})" for v in s["families"].values())
+    lines = [f"families, as HF model_type (GGUF architecture): {fams}",
+             f"GGUF tensor types: {', '.join(s['gguf_types'])}",
+             f"RoPE scaling: {', '.join(s['rope_scaling'])} (longrope up to its original context), and GGUF's "
+             "rope_freqs / rope_factors tensors",
+             "refused, in one line naming the architecture: mixture-of-experts (qwen3_moe, mixtral, llama4, ...) "
+             "and multimodal checkpoints"]
+    return "accepted models:\n" + "\n".join(textwrap.fill(ln, 96, initial_indent="  ", subsequent_indent="    ")
+                                             for ln in lines)
+
+
 def build_graphs(gm: GenModel, batch: int, max_seq_len: int, prefill_len: int | None, sampling: Any,
                  eos_ids: Sequence[int] | None = None) -> dict[str, Any]:
     from fusec.models.generate import GenerationShape, build_generation
@@ -151,15 +180,19 @@ def plan_tokenizer(plan: Any) -> Any:
                      chat_template=info.get("chat_template"))
 
 
-def encode_prompts(tokenizer: Any, prompts: Sequence[Any], chat: bool = False) -> list[list[int]]:
-    """Token ids of each prompt: lists of ids pass through; strings need a tokenizer."""
+def encode_prompts(tokenizer: Any, prompts: Sequence[Any], chat: bool = False,
+                   template_kwargs: dict[str, Any] | None = None) -> list[list[int]]:
+    """Token ids of each prompt: lists of ids pass through; strings need a tokenizer. ``chat``
+    renders each as one user message through the chat template, ``template_kwargs`` (e.g.
+    ``{"enable_thinking": False}``) passed to it as variables."""
     out = []
     for p in prompts:
         if isinstance(p, str):
             if tokenizer is None:
                 raise InputError("this model carries no tokenizer: give token ids (--prompt-ids) instead of text")
             if chat:
-                text = tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True)
+                text = tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                                     **(template_kwargs or {}))
                 out.append(tokenizer.encode(text, add_bos=False))
             else:
                 out.append(tokenizer.encode(p))

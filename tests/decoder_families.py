@@ -221,14 +221,18 @@ def gguf_metadata(name: str, model: Any) -> dict[str, tuple[Any, str]]:
     return md
 
 
-def write_gguf(name: str, model: Any, path: Path, tokenizer_md: dict[str, tuple[Any, str]] | None = None) -> Path:
+def write_gguf(name: str, model: Any, path: Path, tokenizer_md: dict[str, tuple[Any, str]] | None = None,
+               edit: Callable[[dict[str, Any], dict[str, np.ndarray]], None] | None = None) -> Path:
     """Write case ``name``'s model as a GGUF file (F32 tensors) with ``tokenizer_md`` (or a tiny
-    byte-level BPE vocabulary of VOCAB tokens)."""
+    byte-level BPE vocabulary of VOCAB tokens); ``edit(metadata, tensors)`` may change both first."""
     import gguf
 
     V = gguf.GGUFValueType
     w = gguf.GGUFWriter(os.fspath(path), CASES[name].gguf_arch)
     md = {**gguf_metadata(name, model), **(tokenizer_md or tiny_vocab())}
+    tensors = gguf_tensors(name, model)
+    if edit is not None:
+        edit(md, tensors)
     for key, (value, vtype) in md.items():
         t = V[vtype]
         if t == V.ARRAY:
@@ -236,7 +240,7 @@ def write_gguf(name: str, model: Any, path: Path, tokenizer_md: dict[str, tuple[
             w.add_key_value(key, value, t, sub)
         else:
             w.add_key_value(key, value, t)
-    for tname, arr in gguf_tensors(name, model).items():
+    for tname, arr in tensors.items():
         w.add_tensor(tname, arr)
     w.write_header_to_file()
     w.write_kv_data_to_file()
