@@ -172,7 +172,8 @@ def _build(cfg: ModelConfig, weights: object, shape: GenerationShape, sampling: 
         new_caches.append((k_cache, v_cache))
         w = cfg.window(i)
         if prefill:
-            return eager_attention(m, q, k, v, masks[w], scale=cfg.attention_scale, softcap=cfg.attn_softcap)
+            return eager_attention(m, q, k, v, masks[w if w < seq else 0], scale=cfg.attention_scale,
+                                   softcap=cfg.attn_softcap)
         a = m.op(Op.KV_ATTENTION, q, k_cache, v_cache, st.pos, scale=cfg.attention_scale, softcap=cfg.attn_softcap,
                  window=w)
         return m.op(Op.RESHAPE, m.op(Op.TRANSPOSE, a, perm=(0, 2, 1, 3)), shape=(bsz, 1, cfg.num_heads * hd))

@@ -139,8 +139,9 @@ class GGUFWeights:
 
 
 def load_gguf(path: str | os.PathLike[str], *, tokenizer: bool = True) -> GGUFModel:
-    """Open a llama GGUF file: config and tensor shapes are checked here, tensors are dequantized
-    later, one at a time, by ``weights.get``. ``tokenizer=False`` skips building the tokenizer.
+    """Open a GGUF file: config and tensor shapes are checked here, tensors are dequantized
+    later, one at a time, by ``weights.get``. ``tokenizer=False`` skips building the tokenizer
+    (a file without ``tokenizer.ggml.*`` metadata has none).
     ModelError (naming the file, key or tensor) for anything fusec cannot use."""
     path = Path(path)
     reader = _open(path)
@@ -152,7 +153,8 @@ def load_gguf(path: str | os.PathLike[str], *, tokenizer: bool = True) -> GGUFMo
     _check_tensors(cfg, arch, tensors, path)
     from fusec.text import Tokenizer, gguf_special_ids
 
-    tok = Tokenizer.from_gguf(md, name=os.fspath(path)) if tokenizer else None
+    # a file without tokenizer metadata still generates from token ids (--prompt-ids)
+    tok = Tokenizer.from_gguf(md, name=os.fspath(path)) if tokenizer and "tokenizer.ggml.model" in md else None
     bos, eos_ids = gguf_special_ids(md, os.fspath(path))
     template = md.get("tokenizer.chat_template")
     small = {k: v for k, v in md.items() if not (isinstance(v, list) and len(v) > 64)}

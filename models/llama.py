@@ -127,11 +127,12 @@ def window_mask(seq: int, window: int) -> np.ndarray:
 
 
 def window_masks(m: Blocks, cfg: ModelConfig, mask_in: Value) -> dict[int, Value]:
-    """{window: [B,1,S,S] additive mask} for the windows ``cfg``'s layers use (0: causal only):
+    """{window: [B,1,S,S] additive mask} for the windows ``cfg``'s layers use (0: causal only; a
+    window of S keys or more is the causal mask, and is keyed 0: ``masks[w if w < S else 0]``):
     the constant causal (windowed) mask combined with the padding mask of ``mask_in`` [B, S]
     (1 = token) by MIN, which keeps masked entries at finfo.min instead of overflowing."""
     seq = mask_in.shape[1]
-    windows = sorted({cfg.window(i) for i in range(cfg.num_layers)})
+    windows = sorted({w if w < seq else 0 for w in (cfg.window(i) for i in range(cfg.num_layers))})
     consts = {w: m.b.const(window_mask(seq, w), name=f"window_mask_{w}" if w else "causal_mask") for w in windows}
     pad = padding_mask(m, mask_in)
     return {w: m.op(Op.MIN, consts[w], pad) for w in windows}
@@ -149,7 +150,8 @@ def build_llama(cfg: ModelConfig, batch: int, seq: int, weights: WeightSource) -
     ropes = layer_ropes(m, cfg, seq, lambda c, s, suffix: (m.b.const(c[None, None], name="rope_cos" + suffix),
                                                           m.b.const(s[None, None], name="rope_sin" + suffix)))
     for i in range(cfg.num_layers):
-        mask = masks[cfg.window(i)]
+        w = cfg.window(i)
+        mask = masks[w if w < seq else 0]
         x = decoder_layer(m, cfg, x, i, ropes[i],
                           lambda q, k, v, mask=mask: eager_attention(m, q, k, v, mask, scale=cfg.attention_scale,
                                                                      softcap=cfg.attn_softcap))

@@ -94,7 +94,7 @@ def render_gguf(rep: dict[str, Any]) -> str:
             if v in (None, False, 0, 0.0, []) and k not in ("family", "num_kv_heads"):
                 continue
             lines.append(f"  {k:<20} {fmt_name(str(v)) if isinstance(v, str) else v}")
-    lines.append("tokenizer:")
+    lines.append("tokenizer:" if rep["tokenizer"]["model"] is not None else "tokenizer: none (generate from token ids)")
     for k, v in rep["tokenizer"].items():
         if v is None:
             continue
