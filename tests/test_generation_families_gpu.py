@@ -19,7 +19,8 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytestmark = pytest.mark.gpu
 
-from test_decode_kernels_gpu import FLOATS, check, dev, host, poisoned, rand, run  # noqa: E402
+from test_decode_kernels_gpu import FLOATS, check, dev, host, poisoned, rand, run_kv_attention  # noqa: E402
+from test_generation_gpu import assert_no_host_work  # noqa: E402
 
 from fusec import ops as O  # noqa: E402
 from fusec import reference  # noqa: E402
@@ -32,8 +33,6 @@ KV = [(sq, splits, window) for sq, splits in ((1, 1), (1, 4), (3, 3)) for window
 @pytest.mark.parametrize("dt", FLOATS)
 @pytest.mark.parametrize("sq, splits, window", KV, ids=[f"S{s}-x{n}-w{w}" for s, n, w in KV])
 def test_windowed_kv_attention_matches_the_reference(dt: Any, sq: int, splits: int, window: int) -> None:
-    import cupy as cp
-
     B, Hq, Hkv, T, D = 2, 8, 2, 256, 64
     q, k, v = rand((B, Hq, sq, D), dt), rand((B, Hkv, T, D), dt), rand((B, Hkv, T, D), dt)
     pos = np.array([200, 37], np.int64)
@@ -50,13 +49,7 @@ def test_windowed_kv_attention_matches_the_reference(dt: Any, sq: int, splits: i
         vn[b, :, pos[b] + sq:] = np.nan
     spec = S.KVAttentionSpec(B, Hq, Hkv, sq, T, D, dt, scale, splits, window=window)
     out = poisoned((B, Hq, sq, D), dt)
-    args = [dev(q), dev(kn), dev(vn), dev(pos)]
-    if splits == 1:
-        run(spec, args + [out])
-    else:
-        part = cp.full(spec.part_floats, np.nan, dtype=np.float32)
-        run(spec, args + [part])
-        run(spec.combine(), [dev(pos), part, out])
+    run_kv_attention(spec, [dev(q), dev(kn), dev(vn), dev(pos)], out)
     check(host(out, dt), want, dt)
 
 
@@ -121,11 +114,6 @@ def test_decode_steps_of_a_windowed_model_do_no_host_work(root: Path) -> None:
     plan = compile_generation(load_generation_model(d), batch=2, max_seq_len=64, prefill_len=16, dtype="bf16",
                               eos_ids=[])
     res = plan.generate([[5, 6, 7, 8, 9, 10, 11, 12, 13], [8, 9]], max_new_tokens=24)
-    dec = res.stats["decode"]
-    assert dec["steps"] == 23 and dec["cuda_graph"]
-    if dec.get("counters") != "cupti":
-        pytest.skip(f"driver counters unavailable: {dec.get('counters')}")
-    per = dec["per_step"]
-    assert per["syncs"] == 0 and per["allocations"] == 0 and per["h2d_bytes"] == 0 and per["d2h_bytes"] == 0
+    assert_no_host_work(res.stats["decode"], 23)
 
 
