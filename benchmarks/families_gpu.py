@@ -5,13 +5,15 @@ compiled into bf16 generation plans and run on the GPU. Records, per model and c
 write / load / compile seconds, prefill ms, decode tok/s and the per-step driver counters
 (launches, syncs, allocations, copies: ``plan stats``), as JSON and a markdown table.
 
-    python benchmarks/families_gpu.py OUT.json [--dir DIR] [--window-study]
+    python benchmarks/families_gpu.py OUT.json [--dir DIR] [--batches 8,32] [--no-window-study]
 
-Needs a GPU and the ``gguf`` package (its writer makes the files; fusec's GGUF loader
-dequantizes with it too). Runs in about 2-3 minutes on an H100 (most of it loading 2.6B random
-weights and compiling); ``--window-study`` adds the Gemma-2 shape at a 4,096-token context with a
-512-key window on its windowed layers against its real 4,096-key window (the KV cache keeps every
-position either way; the window bounds the keys each step reads), about 1 minute more.
+Runs: each model at batch 1, a 32-token prompt and 128 new tokens; the Gemma-2 shape also at a
+4,096-token context (a 3,968-token prompt, 128 new tokens) with its real 4,096-key window and with a
+512-key window on its windowed layers: fusec keeps every position in the KV cache either way (no
+ring buffer) and the window bounds the keys each decode step reads, which this pair measures.
+Needs a GPU and the ``gguf`` package (its writer makes the files; fusec's GGUF loader dequantizes
+with it too). About 2-3 minutes on an H100, most of it dequantizing 2.6B random weights and four
+compiles; each ``--batches`` entry adds a compile per model.
 """
 
 from __future__ import annotations
@@ -133,8 +135,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", help="JSON file to write")
     ap.add_argument("--dir", default=None, help="where the GGUF files go (default: a temporary directory)")
-    ap.add_argument("--window-study", action="store_true", help="also Gemma-2 at 4,096 tokens, window 512 vs 4096")
+    ap.add_argument("--no-window-study", action="store_true", help="skip Gemma-2 at 4,096 tokens, window 4096 vs 512")
+    ap.add_argument("--batches", default="", help="more batch sizes to run at a 96-token context (e.g. 8,32)")
     args = ap.parse_args()
+    args.batches = [int(b) for b in args.batches.split(",") if b.strip()]
     _need_gguf()
     from fusec import device, toolchain
 
@@ -156,8 +160,8 @@ def main() -> int:
             gm = load_generation_model(path)
             rec["load_s"] = round(time.perf_counter() - t0, 2)  # header + config; weights load with the compile
             rec["family"] = gm.config.family
-            rec["runs"] = [run_case(gm, 32, 128, 1), run_case(gm, 32, 64, 8)]
-            if args.window_study and name == "gemma2-2b":
+            rec["runs"] = [run_case(gm, 32, 128, 1)] + [run_case(gm, 32, 64, b) for b in args.batches]
+            if name == "gemma2-2b" and not args.no_window_study:
                 for window in (4096, 512):
                     gm.config = dataclasses.replace(gm.config, sliding_window=window)
                     r = run_case(gm, 3968, 128, 1)

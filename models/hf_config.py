@@ -150,6 +150,10 @@ def decoder_config(hf: dict[str, Any], where: str, base: ModelConfig | None, nam
 def _sliding_layers(hf: dict[str, Any], fam: Family, layers: int, where: str) -> tuple[bool, ...]:
     types = hf.get("layer_types")
     if types is None:
+        pattern = hf.get("sliding_window_pattern")  # transformers 4.x Gemma 3: every N-th layer global
+        if pattern is not None:
+            pattern = _int(pattern, f"{where}: sliding_window_pattern")
+            return dataclasses.replace(fam, window_layers=pattern).sliding(layers, hf)
         return fam.sliding(layers, hf)
     if not isinstance(types, list) or len(types) != layers:
         raise ModelError(f"{where}: layer_types is not a list of {layers} layer types")

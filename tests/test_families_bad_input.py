@@ -65,6 +65,8 @@ HF_CASES: dict[str, tuple[str, Callable[[dict[str, Any]], Any], tuple[str, ...]]
                        ("partial_rotary_factor",)),
     "longrope_lists": ("phi3", lambda c: c["rope_parameters"].update(short_factor="x"), ("short_factor",)),
     "no_hidden": ("qwen2", lambda c: c.pop("hidden_size"), ("'hidden_size'",)),
+    "pattern": ("gemma3", lambda c: (c.pop("layer_types"), c.update(sliding_window_pattern="6")),
+                ("sliding_window_pattern",)),
 }
 
 

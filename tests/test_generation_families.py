@@ -167,3 +167,33 @@ def test_windowed_kv_attention_kernels_compile(arch: str, _cache_dir: Any) -> No
         assert ck.cubin[:4] == b"\x7fELF" and ck.binary.spill_bytes <= (8 if spec.softcap else 0), ck.binary.log
         if spec.splits > 1:
             K.build(spec.combine(), arch)
+
+
+def test_older_config_forms_map_to_the_same_config(root: str, tmp_path: Path) -> None:
+    """transformers 4.x wrote RoPE as rope_theta + rope_scaling (Gemma 3: rope_local_base_freq too)
+    and Gemma 3's layer pattern as sliding_window_pattern: the same ModelConfig as 5.x's forms."""
+    import json
+
+    from fusec.models.hf_weights import hf_decoder_config
+
+    for name in ("gemma3", "llama3", "qwen2"):
+        d, _, _, _ = _case(name, root)
+        new = hf_decoder_config(d)
+        cfg = json.loads((d / "config.json").read_text())
+        rp = cfg.pop("rope_parameters")
+        if name == "gemma3":
+            cfg.pop("layer_types")
+            cfg.update(sliding_window_pattern=6, rope_theta=rp["full_attention"]["rope_theta"],
+                       rope_local_base_freq=rp["sliding_attention"]["rope_theta"],
+                       rope_scaling={k: v for k, v in rp["full_attention"].items() if k != "rope_theta"})
+        else:
+            cfg.update(rope_theta=rp["rope_theta"], rope_scaling={k: v for k, v in rp.items() if k != "rope_theta"})
+        old = tmp_path / name
+        old.mkdir()
+        for f in d.iterdir():
+            (old / f.name).write_bytes(f.read_bytes())
+        (old / "config.json").write_text(json.dumps(cfg))
+        got = hf_decoder_config(old)
+        assert dataclasses.replace(got, name=new.name, description=new.description) == new
+        if name == "gemma3":
+            assert [new.window(i) for i in range(6)] == [6, 6, 6, 6, 6, 0] and new.rope(0) == (10000.0, None)
