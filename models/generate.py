@@ -24,7 +24,9 @@ read back.
   of each row's last real token goes through the final norm and the LM head; the first new
   token is drawn at position ``pos[b]`` and written to ``tokens`` and ``cur``.
 * **decode** (no inputs): embeds ``cur`` at position ``pos``, writes K/V at ``pos``, attends keys
-  ``0..pos`` (``kv_attention``), draws the next token at ``pos + 1``; ``pos`` advances by one
+  ``0..pos`` (``kv_attention``; a sliding-window layer only the last ``window`` of them: the cache
+  keeps every position, the window is a bound on the keys read, not a ring buffer), draws the next
+  token at ``pos + 1``; ``pos`` advances by one
   unless the row was already done. The step is the same launch list every time: it is captured
   once as a CUDA graph and replayed per token.
 
