@@ -201,8 +201,8 @@ def gguf_config(md: Mapping[str, Any], path: Path, tensors: Mapping[str, Any]) -
     qpas = (hidden / heads) if width_scale else (fam.query_pre_attn_scalar and head_dim)
     local_theta = got.pop("rope_local_theta", fam.rope_local_theta)
     got.setdefault("rope_theta", fam.rope_theta)
+    scaling = rope_scaling(m, a, tensors, got)
     try:
-        scaling = rope_scaling(m, a, tensors, got)
         return ModelConfig(
             name=f"gguf-{re.sub(r'[^A-Za-z0-9_.-]', '_', path.stem)}", family=fam.name,
             description=f"GGUF file {path.name} ({a})", vocab_size=vocab, activation=fam.activation,
@@ -222,6 +222,19 @@ def gguf_config(md: Mapping[str, Any], path: Path, tensors: Mapping[str, Any]) -
 def rope_scaling(m: Meta, a: str, tensors: Mapping[str, Any], got: Mapping[str, Any]) -> RopeScaling | None:
     """The RoPE scaling of a GGUF file: ``rope.scaling.*`` keys, Llama 3.1's ``rope_freqs``
     tensor (per-frequency divisors), Phi-3's ``rope_factors_short``/``_long`` tensors."""
+    try:
+        scaling = _rope_scaling(m, a, tensors, got)
+    except ModelError as e:  # RopeScaling's own checks do not name the file
+        raise e if str(e).startswith("GGUF") else ModelError(f"GGUF file {os.fspath(m.path)!r}: {e}") from None
+    if scaling is not None:
+        try:
+            scaling.check(got.get("rotary_dim", got["head_dim"]))
+        except ModelError as e:
+            raise ModelError(f"GGUF file {os.fspath(m.path)!r}: {e}") from None
+    return scaling
+
+
+def _rope_scaling(m: Meta, a: str, tensors: Mapping[str, Any], got: Mapping[str, Any]) -> RopeScaling | None:
     where = os.fspath(m.path)
     kind = m.get(f"{a}.rope.scaling.type", str, "none", required=False)
     factor = m.get(f"{a}.rope.scaling.factor", float, 0.0, required=False)
