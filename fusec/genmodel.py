@@ -2,8 +2,9 @@
 
 ``load_generation_model(model)`` accepts a built-in name (``llama-tiny``, ``qwen3-tiny``,
 ``qwen3-0.6b``; random weights, or a local HF checkpoint with ``weights_dir``), a local HF
-checkpoint directory (Llama or Qwen3 ``config.json`` + ``*.safetensors`` + ``tokenizer.json``), or a
-GGUF file (Llama architecture; ``models/gguf.py``). ``compile_generation`` turns it into one plan
+checkpoint directory (``config.json`` + ``*.safetensors`` + ``tokenizer.json`` of any Llama-style
+family: Llama, Mistral, Qwen2/2.5, Qwen3, Gemma 1/2/3, Phi-3; models/families.py), or a GGUF file
+(architectures llama, qwen2, qwen3, gemma, gemma2, gemma3, phi3; ``models/gguf.py``). ``compile_generation`` turns it into one plan
 with two entry points, "prefill" and "decode", sharing the weights and the KV-cache state, the
 tokenizer stored in the plan when the model has one.
 """
@@ -40,16 +41,17 @@ def load_generation_model(model: str | os.PathLike[str], weights_dir: str | os.P
     if text.lower().endswith(".gguf"):
         from fusec.models.gguf import load_gguf
 
+        from fusec.models.weights import model_weights
+
         g = load_gguf(text)
-        return GenModel(g.config, SharedWeights(g.weights), g.tokenizer, tuple(g.eos_ids), os.path.basename(text))
+        return GenModel(g.config, SharedWeights(model_weights(g.config, g.weights)), g.tokenizer, tuple(g.eos_ids),
+                        os.path.basename(text))
     if text.lower().endswith(".onnx"):  # a decoder exported with a KV cache (past_key_values.* / present.*)
         from fusec.frontend.kv_cache import onnx_generation_model
 
         return onnx_generation_model(text)
     if os.path.isdir(text) and weights_dir is None:
-        family = _hf_family(Path(text))
-        base = {"llama": "llama-tiny", "qwen3": "qwen3-tiny"}[family]
-        return _from_checkpoint(registry.get_config(base), Path(text))
+        return _from_checkpoint(None, Path(text))
     cfg = registry.get_config(text)  # ModelError listing the names when unknown
     check_generation_model(cfg)
     if weights_dir is not None:
@@ -59,31 +61,24 @@ def load_generation_model(model: str | os.PathLike[str], weights_dir: str | os.P
     return GenModel(cfg, SharedWeights(RandomWeights(seed)), None, (), text)
 
 
-def _hf_family(path: Path) -> str:
-    from fusec.modelfiles import read_json_in_dir
-
-    hf = read_json_in_dir(path, "config.json", missing_ok=True)  # ModelError: a link, a FIFO, not an object...
-    if hf is None:
-        raise ModelError(f"{path}: not a Hugging Face checkpoint directory (it has no config.json)")
-    model_type = hf.get("model_type")
-    if model_type not in ("llama", "qwen3"):
-        raise ModelError(f"{path / 'config.json'}: model_type {model_type!r:.60} cannot generate here "
-                         "(supported: llama, qwen3)")
-    return str(model_type)
-
-
 def _from_checkpoint(base: Any, path: Path) -> GenModel:
+    """A Hugging Face checkpoint directory: ``base`` None reads any Llama-style decoder family
+    from its config.json (models/hf_config.py); a built-in config takes the checkpoint's dims."""
+    from fusec.modelfiles import read_json_in_dir
     from fusec.models.generate import SharedWeights
-    from fusec.models.hf_weights import HFWeights, config_from_hf
+    from fusec.models.hf_weights import HFWeights, config_from_hf, hf_decoder_config
+    from fusec.models.weights import model_weights
 
-    cfg = config_from_hf(base, path)
+    if base is None and read_json_in_dir(path, "config.json", missing_ok=True) is None:  # a link, a FIFO...: refused
+        raise ModelError(f"{path}: not a Hugging Face checkpoint directory (it has no config.json)")
+    cfg = hf_decoder_config(path) if base is None else config_from_hf(base, path)
     tok = None
     if os.path.lexists(path / "tokenizer.json"):  # a link or FIFO there is refused, not skipped
         from fusec.text import Tokenizer
 
         tok = Tokenizer.from_hf_dir(path)
     eos = tuple(tok.eos_ids) if tok is not None else _config_eos(path)
-    return GenModel(cfg, SharedWeights(HFWeights(path, cfg)), tok, eos, path.name)
+    return GenModel(cfg, SharedWeights(model_weights(cfg, HFWeights(path, cfg))), tok, eos, path.name)
 
 
 def _config_eos(path: Path) -> tuple[int, ...]:
@@ -97,6 +92,35 @@ def _config_eos(path: Path) -> tuple[int, ...]:
         if data is not None and data.get("eos_token_id") is not None:
             return config_token_ids(data["eos_token_id"], f"{os.fspath(path / name)!r}: eos_token_id")
     return ()
+
+
+def generation_support() -> dict[str, Any]:
+    """What ``load_generation_model`` accepts, from the tables that decide it: decoder families
+    (HF model_type, GGUF architecture), GGUF tensor types, RoPE scalings, refused kinds."""
+    from fusec.models.families import FAMILIES, MOE, MULTIMODAL
+    from fusec.models.gguf import SUPPORTED_TYPES
+    from fusec.models.rope import ACCEPTED
+
+    return {"families": {f.name: {"hf_model_type": list(f.hf_types), "gguf_architecture": f.gguf_arch or "llama"}
+                         for f in FAMILIES.values()},
+            "gguf_types": list(SUPPORTED_TYPES), "rope_scaling": list(ACCEPTED),
+            "refused": {"mixture_of_experts": sorted(MOE), "multimodal": sorted(MULTIMODAL)}}
+
+
+def support_text() -> str:
+    """``generation_support()`` as the lines ``fusec generate --help`` prints."""
+    import textwrap
+
+    s = generation_support()
+    fams = ", ".join(f"{'/'.join(v['hf_model_type'])} ({v['gguf_architecture']})" for v in s["families"].values())
+    lines = [f"families, as HF model_type (GGUF architecture): {fams}",
+             f"GGUF tensor types: {', '.join(s['gguf_types'])}",
+             f"RoPE scaling: {', '.join(s['rope_scaling'])} (longrope up to its original context), and GGUF's "
+             "rope_freqs / rope_factors tensors",
+             "refused, in one line naming the architecture: mixture-of-experts (qwen3_moe, mixtral, llama4, ...) "
+             "and multimodal checkpoints"]
+    return "accepted models:\n" + "\n".join(textwrap.fill(ln, 96, initial_indent="  ", subsequent_indent="    ")
+                                             for ln in lines)
 
 
 def build_graphs(gm: GenModel, batch: int, max_seq_len: int, prefill_len: int | None, sampling: Any,
@@ -156,15 +180,19 @@ def plan_tokenizer(plan: Any) -> Any:
                      chat_template=info.get("chat_template"))
 
 
-def encode_prompts(tokenizer: Any, prompts: Sequence[Any], chat: bool = False) -> list[list[int]]:
-    """Token ids of each prompt: lists of ids pass through; strings need a tokenizer."""
+def encode_prompts(tokenizer: Any, prompts: Sequence[Any], chat: bool = False,
+                   template_kwargs: dict[str, Any] | None = None) -> list[list[int]]:
+    """Token ids of each prompt: lists of ids pass through; strings need a tokenizer. ``chat``
+    renders each as one user message through the chat template, ``template_kwargs`` (e.g.
+    ``{"enable_thinking": False}``) passed to it as variables."""
     out = []
     for p in prompts:
         if isinstance(p, str):
             if tokenizer is None:
                 raise InputError("this model carries no tokenizer: give token ids (--prompt-ids) instead of text")
             if chat:
-                text = tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True)
+                text = tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                                     **(template_kwargs or {}))
                 out.append(tokenizer.encode(text, add_bos=False))
             else:
                 out.append(tokenizer.encode(p))

@@ -185,13 +185,17 @@ class KVAttentionAttrs:
     """softmax(q @ k^T * scale) @ v of q [B, Hq, S, D] over a KV cache k/v [B, Hkv, T, D]:
     query s of row b attends keys j <= pos[b] + s (and j < T); the rest of the cache is never
     read. GQA as in ``AttentionAttrs`` (q head h reads kv head h // (Hq // Hkv)); ``softcap`` as
-    there (applied to the scaled scores)."""
+    there (applied to the scaled scores). ``window`` > 0: a sliding window of that many keys,
+    the query's own included: keys j <= pos[b] + s - window are skipped too (0 = no window)."""
 
     scale: float
     softcap: float = dataclasses.field(default=0.0, metadata={"omit_default": True})
+    window: int = dataclasses.field(default=0, metadata={"omit_default": True})
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "softcap", check_softcap(self.softcap))
+        if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 0:
+            raise ValueError(f"kv_attention window must be an integer >= 0 (0 = none), got {self.window!r}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -179,7 +179,10 @@ def _kv_attention(a: O.KVAttentionAttrs, q: np.ndarray, k: np.ndarray, v: np.nda
     bsz, _, slen, _ = q.shape
     total = k.shape[2]
     keys = np.arange(total)[None, :]
-    allowed = keys <= (np.asarray(pos).reshape(bsz, 1, 1, 1) + np.arange(slen).reshape(1, 1, slen, 1))
+    last = np.asarray(pos).reshape(bsz, 1, 1, 1) + np.arange(slen).reshape(1, 1, slen, 1)  # each query's position
+    allowed = keys <= last
+    if a.window:
+        allowed = allowed & (keys > last - a.window)
     return _attention(O.AttentionAttrs(a.scale, nan_to_zero=True, softcap=a.softcap), q, k, v, allowed)
 
 

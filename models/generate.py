@@ -24,7 +24,9 @@ read back.
   of each row's last real token goes through the final norm and the LM head; the first new
   token is drawn at position ``pos[b]`` and written to ``tokens`` and ``cur``.
 * **decode** (no inputs): embeds ``cur`` at position ``pos``, writes K/V at ``pos``, attends keys
-  ``0..pos`` (``kv_attention``), draws the next token at ``pos + 1``; ``pos`` advances by one
+  ``0..pos`` (``kv_attention``; a sliding-window layer only the last ``window`` of them: the cache
+  keeps every position, the window is a bound on the keys read, not a ring buffer), draws the next
+  token at ``pos + 1``; ``pos`` advances by one
   unless the row was already done. The step is the same launch list every time: it is captured
   once as a CUDA graph and replayed per token.
 
@@ -42,9 +44,9 @@ from fusec.errors import InputError, ModelError
 from fusec.ir import Graph, Value
 from fusec.ops import Op
 
-from .layers import Blocks, causal_padding_mask, eager_attention, embedding, linear, rms_norm
-from .llama import decoder_layer
-from .registry import ModelConfig
+from .layers import Blocks, eager_attention
+from .llama import decoder_layer, embed, layer_ropes, lm_head, window_masks
+from .registry import LLAMA_STYLE, ModelConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,9 +100,9 @@ class SharedWeights:
 
 
 def check_generation_model(cfg: ModelConfig) -> None:
-    if cfg.family not in ("llama", "qwen3"):
+    if cfg.family not in LLAMA_STYLE:
         raise ModelError(f"model {cfg.name!r} ({cfg.family}) cannot generate: text generation supports "
-                         f"Llama-style decoders (llama, qwen3 families); "
+                         f"Llama-style decoders ({', '.join(LLAMA_STYLE)}); "
                          f"{'it is an encoder' if not cfg.is_decoder else 'its family has no KV-cache builder yet'}")
 
 
@@ -110,6 +112,8 @@ def build_generation(cfg: ModelConfig, weights: object, shape: GenerationShape, 
     check_generation_model(cfg)
     if shape.max_seq_len > cfg.max_positions:
         raise InputError(f"--max-seq-len {shape.max_seq_len} exceeds the model's {cfg.max_positions} positions")
+    if cfg.rope_scaling is not None:
+        cfg.rope_scaling.check(cfg.rope_dims, shape.max_seq_len)
     if any(not 0 <= e < cfg.vocab_size for e in eos_ids):
         raise InputError(f"end-of-sequence ids {list(eos_ids)} must lie within the vocabulary ({cfg.vocab_size})")
     return {"prefill": _build(cfg, weights, shape, sampling, eos_ids, prefill=True),
@@ -129,59 +133,55 @@ class _State:
         self.seed = m.b.state("seed", (1,), DType.I64)
 
 
-def _rope_table(cfg: ModelConfig, length: int) -> tuple[np.ndarray, np.ndarray]:
-    """cos/sin [length, hd] as HF's default RoPE computes them (fp32 inv_freq, cat(freqs, freqs))."""
-    hd = cfg.head_dim
-    inv_freq = 1.0 / (np.float32(cfg.rope_theta) ** (np.arange(0, hd, 2, dtype=np.float32) / np.float32(hd)))
-    freqs = np.arange(length, dtype=np.float32)[:, None] * inv_freq.astype(np.float32)[None, :]
-    emb = np.concatenate([freqs, freqs], axis=-1)
-    return np.cos(emb).astype(np.float32), np.sin(emb).astype(np.float32)
-
-
 def _build(cfg: ModelConfig, weights: object, shape: GenerationShape, sampling: Sampling,
            eos_ids: tuple[int, ...], prefill: bool) -> Graph:
     m = Blocks(f"{cfg.name}.{'prefill' if prefill else 'decode'}", weights)  # type: ignore[arg-type]
     st = _State(m, cfg, shape)
-    bsz, t_max, d, hd, eps = shape.batch, shape.max_seq_len, cfg.hidden_size, cfg.head_dim, cfg.norm_eps
+    bsz, t_max, d, hd = shape.batch, shape.max_seq_len, cfg.hidden_size, cfg.head_dim
     seq = shape.prefill_len if prefill else 1
     table = m.param("embed_tokens.weight", (cfg.vocab_size, d))
-    cos_t, sin_t = _rope_table(cfg, t_max)
     i64 = DType.I64
-
     if prefill:
         ids = m.b.input("input_ids", (bsz, seq), i64)
         # attention_mask[b, j] = j < pos[b]: the padding mask of right-padded prompts, on the device
         cols = m.b.const(np.arange(seq, dtype=np.int64)[None, :], name="columns")
-        mask_i = m.op(Op.CAST, m.op(Op.LESS, cols, m.op(Op.RESHAPE, st.pos, shape=(bsz, 1))), to=i64)
-        mask = causal_padding_mask(m, mask_i)
-        cos = m.b.const(cos_t[None, None, :seq], name="rope_cos")
-        sin = m.b.const(sin_t[None, None, :seq], name="rope_sin")
+        masks = window_masks(m, cfg, m.op(Op.CAST, m.op(Op.LESS, cols, m.op(Op.RESHAPE, st.pos, shape=(bsz, 1))), to=i64))
+        ropes = layer_ropes(m, cfg, t_max, lambda c, s, sfx: (m.b.const(c[None, None, :seq], name="rope_cos" + sfx),
+                                                             m.b.const(s[None, None, :seq], name="rope_sin" + sfx)))
         write_at = m.b.const(np.zeros(bsz, np.int64), name="zero_positions")
     else:
         ids = m.op(Op.RESHAPE, st.cur, shape=(bsz, 1))
         at = m.op(Op.RESHAPE, st.pos, shape=(bsz, 1))
-        cos = m.op(Op.RESHAPE, m.op(Op.GATHER, m.b.const(cos_t, name="rope_cos_table"), at, axis=0),
-                   shape=(bsz, 1, 1, hd))
-        sin = m.op(Op.RESHAPE, m.op(Op.GATHER, m.b.const(sin_t, name="rope_sin_table"), at, axis=0),
-                   shape=(bsz, 1, 1, hd))
+
+        def rows(table_: np.ndarray, name: str) -> Value:  # the table's row at each sequence's position
+            got = m.op(Op.GATHER, m.b.const(table_, name=name), at, axis=0)
+            return m.op(Op.RESHAPE, got, shape=(bsz, 1, 1, cfg.rope_dims))
+
+        ropes = layer_ropes(m, cfg, t_max, lambda c, s, sfx: (rows(c, "rope_cos_table" + sfx),
+                                                             rows(s, "rope_sin_table" + sfx)))
         write_at = st.pos
 
-    x = embedding(m, table, ids)
+    x = embed(m, cfg, table, ids)
     new_caches: list[tuple[Value, Value]] = []
 
     def attend(i: int, q: Value, k: Value, v: Value) -> Value:
         """Write this layer's K/V into the cache, then attend: prefill over the fresh keys (the
-        HF eager form the pattern passes fuse), decode over the cache up to each row's position."""
+        HF eager form the pattern passes fuse; a sliding window is part of the mask), decode over
+        the cache up to each row's position (keys older than its window skipped). The cache
+        keeps every position of every layer: a windowed layer's window is a bound, not a ring."""
         k_cache = m.op(Op.CACHE_WRITE, st.caches[i][0], k, write_at, axis=2)
         v_cache = m.op(Op.CACHE_WRITE, st.caches[i][1], v, write_at, axis=2)
         new_caches.append((k_cache, v_cache))
+        w = cfg.window(i)
         if prefill:
-            return eager_attention(m, q, k, v, mask, scale=hd ** -0.5)
-        a = m.op(Op.KV_ATTENTION, q, k_cache, v_cache, st.pos, scale=hd ** -0.5)
+            return eager_attention(m, q, k, v, masks[w if w < seq else 0], scale=cfg.attention_scale,
+                                   softcap=cfg.attn_softcap)
+        a = m.op(Op.KV_ATTENTION, q, k_cache, v_cache, st.pos, scale=cfg.attention_scale, softcap=cfg.attn_softcap,
+                 window=w)
         return m.op(Op.RESHAPE, m.op(Op.TRANSPOSE, a, perm=(0, 2, 1, 3)), shape=(bsz, 1, cfg.num_heads * hd))
 
     for i in range(cfg.num_layers):
-        x = decoder_layer(m, cfg, x, i, cos, sin, lambda q, k, v, i=i: attend(i, q, k, v))
+        x = decoder_layer(m, cfg, x, i, ropes[i], lambda q, k, v, i=i: attend(i, q, k, v))
 
     if prefill:  # the hidden state of each row's last real token: row b*S + pos[b] - 1 of [B*S, D]
         starts = m.b.const(np.arange(bsz, dtype=np.int64) * seq - 1, name="row_starts")
@@ -190,11 +190,7 @@ def _build(cfg: ModelConfig, weights: object, shape: GenerationShape, sampling: 
     else:
         x = m.op(Op.RESHAPE, x, shape=(bsz, d))
         counter = m.op(Op.ADD, st.pos, m.scalar(1, i64))
-    x = rms_norm(m, x, "norm", d, eps)
-    if cfg.tie_word_embeddings:
-        logits = m.op(Op.MATMUL, x, m.op(Op.TRANSPOSE, table, perm=(1, 0)))
-    else:
-        logits = linear(m, x, "lm_head", d, cfg.vocab_size, bias=False)
+    logits = lm_head(m, cfg, x, table)
     return finish_step(m, st, logits, counter, new_caches, shape, sampling, eos_ids, prefill)
 
 

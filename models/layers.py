@@ -86,13 +86,17 @@ def layer_norm(m: Blocks, x: Value, prefix: str, dim: int, eps: float) -> Value:
     return m.op(Op.LAYERNORM, x, w, b, axis=len(x.shape) - 1, eps=float(eps))
 
 
-def rms_norm(m: Blocks, x: Value, prefix: str, dim: int, eps: float) -> Value:
+def rms_norm(m: Blocks, x: Value, prefix: str, dim: int, eps: float, offset: float = 0.0) -> Value:
     """LlamaRMSNorm/Qwen3RMSNorm, decomposed as HF writes it:
 
     h = x.to(f32); var = h.pow(2).mean(-1, keepdim=True); h = h * rsqrt(var + eps);
     return weight * h.to(input_dtype)        (torch exports rsqrt as Div(1, Sqrt(.)))
+
+    ``offset`` 1.0: GemmaRMSNorm's (1 + weight), an ADD the constant folding leaves as the weight.
     """
     w = m.param(f"{prefix}.weight", (dim,), NORM)
+    if offset:
+        w = m.op(Op.ADD, w, m.scalar(offset))
     in_dtype = x.dtype
     h = x if in_dtype == DType.F32 else m.op(Op.CAST, x, to=DType.F32)
     var = m.op(Op.REDUCE_MEAN, m.op(Op.POW, h, m.scalar(2.0)), axes=(len(x.shape) - 1,), keepdims=True)
@@ -176,35 +180,30 @@ def repeat_kv(m: Blocks, x: Value, n_rep: int) -> Value:
     return m.op(Op.RESHAPE, x, shape=(bsz, kv * n_rep, seq, hd))
 
 
-def eager_attention(m: Blocks, q: Value, k: Value, v: Value, mask: Value, scale: float) -> Value:
+def eager_attention(m: Blocks, q: Value, k: Value, v: Value, mask: Value, scale: float,
+                    softcap: float = 0.0) -> Value:
     """HF eager_attention_forward on [B, H, S, hd] heads; returns [B, S, H * hd].
 
-    scores = matmul(q, k.transpose(-1, -2)) * scale + mask; softmax(-1); matmul(., v);
-    transpose(1, 2).reshape(B, S, H * hd). GQA k/v are repeated first, as repeat_kv does.
+    scores = matmul(q, k.transpose(-1, -2)) * scale [soft-capped: tanh(s / cap) * cap] + mask;
+    softmax(-1); matmul(., v); transpose(1, 2).reshape(B, S, H * hd). GQA k/v are repeated
+    first, as repeat_kv does.
     """
     bsz, heads, seq, hd = q.shape
     n_rep = heads // k.shape[1]
     k = repeat_kv(m, k, n_rep)
     v = repeat_kv(m, v, n_rep)
     scores = m.op(Op.MATMUL, q, m.op(Op.TRANSPOSE, k, perm=(0, 1, 3, 2)))
-    scores = m.op(Op.ADD, m.op(Op.MUL, scores, m.scalar(scale)), mask)
+    scores = m.op(Op.MUL, scores, m.scalar(scale))
+    if softcap:
+        cap = m.scalar(softcap)
+        scores = m.op(Op.MUL, m.op(Op.TANH, m.op(Op.DIV, scores, cap)), cap)
+    scores = m.op(Op.ADD, scores, mask)
     probs = m.op(Op.SOFTMAX, scores, axis=3)
     out = m.op(Op.TRANSPOSE, m.op(Op.MATMUL, probs, v), perm=(0, 2, 1, 3))
     return m.op(Op.RESHAPE, out, shape=(bsz, seq, heads * hd))
 
 
 # ---- rotary position embedding -------------------------------------------------------------
-
-
-def rope_tables(m: Blocks, seq: int, head_dim: int, theta: float) -> tuple[Value, Value]:
-    """Constant cos/sin [1, 1, S, hd] for positions 0..S-1, computed as HF's default RoPE does
-    (fp32 inv_freq, emb = cat(freqs, freqs)), already unsqueezed at dim 1 for the heads."""
-    inv_freq = (1.0 / (np.float32(theta) ** (np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim))))
-    freqs = np.arange(seq, dtype=np.float32)[:, None] * inv_freq.astype(np.float32)[None, :]
-    emb = np.concatenate([freqs, freqs], axis=-1)
-    cos = m.b.const(np.cos(emb).astype(np.float32)[None, None], name="rope_cos")
-    sin = m.b.const(np.sin(emb).astype(np.float32)[None, None], name="rope_sin")
-    return cos, sin
 
 
 def rotate_half(m: Blocks, x: Value) -> Value:
@@ -217,5 +216,12 @@ def rotate_half(m: Blocks, x: Value) -> Value:
 
 
 def apply_rope(m: Blocks, x: Value, cos: Value, sin: Value) -> Value:
-    """(x * cos) + (rotate_half(x) * sin)."""
-    return m.op(Op.ADD, m.op(Op.MUL, x, cos), m.op(Op.MUL, rotate_half(m, x), sin))
+    """(x * cos) + (rotate_half(x) * sin); where cos/sin are narrower than x (partial rotary,
+    Phi-3), on the first dims only: cat(rope(x[..., :rd]), x[..., rd:])."""
+    ax, rd = len(x.shape) - 1, cos.shape[-1]
+    if rd == x.shape[ax]:
+        return m.op(Op.ADD, m.op(Op.MUL, x, cos), m.op(Op.MUL, rotate_half(m, x), sin))
+    rot = m.op(Op.SLICE, x, axes=(ax,), starts=(0,), ends=(rd,), steps=(1,))
+    rest = m.op(Op.SLICE, x, axes=(ax,), starts=(rd,), ends=(x.shape[ax],), steps=(1,))
+    rot = m.op(Op.ADD, m.op(Op.MUL, rot, cos), m.op(Op.MUL, rotate_half(m, rot), sin))
+    return m.op(Op.CONCAT, rot, rest, axis=ax)

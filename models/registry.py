@@ -8,6 +8,7 @@ Every built-in model takes ``input_ids: i64[B,S]`` and ``attention_mask: i64[B,S
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -15,8 +16,12 @@ from collections.abc import Callable, Mapping, Sequence
 from fusec.errors import InputError, ModelError
 from fusec.ir import Graph
 
+from .rope import RopeScaling
+
 INPUT_NAMES = ("input_ids", "attention_mask")
-DECODER_FAMILIES = ("gpt2", "llama", "qwen3")
+# Llama-style decoders: one builder (models/llama.py) whose options (the fields below) cover them all
+LLAMA_STYLE = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3")
+DECODER_FAMILIES = ("gpt2",) + LLAMA_STYLE
 FAMILIES = DECODER_FAMILIES + ("bert",)
 
 
@@ -25,7 +30,7 @@ class ModelConfig:
     """Dimensions of one transformer; field names are fusec's, HF config keys map onto them."""
 
     name: str
-    family: str  # "gpt2" | "bert" | "llama" | "qwen3": selects the builder and the HF name map
+    family: str  # "gpt2" | "bert" | one of LLAMA_STYLE: selects the builder and the HF name map
     description: str
     vocab_size: int
     hidden_size: int
@@ -37,14 +42,28 @@ class ModelConfig:
     activation: str  # HF ACT2FN name: "gelu_new" (tanh form), "gelu" (erf form), "silu", "relu"
     num_kv_heads: int = 0  # 0: same as num_heads (no GQA)
     head_dim: int = 0  # 0: hidden_size // num_heads
-    rope_theta: float = 0.0  # llama/qwen3 only
+    rope_theta: float = 0.0  # Llama-style decoders only
     tie_word_embeddings: bool = False
-    attention_bias: bool = False  # llama/qwen3 q/k/v/o biases
+    attention_bias: bool = False  # q/k/v/o biases (Llama's attention_bias)
     mlp_bias: bool = False  # llama gate/up/down biases
-    qk_norm: bool = False  # qwen3: RMSNorm over head_dim on q and k, before RoPE
+    qk_norm: bool = False  # qwen3, gemma3: RMSNorm over head_dim on q and k, before RoPE
     type_vocab_size: int = 0  # bert token types (type 0 is folded in as a constant)
     default_batch: int = 1
     default_seq: int = 16
+    # ---- options of the Llama-style decoder layer (defaults: Llama) ----
+    qkv_bias: bool = False  # qwen2: biases on q/k/v only (attention_bias puts them on o too)
+    sliding_window: int = 0  # keys a windowed layer's query sees, itself included (0: no window)
+    sliding_layers: tuple[bool, ...] = ()  # per layer: windowed? () = every layer when sliding_window
+    attn_softcap: float = 0.0  # gemma2: scores = cap * tanh(scores / cap) (0: none)
+    final_softcap: float = 0.0  # gemma2: logits = cap * tanh(logits / cap) (0: none)
+    query_scale: float = 0.0  # attention scale (0: head_dim ** -0.5; gemma2/3: query_pre_attn_scalar ** -0.5)
+    embed_scale: float = 1.0  # gemma: embeddings times sqrt(hidden_size)
+    norm_offset: float = 0.0  # gemma: RMSNorm scales by (offset + w)
+    sandwich_norms: bool = False  # gemma2/3: norms after attention and MLP too (4 per layer)
+    rope_local_theta: float = 0.0  # gemma3: windowed layers' RoPE base, unscaled (0: as the others)
+    rope_scaling: RopeScaling | None = None  # models/rope.py (windowed layers too unless rope_local_theta)
+    rotary_dim: int = 0  # 0: head_dim; phi3's partial_rotary_factor rotates fewer dims
+    fused_projections: bool = False  # phi3: q/k/v in one qkv_proj, gate/up in one gate_up_proj tensor
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -70,6 +89,48 @@ class ModelConfig:
         if self.family in ("gpt2", "bert") and self.head_dim * self.num_heads != self.hidden_size:
             raise ModelError(f"model {self.name!r}: hidden size {self.hidden_size} is not divisible "
                              f"by {self.num_heads} heads")
+        self._check_decoder_options()
+
+    def _check_decoder_options(self) -> None:
+        for field in ("sliding_window", "rotary_dim"):
+            v = getattr(self, field)
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0:
+                raise ModelError(f"model {self.name!r}: {field} is {v!r:.40}, not an integer >= 0")
+        for field in ("attn_softcap", "final_softcap", "query_scale", "norm_offset", "rope_local_theta"):
+            v = getattr(self, field)
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or v < 0:
+                raise ModelError(f"model {self.name!r}: {field} is {v!r:.40}, not a finite number >= 0")
+        if not (isinstance(self.embed_scale, numbers.Real) and math.isfinite(self.embed_scale) and self.embed_scale > 0):
+            raise ModelError(f"model {self.name!r}: embed_scale is {self.embed_scale!r:.40}, not a finite number > 0")
+        if self.sliding_layers and len(self.sliding_layers) != self.num_layers:
+            raise ModelError(f"model {self.name!r}: {len(self.sliding_layers)} layer types for {self.num_layers} layers")
+        if self.rope_dims > self.head_dim or self.rope_dims % 2:
+            raise ModelError(f"model {self.name!r}: rotary dims {self.rope_dims} must be even and at most "
+                             f"head_dim {self.head_dim}")
+        if self.rope_scaling is not None:
+            self.rope_scaling.check(self.rope_dims)
+
+    @property
+    def rope_dims(self) -> int:
+        """The dims RoPE rotates: ``rotary_dim``, or all of head_dim when it is 0."""
+        return self.rotary_dim or self.head_dim
+
+    def window(self, layer: int) -> int:
+        """Layer ``layer``'s sliding window (keys a query sees, itself included), 0 for full attention."""
+        if not self.sliding_window or (self.sliding_layers and not self.sliding_layers[layer]):
+            return 0
+        return self.sliding_window
+
+    def rope(self, layer: int) -> tuple[float, RopeScaling | None]:
+        """(RoPE base, scaling) of layer ``layer``: windowed layers have their own base where
+        ``rope_local_theta`` is set (Gemma 3), unscaled."""
+        if self.rope_local_theta and self.window(layer):
+            return self.rope_local_theta, None
+        return self.rope_theta, self.rope_scaling
+
+    @property
+    def attention_scale(self) -> float:
+        return self.query_scale or self.head_dim ** -0.5
 
     @property
     def is_decoder(self) -> bool:

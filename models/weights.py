@@ -45,3 +45,46 @@ class RandomWeights:
 
     def finish(self) -> None:
         pass
+
+
+class SplitFused:
+    """A weight source for a model whose checkpoint fuses projections (Phi-3: ``qkv_proj`` holds
+    q, k, v stacked by output rows; ``gate_up_proj`` holds gate then up): the builder asks for
+    q/k/v_proj and gate/up_proj by name and gets the rows of the fused tensor, which is read
+    once per layer. Other names pass through to ``source``."""
+
+    def __init__(self, source: WeightSource, q_rows: int, kv_rows: int, ffn: int):
+        self.source = source
+        self._parts = {"q_proj": ("qkv_proj", 0, q_rows), "k_proj": ("qkv_proj", q_rows, q_rows + kv_rows),
+                       "v_proj": ("qkv_proj", q_rows + kv_rows, q_rows + 2 * kv_rows),
+                       "gate_proj": ("gate_up_proj", 0, ffn), "up_proj": ("gate_up_proj", ffn, 2 * ffn)}
+        self._fused: dict[str, np.ndarray] = {}
+
+    def get(self, name: str, shape: tuple[int, ...], kind: str) -> np.ndarray:
+        prefix, _, last = name.rpartition(".")  # "layers.0.self_attn.q_proj", "weight"
+        head, _, proj = prefix.rpartition(".")
+        part = self._parts.get(proj)
+        if part is None or last != "weight":
+            return self.source.get(name, shape, kind)
+        fused_name, lo, hi = part
+        full = f"{head}.{fused_name}.weight"
+        arr = self._fused.get(full)
+        if arr is None:
+            total = self._parts["v_proj"][2] if fused_name == "qkv_proj" else self._parts["up_proj"][2]
+            arr = self._fused[full] = self.source.get(full, (total,) + tuple(shape[1:]), kind)
+        out = np.ascontiguousarray(arr[lo:hi])
+        if fused_name == "qkv_proj" and proj == "v_proj" or fused_name == "gate_up_proj" and proj == "up_proj":
+            del self._fused[full]  # the last part asked for: the builder asks in this order
+        return out
+
+    def finish(self) -> None:
+        self.source.finish()
+
+
+def model_weights(cfg: object, source: WeightSource) -> WeightSource:
+    """``source`` as the builder of ``cfg`` (a ModelConfig) reads it: split where the checkpoint
+    fuses projections (``cfg.fused_projections``)."""
+    if not getattr(cfg, "fused_projections", False):
+        return source
+    hd = cfg.head_dim  # type: ignore[attr-defined]
+    return SplitFused(source, cfg.num_heads * hd, cfg.num_kv_heads * hd, cfg.intermediate_size)  # type: ignore[attr-defined]

@@ -64,6 +64,19 @@ def run(spec: object, args: list) -> None:  # noqa: ANN001
     cp.cuda.runtime.deviceSynchronize()
 
 
+def run_kv_attention(spec: S.KVAttentionSpec, args: list, out) -> None:  # noqa: ANN001
+    """Launch a kv_attention spec on device ``args`` (q, k, v, pos) into ``out``: one kernel, or the
+    split kernel into NaN-poisoned partials and its combine step."""
+    import cupy as cp
+
+    if spec.splits == 1:
+        run(spec, args + [out])
+        return
+    part = cp.full(spec.part_floats, np.nan, dtype=np.float32)  # chunks never reached stay NaN
+    run(spec, args + [part])
+    run(spec.combine(), [args[3], part, out])
+
+
 def check(out: np.ndarray, ref: np.ndarray, dt: DType) -> None:
     o, r = np.asarray(out, np.float64), np.asarray(ref, np.float64)
     assert o.shape == r.shape

@@ -245,9 +245,21 @@ def _error(path: Path) -> str:
     return msg
 
 
-def test_non_llama_architecture(tmp_path: Path) -> None:
-    msg = _error(write_gguf(tmp_path / "m.gguf", arch="qwen2"))
-    assert "'qwen2'" in msg and "m.gguf" in msg
+@pytest.mark.parametrize("arch, words", [("mamba", "not supported"), ("qwen3moe", "mixture-of-experts"),
+                                         ("llama4", "mixture-of-experts")])
+def test_unsupported_architecture_is_named(tmp_path: Path, arch: str, words: str) -> None:
+    msg = _error(write_gguf(tmp_path / "m.gguf", arch=arch))
+    assert f"'{arch}'" in msg and "m.gguf" in msg and words in msg and "gemma2" in msg
+
+
+def test_mixtral_experts_in_a_llama_file_are_refused(tmp_path: Path) -> None:
+    msg = _error(write_gguf(tmp_path / "m.gguf", kv={"llama.expert_count": (8, V.UINT32)}))
+    assert "'llama'" in msg and "mixture-of-experts" in msg
+
+
+def test_a_key_the_architecture_needs_is_named(tmp_path: Path) -> None:
+    msg = _error(write_gguf(tmp_path / "m.gguf", arch="qwen2"))  # a llama file's keys, relabelled
+    assert "'qwen2.context_length'" in msg and "m.gguf" in msg
 
 
 def test_unsupported_quant_type(tmp_path: Path) -> None:
@@ -278,11 +290,15 @@ def test_missing_metadata_key(tmp_path: Path, key: str) -> None:
     assert repr(key) in msg and "m.gguf" in msg
 
 
-@pytest.mark.parametrize("kv", [{"llama.rope.scaling.type": ("yarn", V.STRING)},
-                                {"llama.rope.scaling.type": ("linear", V.STRING),
-                                 "llama.rope.scaling.factor": (2.0, V.FLOAT32)}])
-def test_rope_scaling_rejected(tmp_path: Path, kv: dict[str, tuple[Any, Any]]) -> None:
-    assert "RoPE scaling" in _error(write_gguf(tmp_path / "m.gguf", kv=kv))
+@pytest.mark.parametrize("kv, words", [
+    ({"llama.rope.scaling.type": ("yarn", V.STRING)}, "llama.rope.scaling.original_context_length"),
+    ({"llama.rope.scaling.type": ("su", V.STRING), "llama.rope.scaling.factor": (2.0, V.FLOAT32)}, "'su'"),
+    ({"llama.rope.scaling.type": ("linear", V.STRING), "llama.rope.scaling.factor": (-2.0, V.FLOAT32)}, "factor"),
+])
+def test_rope_scaling_rejected(tmp_path: Path, kv: dict[str, tuple[Any, Any]], words: str) -> None:
+    msg = _error(write_gguf(tmp_path / "m.gguf", kv=kv))
+    assert "RoPE scaling" in msg or "yarn" in msg
+    assert words in msg
 
 
 def test_rope_scaling_linear_one_accepted(tmp_path: Path) -> None:
@@ -301,9 +317,9 @@ def test_unknown_tensor_rejected(tmp_path: Path) -> None:
     assert "'blk.0.mystery.weight'" in msg
 
 
-def test_llama3_rope_freqs_rejected(tmp_path: Path) -> None:
-    msg = _error(write_gguf(tmp_path / "m.gguf", extra_tensors=("rope_freqs.weight",)))
-    assert "rope_freqs.weight" in msg
+def test_llama3_rope_freqs_of_the_wrong_length_rejected(tmp_path: Path) -> None:
+    msg = _error(write_gguf(tmp_path / "m.gguf", extra_tensors=("rope_freqs.weight",)))  # hidden-size long
+    assert "per-frequency factors" in msg and str(HIDDEN) in msg and "m.gguf" in msg
 
 
 def test_split_file_rejected(tmp_path: Path) -> None:

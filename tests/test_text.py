@@ -32,8 +32,16 @@ TEXTS = [
     "unseen words: zygote quixotic",
     "",
     " ",
+    # whitespace runs, digit runs, mixed scripts and symbols (the pre-tokenizers' regexes differ here)
+    "a  b   c    d\t\te\n\n\n  f \u00a0g\u3000h",
+    "1234567890 12 345 6789, 3.14e-10, 0x1F, v2.0.1, 1,000,000",
+    "\u4f60\u597d\u4e16\u754c123abc \u0645\u0631\u062d\u0628\u0627 \u05e9\u05dc\u05d5\u05dd "
+    "\U0001f468\u200d\U0001f469\u200d\U0001f467 \u00e9\u0301",
+    "   leading spaces and trailing newline\n",
+    "it's IT'S it\u2019s don't DON'T y'all 'quoted'",
 ]
-WITH_SPECIALS = ["<|im_start|>user\nhi there<|im_end|>\n<|im_start|>assistant\n", "a<|endoftext|>b<|im_end|>"]
+WITH_SPECIALS = ["<|im_start|>user\nhi there<|im_end|>\n<|im_start|>assistant\n", "a<|endoftext|>b<|im_end|>",
+                 " <|im_start|> spaced <|im_end|>  ", "<|im_start|><|im_end|><|endoftext|>12<|im_start|>\u00e9"]
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"},
             {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "What is 2+2?"}]
 

@@ -13,25 +13,32 @@ from fusec.errors import InputError
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    from fusec.genmodel import support_text
+
     p = add_command(
         subparsers, "generate", "generate text with a decoder (prefill + KV-cache decode)",
         "Generate tokens from MODEL_OR_PLAN: a generation plan (`fusec compile MODEL --generate`), a\n"
         "built-in decoder (llama-tiny, qwen3-tiny, qwen3-0.6b; random weights unless --weights-dir),\n"
-        "a Hugging Face Llama/Qwen3 checkpoint directory, or a GGUF file (Llama architecture). The\n"
-        "tokenizer and chat template come with the model (GGUF metadata, tokenizer.json).\n"
+        "a Hugging Face checkpoint directory, or a GGUF file (`fusec inspect FILE.gguf` says what it\n"
+        "holds). The tokenizer and chat template come with the model (GGUF metadata, tokenizer.json);\n"
+        "--chat-template-kwargs passes switches such as enable_thinking to the template.\n"
         "On a GPU the model is compiled into a plan whose decode step is one CUDA-graph replay per\n"
         "token with nothing copied between host and device; without a GPU the numpy reference\n"
         "backend runs the same graphs (and says so). Prints the text as it streams (--stream), then\n"
-        "prefill time, decode tokens/s and per-step counters.",
+        "prefill time, decode tokens/s and per-step counters.\n\n" + support_text(),
         ["fusec generate SmolLM2-135M-Instruct.Q4_1.gguf --chat --prompt 'What is a GPU?' --max-new-tokens 40",
          "fusec generate qwen3-tiny --prompt-ids 1,2,3 --prompt-ids 4,5 --max-new-tokens 8 --json",
          "fusec compile qwen3-0.6b --generate --max-seq-len 1024 --batch 8 --dtype bf16 -o q.fplan",
-         "fusec generate q.fplan --prompt-ids 10,11,12 --temperature 0.8 --top-k 50 --top-p 0.9 --seed 1"])
+         "fusec generate q.fplan --prompt-ids 10,11,12 --temperature 0.8 --top-k 50 --top-p 0.9 --seed 1",
+         "fusec generate Qwen3-0.6B-Q8_0.gguf --chat --chat-template-kwargs '{\"enable_thinking\": false}' "
+         "--prompt 'Hi'"])
     p.add_argument("model", metavar="MODEL_OR_PLAN", help="a .fplan generation plan, built-in name, HF directory or .gguf file")
     p.add_argument("--prompt", action="append", default=[], help="a text prompt (repeat for a batch)")
     p.add_argument("--prompt-ids", action="append", default=[], metavar="IDS",
                    help="a prompt as comma-separated token ids (repeat for a batch)")
     p.add_argument("--chat", action="store_true", help="wrap each text prompt in the model's chat template")
+    p.add_argument("--chat-template-kwargs", default=None, metavar="JSON",
+                   help="a JSON object of extra template variables for --chat (e.g. '{\"enable_thinking\": false}')")
     p.add_argument("--max-new-tokens", type=int, default=32, metavar="N", help="tokens to draw per sequence (default 32)")
     p.add_argument("--stream", action="store_true", help="print tokens as they arrive (one read-back every --stream-every steps)")
     p.add_argument("--stream-every", type=int, default=8, metavar="N", help="decode steps per streamed chunk (default 8)")
@@ -86,6 +93,9 @@ def _check_options(args: argparse.Namespace) -> None:
     if args.stream_every < 1:
         raise InputError(f"--stream-every must be a positive integer, got {args.stream_every}")
     check_generation_sizes(args)
+    if args.chat_template_kwargs is not None and not args.chat:
+        raise InputError("--chat-template-kwargs applies to the chat template: add --chat")
+    template_kwargs(args)  # checked before any model loads
     if args.chat and args.prompt_ids:
         raise InputError("--chat wraps text prompts (--prompt) in the chat template; --prompt-ids are token ids "
                          "and are never wrapped: drop --chat, or give the prompt as --prompt TEXT")
@@ -93,6 +103,23 @@ def _check_options(args: argparse.Namespace) -> None:
         from fusec.codegen.compile import check_arch
 
         check_arch(args.arch, args.dtype or "bf16")
+
+
+def template_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """--chat-template-kwargs as a dict of template variables (a JSON object with string keys)."""
+    text = getattr(args, "chat_template_kwargs", None)
+    if text is None:
+        return {}
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise InputError(f"--chat-template-kwargs is not JSON: {str(e)[:120]}") from None
+    if not isinstance(value, dict):
+        raise InputError(f"--chat-template-kwargs must be a JSON object, got {type(value).__name__}")
+    reserved = {"messages", "add_generation_prompt"} & set(value)
+    if reserved:
+        raise InputError(f"--chat-template-kwargs cannot set {', '.join(sorted(reserved))} (fusec sets them)")
+    return value
 
 
 def _utf8_prompt(text: str) -> str:
@@ -137,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
         toolchain.require_compiler()
         arch = check_arch(args.arch or default_arch(), args.dtype or "bf16")
     gm = load_generation_model(args.model, args.weights_dir)
-    ids = encode_prompts(gm.tokenizer, prompts, args.chat)
+    ids = encode_prompts(gm.tokenizer, prompts, args.chat, template_kwargs(args))
     batch = args.batch if args.batch is not None else len(ids)
     longest = max(len(i) for i in ids)
     t_max = args.max_seq_len if args.max_seq_len is not None else longest + args.max_new_tokens
@@ -183,7 +210,8 @@ def _run_plan(args: argparse.Namespace, prompts: list[Any]) -> int:
         raise InputError(f"{args.model}: a generation plan runs only on a GPU: {why}; to run on the CPU, give "
                          f"`fusec generate` the model itself (built-in name, HF directory or .gguf)")
     tok = plan_tokenizer(plan)
-    return _generate(args, PlanEngine(plan), encode_prompts(tok, prompts, args.chat), tok, int(meta["vocab_size"]))
+    return _generate(args, PlanEngine(plan), encode_prompts(tok, prompts, args.chat, template_kwargs(args)), tok,
+                     int(meta["vocab_size"]))
 
 
 def _generate(args: argparse.Namespace, engine: Any, ids: list[list[int]], tok: Any, vocab: int) -> int:

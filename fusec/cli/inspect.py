@@ -25,8 +25,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "weight bytes, and its inputs and outputs with shapes and dtypes. Names from the model\n"
         "file are printed JSON-quoted when they hold anything unusual.\n\n"
         "With --json, prints exactly one JSON object with at least the keys model, ops,\n"
-        "parameters, weights_bytes, inputs and outputs (each input/output {name, shape, dtype}).",
-        ["fusec inspect gpt2-tiny", "fusec inspect model.onnx --shapes input_ids:1x128,attention_mask:1x128 --json"])
+        "parameters, weights_bytes, inputs and outputs (each input/output {name, shape, dtype}).\n\n"
+        "A .gguf file is read from its header alone (no weight is loaded): the architecture and\n"
+        "whether `fusec generate` runs it, the dims and options, the tokenizer, the tensor types.",
+        ["fusec inspect gpt2-tiny", "fusec inspect model.onnx --shapes input_ids:1x128,attention_mask:1x128 --json",
+         "fusec inspect Qwen3-0.6B-Q8_0.gguf"])
     add_model_arguments(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     return p
@@ -74,6 +77,12 @@ def optimized_report(graph: Graph) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     from fusec.cli.run import load_plan_or_none
 
+    if args.model.lower().endswith(".gguf"):  # the header alone: architecture, dims, tokenizer, tensor types
+        from fusec.cli.inspect_gguf import gguf_report, render_gguf
+
+        rep = gguf_report(args.model)
+        print(json.dumps(rep, indent=2, ensure_ascii=True) if args.json else render_gguf(rep))
+        return 0
     plan = load_plan_or_none(args.model)
     if plan is not None:
         report = {"model": args.model, **plan.info()}

@@ -14,7 +14,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         subparsers, "models", "list the built-in models",
         "List the built-in models: name, a one-line description and the default input shapes.\n"
         "Any of these names can stand for MODEL in the other commands; the weights are random\n"
-        "(seeded) unless a model's builder is given a weights directory from Python.",
+        "(seeded) unless a model's builder is given a weights directory from Python. With --json,\n"
+        "also what `fusec generate` accepts (decoder families, GGUF tensor types, RoPE scalings;\n"
+        "`fusec generate --help` lists them too).",
         ["fusec models", "fusec models --json"])
     add_json_flag(p)
     return p
@@ -49,7 +51,9 @@ def run(args: argparse.Namespace) -> int:
 
     rows = [describe(n) for n in builtin_names()]
     if args.json:
-        print(json.dumps({"models": rows}, indent=2))
+        from fusec.genmodel import generation_support
+
+        print(json.dumps({"models": rows, "generate": generation_support()}, indent=2))
         return 0
     if not rows:
         print("no built-in models in this build")

@@ -75,7 +75,10 @@ class KVAttentionSpec:
     of each (b, tile, kv head) merges the partials into ``out``: one launch either way. Params
     q, k, v, pos, part, sync, out.
     ``threads``: block size (64, 128 or 256). ``softcap`` as in ``AttentionSpec`` (the partials
-    hold capped scores)."""
+    hold capped scores). ``window`` > 0: query s of row b also skips keys j <= pos[b] + s - window (a
+    sliding window; the key range is still cut as above: a chunk wholly outside the window
+    contributes nothing to the merge, and its block loads no key). ``window`` 0 renders the kernel
+    without a window, and the spec's repr (its kernel name) is the one it had before the field existed."""
 
     B: int
     Hq: int
@@ -89,10 +92,16 @@ class KVAttentionSpec:
     pos_dtype: DType = DType.I64
     threads: int = 128
     softcap: float = 0.0
+    window: int = 0
+
+    def __repr__(self) -> str:  # window 0 left out: kernels without a window keep their names
+        fields = [f for f in dataclasses.fields(self) if not (f.name == "window" and self.window == 0)]
+        return f"KVAttentionSpec({', '.join(f'{f.name}={getattr(self, f.name)!r}' for f in fields)})"
 
     def __post_init__(self) -> None:
         _pos(("B", self.B), ("Hq", self.Hq), ("Hkv", self.Hkv), ("S", self.S), ("T", self.T), ("D", self.D),
              ("splits", self.splits))
+        _ints((self.window,), "kv_attention: window", 0)
         _req(self.Hq % self.Hkv == 0, "kv_attention: Hq must be a multiple of Hkv")
         _req(self.dtype in FLOATS, "kv_attention is float")
         _req(self.D % 8 == 0 and 8 <= self.D <= 256, "kv_attention: head_dim must be a multiple of 8 in [8, 256]")

@@ -46,7 +46,7 @@ def kv_attention(ctx: Context, node: Node, label: str) -> None:
         raise LoweringError(f"{_where(node, label)}: kv_attention needs 16-byte aligned q/k/v")
     try:
         spec = kv_attention_spec(B, Hq, Hkv, S_, T, D, q.dtype, float(node.attrs.scale), pos.dtype,
-                                 softcap=float(node.attrs.softcap))
+                                 softcap=float(node.attrs.softcap), window=int(node.attrs.window))
     except ValueError as e:
         raise LoweringError(f"{_where(node, label)}: kv_attention of q {list(q.shape)} over k/v {list(k.shape)} "
                             f"({q.dtype.value}): {e}") from None
