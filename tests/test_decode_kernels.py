@@ -200,18 +200,19 @@ def test_lower_cache_write_unaligned_new_is_scalar() -> None:
     assert len(ctx.launches) == 1 and "#define VEC 1\n" in ctx.blobs["source/m0"].decode()
 
 
-def test_lower_kv_attention_split_and_combine() -> None:
+def test_lower_kv_attention_split_merges_in_one_launch() -> None:
     q, k, v = Value("q", (1, 16, 1, 128), BF16), Value("k", (1, 8, 4096, 128), BF16), Value("v", (1, 8, 4096, 128), BF16)
     pos, out = Value("pos", (1,), I64), Value("o", (1, 16, 1, 128), BF16)
     node = Node(O.Op.KV_ATTENTION, [q, k, v, pos], [out], O.KVAttentionAttrs(0.088), name="attn")
     ctx = _ctx({"q": 0, "k": 1 << 20, "v": 16 << 20, "pos": 32 << 20, "o": 33 << 20})
     ctx.arena_base = 64 << 20
+    ctx.sync_base = 4096
     LOWER[O.Op.KV_ATTENTION](ctx, node, "#1 kv_attention")
-    assert len(ctx.launches) == 2
-    part = ctx.launches[0]["args"][-1]
-    assert part == ["ptr", "arena", 64 << 20] and ctx.launches[1]["args"][1] == part
-    assert ctx.scratch_bytes >= 16 * 130 * 4 * 2
-    assert ctx.launches[1]["args"][2] == ["ptr", "arena", 33 << 20]
+    assert len(ctx.launches) == 1  # the last block of each head merges the splits' partials
+    args = ctx.launches[0]["args"]
+    assert args[4] == ["ptr", "arena", 64 << 20] and ctx.scratch_bytes >= 16 * 130 * 4 * 2  # the partials
+    assert args[5] == ["ptr", "state", 4096] and ctx.sync_bytes >= 8 * 4  # one counter per kv head
+    assert args[6] == ["ptr", "arena", 33 << 20]
 
 
 def test_lower_kv_attention_refuses_bad_shapes() -> None:

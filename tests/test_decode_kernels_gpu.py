@@ -65,16 +65,28 @@ def run(spec: object, args: list) -> None:  # noqa: ANN001
 
 
 def run_kv_attention(spec: S.KVAttentionSpec, args: list, out) -> None:  # noqa: ANN001
-    """Launch a kv_attention spec on device ``args`` (q, k, v, pos) into ``out``: one kernel, or the
-    split kernel into NaN-poisoned partials and its combine step."""
+    """Launch a kv_attention spec on device ``args`` (q, k, v, pos) into ``out``: one launch; a split
+    one (partials merged by its last block) three times, bit-identical each time, its counters back
+    at zero after each."""
     import cupy as cp
 
     if spec.splits == 1:
         run(spec, args + [out])
         return
+    from fusec.codegen.build_decode import kv_layout
+
     part = cp.full(spec.part_floats, np.nan, dtype=np.float32)  # chunks never reached stay NaN
-    run(spec, args + [part])
-    run(spec.combine(), [args[3], part, out])
+    sync = cp.zeros(spec.sync_ints(kv_layout(spec, spec.threads)["tiles"]), dtype=np.int32)
+    first = None
+    for _ in range(3):
+        out[...] = out.dtype.type(0)
+        run(spec, args + [part, sync, out])
+        assert int(cp.count_nonzero(sync)) == 0, "a split attention left its counters set"
+        got = out.get()
+        if first is None:
+            first = got
+        else:  # whichever block merges, the same bits
+            assert np.array_equal(got.view(np.uint8), first.view(np.uint8)), "a split attention is not deterministic"
 
 
 def check(out: np.ndarray, ref: np.ndarray, dt: DType) -> None:
@@ -142,29 +154,6 @@ KV = [
 ]
 
 
-def run_kv(spec: S.KVAttentionSpec, args: list, out) -> None:  # noqa: ANN001
-    """One launch; a split one twice (its counters must be back at zero for the second)."""
-    import cupy as cp
-
-    if spec.splits == 1:
-        run(spec, args + [out])
-        return
-    from fusec.codegen.build_decode import kv_layout
-
-    part = cp.full(spec.part_floats, np.nan, dtype=np.float32)  # chunks never reached stay NaN
-    sync = cp.zeros(spec.sync_ints(kv_layout(spec, spec.threads)["tiles"]), dtype=np.int32)
-    first = None
-    for _ in range(3):
-        out[...] = out.dtype.type(0)
-        run(spec, args + [part, sync, out])
-        assert int(cp.count_nonzero(sync)) == 0, "a split attention left its counters set"
-        got = out.get()
-        if first is None:
-            first = got
-        else:  # whichever block merges, the same bits
-            assert np.array_equal(got.view(np.uint8), first.view(np.uint8)), "a split attention is not deterministic"
-
-
 @pytest.mark.parametrize("dt,B,Hq,Hkv,Sq,T,D,positions,splits", KV,
                          ids=[f"{c[0].value}-B{c[1]}-H{c[2]}/{c[3]}-S{c[4]}-T{c[5]}-D{c[6]}-x{c[8]}" for c in KV])
 def test_kv_attention(dt: DType, B: int, Hq: int, Hkv: int, Sq: int, T: int, D: int, positions: list | None,
@@ -185,7 +174,7 @@ def test_kv_attention(dt: DType, B: int, Hq: int, Hkv: int, Sq: int, T: int, D: 
         kn[b, :, max(0, pos[b] + Sq):] = np.nan
         vn[b, :, max(0, pos[b] + Sq):] = np.nan
     out = poisoned((B, Hq, Sq, D), dt)
-    run_kv(spec, [dev(q), dev(kn), dev(vn), dev(pos)], out)
+    run_kv_attention(spec, [dev(q), dev(kn), dev(vn), dev(pos)], out)
     check(host(out, dt), ref, dt)
 
 
@@ -200,7 +189,7 @@ def test_kv_attention_matches_for_every_split_count(dt: DType) -> None:
     for splits in (1, 2, 3, 5, 8):
         spec = S.KVAttentionSpec(B, Hq, Hkv, 1, T, D, dt, 0.125, splits, I32, threads=256 if splits == 3 else 128)
         out = poisoned((B, Hq, 1, D), dt)
-        run_kv(spec, [dev(q), dev(k), dev(v), dev(pos.astype(np.int32))], out)
+        run_kv_attention(spec, [dev(q), dev(k), dev(v), dev(pos.astype(np.int32))], out)
         check(host(out, dt), ref, dt)
 
 
