@@ -19,7 +19,7 @@ from fusec.codegen.elementwise import Expr, dtype_of
 from fusec.codegen.spec_base import FLOATS, HALFS, _ints, _pos, _req, _softcap_ok, contiguous_strides  # noqa: F401
 from fusec.codegen.specs_decode import (  # noqa: F401  (one namespace for every spec: S.KVAttentionSpec, ...)
     CACHE_DTYPES, KV_CHUNK_GRANULE, KV_MAX_SPLITS, POS_DTYPES, CacheWriteSpec, KVAttentionSpec, KVCombineSpec,
-    SampleCombineSpec, SampleSpec, cache_write_spec)
+    SamplePartSpec, SampleSpec, cache_write_spec)
 from fusec.dtypes import DType
 
 ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh", "silu")

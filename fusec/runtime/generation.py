@@ -43,10 +43,10 @@ class PlanEngine:
         self.stream.synchronize()
         return self.device.read_state(name)
 
-    def prefill(self, input_ids: np.ndarray) -> None:
+    def prefill(self, input_ids: np.ndarray, lengths: np.ndarray) -> None:
         a, b = self._events
         a.record(self.stream)
-        self._prefill.run({"input_ids": input_ids}, stream=self.stream)
+        self._prefill.run({"input_ids": input_ids, "lengths": np.asarray(lengths, np.int64)}, stream=self.stream)
         b.record(self.stream)
         b.synchronize()
         import cupy
@@ -102,7 +102,8 @@ class PlanEngine:
 
 
 def generate_with_plan(plan: Any, prompts: Sequence[Any], max_new_tokens: int, seed: int = 0, stream_every: int = 0,
-                       on_tokens: Callable[[list[list[int]]], None] | None = None, chat: bool = False) -> Any:
+                       on_tokens: Callable[[list[list[int]]], None] | None = None, chat: bool = False,
+                       sampling: Any = None) -> Any:
     from fusec.generation import generate
     from fusec.genmodel import encode_prompts, plan_tokenizer
 
@@ -111,7 +112,8 @@ def generate_with_plan(plan: Any, prompts: Sequence[Any], max_new_tokens: int, s
         engine = plan._engine = PlanEngine(plan)
     tok = plan_tokenizer(plan)
     ids = encode_prompts(tok, prompts, chat)
-    res = generate(engine, ids, max_new_tokens, int(engine.meta["vocab_size"]), seed, stream_every, on_tokens)
+    res = generate(engine, ids, max_new_tokens, int(engine.meta["vocab_size"]), seed, stream_every, on_tokens,
+                   sampling)
     if engine.last_prefill_ms is not None:
         res.prefill_ms = engine.last_prefill_ms
     if tok is not None:
