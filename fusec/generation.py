@@ -32,6 +32,7 @@ class Engine(Protocol):
     meta: Mapping[str, Any]  # graph.meta["generation"] of the decode entry
 
     def set_state(self, name: str, value: np.ndarray) -> None: ...
+    def write_states(self, values: dict[str, np.ndarray]) -> None: ...  # several states, one synchronization
     def read_state(self, name: str) -> np.ndarray: ...
     def prefill(self, input_ids: np.ndarray, lengths: np.ndarray) -> None: ...  # lengths 0: row not admitted
     def decode(self) -> None: ...
@@ -119,10 +120,15 @@ def row_settings(sampling: Sampling | Sequence[Sampling] | None, rows: int, batc
 
 def write_sampling(engine: Engine, settings: Sequence[Sampling], seeds: np.ndarray) -> None:
     """Write every row's sampling state (whole [B] arrays: a setup step, outside any run)."""
-    engine.set_state("temperature", np.array([s.temperature for s in settings], np.float32))
-    engine.set_state("top_k", np.array([s.top_k for s in settings], np.int64))
-    engine.set_state("top_p", np.array([s.top_p for s in settings], np.float32))
-    engine.set_state("seed", np.asarray(seeds, np.int64))
+    engine.write_states(sampling_states(settings, seeds))
+
+
+def sampling_states(settings: Sequence[Sampling], seeds: np.ndarray) -> dict[str, np.ndarray]:
+    """The four per-row sampling states of a batch (see models/generate.py)."""
+    return {"temperature": np.array([s.temperature for s in settings], np.float32),
+            "top_k": np.array([s.top_k for s in settings], np.int64),
+            "top_p": np.array([s.top_p for s in settings], np.float32),
+            "seed": np.asarray(seeds, np.int64)}
 
 
 def iter_generate(engine: Engine, prompts: Sequence[Sequence[int]], max_new_tokens: int, vocab: int, seed: int = 0,
@@ -179,6 +185,19 @@ def _new_ids(engine: Engine, rows: list[list[int]]) -> list[list[int]]:
     return [[int(t) for t in tokens[b, len(r): int(pos[b]) + 1]] for b, r in enumerate(rows)]
 
 
+class Ready:
+    """A read-back that is already done (``ReferenceEngine.fetch``; the GPU engine's waits)."""
+
+    def __init__(self, value: np.ndarray):
+        self._value = value
+
+    def ready(self) -> bool:
+        return True
+
+    def get(self) -> np.ndarray:
+        return self._value
+
+
 class ReferenceEngine:
     """The numpy reference backend: runs the prefill/decode graphs, keeps the state in a dict.
     ``optimize``: run the pass pipeline first (fp32; e.g. the lm_head's weight transpose is then
@@ -204,8 +223,16 @@ class ReferenceEngine:
     def set_state(self, name: str, value: np.ndarray) -> None:
         self.state[name] = np.asarray(value).astype(self.state[name].dtype).reshape(self.state[name].shape)
 
+    def write_states(self, values: dict[str, np.ndarray]) -> None:
+        for name, value in values.items():
+            self.set_state(name, value)
+
     def read_state(self, name: str) -> np.ndarray:
         return self.state[name].copy()
+
+    def fetch(self, name: str) -> Ready:
+        """The state now (the reference backend has run every step already)."""
+        return Ready(self.read_state(name))
 
     def _run(self, entry: str, inputs: Mapping[str, np.ndarray]) -> None:
         from fusec import reference
@@ -220,7 +247,7 @@ class ReferenceEngine:
                 self.state[src.name] = out[dst.name]
         self._steps += 1
 
-    def prefill(self, input_ids: np.ndarray, lengths: np.ndarray) -> None:
+    def prefill(self, input_ids: np.ndarray, lengths: np.ndarray, timed: bool = True) -> None:
         self._steps = 0
         self._run("prefill", {"input_ids": input_ids, "lengths": np.asarray(lengths, np.int64)})
 
