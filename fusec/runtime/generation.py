@@ -47,12 +47,11 @@ class PlanEngine:
 
     def write_states(self, values: dict[str, np.ndarray]) -> None:
         """Write several states (whole arrays) with one synchronization: every copy is queued on
-        the engine's stream (after its work so far), then the stream is synchronized once, so the
-        host buffers are free again and the next run sees the values."""
+        the engine's stream (after its work so far), then the stream is synchronized once: the
+        pageable host arrays are free again when it returns, and every later run sees the values."""
         import cupy
 
-        self.stream.synchronize()  # the host's arrays may be reused right after: the stream must be idle
-        for name, value in values.items():
+        for name, value in values.items():  # ordered after the queued steps that read the old values
             dst = self.device.state_array(name)
             host = np.ascontiguousarray(np.asarray(value).astype(dst.dtype, copy=False)).reshape(dst.shape)
             cupy.cuda.runtime.memcpyAsync(dst.data.ptr, host.ctypes.data, host.nbytes, _H2D, self.stream.ptr)

@@ -6,6 +6,6 @@
   string, a client that went away). Nothing here knows HTTP.
 * ``text``: token ids to streamed text (whole characters only, stop strings held back).
 * ``protocol``: the OpenAI request fields, their checks and the response/error objects.
-* ``app``: the HTTP side (Starlette on uvicorn), imported only by ``fusec serve``: the optional
-  ``serve`` extra; ``import fusec`` never needs it.
+* ``app`` (and ``metrics``): the HTTP side (Starlette on uvicorn; prometheus_client), imported only
+  by ``fusec serve``: the optional ``serve`` extra; ``import fusec`` never needs it.
 """
