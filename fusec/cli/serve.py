@@ -47,6 +47,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, metavar="N", help="largest request body (default 1 MiB)")
     p.add_argument("--default-max-tokens", type=int, default=256, metavar="N",
                    help="chat completions without max_tokens (default 256, at most what the context leaves)")
+    p.add_argument("--admit-wait-ms", type=float, default=2.0, metavar="MS",
+                   help="a request waits up to this long for others to join its prefill (default 2)")
     p.add_argument("--counters", action="store_true", help="count the driver's work over decode steps (CUPTI; /health)")
     p.add_argument("--weights-dir", default=None, metavar="DIR", help="HF checkpoint for a built-in model's weights")
     p.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), default=None, help="storage dtype on the GPU (default bf16)")
@@ -62,6 +64,8 @@ def _check(args: argparse.Namespace) -> None:
         v = getattr(args, name)
         if v is not None and v < 1:
             raise InputError(f"--{name.replace('_', '-')} must be a positive integer, got {v}")
+    if not 0 <= args.admit_wait_ms <= 1000:
+        raise InputError(f"--admit-wait-ms must be in [0, 1000], got {args.admit_wait_ms}")
     for name in ("max_queue", "max_body_bytes", "default_max_tokens"):
         if getattr(args, name) < 1:
             raise InputError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
@@ -170,7 +174,8 @@ def run(args: argparse.Namespace) -> int:
 
     engine, tok, source, backend = _engine(args)
     name = args.served_model_name or os.path.basename(str(source)) or "model"
-    batcher = Batcher(engine, lambda events: None, max_queue=args.max_queue, counters=args.counters)
+    batcher = Batcher(engine, lambda events: None, max_queue=args.max_queue, counters=args.counters,
+                      admit_wait=args.admit_wait_ms / 1e3)
     server = serve_app.Server(batcher, tok, name, api_key=api_key, max_body=args.max_body_bytes,
                               default_max_tokens=args.default_max_tokens, chat_template=template)
     # the engine thread and the event loop share the GIL: let a waiting thread in sooner than 5 ms

@@ -19,7 +19,9 @@ thread keeps up to ``lookahead`` decode steps queued on the GPU: after each step
 asynchronous read-back of the drawn tokens (``engine.fetch("cur")``) and processes the read-backs
 that have landed, polling their events, so a step of rows already decoding costs no host
 synchronization. A step that admits rows waits for the queued steps (polling) and synchronizes
-once (writing the settings), and says so in ``stats()``.
+once (writing the settings), and says so in ``stats()``. Since a prefill costs the same for one
+row or for all, a request that finds fewer companions than free rows waits up to ``admit_wait``
+seconds (other rows decode meanwhile) for others to join the same prefill.
 
 Events go to the consumer through ``on_events(list of (job, new token ids, finished))``, called on
 the engine thread once per processed step (the server hands them to its event loop in one call).
@@ -75,7 +77,8 @@ Events = list[tuple[Job, list[int], bool]]
 
 class Batcher:
     def __init__(self, engine: Any, on_events: Callable[[Events], None], *, max_queue: int = 64,
-                 eos_ids: Sequence[int] | None = None, lookahead: int = 3, counters: bool = False):
+                 eos_ids: Sequence[int] | None = None, lookahead: int = 3, counters: bool = False,
+                 admit_wait: float = 0.002):
         meta = engine.meta
         self.engine = engine
         self.batch, self.prefill_len = int(meta["batch"]), int(meta["prefill_len"])
@@ -83,6 +86,7 @@ class Batcher:
         self.eos_ids = frozenset(int(e) for e in (meta["eos_ids"] if eos_ids is None else eos_ids))
         self.on_events = on_events
         self.max_queue, self.lookahead, self.counters = max_queue, max(1, lookahead), counters
+        self.admit_wait = admit_wait
         self.rows: list[Job | None] = [None] * self.batch
         self.queue: collections.deque[Job] = collections.deque()
         self.cond = threading.Condition()
@@ -197,7 +201,14 @@ class Batcher:
                 drop = [j for j in self.queue if j.cancelled]
                 for j in drop:
                     self.queue.remove(j)
-                want = bool(self.queue) and any(r is None or r.cancelled for r in self.rows)
+                free = sum(r is None or r.cancelled for r in self.rows)
+                want = bool(self.queue) and free > 0
+                young = want and len(self.queue) < free and time.perf_counter() - self.queue[0].t_submit < self.admit_wait
+                if young and not self._busy() and not self.pending and not drop:
+                    # idle: a prefill costs the same for one row or all, so wait a moment for company
+                    self.cond.wait(self.admit_wait)
+                    continue
+                want = want and not young  # rows decoding: admit at a later boundary, with whoever came
             events: Events = []
             for j in drop:
                 self._end(j, "cancelled", events)
