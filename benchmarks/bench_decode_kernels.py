@@ -164,38 +164,45 @@ def bench_cache_write(results: list) -> None:
 
 
 def bench_sample(results: list, quick: bool) -> None:
+    """Op.SAMPLE with per-row settings: every row of a batch in one mode, and a mixed batch (half
+    the rows greedy, half top-k + top-p): the greedy rows of a mixed batch cost an argmax."""
     import cupy as cp
 
     V = 151936
-    # random N(0, 3) logits: t0.7-p0.9 keeps ~600 tokens (candidates fit shared memory), t1.0-p0.95 ~12k (they do not)
+    # random N(0, 3) logits: t0.7-p0.9 keeps ~600 tokens, t1.0-p0.95 ~12k
     modes = [("greedy", 0.0, 0, 1.0), ("t1.0", 1.0, 0, 1.0), ("t0.6-k20-p0.95", 0.6, 20, 0.95),
-             ("t0.7-k50-p0.9", 0.7, 50, 0.9), ("t0.7-p0.9", 0.7, 0, 0.9), ("t1.0-p0.95", 1.0, 0, 0.95)]
+             ("t0.7-k50-p0.9", 0.7, 50, 0.9), ("t0.7-p0.9", 0.7, 0, 0.9), ("t1.0-p0.95", 1.0, 0, 0.95),
+             ("mixed: greedy + t0.7-k50-p0.9", None, 0, 1.0)]
     for dt in (BF16, F32):
         for B in (1, 32):
             logits = _bf16((B, V), 3.0) if dt == BF16 else cp.random.standard_normal((B, V), dtype=cp.float32) * 3
-            seed, ctr = cp.array([42], cp.int64), cp.arange(B, dtype=cp.int64)
+            seed, ctr = cp.full(B, 42, cp.int64), cp.arange(B, dtype=cp.int64)
             out = cp.empty(B, cp.int64)
             for name, t, k, p in modes:
-                specs = [S.SampleSpec(B, V, dt, t, k, p)]
-                split = sample_spec(B, V, dt, t, k, p)
+                if t is None:  # mixed: even rows greedy, odd rows cut
+                    temps = cp.array([0.0 if b % 2 == 0 else 0.7 for b in range(B)], cp.float32)
+                    ks = cp.array([0 if b % 2 == 0 else 50 for b in range(B)], cp.int64)
+                    ps = cp.array([1.0 if b % 2 == 0 else 0.9 for b in range(B)], cp.float32)
+                else:
+                    temps, ks, ps = cp.full(B, t, cp.float32), cp.full(B, k, cp.int64), cp.full(B, p, cp.float32)
+                settings = [logits, seed, ctr, temps, ks, ps]
+                specs = [S.SampleSpec(B, V, dt)]
+                split = sample_spec(B, V, dt)
                 if split.chunks > 1:
                     specs.append(split)
-                if specs[0].has_cuts:
-                    specs.append(S.SampleSpec(B, V, dt, t, k, p, compact=True))
                 for spec in specs:
                     ck = K.build(spec)
                     if spec.chunks == 1:
-                        fn = lambda s, ck=ck: K.launch(ck, [logits, seed, ctr, out], stream=s)  # noqa: E731
+                        fn = lambda s, ck=ck, a=[*settings, out]: K.launch(ck, a, stream=s)  # noqa: E731
                     else:
-                        cc, part = K.build(spec.combine()), cp.empty(spec.part_bytes // 4, cp.float32)
+                        cp_, part = K.build(spec.part()), cp.empty(spec.part_bytes // 4, cp.float32)
 
-                        def fn(s, ck=ck, cc=cc, part=part) -> None:  # noqa: ANN001
-                            K.launch(ck, [logits, seed, ctr, part], stream=s)
-                            K.launch(cc, [part, out], stream=s)
+                        def fn(s, ck=ck, cp_=cp_, a=[*settings, part], b=[*settings, part, out]) -> None:  # noqa: ANN001
+                            K.launch(cp_, a, stream=s)
+                            K.launch(ck, b, stream=s)
                     us = graph_time([fn], min_iters=20)
                     results.append({"bench": "sample", "dtype": dt.value, "B": B, "V": V, "mode": name,
-                                    "chunks": spec.chunks, "compact": spec.compact, "us": us,
-                                    "GBps": B * V * dt.itemsize / us * 1e-3})
+                                    "chunks": spec.chunks, "us": us, "GBps": B * V * dt.itemsize / us * 1e-3})
 
 
 # ---- decode GEMVs: fusec GemvSpec vs cuBLAS -----------------------------------------------------
@@ -267,11 +274,10 @@ def _table(results: list, copy: float, device: str) -> str:
         L.append("")
     sm = [r for r in results if r["bench"] == "sample"]
     if sm:
-        L += ["### sample (V 151936; blocks per row = chunks, + a combine launch when > 1)", "",
+        L += ["### sample (V 151936, per-row settings; chunks > 1: a per-chunk launch, then the row kernel merges)", "",
               "| logits | B | mode | blocks/row | us | GB/s of logits |", "|---|---|---|---|---|---|"]
         for r in sm:
-            mode = r["mode"] + (" compact" if r.get("compact") else "")
-            L.append(f"| {r['dtype']} | {r['B']} | {mode} | {r.get('chunks', 1)} | {r['us']:.2f} | {r['GBps']:.0f} |")
+            L.append(f"| {r['dtype']} | {r['B']} | {r['mode']} | {r.get('chunks', 1)} | {r['us']:.2f} | {r['GBps']:.0f} |")
         L.append("")
     cw = [r for r in results if r["bench"] == "cache_write"]
     if cw:

@@ -113,14 +113,15 @@ class PlanWorker:
 
 
 def run_fusec(ctx: Ctx, batch: int, context: int, prompt: np.ndarray, out: dict[str, Any]) -> None:
-    from fusec.generation import ReferenceEngine, generate
+    from fusec.generation import ReferenceEngine, generate, write_sampling
     from fusec.genmodel import build_graphs, compile_generation
-    from fusec.models.generate import Sampling
+    from fusec.sampling import Sampling
 
     n, p = ctx.new_tokens, min(context, ctx.max_prefill)
     t_max, fill = context + n, context - p
     rows = prompt[:, :p].tolist()
     ids = np.ascontiguousarray(prompt[:, :p], dtype=np.int64)
+    lengths = np.full(batch, p, np.int64)
     t0 = time.perf_counter()
     if ctx.cuda and ctx.worker is not None:  # compiled ahead by the helper process
         plan, info = ctx.worker.get(batch, t_max, p, timeout=max(ctx.left(), 0) + 300)
@@ -133,7 +134,7 @@ def run_fusec(ctx: Ctx, batch: int, context: int, prompt: np.ndarray, out: dict[
         out["compile_s"] = time.perf_counter() - t0
         out["compiled_in"] = "this process"
     else:  # the numpy reference backend runs the same graphs
-        engine = ReferenceEngine(build_graphs(ctx.gm, batch, t_max, p, Sampling(), eos_ids=()))
+        engine = ReferenceEngine(build_graphs(ctx.gm, batch, t_max, p, eos_ids=()))
         out["compile_s"] = time.perf_counter() - t0
         out["compiled_in"] = "graphs only (reference backend)"
     log(f"  fusec: plan compiled in {out['compile_s']:.1f} s ({out['compiled_in']}; prefill_len {p}, "
@@ -181,25 +182,23 @@ def run_fusec(ctx: Ctx, batch: int, context: int, prompt: np.ndarray, out: dict[
             def settle() -> None:
                 pass
 
-        def start(length: int) -> None:
-            engine.set_state("pos", np.full(batch, length, np.int64))
-            engine.set_state("done", np.zeros(batch, bool))
-            engine.set_state("seed", np.array([0], np.int64))
+        def start(length: int) -> None:  # greedy rows; the prefill sets pos and done
+            write_sampling(engine, [Sampling()] * batch, np.zeros(batch, np.int64))
             settle()
 
         pre = []
         for _ in range(ctx.args.prefill_reps):
             start(p)
             if ctx.cuda:
-                engine.prefill(ids)
+                engine.prefill(ids, lengths)
                 pre.append(engine.last_prefill_ms)
             else:
-                pre.append(ctx.timed(lambda: engine.prefill(ids))[0])
+                pre.append(ctx.timed(lambda: engine.prefill(ids, lengths))[0])
         out["prefill_ms"] = med(pre)
         out["prefill_ms_all"] = pre
 
         start(p)
-        engine.prefill(ids)
+        engine.prefill(ids, lengths)
         t0 = time.perf_counter()
         if fill:
             window(fill)
@@ -207,8 +206,9 @@ def run_fusec(ctx: Ctx, batch: int, context: int, prompt: np.ndarray, out: dict[
         out["fill_s"] = time.perf_counter() - t0
         wins = []
         for w in range(ctx.args.decode_reps):
-            if w:
+            if w:  # back to the window's start (the last step marked the rows done: their cache is full)
                 engine.set_state("pos", np.full(batch, context, np.int64))
+                engine.set_state("done", np.zeros(batch, bool))
                 settle()
             wins.append(window(n - 1))
             if w == 0 and fill:

@@ -104,12 +104,15 @@ def fp32_gemm_mode(dtype: str, arch: str, requested: str) -> str:
 
 def state_layout(graph: Any, storage: str) -> tuple[list[dict[str, Any]], int]:
     """Byte offsets of a graph's states in the plan's state region (declaration order, aligned).
-    Float state is stored in the ``storage`` dtype, as the precision pass retypes it."""
+    Float state is stored in the ``storage`` dtype, as the precision pass retypes it (parameters it
+    keeps fp32, ``fp32_inputs``, stay fp32)."""
     from fusec.dtypes import DType
+    from fusec.passes.precision import fp32_inputs
 
     recs, top = [], 0
+    params = fp32_inputs(graph)
     for src, _ in graph.state_pairs():
-        dt = DType(storage) if src.dtype == DType.F32 else src.dtype
+        dt = DType(storage) if src.dtype == DType.F32 and src.name not in params else src.dtype
         recs.append({"name": src.name, "shape": list(src.shape), "dtype": dt.value, "offset": top})
         top += _round_up(math.prod(src.shape) * dt.itemsize)
     return recs, top

@@ -7,9 +7,10 @@ One loop serves both backends through a small ``Engine`` interface:
   CUDA-graph replay, and nothing crosses between host and device between the prefill and the
   read-back of the tokens (or each streamed chunk).
 
-The host writes three small states once (``pos`` = prompt lengths, ``done``, ``seed``), runs the
-prefill on the padded prompts, then ``max_new_tokens - 1`` decode steps, and reads ``tokens`` and
-``pos`` back at the end (or every ``stream_every`` steps). New tokens of row b are
+The host writes each row's sampling settings once (the ``temperature``, ``top_k``, ``top_p`` and
+``seed`` states: fusec/sampling.py), runs the prefill on the padded prompts with their lengths
+(every row admitted), then ``max_new_tokens - 1`` decode steps, and reads ``tokens`` and ``pos``
+back at the end (or every ``stream_every`` steps). New tokens of row b are
 ``tokens[b, length_b : pos_b + 1]``: a row stops at its own end-of-sequence token, which its new
 ids end with (as ``transformers`` does).
 """
@@ -24,14 +25,16 @@ from typing import Any, Protocol
 import numpy as np
 
 from fusec.errors import InputError
+from fusec.sampling import Sampling, check_seed, row_seeds
 
 
 class Engine(Protocol):
     meta: Mapping[str, Any]  # graph.meta["generation"] of the decode entry
 
     def set_state(self, name: str, value: np.ndarray) -> None: ...
+    def write_states(self, values: dict[str, np.ndarray]) -> None: ...  # several states, one synchronization
     def read_state(self, name: str) -> np.ndarray: ...
-    def prefill(self, input_ids: np.ndarray) -> None: ...
+    def prefill(self, input_ids: np.ndarray, lengths: np.ndarray) -> None: ...  # lengths 0: row not admitted
     def decode(self) -> None: ...
     def sync(self) -> None: ...
     def measure(self, on: bool) -> None: ...  # start/stop counting driver activity (decode loop)
@@ -86,10 +89,13 @@ def check_prompts(prompts: Sequence[Sequence[int]], meta: Mapping[str, Any], voc
 
 
 def generate(engine: Engine, prompts: Sequence[Sequence[int]], max_new_tokens: int, vocab: int, seed: int = 0,
-             stream_every: int = 0, on_tokens: Callable[[list[list[int]]], None] | None = None) -> Generated:
+             stream_every: int = 0, on_tokens: Callable[[list[list[int]]], None] | None = None,
+             sampling: Sampling | Sequence[Sampling] | None = None) -> Generated:
     """Run the prefill and the decode steps; see the module docstring. With ``stream_every`` and
-    ``on_tokens``, each row's new tokens are passed on every ``stream_every`` steps (and at the end)."""
-    it = iter_generate(engine, prompts, max_new_tokens, vocab, seed, stream_every)
+    ``on_tokens``, each row's new tokens are passed on every ``stream_every`` decode steps (and at
+    the end). ``sampling``: one setting for every row or one per prompt (default greedy); row b
+    draws with seed ``row_seeds(seed, B)[b]``."""
+    it = iter_generate(engine, prompts, max_new_tokens, vocab, seed, stream_every, sampling)
     while True:
         try:
             chunk = next(it)
@@ -99,27 +105,52 @@ def generate(engine: Engine, prompts: Sequence[Sequence[int]], max_new_tokens: i
             on_tokens(chunk)
 
 
+def row_settings(sampling: Sampling | Sequence[Sampling] | None, rows: int, batch: int) -> list[Sampling]:
+    """One Sampling per batch row: ``sampling`` for every row, or one per prompt (padding rows copy
+    the first)."""
+    if sampling is None:
+        sampling = Sampling()
+    if isinstance(sampling, Sampling):
+        return [sampling] * batch
+    per = list(sampling)
+    if len(per) != rows or not all(isinstance(s, Sampling) for s in per):
+        raise InputError(f"sampling: give one Sampling for every prompt or one per prompt ({rows}), got {len(per)}")
+    return per + [per[0]] * (batch - rows)
+
+
+def write_sampling(engine: Engine, settings: Sequence[Sampling], seeds: np.ndarray) -> None:
+    """Write every row's sampling state (whole [B] arrays: a setup step, outside any run)."""
+    engine.write_states(sampling_states(settings, seeds))
+
+
+def sampling_states(settings: Sequence[Sampling], seeds: np.ndarray) -> dict[str, np.ndarray]:
+    """The four per-row sampling states of a batch (see models/generate.py)."""
+    return {"temperature": np.array([s.temperature for s in settings], np.float32),
+            "top_k": np.array([s.top_k for s in settings], np.int64),
+            "top_p": np.array([s.top_p for s in settings], np.float32),
+            "seed": np.asarray(seeds, np.int64)}
+
+
 def iter_generate(engine: Engine, prompts: Sequence[Sequence[int]], max_new_tokens: int, vocab: int, seed: int = 0,
-                  stream_every: int = 0) -> Generator[list[list[int]], None, Generated]:
+                  stream_every: int = 0, sampling: Sampling | Sequence[Sampling] | None = None,
+                  ) -> Generator[list[list[int]], None, Generated]:
     """Yield each row's new tokens every ``stream_every`` decode steps (0: only at the end), one
     read-back per chunk; returns (StopIteration.value) the ``Generated`` record."""
     meta = engine.meta
     rows = check_prompts(prompts, meta, vocab, max_new_tokens)
     batch, prefill_len = int(meta["batch"]), int(meta["prefill_len"])
-    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
-        raise InputError(f"seed must be an integer in [0, 2**63), got {seed!r}")
+    check_seed(seed)
+    settings = row_settings(sampling, len(rows), batch)
     # Unused batch rows repeat the first prompt (their tokens are dropped): every row stays valid.
     padded = rows + [rows[0]] * (batch - len(rows))
     lengths = np.array([len(r) for r in padded], np.int64)
     ids = np.zeros((batch, prefill_len), np.int64)
     for b, r in enumerate(padded):
         ids[b, : len(r)] = r
-    engine.set_state("pos", lengths)
-    engine.set_state("done", np.zeros(batch, bool))
-    engine.set_state("seed", np.array([seed], np.int64))
+    write_sampling(engine, settings, row_seeds(seed, batch))
 
     t0 = time.perf_counter()
-    engine.prefill(ids)
+    engine.prefill(ids, lengths)
     engine.sync()
     t1 = time.perf_counter()
     paused = 0.0  # host time spent handing chunks to the caller, not counted as decode time
@@ -154,6 +185,19 @@ def _new_ids(engine: Engine, rows: list[list[int]]) -> list[list[int]]:
     return [[int(t) for t in tokens[b, len(r): int(pos[b]) + 1]] for b, r in enumerate(rows)]
 
 
+class Ready:
+    """A read-back that is already done (``ReferenceEngine.fetch``; the GPU engine's waits)."""
+
+    def __init__(self, value: np.ndarray):
+        self._value = value
+
+    def ready(self) -> bool:
+        return True
+
+    def get(self) -> np.ndarray:
+        return self._value
+
+
 class ReferenceEngine:
     """The numpy reference backend: runs the prefill/decode graphs, keeps the state in a dict.
     ``optimize``: run the pass pipeline first (fp32; e.g. the lm_head's weight transpose is then
@@ -179,8 +223,16 @@ class ReferenceEngine:
     def set_state(self, name: str, value: np.ndarray) -> None:
         self.state[name] = np.asarray(value).astype(self.state[name].dtype).reshape(self.state[name].shape)
 
+    def write_states(self, values: dict[str, np.ndarray]) -> None:
+        for name, value in values.items():
+            self.set_state(name, value)
+
     def read_state(self, name: str) -> np.ndarray:
         return self.state[name].copy()
+
+    def fetch(self, name: str) -> Ready:
+        """The state now (the reference backend has run every step already)."""
+        return Ready(self.read_state(name))
 
     def _run(self, entry: str, inputs: Mapping[str, np.ndarray]) -> None:
         from fusec import reference
@@ -195,9 +247,9 @@ class ReferenceEngine:
                 self.state[src.name] = out[dst.name]
         self._steps += 1
 
-    def prefill(self, input_ids: np.ndarray) -> None:
+    def prefill(self, input_ids: np.ndarray, lengths: np.ndarray, timed: bool = True) -> None:
         self._steps = 0
-        self._run("prefill", {"input_ids": input_ids})
+        self._run("prefill", {"input_ids": input_ids, "lengths": np.asarray(lengths, np.int64)})
 
     def decode(self) -> None:
         self._run("decode", {})

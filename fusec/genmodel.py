@@ -27,9 +27,9 @@ class GenModel:
     tokenizer: Any  # fusec.text.Tokenizer or None
     eos_ids: tuple[int, ...]
     source: str
-    # Makes {"prefill", "decode"} graphs from (GenerationShape, Sampling, eos_ids) for sources that
-    # are not built from a config (an imported ONNX decoder); None: models/generate.py's builders.
-    builder: Callable[[Any, Any, tuple[int, ...]], dict[str, Any]] | None = None
+    # Makes {"prefill", "decode"} graphs from (GenerationShape, eos_ids) for sources that are not
+    # built from a config (an imported ONNX decoder); None: models/generate.py's builders.
+    builder: Callable[[Any, tuple[int, ...]], dict[str, Any]] | None = None
 
 
 def load_generation_model(model: str | os.PathLike[str], weights_dir: str | os.PathLike[str] | None = None,
@@ -123,31 +123,30 @@ def support_text() -> str:
                                              for ln in lines)
 
 
-def build_graphs(gm: GenModel, batch: int, max_seq_len: int, prefill_len: int | None, sampling: Any,
+def build_graphs(gm: GenModel, batch: int, max_seq_len: int, prefill_len: int | None,
                  eos_ids: Sequence[int] | None = None) -> dict[str, Any]:
     from fusec.models.generate import GenerationShape, build_generation
 
     shape = GenerationShape(batch, max_seq_len, prefill_len if prefill_len is not None else min(max_seq_len, 128))
     eos = tuple(gm.eos_ids if eos_ids is None else eos_ids)
     if gm.builder is not None:
-        return gm.builder(shape, sampling, eos)
-    graphs = build_generation(gm.config, gm.weights, shape, sampling, eos)
+        return gm.builder(shape, eos)
+    graphs = build_generation(gm.config, gm.weights, shape, eos)
     gm.weights.finish()
     return graphs
 
 
 def compile_generation(model: str | os.PathLike[str] | GenModel, *, batch: int = 1, max_seq_len: int = 256,
-                       prefill_len: int | None = None, sampling: Any = None, dtype: str = "bf16",
+                       prefill_len: int | None = None, dtype: str = "bf16",
                        arch: str | None = None, weights_dir: str | os.PathLike[str] | None = None,
                        eos_ids: Sequence[int] | None = None, cuda_graph: bool = True,
                        progress: Callable[[str, str], None] | None = None) -> Any:
-    """A generation plan (entries "prefill" and "decode"); see the module docstring."""
+    """A generation plan (entries "prefill" and "decode"); see the module docstring. Sampling
+    settings are not compiled in: each generation (each row) gives its own."""
     from fusec.compiler import compile_entries
-    from fusec.models.generate import Sampling
 
     gm = model if isinstance(model, GenModel) else load_generation_model(model, weights_dir)
-    sampling = sampling if sampling is not None else Sampling()
-    graphs = build_graphs(gm, batch, max_seq_len, prefill_len, sampling, eos_ids)
+    graphs = build_graphs(gm, batch, max_seq_len, prefill_len, eos_ids)
     meta = dict(graphs["decode"].meta["generation"])
     meta.update({"vocab_size": gm.config.vocab_size, "num_layers": gm.config.num_layers, "source": gm.source})
     blobs = {}

@@ -21,7 +21,7 @@ from fusec.dtypes import DType
 from fusec.ops_attrs import (PAD_MODES, ArgAttrs, AttentionAttrs, AxisAttrs, BitShiftAttrs, CacheWriteAttrs,  # noqa: F401
                              CastAttrs, CumSumAttrs, FusedAttrs, GatherNDAttrs, GeluAttrs, IsInfAttrs,
                              KVAttentionAttrs, LayerNormAttrs, MatMulAttrs, ModAttrs, NoAttrs, PadAttrs, PermAttrs,
-                             ReduceAttrs, RMSNormAttrs, RopeAttrs, SampleAttrs, ShapeAttrs, SliceAttrs, TileAttrs,
+                             ReduceAttrs, RMSNormAttrs, RopeAttrs, ShapeAttrs, SliceAttrs, TileAttrs,
                              TopKAttrs, TriluAttrs)
 from fusec.ops_infer import Shape, TensorType  # noqa: F401
 
@@ -214,10 +214,11 @@ OP_INFO: dict[Op, OpInfo] = {
     Op.ATTENTION: OpInfo(_G, AttentionAttrs, I._attention, (3, 4)),
     Op.ROPE: OpInfo(_I, RopeAttrs, I._rope, (3, 3)),
     Op.FUSED: OpInfo(_O, FusedAttrs, I._fused, (0, -1)),
-    # (cache, new, pos) -> cache'; (q, k_cache, v_cache, pos) -> out; (logits, seed, counter) -> ids
+    # (cache, new, pos) -> cache'; (q, k_cache, v_cache, pos) -> out;
+    # (logits, seed, counter, temperature, top_k, top_p) -> ids (fusec/sampling.py: per-row settings)
     Op.CACHE_WRITE: OpInfo(_O, CacheWriteAttrs, I._cache_write, (3, 3)),
     Op.KV_ATTENTION: OpInfo(_O, KVAttentionAttrs, I._kv_attention, (4, 4)),
-    Op.SAMPLE: OpInfo(_O, SampleAttrs, I._sample, (3, 3)),
+    Op.SAMPLE: OpInfo(_O, NoAttrs, I._sample, (6, 6)),
 }
 
 

@@ -198,20 +198,6 @@ class KVAttentionAttrs:
             raise ValueError(f"kv_attention window must be an integer >= 0 (0 = none), got {self.window!r}")
 
 
-@dataclasses.dataclass(frozen=True)
-class SampleAttrs:
-    """Next-token choice from logits [B, V] (see fusec/sampling.py for the exact definition):
-    ``temperature`` 0 is greedy argmax (lowest index among equal maxima); otherwise the logits are
-    divided by the temperature, cut to the ``top_k`` largest (0: no cut) and to the nucleus of
-    mass ``top_p`` (1.0: no cut), and one token is drawn by the Gumbel-max trick with noise that
-    is a pure function of (seed, counter[b], b, token), so the same seed gives the same tokens on
-    every backend."""
-
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-
-
 @dataclasses.dataclass(frozen=True, eq=False)
 class FusedAttrs:
     """One kernel made of the nodes of ``body`` (a ``fusec.ir.Graph`` whose inputs/outputs match the

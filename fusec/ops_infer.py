@@ -14,7 +14,7 @@ import numpy as np
 from fusec.dtypes import DType
 from fusec.ops_attrs import (ArgAttrs, AttentionAttrs, AxisAttrs, CacheWriteAttrs, CastAttrs, CumSumAttrs,
                              FusedAttrs, GatherNDAttrs, KVAttentionAttrs, LayerNormAttrs, MatMulAttrs, PadAttrs,
-                             PermAttrs, ReduceAttrs, RMSNormAttrs, RopeAttrs, SampleAttrs, ShapeAttrs, SliceAttrs,
+                             PermAttrs, ReduceAttrs, RMSNormAttrs, RopeAttrs, ShapeAttrs, SliceAttrs,
                              TileAttrs, TopKAttrs, TriluAttrs)
 
 Shape = tuple[int, ...]
@@ -310,18 +310,19 @@ def _kv_attention(a: KVAttentionAttrs, t: Sequence[TensorType]) -> list[TensorTy
     return [(sq, dq)]
 
 
-def _sample(a: SampleAttrs, t: Sequence[TensorType]) -> list[TensorType]:
-    (sl, dl), (ss, ds), (sc, dc) = t
+def _sample(a: Any, t: Sequence[TensorType]) -> list[TensorType]:
+    (sl, dl), *rest = t
     _float_only(t[:1], "sample")
     if len(sl) != 2 or sl[1] < 1:
         raise ValueError(f"sample needs logits [B, V], got {list(sl)}")
-    if not ds.is_int or tuple(ss) != (1,) or not dc.is_int or tuple(sc) != (sl[0],):
-        raise ValueError(f"sample needs an integer seed [1] and integer counters [{sl[0]}], "
-                         f"got {ds.value}{list(ss)}, {dc.value}{list(sc)}")
-    if not (a.temperature >= 0 and a.top_k >= 0 and 0 < a.top_p <= 1):
-        raise ValueError(f"sample: temperature {a.temperature} must be >= 0, top_k {a.top_k} >= 0 and "
-                         f"top_p {a.top_p} in (0, 1]")
-    return [((sl[0],), DType.I64)]
+    rows = (sl[0],)
+    kinds = (("seed", "an integer"), ("counter", "an integer"), ("temperature", "a float32"),
+             ("top_k", "an integer"), ("top_p", "a float32"))
+    for (name, kind), (s, d) in zip(kinds, rest):
+        ok = d.is_int if kind == "an integer" else d == DType.F32
+        if not ok or tuple(s) != rows:
+            raise ValueError(f"sample needs {kind} {name} [{sl[0]}] (one per row), got {d.value}{list(s)}")
+    return [(rows, DType.I64)]
 
 
 def _fused(a: FusedAttrs, t: Sequence[TensorType]) -> list[TensorType]:

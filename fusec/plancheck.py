@@ -26,7 +26,7 @@ from fusec.plancheck_fields import (
     FieldCheck, ARCH_RE, DTYPES, EM_CUDA, ENTRY_KEYS, FP32_GEMM_MODES, GEMM_COMPUTE, GEMM_DTYPES,
     GEMM_KEYS, GEMM_OPTIONAL, GEN_ENTRIES, GEN_KEYS, GEN_REQUIRED, IDENT_RE, KERNEL_KEYS, KERNEL_LAUNCH_KEYS,
     MAX_BLOCK, MAX_BYTES, MAX_CHAT_TEMPLATE, MAX_DEPTH, MAX_DIM, MAX_GRID, MAX_SMEM, MAX_THREADS, MEMORY_KEYS,
-    MODULE_KEYS, PLAN_DTYPES, REQUIRED, SAMPLING_KEYS, SCALARS, SHA256_RE, SIG_KEYS, SOURCE_KEYS,
+    MODULE_KEYS, PLAN_DTYPES, REQUIRED, SCALARS, SHA256_RE, SIG_KEYS, SOURCE_KEYS,
     SOURCE_KINDS, SOURCE_OPTIONS, TOKENIZER_KEYS, TOP_KEYS, VERSION_RE, _kind, _shown,
 )
 
@@ -270,6 +270,9 @@ def _generation(c: FieldCheck, m: Mapping[str, Any], blobs: Mapping[str, Any]) -
     if not isinstance(ents, Mapping) or sorted(ents) != sorted(GEN_ENTRIES):
         got = ", ".join(_shown(k) for k in ents) if isinstance(ents, Mapping) else "none"
         raise c.fail("entries", f"a generation plan has the entry points {' and '.join(GEN_ENTRIES)}; got {got}")
+    if isinstance(m["generation"], Mapping) and "sampling" in m["generation"]:
+        raise c.fail("generation.sampling", "this plan compiles its sampling settings in (made by an older fusec); "
+                                            "plans now keep them as per-row state: recompile it")
     g = c.obj(m["generation"], "generation", GEN_KEYS, GEN_REQUIRED)
     c.choice(g["entry"], "generation.entry", GEN_ENTRIES)
     i31 = 2**31 - 1
@@ -281,11 +284,6 @@ def _generation(c: FieldCheck, m: Mapping[str, Any], blobs: Mapping[str, Any]) -
     for i, e in enumerate(c.arr(g["eos_ids"], "generation.eos_ids", 4096)):
         c.int(e, f"generation.eos_ids[{i}]", 0, i31)
     _base_name(c, g["source"], "generation.source")
-    s = c.obj(g["sampling"], "generation.sampling", set(SAMPLING_KEYS), SAMPLING_KEYS)
-    c.num(s["temperature"], "generation.sampling.temperature", 0, math.inf)
-    c.int(s["top_k"], "generation.sampling.top_k", 0, i31)
-    if c.num(s["top_p"], "generation.sampling.top_p", 0, 1) == 0:
-        raise c.fail("generation.sampling.top_p", "0 is outside (0, 1]")
     if "tokenizer" in g:
         t = c.obj(g["tokenizer"], "generation.tokenizer", TOKENIZER_KEYS)
         if t.get("bos_id") is not None:
@@ -299,7 +297,8 @@ def _generation(c: FieldCheck, m: Mapping[str, Any], blobs: Mapping[str, Any]) -
         if "tokenizer" not in blobs:
             raise PlanFileError(f"{c.where}: missing part 'tokenizer' (field 'generation.tokenizer')")
     states = {r["name"]: r for r in m.get("state", [])}
-    for name, dtype, shape in (("pos", "i64", [batch]), ("done", "bool", [batch]), ("seed", "i64", [1]),
+    for name, dtype, shape in (("pos", "i64", [batch]), ("done", "bool", [batch]), ("seed", "i64", [batch]),
+                               ("temperature", "f32", [batch]), ("top_k", "i64", [batch]), ("top_p", "f32", [batch]),
                                ("tokens", "i64", [batch, t_max])):
         r = states.get(name)
         if r is None or r["dtype"] != dtype or list(r["shape"]) != shape:

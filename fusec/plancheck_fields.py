@@ -54,11 +54,9 @@ GEMM_COMPUTE = ("f32", "tf32")
 # a generation plan (fusec.genmodel.compile_generation; read by fusec.runtime.generation, fusec generate,
 # fusec.generation.check_prompts, fusec.report.subject): its entry points and its "generation" record
 GEN_ENTRIES = ("prefill", "decode")
-GEN_KEYS = {"entry", "batch", "max_seq_len", "prefill_len", "eos_ids", "sampling", "vocab_size", "num_layers",
-            "source", "tokenizer"}
-GEN_REQUIRED = ("entry", "batch", "max_seq_len", "prefill_len", "eos_ids", "sampling", "vocab_size", "num_layers",
-                "source")
-SAMPLING_KEYS = ("temperature", "top_k", "top_p")  # models/generate.Sampling: every field, each required
+GEN_KEYS = {"entry", "batch", "max_seq_len", "prefill_len", "eos_ids", "vocab_size", "num_layers", "source",
+            "tokenizer"}
+GEN_REQUIRED = ("entry", "batch", "max_seq_len", "prefill_len", "eos_ids", "vocab_size", "num_layers", "source")
 TOKENIZER_KEYS = {"bos_id", "eos_ids", "add_bos", "chat_template"}
 MAX_CHAT_TEMPLATE = 1 << 20
 # the kernel sources' preprocessor directives: what fusec's templates use (define, pragma unroll and

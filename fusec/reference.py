@@ -186,10 +186,11 @@ def _kv_attention(a: O.KVAttentionAttrs, q: np.ndarray, k: np.ndarray, v: np.nda
     return _attention(O.AttentionAttrs(a.scale, nan_to_zero=True, softcap=a.softcap), q, k, v, allowed)
 
 
-def _sample(a: O.SampleAttrs, logits: np.ndarray, seed: np.ndarray, counter: np.ndarray) -> np.ndarray:
+def _sample(a: O.NoAttrs, logits: np.ndarray, seed: np.ndarray, counter: np.ndarray, temperature: np.ndarray,
+            top_k: np.ndarray, top_p: np.ndarray) -> np.ndarray:
     from fusec.sampling import sample
 
-    return sample(logits, seed, counter, a.temperature, a.top_k, a.top_p)
+    return sample(logits, seed, counter, temperature, top_k, top_p)
 
 
 def _fused(a: O.FusedAttrs, *xs: np.ndarray) -> tuple[np.ndarray, ...]:

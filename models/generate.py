@@ -3,32 +3,44 @@
 Both graphs read and update the same **state** (``GraphBuilder.state``; persistent device memory
 that the plan owns and both entry points share):
 
-=============  ==================  =================================================================
-state          shape, dtype        meaning
-=============  ==================  =================================================================
-``k.L, v.L``   [B, Hkv, T, hd] f   layer L's key/value cache (T = ``max_seq_len``), storage dtype
-``pos``        [B] i64             tokens in the cache per sequence = position of the next token fed
-``cur``        [B] i64             the last token drawn (the decode step's input)
-``done``       [B] bool            the sequence has drawn an end-of-sequence token
-``tokens``     [B, T] i64          token t of sequence b sits at ``tokens[b, t]`` (drawn ones only)
-``seed``       [1] i64             the sampling seed (read only)
-=============  ==================  =================================================================
+===============  ==================  ===============================================================
+state            shape, dtype        meaning
+===============  ==================  ===============================================================
+``k.L, v.L``     [B, Hkv, T, hd] f   layer L's key/value cache (T = ``max_seq_len``), storage dtype
+``pos``          [B] i64             tokens in the cache per sequence = position of the next token fed
+``cur``          [B] i64             the last token drawn (the decode step's input)
+``done``         [B] bool            the sequence has drawn an end-of-sequence token (or filled T)
+``tokens``       [B, T] i64          token t of sequence b sits at ``tokens[b, t]`` (drawn ones only)
+``temperature``  [B] f32             the row's sampling settings (fusec/sampling.py): written by
+``top_k``        [B] i64             the host once per request, read by every step's ``sample``
+``top_p``        [B] f32
+``seed``         [B] i64
+===============  ==================  ===============================================================
 
-The caller (``fusec.generate``) writes ``pos`` (the prompt lengths), ``done`` (False) and ``seed``
-once before the prefill; after that nothing crosses between host and device until the tokens are
-read back.
+Nothing about sampling is compiled into a plan: the host writes a row's four settings (whole [B]
+arrays, from its own copy of every row's settings) before the prefill that admits the row, outside
+any captured graph; after that nothing crosses between host and device until tokens are read back.
 
-* **prefill** (input ``input_ids`` [B, S], prompts right-padded; row b holds ``pos[b]`` real
-  tokens): the model in the HF eager form (the pattern passes turn it into fused attention),
-  plus a ``cache_write`` of every layer's post-RoPE keys and values at position 0; the hidden state
-  of each row's last real token goes through the final norm and the LM head; the first new
-  token is drawn at position ``pos[b]`` and written to ``tokens`` and ``cur``.
+* **prefill** (inputs ``input_ids`` [B, S], prompts right-padded, and ``lengths`` [B]: row b's
+  prompt length, or 0 for a row that is not admitted): the model in the HF eager form (the pattern
+  passes turn it into fused attention), plus a ``cache_write`` of every layer's post-RoPE keys and
+  values at position 0; the hidden state of each row's last real token goes through the final
+  norm and the LM head; the first new token is drawn at position ``lengths[b]`` and written to
+  ``tokens`` and ``cur``; ``pos`` = ``lengths``, ``done`` = drew an end-of-sequence token.
+  **Admission**: a row with ``lengths[b] == 0`` is left exactly as it was (its caches are written
+  at position T, which a cache write drops; its ``pos``/``cur``/``done``/``tokens`` keep their
+  values), so a server admits new requests into free rows between decode steps while the other
+  rows keep decoding; ``fusec generate`` admits every row at once. The prefill computes all B rows
+  (a non-admitted row as a one-token dummy prompt): admitting k rows costs one prefill, whatever k.
 * **decode** (no inputs): embeds ``cur`` at position ``pos``, writes K/V at ``pos``, attends keys
   ``0..pos`` (``kv_attention``; a sliding-window layer only the last ``window`` of them: the cache
   keeps every position, the window is a bound on the keys read, not a ring buffer), draws the next
   token at ``pos + 1``; ``pos`` advances by one
   unless the row was already done. The step is the same launch list every time: it is captured
   once as a CUDA graph and replayed per token.
+
+A row is also done once its cache is full (``pos >= T - 1``: the next token would have nowhere to
+go), so a row nobody reads any more (a server's freed row) never runs past its cache.
 
 ``new tokens of row b = tokens[b, lengths[b] : pos[b] + 1]`` after the last step.
 """
@@ -47,24 +59,6 @@ from fusec.ops import Op
 from .layers import Blocks, eager_attention
 from .llama import decoder_layer, embed, layer_ropes, lm_head, window_masks
 from .registry import LLAMA_STYLE, ModelConfig
-
-
-@dataclasses.dataclass(frozen=True)
-class Sampling:
-    """How the next token is chosen (compiled into the plan; see fusec/sampling.py)."""
-
-    temperature: float = 0.0  # 0: greedy
-    top_k: int = 0
-    top_p: float = 1.0
-
-    def __post_init__(self) -> None:
-        if not (self.temperature >= 0 and self.top_k >= 0 and 0 < self.top_p <= 1):
-            raise InputError(f"sampling: temperature must be >= 0 (got {self.temperature}), top_k >= 0 "
-                             f"(got {self.top_k}) and top_p in (0, 1] (got {self.top_p})")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,23 +100,22 @@ def check_generation_model(cfg: ModelConfig) -> None:
                          f"{'it is an encoder' if not cfg.is_decoder else 'its family has no KV-cache builder yet'}")
 
 
-def build_generation(cfg: ModelConfig, weights: object, shape: GenerationShape, sampling: Sampling,
+def build_generation(cfg: ModelConfig, weights: object, shape: GenerationShape,
                      eos_ids: tuple[int, ...]) -> dict[str, Graph]:
     """{"prefill": Graph, "decode": Graph} sharing ``weights`` (wrap a source in SharedWeights)."""
     check_generation_model(cfg)
     if shape.max_seq_len > cfg.max_positions:
         raise InputError(f"--max-seq-len {shape.max_seq_len} exceeds the model's {cfg.max_positions} positions")
-    if cfg.rope_scaling is not None:
-        cfg.rope_scaling.check(cfg.rope_dims, shape.max_seq_len)
     if any(not 0 <= e < cfg.vocab_size for e in eos_ids):
         raise InputError(f"end-of-sequence ids {list(eos_ids)} must lie within the vocabulary ({cfg.vocab_size})")
-    return {"prefill": _build(cfg, weights, shape, sampling, eos_ids, prefill=True),
-            "decode": _build(cfg, weights, shape, sampling, eos_ids, prefill=False)}
+    return {"prefill": _build(cfg, weights, shape, eos_ids, prefill=True),
+            "decode": _build(cfg, weights, shape, eos_ids, prefill=False)}
 
 
 class _State:
     def __init__(self, m: Blocks, cfg: ModelConfig, shape: GenerationShape):
         b, t = shape.batch, shape.max_seq_len
+        self.m, self.batch, self.t_max = m, b, t
         kv = (b, cfg.num_kv_heads, t, cfg.head_dim)
         self.caches = [(m.b.state(f"k.{i}", kv, DType.F32), m.b.state(f"v.{i}", kv, DType.F32))
                        for i in range(cfg.num_layers)]
@@ -130,11 +123,29 @@ class _State:
         self.cur = m.b.state("cur", (b,), DType.I64)
         self.done = m.b.state("done", (b,), DType.BOOL)
         self.tokens = m.b.state("tokens", (b, t), DType.I64)
-        self.seed = m.b.state("seed", (1,), DType.I64)
+        self.temperature = m.b.state("temperature", (b,), DType.F32)
+        self.top_k = m.b.state("top_k", (b,), DType.I64)
+        self.top_p = m.b.state("top_p", (b,), DType.F32)
+        self.seed = m.b.state("seed", (b,), DType.I64)
+        self.admit: Value | None = None  # prefill: lengths > 0
+
+    def prefill_inputs(self, seq: int) -> tuple[Value, Value, Value]:
+        """The prefill's inputs ``input_ids`` [B, S] and ``lengths`` [B] (0: the row is not
+        admitted); returns (input_ids, the prompt length each row computes with: a non-admitted row
+        runs a one-token dummy prompt, and the cache-write position: 0, or T for a non-admitted
+        row, where the write is dropped)."""
+        m, i64 = self.m, DType.I64
+        ids = m.b.input("input_ids", (self.batch, seq), i64)
+        lengths = m.b.input("lengths", (self.batch,), i64)
+        self.lengths = lengths
+        self.admit = m.op(Op.GREATER, lengths, m.scalar(0, i64))
+        length = m.op(Op.WHERE, self.admit, lengths, m.scalar(1, i64))
+        write_at = m.op(Op.WHERE, self.admit, m.scalar(0, i64), m.scalar(self.t_max, i64))
+        return ids, length, write_at
 
 
-def _build(cfg: ModelConfig, weights: object, shape: GenerationShape, sampling: Sampling,
-           eos_ids: tuple[int, ...], prefill: bool) -> Graph:
+def _build(cfg: ModelConfig, weights: object, shape: GenerationShape, eos_ids: tuple[int, ...],
+           prefill: bool) -> Graph:
     m = Blocks(f"{cfg.name}.{'prefill' if prefill else 'decode'}", weights)  # type: ignore[arg-type]
     st = _State(m, cfg, shape)
     bsz, t_max, d, hd = shape.batch, shape.max_seq_len, cfg.hidden_size, cfg.head_dim
@@ -142,13 +153,12 @@ def _build(cfg: ModelConfig, weights: object, shape: GenerationShape, sampling: 
     table = m.param("embed_tokens.weight", (cfg.vocab_size, d))
     i64 = DType.I64
     if prefill:
-        ids = m.b.input("input_ids", (bsz, seq), i64)
-        # attention_mask[b, j] = j < pos[b]: the padding mask of right-padded prompts, on the device
+        ids, length, write_at = st.prefill_inputs(seq)
+        # attention_mask[b, j] = j < length[b]: the padding mask of right-padded prompts, on the device
         cols = m.b.const(np.arange(seq, dtype=np.int64)[None, :], name="columns")
-        masks = window_masks(m, cfg, m.op(Op.CAST, m.op(Op.LESS, cols, m.op(Op.RESHAPE, st.pos, shape=(bsz, 1))), to=i64))
+        masks = window_masks(m, cfg, m.op(Op.CAST, m.op(Op.LESS, cols, m.op(Op.RESHAPE, length, shape=(bsz, 1))), to=i64))
         ropes = layer_ropes(m, cfg, t_max, lambda c, s, sfx: (m.b.const(c[None, None, :seq], name="rope_cos" + sfx),
                                                              m.b.const(s[None, None, :seq], name="rope_sin" + sfx)))
-        write_at = m.b.const(np.zeros(bsz, np.int64), name="zero_positions")
     else:
         ids = m.op(Op.RESHAPE, st.cur, shape=(bsz, 1))
         at = m.op(Op.RESHAPE, st.pos, shape=(bsz, 1))
@@ -183,26 +193,26 @@ def _build(cfg: ModelConfig, weights: object, shape: GenerationShape, sampling: 
     for i in range(cfg.num_layers):
         x = decoder_layer(m, cfg, x, i, ropes[i], lambda q, k, v, i=i: attend(i, q, k, v))
 
-    if prefill:  # the hidden state of each row's last real token: row b*S + pos[b] - 1 of [B*S, D]
+    if prefill:  # the hidden state of each row's last real token: row b*S + length[b] - 1 of [B*S, D]
         starts = m.b.const(np.arange(bsz, dtype=np.int64) * seq - 1, name="row_starts")
-        x = m.op(Op.GATHER, m.op(Op.RESHAPE, x, shape=(bsz * seq, d)), m.op(Op.ADD, starts, st.pos), axis=0)
-        counter = st.pos  # the new token's position
+        x = m.op(Op.GATHER, m.op(Op.RESHAPE, x, shape=(bsz * seq, d)), m.op(Op.ADD, starts, length), axis=0)
+        counter = length  # the new token's position
     else:
         x = m.op(Op.RESHAPE, x, shape=(bsz, d))
         counter = m.op(Op.ADD, st.pos, m.scalar(1, i64))
     logits = lm_head(m, cfg, x, table)
-    return finish_step(m, st, logits, counter, new_caches, shape, sampling, eos_ids, prefill)
+    return finish_step(m, st, logits, counter, new_caches, shape, eos_ids, prefill)
 
 
 def finish_step(m: Blocks, st: _State, logits: Value, counter: Value, new_caches: list[tuple[Value, Value]],
-                shape: GenerationShape, sampling: Sampling, eos_ids: tuple[int, ...], prefill: bool) -> Graph:
-    """The tail every generation graph shares: draw a token from ``logits`` [B, V] at ``counter``,
-    end rows at an eos id, record the token, advance ``pos``/``cur``/``done``, give every state its
-    update (``new_caches``: each layer's written K/V caches) and set ``meta["generation"]``.
+                shape: GenerationShape, eos_ids: tuple[int, ...], prefill: bool) -> Graph:
+    """The tail every generation graph shares: draw a token from ``logits`` [B, V] at ``counter``
+    with each row's sampling state, end rows at an eos id or a full cache, record the token, advance
+    ``pos``/``cur``/``done`` (prefill: of the admitted rows only), give every state its update
+    (``new_caches``: each layer's written K/V caches) and set ``meta["generation"]``.
     Also used by fusec/frontend/kv_cache.py (ONNX decoders exported with a KV cache)."""
     bsz, t_max, i64 = shape.batch, shape.max_seq_len, DType.I64
-    tok = m.op(Op.SAMPLE, logits, st.seed, counter, temperature=float(sampling.temperature),
-               top_k=int(sampling.top_k), top_p=float(sampling.top_p))
+    tok = m.op(Op.SAMPLE, logits, st.seed, counter, st.temperature, st.top_k, st.top_p)
 
     is_eos: Value | None = None  # no end-of-sequence ids: every row runs to max_new_tokens
     for e in eos_ids:
@@ -210,12 +220,20 @@ def finish_step(m: Blocks, st: _State, logits: Value, counter: Value, new_caches
         is_eos = hit if is_eos is None else m.op(Op.OR, is_eos, hit)
     if is_eos is None:
         is_eos = m.op(Op.EQUAL, tok, m.scalar(-1, i64))  # never true: ids are >= 0
-    tokens = m.op(Op.CACHE_WRITE, st.tokens, m.op(Op.RESHAPE, tok, shape=(bsz, 1)), counter, axis=1)
+    last = m.scalar(t_max - 1, i64)  # a row at this position has no room for another token
     if prefill:
-        done, pos = is_eos, st.pos
+        assert st.admit is not None
+        admit = st.admit
+        at = m.op(Op.WHERE, admit, counter, m.scalar(t_max, i64))  # T: a non-admitted row's write is dropped
+        tokens = m.op(Op.CACHE_WRITE, st.tokens, m.op(Op.RESHAPE, tok, shape=(bsz, 1)), at, axis=1)
+        full = m.op(Op.GREATER_EQUAL, counter, last)
+        done = m.op(Op.WHERE, admit, m.op(Op.OR, is_eos, full), st.done)
+        pos = m.op(Op.WHERE, admit, counter, st.pos)
+        tok = m.op(Op.WHERE, admit, tok, st.cur)
     else:
-        done = m.op(Op.OR, st.done, is_eos)
+        tokens = m.op(Op.CACHE_WRITE, st.tokens, m.op(Op.RESHAPE, tok, shape=(bsz, 1)), counter, axis=1)
         pos = m.op(Op.ADD, st.pos, m.op(Op.CAST, m.op(Op.NOT, st.done), to=i64))
+        done = m.op(Op.OR, m.op(Op.OR, st.done, is_eos), m.op(Op.GREATER_EQUAL, pos, last))
     for (k_state, v_state), (k_new, v_new) in zip(st.caches, new_caches):
         m.b.update(k_state, k_new)
         m.b.update(v_state, v_new)
@@ -223,9 +241,9 @@ def finish_step(m: Blocks, st: _State, logits: Value, counter: Value, new_caches
     m.b.update(st.cur, tok)
     m.b.update(st.done, done)
     m.b.update(st.tokens, tokens)
-    m.b.update(st.seed, st.seed)
+    for s in (st.temperature, st.top_k, st.top_p, st.seed):  # the host writes them; steps only read
+        m.b.update(s, s)
     g = m.b.build()
     g.meta["generation"] = {"entry": "prefill" if prefill else "decode", "batch": bsz, "max_seq_len": t_max,
-                            "prefill_len": shape.prefill_len, "eos_ids": [int(e) for e in eos_ids],
-                            "sampling": dataclasses.asdict(sampling)}
+                            "prefill_len": shape.prefill_len, "eos_ids": [int(e) for e in eos_ids]}
     return g

@@ -18,6 +18,10 @@ an integer-to-float ``cast`` to a ``cos``/``sin`` through arithmetic and layout 
 with small constants (``inv_freq``) as the only other float operands, keeps fp32; the ``cos``/``sin``
 output is cast to the storage dtype. Paths that end elsewhere (an attention mask made from an
 integer mask) are stored as before.
+
+Parameters stay fp32 too: a graph input (a state) read only as an operand listed in
+``_FP32_OPERANDS`` (``sample``'s per-row temperature and top-p: 0.7 would be 0.69921875 in bf16) keeps
+its dtype. ``fp32_inputs`` names them; ``fusec.compiler.state_layout`` stores those states as fp32.
 """
 
 from __future__ import annotations
@@ -50,6 +54,19 @@ _ANGLE_OPS = frozenset({Op.MUL, Op.ADD, Op.SUB, Op.DIV, Op.NEG, Op.MATMUL, Op.RE
                         Op.CONCAT, Op.SLICE, Op.GATHER, Op.TILE})
 _ANGLE_ENDS = frozenset({Op.COS, Op.SIN})
 _SMALL_CONST = 1 << 16
+# operands that are exact parameters, never activations: (op -> input positions) read as fp32
+_FP32_OPERANDS = {Op.SAMPLE: frozenset({3, 5})}
+
+
+def fp32_inputs(graph: Graph) -> set[str]:
+    """Names of the fp32 graph inputs this pass leaves fp32: read only as ``_FP32_OPERANDS``."""
+    uses: dict[Value, list[tuple[Op, int]]] = {}
+    for n in graph.nodes:
+        for i, v in enumerate(n.inputs):
+            uses.setdefault(v, []).append((n.op, i))
+    outputs = set(graph.outputs)
+    return {v.name for v in graph.inputs if v.dtype == DType.F32 and v not in outputs and uses.get(v)
+            and all(i in _FP32_OPERANDS.get(op, ()) for op, i in uses[v])}
 
 
 def _angle_values(graph: Graph) -> set[Value]:
@@ -90,8 +107,9 @@ def run(graph: Graph, options: PassOptions) -> PassResult:
         return target if dt == DType.F32 else dt
 
     mapping: dict[Value, Value] = {}
+    params = fp32_inputs(graph)
     for v in graph.inputs:
-        mapping[v] = Value(v.name, v.shape, retype(v.dtype))
+        mapping[v] = Value(v.name, v.shape, v.dtype if v.name in params else retype(v.dtype))
     consts = []
     for c in graph.constants:
         nc = _convert_const(c, target) if c.dtype == DType.F32 else c

@@ -112,3 +112,28 @@ __device__ __forceinline__ unsigned long long fc_mix64(unsigned long long x) {
   x ^= x >> 31;
   return x;
 }
+
+// ---- Op.SAMPLE (fusec/sampling.py): the row's settings and its Gumbel noise ----
+
+// z = x / temperature in fp32, -0 made +0 (numpy compares -0 == 0; the keys must too).
+__device__ __forceinline__ float fc_sample_z(float x, float temp) {
+  const float z = x / temp;
+  return z == 0.f ? 0.f : z;
+}
+
+// A row samples with a cut: temperature > 0 and (0 < top_k < V or top_p < 1).
+__device__ __forceinline__ bool fc_sample_cut(float temp, long long k, float p, int vocab) {
+  return temp != 0.f && ((k > 0 && k < (long long)vocab) || p < 1.f);
+}
+
+// The row's noise key: mix64(seed + GOLDEN * (counter + 1)) (sampling.py row_key).
+__device__ __forceinline__ unsigned long long fc_sample_key(long long seed, long long counter) {
+  return fc_mix64((unsigned long long)seed + 0x9E3779B97F4A7C15ull * ((unsigned long long)counter + 1ull));
+}
+
+// z + g(key, idx): g = -log(-log(u)), u = 23 random bits + 0.5 over 2^23 (exact in fp32, never 0 or 1).
+__device__ __forceinline__ float fc_gumbel_score(float z, int idx, unsigned long long key) {
+  const unsigned long long r = fc_mix64(key ^ ((unsigned long long)idx * 0x8CB92BA72F3D8DD7ull + 1ull));
+  const float u = ((float)(unsigned)(r >> 41) + 0.5f) * (1.0f / 8388608.0f);
+  return z + -logf(-logf(u));
+}

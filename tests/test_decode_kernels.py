@@ -40,18 +40,13 @@ def decode_specs() -> list[tuple[str, object]]:
         out.append((f"cachew-{dt.value}-kv", S.cache_write_spec((4, 8, 4096, 128), (4, 8, 1, 128), 2, dt)))
         out.append((f"cachew-{dt.value}-prefill", S.cache_write_spec((2, 3, 50, 72), (2, 3, 9, 72), 2, dt, I32)))
         out.append((f"cachew-{dt.value}-novec", S.cache_write_spec((2, 5, 3), (2, 2, 3), 1, dt, vectorize=False)))
-        out.append((f"sample-{dt.value}-greedy", S.SampleSpec(8, 151936, dt)))
-        out.append((f"sample-{dt.value}-greedy-odd", S.SampleSpec(3, 1001, dt)))
-        out.append((f"sample-{dt.value}-topk-topp", S.SampleSpec(4, 151936, dt, 0.7, 50, 0.9)))
-        out.append((f"sample-{dt.value}-topk-topp-compact", S.SampleSpec(4, 151936, dt, 0.7, 50, 0.9, compact=True)))
-        out.append((f"sample-{dt.value}-topp-compact", S.SampleSpec(2, 5000, dt, 0.7, 0, 0.9, compact=True)))
-        out.append((f"sample-{dt.value}-topp", S.SampleSpec(2, 1000, dt, 1.0, 0, 0.5, I32, I32)))
-        out.append((f"sample-{dt.value}-topk", S.SampleSpec(2, 999, dt, 1.5, 7)))
-        out.append((f"sample-{dt.value}-plain", S.SampleSpec(2, 32000, dt, 0.8)))
+        out.append((f"sample-{dt.value}-row", S.SampleSpec(8, 151936, dt)))
+        out.append((f"sample-{dt.value}-row-odd", S.SampleSpec(3, 1001, dt, I32, I32, I32)))
         split = sample_spec(1, 151936, dt)
-        out.append((f"sample-{dt.value}-greedy-split{split.chunks}", split))
-        out.append((f"sample-{dt.value}-plain-split", sample_spec(8, 50000, dt, 1.0, 0, 1.0, I32, I32)))
-        out.append((f"samplec-{split.chunks}", split.combine()))
+        out.append((f"sample-{dt.value}-split{split.chunks}", split))
+        out.append((f"samplep-{dt.value}-split{split.chunks}", split.part()))
+        wide = sample_spec(8, 50000, dt, I32, I32)
+        out.append((f"samplep-{dt.value}-8x50000", wide.part()))
     out.append(("cachew-i64-tokens", S.cache_write_spec((8, 4096), (8, 1), 1, I64)))
     out.append(("cachew-i32-tokens", S.cache_write_spec((8, 4096), (8, 1), 1, I32)))
     return out
@@ -131,44 +126,34 @@ def test_spec_validation() -> None:
         S.cache_write_spec((2, 3, 8, 4), (2, 4, 1, 4), 2, F16)
     with pytest.raises(ValueError, match="axis"):
         S.cache_write_spec((2, 8, 4), (2, 8, 4), 0, F16)
-    with pytest.raises(ValueError, match="top_p"):
-        S.SampleSpec(1, 10, F32, 1.0, 0, 0.0)
-    with pytest.raises(ValueError, match="top_p"):
-        S.SampleSpec(1, 10, F32, 1.0, 0, 1.5)
-    with pytest.raises(ValueError, match="temperature"):
-        S.SampleSpec(1, 10, F32, -1.0)
-    with pytest.raises(ValueError, match="temperature"):
-        S.SampleSpec(1, 10, F32, float("inf"))
-    with pytest.raises(ValueError, match="top_k"):
-        S.SampleSpec(1, 10, F32, 1.0, -1)
     with pytest.raises(ValueError, match="float"):
         S.SampleSpec(1, 10, I64)
     with pytest.raises(ValueError, match="seed"):
         S.SampleSpec(1, 10, F32, seed_dtype=F32)
-    with pytest.raises(ValueError, match="split a row"):
-        S.SampleSpec(1, 10000, F32, 1.0, 5, chunks=4)
+    with pytest.raises(ValueError, match="top_k"):
+        S.SampleSpec(1, 10, F32, top_k_dtype=BOOL)
     with pytest.raises(ValueError, match="256 tokens"):
         S.SampleSpec(1, 1000, F32, chunks=8)
     with pytest.raises(ValueError, match="at least 2"):
-        S.SampleCombineSpec(4, 1)
-    with pytest.raises(ValueError, match="compact"):
-        S.SampleSpec(1, 1000, F32, 1.0, compact=True)
+        S.SampleSpec(4, 1000, F32).part()
     with pytest.raises(ValueError, match="splits"):
         S.KVAttentionSpec(1, 2, 2, 1, 1 << 20, 64, F16, 0.1, splits=2000)
 
 
-def test_sample_variants_render_what_they_need() -> None:
-    _, greedy = K.prepare(S.SampleSpec(2, 1000, F32))
-    body = greedy.split('extern "C"')[1]
-    assert "fc_mix64(" not in body and "hist[" not in body
-    r, full = K.prepare(S.SampleSpec(2, 1000, F32, 0.7, 10, 0.9))
-    assert r.shared_mem == 0 and "fc_dyn" not in full
-    r, compact = K.prepare(S.SampleSpec(2, 1000, F32, 0.7, 10, 0.9, compact=True))
-    assert r.shared_mem == 8192 * 8 and "fc_dyn" in compact  # candidates gathered in dynamic shared memory
-    assert "0x9E3779B97F4A7C15" in full and "0xD1B54A32D192ED03" in full and "0x8CB92BA72F3D8DD7" in full
-    assert "-logf(-logf(u))" in full
-    _, kfull = K.prepare(S.SampleSpec(2, 1000, F32, 0.7, 1000, 1.0))  # top_k >= V: no cut
-    assert "hist[" not in kfull.split('extern "C"')[1]
+def test_sample_kernels_read_every_setting_per_row() -> None:
+    """Nothing about sampling is compiled in: one kernel per shape serves greedy, plain and cut rows."""
+    _, row = K.prepare(S.SampleSpec(2, 1000, F32))
+    body = row.split('extern "C"')[1]
+    for setting in ("temperature[b]", "top_k[b]", "top_p[b]", "seed[b]", "counter[b]"):
+        assert setting in body
+    assert "hist[" in body and "fc_sample_cut(" in body and "part[" not in body
+    cuh = row.split('extern "C"')[0]
+    assert "0x9E3779B97F4A7C15" in cuh and "0x8CB92BA72F3D8DD7" in cuh and "-logf(-logf(u))" in cuh
+    _, merged = K.prepare(sample_spec(1, 151936, F32))
+    assert "part[" in merged.split('extern "C"')[1]
+    _, part = K.prepare(sample_spec(1, 151936, F32).part())
+    body = part.split('extern "C"')[1]
+    assert "fc_sample_cut(" in body and "hist[" not in body  # a cut row is left to the row kernel
 
 
 # ---- lowering ---------------------------------------------------------------------------------
@@ -224,22 +209,41 @@ def test_lower_kv_attention_refuses_bad_shapes() -> None:
         LOWER[O.Op.KV_ATTENTION](ctx, node, "#1")
 
 
+def _sample_node(B: int, V: int, dt: DType) -> tuple[Node, dict[str, int]]:
+    names = ("lg", "seed", "ctr", "temp", "topk", "topp")
+    ins = [Value("lg", (B, V), dt), Value("seed", (B,), I64), Value("ctr", (B,), I64), Value("temp", (B,), F32),
+           Value("topk", (B,), I64), Value("topp", (B,), F32)]
+    out = Value("ids", (B,), I64)
+    base = (B * V * dt.itemsize + 255) // 256 * 256
+    offsets = {n: (0 if n == "lg" else base + 256 * i) for i, n in enumerate(names)}
+    offsets["ids"] = base + 256 * len(names)
+    return Node(O.Op.SAMPLE, ins, [out], O.NoAttrs()), offsets
+
+
 def test_lower_sample() -> None:
-    logits, seed, ctr = Value("lg", (2, 1000), F32), Value("seed", (1,), I64), Value("ctr", (2,), I64)
-    out = Value("ids", (2,), I64)
-    node = Node(O.Op.SAMPLE, [logits, seed, ctr], [out], O.SampleAttrs(0.7, 40, 0.95))
-    ctx = _ctx({"lg": 0, "seed": 8192, "ctr": 8448, "ids": 8704})
+    node, offsets = _sample_node(2, 1000, F32)
+    ctx = _ctx(offsets)
     LOWER[O.Op.SAMPLE](ctx, node, "#2 sample")
-    assert len(ctx.launches) == 1 and ctx.launches[0]["grid"] == [1, 2, 1]
+    assert len(ctx.launches) == 1 and ctx.launches[0]["grid"] == [2, 1, 1]
+    assert [a[2] for a in ctx.launches[0]["args"]] == [offsets[n] for n in ("lg", "seed", "ctr", "temp", "topk",
+                                                                             "topp", "ids")]
 
 
-def test_lower_greedy_splits_rows_over_blocks() -> None:
-    logits, seed, ctr = Value("lg", (1, 151936), BF16), Value("seed", (1,), I64), Value("ctr", (1,), I64)
-    out = Value("ids", (1,), I64)
-    node = Node(O.Op.SAMPLE, [logits, seed, ctr], [out], O.SampleAttrs())
-    ctx = _ctx({"lg": 0, "seed": 1 << 20, "ctr": (1 << 20) + 256, "ids": (1 << 20) + 512})
+def test_lower_sample_splits_uncut_rows_over_blocks() -> None:
+    node, offsets = _sample_node(1, 151936, BF16)
+    ctx = _ctx(offsets)
     ctx.arena_base = 2 << 20
     LOWER[O.Op.SAMPLE](ctx, node, "#3 sample")
-    assert len(ctx.launches) == 2 and ctx.launches[0]["grid"][0] >= 32
-    assert ctx.launches[0]["args"][-1] == ctx.launches[1]["args"][0] == ["ptr", "arena", 2 << 20]
-    assert ctx.launches[1]["args"][1] == ["ptr", "arena", (1 << 20) + 512]
+    assert len(ctx.launches) == 2 and ctx.launches[0]["grid"][0] >= 32 and ctx.launches[1]["grid"] == [1, 1, 1]
+    part = ["ptr", "arena", 2 << 20]
+    assert ctx.launches[0]["args"][-1] == ctx.launches[1]["args"][6] == part
+    assert ctx.launches[1]["args"][7] == ["ptr", "arena", offsets["ids"]]
+
+
+def test_lower_sample_refuses_half_precision_settings() -> None:
+    node, offsets = _sample_node(2, 1000, F32)
+    ins = list(node.inputs)
+    ins[3] = Value("temp", (2,), BF16)
+    node = Node(O.Op.SAMPLE, ins, list(node.outputs), O.NoAttrs())
+    with pytest.raises(LoweringError, match="temperature/top_p must be float32"):
+        LOWER[O.Op.SAMPLE](_ctx(offsets), node, "#4 sample")

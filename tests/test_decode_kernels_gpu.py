@@ -195,17 +195,26 @@ def test_kv_attention_matches_for_every_split_count(dt: DType) -> None:
 
 # ---- sample --------------------------------------------------------------------------------------
 
-def run_sample(spec: S.SampleSpec, logits: np.ndarray, seed: int, counter: np.ndarray) -> np.ndarray:
+def run_sample(spec: S.SampleSpec, logits: np.ndarray, seed, counter: np.ndarray, temperature=0.0, top_k=0,
+               top_p=1.0) -> np.ndarray:
+    """The kernel(s) of ``spec`` over logits with per-row settings (scalars stand for every row)."""
     import cupy as cp
 
-    out = cp.full(spec.B, -7, dtype=np.int64)
-    args = [dev(logits), dev(np.array([seed], spec.seed_dtype.np)), dev(counter.astype(spec.counter_dtype.np))]
+    B = spec.B
+
+    def rows(v, dtype) -> np.ndarray:  # noqa: ANN001
+        return np.ascontiguousarray(np.broadcast_to(np.asarray(v, dtype).reshape(-1), (B,)))
+
+    out = cp.full(B, -7, dtype=np.int64)
+    args = [dev(logits), dev(rows(seed, np.int64).astype(spec.seed_dtype.np)),
+            dev(counter.astype(spec.counter_dtype.np)), dev(rows(temperature, np.float32)),
+            dev(rows(top_k, np.int64).astype(spec.top_k_dtype.np)), dev(rows(top_p, np.float32))]
     if spec.chunks == 1:
         run(spec, args + [out])
     else:
         part = cp.full(spec.part_bytes // 4, np.nan, dtype=np.float32)
-        run(spec, args + [part])
-        run(spec.combine(), [part, out])
+        run(spec.part(), args + [part])
+        run(spec, args + [part, out])
     return out.get()
 
 
@@ -224,13 +233,14 @@ def test_greedy(dt: DType, B: int, V: int, split: bool) -> None:
     got = run_sample(spec, logits, 0, np.zeros(B, np.int64))
     want = SM.sample(logits, np.array([0]), np.zeros(B, np.int64))
     assert (got == want).all(), (got, want)
+    assert (want == logits.astype(np.float32).argmax(1)).all()  # greedy is exactly argmax
 
 
 def _explain_mismatch(logits: np.ndarray, seed: int, counter: np.ndarray, b: int, t: float, k: int, p: float) -> float:
     """The gap between the reference's two best scores of row b (a mismatch is allowed only where it is tiny)."""
     z = logits[b].astype(np.float32) / np.float32(t)
-    keep = SM.keep_mask(z, k, p)
-    sc = np.where(keep, z + SM.gumbel(seed, int(counter[b]), b, z.shape[0]), -np.inf)
+    keep = SM.keep_mask(z, k, float(np.float32(p)))
+    sc = np.where(keep, z + SM.gumbel(seed, int(counter[b]), z.shape[0]), -np.inf)
     top2 = np.sort(sc)[-2:]
     return float(top2[1] - top2[0])
 
@@ -245,66 +255,87 @@ SAMPLING = [
     (F32, 3, 1000, 1.0, 998, 0.5, 1.0),
     (F32, 2, 5000, 1.0, 0, 0.05, 4.0),     # tiny nucleus
     (F16, 2, 4096, 0.9, 100, 0.8, 0.25),   # flat distribution: large kept set
-    (F32, 2, 50000, 1.0, 20000, 1.0, 1.0),  # more candidates than shared memory holds: passes over the row
+    (F32, 2, 50000, 1.0, 20000, 1.0, 1.0),  # many candidates
     (BF16, 2, 50000, 1.0, 0, 0.9, 0.1),     # the same for top-p alone (flat: a huge nucleus)
     (F32, 2, 50000, 1.0, 0, 0.9, 0.1),
 ]
 
 
 @pytest.mark.parametrize("dt,B,V,t,k,p,scale", SAMPLING, ids=[f"{c[0].value}-B{c[1]}-V{c[2]}-t{c[3]}-k{c[4]}-p{c[5]}" for c in SAMPLING])
-@pytest.mark.parametrize("variant", ["one_block", "split", "compact"])
+@pytest.mark.parametrize("variant", ["one_block", "split"])
 def test_sampling_matches_reference(dt: DType, B: int, V: int, t: float, k: int, p: float, scale: float, variant: str) -> None:
-    if variant == "split":
-        spec = sample_spec(B, V, dt, t, k, p)
-        if spec.chunks == 1:
-            pytest.skip("a cut (or a small vocabulary) keeps one block per row")
-    elif variant == "compact":
-        if not S.SampleSpec(B, V, dt, t, k, p).has_cuts:
-            pytest.skip("compact applies to top-k/top-p cuts")
-        spec = S.SampleSpec(B, V, dt, t, k, p, compact=True)
-    else:
-        spec = S.SampleSpec(B, V, dt, t, k, p)
+    spec = sample_spec(B, V, dt) if variant == "split" else S.SampleSpec(B, V, dt)
+    if variant == "split" and spec.chunks == 1:
+        pytest.skip("a small vocabulary keeps one block per row")
     mismatches = 0
     for trial in range(6):
         logits = rand((B, V), dt, scale)
-        seed = int(RNG.integers(-(1 << 62), 1 << 62))
+        seeds = RNG.integers(-(1 << 62), 1 << 62, size=B)
         counter = RNG.integers(0, 100000, size=B).astype(np.int64)
-        got = run_sample(spec, logits, seed, counter)
-        want = SM.sample(logits, np.array([seed]), counter, t, k, p)
+        got = run_sample(spec, logits, seeds, counter, t, k, p)
+        want = SM.sample(logits, seeds, counter, t, k, p)
         for b in np.nonzero(got != want)[0]:
-            gap = _explain_mismatch(logits, seed, counter, int(b), t, k, p)
+            gap = _explain_mismatch(logits, int(seeds[b]), counter, int(b), t, k, p)
             assert gap <= 1e-5, f"trial {trial} row {b}: got {got[b]}, want {want[b]}, reference top-2 gap {gap:.3e}"
             mismatches += 1
         assert (got >= 0).all() and (got < V).all()
-        again = run_sample(spec, logits, seed, counter)
+        again = run_sample(spec, logits, seeds, counter, t, k, p)
         assert (again == got).all(), "not reproducible"
     assert mismatches <= 1
+
+
+@pytest.mark.parametrize("dt", [F32, BF16])
+@pytest.mark.parametrize("split", [False, True])
+def test_mixed_rows_each_draw_as_alone(dt: DType, split: bool) -> None:
+    """One launch, every row with other settings (greedy, plain, top-k, top-p, both): each row
+    draws what the reference draws for it, and what the same kernel draws for it alone."""
+    V = 151936
+    settings = [(0.0, 0, 1.0), (0.8, 0, 1.0), (0.7, 50, 1.0), (1.0, 0, 0.9), (0.6, 40, 0.95), (0.0, 7, 0.5),
+                (1.3, 0, 1.0), (0.0, 0, 1.0)]
+    B = len(settings)
+    temps = np.array([s[0] for s in settings], np.float32)
+    ks = np.array([s[1] for s in settings], np.int64)
+    ps = np.array([s[2] for s in settings], np.float32)
+    spec = sample_spec(B, V, dt) if split else S.SampleSpec(B, V, dt)
+    one = sample_spec(1, V, dt) if split else S.SampleSpec(1, V, dt)
+    for _ in range(3):
+        logits = rand((B, V), dt, 3.0)
+        seeds = RNG.integers(0, 1 << 62, size=B)
+        counter = RNG.integers(0, 4096, size=B).astype(np.int64)
+        got = run_sample(spec, logits, seeds, counter, temps, ks, ps)
+        want = SM.sample(logits, seeds, counter, temps, ks, ps)
+        for b in range(B):
+            alone = run_sample(one, logits[b:b + 1], seeds[b:b + 1], counter[b:b + 1], temps[b], ks[b], ps[b])
+            assert alone[0] == got[b], f"row {b} {settings[b]}: {got[b]} in the batch, {alone[0]} alone"
+            if got[b] != want[b]:
+                assert _explain_mismatch(logits, int(seeds[b]), counter, b, *settings[b]) <= 1e-5
+        greedy = temps == 0
+        assert (got[greedy] == logits.astype(np.float32)[greedy].argmax(1)).all()
 
 
 def test_sampling_ties_at_the_cut_are_kept() -> None:
     """Logits on a coarse grid: many exact ties at the top-k and top-p boundaries."""
     B, V = 4, 20000
-    specs = (S.SampleSpec(B, V, F32, 1.0, 64, 0.7), S.SampleSpec(B, V, F32, 1.0, 64, 0.7, compact=True))
-    for trial in range(8):
-        spec = specs[trial % 2]
+    spec = S.SampleSpec(B, V, F32)
+    for _ in range(8):
         logits = np.round(RNG.standard_normal((B, V)) * 2).astype(np.float32) / 2
         seed, counter = int(RNG.integers(0, 1 << 62)), RNG.integers(0, 1000, size=B).astype(np.int64)
-        got = run_sample(spec, logits, seed, counter)
+        got = run_sample(spec, logits, seed, counter, 1.0, 64, 0.7)
         want = SM.sample(logits, np.array([seed]), counter, 1.0, 64, 0.7)
         for b in np.nonzero(got != want)[0]:
             assert _explain_mismatch(logits, seed, counter, int(b), 1.0, 64, 0.7) <= 1e-5
 
 
-def test_sampling_depends_on_seed_counter_and_row_only() -> None:
+def test_sampling_depends_on_seed_and_counter_only() -> None:
     V = 50000
-    spec = S.SampleSpec(6, V, F32, 1.0)
+    spec = S.SampleSpec(6, V, F32)
     logits = np.tile(rand((1, V), F32, 0.5), (6, 1))  # flat-ish: many plausible tokens
     ctr = np.array([5, 5, 6, 7, 8, 9], np.int64)
-    a = run_sample(spec, logits, 123, ctr)
-    assert (run_sample(sample_spec(6, V, F32, 1.0), logits, 123, ctr) == a).all()  # split: the same draw
-    b = run_sample(spec, logits, 123, ctr)
-    c = run_sample(spec, logits, 124, ctr)
-    assert (a == b).all()
-    assert (a != c).any()
-    assert len(set(a.tolist())) >= 4  # rows differ through the row index and the counters
-    assert (a == SM.sample(logits, np.array([123]), ctr, 1.0)).sum() >= 5
+    seeds = np.array([123, 123, 123, 123, 123, 77])
+    a = run_sample(spec, logits, seeds, ctr, 1.0)
+    assert (run_sample(sample_spec(6, V, F32), logits, seeds, ctr, 1.0) == a).all()  # split: the same draw
+    assert a[0] == a[1]  # same seed and counter, another row: the same token
+    assert (run_sample(spec, logits, seeds, ctr, 1.0) == a).all()
+    assert (run_sample(spec, logits, seeds + 1, ctr, 1.0) != a).any()
+    assert len(set(a.tolist())) >= 4  # rows differ through their counters and seeds
+    assert (a == SM.sample(logits, seeds, ctr, 1.0)).sum() >= 5

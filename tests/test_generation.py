@@ -18,9 +18,11 @@ from fusec.errors import FusecError, InputError, ModelError  # noqa: E402
 from fusec.generation import ReferenceEngine, generate  # noqa: E402
 from fusec.genmodel import build_graphs, compile_generation, load_generation_model  # noqa: E402
 from fusec.ir import IRError, verify  # noqa: E402
-from fusec.models.generate import Sampling  # noqa: E402
 from fusec.ops import Op  # noqa: E402
-from fusec.sampling import keep_mask, sample  # noqa: E402
+from fusec.sampling import (  # noqa: E402
+    keep_mask,
+    sample,
+)
 
 PROMPTS = [[11, 12, 13, 14, 15, 16, 17, 18, 19], [21, 22, 23], [31, 32, 33, 34, 35, 36]]
 
@@ -124,7 +126,7 @@ def test_greedy_generation_matches_transformers(name, tmp_path):
     model = hf_model(get_config(name))
     model.save_pretrained(tmp_path)
     gm = load_generation_model(name, weights_dir=tmp_path)
-    engine = ReferenceEngine(build_graphs(gm, 3, 40, 12, Sampling(), eos_ids=[5]))
+    engine = ReferenceEngine(build_graphs(gm, 3, 40, 12, eos_ids=[5]))
     res = generate(engine, PROMPTS, 20, gm.config.vocab_size)
     for p, new in zip(PROMPTS, res.new_ids):
         out = model.generate(torch.tensor([p]), max_new_tokens=20, do_sample=False, eos_token_id=5, pad_token_id=0)
@@ -135,7 +137,7 @@ def test_streamed_chunks_add_up_to_the_result():
     from fusec.generation import iter_generate
 
     gm = load_generation_model("llama-tiny")
-    engine = ReferenceEngine(build_graphs(gm, 2, 32, 8, Sampling(), eos_ids=[]))
+    engine = ReferenceEngine(build_graphs(gm, 2, 32, 8, eos_ids=[]))
     it = iter_generate(engine, [[1, 2, 3], [4]], 11, gm.config.vocab_size, stream_every=4)
     chunks = []
     while True:
@@ -174,7 +176,7 @@ def test_entries_share_one_copy_of_the_weights():
     from fusec.compiler import compile_entries
 
     gm = load_generation_model("llama-tiny")
-    graphs = build_graphs(gm, 1, 16, 4, Sampling(), eos_ids=[])
+    graphs = build_graphs(gm, 1, 16, 4, eos_ids=[])
     # weights_nk: how compile_generation compiles (cuBLAS in the prefill reads the decode GEMV's layout)
     both = compile_entries(graphs, dtype="fp32", arch="sm_90", weights_nk=True)
     one = compile_entries({"main": graphs["decode"]}, dtype="fp32", arch="sm_90", weights_nk=True)
@@ -198,7 +200,7 @@ def test_cli_generate_json_on_the_reference_backend(capsys, monkeypatch):
     res = json.loads(out)
     assert res["prompt_ids"] == [[1, 2, 3], [4, 5]] and [len(n) for n in res["new_ids"]] == [6, 6]
     gm = load_generation_model("qwen3-tiny")
-    want = generate(ReferenceEngine(build_graphs(gm, 2, 9, 9, Sampling(), eos_ids=[])),
+    want = generate(ReferenceEngine(build_graphs(gm, 2, 9, 9, eos_ids=[])),
                     [[1, 2, 3], [4, 5]], 6, gm.config.vocab_size).new_ids
     assert res["new_ids"] == want
 
@@ -228,7 +230,7 @@ def test_cli_generate_bad_input_is_one_line(capsys, monkeypatch, argv, message):
 
 def test_generate_api_errors_name_the_problem():
     gm = load_generation_model("llama-tiny")
-    engine = ReferenceEngine(build_graphs(gm, 1, 16, 4, Sampling(), eos_ids=[]))
+    engine = ReferenceEngine(build_graphs(gm, 1, 16, 4, eos_ids=[]))
     with pytest.raises(InputError, match="empty"):
         generate(engine, [[]], 2, gm.config.vocab_size)
     with pytest.raises(InputError, match="max_new_tokens"):
@@ -237,7 +239,7 @@ def test_generate_api_errors_name_the_problem():
         load_generation_model("gpt2-tiny")
     with pytest.raises(FusecError):
         compile_generation("llama-tiny", batch=1, max_seq_len=1000, prefill_len=8, arch="sm_90")  # > positions
-    verify(build_graphs(gm, 1, 16, 4, Sampling(0.7, 5, 0.9), eos_ids=[1, 2])["decode"])
+    verify(build_graphs(gm, 1, 16, 4, eos_ids=[1, 2])["decode"])
 
 
 def test_head_rope_group_is_one_kernel_and_keeps_the_numbers():
@@ -262,8 +264,8 @@ def test_head_rope_group_is_one_kernel_and_keeps_the_numbers():
     assert sum("fused[rope_siblings]" in x for x in labels) == cfg.num_layers
     assert not any("rope" in x and "rope_siblings" not in x for x in labels)
     assert sum(x.endswith("cache_write") for x in labels) == cfg.num_layers + 1  # V per layer, and the tokens
-    raw = ReferenceEngine(build_graphs(model(), 2, 32, 12, Sampling(), []))
-    fused = ReferenceEngine(build_graphs(model(), 2, 32, 12, Sampling(), []), optimize=True)
+    raw = ReferenceEngine(build_graphs(model(), 2, 32, 12, []))
+    fused = ReferenceEngine(build_graphs(model(), 2, 32, 12, []), optimize=True)
     applied = [r for r in records(fused.graphs["decode"]) if r.rule == "rope_siblings" and r.applied]
     assert len(applied) == cfg.num_layers
     a = generate(raw, PROMPTS[:2], 8, cfg.vocab_size).new_ids

@@ -19,7 +19,6 @@ pytest.importorskip("accelerate")
 
 from fusec.generation import ReferenceEngine, generate  # noqa: E402
 from fusec.genmodel import build_graphs, load_generation_model  # noqa: E402
-from fusec.models.generate import Sampling  # noqa: E402
 from fusec.models.gguf import find_smollm2  # noqa: E402
 
 
@@ -37,7 +36,7 @@ def _hf_greedy(path: str, prompts: list[list[int]], new: int, eos: list[int]) ->
 def _fusec_greedy(path: str, prompts: list[list[int]], new: int) -> tuple[list[list[int]], list[int]]:
     gm = load_generation_model(path)
     longest = max(map(len, prompts))
-    engine = ReferenceEngine(build_graphs(gm, len(prompts), longest + new, longest, Sampling()), optimize=True)
+    engine = ReferenceEngine(build_graphs(gm, len(prompts), longest + new, longest), optimize=True)
     return generate(engine, prompts, new, gm.config.vocab_size).new_ids, list(gm.eos_ids)
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from fusec.generation import ReferenceEngine, generate
 from fusec.genmodel import build_graphs, compile_generation, load_generation_model
-from fusec.models.generate import Sampling
+from fusec.sampling import Sampling
 
 pytestmark = pytest.mark.gpu
 
@@ -16,8 +16,8 @@ PROMPTS = [[11, 12, 13, 14, 15, 16, 17, 18, 19], [21, 22, 23], [31, 32, 33, 34, 
 
 def _reference(name: str, sampling: Sampling, eos: list[int], prompts, new: int, seed: int = 0):
     gm = load_generation_model(name)
-    graphs = build_graphs(gm, 4, 48, 12, sampling, eos)
-    return generate(ReferenceEngine(graphs), prompts, new, gm.config.vocab_size, seed).new_ids
+    graphs = build_graphs(gm, 4, 48, 12, eos)
+    return generate(ReferenceEngine(graphs), prompts, new, gm.config.vocab_size, seed, sampling=sampling).new_ids
 
 
 @pytest.mark.parametrize("name", ["llama-tiny", "qwen3-tiny"])
@@ -31,10 +31,10 @@ def test_greedy_generation_matches_reference(name):
 
 def test_sampled_generation_is_reproducible_and_matches_reference():
     s = Sampling(temperature=0.9, top_k=40, top_p=0.9)
-    plan = compile_generation("qwen3-tiny", batch=4, max_seq_len=48, prefill_len=12, dtype="fp32", sampling=s, eos_ids=[])
-    a = plan.generate(PROMPTS, max_new_tokens=16, seed=3).new_ids
-    b = plan.generate(PROMPTS, max_new_tokens=16, seed=3).new_ids
-    c = plan.generate(PROMPTS, max_new_tokens=16, seed=4).new_ids
+    plan = compile_generation("qwen3-tiny", batch=4, max_seq_len=48, prefill_len=12, dtype="fp32", eos_ids=[])
+    a = plan.generate(PROMPTS, max_new_tokens=16, seed=3, sampling=s).new_ids
+    b = plan.generate(PROMPTS, max_new_tokens=16, seed=3, sampling=s).new_ids
+    c = plan.generate(PROMPTS, max_new_tokens=16, seed=4, sampling=s).new_ids
     assert a == b
     assert a != c
     assert a == _reference("qwen3-tiny", s, [], PROMPTS, 16, seed=3)
@@ -86,5 +86,5 @@ def test_head_rope_fusion_generates_like_the_reference(head_dim):
     labels = [L["label"] for L in plan.manifest["entries"]["decode"]["launches"]]
     assert sum("fused[rope_siblings]" in x for x in labels) == cfg.num_layers
     res = plan.generate(PROMPTS, max_new_tokens=16)
-    want = generate(ReferenceEngine(build_graphs(model(), 4, 48, 12, Sampling(), [])), PROMPTS, 16, cfg.vocab_size)
+    want = generate(ReferenceEngine(build_graphs(model(), 4, 48, 12, [])), PROMPTS, 16, cfg.vocab_size)
     assert res.new_ids == want.new_ids

@@ -22,8 +22,8 @@ from fusec.errors import ModelError  # noqa: E402
 from fusec.generation import ReferenceEngine, generate  # noqa: E402
 from fusec.genmodel import build_graphs, compile_generation, load_generation_model  # noqa: E402
 from fusec.ir import verify  # noqa: E402
-from fusec.models.generate import Sampling  # noqa: E402
 from fusec.ops import Op  # noqa: E402
+from fusec.sampling import Sampling  # noqa: E402
 
 PROMPTS = [[11, 12, 13, 14, 15, 16, 17, 18, 19], [21, 22, 23], [31, 32, 33, 34, 35, 36]]
 NEW = 16
@@ -57,12 +57,12 @@ def test_export_then_greedy_generation_matches_transformers(family, exporter):
     gm = load_generation_model(path)
     assert gm.eos_ids == (hf_kv_export.EOS,) and gm.tokenizer is None
     assert (gm.config.vocab_size, gm.config.num_layers) == (model.config.vocab_size, model.config.num_hidden_layers)
-    graphs = build_graphs(gm, 3, 40, 12, Sampling(), eos_ids=[])
+    graphs = build_graphs(gm, 3, 40, 12, eos_ids=[])
     for g in graphs.values():
         verify(g)
     free = generate(ReferenceEngine(graphs, optimize=True), PROMPTS, NEW, gm.config.vocab_size).new_ids
     eos = _pick_eos(free)
-    res = generate(ReferenceEngine(build_graphs(gm, 3, 40, 12, Sampling(), eos_ids=[] if eos is None else [eos]),
+    res = generate(ReferenceEngine(build_graphs(gm, 3, 40, 12, eos_ids=[] if eos is None else [eos]),
                                    optimize=True), PROMPTS, NEW, gm.config.vocab_size)
     ctx = f"{family}/{exporter} eos={eos}"
     for p, a, b in zip(PROMPTS, free, res.new_ids):
@@ -75,8 +75,8 @@ def test_export_then_greedy_generation_matches_transformers(family, exporter):
 def test_graphs_keep_the_state_contract_of_the_builtin_decoders():
     """Same states (names, order, dtypes, shapes), user inputs/outputs and meta as models/generate.py."""
     path, model = hf_kv_export.export_kv("llama", "legacy")
-    ours = build_graphs(load_generation_model(path), 2, 24, 8, Sampling(0.7, 5, 0.9), eos_ids=[3, 4])
-    builtin = build_graphs(load_generation_model("llama-tiny"), 2, 24, 8, Sampling(0.7, 5, 0.9), eos_ids=[3, 4])
+    ours = build_graphs(load_generation_model(path), 2, 24, 8, eos_ids=[3, 4])
+    builtin = build_graphs(load_generation_model("llama-tiny"), 2, 24, 8, eos_ids=[3, 4])
     cfg = model.config
     cache = (2, cfg.num_key_value_heads, 24, cfg.hidden_size // cfg.num_attention_heads)
     for entry in ("prefill", "decode"):
@@ -131,8 +131,8 @@ def test_kv_attention_replaces_only_a_mask_proven_to_be_keys_up_to_pos(compare, 
 def test_sampled_generation_is_reproducible():
     path, _ = hf_kv_export.export_kv("qwen3", "legacy")
     gm = load_generation_model(path)
-    runs = [generate(ReferenceEngine(build_graphs(gm, 2, 20, 6, Sampling(0.9, 20, 0.9), eos_ids=[])),
-                     PROMPTS[1:], 8, gm.config.vocab_size, seed=s).new_ids for s in (5, 5, 6)]
+    runs = [generate(ReferenceEngine(build_graphs(gm, 2, 20, 6, eos_ids=[])), PROMPTS[1:], 8, gm.config.vocab_size,
+                     seed=s, sampling=Sampling(0.9, 20, 0.9)).new_ids for s in (5, 5, 6)]
     assert runs[0] == runs[1] != runs[2]
     assert all(len(r) == 8 for r in runs[0])
 
@@ -144,9 +144,10 @@ def test_generation_plan_compiles_without_a_gpu(tmp_path):
     plan = compile_generation(path, batch=2, max_seq_len=32, prefill_len=8, dtype="bf16", arch="sm_90")
     m = plan.manifest
     assert set(plan.entries) == {"prefill", "decode"}
-    assert [r["name"] for r in m["state"]] == ["k.0", "v.0", "k.1", "v.1", "pos", "cur", "done", "tokens", "seed"]
+    assert [r["name"] for r in m["state"]] == ["k.0", "v.0", "k.1", "v.1", "pos", "cur", "done", "tokens",
+                                                "temperature", "top_k", "top_p", "seed"]
     assert m["entries"]["decode"]["inputs"] == []
-    assert [i["name"] for i in m["entries"]["prefill"]["inputs"]] == ["input_ids"]
+    assert [i["name"] for i in m["entries"]["prefill"]["inputs"]] == ["input_ids", "lengths"]
     assert m["generation"]["vocab_size"] == 256 and m["generation"]["source"] == "model.onnx"
     assert m["generation"]["eos_ids"] == [hf_kv_export.EOS] and m["generation"]["num_layers"] == 2
     # the decode step writes the caches in place: no launch copies a whole cache back
@@ -165,7 +166,7 @@ def test_cli_generates_from_the_onnx_file(capsys, monkeypatch):
     assert code == 0 and "reference backend" in err
     res = json.loads(out)
     gm = load_generation_model(path)
-    want = generate(ReferenceEngine(build_graphs(gm, 2, 8, 8, Sampling())), [[1, 2, 3], [4, 5]], 5,
+    want = generate(ReferenceEngine(build_graphs(gm, 2, 8, 8)), [[1, 2, 3], [4, 5]], 5,
                     gm.config.vocab_size).new_ids
     assert res["new_ids"] == want
 
@@ -212,7 +213,7 @@ def _toy(tmp_path, *, past=True, layout="bhsd", present_value=True, concat=True,
 def test_a_well_formed_toy_decoder_generates(tmp_path):
     gm = load_generation_model(_toy(tmp_path))
     assert gm.eos_ids == () and (gm.config.vocab_size, gm.config.num_layers) == (32, 1)
-    res = generate(ReferenceEngine(build_graphs(gm, 2, 10, 4, Sampling())), [[1, 2, 3], [4]], 5, 32)
+    res = generate(ReferenceEngine(build_graphs(gm, 2, 10, 4)), [[1, 2, 3], [4]], 5, 32)
     assert [len(r) for r in res.new_ids] == [5, 5]
 
 
@@ -226,7 +227,7 @@ def test_a_well_formed_toy_decoder_generates(tmp_path):
 def test_bad_decoders_are_one_line_model_errors(tmp_path, kwargs, message):
     with pytest.raises(ModelError) as e:
         gm = load_generation_model(_toy(tmp_path, **kwargs))
-        build_graphs(gm, 2, 10, 4, Sampling())
+        build_graphs(gm, 2, 10, 4)
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
@@ -253,7 +254,7 @@ def test_sdpa_and_fp16_exports_generate_as_transformers(attn, dtype):
     path, model = hf_kv_export.export_kv("llama", "legacy", attn=attn, dtype=dtype)
     assert hf_kv_export.check_export(path, model) < (1e-4 if dtype == "fp32" else 2e-2)
     gm = load_generation_model(path)
-    graphs = build_graphs(gm, 3, 40, 12, Sampling(), eos_ids=[])
+    graphs = build_graphs(gm, 3, 40, 12, eos_ids=[])
     assert [n.op for n in graphs["decode"].nodes].count(Op.KV_ATTENTION) == gm.config.num_layers
     assert all(s.dtype == DType.F32 for s, _ in graphs["decode"].state_pairs() if s.name[:2] in ("k.", "v."))
     res = generate(ReferenceEngine(graphs, optimize=True), PROMPTS, NEW, gm.config.vocab_size)

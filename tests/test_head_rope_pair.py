@@ -120,20 +120,22 @@ def test_memory_plan_of_generation_siblings(entry: str) -> None:
     state buffers: the sibling node's K cache output is written in place (prefill: next to K's
     rotated rows, which attention reads), and the results equal the unplanned reference's."""
     from fusec.genmodel import GenModel, build_graphs
-    from fusec.models.generate import Sampling, SharedWeights
+    from fusec.models.generate import SharedWeights
     from fusec.models.weights import RandomWeights
     from fusec.passes.memory_plan import plan_memory
 
     cfg = _cfg("qwen3-mqa")
     gm = GenModel(cfg, SharedWeights(RandomWeights(1)), None, (), cfg.name)
-    g = _optimized(build_graphs(gm, 2, 32, 8, Sampling(), [])[entry])
+    g = _optimized(build_graphs(gm, 2, 32, 8, [])[entry])
     sib = [n for n in g.nodes if n.op.value == "fused" and n.attrs.rule == "rope_siblings"]
     # prefill: q, K's rotated rows (attention reads them) and the K cache; decode: q, the K cache and
     # the V cache (V's heads copied by the same launch: the V cache write is no launch of its own)
     assert len(sib) == cfg.num_layers and all(len(n.outputs) == 3 for n in sib)
     rng = np.random.default_rng(2)
     fixed = {"pos": np.array([0, 0]) if entry == "prefill" else np.array([8, 5]), "cur": np.array([8, 5]),
-             "done": np.zeros(2, bool), "seed": np.array([3])}
+             "done": np.zeros(2, bool), "seed": np.array([3, 4]), "lengths": np.array([8, 5]),
+             "temperature": np.array([0.0, 0.7], np.float32), "top_k": np.array([0, 5]),
+             "top_p": np.array([1.0, 0.9], np.float32)}
     feeds = {v.name: fixed[v.name] if v.name in fixed
              else rng.standard_normal(v.shape).astype(np.float32) if v.dtype == F32
              else rng.integers(0, cfg.vocab_size, v.shape) for v in g.inputs}
@@ -224,7 +226,7 @@ def test_generation_plan_one_rope_launch_per_layer(case: str, batch: int) -> Non
     matches the unoptimized one."""
     from fusec.generation import ReferenceEngine, generate
     from fusec.genmodel import GenModel, build_graphs, compile_generation
-    from fusec.models.generate import Sampling, SharedWeights
+    from fusec.models.generate import SharedWeights
     from fusec.models.weights import RandomWeights
 
     cfg = _cfg(case)
@@ -237,7 +239,7 @@ def test_generation_plan_one_rope_launch_per_layer(case: str, batch: int) -> Non
         labels = [L["label"] for L in plan.manifest["entries"][entry]["launches"]]
         assert sum("fused[rope_siblings]" in x for x in labels) == cfg.num_layers, (entry, labels)
         assert not [x for x in labels if "rope" in x and "rope_siblings" not in x], (entry, labels)
-    graphs = build_graphs(model(), batch, 32, 8, Sampling(), [])
+    graphs = build_graphs(model(), batch, 32, 8, [])
     for entry in ("prefill", "decode"):  # prefill: K goes to attention and, in the same launch, to the cache
         g = _optimized(graphs[entry])
         sib = [k for k in describe_kernels(g) if k.startswith("rope_siblings:")]
@@ -247,8 +249,8 @@ def test_generation_plan_one_rope_launch_per_layer(case: str, batch: int) -> Non
         n_writes = sum(k == "cache_write" for k in describe_kernels(g))
         assert n_writes == sum(k == "cache_write" for k in describe_kernels(_optimized(graphs[entry], ("rope_siblings",)))) \
             - cfg.num_layers  # prefill: K's cache write joins; decode: V's (K's joins with the rule off too)
-    raw = ReferenceEngine(build_graphs(model(), batch, 32, 12, Sampling(), []))
-    fused = ReferenceEngine(build_graphs(model(), batch, 32, 12, Sampling(), []), optimize=True)
+    raw = ReferenceEngine(build_graphs(model(), batch, 32, 12, []))
+    fused = ReferenceEngine(build_graphs(model(), batch, 32, 12, []), optimize=True)
     assert generate(raw, PROMPTS[:batch], 6, cfg.vocab_size).new_ids == generate(fused, PROMPTS[:batch], 6, cfg.vocab_size).new_ids
 
 
@@ -343,7 +345,7 @@ def test_generation_with_siblings_matches_the_reference(case: str, batch: int) -
     test_head_rope_fusion_generates_like_the_reference)."""
     from fusec.generation import ReferenceEngine, generate
     from fusec.genmodel import GenModel, build_graphs, compile_generation
-    from fusec.models.generate import Sampling, SharedWeights
+    from fusec.models.generate import SharedWeights
     from fusec.models.weights import RandomWeights
 
     cfg = _cfg(case)
@@ -356,6 +358,6 @@ def test_generation_with_siblings_matches_the_reference(case: str, batch: int) -
         labels = [L["label"] for L in plan.manifest["entries"][entry]["launches"]]
         assert sum("fused[rope_siblings]" in x for x in labels) == cfg.num_layers
     got = plan.generate(PROMPTS[:batch], max_new_tokens=12).new_ids
-    want = generate(ReferenceEngine(build_graphs(model(), batch, 40, 12, Sampling(), [])), PROMPTS[:batch], 12,
+    want = generate(ReferenceEngine(build_graphs(model(), batch, 40, 12, [])), PROMPTS[:batch], 12,
                     cfg.vocab_size).new_ids
     assert got == want

@@ -32,7 +32,6 @@ from safetensors.numpy import save_file
 from fusec import models
 from fusec.errors import ModelError
 from fusec.genmodel import build_graphs, load_generation_model
-from fusec.models.generate import Sampling
 from fusec.models.hf_weights import config_from_hf
 from fusec.text import Tokenizer, apply_chat_template
 
@@ -156,7 +155,7 @@ def _within(seconds: float, fn: Callable[[], Any]) -> Any:
 def test_the_checkpoint_generates(ckpt: Path) -> None:
     gm = load_generation_model(ckpt)
     assert gm.config.num_layers == LAYERS and gm.eos_ids == (255, 2) and gm.tokenizer is not None
-    build_graphs(gm, 1, 16, 8, Sampling())
+    build_graphs(gm, 1, 16, 8)
 
 
 # ---- 1. files outside the directory, FIFOs, devices, sizes ---------------------------------------------------
@@ -285,7 +284,7 @@ def test_a_config_that_is_not_an_object_is_one_error(ckpt: Path) -> None:
 
 def test_a_huge_layer_count_is_refused_before_building(ckpt: Path) -> None:
     _edit_config(ckpt, lambda c: c.update(num_hidden_layers=10**12))
-    _refused(lambda: _within(20, lambda: build_graphs(load_generation_model(ckpt), 1, 16, 8, Sampling())),
+    _refused(lambda: _within(20, lambda: build_graphs(load_generation_model(ckpt), 1, 16, 8)),
              "num_hidden_layers", "2 layers")
 
 

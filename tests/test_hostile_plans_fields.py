@@ -113,22 +113,11 @@ def _gen(key, value):
     return lambda m, b: m["generation"].__setitem__(key, value)
 
 
-def _sampling(key, value):
-    return lambda m, b: m["generation"]["sampling"].__setitem__(key, value)
-
-
 GEN_CASES = {
     "no record": (lambda m, b: m.__setitem__("generation", {}), "'generation'"),
-    "sampling empty": (_gen("sampling", {}), "generation.sampling"),
+    # an older plan compiled its sampling settings in; they are per-row state now
+    "sampling compiled in": (_gen("sampling", {"temperature": 0.0, "top_k": 0, "top_p": 1.0}), "generation.sampling"),
     "sampling a string": (_gen("sampling", "x"), "generation.sampling"),
-    "sampling null": (_gen("sampling", None), "generation.sampling"),
-    "sampling with another key": (_sampling("min_p", 0.1), "generation.sampling"),
-    "temperature a string": (_sampling("temperature", "x"), "generation.sampling.temperature"),
-    "temperature negative": (_sampling("temperature", -1.0), "generation.sampling.temperature"),
-    "temperature a boolean": (_sampling("temperature", True), "generation.sampling.temperature"),
-    "top_k a float": (_sampling("top_k", 1.5), "generation.sampling.top_k"),
-    "top_p zero": (_sampling("top_p", 0), "generation.sampling.top_p"),
-    "top_p above one": (_sampling("top_p", 1.5), "generation.sampling.top_p"),
     "batch a string": (_gen("batch", "1"), "generation.batch"),
     "batch zero": (_gen("batch", 0), "generation.batch"),
     "vocab a list": (_gen("vocab_size", [1000]), "generation.vocab_size"),
@@ -144,6 +133,10 @@ GEN_CASES = {
     "state pos for another batch": (lambda m, b: _state(m, "pos").__setitem__("shape", [2]), "'pos'"),
     "state tokens missing": (lambda m, b: m.__setitem__("state", [r for r in m["state"] if r["name"] != "tokens"]),
                              "'tokens'"),
+    "state seed of two rows": (lambda m, b: _state(m, "seed").__setitem__("shape", [2]), "'seed'"),
+    "state temperature in bf16": (lambda m, b: _state(m, "temperature").__setitem__("dtype", "bf16"), "'temperature'"),
+    "state top_p missing": (lambda m, b: m.__setitem__("state", [r for r in m["state"] if r["name"] != "top_p"]),
+                            "'top_p'"),
 }
 
 
@@ -153,8 +146,7 @@ def test_a_malformed_generation_record_is_refused(tmp_path, gen, case) -> None:
     _refused(_tampered(tmp_path, gen, edit), field)
 
 
-@pytest.mark.parametrize("case", ["no record", "sampling empty", "sampling a string", "sampling null",
-                                  "temperature a string"])
+@pytest.mark.parametrize("case", ["no record", "sampling compiled in", "sampling a string", "state seed of two rows"])
 def test_generate_refuses_a_malformed_generation_record_in_one_line(capsys, tmp_path, gen, case) -> None:
     edit, field = GEN_CASES[case]
     fails(capsys, ["generate", str(_tampered(tmp_path, gen, edit)), "--prompt-ids", "1,2"], needles=[field])

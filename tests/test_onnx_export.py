@@ -258,9 +258,8 @@ def test_every_ir_op_is_mapped_and_covered() -> None:
 def test_generation_graphs_are_refused_in_one_line(tmp_path: Path) -> None:
     from fusec.errors import ModelError
     from fusec.genmodel import build_graphs, load_generation_model
-    from fusec.models.generate import Sampling
 
-    g = build_graphs(load_generation_model("llama-tiny"), 1, 8, 4, Sampling(), [])["decode"]
+    g = build_graphs(load_generation_model("llama-tiny"), 1, 8, 4, [])["decode"]
     with pytest.raises(ModelError, match="plan state"):
         export_onnx(g, tmp_path / "d.onnx")
     assert not (tmp_path / "d.onnx").exists()

@@ -25,7 +25,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from fusec.generation import ReferenceEngine, generate  # noqa: E402
 from fusec.genmodel import build_graphs, compile_generation, load_generation_model  # noqa: E402
-from fusec.models.generate import Sampling  # noqa: E402
 from fusec.ops import Op  # noqa: E402
 
 PROMPTS = [[11, 12, 13, 14, 15, 16, 17, 18, 19], [21, 22, 23], [31, 32, 33, 34, 35, 36]]
@@ -82,7 +81,7 @@ def test_soft_capped_decoder_generates_as_transformers(exported: tuple[str, Any]
     path, model = exported
     assert hf_kv_export.check_export(path, model) < 1e-4
     gm = load_generation_model(path)
-    graphs = build_graphs(gm, 3, 40, 12, Sampling(), eos_ids=[])
+    graphs = build_graphs(gm, 3, 40, 12, eos_ids=[])
     kv = [n.attrs.softcap for n in graphs["decode"].nodes if n.op == Op.KV_ATTENTION]
     assert kv == [CAP] * L.LAYERS, kv
     got = generate(ReferenceEngine(graphs, optimize=True), PROMPTS, NEW, gm.config.vocab_size).new_ids

@@ -24,7 +24,7 @@ from fusec.errors import FusecError
 
 # Module names under fusec.cli, in the order `fusec --help` lists them.
 COMMANDS: tuple[str, ...] = ("models", "inspect", "explain", "compile", "run", "bench", "generate", "ab", "export_model",
-                             "doctor") + ("profile", "export_graph", "memory")
+                             "doctor") + ("profile", "export_graph", "memory", "serve")
 
 EXIT_ERROR, EXIT_USAGE, EXIT_MISMATCH, EXIT_BUG, EXIT_INTERRUPTED = 1, 2, 3, 70, 130
 

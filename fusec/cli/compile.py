@@ -153,7 +153,7 @@ def compile_from_args(args: argparse.Namespace, progress: Progress | None = None
     if args.dtype is None:
         args.dtype = "fp16"
     if getattr(args, "generate", False):
-        from fusec.cli.generate import check_generation_sizes, sampling_from_args
+        from fusec.cli.generate import check_generation_sizes
         from fusec.genmodel import compile_generation
 
         if args.shapes is not None:
@@ -165,7 +165,7 @@ def compile_from_args(args: argparse.Namespace, progress: Progress | None = None
         t_max = args.max_seq_len if args.max_seq_len is not None else 256
         batch = args.batch if args.batch is not None else 1
         return compile_generation(args.model, batch=batch, max_seq_len=t_max, prefill_len=args.max_prompt_len,
-                                  sampling=sampling_from_args(args), dtype=args.dtype, arch=arch,
+                                  dtype=args.dtype, arch=arch,
                                   weights_dir=args.weights_dir, progress=progress)
     check_dump_dir(args)
     import fusec

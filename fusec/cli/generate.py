@@ -57,20 +57,21 @@ def add_generation_arguments(p: argparse.ArgumentParser, for_compile: bool = Fal
     g.add_argument("--max-seq-len", type=int, default=None, metavar="T",
                    help="KV-cache length: prompt + new tokens (default: fits the prompts and --max-new-tokens)")
     g.add_argument("--max-prompt-len", type=int, default=None, metavar="S", help="compiled prefill length (default: min(T, 128))")
-    g.add_argument("--greedy", action="store_true", help="greedy decoding (the default)")
-    g.add_argument("--temperature", type=float, default=0.0, metavar="T", help="sampling temperature (0: greedy)")
-    g.add_argument("--top-k", type=int, default=0, metavar="K", help="keep the K most likely tokens (0: all)")
-    g.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling mass (1.0: all)")
     g.add_argument("--weights-dir", default=None, metavar="DIR", help="HF checkpoint for a built-in model's weights")
     if for_compile:
         return
-    g.add_argument("--seed", type=int, default=0, help="sampling seed (same seed, same tokens)")
+    s = p.add_argument_group("sampling (per generation: a plan compiles none of it in)")
+    s.add_argument("--greedy", action="store_true", help="greedy decoding (the default)")
+    s.add_argument("--temperature", type=float, default=0.0, metavar="T", help="sampling temperature (0: greedy)")
+    s.add_argument("--top-k", type=int, default=0, metavar="K", help="keep the K most likely tokens (0: all)")
+    s.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling mass (1.0: all)")
+    s.add_argument("--seed", type=int, default=0, help="sampling seed (same seed, same tokens)")
     g.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), default=None, help="storage dtype on the GPU (default bf16)")
     g.add_argument("--arch", metavar="sm_XX", default=None, help="target GPU architecture (default: current GPU, else sm_90)")
 
 
 def sampling_from_args(args: argparse.Namespace) -> Any:
-    from fusec.models.generate import Sampling
+    from fusec.sampling import Sampling
 
     if args.greedy and (args.temperature or args.top_k or args.top_p != 1.0):
         raise InputError("--greedy cannot be combined with --temperature/--top-k/--top-p")
@@ -155,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
     prompts = _prompts(args)
     sampling = sampling_from_args(args)
     if args.model.endswith(".fplan"):
-        return _run_plan(args, prompts)
+        return _run_plan(args, prompts, sampling)
     arch = None
     if device.gpu_available():  # the GPU path compiles: check the toolchain and --arch before loading
         from fusec import toolchain
@@ -179,17 +180,17 @@ def run(args: argparse.Namespace) -> int:
         from fusec.generation import ReferenceEngine
         from fusec.genmodel import build_graphs
 
-        engine = ReferenceEngine(build_graphs(gm, batch, t_max, s_len, sampling), optimize=True)
-        return _generate(args, engine, ids, gm.tokenizer, gm.config.vocab_size)
+        engine = ReferenceEngine(build_graphs(gm, batch, t_max, s_len), optimize=True)
+        return _generate(args, engine, ids, gm.tokenizer, gm.config.vocab_size, sampling)
     from fusec.genmodel import compile_generation
     from fusec.runtime.generation import PlanEngine
 
-    plan = compile_generation(gm, batch=batch, max_seq_len=t_max, prefill_len=s_len, sampling=sampling,
-                              dtype=args.dtype or "bf16", arch=arch)
-    return _generate(args, PlanEngine(plan), ids, gm.tokenizer, gm.config.vocab_size)
+    plan = compile_generation(gm, batch=batch, max_seq_len=t_max, prefill_len=s_len, dtype=args.dtype or "bf16",
+                              arch=arch)
+    return _generate(args, PlanEngine(plan), ids, gm.tokenizer, gm.config.vocab_size, sampling)
 
 
-def _run_plan(args: argparse.Namespace, prompts: list[Any]) -> int:
+def _run_plan(args: argparse.Namespace, prompts: list[Any], sampling: Any) -> int:
     import fusec
     from fusec.genmodel import encode_prompts, plan_tokenizer
     from fusec.runtime.generation import PlanEngine
@@ -198,11 +199,6 @@ def _run_plan(args: argparse.Namespace, prompts: list[Any]) -> int:
     meta = plan.manifest.get("generation")
     if meta is None:
         raise InputError(f"{args.model}: not a generation plan (compile it with `fusec compile MODEL --generate`)")
-    compiled = meta["sampling"]
-    asked = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
-    if any(float(compiled[k]) != float(v) for k, v in asked.items()):
-        raise InputError(f"{args.model} was compiled for sampling {compiled}; recompile with "
-                         f"`fusec compile ... --generate` and the sampling options you want")
     from fusec import toolchain
 
     why = toolchain.gpu_missing_reason()
@@ -211,13 +207,14 @@ def _run_plan(args: argparse.Namespace, prompts: list[Any]) -> int:
                          f"`fusec generate` the model itself (built-in name, HF directory or .gguf)")
     tok = plan_tokenizer(plan)
     return _generate(args, PlanEngine(plan), encode_prompts(tok, prompts, args.chat, template_kwargs(args)), tok,
-                     int(meta["vocab_size"]))
+                     int(meta["vocab_size"]), sampling)
 
 
-def _generate(args: argparse.Namespace, engine: Any, ids: list[list[int]], tok: Any, vocab: int) -> int:
+def _generate(args: argparse.Namespace, engine: Any, ids: list[list[int]], tok: Any, vocab: int, sampling: Any) -> int:
     from fusec.generation import iter_generate
 
-    it = iter_generate(engine, ids, args.max_new_tokens, vocab, args.seed, args.stream_every if args.stream else 0)
+    it = iter_generate(engine, ids, args.max_new_tokens, vocab, args.seed, args.stream_every if args.stream else 0,
+                       sampling)
     stream = _Stream(tok, len(ids)) if args.stream and not args.json else None
     while True:
         try:

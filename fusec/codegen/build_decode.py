@@ -99,53 +99,43 @@ def _cache_write(spec: S.CacheWriteSpec) -> Rendered:
                     ("new", "pos", "out"))
 
 
-# SampleSpec.compact: after level 0 of the first radix descent, the elements that can still be
-# kept (those in the selected bin or above) are gathered into shared memory when at most this
-# many, and the remaining levels and the draw run over them instead of over the row.
-SAMPLE_CANDIDATES = 8192
+SAMPLE_THREADS = 1024  # the row kernel: the radix descents' histograms are 2048 bins, two per thread
+
+
+def _sample_ctx(spec: S.SampleSpec | S.SamplePartSpec, name: str) -> dict[str, object]:
+    vec = 16 // spec.dtype.itemsize
+    while spec.V % vec:
+        vec //= 2
+    return {"name": name, "V": spec.V, "vec": vec, "chunks": spec.chunks, "t": ctype(spec.dtype),
+            "seed_t": ctype(spec.seed_dtype), "ctr_t": ctype(spec.counter_dtype), "k_t": ctype(spec.top_k_dtype)}
+
+
+_SAMPLE_PARAMS = ("logits", "seed", "counter", "temperature", "top_k", "top_p")
 
 
 @builder(S.SampleSpec)
 def _sample(spec: S.SampleSpec) -> Rendered:
-    vec = 16 // spec.dtype.itemsize
-    while spec.V % vec:
-        vec //= 2
-    top_k = spec.top_k if 0 < spec.top_k < spec.V and not spec.greedy else 0
-    top_p_cut = not spec.greedy and spec.top_p < 1.0
-    per_block = cdiv(spec.V // vec, spec.chunks)  # vectors of a row one block reads
-    threads = 1024 if spec.has_cuts else min(1024, max(32, cdiv(cdiv(per_block, 4), 32) * 32))
-    ctx = {
-        "name": kernel_name("sample", spec), "V": spec.V, "threads": threads, "vec": vec, "chunks": spec.chunks,
-        "t": ctype(spec.dtype), "seed_t": ctype(spec.seed_dtype), "ctr_t": ctype(spec.counter_dtype),
-        "greedy": spec.greedy, "top_k": top_k, "top_p_cut": top_p_cut,
-        "temp": float_lit(spec.temperature if not spec.greedy else 1.0, "temperature"),
-        "top_p": float_lit(spec.top_p, "top_p"), "cuts": spec.has_cuts,
-        "compact": spec.compact, "cap": SAMPLE_CANDIDATES,
-    }
-    smem = SAMPLE_CANDIDATES * 8 if ctx["compact"] else 0
-    last = "part" if spec.chunks > 1 else "out"
-    return Rendered("sample.cu.jinja", ctx, (spec.chunks, spec.B, 1), (threads, 1, 1), ("logits", "seed", "counter", last),
-                    smem)
+    ctx = _sample_ctx(spec, kernel_name("sample", spec))
+    ctx["threads"] = SAMPLE_THREADS
+    params = _SAMPLE_PARAMS + (("part",) if spec.chunks > 1 else ()) + ("out",)
+    return Rendered("sample.cu.jinja", ctx, (spec.B, 1, 1), (SAMPLE_THREADS, 1, 1), params)
 
 
-@builder(S.SampleCombineSpec)
-def _sample_combine(spec: S.SampleCombineSpec) -> Rendered:
-    threads = min(256, cdiv(spec.chunks, 32) * 32)
-    ctx = {"name": kernel_name("samplec", spec), "chunks": spec.chunks, "threads": threads}
-    return Rendered("sample_combine.cu.jinja", ctx, (spec.B, 1, 1), (threads, 1, 1), ("part", "out"))
+@builder(S.SamplePartSpec)
+def _sample_part(spec: S.SamplePartSpec) -> Rendered:
+    ctx = _sample_ctx(spec, kernel_name("samplep", spec))
+    per_block = cdiv(spec.V // int(ctx["vec"]), spec.chunks)  # vectors of a row one block reads
+    ctx["threads"] = threads = min(1024, max(32, cdiv(cdiv(per_block, 4), 32) * 32))
+    return Rendered("sample_part.cu.jinja", ctx, (spec.chunks, spec.B, 1), (threads, 1, 1), _SAMPLE_PARAMS + ("part",))
 
 
 SAMPLE_TARGET_BLOCKS = 2 * SMS
 
 
-def sample_spec(B: int, V: int, dtype: DType, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-                seed_dtype: DType = DType.I64, counter_dtype: DType = DType.I64,
-                target_blocks: int = SAMPLE_TARGET_BLOCKS) -> S.SampleSpec:
-    """The spec for ``Op.SAMPLE``: greedy and uncut sampling split each row over enough blocks
-    (chunks of >= 2048 tokens) that a small batch still uses the whole GPU; a top-k/top-p cut
-    needs row-wide histograms and runs one block per row."""
-    one = S.SampleSpec(B, V, dtype, temperature, top_k, top_p, seed_dtype, counter_dtype)
-    if one.has_cuts:
-        return one
-    chunks = max(1, min(cdiv(target_blocks, B), V // 2048))
-    return S.SampleSpec(B, V, dtype, temperature, top_k, top_p, seed_dtype, counter_dtype, chunks)
+def sample_spec(B: int, V: int, dtype: DType, seed_dtype: DType = DType.I64, counter_dtype: DType = DType.I64,
+                top_k_dtype: DType = DType.I64, target_blocks: int = SAMPLE_TARGET_BLOCKS) -> S.SampleSpec:
+    """The spec for ``Op.SAMPLE``: rows without a cut (greedy, plain sampling) are split over
+    enough blocks (chunks of >= 2048 tokens) that a small batch still uses the whole GPU; a row
+    with a top-k/top-p cut needs row-wide histograms and runs in one block."""
+    chunks = max(1, min(cdiv(target_blocks, B), V // 2048)) if B <= 65535 else 1
+    return S.SampleSpec(B, V, dtype, seed_dtype, counter_dtype, top_k_dtype, chunks)

@@ -65,5 +65,8 @@ def _gemv(spec: S.GemvSpec) -> Rendered:
         # (up to 8 rows: with 16, those registers spill)
         "fast_norm": spec.norm and spec.dtype in S.HALFS and kg == 1 and spec.M <= 8,
     }
-    params = ("x", "W") + (("g",) if spec.norm else ()) + _epi_params(e) + ("C",) + (("part",) if spec.argmax else ())
+    if spec.argmax:
+        ctx.update(seed_t=ctype(spec.seed_dtype), ctr_t=ctype(spec.counter_dtype))
+    params = ("x", "W") + (("g",) if spec.norm else ()) + _epi_params(e) + ("C",) \
+        + (("seed", "counter", "temperature", "part") if spec.argmax else ())
     return Rendered("gemv.cu.jinja", ctx, (spec.grid, 1, 1), (32 * warps, 1, 1), params)

@@ -19,7 +19,7 @@ from fusec.codegen.elementwise import Expr, dtype_of
 from fusec.codegen.spec_base import FLOATS, HALFS, _ints, _pos, _req, _softcap_ok, contiguous_strides  # noqa: F401
 from fusec.codegen.specs_decode import (  # noqa: F401  (one namespace for every spec: S.KVAttentionSpec, ...)
     CACHE_DTYPES, KV_CHUNK_GRANULE, KV_MAX_SPLITS, POS_DTYPES, CacheWriteSpec, KVAttentionSpec,
-    SampleCombineSpec, SampleSpec, cache_write_spec)
+    SamplePartSpec, SampleSpec, cache_write_spec)
 from fusec.dtypes import DType
 
 ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh", "silu")
@@ -350,10 +350,12 @@ class GemvSpec:
     ``glu``: a gated unit over the two halves of the product (F = N / 2 weight rows each):
     C[m, j] = glu(y[m, j]) * y[m, F + j] (``glu_swap``: the second half is activated), Nout = F;
     the epilogue's bias covers all N rows, its activation must be "none". ``argmax``: the kernel also
-    writes each block's (largest stored output, its column) per row to ``part`` (``part_floats``
-    fp32 words: [M][grid][value, index bits]), what greedy sampling reduces instead of reading C.
+    writes each block's best (score, column) per row to ``part`` (``part_floats`` fp32 words:
+    [M][grid][value, index bits]), score = the stored output for a greedy row (temperature 0), its
+    Gumbel score (fusec/sampling.py, from the row's seed and counter) for a sampled one: what
+    ``SampleSpec`` merges instead of reading C (params seed, counter, temperature after C).
     One block per tile of 8 weight rows (4 rows of each half for ``glu``).
-    Params: x, W, [g], [bias], [residual], C, [part]."""
+    Params: x, W, [g], [bias], [residual], C, [seed, counter, temperature, part]."""
 
     M: int
     N: int
@@ -366,6 +368,8 @@ class GemvSpec:
     glu: str = ""
     glu_swap: bool = False
     argmax: bool = False
+    seed_dtype: DType = DType.I64
+    counter_dtype: DType = DType.I64
 
     def __post_init__(self) -> None:
         _pos(("M", self.M), ("N", self.N), ("K", self.K))

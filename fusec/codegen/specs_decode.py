@@ -1,6 +1,6 @@
 """Kernel specs of the decode step (``fusec.lower.decode``, ``fusec.codegen.build_decode``): the KV
 cache write, attention over a cache (split over keys, and its combine step) and token sampling (and
-its combine step). Same conventions as ``fusec.codegen.specs``, which re-exports every name here."""
+its per-chunk first step). Same conventions as ``fusec.codegen.specs``, which re-exports every name here."""
 
 from __future__ import annotations
 
@@ -127,68 +127,67 @@ class KVAttentionSpec:
 @dataclasses.dataclass(frozen=True)
 class SampleSpec:
     """``Op.SAMPLE`` (fusec/sampling.py defines it exactly): logits [B, V] -> token ids [B] int64,
-    one block per row, or ``chunks`` blocks per row plus ``combine()``'s kernel for greedy and
-    uncut sampling (``build_decode.sample_spec`` picks). ``temperature`` 0: argmax (lowest index
-    on ties, NaN wins as in numpy).
-    Otherwise z = x / temperature, the top-k and top-p (nucleus) cuts found by radix descents
-    over the fp32 keys of z with block-wide integer histograms (deterministic; no sort), then
-    the Gumbel-max draw with sampling.py's counter-based noise. Params: logits, seed, counter, out."""
+    every row with its own settings read from device memory each launch (temperature [B] f32,
+    top_k [B], top_p [B] f32, seed [B], counter [B]), so nothing about sampling is compiled in.
+
+    One block of 1024 threads per row. A row with a top-k or top-p cut (temperature > 0 and
+    0 < top_k < V or top_p < 1) finds its kept set by radix descents over the fp32 keys of
+    z = x / temperature with block-wide integer histograms (deterministic; no sort), then draws by
+    Gumbel-max with sampling.py's counter-based noise. Any other row is one argmax: of x (greedy:
+    lowest index on ties, NaN wins as in numpy) or of z + noise (uncut sampling); with
+    ``chunks`` > 1 its row is first reduced by ``part()``'s kernel, ``chunks`` blocks per row, to
+    one (score, index) pair per chunk, and this kernel only merges them. So a greedy row of a
+    mixed batch costs an argmax, never a cut. Params: logits, seed, counter, temperature, top_k,
+    top_p, [part,] out."""
 
     B: int
     V: int
     dtype: DType
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
     seed_dtype: DType = DType.I64
     counter_dtype: DType = DType.I64
-    chunks: int = 1  # > 1 (no top-k/top-p cut only): blocks per row, merged by SampleCombineSpec
-    # with a cut: gather the elements that can still be kept into shared memory after level 0 of
-    # the first descent (warp-aggregated histogram). Correct on the GPU, but slower as it stands
-    # (H100, V 151936, top-k 50 + top-p 0.9: 444 us vs 147 us): the aggregation loop costs more
-    # than the atomics it saves. Kept for the next step (plain atomics at level 0 + the gather).
-    compact: bool = False
+    top_k_dtype: DType = DType.I64
+    chunks: int = 1  # > 1: part() reduces uncut rows over this many blocks per row first
 
     def __post_init__(self) -> None:
         _pos(("B", self.B), ("V", self.V), ("chunks", self.chunks))
-        _req(self.B <= 65535, "sample: at most 65535 rows")
-        _req(self.chunks == 1 or not self.has_cuts, "sample: only greedy and uncut sampling split a row over blocks")
-        _req(self.chunks <= max(1, self.V // 256), "sample: chunks of fewer than 256 tokens")
-        _req(not self.compact or self.has_cuts, "sample: compact applies to top-k/top-p cuts only")
+        _req(self.B <= 2**31 - 1, "sample: at most 2**31 - 1 rows")
+        # the row kernel merges one (score, index) pair per chunk: from SamplePartSpec's chunks, or from
+        # the LM-head product's tiles of 8 columns (fusec.lower.skinny)
+        _req(self.chunks == 1 or self.chunks <= -(-self.V // 8), "sample: chunks of fewer than 8 tokens")
+        _req(self.chunks <= 65535, "sample: at most 65535 chunks per row")
         _req(self.V < 2**31, "sample: vocabulary must be < 2**31")
         _req(self.dtype in FLOATS, "sample: logits are float")
-        _req(self.seed_dtype in POS_DTYPES and self.counter_dtype in POS_DTYPES, "sample: seed/counter are int32/int64")
-        _req(isinstance(self.top_k, int) and not isinstance(self.top_k, bool) and self.top_k >= 0, "sample: top_k >= 0")
-        _req(math.isfinite(self.temperature) and self.temperature >= 0, "sample: temperature must be finite, >= 0")
-        _req(0.0 < self.top_p <= 1.0, "sample: top_p must be in (0, 1]")
-        if self.temperature > 0:
-            _req(self.temperature >= 1e-30, "sample: temperature too small for fp32")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
-
-    @property
-    def has_cuts(self) -> bool:
-        return not self.greedy and (0 < self.top_k < self.V or self.top_p < 1.0)
+        _req(self.seed_dtype in POS_DTYPES and self.counter_dtype in POS_DTYPES,
+             "sample: seed/counter are int32/int64")
+        _req(self.top_k_dtype in POS_DTYPES, "sample: top_k is int32/int64")
 
     @property
     def part_bytes(self) -> int:
-        """Scratch of a split row (``chunks > 1``): per (row, chunk) the best score and its index."""
+        """Scratch of split rows (``chunks > 1``): per (row, chunk) the best score and its index."""
         return 0 if self.chunks == 1 else self.B * self.chunks * 8
 
-    def combine(self) -> SampleCombineSpec:
-        return SampleCombineSpec(self.B, self.chunks)
+    def part(self) -> SamplePartSpec:
+        return SamplePartSpec(self.B, self.V, self.dtype, self.seed_dtype, self.counter_dtype, self.top_k_dtype,
+                              self.chunks)
 
 
 @dataclasses.dataclass(frozen=True)
-class SampleCombineSpec:
-    """Second step of a split ``SampleSpec``: ids[b] = the index of the best (score, index) pair of
-    row b's chunks (numpy argmax order). Params: part, out."""
+class SamplePartSpec:
+    """First step of a split ``SampleSpec``: for every row without a cut, ``chunks`` blocks per row
+    each write the best (score, index) of their chunk (score: x for a greedy row, z + noise for
+    an uncut sampled row); rows with a cut are left to the SampleSpec kernel. Params: logits,
+    seed, counter, temperature, top_k, top_p, part."""
 
     B: int
+    V: int
+    dtype: DType
+    seed_dtype: DType
+    counter_dtype: DType
+    top_k_dtype: DType
     chunks: int
 
     def __post_init__(self) -> None:
-        _pos(("B", self.B), ("chunks", self.chunks))
-        _req(self.chunks >= 2, "sample_combine merges at least 2 chunks")
+        SampleSpec(self.B, self.V, self.dtype, self.seed_dtype, self.counter_dtype, self.top_k_dtype, self.chunks)
+        _req(self.chunks >= 2, "sample_part splits a row into at least 2 chunks")
+        _req(self.chunks <= self.V // 256, "sample_part: chunks of fewer than 256 tokens")
+        _req(self.B <= 65535, "sample_part: at most 65535 rows (grid y)")

@@ -11,14 +11,15 @@ graphs). The file must look like an Optimum / ``torch.onnx`` export of a causal 
 
 The file is imported twice with static shapes and each import is rebuilt into the generation form
 of ``models/generate.py`` (the same states ``k.i``/``v.i`` [B, Hkv, T, D], ``pos``, ``cur``,
-``done``, ``tokens``, ``seed``, the same updates and ``meta["generation"]``; the sampling tail is
+``done``, ``tokens``, the sampling settings, the same updates and ``meta["generation"]``; the sampling tail is
 ``models.generate.finish_step``):
 
-- **prefill** (input ``input_ids`` [B, S]; past length 0: the past inputs become empty constants, so
-  the importer drops the concats and ``present.i.*`` is the step's new K/V): each layer's new K/V is
-  written at position 0 by ``cache_write``; ``attention_mask[b, j] = j < pos[b]`` and
-  ``position_ids = arange(S)`` are computed in the graph; the hidden state of each row's last real
-  token (row ``b*S + pos[b] - 1``) goes through the LM head.
+- **prefill** (inputs ``input_ids`` [B, S] and ``lengths`` [B], 0 for a row not admitted; past
+  length 0: the past inputs become empty constants, so the importer drops the concats and
+  ``present.i.*`` is the step's new K/V): each layer's new K/V is written at position 0 by
+  ``cache_write`` (T for a row not admitted: dropped); ``attention_mask[b, j] = j < lengths[b]``
+  and ``position_ids = arange(S)`` are computed in the graph; the hidden state of each row's last
+  real token (row ``b*S + lengths[b] - 1``) goes through the LM head.
 - **decode** (no inputs; past length T - 1, so that past + 1 = T, the cache length): ``input_ids``
   is ``cur``, ``position_ids`` is ``pos``, ``attention_mask[b, j] = j <= pos[b]`` over T; each
   ``Concat(past, new)`` becomes ``cache_write(state, new, pos)`` and whatever read the concat reads
@@ -82,8 +83,8 @@ def onnx_generation_model(path: str | os.PathLike[str]) -> Any:
     cfg = _probe(loaded, Path(text).stem)
     eos = _config_eos(Path(text).parent)
 
-    def builder(shape: Any, sampling: Any, eos_ids: tuple[int, ...]) -> dict[str, Graph]:
-        return build_onnx_generation(loaded, opset, cfg, shape, sampling, eos_ids)
+    def builder(shape: Any, eos_ids: tuple[int, ...]) -> dict[str, Graph]:
+        return build_onnx_generation(loaded, opset, cfg, shape, eos_ids)
 
     return GenModel(cfg, None, None, eos, os.path.basename(text), builder=builder)
 
@@ -191,7 +192,7 @@ def _import(loaded: LoadedModel, opset: int, cfg: OnnxDecoderConfig, batch: int,
             del g.initializer[len(g.initializer) - len(empty):]
 
 
-def build_onnx_generation(loaded: LoadedModel, opset: int, cfg: OnnxDecoderConfig, shape: Any, sampling: Any,
+def build_onnx_generation(loaded: LoadedModel, opset: int, cfg: OnnxDecoderConfig, shape: Any,
                           eos_ids: tuple[int, ...]) -> dict[str, Graph]:
     """{"prefill": Graph, "decode": Graph} in models/generate.py's form (see the module docstring)."""
     from fusec.errors import InputError
@@ -201,8 +202,8 @@ def build_onnx_generation(loaded: LoadedModel, opset: int, cfg: OnnxDecoderConfi
     b, s, t = shape.batch, shape.prefill_len, shape.max_seq_len
     if t < 2:
         raise InputError(f"--max-seq-len must be at least 2 to generate from {loaded.label}, got {t}")
-    prefill = _Rewrite(loaded.label, cfg, shape, sampling, eos_ids, True).run(_import(loaded, opset, cfg, b, s, 0))
-    decode = _Rewrite(loaded.label, cfg, shape, sampling, eos_ids, False).run(_import(loaded, opset, cfg, b, 1, t - 1))
+    prefill = _Rewrite(loaded.label, cfg, shape, eos_ids, True).run(_import(loaded, opset, cfg, b, s, 0))
+    decode = _Rewrite(loaded.label, cfg, shape, eos_ids, False).run(_import(loaded, opset, cfg, b, 1, t - 1))
     decode = use_kv_attention(decode)
     return {"prefill": prefill, "decode": decode}
 
@@ -219,9 +220,8 @@ def _peel(v: Value, producers: dict[Value, Node]) -> Value:
 
 
 class _Rewrite:
-    def __init__(self, label: str, cfg: OnnxDecoderConfig, shape: Any, sampling: Any, eos_ids: tuple[int, ...],
-                 prefill: bool):
-        self.label, self.cfg, self.shape, self.sampling, self.eos_ids = label, cfg, shape, sampling, eos_ids
+    def __init__(self, label: str, cfg: OnnxDecoderConfig, shape: Any, eos_ids: tuple[int, ...], prefill: bool):
+        self.label, self.cfg, self.shape, self.eos_ids = label, cfg, shape, eos_ids
         self.prefill = prefill
         self.entry = "prefill" if prefill else "decode"
 
@@ -247,13 +247,14 @@ class _Rewrite:
             return v if v.dtype == dt else m.op(Op.CAST, v, to=dt)
 
         # user inputs: input_ids, attention_mask, position_ids
-        pos_col = m.op(Op.RESHAPE, st.pos, shape=(bsz, 1))
         if prefill:
-            ids = m.b.input("input_ids", (bsz, seq), i64)
+            ids, length, write_at = st.prefill_inputs(seq)
+            pos_col = m.op(Op.RESHAPE, length, shape=(bsz, 1))
             cols = m.b.const(np.arange(seq, dtype=np.int64)[None, :], name="columns")
-            keep = m.op(Op.LESS, cols, pos_col)  # j < pos[b]: right-padded prompts
+            keep = m.op(Op.LESS, cols, pos_col)  # j < length[b]: right-padded prompts
             positions = m.b.const(np.tile(np.arange(seq, dtype=np.int64), (bsz, 1)), name="position_ids")
         else:
+            pos_col = m.op(Op.RESHAPE, st.pos, shape=(bsz, 1))
             ids = m.op(Op.RESHAPE, st.cur, shape=(bsz, 1))
             cols = m.b.const(np.arange(t_max, dtype=np.int64)[None, :], name="columns")
             keep = m.op(Op.LESS_EQUAL, cols, pos_col)  # j <= pos[b]: the cache up to the new token
@@ -315,7 +316,7 @@ class _Rewrite:
             if not prefill:
                 return flat
             starts = m.b.const(np.arange(bsz, dtype=np.int64) * seq - 1, name="row_starts")
-            return m.op(Op.GATHER, flat, m.op(Op.ADD, starts, st.pos), axis=0)
+            return m.op(Op.GATHER, flat, m.op(Op.ADD, starts, length), axis=0)
 
         # only what the logits and the caches need, in the file's order
         roots: set[Value] = {logits_v, *new_kv.values()} | {n.outputs[0] for n in concat_of}
@@ -357,18 +358,17 @@ class _Rewrite:
         if logits is None:
             logits = last_rows(get(logits_v))
         if prefill:
-            zeros = m.b.const(np.zeros(bsz, np.int64), name="zero_positions")
             for pin in new_kv:
                 state = states[pin]
-                new_caches[pin] = m.op(Op.CACHE_WRITE, state, cast(get(new_kv[pin]), state.dtype), zeros, axis=2)
-            counter = st.pos  # the new token's position
+                new_caches[pin] = m.op(Op.CACHE_WRITE, state, cast(get(new_kv[pin]), state.dtype), write_at, axis=2)
+            counter = length  # the new token's position
         else:
             counter = m.op(Op.ADD, st.pos, m.scalar(1, i64))
         pairs = [(new_caches[f"past_key_values.{i}.key"], new_caches[f"past_key_values.{i}.value"])
                  for i in range(cfg.num_layers)]
         if not logits.dtype.is_float:
             raise self.fail(f"output {cfg.logits!r} is {logits.type_str}, not floating point")
-        return finish_step(m, st, logits, counter, pairs, shape, self.sampling, self.eos_ids, prefill)
+        return finish_step(m, st, logits, counter, pairs, shape, self.eos_ids, prefill)
 
 
 def _live(nodes: list[Node], roots: set[Value]) -> set[Node]:

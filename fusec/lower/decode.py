@@ -1,11 +1,12 @@
 """Lowering of the decode-step ops: CACHE_WRITE (in place), KV_ATTENTION (split, merged in-kernel) and
-SAMPLE. Everything a launch needs per token (positions, seed, counters) is read from device
-memory, so the launches are fixed and replay in a CUDA graph."""
+SAMPLE. Everything a launch needs per token (positions, counters, each row's sampling settings and
+seed) is read from device memory, so the launches are fixed and replay in a CUDA graph."""
 
 from __future__ import annotations
 
 from fusec.codegen import specs as S
 from fusec.codegen.build_decode import kv_attention_spec, sample_spec
+from fusec.dtypes import DType
 from fusec.ir import Node
 from fusec.lower import Context, LoweringError
 
@@ -61,25 +62,27 @@ def kv_attention(ctx: Context, node: Node, label: str) -> None:
 
 
 def sample(ctx: Context, node: Node, label: str) -> None:
-    logits, seed, counter = node.inputs
-    a = node.attrs
-    if seed.dtype not in S.POS_DTYPES or counter.dtype not in S.POS_DTYPES:
-        raise LoweringError(f"{_where(node, label)}: seed/counter must be int32/int64")
+    logits, seed, counter, temperature, top_k, top_p = node.inputs
+    if seed.dtype not in S.POS_DTYPES or counter.dtype not in S.POS_DTYPES or top_k.dtype not in S.POS_DTYPES:
+        raise LoweringError(f"{_where(node, label)}: seed/counter/top_k must be int32/int64")
+    if temperature.dtype != DType.F32 or top_p.dtype != DType.F32:
+        raise LoweringError(f"{_where(node, label)}: temperature/top_p must be float32 (got "
+                            f"{temperature.dtype.value}/{top_p.dtype.value})")
     B, V = logits.shape
     try:
-        spec = sample_spec(B, V, logits.dtype, float(a.temperature), int(a.top_k), float(a.top_p),
-                           seed.dtype, counter.dtype)
+        spec = sample_spec(B, V, logits.dtype, seed.dtype, counter.dtype, top_k.dtype)
     except ValueError as e:
         raise LoweringError(f"{_where(node, label)}: sample over logits {list(logits.shape)} "
                             f"({logits.dtype.value}): {e}") from None
     if not ctx.aligned(logits):
         raise LoweringError(f"{_where(node, label)}: sample needs 16-byte aligned logits")
+    settings = [logits, seed, counter, temperature, top_k, top_p]
     if spec.chunks == 1:
-        ctx.kernel(spec, [logits, seed, counter, node.output], label)
+        ctx.kernel(spec, [*settings, node.output], label)
         return
     part = ctx.scratch(spec.part_bytes)
-    ctx.kernel(spec, [logits, seed, counter, part], label)
-    ctx.kernel(spec.combine(), [part, node.output], label + " combine")
+    ctx.kernel(spec.part(), [*settings, part], label + " part")
+    ctx.kernel(spec, [*settings, part, node.output], label)
 
 
 __all__ = ["cache_write", "kv_attention", "sample"]

@@ -45,12 +45,14 @@ class Plan:
     k: int
 
     def spec(self) -> S.GemvSpec:
+        seed, counter = (self.sample.inputs[1].dtype, self.sample.inputs[2].dtype) if self.sample else (None, None)
         return S.GemvSpec(self.m, self.n, self.k, self.mm.inputs[0].dtype,
                           S.Epilogue(bias=self.bias is not None, activation=self.act, residual=self.residual is not None),
                           norm=self.norm is not None,
                           eps=float(self.norm.attrs.eps) if self.norm is not None else 1e-6,
                           weight_offset=float(self.norm.attrs.weight_offset) if self.norm is not None else 0.0,
-                          glu=self.glu, glu_swap=self.glu_swap, argmax=self.sample is not None)
+                          glu=self.glu, glu_swap=self.glu_swap, argmax=self.sample is not None,
+                          **({"seed_dtype": seed, "counter_dtype": counter} if self.sample is not None else {}))
 
 
 def applies(body: Graph) -> bool:
@@ -111,8 +113,6 @@ def plan(body: Graph) -> Plan:
     sample = rest[-1] if rest and rest[-1].op == Op.SAMPLE else None
     if sample is not None:
         rest = rest[:-1]
-        if float(sample.attrs.temperature) != 0.0:
-            raise NoPlan("only greedy sampling reads the product's argmax partials")
     glu = _glu_nodes(body, mm)
     bias = res = None
     act, gact, swap = "none", "", False
@@ -205,7 +205,7 @@ def _glu_nodes(body: Graph, mm: Node) -> tuple[str, bool, list[Node], Value] | N
 
 
 def emit(ctx: Any, p: Plan, node: Node, label: str) -> None:
-    """One GemvSpec launch over the fused node's operands (and the argmax combine when it samples)."""
+    """One GemvSpec launch over the fused node's operands (and the sampler's when it samples)."""
     body: Graph = node.attrs.body
     if not getattr(p.mm.attrs, "trans_b", False):
         raise AssertionError(f"{label}: the skinny product's weight is not stored [N, K] (kernel selection's layout)")
@@ -221,12 +221,14 @@ def emit(ctx: Any, p: Plan, node: Node, label: str) -> None:
         args.append(node.output)
         ctx.kernel(spec, args, f"{label} gemv")
         return
-    from fusec.codegen.specs_decode import SampleCombineSpec
+    from fusec.codegen.specs_decode import SampleSpec
     from fusec.lower import Raw
 
+    seed, counter, temperature, top_k, top_p = (outer[v] for v in p.sample.inputs[1:])
     lb = -(-p.out.nbytes // 256) * 256
     base = ctx.scratch(lb + spec.part_floats * 4)
-    logits = Raw(base.space, base.offset, p.out.nbytes)  # written for whoever looks, read by no kernel
+    logits = Raw(base.space, base.offset, p.out.nbytes)  # read only for a row with a top-k/top-p cut
     part = Raw(base.space, base.offset + lb, spec.part_floats * 4)
-    ctx.kernel(spec, args + [logits, part], f"{label} gemv+argmax")
-    ctx.kernel(SampleCombineSpec(p.m, spec.grid), [part, node.output], f"{label} argmax combine")
+    ctx.kernel(spec, args + [logits, seed, counter, temperature, part], f"{label} gemv+sample scores")
+    sampler = SampleSpec(p.m, p.n, p.out.dtype, seed.dtype, counter.dtype, top_k.dtype, chunks=spec.grid)
+    ctx.kernel(sampler, [logits, seed, counter, temperature, top_k, top_p, part, node.output], f"{label} sample")

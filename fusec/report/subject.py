@@ -201,12 +201,11 @@ def _generation_subject(sub: Subject, model: str | None, progress: Callable[[str
     try:
         from fusec.compiler import DTYPES, stage, state_layout
         from fusec.genmodel import build_graphs, load_generation_model
-        from fusec.models.generate import Sampling
 
         if progress is not None:
             progress("build", str(source))
         graphs = build_graphs(load_generation_model(source), int(gen["batch"]), int(gen["max_seq_len"]),
-                              gen.get("prefill_len"), Sampling(**gen.get("sampling", {})), gen.get("eos_ids"))
+                              gen.get("prefill_len"), gen.get("eos_ids"))
         dtype, arch = str(m["dtype"]), str(m["arch"])
         recs, _ = state_layout(next(iter(graphs.values())), DTYPES[dtype][0])
         layout, shared, staged = {r["name"]: r["offset"] for r in recs}, None, None

@@ -5,10 +5,15 @@ each step is one ``cudaGraphLaunch`` on the engine's stream: the positions, the 
 drawn tokens all live in the plan's state region, so nothing is re-captured and nothing crosses
 between host and device until the tokens are read back. The decode loop is one measured region:
 ``stats()["decode"]`` reports what the driver did over all steps (CUPTI) and per step.
+
+For a server (``fusec.serve.batcher``), ``fetch`` reads a state back without waiting: an
+asynchronous copy into pinned host memory on the engine's stream and an event behind it; the host
+polls the event (``cudaEventQuery``, no synchronization) and keeps decode steps queued meanwhile.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -34,19 +39,46 @@ class PlanEngine:
         self._prefill_stats: dict[str, Any] = {}
         self._decode_counts: dict[str, Any] = {}
         self.last_prefill_ms: float | None = None
+        self._pinned: _PinnedPool | None = None
 
     def set_state(self, name: str, value: np.ndarray) -> None:
         self.stream.synchronize()
         self.device.set_state(name, value)
 
+    def write_states(self, values: dict[str, np.ndarray]) -> None:
+        """Write several states (whole arrays) with one synchronization: every copy is queued on
+        the engine's stream (after its work so far), then the stream is synchronized once: the
+        pageable host arrays are free again when it returns, and every later run sees the values."""
+        import cupy
+
+        for name, value in values.items():  # ordered after the queued steps that read the old values
+            dst = self.device.state_array(name)
+            host = np.ascontiguousarray(np.asarray(value).astype(dst.dtype, copy=False)).reshape(dst.shape)
+            cupy.cuda.runtime.memcpyAsync(dst.data.ptr, host.ctypes.data, host.nbytes, _H2D, self.stream.ptr)
+        self.stream.synchronize()
+
+    def fetch(self, name: str) -> _Fetch:
+        """State ``name`` as it will be after the work queued so far, without waiting for it (see
+        the module docstring): ``ready()`` polls, ``get()`` waits by polling."""
+        if self._pinned is None:
+            self._pinned = _PinnedPool(self.device.state_array(name).nbytes)
+        return self._pinned.copy(self.device.state_array(name), self.stream)
+
     def read_state(self, name: str) -> np.ndarray:
         self.stream.synchronize()
         return self.device.read_state(name)
 
-    def prefill(self, input_ids: np.ndarray) -> None:
+    def prefill(self, input_ids: np.ndarray, lengths: np.ndarray, timed: bool = True) -> None:
+        """Run the prefill (rows with length 0 are left as they are); ``timed``: wait for it and
+        record ``last_prefill_ms`` (a server queues it and goes on)."""
+        feeds = {"input_ids": input_ids, "lengths": np.asarray(lengths, np.int64)}
+        if not timed:
+            self._prefill.run(feeds, stream=self.stream, measure=False)
+            self._steps = 0
+            return
         a, b = self._events
         a.record(self.stream)
-        self._prefill.run({"input_ids": input_ids}, stream=self.stream)
+        self._prefill.run(feeds, stream=self.stream)
         b.record(self.stream)
         b.synchronize()
         import cupy
@@ -101,8 +133,67 @@ class PlanEngine:
         return {"backend": "cuda", "prefill": prefill, "decode": decode}
 
 
+_H2D, _D2H = 1, 2  # cudaMemcpyKind
+
+
+class _Fetch:
+    """One asynchronous read-back (``PlanEngine.fetch``)."""
+
+    def __init__(self, pool: _PinnedPool, slot: int, event: Any, nbytes: int, dtype: Any, shape: tuple[int, ...]):
+        self._pool, self._slot, self._event = pool, slot, event
+        self._spec = (nbytes, dtype, shape)
+        self._value: np.ndarray | None = None
+
+    def ready(self) -> bool:
+        return self._value is not None or bool(self._event.done)
+
+    def get(self, poll_s: float = 50e-6) -> np.ndarray:
+        if self._value is None:
+            while not self._event.done:  # cudaEventQuery: no synchronization, the GIL is released
+                time.sleep(poll_s)
+            nbytes, dtype, shape = self._spec
+            count = nbytes // np.dtype(dtype).itemsize
+            self._value = np.frombuffer(self._pool.buffer(self._slot), dtype, count).reshape(shape).copy()
+            self._pool.release(self._slot)
+        return self._value
+
+
+class _PinnedPool:
+    """Page-locked host buffers (and their events) for ``fetch``, allocated once and reused."""
+
+    def __init__(self, nbytes: int, slots: int = 16):
+        import cupy
+
+        self.nbytes = nbytes
+        self._mem = [cupy.cuda.alloc_pinned_memory(max(nbytes, 64)) for _ in range(slots)]
+        self._free = list(range(slots))
+        self._events = [cupy.cuda.Event(disable_timing=True) for _ in range(slots)]
+
+    def buffer(self, slot: int) -> Any:
+        return self._mem[slot]  # a CuPy PinnedMemoryPointer: numpy reads it through the buffer protocol
+
+    def copy(self, src: Any, stream: Any) -> _Fetch:
+        import cupy
+
+        if src.nbytes > self.nbytes:
+            raise ValueError(f"fetch: {src.nbytes} bytes, the pool holds {self.nbytes}")
+        if not self._free:  # more reads in flight than slots: one more buffer (a host allocation)
+            self._mem.append(cupy.cuda.alloc_pinned_memory(max(self.nbytes, 64)))
+            self._events.append(cupy.cuda.Event(disable_timing=True))
+            self._free.append(len(self._mem) - 1)
+        slot = self._free.pop()
+        cupy.cuda.runtime.memcpyAsync(self._mem[slot].ptr, src.data.ptr, src.nbytes, _D2H, stream.ptr)
+        event = self._events[slot]
+        event.record(stream)
+        return _Fetch(self, slot, event, src.nbytes, src.dtype, tuple(src.shape))
+
+    def release(self, slot: int) -> None:
+        self._free.append(slot)
+
+
 def generate_with_plan(plan: Any, prompts: Sequence[Any], max_new_tokens: int, seed: int = 0, stream_every: int = 0,
-                       on_tokens: Callable[[list[list[int]]], None] | None = None, chat: bool = False) -> Any:
+                       on_tokens: Callable[[list[list[int]]], None] | None = None, chat: bool = False,
+                       sampling: Any = None) -> Any:
     from fusec.generation import generate
     from fusec.genmodel import encode_prompts, plan_tokenizer
 
@@ -111,7 +202,8 @@ def generate_with_plan(plan: Any, prompts: Sequence[Any], max_new_tokens: int, s
         engine = plan._engine = PlanEngine(plan)
     tok = plan_tokenizer(plan)
     ids = encode_prompts(tok, prompts, chat)
-    res = generate(engine, ids, max_new_tokens, int(engine.meta["vocab_size"]), seed, stream_every, on_tokens)
+    res = generate(engine, ids, max_new_tokens, int(engine.meta["vocab_size"]), seed, stream_every, on_tokens,
+                   sampling)
     if engine.last_prefill_ms is not None:
         res.prefill_ms = engine.last_prefill_ms
     if tok is not None:

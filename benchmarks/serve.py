@@ -1,0 +1,266 @@
+"""Load benchmark of ``fusec serve``: N concurrent streaming clients against a Qwen3-0.6B-shaped plan.
+
+    python benchmarks/serve.py OUT_DIR                      # GPU: clients 1, 8, 32 (about 3-4 minutes on an H100)
+    python benchmarks/serve.py OUT_DIR --cpu-check          # llama-tiny on the reference backend: the plumbing
+
+For each N: a generation plan of batch N (qwen3-0.6b, random weights, bf16, no end-of-sequence
+token, prompts of --prompt-len tokens, --max-tokens new ones), first timed as ``plan.generate`` on
+N prompts (the plan's own throughput at that batch: decode tok/s, and end to end with the prefill),
+then saved and served by ``fusec serve PLAN`` in a subprocess on 127.0.0.1 (an ephemeral port;
+nothing but loopback). N client threads (the standard library's http.client, so no client package
+is needed) each send streaming completions back to back for --duration seconds (greedy, random
+prompt ids) and time every server-sent event. Reported per N: total tok/s (tokens received over
+the window), time to first token p50/p99 (request sent -> first text), inter-token latency p50/p99
+(gap between events / tokens in the event), requests, the server's own counters (/health), and the
+ratio to the plan's generate rate. Writes OUT_DIR/serve.json and OUT_DIR/serve.md.
+
+Needs on the GPU machine: fusec with its cuda extra, and the serve extra's wheels (starlette,
+uvicorn, prometheus_client and their dependencies).
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+T0 = time.perf_counter()
+
+
+def log(msg: str) -> None:
+    print(f"[{time.perf_counter() - T0:7.1f}s] {msg}", flush=True)
+
+
+def pct(xs: list[float], q: float) -> float | None:
+    return float(np.percentile(np.asarray(xs), q)) if xs else None
+
+
+# ---- the plan's own rate --------------------------------------------------------------------------
+
+def baseline(args: argparse.Namespace, gm: Any, n: int, prompts: list[list[int]], out_dir: str,
+             cuda: bool) -> tuple[dict[str, Any], str | None]:
+    """plan.generate at batch n (twice: the first run captures the CUDA graph); the plan's path."""
+    from fusec.generation import ReferenceEngine, generate
+    from fusec.genmodel import build_graphs, compile_generation
+
+    t_max = args.prompt_len + args.max_tokens
+    t0 = time.perf_counter()
+    if not cuda:
+        engine = ReferenceEngine(build_graphs(gm, n, t_max, args.prompt_len, eos_ids=()), optimize=True)
+        res = generate(engine, prompts[:n], args.max_tokens, gm.config.vocab_size)
+        total = res.prefill_ms / 1e3 + res.decode_ms / 1e3
+        return {"decode_tok_s": res.decode_tok_s, "prefill_ms": res.prefill_ms,
+                "end_to_end_tok_s": n * args.max_tokens / total, "compile_s": 0.0}, None
+    plan = compile_generation(gm, batch=n, max_seq_len=t_max, prefill_len=args.prompt_len, dtype="bf16", eos_ids=())
+    compile_s = time.perf_counter() - t0
+    path = os.path.join(out_dir, f"qwen3-0.6b-b{n}.fplan")
+    plan.save(path)
+    runs = []
+    for _ in range(2):
+        t1 = time.perf_counter()
+        res = plan.generate(prompts[:n], max_new_tokens=args.max_tokens)
+        runs.append((time.perf_counter() - t1, res))
+    wall, res = runs[-1]
+    plan._engine = None
+    del plan
+    return {"decode_tok_s": res.decode_tok_s, "prefill_ms": res.prefill_ms,
+            "end_to_end_tok_s": n * args.max_tokens / wall, "compile_s": compile_s,
+            "decode_per_step": res.stats.get("decode", {}).get("per_step")}, path
+
+
+# ---- the server and its clients ---------------------------------------------------------------------
+
+def start_server(target: str, n: int, args: argparse.Namespace, err_path: str) -> tuple[subprocess.Popen, int]:
+    cmd = [sys.executable, "-m", "fusec", "serve", target, "--port", "0", "--served-model-name", "bench",
+           "--max-queue", str(4 * n + 8)]
+    if not target.endswith(".fplan"):  # the reference backend: the model itself
+        cmd += ["--batch", str(n), "--max-seq-len", str(args.prompt_len + args.max_tokens), "--max-prompt-len",
+                str(args.prompt_len)]
+    err = open(err_path, "wb")  # noqa: SIM115 - the server's log, kept in OUT_DIR
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    t_end = time.monotonic() + 300
+    while time.monotonic() < t_end:
+        text = open(err_path, errors="replace").read()
+        if "http://127.0.0.1:" in text:
+            return proc, int(text.split("http://127.0.0.1:")[1].split(" ")[0])
+        if proc.poll() is not None:
+            raise RuntimeError(f"fusec serve exited: {text[-2000:]}")
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("fusec serve did not start in 300 s")
+
+
+def one_request(port: int, prompt: list[int], max_tokens: int) -> dict[str, Any]:
+    """One streaming completion; the arrival time and token count of every event."""
+    body = json.dumps({"model": "bench", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                       "stream": True}).encode()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    t_send = time.perf_counter()
+    try:
+        conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        if resp.status != 200:
+            return {"status": resp.status, "t_send": t_send, "events": [], "error": resp.read()[:300].decode()}
+        events: list[tuple[float, int]] = []
+        while True:
+            line = resp.readline()
+            if not line:
+                break
+            line = line.strip()
+            if not line.startswith(b"data: "):
+                continue
+            if line == b"data: [DONE]":
+                break
+            obj = json.loads(line[6:])
+            if "error" in obj:
+                return {"status": 500, "t_send": t_send, "events": events, "error": obj["error"]["message"]}
+            text = obj["choices"][0]["text"] if obj.get("choices") else ""
+            if text:
+                events.append((time.perf_counter(), len(text.split())))  # no tokenizer: the ids, space-separated
+        return {"status": 200, "t_send": t_send, "t_end": time.perf_counter(), "events": events}
+    finally:
+        conn.close()
+
+
+def load(port: int, n: int, args: argparse.Namespace, vocab: int) -> dict[str, Any]:
+    rng = np.random.default_rng(1234)
+    deadline = time.perf_counter() + args.duration
+    results: list[list[dict[str, Any]]] = [[] for _ in range(n)]
+    seeds = rng.integers(0, 2**31, n)
+
+    def client(i: int) -> None:
+        r = np.random.default_rng(int(seeds[i]))
+        while time.perf_counter() < deadline:
+            prompt = r.integers(1, vocab, args.prompt_len).tolist()
+            results[i].append(one_request(port, prompt, args.max_tokens))
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(args.duration + 300)
+    t1 = time.perf_counter()
+    reqs = [r for rs in results for r in rs]
+    ok = [r for r in reqs if r["status"] == 200 and r["events"]]
+    tokens = sum(k for r in ok for _, k in r["events"])
+    ttft = [(r["events"][0][0] - r["t_send"]) * 1e3 for r in ok]
+    itl = [(b[0] - a[0]) * 1e3 / b[1] for r in ok for a, b in zip(r["events"], r["events"][1:])]
+    per_event = [k for r in ok for _, k in r["events"]]
+    return {"clients": n, "window_s": t1 - t0, "requests": len(reqs), "ok": len(ok),
+            "errors": sorted({str(r.get("error"))[:200] for r in reqs if r["status"] != 200})[:5],
+            "tokens": tokens, "tok_s": tokens / (t1 - t0), "ttft_ms_p50": pct(ttft, 50), "ttft_ms_p99": pct(ttft, 99),
+            "itl_ms_p50": pct(itl, 50), "itl_ms_p99": pct(itl, 99), "tokens_per_event_mean": float(np.mean(per_event))
+            if per_event else None}
+
+
+def health(port: int) -> dict[str, Any]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("GET", "/health")
+        return json.loads(conn.getresponse().read())
+    finally:
+        conn.close()
+
+
+def stop(proc: subprocess.Popen) -> int | None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return None
+
+
+# ---- report ------------------------------------------------------------------------------------------
+
+def markdown(doc: dict[str, Any]) -> str:
+    a = doc["args"]
+    lines = [f"### fusec serve under load ({doc['device']}, {doc['model']}, prompts {a['prompt_len']} tokens, "
+             f"{a['max_tokens']} new, {a['duration']} s per point)", "",
+             "| clients (= plan batch) | total tok/s | plan generate decode tok/s | ratio | generate end-to-end tok/s "
+             "| TTFT p50 / p99 ms | ITL p50 / p99 ms | tokens per event | requests | admissions |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+
+    def f(x: Any, d: int = 1) -> str:
+        return "-" if x is None else f"{x:.{d}f}"
+
+    for r in doc["points"]:
+        s, b, h = r["serve"], r["generate"], r.get("server", {})
+        ratio = s["tok_s"] / b["decode_tok_s"] if b.get("decode_tok_s") else None
+        lines.append(f"| {r['clients']} | {f(s['tok_s'])} | {f(b.get('decode_tok_s'))} | {f(ratio, 2)} | "
+                     f"{f(b.get('end_to_end_tok_s'))} | {f(s['ttft_ms_p50'])} / {f(s['ttft_ms_p99'])} | "
+                     f"{f(s['itl_ms_p50'], 2)} / {f(s['itl_ms_p99'], 2)} | {f(s['tokens_per_event_mean'], 2)} | "
+                     f"{s['ok']}/{s['requests']} | {h.get('admissions', '-')} |")
+    lines += ["", "total tok/s: completion tokens received by all clients over the window; TTFT: request sent -> "
+              "first text event; ITL: gap between events / tokens in the event. Targets (issue 24): 32 clients >= "
+              "0.8 x the plan's batch-32 generate decode rate; TTFT p99 < 4 x p50 at 8 clients."]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out_dir")
+    ap.add_argument("--clients", default="1,8,32")
+    ap.add_argument("--duration", type=float, default=20.0, help="seconds of load per point")
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--cpu-check", action="store_true", help="llama-tiny on the reference backend (no GPU)")
+    args = ap.parse_args()
+    if args.cpu_check:
+        args.clients, args.duration = "1,4", min(args.duration, 4.0)
+        args.prompt_len, args.max_tokens = min(args.prompt_len, 16), min(args.max_tokens, 16)
+    os.makedirs(args.out_dir, exist_ok=True)
+    from fusec.genmodel import load_generation_model
+
+    cuda = not args.cpu_check
+    name = "llama-tiny" if args.cpu_check else "qwen3-0.6b"
+    gm = load_generation_model(name)
+    vocab = gm.config.vocab_size
+    counts = [int(c) for c in args.clients.split(",")]
+    rng = np.random.default_rng(7)
+    prompts = [rng.integers(1, vocab, args.prompt_len).tolist() for _ in range(max(counts))]
+    device = "CPU (reference backend)"
+    if cuda:
+        import cupy
+
+        device = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    doc: dict[str, Any] = {"device": device, "model": f"{name} (random weights, bf16)" if cuda else name,
+                           "args": vars(args), "points": []}
+    for n in counts:
+        log(f"clients {n}: plan of batch {n}")
+        gen, path = baseline(args, gm, n, prompts, args.out_dir, cuda)
+        log(f"  generate: decode {gen['decode_tok_s']:.0f} tok/s, end to end {gen['end_to_end_tok_s']:.0f} tok/s "
+            f"(compile {gen['compile_s']:.1f} s)")
+        err = os.path.join(args.out_dir, f"server-b{n}.log")
+        proc, port = start_server(path or name, n, args, err)
+        try:
+            one_request(port, prompts[0], 4)  # warm-up: the decode step's CUDA graph is captured here
+            log(f"  serving on port {port}: {n} clients for {args.duration:.0f} s")
+            s = load(port, n, args, vocab)
+            server = health(port)
+        finally:
+            code = stop(proc)
+        log(f"  serve: {s['tok_s']:.0f} tok/s, TTFT p50 {s['ttft_ms_p50']} ms p99 {s['ttft_ms_p99']} ms, "
+            f"ITL p50 {s['itl_ms_p50']} ms, {s['ok']}/{s['requests']} requests; server exit {code}")
+        doc["points"].append({"clients": n, "generate": gen, "serve": s, "server": server, "server_exit": code})
+        with open(os.path.join(args.out_dir, "serve.json"), "w") as f:
+            json.dump(doc, f, indent=1, default=str)
+    md = markdown(doc)
+    with open(os.path.join(args.out_dir, "serve.md"), "w") as f:
+        f.write(md)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,311 @@
+"""Continuous batching over a generation plan: one engine thread, rows as seats.
+
+A generation plan has B rows. Each ``Job`` (one request's generation, in token ids) takes a free
+row; jobs join at a step boundary: the engine thread writes the rows' sampling settings (whole [B]
+arrays from its own copy of every row's settings) and runs one prefill with ``lengths[b]`` = the
+prompt length of each admitted row and 0 elsewhere, which leaves every other row exactly as it was
+(models/generate.py), so the other rows go on decoding from where they stood. One decode step
+then serves every row. A row is freed when its job ends: an end-of-sequence token, ``max_tokens``
+tokens, or a cancel (``cancel``: a stop string seen by the consumer, a client that went away).
+
+Why a masked batch prefill rather than a one-row prefill at a row offset: it needs no new op (the
+cache writes of a non-admitted row go to position T, which ``cache_write`` drops; the row states
+keep their values through a ``where``), it is the one prefill ``fusec generate`` runs too (every
+row admitted), and admitting k waiting requests costs one prefill, whatever k. Its cost: the
+prefill computes all B rows whatever k is.
+
+The plan runs on this one thread (a plan runs one call at a time); nothing else touches it. The
+thread keeps up to ``lookahead`` decode steps queued on the GPU: after each step it queues an
+asynchronous read-back of the drawn tokens (``engine.fetch("cur")``) and processes the read-backs
+that have landed, polling their events, so a step of rows already decoding costs no host
+synchronization. A step that admits rows waits for the queued steps (polling) and synchronizes
+once (writing the settings), and says so in ``stats()``. Since a prefill costs the same for one
+row or for all, a request that finds fewer companions than free rows waits up to ``admit_wait``
+seconds (other rows decode meanwhile) for others to join the same prefill.
+
+Events go to the consumer through ``on_events(list of (job, new token ids, finished))``, called on
+the engine thread once per processed step (the server hands them to its event loop in one call).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from fusec.errors import InputError
+from fusec.generation import sampling_states
+from fusec.sampling import Sampling, check_seed
+
+
+class QueueFull(Exception):
+    """Every row is busy and the queue holds ``max_queue`` jobs (HTTP 503)."""
+
+
+class ShuttingDown(Exception):
+    """The batcher stopped (or its engine failed): no new jobs (HTTP 503)."""
+
+
+@dataclasses.dataclass(eq=False)
+class Job:
+    """One request's generation, in token ids. The engine thread owns every field but
+    ``cancelled``; the consumer reads ``tokens``/``finish`` after the job's last event."""
+
+    prompt_ids: list[int]
+    max_tokens: int
+    sampling: Sampling = dataclasses.field(default_factory=Sampling)
+    seed: int = 0
+    tag: Any = None  # the consumer's (e.g. its event queue)
+    tokens: list[int] = dataclasses.field(default_factory=list)  # drawn, the end-of-sequence token included
+    finish: str | None = None  # "stop" (end of sequence), "length", "cancelled", "error"
+    error: str | None = None
+    cancelled: bool = False
+    row: int | None = None
+    t_submit: float = 0.0
+    t_admit: float | None = None
+    t_first: float | None = None
+    t_end: float | None = None
+
+
+Events = list[tuple[Job, list[int], bool]]
+
+
+class Batcher:
+    def __init__(self, engine: Any, on_events: Callable[[Events], None], *, max_queue: int = 64,
+                 eos_ids: Sequence[int] | None = None, lookahead: int = 3, counters: bool = False,
+                 admit_wait: float = 0.002):
+        meta = engine.meta
+        self.engine = engine
+        self.batch, self.prefill_len = int(meta["batch"]), int(meta["prefill_len"])
+        self.max_seq_len, self.vocab = int(meta["max_seq_len"]), int(meta["vocab_size"])
+        self.eos_ids = frozenset(int(e) for e in (meta["eos_ids"] if eos_ids is None else eos_ids))
+        self.on_events = on_events
+        self.max_queue, self.lookahead, self.counters = max_queue, max(1, lookahead), counters
+        self.admit_wait = admit_wait
+        self.rows: list[Job | None] = [None] * self.batch
+        self.queue: collections.deque[Job] = collections.deque()
+        self.cond = threading.Condition()
+        self.pending: collections.deque[tuple[Any, list[tuple[int, Job]]]] = collections.deque()
+        self.settings = [Sampling()] * self.batch
+        self.seeds = np.zeros(self.batch, np.int64)
+        self.stopping: str | None = None
+        self.thread: threading.Thread | None = None
+        self.counts = {"submitted": 0, "admissions": 0, "admitted": 0, "decode_steps": 0, "finished": 0,
+                       "cancelled": 0, "admit_syncs": 0, "tokens": 0}
+        self.driver: dict[str, float] = {}  # decode-only phases, measured (counters=True and CUPTI)
+        self.driver_steps = 0
+        self._measuring = False
+
+    # ---- any thread ---------------------------------------------------------------------------
+
+    def check(self, job: Job) -> None:
+        """InputError for a job this plan cannot run (one line naming the field)."""
+        n = len(job.prompt_ids)
+        if n == 0:
+            raise InputError("the prompt is empty")
+        if n > self.prefill_len:
+            raise InputError(f"the prompt has {n} tokens; this plan takes at most {self.prefill_len}")
+        if isinstance(job.max_tokens, bool) or not isinstance(job.max_tokens, int) or job.max_tokens < 1:
+            raise InputError(f"max_tokens must be a positive integer, got {job.max_tokens!r}")
+        if n + job.max_tokens > self.max_seq_len:
+            raise InputError(f"the prompt's {n} tokens + max_tokens {job.max_tokens} exceed the plan's "
+                             f"{self.max_seq_len} positions")
+        bad = next((t for t in job.prompt_ids if not 0 <= t < self.vocab), None)
+        if bad is not None:
+            raise InputError(f"token id {bad} is outside the vocabulary [0, {self.vocab})")
+        check_seed(job.seed)
+
+    def submit(self, job: Job) -> None:
+        """Queue ``job`` (checked first). QueueFull when the queue is full, ShuttingDown after
+        ``shutdown`` or an engine failure."""
+        self.check(job)
+        with self.cond:
+            if self.stopping is not None:
+                raise ShuttingDown(self.stopping)
+            if len(self.queue) >= self.max_queue:
+                raise QueueFull(f"all {self.batch} rows are busy and {len(self.queue)} requests are waiting")
+            job.t_submit = time.perf_counter()
+            self.queue.append(job)
+            self.counts["submitted"] += 1
+            self.cond.notify()
+
+    def cancel(self, job: Job) -> None:
+        """End ``job`` at the next step boundary (its row is freed; no more events but its last)."""
+        job.cancelled = True
+        with self.cond:
+            self.cond.notify()
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self._main, name="fusec-engine", daemon=True)
+        self.thread.start()
+
+    def shutdown(self, reason: str = "the server is shutting down", wait: float | None = None) -> None:
+        """Stop: every queued and running job ends with ``error`` = ``reason`` (its last event)."""
+        with self.cond:
+            if self.stopping is None:
+                self.stopping = reason
+            self.cond.notify()
+        if wait is not None and self.thread is not None and self.thread is not threading.current_thread():
+            self.thread.join(wait)
+
+    def occupancy(self) -> tuple[int, int]:
+        """(rows in use, jobs waiting)."""
+        return sum(r is not None for r in self.rows), len(self.queue)
+
+    def stats(self) -> dict[str, Any]:
+        used, waiting = self.occupancy()
+        out: dict[str, Any] = {"batch": self.batch, "rows_in_use": used, "queued": waiting, **self.counts,
+                               "lookahead": self.lookahead,
+                               "admit_syncs_note": "a step that admits rows synchronizes once (writing the rows' "
+                                                   "sampling settings); decode steps of rows already decoding "
+                                                   "read their tokens back asynchronously (no synchronization)"}
+        if self.counters:
+            steps = max(self.driver_steps, 1)
+            out["decode_driver"] = {"steps": self.driver_steps, "total": dict(self.driver),
+                                    "per_step": {k: self.driver.get(k, 0) / steps for k in
+                                                 ("syncs", "allocations", "h2d_bytes", "d2h_bytes",
+                                                  "kernel_launches", "graph_launches")}}
+        return out
+
+    # ---- the engine thread ----------------------------------------------------------------------
+
+    def _main(self) -> None:
+        try:
+            self._loop()
+            reason = self.stopping or "the server is shutting down"
+        except BaseException as e:  # noqa: BLE001 - every job must hear why it ended
+            reason = f"the engine failed: {type(e).__name__}: {e}"
+            with self.cond:
+                self.stopping = reason
+        self._measure(False)
+        events: Events = []
+        for job in [j for j in self.rows if j is not None] + list(self.queue):
+            self._end(job, "error", events, error=reason)
+        self.queue.clear()
+        self.pending.clear()
+        if events:
+            self.on_events(events)
+
+    def _loop(self) -> None:
+        while True:
+            with self.cond:
+                while self.stopping is None and not self.queue and not self.pending and not self._busy():
+                    self.cond.wait()
+                if self.stopping is not None:
+                    return
+                drop = [j for j in self.queue if j.cancelled]
+                for j in drop:
+                    self.queue.remove(j)
+                free = sum(r is None or r.cancelled for r in self.rows)
+                want = bool(self.queue) and free > 0
+                young = want and len(self.queue) < free and time.perf_counter() - self.queue[0].t_submit < self.admit_wait
+                if young and not self._busy() and not self.pending and not drop:
+                    # idle: a prefill costs the same for one row or all, so wait a moment for company
+                    self.cond.wait(self.admit_wait)
+                    continue
+                want = want and not young  # rows decoding: admit at a later boundary, with whoever came
+            events: Events = []
+            for j in drop:
+                self._end(j, "cancelled", events)
+            for j in self.rows:  # cancelled while decoding: free the row now (queued read-backs skip it)
+                if j is not None and j.cancelled:
+                    self._end(j, "cancelled", events)
+            if events:
+                self.on_events(events)
+            if want:
+                self._admit()
+            if self._busy():
+                self.engine.decode()
+                self.counts["decode_steps"] += 1
+                self.driver_steps += self._measuring
+                self.pending.append((self.engine.fetch("cur"), [(b, j) for b, j in enumerate(self.rows) if j]))
+            self._drain(keep=self.lookahead if self._busy() else 0)
+
+    def _busy(self) -> bool:
+        return any(j is not None for j in self.rows)
+
+    def _admit(self) -> None:
+        """One step boundary: wait for the queued steps, then admit queued jobs into free rows."""
+        self._measure(False)
+        self._drain(keep=0)
+        free = [b for b, j in enumerate(self.rows) if j is None]
+        take: list[Job] = []
+        with self.cond:
+            while self.queue and len(take) < len(free):
+                j = self.queue.popleft()
+                if not j.cancelled:
+                    take.append(j)
+                else:
+                    self._end(j, "cancelled", [])
+        if not take:
+            return
+        ids = np.zeros((self.batch, self.prefill_len), np.int64)
+        lengths = np.zeros(self.batch, np.int64)
+        now = time.perf_counter()
+        admitted = []
+        for job, b in zip(take, free):
+            ids[b, :len(job.prompt_ids)] = job.prompt_ids
+            lengths[b] = len(job.prompt_ids)
+            self.settings[b], self.seeds[b] = job.sampling, job.seed
+            job.row, job.t_admit = b, now
+            self.rows[b] = job
+            admitted.append((b, job))
+        self.engine.write_states(sampling_states(self.settings, self.seeds))
+        self.counts["admit_syncs"] += 1
+        self.engine.prefill(ids, lengths, timed=False)
+        self.pending.append((self.engine.fetch("cur"), admitted))
+        self.counts["admissions"] += 1
+        self.counts["admitted"] += len(take)
+        self._measure(True)
+
+    def _drain(self, keep: int) -> None:
+        """Process the read-backs that have landed; wait (polling) while more than ``keep`` are queued."""
+        while self.pending and (len(self.pending) > keep or self.pending[0][0].ready()):
+            fetch, seats = self.pending.popleft()
+            cur = fetch.get()
+            events: Events = []
+            for b, job in seats:
+                if job.finish is not None:
+                    continue  # ended after this step was queued: the row's later tokens are nobody's
+                if job.cancelled:
+                    self._end(job, "cancelled", events)
+                    continue
+                tok = int(cur[b])
+                job.tokens.append(tok)
+                self.counts["tokens"] += 1
+                if job.t_first is None:
+                    job.t_first = time.perf_counter()
+                if tok in self.eos_ids:
+                    self._end(job, "stop", events)
+                elif len(job.tokens) >= job.max_tokens:
+                    self._end(job, "length", events, new=[tok])
+                else:
+                    events.append((job, [tok], False))
+            if events:
+                self.on_events(events)
+
+    def _end(self, job: Job, finish: str, events: Events, new: Sequence[int] = (), error: str | None = None) -> None:
+        if job.finish is not None:
+            return
+        job.finish, job.error, job.t_end = finish, error, time.perf_counter()
+        if job.row is not None and self.rows[job.row] is job:
+            self.rows[job.row] = None
+        self.counts["finished"] += 1
+        self.counts["cancelled"] += finish == "cancelled"
+        events.append((job, list(new), True))
+
+    def _measure(self, on: bool) -> None:
+        """Count what the driver does over decode-only phases (counters=True, CUPTI present)."""
+        if not self.counters or on == self._measuring:
+            return
+        self._measuring = on
+        self.engine.measure(on)
+        if not on:
+            total = self.engine.stats().get("decode", {}).get("total") or {}
+            for k, v in total.items():
+                self.driver[k] = self.driver.get(k, 0) + v
