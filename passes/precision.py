@@ -58,12 +58,22 @@ _SMALL_CONST = 1 << 16
 _FP32_OPERANDS = {Op.SAMPLE: frozenset({3, 5})}
 
 
-def fp32_inputs(graph: Graph) -> set[str]:
-    """Names of the fp32 graph inputs this pass leaves fp32: read only as ``_FP32_OPERANDS``."""
+def _uses(graph: Graph) -> dict[Value, list[tuple[Op, int]]]:
+    """(op, input position) of every read of each value, seen through fused bodies (a fused node's
+    operand is read where its body reads the matching body input)."""
     uses: dict[Value, list[tuple[Op, int]]] = {}
     for n in graph.nodes:
+        body = getattr(n.attrs, "body", None) if n.op == Op.FUSED else None
+        inner = _uses(body) if body is not None else {}
         for i, v in enumerate(n.inputs):
-            uses.setdefault(v, []).append((n.op, i))
+            uses.setdefault(v, []).extend(inner.get(body.inputs[i], []) if body is not None else [(n.op, i)])
+    return uses
+
+
+def fp32_inputs(graph: Graph) -> set[str]:
+    """Names of the fp32 graph inputs this pass leaves fp32: read only as ``_FP32_OPERANDS`` (also
+    inside fused bodies, so that the state layout of an optimized graph agrees)."""
+    uses = _uses(graph)
     outputs = set(graph.outputs)
     return {v.name for v in graph.inputs if v.dtype == DType.F32 and v not in outputs and uses.get(v)
             and all(i in _FP32_OPERANDS.get(op, ()) for op, i in uses[v])}

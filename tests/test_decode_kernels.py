@@ -132,8 +132,10 @@ def test_spec_validation() -> None:
         S.SampleSpec(1, 10, F32, seed_dtype=F32)
     with pytest.raises(ValueError, match="top_k"):
         S.SampleSpec(1, 10, F32, top_k_dtype=BOOL)
-    with pytest.raises(ValueError, match="256 tokens"):
-        S.SampleSpec(1, 1000, F32, chunks=8)
+    with pytest.raises(ValueError, match="8 tokens"):  # the LM-head product's tiles are the finest chunks
+        S.SampleSpec(1, 1000, F32, chunks=126)
+    with pytest.raises(ValueError, match="256 tokens"):  # the sampler's own first step
+        S.SampleSpec(1, 1000, F32, chunks=8).part()
     with pytest.raises(ValueError, match="at least 2"):
         S.SampleSpec(4, 1000, F32).part()
     with pytest.raises(ValueError, match="splits"):
