@@ -62,14 +62,14 @@ def feeds(g: Graph, seed: int) -> dict[str, np.ndarray]:
     return {v.name: rng.uniform(-1, 1, v.shape).astype(np.float32).astype(v.dtype.np) for v in g.inputs}
 
 
-def kernel_args(cut: Cut, plan: Any, inputs: dict[str, np.ndarray]) -> list[tuple[np.ndarray, int]]:
-    """(host array, element offset) per kernel parameter before ``out``, in ``MlpSpec``'s order."""
+def kernel_args(cut: Cut, plan: Any, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """The host array of each kernel parameter before ``out``, in ``MlpSpec``'s order."""
     outer = dict(zip(cut.body.inputs, cut.reads))
 
     def arr(v: Value) -> np.ndarray:
         o = outer.get(v, v)
         return np.ascontiguousarray(o.data) if o.data is not None else inputs[o.name]
 
-    args = [(arr(plan.m1.inputs[0]), 0), (arr(plan.m1.inputs[1]), 0), (arr(plan.m2.inputs[1]), 0)]
-    args += [(arr(o.value), o.offset) for o in plan.hidden_operands + plan.out_operands if o.kind != "acc"]
+    args = [arr(plan.m1.inputs[0]), arr(plan.m1.inputs[1]), arr(plan.m2.inputs[1])]
+    args += [arr(o.value) for o in plan.hidden_operands + plan.out_operands if o.kind != "acc"]
     return args

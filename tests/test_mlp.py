@@ -45,7 +45,8 @@ def test_capability_accepts_mlps(dt: DType, lead: tuple[int, ...], k: int, f: in
     spec = p.spec()
     assert (spec.M, spec.K, spec.F, spec.N) == (int(np.prod(lead)), k, f, n) and (spec.w1_nk, spec.w2_nk) == (nk, nk)
     assert [o.kind for o in p.hidden_operands].count("acc") == 1 and "col" in [o.kind for o in p.hidden_operands]
-    assert sorted(o.kind for o in p.out_operands) == ["acc", "col", "full"]  # product, bias, residual
+    kinds = sorted(o.kind for o in p.out_operands)  # product, bias, residual (one row: a residual is a vector)
+    assert kinds == (["acc", "col", "full"] if spec.M > 1 else ["acc", "col", "col"])
     assert spec.tiles is not None and spec.tiles.smem <= MLP_SMEM
 
 
@@ -73,7 +74,10 @@ def test_capability_declines_with_reasons() -> None:
     assert "constant" in _declined(custom(lambda b, t: b.emit(Op.RELU, t), w1_const=False))
     assert "softmax" in _declined(custom(lambda b, t: b.emit(Op.SOFTMAX, t, axis=1)))
     # the hidden tile read transposed: not elementwise on the tile the block computes
-    assert "element by element" in _declined(custom(lambda b, t: b.emit(Op.RELU, b.emit(Op.TRANSPOSE, t, perm=(1, 0)))))
+    assert "not transpose" in _declined(custom(lambda b, t: b.emit(Op.RELU, b.emit(Op.TRANSPOSE, t, perm=(1, 0)))))
+    # a per-row operand ([M, 1]): the kernel indexes vectors over the columns only
+    rows = np.ones((64, 1), np.float16)
+    assert "neither a scalar" in _declined(custom(lambda b, t: b.emit(Op.MUL, t, b.const(rows, name="rows", dtype=F16))))
     # no activation between the products: nothing for one kernel to keep on chip but a plain product
     assert "activation between" in _declined(custom(lambda b, t: t))
 
@@ -100,6 +104,24 @@ def test_fused_reference_equals_the_unfused_graph() -> None:
     feeds = random_inputs(g, 20261123)
     a, b = reference.run(off, feeds), reference.run(on, feeds)
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_hf_gpt2_export_reads_through_its_reshapes() -> None:
+    """HF GPT-2's exported MLP flattens rows around each product ([B, S, F] <-> [B*S, F] reshapes
+    inside the candidate): they keep the flat order and the last dimension, so the body is still
+    one kernel; enabled, the fused graph's reference equals the unfused one."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import hf_models
+
+    path, inputs, _ = hf_models.export_hf("gpt2", "legacy")
+    g = load_graph(path, {k: v.shape for k, v in inputs.items()})
+    off, _ = optimize(g, PassOptions(storage_dtype="f16"))
+    on, _ = optimize(g, PassOptions(storage_dtype="f16", enabled_fusions=frozenset({"mlp"})))
+    fused = [n for n in on.nodes if n.op == Op.FUSED and n.attrs.rule == "mlp"]
+    assert len(fused) == 2 and all(Op.RESHAPE in [m.op for m in n.attrs.body.nodes] for n in fused)
+    a, b = reference.run(off, inputs), reference.run(on, inputs)
+    assert all(np.array_equal(a[k], b[k]) for k in a)
 
 
 def test_gpt2_small_mlps_are_legal_candidates() -> None:

@@ -22,9 +22,9 @@ pytestmark = pytest.mark.gpu
 SEED = int(np.random.default_rng().integers(1 << 30))  # fresh data each run (reported on failure)
 
 
-def _upload(a: np.ndarray, offset: int, misalign: bool = False):  # noqa: ANN202
-    """A device copy of ``a`` read from element ``offset``; ``misalign``: starting 2 bytes past a
-    16-byte boundary (x read through a view that starts mid-buffer)."""
+def _upload(a: np.ndarray, misalign: bool = False):  # noqa: ANN202
+    """A flat device copy of ``a``; ``misalign``: starting 2 bytes past a 16-byte boundary (x read
+    through a view that starts mid-buffer)."""
     import cupy as cp
 
     d = dev(np.ascontiguousarray(a).reshape(-1))
@@ -32,7 +32,7 @@ def _upload(a: np.ndarray, offset: int, misalign: bool = False):  # noqa: ANN202
         buf = cp.zeros(d.size + 1, dtype=d.dtype)
         buf[1:] = d
         d = buf[1:]
-    return d[offset:]
+    return d
 
 
 def _check(dt: DType, lead: tuple[int, ...], k: int, f: int, n: int, act: str = "gelu_tanh",
@@ -42,7 +42,7 @@ def _check(dt: DType, lead: tuple[int, ...], k: int, f: int, n: int, act: str = 
     p = mlp.plan(cut.body)
     spec = p.spec(x_vec=not misalign)
     inputs = feeds(g, SEED + 1)
-    args = [_upload(a, off, misalign and i == 0) for i, (a, off) in enumerate(kernel_args(cut, p, inputs))]
+    args = [_upload(a, misalign and i == 0) for i, a in enumerate(kernel_args(cut, p, inputs))]
     out = poisoned((spec.M, spec.N), spec.out_dtype)
     ck = K.build(spec)
     import cupy as cp
@@ -81,19 +81,27 @@ def test_x_starting_mid_buffer() -> None:
     _check(F16, (33,), 96, 264, 72, misalign=True)
 
 
-@pytest.mark.parametrize("model", ["gpt2-tiny", "bert-tiny"])
+@pytest.mark.parametrize("model", ["gpt2-tiny", "bert-tiny", "hf-gpt2"])
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 def test_plans_with_mlp_enabled_match_the_plan_without(model: str, dtype: str) -> None:
     """The whole path: fusion applies the candidate, kernel selection records the family, the
     lowering emits one launch per MLP; eager and CUDA-graph (PDL on sm_90) runs agree with the
-    rule-based plan within the dtype's tolerance, and the graph replay is bitwise the eager run."""
+    rule-based plan within the dtype's tolerance, and the graph replay is bitwise the eager run.
+    hf-gpt2: HF GPT-2 exported to ONNX (reshapes around each product, inside the fused body)."""
     import fusec
     from fusec.ab.decide import rel_error
     from fusec.ab.runner import GpuRunner
 
+    shapes = None
+    if model == "hf-gpt2":
+        pytest.importorskip("transformers")
+        import hf_models
+
+        path, hf_inputs, _ = hf_models.export_hf("gpt2", "legacy")
+        model, shapes = path, {k: v.shape for k, v in hf_inputs.items()}
     runner = GpuRunner()
-    base = fusec.compile(model, dtype=dtype)
-    on = fusec.compile(model, dtype=dtype, enabled_fusions=["mlp"])
+    base = fusec.compile(model, shapes=shapes, dtype=dtype)
+    on = fusec.compile(model, shapes=shapes, dtype=dtype, enabled_fusions=["mlp"])
     graph = on.with_cuda_graph(True)  # the same kernels and memory, replayed as one CUDA graph
     assert sum(1 for L in on.manifest["launches"] if L["label"].endswith(" mlp")) == 2
     inputs = runner.inputs(base, SEED)

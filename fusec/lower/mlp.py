@@ -35,7 +35,6 @@ class NoPlan(Exception):
 @dataclasses.dataclass(frozen=True)
 class Operand:
     value: Value  # body value
-    offset: int  # element offset into it
     kind: str  # "acc" (the product), "col", "full", "scalar"
 
 
@@ -90,38 +89,78 @@ def _nodes_back(body: Graph, v: Value, stop: Value) -> set[Node]:
     return seen
 
 
-def _expression(body: Graph, out: Value, leaf: Value, what: str) -> tuple[Any, tuple[Operand, ...]]:
-    """``out`` as an elementwise expression over ``leaf`` (the product) and operands the kernel can
-    index by (row, column) of ``out``."""
-    from fusec.codegen.spec_base import contiguous_strides
-    from fusec.lower.fused import _NoPlan, index_expr
+def _kind(v: Value, rows: int, cols: int) -> str | None:
+    """How the kernel indexes ``v`` at element (row, col) of a [rows, cols] result: one element, a
+    per-column vector (leading dims 1), or the result's own flat order (any leading dims); None
+    when it is none of these."""
+    if v.numel == 1:
+        return "scalar"
+    if v.shape and v.shape[-1] == cols and v.numel == cols:
+        return "col"
+    if v.shape and v.shape[-1] == cols and v.numel == rows * cols:
+        return "full"
+    return None
 
+
+_ORDER = {"scalar": 0, "col": 1, "full": 2}
+
+
+def _expression(body: Graph, out: Value, leaf: Value, rows: int, cols: int, what: str) -> tuple[Any, tuple[Operand, ...]]:
+    """``out`` as an elementwise expression over ``leaf`` (the product) and operands the kernel
+    indexes by (row, column) of the [rows, cols] result. Reshapes that keep the last dimension are
+    read through (they keep the flat order: an exporter's [B*S, F] <-> [B, S, F] views around its
+    products), expands of a vector or a scalar too; anything else that is not elementwise declines."""
+    from fusec.codegen.elementwise import CUDA_EXPR, Apply, Const, In
+    from fusec.lower.fused import _check_expr_size, _NoPlan
+    from fusec.ops import OP_INFO, FusionKind
+
+    producers = body.producers()
     try:
-        ie = index_expr(body, out, leaves={leaf: True})
+        _check_expr_size(out, producers, {leaf: True})  # bounds the recursion below
     except _NoPlan as e:
-        raise NoPlan(f"the fused MLP's {what} is one elementwise expression: {e}") from None
-    contig = contiguous_strides(out.shape)
-    ops: list[Operand] = []
-    for v, strides, offset in ie.operands:
-        if v is leaf:
-            if strides != contig or offset:
-                raise NoPlan(f"the fused MLP's {what} reads the product element by element only")
-            kind = "acc"
-        elif all(s == 0 for s in strides):
-            kind = "scalar"
-        elif strides[-1] == 1 and all(s == 0 for s in strides[:-1]):
-            kind = "col"
-        elif strides == contig:
-            kind = "full"
-        else:
-            raise NoPlan(f"the fused MLP's {what} reads {v.name!r} through a layout it cannot index "
-                         "(a per-column vector, a tensor of the result's shape or a scalar)")
+        raise NoPlan(f"the fused MLP's {what}: {e}") from None
+    operands: list[Operand] = []
+    index: dict[tuple[int, str], int] = {}
+    memo: dict[Value, tuple[Any, str]] = {}
+
+    def operand(v: Value, kind: str) -> Any:
         if v.dtype not in S.FLOATS:
             raise NoPlan(f"the fused MLP's {what} reads {v.name!r} of dtype {v.dtype.value}")
-        ops.append(Operand(v, offset, kind))
-    if sum(o.kind == "acc" for o in ops) != 1:
+        key = (id(v), kind)
+        if key not in index:
+            index[key] = len(operands)
+            operands.append(Operand(v, kind))
+        return In(index[key])
+
+    def go(v: Value) -> tuple[Any, str]:
+        if v in memo:
+            return memo[v]
+        kind = "full" if v is leaf else _kind(v, rows, cols)
+        if kind is None:
+            raise NoPlan(f"the fused MLP's {what} reads {v.name!r} {list(v.shape)}, which is neither a scalar, a "
+                         f"vector over the {cols} columns nor a tensor of the result's shape")
+        n = producers.get(v)
+        if v is leaf:
+            res = (operand(v, "acc"), "full")
+        elif v.is_const and v.numel == 1 and v.data is not None:
+            res = (Const(v.data.reshape(()).item(), v.dtype), "scalar")
+        elif n is None:
+            res = (operand(v, kind), kind)
+        elif n.op in (Op.RESHAPE, Op.EXPAND):
+            res = go(n.inputs[0])
+        elif OP_INFO[n.op].kind in (FusionKind.ELEMENTWISE, FusionKind.BROADCAST) and n.op in CUDA_EXPR \
+                and len(n.outputs) == 1:
+            args = [go(x) for x in n.inputs]
+            res = (Apply(n.op, tuple(a for a, _ in args), n.attrs), max((k for _, k in args), key=_ORDER.__getitem__))
+        else:
+            raise NoPlan(f"the fused MLP's {what} is elementwise on its tile, not {n.op.value}")
+        memo[v] = res
+        return res
+
+    expr, _ = go(out)
+    if not any(o.kind == "acc" for o in operands):
         raise NoPlan(f"the fused MLP's {what} must read the product")
-    return ie.expr, tuple(ops)
+    return expr, tuple(operands)
 
 
 def plan(body: Graph) -> Plan:
@@ -158,8 +197,8 @@ def plan(body: Graph) -> Plan:
         raise NoPlan("the fused MLP's output keeps the second product's [rows, N] shape")
     if h is m1.output:
         raise NoPlan("the fused MLP applies an elementwise activation between its products")
-    hidden, hidden_ops = _expression(body, h, m1.output, "activation")
-    epilogue, out_ops = _expression(body, out, m2.output, "epilogue")
+    hidden, hidden_ops = _expression(body, h, m1.output, m, f, "activation")
+    epilogue, out_ops = _expression(body, out, m2.output, m, n, "epilogue")
     covered = _nodes_back(body, h, m1.output) | _nodes_back(body, out, m2.output) | {m1, m2}
     if covered != set(body.nodes) or m2 in _nodes_back(body, h, m1.output):
         raise NoPlan("the fused MLP computes the activation between its products and the epilogue after them, nothing else")
@@ -177,5 +216,5 @@ def emit(ctx: Any, p: Plan, node: Node, label: str) -> None:
     x = outer[p.m1.inputs[0]]
     spec = p.spec(x_vec=ctx.aligned(x))  # an x starting mid-buffer is copied element by element
     args: list[Any] = [x, outer[p.m1.inputs[1]], outer[p.m2.inputs[1]]]
-    args += [(outer[o.value], o.offset) for o in p.hidden_operands + p.out_operands if o.kind != "acc"]
+    args += [outer[o.value] for o in p.hidden_operands + p.out_operands if o.kind != "acc"]
     ctx.kernel(spec, args + [node.output], f"{label} mlp")
