@@ -5,7 +5,10 @@ A body of this family is MATMUL m1 (x [.., K] by a constant 2-D weight, stored [
 with ``trans_b``) -> elementwise nodes over its result (bias, activation: anything the elementwise
 kernels compute, reading besides the product only per-column vectors, tensors of the hidden
 shape or scalars) -> MATMUL m2 (by a constant 2-D weight, [F, N] or [N, F]) -> an elementwise
-epilogue of the same kind (bias, residual) ending in the body's one output. Both products are
+epilogue of the same kind (bias, residual) ending in the body's one output; reshapes that keep
+the last dimension (an exporter's [B*S, F] <-> [B, S, F] views) may sit anywhere between. Gated
+MLPs (Llama, Qwen3: the product's halves, one activated, multiplied) are declined: the hidden
+value is not elementwise on one tile of the product. Both products are
 exact fp16/bf16 products with fp32 accumulation (cuBLAS's too); the kernel rounds each stored
 value as the reference stores it. fp32 MLPs are declined: their products stay cuBLAS's (exact
 SGEMM or 3xTF32), and an fp32 copy of this kernel would need a second, FMA code path.
