@@ -24,3 +24,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def module_cache_dir(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+    """A kernel cache of the test module's own (tests never touch the user's cache); use with
+    ``pytestmark = pytest.mark.usefixtures("module_cache_dir")``."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("FUSEC_CACHE_DIR", str(tmp_path_factory.mktemp("fusec_cache")))
+    yield
+    mp.undo()

@@ -1,5 +1,6 @@
 """fusec.ab on a GPU: an injected wrong kernel is rejected on numerics even when it looks faster, a
-deliberately slowed variant is rejected on time, the whole-MLP candidate of gpt2-tiny is measured,
+deliberately slowed variant is rejected on time, the whole-MLP candidate of gpt2-tiny is measured
+(and decided on the measurement),
 and the kernel-choice variants (fusec GEMM with fused epilogue, GEMV) agree with cuBLAS."""
 
 from __future__ import annotations
@@ -107,8 +108,15 @@ def test_slowed_variant_rejected_on_time() -> None:
 def test_gpt2_tiny_ledger_measures_the_fusions_that_are_one_kernel(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv("FUSEC_CACHE_DIR", str(tmp_path))
     led = fusec.ab.run(MODEL, dtype="fp16")
-    # a whole MLP or a norm + GEMM has no single-kernel template: declined at fusion, never measured
-    assert not [e for e in led.entries if e.rule in ("mlp", "norm_gemm")]
+    # the whole MLP (fusec.lower.mlp: one kernel) is measured against the unfused form and decided on
+    # that evidence; a norm + GEMM has no kernel at M = 16 (the skinny product's, M <= 16, takes it
+    # only where the norm is an RMSNorm): declined at fusion, never measured
+    (mlp,) = [e for e in led.entries if e.rule == "mlp"]
+    assert mlp.count == 2 and mlp.ops.count("matmul") == 2 and mlp.rule_default == "unfused", mlp
+    assert mlp.decision in (FUSED, UNFUSED) and mlp.fused and mlp.unfused, mlp
+    assert mlp.max_error is not None and mlp.max_error <= TOLERANCE["fp16"], mlp
+    assert ("faster" in mlp.reason) == (mlp.decision == FUSED), mlp.reason
+    assert not [e for e in led.entries if e.rule == "norm_gemm"]
     epi = [e for e in led.entries if e.rule == "gemm_epilogue"]
     assert epi and any(len(e.applies_to) == 2 for e in epi)
     for e in epi:

@@ -35,8 +35,8 @@ def _same(g0: Graph, g1: Graph) -> None:
         np.testing.assert_allclose(r1[k], r0[k], rtol=1e-5, atol=1e-5)
 
 
-def _w(b: GraphBuilder, *shape: int) -> Value:
-    return b.const(RNG.standard_normal(shape).astype(np.float32), name="w")
+def _w(b: GraphBuilder, *shape: int, dt: DType = F) -> Value:
+    return b.const(RNG.standard_normal(shape).astype(dt.np), name="w")
 
 
 def _fused(g: Graph) -> list:  # type: ignore[type-arg]
@@ -47,14 +47,14 @@ def _body_ops(n) -> list[Op]:  # type: ignore[no-untyped-def]
     return [m.op for m in n.attrs.body.nodes]
 
 
-def _block(residual_reads: int = 1) -> Graph:
+def _block(residual_reads: int = 1, dt: DType = F) -> Graph:
     """GPT-2 MLP block: LN -> GEMM+bias+GELU -> GEMM+bias+residual (h read again downstream)."""
     b = GraphBuilder("block")
-    x = b.input("x", (2, 4, 16), F)
-    h = b.emit(Op.LAYERNORM, x, _w(b, 16), _w(b, 16), axis=2, eps=1e-5)
-    u = b.emit(Op.GELU, b.emit(Op.ADD, b.emit(Op.MATMUL, h, _w(b, 16, 32)), _w(b, 32)), approximate="tanh")
-    d = b.emit(Op.ADD, b.emit(Op.ADD, b.emit(Op.MATMUL, u, _w(b, 32, 16)), _w(b, 16)), x)
-    b.output(b.emit(Op.LAYERNORM, d, _w(b, 16), axis=2, eps=1e-5), "y")
+    x = b.input("x", (2, 4, 16), dt)
+    h = b.emit(Op.LAYERNORM, x, _w(b, 16, dt=dt), _w(b, 16, dt=dt), axis=2, eps=1e-5)
+    u = b.emit(Op.GELU, b.emit(Op.ADD, b.emit(Op.MATMUL, h, _w(b, 16, 32, dt=dt)), _w(b, 32, dt=dt)), approximate="tanh")
+    d = b.emit(Op.ADD, b.emit(Op.ADD, b.emit(Op.MATMUL, u, _w(b, 32, 16, dt=dt)), _w(b, 16, dt=dt)), x)
+    b.output(b.emit(Op.LAYERNORM, d, _w(b, 16, dt=dt), axis=2, eps=1e-5), "y")
     for i in range(residual_reads - 1):
         b.output(b.emit(Op.NEG, d), f"extra{i}")
     return b.build()
@@ -129,16 +129,34 @@ def test_disabled_rule_is_recorded_and_its_nodes_fall_back() -> None:
 
 
 def test_candidate_only_rules_the_codegen_cannot_emit_are_declined_even_when_enabled() -> None:
-    g = _block()
+    g = _block()  # fp32: the fused MLP's kernel runs fp16/bf16 products only
     out, _ = _run(g)
     (rec,) = [r for r in fusion.records(out) if r.rule == "mlp"]
     assert rec.decision == "rejected" and not rec.legal and len(rec.members) >= 5
-    assert rec.reason.startswith("not one kernel: a matrix product")
+    assert rec.reason.startswith("not one kernel: the fused MLP runs fp16/bf16")
     for rule in ("mlp", "norm_gemm"):
         on, _ = _run(g, enabled_fusions=frozenset({rule}))
         assert not any(n.attrs.rule.startswith(rule) for n in _fused(on))
         assert [_body_ops(n) for n in _fused(on)] == [_body_ops(n) for n in _fused(out)]  # the rest as by default
         _same(g, on)
+
+
+def test_mlp_candidate_is_legal_off_by_default_and_applied_when_enabled() -> None:
+    """fp16: the whole MLP (GEMM+bias+GELU -> GEMM+bias+residual) is one kernel the codegen emits
+    (fusec.lower.mlp): a legal candidate, off by default; enabled, it is one fused node with both
+    products, whose reference computes what the unfused graph computes."""
+    g = _block(dt=DType.F16)
+    out, _ = _run(g)
+    (rec,) = [r for r in fusion.records(out) if r.rule == "mlp"]
+    assert rec.decision == "candidate" and rec.legal and len(rec.members) == 6, rec
+    assert not any(n.attrs.rule.startswith("mlp") for n in _fused(out))
+    on, _ = _run(g, enabled_fusions=frozenset({"mlp"}))
+    (mlp,) = [n for n in _fused(on) if n.attrs.rule == "mlp"]
+    assert _body_ops(mlp) == [Op.MATMUL, Op.ADD, Op.GELU, Op.MATMUL, Op.ADD, Op.ADD]
+    assert on.meta["kernels"] == out.meta["kernels"] - 1  # two GEMM+epilogue kernels become one
+    inputs = {v.name: RNG.standard_normal(v.shape).astype(v.dtype.np) for v in g.inputs}
+    r0, r1 = reference.run(out, inputs), reference.run(on, inputs)
+    assert all(np.array_equal(r0[k], r1[k]) for k in r0)  # the same nodes, stored in the same dtype
 
 
 def test_attention_group_takes_head_layouts() -> None:

@@ -33,6 +33,14 @@ def _gelu_bias(dt: DType) -> S.ElementwiseSpec:
     return S.elementwise_spec(e, [(4, 6, 24), (24,)], [dt, dt], (4, 6, 24))
 
 
+def _mlp_spec() -> S.MlpSpec:
+    hidden = Apply(O.Op.GELU, (Apply(O.Op.ADD, (In(0), In(1))),), O.GeluAttrs("none"))
+    out = Apply(O.Op.ADD, (In(0), In(1)))
+    ops = (S.MlpOperand(BF16, "acc"), S.MlpOperand(BF16, "col"))
+    return S.MlpSpec(40, 72, 136, 48, BF16, hidden, ops, out, (S.MlpOperand(BF16, "acc"), S.MlpOperand(BF16, "full")),
+                     BF16, w1_nk=True)
+
+
 def _specs(dt: DType) -> list:
     tc_attn = dt if dt != F32 else F32
     return [
@@ -80,6 +88,7 @@ def _all_specs() -> list[tuple[str, object]]:
         *C.scatter_nd((4, 5), (3, 1), F32, I64), C.trilu((3, 4, 5), True, 1, F16), C.expand((3, 1), (2, 3, 4), F32),
         TopKSpec(3, 500, 2, 8, F16, largest=False), S.RowReduceSpec("prod", 5, 11, I64, inner=2),
         Tf32SplitSpec(7, 36), Tf32SplitSpec(3, 5, vec=1),
+        _mlp_spec(),  # a whole MLP in one kernel; GPT-2/BERT shapes and odd sizes in test_mlp
     ]
     out += [(f"{type(s).__name__}-extra{i}", s) for i, s in enumerate(extra)]
     return out

@@ -13,6 +13,8 @@ asks while it forms groups) and how they are lowered (``lower_fused``).
 - rope layout: ROPE with the layout views in front of its input: the rope kernel reads through strides.
 - add + norm: ADD feeding LAYERNORM/RMSNORM: one row kernel (the sum goes to scratch when only
   the norm's result is read).
+- mlp: MATMUL -> elementwise -> MATMUL -> elementwise, the whole MLP as one kernel
+  (``fusec.lower.mlp``).
 
 The fusion pass never forms a group that none covers (it records the decline with
 ``Capability.reason``); meeting one here is a compiler bug (``LoweringError``).
@@ -247,6 +249,13 @@ def kernel_plan(body: Graph) -> tuple[str, Any]:
             except heads.NoPlan as e:
                 raise _NoPlan(str(e)) from None
         return ("rope", _rope_plan(body))
+    if ops.count(Op.MATMUL) == 2:  # a whole MLP: fusec.lower.mlp
+        from fusec.lower import mlp
+
+        try:
+            return ("mlp", mlp.plan(body))
+        except mlp.NoPlan as e:
+            raise _NoPlan(str(e)) from None
     if Op.MATMUL in ops:
         from fusec.lower import skinny
 
@@ -336,6 +345,10 @@ def lower_fused(ctx: Context, node: Node, label: str) -> None:
         from fusec.lower import skinny
 
         skinny.emit(ctx, detail, node, label)
+    elif kind == "mlp":
+        from fusec.lower import mlp
+
+        mlp.emit(ctx, detail, node, label)
     elif kind == "rope":
         rope, xi, xview, cst = detail
         cos, sin = (outer[v] for v in rope.inputs[1:])
