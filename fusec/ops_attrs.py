@@ -37,6 +37,24 @@ class MatMulAttrs:
 
 
 @dataclasses.dataclass(frozen=True)
+class QMatMulAttrs:
+    """QMATMUL: x[.., K] @ W^T -> [.., N] with W [N, K] held packed in ``format`` (``fusec.quant``:
+    the operands after x, their layout and the exact dequantization); ``group`` weights share one
+    scale (the format's own for the GGUF formats). The product accumulates in fp32; the result has
+    x's dtype."""
+
+    format: str
+    n: int
+    k: int
+    group: int
+
+    def __post_init__(self) -> None:
+        from fusec.quant import check_layout, get_format
+
+        check_layout(get_format(self.format), self.n, self.k, self.group)
+
+
+@dataclasses.dataclass(frozen=True)
 class CastAttrs:
     to: DType
 

@@ -26,6 +26,7 @@ from fusec.passes import (
     merge_gemms,
     pad_gemm,
     precision,
+    quantize,
     recognize_activations,
     recognize_attention,
     recognize_norms,
@@ -51,6 +52,8 @@ PIPELINE: list[ModuleType] = [
     recognize_softmax,
     recognize_rope,
     recognize_attention,
+    # -- weight-only quantization (PassOptions.quantize; nothing without): from the fp32 weights
+    quantize,
     # -- storage precision (after recognition: high-level ops keep fp32 math inside)
     precision,
     # -- layout: weight-transpose caching (or a transpose flag), GEMM merges, N padded to 16 bytes
@@ -73,7 +76,7 @@ PIPELINE: list[ModuleType] = [
 
 # Keys passes leave in graph.meta (or options.stats) that ``report`` passes through when present.
 REPORT_KEYS: tuple[str, ...] = ("patterns", "fusions", "kernels", "transposes_cached", "transposes_flagged",
-                                "gemms_merged", "gemms_padded", "gemms_split_tf32", "split_tf32_extra_bytes", "weights_relaid",
+                                "gemms_merged", "gemms_padded", "quantized", "gemms_split_tf32", "split_tf32_extra_bytes", "weights_relaid",
                                 "views")
 
 
