@@ -32,7 +32,8 @@ class GenModel:
 
 
 def load_generation_model(model: str | os.PathLike[str], weights_dir: str | os.PathLike[str] | None = None,
-                          seed: int = 0) -> GenModel:
+                          seed: int = 0, packed: bool = True) -> GenModel:
+    """``packed=False``: a GGUF file's quantized weights are dequantized at load (``load_gguf``)."""
     from fusec.models import registry
     from fusec.models.generate import SharedWeights, check_generation_model
 
@@ -40,7 +41,7 @@ def load_generation_model(model: str | os.PathLike[str], weights_dir: str | os.P
     if text.lower().endswith(".gguf"):
         from fusec.models.gguf import load_gguf
 
-        g = load_gguf(text)
+        g = load_gguf(text, packed=packed)
         return GenModel(g.config, SharedWeights(g.weights), g.tokenizer, tuple(g.eos_ids), os.path.basename(text))
     if text.lower().endswith(".onnx"):  # a decoder exported with a KV cache (past_key_values.* / present.*)
         from fusec.frontend.kv_cache import onnx_generation_model
@@ -116,8 +117,13 @@ def compile_generation(model: str | os.PathLike[str] | GenModel, *, batch: int =
                        prefill_len: int | None = None, sampling: Any = None, dtype: str = "bf16",
                        arch: str | None = None, weights_dir: str | os.PathLike[str] | None = None,
                        eos_ids: Sequence[int] | None = None, cuda_graph: bool = True,
-                       progress: Callable[[str, str], None] | None = None) -> Any:
-    """A generation plan (entries "prefill" and "decode"); see the module docstring."""
+                       progress: Callable[[str, str], None] | None = None, quantize: str | None = None,
+                       quantize_group: int = 128, quantize_head: bool = False) -> Any:
+    """A generation plan (entries "prefill" and "decode"); see the module docstring. ``quantize``
+    (int8/int4, ``fusec.compiler.quantize_options``): fusec's own weight quantization of the
+    products whose weights are not packed already (a GGUF file's stay as the file has them)."""
+    from fusec.compiler import quantize_options
+
     from fusec.compiler import compile_entries
     from fusec.models.generate import Sampling
 
@@ -136,7 +142,7 @@ def compile_generation(model: str | os.PathLike[str] | GenModel, *, batch: int =
     # layout the decode step's GEMV reads, so the two entries share one copy of every weight
     return compile_entries(graphs, dtype=dtype, cuda_graph=cuda_graph, arch=arch, progress=progress,
                            source={"model": gm.source, "shapes": {}}, extra={"generation": meta}, extra_blobs=blobs,
-                           weights_nk=True)
+                           weights_nk=True, **quantize_options(quantize, quantize_group, quantize_head))
 
 
 def plan_tokenizer(plan: Any) -> Any:

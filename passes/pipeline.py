@@ -17,6 +17,7 @@ from types import ModuleType
 from typing import Any
 
 from fusec.ir import Graph, IRError, print_graph, verify
+from fusec.weight_report import weight_formats
 from fusec.passes import (
     constant_fold,
     cse,
@@ -159,6 +160,7 @@ def report(graph: Graph, options: PassOptions | None = None, plan: Any = None) -
         "parameters": graph.num_parameters,
         "ops": graph.op_histogram(),
         "memory": plan.summary(),
+        "weights": weight_formats(graph),  # per tensor: format, bytes; and the bytes one run reads
     }
     for key in REPORT_KEYS:
         if key in graph.meta:

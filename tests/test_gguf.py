@@ -85,6 +85,8 @@ def _tensor_data(w: np.ndarray, qtype: Any, rng: np.random.Generator) -> tuple[n
         return w, None
     if qtype == Q.F16:
         return w.astype(np.float16), None
+    if qtype == Q.I32:
+        return w.astype(np.int32), None
     if qtype in (Q.Q4_K, Q.Q6_K):
         return _random_kquant(rng, w.shape, qtype), qtype
     return gguf.quants.quantize(w, qtype), qtype
@@ -250,9 +252,18 @@ def test_non_llama_architecture(tmp_path: Path) -> None:
     assert "'qwen2'" in msg and "m.gguf" in msg
 
 
-def test_unsupported_quant_type(tmp_path: Path) -> None:
-    msg = _error(write_gguf(tmp_path / "m.gguf", types={"blk.1.ffn_up.weight": Q.TQ2_0}))
-    assert "TQ2_0" in msg and "'blk.1.ffn_up.weight'" in msg
+def test_unpacked_quant_types_are_dequantized_with_one_notice(tmp_path: Path, capsys: Any) -> None:
+    path = write_gguf(tmp_path / "m.gguf", Q.Q8_0, types={"blk.0.ffn_up.weight": Q.TQ2_0,
+                                                          "blk.1.ffn_up.weight": Q.TQ2_0})
+    g = build_gguf(path)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "TQ2_0 tensors are dequantized at load" in err and "m.gguf" in err
+    assert g.op_histogram()["qmatmul"] == 7 * LAYERS - 2 + 1  # every other projection and lm_head stay packed
+
+
+def test_unsupported_tensor_type(tmp_path: Path) -> None:
+    msg = _error(write_gguf(tmp_path / "m.gguf", types={"blk.1.ffn_up.weight": Q.I32}))
+    assert "I32" in msg and "'blk.1.ffn_up.weight'" in msg
 
 
 @pytest.mark.parametrize("cut", ["header", "tensors"])

@@ -57,6 +57,9 @@ def add_generation_arguments(p: argparse.ArgumentParser, for_compile: bool = Fal
     g.add_argument("--weights-dir", default=None, metavar="DIR", help="HF checkpoint for a built-in model's weights")
     if for_compile:
         return
+    from fusec.cli.compile import add_quantize_arguments
+
+    add_quantize_arguments(g)
     g.add_argument("--seed", type=int, default=0, help="sampling seed (same seed, same tokens)")
     g.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), default=None, help="storage dtype on the GPU (default bf16)")
     g.add_argument("--arch", metavar="sm_XX", default=None, help="target GPU architecture (default: current GPU, else sm_90)")
@@ -125,6 +128,9 @@ def run(args: argparse.Namespace) -> int:
     from fusec.genmodel import encode_prompts, load_generation_model
 
     _check_options(args)
+    from fusec.cli.compile import quantize_from_args
+
+    quant = quantize_from_args(args)
     prompts = _prompts(args)
     sampling = sampling_from_args(args)
     if args.model.endswith(".fplan"):
@@ -152,13 +158,16 @@ def run(args: argparse.Namespace) -> int:
         from fusec.generation import ReferenceEngine
         from fusec.genmodel import build_graphs
 
-        engine = ReferenceEngine(build_graphs(gm, batch, t_max, s_len, sampling), optimize=True)
+        from fusec.passes.base import PassOptions
+
+        engine = ReferenceEngine(build_graphs(gm, batch, t_max, s_len, sampling), optimize=True,
+                                 options=PassOptions(**quant) if quant else None)
         return _generate(args, engine, ids, gm.tokenizer, gm.config.vocab_size)
     from fusec.genmodel import compile_generation
     from fusec.runtime.generation import PlanEngine
 
     plan = compile_generation(gm, batch=batch, max_seq_len=t_max, prefill_len=s_len, sampling=sampling,
-                              dtype=args.dtype or "bf16", arch=arch)
+                              dtype=args.dtype or "bf16", arch=arch, **quant)
     return _generate(args, PlanEngine(plan), ids, gm.tokenizer, gm.config.vocab_size)
 
 
