@@ -122,9 +122,7 @@ def compile_generation(model: str | os.PathLike[str] | GenModel, *, batch: int =
     """A generation plan (entries "prefill" and "decode"); see the module docstring. ``quantize``
     (int8/int4, ``fusec.compiler.quantize_options``): fusec's own weight quantization of the
     products whose weights are not packed already (a GGUF file's stay as the file has them)."""
-    from fusec.compiler import quantize_options
-
-    from fusec.compiler import compile_entries
+    from fusec.compiler import compile_entries, quantize_options
     from fusec.models.generate import Sampling
 
     gm = model if isinstance(model, GenModel) else load_generation_model(model, weights_dir)

@@ -124,24 +124,36 @@ def repack(data: np.ndarray, type_name: str, n: int, k: int, what: str) -> QWeig
     return QWeight(fmt_name, n, k, fmt.group, tuple(np.ascontiguousarray(a) for a in arrays))
 
 
+def _k_scales_bytes(sc: np.ndarray, mn: np.ndarray) -> np.ndarray:
+    """(sc [nb, 8], m [nb, 8]) 6-bit values -> Q4_K/Q5_K's 12 bytes (the inverse of _k_scale_min)."""
+    lo = (sc[:, :4] | ((sc[:, 4:] >> 4) << 6)).astype(np.uint8)
+    mid = (mn[:, :4] | ((mn[:, 4:] >> 4) << 6)).astype(np.uint8)
+    hi = ((sc[:, 4:] & 0x0F) | ((mn[:, 4:] & 0x0F) << 4)).astype(np.uint8)
+    return np.concatenate([lo, mid, hi], axis=1)
+
+
 def random_blocks(type_name: str, n: int, k: int, rng: np.random.Generator, scale: float = 2e-3) -> np.ndarray:
     """Random valid blocks of a [N, K] ``type_name`` tensor as raw bytes [N, K / block * size]:
-    random codes and sub-scales, small finite fp16 scales (a random fp16 can be inf or NaN)."""
+    random codes and sub-scales, small finite fp16 scales (a random fp16 can be inf or NaN), and
+    mins that center each group on zero (a model of such weights gives varied outputs)."""
     _, block, size = PACKED[type_name]
     nb = n * k // block
     b = rng.integers(0, 256, size=(nb, size), dtype=np.uint8)
 
     def f16(lo: float, hi: float) -> np.ndarray:
-        return rng.uniform(lo, hi, size=(nb, 1)).astype(np.float16).view(np.uint8)
+        return rng.uniform(lo, hi, size=(nb, 1)).astype(np.float16)
 
     if type_name == "Q6_K":
         b[:, 192:208] = rng.integers(-32, 32, size=(nb, 16), dtype=np.int8).view(np.uint8)
-        b[:, 208:210] = f16(scale / 8, scale / 4)
-    elif type_name in ("Q4_K", "Q5_K"):
-        b[:, 0:2] = f16(scale / 16, scale / 8)
-        b[:, 2:4] = f16(scale / 32, scale / 16)
+        b[:, 208:210] = f16(scale / 128, scale / 64).view(np.uint8)
+    elif type_name in ("Q4_K", "Q5_K"):  # d = dmin, m = sc * (max code / 2): mean ~0
+        half = 7.5 if type_name == "Q4_K" else 15.5
+        sc = rng.integers(1, int(63 / half) + 1, size=(nb, 8))
+        b[:, 0:2] = b[:, 2:4] = f16(scale / 16, scale / 8).view(np.uint8)
+        b[:, 4:16] = _k_scales_bytes(sc, np.rint(sc * half).astype(np.int64))
     else:
-        b[:, 0:2] = f16(scale / 2, scale)
-        if type_name in ("Q4_1", "Q5_1"):
-            b[:, 2:4] = f16(-scale * 8, 0.0)
+        d = f16(scale / 2, scale)
+        b[:, 0:2] = d.view(np.uint8)
+        if type_name in ("Q4_1", "Q5_1"):  # min = -d * (max code / 2)
+            b[:, 2:4] = (-d.astype(np.float32) * (7.5 if type_name == "Q4_1" else 15.5)).astype(np.float16).view(np.uint8)
     return b.reshape(n, k // block * size)

@@ -17,10 +17,15 @@ from fusec.ir import Graph, Node, Value
 from fusec.ops import Op
 
 
-def _nodes(graph: Graph) -> Iterator[Node]:
+def _nodes(graph: Graph, outer: dict[Value, Value] | None = None) -> Iterator[Node]:
+    """Every node, fused bodies' too, with inputs that are body inputs replaced by the outer values."""
     for n in graph.nodes:
         if n.op == Op.FUSED:
-            yield from _nodes(n.attrs.body)
+            body = n.attrs.body
+            inner = {b: (outer or {}).get(o, o) for b, o in zip(body.inputs, n.inputs)}
+            yield from _nodes(body, inner)
+        elif outer and any(v in outer for v in n.inputs):
+            yield Node(n.op, [outer.get(v, v) for v in n.inputs], n.outputs, n.attrs, n.name)
         else:
             yield n
 

@@ -17,7 +17,6 @@ from types import ModuleType
 from typing import Any
 
 from fusec.ir import Graph, IRError, print_graph, verify
-from fusec.weight_report import weight_formats
 from fusec.passes import (
     constant_fold,
     cse,
@@ -40,6 +39,7 @@ from fusec.passes import (
     weight_layout,
 )
 from fusec.passes.base import PassOptions
+from fusec.weight_report import weight_formats
 
 PIPELINE: list[ModuleType] = [
     # -- canonicalization: fold, remove no-ops, merge duplicates, drop the dead

@@ -18,6 +18,11 @@ from fusec.passes.pipeline import optimize
 from fusec.quant_gguf import random_blocks, repack
 
 
+def _count(g, op) -> int:
+    """Nodes of ``op``, inside fused bodies too."""
+    return sum(_count(n.attrs.body, op) if n.op == Op.FUSED else n.op == op for n in g.nodes)
+
+
 def _inputs(g):
     rng = np.random.default_rng(0)
     return {v.name: (np.ones(v.shape, np.int64) if v.name == "attention_mask" else rng.integers(0, 100, v.shape))
@@ -34,8 +39,8 @@ def test_quantize_llama_tiny(method, group, tol):
     rec = q.meta["quantized"]
     assert rec["products"] == 14 and rec["format"] == ("int8" if method == "int8" else "uint4")  # 2 layers x 7
     assert rec["weight_bytes_packed"] < rec["weight_bytes_fp32"] / (3.5 if method == "int8" else 6)
-    assert q.op_histogram()["qmatmul"] == 8  # q/k/v and gate/up merged per layer: 4 a layer
-    assert q.op_histogram()["matmul"] >= 1  # the LM head stays
+    assert _count(q, Op.QMATMUL) == 8  # q/k/v and gate/up merged per layer: 4 a layer (o/down in fused epilogues)
+    assert _count(q, Op.MATMUL) == 1  # the LM head stays
     heads = [d for d in opts.declines if d[0] == "quantize"]
     assert len(heads) == 1 and "'lm_head.weight' (the LM head) kept" in heads[0][2]
     out = reference.run(q, feeds)["logits"]
@@ -43,7 +48,7 @@ def test_quantize_llama_tiny(method, group, tol):
     assert 0 < err < tol
     # --quantize-head: the LM head is packed too
     q2, _ = optimize(g, PassOptions(quantize=method, quantize_group=group, quantize_head=True))
-    assert q2.meta["quantized"]["products"] == 15 and "matmul" not in q2.op_histogram()
+    assert q2.meta["quantized"]["products"] == 15 and _count(q2, Op.MATMUL) == 0
 
 
 def test_quantize_keeps_unfit_weights_and_bf16_plans_keep_packed_dtypes():
@@ -55,7 +60,7 @@ def test_quantize_keeps_unfit_weights_and_bf16_plans_keep_packed_dtypes():
     expected = cfg.num_layers * (6 + (cfg.intermediate_size % 128 != 0))
     assert sum("is not a multiple of the int4 group 128" in r for r in reasons) == expected
     q, _ = optimize(g, PassOptions(quantize="int8", storage_dtype="bf16"))
-    for n in q.nodes:
+    for n in [m for f in q.nodes for m in (f.attrs.body.nodes if f.op == Op.FUSED else [f])]:
         if n.op == Op.QMATMUL:
             assert n.inputs[0].dtype == DType.BF16 and n.outputs[0].dtype == DType.BF16
             assert [v.dtype for v in n.inputs[1:]] == [DType.I8, DType.F16]
@@ -81,3 +86,19 @@ def test_merge_gemms_stacks_packed_weights_of_one_format():
     got = reference.run(q, feeds)
     for name in ref:
         np.testing.assert_allclose(got[name], ref[name], rtol=1e-6, atol=1e-6)
+
+
+def test_weight_report_counts_packed_tensors_in_fused_bodies_too():
+    from fusec.weight_report import weight_formats
+
+    g = load_graph("llama-tiny", None)
+    q, _ = optimize(g, PassOptions(quantize="int4", quantize_group=32))
+    rep = weight_formats(q)
+    packed = rep["by_format"]["uint4"]
+    assert packed["tensors"] == 8 and packed["bytes"] == q.meta["quantized"]["weight_bytes_packed"]
+    assert all(t["bits_per_weight"] == pytest.approx(4.75) for t in rep["tensors"] if t["format"] == "uint4")
+    table = next(t for t in rep["tensors"] if t.get("embedding"))
+    # a step reads every weight once, and of the embedding table only the rows gathered
+    consts = {id(c): c.nbytes for c in q.constants}
+    consts.update({id(c): c.nbytes for n in q.nodes if n.op == Op.FUSED for c in n.attrs.body.constants})
+    assert rep["step_bytes"] == sum(consts.values()) - table["bytes"] + 16 * table["bytes"] // table["shape"][0]

@@ -127,7 +127,7 @@ def test_repack_bad_input_is_one_line():
 def test_operand_layout_is_16_byte_friendly():
     """Every packed operand's rows start 16-byte aligned when K is a multiple of 256 (codes rows
     are K/2 bytes: one 16-byte load per 32 weights), and bits per weight are what the format costs."""
-    for name, fmt in FORMATS.items():
+    for fmt in FORMATS.values():
         group = fmt.group or 128
         for role, shape, dt in operand_types(fmt, 8, 4096, group):
             if role == "codes":

@@ -157,7 +157,6 @@ def run(args: argparse.Namespace) -> int:
         note(f"{toolchain.gpu_missing_reason(with_fix=False) or 'no GPU found'}: running the numpy reference backend")
         from fusec.generation import ReferenceEngine
         from fusec.genmodel import build_graphs
-
         from fusec.passes.base import PassOptions
 
         engine = ReferenceEngine(build_graphs(gm, batch, t_max, s_len, sampling), optimize=True,
