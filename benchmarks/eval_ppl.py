@@ -10,7 +10,8 @@ first ``--tokens`` tokens:
 - MODEL a GGUF file: its weights kept packed (``load_gguf``, what fusec compiles by default) against
   the same file dequantized at load (``packed=False``, what fusec did before);
 - otherwise (a built-in name, an HF checkpoint directory, an ONNX file) or with ``--quantize``: the
-  model quantized by fusec (``--quantize``) against the unquantized model.
+  model quantized by fusec (``--quantize``) against the unquantized model (a GGUF file: its weights
+  dequantized at load, then quantized by fusec).
 
 Reported: each perplexity (exp of the mean negative log-likelihood of every next token), their
 ratio, and the max / mean absolute difference of the logits. ``--chat PROMPT`` also generates a
@@ -59,13 +60,15 @@ def _graphs(model: str, n: int, args: argparse.Namespace) -> tuple[Any, Any, dic
         return build_gguf(model, shapes), build_gguf(model, shapes, packed=False), {}, {}, tok
     from fusec.loader import load_graph
 
-    g = load_graph(model, shapes)
     tok = None
-    if model.lower().endswith(".gguf"):
-        from fusec.models.gguf import load_gguf
+    if model.lower().endswith(".gguf"):  # fusec's quantizer over the file's weights dequantized
+        from fusec.models.gguf import build_gguf, load_gguf
 
+        g = build_gguf(model, shapes, packed=False)
         tok = load_gguf(model).tokenizer
-    elif os.path.isdir(model):
+        return g, g, q, {}, tok
+    g = load_graph(model, shapes)
+    if os.path.isdir(model):
         from fusec.text import Tokenizer
 
         tok = Tokenizer.from_hf_dir(Path(model))
@@ -95,7 +98,7 @@ def _chat(model: str, prompt: str, args: argparse.Namespace) -> str:
     from fusec.models.generate import Sampling
     from fusec.passes.base import PassOptions
 
-    gm = load_generation_model(model)
+    gm = load_generation_model(model, packed=not args.quantize)  # --quantize: fusec quantizes the dequantized file
     ids = encode_prompts(gm.tokenizer, [prompt], chat=True)
     q = {"quantize": args.quantize, "quantize_group": args.quantize_group} if args.quantize else {}
     t = len(ids[0]) + 24
@@ -139,7 +142,7 @@ def main() -> int:
     diff = np.abs(la.astype(np.float64) - lb)
     side = f"--quantize {args.quantize}" + (f" (group {args.quantize_group})" if args.quantize == "int4" else "") \
         if args.quantize else "GGUF packed"
-    base = "unquantized" if args.quantize or not args.model.lower().endswith(".gguf") else "GGUF dequantized at load"
+    base = "GGUF dequantized at load" if args.model.lower().endswith(".gguf") else "unquantized"
     rec: dict[str, Any] = {"model": os.path.basename(args.model), "text": source, "backend": args.backend,
                            "dtype": args.dtype if args.backend == "cuda" else "fp32", "a": side, "b": base,
                            "ppl_a": perplexity(la, ids), "ppl_b": perplexity(lb, ids),

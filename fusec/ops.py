@@ -21,7 +21,7 @@ from fusec.dtypes import DType
 from fusec.ops_attrs import (PAD_MODES, ArgAttrs, AttentionAttrs, AxisAttrs, BitShiftAttrs, CacheWriteAttrs,  # noqa: F401
                              CastAttrs, CumSumAttrs, FusedAttrs, GatherNDAttrs, GeluAttrs, IsInfAttrs,
                              KVAttentionAttrs, LayerNormAttrs, MatMulAttrs, ModAttrs, NoAttrs, PadAttrs, PermAttrs,
-                             QMatMulAttrs, ReduceAttrs, RMSNormAttrs, RopeAttrs, SampleAttrs, ShapeAttrs, SliceAttrs,
+                             QGatherAttrs, QMatMulAttrs, ReduceAttrs, RMSNormAttrs, RopeAttrs, SampleAttrs, ShapeAttrs, SliceAttrs,
                              TileAttrs, TopKAttrs, TriluAttrs)
 from fusec.ops_infer import Shape, TensorType  # noqa: F401
 
@@ -110,6 +110,8 @@ class Op(enum.Enum):
     CONCAT = "concat"
     SLICE = "slice"
     GATHER = "gather"
+    # rows of a packed table (a GGUF embedding), dequantized (fusec/quant.py)
+    QGATHER = "qgather"
     GATHER_ELEMENTS = "gather_elements"
     GATHER_ND = "gather_nd"
     SCATTER_ND = "scatter_nd"
@@ -205,6 +207,8 @@ OP_INFO: dict[Op, OpInfo] = {
     Op.CONCAT: OpInfo(_I, AxisAttrs, I._concat, (1, -1)),
     Op.SLICE: OpInfo(_I, SliceAttrs, I._slice, (1, 1)),
     Op.GATHER: OpInfo(_I, AxisAttrs, I._gather, (2, 2)),
+    # (ids, codes[, high], scale...): opaque, one kernel of its own (no fusion reads it through an index)
+    Op.QGATHER: OpInfo(_O, QGatherAttrs, I._qgather, (3, 7)),
     Op.GATHER_ELEMENTS: OpInfo(_I, AxisAttrs, I._gather_elements, (2, 2)),
     Op.GATHER_ND: OpInfo(_I, GatherNDAttrs, I._gather_nd, (2, 2)),
     Op.SCATTER_ND: OpInfo(_O, NoAttrs, I._scatter_nd, (3, 3)),

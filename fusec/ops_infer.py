@@ -14,7 +14,7 @@ import numpy as np
 from fusec.dtypes import DType
 from fusec.ops_attrs import (ArgAttrs, AttentionAttrs, AxisAttrs, CacheWriteAttrs, CastAttrs, CumSumAttrs,
                              FusedAttrs, GatherNDAttrs, KVAttentionAttrs, LayerNormAttrs, MatMulAttrs, PadAttrs,
-                             PermAttrs, QMatMulAttrs, ReduceAttrs, RMSNormAttrs, RopeAttrs, SampleAttrs, ShapeAttrs,
+                             PermAttrs, QGatherAttrs, QMatMulAttrs, ReduceAttrs, RMSNormAttrs, RopeAttrs, SampleAttrs, ShapeAttrs,
                              SliceAttrs, TileAttrs, TopKAttrs, TriluAttrs)
 
 Shape = tuple[int, ...]
@@ -160,6 +160,16 @@ def _qmatmul(a: QMatMulAttrs, t: Sequence[TensorType]) -> list[TensorType]:
         raise ValueError(f"qmatmul: x {list(sx)} must end in K={a.k}")
     check_operands(get_format(a.format), a.n, a.k, a.group, packed)
     return [(tuple(sx[:-1]) + (a.n,), dx)]
+
+
+def _qgather(a: QGatherAttrs, t: Sequence[TensorType]) -> list[TensorType]:
+    from fusec.quant import check_operands, get_format
+
+    (si, di), packed = t[0], t[1:]
+    if di not in (DType.I32, DType.I64):
+        raise ValueError(f"qgather ids must be int32/int64, got {di.value}")
+    check_operands(get_format(a.format), a.n, a.k, a.group, packed)
+    return [(tuple(si) + (a.k,), a.out_dtype)]
 
 
 def _reshape(a: ShapeAttrs, t: Sequence[TensorType]) -> list[TensorType]:

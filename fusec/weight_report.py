@@ -54,6 +54,16 @@ def weight_formats(graph: Graph) -> dict[str, Any]:
             seen.add(w)
             tensors.append({"name": w.name, "format": w.dtype.value, "shape": list(w.shape), "bytes": w.nbytes,
                             "bits_per_weight": 8 * w.dtype.itemsize})
+        elif n.op == Op.QGATHER and all(v.is_const for v in n.inputs[1:]):
+            ops, a = n.inputs[1:], n.attrs
+            b = sum(v.nbytes for v in ops)
+            for v in ops:  # each packed operand: the rows gathered
+                gathered[v] = gathered.get(v, 0) + n.inputs[0].numel * (v.nbytes // a.n)
+            if ops[0] not in seen:
+                seen.update(ops)
+                tensors.append({"name": _base([v.name for v in ops]), "format": a.format, "group": a.group,
+                                "shape": [a.n, a.k], "bytes": b, "bits_per_weight": round(8 * b / (a.n * a.k), 3),
+                                "embedding": True})
         elif n.op == Op.GATHER and n.attrs.axis == 0 and n.inputs[0].is_const and len(n.inputs[0].shape) == 2:
             t, ids = n.inputs
             row = t.nbytes // max(1, t.shape[0])

@@ -42,7 +42,7 @@ from fusec.errors import InputError, ModelError
 from fusec.ir import Graph, Value
 from fusec.ops import Op
 
-from .layers import Blocks, causal_padding_mask, eager_attention, embedding, linear, rms_norm
+from .layers import Blocks, Embedding, causal_padding_mask, eager_attention, linear, rms_norm
 from .llama import decoder_layer
 from .registry import ModelConfig
 
@@ -155,7 +155,7 @@ def _build(cfg: ModelConfig, weights: object, shape: GenerationShape, sampling: 
     st = _State(m, cfg, shape)
     bsz, t_max, d, hd, eps = shape.batch, shape.max_seq_len, cfg.hidden_size, cfg.head_dim, cfg.norm_eps
     seq = shape.prefill_len if prefill else 1
-    table = m.param("embed_tokens.weight", (cfg.vocab_size, d))
+    table = Embedding(m, "embed_tokens.weight", (cfg.vocab_size, d))
     cos_t, sin_t = _rope_table(cfg, t_max)
     i64 = DType.I64
 
@@ -177,7 +177,7 @@ def _build(cfg: ModelConfig, weights: object, shape: GenerationShape, sampling: 
                    shape=(bsz, 1, 1, hd))
         write_at = st.pos
 
-    x = embedding(m, table, ids)
+    x = table.lookup(ids)
     new_caches: list[tuple[Value, Value]] = []
 
     def attend(i: int, q: Value, k: Value, v: Value) -> Value:
@@ -203,7 +203,7 @@ def _build(cfg: ModelConfig, weights: object, shape: GenerationShape, sampling: 
         counter = m.op(Op.ADD, st.pos, m.scalar(1, i64))
     x = rms_norm(m, x, "norm", d, eps)
     if cfg.tie_word_embeddings:
-        logits = m.op(Op.MATMUL, x, m.op(Op.TRANSPOSE, table, perm=(1, 0)))
+        logits = table.project(x)
     else:
         logits = linear(m, x, "lm_head", d, cfg.vocab_size, bias=False)
     return finish_step(m, st, logits, counter, new_caches, shape, sampling, eos_ids, prefill)

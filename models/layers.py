@@ -84,6 +84,34 @@ def embedding(m: Blocks, table: Value, ids: Value) -> Value:
     return m.op(Op.GATHER, table, ids, axis=0)
 
 
+class Embedding:
+    """A decoder's token embedding table [V, D], read by the lookup and (tied) by the LM head: the
+    fp32 table (GATHER; MATMUL with its transpose), or, when the source keeps it packed (a GGUF
+    file's token_embd), its packed form (QGATHER; QMATMUL), stored once for both readers."""
+
+    def __init__(self, m: Blocks, name: str, shape: tuple[int, int]):
+        self.m = m
+        getter = getattr(m.weights, "get_packed", None)
+        self.qw = getter(name, shape) if getter is not None else None
+        if self.qw is None:
+            self.table = m.param(name, shape)
+        else:
+            self.packed = [m.b.const(a, name=f"{name}.{r}") for r, a in zip(self.qw.roles, self.qw.arrays)]
+
+    def lookup(self, ids: Value) -> Value:
+        if self.qw is None:
+            return embedding(self.m, self.table, ids)
+        q = self.qw
+        return self.m.op(Op.QGATHER, ids, *self.packed, format=q.format, n=q.n, k=q.k, group=q.group)
+
+    def project(self, x: Value) -> Value:
+        """x @ table^T (a tied LM head)."""
+        if self.qw is None:
+            return self.m.op(Op.MATMUL, x, self.m.op(Op.TRANSPOSE, self.table, perm=(1, 0)))
+        q = self.qw
+        return self.m.op(Op.QMATMUL, x, *self.packed, format=q.format, n=q.n, k=q.k, group=q.group)
+
+
 def positions(m: Blocks, seq: int) -> Value:
     """Static position ids 0..S-1 as [1, S] (HF: arange(S).unsqueeze(0), no KV cache)."""
     return m.b.const(np.arange(seq, dtype=np.int64)[None, :], name="position_ids")

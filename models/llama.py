@@ -14,11 +14,11 @@ from fusec.ops import Op
 
 from .layers import (
     Blocks,
+    Embedding,
     activation,
     apply_rope,
     causal_padding_mask,
     eager_attention,
-    embedding,
     linear,
     rms_norm,
     rope_tables,
@@ -62,8 +62,8 @@ def build_llama(cfg: ModelConfig, batch: int, seq: int, weights: WeightSource) -
     ids = m.b.input("input_ids", (batch, seq), DType.I64)
     mask_in = m.b.input("attention_mask", (batch, seq), DType.I64)
 
-    table = m.param("embed_tokens.weight", (cfg.vocab_size, d))
-    x = embedding(m, table, ids)
+    table = Embedding(m, "embed_tokens.weight", (cfg.vocab_size, d))
+    x = table.lookup(ids)
     mask = causal_padding_mask(m, mask_in)
     cos, sin = rope_tables(m, seq, hd, cfg.rope_theta)
 
@@ -73,7 +73,7 @@ def build_llama(cfg: ModelConfig, batch: int, seq: int, weights: WeightSource) -
 
     x = rms_norm(m, x, "norm", d, eps)
     if cfg.tie_word_embeddings:
-        logits = m.op(Op.MATMUL, x, m.op(Op.TRANSPOSE, table, perm=(1, 0)))
+        logits = table.project(x)
     else:
         logits = linear(m, x, "lm_head", d, cfg.vocab_size, bias=False)
     return m.finish(logits, "logits")

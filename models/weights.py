@@ -68,17 +68,20 @@ class RandomPackedWeights(RandomWeights):
 
 
 def q4_k_m_types(num_layers: int, vocab_lm_head: bool = True) -> object:
-    """The tensor types llama.cpp's Q4_K_M gives a llama (``llama_tensor_get_type``): Q4_K, except
-    Q6_K for the LM head and for attn_v / ffn_down in the first and last eighth of the layers and
-    every third layer between. ``vocab_lm_head``: the LM head is packed too (untied)."""
+    """The tensor types llama.cpp's Q4_K_M gives a llama (``llama_tensor_get_type``): Q4_K (the
+    embedding table too), except Q6_K for the LM head and for attn_v / ffn_down in the first and last
+    eighth of the layers and every third layer between. ``vocab_lm_head``: the LM head is packed
+    too (untied)."""
     def use_more_bits(i: int) -> bool:
         return i < num_layers // 8 or i >= 7 * num_layers // 8 or (i - num_layers // 8) % 3 == 2
 
     def types(name: str) -> str | None:
         if name == "lm_head.weight":
             return "Q6_K" if vocab_lm_head else None
+        if name == "embed_tokens.weight":
+            return "Q4_K"
         if not name.startswith("layers.") or not name.endswith("_proj.weight"):
-            return None  # embeddings, norms: not projections
+            return None  # norms
         layer = int(name.split(".")[1])
         if name.endswith(("v_proj.weight", "down_proj.weight")) and use_more_bits(layer):
             return "Q6_K"

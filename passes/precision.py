@@ -30,7 +30,7 @@ import numpy as np
 from fusec.bulk import cast_clipped
 from fusec.dtypes import DType
 from fusec.ir import Graph, Node, Value
-from fusec.ops import CastAttrs, Op, infer
+from fusec.ops import CastAttrs, Op, QGatherAttrs, infer
 from fusec.passes.base import PassOptions, PassResult
 
 NAME = "precision"
@@ -137,6 +137,8 @@ def run(graph: Graph, options: PassOptions) -> PassResult:
             continue
         if isinstance(attrs, CastAttrs) and attrs.to == DType.F32:
             attrs = dataclasses.replace(attrs, to=target)
+        if isinstance(attrs, QGatherAttrs) and attrs.out_dtype == DType.F32:  # rows of a packed table: stored too
+            attrs = dataclasses.replace(attrs, out_dtype=target)
         ins = [narrow(v) if v in wide32 else mapping[v] for v in n.inputs]
         types = infer(n.op, attrs, [(v.shape, v.dtype) for v in ins])
         outs = [Value(o.name, shape, dt) for o, (shape, dt) in zip(n.outputs, types)]

@@ -368,3 +368,20 @@ def test_smollm2_logits_match_transformers() -> None:
     scale = float(np.abs(want).max())
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * scale)
     assert np.array_equal(got[0, -1].argsort()[-5:], want[0, -1].argsort()[-5:])
+
+
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_K])
+def test_packed_plan_weights_stay_near_the_files_tensor_bytes(tmp_path: Path, qtype: Any) -> None:
+    """Projections, the LM head and the embedding table stay packed: the compiled graph's weights (a
+    bf16 plan: norms in bf16) are within 10% of the file's tensor bytes."""
+    from fusec.compiler import stage
+    from fusec.models.gguf_file import _open
+
+    path = write_gguf(tmp_path / "m.gguf", qtype)
+    file_bytes = sum(t.n_bytes for t in _open(path).tensors)
+    st = stage(build_gguf(path), "bf16", "sm_90", dry_run=True)
+    consts = {id(c): c.nbytes for c in st.graph.constants}
+    consts.update({id(c): c.nbytes for n in st.graph.nodes if n.op.value == "fused" for c in n.attrs.body.constants})
+    weights = sum(consts.values())
+    assert weights <= 1.1 * file_bytes, (weights, file_bytes)
+    assert st.report["weights"]["by_format"][qtype.name.lower()]["tensors"] >= 1 + 4 * LAYERS

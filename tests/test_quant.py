@@ -158,3 +158,21 @@ def test_rtn_quantizer_error_is_bounded(method, group):
     bad[0, 0] = np.nan
     with pytest.raises(ValueError, match="NaN or infinite"):
         quantize_weight(bad, method, group or 128)
+
+
+def test_qgather_reads_dequantized_rows():
+    from fusec.errors import InputError
+
+    rng = np.random.default_rng(7)
+    qw = repack(random_blocks("Q6_K", 40, 256, rng), "Q6_K", 40, 256, "emb")
+    b = GraphBuilder("g")
+    ids = b.input("ids", (2, 3), DType.I64)
+    cs = [b.const(a, name=f"emb.{r}") for r, a in zip(qw.roles, qw.arrays)]
+    b.output(b.emit(Op.QGATHER, ids, *cs, format="q6_k", n=40, k=256, group=16), "x")
+    g = b.build()
+    verify(g)
+    feeds = np.array([[0, 39, -1], [5, 5, -40]])
+    got = reference.run(g, {"ids": feeds})["x"]
+    np.testing.assert_array_equal(got, qw.dequantize()[feeds])  # negative ids count from the end
+    with pytest.raises(InputError, match=r"qgather: index out of range \[-40, 40\)"):
+        reference.run(g, {"ids": np.array([[0, 40, 1], [0, 0, 0]])})

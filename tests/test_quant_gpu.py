@@ -82,6 +82,20 @@ def test_dequantize_kernel_matches_reference(fmt):
     assert len(packed_params(fmt)) == len(qw.arrays)
 
 
+@pytest.mark.parametrize("fmt", ["q4_k", "q8_0", "q5_1"])
+def test_gather_kernel_matches_reference(fmt):
+    n, k = 300, 512
+    qw = sample_weight(fmt, n, k, RNG)
+    ids = np.array([0, 299, -1, 17, 300, -301, 17], np.int64)  # the last-but-two ids are out of range: NaN rows
+    out = poisoned((len(ids), k), BF16)
+    _run(QDequantSpec(n, k, fmt, qw.group, BF16, qw.scale_dtype, ids=len(ids)), [dev(ids), *[dev(a) for a in qw.arrays], out])
+    got = host(out, BF16).astype(np.float32)
+    ok = [0, 1, 2, 3, 6]
+    want = qw.dequantize()[ids[ok]].astype(BF16.np).astype(np.float32)
+    np.testing.assert_allclose(got[ok], want, rtol=1e-2, atol=1e-3 * np.abs(want).max())
+    assert np.isnan(got[[4, 5]]).all()
+
+
 @pytest.mark.parametrize("m", [4, 40])
 def test_plan_with_a_packed_product_matches_reference(m):
     """M = 4: the GEMV with the epilogue fused; M = 40: dequantize into scratch + cuBLAS + epilogue."""

@@ -116,6 +116,11 @@ def test_quantized_kernels_compile(fmt):
     K.build(QDequantSpec(77, 512, fmt, group, DType.F16, DType.F16, row0=16, rows=40), "sm_80")
 
 
+def test_gather_kernel_compiles():
+    for arch, dt in (("sm_80", DType.BF16), ("sm_90", DType.F32)):
+        K.build(QDequantSpec(49152, 576, "q8_0", 32, dt, DType.F16, ids=7, id_dtype=DType.I32), arch)
+
+
 @pytest.mark.parametrize("m,rows,dt,arch", [(1, 2, DType.F32, "sm_80"), (16, 1, DType.F16, "sm_90"),
                                             (8, 4, DType.BF16, "sm_80")])
 def test_gemv_variants_compile(m, rows, dt, arch):

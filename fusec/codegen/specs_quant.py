@@ -53,7 +53,9 @@ class QGemvSpec:
 @dataclasses.dataclass(frozen=True)
 class QDequantSpec:
     """Rows [row0, row0 + rows) of W [N, K] packed in ``fmt`` -> a contiguous [rows, K] matrix of
-    ``dtype``. Params: the packed operands (of the whole weight), out."""
+    ``dtype``; with ``ids`` > 0, rows ids[0 .. ids) instead (QGATHER: an embedding lookup; an id
+    outside [-N, N) writes a NaN row, negative ids count from the end). Params: [ids], the packed
+    operands (of the whole weight), out."""
 
     N: int
     K: int
@@ -63,10 +65,14 @@ class QDequantSpec:
     scale_dtype: DType = DType.F16
     row0: int = 0
     rows: int = 0  # 0: all N
+    ids: int = 0  # > 0: gather these many rows by index
+    id_dtype: DType = DType.I64
 
     def __post_init__(self) -> None:
         _pos(("N", self.N), ("K", self.K), ("group", self.group))
         _req(self.dtype in FLOATS, "dequantization writes floats")
         _req(isinstance(self.row0, int) and isinstance(self.rows, int) and 0 <= self.row0
              and 0 <= self.rows and self.row0 + (self.rows or self.N) <= self.N, "rows outside the weight")
+        _req(isinstance(self.ids, int) and self.ids >= 0 and self.id_dtype in (DType.I32, DType.I64),
+             "ids: a count >= 0 of int32/int64 indices")
         _check_format(self.fmt, self.N, self.K, self.group, self.scale_dtype)

@@ -250,6 +250,7 @@ def _fused(ctx: Context, node: Node, label: str) -> None:
 LOWER: dict[Op, Callable[[Context, Node, str], None]] = {
     Op.MATMUL: _matmul,
     Op.QMATMUL: _quant.lower_node,
+    Op.QGATHER: _quant.lower_gather,
     Op.TRANSPOSE: _copy,
     Op.SLICE: _copy,
     Op.EXPAND: _copy,

@@ -21,7 +21,7 @@ from typing import Any
 from fusec.codegen.specs import Epilogue
 from fusec.codegen.specs_quant import QGEMV_MAX_M, QDequantSpec, QGemvSpec
 from fusec.ir import Node, Value
-from fusec.lower import Context, Raw
+from fusec.lower import Context, LoweringError, Raw
 from fusec.quant import FORMATS
 
 SCRATCH_BYTES = 32 << 20  # the prefill's dequantized block of a weight
@@ -81,6 +81,16 @@ def _dequant_gemm(ctx: Context, x: Value, packed: tuple[Value, ...], out: Value,
 def lower_node(ctx: Context, node: Node, label: str) -> None:
     """``LOWER[Op.QMATMUL]``: a plain product (no epilogue)."""
     lower_qmatmul(ctx, node, label)
+
+
+def lower_gather(ctx: Context, node: Node, label: str) -> None:
+    """``LOWER[Op.QGATHER]``: the rows of a packed table, dequantized by the same kernel as the prefill's."""
+    ids, packed, out, a = node.inputs[0], node.inputs[1:], node.outputs[0], node.attrs
+    scale_dtype = packed[2 if FORMATS[a.format].high_planes else 1].dtype
+    if not ctx.aligned(out) or not all(ctx.aligned(p) for p in packed):
+        raise LoweringError(f"{label}: qgather's output and table must be 16-byte aligned (the kernel's vector stores)")
+    spec = QDequantSpec(a.n, a.k, a.format, a.group, out.dtype, scale_dtype, ids=ids.numel, id_dtype=ids.dtype)
+    ctx.kernel(spec, [ids, *packed, out], f"{label} qgather")
 
 
 def lower_fused(ctx: Context, node: Node, mm: Node, outer: dict[Value, Value], label: str) -> bool:
