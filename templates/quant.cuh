@@ -60,6 +60,19 @@ __device__ __forceinline__ void qb_load(const QbPtrs& p, long long n, int c, QbC
   }
 }
 
+// A chunk that dequantizes to zeros (rows past N, chunks past K: nothing is read).
+__device__ __forceinline__ void qb_zero(QbChunk& ch) {
+  ch.q0 = make_uint4(0u, 0u, 0u, 0u);
+  ch.q1 = ch.q0;
+  ch.h0 = ch.h1 = 0u;
+#pragma unroll
+  for (int g = 0; g < QB_GPC; ++g) {
+    ch.s[g] = 0.0f;
+    ch.o[g] = 0.0f;
+    ch.zf[g] = 8388608.0f;
+  }
+}
+
 // 2**23 + b exactly, for a byte b: the float whose mantissa holds b (one PRMT), so that
 // (2**23 + b) - (2**23 + z) = b - z is exact.
 __device__ __forceinline__ float qb_f(unsigned int word, int byte) {
