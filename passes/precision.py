@@ -10,6 +10,9 @@ Constants are converted with saturation to the finite range of the storage dtype
 ``finfo(float32).min`` as a mask value, which fp16 would turn into -inf, and a fully masked row
 would then produce NaN (-inf - -inf) that spreads through the next layer.
 
+Packed quantized weights (the operands of ``qmatmul``/``qgather`` after the first) keep their
+dtypes: their scales are part of the format (an fp32 scale of an ONNX MatMulNBits stays exact).
+
 One computation stays in fp32: rotary angles computed in the graph (HF's ``position_ids.float() @
 inv_freq``, then ``cos``/``sin``). Positions are integers cast to float; fp16 holds integers exactly
 only up to 2048 and bf16 up to 256, and an angle of thousands of radians stored in half precision
@@ -92,9 +95,11 @@ def run(graph: Graph, options: PassOptions) -> PassResult:
     mapping: dict[Value, Value] = {}
     for v in graph.inputs:
         mapping[v] = Value(v.name, v.shape, retype(v.dtype))
+    # packed weights keep their format's dtypes (fp32 scales of an ONNX MatMulNBits stay exact)
+    packed = {v for n in graph.nodes if n.op in (Op.QMATMUL, Op.QGATHER) for v in n.inputs[1:]}
     consts = []
     for c in graph.constants:
-        nc = _convert_const(c, target) if c.dtype == DType.F32 else c
+        nc = _convert_const(c, target) if c.dtype == DType.F32 and c not in packed else c
         mapping[c] = nc
         consts.append(nc)
     wide = _angle_values(graph)

@@ -18,6 +18,7 @@ from fusec import reference  # noqa: E402
 from fusec.errors import ModelError  # noqa: E402
 from fusec.frontend.onnx_import import import_onnx  # noqa: E402
 from fusec.ops import Op  # noqa: E402
+from fusec.passes.base import PassOptions  # noqa: E402
 from fusec.passes.pipeline import optimize  # noqa: E402
 
 K, N, M = 256, 40, 3
@@ -62,6 +63,9 @@ def _compare(model: onnx.ModelProto, rtol: float = 1e-5) -> object:
     np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * np.abs(want).max())
     opt, _ = optimize(g)  # constant folding leaves it packed
     assert Op.QMATMUL in [n.op for n in opt.nodes]
+    half, _ = optimize(g, PassOptions(storage_dtype="bf16"), verify_each=True)  # the packed dtypes stay the file's
+    q = next(n for n in half.nodes if n.op == Op.QMATMUL)
+    assert [v.dtype for v in q.inputs[1:]] == [v.dtype for v in g.nodes[0].inputs[1:]] and q.inputs[0].dtype.value == "bf16"
     return g
 
 
