@@ -78,31 +78,32 @@ def _bf16(shape: tuple[int, ...]):  # noqa: ANN202
 def bench_kernels(results: list, quick: bool, copy: float) -> None:
     import cupy as cp
 
+    from fusec.runtime.cublas import GemmCall, Handle
+
     rng = np.random.default_rng(0)
+    h = Handle()
     models = ["llama-1b"] if quick else list(SHAPES)
+    formats = [(f, lab) for f, lab in FORMATS if not quick or f in ("q4_k", "q8_0")]
     for model in models:
         for name, n, k in SHAPES[model]:
+            nb = n * k * 2
+            ws = [_bf16((n, k)) for _ in range(max(1, min(8, -(-L2_ROTATE // nb))))]
+            packed = {}  # format -> (weight, device copies rotated past L2); made once for every M
+            for fmt, _ in formats:
+                qw = _weight(fmt, n, k, rng)
+                packed[fmt] = (qw, [[cp.asarray(a) for a in qw.arrays] for _ in range(max(1, min(16, -(-L2_ROTATE // qw.nbytes))))])
             for m in ((1,) if quick or model != "llama-1b" else (1, 8)):
                 x = _bf16((m, k))
                 out = cp.empty((m, n), cp.uint16)
                 # bf16 GEMV baseline (fusec's decode GEMV over [N, K] bf16)
-                nb = n * k * 2
-                copies = max(1, min(8, -(-L2_ROTATE // nb)))
-                ws = [_bf16((n, k)) for _ in range(copies)]
-                ck = K.build(S.GemvSpec(m, n, k, BF16)) if m <= 8 else None
-                if ck is not None:
-                    us = graph_time([lambda s, w=w, ck=ck, x=x, out=out: K.launch(ck, [x, w, out], stream=s) for w in ws])
-                    byt = nb + (m * k + m * n) * 2
-                    results.append({"bench": "kernel", "model": model, "shape": name, "N": n, "K": k, "M": m,
-                                    "format": "bf16", "kernel": "gemv", "us": us, "bytes": byt,
-                                    "GBps": byt / us * 1e-3, "pct_copy": 100 * byt / us * 1e6 / copy})
-                del ws
-                for fmt, label in FORMATS:
-                    if quick and fmt not in ("q4_k", "q8_0"):
-                        continue
-                    qw = _weight(fmt, n, k, rng)
-                    copies = max(1, min(16, -(-L2_ROTATE // qw.nbytes)))
-                    sets = [[cp.asarray(a) for a in qw.arrays] for _ in range(copies)]
+                ck = K.build(S.GemvSpec(m, n, k, BF16))
+                us = graph_time([lambda s, w=w, ck=ck, x=x, out=out: K.launch(ck, [x, w, out], stream=s) for w in ws])
+                byt = nb + (m * k + m * n) * 2
+                results.append({"bench": "kernel", "model": model, "shape": name, "N": n, "K": k, "M": m,
+                                "format": "bf16", "kernel": "gemv", "us": us, "bytes": byt,
+                                "GBps": byt / us * 1e-3, "pct_copy": 100 * byt / us * 1e6 / copy})
+                for fmt, label in formats:
+                    qw, sets = packed[fmt]
                     spec = QGemvSpec(m, n, k, qw.format, qw.group, BF16, qw.scale_dtype, rows=2 if m <= 8 else 1)
                     ck = K.build(spec)
                     us = graph_time([lambda s, p=p, ck=ck, x=x, out=out: K.launch(ck, [x, *p, out], stream=s) for p in sets])
@@ -114,9 +115,6 @@ def bench_kernels(results: list, quick: bool, copy: float) -> None:
                     if m > 1 and name != "lm_head":  # the prefill path at the same M, for the crossover
                         dq = K.build(QDequantSpec(n, k, qw.format, qw.group, BF16, qw.scale_dtype))
                         scratch = cp.empty((n, k), cp.uint16)
-                        from fusec.runtime.cublas import GemmCall, Handle
-
-                        h = Handle()
                         call = GemmCall(m=m, n=n, k=k, batch=1, a=x.data.ptr, b=scratch.data.ptr, c=out.data.ptr,
                                         lda=k, ldb=k, ldc=n, stride_a=0, stride_b=0, stride_c=0, trans_a=False,
                                         trans_b=True, dtype="bf16", compute="f32")
@@ -125,13 +123,13 @@ def bench_kernels(results: list, quick: bool, copy: float) -> None:
                             K.launch(dq, [*p, scratch], stream=s)
                             call(h, s.ptr)
 
-                        us = graph_time([lambda s, p=p: dq_gemm(s, p) for p in sets])
+                        us = graph_time([lambda s, p=p, f=dq_gemm: f(s, p) for p in sets])
                         results.append({"bench": "kernel", "model": model, "shape": name, "N": n, "K": k, "M": m,
                                         "format": label, "kernel": "dequant+cublas", "us": us, "bytes": byt,
                                         "GBps": byt / us * 1e-3, "pct_copy": 100 * byt / us * 1e6 / copy})
                         del scratch
-                    del sets
                 print(f"  kernels {model} {name} M={m} done", flush=True)
+            del ws, packed
 
 
 def bench_torch_int4(results: list, quick: bool, copy: float) -> None:

@@ -107,21 +107,19 @@ def repack(data: np.ndarray, type_name: str, n: int, k: int, what: str) -> QWeig
     fmt = FORMATS[fmt_name]
     per_row = k // block
     blocks = raw.reshape(n * per_row, size)
-    q = np.empty((n, k), np.int8 if fmt.signed else np.uint8)
-    fields: list[np.ndarray] | None = None
+    out: list[np.ndarray] | None = None  # the packed operands, filled a slab of rows at a time
     rows = max(1, _SLAB_BLOCKS // per_row)
     for r0 in range(0, n, rows):
         r1 = min(n, r0 + rows)
         codes, got = _decode(type_name, blocks[r0 * per_row:r1 * per_row])
-        q[r0:r1] = codes.reshape(r1 - r0, k)
-        if fields is None:
-            fields = [np.empty((n, per_row * (f.size // f.shape[0])), f.dtype) for f in got]
-        for dst, f in zip(fields, got):
-            dst[r0:r1] = f.reshape(r1 - r0, -1)
-    assert fields is not None
-    # the fields come in the layout's operand order: d[, m] / d, sc, dmin, m (K-quants) / d, sc (Q6_K)
-    arrays = pack_codes(q, fmt.bits) + tuple(fields)
-    return QWeight(fmt_name, n, k, fmt.group, tuple(np.ascontiguousarray(a) for a in arrays))
+        # the fields come in the layout's operand order: d[, m] / d, sc, dmin, m (K-quants) / d, sc (Q6_K)
+        parts = pack_codes(codes.reshape(r1 - r0, k), fmt.bits) + tuple(f.reshape(r1 - r0, -1) for f in got)
+        if out is None:
+            out = [np.empty((n,) + p.shape[1:], p.dtype) for p in parts]
+        for dst, p in zip(out, parts):
+            dst[r0:r1] = p
+    assert out is not None
+    return QWeight(fmt_name, n, k, fmt.group, tuple(out))
 
 
 def _k_scales_bytes(sc: np.ndarray, mn: np.ndarray) -> np.ndarray:

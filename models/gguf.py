@@ -299,6 +299,7 @@ class GGUFWeights:
                       f"load (kept packed: {', '.join(PACKED)})", file=sys.stderr)
             return None
         qw = repack(t.data, qtype.name, shape[0], shape[1], f"GGUF tensor {t.name!r} in {os.fspath(self.path)!r}")
+        t.release()
         if name.endswith("q_proj.weight"):
             qw = qw.rows(_unpermute(np.arange(shape[0]), self.cfg.num_heads))
         elif name.endswith("k_proj.weight"):
@@ -318,6 +319,7 @@ class GGUFWeights:
         arr = np.asarray(arr, dtype=np.float32).reshape(shape)
         if np.shares_memory(arr, t.data):  # F32 comes back as a view of the memory-mapped file
             arr = arr.copy()
+        t.release()
         if name.endswith(("q_proj.weight", "q_proj.bias")):
             arr = _unpermute(arr, self.cfg.num_heads)
         elif name.endswith(("k_proj.weight", "k_proj.bias")):
