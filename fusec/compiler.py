@@ -23,7 +23,8 @@ def compile(model: Any, shapes: Mapping[str, Sequence[int]] | None = None, dtype
             cuda_graph: bool = False, arch: str | None = None, *, disabled_fusions: Sequence[str] = (),
             enabled_fusions: Sequence[str] = (), dump_dir: str | os.PathLike | None = None,
             progress: Callable[[str, str], None] | None = None, fusion_overrides: Mapping[str, bool] | None = None,
-            choices: Mapping[str, str] | None = None, fp32_gemm: str = "3xtf32") -> Plan:
+            choices: Mapping[str, str] | None = None, fp32_gemm: str = "3xtf32", quantize: str | None = None,
+            quantize_group: int = 128, quantize_head: bool = False) -> Plan:
     """Compile ``model`` (an ONNX path, an ``onnx.ModelProto``, a built-in model name or a ``Graph``).
 
     ``dtype``: storage/math of floating-point tensors: fp32, tf32 (fp32 storage, tf32 matrix
@@ -33,6 +34,8 @@ def compile(model: Any, shapes: Mapping[str, Sequence[int]] | None = None, dtype
     rule-based defaults apply. ``fp32_gemm``: how an fp32 plan (sm_80+) runs its products with
     constant weights: "3xtf32" (passes/split_tf32.py, fp32-accurate on tf32 tensor cores) or
     "sgemm" (cuBLAS's exact-fp32 path); other dtypes and older GPUs always take the plain product.
+    ``quantize``: None, "int8" or "int4" (``quantize_group`` 32 or 128): weight-only quantization of
+    the products with constant weights (passes/quantize.py; ``quantize_head``: the LM head too).
     """
     from fusec.loader import load_graph, source_record
 
@@ -42,11 +45,13 @@ def compile(model: Any, shapes: Mapping[str, Sequence[int]] | None = None, dtype
     entries = {"main": graph} if graph is not None else dict(model)
     options = {"disabled_fusions": disabled_fusions, "enabled_fusions": enabled_fusions,
                "fusion_overrides": fusion_overrides, "choices": choices,
-               "fp32_gemm": fp32_gemm if fp32_gemm != "3xtf32" else None}  # recorded when not the default
+               "fp32_gemm": fp32_gemm if fp32_gemm != "3xtf32" else None,  # recorded when not the default
+               **quantize_options(quantize, quantize_group, quantize_head)}
     return compile_entries(entries, dtype=dtype, cuda_graph=cuda_graph, arch=arch,
                            disabled_fusions=disabled_fusions, enabled_fusions=enabled_fusions, dump_dir=dump_dir,
                            progress=progress, fusion_overrides=fusion_overrides, choices=choices, fp32_gemm=fp32_gemm,
-                           source=source_record(model if graph is not None else None, shapes, options))
+                           source=source_record(model if graph is not None else None, shapes, options),
+                           **quantize_options(quantize, quantize_group, quantize_head))
 
 
 @dataclasses.dataclass
@@ -64,7 +69,8 @@ def stage(graph: Any, dtype: str, arch: str, *, disabled_fusions: Sequence[str] 
           dump_dir: str | os.PathLike | None = None, progress: Callable[[str, str], None] | None = None,
           fusion_overrides: Mapping[str, bool] | None = None, choices: Mapping[str, str] | None = None,
           state_layout: Mapping[str, int] | None = None, shared: Any = None, dry_run: bool = False,
-          weights_nk: bool = False, fp32_gemm: str = "3xtf32", sync_base: int = 0) -> Staged:
+          weights_nk: bool = False, fp32_gemm: str = "3xtf32", sync_base: int = 0, quantize: str | None = None,
+          quantize_group: int = 128, quantize_head: bool = False) -> Staged:
     """The one path from a graph to its lowered launch list (every entry point of every plan)."""
     from fusec.ir import verify
     from fusec.lower import lower
@@ -76,7 +82,8 @@ def stage(graph: Any, dtype: str, arch: str, *, disabled_fusions: Sequence[str] 
     opts = PassOptions(storage_dtype=storage, disabled_fusions=frozenset(disabled_fusions),
                        enabled_fusions=frozenset(enabled_fusions), fusion_overrides=dict(fusion_overrides or {}),
                        choices=dict(choices or {}), weights_nk=weights_nk,
-                       fp32_gemm=fp32_gemm_mode(dtype, arch, fp32_gemm))
+                       fp32_gemm=fp32_gemm_mode(dtype, arch, fp32_gemm), quantize=quantize,
+                       quantize_group=quantize_group, quantize_head=quantize_head)
     step = (lambda name, i, n: progress("pass", name)) if progress else None
     g, opts = optimize(graph, opts, dump_dir=dump_dir, progress=step)
     verify(g)  # the optimized graph is well formed (no read of a value after it is overwritten in place)
@@ -88,6 +95,20 @@ def stage(graph: Any, dtype: str, arch: str, *, disabled_fusions: Sequence[str] 
     rep = report(g, opts, mplan)
     rep["lowering"] = low.report
     return Staged(g, mplan, low, rep, opts)
+
+
+def quantize_options(method: str | None, group: int = 128, head: bool = False) -> dict[str, Any]:
+    """The quantize keywords of ``compile``/``stage`` (and a plan's recorded options), checked:
+    {} without ``method``. InputError for an unknown method or int4 group."""
+    from fusec.quantize import INT4_GROUPS, METHODS
+
+    if not method:
+        return {}
+    if method not in METHODS:
+        raise InputError(f"unknown --quantize {method!r} (expected one of {', '.join(METHODS)})")
+    if method == "int4" and group not in INT4_GROUPS:
+        raise InputError(f"--quantize-group must be one of {', '.join(map(str, INT4_GROUPS))}, got {group}")
+    return {"quantize": method, "quantize_group": int(group), "quantize_head": bool(head)}
 
 
 def fp32_gemm_mode(dtype: str, arch: str, requested: str) -> str:

@@ -203,14 +203,18 @@ class ReferenceEngine:
     ``optimize``: run the pass pipeline first (fp32; e.g. the lm_head's weight transpose is then
     cached instead of recomputed every step) — the same numbers, much faster."""
 
-    def __init__(self, graphs: Mapping[str, Any], optimize: bool = False):
+    def __init__(self, graphs: Mapping[str, Any], optimize: bool = False, options: Any = None):
+        """``options``: the ``PassOptions`` to optimize with (e.g. ``quantize``; default fp32)."""
+        import dataclasses
+
         from fusec.ir import verify
 
         self.graphs = dict(graphs)
         if optimize:
             from fusec.passes.pipeline import optimize as run_passes
 
-            self.graphs = {k: run_passes(g)[0] for k, g in self.graphs.items()}
+            fresh = (lambda: dataclasses.replace(options, declines=[], stats={})) if options is not None else (lambda: None)
+            self.graphs = {k: run_passes(g, fresh())[0] for k, g in self.graphs.items()}
         for g in self.graphs.values():
             verify(g)
         self.meta = self.graphs["decode"].meta["generation"]

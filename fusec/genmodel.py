@@ -33,7 +33,8 @@ class GenModel:
 
 
 def load_generation_model(model: str | os.PathLike[str], weights_dir: str | os.PathLike[str] | None = None,
-                          seed: int = 0) -> GenModel:
+                          seed: int = 0, packed: bool = True) -> GenModel:
+    """``packed=False``: a GGUF file's quantized weights are dequantized at load (``load_gguf``)."""
     from fusec.models import registry
     from fusec.models.generate import SharedWeights, check_generation_model
 
@@ -43,7 +44,7 @@ def load_generation_model(model: str | os.PathLike[str], weights_dir: str | os.P
 
         from fusec.models.weights import model_weights
 
-        g = load_gguf(text)
+        g = load_gguf(text, packed=packed)
         return GenModel(g.config, SharedWeights(model_weights(g.config, g.weights)), g.tokenizer, tuple(g.eos_ids),
                         os.path.basename(text))
     if text.lower().endswith(".onnx"):  # a decoder exported with a KV cache (past_key_values.* / present.*)
@@ -98,12 +99,17 @@ def generation_support() -> dict[str, Any]:
     """What ``load_generation_model`` accepts, from the tables that decide it: decoder families
     (HF model_type, GGUF architecture), GGUF tensor types, RoPE scalings, refused kinds."""
     from fusec.models.families import FAMILIES, MOE, MULTIMODAL
-    from fusec.models.gguf import SUPPORTED_TYPES
+    from fusec.models.gguf import supported_types
     from fusec.models.rope import ACCEPTED
+
+    try:
+        gguf_types = list(supported_types())
+    except ImportError:  # the optional gguf package decides what dequantizes
+        gguf_types = ["(install the gguf package to read GGUF files)"]
 
     return {"families": {f.name: {"hf_model_type": list(f.hf_types), "gguf_architecture": f.gguf_arch or "llama"}
                          for f in FAMILIES.values()},
-            "gguf_types": list(SUPPORTED_TYPES), "rope_scaling": list(ACCEPTED),
+            "gguf_types": gguf_types, "rope_scaling": list(ACCEPTED),
             "refused": {"mixture_of_experts": sorted(MOE), "multimodal": sorted(MULTIMODAL)}}
 
 
@@ -140,10 +146,13 @@ def compile_generation(model: str | os.PathLike[str] | GenModel, *, batch: int =
                        prefill_len: int | None = None, dtype: str = "bf16",
                        arch: str | None = None, weights_dir: str | os.PathLike[str] | None = None,
                        eos_ids: Sequence[int] | None = None, cuda_graph: bool = True,
-                       progress: Callable[[str, str], None] | None = None) -> Any:
+                       progress: Callable[[str, str], None] | None = None, quantize: str | None = None,
+                       quantize_group: int = 128, quantize_head: bool = False) -> Any:
     """A generation plan (entries "prefill" and "decode"); see the module docstring. Sampling
-    settings are not compiled in: each generation (each row) gives its own."""
-    from fusec.compiler import compile_entries
+    settings are not compiled in: each generation (each row) gives its own. ``quantize``
+    (int8/int4, ``fusec.compiler.quantize_options``): fusec's own weight quantization of the
+    products whose weights are not packed already (a GGUF file's stay as the file has them)."""
+    from fusec.compiler import compile_entries, quantize_options
 
     gm = model if isinstance(model, GenModel) else load_generation_model(model, weights_dir)
     graphs = build_graphs(gm, batch, max_seq_len, prefill_len, eos_ids)
@@ -159,7 +168,7 @@ def compile_generation(model: str | os.PathLike[str] | GenModel, *, batch: int =
     # layout the decode step's GEMV reads, so the two entries share one copy of every weight
     return compile_entries(graphs, dtype=dtype, cuda_graph=cuda_graph, arch=arch, progress=progress,
                            source={"model": gm.source, "shapes": {}}, extra={"generation": meta}, extra_blobs=blobs,
-                           weights_nk=True)
+                           weights_nk=True, **quantize_options(quantize, quantize_group, quantize_head))
 
 
 def plan_tokenizer(plan: Any) -> Any:

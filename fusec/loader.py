@@ -144,7 +144,7 @@ def source_record(model: object, shapes: Mapping[str, Sequence[int]] | None,
         elif os.path.isfile(text):
             rec = {"model": os.path.basename(text), "kind": "file", "sha256": file_sha256(text)}
     rec["shapes"] = {k: [int(d) for d in v] for k, v in (shapes or {}).items()}
-    opts = {k: (v if isinstance(v, str) else sorted(v) if not isinstance(v, Mapping) else dict(v))
+    opts = {k: (v if isinstance(v, (str, int, float)) else sorted(v) if not isinstance(v, Mapping) else dict(v))
             for k, v in (options or {}).items() if v}
     if opts:
         rec["options"] = opts

@@ -21,8 +21,8 @@ from fusec.dtypes import DType
 from fusec.ops_attrs import (PAD_MODES, ArgAttrs, AttentionAttrs, AxisAttrs, BitShiftAttrs, CacheWriteAttrs,  # noqa: F401
                              CastAttrs, CumSumAttrs, FusedAttrs, GatherNDAttrs, GeluAttrs, IsInfAttrs,
                              KVAttentionAttrs, LayerNormAttrs, MatMulAttrs, ModAttrs, NoAttrs, PadAttrs, PermAttrs,
-                             ReduceAttrs, RMSNormAttrs, RopeAttrs, ShapeAttrs, SliceAttrs, TileAttrs,
-                             TopKAttrs, TriluAttrs)
+                             QGatherAttrs, QMatMulAttrs, ReduceAttrs, RMSNormAttrs, RopeAttrs, ShapeAttrs, SliceAttrs,
+                             TileAttrs, TopKAttrs, TriluAttrs)
 from fusec.ops_infer import Shape, TensorType  # noqa: F401
 
 
@@ -99,6 +99,8 @@ class Op(enum.Enum):
     RMSNORM = "rmsnorm"
     # matrix products
     MATMUL = "matmul"
+    # x [.., K] @ W^T with W [N, K] held packed (weight-only quantization, fusec/quant.py)
+    QMATMUL = "qmatmul"
     # x [.., K] -> [lo(x), hi(x), hi(x)] [.., 3K]: the A operand of a 3xTF32 product (passes/split_tf32.py)
     TF32_SPLIT = "tf32_split"
     # data movement
@@ -108,6 +110,8 @@ class Op(enum.Enum):
     CONCAT = "concat"
     SLICE = "slice"
     GATHER = "gather"
+    # rows of a packed table (a GGUF embedding), dequantized (fusec/quant.py)
+    QGATHER = "qgather"
     GATHER_ELEMENTS = "gather_elements"
     GATHER_ND = "gather_nd"
     SCATTER_ND = "scatter_nd"
@@ -194,6 +198,8 @@ OP_INFO: dict[Op, OpInfo] = {
     Op.LAYERNORM: OpInfo(_R, LayerNormAttrs, I._layernorm, (2, 3)),
     Op.RMSNORM: OpInfo(_R, RMSNormAttrs, I._rmsnorm, (2, 2)),
     Op.MATMUL: OpInfo(_G, MatMulAttrs, I._matmul, (2, 2)),
+    # (x, codes[, high], scale[, sub_scale][, zero][, min | dmin, mins]): fusec/quant.py's layout
+    Op.QMATMUL: OpInfo(_G, QMatMulAttrs, I._qmatmul, (3, 7)),
     Op.TF32_SPLIT: OpInfo(_O, NoAttrs, I._tf32_split, (1, 1)),
     Op.RESHAPE: OpInfo(_I, ShapeAttrs, I._reshape, (1, 1)),
     Op.TRANSPOSE: OpInfo(_I, PermAttrs, I._transpose, (1, 1)),
@@ -201,6 +207,8 @@ OP_INFO: dict[Op, OpInfo] = {
     Op.CONCAT: OpInfo(_I, AxisAttrs, I._concat, (1, -1)),
     Op.SLICE: OpInfo(_I, SliceAttrs, I._slice, (1, 1)),
     Op.GATHER: OpInfo(_I, AxisAttrs, I._gather, (2, 2)),
+    # (ids, codes[, high], scale...): opaque, one kernel of its own (no fusion reads it through an index)
+    Op.QGATHER: OpInfo(_O, QGatherAttrs, I._qgather, (3, 7)),
     Op.GATHER_ELEMENTS: OpInfo(_I, AxisAttrs, I._gather_elements, (2, 2)),
     Op.GATHER_ND: OpInfo(_I, GatherNDAttrs, I._gather_nd, (2, 2)),
     Op.SCATTER_ND: OpInfo(_O, NoAttrs, I._scatter_nd, (3, 3)),

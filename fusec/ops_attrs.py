@@ -37,6 +37,45 @@ class MatMulAttrs:
 
 
 @dataclasses.dataclass(frozen=True)
+class QMatMulAttrs:
+    """QMATMUL: x[.., K] @ W^T -> [.., N] with W [N, K] held packed in ``format`` (``fusec.quant``:
+    the operands after x, their layout and the exact dequantization); ``group`` weights share one
+    scale (the format's own for the GGUF formats). The product accumulates in fp32; the result has
+    x's dtype."""
+
+    format: str
+    n: int
+    k: int
+    group: int
+
+    def __post_init__(self) -> None:
+        from fusec.quant import check_layout, get_format
+
+        check_layout(get_format(self.format), self.n, self.k, self.group)
+
+
+@dataclasses.dataclass(frozen=True)
+class QGatherAttrs:
+    """QGATHER: rows ``ids`` of a packed table W [N, K] (``fusec.quant``; a GGUF file's embedding
+    table), dequantized: out[..., :] = W[ids[...], :] as ``out_dtype`` (fp32 when imported; the
+    precision pass retypes it to the storage dtype). Ids count from the end when negative; one outside
+    [-N, N) is an error (the reference) or a NaN row (the kernel), as GATHER's."""
+
+    format: str
+    n: int
+    k: int
+    group: int
+    out_dtype: DType = DType.F32
+
+    def __post_init__(self) -> None:
+        from fusec.quant import check_layout, get_format
+
+        check_layout(get_format(self.format), self.n, self.k, self.group)
+        if not self.out_dtype.is_float:
+            raise ValueError(f"qgather writes floats, got {self.out_dtype.value}")
+
+
+@dataclasses.dataclass(frozen=True)
 class CastAttrs:
     to: DType
 

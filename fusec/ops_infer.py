@@ -14,8 +14,8 @@ import numpy as np
 from fusec.dtypes import DType
 from fusec.ops_attrs import (ArgAttrs, AttentionAttrs, AxisAttrs, CacheWriteAttrs, CastAttrs, CumSumAttrs,
                              FusedAttrs, GatherNDAttrs, KVAttentionAttrs, LayerNormAttrs, MatMulAttrs, PadAttrs,
-                             PermAttrs, ReduceAttrs, RMSNormAttrs, RopeAttrs, ShapeAttrs, SliceAttrs,
-                             TileAttrs, TopKAttrs, TriluAttrs)
+                             PermAttrs, QGatherAttrs, QMatMulAttrs, ReduceAttrs, RMSNormAttrs, RopeAttrs, ShapeAttrs,
+                             SliceAttrs, TileAttrs, TopKAttrs, TriluAttrs)
 
 Shape = tuple[int, ...]
 TensorType = tuple[Shape, DType]
@@ -149,6 +149,27 @@ def _matmul(a: MatMulAttrs, t: Sequence[TensorType]) -> list[TensorType]:
     if len(sb) == 1:
         out = out[:-1]
     return [(out, dt)]
+
+
+def _qmatmul(a: QMatMulAttrs, t: Sequence[TensorType]) -> list[TensorType]:
+    from fusec.quant import check_operands, get_format
+
+    (sx, dx), packed = t[0], t[1:]
+    _float_only([t[0]], "qmatmul")
+    if len(sx) < 1 or sx[-1] != a.k:
+        raise ValueError(f"qmatmul: x {list(sx)} must end in K={a.k}")
+    check_operands(get_format(a.format), a.n, a.k, a.group, packed)
+    return [(tuple(sx[:-1]) + (a.n,), dx)]
+
+
+def _qgather(a: QGatherAttrs, t: Sequence[TensorType]) -> list[TensorType]:
+    from fusec.quant import check_operands, get_format
+
+    (si, di), packed = t[0], t[1:]
+    if di not in (DType.I32, DType.I64):
+        raise ValueError(f"qgather ids must be int32/int64, got {di.value}")
+    check_operands(get_format(a.format), a.n, a.k, a.group, packed)
+    return [(tuple(si) + (a.k,), a.out_dtype)]
 
 
 def _reshape(a: ShapeAttrs, t: Sequence[TensorType]) -> list[TensorType]:

@@ -109,7 +109,7 @@ def render() -> str:
 
     from fusec.compiler import DTYPES as PLAN_DTYPES
     from fusec.dtypes import DType
-    from fusec.frontend.onnx_ctx import HANDLERS
+    from fusec.frontend.onnx_ctx import DOMAIN_HANDLERS, HANDLERS
     from fusec.frontend.onnx_import import MIN_OPSET
     from fusec.frontend.onnx_load import ONNX_TO_DTYPE
     from fusec.ops import OP_INFO
@@ -129,7 +129,8 @@ def render() -> str:
         "## ONNX import",
         "",
         f"- Opsets: the default domain (`ai.onnx`), opset {MIN_OPSET} to {top} (the newest the installed",
-        f"  `onnx` package defines). Other domains are refused, naming the node.",
+        "  `onnx` package defines). Of other domains: "
+        + ", ".join(f"`{d}` `{t}`" for d, t in sorted(DOMAIN_HANDLERS)) + "; the rest are refused, naming the node.",
         "- Element types of inputs, outputs and initializers (ONNX type -> fusec dtype): "
         + ", ".join(f"{a} -> {b}" for a, b in onnx_types) + ".",
         f"- {len(HANDLERS)} ONNX ops. \"IR ops\" is what an op becomes when the importer's tables say so",

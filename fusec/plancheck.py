@@ -120,6 +120,13 @@ def validate(m: Any, blobs: Mapping[str, Any], where: str, fusec_version: str) -
         if key == "fp32_gemm":  # the one mode option
             if not isinstance(v, str) or v not in FP32_GEMM_MODES:
                 raise c.fail(f"source.options.{key}", f"{_shown(v)} is not one of {', '.join(FP32_GEMM_MODES)}")
+        elif key.startswith("quantize"):  # fusec.compiler.quantize_options: replayed by compile --from-source
+            from fusec.quantize import INT4_GROUPS, METHODS
+
+            ok = {"quantize": isinstance(v, str) and v in METHODS,
+                  "quantize_group": type(v) is int and v in INT4_GROUPS, "quantize_head": v is True}[key]
+            if not ok:
+                raise c.fail(f"source.options.{key}", f"{_shown(v)} is not a quantize option fusec records")
         elif isinstance(v, list):
             for i, x in enumerate(v):
                 c.str(x, f"source.options.{key}[{i}]", max_len=200)

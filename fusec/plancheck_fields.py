@@ -34,7 +34,8 @@ SOURCE_KEYS = {"model", "kind", "sha256", "shapes", "options"}
 SOURCE_KINDS = ("builtin", "file", "memory", "other")
 # fusec.compile's options a plan records (loader.source_record): a re-target from source passes them
 # back to fusec.compile as keywords, so no other key (e.g. dump_dir, a path to write to) may pass
-SOURCE_OPTIONS = {"disabled_fusions", "enabled_fusions", "fusion_overrides", "choices", "fp32_gemm"}
+SOURCE_OPTIONS = {"disabled_fusions", "enabled_fusions", "fusion_overrides", "choices", "fp32_gemm", "quantize",
+                  "quantize_group", "quantize_head"}
 FP32_GEMM_MODES = ("3xtf32", "sgemm")  # passes/split_tf32.MODES (not imported: plancheck stays light)
 SHA256_RE = re.compile(r"[0-9a-f]{64}")
 MEMORY_KEYS = {"arena_bytes", "weights_bytes", "scratch_bytes", "state_bytes", "naive_bytes", "planned_bytes",

@@ -131,6 +131,23 @@ def _matmul(a: Any, x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.matmul(x.astype(np.float32, copy=False), y.astype(np.float32, copy=False)).astype(dt, copy=False)
 
 
+def _qmatmul(a: O.QMatMulAttrs, x: np.ndarray, *packed: np.ndarray) -> np.ndarray:
+    """x @ W^T with W dequantized exactly as its format defines (fusec.quant), a block of rows at a
+    time: a packed weight is never expanded to fp32 whole."""
+    from fusec import quant
+
+    y = quant.matmul(x.astype(np.float32, copy=False), quant.get_format(a.format), a.k, a.group, packed)
+    return y.astype(x.dtype, copy=False)
+
+
+def _qgather(a: O.QGatherAttrs, ids: np.ndarray, *packed: np.ndarray) -> np.ndarray:
+    from fusec import quant
+
+    idx = RO._checked_index(ids.reshape(-1), a.n, "qgather")
+    w = quant.dequantize(quant.get_format(a.format), a.k, a.group, [p[idx] for p in packed])
+    return w.reshape(*ids.shape, a.k).astype(a.out_dtype.np)
+
+
 def _isinf(a: O.IsInfAttrs, x: np.ndarray) -> np.ndarray:
     return (np.isposinf(x) & a.detect_positive) | (np.isneginf(x) & a.detect_negative)
 
@@ -263,6 +280,8 @@ IMPL: dict[Op, Callable[..., np.ndarray]] = {
     Op.LAYERNORM: _f32(_layernorm),
     Op.RMSNORM: _rmsnorm,
     Op.MATMUL: _matmul,
+    Op.QMATMUL: _qmatmul,
+    Op.QGATHER: _qgather,
     Op.TF32_SPLIT: RO.tf32_split,
     Op.RESHAPE: lambda a, x: x.reshape(a.shape),
     Op.TRANSPOSE: lambda a, x: np.transpose(x, a.perm),

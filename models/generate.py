@@ -56,7 +56,7 @@ from fusec.errors import InputError, ModelError
 from fusec.ir import Graph, Value
 from fusec.ops import Op
 
-from .layers import Blocks, eager_attention
+from .layers import Blocks, Embedding, eager_attention
 from .llama import decoder_layer, embed, layer_ropes, lm_head, window_masks
 from .registry import LLAMA_STYLE, ModelConfig
 
@@ -77,17 +77,28 @@ class GenerationShape:
 
 
 class SharedWeights:
-    """Hands every graph the same fp32 array per parameter name (built once, shared by entries)."""
+    """Hands every graph the same fp32 array (or packed weight) per parameter name (built once,
+    shared by entries)."""
 
     def __init__(self, source: object):
         self.source = source
         self._cache: dict[str, np.ndarray] = {}
+        self._packed: dict[str, object] = {}
 
     def get(self, name: str, shape: tuple[int, ...], kind: str) -> np.ndarray:
         arr = self._cache.get(name)
         if arr is None:
             arr = self._cache[name] = self.source.get(name, shape, kind)  # type: ignore[attr-defined]
         return arr
+
+    def get_packed(self, name: str, shape: tuple[int, ...]) -> object:
+        """The source's packed form of ``name`` (one per name, shared by the entries), or None."""
+        getter = getattr(self.source, "get_packed", None)
+        if getter is None:
+            return None
+        if name not in self._packed:
+            self._packed[name] = getter(name, shape)
+        return self._packed[name]
 
     def finish(self) -> None:
         self.source.finish()  # type: ignore[attr-defined]
@@ -106,6 +117,8 @@ def build_generation(cfg: ModelConfig, weights: object, shape: GenerationShape,
     check_generation_model(cfg)
     if shape.max_seq_len > cfg.max_positions:
         raise InputError(f"--max-seq-len {shape.max_seq_len} exceeds the model's {cfg.max_positions} positions")
+    if cfg.rope_scaling is not None:
+        cfg.rope_scaling.check(cfg.rope_dims, shape.max_seq_len)
     if any(not 0 <= e < cfg.vocab_size for e in eos_ids):
         raise InputError(f"end-of-sequence ids {list(eos_ids)} must lie within the vocabulary ({cfg.vocab_size})")
     return {"prefill": _build(cfg, weights, shape, eos_ids, prefill=True),
@@ -150,7 +163,7 @@ def _build(cfg: ModelConfig, weights: object, shape: GenerationShape, eos_ids: t
     st = _State(m, cfg, shape)
     bsz, t_max, d, hd = shape.batch, shape.max_seq_len, cfg.hidden_size, cfg.head_dim
     seq = shape.prefill_len if prefill else 1
-    table = m.param("embed_tokens.weight", (cfg.vocab_size, d))
+    table = Embedding(m, "embed_tokens.weight", (cfg.vocab_size, d))
     i64 = DType.I64
     if prefill:
         ids, length, write_at = st.prefill_inputs(seq)

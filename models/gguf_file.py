@@ -54,6 +54,15 @@ class GGUFTensor:
         self.name, self.tensor_type, self.shape = name, tensor_type, shape
         self.n_elements, self.n_bytes, self.data_offset, self._buf = n_elements, n_bytes, data_offset, buf
 
+    def release(self) -> None:
+        """Drop this tensor's pages of the memory map from the process (they are read back from the
+        file if touched again): a packed or dequantized copy replaces them, so host memory holds the
+        file's bytes once, not twice, while a model loads."""
+        page = mmap.PAGESIZE
+        start = self.data_offset // page * page
+        if hasattr(self._buf, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+            self._buf.madvise(mmap.MADV_DONTNEED, start, self.data_offset + self.n_bytes - start)
+
     @property
     def data(self) -> np.ndarray:
         from gguf.quants import quant_shape_to_byte_shape

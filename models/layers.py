@@ -32,6 +32,16 @@ class Blocks:
     def param(self, name: str, shape: tuple[int, ...], kind: str = MATRIX) -> Value:
         return self.b.const(self.weights.get(name, shape, kind), name=name, dtype=DType.F32)
 
+    def qmatmul(self, x: Value, name: str, shape: tuple[int, ...]) -> Value | None:
+        """x @ W^T as one QMATMUL when the source keeps weight ``name`` [N, K] packed
+        (``get_packed``: a GGUF file's quantized projections), else None."""
+        getter = getattr(self.weights, "get_packed", None)
+        qw = getter(name, shape) if getter is not None else None
+        if qw is None:
+            return None
+        consts = [self.b.const(a, name=f"{name}.{role}") for role, a in zip(qw.roles, qw.arrays)]
+        return self.op(Op.QMATMUL, x, *consts, format=qw.format, n=qw.n, k=qw.k, group=qw.group)
+
     def scalar(self, x: float, dtype: DType = DType.F32) -> Value:
         # One constant per distinct value: a model uses eps, 0.5, 1.0... thousands of times.
         key = (float(x), dtype.value)
@@ -52,9 +62,12 @@ class Blocks:
 
 
 def linear(m: Blocks, x: Value, prefix: str, d_in: int, d_out: int, bias: bool) -> Value:
-    """nn.Linear: weight stored [out, in] as HF stores it, TRANSPOSE then MATMUL (+ ADD bias)."""
-    w = m.param(f"{prefix}.weight", (d_out, d_in))
-    y = m.op(Op.MATMUL, x, m.op(Op.TRANSPOSE, w, perm=(1, 0)))
+    """nn.Linear: weight stored [out, in] as HF stores it, TRANSPOSE then MATMUL (+ ADD bias); a
+    weight the source keeps packed is one QMATMUL over its packed operands instead."""
+    y = m.qmatmul(x, f"{prefix}.weight", (d_out, d_in))
+    if y is None:
+        w = m.param(f"{prefix}.weight", (d_out, d_in))
+        y = m.op(Op.MATMUL, x, m.op(Op.TRANSPOSE, w, perm=(1, 0)))
     if bias:
         y = m.op(Op.ADD, y, m.param(f"{prefix}.bias", (d_out,), BIAS))
     return y
@@ -69,6 +82,34 @@ def conv1d(m: Blocks, x: Value, prefix: str, d_in: int, d_out: int) -> Value:
 def embedding(m: Blocks, table: Value, ids: Value) -> Value:
     """nn.Embedding: GATHER rows of the [V, D] table."""
     return m.op(Op.GATHER, table, ids, axis=0)
+
+
+class Embedding:
+    """A decoder's token embedding table [V, D], read by the lookup and (tied) by the LM head: the
+    fp32 table (GATHER; MATMUL with its transpose), or, when the source keeps it packed (a GGUF
+    file's token_embd), its packed form (QGATHER; QMATMUL), stored once for both readers."""
+
+    def __init__(self, m: Blocks, name: str, shape: tuple[int, int]):
+        self.m = m
+        getter = getattr(m.weights, "get_packed", None)
+        self.qw = getter(name, shape) if getter is not None else None
+        if self.qw is None:
+            self.table = m.param(name, shape)
+        else:
+            self.packed = [m.b.const(a, name=f"{name}.{r}") for r, a in zip(self.qw.roles, self.qw.arrays)]
+
+    def lookup(self, ids: Value) -> Value:
+        if self.qw is None:
+            return embedding(self.m, self.table, ids)
+        q = self.qw
+        return self.m.op(Op.QGATHER, ids, *self.packed, format=q.format, n=q.n, k=q.k, group=q.group)
+
+    def project(self, x: Value) -> Value:
+        """x @ table^T (a tied LM head)."""
+        if self.qw is None:
+            return self.m.op(Op.MATMUL, x, self.m.op(Op.TRANSPOSE, self.table, perm=(1, 0)))
+        q = self.qw
+        return self.m.op(Op.QMATMUL, x, *self.packed, format=q.format, n=q.n, k=q.k, group=q.group)
 
 
 def positions(m: Blocks, seq: int) -> Value:

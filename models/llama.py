@@ -28,10 +28,10 @@ from fusec.ops import Op
 from .layers import (
     F32_MIN,
     Blocks,
+    Embedding,
     activation,
     apply_rope,
     eager_attention,
-    embedding,
     linear,
     padding_mask,
     rms_norm,
@@ -84,9 +84,9 @@ def decoder_layer(m: Blocks, cfg: ModelConfig, x: Value, i: int, rope: tuple[Val
     return m.op(Op.ADD, x, h)
 
 
-def embed(m: Blocks, cfg: ModelConfig, table: Value, ids: Value) -> Value:
+def embed(m: Blocks, cfg: ModelConfig, table: Embedding, ids: Value) -> Value:
     """The token embeddings, times Gemma's sqrt(hidden_size) (HF rounds it to the dtype first)."""
-    x = embedding(m, table, ids)
+    x = table.lookup(ids)
     return x if cfg.embed_scale == 1.0 else m.op(Op.MUL, x, m.scalar(cfg.embed_scale))
 
 
@@ -94,7 +94,7 @@ def lm_head(m: Blocks, cfg: ModelConfig, x: Value, table: Value) -> Value:
     """Final norm, LM head (tied to the embedding table or its own), Gemma 2's final soft-cap."""
     x = norm(m, cfg, x, "norm", cfg.hidden_size)
     if cfg.tie_word_embeddings:
-        logits = m.op(Op.MATMUL, x, m.op(Op.TRANSPOSE, table, perm=(1, 0)))
+        logits = table.project(x)
     else:
         logits = linear(m, x, "lm_head", cfg.hidden_size, cfg.vocab_size, bias=False)
     if cfg.final_softcap:  # HF: logits / cap; tanh; * cap
@@ -144,7 +144,7 @@ def build_llama(cfg: ModelConfig, batch: int, seq: int, weights: WeightSource) -
     ids = m.b.input("input_ids", (batch, seq), DType.I64)
     mask_in = m.b.input("attention_mask", (batch, seq), DType.I64)
 
-    table = m.param("embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size))
+    table = Embedding(m, "embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size))
     x = embed(m, cfg, table, ids)
     masks = window_masks(m, cfg, mask_in)
     ropes = layer_ropes(m, cfg, seq, lambda c, s, suffix: (m.b.const(c[None, None], name="rope_cos" + suffix),

@@ -88,3 +88,46 @@ def model_weights(cfg: object, source: WeightSource) -> WeightSource:
         return source
     hd = cfg.head_dim  # type: ignore[attr-defined]
     return SplitFused(source, cfg.num_heads * hd, cfg.num_kv_heads * hd, cfg.intermediate_size)  # type: ignore[attr-defined]
+
+
+class RandomPackedWeights(RandomWeights):
+    """Seeded random weights whose projections are random GGUF blocks, repacked as a GGUF file's
+    are on load (``fusec.quant_gguf``): ``types(name)`` gives the GGUF type of projection ``name``
+    (an HF name such as ``layers.3.mlp.down_proj.weight``), or None to keep it fp32. What a GGUF
+    file of those types builds to, without the file (and without the ``gguf`` package)."""
+
+    def __init__(self, types: object, seed: int = 0, scale: float = 2e-3):
+        super().__init__(seed)
+        self.types, self.scale = types, scale
+
+    def get_packed(self, name: str, shape: tuple[int, ...]) -> object:
+        from fusec.quant_gguf import random_blocks, repack
+
+        t = self.types(name)  # type: ignore[operator]
+        if t is None:
+            return None
+        n, k = shape
+        return repack(random_blocks(t, n, k, self.rng, self.scale), t, n, k, name)
+
+
+def q4_k_m_types(num_layers: int, vocab_lm_head: bool = True) -> object:
+    """The tensor types llama.cpp's Q4_K_M gives a llama (``llama_tensor_get_type``): Q4_K (the
+    embedding table too), except Q6_K for the LM head and for attn_v / ffn_down in the first and last
+    eighth of the layers and every third layer between. ``vocab_lm_head``: the LM head is packed
+    too (untied)."""
+    def use_more_bits(i: int) -> bool:
+        return i < num_layers // 8 or i >= 7 * num_layers // 8 or (i - num_layers // 8) % 3 == 2
+
+    def types(name: str) -> str | None:
+        if name == "lm_head.weight":
+            return "Q6_K" if vocab_lm_head else None
+        if name == "embed_tokens.weight":
+            return "Q4_K"
+        if not name.startswith("layers.") or not name.endswith("_proj.weight"):
+            return None  # norms
+        layer = int(name.split(".")[1])
+        if name.endswith(("v_proj.weight", "down_proj.weight")) and use_more_bits(layer):
+            return "Q6_K"
+        return "Q4_K"
+
+    return types

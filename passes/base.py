@@ -44,6 +44,12 @@ class PassOptions:
     # tensor-core GEMM over 3K, fp32-accurate) or "sgemm" (cuBLAS's exact-fp32 SIMT path). Plain
     # ``optimize`` keeps "sgemm"; ``fusec.compiler.stage`` picks "3xtf32" for fp32 plans on sm_80+.
     fp32_gemm: str = "sgemm"
+    # Weight-only quantization of products with constant weights (passes/quantize.py): None, "int8"
+    # (per-channel) or "int4" (group-wise, ``quantize_group`` 32 or 128); ``quantize_head`` also
+    # quantizes the output projections (the LM head), which stay in higher precision by default.
+    quantize: str | None = None
+    quantize_group: int = 128
+    quantize_head: bool = False
     # Why each matcher declined a near match: list of (pattern, where, reason). Filled by passes.
     declines: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)
     # Facts passes record for reports (`inspect`): counters such as transposes_cached.

@@ -10,9 +10,16 @@ for fusion and ``views`` to decide (attention and elementwise groups read them i
 
 Requires ``transpose_cache``: weights must already be constants, in [K, N] layout or read with
 ``trans_b`` ([N_i, K], concatenated along their rows); products of the two layouts do not merge.
+Packed products (``QMATMUL``) of one activation merge too when their format, K, group and
+operand dtypes agree: every packed operand is [N, ...], so the merged weight is their row
+concatenation (a Q4_K_M file's q/k (Q4_K) merge; its v (Q6_K) stays apart).
 """
 
 from __future__ import annotations
+
+import dataclasses
+import weakref
+from typing import Any
 
 import numpy as np
 
@@ -42,8 +49,14 @@ def _branch(ctx: Ctx, mm: Node) -> tuple[Node, Node | None, Value]:
 def run(graph: Graph, options: PassOptions) -> PassResult:
     ctx = Ctx(graph)
     rw = Rewriter(graph)
-    groups: dict[tuple[Value, bool], list[Node]] = {}
+    groups: dict[tuple[Any, ...], list[Node]] = {}
     for node in graph.nodes:
+        if node.op == Op.QMATMUL:  # packed weights: every operand is [N, ...], merged by concatenation
+            x, packed = node.inputs[0], node.inputs[1:]
+            if x.data is None and len(x.shape) >= 2 and all(p.data is not None for p in packed):
+                a = node.attrs
+                groups.setdefault((x, "packed", a.format, a.k, a.group, tuple(p.dtype for p in packed)), []).append(node)
+            continue
         if node.op != Op.MATMUL:
             continue
         x, w = node.inputs
@@ -51,17 +64,23 @@ def run(graph: Graph, options: PassOptions) -> PassResult:
             continue
         groups.setdefault((x, bool(getattr(node.attrs, "trans_b", False))), []).append(node)
     merged = 0
-    for (x, trans_b), mms in groups.items():
+    for key, mms in groups.items():
+        x = key[0]
         if len(mms) < 2:
             continue
         if len({m.inputs[1].dtype for m in mms}) != 1:
             options.decline("merge_gemms", ctx.where(mms[0]), "products of one input have different weight dtypes")
             continue
         branches = [_branch(ctx, m) for m in mms]
-        weights = [m.inputs[1].data for m in mms]
-        big = rw.const(np.concatenate(weights, axis=0 if trans_b else 1), _merged_name([m.inputs[1].name for m in mms]))
         first = mms[0]
-        mm = rw.node(Op.MATMUL, [x, big], MatMulAttrs(trans_b=trans_b), base=f"{first.outputs[0].name}_merged")
+        if key[1] == "packed":
+            mm = _merge_packed(rw, mms)
+        else:
+            trans_b = bool(key[1])
+            weights = [m.inputs[1].data for m in mms]
+            big = rw.const(np.concatenate(weights, axis=0 if trans_b else 1),
+                           _merged_name([m.inputs[1].name for m in mms]))
+            mm = rw.node(Op.MATMUL, [x, big], MatMulAttrs(trans_b=trans_b), base=f"{first.outputs[0].name}_merged")
         new: list[Node] = [mm]
         y = mm.outputs[0]
         if any(add is not None for _, add, _ in branches):
@@ -91,6 +110,50 @@ def run(graph: Graph, options: PassOptions) -> PassResult:
     g.meta["gemms_merged"] = merged
     options.bump("gemms_merged", merged)
     return PassResult(g, merged > 0)
+
+
+# Row stacks of packed operands, by their first part (weakly: an entry dies with its weights). The
+# entry points of a generation plan share the packed arrays (SharedWeights): the second entry gets
+# the first one's stack instead of another copy of every merged weight (host memory of a compile).
+_STACKS: dict[int, list[tuple[tuple[np.ndarray, ...], np.ndarray]]] = {}
+
+
+def _owner(a: np.ndarray) -> np.ndarray:
+    """The array that owns ``a``'s memory (views of one weight made per graph share it)."""
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
+def _stack_rows(parts: list[np.ndarray]) -> np.ndarray:
+    """np.concatenate(parts) along rows, computed once for the same parts (weak references only:
+    the cache keeps no weight alive)."""
+    first = _owner(parts[0])
+    key = id(first)
+    if key not in _STACKS:  # dropped when the owner is collected (before its id can be reused)
+        _STACKS[key] = []
+        weakref.finalize(first, _STACKS.pop, key, None)
+    known = _STACKS[key]
+    sig = [(_owner(a), a.__array_interface__) for a in parts]
+    for seen, stacked in known:
+        if len(seen) == len(sig) and all(r() is o and i == j for (r, i), (o, j) in zip(seen, sig)):
+            return stacked
+    stacked = np.concatenate(parts, axis=0)
+    known.append((tuple((weakref.ref(o), i) for o, i in sig), stacked))
+    return stacked
+
+
+def _merge_packed(rw: Rewriter, mms: list[Node]) -> Node:
+    """One QMATMUL over the packed weights of ``mms`` stacked along N (same format, K, group)."""
+    first = mms[0]
+    packed = []
+    for j in range(1, len(first.inputs)):
+        parts = [m.inputs[j] for m in mms]
+        role = parts[0].name.rsplit(".", 1)[-1]  # codes, scale...: one name per operand
+        packed.append(rw.const(_stack_rows([p.data for p in parts]), f"{_merged_name([p.name for p in parts])}.{role}"))
+    n = sum(m.attrs.n for m in mms)
+    return rw.node(Op.QMATMUL, [first.inputs[0], *packed], dataclasses.replace(first.attrs, n=n),
+                   base=f"{first.outputs[0].name}_merged")
 
 
 def _merged_name(names: list[str]) -> str:

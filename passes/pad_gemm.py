@@ -19,6 +19,10 @@ are never read by a token id in [0, V), so the table is stored once; an id outsi
 is out of the model's input bound, reads a zero row instead of the embedding kernel's NaN row,
 and a negative id counts from Npad instead of V). A weight something else still reads is kept
 beside the padded one; those bytes are counted in ``stats["pad_gemm_extra_bytes"]``.
+
+Packed products (``QMATMUL``) are left alone: the quantized GEMV takes any N, and the prefill's
+path dequantizes the weight into scratch and hands cuBLAS the output with ``ldc = N`` block by
+block (``fusec.lower.quant``); padding packed rows would only add bytes every decode step reads.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from fusec.passes import (
     merge_gemms,
     pad_gemm,
     precision,
+    quantize,
     recognize_activations,
     recognize_attention,
     recognize_norms,
@@ -38,6 +39,7 @@ from fusec.passes import (
     views,
 )
 from fusec.passes.base import PassOptions
+from fusec.weight_report import weight_formats
 
 PIPELINE: list[ModuleType] = [
     # -- canonicalization: fold, remove no-ops, merge duplicates, drop the dead
@@ -51,6 +53,8 @@ PIPELINE: list[ModuleType] = [
     recognize_softmax,
     recognize_rope,
     recognize_attention,
+    # -- weight-only quantization (PassOptions.quantize; nothing without): from the fp32 weights
+    quantize,
     # -- storage precision (after recognition: high-level ops keep fp32 math inside)
     precision,
     # -- layout: weight-transpose caching (or a transpose flag), GEMM merges, N padded to 16 bytes
@@ -74,7 +78,7 @@ PIPELINE: list[ModuleType] = [
 
 # Keys passes leave in graph.meta (or options.stats) that ``report`` passes through when present.
 REPORT_KEYS: tuple[str, ...] = ("patterns", "fusions", "kernels", "transposes_cached", "transposes_flagged",
-                                "gemms_merged", "gemms_padded", "gemms_split_tf32", "split_tf32_extra_bytes", "weights_relaid",
+                                "gemms_merged", "gemms_padded", "quantized", "gemms_split_tf32", "split_tf32_extra_bytes", "weights_relaid",
                                 "views")
 
 
@@ -157,6 +161,7 @@ def report(graph: Graph, options: PassOptions | None = None, plan: Any = None) -
         "parameters": graph.num_parameters,
         "ops": graph.op_histogram(),
         "memory": plan.summary(),
+        "weights": weight_formats(graph),  # per tensor: format, bytes; and the bytes one run reads
     }
     for key in REPORT_KEYS:
         if key in graph.meta:

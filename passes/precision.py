@@ -10,6 +10,9 @@ Constants are converted with saturation to the finite range of the storage dtype
 ``finfo(float32).min`` as a mask value, which fp16 would turn into -inf, and a fully masked row
 would then produce NaN (-inf - -inf) that spreads through the next layer.
 
+Packed quantized weights (the operands of ``qmatmul``/``qgather`` after the first) keep their
+dtypes: their scales are part of the format (an fp32 scale of an ONNX MatMulNBits stays exact).
+
 One computation stays in fp32: rotary angles computed in the graph (HF's ``position_ids.float() @
 inv_freq``, then ``cos``/``sin``). Positions are integers cast to float; fp16 holds integers exactly
 only up to 2048 and bf16 up to 256, and an angle of thousands of radians stored in half precision
@@ -34,7 +37,7 @@ import numpy as np
 from fusec.bulk import cast_clipped
 from fusec.dtypes import DType
 from fusec.ir import Graph, Node, Value
-from fusec.ops import CastAttrs, Op, infer
+from fusec.ops import CastAttrs, Op, QGatherAttrs, infer
 from fusec.passes.base import PassOptions, PassResult
 
 NAME = "precision"
@@ -120,9 +123,11 @@ def run(graph: Graph, options: PassOptions) -> PassResult:
     params = fp32_inputs(graph)
     for v in graph.inputs:
         mapping[v] = Value(v.name, v.shape, v.dtype if v.name in params else retype(v.dtype))
+    # packed weights keep their format's dtypes (fp32 scales of an ONNX MatMulNBits stay exact)
+    packed = {v for n in graph.nodes if n.op in (Op.QMATMUL, Op.QGATHER) for v in n.inputs[1:]}
     consts = []
     for c in graph.constants:
-        nc = _convert_const(c, target) if c.dtype == DType.F32 else c
+        nc = _convert_const(c, target) if c.dtype == DType.F32 and c not in packed else c
         mapping[c] = nc
         consts.append(nc)
     wide = _angle_values(graph)
@@ -165,6 +170,8 @@ def run(graph: Graph, options: PassOptions) -> PassResult:
             continue
         if isinstance(attrs, CastAttrs) and attrs.to == DType.F32:
             attrs = dataclasses.replace(attrs, to=target)
+        if isinstance(attrs, QGatherAttrs) and attrs.out_dtype == DType.F32:  # rows of a packed table: stored too
+            attrs = dataclasses.replace(attrs, out_dtype=target)
         ins = [narrow(v) if v in wide32 else mapping[v] for v in n.inputs]
         types = infer(n.op, attrs, [(v.shape, v.dtype) for v in ins])
         outs = [Value(o.name, shape, dt) for o, (shape, dt) in zip(n.outputs, types)]

@@ -35,6 +35,8 @@ M <= 8, alone). Only constant 2-D fp32 weights are rewritten (batched activation
 products are not), and only where ``PassOptions.fp32_gemm == "3xtf32"`` (``fusec.compiler.stage``
 sets it for ``--dtype fp32`` on sm_80+ unless ``--fp32-gemm sgemm``) and not in generation plans
 (``weights_nk``: prefill and decode share one [N, K] copy of each weight; W3 would add 3x).
+Packed products (``QMATMUL``) are left alone: their fp32 prefill path dequantizes exactly into
+fp32 scratch for cuBLAS's SGEMM, and a tf32 split of a packed weight would unpack it for good.
 
 Counters: ``gemms_split_tf32`` (products rewritten), ``split_tf32_extra_bytes`` (W3 bytes beyond
 the weights they replace: 2x a weight read only by these products, 3x one that something else

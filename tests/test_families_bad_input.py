@@ -22,7 +22,6 @@ from test_hf_dir_hostile import _edit_config, _refused  # noqa: E402
 
 from fusec.cli import main  # noqa: E402
 from fusec.genmodel import build_graphs, load_generation_model  # noqa: E402
-from fusec.models.generate import Sampling  # noqa: E402
 
 
 @functools.lru_cache(maxsize=None)
@@ -80,8 +79,8 @@ def test_bad_hf_directory_is_one_line(root: str, tmp_path: Path, case: str) -> N
 def test_longrope_past_its_original_context_is_refused(root: str) -> None:
     d, _ = _saved("phi3", root)
     gm = load_generation_model(d)
-    build_graphs(gm, 1, 32, 8, Sampling(), eos_ids=[])  # within original_max_position_embeddings (32)
-    _refused(lambda: build_graphs(load_generation_model(d), 1, 64, 8, Sampling(), eos_ids=[]),
+    build_graphs(gm, 1, 32, 8, eos_ids=[])  # within original_max_position_embeddings (32)
+    _refused(lambda: build_graphs(load_generation_model(d), 1, 64, 8, eos_ids=[]),
              "longrope", "original_max_position_embeddings 32", "--max-seq-len")
 
 

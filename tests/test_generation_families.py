@@ -33,7 +33,6 @@ from test_decode_kernels import _cache_dir  # noqa: E402, F401  (kernels built i
 from fusec import reference  # noqa: E402
 from fusec.generation import ReferenceEngine, generate  # noqa: E402
 from fusec.genmodel import build_graphs, load_generation_model  # noqa: E402
-from fusec.models.generate import Sampling  # noqa: E402
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18], [20, 21, 22], [30, 31, 32, 33, 34, 35, 36, 37, 38]]
 NEW = 10
@@ -59,7 +58,7 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> str:
 def _greedy(source: Path) -> tuple[list[list[int]], Any]:
     gm = load_generation_model(source)
     longest = max(map(len, PROMPTS))
-    engine = ReferenceEngine(build_graphs(gm, len(PROMPTS), longest + NEW, longest, Sampling(), eos_ids=[]),
+    engine = ReferenceEngine(build_graphs(gm, len(PROMPTS), longest + NEW, longest, eos_ids=[]),
                              optimize=True)
     return generate(engine, PROMPTS, NEW, gm.config.vocab_size).new_ids, gm.config
 

@@ -84,13 +84,12 @@ def test_family_generates_on_the_gpu_as_the_reference(name: str, root: Path, rec
     pytest.importorskip("transformers")
     from fusec.generation import ReferenceEngine, generate
     from fusec.genmodel import build_graphs, compile_generation, load_generation_model
-    from fusec.models.generate import Sampling
 
     longest = max(map(len, PROMPTS))
     t_max = longest + NEW
     for source in _sources(name, root):
         gm = load_generation_model(source)
-        want = generate(ReferenceEngine(build_graphs(gm, 3, t_max, longest, Sampling(), eos_ids=[])), PROMPTS, NEW,
+        want = generate(ReferenceEngine(build_graphs(gm, 3, t_max, longest, eos_ids=[])), PROMPTS, NEW,
                         gm.config.vocab_size).new_ids
         got = {}
         for dt in ("fp32", "bf16"):

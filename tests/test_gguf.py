@@ -85,6 +85,8 @@ def _tensor_data(w: np.ndarray, qtype: Any, rng: np.random.Generator) -> tuple[n
         return w, None
     if qtype == Q.F16:
         return w.astype(np.float16), None
+    if qtype == Q.I32:
+        return w.astype(np.int32), None
     if qtype in (Q.Q4_K, Q.Q6_K):
         return _random_kquant(rng, w.shape, qtype), qtype
     return gguf.quants.quantize(w, qtype), qtype
@@ -262,9 +264,18 @@ def test_a_key_the_architecture_needs_is_named(tmp_path: Path) -> None:
     assert "'qwen2.context_length'" in msg and "m.gguf" in msg
 
 
-def test_unsupported_quant_type(tmp_path: Path) -> None:
-    msg = _error(write_gguf(tmp_path / "m.gguf", types={"blk.1.ffn_up.weight": Q.TQ2_0}))
-    assert "TQ2_0" in msg and "'blk.1.ffn_up.weight'" in msg
+def test_unpacked_quant_types_are_dequantized_with_one_notice(tmp_path: Path, capsys: Any) -> None:
+    path = write_gguf(tmp_path / "m.gguf", Q.Q8_0, types={"blk.0.ffn_up.weight": Q.TQ2_0,
+                                                          "blk.1.ffn_up.weight": Q.TQ2_0})
+    g = build_gguf(path)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "TQ2_0 tensors are dequantized at load" in err and "m.gguf" in err
+    assert g.op_histogram()["qmatmul"] == 7 * LAYERS - 2 + 1  # every other projection and lm_head stay packed
+
+
+def test_unsupported_tensor_type(tmp_path: Path) -> None:
+    msg = _error(write_gguf(tmp_path / "m.gguf", types={"blk.1.ffn_up.weight": Q.I32}))
+    assert "I32" in msg and "'blk.1.ffn_up.weight'" in msg
 
 
 @pytest.mark.parametrize("cut", ["header", "tensors"])
@@ -373,3 +384,20 @@ def test_smollm2_logits_match_transformers() -> None:
     scale = float(np.abs(want).max())
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * scale)
     assert np.array_equal(got[0, -1].argsort()[-5:], want[0, -1].argsort()[-5:])
+
+
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_K])
+def test_packed_plan_weights_stay_near_the_files_tensor_bytes(tmp_path: Path, qtype: Any) -> None:
+    """Projections, the LM head and the embedding table stay packed: the compiled graph's weights (a
+    bf16 plan: norms in bf16) are within 10% of the file's tensor bytes."""
+    from fusec.compiler import stage
+    from fusec.models.gguf_file import _open
+
+    path = write_gguf(tmp_path / "m.gguf", qtype)
+    file_bytes = sum(t.n_bytes for t in _open(path).tensors)
+    st = stage(build_gguf(path), "bf16", "sm_90", dry_run=True)
+    consts = {id(c): c.nbytes for c in st.graph.constants}
+    consts.update({id(c): c.nbytes for n in st.graph.nodes if n.op.value == "fused" for c in n.attrs.body.constants})
+    weights = sum(consts.values())
+    assert weights <= 1.1 * file_bytes, (weights, file_bytes)
+    assert st.report["weights"]["by_format"][qtype.name.lower()]["tensors"] >= 1 + 4 * LAYERS

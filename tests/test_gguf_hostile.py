@@ -87,8 +87,9 @@ def _gguf(path: Path, kvs: list[bytes], tensors: list[tuple[str, list[int], int,
 
 def _tiny_llama(path: Path, *, d: int = 16, heads: int = 2, kv_heads: int = 1, ff: int = 32, vocab: int = 8,
                 hd: int | None = None, over: dict[str, tuple[int, Any]] | None = None,
-                drop: tuple[str, ...] = ()) -> dict[str, int]:
-    """A 1-layer F32 llama (no tokenizer); ``over`` replaces or adds metadata keys, ``drop`` removes them."""
+                drop: tuple[str, ...] = (), q4k_noise: bool = False) -> dict[str, int]:
+    """A 1-layer F32 llama (no tokenizer); ``over`` replaces or adds metadata keys, ``drop`` removes them;
+    ``q4k_noise``: its projections are Q4_K blocks of random bytes (NaN/inf scales included)."""
     hd = hd if hd is not None else d // heads
     md: dict[str, tuple[int, Any]] = {
         "general.architecture": (STR, "llama"), "llama.block_count": (U32, 1), "llama.embedding_length": (U32, d),
@@ -104,6 +105,10 @@ def _tiny_llama(path: Path, *, d: int = 16, heads: int = 2, kv_heads: int = 1, f
     rng = np.random.default_rng(0)
     tensors = [(n, list(reversed(s)), 0, (rng.standard_normal(s) * 0.1).astype(np.float32).tobytes())
                for n, s in shapes.items()]
+    if q4k_noise:  # Q4_K (type 12): 144 bytes per 256 weights
+        tensors = [(n, dims, 12, rng.integers(0, 256, math.prod(dims) // 256 * 144, dtype=np.uint8).tobytes())
+                   if len(dims) == 2 and n != "token_embd.weight" else (n, dims, t, data)
+                   for n, dims, t, data in tensors]
     return _gguf(path, [kv(k, t, v) for k, (t, v) in md.items() if k not in drop], tensors)
 
 
@@ -313,3 +318,28 @@ def test_a_quantized_row_that_splits_a_block_is_refused(tmp_path) -> None:
     p.write_bytes(_header(n_kv=0, n_tensors=1) + _s("t") + struct.pack("<IQQIQ", 2, 16, 2, 8, 0) + b"\0" * 64)
     with _deadline(), pytest.raises(ModelError, match="tensor 't' \\(Q8_0\\) has rows of 16 elements"):
         gf._open(p)
+
+
+# ---- packed weights: the repacker reads only the checked bytes -------------------------------------
+
+def test_random_q4k_blocks_repack_as_gguf_dequantizes_them(tmp_path) -> None:
+    """Any bytes in valid-sized blocks (NaN/inf scales, 6-bit fields at their maximum) repack
+    without reading or writing past the tensor, into exactly what gguf dequantizes."""
+    import gguf
+
+    p = tmp_path / "noise.gguf"
+    _tiny_llama(p, d=256, heads=2, kv_heads=1, ff=256, q4k_noise=True)
+    m = fg.load_gguf(p, tokenizer=False)
+    t = next(t for t in gf._open(p).tensors if t.name == "blk.0.ffn_down.weight")
+    qw = m.weights.get_packed("layers.0.mlp.down_proj.weight", (256, 256))
+    with np.errstate(all="ignore"):
+        want = gguf.quants.dequantize(t.data, gguf.GGMLQuantizationType.Q4_K).reshape(256, 256)
+        np.testing.assert_array_equal(qw.dequantize(), want)
+    assert qw.nbytes < t.n_bytes * 1.1  # packed, not expanded
+
+
+def test_a_truncated_packed_tensor_is_refused_before_repacking(tmp_path) -> None:
+    p = tmp_path / "cut.gguf"
+    _tiny_llama(p, d=256, heads=2, kv_heads=1, ff=256, q4k_noise=True)
+    p.write_bytes(p.read_bytes()[:-1])  # the last tensor (ffn_down, Q4_K) loses its last byte
+    _refused(p, "'blk.0.ffn_down.weight'", "ends past the end of the file")

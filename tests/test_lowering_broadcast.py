@@ -29,6 +29,8 @@ from fusec.lower.batching import MAX_CALLS, gemm_batches, reduce_transpose
 from fusec.lower.nodes import lower_node
 from fusec.ops import Op
 from fusec.passes.memory_plan import plan_memory
+from fusec.passes import select_kernels
+from fusec.passes.base import PassOptions
 
 # (A shape, B shape): every broadcast pattern the lowering plans differently
 MATMULS = [
@@ -91,7 +93,7 @@ class _Recorder(Context):
         self.choices, self.choices_applied, self.choices_declined = {}, {}, {}
 
     def kernel(self, spec, args, label):  # noqa: ANN001
-        self.launches.append({"type": "spec", "spec": spec, "args": [self.ptr(a)[1:] for a in args], "label": label})
+        self.emit({"type": "spec", "spec": spec, "args": [self.ptr(a)[1:] for a in args], "label": label}, list(args), [])
 
 
 def _buf(mem: dict[str, np.ndarray], addr, dt: DType, n: int) -> np.ndarray:  # noqa: ANN001
@@ -150,6 +152,7 @@ def _emulate(launches: list[dict], mem: dict[str, np.ndarray]) -> None:
 
 
 def _run_lowered(graph, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], list[dict]]:  # noqa: ANN001
+    graph = select_kernels.run(graph, PassOptions()).graph  # lower_node reads each node's kernel selection
     mplan = plan_memory(graph)
     ctx = _Recorder(mplan.offsets, -(-mplan.arena_bytes // 256) * 256)
     for i, node in enumerate(graph.nodes):

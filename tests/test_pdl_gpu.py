@@ -57,8 +57,7 @@ def test_overlapped_launches_give_bit_identical_results(dtype: str, tmp_path, mo
     if dtype == "fp32":  # and the fused decode step computes what the reference engine does
         from fusec.generation import ReferenceEngine, generate
         from fusec.genmodel import build_graphs
-        from fusec.models.generate import Sampling
 
-        ref = generate(ReferenceEngine(build_graphs(_model(), 2, 48, 8, Sampling(), [])), PROMPTS, 24,
+        ref = generate(ReferenceEngine(build_graphs(_model(), 2, 48, 8, [])), PROMPTS, 24,
                        _model().config.vocab_size)
         assert ref.new_ids == ids_pdl

@@ -13,6 +13,7 @@ from fusec.codegen import specs as S
 from fusec.codegen.build_topk import TopKSpec
 from fusec.codegen.elementwise import Apply, Const, In
 from fusec.codegen.render import CCode, Ident, ctype, float_lit, render
+from fusec.codegen.specs_quant import QDequantSpec, QGemvSpec
 from fusec.dtypes import DType
 from fusec.lower.tf32_split import Tf32SplitSpec
 
@@ -89,6 +90,8 @@ def _all_specs() -> list[tuple[str, object]]:
         TopKSpec(3, 500, 2, 8, F16, largest=False), S.RowReduceSpec("prod", 5, 11, I64, inner=2),
         Tf32SplitSpec(7, 36), Tf32SplitSpec(3, 5, vec=1),
         _mlp_spec(),  # a whole MLP in one kernel; GPT-2/BERT shapes and odd sizes in test_mlp
+        QGemvSpec(3, 77, 512, "q4_k", 32, BF16, epilogue=S.Epilogue(bias=True, activation="silu", residual=True)),
+        QDequantSpec(77, 512, "q6_k", 16, F16, row0=16, rows=40),  # more formats: tests/test_quant_kernels.py
     ]
     out += [(f"{type(s).__name__}-extra{i}", s) for i, s in enumerate(extra)]
     return out

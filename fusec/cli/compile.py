@@ -67,6 +67,29 @@ def add_compile_arguments(p: argparse.ArgumentParser, dtype_help: str = "default
                         "(fp32-accurate, 3x the weight bytes of those products; the default) or cuBLAS's exact "
                         "SGEMM (sgemm); `fusec inspect` counts them as gemms_split_tf32")
     add_fusion_arguments(p)
+    add_quantize_arguments(p)
+
+
+def add_quantize_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quantize", choices=("int8", "int4"), default=None,
+                   help="weight-only quantization of the products with constant weights: int8 (per-channel) or int4 "
+                        "(group-wise with zero points), round-to-nearest; the LM head and embeddings stay in "
+                        "--dtype (a GGUF file's own quantization is kept as it is)")
+    p.add_argument("--quantize-group", type=int, choices=(32, 128), default=128, metavar="G",
+                   help="--quantize int4: weights per scale, 32 or 128 (default 128)")
+    p.add_argument("--quantize-head", action="store_true", help="--quantize: quantize the LM head too")
+
+
+def quantize_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The quantize keywords of fusec.compile / compile_generation from --quantize* (checked)."""
+    from fusec.compiler import quantize_options
+
+    method = getattr(args, "quantize", None)
+    if method is None and (getattr(args, "quantize_head", False) or getattr(args, "quantize_group", 128) != 128):
+        raise InputError("--quantize-group/--quantize-head apply only with --quantize")
+    if method == "int8" and getattr(args, "quantize_group", 128) != 128:
+        raise InputError("--quantize-group applies to --quantize int4 (int8 is per channel)")
+    return quantize_options(method, getattr(args, "quantize_group", 128), getattr(args, "quantize_head", False))
 
 
 def check_compile_options(args: argparse.Namespace) -> str:
@@ -150,6 +173,7 @@ class Progress:
 def compile_from_args(args: argparse.Namespace, progress: Progress | None = None):
     """The plan the compile options in ``args`` describe (checked up front, see check_compile_options)."""
     arch = check_compile_options(args)
+    quant = quantize_from_args(args)
     if args.dtype is None:
         args.dtype = "fp16"
     if getattr(args, "generate", False):
@@ -166,7 +190,7 @@ def compile_from_args(args: argparse.Namespace, progress: Progress | None = None
         batch = args.batch if args.batch is not None else 1
         return compile_generation(args.model, batch=batch, max_seq_len=t_max, prefill_len=args.max_prompt_len,
                                   dtype=args.dtype, arch=arch,
-                                  weights_dir=args.weights_dir, progress=progress)
+                                  weights_dir=args.weights_dir, progress=progress, **quant)
     check_dump_dir(args)
     import fusec
     import fusec.ab
@@ -187,7 +211,8 @@ def compile_from_args(args: argparse.Namespace, progress: Progress | None = None
     plan = fusec.compile(args.model, shapes=shapes, dtype=args.dtype, cuda_graph=args.cuda_graph, arch=arch,
                          disabled_fusions=args.disable_fusion, enabled_fusions=args.enable_fusion,
                          dump_dir=args.dump_dir, progress=progress, fp32_gemm=getattr(args, "fp32_gemm", "3xtf32"),
-                         fusion_overrides=ledger.overrides() if ledger else None, choices=ledger.choices() if ledger else None)
+                         fusion_overrides=ledger.overrides() if ledger else None, choices=ledger.choices() if ledger else None,
+                         **quant)
     if ledger is not None:
         fusec.ab.attach(plan, ledger)
     return plan
@@ -214,7 +239,7 @@ def retarget(args: argparse.Namespace) -> int:
                                    ("--cuda-graph", args.cuda_graph), ("--dump-dir", args.dump_dir is not None),
                                    ("--disable-fusion", args.disable_fusion), ("--enable-fusion", args.enable_fusion),
                                    ("--ab", args.ab), ("--decisions", args.decisions is not None),
-                                   ("--generate", args.generate),
+                                   ("--generate", args.generate), ("--quantize", args.quantize is not None),
                                    ("--fp32-gemm", getattr(args, "fp32_gemm", "3xtf32") != "3xtf32")) if on]
     if given:
         raise InputError(f"{', '.join(given)}: re-targeting a plan keeps what it was compiled with; only --arch "

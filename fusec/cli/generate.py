@@ -60,6 +60,9 @@ def add_generation_arguments(p: argparse.ArgumentParser, for_compile: bool = Fal
     g.add_argument("--weights-dir", default=None, metavar="DIR", help="HF checkpoint for a built-in model's weights")
     if for_compile:
         return
+    from fusec.cli.compile import add_quantize_arguments
+
+    add_quantize_arguments(g)
     s = p.add_argument_group("sampling (per generation: a plan compiles none of it in)")
     s.add_argument("--greedy", action="store_true", help="greedy decoding (the default)")
     s.add_argument("--temperature", type=float, default=0.0, metavar="T", help="sampling temperature (0: greedy)")
@@ -153,6 +156,9 @@ def run(args: argparse.Namespace) -> int:
     from fusec.genmodel import encode_prompts, load_generation_model
 
     _check_options(args)
+    from fusec.cli.compile import quantize_from_args
+
+    quant = quantize_from_args(args)
     prompts = _prompts(args)
     sampling = sampling_from_args(args)
     if args.model.endswith(".fplan"):
@@ -179,14 +185,16 @@ def run(args: argparse.Namespace) -> int:
         note(f"{toolchain.gpu_missing_reason(with_fix=False) or 'no GPU found'}: running the numpy reference backend")
         from fusec.generation import ReferenceEngine
         from fusec.genmodel import build_graphs
+        from fusec.passes.base import PassOptions
 
-        engine = ReferenceEngine(build_graphs(gm, batch, t_max, s_len), optimize=True)
+        engine = ReferenceEngine(build_graphs(gm, batch, t_max, s_len), optimize=True,
+                                 options=PassOptions(**quant) if quant else None)
         return _generate(args, engine, ids, gm.tokenizer, gm.config.vocab_size, sampling)
     from fusec.genmodel import compile_generation
     from fusec.runtime.generation import PlanEngine
 
     plan = compile_generation(gm, batch=batch, max_seq_len=t_max, prefill_len=s_len, dtype=args.dtype or "bf16",
-                              arch=arch)
+                              arch=arch, **quant)
     return _generate(args, PlanEngine(plan), ids, gm.tokenizer, gm.config.vocab_size, sampling)
 
 

@@ -32,6 +32,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
          "fusec inspect Qwen3-0.6B-Q8_0.gguf"])
     add_model_arguments(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), default="fp32",
+                   help="storage dtype of the float weights in the report (default fp32)")
+    from fusec.cli.compile import add_quantize_arguments
+
+    add_quantize_arguments(p)
     return p
 
 
@@ -53,15 +58,16 @@ def build_report(graph: Graph, model: str) -> dict[str, Any]:
     return report
 
 
-def optimized_report(graph: Graph) -> dict[str, Any]:
+def optimized_report(graph: Graph, dtype: str = "fp32", **quantize: Any) -> dict[str, Any]:
     """What compilation makes of ``graph``: the optimized op histogram, the exact number of
-    kernel launches, patterns, fusion decisions, transposes cached, GEMMs merged, memory."""
+    kernel launches, patterns, fusion decisions, transposes cached, GEMMs merged, memory, weight
+    formats (``quantize``: ``fusec.compiler.quantize_options``)."""
     from fusec.codegen.compile import default_arch
     from fusec.compiler import stage
 
-    # the one staging path `fusec compile` takes (fp32, this GPU's arch or sm_90), lowered as a
-    # dry run: "kernels" counts launches (a cuBLAS GEMM and its epilogue are two)
-    st = stage(graph, "fp32", default_arch(), dry_run=True)
+    # the one staging path `fusec compile` takes (this GPU's arch or sm_90), lowered as a dry run:
+    # "kernels" counts launches (a cuBLAS GEMM and its epilogue are two)
+    st = stage(graph, dtype, default_arch(), dry_run=True, **quantize)
     rep = dict(st.report)
     rep["kernels"] = st.lowered.report["launches"]
     rep["kernels_by_kind"] = st.lowered.report["by_template"]
@@ -88,9 +94,12 @@ def run(args: argparse.Namespace) -> int:
         report = {"model": args.model, **plan.info()}
         print(json.dumps(report, indent=2, ensure_ascii=True) if args.json else render_plan(report))
         return 0
+    from fusec.cli.compile import quantize_from_args
+
+    quant = quantize_from_args(args)
     graph = load_model(args)
     report = build_report(graph, args.model)
-    opt = optimized_report(graph)
+    opt = optimized_report(graph, args.dtype, **quant)
     report["imported_ops"] = report["ops"]
     report["ops"] = opt.pop("ops")
     report["nodes"] = opt.pop("nodes")

@@ -24,10 +24,11 @@ _CONFIG_FIELDS = ("family", "vocab_size", "hidden_size", "num_layers", "num_head
 
 def gguf_report(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The JSON-able report of GGUF file ``path``. ModelError only for a file that is not GGUF."""
-    from fusec.models.gguf import SUPPORTED_TYPES
+    from fusec.models.gguf import supported_types
     from fusec.models.gguf_arch import gguf_config
     from fusec.models.gguf_file import _open, read_metadata
 
+    supported = supported_types()
     p = Path(path)
     reader = _open(p)
     md = read_metadata(reader, p)
@@ -74,7 +75,7 @@ def gguf_report(path: str | os.PathLike[str]) -> dict[str, Any]:
         types[t.tensor_type.name] += 1
         nbytes[t.tensor_type.name] += t.n_bytes
     rep["tensors"] = {"count": len(reader.tensors), "elements": sum(t.n_elements for t in reader.tensors),
-                      "types": {k: {"count": types[k], "bytes": nbytes[k], "supported": k in SUPPORTED_TYPES}
+                      "types": {k: {"count": types[k], "bytes": nbytes[k], "supported": k in supported}
                                 for k in sorted(types)}}
     return rep
 

@@ -20,7 +20,8 @@ from fusec.runtime.guard import fmt_bytes
 # Keys the model renderer lays out itself; any other key is rendered generically.
 CORE_KEYS = ("model", "graph", "inputs", "outputs", "parameters", "weights_bytes", "constants", "nodes", "ops",
              "imported_ops", "fusions", "patterns", "memory", "kernels", "kernels_by_kind", "meta", "lowering",
-             "transposes_cached", "transposes_flagged", "gemms_merged", "gemms_padded", "weights_relaid", "views")
+             "transposes_cached", "transposes_flagged", "gemms_merged", "gemms_padded", "weights_relaid", "views",
+             "weights", "quantized")
 
 
 def table(rows: Sequence[Sequence[Any]], header: Sequence[str] | None = None, indent: int = 2,
@@ -111,9 +112,28 @@ def _kernel_lines(kernels: Sequence[Mapping[str, Any]], compiled: int | None, by
     return lines
 
 
+def weights_lines(w: Mapping[str, Any] | None, quantized: Mapping[str, Any] | None = None) -> list[str]:
+    """Weight formats (``fusec.weight_report``): a summary per format, then one row per tensor."""
+    if not w:
+        return []
+    lines = [f"weights read per step {fmt_bytes(int(w.get('step_bytes', 0)))} (every weight once, embedding rows only)"]
+    if quantized and quantized.get("products"):
+        lines.append(f"quantized   {quantized['products']} products with --quantize {one_line(str(quantized['method']))}"
+                     + (f" (group {quantized['group']})" if quantized.get("group") else ""))
+    rows = [(one_line(str(f)), s["tensors"], f"{s['weights']:,}", fmt_bytes(int(s["bytes"])),
+             f"{8 * s['bytes'] / max(1, s['weights']):.2f}") for f, s in (w.get("by_format") or {}).items()]
+    lines.append("weight formats:")
+    lines.extend(table(rows, header=("format", "tensors", "weights", "bytes", "bits/weight"), right=(1, 2, 3, 4)))
+    rows = [(fmt_name(str(t["name"])), one_line(str(t["format"])) + (" (embedding)" if t.get("embedding") else ""),
+             "x".join(str(d) for d in t["shape"]), fmt_bytes(int(t["bytes"])), t["bits_per_weight"])
+            for t in w.get("tensors") or []]
+    lines.extend(table(rows, header=("tensor", "format", "shape", "bytes", "bits/weight"), right=(3, 4)))
+    return lines
+
+
 def _report_lines(rep: Mapping[str, Any]) -> list[str]:
-    """The compiler's report stored in a plan: optimized ops, patterns, fusion decisions."""
-    lines = []
+    """The compiler's report stored in a plan: optimized ops, patterns, fusion decisions, weights."""
+    lines = weights_lines(rep.get("weights"), rep.get("quantized"))
     if rep.get("ops"):
         lines.extend(_ops_lines(rep["ops"], None, rep.get("nodes", sum(rep["ops"].values()))))
     if "patterns" in rep:
@@ -184,6 +204,7 @@ def render_text(report: Mapping[str, Any]) -> str:
               if k in report}
     if layout:
         lines.append("layout      " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in layout.items()))
+    lines.extend(weights_lines(report.get("weights"), report.get("quantized")))
     for key, value in report.items():
         if key not in CORE_KEYS:
             lines.extend(render_extra(key, value, 0))

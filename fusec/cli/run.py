@@ -87,6 +87,9 @@ def run(args: argparse.Namespace) -> int:
     if args.seed < 0:
         raise InputError(f"--seed must be a non-negative integer, got {args.seed}")
     check_fusion_names(args)
+    from fusec.cli.compile import quantize_from_args
+
+    quantize_from_args(args)  # --quantize* checked before anything runs
     bisect = _validate.bisecting(args)
     _check_output_paths(args)  # fail before the run, not after it
     if args.compare:  # every header checked now, before the run; the arrays are read after it
@@ -190,8 +193,10 @@ def _refuse_gpu_only_flags(args: argparse.Namespace, explicit: bool) -> None:
         for flag, given in (("--cuda-graph", args.cuda_graph), ("--arch", args.arch is not None)):
             if given:
                 raise InputError(f"{flag} applies to compiling for the GPU; {where} compiles nothing: drop {flag}")
-    if args.no_optimize and (args.disable_fusion or args.enable_fusion or args.dtype not in (None, "fp32")):
-        raise InputError("--no-optimize runs the raw imported graph: --dtype and fusion flags do not apply to it")
+    if args.no_optimize and (args.disable_fusion or args.enable_fusion or args.dtype not in (None, "fp32")
+                             or args.quantize is not None):
+        raise InputError("--no-optimize runs the raw imported graph: --dtype, --quantize and fusion flags do not "
+                         "apply to it")
 
 
 def _cross_compile(args: argparse.Namespace, graph: Graph) -> None:
@@ -209,8 +214,10 @@ def _cross_compile(args: argparse.Namespace, graph: Graph) -> None:
     try:
         toolchain.require_compiler()
         arch = check_arch(args.arch or default_arch(), dtype)
+        from fusec.cli.compile import quantize_from_args
+
         plan = fusec.compile(graph, dtype=dtype, arch=arch, disabled_fusions=args.disable_fusion,
-                             enabled_fusions=args.enable_fusion)
+                             enabled_fusions=args.enable_fusion, **quantize_from_args(args))
     except KeyboardInterrupt:
         raise
     except Exception as e:  # noqa: BLE001 -- the reference result still comes; say in one line why the side compile did not
@@ -259,9 +266,11 @@ def _run_reference(args: argparse.Namespace, graph: Graph, inputs: dict[str, np.
     from fusec.passes.pipeline import optimize
 
     check_dump_dir(args)
+    from fusec.cli.compile import quantize_from_args
+
     storage, _ = DTYPES[args.dtype or "fp32"]
     opts = PassOptions(storage_dtype=storage, disabled_fusions=frozenset(args.disable_fusion),
-                       enabled_fusions=frozenset(args.enable_fusion))
+                       enabled_fusions=frozenset(args.enable_fusion), **quantize_from_args(args))
     optimized, _ = optimize(graph, opts, dump_dir=args.dump_dir)
     with progress_stage("reference", None) as step:
         return reference.run_planned(optimized, inputs, plan_memory(optimized), progress=step)

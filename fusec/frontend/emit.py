@@ -66,6 +66,9 @@ class Emitter:
         self.constants: list[Value] = []
         # keyed by id(); the Const is kept alive alongside so its id cannot be reused
         self._materialized: dict[int, tuple[Const, Value]] = {}
+        # values that are a DequantizeLinear of a constant weight (fusec.frontend.onnx_qweights): a
+        # MatMul reading one keeps the weight packed
+        self.qdq: dict[Value, Any] = {}
 
     def fresh(self, base: str) -> str:
         """A new name derived from ``base`` that no file value and no emitted value uses."""

@@ -22,6 +22,26 @@ Handler = Callable[["NodeCtx"], Sequence["Sym | None"]]
 HANDLERS: dict[str, Handler] = {}
 
 
+# Handlers of ops outside the default domain, by (domain, op type): com.microsoft's MatMulNBits.
+DOMAIN_HANDLERS: dict[tuple[str, str], Handler] = {}
+
+
+def domain_handler(domain: str, *op_types: str) -> Callable[[Handler], Handler]:
+    def register(fn: Handler) -> Handler:
+        for t in op_types:
+            DOMAIN_HANDLERS[(domain, t)] = fn
+        return fn
+
+    return register
+
+
+def handler_of(domain: str, op_type: str) -> Handler | None:
+    """The handler of ``op_type`` in ``domain`` ("" or "ai.onnx": the default domain), or None."""
+    if domain in ("", "ai.onnx"):
+        return HANDLERS.get(op_type)
+    return DOMAIN_HANDLERS.get((domain, op_type))
+
+
 def handler(*op_types: str) -> Callable[[Handler], Handler]:
     def register(fn: Handler) -> Handler:
         for t in op_types:

@@ -23,8 +23,9 @@ from fusec.frontend import onnx_einsum, onnx_ops, onnx_ops_data, onnx_ops_ext  #
 from fusec.frontend import onnx_ops_conv, onnx_ops_pool  # noqa: F401  (Conv and pooling handlers)
 from fusec.frontend import onnx_ops_act, onnx_ops_attention, onnx_ops_loss, onnx_ops_misc  # noqa: F401  (decomposed)
 from fusec.frontend import onnx_ops_norm, onnx_ops_quant, onnx_ops_resize, onnx_ops_seq  # noqa: F401  (decomposed)
+from fusec.frontend import onnx_qweights  # noqa: F401  (MatMulNBits; DequantizeLinear -> MatMul as QMATMUL)
 from fusec.frontend.emit import WEIGHT_MIN_ELEMS, Const, Emitter, Sym
-from fusec.frontend.onnx_ctx import HANDLERS, NodeCtx
+from fusec.frontend.onnx_ctx import NodeCtx, handler_of
 from fusec.frontend.onnx_load import ONNX_TO_DTYPE, LoadedModel, load_model, onnx_type_name
 from fusec.frontend.onnx_ops_act import InexactConstant
 from fusec.ir import Graph, Node, Value, verify
@@ -67,7 +68,7 @@ def _check_supported(loaded: LoadedModel, opset: int) -> None:
     bad: dict[tuple[str, str, object], list[str]] = {}
     for node in loaded.model.graph.node:
         dom = "" if node.domain == "ai.onnx" else node.domain
-        if dom == "" and node.op_type in HANDLERS:
+        if handler_of(dom, node.op_type) is not None:
             continue
         bad.setdefault((node.op_type, node.domain, versions.get(dom)), []).append(node.name)
     if not bad:
@@ -175,7 +176,7 @@ class _Importer:
                 raise ModelError(f"{self.loaded.label}: node {node.name!r} uses {name!r}, which nothing defines")
         cx = NodeCtx(self.em, self.loaded, node, ins, self.opset, used)
         try:
-            results = list(HANDLERS[node.op_type](cx))
+            results = list(handler_of(node.domain, node.op_type)(cx))  # type: ignore[misc]  (checked at load)
         except InexactConstant as e:
             raise cx.fail(str(e)) from None
         for i, name in enumerate(node.output):

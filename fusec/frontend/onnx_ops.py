@@ -167,7 +167,10 @@ def _reduce(cx: NodeCtx) -> list[Sym | None]:
 
 @handler("MatMul")
 def _matmul(cx: NodeCtx) -> list[Sym | None]:
-    return [cx.emit(Op.MATMUL, cx.x(0), cx.x(1), final=True)]
+    from fusec.frontend.onnx_qweights import qdq_matmul
+
+    packed = qdq_matmul(cx, cx.x(0), cx.x(1))  # B dequantized from a constant weight: keep it packed
+    return [packed if packed is not None else cx.emit(Op.MATMUL, cx.x(0), cx.x(1), final=True)]
 
 
 @handler("Gemm")

@@ -4,14 +4,16 @@ Dequantize: (float(x) - float(zero_point)) * scale, in fp32, cast to scale's dty
 ``output_dtype``). Quantize: clip(round_half_even(x / scale) + zero_point) to the output
 integer's range, cast to it (the zero point's dtype, else ``output_dtype``, else uint8). Scales and
 zero points are scalars, per-axis [C] vectors, or blocked (``block_size`` along ``axis``: each
-value repeated over its block). Float8 / 4- and 2-bit types are refused: fusec has no such dtype.
+value repeated over its block). Constant int4/uint4 tensors (weights) are widened to 8 bits
+(exact); a DequantizeLinear of a constant weight read by a MatMul stays packed
+(``fusec.frontend.onnx_qweights``). Float8 / 2-bit types are refused: fusec has no such dtype.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from fusec.frontend.emit import Sym, np_dtype
+from fusec.frontend.emit import Const, Sym, np_dtype
 from fusec.frontend.onnx_ctx import NodeCtx, handler
 from fusec.frontend.onnx_load import np_dtype_of
 from fusec.frontend.onnx_ops_act import c
@@ -20,6 +22,7 @@ from fusec.frontend.onnx_ops_norm import cast
 from fusec.ops import Op
 
 _INT_RANGES = {np.dtype(t): (np.iinfo(t).min, np.iinfo(t).max) for t in (np.uint8, np.int8, np.uint16, np.int16)}
+_FOUR_BIT = {"int4": np.int8, "uint4": np.uint8}  # ml_dtypes' names (onnx's numpy_helper returns them)
 
 
 def _spread(cx: NodeCtx, p: Sym, x: Sym, axis: int, block: int, what: str) -> Sym:
@@ -49,21 +52,35 @@ def _axis_block(cx: NodeCtx, x: Sym) -> tuple[int, int]:
     return int(cx.attr("axis", 1)), int(cx.attr("block_size", 0) or 0)
 
 
+def _widen4(s: Sym) -> Sym:
+    """A constant int4/uint4 tensor as int8/uint8 (exact; fusec has no 4-bit dtype)."""
+    if isinstance(s, Const) and s.array.dtype.name in _FOUR_BIT:
+        return Const(s.array.astype(_FOUR_BIT[s.array.dtype.name]), weight=s.weight, name=s.name)
+    return s
+
+
 @handler("DequantizeLinear")
 def _dequantize(cx: NodeCtx) -> list[Sym | None]:
+    from fusec.frontend.onnx_qweights import note_dequantized
+
     x, scale = cx.x(0), cx.x(1)
+    bits = 4 if np_dtype(x).name in _FOUR_BIT else 8
+    x = _widen4(x)
     if np_dtype(x) not in _INT_RANGES and np_dtype(x) != np.int32:
-        raise cx.fail(f"x of dtype {np_dtype(x)} is not supported (8/16-bit integers and int32 are)")
+        raise cx.fail(f"x of dtype {np_dtype(x)} is not supported (4/8/16-bit integers and int32 are; "
+                      "4-bit only as a constant)")
     axis, block = _axis_block(cx, x)
     xf = cast(cx, x, np.dtype(np.float32))
-    if cx.has(2):
-        zp = cx.x(2)
+    zp = _widen4(cx.x(2)) if cx.has(2) else None
+    if zp is not None:
         if np_dtype(zp) != np_dtype(x):
             raise cx.fail(f"zero point dtype {np_dtype(zp)} differs from x's {np_dtype(x)}")
         xf = cx.emit(Op.SUB, xf, _spread(cx, cast(cx, zp, np.dtype(np.float32)), x, axis, block, "x_zero_point"))
     y = cx.emit(Op.MUL, xf, _spread(cx, cast(cx, scale, np.dtype(np.float32)), x, axis, block, "x_scale"))
     out = np_dtype_of(int(cx.attr("output_dtype"))) if cx.attr("output_dtype") else np_dtype(scale)
-    return [cast(cx, y, np.dtype(out))]
+    y = cast(cx, y, np.dtype(out))
+    note_dequantized(cx, y, x, scale, zp, int(cx.attr("axis", 1)), block, bits)  # a MatMul may keep x packed
+    return [y]
 
 
 @handler("QuantizeLinear")

@@ -326,6 +326,8 @@ def _gpu_ready(ctx: Context, node: Node, label: str) -> bool:
     body = node.attrs.body.nodes if node.op.value == "fused" else [node]
     for n in body:
         for v in (*n.inputs, *n.outputs):
+            if n.op.value in ("qmatmul", "qgather") and v in n.inputs[1:]:
+                continue  # packed weights (u8 codes...): read by the quantized kernels' own types
             if not v.dtype.on_gpu:
                 raise LoweringError(f"{label}: {n.op.value} on {v.dtype.value} has no GPU lowering "
                                     "(that dtype runs on the reference backend only)")

@@ -264,7 +264,8 @@ def kernel_plan(body: Graph) -> tuple[str, Any]:
                 return ("gemv", skinny.plan(body))
             except skinny.NoPlan as e:
                 raise _NoPlan(str(e)) from None
-        if ops[0] != Op.MATMUL or Op.MATMUL in ops[1:]:
+    if Op.MATMUL in ops or Op.QMATMUL in ops:  # a QMATMUL (packed weight) takes the same epilogues
+        if ops[0] not in (Op.MATMUL, Op.QMATMUL) or Op.MATMUL in ops[1:] or Op.QMATMUL in ops[1:]:
             raise _NoPlan("a matrix product reads its operands as they are: one product, first, "
                           "with an elementwise epilogue only")
         return ("gemm_epilogue", _epilogue_plan(body))
@@ -333,8 +334,15 @@ def lower_fused(ctx: Context, node: Node, label: str) -> None:
     elif kind == "gemm_epilogue":
         mm, iexpr = detail
         outer[mm.output] = node.output
-        N.matmul(ctx, Node(Op.MATMUL, [outer[x] for x in mm.inputs], [node.output], mm.attrs), label)  # cuBLAS
-        _emit_indexed(ctx, iexpr, outer, node.output, label + " epilogue")
+        from fusec.lower import quant
+
+        if mm.op == Op.QMATMUL:  # the quantized GEMV fuses what it can (fusec.lower.quant)
+            fused = quant.lower_fused(ctx, node, mm, outer, label)
+        else:
+            N.matmul(ctx, Node(Op.MATMUL, [outer[x] for x in mm.inputs], [node.output], mm.attrs), label)  # cuBLAS
+            fused = False
+        if not fused:
+            _emit_indexed(ctx, iexpr, outer, node.output, label + " epilogue")
     elif kind == "attention":
         emit_attention(ctx, detail, node, label)
     elif kind == "head_rope":

@@ -1,0 +1,59 @@
+"""Builders of the kernels over packed quantized weights (templates/qgemv.cu.jinja,
+templates/qdequant.cu.jinja; the format's arithmetic in templates/quant.cuh)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fusec.codegen.build_gemm import _epi_params, _round_fn
+from fusec.codegen.kernels import Rendered, builder, cdiv, kernel_name
+from fusec.codegen.render import Ident, ctype
+from fusec.codegen.specs_quant import QDequantSpec, QGemvSpec
+from fusec.dtypes import DType
+
+_UNROLL_CHUNKS = 8  # packed chunks a lane loads per round, over all its rows (registers)
+
+
+def packed_params(fmt_name: str) -> tuple[str, ...]:
+    """The kernel's pointer parameters for a format's packed operands (``fusec.quant`` order)."""
+    from fusec.quant import FORMATS
+
+    f = FORMATS[fmt_name]
+    out = ["codes"] + (["high"] if f.high_planes else []) + ["scale"]
+    out += (["sub"] if f.sub_scale is not None else []) + (["zero"] if f.zero is None else [])
+    out += {"none": [], "min": ["minv"], "kmin": ["minv", "mins"]}[f.offset]
+    return tuple(out)
+
+
+def _format_ctx(fmt_name: str, group: int, scale_dtype: DType) -> dict[str, Any]:
+    from fusec.quant import FORMATS
+
+    f = FORMATS[fmt_name]
+    return {"bits": f.bits, "signed": int(f.signed), "group": group, "sb": f.super_block or group,
+            "zero": -1 if f.zero is None else f.zero,
+            "sub": {None: 0, DType.U8: 1, DType.I8: 2}[f.sub_scale],
+            "off": {"none": 0, "min": 1, "kmin": 2}[f.offset], "st": ctype(scale_dtype)}
+
+
+@builder(QGemvSpec)
+def _qgemv(spec: QGemvSpec) -> Rendered:
+    nch = spec.K // 32
+    # chunks per lane per round: enough 16-byte loads in flight, but the unrolled body (chunks x 4
+    # steps x M rows x 8 FMAs) stays small enough for ptxas (M = 16 with 8 chunks took ~2 minutes)
+    unroll = max(1, min(_UNROLL_CHUNKS // spec.rows, 32 // spec.M, cdiv(nch, 32)))
+    ctx = {"name": kernel_name("qgemv", spec), "M": spec.M, "N": spec.N, "K": spec.K, "R": spec.rows, "U": unroll,
+           "t": ctype(spec.dtype), "bias": spec.epilogue.bias, "act": Ident(spec.epilogue.activation),
+           "residual": spec.epilogue.residual, "round_x": _round_fn(spec.dtype),
+           **_format_ctx(spec.fmt, spec.group, spec.scale_dtype)}
+    return Rendered("qgemv.cu.jinja", ctx, (cdiv(spec.N, 4 * spec.rows), 1, 1), (128, 1, 1),
+                    ("x",) + packed_params(spec.fmt) + _epi_params(spec.epilogue) + ("C",))
+
+
+@builder(QDequantSpec)
+def _qdequant(spec: QDequantSpec) -> Rendered:
+    rows = spec.ids or spec.rows or spec.N
+    ctx = {"name": kernel_name("qdequant", spec), "K": spec.K, "N": spec.N, "rows": rows, "row0": spec.row0,
+           "ids": spec.ids > 0, "id_t": ctype(spec.id_dtype), "t": ctype(spec.dtype),
+           **_format_ctx(spec.fmt, spec.group, spec.scale_dtype)}
+    return Rendered("qdequant.cu.jinja", ctx, (cdiv(rows * (spec.K // 32), 256), 1, 1), (256, 1, 1),
+                    (("ids",) if spec.ids else ()) + packed_params(spec.fmt) + ("W",))

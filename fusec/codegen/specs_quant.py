@@ -1,0 +1,78 @@
+"""Kernel specs over packed quantized weights (``fusec.quant``): the quantized GEMV of decode
+steps and the dequantization a prefill's cuBLAS product reads (``fusec.codegen.build_quant``).
+
+The format is named by ``fmt`` (a ``fusec.quant.FORMATS`` key) and checked here, so a spec holds
+only fusec's own names, ints and allow-listed dtypes."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from fusec.codegen.spec_base import FLOATS, _pos, _req
+from fusec.codegen.specs import Epilogue
+from fusec.dtypes import DType
+
+QGEMV_MAX_M = 16
+
+
+def _check_format(fmt: str, n: int, k: int, group: int, scale_dtype: DType) -> None:
+    from fusec.quant import FORMATS, SCALE_DTYPES, check_layout
+
+    _req(fmt in FORMATS, f"unknown quantized format {fmt!r}")
+    try:
+        check_layout(FORMATS[fmt], n, k, group)
+    except ValueError as e:
+        raise ValueError(str(e)) from None
+    _req(scale_dtype in SCALE_DTYPES, f"scales are f16 or f32, got {scale_dtype}")
+
+
+@dataclasses.dataclass(frozen=True)
+class QGemvSpec:
+    """C[M, N] = epilogue(x[M, K] @ W^T), W [N, K] packed in ``fmt`` (groups of ``group``).
+    ``rows``: output rows per warp (1, 2 or 4). Params: x, the packed operands (the format's
+    order), [bias], [residual], C."""
+
+    M: int
+    N: int
+    K: int
+    fmt: str
+    group: int
+    dtype: DType
+    scale_dtype: DType = DType.F16
+    epilogue: Epilogue = Epilogue()
+    rows: int = 2
+
+    def __post_init__(self) -> None:
+        _pos(("M", self.M), ("N", self.N), ("K", self.K), ("group", self.group))
+        _req(self.M <= QGEMV_MAX_M, f"the quantized gemv handles M <= {QGEMV_MAX_M}")
+        _req(self.dtype in FLOATS, "the quantized gemv is float")
+        _req(self.rows in (1, 2, 4), "rows per warp must be 1, 2 or 4")
+        _check_format(self.fmt, self.N, self.K, self.group, self.scale_dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class QDequantSpec:
+    """Rows [row0, row0 + rows) of W [N, K] packed in ``fmt`` -> a contiguous [rows, K] matrix of
+    ``dtype``; with ``ids`` > 0, rows ids[0 .. ids) instead (QGATHER: an embedding lookup; an id
+    outside [-N, N) writes a NaN row, negative ids count from the end). Params: [ids], the packed
+    operands (of the whole weight), out."""
+
+    N: int
+    K: int
+    fmt: str
+    group: int
+    dtype: DType
+    scale_dtype: DType = DType.F16
+    row0: int = 0
+    rows: int = 0  # 0: all N
+    ids: int = 0  # > 0: gather these many rows by index
+    id_dtype: DType = DType.I64
+
+    def __post_init__(self) -> None:
+        _pos(("N", self.N), ("K", self.K), ("group", self.group))
+        _req(self.dtype in FLOATS, "dequantization writes floats")
+        _req(isinstance(self.row0, int) and isinstance(self.rows, int) and 0 <= self.row0
+             and 0 <= self.rows and self.row0 + (self.rows or self.N) <= self.N, "rows outside the weight")
+        _req(isinstance(self.ids, int) and self.ids >= 0 and self.id_dtype in (DType.I32, DType.I64),
+             "ids: a count >= 0 of int32/int64 indices")
+        _check_format(self.fmt, self.N, self.K, self.group, self.scale_dtype)

@@ -1,0 +1,110 @@
+"""Lowering of QMATMUL (a product over a packed quantized weight, ``fusec.quant``).
+
+``choose`` is the one selection rule (kept in one small function, to move into the kernel-selection
+pass): rows of activations M <= 16 (decode steps, small batches) run fusec's quantized GEMV
+(``QGemvSpec``: the weight dequantized in registers, 16-byte loads of its codes, fp32 accumulation,
+the bias/activation/residual epilogue fused); larger M (prefill) dequantizes the weight into arena
+scratch, a block of rows at a time (at most ``SCRATCH_BYTES``), and cuBLAS multiplies it there
+(``QDequantSpec`` + a GEMM reading the block through its transpose flag, writing its columns of
+the output). The chosen variant is counted in the lowering report (``by_template``: qgemv /
+qdequant) and recorded per product in ``ctx.counts["qmatmul:<variant>"]``.
+
+Measured alternatives are the A/B's business: a dequantize-in-tile tensor-core GEMM for prefill is
+not written yet (see the report of issue 22).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from fusec.codegen.specs import Epilogue
+from fusec.codegen.specs_quant import QGEMV_MAX_M, QDequantSpec, QGemvSpec
+from fusec.ir import Node, Value
+from fusec.lower import Context, LoweringError, Raw
+from fusec.quant import FORMATS
+
+SCRATCH_BYTES = 32 << 20  # the prefill's dequantized block of a weight
+
+
+def choose(m: int, n: int, k: int, fmt: str) -> str:
+    """"qgemv" (dequantize in registers) or "dequant_gemm" (dequantize to scratch, then cuBLAS)."""
+    return "qgemv" if m <= QGEMV_MAX_M else "dequant_gemm"
+
+
+def rows_per_warp(m: int) -> int:
+    """Output rows a GEMV warp computes: 2 share each activation load; past M = 8 the accumulators
+    of two rows spill (ptxas -v, sm_90), so one."""
+    return 2 if m <= 8 else 1
+
+
+def lower_qmatmul(ctx: Context, node: Node, label: str, epilogue: Epilogue | None = None,
+                  extra: tuple[Value, ...] = ()) -> bool:
+    """Emit ``node`` (a QMATMUL over outer values). With ``epilogue`` (its ``extra`` operands:
+    [bias], [residual]) the product fuses it when the GEMV runs it; returns whether it did (the
+    caller then applies the epilogue itself)."""
+    x, packed, out = node.inputs[0], node.inputs[1:], node.outputs[0]
+    a = node.attrs
+    m = math.prod(x.shape[:-1])
+    scale_dtype = packed[2 if FORMATS[a.format].high_planes else 1].dtype
+    variant = choose(m, a.n, a.k, a.format)
+    if variant == "qgemv" and ctx.aligned(x, out, *extra) and all(ctx.aligned(p) for p in packed):
+        spec = QGemvSpec(m, a.n, a.k, a.format, a.group, x.dtype, scale_dtype, epilogue or Epilogue(),
+                         rows_per_warp(m))
+        ctx.kernel(spec, [x, *packed, *extra, out], f"{label} qgemv")
+        ctx.count("qmatmul:qgemv")
+        return epilogue is not None
+    _dequant_gemm(ctx, x, packed, out, a, scale_dtype, m, label)
+    ctx.count("qmatmul:dequant_gemm")
+    return False
+
+
+def _dequant_gemm(ctx: Context, x: Value, packed: tuple[Value, ...], out: Value, a: Any, scale_dtype: Any,
+                  m: int, label: str) -> None:
+    from fusec.lower.nodes import gemm_compute
+
+    item = x.dtype.itemsize
+    rows = max(16, min(a.n, SCRATCH_BYTES // (a.k * item)) // 16 * 16)
+    rows = min(rows, a.n)
+    base = ctx.scratch(rows * a.k * item)
+    for r0 in range(0, a.n, rows):
+        r = min(rows, a.n - r0)
+        ctx.kernel(QDequantSpec(a.n, a.k, a.format, a.group, x.dtype, scale_dtype, r0, r), [*packed, base],
+                   f"{label} dequantize rows {r0}..{r0 + r}")
+        fields = {"m": m, "n": r, "k": a.k, "batch": 1, "lda": a.k, "ldb": a.k, "ldc": a.n, "stride_a": 0,
+                  "stride_b": 0, "stride_c": 0, "trans_a": False, "trans_b": True, "dtype": x.dtype.value,
+                  "compute": gemm_compute(ctx, None, x.dtype)}
+        ctx.gemm(fields, x, packed[0], (out, r0), label)
+        ctx.launches[-1]["b"] = ctx.ptr(Raw(base.space, base.offset))[1:]  # the dequantized block in scratch
+
+
+def lower_node(ctx: Context, node: Node, label: str) -> None:
+    """``LOWER[Op.QMATMUL]``: a plain product (no epilogue)."""
+    lower_qmatmul(ctx, node, label)
+
+
+def lower_gather(ctx: Context, node: Node, label: str) -> None:
+    """``LOWER[Op.QGATHER]``: the rows of a packed table, dequantized by the same kernel as the prefill's."""
+    ids, packed, out, a = node.inputs[0], node.inputs[1:], node.outputs[0], node.attrs
+    scale_dtype = packed[2 if FORMATS[a.format].high_planes else 1].dtype
+    if not ctx.aligned(out) or not all(ctx.aligned(p) for p in packed):
+        raise LoweringError(f"{label}: qgather's output and table must be 16-byte aligned (the kernel's vector stores)")
+    spec = QDequantSpec(a.n, a.k, a.format, a.group, out.dtype, scale_dtype, ids=ids.numel, id_dtype=ids.dtype)
+    ctx.kernel(spec, [ids, *packed, out], f"{label} qgather")
+
+
+def lower_fused(ctx: Context, node: Node, mm: Node, outer: dict[Value, Value], label: str) -> bool:
+    """A gemm_epilogue group whose product is a QMATMUL: one GEMV with the epilogue when the chain
+    is [+ bias] [activation] [+ residual] (``fusec.lower.choices``'s parse) and the GEMV runs;
+    False: the product was emitted alone and the caller applies the epilogue."""
+    from fusec.lower.choices import _epilogue
+
+    q = Node(mm.op, [outer[v] for v in mm.inputs], [node.outputs[0]], mm.attrs, mm.name)
+    parsed = _epilogue(node.attrs.body)
+    if parsed is None:
+        lower_qmatmul(ctx, q, label)
+        return False
+    bias, act, res = parsed
+    epi = Epilogue(bias=bias is not None, activation=act, residual=res is not None)
+    extra = tuple(outer[v] for v in (bias, res) if v is not None)
+    return lower_qmatmul(ctx, q, label, epi, extra)

@@ -1,0 +1,117 @@
+// Packed quantized weights (fusec/quant.py's layout): one 32-weight chunk of one row at a time.
+// The including template defines the format first:
+//   QB_BITS (4, 5, 6, 8), QB_SIGNED (8-bit codes are int8), QB_GROUP (weights per scale: 16 or a
+//   multiple of 32), QB_SB (weights per `scale` entry), QB_ZERO (the constant zero point, -1: per
+//   group `zero` array), QB_SUB (0 none, 1 u8, 2 i8 sub-scales), QB_OFF (0 none, 1 +min, 2
+//   -(dmin * mins)), QB_K (weights per row), and `qb_scale_t` (the scale storage type).
+// W[n, k] = s * (q - z) + o per group; the codes of chunk c of row n are 16 bytes (4-6 bits: byte j
+// holds w[j] low and w[j + 16] high) or 32 bytes (8 bits), read with 16-byte loads.
+#pragma once
+
+#define QB_NCH (QB_K / 32)
+#define QB_GPC (QB_GROUP < 32 ? 2 : 1)  // groups per chunk
+
+struct QbPtrs {
+  const unsigned char* codes;
+  const unsigned int* high;
+  const qb_scale_t* scale;
+  const unsigned char* sub;
+  const unsigned char* zero;
+  const qb_scale_t* minv;  // +min per group (QB_OFF 1), or dmin per super-block (QB_OFF 2)
+  const unsigned char* mins;
+};
+
+// One chunk's raw packed data and its groups' scale, offset and zero (as 2**23 + z: see qb_w8).
+struct QbChunk {
+  uint4 q0, q1;
+  unsigned int h0, h1;
+  float s[QB_GPC], o[QB_GPC], zf[QB_GPC];
+};
+
+// All of this chunk's global loads: the codes (16-byte loads), bit planes, scales. Nothing here
+// reads the activations, so a kernel can issue these first.
+__device__ __forceinline__ void qb_load(const QbPtrs& p, long long n, int c, QbChunk& ch) {
+  if (QB_BITS == 8) {
+    const uint4* src = reinterpret_cast<const uint4*>(p.codes + n * QB_K + (long long)c * 32);
+    ch.q0 = __ldg(src);
+    ch.q1 = __ldg(src + 1);
+  } else {
+    ch.q0 = __ldg(reinterpret_cast<const uint4*>(p.codes + n * (QB_K / 2) + (long long)c * 16));
+  }
+  if (QB_BITS == 5 || QB_BITS == 6) {
+    const long long hb = QB_BITS - 4;
+    ch.h0 = __ldg(p.high + (n * QB_NCH + c) * hb);
+    ch.h1 = QB_BITS == 6 ? __ldg(p.high + (n * QB_NCH + c) * hb + 1) : 0u;
+  }
+#pragma unroll
+  for (int g = 0; g < QB_GPC; ++g) {
+    const int k = c * 32 + g * 16;  // first weight of the group's part of this chunk
+    const long long gi = n * (QB_K / QB_GROUP) + k / QB_GROUP;
+    float s = fc_val(p.scale[n * (QB_K / QB_SB) + k / QB_SB]);
+    if (QB_SUB == 1) s *= (float)__ldg(p.sub + gi);
+    if (QB_SUB == 2) s *= (float)(signed char)__ldg(p.sub + gi);
+    float o = 0.0f;
+    if (QB_OFF == 1) o = fc_val(p.minv[gi]);
+    if (QB_OFF == 2) o = -(fc_val(p.minv[n * (QB_K / QB_SB) + k / QB_SB]) * (float)__ldg(p.mins + gi));
+    const int z = QB_ZERO >= 0 ? QB_ZERO : (int)__ldg(p.zero + gi);
+    ch.s[g] = s;
+    ch.o[g] = o;
+    ch.zf[g] = 8388608.0f + (float)(z + (QB_BITS == 8 && QB_SIGNED ? 128 : 0));
+  }
+}
+
+// A chunk that dequantizes to zeros (rows past N, chunks past K: nothing is read).
+__device__ __forceinline__ void qb_zero(QbChunk& ch) {
+  ch.q0 = make_uint4(0u, 0u, 0u, 0u);
+  ch.q1 = ch.q0;
+  ch.h0 = ch.h1 = 0u;
+#pragma unroll
+  for (int g = 0; g < QB_GPC; ++g) {
+    ch.s[g] = 0.0f;
+    ch.o[g] = 0.0f;
+    ch.zf[g] = 8388608.0f;
+  }
+}
+
+// 2**23 + b exactly, for a byte b: the float whose mantissa holds b (one PRMT), so that
+// (2**23 + b) - (2**23 + z) = b - z is exact.
+__device__ __forceinline__ float qb_f(unsigned int word, int byte) {
+  return __uint_as_float(__byte_perm(word, 0x4B000000u, (unsigned)byte | 0x7650u));
+}
+
+// The 8 dequantized weights 8*s .. 8*s+7 of a chunk (s = 0..3), in fp32.
+__device__ __forceinline__ void qb_w8(const QbChunk& ch, int s, float w[8]) {
+  unsigned int lo, hi;  // 8 codes, one per byte
+  if (QB_BITS == 8) {
+    const uint4 q = s < 2 ? ch.q0 : ch.q1;
+    lo = (s & 1) ? q.z : q.x;
+    hi = (s & 1) ? q.w : q.y;
+    if (QB_SIGNED) {  // int8 -> int8 + 128 (as a byte): the zero point absorbs the 128
+      lo ^= 0x80808080u;
+      hi ^= 0x80808080u;
+    }
+  } else {
+    const unsigned int a = (s & 1) ? ch.q0.z : ch.q0.x, b = (s & 1) ? ch.q0.w : ch.q0.y;
+    const int shift = s < 2 ? 0 : 4;  // sub-steps 0, 1: low nibbles (w0..15); 2, 3: high (w16..31)
+    lo = (a >> shift) & 0x0F0F0F0Fu;
+    hi = (b >> shift) & 0x0F0F0F0Fu;
+    if (QB_BITS == 5 || QB_BITS == 6) {  // bit 4 (and 5) of weight e = 8*s + i: bit e of the planes
+      const unsigned int e0 = ch.h0 >> (8 * s), e1 = ch.h1 >> (8 * s);
+      unsigned int x0 = 0, x1 = 0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        x0 |= (((e0 >> i) & 1u) << 4 | (QB_BITS == 6 ? ((e1 >> i) & 1u) << 5 : 0u)) << (8 * i);
+        x1 |= (((e0 >> (i + 4)) & 1u) << 4 | (QB_BITS == 6 ? ((e1 >> (i + 4)) & 1u) << 5 : 0u)) << (8 * i);
+      }
+      lo |= x0;
+      hi |= x1;
+    }
+  }
+  const int g = QB_GPC == 2 ? s >> 1 : 0;
+  const float sc = ch.s[g], off = ch.o[g], zf = ch.zf[g];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    w[i] = QB_OFF ? fmaf(sc, qb_f(lo, i) - zf, off) : sc * (qb_f(lo, i) - zf);
+    w[i + 4] = QB_OFF ? fmaf(sc, qb_f(hi, i) - zf, off) : sc * (qb_f(hi, i) - zf);
+  }
+}

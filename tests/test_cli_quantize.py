@@ -1,0 +1,36 @@
+"""CLI: --quantize on compile / inspect (a plan records and replays it) and its bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_cli_compile import call, no_gpu  # noqa: F401  (no_gpu: a fixture)
+
+
+def test_compile_quantized_plan_and_inspect_its_weights(capsys, tmp_path, no_gpu, monkeypatch) -> None:
+    monkeypatch.setenv("FUSEC_CACHE_DIR", str(tmp_path / "cache"))
+    plan = tmp_path / "q.fplan"
+    code, out, err = call(capsys, ["compile", "llama-tiny", "--quantize", "int4", "--quantize-group", "32",
+                                   "--dtype", "bf16", "-o", str(plan)])
+    assert code == 0, err
+    code, out, err = call(capsys, ["inspect", str(plan), "--json"])
+    info = json.loads(out)
+    assert info["source"]["options"] == {"quantize": "int4", "quantize_group": 32}
+    assert info["report"]["weights"]["by_format"]["uint4"]["tensors"] == 8
+    code, out, _ = call(capsys, ["inspect", str(plan)])
+    assert code == 0 and "uint4" in out and "quantized   14 products with --quantize int4 (group 32)" in out
+    code, out, err = call(capsys, ["compile", str(plan), "--arch", "sm_80", "--from-source", "-o", str(tmp_path / "r.fplan")])
+    assert code == 0, err
+    code, out, _ = call(capsys, ["inspect", str(tmp_path / "r.fplan"), "--json"])
+    assert json.loads(out)["report"]["weights"]["by_format"]["uint4"]["tensors"] == 8  # replayed from the record
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["inspect", "llama-tiny", "--quantize-head"], "--quantize-group/--quantize-head apply only with --quantize"),
+    (["inspect", "llama-tiny", "--quantize", "int8", "--quantize-group", "32"], "applies to --quantize int4"),
+    (["run", "llama-tiny", "--no-optimize", "--quantize", "int8"], "--no-optimize runs the raw imported graph"),
+])
+def test_bad_quantize_options_are_one_line(capsys, no_gpu, argv, needle) -> None:
+    code, out, err = call(capsys, argv)
+    assert code == 1 and needle in err and err.count("\n") == 1, err

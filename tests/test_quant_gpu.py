@@ -1,0 +1,172 @@
+"""Kernels and plans over packed quantized weights on the GPU (skipped without one), against the
+numpy reference: the quantized GEMV for every format at odd sizes and M = 1..16 (epilogues too),
+the prefill's dequantization, plans taking both paths, and generation from packed weights (a
+Q4_K_M-like mix of random blocks; fusec's --quantize int4/int8) equal to the reference token for
+token in fp32. Fresh random data each run; outputs poisoned before each launch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_decode_kernels_gpu import dev, host, poisoned
+from test_quant_kernels import sample_weight
+
+from fusec import quant
+from fusec.codegen import kernels as K
+from fusec.codegen.build_quant import packed_params
+from fusec.codegen.specs import Epilogue
+from fusec.codegen.specs_quant import QDequantSpec, QGemvSpec
+from fusec.dtypes import DType
+
+pytestmark = pytest.mark.gpu
+
+F16, BF16, F32 = DType.F16, DType.BF16, DType.F32
+TOL = {F32: 1e-5, F16: 2e-3, BF16: 1e-2}
+RNG = np.random.default_rng()
+
+
+def rel_err(out: np.ndarray, ref: np.ndarray) -> float:
+    o, r = np.asarray(out, np.float64), np.asarray(ref, np.float64)
+    assert not np.isnan(o).any(), f"{int(np.isnan(o).sum())} outputs never written (NaN)"
+    return float(np.linalg.norm(o - r) / max(np.linalg.norm(r), 1e-30))
+
+
+def _run(spec: object, args: list) -> None:  # noqa: ANN001
+    import cupy as cp
+
+    K.launch(K.build(spec), args)
+    cp.cuda.runtime.deviceSynchronize()
+
+
+@pytest.mark.parametrize("fmt", list(quant.FORMATS))
+@pytest.mark.parametrize("m", [1, 3, 8, 16])
+def test_qgemv_matches_reference(fmt, m):
+    n, k = 77, 768  # odd N; K three K-quant super-blocks, 24 chunks (fewer than a warp's lanes)
+    qw = sample_weight(fmt, n, k, RNG)
+    for dt in (F32, BF16):
+        x = RNG.standard_normal((m, k)).astype(np.float32).astype(dt.np)
+        ref = x.astype(np.float32) @ qw.dequantize().T
+        out = poisoned((m, n), dt)
+        spec = QGemvSpec(m, n, k, fmt, qw.group, dt, qw.scale_dtype, rows=2 if m <= 8 else 1)
+        _run(spec, [dev(x), *[dev(a) for a in qw.arrays], out])
+        assert rel_err(host(out, dt), ref) <= TOL[dt], (fmt, m, dt)
+
+
+@pytest.mark.parametrize("fmt,rows", [("uint4", 1), ("q4_k", 2), ("q6_k", 4)])
+def test_qgemv_epilogue_and_long_rows(fmt, rows):
+    """bias + SiLU + residual in the epilogue; K = 11008 (several rounds of chunks per lane)."""
+    m, n, k = 5, 83, 11008
+    qw = sample_weight(fmt, n, k, RNG)
+    x = RNG.standard_normal((m, k)).astype(np.float32)
+    bias, res = RNG.standard_normal(n).astype(np.float32), RNG.standard_normal((m, n)).astype(np.float32)
+    y = x @ qw.dequantize().T + bias
+    ref = y / (1 + np.exp(-y)) + res
+    out = poisoned((m, n), F32)
+    spec = QGemvSpec(m, n, k, fmt, qw.group, F32, qw.scale_dtype, Epilogue(True, "silu", True), rows=rows)
+    _run(spec, [dev(x), *[dev(a) for a in qw.arrays], dev(bias), dev(res), out])
+    assert rel_err(host(out, F32), ref) <= 1e-5
+
+
+@pytest.mark.parametrize("fmt", list(quant.FORMATS))
+def test_dequantize_kernel_matches_reference(fmt):
+    n, k = 53, 512
+    qw = sample_weight(fmt, n, k, RNG)
+    out = poisoned((20, k), F32)
+    _run(QDequantSpec(n, k, fmt, qw.group, F32, qw.scale_dtype, row0=30, rows=20),
+         [*[dev(a) for a in qw.arrays], out])
+    got, want = host(out, F32), qw.dequantize(30, 50)
+    if quant.FORMATS[fmt].offset == "none":
+        np.testing.assert_array_equal(got, want)  # s * (q - z): the reference's two roundings
+    else:
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-7 * max(1.0, float(np.abs(want).max())))
+    assert len(packed_params(fmt)) == len(qw.arrays)
+
+
+@pytest.mark.parametrize("fmt", ["q4_k", "q8_0", "q5_1"])
+def test_gather_kernel_matches_reference(fmt):
+    n, k = 300, 512
+    qw = sample_weight(fmt, n, k, RNG)
+    ids = np.array([0, 299, -1, 17, 300, -301, 17], np.int64)  # the last-but-two ids are out of range: NaN rows
+    out = poisoned((len(ids), k), BF16)
+    _run(QDequantSpec(n, k, fmt, qw.group, BF16, qw.scale_dtype, ids=len(ids)), [dev(ids), *[dev(a) for a in qw.arrays], out])
+    got = host(out, BF16).astype(np.float32)
+    ok = [0, 1, 2, 3, 6]
+    want = qw.dequantize()[ids[ok]].astype(BF16.np).astype(np.float32)
+    np.testing.assert_allclose(got[ok], want, rtol=1e-2, atol=1e-3 * np.abs(want).max())
+    assert np.isnan(got[[4, 5]]).all()
+
+
+@pytest.mark.parametrize("m", [4, 40])
+def test_plan_with_a_packed_product_matches_reference(m):
+    """M = 4: the GEMV with the epilogue fused; M = 40: dequantize into scratch + cuBLAS + epilogue."""
+    from test_quant_kernels import _qgraph
+
+    import fusec
+    from fusec import reference
+
+    g = _qgraph(m, epilogue=True)
+    feeds = {"x": RNG.standard_normal((m, 512)).astype(np.float32),
+             "res": RNG.standard_normal((m, 96)).astype(np.float32)}
+    want = reference.run(g, feeds)["y"]
+    plan = fusec.compile(g, dtype="fp32")
+    got = np.asarray(plan.run(feeds)["y"].get())
+    assert rel_err(got, want) <= 1e-5
+
+
+def _packed_model(layers: int = 2):
+    import dataclasses
+
+    from fusec.genmodel import GenModel
+    from fusec.models import get_config
+    from fusec.models.generate import SharedWeights
+    from fusec.models.weights import RandomPackedWeights, q4_k_m_types
+
+    cfg = dataclasses.replace(get_config("llama-tiny"), hidden_size=256, intermediate_size=512, num_heads=4,
+                              num_kv_heads=2, head_dim=64, num_layers=layers, tie_word_embeddings=False,
+                              name="llama-q4km")
+    return GenModel(cfg, SharedWeights(RandomPackedWeights(q4_k_m_types(layers), seed=1, scale=0.02)), None, (),
+                    cfg.name)
+
+
+PROMPTS = [[11, 12, 13, 14, 15, 16, 17, 18, 19], [21, 22, 23], [31, 32, 33, 34, 35, 36]]
+
+
+def test_generation_from_packed_weights_matches_reference_token_for_token():
+    from fusec.generation import ReferenceEngine, generate
+    from fusec.genmodel import build_graphs, compile_generation
+
+    plan = compile_generation(_packed_model(), batch=4, max_seq_len=48, prefill_len=12, dtype="fp32", eos_ids=[])
+    got = plan.generate(PROMPTS, max_new_tokens=20).new_ids
+    gm = _packed_model()
+    want = generate(ReferenceEngine(build_graphs(gm, 4, 48, 12, []), optimize=True), PROMPTS, 20,
+                    gm.config.vocab_size).new_ids
+    assert got == want
+    kinds = plan.manifest["reports"]["decode"]["lowering"]["by_template"]
+    assert kinds.get("qmatmul:qgemv", 0) >= 2 * 4 + 1  # every projection and the LM head in the GEMV
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_quantized_generation_matches_reference(method):
+    from fusec.generation import ReferenceEngine, generate
+    from fusec.genmodel import build_graphs, compile_generation, load_generation_model
+    from fusec.passes.base import PassOptions
+
+    q = {"quantize": method, "quantize_group": 32}
+    plan = compile_generation("qwen3-tiny", batch=4, max_seq_len=48, prefill_len=12, dtype="fp32", eos_ids=[], **q)
+    got = plan.generate(PROMPTS, max_new_tokens=16).new_ids
+    gm = load_generation_model("qwen3-tiny")
+    eng = ReferenceEngine(build_graphs(gm, 4, 48, 12, []), optimize=True, options=PassOptions(**q))
+    assert got == generate(eng, PROMPTS, 16, gm.config.vocab_size).new_ids
+
+
+def test_packed_decode_steps_do_no_host_work():
+    from fusec.genmodel import compile_generation
+
+    plan = compile_generation(_packed_model(), batch=2, max_seq_len=64, prefill_len=8, dtype="bf16", eos_ids=[])
+    res = plan.generate([[5, 6, 7], [8, 9]], max_new_tokens=24)
+    dec = res.stats["decode"]
+    assert dec["steps"] == 23 and dec["cuda_graph"]
+    if dec.get("counters") != "cupti":
+        pytest.skip(f"driver counters unavailable: {dec.get('counters')}")
+    per = dec["per_step"]
+    assert per["syncs"] == 0 and per["allocations"] == 0 and per["h2d_bytes"] == 0 and per["d2h_bytes"] == 0

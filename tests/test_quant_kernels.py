@@ -1,0 +1,178 @@
+"""The kernels over packed weights without a GPU: templates/quant.cuh's decoding rendered in numpy
+(the kernel's math: 32-bit words of codes, bytes picked as the PRMT does, bit planes per 8-weight
+step, w = s * ((2**23 + q) - (2**23 + z)) + o with an FMA) equals the format's reference
+dequantization; every format's GEMV and dequantization kernels compile with NVRTC for sm_80 and
+sm_90; the lowering picks the GEMV for M <= 16 (epilogue fused) and dequantize + cuBLAS above."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fusec.codegen import kernels as K
+from fusec.codegen.specs import Epilogue
+from fusec.codegen.specs_quant import QDequantSpec, QGemvSpec
+from fusec.dtypes import DType
+from fusec.quant import FORMATS, QWeight, from_affine
+from fusec.quant_gguf import PACKED, random_blocks, repack
+from fusec.quantize import quantize_weight
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _cache_dir(tmp_path_factory: pytest.TempPathFactory):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("FUSEC_CACHE_DIR", str(tmp_path_factory.mktemp("fusec_cache")))
+    yield
+    mp.undo()
+
+
+def sample_weight(fmt: str, n: int, k: int, rng: np.random.Generator) -> QWeight:
+    """A random weight packed in ``fmt`` (GGUF blocks, the RTN quantizer, or random affine codes)."""
+    gguf_type = next((t for t, (f, _, _) in PACKED.items() if f == fmt), None)
+    if gguf_type is not None:
+        return repack(random_blocks(gguf_type, n, k, rng), gguf_type, n, k, "w")
+    if fmt == "int8":
+        return quantize_weight(rng.standard_normal((n, k)).astype(np.float32), "int8")
+    bits = 8 if fmt.endswith("8") else 4
+    q = rng.integers(0, 1 << bits, (n, k)).astype(np.uint8)
+    if fmt == "int4":
+        q = (q.astype(np.int16) - 8).astype(np.int8)
+    ng = k // 64
+    zero = rng.integers(0, 1 << bits, (n, ng)).astype(np.uint8) if fmt.startswith("uint") else None
+    qw = from_affine(q, (rng.random((n, ng)) * 0.01 + 1e-3).astype(np.float16), zero, bits)
+    assert qw.format == fmt
+    return qw
+
+
+def _fma(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """fp32 fmaf: the product exact in fp64, one rounding of the sum (to fp64, then fp32)."""
+    return (a.astype(np.float64) * b.astype(np.float64) + c.astype(np.float64)).astype(np.float32)
+
+
+def kernel_dequant(qw: QWeight) -> np.ndarray:
+    """W as templates/quant.cuh computes it (qb_load + qb_w8), from the packed bytes."""
+    f = qw.fmt
+    it = iter(qw.arrays)
+    codes = next(it)
+    high = next(it) if f.high_planes else None
+    scale = next(it).astype(np.float32)
+    sub = next(it) if f.sub_scale is not None else None
+    zero = next(it) if f.zero is None else None
+    minv = next(it).astype(np.float32) if f.offset != "none" else None
+    mins = next(it) if f.offset == "kmin" else None
+    n, k, group = qw.n, qw.k, qw.group
+    sb = f.super_block or group
+    words = codes.view(np.uint8).reshape(n, k // 32, -1).view("<u4")  # 4 words a chunk (8 for 8 bits)
+    out = np.zeros((n, k), np.float32)
+    for c in range(k // 32):
+        for s in range(4):
+            if f.bits == 8:
+                q = words[:, c, (s // 2) * 4 + (s & 1) * 2:(s // 2) * 4 + (s & 1) * 2 + 2]
+                if f.signed:
+                    q = q ^ np.uint32(0x80808080)
+            else:
+                pair = words[:, c, (s & 1) * 2:(s & 1) * 2 + 2]
+                q = (pair >> np.uint32(0 if s < 2 else 4)) & np.uint32(0x0F0F0F0F)
+            byte = np.stack([(q >> np.uint32(8 * i)) & np.uint32(0xFF) for i in range(4)], axis=-1).reshape(n, 8)
+            if f.bits in (5, 6):
+                h = high.reshape(n, k // 32, f.bits - 4)[:, c, :]
+                for p in range(f.bits - 4):
+                    e = (h[:, p:p + 1] >> np.uint32(8 * s)) >> np.arange(8, dtype=np.uint32)[None, :]
+                    byte |= (e & np.uint32(1)) << np.uint32(4 + p)
+            g = (c * 32 + s * 8) // group
+            sg = scale[:, (c * 32 + s * 8) // sb].copy()
+            if sub is not None:
+                sg *= sub[:, g].astype(np.int8 if f.sub_scale == DType.I8 else np.uint8).astype(np.float32)
+            z = f.zero if f.zero is not None else zero[:, g].astype(np.int64)
+            z = z + (128 if f.bits == 8 and f.signed else 0)
+            qf = (np.float32(8388608) + byte.astype(np.float32)) - (np.float32(8388608) + np.asarray(z, np.float32))[..., None] \
+                if np.ndim(z) else (np.float32(8388608) + byte.astype(np.float32)) - np.float32(8388608 + z)
+            if f.offset == "none":
+                w = sg[:, None] * qf
+            else:
+                o = minv[:, g] if f.offset == "min" else -(minv[:, (c * 32 + s * 8) // sb] * mins[:, g].astype(np.float32))
+                w = _fma(np.broadcast_to(sg[:, None], qf.shape), qf, np.broadcast_to(o[:, None], qf.shape))
+            out[:, c * 32 + s * 8:c * 32 + s * 8 + 8] = w
+    return out
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_kernel_decoding_is_the_formats_dequantization(fmt):
+    rng = np.random.default_rng(sum(map(ord, fmt)))
+    qw = sample_weight(fmt, 5, 512, rng)
+    ref = qw.dequantize()
+    got = kernel_dequant(qw)
+    if FORMATS[fmt].offset == "none":  # s * (q - z): the same two roundings as the reference
+        np.testing.assert_array_equal(got, ref)
+    else:  # s * (q - z) + o as one FMA: within an ulp of the magnitudes involved
+        np.testing.assert_allclose(got, ref, rtol=0, atol=2e-7 * max(1.0, float(np.abs(ref).max())))
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_quantized_kernels_compile(fmt):
+    group = FORMATS[fmt].group or 64
+    epi = Epilogue(bias=True, activation="silu", residual=True)
+    K.build(QGemvSpec(3, 77, 512, fmt, group, DType.BF16, DType.F16, epi), "sm_90")
+    K.build(QDequantSpec(77, 512, fmt, group, DType.F16, DType.F16, row0=16, rows=40), "sm_80")
+
+
+def test_gather_kernel_compiles():
+    for arch, dt in (("sm_80", DType.BF16), ("sm_90", DType.F32)):
+        K.build(QDequantSpec(49152, 576, "q8_0", 32, dt, DType.F16, ids=7, id_dtype=DType.I32), arch)
+
+
+@pytest.mark.parametrize("m,rows,dt,arch", [(1, 2, DType.F32, "sm_80"), (16, 1, DType.F16, "sm_90"),
+                                            (8, 4, DType.BF16, "sm_80")])
+def test_gemv_variants_compile(m, rows, dt, arch):
+    K.build(QGemvSpec(m, 4096, 11008, "q4_k", 32, dt, DType.F16, rows=rows), arch)
+    K.build(QGemvSpec(m, 100, 4096, "uint4", 128, dt, DType.F32, rows=rows), arch)
+
+
+def test_specs_refuse_bad_layouts():
+    with pytest.raises(ValueError, match="M <= 16"):
+        QGemvSpec(17, 8, 256, "q4_k", 32, DType.BF16)
+    with pytest.raises(ValueError, match="K=208 must be a multiple of 32"):
+        QGemvSpec(1, 8, 208, "int8", 16, DType.BF16)
+    with pytest.raises(ValueError, match="rows outside the weight"):
+        QDequantSpec(8, 256, "q4_k", 32, DType.BF16, row0=4, rows=8)
+
+
+def _qgraph(m: int, epilogue: bool):
+    from fusec.builder import GraphBuilder
+    from fusec.ops import Op
+
+    rng = np.random.default_rng(6)
+    qw = sample_weight("q4_k", 96, 512, rng)
+    b = GraphBuilder("q")
+    x = b.input("x", (m, 512), DType.F32)
+    cs = [b.const(a, name=f"w.{r}") for r, a in zip(qw.roles, qw.arrays)]
+    y = b.emit(Op.QMATMUL, x, *cs, format="q4_k", n=96, k=512, group=32)
+    if epilogue:
+        y = b.emit(Op.ADD, b.emit(Op.SILU, b.emit(Op.ADD, y, b.const(rng.standard_normal(96).astype(np.float32)))),
+                   b.input("res", (m, 96), DType.F32))
+    b.output(y, "y")
+    return b.build()
+
+
+def test_lowering_picks_the_gemv_for_decode_and_dequantize_gemm_for_prefill():
+    from fusec.compiler import stage
+
+    dec = stage(_qgraph(4, epilogue=True), "bf16", "sm_90", dry_run=True)
+    by = dec.lowered.report["by_template"]
+    assert by.get("qmatmul:qgemv") == 1 and "cublas_gemm" not in by and dec.lowered.report["launches"] == 1
+    pre = stage(_qgraph(64, epilogue=True), "bf16", "sm_90", dry_run=True)
+    by = pre.lowered.report["by_template"]
+    assert by.get("qmatmul:dequant_gemm") == 1 and by.get("cublas_gemm") == 1 and by.get("QDequantSpec") == 1
+    assert pre.lowered.scratch_bytes >= 96 * 512 * 2  # the dequantized weight lives in arena scratch
+
+
+def test_prefill_dequantizes_large_weights_a_block_of_rows_at_a_time(monkeypatch):
+    from fusec.compiler import stage
+    from fusec.lower import quant as LQ
+
+    monkeypatch.setattr(LQ, "SCRATCH_BYTES", 32 * 512 * 2)  # 32 rows of the bf16 [96, 512] weight
+    st = stage(_qgraph(64, epilogue=False), "bf16", "sm_90")
+    gemms = [L for L in st.lowered.launches if L["type"] == "gemm"]
+    assert [g["n"] for g in gemms] == [32, 32, 32] and all(g["ldc"] == 96 for g in gemms)
+    assert [g["c"][1] - gemms[0]["c"][1] for g in gemms] == [0, 64, 128]  # columns 0, 32, 64 (2 bytes each)
+    assert st.lowered.scratch_bytes == 32 * 512 * 2
