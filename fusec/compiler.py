@@ -194,23 +194,6 @@ def compile_entries(graphs: Mapping[str, Any], dtype: str = "fp16", cuda_graph: 
     return Plan(manifest, blobs, cuda_graph=cuda_graph)
 
 
-def recompile(plan_path: str | os.PathLike, arch: str, out_path: str | os.PathLike, *, from_source: bool = False,
-              model: str | os.PathLike | None = None, progress: Callable[[str, str], None] | None = None) -> Plan:
-    """Re-target the plan file ``plan_path`` to GPU architecture ``arch`` and write it to
-    ``out_path``; returns the new plan. ``fusec compile PLAN --arch sm_XX -o OUT`` calls this.
-
-    By default the plan's bundled kernel sources are compiled for ``arch`` (its launch list, memory
-    plan and weights do not depend on the arch; every plan, generation plans included, can be
-    re-targeted this way). ``from_source=True`` compiles the recorded source model again, with the
-    recorded shapes, dtype and options: a built-in model, or the ONNX/GGUF file ``model`` (default:
-    the recorded file name next to the plan), whose sha256 must be the recorded one. Errors (no
-    usable source, a digest that differs, a kernel that does not fit or compile for ``arch``) are
-    one-line ``FusecError``s; see ``fusec.retarget``."""
-    from fusec.retarget import recompile as _recompile
-
-    return _recompile(plan_path, arch, out_path, from_source=from_source, model=model, progress=progress)
-
-
 def _round_up(n: int, a: int = 256) -> int:
     return -(-n // a) * a
 

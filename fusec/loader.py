@@ -134,7 +134,7 @@ def source_record(model: object, shapes: Mapping[str, Sequence[int]] | None,
     """What a plan records about its source model: a digest, never a path. ``{"model": the
     built-in name or the file's base name (None in memory), "kind": builtin | file | memory,
     "sha256": builtin_sha256 / file_sha256 (None in memory), "shapes", "options": the compile
-    options that change the graph}``; ``fusec.compiler.recompile(from_source=True)`` rebuilds
+    options that change the graph}``; ``fusec.retarget.recompile(from_source=True)`` rebuilds
     the plan from it, checking the digest."""
     rec: dict[str, object] = {"model": None, "kind": "memory", "sha256": None}
     if isinstance(model, (str, os.PathLike)):

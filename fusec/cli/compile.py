@@ -204,8 +204,8 @@ def is_plan_file(path: str) -> bool:
 
 
 def retarget(args: argparse.Namespace) -> int:
-    """``fusec compile PLAN --arch sm_XX -o NEW``: the same plan for another arch (fusec.compiler.recompile)."""
-    from fusec.compiler import recompile
+    """``fusec compile PLAN --arch sm_XX -o NEW``: the same plan for another arch (fusec.retarget.recompile)."""
+    from fusec.retarget import recompile
     from fusec.codegen.compile import check_arch
 
     if args.arch is None:

@@ -356,11 +356,3 @@ def measured(counters: Any) -> dict[str, Any]:
     res = dict(counters.result())
     res.pop("source", None)
     return {"counters": "cupti", **res}
-
-    @property
-    def input_signature(self) -> list[dict[str, Any]]:
-        return [dict(d) for d in self.entry["inputs"]]
-
-    @property
-    def output_signature(self) -> list[dict[str, Any]]:
-        return [dict(d) for d in self.entry["outputs"]]
