@@ -2,8 +2,9 @@
 
 ``load_generation_model(model)`` accepts a built-in name (``llama-tiny``, ``qwen3-tiny``,
 ``qwen3-0.6b``; random weights, or a local HF checkpoint with ``weights_dir``), a local HF
-checkpoint directory (Llama or Qwen3 ``config.json`` + ``*.safetensors`` + ``tokenizer.json``), or a
-GGUF file (Llama architecture; ``models/gguf.py``). ``compile_generation`` turns it into one plan
+checkpoint directory (Llama or Qwen3 ``config.json`` + ``*.safetensors`` + ``tokenizer.json``), a
+hub id ``org/name`` found in the local Hugging Face cache (``fusec.hubcache``; never downloaded),
+or a GGUF file (Llama architecture; ``models/gguf.py``). ``compile_generation`` turns it into one plan
 with two entry points, "prefill" and "decode", sharing the weights and the KV-cache state, the
 tokenizer stored in the plan when the model has one.
 """
@@ -37,6 +38,12 @@ def load_generation_model(model: str | os.PathLike[str], weights_dir: str | os.P
     from fusec.models.generate import SharedWeights, check_generation_model
 
     text = os.fspath(model)
+    from fusec.hubcache import is_hub_id
+
+    if is_hub_id(text) and weights_dir is None:  # org/name: the local Hugging Face cache's copy
+        from fusec.hubcache import model_path
+
+        text = model_path(text)
     if text.lower().endswith(".gguf"):
         from fusec.models.gguf import load_gguf
 
@@ -156,15 +163,20 @@ def plan_tokenizer(plan: Any) -> Any:
                      chat_template=info.get("chat_template"))
 
 
-def encode_prompts(tokenizer: Any, prompts: Sequence[Any], chat: bool = False) -> list[list[int]]:
-    """Token ids of each prompt: lists of ids pass through; strings need a tokenizer."""
+def encode_prompts(tokenizer: Any, prompts: Sequence[Any], chat: bool = False, system: str | None = None) -> list[list[int]]:
+    """Token ids of each prompt: lists of ids pass through; strings need a tokenizer. ``chat``:
+    each text prompt is the user's message in the model's chat template, after ``system``'s."""
+    if system is not None and not chat:
+        raise InputError("a system message goes into the chat template: give --chat (chat=True) with --system (system=)")
     out = []
     for p in prompts:
         if isinstance(p, str):
             if tokenizer is None:
                 raise InputError("this model carries no tokenizer: give token ids (--prompt-ids) instead of text")
             if chat:
-                text = tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True)
+                messages = ([{"role": "system", "content": system}] if system is not None else []) + \
+                    [{"role": "user", "content": p}]
+                text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
                 out.append(tokenizer.encode(text, add_bos=False))
             else:
                 out.append(tokenizer.encode(p))

@@ -63,6 +63,16 @@ def load_graph(model: str | os.PathLike[str] | onnx.ModelProto | Graph,
 
 
 def _import_file(path: str, names: list[str], shapes: dict[str, tuple[int, ...]] | None) -> Graph:
+    from fusec.hubcache import is_hub_id
+
+    if is_hub_id(path):  # org/name: the local Hugging Face cache's copy (a GGUF file; a checkpoint generates)
+        from fusec.hubcache import model_path
+
+        found = model_path(path)
+        if os.path.isdir(found):
+            raise ModelError(f"{path!r} is a Hugging Face checkpoint ({found!r}): it runs as a decoder with "
+                             f"`fusec generate {path}` or `fusec compile {path} --generate`")
+        path = found
     if not os.path.exists(path):
         if path.endswith(".onnx") or os.sep in path or (os.altsep and os.altsep in path):
             raise ModelError(f"no such file: {path!r}")

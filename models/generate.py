@@ -109,7 +109,8 @@ def build_generation(cfg: ModelConfig, weights: object, shape: GenerationShape, 
     """{"prefill": Graph, "decode": Graph} sharing ``weights`` (wrap a source in SharedWeights)."""
     check_generation_model(cfg)
     if shape.max_seq_len > cfg.max_positions:
-        raise InputError(f"--max-seq-len {shape.max_seq_len} exceeds the model's {cfg.max_positions} positions")
+        raise InputError(f"a KV cache of {shape.max_seq_len} positions (max_seq_len) exceeds the model's context of "
+                         f"{cfg.max_positions} positions")
     if any(not 0 <= e < cfg.vocab_size for e in eos_ids):
         raise InputError(f"end-of-sequence ids {list(eos_ids)} must lie within the vocabulary ({cfg.vocab_size})")
     return {"prefill": _build(cfg, weights, shape, sampling, eos_ids, prefill=True),

@@ -87,28 +87,28 @@ def _bind_shapes(inputs: list[onnx.ValueInfoProto], shapes: Mapping[str, Sequenc
     names = [vi.name for vi in inputs]
     for n in shapes:
         if n not in names:
-            raise InputError(f"shapes names unknown input {n!r} (the model takes {', '.join(repr(x) for x in names)})")
+            raise InputError(f"--shapes names unknown input {n!r} (the model takes {', '.join(repr(x) for x in names)})")
     out: dict[str, tuple[int, ...]] = {}
     for vi in inputs:
         tt = vi.type.tensor_type
         dims = list(tt.shape.dim) if tt.HasField("shape") else None
         if vi.name not in shapes:
             if dims is None:
-                raise InputError(f"input {vi.name!r} has no shape in the model; give it in shapes")
+                raise InputError(f"input {vi.name!r} has no shape in the model; give it with --shapes NAME:DxD... (Python: shapes=)")
             sym = [d.dim_param or "?" for d in dims if not d.HasField("dim_value")]
             if sym:
-                raise InputError(f"input {vi.name!r} has symbolic dims {sym}; give its shape in shapes")
+                raise InputError(f"input {vi.name!r} has symbolic dims {sym}; give its shape with --shapes NAME:DxD... (Python: shapes=)")
             fixed = tuple(int(d.dim_value) for d in dims)
             for i, d in enumerate(fixed):
                 if d < 0:
                     raise InputError(f"input {vi.name!r}: dim {i} is {d} in the model; fusec needs dims >= 0 "
-                                     "(give the shape in shapes)")
+                                     "(give the shape with --shapes; Python: shapes=)")
             check_size(fixed, f"input {vi.name!r}")
             out[vi.name] = fixed
             continue
         given = normalize_shapes({vi.name: shapes[vi.name]}, allow_zero=True)[vi.name]  # type: ignore[index]
         if dims is not None and len(given) != len(dims):
-            raise InputError(f"input {vi.name!r} has rank {len(dims)}, shapes gives {list(given)}")
+            raise InputError(f"input {vi.name!r} has rank {len(dims)}, --shapes gives {list(given)}")
         for i, g in enumerate(given):
             if g <= 0 and not (g == 0 and dims is not None and dims[i].HasField("dim_value") and dims[i].dim_value == 0):
                 raise InputError(f"input {vi.name!r}: dim {i} must be positive, got {g}")
@@ -116,7 +116,7 @@ def _bind_shapes(inputs: list[onnx.ValueInfoProto], shapes: Mapping[str, Sequenc
                 continue
             d = dims[i]
             if d.HasField("dim_value") and d.dim_value != g:
-                raise InputError(f"input {vi.name!r}: dim {i} is {d.dim_value} in the model, shapes gives {g}")
+                raise InputError(f"input {vi.name!r}: dim {i} is {d.dim_value} in the model, --shapes gives {g}")
             if d.dim_param:
                 prev = bound.setdefault(d.dim_param, (g, vi.name))
                 if prev[0] != g:
