@@ -130,6 +130,7 @@ def compile_entries(graphs: Mapping[str, Any], dtype: str = "fp16", cuda_graph: 
         raise InputError(f"unknown dtype {dtype!r} (expected one of {', '.join(DTYPES)})")
     arch = arch or default_arch()
     _check_arch(arch)
+    _check_plan_names(graphs)
     staged: dict[str, Staged] = {}
     first_graph = next(iter(graphs.values()))
     state_recs, state_bytes = state_layout(first_graph, DTYPES[dtype][0])
@@ -171,7 +172,7 @@ def compile_entries(graphs: Mapping[str, Any], dtype: str = "fp16", cuda_graph: 
         "arch": arch,
         "dtype": dtype,
         "cuda_graph": bool(cuda_graph),
-        "model": first.graph.name,
+        "model": _display_name(first.graph.name),
         "source": {"model": None, "kind": "other", "sha256": None, "shapes": {}, **(source or {})},
         "memory": {"arena_bytes": max(e["arena_bytes"] for e in entries.values()), "weights_bytes": last.weights_bytes,
                    "scratch_bytes": max(st.lowered.scratch_bytes for st in staged.values()),
@@ -192,6 +193,25 @@ def compile_entries(graphs: Mapping[str, Any], dtype: str = "fp16", cuda_graph: 
     blobs = dict(last.blobs)
     blobs.update(extra_blobs or {})
     return Plan(manifest, blobs, cuda_graph=cuda_graph)
+
+
+def _check_plan_names(graphs: Mapping[str, Any]) -> None:
+    """The input and output names a plan stores fit its manifest (checked before any work)."""
+    from fusec.plancheck_fields import MAX_NAME
+
+    for g in graphs.values():
+        for what, values in (("input", g.user_inputs()), ("output", g.user_outputs())):
+            for v in values:
+                if len(v.name) > MAX_NAME:
+                    raise InputError(f"graph {what} {v.name[:40]!r}... has a name of {len(v.name)} characters; a plan "
+                                     f"stores {what} names of at most {MAX_NAME}: rename it in the model")
+
+
+def _display_name(name: str) -> str:
+    """The model's name as the manifest shows it: a name past the manifest's limit is cut short."""
+    from fusec.plancheck_fields import MAX_NAME
+
+    return name if len(name) <= MAX_NAME else name[:MAX_NAME - 3] + "..."
 
 
 def _round_up(n: int, a: int = 256) -> int:

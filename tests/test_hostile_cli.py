@@ -40,12 +40,6 @@ def test_duplicate_graph_output_names_are_refused(capsys, tmp_path) -> None:
     fails(capsys, ["inspect", str(path)], needles=["dup.onnx", "graph output 'y'", "listed twice"])
 
 
-def test_an_output_that_is_also_an_input_is_refused(capsys, tmp_path) -> None:
-    m = model([helper.make_node("Relu", ["x"], ["y"])], [vi("x", [2, 4])], [vi("y", [2, 4]), vi("x", [2, 4])])
-    path = save(m, tmp_path / "passthru.onnx")
-    fails(capsys, ["run", str(path), "--backend", "reference"], needles=["passthru.onnx", "'x'", "also a graph input"])
-
-
 def test_invalid_utf8_names_are_refused(capsys, tmp_path) -> None:
     m = model([helper.make_node("Relu", ["x"], ["yy"], name="nodeQ")], [vi("x", [2])], [vi("yy", [2])])
     raw = m.SerializeToString().replace(b"nodeQ", b"nod\xffQ")

@@ -156,8 +156,19 @@ class _Importer:
             inputs.append(v)
             self.env[vi.name] = v
         used = {i for n in self.g.node for i in n.input} | {o.name for o in self.g.output}
+        refused: list[ModelError] = []  # every node fusec cannot import, said in one error at the end
+        lost: set[str] = set()  # values of refused nodes: their users are not tried (nothing to say)
         for node in self.g.node:
-            self._node(node, used)
+            if any(i in lost for i in node.input if i):
+                lost.update(o for o in node.output if o)
+                continue
+            try:
+                self._node(node, used)
+            except ModelError as e:
+                refused.append(e)
+                lost.update(o for o in node.output if o)
+        if refused:
+            raise _all_refusals(refused, label)
         outputs = self._outputs()
         nodes, consts = _live(self.em.nodes, self.em.constants, outputs)
         graph = Graph(inputs, outputs, nodes, consts, name=self.g.name or "onnx")
@@ -200,6 +211,9 @@ class _Importer:
             if isinstance(sym, Const):
                 sym = Const(sym.array, name=vi.name)  # a folded output: a constant of its own name
             v = self.em.value(sym, vi.name)
+            if v in input_vals and v.name == vi.name and v not in outs:
+                outs.append(v)  # a graph input that is also an output under its own name: passed through as it is
+                continue
             if v.name != vi.name or v in outs or v in input_vals:
                 # an alias (Identity, no-op reshape, input passed through): copy it under its own name
                 v = self.em.op(Op.RESHAPE, [v], name=vi.name, node_name=vi.name, shape=v.shape)  # type: ignore[assignment]
@@ -225,10 +239,19 @@ class _Importer:
                              f"but the model computes {v.type_str}")
 
 
+def _all_refusals(refused: list[ModelError], label: str, shown: int = 8) -> ModelError:
+    """One error for every node that could not be imported (the first ``shown`` of them in full)."""
+    if len(refused) == 1:
+        return refused[0]
+    prefix = f"{label}: "
+    parts = [str(e)[len(prefix):] if str(e).startswith(prefix) else str(e) for e in refused[:shown]]
+    more = f"; and {len(refused) - shown} more" if len(refused) > shown else ""
+    return ModelError(f"{label}: {len(refused)} nodes cannot be imported: " + "; ".join(parts) + more)
+
+
 def _check_names(g: onnx.GraphProto, label: str) -> None:
     """Graph outputs are what plans, archives and callers key results by: refuse an output named
-    twice, an empty output name, and an output that is also a graph input (never renamed)."""
-    inputs = {vi.name for vi in g.input}
+    twice and an empty output name (an output that is also a graph input is the input passed through)."""
     seen: set[str] = set()
     for vi in g.output:
         name = vi.name
@@ -236,8 +259,6 @@ def _check_names(g: onnx.GraphProto, label: str) -> None:
             raise ModelError(f"{label}: a graph output has an empty name")
         if name in seen:
             raise ModelError(f"{label}: graph output {name!r} is listed twice; output names must be unique")
-        if name in inputs:
-            raise ModelError(f"{label}: graph output {name!r} is also a graph input; fusec does not rename outputs")
         seen.add(name)
 
 
