@@ -38,7 +38,8 @@ def compile(model: Any, shapes: Mapping[str, Sequence[int]] | None = None, dtype
 
     if progress is not None and isinstance(model, (str, os.PathLike)):  # building a large model takes a while
         progress("build", os.fspath(model))
-    graph = load_graph(model, shapes) if not isinstance(model, Mapping) else None
+    storage = DTYPES[dtype][0] if dtype in DTYPES else None  # half-precision weights are held so from the start
+    graph = load_graph(model, shapes, storage=storage) if not isinstance(model, Mapping) else None
     entries = {"main": graph} if graph is not None else dict(model)
     options = {"disabled_fusions": disabled_fusions, "enabled_fusions": enabled_fusions,
                "fusion_overrides": fusion_overrides, "choices": choices,
@@ -137,14 +138,17 @@ def compile_entries(graphs: Mapping[str, Any], dtype: str = "fp16", cuda_graph: 
     layout = {r["name"]: r["offset"] for r in state_recs}
     shared = None
     dump_dir = options.pop("dump_dir", None)
-    for name, graph in graphs.items():
-        where = dump_dir if dump_dir is None or len(graphs) == 1 else os.path.join(os.fspath(dump_dir), name)
-        st = stage(graph, dtype, arch, state_layout=layout, shared=shared, dump_dir=where, **options)
-        got, _ = state_layout(st.graph, DTYPES[dtype][0])
-        if got != state_recs:
-            raise InputError(f"entry {name!r}: its state differs from the other entries' ({got} vs {state_recs})")
-        staged[name] = st
-        shared = st.lowered
+    from fusec.bulk import sharing_derived
+
+    with sharing_derived():  # entries holding the same weights share what passes derive from them
+        for name, graph in graphs.items():
+            where = dump_dir if dump_dir is None or len(graphs) == 1 else os.path.join(os.fspath(dump_dir), name)
+            st = stage(graph, dtype, arch, state_layout=layout, shared=shared, dump_dir=where, **options)
+            got, _ = state_layout(st.graph, DTYPES[dtype][0])
+            if got != state_recs:
+                raise InputError(f"entry {name!r}: its state differs from the other entries' ({got} vs {state_recs})")
+            staged[name] = st
+            shared = st.lowered
     last = list(staged.values())[-1].lowered
 
     def sig(st: Staged, values: Any) -> list[dict[str, Any]]:

@@ -224,16 +224,21 @@ def _new_ids(engine: Engine, rows: list[list[int]]) -> list[list[int]]:
 class ReferenceEngine:
     """The numpy reference backend: runs the prefill/decode graphs, keeps the state in a dict.
     ``optimize``: run the pass pipeline first (fp32; e.g. the lm_head's weight transpose is then
-    cached instead of recomputed every step) — the same numbers, much faster."""
+    read through numpy's transposed view instead of recomputed every step) — the same numbers,
+    much faster. Weights are read in their [N, K] layout (``weights_nk``, as generation plans
+    read them), so the two graphs share their arrays instead of each caching transposed copies."""
 
     def __init__(self, graphs: Mapping[str, Any], optimize: bool = False):
         from fusec.ir import verify
 
         self.graphs = dict(graphs)
         if optimize:
+            from fusec.bulk import sharing_derived
+            from fusec.passes.base import PassOptions
             from fusec.passes.pipeline import optimize as run_passes
 
-            self.graphs = {k: run_passes(g)[0] for k, g in self.graphs.items()}
+            with sharing_derived():  # the graphs share what the passes derive from their weights
+                self.graphs = {k: run_passes(g, PassOptions(weights_nk=True))[0] for k, g in self.graphs.items()}
         for g in self.graphs.values():
             verify(g)
         self.meta = self.graphs["decode"].meta["generation"]

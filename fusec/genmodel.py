@@ -107,15 +107,18 @@ def _config_eos(path: Path) -> tuple[int, ...]:
 
 
 def build_graphs(gm: GenModel, batch: int, max_seq_len: int, prefill_len: int | None, sampling: Any,
-                 eos_ids: Sequence[int] | None = None) -> dict[str, Any]:
+                 eos_ids: Sequence[int] | None = None, storage: str | None = None) -> dict[str, Any]:
+    """The prefill and decode graphs; ``storage`` ("f16"/"bf16"): the compile's storage dtype,
+    in which the large weights are held (``fusec.models.weights.StoredWeights``)."""
     from fusec.models.generate import GenerationShape, build_generation
 
     shape = GenerationShape(batch, max_seq_len, prefill_len if prefill_len is not None else min(max_seq_len, 128))
     eos = tuple(gm.eos_ids if eos_ids is None else eos_ids)
     if gm.builder is not None:
         return gm.builder(shape, sampling, eos)
-    graphs = build_generation(gm.config, gm.weights, shape, sampling, eos)
-    gm.weights.finish()
+    weights = gm.weights.stored(storage)
+    graphs = build_generation(gm.config, weights, shape, sampling, eos)
+    weights.finish()
     return graphs
 
 
@@ -130,7 +133,10 @@ def compile_generation(model: str | os.PathLike[str] | GenModel, *, batch: int =
 
     gm = model if isinstance(model, GenModel) else load_generation_model(model, weights_dir)
     sampling = sampling if sampling is not None else Sampling()
-    graphs = build_graphs(gm, batch, max_seq_len, prefill_len, sampling, eos_ids)
+    from fusec.compiler import DTYPES
+
+    storage = DTYPES[dtype][0] if dtype in DTYPES else None
+    graphs = build_graphs(gm, batch, max_seq_len, prefill_len, sampling, eos_ids, storage=storage)
     meta = dict(graphs["decode"].meta["generation"])
     meta.update({"vocab_size": gm.config.vocab_size, "num_layers": gm.config.num_layers, "source": gm.source})
     blobs = {}

@@ -81,11 +81,22 @@ class GenerationShape:
 
 
 class SharedWeights:
-    """Hands every graph the same fp32 array per parameter name (built once, shared by entries)."""
+    """Hands every graph the same fp32 array per parameter name (built once, shared by entries);
+    ``stored(storage)``: the same for a compile storing weights in fp16/bf16 (``StoredWeights``)."""
 
     def __init__(self, source: object):
         self.source = source
         self._cache: dict[str, np.ndarray] = {}
+        self._stored: dict[str, SharedWeights] = {}
+
+    def stored(self, storage: str | None) -> SharedWeights:
+        from .weights import StoredWeights
+
+        if storage not in ("f16", "bf16"):
+            return self
+        if storage not in self._stored:
+            self._stored[storage] = SharedWeights(StoredWeights(self.source, storage))  # type: ignore[arg-type]
+        return self._stored[storage]
 
     def get(self, name: str, shape: tuple[int, ...], kind: str) -> np.ndarray:
         arr = self._cache.get(name)

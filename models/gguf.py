@@ -312,15 +312,18 @@ def load_gguf(path: str | os.PathLike[str], *, tokenizer: bool = True) -> GGUFMo
                      bos_id=bos, eos_ids=eos_ids, metadata=small)
 
 
-def build_gguf(path: str | os.PathLike[str], shapes: Mapping[str, Sequence[int]] | None = None) -> Graph:
+def build_gguf(path: str | os.PathLike[str], shapes: Mapping[str, Sequence[int]] | None = None,
+               storage: str | None = None) -> Graph:
     """The verified fusec graph of the llama model in GGUF file ``path`` for static ``shapes``
-    (None: batch 1, seq 16); ``graph.meta["model"]`` names the file."""
+    (None: batch 1, seq 16); ``graph.meta["model"]`` names the file. ``storage``: as
+    ``fusec.models.build``'s."""
     from .llama import build_llama
+    from .weights import stored
 
     model = load_gguf(path, tokenizer=False)
     cfg = model.config
     batch, seq = check_shapes(cfg, shapes)
-    graph = build_llama(cfg, batch, seq, model.weights)
+    graph = build_llama(cfg, batch, seq, stored(model.weights, storage))
     model.weights.finish()
     graph.meta["model"] = {"name": cfg.name, "family": cfg.family, "weights": "gguf",
                            "file": os.fspath(model.path)}

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fusec.bulk import derived
 from fusec.ir import Graph, Node, Value
 from fusec.ops import MatMulAttrs, NoAttrs, Op, SliceAttrs
 from fusec.passes.base import PassOptions, PassResult
@@ -59,7 +60,9 @@ def run(graph: Graph, options: PassOptions) -> PassResult:
             continue
         branches = [_branch(ctx, m) for m in mms]
         weights = [m.inputs[1].data for m in mms]
-        big = rw.const(np.concatenate(weights, axis=0 if trans_b else 1), _merged_name([m.inputs[1].name for m in mms]))
+        axis = 0 if trans_b else 1
+        big = rw.const(derived("concatenate", weights, axis, lambda: np.concatenate(weights, axis=axis)),  # type: ignore[arg-type]
+                       _merged_name([m.inputs[1].name for m in mms]))
         first = mms[0]
         mm = rw.node(Op.MATMUL, [x, big], MatMulAttrs(trans_b=trans_b), base=f"{first.outputs[0].name}_merged")
         new: list[Node] = [mm]
