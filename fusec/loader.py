@@ -86,7 +86,6 @@ def _import_file(path: str, names: list[str], shapes: dict[str, tuple[int, ...]]
         raise ModelError(f"{path!r} is a directory, not an ONNX file")
     if path.lower().endswith(".gguf"):
         from fusec.models.gguf import build_gguf
-
         from fusec.shapes import normalize_shapes
 
         return build_gguf(path, normalize_shapes(shapes) if shapes else None, storage)

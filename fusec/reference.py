@@ -17,11 +17,11 @@ from typing import Any
 import numpy as np
 
 from fusec import ops as O
+from fusec import reference_ops as RO
 from fusec.dtypes import DType
 from fusec.errors import InputError
 from fusec.ir import Graph, Node, Value
 from fusec.ops import Op
-from fusec import reference_ops as RO
 
 
 def _f32(fn: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:

@@ -61,7 +61,7 @@ def run(graph: Graph, options: PassOptions) -> PassResult:
         branches = [_branch(ctx, m) for m in mms]
         weights = [m.inputs[1].data for m in mms]
         axis = 0 if trans_b else 1
-        big = rw.const(derived("concatenate", weights, axis, lambda: np.concatenate(weights, axis=axis)),  # type: ignore[arg-type]
+        big = rw.const(derived("concatenate", weights, axis, lambda w=weights, a=axis: np.concatenate(w, axis=a)),  # type: ignore[arg-type]
                        _merged_name([m.inputs[1].name for m in mms]))
         first = mms[0]
         mm = rw.node(Op.MATMUL, [x, big], MatMulAttrs(trans_b=trans_b), base=f"{first.outputs[0].name}_merged")

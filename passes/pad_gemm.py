@@ -78,7 +78,7 @@ def run(graph: Graph, options: PassOptions) -> PassResult:
         if wp is None:
             pad = ((0, npad - n), (0, 0)) if tb else ((0, 0), (0, npad - n))
             data = np.asarray(w.data)
-            wp = padded_weights[(id(w), tb)] = rw.const(derived("pad", [data], tuple(pad), lambda: np.pad(data, pad)),
+            wp = padded_weights[(id(w), tb)] = rw.const(derived("pad", [data], tuple(pad), lambda d=data, p=pad: np.pad(d, p)),
                                                         f"{w.name}.pad{npad}")
             others = [u for u in ctx.users(w) if not (u.op == Op.MATMUL and u.inputs[1] is w
                                                       and u.inputs[0] is not w and _trans_b(u) == tb)]

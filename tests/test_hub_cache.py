@@ -18,16 +18,17 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from test_hf_dir_hostile import pristine  # noqa: E402, F401 (a fixture)
+
 import fusec  # noqa: E402
 from fusec.cli import main  # noqa: E402
 from fusec.errors import ModelError  # noqa: E402
-from test_hf_dir_hostile import pristine  # noqa: E402, F401 (a fixture)
 
 REV = "0123456789abcdef0123456789abcdef01234567"
 
 
 @pytest.fixture(scope="module")
-def checkpoint(pristine: Path) -> Path:
+def checkpoint(pristine: Path) -> Path:  # noqa: F811
     """test_hf_dir_hostile's tiny Llama checkpoint (plain files)."""
     return pristine
 

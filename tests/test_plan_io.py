@@ -207,8 +207,8 @@ def test_other_cupy_and_driver_majors_are_warned() -> None:
 # ---- re-targeting ---------------------------------------------------------------------------------
 
 def test_recompile_from_the_kernel_sources(tmp_path, plan_file) -> None:
-    from fusec.retarget import recompile
     from fusec.plancheck import cubin_arch
+    from fusec.retarget import recompile
 
     out = tmp_path / "g80.fplan"
     recompile(plan_file, "sm_80", out)

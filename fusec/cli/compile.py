@@ -217,8 +217,8 @@ def is_plan_file(path: str) -> bool:
 
 def retarget(args: argparse.Namespace) -> int:
     """``fusec compile PLAN --arch sm_XX -o NEW``: the same plan for another arch (fusec.retarget.recompile)."""
-    from fusec.retarget import recompile
     from fusec.codegen.compile import check_arch
+    from fusec.retarget import recompile
 
     if args.arch is None:
         raise InputError(f"{args.model} is a compiled plan: give --arch sm_XX to re-target it to another GPU arch")
