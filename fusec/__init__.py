@@ -44,4 +44,14 @@ def load(path, recompile=False, cuda_graph=None):
     return Plan.load(path, recompile=recompile, cuda_graph=cuda_graph)
 
 
-__all__ = ["DType", "Graph", "Node", "Op", "Value", "compile", "load", "verify", "__version__"]
+def generate(model, prompts, **kw):
+    """Generate text with a decoder on any machine: a compiled plan on a GPU, the numpy reference
+    backend elsewhere. Returns ``fusec.generation.Generated``; see ``fusec.textgen.generate`` for
+    the arguments (max_new_tokens, chat, system, temperature/top_k/top_p/seed, on_text/on_tokens,
+    stream_every, batch, max_seq_len, dtype, arch, backend...)."""
+    from fusec.textgen import generate as _generate
+
+    return _generate(model, prompts, **kw)
+
+
+__all__ = ["DType", "Graph", "Node", "Op", "Value", "compile", "generate", "load", "verify", "__version__"]

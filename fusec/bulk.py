@@ -8,9 +8,11 @@ blocks that stay in cache, a part of the array per thread. Small arrays take the
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
-from collections.abc import Callable, Sequence
+import weakref
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -37,6 +39,18 @@ def cast_clipped(a: np.ndarray, dtype: np.dtype, limit: float) -> np.ndarray:
 
     _in_parts(part, src.size, _BLOCK, src.size)
     return out.reshape(a.shape)
+
+
+def to_storage(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """``a`` as a tensor of the half-precision storage ``dtype`` (fp16/bf16): clipped to that
+    dtype's finite range, then rounded to nearest even (``cast_clipped``). HF models add
+    ``finfo(float32).min`` as a mask value, which fp16 would turn into -inf; a fully masked row
+    would then produce NaN. The precision pass converts constants with it, and weights stored
+    narrow while a model is built (``fusec.models.weights.StoredWeights``) are the same bytes."""
+    import ml_dtypes
+
+    limit = float(ml_dtypes.finfo(dtype).max)  # the target's own max: fp32's max rounds up to inf in bf16
+    return cast_clipped(np.asarray(a), dtype, limit)
 
 
 def transposed(a: np.ndarray, perm: Sequence[int]) -> np.ndarray:
@@ -89,3 +103,70 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+# derived(): (kind, sources, params) -> (weak references to the sources' owners, a weak reference
+# to the derived array), filled only inside sharing_derived() (its depth in _SCOPES) and emptied
+# when the last one ends. Weak both ways: an array is shared while some graph holds it, and one
+# that only a pass's intermediate graph held (a transposed copy merged away) is not kept alive.
+_DERIVED: dict[tuple[object, ...], tuple[list[weakref.ref[np.ndarray]], weakref.ref[np.ndarray]]] = {}
+_DERIVED_LOCK = threading.RLock()  # re-entered: dropping an entry can end a source of another (forget)
+_SCOPES = [0]
+
+
+@contextlib.contextmanager
+def sharing_derived() -> Iterator[None]:
+    """While this lasts, ``derived`` hands out one array per derivation (see there); compiling the
+    entries of one plan and preparing the reference backend's graphs run inside it."""
+    with _DERIVED_LOCK:
+        _SCOPES[0] += 1
+    try:
+        yield
+    finally:
+        with _DERIVED_LOCK:
+            _SCOPES[0] -= 1
+            if not _SCOPES[0]:
+                _DERIVED.clear()
+
+
+def derived(kind: str, sources: Sequence[np.ndarray], params: Hashable, make: Callable[[], np.ndarray]) -> np.ndarray:
+    """``make()``, made once per (``kind``, the ``sources`` arrays by identity, ``params``) while
+    ``sharing_derived`` lasts and the sources live (outside it, ``make()`` each time). The prefill
+    and decode graphs of a generation plan (and of the reference backend) hold the same weight
+    arrays, and the passes run on each graph in turn: a constant a pass derives from them (a merged
+    product's concatenated weights, a transposed or padded copy, a weight in the storage dtype) is
+    made once and shared, not once per graph (for qwen3-0.6b, 0.6 GB). Derived arrays are never
+    written to, like every constant."""
+    if not _SCOPES[0]:
+        return make()
+    # a source is known by the array owning its memory (graphs hold views of one weight) and where
+    # in it the source lies; the owner's weak reference keeps its id from being reused meanwhile
+    owners = [_owner(s) for s in sources]
+    key = (kind, tuple((id(o), _layout(s)) for o, s in zip(owners, sources)), params)
+    with _DERIVED_LOCK:
+        hit = _DERIVED.get(key)
+        if hit is not None and all(r() is o for r, o in zip(hit[0], owners)):
+            out = hit[1]()
+            if out is not None:
+                return out
+    out = make()
+
+    def forget(ref: weakref.ref[np.ndarray]) -> None:  # a source died: its id may be reused
+        with _DERIVED_LOCK:
+            entry = _DERIVED.get(key)
+            if entry is not None and any(r is ref for r in entry[0]):
+                del _DERIVED[key]
+
+    with _DERIVED_LOCK:
+        _DERIVED[key] = ([weakref.ref(o, forget) for o in owners], weakref.ref(out))
+    return out
+
+
+def _owner(a: np.ndarray) -> np.ndarray:
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
+def _layout(a: np.ndarray) -> tuple[object, ...]:
+    return (a.__array_interface__["data"][0], a.shape, a.strides, a.dtype.str)

@@ -41,7 +41,8 @@ def compile(model: Any, shapes: Mapping[str, Sequence[int]] | None = None, dtype
 
     if progress is not None and isinstance(model, (str, os.PathLike)):  # building a large model takes a while
         progress("build", os.fspath(model))
-    graph = load_graph(model, shapes) if not isinstance(model, Mapping) else None
+    storage = DTYPES[dtype][0] if dtype in DTYPES else None  # half-precision weights are held so from the start
+    graph = load_graph(model, shapes, storage=storage) if not isinstance(model, Mapping) else None
     entries = {"main": graph} if graph is not None else dict(model)
     options = {"disabled_fusions": disabled_fusions, "enabled_fusions": enabled_fusions,
                "fusion_overrides": fusion_overrides, "choices": choices,
@@ -155,21 +156,25 @@ def compile_entries(graphs: Mapping[str, Any], dtype: str = "fp16", cuda_graph: 
         raise InputError(f"unknown dtype {dtype!r} (expected one of {', '.join(DTYPES)})")
     arch = arch or default_arch()
     _check_arch(arch)
+    _check_plan_names(graphs)
     staged: dict[str, Staged] = {}
     first_graph = next(iter(graphs.values()))
     state_recs, state_bytes = state_layout(first_graph, DTYPES[dtype][0])
     layout = {r["name"]: r["offset"] for r in state_recs}
     shared = None
     dump_dir = options.pop("dump_dir", None)
-    for name, graph in graphs.items():
-        where = dump_dir if dump_dir is None or len(graphs) == 1 else os.path.join(os.fspath(dump_dir), name)
-        st = stage(graph, dtype, arch, state_layout=layout, shared=shared, dump_dir=where, sync_base=state_bytes,
-                   **options)
-        got, _ = state_layout(st.graph, DTYPES[dtype][0])
-        if got != state_recs:
-            raise InputError(f"entry {name!r}: its state differs from the other entries' ({got} vs {state_recs})")
-        staged[name] = st
-        shared = st.lowered
+    from fusec.bulk import sharing_derived
+
+    with sharing_derived():  # entries holding the same weights share what passes derive from them
+        for name, graph in graphs.items():
+            where = dump_dir if dump_dir is None or len(graphs) == 1 else os.path.join(os.fspath(dump_dir), name)
+            st = stage(graph, dtype, arch, state_layout=layout, shared=shared, dump_dir=where,
+                       sync_base=state_bytes, **options)
+            got, _ = state_layout(st.graph, DTYPES[dtype][0])
+            if got != state_recs:
+                raise InputError(f"entry {name!r}: its state differs from the other entries' ({got} vs {state_recs})")
+            staged[name] = st
+            shared = st.lowered
     last = list(staged.values())[-1].lowered
 
     def sig(st: Staged, values: Any) -> list[dict[str, Any]]:
@@ -197,7 +202,7 @@ def compile_entries(graphs: Mapping[str, Any], dtype: str = "fp16", cuda_graph: 
         "arch": arch,
         "dtype": dtype,
         "cuda_graph": bool(cuda_graph),
-        "model": first.graph.name,
+        "model": _display_name(first.graph.name),
         "source": {"model": None, "kind": "other", "sha256": None, "shapes": {}, **(source or {})},
         "memory": {"arena_bytes": max(e["arena_bytes"] for e in entries.values()), "weights_bytes": last.weights_bytes,
                    "scratch_bytes": max(st.lowered.scratch_bytes for st in staged.values()),
@@ -221,21 +226,23 @@ def compile_entries(graphs: Mapping[str, Any], dtype: str = "fp16", cuda_graph: 
     return Plan(manifest, blobs, cuda_graph=cuda_graph)
 
 
-def recompile(plan_path: str | os.PathLike, arch: str, out_path: str | os.PathLike, *, from_source: bool = False,
-              model: str | os.PathLike | None = None, progress: Callable[[str, str], None] | None = None) -> Plan:
-    """Re-target the plan file ``plan_path`` to GPU architecture ``arch`` and write it to
-    ``out_path``; returns the new plan. ``fusec compile PLAN --arch sm_XX -o OUT`` calls this.
+def _check_plan_names(graphs: Mapping[str, Any]) -> None:
+    """The input and output names a plan stores fit its manifest (checked before any work)."""
+    from fusec.plancheck_fields import MAX_NAME
 
-    By default the plan's bundled kernel sources are compiled for ``arch`` (its launch list, memory
-    plan and weights do not depend on the arch; every plan, generation plans included, can be
-    re-targeted this way). ``from_source=True`` compiles the recorded source model again, with the
-    recorded shapes, dtype and options: a built-in model, or the ONNX/GGUF file ``model`` (default:
-    the recorded file name next to the plan), whose sha256 must be the recorded one. Errors (no
-    usable source, a digest that differs, a kernel that does not fit or compile for ``arch``) are
-    one-line ``FusecError``s; see ``fusec.retarget``."""
-    from fusec.retarget import recompile as _recompile
+    for g in graphs.values():
+        for what, values in (("input", g.user_inputs()), ("output", g.user_outputs())):
+            for v in values:
+                if len(v.name) > MAX_NAME:
+                    raise InputError(f"graph {what} {v.name[:40]!r}... has a name of {len(v.name)} characters; a plan "
+                                     f"stores {what} names of at most {MAX_NAME}: rename it in the model")
 
-    return _recompile(plan_path, arch, out_path, from_source=from_source, model=model, progress=progress)
+
+def _display_name(name: str) -> str:
+    """The model's name as the manifest shows it: a name past the manifest's limit is cut short."""
+    from fusec.plancheck_fields import MAX_NAME
+
+    return name if len(name) <= MAX_NAME else name[:MAX_NAME - 3] + "..."
 
 
 def _round_up(n: int, a: int = 256) -> int:

@@ -12,7 +12,9 @@ The host writes each row's sampling settings once (the ``temperature``, ``top_k`
 (every row admitted), then ``max_new_tokens - 1`` decode steps, and reads ``tokens`` and ``pos``
 back at the end (or every ``stream_every`` steps). New tokens of row b are
 ``tokens[b, length_b : pos_b + 1]``: a row stops at its own end-of-sequence token, which its new
-ids end with (as ``transformers`` does).
+ids end with (as ``transformers`` does). With ``stream_every``, the first token is handed on right
+after the prefill, then every ``stream_every`` decode steps. Ctrl-C during the decode steps raises
+``Interrupted`` carrying the tokens drawn so far.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ class Engine(Protocol):
 
 @dataclasses.dataclass
 class Generated:
+    """One generation's result; ``fusec.generate``'s docstring and the README describe the fields."""
+
     prompt_ids: list[list[int]]
     new_ids: list[list[int]]
     prefill_ms: float
@@ -51,6 +55,23 @@ class Generated:
     decode_steps: int
     stats: dict[str, Any] = dataclasses.field(default_factory=dict)
     text: list[str] | None = None
+    # per row: "stop" (it drew an end-of-sequence token, the last of its new ids), "length"
+    # (max_new_tokens reached) or "interrupted" (Ctrl-C)
+    finish_reason: list[str] = dataclasses.field(default_factory=list)
+    backend: str = ""
+
+    @property
+    def prompt_tokens(self) -> list[int]:
+        return [len(p) for p in self.prompt_ids]
+
+    @property
+    def completion_tokens(self) -> list[int]:
+        return [len(n) for n in self.new_ids]
+
+    @property
+    def prefill_tok_s(self) -> float:
+        """Prompt throughput: the prompts' tokens (padding not counted) per second of prefill."""
+        return sum(self.prompt_tokens) / (self.prefill_ms / 1e3) if self.prefill_ms > 0 else 0.0
 
     @property
     def decode_tok_s(self) -> float:
@@ -60,29 +81,50 @@ class Generated:
 
     def to_json(self) -> dict[str, Any]:
         return {"prompt_ids": self.prompt_ids, "new_ids": self.new_ids, "text": self.text,
-                "prefill_ms": self.prefill_ms, "decode_tok_s": self.decode_tok_s, "stats": self.stats}
+                "finish_reason": self.finish_reason, "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": self.completion_tokens, "prefill_ms": self.prefill_ms,
+                "prefill_tok_s": self.prefill_tok_s, "decode_ms": self.decode_ms, "decode_steps": self.decode_steps,
+                "decode_tok_s": self.decode_tok_s, "backend": self.backend, "stats": self.stats}
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a generation; ``partial`` is the ``Generated`` record of the tokens drawn so
+    far (rows not finished have finish_reason "interrupted")."""
+
+    def __init__(self, partial: Generated):
+        super().__init__("interrupted")
+        self.partial = partial
 
 
 def check_prompts(prompts: Sequence[Sequence[int]], meta: Mapping[str, Any], vocab: int,
                   max_new_tokens: int) -> list[list[int]]:
     """Validate prompts against the plan's batch, prefill length, cache length and vocabulary."""
-    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
-        raise InputError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-    rows = [list(map(int, p)) for p in prompts]
+    rows = check_prompt_ids(prompts, vocab, max_new_tokens)
     batch, prefill_len, t_max = int(meta["batch"]), int(meta["prefill_len"]), int(meta["max_seq_len"])
-    if not rows:
-        raise InputError("no prompt given")
     if len(rows) > batch:
         raise InputError(f"{len(rows)} prompts, but the plan was compiled for a batch of {batch} (--batch)")
     for i, r in enumerate(rows):
-        if not r:
-            raise InputError(f"prompt {i} is empty")
         if len(r) > prefill_len:
             raise InputError(f"prompt {i} has {len(r)} tokens, longer than the compiled prefill length "
                              f"{prefill_len} (--max-prompt-len)")
         if len(r) + max_new_tokens > t_max:
-            raise InputError(f"prompt {i}: {len(r)} tokens + {max_new_tokens} new tokens exceed --max-seq-len {t_max}")
-        bad = [t for t in r if not 0 <= t < vocab]
+            raise InputError(f"prompt {i}: {len(r)} tokens + {max_new_tokens} new tokens exceed the compiled cache "
+                             f"length {t_max} (max_seq_len, --max-seq-len when compiling)")
+    return rows
+
+
+def check_prompt_ids(prompts: Sequence[Sequence[int]], vocab: int | None, max_new_tokens: int) -> list[list[int]]:
+    """The prompts as lists of ints: at least one, none empty, ids in [0, ``vocab``) (when given);
+    ``max_new_tokens`` a positive integer."""
+    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+        raise InputError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    rows = [list(map(int, p)) for p in prompts]
+    if not rows:
+        raise InputError("no prompt given")
+    for i, r in enumerate(rows):
+        if not r:
+            raise InputError(f"prompt {i} is empty")
+        bad = [t for t in r if vocab is not None and not 0 <= t < vocab]
         if bad:
             raise InputError(f"prompt {i}: token id {bad[0]} is outside the vocabulary [0, {vocab})")
     return rows
@@ -133,9 +175,11 @@ def sampling_states(settings: Sequence[Sampling], seeds: np.ndarray) -> dict[str
 
 def iter_generate(engine: Engine, prompts: Sequence[Sequence[int]], max_new_tokens: int, vocab: int, seed: int = 0,
                   stream_every: int = 0, sampling: Sampling | Sequence[Sampling] | None = None,
-                  ) -> Generator[list[list[int]], None, Generated]:
-    """Yield each row's new tokens every ``stream_every`` decode steps (0: only at the end), one
-    read-back per chunk; returns (StopIteration.value) the ``Generated`` record."""
+                  progress: Callable[[str, str], None] | None = None) -> Generator[list[list[int]], None, Generated]:
+    """Yield each row's new tokens after the prefill and every ``stream_every`` decode steps (0:
+    only at the end), one read-back per chunk; returns (StopIteration.value) the ``Generated``
+    record. ``sampling``: one setting for every row or one per row (default greedy).
+    ``progress(step, item)`` hears "prefill", "first token" (with its time) and "decode"."""
     meta = engine.meta
     rows = check_prompts(prompts, meta, vocab, max_new_tokens)
     batch, prefill_len = int(meta["batch"]), int(meta["prefill_len"])
@@ -149,35 +193,58 @@ def iter_generate(engine: Engine, prompts: Sequence[Sequence[int]], max_new_toke
         ids[b, : len(r)] = r
     write_sampling(engine, settings, row_seeds(seed, batch))
 
+    eos = {int(e) for e in meta.get("eos_ids", ())}
+
+    def record(new: list[list[int]], t_end: float, steps_run: int, cut: bool = False) -> Generated:
+        why = ["stop" if n and n[-1] in eos else "interrupted" if cut else "length" for n in new]
+        return Generated(prompt_ids=rows, new_ids=new, prefill_ms=(t1 - t0) * 1e3,
+                         decode_ms=max(t_end - t1 - paused, 0.0) * 1e3, decode_steps=steps_run, stats=engine.stats(),
+                         finish_reason=why)
+
+    if progress is not None:
+        progress("prefill", f"{sum(len(r) for r in rows)} prompt tokens in {len(rows)} sequences")
     t0 = time.perf_counter()
     engine.prefill(ids, lengths)
     engine.sync()
     t1 = time.perf_counter()
+    if progress is not None:
+        progress("first token", f"after {(t1 - t0) * 1e3:.0f} ms of prefill")
     paused = 0.0  # host time spent handing chunks to the caller, not counted as decode time
     sent = [0] * len(rows)
     steps = max_new_tokens - 1
-    engine.measure(True)
     done_steps = 0
-    for step in range(steps):
-        if engine.finished():  # the reference backend knows for free; the GPU never asks the device
-            break
-        engine.decode()
-        done_steps += 1
-        if stream_every and (step + 1) % stream_every == 0 and step + 1 < steps:
+    try:
+        if stream_every:  # the first token, drawn by the prefill, without waiting for a decode step
             new = _new_ids(engine, rows)
             t_pause = time.perf_counter()
-            yield [n[s:] for n, s in zip(new, sent)]
+            yield new
             paused += time.perf_counter() - t_pause
             sent = [len(n) for n in new]
-    engine.measure(False)
-    engine.sync()
+        if progress is not None and steps:
+            progress("decode", f"up to {steps} steps")
+        engine.measure(True)
+        for step in range(steps):
+            if engine.finished():  # the reference backend knows for free; the GPU never asks the device
+                break
+            engine.decode()
+            done_steps += 1
+            if stream_every and (step + 1) % stream_every == 0 and step + 1 < steps:
+                new = _new_ids(engine, rows)
+                t_pause = time.perf_counter()
+                yield [n[s:] for n, s in zip(new, sent)]
+                paused += time.perf_counter() - t_pause
+                sent = [len(n) for n in new]
+        engine.measure(False)
+        engine.sync()
+    except KeyboardInterrupt:
+        engine.sync()  # the steps already queued finish; their tokens count
+        raise Interrupted(record(_new_ids(engine, rows), time.perf_counter(), done_steps, cut=True)) from None
     t2 = time.perf_counter()
     new = _new_ids(engine, rows)
     tail = [n[s:] for n, s in zip(new, sent)]
     if any(tail):
         yield tail
-    return Generated(prompt_ids=rows, new_ids=new, prefill_ms=(t1 - t0) * 1e3, decode_ms=(t2 - t1 - paused) * 1e3,
-                     decode_steps=done_steps, stats=engine.stats())
+    return record(new, t2, done_steps)
 
 
 def _new_ids(engine: Engine, rows: list[list[int]]) -> list[list[int]]:
@@ -201,7 +268,9 @@ class Ready:
 class ReferenceEngine:
     """The numpy reference backend: runs the prefill/decode graphs, keeps the state in a dict.
     ``optimize``: run the pass pipeline first (fp32; e.g. the lm_head's weight transpose is then
-    cached instead of recomputed every step) — the same numbers, much faster."""
+    read through numpy's transposed view instead of recomputed every step) — the same numbers,
+    much faster. Weights are read in their [N, K] layout (``weights_nk``, as generation plans
+    read them), so the two graphs share their arrays instead of each caching transposed copies."""
 
     def __init__(self, graphs: Mapping[str, Any], optimize: bool = False, options: Any = None):
         """``options``: the ``PassOptions`` to optimize with (e.g. ``quantize``; default fp32)."""
@@ -211,10 +280,17 @@ class ReferenceEngine:
 
         self.graphs = dict(graphs)
         if optimize:
+            from fusec.bulk import sharing_derived
+            from fusec.passes.base import PassOptions
             from fusec.passes.pipeline import optimize as run_passes
 
-            fresh = (lambda: dataclasses.replace(options, declines=[], stats={})) if options is not None else (lambda: None)
-            self.graphs = {k: run_passes(g, fresh())[0] for k, g in self.graphs.items()}
+            def fresh() -> Any:  # weights read [N, K], as generation plans read them
+                if options is None:
+                    return PassOptions(weights_nk=True)
+                return dataclasses.replace(options, declines=[], stats={}, weights_nk=True)
+
+            with sharing_derived():  # the graphs share what the passes derive from their weights
+                self.graphs = {k: run_passes(g, fresh())[0] for k, g in self.graphs.items()}
         for g in self.graphs.values():
             verify(g)
         self.meta = self.graphs["decode"].meta["generation"]
@@ -246,9 +322,8 @@ class ReferenceEngine:
         for src, _ in g.state_pairs():
             feeds[src.name] = self.state[src.name]
         out = reference.run(g, feeds)
-        for src, dst in g.state_pairs():
-            if dst is not src:
-                self.state[src.name] = out[dst.name]
+        # one dict update: a Ctrl-C arrives between bytecodes, so the state is never half-updated
+        self.state.update({src.name: out[dst.name] for src, dst in g.state_pairs() if dst is not src})
         self._steps += 1
 
     def prefill(self, input_ids: np.ndarray, lengths: np.ndarray, timed: bool = True) -> None:

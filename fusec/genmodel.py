@@ -3,8 +3,10 @@
 ``load_generation_model(model)`` accepts a built-in name (``llama-tiny``, ``qwen3-tiny``,
 ``qwen3-0.6b``; random weights, or a local HF checkpoint with ``weights_dir``), a local HF
 checkpoint directory (``config.json`` + ``*.safetensors`` + ``tokenizer.json`` of any Llama-style
-family: Llama, Mistral, Qwen2/2.5, Qwen3, Gemma 1/2/3, Phi-3; models/families.py), or a GGUF file
-(architectures llama, qwen2, qwen3, gemma, gemma2, gemma3, phi3; ``models/gguf.py``). ``compile_generation`` turns it into one plan
+family: Llama, Mistral, Qwen2/2.5, Qwen3, Gemma 1/2/3, Phi-3; models/families.py), a hub id
+``org/name`` found in the local Hugging Face cache (``fusec.hubcache``; never downloaded), or a
+GGUF file (architectures llama, qwen2, qwen3, gemma, gemma2, gemma3, phi3; ``models/gguf.py``).
+``compile_generation`` turns it into one plan
 with two entry points, "prefill" and "decode", sharing the weights and the KV-cache state, the
 tokenizer stored in the plan when the model has one.
 """
@@ -39,6 +41,12 @@ def load_generation_model(model: str | os.PathLike[str], weights_dir: str | os.P
     from fusec.models.generate import SharedWeights, check_generation_model
 
     text = os.fspath(model)
+    from fusec.hubcache import is_hub_id
+
+    if is_hub_id(text) and weights_dir is None:  # org/name: the local Hugging Face cache's copy
+        from fusec.hubcache import model_path
+
+        text = model_path(text)
     if text.lower().endswith(".gguf"):
         from fusec.models.gguf import load_gguf
 
@@ -130,15 +138,18 @@ def support_text() -> str:
 
 
 def build_graphs(gm: GenModel, batch: int, max_seq_len: int, prefill_len: int | None,
-                 eos_ids: Sequence[int] | None = None) -> dict[str, Any]:
+                 eos_ids: Sequence[int] | None = None, storage: str | None = None) -> dict[str, Any]:
+    """The prefill and decode graphs; ``storage`` ("f16"/"bf16"): the compile's storage dtype,
+    in which the large weights are held (``fusec.models.weights.StoredWeights``)."""
     from fusec.models.generate import GenerationShape, build_generation
 
     shape = GenerationShape(batch, max_seq_len, prefill_len if prefill_len is not None else min(max_seq_len, 128))
     eos = tuple(gm.eos_ids if eos_ids is None else eos_ids)
     if gm.builder is not None:
         return gm.builder(shape, eos)
-    graphs = build_generation(gm.config, gm.weights, shape, eos)
-    gm.weights.finish()
+    weights = gm.weights.stored(storage)
+    graphs = build_generation(gm.config, weights, shape, eos)
+    weights.finish()
     return graphs
 
 
@@ -155,7 +166,10 @@ def compile_generation(model: str | os.PathLike[str] | GenModel, *, batch: int =
     from fusec.compiler import compile_entries, quantize_options
 
     gm = model if isinstance(model, GenModel) else load_generation_model(model, weights_dir)
-    graphs = build_graphs(gm, batch, max_seq_len, prefill_len, eos_ids)
+    from fusec.compiler import DTYPES
+
+    storage = DTYPES[dtype][0] if dtype in DTYPES else None
+    graphs = build_graphs(gm, batch, max_seq_len, prefill_len, eos_ids, storage=storage)
     meta = dict(graphs["decode"].meta["generation"])
     meta.update({"vocab_size": gm.config.vocab_size, "num_layers": gm.config.num_layers, "source": gm.source})
     blobs = {}
@@ -188,19 +202,22 @@ def plan_tokenizer(plan: Any) -> Any:
                      chat_template=info.get("chat_template"))
 
 
-def encode_prompts(tokenizer: Any, prompts: Sequence[Any], chat: bool = False,
+def encode_prompts(tokenizer: Any, prompts: Sequence[Any], chat: bool = False, system: str | None = None,
                    template_kwargs: dict[str, Any] | None = None) -> list[list[int]]:
-    """Token ids of each prompt: lists of ids pass through; strings need a tokenizer. ``chat``
-    renders each as one user message through the chat template, ``template_kwargs`` (e.g.
-    ``{"enable_thinking": False}``) passed to it as variables."""
+    """Token ids of each prompt: lists of ids pass through; strings need a tokenizer. ``chat``:
+    each text prompt is the user's message in the model's chat template, after ``system``'s;
+    ``template_kwargs`` (e.g. ``{"enable_thinking": False}``) are passed to it as variables."""
+    if system is not None and not chat:
+        raise InputError("a system message goes into the chat template: give --chat (chat=True) with --system (system=)")
     out = []
     for p in prompts:
         if isinstance(p, str):
             if tokenizer is None:
                 raise InputError("this model carries no tokenizer: give token ids (--prompt-ids) instead of text")
             if chat:
-                text = tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
-                                                     **(template_kwargs or {}))
+                messages = ([{"role": "system", "content": system}] if system is not None else []) + \
+                    [{"role": "user", "content": p}]
+                text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, **(template_kwargs or {}))
                 out.append(tokenizer.encode(text, add_bos=False))
             else:
                 out.append(tokenizer.encode(p))

@@ -94,7 +94,8 @@ def random_inputs_for(signature: list[dict[str, Any]], seed: int = 0) -> dict[st
 
 def _open_once(path: str | os.PathLike[str], where: str) -> IO[bytes]:
     """Open the inputs file once; a pipe or FIFO (``--inputs <(cat in.npz)``) is read into memory
-    (up to the byte limit), since a zip archive needs seeking and a pipe can be read only once."""
+    (up to the byte limit), since a zip archive needs seeking and a pipe can be read only once;
+    anything else but a regular file (a device, a socket) is refused."""
     try:
         f = open(path, "rb")  # noqa: SIM115 (returned)
     except FileNotFoundError:
@@ -109,6 +110,9 @@ def _open_once(path: str | os.PathLike[str], where: str) -> IO[bytes]:
             raise InputError(f"inputs file {where} is a directory")
         if stat.S_ISREG(st.st_mode):
             return f
+        if not stat.S_ISFIFO(st.st_mode):  # /dev/zero, /dev/urandom, a socket: never an archive, read forever
+            raise InputError(f"inputs file {where} is not a regular file or a pipe (a device or socket); "
+                             "give an .npz file")
         limit = max_bytes()
         chunks, total = [], 0
         while total <= limit:

@@ -29,8 +29,11 @@ def builtin_names() -> list[str]:
 
 
 def load_graph(model: str | os.PathLike[str] | onnx.ModelProto | Graph,
-               shapes: Mapping[str, Sequence[int]] | None = None) -> Graph:
-    """Load ``model`` as a Graph; ``shapes`` fixes input shapes by input name.
+               shapes: Mapping[str, Sequence[int]] | None = None, storage: str | None = None) -> Graph:
+    """Load ``model`` as a Graph; ``shapes`` fixes input shapes by input name. ``storage``
+    ("f16"/"bf16"): a built-in or GGUF model's large weights are held in that dtype, each read
+    through a CAST to fp32 (``fusec.models.weights.StoredWeights``; a compile passes its storage
+    dtype so that the fp32 copy of the weights is never held).
 
     Raises ModelError when the model cannot be found or read, InputError when ``shapes`` does not
     fit the model (unknown input name, wrong rank, different dims).
@@ -50,9 +53,9 @@ def load_graph(model: str | os.PathLike[str] | onnx.ModelProto | Graph,
         if text in names:
             import fusec.models
 
-            graph = fusec.models.build(text, shapes=normalize_shapes(shapes) if shapes else None)
+            graph = fusec.models.build(text, shapes=normalize_shapes(shapes) if shapes else None, storage=storage)
         else:
-            graph = _import_file(text, names, shapes)
+            graph = _import_file(text, names, shapes, storage)
     else:
         from fusec.frontend.onnx_import import import_onnx
 
@@ -62,7 +65,18 @@ def load_graph(model: str | os.PathLike[str] | onnx.ModelProto | Graph,
     return graph
 
 
-def _import_file(path: str, names: list[str], shapes: dict[str, tuple[int, ...]] | None) -> Graph:
+def _import_file(path: str, names: list[str], shapes: dict[str, tuple[int, ...]] | None,
+                 storage: str | None = None) -> Graph:
+    from fusec.hubcache import is_hub_id
+
+    if is_hub_id(path):  # org/name: the local Hugging Face cache's copy (a GGUF file; a checkpoint generates)
+        from fusec.hubcache import model_path
+
+        found = model_path(path)
+        if os.path.isdir(found):
+            raise ModelError(f"{path!r} is a Hugging Face checkpoint ({found!r}): it runs as a decoder with "
+                             f"`fusec generate {path}` or `fusec compile {path} --generate`")
+        path = found
     if not os.path.exists(path):
         if path.endswith(".onnx") or os.sep in path or (os.altsep and os.altsep in path):
             raise ModelError(f"no such file: {path!r}")
@@ -72,10 +86,9 @@ def _import_file(path: str, names: list[str], shapes: dict[str, tuple[int, ...]]
         raise ModelError(f"{path!r} is a directory, not an ONNX file")
     if path.lower().endswith(".gguf"):
         from fusec.models.gguf import build_gguf
-
         from fusec.shapes import normalize_shapes
 
-        return build_gguf(path, normalize_shapes(shapes) if shapes else None)
+        return build_gguf(path, normalize_shapes(shapes) if shapes else None, storage)
     from fusec.frontend.onnx_import import import_onnx
 
     return import_onnx(path, shapes)
@@ -134,7 +147,7 @@ def source_record(model: object, shapes: Mapping[str, Sequence[int]] | None,
     """What a plan records about its source model: a digest, never a path. ``{"model": the
     built-in name or the file's base name (None in memory), "kind": builtin | file | memory,
     "sha256": builtin_sha256 / file_sha256 (None in memory), "shapes", "options": the compile
-    options that change the graph}``; ``fusec.compiler.recompile(from_source=True)`` rebuilds
+    options that change the graph}``; ``fusec.retarget.recompile(from_source=True)`` rebuilds
     the plan from it, checking the digest."""
     rec: dict[str, object] = {"model": None, "kind": "memory", "sha256": None}
     if isinstance(model, (str, os.PathLike)):

@@ -6,7 +6,11 @@ names fusec chose (``config.json``, ``*.safetensors``) or the model file chose (
 one without following any symbolic link (``O_NOFOLLOW`` on every path component, each opened
 relative to its parent's descriptor), without blocking (``O_NONBLOCK``: a FIFO cannot hang the
 open) and accepts only a regular file with one link (a hard link can lead anywhere on the file
-system); the descriptor it returns is the file that was checked. ``read_in_dir`` reads such a
+system); the descriptor it returns is the file that was checked. A Hugging Face hub-cache
+snapshot (``.../models--org--name/snapshots/<rev>/``, see ``fusec.hubcache``) is made of links into
+its repository's ``blobs/``: there each link met on the way is read and its target opened in turn,
+every component again with ``O_NOFOLLOW`` from the repository's directory, so a link is followed
+only where it resolves inside that repository's cache directory. ``read_in_dir`` reads such a
 file whole after checking its size against a cap (``/dev/zero`` or a 100 GB "config.json" is one
 error line, never an out-of-memory), ``read_json_in_dir`` parses it as a JSON object and
 ``fd_path`` names the checked descriptor for libraries that only take a path (safetensors).
@@ -34,11 +38,25 @@ _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 def open_in_dir(root: str | os.PathLike[str], rel: Sequence[str], where: str) -> tuple[int, os.stat_result]:
     """Open ``root/rel...`` (``rel``: path components, none of them '', '.' or '..') read-only and
-    check the descriptor: no symlink on the way, a regular file with one link. Returns (fd,
-    its stat); the caller closes fd. ModelError (naming ``where``) for a link, a FIFO, a device or a
-    directory; OSError (FileNotFoundError...) when the file cannot be opened at all."""
+    check the descriptor: no symlink on the way (in a hub-cache snapshot: none leading outside its
+    repository), a regular file with one link. Returns (fd, its stat); the caller closes fd.
+    ModelError (naming ``where``) for a link, a FIFO, a device or a directory; OSError
+    (FileNotFoundError...) when the file cannot be opened at all."""
     if not rel or any(c in ("", ".", "..") or "/" in c or "\0" in c for c in rel):
         raise ModelError(f"{where}: not a plain path inside the model's directory")
+    from fusec.hubcache import repo_of
+
+    hub = repo_of(root)
+    if hub is not None:
+        return _open_in_repo(hub[0], hub[1] + list(rel), where)
+    fd = _walk(root, list(rel), where, None)
+    assert isinstance(fd, int)
+    return _checked(fd, where)
+
+
+def _walk(root: str | os.PathLike[str], rel: list[str], where: str, repo: str | None) -> int | list[str]:
+    """Open ``rel`` from ``root`` with O_NOFOLLOW on every component; the descriptor, or (``repo``
+    given: root is that repository's directory) the components the first link met leads to."""
     flags_dir = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC)
     try:
@@ -49,11 +67,70 @@ def open_in_dir(root: str | os.PathLike[str], rel: Sequence[str], where: str) ->
                 nfd = os.open(comp, flags, dir_fd=fd)
             except OSError as e:
                 if e.errno in (errno.ELOOP, errno.EMLINK) or (e.errno == errno.ENOTDIR and not last):
+                    if repo is not None:
+                        target = _link_target(fd, comp)
+                        if target is not None:
+                            return _inside(repo, rel[:i], target, rel[i + 1:], where)
                     raise ModelError(f"{where} is or passes through a symbolic link; a model's files must be "
                                      "regular files inside its directory (copy them in)") from None
                 raise
             os.close(fd)
             fd = nfd
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _link_target(dir_fd: int, name: str) -> str | None:
+    try:
+        return os.readlink(name, dir_fd=dir_fd)
+    except OSError:  # not a link (a file where a directory was expected)
+        return None
+
+
+def _inside(repo: str, parent: list[str], target: str, rest: list[str], where: str) -> list[str]:
+    """The components, from the repository's directory, of the link ``target`` met at ``parent/``
+    followed by ``rest``; ModelError when it leads outside the repository."""
+    escape = ModelError(f"{where} is a symbolic link leading outside its Hugging Face cache repository "
+                        f"{os.path.basename(repo)!r}; only links into the repository's own files are followed")
+    if os.path.isabs(target):
+        norm = os.path.normpath(target)
+        bases = [b for b in (repo, os.path.realpath(repo)) if norm.startswith(b.rstrip(os.sep) + os.sep)]
+        if not bases:
+            raise escape
+        parts = os.path.relpath(norm, bases[0]).split(os.sep)
+    else:
+        parts = list(parent) + target.split("/")
+    out: list[str] = []
+    for c in parts:
+        if c in ("", "."):
+            continue
+        if c == "..":
+            if not out:  # above the repository's directory
+                raise escape
+            out.pop()
+        else:
+            out.append(c)
+    if not out:
+        raise ModelError(f"{where}: a symbolic link to the repository's directory itself")
+    return out + rest
+
+
+def _open_in_repo(repo: str, rel: list[str], where: str) -> tuple[int, os.stat_result]:
+    """``open_in_dir`` inside a hub-cache repository: links are followed (at most 40) while each
+    resolves inside ``repo``; the file is opened from ``repo`` with O_NOFOLLOW on every component."""
+    for _ in range(41):
+        got = _walk(repo, rel, where, repo)
+        if isinstance(got, int):
+            return _checked(got, where)
+        rel = got
+    raise ModelError(f"{where}: too many levels of symbolic links")
+
+
+def _checked(fd: int, where: str) -> tuple[int, os.stat_result]:
+    """(fd, its stat) when fd is a regular file with one link; else closes fd, ModelError."""
+    try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise ModelError(f"{where} is not a regular file")

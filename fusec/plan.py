@@ -157,11 +157,16 @@ class Plan:
         return str(self.manifest["dtype"])
 
     def blob(self, name: str) -> bytes | memoryview:
-        return self._blobs[name]
+        from fusec.planfile import Chunks
+
+        data = self._blobs[name]
+        if isinstance(data, Chunks):  # a compiled plan's weights, joined on first use (saving needs no join)
+            data = self._blobs[name] = bytes(data)
+        return data
 
     def blobs(self) -> dict[str, bytes | memoryview]:
         """Every part of the plan by name (weights, kernel sources, cubins)."""
-        return dict(self._blobs)
+        return {name: self.blob(name) for name in self._blobs}
 
     def with_cuda_graph(self, cuda_graph: bool) -> Plan:
         """The same compiled plan, run with or without CUDA-graph replay; it shares this plan's

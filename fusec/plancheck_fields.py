@@ -69,6 +69,10 @@ PRAGMA_RE = re.compile(r"(?:unroll|nounroll)(?:[ \t(][\w \t()+*/-]*)?|once[ \t]*
 SOURCE_REFUSED = ("__has_include", "__has_embed", "_Pragma", "__pragma", "##", "%:%:")
 
 
+# The longest string a manifest field holds unless the field says otherwise (input/output names,
+# the model's name...); fusec.compiler checks a model's names against it before compiling.
+MAX_NAME = 4096
+
 class FieldCheck:
     """Checks of one manifest field each: type, range, keys; each failure a PlanFileError naming the field."""
 
@@ -105,7 +109,7 @@ class FieldCheck:
             raise self.fail(field, f"{v} is outside [{lo}, {hi}]")
         return v
 
-    def str(self, v: Any, field: str, pattern: re.Pattern[str] | None = None, max_len: int = 4096) -> str:
+    def str(self, v: Any, field: str, pattern: re.Pattern[str] | None = None, max_len: int = MAX_NAME) -> str:
         if not isinstance(v, str):
             raise self.fail(field, f"must be a string, got {_kind(v)}")
         if len(v) > max_len:

@@ -39,7 +39,7 @@ import os
 import stat
 import struct
 import threading
-from collections.abc import Iterator, Mapping, MutableMapping
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -61,11 +61,37 @@ def _pad(n: int) -> int:
     return (-n) % _ALIGN
 
 
+class Chunks:
+    """A blob made of byte chunks (a compiled plan's packed weights: views of the weight arrays and
+    zero padding): written and hashed a chunk at a time by ``write_plan``, so that compiling never
+    holds a second, joined copy of the weights. ``bytes(chunks)`` joins them where one buffer is
+    needed (the GPU upload of a plan used before it is saved: ``fusec.plan.Plan.blob``)."""
+
+    def __init__(self, parts: Sequence[Any]):
+        self.parts = [memoryview(p).cast("B") for p in parts]
+        self.nbytes = sum(p.nbytes for p in self.parts)
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+    def __bytes__(self) -> bytes:
+        return b"".join(self.parts)
+
+
+def _nbytes(data: Any) -> int:
+    return data.nbytes if isinstance(data, Chunks) else memoryview(data).nbytes
+
+
+def _views(data: Any) -> list[memoryview]:
+    return data.parts if isinstance(data, Chunks) else [memoryview(data).cast("B")]
+
+
 def write_plan(path: str | os.PathLike, manifest: Mapping[str, Any], blobs: Mapping[str, Any],
                digests: Mapping[str, str] | None = None) -> None:
     """Write ``manifest`` (JSON-able, without a "blobs" key) and ``blobs`` (bytes-like: bytes,
-    memoryview, a mapped plan's parts; nothing is copied) atomically to ``path``. ``digests``:
-    sha256 already known for some blobs (parts of a checked plan file), not computed again."""
+    memoryview, a mapped plan's parts, ``Chunks``; nothing is copied) atomically to ``path``.
+    ``digests``: sha256 already known for some blobs (parts of a checked plan file), not computed
+    again."""
     if "blobs" in manifest:
         raise ValueError("manifest key 'blobs' is reserved for the container")
     # The blobs are hashed on threads (hashlib releases the GIL) while they are written: the blob
@@ -76,21 +102,21 @@ def write_plan(path: str | os.PathLike, manifest: Mapping[str, Any], blobs: Mapp
     table = []
     offset = 0
     for name, data in blobs.items():
-        n = memoryview(data).nbytes
+        n = _nbytes(data)
         table.append({"name": name, "offset": offset, "length": n, "sha256": known.get(name) or "0" * 64})
         offset += n + _pad(n)
     with ThreadPoolExecutor(max_workers=max(1, min(len(todo), os.cpu_count() or 1, 8))) as pool:
         # the largest first: the weights' hash is the one the write waits for
         futures = {name: pool.submit(_sha256, blobs[name])
-                   for name in sorted(todo, key=lambda k: -memoryview(blobs[k]).nbytes)}
+                   for name in sorted(todo, key=lambda k: -_nbytes(blobs[k]))}
         head_len = len(_head(manifest, table))
         with atomic_write(path) as f:
             f.seek(head_len)
             for data in blobs.values():
-                view = memoryview(data).cast("B")
-                f.write(view)
-                if _pad(view.nbytes):
-                    f.write(b"\0" * _pad(view.nbytes))
+                for view in _views(data):
+                    f.write(view)
+                if _pad(_nbytes(data)):
+                    f.write(b"\0" * _pad(_nbytes(data)))
             for rec in table:
                 if rec["name"] in futures:
                     rec["sha256"] = futures[rec["name"]].result()
@@ -112,10 +138,10 @@ def _head(manifest: Mapping[str, Any], table: list[dict[str, Any]]) -> bytes:
 
 
 def _sha256(data: Any) -> str:
-    view = memoryview(data).cast("B")
     h = hashlib.sha256()
-    for start in range(0, view.nbytes, _CHUNK):
-        h.update(view[start: start + _CHUNK])
+    for view in _views(data):
+        for start in range(0, view.nbytes, _CHUNK):
+            h.update(view[start: start + _CHUNK])
     return h.hexdigest()
 
 
@@ -252,7 +278,7 @@ class PlanBlobs(MutableMapping):
 def blob_length(blobs: Mapping[str, Any], name: str) -> int:
     """The size of blob ``name`` without reading it where the mapping can say (PlanBlobs)."""
     length = getattr(blobs, "length", None)
-    return int(length(name)) if length is not None else memoryview(blobs[name]).nbytes
+    return int(length(name)) if length is not None else _nbytes(blobs[name])
 
 
 def read_plan(path: str | os.PathLike, verify: str = "all") -> PlanFile:

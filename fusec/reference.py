@@ -17,11 +17,11 @@ from typing import Any
 import numpy as np
 
 from fusec import ops as O
+from fusec import reference_ops as RO
 from fusec.dtypes import DType
 from fusec.errors import InputError
 from fusec.ir import Graph, Node, Value
 from fusec.ops import Op
-from fusec import reference_ops as RO
 
 
 def _f32(fn: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
@@ -349,9 +349,11 @@ def eval_node(node: Node, args: list[np.ndarray]) -> list[np.ndarray]:
 def run(graph: Graph, inputs: Mapping[str, Any],
         progress: Callable[[str, str], None] | None = None) -> dict[str, np.ndarray]:
     """Execute ``graph`` on numpy inputs; returns {output name: array}. ``progress(stage, item)``:
-    called before each node (``fusec run`` shows it on a terminal)."""
+    called before each node (``fusec run`` shows it on a terminal). An index out of range that a
+    graph input holds (a token id) is an InputError naming that input, not the op that reads it."""
     env: dict[Value, np.ndarray] = {}
-    for name, arr in check_inputs(graph, inputs).items():
+    checked = check_inputs(graph, inputs)
+    for name, arr in checked.items():
         env[next(v for v in graph.inputs if v.name == name)] = arr
     for c in graph.constants:
         assert c.data is not None
@@ -360,7 +362,14 @@ def run(graph: Graph, inputs: Mapping[str, Any],
         for i, node in enumerate(graph.nodes):
             if progress is not None:
                 progress("reference", f"{node.op.value} ({i + 1}/{len(graph.nodes)})")
-            for v, r in zip(node.outputs, eval_node(node, [env[v] for v in node.inputs])):
+            try:
+                results = eval_node(node, [env[v] for v in node.inputs])
+            except InputError:
+                from fusec.inputs import check_index_bounds
+
+                check_index_bounds(graph, checked)  # names the input holding the bad index, if one does
+                raise
+            for v, r in zip(node.outputs, results):
                 env[v] = r
     # np.ascontiguousarray turns a 0-d array into shape (1,): reshape keeps scalar outputs scalar
     return {v.name: np.ascontiguousarray(env[v]).reshape(env[v].shape) for v in graph.outputs}

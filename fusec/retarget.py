@@ -1,4 +1,4 @@
-"""Re-targeting a plan file to another GPU architecture (``fusec.compiler.recompile``).
+"""Re-targeting a plan file to another GPU architecture (``recompile``; ``fusec compile PLAN --arch``).
 
 Two ways, both ending in a plan file for ``arch`` written atomically:
 
@@ -31,6 +31,10 @@ MAX_SMEM = {70: 98304, 72: 98304, 75: 65536, 80: 166912, 86: 101376, 87: 166912,
 
 def recompile(plan_path: str | os.PathLike, arch: str, out_path: str | os.PathLike, *, from_source: bool = False,
               model: str | os.PathLike | None = None, progress: Callable[[str, str], None] | None = None) -> Any:
+    """Re-target the plan file ``plan_path`` to GPU architecture ``arch`` and write it to
+    ``out_path``; returns the new plan (see the module docstring for the two ways). Errors (no
+    usable source, a digest that differs, a kernel that does not fit or compile for ``arch``) are
+    one-line ``FusecError``s."""
     from fusec.compiler import _check_arch
     from fusec.fsutil import check_output_path
     from fusec.plan import Plan

@@ -78,12 +78,23 @@ class GenerationShape:
 
 class SharedWeights:
     """Hands every graph the same fp32 array (or packed weight) per parameter name (built once,
-    shared by entries)."""
+    shared by entries); ``stored(storage)``: the same for a compile storing weights in fp16/bf16
+    (``StoredWeights``)."""
 
     def __init__(self, source: object):
         self.source = source
         self._cache: dict[str, np.ndarray] = {}
         self._packed: dict[str, object] = {}
+        self._stored: dict[str, SharedWeights] = {}
+
+    def stored(self, storage: str | None) -> SharedWeights:
+        from .weights import StoredWeights
+
+        if storage not in ("f16", "bf16"):
+            return self
+        if storage not in self._stored:
+            self._stored[storage] = SharedWeights(StoredWeights(self.source, storage))  # type: ignore[arg-type]
+        return self._stored[storage]
 
     def get(self, name: str, shape: tuple[int, ...], kind: str) -> np.ndarray:
         arr = self._cache.get(name)
@@ -116,7 +127,8 @@ def build_generation(cfg: ModelConfig, weights: object, shape: GenerationShape,
     """{"prefill": Graph, "decode": Graph} sharing ``weights`` (wrap a source in SharedWeights)."""
     check_generation_model(cfg)
     if shape.max_seq_len > cfg.max_positions:
-        raise InputError(f"--max-seq-len {shape.max_seq_len} exceeds the model's {cfg.max_positions} positions")
+        raise InputError(f"a KV cache of {shape.max_seq_len} positions (max_seq_len) exceeds the model's context of "
+                         f"{cfg.max_positions} positions")
     if cfg.rope_scaling is not None:
         cfg.rope_scaling.check(cfg.rope_dims, shape.max_seq_len)
     if any(not 0 <= e < cfg.vocab_size for e in eos_ids):

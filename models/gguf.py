@@ -207,16 +207,17 @@ def load_gguf(path: str | os.PathLike[str], *, tokenizer: bool = True, packed: b
 
 
 def build_gguf(path: str | os.PathLike[str], shapes: Mapping[str, Sequence[int]] | None = None,
-               packed: bool = True) -> Graph:
+               packed: bool = True, storage: str | None = None) -> Graph:
     """The verified fusec graph of the llama model in GGUF file ``path`` for static ``shapes``
-    (None: batch 1, seq 16); ``graph.meta["model"]`` names the file. ``packed``: see ``load_gguf``."""
+    (None: batch 1, seq 16); ``graph.meta["model"]`` names the file. ``packed``: see ``load_gguf``;
+    ``storage``: as ``fusec.models.build``'s."""
     from .llama import build_llama
-    from .weights import model_weights
+    from .weights import model_weights, stored
 
     model = load_gguf(path, tokenizer=False, packed=packed)
     cfg = model.config
     batch, seq = check_shapes(cfg, shapes)
-    graph = build_llama(cfg, batch, seq, model_weights(cfg, model.weights))
+    graph = build_llama(cfg, batch, seq, model_weights(cfg, stored(model.weights, storage)))
     model.weights.finish()
     graph.meta["model"] = {"name": cfg.name, "family": cfg.family, "weights": "gguf",
                            "file": os.fspath(model.path)}

@@ -255,17 +255,27 @@ class GGUFFile:
 def _open(path: Path) -> GGUFFile:
     """The parsed header of GGUF file ``path`` (ModelError for anything malformed, before any
     count in it is trusted); its tensors are views of the memory-mapped file."""
-    if not path.is_file():
-        raise ModelError(f"GGUF file {os.fspath(path)!r} does not exist")
+    from fusec.modelfiles import open_in_dir
+
+    where = f"GGUF file {os.fspath(path)!r}"
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size < 24:
-                raise ModelError(f"cannot read GGUF file {os.fspath(path)!r} (truncated or corrupt?): "
-                                 f"{size} bytes, shorter than a GGUF header")
-            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        # as a model directory's files: a link is refused, except in a Hugging Face cache snapshot
+        # where it resolves inside the repository (fusec.modelfiles); no FIFO, device or hard link
+        fd, st = open_in_dir(path.parent, [path.name], where)
+    except FileNotFoundError:
+        raise ModelError(f"{where} does not exist") from None
     except OSError as e:
-        raise ModelError(f"cannot read GGUF file {os.fspath(path)!r}: {e.strerror or e}") from None
+        raise ModelError(f"cannot read {where}: {e.strerror or e}") from None
+    try:
+        size = st.st_size
+        if size < 24:
+            raise ModelError(f"cannot read GGUF file {os.fspath(path)!r} (truncated or corrupt?): "
+                             f"{size} bytes, shorter than a GGUF header")
+        buf = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+    except OSError as e:
+        raise ModelError(f"cannot read {where}: {e.strerror or e}") from None
+    finally:
+        os.close(fd)
     return GGUFFile(path, buf, min(size, len(buf))).parse()
 
 

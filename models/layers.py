@@ -30,7 +30,12 @@ class Blocks:
         self._scalars: dict[tuple[float, str], Value] = {}
 
     def param(self, name: str, shape: tuple[int, ...], kind: str = MATRIX) -> Value:
-        return self.b.const(self.weights.get(name, shape, kind), name=name, dtype=DType.F32)
+        arr = self.weights.get(name, shape, kind)
+        if arr.dtype == np.float32:
+            return self.b.const(arr, name=name, dtype=DType.F32)
+        # stored in a compile's half-precision dtype (weights.StoredWeights): read as fp32, as it computes
+        stored = self.b.const(arr, name=name, dtype=DType.from_np(arr.dtype))
+        return self.b.emit(Op.CAST, stored, to=DType.F32, name=f"{name}.f32")  # type: ignore[no-any-return]
 
     def qmatmul(self, x: Value, name: str, shape: tuple[int, ...]) -> Value | None:
         """x @ W^T as one QMATMUL when the source keeps weight ``name`` [N, K] packed

@@ -244,14 +244,16 @@ def _builder(family: str) -> Callable[..., Graph]:
 
 
 def build(name: str, shapes: Mapping[str, Sequence[int]] | None = None,
-          weights_dir: str | os.PathLike[str] | None = None, seed: int = 0) -> Graph:
+          weights_dir: str | os.PathLike[str] | None = None, seed: int = 0, storage: str | None = None) -> Graph:
     """Build the verified graph of a built-in model for static input ``shapes``.
 
     Weights are seeded random fp32 (``seed``) unless ``weights_dir`` names a local Hugging Face
     checkpoint (config.json + *.safetensors); its config.json dims replace the named config's.
-    Raises ModelError for an unknown name or an unusable checkpoint, InputError for bad shapes.
+    ``storage`` ("f16"/"bf16"): a compile's storage dtype, in which large weights are held
+    (``weights.StoredWeights``). Raises ModelError for an unknown name or an unusable checkpoint,
+    InputError for bad shapes.
     """
-    from .weights import RandomWeights
+    from .weights import RandomWeights, stored
 
     cfg = get_config(name)
     if weights_dir is None:
@@ -262,7 +264,7 @@ def build(name: str, shapes: Mapping[str, Sequence[int]] | None = None,
         cfg = config_from_hf(cfg, weights_dir)
         weights = HFWeights(weights_dir, cfg)
     batch, seq = check_shapes(cfg, shapes)
-    graph = _builder(cfg.family)(cfg, batch, seq, weights)
+    graph = _builder(cfg.family)(cfg, batch, seq, stored(weights, storage))
     weights.finish()
     graph.meta["model"] = {"name": cfg.name, "family": cfg.family,
                            "weights": "random" if weights_dir is None else "checkpoint"}

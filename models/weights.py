@@ -2,7 +2,7 @@
 
 A builder asks for every parameter by its Hugging Face name (without the ``transformer.`` /
 ``model.`` / ``bert.`` wrapper prefix), its shape and its kind; the source returns an fp32 array
-of exactly that shape. Random weights are drawn in the order the builder asks for them, so the
+of exactly that shape (``StoredWeights``: large matrices already in a compile's fp16/bf16). Random weights are drawn in the order the builder asks for them, so the
 same seed always gives the same graph.
 """
 
@@ -77,6 +77,50 @@ class SplitFused:
             del self._fused[full]  # the last part asked for: the builder asks in this order
         return out
 
+    def get_packed(self, name: str, shape: tuple[int, ...]) -> object:
+        """The source's packed form of an unfused weight; a part of a fused one is read by ``get``
+        (rows of a packed weight are not split)."""
+        prefix, _, last = name.rpartition(".")
+        getter = getattr(self.source, "get_packed", None)
+        if getter is None or last == "weight" and prefix.rpartition(".")[2] in self._parts:
+            return None
+        return getter(name, shape)
+
+    def finish(self) -> None:
+        self.source.finish()
+
+
+class StoredWeights:
+    """``source``'s weights for a compile that stores them in half precision (``storage``: fp16 or
+    bf16): each large matrix arrives already converted as the precision pass would convert it
+    (``fusec.bulk.to_storage``), its fp32 array dropped as soon as it is converted. The builder
+    reads such a weight through a CAST to fp32 (``Blocks.param``), which the precision pass drops:
+    the plan is the same, and the fp32 copy of the weights (twice their stored size) is never held
+    while a model compiles. Small tensors (norms, biases) stay fp32, as the reference has them."""
+
+    MIN_ELEMENTS = 1 << 16
+
+    def __init__(self, source: WeightSource, storage: str):
+        from fusec.dtypes import DType
+
+        self.source = source
+        self.dtype = DType(storage)
+        if self.dtype not in (DType.F16, DType.BF16):
+            raise ValueError(f"weights are stored narrow as f16 or bf16, not {storage!r}")
+
+    def get(self, name: str, shape: tuple[int, ...], kind: str) -> np.ndarray:
+        from fusec.bulk import to_storage
+
+        arr = self.source.get(name, shape, kind)
+        if kind != MATRIX or arr.size < self.MIN_ELEMENTS:
+            return arr
+        return to_storage(arr, self.dtype.np)
+
+    def get_packed(self, name: str, shape: tuple[int, ...]) -> object:
+        """A packed weight as the source has it (already narrower than the storage dtype)."""
+        getter = getattr(self.source, "get_packed", None)
+        return None if getter is None else getter(name, shape)
+
     def finish(self) -> None:
         self.source.finish()
 
@@ -131,3 +175,8 @@ def q4_k_m_types(num_layers: int, vocab_lm_head: bool = True) -> object:
         return "Q4_K"
 
     return types
+
+
+def stored(source: WeightSource, storage: str | None) -> WeightSource:
+    """``source`` as a compile storing ``storage`` ("f16", "bf16"; anything else: fp32) reads it."""
+    return StoredWeights(source, storage) if storage in ("f16", "bf16") else source

@@ -10,7 +10,12 @@ Not every such node should fold. ``FoldPolicy`` (module default ``POLICY``) says
   them here would hide that work and, for MATMUL of two weights, can grow the weights;
 - *growth*: a node whose result is larger than ``policy.max_growth_elements`` elements and larger
   than all of its inputs together (EXPAND / TILE / broadcasting of a small constant) stays a node,
-  because a kernel recomputes it for free while a folded copy costs weight memory and upload time.
+  because a kernel recomputes it for free while a folded copy costs weight memory and upload time;
+- *stored weights*: a CAST to fp32 of a constant held in the storage dtype of this compile
+  (a weight stored narrow while the model was built, ``fusec.models.weights.StoredWeights``)
+  stays: the precision pass drops it, and folding it would make the fp32 copy of the weight that
+  storing it narrow avoids. What only constants compute from it still folds (a position table's
+  rows gathered at constant positions), reading the weight through the cast.
 
 Each decline is recorded with ``options.decline("constant_fold", where, reason)``. Folded outputs
 keep their value names (so a folded graph output keeps its interface name); constants left
@@ -57,6 +62,13 @@ def fold_decline_reason(node: Node, policy: FoldPolicy = POLICY) -> str | None:
     return None
 
 
+def _stored_weight(node: Node, ins: list[Value], options: PassOptions) -> bool:
+    """A CAST to fp32 of a large weight stored in this compile's storage dtype (module docstring)."""
+    from fusec.dtypes import DType
+
+    return node.op == Op.CAST and node.attrs.to == DType.F32 and ins[0].dtype.value == options.storage_dtype
+
+
 def fold(graph: Graph, options: PassOptions, policy: FoldPolicy = POLICY) -> tuple[Graph, int]:
     """Fold every foldable node (in one forward sweep, so chains fold through); returns (graph, count)."""
     consts: list[Value] = list(graph.constants)
@@ -64,10 +76,15 @@ def fold(graph: Graph, options: PassOptions, policy: FoldPolicy = POLICY) -> tup
     mapping: dict[Value, Value] = {}
     kept: list[Node] = []
     folded = 0
+    stored: dict[Value, Value] = {}  # the fp32 value of a kept stored-weight CAST -> the stored weight
     with np.errstate(all="ignore"):  # folding mirrors run(): IEEE results, not warnings
         for node in graph.nodes:
             ins = [mapping.get(v, v) for v in node.inputs]
-            if not all(v in const_set for v in ins):
+            if not all(v in const_set or v in stored for v in ins):
+                kept.append(node)
+                continue
+            if _stored_weight(node, ins, options):  # by design, not a declined opportunity: no record
+                stored[node.outputs[0]] = ins[0]
                 kept.append(node)
                 continue
             reason = fold_decline_reason(node, policy)
@@ -75,7 +92,8 @@ def fold(graph: Graph, options: PassOptions, policy: FoldPolicy = POLICY) -> tup
                 options.decline(NAME, node.describe(), reason)
                 kept.append(node)
                 continue
-            results = reference.eval_node(node, [v.data for v in ins])
+            results = reference.eval_node(node, [v.data if v in const_set else stored[v].data.astype(np.float32)
+                                                 for v in ins])
             for old, arr in zip(node.outputs, results):
                 new = Value(old.name, old.shape, old.dtype, np.ascontiguousarray(arr))
                 mapping[old] = new

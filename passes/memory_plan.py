@@ -104,19 +104,6 @@ class MemoryPlan:
         return {"naive_bytes": self.naive_bytes, "planned_bytes": self.arena_bytes,
                 "lower_bound_bytes": self.lower_bound_bytes, "weights_bytes": self.weights_bytes}
 
-    def to_json(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        return d
-
-    @staticmethod
-    def from_json(d: dict[str, Any]) -> MemoryPlan:
-        fields = dict(d)
-        fields["records"] = [UsageRecord(**r) for r in d["records"]]
-        fields["offsets"] = {k: int(v) for k, v in d["offsets"].items()}
-        fields["alias"] = {k: dict(v) for k, v in d["alias"].items()}
-        fields["state"] = {k: (str(v[0]), int(v[1])) for k, v in d.get("state", {}).items()}
-        return MemoryPlan(**fields)
-
 
 def _place(records: list[UsageRecord], key: Any) -> int:
     """Best-fit offsets in the order ``key`` gives (each record into the smallest gap among the
@@ -317,6 +304,5 @@ def plan_memory(graph: Graph, alignment: int = 256) -> MemoryPlan:
 def run(graph: Graph, options: PassOptions) -> PassResult:
     plan = plan_memory(graph)
     g = graph.copy()
-    g.meta["memory_plan"] = plan.to_json()
     g.meta["memory"] = plan.summary()
     return PassResult(g, False)

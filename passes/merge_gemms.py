@@ -18,11 +18,11 @@ concatenation (a Q4_K_M file's q/k (Q4_K) merge; its v (Q6_K) stays apart).
 from __future__ import annotations
 
 import dataclasses
-import weakref
 from typing import Any
 
 import numpy as np
 
+from fusec.bulk import derived
 from fusec.ir import Graph, Node, Value
 from fusec.ops import MatMulAttrs, NoAttrs, Op, SliceAttrs
 from fusec.passes.base import PassOptions, PassResult
@@ -78,7 +78,8 @@ def run(graph: Graph, options: PassOptions) -> PassResult:
         else:
             trans_b = bool(key[1])
             weights = [m.inputs[1].data for m in mms]
-            big = rw.const(np.concatenate(weights, axis=0 if trans_b else 1),
+            axis = 0 if trans_b else 1
+            big = rw.const(derived("concatenate", weights, axis, lambda w=weights, a=axis: np.concatenate(w, axis=a)),  # type: ignore[arg-type]
                            _merged_name([m.inputs[1].name for m in mms]))
             mm = rw.node(Op.MATMUL, [x, big], MatMulAttrs(trans_b=trans_b), base=f"{first.outputs[0].name}_merged")
         new: list[Node] = [mm]
@@ -112,37 +113,6 @@ def run(graph: Graph, options: PassOptions) -> PassResult:
     return PassResult(g, merged > 0)
 
 
-# Row stacks of packed operands, by their first part (weakly: an entry dies with its weights). The
-# entry points of a generation plan share the packed arrays (SharedWeights): the second entry gets
-# the first one's stack instead of another copy of every merged weight (host memory of a compile).
-_STACKS: dict[int, list[tuple[tuple[np.ndarray, ...], np.ndarray]]] = {}
-
-
-def _owner(a: np.ndarray) -> np.ndarray:
-    """The array that owns ``a``'s memory (views of one weight made per graph share it)."""
-    while isinstance(a.base, np.ndarray):
-        a = a.base
-    return a
-
-
-def _stack_rows(parts: list[np.ndarray]) -> np.ndarray:
-    """np.concatenate(parts) along rows, computed once for the same parts (weak references only:
-    the cache keeps no weight alive)."""
-    first = _owner(parts[0])
-    key = id(first)
-    if key not in _STACKS:  # dropped when the owner is collected (before its id can be reused)
-        _STACKS[key] = []
-        weakref.finalize(first, _STACKS.pop, key, None)
-    known = _STACKS[key]
-    sig = [(_owner(a), a.__array_interface__) for a in parts]
-    for seen, stacked in known:
-        if len(seen) == len(sig) and all(r() is o and i == j for (r, i), (o, j) in zip(seen, sig)):
-            return stacked
-    stacked = np.concatenate(parts, axis=0)
-    known.append((tuple((weakref.ref(o), i) for o, i in sig), stacked))
-    return stacked
-
-
 def _merge_packed(rw: Rewriter, mms: list[Node]) -> Node:
     """One QMATMUL over the packed weights of ``mms`` stacked along N (same format, K, group)."""
     first = mms[0]
@@ -150,7 +120,9 @@ def _merge_packed(rw: Rewriter, mms: list[Node]) -> Node:
     for j in range(1, len(first.inputs)):
         parts = [m.inputs[j] for m in mms]
         role = parts[0].name.rsplit(".", 1)[-1]  # codes, scale...: one name per operand
-        packed.append(rw.const(_stack_rows([p.data for p in parts]), f"{_merged_name([p.name for p in parts])}.{role}"))
+        data = [p.data for p in parts]
+        stacked = derived("concatenate", data, 0, lambda d=data: np.concatenate(d, axis=0))  # type: ignore[arg-type]
+        packed.append(rw.const(stacked, f"{_merged_name([p.name for p in parts])}.{role}"))
     n = sum(m.attrs.n for m in mms)
     return rw.node(Op.QMATMUL, [first.inputs[0], *packed], dataclasses.replace(first.attrs, n=n),
                    base=f"{first.outputs[0].name}_merged")

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fusec.bulk import derived
 from fusec.ir import Graph, Node, Value
 from fusec.ops import MatMulAttrs, NoAttrs, Op, SliceAttrs
 from fusec.passes.base import PassOptions, PassResult
@@ -80,7 +81,9 @@ def run(graph: Graph, options: PassOptions) -> PassResult:
         wp = padded_weights.get((id(w), tb))
         if wp is None:
             pad = ((0, npad - n), (0, 0)) if tb else ((0, 0), (0, npad - n))
-            wp = padded_weights[(id(w), tb)] = rw.const(np.pad(np.asarray(w.data), pad), f"{w.name}.pad{npad}")
+            data = np.asarray(w.data)
+            wp = padded_weights[(id(w), tb)] = rw.const(derived("pad", [data], tuple(pad), lambda d=data, p=pad: np.pad(d, p)),
+                                                        f"{w.name}.pad{npad}")
             others = [u for u in ctx.users(w) if not (u.op == Op.MATMUL and u.inputs[1] is w
                                                       and u.inputs[0] is not w and _trans_b(u) == tb)]
             gathers = [u for u in others if u.op == Op.GATHER and u.inputs[0] is w and u.inputs[1] is not w

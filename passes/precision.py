@@ -6,9 +6,13 @@ The graph is rebuilt with new Value objects (the caller's graph is left untouche
 output types are re-inferred from its op's rule, and ``cast`` nodes that targeted fp32 now target
 the storage dtype (``simplify`` then drops the ones that became no-ops).
 
-Constants are converted with saturation to the finite range of the storage dtype: HF models add
-``finfo(float32).min`` as a mask value, which fp16 would turn into -inf, and a fully masked row
-would then produce NaN (-inf - -inf) that spreads through the next layer.
+Constants are converted with saturation to the finite range of the storage dtype
+(``fusec.bulk.to_storage``): HF models add ``finfo(float32).min`` as a mask value, which fp16 would
+turn into -inf, and a fully masked row would then produce NaN (-inf - -inf) that spreads through
+the next layer. A model built for a half-precision compile holds its large weights already in the
+storage dtype, each read through a CAST to fp32 (``fusec.models.weights.StoredWeights``, so the
+fp32 copy of the weights is never held); such a CAST, now from the storage dtype to itself, is
+dropped here and its readers read the weight.
 
 Packed quantized weights (the operands of ``qmatmul``/``qgather`` after the first) keep their
 dtypes: their scales are part of the format (an fp32 scale of an ONNX MatMulNBits stays exact).
@@ -31,10 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 
-import ml_dtypes
-import numpy as np
-
-from fusec.bulk import cast_clipped
+from fusec.bulk import derived, to_storage
 from fusec.dtypes import DType
 from fusec.ir import Graph, Node, Value
 from fusec.ops import CastAttrs, Op, QGatherAttrs, infer
@@ -45,10 +46,8 @@ NAME = "precision"
 
 def _convert_const(c: Value, dt: DType) -> Value:
     assert c.data is not None
-    limit = float(ml_dtypes.finfo(dt.np).max)  # the target's own max: fp32's max rounds up to inf in bf16
-    # reshape: np.ascontiguousarray turns a 0-d array into shape (1,)
-    data = cast_clipped(np.asarray(c.data), dt.np, limit)  # = np.clip(...).astype(...), blockwise (fusec.bulk)
-    return Value(c.name, c.shape, dt, data)
+    data = c.data  # converted once for the entries of a plan that hold the same array (fusec.bulk.derived)
+    return Value(c.name, c.shape, dt, derived("storage", [data], dt.value, lambda: to_storage(data, dt.np)))
 
 
 # Ops a rotary angle passes through between the position cast and cos/sin; constants that join it
@@ -173,6 +172,9 @@ def run(graph: Graph, options: PassOptions) -> PassResult:
         if isinstance(attrs, QGatherAttrs) and attrs.out_dtype == DType.F32:  # rows of a packed table: stored too
             attrs = dataclasses.replace(attrs, out_dtype=target)
         ins = [narrow(v) if v in wide32 else mapping[v] for v in n.inputs]
+        if n.op == Op.CAST and ins[0].is_const and ins[0].dtype == attrs.to and n.outputs[0] not in outputs:
+            mapping[n.outputs[0]] = ins[0]  # a weight stored narrow, cast to fp32: now a no-op, its readers read it
+            continue
         types = infer(n.op, attrs, [(v.shape, v.dtype) for v in ins])
         outs = [Value(o.name, shape, dt) for o, (shape, dt) in zip(n.outputs, types)]
         mapping.update(zip(n.outputs, outs))

@@ -23,7 +23,7 @@ layouts other kernels need) is ``weight_layout``'s (``fusec.lower.choices``: var
 
 from __future__ import annotations
 
-from fusec.bulk import transposed
+from fusec.bulk import derived, transposed
 from fusec.ir import Graph, Node
 from fusec.ops import OP_INFO, FusionKind, MatMulAttrs, Op
 from fusec.passes.base import PassOptions, PassResult
@@ -69,7 +69,8 @@ def run(graph: Graph, options: PassOptions) -> PassResult:
         new = folded.get(key)
         if new is None:
             assert w.data is not None
-            new = folded[key] = rw.const(transposed(w.data, node.attrs.perm), f"{w.name}.T")  # fusec.bulk: tiled copy
+            data, perm = w.data, node.attrs.perm  # fusec.bulk: a tiled copy, shared by the entries of a plan
+            new = folded[key] = rw.const(derived("transpose", [data], perm, lambda d=data, p=perm: transposed(d, p)), f"{w.name}.T")
             if shared:
                 extra += w.nbytes
         # The TRANSPOSE is replaced by nothing: its readers are re-pointed at the cached constant.

@@ -1,10 +1,30 @@
-"""Shared test configuration: tests marked ``gpu`` skip themselves when CuPy finds no device."""
+"""Shared test configuration: tests marked ``gpu`` skip themselves when CuPy finds no device, and
+every test run gets its own kernel cache (``FUSEC_CACHE_DIR``, a private temporary directory
+removed at the end), so no test reads or writes the user's ``~/.cache/fusec``."""
 
 from __future__ import annotations
 
 import functools
+import os
+import shutil
+import tempfile
 
 import pytest
+
+_RUN_CACHE: list[str] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Set before any test module is imported (fusec reads the variable at each cache access); a
+    # variable the caller set is replaced too: tests must not see a cache they did not make.
+    d = tempfile.mkdtemp(prefix="fusec-test-cache-")  # mode 0700: the cache refuses others' directories
+    _RUN_CACHE.append(d)
+    os.environ["FUSEC_CACHE_DIR"] = d
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    while _RUN_CACHE:
+        shutil.rmtree(_RUN_CACHE.pop(), ignore_errors=True)
 
 
 @functools.lru_cache(maxsize=1)

@@ -146,7 +146,7 @@ def test_streamed_chunks_add_up_to_the_result():
         except StopIteration as stop:
             res = stop.value
             break
-    assert len(chunks) == 3
+    assert [len(c[0]) for c in chunks] == [1, 4, 4, 2]  # the first token right after the prefill
     assert [sum((c[b] for c in chunks), []) for b in range(2)] == res.new_ids
     assert [len(n) for n in res.new_ids] == [11, 11]
 
@@ -211,7 +211,7 @@ def test_cli_generate_json_on_the_reference_backend(capsys, monkeypatch):
     (["generate", "llama-tiny"], "at least one"),
     (["generate", "llama-tiny", "--prompt-ids", "1,x"], "comma-separated"),
     (["generate", "llama-tiny", "--prompt", "hello"], "no tokenizer"),
-    (["generate", "llama-tiny", "--prompt-ids", "1,2", "--prompt-ids", "3", "--batch", "1"], "batch of 1"),
+    (["generate", "llama-tiny", "--prompt-ids", "1,2", "--prompt-ids", "3", "--batch", "1"], "more than --batch 1"),
     (["generate", "llama-tiny", "--prompt-ids", "1,2,3,4,5", "--max-prompt-len", "4"], "longer than"),
     (["generate", "llama-tiny", "--prompt-ids", "1,2,99999"], "outside the vocabulary"),
     (["generate", "llama-tiny", "--prompt-ids", "1,2", "--max-seq-len", "4", "--max-new-tokens", "8"], "exceed"),

@@ -28,7 +28,6 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("gguf")
 
 import decoder_families as DF  # noqa: E402
-from test_decode_kernels import _cache_dir  # noqa: E402, F401  (kernels built into a temporary cache)
 
 from fusec import reference  # noqa: E402
 from fusec.generation import ReferenceEngine, generate  # noqa: E402
@@ -146,7 +145,7 @@ def test_kv_attention_window_against_loops(window: int) -> None:
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_windowed_kv_attention_kernels_compile(arch: str, _cache_dir: Any) -> None:
+def test_windowed_kv_attention_kernels_compile(arch: str) -> None:
     """The window renders into the kernel only when set (window 0: the kernel of old), and the
     windowed kernels compile with NVRTC without spilling (no GPU needed): split and unsplit,
     decode and S > 1, with a soft-cap."""

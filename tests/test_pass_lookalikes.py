@@ -15,7 +15,7 @@ from fusec.ir import verify
 from fusec.ops import Op
 from fusec.passes import recognize_attention, recognize_norms
 from fusec.passes.base import PassOptions
-from fusec.passes.memory_plan import MemoryPlan
+from fusec.passes.memory_plan import plan_memory
 from fusec.passes.pipeline import optimize
 
 F = DType.F32
@@ -43,7 +43,7 @@ def test_a_fused_group_does_not_read_a_cache_after_it_is_overwritten_in_place() 
              "new": RNG.standard_normal((1, 1, 8)).astype(np.float32), "pos": np.array([1])}
     opt, _ = optimize(g, PassOptions())
     verify(opt)  # no read of 'cache' after the write
-    plan = MemoryPlan.from_json(opt.meta["memory_plan"])  # the state's storage shared, as on the GPU
+    plan = plan_memory(opt)  # the state's storage shared, as on the GPU
     np.testing.assert_allclose(reference.run_planned(opt, feeds, plan)["y"], reference.run(g, feeds)["y"], rtol=1e-6)
     fused = [n for n in opt.nodes if n.op == Op.FUSED]
     assert all(Op.MUL not in {m.op for m in n.attrs.body.nodes} or Op.ADD not in {m.op for m in n.attrs.body.nodes}

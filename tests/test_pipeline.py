@@ -80,14 +80,14 @@ def test_optimize_dumps_verifies_reports_progress_and_keeps_numerics(tmp_path: P
     assert files == ["00-input.txt"] + [f"{i + 1:02d}-{n}.txt" for i, n in enumerate(names)]
     assert "exp" in (tmp_path / "00-input.txt").read_text()
     assert "exp" not in (tmp_path / "01-constant_fold.txt").read_text()
-    assert "memory_plan" in out.meta and "views" in out.meta
+    assert "memory" in out.meta and "views" in out.meta
     x = (np.random.default_rng(20261124).standard_normal((4, 8)) + 0.25).astype(np.float32)
     want = reference.run(g, {"x": x})["y"]
     np.testing.assert_allclose(reference.run(out, {"x": x})["y"], want, rtol=1e-6)
-    plan = memory_plan.MemoryPlan.from_json(out.meta["memory_plan"])
+    plan = memory_plan.plan_memory(out)
     np.testing.assert_allclose(reference.run_planned(out, {"x": x}, plan)["y"], reference.run(out, {"x": x})["y"],
                                rtol=1e-5, atol=1e-6)
-    assert "memory_plan" not in g.meta and len(g.nodes) == 7  # the caller's graph is untouched
+    assert "memory" not in g.meta and len(g.nodes) == 7  # the caller's graph is untouched
 
 
 def test_canonicalization_passes_leave_the_expected_graph() -> None:

@@ -207,8 +207,8 @@ def test_other_cupy_and_driver_majors_are_warned() -> None:
 # ---- re-targeting ---------------------------------------------------------------------------------
 
 def test_recompile_from_the_kernel_sources(tmp_path, plan_file) -> None:
-    from fusec.compiler import recompile
     from fusec.plancheck import cubin_arch
+    from fusec.retarget import recompile
 
     out = tmp_path / "g80.fplan"
     recompile(plan_file, "sm_80", out)
@@ -221,7 +221,7 @@ def test_recompile_from_the_kernel_sources(tmp_path, plan_file) -> None:
 
 
 def test_recompile_from_the_recorded_source(tmp_path) -> None:
-    from fusec.compiler import recompile
+    from fusec.retarget import recompile
 
     model = tmp_path / "model.onnx"
     _add_model(model)
@@ -247,7 +247,7 @@ def _proto(tmp_path):
 
 
 def test_recompile_refuses_a_kernel_whose_shared_memory_does_not_fit(tmp_path, plan_file) -> None:
-    from fusec.compiler import recompile
+    from fusec.retarget import recompile
 
     pf = read_plan(plan_file)
     m = copy.deepcopy(pf.manifest)

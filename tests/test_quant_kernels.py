@@ -18,14 +18,6 @@ from fusec.quant_gguf import PACKED, random_blocks, repack
 from fusec.quantize import quantize_weight
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _cache_dir(tmp_path_factory: pytest.TempPathFactory):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("FUSEC_CACHE_DIR", str(tmp_path_factory.mktemp("fusec_cache")))
-    yield
-    mp.undo()
-
-
 def sample_weight(fmt: str, n: int, k: int, rng: np.random.Generator) -> QWeight:
     """A random weight packed in ``fmt`` (GGUF blocks, the RTN quantizer, or random affine codes)."""
     gguf_type = next((t for t, (f, _, _) in PACKED.items() if f == fmt), None)

@@ -31,7 +31,8 @@ EXIT_ERROR, EXIT_USAGE, EXIT_MISMATCH, EXIT_BUG, EXIT_INTERRUPTED = 1, 2, 3, 70,
 _DESCRIPTION = """\
 fusec: a kernel-fusion compiler for transformer models (ONNX -> graph IR -> fused CUDA plans).
 
-MODEL arguments take a built-in model name (see `fusec models`) or a path to an .onnx file.
+MODEL arguments take a built-in model name (see `fusec models`) or a path to an .onnx or .gguf
+file; `generate` and `compile --generate` also take a Hugging Face checkpoint directory or hub id.
 Run `fusec COMMAND --help` for what each command does, its options and an example;
 `fusec doctor` checks the CUDA toolchain and says how to install what is missing."""
 
@@ -66,7 +67,7 @@ class _VersionAction(argparse.Action):
 def build_parser() -> argparse.ArgumentParser:
     from fusec.cli._common import add_global_flags
 
-    parser = argparse.ArgumentParser(prog="fusec", description=_DESCRIPTION, epilog=_EPILOG,
+    parser = argparse.ArgumentParser(prog="fusec", allow_abbrev=False, description=_DESCRIPTION, epilog=_EPILOG,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action=_VersionAction, help="print fusec's and the CUDA toolchain's versions")
     add_global_flags(parser, top=True)

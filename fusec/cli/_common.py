@@ -10,7 +10,7 @@ from typing import Any
 
 from fusec.ir import Graph, Value
 
-MODEL_HELP = "a built-in model name (see `fusec models`) or a path to an .onnx file"
+MODEL_HELP = "a built-in model name (see `fusec models`) or a path to an .onnx or .gguf file"
 SHAPES_HELP = ("static input shapes, NAME:DxDx... separated by commas, e.g. input_ids:8x128,attention_mask:8x128 "
                "(needed for inputs with dynamic dims; built-in models have defaults)")
 
@@ -53,7 +53,7 @@ def note(message: str, level: int = NORMAL) -> None:
 def add_command(subparsers: Any, name: str, summary: str, description: str, examples: list[str]) -> argparse.ArgumentParser:
     """A subcommand parser whose --help shows ``description`` and an examples section."""
     epilog = "examples:\n" + "\n".join(f"  {e}" for e in examples)
-    p = subparsers.add_parser(name, help=summary, description=description, epilog=epilog,
+    p = subparsers.add_parser(name, allow_abbrev=False, help=summary, description=description, epilog=epilog,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     add_global_flags(p)
     return p
@@ -92,8 +92,8 @@ def add_json_flag(p: argparse.ArgumentParser, what: str = "one JSON object") -> 
     p.add_argument("--json", action="store_true", help=f"print {what} on stdout instead of text")
 
 
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", metavar="MODEL", help=MODEL_HELP)
+def add_model_arguments(parser: argparse.ArgumentParser, help: str = MODEL_HELP) -> None:  # noqa: A002
+    parser.add_argument("model", metavar="MODEL", help=help)
     parser.add_argument("--shapes", metavar="SHAPES", help=SHAPES_HELP)
 
 

@@ -27,13 +27,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
          "fusec compile gpt2-small -o g.fplan --cuda-graph --ab          (measure on this GPU, then compile)",
          "fusec compile gpt2-small -o g.fplan --cuda-graph --decisions ledger.json",
          "fusec compile g.fplan --arch sm_80 -o g80.fplan          (re-target a plan to another GPU arch)"])
-    add_model_arguments(p)
+    add_model_arguments(p, help="a built-in model name (see `fusec models`), an .onnx or .gguf file, or a plan to "
+                                "re-target; with --generate also a Hugging Face checkpoint directory or hub id "
+                                "(org/name, from the local Hugging Face cache)")
     p.add_argument("--from-source", action="store_true",
                    help="MODEL is a plan: compile its recorded source model again for --arch (default: recompile "
                         "the plan's bundled kernel sources)")
     p.add_argument("--source-model", metavar="MODEL", default=None,
                    help="with --from-source: the plan's source file (default: the recorded name next to the plan)")
-    add_compile_arguments(p)
+    add_compile_arguments(p, dtype_help="default fp16, bf16 with --generate (as `fusec generate` compiles)")
     from fusec.cli.ab import add_ab_arguments
 
     p.add_argument("--ab", action="store_true", help="A/B-measure every fusion and kernel choice first (needs a GPU; "
@@ -172,13 +174,14 @@ class Progress:
 
 def compile_from_args(args: argparse.Namespace, progress: Progress | None = None):
     """The plan the compile options in ``args`` describe (checked up front, see check_compile_options)."""
+    generate = getattr(args, "generate", False)
+    if args.dtype is None:
+        args.dtype = "bf16" if generate else "fp16"  # generation plans: as `fusec generate` compiles them
     arch = check_compile_options(args)
     quant = quantize_from_args(args)
-    if args.dtype is None:
-        args.dtype = "fp16"
-    if getattr(args, "generate", False):
+    if generate:
         from fusec.cli.generate import check_generation_sizes
-        from fusec.genmodel import compile_generation
+        from fusec.genmodel import compile_generation, load_generation_model
 
         if args.shapes is not None:
             raise InputError("--shapes does not apply to --generate (use --batch, --max-seq-len, --max-prompt-len)")
@@ -186,11 +189,19 @@ def compile_from_args(args: argparse.Namespace, progress: Progress | None = None
             raise InputError("--disable-fusion/--enable-fusion do not apply to --generate: generation plans use "
                              "the default fusion rules")
         check_generation_sizes(args)  # a 0 is refused, never taken as the default
-        t_max = args.max_seq_len if args.max_seq_len is not None else 256
+        if progress is not None:
+            progress("build", args.model)
+        gm = load_generation_model(args.model, args.weights_dir)
+        context = getattr(gm.config, "max_positions", None)
+        if args.max_seq_len is None:
+            t_max = min(256, context) if context else 256  # the default, clamped to the model
+        elif context and args.max_seq_len > context:
+            raise InputError(f"--max-seq-len {args.max_seq_len} exceeds the model's context of {context} positions")
+        else:
+            t_max = args.max_seq_len
         batch = args.batch if args.batch is not None else 1
-        return compile_generation(args.model, batch=batch, max_seq_len=t_max, prefill_len=args.max_prompt_len,
-                                  dtype=args.dtype, arch=arch,
-                                  weights_dir=args.weights_dir, progress=progress, **quant)
+        return compile_generation(gm, batch=batch, max_seq_len=t_max, prefill_len=args.max_prompt_len,
+                                  dtype=args.dtype, arch=arch, progress=progress, **quant)
     check_dump_dir(args)
     import fusec
     import fusec.ab
@@ -229,9 +240,9 @@ def is_plan_file(path: str) -> bool:
 
 
 def retarget(args: argparse.Namespace) -> int:
-    """``fusec compile PLAN --arch sm_XX -o NEW``: the same plan for another arch (fusec.compiler.recompile)."""
-    from fusec.compiler import recompile
+    """``fusec compile PLAN --arch sm_XX -o NEW``: the same plan for another arch (fusec.retarget.recompile)."""
     from fusec.codegen.compile import check_arch
+    from fusec.retarget import recompile
 
     if args.arch is None:
         raise InputError(f"{args.model} is a compiled plan: give --arch sm_XX to re-target it to another GPU arch")
@@ -282,5 +293,6 @@ def run(args: argparse.Namespace) -> int:
           f"arena {mem['arena_bytes']:,} B  weights {mem['weights_bytes']:,} B"
           + ("  cuda-graph" if plan.cuda_graph else ""))
     if not device.gpu_available():
-        note("  no GPU found: compiled for the target arch only; run it on a GPU with `fusec run`")
+        how = "`fusec generate PLAN --prompt TEXT`" if "generation" in plan.manifest else "`fusec run`"
+        note(f"  no GPU found: compiled for the target arch only; run it on a GPU with {how}")
     return 0

@@ -1,15 +1,21 @@
-"""``fusec generate MODEL_OR_PLAN --prompt TEXT``: text generation with a KV cache."""
+"""``fusec generate MODEL_OR_PLAN --prompt TEXT``: text generation with a KV cache (``fusec.generate``'s
+command line; the loop, the backends and the result live in ``fusec.textgen``)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
+import time
 from typing import Any
 
-from fusec.cli._common import add_command, add_json_flag, note
+from fusec.cli import _common
+from fusec.cli._common import add_command, add_json_flag, fmt_name, note
 from fusec.errors import InputError
+
+# the most a prompt file or stdin may hold (a prompt is at most a model's context of tokens; this
+# is far more, and /dev/zero is one error line, not an out-of-memory)
+PROMPT_FILE_LIMIT = 16 << 20
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -19,44 +25,58 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         subparsers, "generate", "generate text with a decoder (prefill + KV-cache decode)",
         "Generate tokens from MODEL_OR_PLAN: a generation plan (`fusec compile MODEL --generate`), a\n"
         "built-in decoder (llama-tiny, qwen3-tiny, qwen3-0.6b; random weights unless --weights-dir),\n"
-        "a Hugging Face checkpoint directory, or a GGUF file (`fusec inspect FILE.gguf` says what it\n"
-        "holds). The tokenizer and chat template come with the model (GGUF metadata, tokenizer.json);\n"
+        "a Hugging Face checkpoint directory or hub id (org/name, found in the local Hugging Face\n"
+        "cache, never downloaded), or a GGUF file (`fusec inspect FILE.gguf` says what it holds).\n"
+        "The tokenizer and chat template come with the model (GGUF metadata, tokenizer.json);\n"
         "--chat-template-kwargs passes switches such as enable_thinking to the template.\n"
         "On a GPU the model is compiled into a plan whose decode step is one CUDA-graph replay per\n"
         "token with nothing copied between host and device; without a GPU the numpy reference\n"
-        "backend runs the same graphs (and says so). Prints the text as it streams (--stream), then\n"
-        "prefill time, decode tokens/s and per-step counters.\n\n" + support_text(),
+        "backend runs the same graphs (and says so). Decoding is greedy unless --temperature is\n"
+        "given (--top-k, --top-p and --seed apply only then; a plan compiles no sampling in, every\n"
+        "generation gives its own). Prints the text (as it arrives with --stream), then the load\n"
+        "time, prompt and decode tokens/s; -v shows every step with its time.\n\n" + support_text(),
         ["fusec generate SmolLM2-135M-Instruct.Q4_1.gguf --chat --prompt 'What is a GPU?' --max-new-tokens 40",
+         "fusec generate HuggingFaceTB/SmolLM2-135M-Instruct --chat --system 'Answer briefly.' -f question.txt",
+         "echo 'Once upon a time' | fusec generate model.gguf --prompt - --stream",
          "fusec generate qwen3-tiny --prompt-ids 1,2,3 --prompt-ids 4,5 --max-new-tokens 8 --json",
          "fusec compile qwen3-0.6b --generate --max-seq-len 1024 --batch 8 --dtype bf16 -o q.fplan",
          "fusec generate q.fplan --prompt-ids 10,11,12 --temperature 0.8 --top-k 50 --top-p 0.9 --seed 1",
          "fusec generate Qwen3-0.6B-Q8_0.gguf --chat --chat-template-kwargs '{\"enable_thinking\": false}' "
          "--prompt 'Hi'"])
-    p.add_argument("model", metavar="MODEL_OR_PLAN", help="a .fplan generation plan, built-in name, HF directory or .gguf file")
-    p.add_argument("--prompt", action="append", default=[], help="a text prompt (repeat for a batch)")
+    p.add_argument("model", metavar="MODEL_OR_PLAN",
+                   help="a .fplan generation plan, built-in name, HF directory or hub id, or .gguf file")
+    p.add_argument("--prompt", action="append", default=[], help="a text prompt, '-' reads stdin (repeat for a batch)")
+    p.add_argument("-f", "--prompt-file", action="append", default=[], metavar="FILE",
+                   help="a text prompt read from FILE, '-' for stdin (repeat for a batch; trailing newlines dropped)")
     p.add_argument("--prompt-ids", action="append", default=[], metavar="IDS",
                    help="a prompt as comma-separated token ids (repeat for a batch)")
     p.add_argument("--chat", action="store_true", help="wrap each text prompt in the model's chat template")
+    p.add_argument("--system", default=None, metavar="TEXT", help="with --chat: the chat's system message")
     p.add_argument("--chat-template-kwargs", default=None, metavar="JSON",
                    help="a JSON object of extra template variables for --chat (e.g. '{\"enable_thinking\": false}')")
     p.add_argument("--max-new-tokens", type=int, default=32, metavar="N", help="tokens to draw per sequence (default 32)")
-    p.add_argument("--stream", action="store_true", help="print tokens as they arrive (one read-back every --stream-every steps)")
-    p.add_argument("--stream-every", type=int, default=8, metavar="N", help="decode steps per streamed chunk (default 8)")
-    add_json_flag(p, "one JSON object (prompt_ids, new_ids, text, prefill_ms, decode_tok_s, stats)")
+    p.add_argument("--stream", action="store_true", help="print the text as it arrives (with --json: one JSON line per "
+                                                         "sequence and chunk, then the result's line)")
+    p.add_argument("--stream-every", type=int, default=None, metavar="N",
+                   help="with --stream: decode steps per streamed chunk, one read-back each (default 1: every token)")
+    add_json_flag(p, "one JSON object (text, prompt_ids, new_ids, finish_reason, token counts, timings, stats)")
     p.add_argument("--stats", action="store_true", help="print the prefill and per-decode-step counters")
     add_generation_arguments(p)
     return p
 
 
 def add_generation_arguments(p: argparse.ArgumentParser, for_compile: bool = False) -> None:
-    """Options of a generation plan (generate compiles with them; compile --generate too)."""
+    """Options of a generation plan (generate compiles with them; compile --generate too). The
+    sampling options default to None: "not given" (see ``sampling_from_args``)."""
     g = p.add_argument_group("generation plan (when compiling)")
     if for_compile:
         g.add_argument("--generate", action="store_true", help="compile a generation plan: prefill + KV-cache decode entries")
     g.add_argument("--batch", type=int, default=None, metavar="B", help="sequences per batch (default: number of prompts)")
     g.add_argument("--max-seq-len", type=int, default=None, metavar="T",
-                   help="KV-cache length: prompt + new tokens (default: fits the prompts and --max-new-tokens)")
-    g.add_argument("--max-prompt-len", type=int, default=None, metavar="S", help="compiled prefill length (default: min(T, 128))")
+                   help="KV-cache length: prompt + new tokens (default: fits the prompts and --max-new-tokens"
+                        + ("; compile: 256, at most the model's context)" if for_compile else ")"))
+    g.add_argument("--max-prompt-len", type=int, default=None, metavar="S", help="compiled prefill length (default: min(T, 128))"
+                   if for_compile else "compiled prefill length (default: the longest prompt, at least 16)")
     g.add_argument("--weights-dir", default=None, metavar="DIR", help="HF checkpoint for a built-in model's weights")
     if for_compile:
         return
@@ -65,20 +85,25 @@ def add_generation_arguments(p: argparse.ArgumentParser, for_compile: bool = Fal
     add_quantize_arguments(g)
     s = p.add_argument_group("sampling (per generation: a plan compiles none of it in)")
     s.add_argument("--greedy", action="store_true", help="greedy decoding (the default)")
-    s.add_argument("--temperature", type=float, default=0.0, metavar="T", help="sampling temperature (0: greedy)")
-    s.add_argument("--top-k", type=int, default=0, metavar="K", help="keep the K most likely tokens (0: all)")
-    s.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling mass (1.0: all)")
-    s.add_argument("--seed", type=int, default=0, help="sampling seed (same seed, same tokens)")
+    s.add_argument("--temperature", type=float, default=None, metavar="T", help="sample at temperature T > 0 "
+                                                                                "(default: greedy)")
+    s.add_argument("--top-k", type=int, default=None, metavar="K", help="with --temperature: keep the K most likely tokens")
+    s.add_argument("--top-p", type=float, default=None, metavar="P", help="with --temperature: nucleus sampling mass")
+    s.add_argument("--seed", type=int, default=None, help="with sampling: the seed (same seed, same tokens; default 0)")
     g.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), default=None, help="storage dtype on the GPU (default bf16)")
     g.add_argument("--arch", metavar="sm_XX", default=None, help="target GPU architecture (default: current GPU, else sm_90)")
 
 
-def sampling_from_args(args: argparse.Namespace) -> Any:
-    from fusec.sampling import Sampling
+def flag(name: str) -> str:
+    """A ``fusec.textgen`` argument's command-line spelling."""
+    return "--" + name.replace("_", "-")
 
-    if args.greedy and (args.temperature or args.top_k or args.top_p != 1.0):
-        raise InputError("--greedy cannot be combined with --temperature/--top-k/--top-p")
-    return Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+
+def sampling_from_args(args: argparse.Namespace) -> tuple[Any, int]:
+    """(Sampling, seed) from the sampling options (``fusec.textgen.resolve_sampling``)."""
+    from fusec.textgen import resolve_sampling
+
+    return resolve_sampling(args.temperature, args.top_k, args.top_p, args.seed, greedy=args.greedy, flag=flag)
 
 
 def check_generation_sizes(args: argparse.Namespace) -> None:
@@ -94,8 +119,11 @@ def _check_options(args: argparse.Namespace) -> None:
     """The generate options that can be wrong on their own, checked before any model loads."""
     if args.max_new_tokens < 1:
         raise InputError(f"--max-new-tokens must be a positive integer, got {args.max_new_tokens}")
-    if args.stream_every < 1:
-        raise InputError(f"--stream-every must be a positive integer, got {args.stream_every}")
+    if args.stream_every is not None:
+        if args.stream_every < 1:
+            raise InputError(f"--stream-every must be a positive integer, got {args.stream_every}")
+        if not args.stream:
+            raise InputError("--stream-every applies with --stream (without it the text is printed at the end)")
     check_generation_sizes(args)
     if args.chat_template_kwargs is not None and not args.chat:
         raise InputError("--chat-template-kwargs applies to the chat template: add --chat")
@@ -103,6 +131,8 @@ def _check_options(args: argparse.Namespace) -> None:
     if args.chat and args.prompt_ids:
         raise InputError("--chat wraps text prompts (--prompt) in the chat template; --prompt-ids are token ids "
                          "and are never wrapped: drop --chat, or give the prompt as --prompt TEXT")
+    if args.system is not None and not args.chat:
+        raise InputError("--system is the chat's system message: give it with --chat")
     if args.arch is not None:  # as `fusec run` checks it, also where the reference backend compiles nothing
         from fusec.codegen.compile import check_arch
 
@@ -126,84 +156,136 @@ def template_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return value
 
 
-def _utf8_prompt(text: str) -> str:
+def _utf8_prompt(text: str, what: str = "--prompt") -> str:
     """``text`` if it encodes as UTF-8. Bytes in argv that are not UTF-8 reach Python as lone
     surrogates (\\udcXX): an InputError naming --prompt, never a tokenizer's TypeError."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
         c = ord(text[e.start])
-        what = f"byte 0x{c - 0xDC00:02x}" if 0xDC80 <= c <= 0xDCFF else f"lone surrogate U+{c:04X}"
-        raise InputError(f"--prompt is not valid UTF-8 text ({what} at character {e.start}): give prompts as "
+        bad = f"byte 0x{c - 0xDC00:02x}" if 0xDC80 <= c <= 0xDCFF else f"lone surrogate U+{c:04X}"
+        raise InputError(f"{what} is not valid UTF-8 text ({bad} at character {e.start}): give prompts as "
                          "UTF-8") from None
     return text
 
 
+def _read_prompt(path: str, what: str) -> str:
+    """The text of a prompt file ('-': stdin), at most PROMPT_FILE_LIMIT bytes, UTF-8, trailing
+    newlines dropped (as the shell's $(...) does)."""
+    try:
+        if path == "-":
+            data = sys.stdin.buffer.read(PROMPT_FILE_LIMIT + 1)
+        else:
+            with open(path, "rb") as f:  # a FIFO (`-f <(cmd)`) is fine: read up to the limit
+                data = f.read(PROMPT_FILE_LIMIT + 1)
+    except OSError as e:
+        raise InputError(f"{what}: cannot read {path!r}: {e.strerror or e}") from None
+    if len(data) > PROMPT_FILE_LIMIT:
+        raise InputError(f"{what}: {'stdin' if path == '-' else repr(path)} holds more than {PROMPT_FILE_LIMIT} bytes, "
+                         "more than any prompt")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(f"{what} is not valid UTF-8 text ({e.reason} at byte {e.start}): give prompts as UTF-8") from None
+    return text.rstrip("\r\n")
+
+
 def _prompts(args: argparse.Namespace) -> list[Any]:
-    out: list[Any] = [_utf8_prompt(t) for t in args.prompt]
+    """The prompts in the order given: --prompt texts, --prompt-file texts, then --prompt-ids.
+    Empty prompts and more prompts than --batch are refused here, before any model loads."""
+    if (args.prompt.count("-") + args.prompt_file.count("-")) > 1:
+        raise InputError("stdin can be read once: give '-' to one --prompt or --prompt-file")
+    out: list[Any] = []
+    for i, t in enumerate(args.prompt):
+        out.append(_read_prompt("-", f"--prompt {i} (stdin)") if t == "-" else _utf8_prompt(t))
+    out += [_read_prompt(path, f"--prompt-file {path!r}") for path in args.prompt_file]
     for text in args.prompt_ids:
         try:
             out.append([int(t) for t in text.split(",") if t.strip()])
         except ValueError:
             raise InputError(f"--prompt-ids {text!r}: expected comma-separated integers") from None
     if not out:
-        raise InputError("give at least one --prompt TEXT or --prompt-ids IDS")
+        raise InputError("give at least one --prompt TEXT, --prompt-file FILE or --prompt-ids IDS")
+    for i, p in enumerate(out):
+        if len(p) == 0:
+            raise InputError(f"prompt {i} is empty")
+    if args.batch is not None and len(out) > args.batch:
+        raise InputError(f"{len(out)} prompts, more than --batch {args.batch}")
     return out
+
+
+class Steps:
+    """The steps of a generation on stderr: with -v each step as it starts, with the time since the
+    command started, and each finished step's duration; the durations feed the load-time line."""
+
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter()
+        self.times: dict[str, float] = {}
+
+    def __call__(self, stage: str, item: str) -> None:
+        note(f"[{time.perf_counter() - self.t0:7.2f}s] {stage}: {item[:160]}", _common.VERBOSE)
+
+    def timed(self, stage: str, item: str, fn: Any) -> Any:
+        self(stage, item)
+        t = time.perf_counter()
+        out = fn()
+        self.times[stage] = time.perf_counter() - t
+        self(stage, f"done in {self.times[stage]:.2f}s")
+        return out
 
 
 def run(args: argparse.Namespace) -> int:
     from fusec import device
-    from fusec.genmodel import encode_prompts, load_generation_model
 
     _check_options(args)
     from fusec.cli.compile import quantize_from_args
 
     quant = quantize_from_args(args)
+    sampling, seed = sampling_from_args(args)
     prompts = _prompts(args)
-    sampling = sampling_from_args(args)
     if args.model.endswith(".fplan"):
-        return _run_plan(args, prompts, sampling)
+        if quant:
+            raise InputError(f"{args.model}: a plan's weights are as it was compiled: --quantize applies when compiling "
+                             "(`fusec compile MODEL --generate --quantize ...`)")
+        return _run_plan(args, prompts, sampling, seed)
+    from fusec.genmodel import encode_prompts, load_generation_model
+    from fusec.textgen import plan_sizes, prepare
+
     arch = None
-    if device.gpu_available():  # the GPU path compiles: check the toolchain and --arch before loading
+    backend = "cuda" if device.gpu_available() else "reference"
+    if backend == "cuda":  # the GPU path compiles: check the toolchain and --arch before loading
         from fusec import toolchain
         from fusec.codegen.compile import check_arch, default_arch
 
         toolchain.require_compiler()
         arch = check_arch(args.arch or default_arch(), args.dtype or "bf16")
-    gm = load_generation_model(args.model, args.weights_dir)
-    ids = encode_prompts(gm.tokenizer, prompts, args.chat, template_kwargs(args))
-    batch = args.batch if args.batch is not None else len(ids)
-    longest = max(len(i) for i in ids)
-    t_max = args.max_seq_len if args.max_seq_len is not None else longest + args.max_new_tokens
-    if t_max < longest + args.max_new_tokens:  # said before the prefill length (min(T, ...)) blames --max-prompt-len
-        i = max(range(len(ids)), key=lambda b: len(ids[b]))
-        raise InputError(f"prompt {i}: {longest} tokens + {args.max_new_tokens} new tokens exceed --max-seq-len {t_max}")
-    s_len = args.max_prompt_len if args.max_prompt_len is not None else min(t_max, max(longest, 16))
-    if not device.gpu_available():
+    steps = Steps()
+    gm = steps.timed("load", args.model, lambda: load_generation_model(args.model, args.weights_dir))
+    ids = encode_prompts(gm.tokenizer, prompts, args.chat, args.system, template_kwargs(args))
+    batch, t_max, s_len = plan_sizes(ids, args.max_new_tokens, batch=args.batch, max_seq_len=args.max_seq_len,
+                                     max_prompt_len=args.max_prompt_len,
+                                     max_positions=getattr(gm.config, "max_positions", None),
+                                     vocab=int(gm.config.vocab_size), flag=flag)
+    what = "compile a generation plan" if backend == "cuda" else "the reference backend"
+    if backend == "reference":
         from fusec import toolchain
 
         note(f"{toolchain.gpu_missing_reason(with_fix=False) or 'no GPU found'}: running the numpy reference backend")
-        from fusec.generation import ReferenceEngine
-        from fusec.genmodel import build_graphs
-        from fusec.passes.base import PassOptions
-
-        engine = ReferenceEngine(build_graphs(gm, batch, t_max, s_len), optimize=True,
-                                 options=PassOptions(**quant) if quant else None)
-        return _generate(args, engine, ids, gm.tokenizer, gm.config.vocab_size, sampling)
-    from fusec.genmodel import compile_generation
-    from fusec.runtime.generation import PlanEngine
-
-    plan = compile_generation(gm, batch=batch, max_seq_len=t_max, prefill_len=s_len, dtype=args.dtype or "bf16",
-                              arch=arch, **quant)
-    return _generate(args, PlanEngine(plan), ids, gm.tokenizer, gm.config.vocab_size, sampling)
+    engine = steps.timed("prepare", f"{what} (batch {batch}, cache {t_max}, prefill {s_len})",
+                         lambda: prepare(gm, batch=batch, max_seq_len=t_max, prefill_len=s_len, backend=backend,
+                                         dtype=args.dtype or "bf16", arch=arch, progress=steps, quantize=quant))
+    note(f"loaded {fmt_name(gm.source)} in {steps.times['load']:.2f}s, prepared "
+         f"{'the plan' if backend == 'cuda' else what} in {steps.times['prepare']:.2f}s")
+    return _generate(args, engine, ids, gm.tokenizer, gm.config.vocab_size, sampling, seed, steps, backend)
 
 
-def _run_plan(args: argparse.Namespace, prompts: list[Any], sampling: Any) -> int:
+def _run_plan(args: argparse.Namespace, prompts: list[Any], sampling: Any, seed: int) -> int:
     import fusec
     from fusec.genmodel import encode_prompts, plan_tokenizer
     from fusec.runtime.generation import PlanEngine
 
-    plan = fusec.load(args.model)
+    steps = Steps()
+    plan = steps.timed("load", args.model, lambda: fusec.load(args.model))
     meta = plan.manifest.get("generation")
     if meta is None:
         raise InputError(f"{args.model}: not a generation plan (compile it with `fusec compile MODEL --generate`)")
@@ -214,71 +296,64 @@ def _run_plan(args: argparse.Namespace, prompts: list[Any], sampling: Any) -> in
         raise InputError(f"{args.model}: a generation plan runs only on a GPU: {why}; to run on the CPU, give "
                          f"`fusec generate` the model itself (built-in name, HF directory or .gguf)")
     tok = plan_tokenizer(plan)
-    return _generate(args, PlanEngine(plan), encode_prompts(tok, prompts, args.chat, template_kwargs(args)), tok,
-                     int(meta["vocab_size"]), sampling)
+    engine = steps.timed("prepare", "upload the weights, capture the decode step", lambda: PlanEngine(plan))
+    note(f"loaded {fmt_name(args.model)} in {steps.times['load']:.2f}s")
+    ids = encode_prompts(tok, prompts, args.chat, args.system, template_kwargs(args))
+    return _generate(args, engine, ids, tok, int(meta["vocab_size"]), sampling, seed, steps, "cuda")
 
 
-def _generate(args: argparse.Namespace, engine: Any, ids: list[list[int]], tok: Any, vocab: int, sampling: Any) -> int:
-    from fusec.generation import iter_generate
+def _generate(args: argparse.Namespace, engine: Any, ids: list[list[int]], tok: Any, vocab: int, sampling: Any,
+              seed: int, steps: Steps, backend: str) -> int:
+    from fusec.generation import Interrupted
+    from fusec.textgen import run as run_generation
 
-    it = iter_generate(engine, ids, args.max_new_tokens, vocab, args.seed, args.stream_every if args.stream else 0,
-                       sampling)
-    stream = _Stream(tok, len(ids)) if args.stream and not args.json else None
-    while True:
-        try:
-            chunk = next(it)
-        except StopIteration as stop:
-            res = stop.value
-            break
-        if stream is not None:
-            stream.add(chunk)
-    if stream is not None:
-        stream.finish(res.new_ids)
-    if tok is not None:
-        res.text = [tok.decode(n) for n in res.new_ids]
-    if getattr(engine, "last_prefill_ms", None) is not None:
-        res.prefill_ms = engine.last_prefill_ms
-    if args.json:
-        print(json.dumps(res.to_json(), default=str))
-        return 0
-    if not args.stream:
-        for b, new in enumerate(res.new_ids):
-            body = res.text[b] if res.text is not None else " ".join(map(str, new))
-            print((f"[{b}] " if len(res.new_ids) > 1 else "") + body)
-    print(f"prefill {res.prefill_ms:.2f} ms  decode {res.decode_tok_s:.1f} tok/s "
-          f"({res.decode_steps} steps x {len(res.new_ids)} sequences)", file=sys.stderr)
+    out = _Printer(args, tok, len(ids))
+    every = (args.stream_every or 1) if args.stream else 0
+    try:
+        res = run_generation(engine, ids, tok, vocab, max_new_tokens=args.max_new_tokens, seed=seed, sampling=sampling,
+                             stream_every=every, on_tokens=out.chunk if args.stream else None, progress=steps)
+    except Interrupted as e:  # Ctrl-C: what was generated so far, then exit 130 (fusec.cli.main)
+        e.partial.backend = backend
+        out.result(e.partial)
+        raise KeyboardInterrupt from None
+    res.backend = backend
+    out.result(res)
+    if not args.json:
+        print(f"prefill {sum(res.prompt_tokens)} tokens {res.prefill_ms:.2f} ms ({res.prefill_tok_s:.1f} tok/s)  "
+              f"decode {res.decode_tok_s:.1f} tok/s ({res.decode_steps} steps x {len(res.new_ids)} sequences)",
+              file=sys.stderr)
     if args.stats:
         print("stats " + json.dumps(res.stats, default=str), file=sys.stderr)
     return 0
 
 
-class _Stream:
-    """Prints each row's new tokens as they arrive, so that a row's printed pieces, joined, are
-    exactly its final text: with a tokenizer the whole sequence so far is decoded and only the new
-    suffix printed (a piece decoded alone would turn a character split across chunks into U+FFFD),
-    holding back a trailing incomplete character (U+FFFD at the end) until it completes or the
-    generation ends; token ids keep their separating space across chunks. One row prints on one
-    line; several print a ``[b] piece`` line per row and chunk."""
+class _Printer:
+    """What ``fusec generate`` prints on stdout: the texts at the end, or (--stream) each row's new
+    text as it arrives so that a row's printed pieces, joined, are exactly its final text
+    (``fusec.textgen.TextStream``; token ids keep their separating space across chunks). One row
+    prints on one line; several print a ``[b] piece`` line per row and chunk. --json: the result
+    as one object; with --stream one JSON line per row and chunk ({"index", "ids", "text"}) first."""
 
-    def __init__(self, tok: Any, rows: int):
-        self.tok = tok
+    def __init__(self, args: argparse.Namespace, tok: Any, rows: int):
+        from fusec.textgen import TextStream
+
+        self.json, self.stream = args.json, args.stream
+        self.text = TextStream(tok, rows) if tok is not None else None
         self.ids: list[list[int]] = [[] for _ in range(rows)]
-        self.shown = [""] * rows  # what each row has printed so far
 
-    def add(self, chunk: list[list[int]], final: bool = False) -> None:
+    def chunk(self, chunk: list[list[int]], final: bool = False) -> None:
+        pieces = self.text.add(chunk, final) if self.text is not None else None
         one = len(chunk) == 1
         for b, new in enumerate(chunk):
             started = bool(self.ids[b])
             self.ids[b].extend(int(t) for t in new)
-            if self.tok is not None:
-                text = self.tok.decode(self.ids[b])
-                if not final:
-                    text = text.rstrip("\ufffd")
-                if not text.startswith(self.shown[b]):  # a decoder that rewrote earlier text: print the new rest
-                    keep = len(os.path.commonprefix([text, self.shown[b]]))
-                    self.shown[b] = self.shown[b][:keep]
-                piece = text[len(self.shown[b]):]
-                self.shown[b] += piece
+            if self.json:
+                if new or (pieces and pieces[b]):
+                    print(json.dumps({"index": b, "ids": [int(t) for t in new], "text": pieces[b] if pieces else None}),
+                          flush=True)
+                continue
+            if pieces is not None:
+                piece = pieces[b]
             else:  # one row's chunks share a line: the space between them is the text's own
                 piece = (" " if one and started and new else "") + " ".join(map(str, new))
             if one:
@@ -286,8 +361,14 @@ class _Stream:
             elif piece:
                 print(f"[{b}] {piece}", flush=True)
 
-    def finish(self, new_ids: list[list[int]]) -> None:
-        """Print what is still held back (the tokens past the last chunk, a trailing U+FFFD)."""
-        self.add([n[len(have):] for n, have in zip(new_ids, self.ids)], final=True)
-        if len(self.ids) == 1:
-            print(flush=True)
+    def result(self, res: Any) -> None:
+        if self.stream:  # what is still held back: the tokens past the last chunk, a trailing U+FFFD
+            self.chunk([n[len(have):] for n, have in zip(res.new_ids, self.ids)], final=True)
+            if len(self.ids) == 1 and not self.json:
+                print(flush=True)
+        if self.json:
+            print(json.dumps(res.to_json(), default=str), flush=True)
+        elif not self.stream:
+            for b, new in enumerate(res.new_ids):
+                body = res.text[b] if res.text is not None else " ".join(map(str, new))
+                print((f"[{b}] " if len(res.new_ids) > 1 else "") + body, flush=True)

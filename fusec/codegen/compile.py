@@ -16,7 +16,10 @@ is recompiled and rewritten, never loaded.
 
 Cache entries become code in every plan compiled here, so the cache is trusted only when it is
 private: a cache directory owned by another user or writable by others is refused
-(``KernelCacheError``: fix its permissions or point ``FUSEC_CACHE_DIR`` elsewhere).
+(``KernelCacheError``: fix its permissions or point ``FUSEC_CACHE_DIR`` elsewhere). A cache
+directory that cannot be made or written (read-only, a missing parent that cannot be made, under
+/proc) does not stop a compile: it goes on without the cache (or without writing to it) and says
+so once per process.
 """
 
 from __future__ import annotations
@@ -270,6 +273,26 @@ def _forget_inflight(flight: tuple[str, bool], fut: Future[Binary]) -> None:
         _USERS.pop(fut, None)
 
 
+# What this process found a cache directory unable to do: (directory, "read") (no key: nothing is
+# read or written), (directory, "write") (entries are read, not written); each said once.
+_DISK_OFF: set[tuple[str, str]] = set()
+
+
+def _disk_off(what: str) -> bool:
+    return (os.fspath(cache_dir()), what) in _DISK_OFF
+
+
+def _cache_unusable(what: str, e: OSError) -> None:
+    where = os.fspath(cache_dir())
+    with _LOCK:
+        if (where, what) in _DISK_OFF:
+            return
+        _DISK_OFF.add((where, what))
+    how = "compiling without it" if what == "read" else "compiled kernels are not saved in it"
+    print(f"fusec: warning: kernel cache {where!r} cannot be {'used' if what == 'read' else 'written'} "
+          f"({e.strerror or e}): {how} (set FUSEC_CACHE_DIR to a writable directory)", file=sys.stderr)
+
+
 def _compile_uncached(source: str, kernel: str, arch: str, opts: tuple[str, ...], key: str, use_disk: bool) -> Binary:
     """The disk cache's entry for ``key``, else NVRTC (then written to the disk cache)."""
     path = _entry_path(key)
@@ -277,9 +300,14 @@ def _compile_uncached(source: str, kernel: str, arch: str, opts: tuple[str, ...]
 
     want_arch = int(re.sub(r"[a-z]$", "", arch[3:]))
     mac_key = b""
+    use_disk = use_disk and not _disk_off("read")
     if use_disk:
-        check_cache_dirs(key)
-        mac_key = _mac_key()
+        check_cache_dirs(key)  # a cache others can write to stays an error (KernelCacheError)
+        try:
+            mac_key = _mac_key()  # made on first use: the directory is created then
+        except OSError as e:
+            _cache_unusable("read", e)
+            use_disk = False
     if use_disk and path.exists():
         raw = _read_private(path)
         decoded = _decode(raw, mac_key, key) if raw is not None else None
@@ -297,12 +325,11 @@ def _compile_uncached(source: str, kernel: str, arch: str, opts: tuple[str, ...]
     if cubin[:4] != b"\x7fELF" or cubin_arch(cubin) != want_arch:
         raise KernelCompileError(kernel, "NVRTC returned no ELF cubin\n" + log, source)
     b = Binary(cubin, log, key)
-    if use_disk:
+    if use_disk and not _disk_off("write"):
         try:
             _write_atomic(path, _encode(cubin, log, mac_key, key))
         except OSError as e:  # a read-only cache must not stop compilation
-            why = str(e) if str(path) in str(e) else f"cannot write kernel cache {path}: {e}"
-            print(f"fusec: warning: {why}", file=sys.stderr)
+            _cache_unusable("write", e)
     with _LOCK:
         STATS["compiled"] += 1
         _MEM[key] = b

@@ -35,7 +35,7 @@ def _check_private_dir(path: Path) -> None:
     """``path`` (if it exists) is a directory owned by this user that others cannot write."""
     try:
         st = os.stat(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # cannot exist: making it fails, and compiles go on without
         return
     except OSError as e:
         raise KernelCacheError(f"kernel cache directory {str(path)!r}: {e.strerror or e}") from None
@@ -66,7 +66,7 @@ def _mac_key() -> bytes:
     for attempt in range(50):
         try:
             fd = os.open(path, flags)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # made here (an OSError when it cannot be)
             root.mkdir(parents=True, exist_ok=True, mode=0o700)
             _create_key(path)
             continue
@@ -134,16 +134,28 @@ def _decode(blob: bytes, key: bytes, entry: str) -> tuple[bytes, str] | None:
 
 
 def _read_private(path: Path) -> bytes | None:
-    """The entry's bytes, or None if it is not a regular file of this user that others cannot write."""
+    """The entry's bytes, or None if it is not a regular file of this user that others cannot write
+    (a directory, a FIFO, a link... in its place: recompiled, and replaced by ``_write_atomic``)."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
     except OSError:
         return None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
+    try:
+        st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
             return None
-        return f.read(64 << 20)
+        chunks, total = [], 0
+        while total < (64 << 20):
+            chunk = os.read(fd, min(1 << 20, (64 << 20) - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -154,5 +166,13 @@ def _write_atomic(path: Path, data: bytes) -> None:
         d = d.parent
     for d in reversed(missing):  # every directory fusec makes in the cache is private
         d.mkdir(mode=0o700, exist_ok=True)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    if st is not None and stat.S_ISDIR(st.st_mode):  # an entry that became a directory: it goes, the entry is rewritten
+        import shutil
+
+        shutil.rmtree(path)
     with atomic_write(path, private=True, what="kernel cache entry") as f:
         f.write(data)

@@ -47,10 +47,6 @@ class Const:
 Sym = Const | Value
 
 
-def shape_of(s: Sym) -> tuple[int, ...]:
-    return s.shape
-
-
 def np_dtype(s: Sym) -> np.dtype:
     return s.array.dtype if isinstance(s, Const) else s.dtype.np
 

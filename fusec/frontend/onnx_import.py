@@ -88,28 +88,28 @@ def _bind_shapes(inputs: list[onnx.ValueInfoProto], shapes: Mapping[str, Sequenc
     names = [vi.name for vi in inputs]
     for n in shapes:
         if n not in names:
-            raise InputError(f"shapes names unknown input {n!r} (the model takes {', '.join(repr(x) for x in names)})")
+            raise InputError(f"--shapes names unknown input {n!r} (the model takes {', '.join(repr(x) for x in names)})")
     out: dict[str, tuple[int, ...]] = {}
     for vi in inputs:
         tt = vi.type.tensor_type
         dims = list(tt.shape.dim) if tt.HasField("shape") else None
         if vi.name not in shapes:
             if dims is None:
-                raise InputError(f"input {vi.name!r} has no shape in the model; give it in shapes")
+                raise InputError(f"input {vi.name!r} has no shape in the model; give it with --shapes NAME:DxD... (Python: shapes=)")
             sym = [d.dim_param or "?" for d in dims if not d.HasField("dim_value")]
             if sym:
-                raise InputError(f"input {vi.name!r} has symbolic dims {sym}; give its shape in shapes")
+                raise InputError(f"input {vi.name!r} has symbolic dims {sym}; give its shape with --shapes NAME:DxD... (Python: shapes=)")
             fixed = tuple(int(d.dim_value) for d in dims)
             for i, d in enumerate(fixed):
                 if d < 0:
                     raise InputError(f"input {vi.name!r}: dim {i} is {d} in the model; fusec needs dims >= 0 "
-                                     "(give the shape in shapes)")
+                                     "(give the shape with --shapes; Python: shapes=)")
             check_size(fixed, f"input {vi.name!r}")
             out[vi.name] = fixed
             continue
         given = normalize_shapes({vi.name: shapes[vi.name]}, allow_zero=True)[vi.name]  # type: ignore[index]
         if dims is not None and len(given) != len(dims):
-            raise InputError(f"input {vi.name!r} has rank {len(dims)}, shapes gives {list(given)}")
+            raise InputError(f"input {vi.name!r} has rank {len(dims)}, --shapes gives {list(given)}")
         for i, g in enumerate(given):
             if g <= 0 and not (g == 0 and dims is not None and dims[i].HasField("dim_value") and dims[i].dim_value == 0):
                 raise InputError(f"input {vi.name!r}: dim {i} must be positive, got {g}")
@@ -117,7 +117,7 @@ def _bind_shapes(inputs: list[onnx.ValueInfoProto], shapes: Mapping[str, Sequenc
                 continue
             d = dims[i]
             if d.HasField("dim_value") and d.dim_value != g:
-                raise InputError(f"input {vi.name!r}: dim {i} is {d.dim_value} in the model, shapes gives {g}")
+                raise InputError(f"input {vi.name!r}: dim {i} is {d.dim_value} in the model, --shapes gives {g}")
             if d.dim_param:
                 prev = bound.setdefault(d.dim_param, (g, vi.name))
                 if prev[0] != g:
@@ -157,8 +157,19 @@ class _Importer:
             inputs.append(v)
             self.env[vi.name] = v
         used = {i for n in self.g.node for i in n.input} | {o.name for o in self.g.output}
+        refused: list[ModelError] = []  # every node fusec cannot import, said in one error at the end
+        lost: set[str] = set()  # values of refused nodes: their users are not tried (nothing to say)
         for node in self.g.node:
-            self._node(node, used)
+            if any(i in lost for i in node.input if i):
+                lost.update(o for o in node.output if o)
+                continue
+            try:
+                self._node(node, used)
+            except ModelError as e:
+                refused.append(e)
+                lost.update(o for o in node.output if o)
+        if refused:
+            raise _all_refusals(refused, label)
         outputs = self._outputs()
         nodes, consts = _live(self.em.nodes, self.em.constants, outputs)
         graph = Graph(inputs, outputs, nodes, consts, name=self.g.name or "onnx")
@@ -201,6 +212,9 @@ class _Importer:
             if isinstance(sym, Const):
                 sym = Const(sym.array, name=vi.name)  # a folded output: a constant of its own name
             v = self.em.value(sym, vi.name)
+            if v in input_vals and v.name == vi.name and v not in outs:
+                outs.append(v)  # a graph input that is also an output under its own name: passed through as it is
+                continue
             if v.name != vi.name or v in outs or v in input_vals:
                 # an alias (Identity, no-op reshape, input passed through): copy it under its own name
                 v = self.em.op(Op.RESHAPE, [v], name=vi.name, node_name=vi.name, shape=v.shape)  # type: ignore[assignment]
@@ -226,10 +240,19 @@ class _Importer:
                              f"but the model computes {v.type_str}")
 
 
+def _all_refusals(refused: list[ModelError], label: str, shown: int = 8) -> ModelError:
+    """One error for every node that could not be imported (the first ``shown`` of them in full)."""
+    if len(refused) == 1:
+        return refused[0]
+    prefix = f"{label}: "
+    parts = [str(e)[len(prefix):] if str(e).startswith(prefix) else str(e) for e in refused[:shown]]
+    more = f"; and {len(refused) - shown} more" if len(refused) > shown else ""
+    return ModelError(f"{label}: {len(refused)} nodes cannot be imported: " + "; ".join(parts) + more)
+
+
 def _check_names(g: onnx.GraphProto, label: str) -> None:
     """Graph outputs are what plans, archives and callers key results by: refuse an output named
-    twice, an empty output name, and an output that is also a graph input (never renamed)."""
-    inputs = {vi.name for vi in g.input}
+    twice and an empty output name (an output that is also a graph input is the input passed through)."""
     seen: set[str] = set()
     for vi in g.output:
         name = vi.name
@@ -237,8 +260,6 @@ def _check_names(g: onnx.GraphProto, label: str) -> None:
             raise ModelError(f"{label}: a graph output has an empty name")
         if name in seen:
             raise ModelError(f"{label}: graph output {name!r} is listed twice; output names must be unique")
-        if name in inputs:
-            raise ModelError(f"{label}: graph output {name!r} is also a graph input; fusec does not rename outputs")
         seen.add(name)
 
 

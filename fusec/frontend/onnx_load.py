@@ -177,8 +177,11 @@ def _validate_external(t: TensorProto, what: str, base_dir: str, label: str,
         raise ModelError(f"{where} contains '..'; external data must lie inside the model's directory")
     if "\0" in loc:
         raise ModelError(f"{where} contains a NUL character")
-    root = os.path.realpath(base_dir)
-    full = os.path.realpath(os.path.join(root, *parts))
+    try:  # realpath reads links: one swapped meanwhile (removed, replaced) is an OSError
+        root = os.path.realpath(base_dir)
+        full = os.path.realpath(os.path.join(root, *parts))
+    except OSError as e:
+        raise ModelError(f"{where}: cannot resolve the path ({e.strerror or e}; was it changed during the import?)") from None
     if os.path.commonpath([root, full]) != root:
         raise ModelError(f"{where} resolves outside the model's directory (symlink?)")
     try:

@@ -94,8 +94,12 @@ class WeightPacker:
             self.size += raw.nbytes + pad
         return self.where[key]
 
-    def blob(self) -> bytes:
-        return b"".join(self.chunks)
+    def blob(self) -> Any:
+        """The packed weights as ``fusec.planfile.Chunks``: views of the arrays, never joined here
+        (a joined copy would double the weights' memory while a plan compiles)."""
+        from fusec.planfile import Chunks
+
+        return Chunks(self.chunks)
 
 
 def _same_bytes(a: np.ndarray, b: np.ndarray, chunk: int = 16 << 20) -> bool:

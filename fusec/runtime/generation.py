@@ -194,18 +194,15 @@ class _PinnedPool:
 def generate_with_plan(plan: Any, prompts: Sequence[Any], max_new_tokens: int, seed: int = 0, stream_every: int = 0,
                        on_tokens: Callable[[list[list[int]]], None] | None = None, chat: bool = False,
                        sampling: Any = None) -> Any:
-    from fusec.generation import generate
     from fusec.genmodel import encode_prompts, plan_tokenizer
+    from fusec.textgen import run
 
     engine = getattr(plan, "_engine", None)
     if engine is None:
         engine = plan._engine = PlanEngine(plan)
     tok = plan_tokenizer(plan)
     ids = encode_prompts(tok, prompts, chat)
-    res = generate(engine, ids, max_new_tokens, int(engine.meta["vocab_size"]), seed, stream_every, on_tokens,
-                   sampling)
-    if engine.last_prefill_ms is not None:
-        res.prefill_ms = engine.last_prefill_ms
-    if tok is not None:
-        res.text = [tok.decode(n) for n in res.new_ids]
+    res = run(engine, ids, tok, int(engine.meta["vocab_size"]), max_new_tokens=max_new_tokens, seed=seed,
+              stream_every=stream_every, on_tokens=on_tokens, sampling=sampling)
+    res.backend = "cuda"
     return res

@@ -1,4 +1,4 @@
-"""Review (review-rt) of fusec.debug on the CPU (fake executor): the verdict's counts."""
+"""fusec.debug's bisect verdict on the CPU (fake executor): the verdict's counts."""
 
 from __future__ import annotations
 

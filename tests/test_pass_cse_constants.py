@@ -1,4 +1,4 @@
-"""Review (review-rt) of cse.dedupe_constants (a sample of the bytes as key, byte-for-byte on a
+"""cse.dedupe_constants (a sample of the bytes as key, byte-for-byte on a
 collision): what must stay apart stays apart, what is equal merges."""
 
 from __future__ import annotations

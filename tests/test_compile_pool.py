@@ -1,4 +1,4 @@
-"""Review (review-rt) of the parallel NVRTC compile: a lowering that fails, or is interrupted,
+"""The parallel NVRTC compile (fusec.codegen.compile): a lowering that fails, or is interrupted,
 while kernels are still queued must not leave them to compile (the interpreter joins the pool's
 threads at exit, so Ctrl-C or an error would wait for every queued NVRTC run); a compile shared
 in flight with another caller is not cancelled under it."""

@@ -1,4 +1,4 @@
-"""Review (review-rt) of fusec.bulk: the blockwise threaded cast and transpose give the plain
+"""fusec.bulk: the blockwise threaded cast and transpose give the plain
 numpy expressions' exact bytes on the awkward values (NaN payloads of both signs, signalling
 NaNs, -0.0, fp32 and target subnormals, values at and just past the rounding/clipping edges), on
 sizes that split unevenly, and on non-contiguous and Fortran-ordered inputs."""

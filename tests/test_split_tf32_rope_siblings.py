@@ -1,4 +1,4 @@
-"""Review of the 3xTF32 rewrite (passes/split_tf32.py) and the rope_siblings fusion: adversarial
+"""The 3xTF32 rewrite (passes/split_tf32.py) and the rope_siblings fusion: adversarial
 graphs whose rewritten reference must equal the unrewritten one, and the --fp32-gemm plumbing."""
 
 from __future__ import annotations
