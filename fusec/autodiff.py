@@ -1,0 +1,177 @@
+"""Reverse-mode automatic differentiation on the IR: a forward graph and a scalar loss give a
+backward pass in the same IR (autodidax's ``vjp`` over a jaxpr, one rule per primitive).
+
+``backward(b, loss, wrt)`` appends to the GraphBuilder ``b`` (which holds the forward) the nodes
+that compute d loss / d w for every ``w`` in ``wrt`` and returns {w: gradient value} (None where
+the loss does not depend on w). It walks the forward nodes in reverse order; a node some
+cotangent reaches is differentiated by its op's vector-Jacobian rule (``fusec.vjp_rules.VJP``,
+a table keyed by ``Op`` like the op's other tables), which emits ordinary IR ops (products with
+transpose flags, elementwise ops, reductions, gathers; ``scatter_add`` for a gather's gradient).
+Cotangents of a value read several times are summed. Only floating-point values carry
+gradients: paths through integers or booleans (ids, masks, comparisons) carry none.
+
+A node whose op has no rule is refused, naming the op and the node, when a gradient must pass
+through it (``ModelError``). ``grad_graph`` is the same on a finished Graph (tests, checks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from fusec.builder import GraphBuilder
+from fusec.dtypes import DType
+from fusec.errors import ModelError
+from fusec.ir import Graph, Node, Value
+from fusec.ops import Op
+
+# rule(g, node, output cotangents (None: zero), need per input) -> gradient per input (None: zero)
+Rule = Callable[["Grad", Node, list[Value | None], list[bool]], list[Value | None]]
+
+
+class Grad:
+    """What a VJP rule emits with: the builder, plus shape helpers and cached scalar constants."""
+
+    def __init__(self, b: GraphBuilder):
+        self.b = b
+        self._scalars: dict[tuple[float, DType], Value] = {}
+
+    def op(self, op: Op, *inputs: Value, **attrs: Any) -> Any:
+        return self.b.emit(op, *inputs, **attrs)
+
+    def scalar(self, x: float, like: Value | DType) -> Value:
+        dt = like if isinstance(like, DType) else like.dtype
+        key = (float(x), dt)
+        v = self._scalars.get(key)
+        if v is None:
+            v = self._scalars[key] = self.b.scalar(x, dt, name=f"grad_scalar_{dt.value}_{float(x)!r}")
+        return v
+
+    def const(self, data: np.ndarray, name: str) -> Value:
+        return self.b.const(data, name=name)
+
+    # sugar for the rules
+    def add(self, a: Value, b: Value) -> Value:
+        return self.op(Op.ADD, a, b)
+
+    def sub(self, a: Value, b: Value) -> Value:
+        return self.op(Op.SUB, a, b)
+
+    def mul(self, a: Value, b: Value) -> Value:
+        return self.op(Op.MUL, a, b)
+
+    def div(self, a: Value, b: Value) -> Value:
+        return self.op(Op.DIV, a, b)
+
+    def neg(self, a: Value) -> Value:
+        return self.op(Op.NEG, a)
+
+    def reshape(self, x: Value, shape: Sequence[int]) -> Value:
+        shape = tuple(int(d) for d in shape)
+        return x if x.shape == shape else self.op(Op.RESHAPE, x, shape=shape)
+
+    def expand(self, x: Value, shape: Sequence[int]) -> Value:
+        """``x`` (rank <= len(shape), broadcastable) read as ``shape``."""
+        shape = tuple(int(d) for d in shape)
+        if x.shape == shape:
+            return x
+        x = self.reshape(x, (1,) * (len(shape) - len(x.shape)) + x.shape)
+        return x if x.shape == shape else self.op(Op.EXPAND, x, shape=shape)
+
+    def sum_to(self, g: Value, shape: Sequence[int]) -> Value:
+        """Sum ``g`` over the axes along which a value of ``shape`` was broadcast to ``g.shape``."""
+        shape = tuple(int(d) for d in shape)
+        if g.shape == shape:
+            return g
+        lead = len(g.shape) - len(shape)
+        axes = tuple(range(lead)) + tuple(lead + i for i, d in enumerate(shape) if d == 1 and g.shape[lead + i] != 1)
+        if axes:
+            g = self.op(Op.REDUCE_SUM, g, axes=axes, keepdims=False)
+        return self.reshape(g, shape)
+
+    def reduce(self, op: Op, x: Value, axes: Sequence[int], keepdims: bool = True) -> Value:
+        return self.op(op, x, axes=tuple(sorted(set(int(a) for a in axes))), keepdims=keepdims)
+
+
+def cotangent(g: Grad, node: Node, cts: list[Value | None], i: int = 0) -> Value:
+    """The cotangent of ``node``'s output ``i``, zeros where none reached it."""
+    c = cts[i]
+    return c if c is not None else g.expand(g.scalar(0.0, node.outputs[i]), node.outputs[i].shape)
+
+
+def _differentiable(v: Value) -> bool:
+    return v.dtype.is_float
+
+
+def backward(b: GraphBuilder, loss: Value, wrt: Sequence[Value]) -> dict[Value, Value | None]:
+    """Append the backward pass of ``loss`` (a one-element float value) to ``b``; returns the
+    gradient of every value in ``wrt`` (None where the loss does not depend on it)."""
+    from fusec.vjp_rules import VJP
+
+    if not loss.dtype.is_float or loss.numel != 1:
+        raise ModelError(f"the loss {loss.name!r} must be one floating-point value, got {loss.type_str}")
+    nodes = list(b.nodes)
+    producer = {o: n for n in nodes for o in n.outputs}
+    if loss not in producer and loss not in wrt:
+        raise ModelError(f"the loss {loss.name!r} is not computed by the graph")
+    # values that depend on some w (forward), and nodes on a path from them to the loss (backward)
+    targets = {w for w in wrt if _differentiable(w)}
+    depends = set(targets)
+    for n in nodes:
+        if any(v in depends for v in n.inputs):
+            depends.update(o for o in n.outputs if _differentiable(o))
+    if loss not in depends:
+        return {w: None for w in wrt}
+    g = Grad(b)
+    ct: dict[Value, Value] = {loss: g.expand(g.scalar(1.0, loss), loss.shape)}  # d loss / d loss
+    for node in reversed(nodes):
+        outs = [ct.get(o) for o in node.outputs]
+        if all(c is None for c in outs):
+            continue
+        need = [v in depends for v in node.inputs]
+        if not any(need):
+            continue
+        rule = VJP.get(node.op)
+        if rule is None:
+            raise ModelError(f"op {node.op.value} has no gradient rule, and the loss depends on node "
+                             f"{node.describe()} through it")
+        grads = rule(g, node, outs, need)
+        for v, gv, nd in zip(node.inputs, grads, need):
+            if gv is None or not nd:
+                continue
+            if gv.shape != v.shape or gv.dtype != v.dtype:  # a rule bug, not user input
+                raise AssertionError(f"gradient rule of {node.op.value} gave {gv.type_str} for {v.name!r} ({v.type_str})")
+            prev = ct.get(v)
+            ct[v] = gv if prev is None else g.add(prev, gv)
+    return {w: ct.get(w) for w in wrt}
+
+
+def grad_graph(graph: Graph, loss: str, wrt: Sequence[str]) -> tuple[Graph, dict[str, str]]:
+    """``graph`` plus the backward pass of its output ``loss`` with respect to the inputs or
+    constants named in ``wrt``; the gradients become outputs named ``grad.<name>``. Returns the
+    graph and {name: gradient output name}. ModelError if the loss depends on none of ``wrt``."""
+    b = GraphBuilder.extend(graph)
+    by_name = {v.name: v for v in graph.values()}
+    missing = [n for n in [loss, *wrt] if n not in by_name]
+    if missing:
+        raise ModelError(f"no value named {', '.join(map(repr, missing))} in graph {graph.name!r}")
+    grads = backward(b, by_name[loss], [by_name[n] for n in wrt])
+    names = {}
+    taken = set(graph.outputs) | set(graph.inputs)
+    for n in wrt:
+        gv = grads[by_name[n]]
+        if gv is None:
+            raise ModelError(f"the loss {loss!r} does not depend on {n!r}")
+        if gv in taken or gv.is_const:
+            gv = b.emit(Op.MUL, gv, b.scalar(1.0, gv.dtype))  # an output of its own name
+        name, k = f"grad.{n}", 1
+        while b.has_name(name):
+            name, k = f"grad.{n}_{k}", k + 1
+        names[n] = b.output(gv, name=name).name
+        taken.add(gv)
+    out = b.build()
+    out.meta.update({k: v for k, v in graph.meta.items() if k != "states"})
+    return out, names
+
