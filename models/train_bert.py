@@ -78,7 +78,7 @@ def encoder_specs(cfg: EncoderConfig, prefix: str = "") -> list[ParamSpec]:
     return out
 
 
-def linear(m: TrainBlocks, x: Value, prefix: str, d_out: int) -> Value:
+def linear(m: TrainBlocks, x: Value, prefix: str) -> Value:
     """x @ W^T + b with W [out, in] read through the transpose flag; operands in ``m.cdt``."""
     w, bias = m.param(f"{prefix}.weight"), m.param(f"{prefix}.bias")
     y = m.op(Op.MATMUL, m.to_cdt(x), w, trans_b=True)
@@ -99,7 +99,7 @@ def attention_mask(m: TrainBlocks, mask: Value) -> Value:
 
 def self_attention(m: TrainBlocks, x: Value, add_mask: Value, prefix: str, heads: int) -> Value:
     d = x.shape[-1]
-    q, k, v = (_heads(m, linear(m, x, f"{prefix}.{n}", d), heads) for n in ("query", "key", "value"))
+    q, k, v = (_heads(m, linear(m, x, f"{prefix}.{n}"), heads) for n in ("query", "key", "value"))
     scores = m.op(Op.MATMUL, q, k, trans_b=True)  # [B, H, S, S], read K through the flag
     scores = m.op(Op.ADD, m.op(Op.MUL, m.to_f32(scores), m.scalar((d // heads) ** -0.5, DType.F32)), add_mask)
     probs = m.op(Op.SOFTMAX, scores, axis=3)
@@ -135,10 +135,10 @@ def encoder(m: TrainBlocks, cfg: EncoderConfig, ids: Value, mask: Value, prefix:
     add_mask = attention_mask(m, mask)
     for i in range(cfg.layers):
         p = f"{prefix}encoder.layer.{i}"
-        a = linear(m, self_attention(m, x, add_mask, f"{p}.attention.self", cfg.heads), f"{p}.attention.output.dense", d)
+        a = linear(m, self_attention(m, x, add_mask, f"{p}.attention.self", cfg.heads), f"{p}.attention.output.dense")
         x = layer_norm(m, m.op(Op.ADD, x, m.to_f32(a)), f"{p}.attention.output.LayerNorm", cfg.eps)
-        h = gelu(m, linear(m, x, f"{p}.intermediate.dense", cfg.ffn))
-        h = linear(m, h, f"{p}.output.dense", d)
+        h = gelu(m, linear(m, x, f"{p}.intermediate.dense"))
+        h = linear(m, h, f"{p}.output.dense")
         x = layer_norm(m, m.op(Op.ADD, x, m.to_f32(h)), f"{p}.output.LayerNorm", cfg.eps)
     return x
 

@@ -87,8 +87,8 @@ class IntentSlotModel(TaskModel):
 
     def forward(self, m: TrainBlocks, feats: dict[str, Value]) -> dict[str, Value]:
         x = encoder(m, self.cfg, feats["input_ids"], feats["attention_mask"])
-        return {"intent_labels": linear(m, first_token(m, x), "intent_classifier", self.labels[0].classes),
-                "slot_labels": linear(m, x, "slot_classifier", self.labels[1].classes)}
+        return {"intent_labels": linear(m, first_token(m, x), "intent_classifier"),
+                "slot_labels": linear(m, x, "slot_classifier")}
 
 
 class SequenceClassifier(TaskModel):
@@ -105,8 +105,8 @@ class SequenceClassifier(TaskModel):
 
     def forward(self, m: TrainBlocks, feats: dict[str, Value]) -> dict[str, Value]:
         x = encoder(m, self.cfg, feats["input_ids"], feats["attention_mask"], prefix="bert.")
-        pooled = m.op(Op.TANH, linear(m, first_token(m, x), "bert.pooler.dense", self.cfg.hidden))
-        return {"labels": linear(m, pooled, "classifier", self.labels[0].classes)}
+        pooled = m.op(Op.TANH, linear(m, first_token(m, x), "bert.pooler.dense"))
+        return {"labels": linear(m, pooled, "classifier")}
 
 
 def from_description(desc: dict[str, Any]) -> TaskModel:
