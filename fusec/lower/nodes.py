@@ -18,6 +18,7 @@ from fusec.lower import layout as L
 from fusec.lower import pad as _pad
 from fusec.lower import topk as _topk
 from fusec.lower import tf32_split as _tf32_split
+from fusec.lower import train as _train
 from fusec.ops import OP_INFO, FusionKind, Op
 
 # ---- elementwise family -----------------------------------------------------------------------
@@ -286,6 +287,10 @@ LOWER: dict[Op, Callable[[Context, Node, str], None]] = {
     Op.PAD: _pad.lower_pad,
     Op.TOPK: _topk.lower_topk,
     Op.TF32_SPLIT: _tf32_split.lower_split,
+    Op.CROSS_ENTROPY: _train.cross_entropy,
+    Op.SCATTER_ADD: _train.scatter_add,
+    Op.INIT: _train.init,
+    Op.ADAMW: _train.adamw,
 }
 
 
