@@ -76,11 +76,15 @@ class IntentSlotData:
         self.slot_id = {w: i for i, w in enumerate(self.slots)}
 
     @classmethod
-    def fit(cls, records: Sequence[Mapping[str, Any]], vocab_size: int, seq: int) -> IntentSlotData:
+    def fit(cls, records: Sequence[Mapping[str, Any]], vocab_size: int, seq: int,
+            more_labels: Sequence[Mapping[str, Any]] = ()) -> IntentSlotData:
+        """Words from ``records``; intents and slot tags from them and ``more_labels`` (the
+        held-out records: a label seen only there still gets an output, never a crash)."""
         words = Counter(w.lower() for r in records for w in _tokens(r))
         vocab = list(SPECIALS) + [w for w, _ in sorted(words.items(), key=lambda kv: (-kv[1], kv[0]))]
-        slots = sorted({t for r in records for t in r["slots"]} - {"O"})
-        return cls(vocab[:vocab_size], sorted({r["intent"] for r in records}), ["O"] + slots, seq)
+        both = list(records) + list(more_labels)
+        slots = sorted({t for r in both for t in r["slots"] if isinstance(t, str)} - {"O"})
+        return cls(vocab[:vocab_size], sorted({r["intent"] for r in both}), ["O"] + slots, seq)
 
     def meta(self) -> dict[str, Any]:
         return {"vocab": self.vocab, "intents": self.intents, "slots": self.slots, "seq": self.seq}
@@ -135,15 +139,15 @@ class TextClassData:
         self.tok.enable_truncation(max_length=seq)
 
     @classmethod
-    def from_dir(cls, model_dir: str | os.PathLike[str], records: Sequence[Mapping[str, Any]], seq: int,
-                 labels: Sequence[str] | None = None) -> TextClassData:
+    def from_dir(cls, model_dir: str | os.PathLike[str], records: Sequence[Mapping[str, Any]], seq: int) -> TextClassData:
+        """The checkpoint's tokenizer; the labels of ``records`` (training and held-out)."""
         from fusec.errors import ModelError
         from fusec.modelfiles import read_text_in_dir
 
         text = read_text_in_dir(model_dir, "tokenizer.json", missing_ok=True)
         if text is None:
             raise ModelError(f"checkpoint directory {os.fspath(model_dir)!r} has no tokenizer.json")
-        return cls(text, labels if labels is not None else sorted({r["label"] for r in records}), seq)
+        return cls(text, sorted({r["label"] for r in records}), seq)
 
     def encode(self, records: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
         n, s = len(records), self.seq
@@ -215,3 +219,8 @@ def intent_slot_metrics(data: IntentSlotData):  # noqa: ANN201
             pred.append([data.slots[j] for j in py[keep]])
         return {"intent_accuracy": acc, "slot_f1": bio_f1(true, pred)}
     return metrics
+
+
+def classification_metrics(preds: Mapping[str, np.ndarray], labels: Mapping[str, np.ndarray]) -> dict[str, float]:
+    """``TrainingPlan.evaluate``'s metric for sequence classification: accuracy."""
+    return {"accuracy": float((preds["labels"] == labels["labels"]).mean())}

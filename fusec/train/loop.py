@@ -22,7 +22,7 @@ import numpy as np
 
 from fusec.errors import InputError
 from fusec.train import tasks
-from fusec.train.data import IntentSlotData, batches, intent_slot_metrics, read_jsonl
+from fusec.train.data import IntentSlotData, batches, classification_metrics, intent_slot_metrics, read_jsonl
 from fusec.train.graphs import OptimConfig
 from fusec.train.plan import TrainingPlan, read_checkpoint
 
@@ -87,7 +87,7 @@ def run(opts: TrainOptions, say: Callable[[str], None], status: Callable[[str], 
         data, init_weights = tasks.data_from_meta(model, info.get("task") or {}), {}
         start_epoch = int(info.get("epoch", 0))
     else:
-        model, data, init_weights = tasks.setup(opts.model, train_recs, opts.seq, opts.vocab_size)
+        model, data, init_weights = tasks.setup(opts.model, train_recs, opts.seq, opts.vocab_size, held_recs)
     train_arr, held_arr = data.encode(train_recs), data.encode(held_recs)
     steps_per_epoch = math.ceil(len(train_recs) / opts.batch)
     total = steps_per_epoch * opts.epochs
@@ -107,7 +107,7 @@ def run(opts: TrainOptions, say: Callable[[str], None], status: Callable[[str], 
             plan.set_params(init_weights, strict=False)
             say(f"loaded {len(init_weights)} of {len(model.specs)} parameters from {opts.model}; "
                 f"the rest ({', '.join(s.name for s in model.specs if s.name not in init_weights)}) seeded")
-    metric_fn = intent_slot_metrics(data) if isinstance(data, IntentSlotData) else None
+    metric_fn = intent_slot_metrics(data) if isinstance(data, IntentSlotData) else classification_metrics
     say(f"training {model.kind} ({plan.numel:,} parameters) on {len(train_recs)} records, {len(held_recs)} held out: "
         f"{opts.epochs} epochs x {steps_per_epoch} steps of {opts.batch}, {opts.dtype}, {plan.backend}")
     metrics: dict[str, Any] = {}

@@ -47,18 +47,19 @@ def bert_config(model_dir: str | os.PathLike[str]) -> EncoderConfig:
                          eps=float(cfg.norm_eps))
 
 
-def setup(model_arg: str, records: Sequence[Mapping[str, Any]], seq: int | None, vocab_size: int = 1000
-          ) -> tuple[TaskModel, Any, dict[str, np.ndarray]]:
-    """(model, data encoder, initial weights by name: the checkpoint's, for a fine-tune)."""
+def setup(model_arg: str, records: Sequence[Mapping[str, Any]], seq: int | None, vocab_size: int = 1000,
+          held: Sequence[Mapping[str, Any]] = ()) -> tuple[TaskModel, Any, dict[str, np.ndarray]]:
+    """(model, data encoder, initial weights by name: the checkpoint's, for a fine-tune). The
+    vocabulary comes from ``records``; the label sets from them and the held-out ``held``."""
     if model_arg == BUILTIN:
         cfg = EncoderConfig(vocab_size=vocab_size, max_positions=seq or 50)
-        data = IntentSlotData.fit(records, vocab_size, cfg.max_positions)
+        data = IntentSlotData.fit(records, vocab_size, cfg.max_positions, held)
         return IntentSlotModel(cfg, len(data.intents), len(data.slots)), data, {}
     cfg = bert_config(model_arg)
     seq = seq or min(128, cfg.max_positions)
     if seq > cfg.max_positions:
         raise InputError(f"--seq {seq} exceeds the checkpoint's {cfg.max_positions} positions")
-    data = TextClassData.from_dir(model_arg, records, seq)
+    data = TextClassData.from_dir(model_arg, list(records) + list(held), seq)
     model = SequenceClassifier(cfg, len(data.labels), seq)
     return model, data, checkpoint_weights(model, model_arg)
 
