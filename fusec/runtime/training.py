@@ -77,6 +77,14 @@ class CudaEngine:
         self.stream.synchronize()
         self.device.set_state(name, value)
 
+    def eager_step(self, inputs: Mapping[str, Any], measure: bool = False) -> dict[str, Any]:
+        """One ``train_step`` launched kernel by kernel, not as the graph (to count the kernels a
+        step runs); returns the run's stats."""
+        ex = self.plan.with_cuda_graph(False)._exec("train_step")
+        ex.run(inputs, stream=self.stream, measure=measure)
+        self.steps += 1
+        return ex.stats()
+
     def replay(self) -> None:
         """One ``train_step`` on the inputs already staged (benchmarks: the graph launch alone)."""
         self._ex["train_step"].replay(self.stream)

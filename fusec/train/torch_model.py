@@ -80,7 +80,8 @@ def build(model: Any, params: Mapping[str, np.ndarray], device: str = "cpu") -> 
 
 def optimizer(module: Any, model: Any, opt: OptimConfig, fused: bool | None = None, foreach: bool | None = None,
               capturable: bool = False) -> tuple[Any, Any]:
-    """(AdamW, LambdaLR) with fusec's decay groups and schedule (step t uses lr * lr_factor(t))."""
+    """(AdamW, LambdaLR) with fusec's decay groups and schedule (step t uses lr * lr_factor(t));
+    ``capturable`` (a step captured in a CUDA graph): a constant learning rate, no scheduler."""
     import torch
 
     decay = [p for s, p in zip(model.specs, module.plist) if s.decay]
@@ -89,6 +90,8 @@ def optimizer(module: Any, model: Any, opt: OptimConfig, fused: bool | None = No
     adam = torch.optim.AdamW([{"params": decay, "weight_decay": opt.weight_decay}, {"params": plain, "weight_decay": 0.0}],
                              lr=lr, betas=(opt.beta1, opt.beta2), eps=opt.eps, fused=fused, foreach=foreach,
                              capturable=capturable)
+    if capturable:  # a tensor learning rate the CUDA graph reads; the schedule would replace it: none
+        return adam, None
     attrs = opt.attrs(tuple(s.decay for s in model.specs))
     sched = torch.optim.lr_scheduler.LambdaLR(adam, lambda e: lr_factor(attrs, e + 1))
     return adam, sched
@@ -104,6 +107,7 @@ def train_step(module: Any, adam: Any, sched: Any, batch: Mapping[str, Any], opt
     if opt.max_grad_norm > 0:
         torch.nn.utils.clip_grad_norm_(module.parameters(), opt.max_grad_norm)
     adam.step()
-    sched.step()
+    if sched is not None:
+        sched.step()
     return loss
 
