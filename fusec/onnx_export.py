@@ -298,7 +298,7 @@ _ONNX_DTYPE.update(onnx_export_ext.DTYPES)
 MAPPED_OPS = frozenset(_SIMPLE) | frozenset(_SPECIAL)
 # Made by passes for the GPU only (3xTF32's operand split reads fp32 bit patterns): refused in one line.
 PASS_ONLY_OPS = frozenset({Op.TF32_SPLIT})
-TRAINING_OPS = frozenset({Op.SCATTER_ADD, Op.CROSS_ENTROPY})  # a backward pass and its loss: not exported
+TRAINING_OPS = frozenset({Op.SCATTER_ADD, Op.CROSS_ENTROPY, Op.SOFTMAX_GRAD, Op.LAYERNORM_GRAD, Op.CROSS_ENTROPY_GRAD})  # a backward pass and its loss: not exported
 UNEXPORTABLE_OPS = frozenset(onnx_export_ext.NOT_IN_OPSET) | PASS_ONLY_OPS | TRAINING_OPS  # refused in one line
 # Generation ops read and write plan state (a KV cache, the seed) in place; an ONNX graph has no
 # state, so a generation graph is refused as a whole (ONNX decoders carry the cache as

@@ -25,7 +25,8 @@ from fusec.ops_attrs import (PAD_MODES, ArgAttrs, AttentionAttrs, AxisAttrs, Bit
                              TopKAttrs, TriluAttrs)
 from fusec.ops_infer import Shape, TensorType  # noqa: F401
 from fusec import ops_train as T
-from fusec.ops_train import AdamWAttrs, CrossEntropyAttrs, InitAttrs, ScatterAddAttrs  # noqa: F401
+from fusec.ops_train import (AdamWAttrs, CrossEntropyAttrs, InitAttrs, LayerNormGradAttrs, ScatterAddAttrs,  # noqa: F401
+                             SoftmaxGradAttrs)
 
 
 class FusionKind(enum.IntEnum):
@@ -129,6 +130,9 @@ class Op(enum.Enum):
     CROSS_ENTROPY = "cross_entropy"
     ADAMW = "adamw"
     INIT = "init"
+    SOFTMAX_GRAD = "softmax_grad"
+    LAYERNORM_GRAD = "layernorm_grad"
+    CROSS_ENTROPY_GRAD = "cross_entropy_grad"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,6 +235,10 @@ OP_INFO: dict[Op, OpInfo] = {
     Op.CROSS_ENTROPY: OpInfo(_O, CrossEntropyAttrs, T.cross_entropy, (2, 2)),
     Op.ADAMW: OpInfo(_O, AdamWAttrs, T.adamw, (5, -1)),
     Op.INIT: OpInfo(_O, InitAttrs, T.init, (1, 1)),
+    # fused gradients (one row kernel each): opaque, so no fusion rule takes them for forward ops
+    Op.SOFTMAX_GRAD: OpInfo(_O, SoftmaxGradAttrs, T.softmax_grad, (2, 2)),
+    Op.LAYERNORM_GRAD: OpInfo(_O, LayerNormGradAttrs, T.layernorm_grad, (3, 3)),
+    Op.CROSS_ENTROPY_GRAD: OpInfo(_O, CrossEntropyAttrs, T.cross_entropy_grad, (3, 3)),
 }
 
 

@@ -10,7 +10,10 @@
   parameter vector, in input order. The exact arithmetic is ``fusec.reference_train.adamw``;
 - ``INIT`` (seed [1] int) -> [P]: a flat vector of segments, each zeros, ones or uniform
   ``(-bound, bound)`` from a counter-based hash of (seed, element index), the same on every
-  backend (``fusec.reference_train.init``).
+  backend (``fusec.reference_train.init``);
+- the fused gradients the VJP rules emit, one row kernel each on the GPU: ``SOFTMAX_GRAD`` (p, dp),
+  ``LAYERNORM_GRAD`` (x, scale, dy) -> (dx, dy * xhat) and ``CROSS_ENTROPY_GRAD`` (logits,
+  labels, dloss) -> dlogits = (softmax(logits) - onehot(label)) * dloss, 0 on ignored rows.
 """
 
 from __future__ import annotations
@@ -40,6 +43,22 @@ class ScatterAddAttrs:
 @dataclasses.dataclass(frozen=True)
 class CrossEntropyAttrs:
     ignore_index: int = -100
+
+
+@dataclasses.dataclass(frozen=True)
+class SoftmaxGradAttrs:
+    """dx = scale * p * (dp - sum(dp * p along ``axis``)): softmax's gradient from its output p."""
+
+    axis: int
+    scale: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerNormGradAttrs:
+    """LayerNorm's input gradient over axes [axis, rank), recomputing mean and variance from x."""
+
+    axis: int
+    eps: float
 
 
 def _finite(x: float, what: str, lo: float = 0.0, lo_open: bool = False) -> float:
@@ -168,3 +187,29 @@ def init(a: InitAttrs, t: Sequence[TensorType]) -> list[TensorType]:
         raise ValueError(f"init: the seed must be an integer [1], got {ds.value}{list(ss)}")
     return [((a.numel,), a.dtype)]
 
+
+
+def softmax_grad(a: SoftmaxGradAttrs, t: Sequence[TensorType]) -> list[TensorType]:
+    (sp, dp), (sd, dd) = t
+    if tuple(sp) != tuple(sd) or dp != dd or not dp.is_float or not 0 <= a.axis < len(sp):
+        raise ValueError(f"softmax_grad: p and dp must be one float shape, axis within it; got "
+                         f"{dp.value}{list(sp)}, {dd.value}{list(sd)}, axis {a.axis}")
+    return [t[0]]
+
+
+def layernorm_grad(a: LayerNormGradAttrs, t: Sequence[TensorType]) -> list[TensorType]:
+    (sx, dx), (ss, ds), (sy, dy) = t
+    if tuple(sx) != tuple(sy) or dx != dy or not dx.is_float or not 0 <= a.axis < len(sx):
+        raise ValueError(f"layernorm_grad: x and dy must be one float shape, axis within it; got "
+                         f"{dx.value}{list(sx)}, {dy.value}{list(sy)}, axis {a.axis}")
+    if math.prod(ss) != math.prod(sx[a.axis:]) or not ds.is_float:
+        raise ValueError(f"layernorm_grad: scale {list(ss)} does not cover the normalized axes {list(sx[a.axis:])}")
+    return [t[0], t[0]]
+
+
+def cross_entropy_grad(a: CrossEntropyAttrs, t: Sequence[TensorType]) -> list[TensorType]:
+    (sx, dx), (sl, dl), (sg, dg) = t
+    cross_entropy(a, t[:2])
+    if tuple(sg) != tuple(sl) or dg != dx:
+        raise ValueError(f"cross_entropy_grad: the loss gradient must be {dx.value}{list(sl)}, got {dg.value}{list(sg)}")
+    return [t[0]]

@@ -294,6 +294,9 @@ IMPL: dict[Op, Callable[..., np.ndarray]] = {
     Op.CROSS_ENTROPY: RT.cross_entropy,
     Op.ADAMW: RT.adamw,
     Op.INIT: RT.init,
+    Op.SOFTMAX_GRAD: RT.softmax_grad,
+    Op.LAYERNORM_GRAD: RT.layernorm_grad,
+    Op.CROSS_ENTROPY_GRAD: RT.cross_entropy_grad,
 }
 
 

@@ -9,7 +9,7 @@ import math
 import numpy as np
 
 from fusec.errors import InputError
-from fusec.ops_train import AdamWAttrs, CrossEntropyAttrs, InitAttrs, ScatterAddAttrs
+from fusec.ops_train import AdamWAttrs, CrossEntropyAttrs, InitAttrs, LayerNormGradAttrs, ScatterAddAttrs, SoftmaxGradAttrs
 from fusec.sampling import GOLDEN, TOKEN_MUL, mix64
 
 _M64 = (1 << 64) - 1
@@ -37,19 +37,60 @@ def scatter_add(a: ScatterAddAttrs, upd: np.ndarray, idx: np.ndarray) -> np.ndar
     return out.reshape(pre + (a.size,) + post).astype(upd.dtype)
 
 
-def cross_entropy(a: CrossEntropyAttrs, x: np.ndarray, labels: np.ndarray) -> np.ndarray:
-    """loss[r] = logsumexp(x[r]) - x[r, labels[r]]; 0 where labels[r] == ignore_index."""
-    classes = x.shape[-1]
+def _labels(a: CrossEntropyAttrs, classes: int, labels: np.ndarray, what: str) -> np.ndarray:
+    """Where the labels count (not the ignore index); InputError for one out of [0, classes)."""
     keep = labels != a.ignore_index
     bad = keep & ((labels < 0) | (labels >= classes))
     if bad.any():
-        raise InputError(f"cross_entropy: label {int(labels[bad].reshape(-1)[0])} is out of range [0, {classes}) "
+        raise InputError(f"{what}: label {int(labels[bad].reshape(-1)[0])} is out of range [0, {classes}) "
                          f"(and not the ignore index {a.ignore_index})")
+    return keep
+
+
+def cross_entropy(a: CrossEntropyAttrs, x: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """loss[r] = logsumexp(x[r]) - x[r, labels[r]]; 0 where labels[r] == ignore_index."""
+    keep = _labels(a, x.shape[-1], labels, "cross_entropy")
     xw = x.astype(_wide(x))
     m = np.max(xw, axis=-1, keepdims=True)
     lse = np.log(np.sum(np.exp(xw - m), axis=-1)) + m[..., 0]
     picked = np.take_along_axis(xw, np.where(keep, labels, 0)[..., None].astype(np.int64), axis=-1)[..., 0]
     return np.where(keep, lse - picked, 0).astype(x.dtype)
+
+
+def softmax_grad(a: SoftmaxGradAttrs, p: np.ndarray, dp: np.ndarray) -> np.ndarray:
+    """scale * p * (dp - sum(dp * p)) along the axis, in fp32 (fp64 stays fp64)."""
+    w = _wide(p)
+    pw, dw = p.astype(w), dp.astype(w)
+    s = np.sum(dw * pw, axis=a.axis, keepdims=True)
+    return (w.type(a.scale) * (pw * (dw - s))).astype(p.dtype)
+
+
+def layernorm_grad(a: LayerNormGradAttrs, x: np.ndarray, scale: np.ndarray, dy: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """(dx, dy * xhat): dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * scale."""
+    w = _wide(x)
+    axes = tuple(range(a.axis, x.ndim))
+    xw, dw = x.astype(w), dy.astype(w)
+    sw = scale.astype(w).reshape(x.shape[a.axis:])
+    mean = np.mean(xw, axis=axes, keepdims=True)
+    xc = xw - mean
+    rstd = 1 / np.sqrt(np.mean(xc * xc, axis=axes, keepdims=True) + w.type(a.eps))
+    xhat = xc * rstd
+    g = dw * sw
+    dx = rstd * (g - (np.mean(g, axis=axes, keepdims=True) + xhat * np.mean(g * xhat, axis=axes, keepdims=True)))
+    return dx.astype(x.dtype), (dw * xhat).astype(x.dtype)
+
+
+def cross_entropy_grad(a: CrossEntropyAttrs, x: np.ndarray, labels: np.ndarray, dloss: np.ndarray) -> np.ndarray:
+    """(softmax(x) - onehot(label)) * dloss per row; 0 on rows whose label is the ignore index."""
+    keep = _labels(a, x.shape[-1], labels, "cross_entropy_grad")
+    w = _wide(x)
+    xw = x.astype(w)
+    e = np.exp(xw - np.max(xw, axis=-1, keepdims=True))
+    p = e / np.sum(e, axis=-1, keepdims=True)
+    onehot = (np.arange(x.shape[-1]) == np.where(keep, labels, -1)[..., None]).astype(w)
+    g = np.where(keep, dloss.astype(w), 0)[..., None]
+    return ((p - onehot) * g).astype(x.dtype)
 
 
 def lr_factor(a: AdamWAttrs, t: int) -> float:

@@ -78,10 +78,9 @@ def _gather(g: Any, n: Node, cts: list[Value | None], need: list[bool]) -> list[
 
 # ---- softmax, norms ---------------------------------------------------------------------------
 
-def _softmax_grad(g: Any, p: Value, dp: Value, axis: int) -> Value:
-    """d softmax: p * (dp - sum(dp * p)) along ``axis``."""
-    s = g.reduce(Op.REDUCE_SUM, g.mul(dp, p), (axis,))
-    return g.mul(p, g.sub(dp, s))
+def _softmax_grad(g: Any, p: Value, dp: Value, axis: int, scale: float = 1.0) -> Value:
+    """d softmax: scale * p * (dp - sum(dp * p)) along ``axis`` (one SOFTMAX_GRAD node)."""
+    return g.op(Op.SOFTMAX_GRAD, p, dp, axis=axis, scale=float(scale))
 
 
 def _softmax(g: Any, n: Node, cts: list[Value | None], need: list[bool]) -> list[Value | None]:
@@ -91,21 +90,16 @@ def _softmax(g: Any, n: Node, cts: list[Value | None], need: list[bool]) -> list
 
 
 def _layernorm(g: Any, n: Node, cts: list[Value | None], need: list[bool]) -> list[Value | None]:
+    """One LAYERNORM_GRAD node (it recomputes the statistics from x): dx and dy * xhat, whose sums
+    over the rows are the scale's gradient (the bias's: the sums of dy)."""
     x, scale = n.inputs[0], n.inputs[1]
-    axes = tuple(range(n.attrs.axis, len(x.shape)))
-    xf, dy, sf = _up(g, x), _up(g, _ct(g, n, cts)), _up(g, scale)
-    mean = g.reduce(Op.REDUCE_MEAN, xf, axes)
-    xc = g.sub(xf, mean)
-    var = g.reduce(Op.REDUCE_MEAN, g.mul(xc, xc), axes)
-    rstd = g.op(Op.RECIPROCAL, g.op(Op.SQRT, g.add(var, g.scalar(n.attrs.eps, var))))
-    xhat = g.mul(xc, rstd)
+    xf, dy = _up(g, x), _up(g, _ct(g, n, cts))
+    dx, dyxhat = g.op(Op.LAYERNORM_GRAD, xf, scale, dy, axis=n.attrs.axis, eps=float(n.attrs.eps))
     out: list[Value | None] = [None] * len(n.inputs)
     if need[0]:
-        gs = g.mul(dy, sf)
-        inner = g.add(g.reduce(Op.REDUCE_MEAN, gs, axes), g.mul(xhat, g.reduce(Op.REDUCE_MEAN, g.mul(gs, xhat), axes)))
-        out[0] = _down(g, g.mul(rstd, g.sub(gs, inner)), x.dtype)
+        out[0] = _down(g, dx, x.dtype)
     if need[1]:
-        out[1] = _down(g, g.sum_to(g.mul(dy, xhat), scale.shape), scale.dtype)
+        out[1] = _down(g, g.sum_to(dyxhat, scale.shape), scale.dtype)
     if len(n.inputs) > 2 and need[2]:
         out[2] = _down(g, g.sum_to(dy, n.inputs[2].shape), n.inputs[2].dtype)
     return out
@@ -165,12 +159,16 @@ def _attention(g: Any, n: Node, cts: list[Value | None], need: list[bool]) -> li
         dvr = g.op(Op.MATMUL, p, dy, trans_a=True)
         out[2] = _down(g, _sum_heads(g, dvr, rep, v.shape), n.inputs[2].dtype)
     if need[0] or need[1] or (mask is not None and need[3]):
-        ds = _softmax_grad(g, p, g.op(Op.MATMUL, dy, vr, trans_b=True), 3)
-        if mask is not None and need[3]:
-            out[3] = _down(g, g.sum_to(ds, mask.shape), mask.dtype)
-        if t is not None:
-            ds = g.mul(ds, g.sub(g.scalar(1.0, t), g.mul(t, t)))
-        ds = g.mul(ds, g.scalar(a.scale, ds))
+        dp = g.op(Op.MATMUL, dy, vr, trans_b=True)
+        if (mask is not None and need[3]) or t is not None:
+            ds = _softmax_grad(g, p, dp, 3)
+            if mask is not None and need[3]:
+                out[3] = _down(g, g.sum_to(ds, mask.shape), mask.dtype)
+            if t is not None:
+                ds = g.mul(ds, g.sub(g.scalar(1.0, t), g.mul(t, t)))
+            ds = g.mul(ds, g.scalar(a.scale, ds))
+        else:  # the score scale folded into the softmax gradient's kernel
+            ds = _softmax_grad(g, p, dp, 3, a.scale)
         if need[0]:
             out[0] = _down(g, g.op(Op.MATMUL, ds, kr), n.inputs[0].dtype)
         if need[1]:
@@ -189,17 +187,10 @@ def _sum_heads(g: Any, x: Value, rep: int, shape: tuple[int, ...]) -> Value:
 # ---- the loss ---------------------------------------------------------------------------------
 
 def _cross_entropy(g: Any, n: Node, cts: list[Value | None], need: list[bool]) -> list[Value | None]:
-    """(softmax(x) - onehot(label)) * dy per row; ignored rows get no gradient."""
+    """(softmax(x) - onehot(label)) * dy per row, ignored rows none: one CROSS_ENTROPY_GRAD node."""
     x, labels = n.inputs
-    classes = x.shape[-1]
-    xf, dy = _up(g, x), _up(g, _ct(g, n, cts))
-    col = labels.shape + (1,)
-    iota = g.const(np.arange(classes, dtype=labels.dtype.np), "grad_class_ids")
-    onehot = g.op(Op.CAST, g.op(Op.EQUAL, g.reshape(labels, col), iota), to=xf.dtype)
-    keep = g.op(Op.NOT, g.op(Op.EQUAL, labels, g.scalar(n.attrs.ignore_index, labels.dtype)))
-    w = g.reshape(g.op(Op.WHERE, keep, dy, g.scalar(0.0, dy)), col)
-    p = g.op(Op.SOFTMAX, xf, axis=len(x.shape) - 1)
-    return [_down(g, g.mul(g.sub(p, onehot), w), x.dtype), None]
+    dy = _ct(g, n, cts)
+    return [g.op(Op.CROSS_ENTROPY_GRAD, x, labels, dy, ignore_index=n.attrs.ignore_index), None]
 
 
 RULES: dict[Op, Rule] = {

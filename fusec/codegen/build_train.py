@@ -85,3 +85,30 @@ def _adamw(spec: T.AdamWSpec) -> Rendered:
     if spec.phase == "scalars":
         return Rendered("adamw.cu.jinja", ctx, (1, 1, 1), (block, 1, 1), ("step", "partial", "scalars"))
     return Rendered("adamw.cu.jinja", ctx, (spec.blocks, 1, 1), (block, 1, 1), ("params", "m", "v", "scalars") + grads)
+
+
+@builder(T.SoftmaxGradSpec)
+def _softmax_grad(spec: T.SoftmaxGradSpec) -> Rendered:
+    block = 128
+    ctx = {"name": kernel_name("softmax_grad", spec), "t": ctype(spec.dtype), "outer": spec.outer, "cols": spec.cols,
+           "inner": spec.inner, "scale": _f32(spec.scale, "scale"), "block": block}
+    return Rendered("softmax_grad.cu.jinja", ctx, (cdiv(spec.outer * spec.inner, block // 32), 1, 1), (block, 1, 1),
+                    ("p", "dp", "out"))
+
+
+@builder(T.LayerNormGradSpec)
+def _layernorm_grad(spec: T.LayerNormGradSpec) -> Rendered:
+    block = 128
+    ctx = {"name": kernel_name("layernorm_grad", spec), "t": ctype(spec.dtype), "w_t": ctype(spec.w_dtype),
+           "rows": spec.rows, "cols": spec.cols, "eps": _f32(spec.eps, "eps"), "block": block}
+    return Rendered("layernorm_grad.cu.jinja", ctx, (cdiv(spec.rows, block // 32), 1, 1), (block, 1, 1),
+                    ("x", "scale", "dy", "dx", "dyxhat"))
+
+
+@builder(T.CrossEntropyGradSpec)
+def _cross_entropy_grad(spec: T.CrossEntropyGradSpec) -> Rendered:
+    block = 128
+    ctx = {"name": kernel_name("ce_grad", spec), "t": ctype(spec.dtype), "label_t": ctype(spec.label_dtype),
+           "rows": spec.rows, "classes": spec.classes, "ignore": spec.ignore_index, "block": block}
+    return Rendered("cross_entropy_grad.cu.jinja", ctx, (cdiv(spec.rows, block // 32), 1, 1), (block, 1, 1),
+                    ("logits", "labels", "dloss", "out"))

@@ -129,3 +129,53 @@ class AdamWSpec:
     @property
     def blocks(self) -> int:
         return sum(self.chunks)
+
+
+@dataclasses.dataclass(frozen=True)
+class SoftmaxGradSpec:
+    """dx = scale * p * (dp - sum(dp * p)) over rows of ``cols`` elements (x viewed [outer, cols,
+    inner]; one warp per row). Params: p, dp, out."""
+
+    outer: int
+    cols: int
+    inner: int
+    dtype: DType
+    scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        _pos(("outer", self.outer), ("cols", self.cols), ("inner", self.inner))
+        _req(self.dtype in FLOATS, "softmax_grad is float")
+        _req(isinstance(self.scale, float) and math.isfinite(self.scale), "softmax_grad scale is a finite float")
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerNormGradSpec:
+    """LayerNorm's input gradient per row of ``cols`` (one warp per row, statistics recomputed):
+    dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * scale; also dy * xhat.
+    Params: x, scale, dy, dx, dyxhat."""
+
+    rows: int
+    cols: int
+    dtype: DType
+    w_dtype: DType
+    eps: float
+
+    def __post_init__(self) -> None:
+        _pos(("rows", self.rows), ("cols", self.cols))
+        _req(self.dtype in FLOATS and self.w_dtype in FLOATS, "layernorm_grad is float")
+        _req(isinstance(self.eps, float) and math.isfinite(self.eps) and self.eps >= 0, "eps must be finite and >= 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class CrossEntropyGradSpec:
+    """dlogits[r] = (softmax(x[r]) - onehot(label[r])) * dloss[r]; 0 on ignored rows, NaN for a label
+    out of range (nothing read out of bounds). Params: logits, labels, dloss, out."""
+
+    rows: int
+    classes: int
+    dtype: DType
+    label_dtype: DType = DType.I64
+    ignore_index: int = -100
+
+    def __post_init__(self) -> None:
+        CrossEntropySpec(self.rows, self.classes, self.dtype, self.label_dtype, self.ignore_index)

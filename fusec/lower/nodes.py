@@ -291,6 +291,9 @@ LOWER: dict[Op, Callable[[Context, Node, str], None]] = {
     Op.SCATTER_ADD: _train.scatter_add,
     Op.INIT: _train.init,
     Op.ADAMW: _train.adamw,
+    Op.SOFTMAX_GRAD: _train.softmax_grad,
+    Op.LAYERNORM_GRAD: _train.layernorm_grad,
+    Op.CROSS_ENTROPY_GRAD: _train.cross_entropy_grad,
 }
 
 

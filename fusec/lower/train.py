@@ -56,3 +56,23 @@ def adamw(ctx: Context, node: Node, label: str) -> None:
         ctx.kernel(T.AdamWSpec("norm", **common), [partial, *grads], f"{label} gradient norm")
     ctx.kernel(T.AdamWSpec("scalars", **common), [step, partial, scalars], f"{label} step scalars")
     ctx.kernel(update, [params, m, v, scalars, *grads], label)
+
+
+def softmax_grad(ctx: Context, node: Node, label: str) -> None:
+    p, dp = node.inputs
+    ax = node.attrs.axis
+    outer, cols, inner = math.prod(p.shape[:ax]), p.shape[ax], math.prod(p.shape[ax + 1:])
+    ctx.kernel(T.SoftmaxGradSpec(outer, cols, inner, p.dtype, float(node.attrs.scale)), [p, dp, node.output], label)
+
+
+def layernorm_grad(ctx: Context, node: Node, label: str) -> None:
+    x, scale, dy = node.inputs
+    cols = math.prod(x.shape[node.attrs.axis:])
+    spec = T.LayerNormGradSpec(x.numel // cols, cols, x.dtype, scale.dtype, float(node.attrs.eps))
+    ctx.kernel(spec, [x, scale, dy, *node.outputs], label)
+
+
+def cross_entropy_grad(ctx: Context, node: Node, label: str) -> None:
+    x, labels, dloss = node.inputs
+    spec = T.CrossEntropyGradSpec(labels.numel, x.shape[-1], x.dtype, labels.dtype, node.attrs.ignore_index)
+    ctx.kernel(spec, [x, labels, dloss, node.output], label)
