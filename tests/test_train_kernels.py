@@ -40,7 +40,7 @@ SPECS = [
     _adamw("scalars", "constant", 0.5), _adamw("update", "linear", 1.0), _adamw("update", "constant", 0.0),
     T.SoftmaxGradSpec(6400, 50, 1, DType.F32, 0.17677669529663687), T.SoftmaxGradSpec(3, 5, 7, DType.BF16),
     T.LayerNormGradSpec(1600, 128, DType.F32, DType.F32, 1e-12), T.LayerNormGradSpec(7, 384, DType.BF16, DType.F32, 1e-5),
-    T.CrossEntropyGradSpec(1600, 34, DType.F32), T.CrossEntropyGradSpec(3, 40000, DType.BF16, DType.I32, ignore_index=-1),
+    T.CrossEntropySpec(1600, 34, DType.F32, grad=True), T.CrossEntropySpec(3, 40000, DType.BF16, DType.I32, -1, grad=True),
 ]
 
 

@@ -34,10 +34,12 @@ def _f64(x: float, what: str) -> FloatLit:
 @builder(T.CrossEntropySpec)
 def _cross_entropy(spec: T.CrossEntropySpec) -> Rendered:
     block = 128
-    ctx = {"name": kernel_name("ce", spec), "t": ctype(spec.dtype), "label_t": ctype(spec.label_dtype),
-           "rows": spec.rows, "classes": spec.classes, "ignore": spec.ignore_index, "block": block}
-    return Rendered("cross_entropy.cu.jinja", ctx, (cdiv(spec.rows, block // 32), 1, 1), (block, 1, 1),
-                    ("logits", "labels", "out"))
+    ctx = {"name": kernel_name("ce_grad" if spec.grad else "ce", spec), "t": ctype(spec.dtype),
+           "label_t": ctype(spec.label_dtype), "rows": spec.rows, "classes": spec.classes, "ignore": spec.ignore_index,
+           "block": block}
+    template = "cross_entropy_grad.cu.jinja" if spec.grad else "cross_entropy.cu.jinja"
+    params = ("logits", "labels") + (("dloss",) if spec.grad else ()) + ("out",)
+    return Rendered(template, ctx, (cdiv(spec.rows, block // 32), 1, 1), (block, 1, 1), params)
 
 
 @builder(T.ScatterAddSpec)
@@ -104,11 +106,3 @@ def _layernorm_grad(spec: T.LayerNormGradSpec) -> Rendered:
     return Rendered("layernorm_grad.cu.jinja", ctx, (cdiv(spec.rows, block // 32), 1, 1), (block, 1, 1),
                     ("x", "scale", "dy", "dx", "dyxhat"))
 
-
-@builder(T.CrossEntropyGradSpec)
-def _cross_entropy_grad(spec: T.CrossEntropyGradSpec) -> Rendered:
-    block = 128
-    ctx = {"name": kernel_name("ce_grad", spec), "t": ctype(spec.dtype), "label_t": ctype(spec.label_dtype),
-           "rows": spec.rows, "classes": spec.classes, "ignore": spec.ignore_index, "block": block}
-    return Rendered("cross_entropy_grad.cu.jinja", ctx, (cdiv(spec.rows, block // 32), 1, 1), (block, 1, 1),
-                    ("logits", "labels", "dloss", "out"))

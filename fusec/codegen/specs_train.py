@@ -21,13 +21,16 @@ ADAMW_MAX_SEGMENTS = 480  # gradient pointers a kernel takes (CUDA's 4 KB of ker
 class CrossEntropySpec:
     """loss[r] = logsumexp(x[r, :]) - x[r, label[r]] over ``rows`` rows of ``classes`` logits; 0 where
     label == ignore_index; NaN for any other label outside [0, classes) (nothing read out of
-    bounds). Params: logits, labels, out."""
+    bounds). Params: logits, labels, out. ``grad``: the gradient instead, dlogits[r] =
+    (softmax(x[r]) - onehot(label[r])) * dloss[r] (0 on ignored rows, NaN rows for a bad label);
+    params: logits, labels, dloss, out."""
 
     rows: int
     classes: int
     dtype: DType
     label_dtype: DType = DType.I64
     ignore_index: int = -100
+    grad: bool = False
 
     def __post_init__(self) -> None:
         _pos(("rows", self.rows), ("classes", self.classes))
@@ -165,17 +168,3 @@ class LayerNormGradSpec:
         _req(self.dtype in FLOATS and self.w_dtype in FLOATS, "layernorm_grad is float")
         _req(isinstance(self.eps, float) and math.isfinite(self.eps) and self.eps >= 0, "eps must be finite and >= 0")
 
-
-@dataclasses.dataclass(frozen=True)
-class CrossEntropyGradSpec:
-    """dlogits[r] = (softmax(x[r]) - onehot(label[r])) * dloss[r]; 0 on ignored rows, NaN for a label
-    out of range (nothing read out of bounds). Params: logits, labels, dloss, out."""
-
-    rows: int
-    classes: int
-    dtype: DType
-    label_dtype: DType = DType.I64
-    ignore_index: int = -100
-
-    def __post_init__(self) -> None:
-        CrossEntropySpec(self.rows, self.classes, self.dtype, self.label_dtype, self.ignore_index)

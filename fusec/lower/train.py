@@ -74,5 +74,5 @@ def layernorm_grad(ctx: Context, node: Node, label: str) -> None:
 
 def cross_entropy_grad(ctx: Context, node: Node, label: str) -> None:
     x, labels, dloss = node.inputs
-    spec = T.CrossEntropyGradSpec(labels.numel, x.shape[-1], x.dtype, labels.dtype, node.attrs.ignore_index)
+    spec = T.CrossEntropySpec(labels.numel, x.shape[-1], x.dtype, labels.dtype, node.attrs.ignore_index, grad=True)
     ctx.kernel(spec, [x, labels, dloss, node.output], label)
