@@ -126,12 +126,25 @@ def backward(b: GraphBuilder, loss: Value, wrt: Sequence[Value]) -> dict[Value, 
         return {w: None for w in wrt}
     g = Grad(b)
     ct: dict[Value, Value] = {loss: g.expand(g.scalar(1.0, loss), loss.shape)}  # d loss / d loss
+    pieces: dict[Value, list[tuple[int, int, int, Value]]] = {}  # v -> slices' cotangents (axis, start, stop, ct)
+
+    def accumulate(v: Value, gv: Value) -> None:
+        prev = ct.get(v)
+        ct[v] = gv if prev is None else g.add(prev, gv)
+
     for node in reversed(nodes):
+        for o in node.outputs:  # every reader of o has been differentiated: its slices' pieces are all in
+            if o in pieces:
+                accumulate(o, _join_slices(g, o, pieces.pop(o)))
         outs = [ct.get(o) for o in node.outputs]
         if all(c is None for c in outs):
             continue
         need = [v in depends for v in node.inputs]
         if not any(need):
+            continue
+        piece = _slice_piece(node)
+        if piece is not None and outs[0] is not None:
+            pieces.setdefault(node.inputs[0], []).append((*piece, outs[0]))
             continue
         rule = VJP.get(node.op)
         if rule is None:
@@ -143,9 +156,43 @@ def backward(b: GraphBuilder, loss: Value, wrt: Sequence[Value]) -> dict[Value, 
                 continue
             if gv.shape != v.shape or gv.dtype != v.dtype:  # a rule bug, not user input
                 raise AssertionError(f"gradient rule of {node.op.value} gave {gv.type_str} for {v.name!r} ({v.type_str})")
-            prev = ct.get(v)
-            ct[v] = gv if prev is None else g.add(prev, gv)
+            accumulate(v, gv)
+    for v, parts in pieces.items():  # slices of graph inputs, constants, parameters
+        accumulate(v, _join_slices(g, v, parts))
     return {w: ct.get(w) for w in wrt}
+
+
+def _slice_piece(node: Node) -> tuple[int, int, int] | None:
+    """(axis, start, stop) of a SLICE that cuts one axis with step 1, else None."""
+    if node.op != Op.SLICE:
+        return None
+    x, a = node.inputs[0], node.attrs
+    cut = [(ax, s, e) for ax, s, e, st in zip(a.axes, a.starts, a.ends, a.steps)
+           if not (s == 0 and e >= x.shape[ax] and st == 1)]
+    if len(cut) != 1 or a.steps[a.axes.index(cut[0][0])] != 1:
+        return None
+    ax, s, e = cut[0]
+    s, e = min(max(s, 0), x.shape[ax]), min(max(e, 0), x.shape[ax])
+    return (ax, s, e) if e > s else None
+
+
+def _join_slices(g: Grad, v: Value, parts: list[tuple[int, int, int, Value]]) -> Value:
+    """The cotangent of ``v`` from those of slices of it: one CONCAT where the slices tile one axis
+    (a fused projection split into q, k and v), else each slice's cotangent padded back and summed."""
+    parts = sorted(parts, key=lambda p: (p[0], p[1]))
+    axis = parts[0][0]
+    tiles = all(p[0] == axis for p in parts) and parts[0][1] == 0 and parts[-1][2] == v.shape[axis] \
+        and all(a[2] == b[1] for a, b in zip(parts, parts[1:]))
+    if tiles:
+        return parts[0][3] if len(parts) == 1 else g.op(Op.CONCAT, *[p[3] for p in parts], axis=axis)
+    total: Value | None = None
+    for ax, start, stop, c in parts:
+        pads = [0] * (2 * len(v.shape))
+        pads[ax], pads[len(v.shape) + ax] = start, v.shape[ax] - stop
+        padded = g.op(Op.PAD, c, pads=tuple(pads))
+        total = padded if total is None else g.add(total, padded)
+    assert total is not None
+    return total
 
 
 def grad_graph(graph: Graph, loss: str, wrt: Sequence[str]) -> tuple[Graph, dict[str, str]]:

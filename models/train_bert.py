@@ -67,9 +67,10 @@ def encoder_specs(cfg: EncoderConfig, prefix: str = "") -> list[ParamSpec]:
                              decay=True))
     out += _norm_specs(f"{prefix}embeddings.LayerNorm", d)
     for i in range(cfg.layers):
+        p = f"{prefix}encoder.layer.{i}.attention.self"
+        qkv = [_linear_specs(f"{p}.{n}", d, d, s) for n in ("query", "key", "value")]
+        out += [w for w, _ in qkv] + [b for _, b in qkv]  # q, k, v weights then biases: one [3D, D] view each
         p = f"{prefix}encoder.layer.{i}"
-        for n in ("query", "key", "value"):
-            out += _linear_specs(f"{p}.attention.self.{n}", d, d, s)
         out += _linear_specs(f"{p}.attention.output.dense", d, d, s)
         out += _norm_specs(f"{p}.attention.output.LayerNorm", d)
         out += _linear_specs(f"{p}.intermediate.dense", d, cfg.ffn, s)
@@ -85,9 +86,18 @@ def linear(m: TrainBlocks, x: Value, prefix: str) -> Value:
     return m.op(Op.ADD, y, bias)
 
 
-def _heads(m: TrainBlocks, x: Value, heads: int) -> Value:
+def _qkv_heads(m: TrainBlocks, x: Value, prefix: str, heads: int) -> list[Value]:
+    """q, k and v [B, H, S, hd] from one product with the stacked [3D, D] weight: [B, S, 3D] ->
+    [B, S, 3, H, hd] -> [3, B, H, S, hd] (one copy), then three views."""
     bsz, seq, d = x.shape
-    return m.op(Op.TRANSPOSE, m.op(Op.RESHAPE, x, shape=(bsz, seq, heads, d // heads)), perm=(0, 2, 1, 3))
+    names = [f"{prefix}.{n}" for n in ("query", "key", "value")]
+    w = m.param_group([f"{n}.weight" for n in names])
+    bias = m.param_group([f"{n}.bias" for n in names])
+    qkv = m.op(Op.ADD, m.op(Op.MATMUL, m.to_cdt(x), w, trans_b=True), bias)
+    hd = d // heads
+    t = m.op(Op.TRANSPOSE, m.op(Op.RESHAPE, qkv, shape=(bsz, seq, 3, heads, hd)), perm=(2, 0, 3, 1, 4))
+    return [m.op(Op.RESHAPE, m.op(Op.SLICE, t, axes=(0,), starts=(i,), ends=(i + 1,), steps=(1,)),
+                 shape=(bsz, heads, seq, hd)) for i in range(3)]
 
 
 def attention_mask(m: TrainBlocks, mask: Value) -> Value:
@@ -99,7 +109,7 @@ def attention_mask(m: TrainBlocks, mask: Value) -> Value:
 
 def self_attention(m: TrainBlocks, x: Value, add_mask: Value, prefix: str, heads: int) -> Value:
     d = x.shape[-1]
-    q, k, v = (_heads(m, linear(m, x, f"{prefix}.{n}"), heads) for n in ("query", "key", "value"))
+    q, k, v = _qkv_heads(m, x, prefix, heads)
     scores = m.op(Op.MATMUL, q, k, trans_b=True)  # [B, H, S, S], read K through the flag
     scores = m.op(Op.ADD, m.op(Op.MUL, m.to_f32(scores), m.scalar((d // heads) ** -0.5, DType.F32)), add_mask)
     probs = m.op(Op.SOFTMAX, scores, axis=3)

@@ -291,3 +291,21 @@ def test_integer_paths_carry_no_gradient() -> None:
     assert got.sum() == pytest.approx(6.0) and math.isfinite(got.sum())
     with pytest.raises(ModelError, match="does not depend on 'x'"):
         grad_graph(g, "loss", ["x"])
+
+
+def test_slices_that_tile_an_axis_join_into_one_concat() -> None:
+    """A fused projection split into three (q, k, v): its gradient is one CONCAT, not three PADs
+    and two ADDs; a slice of part of an axis is padded back."""
+    def split(b: GraphBuilder, v: dict[str, Value]) -> Value:
+        parts = [b.emit(Op.SLICE, v["x"], axes=(1,), starts=(i,), ends=(i + 2,), steps=(1,)) for i in (0, 2, 4)]
+        y = b.emit(Op.MUL, b.emit(Op.EXP, parts[0]), parts[1])
+        return b.emit(Op.ADD, y, b.emit(Op.TANH, parts[2]))
+    gradcheck(split, {"x": r(3, 6, 2)})
+    gradcheck(lambda b, v: b.emit(Op.SLICE, v["x"], axes=(1,), starts=(1,), ends=(4,), steps=(1,)), {"x": r(3, 6)})
+    b = GraphBuilder("split")
+    x = b.input("x", (3, 6), F64)
+    y = split(b, {"x": x})
+    b.output(b.emit(Op.REDUCE_SUM, y, axes=(0, 1), keepdims=False), "loss")
+    gg, _ = grad_graph(b.build(), "loss", ["x"])
+    ops = [n.op for n in gg.nodes]
+    assert Op.CONCAT in ops and Op.PAD not in ops

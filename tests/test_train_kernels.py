@@ -76,7 +76,8 @@ def test_training_plan_lowers_with_the_optimizer_as_three_kernels_over_state(dty
     assert [L["label"].split(" ", 1)[1] for L in adam] == ["adamw gradient norm", "adamw step scalars", "adamw"]
     update = adam[-1]
     assert [a[1] for a in update["args"][:3]] == ["state", "state", "state"]  # params, m, v updated in place
-    assert len(update["args"]) == 4 + len(model.specs)  # one pointer per gradient, read where it lies
+    # one pointer per gradient, read where it lies: per layer, q/k/v weights (and biases) are one stacked tensor
+    assert len(update["args"]) == 4 + len(model.specs) - 4 * cfg.layers
     assert train[-1] is update  # nothing is copied into the state after the step
     assert {r["name"] for r in plan.manifest["state"]} == {"params", "adam_m", "adam_v", "step"}
     assert [o["name"] for o in entries["train_step"]["outputs"]] == ["loss"]

@@ -67,6 +67,16 @@ def init_segments(specs: Sequence[ParamSpec]) -> tuple[tuple[int, str, float], .
     return tuple((s.numel, kind[s.init], s.std * math.sqrt(3.0) if s.init == "normal" else 0.0) for s in specs)
 
 
+@dataclasses.dataclass(frozen=True)
+class Unit:
+    """What the optimizer steps as one segment: a parameter, or a group of consecutive parameters
+    read as one tensor (a fused q/k/v projection); ``view`` is what the model reads."""
+
+    view: Value
+    names: tuple[str, ...]
+    decay: bool
+
+
 class TrainBlocks:
     """A GraphBuilder plus the parameters. ``flat``: the fp32 parameter state (training and eval
     graphs); ``weights``: {name: array} to read parameters as constants instead (an inference graph).
@@ -83,6 +93,8 @@ class TrainBlocks:
         self.layout = layout(self.specs)
         self.views: dict[str, Value] = {}
         self._master: dict[str, bool] = {}
+        self._groups: dict[tuple[str, ...], Value] = {}
+        self._in_group: dict[str, tuple[str, ...]] = {}
         self._cast: Value | None = None
         self._scalars: dict[tuple[float, DType], Value] = {}
 
@@ -91,23 +103,50 @@ class TrainBlocks:
         """The parameter ``name`` (in ``cdt``, or fp32 with ``master``), one view per parameter."""
         if name not in self.layout:
             raise ModelError(f"the model reads parameter {name!r}, which it does not declare")
+        if name in self._in_group:
+            raise ModelError(f"parameter {name!r} is read alone and as part of {', '.join(self._in_group[name])}")
         if name in self.views:
             if self._master[name] != (master or self.cdt == DType.F32):
                 raise ModelError(f"parameter {name!r} is read both in fp32 and in {self.cdt.value}")
             return self.views[name]
         off, spec = self.layout[name]
         wide = master or self.cdt == DType.F32
-        if self.weights is not None:
-            arr = np.asarray(self.weights[name], np.float32).reshape(spec.shape)
-            v = self.b.const(arr, name=name, dtype=DType.F32 if wide else self.cdt)
-        else:
-            src = self.flat if wide else self._cast_flat()
-            assert src is not None
-            v = self.b.emit(Op.SLICE, src, axes=(0,), starts=(off,), ends=(off + spec.numel,), steps=(1,))
-            v = self.b.emit(Op.RESHAPE, v, shape=spec.shape, name=name)
+        v = self._view(name, [name], off, spec.numel, spec.shape, wide)
         self.views[name] = v
         self._master[name] = wide
         return v
+
+    def param_group(self, names: Sequence[str], master: bool = False) -> Value:
+        """Consecutive parameters of one trailing shape read as one tensor stacked along the first
+        axis (q, k and v weights [3D, D]): a single view, so one product computes all three."""
+        key = tuple(names)
+        if key in self._groups:
+            return self._groups[key]
+        for n in key:
+            if n not in self.layout:
+                raise ModelError(f"the model reads parameter {n!r}, which it does not declare")
+            if n in self.views or n in self._in_group:
+                raise ModelError(f"parameter {n!r} is read twice (alone or in another group)")
+        specs = [self.layout[n][1] for n in key]
+        offs = [self.layout[n][0] for n in key]
+        if any(o + s.numel != nxt for o, s, nxt in zip(offs, specs, offs[1:])) or len({s.shape[1:] for s in specs}) != 1:
+            raise ModelError(f"parameters {', '.join(map(repr, key))} are not consecutive of one trailing shape")
+        shape = (sum(s.shape[0] for s in specs),) + specs[0].shape[1:]
+        v = self._view(".".join(key[0].split(".")[:-2] + ["qkv" if len(key) == 3 else "group", key[0].split(".")[-1]]),
+                       key, offs[0], sum(s.numel for s in specs), shape, master or self.cdt == DType.F32)
+        self._groups[key] = v
+        for n in key:
+            self._in_group[n] = key
+        return v
+
+    def _view(self, name: str, names: Sequence[str], off: int, numel: int, shape: tuple[int, ...], wide: bool) -> Value:
+        if self.weights is not None:
+            arr = np.concatenate([np.asarray(self.weights[n], np.float32).reshape(-1) for n in names]).reshape(shape)
+            return self.b.const(arr, name=name, dtype=DType.F32 if wide else self.cdt)
+        src = self.flat if wide else self._cast_flat()
+        assert src is not None
+        v = self.b.emit(Op.SLICE, src, axes=(0,), starts=(off,), ends=(off + numel,), steps=(1,))
+        return self.b.emit(Op.RESHAPE, v, shape=shape, name=self.b.unique(name) if self.b.has_name(name) else name)
 
     def _cast_flat(self) -> Value:
         if self._cast is None:
@@ -115,12 +154,24 @@ class TrainBlocks:
             self._cast = self.b.emit(Op.CAST, self.flat, to=self.cdt, name=f"params.{self.cdt.value}")
         return self._cast
 
-    def trainable(self) -> list[Value]:
-        """The parameter views in spec order; ModelError naming a declared parameter never read."""
-        unused = [s.name for s in self.specs if s.name not in self.views]
+    def trainable(self) -> list[Unit]:
+        """What the optimizer steps, in the flat vector's order; ModelError naming a declared
+        parameter never read, or a group whose parameters differ in weight decay."""
+        unused = [s.name for s in self.specs if s.name not in self.views and s.name not in self._in_group]
         if unused:
             raise ModelError(f"the model declares parameter(s) it never reads: {', '.join(map(repr, unused[:5]))}")
-        return [self.views[s.name] for s in self.specs]
+        out, done = [], set()
+        for s in self.specs:
+            key = self._in_group.get(s.name)
+            if key is None:
+                out.append(Unit(self.views[s.name], (s.name,), s.decay))
+            elif key not in done:
+                done.add(key)
+                decay = {self.layout[n][1].decay for n in key}
+                if len(decay) != 1:
+                    raise ModelError(f"parameters {', '.join(map(repr, key))} are stepped together but differ in decay")
+                out.append(Unit(self._groups[key], key, decay.pop()))
+        return out
 
     # ---- ops ----------------------------------------------------------------------------------
     def op(self, op: Op, *inputs: Value, **attrs: Any) -> Any:

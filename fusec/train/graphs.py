@@ -84,13 +84,13 @@ def train_graph(model: TaskModel, batch: int, opt: OptimConfig, cdt: DType = DTy
     labels = _inputs(b, model.label_inputs(batch))
     m = TrainBlocks(b, model.specs, cdt, flat=st["params"])
     loss = model.loss(m, model.forward(m, feats), labels)
-    views = m.trainable()
-    grads = backward(b, loss, views)
-    dead = [s.name for s, v in zip(m.specs, views) if grads[v] is None]
+    units = m.trainable()
+    grads = backward(b, loss, [u.view for u in units])
+    dead = [n for u in units if grads[u.view] is None for n in u.names]
     if dead:
         raise ModelError(f"the loss does not depend on parameter(s) {', '.join(map(repr, dead[:5]))}")
-    attrs = opt.attrs(tuple(s.decay for s in m.specs))
-    new = b.emit(Op.ADAMW, st["params"], st["adam_m"], st["adam_v"], st["step"], *[grads[v] for v in views],
+    attrs = opt.attrs(tuple(u.decay for u in units))
+    new = b.emit(Op.ADAMW, st["params"], st["adam_m"], st["adam_v"], st["step"], *[grads[u.view] for u in units],
                  attrs_record=attrs, name="adamw")
     for name, v in zip(STATES, new):
         b.update(st[name], v)
