@@ -16,6 +16,7 @@ through it (``ModelError``). ``grad_graph`` is the same on a finished Graph (tes
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -27,6 +28,8 @@ from fusec.errors import ModelError
 from fusec.ir import Graph, Node, Value
 from fusec.ops import Op
 
+ROWS_AS_PRODUCT = 64  # sums over at least this many leading rows run as a product with ones (Grad.sum_to)
+
 # rule(g, node, output cotangents (None: zero), need per input) -> gradient per input (None: zero)
 Rule = Callable[["Grad", Node, list[Value | None], list[bool]], list[Value | None]]
 
@@ -37,6 +40,7 @@ class Grad:
     def __init__(self, b: GraphBuilder):
         self.b = b
         self._scalars: dict[tuple[float, DType], Value] = {}
+        self._ones: dict[tuple[int, DType], Value] = {}
 
     def op(self, op: Op, *inputs: Value, **attrs: Any) -> Any:
         return self.b.emit(op, *inputs, **attrs)
@@ -81,15 +85,30 @@ class Grad:
         return x if x.shape == shape else self.op(Op.EXPAND, x, shape=shape)
 
     def sum_to(self, g: Value, shape: Sequence[int]) -> Value:
-        """Sum ``g`` over the axes along which a value of ``shape`` was broadcast to ``g.shape``."""
+        """Sum ``g`` over the axes along which a value of ``shape`` was broadcast to ``g.shape``.
+        A sum over many leading rows (a bias's gradient: [B, S, N] -> [N]) is a product with a row
+        of ones, which cuBLAS reads row by row; a reduction kernel would read down the columns."""
         shape = tuple(int(d) for d in shape)
         if g.shape == shape:
             return g
         lead = len(g.shape) - len(shape)
         axes = tuple(range(lead)) + tuple(lead + i for i, d in enumerate(shape) if d == 1 and g.shape[lead + i] != 1)
+        kept = [i for i in range(len(g.shape)) if i not in axes and g.shape[i] != 1]
+        rows = math.prod(g.shape[i] for i in axes)
+        if axes and g.dtype.is_float and rows >= ROWS_AS_PRODUCT and kept and min(kept) > max(axes):
+            cols = g.numel // rows
+            ones = self.ones_row(rows, g.dtype)
+            return self.reshape(self.op(Op.MATMUL, ones, self.reshape(g, (rows, cols))), shape)
         if axes:
             g = self.op(Op.REDUCE_SUM, g, axes=axes, keepdims=False)
         return self.reshape(g, shape)
+
+    def ones_row(self, n: int, dtype: DType) -> Value:
+        key = (n, dtype)
+        v = self._ones.get(key)
+        if v is None:
+            v = self._ones[key] = self.b.const(np.ones((1, n), dtype.np), name=f"grad_ones_{n}", dtype=dtype)
+        return v
 
     def reduce(self, op: Op, x: Value, axes: Sequence[int], keepdims: bool = True) -> Value:
         return self.op(op, x, axes=tuple(sorted(set(int(a) for a in axes))), keepdims=keepdims)

@@ -78,6 +78,7 @@ def test_unary(op: Op, attrs: dict, x: np.ndarray) -> None:
 BINARY_CASES = [
     (Op.ADD, (3, 4), (4,)), (Op.ADD, (3, 1, 5), (2, 1)), (Op.SUB, (3, 1), (1, 4)), (Op.MUL, (2, 3, 4), (3, 1)),
     (Op.DIV, (3, 4), (3, 4)), (Op.MAX, (3, 4), (4,)), (Op.MIN, (2, 3), (2, 3)),
+    (Op.ADD, (8, 9, 3), (3,)), (Op.MUL, (70, 2), (1, 2)),  # >= 64 rows: the bias-style sum is a product with ones
 ]
 
 
@@ -166,9 +167,9 @@ def test_matmul_vectors() -> None:
     gradcheck(lambda b, v: b.emit(Op.MATMUL, v["a"], v["b"]), {"a": r(2, 3, 4), "b": r(4)})
 
 
-@pytest.mark.parametrize("axis, bias", [(2, True), (1, True), (2, False)])
-def test_layernorm(axis: int, bias: bool) -> None:
-    shape = (2, 3, 5)
+@pytest.mark.parametrize("axis, bias, shape", [(2, True, (2, 3, 5)), (1, True, (2, 3, 5)), (2, False, (2, 3, 5)),
+                                              (2, True, (9, 8, 3))])
+def test_layernorm(axis: int, bias: bool, shape: tuple) -> None:
     feed = {"x": r(*shape), "s": r(*shape[axis:], seed=8)}
     if bias:
         feed["c"] = r(*shape[axis:], seed=9)
