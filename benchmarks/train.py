@@ -157,6 +157,11 @@ def speed(s: Setup, out: dict[str, Any], keep: dict[str, Any]) -> None:
             ms = timed(s, events, step, fb, warmup, iters)
             losses = plan.losses()
             rec[f"fusec_{dtype}"] = {"ms": ms, "final_loss": float(losses[-1]), "steps": int(len(losses))}
+            if not s.cpu:  # the plan: launches per step, and the memory plan (activations kept for the backward)
+                man = eng.plan.manifest
+                rec[f"fusec_{dtype}"]["launch_list"] = len(man["entries"]["train_step"]["launches"])
+                rec[f"fusec_{dtype}"]["memory"] = {k: man["memory"][k] for k in (
+                    "arena_bytes", "naive_bytes", "lower_bound_bytes", "state_bytes", "weights_bytes") if k in man["memory"]}
             keep[f"fusec_{dtype}_{batch}"] = (plan, host)
             log(f"  batch {batch} fusec {dtype}: {ms:.3f} ms/step, loss {losses[-1]:.5f}")
         for v in VARIANTS:
@@ -224,7 +229,6 @@ def counters(s: Setup, out: dict[str, Any], keep: dict[str, Any]) -> None:
             rec[f"fusec_{dtype}"]["batch_bytes"] = int(sum(a.nbytes for a in checked.values()))
             e = region(lambda: plan.engine.eager_step(checked))
             rec[f"fusec_{dtype}"]["kernels_per_step"] = e["kernel_launches"]
-            rec[f"fusec_{dtype}"]["launch_list"] = len(plan.engine.plan.manifest["entries"]["train_step"]["launches"])
         log(f"  batch {batch}: kernels/step " + ", ".join(f"{k} {v.get('kernels_per_step')}" for k, v in rec.items()
                                                           if isinstance(v, dict) and "kernels_per_step" in v))
 

@@ -128,3 +128,21 @@ def test_sequence_classifier_on_the_gpu_matches_the_reference() -> None:
         gpu.step(bt)
         ref.step(bt)
     np.testing.assert_allclose(gpu.losses(), ref.losses(), rtol=1e-5)
+
+
+def test_fusec_train_on_the_gpu_writes_a_model_fusec_runs(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+    import os
+
+    from fusec.cli import main
+    from fusec.train import atis_like
+
+    atis_like.main(["-o", str(tmp_path), "--train", "256", "--heldout", "64"])
+    out = str(tmp_path / "model")
+    code = main(["train", "intent-slot", "--data", str(tmp_path / "train.jsonl"), "--eval", str(tmp_path / "heldout.jsonl"),
+                 "--epochs", "2", "--batch", "32", "--backend", "cuda", "-o", out])
+    stdout, err = capsys.readouterr()
+    assert code == 0, err
+    assert "reference" not in err and "cuda" in err
+    assert json.loads(stdout)["epoch"] == 2 and os.path.isfile(os.path.join(out, "checkpoint.safetensors"))
+    assert main(["run", out, "--check"]) == 0  # the trained model compiled and run on the GPU, checked against numpy
