@@ -15,6 +15,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from fusec.dtypes import DType
 from fusec.errors import ModelError
 from fusec.ir import Node, Value
 from fusec.ops import Op
@@ -34,6 +35,17 @@ def _unary(fn: Callable[[Any, Value, Value, Value, Any], Value | None]) -> Rule:
 def _erf(g: Any, x: Value, y: Value, dy: Value, a: Any) -> Value:
     e = g.op(Op.EXP, g.neg(g.mul(x, x)))
     return g.mul(dy, g.mul(e, g.scalar(2.0 / math.sqrt(math.pi), x)))
+
+
+def _in_f32(fn: Callable[[Any, Value, Value, Value, Any], Value]) -> Callable[[Any, Value, Value, Value, Any], Value]:
+    """An activation's gradient computed in fp32 for fp16/bf16 inputs (as the forward kernel does),
+    cast back once: the casts fuse into the same elementwise kernel."""
+    def rule(g: Any, x: Value, y: Value, dy: Value, a: Any) -> Value:
+        if x.dtype not in (DType.F16, DType.BF16):
+            return fn(g, x, y, dy, a)
+        up = [g.op(Op.CAST, v, to=DType.F32) for v in (x, y, dy)]
+        return g.op(Op.CAST, fn(g, *up, a), to=x.dtype)
+    return rule
 
 
 def _gelu(g: Any, x: Value, y: Value, dy: Value, a: Any) -> Value:
@@ -75,8 +87,8 @@ UNARY: dict[Op, Callable[[Any, Value, Value, Value, Any], Value | None]] = {
     Op.COS: lambda g, x, y, dy, a: g.neg(g.mul(dy, g.op(Op.SIN, x))),
     Op.SIN: lambda g, x, y, dy, a: g.mul(dy, g.op(Op.COS, x)),
     Op.CAST: _cast,
-    Op.GELU: _gelu,
-    Op.SILU: _silu,
+    Op.GELU: _in_f32(_gelu),
+    Op.SILU: _in_f32(_silu),
     # piecewise constant: zero almost everywhere
     Op.FLOOR: lambda g, x, y, dy, a: None,
     Op.CEIL: lambda g, x, y, dy, a: None,

@@ -310,3 +310,19 @@ def test_slices_that_tile_an_axis_join_into_one_concat() -> None:
     gg, _ = grad_graph(b.build(), "loss", ["x"])
     ops = [n.op for n in gg.nodes]
     assert Op.CONCAT in ops and Op.PAD not in ops
+
+
+@pytest.mark.parametrize("op", [Op.GELU, Op.SILU])
+def test_half_precision_activation_gradients_compute_in_fp32(op: Op) -> None:
+    """bf16 in and out, fp32 inside: the gradient is the fp32 gradient rounded once."""
+    import ml_dtypes
+
+    x = r(4, 33).astype(ml_dtypes.bfloat16)
+    grads = {}
+    for dt in (DType.BF16, DType.F32):
+        b = GraphBuilder("act")
+        v = b.input("x", x.shape, dt)
+        b.output(b.emit(Op.REDUCE_SUM, b.emit(op, v), axes=(0, 1), keepdims=False), "loss")
+        gg, names = grad_graph(b.build(), "loss", ["x"])
+        grads[dt] = reference.run(gg, {"x": x.astype(dt.np)})[names["x"]]
+    np.testing.assert_array_equal(grads[DType.BF16], grads[DType.F32].astype(ml_dtypes.bfloat16))
