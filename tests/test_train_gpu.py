@@ -63,8 +63,9 @@ def test_fp32_steps_match_the_reference() -> None:
     np.testing.assert_allclose(gpu.losses(), ref.losses(), rtol=1e-5)
     assert gpu.steps_taken == ref.steps_taken == len(batches)
     got, want = gpu.params(), ref.params()
-    for k in want:
-        np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-6, err_msg=k)
+    for k in want:  # AdamW amplifies rounding where a gradient is near 0 (m / sqrt(v) ~ +-1): atol ~ lr / 100
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=5e-5, err_msg=k)
+        assert np.mean(np.abs(got[k] - want[k]) <= 1e-6 + 1e-4 * np.abs(want[k])) > 0.99, k
     feats = {k: batches[0][k] for k in ("input_ids", "attention_mask")}
     pg, pr = gpu.predict(feats), ref.predict(feats)
     assert (pg["intent_labels"] == pr["intent_labels"]).all()
