@@ -95,6 +95,10 @@ def run(opts: TrainOptions, say: Callable[[str], None], status: Callable[[str], 
     optim = OptimConfig(lr=lr, weight_decay=opts.weight_decay, schedule=opts.schedule,
                         warmup_steps=int(round(opts.warmup * total)), total_steps=max(total, 1),
                         max_grad_norm=opts.max_grad_norm)
+    from fusec.train.plan import gpu_available
+
+    if opts.backend == "cuda" or (opts.backend == "auto" and gpu_available()):
+        say(f"compiling the training step ({model.kind}, batch {opts.batch}, {opts.dtype}) for the GPU")
     plan = TrainingPlan(model, opts.batch, dtype=opts.dtype, optim=optim, backend=opts.backend, progress=progress)
     if plan.backend == "reference":
         say("fusec: no GPU found: training on the reference backend (numpy; the same arithmetic, much slower)")
