@@ -175,7 +175,7 @@ def speed(s: Setup, out: dict[str, Any], keep: dict[str, Any]) -> None:
                 return (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True),
                         lambda e: e.record(cur), torch.cuda.synchronize)
             last: list[Any] = []
-            ms = timed(s, events, lambda b: last.append(st.step(b)), dev, warmup, iters)
+            ms = timed(s, events, lambda b, st=st, last=last: last.append(st.step(b)), dev, warmup, iters)
             loss = float(last[-1])
             ref = rec["fusec_fp32"]["final_loss"]
             rec[f"torch_{v}"] = {"ms": ms, "final_loss": loss, "loss_rel_diff_vs_fusec": abs(loss - ref) / abs(ref),
@@ -214,7 +214,7 @@ def counters(s: Setup, out: dict[str, Any], keep: dict[str, Any]) -> None:
         for v in ("eager_foreach", "eager_fused", "compile_fused"):
             if f"torch_{v}_{batch}" in keep:
                 st, dev = keep[f"torch_{v}_{batch}"]
-                r = region(lambda: st.step(dev[0]))
+                r = region(lambda st=st, dev=dev: st.step(dev[0]))
                 rec[f"torch_{v}"]["kernels_per_step"] = r["kernel_launches"]
         if "torch_graph" in rec and "torch_eager_fused" in rec:
             rec["torch_graph"]["kernels_per_step"] = rec["torch_eager_fused"].get("kernels_per_step")
@@ -222,12 +222,12 @@ def counters(s: Setup, out: dict[str, Any], keep: dict[str, Any]) -> None:
         for dtype in ("fp32", "bf16"):
             plan, host = keep[f"fusec_{dtype}_{batch}"]
             checked = plan.check_batch(host[0])
-            r = region(lambda: plan.engine.train_step(checked))
+            r = region(lambda plan=plan, checked=checked: plan.engine.train_step(checked))
             rec[f"fusec_{dtype}"]["driver_per_step"] = {k: r.get(k) for k in (
                 "syncs", "sync_calls", "allocations", "h2d_bytes", "d2h_bytes", "d2d_bytes", "kernel_launches",
                 "graph_launches", "memcpy_calls")}
             rec[f"fusec_{dtype}"]["batch_bytes"] = int(sum(a.nbytes for a in checked.values()))
-            e = region(lambda: plan.engine.eager_step(checked))
+            e = region(lambda plan=plan, checked=checked: plan.engine.eager_step(checked))
             rec[f"fusec_{dtype}"]["kernels_per_step"] = e["kernel_launches"]
         log(f"  batch {batch}: kernels/step " + ", ".join(f"{k} {v.get('kernels_per_step')}" for k, v in rec.items()
                                                           if isinstance(v, dict) and "kernels_per_step" in v))

@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import Any
 
 from fusec.dtypes import DType
 

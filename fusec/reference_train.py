@@ -9,7 +9,14 @@ import math
 import numpy as np
 
 from fusec.errors import InputError
-from fusec.ops_train import AdamWAttrs, CrossEntropyAttrs, InitAttrs, LayerNormGradAttrs, ScatterAddAttrs, SoftmaxGradAttrs
+from fusec.ops_train import (
+    AdamWAttrs,
+    CrossEntropyAttrs,
+    InitAttrs,
+    LayerNormGradAttrs,
+    ScatterAddAttrs,
+    SoftmaxGradAttrs,
+)
 from fusec.sampling import GOLDEN, TOKEN_MUL, mix64
 
 _M64 = (1 << 64) - 1

@@ -10,10 +10,11 @@ from typing import Any
 
 import numpy as np
 
+from fusec.autodiff import Rule
+from fusec.autodiff import cotangent as _ct
 from fusec.dtypes import DType
 from fusec.ir import Node, Value
 from fusec.ops import Op
-from fusec.autodiff import Rule, cotangent as _ct
 
 
 def _up(g: Any, v: Value) -> Value:

@@ -15,14 +15,12 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from fusec.autodiff import Rule
+from fusec.autodiff import cotangent as _ct
 from fusec.dtypes import DType
 from fusec.errors import ModelError
 from fusec.ir import Node, Value
 from fusec.ops import Op
-
-from fusec.autodiff import Rule
-from fusec.autodiff import cotangent as _ct
-
 
 # ---- elementwise, unary -------------------------------------------------------------------------
 

@@ -132,7 +132,6 @@ def encoder(m: TrainBlocks, cfg: EncoderConfig, ids: Value, mask: Value, prefix:
     bsz, seq = ids.shape
     if seq > cfg.max_positions:
         raise ModelError(f"sequence length {seq} exceeds the model's {cfg.max_positions} positions")
-    d = cfg.hidden
     x = m.op(Op.GATHER, m.param(f"{prefix}embeddings.word_embeddings.weight", master=True), ids, axis=0)
     pos = m.param(f"{prefix}embeddings.position_embeddings.weight", master=True)
     if seq < cfg.max_positions:

@@ -56,7 +56,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from fusec.cli._common import VERBOSITY
-    from fusec.train.loop import TrainOptions, run as train
+    from fusec.train.loop import TrainOptions
+    from fusec.train.loop import run as train
 
     opts = TrainOptions(model=args.model, data=args.data, out=args.output, eval=args.eval, epochs=args.epochs,
                         batch=args.batch, lr=args.lr, dtype=args.dtype, seed=args.seed, seq=args.seq,

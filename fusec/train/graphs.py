@@ -105,7 +105,7 @@ def eval_graph(model: TaskModel, batch: int, cdt: DType = DType.F32) -> Graph:
     feats = _inputs(b, model.feature_inputs(batch))
     m = TrainBlocks(b, model.specs, cdt, flat=st["params"])
     preds = model.predictions(m, model.forward(m, feats))
-    for name, v in st.items():
+    for v in st.values():
         b.update(v, v)
     for name, v in preds.items():
         b.output(v, f"pred.{name}")
