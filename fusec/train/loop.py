@@ -99,7 +99,10 @@ def run(opts: TrainOptions, say: Callable[[str], None], status: Callable[[str], 
 
     if opts.backend == "cuda" or (opts.backend == "auto" and gpu_available()):
         say(f"compiling the training step ({model.kind}, batch {opts.batch}, {opts.dtype}) for the GPU")
-    plan = TrainingPlan(model, opts.batch, dtype=opts.dtype, optim=optim, backend=opts.backend, progress=progress)
+    from fusec.runtime.counters import off_while_timing
+
+    with off_while_timing():  # the driver counters' tracing would slow every step's graph launch
+        plan = TrainingPlan(model, opts.batch, dtype=opts.dtype, optim=optim, backend=opts.backend, progress=progress)
     if plan.backend == "reference":
         say("fusec: no GPU found: training on the reference backend (numpy; the same arithmetic, much slower)")
     if info is not None:
