@@ -54,4 +54,16 @@ def generate(model, prompts, **kw):
     return _generate(model, prompts, **kw)
 
 
-__all__ = ["DType", "Graph", "Node", "Op", "Value", "compile", "generate", "load", "verify", "__version__"]
+def compile_training(model, batch=32, dtype="fp32", optim=None, backend="auto", arch=None, cuda_graph=True, progress=None):
+    """Compile a training plan for ``model`` (a ``fusec.models.train_tasks`` model: the built-in
+    intent/slot encoder or a BERT sequence classifier); see ``fusec.train.plan.TrainingPlan``:
+    ``step(batch)``, ``evaluate(batches)``, ``save(path)``. ``backend``: "cuda", "reference" (numpy,
+    any machine) or "auto" (the GPU when there is one)."""
+    from fusec.train.plan import TrainingPlan
+
+    return TrainingPlan(model, batch, dtype=dtype, optim=optim, backend=backend, arch=arch, cuda_graph=cuda_graph,
+                        progress=progress)
+
+
+__all__ = ["DType", "Graph", "Node", "Op", "Value", "compile", "compile_training", "generate", "load", "verify",
+           "__version__"]

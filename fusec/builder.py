@@ -36,6 +36,26 @@ class GraphBuilder:
         self._counter = 0
         self._states: list[dict[str, str]] = []
 
+    @classmethod
+    def extend(cls, graph: Graph) -> GraphBuilder:
+        """A builder that continues ``graph``: its inputs, constants, nodes, outputs and states
+        come first, and what is emitted next follows them (``fusec.autodiff`` appends a backward
+        pass this way). The graph's Value and Node objects are shared, not copied."""
+        b = cls(graph.name)
+        b._inputs, b._consts, b._nodes = list(graph.inputs), list(graph.constants), list(graph.nodes)
+        b._outputs = list(graph.outputs)
+        b._names = {v.name for v in graph.values()}
+        b._states = [dict(r) for r in graph.meta.get("states") or []]
+        return b
+
+    @property
+    def nodes(self) -> tuple[Node, ...]:
+        """The nodes emitted so far, in order."""
+        return tuple(self._nodes)
+
+    def has_name(self, name: str) -> bool:
+        return name in self._names
+
     def unique(self, base: str) -> str:
         """A name not yet used in this graph, derived from ``base``."""
         name = base

@@ -226,12 +226,14 @@ def verify(graph: Graph, *, _body: bool = False) -> None:
 
 def writes_in_place(node: Node) -> list[tuple[int, int]]:
     """(input index, output index) pairs where ``node`` writes the output into the input's storage:
-    a ``cache_write``'s cache, and a fused node whose body writes one of its inputs so (the memory
+    a ``cache_write``'s cache, an ``adamw``'s four states, and a fused node whose body writes one of its inputs so (the memory
     plan places such outputs in their input's storage; ``verify`` checks nothing reads the old value)."""
     from fusec.ops import Op
 
     if node.op == Op.CACHE_WRITE:
         return [(0, 0)]
+    if node.op == Op.ADAMW:  # params, m, v and the step counter, updated where they are
+        return [(0, 0), (1, 1), (2, 2), (3, 3)]
     body = getattr(node.attrs, "body", None)
     if node.op != Op.FUSED or not isinstance(body, Graph):
         return []
@@ -282,8 +284,8 @@ def _verify_state(graph: Graph, body: bool = False) -> None:
         for j, k in writes_in_place(n):
             cache = n.inputs[j]
             if cache not in roots:
-                raise IRError(f"node #{i} {n.describe()}: cache_write needs a state (or a cache_write of one) "
-                              f"as its cache, got {cache.name!r}")
+                raise IRError(f"node #{i} {n.describe()}: {n.op.value} writes in place, so it needs a state "
+                              f"(or an in-place write of one) as input {j}, got {cache.name!r}")
             if cache in written_at:
                 raise IRError(f"node #{i} {n.describe()}: {cache.name!r} is written in place twice")
             written_at[cache] = i

@@ -83,6 +83,10 @@ def _import_file(path: str, names: list[str], shapes: dict[str, tuple[int, ...]]
         builtin = ", ".join(names) if names else "none"
         raise ModelError(f"no such file or built-in model {path!r} (built-in: {builtin})")
     if os.path.isdir(path):
+        from fusec.train.tasks import TASK_FILE, build_trained
+
+        if os.path.isfile(os.path.join(path, TASK_FILE)):  # a model `fusec train` wrote
+            return build_trained(path, shapes)
         raise ModelError(f"{path!r} is a directory, not an ONNX file")
     if path.lower().endswith(".gguf"):
         from fusec.models.gguf import build_gguf

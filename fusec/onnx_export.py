@@ -160,10 +160,14 @@ def _reshape(ctx: _Ctx, n: Node, ins: list[str], out: str, a: Any) -> None:
 
 def _matmul(ctx: _Ctx, n: Node, ins: list[str], out: str, a: Any) -> None:
     b = ins[1]
+    x = ins[0]
+    if getattr(a, "trans_a", False):  # A stored [.., K, M]
+        r = len(n.inputs[0].shape)
+        x = ctx.add("Transpose", [x], hint=f"{x}_t", perm=[*range(r - 2), r - 1, r - 2])
     if a.trans_b:  # B stored [.., N, K]: ONNX MatMul reads [.., K, N]
         r = len(n.inputs[1].shape)
         b = ctx.add("Transpose", [b], hint=f"{b}_t", perm=[*range(r - 2), r - 1, r - 2])
-    ctx.add("MatMul", [ins[0], b], [out])
+    ctx.add("MatMul", [x, b], [out])
 
 
 _SPECIAL: dict[Op, Callable[[_Ctx, Node, list[str], str, Any], None]] = {
@@ -294,11 +298,12 @@ _ONNX_DTYPE.update(onnx_export_ext.DTYPES)
 MAPPED_OPS = frozenset(_SIMPLE) | frozenset(_SPECIAL)
 # Made by passes for the GPU only (3xTF32's operand split reads fp32 bit patterns): refused in one line.
 PASS_ONLY_OPS = frozenset({Op.TF32_SPLIT})
-UNEXPORTABLE_OPS = frozenset(onnx_export_ext.NOT_IN_OPSET) | PASS_ONLY_OPS  # no opset-17 form: refused in one line
+TRAINING_OPS = frozenset({Op.SCATTER_ADD, Op.CROSS_ENTROPY, Op.SOFTMAX_GRAD, Op.LAYERNORM_GRAD, Op.CROSS_ENTROPY_GRAD})  # a backward pass and its loss: not exported
+UNEXPORTABLE_OPS = frozenset(onnx_export_ext.NOT_IN_OPSET) | PASS_ONLY_OPS | TRAINING_OPS  # refused in one line
 # Generation ops read and write plan state (a KV cache, the seed) in place; an ONNX graph has no
 # state, so a generation graph is refused as a whole (ONNX decoders carry the cache as
 # past/present tensors instead: fusec.frontend.kv_cache turns those into state on import).
-STATEFUL_OPS = frozenset({Op.CACHE_WRITE, Op.KV_ATTENTION, Op.SAMPLE})
+STATEFUL_OPS = frozenset({Op.CACHE_WRITE, Op.KV_ATTENTION, Op.SAMPLE, Op.ADAMW, Op.INIT})
 
 
 def _vinfo(name: str, v: Value) -> onnx.ValueInfoProto:
@@ -334,6 +339,9 @@ def export_onnx(graph: Graph, path: str | os.PathLike[str], *, external_data: bo
     if pass_only:
         raise ModelError(f"graph {graph.name!r} holds {pass_only[0]}, an op the passes make for the GPU; "
                          f"export the graph before the passes")
+    training = sorted({n.op.value for n in graph.nodes if n.op in TRAINING_OPS})
+    if training:
+        raise ModelError(f"graph {graph.name!r} holds {training[0]}, a training op; export the forward graph")
     path = Path(path)
     ctx = _Ctx()
     # Inputs and outputs claim their names first, so sanitizing never renames them needlessly.

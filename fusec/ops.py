@@ -24,6 +24,9 @@ from fusec.ops_attrs import (PAD_MODES, ArgAttrs, AttentionAttrs, AxisAttrs, Bit
                              QGatherAttrs, QMatMulAttrs, ReduceAttrs, RMSNormAttrs, RopeAttrs, ShapeAttrs, SliceAttrs,
                              TileAttrs, TopKAttrs, TriluAttrs)
 from fusec.ops_infer import Shape, TensorType  # noqa: F401
+from fusec import ops_train as T
+from fusec.ops_train import (AdamWAttrs, CrossEntropyAttrs, InitAttrs, LayerNormGradAttrs, ScatterAddAttrs,  # noqa: F401
+                             SoftmaxGradAttrs)
 
 
 class FusionKind(enum.IntEnum):
@@ -126,6 +129,14 @@ class Op(enum.Enum):
     CACHE_WRITE = "cache_write"
     KV_ATTENTION = "kv_attention"
     SAMPLE = "sample"
+    # training (fusec/ops_train.py): a gather's gradient, the loss, the optimizer step, initialization
+    SCATTER_ADD = "scatter_add"
+    CROSS_ENTROPY = "cross_entropy"
+    ADAMW = "adamw"
+    INIT = "init"
+    SOFTMAX_GRAD = "softmax_grad"
+    LAYERNORM_GRAD = "layernorm_grad"
+    CROSS_ENTROPY_GRAD = "cross_entropy_grad"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,6 +238,16 @@ OP_INFO: dict[Op, OpInfo] = {
     Op.CACHE_WRITE: OpInfo(_O, CacheWriteAttrs, I._cache_write, (3, 3)),
     Op.KV_ATTENTION: OpInfo(_O, KVAttentionAttrs, I._kv_attention, (4, 4)),
     Op.SAMPLE: OpInfo(_O, NoAttrs, I._sample, (6, 6)),
+    # (updates, indices) -> zeros + updates added at their indices; (logits, labels) -> loss per row;
+    # (params, m, v, step, grads...) -> the four states after one AdamW step (in place); (seed) -> [P]
+    Op.SCATTER_ADD: OpInfo(_O, ScatterAddAttrs, T.scatter_add, (2, 2)),
+    Op.CROSS_ENTROPY: OpInfo(_O, CrossEntropyAttrs, T.cross_entropy, (2, 2)),
+    Op.ADAMW: OpInfo(_O, AdamWAttrs, T.adamw, (5, -1)),
+    Op.INIT: OpInfo(_O, InitAttrs, T.init, (1, 1)),
+    # fused gradients (one row kernel each): opaque, so no fusion rule takes them for forward ops
+    Op.SOFTMAX_GRAD: OpInfo(_O, SoftmaxGradAttrs, T.softmax_grad, (2, 2)),
+    Op.LAYERNORM_GRAD: OpInfo(_O, LayerNormGradAttrs, T.layernorm_grad, (3, 3)),
+    Op.CROSS_ENTROPY_GRAD: OpInfo(_O, CrossEntropyAttrs, T.cross_entropy_grad, (3, 3)),
 }
 
 

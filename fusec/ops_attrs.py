@@ -24,12 +24,15 @@ class NoAttrs:
 @dataclasses.dataclass(frozen=True)
 class MatMulAttrs:
     """``trans_b``: B is stored [.., N, K] and read transposed (a weight kept in nn.Linear's
-    [out, in] layout, e.g. a tied embedding table: cuBLAS reads it with a transpose flag)."""
+    [out, in] layout, e.g. a tied embedding table: cuBLAS reads it with a transpose flag).
+    ``trans_a``: A is stored [.., K, M] and read transposed (a weight gradient dy^T @ x, made by
+    ``fusec.autodiff``: cuBLAS reads it with its other transpose flag)."""
 
     trans_b: bool = dataclasses.field(default=False, metadata={"omit_default": True})
     # "tf32": an fp32 product computed on tf32 tensor cores (inputs rounded to 10 mantissa bits;
     # passes/split_tf32.py feeds it hi/lo splits, so that the sum is fp32-accurate); "f32": exact.
     precision: str = dataclasses.field(default="f32", metadata={"omit_default": True})
+    trans_a: bool = dataclasses.field(default=False, metadata={"omit_default": True})
 
     def __post_init__(self) -> None:
         if self.precision not in ("f32", "tf32"):

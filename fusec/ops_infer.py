@@ -138,6 +138,10 @@ def _matmul(a: MatMulAttrs, t: Sequence[TensorType]) -> list[TensorType]:
         if len(sb) < 2:
             raise ValueError("matmul with trans_b needs B of rank >= 2")
         sb = tuple(sb[:-2]) + (sb[-1], sb[-2])
+    if a.trans_a:
+        if len(sa) < 2:
+            raise ValueError("matmul with trans_a needs A of rank >= 2")
+        sa = tuple(sa[:-2]) + (sa[-1], sa[-2])
     a2 = sa if len(sa) > 1 else (1,) + sa
     b2 = sb if len(sb) > 1 else sb + (1,)
     if a2[-1] != b2[-2]:

@@ -22,6 +22,7 @@ from fusec.dtypes import DType
 from fusec.errors import InputError
 from fusec.ir import Graph, Node, Value
 from fusec.ops import Op
+from fusec import reference_train as RT
 
 
 def _f32(fn: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
@@ -111,24 +112,34 @@ def _layernorm(a: O.LayerNormAttrs, x: np.ndarray, scale: np.ndarray, bias: np.n
     return y if bias is None else y + bias
 
 
+def _wide(x: np.ndarray) -> np.dtype:
+    """The dtype a high-level op computes ``x`` in: fp64 stays fp64 (gradient checks), else fp32."""
+    return np.dtype(np.float64) if x.dtype == np.float64 else np.dtype(np.float32)
+
+
 def _rmsnorm(a: O.RMSNormAttrs, x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    xf = x.astype(np.float32)
+    wide = _wide(x)
+    xf = x.astype(wide)
     ms = np.mean(np.square(xf), axis=-1, keepdims=True)
     y = (xf / np.sqrt(ms + np.float32(a.eps))).astype(x.dtype)  # HF: normalize, cast back, then scale
-    out = (w.astype(np.float32) + np.float32(a.weight_offset)) * y.astype(np.float32)
+    out = (w.astype(wide) + np.float32(a.weight_offset)) * y.astype(wide)
     return out.astype(w.dtype)
 
 
 def _matmul(a: Any, x: np.ndarray, y: np.ndarray) -> np.ndarray:
     dt = x.dtype
+    if getattr(a, "trans_a", False):
+        x = np.swapaxes(x, -1, -2)
     if getattr(a, "precision", "f32") == "tf32" and dt == np.float32:  # tf32 tensor cores (3xTF32)
         return RO.matmul_tf32(bool(getattr(a, "trans_b", False)), x, y)
     if getattr(a, "trans_b", False):
         y = np.swapaxes(y, -1, -2)
     if dt.kind in "iu":
         return np.matmul(x, y)
-    # copy=False: weights already in fp32 are not copied on every call (decode runs this per token)
-    return np.matmul(x.astype(np.float32, copy=False), y.astype(np.float32, copy=False)).astype(dt, copy=False)
+    # copy=False: weights already in fp32 are not copied on every call (decode runs this per token);
+    # fp64 (gradient checks) computes in fp64
+    wide = np.float64 if dt == np.float64 else np.float32
+    return np.matmul(x.astype(wide, copy=False), y.astype(wide, copy=False)).astype(dt, copy=False)
 
 
 def _qmatmul(a: O.QMatMulAttrs, x: np.ndarray, *packed: np.ndarray) -> np.ndarray:
@@ -155,18 +166,19 @@ def _isinf(a: O.IsInfAttrs, x: np.ndarray) -> np.ndarray:
 def _attention(a: O.AttentionAttrs, q: np.ndarray, k: np.ndarray, v: np.ndarray,
                mask: np.ndarray | None = None) -> np.ndarray:
     out_dt = v.dtype
-    q, k, v = (x.astype(np.float32) for x in (q, k, v))
+    wide = _wide(q)
+    q, k, v = (x.astype(wide) for x in (q, k, v))
     rep = q.shape[1] // k.shape[1]
     k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)  # q head h reads kv head h // rep
     s = np.matmul(q, np.swapaxes(k, -1, -2)) * np.float32(a.scale)
     if a.softcap:
         s = np.float32(a.softcap) * np.tanh(s / np.float32(a.softcap))
     if mask is not None:
-        s = np.where(mask, s, -np.inf) if mask.dtype == np.bool_ else s + mask.astype(np.float32)
+        s = np.where(mask, s, -np.inf) if mask.dtype == np.bool_ else s + mask.astype(wide)
     if a.causal:
         qlen, klen = s.shape[-2:]
         s = np.where(np.tril(np.ones((qlen, klen), bool), k=klen - qlen), s, -np.inf)
-    p = _softmax(O.AxisAttrs(3), s.astype(np.float32))
+    p = _softmax(O.AxisAttrs(3), s.astype(wide))
     if a.nan_to_zero:
         p = np.where(np.isnan(p), np.float32(0), p)
     return np.matmul(p, v).astype(out_dt)
@@ -301,6 +313,13 @@ IMPL: dict[Op, Callable[..., np.ndarray]] = {
     Op.CACHE_WRITE: _cache_write,
     Op.KV_ATTENTION: _kv_attention,
     Op.SAMPLE: _sample,
+    Op.SCATTER_ADD: RT.scatter_add,
+    Op.CROSS_ENTROPY: RT.cross_entropy,
+    Op.ADAMW: RT.adamw,
+    Op.INIT: RT.init,
+    Op.SOFTMAX_GRAD: RT.softmax_grad,
+    Op.LAYERNORM_GRAD: RT.layernorm_grad,
+    Op.CROSS_ENTROPY_GRAD: RT.cross_entropy_grad,
 }
 
 

@@ -244,6 +244,10 @@ class HFWeights:
         if cfg.tie_word_embeddings:
             self._used.add("lm_head.weight")  # a tied checkpoint may still store the copy
 
+    def has(self, name: str) -> bool:
+        """Whether the checkpoint holds tensor ``name`` (wrapper prefix stripped)."""
+        return name in self._where
+
     def get(self, name: str, shape: tuple[int, ...], kind: str) -> np.ndarray:
         import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy: safetensors hands BF16 out as it)
 

@@ -60,7 +60,8 @@ def run(graph: Graph, options: PassOptions) -> PassResult:
         if node.op != Op.MATMUL:
             continue
         x, w = node.inputs
-        if w.data is None or len(w.shape) != 2 or x.data is not None or len(x.shape) < 2:
+        if w.data is None or len(w.shape) != 2 or x.data is not None or len(x.shape) < 2 \
+                or getattr(node.attrs, "trans_a", False):
             continue
         groups.setdefault((x, bool(getattr(node.attrs, "trans_b", False))), []).append(node)
     merged = 0

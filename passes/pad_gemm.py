@@ -70,7 +70,8 @@ def run(graph: Graph, options: PassOptions) -> PassResult:
             continue
         x, w = node.inputs
         out = node.outputs[0]
-        if w.data is None or len(w.shape) != 2 or len(x.shape) < 2 or not out.dtype.is_float:
+        if w.data is None or len(w.shape) != 2 or len(x.shape) < 2 or not out.dtype.is_float \
+                or getattr(node.attrs, "trans_a", False):
             continue
         align = max(1, ALIGN_BYTES // out.dtype.itemsize)
         tb = _trans_b(node)

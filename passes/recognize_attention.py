@@ -78,7 +78,7 @@ def _probs(ctx: Ctx, p: Value, nodes: list[Node]) -> tuple[Node, bool] | None:
 
 def _plain_matmul(n: Node | None) -> bool:
     """A product read as it is stored, in exact fp32 (attention computes A @ B, not A @ B^T)."""
-    return n is not None and n.op == Op.MATMUL and not n.attrs.trans_b and n.attrs.precision == "f32"
+    return n is not None and n.op == Op.MATMUL and not n.attrs.trans_b and not n.attrs.trans_a and n.attrs.precision == "f32"
 
 
 def _is_qk(n: Node | None) -> bool:

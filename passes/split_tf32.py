@@ -76,6 +76,8 @@ def _why_not(ctx: Ctx, node: Node) -> str | None:
     x, w = node.inputs
     if getattr(node.attrs, "precision", "f32") != "f32":
         return "already a tf32 product"
+    if getattr(node.attrs, "trans_a", False):
+        return "A is read transposed (a gradient product)"
     if w.data is None or len(w.shape) != 2:
         return "B is not a constant 2-D weight"
     if x.is_const or x is w or x.dtype != DType.F32 or w.dtype != DType.F32 or len(x.shape) < 2:

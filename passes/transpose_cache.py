@@ -35,7 +35,7 @@ NAME = "transpose_cache"
 def _flaggable(readers: list[Node], out: object) -> bool:
     """Every reader is a MATMUL reading ``out`` as its B operand only, without trans_b yet."""
     return all(u.op == Op.MATMUL and u.inputs[1] is out and u.inputs[0] is not out
-               and not getattr(u.attrs, "trans_b", False) for u in readers)
+               and not getattr(u.attrs, "trans_b", False) and not getattr(u.attrs, "trans_a", False) for u in readers)
 
 
 def run(graph: Graph, options: PassOptions) -> PassResult:

@@ -83,6 +83,12 @@ __device__ __forceinline__ long long fc_warp_sum(long long v) {
   return v;
 }
 
+__device__ __forceinline__ double fc_warp_sum(double v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
 // Block-wide sum / max for blockDim.x a multiple of 32 (<= 1024). `scratch` holds 32 values; the
 // trailing barrier lets the caller reuse it for the next reduction.
 template <class T> __device__ __forceinline__ T fc_block_sum(T v, T* scratch) {

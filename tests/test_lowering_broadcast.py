@@ -122,7 +122,10 @@ def _emulate(launches: list[dict], mem: dict[str, np.ndarray]) -> None:
             dt = DType(L["dtype"])
             m, n, k = L["m"], L["n"], L["k"]
             for i in range(L["batch"]):
-                a = _strided(mem, L["a"], dt, (m, k), (L["lda"], 1), i * L["stride_a"])
+                if L["trans_a"]:  # A stored [k, m]
+                    a = _strided(mem, L["a"], dt, (k, m), (L["lda"], 1), i * L["stride_a"]).T
+                else:
+                    a = _strided(mem, L["a"], dt, (m, k), (L["lda"], 1), i * L["stride_a"])
                 bs = (n, k) if L["trans_b"] else (k, n)
                 b = _strided(mem, L["b"], dt, bs, (L["ldb"], 1), i * L["stride_b"])
                 c = _strided(mem, L["c"], dt, (m, n), (L["ldc"], 1), i * L["stride_c"])
@@ -158,7 +161,7 @@ def _run_lowered(graph, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndar
     for i, node in enumerate(graph.nodes):
         lower_node(ctx, node, f"#{i} {node.op.value}")
     arena = np.full(ctx.arena_base + ctx.scratch_bytes + 64, 0xFF, np.uint8)  # NaN-filled
-    mem = {"arena": arena, "weights": np.frombuffer(ctx.weights.blob() + b"\0" * 64, np.uint8).copy()}
+    mem = {"arena": arena, "weights": np.frombuffer(bytes(ctx.weights.blob()) + b"\0" * 64, np.uint8).copy()}
     for v in graph.inputs:
         _buf(mem, ctx.addr(v), v.dtype, v.numel)[...] = feeds[v.name].reshape(-1)
     _emulate(ctx.launches, mem)
@@ -341,3 +344,20 @@ def test_plan_products_cover_every_output_once() -> None:
             for i in range(plan.batch):
                 hits[oc + i * plan.strides[2]:][:plan.m * n] += 1
         assert (hits == 1).all(), (sa, sb, mc)
+
+
+@pytest.mark.parametrize("ta", [False, True])
+@pytest.mark.parametrize("tb", [False, True])
+@pytest.mark.parametrize("batch", [(), (3,), (2, 3)])
+def test_transpose_flag_products_compute_the_reference(ta: bool, tb: bool, batch: tuple) -> None:
+    """A gradient product (A read transposed, fusec.autodiff) as cuBLAS launches: lda, strides."""
+    m, k, n = 5, 7, 6
+    b = GraphBuilder("tmm")
+    x = b.input("a", batch + ((k, m) if ta else (m, k)), DType.F32)
+    y = b.input("b", batch + ((n, k) if tb else (k, n)), DType.F32)
+    b.output(b.emit(Op.MATMUL, x, y, trans_a=ta, trans_b=tb), "y")
+    g = b.build()
+    feeds = _feeds(g)
+    got, launches = _run_lowered(g, feeds)
+    np.testing.assert_allclose(got["y"], reference.run(g, feeds)["y"], rtol=1e-5, atol=1e-5)
+    assert [L["type"] for L in launches] == ["gemm"] and launches[0]["trans_a"] == ta

@@ -131,6 +131,9 @@ def test_each_template_is_covered() -> None:
     from test_decode_kernels import decode_specs  # the decode-step templates are compiled there
 
     used |= {K.prepare(s)[0].template for _, s in decode_specs()}
+    from test_train_kernels import SPECS as train_specs  # the training kernels are compiled there
+
+    used |= {K.prepare(s)[0].template for s in train_specs}
     assert files == used
 
 

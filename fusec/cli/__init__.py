@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from fusec.errors import FusecError
 
 # Module names under fusec.cli, in the order `fusec --help` lists them.
-COMMANDS: tuple[str, ...] = ("models", "inspect", "explain", "compile", "run", "bench", "generate", "ab", "export_model",
+COMMANDS: tuple[str, ...] = ("models", "inspect", "explain", "compile", "run", "bench", "generate", "train", "ab", "export_model",
                              "doctor") + ("profile", "export_graph", "memory", "serve")
 
 EXIT_ERROR, EXIT_USAGE, EXIT_MISMATCH, EXIT_BUG, EXIT_INTERRUPTED = 1, 2, 3, 70, 130

@@ -137,7 +137,7 @@ def build_async(spec: Any, arch: str | None = None) -> PendingKernel:
 def _load_builders() -> None:
     # the per-template builders register themselves on import
     from fusec.codegen import build_attention, build_gemm, build_misc  # noqa: F401
-    from fusec.codegen import build_decode, build_heads, build_mlp, build_quant, build_topk  # noqa: F401
+    from fusec.codegen import build_decode, build_heads, build_mlp, build_quant, build_topk, build_train  # noqa: F401
 
 
 # ---- launching (GPU only) --------------------------------------------------------------------

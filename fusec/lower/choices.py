@@ -133,7 +133,11 @@ def _layout_variant(trans_b: bool, b_const: bool) -> tuple[str, ...]:
 
 
 def choice_point(node: Node) -> ChoicePoint | None:
-    """The choice point ``node`` is, or None (it has one lowering only)."""
+    """The choice point ``node`` is, or None (it has one lowering only). A product reading A
+    transposed (a gradient) has one: cuBLAS."""
+    mm = node.attrs.body.nodes[0] if node.op == Op.FUSED and node.attrs.body.nodes else node
+    if mm.op == Op.MATMUL and getattr(mm.attrs, "trans_a", False):
+        return None
     if node.op == Op.FUSED:
         body = node.attrs.body
         if len(body.outputs) != 1 or not body.nodes or body.nodes[0].op != Op.MATMUL \

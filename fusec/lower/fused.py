@@ -299,6 +299,8 @@ def _epilogue_plan(body: Graph) -> tuple[Node, IndexedExpr]:
     mm = body.nodes[0]
     if len(body.outputs) != 1:
         raise _NoPlan("a GEMM epilogue writes one output")
+    if getattr(mm.attrs, "trans_a", False):
+        raise _NoPlan("a product reading A transposed (a gradient) takes no epilogue")
     out = body.outputs[0]
     if mm.output is out:
         raise _NoPlan("no epilogue")

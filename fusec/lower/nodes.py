@@ -19,6 +19,7 @@ from fusec.lower import pad as _pad
 from fusec.lower import quant as _quant
 from fusec.lower import topk as _topk
 from fusec.lower import tf32_split as _tf32_split
+from fusec.lower import train as _train
 from fusec.ops import OP_INFO, FusionKind, Op
 
 # ---- elementwise family -----------------------------------------------------------------------
@@ -94,12 +95,18 @@ def matmul(ctx: Context, node: Node, label: str) -> None:
     a, b = node.inputs
     out = node.output
     trans_b = bool(getattr(node.attrs, "trans_b", False))
+    trans_a = bool(getattr(node.attrs, "trans_a", False))  # A stored [.., K, M] (a gradient product)
     if a.dtype not in (DType.F32, DType.F16, DType.BF16):
         raise LoweringError(f"{label}: matmul of {a.dtype.value} has no GPU lowering")
     sa = a.shape if len(a.shape) > 1 else (1,) + a.shape
+    if trans_a:
+        sa = tuple(sa[:-2]) + (sa[-1], sa[-2])
     sb = b.shape if len(b.shape) > 1 else b.shape + (1,)
     k, n = (sb[-1], sb[-2]) if trans_b else (sb[-2], sb[-1])
     plan = B.gemm_batches(tuple(sa[:-2]), tuple(sb[:-2]), sa[-2], k, n)
+    if trans_a and (plan.m != sa[-2] or plan.expand_a is not None):
+        raise LoweringError(f"{label}: a product reading A transposed needs A and B of one batch shape "
+                            f"(got {list(a.shape)} and {list(b.shape)})")
     ops: list[Value | Raw] = [a, b]
     grown = [(i, x, tuple(full) + tuple(shape[-2:])) for i, (x, full, shape) in
              enumerate(((a, plan.expand_a, sa), (b, plan.expand_b, sb))) if full is not None]
@@ -111,9 +118,10 @@ def matmul(ctx: Context, node: Node, label: str) -> None:
             src = (1,) * (len(shape) - len(x.shape)) + tuple(x.shape)  # a 1-D B has no batch: never grown
             ctx.kernel(C.expand(src, shape, x.dtype), [x, ops[i]], f"{label} broadcast operand")
     compute = gemm_compute(ctx, node.attrs, a.dtype)
-    fields = {"m": plan.m, "n": n, "k": k, "batch": plan.batch, "lda": k, "ldb": k if trans_b else n, "ldc": n,
+    fields = {"m": plan.m, "n": n, "k": k, "batch": plan.batch, "lda": plan.m if trans_a else k,
+              "ldb": k if trans_b else n, "ldc": n,
               "stride_a": plan.strides[0], "stride_b": plan.strides[1], "stride_c": plan.strides[2],
-              "trans_a": False, "trans_b": trans_b, "dtype": a.dtype.value, "compute": compute}
+              "trans_a": trans_a, "trans_b": trans_b, "dtype": a.dtype.value, "compute": compute}
     for oa, ob, oc in plan.calls:
         ctx.gemm(fields, a, b, (out, oc), label, extra_reads=tuple(x for x in ops if isinstance(x, Raw)))
         if oa or ob or grown:  # Context.gemm addresses whole values: point A/B at the call's product
@@ -282,6 +290,13 @@ LOWER: dict[Op, Callable[[Context, Node, str], None]] = {
     Op.PAD: _pad.lower_pad,
     Op.TOPK: _topk.lower_topk,
     Op.TF32_SPLIT: _tf32_split.lower_split,
+    Op.CROSS_ENTROPY: _train.cross_entropy,
+    Op.SCATTER_ADD: _train.scatter_add,
+    Op.INIT: _train.init,
+    Op.ADAMW: _train.adamw,
+    Op.SOFTMAX_GRAD: _train.softmax_grad,
+    Op.LAYERNORM_GRAD: _train.layernorm_grad,
+    Op.CROSS_ENTROPY_GRAD: _train.cross_entropy_grad,
 }
 
 
