@@ -9,6 +9,11 @@
 #   step_q    Qwen3-0.6B decode step, PDL vs plain, batch 1 and 8 (benchmarks/decode_step.py)
 #   step_l    the Llama-3.2-1B shape, batch 1
 #   peer      Qwen3-0.6B decode and prefill vs the gpt-fast-style torch peer (benchmarks/decode.py --quick)
+#   quant     packed quantized weights: kernels and decode (benchmarks/quant_bench.py --quick)
+#   train     the training step vs PyTorch (benchmarks/train.py --no-compile --skip minilm)
+#   serve     fusec serve under 1/8/32 streaming clients (benchmarks/serve.py, --duration 10)
+#   families  GGUF decoder families' decode speed (benchmarks/families_gpu.py --no-window-study)
+#   mlp       the fused-MLP A/B (benchmarks/mlp_ab.py)
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/.."
 R=${OUT:-/tmp/gpu_session}; mkdir -p "$R"
@@ -39,6 +44,16 @@ for step in "$@"; do
           tail -n 25 "$R/peer.txt" ;;
     step_diag) timeout 300 python3 benchmarks/decode_step.py "$R/step_d" --model qwen3-0.6b --batches 1 --windows 2 > "$R/step_d.txt" 2>&1
                tail -n 4 "$R/step_d.txt" ;;
+    quant) timeout 150 python3 benchmarks/quant_bench.py "$R/quant" --quick > "$R/quant.txt" 2>&1
+           tail -n 30 "$R/quant.txt" ;;
+    train) timeout 300 python3 benchmarks/train.py "$R/train" --no-compile --skip minilm > "$R/train.txt" 2>&1
+           tail -n 30 "$R/train.txt" ;;
+    serve) timeout 240 python3 benchmarks/serve.py "$R/serve" --duration 10 > "$R/serve.txt" 2>&1
+           tail -n 20 "$R/serve.txt" ;;
+    families) timeout 240 python3 benchmarks/families_gpu.py "$R/families.json" --no-window-study > "$R/families.txt" 2>&1
+              tail -n 20 "$R/families.txt" ;;
+    mlp) timeout 150 python3 benchmarks/mlp_ab.py --out "$R/mlp" > "$R/mlp.txt" 2>&1
+         tail -n 20 "$R/mlp.txt" ;;
     sass) timeout 60 python3 benchmarks/sass_check.py "$R/sass" 2>&1 | tail -n 60 ;;
     *) echo "unknown step $step" ;;
   esac
