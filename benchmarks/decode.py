@@ -96,6 +96,7 @@ from decode_common import T0, Ctx, build_hf, log, measure_copy_bw, measure_gemm,
 from decode_fusec import PlanWorker, compile_worker, run_fusec  # noqa: E402
 from decode_peers import policy, run_hf, run_torch  # noqa: E402
 from decode_report import agreement, print_table  # noqa: E402
+from fusec.runtime.generation import generate_with_plan  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
 
@@ -205,7 +206,7 @@ def counters_pass(ctx: Ctx) -> dict[str, Any]:
             rng = np.random.default_rng([batch, 7])
             p = int(manifest["generation"]["prefill_len"])
             rows = rng.integers(0, ctx.dcfg.vocab_size, size=(batch, p)).tolist()
-            gen = plan.generate(rows, max_new_tokens=ctx.new_tokens, seed=0)
+            gen = generate_with_plan(plan, rows, max_new_tokens=ctx.new_tokens, seed=0)
             out[str(batch)] = {"decode": gen.stats.get("decode"), "prefill": gen.stats.get("prefill"),
                                "decode_tok_s_with_cupti": gen.decode_tok_s}
             plan._engine = None

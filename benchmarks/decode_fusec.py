@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 from decode_common import Ctx, log, med, write_json
+from fusec.runtime.generation import generate_with_plan
 
 # ---------------------------------------------------------------------------------------------
 # fusec plans compiled ahead in a helper process
@@ -24,7 +25,8 @@ def compile_worker(spec_path: str) -> int:
     os.environ["FUSEC_CUPTI"] = "0"
     with open(spec_path) as f:
         spec = json.load(f)
-    from fusec.genmodel import compile_generation, load_generation_model
+    from fusec.genmodel import load_generation_model
+    from fusec.compiler import compile_generation
 
     t0 = time.perf_counter()
     gm = load_generation_model(spec["model"], weights_dir=spec["ckpt"])
@@ -114,7 +116,8 @@ class PlanWorker:
 
 def run_fusec(ctx: Ctx, batch: int, context: int, prompt: np.ndarray, out: dict[str, Any]) -> None:
     from fusec.generation import ReferenceEngine, generate, write_sampling
-    from fusec.genmodel import build_graphs, compile_generation
+    from fusec.genmodel import build_graphs
+    from fusec.compiler import compile_generation
     from fusec.sampling import Sampling
 
     n, p = ctx.new_tokens, min(context, ctx.max_prefill)
@@ -145,7 +148,7 @@ def run_fusec(ctx: Ctx, batch: int, context: int, prompt: np.ndarray, out: dict[
             out["plan"]["launches"] = {e: len(v.get("launches", ())) for e, v in plan.manifest.get("entries", {}).items()}
         t0 = time.perf_counter()
         if ctx.cuda:
-            gen = plan.generate(rows, max_new_tokens=n, seed=0)
+            gen = generate_with_plan(plan, rows, max_new_tokens=n, seed=0)
             engine = plan._engine
         else:
             gen = generate(engine, rows, n, ctx.dcfg.vocab_size, seed=0)

@@ -16,7 +16,8 @@ import time
 
 import numpy as np
 
-from fusec.genmodel import compile_generation
+from fusec.compiler import compile_generation
+from fusec.runtime.generation import generate_with_plan
 
 
 def main() -> None:
@@ -35,8 +36,8 @@ def main() -> None:
         compile_s = time.time() - t0
         rng = np.random.default_rng(0)
         prompts = [list(rng.integers(0, int(plan.manifest["generation"]["vocab_size"]), args.prompt)) for _ in range(b)]
-        plan.generate(prompts, max_new_tokens=8)  # warm-up
-        r = plan.generate(prompts, max_new_tokens=args.new)
+        generate_with_plan(plan, prompts, max_new_tokens=8)  # warm-up
+        r = generate_with_plan(plan, prompts, max_new_tokens=args.new)
         dec = r.stats["decode"]
         by_kind: dict[str, float] = {}
         for p in plan.profile({}, repeats=3, entry="decode"):

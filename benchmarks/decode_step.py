@@ -87,11 +87,14 @@ def run_mode(path: str, pdl: bool, batch: int, steps: int, windows: int) -> tupl
     ids = rng.integers(0, vocab, (batch, int(gen["prefill_len"])))
     pdl_launches = sum(bool(L.get("pdl")) for L in plan.manifest["entries"]["decode"]["launches"])
 
+    from fusec.generation import write_sampling
+    from fusec.sampling import Sampling, row_seeds
+
+    write_sampling(eng, [Sampling()] * batch, row_seeds(0, batch))  # greedy rows
+    lengths = np.full(batch, int(gen["prefill_len"]), np.int64)
+
     def start() -> None:  # every row's prompt fills the prefill: decode starts at position prefill_len
-        eng.set_state("pos", np.full(batch, int(gen["prefill_len"]), np.int64))
-        eng.set_state("done", np.zeros(batch, bool))
-        eng.set_state("seed", np.array([0], np.int64))
-        eng.prefill(ids)
+        eng.prefill(ids, lengths)
 
     start()
     for _ in range(8):
@@ -173,7 +176,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=127)
     ap.add_argument("--windows", type=int, default=5)
     args = ap.parse_args()
-    from fusec.genmodel import compile_generation
+    from fusec.compiler import compile_generation
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

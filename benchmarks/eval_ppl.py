@@ -102,10 +102,11 @@ def _chat(model: str, prompt: str, args: argparse.Namespace) -> str:
     q = {"quantize": args.quantize, "quantize_group": args.quantize_group} if args.quantize else {}
     t = len(ids[0]) + 24
     if args.backend == "cuda":
-        from fusec.genmodel import compile_generation
+        from fusec.compiler import compile_generation
+        from fusec.runtime.generation import generate_with_plan
 
-        res = compile_generation(gm, batch=1, max_seq_len=t, prefill_len=len(ids[0]), dtype=args.dtype,
-                                 **q).generate(ids, max_new_tokens=24)
+        plan = compile_generation(gm, batch=1, max_seq_len=t, prefill_len=len(ids[0]), dtype=args.dtype, **q)
+        res = generate_with_plan(plan, ids, max_new_tokens=24)
     else:
         eng = ReferenceEngine(build_graphs(gm, 1, t, len(ids[0])), optimize=True,
                               options=PassOptions(**q) if q else None)

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from fusec.runtime.generation import generate_with_plan
 
 # name -> (GGUF architecture, metadata beyond the sizes, sizes); shapes of the HF configs
 SHAPES: dict[str, dict[str, Any]] = {
@@ -112,7 +113,7 @@ def write_model(name: str, path: Path, seed: int = 0) -> float:
 def run_case(gm: Any, prompt_len: int, new: int, batch: int, seed: int = 0) -> dict[str, Any]:
     """Compile a bf16 generation plan for (batch, prompt_len + new) and generate twice (the first
     run warms up); the second run's numbers."""
-    from fusec.genmodel import compile_generation
+    from fusec.compiler import compile_generation
 
     t0 = time.perf_counter()
     plan = compile_generation(gm, batch=batch, max_seq_len=prompt_len + new, prefill_len=prompt_len, dtype="bf16",
@@ -120,8 +121,8 @@ def run_case(gm: Any, prompt_len: int, new: int, batch: int, seed: int = 0) -> d
     compile_s = time.perf_counter() - t0
     rng = np.random.default_rng(seed)
     prompts = [rng.integers(3, gm.config.vocab_size, prompt_len).tolist() for _ in range(batch)]
-    plan.generate(prompts, max_new_tokens=min(new, 8))
-    res = plan.generate(prompts, max_new_tokens=new)
+    generate_with_plan(plan, prompts, max_new_tokens=min(new, 8))
+    res = generate_with_plan(plan, prompts, max_new_tokens=new)
     dec = res.stats["decode"]
     return {"batch": batch, "prompt_len": prompt_len, "new_tokens": new, "context": prompt_len + new,
             "compile_s": round(compile_s, 2), "prefill_ms": round(res.prefill_ms, 3),

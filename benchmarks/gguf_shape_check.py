@@ -19,6 +19,7 @@ import subprocess
 import sys
 
 import numpy as np
+from fusec.runtime.generation import generate_with_plan
 
 
 def extract(out: str) -> None:
@@ -78,12 +79,13 @@ def main() -> None:
     path = os.path.join(outdir, "smollm2-shape-random.gguf")
     write(meta, path)
     from fusec.generation import ReferenceEngine, generate
-    from fusec.genmodel import build_graphs, compile_generation, encode_prompts, load_generation_model
+    from fusec.genmodel import build_graphs, encode_prompts, load_generation_model
+    from fusec.compiler import compile_generation
 
     gm = load_generation_model(path)
     ids = encode_prompts(gm.tokenizer, ["What is the capital of France?", "Name a colour."], chat=True)
     plan = compile_generation(gm, batch=2, max_seq_len=96, prefill_len=64, dtype="fp32")
-    got = plan.generate(ids, max_new_tokens=12).new_ids
+    got = generate_with_plan(plan, ids, max_new_tokens=12).new_ids
     engine = ReferenceEngine(build_graphs(load_generation_model(path), 2, 96, 64), optimize=True)
     ref = generate(engine, ids, 12, gm.config.vocab_size).new_ids
     print("gpu fp32 plan == reference:", got == ref, got, ref, flush=True)

@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 import fusec
-from fusec.genmodel import compile_generation
+from fusec.compiler import compile_generation
 
 
 def digest(plan: Any) -> dict[str, Any]:

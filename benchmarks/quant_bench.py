@@ -42,6 +42,7 @@ from fusec.codegen import kernels as K  # noqa: E402
 from fusec.codegen import specs as S  # noqa: E402
 from fusec.codegen.specs_quant import QDequantSpec, QGemvSpec  # noqa: E402
 from fusec.dtypes import DType  # noqa: E402
+from fusec.runtime.generation import generate_with_plan  # noqa: E402
 
 BF16 = DType.BF16
 L2_ROTATE = 256 << 20
@@ -206,7 +207,7 @@ def _model(mix: str, layers: int):  # noqa: ANN202
 def compile_job(job: dict) -> dict:
     """In a helper process: compile one generation plan and save it (returns timings or the error)."""
     os.environ["FUSEC_CUPTI"] = "0"
-    from fusec.genmodel import compile_generation
+    from fusec.compiler import compile_generation
 
     t0 = time.perf_counter()
     try:
@@ -236,8 +237,8 @@ def bench_decode(results: list, quick: bool, tmp: Path) -> None:
         if "error" not in info:
             plan = fusec.load(job["path"])
             prompts = [list(map(int, rng.integers(0, VOCAB, PROMPT))) for _ in range(job["batch"])]
-            plan.generate(prompts, max_new_tokens=8)  # device setup, graph capture
-            gen = plan.generate(prompts, max_new_tokens=NEW)
+            generate_with_plan(plan, prompts, max_new_tokens=8)  # device setup, graph capture
+            gen = generate_with_plan(plan, prompts, max_new_tokens=NEW)
             rec.update({"decode_tok_s": gen.decode_tok_s, "decode_ms": gen.decode_ms, "prefill_ms": gen.prefill_ms,
                         "steps": gen.decode_steps})
             del plan

@@ -32,6 +32,7 @@ import time
 from typing import Any
 
 import numpy as np
+from fusec.runtime.generation import generate_with_plan
 
 T0 = time.perf_counter()
 
@@ -50,7 +51,8 @@ def baseline(args: argparse.Namespace, gm: Any, n: int, prompts: list[list[int]]
              cuda: bool) -> tuple[dict[str, Any], str | None]:
     """plan.generate at batch n (twice: the first run captures the CUDA graph); the plan's path."""
     from fusec.generation import ReferenceEngine, generate
-    from fusec.genmodel import build_graphs, compile_generation
+    from fusec.genmodel import build_graphs
+    from fusec.compiler import compile_generation
 
     t_max = args.prompt_len + args.max_tokens
     t0 = time.perf_counter()
@@ -67,7 +69,7 @@ def baseline(args: argparse.Namespace, gm: Any, n: int, prompts: list[list[int]]
     runs = []
     for _ in range(2):
         t1 = time.perf_counter()
-        res = plan.generate(prompts[:n], max_new_tokens=args.max_tokens)
+        res = generate_with_plan(plan, prompts[:n], max_new_tokens=args.max_tokens)
         runs.append((time.perf_counter() - t1, res))
     wall, res = runs[-1]
     plan._engine = None

@@ -168,7 +168,7 @@ def per_kernel(plan: Any, repeats: int = 20, peaks: Mapping[str, Any] | None = N
     out = {"entry": name, "peaks": pk, "launches": recs, "kinds": by_kind(recs), "sum_ms": total, "floor_ms": floor,
            "roofline": floor / total if total else None, "source": source}
     if replay:
-        out["replay"] = {k: replay[k] for k in ("wall_ms", "busy_ms", "gaps_ms", "other_ms", "replays")}
+        out["replay"] = {k: replay[k] for k in ("wall_ms", "busy_ms", "gaps_ms", "other_ms", "overlap_ms", "replays")}
     return out
 
 
@@ -197,7 +197,8 @@ def format_table(res: Mapping[str, Any], top: int = 25) -> str:
     if "replay" in res:
         rp = res["replay"]
         lines.append(f"  replay: wall {rp['wall_ms']:.4f} ms = kernels {rp['busy_ms']:.4f} ms + gaps {rp['gaps_ms']:.4f} ms"
-                     f" (kernels no launch ran eagerly, e.g. input copies: {rp['other_ms']:.4f} ms)")
+                     f" (kernels no launch ran eagerly, e.g. input copies: {rp['other_ms']:.4f} ms; kernels overlapping"
+                     f" the one before them (PDL): {rp['overlap_ms']:.4f} ms)")
     lines.append(f"  {'us':>8} {'share':>6} {'TFLOP/s':>8} {'GB/s':>7} {'roof':>5}  kind / label")
     for r in sorted(res["launches"], key=lambda r: -r["ms"])[:top]:
         tf = f"{r['tflops']:.0f}" if r["tflops"] else "-"

@@ -83,7 +83,7 @@ def stage(graph: Any, dtype: str, arch: str, *, disabled_fusions: Sequence[str] 
     opts = PassOptions(storage_dtype=storage, disabled_fusions=frozenset(disabled_fusions),
                        enabled_fusions=frozenset(enabled_fusions), fusion_overrides=dict(fusion_overrides or {}),
                        choices=dict(choices or {}), weights_nk=weights_nk,
-                       fp32_gemm=fp32_gemm_mode(dtype, arch, fp32_gemm), quantize=quantize,
+                       fp32_gemm=fp32_gemm_mode(dtype, fp32_gemm), quantize=quantize,
                        quantize_group=quantize_group, quantize_head=quantize_head)
     step = (lambda name, i, n: progress("pass", name)) if progress else None
     g, opts = optimize(graph, opts, dump_dir=dump_dir, progress=step)
@@ -112,16 +112,15 @@ def quantize_options(method: str | None, group: int = 128, head: bool = False) -
     return {"quantize": method, "quantize_group": int(group), "quantize_head": bool(head)}
 
 
-def fp32_gemm_mode(dtype: str, arch: str, requested: str) -> str:
-    """The ``PassOptions.fp32_gemm`` a plan gets: ``requested`` for fp32 plans on sm_80+ (tf32
-    tensor cores), else "sgemm" (the option names how exact fp32 is computed; tf32/fp16/bf16 plans
+def fp32_gemm_mode(dtype: str, requested: str) -> str:
+    """The ``PassOptions.fp32_gemm`` a plan gets: ``requested`` for fp32 plans (tf32 tensor
+    cores), else "sgemm" (the option names how exact fp32 is computed; tf32/fp16/bf16 plans
     already run their products on tensor cores)."""
     from fusec.passes.split_tf32 import MODES
 
     if requested not in MODES:
         raise InputError(f"unknown fp32 GEMM mode {requested!r} (expected one of {', '.join(MODES)})")
-    tensor_cores = arch.startswith("sm_") and arch[3:].isdigit() and int(arch[3:]) >= 80
-    return requested if dtype == "fp32" and tensor_cores else "sgemm"
+    return requested if dtype == "fp32" else "sgemm"  # every arch fusec compiles for has tf32 (codegen.compile.MIN_ARCH)
 
 
 def state_layout(graph: Any, storage: str) -> tuple[list[dict[str, Any]], int]:
@@ -148,14 +147,13 @@ def compile_entries(graphs: Mapping[str, Any], dtype: str = "fp16", cuda_graph: 
     A plan with one entry named "main" keeps the flat manifest (inputs/outputs/launches at the top
     level); several entries go under ``manifest["entries"]``, each with its own inputs, outputs,
     launch list and arena size; the arena is sized for the largest (entries never run at once)."""
-    from fusec.codegen.compile import default_arch
+    from fusec.codegen.compile import check_arch, default_arch
     from fusec.inputs import input_signature
     from fusec.planenv import toolchain
 
     if dtype not in DTYPES:
         raise InputError(f"unknown dtype {dtype!r} (expected one of {', '.join(DTYPES)})")
-    arch = arch or default_arch()
-    _check_arch(arch)
+    arch = check_arch(arch or default_arch(), dtype)
     _check_plan_names(graphs)
     staged: dict[str, Staged] = {}
     first_graph = next(iter(graphs.values()))
@@ -249,6 +247,31 @@ def _round_up(n: int, a: int = 256) -> int:
     return -(-n // a) * a
 
 
-def _check_arch(arch: str) -> None:
-    if not (arch.startswith("sm_") and arch[3:].isdigit() and int(arch[3:]) >= 70):
-        raise InputError(f"--arch must look like sm_80 or sm_90 (sm_70 or newer), got {arch!r}")
+def compile_generation(model: Any, *, batch: int = 1, max_seq_len: int = 256, prefill_len: int | None = None,
+                       dtype: str = "bf16", arch: str | None = None, weights_dir: str | os.PathLike | None = None,
+                       eos_ids: Sequence[int] | None = None, cuda_graph: bool = True,
+                       progress: Callable[[str, str], None] | None = None, quantize: str | None = None,
+                       quantize_group: int = 128, quantize_head: bool = False) -> Any:
+    """A generation plan (entries "prefill" and "decode", ``fusec.genmodel``'s graphs) of ``model``
+    (a ``fusec.genmodel.GenModel``, or what ``load_generation_model`` takes). Sampling settings are
+    not compiled in: each generation (each row) gives its own. ``quantize`` (int8/int4,
+    ``quantize_options``): fusec's own weight quantization of the products whose weights are not
+    packed already (a GGUF file's stay as the file has them)."""
+    from fusec.genmodel import GenModel, build_graphs, load_generation_model
+
+    gm = model if isinstance(model, GenModel) else load_generation_model(model, weights_dir)
+    storage = DTYPES[dtype][0] if dtype in DTYPES else None
+    graphs = build_graphs(gm, batch, max_seq_len, prefill_len, eos_ids, storage=storage)
+    meta = dict(graphs["decode"].meta["generation"])
+    meta.update({"vocab_size": gm.config.vocab_size, "num_layers": gm.config.num_layers, "source": gm.source})
+    blobs = {}
+    if gm.tokenizer is not None:
+        t = gm.tokenizer
+        blobs["tokenizer"] = t.backend.to_str().encode("utf-8")
+        meta["tokenizer"] = {"bos_id": t.bos_id, "eos_ids": list(t.eos_ids), "add_bos": t.add_bos,
+                             "chat_template": t.chat_template}
+    # weights_nk: the prefill's cuBLAS reads each weight [N, K] through its transpose flag, the
+    # layout the decode step's GEMV reads, so the two entries share one copy of every weight
+    return compile_entries(graphs, dtype=dtype, cuda_graph=cuda_graph, arch=arch, progress=progress,
+                           source={"model": gm.source, "shapes": {}}, extra={"generation": meta}, extra_blobs=blobs,
+                           weights_nk=True, **quantize_options(quantize, quantize_group, quantize_head))

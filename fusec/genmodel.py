@@ -6,9 +6,9 @@ checkpoint directory (``config.json`` + ``*.safetensors`` + ``tokenizer.json`` o
 family: Llama, Mistral, Qwen2/2.5, Qwen3, Gemma 1/2/3, Phi-3; models/families.py), a hub id
 ``org/name`` found in the local Hugging Face cache (``fusec.hubcache``; never downloaded), or a
 GGUF file (architectures llama, qwen2, qwen3, gemma, gemma2, gemma3, phi3; ``models/gguf.py``).
-``compile_generation`` turns it into one plan
-with two entry points, "prefill" and "decode", sharing the weights and the KV-cache state, the
-tokenizer stored in the plan when the model has one.
+``fusec.compiler.compile_generation`` turns it into one plan with two entry points, "prefill" and
+"decode", sharing the weights and the KV-cache state, the tokenizer stored in the plan when the
+model has one.
 """
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ def load_generation_model(model: str | os.PathLike[str], weights_dir: str | os.P
     if text.lower().endswith(".onnx"):  # a decoder exported with a KV cache (past_key_values.* / present.*)
         from fusec.frontend.kv_cache import onnx_generation_model
 
-        return onnx_generation_model(text)
+        cfg, builder = onnx_generation_model(text)  # eos ids from a sibling generation_config.json / config.json
+        return GenModel(cfg, None, None, _config_eos(Path(text).parent), os.path.basename(text), builder=builder)
     if os.path.isdir(text) and weights_dir is None:
         return _from_checkpoint(None, Path(text))
     cfg = registry.get_config(text)  # ModelError listing the names when unknown
@@ -151,38 +152,6 @@ def build_graphs(gm: GenModel, batch: int, max_seq_len: int, prefill_len: int | 
     graphs = build_generation(gm.config, weights, shape, eos)
     weights.finish()
     return graphs
-
-
-def compile_generation(model: str | os.PathLike[str] | GenModel, *, batch: int = 1, max_seq_len: int = 256,
-                       prefill_len: int | None = None, dtype: str = "bf16",
-                       arch: str | None = None, weights_dir: str | os.PathLike[str] | None = None,
-                       eos_ids: Sequence[int] | None = None, cuda_graph: bool = True,
-                       progress: Callable[[str, str], None] | None = None, quantize: str | None = None,
-                       quantize_group: int = 128, quantize_head: bool = False) -> Any:
-    """A generation plan (entries "prefill" and "decode"); see the module docstring. Sampling
-    settings are not compiled in: each generation (each row) gives its own. ``quantize``
-    (int8/int4, ``fusec.compiler.quantize_options``): fusec's own weight quantization of the
-    products whose weights are not packed already (a GGUF file's stay as the file has them)."""
-    from fusec.compiler import compile_entries, quantize_options
-
-    gm = model if isinstance(model, GenModel) else load_generation_model(model, weights_dir)
-    from fusec.compiler import DTYPES
-
-    storage = DTYPES[dtype][0] if dtype in DTYPES else None
-    graphs = build_graphs(gm, batch, max_seq_len, prefill_len, eos_ids, storage=storage)
-    meta = dict(graphs["decode"].meta["generation"])
-    meta.update({"vocab_size": gm.config.vocab_size, "num_layers": gm.config.num_layers, "source": gm.source})
-    blobs = {}
-    if gm.tokenizer is not None:
-        t = gm.tokenizer
-        blobs["tokenizer"] = t.backend.to_str().encode("utf-8")
-        meta["tokenizer"] = {"bos_id": t.bos_id, "eos_ids": list(t.eos_ids), "add_bos": t.add_bos,
-                             "chat_template": t.chat_template}
-    # weights_nk: the prefill's cuBLAS reads each weight [N, K] through its transpose flag, the
-    # layout the decode step's GEMV reads, so the two entries share one copy of every weight
-    return compile_entries(graphs, dtype=dtype, cuda_graph=cuda_graph, arch=arch, progress=progress,
-                           source={"model": gm.source, "shapes": {}}, extra={"generation": meta}, extra_blobs=blobs,
-                           weights_nk=True, **quantize_options(quantize, quantize_group, quantize_head))
 
 
 def plan_tokenizer(plan: Any) -> Any:

@@ -299,7 +299,9 @@ MAPPED_OPS = frozenset(_SIMPLE) | frozenset(_SPECIAL)
 # Made by passes for the GPU only (3xTF32's operand split reads fp32 bit patterns): refused in one line.
 PASS_ONLY_OPS = frozenset({Op.TF32_SPLIT})
 TRAINING_OPS = frozenset({Op.SCATTER_ADD, Op.CROSS_ENTROPY, Op.SOFTMAX_GRAD, Op.LAYERNORM_GRAD, Op.CROSS_ENTROPY_GRAD})  # a backward pass and its loss: not exported
-UNEXPORTABLE_OPS = frozenset(onnx_export_ext.NOT_IN_OPSET) | PASS_ONLY_OPS | TRAINING_OPS  # refused in one line
+# Products over packed quantized weights (GGUF K-quants, fusec's int4/int8): no opset-17 form.
+PACKED_OPS = frozenset({Op.QMATMUL, Op.QGATHER})
+UNEXPORTABLE_OPS = frozenset(onnx_export_ext.NOT_IN_OPSET) | PASS_ONLY_OPS | TRAINING_OPS | PACKED_OPS  # refused in one line
 # Generation ops read and write plan state (a KV cache, the seed) in place; an ONNX graph has no
 # state, so a generation graph is refused as a whole (ONNX decoders carry the cache as
 # past/present tensors instead: fusec.frontend.kv_cache turns those into state on import).
@@ -342,6 +344,11 @@ def export_onnx(graph: Graph, path: str | os.PathLike[str], *, external_data: bo
     training = sorted({n.op.value for n in graph.nodes if n.op in TRAINING_OPS})
     if training:
         raise ModelError(f"graph {graph.name!r} holds {training[0]}, a training op; export the forward graph")
+    packed = sorted({n.op.value for n in graph.nodes if n.op in PACKED_OPS})
+    if packed:
+        raise ModelError(f"graph {graph.name!r} holds {packed[0]}, a product over packed quantized weights, which "
+                         f"ONNX opset 17 cannot express; export the model before quantizing (or load the GGUF file "
+                         f"with its weights dequantized)")
     path = Path(path)
     ctx = _Ctx()
     # Inputs and outputs claim their names first, so sanitizing never renames them needlessly.

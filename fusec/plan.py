@@ -313,16 +313,6 @@ class Plan:
         """Counters of the last run (see Executor.stats): launches, and what the driver did."""
         return self._last.stats() if self._last is not None else {}
 
-    def generate(self, prompts: Any, max_new_tokens: int = 32, seed: int = 0, stream_every: int = 0,
-                 on_tokens: Any = None, sampling: Any = None) -> Any:
-        """Generate from a generation plan (``fusec compile --generate``): ``prompts`` is a list of
-        token-id lists, or of strings when the plan carries a tokenizer; ``sampling`` a
-        ``fusec.sampling.Sampling`` for every prompt or a list of one per prompt (default greedy).
-        Returns ``fusec.generation.Generated`` (prompt_ids, new_ids, text, timings, stats)."""
-        from fusec.runtime.generation import generate_with_plan
-
-        return generate_with_plan(self, prompts, max_new_tokens, seed, stream_every, on_tokens, sampling=sampling)
-
 
 def _info(d: Mapping[str, Any]) -> TensorInfo:
     return TensorInfo(str(d["name"]), tuple(int(x) for x in d["shape"]), str(d["dtype"]))

@@ -270,7 +270,7 @@ def _report(c: FieldCheck, rep: Any, f: str) -> None:
 
 
 def _generation(c: FieldCheck, m: Mapping[str, Any], blobs: Mapping[str, Any]) -> None:
-    """A generation plan (``fusec.genmodel.compile_generation``): its two entry points, and the
+    """A generation plan (``fusec.compiler.compile_generation``): its two entry points, and the
     record that ``fusec generate``, ``fusec.runtime.generation`` and ``fusec.report.subject`` read
     (every key typed and in range; the states the runner writes shaped as the record says)."""
     ents = m.get("entries")

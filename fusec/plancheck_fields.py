@@ -52,7 +52,7 @@ GEMM_KEYS = {"type", "m", "n", "k", "batch", "lda", "ldb", "ldc", "stride_a", "s
 GEMM_OPTIONAL = ("label", "alpha", "beta", "epilogue", "bias", "c_in", "reads", "writes")
 GEMM_DTYPES = {"f32": 4, "f16": 2, "bf16": 2}
 GEMM_COMPUTE = ("f32", "tf32")
-# a generation plan (fusec.genmodel.compile_generation; read by fusec.runtime.generation, fusec generate,
+# a generation plan (fusec.compiler.compile_generation; read by fusec.runtime.generation, fusec generate,
 # fusec.generation.check_prompts, fusec.report.subject): its entry points and its "generation" record
 GEN_ENTRIES = ("prefill", "decode")
 GEN_KEYS = {"entry", "batch", "max_seq_len", "prefill_len", "eos_ids", "vocab_size", "num_layers", "source",

@@ -25,7 +25,7 @@ from fusec.errors import FusecError
 
 # the most dynamic shared memory one block may opt into, by compute capability (CUDA programming
 # guide, "Technical specifications per compute capability")
-MAX_SMEM = {70: 98304, 72: 98304, 75: 65536, 80: 166912, 86: 101376, 87: 166912, 89: 101376, 90: 232448,
+MAX_SMEM = {80: 166912, 86: 101376, 87: 166912, 89: 101376, 90: 232448,
             100: 232448, 103: 232448, 110: 232448, 120: 101376, 121: 101376}
 
 
@@ -35,12 +35,11 @@ def recompile(plan_path: str | os.PathLike, arch: str, out_path: str | os.PathLi
     ``out_path``; returns the new plan (see the module docstring for the two ways). Errors (no
     usable source, a digest that differs, a kernel that does not fit or compile for ``arch``) are
     one-line ``FusecError``s."""
-    from fusec.compiler import _check_arch
+    from fusec.codegen.compile import check_arch
     from fusec.fsutil import check_output_path
     from fusec.plan import Plan
 
-    arch = str(arch)
-    _check_arch(arch)
+    arch = check_arch(str(arch))
     out = check_output_path(out_path, "plan file", not_same_as=[plan_path])
     plan = Plan.open(plan_path)
     where = os.fspath(plan_path)

@@ -6,7 +6,7 @@ Hugging Face checkpoint directory or hub id in the local cache, a GGUF file, an 
 KV cache, or a generation plan), then:
 
 * on a GPU (CuPy finds a device): compiles a generation plan for the prompts' sizes
-  (``fusec.genmodel.compile_generation``; a given plan runs as it is) and runs it, one CUDA-graph
+  (``fusec.compiler.compile_generation``; a given plan runs as it is) and runs it, one CUDA-graph
   replay per decode step (``fusec.runtime.generation.PlanEngine``);
 * elsewhere: runs the same prefill and decode graphs with the numpy reference backend
   (``fusec.generation.ReferenceEngine``): the same tokens, much slower.
@@ -127,7 +127,7 @@ def prepare(gm: Any, *, batch: int, max_seq_len: int, prefill_len: int, backend:
 
         return ReferenceEngine(build_graphs(gm, batch, max_seq_len, prefill_len), optimize=True,
                                options=PassOptions(**quantize) if quantize else None)
-    from fusec.genmodel import compile_generation
+    from fusec.compiler import compile_generation
     from fusec.runtime.generation import PlanEngine
 
     plan = compile_generation(gm, batch=batch, max_seq_len=max_seq_len, prefill_len=prefill_len, dtype=dtype,

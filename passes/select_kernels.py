@@ -14,7 +14,7 @@ For every node of the optimized graph this pass decides, once:
   never copies a weight and the copy shows in the dumps and the weight bytes.
 
 The lowering (``fusec.lower``) reads ``node.kernel`` and decides nothing; ``explain``, ``inspect``
-and the A/B read the same record (``graph.meta["kernels"]`` holds it as JSON, per node).
+and the A/B read the same record (``graph.meta["selection"]`` holds it as JSON, per node).
 
 A variant whose operands are not 16-byte aligned (a view that starts mid-buffer) is declined here,
 with the reason, from the views' byte offsets: every buffer of the plan starts 256-byte aligned.
@@ -179,7 +179,7 @@ def run(graph: Graph, options: PassOptions) -> PassResult:
     g.nodes = [Node(n.op, n.inputs, n.outputs, n.attrs, n.name, kernel=chosen[n]) for n in g.nodes]
     extra = sum(w.nbytes for w, left in readers_left.items() if left > 0)
     g.meta["weights_relaid"] = relaid
-    g.meta["kernels"] = [{"node": n.name or n.outputs[0].name, **n.kernel.to_json()} for n in g.nodes]
+    g.meta["selection"] = [{"node": n.name or n.outputs[0].name, **n.kernel.to_json()} for n in g.nodes]
     options.bump("weights_relaid", len(relaid))
     if extra:
         options.bump("weight_layout_extra_bytes", extra)

@@ -21,7 +21,8 @@ MODEL = "gpt2-tiny"
 
 @pytest.fixture(scope="module")
 def plan():  # noqa: ANN201
-    return fusec.compile(MODEL, dtype="fp16", arch="sm_90")
+    # 32 tokens: products of M = 32 rows are cuBLAS launches (M <= 16 would be GEMV kernels)
+    return fusec.compile(MODEL, shapes={"input_ids": (1, 32), "attention_mask": (1, 32)}, dtype="fp16", arch="sm_90")
 
 
 def test_gemm_work_counts_flops_and_each_operand_once() -> None:
@@ -78,11 +79,21 @@ def test_rows_give_share_rate_and_roofline(plan) -> None:  # noqa: ANN001
     lines = text.splitlines()
     assert lines[3 + 5].startswith("  by kind:") and len(lines) == 3 + 5 + 1 + min(5, len(kinds))
     assert text.splitlines()[1] == "  times: cuda events around each launch of an eager run"
-    replay = {"wall_ms": 0.5, "busy_ms": 0.45, "gaps_ms": 0.05, "other_ms": 0.002, "replays": 20}
+    replay = {"wall_ms": 0.5, "busy_ms": 0.45, "gaps_ms": 0.05, "other_ms": 0.002, "overlap_ms": 0.01, "replays": 20}
     text = format_table({"peaks": peaks, "launches": recs, "sum_ms": sum(times), "floor_ms": 1.0, "roofline": 0.5,
                          "source": "CUPTI kernel records of 20 CUDA-graph replays", "replay": replay}, 5)
     assert text.splitlines()[1] == "  times: CUPTI kernel records of 20 CUDA-graph replays"
     assert text.splitlines()[2].startswith("  replay: wall 0.5000 ms = kernels 0.4500 ms + gaps 0.0500 ms")
+
+
+def test_busy_time_counts_overlapping_kernels_once() -> None:
+    """Kernels launched with PDL start before the one before them ends: busy time is the union of
+    the kernels' intervals, not the sum of their durations."""
+    from fusec.runtime.kernel_trace import _covered
+
+    assert _covered([(0, 10, "a"), (5, 12, "b"), (20, 30, "c")]) == 22
+    assert _covered([(0, 10, "a"), (2, 4, "b")]) == 10
+    assert _covered([(5, 6, "b"), (0, 2, "a")]) == 3
 
 
 def test_bench_refusals_are_one_line(capsys) -> None:  # noqa: ANN001
@@ -132,8 +143,10 @@ def test_gpu_per_kernel_from_graph_replays(capsys) -> None:  # noqa: ANN001
     rp = pk["replay"]
     assert len(pk["launches"]) == out["launches"] and all(r["ms"] > 0 for r in pk["launches"])
     # the launches' kernels and the unattributed ones (input copies) make up the replay's busy time
-    # (medians over replays of each part vs the median of the whole: equal up to their spread)
-    assert pk["sum_ms"] + rp["other_ms"] == pytest.approx(rp["busy_ms"], rel=0.1)
+    # plus the time kernels overlap (PDL) (medians over replays of each part vs the median of the
+    # whole: equal up to their spread)
+    assert pk["sum_ms"] + rp["other_ms"] == pytest.approx(rp["busy_ms"] + rp["overlap_ms"], rel=0.1)
+    assert rp["overlap_ms"] >= 0
     assert 0 < rp["busy_ms"] <= rp["wall_ms"] and rp["gaps_ms"] == pytest.approx(rp["wall_ms"] - rp["busy_ms"])
 
 

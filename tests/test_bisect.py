@@ -87,10 +87,11 @@ def test_every_launch_maps_to_its_node_and_the_last_launch_to_its_values(compile
 def test_a_gemm_before_its_epilogue_is_listed_as_not_compared() -> None:
     """cuBLASLt epilogues forced back to cuBLAS: GEMM into the output, then the epilogue kernel; the
     GEMM's row says which launch completes the node."""
-    st0 = stage(load_graph(MODEL), "fp32", "sm_90", dry_run=True)
+    shapes = {"input_ids": (2, 32), "attention_mask": (2, 32)}  # M = 64: cuBLAS products (M <= 16: GEMVs)
+    st0 = stage(load_graph(MODEL, shapes), "fp32", "sm_90", dry_run=True)
     keys = {cp.key: "cublas" for _, cp in choice_points(st0.graph) if choose({}, cp) == "cublaslt"}
     assert keys
-    plan = fusec.compile(MODEL, dtype="fp32", arch="sm_90", choices=keys)
+    plan = fusec.compile(MODEL, shapes=shapes, dtype="fp32", arch="sm_90", choices=keys)
     st = staged_for(plan, "p")
     slots = launch_map(st.graph, plan.manifest["launches"], st.memory.offsets, st.memory.state)
     partial = [s for s in slots if not s.values]

@@ -15,7 +15,8 @@ import tracemalloc
 import pytest
 
 import fusec
-from fusec.genmodel import GenModel, compile_generation, load_generation_model
+from fusec.genmodel import GenModel, load_generation_model
+from fusec.compiler import compile_generation
 from fusec.models import get_config
 from fusec.models import weights as W
 from fusec.models.generate import SharedWeights

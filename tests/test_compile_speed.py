@@ -94,7 +94,7 @@ def test_weight_packer_shares_equal_weights_and_copies_once() -> None:
     p = WeightPacker()
     offs = [p.add(v) for v in (a, b, c, d)]
     assert offs[0] == offs[1] and offs[2] != offs[0] and all(o % 256 == 0 for o in offs)
-    blob = p.blob()
+    blob = bytes(p.blob())
     assert len(blob) == p.size and p.size % 256 == 0
     assert blob[offs[2]: offs[2] + changed.nbytes] == changed.tobytes()
     assert blob[offs[3]: offs[3] + t.nbytes] == np.ascontiguousarray(t).tobytes()

@@ -124,13 +124,13 @@ def test_generate_refuses_bad_option_values(capsys, cpu, argv, message):
 ])
 def test_compile_generate_refuses_zero_sizes(capsys, monkeypatch, tmp_path, argv, message):
     import fusec.cli.compile
-    import fusec.genmodel
+    import fusec.compiler
 
     def reached(*a, **k):
         raise AssertionError(f"compile_generation reached with {k}")
 
     monkeypatch.setattr(fusec.cli.compile, "check_compile_options", lambda args: "sm_90")  # no NVRTC needed
-    monkeypatch.setattr(fusec.genmodel, "compile_generation", reached)
+    monkeypatch.setattr(fusec.compiler, "compile_generation", reached)
     code = main(["compile", "llama-tiny", "--generate", *argv, "-o", str(tmp_path / "g.fplan")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and len(err) == 1 and message in err[0], err

@@ -26,6 +26,7 @@ from fusec import ops as O  # noqa: E402
 from fusec import reference  # noqa: E402
 from fusec.codegen import specs as S  # noqa: E402
 from fusec.ops import Op  # noqa: E402
+from fusec.runtime.generation import generate_with_plan  # noqa: E402
 
 KV = [(sq, splits, window) for sq, splits in ((1, 1), (1, 4), (3, 3)) for window in (5, 64)]
 
@@ -83,7 +84,8 @@ def test_family_generates_on_the_gpu_as_the_reference(name: str, root: Path, rec
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from fusec.generation import ReferenceEngine, generate
-    from fusec.genmodel import build_graphs, compile_generation, load_generation_model
+    from fusec.genmodel import build_graphs, load_generation_model
+    from fusec.compiler import compile_generation
 
     longest = max(map(len, PROMPTS))
     t_max = longest + NEW
@@ -95,7 +97,7 @@ def test_family_generates_on_the_gpu_as_the_reference(name: str, root: Path, rec
         for dt in ("fp32", "bf16"):
             plan = compile_generation(load_generation_model(source), batch=3, max_seq_len=t_max, prefill_len=longest,
                                       dtype=dt, eos_ids=[])
-            got[dt] = plan.generate(PROMPTS, max_new_tokens=NEW).new_ids
+            got[dt] = generate_with_plan(plan, PROMPTS, max_new_tokens=NEW).new_ids
         assert got["fp32"] == want, f"{source.name} fp32"
         same = sum(a == b for x, y in zip(got["bf16"], want) for a, b in zip(x, y)) / (3 * NEW)
         first = sum(x[0] == y[0] for x, y in zip(got["bf16"], want)) / 3
@@ -107,12 +109,13 @@ def test_family_generates_on_the_gpu_as_the_reference(name: str, root: Path, rec
 
 def test_decode_steps_of_a_windowed_model_do_no_host_work(root: Path) -> None:
     pytest.importorskip("transformers")
-    from fusec.genmodel import compile_generation, load_generation_model
+    from fusec.genmodel import load_generation_model
+    from fusec.compiler import compile_generation
 
     d = _sources("gemma2", root)[0]
     plan = compile_generation(load_generation_model(d), batch=2, max_seq_len=64, prefill_len=16, dtype="bf16",
                               eos_ids=[])
-    res = plan.generate([[5, 6, 7, 8, 9, 10, 11, 12, 13], [8, 9]], max_new_tokens=24)
+    res = generate_with_plan(plan, [[5, 6, 7, 8, 9, 10, 11, 12, 13], [8, 9]], max_new_tokens=24)
     assert_no_host_work(res.stats["decode"], 23)
 
 

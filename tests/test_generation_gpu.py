@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 
 from fusec.generation import ReferenceEngine, generate
-from fusec.genmodel import build_graphs, compile_generation, load_generation_model
+from fusec.genmodel import build_graphs, load_generation_model
+from fusec.compiler import compile_generation
 from fusec.sampling import Sampling
+from fusec.runtime.generation import generate_with_plan
 
 pytestmark = pytest.mark.gpu
 
@@ -23,7 +25,7 @@ def _reference(name: str, sampling: Sampling, eos: list[int], prompts, new: int,
 @pytest.mark.parametrize("name", ["llama-tiny", "qwen3-tiny"])
 def test_greedy_generation_matches_reference(name):
     plan = compile_generation(name, batch=4, max_seq_len=48, prefill_len=12, dtype="fp32", eos_ids=[7])
-    res = plan.generate(PROMPTS, max_new_tokens=20)
+    res = generate_with_plan(plan, PROMPTS, max_new_tokens=20)
     want = _reference(name, Sampling(), [7], PROMPTS, 20)
     assert res.new_ids == want
     assert all(len(n) == 20 or n[-1] == 7 for n in res.new_ids)
@@ -32,9 +34,9 @@ def test_greedy_generation_matches_reference(name):
 def test_sampled_generation_is_reproducible_and_matches_reference():
     s = Sampling(temperature=0.9, top_k=40, top_p=0.9)
     plan = compile_generation("qwen3-tiny", batch=4, max_seq_len=48, prefill_len=12, dtype="fp32", eos_ids=[])
-    a = plan.generate(PROMPTS, max_new_tokens=16, seed=3, sampling=s).new_ids
-    b = plan.generate(PROMPTS, max_new_tokens=16, seed=3, sampling=s).new_ids
-    c = plan.generate(PROMPTS, max_new_tokens=16, seed=4, sampling=s).new_ids
+    a = generate_with_plan(plan, PROMPTS, max_new_tokens=16, seed=3, sampling=s).new_ids
+    b = generate_with_plan(plan, PROMPTS, max_new_tokens=16, seed=3, sampling=s).new_ids
+    c = generate_with_plan(plan, PROMPTS, max_new_tokens=16, seed=4, sampling=s).new_ids
     assert a == b
     assert a != c
     assert a == _reference("qwen3-tiny", s, [], PROMPTS, 16, seed=3)
@@ -42,7 +44,7 @@ def test_sampled_generation_is_reproducible_and_matches_reference():
 
 def test_decode_steps_do_no_host_work():
     plan = compile_generation("llama-tiny", batch=2, max_seq_len=64, prefill_len=8, dtype="bf16", eos_ids=[])
-    res = plan.generate([[5, 6, 7], [8, 9]], max_new_tokens=24)
+    res = generate_with_plan(plan, [[5, 6, 7], [8, 9]], max_new_tokens=24)
     assert [len(n) for n in res.new_ids] == [24, 24]
     assert_no_host_work(res.stats["decode"], 23)
 
@@ -60,7 +62,7 @@ def assert_no_host_work(dec: dict, steps: int) -> None:
 
 def test_bf16_generation_runs_and_stops_at_eos():
     plan = compile_generation("qwen3-tiny", batch=4, max_seq_len=48, prefill_len=12, dtype="bf16", eos_ids=[7])
-    res = plan.generate(PROMPTS, max_new_tokens=20)
+    res = generate_with_plan(plan, PROMPTS, max_new_tokens=20)
     assert all(1 <= len(n) <= 20 for n in res.new_ids)
     assert all(len(n) == 20 or n[-1] == 7 for n in res.new_ids)
     assert all(0 <= t < 1000 for n in res.new_ids for t in n)
@@ -85,6 +87,6 @@ def test_head_rope_fusion_generates_like_the_reference(head_dim):
     plan = compile_generation(model(), batch=4, max_seq_len=48, prefill_len=12, dtype="fp32", eos_ids=[])
     labels = [L["label"] for L in plan.manifest["entries"]["decode"]["launches"]]
     assert sum("fused[rope_siblings]" in x for x in labels) == cfg.num_layers
-    res = plan.generate(PROMPTS, max_new_tokens=16)
+    res = generate_with_plan(plan, PROMPTS, max_new_tokens=16)
     want = generate(ReferenceEngine(build_graphs(model(), 4, 48, 12, [])), PROMPTS, 16, cfg.vocab_size)
     assert res.new_ids == want.new_ids

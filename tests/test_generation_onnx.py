@@ -20,7 +20,8 @@ from fusec.cli import main  # noqa: E402
 from fusec.dtypes import DType  # noqa: E402
 from fusec.errors import ModelError  # noqa: E402
 from fusec.generation import ReferenceEngine, generate  # noqa: E402
-from fusec.genmodel import build_graphs, compile_generation, load_generation_model  # noqa: E402
+from fusec.compiler import compile_generation  # noqa: E402
+from fusec.genmodel import build_graphs, load_generation_model  # noqa: E402
 from fusec.ir import verify  # noqa: E402
 from fusec.ops import Op  # noqa: E402
 from fusec.sampling import Sampling  # noqa: E402

@@ -9,7 +9,8 @@ import pytest
 
 from fusec.errors import InputError
 from fusec.generation import ReferenceEngine, generate
-from fusec.genmodel import build_graphs, compile_generation, load_generation_model
+from fusec.genmodel import build_graphs, load_generation_model
+from fusec.compiler import compile_generation
 from fusec.sampling import Sampling, row_seeds, sample
 
 PROMPTS = [[11, 12, 13, 14, 15], [21, 22, 23], [31, 32, 33, 34]]

@@ -27,6 +27,7 @@ from fusec.models import get_config  # noqa: E402
 from fusec.passes.base import PassOptions  # noqa: E402
 from fusec.passes.fusion import describe_kernels, kernel_count, records  # noqa: E402
 from fusec.passes.pipeline import optimize  # noqa: E402
+from fusec.runtime.generation import generate_with_plan  # noqa: E402
 
 F32, F16, BF16 = DType.F32, DType.F16, DType.BF16
 PROMPTS = [[11, 12, 13, 14, 15, 16, 17, 18, 19], [21, 22, 23], [31, 32, 33, 34, 35, 36]]
@@ -225,7 +226,8 @@ def test_generation_plan_one_rope_launch_per_layer(case: str, batch: int) -> Non
     from the literal position 0). The reference generation of the optimized graphs (fused bodies)
     matches the unoptimized one."""
     from fusec.generation import ReferenceEngine, generate
-    from fusec.genmodel import GenModel, build_graphs, compile_generation
+    from fusec.genmodel import GenModel, build_graphs
+    from fusec.compiler import compile_generation
     from fusec.models.generate import SharedWeights
     from fusec.models.weights import RandomWeights
 
@@ -344,7 +346,8 @@ def test_generation_with_siblings_matches_the_reference(case: str, batch: int) -
     generates the reference's tokens (GQA with 4 rows: test_generation_gpu.py's
     test_head_rope_fusion_generates_like_the_reference)."""
     from fusec.generation import ReferenceEngine, generate
-    from fusec.genmodel import GenModel, build_graphs, compile_generation
+    from fusec.genmodel import GenModel, build_graphs
+    from fusec.compiler import compile_generation
     from fusec.models.generate import SharedWeights
     from fusec.models.weights import RandomWeights
 
@@ -357,7 +360,7 @@ def test_generation_with_siblings_matches_the_reference(case: str, batch: int) -
     for entry in ("prefill", "decode"):
         labels = [L["label"] for L in plan.manifest["entries"][entry]["launches"]]
         assert sum("fused[rope_siblings]" in x for x in labels) == cfg.num_layers
-    got = plan.generate(PROMPTS[:batch], max_new_tokens=12).new_ids
+    got = generate_with_plan(plan, PROMPTS[:batch], max_new_tokens=12).new_ids
     want = generate(ReferenceEngine(build_graphs(model(), batch, 40, 12, [])), PROMPTS[:batch], 12,
                     cfg.vocab_size).new_ids
     assert got == want

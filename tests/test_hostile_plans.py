@@ -181,7 +181,7 @@ def test_in_memory_plans_are_validated_too(base) -> None:
 
 def test_manifest_json_is_what_the_compiler_writes(base) -> None:
     """The strict schema accepts every key the compiler writes (one- and multi-entry plans)."""
-    from fusec.genmodel import compile_generation
+    from fusec.compiler import compile_generation
     from fusec.plancheck import validate
 
     gen = compile_generation("llama-tiny", batch=2, max_seq_len=16)

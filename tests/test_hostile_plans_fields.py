@@ -38,7 +38,7 @@ def base(tmp_path_factory) -> tuple[dict, dict]:
 @pytest.fixture(scope="module")
 def gen(tmp_path_factory) -> tuple[dict, dict]:
     """(manifest, blobs) of a llama-tiny generation plan (entries prefill and decode)."""
-    from fusec.genmodel import compile_generation
+    from fusec.compiler import compile_generation
 
     d = tmp_path_factory.mktemp("plans")
     compile_generation("llama-tiny", batch=1, max_seq_len=16, dtype="fp16", arch="sm_90").save(d / "gen.fplan")

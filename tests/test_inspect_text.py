@@ -98,7 +98,7 @@ def test_model_text_shows_imported_and_optimized_ops_and_the_decisions(capsys) -
 
 
 def test_a_generation_plan_renders_every_entry(capsys, tmp_path) -> None:
-    from fusec.genmodel import compile_generation
+    from fusec.compiler import compile_generation
 
     path = tmp_path / "gen.fplan"
     compile_generation("llama-tiny", batch=2, max_seq_len=16).save(path)

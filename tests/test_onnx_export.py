@@ -255,6 +255,19 @@ def test_every_ir_op_is_mapped_and_covered() -> None:
     assert covered == onnx_export.MAPPED_OPS
 
 
+def test_packed_quantized_products_are_refused_in_one_line(tmp_path: Path) -> None:
+    from fusec.errors import ModelError
+    from fusec.models.llama import build_llama
+    from fusec.models.registry import get_config
+    from fusec.models.weights import RandomPackedWeights
+
+    cfg = get_config("llama-tiny")
+    g = build_llama(cfg, 1, 8, RandomPackedWeights(lambda name: "Q8_0" if name.endswith("_proj.weight") else None))
+    with pytest.raises(ModelError, match="packed quantized weights"):
+        export_onnx(g, tmp_path / "q.onnx")
+    assert not (tmp_path / "q.onnx").exists()
+
+
 def test_generation_graphs_are_refused_in_one_line(tmp_path: Path) -> None:
     from fusec.errors import ModelError
     from fusec.genmodel import build_graphs, load_generation_model

@@ -9,6 +9,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from fusec.runtime.generation import generate_with_plan
 
 pytestmark = pytest.mark.gpu
 
@@ -33,7 +34,7 @@ def _run(path: str, pdl: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[list[li
 
     monkeypatch.setenv("FUSEC_PDL", "1" if pdl else "0")
     plan = fusec.load(path)
-    res = plan.generate(PROMPTS, max_new_tokens=24)
+    res = generate_with_plan(plan, PROMPTS, max_new_tokens=24)
     assert plan._engine.device.pdl == pdl
     return res.new_ids, plan._engine.read_state("k.2")
 
@@ -41,7 +42,7 @@ def _run(path: str, pdl: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[list[li
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 def test_overlapped_launches_give_bit_identical_results(dtype: str, tmp_path, monkeypatch) -> None:  # noqa: ANN001
     from fusec.device import gpu_arch
-    from fusec.genmodel import compile_generation
+    from fusec.compiler import compile_generation
 
     arch = gpu_arch()
     plan = compile_generation(_model(), batch=2, max_seq_len=48, prefill_len=8, dtype=dtype, eos_ids=[])

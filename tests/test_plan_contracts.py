@@ -225,7 +225,7 @@ def test_inputs_and_outputs_are_records_like_onnxruntime(plan) -> None:
 
 
 def test_generation_plans_list_inputs_per_entry() -> None:
-    from fusec.genmodel import compile_generation
+    from fusec.compiler import compile_generation
 
     gen = compile_generation("llama-tiny", batch=2, max_seq_len=16)
     assert gen.get_inputs("prefill")[0].name == "input_ids" and gen.get_inputs("prefill")[0].shape[0] == 2

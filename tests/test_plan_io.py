@@ -251,11 +251,11 @@ def test_recompile_refuses_a_kernel_whose_shared_memory_does_not_fit(tmp_path, p
 
     pf = read_plan(plan_file)
     m = copy.deepcopy(pf.manifest)
-    m["kernels"][0]["smem"] = 100_000  # fits sm_90 (227 KiB), not sm_75 (64 KiB)
+    m["kernels"][0]["smem"] = 120_000  # fits sm_90 (227 KiB), not sm_86 (99 KiB)
     big = tmp_path / "big.fplan"
     write_plan(big, m, {n: pf.blob(n) for n in pf.names()})
-    with pytest.raises(FusecError, match=r"kernel #0 .* 100000 bytes of shared memory, more than sm_75"):
-        recompile(big, "sm_75", tmp_path / "o.fplan")
+    with pytest.raises(FusecError, match=r"kernel #0 .* 120000 bytes of shared memory, more than sm_86"):
+        recompile(big, "sm_86", tmp_path / "o.fplan")
     with pytest.raises(FusecError, match="--arch"):
         recompile(big, "hopper", tmp_path / "o.fplan")
 

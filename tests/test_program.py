@@ -52,7 +52,7 @@ def test_a_read_after_write_a_write_after_read_and_disjoint_tasks() -> None:
 
 
 def test_builtin_generation_plans_program_is_consistent() -> None:
-    from fusec.genmodel import compile_generation
+    from fusec.compiler import compile_generation
 
     plan = compile_generation("qwen3-tiny", batch=2, max_seq_len=64, arch="sm_90", dtype="bf16")
     for name, entry in plan.manifest["entries"].items():

@@ -17,6 +17,7 @@ from fusec.codegen.build_quant import packed_params
 from fusec.codegen.specs import Epilogue
 from fusec.codegen.specs_quant import QDequantSpec, QGemvSpec
 from fusec.dtypes import DType
+from fusec.runtime.generation import generate_with_plan
 
 pytestmark = pytest.mark.gpu
 
@@ -133,10 +134,11 @@ PROMPTS = [[11, 12, 13, 14, 15, 16, 17, 18, 19], [21, 22, 23], [31, 32, 33, 34, 
 
 def test_generation_from_packed_weights_matches_reference_token_for_token():
     from fusec.generation import ReferenceEngine, generate
-    from fusec.genmodel import build_graphs, compile_generation
+    from fusec.genmodel import build_graphs
+    from fusec.compiler import compile_generation
 
     plan = compile_generation(_packed_model(), batch=4, max_seq_len=48, prefill_len=12, dtype="fp32", eos_ids=[])
-    got = plan.generate(PROMPTS, max_new_tokens=20).new_ids
+    got = generate_with_plan(plan, PROMPTS, max_new_tokens=20).new_ids
     gm = _packed_model()
     want = generate(ReferenceEngine(build_graphs(gm, 4, 48, 12, []), optimize=True), PROMPTS, 20,
                     gm.config.vocab_size).new_ids
@@ -148,22 +150,23 @@ def test_generation_from_packed_weights_matches_reference_token_for_token():
 @pytest.mark.parametrize("method", ["int8", "int4"])
 def test_quantized_generation_matches_reference(method):
     from fusec.generation import ReferenceEngine, generate
-    from fusec.genmodel import build_graphs, compile_generation, load_generation_model
+    from fusec.genmodel import build_graphs, load_generation_model
+    from fusec.compiler import compile_generation
     from fusec.passes.base import PassOptions
 
     q = {"quantize": method, "quantize_group": 32}
     plan = compile_generation("qwen3-tiny", batch=4, max_seq_len=48, prefill_len=12, dtype="fp32", eos_ids=[], **q)
-    got = plan.generate(PROMPTS, max_new_tokens=16).new_ids
+    got = generate_with_plan(plan, PROMPTS, max_new_tokens=16).new_ids
     gm = load_generation_model("qwen3-tiny")
     eng = ReferenceEngine(build_graphs(gm, 4, 48, 12, []), optimize=True, options=PassOptions(**q))
     assert got == generate(eng, PROMPTS, 16, gm.config.vocab_size).new_ids
 
 
 def test_packed_decode_steps_do_no_host_work():
-    from fusec.genmodel import compile_generation
+    from fusec.compiler import compile_generation
 
     plan = compile_generation(_packed_model(), batch=2, max_seq_len=64, prefill_len=8, dtype="bf16", eos_ids=[])
-    res = plan.generate([[5, 6, 7], [8, 9]], max_new_tokens=24)
+    res = generate_with_plan(plan, [[5, 6, 7], [8, 9]], max_new_tokens=24)
     dec = res.stats["decode"]
     assert dec["steps"] == 23 and dec["cuda_graph"]
     if dec.get("counters") != "cupti":

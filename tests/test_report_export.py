@@ -139,7 +139,7 @@ def test_plan_from_a_file_finds_it_next_to_the_plan_and_checks_its_digest(tmp_pa
 
 @pytest.fixture(scope="module")
 def generation_plan(tmp_path_factory):
-    from fusec.genmodel import compile_generation
+    from fusec.compiler import compile_generation
 
     path = tmp_path_factory.mktemp("gen") / "gen.fplan"
     compile_generation("llama-tiny", batch=1, max_seq_len=32, dtype="fp16", arch="sm_90").save(path)

@@ -66,7 +66,7 @@ def test_nvtx_ranges_leave_results_unchanged():
 
 def test_profile_generation_decode_entry(tmp_path, capsys):
     import fusec
-    from fusec.genmodel import compile_generation
+    from fusec.compiler import compile_generation
     from fusec.plan import entry_points
 
     path = tmp_path / "gen.fplan"

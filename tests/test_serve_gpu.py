@@ -11,7 +11,8 @@ import time
 import pytest
 
 from fusec.generation import ReferenceEngine, generate
-from fusec.genmodel import build_graphs, compile_generation, load_generation_model
+from fusec.genmodel import build_graphs, load_generation_model
+from fusec.compiler import compile_generation
 from fusec.sampling import Sampling
 from fusec.serve.batcher import Batcher, Job
 

@@ -24,8 +24,10 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from fusec.generation import ReferenceEngine, generate  # noqa: E402
-from fusec.genmodel import build_graphs, compile_generation, load_generation_model  # noqa: E402
+from fusec.compiler import compile_generation  # noqa: E402
+from fusec.genmodel import build_graphs, load_generation_model  # noqa: E402
 from fusec.ops import Op  # noqa: E402
+from fusec.runtime.generation import generate_with_plan  # noqa: E402
 
 PROMPTS = [[11, 12, 13, 14, 15, 16, 17, 18, 19], [21, 22, 23], [31, 32, 33, 34, 35, 36]]
 NEW = 12
@@ -114,7 +116,7 @@ def test_the_generation_plan_caps_in_prefill_and_decode(exported: tuple[str, Any
 def test_soft_capped_generation_on_the_gpu(exported: tuple[str, Any], dtype: str) -> None:
     path, model = exported
     plan = compile_generation(path, batch=3, max_seq_len=40, prefill_len=12, dtype=dtype, eos_ids=[])
-    got = plan.generate(PROMPTS, max_new_tokens=NEW).new_ids
+    got = generate_with_plan(plan, PROMPTS, max_new_tokens=NEW).new_ids
     want = [_hf_greedy(model, p) for p in PROMPTS]
     if dtype == "fp32":
         assert got == want

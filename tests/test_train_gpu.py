@@ -65,6 +65,10 @@ def test_fp32_steps_match_the_reference() -> None:
     got, want = gpu.params(), ref.params()
     for k in want:  # AdamW amplifies rounding where a gradient is near 0 (m / sqrt(v) ~ +-1): atol ~ lr / 100
         np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=5e-5, err_msg=k)
+        if k.endswith("attention.self.key.bias"):
+            # its exact gradient is 0 (q.(k + b) adds one constant to every score of a row, which the
+            # softmax cancels): both sides step on rounding noise, which AdamW scales to +-lr
+            continue
         assert np.mean(np.abs(got[k] - want[k]) <= 1e-6 + 1e-4 * np.abs(want[k])) > 0.99, k
     feats = {k: batches[0][k] for k in ("input_ids", "attention_mask")}
     pg, pr = gpu.predict(feats), ref.predict(feats)
@@ -139,6 +143,7 @@ def test_fusec_train_on_the_gpu_writes_a_model_fusec_runs(tmp_path, capsys: pyte
     from fusec.train import atis_like
 
     atis_like.main(["-o", str(tmp_path), "--train", "256", "--heldout", "64"])
+    capsys.readouterr()  # the generator's own line
     out = str(tmp_path / "model")
     code = main(["train", "intent-slot", "--data", str(tmp_path / "train.jsonl"), "--eval", str(tmp_path / "heldout.jsonl"),
                  "--epochs", "2", "--batch", "32", "--backend", "cuda", "-o", out])

@@ -181,7 +181,8 @@ def compile_from_args(args: argparse.Namespace, progress: Progress | None = None
     quant = quantize_from_args(args)
     if generate:
         from fusec.cli.generate import check_generation_sizes
-        from fusec.genmodel import compile_generation, load_generation_model
+        from fusec.genmodel import load_generation_model
+        from fusec.compiler import compile_generation
 
         if args.shapes is not None:
             raise InputError("--shapes does not apply to --generate (use --batch, --max-seq-len, --max-prompt-len)")

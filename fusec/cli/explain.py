@@ -31,6 +31,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         ["fusec explain gpt2-tiny", "fusec explain llama-tiny --enable-fusion mlp --json",
          "fusec explain model.onnx --shapes input_ids:1x128,attention_mask:1x128"])
     add_model_arguments(p)
+    p.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), default="fp16",
+                   help="storage dtype of the plan explained (default fp16, as compile)")
     add_json_flag(p)
     # --disable/--enable: the old spellings, hidden (deprecated) aliases of the shared flags
     add_fusion_arguments(p, deprecated_aliases=True)
@@ -38,8 +40,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-def explain(graph: Any, disabled: list[str] = (), enabled: list[str] = (), show_applied: bool = False
-            ) -> dict[str, Any]:  # type: ignore[assignment]
+def explain(graph: Any, disabled: list[str] = (), enabled: list[str] = (), show_applied: bool = False,
+            dtype: str = "fp16") -> dict[str, Any]:  # type: ignore[assignment]
     """The JSON-able explanation of optimizing ``graph`` (see the module docstring)."""
     from fusec.errors import InputError
     from fusec.ir import Node
@@ -54,8 +56,8 @@ def explain(graph: Any, disabled: list[str] = (), enabled: list[str] = (), show_
     from fusec.codegen.compile import default_arch
     from fusec.compiler import stage
 
-    # the one staging path `fusec compile` and `inspect` take (fp32), lowered as a dry run
-    st = stage(graph, "fp32", default_arch(), disabled_fusions=disabled, enabled_fusions=enabled, dry_run=True)
+    # the one staging path `fusec compile` and `inspect` take (same default dtype), lowered as a dry run
+    st = stage(graph, dtype, default_arch(), disabled_fusions=disabled, enabled_fusions=enabled, dry_run=True)
     g, opts = st.graph, st.options
     layers: dict[str, dict[str, list[Any]]] = {}
 
@@ -108,7 +110,7 @@ def render_text(report: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     check_fusion_names(args)
-    report = explain(load_model(args), args.disable_fusion, args.enable_fusion, args.all)
+    report = explain(load_model(args), args.disable_fusion, args.enable_fusion, args.all, args.dtype)
     report = {"model": args.model, **report}
     if args.json:
         print(json.dumps(report, indent=2, ensure_ascii=True))

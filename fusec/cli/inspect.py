@@ -32,8 +32,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
          "fusec inspect Qwen3-0.6B-Q8_0.gguf"])
     add_model_arguments(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    p.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), default="fp32",
-                   help="storage dtype of the float weights in the report (default fp32)")
+    p.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), default="fp16",
+                   help="storage dtype of the plan reported (default fp16, as compile)")
     from fusec.cli.compile import add_quantize_arguments
 
     add_quantize_arguments(p)
@@ -58,7 +58,7 @@ def build_report(graph: Graph, model: str) -> dict[str, Any]:
     return report
 
 
-def optimized_report(graph: Graph, dtype: str = "fp32", **quantize: Any) -> dict[str, Any]:
+def optimized_report(graph: Graph, dtype: str = "fp16", **quantize: Any) -> dict[str, Any]:
     """What compilation makes of ``graph``: the optimized op histogram, the exact number of
     kernel launches, patterns, fusion decisions, transposes cached, GEMMs merged, memory, weight
     formats (``quantize``: ``fusec.compiler.quantize_options``)."""

@@ -145,7 +145,7 @@ def _engine(args: argparse.Namespace) -> tuple[Any, Any, str, str]:
         engine = ReferenceEngine(build_graphs(gm, batch, t_max, s_len), optimize=True)
         engine.meta = dict(engine.meta, vocab_size=cfg.vocab_size)  # as a plan's record has it
         return engine, gm.tokenizer, gm.source, "reference"
-    from fusec.genmodel import compile_generation
+    from fusec.compiler import compile_generation
     from fusec.runtime.generation import PlanEngine
 
     plan = compile_generation(gm, batch=batch, max_seq_len=t_max, prefill_len=s_len, dtype=args.dtype or "bf16",

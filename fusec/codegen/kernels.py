@@ -99,6 +99,15 @@ def prepare(spec: Any) -> tuple[Rendered, str]:
     return r, render(r.template, **r.ctx)
 
 
+def template_of(spec: Any) -> str:
+    """The template a spec renders (its geometry computed, nothing rendered or compiled)."""
+    _load_builders()
+    fn = _BUILDERS.get(type(spec))
+    if fn is None:
+        raise TypeError(f"no kernel template for {type(spec).__name__}")
+    return fn(spec).template
+
+
 def build(spec: Any, arch: str | None = None) -> CompiledKernel:
     return build_async(spec, arch).result()
 

@@ -1,7 +1,7 @@
 """ONNX decoders exported with a KV cache -> fusec's prefill and decode generation graphs.
 
-Entry point: ``onnx_generation_model(path) -> fusec.genmodel.GenModel`` (its ``builder`` makes the
-graphs). The file must look like an Optimum / ``torch.onnx`` export of a causal LM with a cache:
+Entry point: ``onnx_generation_model(path) -> (config, builder)`` (``fusec.genmodel`` wraps them;
+the ``builder`` makes the graphs). The file must look like an Optimum / ``torch.onnx`` export of a causal LM with a cache:
 
 - inputs ``input_ids`` [batch, seq], ``attention_mask`` [batch, past + seq], ``position_ids``
   [batch, seq] and, per layer i, ``past_key_values.i.key`` / ``past_key_values.i.value``
@@ -69,24 +69,21 @@ class OnnxDecoderConfig:
     family: str = "onnx"
 
 
-def onnx_generation_model(path: str | os.PathLike[str]) -> Any:
-    """A ``GenModel`` for an ONNX decoder exported with a KV cache (see the module docstring).
-
-    No tokenizer (token ids only); eos ids from a sibling ``generation_config.json`` or
-    ``config.json`` if there is one."""
-    from fusec.genmodel import GenModel, _config_eos
-
+def onnx_generation_model(path: str | os.PathLike[str]) -> tuple[Any, Any]:
+    """(config, builder) of an ONNX decoder exported with a KV cache (see the module docstring):
+    ``builder(shape, eos_ids)`` makes the prefill and decode graphs. ``fusec.genmodel`` wraps
+    them into its ``GenModel`` (no tokenizer: token ids only); this frontend imports nothing of
+    the generation-model loader."""
     text = os.fspath(path)
     loaded = load_model(text)  # ModelError: missing, unreadable, fails the checker
     opset = _check_opsets(loaded)
     _check_supported(loaded, opset)
     cfg = _probe(loaded, Path(text).stem)
-    eos = _config_eos(Path(text).parent)
 
     def builder(shape: Any, eos_ids: tuple[int, ...]) -> dict[str, Graph]:
         return build_onnx_generation(loaded, opset, cfg, shape, eos_ids)
 
-    return GenModel(cfg, None, None, eos, os.path.basename(text), builder=builder)
+    return cfg, builder
 
 
 # ---- what the file declares -------------------------------------------------------------------

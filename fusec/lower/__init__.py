@@ -201,12 +201,12 @@ class Context:
 
     def kernel(self, spec: Any, args: list[Value | tuple[Value, int] | Raw], label: str) -> None:
         """Compile ``spec`` (once per distinct kernel) and append its launch over ``args``."""
-        from fusec.codegen.kernels import build_async, written
+        from fusec.codegen.kernels import build_async, template_of, written
 
         if self.dry_run:
             self.emit({"type": "kernel", "label": label}, list(args), [])
             self.launch_bytes.append(_value_bytes(args))
-            self.count(type(spec).__name__)
+            self.count(template_of(spec).split(".")[0])  # as a compiled launch counts
             return
         ck = build_async(spec, self.arch)  # compiles in the background; lower() collects the cubins
         idx = self._kernel_index.get(ck.name)
