@@ -70,8 +70,10 @@ def transposed(a: np.ndarray, perm: Sequence[int]) -> np.ndarray:
 
 def threads() -> int:
     """Worker threads of these copies: ``$FUSEC_BULK_THREADS``, else the CPU count (at most 16)."""
-    env = os.environ.get("FUSEC_BULK_THREADS", "")
-    return int(env) if env.isdigit() and int(env) > 0 else max(1, min(16, os.cpu_count() or 1))
+    from fusec import knobs
+
+    n = knobs.get("FUSEC_BULK_THREADS")
+    return n if n > 0 else max(1, min(16, os.cpu_count() or 1))
 
 
 _POOL: ThreadPoolExecutor | None = None

@@ -21,7 +21,7 @@ _FALSE = ("0", "off", "false", "no", "")
 @dataclasses.dataclass(frozen=True)
 class Knob:
     name: str
-    kind: str  # "bool", "int", "float", "path", "choice"
+    kind: str  # "bool", "int", "float", "path", "text", "choice"
     default: Any
     help: str
     choices: tuple[str, ...] = ()
@@ -29,8 +29,8 @@ class Knob:
 
 KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("FUSEC_CACHE_DIR", "path", None, "kernel cache directory (default ~/.cache/fusec); must be private"),
-    Knob("FUSEC_COMPILE_THREADS", "int", 0, "NVRTC compile threads (0: one per core, at most 8)"),
-    Knob("FUSEC_BULK_THREADS", "int", 0, "threads converting weights on the host (0: automatic)"),
+    Knob("FUSEC_COMPILE_THREADS", "int", 0, "NVRTC compile threads (0: one per core, at most 16)"),
+    Knob("FUSEC_BULK_THREADS", "int", 0, "threads converting weights on the host (0: one per core, at most 16)"),
     Knob("FUSEC_DEBUG", "bool", False, "print tracebacks with errors"),
     Knob("FUSEC_DUMP_SOURCE_ON_ERROR", "bool", False, "print a kernel's numbered source when NVRTC rejects it"),
     Knob("FUSEC_MAX_ELEMENTS", "float", None, "largest tensor (elements) a model or input may declare"),
@@ -40,6 +40,7 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("FUSEC_CUPTI_MODE", "choice", "always", "which CUPTI activity kinds stay on", ("always", "lazy")),
     Knob("FUSEC_LT_PICK", "bool", False, "time cuBLASLt's candidate algorithms when a plan is compiled on a GPU"),
     Knob("FUSEC_PDL", "bool", True, "launch kernels that allow it with programmatic dependent launch (sm_90+)"),
+    Knob("FUSEC_API_KEY", "text", None, "fusec serve: the bearer token clients must send (default: --api-key)"),
 )}
 
 
@@ -52,8 +53,12 @@ def raw(name: str) -> str | None:
 
 def get(name: str) -> Any:
     """The knob's value now: parsed from the environment, else its default."""
+    return value(name, raw(name))
+
+
+def value(name: str, text: str | None) -> Any:
+    """``text`` parsed as knob ``name``'s kind (None: the default); InputError names the variable."""
     k = KNOBS[name]
-    text = raw(name)
     if text is None:
         return k.default
     t = text.strip()

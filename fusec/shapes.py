@@ -7,7 +7,6 @@ is checked where the model is loaded (``fusec.loader``); this module only checks
 from __future__ import annotations
 
 import math
-import os
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -23,7 +22,9 @@ DEFAULT_MAX_BYTES = 2**36  # per tensor, and per file read into memory (64 GiB)
 
 
 def _env_limit(name: str, default: int) -> int:
-    text = os.environ.get(name, "").strip()
+    from fusec import knobs
+
+    text = (knobs.raw(name) or "").strip()
     if not text:
         return default
     try:

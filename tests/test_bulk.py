@@ -58,10 +58,17 @@ def test_transposed_is_the_plain_copy(dtype, monkeypatch: pytest.MonkeyPatch) ->
         assert bulk.transposed(x, [1, 0]).tobytes() == got.tobytes()
 
 
-@pytest.mark.parametrize("value, want", [("4", 4), ("1", 1), ("0", None), ("", None), ("-2", None), ("x", None),
-                                         (" 3", None)])
+@pytest.mark.parametrize("value, want", [("4", 4), ("1", 1), ("0", None), ("", None), ("-2", None), (" 3", 3)])
 def test_bulk_threads_parsing(value: str, want, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FUSEC_BULK_THREADS", value)
     import os
 
     assert bulk.threads() == (want if want is not None else max(1, min(16, os.cpu_count() or 1)))
+
+
+def test_bulk_threads_that_are_not_a_number_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fusec.errors import InputError
+
+    monkeypatch.setenv("FUSEC_BULK_THREADS", "x")
+    with pytest.raises(InputError, match="FUSEC_BULK_THREADS"):
+        bulk.threads()

@@ -80,7 +80,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _debug_wanted(argv: Sequence[str]) -> bool:
-    return os.environ.get("FUSEC_DEBUG", "") not in ("", "0") or "--debug" in argv
+    from fusec import knobs
+    from fusec.errors import InputError
+
+    try:
+        on = bool(knobs.get("FUSEC_DEBUG"))
+    except InputError:  # FUSEC_DEBUG=yes-please: debugging was asked for
+        on = True
+    return on or "--debug" in argv
 
 
 def main(argv: Sequence[str] | None = None) -> int:

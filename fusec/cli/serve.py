@@ -160,7 +160,9 @@ class _Terminated(Exception):
 def run(args: argparse.Namespace) -> int:
     _check(args)
     template = _chat_template(args.chat_template)
-    api_key = args.api_key if args.api_key is not None else (os.environ.get("FUSEC_API_KEY") or None)
+    from fusec import knobs
+
+    api_key = args.api_key if args.api_key is not None else (knobs.get("FUSEC_API_KEY") or None)
     try:
         from fusec.serve import app as serve_app
     except ImportError as e:  # starlette/uvicorn/prometheus_client: the serve extra

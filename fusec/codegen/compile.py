@@ -155,7 +155,9 @@ def _nvrtc(source: str, kernel: str, options: tuple[str, ...]) -> tuple[bytes, s
             nvrtc.compileProgram(prog, options)
         except nvrtc.NVRTCError:
             log = nvrtc.getProgramLog(prog)
-            if os.environ.get("FUSEC_DUMP_SOURCE_ON_ERROR") == "1":
+            from fusec import knobs
+
+            if knobs.get("FUSEC_DUMP_SOURCE_ON_ERROR"):
                 dump = cache_dir() / "errors" / f"{kernel}.cu"
                 dump.parent.mkdir(parents=True, exist_ok=True)
                 dump.write_text(source)
@@ -230,10 +232,10 @@ def abandon(futures: list[Future[Binary]]) -> None:
 
 def compile_threads() -> int:
     """NVRTC compiles run at once: ``$FUSEC_COMPILE_THREADS``, else the CPU count (at most 16)."""
-    env = os.environ.get("FUSEC_COMPILE_THREADS", "")
-    if env.isdigit() and int(env) > 0:
-        return int(env)
-    return max(1, min(16, os.cpu_count() or 1))
+    from fusec import knobs
+
+    n = knobs.get("FUSEC_COMPILE_THREADS")
+    return n if n > 0 else max(1, min(16, os.cpu_count() or 1))
 
 
 _POOL: ThreadPoolExecutor | None = None

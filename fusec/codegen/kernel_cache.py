@@ -24,7 +24,9 @@ class KernelCacheError(FusecError):
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("FUSEC_CACHE_DIR") or Path.home() / ".cache" / "fusec")
+    from fusec import knobs
+
+    return Path(knobs.get("FUSEC_CACHE_DIR") or Path.home() / ".cache" / "fusec")
 
 
 def _entry_path(key: str) -> Path:

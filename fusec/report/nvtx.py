@@ -10,10 +10,13 @@ Ranges come from ``cupy.cuda.nvtx``; where CuPy was built without NVTX they are 
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-ENABLED = os.environ.get("FUSEC_NVTX", "").strip() not in ("", "0")
+def enabled() -> bool:
+    """``FUSEC_NVTX`` now (read when a plan runs, not at import)."""
+    from fusec import knobs
+
+    return bool(knobs.get("FUSEC_NVTX"))
 
 
 def _nvtx() -> Any:

@@ -168,11 +168,15 @@ class DriverCounters:
                 self._subscriber = None
 
     def _init(self) -> None:
-        if os.environ.get("FUSEC_CUPTI", "1").strip().lower() in ("0", "off", "false", "no"):
-            return self._fail("disabled by FUSEC_CUPTI=0")
-        mode = os.environ.get("FUSEC_CUPTI_MODE", "always").strip().lower()
-        if mode not in _MODES:
-            return self._fail(f"FUSEC_CUPTI_MODE={mode!r} is not one of {', '.join(_MODES)}")
+        from fusec import knobs
+        from fusec.errors import InputError
+
+        try:
+            if not knobs.get("FUSEC_CUPTI"):
+                return self._fail("disabled by FUSEC_CUPTI=0")
+            mode = knobs.get("FUSEC_CUPTI_MODE")
+        except InputError as e:  # a knob's text that is not of its kind: no counters, and why
+            return self._fail(str(e))
         self.mode = mode
         try:
             import cupy

@@ -36,7 +36,7 @@ import numpy as np
 from fusec.dtypes import DType
 from fusec.errors import InputError
 from fusec.plan import entry_points as entries
-from fusec.report.nvtx import ENABLED as NVTX_ENABLED
+from fusec.report import nvtx as _nvtx
 from fusec.report.nvtx import run_with_ranges
 from fusec.runtime.cublas import GemmCall
 from fusec.runtime.guard import guarded
@@ -213,7 +213,7 @@ class Executor:
         t0 = time.perf_counter()
         with counter.hook:
             h2d, d2d = self._stage(staged, stream)
-            if nvtx or (nvtx is None and NVTX_ENABLED):
+            if nvtx or (nvtx is None and _nvtx.enabled()):
                 run_with_ranges(self, stream)
             elif self._graph is not None:
                 self._graph.launch(stream)

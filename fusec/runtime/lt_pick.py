@@ -40,8 +40,9 @@ _LOCK = threading.Lock()
 
 def enabled(env: Mapping[str, str] | None = None) -> bool:
     """True when ``FUSEC_LT_PICK`` is 1/on/true/yes (read at each prepare, not at import)."""
-    v = (env if env is not None else os.environ).get("FUSEC_LT_PICK", "0").strip().lower()
-    return v in ("1", "on", "true", "yes")
+    from fusec import knobs
+
+    return bool(knobs.value("FUSEC_LT_PICK", (env if env is not None else os.environ).get("FUSEC_LT_PICK")))
 
 
 def fastest(times: Sequence[float]) -> int:

@@ -336,7 +336,9 @@ async def _disconnected(request: Any) -> None:
 def _debug() -> bool:
     import os
 
-    return os.environ.get("FUSEC_DEBUG", "") not in ("", "0")
+    from fusec import knobs
+
+    return bool(knobs.get("FUSEC_DEBUG"))
 
 
 def run(server: Server, host: str, port: int, on_ready: Callable[[int], None] | None = None) -> None:

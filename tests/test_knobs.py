@@ -1,0 +1,52 @@
+"""Every FUSEC_* environment knob is declared in fusec/knobs.py and read through it when used
+(issue 19, point 7): a knob named anywhere in the package is declared, no module reads one from
+os.environ itself, and a value of the wrong kind is a one-line error naming the variable."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from fusec import knobs
+from fusec.errors import InputError
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCES = [p for d in ("fusec", "passes", "models") for p in (ROOT / d).rglob("*.py")]
+
+
+def test_every_knob_named_in_the_package_is_declared() -> None:
+    named = {m for p in SOURCES for m in re.findall(r"\bFUSEC_[A-Z][A-Z0-9_]*\b", p.read_text())}
+    assert named and named <= set(knobs.KNOBS), sorted(named - set(knobs.KNOBS))
+
+
+def test_no_module_reads_a_knob_from_the_environment_itself() -> None:
+    reads = re.compile(r"(environ\.get|getenv)\(\s*[\"']FUSEC_|environ\[[\"']FUSEC_[A-Z_]+[\"']\](?!\s*=)")
+    offenders = [f"{p.relative_to(ROOT)}:{i}" for p in SOURCES if p.name != "knobs.py"
+                 for i, line in enumerate(p.read_text().splitlines(), 1) if reads.search(line)]
+    assert not offenders
+
+
+@pytest.mark.parametrize("name,text,want", [("FUSEC_PDL", "0", False), ("FUSEC_PDL", "on", True),
+                                            ("FUSEC_PDL", None, True), ("FUSEC_COMPILE_THREADS", "3", 3),
+                                            ("FUSEC_CUPTI_MODE", "Lazy", "lazy"), ("FUSEC_CACHE_DIR", "/x", "/x")])
+def test_values_parse_by_kind(monkeypatch: pytest.MonkeyPatch, name: str, text: str | None, want: object) -> None:
+    if text is None:
+        monkeypatch.delenv(name, raising=False)
+    else:
+        monkeypatch.setenv(name, text)
+    assert knobs.get(name) == want
+
+
+@pytest.mark.parametrize("name,text", [("FUSEC_PDL", "maybe"), ("FUSEC_COMPILE_THREADS", "many"),
+                                       ("FUSEC_CUPTI_MODE", "sometimes")])
+def test_a_value_of_the_wrong_kind_names_the_variable(monkeypatch: pytest.MonkeyPatch, name: str, text: str) -> None:
+    monkeypatch.setenv(name, text)
+    with pytest.raises(InputError, match=name):
+        knobs.get(name)
+
+
+def test_an_undeclared_knob_is_a_bug() -> None:
+    with pytest.raises(KeyError, match="undeclared"):
+        knobs.get("FUSEC_NOT_A_KNOB")
