@@ -36,7 +36,8 @@ class Engine(Protocol):
     def set_state(self, name: str, value: np.ndarray) -> None: ...
     def write_states(self, values: dict[str, np.ndarray]) -> None: ...  # several states, one synchronization
     def read_state(self, name: str) -> np.ndarray: ...
-    def prefill(self, input_ids: np.ndarray, lengths: np.ndarray) -> None: ...  # lengths 0: row not admitted
+    def prefill(self, input_ids: np.ndarray, lengths: np.ndarray, timed: bool = True,
+                measure: bool = False) -> None: ...  # lengths 0: row not admitted
     def decode(self) -> None: ...
     def sync(self) -> None: ...
     def measure(self, on: bool) -> None: ...  # start/stop counting driver activity (decode loop)
@@ -132,12 +133,12 @@ def check_prompt_ids(prompts: Sequence[Sequence[int]], vocab: int | None, max_ne
 
 def generate(engine: Engine, prompts: Sequence[Sequence[int]], max_new_tokens: int, vocab: int, seed: int = 0,
              stream_every: int = 0, on_tokens: Callable[[list[list[int]]], None] | None = None,
-             sampling: Sampling | Sequence[Sampling] | None = None) -> Generated:
+             sampling: Sampling | Sequence[Sampling] | None = None, measure: bool = False) -> Generated:
     """Run the prefill and the decode steps; see the module docstring. With ``stream_every`` and
     ``on_tokens``, each row's new tokens are passed on every ``stream_every`` decode steps (and at
     the end). ``sampling``: one setting for every row or one per prompt (default greedy); row b
-    draws with seed ``row_seeds(seed, B)[b]``."""
-    it = iter_generate(engine, prompts, max_new_tokens, vocab, seed, stream_every, sampling)
+    draws with seed ``row_seeds(seed, B)[b]``; ``measure``: see ``iter_generate``."""
+    it = iter_generate(engine, prompts, max_new_tokens, vocab, seed, stream_every, sampling, measure=measure)
     while True:
         try:
             chunk = next(it)
@@ -175,11 +176,14 @@ def sampling_states(settings: Sequence[Sampling], seeds: np.ndarray) -> dict[str
 
 def iter_generate(engine: Engine, prompts: Sequence[Sequence[int]], max_new_tokens: int, vocab: int, seed: int = 0,
                   stream_every: int = 0, sampling: Sampling | Sequence[Sampling] | None = None,
-                  progress: Callable[[str, str], None] | None = None) -> Generator[list[list[int]], None, Generated]:
+                  progress: Callable[[str, str], None] | None = None,
+                  measure: bool = False) -> Generator[list[list[int]], None, Generated]:
     """Yield each row's new tokens after the prefill and every ``stream_every`` decode steps (0:
     only at the end), one read-back per chunk; returns (StopIteration.value) the ``Generated``
     record. ``sampling``: one setting for every row or one per row (default greedy).
-    ``progress(step, item)`` hears "prefill", "first token" (with its time) and "decode"."""
+    ``progress(step, item)`` hears "prefill", "first token" (with its time) and "decode".
+    ``measure``: count what the driver does in the prefill and over the decode loop (``stats``;
+    on a GPU this attaches CUPTI, which slows every later graph launch: only when asked)."""
     meta = engine.meta
     rows = check_prompts(prompts, meta, vocab, max_new_tokens)
     batch, prefill_len = int(meta["batch"]), int(meta["prefill_len"])
@@ -204,7 +208,7 @@ def iter_generate(engine: Engine, prompts: Sequence[Sequence[int]], max_new_toke
     if progress is not None:
         progress("prefill", f"{sum(len(r) for r in rows)} prompt tokens in {len(rows)} sequences")
     t0 = time.perf_counter()
-    engine.prefill(ids, lengths)
+    engine.prefill(ids, lengths, measure=measure)
     engine.sync()
     t1 = time.perf_counter()
     if progress is not None:
@@ -222,7 +226,8 @@ def iter_generate(engine: Engine, prompts: Sequence[Sequence[int]], max_new_toke
             sent = [len(n) for n in new]
         if progress is not None and steps:
             progress("decode", f"up to {steps} steps")
-        engine.measure(True)
+        if measure:
+            engine.measure(True)
         for step in range(steps):
             if engine.finished():  # the reference backend knows for free; the GPU never asks the device
                 break
@@ -234,7 +239,8 @@ def iter_generate(engine: Engine, prompts: Sequence[Sequence[int]], max_new_toke
                 yield [n[s:] for n, s in zip(new, sent)]
                 paused += time.perf_counter() - t_pause
                 sent = [len(n) for n in new]
-        engine.measure(False)
+        if measure:
+            engine.measure(False)
         engine.sync()
     except KeyboardInterrupt:
         engine.sync()  # the steps already queued finish; their tokens count
@@ -326,7 +332,7 @@ class ReferenceEngine:
         self.state.update({src.name: out[dst.name] for src, dst in g.state_pairs() if dst is not src})
         self._steps += 1
 
-    def prefill(self, input_ids: np.ndarray, lengths: np.ndarray, timed: bool = True) -> None:
+    def prefill(self, input_ids: np.ndarray, lengths: np.ndarray, timed: bool = True, measure: bool = False) -> None:
         self._steps = 0
         self._run("prefill", {"input_ids": input_ids, "lengths": np.asarray(lengths, np.int64)})
 

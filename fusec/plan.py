@@ -279,9 +279,11 @@ class Plan:
         return self._exec().device
 
     def run(self, inputs: Mapping[str, Any], stream: Any = None, outputs: Mapping[str, Any] | None = None,
-            entry: str | None = None, measure: bool = True, nvtx: bool | None = None) -> dict[str, Any]:
+            entry: str | None = None, measure: bool = False, nvtx: bool | None = None) -> dict[str, Any]:
         """Run entry point ``entry`` (default: the first) once on the GPU; returns {output name:
-        CuPy array} (see fusec.runtime.executor). ``measure``: count driver activity for stats().
+        CuPy array} (see fusec.runtime.executor). ``measure``: count driver activity for stats()
+        (CUPTI: attached on the first measured run, after which every graph launch of the process
+        pays for its records, 8-16% of a small plan's replay; so only when asked).
         ``nvtx``: an NVTX range around each launch (default: on when FUSEC_NVTX=1; fusec.report.nvtx).
 
         ``stream``: a CuPy stream, or any object that names a CUDA stream: a PyTorch stream

@@ -167,7 +167,7 @@ class TextStream:
 def run(engine: Any, ids: Sequence[Sequence[int]], tok: Any, vocab: int, *, max_new_tokens: int, seed: int = 0,
         sampling: Any = None, stream_every: int = 0, on_tokens: Callable[[list[list[int]]], None] | None = None,
         on_text: Callable[[int, str], None] | None = None,
-        progress: Callable[[str, str], None] | None = None) -> Generated:
+        progress: Callable[[str, str], None] | None = None, measure: bool = False) -> Generated:
     """The generation loop over ``engine`` with the texts decoded and the callbacks fed (see the
     module docstring). Ctrl-C raises ``fusec.generation.Interrupted`` whose ``partial`` result
     holds what was generated so far (texts included)."""
@@ -183,7 +183,8 @@ def run(engine: Any, ids: Sequence[Sequence[int]], tok: Any, vocab: int, *, max_
                 if piece:
                     on_text(b, piece)  # type: ignore[misc]
 
-    it = iter_generate(engine, ids, max_new_tokens, vocab, seed, stream_every, sampling, progress=progress)
+    it = iter_generate(engine, ids, max_new_tokens, vocab, seed, stream_every, sampling, progress=progress,
+                       measure=measure)
     try:
         while True:
             try:
@@ -217,7 +218,7 @@ def generate(model: Any, prompts: str | Sequence[Any], *, max_new_tokens: int = 
              batch: int | None = None, max_seq_len: int | None = None, max_prompt_len: int | None = None,
              dtype: str = "bf16", arch: str | None = None, weights_dir: str | os.PathLike[str] | None = None,
              backend: str | None = None, progress: Callable[[str, str], None] | None = None,
-             quantize: Mapping[str, Any] | None = None) -> Generated:
+             quantize: Mapping[str, Any] | None = None, measure: bool = False) -> Generated:
     """Generate up to ``max_new_tokens`` tokens after each prompt; see the module docstring.
 
     ``model``: a built-in decoder name (random weights unless ``weights_dir``), a Hugging Face
@@ -230,7 +231,8 @@ def generate(model: Any, prompts: str | Sequence[Any], *, max_new_tokens: int = 
     ``batch``/``max_seq_len``/``max_prompt_len``: the compiled sizes (default: what the prompts
     need); ``dtype``/``arch``: the compiled plan's (GPU); ``quantize``: weight quantization
     (``{"quantize": "int4", "quantize_group": 128}``, ``fusec.compiler.quantize_options``).
-    ``progress(stage, item)`` hears each step.
+    ``progress(stage, item)`` hears each step; ``measure``: count what the driver does per decode
+    step (``stats``; attaches CUPTI on a GPU, which slows later graph launches: only when asked).
 
     Returns ``fusec.generation.Generated``: ``text`` (one string per prompt, None without a
     tokenizer), ``new_ids``, ``prompt_ids``, ``finish_reason`` ("stop": the row drew an
@@ -257,7 +259,8 @@ def generate(model: Any, prompts: str | Sequence[Any], *, max_new_tokens: int = 
         tok = plan_tokenizer(plan)
         ids = encode_prompts(tok, rows, chat, system, dict(chat_template_kwargs or {}))
         res = run(engine, ids, tok, int(meta["vocab_size"]), max_new_tokens=max_new_tokens, seed=seed_,
-                  sampling=sampling, stream_every=every, on_tokens=on_tokens, on_text=on_text, progress=progress)
+                  sampling=sampling, stream_every=every, on_tokens=on_tokens, on_text=on_text, progress=progress,
+                  measure=measure)
         res.backend = "cuda"
         return res
     sampling, seed_ = resolve_sampling(temperature, top_k, top_p, seed)
@@ -275,7 +278,8 @@ def generate(model: Any, prompts: str | Sequence[Any], *, max_new_tokens: int = 
     engine = prepare(gm, batch=b, max_seq_len=t_max, prefill_len=s_len, backend=chosen, dtype=dtype, arch=arch,
                      progress=progress, quantize=quantize)
     res = run(engine, ids, gm.tokenizer, int(gm.config.vocab_size), max_new_tokens=max_new_tokens, seed=seed_,
-              sampling=sampling, stream_every=every, on_tokens=on_tokens, on_text=on_text, progress=progress)
+              sampling=sampling, stream_every=every, on_tokens=on_tokens, on_text=on_text, progress=progress,
+                  measure=measure)
     res.backend = chosen
     return res
 

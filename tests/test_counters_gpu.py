@@ -272,7 +272,7 @@ def test_a_sync_and_a_copy_injected_into_a_plan_run_are_counted(dc, kit):
     from fusec.loader import load_graph
 
     inputs = random_inputs(load_graph("gpt2-tiny"), seed=1)
-    plan.run(inputs)
+    plan.run(inputs, measure=True)
     clean = plan.stats()
     assert clean["counters"] == "cupti" and clean["syncs"] == 0 and clean["d2h_bytes"] == 0
     ex = plan._exec()
@@ -285,7 +285,7 @@ def test_a_sync_and_a_copy_injected_into_a_plan_run_are_counted(dc, kit):
         probe.get()  # ... and a D2H copy (CuPy: cudaMemcpyAsync + a stream sync)
 
     ex._launches[3] = leaky
-    plan.run(inputs)
+    plan.run(inputs, measure=True)
     s = plan.stats()
     print("injected:", {k: s[k] for k in ("syncs", "d2h_bytes", "sync_calls")})
     assert s["syncs"] >= 2 and s["d2h_bytes"] == probe.nbytes

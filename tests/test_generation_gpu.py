@@ -44,7 +44,7 @@ def test_sampled_generation_is_reproducible_and_matches_reference():
 
 def test_decode_steps_do_no_host_work():
     plan = compile_generation("llama-tiny", batch=2, max_seq_len=64, prefill_len=8, dtype="bf16", eos_ids=[])
-    res = generate_with_plan(plan, [[5, 6, 7], [8, 9]], max_new_tokens=24)
+    res = generate_with_plan(plan, [[5, 6, 7], [8, 9]], max_new_tokens=24, measure=True)
     assert [len(n) for n in res.new_ids] == [24, 24]
     assert_no_host_work(res.stats["decode"], 23)
 

@@ -166,7 +166,7 @@ def test_packed_decode_steps_do_no_host_work():
     from fusec.compiler import compile_generation
 
     plan = compile_generation(_packed_model(), batch=2, max_seq_len=64, prefill_len=8, dtype="bf16", eos_ids=[])
-    res = generate_with_plan(plan, [[5, 6, 7], [8, 9]], max_new_tokens=24)
+    res = generate_with_plan(plan, [[5, 6, 7], [8, 9]], max_new_tokens=24, measure=True)
     dec = res.stats["decode"]
     assert dec["steps"] == 23 and dec["cuda_graph"]
     if dec.get("counters") != "cupti":

@@ -60,7 +60,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--stream-every", type=int, default=None, metavar="N",
                    help="with --stream: decode steps per streamed chunk, one read-back each (default 1: every token)")
     add_json_flag(p, "one JSON object (text, prompt_ids, new_ids, finish_reason, token counts, timings, stats)")
-    p.add_argument("--stats", action="store_true", help="print the prefill and per-decode-step counters")
+    p.add_argument("--stats", action="store_true", help="count and print what the driver does in the prefill and per "
+                                                        "decode step (attaches CUPTI on a GPU, which slows decode a little)")
     add_generation_arguments(p)
     return p
 
@@ -311,7 +312,8 @@ def _generate(args: argparse.Namespace, engine: Any, ids: list[list[int]], tok: 
     every = (args.stream_every or 1) if args.stream else 0
     try:
         res = run_generation(engine, ids, tok, vocab, max_new_tokens=args.max_new_tokens, seed=seed, sampling=sampling,
-                             stream_every=every, on_tokens=out.chunk if args.stream else None, progress=steps)
+                             stream_every=every, on_tokens=out.chunk if args.stream else None, progress=steps,
+                             measure=args.stats)
     except Interrupted as e:  # Ctrl-C: what was generated so far, then exit 130 (fusec.cli.main)
         e.partial.backend = backend
         out.result(e.partial)

@@ -346,7 +346,7 @@ def _run_cuda(args: argparse.Namespace, graph: Graph | None, inputs: dict[str, n
         from fusec.cli.compile import compile_from_args
 
         plan = compile_from_args(args)
-    result = plan.run(inputs)
+    result = plan.run(inputs, measure=True)  # the command prints what the driver did
     stats = plan.stats()
     outputs = {}
     for d in plan.manifest["outputs"]:

@@ -187,7 +187,7 @@ class Executor:
 
     @guarded  # one call at a time per device: another thread's call meanwhile raises ConcurrentRunError
     def run(self, inputs: Mapping[str, Any], stream: Any = None, outputs: Mapping[str, Any] | None = None,
-            measure: bool = True, nvtx: bool | None = None) -> dict[str, Any]:
+            measure: bool = False, nvtx: bool | None = None) -> dict[str, Any]:
         """Run the plan once; see the module docstring for the contract. ``measure``: count what
         the driver does during the run (CUPTI; ``stats()`` reports it). ``nvtx``: NVTX ranges around
         the launches (default: ``FUSEC_NVTX``; see ``fusec.report.nvtx``)."""
@@ -363,7 +363,7 @@ class Executor:
 def measured(counters: Any) -> dict[str, Any]:
     """The driver's counters of the last region as stats entries (see ``Executor.stats``)."""
     if counters is None:
-        return {"counters": "off (run with measure=False)"}
+        return {"counters": "off (not measured: run with measure=True)"}
     if not counters.available:
         return {"counters": f"unavailable: {counters.reason}"}
     res = dict(counters.result())

@@ -68,9 +68,10 @@ class PlanEngine:
         self.stream.synchronize()
         return self.device.read_state(name)
 
-    def prefill(self, input_ids: np.ndarray, lengths: np.ndarray, timed: bool = True) -> None:
+    def prefill(self, input_ids: np.ndarray, lengths: np.ndarray, timed: bool = True, measure: bool = False) -> None:
         """Run the prefill (rows with length 0 are left as they are); ``timed``: wait for it and
-        record ``last_prefill_ms`` (a server queues it and goes on)."""
+        record ``last_prefill_ms`` (a server queues it and goes on); ``measure``: count what the
+        driver does (attaches the counters: only when asked)."""
         feeds = {"input_ids": input_ids, "lengths": np.asarray(lengths, np.int64)}
         if not timed:
             self._prefill.run(feeds, stream=self.stream, measure=False)
@@ -78,7 +79,7 @@ class PlanEngine:
             return
         a, b = self._events
         a.record(self.stream)
-        self._prefill.run(feeds, stream=self.stream)
+        self._prefill.run(feeds, stream=self.stream, measure=measure)
         b.record(self.stream)
         b.synchronize()
         import cupy
@@ -119,8 +120,10 @@ class PlanEngine:
         decode: dict[str, Any] = {"steps": self._steps, "launches_per_step": launches,
                                   "kernels_per_layer": round(launches / layers, 2),
                                   "cuda_graph": self._decode._graph is not None}
-        c = self.device.counters
-        if not c.available:
+        c = self.device.attached_counters
+        if c is None:
+            decode["counters"] = "off (not measured: generate with measure=True, fusec generate --stats)"
+        elif not c.available:
             decode["counters"] = f"unavailable: {c.reason}"
         elif self._decode_counts:
             decode["counters"] = "cupti"
@@ -193,7 +196,12 @@ class _PinnedPool:
 
 def generate_with_plan(plan: Any, prompts: Sequence[Any], max_new_tokens: int, seed: int = 0, stream_every: int = 0,
                        on_tokens: Callable[[list[list[int]]], None] | None = None, chat: bool = False,
-                       sampling: Any = None) -> Any:
+                       sampling: Any = None, measure: bool = False) -> Any:
+    """Generate from a generation plan (``fusec compile --generate``) on the GPU: ``prompts`` are
+    token-id lists, or strings when the plan carries a tokenizer; ``sampling`` one
+    ``fusec.sampling.Sampling`` for every prompt or one per prompt (default greedy); ``measure``:
+    driver counters in ``stats`` (``fusec.generation.iter_generate``). The plan's engine (weights
+    uploaded, decode step captured) is made once and kept on the plan."""
     from fusec.genmodel import encode_prompts, plan_tokenizer
     from fusec.textgen import run
 
@@ -203,6 +211,6 @@ def generate_with_plan(plan: Any, prompts: Sequence[Any], max_new_tokens: int, s
     tok = plan_tokenizer(plan)
     ids = encode_prompts(tok, prompts, chat)
     res = run(engine, ids, tok, int(engine.meta["vocab_size"]), max_new_tokens=max_new_tokens, seed=seed,
-              stream_every=stream_every, on_tokens=on_tokens, sampling=sampling)
+              stream_every=stream_every, on_tokens=on_tokens, sampling=sampling, measure=measure)
     res.backend = "cuda"
     return res

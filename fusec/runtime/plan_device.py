@@ -59,9 +59,22 @@ class Device:
         self.pdl = bool(knobs.get("FUSEC_PDL")) and pdl.available()
         gemms = any(L["type"] == "gemm" for e in entries(self.manifest).values() for L in e["launches"])
         self.handle = Handle() if gemms else None
-        from fusec.runtime.counters import DriverCounters
+        self._counters: Any = None  # attached on first use: only a caller that measures pays for CUPTI
 
-        self.counters = DriverCounters.create()
+    @property
+    def counters(self) -> Any:
+        """The process's driver counters, attached now if they are not yet (CUPTI: once attached,
+        every graph launch pays for its activity records; see fusec.runtime.counters)."""
+        if self._counters is None:
+            from fusec.runtime.counters import DriverCounters
+
+            self._counters = DriverCounters.create()
+        return self._counters
+
+    @property
+    def attached_counters(self) -> Any:
+        """The counters if something attached them already, else None (never attaches)."""
+        return self._counters
 
     def addr(self, space: str, offset: int) -> int:
         return self.base[space] + int(offset)
