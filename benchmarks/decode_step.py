@@ -75,7 +75,6 @@ def run_mode(path: str, pdl: bool, batch: int, steps: int, windows: int) -> tupl
     import cupy as cp
 
     import fusec
-    from fusec.runtime.counters import DriverCounters
     from fusec.runtime.generation import PlanEngine
 
     os.environ["FUSEC_PDL"] = "1" if pdl else "0"
@@ -115,7 +114,34 @@ def run_mode(path: str, pdl: bool, batch: int, steps: int, windows: int) -> tupl
     out: dict[str, Any] = {"pdl": pdl, "step_ms": statistics.median(times), "step_ms_all": times,
                            "launches": len(plan.manifest["entries"]["decode"]["launches"]),
                            "pdl_launches": pdl_launches, "device_pdl": bool(eng.device.pdl)}
-    # per-kernel profile: CUPTI kernel records of a few replays, split by CUPTI timestamps
+    eng.sync()
+    del eng, plan
+    return out, tokens, caches
+
+
+def profile_mode(path: str, pdl: bool, batch: int) -> Any:
+    """The per-kernel profile of a few replays (CUPTI kernel records): run after every timing,
+    since attached counters slow every later graph launch of the process."""
+    import cupy as cp  # noqa: F401
+
+    import fusec
+    from fusec.generation import write_sampling
+    from fusec.runtime.counters import DriverCounters
+    from fusec.runtime.generation import PlanEngine
+    from fusec.sampling import Sampling, row_seeds
+
+    os.environ["FUSEC_PDL"] = "1" if pdl else "0"
+    plan = fusec.load(path)
+    eng = PlanEngine(plan)
+    gen = plan.manifest["generation"]
+    ids = np.random.default_rng(0).integers(0, int(gen["vocab_size"]), (batch, int(gen["prefill_len"])))
+    write_sampling(eng, [Sampling()] * batch, row_seeds(0, batch))
+    lengths = np.full(batch, int(gen["prefill_len"]), np.int64)
+
+    def start() -> None:
+        eng.prefill(ids, lengths)
+
+    out: dict[str, Any] = {}
     counters = DriverCounters.create()
     if counters.available:
         start()
@@ -164,7 +190,7 @@ def run_mode(path: str, pdl: bool, batch: int, steps: int, windows: int) -> tupl
         out["profile"] = f"unavailable: {counters.reason}"
     eng.sync()
     del eng, plan
-    return out, tokens, caches
+    return out["profile"], out.get("timeline")
 
 
 def main() -> int:
@@ -215,6 +241,7 @@ def main() -> int:
                     "first_token_diff": [diff[0].tolist(), int(ta[tuple(diff[0])]), int(tb[tuple(diff[0])])] if diff.size else None,
                     "caches": not states, "states_differing": states}
 
+        rec["path"] = path
         rec["pdl_vs_plain"] = same("pdl", "plain")
         rec["plain_vs_plain"] = same("plain", "plain_again")
         rec["pdl_vs_pdl"] = same("pdl", "pdl_again")
@@ -224,6 +251,13 @@ def main() -> int:
         results["runs"].append(rec)
         print(json.dumps(rec, default=str), flush=True)
         (out / "decode_step.json").write_text(json.dumps(results, indent=1, default=str))
+    for rec in results["runs"]:  # after every timing: attached CUPTI slows every later graph launch
+        for mode, pdl in (("pdl", True), ("plain", False)):
+            rec[mode]["profile"], rec[mode]["timeline"] = profile_mode(rec.pop("path") if mode == "plain" else rec["path"],
+                                                                       pdl, rec["batch"])
+        print(json.dumps({"batch": rec["batch"], "pdl_profile": rec["pdl"]["profile"],
+                          "plain_profile": rec["plain"]["profile"]}, default=str), flush=True)
+    (out / "decode_step.json").write_text(json.dumps(results, indent=1, default=str))
     md = [f"model {args.model}, context {args.context}, copy bandwidth {bw / 1e9:.0f} GB/s", "",
           "| batch | launches (per layer) | PDL step ms | tok/s | % roofline | plain step ms | median gap PDL / plain (us) | bit-identical |",
           "|---|---|---|---|---|---|---|---|"]

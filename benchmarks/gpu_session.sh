@@ -31,16 +31,16 @@ for step in "$@"; do
     kernels) timeout 300 $PT -n 8 tests/test_gemv_gpu.py tests/test_decode_kernels_gpu.py tests/test_pdl_gpu.py \
                tests/test_head_rope_pair.py tests/test_softcap.py tests/test_generation_gpu.py > "$R/t_kernels.txt" 2>&1
              tail -n 25 "$R/t_kernels.txt" ;;
-    gpu_all) OUT="$R" timeout 420 bash benchmarks/gpu_check.sh ;;
+    gpu_all) OUT="$R" timeout 200 bash benchmarks/gpu_check.sh ;;
     gemv) timeout 150 python3 benchmarks/bench_decode_kernels.py "$R/bk" --only gemv > "$R/gemv.txt" 2>&1
           grep "^|" "$R/gemv.txt" | tail -n 45 ;;
     kv) timeout 120 python3 benchmarks/bench_decode_kernels.py "$R/bkv" --only kv > "$R/kv.txt" 2>&1
         grep "^|" "$R/kv.txt" | tail -n 25 ;;
-    step_q) timeout 300 python3 benchmarks/decode_step.py "$R/step_q" --model qwen3-0.6b --batches 1,8 > "$R/step_q.txt" 2>&1
+    step_q) timeout 120 python3 benchmarks/decode_step.py "$R/step_q" --model qwen3-0.6b --batches 1,8 > "$R/step_q.txt" 2>&1
             tail -n 6 "$R/step_q.txt" ;;
-    step_l) timeout 300 python3 benchmarks/decode_step.py "$R/step_l" --model llama-1b --batches 1 --context 32 > "$R/step_l.txt" 2>&1
+    step_l) timeout 80 python3 benchmarks/decode_step.py "$R/step_l" --model llama-1b --batches 1 --context 32 > "$R/step_l.txt" 2>&1
             tail -n 5 "$R/step_l.txt" ;;
-    peer) timeout 400 python3 benchmarks/decode.py "$R/peer.json" --quick --batches 1,8 --contexts 128 > "$R/peer.txt" 2>&1
+    peer) timeout 150 python3 benchmarks/decode.py "$R/peer.json" --quick --batches 1,8 --contexts 128 > "$R/peer.txt" 2>&1
           tail -n 25 "$R/peer.txt" ;;
     step_diag) timeout 300 python3 benchmarks/decode_step.py "$R/step_d" --model qwen3-0.6b --batches 1 --windows 2 > "$R/step_d.txt" 2>&1
                tail -n 4 "$R/step_d.txt" ;;

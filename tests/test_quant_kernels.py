@@ -154,7 +154,7 @@ def test_lowering_picks_the_gemv_for_decode_and_dequantize_gemm_for_prefill():
     assert by.get("qmatmul:qgemv") == 1 and "cublas_gemm" not in by and dec.lowered.report["launches"] == 1
     pre = stage(_qgraph(64, epilogue=True), "bf16", "sm_90", dry_run=True)
     by = pre.lowered.report["by_template"]
-    assert by.get("qmatmul:dequant_gemm") == 1 and by.get("cublas_gemm") == 1 and by.get("QDequantSpec") == 1
+    assert by.get("qmatmul:dequant_gemm") == 1 and by.get("cublas_gemm") == 1 and by.get("qdequant") == 1
     assert pre.lowered.scratch_bytes >= 96 * 512 * 2  # the dequantized weight lives in arena scratch
 
 
