@@ -32,6 +32,10 @@ for step in "$@"; do
                tests/test_head_rope_pair.py tests/test_softcap.py tests/test_generation_gpu.py > "$R/t_kernels.txt" 2>&1
              tail -n 25 "$R/t_kernels.txt" ;;
     gpu_all) OUT="$R" timeout 200 bash benchmarks/gpu_check.sh ;;
+    ktests) K=$(grep -l "mark.gpu" tests/test_*.py | grep -v -e test_families -e test_conv -e test_ab_gpu \
+                -e test_e2e_gpu -e test_generation_gpu -e test_runtime_gpu -e test_counters_gpu -e test_hostile_gpu \
+                -e test_plan_contracts -e test_report_gpu -e test_cli_ -e test_softcap_generation)
+            timeout 120 $PT -n 12 $K > "$R/t_k.txt" 2>&1; grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_k.txt" | tail -n 12 ;;
     gemv) timeout 150 python3 benchmarks/bench_decode_kernels.py "$R/bk" --only gemv > "$R/gemv.txt" 2>&1
           grep "^|" "$R/gemv.txt" | tail -n 45 ;;
     kv) timeout 120 python3 benchmarks/bench_decode_kernels.py "$R/bkv" --only kv > "$R/kv.txt" 2>&1
