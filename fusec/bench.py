@@ -97,7 +97,7 @@ def measure(plan: Any, cuda_graph: bool, warmup: int = 10, iters: int = 100, rot
     out["host_enqueue_ms"] = float(np.median(host))
     stats: dict[str, Any] = {}
     if not bound:  # (a bound run is never measured)
-        runner.run(sets[0], stream=stream)  # untimed and measured: the driver's allocations in one run
+        runner.run(sets[0], stream=stream, measure=True)  # untimed and measured: the driver's allocations in one run
         stats = runner.stats()
     out["launches"] = stats.get("launches", len(plan.manifest.get("launches", [])))
     out["allocations"] = stats.get("allocations")
