@@ -215,8 +215,6 @@ GEMV_SHAPES = [("qwen3 qkv", 1024, 4096), ("qwen3 o_proj", 2048, 1024), ("qwen3 
 
 def _pdl_chain(ck, args_per_launch: list[list]) -> list[Callable]:  # noqa: ANN001
     """Launch closures with programmatic dependent launch (each may overlap the one before)."""
-    import numpy as np
-
     from fusec.runtime.pdl import PdlLaunch
 
     fn = K.load(ck)

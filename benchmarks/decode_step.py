@@ -29,6 +29,9 @@ from typing import Any
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_decode_kernels import copy_bw  # noqa: E402  (one copy-bandwidth measurement for the benchmarks)
+
 
 def model(name: str) -> Any:
     from fusec.genmodel import GenModel
@@ -43,25 +46,6 @@ def model(name: str) -> Any:
     else:
         cfg = get_config(name)
     return GenModel(cfg, SharedWeights(RandomWeights(0)), None, (), cfg.name)
-
-
-def copy_bw() -> float:
-    import cupy as cp
-
-    n = 1 << 30
-    a, b = cp.ones(n // 4, cp.float32), cp.empty(n // 4, cp.float32)
-    for _ in range(3):
-        b[...] = a
-    e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-    ts = []
-    for _ in range(10):
-        e0.record()
-        b[...] = a
-        e1.record()
-        e1.synchronize()
-        ts.append(cp.cuda.get_elapsed_time(e0, e1) * 1e-3)
-    del a, b
-    return 2 * n / statistics.median(ts)
 
 
 def family(name: str, kernels: dict[str, str]) -> str:
@@ -122,7 +106,6 @@ def run_mode(path: str, pdl: bool, batch: int, steps: int, windows: int) -> tupl
 def profile_mode(path: str, pdl: bool, batch: int) -> Any:
     """The per-kernel profile of a few replays (CUPTI kernel records): run after every timing,
     since attached counters slow every later graph launch of the process."""
-    import cupy as cp  # noqa: F401
 
     import fusec
     from fusec.generation import write_sampling
@@ -154,7 +137,7 @@ def profile_mode(path: str, pdl: bool, batch: int) -> Any:
                 eng.sync()
             marks.append(counters.timestamp())
 
-        from fusec.runtime.kernel_trace import split_by_marks
+        from fusec.runtime.kernel_trace import covered, split_by_marks
 
         recs = split_by_marks(counters.kernel_records(replays), marks)
         if recs and recs[1]:
@@ -170,7 +153,7 @@ def profile_mode(path: str, pdl: bool, batch: int) -> Any:
                 continue
             r = sorted(r)
             walls.append((r[-1][1] - r[0][0]) * 1e-3)
-            busy.append(sum(e - s for s, e, _ in r) * 1e-3)
+            busy.append(covered(r) * 1e-3)  # overlapping (PDL) kernels count once
             gaps += [(r[i + 1][0] - r[i][1]) * 1e-3 for i in range(len(r) - 1)]
             per: dict[str, float] = {}
             prev_end = r[0][0]

@@ -2,8 +2,8 @@
 so a test or a caller that sets one later is obeyed).
 
 A knob is a name, a kind and a default; ``get(NAME)`` parses it and names the variable in a
-one-line ``InputError`` when its text is not of its kind. ``fusec --help`` and the README list
-them from ``KNOBS``.
+one-line ``InputError`` when its text is not of its kind. ``fusec --help`` lists them
+(``describe``).
 """
 
 from __future__ import annotations
@@ -33,12 +33,12 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("FUSEC_BULK_THREADS", "int", 0, "threads converting weights on the host (0: one per core, at most 16)"),
     Knob("FUSEC_DEBUG", "bool", False, "print tracebacks with errors"),
     Knob("FUSEC_DUMP_SOURCE_ON_ERROR", "bool", False, "print a kernel's numbered source when NVRTC rejects it"),
-    Knob("FUSEC_MAX_ELEMENTS", "float", None, "largest tensor (elements) a model or input may declare"),
-    Knob("FUSEC_MAX_BYTES", "float", None, "largest tensor (bytes) a model or input may declare"),
+    Knob("FUSEC_MAX_ELEMENTS", "float", None, "largest tensor (elements) a model or input may declare (unset: 2**32)"),
+    Knob("FUSEC_MAX_BYTES", "float", None, "largest tensor or file (bytes) read into memory (unset: 64 GiB)"),
     Knob("FUSEC_NVTX", "bool", False, "NVTX ranges around each launch (Nsight Systems)"),
     Knob("FUSEC_CUPTI", "bool", True, "allow fusec's driver counters (CUPTI) when stats are asked for"),
     Knob("FUSEC_CUPTI_MODE", "choice", "always", "which CUPTI activity kinds stay on", ("always", "lazy")),
-    Knob("FUSEC_LT_PICK", "bool", False, "time cuBLASLt's candidate algorithms when a plan is compiled on a GPU"),
+    Knob("FUSEC_LT_PICK", "bool", False, "time cuBLASLt's candidate algorithms when a plan is loaded on a GPU"),
     Knob("FUSEC_PDL", "bool", True, "launch kernels that allow it with programmatic dependent launch (sm_90+)"),
     Knob("FUSEC_API_KEY", "text", None, "fusec serve: the bearer token clients must send (default: --api-key)"),
 )}
@@ -89,4 +89,5 @@ def value(name: str, text: str | None) -> Any:
 
 def describe() -> list[str]:
     """One line per knob, for --help and the README."""
-    return [f"{k.name} ({k.kind}, default {k.default!r}): {k.help}" for k in KNOBS.values()]
+    return [f"{k.name} ({k.kind}{'' if k.default is None else f', default {k.default!r}'}): {k.help}"
+            for k in KNOBS.values()]

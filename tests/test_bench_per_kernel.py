@@ -89,11 +89,11 @@ def test_rows_give_share_rate_and_roofline(plan) -> None:  # noqa: ANN001
 def test_busy_time_counts_overlapping_kernels_once() -> None:
     """Kernels launched with PDL start before the one before them ends: busy time is the union of
     the kernels' intervals, not the sum of their durations."""
-    from fusec.runtime.kernel_trace import _covered
+    from fusec.runtime.kernel_trace import covered
 
-    assert _covered([(0, 10, "a"), (5, 12, "b"), (20, 30, "c")]) == 22
-    assert _covered([(0, 10, "a"), (2, 4, "b")]) == 10
-    assert _covered([(5, 6, "b"), (0, 2, "a")]) == 3
+    assert covered([(0, 10, "a"), (5, 12, "b"), (20, 30, "c")]) == 22
+    assert covered([(0, 10, "a"), (2, 4, "b")]) == 10
+    assert covered([(5, 6, "b"), (0, 2, "a")]) == 3
 
 
 def test_bench_refusals_are_one_line(capsys) -> None:  # noqa: ANN001

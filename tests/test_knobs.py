@@ -50,3 +50,11 @@ def test_a_value_of_the_wrong_kind_names_the_variable(monkeypatch: pytest.Monkey
 def test_an_undeclared_knob_is_a_bug() -> None:
     with pytest.raises(KeyError, match="undeclared"):
         knobs.get("FUSEC_NOT_A_KNOB")
+
+
+def test_fusec_help_lists_every_knob(capsys: pytest.CaptureFixture[str]) -> None:
+    from fusec.cli import main
+
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in knobs.KNOBS)

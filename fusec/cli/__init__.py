@@ -67,7 +67,11 @@ class _VersionAction(argparse.Action):
 def build_parser() -> argparse.ArgumentParser:
     from fusec.cli._common import add_global_flags
 
-    parser = argparse.ArgumentParser(prog="fusec", allow_abbrev=False, description=_DESCRIPTION, epilog=_EPILOG,
+    from fusec import knobs
+
+    env = "\n".join("  " + line for line in knobs.describe())
+    parser = argparse.ArgumentParser(prog="fusec", allow_abbrev=False, description=_DESCRIPTION,
+                                     epilog=f"{_EPILOG}\n\nenvironment variables (read when used):\n{env}",
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action=_VersionAction, help="print fusec's and the CUDA toolchain's versions")
     add_global_flags(parser, top=True)

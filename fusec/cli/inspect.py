@@ -13,7 +13,6 @@ import json
 from typing import Any
 
 from fusec.cli._common import add_command, add_model_arguments, load_model, value_record
-from fusec.cli.inspect_text import render_extra as _render_extra  # noqa: F401  (kept for callers)
 from fusec.cli.inspect_text import render_plan, render_text
 from fusec.ir import Graph
 

@@ -72,7 +72,7 @@ def attribute(expected: Sequence[Sequence[str]], replay: Sequence[Record]) -> tu
     return times, other
 
 
-def _covered(rec: list[tuple[int, int, Any]]) -> int:
+def covered(rec: list[tuple[int, int, Any]]) -> int:
     """Nanoseconds covered by at least one of the records' [start, end) intervals."""
     total, reach = 0, None
     for s, e, _ in sorted(rec, key=lambda r: r[0]):
@@ -129,7 +129,7 @@ def graph_launch_times(plan: Any, inputs: Mapping[str, Any], replays: int = 20,
         times.append(t)
         others.append(other)
         walls.append(max(e for _, e, _ in rec) - rec[0][0])
-        busies.append(_covered(rec))
+        busies.append(covered(rec))
         kernel_sums.append(sum(e - s for s, e, _ in rec))
     if not times:
         raise FusecError("CUPTI recorded no kernel during the graph replays")

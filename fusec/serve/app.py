@@ -334,8 +334,6 @@ async def _disconnected(request: Any) -> None:
 
 
 def _debug() -> bool:
-    import os
-
     from fusec import knobs
 
     return bool(knobs.get("FUSEC_DEBUG"))
