@@ -1,7 +1,8 @@
 """Decode speed of real-sized decoder families loaded from GGUF files (issue 20): a
 Qwen3-0.6B-shaped and a Gemma-2-2B-shaped model with random Q8_0 weights, written here with the
 ``gguf`` package's writer, loaded by ``fusec generate``'s path (``load_generation_model``),
-compiled into bf16 generation plans and run on the GPU. Records, per model and context: the GGUF
+compiled into bf16 generation plans (the Q8_0 matrices stay packed, as ``fusec generate`` keeps them)
+and run on the GPU. Records, per model and context: the GGUF
 write / load / compile seconds, prefill ms, decode tok/s and the per-step driver counters
 (launches, syncs, allocations, copies: ``plan stats``), as JSON and a markdown table.
 
@@ -11,8 +12,8 @@ Runs: each model at batch 1, a 32-token prompt and 128 new tokens; the Gemma-2 s
 4,096-token context (a 3,968-token prompt, 128 new tokens) with its real 4,096-key window and with a
 512-key window on its windowed layers: fusec keeps every position in the KV cache either way (no
 ring buffer) and the window bounds the keys each decode step reads, which this pair measures.
-Needs a GPU and the ``gguf`` package (its writer makes the files; fusec's GGUF loader dequantizes
-with it too). About 2-3 minutes on an H100, most of it dequantizing 2.6B random weights and four
+Needs a GPU and the ``gguf`` package (its writer makes the files). About 2-3 minutes on an H100, most
+of it writing and repacking 2.6B random weights and four
 compiles; each ``--batches`` entry adds a compile per model.
 """
 
@@ -111,7 +112,7 @@ def write_model(name: str, path: Path, seed: int = 0) -> float:
 
 
 def run_case(gm: Any, prompt_len: int, new: int, batch: int, seed: int = 0) -> dict[str, Any]:
-    """Compile a bf16 generation plan for (batch, prompt_len + new) and generate twice (the first
+    """Compile a bf16 generation plan (packed weights stay packed) for (batch, prompt_len + new) and generate twice (the first
     run warms up); the second run's numbers."""
     from fusec.compiler import compile_generation
 
@@ -122,7 +123,7 @@ def run_case(gm: Any, prompt_len: int, new: int, batch: int, seed: int = 0) -> d
     rng = np.random.default_rng(seed)
     prompts = [rng.integers(3, gm.config.vocab_size, prompt_len).tolist() for _ in range(batch)]
     generate_with_plan(plan, prompts, max_new_tokens=min(new, 8))
-    res = generate_with_plan(plan, prompts, max_new_tokens=new)
+    res = generate_with_plan(plan, prompts, max_new_tokens=new, measure=True)
     dec = res.stats["decode"]
     return {"batch": batch, "prompt_len": prompt_len, "new_tokens": new, "context": prompt_len + new,
             "compile_s": round(compile_s, 2), "prefill_ms": round(res.prefill_ms, 3),
@@ -179,7 +180,7 @@ def main() -> int:
 
 
 def _markdown(out: dict[str, Any]) -> str:
-    lines = [f"GPU: {out['gpu']}; bf16 plans from random-weight Q8_0 GGUF files (`python benchmarks/families_gpu.py`)",
+    lines = [f"GPU: {out['gpu']}; bf16 plans, weights kept packed Q8_0, from random-weight GGUF files (`python benchmarks/families_gpu.py`)",
              "", "| model | B | context | window | prefill ms | decode tok/s | ms/step | launches/step | "
              "syncs / allocs / H2D / D2H per step | compile s |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, rec in out["models"].items():

@@ -10,7 +10,10 @@
 #   step_l    the Llama-3.2-1B shape, batch 1
 #   peer      Qwen3-0.6B decode and prefill vs the gpt-fast-style torch peer (benchmarks/decode.py --quick)
 #   quant     packed quantized weights: kernels and decode (benchmarks/quant_bench.py --quick)
+#   quant_full  the same, every shape and format, the 16-layer decode models at batch 1 and 8
 #   train     the training step vs PyTorch (benchmarks/train.py --no-compile --skip minilm)
+#   train_full  the same with the torch.compile variant and the MiniLM fine-tune
+#   fam_tests the decoder families' GPU generation tests (fp32 token-exact, bf16 reported)
 #   serve     fusec serve under 1/8/32 streaming clients (benchmarks/serve.py, --duration 10)
 #   families  GGUF decoder families' decode speed (benchmarks/families_gpu.py --no-window-study)
 #   mlp       the fused-MLP A/B (benchmarks/mlp_ab.py)
@@ -50,6 +53,12 @@ for step in "$@"; do
                tail -n 4 "$R/step_d.txt" ;;
     quant) timeout 150 python3 benchmarks/quant_bench.py "$R/quant" --quick > "$R/quant.txt" 2>&1
            tail -n 30 "$R/quant.txt" ;;
+    quant_full) timeout 330 python3 benchmarks/quant_bench.py "$R/quant" > "$R/quant.txt" 2>&1
+                tail -n 40 "$R/quant.txt" ;;
+    train_full) timeout 400 python3 benchmarks/train.py "$R/train" > "$R/train.txt" 2>&1
+                tail -n 30 "$R/train.txt" ;;
+    fam_tests) timeout 200 $PT -n 6 tests/test_generation_families_gpu.py tests/test_softcap_generation.py > "$R/t_fam.txt" 2>&1
+               grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_fam.txt" | tail -n 12 ;;
     train) timeout 300 python3 benchmarks/train.py "$R/train" --no-compile --skip minilm > "$R/train.txt" 2>&1
            tail -n 30 "$R/train.txt" ;;
     serve) timeout 240 python3 benchmarks/serve.py "$R/serve" --duration 10 > "$R/serve.txt" 2>&1
