@@ -113,7 +113,7 @@ def timed(s: Setup, stream_events: Any, step: Any, batches: list[Any], warmup: i
     for i in range(iters):
         step(batches[(warmup + i) % len(batches)])
     record(end)
-    return end_elapsed(start, end)
+    return end_elapsed(start, end) / iters
 
 
 def end_elapsed(start: Any, end: Any) -> float:
