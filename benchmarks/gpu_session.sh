@@ -13,6 +13,9 @@
 #   quant_full  the same, every shape and format, the 16-layer decode models at batch 1 and 8
 #   train     the training step vs PyTorch (benchmarks/train.py --no-compile --skip minilm)
 #   train_full  the same with the torch.compile variant and the MiniLM fine-tune
+#   qtests    the packed-weight GPU tests (kernels against the reference, generation token for token)
+#   qvariants every form of the quantized GEMV on Llama-1B's shapes (quant_bench.py --variants)
+#   qdecode   the packed-weight decode models alone (quant_bench.py --skip kernels,torch)
 #   minilm    the MiniLM fine-tune alone (weights from .minilm/, carried: an fp16 copy of the package's)
 #   fam_tests the decoder families' GPU generation tests (fp32 token-exact, bf16 reported)
 #   serve     fusec serve under 1/8/32 streaming clients (benchmarks/serve.py, --duration 10)
@@ -58,6 +61,12 @@ for step in "$@"; do
                 tail -n 40 "$R/quant.txt" ;;
     train_full) timeout 400 python3 benchmarks/train.py "$R/train" > "$R/train.txt" 2>&1
                 tail -n 30 "$R/train.txt" ;;
+    qtests) timeout 200 $PT -n 8 tests/test_quant_gpu.py > "$R/t_quant.txt" 2>&1
+            grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_quant.txt" | tail -n 12 ;;
+    qvariants) timeout 200 python3 benchmarks/quant_bench.py "$R/qvar" --variants --skip torch,decode > "$R/qvar.txt" 2>&1
+               grep "^| llama" "$R/qvar.txt" | tail -n 70 ;;
+    qdecode) timeout 200 python3 benchmarks/quant_bench.py "$R/qdec" --skip kernels,torch > "$R/qdec.txt" 2>&1
+             tail -n 12 "$R/qdec.txt" ;;
     minilm) timeout 300 python3 benchmarks/train.py "$R/train_minilm" --skip speed,parity,accuracy --minilm-dir .minilm > "$R/minilm.txt" 2>&1
             tail -n 5 "$R/minilm.txt" ;;
     fam_tests) timeout 200 $PT -n 6 tests/test_generation_families_gpu.py tests/test_softcap_generation.py > "$R/t_fam.txt" 2>&1

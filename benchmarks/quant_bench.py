@@ -76,14 +76,27 @@ def _bf16(shape: tuple[int, ...]):  # noqa: ANN202
     return (cp.random.standard_normal(shape, dtype=cp.float32).view(cp.uint32) >> 16).astype(cp.uint16)
 
 
-def bench_kernels(results: list, quick: bool, copy: float) -> None:
+def _forms(m: int, variants: bool) -> list[tuple[str, dict]]:
+    """The quantized GEMV's forms to time at M = ``m``: the lowering's choice (fusec.lower.quant),
+    or with ``variants`` every rows-per-warp / fold / staged-activations form worth comparing."""
+    from fusec.lower.quant import gemv_form
+
+    if not variants:
+        return [("qgemv", gemv_form(m))]
+    forms = [dict(rows=2, fold=False, xs=False), dict(rows=2, fold=True, xs=False)]
+    forms += [dict(rows=4, fold=True, xs=False)] if m == 1 else [dict(rows=2, fold=True, xs=True),
+                                                                  dict(rows=1, fold=True, xs=True)]
+    return [(f"qgemv R{f['rows']}{' fold' if f['fold'] else ''}{' xs' if f['xs'] else ''}", f) for f in forms]
+
+
+def bench_kernels(results: list, quick: bool, copy: float, variants: bool = False) -> None:
     import cupy as cp
 
     from fusec.runtime.cublas import GemmCall, Handle
 
     rng = np.random.default_rng(0)
     h = Handle()
-    models = ["llama-1b"] if quick else list(SHAPES)
+    models = ["llama-1b"] if quick or variants else list(SHAPES)
     formats = [(f, lab) for f, lab in FORMATS if not quick or f in ("q4_k", "q8_0")]
     for model in models:
         for name, n, k in SHAPES[model]:
@@ -93,7 +106,7 @@ def bench_kernels(results: list, quick: bool, copy: float) -> None:
             for fmt, _ in formats:
                 qw = _weight(fmt, n, k, rng)
                 packed[fmt] = (qw, [[cp.asarray(a) for a in qw.arrays] for _ in range(max(1, min(16, -(-L2_ROTATE // qw.nbytes))))])
-            for m in ((1,) if quick or model != "llama-1b" else (1, 8)):
+            for m in ((1, 8) if variants else (1,) if quick or model != "llama-1b" else (1, 8)):
                 x = _bf16((m, k))
                 out = cp.empty((m, n), cp.uint16)
                 # bf16 GEMV baseline (fusec's decode GEMV over [N, K] bf16)
@@ -105,15 +118,17 @@ def bench_kernels(results: list, quick: bool, copy: float) -> None:
                                 "GBps": byt / us * 1e-3, "pct_copy": 100 * byt / us * 1e6 / copy})
                 for fmt, label in formats:
                     qw, sets = packed[fmt]
-                    spec = QGemvSpec(m, n, k, qw.format, qw.group, BF16, qw.scale_dtype, rows=2 if m <= 8 else 1)
-                    ck = K.build(spec)
-                    us = graph_time([lambda s, p=p, ck=ck, x=x, out=out: K.launch(ck, [x, *p, out], stream=s) for p in sets])
-                    byt = qw.nbytes + (m * k + m * n) * 2
-                    results.append({"bench": "kernel", "model": model, "shape": name, "N": n, "K": k, "M": m,
-                                    "format": label, "kernel": "qgemv", "us": us, "bytes": byt,
-                                    "GBps": byt / us * 1e-3, "pct_copy": 100 * byt / us * 1e6 / copy,
-                                    "regs": ck.binary.registers, "bits_per_weight": 8 * qw.nbytes / (n * k)})
-                    if m > 1 and name != "lm_head":  # the prefill path at the same M, for the crossover
+                    for kname, form in _forms(m, variants):
+                        spec = QGemvSpec(m, n, k, qw.format, qw.group, BF16, qw.scale_dtype, **form)
+                        ck = K.build(spec)
+                        us = graph_time([lambda s, p=p, ck=ck, x=x, out=out: K.launch(ck, [x, *p, out], stream=s)
+                                         for p in sets])
+                        byt = qw.nbytes + (m * k + m * n) * 2
+                        results.append({"bench": "kernel", "model": model, "shape": name, "N": n, "K": k, "M": m,
+                                        "format": label, "kernel": kname, "us": us, "bytes": byt,
+                                        "GBps": byt / us * 1e-3, "pct_copy": 100 * byt / us * 1e6 / copy,
+                                        "regs": ck.binary.registers, "bits_per_weight": 8 * qw.nbytes / (n * k)})
+                    if m > 1 and name != "lm_head" and not variants:  # the prefill path at the same M, for the crossover
                         dq = K.build(QDequantSpec(n, k, qw.format, qw.group, BF16, qw.scale_dtype))
                         scratch = cp.empty((n, k), cp.uint16)
                         call = GemmCall(m=m, n=n, k=k, batch=1, a=x.data.ptr, b=scratch.data.ptr, c=out.data.ptr,
@@ -283,6 +298,8 @@ def main() -> int:
     ap.add_argument("out_dir")
     ap.add_argument("--quick", action="store_true", help="one model's shapes, two formats, a 4-layer decode model")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: kernels,torch,decode")
+    ap.add_argument("--variants", action="store_true", help="kernels: every form of the quantized GEMV (rows "
+                    "per warp, fold, staged activations) on Llama-1B's shapes at M = 1 and 8")
     args = ap.parse_args()
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -292,7 +309,7 @@ def main() -> int:
     copy = copy_bw()
     parts: list[tuple[str, Callable[[], None]]] = [
         ("decode", lambda: bench_decode(results, args.quick, out)),  # its plans compile while nothing else runs
-        ("kernels", lambda: bench_kernels(results, args.quick, copy)),
+        ("kernels", lambda: bench_kernels(results, args.quick, copy, args.variants)),
         ("torch", lambda: bench_torch_int4(results, args.quick, copy))]
     for name, fn in parts:
         if name in skip:

@@ -79,9 +79,8 @@ __device__ __forceinline__ float qb_f(unsigned int word, int byte) {
   return __uint_as_float(__byte_perm(word, 0x4B000000u, (unsigned)byte | 0x7650u));
 }
 
-// The 8 dequantized weights 8*s .. 8*s+7 of a chunk (s = 0..3), in fp32.
-__device__ __forceinline__ void qb_w8(const QbChunk& ch, int s, float w[8]) {
-  unsigned int lo, hi;  // 8 codes, one per byte
+// The 8 codes of weights 8*s .. 8*s+7 of a chunk (s = 0..3), one per byte of lo (w0..3) and hi (w4..7).
+__device__ __forceinline__ void qb_codes8(const QbChunk& ch, int s, unsigned int& lo, unsigned int& hi) {
   if (QB_BITS == 8) {
     const uint4 q = s < 2 ? ch.q0 : ch.q1;
     lo = (s & 1) ? q.z : q.x;
@@ -107,11 +106,33 @@ __device__ __forceinline__ void qb_w8(const QbChunk& ch, int s, float w[8]) {
       hi |= x1;
     }
   }
+}
+
+// The 8 dequantized weights 8*s .. 8*s+7 of a chunk (s = 0..3), in fp32.
+__device__ __forceinline__ void qb_w8(const QbChunk& ch, int s, float w[8]) {
+  unsigned int lo, hi;
+  qb_codes8(ch, s, lo, hi);
   const int g = QB_GPC == 2 ? s >> 1 : 0;
   const float sc = ch.s[g], off = ch.o[g], zf = ch.zf[g];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     w[i] = QB_OFF ? fmaf(sc, qb_f(lo, i) - zf, off) : sc * (qb_f(lo, i) - zf);
     w[i + 4] = QB_OFF ? fmaf(sc, qb_f(hi, i) - zf, off) : sc * (qb_f(hi, i) - zf);
+  }
+}
+
+// The same 8 weights unscaled (q - z, exact) and their group's scale and offset: w = sc * d + off,
+// so a dot product over them is sc * dot(d, x) + off * sum(x) (one multiply per 8 weights, not 8).
+__device__ __forceinline__ void qb_d8(const QbChunk& ch, int s, float d[8], float& sc, float& off) {
+  unsigned int lo, hi;
+  qb_codes8(ch, s, lo, hi);
+  const int g = QB_GPC == 2 ? s >> 1 : 0;
+  const float zf = ch.zf[g];
+  sc = ch.s[g];
+  off = ch.o[g];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    d[i] = qb_f(lo, i) - zf;
+    d[i + 4] = qb_f(hi, i) - zf;
   }
 }

@@ -115,9 +115,16 @@ def test_gather_kernel_compiles():
 
 @pytest.mark.parametrize("m,rows,dt,arch", [(1, 2, DType.F32, "sm_80"), (16, 1, DType.F16, "sm_90"),
                                             (8, 4, DType.BF16, "sm_80")])
-def test_gemv_variants_compile(m, rows, dt, arch):
-    K.build(QGemvSpec(m, 4096, 11008, "q4_k", 32, dt, DType.F16, rows=rows), arch)
-    K.build(QGemvSpec(m, 100, 4096, "uint4", 128, dt, DType.F32, rows=rows), arch)
+@pytest.mark.parametrize("fold,xs", [(False, False), (True, False), (True, True)])
+def test_gemv_variants_compile(m, rows, dt, arch, fold, xs):
+    K.build(QGemvSpec(m, 4096, 11008, "q4_k", 32, dt, DType.F16, rows=rows, fold=fold, xs=xs), arch)
+    K.build(QGemvSpec(m, 100, 4096, "uint4", 128, dt, DType.F32, rows=rows, fold=fold, xs=xs), arch)
+
+
+def test_staged_activations_must_fit_shared_memory():
+    QGemvSpec(12, 8, 256, "q4_k", 32, DType.F32, xs=True)  # 48 KiB
+    with pytest.raises(ValueError, match="shared memory"):
+        QGemvSpec(13, 8, 256, "q4_k", 32, DType.F32, xs=True)
 
 
 def test_specs_refuse_bad_layouts():
