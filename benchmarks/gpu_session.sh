@@ -16,6 +16,7 @@
 #   qtests    the packed-weight GPU tests (kernels against the reference, generation token for token)
 #   qvariants every form of the quantized GEMV on Llama-1B's shapes (quant_bench.py --variants)
 #   qdecode   the packed-weight decode models alone (quant_bench.py --skip kernels,torch)
+#   qncu      Nsight Compute counters of the quantized GEMV's forms (benchmarks/qgemv_ncu.py)
 #   minilm    the MiniLM fine-tune alone (weights from .minilm/, carried: an fp16 copy of the package's)
 #   fam_tests the decoder families' GPU generation tests (fp32 token-exact, bf16 reported)
 #   serve     fusec serve under 1/8/32 streaming clients (benchmarks/serve.py, --duration 10)
@@ -67,6 +68,10 @@ for step in "$@"; do
                grep "^| llama" "$R/qvar.txt" | tail -n 70 ;;
     qdecode) timeout 200 python3 benchmarks/quant_bench.py "$R/qdec" --skip kernels,torch > "$R/qdec.txt" 2>&1
              tail -n 12 "$R/qdec.txt" ;;
+    qncu) timeout 150 ncu --clock-control none -k regex:fc_qgemv --section SpeedOfLight --section Occupancy \
+            --section WarpStateStats --section MemoryWorkloadAnalysis --section LaunchStats \
+            python3 benchmarks/qgemv_ncu.py > "$R/qncu.txt" 2>&1
+          grep -E "^launch:|fc_qgemv|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|L1/TEX Hit|Mem Busy|Max Bandwidth|Waves Per SM" "$R/qncu.txt" | head -n 90 ;;
     minilm) timeout 300 python3 benchmarks/train.py "$R/train_minilm" --skip speed,parity,accuracy --minilm-dir .minilm > "$R/minilm.txt" 2>&1
             tail -n 5 "$R/minilm.txt" ;;
     fam_tests) timeout 200 $PT -n 6 tests/test_generation_families_gpu.py tests/test_softcap_generation.py > "$R/t_fam.txt" 2>&1

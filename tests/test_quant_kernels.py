@@ -13,6 +13,7 @@ from fusec.codegen import kernels as K
 from fusec.codegen.specs import Epilogue
 from fusec.codegen.specs_quant import QDequantSpec, QGemvSpec
 from fusec.dtypes import DType
+from fusec.lower.quant import gemv_form
 from fusec.quant import FORMATS, QWeight, from_affine
 from fusec.quant_gguf import PACKED, random_blocks, repack
 from fusec.quantize import quantize_weight
@@ -113,18 +114,20 @@ def test_gather_kernel_compiles():
         K.build(QDequantSpec(49152, 576, "q8_0", 32, dt, DType.F16, ids=7, id_dtype=DType.I32), arch)
 
 
-@pytest.mark.parametrize("m,rows,dt,arch", [(1, 2, DType.F32, "sm_80"), (16, 1, DType.F16, "sm_90"),
-                                            (8, 4, DType.BF16, "sm_80")])
-@pytest.mark.parametrize("fold,xs", [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("m,rows,dt,arch,fold,xs", [
+    (1, 2, DType.F32, "sm_80", False, False), (1, 2, DType.F32, "sm_80", True, False),
+    (16, 1, DType.F16, "sm_90", True, False), (16, 1, DType.F16, "sm_90", True, True),
+    (8, 4, DType.BF16, "sm_80", False, False), (8, 4, DType.BF16, "sm_80", True, True)])
 def test_gemv_variants_compile(m, rows, dt, arch, fold, xs):
     K.build(QGemvSpec(m, 4096, 11008, "q4_k", 32, dt, DType.F16, rows=rows, fold=fold, xs=xs), arch)
     K.build(QGemvSpec(m, 100, 4096, "uint4", 128, dt, DType.F32, rows=rows, fold=fold, xs=xs), arch)
 
 
-def test_staged_activations_must_fit_shared_memory():
-    QGemvSpec(12, 8, 256, "q4_k", 32, DType.F32, xs=True)  # 48 KiB
-    with pytest.raises(ValueError, match="shared memory"):
-        QGemvSpec(13, 8, 256, "q4_k", 32, DType.F32, xs=True)
+def test_staged_activations_are_two_byte_and_fit_shared_memory():
+    QGemvSpec(16, 8, 256, "q4_k", 32, DType.BF16, xs=True)  # 32 KiB
+    with pytest.raises(ValueError, match="fp16 or bf16"):
+        QGemvSpec(2, 8, 256, "q4_k", 32, DType.F32, xs=True)
+    assert gemv_form(8, 2)["xs"] and not gemv_form(8, 4)["xs"] and not gemv_form(1, 2)["xs"]
 
 
 def test_specs_refuse_bad_layouts():

@@ -51,7 +51,8 @@ class QGemvSpec:
         _req(self.M <= QGEMV_MAX_M, f"the quantized gemv handles M <= {QGEMV_MAX_M}")
         _req(self.dtype in FLOATS, "the quantized gemv is float")
         _req(self.rows in (1, 2, 4), "rows per warp must be 1, 2 or 4")
-        _req(not self.xs or self.M * 1024 * self.dtype.itemsize <= QGEMV_XS_BYTES,
+        _req(not self.xs or self.dtype.itemsize == 2, "staged activations (xs) are fp16 or bf16")
+        _req(not self.xs or self.M * 1024 * 2 <= QGEMV_XS_BYTES,
              f"staged activations of {self.M} rows exceed {QGEMV_XS_BYTES} bytes of shared memory")
         _check_format(self.fmt, self.N, self.K, self.group, self.scale_dtype)
 

@@ -36,10 +36,10 @@ def gemv_form(m: int, itemsize: int = 2) -> dict[str, object]:
     """The quantized GEMV's form at M = ``m`` (QGemvSpec's rows / fold / xs): rows per warp 2 (they
     share each activation load; past M = 8 the accumulators of two rows spill, ptxas -v sm_90, so
     1); each 8 weights' partial dot scaled once (fold); the activations staged in shared memory
-    from M = 2 (xs) where they fit (``itemsize``: the activations' bytes), where reading them straight
+    from M = 2 (xs) when they are 2-byte (``itemsize``), where reading them straight
     from global memory costs more L1 wavefronts than the weights (benchmarks/quant_bench.py
     --variants measures every form)."""
-    return {"rows": 2 if m <= 8 else 1, "fold": True, "xs": 2 <= m and m * 1024 * itemsize <= QGEMV_XS_BYTES}
+    return {"rows": 2 if m <= 8 else 1, "fold": True, "xs": 2 <= m and itemsize == 2 and m * 2048 <= QGEMV_XS_BYTES}
 
 
 def lower_qmatmul(ctx: Context, node: Node, label: str, epilogue: Epilogue | None = None,
