@@ -4,7 +4,7 @@ Q8_0; M = 1 and 8), for Nsight Compute to read the hardware counters of (a scrip
     ncu --clock-control none -k regex:fc_qgemv --section SpeedOfLight --section Occupancy \\
         --section WarpStateStats --section MemoryWorkloadAnalysis python3 benchmarks/qgemv_ncu.py
 
-The launch order (kernel names are hashes) is printed first: M, format, rows, fold, xs.
+The launch order (kernel names are hashes) is printed first: M, format, rows, fold.
 """
 
 from __future__ import annotations
@@ -21,8 +21,7 @@ from fusec.codegen import kernels as K  # noqa: E402
 from fusec.codegen.specs_quant import QGemvSpec  # noqa: E402
 from fusec.dtypes import DType  # noqa: E402
 
-FORMS = [(1, dict(rows=2, fold=True, xs=False)), (8, dict(rows=2, fold=True, xs=False)),
-         (8, dict(rows=2, fold=True, xs=True))]
+FORMS = [(1, dict(rows=2, fold=False)), (1, dict(rows=2, fold=True)), (8, dict(rows=2, fold=False))]
 
 
 def main() -> None:

@@ -78,15 +78,13 @@ def _bf16(shape: tuple[int, ...]):  # noqa: ANN202
 
 def _forms(m: int, variants: bool) -> list[tuple[str, dict]]:
     """The quantized GEMV's forms to time at M = ``m``: the lowering's choice (fusec.lower.quant),
-    or with ``variants`` every rows-per-warp / fold / staged-activations form worth comparing."""
+    or with ``variants`` every rows-per-warp / fold form worth comparing."""
     from fusec.lower.quant import gemv_form
 
     if not variants:
         return [("qgemv", gemv_form(m))]
-    forms = [dict(rows=2, fold=False, xs=False), dict(rows=2, fold=True, xs=False)]
-    forms += [dict(rows=4, fold=True, xs=False)] if m == 1 else [dict(rows=2, fold=True, xs=True),
-                                                                  dict(rows=1, fold=True, xs=True)]
-    return [(f"qgemv R{f['rows']}{' fold' if f['fold'] else ''}{' xs' if f['xs'] else ''}", f) for f in forms]
+    forms = [dict(rows=2, fold=False), dict(rows=2, fold=True)] + ([dict(rows=4, fold=True)] if m == 1 else [])
+    return [(f"qgemv R{f['rows']}{' fold' if f['fold'] else ''}", f) for f in forms]
 
 
 def bench_kernels(results: list, quick: bool, copy: float, variants: bool = False) -> None:
@@ -299,7 +297,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="one model's shapes, two formats, a 4-layer decode model")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: kernels,torch,decode")
     ap.add_argument("--variants", action="store_true", help="kernels: every form of the quantized GEMV (rows "
-                    "per warp, fold, staged activations) on Llama-1B's shapes at M = 1 and 8")
+                    "per warp, fold) on Llama-1B's shapes at M = 1 and 8")
     args = ap.parse_args()
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -114,20 +114,17 @@ def test_gather_kernel_compiles():
         K.build(QDequantSpec(49152, 576, "q8_0", 32, dt, DType.F16, ids=7, id_dtype=DType.I32), arch)
 
 
-@pytest.mark.parametrize("m,rows,dt,arch,fold,xs", [
-    (1, 2, DType.F32, "sm_80", False, False), (1, 2, DType.F32, "sm_80", True, False),
-    (16, 1, DType.F16, "sm_90", True, False), (16, 1, DType.F16, "sm_90", True, True),
-    (8, 4, DType.BF16, "sm_80", False, False), (8, 4, DType.BF16, "sm_80", True, True)])
-def test_gemv_variants_compile(m, rows, dt, arch, fold, xs):
-    K.build(QGemvSpec(m, 4096, 11008, "q4_k", 32, dt, DType.F16, rows=rows, fold=fold, xs=xs), arch)
-    K.build(QGemvSpec(m, 100, 4096, "uint4", 128, dt, DType.F32, rows=rows, fold=fold, xs=xs), arch)
+@pytest.mark.parametrize("m,rows,dt,arch,fold", [
+    (1, 2, DType.F32, "sm_80", False), (1, 2, DType.F32, "sm_80", True), (16, 1, DType.F16, "sm_90", False),
+    (16, 1, DType.F16, "sm_90", True), (8, 4, DType.BF16, "sm_80", False)])
+def test_gemv_variants_compile(m, rows, dt, arch, fold):
+    K.build(QGemvSpec(m, 4096, 11008, "q4_k", 32, dt, DType.F16, rows=rows, fold=fold), arch)
+    K.build(QGemvSpec(m, 100, 4096, "uint4", 128, dt, DType.F32, rows=rows, fold=fold), arch)
 
 
-def test_staged_activations_are_two_byte_and_fit_shared_memory():
-    QGemvSpec(16, 8, 256, "q4_k", 32, DType.BF16, xs=True)  # 32 KiB
-    with pytest.raises(ValueError, match="fp16 or bf16"):
-        QGemvSpec(2, 8, 256, "q4_k", 32, DType.F32, xs=True)
-    assert gemv_form(8, 2)["xs"] and not gemv_form(8, 4)["xs"] and not gemv_form(1, 2)["xs"]
+def test_gemv_form_folds_at_one_row_only():
+    assert gemv_form(1) == {"rows": 2, "fold": True}
+    assert gemv_form(8) == {"rows": 2, "fold": False} and gemv_form(9)["rows"] == 1
 
 
 def test_specs_refuse_bad_layouts():

@@ -8,7 +8,7 @@ from typing import Any
 from fusec.codegen.build_gemm import _epi_params, _round_fn
 from fusec.codegen.kernels import Rendered, builder, cdiv, kernel_name
 from fusec.codegen.render import Ident, ctype
-from fusec.codegen.specs_quant import QGEMV_XS_BYTES, QDequantSpec, QGemvSpec
+from fusec.codegen.specs_quant import QDequantSpec, QGemvSpec
 from fusec.dtypes import DType
 
 _UNROLL_CHUNKS = 8  # packed chunks a lane loads per round, over all its rows (registers)
@@ -41,10 +41,8 @@ def _qgemv(spec: QGemvSpec) -> Rendered:
     # chunks per lane per round: enough 16-byte loads in flight, but the unrolled body (chunks x 4
     # steps x M rows x 8 FMAs) stays small enough for ptxas (M = 16 with 8 chunks took ~2 minutes)
     unroll = max(1, min(_UNROLL_CHUNKS // spec.rows, 32 // spec.M, cdiv(nch, 32)))
-    if spec.xs:  # one round's activations in shared memory
-        unroll = max(1, min(unroll, QGEMV_XS_BYTES // (spec.M * 1024 * spec.dtype.itemsize)))
     ctx = {"name": kernel_name("qgemv", spec), "M": spec.M, "N": spec.N, "K": spec.K, "R": spec.rows, "U": unroll,
-           "fold": spec.fold, "xs": spec.xs,
+           "fold": spec.fold,
            "t": ctype(spec.dtype), "bias": spec.epilogue.bias, "act": Ident(spec.epilogue.activation),
            "residual": spec.epilogue.residual, "round_x": _round_fn(spec.dtype),
            **_format_ctx(spec.fmt, spec.group, spec.scale_dtype)}

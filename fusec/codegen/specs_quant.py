@@ -13,7 +13,6 @@ from fusec.codegen.specs import Epilogue
 from fusec.dtypes import DType
 
 QGEMV_MAX_M = 16
-QGEMV_XS_BYTES = 48 * 1024  # static shared memory of the staged activations (one round, one chunk per lane)
 
 
 def _check_format(fmt: str, n: int, k: int, group: int, scale_dtype: DType) -> None:
@@ -31,8 +30,7 @@ def _check_format(fmt: str, n: int, k: int, group: int, scale_dtype: DType) -> N
 class QGemvSpec:
     """C[M, N] = epilogue(x[M, K] @ W^T), W [N, K] packed in ``fmt`` (groups of ``group``).
     ``rows``: output rows per warp (1, 2 or 4); ``fold``: scale each 8 weights' partial dot once
-    instead of every weight; ``xs``: the activations staged in shared memory (templates/qgemv.cu.jinja
-    says why). Params: x, the packed operands (the format's order), [bias], [residual], C."""
+    instead of every weight. Params: x, the packed operands (the format's order), [bias], [residual], C."""
 
     M: int
     N: int
@@ -44,16 +42,12 @@ class QGemvSpec:
     epilogue: Epilogue = Epilogue()
     rows: int = 2
     fold: bool = True
-    xs: bool = False
 
     def __post_init__(self) -> None:
         _pos(("M", self.M), ("N", self.N), ("K", self.K), ("group", self.group))
         _req(self.M <= QGEMV_MAX_M, f"the quantized gemv handles M <= {QGEMV_MAX_M}")
         _req(self.dtype in FLOATS, "the quantized gemv is float")
         _req(self.rows in (1, 2, 4), "rows per warp must be 1, 2 or 4")
-        _req(not self.xs or self.dtype.itemsize == 2, "staged activations (xs) are fp16 or bf16")
-        _req(not self.xs or self.M * 1024 * 2 <= QGEMV_XS_BYTES,
-             f"staged activations of {self.M} rows exceed {QGEMV_XS_BYTES} bytes of shared memory")
         _check_format(self.fmt, self.N, self.K, self.group, self.scale_dtype)
 
 

@@ -19,7 +19,7 @@ import math
 from typing import Any
 
 from fusec.codegen.specs import Epilogue
-from fusec.codegen.specs_quant import QGEMV_MAX_M, QGEMV_XS_BYTES, QDequantSpec, QGemvSpec
+from fusec.codegen.specs_quant import QGEMV_MAX_M, QDequantSpec, QGemvSpec
 from fusec.ir import Node, Value
 from fusec.lower import Context, LoweringError, Raw
 from fusec.quant import FORMATS
@@ -32,14 +32,13 @@ def choose(m: int, n: int, k: int, fmt: str) -> str:
     return "qgemv" if m <= QGEMV_MAX_M else "dequant_gemm"
 
 
-def gemv_form(m: int, itemsize: int = 2) -> dict[str, object]:
-    """The quantized GEMV's form at M = ``m`` (QGemvSpec's rows / fold / xs): rows per warp 2 (they
-    share each activation load; past M = 8 the accumulators of two rows spill, ptxas -v sm_90, so
-    1); each 8 weights' partial dot scaled once (fold); the activations staged in shared memory
-    from M = 2 (xs) when they are 2-byte (``itemsize``), where reading them straight
-    from global memory costs more L1 wavefronts than the weights (benchmarks/quant_bench.py
-    --variants measures every form)."""
-    return {"rows": 2 if m <= 8 else 1, "fold": True, "xs": 2 <= m and itemsize == 2 and m * 2048 <= QGEMV_XS_BYTES}
+def gemv_form(m: int) -> dict[str, object]:
+    """The quantized GEMV's form at M = ``m`` (QGemvSpec's rows / fold): rows per warp 2 (they share
+    each activation load; past M = 8 the accumulators of two rows spill, ptxas -v sm_90, so 1); at
+    M = 1 each 8 weights' partial dot is scaled once (fold: 2-9% faster on Llama-1B's shapes on the
+    H100, neutral at M = 8; 4 rows per warp was slower on most shapes). benchmarks/quant_bench.py
+    --variants times the forms; benchmarks/RESULTS.md has the numbers."""
+    return {"rows": 2 if m <= 8 else 1, "fold": m == 1}
 
 
 def lower_qmatmul(ctx: Context, node: Node, label: str, epilogue: Epilogue | None = None,
@@ -54,7 +53,7 @@ def lower_qmatmul(ctx: Context, node: Node, label: str, epilogue: Epilogue | Non
     variant = choose(m, a.n, a.k, a.format)
     if variant == "qgemv" and ctx.aligned(x, out, *extra) and all(ctx.aligned(p) for p in packed):
         spec = QGemvSpec(m, a.n, a.k, a.format, a.group, x.dtype, scale_dtype, epilogue or Epilogue(),
-                         **gemv_form(m, x.dtype.itemsize))
+                         **gemv_form(m))
         ctx.kernel(spec, [x, *packed, *extra, out], f"{label} qgemv")
         ctx.count("qmatmul:qgemv")
         return epilogue is not None
