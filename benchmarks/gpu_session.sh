@@ -16,6 +16,7 @@
 #   qtests    the packed-weight GPU tests (kernels against the reference, generation token for token)
 #   qvariants every form of the quantized GEMV on Llama-1B's shapes (quant_bench.py --variants)
 #   qdecode   the packed-weight decode models alone (quant_bench.py --skip kernels,torch)
+#   q7b       the 7B Llama shape in Q4_K_M, batch 1 decode and its packed-weight roofline (quant_bench.py --7b)
 #   qncu      Nsight Compute counters of the quantized GEMV's forms (benchmarks/qgemv_ncu.py)
 #   minilm    the MiniLM fine-tune alone (weights from .minilm/, carried: an fp16 copy of the package's)
 #   fam_tests the decoder families' GPU generation tests (fp32 token-exact, bf16 reported)
@@ -68,6 +69,8 @@ for step in "$@"; do
                grep "^| llama" "$R/qvar.txt" | tail -n 70 ;;
     qdecode) timeout 200 python3 benchmarks/quant_bench.py "$R/qdec" --skip kernels,torch > "$R/qdec.txt" 2>&1
              tail -n 12 "$R/qdec.txt" ;;
+    q7b) timeout 300 python3 benchmarks/quant_bench.py "$R/q7b" --7b --skip kernels,torch > "$R/q7b.txt" 2>&1
+         tail -n 6 "$R/q7b.txt" ;;
     qncu) timeout 150 ncu --clock-control none -k regex:fc_qgemv --section SpeedOfLight --section Occupancy \
             --section WarpStateStats --section MemoryWorkloadAnalysis --section LaunchStats \
             python3 benchmarks/qgemv_ncu.py > "$R/qncu.txt" 2>&1

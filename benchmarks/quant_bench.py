@@ -83,8 +83,13 @@ def _forms(m: int, variants: bool) -> list[tuple[str, dict]]:
 
     if not variants:
         return [("qgemv", gemv_form(m))]
-    forms = [dict(rows=2, fold=False), dict(rows=2, fold=True)] + ([dict(rows=4, fold=True)] if m == 1 else [])
-    return [(f"qgemv R{f['rows']}{' fold' if f['fold'] else ''}", f) for f in forms]
+    forms = [dict(rows=2, fold=m == 1)]
+    if m == 1:  # the grid in one wave: fewer registers (more blocks per SM), fewer chunks in flight per lane
+        forms += [dict(rows=2, fold=True, min_blocks=12), dict(rows=2, fold=True, unroll=1, min_blocks=12),
+                  dict(rows=2, fold=True, unroll=1, min_blocks=16), dict(rows=1, fold=True, min_blocks=16),
+                  dict(rows=1, fold=True, unroll=1, min_blocks=16)]
+    return [(f"qgemv R{f['rows']}{' fold' if f['fold'] else ''}{' U%d' % f['unroll'] if f.get('unroll') else ''}"
+             f"{' B%d' % f['min_blocks'] if f.get('min_blocks') else ''}", f) for f in forms]
 
 
 def bench_kernels(results: list, quick: bool, copy: float, variants: bool = False) -> None:
@@ -199,7 +204,7 @@ class _Dequantized:
         pass
 
 
-def _model(mix: str, layers: int):  # noqa: ANN202
+def _model(mix: str, layers: int, size: str = "1b"):  # noqa: ANN202
     import dataclasses
 
     from fusec.genmodel import GenModel
@@ -207,9 +212,12 @@ def _model(mix: str, layers: int):  # noqa: ANN202
     from fusec.models.generate import SharedWeights
     from fusec.models.weights import RandomPackedWeights, q4_k_m_types
 
-    cfg = dataclasses.replace(get_config("llama-tiny"), name=f"llama-1b-{mix}", hidden_size=2048, intermediate_size=8192,
-                              num_layers=layers, num_heads=32, num_kv_heads=8, head_dim=64, vocab_size=VOCAB,
-                              tie_word_embeddings=False, max_positions=4096)
+    dims = {"1b": dict(hidden_size=2048, intermediate_size=8192, num_heads=32, num_kv_heads=8, head_dim=64,
+                       vocab_size=VOCAB),
+            "7b": dict(hidden_size=4096, intermediate_size=11008, num_heads=32, num_kv_heads=32, head_dim=128,
+                       vocab_size=32000)}[size]
+    cfg = dataclasses.replace(get_config("llama-tiny"), name=f"llama-{size}-{mix}", num_layers=layers,
+                              tie_word_embeddings=False, max_positions=4096, **dims)
     types = q4_k_m_types(layers) if mix != "q8_0" else (lambda name: "Q8_0")
     src: object = RandomPackedWeights(types, seed=0, scale=0.02)
     if mix == "bf16":
@@ -224,7 +232,8 @@ def compile_job(job: dict) -> dict:
 
     t0 = time.perf_counter()
     try:
-        plan = compile_generation(_model(job["mix"], job["layers"]), batch=job["batch"], max_seq_len=PROMPT + NEW,
+        plan = compile_generation(_model(job["mix"], job["layers"], job.get("size", "1b")), batch=job["batch"],
+                                  max_seq_len=PROMPT + NEW,
                                   prefill_len=PROMPT, dtype="bf16", arch=job["arch"], eos_ids=[])
         plan.save(job["path"])
         return {"compile_s": time.perf_counter() - t0, "weights_bytes": plan.manifest["memory"]["weights_bytes"]}
@@ -232,13 +241,19 @@ def compile_job(job: dict) -> dict:
         return {"error": f"{type(e).__name__}: {e}"[:1000]}
 
 
-def bench_decode(results: list, quick: bool, tmp: Path) -> None:
+def bench_decode(results: list, quick: bool, tmp: Path, seven_b: bool = False, copy: float = 0.0) -> None:
+    """Decode tok/s of the Llama-1B-shaped plans (bf16, Q4_K_M, Q8_0 at batch 1 and 8); ``seven_b``:
+    instead the 7B Llama shape (32 layers, d 4096, ffn 11008, vocab 32,000) in Q4_K_M at batch 1,
+    with the share of its packed-weight roofline (weights bytes / ``copy`` bandwidth per step)."""
     import fusec
     from fusec.codegen.compile import default_arch
 
     layers = 4 if quick else LAYERS
     jobs = [{"mix": mix, "batch": b, "layers": layers, "arch": default_arch(), "path": str(tmp / f"{mix}-b{b}.fplan")}
             for mix in ("bf16", "q4_k_m", "q8_0") for b in ((1,) if quick else (1, 8))]
+    if seven_b:
+        jobs = [{"mix": "q4_k_m", "batch": 1, "layers": 32, "size": "7b", "arch": default_arch(),
+                 "path": str(tmp / "q4_k_m-7b-b1.fplan")}]
     import multiprocessing
 
     with ProcessPoolExecutor(max_workers=min(len(jobs), 6), mp_context=multiprocessing.get_context("spawn")) as ex:
@@ -253,7 +268,9 @@ def bench_decode(results: list, quick: bool, tmp: Path) -> None:
             generate_with_plan(plan, prompts, max_new_tokens=8)  # device setup, graph capture
             gen = generate_with_plan(plan, prompts, max_new_tokens=NEW)
             rec.update({"decode_tok_s": gen.decode_tok_s, "decode_ms": gen.decode_ms, "prefill_ms": gen.prefill_ms,
-                        "steps": gen.decode_steps})
+                        "steps": gen.decode_steps, "size": job.get("size", "1b")})
+            if copy and "weights_bytes" in info:  # the step's floor: every weight read once at copy bandwidth
+                rec["pct_roofline"] = 100 * (info["weights_bytes"] / copy) * gen.decode_tok_s / job["batch"]
             del plan
             os.unlink(job["path"])
         results.append(rec)
@@ -277,17 +294,19 @@ def _md(results: list, copy: float) -> str:
         if r["bench"] == "torch_int4":
             lines.append(f"- {r.get('model', '')} {r.get('shape', '')}: " + (
                 f"error {r['error']}" if "error" in r else f"{r['us']:.2f} us, {r['GBps']:.0f} GB/s ({r['pct_copy']:.0f}% copy)"))
-    lines += ["", "## Decode (Llama-3.2-1B shape, plan.generate, 128 new tokens)", "",
-              "| weights | batch | tok/s | x bf16 | weights on GPU | prefill ms | compile s |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines += ["", "## Decode (Llama shapes, plan.generate, 128 new tokens)", "",
+              "| model | weights | batch | tok/s | x bf16 | % packed-weight roofline | weights on GPU | prefill ms | compile s |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     base = {r["batch"]: r.get("decode_tok_s") for r in results if r["bench"] == "decode" and r["mix"] == "bf16"}
     for r in results:
         if r["bench"] == "decode":
             if "error" in r:
-                lines.append(f"| {r['mix']} | {r['batch']} | error: {r['error'][:120]} | | | | |")
+                lines.append(f"| | {r['mix']} | {r['batch']} | error: {r['error'][:120]} | | | | | |")
                 continue
             ratio = r["decode_tok_s"] / base[r["batch"]] if base.get(r["batch"]) else float("nan")
-            lines.append(f"| {r['mix']} | {r['batch']} | {r['decode_tok_s']:.0f} | {ratio:.2f} | "
-                         f"{r['weights_bytes'] / 2**20:.0f} MiB | {r['prefill_ms']:.1f} | {r['compile_s']:.0f} |")
+            roof = f"{r['pct_roofline']:.0f}%" if "pct_roofline" in r else "-"
+            lines.append(f"| {r.get('size', '1b')} | {r['mix']} | {r['batch']} | {r['decode_tok_s']:.0f} | {ratio:.2f} | "
+                         f"{roof} | {r['weights_bytes'] / 2**20:.0f} MiB | {r['prefill_ms']:.1f} | {r['compile_s']:.0f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -296,8 +315,10 @@ def main() -> int:
     ap.add_argument("out_dir")
     ap.add_argument("--quick", action="store_true", help="one model's shapes, two formats, a 4-layer decode model")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: kernels,torch,decode")
-    ap.add_argument("--variants", action="store_true", help="kernels: every form of the quantized GEMV (rows "
-                    "per warp, fold) on Llama-1B's shapes at M = 1 and 8")
+    ap.add_argument("--7b", dest="seven_b", action="store_true", help="decode: the 7B Llama shape in Q4_K_M at "
+                    "batch 1 (with its share of the packed-weight roofline) instead of the 1B plans")
+    ap.add_argument("--variants", action="store_true", help="kernels: the quantized GEMV's forms (rows per "
+                    "warp, chunks per round, blocks per SM) on Llama-1B's shapes at M = 1 and 8")
     args = ap.parse_args()
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -306,7 +327,7 @@ def main() -> int:
     results: list = []
     copy = copy_bw()
     parts: list[tuple[str, Callable[[], None]]] = [
-        ("decode", lambda: bench_decode(results, args.quick, out)),  # its plans compile while nothing else runs
+        ("decode", lambda: bench_decode(results, args.quick, out, args.seven_b, copy)),  # its plans compile while nothing else runs
         ("kernels", lambda: bench_kernels(results, args.quick, copy, args.variants)),
         ("torch", lambda: bench_torch_int4(results, args.quick, copy))]
     for name, fn in parts:
