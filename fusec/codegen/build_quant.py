@@ -40,9 +40,9 @@ def _qgemv(spec: QGemvSpec) -> Rendered:
     nch = spec.K // 32
     # chunks per lane per round: enough 16-byte loads in flight, but the unrolled body (chunks x 4
     # steps x M rows x 8 FMAs) stays small enough for ptxas (M = 16 with 8 chunks took ~2 minutes)
-    unroll = spec.unroll or max(1, min(_UNROLL_CHUNKS // spec.rows, 32 // spec.M, cdiv(nch, 32)))
+    unroll = max(1, min(_UNROLL_CHUNKS // spec.rows, 32 // spec.M, cdiv(nch, 32)))
     ctx = {"name": kernel_name("qgemv", spec), "M": spec.M, "N": spec.N, "K": spec.K, "R": spec.rows, "U": unroll,
-           "fold": spec.fold, "min_blocks": spec.min_blocks,
+           "fold": spec.fold,
            "t": ctype(spec.dtype), "bias": spec.epilogue.bias, "act": Ident(spec.epilogue.activation),
            "residual": spec.epilogue.residual, "round_x": _round_fn(spec.dtype),
            **_format_ctx(spec.fmt, spec.group, spec.scale_dtype)}

@@ -30,9 +30,7 @@ def _check_format(fmt: str, n: int, k: int, group: int, scale_dtype: DType) -> N
 class QGemvSpec:
     """C[M, N] = epilogue(x[M, K] @ W^T), W [N, K] packed in ``fmt`` (groups of ``group``).
     ``rows``: output rows per warp (1, 2 or 4); ``fold``: scale each 8 weights' partial dot once
-    instead of every weight; ``unroll``: 32-weight chunks a lane loads per round and row (0: the
-    builder's choice); ``min_blocks``: blocks of 128 threads that must fit on a multiprocessor
-    (caps the registers; 0: no cap). Params: x, the packed operands (the format's order), [bias], [residual], C."""
+    instead of every weight. Params: x, the packed operands (the format's order), [bias], [residual], C."""
 
     M: int
     N: int
@@ -44,16 +42,12 @@ class QGemvSpec:
     epilogue: Epilogue = Epilogue()
     rows: int = 2
     fold: bool = True
-    unroll: int = 0
-    min_blocks: int = 0
 
     def __post_init__(self) -> None:
         _pos(("M", self.M), ("N", self.N), ("K", self.K), ("group", self.group))
         _req(self.M <= QGEMV_MAX_M, f"the quantized gemv handles M <= {QGEMV_MAX_M}")
         _req(self.dtype in FLOATS, "the quantized gemv is float")
         _req(self.rows in (1, 2, 4), "rows per warp must be 1, 2 or 4")
-        _req(self.unroll in (0, 1, 2, 4, 8), "chunks per round (unroll) must be 0 (auto), 1, 2, 4 or 8")
-        _req(self.min_blocks in (0, 8, 10, 12, 16), "min_blocks must be 0, 8, 10, 12 or 16")
         _check_format(self.fmt, self.N, self.K, self.group, self.scale_dtype)
 
 

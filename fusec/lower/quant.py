@@ -36,8 +36,9 @@ def gemv_form(m: int) -> dict[str, object]:
     """The quantized GEMV's form at M = ``m`` (QGemvSpec's rows / fold): rows per warp 2 (they share
     each activation load; past M = 8 the accumulators of two rows spill, ptxas -v sm_90, so 1); at
     M = 1 each 8 weights' partial dot is scaled once (fold: 2-9% faster on Llama-1B's shapes on the
-    H100, neutral at M = 8; 4 rows per warp was slower on most shapes). benchmarks/quant_bench.py
-    --variants times the forms; benchmarks/RESULTS.md has the numbers."""
+    H100, neutral at M = 8; 4 rows per warp, and registers capped for more blocks per multiprocessor,
+    were slower on most shapes). benchmarks/quant_bench.py --variants times the forms;
+    benchmarks/RESULTS.md has the numbers."""
     return {"rows": 2 if m <= 8 else 1, "fold": m == 1}
 
 
