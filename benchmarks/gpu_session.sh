@@ -19,6 +19,8 @@
 #   q7b       the 7B Llama shape in Q4_K_M, batch 1 decode and its packed-weight roofline (quant_bench.py --7b)
 #   qncu      Nsight Compute counters of the quantized GEMV's forms (benchmarks/qgemv_ncu.py)
 #   minilm    the MiniLM fine-tune alone (weights from .minilm/, carried: an fp16 copy of the package's)
+#   serve32   fusec serve at 32 clients only, 8 s (benchmarks/serve.py --clients 32)
+#   stests    the serve GPU tests (continuous batching, the admit entry)
 #   fam_tests the decoder families' GPU generation tests (fp32 token-exact, bf16 reported)
 #   serve     fusec serve under 1/8/32 streaming clients (benchmarks/serve.py, --duration 10)
 #   families  GGUF decoder families' decode speed (benchmarks/families_gpu.py --no-window-study)
@@ -77,6 +79,10 @@ for step in "$@"; do
           grep -E "^launch:|fc_qgemv|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|L1/TEX Hit|Mem Busy|Max Bandwidth|Waves Per SM" "$R/qncu.txt" | head -n 90 ;;
     minilm) timeout 300 python3 benchmarks/train.py "$R/train_minilm" --skip speed,parity,accuracy --minilm-dir .minilm > "$R/minilm.txt" 2>&1
             tail -n 5 "$R/minilm.txt" ;;
+    serve32) timeout 75 python3 benchmarks/serve.py "$R/serve" --clients 32 --duration 8 > "$R/serve.txt" 2>&1
+             tail -n 8 "$R/serve.txt" ;;
+    stests) timeout 45 $PT -x tests/test_serve_gpu.py > "$R/t_serve.txt" 2>&1
+            grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_serve.txt" | tail -n 6 ;;
     fam_tests) timeout 200 $PT -n 6 tests/test_generation_families_gpu.py tests/test_softcap_generation.py > "$R/t_fam.txt" 2>&1
                grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_fam.txt" | tail -n 12 ;;
     train) timeout 300 python3 benchmarks/train.py "$R/train" --no-compile --skip minilm > "$R/train.txt" 2>&1

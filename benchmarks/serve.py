@@ -50,19 +50,22 @@ def pct(xs: list[float], q: float) -> float | None:
 def baseline(args: argparse.Namespace, gm: Any, n: int, prompts: list[list[int]], out_dir: str,
              cuda: bool) -> tuple[dict[str, Any], str | None]:
     """plan.generate at batch n (twice: the first run captures the CUDA graph); the plan's path."""
+    from fusec.compiler import compile_generation
     from fusec.generation import ReferenceEngine, generate
     from fusec.genmodel import build_graphs
-    from fusec.compiler import compile_generation
+    from fusec.serve.batcher import admit_batch_for
 
     t_max = args.prompt_len + args.max_tokens
     t0 = time.perf_counter()
     if not cuda:
-        engine = ReferenceEngine(build_graphs(gm, n, t_max, args.prompt_len, eos_ids=()), optimize=True)
+        engine = ReferenceEngine(build_graphs(gm, n, t_max, args.prompt_len, eos_ids=(), admit_batch=admit_batch_for(n)),
+                                 optimize=True)
         res = generate(engine, prompts[:n], args.max_tokens, gm.config.vocab_size)
         total = res.prefill_ms / 1e3 + res.decode_ms / 1e3
         return {"decode_tok_s": res.decode_tok_s, "prefill_ms": res.prefill_ms,
                 "end_to_end_tok_s": n * args.max_tokens / total, "compile_s": 0.0}, None
-    plan = compile_generation(gm, batch=n, max_seq_len=t_max, prefill_len=args.prompt_len, dtype="bf16", eos_ids=())
+    plan = compile_generation(gm, batch=n, max_seq_len=t_max, prefill_len=args.prompt_len, dtype="bf16", eos_ids=(),
+                              admit_batch=admit_batch_for(n))
     compile_s = time.perf_counter() - t0
     path = os.path.join(out_dir, f"qwen3-0.6b-b{n}.fplan")
     plan.save(path)
@@ -190,7 +193,7 @@ def markdown(doc: dict[str, Any]) -> str:
     lines = [f"### fusec serve under load ({doc['device']}, {doc['model']}, prompts {a['prompt_len']} tokens, "
              f"{a['max_tokens']} new, {a['duration']} s per point)", "",
              "| clients (= plan batch) | total tok/s | plan generate decode tok/s | ratio | generate end-to-end tok/s "
-             "| TTFT p50 / p99 ms | ITL p50 / p99 ms | tokens per event | requests | admissions |",
+             "| TTFT p50 / p99 ms | ITL p50 / p99 ms | tokens per event | requests | admissions (admit-entry runs) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
 
     def f(x: Any, d: int = 1) -> str:
@@ -202,7 +205,7 @@ def markdown(doc: dict[str, Any]) -> str:
         lines.append(f"| {r['clients']} | {f(s['tok_s'])} | {f(b.get('decode_tok_s'))} | {f(ratio, 2)} | "
                      f"{f(b.get('end_to_end_tok_s'))} | {f(s['ttft_ms_p50'])} / {f(s['ttft_ms_p99'])} | "
                      f"{f(s['itl_ms_p50'], 2)} / {f(s['itl_ms_p99'], 2)} | {f(s['tokens_per_event_mean'], 2)} | "
-                     f"{s['ok']}/{s['requests']} | {h.get('admissions', '-')} |")
+                     f"{s['ok']}/{s['requests']} | {h.get('admissions', '-')} ({h.get('admit_runs', '-')}) |")
     lines += ["", "total tok/s: completion tokens received by all clients over the window; TTFT: request sent -> "
               "first text event; ITL: gap between events / tokens in the event. Targets (issue 24): 32 clients >= "
               "0.8 x the plan's batch-32 generate decode rate; TTFT p99 < 4 x p50 at 8 clients."]

@@ -38,6 +38,7 @@ class Engine(Protocol):
     def read_state(self, name: str) -> np.ndarray: ...
     def prefill(self, input_ids: np.ndarray, lengths: np.ndarray, timed: bool = True,
                 measure: bool = False) -> None: ...  # lengths 0: row not admitted
+    def admit(self, feeds: Mapping[str, np.ndarray]) -> None: ...  # one run of the admit entry (admit_feeds)
     def decode(self) -> None: ...
     def sync(self) -> None: ...
     def measure(self, on: bool) -> None: ...  # start/stop counting driver activity (decode loop)
@@ -258,6 +259,40 @@ def _new_ids(engine: Engine, rows: list[list[int]]) -> list[list[int]]:
     return [[int(t) for t in tokens[b, len(r): int(pos[b]) + 1]] for b, r in enumerate(rows)]
 
 
+def admit_rows(engine: Engine, input_ids: np.ndarray, lengths: np.ndarray) -> int:
+    """Admit the rows with ``lengths`` > 0 (``input_ids`` [B, S] and ``lengths`` [B] as the prefill
+    takes them), leaving the other rows as they are: through the admit entry, ``admit_batch``
+    prompts a run, when that computes fewer rows than one prefill of the whole batch; else through
+    the prefill. Returns the admit runs made (0: the prefill ran)."""
+    lengths = np.asarray(lengths, np.int64)
+    slots = int(engine.meta.get("admit_batch") or 0)
+    rows = np.flatnonzero(lengths > 0)
+    runs = -(-len(rows) // slots) if slots else 0
+    if not slots or runs * slots >= len(lengths):
+        engine.prefill(input_ids, lengths, timed=False)
+        return 0
+    for feeds in admit_feeds(input_ids, lengths, slots):
+        engine.admit(feeds)
+    return runs
+
+
+def admit_feeds(input_ids: np.ndarray, lengths: np.ndarray, slots: int) -> list[dict[str, np.ndarray]]:
+    """The admit entry's inputs (models/generate.py) for the rows with ``lengths`` > 0, ``slots``
+    prompts a run: an unused slot has length 0 (it computes a dummy prompt nobody takes)."""
+    lengths = np.asarray(lengths, np.int64)
+    rows = np.flatnonzero(lengths > 0)
+    batch, seq = input_ids.shape
+    out = []
+    for i in range(0, len(rows), slots):
+        chunk = rows[i:i + slots]
+        ids, slot_lengths = np.zeros((slots, seq), np.int64), np.zeros(slots, np.int64)
+        ids[:len(chunk)], slot_lengths[:len(chunk)] = input_ids[chunk], lengths[chunk]
+        src, row_lengths = np.zeros(batch, np.int64), np.zeros(batch, np.int64)
+        src[chunk], row_lengths[chunk] = np.arange(len(chunk)), lengths[chunk]
+        out.append({"input_ids": ids, "lengths": slot_lengths, "row_lengths": row_lengths, "src": src})
+    return out
+
+
 class Ready:
     """A read-back that is already done (``ReferenceEngine.fetch``; the GPU engine's waits)."""
 
@@ -335,6 +370,9 @@ class ReferenceEngine:
     def prefill(self, input_ids: np.ndarray, lengths: np.ndarray, timed: bool = True, measure: bool = False) -> None:
         self._steps = 0
         self._run("prefill", {"input_ids": input_ids, "lengths": np.asarray(lengths, np.int64)})
+
+    def admit(self, feeds: Mapping[str, np.ndarray]) -> None:
+        self._run("admit", feeds)
 
     def decode(self) -> None:
         self._run("decode", {})

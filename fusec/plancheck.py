@@ -274,9 +274,12 @@ def _generation(c: FieldCheck, m: Mapping[str, Any], blobs: Mapping[str, Any]) -
     record that ``fusec generate``, ``fusec.runtime.generation`` and ``fusec.report.subject`` read
     (every key typed and in range; the states the runner writes shaped as the record says)."""
     ents = m.get("entries")
-    if not isinstance(ents, Mapping) or sorted(ents) != sorted(GEN_ENTRIES):
+    admits = isinstance(m["generation"], Mapping) and "admit_batch" in m["generation"]
+    want = sorted(GEN_ENTRIES + (("admit",) if admits else ()))
+    if not isinstance(ents, Mapping) or sorted(ents) != want:
         got = ", ".join(_shown(k) for k in ents) if isinstance(ents, Mapping) else "none"
-        raise c.fail("entries", f"a generation plan has the entry points {' and '.join(GEN_ENTRIES)}; got {got}")
+        raise c.fail("entries", f"a generation plan {'with an admit batch ' if admits else ''}has the entry points "
+                                f"{', '.join(want)}; got {got}")
     if isinstance(m["generation"], Mapping) and "sampling" in m["generation"]:
         raise c.fail("generation.sampling", "this plan compiles its sampling settings in (made by an older fusec); "
                                             "plans now keep them as per-row state: recompile it")
@@ -285,6 +288,8 @@ def _generation(c: FieldCheck, m: Mapping[str, Any], blobs: Mapping[str, Any]) -
     i31 = 2**31 - 1
     batch = c.int(g["batch"], "generation.batch", 1, i31)
     t_max = c.int(g["max_seq_len"], "generation.max_seq_len", 1, MAX_DIM)
+    if admits:
+        c.int(g["admit_batch"], "generation.admit_batch", 1, batch - 1)
     c.int(g["prefill_len"], "generation.prefill_len", 1, t_max)
     c.int(g["vocab_size"], "generation.vocab_size", 1, i31)
     c.int(g["num_layers"], "generation.num_layers", 0, i31)

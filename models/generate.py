@@ -32,6 +32,11 @@ any captured graph; after that nothing crosses between host and device until tok
   values), so a server admits new requests into free rows between decode steps while the other
   rows keep decoding; ``fusec generate`` admits every row at once. The prefill computes all B rows
   (a non-admitted row as a one-token dummy prompt): admitting k rows costs one prefill, whatever k.
+* **admit** (``admit_batch`` A > 0; inputs ``input_ids`` [A, S] and ``lengths`` [A] of A prompts,
+  ``row_lengths`` [B] and ``src`` [B]: ``fusec.generation.admit_feeds``): the prefill computed for
+  A prompts only; each layer's keys/values and the logits are gathered into the batch's rows by
+  ``src``, then written, drawn and recorded exactly as the prefill does with ``lengths`` =
+  ``row_lengths``. A server admitting k rows runs it ceil(k / A) times instead of computing B.
 * **decode** (no inputs): embeds ``cur`` at position ``pos``, writes K/V at ``pos``, attends keys
   ``0..pos`` (``kv_attention``; a sliding-window layer only the last ``window`` of them: the cache
   keeps every position, the window is a bound on the keys read, not a ring buffer), draws the next
@@ -66,6 +71,7 @@ class GenerationShape:
     batch: int
     max_seq_len: int  # T: the KV cache's length, prompt + new tokens
     prefill_len: int  # S: the prefill graph's (padded) prompt length
+    admit_batch: int = 0  # A: the admit entry's prompts per run (0: no admit entry)
 
     def __post_init__(self) -> None:
         for name in ("batch", "max_seq_len", "prefill_len"):
@@ -74,6 +80,9 @@ class GenerationShape:
                 raise InputError(f"--{name.replace('_', '-')} must be a positive integer, got {v!r}")
         if self.prefill_len > self.max_seq_len:
             raise InputError(f"prefill length {self.prefill_len} exceeds --max-seq-len {self.max_seq_len}")
+        a = self.admit_batch
+        if not isinstance(a, int) or isinstance(a, bool) or not 0 <= a < self.batch:
+            raise InputError(f"--admit-batch must be 0 (none) or less than the batch ({self.batch}), got {a!r}")
 
 
 class SharedWeights:
@@ -133,8 +142,11 @@ def build_generation(cfg: ModelConfig, weights: object, shape: GenerationShape,
         cfg.rope_scaling.check(cfg.rope_dims, shape.max_seq_len)
     if any(not 0 <= e < cfg.vocab_size for e in eos_ids):
         raise InputError(f"end-of-sequence ids {list(eos_ids)} must lie within the vocabulary ({cfg.vocab_size})")
-    return {"prefill": _build(cfg, weights, shape, eos_ids, prefill=True),
-            "decode": _build(cfg, weights, shape, eos_ids, prefill=False)}
+    graphs = {"prefill": _build(cfg, weights, shape, eos_ids, "prefill"),
+              "decode": _build(cfg, weights, shape, eos_ids, "decode")}
+    if shape.admit_batch:
+        graphs["admit"] = _build(cfg, weights, shape, eos_ids, "admit")
+    return graphs
 
 
 class _State:
@@ -168,17 +180,43 @@ class _State:
         write_at = m.op(Op.WHERE, self.admit, m.scalar(0, i64), m.scalar(self.t_max, i64))
         return ids, length, write_at
 
+    def admit_inputs(self, seq: int, slots: int) -> tuple[Value, Value, Value]:
+        """The admit entry's inputs: ``input_ids`` [A, S] and ``lengths`` [A] (0: an unused slot) of
+        A prompts, and per row of the batch ``row_lengths`` [B] (the admitted prompt's length, 0:
+        the row is left as it is) and ``src`` [B] (the slot row b takes its keys, values and logits
+        from; any slot where not admitted). Returns (input_ids, each slot's computed prompt length,
+        src); ``admit``, ``lengths`` and the cache-write position are per row of the batch, as the
+        prefill has them."""
+        m, i64 = self.m, DType.I64
+        ids = m.b.input("input_ids", (slots, seq), i64)
+        slot_lengths = m.b.input("lengths", (slots,), i64)
+        self.lengths = m.b.input("row_lengths", (self.batch,), i64)
+        src = m.b.input("src", (self.batch,), i64)
+        self.admit = m.op(Op.GREATER, self.lengths, m.scalar(0, i64))
+        self.write_at = m.op(Op.WHERE, self.admit, m.scalar(0, i64), m.scalar(self.t_max, i64))
+        length = m.op(Op.WHERE, m.op(Op.GREATER, slot_lengths, m.scalar(0, i64)), slot_lengths, m.scalar(1, i64))
+        return ids, length, src
+
 
 def _build(cfg: ModelConfig, weights: object, shape: GenerationShape, eos_ids: tuple[int, ...],
-           prefill: bool) -> Graph:
-    m = Blocks(f"{cfg.name}.{'prefill' if prefill else 'decode'}", weights)  # type: ignore[arg-type]
+           mode: str) -> Graph:
+    """The ``mode`` entry's graph: "prefill", "decode", or "admit" (the prefill of ``admit_batch``
+    prompts into chosen rows: its keys, values and first tokens are gathered into the batch's rows
+    by ``src``, then written as the prefill writes them)."""
+    m = Blocks(f"{cfg.name}.{mode}", weights)  # type: ignore[arg-type]
     st = _State(m, cfg, shape)
-    bsz, t_max, d, hd = shape.batch, shape.max_seq_len, cfg.hidden_size, cfg.head_dim
-    seq = shape.prefill_len if prefill else 1
+    t_max, d, hd = shape.max_seq_len, cfg.hidden_size, cfg.head_dim
+    bsz = shape.admit_batch if mode == "admit" else shape.batch  # the rows the graph computes
+    seq = 1 if mode == "decode" else shape.prefill_len
     table = Embedding(m, "embed_tokens.weight", (cfg.vocab_size, d))
     i64 = DType.I64
-    if prefill:
-        ids, length, write_at = st.prefill_inputs(seq)
+    src = None
+    if mode != "decode":
+        if mode == "admit":
+            ids, length, src = st.admit_inputs(seq, bsz)
+            write_at = st.write_at
+        else:
+            ids, length, write_at = st.prefill_inputs(seq)
         # attention_mask[b, j] = j < length[b]: the padding mask of right-padded prompts, on the device
         cols = m.b.const(np.arange(seq, dtype=np.int64)[None, :], name="columns")
         masks = window_masks(m, cfg, m.op(Op.CAST, m.op(Op.LESS, cols, m.op(Op.RESHAPE, length, shape=(bsz, 1))), to=i64))
@@ -188,12 +226,12 @@ def _build(cfg: ModelConfig, weights: object, shape: GenerationShape, eos_ids: t
         ids = m.op(Op.RESHAPE, st.cur, shape=(bsz, 1))
         at = m.op(Op.RESHAPE, st.pos, shape=(bsz, 1))
 
-        def rows(table_: np.ndarray, name: str) -> Value:  # the table's row at each sequence's position
+        def rows_at(table_: np.ndarray, name: str) -> Value:  # the table's row at each sequence's position
             got = m.op(Op.GATHER, m.b.const(table_, name=name), at, axis=0)
             return m.op(Op.RESHAPE, got, shape=(bsz, 1, 1, cfg.rope_dims))
 
-        ropes = layer_ropes(m, cfg, t_max, lambda c, s, sfx: (rows(c, "rope_cos_table" + sfx),
-                                                             rows(s, "rope_sin_table" + sfx)))
+        ropes = layer_ropes(m, cfg, t_max, lambda c, s, sfx: (rows_at(c, "rope_cos_table" + sfx),
+                                                             rows_at(s, "rope_sin_table" + sfx)))
         write_at = st.pos
 
     x = embed(m, cfg, table, ids)
@@ -204,11 +242,12 @@ def _build(cfg: ModelConfig, weights: object, shape: GenerationShape, eos_ids: t
         HF eager form the pattern passes fuse; a sliding window is part of the mask), decode over
         the cache up to each row's position (keys older than its window skipped). The cache
         keeps every position of every layer: a windowed layer's window is a bound, not a ring."""
-        k_cache = m.op(Op.CACHE_WRITE, st.caches[i][0], k, write_at, axis=2)
-        v_cache = m.op(Op.CACHE_WRITE, st.caches[i][1], v, write_at, axis=2)
+        k_rows, v_rows = (k, v) if src is None else (m.op(Op.GATHER, k, src, axis=0), m.op(Op.GATHER, v, src, axis=0))
+        k_cache = m.op(Op.CACHE_WRITE, st.caches[i][0], k_rows, write_at, axis=2)
+        v_cache = m.op(Op.CACHE_WRITE, st.caches[i][1], v_rows, write_at, axis=2)
         new_caches.append((k_cache, v_cache))
         w = cfg.window(i)
-        if prefill:
+        if mode != "decode":
             return eager_attention(m, q, k, v, masks[w if w < seq else 0], scale=cfg.attention_scale,
                                    softcap=cfg.attn_softcap)
         a = m.op(Op.KV_ATTENTION, q, k_cache, v_cache, st.pos, scale=cfg.attention_scale, softcap=cfg.attn_softcap,
@@ -218,7 +257,7 @@ def _build(cfg: ModelConfig, weights: object, shape: GenerationShape, eos_ids: t
     for i in range(cfg.num_layers):
         x = decoder_layer(m, cfg, x, i, ropes[i], lambda q, k, v, i=i: attend(i, q, k, v))
 
-    if prefill:  # the hidden state of each row's last real token: row b*S + length[b] - 1 of [B*S, D]
+    if mode != "decode":  # the hidden state of each row's last real token: row b*S + length[b] - 1 of [B*S, D]
         starts = m.b.const(np.arange(bsz, dtype=np.int64) * seq - 1, name="row_starts")
         x = m.op(Op.GATHER, m.op(Op.RESHAPE, x, shape=(bsz * seq, d)), m.op(Op.ADD, starts, length), axis=0)
         counter = length  # the new token's position
@@ -226,7 +265,13 @@ def _build(cfg: ModelConfig, weights: object, shape: GenerationShape, eos_ids: t
         x = m.op(Op.RESHAPE, x, shape=(bsz, d))
         counter = m.op(Op.ADD, st.pos, m.scalar(1, i64))
     logits = lm_head(m, cfg, x, table)
-    return finish_step(m, st, logits, counter, new_caches, shape, eos_ids, prefill)
+    if mode != "admit":
+        return finish_step(m, st, logits, counter, new_caches, shape, eos_ids, mode == "prefill")
+    # the batch's rows take their slot's logits and draw as the prefill draws (each row's own
+    # sampling state, fp32, at its prompt length); a row not admitted draws nothing it keeps
+    g = finish_step(m, st, m.op(Op.GATHER, logits, src, axis=0), st.lengths, new_caches, shape, eos_ids, True)
+    g.meta["generation"]["entry"] = "admit"
+    return g
 
 
 def finish_step(m: Blocks, st: _State, logits: Value, counter: Value, new_caches: list[tuple[Value, Value]],
@@ -271,4 +316,6 @@ def finish_step(m: Blocks, st: _State, logits: Value, counter: Value, new_caches
     g = m.b.build()
     g.meta["generation"] = {"entry": "prefill" if prefill else "decode", "batch": bsz, "max_seq_len": t_max,
                             "prefill_len": shape.prefill_len, "eos_ids": [int(e) for e in eos_ids]}
+    if shape.admit_batch:
+        g.meta["generation"]["admit_batch"] = shape.admit_batch
     return g

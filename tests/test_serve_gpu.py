@@ -46,11 +46,14 @@ def _alone(gm, prompt, n, sampling=None, seed=0):
     return generate(e, [prompt], n, gm.config.vocab_size, seed=seed, sampling=sampling).new_ids[0]
 
 
-def test_requests_joining_mid_flight_draw_what_they_draw_alone():
+@pytest.mark.parametrize("admit_batch", [0, 1], ids=["prefill", "admit-entry"])
+def test_requests_joining_mid_flight_draw_what_they_draw_alone(admit_batch):
+    """Rows join through the whole-batch prefill, or through the admit entry (one prompt a run)."""
     from fusec.runtime.generation import PlanEngine
 
     gm = load_generation_model("qwen3-tiny")
-    plan = compile_generation(gm, batch=3, max_seq_len=48, prefill_len=8, dtype="fp32", eos_ids=[])
+    plan = compile_generation(gm, batch=3, max_seq_len=48, prefill_len=8, dtype="fp32", eos_ids=[],
+                              admit_batch=admit_batch)
     cut = Sampling(0.9, 30, 0.9)
     jobs = [Job(p, 8 + 5 * i, cut if i % 2 else Sampling(), seed=100 + i) for i, p in enumerate(PROMPTS)]
     b = _run(PlanEngine(plan), jobs, lookahead=3)
@@ -58,6 +61,7 @@ def test_requests_joining_mid_flight_draw_what_they_draw_alone():
         assert j.finish == "length", (i, j.finish, j.error)
         assert j.tokens == _alone(gm, j.prompt_ids, j.max_tokens, j.sampling, j.seed), i
     assert b.counts["admissions"] >= 2
+    assert (b.counts["admit_runs"] > 0) == bool(admit_batch)
 
 
 def test_decode_steps_of_rows_already_decoding_do_not_synchronize():

@@ -142,15 +142,24 @@ def _engine(args: argparse.Namespace) -> tuple[Any, Any, str, str]:
 
         note(f"{toolchain.gpu_missing_reason(with_fix=False) or 'no GPU found'}: serving with the numpy reference "
              "backend (slow, but the same graphs)")
-        engine = ReferenceEngine(build_graphs(gm, batch, t_max, s_len), optimize=True)
+        engine = ReferenceEngine(build_graphs(gm, batch, t_max, s_len, admit_batch=_admit_batch(gm, batch)),
+                                 optimize=True)
         engine.meta = dict(engine.meta, vocab_size=cfg.vocab_size)  # as a plan's record has it
         return engine, gm.tokenizer, gm.source, "reference"
     from fusec.compiler import compile_generation
     from fusec.runtime.generation import PlanEngine
 
     plan = compile_generation(gm, batch=batch, max_seq_len=t_max, prefill_len=s_len, dtype=args.dtype or "bf16",
-                              arch=arch)
+                              arch=arch, admit_batch=_admit_batch(gm, batch))
     return PlanEngine(plan), gm.tokenizer, gm.source, "cuda"
+
+
+def _admit_batch(gm: Any, batch: int) -> int:
+    """The admit entry's size (fusec.serve.batcher.admit_batch_for); none for a model exported with
+    its KV cache (its graphs come from the exporter's builder)."""
+    from fusec.serve.batcher import admit_batch_for
+
+    return 0 if gm.builder is not None else admit_batch_for(batch)
 
 
 class _Terminated(Exception):

@@ -26,12 +26,13 @@ class PlanEngine:
     def __init__(self, plan: Any):
         import cupy
 
-        if "generation" not in plan.manifest or set(plan.entries) != {"prefill", "decode"}:
+        if "generation" not in plan.manifest or set(plan.entries) - {"admit"} != {"prefill", "decode"}:
             raise InputError("this plan cannot generate: compile it with `fusec compile MODEL --generate`")
         self.plan = plan
         self.meta = plan.manifest["generation"]
         self._prefill = plan._exec("prefill")
         self._decode = plan._exec("decode")
+        self._admit = plan._exec("admit") if "admit" in plan.entries else None
         self.device = self._decode.device
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self._events = (cupy.cuda.Event(), cupy.cuda.Event())
@@ -88,6 +89,13 @@ class PlanEngine:
 
         self.last_prefill_ms = float(cupy.cuda.get_elapsed_time(a, b))
         self._prefill_stats = self._prefill.stats()
+        self._steps = 0
+
+    def admit(self, feeds: dict[str, np.ndarray]) -> None:
+        """One run of the admit entry (``fusec.generation.admit_feeds``), queued on the stream."""
+        if self._admit is None:
+            raise InputError("this plan has no admit entry (compile it with an admit batch)")
+        self._admit.run(feeds, stream=self.stream, measure=False)
         self._steps = 0
 
     def decode(self) -> None:

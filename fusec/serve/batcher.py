@@ -8,11 +8,13 @@ prompt length of each admitted row and 0 elsewhere, which leaves every other row
 then serves every row. A row is freed when its job ends: an end-of-sequence token, ``max_tokens``
 tokens, or a cancel (``cancel``: a stop string seen by the consumer, a client that went away).
 
-Why a masked batch prefill rather than a one-row prefill at a row offset: it needs no new op (the
-cache writes of a non-admitted row go to position T, which ``cache_write`` drops; the row states
-keep their values through a ``where``), it is the one prefill ``fusec generate`` runs too (every
-row admitted), and admitting k waiting requests costs one prefill, whatever k. Its cost: the
-prefill computes all B rows whatever k is.
+A plan compiled with an admit batch A (``fusec serve`` compiles one: A = B / 4) admits k rows
+through its admit entry, A prompts a run, when ceil(k / A) runs compute fewer rows than one prefill
+of the batch (``fusec.generation.admit_rows``); otherwise, and for a plan without one, the masked
+prefill of the whole batch runs: the cache writes of a non-admitted row go to position T, which
+``cache_write`` drops, and the row states keep their values through a ``where``. Measured on an
+H100 with 32 clients (benchmarks/RESULTS.md): the whole-batch prefill at every admission cost
+about 15% of the decode throughput.
 
 The plan runs on this one thread (a plan runs one call at a time); nothing else touches it. The
 thread keeps up to ``lookahead`` decode steps queued on the GPU: after each step it queues an
@@ -39,8 +41,14 @@ from typing import Any
 import numpy as np
 
 from fusec.errors import InputError
-from fusec.generation import sampling_states
+from fusec.generation import admit_rows, sampling_states
 from fusec.sampling import Sampling, check_seed
+
+
+def admit_batch_for(batch: int) -> int:
+    """The admit entry's prompts per run that ``fusec serve`` compiles for a plan of ``batch`` rows
+    (0: none below 4 rows, where the whole-batch prefill is already small)."""
+    return batch // 4 if batch >= 4 else 0
 
 
 class QueueFull(Exception):
@@ -96,7 +104,7 @@ class Batcher:
         self.stopping: str | None = None
         self.thread: threading.Thread | None = None
         self.counts = {"submitted": 0, "admissions": 0, "admitted": 0, "decode_steps": 0, "finished": 0,
-                       "cancelled": 0, "admit_syncs": 0, "tokens": 0}
+                       "cancelled": 0, "admit_syncs": 0, "admit_runs": 0, "tokens": 0}
         self.driver: dict[str, float] = {}  # decode-only phases, measured (counters=True and CUPTI)
         self.driver_steps = 0
         self._measuring = False
@@ -257,7 +265,7 @@ class Batcher:
             admitted.append((b, job))
         self.engine.write_states(sampling_states(self.settings, self.seeds))
         self.counts["admit_syncs"] += 1
-        self.engine.prefill(ids, lengths, timed=False)
+        self.counts["admit_runs"] += admit_rows(self.engine, ids, lengths)
         self.pending.append((self.engine.fetch("cur"), admitted))
         self.counts["admissions"] += 1
         self.counts["admitted"] += len(take)
