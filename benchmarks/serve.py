@@ -47,25 +47,29 @@ def pct(xs: list[float], q: float) -> float | None:
 
 # ---- the plan's own rate --------------------------------------------------------------------------
 
+def _admit_batch(args: argparse.Namespace, n: int) -> int:
+    """The plan's admit batch (fusec serve --admit-batch): n // --admit-div (0 / below 4 clients: none)."""
+    return n // args.admit_div if args.admit_div and n >= 4 else 0
+
+
 def baseline(args: argparse.Namespace, gm: Any, n: int, prompts: list[list[int]], out_dir: str,
              cuda: bool) -> tuple[dict[str, Any], str | None]:
     """plan.generate at batch n (twice: the first run captures the CUDA graph); the plan's path."""
     from fusec.compiler import compile_generation
     from fusec.generation import ReferenceEngine, generate
     from fusec.genmodel import build_graphs
-    from fusec.serve.batcher import admit_batch_for
 
     t_max = args.prompt_len + args.max_tokens
     t0 = time.perf_counter()
     if not cuda:
-        engine = ReferenceEngine(build_graphs(gm, n, t_max, args.prompt_len, eos_ids=(), admit_batch=admit_batch_for(n)),
+        engine = ReferenceEngine(build_graphs(gm, n, t_max, args.prompt_len, eos_ids=(), admit_batch=_admit_batch(args, n)),
                                  optimize=True)
         res = generate(engine, prompts[:n], args.max_tokens, gm.config.vocab_size)
         total = res.prefill_ms / 1e3 + res.decode_ms / 1e3
         return {"decode_tok_s": res.decode_tok_s, "prefill_ms": res.prefill_ms,
                 "end_to_end_tok_s": n * args.max_tokens / total, "compile_s": 0.0}, None
     plan = compile_generation(gm, batch=n, max_seq_len=t_max, prefill_len=args.prompt_len, dtype="bf16", eos_ids=(),
-                              admit_batch=admit_batch_for(n))
+                              admit_batch=_admit_batch(args, n))
     compile_s = time.perf_counter() - t0
     path = os.path.join(out_dir, f"qwen3-0.6b-b{n}.fplan")
     plan.save(path)
@@ -89,7 +93,7 @@ def start_server(target: str, n: int, args: argparse.Namespace, err_path: str) -
            "--max-queue", str(4 * n + 8)]
     if not target.endswith(".fplan"):  # the reference backend: the model itself
         cmd += ["--batch", str(n), "--max-seq-len", str(args.prompt_len + args.max_tokens), "--max-prompt-len",
-                str(args.prompt_len)]
+                str(args.prompt_len), "--admit-batch", str(_admit_batch(args, n))]
     err = open(err_path, "wb")  # noqa: SIM115 - the server's log, kept in OUT_DIR
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     t_end = time.monotonic() + 300
@@ -216,6 +220,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out_dir")
     ap.add_argument("--clients", default="1,8,32")
+    ap.add_argument("--admit-div", type=int, default=0, metavar="D", help="plans with an admit entry of batch / D "
+                    "prompts a run (fusec serve --admit-batch; 0: none, every admission prefills the whole batch)")
     ap.add_argument("--duration", type=float, default=20.0, help="seconds of load per point")
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--max-tokens", type=int, default=128)

@@ -49,6 +49,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="chat completions without max_tokens (default 256, at most what the context leaves)")
     p.add_argument("--admit-wait-ms", type=float, default=2.0, metavar="MS",
                    help="a request waits up to this long for others to join its prefill (default 2)")
+    p.add_argument("--admit-batch", type=int, default=0, metavar="A",
+                   help="compile an admit entry that prefills A new requests at a time into their rows, so "
+                        "admitting k requests computes about k rows instead of the whole batch (0, the default: "
+                        "every admission runs the whole batch's prefill; A < B; models fusec builds, not a plan "
+                        "file or an ONNX export)")
     p.add_argument("--counters", action="store_true", help="count the driver's work over decode steps (CUPTI; /health)")
     p.add_argument("--weights-dir", default=None, metavar="DIR", help="HF checkpoint for a built-in model's weights")
     p.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), default=None, help="storage dtype on the GPU (default bf16)")
@@ -64,6 +69,8 @@ def _check(args: argparse.Namespace) -> None:
         v = getattr(args, name)
         if v is not None and v < 1:
             raise InputError(f"--{name.replace('_', '-')} must be a positive integer, got {v}")
+    if args.admit_batch < 0:
+        raise InputError(f"--admit-batch must be 0 (none) or a positive integer below --batch, got {args.admit_batch}")
     if not 0 <= args.admit_wait_ms <= 1000:
         raise InputError(f"--admit-wait-ms must be in [0, 1000], got {args.admit_wait_ms}")
     for name in ("max_queue", "max_body_bytes", "default_max_tokens"):
@@ -142,24 +149,15 @@ def _engine(args: argparse.Namespace) -> tuple[Any, Any, str, str]:
 
         note(f"{toolchain.gpu_missing_reason(with_fix=False) or 'no GPU found'}: serving with the numpy reference "
              "backend (slow, but the same graphs)")
-        engine = ReferenceEngine(build_graphs(gm, batch, t_max, s_len, admit_batch=_admit_batch(gm, batch)),
-                                 optimize=True)
+        engine = ReferenceEngine(build_graphs(gm, batch, t_max, s_len, admit_batch=args.admit_batch), optimize=True)
         engine.meta = dict(engine.meta, vocab_size=cfg.vocab_size)  # as a plan's record has it
         return engine, gm.tokenizer, gm.source, "reference"
     from fusec.compiler import compile_generation
     from fusec.runtime.generation import PlanEngine
 
     plan = compile_generation(gm, batch=batch, max_seq_len=t_max, prefill_len=s_len, dtype=args.dtype or "bf16",
-                              arch=arch, admit_batch=_admit_batch(gm, batch))
+                              arch=arch, admit_batch=args.admit_batch)
     return PlanEngine(plan), gm.tokenizer, gm.source, "cuda"
-
-
-def _admit_batch(gm: Any, batch: int) -> int:
-    """The admit entry's size (fusec.serve.batcher.admit_batch_for); none for a model exported with
-    its KV cache (its graphs come from the exporter's builder)."""
-    from fusec.serve.batcher import admit_batch_for
-
-    return 0 if gm.builder is not None else admit_batch_for(batch)
 
 
 class _Terminated(Exception):

@@ -8,7 +8,7 @@ prompt length of each admitted row and 0 elsewhere, which leaves every other row
 then serves every row. A row is freed when its job ends: an end-of-sequence token, ``max_tokens``
 tokens, or a cancel (``cancel``: a stop string seen by the consumer, a client that went away).
 
-A plan compiled with an admit batch A (``fusec serve`` compiles one: A = B / 4) admits k rows
+A plan compiled with an admit batch A (``fusec serve --admit-batch A``) admits k rows
 through its admit entry, A prompts a run, when ceil(k / A) runs compute fewer rows than one prefill
 of the batch (``fusec.generation.admit_rows``); otherwise, and for a plan without one, the masked
 prefill of the whole batch runs: the cache writes of a non-admitted row go to position T, which
@@ -43,12 +43,6 @@ import numpy as np
 from fusec.errors import InputError
 from fusec.generation import admit_rows, sampling_states
 from fusec.sampling import Sampling, check_seed
-
-
-def admit_batch_for(batch: int) -> int:
-    """The admit entry's prompts per run that ``fusec serve`` compiles for a plan of ``batch`` rows
-    (0: none below 4 rows, where the whole-batch prefill is already small)."""
-    return batch // 4 if batch >= 4 else 0
 
 
 class QueueFull(Exception):
