@@ -7,7 +7,8 @@ the bias/activation/residual epilogue fused); larger M (prefill) dequantizes the
 scratch, a block of rows at a time (at most ``SCRATCH_BYTES``), and cuBLAS multiplies it there
 (``QDequantSpec`` + a GEMM reading the block through its transpose flag, writing its columns of
 the output). The chosen variant is counted in the lowering report (``by_template``: qgemv /
-qdequant) and recorded per product in ``ctx.counts["qmatmul:<variant>"]``.
+qdequant) and recorded per product in ``ctx.counts["qmatmul:<variant>"]``; ``gemv_form`` picks
+the GEMV's form (rows per warp, fold) from the measurements in benchmarks/RESULTS.md.
 
 Measured alternatives are the A/B's business: a dequantize-in-tile tensor-core GEMM for prefill is
 not written yet (see the report of issue 22).
