@@ -115,3 +115,29 @@ def test_a_plan_with_an_admit_entry_compiles_saves_loads_and_is_checked(tmp_path
     del m["generation"]["admit_batch"]  # an admit entry the record does not declare
     with pytest.raises(PlanFileError, match="entry points"):
         validate(m, plan.blobs(), "a", fusec.__version__)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--generate", "--batch", "4", "--admit-batch", "4"], "--admit-batch must be 0 (none) or less than the batch"),
+    (["--admit-batch", "1"], "--admit-batch applies to generation plans"),
+])
+def test_compile_refuses_an_admit_batch_it_cannot_build_in_one_line(capsys, tmp_path, argv, message):
+    from fusec.cli import main
+
+    code = main(["compile", "llama-tiny", *argv, "--arch", "sm_90", "-o", str(tmp_path / "g.fplan")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1 and message in err[0], err
+    assert not (tmp_path / "g.fplan").exists()
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["plan.fplan", "--admit-batch", "1"], "a plan has its entries already"),
+    (["llama-tiny", "--batch", "4", "--admit-batch", "4"], "less than the batch (4)"),
+    (["llama-tiny", "--admit-batch", "-1"], "less than the batch (8)"),
+])
+def test_serve_refuses_an_admit_batch_it_cannot_use_in_one_line(capsys, argv, message):
+    from fusec.cli import main
+
+    code = main(["serve", *argv, "--port", "0"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1 and message in err[0], err

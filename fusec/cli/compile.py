@@ -190,6 +190,9 @@ def compile_from_args(args: argparse.Namespace, progress: Progress | None = None
             raise InputError("--disable-fusion/--enable-fusion do not apply to --generate: generation plans use "
                              "the default fusion rules")
         check_generation_sizes(args)  # a 0 is refused, never taken as the default
+        batch = args.batch if args.batch is not None else 1
+        if not 0 <= args.admit_batch < batch:
+            raise InputError(f"--admit-batch must be 0 (none) or less than the batch ({batch}), got {args.admit_batch}")
         if progress is not None:
             progress("build", args.model)
         gm = load_generation_model(args.model, args.weights_dir)
@@ -200,9 +203,10 @@ def compile_from_args(args: argparse.Namespace, progress: Progress | None = None
             raise InputError(f"--max-seq-len {args.max_seq_len} exceeds the model's context of {context} positions")
         else:
             t_max = args.max_seq_len
-        batch = args.batch if args.batch is not None else 1
         return compile_generation(gm, batch=batch, max_seq_len=t_max, prefill_len=args.max_prompt_len,
-                                  dtype=args.dtype, arch=arch, progress=progress, **quant)
+                                  dtype=args.dtype, arch=arch, progress=progress, admit_batch=args.admit_batch, **quant)
+    if args.admit_batch:
+        raise InputError("--admit-batch applies to generation plans (--generate)")
     check_dump_dir(args)
     import fusec
     import fusec.ab

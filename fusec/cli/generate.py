@@ -80,6 +80,9 @@ def add_generation_arguments(p: argparse.ArgumentParser, for_compile: bool = Fal
                    if for_compile else "compiled prefill length (default: the longest prompt, at least 16)")
     g.add_argument("--weights-dir", default=None, metavar="DIR", help="HF checkpoint for a built-in model's weights")
     if for_compile:
+        g.add_argument("--admit-batch", type=int, default=0, metavar="A",
+                       help="also an admit entry prefilling A requests at a time into their rows, for `fusec serve "
+                            "PLAN` (default 0: none; A < B)")
         return
     from fusec.cli.compile import add_quantize_arguments
 
