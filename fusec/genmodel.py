@@ -36,7 +36,8 @@ class GenModel:
 
 def load_generation_model(model: str | os.PathLike[str], weights_dir: str | os.PathLike[str] | None = None,
                           seed: int = 0, packed: bool = True) -> GenModel:
-    """``packed=False``: a GGUF file's quantized weights are dequantized at load (``load_gguf``)."""
+    """``packed=False``: a GGUF file's quantized weights are dequantized at load (``load_gguf``);
+    refused for any other model (its weights are not packed)."""
     from fusec.models import registry
     from fusec.models.generate import SharedWeights, check_generation_model
 
@@ -47,6 +48,9 @@ def load_generation_model(model: str | os.PathLike[str], weights_dir: str | os.P
         from fusec.hubcache import model_path
 
         text = model_path(text)
+    if not packed and not text.lower().endswith(".gguf"):
+        raise InputError(f"{text}: --dequantize applies to GGUF files (their quantized weights); this model's "
+                         "weights are not packed")
     if text.lower().endswith(".gguf"):
         from fusec.models.gguf import load_gguf
 

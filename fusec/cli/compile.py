@@ -195,7 +195,7 @@ def compile_from_args(args: argparse.Namespace, progress: Progress | None = None
             raise InputError(f"--admit-batch must be 0 (none) or less than the batch ({batch}), got {args.admit_batch}")
         if progress is not None:
             progress("build", args.model)
-        gm = load_generation_model(args.model, args.weights_dir)
+        gm = load_generation_model(args.model, args.weights_dir, packed=not args.dequantize)
         context = getattr(gm.config, "max_positions", None)
         if args.max_seq_len is None:
             t_max = min(256, context) if context else 256  # the default, clamped to the model
@@ -205,8 +205,9 @@ def compile_from_args(args: argparse.Namespace, progress: Progress | None = None
             t_max = args.max_seq_len
         return compile_generation(gm, batch=batch, max_seq_len=t_max, prefill_len=args.max_prompt_len,
                                   dtype=args.dtype, arch=arch, progress=progress, admit_batch=args.admit_batch, **quant)
-    if args.admit_batch:
-        raise InputError("--admit-batch applies to generation plans (--generate)")
+    if args.admit_batch or args.dequantize:
+        raise InputError(f"{'--admit-batch' if args.admit_batch else '--dequantize'} applies to generation plans "
+                         "(--generate)")
     check_dump_dir(args)
     import fusec
     import fusec.ab

@@ -66,6 +66,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
+DEQUANTIZE_HELP = ("a GGUF file's quantized weights dequantized at load to the plan's dtype instead of kept packed: about 3.5x the weight memory of Q4_K_M, for batches where the packed kernels are slower (measured on an H100: packed Q4_K_M 1.67x bf16 at batch 1, 0.64x at batch 8; benchmarks/RESULTS.md)")
+
+
 def add_generation_arguments(p: argparse.ArgumentParser, for_compile: bool = False) -> None:
     """Options of a generation plan (generate compiles with them; compile --generate too). The
     sampling options default to None: "not given" (see ``sampling_from_args``)."""
@@ -79,6 +82,7 @@ def add_generation_arguments(p: argparse.ArgumentParser, for_compile: bool = Fal
     g.add_argument("--max-prompt-len", type=int, default=None, metavar="S", help="compiled prefill length (default: min(T, 128))"
                    if for_compile else "compiled prefill length (default: the longest prompt, at least 16)")
     g.add_argument("--weights-dir", default=None, metavar="DIR", help="HF checkpoint for a built-in model's weights")
+    g.add_argument("--dequantize", action="store_true", help=DEQUANTIZE_HELP)
     if for_compile:
         g.add_argument("--admit-batch", type=int, default=0, metavar="A",
                        help="also an admit entry prefilling A requests at a time into their rows, for `fusec serve "
@@ -264,7 +268,8 @@ def run(args: argparse.Namespace) -> int:
         toolchain.require_compiler()
         arch = check_arch(args.arch or default_arch(), args.dtype or "bf16")
     steps = Steps()
-    gm = steps.timed("load", args.model, lambda: load_generation_model(args.model, args.weights_dir))
+    gm = steps.timed("load", args.model, lambda: load_generation_model(args.model, args.weights_dir,
+                                                                                  packed=not args.dequantize))
     ids = encode_prompts(gm.tokenizer, prompts, args.chat, args.system, template_kwargs(args))
     batch, t_max, s_len = plan_sizes(ids, args.max_new_tokens, batch=args.batch, max_seq_len=args.max_seq_len,
                                      max_prompt_len=args.max_prompt_len,

@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from fusec.cli._common import add_command, note
+from fusec.cli.generate import DEQUANTIZE_HELP
 from fusec.errors import InputError
 
 MAX_CHAT_TEMPLATE_BYTES = 1 << 20
@@ -54,6 +55,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "admitting k requests computes about k rows instead of the whole batch (0, the default: "
                         "every admission runs the whole batch's prefill; A < B; models fusec builds, not a plan "
                         "file or an ONNX export)")
+    p.add_argument("--dequantize", action="store_true", help=DEQUANTIZE_HELP)
     p.add_argument("--counters", action="store_true", help="count the driver's work over decode steps (CUPTI; /health)")
     p.add_argument("--weights-dir", default=None, metavar="DIR", help="HF checkpoint for a built-in model's weights")
     p.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), default=None, help="storage dtype on the GPU (default bf16)")
@@ -69,6 +71,8 @@ def _check(args: argparse.Namespace) -> None:
         v = getattr(args, name)
         if v is not None and v < 1:
             raise InputError(f"--{name.replace('_', '-')} must be a positive integer, got {v}")
+    if args.dequantize and args.model.endswith(".fplan"):
+        raise InputError("--dequantize applies when serve compiles a GGUF file; a plan's weights are compiled in")
     if args.admit_batch and args.model.endswith(".fplan"):
         raise InputError("--admit-batch applies when serve compiles the model; a plan has its entries already "
                          "(fusec compile --generate --admit-batch A)")
@@ -139,7 +143,7 @@ def _engine(args: argparse.Namespace) -> tuple[Any, Any, str, str]:
 
         toolchain.require_compiler()
         arch = check_arch(args.arch or default_arch(), args.dtype or "bf16")
-    gm = load_generation_model(args.model, args.weights_dir)
+    gm = load_generation_model(args.model, args.weights_dir, packed=not args.dequantize)
     cfg = gm.config
     t_max = args.max_seq_len if args.max_seq_len is not None else min(1024, getattr(cfg, "max_positions", 1024))
     s_len = args.max_prompt_len if args.max_prompt_len is not None else max(1, min(t_max - 1, 512))
