@@ -275,11 +275,11 @@ def _generation(c: FieldCheck, m: Mapping[str, Any], blobs: Mapping[str, Any]) -
     (every key typed and in range; the states the runner writes shaped as the record says)."""
     ents = m.get("entries")
     admits = isinstance(m["generation"], Mapping) and "admit_batch" in m["generation"]
-    want = sorted(GEN_ENTRIES + (("admit",) if admits else ()))
-    if not isinstance(ents, Mapping) or sorted(ents) != want:
+    want = GEN_ENTRIES + (("admit",) if admits else ())
+    if not isinstance(ents, Mapping) or sorted(ents) != sorted(want):
         got = ", ".join(_shown(k) for k in ents) if isinstance(ents, Mapping) else "none"
         raise c.fail("entries", f"a generation plan {'with an admit batch ' if admits else ''}has the entry points "
-                                f"{', '.join(want)}; got {got}")
+                                f"{', '.join(want[:-1])} and {want[-1]}; got {got}")
     if isinstance(m["generation"], Mapping) and "sampling" in m["generation"]:
         raise c.fail("generation.sampling", "this plan compiles its sampling settings in (made by an older fusec); "
                                             "plans now keep them as per-row state: recompile it")

@@ -191,11 +191,12 @@ def compile_from_args(args: argparse.Namespace, progress: Progress | None = None
                              "the default fusion rules")
         check_generation_sizes(args)  # a 0 is refused, never taken as the default
         batch = args.batch if args.batch is not None else 1
-        if not 0 <= args.admit_batch < batch:
-            raise InputError(f"--admit-batch must be 0 (none) or less than the batch ({batch}), got {args.admit_batch}")
+        admit_batch = getattr(args, "admit_batch", 0)  # commands that compile through here without the option
+        if not 0 <= admit_batch < batch:
+            raise InputError(f"--admit-batch must be 0 (none) or less than the batch ({batch}), got {admit_batch}")
         if progress is not None:
             progress("build", args.model)
-        gm = load_generation_model(args.model, args.weights_dir, packed=not args.dequantize)
+        gm = load_generation_model(args.model, args.weights_dir, packed=not getattr(args, "dequantize", False))
         context = getattr(gm.config, "max_positions", None)
         if args.max_seq_len is None:
             t_max = min(256, context) if context else 256  # the default, clamped to the model
@@ -204,10 +205,10 @@ def compile_from_args(args: argparse.Namespace, progress: Progress | None = None
         else:
             t_max = args.max_seq_len
         return compile_generation(gm, batch=batch, max_seq_len=t_max, prefill_len=args.max_prompt_len,
-                                  dtype=args.dtype, arch=arch, progress=progress, admit_batch=args.admit_batch, **quant)
-    if args.admit_batch or args.dequantize:
-        raise InputError(f"{'--admit-batch' if args.admit_batch else '--dequantize'} applies to generation plans "
-                         "(--generate)")
+                                  dtype=args.dtype, arch=arch, progress=progress, admit_batch=admit_batch, **quant)
+    for flag in ("admit_batch", "dequantize"):
+        if getattr(args, flag, None):
+            raise InputError(f"--{flag.replace('_', '-')} applies to generation plans (--generate)")
     check_dump_dir(args)
     import fusec
     import fusec.ab
