@@ -80,9 +80,15 @@ class GenerationShape:
                 raise InputError(f"--{name.replace('_', '-')} must be a positive integer, got {v!r}")
         if self.prefill_len > self.max_seq_len:
             raise InputError(f"prefill length {self.prefill_len} exceeds --max-seq-len {self.max_seq_len}")
-        a = self.admit_batch
-        if not isinstance(a, int) or isinstance(a, bool) or not 0 <= a < self.batch:
-            raise InputError(f"--admit-batch must be 0 (none) or less than the batch ({self.batch}), got {a!r}")
+        check_admit_batch(self.admit_batch, self.batch)
+
+
+def check_admit_batch(admit_batch: object, batch: int) -> None:
+    """An admit entry's prompts per run: 0 (none) or fewer than the batch's rows (the CLIs ask
+    before loading a model, GenerationShape again)."""
+    a = admit_batch
+    if not isinstance(a, int) or isinstance(a, bool) or not 0 <= a < batch:
+        raise InputError(f"--admit-batch must be 0 (none) or less than the batch ({batch}), got {a!r}")
 
 
 class SharedWeights:

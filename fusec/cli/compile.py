@@ -181,8 +181,9 @@ def compile_from_args(args: argparse.Namespace, progress: Progress | None = None
     quant = quantize_from_args(args)
     if generate:
         from fusec.cli.generate import check_generation_sizes
-        from fusec.genmodel import load_generation_model
         from fusec.compiler import compile_generation
+        from fusec.genmodel import load_generation_model
+        from fusec.models.generate import check_admit_batch
 
         if args.shapes is not None:
             raise InputError("--shapes does not apply to --generate (use --batch, --max-seq-len, --max-prompt-len)")
@@ -192,8 +193,7 @@ def compile_from_args(args: argparse.Namespace, progress: Progress | None = None
         check_generation_sizes(args)  # a 0 is refused, never taken as the default
         batch = args.batch if args.batch is not None else 1
         admit_batch = getattr(args, "admit_batch", 0)  # commands that compile through here without the option
-        if not 0 <= admit_batch < batch:
-            raise InputError(f"--admit-batch must be 0 (none) or less than the batch ({batch}), got {admit_batch}")
+        check_admit_batch(admit_batch, batch)
         if progress is not None:
             progress("build", args.model)
         gm = load_generation_model(args.model, args.weights_dir, packed=not getattr(args, "dequantize", False))

@@ -76,9 +76,9 @@ def _check(args: argparse.Namespace) -> None:
     if args.admit_batch and args.model.endswith(".fplan"):
         raise InputError("--admit-batch applies when serve compiles the model; a plan has its entries already "
                          "(fusec compile --generate --admit-batch A)")
-    batch = args.batch if args.batch is not None else 8
-    if not 0 <= args.admit_batch < batch:
-        raise InputError(f"--admit-batch must be 0 (none) or less than the batch ({batch}), got {args.admit_batch}")
+    from fusec.models.generate import check_admit_batch
+
+    check_admit_batch(args.admit_batch, args.batch if args.batch is not None else 8)
     if not 0 <= args.admit_wait_ms <= 1000:
         raise InputError(f"--admit-wait-ms must be in [0, 1000], got {args.admit_wait_ms}")
     for name in ("max_queue", "max_body_bytes", "default_max_tokens"):

@@ -137,6 +137,13 @@ def write(path: str, records: Sequence[dict[str, object]]) -> None:
             f.write(json.dumps(r) + "\n")
 
 
+def write_splits(output: str, train: Sequence[dict[str, object]], held: Sequence[dict[str, object]]) -> None:
+    """``output``/train.jsonl and ``output``/heldout.jsonl (the directory made if missing)."""
+    os.makedirs(output, exist_ok=True)
+    write(os.path.join(output, "train.jsonl"), train)
+    write(os.path.join(output, "heldout.jsonl"), held)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m fusec.train.atis_like", description=__doc__.split("\n\n")[0])
     p.add_argument("-o", "--output", required=True, metavar="DIR", help="directory for train.jsonl and heldout.jsonl")
@@ -144,11 +151,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--heldout", type=int, default=800, help="held-out sentences (default 800)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    os.makedirs(args.output, exist_ok=True)
     train = generate(args.train, random.Random(args.seed))
     held = generate(args.heldout, random.Random(args.seed + 1_000_003), exclude={" ".join(r["tokens"]) for r in train})
-    write(os.path.join(args.output, "train.jsonl"), train)
-    write(os.path.join(args.output, "heldout.jsonl"), held)
+    write_splits(args.output, train, held)
     print(f"wrote {len(train)} training and {len(held)} held-out sentences to {args.output}")
     return 0
 

@@ -8,11 +8,10 @@ repository carries one draw of it in ``data/topics/`` (what the MiniLM fine-tune
 from __future__ import annotations
 
 import argparse
-import os
 import random
 from collections.abc import Sequence
 
-from fusec.train.atis_like import write
+from fusec.train.atis_like import write_splits
 
 OPENERS = ["", "i heard that", "my friend said", "according to the news,", "honestly,", "yesterday", "this morning",
            "it seems", "everyone agrees", "apparently"]
@@ -83,11 +82,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--heldout", type=int, default=160)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    os.makedirs(args.output, exist_ok=True)
     train = generate(args.train, random.Random(args.seed))
     held = generate(args.heldout, random.Random(args.seed + 7919), exclude={r["text"].lower() for r in train})
-    write(os.path.join(args.output, "train.jsonl"), train)
-    write(os.path.join(args.output, "heldout.jsonl"), held)
+    write_splits(args.output, train, held)
     print(f"wrote {len(train)} training and {len(held)} held-out texts to {args.output}")
     return 0
 
