@@ -79,11 +79,42 @@ def baseline(args: argparse.Namespace, gm: Any, n: int, prompts: list[list[int]]
         res = generate_with_plan(plan, prompts[:n], max_new_tokens=args.max_tokens)
         runs.append((time.perf_counter() - t1, res))
     wall, res = runs[-1]
+    costs = entry_costs(plan._engine, n, prompts, args.prompt_len)
     plan._engine = None
     del plan
     return {"decode_tok_s": res.decode_tok_s, "prefill_ms": res.prefill_ms,
             "end_to_end_tok_s": n * args.max_tokens / wall, "compile_s": compile_s,
-            "decode_per_step": res.stats.get("decode", {}).get("per_step")}, path
+            "decode_per_step": res.stats.get("decode", {}).get("per_step"), **costs}, path
+
+
+def entry_costs(engine: Any, n: int, prompts: list[list[int]], prompt_len: int, reps: int = 5) -> dict[str, float]:
+    """GPU time (CUDA events, mean of ``reps``) of what an admission runs: the whole-batch prefill,
+    and one run of the admit entry when the plan has one."""
+    import cupy
+
+    from fusec.generation import admit_feeds
+
+    ids = np.asarray([p[:prompt_len] for p in prompts[:n]], np.int64)
+    lengths = np.full(n, prompt_len, np.int64)
+    a, b = cupy.cuda.Event(), cupy.cuda.Event()
+
+    def timed(fn: Any) -> float:
+        fn()  # warm
+        a.record(engine.stream)
+        for _ in range(reps):
+            fn()
+        b.record(engine.stream)
+        b.synchronize()
+        return float(cupy.cuda.get_elapsed_time(a, b)) / reps
+
+    out = {"prefill_gpu_ms": timed(lambda: engine.prefill(ids, lengths, timed=False))}
+    slots = int(engine.meta.get("admit_batch") or 0)
+    if slots:
+        one = np.zeros(n, np.int64)
+        one[:slots] = prompt_len
+        feeds = admit_feeds(ids, one, slots)[0]
+        out["admit_run_gpu_ms"] = timed(lambda: engine.admit(feeds))
+    return out
 
 
 # ---- the server and its clients ---------------------------------------------------------------------
@@ -210,6 +241,17 @@ def markdown(doc: dict[str, Any]) -> str:
                      f"{f(b.get('end_to_end_tok_s'))} | {f(s['ttft_ms_p50'])} / {f(s['ttft_ms_p99'])} | "
                      f"{f(s['itl_ms_p50'], 2)} / {f(s['itl_ms_p99'], 2)} | {f(s['tokens_per_event_mean'], 2)} | "
                      f"{s['ok']}/{s['requests']} | {h.get('admissions', '-')} ({h.get('admit_runs', '-')}) |")
+    lines += ["", "Where the time goes (the server's counters, /health; the entries' GPU time in the generate process):",
+              "", "| clients | rows in use per decode step | decode steps | admissions | mean drain before an admission ms "
+              "| mean host work of an admission ms | whole-batch prefill GPU ms | one admit run GPU ms |",
+              "|---|---|---|---|---|---|---|---|"]
+    for r in doc["points"]:
+        b, h = r["generate"], r.get("server", {})
+        steps, adm = h.get("decode_steps") or 0, h.get("admissions") or 0
+        lines.append(f"| {r['clients']} | {f(h['row_steps'] / steps if steps and 'row_steps' in h else None, 2)} | "
+                     f"{steps} | {adm} | {f(h['admit_drain_ms'] / adm if adm and 'admit_drain_ms' in h else None, 2)} | "
+                     f"{f(h['admit_host_ms'] / adm if adm and 'admit_host_ms' in h else None, 2)} | "
+                     f"{f(b.get('prefill_gpu_ms'), 2)} | {f(b.get('admit_run_gpu_ms'), 2)} |")
     lines += ["", "total tok/s: completion tokens received by all clients over the window; TTFT: request sent -> "
               "first text event; ITL: gap between events / tokens in the event. Targets (issue 24): 32 clients >= "
               "0.8 x the plan's batch-32 generate decode rate; TTFT p99 < 4 x p50 at 8 clients."]

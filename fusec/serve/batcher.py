@@ -98,7 +98,8 @@ class Batcher:
         self.stopping: str | None = None
         self.thread: threading.Thread | None = None
         self.counts = {"submitted": 0, "admissions": 0, "admitted": 0, "decode_steps": 0, "finished": 0,
-                       "cancelled": 0, "admit_syncs": 0, "admit_runs": 0, "tokens": 0}
+                       "cancelled": 0, "admit_syncs": 0, "admit_runs": 0, "tokens": 0,
+                       "row_steps": 0, "admit_drain_ms": 0.0, "admit_host_ms": 0.0}
         self.driver: dict[str, float] = {}  # decode-only phases, measured (counters=True and CUPTI)
         self.driver_steps = 0
         self._measuring = False
@@ -224,6 +225,7 @@ class Batcher:
             if self._busy():
                 self.engine.decode()
                 self.counts["decode_steps"] += 1
+                self.counts["row_steps"] += sum(j is not None for j in self.rows)
                 self.driver_steps += self._measuring
                 self.pending.append((self.engine.fetch("cur"), [(b, j) for b, j in enumerate(self.rows) if j]))
             self._drain(keep=self.lookahead if self._busy() else 0)
@@ -233,8 +235,11 @@ class Batcher:
 
     def _admit(self) -> None:
         """One step boundary: wait for the queued steps, then admit queued jobs into free rows."""
+        t0 = time.perf_counter()
         self._measure(False)
         self._drain(keep=0)
+        t1 = time.perf_counter()
+        self.counts["admit_drain_ms"] += (t1 - t0) * 1e3
         free = [b for b, j in enumerate(self.rows) if j is None]
         take: list[Job] = []
         with self.cond:
@@ -245,6 +250,7 @@ class Batcher:
                 else:
                     self._end(j, "cancelled", [])
         if not take:
+            self._measure(True)
             return
         ids = np.zeros((self.batch, self.prefill_len), np.int64)
         lengths = np.zeros(self.batch, np.int64)
@@ -263,6 +269,7 @@ class Batcher:
         self.pending.append((self.engine.fetch("cur"), admitted))
         self.counts["admissions"] += 1
         self.counts["admitted"] += len(take)
+        self.counts["admit_host_ms"] += (time.perf_counter() - t1) * 1e3
         self._measure(True)
 
     def _drain(self, keep: int) -> None:
