@@ -242,14 +242,14 @@ def markdown(doc: dict[str, Any]) -> str:
                      f"{f(s['itl_ms_p50'], 2)} / {f(s['itl_ms_p99'], 2)} | {f(s['tokens_per_event_mean'], 2)} | "
                      f"{s['ok']}/{s['requests']} | {h.get('admissions', '-')} ({h.get('admit_runs', '-')}) |")
     lines += ["", "Where the time goes (the server's counters, /health; the entries' GPU time in the generate process):",
-              "", "| clients | rows in use per decode step | decode steps | admissions | mean drain before an admission ms "
+              "", "| clients | rows in use per decode step | decode steps | admissions | host synchronizations in admissions "
               "| mean host work of an admission ms | whole-batch prefill GPU ms | one admit run GPU ms |",
               "|---|---|---|---|---|---|---|---|"]
     for r in doc["points"]:
         b, h = r["generate"], r.get("server", {})
         steps, adm = h.get("decode_steps") or 0, h.get("admissions") or 0
         lines.append(f"| {r['clients']} | {f(h['row_steps'] / steps if steps and 'row_steps' in h else None, 2)} | "
-                     f"{steps} | {adm} | {f(h['admit_drain_ms'] / adm if adm and 'admit_drain_ms' in h else None, 2)} | "
+                     f"{steps} | {adm} | {h.get('admit_syncs', '-')} | "
                      f"{f(h['admit_host_ms'] / adm if adm and 'admit_host_ms' in h else None, 2)} | "
                      f"{f(b.get('prefill_gpu_ms'), 2)} | {f(b.get('admit_run_gpu_ms'), 2)} |")
     lines += ["", "total tok/s: completion tokens received by all clients over the window; TTFT: request sent -> "

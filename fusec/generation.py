@@ -32,9 +32,10 @@ from fusec.sampling import Sampling, check_seed, row_seeds
 
 class Engine(Protocol):
     meta: Mapping[str, Any]  # graph.meta["generation"] of the decode entry
+    syncs: int  # host synchronizations made so far (the reference backend has no device: 0)
 
     def set_state(self, name: str, value: np.ndarray) -> None: ...
-    def write_states(self, values: dict[str, np.ndarray]) -> None: ...  # several states, one synchronization
+    def write_states(self, values: dict[str, np.ndarray]) -> None: ...  # several states, queued behind the work so far
     def read_state(self, name: str) -> np.ndarray: ...
     def prefill(self, input_ids: np.ndarray, lengths: np.ndarray, timed: bool = True,
                 measure: bool = False) -> None: ...  # lengths 0: row not admitted
@@ -312,6 +313,8 @@ class ReferenceEngine:
     read through numpy's transposed view instead of recomputed every step) — the same numbers,
     much faster. Weights are read in their [N, K] layout (``weights_nk``, as generation plans
     read them), so the two graphs share their arrays instead of each caching transposed copies."""
+
+    syncs = 0  # no device: nothing to wait for
 
     def __init__(self, graphs: Mapping[str, Any], optimize: bool = False, options: Any = None):
         """``options``: the ``PassOptions`` to optimize with (e.g. ``quantize``; default fp32)."""

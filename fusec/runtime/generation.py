@@ -41,22 +41,27 @@ class PlanEngine:
         self._decode_counts: dict[str, Any] = {}
         self.last_prefill_ms: float | None = None
         self._pinned: _PinnedPool | None = None
+        self._staging: _Staging | None = None
+        self.syncs = 0  # host synchronizations this engine made (stream or event waits), counted where made
+
+    def _sync(self) -> None:
+        self.syncs += 1
+        self.stream.synchronize()
 
     def set_state(self, name: str, value: np.ndarray) -> None:
-        self.stream.synchronize()
+        self._sync()
         self.device.set_state(name, value)
 
     def write_states(self, values: dict[str, np.ndarray]) -> None:
-        """Write several states (whole arrays) with one synchronization: every copy is queued on
-        the engine's stream (after its work so far), then the stream is synchronized once: the
-        pageable host arrays are free again when it returns, and every later run sees the values."""
-        import cupy
-
-        for name, value in values.items():  # ordered after the queued steps that read the old values
-            dst = self.device.state_array(name)
-            host = np.ascontiguousarray(np.asarray(value).astype(dst.dtype, copy=False)).reshape(dst.shape)
-            cupy.cuda.runtime.memcpyAsync(dst.data.ptr, host.ctypes.data, host.nbytes, _H2D, self.stream.ptr)
-        self.stream.synchronize()
+        """Write several states (whole arrays) without waiting: the values are copied into a
+        page-locked staging buffer and the copies queued on the engine's stream, after the work
+        queued so far (which still reads the old values) and before any run queued later."""
+        if self._staging is None:
+            self._staging = _Staging()
+        dsts = [self.device.state_array(name) for name in values]
+        hosts = [np.ascontiguousarray(np.asarray(v).astype(d.dtype, copy=False)).reshape(d.shape)
+                 for v, d in zip(values.values(), dsts)]
+        self.syncs += self._staging.copy_in(list(zip(dsts, hosts)), self.stream)
 
     def fetch(self, name: str) -> _Fetch:
         """State ``name`` as it will be after the work queued so far, without waiting for it (see
@@ -66,7 +71,7 @@ class PlanEngine:
         return self._pinned.copy(self.device.state_array(name), self.stream)
 
     def read_state(self, name: str) -> np.ndarray:
-        self.stream.synchronize()
+        self._sync()
         return self.device.read_state(name)
 
     def prefill(self, input_ids: np.ndarray, lengths: np.ndarray, timed: bool = True, measure: bool = False) -> None:
@@ -85,6 +90,7 @@ class PlanEngine:
         self._prefill.run(feeds, stream=self.stream, measure=measure)
         b.record(self.stream)
         b.synchronize()
+        self.syncs += 1
         import cupy
 
         self.last_prefill_ms = float(cupy.cuda.get_elapsed_time(a, b))
@@ -106,7 +112,7 @@ class PlanEngine:
         self._steps += 1
 
     def sync(self) -> None:
-        self.stream.synchronize()
+        self._sync()
 
     def finished(self) -> bool | None:
         return None  # asking would be a device-to-host copy per step: never
@@ -147,6 +153,47 @@ class PlanEngine:
 
 
 _H2D, _D2H = 1, 2  # cudaMemcpyKind
+
+
+class _Staging:
+    """Page-locked buffers for host-to-device state writes, reused in turn: a buffer is reused once
+    the copies out of it have run (its event; waiting for it is a synchronization, counted)."""
+
+    def __init__(self, slots: int = 4):
+        self._slots: list[tuple[Any, Any, int]] = []  # (pinned memory, event, bytes)
+        self._n, self._next = slots, 0
+
+    def copy_in(self, pairs: list[tuple[Any, np.ndarray]], stream: Any) -> int:
+        """Queue ``dst <- host`` for each pair on ``stream``; returns the waits made (0 or 1)."""
+        import cupy
+
+        offsets, total = [], 0
+        for _, host in pairs:
+            offsets.append(total)
+            total += -(-host.nbytes // 16) * 16
+        i, self._next = self._next, (self._next + 1) % self._n
+        waits = 0
+        if i < len(self._slots) and self._slots[i][2] >= total:
+            mem, event, size = self._slots[i]
+            if not event.done:
+                event.synchronize()
+                waits = 1
+        else:
+            if i < len(self._slots) and not self._slots[i][1].done:
+                self._slots[i][1].synchronize()
+                waits = 1
+            size = max(total, 256)
+            mem, event = cupy.cuda.alloc_pinned_memory(size), cupy.cuda.Event(disable_timing=True)
+            if i < len(self._slots):
+                self._slots[i] = (mem, event, size)
+            else:
+                self._slots.append((mem, event, size))
+        buf = np.frombuffer(mem, np.uint8, size)
+        for (dst, host), off in zip(pairs, offsets):
+            buf[off:off + host.nbytes] = host.view(np.uint8).reshape(-1)
+            cupy.cuda.runtime.memcpyAsync(dst.data.ptr, mem.ptr + off, host.nbytes, _H2D, stream.ptr)
+        event.record(stream)
+        return waits
 
 
 class _Fetch:

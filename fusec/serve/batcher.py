@@ -99,7 +99,7 @@ class Batcher:
         self.thread: threading.Thread | None = None
         self.counts = {"submitted": 0, "admissions": 0, "admitted": 0, "decode_steps": 0, "finished": 0,
                        "cancelled": 0, "admit_syncs": 0, "admit_runs": 0, "tokens": 0,
-                       "row_steps": 0, "admit_drain_ms": 0.0, "admit_host_ms": 0.0}
+                       "row_steps": 0, "admit_host_ms": 0.0}
         self.driver: dict[str, float] = {}  # decode-only phases, measured (counters=True and CUPTI)
         self.driver_steps = 0
         self._measuring = False
@@ -164,9 +164,9 @@ class Batcher:
         used, waiting = self.occupancy()
         out: dict[str, Any] = {"batch": self.batch, "rows_in_use": used, "queued": waiting, **self.counts,
                                "lookahead": self.lookahead,
-                               "admit_syncs_note": "a step that admits rows synchronizes once (writing the rows' "
-                                                   "sampling settings); decode steps of rows already decoding "
-                                                   "read their tokens back asynchronously (no synchronization)"}
+                               "admit_syncs_note": "host synchronizations made while admitting rows, counted by the "
+                                                   "engine where it makes them; decode steps of rows already "
+                                                   "decoding read their tokens back asynchronously"}
         if self.counters:
             steps = max(self.driver_steps, 1)
             out["decode_driver"] = {"steps": self.driver_steps, "total": dict(self.driver),
@@ -234,12 +234,12 @@ class Batcher:
         return any(j is not None for j in self.rows)
 
     def _admit(self) -> None:
-        """One step boundary: wait for the queued steps, then admit queued jobs into free rows."""
-        t0 = time.perf_counter()
+        """One step boundary: admit queued jobs into the rows free now. The steps still queued keep
+        running: the admission's copies and runs queue behind them on the engine's stream (rows
+        whose end those steps reveal are admitted at a later boundary)."""
         self._measure(False)
-        self._drain(keep=0)
         t1 = time.perf_counter()
-        self.counts["admit_drain_ms"] += (t1 - t0) * 1e3
+        syncs = self.engine.syncs
         free = [b for b, j in enumerate(self.rows) if j is None]
         take: list[Job] = []
         with self.cond:
@@ -264,12 +264,12 @@ class Batcher:
             self.rows[b] = job
             admitted.append((b, job))
         self.engine.write_states(sampling_states(self.settings, self.seeds))
-        self.counts["admit_syncs"] += 1
         self.counts["admit_runs"] += admit_rows(self.engine, ids, lengths)
         self.pending.append((self.engine.fetch("cur"), admitted))
         self.counts["admissions"] += 1
         self.counts["admitted"] += len(take)
         self.counts["admit_host_ms"] += (time.perf_counter() - t1) * 1e3
+        self.counts["admit_syncs"] += self.engine.syncs - syncs
         self._measure(True)
 
     def _drain(self, keep: int) -> None:
