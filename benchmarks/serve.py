@@ -203,6 +203,30 @@ def load(port: int, n: int, args: argparse.Namespace, vocab: int) -> dict[str, A
             if per_event else None}
 
 
+def thread_cpu(pid: int) -> dict[int, float]:
+    """CPU seconds (user + system) of each thread of process ``pid`` (Linux /proc; {} elsewhere)."""
+    out: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            out[int(tid)] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
+
+
+def cpu_use(before: dict[int, float], after: dict[int, float], seconds: float) -> dict[str, Any]:
+    """The server's CPU over the window: cores in all, and its three busiest threads' share of one core."""
+    used = sorted(((after[t] - before.get(t, 0.0)) / seconds for t in after), reverse=True)
+    return {"cores": sum(used), "top_threads": [round(u, 2) for u in used[:3]]}
+
+
 def health(port: int) -> dict[str, Any]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     try:
@@ -243,19 +267,30 @@ def markdown(doc: dict[str, Any]) -> str:
                      f"{s['ok']}/{s['requests']} | {h.get('admissions', '-')} ({h.get('admit_runs', '-')}) |")
     lines += ["", "Where the time goes (the server's counters, /health; the entries' GPU time in the generate process):",
               "", "| clients | rows in use per decode step | decode steps | admissions | host synchronizations in admissions "
-              "| mean host work of an admission ms | whole-batch prefill GPU ms | one admit run GPU ms |",
-              "|---|---|---|---|---|---|---|---|"]
+              "| mean host work of an admission ms | whole-batch prefill GPU ms | one admit run GPU ms "
+              "| server CPU cores (busiest threads) | HTTP stack |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in doc["points"]:
         b, h = r["generate"], r.get("server", {})
         steps, adm = h.get("decode_steps") or 0, h.get("admissions") or 0
         lines.append(f"| {r['clients']} | {f(h['row_steps'] / steps if steps and 'row_steps' in h else None, 2)} | "
                      f"{steps} | {adm} | {h.get('admit_syncs', '-')} | "
                      f"{f(h['admit_host_ms'] / adm if adm and 'admit_host_ms' in h else None, 2)} | "
-                     f"{f(b.get('prefill_gpu_ms'), 2)} | {f(b.get('admit_run_gpu_ms'), 2)} |")
+                     f"{f(b.get('prefill_gpu_ms'), 2)} | {f(b.get('admit_run_gpu_ms'), 2)} | "
+                     f"{f(r['serve'].get('server_cpu', {}).get('cores'), 2)} "
+                     f"({r['serve'].get('server_cpu', {}).get('top_threads', '-')}) | {doc.get('http_stack', '-')} |")
     lines += ["", "total tok/s: completion tokens received by all clients over the window; TTFT: request sent -> "
               "first text event; ITL: gap between events / tokens in the event. Targets (issue 24): 32 clients >= "
               "0.8 x the plan's batch-32 generate decode rate; TTFT p99 < 4 x p50 at 8 clients."]
     return "\n".join(lines) + "\n"
+
+
+def http_stack() -> str:
+    """What uvicorn runs on here: its C-accelerated HTTP parser and event loop when installed."""
+    import importlib.util
+
+    fast = [m for m in ("httptools", "uvloop") if importlib.util.find_spec(m) is not None]
+    return " + ".join(fast) if fast else "h11 + asyncio"
 
 
 def main() -> int:
@@ -287,7 +322,7 @@ def main() -> int:
         import cupy
 
         device = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
-    doc: dict[str, Any] = {"device": device, "model": f"{name} (random weights, bf16)" if cuda else name,
+    doc: dict[str, Any] = {"http_stack": http_stack(), "device": device, "model": f"{name} (random weights, bf16)" if cuda else name,
                            "args": vars(args), "points": []}
     for n in counts:
         log(f"clients {n}: plan of batch {n}")
@@ -299,7 +334,9 @@ def main() -> int:
         try:
             one_request(port, prompts[0], 4)  # warm-up: the decode step's CUDA graph is captured here
             log(f"  serving on port {port}: {n} clients for {args.duration:.0f} s")
+            cpu0, t0 = thread_cpu(proc.pid), time.perf_counter()
             s = load(port, n, args, vocab)
+            s["server_cpu"] = cpu_use(cpu0, thread_cpu(proc.pid), time.perf_counter() - t0)
             server = health(port)
         finally:
             code = stop(proc)

@@ -81,4 +81,4 @@ def test_decode_steps_of_rows_already_decoding_do_not_synchronize():
     assert per["syncs"] == 0 and per["allocations"] == 0 and per["h2d_bytes"] == 0, st
     assert per["graph_launches"] == 1 and per["kernel_launches"] == 0, st
     assert per["d2h_bytes"] == 4 * 8  # the drawn tokens, read back asynchronously
-    assert b.counts["admissions"] >= 2 and b.counts["admit_syncs"] == 0  # admissions queue behind the steps
+    assert b.counts["admissions"] >= 1 and b.counts["admit_syncs"] == 0  # admissions queue behind the steps
