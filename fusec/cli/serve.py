@@ -8,7 +8,7 @@ import signal
 import sys
 from typing import Any
 
-from fusec.cli._common import add_command
+from fusec.cli._common import add_command, note
 from fusec.cli.generate import DEQUANTIZE_HELP
 from fusec.errors import InputError
 
@@ -115,6 +115,59 @@ def _chat_template(path: str | None) -> str | None:
         raise InputError(f"--chat-template {path!r}: not UTF-8 text") from None
 
 
+def _engine(args: argparse.Namespace) -> tuple[Any, Any, str, str]:
+    """(engine, tokenizer, model name, backend)."""
+    from fusec import device
+
+    if args.model.endswith(".fplan"):
+        import fusec
+        from fusec import toolchain
+        from fusec.genmodel import plan_tokenizer
+        from fusec.runtime.generation import PlanEngine
+
+        why = toolchain.gpu_missing_reason()
+        if why is not None:
+            raise InputError(f"{args.model}: a generation plan runs only on a GPU: {why}; to serve on the CPU, give "
+                             "`fusec serve` the model itself (built-in name, HF directory or .gguf)")
+        plan = fusec.load(args.model)
+        if plan.manifest.get("generation") is None:
+            raise InputError(f"{args.model}: not a generation plan (compile it with `fusec compile MODEL --generate`)")
+        return PlanEngine(plan), plan_tokenizer(plan), str(plan.manifest["generation"].get("source")), "cuda"
+    from fusec.genmodel import load_generation_model
+
+    arch = None
+    gpu = device.gpu_available()
+    if gpu:
+        from fusec import toolchain
+        from fusec.codegen.compile import check_arch, default_arch
+
+        toolchain.require_compiler()
+        arch = check_arch(args.arch or default_arch(), args.dtype or "bf16")
+    gm = load_generation_model(args.model, args.weights_dir, packed=not args.dequantize)
+    cfg = gm.config
+    t_max = args.max_seq_len if args.max_seq_len is not None else min(1024, getattr(cfg, "max_positions", 1024))
+    s_len = args.max_prompt_len if args.max_prompt_len is not None else max(1, min(t_max - 1, 512))
+    if s_len >= t_max:
+        raise InputError(f"--max-prompt-len {s_len} leaves no room for a completion in --max-seq-len {t_max}")
+    batch = args.batch if args.batch is not None else 8
+    if not gpu:
+        from fusec import toolchain
+        from fusec.generation import ReferenceEngine
+        from fusec.genmodel import build_graphs
+
+        note(f"{toolchain.gpu_missing_reason(with_fix=False) or 'no GPU found'}: serving with the numpy reference "
+             "backend (slow, but the same graphs)")
+        engine = ReferenceEngine(build_graphs(gm, batch, t_max, s_len, admit_batch=args.admit_batch), optimize=True)
+        engine.meta = dict(engine.meta, vocab_size=cfg.vocab_size)  # as a plan's record has it
+        return engine, gm.tokenizer, gm.source, "reference"
+    from fusec.compiler import compile_generation
+    from fusec.runtime.generation import PlanEngine
+
+    plan = compile_generation(gm, batch=batch, max_seq_len=t_max, prefill_len=s_len, dtype=args.dtype or "bf16",
+                              arch=arch, admit_batch=args.admit_batch)
+    return PlanEngine(plan), gm.tokenizer, gm.source, "cuda"
+
+
 class _Terminated(Exception):
     pass
 
@@ -125,6 +178,9 @@ def run(args: argparse.Namespace) -> int:
     from fusec import knobs
 
     api_key = args.api_key if args.api_key is not None else (knobs.get("FUSEC_API_KEY") or None)
+    switch_us = knobs.get("FUSEC_SERVE_SWITCH_US")
+    if not isinstance(switch_us, int) or switch_us < 1:
+        raise InputError(f"FUSEC_SERVE_SWITCH_US must be a positive number of microseconds, got {switch_us!r}")
     try:
         from fusec.serve import app as serve_app
     except ImportError as e:  # starlette/uvicorn/prometheus_client: the serve extra
@@ -134,18 +190,17 @@ def run(args: argparse.Namespace) -> int:
             __import__(mod)
         except ImportError:
             raise InputError(f"fusec serve needs {mod} (the serve extra): pip install 'fusec[serve]'") from None
-    from fusec.serve.remote import RemoteBatcher
+    from fusec.serve.batcher import Batcher
 
-    options = {k: v for k, v in vars(args).items() if v is None or isinstance(v, (str, int, float, bool))}
-    batcher = RemoteBatcher(options, max_queue=args.max_queue, counters=args.counters,
-                            admit_wait=args.admit_wait_ms / 1e3)
-    tok, source, backend = batcher.tokenizer, batcher.source, batcher.backend
+    engine, tok, source, backend = _engine(args)
     name = args.served_model_name or os.path.basename(str(source)) or "model"
+    batcher = Batcher(engine, lambda events: None, max_queue=args.max_queue, counters=args.counters,
+                      admit_wait=args.admit_wait_ms / 1e3)
     server = serve_app.Server(batcher, tok, name, api_key=api_key, max_body=args.max_body_bytes,
                               default_max_tokens=args.default_max_tokens, chat_template=template)
-    # the event loop and the thread bringing the engine's events share this process's lock: let
-    # the waiting one in sooner than Python's 5 ms
-    sys.setswitchinterval(0.0005)
+    # the engine thread and the event loop share the GIL: let a waiting thread in sooner than
+    # Python's 5 ms (benchmarks/RESULTS.md, issue 24: the engine thread waits at every CUDA call)
+    sys.setswitchinterval(switch_us / 1e6)
 
     def ready(port: int) -> None:
         print(f"fusec serve: {name} on http://{args.host}:{port} (batch {batcher.batch}, max_seq_len "

@@ -20,9 +20,8 @@ The plan runs on this one thread (a plan runs one call at a time); nothing else 
 thread keeps up to ``lookahead`` decode steps queued on the GPU: after each step it queues an
 asynchronous read-back of the drawn tokens (``engine.fetch("cur")``) and processes the read-backs
 that have landed, polling their events, so a step of rows already decoding costs no host
-synchronization. A step that admits rows does not wait either: the settings are copied through
-page-locked memory and the admission's runs queue behind the steps in flight (``stats()`` reports
-the synchronizations admissions made, counted by the engine). Since a prefill costs the same for one
+synchronization. A step that admits rows waits for the queued steps (polling) and synchronizes
+once (writing the settings), and says so in ``stats()``. Since a prefill costs the same for one
 row or for all, a request that finds fewer companions than free rows waits up to ``admit_wait``
 seconds (other rows decode meanwhile) for others to join the same prefill.
 
@@ -64,7 +63,6 @@ class Job:
     sampling: Sampling = dataclasses.field(default_factory=Sampling)
     seed: int = 0
     tag: Any = None  # the consumer's (e.g. its event queue)
-    key: int | None = None  # its name in the engine process (fusec.serve.remote), when there is one
     tokens: list[int] = dataclasses.field(default_factory=list)  # drawn, the end-of-sequence token included
     finish: str | None = None  # "stop" (end of sequence), "length", "cancelled", "error"
     error: str | None = None
@@ -110,7 +108,20 @@ class Batcher:
 
     def check(self, job: Job) -> None:
         """InputError for a job this plan cannot run (one line naming the field)."""
-        check_job(job, self.prefill_len, self.max_seq_len, self.vocab)
+        n = len(job.prompt_ids)
+        if n == 0:
+            raise InputError("the prompt is empty")
+        if n > self.prefill_len:
+            raise InputError(f"the prompt has {n} tokens; this plan takes at most {self.prefill_len}")
+        if isinstance(job.max_tokens, bool) or not isinstance(job.max_tokens, int) or job.max_tokens < 1:
+            raise InputError(f"max_tokens must be a positive integer, got {job.max_tokens!r}")
+        if n + job.max_tokens > self.max_seq_len:
+            raise InputError(f"the prompt's {n} tokens + max_tokens {job.max_tokens} exceed the plan's "
+                             f"{self.max_seq_len} positions")
+        bad = next((t for t in job.prompt_ids if not 0 <= t < self.vocab), None)
+        if bad is not None:
+            raise InputError(f"token id {bad} is outside the vocabulary [0, {self.vocab})")
+        check_seed(job.seed)
 
     def submit(self, job: Job) -> None:
         """Queue ``job`` (checked first). QueueFull when the queue is full, ShuttingDown after
@@ -307,21 +318,3 @@ class Batcher:
             total = self.engine.stats().get("decode", {}).get("total") or {}
             for k, v in total.items():
                 self.driver[k] = self.driver.get(k, 0) + v
-
-
-def check_job(job: Job, prefill_len: int, max_seq_len: int, vocab: int) -> None:
-    """InputError for a job a plan of these limits cannot run (one line naming the field)."""
-    n = len(job.prompt_ids)
-    if n == 0:
-        raise InputError("the prompt is empty")
-    if n > prefill_len:
-        raise InputError(f"the prompt has {n} tokens; this plan takes at most {prefill_len}")
-    if isinstance(job.max_tokens, bool) or not isinstance(job.max_tokens, int) or job.max_tokens < 1:
-        raise InputError(f"max_tokens must be a positive integer, got {job.max_tokens!r}")
-    if n + job.max_tokens > max_seq_len:
-        raise InputError(f"the prompt's {n} tokens + max_tokens {job.max_tokens} exceed the plan's "
-                         f"{max_seq_len} positions")
-    bad = next((t for t in job.prompt_ids if not 0 <= t < vocab), None)
-    if bad is not None:
-        raise InputError(f"token id {bad} is outside the vocabulary [0, {vocab})")
-    check_seed(job.seed)
