@@ -21,7 +21,7 @@
 #   minilm    the MiniLM fine-tune alone (weights from .minilm/, carried: an fp16 copy of the package's)
 #   serve32   fusec serve at 32 clients only, 8 s (benchmarks/serve.py --clients 32)
 #   serve_ab  fusec serve at 32 clients on h11 + asyncio, then on httptools + uvloop (.whl2) at 8 and 32
-#   serve_switch fusec serve at 32 clients (httptools + uvloop) under three thread switch intervals
+#   admit_prof the per-launch profile of the whole-batch prefill and the admit entry (batch 32, admit 8)
 #   stests    the serve GPU tests (continuous batching, the admit entry)
 #   serve_admit fusec serve at 32 clients without an admit entry, at 8 and 32 with one of batch/4 (where the time goes)
 #   fam_tests the decoder families' GPU generation tests (fp32 token-exact, bf16 reported)
@@ -93,10 +93,8 @@ for step in "$@"; do
               python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site2 .whl2/*.whl
               PYTHONPATH=/tmp/site2:$PYTHONPATH timeout 160 python3 benchmarks/serve.py "$R/serve_fast" --clients 8,32 --admit-div 4 --duration 8 > "$R/serve_fast.txt" 2>&1
               grep -E "^\| (8|32) " "$R/serve_fast.txt" ;;
-    serve_switch) python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site2 .whl2/*.whl
-                  PYTHONPATH=/tmp/site2:$PYTHONPATH timeout 200 python3 benchmarks/serve.py "$R/serve_sw" --clients 32 --admit-div 4 \
-                    --switch-us 500,100,50 --duration 8 > "$R/serve_sw.txt" 2>&1
-                  grep -E "^\| 32" "$R/serve_sw.txt" ;;
+    admit_prof) timeout 250 python3 benchmarks/admit_profile.py "$R/admit_prof" --admit 8 > "$R/admit_prof.txt" 2>&1
+                tail -n 30 "$R/admit_prof.txt" ;;
     stests) timeout 45 $PT -x tests/test_serve_gpu.py > "$R/t_serve.txt" 2>&1
             grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_serve.txt" | tail -n 6 ;;
     fam_tests) timeout 200 $PT -n 6 tests/test_generation_families_gpu.py tests/test_softcap_generation.py > "$R/t_fam.txt" 2>&1

@@ -119,18 +119,14 @@ def entry_costs(engine: Any, n: int, prompts: list[list[int]], prompt_len: int, 
 
 # ---- the server and its clients ---------------------------------------------------------------------
 
-def start_server(target: str, n: int, args: argparse.Namespace, err_path: str,
-                 switch_us: int | None = None) -> tuple[subprocess.Popen, int]:
+def start_server(target: str, n: int, args: argparse.Namespace, err_path: str) -> tuple[subprocess.Popen, int]:
     cmd = [sys.executable, "-m", "fusec", "serve", target, "--port", "0", "--served-model-name", "bench",
            "--max-queue", str(4 * n + 8)]
     if not target.endswith(".fplan"):  # the reference backend: the model itself
         cmd += ["--batch", str(n), "--max-seq-len", str(args.prompt_len + args.max_tokens), "--max-prompt-len",
                 str(args.prompt_len), "--admit-batch", str(_admit_batch(args, n))]
     err = open(err_path, "wb")  # noqa: SIM115 - the server's log, kept in OUT_DIR
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    if switch_us is not None:
-        env["FUSEC_SERVE_SWITCH_US"] = str(switch_us)
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     t_end = time.monotonic() + 300
     while time.monotonic() < t_end:
         text = open(err_path, errors="replace").read()
@@ -251,11 +247,6 @@ def stop(proc: subprocess.Popen) -> int | None:
 
 # ---- report ------------------------------------------------------------------------------------------
 
-def label(point: dict[str, Any]) -> str:
-    sw = point.get("switch_us")
-    return str(point["clients"]) + ("" if sw is None else f" (switch {sw} us)")
-
-
 def markdown(doc: dict[str, Any]) -> str:
     a = doc["args"]
     lines = [f"### fusec serve under load ({doc['device']}, {doc['model']}, prompts {a['prompt_len']} tokens, "
@@ -270,7 +261,7 @@ def markdown(doc: dict[str, Any]) -> str:
     for r in doc["points"]:
         s, b, h = r["serve"], r["generate"], r.get("server", {})
         ratio = s["tok_s"] / b["decode_tok_s"] if b.get("decode_tok_s") else None
-        lines.append(f"| {label(r)} | {f(s['tok_s'])} | {f(b.get('decode_tok_s'))} | {f(ratio, 2)} | "
+        lines.append(f"| {r['clients']} | {f(s['tok_s'])} | {f(b.get('decode_tok_s'))} | {f(ratio, 2)} | "
                      f"{f(b.get('end_to_end_tok_s'))} | {f(s['ttft_ms_p50'])} / {f(s['ttft_ms_p99'])} | "
                      f"{f(s['itl_ms_p50'], 2)} / {f(s['itl_ms_p99'], 2)} | {f(s['tokens_per_event_mean'], 2)} | "
                      f"{s['ok']}/{s['requests']} | {h.get('admissions', '-')} ({h.get('admit_runs', '-')}) |")
@@ -282,7 +273,7 @@ def markdown(doc: dict[str, Any]) -> str:
     for r in doc["points"]:
         b, h = r["generate"], r.get("server", {})
         steps, adm = h.get("decode_steps") or 0, h.get("admissions") or 0
-        lines.append(f"| {label(r)} | {f(h['row_steps'] / steps if steps and 'row_steps' in h else None, 2)} | "
+        lines.append(f"| {r['clients']} | {f(h['row_steps'] / steps if steps and 'row_steps' in h else None, 2)} | "
                      f"{steps} | {adm} | {h.get('admit_syncs', '-')} | "
                      f"{f(h['admit_host_ms'] / adm if adm and 'admit_host_ms' in h else None, 2)} | "
                      f"{f(b.get('prefill_gpu_ms'), 2)} | {f(b.get('admit_run_gpu_ms'), 2)} | "
@@ -308,8 +299,6 @@ def main() -> int:
     ap.add_argument("--clients", default="1,8,32")
     ap.add_argument("--admit-div", type=int, default=0, metavar="D", help="plans with an admit entry of batch / D "
                     "prompts a run (fusec serve --admit-batch; 0: none, every admission prefills the whole batch)")
-    ap.add_argument("--switch-us", default="", metavar="US[,US...]", help="serve each point once per value of "
-                    "FUSEC_SERVE_SWITCH_US (the server's thread switch interval); default: the server's own")
     ap.add_argument("--duration", type=float, default=20.0, help="seconds of load per point")
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--max-tokens", type=int, default=128)
@@ -340,25 +329,22 @@ def main() -> int:
         gen, path = baseline(args, gm, n, prompts, args.out_dir, cuda)
         log(f"  generate: decode {gen['decode_tok_s']:.0f} tok/s, end to end {gen['end_to_end_tok_s']:.0f} tok/s "
             f"(compile {gen['compile_s']:.1f} s)")
-        for switch in [int(x) for x in args.switch_us.split(",")] if args.switch_us else [None]:
-            err = os.path.join(args.out_dir, f"server-b{n}{'' if switch is None else f'-switch{switch}'}.log")
-            proc, port = start_server(path or name, n, args, err, switch)
-            try:
-                one_request(port, prompts[0], 4)  # warm-up: the decode step's CUDA graph is captured here
-                log(f"  serving on port {port}: {n} clients for {args.duration:.0f} s"
-                    + ("" if switch is None else f" (FUSEC_SERVE_SWITCH_US={switch})"))
-                cpu0, t0 = thread_cpu(proc.pid), time.perf_counter()
-                s = load(port, n, args, vocab)
-                s["server_cpu"] = cpu_use(cpu0, thread_cpu(proc.pid), time.perf_counter() - t0)
-                server = health(port)
-            finally:
-                code = stop(proc)
-            log(f"  serve: {s['tok_s']:.0f} tok/s, TTFT p50 {s['ttft_ms_p50']} ms p99 {s['ttft_ms_p99']} ms, "
-                f"ITL p50 {s['itl_ms_p50']} ms, {s['ok']}/{s['requests']} requests; server exit {code}")
-            doc["points"].append({"clients": n, "switch_us": switch, "generate": gen, "serve": s, "server": server,
-                                  "server_exit": code})
-            with open(os.path.join(args.out_dir, "serve.json"), "w") as f:
-                json.dump(doc, f, indent=1, default=str)
+        err = os.path.join(args.out_dir, f"server-b{n}.log")
+        proc, port = start_server(path or name, n, args, err)
+        try:
+            one_request(port, prompts[0], 4)  # warm-up: the decode step's CUDA graph is captured here
+            log(f"  serving on port {port}: {n} clients for {args.duration:.0f} s")
+            cpu0, t0 = thread_cpu(proc.pid), time.perf_counter()
+            s = load(port, n, args, vocab)
+            s["server_cpu"] = cpu_use(cpu0, thread_cpu(proc.pid), time.perf_counter() - t0)
+            server = health(port)
+        finally:
+            code = stop(proc)
+        log(f"  serve: {s['tok_s']:.0f} tok/s, TTFT p50 {s['ttft_ms_p50']} ms p99 {s['ttft_ms_p99']} ms, "
+            f"ITL p50 {s['itl_ms_p50']} ms, {s['ok']}/{s['requests']} requests; server exit {code}")
+        doc["points"].append({"clients": n, "generate": gen, "serve": s, "server": server, "server_exit": code})
+        with open(os.path.join(args.out_dir, "serve.json"), "w") as f:
+            json.dump(doc, f, indent=1, default=str)
     md = markdown(doc)
     with open(os.path.join(args.out_dir, "serve.md"), "w") as f:
         f.write(md)

@@ -41,8 +41,6 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("FUSEC_LT_PICK", "bool", False, "time cuBLASLt's candidate algorithms when a plan is loaded on a GPU"),
     Knob("FUSEC_PDL", "bool", True, "launch kernels that allow it with programmatic dependent launch (sm_90+)"),
     Knob("FUSEC_API_KEY", "text", None, "fusec serve: the bearer token clients must send (default: --api-key)"),
-    Knob("FUSEC_SERVE_SWITCH_US", "int", 500, "fusec serve: the interpreter's thread switch interval (microseconds): "
-         "how long the engine thread may wait for the HTTP thread to let it run"),
 )}
 
 

@@ -178,9 +178,6 @@ def run(args: argparse.Namespace) -> int:
     from fusec import knobs
 
     api_key = args.api_key if args.api_key is not None else (knobs.get("FUSEC_API_KEY") or None)
-    switch_us = knobs.get("FUSEC_SERVE_SWITCH_US")
-    if not isinstance(switch_us, int) or switch_us < 1:
-        raise InputError(f"FUSEC_SERVE_SWITCH_US must be a positive number of microseconds, got {switch_us!r}")
     try:
         from fusec.serve import app as serve_app
     except ImportError as e:  # starlette/uvicorn/prometheus_client: the serve extra
@@ -198,9 +195,9 @@ def run(args: argparse.Namespace) -> int:
                       admit_wait=args.admit_wait_ms / 1e3)
     server = serve_app.Server(batcher, tok, name, api_key=api_key, max_body=args.max_body_bytes,
                               default_max_tokens=args.default_max_tokens, chat_template=template)
-    # the engine thread and the event loop share the GIL: let a waiting thread in sooner than
-    # Python's 5 ms (benchmarks/RESULTS.md, issue 24: the engine thread waits at every CUDA call)
-    sys.setswitchinterval(switch_us / 1e6)
+    # the engine thread and the event loop share the GIL: let a waiting thread in sooner than 5 ms
+    # (50 and 100 us measured no different at 32 clients on the H100: benchmarks/RESULTS.md, issue 24)
+    sys.setswitchinterval(0.0005)
 
     def ready(port: int) -> None:
         print(f"fusec serve: {name} on http://{args.host}:{port} (batch {batcher.batch}, max_seq_len "
