@@ -235,7 +235,7 @@ OP_INFO: dict[Op, OpInfo] = {
     Op.FUSED: OpInfo(_O, FusedAttrs, I._fused, (0, -1)),
     # (cache, new, pos) -> cache'; (q, k_cache, v_cache, pos) -> out;
     # (logits, seed, counter, temperature, top_k, top_p) -> ids (fusec/sampling.py: per-row settings)
-    Op.CACHE_WRITE: OpInfo(_O, CacheWriteAttrs, I._cache_write, (3, 3)),
+    Op.CACHE_WRITE: OpInfo(_O, CacheWriteAttrs, I._cache_write, (3, 4)),
     Op.KV_ATTENTION: OpInfo(_O, KVAttentionAttrs, I._kv_attention, (4, 4)),
     Op.SAMPLE: OpInfo(_O, NoAttrs, I._sample, (6, 6)),
     # (updates, indices) -> zeros + updates added at their indices; (logits, labels) -> loss per row;

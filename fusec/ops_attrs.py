@@ -215,6 +215,9 @@ class RopeAttrs:
 class CacheWriteAttrs:
     """out = cache with ``new`` written along ``axis`` at a per-row offset:
     ``out[b, ..., pos[b] + s, ...] = new[b, ..., s, ...]`` (axis >= 1; axis 0 is the row b).
+    With a fourth input ``rows`` [N] (integers), ``new`` has N rows of its own and row i goes to
+    cache row ``rows[i]`` at ``pos[i]``: ``out[rows[i], ..., pos[i] + s, ...] = new[i, ..., s, ...]``
+    (the rows must differ where a write lands; a row outside the cache is dropped).
     Writes that would land past the cache's end are dropped. The write is in place: the output
     lives in the cache's storage, so the cache input must be a state (or a cache_write of one)
     that no later node reads (``fusec.ir.verify`` checks)."""

@@ -308,16 +308,22 @@ def _rope(a: RopeAttrs, t: Sequence[TensorType]) -> list[TensorType]:
 
 
 def _cache_write(a: CacheWriteAttrs, t: Sequence[TensorType]) -> list[TensorType]:
-    (sc, dc), (sn, dn), (sp, dp) = t
+    (sc, dc), (sn, dn), (sp, dp) = t[:3]
     if dc != dn:
         raise ValueError(f"cache_write: cache is {dc.value}, new values are {dn.value}")
-    if not sc or not dp.is_int or tuple(sp) != (sc[0],):
-        raise ValueError(f"cache_write: positions must be integers of shape [{sc[0] if sc else '?'}], "
-                         f"got {dp.value}{list(sp)}")
     if not 1 <= a.axis < len(sc) or len(sn) != len(sc):
         raise ValueError(f"cache_write: axis {a.axis} must be in [1, {len(sc)}) and new {list(sn)} must have "
                          f"the cache's rank {len(sc)}")
-    if any(x != y for i, (x, y) in enumerate(zip(sc, sn)) if i != a.axis) or sn[a.axis] > sc[a.axis]:
+    rows = sc[0]  # the rows new has: the cache's, or one per destination in ``rows``
+    if len(t) == 4:
+        sr, dr = t[3]
+        if not dr.is_int or len(sr) != 1:
+            raise ValueError(f"cache_write: rows must be integers of shape [N], got {dr.value}{list(sr)}")
+        rows = sr[0]
+    if not dp.is_int or tuple(sp) != (rows,):
+        raise ValueError(f"cache_write: positions must be integers of shape [{rows}], got {dp.value}{list(sp)}")
+    if sn[0] != rows or any(x != y for i, (x, y) in enumerate(zip(sc, sn)) if i not in (0, a.axis)) \
+            or sn[a.axis] > sc[a.axis]:
         raise ValueError(f"cache_write: new {list(sn)} does not fit cache {list(sc)} along axis {a.axis}")
     return [(sc, dc)]
 

@@ -192,15 +192,19 @@ def _rope(a: O.RopeAttrs, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np
     return np.concatenate([y, x[..., rd:]], axis=-1)
 
 
-def _cache_write(a: O.CacheWriteAttrs, cache: np.ndarray, new: np.ndarray, pos: np.ndarray) -> np.ndarray:
+def _cache_write(a: O.CacheWriteAttrs, cache: np.ndarray, new: np.ndarray, pos: np.ndarray,
+                 rows: np.ndarray | None = None) -> np.ndarray:
     out = np.array(cache, copy=True)  # functional here; in place on the GPU (the output is the cache's storage)
     length = cache.shape[a.axis]
-    for b in range(cache.shape[0]):
-        start = int(pos[b])
+    for i in range(new.shape[0]):
+        b = i if rows is None else int(rows[i])
+        if not 0 <= b < cache.shape[0]:
+            continue  # a destination outside the cache: dropped, as on the GPU
+        start = int(pos[i])
         n = max(0, min(new.shape[a.axis], length - start))
         if n:
             dst = out[b].swapaxes(0, a.axis - 1)
-            dst[start:start + n] = new[b].swapaxes(0, a.axis - 1)[:n]
+            dst[start:start + n] = new[i].swapaxes(0, a.axis - 1)[:n]
     return out
 
 

@@ -33,6 +33,8 @@ def decode_specs() -> list[tuple[str, object]]:
         out.append((f"cachew-{dt.value}-kv", S.cache_write_spec((4, 8, 4096, 128), (4, 8, 1, 128), 2, dt)))
         out.append((f"cachew-{dt.value}-prefill", S.cache_write_spec((2, 3, 50, 72), (2, 3, 9, 72), 2, dt, I32)))
         out.append((f"cachew-{dt.value}-novec", S.cache_write_spec((2, 5, 3), (2, 2, 3), 1, dt, vectorize=False)))
+        out.append((f"cachew-{dt.value}-rows", S.cache_write_spec((32, 8, 256, 128), (1, 8, 128, 128), 2, dt,
+                                                                  rows_dtype=I64)))
         out.append((f"sample-{dt.value}-row", S.SampleSpec(8, 151936, dt)))
         out.append((f"sample-{dt.value}-row-odd", S.SampleSpec(3, 1001, dt, I32, I32, I32)))
         split = sample_spec(1, 151936, dt)
@@ -220,3 +222,14 @@ def test_lower_sample_refuses_half_precision_settings() -> None:
     node = Node(O.Op.SAMPLE, ins, list(node.outputs), O.NoAttrs())
     with pytest.raises(LoweringError, match="temperature/top_p must be float32"):
         LOWER[O.Op.SAMPLE](_ctx(offsets), node, "#4 sample")
+
+
+def test_cache_write_with_rows_takes_its_destination_rows() -> None:
+    sp = S.cache_write_spec((32, 8, 256, 128), (2, 8, 128, 128), 2, BF16, rows_dtype=I64)
+    r, src = K.prepare(sp)
+    assert r.params == ("new", "pos", "rows", "out") and sp.N == 2 and sp.numel_new == 2 * 8 * 128 * 128
+    assert "rows[b]" in src
+    plain = S.cache_write_spec((32, 8, 256, 128), (32, 8, 1, 128), 2, BF16)
+    assert K.prepare(plain)[0].params == ("new", "pos", "out") and plain.N == 0
+    with pytest.raises(ValueError, match="does not fit"):
+        S.cache_write_spec((32, 8, 256, 128), (2, 8, 128, 128), 2, BF16)  # 2 rows into 32 without rows

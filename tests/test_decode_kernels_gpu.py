@@ -127,6 +127,19 @@ def test_cache_write(dt: DType, shape: tuple, axis: int, Sn: int, positions: lis
         assert got.tobytes() == np.ascontiguousarray(ref).tobytes(), f"vec={spec.vec}: cache differs from the reference"
 
 
+@pytest.mark.parametrize("dt", [BF16, F32])
+def test_cache_write_rows(dt: DType) -> None:
+    """Rows of new go to their destination rows; past the cache's end and outside it: dropped."""
+    shape, new_shape = (5, 4, 40, 64), (3, 4, 16, 64)
+    cache, new = rand(shape, dt), rand(new_shape, dt)
+    pos = np.array([0, 30, 7], np.int64)  # the second row runs past T: 10 of its 16 positions land
+    rows = np.array([4, 1, 9], np.int64)  # the third row is outside the cache: dropped
+    ref = R.IMPL[O.Op.CACHE_WRITE](O.CacheWriteAttrs(2), cache, new, pos, rows)
+    buf = dev(cache)
+    run(S.cache_write_spec(shape, new_shape, 2, dt, rows_dtype=DType.I64), [dev(new), dev(pos), dev(rows), buf])
+    assert host(buf, dt).tobytes() == np.ascontiguousarray(ref).tobytes()
+
+
 # ---- kv_attention ------------------------------------------------------------------------------
 
 def kv_ref(q: np.ndarray, k: np.ndarray, v: np.ndarray, pos: np.ndarray, scale: float) -> np.ndarray:

@@ -94,9 +94,10 @@ def _cache_write(spec: S.CacheWriteSpec) -> Rendered:
         "name": kernel_name("cachew", spec), "B": spec.B, "outer": spec.outer, "T": spec.T, "S": spec.S,
         "inner": spec.inner, "vec": spec.vec, "total": total, "t": ctype(spec.dtype),
         "pos_t": ctype(spec.pos_dtype), "idx_t": idx_type(max(extent, spec.numel_new) + block), "block": block,
+        "rows_t": ctype(spec.rows_dtype) if spec.rows_dtype is not None else None,
     }
     return Rendered("cache_write.cu.jinja", ctx, (max(1, min(cdiv(total, block), _MAX_GRID)), 1, 1), (block, 1, 1),
-                    ("new", "pos", "out"))
+                    ("new", "pos", "rows", "out") if spec.rows_dtype is not None else ("new", "pos", "out"))
 
 
 SAMPLE_THREADS = 1024  # the row kernel: the radix descents' histograms are 2048 bins, two per thread

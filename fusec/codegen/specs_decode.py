@@ -23,7 +23,9 @@ class CacheWriteSpec:
     The cache is viewed [B, outer, T, inner] (contiguous), ``new`` [B, outer, S, inner]:
     ``out[b, o, pos[b] + s, i] = new[b, o, s, i]`` where 0 <= pos[b] + s < T; other writes are
     dropped and nothing else of ``out`` is touched. ``vec`` elements move per access (``inner %
-    vec == 0``, 16-byte aligned pointers). Params: new, pos, out (the cache's storage)."""
+    vec == 0``, 16-byte aligned pointers). Params: new, pos, out (the cache's storage).
+    ``rows_dtype`` set: ``new`` has ``N`` rows, row i going to cache row ``rows[i]`` at ``pos[i]``
+    (a row outside [0, B) is dropped); params new, pos, rows, out."""
 
     B: int
     outer: int
@@ -33,9 +35,13 @@ class CacheWriteSpec:
     dtype: DType
     pos_dtype: DType = DType.I64
     vec: int = 1
+    rows_dtype: DType | None = None
+    N: int = 0  # new's rows when rows_dtype is set (else B)
 
     def __post_init__(self) -> None:
         _pos(("B", self.B), ("outer", self.outer), ("T", self.T), ("S", self.S), ("inner", self.inner))
+        _req((self.rows_dtype is None) == (self.N == 0), "cache_write: N is given with rows and only then")
+        _req(self.rows_dtype in (None,) + POS_DTYPES, "cache_write: rows are int32/int64")
         _req(self.S <= self.T, f"cache_write: {self.S} new positions do not fit a cache of length {self.T}")
         _req(self.dtype in CACHE_DTYPES, f"cache_write: dtype {self.dtype!r} is not one of {CACHE_DTYPES}")
         _req(self.pos_dtype in POS_DTYPES, "cache_write: positions are int32/int64")
@@ -44,21 +50,24 @@ class CacheWriteSpec:
 
     @property
     def numel_new(self) -> int:
-        return self.B * self.outer * self.S * self.inner
+        return (self.N or self.B) * self.outer * self.S * self.inner
 
 
 def cache_write_spec(cache_shape: tuple[int, ...], new_shape: tuple[int, ...], axis: int, dtype: DType,
-                     pos_dtype: DType = DType.I64, vectorize: bool = True) -> CacheWriteSpec:
-    """The spec of ``Op.CACHE_WRITE`` for a cache/new pair of shapes (widest legal vector access)."""
+                     pos_dtype: DType = DType.I64, vectorize: bool = True,
+                     rows_dtype: DType | None = None) -> CacheWriteSpec:
+    """The spec of ``Op.CACHE_WRITE`` for a cache/new pair of shapes (widest legal vector access);
+    ``rows_dtype``: the write takes a destination row per row of ``new``."""
     _req(len(cache_shape) == len(new_shape) and 1 <= axis < len(cache_shape),
          f"cache_write: axis {axis} and shapes {list(cache_shape)}, {list(new_shape)} do not match")
-    _req(all(a == b for i, (a, b) in enumerate(zip(cache_shape, new_shape)) if i != axis),
+    _req(all(a == b for i, (a, b) in enumerate(zip(cache_shape, new_shape)) if i != axis and (i or rows_dtype is None)),
          f"cache_write: new {list(new_shape)} does not fit cache {list(cache_shape)} along axis {axis}")
     outer, inner = math.prod(cache_shape[1:axis]), math.prod(cache_shape[axis + 1:])
     vec = max(1, 16 // dtype.itemsize) if vectorize else 1
     while vec > 1 and inner % vec:
         vec //= 2
-    return CacheWriteSpec(cache_shape[0], outer, cache_shape[axis], new_shape[axis], inner, dtype, pos_dtype, vec)
+    return CacheWriteSpec(cache_shape[0], outer, cache_shape[axis], new_shape[axis], inner, dtype, pos_dtype, vec,
+                          rows_dtype, new_shape[0] if rows_dtype is not None else 0)
 
 
 @dataclasses.dataclass(frozen=True)

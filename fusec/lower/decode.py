@@ -16,21 +16,23 @@ def _where(node: Node, label: str) -> str:
 
 
 def cache_write(ctx: Context, node: Node, label: str) -> None:
-    cache, new, pos = node.inputs
+    cache, new, pos = node.inputs[:3]
+    rows = node.inputs[3] if len(node.inputs) == 4 else None
     out = node.output
     if cache.is_const or not ctx.same_storage(cache, out):
         raise LoweringError(f"{_where(node, label)}: cache_write is in place, but the memory plan put its output "
                             f"{out.name!r} in other storage than the cache {cache.name!r} {list(cache.shape)}")
-    if pos.dtype not in S.POS_DTYPES:
-        raise LoweringError(f"{_where(node, label)}: positions of dtype {pos.dtype.value} are not supported")
+    if pos.dtype not in S.POS_DTYPES or (rows is not None and rows.dtype not in S.POS_DTYPES):
+        raise LoweringError(f"{_where(node, label)}: positions/rows of dtype "
+                            f"{pos.dtype.value}/{rows.dtype.value if rows is not None else '-'} are not supported")
     if cache.dtype not in S.CACHE_DTYPES:
         raise LoweringError(f"{_where(node, label)}: a cache of {cache.dtype.value} {list(cache.shape)} is not supported")
     try:
         spec = S.cache_write_spec(tuple(cache.shape), tuple(new.shape), node.attrs.axis, cache.dtype, pos.dtype,
-                                  vectorize=ctx.aligned(new, out))
+                                  vectorize=ctx.aligned(new, out), rows_dtype=rows.dtype if rows is not None else None)
     except ValueError as e:
         raise LoweringError(f"{_where(node, label)}: cache {list(cache.shape)}, new {list(new.shape)}: {e}") from None
-    ctx.kernel(spec, [new, pos, out], label)
+    ctx.kernel(spec, [new, pos] + ([rows] if rows is not None else []) + [out], label)
 
 
 def kv_attention(ctx: Context, node: Node, label: str) -> None:

@@ -104,6 +104,8 @@ def _copy_part(body: Graph, write: Node) -> Part:
 
 
 def _check_write(body: Graph, write: Node, shape: tuple[int, ...]) -> None:
+    if len(write.inputs) == 4:
+        raise NoPlan("a cache write with destination rows is a kernel of its own")
     if write.output not in body.outputs or write.attrs.axis != 2 or len(write.inputs[0].shape) != 4:
         raise NoPlan("the cache write must be a group output, along axis 2 of a [B, H, T, D] cache")
     if write.inputs[1].shape != shape:
