@@ -40,6 +40,7 @@ class Engine(Protocol):
     def prefill(self, input_ids: np.ndarray, lengths: np.ndarray, timed: bool = True,
                 measure: bool = False) -> None: ...  # lengths 0: row not admitted
     def admit(self, feeds: Mapping[str, np.ndarray]) -> None: ...  # one run of the admit entry (admit_feeds)
+    def join(self, feeds: Mapping[str, np.ndarray]) -> None: ...  # one decode step joined by a prompt (join_feeds)
     def decode(self) -> None: ...
     def sync(self) -> None: ...
     def measure(self, on: bool) -> None: ...  # start/stop counting driver activity (decode loop)
@@ -294,6 +295,13 @@ def admit_feeds(input_ids: np.ndarray, lengths: np.ndarray, slots: int) -> list[
     return out
 
 
+def join_feeds(prompt: Sequence[int], row: int, prefill_len: int) -> dict[str, np.ndarray]:
+    """The join entry's inputs (models/join.py): ``prompt`` (1..prefill_len ids) into row ``row``."""
+    ids = np.zeros((1, prefill_len), np.int64)
+    ids[0, :len(prompt)] = prompt
+    return {"input_ids": ids, "lengths": np.array([len(prompt)], np.int64), "row": np.array([row], np.int64)}
+
+
 class Ready:
     """A read-back that is already done (``ReferenceEngine.fetch``; the GPU engine's waits)."""
 
@@ -376,6 +384,9 @@ class ReferenceEngine:
 
     def admit(self, feeds: Mapping[str, np.ndarray]) -> None:
         self._run("admit", feeds)
+
+    def join(self, feeds: Mapping[str, np.ndarray]) -> None:
+        self._run("join", feeds)
 
     def decode(self) -> None:
         self._run("decode", {})

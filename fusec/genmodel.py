@@ -144,19 +144,19 @@ def support_text() -> str:
 
 def build_graphs(gm: GenModel, batch: int, max_seq_len: int, prefill_len: int | None,
                  eos_ids: Sequence[int] | None = None, storage: str | None = None,
-                 admit_batch: int = 0) -> dict[str, Any]:
+                 admit_batch: int = 0, join: bool = False) -> dict[str, Any]:
     """The prefill and decode graphs (and with ``admit_batch`` the admit entry's:
-    models/generate.py); ``storage`` ("f16"/"bf16"): the compile's storage dtype, in which the
+    models/generate.py; with ``join`` the join entry's: models/join.py); ``storage`` ("f16"/"bf16"): the compile's storage dtype, in which the
     large weights are held (``fusec.models.weights.StoredWeights``)."""
     from fusec.models.generate import GenerationShape, build_generation
 
     shape = GenerationShape(batch, max_seq_len, prefill_len if prefill_len is not None else min(max_seq_len, 128),
-                            admit_batch)
+                            admit_batch, join)
     eos = tuple(gm.eos_ids if eos_ids is None else eos_ids)
     if gm.builder is not None:
-        if admit_batch:
-            raise InputError(f"{gm.source}: an admit entry (--admit-batch) is built for fusec's own decoder "
-                             "builders, not for a model exported with its KV cache")
+        if admit_batch or join:
+            raise InputError(f"{gm.source}: {'an admit entry (--admit-batch)' if admit_batch else 'a join entry'} is "
+                             "built for fusec's own decoder builders, not for a model exported with its KV cache")
         return gm.builder(shape, eos)
     weights = gm.weights.stored(storage)
     graphs = build_generation(gm.config, weights, shape, eos)

@@ -72,6 +72,7 @@ class GenerationShape:
     max_seq_len: int  # T: the KV cache's length, prompt + new tokens
     prefill_len: int  # S: the prefill graph's (padded) prompt length
     admit_batch: int = 0  # A: the admit entry's prompts per run (0: no admit entry)
+    join: bool = False  # a join entry: a decode step that also prefills one prompt (models/join.py)
 
     def __post_init__(self) -> None:
         for name in ("batch", "max_seq_len", "prefill_len"):
@@ -152,6 +153,10 @@ def build_generation(cfg: ModelConfig, weights: object, shape: GenerationShape,
               "decode": _build(cfg, weights, shape, eos_ids, "decode")}
     if shape.admit_batch:
         graphs["admit"] = _build(cfg, weights, shape, eos_ids, "admit")
+    if shape.join:
+        from .join import build_join
+
+        graphs["join"] = build_join(cfg, weights, shape, eos_ids)
     return graphs
 
 
@@ -281,11 +286,12 @@ def _build(cfg: ModelConfig, weights: object, shape: GenerationShape, eos_ids: t
 
 
 def finish_step(m: Blocks, st: _State, logits: Value, counter: Value, new_caches: list[tuple[Value, Value]],
-                shape: GenerationShape, eos_ids: tuple[int, ...], prefill: bool) -> Graph:
+                shape: GenerationShape, eos_ids: tuple[int, ...], prefill: bool, joined: Value | None = None) -> Graph:
     """The tail every generation graph shares: draw a token from ``logits`` [B, V] at ``counter``
     with each row's sampling state, end rows at an eos id or a full cache, record the token, advance
     ``pos``/``cur``/``done`` (prefill: of the admitted rows only), give every state its update
-    (``new_caches``: each layer's written K/V caches) and set ``meta["generation"]``.
+    (``new_caches``: each layer's written K/V caches) and set ``meta["generation"]``. ``joined``
+    (a decode step, [B] bool: models/join.py): those rows start as the prefill starts a row.
     Also used by fusec/frontend/kv_cache.py (ONNX decoders exported with a KV cache)."""
     bsz, t_max, i64 = shape.batch, shape.max_seq_len, DType.I64
     tok = m.op(Op.SAMPLE, logits, st.seed, counter, st.temperature, st.top_k, st.top_p)
@@ -310,6 +316,9 @@ def finish_step(m: Blocks, st: _State, logits: Value, counter: Value, new_caches
         tokens = m.op(Op.CACHE_WRITE, st.tokens, m.op(Op.RESHAPE, tok, shape=(bsz, 1)), counter, axis=1)
         pos = m.op(Op.ADD, st.pos, m.op(Op.CAST, m.op(Op.NOT, st.done), to=i64))
         done = m.op(Op.OR, m.op(Op.OR, st.done, is_eos), m.op(Op.GREATER_EQUAL, pos, last))
+        if joined is not None:  # as the prefill: at the prompt's length, done on an eos id or a full cache
+            pos = m.op(Op.WHERE, joined, counter, pos)
+            done = m.op(Op.WHERE, joined, m.op(Op.OR, is_eos, m.op(Op.GREATER_EQUAL, counter, last)), done)
     for (k_state, v_state), (k_new, v_new) in zip(st.caches, new_caches):
         m.b.update(k_state, k_new)
         m.b.update(v_state, v_new)
@@ -324,4 +333,6 @@ def finish_step(m: Blocks, st: _State, logits: Value, counter: Value, new_caches
                             "prefill_len": shape.prefill_len, "eos_ids": [int(e) for e in eos_ids]}
     if shape.admit_batch:
         g.meta["generation"]["admit_batch"] = shape.admit_batch
+    if shape.join:
+        g.meta["generation"]["join"] = True
     return g
