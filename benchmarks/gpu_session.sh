@@ -22,6 +22,8 @@
 #   serve32   fusec serve at 32 clients only, 8 s (benchmarks/serve.py --clients 32)
 #   serve_ab  fusec serve at 32 clients on h11 + asyncio, then on httptools + uvloop (.whl2) at 8 and 32
 #   admit_prof the per-launch profile of the whole-batch prefill and the admit entry (batch 32, admit 8)
+#   join_cost a join step's GPU time beside a decode step's, and its per-launch profile (benchmarks/join_cost.py)
+#   jtests    the join entry's and the row-indexed cache write's GPU tests
 #   stests    the serve GPU tests (continuous batching, the admit entry)
 #   serve_admit fusec serve at 32 clients without an admit entry, at 8 and 32 with one of batch/4 (where the time goes)
 #   fam_tests the decoder families' GPU generation tests (fp32 token-exact, bf16 reported)
@@ -95,6 +97,10 @@ for step in "$@"; do
               grep -E "^\| (8|32) " "$R/serve_fast.txt" ;;
     admit_prof) timeout 250 python3 benchmarks/admit_profile.py "$R/admit_prof" --admit 8 > "$R/admit_prof.txt" 2>&1
                 tail -n 30 "$R/admit_prof.txt" ;;
+    join_cost) timeout 200 python3 benchmarks/join_cost.py "$R/join_cost" > "$R/join_cost.txt" 2>&1
+               tail -n 20 "$R/join_cost.txt" ;;
+    jtests) timeout 150 $PT -n 4 tests/test_generation_join_gpu.py tests/test_decode_kernels_gpu.py -k "join or cache_write" > "$R/t_join.txt" 2>&1
+            grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_join.txt" | tail -n 8 ;;
     stests) timeout 45 $PT -x tests/test_serve_gpu.py > "$R/t_serve.txt" 2>&1
             grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_serve.txt" | tail -n 6 ;;
     fam_tests) timeout 200 $PT -n 6 tests/test_generation_families_gpu.py tests/test_softcap_generation.py > "$R/t_fam.txt" 2>&1

@@ -275,10 +275,12 @@ def _generation(c: FieldCheck, m: Mapping[str, Any], blobs: Mapping[str, Any]) -
     (every key typed and in range; the states the runner writes shaped as the record says)."""
     ents = m.get("entries")
     admits = isinstance(m["generation"], Mapping) and "admit_batch" in m["generation"]
-    want = GEN_ENTRIES + (("admit",) if admits else ())
+    joins = isinstance(m["generation"], Mapping) and m["generation"].get("join") is True
+    want = GEN_ENTRIES + (("admit",) if admits else ()) + (("join",) if joins else ())
     if not isinstance(ents, Mapping) or sorted(ents) != sorted(want):
         got = ", ".join(_shown(k) for k in ents) if isinstance(ents, Mapping) else "none"
-        raise c.fail("entries", f"a generation plan {'with an admit batch ' if admits else ''}has the entry points "
+        which = " and ".join(w for w, on in (("an admit batch", admits), ("a join entry", joins)) if on)
+        raise c.fail("entries", f"a generation plan {f'with {which} ' if which else ''}has the entry points "
                                 f"{', '.join(want[:-1])} and {want[-1]}; got {got}")
     if isinstance(m["generation"], Mapping) and "sampling" in m["generation"]:
         raise c.fail("generation.sampling", "this plan compiles its sampling settings in (made by an older fusec); "
@@ -290,6 +292,8 @@ def _generation(c: FieldCheck, m: Mapping[str, Any], blobs: Mapping[str, Any]) -
     t_max = c.int(g["max_seq_len"], "generation.max_seq_len", 1, MAX_DIM)
     if admits:
         c.int(g["admit_batch"], "generation.admit_batch", 1, batch - 1)
+    if "join" in g and g["join"] is not True:
+        raise c.fail("generation.join", f"must be true where present, got {_shown(g['join'])}")
     c.int(g["prefill_len"], "generation.prefill_len", 1, t_max)
     c.int(g["vocab_size"], "generation.vocab_size", 1, i31)
     c.int(g["num_layers"], "generation.num_layers", 0, i31)

@@ -24,8 +24,8 @@ def gm():
     return load_generation_model("qwen3-tiny")
 
 
-def _engine(gm, batch: int = 3, t_max: int = 40):
-    e = ReferenceEngine(build_graphs(gm, batch, t_max, 8, eos_ids=[]), optimize=True)
+def _engine(gm, batch: int = 3, t_max: int = 40, join: bool = False):
+    e = ReferenceEngine(build_graphs(gm, batch, t_max, 8, eos_ids=[], join=join), optimize=True)
     e.meta = dict(e.meta, vocab_size=gm.config.vocab_size)
     return e
 
@@ -62,11 +62,13 @@ def _alone(gm, prompt, n, sampling=None, seed=0):
     return generate(_engine(gm, 1), [prompt], n, gm.config.vocab_size, seed=seed, sampling=sampling).new_ids[0]
 
 
-def test_greedy_requests_beside_others_equal_alone(gm):
+@pytest.mark.parametrize("join", [False, True], ids=["prefill", "join-entry"])
+def test_greedy_requests_beside_others_equal_alone(gm, join):
     """Six requests with different lengths and max_tokens through three rows: they queue, join as
-    rows free up (other rows keep decoding), and each draws exactly what it draws alone."""
+    rows free up (other rows keep decoding; with a join entry, inside a decode step), and each
+    draws exactly what it draws alone."""
     sink = _Sink()
-    b = Batcher(_engine(gm), sink, max_queue=16, lookahead=2)
+    b = Batcher(_engine(gm, join=join), sink, max_queue=16, lookahead=2)
     b.start()
     try:
         jobs = [Job(p, 6 + 3 * i) for i, p in enumerate(PROMPTS)]
@@ -78,13 +80,18 @@ def test_greedy_requests_beside_others_equal_alone(gm):
     for j in jobs:
         assert j.finish == "length" and j.tokens == _alone(gm, j.prompt_ids, j.max_tokens)
         assert sink.delivered(j) == j.tokens  # every token was handed out once, in order
-    assert b.counts["admissions"] >= 2 and b.counts["admitted"] == 6  # later requests joined mid-flight
+    assert b.counts["admitted"] == 6
+    if join:  # the first requests come in by the prefill (no row is decoding yet), later ones by joins
+        assert b.counts["joins"] >= 3 and b.counts["admissions"] >= 1
+    else:
+        assert b.counts["admissions"] >= 2 and b.counts["joins"] == 0
 
 
-def test_sampled_requests_are_reproducible_by_seed_in_any_row(gm):
+@pytest.mark.parametrize("join", [False, True], ids=["prefill", "join-entry"])
+def test_sampled_requests_are_reproducible_by_seed_in_any_row(gm, join):
     cut = Sampling(0.9, 20, 0.9)
     sink = _Sink()
-    b = Batcher(_engine(gm), sink, max_queue=16)
+    b = Batcher(_engine(gm, join=join), sink, max_queue=16)
     b.start()
     try:
         jobs = [Job(PROMPTS[0], 8, cut, seed=5), Job(PROMPTS[1], 12), Job(PROMPTS[0], 8, cut, seed=5),

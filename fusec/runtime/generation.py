@@ -26,13 +26,14 @@ class PlanEngine:
     def __init__(self, plan: Any):
         import cupy
 
-        if "generation" not in plan.manifest or set(plan.entries) - {"admit"} != {"prefill", "decode"}:
+        if "generation" not in plan.manifest or set(plan.entries) - {"admit", "join"} != {"prefill", "decode"}:
             raise InputError("this plan cannot generate: compile it with `fusec compile MODEL --generate`")
         self.plan = plan
         self.meta = plan.manifest["generation"]
         self._prefill = plan._exec("prefill")
         self._decode = plan._exec("decode")
         self._admit = plan._exec("admit") if "admit" in plan.entries else None
+        self._join = plan._exec("join") if "join" in plan.entries else None
         self.device = self._decode.device
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self._events = (cupy.cuda.Event(), cupy.cuda.Event())
@@ -103,6 +104,14 @@ class PlanEngine:
             raise InputError("this plan has no admit entry (compile it with an admit batch)")
         self._admit.run(feeds, stream=self.stream, measure=False)
         self._steps = 0
+
+    def join(self, feeds: dict[str, np.ndarray]) -> None:
+        """One run of the join entry (``fusec.generation.join_feeds``): a decode step of every row
+        that also prefills one prompt into a free row, queued on the stream."""
+        if self._join is None:
+            raise InputError("this plan has no join entry (compile it with join=True)")
+        self._join.run(feeds, stream=self.stream, measure=False)
+        self._steps += 1
 
     def decode(self) -> None:
         if self._decode._graph is not None:

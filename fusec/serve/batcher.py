@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from fusec.errors import InputError
-from fusec.generation import admit_rows, sampling_states
+from fusec.generation import admit_rows, join_feeds, sampling_states
 from fusec.sampling import Sampling, check_seed
 
 
@@ -89,6 +89,7 @@ class Batcher:
         self.on_events = on_events
         self.max_queue, self.lookahead, self.counters = max_queue, max(1, lookahead), counters
         self.admit_wait = admit_wait
+        self.joins = bool(meta.get("join"))  # the plan has a join entry (models/join.py)
         self.rows: list[Job | None] = [None] * self.batch
         self.queue: collections.deque[Job] = collections.deque()
         self.cond = threading.Condition()
@@ -99,7 +100,7 @@ class Batcher:
         self.thread: threading.Thread | None = None
         self.counts = {"submitted": 0, "admissions": 0, "admitted": 0, "decode_steps": 0, "finished": 0,
                        "cancelled": 0, "admit_syncs": 0, "admit_runs": 0, "tokens": 0,
-                       "row_steps": 0, "admit_host_ms": 0.0}
+                       "row_steps": 0, "admit_host_ms": 0.0, "joins": 0}
         self.driver: dict[str, float] = {}  # decode-only phases, measured (counters=True and CUPTI)
         self.driver_steps = 0
         self._measuring = False
@@ -206,7 +207,10 @@ class Batcher:
                     self.queue.remove(j)
                 free = sum(r is None or r.cancelled for r in self.rows)
                 want = bool(self.queue) and free > 0
-                young = want and len(self.queue) < free and time.perf_counter() - self.queue[0].t_submit < self.admit_wait
+                # rows decoding and a join entry: the next step takes one queued job along, at once
+                join = want and self.joins and self._busy()
+                young = want and not join and len(self.queue) < free \
+                    and time.perf_counter() - self.queue[0].t_submit < self.admit_wait
                 if young and not self._busy() and not self.pending and not drop:
                     # idle: a prefill costs the same for one row or all, so wait a moment for company
                     self.cond.wait(self.admit_wait)
@@ -220,9 +224,11 @@ class Batcher:
                     self._end(j, "cancelled", events)
             if events:
                 self.on_events(events)
-            if want:
+            if join:
+                self._join()
+            elif want:
                 self._admit()
-            if self._busy():
+            if self._busy() and not join:
                 self.engine.decode()
                 self.counts["decode_steps"] += 1
                 self.counts["row_steps"] += sum(j is not None for j in self.rows)
@@ -232,6 +238,36 @@ class Batcher:
 
     def _busy(self) -> bool:
         return any(j is not None for j in self.rows)
+
+    def _join(self) -> None:
+        """One step boundary through the join entry: the next queued job takes a free row and its
+        prompt rides in the decode step every other row takes (models/join.py)."""
+        with self.cond:
+            job = None
+            while self.queue and job is None:
+                j = self.queue.popleft()
+                if j.cancelled:
+                    self._end(j, "cancelled", [])
+                else:
+                    job = j
+        if job is None:
+            return
+        self._measure(False)
+        t0, syncs = time.perf_counter(), self.engine.syncs
+        b = next(i for i, j in enumerate(self.rows) if j is None)
+        self.settings[b], self.seeds[b] = job.sampling, job.seed
+        job.row, job.t_admit = b, t0
+        self.rows[b] = job
+        self.engine.write_states(sampling_states(self.settings, self.seeds))
+        self.engine.join(join_feeds(job.prompt_ids, b, self.prefill_len))
+        self.counts["decode_steps"] += 1
+        self.counts["joins"] += 1
+        self.counts["row_steps"] += sum(j is not None for j in self.rows)
+        self.counts["admitted"] += 1
+        self.pending.append((self.engine.fetch("cur"), [(r, j) for r, j in enumerate(self.rows) if j]))
+        self.counts["admit_host_ms"] += (time.perf_counter() - t0) * 1e3
+        self.counts["admit_syncs"] += self.engine.syncs - syncs
+        self._measure(True)
 
     def _admit(self) -> None:
         """One step boundary: admit queued jobs into the rows free now. The steps still queued keep

@@ -1,0 +1,84 @@
+"""What a join step costs on the GPU beside a plain decode step, and where its time goes.
+
+    python benchmarks/join_cost.py OUT_DIR [--batch 32] [--prompt-len 128]
+
+A Qwen3-0.6B-shaped generation plan (random weights, bf16) with a join entry (models/join.py):
+the decode step and the join step replayed as CUDA graphs, each timed over 50 replays between two
+CUDA events in the same process; then the join entry's per-launch profile summed by kernel.
+Writes OUT_DIR/join_cost.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import sys
+
+import numpy as np
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out_dir")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--reps", type=int, default=50)
+    args = ap.parse_args()
+    os.makedirs(args.out_dir, exist_ok=True)
+    import cupy
+
+    from fusec.compiler import compile_generation
+    from fusec.generation import join_feeds, sampling_states
+    from fusec.genmodel import load_generation_model
+    from fusec.runtime.generation import PlanEngine
+    from fusec.sampling import Sampling
+
+    gm = load_generation_model("qwen3-0.6b")
+    b, s = args.batch, args.prompt_len
+    plan = compile_generation(gm, batch=b, max_seq_len=s + args.max_tokens, prefill_len=s, dtype="bf16", eos_ids=(),
+                              join=True)
+    eng = PlanEngine(plan)
+    eng.write_states(sampling_states([Sampling()] * b, np.arange(b, dtype=np.int64)))
+    rng = np.random.default_rng(0)
+    ids = rng.integers(1, gm.config.vocab_size, (b, s)).astype(np.int64)
+    eng.prefill(ids, np.full(b, s // 2, np.int64), timed=False)
+    feeds = join_feeds(ids[0, :s].tolist(), 3, s)
+    a, z = cupy.cuda.Event(), cupy.cuda.Event()
+
+    def timed(fn) -> float:
+        for _ in range(5):
+            fn()
+        a.record(eng.stream)
+        for _ in range(args.reps):
+            fn()
+        z.record(eng.stream)
+        z.synchronize()
+        return float(cupy.cuda.get_elapsed_time(a, z)) / args.reps
+
+    doc = {"args": vars(args), "device": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()}
+    for _ in range(2):  # alternate, twice: both see the same clocks
+        doc["decode_ms"] = timed(eng.decode)
+        doc["join_ms"] = timed(lambda: eng.join(feeds))
+        doc["prefill_ms"] = timed(lambda: eng.prefill(ids, np.full(b, s, np.int64), timed=False))
+    doc["launches"] = {e: len(plan.manifest["entries"][e]["launches"]) for e in ("decode", "join", "prefill")}
+    recs = plan._exec("join").profile(feeds)
+    by = collections.defaultdict(lambda: [0.0, 0])
+    for r in recs:
+        key = r["kind"].split(" algo")[0]
+        by[key][0] += r["ms"]
+        by[key][1] += 1
+    doc["join_profile"] = sorted(([k, v[0], v[1]] for k, v in by.items()), key=lambda x: -x[1])
+    print(f"decode {doc['decode_ms']:.3f} ms, join {doc['join_ms']:.3f} ms (+{doc['join_ms'] - doc['decode_ms']:.3f}), "
+          f"whole-batch prefill {doc['prefill_ms']:.3f} ms; launches {doc['launches']}")
+    for k, ms, n in doc["join_profile"][:16]:
+        print(f"  {ms:8.3f} ms {n:4d} x {k}")
+    with open(os.path.join(args.out_dir, "join_cost.json"), "w") as f:
+        json.dump(doc, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
