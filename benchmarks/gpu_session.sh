@@ -24,6 +24,7 @@
 #   admit_prof the per-launch profile of the whole-batch prefill and the admit entry (batch 32, admit 8)
 #   join_cost a join step's GPU time beside a decode step's, and its per-launch profile (benchmarks/join_cost.py)
 #   jtests    the join entry's and the row-indexed cache write's GPU tests
+#   serve_join fusec serve at 8 and 32 clients with a join entry, then 32 without (same call)
 #   stests    the serve GPU tests (continuous batching, the admit entry)
 #   serve_admit fusec serve at 32 clients without an admit entry, at 8 and 32 with one of batch/4 (where the time goes)
 #   fam_tests the decoder families' GPU generation tests (fp32 token-exact, bf16 reported)
@@ -101,7 +102,11 @@ for step in "$@"; do
                tail -n 20 "$R/join_cost.txt" ;;
     jtests) timeout 150 $PT -n 4 tests/test_generation_join_gpu.py tests/test_decode_kernels_gpu.py -k "join or cache_write" > "$R/t_join.txt" 2>&1
             grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_join.txt" | tail -n 8 ;;
-    stests) timeout 45 $PT -x tests/test_serve_gpu.py > "$R/t_serve.txt" 2>&1
+    serve_join) timeout 160 python3 benchmarks/serve.py "$R/serve_join" --clients 8,32 --join --duration 8 > "$R/serve_join.txt" 2>&1
+                grep -E "^\| (8|32) " "$R/serve_join.txt"
+                timeout 100 python3 benchmarks/serve.py "$R/serve_nojoin" --clients 32 --duration 8 > "$R/serve_nojoin.txt" 2>&1
+                grep -E "^\| 32 " "$R/serve_nojoin.txt" ;;
+    stests) timeout 60 $PT -x tests/test_serve_gpu.py > "$R/t_serve.txt" 2>&1
             grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_serve.txt" | tail -n 6 ;;
     fam_tests) timeout 200 $PT -n 6 tests/test_generation_families_gpu.py tests/test_softcap_generation.py > "$R/t_fam.txt" 2>&1
                grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_fam.txt" | tail -n 12 ;;

@@ -62,14 +62,14 @@ def baseline(args: argparse.Namespace, gm: Any, n: int, prompts: list[list[int]]
     t_max = args.prompt_len + args.max_tokens
     t0 = time.perf_counter()
     if not cuda:
-        engine = ReferenceEngine(build_graphs(gm, n, t_max, args.prompt_len, eos_ids=(), admit_batch=_admit_batch(args, n)),
-                                 optimize=True)
+        engine = ReferenceEngine(build_graphs(gm, n, t_max, args.prompt_len, eos_ids=(), admit_batch=_admit_batch(args, n),
+                                              join=args.join), optimize=True)
         res = generate(engine, prompts[:n], args.max_tokens, gm.config.vocab_size)
         total = res.prefill_ms / 1e3 + res.decode_ms / 1e3
         return {"decode_tok_s": res.decode_tok_s, "prefill_ms": res.prefill_ms,
                 "end_to_end_tok_s": n * args.max_tokens / total, "compile_s": 0.0}, None
     plan = compile_generation(gm, batch=n, max_seq_len=t_max, prefill_len=args.prompt_len, dtype="bf16", eos_ids=(),
-                              admit_batch=_admit_batch(args, n))
+                              admit_batch=_admit_batch(args, n), join=args.join)
     compile_s = time.perf_counter() - t0
     path = os.path.join(out_dir, f"qwen3-0.6b-b{n}.fplan")
     plan.save(path)
@@ -124,7 +124,7 @@ def start_server(target: str, n: int, args: argparse.Namespace, err_path: str) -
            "--max-queue", str(4 * n + 8)]
     if not target.endswith(".fplan"):  # the reference backend: the model itself
         cmd += ["--batch", str(n), "--max-seq-len", str(args.prompt_len + args.max_tokens), "--max-prompt-len",
-                str(args.prompt_len), "--admit-batch", str(_admit_batch(args, n))]
+                str(args.prompt_len), "--admit-batch", str(_admit_batch(args, n))] + (["--join"] if args.join else [])
     err = open(err_path, "wb")  # noqa: SIM115 - the server's log, kept in OUT_DIR
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     t_end = time.monotonic() + 300
@@ -252,7 +252,7 @@ def markdown(doc: dict[str, Any]) -> str:
     lines = [f"### fusec serve under load ({doc['device']}, {doc['model']}, prompts {a['prompt_len']} tokens, "
              f"{a['max_tokens']} new, {a['duration']} s per point)", "",
              "| clients (= plan batch) | total tok/s | plan generate decode tok/s | ratio | generate end-to-end tok/s "
-             "| TTFT p50 / p99 ms | ITL p50 / p99 ms | tokens per event | requests | admissions (admit-entry runs) |",
+             "| TTFT p50 / p99 ms | ITL p50 / p99 ms | tokens per event | requests | admissions (admit-entry runs) [joins] |",
              "|---|---|---|---|---|---|---|---|---|---|"]
 
     def f(x: Any, d: int = 1) -> str:
@@ -264,7 +264,7 @@ def markdown(doc: dict[str, Any]) -> str:
         lines.append(f"| {r['clients']} | {f(s['tok_s'])} | {f(b.get('decode_tok_s'))} | {f(ratio, 2)} | "
                      f"{f(b.get('end_to_end_tok_s'))} | {f(s['ttft_ms_p50'])} / {f(s['ttft_ms_p99'])} | "
                      f"{f(s['itl_ms_p50'], 2)} / {f(s['itl_ms_p99'], 2)} | {f(s['tokens_per_event_mean'], 2)} | "
-                     f"{s['ok']}/{s['requests']} | {h.get('admissions', '-')} ({h.get('admit_runs', '-')}) |")
+                     f"{s['ok']}/{s['requests']} | {h.get('admissions', '-')} ({h.get('admit_runs', '-')}) [{h.get('joins', '-')}] |")
     lines += ["", "Where the time goes (the server's counters, /health; the entries' GPU time in the generate process):",
               "", "| clients | rows in use per decode step | decode steps | admissions | host synchronizations in admissions "
               "| mean host work of an admission ms | whole-batch prefill GPU ms | one admit run GPU ms "
@@ -299,6 +299,8 @@ def main() -> int:
     ap.add_argument("--clients", default="1,8,32")
     ap.add_argument("--admit-div", type=int, default=0, metavar="D", help="plans with an admit entry of batch / D "
                     "prompts a run (fusec serve --admit-batch; 0: none, every admission prefills the whole batch)")
+    ap.add_argument("--join", action="store_true", help="plans with a join entry (fusec serve --join): a request "
+                    "admitted while rows decode rides in a decode step")
     ap.add_argument("--duration", type=float, default=20.0, help="seconds of load per point")
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--max-tokens", type=int, default=128)

@@ -63,7 +63,7 @@ def _start(model_dir: Path, err: Path, *extra: str) -> Served:
     env = dict(os.environ, PYTHONUNBUFFERED="1", FUSEC_CACHE_DIR=str(err.parent / "kernel-cache"))
     cmd = [sys.executable, "-m", "fusec", "serve", str(model_dir), "--port", "0", "--batch", "4", "--max-seq-len",
            "512", "--max-prompt-len", "64", "--served-model-name", MODEL, "--api-key", KEY, "--max-queue", "8",
-           "--max-body-bytes", "65536", "--admit-batch", "2", *extra]
+           "--max-body-bytes", "65536", "--admit-batch", "2", "--join", *extra]
     f = open(err, "wb")  # noqa: SIM115 - the server's stderr, read by the tests
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=f, env=env)
     t_end = time.monotonic() + 90
@@ -175,8 +175,10 @@ def test_concurrent_greedy_requests_equal_each_alone(served):
     together = asyncio.run(_many(served, bodies))  # 7 requests through 4 rows: some wait, join later
     assert [r.status_code for r in together] == [200] * len(bodies)
     assert [r.json()["choices"][0]["text"] for r in together] == alone
-    # rows joined through the admit entry (two prompts a run) and, three or four at once, the prefill
-    assert served.health()["admit_runs"] > 0
+    # an idle server admits through the admit entry (two prompts a run; three or four at once: the
+    # prefill), a busy one through the join entry (a request rides in the next decode step)
+    h = served.health()
+    assert h["admit_runs"] > 0 and h["joins"] > 0
 
 
 def test_disconnect_mid_stream_frees_the_row(served):

@@ -46,14 +46,16 @@ def _alone(gm, prompt, n, sampling=None, seed=0):
     return generate(e, [prompt], n, gm.config.vocab_size, seed=seed, sampling=sampling).new_ids[0]
 
 
-@pytest.mark.parametrize("admit_batch", [0, 1], ids=["prefill", "admit-entry"])
-def test_requests_joining_mid_flight_draw_what_they_draw_alone(admit_batch):
-    """Rows join through the whole-batch prefill, or through the admit entry (one prompt a run)."""
+@pytest.mark.parametrize("admit_batch,join", [(0, False), (1, False), (0, True)],
+                         ids=["prefill", "admit-entry", "join-entry"])
+def test_requests_joining_mid_flight_draw_what_they_draw_alone(admit_batch, join):
+    """Rows join through the whole-batch prefill, the admit entry (one prompt a run), or the join
+    entry (a prompt riding in a decode step)."""
     from fusec.runtime.generation import PlanEngine
 
     gm = load_generation_model("qwen3-tiny")
     plan = compile_generation(gm, batch=3, max_seq_len=48, prefill_len=8, dtype="fp32", eos_ids=[],
-                              admit_batch=admit_batch)
+                              admit_batch=admit_batch, join=join)
     cut = Sampling(0.9, 30, 0.9)
     jobs = [Job(p, 8 + 5 * i, cut if i % 2 else Sampling(), seed=100 + i) for i, p in enumerate(PROMPTS)]
     b = _run(PlanEngine(plan), jobs, lookahead=3)
@@ -62,6 +64,7 @@ def test_requests_joining_mid_flight_draw_what_they_draw_alone(admit_batch):
         assert j.tokens == _alone(gm, j.prompt_ids, j.max_tokens, j.sampling, j.seed), i
     assert b.counts["admissions"] >= 2
     assert (b.counts["admit_runs"] > 0) == bool(admit_batch)
+    assert (b.counts["joins"] > 0) == join
 
 
 def test_decode_steps_of_rows_already_decoding_do_not_synchronize():

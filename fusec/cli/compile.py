@@ -205,8 +205,9 @@ def compile_from_args(args: argparse.Namespace, progress: Progress | None = None
         else:
             t_max = args.max_seq_len
         return compile_generation(gm, batch=batch, max_seq_len=t_max, prefill_len=args.max_prompt_len,
-                                  dtype=args.dtype, arch=arch, progress=progress, admit_batch=admit_batch, **quant)
-    for flag in ("admit_batch", "dequantize"):
+                                  dtype=args.dtype, arch=arch, progress=progress, admit_batch=admit_batch,
+                                  join=bool(getattr(args, "join", False)), **quant)
+    for flag in ("admit_batch", "dequantize", "join"):
         if getattr(args, flag, None):
             raise InputError(f"--{flag.replace('_', '-')} applies to generation plans (--generate)")
     check_dump_dir(args)

@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 from fusec.cli._common import add_command, note
-from fusec.cli.generate import DEQUANTIZE_HELP
+from fusec.cli.generate import DEQUANTIZE_HELP, JOIN_HELP
 from fusec.errors import InputError
 
 MAX_CHAT_TEMPLATE_BYTES = 1 << 20
@@ -55,6 +55,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "admitting k requests computes about k rows instead of the whole batch (0, the default: "
                         "every admission runs the whole batch's prefill; A < B; models fusec builds, not a plan "
                         "file or an ONNX export)")
+    p.add_argument("--join", action="store_true", help=JOIN_HELP + "; models fusec builds, not a plan file")
     p.add_argument("--dequantize", action="store_true", help=DEQUANTIZE_HELP)
     p.add_argument("--counters", action="store_true", help="count the driver's work over decode steps (CUPTI; /health)")
     p.add_argument("--weights-dir", default=None, metavar="DIR", help="HF checkpoint for a built-in model's weights")
@@ -73,6 +74,9 @@ def _check(args: argparse.Namespace) -> None:
             raise InputError(f"--{name.replace('_', '-')} must be a positive integer, got {v}")
     if args.dequantize and args.model.endswith(".fplan"):
         raise InputError("--dequantize applies when serve compiles a GGUF file; a plan's weights are compiled in")
+    if args.join and args.model.endswith(".fplan"):
+        raise InputError("--join applies when serve compiles the model; a plan has its entries already "
+                         "(fusec compile --generate --join)")
     if args.admit_batch and args.model.endswith(".fplan"):
         raise InputError("--admit-batch applies when serve compiles the model; a plan has its entries already "
                          "(fusec compile --generate --admit-batch A)")
@@ -157,14 +161,15 @@ def _engine(args: argparse.Namespace) -> tuple[Any, Any, str, str]:
 
         note(f"{toolchain.gpu_missing_reason(with_fix=False) or 'no GPU found'}: serving with the numpy reference "
              "backend (slow, but the same graphs)")
-        engine = ReferenceEngine(build_graphs(gm, batch, t_max, s_len, admit_batch=args.admit_batch), optimize=True)
+        engine = ReferenceEngine(build_graphs(gm, batch, t_max, s_len, admit_batch=args.admit_batch, join=args.join),
+                                 optimize=True)
         engine.meta = dict(engine.meta, vocab_size=cfg.vocab_size)  # as a plan's record has it
         return engine, gm.tokenizer, gm.source, "reference"
     from fusec.compiler import compile_generation
     from fusec.runtime.generation import PlanEngine
 
     plan = compile_generation(gm, batch=batch, max_seq_len=t_max, prefill_len=s_len, dtype=args.dtype or "bf16",
-                              arch=arch, admit_batch=args.admit_batch)
+                              arch=arch, admit_batch=args.admit_batch, join=args.join)
     return PlanEngine(plan), gm.tokenizer, gm.source, "cuda"
 
 
