@@ -79,9 +79,9 @@ class PlanEngine:
         """Run the prefill (rows with length 0 are left as they are); ``timed``: wait for it and
         record ``last_prefill_ms`` (a server queues it and goes on); ``measure``: count what the
         driver does (attaches the counters: only when asked)."""
-        feeds = {"input_ids": np.asarray(input_ids, np.int64), "lengths": np.asarray(lengths, np.int64)}
+        feeds = {"input_ids": input_ids, "lengths": np.asarray(lengths, np.int64)}
         if not timed:
-            self._queue_run(self._prefill, feeds)
+            self._prefill.run(feeds, stream=self.stream, measure=False)
             self._steps = 0
             return
         if measure:  # attach the counters (hundreds of ms the first time) before the timed region
@@ -102,7 +102,7 @@ class PlanEngine:
         """One run of the admit entry (``fusec.generation.admit_feeds``), queued on the stream."""
         if self._admit is None:
             raise InputError("this plan has no admit entry (compile it with an admit batch)")
-        self._queue_run(self._admit, feeds)
+        self._admit.run(feeds, stream=self.stream, measure=False)
         self._steps = 0
 
     def join(self, feeds: dict[str, np.ndarray]) -> None:
@@ -110,20 +110,8 @@ class PlanEngine:
         that also prefills one prompt into a free row, queued on the stream."""
         if self._join is None:
             raise InputError("this plan has no join entry (compile it with join=True)")
-        self._queue_run(self._join, feeds)
+        self._join.run(feeds, stream=self.stream, measure=False)
         self._steps += 1
-
-    def _queue_run(self, ex: Any, feeds: dict[str, np.ndarray]) -> None:
-        """Run entry ``ex`` on the stream with its inputs copied from page-locked memory (queued
-        without waiting for the work before them)."""
-        if self._staging is None:
-            self._staging = _Staging()
-        names = list(feeds)
-        want = {name: dt.np for name, _, dt, _ in ex._inputs}  # held in the entry's own dtype: no host conversion
-        views, waits = self._staging.hold([np.asarray(feeds[n]).astype(want.get(n, np.asarray(feeds[n]).dtype), copy=False) for n in names])
-        self.syncs += waits
-        ex.run(dict(zip(names, views)), stream=self.stream, measure=False)
-        self._staging.queued(self.stream)
 
     def decode(self) -> None:
         if self._decode._graph is not None:
@@ -177,34 +165,32 @@ _H2D, _D2H = 1, 2  # cudaMemcpyKind
 
 
 class _Staging:
-    """Page-locked buffers for host-to-device copies, reused in turn: a buffer is reused once the
-    copies out of it have run (its event; waiting for it is a synchronization, counted). A copy
-    from pageable memory may wait for the stream's queued work before it returns (measured: 2.8 ms
-    of host time per join step at 32 rows on the H100, benchmarks/RESULTS.md); from these, it
-    only queues."""
+    """Page-locked buffers for host-to-device state writes, reused in turn: a buffer is reused once
+    the copies out of it have run (its event; waiting for it is a synchronization, counted)."""
 
     def __init__(self, slots: int = 4):
         self._slots: list[tuple[Any, Any, int]] = []  # (pinned memory, event, bytes)
         self._n, self._next = slots, 0
-        self._open: Any = None  # the event of the slot last handed out
 
-    def hold(self, arrays: list[np.ndarray]) -> tuple[list[np.ndarray], int]:
-        """Copies of ``arrays`` in page-locked memory (valid until ``queued`` and the copies out of
-        them have run), and the waits made (0 or 1) for the slot to be free."""
+    def copy_in(self, pairs: list[tuple[Any, np.ndarray]], stream: Any) -> int:
+        """Queue ``dst <- host`` for each pair on ``stream``; returns the waits made (0 or 1)."""
         import cupy
 
         offsets, total = [], 0
-        for a in arrays:
+        for _, host in pairs:
             offsets.append(total)
-            total += -(-a.nbytes // 16) * 16
+            total += -(-host.nbytes // 16) * 16
         i, self._next = self._next, (self._next + 1) % self._n
         waits = 0
-        if i < len(self._slots) and not self._slots[i][1].done:
-            self._slots[i][1].synchronize()
-            waits = 1
         if i < len(self._slots) and self._slots[i][2] >= total:
             mem, event, size = self._slots[i]
+            if not event.done:
+                event.synchronize()
+                waits = 1
         else:
+            if i < len(self._slots) and not self._slots[i][1].done:
+                self._slots[i][1].synchronize()
+                waits = 1
             size = max(total, 256)
             mem, event = cupy.cuda.alloc_pinned_memory(size), cupy.cuda.Event(disable_timing=True)
             if i < len(self._slots):
@@ -212,27 +198,10 @@ class _Staging:
             else:
                 self._slots.append((mem, event, size))
         buf = np.frombuffer(mem, np.uint8, size)
-        out = []
-        for a, off in zip(arrays, offsets):
-            a = np.ascontiguousarray(a)
-            view = buf[off:off + a.nbytes].view(a.dtype).reshape(a.shape)
-            view[...] = a
-            out.append(view)
-        self._open = event
-        return out, waits
-
-    def queued(self, stream: Any) -> None:
-        """The copies out of the last ``hold`` are queued on ``stream``: the slot is free once they ran."""
-        self._open.record(stream)
-
-    def copy_in(self, pairs: list[tuple[Any, np.ndarray]], stream: Any) -> int:
-        """Queue ``dst <- host`` for each pair on ``stream``; returns the waits made (0 or 1)."""
-        import cupy
-
-        views, waits = self.hold([host for _, host in pairs])
-        for (dst, _), view in zip(pairs, views):
-            cupy.cuda.runtime.memcpyAsync(dst.data.ptr, view.ctypes.data, view.nbytes, _H2D, stream.ptr)
-        self.queued(stream)
+        for (dst, host), off in zip(pairs, offsets):
+            buf[off:off + host.nbytes] = host.view(np.uint8).reshape(-1)
+            cupy.cuda.runtime.memcpyAsync(dst.data.ptr, mem.ptr + off, host.nbytes, _H2D, stream.ptr)
+        event.record(stream)
         return waits
 
 
