@@ -62,7 +62,7 @@ def test_requests_joining_mid_flight_draw_what_they_draw_alone(admit_batch, join
     for i, j in enumerate(jobs):
         assert j.finish == "length", (i, j.finish, j.error)
         assert j.tokens == _alone(gm, j.prompt_ids, j.max_tokens, j.sampling, j.seed), i
-    assert b.counts["admissions"] >= 2
+    assert b.counts["admissions"] + b.counts["joins"] >= 2  # later jobs came in mid-flight
     assert (b.counts["admit_runs"] > 0) == bool(admit_batch)
     assert (b.counts["joins"] > 0) == join
 
