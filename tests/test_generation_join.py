@@ -70,3 +70,40 @@ def test_a_model_exported_with_its_cache_has_no_join_entry(tmp_path):
     gm.builder = lambda shape, eos: {}  # what an ONNX export with its KV cache brings
     with pytest.raises(InputError, match="join entry"):
         build_graphs(gm, B, T, S, join=True)
+
+
+def test_a_plan_with_a_join_entry_compiles_from_the_cli_saves_loads_and_is_checked(tmp_path):
+    import json
+
+    import fusec
+    from fusec.cli import main
+    from fusec.plancheck import validate
+    from fusec.planfile import PlanFileError
+
+    out = tmp_path / "j.fplan"
+    assert main(["compile", "llama-tiny", "--generate", "--batch", "3", "--max-seq-len", "24", "--max-prompt-len", "8",
+                 "--join", "--arch", "sm_90", "-o", str(out)]) == 0
+    plan = fusec.load(out)
+    assert sorted(plan.entries) == ["decode", "join", "prefill"] and plan.manifest["generation"]["join"] is True
+    assert [d["name"] for d in plan.manifest["entries"]["join"]["inputs"]] == ["input_ids", "lengths", "row"]
+    m = json.loads(json.dumps(plan.manifest))
+    m["generation"]["join"] = "yes"
+    with pytest.raises(PlanFileError, match="generation.join"):
+        validate(m, plan.blobs(), "j", fusec.__version__)
+    del m["generation"]["join"]  # a join entry the record does not declare
+    with pytest.raises(PlanFileError, match="entry points"):
+        validate(m, plan.blobs(), "j", fusec.__version__)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["compile", "llama-tiny", "--join", "--arch", "sm_90", "-o", "x.fplan"], "--join applies to generation plans"),
+    (["serve", "plan.fplan", "--join", "--port", "0"], "a plan has its entries already"),
+])
+def test_join_is_refused_where_it_cannot_apply_in_one_line(capsys, tmp_path, monkeypatch, argv, message):
+    from fusec.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    code = main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1 and message in err[0], err
+    assert not (tmp_path / "x.fplan").exists()
