@@ -37,6 +37,9 @@ any captured graph; after that nothing crosses between host and device until tok
   A prompts only; each layer's keys/values and the logits are gathered into the batch's rows by
   ``src``, then written, drawn and recorded exactly as the prefill does with ``lengths`` =
   ``row_lengths``. A server admitting k rows runs it ceil(k / A) times instead of computing B.
+* **join** (``join``; inputs ``input_ids`` [1, S], ``lengths`` [1] and ``row`` [1]:
+  ``fusec.generation.join_feeds``): a decode step of every row that also prefills one prompt into
+  a free row, in the same products (models/join.py).
 * **decode** (no inputs): embeds ``cur`` at position ``pos``, writes K/V at ``pos``, attends keys
   ``0..pos`` (``kv_attention``; a sliding-window layer only the last ``window`` of them: the cache
   keeps every position, the window is a bound on the keys read, not a ring buffer), draws the next

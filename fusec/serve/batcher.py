@@ -16,6 +16,10 @@ prefill of the whole batch runs: the cache writes of a non-admitted row go to po
 H100 with 32 clients (benchmarks/RESULTS.md): the whole-batch prefill at every admission cost
 about 15% of the decode throughput.
 
+A plan with a join entry (``fusec serve --join``, models/join.py) admits while rows are decoding
+without stalling them for a prefill: the next queued job takes a free row inside the next decode
+step, one job a step; an idle batch still admits through the prefill (or the admit entry).
+
 The plan runs on this one thread (a plan runs one call at a time); nothing else touches it. The
 thread keeps up to ``lookahead`` decode steps queued on the GPU: after each step it queues an
 asynchronous read-back of the drawn tokens (``engine.fetch("cur")``) and processes the read-backs
