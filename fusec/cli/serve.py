@@ -55,7 +55,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "admitting k requests computes about k rows instead of the whole batch (0, the default: "
                         "every admission runs the whole batch's prefill; A < B; models fusec builds, not a plan "
                         "file or an ONNX export)")
-    p.add_argument("--join", action="store_true", help=JOIN_HELP + "; models fusec builds, not a plan file")
+    p.add_argument("--join", action="store_true", help="compile " + JOIN_HELP + "; models fusec builds, not a plan file")
     p.add_argument("--dequantize", action="store_true", help=DEQUANTIZE_HELP)
     p.add_argument("--counters", action="store_true", help="count the driver's work over decode steps (CUPTI; /health)")
     p.add_argument("--weights-dir", default=None, metavar="DIR", help="HF checkpoint for a built-in model's weights")
