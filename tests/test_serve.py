@@ -287,6 +287,11 @@ def test_a_burst_of_1000_requests_is_served_or_refused_and_the_server_goes_on(se
     assert served.post("/v1/completions", {"model": MODEL, "prompt": "after", "max_tokens": 2}).status_code == 200
 
 
+def test_the_start_line_says_how_requests_are_admitted(served):
+    first = served.err.read_text(errors="replace").split("http://127.0.0.1:")[1].splitlines()[0]
+    assert "admits through the admit entry (2 a run) or the prefill; while rows decode, through the join entry" in first
+
+
 def test_access_log_has_one_line_per_request(served):
     served.post("/v1/completions", {"model": MODEL, "prompt": "logged", "max_tokens": 3, "temperature": 0})
     lines = [x for x in served.err.read_text(errors="replace").splitlines() if x.startswith("POST /v1/completions 200")]

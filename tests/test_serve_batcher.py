@@ -183,3 +183,10 @@ def test_admission_leaves_decoding_rows_untouched(gm):
             continue
         np.testing.assert_array_equal(v[0], before[k][0], err_msg=k)
     assert e.state["pos"][1] == 2 and not e.state["done"][1]
+
+
+def test_a_batcher_says_how_it_admits(gm):
+    plain = Batcher(_engine(gm), _Sink())
+    joins = Batcher(_engine(gm, join=True), _Sink())
+    assert plain.admission() == "admits through the prefill" and not plain.joins
+    assert joins.admission() == "admits through the prefill; while rows decode, through the join entry"

@@ -207,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
     def ready(port: int) -> None:
         print(f"fusec serve: {name} on http://{args.host}:{port} (batch {batcher.batch}, max_seq_len "
               f"{batcher.max_seq_len}, prompts up to {batcher.prefill_len} tokens, {backend} backend"
-              f"{', API key required' if api_key else ''})", file=sys.stderr, flush=True)
+              f"{', API key required' if api_key else ''}; {batcher.admission()})", file=sys.stderr, flush=True)
 
     def terminated(sig: int, frame: Any) -> None:  # uvicorn re-raises the signal after its graceful shutdown
         raise _Terminated()

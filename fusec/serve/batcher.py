@@ -111,6 +111,12 @@ class Batcher:
 
     # ---- any thread ---------------------------------------------------------------------------
 
+    def admission(self) -> str:
+        """How this plan admits requests, in words (the server's start-up line)."""
+        slots = int(self.engine.meta.get("admit_batch") or 0)
+        idle = f"the admit entry ({slots} a run) or the prefill" if slots else "the prefill"
+        return f"admits through {idle}" + ("; while rows decode, through the join entry" if self.joins else "")
+
     def check(self, job: Job) -> None:
         """InputError for a job this plan cannot run (one line naming the field)."""
         n = len(job.prompt_ids)
