@@ -234,88 +234,81 @@ class Batcher:
                     self._end(j, "cancelled", events)
             if events:
                 self.on_events(events)
-            if join:
-                self._join()
-            elif want:
+            seated = self._seat(1) if join else []  # the job riding in this step's join, if any
+            feeds = join_feeds(seated[0][1].prompt_ids, seated[0][0], self.prefill_len) if seated else None
+            if want and not join:
                 self._admit()
-            if self._busy() and not join:
-                self.engine.decode()
-                self.counts["decode_steps"] += 1
-                self.counts["row_steps"] += sum(j is not None for j in self.rows)
-                self.driver_steps += self._measuring
-                self.pending.append((self.engine.fetch("cur"), [(b, j) for b, j in enumerate(self.rows) if j]))
+            if self._busy():
+                self._step(feeds)
             self._drain(keep=self.lookahead if self._busy() else 0)
 
     def _busy(self) -> bool:
         return any(j is not None for j in self.rows)
 
-    def _join(self) -> None:
-        """One step boundary through the join entry: the next queued job takes a free row and its
-        prompt rides in the decode step every other row takes (models/join.py)."""
-        with self.cond:
-            job = None
-            while self.queue and job is None:
-                j = self.queue.popleft()
-                if j.cancelled:
-                    self._end(j, "cancelled", [])
-                else:
-                    job = j
-        if job is None:
-            return
-        self._measure(False)
-        t0, syncs = time.perf_counter(), self.engine.syncs
-        b = next(i for i, j in enumerate(self.rows) if j is None)
-        self.settings[b], self.seeds[b] = job.sampling, job.seed
-        job.row, job.t_admit = b, t0
-        self.rows[b] = job
-        self.engine.write_states(sampling_states(self.settings, self.seeds))
-        self.engine.join(join_feeds(job.prompt_ids, b, self.prefill_len))
+    def _step(self, feeds: dict[str, np.ndarray] | None) -> None:
+        """One decode step of every row; with ``feeds``, through the join entry: a job seated by
+        ``_seat`` rides in it (its host-to-device copies stay outside the measured decode-only
+        phases: ``_seat`` stopped the measuring)."""
+        if feeds is None:
+            self.engine.decode()
+            self.driver_steps += self._measuring
+        else:
+            t0, syncs = time.perf_counter(), self.engine.syncs
+            self.engine.join(feeds)
+            self.counts["joins"] += 1
+            self._admission_cost(t0, syncs)
+            self._measure(True)
         self.counts["decode_steps"] += 1
-        self.counts["joins"] += 1
         self.counts["row_steps"] += sum(j is not None for j in self.rows)
-        self.counts["admitted"] += 1
-        self.pending.append((self.engine.fetch("cur"), [(r, j) for r, j in enumerate(self.rows) if j]))
-        self.counts["admit_host_ms"] += (time.perf_counter() - t0) * 1e3
-        self.counts["admit_syncs"] += self.engine.syncs - syncs
-        self._measure(True)
+        self.pending.append((self.engine.fetch("cur"), [(b, j) for b, j in enumerate(self.rows) if j]))
 
-    def _admit(self) -> None:
-        """One step boundary: admit queued jobs into the rows free now. The steps still queued keep
-        running: the admission's copies and runs queue behind them on the engine's stream (rows
-        whose end those steps reveal are admitted at a later boundary)."""
-        self._measure(False)
-        t1 = time.perf_counter()
-        syncs = self.engine.syncs
+    def _seat(self, n: int) -> list[tuple[int, Job]]:
+        """Seat up to ``n`` queued jobs in free rows and write the rows' sampling states (queued,
+        no wait; the driver counters stop first: the caller turns them on again once it has
+        queued the seated jobs' prefill or join). Returns (row, job) of each seated job."""
         free = [b for b, j in enumerate(self.rows) if j is None]
         take: list[Job] = []
         with self.cond:
-            while self.queue and len(take) < len(free):
+            while self.queue and len(take) < min(n, len(free)):
                 j = self.queue.popleft()
                 if not j.cancelled:
                     take.append(j)
                 else:
                     self._end(j, "cancelled", [])
         if not take:
-            self._measure(True)
-            return
-        ids = np.zeros((self.batch, self.prefill_len), np.int64)
-        lengths = np.zeros(self.batch, np.int64)
-        now = time.perf_counter()
-        admitted = []
+            return []
+        self._measure(False)
+        t0, syncs = time.perf_counter(), self.engine.syncs
         for job, b in zip(take, free):
-            ids[b, :len(job.prompt_ids)] = job.prompt_ids
-            lengths[b] = len(job.prompt_ids)
             self.settings[b], self.seeds[b] = job.sampling, job.seed
-            job.row, job.t_admit = b, now
+            job.row, job.t_admit = b, t0
             self.rows[b] = job
-            admitted.append((b, job))
         self.engine.write_states(sampling_states(self.settings, self.seeds))
-        self.counts["admit_runs"] += admit_rows(self.engine, ids, lengths)
-        self.pending.append((self.engine.fetch("cur"), admitted))
-        self.counts["admissions"] += 1
         self.counts["admitted"] += len(take)
-        self.counts["admit_host_ms"] += (time.perf_counter() - t1) * 1e3
+        self._admission_cost(t0, syncs)
+        return list(zip(free, take))
+
+    def _admission_cost(self, t0: float, syncs: int) -> None:
+        self.counts["admit_host_ms"] += (time.perf_counter() - t0) * 1e3
         self.counts["admit_syncs"] += self.engine.syncs - syncs
+
+    def _admit(self) -> None:
+        """One step boundary: admit queued jobs into the rows free now, through the prefill (or
+        the admit entry). The steps still queued keep running: the admission's copies and runs
+        queue behind them on the engine's stream (rows whose end those steps reveal are admitted
+        at a later boundary)."""
+        seated = self._seat(self.batch)
+        if seated:
+            t0, syncs = time.perf_counter(), self.engine.syncs
+            ids = np.zeros((self.batch, self.prefill_len), np.int64)
+            lengths = np.zeros(self.batch, np.int64)
+            for b, job in seated:
+                ids[b, :len(job.prompt_ids)] = job.prompt_ids
+                lengths[b] = len(job.prompt_ids)
+            self.counts["admit_runs"] += admit_rows(self.engine, ids, lengths)
+            self.pending.append((self.engine.fetch("cur"), seated))
+            self.counts["admissions"] += 1
+            self._admission_cost(t0, syncs)
         self._measure(True)
 
     def _drain(self, keep: int) -> None:
