@@ -182,21 +182,14 @@ class _Staging:
             total += -(-host.nbytes // 16) * 16
         i, self._next = self._next, (self._next + 1) % self._n
         waits = 0
-        if i < len(self._slots) and self._slots[i][2] >= total:
-            mem, event, size = self._slots[i]
-            if not event.done:
-                event.synchronize()
-                waits = 1
-        else:
-            if i < len(self._slots) and not self._slots[i][1].done:
-                self._slots[i][1].synchronize()
-                waits = 1
+        if i < len(self._slots) and not self._slots[i][1].done:  # its copies have not run yet
+            self._slots[i][1].synchronize()
+            waits = 1
+        if i == len(self._slots) or self._slots[i][2] < total:  # none yet, or too small: a new one
             size = max(total, 256)
-            mem, event = cupy.cuda.alloc_pinned_memory(size), cupy.cuda.Event(disable_timing=True)
-            if i < len(self._slots):
-                self._slots[i] = (mem, event, size)
-            else:
-                self._slots.append((mem, event, size))
+            slot = (cupy.cuda.alloc_pinned_memory(size), cupy.cuda.Event(disable_timing=True), size)
+            self._slots[i:i + 1] = [slot]
+        mem, event, size = self._slots[i]
         buf = np.frombuffer(mem, np.uint8, size)
         for (dst, host), off in zip(pairs, offsets):
             buf[off:off + host.nbytes] = host.view(np.uint8).reshape(-1)

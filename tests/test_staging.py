@@ -1,0 +1,69 @@
+"""The page-locked staging ring of ``PlanEngine.write_states`` (fusec.runtime.generation._Staging) on
+the CPU, with CuPy's pinned allocation, events and copies replaced by fakes that record what would
+reach the driver: slots are reused in turn, a slot still being copied out of is waited for (and
+counted), a slot too small is replaced, and every copy reads the bytes it was given."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+cupy = pytest.importorskip("cupy")
+
+
+_STREAM = type("Stream", (), {"ptr": 7})()
+
+
+class _Event:
+    def __init__(self, disable_timing: bool = True):
+        self.done, self.waited = True, 0
+
+    def record(self, stream):
+        self.done = False  # the copies queued before it have not run yet
+
+    def synchronize(self):
+        self.done, self.waited = True, self.waited + 1
+
+
+class _Dst:
+    def __init__(self, nbytes: int, ptr: int):
+        self.nbytes, self.data = nbytes, type("P", (), {"ptr": ptr})()
+
+
+@pytest.fixture
+def fakes(monkeypatch):
+    pinned: dict[int, bytearray] = {}
+    copies: list[tuple[int, bytes]] = []
+
+    class _Mem(bytearray):  # page-locked host memory: bytes numpy reads, at a pointer the copies name
+        def __init__(self, size):
+            super().__init__(size)
+            self.ptr = (len(pinned) + 1) << 20
+            pinned[self.ptr] = self
+
+    def memcpy(dst, src, n, kind, stream):
+        base = max(p for p in pinned if p <= src)
+        copies.append((dst, bytes(pinned[base][src - base:src - base + n])))
+
+    monkeypatch.setattr(cupy.cuda, "alloc_pinned_memory", _Mem)
+    monkeypatch.setattr(cupy.cuda, "Event", _Event)
+    monkeypatch.setattr(cupy.cuda.runtime, "memcpyAsync", memcpy)
+    return pinned, copies
+
+
+def test_slots_are_reused_in_turn_waited_for_when_busy_and_grown_when_small(fakes):
+    from fusec.runtime.generation import _Staging
+
+    pinned, copies = fakes
+    stage = _Staging(slots=2)
+    a, b = np.arange(4, dtype=np.int64), np.full(3, 0.5, np.float32)
+    dst_a, dst_b = _Dst(a.nbytes, 100), _Dst(b.nbytes, 200)
+    assert stage.copy_in([(dst_a, a), (dst_b, b)], stream=_STREAM) == 0  # a new slot: nothing to wait for
+    assert copies == [(100, a.tobytes()), (200, b.tobytes())]
+    assert stage.copy_in([(dst_a, a + 1)], stream=_STREAM) == 0  # the second slot, new
+    assert len(pinned) == 2
+    assert stage.copy_in([(dst_a, a + 2)], stream=_STREAM) == 1  # the first again: its copies still queued
+    assert len(pinned) == 2 and copies[-1] == (100, (a + 2).tobytes())
+    big = np.arange(100, dtype=np.int64)
+    assert stage.copy_in([(_Dst(big.nbytes, 300), big)], stream=_STREAM) == 1  # second slot: busy, and too small
+    assert len(pinned) == 3 and copies[-1] == (300, big.tobytes())
