@@ -231,9 +231,7 @@ def _build(cfg: ModelConfig, weights: object, shape: GenerationShape, eos_ids: t
             write_at = st.write_at
         else:
             ids, length, write_at = st.prefill_inputs(seq)
-        # attention_mask[b, j] = j < length[b]: the padding mask of right-padded prompts, on the device
-        cols = m.b.const(np.arange(seq, dtype=np.int64)[None, :], name="columns")
-        masks = window_masks(m, cfg, m.op(Op.CAST, m.op(Op.LESS, cols, m.op(Op.RESHAPE, length, shape=(bsz, 1))), to=i64))
+        masks = prompt_masks(m, cfg, length, seq)
         ropes = layer_ropes(m, cfg, t_max, lambda c, s, sfx: (m.b.const(c[None, None, :seq], name="rope_cos" + sfx),
                                                              m.b.const(s[None, None, :seq], name="rope_sin" + sfx)))
     else:
@@ -286,6 +284,14 @@ def _build(cfg: ModelConfig, weights: object, shape: GenerationShape, eos_ids: t
     g = finish_step(m, st, m.op(Op.GATHER, logits, src, axis=0), st.lengths, new_caches, shape, eos_ids, True)
     g.meta["generation"]["entry"] = "admit"
     return g
+
+
+def prompt_masks(m: Blocks, cfg: ModelConfig, length: Value, seq: int) -> dict[int, Value]:
+    """The prompts' attention masks by window (``window_masks``) for right-padded prompts of
+    ``length`` [N]: attention_mask[n, j] = j < length[n], made on the device."""
+    cols = m.b.const(np.arange(seq, dtype=np.int64)[None, :], name="columns")
+    rows = m.op(Op.RESHAPE, length, shape=(length.shape[0], 1))
+    return window_masks(m, cfg, m.op(Op.CAST, m.op(Op.LESS, cols, rows), to=DType.I64))
 
 
 def finish_step(m: Blocks, st: _State, logits: Value, counter: Value, new_caches: list[tuple[Value, Value]],

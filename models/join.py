@@ -36,12 +36,12 @@ from fusec.ir import Graph, Value
 from fusec.ops import Op
 
 from .layers import Blocks, Embedding, eager_attention
-from .llama import decoder_layer, embed, layer_ropes, lm_head, window_masks
+from .llama import decoder_layer, embed, layer_ropes, lm_head
 from .registry import ModelConfig
 
 
 def build_join(cfg: ModelConfig, weights: object, shape: object, eos_ids: tuple[int, ...]) -> Graph:
-    from .generate import _State, finish_step
+    from .generate import _State, finish_step, prompt_masks
 
     m = Blocks(f"{cfg.name}.join", weights)  # type: ignore[arg-type]
     st = _State(m, cfg, shape)  # type: ignore[arg-type]
@@ -70,8 +70,7 @@ def build_join(cfg: ModelConfig, weights: object, shape: object, eos_ids: tuple[
         return rows(cos, "rope_cos"), rows(sin, "rope_sin")
 
     ropes = layer_ropes(m, cfg, t_max, rope_rows)
-    cols = m.b.const(np.arange(seq, dtype=np.int64)[None, :], name="columns")
-    masks = window_masks(m, cfg, m.op(Op.CAST, m.op(Op.LESS, cols, m.op(Op.RESHAPE, length, shape=(1, 1))), to=i64))
+    masks = prompt_masks(m, cfg, length, seq)
     at_zero = m.b.const(np.zeros(1, np.int64), name="prompt_start")
     new_caches: list[tuple[Value, Value]] = []
 
