@@ -19,6 +19,21 @@ import sys
 import numpy as np
 
 
+def by_kind(records: list[dict]) -> list[dict]:
+    """``Executor.profile`` records summed per kernel (cuBLAS products per shape), slowest first."""
+    by: dict[str, list] = collections.defaultdict(lambda: [0.0, 0])
+    for r in records:
+        key = r["kind"].split(" algo")[0]
+        by[key][0] += r["ms"]
+        by[key][1] += 1
+    return [{"kind": k, "ms": ms, "launches": n} for k, (ms, n) in sorted(by.items(), key=lambda kv: -kv[1][0])]
+
+
+def print_kinds(kinds: list[dict], top: int) -> None:
+    for k in kinds[:top]:
+        print(f"  {k['ms']:8.3f} ms  {k['launches']:4d} x  {k['kind']}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out_dir")
@@ -46,17 +61,11 @@ def main() -> int:
     doc: dict = {"args": vars(args), "entries": {}}
     for entry, inputs in feeds.items():
         recs = plan._exec(entry).profile(inputs)
-        by = collections.defaultdict(lambda: [0.0, 0])
-        for r in recs:
-            key = r["kind"].split(" algo")[0]
-            by[key][0] += r["ms"]
-            by[key][1] += 1
+        kinds = by_kind(recs)
         total = sum(r["ms"] for r in recs)
-        doc["entries"][entry] = {"launches": len(recs), "sum_ms": total, "records": recs,
-                                 "by_kind": {k: {"ms": v[0], "launches": v[1]} for k, v in by.items()}}
+        doc["entries"][entry] = {"launches": len(recs), "sum_ms": total, "records": recs, "by_kind": kinds}
         print(f"\n{entry}: {len(recs)} launches, {total:.3f} ms summed")
-        for k, (ms, n) in sorted(by.items(), key=lambda kv: -kv[1][0])[:args.top]:
-            print(f"  {ms:8.3f} ms  {n:4d} x  {k}")
+        print_kinds(kinds, args.top)
     with open(os.path.join(args.out_dir, "admit_profile.json"), "w") as f:
         json.dump(doc, f, indent=1)
     return 0

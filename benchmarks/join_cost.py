@@ -11,12 +11,14 @@ Writes OUT_DIR/join_cost.json.
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import os
 import sys
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from admit_profile import by_kind, print_kinds  # noqa: E402 - the sibling script's summary
 
 
 def main() -> int:
@@ -64,17 +66,10 @@ def main() -> int:
         doc["join_ms"] = timed(lambda: eng.join(feeds))
         doc["prefill_ms"] = timed(lambda: eng.prefill(ids, np.full(b, s, np.int64), timed=False))
     doc["launches"] = {e: len(plan.manifest["entries"][e]["launches"]) for e in ("decode", "join", "prefill")}
-    recs = plan._exec("join").profile(feeds)
-    by = collections.defaultdict(lambda: [0.0, 0])
-    for r in recs:
-        key = r["kind"].split(" algo")[0]
-        by[key][0] += r["ms"]
-        by[key][1] += 1
-    doc["join_profile"] = sorted(([k, v[0], v[1]] for k, v in by.items()), key=lambda x: -x[1])
+    doc["join_profile"] = by_kind(plan._exec("join").profile(feeds))
     print(f"decode {doc['decode_ms']:.3f} ms, join {doc['join_ms']:.3f} ms (+{doc['join_ms'] - doc['decode_ms']:.3f}), "
           f"whole-batch prefill {doc['prefill_ms']:.3f} ms; launches {doc['launches']}")
-    for k, ms, n in doc["join_profile"][:16]:
-        print(f"  {ms:8.3f} ms {n:4d} x {k}")
+    print_kinds(doc["join_profile"], 16)
     with open(os.path.join(args.out_dir, "join_cost.json"), "w") as f:
         json.dump(doc, f, indent=1)
     return 0
