@@ -72,14 +72,13 @@ def _check(args: argparse.Namespace) -> None:
         v = getattr(args, name)
         if v is not None and v < 1:
             raise InputError(f"--{name.replace('_', '-')} must be a positive integer, got {v}")
-    if args.dequantize and args.model.endswith(".fplan"):
-        raise InputError("--dequantize applies when serve compiles a GGUF file; a plan's weights are compiled in")
-    if args.join and args.model.endswith(".fplan"):
-        raise InputError("--join applies when serve compiles the model; a plan has its entries already "
-                         "(fusec compile --generate --join)")
-    if args.admit_batch and args.model.endswith(".fplan"):
-        raise InputError("--admit-batch applies when serve compiles the model; a plan has its entries already "
-                         "(fusec compile --generate --admit-batch A)")
+    if args.model.endswith(".fplan"):  # options of the compile serve makes: a plan file had its own
+        for flag, given, why in (("--dequantize", args.dequantize, "a plan's weights are compiled in"),
+                                 ("--join", args.join, "a plan has its entries already (fusec compile --generate --join)"),
+                                 ("--admit-batch", args.admit_batch,
+                                  "a plan has its entries already (fusec compile --generate --admit-batch A)")):
+            if given:
+                raise InputError(f"{flag} applies when serve compiles the model; {why}")
     from fusec.models.generate import check_admit_batch
 
     check_admit_batch(args.admit_batch, args.batch if args.batch is not None else 8)
