@@ -5,6 +5,8 @@ counted), a slot too small is replaced, and every copy reads the bytes it was gi
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import pytest
 
@@ -38,7 +40,7 @@ def fakes(monkeypatch):
     class _Mem(bytearray):  # page-locked host memory: bytes numpy reads, at a pointer the copies name
         def __init__(self, size):
             super().__init__(size)
-            self.ptr = (len(pinned) + 1) << 20
+            self.ptr = ctypes.addressof((ctypes.c_char * size).from_buffer(self))  # as CuPy's: the buffer's address
             pinned[self.ptr] = self
 
     def memcpy(dst, src, n, kind, stream):
@@ -67,3 +69,28 @@ def test_slots_are_reused_in_turn_waited_for_when_busy_and_grown_when_small(fake
     big = np.arange(100, dtype=np.int64)
     assert stage.copy_in([(_Dst(big.nbytes, 300), big)], stream=_STREAM) == 1  # second slot: busy, and too small
     assert len(pinned) == 3 and copies[-1] == (300, big.tobytes())
+
+
+def test_an_entry_runs_on_its_inputs_held_in_page_locked_memory_in_its_own_dtypes(fakes):
+    """``PlanEngine._queue_run``: the entry's run reads its inputs out of the staging ring (so its
+    copies only queue), converted to the entry's dtypes, and the slot is marked busy behind them."""
+    from fusec.dtypes import DType
+    from fusec.runtime.generation import PlanEngine
+
+    pinned, _ = fakes
+    seen = []
+
+    class _Entry:
+        _inputs = [("input_ids", (1, 3), DType.I64, 0), ("row", (1,), DType.I64, 64)]
+
+        def run(self, feeds, stream=None, measure=False):
+            seen.append({n: (a.ctypes.data, a.dtype, a.tolist()) for n, a in feeds.items()})
+
+    engine = PlanEngine.__new__(PlanEngine)
+    engine._staging, engine.syncs, engine.stream = None, 0, _STREAM
+    engine._queue_run(_Entry(), {"input_ids": np.array([[5, 6, 7]], np.int32), "row": np.array([2])})
+    (mem,) = pinned.values()
+    lo, hi = mem.ptr, mem.ptr + len(mem)
+    assert {n: (dt, v) for n, (_, dt, v) in seen[0].items()} == {"input_ids": (np.int64, [[5, 6, 7]]), "row": (np.int64, [2])}
+    assert all(lo <= p < hi for p, _, _ in seen[0].values())
+    assert engine._staging._slots[0][1].done is False  # recorded behind the run: reused only once it ran

@@ -79,9 +79,9 @@ class PlanEngine:
         """Run the prefill (rows with length 0 are left as they are); ``timed``: wait for it and
         record ``last_prefill_ms`` (a server queues it and goes on); ``measure``: count what the
         driver does (attaches the counters: only when asked)."""
-        feeds = {"input_ids": input_ids, "lengths": np.asarray(lengths, np.int64)}
+        feeds = {"input_ids": np.asarray(input_ids, np.int64), "lengths": np.asarray(lengths, np.int64)}
         if not timed:
-            self._prefill.run(feeds, stream=self.stream, measure=False)
+            self._queue_run(self._prefill, feeds)
             self._steps = 0
             return
         if measure:  # attach the counters (hundreds of ms the first time) before the timed region
@@ -102,7 +102,7 @@ class PlanEngine:
         """One run of the admit entry (``fusec.generation.admit_feeds``), queued on the stream."""
         if self._admit is None:
             raise InputError("this plan has no admit entry (compile it with an admit batch)")
-        self._admit.run(feeds, stream=self.stream, measure=False)
+        self._queue_run(self._admit, feeds)
         self._steps = 0
 
     def join(self, feeds: dict[str, np.ndarray]) -> None:
@@ -110,8 +110,21 @@ class PlanEngine:
         that also prefills one prompt into a free row, queued on the stream."""
         if self._join is None:
             raise InputError("this plan has no join entry (compile it with join=True)")
-        self._join.run(feeds, stream=self.stream, measure=False)
+        self._queue_run(self._join, feeds)
         self._steps += 1
+
+    def _queue_run(self, ex: Any, feeds: dict[str, np.ndarray]) -> None:
+        """Run entry ``ex`` on the stream, its inputs copied from page-locked memory (``_Staging``):
+        queued behind the steps in flight without waiting for them."""
+        if self._staging is None:
+            self._staging = _Staging()
+        want = {name: dt.np for name, _, dt, _ in ex._inputs}  # the entry's own dtypes: no conversion in run
+        names = list(feeds)
+        views, waits = self._staging.hold([np.asarray(feeds[n]).astype(want.get(n), copy=False)
+                                           if n in want else np.asarray(feeds[n]) for n in names])
+        self.syncs += waits
+        ex.run(dict(zip(names, views)), stream=self.stream, measure=False)
+        self._staging.queued(self.stream)
 
     def decode(self) -> None:
         if self._decode._graph is not None:
@@ -165,21 +178,26 @@ _H2D, _D2H = 1, 2  # cudaMemcpyKind
 
 
 class _Staging:
-    """Page-locked buffers for host-to-device state writes, reused in turn: a buffer is reused once
-    the copies out of it have run (its event; waiting for it is a synchronization, counted)."""
+    """Page-locked buffers for host-to-device copies, reused in turn: a buffer is reused once the
+    copies out of it have run (its event; waiting for it is a synchronization, counted). A copy
+    from pageable memory may wait for the stream's queued work before it returns (CUDA's
+    documentation of cudaMemcpyAsync; measured: 2.8 ms of host time per join step at 32 rows on
+    the H100, benchmarks/RESULTS.md); from these it only queues."""
 
     def __init__(self, slots: int = 4):
         self._slots: list[tuple[Any, Any, int]] = []  # (pinned memory, event, bytes)
         self._n, self._next = slots, 0
+        self._open: Any = None  # the event of the slot last handed out by ``hold``
 
-    def copy_in(self, pairs: list[tuple[Any, np.ndarray]], stream: Any) -> int:
-        """Queue ``dst <- host`` for each pair on ``stream``; returns the waits made (0 or 1)."""
+    def hold(self, arrays: list[np.ndarray]) -> tuple[list[np.ndarray], int]:
+        """Copies of ``arrays`` in page-locked memory, valid until the copies out of them that the
+        caller queues (then ``queued``) have run; and the waits made (0 or 1) for the slot."""
         import cupy
 
         offsets, total = [], 0
-        for _, host in pairs:
+        for a in arrays:
             offsets.append(total)
-            total += -(-host.nbytes // 16) * 16
+            total += -(-a.nbytes // 16) * 16
         i, self._next = self._next, (self._next + 1) % self._n
         waits = 0
         if i < len(self._slots) and not self._slots[i][1].done:  # its copies have not run yet
@@ -189,12 +207,28 @@ class _Staging:
             size = max(total, 256)
             slot = (cupy.cuda.alloc_pinned_memory(size), cupy.cuda.Event(disable_timing=True), size)
             self._slots[i:i + 1] = [slot]
-        mem, event, size = self._slots[i]
+        mem, self._open, size = self._slots[i]
         buf = np.frombuffer(mem, np.uint8, size)
-        for (dst, host), off in zip(pairs, offsets):
-            buf[off:off + host.nbytes] = host.view(np.uint8).reshape(-1)
-            cupy.cuda.runtime.memcpyAsync(dst.data.ptr, mem.ptr + off, host.nbytes, _H2D, stream.ptr)
-        event.record(stream)
+        views = []
+        for a, off in zip(arrays, offsets):
+            a = np.ascontiguousarray(a)
+            view = buf[off:off + a.nbytes].view(a.dtype).reshape(a.shape)
+            view[...] = a
+            views.append(view)
+        return views, waits
+
+    def queued(self, stream: Any) -> None:
+        """The copies out of the last ``hold`` are queued on ``stream``: its slot is free once they ran."""
+        self._open.record(stream)
+
+    def copy_in(self, pairs: list[tuple[Any, np.ndarray]], stream: Any) -> int:
+        """Queue ``dst <- host`` for each pair on ``stream``; returns the waits made (0 or 1)."""
+        import cupy
+
+        views, waits = self.hold([host for _, host in pairs])
+        for (dst, _), view in zip(pairs, views):
+            cupy.cuda.runtime.memcpyAsync(dst.data.ptr, view.ctypes.data, view.nbytes, _H2D, stream.ptr)
+        self.queued(stream)
         return waits
 
 
