@@ -22,9 +22,10 @@
 #   serve32   fusec serve at 32 clients only, 8 s (benchmarks/serve.py --clients 32)
 #   serve_ab  fusec serve at 32 clients on h11 + asyncio, then on httptools + uvloop (.whl2) at 8 and 32
 #   admit_prof the per-launch profile of the whole-batch prefill and the admit entry (batch 32, admit 8)
-#   join_cost a join step's GPU time beside a decode step's, and its per-launch profile (benchmarks/join_cost.py)
+#   join_cost a join step's GPU and host time beside a decode step's, J = 1, 2, 4, and its per-launch profile (benchmarks/join_cost.py)
 #   jtests    the join entry's and the row-indexed cache write's GPU tests
 #   serve_join fusec serve at 8 and 32 clients with a join entry, then 32 without (same call)
+#   serve_js  fusec serve at 32 clients with join entries of 1, 2 and 4 prompts a step
 #   stests    the serve GPU tests (continuous batching, the admit entry)
 #   serve_admit fusec serve at 32 clients without an admit entry, at 8 and 32 with one of batch/4 (where the time goes)
 #   fam_tests the decoder families' GPU generation tests (fp32 token-exact, bf16 reported)
@@ -98,11 +99,14 @@ for step in "$@"; do
               grep -E "^\| (8|32) " "$R/serve_fast.txt" ;;
     admit_prof) timeout 250 python3 benchmarks/admit_profile.py "$R/admit_prof" --admit 8 > "$R/admit_prof.txt" 2>&1
                 tail -n 30 "$R/admit_prof.txt" ;;
-    join_cost) timeout 200 python3 benchmarks/join_cost.py "$R/join_cost" > "$R/join_cost.txt" 2>&1
-               tail -n 20 "$R/join_cost.txt" ;;
+    join_cost) timeout 240 python3 benchmarks/join_cost.py "$R/join_cost" --joins 1,2,4 > "$R/join_cost.txt" 2>&1
+               grep -E "^J=" "$R/join_cost.txt"; tail -n 14 "$R/join_cost.txt" ;;
     jtests) timeout 150 $PT -n 4 tests/test_generation_join_gpu.py tests/test_decode_kernels_gpu.py -k "join or cache_write" > "$R/t_join.txt" 2>&1
             grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_join.txt" | tail -n 8 ;;
-    serve_join) timeout 160 python3 benchmarks/serve.py "$R/serve_join" --clients 8,32 --join --duration 8 > "$R/serve_join.txt" 2>&1
+    serve_js) for j in 1 2 4; do
+                timeout 100 python3 benchmarks/serve.py "$R/serve_j$j" --clients 32 --join $j --duration 8 > "$R/serve_j$j.txt" 2>&1
+                echo "J=$j"; grep -E "^\| 32 " "$R/serve_j$j.txt"; done ;;
+    serve_join) timeout 160 python3 benchmarks/serve.py "$R/serve_join" --clients 8,32 --join 1 --duration 8 > "$R/serve_join.txt" 2>&1
                 grep -E "^\| (8|32) " "$R/serve_join.txt"
                 timeout 100 python3 benchmarks/serve.py "$R/serve_nojoin" --clients 32 --duration 8 > "$R/serve_nojoin.txt" 2>&1
                 grep -E "^\| 32 " "$R/serve_nojoin.txt" ;;

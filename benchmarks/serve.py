@@ -124,7 +124,7 @@ def start_server(target: str, n: int, args: argparse.Namespace, err_path: str) -
            "--max-queue", str(4 * n + 8)]
     if not target.endswith(".fplan"):  # the reference backend: the model itself
         cmd += ["--batch", str(n), "--max-seq-len", str(args.prompt_len + args.max_tokens), "--max-prompt-len",
-                str(args.prompt_len), "--admit-batch", str(_admit_batch(args, n))] + (["--join"] if args.join else [])
+                str(args.prompt_len), "--admit-batch", str(_admit_batch(args, n)), "--join", str(args.join)]
     err = open(err_path, "wb")  # noqa: SIM115 - the server's log, kept in OUT_DIR
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     t_end = time.monotonic() + 300
@@ -299,8 +299,8 @@ def main() -> int:
     ap.add_argument("--clients", default="1,8,32")
     ap.add_argument("--admit-div", type=int, default=0, metavar="D", help="plans with an admit entry of batch / D "
                     "prompts a run (fusec serve --admit-batch; 0: none, every admission prefills the whole batch)")
-    ap.add_argument("--join", action="store_true", help="plans with a join entry (fusec serve --join): a request "
-                    "admitted while rows decode rides in a decode step")
+    ap.add_argument("--join", type=int, default=0, metavar="J", help="plans with a join entry of J prompts a step "
+                    "(fusec serve --join J): requests admitted while rows decode ride in a decode step (0: none)")
     ap.add_argument("--duration", type=float, default=20.0, help="seconds of load per point")
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--max-tokens", type=int, default=128)

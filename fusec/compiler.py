@@ -252,16 +252,16 @@ def compile_generation(model: Any, *, batch: int = 1, max_seq_len: int = 256, pr
                        eos_ids: Sequence[int] | None = None, cuda_graph: bool = True,
                        progress: Callable[[str, str], None] | None = None, quantize: str | None = None,
                        quantize_group: int = 128, quantize_head: bool = False, admit_batch: int = 0,
-                       join: bool = False) -> Any:
+                       join: int = 0) -> Any:
     """A generation plan (entries "prefill" and "decode", ``fusec.genmodel``'s graphs) of ``model``
     (a ``fusec.genmodel.GenModel``, or what ``load_generation_model`` takes). Sampling settings are
     not compiled in: each generation (each row) gives its own. ``quantize`` (int8/int4,
     ``quantize_options``): fusec's own weight quantization of the products whose weights are not
     packed already (a GGUF file's stay as the file has them). ``admit_batch`` (A < batch): also an
     "admit" entry that prefills A prompts into chosen rows, so a server admitting k requests
-    computes about k rows instead of the whole batch (models/generate.py). ``join``: also a "join"
-    entry, a decode step that prefills one new prompt into a free row in the same products
-    (models/join.py)."""
+    computes about k rows instead of the whole batch (models/generate.py). ``join`` (J): also a
+    "join" entry, a decode step that prefills up to J new prompts into free rows in the same
+    products (models/join.py)."""
     from fusec.genmodel import GenModel, build_graphs, load_generation_model
 
     gm = model if isinstance(model, GenModel) else load_generation_model(model, weights_dir)

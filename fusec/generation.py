@@ -295,11 +295,20 @@ def admit_feeds(input_ids: np.ndarray, lengths: np.ndarray, slots: int) -> list[
     return out
 
 
-def join_feeds(prompt: Sequence[int], row: int, prefill_len: int) -> dict[str, np.ndarray]:
-    """The join entry's inputs (models/join.py): ``prompt`` (1..prefill_len ids) into row ``row``."""
-    ids = np.zeros((1, prefill_len), np.int64)
-    ids[0, :len(prompt)] = prompt
-    return {"input_ids": ids, "lengths": np.array([len(prompt)], np.int64), "row": np.array([row], np.int64)}
+def join_feeds(prompts: Sequence[tuple[int, Sequence[int]]], prefill_len: int, slots: int = 1) -> dict[str, np.ndarray]:
+    """The inputs of a join entry of ``slots`` prompts a step (models/join.py): each (row, prompt
+    ids) of ``prompts`` (at most ``slots``, rows distinct) into its row; slots left over are empty."""
+    if len(prompts) > slots:
+        raise InputError(f"{len(prompts)} prompts for a join entry of {slots} a step")
+    if len({row for row, _ in prompts}) != len(prompts):
+        raise InputError(f"a join's prompts take distinct rows, got rows {[row for row, _ in prompts]}")
+    ids = np.zeros((slots, prefill_len), np.int64)
+    lengths, rows = np.zeros(slots, np.int64), np.zeros(slots, np.int64)
+    for j, (row, prompt) in enumerate(prompts):
+        if not 1 <= len(prompt) <= prefill_len:
+            raise InputError(f"a joining prompt has {len(prompt)} tokens; the plan takes 1 to {prefill_len}")
+        ids[j, :len(prompt)], lengths[j], rows[j] = prompt, len(prompt), row
+    return {"input_ids": ids, "lengths": lengths, "row": rows}
 
 
 class Ready:

@@ -144,9 +144,9 @@ def support_text() -> str:
 
 def build_graphs(gm: GenModel, batch: int, max_seq_len: int, prefill_len: int | None,
                  eos_ids: Sequence[int] | None = None, storage: str | None = None,
-                 admit_batch: int = 0, join: bool = False) -> dict[str, Any]:
+                 admit_batch: int = 0, join: int = 0) -> dict[str, Any]:
     """The prefill and decode graphs (and with ``admit_batch`` the admit entry's:
-    models/generate.py; with ``join`` the join entry's: models/join.py); ``storage`` ("f16"/"bf16"): the compile's storage dtype, in which the
+    models/generate.py; with ``join`` (J prompts a step) the join entry's: models/join.py); ``storage`` ("f16"/"bf16"): the compile's storage dtype, in which the
     large weights are held (``fusec.models.weights.StoredWeights``)."""
     from fusec.models.generate import GenerationShape, build_generation
 

@@ -292,8 +292,8 @@ def _generation(c: FieldCheck, m: Mapping[str, Any], blobs: Mapping[str, Any]) -
     t_max = c.int(g["max_seq_len"], "generation.max_seq_len", 1, MAX_DIM)
     if admits:
         c.int(g["admit_batch"], "generation.admit_batch", 1, batch - 1)
-    if "join" in g and g["join"] is not True:
-        raise c.fail("generation.join", f"must be true where present, got {_shown(g['join'])}")
+    if "join" in g and g["join"] is not True:  # true: one prompt a step (as fusec before 2026-11-28 wrote it)
+        c.int(g["join"], "generation.join", 1, batch)
     c.int(g["prefill_len"], "generation.prefill_len", 1, t_max)
     c.int(g["vocab_size"], "generation.vocab_size", 1, i31)
     c.int(g["num_layers"], "generation.num_layers", 0, i31)

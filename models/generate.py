@@ -37,9 +37,9 @@ any captured graph; after that nothing crosses between host and device until tok
   A prompts only; each layer's keys/values and the logits are gathered into the batch's rows by
   ``src``, then written, drawn and recorded exactly as the prefill does with ``lengths`` =
   ``row_lengths``. A server admitting k rows runs it ceil(k / A) times instead of computing B.
-* **join** (``join``; inputs ``input_ids`` [1, S], ``lengths`` [1] and ``row`` [1]:
-  ``fusec.generation.join_feeds``): a decode step of every row that also prefills one prompt into
-  a free row, in the same products (models/join.py).
+* **join** (``join`` = J; inputs ``input_ids`` [J, S], ``lengths`` [J] and ``row`` [J]:
+  ``fusec.generation.join_feeds``): a decode step of every row that also prefills up to J prompts
+  into free rows, in the same products (models/join.py).
 * **decode** (no inputs): embeds ``cur`` at position ``pos``, writes K/V at ``pos``, attends keys
   ``0..pos`` (``kv_attention``; a sliding-window layer only the last ``window`` of them: the cache
   keeps every position, the window is a bound on the keys read, not a ring buffer), draws the next
@@ -75,7 +75,7 @@ class GenerationShape:
     max_seq_len: int  # T: the KV cache's length, prompt + new tokens
     prefill_len: int  # S: the prefill graph's (padded) prompt length
     admit_batch: int = 0  # A: the admit entry's prompts per run (0: no admit entry)
-    join: bool = False  # a join entry: a decode step that also prefills one prompt (models/join.py)
+    join: int = 0  # J: a join entry, a decode step that also prefills up to J prompts (models/join.py); 0: none
 
     def __post_init__(self) -> None:
         for name in ("batch", "max_seq_len", "prefill_len"):
@@ -85,6 +85,8 @@ class GenerationShape:
         if self.prefill_len > self.max_seq_len:
             raise InputError(f"prefill length {self.prefill_len} exceeds --max-seq-len {self.max_seq_len}")
         check_admit_batch(self.admit_batch, self.batch)
+        check_join(self.join, self.batch)
+        object.__setattr__(self, "join", int(self.join))  # join=True: one prompt per step
 
 
 def check_admit_batch(admit_batch: object, batch: int) -> None:
@@ -93,6 +95,12 @@ def check_admit_batch(admit_batch: object, batch: int) -> None:
     a = admit_batch
     if not isinstance(a, int) or isinstance(a, bool) or not 0 <= a < batch:
         raise InputError(f"--admit-batch must be 0 (none) or less than the batch ({batch}), got {a!r}")
+
+
+def check_join(join: object, batch: int) -> None:
+    """A join entry's prompts per step: 0 (none) up to the batch's rows (``True``: 1)."""
+    if not isinstance(join, int) or not 0 <= join <= batch:
+        raise InputError(f"--join must be 0 (none) or 1 to the batch ({batch}) prompts per step, got {join!r}")
 
 
 class SharedWeights:
@@ -343,5 +351,5 @@ def finish_step(m: Blocks, st: _State, logits: Value, counter: Value, new_caches
     if shape.admit_batch:
         g.meta["generation"]["admit_batch"] = shape.admit_batch
     if shape.join:
-        g.meta["generation"]["join"] = True
+        g.meta["generation"]["join"] = int(shape.join)
     return g

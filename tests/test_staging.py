@@ -53,21 +53,25 @@ def fakes(monkeypatch):
     return pinned, copies
 
 
-def test_slots_are_reused_in_turn_waited_for_when_busy_and_grown_when_small(fakes):
+def test_slots_are_reused_in_turn_the_ring_grows_while_busy_then_waits_and_a_small_slot_is_replaced(fakes):
     from fusec.runtime.generation import _Staging
 
     pinned, copies = fakes
-    stage = _Staging(slots=2)
+    stage = _Staging(max_slots=2)
     a, b = np.arange(4, dtype=np.int64), np.full(3, 0.5, np.float32)
     dst_a, dst_b = _Dst(a.nbytes, 100), _Dst(b.nbytes, 200)
     assert stage.copy_in([(dst_a, a), (dst_b, b)], stream=_STREAM) == 0  # a new slot: nothing to wait for
     assert copies == [(100, a.tobytes()), (200, b.tobytes())]
-    assert stage.copy_in([(dst_a, a + 1)], stream=_STREAM) == 0  # the second slot, new
+    assert stage.copy_in([(dst_a, a + 1)], stream=_STREAM) == 0  # the first is busy: a second, no wait
     assert len(pinned) == 2
-    assert stage.copy_in([(dst_a, a + 2)], stream=_STREAM) == 1  # the first again: its copies still queued
+    assert stage.copy_in([(dst_a, a + 2)], stream=_STREAM) == 1  # at the limit: waits for the busy first
     assert len(pinned) == 2 and copies[-1] == (100, (a + 2).tobytes())
+    for _, event, _ in stage._slots:
+        event.synchronize()  # the copies ran
+    assert stage.copy_in([(dst_a, a + 3)], stream=_STREAM) == 0  # the second, idle now: reused as it is
+    assert len(pinned) == 2 and copies[-1] == (100, (a + 3).tobytes())
     big = np.arange(100, dtype=np.int64)
-    assert stage.copy_in([(_Dst(big.nbytes, 300), big)], stream=_STREAM) == 1  # second slot: busy, and too small
+    assert stage.copy_in([(_Dst(big.nbytes, 300), big)], stream=_STREAM) == 0  # the first: idle but too small
     assert len(pinned) == 3 and copies[-1] == (300, big.tobytes())
 
 

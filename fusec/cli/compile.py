@@ -183,7 +183,7 @@ def compile_from_args(args: argparse.Namespace, progress: Progress | None = None
         from fusec.cli.generate import check_generation_sizes
         from fusec.compiler import compile_generation
         from fusec.genmodel import load_generation_model
-        from fusec.models.generate import check_admit_batch
+        from fusec.models.generate import check_admit_batch, check_join
 
         if args.shapes is not None:
             raise InputError("--shapes does not apply to --generate (use --batch, --max-seq-len, --max-prompt-len)")
@@ -194,6 +194,8 @@ def compile_from_args(args: argparse.Namespace, progress: Progress | None = None
         batch = args.batch if args.batch is not None else 1
         admit_batch = getattr(args, "admit_batch", 0)  # commands that compile through here without the option
         check_admit_batch(admit_batch, batch)
+        join = getattr(args, "join", 0) or 0
+        check_join(join, batch)
         if progress is not None:
             progress("build", args.model)
         gm = load_generation_model(args.model, args.weights_dir, packed=not getattr(args, "dequantize", False))
@@ -206,7 +208,7 @@ def compile_from_args(args: argparse.Namespace, progress: Progress | None = None
             t_max = args.max_seq_len
         return compile_generation(gm, batch=batch, max_seq_len=t_max, prefill_len=args.max_prompt_len,
                                   dtype=args.dtype, arch=arch, progress=progress, admit_batch=admit_batch,
-                                  join=bool(getattr(args, "join", False)), **quant)
+                                  join=join, **quant)
     for flag in ("admit_batch", "dequantize", "join"):
         if getattr(args, flag, None):
             raise InputError(f"--{flag.replace('_', '-')} applies to generation plans (--generate)")

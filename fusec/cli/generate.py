@@ -66,9 +66,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-JOIN_HELP = ("a join entry: a decode step that prefills one new request into a free row in the same products, so "
-             "a request admitted while other rows decode costs about one step instead of stalling every row for a "
-             "prefill (models/join.py)")
+JOIN_HELP = ("a join entry: a decode step that prefills up to J new requests (default 1) into free rows in the same "
+             "products, so a request admitted while other rows decode costs a fraction of a step instead of stalling "
+             "every row for a prefill (models/join.py; J <= B)")
 DEQUANTIZE_HELP = ("a GGUF file's quantized weights dequantized at load to the plan's dtype instead of kept packed: about 3.5x the weight memory of Q4_K_M, for batches where the packed kernels are slower (measured on an H100: packed Q4_K_M 1.67x bf16 at batch 1, 0.64x at batch 8; benchmarks/RESULTS.md)")
 
 
@@ -90,7 +90,8 @@ def add_generation_arguments(p: argparse.ArgumentParser, for_compile: bool = Fal
         g.add_argument("--admit-batch", type=int, default=0, metavar="A",
                        help="also an admit entry prefilling A requests at a time into their rows, for `fusec serve "
                             "PLAN` (default 0: none; A < B)")
-        g.add_argument("--join", action="store_true", help="also " + JOIN_HELP + ", for `fusec serve PLAN`")
+        g.add_argument("--join", type=int, nargs="?", const=1, default=0, metavar="J",
+                       help="also " + JOIN_HELP + ", for `fusec serve PLAN`")
         return
     from fusec.cli.compile import add_quantize_arguments
 

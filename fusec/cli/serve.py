@@ -55,7 +55,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "admitting k requests computes about k rows instead of the whole batch (0, the default: "
                         "every admission runs the whole batch's prefill; A < B; models fusec builds, not a plan "
                         "file or an ONNX export)")
-    p.add_argument("--join", action="store_true", help="compile " + JOIN_HELP + "; models fusec builds, not a plan file")
+    p.add_argument("--join", type=int, nargs="?", const=1, default=0, metavar="J",
+                   help="compile " + JOIN_HELP + "; models fusec builds, not a plan file")
     p.add_argument("--dequantize", action="store_true", help=DEQUANTIZE_HELP)
     p.add_argument("--counters", action="store_true", help="count the driver's work over decode steps (CUPTI; /health)")
     p.add_argument("--weights-dir", default=None, metavar="DIR", help="HF checkpoint for a built-in model's weights")
@@ -79,9 +80,10 @@ def _check(args: argparse.Namespace) -> None:
                                   "a plan has its entries already (fusec compile --generate --admit-batch A)")):
             if given:
                 raise InputError(f"{flag} applies when serve compiles the model; {why}")
-    from fusec.models.generate import check_admit_batch
+    from fusec.models.generate import check_admit_batch, check_join
 
     check_admit_batch(args.admit_batch, args.batch if args.batch is not None else 8)
+    check_join(args.join, args.batch if args.batch is not None else 8)
     if not 0 <= args.admit_wait_ms <= 1000:
         raise InputError(f"--admit-wait-ms must be in [0, 1000], got {args.admit_wait_ms}")
     for name in ("max_queue", "max_body_bytes", "default_max_tokens"):

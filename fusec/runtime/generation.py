@@ -178,36 +178,38 @@ _H2D, _D2H = 1, 2  # cudaMemcpyKind
 
 
 class _Staging:
-    """Page-locked buffers for host-to-device copies, reused in turn: a buffer is reused once the
-    copies out of it have run (its event; waiting for it is a synchronization, counted). A copy
-    from pageable memory may wait for the stream's queued work before it returns (CUDA's
-    documentation of cudaMemcpyAsync; measured: 2.8 ms of host time per join step at 32 rows on
-    the H100, benchmarks/RESULTS.md); from these it only queues."""
+    """Page-locked buffers for host-to-device copies, taken in turn: a buffer is reused once the
+    copies out of it have run (its event). When the next one is still busy the ring grows by one
+    (a host allocation, made only until the ring covers the copies in flight) up to ``max_slots``;
+    past that the host waits for it (a synchronization, counted). A copy from pageable memory may
+    wait for the stream's queued work before it returns (CUDA's documentation of cudaMemcpyAsync;
+    measured: 2.8 ms of host time per join step at 32 rows on the H100, benchmarks/RESULTS.md);
+    from these it only queues."""
 
-    def __init__(self, slots: int = 4):
+    def __init__(self, max_slots: int = 32):
         self._slots: list[tuple[Any, Any, int]] = []  # (pinned memory, event, bytes)
-        self._n, self._next = slots, 0
+        self._max, self._next = max_slots, 0
         self._open: Any = None  # the event of the slot last handed out by ``hold``
 
     def hold(self, arrays: list[np.ndarray]) -> tuple[list[np.ndarray], int]:
         """Copies of ``arrays`` in page-locked memory, valid until the copies out of them that the
-        caller queues (then ``queued``) have run; and the waits made (0 or 1) for the slot."""
-        import cupy
-
+        caller queues (then ``queued``) have run; and the waits made (0 or 1) for a slot."""
         offsets, total = [], 0
         for a in arrays:
             offsets.append(total)
             total += -(-a.nbytes // 16) * 16
-        i, self._next = self._next, (self._next + 1) % self._n
-        waits = 0
-        if i < len(self._slots) and not self._slots[i][1].done:  # its copies have not run yet
-            self._slots[i][1].synchronize()
-            waits = 1
-        if i == len(self._slots) or self._slots[i][2] < total:  # none yet, or too small: a new one
-            size = max(total, 256)
-            slot = (cupy.cuda.alloc_pinned_memory(size), cupy.cuda.Event(disable_timing=True), size)
-            self._slots[i:i + 1] = [slot]
-        mem, self._open, size = self._slots[i]
+        i, slots, waits = self._next, self._slots, 0
+        busy = i < len(slots) and not slots[i][1].done  # its copies have not run yet
+        if i == len(slots) or (busy and len(slots) < self._max):
+            slots.insert(i, self._new(total))  # the busy one, if any, comes next in turn
+        else:
+            if busy:
+                slots[i][1].synchronize()
+                waits = 1
+            if slots[i][2] < total:  # too small: a bigger one in its place
+                slots[i] = self._new(total)
+        self._next = (i + 1) % len(slots)
+        mem, self._open, size = slots[i]
         buf = np.frombuffer(mem, np.uint8, size)
         views = []
         for a, off in zip(arrays, offsets):
@@ -216,6 +218,13 @@ class _Staging:
             view[...] = a
             views.append(view)
         return views, waits
+
+    @staticmethod
+    def _new(nbytes: int) -> tuple[Any, Any, int]:
+        import cupy
+
+        size = max(nbytes, 256)
+        return cupy.cuda.alloc_pinned_memory(size), cupy.cuda.Event(disable_timing=True), size
 
     def queued(self, stream: Any) -> None:
         """The copies out of the last ``hold`` are queued on ``stream``: its slot is free once they ran."""

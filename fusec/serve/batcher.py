@@ -16,9 +16,9 @@ prefill of the whole batch runs: the cache writes of a non-admitted row go to po
 H100 with 32 clients (benchmarks/RESULTS.md): the whole-batch prefill at every admission cost
 about 15% of the decode throughput.
 
-A plan with a join entry (``fusec serve --join``, models/join.py) admits while rows are decoding
-without stalling them for a prefill: the next queued job takes a free row inside the next decode
-step, one job a step; an idle batch still admits through the prefill (or the admit entry).
+A plan with a join entry of J prompts a step (``fusec serve --join J``, models/join.py) admits
+while rows are decoding without stalling them for a prefill: up to J queued jobs take free rows
+inside the next decode step; an idle batch still admits through the prefill (or the admit entry).
 
 The plan runs on this one thread (a plan runs one call at a time); nothing else touches it. The
 thread keeps up to ``lookahead`` decode steps queued on the GPU: after each step it queues an
@@ -93,7 +93,7 @@ class Batcher:
         self.on_events = on_events
         self.max_queue, self.lookahead, self.counters = max_queue, max(1, lookahead), counters
         self.admit_wait = admit_wait
-        self.joins = bool(meta.get("join"))  # the plan has a join entry (models/join.py)
+        self.joins = int(meta.get("join") or 0)  # prompts a join step takes (models/join.py); 0: no join entry
         self.rows: list[Job | None] = [None] * self.batch
         self.queue: collections.deque[Job] = collections.deque()
         self.cond = threading.Condition()
@@ -104,7 +104,7 @@ class Batcher:
         self.thread: threading.Thread | None = None
         self.counts = {"submitted": 0, "admissions": 0, "admitted": 0, "decode_steps": 0, "finished": 0,
                        "cancelled": 0, "admit_syncs": 0, "admit_runs": 0, "tokens": 0,
-                       "row_steps": 0, "admit_host_ms": 0.0, "joins": 0}
+                       "row_steps": 0, "admit_host_ms": 0.0, "joins": 0, "joined": 0}
         self.driver: dict[str, float] = {}  # decode-only phases, measured (counters=True and CUPTI)
         self.driver_steps = 0
         self._measuring = False
@@ -115,7 +115,8 @@ class Batcher:
         """How this plan admits requests, in words (the server's start-up line)."""
         slots = int(self.engine.meta.get("admit_batch") or 0)
         idle = f"the admit entry ({slots} a run) or the prefill" if slots else "the prefill"
-        return f"admits through {idle}" + ("; while rows decode, through the join entry" if self.joins else "")
+        return f"admits through {idle}" + (f"; while rows decode, through the join entry ({self.joins} a step)"
+                                           if self.joins else "")
 
     def check(self, job: Job) -> None:
         """InputError for a job this plan cannot run (one line naming the field)."""
@@ -217,8 +218,8 @@ class Batcher:
                     self.queue.remove(j)
                 free = sum(r is None or r.cancelled for r in self.rows)
                 want = bool(self.queue) and free > 0
-                # rows decoding and a join entry: the next step takes one queued job along, at once
-                join = want and self.joins and self._busy()
+                # rows decoding and a join entry: the next step takes up to J queued jobs along, at once
+                join = want and self.joins > 0 and self._busy()
                 young = want and not join and len(self.queue) < free \
                     and time.perf_counter() - self.queue[0].t_submit < self.admit_wait
                 if young and not self._busy() and not self.pending and not drop:
@@ -234,8 +235,8 @@ class Batcher:
                     self._end(j, "cancelled", events)
             if events:
                 self.on_events(events)
-            seated = self._seat(1) if join else []  # the job riding in this step's join, if any
-            feeds = join_feeds(seated[0][1].prompt_ids, seated[0][0], self.prefill_len) if seated else None
+            seated = self._seat(self.joins) if join else []  # the jobs riding in this step's join, if any
+            feeds = join_feeds([(b, j.prompt_ids) for b, j in seated], self.prefill_len, self.joins) if seated else None
             if want and not join:
                 self._admit()
             if self._busy():
@@ -246,8 +247,8 @@ class Batcher:
         return any(j is not None for j in self.rows)
 
     def _step(self, feeds: dict[str, np.ndarray] | None) -> None:
-        """One decode step of every row; with ``feeds``, through the join entry: a job seated by
-        ``_seat`` rides in it (its host-to-device copies stay outside the measured decode-only
+        """One decode step of every row; with ``feeds``, through the join entry: the jobs seated by
+        ``_seat`` ride in it (its host-to-device copies stay outside the measured decode-only
         phases: ``_seat`` stopped the measuring)."""
         if feeds is None:
             self.engine.decode()
@@ -256,6 +257,7 @@ class Batcher:
             t0, syncs = time.perf_counter(), self.engine.syncs
             self.engine.join(feeds)
             self.counts["joins"] += 1
+            self.counts["joined"] += int(np.count_nonzero(feeds["lengths"]))
             self._admission_cost(t0, syncs)
             self._measure(True)
         self.counts["decode_steps"] += 1
