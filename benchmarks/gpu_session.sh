@@ -26,6 +26,7 @@
 #   jtests    the join entry's and the row-indexed cache write's GPU tests
 #   serve_join fusec serve at 8 and 32 clients with a join entry, then 32 without (same call)
 #   serve_js  fusec serve at 32 clients with join entries of 1, 2 and 4 prompts a step
+#   serve_final fusec serve at 8 and 32 clients with a join entry of 2, at 32 with 4, at 32 without
 #   stests    the serve GPU tests (continuous batching, the admit entry)
 #   serve_admit fusec serve at 32 clients without an admit entry, at 8 and 32 with one of batch/4 (where the time goes)
 #   fam_tests the decoder families' GPU generation tests (fp32 token-exact, bf16 reported)
@@ -106,6 +107,12 @@ for step in "$@"; do
     serve_js) for j in 1 2 4; do
                 timeout 100 python3 benchmarks/serve.py "$R/serve_j$j" --clients 32 --join $j --duration 8 > "$R/serve_j$j.txt" 2>&1
                 echo "J=$j"; grep -E "^\| 32 " "$R/serve_j$j.txt"; done ;;
+    serve_final) timeout 160 python3 benchmarks/serve.py "$R/serve_j2" --clients 8,32 --join 2 --duration 8 > "$R/serve_j2.txt" 2>&1
+                 grep -E "^\| (8|32) " "$R/serve_j2.txt"
+                 timeout 100 python3 benchmarks/serve.py "$R/serve_j4" --clients 32 --join 4 --duration 8 > "$R/serve_j4.txt" 2>&1
+                 grep -E "^\| 32 " "$R/serve_j4.txt"
+                 timeout 100 python3 benchmarks/serve.py "$R/serve_j0" --clients 32 --duration 8 > "$R/serve_j0.txt" 2>&1
+                 grep -E "^\| 32 " "$R/serve_j0.txt" ;;
     serve_join) timeout 160 python3 benchmarks/serve.py "$R/serve_join" --clients 8,32 --join 1 --duration 8 > "$R/serve_join.txt" 2>&1
                 grep -E "^\| (8|32) " "$R/serve_join.txt"
                 timeout 100 python3 benchmarks/serve.py "$R/serve_nojoin" --clients 32 --duration 8 > "$R/serve_nojoin.txt" 2>&1

@@ -7,10 +7,12 @@ For each N: a generation plan of batch N (qwen3-0.6b, random weights, bf16, no e
 token, prompts of --prompt-len tokens, --max-tokens new ones), first timed as ``plan.generate`` on
 N prompts (the plan's own throughput at that batch: decode tok/s, and end to end with the prefill),
 then saved and served by ``fusec serve PLAN`` in a subprocess on 127.0.0.1 (an ephemeral port;
-nothing but loopback). N client threads (the standard library's http.client, so no client package
-is needed) each send streaming completions back to back for --duration seconds (greedy, random
+nothing but loopback). N clients (threads of the standard library's http.client, so no client
+package is needed, each keeping its connection alive, spread over up to 8 processes so that they
+do not queue for one interpreter lock) each send streaming completions back to back for --duration seconds (greedy, random
 prompt ids) and time every server-sent event. Reported per N: total tok/s (tokens received over
-the window), time to first token p50/p99 (request sent -> first text), inter-token latency p50/p99
+the window), steady tok/s (those received while every client had a request in flight: from the
+window's first second to the deadline, no start-up, no drain), time to first token p50/p99 (request sent -> first text), inter-token latency p50/p99
 (gap between events / tokens in the event), requests, the server's own counters (/health), and the
 ratio to the plan's generate rate. Writes OUT_DIR/serve.json and OUT_DIR/serve.md.
 
@@ -139,11 +141,15 @@ def start_server(target: str, n: int, args: argparse.Namespace, err_path: str) -
     raise RuntimeError("fusec serve did not start in 300 s")
 
 
-def one_request(port: int, prompt: list[int], max_tokens: int) -> dict[str, Any]:
-    """One streaming completion; the arrival time and token count of every event."""
+def one_request(port: int, prompt: list[int], max_tokens: int,
+                conn: http.client.HTTPConnection | None = None) -> dict[str, Any]:
+    """One streaming completion; the arrival time and token count of every event. ``conn``: a
+    connection kept alive across requests (as client libraries pool theirs); else one of its own."""
     body = json.dumps({"model": "bench", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
                        "stream": True}).encode()
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    own = conn is None
+    if conn is None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
     t_send = time.perf_counter()
     try:
         conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
@@ -159,6 +165,7 @@ def one_request(port: int, prompt: list[int], max_tokens: int) -> dict[str, Any]
             if not line.startswith(b"data: "):
                 continue
             if line == b"data: [DONE]":
+                resp.read()  # the rest of the body (its end): the connection is ready for the next request
                 break
             obj = json.loads(line[6:])
             if "error" in obj:
@@ -167,38 +174,67 @@ def one_request(port: int, prompt: list[int], max_tokens: int) -> dict[str, Any]
             if text:
                 events.append((time.perf_counter(), len(text.split())))  # no tokenizer: the ids, space-separated
         return {"status": 200, "t_send": t_send, "t_end": time.perf_counter(), "events": events}
+    except (OSError, http.client.HTTPException):
+        conn.close()  # a kept connection the server closed: the next request opens a new one
+        if own:
+            raise
+        return {"status": 0, "t_send": t_send, "events": [], "error": "connection closed"}
     finally:
-        conn.close()
+        if own:
+            conn.close()
 
 
-def load(port: int, n: int, args: argparse.Namespace, vocab: int) -> dict[str, Any]:
-    rng = np.random.default_rng(1234)
-    deadline = time.perf_counter() + args.duration
-    results: list[list[dict[str, Any]]] = [[] for _ in range(n)]
-    seeds = rng.integers(0, 2**31, n)
+def _clients(port: int, seeds: list[int], args: dict[str, Any], deadline: float) -> list[list[dict[str, Any]]]:
+    """One process's clients (a thread each): streaming completions back to back until ``deadline``
+    (``time.perf_counter``, the same clock in every process of the machine)."""
+    results: list[list[dict[str, Any]]] = [[] for _ in seeds]
 
     def client(i: int) -> None:
-        r = np.random.default_rng(int(seeds[i]))
+        r = np.random.default_rng(seeds[i])
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)  # kept alive, as client libraries do
         while time.perf_counter() < deadline:
-            prompt = r.integers(1, vocab, args.prompt_len).tolist()
-            results[i].append(one_request(port, prompt, args.max_tokens))
+            prompt = r.integers(1, args["vocab"], args["prompt_len"]).tolist()
+            results[i].append(one_request(port, prompt, args["max_tokens"], conn))
+        conn.close()
 
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(n)]
+    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(len(seeds))]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(args.duration + 300)
-    t1 = time.perf_counter()
-    reqs = [r for rs in results for r in rs]
+        t.join(max(0.0, deadline - time.perf_counter()) + 300)
+    return results
+
+
+def load(port: int, n: int, args: argparse.Namespace, vocab: int) -> dict[str, Any]:
+    """n clients spread over several processes (each parses its streams under its own interpreter
+    lock: 32 client threads in one process measured their own lock waits, not the server)."""
+    import concurrent.futures
+    import multiprocessing
+
+    rng = np.random.default_rng(1234)
+    seeds = [int(x) for x in rng.integers(0, 2**31, n)]
+    procs = max(1, min(n, args.client_procs or max(1, (os.cpu_count() or 2) // 2), 8))
+    groups = [seeds[i::procs] for i in range(procs)]
+    opts = {"vocab": vocab, "prompt_len": args.prompt_len, "max_tokens": args.max_tokens}
+    with concurrent.futures.ProcessPoolExecutor(procs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        list(pool.map(time.sleep, [0.0] * procs))  # the processes started and imported before the clock starts
+        t0 = time.perf_counter()
+        deadline = t0 + args.duration
+        parts = list(pool.map(_clients, [port] * procs, groups, [opts] * procs, [deadline] * procs))
+        t1 = time.perf_counter()
+    reqs = [r for part in parts for rs in part for r in rs]
     ok = [r for r in reqs if r["status"] == 200 and r["events"]]
     tokens = sum(k for r in ok for _, k in r["events"])
+    # the steady window: every client has a request in flight from its first second to the deadline
+    w0 = t0 + min(1.0, args.duration / 4)
+    steady = sum(k for r in ok for t, k in r["events"] if w0 <= t < deadline) / (deadline - w0)
     ttft = [(r["events"][0][0] - r["t_send"]) * 1e3 for r in ok]
     itl = [(b[0] - a[0]) * 1e3 / b[1] for r in ok for a, b in zip(r["events"], r["events"][1:])]
     per_event = [k for r in ok for _, k in r["events"]]
-    return {"clients": n, "window_s": t1 - t0, "requests": len(reqs), "ok": len(ok),
+    return {"clients": n, "client_processes": procs, "window_s": t1 - t0, "requests": len(reqs), "ok": len(ok),
             "errors": sorted({str(r.get("error"))[:200] for r in reqs if r["status"] != 200})[:5],
-            "tokens": tokens, "tok_s": tokens / (t1 - t0), "ttft_ms_p50": pct(ttft, 50), "ttft_ms_p99": pct(ttft, 99),
+            "tokens": tokens, "tok_s": tokens / (t1 - t0), "steady_tok_s": steady,
+            "ttft_ms_p50": pct(ttft, 50), "ttft_ms_p99": pct(ttft, 99),
             "itl_ms_p50": pct(itl, 50), "itl_ms_p99": pct(itl, 99), "tokens_per_event_mean": float(np.mean(per_event))
             if per_event else None}
 
@@ -251,9 +287,10 @@ def markdown(doc: dict[str, Any]) -> str:
     a = doc["args"]
     lines = [f"### fusec serve under load ({doc['device']}, {doc['model']}, prompts {a['prompt_len']} tokens, "
              f"{a['max_tokens']} new, {a['duration']} s per point)", "",
-             "| clients (= plan batch) | total tok/s | plan generate decode tok/s | ratio | generate end-to-end tok/s "
-             "| TTFT p50 / p99 ms | ITL p50 / p99 ms | tokens per event | requests | admissions (admit-entry runs) [joins] |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| clients (= plan batch) | total tok/s | steady tok/s | plan generate decode tok/s | ratio | steady ratio "
+             "| generate end-to-end tok/s | TTFT p50 / p99 ms | ITL p50 / p99 ms | tokens per event | requests "
+             "| admissions (admit-entry runs) [joins: requests] |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def f(x: Any, d: int = 1) -> str:
         return "-" if x is None else f"{x:.{d}f}"
@@ -261,25 +298,30 @@ def markdown(doc: dict[str, Any]) -> str:
     for r in doc["points"]:
         s, b, h = r["serve"], r["generate"], r.get("server", {})
         ratio = s["tok_s"] / b["decode_tok_s"] if b.get("decode_tok_s") else None
-        lines.append(f"| {r['clients']} | {f(s['tok_s'])} | {f(b.get('decode_tok_s'))} | {f(ratio, 2)} | "
+        steady = s.get("steady_tok_s")
+        steady_ratio = steady / b["decode_tok_s"] if steady is not None and b.get("decode_tok_s") else None
+        lines.append(f"| {r['clients']} | {f(s['tok_s'])} | {f(steady)} | {f(b.get('decode_tok_s'))} | {f(ratio, 2)} | "
+                     f"{f(steady_ratio, 2)} | "
                      f"{f(b.get('end_to_end_tok_s'))} | {f(s['ttft_ms_p50'])} / {f(s['ttft_ms_p99'])} | "
                      f"{f(s['itl_ms_p50'], 2)} / {f(s['itl_ms_p99'], 2)} | {f(s['tokens_per_event_mean'], 2)} | "
-                     f"{s['ok']}/{s['requests']} | {h.get('admissions', '-')} ({h.get('admit_runs', '-')}) [{h.get('joins', '-')}] |")
+                     f"{s['ok']}/{s['requests']} | {h.get('admissions', '-')} ({h.get('admit_runs', '-')}) [{h.get('joins', '-')}: {h.get('joined', '-')}] |")
     lines += ["", "Where the time goes (the server's counters, /health; the entries' GPU time in the generate process):",
               "", "| clients | rows in use per decode step | decode steps | admissions | host synchronizations in admissions "
-              "| mean host work of an admission ms | whole-batch prefill GPU ms | one admit run GPU ms "
+              "| mean host work of an admission or join ms | whole-batch prefill GPU ms | one admit run GPU ms "
               "| server CPU cores (busiest threads) | HTTP stack |",
               "|---|---|---|---|---|---|---|---|---|---|"]
     for r in doc["points"]:
         b, h = r["generate"], r.get("server", {})
-        steps, adm = h.get("decode_steps") or 0, h.get("admissions") or 0
+        steps, adm = h.get("decode_steps") or 0, (h.get("admissions") or 0) + (h.get("joins") or 0)
         lines.append(f"| {r['clients']} | {f(h['row_steps'] / steps if steps and 'row_steps' in h else None, 2)} | "
-                     f"{steps} | {adm} | {h.get('admit_syncs', '-')} | "
+                     f"{steps} | {h.get('admissions', '-')} | {h.get('admit_syncs', '-')} | "
                      f"{f(h['admit_host_ms'] / adm if adm and 'admit_host_ms' in h else None, 2)} | "
                      f"{f(b.get('prefill_gpu_ms'), 2)} | {f(b.get('admit_run_gpu_ms'), 2)} | "
                      f"{f(r['serve'].get('server_cpu', {}).get('cores'), 2)} "
                      f"({r['serve'].get('server_cpu', {}).get('top_threads', '-')}) | {doc.get('http_stack', '-')} |")
-    lines += ["", "total tok/s: completion tokens received by all clients over the window; TTFT: request sent -> "
+    lines += ["", "total tok/s: completion tokens received by all clients over the window (from the first request "
+              "to the last one's end, after the deadline); steady tok/s: tokens whose events arrived between "
+              "the window's first second and the deadline, while every client had a request in flight; TTFT: request sent -> "
               "first text event; ITL: gap between events / tokens in the event. Targets (issue 24): 32 clients >= "
               "0.8 x the plan's batch-32 generate decode rate; TTFT p99 < 4 x p50 at 8 clients."]
     return "\n".join(lines) + "\n"
@@ -302,6 +344,8 @@ def main() -> int:
     ap.add_argument("--join", type=int, default=0, metavar="J", help="plans with a join entry of J prompts a step "
                     "(fusec serve --join J): requests admitted while rows decode ride in a decode step (0: none)")
     ap.add_argument("--duration", type=float, default=20.0, help="seconds of load per point")
+    ap.add_argument("--client-procs", type=int, default=0, metavar="P",
+                    help="processes the clients are spread over (default: half the cores, at most 8)")
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--cpu-check", action="store_true", help="llama-tiny on the reference backend (no GPU)")

@@ -7,7 +7,7 @@ where there is no GPU.
 The simulated engine keeps a device timeline: each decode step, prefill and admit run is queued
 behind the work before it and takes the time measured on the H100 (benchmarks/RESULTS.md, issue 24:
 Qwen3-0.6B shape, batch 32: a step 1.65 ms, the whole-batch prefill 10.5 ms, an admit run of 8
-prompts 4.6 ms); a read-back is ready when the timeline passes its step. Every call that would
+prompts 4.6 ms; a join step of 2 prompts 2.88 ms on the H200); a read-back is ready when the timeline passes its step. Every call that would
 enter the CUDA driver gives up the interpreter lock once, as CuPy's calls do. The ratio reported is
 the clients' token rate over the timeline's own (batch / step time), as benchmarks/serve.py
 reports it against the plan's generate rate. Run the server under a sampling profiler with
@@ -48,10 +48,11 @@ class SimEngine:
     syncs = 0
 
     def __init__(self, batch: int, prefill_len: int, max_seq_len: int, vocab: int, admit_batch: int,
-                 step_ms: float, prefill_ms: float, admit_ms: float):
+                 step_ms: float, prefill_ms: float, admit_ms: float, join: int = 0, join_ms: float = 0.0):
         self.meta = {"batch": batch, "prefill_len": prefill_len, "max_seq_len": max_seq_len, "vocab_size": vocab,
-                     "eos_ids": [], "admit_batch": admit_batch}
-        self._cost = {"decode": step_ms / 1e3, "prefill": prefill_ms / 1e3, "admit": admit_ms / 1e3}
+                     "eos_ids": [], "admit_batch": admit_batch, "join": join}
+        self._cost = {"decode": step_ms / 1e3, "prefill": prefill_ms / 1e3, "admit": admit_ms / 1e3,
+                      "join": join_ms / 1e3}
         self._free = time.perf_counter()  # when the timeline's queued work ends
         self._rng = np.random.default_rng(0)
         self._vocab, self._batch = vocab, batch
@@ -71,6 +72,9 @@ class SimEngine:
 
     def decode(self) -> None:
         self._queue("decode")
+
+    def join(self, feeds: Any) -> None:
+        self._queue("join")
 
     def fetch(self, name: str) -> _Ready:
         time.sleep(0)
@@ -95,8 +99,8 @@ def serve(args: argparse.Namespace) -> None:
 
     engine = SimEngine(args.clients, args.prompt_len, args.prompt_len + args.max_tokens, args.vocab,
                        args.clients // args.admit_div if args.admit_div else 0, args.step_ms, args.prefill_ms,
-                       args.admit_ms)
-    batcher = Batcher(engine, lambda events: None, max_queue=4 * args.clients + 8)
+                       args.admit_ms, args.join, args.join_ms)
+    batcher = Batcher(engine, lambda events: None, max_queue=4 * args.clients + 8, lookahead=args.lookahead)
     server = serve_app.Server(batcher, None, "bench", log=lambda line: None)
     sys.setswitchinterval(args.switch_us / 1e6)
     serve_app.run(server, "127.0.0.1", 0, on_ready=lambda port: print(f"port {port}", flush=True))
@@ -114,7 +118,11 @@ def main() -> int:
     ap.add_argument("--prefill-ms", type=float, default=10.5)
     ap.add_argument("--admit-ms", type=float, default=4.6)
     ap.add_argument("--admit-div", type=int, default=4)
+    ap.add_argument("--join", type=int, default=0, metavar="J", help="a join entry of J prompts a step (0: none)")
+    ap.add_argument("--join-ms", type=float, default=2.88, help="a join step's time (H200, J=2: 2.88 ms)")
     ap.add_argument("--switch-us", type=int, default=500)
+    ap.add_argument("--lookahead", type=int, default=3, help="decode steps the engine keeps queued (Batcher)")
+    ap.add_argument("--client-procs", type=int, default=0, metavar="P", help="processes the clients are spread over")
     ap.add_argument("--server-only", action="store_true", help="run the server in this process until killed")
     args = ap.parse_args()
     if args.server_only:
@@ -145,7 +153,8 @@ def main() -> int:
     with open(os.path.join(args.out_dir, "serve_sim.json"), "w") as f:
         json.dump({"args": vars(args), "result": s}, f, indent=1, default=str)
     h = s["server"]
-    print(f"clients {args.clients}: {s['tok_s']:.0f} tok/s = {s['ratio']:.2f} x the timeline's {rate:.0f}; "
+    print(f"clients {args.clients}: {s['tok_s']:.0f} tok/s = {s['ratio']:.2f} x the timeline's {rate:.0f} "
+          f"(steady {s['steady_tok_s'] / rate:.2f}); "
           f"TTFT p50/p99 {s['ttft_ms_p50']:.1f}/{s['ttft_ms_p99']:.1f} ms; rows in use per step "
           f"{h['row_steps'] / max(h['decode_steps'], 1):.2f}; admissions {h['admissions']}; "
           f"server CPU {s['server_cpu']['cores']:.2f} cores {s['server_cpu']['top_threads']}")
