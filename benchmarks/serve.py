@@ -308,15 +308,19 @@ def markdown(doc: dict[str, Any]) -> str:
     lines += ["", "Where the time goes (the server's counters, /health; the entries' GPU time in the generate process):",
               "", "| clients | rows in use per decode step | decode steps | admissions | host synchronizations in admissions "
               "| mean host work of an admission or join ms | whole-batch prefill GPU ms | one admit run GPU ms "
+              "| server GPU ms per decode / join step | server runs queued to an idle GPU "
               "| server CPU cores (busiest threads) | HTTP stack |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in doc["points"]:
         b, h = r["generate"], r.get("server", {})
         steps, adm = h.get("decode_steps") or 0, (h.get("admissions") or 0) + (h.get("joins") or 0)
+        gpu = (h.get("gpu") or {}).get("gpu_ms_per_run") or {}
         lines.append(f"| {r['clients']} | {f(h['row_steps'] / steps if steps and 'row_steps' in h else None, 2)} | "
                      f"{steps} | {h.get('admissions', '-')} | {h.get('admit_syncs', '-')} | "
                      f"{f(h['admit_host_ms'] / adm if adm and 'admit_host_ms' in h else None, 2)} | "
                      f"{f(b.get('prefill_gpu_ms'), 2)} | {f(b.get('admit_run_gpu_ms'), 2)} | "
+                     f"{f(gpu.get('decode'), 3)} / {f(gpu.get('join'), 3)} | "
+                     f"{(h.get('gpu') or {}).get('starved_runs', '-')} of {sum(((h.get('gpu') or {}).get('runs') or {}).values())} | "
                      f"{f(r['serve'].get('server_cpu', {}).get('cores'), 2)} "
                      f"({r['serve'].get('server_cpu', {}).get('top_threads', '-')}) | {doc.get('http_stack', '-')} |")
     lines += ["", "total tok/s: completion tokens received by all clients over the window (from the first request "

@@ -13,6 +13,7 @@ polls the event (``cudaEventQuery``, no synchronization) and keeps decode steps 
 
 from __future__ import annotations
 
+import collections
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -44,10 +45,24 @@ class PlanEngine:
         self._pinned: _PinnedPool | None = None
         self._staging: _Staging | None = None
         self.syncs = 0  # host synchronizations this engine made (stream or event waits), counted where made
+        self.timeline: _Timeline | None = None  # GPU time of each run, when turned on (a server: ``gpu_timeline``)
 
     def _sync(self) -> None:
         self.syncs += 1
         self.stream.synchronize()
+
+    def gpu_timeline(self) -> dict[str, Any]:
+        """GPU time of the runs queued since the first call (timing events around each run, read
+        once they completed: no wait). The first call turns the events on."""
+        if self.timeline is None:
+            self.timeline = _Timeline()
+        return self.timeline.poll()
+
+    def _run(self, kind: str, launch: Callable[[], None]) -> None:
+        if self.timeline is None:
+            launch()
+        else:
+            self.timeline.around(kind, self.stream, launch)
 
     def set_state(self, name: str, value: np.ndarray) -> None:
         self._sync()
@@ -81,7 +96,7 @@ class PlanEngine:
         driver does (attaches the counters: only when asked)."""
         feeds = {"input_ids": np.asarray(input_ids, np.int64), "lengths": np.asarray(lengths, np.int64)}
         if not timed:
-            self._queue_run(self._prefill, feeds)
+            self._run("prefill", lambda: self._queue_run(self._prefill, feeds))
             self._steps = 0
             return
         if measure:  # attach the counters (hundreds of ms the first time) before the timed region
@@ -102,7 +117,7 @@ class PlanEngine:
         """One run of the admit entry (``fusec.generation.admit_feeds``), queued on the stream."""
         if self._admit is None:
             raise InputError("this plan has no admit entry (compile it with an admit batch)")
-        self._queue_run(self._admit, feeds)
+        self._run("admit", lambda: self._queue_run(self._admit, feeds))
         self._steps = 0
 
     def join(self, feeds: dict[str, np.ndarray]) -> None:
@@ -110,7 +125,7 @@ class PlanEngine:
         that also prefills one prompt into a free row, queued on the stream."""
         if self._join is None:
             raise InputError("this plan has no join entry (compile it with join=True)")
-        self._queue_run(self._join, feeds)
+        self._run("join", lambda: self._queue_run(self._join, feeds))
         self._steps += 1
 
     def _queue_run(self, ex: Any, feeds: dict[str, np.ndarray]) -> None:
@@ -128,9 +143,9 @@ class PlanEngine:
 
     def decode(self) -> None:
         if self._decode._graph is not None:
-            self._decode.replay(self.stream)
+            self._run("decode", lambda: self._decode.replay(self.stream))
         else:
-            self._decode.run({}, stream=self.stream, measure=False)
+            self._run("decode", lambda: self._decode.run({}, stream=self.stream, measure=False))
         self._steps += 1
 
     def sync(self) -> None:
@@ -239,6 +254,56 @@ class _Staging:
             cupy.cuda.runtime.memcpyAsync(dst.data.ptr, view.ctypes.data, view.nbytes, _H2D, stream.ptr)
         self.queued(stream)
         return waits
+
+
+class _Timeline:
+    """GPU time of an engine's runs from timing events recorded before and after each, read once
+    the second has completed (``cudaEventElapsedTime`` on completed events: no wait). Per kind of
+    run: count and milliseconds; and ``starved``: runs queued when the GPU had already finished
+    everything before them (it waited for the host)."""
+
+    def __init__(self) -> None:
+        self._spare: list[Any] = []
+        self._open: collections.deque[tuple[str, Any, Any]] = collections.deque()
+        self._last: Any = None  # the end event of the run queued last
+        self._last_read = False  # ``poll`` has read it (reused once another run is queued)
+        self.runs: dict[str, int] = {}
+        self.ms: dict[str, float] = {}
+        self.starved = 0
+
+    def _event(self) -> Any:
+        import cupy
+
+        return self._spare.pop() if self._spare else cupy.cuda.Event()
+
+    def around(self, kind: str, stream: Any, launch: Callable[[], None]) -> None:
+        if self._last is not None and self._last.done:
+            self.starved += 1
+        if self._last_read:
+            self._spare.append(self._last)
+        a = self._event()
+        a.record(stream)
+        launch()
+        b = self._event()
+        b.record(stream)
+        self._open.append((kind, a, b))
+        self._last, self._last_read = b, False
+
+    def poll(self) -> dict[str, Any]:
+        import cupy
+
+        while self._open and self._open[0][2].done:
+            kind, a, b = self._open.popleft()
+            self.runs[kind] = self.runs.get(kind, 0) + 1
+            self.ms[kind] = self.ms.get(kind, 0.0) + float(cupy.cuda.get_elapsed_time(a, b))
+            self._spare.append(a)
+            if b is self._last:
+                self._last_read = True
+            else:
+                self._spare.append(b)
+        return {"runs": dict(self.runs), "gpu_ms": {k: round(v, 3) for k, v in self.ms.items()},
+                "gpu_ms_per_run": {k: round(v / self.runs[k], 4) for k, v in self.ms.items()},
+                "starved_runs": self.starved}
 
 
 class _Fetch:

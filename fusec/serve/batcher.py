@@ -108,6 +108,10 @@ class Batcher:
         self.driver: dict[str, float] = {}  # decode-only phases, measured (counters=True and CUPTI)
         self.driver_steps = 0
         self._measuring = False
+        # the GPU engine's timeline: each kind of run's GPU time, measured by events (read on this
+        # thread after each processed step; None for an engine without one)
+        self._timeline = getattr(engine, "gpu_timeline", None)
+        self.gpu: dict[str, Any] | None = None
 
     # ---- any thread ---------------------------------------------------------------------------
 
@@ -179,6 +183,8 @@ class Batcher:
                                "admit_syncs_note": "host synchronizations made while admitting rows, counted by the "
                                                    "engine where it makes them; decode steps of rows already "
                                                    "decoding read their tokens back asynchronously"}
+        if self.gpu is not None:
+            out["gpu"] = self.gpu
         if self.counters:
             steps = max(self.driver_steps, 1)
             out["decode_driver"] = {"steps": self.driver_steps, "total": dict(self.driver),
@@ -191,6 +197,8 @@ class Batcher:
 
     def _main(self) -> None:
         try:
+            if self._timeline is not None:
+                self.gpu = self._timeline()  # turned on before the first run
             self._loop()
             reason = self.stopping or "the server is shutting down"
         except BaseException as e:  # noqa: BLE001 - every job must hear why it ended
@@ -338,6 +346,8 @@ class Batcher:
                     events.append((job, [tok], False))
             if events:
                 self.on_events(events)
+        if self._timeline is not None:
+            self.gpu = self._timeline()
 
     def _end(self, job: Job, finish: str, events: Events, new: Sequence[int] = (), error: str | None = None) -> None:
         if job.finish is not None:
