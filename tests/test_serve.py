@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 openai = pytest.importorskip("openai")
@@ -158,6 +159,34 @@ def test_text_pieces_hold_whole_characters_and_stop_strings_are_held_back():
     assert "S" not in "".join(pieces[:ids.index(tok.encode("S")[0]) + 3])  # "ST" waited: it could become STOP
     ts = TextStream(None)
     assert "".join(ts.add(x) for x in ([5], [6, 7])) == "5 6 7"  # no tokenizer: the ids
+
+
+def test_streamed_text_decoded_in_windows_equals_the_whole_decode():
+    """TextStream decodes a moving window, not the whole sequence, at each step: over random
+    texts of multi-byte characters fed in random chunks, the pieces join to the tokenizer's decode
+    of all the ids, and no piece holds a broken character."""
+    from test_hf_dir_hostile import _tokenizer_json
+    from tokenizers import Tokenizer as HFTok
+
+    from fusec.serve.text import TextStream
+    from fusec.text import Tokenizer
+
+    tok = Tokenizer(HFTok.from_str(_tokenizer_json()), bos_id=None, eos_ids=(), add_bos=False)
+    rng = np.random.default_rng(5)
+    alphabet = list("ab Zü€😀 ,.") + ["\n"]
+    for _ in range(40):
+        ids = tok.encode("".join(rng.choice(alphabet, int(rng.integers(1, 40)))))
+        ts, pieces, at = TextStream(tok), [], 0
+        while at < len(ids):
+            n = int(rng.integers(1, 4))
+            pieces.append(ts.add(ids[at:at + n]))
+            at += n
+        pieces.append(ts.add([], final=True))
+        assert "".join(pieces) == tok.decode(ids)
+        assert all("\ufffd" not in p for p in pieces[:-1])
+    ts = TextStream(None)
+    got = "".join(ts.add(list(range(i, i + 3))) for i in range(0, 30, 3))
+    assert got == " ".join(map(str, range(30)))
 
 
 # ---- batching ------------------------------------------------------------------------------------
