@@ -132,3 +132,13 @@ def test_join_is_refused_where_it_cannot_apply_in_one_line(capsys, tmp_path, mon
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and len(err) == 1 and message in err[0], err
     assert not (tmp_path / "x.fplan").exists()
+
+
+def test_serve_compiles_a_join_entry_of_two_by_default_where_one_can_be_built():
+    from fusec.cli.serve import join_prompts
+
+    gm = load_generation_model("llama-tiny")
+    assert join_prompts(None, gm, 8) == 2 and join_prompts(None, gm, 1) == 1  # at most the batch
+    assert join_prompts(0, gm, 8) == 0 and join_prompts(3, gm, 8) == 3  # as given
+    gm.builder = lambda shape, eos: {}  # an ONNX export with its KV cache: none by default
+    assert join_prompts(None, gm, 8) == 0

@@ -66,7 +66,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-JOIN_HELP = ("a join entry: a decode step that prefills up to J new requests (default 1) into free rows in the same "
+JOIN_HELP = ("a join entry: a decode step that prefills up to J new requests (--join alone: 1) into free rows in the same "
              "products, so a request admitted while other rows decode costs a fraction of a step instead of stalling "
              "every row for a prefill (models/join.py; J <= B)")
 DEQUANTIZE_HELP = ("a GGUF file's quantized weights dequantized at load to the plan's dtype instead of kept packed: about 3.5x the weight memory of Q4_K_M, for batches where the packed kernels are slower (measured on an H100: packed Q4_K_M 1.67x bf16 at batch 1, 0.64x at batch 8; benchmarks/RESULTS.md)")

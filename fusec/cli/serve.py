@@ -55,8 +55,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "admitting k requests computes about k rows instead of the whole batch (0, the default: "
                         "every admission runs the whole batch's prefill; A < B; models fusec builds, not a plan "
                         "file or an ONNX export)")
-    p.add_argument("--join", type=int, nargs="?", const=1, default=0, metavar="J",
-                   help="compile " + JOIN_HELP + "; models fusec builds, not a plan file")
+    p.add_argument("--join", type=int, nargs="?", const=1, default=None, metavar="J",
+                   help="compile " + JOIN_HELP + "; models fusec builds, not a plan file (default: 2, at most the "
+                        "batch; 0: none; an ONNX export with its KV cache has none). Measured on an H200 at 32 "
+                        "clients, in the same runs: 0.77-0.79 of the plan's decode rate against 0.72-0.75 "
+                        "through the prefill, time to first token p50 16-18 ms against 28-29 "
+                        "(benchmarks/RESULTS.md)")
     p.add_argument("--dequantize", action="store_true", help=DEQUANTIZE_HELP)
     p.add_argument("--counters", action="store_true", help="count the driver's work over decode steps (CUPTI; /health)")
     p.add_argument("--weights-dir", default=None, metavar="DIR", help="HF checkpoint for a built-in model's weights")
@@ -75,7 +79,7 @@ def _check(args: argparse.Namespace) -> None:
             raise InputError(f"--{name.replace('_', '-')} must be a positive integer, got {v}")
     if args.model.endswith(".fplan"):  # options of the compile serve makes: a plan file had its own
         for flag, given, why in (("--dequantize", args.dequantize, "a plan's weights are compiled in"),
-                                 ("--join", args.join, "a plan has its entries already (fusec compile --generate --join)"),
+                                 ("--join", args.join is not None, "a plan has its entries already (fusec compile --generate --join)"),
                                  ("--admit-batch", args.admit_batch,
                                   "a plan has its entries already (fusec compile --generate --admit-batch A)")):
             if given:
@@ -83,7 +87,8 @@ def _check(args: argparse.Namespace) -> None:
     from fusec.models.generate import check_admit_batch, check_join
 
     check_admit_batch(args.admit_batch, args.batch if args.batch is not None else 8)
-    check_join(args.join, args.batch if args.batch is not None else 8)
+    if args.join is not None:
+        check_join(args.join, args.batch if args.batch is not None else 8)
     if not 0 <= args.admit_wait_ms <= 1000:
         raise InputError(f"--admit-wait-ms must be in [0, 1000], got {args.admit_wait_ms}")
     for name in ("max_queue", "max_body_bytes", "default_max_tokens"):
@@ -155,6 +160,7 @@ def _engine(args: argparse.Namespace) -> tuple[Any, Any, str, str]:
     if s_len >= t_max:
         raise InputError(f"--max-prompt-len {s_len} leaves no room for a completion in --max-seq-len {t_max}")
     batch = args.batch if args.batch is not None else 8
+    join = join_prompts(args.join, gm, batch)
     if not gpu:
         from fusec import toolchain
         from fusec.generation import ReferenceEngine
@@ -162,7 +168,7 @@ def _engine(args: argparse.Namespace) -> tuple[Any, Any, str, str]:
 
         note(f"{toolchain.gpu_missing_reason(with_fix=False) or 'no GPU found'}: serving with the numpy reference "
              "backend (slow, but the same graphs)")
-        engine = ReferenceEngine(build_graphs(gm, batch, t_max, s_len, admit_batch=args.admit_batch, join=args.join),
+        engine = ReferenceEngine(build_graphs(gm, batch, t_max, s_len, admit_batch=args.admit_batch, join=join),
                                  optimize=True)
         engine.meta = dict(engine.meta, vocab_size=cfg.vocab_size)  # as a plan's record has it
         return engine, gm.tokenizer, gm.source, "reference"
@@ -170,8 +176,16 @@ def _engine(args: argparse.Namespace) -> tuple[Any, Any, str, str]:
     from fusec.runtime.generation import PlanEngine
 
     plan = compile_generation(gm, batch=batch, max_seq_len=t_max, prefill_len=s_len, dtype=args.dtype or "bf16",
-                              arch=arch, admit_batch=args.admit_batch, join=args.join)
+                              arch=arch, admit_batch=args.admit_batch, join=join)
     return PlanEngine(plan), gm.tokenizer, gm.source, "cuda"
+
+
+def join_prompts(given: int | None, gm: Any, batch: int) -> int:
+    """The join entry's prompts a step for a model serve compiles: as given, else 2 (at most the
+    batch), or 0 for a model exported with its KV cache (no join entry can be built for it)."""
+    if given is not None:
+        return given
+    return 0 if gm.builder is not None else min(2, batch)
 
 
 class _Terminated(Exception):

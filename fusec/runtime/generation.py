@@ -43,6 +43,7 @@ class PlanEngine:
         self._decode_counts: dict[str, Any] = {}
         self.last_prefill_ms: float | None = None
         self._pinned: _PinnedPool | None = None
+        self._views: dict[str, Any] = {}  # state name -> its CuPy view (fetch)
         self._staging: _Staging | None = None
         self.syncs = 0  # host synchronizations this engine made (stream or event waits), counted where made
         self.timeline: _Timeline | None = None  # GPU time of each run, when turned on (a server: ``gpu_timeline``)
@@ -82,9 +83,12 @@ class PlanEngine:
     def fetch(self, name: str) -> _Fetch:
         """State ``name`` as it will be after the work queued so far, without waiting for it (see
         the module docstring): ``ready()`` polls, ``get()`` waits by polling."""
+        src = self._views.get(name)
+        if src is None:  # made once per state: a server fetches every step
+            src = self._views[name] = self.device.state_array(name)
         if self._pinned is None:
-            self._pinned = _PinnedPool(self.device.state_array(name).nbytes)
-        return self._pinned.copy(self.device.state_array(name), self.stream)
+            self._pinned = _PinnedPool(src.nbytes)
+        return self._pinned.copy(src, self.stream)
 
     def read_state(self, name: str) -> np.ndarray:
         self._sync()
