@@ -292,8 +292,14 @@ def _generation(c: FieldCheck, m: Mapping[str, Any], blobs: Mapping[str, Any]) -
     t_max = c.int(g["max_seq_len"], "generation.max_seq_len", 1, MAX_DIM)
     if admits:
         c.int(g["admit_batch"], "generation.admit_batch", 1, batch - 1)
-    if "join" in g and g["join"] is not True:  # true: one prompt a step (as fusec before 2026-11-28 wrote it)
-        c.int(g["join"], "generation.join", 1, batch)
+    if joins:  # true: one prompt a step (as fusec before 2026-11-28 wrote it)
+        slots = 1 if g["join"] is True else c.int(g["join"], "generation.join", 1, batch)
+        entry = ents["join"] if isinstance(ents["join"], Mapping) else {}
+        inputs = entry.get("inputs") if isinstance(entry.get("inputs"), list) else []
+        rows = [d.get("shape") for d in inputs if isinstance(d, Mapping) and d.get("name") == "row"]
+        if rows != [[slots]]:
+            raise c.fail("generation.join", f"{slots} prompts a step, but the join entry's input 'row' is "
+                                            f"{rows[0] if rows else 'missing'}")
     c.int(g["prefill_len"], "generation.prefill_len", 1, t_max)
     c.int(g["vocab_size"], "generation.vocab_size", 1, i31)
     c.int(g["num_layers"], "generation.num_layers", 0, i31)

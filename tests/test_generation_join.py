@@ -112,6 +112,9 @@ def test_a_plan_with_a_join_entry_compiles_from_the_cli_saves_loads_and_is_check
         m["generation"]["join"] = bad
         with pytest.raises(PlanFileError, match="generation.join"):
             validate(m, plan.blobs(), "j", fusec.__version__)
+    m["generation"]["join"] = True  # as fusec wrote a one-prompt join entry before counts: not this one's
+    with pytest.raises(PlanFileError, match="input 'row' is \\[2\\]"):
+        validate(m, plan.blobs(), "j", fusec.__version__)
     del m["generation"]["join"]  # a join entry the record does not declare
     with pytest.raises(PlanFileError, match="entry points"):
         validate(m, plan.blobs(), "j", fusec.__version__)

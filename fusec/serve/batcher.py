@@ -24,8 +24,11 @@ The plan runs on this one thread (a plan runs one call at a time); nothing else 
 thread keeps up to ``lookahead`` decode steps queued on the GPU: after each step it queues an
 asynchronous read-back of the drawn tokens (``engine.fetch("cur")``) and processes the read-backs
 that have landed, polling their events, so a step of rows already decoding costs no host
-synchronization. A step that admits rows waits for the queued steps (polling) and synchronizes
-once (writing the settings), and says so in ``stats()``. Since a prefill costs the same for one
+synchronization. An admission queues behind the steps in flight too (the sampling settings and the
+entry's inputs go through page-locked staging), and ``stats()`` counts any host synchronization it
+makes (``admit_syncs``). With a GPU engine, ``stats()["gpu"]`` is the engine's timeline: each kind
+of run's GPU time and the runs queued after the GPU had run dry (the host, not the GPU, set the
+pace then). Since a prefill costs the same for one
 row or for all, a request that finds fewer companions than free rows waits up to ``admit_wait``
 seconds (other rows decode meanwhile) for others to join the same prefill.
 
