@@ -56,10 +56,19 @@ class SimEngine:
         self._free = time.perf_counter()  # when the timeline's queued work ends
         self._rng = np.random.default_rng(0)
         self._vocab, self._batch = vocab, batch
+        self._runs: dict[str, int] = {}
+        self._starved = 0
 
     def _queue(self, what: str) -> None:
         time.sleep(0)  # a driver call: the lock is released and taken back
-        self._free = max(self._free, time.perf_counter()) + self._cost[what]
+        now = time.perf_counter()
+        self._starved += self._free < now  # the timeline had run dry: the GPU waited for the host
+        self._free = max(self._free, now) + self._cost[what]
+        self._runs[what] = self._runs.get(what, 0) + 1
+
+    def gpu_timeline(self) -> dict[str, Any]:
+        """As ``PlanEngine.gpu_timeline``: runs per kind and those queued to an idle timeline."""
+        return {"runs": dict(self._runs), "starved_runs": self._starved}
 
     def write_states(self, values: dict[str, np.ndarray]) -> None:
         time.sleep(0)
@@ -156,7 +165,8 @@ def main() -> int:
     print(f"clients {args.clients}: {s['tok_s']:.0f} tok/s = {s['ratio']:.2f} x the timeline's {rate:.0f} "
           f"(steady {s['steady_tok_s'] / rate:.2f}); "
           f"TTFT p50/p99 {s['ttft_ms_p50']:.1f}/{s['ttft_ms_p99']:.1f} ms; rows in use per step "
-          f"{h['row_steps'] / max(h['decode_steps'], 1):.2f}; admissions {h['admissions']}; "
+          f"{h['row_steps'] / max(h['decode_steps'], 1):.2f}; admissions {h['admissions']}; runs queued to an "
+          f"idle GPU {h.get('gpu', {}).get('starved_runs')} of {sum(h.get('gpu', {}).get('runs', {}).values())}; "
           f"server CPU {s['server_cpu']['cores']:.2f} cores {s['server_cpu']['top_threads']}")
     return 0
 
