@@ -85,7 +85,8 @@ def test_an_entry_runs_on_its_inputs_held_in_page_locked_memory_in_its_own_dtype
     seen = []
 
     class _Entry:
-        _inputs = [("input_ids", (1, 3), DType.I64, 0), ("row", (1,), DType.I64, 64)]
+        def input_dtypes(self):
+            return {"input_ids": DType.I64.np, "row": DType.I64.np}
 
         def run(self, feeds, stream=None, measure=False):
             seen.append({n: (a.ctypes.data, a.dtype, a.tolist()) for n, a in feeds.items()})

@@ -269,6 +269,10 @@ class Executor:
         cap.synchronize()
         self._graph = graph
 
+    def input_dtypes(self) -> dict[str, Any]:
+        """{input name: the numpy dtype the entry takes it in}."""
+        return {name: dt.np for name, _, dt, _ in self._inputs}
+
     def replay(self, stream: Any) -> None:
         """Replay the captured graph on the inputs already staged (benchmarks: no host work)."""
         if self._graph is None:

@@ -126,9 +126,9 @@ class PlanEngine:
 
     def join(self, feeds: dict[str, np.ndarray]) -> None:
         """One run of the join entry (``fusec.generation.join_feeds``): a decode step of every row
-        that also prefills one prompt into a free row, queued on the stream."""
+        that also prefills up to J prompts into free rows, queued on the stream."""
         if self._join is None:
-            raise InputError("this plan has no join entry (compile it with join=True)")
+            raise InputError("this plan has no join entry (compile it with a join count: --join J)")
         self._run("join", lambda: self._queue_run(self._join, feeds))
         self._steps += 1
 
@@ -137,7 +137,7 @@ class PlanEngine:
         queued behind the steps in flight without waiting for them."""
         if self._staging is None:
             self._staging = _Staging()
-        want = {name: dt.np for name, _, dt, _ in ex._inputs}  # the entry's own dtypes: no conversion in run
+        want = ex.input_dtypes()  # the entry's own dtypes: no conversion in run
         names = list(feeds)
         views, waits = self._staging.hold([np.asarray(feeds[n]).astype(want.get(n), copy=False)
                                            if n in want else np.asarray(feeds[n]) for n in names])
