@@ -127,6 +127,7 @@ def start_server(target: str, n: int, args: argparse.Namespace, err_path: str) -
     if not target.endswith(".fplan"):  # the reference backend: the model itself
         cmd += ["--batch", str(n), "--max-seq-len", str(args.prompt_len + args.max_tokens), "--max-prompt-len",
                 str(args.prompt_len), "--admit-batch", str(_admit_batch(args, n)), "--join", str(args.join)]
+    cmd += ["--readback-every", str(args.readback_every)]
     err = open(err_path, "wb")  # noqa: SIM115 - the server's log, kept in OUT_DIR
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     t_end = time.monotonic() + 300
@@ -348,6 +349,8 @@ def main() -> int:
     ap.add_argument("--join", type=int, default=0, metavar="J", help="plans with a join entry of J prompts a step "
                     "(fusec serve --join J): requests admitted while rows decode ride in a decode step (0: none)")
     ap.add_argument("--duration", type=float, default=20.0, help="seconds of load per point")
+    ap.add_argument("--readback-every", type=int, default=1, metavar="K",
+                    help="the server reads the drawn tokens back every K decode steps (fusec serve --readback-every)")
     ap.add_argument("--client-procs", type=int, default=0, metavar="P",
                     help="processes the clients are spread over (default: half the cores, at most 8)")
     ap.add_argument("--prompt-len", type=int, default=128)

@@ -87,7 +87,8 @@ class SimEngine:
 
     def fetch(self, name: str) -> _Ready:
         time.sleep(0)
-        return _Ready(self._free, self._rng.integers(1, self._vocab, self._batch))
+        shape = (self._batch, self.meta["max_seq_len"]) if name == "tokens" else (self._batch,)
+        return _Ready(self._free, self._rng.integers(1, self._vocab, shape))
 
     def sync(self) -> None:
         time.sleep(max(0.0, self._free - time.perf_counter()))
@@ -109,7 +110,8 @@ def serve(args: argparse.Namespace) -> None:
     engine = SimEngine(args.clients, args.prompt_len, args.prompt_len + args.max_tokens, args.vocab,
                        args.clients // args.admit_div if args.admit_div else 0, args.step_ms, args.prefill_ms,
                        args.admit_ms, args.join, args.join_ms)
-    batcher = Batcher(engine, lambda events: None, max_queue=4 * args.clients + 8, lookahead=args.lookahead)
+    batcher = Batcher(engine, lambda events: None, max_queue=4 * args.clients + 8, lookahead=args.lookahead,
+                      readback_every=args.readback_every)
     server = serve_app.Server(batcher, None, "bench", log=lambda line: None)
     sys.setswitchinterval(args.switch_us / 1e6)
     serve_app.run(server, "127.0.0.1", 0, on_ready=lambda port: print(f"port {port}", flush=True))
@@ -130,7 +132,8 @@ def main() -> int:
     ap.add_argument("--join", type=int, default=0, metavar="J", help="a join entry of J prompts a step (0: none)")
     ap.add_argument("--join-ms", type=float, default=2.88, help="a join step's time (H200, J=2: 2.88 ms)")
     ap.add_argument("--switch-us", type=int, default=500)
-    ap.add_argument("--lookahead", type=int, default=3, help="decode steps the engine keeps queued (Batcher)")
+    ap.add_argument("--lookahead", type=int, default=3, help="read-backs the engine keeps queued (Batcher)")
+    ap.add_argument("--readback-every", type=int, default=1, metavar="K", help="decode steps per read-back (Batcher)")
     ap.add_argument("--client-procs", type=int, default=0, metavar="P", help="processes the clients are spread over")
     ap.add_argument("--server-only", action="store_true", help="run the server in this process until killed")
     args = ap.parse_args()

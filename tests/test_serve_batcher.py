@@ -62,13 +62,14 @@ def _alone(gm, prompt, n, sampling=None, seed=0):
     return generate(_engine(gm, 1), [prompt], n, gm.config.vocab_size, seed=seed, sampling=sampling).new_ids[0]
 
 
-@pytest.mark.parametrize("join", [0, 1, 2], ids=["prefill", "join-entry", "join-entry-2"])
-def test_greedy_requests_beside_others_equal_alone(gm, join):
+@pytest.mark.parametrize("join,every", [(0, 1), (1, 1), (2, 1), (0, 3), (2, 4)],
+                         ids=["prefill", "join-entry", "join-entry-2", "prefill-read-every-3", "join-2-read-every-4"])
+def test_greedy_requests_beside_others_equal_alone(gm, join, every):
     """Six requests with different lengths and max_tokens through three rows: they queue, join as
     rows free up (other rows keep decoding; with a join entry, inside a decode step), and each
-    draws exactly what it draws alone."""
+    draws exactly what it draws alone; also when the tokens are read back every few steps."""
     sink = _Sink()
-    b = Batcher(_engine(gm, join=join), sink, max_queue=16, lookahead=2)
+    b = Batcher(_engine(gm, join=join), sink, max_queue=16, lookahead=2, readback_every=every)
     b.start()
     try:
         jobs = [Job(p, 6 + 3 * i) for i, p in enumerate(PROMPTS)]
@@ -81,6 +82,12 @@ def test_greedy_requests_beside_others_equal_alone(gm, join):
         assert j.finish == "length" and j.tokens == _alone(gm, j.prompt_ids, j.max_tokens)
         assert sink.delivered(j) == j.tokens  # every token was handed out once, in order
     assert b.counts["admitted"] == 6
+    reads = b.counts["readbacks"] - b.counts["admissions"]  # those of decode and join steps
+    if every == 1:
+        assert reads == b.counts["decode_steps"]
+    else:  # one per `every` steps, and a partial one before each admission or when the batch empties
+        assert reads <= b.counts["decode_steps"] // every + 2 * b.counts["admissions"] + 2
+        assert reads < b.counts["decode_steps"]
     if join:  # the first requests come in by the prefill (no row is decoding yet), later ones by joins
         assert b.counts["joined"] >= 3 and b.counts["admissions"] >= 1
         assert b.counts["joins"] <= b.counts["joined"]
@@ -88,11 +95,11 @@ def test_greedy_requests_beside_others_equal_alone(gm, join):
         assert b.counts["admissions"] >= 2 and b.counts["joins"] == b.counts["joined"] == 0
 
 
-@pytest.mark.parametrize("join", [False, True], ids=["prefill", "join-entry"])
-def test_sampled_requests_are_reproducible_by_seed_in_any_row(gm, join):
+@pytest.mark.parametrize("join,every", [(0, 1), (1, 1), (1, 3)], ids=["prefill", "join-entry", "join-read-every-3"])
+def test_sampled_requests_are_reproducible_by_seed_in_any_row(gm, join, every):
     cut = Sampling(0.9, 20, 0.9)
     sink = _Sink()
-    b = Batcher(_engine(gm, join=join), sink, max_queue=16)
+    b = Batcher(_engine(gm, join=join), sink, max_queue=16, readback_every=every)
     b.start()
     try:
         jobs = [Job(PROMPTS[0], 8, cut, seed=5), Job(PROMPTS[1], 12), Job(PROMPTS[0], 8, cut, seed=5),
@@ -127,13 +134,14 @@ def test_cancel_frees_the_row_for_the_next_request(gm):
     assert b.counts["cancelled"] == 1
 
 
-def test_end_of_sequence_ends_a_request_and_others_go_on(gm):
+@pytest.mark.parametrize("every", [1, 4], ids=["read-every-step", "read-every-4"])
+def test_end_of_sequence_ends_a_request_and_others_go_on(gm, every):
     first = _alone(gm, PROMPTS[0], 6)
     eos = first[2]  # the third token drawn ends the first request
     sink = _Sink()
     e = ReferenceEngine(build_graphs(gm, 2, 40, 8, eos_ids=[eos]), optimize=True)
     e.meta = dict(e.meta, vocab_size=gm.config.vocab_size)
-    b = Batcher(e, sink, max_queue=4)
+    b = Batcher(e, sink, max_queue=4, readback_every=every)
     b.start()
     try:
         jobs = [Job(PROMPTS[0], 6), Job(PROMPTS[3], 5)]

@@ -62,6 +62,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "through the prefill, time to first token p50 16-18 ms against 28-29 "
                         "(benchmarks/RESULTS.md)")
     p.add_argument("--dequantize", action="store_true", help=DEQUANTIZE_HELP)
+    p.add_argument("--readback-every", type=int, default=1, metavar="K",
+                   help="read the drawn tokens back once every K decode steps (one copy of the tokens state) "
+                        "instead of after each step: the engine thread's host work and driver calls per token "
+                        "divided by K; tokens reach clients K at a time (default 1; not yet measured on a GPU)")
     p.add_argument("--counters", action="store_true", help="count the driver's work over decode steps (CUPTI; /health)")
     p.add_argument("--weights-dir", default=None, metavar="DIR", help="HF checkpoint for a built-in model's weights")
     p.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), default=None, help="storage dtype on the GPU (default bf16)")
@@ -91,7 +95,7 @@ def _check(args: argparse.Namespace) -> None:
         check_join(args.join, args.batch if args.batch is not None else 8)
     if not 0 <= args.admit_wait_ms <= 1000:
         raise InputError(f"--admit-wait-ms must be in [0, 1000], got {args.admit_wait_ms}")
-    for name in ("max_queue", "max_body_bytes", "default_max_tokens"):
+    for name in ("max_queue", "max_body_bytes", "default_max_tokens", "readback_every"):
         if getattr(args, name) < 1:
             raise InputError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
     if args.max_seq_len is not None and args.max_seq_len < 2:
@@ -212,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
     engine, tok, source, backend = _engine(args)
     name = args.served_model_name or os.path.basename(str(source)) or "model"
     batcher = Batcher(engine, lambda events: None, max_queue=args.max_queue, counters=args.counters,
-                      admit_wait=args.admit_wait_ms / 1e3)
+                      admit_wait=args.admit_wait_ms / 1e3, readback_every=args.readback_every)
     server = serve_app.Server(batcher, tok, name, api_key=api_key, max_body=args.max_body_bytes,
                               default_max_tokens=args.default_max_tokens, chat_template=template)
     # the engine thread and the event loop share the GIL: let a waiting thread in sooner than 5 ms

@@ -42,7 +42,7 @@ class PlanEngine:
         self._prefill_stats: dict[str, Any] = {}
         self._decode_counts: dict[str, Any] = {}
         self.last_prefill_ms: float | None = None
-        self._pinned: _PinnedPool | None = None
+        self._pinned: dict[str, _PinnedPool] = {}  # state name -> page-locked buffers for its reads (fetch)
         self._views: dict[str, Any] = {}  # state name -> its CuPy view (fetch)
         self._staging: _Staging | None = None
         self.syncs = 0  # host synchronizations this engine made (stream or event waits), counted where made
@@ -86,9 +86,10 @@ class PlanEngine:
         src = self._views.get(name)
         if src is None:  # made once per state: a server fetches every step
             src = self._views[name] = self.device.state_array(name)
-        if self._pinned is None:
-            self._pinned = _PinnedPool(src.nbytes)
-        return self._pinned.copy(src, self.stream)
+        pool = self._pinned.get(name)
+        if pool is None:  # one per state: "cur" every step, or "tokens" every few (fusec.serve.batcher)
+            pool = self._pinned[name] = _PinnedPool(src.nbytes)
+        return pool.copy(src, self.stream)
 
     def read_state(self, name: str) -> np.ndarray:
         self._sync()

@@ -24,7 +24,10 @@ The plan runs on this one thread (a plan runs one call at a time); nothing else 
 thread keeps up to ``lookahead`` decode steps queued on the GPU: after each step it queues an
 asynchronous read-back of the drawn tokens (``engine.fetch("cur")``) and processes the read-backs
 that have landed, polling their events, so a step of rows already decoding costs no host
-synchronization. An admission queues behind the steps in flight too (the sampling settings and the
+synchronization. With ``readback_every`` K > 1 (``fusec serve --readback-every K``) one read-back of
+the ``tokens`` state (row b's token n at position len(prompt) + n) covers K steps: the thread's
+driver calls and Python work per token fall K-fold, tokens reach clients K at a time, and K - 1
+more steps stay queued for the same slack. An admission queues behind the steps in flight too (the sampling settings and the
 entry's inputs go through page-locked staging), and ``stats()`` counts any host synchronization it
 makes (``admit_syncs``). With a GPU engine, ``stats()["gpu"]`` is the engine's timeline: each kind
 of run's GPU time and the runs queued after the GPU had run dry (the host, not the GPU, set the
@@ -87,7 +90,7 @@ Events = list[tuple[Job, list[int], bool]]
 class Batcher:
     def __init__(self, engine: Any, on_events: Callable[[Events], None], *, max_queue: int = 64,
                  eos_ids: Sequence[int] | None = None, lookahead: int = 3, counters: bool = False,
-                 admit_wait: float = 0.002):
+                 admit_wait: float = 0.002, readback_every: int = 1):
         meta = engine.meta
         self.engine = engine
         self.batch, self.prefill_len = int(meta["batch"]), int(meta["prefill_len"])
@@ -100,14 +103,18 @@ class Batcher:
         self.rows: list[Job | None] = [None] * self.batch
         self.queue: collections.deque[Job] = collections.deque()
         self.cond = threading.Condition()
-        self.pending: collections.deque[tuple[Any, list[tuple[int, Job]]]] = collections.deque()
+        # read-backs queued: (fetch, the seats of each step it covers, the state read: "cur" holds
+        # one step's tokens, "tokens" every position's)
+        self.pending: collections.deque[tuple[Any, list[list[tuple[int, Job]]], str]] = collections.deque()
+        self.readback_every = max(1, int(readback_every))
+        self._unread: list[list[tuple[int, Job]]] = []  # seats of the steps since the last read-back
         self.settings = [Sampling()] * self.batch
         self.seeds = np.zeros(self.batch, np.int64)
         self.stopping: str | None = None
         self.thread: threading.Thread | None = None
         self.counts = {"submitted": 0, "admissions": 0, "admitted": 0, "decode_steps": 0, "finished": 0,
                        "cancelled": 0, "admit_syncs": 0, "admit_runs": 0, "tokens": 0,
-                       "row_steps": 0, "admit_host_ms": 0.0, "joins": 0, "joined": 0}
+                       "row_steps": 0, "admit_host_ms": 0.0, "joins": 0, "joined": 0, "readbacks": 0}
         self.driver: dict[str, float] = {}  # decode-only phases, measured (counters=True and CUPTI)
         self.driver_steps = 0
         self._measuring = False
@@ -252,7 +259,8 @@ class Batcher:
                 self._admit()
             if self._busy():
                 self._step(feeds)
-            self._drain(keep=self.lookahead if self._busy() else 0)
+            # a window of K steps is read once complete: keep K - 1 more in flight for the same slack
+            self._drain(keep=self.lookahead + self.readback_every - 1 if self._busy() else 0)
 
     def _busy(self) -> bool:
         return any(j is not None for j in self.rows)
@@ -273,7 +281,22 @@ class Batcher:
             self._measure(True)
         self.counts["decode_steps"] += 1
         self.counts["row_steps"] += sum(j is not None for j in self.rows)
-        self.pending.append((self.engine.fetch("cur"), [(b, j) for b, j in enumerate(self.rows) if j]))
+        seats = [(b, j) for b, j in enumerate(self.rows) if j]
+        if self.readback_every == 1:
+            self.pending.append((self.engine.fetch("cur"), [seats], "cur"))
+            self.counts["readbacks"] += 1
+            return
+        self._unread.append(seats)
+        if len(self._unread) >= self.readback_every:
+            self._read_back()
+
+    def _read_back(self) -> None:
+        """One read-back of the tokens of every step since the last (``readback_every`` > 1): the
+        ``tokens`` state holds each row's token n at position len(prompt) + n."""
+        if self._unread:
+            self.pending.append((self.engine.fetch("tokens"), self._unread, "tokens"))
+            self.counts["readbacks"] += 1
+            self._unread = []
 
     def _seat(self, n: int) -> list[tuple[int, Job]]:
         """Seat up to ``n`` queued jobs in free rows and write the rows' sampling states (queued,
@@ -318,39 +341,52 @@ class Batcher:
             for b, job in seated:
                 ids[b, :len(job.prompt_ids)] = job.prompt_ids
                 lengths[b] = len(job.prompt_ids)
+            self._read_back()  # the steps before come first
             self.counts["admit_runs"] += admit_rows(self.engine, ids, lengths)
-            self.pending.append((self.engine.fetch("cur"), seated))
+            self.pending.append((self.engine.fetch("cur"), [seated], "cur"))
+            self.counts["readbacks"] += 1
             self.counts["admissions"] += 1
             self._admission_cost(t0, syncs)
         self._measure(True)
 
     def _drain(self, keep: int) -> None:
-        """Process the read-backs that have landed; wait (polling) while more than ``keep`` are queued."""
-        while self.pending and (len(self.pending) > keep or self.pending[0][0].ready()):
-            fetch, seats = self.pending.popleft()
-            cur = fetch.get()
+        """Process the read-backs that have landed; wait (polling) while more than ``keep`` steps are
+        in flight (read back or not)."""
+        if keep == 0:
+            self._read_back()  # nothing more will be stepped soon: read what is unread
+        while self.pending and (self._in_flight() > keep or self.pending[0][0].ready()):
+            fetch, steps, state = self.pending.popleft()
+            got = fetch.get()
             events: Events = []
-            for b, job in seats:
-                if job.finish is not None:
-                    continue  # ended after this step was queued: the row's later tokens are nobody's
-                if job.cancelled:
-                    self._end(job, "cancelled", events)
-                    continue
-                tok = int(cur[b])
-                job.tokens.append(tok)
-                self.counts["tokens"] += 1
-                if job.t_first is None:
-                    job.t_first = time.perf_counter()
-                if tok in self.eos_ids:
-                    self._end(job, "stop", events)
-                elif len(job.tokens) >= job.max_tokens:
-                    self._end(job, "length", events, new=[tok])
-                else:
-                    events.append((job, [tok], False))
+            fresh: dict[Job, list[int]] = {}  # tokens drawn in these steps by jobs still running
+            for seats in steps:
+                for b, job in seats:
+                    if job.finish is not None:
+                        continue  # ended after this step was queued: the row's later tokens are nobody's
+                    if job.cancelled:
+                        fresh.pop(job, None)
+                        self._end(job, "cancelled", events)
+                        continue
+                    tok = int(got[b] if state == "cur" else got[b, len(job.prompt_ids) + len(job.tokens)])
+                    job.tokens.append(tok)
+                    self.counts["tokens"] += 1
+                    if job.t_first is None:
+                        job.t_first = time.perf_counter()
+                    if tok in self.eos_ids:
+                        self._end(job, "stop", events, new=fresh.pop(job, []))
+                    elif len(job.tokens) >= job.max_tokens:
+                        self._end(job, "length", events, new=fresh.pop(job, []) + [tok])
+                    else:
+                        fresh.setdefault(job, []).append(tok)
+            events += [(job, toks, False) for job, toks in fresh.items()]
             if events:
                 self.on_events(events)
         if self._timeline is not None:
             self.gpu = self._timeline()
+
+    def _in_flight(self) -> int:
+        """Steps queued whose tokens are not processed yet (read back or not)."""
+        return sum(len(steps) for _, steps, _ in self.pending) + len(self._unread)
 
     def _end(self, job: Job, finish: str, events: Events, new: Sequence[int] = (), error: str | None = None) -> None:
         if job.finish is not None:
