@@ -27,6 +27,7 @@
 #   serve_join fusec serve at 8 and 32 clients with a join entry, then 32 without (same call)
 #   serve_js  fusec serve at 32 clients with join entries of 1, 2 and 4 prompts a step
 #   serve_prof fusec serve at 32 clients (join 2) sampled by py-spy (.whl3) for 8 s: where the server's threads spend it
+#   serve_rb  fusec serve at 32 clients (join 2), tokens read back every step, then every 4, twice each
 #   serve_final fusec serve at 8 and 32 clients with a join entry of 2, at 32 with 4, at 32 without
 #   stests    the serve GPU tests (continuous batching, the admit entry)
 #   serve_admit fusec serve at 32 clients without an admit entry, at 8 and 32 with one of batch/4 (where the time goes)
@@ -121,6 +122,9 @@ for step in "$@"; do
                 timeout 30 /tmp/spy/bin/py-spy record -p "$pid" --duration 8 --rate 400 --format raw --threads --idle \
                   --nonblocking -o "$R/spy.txt" > "$R/spy_log.txt" 2>&1
                 wait; grep -E "^\| 32 " "$R/prof.txt"; tail -n 3 "$R/spy_log.txt" ;;
+    serve_rb) for k in 1 4 1 4; do
+                timeout 100 python3 benchmarks/serve.py "$R/serve_rb$k" --clients 32 --join 2 --readback-every $k --duration 8 > "$R/serve_rb$k.txt" 2>&1
+                echo "readback every $k"; grep -E "^\| 32 " "$R/serve_rb$k.txt"; done ;;
     serve_join) timeout 160 python3 benchmarks/serve.py "$R/serve_join" --clients 8,32 --join 1 --duration 8 > "$R/serve_join.txt" 2>&1
                 grep -E "^\| (8|32) " "$R/serve_join.txt"
                 timeout 100 python3 benchmarks/serve.py "$R/serve_nojoin" --clients 32 --duration 8 > "$R/serve_nojoin.txt" 2>&1

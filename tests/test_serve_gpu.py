@@ -46,11 +46,11 @@ def _alone(gm, prompt, n, sampling=None, seed=0):
     return generate(e, [prompt], n, gm.config.vocab_size, seed=seed, sampling=sampling).new_ids[0]
 
 
-@pytest.mark.parametrize("admit_batch,join", [(0, 0), (1, 0), (0, 1), (0, 2)],
-                         ids=["prefill", "admit-entry", "join-entry", "join-entry-2"])
-def test_requests_joining_mid_flight_draw_what_they_draw_alone(admit_batch, join):
+@pytest.mark.parametrize("admit_batch,join,every", [(0, 0, 1), (1, 0, 1), (0, 1, 1), (0, 2, 1), (0, 2, 3)],
+                         ids=["prefill", "admit-entry", "join-entry", "join-entry-2", "join-2-read-every-3"])
+def test_requests_joining_mid_flight_draw_what_they_draw_alone(admit_batch, join, every):
     """Rows join through the whole-batch prefill, the admit entry (one prompt a run), or the join
-    entry (one or two prompts riding in a decode step)."""
+    entry (one or two prompts riding in a decode step); tokens read back every step or every three."""
     from fusec.runtime.generation import PlanEngine
 
     gm = load_generation_model("qwen3-tiny")
@@ -58,7 +58,7 @@ def test_requests_joining_mid_flight_draw_what_they_draw_alone(admit_batch, join
                               admit_batch=admit_batch, join=join)
     cut = Sampling(0.9, 30, 0.9)
     jobs = [Job(p, 8 + 5 * i, cut if i % 2 else Sampling(), seed=100 + i) for i, p in enumerate(PROMPTS)]
-    b = _run(PlanEngine(plan), jobs, lookahead=3)
+    b = _run(PlanEngine(plan), jobs, lookahead=3, readback_every=every)
     for i, j in enumerate(jobs):
         assert j.finish == "length", (i, j.finish, j.error)
         assert j.tokens == _alone(gm, j.prompt_ids, j.max_tokens, j.sampling, j.seed), i
