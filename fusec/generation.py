@@ -40,7 +40,7 @@ class Engine(Protocol):
     def prefill(self, input_ids: np.ndarray, lengths: np.ndarray, timed: bool = True,
                 measure: bool = False) -> None: ...  # lengths 0: row not admitted
     def admit(self, feeds: Mapping[str, np.ndarray]) -> None: ...  # one run of the admit entry (admit_feeds)
-    def join(self, feeds: Mapping[str, np.ndarray]) -> None: ...  # one decode step joined by a prompt (join_feeds)
+    def join(self, feeds: Mapping[str, np.ndarray]) -> None: ...  # one decode step joined by up to J prompts (join_feeds)
     def decode(self) -> None: ...
     def sync(self) -> None: ...
     def measure(self, on: bool) -> None: ...  # start/stop counting driver activity (decode loop)

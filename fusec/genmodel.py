@@ -146,8 +146,9 @@ def build_graphs(gm: GenModel, batch: int, max_seq_len: int, prefill_len: int | 
                  eos_ids: Sequence[int] | None = None, storage: str | None = None,
                  admit_batch: int = 0, join: int = 0) -> dict[str, Any]:
     """The prefill and decode graphs (and with ``admit_batch`` the admit entry's:
-    models/generate.py; with ``join`` (J prompts a step) the join entry's: models/join.py); ``storage`` ("f16"/"bf16"): the compile's storage dtype, in which the
-    large weights are held (``fusec.models.weights.StoredWeights``)."""
+    models/generate.py; with ``join`` (J prompts a step) the join entry's: models/join.py);
+    ``storage`` ("f16"/"bf16"): the compile's storage dtype, in which the large weights are held
+    (``fusec.models.weights.StoredWeights``)."""
     from fusec.models.generate import GenerationShape, build_generation
 
     shape = GenerationShape(batch, max_seq_len, prefill_len if prefill_len is not None else min(max_seq_len, 128),

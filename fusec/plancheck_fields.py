@@ -54,7 +54,7 @@ GEMM_DTYPES = {"f32": 4, "f16": 2, "bf16": 2}
 GEMM_COMPUTE = ("f32", "tf32")
 # a generation plan (fusec.compiler.compile_generation; read by fusec.runtime.generation, fusec generate,
 # fusec.generation.check_prompts, fusec.report.subject): its entry points and its "generation" record
-GEN_ENTRIES = ("prefill", "decode")  # and "admit" where the record has an admit_batch, "join" where join is true
+GEN_ENTRIES = ("prefill", "decode")  # and "admit" where the record has an admit_batch, "join" where it has a join count
 GEN_KEYS = {"entry", "batch", "max_seq_len", "prefill_len", "eos_ids", "vocab_size", "num_layers", "source",
             "tokenizer", "admit_batch", "join"}
 GEN_REQUIRED = ("entry", "batch", "max_seq_len", "prefill_len", "eos_ids", "vocab_size", "num_layers", "source")

@@ -24,16 +24,16 @@ The plan runs on this one thread (a plan runs one call at a time); nothing else 
 thread keeps up to ``lookahead`` decode steps queued on the GPU: after each step it queues an
 asynchronous read-back of the drawn tokens (``engine.fetch("cur")``) and processes the read-backs
 that have landed, polling their events, so a step of rows already decoding costs no host
-synchronization. With ``readback_every`` K > 1 (``fusec serve --readback-every K``) one read-back of
-the ``tokens`` state (row b's token n at position len(prompt) + n) covers K steps: the thread's
+synchronization. With ``readback_every`` K > 1 (``fusec serve --readback-every K``) one read-back
+of the ``tokens`` state (row b's token n at position len(prompt) + n) covers K steps: the thread's
 driver calls and Python work per token fall K-fold, tokens reach clients K at a time, and K - 1
-more steps stay queued for the same slack. An admission queues behind the steps in flight too (the sampling settings and the
-entry's inputs go through page-locked staging), and ``stats()`` counts any host synchronization it
-makes (``admit_syncs``). With a GPU engine, ``stats()["gpu"]`` is the engine's timeline: each kind
-of run's GPU time and the runs queued after the GPU had run dry (the host, not the GPU, set the
-pace then). Since a prefill costs the same for one
-row or for all, a request that finds fewer companions than free rows waits up to ``admit_wait``
-seconds (other rows decode meanwhile) for others to join the same prefill.
+more steps stay queued for the same slack. An admission queues behind the steps in flight too (the
+sampling settings and the entry's inputs go through page-locked staging), and ``stats()`` counts
+any host synchronization it makes (``admit_syncs``). With a GPU engine, ``stats()["gpu"]`` is the
+engine's timeline: each kind of run's GPU time and the runs queued after the GPU had run dry (the
+host, not the GPU, set the pace then). Since a prefill costs the same for one row or for all, a
+request that finds fewer companions than free rows waits up to ``admit_wait`` seconds (other rows
+decode meanwhile) for others to join the same prefill.
 
 Events go to the consumer through ``on_events(list of (job, new token ids, finished))``, called on
 the engine thread once per processed step (the server hands them to its event loop in one call).
@@ -283,19 +283,22 @@ class Batcher:
         self.counts["row_steps"] += sum(j is not None for j in self.rows)
         seats = [(b, j) for b, j in enumerate(self.rows) if j]
         if self.readback_every == 1:
-            self.pending.append((self.engine.fetch("cur"), [seats], "cur"))
-            self.counts["readbacks"] += 1
+            self._queue_read("cur", [seats])
             return
         self._unread.append(seats)
         if len(self._unread) >= self.readback_every:
             self._read_back()
 
+    def _queue_read(self, state: str, steps: list[list[tuple[int, Job]]]) -> None:
+        """Queue a read-back of ``state`` covering ``steps`` (each step's seats): "cur" holds one
+        step's tokens, "tokens" each row's token n at position len(prompt) + n."""
+        self.pending.append((self.engine.fetch(state), steps, state))
+        self.counts["readbacks"] += 1
+
     def _read_back(self) -> None:
-        """One read-back of the tokens of every step since the last (``readback_every`` > 1): the
-        ``tokens`` state holds each row's token n at position len(prompt) + n."""
+        """One read-back of the tokens of every step since the last (``readback_every`` > 1)."""
         if self._unread:
-            self.pending.append((self.engine.fetch("tokens"), self._unread, "tokens"))
-            self.counts["readbacks"] += 1
+            self._queue_read("tokens", self._unread)
             self._unread = []
 
     def _seat(self, n: int) -> list[tuple[int, Job]]:
@@ -343,8 +346,7 @@ class Batcher:
                 lengths[b] = len(job.prompt_ids)
             self._read_back()  # the steps before come first
             self.counts["admit_runs"] += admit_rows(self.engine, ids, lengths)
-            self.pending.append((self.engine.fetch("cur"), [seated], "cur"))
-            self.counts["readbacks"] += 1
+            self._queue_read("cur", [seated])
             self.counts["admissions"] += 1
             self._admission_cost(t0, syncs)
         self._measure(True)
@@ -354,7 +356,9 @@ class Batcher:
         in flight (read back or not)."""
         if keep == 0:
             self._read_back()  # nothing more will be stepped soon: read what is unread
+        processed = False
         while self.pending and (self._in_flight() > keep or self.pending[0][0].ready()):
+            processed = True
             fetch, steps, state = self.pending.popleft()
             got = fetch.get()
             events: Events = []
@@ -381,7 +385,7 @@ class Batcher:
             events += [(job, toks, False) for job, toks in fresh.items()]
             if events:
                 self.on_events(events)
-        if self._timeline is not None:
+        if processed and self._timeline is not None:  # runs completed meanwhile: their GPU time
             self.gpu = self._timeline()
 
     def _in_flight(self) -> int:
