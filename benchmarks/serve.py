@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 from fusec.runtime.generation import generate_with_plan
+from fusec.serve.batcher import READBACK_EVERY
 
 T0 = time.perf_counter()
 
@@ -349,7 +350,7 @@ def main() -> int:
     ap.add_argument("--join", type=int, default=0, metavar="J", help="plans with a join entry of J prompts a step "
                     "(fusec serve --join J): requests admitted while rows decode ride in a decode step (0: none)")
     ap.add_argument("--duration", type=float, default=20.0, help="seconds of load per point")
-    ap.add_argument("--readback-every", type=int, default=1, metavar="K",
+    ap.add_argument("--readback-every", type=int, default=READBACK_EVERY, metavar="K",
                     help="the server reads the drawn tokens back every K decode steps (fusec serve --readback-every)")
     ap.add_argument("--client-procs", type=int, default=0, metavar="P",
                     help="processes the clients are spread over (default: half the cores, at most 8)")

@@ -25,6 +25,7 @@ import time
 from typing import Any
 
 import numpy as np
+from fusec.serve.batcher import READBACK_EVERY
 
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -133,7 +134,7 @@ def main() -> int:
     ap.add_argument("--join-ms", type=float, default=2.88, help="a join step's time (H200, J=2: 2.88 ms)")
     ap.add_argument("--switch-us", type=int, default=500)
     ap.add_argument("--lookahead", type=int, default=3, help="read-backs the engine keeps queued (Batcher)")
-    ap.add_argument("--readback-every", type=int, default=1, metavar="K", help="decode steps per read-back (Batcher)")
+    ap.add_argument("--readback-every", type=int, default=READBACK_EVERY, metavar="K", help="decode steps per read-back (Batcher)")
     ap.add_argument("--client-procs", type=int, default=0, metavar="P", help="processes the clients are spread over")
     ap.add_argument("--server-only", action="store_true", help="run the server in this process until killed")
     args = ap.parse_args()

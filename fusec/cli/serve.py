@@ -11,6 +11,7 @@ from typing import Any
 from fusec.cli._common import add_command, note
 from fusec.cli.generate import DEQUANTIZE_HELP, JOIN_HELP
 from fusec.errors import InputError
+from fusec.serve.batcher import READBACK_EVERY
 
 MAX_CHAT_TEMPLATE_BYTES = 1 << 20
 
@@ -62,10 +63,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "through the prefill, time to first token p50 16-18 ms against 28-29 "
                         "(benchmarks/RESULTS.md)")
     p.add_argument("--dequantize", action="store_true", help=DEQUANTIZE_HELP)
-    p.add_argument("--readback-every", type=int, default=1, metavar="K",
+    p.add_argument("--readback-every", type=int, default=READBACK_EVERY, metavar="K",
                    help="read the drawn tokens back once every K decode steps (one copy of the tokens state) "
                         "instead of after each step: the engine thread's host work and driver calls per token "
-                        "divided by K; tokens reach clients K at a time (default 1; not yet measured on a GPU)")
+                        f"divided by K; tokens reach clients K at a time (default {READBACK_EVERY}; measured on an "
+                        "H200 at 32 clients, in the same call: 0.87-0.88 of the plan's decode rate at 4 against 0.83 "
+                        "at 1, benchmarks/RESULTS.md)")
     p.add_argument("--counters", action="store_true", help="count the driver's work over decode steps (CUPTI; /health)")
     p.add_argument("--weights-dir", default=None, metavar="DIR", help="HF checkpoint for a built-in model's weights")
     p.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), default=None, help="storage dtype on the GPU (default bf16)")

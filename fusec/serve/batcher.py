@@ -87,10 +87,16 @@ class Job:
 Events = list[tuple[Job, list[int], bool]]
 
 
+# Read-backs every K decode steps by default: measured on an H200 at 32 clients (benchmarks/RESULTS.md,
+# fifth session), K = 4 gave 0.87-0.88 of the plan's decode rate against 0.83 at K = 1 in the same call
+# (the engine thread at 0.28 cores against 0.68; runs queued to an idle GPU 0.5% against 4-5%)
+READBACK_EVERY = 4
+
+
 class Batcher:
     def __init__(self, engine: Any, on_events: Callable[[Events], None], *, max_queue: int = 64,
                  eos_ids: Sequence[int] | None = None, lookahead: int = 3, counters: bool = False,
-                 admit_wait: float = 0.002, readback_every: int = 1):
+                 admit_wait: float = 0.002, readback_every: int = READBACK_EVERY):
         meta = engine.meta
         self.engine = engine
         self.batch, self.prefill_len = int(meta["batch"]), int(meta["prefill_len"])
