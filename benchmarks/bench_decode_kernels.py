@@ -222,10 +222,11 @@ def _pdl_chain(ck, args_per_launch: list[list]) -> list[Callable]:  # noqa: ANN0
             for args in args_per_launch]
 
 
-def bench_gemv(results: list, quick: bool) -> None:
+def bench_gemv(results: list, quick: bool, rings: list[tuple[int, int]] = (), ms: tuple[int, ...] = ()) -> None:
     """Each decode product shape alone, in a CUDA graph cycling over weight copies (> L2): fusec's
     skinny product launched plainly and with PDL (weight loads overlap the previous launch), and
-    cuBLAS reading the same bytes as [N, K] (trans_b) and [K, N]."""
+    cuBLAS reading the same bytes as [N, K] (trans_b) and [K, N]. ``rings``: the shared-memory ring
+    forms (stages, tiles per block) timed too, with PDL."""
     import cupy as cp
 
     from fusec.runtime import cublas
@@ -237,7 +238,7 @@ def bench_gemv(results: list, quick: bool) -> None:
         nsets = max(2, min(32, -(-L2_ROTATE // wbytes)))
         ws = [_bf16((N, Kd), 0.05) for _ in range(nsets)]  # [N, K]: GemvSpec's layout, cuBLAS trans_b
         wts = [w.reshape(Kd, N) for w in ws]                # the same bytes read as a [K, N] weight
-        for M in ((1, 8) if quick else (1, 4, 8, 16)):
+        for M in ms or ((1, 8) if quick else (1, 4, 8, 16)):
             x = _bf16((M, Kd))
             c = cp.empty((M, N), cp.uint16)
             row = {"bench": "gemv", "name": name, "M": M, "K": Kd, "N": N, "bytes": wbytes}
@@ -246,6 +247,10 @@ def bench_gemv(results: list, quick: bool) -> None:
             row.update(fusec_us=us, fusec_GBps=wbytes / us * 1e-3, fusec_regs=ck.binary.registers)
             us = graph_time(_pdl_chain(ck, [[x, w, c] for w in ws]))
             row.update(fusec_pdl_us=us, fusec_pdl_GBps=wbytes / us * 1e-3)
+            for st, tpb in rings:
+                rk = K.build(S.GemvSpec(M, N, Kd, BF16, stages=st, tiles_per_block=tpb))
+                us = graph_time(_pdl_chain(rk, [[x, w, c] for w in ws]))
+                row[f"ring{st}x{tpb}_us"] = us
             for tb, key in ((False, "cublas_kn"), (True, "cublas_nk")):
                 calls = []
                 for w in (ws if tb else wts):
@@ -282,6 +287,17 @@ def _table(results: list, copy: float, device: str) -> str:
         L += ["### cache_write (bf16 [B, 8, 4096, 128], one new position)", "", "| B | us |", "|---|---|"]
         L += [f"| {r['B']} | {r['us']:.2f} |" for r in cw] + [""]
     gv = [r for r in results if r["bench"] == "gemv"]
+    ring_keys = sorted({k for r in gv for k in r if k.startswith("ring")})
+    if ring_keys:
+        L += ["### decode products: the shared-memory ring (stages x tiles per block), PDL, us (% of copy)", "",
+              "| product | M | weights | registers, PDL | " + " | ".join(k[4:-3] for k in ring_keys) + " | cuBLAS [N,K] |",
+              "|---|---|---|---|" + "---|" * (len(ring_keys) + 1)]
+        for r in gv:
+            cells = [f"{r[k]:.2f} ({100 * r['bytes'] / r[k] * 1e6 / copy:.0f}%)" for k in ring_keys]
+            L.append(f"| {r['name']} | {r['M']} | {r['bytes'] / 1e6:.1f} MB | {r['fusec_pdl_us']:.2f} "
+                     f"({100 * r['fusec_pdl_GBps'] * 1e9 / copy:.0f}%) | " + " | ".join(cells)
+                     + f" | {r['cublas_nk_us']:.2f} |")
+        L.append("")
     if gv:
         L += ["### decode products, bf16 (us per launch and weight GB/s; a graph cycling over weight copies)", "",
               "| product | M | K->N | weights | fusec | fusec + PDL | % of copy (PDL) | cuBLAS [N,K] | cuBLAS [K,N] |",
@@ -300,7 +316,11 @@ def main() -> int:
     ap.add_argument("out")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", default="kv,sample,cache,gemv")
+    ap.add_argument("--rings", default="", help="gemv: shared-memory ring forms to time too, e.g. 3x2,4x4 (stages x tiles per block)")
+    ap.add_argument("--ms", default="", help="gemv: the M values (default 1,4,8,16; --quick 1,8)")
     args = ap.parse_args()
+    rings = [tuple(int(v) for v in f.split("x")) for f in args.rings.split(",") if f]
+    ms = tuple(int(v) for v in args.ms.split(",") if v)
     import cupy as cp
 
     out = Path(args.out)
@@ -315,7 +335,7 @@ def main() -> int:
     copy = copy_bw()
     only = set(args.only.split(","))
     for key, fn in (("kv", lambda: bench_kv(results, args.quick)), ("cache", lambda: bench_cache_write(results)),
-                    ("sample", lambda: bench_sample(results, args.quick)), ("gemv", lambda: bench_gemv(results, args.quick))):
+                    ("sample", lambda: bench_sample(results, args.quick)), ("gemv", lambda: bench_gemv(results, args.quick, rings, ms))):
         if key in only:
             t = time.time()
             try:

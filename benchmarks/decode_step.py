@@ -184,7 +184,10 @@ def main() -> int:
     ap.add_argument("--context", type=int, default=128, help="prompt tokens (at most 128): the cache holds them")
     ap.add_argument("--steps", type=int, default=127)
     ap.add_argument("--windows", type=int, default=5)
+    ap.add_argument("--gemv-forms", default="ring", help="FUSEC_GEMV_FORM values: the first gets every mode and the "
+                    "profile, each other one a PDL timing checked bit for bit against the first's (e.g. ring,register)")
     args = ap.parse_args()
+    forms = args.gemv_forms.split(",")
     from fusec.compiler import compile_generation
 
     out = Path(args.out)
@@ -195,14 +198,18 @@ def main() -> int:
     results: dict[str, Any] = {"model": args.model, "copy_Bps": bw, "context": args.context, "runs": []}
     tmp = tempfile.mkdtemp()
     for batch in map(int, args.batches.split(",")):
-        t0 = time.time()
-        plan = compile_generation(gm, batch=batch, max_seq_len=args.context + args.steps + 16,
-                                  prefill_len=args.context, dtype="bf16", eos_ids=[])
-        compile_s = time.time() - t0
-        path = os.path.join(tmp, f"b{batch}.fplan")
-        plan.save(path)
-        weights = int(plan.manifest["memory"]["weights_bytes"])
-        del plan
+        paths = {}
+        for form in forms:
+            os.environ["FUSEC_GEMV_FORM"] = form
+            t0 = time.time()
+            plan = compile_generation(gm, batch=batch, max_seq_len=args.context + args.steps + 16,
+                                      prefill_len=args.context, dtype="bf16", eos_ids=[])
+            compile_s = time.time() - t0
+            paths[form] = os.path.join(tmp, f"b{batch}-{form}.fplan")
+            plan.save(paths[form])
+            weights = int(plan.manifest["memory"]["weights_bytes"])
+            del plan
+        path = paths[forms[0]]
         kv = 2 * cfg.num_layers * batch * cfg.num_kv_heads * cfg.head_dim * 2 * (args.context + args.steps / 2)
         roof_ms = (weights + kv) / bw * 1e3
         rec: dict[str, Any] = {"batch": batch, "compile_s": round(compile_s, 1), "weights_bytes": weights,
@@ -215,6 +222,12 @@ def main() -> int:
             if not mode.endswith("again"):
                 rec[mode] = r
             runs[mode] = (tokens, caches)
+        for form in forms[1:]:
+            r, tokens, caches = run_mode(paths[form], True, batch, args.steps, args.windows)
+            r["tok_s"] = batch / (r["step_ms"] * 1e-3)
+            r["pct_roofline"] = 100 * roof_ms / r["step_ms"]
+            rec[f"pdl_{form}"] = r
+            runs[form] = (tokens, caches)
 
         def same(a: str, b: str) -> dict[str, Any]:
             (ta, ca), (tb, cb) = runs[a], runs[b]
@@ -229,6 +242,8 @@ def main() -> int:
         rec["plain_vs_plain"] = same("plain", "plain_again")
         rec["pdl_vs_pdl"] = same("pdl", "pdl_again")
         rec["pdl_bit_identical"] = rec["pdl_vs_plain"]["tokens"] and rec["pdl_vs_plain"]["caches"]
+        for form in forms[1:]:
+            rec[f"{forms[0]}_vs_{form}"] = same("pdl", form)
         rec["layers"] = cfg.num_layers
         rec["launches_per_layer"] = round(rec["pdl"]["launches"] / cfg.num_layers, 2)
         results["runs"].append(rec)
@@ -242,13 +257,16 @@ def main() -> int:
                           "plain_profile": rec["plain"]["profile"]}, default=str), flush=True)
     (out / "decode_step.json").write_text(json.dumps(results, indent=1, default=str))
     md = [f"model {args.model}, context {args.context}, copy bandwidth {bw / 1e9:.0f} GB/s", "",
-          "| batch | launches (per layer) | PDL step ms | tok/s | % roofline | plain step ms | median gap PDL / plain (us) | bit-identical |",
-          "|---|---|---|---|---|---|---|---|"]
+          "| batch | launches (per layer) | PDL step ms | tok/s | % roofline | plain step ms | median gap PDL / plain (us) | bit-identical |"
+          + "".join(f" {f} form: PDL step ms (same bits) |" for f in forms[1:]),
+          "|---|---|---|---|---|---|---|---|" + "---|" * (len(forms) - 1)]
     for r in results["runs"]:
         g = [x["profile"]["gap_us_median"] if isinstance(x["profile"], dict) else None for x in (r["pdl"], r["plain"])]
         md.append(f"| {r['batch']} | {r['pdl']['launches']} ({r['launches_per_layer']}) | {r['pdl']['step_ms']:.3f} "
                   f"| {r['pdl']['tok_s']:.0f} | {r['pdl']['pct_roofline']:.0f}% | {r['plain']['step_ms']:.3f} "
-                  f"| {g[0]} / {g[1]} | {r['pdl_bit_identical']} |")
+                  f"| {g[0]} / {g[1]} | {r['pdl_bit_identical']} |"
+                  + "".join(f" {r[f'pdl_{f}']['step_ms']:.3f} ({r[f'{forms[0]}_vs_{f}']['tokens'] and r[f'{forms[0]}_vs_{f}']['caches']}) |"
+                            for f in forms[1:]))
     (out / "decode_step.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
     return 0

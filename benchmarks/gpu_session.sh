@@ -6,8 +6,11 @@
 #   gpu_all   every GPU test (benchmarks/gpu_check.sh)
 #   gemv      decode products alone vs cuBLAS (benchmarks/bench_decode_kernels.py --only gemv)
 #   kv        split attention alone (--only kv)
-#   step_q    Qwen3-0.6B decode step, PDL vs plain, batch 1 and 8 (benchmarks/decode_step.py)
-#   step_l    the Llama-3.2-1B shape, batch 1
+#   rings     the decode products' shared-memory ring forms (stages x tiles per block) beside the register form and cuBLAS
+#   gncu      Nsight Compute counters of the skinny product's forms and cuBLAS on the LM head's shape (benchmarks/gemv_ncu.py)
+#   gtests    the skinny-product GPU tests (tests/test_gemv_gpu.py)
+#   step_q    Qwen3-0.6B decode step, PDL vs plain, batch 1 and 8, the GEMV's ring form vs its register form (benchmarks/decode_step.py)
+#   step_l    the Llama-3.2-1B shape, batch 1, ring vs register form
 #   peer      Qwen3-0.6B decode and prefill vs the gpt-fast-style torch peer (benchmarks/decode.py --quick)
 #   quant     packed quantized weights: kernels and decode (benchmarks/quant_bench.py --quick)
 #   quant_full  the same, every shape and format, the 16-layer decode models at batch 1 and 8
@@ -59,11 +62,20 @@ for step in "$@"; do
             timeout 120 $PT -n 12 $K > "$R/t_k.txt" 2>&1; grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_k.txt" | tail -n 12 ;;
     gemv) timeout 150 python3 benchmarks/bench_decode_kernels.py "$R/bk" --only gemv > "$R/gemv.txt" 2>&1
           grep "^|" "$R/gemv.txt" | tail -n 45 ;;
+    rings) timeout 300 python3 benchmarks/bench_decode_kernels.py "$R/rings" --only gemv --ms 1,8 \
+             --rings 2x1,3x1,3x2,3x4,4x2,4x4,4x8,6x4 > "$R/rings.txt" 2>&1
+           grep "^|" "$R/rings.txt" | head -n 24 ;;
+    gncu) timeout 200 ncu --clock-control none -k regex:"fc_gemv|gemv|gemm|Kernel" --section SpeedOfLight --section Occupancy \
+            --section WarpStateStats --section MemoryWorkloadAnalysis --section LaunchStats \
+            python3 benchmarks/gemv_ncu.py > "$R/gncu.txt" 2>&1
+          grep -E "^launch:|==PROF==|  [a-zA-Z_0-9]+.*\(|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Warp Cycles Per Issued|Block Limit|Dynamic Shared|Mem Busy|Max Bandwidth|L2 Hit|Stall|Waves" "$R/gncu.txt" | head -n 120 ;;
+    gtests) timeout 200 $PT -n 8 tests/test_gemv_gpu.py > "$R/t_gemv.txt" 2>&1
+            grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_gemv.txt" | tail -n 12 ;;
     kv) timeout 120 python3 benchmarks/bench_decode_kernels.py "$R/bkv" --only kv > "$R/kv.txt" 2>&1
         grep "^|" "$R/kv.txt" | tail -n 25 ;;
-    step_q) timeout 120 python3 benchmarks/decode_step.py "$R/step_q" --model qwen3-0.6b --batches 1,8 > "$R/step_q.txt" 2>&1
+    step_q) timeout 200 python3 benchmarks/decode_step.py "$R/step_q" --model qwen3-0.6b --batches 1,8 --gemv-forms ring,register > "$R/step_q.txt" 2>&1
             tail -n 6 "$R/step_q.txt" ;;
-    step_l) timeout 80 python3 benchmarks/decode_step.py "$R/step_l" --model llama-1b --batches 1 --context 32 > "$R/step_l.txt" 2>&1
+    step_l) timeout 150 python3 benchmarks/decode_step.py "$R/step_l" --model llama-1b --batches 1 --context 32 --gemv-forms ring,register > "$R/step_l.txt" 2>&1
             tail -n 5 "$R/step_l.txt" ;;
     peer) timeout 170 python3 benchmarks/decode.py "$R/peer.json" --quick --batches 1 --contexts 128 --budget-s 110 --hf none --no-fp32-check > "$R/peer.txt" 2>&1
           tail -n 25 "$R/peer.txt" ;;

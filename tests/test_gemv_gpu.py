@@ -29,7 +29,10 @@ def norm_ref(x: np.ndarray, g: np.ndarray, eps: float, off: float, dt: DType) ->
     return ((g.astype(np.float32) + np.float32(off)) * n).astype(dt.np).astype(np.float64)
 
 
-def _gemv(dt: DType, M: int, N: int, K: int, **kw: object):  # noqa: ANN202
+def _gemv(dt: DType, M: int, N: int, K: int, ring: tuple[int, int] | None = None, **kw: object):  # noqa: ANN202
+    """Runs the product on random inputs against float64 numpy; with ``ring`` (stages, tiles per
+    block), the shared-memory ring's form of the same spec on the same inputs too, which must give
+    the same bits (each tile's sums run in the same order)."""
     spec = S.GemvSpec(M, N, K, dt, **kw)  # type: ignore[arg-type]
     e = spec.epilogue
     x, w = rand((M, K), dt), rand((N, K), dt, -0.2, 0.2)
@@ -47,6 +50,21 @@ def _gemv(dt: DType, M: int, N: int, K: int, **kw: object):  # noqa: ANN202
         temp = np.array([0.0 if m % 2 == 0 else 0.8 for m in range(M)], np.float32)
         args += [dev(np.arange(7, 7 + M, dtype=np.int64)), dev(np.full(M, 3, np.int64)), dev(temp), part]
     run(spec, args)
+    if ring is not None:
+        import dataclasses
+
+        rspec = dataclasses.replace(spec, stages=ring[0], tiles_per_block=ring[1])
+        rout = poisoned((M, spec.n_out), dt)
+        rargs = args[:len(args) - (5 if spec.argmax else 1)] + [rout] + (args[-4:-1] if spec.argmax else [])
+        if spec.argmax:
+            import cupy as cp
+
+            rpart = cp.full((spec.part_floats,), np.nan, dtype=np.float32)
+            rargs.append(rpart)
+        run(rspec, rargs)
+        assert np.array_equal(host(rout, dt).view(np.uint8), host(out, dt).view(np.uint8)), f"ring {ring}"
+        if spec.argmax:
+            assert np.array_equal(rpart.get().view(np.uint32), part.get().view(np.uint32)), f"ring {ring} partials"
     xn = norm_ref(x, g, spec.eps, spec.weight_offset, dt) if g is not None else x.astype(np.float64)
     acc = xn @ w.astype(np.float64).T
     if spec.glu:
@@ -97,11 +115,11 @@ def test_gemv_argmax_partials(dt: DType, M: int, N: int, K: int) -> None:
     spec, got, part = _gemv(dt, M, N, K, norm=True, argmax=True)
     from fusec import sampling
 
-    p = part.get().reshape(M, spec.grid, 2)
+    p = part.get().reshape(M, spec.tiles, 2)
     assert not np.isnan(p[..., 0]).any(), "a block wrote no partial"
     idx = p[..., 1].view(np.int32)
     for m in range(M):
-        best = max(range(spec.grid), key=lambda b: (p[m, b, 0], -idx[m, b]))
+        best = max(range(spec.tiles), key=lambda b: (p[m, b, 0], -idx[m, b]))
         x = got[m].astype(np.float32)
         # the row's draw as fusec/sampling.py defines it, over the product's own stored logits
         want = sampling.sample_row(x, 7 + m, 3, 0.0 if m % 2 == 0 else 0.8, 0, 1.0)
@@ -117,3 +135,17 @@ def test_gemv_several_k_groups(dt: DType) -> None:
     for M in (1, 9):
         _gemv(dt, M, 520, 8200, norm=True, epilogue=S.Epilogue(residual=True))
         _gemv(dt, M, 2 * 136, 4104, glu="silu", norm=True)
+
+
+@pytest.mark.parametrize("dt", FLOATS)
+@pytest.mark.parametrize("stages,tpb", [(2, 1), (3, 3), (4, 8), (6, 2)])
+def test_gemv_ring_equals_register_buffers(dt: DType, stages: int, tpb: int) -> None:
+    """The shared-memory ring (stages, several tiles per block, a last block with fewer tiles)
+    gives the register form's bits: plain and epilogue, norm prologue (fast and two-pass), gated,
+    argmax partials, several k groups, odd M, N and K."""
+    _gemv(dt, 1, 4096, 1024, ring=(stages, tpb))
+    _gemv(dt, 3, 77, 72, ring=(stages, tpb), epilogue=S.Epilogue(bias=True, activation="silu", residual=True))
+    _gemv(dt, 5, 136, 520, ring=(stages, tpb), norm=True, weight_offset=1.0)
+    _gemv(dt, 16, 2 * 100, 128, ring=(stages, tpb), norm=True, glu="gelu", epilogue=S.Epilogue(residual=True))
+    _gemv(dt, 2, 1001, 64, ring=(stages, tpb), norm=True, argmax=True)
+    _gemv(dt, 9, 520, 8200, ring=(stages, tpb), norm=True, epilogue=S.Epilogue(residual=True))

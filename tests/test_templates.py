@@ -58,6 +58,8 @@ def _specs(dt: DType) -> list:
         S.GemvSpec(13, 96, 1048, dt, norm=True, eps=1e-6, weight_offset=1.0, glu="silu",
                    epilogue=S.Epilogue(bias=True, residual=True)),  # norm prologue + gated epilogue, K tail
         S.GemvSpec(1, 1000, 64, dt, norm=True, argmax=True), S.GemvSpec(3, 512, 4160, dt, norm=True),  # 2 k groups  # LM head + greedy partials
+        S.GemvSpec(1, 1000, 2048, dt, norm=True, argmax=True, stages=4, tiles_per_block=8),  # the ring, LM head
+        S.GemvSpec(9, 2 * 300, 4160, dt, norm=True, glu="silu", stages=3, tiles_per_block=2),  # the ring, k groups
         C.gather((10, 8), (2, 3), 0, dt, I64),
     ]
 
@@ -195,6 +197,10 @@ def test_spec_validation() -> None:
         S.GemvSpec(1, 8, 12, F16)
     with pytest.raises(ValueError, match="own activation"):
         S.GemvSpec(1, 8, 16, F16, glu="silu", epilogue=S.Epilogue(activation="relu"))
+    with pytest.raises(ValueError, match="stages must be"):
+        S.GemvSpec(1, 8, 16, F16, stages=1)
+    with pytest.raises(ValueError, match="need the ring"):
+        S.GemvSpec(1, 8, 16, F16, tiles_per_block=2)
     with pytest.raises(ValueError, match="activation"):
         S.Epilogue(activation="swish; x")
     with pytest.raises(ValueError, match="out_dtype"):

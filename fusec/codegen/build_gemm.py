@@ -46,13 +46,58 @@ def _gemm(spec: S.GemmSpec) -> Rendered:
     return Rendered("gemm.cu.jinja", ctx, grid, (threads, 1, 1), ("A", "B") + _epi_params(spec.epilogue) + ("C",))
 
 
-@builder(S.GemvSpec)
-def _gemv(spec: S.GemvSpec) -> Rendered:
-    nch = cdiv(spec.K, 64)  # 64-wide k chunks
-    cmax = 4 if spec.dtype in S.HALFS else 2  # chunks a lane holds per k group: 64 (fp32 128) bytes, x 2 buffers
+_SMEM_PER_SM = 228 * 1024  # sm_80 164 KB, sm_90 228 KB: the larger; a ring that does not fit runs fewer blocks
+
+
+def gemv_geometry(K: int, dtype: DType) -> tuple[int, int, int, int]:
+    """The skinny product's block shape for a row length K: (warps, chunks a lane holds per k
+    group, k groups, 64-wide k chunks)."""
+    nch = cdiv(K, 64)  # 64-wide k chunks
+    cmax = 4 if dtype in S.HALFS else 2  # chunks a lane holds per k group: 64 (fp32 128) bytes, x 2 buffers
     kg = cdiv(nch, 8 * cmax)  # k groups of at most 8 warps
     warps = max(4, cdiv(nch, cmax * kg))  # >= 4: the epilogue takes one thread per output of a tile
-    ch = cdiv(nch, warps * kg)
+    return warps, cdiv(nch, warps * kg), kg, nch
+
+
+def gemv_ring_bytes(K: int, dtype: DType, stages: int) -> int:
+    """Shared memory of the ring: [stages][8 rows][16-byte pieces of a k group + 1 of padding]."""
+    warps, ch, _, _ = gemv_geometry(K, dtype)
+    return stages * 8 * (warps * ch * 64 * dtype.itemsize // 16 + 1) * 16
+
+
+def gemv_blocks_per_sm(K: int, dtype: DType, stages: int) -> int:
+    """The ring form's resident blocks per SM: as many as their rings fit in shared memory, with at
+    least 128 registers a thread (160 for fp32's per-row sums). The kernel's launch bounds budget
+    its registers for that many (without a count ptxas budgets for more blocks, and spills)."""
+    warps, _, _, _ = gemv_geometry(K, dtype)
+    floor = 128 if dtype in S.HALFS else 160
+    return max(1, min(_SMEM_PER_SM // (gemv_ring_bytes(K, dtype, stages) + 8 * 1024), 65536 // (32 * warps * floor)))
+
+
+GEMV_STAGES = 3
+
+
+def gemv_form(N: int, K: int, dtype: DType, glu: bool = False) -> dict[str, int]:
+    """The form of the skinny product decode plans use (``GemvSpec``'s stages and tiles_per_block):
+    the shared-memory ring of 3 stages, a block taking up to 4 tiles, as many as spread the tiles
+    over one wave of resident blocks (132 SMs). Measured on an H200 (benchmarks/RESULTS.md, fifth
+    session; each product alone, PDL, weights cycled past L2) against the register form, at M = 1:
+    Llama-1B's LM head 123 us against 176 (cuBLAS 126), gate/up 18.2 against 22.4, Qwen3-0.6B's
+    qkv 3.3 against 3.8; only Qwen3's o_proj was slower (2.58 against 2.46 us). M = 8 was measured
+    without the norm prologue (x re-read per tile); there the ring was slower on two of ten shapes,
+    by up to 1 us. The same form serves every M <= 16."""
+    from fusec import knobs
+
+    if knobs.get("FUSEC_GEMV_FORM") == "register":
+        return {"stages": 0, "tiles_per_block": 1}
+    tiles = cdiv(N // 2, 4) if glu else cdiv(N, 8)
+    slots = _SMS * gemv_blocks_per_sm(K, dtype, GEMV_STAGES)
+    return {"stages": GEMV_STAGES, "tiles_per_block": max(1, min(4, cdiv(tiles, slots)))}
+
+
+@builder(S.GemvSpec)
+def _gemv(spec: S.GemvSpec) -> Rendered:
+    warps, ch, kg, nch = gemv_geometry(spec.K, spec.dtype)
     e = spec.epilogue
     ctx = {
         "name": kernel_name("gemv", spec), "M": spec.M, "N": spec.N, "K": spec.K, "nout": spec.n_out,
@@ -64,9 +109,12 @@ def _gemv(spec: S.GemvSpec) -> Rendered:
         # the norm's statistic from the fragments: one k group holds all of x's rows in registers
         # (up to 8 rows: with 16, those registers spill)
         "fast_norm": spec.norm and spec.dtype in S.HALFS and kg == 1 and spec.M <= 8,
+        "stages": spec.stages,
     }
     if spec.argmax:
         ctx.update(seed_t=ctype(spec.seed_dtype), ctr_t=ctype(spec.counter_dtype))
     params = ("x", "W") + (("g",) if spec.norm else ()) + _epi_params(e) + ("C",) \
         + (("seed", "counter", "temperature", "part") if spec.argmax else ())
-    return Rendered("gemv.cu.jinja", ctx, (spec.grid, 1, 1), (32 * warps, 1, 1), params)
+    ring = gemv_ring_bytes(spec.K, spec.dtype, spec.stages)
+    ctx["min_blocks"] = gemv_blocks_per_sm(spec.K, spec.dtype, spec.stages) if spec.stages else 0
+    return Rendered("gemv.cu.jinja", ctx, (spec.grid, 1, 1), (32 * warps, 1, 1), params, shared_mem=ring)

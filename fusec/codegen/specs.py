@@ -339,6 +339,7 @@ class GemmSpec:
 
 GLU_ACTS = ("silu", "gelu", "gelu_tanh", "relu")
 GEMV_MAX_M = 16
+GEMV_MAX_STAGES = 6  # 6 stages of the largest (32 KB) fit the 227 KB of shared memory a block may have
 
 
 @dataclasses.dataclass(frozen=True)
@@ -355,8 +356,11 @@ class GemvSpec:
     [M][grid][value, index bits]), score = the stored output for a greedy row (temperature 0), its
     Gumbel score (fusec/sampling.py, from the row's seed and counter) for a sampled one: what
     ``SampleSpec`` merges instead of reading C (params seed, counter, temperature after C).
-    One block per tile of 8 weight rows (4 rows of each half for ``glu``).
-    Params: x, W, [g], [bias], [residual], C, [seed, counter, temperature, part]."""
+    A tile is 8 weight rows (4 rows of each half for ``glu``). ``stages`` 0: one block per tile, its
+    weights read through two register buffers; ``stages`` S >= 2: a block computes up to
+    ``tiles_per_block`` tiles, streaming their weights through an S-stage shared-memory ring
+    (cp.async; S - 1 stages in flight). Params: x, W, [g], [bias], [residual], C,
+    [seed, counter, temperature, part]."""
 
     M: int
     N: int
@@ -371,10 +375,15 @@ class GemvSpec:
     argmax: bool = False
     seed_dtype: DType = DType.I64
     counter_dtype: DType = DType.I64
+    stages: int = 0
+    tiles_per_block: int = 1
 
     def __post_init__(self) -> None:
-        _pos(("M", self.M), ("N", self.N), ("K", self.K))
+        _pos(("M", self.M), ("N", self.N), ("K", self.K), ("tiles_per_block", self.tiles_per_block))
         _req(self.M <= GEMV_MAX_M, f"gemv handles M <= {GEMV_MAX_M}")
+        _req(self.stages == 0 or 2 <= self.stages <= GEMV_MAX_STAGES,
+             f"gemv stages must be 0 (register buffers) or 2..{GEMV_MAX_STAGES} (a shared-memory ring)")
+        _req(self.stages > 0 or self.tiles_per_block == 1, "gemv: several tiles per block need the ring (stages >= 2)")
         _req(self.dtype in FLOATS, "gemv is float")
         _req(self.K % (16 // self.dtype.itemsize) == 0, "gemv reads 16-byte slices of each weight row: K must be "
              f"a multiple of {16 // self.dtype.itemsize} for {self.dtype.value}")
@@ -395,11 +404,12 @@ class GemvSpec:
 
     @property
     def grid(self) -> int:
-        return self.tiles
+        return -(-self.tiles // self.tiles_per_block)
 
     @property
     def part_floats(self) -> int:
-        return self.M * self.grid * 2 if self.argmax else 0
+        """One (score, column) pair per row and tile."""
+        return self.M * self.tiles * 2 if self.argmax else 0
 
 
 # ---- decode step: KV cache write, attention over a KV cache, sampling (fusec.codegen.build_decode) ----

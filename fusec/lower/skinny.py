@@ -19,6 +19,7 @@ import math
 from typing import Any
 
 from fusec.codegen import specs as S
+from fusec.codegen.build_gemm import gemv_form
 from fusec.ir import Graph, Node, Value
 from fusec.ops import Op
 
@@ -46,12 +47,14 @@ class Plan:
 
     def spec(self) -> S.GemvSpec:
         seed, counter = (self.sample.inputs[1].dtype, self.sample.inputs[2].dtype) if self.sample else (None, None)
-        return S.GemvSpec(self.m, self.n, self.k, self.mm.inputs[0].dtype,
+        dt = self.mm.inputs[0].dtype
+        return S.GemvSpec(self.m, self.n, self.k, dt,
                           S.Epilogue(bias=self.bias is not None, activation=self.act, residual=self.residual is not None),
                           norm=self.norm is not None,
                           eps=float(self.norm.attrs.eps) if self.norm is not None else 1e-6,
                           weight_offset=float(self.norm.attrs.weight_offset) if self.norm is not None else 0.0,
                           glu=self.glu, glu_swap=self.glu_swap, argmax=self.sample is not None,
+                          **gemv_form(self.n, self.k, dt, bool(self.glu)),
                           **({"seed_dtype": seed, "counter_dtype": counter} if self.sample is not None else {}))
 
 
@@ -230,5 +233,5 @@ def emit(ctx: Any, p: Plan, node: Node, label: str) -> None:
     logits = Raw(base.space, base.offset, p.out.nbytes)  # read only for a row with a top-k/top-p cut
     part = Raw(base.space, base.offset + lb, spec.part_floats * 4)
     ctx.kernel(spec, args + [logits, seed, counter, temperature, part], f"{label} gemv+sample scores")
-    sampler = SampleSpec(p.m, p.n, p.out.dtype, seed.dtype, counter.dtype, top_k.dtype, chunks=spec.grid)
+    sampler = SampleSpec(p.m, p.n, p.out.dtype, seed.dtype, counter.dtype, top_k.dtype, chunks=spec.tiles)
     ctx.kernel(sampler, [logits, seed, counter, temperature, top_k, top_p, part, node.output], f"{label} sample")

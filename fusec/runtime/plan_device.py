@@ -47,8 +47,9 @@ class Device:
         self.functions = []
         for k in self.manifest["kernels"]:
             fn = self._modules[k["module"]].get_function(k["entry"])
-            if int(k.get("smem", 0)) > 48 * 1024:
-                # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+            if int(k.get("smem", 0)) > 0:
+                # opt in to the dynamic shared memory asked for: without it, static + dynamic must
+                # stay within 48 KB (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8)
                 cupy.cuda.driver.funcSetAttribute(fn.ptr, 8, int(k["smem"]))
             self.functions.append(fn)
         # programmatic dependent launch: launch records that allow it overlap the kernel before them,
