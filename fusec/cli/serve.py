@@ -187,12 +187,15 @@ def _engine(args: argparse.Namespace) -> tuple[Any, Any, str, str]:
     return PlanEngine(plan), gm.tokenizer, gm.source, "cuda"
 
 
+DEFAULT_JOIN = 2  # prompts a join step takes when serve compiles the model (measured: --join's help)
+
+
 def join_prompts(given: int | None, gm: Any, batch: int) -> int:
-    """The join entry's prompts a step for a model serve compiles: as given, else 2 (at most the
-    batch), or 0 for a model exported with its KV cache (no join entry can be built for it)."""
+    """The join entry's prompts a step for a model serve compiles: as given, else DEFAULT_JOIN (at
+    most the batch), or 0 for a model exported with its KV cache (no join entry can be built for it)."""
     if given is not None:
         return given
-    return 0 if gm.builder is not None else min(2, batch)
+    return 0 if gm.builder is not None else min(DEFAULT_JOIN, batch)
 
 
 class _Terminated(Exception):
