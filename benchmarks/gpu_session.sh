@@ -77,7 +77,7 @@ for step in "$@"; do
             tail -n 6 "$R/step_q.txt" ;;
     step_l) timeout 150 python3 benchmarks/decode_step.py "$R/step_l" --model llama-1b --batches 1 --context 32 --gemv-forms ring,register > "$R/step_l.txt" 2>&1
             tail -n 5 "$R/step_l.txt" ;;
-    peer) timeout 170 python3 benchmarks/decode.py "$R/peer.json" --quick --batches 1 --contexts 128 --budget-s 110 --hf none --no-fp32-check > "$R/peer.txt" 2>&1
+    peer) timeout 270 python3 benchmarks/decode.py "$R/peer.json" --quick --batches 1 --contexts 128 --budget-s 180 --hf none --no-fp32-check > "$R/peer.txt" 2>&1
           tail -n 25 "$R/peer.txt" ;;
     step_diag) timeout 300 python3 benchmarks/decode_step.py "$R/step_d" --model qwen3-0.6b --batches 1 --windows 2 > "$R/step_d.txt" 2>&1
                tail -n 4 "$R/step_d.txt" ;;
