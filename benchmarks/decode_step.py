@@ -261,7 +261,7 @@ def main() -> int:
           + "".join(f" {f} form: PDL step ms (same bits) |" for f in forms[1:]),
           "|---|---|---|---|---|---|---|---|" + "---|" * (len(forms) - 1)]
     for r in results["runs"]:
-        g = [x["profile"]["gap_us_median"] if isinstance(x["profile"], dict) else None for x in (r["pdl"], r["plain"])]
+        g = [f'{x["profile"]["gap_us_median"]:.2f}' if isinstance(x["profile"], dict) else None for x in (r["pdl"], r["plain"])]
         md.append(f"| {r['batch']} | {r['pdl']['launches']} ({r['launches_per_layer']}) | {r['pdl']['step_ms']:.3f} "
                   f"| {r['pdl']['tok_s']:.0f} | {r['pdl']['pct_roofline']:.0f}% | {r['plain']['step_ms']:.3f} "
                   f"| {g[0]} / {g[1]} | {r['pdl_bit_identical']} |"
