@@ -387,10 +387,19 @@ def describe_kernels(graph: Graph) -> list[str]:
             continue
         if n.op == Op.FUSED:
             ops = [m.op.value for m in n.attrs.body.nodes if view_of(m) is None]
-            out.append(f"{n.attrs.rule}: {'+'.join(ops)}")
+            out.append(f"{n.attrs.rule}: {'+'.join(ops)}{_form(n)}")
         else:
-            out.append(n.op.value)
+            out.append(n.op.value + _form(n))
     return out
+
+
+def _form(n: Node) -> str:
+    """How a skinny product streams its weights, once kernel selection has recorded it."""
+    form = getattr(getattr(n, "kernel", None), "form", ())
+    if not form:
+        return ""
+    tiles = f"{form[1]} tile{'s' if form[1] > 1 else ''} a block"
+    return f" (gemv: ring of {form[0]} stages, {tiles})" if form[0] else " (gemv: register buffers)"
 
 
 def run(graph: Graph, options: PassOptions) -> PassResult:

@@ -47,12 +47,15 @@ class Selection:
     key: str = ""  # the choice key of a product with alternatives ("" otherwise)
     layout: str = ""  # a constant-weight product: "nk" (stored [N, K], read with trans_b) or "kn"
     reason: str = ""
+    form: tuple[int, int] = ()  # the skinny product's weight streaming: (ring stages, tiles per block); (0, 1): registers
     detail: Any = dataclasses.field(default=None, compare=False, repr=False)
 
     def to_json(self) -> dict[str, Any]:
-        out = {"family": self.family}
+        out: dict[str, Any] = {"family": self.family}
         out.update({k: v for k, v in (("variant", self.variant), ("key", self.key), ("layout", self.layout),
                                       ("reason", self.reason)) if v})
+        if self.form:
+            out["form"] = {"stages": self.form[0], "tiles_per_block": self.form[1]}
         return out
 
 
@@ -83,6 +86,7 @@ def _select(node: Node, options: PassOptions, offsets: dict[Value, int]) -> Sele
             raise LoweringError(f"{node.describe()}: fused group ({node.attrs.rule}) is not one kernel: {e}") from None
         if family == "gemv":
             return Selection("gemv", "gemv", layout="nk", reason="only the skinny product covers this body",
+                             form=_gemv_form(detail.n, detail.k, detail.mm.inputs[0].dtype, bool(detail.glu)),
                              detail=detail)
         if cp is None:
             return Selection(family, reason=f"the one {family} kernel of this body", detail=detail)
@@ -107,7 +111,15 @@ def _select(node: Node, options: PassOptions, offsets: dict[Value, int]) -> Sele
     detail = None
     if node.op == Op.FUSED:
         detail = kernel_plan(node.attrs.body)[1]
-    return Selection(family, variant, cp.key, layout, reason, detail)
+    form = _gemv_form(cp.n, cp.k, C.outer(node, cp.a).dtype) if variant == "gemv" else ()
+    return Selection(family, variant, cp.key, layout, reason, form, detail)
+
+
+def _gemv_form(n: int, k: int, dtype: Any, glu: bool = False) -> tuple[int, int]:
+    from fusec.codegen.build_gemm import gemv_form
+
+    f = gemv_form(n, k, dtype, glu)
+    return f["stages"], f["tiles_per_block"]
 
 
 def _matmul_of(node: Node) -> tuple[Node, Graph | None]:

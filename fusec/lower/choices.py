@@ -31,7 +31,6 @@ import dataclasses
 import math
 
 from fusec.codegen import specs as S
-from fusec.codegen.build_gemm import gemv_form
 from fusec.ir import Graph, Node, Value
 from fusec.lower import gemm_lt
 from fusec.ops import Op
@@ -231,6 +230,8 @@ def emit(ctx, node: Node, sel, label: str) -> bool:  # noqa: ANN001 (fusec.lower
     elif sel.variant == "fusec_gemm":
         ctx.kernel(S.GemmSpec(cp.m, cp.n, cp.k, a.dtype, epilogue=cp.epilogue), [a, b, *extra, out], f"{label} fusec_gemm")
     else:  # gemv: reads the weight [N, K] (k contiguous), as MATMUL[trans_b] stores it
-        spec = S.GemvSpec(cp.m, cp.n, cp.k, a.dtype, epilogue=cp.epilogue, **gemv_form(cp.n, cp.k, a.dtype))
+        stages, tiles_per_block = sel.form
+        spec = S.GemvSpec(cp.m, cp.n, cp.k, a.dtype, epilogue=cp.epilogue, stages=stages,
+                          tiles_per_block=tiles_per_block)
         ctx.kernel(spec, [a, b, *extra, out], f"{label} gemv")
     return True

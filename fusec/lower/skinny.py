@@ -19,7 +19,6 @@ import math
 from typing import Any
 
 from fusec.codegen import specs as S
-from fusec.codegen.build_gemm import gemv_form
 from fusec.ir import Graph, Node, Value
 from fusec.ops import Op
 
@@ -45,7 +44,9 @@ class Plan:
     n: int
     k: int
 
-    def spec(self) -> S.GemvSpec:
+    def spec(self, form: tuple[int, int] = (0, 1)) -> S.GemvSpec:
+        """The launch's spec, streaming weights as ``form`` (stages, tiles per block) says: the
+        kernel selection's record."""
         seed, counter = (self.sample.inputs[1].dtype, self.sample.inputs[2].dtype) if self.sample else (None, None)
         dt = self.mm.inputs[0].dtype
         return S.GemvSpec(self.m, self.n, self.k, dt,
@@ -54,7 +55,7 @@ class Plan:
                           eps=float(self.norm.attrs.eps) if self.norm is not None else 1e-6,
                           weight_offset=float(self.norm.attrs.weight_offset) if self.norm is not None else 0.0,
                           glu=self.glu, glu_swap=self.glu_swap, argmax=self.sample is not None,
-                          **gemv_form(self.n, self.k, dt, bool(self.glu)),
+                          stages=form[0], tiles_per_block=form[1],
                           **({"seed_dtype": seed, "counter_dtype": counter} if self.sample is not None else {}))
 
 
@@ -214,7 +215,9 @@ def emit(ctx: Any, p: Plan, node: Node, label: str) -> None:
         raise AssertionError(f"{label}: the skinny product's weight is not stored [N, K] (kernel selection's layout)")
     outer: dict[Value, Value] = dict(zip(body.inputs, node.inputs))
     outer.update({c: c for c in body.constants})
-    spec = p.spec()
+    from fusec.passes.select_kernels import selection
+
+    spec = p.spec(selection(node).form)
     x = outer[p.norm.inputs[0] if p.norm is not None else p.mm.inputs[0]]
     args: list[Any] = [x, outer[p.mm.inputs[1]]]
     if p.norm is not None:

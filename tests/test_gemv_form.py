@@ -1,0 +1,87 @@
+"""How the skinny product (decode's GemvSpec) streams its weights: the rule (build_gemm.gemv_form),
+the kernel selection's record of it, and the lowering emitting exactly the recorded form (CPU: the
+plans are compiled for sm_90 with NVRTC, nothing runs)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from fusec.codegen import specs as S
+from fusec.codegen.build_gemm import _SMS, gemv_blocks_per_sm, gemv_form, gemv_ring_bytes
+from fusec.codegen.kernels import cdiv, prepare
+from fusec.compiler import compile_generation
+from fusec.dtypes import DType
+from fusec.passes import select_kernels
+from fusec.plan import entry_points
+
+SHAPES = [(4096, 1024, False), (1024, 2048, False), (6144, 1024, True), (1024, 3072, False), (151936, 1024, False),
+          (3072, 2048, False), (16384, 2048, True), (2048, 8192, False), (128256, 2048, False), (77, 72, False),
+          (200, 4160, True), (11008, 4096, False), (4096, 11008, False)]
+
+
+@pytest.mark.parametrize("dt", [DType.BF16, DType.F16, DType.F32])
+@pytest.mark.parametrize("n,k,glu", SHAPES)
+def test_the_rule_spreads_tiles_over_one_wave_of_blocks_that_fit(n: int, k: int, glu: bool, dt: DType) -> None:
+    form = gemv_form(n, k, dt, glu)
+    stages, tpb = form["stages"], form["tiles_per_block"]
+    spec = S.GemvSpec(1, n, k, dt, glu="silu" if glu else "", **form)
+    slots = _SMS * gemv_blocks_per_sm(k, dt, stages)
+    assert stages >= 2 and 1 <= tpb <= 4
+    # the fewest tiles per block (at most 4) that keep the grid within one wave of resident blocks
+    assert spec.grid <= slots or tpb == 4
+    assert tpb == 1 or cdiv(spec.tiles, tpb - 1) > slots
+    r, _ = prepare(spec)
+    assert r.shared_mem == gemv_ring_bytes(k, dt, stages) <= 227 * 1024
+    assert r.grid[0] == spec.grid == cdiv(spec.tiles, tpb)
+
+
+def test_the_knob_picks_the_register_form(monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.setenv("FUSEC_GEMV_FORM", "register")
+    assert gemv_form(128256, 2048, DType.BF16) == {"stages": 0, "tiles_per_block": 1}
+    monkeypatch.setenv("FUSEC_GEMV_FORM", "rings")
+    with pytest.raises(Exception, match="FUSEC_GEMV_FORM"):
+        gemv_form(128256, 2048, DType.BF16)
+
+
+def _gemv_launches(plan) -> list[tuple[dict, str]]:  # noqa: ANN001
+    """(launch, kernel source) of every skinny-product launch of the decode entry."""
+    m = plan.manifest
+    modules = {mod["id"]: mod for mod in m["modules"]}
+    out = []
+    for L in entry_points(m)["decode"]["launches"]:
+        if L["type"] != "kernel":
+            continue
+        mod = modules[m["kernels"][L["kernel"]]["module"]]
+        if mod["template"] == "gemv.cu.jinja":
+            out.append((L, plan._blobs[mod["source"]].decode()))
+    return out
+
+
+def _define(source: str, name: str) -> int | None:
+    hit = re.search(rf"^#define {name} (\d+)$", source, re.M)
+    return int(hit.group(1)) if hit else None
+
+
+def test_the_lowering_emits_the_form_kernel_selection_recorded(monkeypatch) -> None:  # noqa: ANN001
+    """A form the rule would never pick, put into the record: every skinny launch of the plan has
+    it (the lowering decides nothing), and the record shows in the selection."""
+    monkeypatch.setattr(select_kernels, "_gemv_form", lambda n, k, dtype, glu=False: (2, 3))
+    plan = compile_generation("llama-tiny", batch=1, max_seq_len=64, prefill_len=8, dtype="bf16", eos_ids=[],
+                              arch="sm_90")
+    launches = _gemv_launches(plan)
+    assert len(launches) >= 4  # every product of a layer, and the LM head
+    for L, src in launches:
+        assert _define(src, "STAGES") == 2, L["label"]
+        assert L["grid"][0] == cdiv(_define(src, "TILES"), 3), L["label"]
+
+
+def test_the_default_plan_records_and_emits_the_rule(monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.delenv("FUSEC_GEMV_FORM", raising=False)
+    plan = compile_generation("llama-tiny", batch=1, max_seq_len=64, prefill_len=8, dtype="bf16", eos_ids=[],
+                              arch="sm_90")
+    for L, src in _gemv_launches(plan):
+        want = gemv_form(_define(src, "N_"), _define(src, "K_"), DType.BF16)  # a gated unit tiles alike
+        assert _define(src, "STAGES") == want["stages"], L["label"]
+        assert L["grid"][0] == cdiv(_define(src, "TILES"), want["tiles_per_block"]), L["label"]
