@@ -63,7 +63,7 @@ for step in "$@"; do
     gemv) timeout 150 python3 benchmarks/bench_decode_kernels.py "$R/bk" --only gemv > "$R/gemv.txt" 2>&1
           grep "^|" "$R/gemv.txt" | tail -n 45 ;;
     rings) timeout 300 python3 benchmarks/bench_decode_kernels.py "$R/rings" --only gemv --ms 1,8 \
-             --rings 2x1,3x1,3x2,3x4,4x2,4x4,4x8,6x4 > "$R/rings.txt" 2>&1
+             --rings 2x1,3x1,3x2,3x4,4x2,4x4,4x8 > "$R/rings.txt" 2>&1
            grep "^|" "$R/rings.txt" | head -n 24 ;;
     gncu) timeout 200 ncu --clock-control none -k regex:"fc_gemv|gemv|gemm|Kernel" --section SpeedOfLight --section Occupancy \
             --section WarpStateStats --section MemoryWorkloadAnalysis --section LaunchStats \

@@ -138,7 +138,7 @@ def test_gemv_several_k_groups(dt: DType) -> None:
 
 
 @pytest.mark.parametrize("dt", FLOATS)
-@pytest.mark.parametrize("stages,tpb", [(2, 1), (3, 3), (4, 8), (6, 2)])
+@pytest.mark.parametrize("stages,tpb", [(2, 1), (3, 3), (4, 8), (4, 2)])
 def test_gemv_ring_equals_register_buffers(dt: DType, stages: int, tpb: int) -> None:
     """The shared-memory ring (stages, several tiles per block, a last block with fewer tiles)
     gives the register form's bits: plain and epilogue, norm prologue (fast and two-pass), gated,

@@ -339,7 +339,7 @@ class GemmSpec:
 
 GLU_ACTS = ("silu", "gelu", "gelu_tanh", "relu")
 GEMV_MAX_M = 16
-GEMV_MAX_STAGES = 6  # 6 stages of the largest (32 KB) fit the 227 KB of shared memory a block may have
+GEMV_MAX_STAGES = 4  # 4 stages of the largest (33 KB) fit the 163 KB of shared memory an sm_80 block may have
 
 
 @dataclasses.dataclass(frozen=True)
@@ -352,8 +352,8 @@ class GemvSpec:
     ``glu``: a gated unit over the two halves of the product (F = N / 2 weight rows each):
     C[m, j] = glu(y[m, j]) * y[m, F + j] (``glu_swap``: the second half is activated), Nout = F;
     the epilogue's bias covers all N rows, its activation must be "none". ``argmax``: the kernel also
-    writes each block's best (score, column) per row to ``part`` (``part_floats`` fp32 words:
-    [M][grid][value, index bits]), score = the stored output for a greedy row (temperature 0), its
+    writes each tile's best (score, column) per row to ``part`` (``part_floats`` fp32 words:
+    [M][tiles][value, index bits]), score = the stored output for a greedy row (temperature 0), its
     Gumbel score (fusec/sampling.py, from the row's seed and counter) for a sampled one: what
     ``SampleSpec`` merges instead of reading C (params seed, counter, temperature after C).
     A tile is 8 weight rows (4 rows of each half for ``glu``). ``stages`` 0: one block per tile, its
