@@ -394,12 +394,10 @@ def describe_kernels(graph: Graph) -> list[str]:
 
 
 def _form(n: Node) -> str:
-    """How a skinny product streams its weights, once kernel selection has recorded it."""
-    form = getattr(getattr(n, "kernel", None), "form", ())
-    if not form:
-        return ""
-    tiles = f"{form[1]} tile{'s' if form[1] > 1 else ''} a block"
-    return f" (gemv: ring of {form[0]} stages, {tiles})" if form[0] else " (gemv: register buffers)"
+    """The kernel spec's parameters kernel selection chose, once it has run (how a product streams
+    its weights)."""
+    params = getattr(getattr(n, "kernel", None), "params", ())
+    return f" ({', '.join(f'{k} {v}' for k, v in params)})" if params else ""
 
 
 def run(graph: Graph, options: PassOptions) -> PassResult:

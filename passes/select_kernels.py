@@ -47,15 +47,17 @@ class Selection:
     key: str = ""  # the choice key of a product with alternatives ("" otherwise)
     layout: str = ""  # a constant-weight product: "nk" (stored [N, K], read with trans_b) or "kn"
     reason: str = ""
-    form: tuple[int, int] = ()  # the skinny product's weight streaming: (ring stages, tiles per block); (0, 1): registers
+    # the kernel spec's parameters this pass chose, as (keyword, value) pairs: the skinny product's
+    # weight streaming (stages, tiles_per_block), the quantized GEMV's form (rows, fold)
+    params: tuple[tuple[str, Any], ...] = ()
     detail: Any = dataclasses.field(default=None, compare=False, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"family": self.family}
         out.update({k: v for k, v in (("variant", self.variant), ("key", self.key), ("layout", self.layout),
                                       ("reason", self.reason)) if v})
-        if self.form:
-            out["form"] = {"stages": self.form[0], "tiles_per_block": self.form[1]}
+        if self.params:
+            out["params"] = dict(self.params)
         return out
 
 
@@ -86,10 +88,14 @@ def _select(node: Node, options: PassOptions, offsets: dict[Value, int]) -> Sele
             raise LoweringError(f"{node.describe()}: fused group ({node.attrs.rule}) is not one kernel: {e}") from None
         if family == "gemv":
             return Selection("gemv", "gemv", layout="nk", reason="only the skinny product covers this body",
-                             form=_gemv_form(detail.n, detail.k, detail.mm.inputs[0].dtype, bool(detail.glu)),
+                             params=_gemv_params(detail.n, detail.k, detail.mm.inputs[0].dtype, bool(detail.glu)),
                              detail=detail)
+        if family == "gemm_epilogue" and detail[0].op == Op.QMATMUL:
+            return _quantized(node, detail[0], offsets, family, detail)
         if cp is None:
             return Selection(family, reason=f"the one {family} kernel of this body", detail=detail)
+    if node.op == Op.QMATMUL:
+        return _quantized(node, node, offsets, "qmatmul")
     if cp is None:
         return Selection(node.op.value, reason="the op's own lowering")
     variant = C.choose(options.choices, cp)
@@ -111,15 +117,35 @@ def _select(node: Node, options: PassOptions, offsets: dict[Value, int]) -> Sele
     detail = None
     if node.op == Op.FUSED:
         detail = kernel_plan(node.attrs.body)[1]
-    form = _gemv_form(cp.n, cp.k, C.outer(node, cp.a).dtype) if variant == "gemv" else ()
-    return Selection(family, variant, cp.key, layout, reason, form, detail)
+    params = _gemv_params(cp.n, cp.k, C.outer(node, cp.a).dtype) if variant == "gemv" else ()
+    return Selection(family, variant, cp.key, layout, reason, params, detail)
 
 
-def _gemv_form(n: int, k: int, dtype: Any, glu: bool = False) -> tuple[int, int]:
+def _gemv_params(n: int, k: int, dtype: Any, glu: bool = False) -> tuple[tuple[str, Any], ...]:
+    """The skinny product's weight streaming (``build_gemm.gemv_form``, the one rule)."""
     from fusec.codegen.build_gemm import gemv_form
 
-    f = gemv_form(n, k, dtype, glu)
-    return f["stages"], f["tiles_per_block"]
+    return tuple(gemv_form(n, k, dtype, glu).items())
+
+
+def _quantized(node: Node, mm: Node, offsets: dict[Value, int], family: str, detail: Any = None) -> Selection:
+    """A product over packed weights (``mm``: a QMATMUL, alone or the product of a fused epilogue):
+    the quantized GEMV with its form (``fusec.lower.quant``'s rules), or dequantize-then-cuBLAS for
+    more rows than the GEMV takes or operands not 16-byte aligned (the GEMV's vector loads)."""
+    from fusec.lower import choices as C
+    from fusec.lower import quant as Q
+
+    x = C.outer(node, mm.inputs[0]) if node.op == Op.FUSED else mm.inputs[0]
+    m, a = int(np.prod(x.shape[:-1])), mm.attrs
+    variant = Q.choose(m, a.n, a.k, a.format)
+    reason = "rule-based default"
+    if variant == "qgemv":
+        parsed = C._epilogue(node.attrs.body) if node.op == Op.FUSED else None
+        extra = [C.outer(node, v) for v in (parsed[0], parsed[2]) if v is not None] if parsed else []
+        if any(offsets.get(v, 0) % 16 for v in (x, *node.outputs, *extra)):
+            variant, reason = "dequant_gemm", "operands not 16-byte aligned"
+    params = tuple(Q.gemv_form(m).items()) if variant == "qgemv" else ()
+    return Selection(family, variant, reason=reason, params=params, detail=detail)
 
 
 def _matmul_of(node: Node) -> tuple[Node, Graph | None]:

@@ -67,7 +67,8 @@ def _define(source: str, name: str) -> int | None:
 def test_the_lowering_emits_the_form_kernel_selection_recorded(monkeypatch) -> None:  # noqa: ANN001
     """A form the rule would never pick, put into the record: every skinny launch of the plan has
     it (the lowering decides nothing), and the record shows in the selection."""
-    monkeypatch.setattr(select_kernels, "_gemv_form", lambda n, k, dtype, glu=False: (2, 3))
+    monkeypatch.setattr(select_kernels, "_gemv_params",
+                        lambda n, k, dtype, glu=False: (("stages", 2), ("tiles_per_block", 3)))
     plan = compile_generation("llama-tiny", batch=1, max_seq_len=64, prefill_len=8, dtype="bf16", eos_ids=[],
                               arch="sm_90")
     launches = _gemv_launches(plan)
@@ -85,3 +86,18 @@ def test_the_default_plan_records_and_emits_the_rule(monkeypatch) -> None:  # no
         want = gemv_form(_define(src, "N_"), _define(src, "K_"), DType.BF16)  # a gated unit tiles alike
         assert _define(src, "STAGES") == want["stages"], L["label"]
         assert L["grid"][0] == cdiv(_define(src, "TILES"), want["tiles_per_block"]), L["label"]
+
+
+def test_a_quantized_plan_emits_the_gemv_form_kernel_selection_recorded(monkeypatch) -> None:  # noqa: ANN001
+    """The packed-weight GEMV's form (rows per warp) comes from the record too: a form the rule
+    never picks at one row (1 row per warp) is what every decode launch of the plan runs."""
+    from fusec.lower import quant
+
+    monkeypatch.setattr(quant, "gemv_form", lambda m: {"rows": 1, "fold": False})
+    plan = compile_generation("llama-tiny", batch=1, max_seq_len=64, prefill_len=8, dtype="bf16", eos_ids=[],
+                              arch="sm_90", quantize="int4", quantize_group=32)
+    m = plan.manifest
+    modules = {mod["id"]: mod for mod in m["modules"]}
+    rows = [_define(plan._blobs[mod["source"]].decode(), "R_") for L in entry_points(m)["decode"]["launches"]
+            if L["type"] == "kernel" and (mod := modules[m["kernels"][L["kernel"]]["module"]])["template"] == "qgemv.cu.jinja"]
+    assert len(rows) >= 4 and set(rows) == {1}

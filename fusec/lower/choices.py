@@ -230,8 +230,6 @@ def emit(ctx, node: Node, sel, label: str) -> bool:  # noqa: ANN001 (fusec.lower
     elif sel.variant == "fusec_gemm":
         ctx.kernel(S.GemmSpec(cp.m, cp.n, cp.k, a.dtype, epilogue=cp.epilogue), [a, b, *extra, out], f"{label} fusec_gemm")
     else:  # gemv: reads the weight [N, K] (k contiguous), as MATMUL[trans_b] stores it
-        stages, tiles_per_block = sel.form
-        spec = S.GemvSpec(cp.m, cp.n, cp.k, a.dtype, epilogue=cp.epilogue, stages=stages,
-                          tiles_per_block=tiles_per_block)
+        spec = S.GemvSpec(cp.m, cp.n, cp.k, a.dtype, epilogue=cp.epilogue, **dict(sel.params))
         ctx.kernel(spec, [a, b, *extra, out], f"{label} gemv")
     return True

@@ -1,14 +1,14 @@
 """Lowering of QMATMUL (a product over a packed quantized weight, ``fusec.quant``).
 
-``choose`` is the one selection rule (kept in one small function, to move into the kernel-selection
-pass): rows of activations M <= 16 (decode steps, small batches) run fusec's quantized GEMV
+``choose`` is the one selection rule, which kernel selection (passes/select_kernels.py) applies
+and records on the node, with ``gemv_form``'s form of the GEMV: rows of activations M <= 16 (decode steps, small batches) run fusec's quantized GEMV
 (``QGemvSpec``: the weight dequantized in registers, 16-byte loads of its codes, fp32 accumulation,
 the bias/activation/residual epilogue fused); larger M (prefill) dequantizes the weight into arena
 scratch, a block of rows at a time (at most ``SCRATCH_BYTES``), and cuBLAS multiplies it there
 (``QDequantSpec`` + a GEMM reading the block through its transpose flag, writing its columns of
 the output). The chosen variant is counted in the lowering report (``by_template``: qgemv /
-qdequant) and recorded per product in ``ctx.counts["qmatmul:<variant>"]``; ``gemv_form`` picks
-the GEMV's form (rows per warp, fold) from the measurements in benchmarks/RESULTS.md.
+qdequant) and recorded per product in ``ctx.counts["qmatmul:<variant>"]``. ``gemv_form`` is the GEMV's form (rows per warp, fold), from
+the measurements in benchmarks/RESULTS.md. The lowering emits what the record says.
 
 Measured alternatives are the A/B's business: a dequantize-in-tile tensor-core GEMM for prefill is
 not written yet (see the report of issue 22).
@@ -43,19 +43,22 @@ def gemv_form(m: int) -> dict[str, object]:
     return {"rows": 2 if m <= 8 else 1, "fold": m == 1}
 
 
-def lower_qmatmul(ctx: Context, node: Node, label: str, epilogue: Epilogue | None = None,
+def lower_qmatmul(ctx: Context, node: Node, sel: Any, label: str, epilogue: Epilogue | None = None,
                   extra: tuple[Value, ...] = ()) -> bool:
-    """Emit ``node`` (a QMATMUL over outer values). With ``epilogue`` (its ``extra`` operands:
-    [bias], [residual]) the product fuses it when the GEMV runs it; returns whether it did (the
-    caller then applies the epilogue itself)."""
+    """Emit ``node`` (a QMATMUL over outer values) as kernel selection's record ``sel`` says (its
+    variant and the GEMV's form). With ``epilogue`` (its ``extra`` operands: [bias], [residual]) the
+    product fuses it when the GEMV runs it; returns whether it did (the caller then applies the
+    epilogue itself)."""
     x, packed, out = node.inputs[0], node.inputs[1:], node.outputs[0]
     a = node.attrs
     m = math.prod(x.shape[:-1])
     scale_dtype = packed[2 if FORMATS[a.format].high_planes else 1].dtype
-    variant = choose(m, a.n, a.k, a.format)
-    if variant == "qgemv" and ctx.aligned(x, out, *extra) and all(ctx.aligned(p) for p in packed):
+    if sel.variant == "qgemv":
+        if not (ctx.aligned(x, out, *extra) and all(ctx.aligned(p) for p in packed)):
+            raise LoweringError(f"{label}: the quantized GEMV was selected, but its operands are not 16-byte "
+                                "aligned in the memory plan")
         spec = QGemvSpec(m, a.n, a.k, a.format, a.group, x.dtype, scale_dtype, epilogue or Epilogue(),
-                         **gemv_form(m))
+                         **dict(sel.params))
         ctx.kernel(spec, [x, *packed, *extra, out], f"{label} qgemv")
         ctx.count("qmatmul:qgemv")
         return epilogue is not None
@@ -85,7 +88,9 @@ def _dequant_gemm(ctx: Context, x: Value, packed: tuple[Value, ...], out: Value,
 
 def lower_node(ctx: Context, node: Node, label: str) -> None:
     """``LOWER[Op.QMATMUL]``: a plain product (no epilogue)."""
-    lower_qmatmul(ctx, node, label)
+    from fusec.passes.select_kernels import selection
+
+    lower_qmatmul(ctx, node, selection(node), label)
 
 
 def lower_gather(ctx: Context, node: Node, label: str) -> None:
@@ -103,13 +108,15 @@ def lower_fused(ctx: Context, node: Node, mm: Node, outer: dict[Value, Value], l
     is [+ bias] [activation] [+ residual] (``fusec.lower.choices``'s parse) and the GEMV runs;
     False: the product was emitted alone and the caller applies the epilogue."""
     from fusec.lower.choices import _epilogue
+    from fusec.passes.select_kernels import selection
 
+    sel = selection(node)
     q = Node(mm.op, [outer[v] for v in mm.inputs], [node.outputs[0]], mm.attrs, mm.name)
     parsed = _epilogue(node.attrs.body)
     if parsed is None:
-        lower_qmatmul(ctx, q, label)
+        lower_qmatmul(ctx, q, sel, label)
         return False
     bias, act, res = parsed
     epi = Epilogue(bias=bias is not None, activation=act, residual=res is not None)
     extra = tuple(outer[v] for v in (bias, res) if v is not None)
-    return lower_qmatmul(ctx, q, label, epi, extra)
+    return lower_qmatmul(ctx, q, sel, label, epi, extra)

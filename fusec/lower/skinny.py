@@ -44,9 +44,8 @@ class Plan:
     n: int
     k: int
 
-    def spec(self, form: tuple[int, int] = (0, 1)) -> S.GemvSpec:
-        """The launch's spec, streaming weights as ``form`` (stages, tiles per block) says: the
-        kernel selection's record."""
+    def spec(self, **params: Any) -> S.GemvSpec:
+        """The launch's spec; ``params``: the kernel selection's (how it streams its weights)."""
         seed, counter = (self.sample.inputs[1].dtype, self.sample.inputs[2].dtype) if self.sample else (None, None)
         dt = self.mm.inputs[0].dtype
         return S.GemvSpec(self.m, self.n, self.k, dt,
@@ -55,7 +54,7 @@ class Plan:
                           eps=float(self.norm.attrs.eps) if self.norm is not None else 1e-6,
                           weight_offset=float(self.norm.attrs.weight_offset) if self.norm is not None else 0.0,
                           glu=self.glu, glu_swap=self.glu_swap, argmax=self.sample is not None,
-                          stages=form[0], tiles_per_block=form[1],
+                          **params,
                           **({"seed_dtype": seed, "counter_dtype": counter} if self.sample is not None else {}))
 
 
@@ -217,7 +216,7 @@ def emit(ctx: Any, p: Plan, node: Node, label: str) -> None:
     outer.update({c: c for c in body.constants})
     from fusec.passes.select_kernels import selection
 
-    spec = p.spec(selection(node).form)
+    spec = p.spec(**dict(selection(node).params))
     x = outer[p.norm.inputs[0] if p.norm is not None else p.mm.inputs[0]]
     args: list[Any] = [x, outer[p.mm.inputs[1]]]
     if p.norm is not None:
