@@ -144,8 +144,15 @@ def _quantized(node: Node, mm: Node, offsets: dict[Value, int], family: str, det
         extra = [C.outer(node, v) for v in (parsed[0], parsed[2]) if v is not None] if parsed else []
         if any(offsets.get(v, 0) % 16 for v in (x, *node.outputs, *extra)):
             variant, reason = "dequant_gemm", "operands not 16-byte aligned"
-    params = tuple(Q.gemv_form(m).items()) if variant == "qgemv" else ()
-    return Selection(family, variant, reason=reason, params=params, detail=detail)
+    return Selection(family, variant, reason=reason, params=_qgemv_params(m) if variant == "qgemv" else (),
+                     detail=detail)
+
+
+def _qgemv_params(m: int) -> tuple[tuple[str, Any], ...]:
+    """The quantized GEMV's form at M = ``m`` (``fusec.lower.quant.gemv_form``, the one rule)."""
+    from fusec.lower import quant as Q
+
+    return tuple(Q.gemv_form(m).items())
 
 
 def _matmul_of(node: Node) -> tuple[Node, Graph | None]:

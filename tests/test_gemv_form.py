@@ -91,9 +91,7 @@ def test_the_default_plan_records_and_emits_the_rule(monkeypatch) -> None:  # no
 def test_a_quantized_plan_emits_the_gemv_form_kernel_selection_recorded(monkeypatch) -> None:  # noqa: ANN001
     """The packed-weight GEMV's form (rows per warp) comes from the record too: a form the rule
     never picks at one row (1 row per warp) is what every decode launch of the plan runs."""
-    from fusec.lower import quant
-
-    monkeypatch.setattr(quant, "gemv_form", lambda m: {"rows": 1, "fold": False})
+    monkeypatch.setattr(select_kernels, "_qgemv_params", lambda m: (("rows", 1), ("fold", False)))
     plan = compile_generation("llama-tiny", batch=1, max_seq_len=64, prefill_len=8, dtype="bf16", eos_ids=[],
                               arch="sm_90", quantize="int4", quantize_group=32)
     m = plan.manifest
