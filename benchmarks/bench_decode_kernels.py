@@ -146,7 +146,7 @@ def bench_kv(results: list, quick: bool) -> None:
                 kvb = 2 * B * Hkv * ctx * D * 2
                 results.append({"bench": "kv_attention", "B": B, "ctx": ctx, "T": ctx, "variant": "AttentionSpec",
                                 "splits": 1, "threads": 128, "us": us, "bytes": kvb, "GBps": kvb / us * 1e-3})
-        del sets
+        sets = None  # free the copies before the next batch (a del would leave the closures a deleted name)
 
 
 # ---- cache write, sample ----------------------------------------------------------------------

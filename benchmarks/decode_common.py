@@ -86,7 +86,7 @@ def measure_copy_bw(ctx: Ctx) -> dict[str, Any]:
     ms = [ctx.timed(lambda: dst.copy_(src))[0] for _ in range(20)]
     t = med(ms) / 1e3
     bw = 2 * src.numel() * src.element_size() / t
-    del src, dst
+    src = dst = None  # free the buffers (the closure above reads them)
     return {"bytes_copied": n * 4, "median_ms": t * 1e3, "bytes_per_s": bw, "tb_per_s": bw / 1e12}
 
 
@@ -100,7 +100,7 @@ def measure_gemm(ctx: Ctx) -> dict[str, Any]:
     ctx.sync()
     ms = [ctx.timed(lambda: a @ b)[0] for _ in range(10)]
     t = med(ms) / 1e3
-    del a, b
+    a = b = None  # free the buffers (the closure above reads them)
     return {"n": n, "dtype": str(ctx.tdtype), "median_ms": t * 1e3, "flop_per_s": 2 * n ** 3 / t,
             "tflop_per_s": 2 * n ** 3 / t / 1e12}
 

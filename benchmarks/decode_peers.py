@@ -113,7 +113,7 @@ def run_torch(ctx: Ctx, batch: int, context: int, prompt: np.ndarray, out: dict[
             out["cudagraph_skips"] = _cudagraph_skips() - skips_before
             out["cache_keys_read_per_step"] = t_max  # gpt-fast style: the whole static cache, masked
     finally:
-        del dec
+        dec = None  # free the peer (the closures above read it)
 
 
 def _cudagraph_skips() -> int:

@@ -99,7 +99,7 @@ def run_mode(path: str, pdl: bool, batch: int, steps: int, windows: int) -> tupl
                            "launches": len(plan.manifest["entries"]["decode"]["launches"]),
                            "pdl_launches": pdl_launches, "device_pdl": bool(eng.device.pdl)}
     eng.sync()
-    del eng, plan
+    eng = plan = None  # free the device memory (the closures above read eng)
     return out, tokens, caches
 
 
@@ -172,7 +172,7 @@ def profile_mode(path: str, pdl: bool, batch: int) -> Any:
     else:
         out["profile"] = f"unavailable: {counters.reason}"
     eng.sync()
-    del eng, plan
+    eng = plan = None  # free the device memory (the closures above read eng)
     return out["profile"], out.get("timeline")
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
-import os
 import warnings
 import zlib
 from pathlib import Path
