@@ -387,17 +387,10 @@ def describe_kernels(graph: Graph) -> list[str]:
             continue
         if n.op == Op.FUSED:
             ops = [m.op.value for m in n.attrs.body.nodes if view_of(m) is None]
-            out.append(f"{n.attrs.rule}: {'+'.join(ops)}{_form(n)}")
+            out.append(f"{n.attrs.rule}: {'+'.join(ops)}")
         else:
-            out.append(n.op.value + _form(n))
+            out.append(n.op.value)
     return out
-
-
-def _form(n: Node) -> str:
-    """The kernel spec's parameters kernel selection chose, once it has run (how a product streams
-    its weights)."""
-    params = getattr(getattr(n, "kernel", None), "params", ())
-    return f" ({', '.join(f'{k} {v}' for k, v in params)})" if params else ""
 
 
 def run(graph: Graph, options: PassOptions) -> PassResult:

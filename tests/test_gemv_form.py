@@ -99,3 +99,14 @@ def test_a_quantized_plan_emits_the_gemv_form_kernel_selection_recorded(monkeypa
     rows = [_define(plan._blobs[mod["source"]].decode(), "R_") for L in entry_points(m)["decode"]["launches"]
             if L["type"] == "kernel" and (mod := modules[m["kernels"][L["kernel"]]["module"]])["template"] == "qgemv.cu.jinja"]
     assert len(rows) >= 4 and set(rows) == {1}
+
+
+def test_explain_shows_the_form_kernel_selection_recorded(monkeypatch) -> None:  # noqa: ANN001
+    from fusec.cli.explain import explain
+    from fusec.loader import load_graph
+
+    monkeypatch.setattr(select_kernels, "_gemv_params",
+                        lambda n, k, dtype, glu=False: (("stages", 2), ("tiles_per_block", 3)))
+    told = explain(load_graph("llama-tiny", None))
+    kernels = [k for layer in told["layers"].values() for k in layer["kernels"]]
+    assert kernels and sum("(stages 2, tiles_per_block 3)" in k for k in kernels) >= 4, kernels

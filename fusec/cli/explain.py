@@ -68,7 +68,8 @@ def explain(graph: Any, disabled: list[str] = (), enabled: list[str] = (), show_
     kernels = describe_kernels(g)
     launches: list[Node] = [n for n in g.nodes if view_of(n) is None]
     for n, text in zip(launches, kernels):
-        slot(ctx.layer(n))["kernels"].append(text)
+        params = getattr(getattr(n, "kernel", None), "params", ())  # the spec parameters kernel selection chose
+        slot(ctx.layer(n))["kernels"].append(text + (f" ({', '.join(f'{k} {v}' for k, v in params)})" if params else ""))
     for rec in records(g):
         if show_applied or not rec.applied:
             slot(rec.layer)["fusions"].append({"rule": rec.rule, "decision": rec.decision.value, "legal": rec.legal,
