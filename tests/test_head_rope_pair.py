@@ -118,8 +118,8 @@ def test_memory_plan_of_the_two_output_node() -> None:
 @pytest.mark.parametrize("entry", ["prefill", "decode"])
 def test_memory_plan_of_generation_siblings(entry: str) -> None:
     """Generation graphs run with every value at its planned arena slot and the caches in their
-    state buffers: the sibling node's K cache output is written in place (prefill: next to K's
-    rotated rows, which attention reads), and the results equal the unplanned reference's."""
+    state buffers: the sibling node's K and V cache outputs are written in place (attention reads
+    the caches, in the prefill too), and the results equal the unplanned reference's."""
     from fusec.genmodel import GenModel, build_graphs
     from fusec.models.generate import SharedWeights
     from fusec.models.weights import RandomWeights
@@ -129,8 +129,8 @@ def test_memory_plan_of_generation_siblings(entry: str) -> None:
     gm = GenModel(cfg, SharedWeights(RandomWeights(1)), None, (), cfg.name)
     g = _optimized(build_graphs(gm, 2, 32, 8, [])[entry])
     sib = [n for n in g.nodes if n.op.value == "fused" and n.attrs.rule == "rope_siblings"]
-    # prefill: q, K's rotated rows (attention reads them) and the K cache; decode: q, the K cache and
-    # the V cache (V's heads copied by the same launch: the V cache write is no launch of its own)
+    # q, the K cache and the V cache (V's heads copied by the same launch: the V cache write is no
+    # launch of its own)
     assert len(sib) == cfg.num_layers and all(len(n.outputs) == 3 for n in sib)
     rng = np.random.default_rng(2)
     fixed = {"pos": np.array([0, 0]) if entry == "prefill" else np.array([8, 5]), "cur": np.array([8, 5]),
@@ -145,8 +145,7 @@ def test_memory_plan_of_generation_siblings(entry: str) -> None:
     for name in want:
         np.testing.assert_array_equal(got[name], want[name])
     caches = [n.outputs[i] for n in sib for i, o in enumerate(n.outputs) if o.shape[2] == 32]
-    per_layer = 1 if entry == "prefill" else 2
-    assert len(caches) == per_layer * cfg.num_layers and all(plan.alias[c.name]["kind"] == "update" for c in caches)
+    assert len(caches) == 2 * cfg.num_layers and all(plan.alias[c.name]["kind"] == "update" for c in caches)
 
 
 def test_decline_names_the_reason_and_falls_back() -> None:
@@ -222,8 +221,8 @@ def test_group_spec_rejects_parts_that_cannot_share_a_launch() -> None:
 @pytest.mark.parametrize("case,batch", [("qwen3-mqa", 2), ("llama-gqa", 2), ("qwen3-gqa", 1)])
 def test_generation_plan_one_rope_launch_per_layer(case: str, batch: int) -> None:
     """Prefill and decode of a compiled generation plan (fp16, sm_80): one rope_siblings launch per
-    layer and no other RoPE launch; both carry the K cache write (a one-row batch's prefill writes
-    from the literal position 0). The reference generation of the optimized graphs (fused bodies)
+    layer and no other RoPE launch; both carry the K and V cache writes (a one-row batch's prefill
+    writes from the literal position 0). The reference generation of the optimized graphs (fused bodies)
     matches the unoptimized one."""
     from fusec.generation import ReferenceEngine, generate
     from fusec.genmodel import GenModel, build_graphs
@@ -242,15 +241,14 @@ def test_generation_plan_one_rope_launch_per_layer(case: str, batch: int) -> Non
         assert sum("fused[rope_siblings]" in x for x in labels) == cfg.num_layers, (entry, labels)
         assert not [x for x in labels if "rope" in x and "rope_siblings" not in x], (entry, labels)
     graphs = build_graphs(model(), batch, 32, 8, [])
-    for entry in ("prefill", "decode"):  # prefill: K goes to attention and, in the same launch, to the cache
+    for entry in ("prefill", "decode"):  # attention reads the caches (the prefill too): K and V go only there
         g = _optimized(graphs[entry])
         sib = [k for k in describe_kernels(g) if k.startswith("rope_siblings:")]
-        # decode: the V heads' cache write joins (rope+cache_write+cache_write)
-        assert len(sib) == cfg.num_layers and all(k.endswith("rope+cache_write" if entry == "prefill" else
-                                                             "rope+cache_write+cache_write") for k in sib), (entry, sib)
+        # the V heads' cache write joins K's (...rope[+transpose]+cache_write+cache_write)
+        assert len(sib) == cfg.num_layers and all(k.endswith("cache_write+cache_write") for k in sib), (entry, sib)
         n_writes = sum(k == "cache_write" for k in describe_kernels(g))
         assert n_writes == sum(k == "cache_write" for k in describe_kernels(_optimized(graphs[entry], ("rope_siblings",)))) \
-            - cfg.num_layers  # prefill: K's cache write joins; decode: V's (K's joins with the rule off too)
+            - cfg.num_layers  # V's cache write joins (K's joins its head_rope with the rule off too)
     raw = ReferenceEngine(build_graphs(model(), batch, 32, 12, []))
     fused = ReferenceEngine(build_graphs(model(), batch, 32, 12, []), optimize=True)
     assert generate(raw, PROMPTS[:batch], 6, cfg.vocab_size).new_ids == generate(fused, PROMPTS[:batch], 6, cfg.vocab_size).new_ids
