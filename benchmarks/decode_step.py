@@ -11,7 +11,8 @@ One plan per batch (bf16, random weights, greedy), compiled once and loaded twic
 FUSEC_PDL=0 (read when a plan's device memory is made). The same prompt and steps run on both; the
 drawn tokens and the final KV caches must be bit-identical (PDL changes when a kernel starts, never
 what it computes). Roofline: (weight bytes + KV bytes attended) per step over the device-to-device
-copy bandwidth measured in the same process. Writes OUT_DIR/decode_step.json and .md.
+copy bandwidth measured in the same process. The prefill entry is timed too (median of 10 calls,
+its input copy included). Writes OUT_DIR/decode_step.json and .md.
 """
 
 from __future__ import annotations
@@ -83,8 +84,15 @@ def run_mode(path: str, pdl: bool, batch: int, steps: int, windows: int) -> tupl
     for _ in range(8):
         eng.decode()
     eng.sync()
-    times = []
     a, b = cp.cuda.Event(), cp.cuda.Event()
+    prefill = []  # the prefill entry's GPU time (its inputs' copy included), one call at a time
+    for _ in range(10):
+        a.record(eng.stream)
+        start()
+        b.record(eng.stream)
+        b.synchronize()
+        prefill.append(cp.cuda.get_elapsed_time(a, b))
+    times = []
     for _ in range(windows):
         start()
         a.record(eng.stream)
@@ -96,6 +104,8 @@ def run_mode(path: str, pdl: bool, batch: int, steps: int, windows: int) -> tupl
     tokens = eng.read_state("tokens")
     caches = {r["name"]: eng.read_state(r["name"]) for r in plan.manifest["state"]}
     out: dict[str, Any] = {"pdl": pdl, "step_ms": statistics.median(times), "step_ms_all": times,
+                           "prefill_ms": statistics.median(prefill),
+                           "prefill_launches": len(plan.manifest["entries"]["prefill"]["launches"]),
                            "launches": len(plan.manifest["entries"]["decode"]["launches"]),
                            "pdl_launches": pdl_launches, "device_pdl": bool(eng.device.pdl)}
     eng.sync()
@@ -257,14 +267,15 @@ def main() -> int:
                           "plain_profile": rec["plain"]["profile"]}, default=str), flush=True)
     (out / "decode_step.json").write_text(json.dumps(results, indent=1, default=str))
     md = [f"model {args.model}, context {args.context}, copy bandwidth {bw / 1e9:.0f} GB/s", "",
-          "| batch | launches (per layer) | PDL step ms | tok/s | % roofline | plain step ms | median gap PDL / plain (us) | bit-identical |"
+          "| batch | launches (per layer) | PDL step ms | tok/s | % roofline | plain step ms | median gap PDL / plain (us) | bit-identical "
+          "| prefill ms, PDL (launches) |"
           + "".join(f" {f} form: PDL step ms (same bits) |" for f in forms[1:]),
-          "|---|---|---|---|---|---|---|---|" + "---|" * (len(forms) - 1)]
+          "|---|---|---|---|---|---|---|---|---|" + "---|" * (len(forms) - 1)]
     for r in results["runs"]:
         g = [f'{x["profile"]["gap_us_median"]:.2f}' if isinstance(x["profile"], dict) else None for x in (r["pdl"], r["plain"])]
         md.append(f"| {r['batch']} | {r['pdl']['launches']} ({r['launches_per_layer']}) | {r['pdl']['step_ms']:.3f} "
                   f"| {r['pdl']['tok_s']:.0f} | {r['pdl']['pct_roofline']:.0f}% | {r['plain']['step_ms']:.3f} "
-                  f"| {g[0]} / {g[1]} | {r['pdl_bit_identical']} |"
+                  f"| {g[0]} / {g[1]} | {r['pdl_bit_identical']} | {r['pdl']['prefill_ms']:.3f} ({r['pdl']['prefill_launches']}) |"
                   + "".join(f" {r[f'pdl_{f}']['step_ms']:.3f} ({r[f'{forms[0]}_vs_{f}']['tokens'] and r[f'{forms[0]}_vs_{f}']['caches']}) |"
                             for f in forms[1:]))
     (out / "decode_step.md").write_text("\n".join(md) + "\n")

@@ -4,12 +4,14 @@
 # Usage: bash benchmarks/gpu_session.sh STEP [STEP ...]
 #   kernels   GPU tests of the decode kernels, PDL and generation
 #   gpu_all   every GPU test (benchmarks/gpu_check.sh)
+#   validate  what the fifth session left unrun on a GPU: the generation tests (prefill attention over the caches), the
+#             decode kernels and GEMV tests (the ring's 4-stage case), the serve tests (read-backs every 4 steps)
 #   gemv      decode products alone vs cuBLAS (benchmarks/bench_decode_kernels.py --only gemv)
 #   kv        split attention alone (--only kv)
 #   rings     the decode products' shared-memory ring forms (stages x tiles per block) beside the register form and cuBLAS
 #   gncu      Nsight Compute counters of the skinny product's forms and cuBLAS on the LM head's shape (benchmarks/gemv_ncu.py)
 #   gtests    the skinny-product GPU tests (tests/test_gemv_gpu.py)
-#   step_q    Qwen3-0.6B decode step, PDL vs plain, batch 1 and 8, the GEMV's ring form vs its register form (benchmarks/decode_step.py)
+#   step_q    Qwen3-0.6B decode step (and prefill time), PDL vs plain, batch 1 and 8, the GEMV's ring form vs its register form (benchmarks/decode_step.py)
 #   step_l    the Llama-3.2-1B shape, batch 1, ring vs register form
 #   peer      Qwen3-0.6B decode and prefill vs the gpt-fast-style torch peer (benchmarks/decode.py --quick)
 #   quant     packed quantized weights: kernels and decode (benchmarks/quant_bench.py --quick)
@@ -56,6 +58,9 @@ for step in "$@"; do
                tests/test_head_rope_pair.py tests/test_softcap.py tests/test_generation_gpu.py > "$R/t_kernels.txt" 2>&1
              tail -n 25 "$R/t_kernels.txt" ;;
     gpu_all) OUT="$R" timeout 200 bash benchmarks/gpu_check.sh ;;
+    validate) timeout 300 $PT -n 8 tests/test_generation_gpu.py tests/test_generation_families_gpu.py tests/test_head_rope_pair.py \
+                tests/test_gemv_gpu.py tests/test_serve_gpu.py tests/test_generation_join_gpu.py > "$R/t_validate.txt" 2>&1
+              grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_validate.txt" | tail -n 12 ;;
     ktests) K=$(grep -l "mark.gpu" tests/test_*.py | grep -v -e test_families -e test_conv -e test_ab_gpu \
                 -e test_e2e_gpu -e test_generation_gpu -e test_runtime_gpu -e test_counters_gpu -e test_hostile_gpu \
                 -e test_plan_contracts -e test_report_gpu -e test_cli_ -e test_softcap_generation)
