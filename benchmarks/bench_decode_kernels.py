@@ -99,7 +99,7 @@ def bench_kv(results: list, quick: bool) -> None:
     scale = 1 / math.sqrt(D)
     # (name, target blocks (0: one split), threads); a split one merges in-kernel (its last block)
     variants = [("default", -1, 128), ("x2", 2 * SMS, 128), ("x4", 4 * SMS, 128), ("x8", 8 * SMS, 128),
-                ("x16", 16 * SMS, 128), ("x8-256t", 8 * SMS, 256), ("nosplit", 0, 128)]
+                ("x16", 16 * SMS, 128), ("x8-256t", 8 * SMS, 256), ("nosplit", 0, 128), ("nosplit-256t", 0, 256)]
     if quick:
         variants = variants[2:3]
     for B in (1, 8, 32):
@@ -117,7 +117,7 @@ def bench_kv(results: list, quick: bool) -> None:
                     spec = kv_attention_spec(B, Hq, Hkv, 1, T, D, BF16, scale, target_blocks=target, threads=threads,
                                              max_splits=S.KV_MAX_SPLITS)
                 else:
-                    spec = S.KVAttentionSpec(B, Hq, Hkv, 1, T, D, BF16, scale, 1)
+                    spec = S.KVAttentionSpec(B, Hq, Hkv, 1, T, D, BF16, scale, 1, threads=threads)
                 ck = K.build(spec)
                 part = cp.empty(max(1, spec.part_floats), cp.float32)
                 sync = cp.zeros(max(1, spec.sync_ints(kv_layout(spec, spec.threads)["tiles"])), cp.int32)
