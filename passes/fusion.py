@@ -170,6 +170,11 @@ class _Grouping:
             extra = [n for n in extra if n not in self.owner]
             if extra:
                 self.extend(gid, rule, extra, multi)
+        if len(self.groups[gid].members) == 1 and _pointwise_or_injective(anchor):
+            # nothing joined (a RoPE whose head_rope kernel cannot be made): the anchor stays free
+            # for an elementwise group with its producers
+            self.groups[gid].members = []
+            del self.owner[anchor]
 
     def extend(self, gid: int, rule: str, extra: list[Node], multi_output: bool) -> None:
         group = self.groups[gid]

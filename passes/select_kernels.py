@@ -11,7 +11,11 @@ For every node of the optimized graph this pass decides, once:
   (``PassOptions.choices``, an A/B ledger) or the rule-based default (``choices.choose``), and the
   **weight layout** that variant reads: this pass writes it into the IR (a transposed copy of the
   weight, shared by every product that reads it so, and ``trans_b`` flipped), so that the lowering
-  never copies a weight and the copy shows in the dumps and the weight bytes.
+  never copies a weight and the copy shows in the dumps and the weight bytes;
+- for products over packed weights (QMATMUL, alone or under a fused epilogue): the variant
+  (``fusec.lower.quant.choose``: the quantized GEMV, or dequantize-then-cuBLAS);
+- the **spec parameters** of a GEMV (``params``): how the skinny product streams its weights
+  (``build_gemm.gemv_form``), the quantized GEMV's form (``fusec.lower.quant.gemv_form``).
 
 The lowering (``fusec.lower``) reads ``node.kernel`` and decides nothing; ``explain``, ``inspect``
 and the A/B read the same record (``graph.meta["selection"]`` holds it as JSON, per node).

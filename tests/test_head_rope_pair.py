@@ -362,3 +362,19 @@ def test_generation_with_siblings_matches_the_reference(case: str, batch: int) -
     want = generate(ReferenceEngine(build_graphs(model(), batch, 40, 12, [])), PROMPTS[:batch], 12,
                     cfg.vocab_size).new_ids
     assert got == want
+
+
+def test_a_rope_head_rope_cannot_take_still_fuses_with_its_producers() -> None:
+    """head_dim 32 (no head_rope kernel: D must be a multiple of 64): the declined head_rope leaves
+    each RoPE free, so that the prefill and decode RoPEs fuse with their head split and transpose
+    (one elementwise launch each, no RoPE launch of its own) although K goes only to its cache."""
+    from fusec.genmodel import GenModel, build_graphs
+    from fusec.models.generate import SharedWeights
+    from fusec.models.weights import RandomWeights
+
+    cfg = dataclasses.replace(get_config("llama-tiny"), name="llama-d32", hidden_size=128, head_dim=32)
+    graphs = build_graphs(GenModel(cfg, SharedWeights(RandomWeights(1)), None, (), cfg.name), 2, 32, 8, [])
+    for entry in ("prefill", "decode"):
+        ks = describe_kernels(_optimized(graphs[entry]))
+        assert "rope" not in ks, (entry, ks)
+        assert sum(k.startswith("elementwise:") and k.endswith("rope") for k in ks) == 2 * cfg.num_layers, (entry, ks)

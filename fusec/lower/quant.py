@@ -1,14 +1,15 @@
 """Lowering of QMATMUL (a product over a packed quantized weight, ``fusec.quant``).
 
-``choose`` is the one selection rule, which kernel selection (passes/select_kernels.py) applies
-and records on the node, with ``gemv_form``'s form of the GEMV: rows of activations M <= 16 (decode steps, small batches) run fusec's quantized GEMV
-(``QGemvSpec``: the weight dequantized in registers, 16-byte loads of its codes, fp32 accumulation,
-the bias/activation/residual epilogue fused); larger M (prefill) dequantizes the weight into arena
-scratch, a block of rows at a time (at most ``SCRATCH_BYTES``), and cuBLAS multiplies it there
-(``QDequantSpec`` + a GEMM reading the block through its transpose flag, writing its columns of
-the output). The chosen variant is counted in the lowering report (``by_template``: qgemv /
-qdequant) and recorded per product in ``ctx.counts["qmatmul:<variant>"]``. ``gemv_form`` is the GEMV's form (rows per warp, fold), from
-the measurements in benchmarks/RESULTS.md. The lowering emits what the record says.
+Kernel selection (passes/select_kernels.py) applies this module's rules and records them on the
+node; the lowering emits what the record says. ``choose``: rows of activations M <= 16 (decode
+steps, small batches) run fusec's quantized GEMV (``QGemvSpec``: the weight dequantized in
+registers, 16-byte loads of its codes, fp32 accumulation, the bias/activation/residual epilogue
+fused); larger M (prefill) dequantizes the weight into arena scratch, a block of rows at a time (at
+most ``SCRATCH_BYTES``), and cuBLAS multiplies it there (``QDequantSpec`` + a GEMM reading the
+block through its transpose flag, writing its columns of the output). ``gemv_form``: the GEMV's
+form (rows per warp, fold), from the measurements in benchmarks/RESULTS.md. The chosen variant is
+counted in the lowering report (``by_template``: qgemv / qdequant) and per product in
+``ctx.counts["qmatmul:<variant>"]``.
 
 Measured alternatives are the A/B's business: a dequantize-in-tile tensor-core GEMM for prefill is
 not written yet (see the report of issue 22).
