@@ -267,7 +267,7 @@ def _build(cfg: ModelConfig, weights: object, shape: GenerationShape, eos_ids: t
         v_cache = m.op(Op.CACHE_WRITE, st.caches[i][1], v_rows, write_at, axis=2)
         new_caches.append((k_cache, v_cache))
         w = cfg.window(i)
-        if mode == "prefill" and seq <= t_max:
+        if mode == "prefill":
             # over the cache rows just written (the prompt's keys at positions 0..S-1): the fresh
             # keys and values then have one reader, the cache write, which takes them in the RoPE's
             # launch (rope_siblings) instead of copies of their own
