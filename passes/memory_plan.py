@@ -17,6 +17,12 @@ Contract of ``plan_memory(graph, alignment=256) -> MemoryPlan``:
     the same dtype and byte size, neither buffer is pinned, and no *other* input of the node
     reads the same buffer (a kernel thread could otherwise read an element another thread
     already overwrote).
+- concat in place: an input of a CONCAT whose blocks are contiguous in its output (every axis
+  before the concat axis of size 1) lives inside the output's buffer at its block's byte offset,
+  so that the node producing it writes it there and the concat copies nothing, when the input
+  fills its buffer (with the in-place chain that made it, if any), nothing in that buffer is read
+  after the concat and the concat is the input's only reader, the buffer is not pinned, a
+  constant or state, and the offset keeps the alignment.
 - State (``Graph.state_pairs``: a KV cache, a position) lives outside the arena, in the plan's
   state region, like weights: ``state`` maps every value stored there (the state input, its views,
   and the ``cache_write`` results, which write in place into their cache's storage) to
@@ -88,7 +94,7 @@ class MemoryPlan:
     alignment: int
     arena_bytes: int
     offsets: dict[str, int]  # arena values (incl. views, in-place) -> byte offset
-    alias: dict[str, dict[str, Any]]  # value -> {"base": root name, "byte_offset": int, "kind": "view"|"inplace"}
+    alias: dict[str, dict[str, Any]]  # value -> {"base": root, "byte_offset": int, "kind": view|inplace|update|concat}
     records: list[UsageRecord]
     naive_bytes: int
     lower_bound_bytes: int
@@ -214,6 +220,54 @@ def _updates_in_state(graph: Graph, nodes: list[Node], states: set[Value], root:
         last[src] = max(last[src], last.pop(dst, i))
 
 
+def concat_blocks(node: Node) -> list[int] | None:
+    """The byte offset of each input's block in a CONCAT's output when every block is contiguous
+    there (every axis before the concat axis of size 1), else None."""
+    from fusec.ops import Op
+
+    if node.op != Op.CONCAT:
+        return None
+    out, axis = node.outputs[0], node.attrs.axis % len(node.outputs[0].shape)
+    if any(d != 1 for d in out.shape[:axis]):
+        return None
+    offs, at = [], 0
+    for v in node.inputs:
+        offs.append(at)
+        at += v.nbytes
+    return offs
+
+
+def _concats_in_place(nodes: list[Node], consts: set[Value], pinned: set[Value], root: dict[Value, Value],
+                      boff: dict[Value, int], kind: dict[Value, str], members: dict[Value, list[Value]],
+                      first: dict[Value, int], last: dict[Value, int], alignment: int) -> None:
+    """Move each eligible CONCAT input's buffer into its output's (see the module docstring): the
+    input fills its buffer (at offset 0, the same size: the buffer may hold the in-place chain that
+    made it), nothing in that buffer is read after the concat, and the concat is the input's only
+    reader."""
+    readers: dict[Value, int] = {}
+    for n in nodes:
+        for v in n.inputs:
+            readers[v] = readers.get(v, 0) + 1
+    for i, node in enumerate(nodes):
+        offs = concat_blocks(node)
+        if offs is None:
+            continue
+        out = node.outputs[0]
+        r_out = root[out]
+        for v, off in zip(node.inputs, offs):
+            r, at = root.get(v), boff[out] + off
+            if (r is None or r is r_out or r not in members or r in consts or r in pinned or boff[v] != 0
+                    or r.nbytes != v.nbytes or last[r] != i or readers.get(v) != 1 or at % alignment
+                    or v.dtype != out.dtype):
+                continue
+            for m in members.pop(r):
+                root[m], boff[m] = r_out, boff[m] + at
+                members[r_out].append(m)
+            kind[r] = "concat"
+            first[r_out] = min(first[r_out], first.pop(r))
+            last[r_out] = max(last[r_out], last.pop(r))
+
+
 def plan_memory(graph: Graph, alignment: int = 256) -> MemoryPlan:
     """Plan ``graph``'s arena (see the module docstring for the contract)."""
     from fusec.ir import writes_in_place
@@ -286,6 +340,8 @@ def plan_memory(graph: Graph, alignment: int = 256) -> MemoryPlan:
             last[r] = max(last[r], last.pop(out))
             first.pop(out)
             break
+
+    _concats_in_place(nodes, consts, pinned, root, boff, kind, members, first, last, alignment)
 
     records = [UsageRecord(r.name, align_up(r.nbytes, alignment), first[r], last[r], pinned=r in pinned,
                            members=[m.name for m in ms])

@@ -145,3 +145,24 @@ def test_serve_compiles_a_join_entry_of_two_by_default_where_one_can_be_built():
     assert join_prompts(0, gm, 8) == 0 and join_prompts(3, gm, 8) == 3  # as given
     gm.builder = lambda shape, eos: {}  # an ONNX export with its KV cache: none by default
     assert join_prompts(None, gm, 8) == 0
+
+
+def test_the_join_step_under_its_memory_plan_with_concat_inputs_in_place():
+    """The optimized join graph run with every value at its planned arena slot (its concat inputs
+    written in their blocks of the concat's output: no copies) gives the unplanned reference's
+    results, bit for bit."""
+    from fusec import reference
+    from fusec.passes.base import PassOptions
+    from fusec.passes.memory_plan import plan_memory
+    from fusec.passes.pipeline import optimize
+
+    gs = build_graphs(load_generation_model("qwen3-tiny"), B, T, S, eos_ids=(), join=2)
+    e = _busy_engine(gs, Sampling(0.8, 20, 0.9))
+    g, _ = optimize(gs["join"], PassOptions())
+    feeds = {**join_feeds([(1, [11, 12, 13, 14]), (3, [5, 6])], S, 2), **e.state}
+    feeds = {v.name: feeds[v.name] for v in g.inputs}
+    plan = plan_memory(g)
+    assert sum(a["kind"] == "concat" for a in plan.alias.values()) >= 2 * load_generation_model("qwen3-tiny").config.num_layers
+    got, want = reference.run_planned(g, feeds, plan), reference.run(g, feeds)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)

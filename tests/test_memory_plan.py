@@ -86,6 +86,12 @@ def check_plan(g: Graph, plan: MemoryPlan) -> None:
             t = iv[second][0]
             assert iv[first][1] == t, f"{u.name} and {w.name} overlap while both live"
             _, node = producer[second]
+            if node.op == Op.CONCAT and first in node.inputs:  # an input written in its block of the output
+                block = sum(x.nbytes for x in node.inputs[:node.inputs.index(first)])
+                assert node.inputs.count(first) == 1 and node.attrs.axis % len(second.shape) == 0 or \
+                    all(d == 1 for d in second.shape[:node.attrs.axis % len(second.shape)])
+                assert plan.offsets[first.name] == plan.offsets[second.name] + block, f"{first.name} off its block"
+                continue
             assert _pointwise(node), f"in-place output of a {node.op.value} node"
             assert plan.offsets[first.name] == plan.offsets[second.name] and first.nbytes == second.nbytes
             overlapping_inputs = {x for x in node.inputs if x.name in plan.offsets and _overlap(plan, x, second)}
@@ -132,7 +138,7 @@ def random_dags(draw: st.DrawFn) -> Graph:
     for _ in range(draw(st.integers(1, 14))):
         v = draw(st.sampled_from(pool))
         kind = draw(st.sampled_from(["unary", "binary", "binary", "matmul", "reshape", "slice",
-                                     "reduce", "transpose", "expand", "const_view"]))
+                                     "reduce", "transpose", "expand", "const_view", "concat"]))
         if kind == "unary":
             out = b.emit(draw(st.sampled_from([Op.TANH, Op.NEG, Op.SIGMOID, Op.RELU])), v)
         elif kind == "binary":
@@ -160,6 +166,11 @@ def random_dags(draw: st.DrawFn) -> Graph:
         elif kind == "expand":
             target = (draw(st.integers(1, 3)),) + v.shape if len(v.shape) < 4 else v.shape
             out = b.emit(Op.EXPAND, v, shape=target)
+        elif kind == "concat":  # along axis 0 (blocks contiguous in the output: placed in place) or the last
+            ax = draw(st.sampled_from([0, len(v.shape) - 1]))
+            same = [p for p in pool if len(p.shape) == len(v.shape)
+                    and all(a == c for d, (a, c) in enumerate(zip(p.shape, v.shape)) if d != ax)]
+            out = b.emit(Op.CONCAT, v, draw(st.sampled_from(same)), axis=ax)
         else:  # a view of a weight, consumed by an elementwise op
             c = const((v.shape[-1],))
             out = b.emit(Op.ADD, v, b.emit(Op.RESHAPE, c, shape=(1, v.shape[-1])))
@@ -349,3 +360,39 @@ def test_fused_elementwise_body_runs_in_place_but_not_with_a_layout_op_inside() 
     assert "f" not in plan2.alias and plan2.offsets["f"] != plan2.offsets["e"]
     check_plan(g2, plan2)
     check_numerics(g2, plan2, rng)
+
+
+def test_concat_inputs_are_written_in_place_where_their_blocks_are_contiguous_and_aligned() -> None:
+    """Two products concatenated along axis 0 live inside the concat's output (the concat copies
+    nothing); an input read by another node, an axis-1 concat and a block off the alignment keep
+    buffers of their own."""
+    rng = np.random.default_rng(20261128)
+    b = GraphBuilder()
+    x = b.input("x", (64, 64), DType.F32)
+    w = b.const(rng.standard_normal((64, 64)).astype(np.float32), name="w")
+    p = b.emit(Op.MATMUL, x, w, name="p")
+    q = b.emit(Op.TANH, b.emit(Op.MATMUL, x, w), name="q")
+    c = b.emit(Op.CONCAT, p, q, axis=0, name="c")
+    r = b.emit(Op.MATMUL, x, w, name="r")
+    s = b.emit(Op.SIGMOID, r, name="s")
+    d = b.emit(Op.CONCAT, r, s, axis=0, name="d")  # r is also read by s: it keeps its buffer
+    e = b.emit(Op.CONCAT, b.emit(Op.NEG, x, name="n1"), b.emit(Op.RELU, x, name="n2"), axis=1, name="e")
+    small = b.emit(Op.RESHAPE, b.emit(Op.REDUCE_SUM, x, axes=(1,), keepdims=True), shape=(1, 64))
+    small = b.emit(Op.SLICE, small, axes=(1,), starts=(0,), ends=(48,), steps=(1,), name="small")  # 192 bytes
+    f = b.emit(Op.CONCAT, b.emit(Op.NEG, small, name="m1"), b.emit(Op.TANH, small, name="m2"), axis=0, name="f")
+    b.output(b.emit(Op.ADD, b.emit(Op.ADD, c, d), b.emit(Op.RESHAPE, e, shape=(128, 64))), "y")
+    b.output(f, "z")
+    g = b.build()
+    plan = plan_memory(g)
+    assert plan.alias["p"] == {"base": "c", "byte_offset": 0, "kind": "concat"}
+    # q was written over its product's buffer (in place); that whole buffer moves into c's block
+    assert plan.offsets["q"] == plan.offsets["c"] + 64 * 64 * 4 and plan.alias["q"]["base"] == "c"
+
+    def kind(name: str) -> str | None:
+        return plan.alias.get(name, {}).get("kind")
+
+    assert kind("s") == "concat" and kind("r") != "concat"
+    assert kind("n1") != "concat" and kind("n2") != "concat"  # axis 1: each block is strided in e
+    assert kind("m1") == "concat" and kind("m2") != "concat"  # m2's block starts 192 bytes in
+    check_plan(g, plan)
+    check_numerics(g, plan, rng)

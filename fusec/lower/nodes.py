@@ -49,7 +49,14 @@ def _copy(ctx: Context, node: Node, label: str) -> None:
     elif node.op == Op.TRILU:
         ctx.kernel(C.trilu(x.shape, a.upper, a.k, dt), [x, out], label)
     elif node.op == Op.CONCAT:
-        for v, spec in zip(node.inputs, C.concat([v.shape for v in node.inputs], a.axis, dt)):
+        from fusec.passes.memory_plan import concat_blocks
+
+        blocks = concat_blocks(node) or [None] * len(node.inputs)
+        space, base = ctx.addr(out)
+        for v, spec, off in zip(node.inputs, C.concat([v.shape for v in node.inputs], a.axis, dt), blocks):
+            if off is not None and ctx.addr(v) == (space, base + off):
+                ctx.count("concat_in_place")  # the memory plan put the input in its block: nothing to copy
+                continue
             ctx.kernel(spec, [v, out], label)
     elif node.op == Op.GATHER:
         ctx.kernel(C.gather(x.shape, node.inputs[1].shape, a.axis, dt, node.inputs[1].dtype), [x, node.inputs[1], out], label)
