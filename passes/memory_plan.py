@@ -46,7 +46,7 @@ import dataclasses
 from typing import Any
 
 from fusec.ir import Graph, Node, Value
-from fusec.ops import OP_INFO, FusionKind
+from fusec.ops import OP_INFO, FusionKind, Op
 from fusec.passes import views
 from fusec.passes.base import PassOptions, PassResult
 
@@ -223,8 +223,6 @@ def _updates_in_state(graph: Graph, nodes: list[Node], states: set[Value], root:
 def concat_blocks(node: Node) -> list[int] | None:
     """The byte offset of each input's block in a CONCAT's output when every block is contiguous
     there (every axis before the concat axis of size 1), else None."""
-    from fusec.ops import Op
-
     if node.op != Op.CONCAT:
         return None
     out, axis = node.outputs[0], node.attrs.axis % len(node.outputs[0].shape)
