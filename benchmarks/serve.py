@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 from fusec.runtime.generation import generate_with_plan
-from fusec.cli.serve import DEFAULT_JOIN
+from fusec.cli.serve import join_prompts
 from fusec.serve.batcher import READBACK_EVERY
 
 T0 = time.perf_counter()
@@ -56,11 +56,6 @@ def _admit_batch(args: argparse.Namespace, n: int) -> int:
     return n // args.admit_div if args.admit_div and n >= 4 else 0
 
 
-def _join(args: argparse.Namespace, n: int) -> int:
-    """The plan's join entry (fusec serve --join): as given, else fusec serve's default."""
-    return args.join if args.join is not None else min(DEFAULT_JOIN, n)
-
-
 def baseline(args: argparse.Namespace, gm: Any, n: int, prompts: list[list[int]], out_dir: str,
              cuda: bool) -> tuple[dict[str, Any], str | None]:
     """plan.generate at batch n (twice: the first run captures the CUDA graph); the plan's path."""
@@ -72,13 +67,13 @@ def baseline(args: argparse.Namespace, gm: Any, n: int, prompts: list[list[int]]
     t0 = time.perf_counter()
     if not cuda:
         engine = ReferenceEngine(build_graphs(gm, n, t_max, args.prompt_len, eos_ids=(), admit_batch=_admit_batch(args, n),
-                                              join=_join(args, n)), optimize=True)
+                                              join=join_prompts(args.join, gm, n)), optimize=True)
         res = generate(engine, prompts[:n], args.max_tokens, gm.config.vocab_size)
         total = res.prefill_ms / 1e3 + res.decode_ms / 1e3
         return {"decode_tok_s": res.decode_tok_s, "prefill_ms": res.prefill_ms,
                 "end_to_end_tok_s": n * args.max_tokens / total, "compile_s": 0.0}, None
     plan = compile_generation(gm, batch=n, max_seq_len=t_max, prefill_len=args.prompt_len, dtype="bf16", eos_ids=(),
-                              admit_batch=_admit_batch(args, n), join=_join(args, n))
+                              admit_batch=_admit_batch(args, n), join=join_prompts(args.join, gm, n))
     compile_s = time.perf_counter() - t0
     path = os.path.join(out_dir, f"qwen3-0.6b-b{n}.fplan")
     plan.save(path)
@@ -133,7 +128,8 @@ def start_server(target: str, n: int, args: argparse.Namespace, err_path: str) -
            "--max-queue", str(4 * n + 8)]
     if not target.endswith(".fplan"):  # the reference backend: the model itself
         cmd += ["--batch", str(n), "--max-seq-len", str(args.prompt_len + args.max_tokens), "--max-prompt-len",
-                str(args.prompt_len), "--admit-batch", str(_admit_batch(args, n)), "--join", str(_join(args, n))]
+                str(args.prompt_len), "--admit-batch", str(_admit_batch(args, n))]
+        cmd += ["--join", str(args.join)] if args.join is not None else []  # else fusec serve's default
     cmd += ["--readback-every", str(args.readback_every)]
     err = open(err_path, "wb")  # noqa: SIM115 - the server's log, kept in OUT_DIR
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=dict(os.environ, PYTHONUNBUFFERED="1"))
@@ -355,7 +351,7 @@ def main() -> int:
                     "prompts a run (fusec serve --admit-batch; 0: none, every admission prefills the whole batch)")
     ap.add_argument("--join", type=int, default=None, metavar="J", help="plans with a join entry of J prompts a step "
                     "(fusec serve --join J): requests admitted while rows decode ride in a decode step (0: none; "
-                    f"default: fusec serve's, {DEFAULT_JOIN} at most the batch)")
+                    "default: fusec serve's)")
     ap.add_argument("--duration", type=float, default=20.0, help="seconds of load per point")
     ap.add_argument("--readback-every", type=int, default=READBACK_EVERY, metavar="K",
                     help="the server reads the drawn tokens back every K decode steps (fusec serve --readback-every)")

@@ -122,7 +122,7 @@ def build_join(cfg: ModelConfig, weights: object, shape: object, eos_ids: tuple[
 
     # the decode tokens' hidden states and each prompt's last real token's: B + j*S + length[j] - 1
     lasts = m.op(Op.ADD, length, const(bsz - 1 + np.arange(slots, dtype=np.int64) * seq, "prompt_ends"))
-    picks = cat(const(np.arange(bsz, dtype=np.int64), "decode_rows"), lasts)
+    picks = cat(batch_rows, lasts)
     x = m.op(Op.GATHER, m.op(Op.RESHAPE, x, shape=(n, d)), picks, axis=0)  # [B + J, D]
     logits = lm_head(m, cfg, x, table)
     slot_logits = const(bsz + np.arange(slots, dtype=np.int64), "slot_logits")

@@ -13,6 +13,7 @@ from fusec.codegen.build_gemm import _SMS, gemv_blocks_per_sm, gemv_form, gemv_r
 from fusec.codegen.kernels import cdiv, prepare
 from fusec.compiler import compile_generation
 from fusec.dtypes import DType
+from fusec.errors import InputError
 from fusec.passes import select_kernels
 from fusec.plan import entry_points
 
@@ -41,7 +42,7 @@ def test_the_knob_picks_the_register_form(monkeypatch) -> None:  # noqa: ANN001
     monkeypatch.setenv("FUSEC_GEMV_FORM", "register")
     assert gemv_form(128256, 2048, DType.BF16) == {"stages": 0, "tiles_per_block": 1}
     monkeypatch.setenv("FUSEC_GEMV_FORM", "rings")
-    with pytest.raises(Exception, match="FUSEC_GEMV_FORM"):
+    with pytest.raises(InputError, match="FUSEC_GEMV_FORM"):
         gemv_form(128256, 2048, DType.BF16)
 
 

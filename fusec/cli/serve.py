@@ -14,6 +14,7 @@ from fusec.errors import InputError
 from fusec.serve.batcher import READBACK_EVERY
 
 MAX_CHAT_TEMPLATE_BYTES = 1 << 20
+DEFAULT_JOIN = 2  # prompts a join step takes when serve compiles the model (measured: --join's help)
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -57,8 +58,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "every admission runs the whole batch's prefill; A < B; models fusec builds, not a plan "
                         "file or an ONNX export)")
     p.add_argument("--join", type=int, nargs="?", const=1, default=None, metavar="J",
-                   help="compile " + JOIN_HELP + "; models fusec builds, not a plan file (default: 2, at most the "
-                        "batch; 0: none; an ONNX export with its KV cache has none). Measured on an H200 at 32 "
+                   help="compile " + JOIN_HELP + f"; models fusec builds, not a plan file (default: {DEFAULT_JOIN}, at most "
+                        "the batch; 0: none; an ONNX export with its KV cache has none). Measured on an H200 at 32 "
                         "clients, in the same runs: 0.77-0.79 of the plan's decode rate against 0.72-0.75 "
                         "through the prefill, time to first token p50 16-18 ms against 28-29 "
                         "(benchmarks/RESULTS.md)")
@@ -185,9 +186,6 @@ def _engine(args: argparse.Namespace) -> tuple[Any, Any, str, str]:
     plan = compile_generation(gm, batch=batch, max_seq_len=t_max, prefill_len=s_len, dtype=args.dtype or "bf16",
                               arch=arch, admit_batch=args.admit_batch, join=join)
     return PlanEngine(plan), gm.tokenizer, gm.source, "cuda"
-
-
-DEFAULT_JOIN = 2  # prompts a join step takes when serve compiles the model (measured: --join's help)
 
 
 def join_prompts(given: int | None, gm: Any, batch: int) -> int:
