@@ -19,8 +19,9 @@
 #   train     the training step vs PyTorch (benchmarks/train.py --no-compile --skip minilm)
 #   train_full  the same with the torch.compile variant and the MiniLM fine-tune
 #   qtests    the packed-weight GPU tests (kernels against the reference, generation token for token)
+#   qtc       the tensor-core quantized GEMV against the exact sums (tests/test_quant_gpu.py -k tensor_core)
 #   qvariants every form of the quantized GEMV on Llama-1B's shapes (quant_bench.py --variants)
-#   qdecode   the packed-weight decode models alone (quant_bench.py --skip kernels,torch)
+#   qdecode   the packed-weight decode models alone (quant_bench.py --skip kernels,torch), tensor-core and FMA forms
 #   q7b       the 7B Llama shape in Q4_K_M, batch 1 decode and its packed-weight roofline (quant_bench.py --7b)
 #   qncu      Nsight Compute counters of the quantized GEMV's forms (benchmarks/qgemv_ncu.py)
 #   minilm    the MiniLM fine-tune alone (weights from .minilm/, carried: an fp16 copy of the package's)
@@ -94,10 +95,12 @@ for step in "$@"; do
                 tail -n 30 "$R/train.txt" ;;
     qtests) timeout 200 $PT -n 8 tests/test_quant_gpu.py > "$R/t_quant.txt" 2>&1
             grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_quant.txt" | tail -n 12 ;;
+    qtc) timeout 150 $PT -n 12 tests/test_quant_gpu.py -k tensor_core > "$R/t_qtc.txt" 2>&1
+         grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_qtc.txt" | tail -n 12 ;;
     qvariants) timeout 200 python3 benchmarks/quant_bench.py "$R/qvar" --variants --skip torch,decode > "$R/qvar.txt" 2>&1
                grep "^| llama" "$R/qvar.txt" | tail -n 70 ;;
-    qdecode) timeout 200 python3 benchmarks/quant_bench.py "$R/qdec" --skip kernels,torch > "$R/qdec.txt" 2>&1
-             tail -n 12 "$R/qdec.txt" ;;
+    qdecode) timeout 250 python3 benchmarks/quant_bench.py "$R/qdec" --skip kernels,torch --qgemv-forms tc,fma > "$R/qdec.txt" 2>&1
+             grep "^| 1b" "$R/qdec.txt" ;;
     q7b) timeout 300 python3 benchmarks/quant_bench.py "$R/q7b" --7b --skip kernels,torch > "$R/q7b.txt" 2>&1
          tail -n 6 "$R/q7b.txt" ;;
     qncu) timeout 150 ncu --clock-control none -k regex:fc_qgemv --section SpeedOfLight --section Occupancy \

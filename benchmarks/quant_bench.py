@@ -19,7 +19,7 @@
    tokens, CUDA graphs. Plans compile in parallel helper processes. ``--7b`` decodes the 7B Llama
    shape in Q4_K_M at batch 1 instead and reports its share of the packed-weight roofline.
 
-``--variants`` times every form of the quantized GEMV (rows per warp, fold) on Llama-1B's shapes.
+``--variants`` times the quantized GEMV's forms (FMA; tensor cores at 4, 8, 16 warps) on Llama-1B's shapes.
 Writes OUT_DIR/quant.json and OUT_DIR/quant.md and prints the tables. ~3-4 minutes on an H100.
 """
 
@@ -42,6 +42,7 @@ from peer_kernels import graph_us  # noqa: E402
 
 from fusec.codegen import kernels as K  # noqa: E402
 from fusec.codegen import specs as S  # noqa: E402
+from fusec.codegen.build_gemm import gemv_form as bf16_form  # noqa: E402
 from fusec.codegen.specs_quant import QDequantSpec, QGemvSpec  # noqa: E402
 from fusec.dtypes import DType  # noqa: E402
 from fusec.runtime.generation import generate_with_plan  # noqa: E402
@@ -78,15 +79,29 @@ def _bf16(shape: tuple[int, ...]):  # noqa: ANN202
     return (cp.random.standard_normal(shape, dtype=cp.float32).view(cp.uint32) >> 16).astype(cp.uint16)
 
 
-def _forms(m: int, variants: bool) -> list[tuple[str, dict]]:
-    """The quantized GEMV's forms to time at M = ``m``: the lowering's choice (fusec.lower.quant),
-    or with ``variants`` every rows-per-warp / fold form worth comparing."""
+def _forms(m: int, qw, variants: bool) -> list[tuple[str, dict]]:  # noqa: ANN001
+    """The quantized GEMV's forms to time at M = ``m`` over the packed weight ``qw`` (bf16 x): the
+    lowering's choice (fusec.lower.quant), or with ``variants`` the FMA form and, where they fit, the
+    tensor-core form at 4, 8 and 16 warps."""
+    from fusec.codegen.specs_quant import tc_fits
     from fusec.lower.quant import gemv_form
 
+    rule = gemv_form(m, qw.n, qw.k, qw.format, qw.group, BF16)
     if not variants:
-        return [("qgemv", gemv_form(m))]
-    forms = [dict(rows=2, fold=False), dict(rows=2, fold=True)] + ([dict(rows=4, fold=True)] if m == 1 else [])
-    return [(f"qgemv R{f['rows']}{' fold' if f['fold'] else ''}", f) for f in forms]
+        return [("qgemv tc" if rule.get("tc") else "qgemv", rule)]
+    fma = {"rows": 2 if m <= 8 else 1, "fold": m == 1}
+    forms = [("fma", fma)]
+    if tc_fits(m, qw.format, BF16):
+        forms += [(f"tc w{w}{' (rule)' if rule.get('warps') == w else ''}", {**fma, "tc": True, "warps": w})
+                  for w in (4, 8, 16)]
+    return forms
+
+
+class _Shape:
+    """A packed weight's format fields at another row count (what ``_forms`` reads)."""
+
+    def __init__(self, qw, n: int):  # noqa: ANN001
+        self.n, self.k, self.format, self.group, self.scale_dtype = n, qw.k, qw.format, qw.group, qw.scale_dtype
 
 
 def bench_kernels(results: list, quick: bool, copy: float, variants: bool = False) -> None:
@@ -98,6 +113,19 @@ def bench_kernels(results: list, quick: bool, copy: float, variants: bool = Fals
     h = Handle()
     models = ["llama-1b"] if quick or variants else list(SHAPES)
     formats = [(f, lab) for f, lab in FORMATS if not quick or f in ("q4_k", "q8_0")]
+    ms = (1, 2, 3, 4, 8) if variants else (1,) if quick else None
+    pending = []  # every kernel compiles on the pool first (the loop below then finds them built)
+    for model in models:
+        for _, n, k in SHAPES[model]:
+            for m in ms or ((1, 8) if model == "llama-1b" else (1,)):
+                pending.append(K.build_async(S.GemvSpec(m, n, k, BF16, **bf16_form(n, k, BF16))))
+                for fmt, _ in formats:
+                    small = _weight(fmt, 4, k, rng)  # the format's group and scale type at this K
+                    for _, form in _forms(m, _Shape(small, n), variants):
+                        pending.append(K.build_async(QGemvSpec(m, n, k, small.format, small.group, BF16,
+                                                               small.scale_dtype, **form)))
+    for p in pending:
+        p.result()
     for model in models:
         for name, n, k in SHAPES[model]:
             nb = n * k * 2
@@ -106,11 +134,11 @@ def bench_kernels(results: list, quick: bool, copy: float, variants: bool = Fals
             for fmt, _ in formats:
                 qw = _weight(fmt, n, k, rng)
                 packed[fmt] = (qw, [[cp.asarray(a) for a in qw.arrays] for _ in range(max(1, min(16, -(-L2_ROTATE // qw.nbytes))))])
-            for m in ((1, 8) if variants else (1,) if quick or model != "llama-1b" else (1, 8)):
+            for m in ms or ((1, 8) if model == "llama-1b" else (1,)):
                 x = _bf16((m, k))
                 out = cp.empty((m, n), cp.uint16)
                 # bf16 GEMV baseline (fusec's decode GEMV over [N, K] bf16)
-                ck = K.build(S.GemvSpec(m, n, k, BF16))
+                ck = K.build(S.GemvSpec(m, n, k, BF16, **bf16_form(n, k, BF16)))
                 us = graph_time([lambda s, w=w, ck=ck, x=x, out=out: K.launch(ck, [x, w, out], stream=s) for w in ws])
                 byt = nb + (m * k + m * n) * 2
                 results.append({"bench": "kernel", "model": model, "shape": name, "N": n, "K": k, "M": m,
@@ -118,7 +146,7 @@ def bench_kernels(results: list, quick: bool, copy: float, variants: bool = Fals
                                 "GBps": byt / us * 1e-3, "pct_copy": 100 * byt / us * 1e6 / copy})
                 for fmt, label in formats:
                     qw, sets = packed[fmt]
-                    for kname, form in _forms(m, variants):
+                    for kname, form in _forms(m, qw, variants):
                         spec = QGemvSpec(m, n, k, qw.format, qw.group, BF16, qw.scale_dtype, **form)
                         ck = K.build(spec)
                         us = graph_time([lambda s, p=p, ck=ck, x=x, out=out: K.launch(ck, [x, *p, out], stream=s)
@@ -225,6 +253,7 @@ def _model(mix: str, layers: int, size: str = "1b"):  # noqa: ANN202
 def compile_job(job: dict) -> dict:
     """In a helper process: compile one generation plan and save it (returns timings or the error)."""
     os.environ["FUSEC_CUPTI"] = "0"
+    os.environ["FUSEC_QGEMV_FORM"] = job.get("form", "tc")  # the packed products' form (fusec.knobs)
     from fusec.compiler import compile_generation
 
     t0 = time.perf_counter()
@@ -238,16 +267,20 @@ def compile_job(job: dict) -> dict:
         return {"error": f"{type(e).__name__}: {e}"[:1000]}
 
 
-def bench_decode(results: list, quick: bool, tmp: Path, seven_b: bool = False, copy: float = 0.0) -> None:
+def bench_decode(results: list, quick: bool, tmp: Path, seven_b: bool = False, copy: float = 0.0,
+                 forms: tuple[str, ...] = ("tc",)) -> None:
     """Decode tok/s of the Llama-1B-shaped plans (bf16, Q4_K_M, Q8_0 at batch 1 and 8); ``seven_b``:
     instead the 7B Llama shape (32 layers, d 4096, ffn 11008, vocab 32,000) in Q4_K_M at batch 1,
-    with the share of its packed-weight roofline (weights bytes / ``copy`` bandwidth per step)."""
+    with the share of its packed-weight roofline (weights bytes / ``copy`` bandwidth per step).
+    ``forms``: the packed plans once per packed-product form (FUSEC_QGEMV_FORM), timed in this process."""
     import fusec
     from fusec.codegen.compile import default_arch
 
     layers = 4 if quick else LAYERS
-    jobs = [{"mix": mix, "batch": b, "layers": layers, "arch": default_arch(), "path": str(tmp / f"{mix}-b{b}.fplan")}
-            for mix in ("bf16", "q4_k_m", "q8_0") for b in ((1,) if quick else (1, 8))]
+    jobs = [{"mix": mix, "batch": b, "layers": layers, "arch": default_arch(), "form": form,
+             "path": str(tmp / f"{mix}-b{b}-{form}.fplan")}
+            for form in forms for mix in ("bf16", "q4_k_m", "q8_0") for b in ((1,) if quick else (1, 8))
+            if form == forms[0] or mix != "bf16"]
     if seven_b:
         jobs = [{"mix": "q4_k_m", "batch": 1, "layers": 32, "size": "7b", "arch": default_arch(),
                  "path": str(tmp / "q4_k_m-7b-b1.fplan")}]
@@ -257,7 +290,8 @@ def bench_decode(results: list, quick: bool, tmp: Path, seven_b: bool = False, c
         infos = list(ex.map(compile_job, jobs))
     rng = np.random.default_rng(1)
     for job, info in zip(jobs, infos):
-        rec = {"bench": "decode", "mix": job["mix"], "batch": job["batch"], "layers": layers, "vocab": VOCAB,
+        rec = {"bench": "decode", "mix": job["mix"], "batch": job["batch"], "form": job.get("form", "tc"),
+               "layers": layers, "vocab": VOCAB,
                "prompt": PROMPT, "new_tokens": NEW, **info}
         if "error" not in info:
             plan = fusec.load(job["path"])
@@ -293,17 +327,17 @@ def _md(results: list, copy: float) -> str:
             lines.append(f"- {r.get('model', '')} {r.get('shape', '')}: " + (
                 f"error {r['error']}" if "error" in r else f"{r['us']:.2f} us, {r['GBps']:.0f} GB/s ({r['pct_copy']:.0f}% copy)"))
     lines += ["", "## Decode (Llama shapes, plan.generate, 128 new tokens)", "",
-              "| model | weights | batch | tok/s | x bf16 | % packed-weight roofline | weights on GPU | prefill ms | compile s |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+              "| model | weights | packed form | batch | tok/s | x bf16 | % packed-weight roofline | weights on GPU | prefill ms | compile s |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     base = {r["batch"]: r.get("decode_tok_s") for r in results if r["bench"] == "decode" and r.get("mix") == "bf16"}
     for r in results:
         if r["bench"] == "decode":
             if "error" in r:
-                lines.append(f"| | {r.get('mix', '?')} | {r.get('batch', '?')} | error: {r['error'][:120]} | | | | | |")
+                lines.append(f"| | {r.get('mix', '?')} | {r.get('form', '')} | {r.get('batch', '?')} | error: {r['error'][:120]} | | | | | |")
                 continue
             ratio = r["decode_tok_s"] / base[r["batch"]] if base.get(r["batch"]) else float("nan")
             roof = f"{r['pct_roofline']:.0f}%" if "pct_roofline" in r else "-"
-            lines.append(f"| {r.get('size', '1b')} | {r['mix']} | {r['batch']} | {r['decode_tok_s']:.0f} | {ratio:.2f} | "
+            lines.append(f"| {r.get('size', '1b')} | {r['mix']} | {r.get('form', '')} | {r['batch']} | {r['decode_tok_s']:.0f} | {ratio:.2f} | "
                          f"{roof} | {r['weights_bytes'] / 2**20:.0f} MiB | {r['prefill_ms']:.1f} | {r['compile_s']:.0f} |")
     return "\n".join(lines) + "\n"
 
@@ -315,8 +349,10 @@ def main() -> int:
     ap.add_argument("--skip", default="", help="comma list of parts to skip: kernels,torch,decode")
     ap.add_argument("--7b", dest="seven_b", action="store_true", help="decode: the 7B Llama shape in Q4_K_M at "
                     "batch 1 (with its share of the packed-weight roofline) instead of the 1B plans")
-    ap.add_argument("--variants", action="store_true", help="kernels: the quantized GEMV's forms (rows per "
-                    "warp, fold) on Llama-1B's shapes at M = 1 and 8")
+    ap.add_argument("--variants", action="store_true", help="kernels: the quantized GEMV's forms (FMA; tensor cores "
+                    "at 4, 8, 16 warps) on Llama-1B's shapes at M = 1, 2, 3, 4 and 8")
+    ap.add_argument("--qgemv-forms", default="tc", help="decode: the packed plans once per packed-product form "
+                    "(comma list of tc, fma: FUSEC_QGEMV_FORM), timed in the same process")
     args = ap.parse_args()
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -325,7 +361,8 @@ def main() -> int:
     results: list = []
     copy = copy_bw()
     parts: list[tuple[str, Callable[[], None]]] = [
-        ("decode", lambda: bench_decode(results, args.quick, out, args.seven_b, copy)),  # its plans compile while nothing else runs
+        ("decode", lambda: bench_decode(results, args.quick, out, args.seven_b, copy,
+                                        tuple(args.qgemv_forms.split(",")))),  # its plans compile while nothing else runs
         ("kernels", lambda: bench_kernels(results, args.quick, copy, args.variants)),
         ("torch", lambda: bench_torch_int4(results, args.quick, copy))]
     for name, fn in parts:

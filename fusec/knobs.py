@@ -41,6 +41,9 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("FUSEC_LT_PICK", "bool", False, "time cuBLASLt's candidate algorithms when a plan is loaded on a GPU"),
     Knob("FUSEC_GEMV_FORM", "choice", "ring", "how decode products stream their weights: a shared-memory ring "
          "(the default) or two register buffers (the A/B of benchmarks/decode_step.py --gemv-forms)", ("ring", "register")),
+    Knob("FUSEC_QGEMV_FORM", "choice", "tc", "how decode products over packed 4-bit weights compute: on tensor "
+         "cores (the default where they fit) or with fp32 FMAs (the A/B of benchmarks/quant_bench.py --qgemv-forms)",
+         ("tc", "fma")),
     Knob("FUSEC_PDL", "bool", True, "launch kernels that allow it with programmatic dependent launch (sm_90+)"),
     Knob("FUSEC_API_KEY", "text", None, "fusec serve: the bearer token clients must send (default: --api-key)"),
 )}

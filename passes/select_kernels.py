@@ -148,15 +148,15 @@ def _quantized(node: Node, mm: Node, offsets: dict[Value, int], family: str, det
         extra = [C.outer(node, v) for v in (parsed[0], parsed[2]) if v is not None] if parsed else []
         if any(offsets.get(v, 0) % 16 for v in (x, *node.outputs, *extra)):
             variant, reason = "dequant_gemm", "operands not 16-byte aligned"
-    return Selection(family, variant, reason=reason, params=_qgemv_params(m) if variant == "qgemv" else (),
-                     detail=detail)
+    params = _qgemv_params(m, a.n, a.k, a.format, a.group, x.dtype) if variant == "qgemv" else ()
+    return Selection(family, variant, reason=reason, params=params, detail=detail)
 
 
-def _qgemv_params(m: int) -> tuple[tuple[str, Any], ...]:
+def _qgemv_params(m: int, n: int, k: int, fmt: str, group: int, dtype: Any) -> tuple[tuple[str, Any], ...]:
     """The quantized GEMV's form at M = ``m`` (``fusec.lower.quant.gemv_form``, the one rule)."""
     from fusec.lower import quant as Q
 
-    return tuple(Q.gemv_form(m).items())
+    return tuple(Q.gemv_form(m, n, k, fmt, group, dtype).items())
 
 
 def _matmul_of(node: Node) -> tuple[Node, Graph | None]:

@@ -28,6 +28,26 @@ struct QbChunk {
   float s[QB_GPC], o[QB_GPC], zf[QB_GPC];
 };
 
+// The scale, offset and zero (as 2**23 + z: see qb_w8) of each group of chunk c of row n.
+__device__ __forceinline__ void qb_scales(const QbPtrs& p, long long n, int c, float (&sv)[QB_GPC], float (&ov)[QB_GPC],
+                                          float (&zv)[QB_GPC]) {
+#pragma unroll
+  for (int g = 0; g < QB_GPC; ++g) {
+    const int k = c * 32 + g * 16;  // first weight of the group's part of this chunk
+    const long long gi = n * (QB_K / QB_GROUP) + k / QB_GROUP;
+    float s = fc_val(p.scale[n * (QB_K / QB_SB) + k / QB_SB]);
+    if (QB_SUB == 1) s *= (float)__ldg(p.sub + gi);
+    if (QB_SUB == 2) s *= (float)(signed char)__ldg(p.sub + gi);
+    float o = 0.0f;
+    if (QB_OFF == 1) o = fc_val(p.minv[gi]);
+    if (QB_OFF == 2) o = -(fc_val(p.minv[n * (QB_K / QB_SB) + k / QB_SB]) * (float)__ldg(p.mins + gi));
+    const int z = QB_ZERO >= 0 ? QB_ZERO : (int)__ldg(p.zero + gi);
+    sv[g] = s;
+    ov[g] = o;
+    zv[g] = 8388608.0f + (float)(z + (QB_BITS == 8 && QB_SIGNED ? 128 : 0));
+  }
+}
+
 // All of this chunk's global loads: the codes (16-byte loads), bit planes, scales. Nothing here
 // reads the activations, so a kernel can issue these first.
 __device__ __forceinline__ void qb_load(const QbPtrs& p, long long n, int c, QbChunk& ch) {
@@ -43,21 +63,7 @@ __device__ __forceinline__ void qb_load(const QbPtrs& p, long long n, int c, QbC
     ch.h0 = __ldg(p.high + (n * QB_NCH + c) * hb);
     ch.h1 = QB_BITS == 6 ? __ldg(p.high + (n * QB_NCH + c) * hb + 1) : 0u;
   }
-#pragma unroll
-  for (int g = 0; g < QB_GPC; ++g) {
-    const int k = c * 32 + g * 16;  // first weight of the group's part of this chunk
-    const long long gi = n * (QB_K / QB_GROUP) + k / QB_GROUP;
-    float s = fc_val(p.scale[n * (QB_K / QB_SB) + k / QB_SB]);
-    if (QB_SUB == 1) s *= (float)__ldg(p.sub + gi);
-    if (QB_SUB == 2) s *= (float)(signed char)__ldg(p.sub + gi);
-    float o = 0.0f;
-    if (QB_OFF == 1) o = fc_val(p.minv[gi]);
-    if (QB_OFF == 2) o = -(fc_val(p.minv[n * (QB_K / QB_SB) + k / QB_SB]) * (float)__ldg(p.mins + gi));
-    const int z = QB_ZERO >= 0 ? QB_ZERO : (int)__ldg(p.zero + gi);
-    ch.s[g] = s;
-    ch.o[g] = o;
-    ch.zf[g] = 8388608.0f + (float)(z + (QB_BITS == 8 && QB_SIGNED ? 128 : 0));
-  }
+  qb_scales(p, n, c, ch.s, ch.o, ch.zf);
 }
 
 // A chunk that dequantizes to zeros (rows past N, chunks past K: nothing is read).

@@ -90,16 +90,24 @@ def test_the_default_plan_records_and_emits_the_rule(monkeypatch) -> None:  # no
 
 
 def test_a_quantized_plan_emits_the_gemv_form_kernel_selection_recorded(monkeypatch) -> None:  # noqa: ANN001
-    """The packed-weight GEMV's form (rows per warp) comes from the record too: a form the rule
-    never picks at one row (1 row per warp) is what every decode launch of the plan runs."""
-    monkeypatch.setattr(select_kernels, "_qgemv_params", lambda m: (("rows", 1), ("fold", False)))
+    """The packed-weight GEMV's form comes from the record too: forms the rule never picks at one row
+    of int4 weights (the FMA form with 1 row per warp; the tensor-core form with 4 warps) are what
+    every decode launch of the plan runs."""
+    for form, template, define, want in (((("rows", 1), ("fold", False)), "qgemv.cu.jinja", "R_", 1),
+                                         ((("tc", True), ("warps", 4)), "qgemv_tc.cu.jinja", "WARPS", 4)):
+        monkeypatch.setattr(select_kernels, "_qgemv_params", lambda m, n, k, fmt, group, dtype, form=form: form)
+        _quantized_plan_runs(template, define, want)
+
+
+def _quantized_plan_runs(template: str, define: str, want: int) -> None:
     plan = compile_generation("llama-tiny", batch=1, max_seq_len=64, prefill_len=8, dtype="bf16", eos_ids=[],
                               arch="sm_90", quantize="int4", quantize_group=32)
     m = plan.manifest
     modules = {mod["id"]: mod for mod in m["modules"]}
-    rows = [_define(plan._blobs[mod["source"]].decode(), "R_") for L in entry_points(m)["decode"]["launches"]
-            if L["type"] == "kernel" and (mod := modules[m["kernels"][L["kernel"]]["module"]])["template"] == "qgemv.cu.jinja"]
-    assert len(rows) >= 4 and set(rows) == {1}
+    launches = [L for L in entry_points(m)["decode"]["launches"] if L["type"] == "kernel"]
+    quant = [modules[m["kernels"][L["kernel"]]["module"]] for L in launches if "qgemv" in L["label"]]
+    assert len(quant) >= 4 and {mod["template"] for mod in quant} == {template}
+    assert {_define(plan._blobs[mod["source"]].decode(), define) for mod in quant} == {want}
 
 
 def test_explain_shows_the_form_kernel_selection_recorded(monkeypatch) -> None:  # noqa: ANN001

@@ -70,6 +70,48 @@ def test_qgemv_epilogue_and_long_rows(fmt, rows, fold):
     assert rel_err(host(out, F32), ref) <= 1e-5
 
 
+FOUR_BIT = [(f, g) for f in quant.FORMATS if quant.FORMATS[f].bits == 4
+            for g in ((quant.FORMATS[f].group,) if quant.FORMATS[f].group else (16, 64))]
+
+
+@pytest.mark.parametrize("fmt,group", FOUR_BIT)
+@pytest.mark.parametrize("m", [1, 2, 5, 8])
+@pytest.mark.parametrize("warps", [4, 8, 16])
+def test_tensor_core_qgemv_matches_reference(fmt, group, m, warps):
+    """The tensor-core form against the exact sum (float64 over the reference's weights): within
+    half an ulp of the stored type plus fp32 accumulation error, at odd N (a partial last block of
+    16 rows), K not a multiple of the warps' chunks, bias + SiLU + residual; fp16 and bf16."""
+    n, k = 301, 1536 if quant.FORMATS[fmt].super_block else 1472  # 46 chunks (and 48): warps run out at odd places
+    if quant.FORMATS[fmt].group:
+        qw = sample_weight(fmt, n, k, RNG)
+    else:
+        signed = fmt == "int4"  # symmetric: int8 codes in [-8, 8), no zero points
+        q = RNG.integers(-8, 8, (n, k)).astype(np.int8) if signed else RNG.integers(0, 16, (n, k)).astype(np.uint8)
+        qw = quant.from_affine(q, (RNG.random((n, k // group)) * 0.01 + 1e-3).astype(np.float16),
+                               None if signed else RNG.integers(0, 16, (n, k // group)).astype(np.uint8), 4)
+        assert qw.format == fmt
+    w = qw.dequantize().astype(np.float64)
+    for dt in (F16, BF16):
+        x = RNG.standard_normal((m, k)).astype(np.float32).astype(dt.np)
+        bias = RNG.standard_normal(n).astype(np.float32).astype(dt.np)
+        res = RNG.standard_normal((m, n)).astype(np.float32).astype(dt.np)
+        xf = x.astype(np.float64)
+        y = xf @ w.T
+        out = poisoned((m, n), dt)
+        spec = QGemvSpec(m, n, k, qw.format, qw.group, dt, qw.scale_dtype, Epilogue(True, "silu", True), tc=True, warps=warps)
+        _run(spec, [dev(x), *[dev(a) for a in qw.arrays], dev(bias), dev(res), out])
+        got = host(out, dt).astype(np.float64)
+        # the kernel rounds y, y + bias, silu(.) and the sum to dt as the unfused nodes do: compare y
+        # through the same roundings from the exact sum, allowing one rounding step of slack each
+        ulp = {F16: 2.0 ** -10, BF16: 2.0 ** -7}[dt]
+        acc = np.abs(xf) @ np.abs(w).T * 2e-6  # fp32 accumulation of the dot products
+        z = y + bias.astype(np.float64)
+        want = z / (1 + np.exp(-z)) + res.astype(np.float64)
+        slack = ulp * (np.abs(y) + np.abs(z) + 2 * np.abs(want) + np.abs(res.astype(np.float64))) + acc
+        bad = np.abs(got - want) > slack
+        assert not bad.any(), (fmt, m, dt, int(bad.sum()), float(np.abs(got - want).max()))
+
+
 @pytest.mark.parametrize("fmt", list(quant.FORMATS))
 def test_dequantize_kernel_matches_reference(fmt):
     n, k = 53, 512

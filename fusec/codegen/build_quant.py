@@ -7,7 +7,7 @@ from typing import Any
 
 from fusec.codegen.build_gemm import _epi_params, _round_fn
 from fusec.codegen.kernels import Rendered, builder, cdiv, kernel_name
-from fusec.codegen.render import Ident, ctype
+from fusec.codegen.render import Ident, ctype, float_lit
 from fusec.codegen.specs_quant import QDequantSpec, QGemvSpec
 from fusec.dtypes import DType
 
@@ -37,6 +37,8 @@ def _format_ctx(fmt_name: str, group: int, scale_dtype: DType) -> dict[str, Any]
 
 @builder(QGemvSpec)
 def _qgemv(spec: QGemvSpec) -> Rendered:
+    if spec.tc:
+        return _qgemv_tc(spec)
     nch = spec.K // 32
     # chunks per lane per round: enough 16-byte loads in flight, but the unrolled body (chunks x 4
     # steps x M rows x 8 FMAs) stays small enough for ptxas (M = 16 with 8 chunks took ~2 minutes)
@@ -48,6 +50,32 @@ def _qgemv(spec: QGemvSpec) -> Rendered:
            **_format_ctx(spec.fmt, spec.group, spec.scale_dtype)}
     return Rendered("qgemv.cu.jinja", ctx, (cdiv(spec.N, 4 * spec.rows), 1, 1), (128, 1, 1),
                     ("x",) + packed_params(spec.fmt) + _epi_params(spec.epilogue) + ("C",))
+
+
+def qgemv_tc_geometry(K: int, group: int, warps: int) -> dict[str, int]:
+    """The tensor-core form's shared memory: chunks per warp (a contiguous range), the codes' row
+    stride (bytes: whole 128-byte lines + 16, so that 8 rows' reads fall in different banks), the
+    scale table's row stride (floats: 2 per group, = 2 mod 4 for the same reason) and the bytes."""
+    gpc = 2 if group < 32 else 1
+    cpw = cdiv(K // 32, warps)
+    rsb = cdiv(cpw * 16, 128) * 128 + 16
+    srs = 2 * cpw * gpc + (2 if cpw * gpc % 2 == 0 else 4)
+    return {"cpw": cpw, "rsb": rsb, "srs": srs, "gpc": gpc, "smem": warps * 16 * (rsb + 4 * srs)}
+
+
+def _qgemv_tc(spec: QGemvSpec) -> Rendered:
+    half = spec.dtype == DType.F16
+    geo = qgemv_tc_geometry(spec.K, spec.group, spec.warps)
+    ctx = {"name": kernel_name("qgemv", spec), "M": spec.M, "N": spec.N, "K": spec.K, "warps": spec.warps,
+           "cpw": geo["cpw"], "rsb": geo["rsb"], "srs": geo["srs"], "gpc": geo["gpc"],
+           # MAGIC | q = BIAS + q exactly: fp16 1024 (10 mantissa bits), bf16 128 (7); ONE = 1.0 twice
+           "magic": 0x64006400 if half else 0x43004300, "bias_value": float_lit(1024.0 if half else 128.0),
+           "one": 0x3C003C00 if half else 0x3F803F80,
+           "t": ctype(spec.dtype), "bias": spec.epilogue.bias, "act": Ident(spec.epilogue.activation),
+           "residual": spec.epilogue.residual, "round_x": _round_fn(spec.dtype),
+           **_format_ctx(spec.fmt, spec.group, spec.scale_dtype)}
+    return Rendered("qgemv_tc.cu.jinja", ctx, (cdiv(spec.N, 16), 1, 1), (32 * spec.warps, 1, 1),
+                    ("x",) + packed_params(spec.fmt) + _epi_params(spec.epilogue) + ("C",), shared_mem=geo["smem"])
 
 
 @builder(QDequantSpec)

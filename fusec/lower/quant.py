@@ -34,14 +34,38 @@ def choose(m: int, n: int, k: int, fmt: str) -> str:
     return "qgemv" if m <= QGEMV_MAX_M else "dequant_gemm"
 
 
-def gemv_form(m: int) -> dict[str, object]:
-    """The quantized GEMV's form at M = ``m`` (QGemvSpec's rows / fold): rows per warp 2 (they share
+TC_SMEM_MAX = 144 << 10  # the tensor-core form's copy of its rows: within sm_80's 163 KB a block (static too)
+TC_MIN_M = 3  # fewer rows: the FMA form (faster at M = 1 on every Llama-1B shape; its time grows with M, the TC form's not)
+
+
+def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any) -> dict[str, object]:
+    """The quantized GEMV's form at M = ``m`` for an [n, k] weight (QGemvSpec's fields).
+
+    The tensor-core form (``tc``) from M = TC_MIN_M where it fits (``specs_quant.tc_fits``: 4-bit
+    codes, M <= 8, fp16/bf16; its copy of the block's rows within TC_SMEM_MAX). Warps a block of
+    16 rows: 4 where two blocks an SM run (132 SMs), 8 from 160 blocks, else 16 (fewer blocks, more
+    loads in flight each). Measured on an H200 (benchmarks/RESULTS.md, sixth session), Llama-1B's
+    shapes in Q4_K and int4, each form's best warps: at M = 8 it takes 0.43-0.72x the FMA form's
+    time (the LM head 131 us against 303); at M = 3 the layer's four products take the same time
+    either way; at M = 1 the FMA form is faster on every shape (1.1-1.6x). Otherwise the FMA form: rows per warp 2 (they share
     each activation load; past M = 8 the accumulators of two rows spill, ptxas -v sm_90, so 1); at
     M = 1 each 8 weights' partial dot is scaled once (fold: 2-9% faster on Llama-1B's shapes on the
-    H100, neutral at M = 8; 4 rows per warp, and registers capped for more blocks per multiprocessor,
-    were slower on most shapes). benchmarks/quant_bench.py --variants times the forms;
-    benchmarks/RESULTS.md has the numbers."""
-    return {"rows": 2 if m <= 8 else 1, "fold": m == 1}
+    H100, neutral at M = 8; 4 rows per warp, registers capped for more blocks per multiprocessor,
+    and a shared-memory ring of the packed rows were slower on most shapes).
+    ``FUSEC_QGEMV_FORM=fma`` gives the FMA form everywhere. benchmarks/quant_bench.py --variants
+    times the forms; benchmarks/RESULTS.md has the numbers."""
+    from fusec import knobs
+    from fusec.codegen.build_gemm import _SMS
+    from fusec.codegen.build_quant import qgemv_tc_geometry
+    from fusec.codegen.specs_quant import tc_fits
+
+    form: dict[str, object] = {"rows": 2 if m <= 8 else 1, "fold": m == 1}
+    if m >= TC_MIN_M and tc_fits(m, fmt, dtype) and knobs.get("FUSEC_QGEMV_FORM") == "tc":
+        blocks = -(-n // 16)
+        warps = 4 if blocks >= 2 * _SMS else 8 if blocks >= 160 else 16
+        if qgemv_tc_geometry(k, group, warps)["smem"] <= TC_SMEM_MAX:
+            form.update(tc=True, warps=warps)
+    return form
 
 
 def lower_qmatmul(ctx: Context, node: Node, sel: Any, label: str, epilogue: Epilogue | None = None,
