@@ -1,10 +1,10 @@
-"""One launch of each quantized-GEMV form on Llama-1B's gate/up shape (N 16384, K 2048, Q4_K and
-Q8_0; M = 1 and 8), for Nsight Compute to read the hardware counters of (a script, not a test):
+"""One launch of each quantized-GEMV form on Llama-1B's gate/up shape (N 16384, K 2048, Q4_K;
+M = 1 and 8; the FMA and tensor-core forms), for Nsight Compute to read the hardware counters of (a script, not a test):
 
     ncu --clock-control none -k regex:fc_qgemv --section SpeedOfLight --section Occupancy \\
         --section WarpStateStats --section MemoryWorkloadAnalysis python3 benchmarks/qgemv_ncu.py
 
-The launch order (kernel names are hashes) is printed first: M, format, rows, fold.
+The launch order (kernel names are hashes) is printed first: M, format, form (FMA: rows, fold; tc: warps).
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from fusec.codegen import kernels as K  # noqa: E402
 from fusec.codegen.specs_quant import QGemvSpec  # noqa: E402
 from fusec.dtypes import DType  # noqa: E402
 
-FORMS = [(1, dict(rows=2, fold=False)), (1, dict(rows=2, fold=True)), (8, dict(rows=2, fold=False))]
+FORMS = [(1, dict(rows=2, fold=True)), (8, dict(rows=2, fold=False)), (1, dict(tc=True, warps=4)),
+         (8, dict(tc=True, warps=4))]
 
 
 def main() -> None:
@@ -29,7 +30,7 @@ def main() -> None:
 
     n, k = 16384, 2048
     rng = np.random.default_rng(0)
-    for fmt in ("q4_k", "q8_0"):
+    for fmt in ("q4_k",):
         qw = _weight(fmt, n, k, rng)
         arrays = [cp.asarray(a) for a in qw.arrays]
         for m, form in FORMS:

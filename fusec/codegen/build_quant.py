@@ -60,7 +60,8 @@ def qgemv_tc_geometry(K: int, group: int, warps: int) -> dict[str, int]:
     cpw = cdiv(K // 32, warps)
     rsb = cdiv(cpw * 16, 128) * 128 + 16
     srs = 2 * cpw * gpc + (2 if cpw * gpc % 2 == 0 else 4)
-    return {"cpw": cpw, "rsb": rsb, "srs": srs, "gpc": gpc, "smem": warps * 16 * (rsb + 4 * srs)}
+    smem = max(warps * 16 * (rsb + 4 * srs), warps * 16 * 8 * 4)  # the partial sums reuse it at the end
+    return {"cpw": cpw, "rsb": rsb, "srs": srs, "gpc": gpc, "smem": smem}
 
 
 def _qgemv_tc(spec: QGemvSpec) -> Rendered:
@@ -68,6 +69,10 @@ def _qgemv_tc(spec: QGemvSpec) -> Rendered:
     geo = qgemv_tc_geometry(spec.K, spec.group, spec.warps)
     ctx = {"name": kernel_name("qgemv", spec), "M": spec.M, "N": spec.N, "K": spec.K, "warps": spec.warps,
            "cpw": geo["cpw"], "rsb": geo["rsb"], "srs": geo["srs"], "gpc": geo["gpc"],
+           "batch": 8 // geo["gpc"],  # scale pairs whose loads are in flight together (registers: 3 floats a group)
+           # 4 and 8 warps: 64 registers a thread, so that 1024 threads fit an SM (a 1B model's gate/up in one wave
+           # of blocks); 16 warps (few blocks): 128
+           "min_blocks": 1 if spec.warps == 16 else 32 // spec.warps,
            # MAGIC | q = BIAS + q exactly: fp16 1024 (10 mantissa bits), bf16 128 (7); ONE = 1.0 twice
            "magic": 0x64006400 if half else 0x43004300, "bias_value": float_lit(1024.0 if half else 128.0),
            "one": 0x3C003C00 if half else 0x3F803F80,

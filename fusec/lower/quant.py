@@ -35,16 +35,24 @@ def choose(m: int, n: int, k: int, fmt: str) -> str:
 
 
 TC_SMEM_MAX = 144 << 10  # the tensor-core form's copy of its rows: within sm_80's 163 KB a block (static too)
+TC_MAX_CPW = 64  # chunks a warp copies: more unrolls its setup past what 64 registers a thread hold (ptxas -v)
 TC_MIN_M = 3  # fewer rows: the FMA form (faster at M = 1 on every Llama-1B shape; its time grows with M, the TC form's not)
+
+
+def _tc_fits_smem(k: int, group: int, warps: int) -> bool:
+    from fusec.codegen.build_quant import qgemv_tc_geometry
+
+    geo = qgemv_tc_geometry(k, group, warps)
+    return geo["smem"] <= TC_SMEM_MAX and geo["cpw"] <= TC_MAX_CPW
 
 
 def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any) -> dict[str, object]:
     """The quantized GEMV's form at M = ``m`` for an [n, k] weight (QGemvSpec's fields).
 
     The tensor-core form (``tc``) from M = TC_MIN_M where it fits (``specs_quant.tc_fits``: 4-bit
-    codes, M <= 8, fp16/bf16; its copy of the block's rows within TC_SMEM_MAX). Warps a block of
-    16 rows: 4 where two blocks an SM run (132 SMs), 8 from 160 blocks, else 16 (fewer blocks, more
-    loads in flight each). Measured on an H200 (benchmarks/RESULTS.md, sixth session), Llama-1B's
+    codes, M <= 8, fp16/bf16; its copy of the block's rows within TC_SMEM_MAX, at most TC_MAX_CPW
+    chunks a warp). Warps a block of 16 rows: 4 where two blocks an SM run (132 SMs), 8 from 160
+    blocks, else 16 (fewer blocks, more loads in flight each); more where the copy would not fit. Measured on an H200 (benchmarks/RESULTS.md, sixth session), Llama-1B's
     shapes in Q4_K and int4, each form's best warps: at M = 8 it takes 0.43-0.72x the FMA form's
     time (the LM head 131 us against 303); at M = 3 the layer's four products take the same time
     either way; at M = 1 the FMA form is faster on every shape (1.1-1.6x). Otherwise the FMA form: rows per warp 2 (they share
@@ -56,14 +64,15 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any) -> dict[
     times the forms; benchmarks/RESULTS.md has the numbers."""
     from fusec import knobs
     from fusec.codegen.build_gemm import _SMS
-    from fusec.codegen.build_quant import qgemv_tc_geometry
     from fusec.codegen.specs_quant import tc_fits
 
     form: dict[str, object] = {"rows": 2 if m <= 8 else 1, "fold": m == 1}
     if m >= TC_MIN_M and tc_fits(m, fmt, dtype) and knobs.get("FUSEC_QGEMV_FORM") == "tc":
         blocks = -(-n // 16)
         warps = 4 if blocks >= 2 * _SMS else 8 if blocks >= 160 else 16
-        if qgemv_tc_geometry(k, group, warps)["smem"] <= TC_SMEM_MAX:
+        while warps < 16 and not _tc_fits_smem(k, group, warps):
+            warps *= 2
+        if _tc_fits_smem(k, group, warps):
             form.update(tc=True, warps=warps)
     return form
 
