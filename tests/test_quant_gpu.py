@@ -70,17 +70,18 @@ def test_qgemv_epilogue_and_long_rows(fmt, rows, fold):
     assert rel_err(host(out, F32), ref) <= 1e-5
 
 
-FOUR_BIT = [(f, g) for f in quant.FORMATS if quant.FORMATS[f].bits == 4
-            for g in ((quant.FORMATS[f].group,) if quant.FORMATS[f].group else (16, 64))]
+TC_FORMATS = [(f, g) for f in quant.FORMATS if quant.FORMATS[f].bits < 8
+              for g in ((quant.FORMATS[f].group,) if quant.FORMATS[f].group else (16, 64))]
 
 
-@pytest.mark.parametrize("fmt,group", FOUR_BIT)
+@pytest.mark.parametrize("fmt,group", TC_FORMATS)
 @pytest.mark.parametrize("m", [1, 2, 5, 8])
 @pytest.mark.parametrize("warps", [4, 8, 16])
 def test_tensor_core_qgemv_matches_reference(fmt, group, m, warps):
     """The tensor-core form against the exact sum (float64 over the reference's weights): within
     half an ulp of the stored type plus fp32 accumulation error, at odd N (a partial last block of
-    16 rows), K not a multiple of the warps' chunks, bias + SiLU + residual; fp16 and bf16."""
+    16 rows), K not a multiple of the warps' chunks, bias + SiLU + residual; fp16 and bf16; 4-, 5- and
+    6-bit codes (the bit planes' rows start off 16 bytes: 4-byte copies)."""
     n, k = 301, 1536 if quant.FORMATS[fmt].super_block else 1472  # 46 chunks (and 48): warps run out at odd places
     if quant.FORMATS[fmt].group:
         qw = sample_weight(fmt, n, k, RNG)

@@ -124,28 +124,30 @@ def test_gemv_variants_compile(m, rows, dt, arch, fold):
 
 def test_gemv_form_folds_at_one_row_only():
     assert gemv_form(1, 4096, 2048, "q8_0", 32, DType.BF16) == {"rows": 2, "fold": True}
-    assert gemv_form(8, 4096, 2048, "q6_k", 16, DType.BF16) == {"rows": 2, "fold": False}
+    assert gemv_form(8, 4096, 2048, "q8_0", 32, DType.BF16) == {"rows": 2, "fold": False}
     assert gemv_form(9, 4096, 2048, "q4_k", 32, DType.BF16)["rows"] == 1
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
-@pytest.mark.parametrize("m", [1, 2, 3, 8, 9])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 8, 9])
 @pytest.mark.parametrize("dt", [DType.BF16, DType.F16, DType.F32])
 def test_gemv_form_takes_tensor_cores_where_they_fit(fmt, m, dt, monkeypatch):
-    """4-bit codes, 3 <= M <= 8, fp16/bf16: the tensor-core form, 4 warps a block of 16 rows where
+    """4- to 6-bit codes, fp16/bf16, from M = 3 (4-bit) or 4 (5, 6) to 8: the tensor-core form, 4 warps a block of 16 rows where
     two blocks an SM run, 8 from 160 blocks, else 16; anything else, or FUSEC_QGEMV_FORM=fma: the
     FMA form."""
     from fusec.codegen.build_quant import qgemv_tc_geometry
     from fusec.lower.quant import TC_SMEM_MAX
 
-    fits = FORMATS[fmt].bits == 4 and 3 <= m <= 8 and dt != DType.F32
+    bits = FORMATS[fmt].bits
+    fits = bits in (4, 5, 6) and (3 if bits == 4 else 4) <= m <= 8 and dt != DType.F32
     group = FORMATS[fmt].group or 32
     for n, warps in ((2048, 16), (2544, 16), (2560, 8), (3072, 8), (4208, 8), (4224, 4), (128256, 4)):
         f = gemv_form(m, n, 2048, fmt, group, dt)
         assert f.get("tc", False) == fits and (not fits or f["warps"] == warps), (n, f)
         QGemvSpec(m, n, 2048, fmt, group, dt, DType.F16, **f)  # a spec the rule makes is valid
     # rows too long for the tensor-core form's copy of them in shared memory: the FMA form
-    long_k = next(k for k in range(2048, 1 << 20, 2048) if qgemv_tc_geometry(k, group, 16)["smem"] > TC_SMEM_MAX)
+    long_k = next(k for k in range(2048, 1 << 20, 2048) if qgemv_tc_geometry(k, group, 16, FORMATS[fmt].high_planes)["smem"]
+                  > TC_SMEM_MAX)
     assert "tc" not in gemv_form(m, 2048, long_k, fmt, group, dt)
     assert gemv_form(m, 2048, long_k - 2048, fmt, group, dt).get("tc", False) == fits
     monkeypatch.setenv("FUSEC_QGEMV_FORM", "fma")
@@ -155,14 +157,14 @@ def test_gemv_form_takes_tensor_cores_where_they_fit(fmt, m, dt, monkeypatch):
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_tensor_core_form_compiles(arch):
     epi = Epilogue(bias=True, activation="silu", residual=True)
-    for fmt in (f for f in FORMATS if FORMATS[f].bits == 4):
+    for fmt in (f for f in FORMATS if FORMATS[f].bits < 8):
         for group in ((FORMATS[fmt].group,) if FORMATS[fmt].group else (16, 128)):
             for dt, m, warps in ((DType.BF16, 1, 8), (DType.F16, 8, 16)):
                 K.build(QGemvSpec(m, 301, 512, fmt, group, dt, DType.F16, epi, tc=True, warps=warps), arch)
 
 
 def test_tensor_core_form_refuses_what_it_cannot_take():
-    for m, fmt, dt, warps in ((9, "q4_k", DType.BF16, 8), (1, "q6_k", DType.BF16, 8), (1, "q8_0", DType.F16, 8),
+    for m, fmt, dt, warps in ((9, "q4_k", DType.BF16, 8), (1, "int8", DType.BF16, 8), (1, "q8_0", DType.F16, 8),
                               (1, "q4_0", DType.F32, 8), (1, "q4_0", DType.BF16, 2)):
         with pytest.raises(ValueError, match="tensor-core"):
             QGemvSpec(m, 64, 256, fmt, FORMATS[fmt].group or 32, dt, DType.F16, tc=True, warps=warps)

@@ -87,6 +87,7 @@ def _all_specs() -> list[tuple[str, object]]:
         Tf32SplitSpec(7, 36), Tf32SplitSpec(3, 5, vec=1),
         _mlp_spec(),  # a whole MLP in one kernel; GPT-2/BERT shapes and odd sizes in test_mlp
         QGemvSpec(3, 77, 512, "q4_k", 32, BF16, epilogue=S.Epilogue(bias=True, activation="silu", residual=True)),
+        QGemvSpec(5, 77, 512, "q6_k", 16, F16, epilogue=S.Epilogue(bias=True), tc=True, warps=4),  # on tensor cores
         QDequantSpec(77, 512, "q6_k", 16, F16, row0=16, rows=40),  # more formats: tests/test_quant_kernels.py
     ]
     out += [(f"{type(s).__name__}-extra{i}", s) for i, s in enumerate(extra)]

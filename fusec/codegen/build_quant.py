@@ -52,23 +52,32 @@ def _qgemv(spec: QGemvSpec) -> Rendered:
                     ("x",) + packed_params(spec.fmt) + _epi_params(spec.epilogue) + ("C",))
 
 
-def qgemv_tc_geometry(K: int, group: int, warps: int) -> dict[str, int]:
+def qgemv_tc_geometry(K: int, group: int, warps: int, hb: int = 0) -> dict[str, int]:
     """The tensor-core form's shared memory: chunks per warp (a contiguous range), the codes' row
     stride (bytes: whole 128-byte lines + 16, so that 8 rows' reads fall in different banks), the
-    scale table's row stride (floats: 2 per group, = 2 mod 4 for the same reason) and the bytes."""
+    scale table's row stride (floats: 2 per group, = 2 mod 4 for the same reason), the bit planes'
+    row stride (words: ``hb`` a chunk, odd or = 2 mod 4) and the bytes."""
     gpc = 2 if group < 32 else 1
     cpw = cdiv(K // 32, warps)
     rsb = cdiv(cpw * 16, 128) * 128 + 16
     srs = 2 * cpw * gpc + (2 if cpw * gpc % 2 == 0 else 4)
-    smem = max(warps * 16 * (rsb + 4 * srs), warps * 16 * 8 * 4)  # the partial sums reuse it at the end
-    return {"cpw": cpw, "rsb": rsb, "srs": srs, "gpc": gpc, "smem": smem}
+    hrs = 0
+    if hb == 1:
+        hrs = cpw + (1 - cpw % 2)
+    elif hb == 2:
+        hrs = 2 * cpw + (2 if cpw % 2 == 0 else 4)
+    smem = max(warps * 16 * (rsb + 4 * srs + 4 * hrs), warps * 16 * 8 * 4)  # the partial sums reuse it at the end
+    return {"cpw": cpw, "rsb": rsb, "srs": srs, "hrs": hrs, "gpc": gpc, "smem": smem}
 
 
 def _qgemv_tc(spec: QGemvSpec) -> Rendered:
+    from fusec.quant import FORMATS
+
     half = spec.dtype == DType.F16
-    geo = qgemv_tc_geometry(spec.K, spec.group, spec.warps)
+    hb = FORMATS[spec.fmt].high_planes
+    geo = qgemv_tc_geometry(spec.K, spec.group, spec.warps, hb)
     ctx = {"name": kernel_name("qgemv", spec), "M": spec.M, "N": spec.N, "K": spec.K, "warps": spec.warps,
-           "cpw": geo["cpw"], "rsb": geo["rsb"], "srs": geo["srs"], "gpc": geo["gpc"],
+           "cpw": geo["cpw"], "rsb": geo["rsb"], "srs": geo["srs"], "gpc": geo["gpc"], "hb": hb, "hrs": geo["hrs"],
            "batch": 8 // geo["gpc"],  # scale pairs whose loads are in flight together (registers: 3 floats a group)
            # 4 and 8 warps: 64 registers a thread, so that 1024 threads fit an SM (a 1B model's gate/up in one wave
            # of blocks); 16 warps (few blocks): 128

@@ -30,7 +30,7 @@ def _check_format(fmt: str, n: int, k: int, group: int, scale_dtype: DType) -> N
 class QGemvSpec:
     """C[M, N] = epilogue(x[M, K] @ W^T), W [N, K] packed in ``fmt`` (groups of ``group``).
     ``rows``: output rows per warp (1, 2 or 4); ``fold``: scale each 8 weights' partial dot once
-    instead of every weight. ``tc``: the tensor-core form instead (templates/qgemv_tc.cu.jinja: 4-bit
+    instead of every weight. ``tc``: the tensor-core form instead (templates/qgemv_tc.cu.jinja: 4- to 6-bit
     formats, M <= 8, fp16/bf16; ``warps`` per block of 16 rows; rows and fold unused). Params: x,
     the packed operands (the format's order), [bias], [residual], C."""
 
@@ -54,17 +54,18 @@ class QGemvSpec:
         _req(self.rows in (1, 2, 4), "rows per warp must be 1, 2 or 4")
         _check_format(self.fmt, self.N, self.K, self.group, self.scale_dtype)
         if self.tc:
-            _req(tc_fits(self.M, self.fmt, self.dtype), "the tensor-core quantized gemv takes 4-bit formats, "
-                 "M <= 8, fp16/bf16")
+            _req(tc_fits(self.M, self.fmt, self.dtype), "the tensor-core quantized gemv takes 4- to 6-bit "
+                 "formats, M <= 8, fp16/bf16")
             _req(self.warps in (4, 8, 16), "the tensor-core quantized gemv has 4, 8 or 16 warps")
 
 
 def tc_fits(m: int, fmt: str, dtype: DType) -> bool:
-    """Whether the tensor-core form takes this product: 4-bit codes (one LOP3 makes a 16-bit
-    number of a code), at most 8 rows of x (the mma's n), fp16/bf16 activations (the mma's types)."""
+    """Whether the tensor-core form takes this product: 4- to 6-bit codes (one LOP3 makes a 16-bit
+    number of a code, bit planes OR in the rest), at most 8 rows of x (the mma's n), fp16/bf16
+    activations (the mma's types)."""
     from fusec.quant import FORMATS
 
-    return FORMATS[fmt].bits == 4 and m <= 8 and dtype in (DType.F16, DType.BF16)
+    return FORMATS[fmt].bits in (4, 5, 6) and m <= 8 and dtype in (DType.F16, DType.BF16)
 
 
 @dataclasses.dataclass(frozen=True)

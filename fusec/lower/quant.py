@@ -36,26 +36,29 @@ def choose(m: int, n: int, k: int, fmt: str) -> str:
 
 TC_SMEM_MAX = 144 << 10  # the tensor-core form's copy of its rows: within sm_80's 163 KB a block (static too)
 TC_MAX_CPW = 64  # chunks a warp copies: more unrolls its setup past what 64 registers a thread hold (ptxas -v)
-TC_MIN_M = 3  # fewer rows: the FMA form (faster at M = 1 on every Llama-1B shape; its time grows with M, the TC form's not)
+# fewer rows: the FMA form (faster at M = 1 on every Llama-1B shape; its time grows with M, the TC form's not). 4-bit
+# codes: the layer's products take the same time either way at M = 2 and 3; 6-bit (their bit planes cost the TC form
+# more): at M = 4. 5-bit was not timed and follows 6-bit.
+TC_MIN_M = {4: 3, 5: 4, 6: 4}
 
 
-def _tc_fits_smem(k: int, group: int, warps: int) -> bool:
+def _tc_fits_smem(k: int, group: int, warps: int, hb: int) -> bool:
     from fusec.codegen.build_quant import qgemv_tc_geometry
 
-    geo = qgemv_tc_geometry(k, group, warps)
+    geo = qgemv_tc_geometry(k, group, warps, hb)
     return geo["smem"] <= TC_SMEM_MAX and geo["cpw"] <= TC_MAX_CPW
 
 
 def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any) -> dict[str, object]:
     """The quantized GEMV's form at M = ``m`` for an [n, k] weight (QGemvSpec's fields).
 
-    The tensor-core form (``tc``) from M = TC_MIN_M where it fits (``specs_quant.tc_fits``: 4-bit
-    codes, M <= 8, fp16/bf16; its copy of the block's rows within TC_SMEM_MAX, at most TC_MAX_CPW
+    The tensor-core form (``tc``) from M = TC_MIN_M (by bits) where it fits (``specs_quant.tc_fits``: 4- to
+    6-bit codes, M <= 8, fp16/bf16; its copy of the block's rows within TC_SMEM_MAX, at most TC_MAX_CPW
     chunks a warp). Warps a block of 16 rows: 4 where two blocks an SM run (132 SMs), 8 from 160
     blocks, else 16 (fewer blocks, more loads in flight each); more where the copy would not fit. Measured on an H200 (benchmarks/RESULTS.md, sixth session), Llama-1B's
-    shapes in Q4_K and int4, each form's best warps: at M = 8 it takes 0.43-0.72x the FMA form's
-    time (the LM head 131 us against 303); at M = 3 the layer's four products take the same time
-    either way; at M = 1 the FMA form is faster on every shape (1.1-1.6x). Otherwise the FMA form: rows per warp 2 (they share
+    shapes in Q4_K, Q6_K and int4: at M = 8 the rule's form takes 0.3-0.9x the FMA form's time
+    (the LM head in Q4_K 98 us against 302, in Q6_K 162 against 328); at M = 1 the FMA form is
+    faster on every shape (1.2-2.5x). Otherwise the FMA form: rows per warp 2 (they share
     each activation load; past M = 8 the accumulators of two rows spill, ptxas -v sm_90, so 1); at
     M = 1 each 8 weights' partial dot is scaled once (fold: 2-9% faster on Llama-1B's shapes on the
     H100, neutral at M = 8; 4 rows per warp, registers capped for more blocks per multiprocessor,
@@ -67,12 +70,13 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any) -> dict[
     from fusec.codegen.specs_quant import tc_fits
 
     form: dict[str, object] = {"rows": 2 if m <= 8 else 1, "fold": m == 1}
-    if m >= TC_MIN_M and tc_fits(m, fmt, dtype) and knobs.get("FUSEC_QGEMV_FORM") == "tc":
+    if tc_fits(m, fmt, dtype) and m >= TC_MIN_M[FORMATS[fmt].bits] and knobs.get("FUSEC_QGEMV_FORM") == "tc":
         blocks = -(-n // 16)
         warps = 4 if blocks >= 2 * _SMS else 8 if blocks >= 160 else 16
-        while warps < 16 and not _tc_fits_smem(k, group, warps):
+        hb = FORMATS[fmt].high_planes
+        while warps < 16 and not _tc_fits_smem(k, group, warps, hb):
             warps *= 2
-        if _tc_fits_smem(k, group, warps):
+        if _tc_fits_smem(k, group, warps, hb):
             form.update(tc=True, warps=warps)
     return form
 
