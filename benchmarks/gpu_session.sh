@@ -23,7 +23,7 @@
 #   qvariants every form of the quantized GEMV on Llama-1B's shapes (quant_bench.py --variants)
 #   qdecode   the packed-weight decode models alone (quant_bench.py --skip kernels,torch), tensor-core and FMA forms
 #   q7b       the 7B Llama shape in Q4_K_M, batch 1 decode and its packed-weight roofline (quant_bench.py --7b)
-#   qncu      Nsight Compute counters of the quantized GEMV's forms (benchmarks/qgemv_ncu.py)
+#   qncu      Nsight Compute counters of the quantized GEMV's forms, stalls by source line (benchmarks/qgemv_ncu.py)
 #   minilm    the MiniLM fine-tune alone (weights from .minilm/, carried: an fp16 copy of the package's)
 #   serve32   fusec serve at 32 clients only, 8 s (benchmarks/serve.py --clients 32)
 #   serve_ab  fusec serve at 32 clients on h11 + asyncio, then on httptools + uvloop (.whl2) at 8 and 32
@@ -103,8 +103,9 @@ for step in "$@"; do
              grep "^| 1b" "$R/qdec.txt" ;;
     q7b) timeout 300 python3 benchmarks/quant_bench.py "$R/q7b" --7b --skip kernels,torch > "$R/q7b.txt" 2>&1
          tail -n 6 "$R/q7b.txt" ;;
-    qncu) timeout 150 ncu --clock-control none -k regex:fc_qgemv --section SpeedOfLight --section Occupancy \
-            --section WarpStateStats --section MemoryWorkloadAnalysis --section LaunchStats \
+    qncu) FUSEC_LINEINFO=1 timeout 150 ncu --clock-control none -k regex:fc_qgemv --section SpeedOfLight --section Occupancy \
+            --section WarpStateStats --section MemoryWorkloadAnalysis --section LaunchStats --section SchedulerStats \
+            --section MemoryWorkloadAnalysis_Tables --section SourceCounters \
             python3 benchmarks/qgemv_ncu.py > "$R/qncu.txt" 2>&1
           grep -E "^launch:|fc_qgemv|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|L1/TEX Hit|Mem Busy|Max Bandwidth|Waves Per SM" "$R/qncu.txt" | head -n 90 ;;
     minilm) timeout 300 python3 benchmarks/train.py "$R/train_minilm" --skip speed,parity,accuracy --minilm-dir .minilm > "$R/minilm.txt" 2>&1

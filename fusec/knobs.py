@@ -36,13 +36,15 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("FUSEC_MAX_ELEMENTS", "float", None, "largest tensor (elements) a model or input may declare (unset: 2**32)"),
     Knob("FUSEC_MAX_BYTES", "float", None, "largest tensor or file (bytes) read into memory (unset: 64 GiB)"),
     Knob("FUSEC_NVTX", "bool", False, "NVTX ranges around each launch (Nsight Systems)"),
+    Knob("FUSEC_LINEINFO", "bool", False, "compile kernels with source line information (Nsight Compute's "
+         "per-line stall sampling; benchmarks/gpu_session.sh qncu)"),
     Knob("FUSEC_CUPTI", "bool", True, "allow fusec's driver counters (CUPTI) when stats are asked for"),
     Knob("FUSEC_CUPTI_MODE", "choice", "always", "which CUPTI activity kinds stay on", ("always", "lazy")),
     Knob("FUSEC_LT_PICK", "bool", False, "time cuBLASLt's candidate algorithms when a plan is loaded on a GPU"),
     Knob("FUSEC_GEMV_FORM", "choice", "ring", "how decode products stream their weights: a shared-memory ring "
          "(the default) or two register buffers (the A/B of benchmarks/decode_step.py --gemv-forms)", ("ring", "register")),
-    Knob("FUSEC_QGEMV_FORM", "choice", "tc", "how decode products over packed 4-bit weights compute: on tensor "
-         "cores (the default where they fit) or with fp32 FMAs (the A/B of benchmarks/quant_bench.py --qgemv-forms)",
+    Knob("FUSEC_QGEMV_FORM", "choice", "tc", "how decode products over packed 4- to 6-bit weights compute: on "
+         "tensor cores (the default where they fit) or with fp32 FMAs (the A/B of benchmarks/quant_bench.py --qgemv-forms)",
          ("tc", "fma")),
     Knob("FUSEC_PDL", "bool", True, "launch kernels that allow it with programmatic dependent launch (sm_90+)"),
     Knob("FUSEC_API_KEY", "text", None, "fusec serve: the bearer token clients must send (default: --api-key)"),

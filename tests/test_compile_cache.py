@@ -56,6 +56,15 @@ def test_key_covers_source_options_and_arch(cache: Path) -> None:
     assert len(_entries(cache)) == 2
 
 
+def test_line_info_only_when_asked(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """FUSEC_LINEINFO compiles another binary (another key) that carries the source lines."""
+    plain = CC.compile_cuda(SRC % "5.0f", "fc_test_k", "sm_90")
+    monkeypatch.setenv("FUSEC_LINEINFO", "1")
+    lined = CC.compile_cuda(SRC % "5.0f", "fc_test_k", "sm_90")
+    assert lined.key != plain.key
+    assert b".nv_debug_line_sass" in lined.cubin and b".nv_debug_line_sass" not in plain.cubin
+
+
 @pytest.mark.parametrize("damage", ["flip", "truncate", "empty"])
 def test_corrupted_entry_is_recompiled_not_loaded(cache: Path, damage: str) -> None:
     good = CC.compile_cuda(SRC % "5.0f", "fc_test_k", "sm_90")

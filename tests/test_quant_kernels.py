@@ -163,6 +163,24 @@ def test_tensor_core_form_compiles(arch):
                 K.build(QGemvSpec(m, 301, 512, fmt, group, dt, DType.F16, epi, tc=True, warps=warps), arch)
 
 
+LLAMA_SHAPES = [(3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192), (128256, 2048),  # 1B: qkv, o, gate/up, down, head
+                (12288, 4096), (4096, 4096), (22016, 4096), (4096, 11008), (32000, 4096)]  # 7B
+
+
+def test_the_forms_the_rule_picks_do_not_spill():
+    """At batch 8 the rule's form (tensor cores where they fit) of every Llama-1B and 7B product in
+    Q4_K and Q6_K compiles without register spills (ptxas -v through NVRTC)."""
+    pending = []
+    for n, k in LLAMA_SHAPES:
+        for fmt, group in (("q4_k", 32), ("q6_k", 16)):
+            form = gemv_form(8, n, k, fmt, group, DType.BF16)
+            pending.append(((n, k, fmt, form), K.build_async(QGemvSpec(8, n, k, fmt, group, DType.BF16, DType.F16,
+                                                                      **form), "sm_90")))
+    assert sum(bool(f.get("tc")) for (_, _, _, f), _ in pending) >= 12  # most of them run on tensor cores
+    for what, p in pending:
+        assert p.result().binary.spill_bytes == 0, what
+
+
 def test_tensor_core_form_refuses_what_it_cannot_take():
     for m, fmt, dt, warps in ((9, "q4_k", DType.BF16, 8), (1, "int8", DType.BF16, 8), (1, "q8_0", DType.F16, 8),
                               (1, "q4_0", DType.F32, 8), (1, "q4_0", DType.BF16, 2)):

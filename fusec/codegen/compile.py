@@ -193,8 +193,12 @@ def compile_cuda_async(source: str, kernel: str, arch: str | None = None, option
     is not compiled again: its future is shared (``STATS["inflight_hits"]`` counts those). A caller
     with ``use_disk`` false never receives a Binary read from the disk cache, from memory or from a
     compile it shares: it shares only compiles that do not read the disk either."""
+    from fusec import knobs
+
     arch = check_arch(arch or default_arch())
     opts = (f"--gpu-architecture={arch}", "-std=c++17", "-Xptxas=-v") + tuple(options)
+    if knobs.get("FUSEC_LINEINFO"):  # source lines for Nsight Compute's stall sampling (another binary: another key)
+        opts += ("-lineinfo",)
     key = cache_key(source, opts, arch)
     with _LOCK:
         hit = _MEM.get(key)

@@ -35,7 +35,9 @@ def choose(m: int, n: int, k: int, fmt: str) -> str:
 
 
 TC_SMEM_MAX = 144 << 10  # the tensor-core form's copy of its rows: within sm_80's 163 KB a block (static too)
-TC_MAX_CPW = 64  # chunks a warp copies: more unrolls its setup past what 64 registers a thread hold (ptxas -v)
+# chunks a warp copies at 4 and 8 warps (64 registers a thread): ptxas -v spilled from 24 chunks of 6-bit codes, 32 of
+# 4-bit (tests/test_quant_kernels.py checks the rule's forms); 16 warps have 128 registers, and shared memory bounds them
+TC_MAX_CPW = 16
 # fewer rows: the FMA form (faster at M = 1 on every Llama-1B shape; its time grows with M, the TC form's not). 4-bit
 # codes: the layer's products take the same time either way at M = 2 and 3; 6-bit (their bit planes cost the TC form
 # more): at M = 4. 5-bit was not timed and follows 6-bit.
@@ -46,7 +48,7 @@ def _tc_fits_smem(k: int, group: int, warps: int, hb: int) -> bool:
     from fusec.codegen.build_quant import qgemv_tc_geometry
 
     geo = qgemv_tc_geometry(k, group, warps, hb)
-    return geo["smem"] <= TC_SMEM_MAX and geo["cpw"] <= TC_MAX_CPW
+    return geo["smem"] <= TC_SMEM_MAX and (warps == 16 or geo["cpw"] <= TC_MAX_CPW)
 
 
 def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any) -> dict[str, object]:
