@@ -99,8 +99,8 @@ def test_a_quantized_plan_emits_the_gemv_form_kernel_selection_recorded(monkeypa
         _quantized_plan_runs(template, define, want)
 
 
-def _quantized_plan_runs(template: str, define: str, want: int) -> None:
-    plan = compile_generation("llama-tiny", batch=1, max_seq_len=64, prefill_len=8, dtype="bf16", eos_ids=[],
+def _quantized_plan_runs(template: str, define: str, want: int, batch: int = 1) -> None:
+    plan = compile_generation("llama-tiny", batch=batch, max_seq_len=64, prefill_len=8, dtype="bf16", eos_ids=[],
                               arch="sm_90", quantize="int4", quantize_group=32)
     m = plan.manifest
     modules = {mod["id"]: mod for mod in m["modules"]}
@@ -108,6 +108,13 @@ def _quantized_plan_runs(template: str, define: str, want: int) -> None:
     quant = [modules[m["kernels"][L["kernel"]]["module"]] for L in launches if "qgemv" in L["label"]]
     assert len(quant) >= 4 and {mod["template"] for mod in quant} == {template}
     assert {_define(plan._blobs[mod["source"]].decode(), define) for mod in quant} == {want}
+
+
+def test_a_batch_8_int4_plan_decodes_on_tensor_cores() -> None:
+    """Unpatched, the rule puts a batch-8 bf16 plan's int4 products on tensor cores (16 warps: the
+    tiny model's products have few blocks of 16 rows), and a batch-1 plan's on the FMA form."""
+    _quantized_plan_runs("qgemv_tc.cu.jinja", "WARPS", 16, batch=8)
+    _quantized_plan_runs("qgemv.cu.jinja", "R_", 2, batch=1)
 
 
 def test_explain_shows_the_form_kernel_selection_recorded(monkeypatch) -> None:  # noqa: ANN001
