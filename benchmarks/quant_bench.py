@@ -79,14 +79,14 @@ def _bf16(shape: tuple[int, ...]):  # noqa: ANN202
     return (cp.random.standard_normal(shape, dtype=cp.float32).view(cp.uint32) >> 16).astype(cp.uint16)
 
 
-def _forms(m: int, qw, variants: bool) -> list[tuple[str, dict]]:  # noqa: ANN001
-    """The quantized GEMV's forms to time at M = ``m`` over the packed weight ``qw`` (bf16 x): the
+def _forms(m: int, n: int, qw, variants: bool) -> list[tuple[str, dict]]:  # noqa: ANN001
+    """The quantized GEMV's forms to time at M = ``m`` over ``n`` rows of ``qw``'s format and K (bf16 x): the
     lowering's choice (fusec.lower.quant), or with ``variants`` the FMA form and, where they fit, the
     tensor-core form at 4, 8 and 16 warps, and at the rule's warps with 2 and 4 tiles a block."""
     from fusec.codegen.specs_quant import tc_fits
     from fusec.lower.quant import gemv_form
 
-    rule = gemv_form(m, qw.n, qw.k, qw.format, qw.group, BF16)
+    rule = gemv_form(m, n, qw.k, qw.format, qw.group, BF16)
     if not variants:
         return [("qgemv tc" if rule.get("tc") else "qgemv", rule)]
     fma = {"rows": 2 if m <= 8 else 1, "fold": m == 1}
@@ -97,13 +97,6 @@ def _forms(m: int, qw, variants: bool) -> list[tuple[str, dict]]:  # noqa: ANN00
         w = rule.get("warps", 4)  # blocks of several tiles, the next copied while one computes (not in the rule yet)
         forms += [(f"tc w{w} T{t}", {**fma, "tc": True, "warps": w, "tiles_per_block": t}) for t in (2, 4)]
     return forms
-
-
-class _Shape:
-    """A packed weight's format fields at another row count (what ``_forms`` reads)."""
-
-    def __init__(self, qw, n: int):  # noqa: ANN001
-        self.n, self.k, self.format, self.group, self.scale_dtype = n, qw.k, qw.format, qw.group, qw.scale_dtype
 
 
 def bench_kernels(results: list, quick: bool, copy: float, variants: bool = False) -> None:
@@ -123,7 +116,7 @@ def bench_kernels(results: list, quick: bool, copy: float, variants: bool = Fals
                 pending.append(K.build_async(S.GemvSpec(m, n, k, BF16, **bf16_form(n, k, BF16))))
                 for fmt, _ in formats:
                     small = _weight(fmt, 4, k, rng)  # the format's group and scale type at this K
-                    for _, form in _forms(m, _Shape(small, n), variants):
+                    for _, form in _forms(m, n, small, variants):
                         pending.append(K.build_async(QGemvSpec(m, n, k, small.format, small.group, BF16,
                                                                small.scale_dtype, **form)))
     for p in pending:
@@ -148,7 +141,7 @@ def bench_kernels(results: list, quick: bool, copy: float, variants: bool = Fals
                                 "GBps": byt / us * 1e-3, "pct_copy": 100 * byt / us * 1e6 / copy})
                 for fmt, label in formats:
                     qw, sets = packed[fmt]
-                    for kname, form in _forms(m, qw, variants):
+                    for kname, form in _forms(m, n, qw, variants):
                         spec = QGemvSpec(m, n, k, qw.format, qw.group, BF16, qw.scale_dtype, **form)
                         ck = K.build(spec)
                         us = graph_time([lambda s, p=p, ck=ck, x=x, out=out: K.launch(ck, [x, *p, out], stream=s)

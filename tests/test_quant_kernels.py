@@ -134,9 +134,9 @@ def test_gemv_form_folds_at_one_row_only():
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 8, 9])
 @pytest.mark.parametrize("dt", [DType.BF16, DType.F16, DType.F32])
 def test_gemv_form_takes_tensor_cores_where_they_fit(fmt, m, dt, monkeypatch):
-    """4- to 6-bit codes, fp16/bf16, from M = 3 (4-bit) or 4 (5, 6) to 8: the tensor-core form, 4 warps a block of 16 rows where
-    two blocks an SM run, 8 from 160 blocks, else 16; anything else, or FUSEC_QGEMV_FORM=fma: the
-    FMA form."""
+    """4- to 6-bit codes, fp16/bf16, from M = 3 (4-bit) or 4 (5, 6) to 8: the tensor-core form, 4
+    warps a block of 16 rows where two blocks an SM run, 8 from 160 blocks, else 16; anything else,
+    or FUSEC_QGEMV_FORM=fma: the FMA form."""
     from fusec.codegen.build_quant import qgemv_tc_geometry
     from fusec.lower.quant import TC_SMEM_MAX
 
@@ -162,14 +162,17 @@ def test_tensor_core_form_compiles(arch):
     for fmt in (f for f in FORMATS if FORMATS[f].bits < 8):
         for group in ((FORMATS[fmt].group,) if FORMATS[fmt].group else (16, 128)):
             for dt, m, warps in ((DType.BF16, 1, 8), (DType.F16, 8, 16)):
-                K.build(QGemvSpec(m, 301, 512, fmt, group, dt, DType.F16, epi, tc=True, warps=warps), arch)
+                ck = K.build(QGemvSpec(m, 301, 512, fmt, group, dt, DType.F16, epi, tc=True, warps=warps), arch)
+                assert ck.template == "qgemv_tc.cu.jinja" and ck.binary.spill_bytes == 0, (fmt, group, dt)
+                assert ck.grid[0] == 19 and ck.block[0] == 32 * warps and ck.shared_mem > 0
 
 
 LLAMA_SHAPES = [(3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192), (128256, 2048),  # 1B: qkv, o, gate/up, down, head
                 (12288, 4096), (4096, 4096), (22016, 4096), (4096, 11008), (32000, 4096)]  # 7B
 
 
-def test_the_forms_the_rule_picks_do_not_spill():
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_the_forms_the_rule_picks_do_not_spill(arch):
     """At batch 8 the rule's form (tensor cores where they fit) of every Llama-1B and 7B product in
     Q4_K and Q6_K compiles without register spills (ptxas -v through NVRTC)."""
     pending = []
@@ -177,7 +180,7 @@ def test_the_forms_the_rule_picks_do_not_spill():
         for fmt, group in (("q4_k", 32), ("q6_k", 16)):
             form = gemv_form(8, n, k, fmt, group, DType.BF16)
             pending.append(((n, k, fmt, form), K.build_async(QGemvSpec(8, n, k, fmt, group, DType.BF16, DType.F16,
-                                                                      **form), "sm_90")))
+                                                                      **form), arch)))
     assert sum(bool(f.get("tc")) for (_, _, _, f), _ in pending) >= 12  # most of them run on tensor cores
     for what, p in pending:
         assert p.result().binary.spill_bytes == 0, what

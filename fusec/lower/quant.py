@@ -55,19 +55,21 @@ def _tc_fits_smem(k: int, group: int, warps: int, hb: int) -> bool:
 def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any) -> dict[str, object]:
     """The quantized GEMV's form at M = ``m`` for an [n, k] weight (QGemvSpec's fields).
 
-    The tensor-core form (``tc``) from M = TC_MIN_M (by bits) where it fits (``specs_quant.tc_fits``: 4- to
-    6-bit codes, M <= 8, fp16/bf16; its copy of the block's rows within TC_SMEM_MAX, at most TC_MAX_CPW
-    chunks a warp). Warps a block of 16 rows: 4 where two blocks an SM run (132 SMs), 8 from 160
-    blocks, else 16 (fewer blocks, more loads in flight each); more where the copy would not fit. Measured on an H200 (benchmarks/RESULTS.md, sixth session), Llama-1B's
-    shapes in Q4_K, Q6_K and int4: at M = 8 the rule's form takes 0.3-0.9x the FMA form's time
-    (the LM head in Q4_K 98 us against 302, in Q6_K 162 against 328); at M = 1 the FMA form is
-    faster on every shape (1.2-2.5x). Otherwise the FMA form: rows per warp 2 (they share
-    each activation load; past M = 8 the accumulators of two rows spill, ptxas -v sm_90, so 1); at
-    M = 1 each 8 weights' partial dot is scaled once (fold: 2-9% faster on Llama-1B's shapes on the
-    H100, neutral at M = 8; 4 rows per warp, registers capped for more blocks per multiprocessor,
-    and a shared-memory ring of the packed rows were slower on most shapes).
-    ``FUSEC_QGEMV_FORM=fma`` gives the FMA form everywhere. benchmarks/quant_bench.py --variants
-    times the forms; benchmarks/RESULTS.md has the numbers."""
+    The tensor-core form (``tc``) from M = TC_MIN_M (by bits) where it fits (``specs_quant.tc_fits``:
+    4- to 6-bit codes, M <= 8, fp16/bf16; its copy of the block's rows within TC_SMEM_MAX, at most
+    TC_MAX_CPW chunks a warp below 16 warps). Warps a block of 16 rows: 4 where two blocks an SM run
+    (132 SMs), 8 from 160 blocks, else 16 (fewer blocks, more loads in flight each); more where the
+    copy would not fit. Measured on an H200 (benchmarks/RESULTS.md, sixth session), Llama-1B's
+    shapes in Q4_K, Q6_K and int4: at M = 8 the rule's form takes 0.33-0.78x the FMA form's time
+    (the LM head in Q4_K 100 us against 302, in Q6_K 162 against 328); at M = 1 the FMA form is
+    faster on every shape (1.2-1.6x, each form's best warps).
+
+    Otherwise the FMA form: rows per warp 2 (they share each activation load; past M = 8 the
+    accumulators of two rows spill, ptxas -v sm_90, so 1); at M = 1 each 8 weights' partial dot is
+    scaled once (fold: 2-9% faster on Llama-1B's shapes on the H100, neutral at M = 8; 4 rows per
+    warp, registers capped for more blocks per multiprocessor, and a shared-memory ring of the
+    packed rows were slower on most shapes). ``FUSEC_QGEMV_FORM=fma`` gives the FMA form
+    everywhere. benchmarks/quant_bench.py --variants times the forms."""
     from fusec import knobs
     from fusec.codegen.build_gemm import _SMS
     from fusec.codegen.specs_quant import tc_fits
