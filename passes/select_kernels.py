@@ -52,7 +52,7 @@ class Selection:
     layout: str = ""  # a constant-weight product: "nk" (stored [N, K], read with trans_b) or "kn"
     reason: str = ""
     # the kernel spec's parameters this pass chose, as (keyword, value) pairs: the skinny product's
-    # weight streaming (stages, tiles_per_block), the quantized GEMV's form (rows, fold)
+    # weight streaming (stages, tiles_per_block), the quantized GEMV's form (rows, fold; tc, warps)
     params: tuple[tuple[str, Any], ...] = ()
     detail: Any = dataclasses.field(default=None, compare=False, repr=False)
 
