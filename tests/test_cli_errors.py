@@ -239,27 +239,20 @@ def test_ctrl_c_while_writing_a_plan_exits_130_and_leaves_nothing(capsys, tmp_pa
 
 
 def test_sigint_during_compile_exits_130_without_a_traceback(tmp_path) -> None:
-    """SIGINT while the kernels compile: exit 130, one line, nothing written. The tiny model compiles
-    in under a second, so on a loaded machine the signal can arrive after the compile has finished
-    (a fresh cache each attempt); up to 5 attempts, and a compile that ignored the signal would exit
-    0 in all of them."""
-    for attempt in range(5):
-        env = {**os.environ, "FUSEC_CACHE_DIR": str(tmp_path / f"cache{attempt}"), "PYTHONPATH": str(REPO)}
-        out = tmp_path / f"out{attempt}" / "x.fplan"
-        out.parent.mkdir()
-        proc = subprocess.Popen([sys.executable, "-m", "fusec", "-v", "compile", "gpt2-tiny", "-o", str(out)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
-        seen = []
-        deadline = time.monotonic() + 120
-        for line in proc.stderr:  # -v prints every step: interrupt in the middle of compiling the kernels
-            seen.append(line)
-            if " kernel " in line or time.monotonic() > deadline:
-                break
-        proc.send_signal(signal.SIGINT)
-        rest_out, rest_err = proc.communicate(timeout=120)
-        err = "".join(seen) + rest_err
-        if proc.returncode != 0:
+    env = {**os.environ, "FUSEC_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(REPO)}
+    out = tmp_path / "out" / "x.fplan"
+    out.parent.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "fusec", "-v", "compile", "gpt2-tiny", "-o", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    seen = []
+    deadline = time.monotonic() + 120
+    for line in proc.stderr:  # -v prints every step: interrupt in the middle of compiling the kernels
+        seen.append(line)
+        if " kernel " in line or time.monotonic() > deadline:
             break
+    proc.send_signal(signal.SIGINT)
+    rest_out, rest_err = proc.communicate(timeout=120)
+    err = "".join(seen) + rest_err
     assert proc.returncode == 130, err
     assert err.splitlines()[-1] == "fusec: error: interrupted" and "Traceback" not in err
     assert list(out.parent.iterdir()) == []
