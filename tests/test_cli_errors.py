@@ -242,8 +242,11 @@ def test_sigint_during_compile_exits_130_without_a_traceback(tmp_path) -> None:
     env = {**os.environ, "FUSEC_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(REPO)}
     out = tmp_path / "out" / "x.fplan"
     out.parent.mkdir()
+    # SIGINT's default action in the child: a test run started in the background (`cmd &`) ignores
+    # SIGINT, children inherit that, and Python then leaves it ignored (the compile ran to the end)
     proc = subprocess.Popen([sys.executable, "-m", "fusec", "-v", "compile", "gpt2-tiny", "-o", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     seen = []
     deadline = time.monotonic() + 120
     for line in proc.stderr:  # -v prints every step: interrupt in the middle of compiling the kernels
