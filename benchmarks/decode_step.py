@@ -196,8 +196,14 @@ def main() -> int:
     ap.add_argument("--windows", type=int, default=5)
     ap.add_argument("--gemv-forms", default="ring", help="FUSEC_GEMV_FORM values: the first gets every mode and the "
                     "profile, each other one a PDL timing checked bit for bit against the first's (e.g. ring,register)")
+    ap.add_argument("--kv-prefetch-ab", action="store_true", help="also time the first form's plan compiled with "
+                    "FUSEC_KV_PREFETCH=0 (the attention loads no cache row before its PDL wait), checked bit for bit")
     args = ap.parse_args()
     forms = args.gemv_forms.split(",")
+    env = {f: {"FUSEC_GEMV_FORM": f, "FUSEC_KV_PREFETCH": "1"} for f in forms}
+    if args.kv_prefetch_ab:
+        forms.append("noprefetch")
+        env["noprefetch"] = {"FUSEC_GEMV_FORM": forms[0], "FUSEC_KV_PREFETCH": "0"}
     from fusec.compiler import compile_generation
 
     out = Path(args.out)
@@ -210,7 +216,7 @@ def main() -> int:
     for batch in map(int, args.batches.split(",")):
         paths = {}
         for form in forms:
-            os.environ["FUSEC_GEMV_FORM"] = form
+            os.environ.update(env[form])
             t0 = time.time()
             plan = compile_generation(gm, batch=batch, max_seq_len=args.context + args.steps + 16,
                                       prefill_len=args.context, dtype="bf16", eos_ids=[])

@@ -46,6 +46,9 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("FUSEC_QGEMV_FORM", "choice", "tc", "how decode products over packed 4- to 6-bit weights compute: on "
          "tensor cores (the default where they fit) or with fp32 FMAs (the A/B of benchmarks/quant_bench.py --qgemv-forms)",
          ("tc", "fma")),
+    Knob("FUSEC_KV_PREFETCH", "bool", True, "decode attention loads the cache rows older than the step before its "
+         "PDL wait, where the program shows the kernel before it does not write them (off: the A/B of "
+         "benchmarks/decode_step.py --kv-prefetch)"),
     Knob("FUSEC_PDL", "bool", True, "launch kernels that allow it with programmatic dependent launch (sm_90+)"),
     Knob("FUSEC_API_KEY", "text", None, "fusec serve: the bearer token clients must send (default: --api-key)"),
 )}

@@ -29,6 +29,9 @@ def decode_specs() -> list[tuple[str, object]]:
             sp = kv_attention_spec(B, Hq, Hkv, Sq, T, D, dt, 0.1)
             out.append((f"kvattn-{dt.value}-B{B}-H{Hq}/{Hkv}-S{Sq}-T{T}-D{D}-x{sp.splits}", sp))
         out.append((f"kvattn-{dt.value}-single", S.KVAttentionSpec(2, 4, 2, 1, 50, 64, dt, 0.1, 1, I32, 64)))
+        out.append((f"kvattn-{dt.value}-prefetch", kv_attention_spec(1, 16, 8, 1, 4096, 128, dt, 0.1, prefetch=True)))
+        out.append((f"kvattn-{dt.value}-prefetch-window-S3",
+                    kv_attention_spec(2, 8, 2, 3, 100, 64, dt, 0.1, window=20, prefetch=True)))
         out.append((f"kvattn-{dt.value}-256t", S.KVAttentionSpec(2, 16, 8, 1, 512, 64, dt, 0.1, 4, I64, 256)))
         out.append((f"cachew-{dt.value}-kv", S.cache_write_spec((4, 8, 4096, 128), (4, 8, 1, 128), 2, dt)))
         out.append((f"cachew-{dt.value}-prefill", S.cache_write_spec((2, 3, 50, 72), (2, 3, 9, 72), 2, dt, I32)))
@@ -173,6 +176,42 @@ def test_lower_kv_attention_split_merges_in_one_launch() -> None:
     assert args[4] == ["ptr", "arena", 64 << 20] and ctx.scratch_bytes >= 16 * 130 * 4 * 2  # the partials
     assert args[5] == ["ptr", "state", 4096] and ctx.sync_bytes >= 8 * 4  # one counter per kv head
     assert args[6] == ["ptr", "arena", 33 << 20]
+
+
+def _prefetch_case(writer: str) -> bool:
+    """Lower a cache write (``writer``: "pos" at rows pos[b], "rows" row-indexed, "other_pos" from
+    other positions, "pos_too" that also rewrites pos, "none": a kernel writing elsewhere), then the
+    attention over the cache: whether the attention loads old rows before its PDL wait."""
+    q, kc = Value("q", (2, 4, 1, 64), BF16), Value("kc", (2, 2, 64, 64), BF16)
+    k, v = Value("k", (2, 2, 64, 64), BF16), Value("v", (2, 2, 64, 64), BF16)
+    new, pos, pos2, rows = Value("kn", (2, 2, 1, 64), BF16), Value("pos", (2,), I64), Value("p2", (2,), I64), \
+        Value("rows", (2,), I64)
+    offs = {"q": 0, "kc": 1 << 20, "k": 1 << 20, "v": 2 << 20, "kn": 3 << 20, "pos": 4 << 20, "p2": (4 << 20) + 256,
+            "rows": (4 << 20) + 512, "o": 5 << 20}
+    ctx = _ctx(offs)
+    ins = {"pos": [kc, new, pos], "rows": [kc, new, pos, rows], "other_pos": [kc, new, pos2],
+           "pos_too": [kc, new, pos], "none": [Value("x", (2, 2, 64, 64), BF16), new, pos]}[writer]
+    offs["x"] = 6 << 20
+    wnode = Node(O.Op.CACHE_WRITE, ins, [Value("x", (2, 2, 64, 64), BF16) if writer == "none" else k],
+                 O.CacheWriteAttrs(2), name="w")
+    LOWER[O.Op.CACHE_WRITE](ctx, wnode, "#0 cache_write")
+    if writer == "pos_too":  # the same task also writes the positions (a made-up writer)
+        ctx.tasks[-1].writes += (ctx.region(pos),)
+    node = Node(O.Op.KV_ATTENTION, [q, k, v, pos], [Value("o", (2, 4, 1, 64), BF16)], O.KVAttentionAttrs(0.125))
+    ctx.arena_base, ctx.sync_base = 8 << 20, 4096
+    LOWER[O.Op.KV_ATTENTION](ctx, node, "#1 kv_attention")
+    return "#define KV_LD fc_ldcg16" in ctx.blobs[f"source/m{len(ctx.modules) - 1}"].decode()
+
+
+def test_kv_attention_loads_old_rows_before_the_wait_only_where_the_program_allows(monkeypatch) -> None:  # noqa: ANN001
+    """The rows below pos[b] are read before the PDL wait only when the kernel before writes the
+    cache at rows pos[b] + s from the same positions, or not at all, and leaves pos alone."""
+    assert _prefetch_case("pos") and _prefetch_case("none")
+    assert not _prefetch_case("rows")  # a join's row-indexed write may rewrite any row
+    assert not _prefetch_case("other_pos")
+    assert not _prefetch_case("pos_too")
+    monkeypatch.setenv("FUSEC_KV_PREFETCH", "0")
+    assert not _prefetch_case("pos")
 
 
 def test_lower_kv_attention_refuses_bad_shapes() -> None:

@@ -6,6 +6,8 @@ data so that a write outside the new positions shows. Tolerances ||out - ref|| /
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 
 import numpy as np
@@ -167,10 +169,11 @@ KV = [
 ]
 
 
+@pytest.mark.parametrize("prefetch", [False, True], ids=["", "prefetch"])
 @pytest.mark.parametrize("dt,B,Hq,Hkv,Sq,T,D,positions,splits", KV,
                          ids=[f"{c[0].value}-B{c[1]}-H{c[2]}/{c[3]}-S{c[4]}-T{c[5]}-D{c[6]}-x{c[8]}" for c in KV])
 def test_kv_attention(dt: DType, B: int, Hq: int, Hkv: int, Sq: int, T: int, D: int, positions: list | None,
-                      splits: int | None) -> None:
+                      splits: int | None, prefetch: bool) -> None:
     scale = 1.0 / math.sqrt(D)
     q, k, v = rand((B, Hq, Sq, D), dt), rand((B, Hkv, T, D), dt), rand((B, Hkv, T, D), dt)
     pos = np.array(positions if positions is not None else RNG.integers(0, T, size=B), np.int64)
@@ -178,6 +181,7 @@ def test_kv_attention(dt: DType, B: int, Hq: int, Hkv: int, Sq: int, T: int, D: 
         spec = kv_attention_spec(B, Hq, Hkv, Sq, T, D, dt, scale)
     else:
         spec = S.KVAttentionSpec(B, Hq, Hkv, Sq, T, D, dt, scale, splits)
+    spec = dataclasses.replace(spec, prefetch=prefetch)  # keys loaded before the PDL wait: the same result
     ref = kv_ref(q, k, v, pos, scale)
 
     # keys past each row's context hold NaN: reading any of them would poison the output

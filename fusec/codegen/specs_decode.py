@@ -87,7 +87,10 @@ class KVAttentionSpec:
     hold capped scores). ``window`` > 0: query s of row b also skips keys j <= pos[b] + s - window (a
     sliding window; the key range is still cut as above: a chunk wholly outside the window
     contributes nothing to the merge, and its block loads no key). ``window`` 0 renders the kernel
-    without a window, and the spec's repr (its kernel name) is the one it had before the field existed."""
+    without a window, and the spec's repr (its kernel name) is the one it had before the field existed.
+    ``prefetch``: pos and the first keys older than the step (rows below pos[b]) are loaded before the
+    PDL wait, the rest after it; only where the kernel launched before this one writes neither pos nor
+    those rows (the lowering decides from the program: ``Context.older_rows_stable``)."""
 
     B: int
     Hq: int
@@ -102,15 +105,18 @@ class KVAttentionSpec:
     threads: int = 128
     softcap: float = 0.0
     window: int = 0
+    prefetch: bool = False
 
-    def __repr__(self) -> str:  # window 0 left out: kernels without a window keep their names
-        fields = [f for f in dataclasses.fields(self) if not (f.name == "window" and self.window == 0)]
+    def __repr__(self) -> str:  # window 0 and prefetch off left out: such kernels keep their names
+        fields = [f for f in dataclasses.fields(self)
+                  if not (f.name == "window" and self.window == 0) and not (f.name == "prefetch" and not self.prefetch)]
         return f"KVAttentionSpec({', '.join(f'{f.name}={getattr(self, f.name)!r}' for f in fields)})"
 
     def __post_init__(self) -> None:
         _pos(("B", self.B), ("Hq", self.Hq), ("Hkv", self.Hkv), ("S", self.S), ("T", self.T), ("D", self.D),
              ("splits", self.splits))
         _ints((self.window,), "kv_attention: window", 0)
+        _req(isinstance(self.prefetch, bool), "kv_attention: prefetch must be a bool")
         _req(self.Hq % self.Hkv == 0, "kv_attention: Hq must be a multiple of Hkv")
         _req(self.dtype in FLOATS, "kv_attention is float")
         _req(self.D % 8 == 0 and 8 <= self.D <= 256, "kv_attention: head_dim must be a multiple of 8 in [8, 256]")

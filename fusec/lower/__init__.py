@@ -14,7 +14,7 @@ included); constants, the fused bodies' constants too, are packed into one weigh
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -138,6 +138,9 @@ class Context:
         self.counts: dict[str, int] = {}
         self.launch_bytes: list[int] = []  # per launch: bytes of the distinct values it reads/writes
         self.node = ""  # the node being lowered (its tasks name it)
+        # Tasks that write a [B, H, T, D] cache only at rows pos[b] + s, s >= 0: task index -> (the
+        # cache's region and shape, the positions' address). See older_rows_stable.
+        self._rows_from_pos: dict[int, list[tuple[Region, tuple[int, ...], Addr]]] = {}
 
     def finish_kernels(self) -> None:
         """Wait for the kernels still compiling and store their cubins (raises the first failure)."""
@@ -169,6 +172,34 @@ class Context:
         """Zeroed counters for the node being lowered (its kernel leaves them zero again)."""
         self.sync_bytes = max(self.sync_bytes, -(-nbytes // _ALIGN) * _ALIGN)
         return Raw("state", self.sync_base, nbytes)
+
+    def wrote_rows_from_pos(self, cache: Value, pos: Value) -> None:
+        """Record that the task just emitted writes ``cache`` [B, H, T, D] only at rows pos[b] + s
+        (s >= 0) of each batch row b, with the positions read from ``pos``."""
+        self._rows_from_pos.setdefault(len(self.tasks) - 1, []).append(
+            (self.region(cache), tuple(cache.shape), self.addr(pos)))
+
+    def older_rows_stable(self, caches: Sequence[Value], pos: Value) -> bool:
+        """Whether a kernel launched next may read ``pos`` and the rows below pos[b] of each cache
+        [B, H, T, D] before its PDL wait: the task it would overlap (the last one emitted; every
+        kernel triggers its dependents only after its own wait, so no earlier task still runs)
+        writes neither pos nor those rows. It may write a cache at rows pos[b] + s only, from the
+        same positions (a cache write or head_rope's cache parts with run-time positions)."""
+        if not self.tasks:
+            return True
+        last = len(self.tasks) - 1
+        writes = self.tasks[last].writes
+        if any(w.overlaps(self.region(pos)) for w in writes):
+            return False
+        marked = self._rows_from_pos.get(last, [])
+        for c in caches:
+            cr = self.region(c)
+            for w in writes:
+                if w.overlaps(cr) and not any(r == cr and shape == tuple(c.shape) and len(shape) == 4
+                                              and paddr == self.addr(pos) and r.offset <= w.offset and w.end <= r.end
+                                              for r, shape, paddr in marked):
+                    return False
+        return True
 
     @property
     def launches(self) -> list[dict[str, Any]]:

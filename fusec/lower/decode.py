@@ -4,6 +4,7 @@ seed) is read from device memory, so the launches are fixed and replay in a CUDA
 
 from __future__ import annotations
 
+from fusec import knobs
 from fusec.codegen import specs as S
 from fusec.codegen.build_decode import kv_attention_spec, sample_spec
 from fusec.dtypes import DType
@@ -33,6 +34,8 @@ def cache_write(ctx: Context, node: Node, label: str) -> None:
     except ValueError as e:
         raise LoweringError(f"{_where(node, label)}: cache {list(cache.shape)}, new {list(new.shape)}: {e}") from None
     ctx.kernel(spec, [new, pos] + ([rows] if rows is not None else []) + [out], label)
+    if rows is None and node.attrs.axis == 2 and len(cache.shape) == 4:  # rows pos[b] + s of [B, H, T, D]
+        ctx.wrote_rows_from_pos(out, pos)
 
 
 def kv_attention(ctx: Context, node: Node, label: str) -> None:
@@ -49,7 +52,8 @@ def kv_attention(ctx: Context, node: Node, label: str) -> None:
         raise LoweringError(f"{_where(node, label)}: kv_attention needs 16-byte aligned q/k/v")
     try:
         spec = kv_attention_spec(B, Hq, Hkv, S_, T, D, q.dtype, float(node.attrs.scale), pos.dtype,
-                                 softcap=float(node.attrs.softcap), window=int(node.attrs.window))
+                                 softcap=float(node.attrs.softcap), window=int(node.attrs.window),
+                                 prefetch=knobs.get("FUSEC_KV_PREFETCH") and ctx.older_rows_stable((k, v), pos))
     except ValueError as e:
         raise LoweringError(f"{_where(node, label)}: kv_attention of q {list(q.shape)} over k/v {list(k.shape)} "
                             f"({q.dtype.value}): {e}") from None

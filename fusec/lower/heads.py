@@ -199,6 +199,10 @@ def emit(ctx: Context, parts: list[Part], node: Node, label: str) -> None:
     args += [cos, sin] + ([pos] if pos is not None else []) + outs + [node.outputs[parts[i].res] for i in copies]  # type: ignore[index]
     group = len(specs) > 1 or copies or fixed >= 0
     ctx.kernel(HeadRopeGroupSpec(tuple(specs), copies, fixed) if group else specs[0], args, label)
+    if pos is not None:  # run-time positions: each cache part writes rows pos[b] + s only
+        for p, out in zip(parts, outs):
+            if p.write is not None:
+                ctx.wrote_rows_from_pos(out, pos)
 
 
 def _part_spec(ctx: Context, p: Part, first: Part, node: Node, label: str
