@@ -196,14 +196,16 @@ def main() -> int:
     ap.add_argument("--windows", type=int, default=5)
     ap.add_argument("--gemv-forms", default="ring", help="FUSEC_GEMV_FORM values: the first gets every mode and the "
                     "profile, each other one a PDL timing checked bit for bit against the first's (e.g. ring,register)")
-    ap.add_argument("--kv-prefetch-ab", action="store_true", help="also time the first form's plan compiled with "
-                    "FUSEC_KV_PREFETCH=0 (the attention loads no cache row before its PDL wait), checked bit for bit")
+    ap.add_argument("--ab", action="append", default=[], metavar="KNOB=VALUE[+KNOB=VALUE]",
+                    help="also time the first form's plan compiled with these knobs (e.g. FUSEC_KV_PREFETCH=0: the "
+                    "attention loads no cache row before its PDL wait; FUSEC_L2_PREFETCH=0), checked bit for bit; repeatable")
     args = ap.parse_args()
     forms = args.gemv_forms.split(",")
-    env = {f: {"FUSEC_GEMV_FORM": f, "FUSEC_KV_PREFETCH": "1"} for f in forms}
-    if args.kv_prefetch_ab:
-        forms.append("noprefetch")
-        env["noprefetch"] = {"FUSEC_GEMV_FORM": forms[0], "FUSEC_KV_PREFETCH": "0"}
+    env = {f: {"FUSEC_GEMV_FORM": f} for f in forms}
+    for ab in args.ab:
+        knobs = dict(kv.split("=", 1) for kv in ab.split("+"))
+        env[ab] = {"FUSEC_GEMV_FORM": forms[0], **knobs}
+        forms.append(ab)
     from fusec.compiler import compile_generation
 
     out = Path(args.out)
@@ -216,6 +218,7 @@ def main() -> int:
     for batch in map(int, args.batches.split(",")):
         paths = {}
         for form in forms:
+            saved = {k: os.environ.get(k) for k in env[form]}
             os.environ.update(env[form])
             t0 = time.time()
             plan = compile_generation(gm, batch=batch, max_seq_len=args.context + args.steps + 16,
@@ -225,6 +228,11 @@ def main() -> int:
             plan.save(paths[form])
             weights = int(plan.manifest["memory"]["weights_bytes"])
             del plan
+            for k, v in saved.items():  # the next variant compiles with the defaults again
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
         path = paths[forms[0]]
         kv = 2 * cfg.num_layers * batch * cfg.num_kv_heads * cfg.head_dim * 2 * (args.context + args.steps / 2)
         roof_ms = (weights + kv) / bw * 1e3
