@@ -198,7 +198,7 @@ def main() -> int:
                     "profile, each other one a PDL timing checked bit for bit against the first's (e.g. ring,register)")
     ap.add_argument("--ab", action="append", default=[], metavar="KNOB=VALUE[+KNOB=VALUE]",
                     help="also time the first form's plan compiled with these knobs (e.g. FUSEC_KV_PREFETCH=0: the "
-                    "attention loads no cache row before its PDL wait; FUSEC_L2_PREFETCH=0), checked bit for bit; repeatable")
+                    "attention loads no cache row before its PDL wait), checked bit for bit; repeatable")
     args = ap.parse_args()
     forms = args.gemv_forms.split(",")
     env = {f: {"FUSEC_GEMV_FORM": f} for f in forms}

@@ -49,8 +49,6 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("FUSEC_KV_PREFETCH", "bool", True, "decode attention loads the cache rows older than the step before its "
          "PDL wait, where the program shows the kernel before it does not write them (off: the A/B of "
          "benchmarks/decode_step.py --kv-prefetch)"),
-    Knob("FUSEC_L2_PREFETCH", "bool", True, "decode attention streams the weights of the products after it into "
-         "L2 while it runs (fusec/lower/l2_prefetch.py; off: the A/B of benchmarks/decode_step.py --l2-prefetch-ab)"),
     Knob("FUSEC_PDL", "bool", True, "launch kernels that allow it with programmatic dependent launch (sm_90+)"),
     Knob("FUSEC_API_KEY", "text", None, "fusec serve: the bearer token clients must send (default: --api-key)"),
 )}

@@ -29,8 +29,7 @@ def decode_specs() -> list[tuple[str, object]]:
             sp = kv_attention_spec(B, Hq, Hkv, Sq, T, D, dt, 0.1)
             out.append((f"kvattn-{dt.value}-B{B}-H{Hq}/{Hkv}-S{Sq}-T{T}-D{D}-x{sp.splits}", sp))
         out.append((f"kvattn-{dt.value}-single", S.KVAttentionSpec(2, 4, 2, 1, 50, 64, dt, 0.1, 1, I32, 64)))
-        out.append((f"kvattn-{dt.value}-prefetch-l2", kv_attention_spec(1, 16, 8, 1, 4096, 128, dt, 0.1, prefetch=True,
-                                                                         l2_prefetch=True)))
+        out.append((f"kvattn-{dt.value}-prefetch", kv_attention_spec(1, 16, 8, 1, 4096, 128, dt, 0.1, prefetch=True)))
         out.append((f"kvattn-{dt.value}-prefetch-window-S3",
                     kv_attention_spec(2, 8, 2, 3, 100, 64, dt, 0.1, window=20, prefetch=True)))
         out.append((f"kvattn-{dt.value}-256t", S.KVAttentionSpec(2, 16, 8, 1, 512, 64, dt, 0.1, 4, I64, 256)))

@@ -72,13 +72,8 @@ def run_kv_attention(spec: S.KVAttentionSpec, args: list, out) -> None:  # noqa:
     at zero after each."""
     import cupy as cp
 
-    if spec.l2_prefetch:  # the L2 prefetch's range: bytes of a buffer the kernel must not otherwise touch
-        weights = cp.arange(300_000, dtype=cp.uint8)
-        out_args = [out, weights, np.int64(weights.nbytes // 256 * 256)]
-    else:
-        out_args = [out]
     if spec.splits == 1:
-        run(spec, args + out_args)
+        run(spec, args + [out])
         return
     from fusec.codegen.build_decode import kv_layout
 
@@ -87,7 +82,7 @@ def run_kv_attention(spec: S.KVAttentionSpec, args: list, out) -> None:  # noqa:
     first = None
     for _ in range(3):
         out[...] = out.dtype.type(0)
-        run(spec, args + [part, sync] + out_args)
+        run(spec, args + [part, sync, out])
         assert int(cp.count_nonzero(sync)) == 0, "a split attention left its counters set"
         got = out.get()
         if first is None:
@@ -174,11 +169,11 @@ KV = [
 ]
 
 
-@pytest.mark.parametrize("prefetch,l2", [(False, False), (True, False), (True, True)], ids=["", "prefetch", "prefetch+l2"])
+@pytest.mark.parametrize("prefetch", [False, True], ids=["", "prefetch"])
 @pytest.mark.parametrize("dt,B,Hq,Hkv,Sq,T,D,positions,splits", KV,
                          ids=[f"{c[0].value}-B{c[1]}-H{c[2]}/{c[3]}-S{c[4]}-T{c[5]}-D{c[6]}-x{c[8]}" for c in KV])
 def test_kv_attention(dt: DType, B: int, Hq: int, Hkv: int, Sq: int, T: int, D: int, positions: list | None,
-                      splits: int | None, prefetch: bool, l2: bool) -> None:
+                      splits: int | None, prefetch: bool) -> None:
     scale = 1.0 / math.sqrt(D)
     q, k, v = rand((B, Hq, Sq, D), dt), rand((B, Hkv, T, D), dt), rand((B, Hkv, T, D), dt)
     pos = np.array(positions if positions is not None else RNG.integers(0, T, size=B), np.int64)
@@ -186,8 +181,7 @@ def test_kv_attention(dt: DType, B: int, Hq: int, Hkv: int, Sq: int, T: int, D: 
         spec = kv_attention_spec(B, Hq, Hkv, Sq, T, D, dt, scale)
     else:
         spec = S.KVAttentionSpec(B, Hq, Hkv, Sq, T, D, dt, scale, splits)
-    # keys loaded before the PDL wait, weights streamed into L2 first: the same result
-    spec = dataclasses.replace(spec, prefetch=prefetch, l2_prefetch=l2)
+    spec = dataclasses.replace(spec, prefetch=prefetch)  # keys loaded before the PDL wait: the same result
     ref = kv_ref(q, k, v, pos, scale)
 
     # keys past each row's context hold NaN: reading any of them would poison the output

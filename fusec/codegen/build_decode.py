@@ -51,8 +51,7 @@ def chunk_max(T: int, splits: int) -> int:
 def kv_attention_spec(B: int, Hq: int, Hkv: int, S_: int, T: int, D: int, dtype: DType, scale: float,
                       pos_dtype: DType = DType.I64, target_blocks: int = KV_TARGET_BLOCKS,
                       threads: int = 128, max_splits: int = KV_MAX_AUTO_SPLITS,
-                      softcap: float = 0.0, window: int = 0, prefetch: bool = False,
-                      l2_prefetch: bool = False) -> S.KVAttentionSpec:
+                      softcap: float = 0.0, window: int = 0, prefetch: bool = False) -> S.KVAttentionSpec:
     """The spec for a KV attention: as many splits of the key range as keep a full-context step
     within ``target_blocks`` blocks (one wave), at most ``max_splits``: batch 1 with a long
     context still spreads over the SMs, a large batch is not cut into a wave and a tail."""
@@ -60,8 +59,7 @@ def kv_attention_spec(B: int, Hq: int, Hkv: int, S_: int, T: int, D: int, dtype:
     lay = kv_layout(probe, threads)
     per_split = B * Hkv * lay["tiles"]
     splits = max(1, min(target_blocks // per_split, cdiv(T, S.KV_CHUNK_GRANULE), max_splits, S.KV_MAX_SPLITS))
-    return S.KVAttentionSpec(B, Hq, Hkv, S_, T, D, dtype, scale, splits, pos_dtype, threads, softcap, window, prefetch,
-                             l2_prefetch)
+    return S.KVAttentionSpec(B, Hq, Hkv, S_, T, D, dtype, scale, splits, pos_dtype, threads, softcap, window, prefetch)
 
 
 @builder(S.KVAttentionSpec)
@@ -80,12 +78,11 @@ def _kv_attention(spec: S.KVAttentionSpec) -> Rendered:
         # the scores are in log2 units: cap * tanh(s / cap) there is cap2 * tanh(s2 / cap2), cap2 = cap * log2(e)
         "softcap_log2": float_lit(spec.softcap * math.log2(math.e), "softcap") if spec.softcap else None,
         "window": spec.window,  # 0: the template renders no window code
-        "prefetch": spec.prefetch, "l2_prefetch": spec.l2_prefetch,
+        "prefetch": spec.prefetch,
         # ptxas caps registers oddly (and spills) when D / vec is no power of two; lift the cap there
         "min_blocks": 1 if lay["nvec"] & (lay["nvec"] - 1) else 0,
     }
-    params = ("q", "k", "v", "pos") + (("part", "sync") if spec.splits > 1 else ()) + ("out",) \
-        + (("pf", "pf_bytes") if spec.l2_prefetch else ())
+    params = ("q", "k", "v", "pos") + (("part", "sync") if spec.splits > 1 else ()) + ("out",)
     return Rendered("kv_attention.cu.jinja", ctx, grid, (spec.threads, 1, 1), params)
 
 

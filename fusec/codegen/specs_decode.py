@@ -90,9 +90,7 @@ class KVAttentionSpec:
     without a window, and the spec's repr (its kernel name) is the one it had before the field existed.
     ``prefetch``: pos and the first keys older than the step (rows below pos[b]) are loaded before the
     PDL wait, the rest after it; only where the kernel launched before this one writes neither pos nor
-    those rows (the lowering decides from the program: ``Context.older_rows_stable``).
-    ``l2_prefetch``: two more params, ``pf`` and ``pf_bytes``: weights of the tasks after this one that
-    the kernel streams into L2 first (``fusec.lower.l2_prefetch`` fills them in)."""
+    those rows (the lowering decides from the program: ``Context.older_rows_stable``)."""
 
     B: int
     Hq: int
@@ -108,19 +106,17 @@ class KVAttentionSpec:
     softcap: float = 0.0
     window: int = 0
     prefetch: bool = False
-    l2_prefetch: bool = False
 
-    def __repr__(self) -> str:  # window 0 and flags off left out: such kernels keep their names
-        fields = [f for f in dataclasses.fields(self) if not (f.name == "window" and self.window == 0)
-                  and not (f.name in ("prefetch", "l2_prefetch") and not getattr(self, f.name))]
+    def __repr__(self) -> str:  # window 0 and prefetch off left out: such kernels keep their names
+        fields = [f for f in dataclasses.fields(self)
+                  if not (f.name == "window" and self.window == 0) and not (f.name == "prefetch" and not self.prefetch)]
         return f"KVAttentionSpec({', '.join(f'{f.name}={getattr(self, f.name)!r}' for f in fields)})"
 
     def __post_init__(self) -> None:
         _pos(("B", self.B), ("Hq", self.Hq), ("Hkv", self.Hkv), ("S", self.S), ("T", self.T), ("D", self.D),
              ("splits", self.splits))
         _ints((self.window,), "kv_attention: window", 0)
-        _req(isinstance(self.prefetch, bool) and isinstance(self.l2_prefetch, bool),
-             "kv_attention: prefetch and l2_prefetch must be bools")
+        _req(isinstance(self.prefetch, bool), "kv_attention: prefetch must be a bool")
         _req(self.Hq % self.Hkv == 0, "kv_attention: Hq must be a multiple of Hkv")
         _req(self.dtype in FLOATS, "kv_attention is float")
         _req(self.D % 8 == 0 and 8 <= self.D <= 256, "kv_attention: head_dim must be a multiple of 8 in [8, 256]")

@@ -141,7 +141,6 @@ class Context:
         # Tasks that write a [B, H, T, D] cache only at rows pos[b] + s, s >= 0: task index -> (the
         # cache's region and shape, the positions' address). See older_rows_stable.
         self._rows_from_pos: dict[int, list[tuple[Region, tuple[int, ...], Addr]]] = {}
-        self.l2_prefetchers: list[int] = []  # tasks whose last two arguments are an L2 prefetch range
 
     def finish_kernels(self) -> None:
         """Wait for the kernels still compiling and store their cubins (raises the first failure)."""
@@ -231,10 +230,8 @@ class Context:
         space, off = self.addr(v)
         return ["ptr", space, off + elems * v.dtype.itemsize]
 
-    def kernel(self, spec: Any, args: list[Value | tuple[Value, int] | Raw], label: str, l2_prefetch: bool = False) -> None:
-        """Compile ``spec`` (once per distinct kernel) and append its launch over ``args``.
-        ``l2_prefetch``: the kernel takes two more params (pf, pf_bytes), weights it streams into L2
-        for the tasks after it; ``fusec.lower.l2_prefetch`` fills them in once every task is known."""
+    def kernel(self, spec: Any, args: list[Value | tuple[Value, int] | Raw], label: str) -> None:
+        """Compile ``spec`` (once per distinct kernel) and append its launch over ``args``."""
         from fusec.codegen.kernels import build_async, template_of, written
 
         if self.dry_run:
@@ -260,17 +257,12 @@ class Context:
             from fusec.codegen.compile import abandon
 
             abandon([ck.future])
-        if len(args) + 2 * l2_prefetch != len(ck.params):
-            raise LoweringError(f"{label}: kernel {ck.name} takes {len(ck.params)} arguments, lowering gave "
-                                f"{len(args) + 2 * l2_prefetch}")
+        if len(args) != len(ck.params):
+            raise LoweringError(f"{label}: kernel {ck.name} takes {len(ck.params)} pointers, lowering gave {len(args)}")
         out = set(written(ck.params))
-        # the prefetch range starts empty (its pointer: the first argument's bytes, so always inside a space)
-        tail = [self.ptr(args[0]), ["i64", 0]] if l2_prefetch else []
         self.emit({"type": "kernel", "kernel": idx, "grid": list(ck.grid), "block": list(ck.block),
-                   "smem": ck.shared_mem, "args": [self.ptr(a) for a in args] + tail, "label": label},
+                   "smem": ck.shared_mem, "args": [self.ptr(a) for a in args], "label": label},
                   [a for i, a in enumerate(args) if i not in out], [a for i, a in enumerate(args) if i in out], ck.pdl)
-        if l2_prefetch:
-            self.l2_prefetchers.append(len(self.tasks) - 1)
         self.launch_bytes.append(_value_bytes(args))
         self.count(ck.template.split(".")[0])
 
@@ -316,9 +308,6 @@ def lower(graph: Graph, offsets: dict[str, int], arch: str, compute: str = "f32"
             lower_node(ctx, node, label=_label(i, node))  # as passes/select_kernels.py decided
         ctx.node = ""
         _write_back_state(ctx, graph)
-        from fusec.lower.l2_prefetch import assign_l2_prefetch
-
-        assign_l2_prefetch(ctx)
         weights = ctx.weights.blob()  # packed while the kernels compile
         if weights:
             ctx.blobs["weights"] = weights

@@ -53,19 +53,18 @@ def kv_attention(ctx: Context, node: Node, label: str) -> None:
     try:
         spec = kv_attention_spec(B, Hq, Hkv, S_, T, D, q.dtype, float(node.attrs.scale), pos.dtype,
                                  softcap=float(node.attrs.softcap), window=int(node.attrs.window),
-                                 prefetch=knobs.get("FUSEC_KV_PREFETCH") and ctx.older_rows_stable((k, v), pos),
-                                 l2_prefetch=bool(knobs.get("FUSEC_L2_PREFETCH")) and not ctx.dry_run)
+                                 prefetch=knobs.get("FUSEC_KV_PREFETCH") and ctx.older_rows_stable((k, v), pos))
     except ValueError as e:
         raise LoweringError(f"{_where(node, label)}: kv_attention of q {list(q.shape)} over k/v {list(k.shape)} "
                             f"({q.dtype.value}): {e}") from None
     if spec.splits == 1:
-        ctx.kernel(spec, [q, k, v, pos, out], label, l2_prefetch=spec.l2_prefetch)
+        ctx.kernel(spec, [q, k, v, pos, out], label)
         return
     from fusec.codegen.build_decode import kv_layout
 
     part = ctx.scratch(spec.part_floats * 4)
     sync = ctx.sync(spec.sync_ints(kv_layout(spec, spec.threads)["tiles"]) * 4)
-    ctx.kernel(spec, [q, k, v, pos, part, sync, out], label, l2_prefetch=spec.l2_prefetch)  # the last block merges
+    ctx.kernel(spec, [q, k, v, pos, part, sync, out], label)  # the last block of each head merges: one launch
 
 
 def sample(ctx: Context, node: Node, label: str) -> None:
