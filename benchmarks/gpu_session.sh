@@ -12,8 +12,9 @@
 #   gncu      Nsight Compute counters of the skinny product's forms and cuBLAS on the LM head's shape (benchmarks/gemv_ncu.py)
 #   gtests    the skinny-product GPU tests (tests/test_gemv_gpu.py)
 #   step_q    Qwen3-0.6B decode step (and prefill time), PDL vs plain, batch 1 and 8, the GEMV's ring form vs its register form (benchmarks/decode_step.py)
-#   step_kv   Qwen3-0.6B (batch 1, 8) and the Llama-1B shape (batch 1) decode steps, the attention's cache rows loaded
-#             before the PDL wait against not (FUSEC_KV_PREFETCH=0), bit for bit (decode_step.py --ab FUSEC_KV_PREFETCH=0)
+#   step_kv   Qwen3-0.6B (batch 1, 8) and the Llama-1B shape (batch 1) decode steps: the default, without the attention's
+#             cluster merge (FUSEC_KV_CLUSTER=0), without that and its older cache rows loaded before the PDL wait
+#   kvtests   the decode attention's and the plans' GPU tests (kernels, PDL, generation, join)
 #   step_l    the Llama-3.2-1B shape, batch 1, ring vs register form
 #   peer      Qwen3-0.6B decode and prefill vs the gpt-fast-style torch peer (benchmarks/decode.py --quick)
 #   quant     packed quantized weights: kernels and decode (benchmarks/quant_bench.py --quick)
@@ -83,10 +84,13 @@ for step in "$@"; do
         grep "^|" "$R/kv.txt" | tail -n 25 ;;
     step_q) timeout 200 python3 benchmarks/decode_step.py "$R/step_q" --model qwen3-0.6b --batches 1,8 --gemv-forms ring,register > "$R/step_q.txt" 2>&1
             tail -n 6 "$R/step_q.txt" ;;
-    step_kv) timeout 300 python3 benchmarks/decode_step.py "$R/step_kv" --model qwen3-0.6b --batches 1,8 --ab FUSEC_KV_PREFETCH=0 > "$R/step_kv.txt" 2>&1
+    step_kv) timeout 300 python3 benchmarks/decode_step.py "$R/step_kv" --model qwen3-0.6b --batches 1,8 --ab FUSEC_KV_CLUSTER=0 --ab FUSEC_KV_CLUSTER=0+FUSEC_KV_PREFETCH=0 > "$R/step_kv.txt" 2>&1
              tail -n 4 "$R/step_kv.txt" | cut -c 1-3000
-             timeout 150 python3 benchmarks/decode_step.py "$R/step_kvl" --model llama-1b --batches 1 --context 32 --ab FUSEC_KV_PREFETCH=0 > "$R/step_kvl.txt" 2>&1
+             timeout 150 python3 benchmarks/decode_step.py "$R/step_kvl" --model llama-1b --batches 1 --context 32 --ab FUSEC_KV_CLUSTER=0 --ab FUSEC_KV_CLUSTER=0+FUSEC_KV_PREFETCH=0 > "$R/step_kvl.txt" 2>&1
              tail -n 3 "$R/step_kvl.txt" | cut -c 1-3000 ;;
+    kvtests) timeout 200 $PT -n 8 tests/test_decode_kernels_gpu.py tests/test_pdl_gpu.py tests/test_generation_gpu.py \
+               tests/test_generation_join_gpu.py tests/test_generation_families_gpu.py > "$R/t_kv.txt" 2>&1
+             grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_kv.txt" | tail -n 12 ;;
     step_l) timeout 150 python3 benchmarks/decode_step.py "$R/step_l" --model llama-1b --batches 1 --context 32 --gemv-forms ring,register > "$R/step_l.txt" 2>&1
             tail -n 5 "$R/step_l.txt" ;;
     peer) timeout 270 python3 benchmarks/decode.py "$R/peer.json" --quick --batches 1 --contexts 128 --budget-s 180 --hf none --no-fp32-check > "$R/peer.txt" 2>&1

@@ -30,6 +30,10 @@ def decode_specs() -> list[tuple[str, object]]:
             out.append((f"kvattn-{dt.value}-B{B}-H{Hq}/{Hkv}-S{Sq}-T{T}-D{D}-x{sp.splits}", sp))
         out.append((f"kvattn-{dt.value}-single", S.KVAttentionSpec(2, 4, 2, 1, 50, 64, dt, 0.1, 1, I32, 64)))
         out.append((f"kvattn-{dt.value}-prefetch", kv_attention_spec(1, 16, 8, 1, 4096, 128, dt, 0.1, prefetch=True)))
+        out.append((f"kvattn-{dt.value}-cluster", kv_attention_spec(1, 16, 8, 1, 271, 128, dt, 0.1, prefetch=True,
+                                                                   cluster=True)))
+        out.append((f"kvattn-{dt.value}-cluster-window-S3",
+                    kv_attention_spec(2, 8, 2, 3, 100, 64, dt, 0.1, window=20, cluster=True)))
         out.append((f"kvattn-{dt.value}-prefetch-window-S3",
                     kv_attention_spec(2, 8, 2, 3, 100, 64, dt, 0.1, window=20, prefetch=True)))
         out.append((f"kvattn-{dt.value}-256t", S.KVAttentionSpec(2, 16, 8, 1, 512, 64, dt, 0.1, 4, I64, 256)))
@@ -212,6 +216,28 @@ def test_kv_attention_loads_old_rows_before_the_wait_only_where_the_program_allo
     assert not _prefetch_case("pos_too")
     monkeypatch.setenv("FUSEC_KV_PREFETCH", "0")
     assert not _prefetch_case("pos")
+
+
+def test_kv_attention_cluster_merge_takes_the_short_caches_on_sm90_only() -> None:
+    """A cluster merge where the split count fits twice the cluster size (then at most 8 splits),
+    never on sm_80, never for a long cache (its blocks are needed); its kernel takes no partials."""
+    short = kv_attention_spec(1, 16, 8, 1, 271, 128, BF16, 0.1, cluster=True)
+    assert short.cluster and short.splits == S.KV_MAX_CLUSTER
+    assert kv_attention_spec(1, 16, 8, 1, 271, 128, BF16, 0.1).splits > S.KV_MAX_CLUSTER  # what it cut
+    assert not kv_attention_spec(1, 16, 8, 1, 4096, 128, BF16, 0.1, cluster=True).cluster
+    assert not kv_attention_spec(256, 16, 8, 1, 271, 128, BF16, 0.1, cluster=True).cluster  # one split a head
+    with pytest.raises(ValueError, match="cluster"):
+        S.KVAttentionSpec(1, 16, 8, 1, 271, 128, BF16, 0.1, 9, cluster=True)
+    q, k, v = Value("q", (1, 16, 1, 128), BF16), Value("k", (1, 8, 271, 128), BF16), Value("v", (1, 8, 271, 128), BF16)
+    pos, out = Value("pos", (1,), I64), Value("o", (1, 16, 1, 128), BF16)
+    node = Node(O.Op.KV_ATTENTION, [q, k, v, pos], [out], O.KVAttentionAttrs(0.088), name="attn")
+    for arch, want in (("sm_90", True), ("sm_80", False)):
+        ctx = Context(arch, {"q": 0, "k": 1 << 20, "v": 2 << 20, "pos": 3 << 20, "o": 4 << 20}, "f32", None)
+        ctx.arena_base, ctx.sync_base = 8 << 20, 4096
+        LOWER[O.Op.KV_ATTENTION](ctx, node, "#1 kv_attention")
+        src = ctx.blobs["source/m0"].decode()
+        assert ("__cluster_dims__" in src) == want, arch
+        assert len(ctx.launches[0]["args"]) == (5 if want else 7)  # no partials, no counters
 
 
 def test_lower_kv_attention_refuses_bad_shapes() -> None:

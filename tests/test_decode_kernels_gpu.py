@@ -72,7 +72,7 @@ def run_kv_attention(spec: S.KVAttentionSpec, args: list, out) -> None:  # noqa:
     at zero after each."""
     import cupy as cp
 
-    if spec.splits == 1:
+    if spec.splits == 1 or spec.cluster:  # one launch, no partials in global memory
         run(spec, args + [out])
         return
     from fusec.codegen.build_decode import kv_layout
@@ -169,11 +169,11 @@ KV = [
 ]
 
 
-@pytest.mark.parametrize("prefetch", [False, True], ids=["", "prefetch"])
+@pytest.mark.parametrize("mode", ["", "prefetch", "cluster"])
 @pytest.mark.parametrize("dt,B,Hq,Hkv,Sq,T,D,positions,splits", KV,
                          ids=[f"{c[0].value}-B{c[1]}-H{c[2]}/{c[3]}-S{c[4]}-T{c[5]}-D{c[6]}-x{c[8]}" for c in KV])
 def test_kv_attention(dt: DType, B: int, Hq: int, Hkv: int, Sq: int, T: int, D: int, positions: list | None,
-                      splits: int | None, prefetch: bool) -> None:
+                      splits: int | None, mode: str) -> None:
     scale = 1.0 / math.sqrt(D)
     q, k, v = rand((B, Hq, Sq, D), dt), rand((B, Hkv, T, D), dt), rand((B, Hkv, T, D), dt)
     pos = np.array(positions if positions is not None else RNG.integers(0, T, size=B), np.int64)
@@ -181,7 +181,14 @@ def test_kv_attention(dt: DType, B: int, Hq: int, Hkv: int, Sq: int, T: int, D: 
         spec = kv_attention_spec(B, Hq, Hkv, Sq, T, D, dt, scale)
     else:
         spec = S.KVAttentionSpec(B, Hq, Hkv, Sq, T, D, dt, scale, splits)
-    spec = dataclasses.replace(spec, prefetch=prefetch)  # keys loaded before the PDL wait: the same result
+    if mode == "prefetch":  # keys loaded before the PDL wait: the same result
+        spec = dataclasses.replace(spec, prefetch=True)
+    if mode == "cluster":  # 2..8 splits merged through a thread block cluster (sm_90)
+        from fusec.device import gpu_arch
+
+        if int(gpu_arch()[3:]) < 90:
+            pytest.skip("thread block clusters need sm_90")
+        spec = dataclasses.replace(spec, splits=min(max(spec.splits, 2), S.KV_MAX_CLUSTER), cluster=True)
     ref = kv_ref(q, k, v, pos, scale)
 
     # keys past each row's context hold NaN: reading any of them would poison the output

@@ -100,12 +100,14 @@ ALL = _all_specs()
 def _cases() -> list[tuple[str, object, str]]:
     """(label, spec, arch): every spec here and every decode-step spec for sm_90; for sm_80 (A100)
     one config per template here (the PTX features used, cp.async, ldmatrix, mma.sync and
-    cvt.rn.bf16, all exist there) and every decode-step spec."""
+    cvt.rn.bf16, all exist there) and every decode-step spec but those merging through a thread
+    block cluster (sm_90 only)."""
     from test_decode_kernels import decode_specs
 
     decode = decode_specs()
     sm80 = [(a, s) for a, s in ALL if a.endswith("-bf16") or a.endswith("extra0")]
-    return [(a, s, "sm_90") for a, s in ALL + decode] + [(a, s, "sm_80") for a, s in sm80 + decode]
+    return [(a, s, "sm_90") for a, s in ALL + decode] + [(a, s, "sm_80") for a, s in sm80 + decode
+                                                          if not getattr(s, "cluster", False)]  # clusters: sm_90
 
 
 CASES = _cases()

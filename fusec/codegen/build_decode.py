@@ -51,15 +51,23 @@ def chunk_max(T: int, splits: int) -> int:
 def kv_attention_spec(B: int, Hq: int, Hkv: int, S_: int, T: int, D: int, dtype: DType, scale: float,
                       pos_dtype: DType = DType.I64, target_blocks: int = KV_TARGET_BLOCKS,
                       threads: int = 128, max_splits: int = KV_MAX_AUTO_SPLITS,
-                      softcap: float = 0.0, window: int = 0, prefetch: bool = False) -> S.KVAttentionSpec:
+                      softcap: float = 0.0, window: int = 0, prefetch: bool = False,
+                      cluster: bool = False) -> S.KVAttentionSpec:
     """The spec for a KV attention: as many splits of the key range as keep a full-context step
     within ``target_blocks`` blocks (one wave), at most ``max_splits``: batch 1 with a long
-    context still spreads over the SMs, a large batch is not cut into a wave and a tail."""
+    context still spreads over the SMs, a large batch is not cut into a wave and a tail.
+    ``cluster`` (sm_90 only; the caller checks): where that gives 2 to 2 * KV_MAX_CLUSTER splits,
+    at most KV_MAX_CLUSTER of them merged through a thread block cluster (no counter, no partials
+    in global memory); more splits keep the global merge: a long cache needs its blocks."""
     probe = S.KVAttentionSpec(B, Hq, Hkv, S_, T, D, dtype, scale, 1, pos_dtype, threads, softcap)
     lay = kv_layout(probe, threads)
     per_split = B * Hkv * lay["tiles"]
     splits = max(1, min(target_blocks // per_split, cdiv(T, S.KV_CHUNK_GRANULE), max_splits, S.KV_MAX_SPLITS))
-    return S.KVAttentionSpec(B, Hq, Hkv, S_, T, D, dtype, scale, splits, pos_dtype, threads, softcap, window, prefetch)
+    use_cluster = cluster and 2 <= splits <= 2 * S.KV_MAX_CLUSTER
+    if use_cluster:
+        splits = min(splits, S.KV_MAX_CLUSTER)
+    return S.KVAttentionSpec(B, Hq, Hkv, S_, T, D, dtype, scale, splits, pos_dtype, threads, softcap, window, prefetch,
+                             use_cluster)
 
 
 @builder(S.KVAttentionSpec)
@@ -78,11 +86,11 @@ def _kv_attention(spec: S.KVAttentionSpec) -> Rendered:
         # the scores are in log2 units: cap * tanh(s / cap) there is cap2 * tanh(s2 / cap2), cap2 = cap * log2(e)
         "softcap_log2": float_lit(spec.softcap * math.log2(math.e), "softcap") if spec.softcap else None,
         "window": spec.window,  # 0: the template renders no window code
-        "prefetch": spec.prefetch,
+        "prefetch": spec.prefetch, "cluster": spec.cluster,
         # ptxas caps registers oddly (and spills) when D / vec is no power of two; lift the cap there
         "min_blocks": 1 if lay["nvec"] & (lay["nvec"] - 1) else 0,
     }
-    params = ("q", "k", "v", "pos") + (("part", "sync") if spec.splits > 1 else ()) + ("out",)
+    params = ("q", "k", "v", "pos") + (("part", "sync") if spec.splits > 1 and not spec.cluster else ()) + ("out",)
     return Rendered("kv_attention.cu.jinja", ctx, grid, (spec.threads, 1, 1), params)
 
 

@@ -14,6 +14,7 @@ POS_DTYPES = (DType.I64, DType.I32)
 CACHE_DTYPES = FLOATS + POS_DTYPES
 KV_CHUNK_GRANULE = 32  # split lengths of kv_attention are multiples of this many keys
 KV_MAX_SPLITS = 1024  # the merging block loops over the splits
+KV_MAX_CLUSTER = 8  # splits merged through a thread block cluster: the portable cluster size
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,7 +91,9 @@ class KVAttentionSpec:
     without a window, and the spec's repr (its kernel name) is the one it had before the field existed.
     ``prefetch``: pos and the first keys older than the step (rows below pos[b]) are loaded before the
     PDL wait, the rest after it; only where the kernel launched before this one writes neither pos nor
-    those rows (the lowering decides from the program: ``Context.older_rows_stable``)."""
+    those rows (the lowering decides from the program: ``Context.older_rows_stable``).
+    ``cluster`` (sm_90): the splits of each (b, tile, kv head) are one thread block cluster, and its
+    rank 0 merges the partials from their shared memory: params q, k, v, pos, out (no part, sync)."""
 
     B: int
     Hq: int
@@ -106,17 +109,21 @@ class KVAttentionSpec:
     softcap: float = 0.0
     window: int = 0
     prefetch: bool = False
+    cluster: bool = False
 
-    def __repr__(self) -> str:  # window 0 and prefetch off left out: such kernels keep their names
-        fields = [f for f in dataclasses.fields(self)
-                  if not (f.name == "window" and self.window == 0) and not (f.name == "prefetch" and not self.prefetch)]
+    def __repr__(self) -> str:  # window 0 and flags off left out: such kernels keep their names
+        fields = [f for f in dataclasses.fields(self) if not (f.name == "window" and self.window == 0)
+                  and not (f.name in ("prefetch", "cluster") and not getattr(self, f.name))]
         return f"KVAttentionSpec({', '.join(f'{f.name}={getattr(self, f.name)!r}' for f in fields)})"
 
     def __post_init__(self) -> None:
         _pos(("B", self.B), ("Hq", self.Hq), ("Hkv", self.Hkv), ("S", self.S), ("T", self.T), ("D", self.D),
              ("splits", self.splits))
         _ints((self.window,), "kv_attention: window", 0)
-        _req(isinstance(self.prefetch, bool), "kv_attention: prefetch must be a bool")
+        _req(isinstance(self.prefetch, bool) and isinstance(self.cluster, bool),
+             "kv_attention: prefetch and cluster must be bools")
+        _req(not self.cluster or 2 <= self.splits <= KV_MAX_CLUSTER,
+             f"kv_attention: a cluster merge takes 2..{KV_MAX_CLUSTER} splits, got {self.splits}")
         _req(self.Hq % self.Hkv == 0, "kv_attention: Hq must be a multiple of Hkv")
         _req(self.dtype in FLOATS, "kv_attention is float")
         _req(self.D % 8 == 0 and 8 <= self.D <= 256, "kv_attention: head_dim must be a multiple of 8 in [8, 256]")

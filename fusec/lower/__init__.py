@@ -33,6 +33,11 @@ def _pdl_arch(arch: str) -> bool:
     return arch.startswith("sm_") and arch[3:5].isdigit() and int(arch[3:].rstrip("abcdefghijklmnopqrstuvwxyz")) >= 90
 
 
+def cluster_arch(arch: str) -> bool:
+    """Thread block clusters (distributed shared memory) need sm_90+, as PDL does."""
+    return _pdl_arch(arch)
+
+
 @dataclasses.dataclass(frozen=True)
 class Raw:
     """A raw address (space, byte offset), e.g. in the scratch tail of the arena; ``nbytes`` its

@@ -9,7 +9,7 @@ from fusec.codegen import specs as S
 from fusec.codegen.build_decode import kv_attention_spec, sample_spec
 from fusec.dtypes import DType
 from fusec.ir import Node
-from fusec.lower import Context, LoweringError
+from fusec.lower import Context, LoweringError, cluster_arch
 
 
 def _where(node: Node, label: str) -> str:
@@ -53,11 +53,12 @@ def kv_attention(ctx: Context, node: Node, label: str) -> None:
     try:
         spec = kv_attention_spec(B, Hq, Hkv, S_, T, D, q.dtype, float(node.attrs.scale), pos.dtype,
                                  softcap=float(node.attrs.softcap), window=int(node.attrs.window),
-                                 prefetch=knobs.get("FUSEC_KV_PREFETCH") and ctx.older_rows_stable((k, v), pos))
+                                 prefetch=knobs.get("FUSEC_KV_PREFETCH") and ctx.older_rows_stable((k, v), pos),
+                                 cluster=knobs.get("FUSEC_KV_CLUSTER") and cluster_arch(ctx.arch))
     except ValueError as e:
         raise LoweringError(f"{_where(node, label)}: kv_attention of q {list(q.shape)} over k/v {list(k.shape)} "
                             f"({q.dtype.value}): {e}") from None
-    if spec.splits == 1:
+    if spec.splits == 1 or spec.cluster:
         ctx.kernel(spec, [q, k, v, pos, out], label)
         return
     from fusec.codegen.build_decode import kv_layout
