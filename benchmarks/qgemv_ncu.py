@@ -1,5 +1,5 @@
 """One launch of each quantized-GEMV form on Llama-1B's gate/up shape (N 16384, K 2048, Q4_K;
-M = 1 and 8; the FMA and tensor-core forms, and the two-stage tensor-core form at M = 8), for Nsight Compute to read the hardware counters of (a script, not a test):
+M = 1 and 8; the FMA and tensor-core forms), for Nsight Compute to read the hardware counters of (a script, not a test):
 
     ncu --clock-control none -k regex:fc_qgemv --section SpeedOfLight --section Occupancy \\
         --section WarpStateStats --section MemoryWorkloadAnalysis python3 benchmarks/qgemv_ncu.py
@@ -22,7 +22,7 @@ from fusec.codegen.specs_quant import QGemvSpec  # noqa: E402
 from fusec.dtypes import DType  # noqa: E402
 
 FORMS = [(1, dict(rows=2, fold=True)), (8, dict(rows=2, fold=False)), (1, dict(tc=True, warps=4)),
-         (8, dict(tc=True, warps=4)), (8, dict(tc=True, warps=4, tiles_per_block=2))]
+         (8, dict(tc=True, warps=4))]
 
 
 def main() -> None:

@@ -82,7 +82,7 @@ def _bf16(shape: tuple[int, ...]):  # noqa: ANN202
 def _forms(m: int, n: int, qw, variants: bool) -> list[tuple[str, dict]]:  # noqa: ANN001
     """The quantized GEMV's forms to time at M = ``m`` over ``n`` rows of ``qw``'s format and K (bf16 x): the
     lowering's choice (fusec.lower.quant), or with ``variants`` the FMA form and, where they fit, the
-    tensor-core form at 4, 8 and 16 warps, and at the rule's warps with 2 and 4 tiles a block."""
+    tensor-core form at 4, 8 and 16 warps."""
     from fusec.codegen.specs_quant import tc_fits
     from fusec.lower.quant import gemv_form
 
@@ -94,8 +94,6 @@ def _forms(m: int, n: int, qw, variants: bool) -> list[tuple[str, dict]]:  # noq
     if tc_fits(m, qw.format, BF16):
         forms += [(f"tc w{w}{' (rule)' if rule.get('warps') == w else ''}", {**fma, "tc": True, "warps": w})
                   for w in (4, 8, 16)]
-        w = rule.get("warps", 4)  # blocks of several tiles, the next copied while one computes (not in the rule yet)
-        forms += [(f"tc w{w} T{t}", {**fma, "tc": True, "warps": w, "tiles_per_block": t}) for t in (2, 4)]
     return forms
 
 
@@ -345,7 +343,7 @@ def main() -> int:
     ap.add_argument("--7b", dest="seven_b", action="store_true", help="decode: the 7B Llama shape in Q4_K_M at "
                     "batch 1 (with its share of the packed-weight roofline) instead of the 1B plans")
     ap.add_argument("--variants", action="store_true", help="kernels: the quantized GEMV's forms (FMA; tensor cores "
-                    "at 4, 8, 16 warps; 2 and 4 tiles a block) on Llama-1B's shapes at M = 1, 2, 3, 4 and 8")
+                    "at 4, 8, 16 warps) on Llama-1B's shapes at M = 1, 2, 3, 4 and 8")
     ap.add_argument("--qgemv-forms", default="tc", help="decode: the packed plans once per packed-product form "
                     "(comma list of tc, fma: FUSEC_QGEMV_FORM), timed in the same process")
     args = ap.parse_args()

@@ -28,14 +28,14 @@ struct QbChunk {
   float s[QB_GPC], o[QB_GPC], zf[QB_GPC];
 };
 
-// The loaded scale data of a chunk's groups, before any arithmetic on it (a kernel can hold these
-// across other work while the loads are in flight, then finish them with qb_scales_math).
-struct QbRaw {
-  qb_scale_t s[QB_GPC], m[QB_GPC];  // scale; min (QB_OFF 1) or dmin (QB_OFF 2)
-  unsigned char sub[QB_GPC], mins[QB_GPC], zero[QB_GPC];
-};
-
-__device__ __forceinline__ void qb_scales_load(const QbPtrs& p, long long n, int c, QbRaw& r) {
+// The scale, offset and zero (as 2**23 + z: see qb_w8) of each group of chunk c of row n: every group's loads,
+// then the arithmetic.
+__device__ __forceinline__ void qb_scales(const QbPtrs& p, long long n, int c, float (&sv)[QB_GPC], float (&ov)[QB_GPC],
+                                          float (&zv)[QB_GPC]) {
+  struct {
+    qb_scale_t s[QB_GPC], m[QB_GPC];  // scale; min (QB_OFF 1) or dmin (QB_OFF 2)
+    unsigned char sub[QB_GPC], mins[QB_GPC], zero[QB_GPC];
+  } r;  // one struct, not separate arrays: the same operations, but arrays compiled to other SASS (nvdisasm)
 #pragma unroll
   for (int g = 0; g < QB_GPC; ++g) {
     const int k = c * 32 + g * 16;  // first weight of the group's part of this chunk
@@ -49,11 +49,6 @@ __device__ __forceinline__ void qb_scales_load(const QbPtrs& p, long long n, int
     }
     if (QB_ZERO < 0) r.zero[g] = __ldg(p.zero + gi);
   }
-}
-
-// The scale, offset and zero (as 2**23 + z: see qb_w8) of each group, from its loaded data.
-__device__ __forceinline__ void qb_scales_math(const QbRaw& r, float (&sv)[QB_GPC], float (&ov)[QB_GPC],
-                                               float (&zv)[QB_GPC]) {
 #pragma unroll
   for (int g = 0; g < QB_GPC; ++g) {
     float s = fc_val(r.s[g]);
@@ -67,14 +62,6 @@ __device__ __forceinline__ void qb_scales_math(const QbRaw& r, float (&sv)[QB_GP
     ov[g] = o;
     zv[g] = 8388608.0f + (float)(z + (QB_BITS == 8 && QB_SIGNED ? 128 : 0));
   }
-}
-
-// The scale, offset and zero (as 2**23 + z: see qb_w8) of each group of chunk c of row n.
-__device__ __forceinline__ void qb_scales(const QbPtrs& p, long long n, int c, float (&sv)[QB_GPC], float (&ov)[QB_GPC],
-                                          float (&zv)[QB_GPC]) {
-  QbRaw r;
-  qb_scales_load(p, n, c, r);
-  qb_scales_math(r, sv, ov, zv);
 }
 
 // All of this chunk's global loads: the codes (16-byte loads), bit planes, scales. Nothing here

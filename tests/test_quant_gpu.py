@@ -6,8 +6,6 @@ token in fp32. Fresh random data each run; outputs poisoned before each launch."
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 from test_decode_kernels_gpu import dev, host, poisoned
@@ -113,33 +111,6 @@ def test_tensor_core_qgemv_matches_reference(fmt, group, m, warps):
         slack = ulp * (np.abs(y) + np.abs(z) + 2 * np.abs(want) + np.abs(res.astype(np.float64))) + acc
         bad = np.abs(got - want) > slack
         assert not bad.any(), (fmt, m, dt, int(bad.sum()), float(np.abs(got - want).max()))
-
-
-@pytest.mark.parametrize("fmt,group", [("q4_k", 32), ("q6_k", 16), ("q5_0", 32), ("int4", 16), ("uint4", 64)])
-@pytest.mark.parametrize("m", [1, 8])
-@pytest.mark.parametrize("warps,tiles", [(4, 2), (4, 3), (8, 4), (16, 2)])
-def test_tensor_core_qgemv_over_several_tiles_equals_one_tile(fmt, group, m, warps, tiles):
-    """A block that takes several 16-row tiles, copying the next while it computes one, runs the same
-    arithmetic per row as a block of one tile: the same bits (N = 301: 19 tiles, so blocks hold
-    different counts and the last tile is partial)."""
-    n, k = 301, 1536 if quant.FORMATS[fmt].super_block else 1472
-    if quant.FORMATS[fmt].group:
-        qw = sample_weight(fmt, n, k, RNG)
-    else:
-        signed = fmt == "int4"
-        q = RNG.integers(-8, 8, (n, k)).astype(np.int8) if signed else RNG.integers(0, 16, (n, k)).astype(np.uint8)
-        qw = quant.from_affine(q, (RNG.random((n, k // group)) * 0.01 + 1e-3).astype(np.float16),
-                               None if signed else RNG.integers(0, 16, (n, k // group)).astype(np.uint8), 4)
-    for dt in (F16, BF16):
-        x = RNG.standard_normal((m, k)).astype(np.float32).astype(dt.np)
-        bias = RNG.standard_normal(n).astype(np.float32).astype(dt.np)
-        args = [dev(x), *[dev(a) for a in qw.arrays], dev(bias)]
-        one = QGemvSpec(m, n, k, qw.format, qw.group, dt, qw.scale_dtype, Epilogue(True, "silu"), tc=True, warps=warps)
-        want, got = poisoned((m, n), dt), poisoned((m, n), dt)
-        _run(one, [*args, want])
-        _run(dataclasses.replace(one, tiles_per_block=tiles), [*args, got])
-        assert np.array_equal(host(got, dt), host(want, dt)), (fmt, m, dt)
-        assert not np.isnan(host(want, dt).astype(np.float32)).any()
 
 
 @pytest.mark.parametrize("fmt", list(quant.FORMATS))

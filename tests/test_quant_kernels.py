@@ -6,8 +6,6 @@ sm_90; the lowering picks the GEMV for M <= 16 (epilogue fused) and dequantize +
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 
@@ -184,17 +182,6 @@ def test_the_forms_the_rule_picks_do_not_spill(arch):
     assert sum(bool(f.get("tc")) for (_, _, _, f), _ in pending) >= 12  # most of them run on tensor cores
     for what, p in pending:
         assert p.result().binary.spill_bytes == 0, what
-
-
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_tensor_core_form_over_several_tiles_compiles(arch):
-    for fmt, group in (("q4_k", 32), ("q6_k", 16), ("uint4", 64)):
-        spec = QGemvSpec(8, 301, 1536, fmt, group, DType.BF16, DType.F16, Epilogue(bias=True), tc=True, warps=4,
-                         tiles_per_block=3)
-        ck = K.build(spec, arch)
-        assert ck.grid[0] == 7 and ck.shared_mem > K.build(dataclasses.replace(spec, tiles_per_block=1), arch).shared_mem
-    with pytest.raises(ValueError, match="tiles per block"):
-        QGemvSpec(8, 301, 1536, "q4_k", 32, DType.BF16, DType.F16, tiles_per_block=2)  # the FMA form: one tile
 
 
 def test_tensor_core_form_refuses_what_it_cannot_take():

@@ -66,9 +66,8 @@ def qgemv_tc_geometry(K: int, group: int, warps: int, hb: int = 0) -> dict[str, 
         hrs = cpw + (1 - cpw % 2)
     elif hb == 2:
         hrs = 2 * cpw + (2 if cpw % 2 == 0 else 4)
-    stage = warps * 16 * (rsb + 4 * srs + 4 * hrs)
-    smem = max(stage, warps * 16 * 8 * 4)  # one tile a block: the partial sums reuse the copies' space at the end
-    return {"cpw": cpw, "rsb": rsb, "srs": srs, "hrs": hrs, "gpc": gpc, "stage": stage, "smem": smem}
+    smem = max(warps * 16 * (rsb + 4 * srs + 4 * hrs), warps * 16 * 8 * 4)  # the partial sums reuse it at the end
+    return {"cpw": cpw, "rsb": rsb, "srs": srs, "hrs": hrs, "gpc": gpc, "smem": smem}
 
 
 def _qgemv_tc(spec: QGemvSpec) -> Rendered:
@@ -81,19 +80,16 @@ def _qgemv_tc(spec: QGemvSpec) -> Rendered:
            "cpw": geo["cpw"], "rsb": geo["rsb"], "srs": geo["srs"], "gpc": geo["gpc"], "hb": hb, "hrs": geo["hrs"],
            "batch": 8 // geo["gpc"],  # scale pairs whose loads are in flight together (registers: 3 floats a group)
            # 4 and 8 warps: 64 registers a thread, so that 1024 threads fit an SM (a 1B model's gate/up in one wave
-           # of blocks); 16 warps (few blocks), and two-stage blocks (next tile's scale data in registers): 128
-           "min_blocks": 1 if spec.warps == 16 else (16 if spec.tiles_per_block > 1 else 32) // spec.warps,
-           "tiles": spec.tiles_per_block, "ntiles": cdiv(spec.N, 16),
+           # of blocks); 16 warps (few blocks): 128
+           "min_blocks": 1 if spec.warps == 16 else 32 // spec.warps,
            # MAGIC | q = BIAS + q exactly: fp16 1024 (10 mantissa bits), bf16 128 (7); ONE = 1.0 twice
            "magic": 0x64006400 if half else 0x43004300, "bias_value": float_lit(1024.0 if half else 128.0),
            "one": 0x3C003C00 if half else 0x3F803F80,
            "t": ctype(spec.dtype), "bias": spec.epilogue.bias, "act": Ident(spec.epilogue.activation),
            "residual": spec.epilogue.residual, "round_x": _round_fn(spec.dtype),
            **_format_ctx(spec.fmt, spec.group, spec.scale_dtype)}
-    smem = 2 * geo["stage"] if spec.tiles_per_block > 1 else geo["smem"]
-    return Rendered("qgemv_tc.cu.jinja", ctx, (cdiv(cdiv(spec.N, 16), spec.tiles_per_block), 1, 1),
-                    (32 * spec.warps, 1, 1), ("x",) + packed_params(spec.fmt) + _epi_params(spec.epilogue) + ("C",),
-                    shared_mem=smem)
+    return Rendered("qgemv_tc.cu.jinja", ctx, (cdiv(spec.N, 16), 1, 1), (32 * spec.warps, 1, 1),
+                    ("x",) + packed_params(spec.fmt) + _epi_params(spec.epilogue) + ("C",), shared_mem=geo["smem"])
 
 
 @builder(QDequantSpec)

@@ -31,8 +31,7 @@ class QGemvSpec:
     """C[M, N] = epilogue(x[M, K] @ W^T), W [N, K] packed in ``fmt`` (groups of ``group``).
     ``rows``: output rows per warp (1, 2 or 4); ``fold``: scale each 8 weights' partial dot once
     instead of every weight. ``tc``: the tensor-core form instead (templates/qgemv_tc.cu.jinja: 4- to 6-bit
-    formats, M <= 8, fp16/bf16; ``warps`` per block of 16 rows; ``tiles_per_block`` > 1: a block
-    takes that many blocks' rows, copying the next while it computes one; rows and fold unused). Params: x,
+    formats, M <= 8, fp16/bf16; ``warps`` per block of 16 rows; rows and fold unused). Params: x,
     the packed operands (the format's order), [bias], [residual], C."""
 
     M: int
@@ -47,7 +46,6 @@ class QGemvSpec:
     fold: bool = True
     tc: bool = False
     warps: int = 8
-    tiles_per_block: int = 1
 
     def __post_init__(self) -> None:
         _pos(("M", self.M), ("N", self.N), ("K", self.K), ("group", self.group))
@@ -59,8 +57,6 @@ class QGemvSpec:
             _req(tc_fits(self.M, self.fmt, self.dtype), "the tensor-core quantized gemv takes 4- to 6-bit "
                  "formats, M <= 8, fp16/bf16")
             _req(self.warps in (4, 8, 16), "the tensor-core quantized gemv has 4, 8 or 16 warps")
-        _req(isinstance(self.tiles_per_block, int) and 1 <= self.tiles_per_block <= 8
-             and (self.tc or self.tiles_per_block == 1), "tiles per block: 1..8, more than 1 on tensor cores only")
 
 
 def tc_fits(m: int, fmt: str, dtype: DType) -> bool:
