@@ -81,8 +81,7 @@ def _bf16(shape: tuple[int, ...]):  # noqa: ANN202
 
 def _forms(m: int, n: int, qw, variants: bool) -> list[tuple[str, dict]]:  # noqa: ANN001
     """The quantized GEMV's forms to time at M = ``m`` over ``n`` rows of ``qw``'s format and K (bf16 x): the
-    lowering's choice (fusec.lower.quant), or with ``variants`` the FMA form (warps taking 1, 2, 4, 8
-    row groups in turn, the next loaded while one computes, and not) and, where they fit, the
+    lowering's choice (fusec.lower.quant), or with ``variants`` the FMA form and, where they fit, the
     tensor-core form at 4, 8 and 16 warps."""
     from fusec.codegen.specs_quant import tc_fits
     from fusec.lower.quant import gemv_form
@@ -91,8 +90,7 @@ def _forms(m: int, n: int, qw, variants: bool) -> list[tuple[str, dict]]:  # noq
     if not variants:
         return [("qgemv tc" if rule.get("tc") else "qgemv", rule)]
     fma = {"rows": 2 if m <= 8 else 1, "fold": m == 1}
-    forms = [("fma", fma)] + [(f"fma p{p}{' (rule)' if rule.get('pipe') == p else ''}", {**fma, "pipe": p})
-                              for p in (1, 2, 4, 8)]
+    forms = [("fma", fma)]
     if tc_fits(m, qw.format, BF16):
         forms += [(f"tc w{w}{' (rule)' if rule.get('warps') == w else ''}", {**fma, "tc": True, "warps": w})
                   for w in (4, 8, 16)]
@@ -344,8 +342,8 @@ def main() -> int:
     ap.add_argument("--skip", default="", help="comma list of parts to skip: kernels,torch,decode")
     ap.add_argument("--7b", dest="seven_b", action="store_true", help="decode: the 7B Llama shape in Q4_K_M at "
                     "batch 1 (with its share of the packed-weight roofline) instead of the 1B plans")
-    ap.add_argument("--variants", action="store_true", help="kernels: the quantized GEMV's forms (FMA, pipelined over 1-8 "
-                    "row groups and not; tensor cores at 4, 8, 16 warps) on Llama-1B's shapes at M = 1, 2, 3, 4 and 8")
+    ap.add_argument("--variants", action="store_true", help="kernels: the quantized GEMV's forms (FMA; tensor cores "
+                    "at 4, 8, 16 warps) on Llama-1B's shapes at M = 1, 2, 3, 4 and 8")
     ap.add_argument("--qgemv-forms", default="tc", help="decode: the packed plans once per packed-product form "
                     "(comma list of tc, fma: FUSEC_QGEMV_FORM), timed in the same process")
     args = ap.parse_args()

@@ -28,13 +28,14 @@ struct QbChunk {
   float s[QB_GPC], o[QB_GPC], zf[QB_GPC];
 };
 
-// The loaded scale data of a chunk's groups, before any arithmetic on it.
-struct QbScaleRaw {
-  qb_scale_t s[QB_GPC], m[QB_GPC];  // scale; min (QB_OFF 1) or dmin (QB_OFF 2)
-  unsigned char sub[QB_GPC], mins[QB_GPC], zero[QB_GPC];
-};  // one struct, not separate arrays: the same operations, but arrays compiled to other SASS (nvdisasm)
-
-__device__ __forceinline__ void qb_scales_load(const QbPtrs& p, long long n, int c, QbScaleRaw& r) {
+// The scale, offset and zero (as 2**23 + z: see qb_w8) of each group of chunk c of row n: every group's loads,
+// then the arithmetic.
+__device__ __forceinline__ void qb_scales(const QbPtrs& p, long long n, int c, float (&sv)[QB_GPC], float (&ov)[QB_GPC],
+                                          float (&zv)[QB_GPC]) {
+  struct {
+    qb_scale_t s[QB_GPC], m[QB_GPC];  // scale; min (QB_OFF 1) or dmin (QB_OFF 2)
+    unsigned char sub[QB_GPC], mins[QB_GPC], zero[QB_GPC];
+  } r;  // one struct, not separate arrays: the same operations, but arrays compiled to other SASS (nvdisasm)
 #pragma unroll
   for (int g = 0; g < QB_GPC; ++g) {
     const int k = c * 32 + g * 16;  // first weight of the group's part of this chunk
@@ -48,11 +49,6 @@ __device__ __forceinline__ void qb_scales_load(const QbPtrs& p, long long n, int
     }
     if (QB_ZERO < 0) r.zero[g] = __ldg(p.zero + gi);
   }
-}
-
-// The scale, offset and zero (as 2**23 + z: see qb_w8) of each group, from its loaded data.
-__device__ __forceinline__ void qb_scales_math(const QbScaleRaw& r, float (&sv)[QB_GPC], float (&ov)[QB_GPC],
-                                               float (&zv)[QB_GPC]) {
 #pragma unroll
   for (int g = 0; g < QB_GPC; ++g) {
     float s = fc_val(r.s[g]);
@@ -68,71 +64,22 @@ __device__ __forceinline__ void qb_scales_math(const QbScaleRaw& r, float (&sv)[
   }
 }
 
-// The scale, offset and zero (as 2**23 + z: see qb_w8) of each group of chunk c of row n: every group's loads,
-// then the arithmetic.
-__device__ __forceinline__ void qb_scales(const QbPtrs& p, long long n, int c, float (&sv)[QB_GPC], float (&ov)[QB_GPC],
-                                          float (&zv)[QB_GPC]) {
-  QbScaleRaw r;
-  qb_scales_load(p, n, c, r);
-  qb_scales_math(r, sv, ov, zv);
-}
-
-// The codes (16-byte loads) and bit planes of chunk c of row n.
-__device__ __forceinline__ void qb_codes_load(const QbPtrs& p, long long n, int c, uint4& q0, uint4& q1, unsigned int& h0,
-                                              unsigned int& h1) {
-  if (QB_BITS == 8) {
-    const uint4* src = reinterpret_cast<const uint4*>(p.codes + n * QB_K + (long long)c * 32);
-    q0 = __ldg(src);
-    q1 = __ldg(src + 1);
-  } else {
-    q0 = __ldg(reinterpret_cast<const uint4*>(p.codes + n * (QB_K / 2) + (long long)c * 16));
-  }
-  if (QB_BITS == 5 || QB_BITS == 6) {
-    const long long hb = QB_BITS - 4;
-    h0 = __ldg(p.high + (n * QB_NCH + c) * hb);
-    h1 = QB_BITS == 6 ? __ldg(p.high + (n * QB_NCH + c) * hb + 1) : 0u;
-  }
-}
-
 // All of this chunk's global loads: the codes (16-byte loads), bit planes, scales. Nothing here
 // reads the activations, so a kernel can issue these first.
 __device__ __forceinline__ void qb_load(const QbPtrs& p, long long n, int c, QbChunk& ch) {
-  qb_codes_load(p, n, c, ch.q0, ch.q1, ch.h0, ch.h1);
-  qb_scales(p, n, c, ch.s, ch.o, ch.zf);
-}
-
-// A chunk's loads with no arithmetic on them yet (a kernel holds these while they are in flight
-// and computes on the chunk before; qb_cook then makes the QbChunk).
-struct QbChunkRaw {
-  uint4 q0, q1;
-  unsigned int h0, h1;
-  QbScaleRaw r;
-};
-
-__device__ __forceinline__ void qb_load_raw(const QbPtrs& p, long long n, int c, QbChunkRaw& ch) {
-  qb_codes_load(p, n, c, ch.q0, ch.q1, ch.h0, ch.h1);
-  qb_scales_load(p, n, c, ch.r);
-}
-
-// A raw chunk that cooks to zeros (scale 0, offset 0): rows past N, chunks past K (nothing read).
-__device__ __forceinline__ void qb_zero_raw(QbChunkRaw& ch) {
-  ch.q0 = make_uint4(0u, 0u, 0u, 0u);
-  ch.q1 = ch.q0;
-  ch.h0 = ch.h1 = 0u;
-#pragma unroll
-  for (int g = 0; g < QB_GPC; ++g) {
-    fc_set(ch.r.s[g], 0.0f);
-    fc_set(ch.r.m[g], 0.0f);
-    ch.r.sub[g] = ch.r.mins[g] = ch.r.zero[g] = 0;
+  if (QB_BITS == 8) {
+    const uint4* src = reinterpret_cast<const uint4*>(p.codes + n * QB_K + (long long)c * 32);
+    ch.q0 = __ldg(src);
+    ch.q1 = __ldg(src + 1);
+  } else {
+    ch.q0 = __ldg(reinterpret_cast<const uint4*>(p.codes + n * (QB_K / 2) + (long long)c * 16));
   }
-}
-
-__device__ __forceinline__ void qb_cook(const QbChunkRaw& raw, QbChunk& ch) {
-  ch.q0 = raw.q0;
-  ch.q1 = raw.q1;
-  ch.h0 = raw.h0;
-  ch.h1 = raw.h1;
-  qb_scales_math(raw.r, ch.s, ch.o, ch.zf);
+  if (QB_BITS == 5 || QB_BITS == 6) {
+    const long long hb = QB_BITS - 4;
+    ch.h0 = __ldg(p.high + (n * QB_NCH + c) * hb);
+    ch.h1 = QB_BITS == 6 ? __ldg(p.high + (n * QB_NCH + c) * hb + 1) : 0u;
+  }
+  qb_scales(p, n, c, ch.s, ch.o, ch.zf);
 }
 
 // A chunk that dequantizes to zeros (rows past N, chunks past K: nothing is read).

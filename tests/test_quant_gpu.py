@@ -70,29 +70,6 @@ def test_qgemv_epilogue_and_long_rows(fmt, rows, fold):
     assert rel_err(host(out, F32), ref) <= 1e-5
 
 
-@pytest.mark.parametrize("fmt", list(quant.FORMATS))
-@pytest.mark.parametrize("m,rows,fold", [(1, 2, True), (2, 2, False), (3, 1, False), (8, 2, False)])
-def test_pipelined_qgemv_gives_the_same_bits(fmt, m, rows, fold):
-    """Warps taking 1, 3 and 8 row groups in turn (the next round's weights loaded while one
-    computes) give exactly the unpipelined kernel's bits: odd N (the last groups past N), K of one
-    round and of several (11008), bias + SiLU + residual, fp32 and bf16."""
-    for n, k, dt in ((301, 768, BF16), (83, 11008, F32)):
-        qw = sample_weight(fmt, n, k, RNG)
-        x = RNG.standard_normal((m, k)).astype(np.float32).astype(dt.np)
-        bias, res = RNG.standard_normal(n).astype(dt.np), RNG.standard_normal((m, n)).astype(dt.np)
-        epi = Epilogue(True, "silu", True)
-        args = [dev(x), *[dev(a) for a in qw.arrays], dev(bias), dev(res)]
-        outs = {}
-        for pipe in (0, 1, 3, 8):
-            out = poisoned((m, n), dt)
-            _run(QGemvSpec(m, n, k, fmt, qw.group, dt, qw.scale_dtype, epi, rows=rows, fold=fold, pipe=pipe), args + [out])
-            outs[pipe] = host(out, dt)
-        y = x.astype(np.float32) @ qw.dequantize().T + bias.astype(np.float32)
-        assert rel_err(outs[0], y / (1 + np.exp(-y)) + res.astype(np.float32)) <= TOL[dt], (fmt, m, dt)
-        for pipe in (1, 3, 8):
-            assert np.array_equal(outs[pipe].view(np.uint8), outs[0].view(np.uint8)), (fmt, m, n, k, pipe)
-
-
 TC_FORMATS = [(f, g) for f in quant.FORMATS if quant.FORMATS[f].bits < 8
               for g in ((quant.FORMATS[f].group,) if quant.FORMATS[f].group else (16, 64))]
 

@@ -44,11 +44,11 @@ def _qgemv(spec: QGemvSpec) -> Rendered:
     # steps x M rows x 8 FMAs) stays small enough for ptxas (M = 16 with 8 chunks took ~2 minutes)
     unroll = max(1, min(_UNROLL_CHUNKS // spec.rows, 32 // spec.M, cdiv(nch, 32)))
     ctx = {"name": kernel_name("qgemv", spec), "M": spec.M, "N": spec.N, "K": spec.K, "R": spec.rows, "U": unroll,
-           "fold": spec.fold, "pipe": spec.pipe,
+           "fold": spec.fold,
            "t": ctype(spec.dtype), "bias": spec.epilogue.bias, "act": Ident(spec.epilogue.activation),
            "residual": spec.epilogue.residual, "round_x": _round_fn(spec.dtype),
            **_format_ctx(spec.fmt, spec.group, spec.scale_dtype)}
-    return Rendered("qgemv.cu.jinja", ctx, (cdiv(spec.N, 4 * spec.rows * max(1, spec.pipe)), 1, 1), (128, 1, 1),
+    return Rendered("qgemv.cu.jinja", ctx, (cdiv(spec.N, 4 * spec.rows), 1, 1), (128, 1, 1),
                     ("x",) + packed_params(spec.fmt) + _epi_params(spec.epilogue) + ("C",))
 
 

@@ -31,9 +31,7 @@ class QGemvSpec:
     """C[M, N] = epilogue(x[M, K] @ W^T), W [N, K] packed in ``fmt`` (groups of ``group``).
     ``rows``: output rows per warp (1, 2 or 4); ``fold``: scale each 8 weights' partial dot once
     instead of every weight. ``tc``: the tensor-core form instead (templates/qgemv_tc.cu.jinja: 4- to 6-bit
-    formats, M <= 8, fp16/bf16; ``warps`` per block of 16 rows; rows and fold unused). ``pipe`` > 0 (FMA
-    form): each warp takes ``pipe`` groups of ``rows`` rows in turn, loading the next round's packed
-    weights while it computes one (the same sums in the same order as ``pipe`` 0). Params: x,
+    formats, M <= 8, fp16/bf16; ``warps`` per block of 16 rows; rows and fold unused). Params: x,
     the packed operands (the format's order), [bias], [residual], C."""
 
     M: int
@@ -48,7 +46,6 @@ class QGemvSpec:
     fold: bool = True
     tc: bool = False
     warps: int = 8
-    pipe: int = 0
 
     def __post_init__(self) -> None:
         _pos(("M", self.M), ("N", self.N), ("K", self.K), ("group", self.group))
@@ -60,8 +57,6 @@ class QGemvSpec:
             _req(tc_fits(self.M, self.fmt, self.dtype), "the tensor-core quantized gemv takes 4- to 6-bit "
                  "formats, M <= 8, fp16/bf16")
             _req(self.warps in (4, 8, 16), "the tensor-core quantized gemv has 4, 8 or 16 warps")
-        _req(isinstance(self.pipe, int) and 0 <= self.pipe <= 16 and not (self.tc and self.pipe),
-             "pipe: 0..16 row groups a warp, FMA form only")
 
 
 def tc_fits(m: int, fmt: str, dtype: DType) -> bool:
