@@ -27,6 +27,7 @@
 #   qdecode   the packed-weight decode models alone (quant_bench.py --skip kernels,torch), tensor-core and FMA forms
 #   q7b       the 7B Llama shape in Q4_K_M, batch 1 decode and its packed-weight roofline (quant_bench.py --7b)
 #   qncu      Nsight Compute counters of the quantized GEMV's forms, stalls by source line (benchmarks/qgemv_ncu.py)
+#   kvncu     Nsight Compute counters of the decode attention at batch 1 and 8 (benchmarks/kv_ncu.py)
 #   minilm    the MiniLM fine-tune alone (weights from .minilm/, carried: an fp16 copy of the package's)
 #   serve32   fusec serve at 32 clients only, 8 s (benchmarks/serve.py --clients 32)
 #   serve_ab  fusec serve at 32 clients on h11 + asyncio, then on httptools + uvloop (.whl2) at 8 and 32
@@ -118,6 +119,9 @@ for step in "$@"; do
             --section MemoryWorkloadAnalysis_Tables --section SourceCounters \
             python3 benchmarks/qgemv_ncu.py > "$R/qncu.txt" 2>&1
           grep -E "^launch:|fc_qgemv|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|L1/TEX Hit|Mem Busy|Max Bandwidth|Waves Per SM" "$R/qncu.txt" | head -n 90 ;;
+    kvncu) timeout 150 ncu --clock-control none -k regex:fc_kvattn --section SpeedOfLight --section Occupancy \
+             --section WarpStateStats --section LaunchStats --section SchedulerStats python3 benchmarks/kv_ncu.py > "$R/kvncu.txt" 2>&1
+           grep -E "^launch:|fc_kvattn|Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Warp Cycles Per Issued|Block Limit|Waves Per SM|Cluster|No Eligible|Stall" "$R/kvncu.txt" | head -n 80 ;;
     minilm) timeout 300 python3 benchmarks/train.py "$R/train_minilm" --skip speed,parity,accuracy --minilm-dir .minilm > "$R/minilm.txt" 2>&1
             tail -n 5 "$R/minilm.txt" ;;
     serve32) timeout 75 python3 benchmarks/serve.py "$R/serve" --clients 32 --duration 8 > "$R/serve.txt" 2>&1
