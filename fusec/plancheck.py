@@ -77,6 +77,40 @@ def cubin_arch(data: bytes) -> int | None:
     return (flags >> 8) & 0xFF if abi >= 8 else flags & 0xFF
 
 
+def elf_size(data: bytes) -> int | None:
+    """The bytes a 64-bit little-endian ELF's headers say it spans: the end of its program-header table,
+    section-header table and sections with file contents (None: not such an ELF, or a header
+    outside ``data``)."""
+    if len(data) < 64 or data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        return None
+    phoff, shoff = struct.unpack_from("<QQ", data, 0x20)
+    phent, phnum, shent, shnum = struct.unpack_from("<HHHH", data, 0x36)
+    end = max(64, phoff + phent * phnum, shoff + shent * shnum)
+    if shoff + shent * shnum > len(data):
+        return None
+    for i in range(shnum):
+        _, typ, _, _, off, size = struct.unpack_from("<IIQQQQ", data, shoff + i * shent)
+        if typ != 8:  # SHT_NOBITS holds no bytes in the file
+            end = max(end, off + size)
+    return end
+
+
+def complete_cubin(data: bytes) -> bytes:
+    """``data`` with the byte CuPy's ``nvrtc.getCUBIN`` drops restored. CuPy strips the last byte as if
+    it were a string's terminating NUL, but a cubin is an ELF file and that byte is its own: the
+    top byte of the last program header's 64-bit alignment, always 0. The driver loads either
+    (a Python ``bytes`` ends in a hidden NUL), but the short one is not a valid ELF (nvdisasm
+    rejects it). Anything else is returned as it is."""
+    end = elf_size(data)
+    if end is None or end != len(data) + 1:
+        return data
+    phoff, = struct.unpack_from("<Q", data, 0x20)
+    phent, phnum = struct.unpack_from("<HH", data, 0x36)
+    if phnum and phent == 56 and phoff + phent * phnum == end:  # the missing byte ends Elf64_Phdr.p_align
+        return data + b"\0"
+    return data
+
+
 def validate(m: Any, blobs: Mapping[str, Any], where: str, fusec_version: str) -> None:
     """Raise PlanFileError naming the field at the first thing wrong with manifest ``m``."""
     c = FieldCheck(where)

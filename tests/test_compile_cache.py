@@ -32,6 +32,20 @@ def test_compiles_to_cubin_without_gpu(cache: Path) -> None:
     assert b.registers is not None and b.registers > 0
 
 
+def test_the_cubin_is_the_whole_elf_file(cache: Path) -> None:
+    """CuPy's getCUBIN drops the ELF's last byte (as a string terminator): the compiler restores it,
+    so that the headers' extent is the bytes held, for every arch; a short one read back is repaired
+    and anything else is left as it is."""
+    from fusec.plancheck import complete_cubin, elf_size
+
+    for arch in ("sm_80", "sm_90"):
+        b = CC.compile_cuda(SRC % "5.0f", "fc_test_k", arch)
+        assert elf_size(b.cubin) == len(b.cubin), arch
+        assert complete_cubin(b.cubin[:-1]) == b.cubin and complete_cubin(b.cubin) == b.cubin
+        assert complete_cubin(b.cubin[:-2]) == b.cubin[:-2]  # two bytes short: not what CuPy does, left alone
+    assert complete_cubin(b"not an elf") == b"not an elf"
+
+
 def test_memory_then_disk_hit(cache: Path) -> None:
     before = dict(CC.STATS)
     b1 = CC.compile_cuda(SRC % "3.0f", "fc_test_k", "sm_90")

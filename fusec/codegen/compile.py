@@ -164,7 +164,9 @@ def _nvrtc(source: str, kernel: str, options: tuple[str, ...]) -> tuple[bytes, s
                 print(f"--- fusec: source of kernel {kernel} (also in {dump}) ---\n{_numbered(source)}\n"
                       f"--- NVRTC log ---\n{log}", file=sys.stderr)
             raise KernelCompileError(kernel, log, source) from None
-        return bytes(nvrtc.getCUBIN(prog)), nvrtc.getProgramLog(prog)
+        from fusec.plancheck import complete_cubin
+
+        return complete_cubin(bytes(nvrtc.getCUBIN(prog))), nvrtc.getProgramLog(prog)
     finally:
         nvrtc.destroyProgram(prog)
 
@@ -302,7 +304,7 @@ def _cache_unusable(what: str, e: OSError) -> None:
 def _compile_uncached(source: str, kernel: str, arch: str, opts: tuple[str, ...], key: str, use_disk: bool) -> Binary:
     """The disk cache's entry for ``key``, else NVRTC (then written to the disk cache)."""
     path = _entry_path(key)
-    from fusec.plancheck import cubin_arch
+    from fusec.plancheck import complete_cubin, cubin_arch
 
     want_arch = int(re.sub(r"[a-z]$", "", arch[3:]))
     mac_key = b""
@@ -320,7 +322,7 @@ def _compile_uncached(source: str, kernel: str, arch: str, opts: tuple[str, ...]
         if decoded is not None and cubin_arch(decoded[0]) != want_arch:
             decoded = None  # a valid MAC over a cubin for another arch: never load it
         if decoded is not None:
-            b = Binary(decoded[0], decoded[1], key, from_disk=True)
+            b = Binary(complete_cubin(decoded[0]), decoded[1], key, from_disk=True)  # entries written short before
             with _LOCK:
                 STATS["disk_hits"] += 1
                 _MEM[key] = b

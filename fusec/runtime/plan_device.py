@@ -11,6 +11,7 @@ import numpy as np
 from fusec.dtypes import DType
 from fusec.errors import InputError
 from fusec.plan import entry_points as entries
+from fusec.plancheck import complete_cubin
 from fusec.runtime.cublas import Handle
 from fusec.runtime.guard import RunGuard, allocate
 
@@ -42,7 +43,7 @@ class Device:
         self._modules = {}
         for m in self.manifest["modules"]:
             mod = cupy.cuda.function.Module()
-            mod.load(bytes(blob(m["cubin"])))
+            mod.load(complete_cubin(bytes(blob(m["cubin"]))))  # plans saved short before
             self._modules[m["id"]] = mod
         self.functions = []
         for k in self.manifest["kernels"]:
