@@ -218,6 +218,42 @@ def test_kv_attention_loads_old_rows_before_the_wait_only_where_the_program_allo
     assert not _prefetch_case("pos")
 
 
+def test_a_generation_plan_prefetches_old_rows_in_decode_not_in_its_join_entry() -> None:
+    """Compiled for sm_90 (head_dim 64: head_rope writes the caches): each decode attention loads
+    the rows older than the step before its wait (head_rope, the task before it, writes only the
+    rows at pos) and merges its splits through a cluster; the join entry's (a row-indexed cache
+    write before it may rewrite any row) loads nothing before its wait."""
+    import dataclasses
+
+    from fusec.compiler import compile_generation
+    from fusec.genmodel import GenModel
+    from fusec.models.generate import SharedWeights
+    from fusec.models.registry import get_config
+    from fusec.models.weights import RandomWeights
+
+    cfg = dataclasses.replace(get_config("qwen3-tiny"), name="qwen3-pf", hidden_size=128, num_heads=4, num_kv_heads=2,
+                              head_dim=64, intermediate_size=256, num_layers=2)
+    gm = GenModel(cfg, SharedWeights(RandomWeights(7)), None, (), cfg.name)
+    plan = compile_generation(gm, batch=4, max_seq_len=48, prefill_len=8, dtype="bf16", eos_ids=[], arch="sm_90", join=2)
+    man = plan.manifest
+    mods = {m["id"]: m for m in man["modules"]}
+
+    def attention_sources(entry: str) -> list[tuple[str, str]]:
+        ls = man["entries"][entry]["launches"]
+        out = []
+        for i, L in enumerate(ls):
+            mod = mods[man["kernels"][L["kernel"]]["module"]] if "kernel" in L else None
+            if mod is not None and mod["template"] == "kv_attention.cu.jinja":
+                out.append((ls[i - 1]["label"], plan._blobs[mod["source"]].decode()))
+        return out
+
+    decode, join = attention_sources("decode"), attention_sources("join")
+    assert len(decode) == 2 and len(join) == 2
+    assert all("head_rope" in before or "rope" in before for before, _ in decode), [b for b, _ in decode]
+    assert all("#define KV_LD fc_ldcg16" in src and "__cluster_dims__" in src for _, src in decode)
+    assert all("#define KV_LD fc_ldg16" in src for _, src in join)
+
+
 def test_kv_attention_cluster_merge_takes_the_short_caches_on_sm90_only() -> None:
     """A cluster merge where the split count fits twice the cluster size (then at most 8 splits),
     never on sm_80, never for a long cache (its blocks are needed); its kernel takes no partials."""
