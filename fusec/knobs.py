@@ -48,7 +48,7 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          ("tc", "fma")),
     Knob("FUSEC_KV_PREFETCH", "bool", True, "decode attention loads the cache rows older than the step before its "
          "PDL wait, where the program shows the kernel before it does not write them (off: the A/B of "
-         "benchmarks/decode_step.py --kv-prefetch)"),
+         "benchmarks/decode_step.py --ab FUSEC_KV_PREFETCH=0)"),
     Knob("FUSEC_KV_CLUSTER", "bool", True, "decode attention on sm_90 merges up to 8 splits through a thread block "
          "cluster's shared memory instead of global memory and a counter (off: the A/B of decode_step.py --ab)"),
     Knob("FUSEC_PDL", "bool", True, "launch kernels that allow it with programmatic dependent launch (sm_90+)"),

@@ -7,7 +7,6 @@ data so that a write outside the new positions shows. Tolerances ||out - ref|| /
 from __future__ import annotations
 
 import dataclasses
-
 import math
 
 import numpy as np

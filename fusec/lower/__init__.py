@@ -28,14 +28,10 @@ _ALIGN = 256
 _UNKNOWN_EXTENT = 1 << 40  # a raw address of unknown size: everything after it in its space
 
 
-def _pdl_arch(arch: str) -> bool:
-    """Programmatic dependent launch needs sm_90+ (griddepcontrol)."""
+def sm90_or_later(arch: str) -> bool:
+    """Whether ``arch`` has what sm_90 added and the lowering uses: programmatic dependent launch
+    (griddepcontrol) and thread block clusters (distributed shared memory)."""
     return arch.startswith("sm_") and arch[3:5].isdigit() and int(arch[3:].rstrip("abcdefghijklmnopqrstuvwxyz")) >= 90
-
-
-def cluster_arch(arch: str) -> bool:
-    """Thread block clusters (distributed shared memory) need sm_90+, as PDL does."""
-    return _pdl_arch(arch)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,7 +219,7 @@ class Context:
     def emit(self, record: dict[str, Any], reads: list[Any], writes: list[Any], pdl: bool = False) -> None:
         """Append one task (a launch record and the arguments it reads and writes)."""
         # PDL only where the task before is a fusec kernel too (a cuBLAS call or nothing: plain order)
-        pdl = pdl and _pdl_arch(self.arch) and bool(self.tasks) and self.tasks[-1].record.get("type") == "kernel"
+        pdl = pdl and sm90_or_later(self.arch) and bool(self.tasks) and self.tasks[-1].record.get("type") == "kernel"
         self.tasks.append(Task(record, tuple(self.region(a) for a in reads), tuple(self.region(a) for a in writes),
                                self.node, pdl))
 

@@ -9,7 +9,7 @@ from fusec.codegen import specs as S
 from fusec.codegen.build_decode import kv_attention_spec, sample_spec
 from fusec.dtypes import DType
 from fusec.ir import Node
-from fusec.lower import Context, LoweringError, cluster_arch
+from fusec.lower import Context, LoweringError, sm90_or_later
 
 
 def _where(node: Node, label: str) -> str:
@@ -54,7 +54,7 @@ def kv_attention(ctx: Context, node: Node, label: str) -> None:
         spec = kv_attention_spec(B, Hq, Hkv, S_, T, D, q.dtype, float(node.attrs.scale), pos.dtype,
                                  softcap=float(node.attrs.softcap), window=int(node.attrs.window),
                                  prefetch=knobs.get("FUSEC_KV_PREFETCH") and ctx.older_rows_stable((k, v), pos),
-                                 cluster=knobs.get("FUSEC_KV_CLUSTER") and cluster_arch(ctx.arch))
+                                 cluster=knobs.get("FUSEC_KV_CLUSTER") and sm90_or_later(ctx.arch))
     except ValueError as e:
         raise LoweringError(f"{_where(node, label)}: kv_attention of q {list(q.shape)} over k/v {list(k.shape)} "
                             f"({q.dtype.value}): {e}") from None
