@@ -30,6 +30,7 @@
 #   qdecode   the packed-weight decode models alone (quant_bench.py --skip kernels,torch), tensor-core and FMA forms
 #   q7b       the 7B Llama shape in Q4_K_M, batch 1 decode and its packed-weight roofline (quant_bench.py --7b)
 #   qncu      Nsight Compute counters of the quantized GEMV's forms, stalls by source line (benchmarks/qgemv_ncu.py)
+#   pncu      Nsight Compute counters of one layer's skinny products as a Qwen3-0.6B batch-1 plan launches them (benchmarks/plan_ncu.py)
 #   kvncu     Nsight Compute counters of the decode attention at batch 1 and 8 (benchmarks/kv_ncu.py)
 #   minilm    the MiniLM fine-tune alone (weights from .minilm/, carried: an fp16 copy of the package's)
 #   serve32   fusec serve at 32 clients only, 8 s (benchmarks/serve.py --clients 32)
@@ -129,6 +130,14 @@ for step in "$@"; do
             --section MemoryWorkloadAnalysis_Tables --section SourceCounters \
             python3 benchmarks/qgemv_ncu.py > "$R/qncu.txt" 2>&1
           grep -E "^launch:|fc_qgemv|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|L1/TEX Hit|Mem Busy|Max Bandwidth|Waves Per SM" "$R/qncu.txt" | head -n 90 ;;
+    pncu) timeout 200 ncu --clock-control none -k regex:fc_gemv --launch-skip 20 --launch-count 4 --section SpeedOfLight \
+            --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats \
+            --section SchedulerStats python3 benchmarks/plan_ncu.py 1 > "$R/pncu.txt" 2>&1
+          FUSEC_GEMV_RESIDENT=0 FUSEC_SMEM_CARVEOUT=-1 timeout 200 ncu --clock-control none -k regex:fc_gemv --launch-skip 20 \
+            --launch-count 4 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
+            --section LaunchStats --section SchedulerStats python3 benchmarks/plan_ncu.py 1 > "$R/pncu_ring.txt" 2>&1
+          grep -E "fc_gemv|Duration|DRAM Throughput|Warp Cycles Per Issued|Stall" "$R/pncu_ring.txt" | head -n 60
+          grep -E "^decode launches|fc_gemv|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Warp Cycles Per Issued|Block Limit|Waves Per SM|No Eligible|Stall|L2 Hit|Mem Busy|Max Bandwidth|Dynamic Shared" "$R/pncu.txt" | head -n 120 ;;
     kvncu) timeout 150 ncu --clock-control none -k regex:fc_kvattn --section SpeedOfLight --section Occupancy \
              --section WarpStateStats --section LaunchStats --section SchedulerStats python3 benchmarks/kv_ncu.py > "$R/kvncu.txt" 2>&1
            grep -E "^launch:|fc_kvattn|Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Warp Cycles Per Issued|Block Limit|Waves Per SM|Cluster|No Eligible|Stall" "$R/kvncu.txt" | head -n 80 ;;
