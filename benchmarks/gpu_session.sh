@@ -14,9 +14,6 @@
 #   step_q    Qwen3-0.6B decode step (and prefill time), PDL vs plain, batch 1 and 8, the GEMV's ring form vs its register form (benchmarks/decode_step.py)
 #   step_kv   Qwen3-0.6B (batch 1, 8) and the Llama-1B shape (batch 1) decode steps: the default, without the attention's
 #             cluster merge (FUSEC_KV_CLUSTER=0), without that and its older cache rows loaded before the PDL wait
-#   step_res  Qwen3-0.6B (batch 1, 8) decode steps: the default (products resident in shared memory, one carveout
-#             for every kernel) against the ring and the driver's carveouts, each alone and both, and a share of 1
-#   step_resl the Llama-1B shape (batch 1): the default against the ring with and without the driver's carveouts
 #   kvtests   the decode attention's and the plans' GPU tests (kernels, PDL, generation, join)
 #   step_l    the Llama-3.2-1B shape, batch 1, ring vs register form
 #   peer      Qwen3-0.6B decode and prefill vs the gpt-fast-style torch peer (benchmarks/decode.py --quick)
@@ -93,13 +90,6 @@ for step in "$@"; do
              tail -n 4 "$R/step_kv.txt" | cut -c 1-3000
              timeout 150 python3 benchmarks/decode_step.py "$R/step_kvl" --model llama-1b --batches 1 --context 32 --ab FUSEC_KV_CLUSTER=0 --ab FUSEC_KV_CLUSTER=0+FUSEC_KV_PREFETCH=0 > "$R/step_kvl.txt" 2>&1
              tail -n 3 "$R/step_kvl.txt" | cut -c 1-3000 ;;
-    step_res) timeout 420 python3 benchmarks/decode_step.py "$R/step_res" --model qwen3-0.6b --batches 1,8 \
-                --ab FUSEC_SMEM_CARVEOUT=-1+FUSEC_GEMV_RESIDENT=0 --ab FUSEC_GEMV_RESIDENT=0 --ab FUSEC_SMEM_CARVEOUT=-1 \
-                --ab FUSEC_GEMV_RESIDENT=1 > "$R/step_res.txt" 2>&1
-              tail -n 4 "$R/step_res.txt" | cut -c 1-3000 ;;
-    step_resl) timeout 150 python3 benchmarks/decode_step.py "$R/step_resl" --model llama-1b --batches 1 --context 32 \
-                 --ab FUSEC_SMEM_CARVEOUT=-1+FUSEC_GEMV_RESIDENT=0 --ab FUSEC_GEMV_RESIDENT=0 > "$R/step_resl.txt" 2>&1
-               tail -n 3 "$R/step_resl.txt" | cut -c 1-3000 ;;
     kvtests) timeout 200 $PT -n 8 tests/test_decode_kernels_gpu.py tests/test_pdl_gpu.py tests/test_generation_gpu.py \
                tests/test_generation_join_gpu.py tests/test_generation_families_gpu.py > "$R/t_kv.txt" 2>&1
              grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_kv.txt" | tail -n 12 ;;
@@ -133,10 +123,10 @@ for step in "$@"; do
     pncu) timeout 200 ncu --clock-control none -k regex:fc_gemv --launch-skip 20 --launch-count 4 --section SpeedOfLight \
             --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats \
             --section SchedulerStats python3 benchmarks/plan_ncu.py 1 > "$R/pncu.txt" 2>&1
-          FUSEC_GEMV_RESIDENT=0 FUSEC_SMEM_CARVEOUT=-1 timeout 200 ncu --clock-control none -k regex:fc_gemv --launch-skip 20 \
+          FUSEC_GEMV_FORM=register timeout 200 ncu --clock-control none -k regex:fc_gemv --launch-skip 20 \
             --launch-count 4 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
-            --section LaunchStats --section SchedulerStats python3 benchmarks/plan_ncu.py 1 > "$R/pncu_ring.txt" 2>&1
-          grep -E "fc_gemv|Duration|DRAM Throughput|Warp Cycles Per Issued|Stall" "$R/pncu_ring.txt" | head -n 60
+            --section LaunchStats --section SchedulerStats python3 benchmarks/plan_ncu.py 1 > "$R/pncu_reg.txt" 2>&1
+          grep -E "fc_gemv|Duration|DRAM Throughput|Warp Cycles Per Issued|Stall" "$R/pncu_reg.txt" | head -n 60
           grep -E "^decode launches|fc_gemv|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Warp Cycles Per Issued|Block Limit|Waves Per SM|No Eligible|Stall|L2 Hit|Mem Busy|Max Bandwidth|Dynamic Shared" "$R/pncu.txt" | head -n 120 ;;
     kvncu) timeout 150 ncu --clock-control none -k regex:fc_kvattn --section SpeedOfLight --section Occupancy \
              --section WarpStateStats --section LaunchStats --section SchedulerStats python3 benchmarks/kv_ncu.py > "$R/kvncu.txt" 2>&1

@@ -6,7 +6,7 @@ epilogue, residual; the kernel selection's form), one layer's worth (a script, n
         --section MemoryWorkloadAnalysis --section WarpStateStats python3 benchmarks/plan_ncu.py [BATCH]
 
 The plan runs with plain launches (FUSEC_PDL=0): Nsight Compute serializes kernels anyway. Knobs
-set in the environment (FUSEC_GEMV_FORM, FUSEC_GEMV_RESIDENT, ...) shape the plan as they would any
+set in the environment (FUSEC_GEMV_FORM, ...) shape the plan as they would any
 compile."""
 
 from __future__ import annotations

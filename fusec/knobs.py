@@ -43,12 +43,6 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("FUSEC_LT_PICK", "bool", False, "time cuBLASLt's candidate algorithms when a plan is loaded on a GPU"),
     Knob("FUSEC_GEMV_FORM", "choice", "ring", "how decode products stream their weights: a shared-memory ring "
          "(the default) or two register buffers (the A/B of benchmarks/decode_step.py --gemv-forms)", ("ring", "register")),
-    Knob("FUSEC_GEMV_RESIDENT", "float", 0.5, "share (0..1) of the GPU's shared memory and registers a decode "
-         "product may take to hold its whole weights, loaded before its PDL wait (0: every product streams through "
-         "the ring; the A/B of benchmarks/decode_step.py --ab FUSEC_GEMV_RESIDENT=0)"),
-    Knob("FUSEC_SMEM_CARVEOUT", "int", 100, "the shared-memory share (percent of the most an SM has) every kernel "
-         "of a plan asks for: one split for all, so that a kernel's blocks can be resident beside the one before it "
-         "under PDL (an SM changes its split only when idle); -1: the driver's choice per kernel"),
     Knob("FUSEC_QGEMV_FORM", "choice", "tc", "how decode products over packed 4- to 6-bit weights compute: on "
          "tensor cores (the default where they fit) or with fp32 FMAs (the A/B of benchmarks/quant_bench.py --qgemv-forms)",
          ("tc", "fma")),

@@ -24,71 +24,18 @@ SHAPES = [(4096, 1024, False), (1024, 2048, False), (6144, 1024, True), (1024, 3
 
 @pytest.mark.parametrize("dt", [DType.BF16, DType.F16, DType.F32])
 @pytest.mark.parametrize("n,k,glu", SHAPES)
-def test_the_rule_spreads_tiles_over_one_wave_of_blocks_that_fit(n: int, k: int, glu: bool, dt: DType,
-                                                                monkeypatch) -> None:  # noqa: ANN001
-    """With the resident form off, every product streams through the 3-stage ring."""
-    monkeypatch.setenv("FUSEC_GEMV_RESIDENT", "0")
+def test_the_rule_spreads_tiles_over_one_wave_of_blocks_that_fit(n: int, k: int, glu: bool, dt: DType) -> None:
     form = gemv_form(n, k, dt, glu)
     stages, tpb = form["stages"], form["tiles_per_block"]
     spec = S.GemvSpec(1, n, k, dt, glu="silu" if glu else "", **form)
     slots = _SMS * gemv_blocks_per_sm(k, dt, stages)
-    assert stages == 3 and 1 <= tpb <= 4
+    assert stages >= 2 and 1 <= tpb <= 4
     # the fewest tiles per block (at most 4) that keep the grid within one wave of resident blocks
     assert spec.grid <= slots or tpb == 4
     assert tpb == 1 or cdiv(spec.tiles, tpb - 1) > slots
     r, _ = prepare(spec)
     assert r.shared_mem == gemv_ring_bytes(k, dt, stages) <= 227 * 1024
     assert r.grid[0] == spec.grid == cdiv(spec.tiles, tpb)
-
-
-@pytest.mark.parametrize("dt", [DType.BF16, DType.F16, DType.F32])
-@pytest.mark.parametrize("n,k,glu", SHAPES)
-@pytest.mark.parametrize("share", [0.25, 0.5, 1.0])
-def test_products_that_fit_in_the_share_hold_their_whole_weights(n: int, k: int, glu: bool, dt: DType, share: float,
-                                                                 monkeypatch) -> None:  # noqa: ANN001
-    """A product whose weights fit in the share of the GPU's shared memory takes the resident form
-    in the fewest blocks whose shared memory and registers stay within the share; the others stream."""
-    monkeypatch.setenv("FUSEC_GEMV_RESIDENT", str(share))
-    form = gemv_form(n, k, dt, glu)
-    spec = S.GemvSpec(1, n, k, dt, glu="silu" if glu else "", **form)
-    warps, _, kg, _ = S.gemv_geometry(k, dt)
-    stage = gemv_ring_bytes(k, dt, 1)
-    regs = 32 * warps * (128 if dt in S.HALFS else 160)
-    smem_sm, regs_sm = 228 * 1024 * _SMS, 65536 * _SMS
-    fits = spec.tiles * kg * stage <= share * smem_sm
-
-    def within(tpb: int) -> bool:
-        blocks = cdiv(spec.tiles, tpb)
-        return blocks * regs <= share * regs_sm and blocks * (tpb * kg * stage + 32 * warps * 16 + 1024) <= share * smem_sm
-
-    possible = [t for t in range(1, 4 // kg + 1) if within(t)]
-    if fits and possible:
-        assert spec.resident and form == {"stages": possible[0] * kg, "tiles_per_block": possible[0]}
-        r, src = prepare(spec)
-        assert r.shared_mem == gemv_ring_bytes(k, dt, spec.stages) <= 227 * 1024
-        assert _define(src, "PRE") == spec.stages
-    else:
-        assert form["stages"] == 3
-    if (n, k) in ((4096, 1024), (6144, 1024), (1024, 3072), (1024, 2048)) and dt == DType.BF16 and share == 0.5:
-        assert spec.resident  # Qwen3-0.6B's four products
-    if (n, k) in ((151936, 1024), (128256, 2048), (16384, 2048)):
-        assert not spec.resident  # the LM heads and Llama-1B's gate/up stream
-
-
-def test_the_share_must_be_a_fraction(monkeypatch) -> None:  # noqa: ANN001
-    monkeypatch.setenv("FUSEC_GEMV_RESIDENT", "1.5")
-    with pytest.raises(InputError, match="FUSEC_GEMV_RESIDENT"):
-        gemv_form(4096, 1024, DType.BF16)
-
-
-def test_a_resident_block_stages_its_whole_stream_before_the_wait() -> None:
-    """The kernel issues every stage before the PDL wait where the ring holds the stream, S - 1 else;
-    1 stage is valid only where it holds the stream."""
-    for stages, tpb, k, pre in ((1, 1, 1024, 1), (2, 2, 1024, 2), (3, 1, 1024, 3), (3, 4, 1024, 2), (2, 1, 3072, 2)):
-        _, src = prepare(S.GemvSpec(1, 4096, k, DType.BF16, stages=stages, tiles_per_block=tpb))
-        assert _define(src, "PRE") == pre
-    with pytest.raises(ValueError, match="stages"):
-        S.GemvSpec(1, 4096, 3072, DType.BF16, stages=1, tiles_per_block=1)  # two k groups: 1 stage cannot hold them
 
 
 def test_the_knob_picks_the_register_form(monkeypatch) -> None:  # noqa: ANN001

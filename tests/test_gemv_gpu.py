@@ -138,23 +138,6 @@ def test_gemv_several_k_groups(dt: DType) -> None:
 
 
 @pytest.mark.parametrize("dt", FLOATS)
-@pytest.mark.parametrize("tpb", [1, 2, 3])
-def test_gemv_resident_ring_equals_register_buffers(dt: DType, tpb: int) -> None:
-    """The resident form (the ring holds each block's whole stream: stages = tiles per block x k
-    groups, 1 stage included, every copy issued before the wait) gives the register form's bits,
-    with a last block holding fewer tiles."""
-    for M, N, K, kw in ((1, 4096, 1024, {}), (3, 77, 72, {"epilogue": S.Epilogue(bias=True, residual=True)}),
-                        (5, 136, 520, {"norm": True}), (8, 2 * 100, 1024, {"norm": True, "glu": "silu"}),
-                        (2, 1001, 64, {"norm": True, "argmax": True}), (4, 520, 3072, {"norm": True})):
-        kg = S.gemv_geometry(K, dt)[2]
-        if tpb * kg > S.GEMV_MAX_STAGES:
-            continue
-        spec = S.GemvSpec(M, N, K, dt, stages=tpb * kg, tiles_per_block=tpb, **kw)  # type: ignore[arg-type]
-        assert spec.resident
-        _gemv(dt, M, N, K, ring=(tpb * kg, tpb), **kw)
-
-
-@pytest.mark.parametrize("dt", FLOATS)
 @pytest.mark.parametrize("stages,tpb", [(2, 1), (3, 3), (4, 8), (4, 2)])
 def test_gemv_ring_equals_register_buffers(dt: DType, stages: int, tpb: int) -> None:
     """The shared-memory ring (stages, several tiles per block, a last block with fewer tiles)

@@ -49,7 +49,14 @@ def _gemm(spec: S.GemmSpec) -> Rendered:
 _SMEM_PER_SM = 228 * 1024  # sm_80 164 KB, sm_90 228 KB: the larger; a ring that does not fit runs fewer blocks
 
 
-gemv_geometry = S.gemv_geometry  # the block shape (fusec.codegen.specs: the spec validates with it)
+def gemv_geometry(K: int, dtype: DType) -> tuple[int, int, int, int]:
+    """The skinny product's block shape for a row length K: (warps, chunks a lane holds per k
+    group, k groups, 64-wide k chunks)."""
+    nch = cdiv(K, 64)  # 64-wide k chunks
+    cmax = 4 if dtype in S.HALFS else 2  # chunks a lane holds per k group: 64 (fp32 128) bytes, x 2 buffers
+    kg = cdiv(nch, 8 * cmax)  # k groups of at most 8 warps
+    warps = max(4, cdiv(nch, cmax * kg))  # >= 4: the epilogue takes one thread per output of a tile
+    return warps, cdiv(nch, warps * kg), kg, nch
 
 
 def gemv_ring_bytes(K: int, dtype: DType, stages: int) -> int:
@@ -68,59 +75,21 @@ def gemv_blocks_per_sm(K: int, dtype: DType, stages: int) -> int:
 
 
 GEMV_STAGES = 3
-_REGS_PER_SM = 65536
-_REG_FLOOR = 128  # registers a thread of the tensor-core form is budgeted (gemv_blocks_per_sm)
-
-
-def gemv_resident_form(N: int, K: int, dtype: DType, share: float) -> dict[str, int] | None:
-    """The resident form where the product's whole weights fit in ``share`` of the GPU's shared memory
-    (132 SMs): each block loads all of its tiles into shared memory before its PDL wait, while the
-    kernel before it still runs, in the fewest blocks (at most 4 stages each) whose registers and
-    shared memory stay within ``share`` of the machine's, so that the kernel after it can be
-    resident beside it and load its own weights the same way. None where it does not fit (the LM
-    head, Llama-1B's MLP): those stream through the 3-stage ring.
-
-    Why: in a decode step the ring's products ran at 1.3 TB/s, a third of the copy bandwidth
-    (H200, Qwen3-0.6B batch 1): each filled the machine with blocks of 3 stages it did not use (a
-    block with one tile uses one), so the next product's blocks could not become resident, and
-    its weights were loaded only as this one's blocks exited."""
-    warps, _, kg, _ = gemv_geometry(K, dtype)
-    tiles = cdiv(N, 8)  # a gated unit has the same tiles (4 rows of each half)
-    stage = gemv_ring_bytes(K, dtype, 1)
-    threads = 32 * warps
-    regs = threads * (_REG_FLOOR if dtype in S.HALFS else 160)
-    if share <= 0 or tiles * kg * stage > share * _SMS * _SMEM_PER_SM:
-        return None
-    for tpb in range(1, S.GEMV_MAX_STAGES // kg + 1):
-        blocks = cdiv(tiles, tpb)
-        smem = tpb * kg * stage + 32 * warps * 16 + 1024  # the ring, the partial sums, the block's reserve
-        if blocks * regs <= share * _SMS * _REGS_PER_SM and blocks * smem <= share * _SMS * _SMEM_PER_SM:
-            return {"stages": tpb * kg, "tiles_per_block": tpb}
-    return None
 
 
 def gemv_form(N: int, K: int, dtype: DType, glu: bool = False) -> dict[str, int]:
-    """The form of the skinny product decode plans use (``GemvSpec``'s stages and tiles_per_block).
-
-    A product whose weights fit in half the GPU's shared memory (``FUSEC_GEMV_RESIDENT``: the share)
-    takes the resident form (``gemv_resident_form``). Larger ones stream through the shared-memory
-    ring of 3 stages, a block taking up to 4 tiles, as many as spread the tiles over one wave of
-    resident blocks (132 SMs). Measured on an H200 (benchmarks/RESULTS.md, fifth session; each
-    product alone, PDL, weights cycled past L2) against the register form, at M = 1: Llama-1B's LM
-    head 123 us against 176 (cuBLAS 126), gate/up 18.2 against 22.4. The same form serves every
-    M <= 16."""
+    """The form of the skinny product decode plans use (``GemvSpec``'s stages and tiles_per_block):
+    the shared-memory ring of 3 stages, a block taking up to 4 tiles, as many as spread the tiles
+    over one wave of resident blocks (132 SMs). Measured on an H200 (benchmarks/RESULTS.md, fifth
+    session; each product alone, PDL, weights cycled past L2) against the register form, at M = 1:
+    Llama-1B's LM head 123 us against 176 (cuBLAS 126), gate/up 18.2 against 22.4, Qwen3-0.6B's
+    qkv 3.3 against 3.8; only Qwen3's o_proj was slower (2.58 against 2.46 us). M = 8 was measured
+    without the norm prologue (x re-read per tile); there the ring was slower on two of ten shapes,
+    by up to 1 us. The same form serves every M <= 16."""
     from fusec import knobs
 
     if knobs.get("FUSEC_GEMV_FORM") == "register":
         return {"stages": 0, "tiles_per_block": 1}
-    share = knobs.get("FUSEC_GEMV_RESIDENT")
-    if not 0 <= share <= 1:
-        from fusec.errors import InputError
-
-        raise InputError(f"environment variable FUSEC_GEMV_RESIDENT={share} must be a share from 0 to 1")
-    resident = gemv_resident_form(N, K, dtype, share)
-    if resident is not None:
-        return resident
     tiles = cdiv(N // 2, 4) if glu else cdiv(N, 8)
     slots = _SMS * gemv_blocks_per_sm(K, dtype, GEMV_STAGES)
     return {"stages": GEMV_STAGES, "tiles_per_block": max(1, min(4, cdiv(tiles, slots)))}
@@ -141,16 +110,11 @@ def _gemv(spec: S.GemvSpec) -> Rendered:
         # (up to 8 rows: with 16, those registers spill)
         "fast_norm": spec.norm and spec.dtype in S.HALFS and kg == 1 and spec.M <= 8,
         "stages": spec.stages,
-        # stages loaded before the PDL wait: the whole stream where the ring holds it, else S - 1
-        "pre": spec.stages if spec.resident else max(spec.stages - 1, 0),
     }
     if spec.argmax:
         ctx.update(seed_t=ctype(spec.seed_dtype), ctr_t=ctype(spec.counter_dtype))
     params = ("x", "W") + (("g",) if spec.norm else ()) + _epi_params(e) + ("C",) \
         + (("seed", "counter", "temperature", "part") if spec.argmax else ())
     ring = gemv_ring_bytes(spec.K, spec.dtype, spec.stages)
-    if spec.resident:  # registers as the rule budgets them (its blocks share the SMs with the next kernel's)
-        ctx["min_blocks"] = max(1, _REGS_PER_SM // (32 * warps * (_REG_FLOOR if spec.dtype in S.HALFS else 160)))
-    else:
-        ctx["min_blocks"] = gemv_blocks_per_sm(spec.K, spec.dtype, spec.stages) if spec.stages else 0
+    ctx["min_blocks"] = gemv_blocks_per_sm(spec.K, spec.dtype, spec.stages) if spec.stages else 0
     return Rendered("gemv.cu.jinja", ctx, (spec.grid, 1, 1), (32 * warps, 1, 1), params, shared_mem=ring)

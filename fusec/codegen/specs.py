@@ -342,16 +342,6 @@ GEMV_MAX_M = 16
 GEMV_MAX_STAGES = 4  # 4 stages of the largest (33 KB) fit the 163 KB of shared memory an sm_80 block may have
 
 
-def gemv_geometry(K: int, dtype: DType) -> tuple[int, int, int, int]:
-    """The skinny product's block shape for a row length K: (warps, chunks a lane holds per k
-    group, k groups, 64-wide k chunks)."""
-    nch = -(-K // 64)  # 64-wide k chunks
-    cmax = 4 if dtype in HALFS else 2  # chunks a lane holds per k group: 64 (fp32 128) bytes, x 2 buffers
-    kg = -(-nch // (8 * cmax))  # k groups of at most 8 warps
-    warps = max(4, -(-nch // (cmax * kg)))  # >= 4: the epilogue takes one thread per output of a tile
-    return warps, -(-nch // (warps * kg)), kg, nch
-
-
 @dataclasses.dataclass(frozen=True)
 class GemvSpec:
     """Skinny product for M <= 16 (decode): C[M, Nout] = epilogue(xn[M, K] @ W^T), W stored [N, K]
@@ -369,8 +359,7 @@ class GemvSpec:
     A tile is 8 weight rows (4 rows of each half for ``glu``). ``stages`` 0: one block per tile, its
     weights read through two register buffers; ``stages`` S >= 2: a block computes up to
     ``tiles_per_block`` tiles, streaming their weights through an S-stage shared-memory ring
-    (cp.async; S - 1 stages in flight). ``resident``: the ring holds a block's whole stream (S >= tiles
-    x k groups; then S may be 1), all of it loaded before the PDL wait. Params: x, W, [g], [bias], [residual], C,
+    (cp.async; S - 1 stages in flight). Params: x, W, [g], [bias], [residual], C,
     [seed, counter, temperature, part]."""
 
     M: int
@@ -392,9 +381,8 @@ class GemvSpec:
     def __post_init__(self) -> None:
         _pos(("M", self.M), ("N", self.N), ("K", self.K), ("tiles_per_block", self.tiles_per_block))
         _req(self.M <= GEMV_MAX_M, f"gemv handles M <= {GEMV_MAX_M}")
-        _req(self.stages == 0 or (1 <= self.stages <= GEMV_MAX_STAGES and (self.stages >= 2 or self.resident)),
-             f"gemv stages must be 0 (register buffers) or 2..{GEMV_MAX_STAGES} (a shared-memory ring), or 1 "
-             "where that stage holds a block's whole stream")
+        _req(self.stages == 0 or 2 <= self.stages <= GEMV_MAX_STAGES,
+             f"gemv stages must be 0 (register buffers) or 2..{GEMV_MAX_STAGES} (a shared-memory ring)")
         _req(self.stages > 0 or self.tiles_per_block == 1, "gemv: several tiles per block need the ring (stages >= 2)")
         _req(self.dtype in FLOATS, "gemv is float")
         _req(self.K % (16 // self.dtype.itemsize) == 0, "gemv reads 16-byte slices of each weight row: K must be "
@@ -409,11 +397,6 @@ class GemvSpec:
     @property
     def n_out(self) -> int:
         return self.N // 2 if self.glu else self.N
-
-    @property
-    def resident(self) -> bool:
-        """The ring holds each block's whole stream (tiles x k groups): every stage is loaded before the wait."""
-        return self.stages > 0 and self.stages >= self.tiles_per_block * gemv_geometry(self.K, self.dtype)[2]
 
     @property
     def tiles(self) -> int:

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from fusec.errors import FusecError, InputError
+from fusec.errors import FusecError
 from fusec.ir import Graph, Node, Value
 from fusec.program import Region, Task
 
@@ -135,11 +135,6 @@ class Context:
         self.blobs: dict[str, bytes] = {}
         self._kernel_index: dict[str, int] = {}
         self._progress = progress
-        from fusec import knobs
-
-        self.carveout = int(knobs.get("FUSEC_SMEM_CARVEOUT"))  # percent, -1: the driver's choice per kernel
-        if not -1 <= self.carveout <= 100:
-            raise InputError(f"environment variable FUSEC_SMEM_CARVEOUT={self.carveout} must be -1 or a percent 0..100")
         self.pending: list[tuple[str, Any]] = []  # (blob name, PendingKernel) still compiling
         self.counts: dict[str, int] = {}
         self.launch_bytes: list[int] = []  # per launch: bytes of the distinct values it reads/writes
@@ -257,10 +252,7 @@ class Context:
             self.modules.append({"id": mid, "cubin": f"cubin/{mid}", "source": f"source/{mid}", "entry": ck.name,
                                  "template": ck.template})
             idx = len(self.kernels)
-            rec = {"module": mid, "entry": ck.name, "smem": ck.shared_mem}
-            if self.carveout >= 0:  # every kernel of the plan with one shared-memory split (fusec.knobs)
-                rec["carveout"] = self.carveout
-            self.kernels.append(rec)
+            self.kernels.append({"module": mid, "entry": ck.name, "smem": ck.shared_mem})
             self._kernel_index[ck.name] = idx
         else:  # a kernel this plan has already: the future of its first use is the one collected
             from fusec.codegen.compile import abandon

@@ -18,8 +18,7 @@ Manifest schema (the lowering writes it; see ``fusec.codegen.lower``):
   inputs/outputs: [{"name", "shape", "dtype", "offset"}]   (offsets into the arena)
   memory: {"arena_bytes", "weights_bytes"}
   modules: [{"id", "cubin": blob name, "source": blob name}]
-  kernels: [{"module": module id, "entry": function name, "smem": dynamic shared bytes,
-             optional "carveout": the SM's shared-memory share in percent}]
+  kernels: [{"module": module id, "entry": function name, "smem": dynamic shared bytes}]
   launches: [{"type": "kernel", "kernel": idx, "grid": [x,y,z], "block": [x,y,z], "smem",
               "args": [["ptr", "arena"|"weights", byte_offset] | ["i32"|"i64"|"f32", value]],
               "label": text}

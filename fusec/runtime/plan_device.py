@@ -52,9 +52,6 @@ class Device:
                 # opt in to the dynamic shared memory asked for: without it, static + dynamic must
                 # stay within 48 KB (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8)
                 cupy.cuda.driver.funcSetAttribute(fn.ptr, 8, int(k["smem"]))
-            if "carveout" in k:  # the shared-memory share of the SM's L1 the plan asks for, in percent
-                # (CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT = 9)
-                cupy.cuda.driver.funcSetAttribute(fn.ptr, 9, int(k["carveout"]))
             self.functions.append(fn)
         # programmatic dependent launch: launch records that allow it overlap the kernel before them,
         # unless FUSEC_PDL=0 or cuda-bindings is missing (then every launch is plain: same results)
