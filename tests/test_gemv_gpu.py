@@ -138,6 +138,20 @@ def test_gemv_several_k_groups(dt: DType) -> None:
 
 
 @pytest.mark.parametrize("dt", FLOATS)
+@pytest.mark.parametrize("spread", [2, 4])
+def test_gemv_spread_over_more_warps(dt: DType, spread: int) -> None:
+    """A k group spread over 2 or 4 times the warps (fewer chunks a lane): against float64 and, ring
+    against register buffers of the same geometry, bit for bit; norm (fast and two-pass), gated,
+    argmax, several k groups, odd sizes."""
+    _gemv(dt, 1, 4096, 1024, ring=(3, 2), spread=spread, norm=True)
+    _gemv(dt, 3, 77, 72, ring=(3, 1), spread=spread, epilogue=S.Epilogue(bias=True, activation="silu", residual=True))
+    _gemv(dt, 8, 2 * 100, 1024, ring=(2, 3), spread=spread, norm=True, glu="silu", epilogue=S.Epilogue(residual=True))
+    _gemv(dt, 2, 1001, 64, ring=(3, 4), spread=spread, norm=True, argmax=True)
+    _gemv(dt, 16, 520, 3072, ring=(3, 1), spread=spread, norm=True, epilogue=S.Epilogue(residual=True))
+    _gemv(dt, 5, 136, 8200, ring=(4, 2), spread=spread)
+
+
+@pytest.mark.parametrize("dt", FLOATS)
 @pytest.mark.parametrize("stages,tpb", [(2, 1), (3, 3), (4, 8), (4, 2)])
 def test_gemv_ring_equals_register_buffers(dt: DType, stages: int, tpb: int) -> None:
     """The shared-memory ring (stages, several tiles per block, a last block with fewer tiles)

@@ -49,29 +49,23 @@ def _gemm(spec: S.GemmSpec) -> Rendered:
 _SMEM_PER_SM = 228 * 1024  # sm_80 164 KB, sm_90 228 KB: the larger; a ring that does not fit runs fewer blocks
 
 
-def gemv_geometry(K: int, dtype: DType) -> tuple[int, int, int, int]:
-    """The skinny product's block shape for a row length K: (warps, chunks a lane holds per k
-    group, k groups, 64-wide k chunks)."""
-    nch = cdiv(K, 64)  # 64-wide k chunks
-    cmax = 4 if dtype in S.HALFS else 2  # chunks a lane holds per k group: 64 (fp32 128) bytes, x 2 buffers
-    kg = cdiv(nch, 8 * cmax)  # k groups of at most 8 warps
-    warps = max(4, cdiv(nch, cmax * kg))  # >= 4: the epilogue takes one thread per output of a tile
-    return warps, cdiv(nch, warps * kg), kg, nch
+gemv_geometry = S.gemv_geometry  # the block shape (fusec.codegen.specs: the spec validates with it)
 
 
-def gemv_ring_bytes(K: int, dtype: DType, stages: int) -> int:
+def gemv_ring_bytes(K: int, dtype: DType, stages: int, spread: int = 1) -> int:
     """Shared memory of the ring: [stages][8 rows][16-byte pieces of a k group + 1 of padding]."""
-    warps, ch, _, _ = gemv_geometry(K, dtype)
+    warps, ch, _, _ = gemv_geometry(K, dtype, spread)
     return stages * 8 * (warps * ch * 64 * dtype.itemsize // 16 + 1) * 16
 
 
-def gemv_blocks_per_sm(K: int, dtype: DType, stages: int) -> int:
+def gemv_blocks_per_sm(K: int, dtype: DType, stages: int, spread: int = 1) -> int:
     """The ring form's resident blocks per SM: as many as their rings fit in shared memory, with at
     least 128 registers a thread (160 for fp32's per-row sums). The kernel's launch bounds budget
     its registers for that many (without a count ptxas budgets for more blocks, and spills)."""
-    warps, _, _, _ = gemv_geometry(K, dtype)
-    floor = 128 if dtype in S.HALFS else 160
-    return max(1, min(_SMEM_PER_SM // (gemv_ring_bytes(K, dtype, stages) + 8 * 1024), 65536 // (32 * warps * floor)))
+    warps, ch, _, _ = gemv_geometry(K, dtype, spread)
+    floor = (128 if dtype in S.HALFS else 160) if ch > 2 else (64 if ch == 1 else 80)
+    return max(1, min(_SMEM_PER_SM // (gemv_ring_bytes(K, dtype, stages, spread) + 8 * 1024),
+                      65536 // (32 * warps * floor)))
 
 
 GEMV_STAGES = 3
@@ -90,14 +84,22 @@ def gemv_form(N: int, K: int, dtype: DType, glu: bool = False) -> dict[str, int]
 
     if knobs.get("FUSEC_GEMV_FORM") == "register":
         return {"stages": 0, "tiles_per_block": 1}
+    spread = knobs.get("FUSEC_GEMV_SPREAD")
+    if spread not in S.GEMV_SPREADS:
+        from fusec.errors import InputError
+
+        raise InputError(f"environment variable FUSEC_GEMV_SPREAD={spread} must be one of {S.GEMV_SPREADS}")
+    if gemv_geometry(K, dtype, spread)[0] > 32:
+        spread = 1
     tiles = cdiv(N // 2, 4) if glu else cdiv(N, 8)
-    slots = _SMS * gemv_blocks_per_sm(K, dtype, GEMV_STAGES)
-    return {"stages": GEMV_STAGES, "tiles_per_block": max(1, min(4, cdiv(tiles, slots)))}
+    slots = _SMS * gemv_blocks_per_sm(K, dtype, GEMV_STAGES, spread)
+    form = {"stages": GEMV_STAGES, "tiles_per_block": max(1, min(4, cdiv(tiles, slots)))}
+    return form if spread == 1 else {**form, "spread": spread}
 
 
 @builder(S.GemvSpec)
 def _gemv(spec: S.GemvSpec) -> Rendered:
-    warps, ch, kg, nch = gemv_geometry(spec.K, spec.dtype)
+    warps, ch, kg, nch = gemv_geometry(spec.K, spec.dtype, spec.spread)
     e = spec.epilogue
     ctx = {
         "name": kernel_name("gemv", spec), "M": spec.M, "N": spec.N, "K": spec.K, "nout": spec.n_out,
@@ -115,6 +117,6 @@ def _gemv(spec: S.GemvSpec) -> Rendered:
         ctx.update(seed_t=ctype(spec.seed_dtype), ctr_t=ctype(spec.counter_dtype))
     params = ("x", "W") + (("g",) if spec.norm else ()) + _epi_params(e) + ("C",) \
         + (("seed", "counter", "temperature", "part") if spec.argmax else ())
-    ring = gemv_ring_bytes(spec.K, spec.dtype, spec.stages)
-    ctx["min_blocks"] = gemv_blocks_per_sm(spec.K, spec.dtype, spec.stages) if spec.stages else 0
+    ring = gemv_ring_bytes(spec.K, spec.dtype, spec.stages, spec.spread)
+    ctx["min_blocks"] = gemv_blocks_per_sm(spec.K, spec.dtype, spec.stages, spec.spread) if spec.stages else 0
     return Rendered("gemv.cu.jinja", ctx, (spec.grid, 1, 1), (32 * warps, 1, 1), params, shared_mem=ring)

@@ -340,6 +340,20 @@ class GemmSpec:
 GLU_ACTS = ("silu", "gelu", "gelu_tanh", "relu")
 GEMV_MAX_M = 16
 GEMV_MAX_STAGES = 4  # 4 stages of the largest (33 KB) fit the 163 KB of shared memory an sm_80 block may have
+GEMV_SPREADS = (1, 2, 4)
+
+
+def gemv_geometry(K: int, dtype: DType, spread: int = 1) -> tuple[int, int, int, int]:
+    """The skinny product's block shape for a row length K: (warps, chunks a lane holds per k
+    group, k groups, 64-wide k chunks). A k group spans at most 8 warps x 4 chunks (fp32: 2) of 64;
+    ``spread`` s > 1 spreads it over up to s times the warps, each lane holding 1/s of the chunks
+    (at least 1): more warps, each with a shorter chain of loads and products."""
+    nch = -(-K // 64)  # 64-wide k chunks
+    cmax = 4 if dtype in HALFS else 2  # chunks a lane holds per k group: 64 (fp32 128) bytes, x 2 buffers
+    kg = -(-nch // (8 * cmax))  # k groups of at most 8 warps
+    lane = max(1, cmax // spread)
+    warps = max(4, -(-nch // (lane * kg)))  # >= 4: the epilogue takes one thread per output of a tile
+    return warps, -(-nch // (warps * kg)), kg, nch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -359,7 +373,8 @@ class GemvSpec:
     A tile is 8 weight rows (4 rows of each half for ``glu``). ``stages`` 0: one block per tile, its
     weights read through two register buffers; ``stages`` S >= 2: a block computes up to
     ``tiles_per_block`` tiles, streaming their weights through an S-stage shared-memory ring
-    (cp.async; S - 1 stages in flight). Params: x, W, [g], [bias], [residual], C,
+    (cp.async; S - 1 stages in flight). ``spread``: a k group over more warps (``gemv_geometry``).
+    Params: x, W, [g], [bias], [residual], C,
     [seed, counter, temperature, part]."""
 
     M: int
@@ -377,9 +392,13 @@ class GemvSpec:
     counter_dtype: DType = DType.I64
     stages: int = 0
     tiles_per_block: int = 1
+    spread: int = 1
 
     def __post_init__(self) -> None:
         _pos(("M", self.M), ("N", self.N), ("K", self.K), ("tiles_per_block", self.tiles_per_block))
+        _req(self.spread in GEMV_SPREADS, f"gemv spread must be one of {GEMV_SPREADS}")
+        _req(gemv_geometry(self.K, self.dtype, self.spread)[0] <= 32,
+             f"gemv spread {self.spread} over K {self.K} needs more than 32 warps a block")
         _req(self.M <= GEMV_MAX_M, f"gemv handles M <= {GEMV_MAX_M}")
         _req(self.stages == 0 or 2 <= self.stages <= GEMV_MAX_STAGES,
              f"gemv stages must be 0 (register buffers) or 2..{GEMV_MAX_STAGES} (a shared-memory ring)")
