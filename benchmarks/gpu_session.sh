@@ -14,8 +14,8 @@
 #   step_q    Qwen3-0.6B decode step (and prefill time), PDL vs plain, batch 1 and 8, the GEMV's ring form vs its register form (benchmarks/decode_step.py)
 #   step_kv   Qwen3-0.6B (batch 1, 8) and the Llama-1B shape (batch 1) decode steps: the default, without the attention's
 #             cluster merge (FUSEC_KV_CLUSTER=0), without that and its older cache rows loaded before the PDL wait
-#   step_sp   Qwen3-0.6B (batch 1, 8) and the Llama-1B shape (batch 1) decode steps: the products' k groups over 1, 2
-#             and 4 times the warps (FUSEC_GEMV_SPREAD)
+#   step_sp   Qwen3-0.6B (batch 1, 8) decode steps: the spread rule against k groups over 1 and 2 times the warps
+#             everywhere (FUSEC_GEMV_SPREAD)
 #   kvtests   the decode attention's and the plans' GPU tests (kernels, PDL, generation, join)
 #   step_l    the Llama-3.2-1B shape, batch 1, ring vs register form
 #   peer      Qwen3-0.6B decode and prefill vs the gpt-fast-style torch peer (benchmarks/decode.py --quick)
@@ -92,12 +92,9 @@ for step in "$@"; do
              tail -n 4 "$R/step_kv.txt" | cut -c 1-3000
              timeout 150 python3 benchmarks/decode_step.py "$R/step_kvl" --model llama-1b --batches 1 --context 32 --ab FUSEC_KV_CLUSTER=0 --ab FUSEC_KV_CLUSTER=0+FUSEC_KV_PREFETCH=0 > "$R/step_kvl.txt" 2>&1
              tail -n 3 "$R/step_kvl.txt" | cut -c 1-3000 ;;
-    step_sp) timeout 300 python3 benchmarks/decode_step.py "$R/step_sp" --model qwen3-0.6b --batches 1,8 --ab FUSEC_GEMV_SPREAD=2 \
-               --ab FUSEC_GEMV_SPREAD=4 > "$R/step_sp.txt" 2>&1
-             tail -n 4 "$R/step_sp.txt" | cut -c 1-3000
-             timeout 150 python3 benchmarks/decode_step.py "$R/step_spl" --model llama-1b --batches 1 --context 32 --ab FUSEC_GEMV_SPREAD=2 \
-               --ab FUSEC_GEMV_SPREAD=4 > "$R/step_spl.txt" 2>&1
-             tail -n 3 "$R/step_spl.txt" | cut -c 1-3000 ;;
+    step_sp) timeout 300 python3 benchmarks/decode_step.py "$R/step_sp" --model qwen3-0.6b --batches 1,8 --ab FUSEC_GEMV_SPREAD=1 \
+               --ab FUSEC_GEMV_SPREAD=2 > "$R/step_sp.txt" 2>&1
+             tail -n 4 "$R/step_sp.txt" | cut -c 1-3000 ;;
     kvtests) timeout 200 $PT -n 8 tests/test_decode_kernels_gpu.py tests/test_pdl_gpu.py tests/test_generation_gpu.py \
                tests/test_generation_join_gpu.py tests/test_generation_families_gpu.py > "$R/t_kv.txt" 2>&1
              grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_kv.txt" | tail -n 12 ;;

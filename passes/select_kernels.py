@@ -92,7 +92,7 @@ def _select(node: Node, options: PassOptions, offsets: dict[Value, int]) -> Sele
             raise LoweringError(f"{node.describe()}: fused group ({node.attrs.rule}) is not one kernel: {e}") from None
         if family == "gemv":
             return Selection("gemv", "gemv", layout="nk", reason="only the skinny product covers this body",
-                             params=_gemv_params(detail.n, detail.k, detail.mm.inputs[0].dtype, bool(detail.glu)),
+                             params=_gemv_params(detail.n, detail.k, detail.mm.inputs[0].dtype, bool(detail.glu), detail.m),
                              detail=detail)
         if family == "gemm_epilogue" and detail[0].op == Op.QMATMUL:
             return _quantized(node, detail[0], offsets, family, detail)
@@ -121,15 +121,15 @@ def _select(node: Node, options: PassOptions, offsets: dict[Value, int]) -> Sele
     detail = None
     if node.op == Op.FUSED:
         detail = kernel_plan(node.attrs.body)[1]
-    params = _gemv_params(cp.n, cp.k, C.outer(node, cp.a).dtype) if variant == "gemv" else ()
+    params = _gemv_params(cp.n, cp.k, C.outer(node, cp.a).dtype, m=cp.m) if variant == "gemv" else ()
     return Selection(family, variant, cp.key, layout, reason, params, detail)
 
 
-def _gemv_params(n: int, k: int, dtype: Any, glu: bool = False) -> tuple[tuple[str, Any], ...]:
+def _gemv_params(n: int, k: int, dtype: Any, glu: bool = False, m: int = 1) -> tuple[tuple[str, Any], ...]:
     """The skinny product's weight streaming (``build_gemm.gemv_form``, the one rule)."""
     from fusec.codegen.build_gemm import gemv_form
 
-    return tuple(gemv_form(n, k, dtype, glu).items())
+    return tuple(gemv_form(n, k, dtype, glu, m).items())
 
 
 def _quantized(node: Node, mm: Node, offsets: dict[Value, int], family: str, detail: Any = None) -> Selection:

@@ -69,7 +69,7 @@ def test_the_lowering_emits_the_form_kernel_selection_recorded(monkeypatch) -> N
     """A form the rule would never pick, put into the record: every skinny launch of the plan has
     it (the lowering decides nothing), and the record shows in the selection."""
     monkeypatch.setattr(select_kernels, "_gemv_params",
-                        lambda n, k, dtype, glu=False: (("stages", 2), ("tiles_per_block", 3)))
+                        lambda n, k, dtype, glu=False, m=1: (("stages", 2), ("tiles_per_block", 3)))
     plan = compile_generation("llama-tiny", batch=1, max_seq_len=64, prefill_len=8, dtype="bf16", eos_ids=[],
                               arch="sm_90")
     launches = _gemv_launches(plan)
@@ -122,7 +122,41 @@ def test_explain_shows_the_form_kernel_selection_recorded(monkeypatch) -> None: 
     from fusec.loader import load_graph
 
     monkeypatch.setattr(select_kernels, "_gemv_params",
-                        lambda n, k, dtype, glu=False: (("stages", 2), ("tiles_per_block", 3)))
+                        lambda n, k, dtype, glu=False, m=1: (("stages", 2), ("tiles_per_block", 3)))
     told = explain(load_graph("llama-tiny", None))
     kernels = [k for layer in told["layers"].values() for k in layer["kernels"]]
     assert kernels and sum("(stages 2, tiles_per_block 3)" in k for k in kernels) >= 4, kernels
+
+
+@pytest.mark.parametrize("n,k,glu", SHAPES)
+def test_batch_8_spreads_k_groups_where_twice_the_warps_still_fit_two_a_sm(n: int, k: int, glu: bool,
+                                                                            monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.delenv("FUSEC_GEMV_SPREAD", raising=False)
+    for m in (1, 4, 7):
+        assert "spread" not in gemv_form(n, k, DType.BF16, glu, m)
+    two = gemv_blocks_per_sm(k, DType.BF16, 3, 2) >= 2 and S.gemv_geometry(k, DType.BF16, 2)[0] <= 32
+    for m in (8, 16):
+        form = gemv_form(n, k, DType.BF16, glu, m)
+        assert form.get("spread", 1) == (2 if two else 1)
+        spec = S.GemvSpec(m, n, k, DType.BF16, glu="silu" if glu else "", **form)
+        assert prepare(spec)[0].block[0] == 32 * S.gemv_geometry(k, DType.BF16, spec.spread)[0]
+    if (n, k) in ((4096, 1024), (6144, 1024), (1024, 3072)):
+        assert gemv_form(n, k, DType.BF16, glu, 8)["spread"] == 2  # Qwen3-0.6B's qkv, gate/up, down
+    monkeypatch.setenv("FUSEC_GEMV_SPREAD", "1")
+    assert "spread" not in gemv_form(n, k, DType.BF16, glu, 8)
+    monkeypatch.setenv("FUSEC_GEMV_SPREAD", "3")
+    with pytest.raises(InputError, match="FUSEC_GEMV_SPREAD"):
+        gemv_form(n, k, DType.BF16, glu, 8)
+
+
+def test_a_batch_8_plan_records_and_emits_the_spread() -> None:
+    """The kernel selection records the spread at batch 8 and the lowering emits it: blocks of the
+    spread's warps (a llama-tiny product's K of 64 gives 4 warps at any spread; qwen3-like K 1024 8)."""
+    plan = compile_generation("llama-tiny", batch=8, max_seq_len=64, prefill_len=8, dtype="bf16", eos_ids=[],
+                              arch="sm_90")
+    launches = _gemv_launches(plan)
+    assert launches
+    for L, src in launches:
+        n, k = _define(src, "N_"), _define(src, "K_")
+        want = gemv_form(n, k, DType.BF16, False, 8)
+        assert L["block"][0] == 32 * S.gemv_geometry(k, DType.BF16, want.get("spread", 1))[0], L["label"]

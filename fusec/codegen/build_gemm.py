@@ -71,7 +71,7 @@ def gemv_blocks_per_sm(K: int, dtype: DType, stages: int, spread: int = 1) -> in
 GEMV_STAGES = 3
 
 
-def gemv_form(N: int, K: int, dtype: DType, glu: bool = False) -> dict[str, int]:
+def gemv_form(N: int, K: int, dtype: DType, glu: bool = False, M: int = 1) -> dict[str, int]:
     """The form of the skinny product decode plans use (``GemvSpec``'s stages and tiles_per_block):
     the shared-memory ring of 3 stages, a block taking up to 4 tiles, as many as spread the tiles
     over one wave of resident blocks (132 SMs). Measured on an H200 (benchmarks/RESULTS.md, fifth
@@ -79,16 +79,22 @@ def gemv_form(N: int, K: int, dtype: DType, glu: bool = False) -> dict[str, int]
     Llama-1B's LM head 123 us against 176 (cuBLAS 126), gate/up 18.2 against 22.4, Qwen3-0.6B's
     qkv 3.3 against 3.8; only Qwen3's o_proj was slower (2.58 against 2.46 us). M = 8 was measured
     without the norm prologue (x re-read per tile); there the ring was slower on two of ten shapes,
-    by up to 1 us. The same form serves every M <= 16."""
+    by up to 1 us. The same form serves every M <= 16.
+
+    ``spread`` (``GemvSpec.spread``): 2 from M = 8 on, where blocks of twice the warps still fit 2 to an
+    SM: Qwen3-0.6B batch 8 took 0.940 ms a step against 0.981 (H200, one process); batch 1 took
+    0.760 against 0.740, so M < 8 keeps 1. ``FUSEC_GEMV_SPREAD`` forces a spread (0: this rule)."""
     from fusec import knobs
 
     if knobs.get("FUSEC_GEMV_FORM") == "register":
         return {"stages": 0, "tiles_per_block": 1}
     spread = knobs.get("FUSEC_GEMV_SPREAD")
-    if spread not in S.GEMV_SPREADS:
+    if spread not in (0,) + S.GEMV_SPREADS:
         from fusec.errors import InputError
 
-        raise InputError(f"environment variable FUSEC_GEMV_SPREAD={spread} must be one of {S.GEMV_SPREADS}")
+        raise InputError(f"environment variable FUSEC_GEMV_SPREAD={spread} must be 0 (the rule) or one of {S.GEMV_SPREADS}")
+    if spread == 0:
+        spread = 2 if M >= 8 and gemv_blocks_per_sm(K, dtype, GEMV_STAGES, 2) >= 2 else 1
     if gemv_geometry(K, dtype, spread)[0] > 32:
         spread = 1
     tiles = cdiv(N // 2, 4) if glu else cdiv(N, 8)
