@@ -12,7 +12,8 @@ FUSEC_PDL=0 (read when a plan's device memory is made). The same prompt and step
 drawn tokens and the final KV caches must be bit-identical (PDL changes when a kernel starts, never
 what it computes). Roofline: (weight bytes + KV bytes attended) per step over the device-to-device
 copy bandwidth measured in the same process. The prefill entry is timed too (median of 10 calls,
-its input copy included). Writes OUT_DIR/decode_step.json and .md.
+its input copy included). Variants (--gemv-forms, --ab) are timed in turns with the default plan, all
+loaded at once (run_interleaved). Writes OUT_DIR/decode_step.json and .md.
 """
 
 from __future__ import annotations
@@ -111,6 +112,56 @@ def run_mode(path: str, pdl: bool, batch: int, steps: int, windows: int) -> tupl
     eng.sync()
     eng = plan = None  # free the device memory (the closures above read eng)
     return out, tokens, caches
+
+
+def run_interleaved(paths: dict[str, str], batch: int, steps: int, windows: int) -> dict[str, tuple[dict, Any, Any]]:
+    """Every plan of ``paths`` loaded at once (PDL) and timed in turns: each window runs every plan
+    once, starting from a different one each window, so that no plan is always measured first or
+    last (measured in one process: the same plan timed after the others ran 4% slower). Per plan:
+    (timing, tokens, caches) after its last window."""
+    import cupy as cp
+
+    import fusec
+    from fusec.generation import write_sampling
+    from fusec.runtime.generation import PlanEngine
+    from fusec.sampling import Sampling, row_seeds
+
+    os.environ["FUSEC_PDL"] = "1"
+    names = list(paths)
+    engines, starts = {}, {}
+    for name in names:
+        plan = fusec.load(paths[name])
+        eng = PlanEngine(plan)
+        gen = plan.manifest["generation"]
+        ids = np.random.default_rng(0).integers(0, int(gen["vocab_size"]), (batch, int(gen["prefill_len"])))
+        write_sampling(eng, [Sampling()] * batch, row_seeds(0, batch))
+        lengths = np.full(batch, int(gen["prefill_len"]), np.int64)
+        starts[name] = (lambda eng=eng, ids=ids, lengths=lengths: eng.prefill(ids, lengths))
+        starts[name]()
+        for _ in range(8):
+            eng.decode()
+        eng.sync()
+        engines[name] = eng
+    a, b = cp.cuda.Event(), cp.cuda.Event()
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for w in range(windows):
+        for name in names[w % len(names):] + names[:w % len(names)]:
+            eng = engines[name]
+            starts[name]()
+            a.record(eng.stream)
+            for _ in range(steps):
+                eng.decode()
+            b.record(eng.stream)
+            b.synchronize()
+            times[name].append(cp.cuda.get_elapsed_time(a, b) / steps)
+    out = {}
+    for name in names:
+        eng = engines[name]
+        caches = {r["name"]: eng.read_state(r["name"]) for r in eng.plan.manifest["state"]}
+        out[name] = ({"step_ms": statistics.median(times[name]), "step_ms_all": times[name]},
+                     eng.read_state("tokens"), caches)
+    engines.clear()
+    return out
 
 
 def profile_mode(path: str, pdl: bool, batch: int) -> Any:
@@ -246,12 +297,15 @@ def main() -> int:
             if not mode.endswith("again"):
                 rec[mode] = r
             runs[mode] = (tokens, caches)
-        for form in forms[1:]:
-            r, tokens, caches = run_mode(paths[form], True, batch, args.steps, args.windows)
-            r["tok_s"] = batch / (r["step_ms"] * 1e-3)
-            r["pct_roofline"] = 100 * roof_ms / r["step_ms"]
-            rec[f"pdl_{form}"] = r
-            runs[form] = (tokens, caches)
+        if len(forms) > 1:  # the variants and the default in turns (run_interleaved)
+            inter = run_interleaved(paths, batch, args.steps, 2 * args.windows)
+            rec["pdl_interleaved"] = inter[forms[0]][0]
+            for form in forms[1:]:
+                r, tokens, caches = inter[form]
+                r["tok_s"] = batch / (r["step_ms"] * 1e-3)
+                r["pct_roofline"] = 100 * roof_ms / r["step_ms"]
+                rec[f"pdl_{form}"] = r
+                runs[form] = (tokens, caches)
 
         def same(a: str, b: str) -> dict[str, Any]:
             (ta, ca), (tb, cb) = runs[a], runs[b]
@@ -283,13 +337,15 @@ def main() -> int:
     md = [f"model {args.model}, context {args.context}, copy bandwidth {bw / 1e9:.0f} GB/s", "",
           "| batch | launches (per layer) | PDL step ms | tok/s | % roofline | plain step ms | median gap PDL / plain (us) | bit-identical "
           "| prefill ms, PDL (launches) |"
-          + "".join(f" {f} form: PDL step ms (same bits) |" for f in forms[1:]),
-          "|---|---|---|---|---|---|---|---|---|" + "---|" * (len(forms) - 1)]
+          + (" default, in turns with the variants: PDL step ms |" if len(forms) > 1 else "")
+          + "".join(f" {f} form, in turns: PDL step ms (same bits) |" for f in forms[1:]),
+          "|---|---|---|---|---|---|---|---|---|" + "---|" * (len(forms) - 1 + (len(forms) > 1))]
     for r in results["runs"]:
         g = [f'{x["profile"]["gap_us_median"]:.2f}' if isinstance(x["profile"], dict) else None for x in (r["pdl"], r["plain"])]
         md.append(f"| {r['batch']} | {r['pdl']['launches']} ({r['launches_per_layer']}) | {r['pdl']['step_ms']:.3f} "
                   f"| {r['pdl']['tok_s']:.0f} | {r['pdl']['pct_roofline']:.0f}% | {r['plain']['step_ms']:.3f} "
                   f"| {g[0]} / {g[1]} | {r['pdl_bit_identical']} | {r['pdl']['prefill_ms']:.3f} ({r['pdl']['prefill_launches']}) |"
+                  + (f" {r['pdl_interleaved']['step_ms']:.3f} |" if "pdl_interleaved" in r else "")
                   + "".join(f" {r[f'pdl_{f}']['step_ms']:.3f} ({r[f'{forms[0]}_vs_{f}']['tokens'] and r[f'{forms[0]}_vs_{f}']['caches']}) |"
                             for f in forms[1:]))
     (out / "decode_step.md").write_text("\n".join(md) + "\n")
