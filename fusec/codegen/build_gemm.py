@@ -82,8 +82,10 @@ def gemv_form(N: int, K: int, dtype: DType, glu: bool = False, M: int = 1) -> di
     by up to 1 us. The same form serves every M <= 16.
 
     ``spread`` (``GemvSpec.spread``): 2 from M = 8 on, where blocks of twice the warps still fit 2 to an
-    SM: Qwen3-0.6B batch 8 took 0.940 ms a step against 0.981 (H200, one process); batch 1 took
-    0.760 against 0.740, so M < 8 keeps 1. ``FUSEC_GEMV_SPREAD`` forces a spread (0: this rule)."""
+    SM. Qwen3-0.6B batch 8 took 0.928 ms a step with this rule, 0.987 with spread 1 everywhere, 0.933
+    with 2 everywhere (H200, the plans timed in turns in one process). At batch 1 spread 2 changed
+    nothing (0.769 against 0.766) and the Llama-1B shape lost (its K = 2048 blocks of 16 warps fit one
+    to an SM), so M < 8 keeps 1. ``FUSEC_GEMV_SPREAD`` forces a spread (0: this rule)."""
     from fusec import knobs
 
     if knobs.get("FUSEC_GEMV_FORM") == "register":
