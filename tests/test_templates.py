@@ -60,6 +60,8 @@ def _specs(dt: DType) -> list:
         S.GemvSpec(1, 1000, 64, dt, norm=True, argmax=True), S.GemvSpec(3, 512, 4160, dt, norm=True),  # 2 k groups  # LM head + greedy partials
         S.GemvSpec(1, 1000, 2048, dt, norm=True, argmax=True, stages=4, tiles_per_block=8),  # the ring, LM head
         S.GemvSpec(9, 2 * 300, 4160, dt, norm=True, glu="silu", stages=3, tiles_per_block=2),  # the ring, k groups
+        S.GemvSpec(8, 4096, 1024, dt, norm=True, stages=3, tiles_per_block=2, spread=2),  # batch 8's spread
+        S.GemvSpec(8, 2 * 300, 3072, dt, norm=True, glu="silu", stages=3, tiles_per_block=1, spread=4),
         C.gather((10, 8), (2, 3), 0, dt, I64),
     ]
 

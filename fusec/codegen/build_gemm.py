@@ -60,12 +60,11 @@ def gemv_ring_bytes(K: int, dtype: DType, stages: int, spread: int = 1) -> int:
 
 def gemv_blocks_per_sm(K: int, dtype: DType, stages: int, spread: int = 1) -> int:
     """The ring form's resident blocks per SM: as many as their rings fit in shared memory, with at
-    least 128 registers a thread (160 for fp32's per-row sums) where a lane holds 4 chunks, 80 where
-    it holds 2 and 64 where it holds 1 (spread blocks; ptxas used 79 and 52 for Qwen3's qkv, no
-    spills). The kernel's launch bounds budget
+    least 128 registers a thread (160 for fp32's per-row sums at any spread), 80 at spread 2 and 64
+    at spread 4 (a lane holding 2 and 1 chunks; ptxas used 79 and 52 for Qwen3's qkv, no spills). The kernel's launch bounds budget
     its registers for that many (without a count ptxas budgets for more blocks, and spills)."""
-    warps, ch, _, _ = gemv_geometry(K, dtype, spread)
-    floor = (128 if dtype in S.HALFS else 160) if ch > 2 else (64 if ch == 1 else 80)
+    warps, _, _, _ = gemv_geometry(K, dtype, spread)
+    floor = ({1: 128, 2: 80, 4: 64}[spread]) if dtype in S.HALFS else 160
     return max(1, min(_SMEM_PER_SM // (gemv_ring_bytes(K, dtype, stages, spread) + 8 * 1024),
                       65536 // (32 * warps * floor)))
 
