@@ -54,8 +54,6 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "benchmarks/decode_step.py --ab FUSEC_KV_PREFETCH=0)"),
     Knob("FUSEC_KV_CLUSTER", "bool", True, "decode attention on sm_90 merges up to 8 splits through a thread block "
          "cluster's shared memory instead of global memory and a counter (off: the A/B of decode_step.py --ab)"),
-    Knob("FUSEC_KV_TARGET_BLOCKS", "int", 0, "decode attention: the blocks a full-context step aims for when it "
-         "picks its splits (0: 8 per SM of 132; the A/B of decode_step.py --ab FUSEC_KV_TARGET_BLOCKS=264)"),
     Knob("FUSEC_PDL", "bool", True, "launch kernels that allow it with programmatic dependent launch (sm_90+)"),
     Knob("FUSEC_API_KEY", "text", None, "fusec serve: the bearer token clients must send (default: --api-key)"),
 )}

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from fusec import knobs
 from fusec.codegen import specs as S
-from fusec.codegen.build_decode import KV_TARGET_BLOCKS, kv_attention_spec, sample_spec
+from fusec.codegen.build_decode import kv_attention_spec, sample_spec
 from fusec.dtypes import DType
-from fusec.errors import InputError
 from fusec.ir import Node
 from fusec.lower import Context, LoweringError, sm90_or_later
 
@@ -51,12 +50,8 @@ def kv_attention(ctx: Context, node: Node, label: str) -> None:
         raise LoweringError(f"{_where(node, label)}: positions of dtype {pos.dtype.value} are not supported")
     if not ctx.aligned(q, k, v):
         raise LoweringError(f"{_where(node, label)}: kv_attention needs 16-byte aligned q/k/v")
-    target = knobs.get("FUSEC_KV_TARGET_BLOCKS")
-    if target < 0:
-        raise InputError(f"environment variable FUSEC_KV_TARGET_BLOCKS={target} must be 0 (the default) or a block count")
     try:
         spec = kv_attention_spec(B, Hq, Hkv, S_, T, D, q.dtype, float(node.attrs.scale), pos.dtype,
-                                 target_blocks=target or KV_TARGET_BLOCKS,
                                  softcap=float(node.attrs.softcap), window=int(node.attrs.window),
                                  prefetch=knobs.get("FUSEC_KV_PREFETCH") and ctx.older_rows_stable((k, v), pos),
                                  cluster=knobs.get("FUSEC_KV_CLUSTER") and sm90_or_later(ctx.arch))
