@@ -16,6 +16,7 @@
 #             cluster merge (FUSEC_KV_CLUSTER=0), without that and its older cache rows loaded before the PDL wait
 #   step_sp   Qwen3-0.6B (batch 1, 8) decode steps: the spread rule against k groups over 1 and 2 times the warps
 #             everywhere (FUSEC_GEMV_SPREAD)
+#   step_kvs  Qwen3-0.6B batch 1 and 8 decode steps: splits of at least 64 cache rows (the default) against 32
 #   kvtests   the decode attention's and the plans' GPU tests (kernels, PDL, generation, join)
 #   step_l    the Llama-3.2-1B shape, batch 1, ring vs register form
 #   peer      Qwen3-0.6B decode and prefill vs the gpt-fast-style torch peer (benchmarks/decode.py --quick)
@@ -95,6 +96,9 @@ for step in "$@"; do
     step_sp) timeout 300 python3 benchmarks/decode_step.py "$R/step_sp" --model qwen3-0.6b --batches 1,8 --ab FUSEC_GEMV_SPREAD=1 \
                --ab FUSEC_GEMV_SPREAD=2 > "$R/step_sp.txt" 2>&1
              tail -n 4 "$R/step_sp.txt" | cut -c 1-3000 ;;
+    step_kvs) timeout 240 python3 benchmarks/decode_step.py "$R/step_kvs" --model qwen3-0.6b --batches 1,8 --windows 3 \
+                --ab FUSEC_KV_SPLIT_KEYS=32 > "$R/step_kvs.txt" 2>&1
+              tail -n 4 "$R/step_kvs.txt" | cut -c 1-3000 ;;
     kvtests) timeout 200 $PT -n 8 tests/test_decode_kernels_gpu.py tests/test_pdl_gpu.py tests/test_generation_gpu.py \
                tests/test_generation_join_gpu.py tests/test_generation_families_gpu.py > "$R/t_kv.txt" 2>&1
              grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_kv.txt" | tail -n 12 ;;

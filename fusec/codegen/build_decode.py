@@ -52,17 +52,20 @@ def kv_attention_spec(B: int, Hq: int, Hkv: int, S_: int, T: int, D: int, dtype:
                       pos_dtype: DType = DType.I64, target_blocks: int = KV_TARGET_BLOCKS,
                       threads: int = 128, max_splits: int = KV_MAX_AUTO_SPLITS,
                       softcap: float = 0.0, window: int = 0, prefetch: bool = False,
-                      cluster: bool = False) -> S.KVAttentionSpec:
+                      cluster: bool = False, split_keys: int = S.KV_CHUNK_GRANULE) -> S.KVAttentionSpec:
     """The spec for a KV attention: as many splits of the key range as keep a full-context step
     within ``target_blocks`` blocks (one wave), at most ``max_splits``: batch 1 with a long
     context still spreads over the SMs, a large batch is not cut into a wave and a tail.
     ``cluster`` (sm_90 only; the caller checks): where that gives 2 to 2 * KV_MAX_CLUSTER splits,
     at most KV_MAX_CLUSTER of them merged through a thread block cluster (no counter, no partials
-    in global memory); more splits keep the global merge: a long cache needs its blocks."""
+    in global memory); more splits keep the global merge: a long cache needs its blocks. A split
+    covers at least ``split_keys`` rows of the cache's capacity T: the decode plans' 64 gave Qwen3-0.6B
+    batch 8 over a 271-row cache 4 splits instead of 8 (H200)."""
     probe = S.KVAttentionSpec(B, Hq, Hkv, S_, T, D, dtype, scale, 1, pos_dtype, threads, softcap)
     lay = kv_layout(probe, threads)
     per_split = B * Hkv * lay["tiles"]
-    splits = max(1, min(target_blocks // per_split, cdiv(T, S.KV_CHUNK_GRANULE), max_splits, S.KV_MAX_SPLITS))
+    by_keys = cdiv(T, S.KV_CHUNK_GRANULE) if split_keys <= S.KV_CHUNK_GRANULE else T // split_keys
+    splits = max(1, min(target_blocks // per_split, by_keys, max_splits, S.KV_MAX_SPLITS))
     use_cluster = cluster and 2 <= splits <= 2 * S.KV_MAX_CLUSTER
     if use_cluster:
         splits = min(splits, S.KV_MAX_CLUSTER)

@@ -8,6 +8,7 @@ from fusec import knobs
 from fusec.codegen import specs as S
 from fusec.codegen.build_decode import kv_attention_spec, sample_spec
 from fusec.dtypes import DType
+from fusec.errors import InputError
 from fusec.ir import Node
 from fusec.lower import Context, LoweringError, sm90_or_later
 
@@ -50,11 +51,15 @@ def kv_attention(ctx: Context, node: Node, label: str) -> None:
         raise LoweringError(f"{_where(node, label)}: positions of dtype {pos.dtype.value} are not supported")
     if not ctx.aligned(q, k, v):
         raise LoweringError(f"{_where(node, label)}: kv_attention needs 16-byte aligned q/k/v")
+    split_keys = knobs.get("FUSEC_KV_SPLIT_KEYS")
+    if split_keys < 1:
+        raise InputError(f"environment variable FUSEC_KV_SPLIT_KEYS={split_keys} must be a positive row count")
     try:
         spec = kv_attention_spec(B, Hq, Hkv, S_, T, D, q.dtype, float(node.attrs.scale), pos.dtype,
                                  softcap=float(node.attrs.softcap), window=int(node.attrs.window),
                                  prefetch=knobs.get("FUSEC_KV_PREFETCH") and ctx.older_rows_stable((k, v), pos),
-                                 cluster=knobs.get("FUSEC_KV_CLUSTER") and sm90_or_later(ctx.arch))
+                                 cluster=knobs.get("FUSEC_KV_CLUSTER") and sm90_or_later(ctx.arch),
+                                 split_keys=split_keys)
     except ValueError as e:
         raise LoweringError(f"{_where(node, label)}: kv_attention of q {list(q.shape)} over k/v {list(k.shape)} "
                             f"({q.dtype.value}): {e}") from None
