@@ -234,7 +234,7 @@ def test_a_generation_plan_prefetches_old_rows_in_decode_not_in_its_join_entry()
     cfg = dataclasses.replace(get_config("qwen3-tiny"), name="qwen3-pf", hidden_size=128, num_heads=4, num_kv_heads=2,
                               head_dim=64, intermediate_size=256, num_layers=2)
     gm = GenModel(cfg, SharedWeights(RandomWeights(7)), None, (), cfg.name)
-    plan = compile_generation(gm, batch=4, max_seq_len=48, prefill_len=8, dtype="bf16", eos_ids=[], arch="sm_90", join=2)
+    plan = compile_generation(gm, batch=4, max_seq_len=128, prefill_len=8, dtype="bf16", eos_ids=[], arch="sm_90", join=2)
     man = plan.manifest
     mods = {m["id"]: m for m in man["modules"]}
 
