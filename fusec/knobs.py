@@ -55,7 +55,8 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("FUSEC_KV_CLUSTER", "bool", True, "decode attention on sm_90 merges up to 8 splits through a thread block "
          "cluster's shared memory instead of global memory and a counter (off: the A/B of decode_step.py --ab)"),
     Knob("FUSEC_KV_SPLIT_KEYS", "int", 64, "decode attention: the fewest cache rows (of its capacity) a split may "
-         "cover; a short cache takes fewer splits (32: the A/B of decode_step.py --ab FUSEC_KV_SPLIT_KEYS=32)"),
+         "cover where the batch's heads alone fill a quarter of the SMs (32: the A/B of decode_step.py --ab "
+         "FUSEC_KV_SPLIT_KEYS=32, as before)"),
     Knob("FUSEC_PDL", "bool", True, "launch kernels that allow it with programmatic dependent launch (sm_90+)"),
     Knob("FUSEC_API_KEY", "text", None, "fusec serve: the bearer token clients must send (default: --api-key)"),
 )}

@@ -234,7 +234,7 @@ def test_a_generation_plan_prefetches_old_rows_in_decode_not_in_its_join_entry()
     cfg = dataclasses.replace(get_config("qwen3-tiny"), name="qwen3-pf", hidden_size=128, num_heads=4, num_kv_heads=2,
                               head_dim=64, intermediate_size=256, num_layers=2)
     gm = GenModel(cfg, SharedWeights(RandomWeights(7)), None, (), cfg.name)
-    plan = compile_generation(gm, batch=4, max_seq_len=128, prefill_len=8, dtype="bf16", eos_ids=[], arch="sm_90", join=2)
+    plan = compile_generation(gm, batch=4, max_seq_len=48, prefill_len=8, dtype="bf16", eos_ids=[], arch="sm_90", join=2)
     man = plan.manifest
     mods = {m["id"]: m for m in man["modules"]}
 
@@ -334,3 +334,26 @@ def test_cache_write_with_rows_takes_its_destination_rows() -> None:
     assert K.prepare(plain)[0].params == ("new", "pos", "out") and plain.N == 0
     with pytest.raises(ValueError, match="does not fit"):
         S.cache_write_spec((32, 8, 256, 128), (2, 8, 128, 128), 2, BF16)  # 2 rows into 32 without rows
+
+
+def test_wide_batches_take_splits_of_at_least_64_cache_rows(monkeypatch) -> None:  # noqa: ANN001
+    """Where the batch's heads alone fill a quarter of the SMs, a split covers at least 64 rows of the
+    cache's capacity (Qwen3 heads, a 271-row cache: batch 8 takes 4 splits, batch 1 keeps 8); long
+    caches keep their splits; the knob's 32 gives the granule's choice everywhere, and the plan's
+    lowering reads it."""
+    from fusec.codegen.build_decode import kv_attention_spec
+    from fusec.dtypes import DType
+
+    def splits(b: int, t: int, keys: int = 64) -> int:
+        return kv_attention_spec(b, 16, 8, 1, t, 128, DType.BF16, 0.088, prefetch=True, cluster=True,
+                                 split_keys=keys).splits
+
+    assert (splits(1, 271), splits(8, 271), splits(8, 271, 32)) == (8, 4, 8)
+    assert splits(1, 4096) == splits(1, 4096, 32) == 64 and splits(32, 4096) == splits(32, 4096, 32)
+    assert splits(8, 64) == 1 and splits(8, 64, 32) == 2
+    from fusec.compiler import compile_generation
+    from fusec.errors import InputError
+
+    monkeypatch.setenv("FUSEC_KV_SPLIT_KEYS", "0")
+    with pytest.raises(InputError, match="FUSEC_KV_SPLIT_KEYS"):
+        compile_generation("llama-tiny", batch=1, max_seq_len=32, prefill_len=8, dtype="bf16", eos_ids=[], arch="sm_90")
