@@ -57,34 +57,53 @@ def family(name: str, kernels: dict[str, str]) -> str:
     return "cublas" if "gemm" in name.lower() or "sm90" in name or "cutlass" in name else name[:24]
 
 
-def run_mode(path: str, pdl: bool, batch: int, steps: int, windows: int) -> tuple[dict[str, Any], Any, Any]:
-    import cupy as cp
-
+def _engine(path: str, pdl: bool, batch: int, warm: bool = False) -> tuple[Any, Any, Any]:
+    """(plan, engine, start) for a plan file: FUSEC_PDL as asked (read when its device memory is made),
+    greedy rows, and ``start`` prefilling the same random prompt into every row (decode then starts at
+    position prefill_len). ``warm``: started and 8 steps run already."""
     import fusec
+    from fusec.generation import write_sampling
     from fusec.runtime.generation import PlanEngine
+    from fusec.sampling import Sampling, row_seeds
 
     os.environ["FUSEC_PDL"] = "1" if pdl else "0"
     plan = fusec.load(path)
     eng = PlanEngine(plan)
     gen = plan.manifest["generation"]
-    vocab = int(gen["vocab_size"])
-    rng = np.random.default_rng(0)
-    ids = rng.integers(0, vocab, (batch, int(gen["prefill_len"])))
-    pdl_launches = sum(bool(L.get("pdl")) for L in plan.manifest["entries"]["decode"]["launches"])
-
-    from fusec.generation import write_sampling
-    from fusec.sampling import Sampling, row_seeds
-
-    write_sampling(eng, [Sampling()] * batch, row_seeds(0, batch))  # greedy rows
+    ids = np.random.default_rng(0).integers(0, int(gen["vocab_size"]), (batch, int(gen["prefill_len"])))
+    write_sampling(eng, [Sampling()] * batch, row_seeds(0, batch))
     lengths = np.full(batch, int(gen["prefill_len"]), np.int64)
 
-    def start() -> None:  # every row's prompt fills the prefill: decode starts at position prefill_len
+    def start() -> None:
         eng.prefill(ids, lengths)
 
+    if warm:
+        start()
+        for _ in range(8):
+            eng.decode()
+        eng.sync()
+    return plan, eng, start
+
+
+def _window_ms(eng: Any, start: Any, steps: int) -> float:
+    """One timing window: the prompt prefilled again, then ``steps`` decode steps; ms a step."""
+    import cupy as cp
+
+    a, b = cp.cuda.Event(), cp.cuda.Event()
     start()
-    for _ in range(8):
+    a.record(eng.stream)
+    for _ in range(steps):
         eng.decode()
-    eng.sync()
+    b.record(eng.stream)
+    b.synchronize()
+    return cp.cuda.get_elapsed_time(a, b) / steps
+
+
+def run_mode(path: str, pdl: bool, batch: int, steps: int, windows: int) -> tuple[dict[str, Any], Any, Any]:
+    import cupy as cp
+
+    plan, eng, start = _engine(path, pdl, batch, warm=True)
+    pdl_launches = sum(bool(L.get("pdl")) for L in plan.manifest["entries"]["decode"]["launches"])
     a, b = cp.cuda.Event(), cp.cuda.Event()
     prefill = []  # the prefill entry's GPU time (its inputs' copy included), one call at a time
     for _ in range(10):
@@ -93,15 +112,7 @@ def run_mode(path: str, pdl: bool, batch: int, steps: int, windows: int) -> tupl
         b.record(eng.stream)
         b.synchronize()
         prefill.append(cp.cuda.get_elapsed_time(a, b))
-    times = []
-    for _ in range(windows):
-        start()
-        a.record(eng.stream)
-        for _ in range(steps):
-            eng.decode()
-        b.record(eng.stream)
-        b.synchronize()
-        times.append(cp.cuda.get_elapsed_time(a, b) / steps)
+    times = [_window_ms(eng, start, steps) for _ in range(windows)]
     tokens = eng.read_state("tokens")
     caches = {r["name"]: eng.read_state(r["name"]) for r in plan.manifest["state"]}
     out: dict[str, Any] = {"pdl": pdl, "step_ms": statistics.median(times), "step_ms_all": times,
@@ -119,41 +130,14 @@ def run_interleaved(paths: dict[str, str], batch: int, steps: int, windows: int)
     once, starting from a different one each window, so that no plan is always measured first or
     last (measured in one process: the same plan timed after the others ran 4% slower). Per plan:
     (timing, tokens, caches) after its last window."""
-    import cupy as cp
-
-    import fusec
-    from fusec.generation import write_sampling
-    from fusec.runtime.generation import PlanEngine
-    from fusec.sampling import Sampling, row_seeds
-
-    os.environ["FUSEC_PDL"] = "1"
     names = list(paths)
     engines, starts = {}, {}
     for name in names:
-        plan = fusec.load(paths[name])
-        eng = PlanEngine(plan)
-        gen = plan.manifest["generation"]
-        ids = np.random.default_rng(0).integers(0, int(gen["vocab_size"]), (batch, int(gen["prefill_len"])))
-        write_sampling(eng, [Sampling()] * batch, row_seeds(0, batch))
-        lengths = np.full(batch, int(gen["prefill_len"]), np.int64)
-        starts[name] = (lambda eng=eng, ids=ids, lengths=lengths: eng.prefill(ids, lengths))
-        starts[name]()
-        for _ in range(8):
-            eng.decode()
-        eng.sync()
-        engines[name] = eng
-    a, b = cp.cuda.Event(), cp.cuda.Event()
+        _, engines[name], starts[name] = _engine(paths[name], True, batch, warm=True)
     times: dict[str, list[float]] = {n: [] for n in names}
     for w in range(windows):
         for name in names[w % len(names):] + names[:w % len(names)]:
-            eng = engines[name]
-            starts[name]()
-            a.record(eng.stream)
-            for _ in range(steps):
-                eng.decode()
-            b.record(eng.stream)
-            b.synchronize()
-            times[name].append(cp.cuda.get_elapsed_time(a, b) / steps)
+            times[name].append(_window_ms(engines[name], starts[name], steps))
     out = {}
     for name in names:
         eng = engines[name]
@@ -168,22 +152,9 @@ def profile_mode(path: str, pdl: bool, batch: int) -> Any:
     """The per-kernel profile of a few replays (CUPTI kernel records): run after every timing,
     since attached counters slow every later graph launch of the process."""
 
-    import fusec
-    from fusec.generation import write_sampling
     from fusec.runtime.counters import DriverCounters
-    from fusec.runtime.generation import PlanEngine
-    from fusec.sampling import Sampling, row_seeds
 
-    os.environ["FUSEC_PDL"] = "1" if pdl else "0"
-    plan = fusec.load(path)
-    eng = PlanEngine(plan)
-    gen = plan.manifest["generation"]
-    ids = np.random.default_rng(0).integers(0, int(gen["vocab_size"]), (batch, int(gen["prefill_len"])))
-    write_sampling(eng, [Sampling()] * batch, row_seeds(0, batch))
-    lengths = np.full(batch, int(gen["prefill_len"]), np.int64)
-
-    def start() -> None:
-        eng.prefill(ids, lengths)
+    plan, eng, start = _engine(path, pdl, batch)
 
     out: dict[str, Any] = {}
     counters = DriverCounters.create()

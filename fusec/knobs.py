@@ -43,9 +43,9 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("FUSEC_LT_PICK", "bool", False, "time cuBLASLt's candidate algorithms when a plan is loaded on a GPU"),
     Knob("FUSEC_GEMV_FORM", "choice", "ring", "how decode products stream their weights: a shared-memory ring "
          "(the default) or two register buffers (the A/B of benchmarks/decode_step.py --gemv-forms)", ("ring", "register")),
-    Knob("FUSEC_GEMV_SPREAD", "int", 0, "decode products: spread each k group over 1, 2 or 4 times the warps "
+    Knob("FUSEC_GEMV_SPREAD", "choice", "0", "decode products: spread each k group over 1, 2 or 4 times the warps "
          "(a lane holding 1/2 or 1/4 of the chunks; 0: the rule, build_gemm.gemv_form; the A/B of "
-         "benchmarks/decode_step.py --ab FUSEC_GEMV_SPREAD=1)"),
+         "benchmarks/decode_step.py --ab FUSEC_GEMV_SPREAD=1)", ("0", "1", "2", "4")),
     Knob("FUSEC_QGEMV_FORM", "choice", "tc", "how decode products over packed 4- to 6-bit weights compute: on "
          "tensor cores (the default where they fit) or with fp32 FMAs (the A/B of benchmarks/quant_bench.py --qgemv-forms)",
          ("tc", "fma")),
