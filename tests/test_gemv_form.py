@@ -150,13 +150,26 @@ def test_batch_8_spreads_k_groups_where_twice_the_warps_still_fit_two_a_sm(n: in
 
 
 def test_a_batch_8_plan_records_and_emits_the_spread() -> None:
-    """The kernel selection records the spread at batch 8 and the lowering emits it: blocks of the
-    spread's warps (a llama-tiny product's K of 64 gives 4 warps at any spread; qwen3-like K 1024 8)."""
-    plan = compile_generation("llama-tiny", batch=8, max_seq_len=64, prefill_len=8, dtype="bf16", eos_ids=[],
-                              arch="sm_90")
-    launches = _gemv_launches(plan)
-    assert launches
-    for L, src in launches:
-        n, k = _define(src, "N_"), _define(src, "K_")
-        want = gemv_form(n, k, DType.BF16, False, 8)
-        assert L["block"][0] == 32 * S.gemv_geometry(k, DType.BF16, want.get("spread", 1))[0], L["label"]
+    """The kernel selection records the spread at batch 8 and the lowering emits it: a llama-shaped
+    model of d 1024 (Qwen3-0.6B's row length) runs its K = 1024 products in blocks of 8 warps at
+    batch 8 (spread 2), of 4 at batch 1."""
+    import dataclasses
+
+    from fusec.genmodel import GenModel
+    from fusec.models.generate import SharedWeights
+    from fusec.models.registry import get_config
+    from fusec.models.weights import RandomWeights
+
+    cfg = dataclasses.replace(get_config("llama-tiny"), name="llama-d1024", hidden_size=1024, num_heads=8,
+                              num_kv_heads=4, head_dim=128, intermediate_size=1024, num_layers=1, vocab_size=512)
+    gm = GenModel(cfg, SharedWeights(RandomWeights(3)), None, (), cfg.name)
+    for batch, warps in ((8, 8), (1, 4)):
+        plan = compile_generation(gm, batch=batch, max_seq_len=32, prefill_len=8, dtype="bf16", eos_ids=[],
+                                  arch="sm_90")
+        launches = _gemv_launches(plan)
+        wide = [L for L, src in launches if _define(src, "K_") == 1024]
+        assert len(wide) >= 3, [L["label"] for L, _ in launches]  # qkv, gate/up, LM head
+        assert {L["block"][0] for L in wide} == {32 * warps}, batch
+        for L, src in launches:
+            form = gemv_form(_define(src, "N_"), _define(src, "K_"), DType.BF16, False, batch)
+            assert L["block"][0] == 32 * S.gemv_geometry(_define(src, "K_"), DType.BF16, form.get("spread", 1))[0]
