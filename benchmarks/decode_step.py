@@ -220,12 +220,15 @@ def main() -> int:
                     "profile, each other one a PDL timing checked bit for bit against the first's (e.g. ring,register)")
     ap.add_argument("--ab", action="append", default=[], metavar="KNOB=VALUE[+KNOB=VALUE]",
                     help="also time the first form's plan compiled with these knobs (e.g. FUSEC_KV_PREFETCH=0: the "
-                    "attention loads no cache row before its PDL wait), checked bit for bit; repeatable")
+                    "attention loads no cache row before its PDL wait; disable=RULE[,RULE]: without those fusion "
+                    "rules), checked bit for bit; repeatable")
     args = ap.parse_args()
     forms = args.gemv_forms.split(",")
     env = {f: {"FUSEC_GEMV_FORM": f} for f in forms}
+    disabled: dict[str, tuple[str, ...]] = {}
     for ab in args.ab:
         knobs = dict(kv.split("=", 1) for kv in ab.split("+"))
+        disabled[ab] = tuple(knobs.pop("disable").split(",")) if "disable" in knobs else ()
         env[ab] = {"FUSEC_GEMV_FORM": forms[0], **knobs}
         forms.append(ab)
     from fusec.compiler import compile_generation
@@ -244,7 +247,8 @@ def main() -> int:
             os.environ.update(env[form])
             t0 = time.time()
             plan = compile_generation(gm, batch=batch, max_seq_len=args.context + args.steps + 16,
-                                      prefill_len=args.context, dtype="bf16", eos_ids=[])
+                                      prefill_len=args.context, dtype="bf16", eos_ids=[],
+                                      disabled_fusions=disabled.get(form, ()))
             compile_s = time.time() - t0
             paths[form] = os.path.join(tmp, f"b{batch}-{form}.fplan")
             plan.save(paths[form])

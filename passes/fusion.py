@@ -5,7 +5,8 @@ each FUSED node is exactly one kernel of the plan.
 Order of proposals (``fusion_rules``; a rule proposes by fusion kind, never by op name):
 whole candidates of the candidate-only rules first (``mlp``, ``norm_gemm``), then RoPE siblings
 (``rope_siblings``: the q and k RoPEs of one layer, one output each) and single RoPEs with their
-norm and cache write (``head_rope``), then per GEMM anchor its ``gemm_prologue`` and ``gemm_epilogue``, then per REDUCE anchor ``reduce_fusion``, then
+norm and cache write (``head_rope``), each such group with the attention reading its rotated q and
+caches (``rope_attention``: the group becomes the attention's prologue), then per GEMM anchor its ``gemm_prologue`` and ``gemm_epilogue``, then per REDUCE anchor ``reduce_fusion``, then
 ``elementwise`` groups of what is left.
 
 A group is formed only when it is
@@ -176,14 +177,14 @@ class _Grouping:
             self.groups[gid].members = []
             del self.owner[anchor]
 
-    def extend(self, gid: int, rule: str, extra: list[Node], multi_output: bool) -> None:
+    def extend(self, gid: int, rule: str, extra: list[Node], multi_output: bool, spaces: bool = False) -> None:
         group = self.groups[gid]
         base = set(group.members)
         declined: list[tuple[Node, str]] = []
-        if self.check(base | set(extra), multi_output) is None:
+        if self.check(base | set(extra), multi_output, spaces=spaces) is None:
             kept = extra
         else:
-            kept, declined = self.fit(base, extra, multi_output)
+            kept, declined = self.fit(base, extra, multi_output, spaces)
         anchor = group.members[0]
         for n, why in declined:
             self.record(rule, group.kind, [anchor, n], Decision.REJECTED, why, legal=False)
@@ -198,7 +199,8 @@ class _Grouping:
         self.record(rule, group.kind, [anchor] + kept, decision, reason, True,
                     _gname(gid) if decision == Decision.APPLIED else None)
 
-    def fit(self, base: set[Node], extra: list[Node], multi_output: bool) -> tuple[list[Node], list[tuple[Node, str]]]:
+    def fit(self, base: set[Node], extra: list[Node], multi_output: bool,
+            spaces: bool = False) -> tuple[list[Node], list[tuple[Node, str]]]:
         """The nodes of ``extra`` (in the order the rule found them, outward from the group) that
         join one by one, each touching the group and keeping it legal and one kernel; and the
         declined ones with the reason. A node only reachable through a declined one is skipped."""
@@ -208,7 +210,7 @@ class _Grouping:
         for x in extra:
             if not self.touches(x, group):
                 continue
-            why = self.check(group | {x}, multi_output)
+            why = self.check(group | {x}, multi_output, spaces=spaces)
             if why is None:
                 group.add(x)
                 kept.append(x)
@@ -293,6 +295,11 @@ class _Grouping:
         for rope, _ in found:
             if rope not in self.owner and (extra := R.head_rope(self.view, rope)):
                 self.propose_anchor(rope, R.K.INJECTIVE, [("head_rope", extra, False)])
+        for gid, group in enumerate(self.groups):  # then the attention reading them, as their prologue's kernel
+            if {"rope_siblings", "head_rope"} & set(group.rules):
+                extra = R.attention_reader(self.view, self.outputs(group.members))
+                if extra:
+                    self.extend(gid, "rope_attention", extra, multi_output=True, spaces=True)
 
     def multi_output_prologue(self, anchor: Node, taken: list[Node]) -> list[Node]:
         """Elementwise producers feeding the group whose results are also read elsewhere (the

@@ -94,6 +94,9 @@ RULES: dict[str, Rule] = {r.name: r for r in (
     Rule("rope_siblings", True, "RoPEs rotating heads of one product with the same cos/sin (the q and k slices "
                                 "of a merged QKV GEMM), each with its head_rope norm and cache write, in one "
                                 "launch whose grid covers all their heads (one launch per layer instead of two)"),
+    Rule("rope_attention", True, "a head_rope group (q/k norms and RoPEs, the K/V cache writes) as the prologue of "
+                                 "the decode attention reading its q and caches: each block makes its q rows and the "
+                                 "new cache rows it reads (one launch per layer instead of two)"),
 )}
 
 
@@ -243,6 +246,18 @@ def side_writes(view: View, rope: Node) -> list[Node]:
     cur = rope.outputs[0]
     return [u for u in view.users(cur) if kind(u) == K.OPAQUE and not view.owned(u) and len(u.outputs) == 1
             and len(u.inputs) >= 2 and u.inputs[1] is cur and u.inputs[0] is not cur]
+
+
+def attention_reader(view: View, outputs: list[Value]) -> list[Node]:
+    """The OPAQUE node that alone reads a head_rope group's rotated rows not kept in a cache (q: no
+    graph output) and also reads another output of the group (a cache it writes): the decode
+    attention, whose prologue the group can be (``rope_attention``)."""
+    for o in outputs:
+        a = view.sole_reader(o)
+        if a is not None and not view.is_output(o) and kind(a) == K.OPAQUE and not view.owned(a) \
+                and len(a.outputs) == 1 and any(x in a.inputs for x in outputs if x is not o):
+            return [a]
+    return []
 
 
 def cache_copies(view: View, nodes: list[Node]) -> dict[tuple[Value, Value], list[Node]]:

@@ -219,10 +219,10 @@ def test_kv_attention_loads_old_rows_before_the_wait_only_where_the_program_allo
 
 
 def test_a_generation_plan_prefetches_old_rows_in_decode_not_in_its_join_entry() -> None:
-    """Compiled for sm_90 (head_dim 64: head_rope writes the caches): each decode attention loads
-    the rows older than the step before its wait (head_rope, the task before it, writes only the
-    rows at pos) and merges its splits through a cluster; the join entry's (a row-indexed cache
-    write before it may rewrite any row) loads nothing before its wait."""
+    """Compiled for sm_90 (head_dim 64: the decode attention writes the caches in its head_rope
+    prologue): each decode attention loads the rows older than the step before its wait (the QKV
+    product, the task before it, writes no cache) and merges its splits through a cluster; the join
+    entry's (a row-indexed cache write before it may rewrite any row) loads nothing before its wait."""
     import dataclasses
 
     from fusec.compiler import compile_generation
@@ -249,9 +249,9 @@ def test_a_generation_plan_prefetches_old_rows_in_decode_not_in_its_join_entry()
 
     decode, join = attention_sources("decode"), attention_sources("join")
     assert len(decode) == 2 and len(join) == 2
-    assert all("head_rope" in before or "rope" in before for before, _ in decode), [b for b, _ in decode]
-    assert all("#define KV_LD fc_ldcg16" in src and "__cluster_dims__" in src for _, src in decode)
-    assert all("#define KV_LD fc_ldg16" in src for _, src in join)
+    assert all("norm_gemm" in before for before, _ in decode), [b for b, _ in decode]
+    assert all("fc_pdl_wait_after(dep)" in src and "__cluster_dims__" in src for _, src in decode)
+    assert all("fc_pdl_wait_after(dep)" not in src and "fc_pdl_wait();" in src for _, src in join)
 
 
 def test_kv_attention_cluster_merge_takes_the_short_caches_on_sm90_only() -> None:

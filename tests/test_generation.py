@@ -245,7 +245,8 @@ def test_generate_api_errors_name_the_problem():
 
 def test_head_rope_group_is_one_kernel_and_keeps_the_numbers():
     """Qwen3 with head_dim 64: each layer's q norm + RoPE, k norm + RoPE + cache write and V's cache
-    write are fused into one launch (rope_siblings: one kernel over the q, k and v heads); the fused graphs generate
+    write are fused into one launch (rope_siblings: one kernel over the q, k and v heads), which in decode is the
+    attention's prologue (rope_attention: one launch for the heads and the attention); the fused graphs generate
     exactly what the unfused ones do."""
     import dataclasses
 
@@ -262,8 +263,9 @@ def test_head_rope_group_is_one_kernel_and_keeps_the_numbers():
 
     plan = compile_generation(model(), batch=2, max_seq_len=32, prefill_len=8, dtype="fp32", arch="sm_90", eos_ids=[])
     labels = [L["label"] for L in plan.manifest["entries"]["decode"]["launches"]]
-    assert sum("fused[rope_siblings]" in x for x in labels) == cfg.num_layers
-    assert not any("rope" in x and "rope_siblings" not in x for x in labels)
+    assert sum("fused[rope_siblings+rope_attention]" in x for x in labels) == cfg.num_layers
+    assert not any("rope" in x and "rope_siblings+rope_attention" not in x for x in labels)
+    assert not any("kv_attention" in x for x in labels)  # no attention launch of its own
     # V's cache write joins the rope_siblings launch: the one cache_write left records the tokens
     assert sum(x.endswith("cache_write") for x in labels) == 1
     raw = ReferenceEngine(build_graphs(model(), 2, 32, 12, []))

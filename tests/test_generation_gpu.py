@@ -70,7 +70,8 @@ def test_bf16_generation_runs_and_stops_at_eos():
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_head_rope_fusion_generates_like_the_reference(head_dim):
     """Qwen3 with head_dim 64/128: q norm + RoPE and k norm + RoPE + the K cache write run as one
-    launch per layer (rope_siblings: one head_rope kernel over the q and k heads)."""
+    launch per layer (rope_siblings: one head_rope kernel over the q and k heads), in decode the
+    attention's prologue (rope_attention)."""
     import dataclasses
 
     from fusec.genmodel import GenModel
@@ -85,7 +86,7 @@ def test_head_rope_fusion_generates_like_the_reference(head_dim):
 
     plan = compile_generation(model(), batch=4, max_seq_len=48, prefill_len=12, dtype="fp32", eos_ids=[])
     labels = [L["label"] for L in plan.manifest["entries"]["decode"]["launches"]]
-    assert sum("fused[rope_siblings]" in x for x in labels) == cfg.num_layers
+    assert sum("fused[rope_siblings+rope_attention]" in x for x in labels) == cfg.num_layers
     res = generate_with_plan(plan, PROMPTS, max_new_tokens=16)
     want = generate(ReferenceEngine(build_graphs(model(), 4, 48, 12, [])), PROMPTS, 16, cfg.vocab_size)
     assert res.new_ids == want.new_ids

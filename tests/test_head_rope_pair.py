@@ -128,9 +128,9 @@ def test_memory_plan_of_generation_siblings(entry: str) -> None:
     cfg = _cfg("qwen3-mqa")
     gm = GenModel(cfg, SharedWeights(RandomWeights(1)), None, (), cfg.name)
     g = _optimized(build_graphs(gm, 2, 32, 8, [])[entry])
-    sib = [n for n in g.nodes if n.op.value == "fused" and n.attrs.rule == "rope_siblings"]
-    # q, the K cache and the V cache (V's heads copied by the same launch: the V cache write is no
-    # launch of its own)
+    sib = [n for n in g.nodes if n.op.value == "fused" and n.attrs.rule.startswith("rope_siblings")]
+    # q (decode: the attention's result, q being the prologue's), the K cache and the V cache (V's heads
+    # copied by the same launch: the V cache write is no launch of its own)
     assert len(sib) == cfg.num_layers and all(len(n.outputs) == 3 for n in sib)
     rng = np.random.default_rng(2)
     fixed = {"pos": np.array([0, 0]) if entry == "prefill" else np.array([8, 5]), "cur": np.array([8, 5]),
@@ -238,14 +238,17 @@ def test_generation_plan_one_rope_launch_per_layer(case: str, batch: int) -> Non
     plan = compile_generation(model(), batch=batch, max_seq_len=32, prefill_len=8, dtype="fp16", arch="sm_80", eos_ids=[])
     for entry in ("prefill", "decode"):
         labels = [L["label"] for L in plan.manifest["entries"][entry]["launches"]]
-        assert sum("fused[rope_siblings]" in x for x in labels) == cfg.num_layers, (entry, labels)
-        assert not [x for x in labels if "rope" in x and "rope_siblings" not in x], (entry, labels)
+        rule = "rope_siblings+rope_attention" if entry == "decode" else "rope_siblings"
+        assert sum(f"fused[{rule}]" in x for x in labels) == cfg.num_layers, (entry, labels)
+        assert not [x for x in labels if "rope" in x and rule not in x], (entry, labels)
     graphs = build_graphs(model(), batch, 32, 8, [])
     for entry in ("prefill", "decode"):  # attention reads the caches (the prefill too): K and V go only there
         g = _optimized(graphs[entry])
-        sib = [k for k in describe_kernels(g) if k.startswith("rope_siblings:")]
-        # the V heads' cache write joins K's (...rope[+transpose]+cache_write+cache_write)
-        assert len(sib) == cfg.num_layers and all(k.endswith("cache_write+cache_write") for k in sib), (entry, sib)
+        sib = [k for k in describe_kernels(g) if k.startswith("rope_siblings")]
+        # the V heads' cache write joins K's (...rope[+transpose]+cache_write+cache_write), and in decode
+        # the attention that reads them (rope_attention)
+        tail = "cache_write+cache_write" + ("+kv_attention" if entry == "decode" else "")
+        assert len(sib) == cfg.num_layers and all(k.endswith(tail) for k in sib), (entry, sib)
         n_writes = sum(k == "cache_write" for k in describe_kernels(g))
         assert n_writes == sum(k == "cache_write" for k in describe_kernels(_optimized(graphs[entry], ("rope_siblings",)))) \
             - cfg.num_layers  # V's cache write joins (K's joins its head_rope with the rule off too)
@@ -357,7 +360,8 @@ def test_generation_with_siblings_matches_the_reference(case: str, batch: int) -
     plan = compile_generation(model(), batch=batch, max_seq_len=40, prefill_len=12, dtype="fp32", eos_ids=[])
     for entry in ("prefill", "decode"):
         labels = [L["label"] for L in plan.manifest["entries"][entry]["launches"]]
-        assert sum("fused[rope_siblings]" in x for x in labels) == cfg.num_layers
+        rule = "rope_siblings+rope_attention" if entry == "decode" else "rope_siblings"
+        assert sum(f"fused[{rule}]" in x for x in labels) == cfg.num_layers
     got = generate_with_plan(plan, PROMPTS[:batch], max_new_tokens=12).new_ids
     want = generate(ReferenceEngine(build_graphs(model(), batch, 40, 12, [])), PROMPTS[:batch], 12,
                     cfg.vocab_size).new_ids

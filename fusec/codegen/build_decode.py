@@ -52,7 +52,8 @@ def kv_attention_spec(B: int, Hq: int, Hkv: int, S_: int, T: int, D: int, dtype:
                       pos_dtype: DType = DType.I64, target_blocks: int = KV_TARGET_BLOCKS,
                       threads: int = 128, max_splits: int = KV_MAX_AUTO_SPLITS,
                       softcap: float = 0.0, window: int = 0, prefetch: bool = False,
-                      cluster: bool = False, split_keys: int = S.KV_CHUNK_GRANULE) -> S.KVAttentionSpec:
+                      cluster: bool = False, split_keys: int = S.KV_CHUNK_GRANULE,
+                      heads: tuple[S.HeadRopeSpec, ...] = ()) -> S.KVAttentionSpec:
     """The spec for a KV attention: as many splits of the key range as keep a full-context step
     within ``target_blocks`` blocks (one wave), at most ``max_splits``: batch 1 with a long
     context still spreads over the SMs, a large batch is not cut into a wave and a tail.
@@ -62,7 +63,8 @@ def kv_attention_spec(B: int, Hq: int, Hkv: int, S_: int, T: int, D: int, dtype:
     Where the batch's (row, kv head, tile) blocks alone fill a quarter of the SMs, a split covers at
     least ``split_keys`` rows of the cache's capacity T (fewer keep the 32-row granule). Measured on an
     H200 (Qwen3-0.6B, 271-row cache, plans in turns): batch 8 took 0.847 ms a step with 4 splits (64
-    rows) against 0.924 with 8; batch 1 (8 blocks a split) took 0.763 with 8 against 0.789 with 4."""
+    rows) against 0.924 with 8; batch 1 (8 blocks a split) took 0.763 with 8 against 0.789 with 4.
+    ``heads``: the q/k/v head_rope parts of its prologue (``KVAttentionSpec.heads``)."""
     probe = S.KVAttentionSpec(B, Hq, Hkv, S_, T, D, dtype, scale, 1, pos_dtype, threads, softcap)
     lay = kv_layout(probe, threads)
     per_split = B * Hkv * lay["tiles"]
@@ -75,7 +77,7 @@ def kv_attention_spec(B: int, Hq: int, Hkv: int, S_: int, T: int, D: int, dtype:
     if use_cluster:
         splits = min(splits, S.KV_MAX_CLUSTER)
     return S.KVAttentionSpec(B, Hq, Hkv, S_, T, D, dtype, scale, splits, pos_dtype, threads, softcap, window, prefetch,
-                             use_cluster)
+                             use_cluster, heads)
 
 
 @builder(S.KVAttentionSpec)
@@ -98,8 +100,25 @@ def _kv_attention(spec: S.KVAttentionSpec) -> Rendered:
         # ptxas caps registers oddly (and spills) when D / vec is no power of two; lift the cap there
         "min_blocks": 1 if lay["nvec"] & (lay["nvec"] - 1) else 0,
     }
-    params = ("q", "k", "v", "pos") + (("part", "sync") if spec.splits > 1 and not spec.cluster else ()) + ("out",)
+    ctx["heads"] = _heads_ctx(spec) if spec.heads else None
+    merge = ("part", "sync") if spec.splits > 1 and not spec.cluster else ()
+    if spec.heads:  # the prologue reads the product's rows and writes the caches
+        q, k, _ = spec.heads
+        ins = ("xq",) + (("wq",) if q.norm else ()) + ("xk",) + (("wk",) if k.norm else ()) + ("xv", "cos", "sin")
+        params = ins + ("pos", "out_k", "out_v") + merge + ("out",)
+    else:
+        params = ("q", "k", "v", "pos") + merge + ("out",)
     return Rendered("kv_attention.cu.jinja", ctx, grid, (spec.threads, 1, 1), params)
+
+
+def _heads_ctx(spec: S.KVAttentionSpec) -> dict[str, object]:
+    """What the kv_attention template's prologue needs of the q/k/v head_rope parts (head_rope_row.jinja)."""
+    q, k, v = spec.heads
+    extent = max(sum((n - 1) * st for n, st in zip((p.B, p.H, p.S), p.x_strides)) + p.D for p in spec.heads)
+    return {"cs_t": ctype(q.cs_dtype), "cs": q.cs_strides, "per_lane": q.D // 32, "half_k": q.D // 64,
+            "idx_t": idx_type(extent, spec.B * spec.Hkv * spec.T * spec.D),
+            "parts": [{"xs": p.x_strides, "norm": p.norm, "w_t": ctype(p.w_dtype or p.dtype), "eps": float_lit(p.eps),
+                       "weight_offset": float_lit(p.weight_offset), "rotate": p.rotate} for p in (q, k, v)]}
 
 
 @builder(S.CacheWriteSpec)

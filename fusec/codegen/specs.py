@@ -18,8 +18,8 @@ import math
 from fusec.codegen.elementwise import Expr, dtype_of
 from fusec.codegen.spec_base import FLOATS, HALFS, _ints, _pos, _req, _softcap_ok, contiguous_strides  # noqa: F401
 from fusec.codegen.specs_decode import (  # noqa: F401  (one namespace for every spec: S.KVAttentionSpec, ...)
-    CACHE_DTYPES, KV_CHUNK_GRANULE, KV_MAX_CLUSTER, KV_MAX_SPLITS, POS_DTYPES, CacheWriteSpec, KVAttentionSpec,
-    SamplePartSpec, SampleSpec, cache_write_spec)
+    CACHE_DTYPES, KV_CHUNK_GRANULE, KV_MAX_CLUSTER, KV_MAX_SPLITS, POS_DTYPES, CacheWriteSpec, HeadRopeSpec,
+    KVAttentionSpec, SamplePartSpec, SampleSpec, cache_write_spec)
 from fusec.codegen.specs_mlp import MlpOperand, MlpSpec  # noqa: F401  (the fused MLP: fusec.codegen.build_mlp)
 from fusec.dtypes import DType
 
@@ -429,48 +429,3 @@ class GemvSpec:
     def part_floats(self) -> int:
         """One (score, column) pair per row and tile."""
         return self.M * self.tiles * 2 if self.argmax else 0
-
-
-# ---- decode step: KV cache write, attention over a KV cache, sampling (fusec.codegen.build_decode) ----
-
-@dataclasses.dataclass(frozen=True)
-class HeadRopeSpec:
-    """Per head row: [RMSNorm over D] -> rotate-half RoPE -> store, optionally into a KV cache.
-
-    x is [B, H, S, D] read through ``x_strides`` (per b, h, s; d contiguous). With ``norm``, each
-    row is first normalized as ``RMSNORM`` computes it (x * rsqrt(mean(x^2) + eps), rounded to the
-    storage dtype, times (w + weight_offset), rounded) before RoPE, exactly as the unfused pair
-    stores and reloads it. cos/sin rows are addressed as in ``RopeSpec``. With ``cache_len`` > 0
-    the row (b, h, s) is written to cache row ``pos[b] + s`` (dropped past ``cache_len``) through
-    ``out_strides`` (per b, h, cache row): a cache_write fused into the same launch. One warp per
-    row; D must be a multiple of 64 so that each lane holds both halves of its rotation pairs.
-    Params: x, [w], cos, sin, [pos], out.
-    """
-
-    B: int
-    H: int
-    S: int
-    D: int
-    dtype: DType
-    x_strides: tuple[int, int, int]
-    out_strides: tuple[int, int, int]
-    cs_strides: tuple[int, int]
-    cs_dtype: DType
-    norm: bool = False
-    eps: float = 1e-6
-    weight_offset: float = 0.0
-    w_dtype: DType | None = None
-    cache_len: int = 0
-    pos_dtype: DType = DType.I64
-    rotate: bool = True  # False: the rows are copied into the cache as they are (V heads beside rotated K)
-
-    def __post_init__(self) -> None:
-        _pos(("B", self.B), ("H", self.H), ("S", self.S), ("D", self.D))
-        _req(self.D % 64 == 0 and self.D <= 256, f"head_rope needs D a multiple of 64 up to 256, got {self.D}")
-        _req(self.rotate or (not self.norm and self.cache_len > 0), "a head_rope part that does not rotate copies "
-             "its rows, without a norm, into a cache")
-        _req(self.dtype in FLOATS and self.cs_dtype in FLOATS, "head_rope is float")
-        _req(not self.norm or (self.w_dtype or self.dtype) in FLOATS, "the norm weight is float")
-        _req(self.cache_len >= 0 and self.pos_dtype in (DType.I32, DType.I64), "cache_len >= 0, integer positions")
-        _req(math.isfinite(self.eps) and self.eps >= 0, "eps must be finite and >= 0")
-        _ints(self.x_strides + self.out_strides + self.cs_strides, "strides", 0)

@@ -72,6 +72,49 @@ def cache_write_spec(cache_shape: tuple[int, ...], new_shape: tuple[int, ...], a
 
 
 @dataclasses.dataclass(frozen=True)
+class HeadRopeSpec:
+    """Per head row: [RMSNorm over D] -> rotate-half RoPE -> store, optionally into a KV cache.
+
+    x is [B, H, S, D] read through ``x_strides`` (per b, h, s; d contiguous). With ``norm``, each
+    row is first normalized as ``RMSNORM`` computes it (x * rsqrt(mean(x^2) + eps), rounded to the
+    storage dtype, times (w + weight_offset), rounded) before RoPE, exactly as the unfused pair
+    stores and reloads it. cos/sin rows are addressed as in ``RopeSpec``. With ``cache_len`` > 0
+    the row (b, h, s) is written to cache row ``pos[b] + s`` (dropped past ``cache_len``) through
+    ``out_strides`` (per b, h, cache row): a cache_write fused into the same launch. One warp per
+    row; D must be a multiple of 64 so that each lane holds both halves of its rotation pairs.
+    Params: x, [w], cos, sin, [pos], out.
+    """
+
+    B: int
+    H: int
+    S: int
+    D: int
+    dtype: DType
+    x_strides: tuple[int, int, int]
+    out_strides: tuple[int, int, int]
+    cs_strides: tuple[int, int]
+    cs_dtype: DType
+    norm: bool = False
+    eps: float = 1e-6
+    weight_offset: float = 0.0
+    w_dtype: DType | None = None
+    cache_len: int = 0
+    pos_dtype: DType = DType.I64
+    rotate: bool = True  # False: the rows are copied into the cache as they are (V heads beside rotated K)
+
+    def __post_init__(self) -> None:
+        _pos(("B", self.B), ("H", self.H), ("S", self.S), ("D", self.D))
+        _req(self.D % 64 == 0 and self.D <= 256, f"head_rope needs D a multiple of 64 up to 256, got {self.D}")
+        _req(self.rotate or (not self.norm and self.cache_len > 0), "a head_rope part that does not rotate copies "
+             "its rows, without a norm, into a cache")
+        _req(self.dtype in FLOATS and self.cs_dtype in FLOATS, "head_rope is float")
+        _req(not self.norm or (self.w_dtype or self.dtype) in FLOATS, "the norm weight is float")
+        _req(self.cache_len >= 0 and self.pos_dtype in (DType.I32, DType.I64), "cache_len >= 0, integer positions")
+        _req(math.isfinite(self.eps) and self.eps >= 0, "eps must be finite and >= 0")
+        _ints(self.x_strides + self.out_strides + self.cs_strides, "strides", 0)
+
+
+@dataclasses.dataclass(frozen=True)
 class KVAttentionSpec:
     """Attention of q [B, Hq, S, D] over KV caches k/v [B, Hkv, T, D] (all contiguous): query s of
     row b sees keys j <= pos[b] + s, j < T (a row that sees none gives 0); q head h reads kv head
@@ -93,7 +136,12 @@ class KVAttentionSpec:
     PDL wait, the rest after it; only where the kernel launched before this one writes neither pos nor
     those rows (the lowering decides from the program: ``Context.older_rows_stable``).
     ``cluster`` (sm_90): the splits of each (b, tile, kv head) are one thread block cluster, and its
-    rank 0 merges the partials from their shared memory: params q, k, v, pos, out (no part, sync)."""
+    rank 0 merges the partials from their shared memory: params q, k, v, pos, out (no part, sync).
+    ``heads`` (q, k, v ``HeadRopeSpec`` parts, the head_rope kernel's: the decode step's q and k norm
+    and RoPE, and the K/V cache writes, as this kernel's prologue): each block computes its tile's q
+    rows itself (into shared memory) and the new cache rows pos[b] + s it reads (writing them to the
+    caches, the same bits from every block that reads them) before its key loop. Params xq, [wq], xk,
+    [wk], xv, cos, sin, pos, out_k, out_v (the caches, written in place), [part, sync], out."""
 
     B: int
     Hq: int
@@ -110,10 +158,11 @@ class KVAttentionSpec:
     window: int = 0
     prefetch: bool = False
     cluster: bool = False
+    heads: tuple[HeadRopeSpec, ...] = ()
 
-    def __repr__(self) -> str:  # window 0 and flags off left out: such kernels keep their names
+    def __repr__(self) -> str:  # window 0, flags off and no heads left out: such kernels keep their names
         fields = [f for f in dataclasses.fields(self) if not (f.name == "window" and self.window == 0)
-                  and not (f.name in ("prefetch", "cluster") and not getattr(self, f.name))]
+                  and not (f.name in ("prefetch", "cluster", "heads") and not getattr(self, f.name))]
         return f"KVAttentionSpec({', '.join(f'{f.name}={getattr(self, f.name)!r}' for f in fields)})"
 
     def __post_init__(self) -> None:
@@ -134,6 +183,22 @@ class KVAttentionSpec:
              f"{-(-self.T // KV_CHUNK_GRANULE)} chunks of {KV_CHUNK_GRANULE} keys a cache of {self.T} has")
         _req(self.threads in (64, 128, 256), "kv_attention: threads must be 64, 128 or 256")
         _req(self.splits <= KV_MAX_SPLITS, f"kv_attention: at most {KV_MAX_SPLITS} splits")
+        if self.heads:
+            self._check_heads()
+
+    def _check_heads(self) -> None:
+        _req(len(self.heads) == 3 and all(isinstance(p, HeadRopeSpec) for p in self.heads),
+             "kv_attention: heads are the (q, k, v) HeadRopeSpec parts of its prologue")
+        q, k, v = self.heads
+        _req((q.B, q.H, q.S, q.D, q.dtype) == (self.B, self.Hq, self.S, self.D, self.dtype) and q.rotate
+             and not q.cache_len, "kv_attention: the q part rotates [B, Hq, S, D] rows of the attention's dtype")
+        cache = (self.Hkv * self.T * self.D, self.T * self.D, self.D)
+        for name, p, rotate in (("k", k, True), ("v", v, False)):
+            _req((p.B, p.H, p.S, p.D, p.dtype, p.cache_len, p.out_strides) == (self.B, self.Hkv, self.S, self.D,
+                 self.dtype, self.T, cache) and p.rotate == rotate and p.pos_dtype == self.pos_dtype,
+                 f"kv_attention: the {name} part writes [B, Hkv, S, D] rows into the contiguous [B, Hkv, T, D] cache"
+                 f"{' after its RoPE' if rotate else ' as they are'}, at the attention's positions")
+        _req((k.cs_strides, k.cs_dtype) == (q.cs_strides, q.cs_dtype), "kv_attention: q and k share cos/sin")
 
     @property
     def part_floats(self) -> int:

@@ -240,6 +240,13 @@ def kernel_plan(body: Graph) -> tuple[str, Any]:
     ops = [n.op for n in body.nodes]
     if Op.ATTENTION in ops:
         return ("attention", _attention_plan(body))
+    if Op.KV_ATTENTION in ops:  # decode attention with its head_rope group as the prologue
+        from fusec.lower import decode, heads
+
+        try:
+            return ("kv_attention_heads", decode.plan_heads(body))
+        except heads.NoPlan as e:
+            raise _NoPlan(str(e)) from None
     if Op.ROPE in ops:
         from fusec.lower import heads
 
@@ -351,6 +358,10 @@ def lower_fused(ctx: Context, node: Node, label: str) -> None:
         from fusec.lower import heads
 
         heads.emit(ctx, detail, node, label)
+    elif kind == "kv_attention_heads":
+        from fusec.lower import decode
+
+        decode.kv_attention_heads(ctx, node, detail, label)
     elif kind == "gemv":
         from fusec.lower import skinny
 
