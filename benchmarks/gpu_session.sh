@@ -18,6 +18,8 @@
 #             everywhere (FUSEC_GEMV_SPREAD)
 #   step_kvs  Qwen3-0.6B batch 1 and 8 decode steps: splits of at least 64 cache rows (the default) against 32
 #   kvtests   the decode attention's and the plans' GPU tests (kernels, PDL, generation, join)
+#   kvh       the attention with its head_rope prologue (rope_attention): kernel bits, and the plans' GPU tests around it
+#   step_ra   Qwen3-0.6B batch 1 and 8 decode steps: with rope_attention (the default) against without it
 #   step_l    the Llama-3.2-1B shape, batch 1, ring vs register form
 #   peer      Qwen3-0.6B decode and prefill vs the gpt-fast-style torch peer (benchmarks/decode.py --quick)
 #   quant     packed quantized weights: kernels and decode (benchmarks/quant_bench.py --quick)
@@ -102,6 +104,12 @@ for step in "$@"; do
     kvtests) timeout 200 $PT -n 8 tests/test_decode_kernels_gpu.py tests/test_pdl_gpu.py tests/test_generation_gpu.py \
                tests/test_generation_join_gpu.py tests/test_generation_families_gpu.py > "$R/t_kv.txt" 2>&1
              grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_kv.txt" | tail -n 12 ;;
+    kvh) timeout 250 $PT -n 8 tests/test_kv_heads_gpu.py tests/test_head_rope_pair.py tests/test_pdl_gpu.py \
+           tests/test_generation_gpu.py tests/test_decode_kernels_gpu.py tests/test_generation_join_gpu.py > "$R/t_kvh.txt" 2>&1
+         grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_kvh.txt" | tail -n 15 ;;
+    step_ra) timeout 280 python3 benchmarks/decode_step.py "$R/step_ra" --model qwen3-0.6b --batches 1,8 --windows 3 \
+               --ab disable=rope_attention > "$R/step_ra.txt" 2>&1
+             tail -n 4 "$R/step_ra.txt" | cut -c 1-3000 ;;
     step_l) timeout 150 python3 benchmarks/decode_step.py "$R/step_l" --model llama-1b --batches 1 --context 32 --gemv-forms ring,register > "$R/step_l.txt" 2>&1
             tail -n 5 "$R/step_l.txt" ;;
     peer) timeout 270 python3 benchmarks/decode.py "$R/peer.json" --quick --batches 1 --contexts 128 --budget-s 180 --hf none --no-fp32-check > "$R/peer.txt" 2>&1

@@ -20,6 +20,18 @@ F16, BF16, F32, I64, I32, BOOL = DType.F16, DType.BF16, DType.F32, DType.I64, DT
 FLOATS = [F32, F16, BF16]
 
 
+def heads_parts(B: int, Hq: int, Hkv: int, Sq: int, T: int, D: int, dt: DType, norm: bool,
+                w_dtype: DType = DType.F32) -> tuple[S.HeadRopeSpec, ...]:
+    """The (q, k, v) head_rope parts of an attention prologue over one merged QKV row [B, S, (Hq + 2 Hkv) D]
+    (each part's pointer starts at its heads), cos/sin [B, S, D], fp32 norm weights."""
+    W = (Hq + 2 * Hkv) * D
+    xs, cs, cache = (Sq * W, D, W), (Sq * D, D), (Hkv * T * D, T * D, D)
+    kw = dict(norm=True, w_dtype=w_dtype) if norm else {}
+    return (S.HeadRopeSpec(B, Hq, Sq, D, dt, xs, (Hq * Sq * D, Sq * D, D), cs, dt, **kw),
+            S.HeadRopeSpec(B, Hkv, Sq, D, dt, xs, cache, cs, dt, cache_len=T, **kw),
+            S.HeadRopeSpec(B, Hkv, Sq, D, dt, xs, cache, cs, dt, cache_len=T, rotate=False))
+
+
 def decode_specs() -> list[tuple[str, object]]:
     """One spec per interesting (template, config); test_templates checks every template is covered."""
     out: list[tuple[str, object]] = []
@@ -37,6 +49,13 @@ def decode_specs() -> list[tuple[str, object]]:
         out.append((f"kvattn-{dt.value}-prefetch-window-S3",
                     kv_attention_spec(2, 8, 2, 3, 100, 64, dt, 0.1, window=20, prefetch=True)))
         out.append((f"kvattn-{dt.value}-256t", S.KVAttentionSpec(2, 16, 8, 1, 512, 64, dt, 0.1, 4, I64, 256)))
+        for tag, (B, Hq, Hkv, Sq, T, D), norm, kw in [  # the head_rope group as the prologue (rope_attention)
+                ("cluster", (1, 16, 8, 1, 271, 128), True, dict(prefetch=True, cluster=True)),
+                ("split", (8, 16, 8, 1, 271, 128), True, dict(prefetch=True, split_keys=64)),
+                ("window-S3", (3, 8, 2, 3, 100, 64), True, dict(window=20)),
+                ("plain-rope", (2, 4, 4, 1, 64, 64), False, {})]:
+            out.append((f"kvattn-{dt.value}-heads-{tag}", kv_attention_spec(
+                B, Hq, Hkv, Sq, T, D, dt, 0.1, heads=heads_parts(B, Hq, Hkv, Sq, T, D, dt, norm), **kw)))
         out.append((f"cachew-{dt.value}-kv", S.cache_write_spec((4, 8, 4096, 128), (4, 8, 1, 128), 2, dt)))
         out.append((f"cachew-{dt.value}-prefill", S.cache_write_spec((2, 3, 50, 72), (2, 3, 9, 72), 2, dt, I32)))
         out.append((f"cachew-{dt.value}-novec", S.cache_write_spec((2, 5, 3), (2, 2, 3), 1, dt, vectorize=False)))

@@ -108,7 +108,7 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path: Path) -> None:
     assert tops == {"fusec", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}, tops
     for package in _source_packages():
         assert f"{package.replace('.', '/')}/__init__.py" in names, f"{package} is missing from the wheel"
-    for cu in (REPO / "templates").glob("*.cu*"):
+    for cu in [*(REPO / "templates").glob("*.cu*"), *(REPO / "templates").glob("*.jinja")]:
         assert f"fusec/templates/{cu.name}" in names, f"template {cu.name} is missing from the wheel"
 
     venv = tmp_path / "venv"

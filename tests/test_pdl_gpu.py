@@ -49,12 +49,13 @@ def test_overlapped_launches_give_bit_identical_results(dtype: str, tmp_path, mo
     decode = plan.manifest["entries"]["decode"]["launches"]
     if int(arch[3:]) >= 90:  # every launch after the first may overlap the one before
         assert sum(bool(L.get("pdl")) for L in decode) == len(decode) - 1
-    # and each attention loads the cache rows older than the step before its wait (head_rope, the
-    # kernel before it, writes only the rows at pos): the race this test would catch
+    # and each attention loads the cache rows older than the step before its wait (the QKV product, the
+    # kernel before it, writes no cache; the attention's own prologue writes the rows at pos): the race
+    # this test would catch
     mods = {m["id"]: m for m in plan.manifest["modules"]}
     attn = [mods[plan.manifest["kernels"][L["kernel"]]["module"]] for L in decode if "kernel" in L]
     attn = [m for m in attn if m["template"] == "kv_attention.cu.jinja"]
-    assert len(attn) == 3 and all("#define KV_LD fc_ldcg16" in plan._blobs[m["source"]].decode() for m in attn)
+    assert len(attn) == 3 and all("fc_pdl_wait_after(dep)" in plan._blobs[m["source"]].decode() for m in attn)
     path = str(tmp_path / "p.fplan")
     plan.save(path)
     ids_pdl, cache_pdl = _run(path, True, monkeypatch)
