@@ -126,7 +126,8 @@ def test_spec_refuses_heads_that_do_not_fit_the_attention() -> None:
     ok = kv_attention_spec(B, Hq, Hkv, Sq, T, D, dt, 0.1, heads=(q, k, v))
     r, src = K.prepare(ok)
     assert r.params == ("xq", "wq", "xk", "wk", "xv", "cos", "sin", "pos", "out_k", "out_v", "part", "sync", "out")
-    assert "__shared__ __align__(16) T q_s" in src and "#define KV_LD fc_ldcg16" in src
+    # the step's rows are read from shared memory, so the older rows keep the read-only path
+    assert "__shared__ __align__(16) T q_s" in src and "knew_s[jn]" in src and "#define KV_LD fc_ldg16" in src
     bad = {
         "the q part": (dataclasses.replace(q, H=Hkv), k, v),
         "the k part": (q, dataclasses.replace(k, cache_len=T - 1), v),
@@ -139,6 +140,10 @@ def test_spec_refuses_heads_that_do_not_fit_the_attention() -> None:
             S.KVAttentionSpec(B, Hq, Hkv, Sq, T, D, dt, 0.1, heads=parts)
     with pytest.raises(ValueError, match="the k part"):  # the caches hold the attention's positions dtype
         S.KVAttentionSpec(B, Hq, Hkv, Sq, T, D, dt, 0.1, pos_dtype=DType.I32, heads=(q, k, v))
+    many = heads_parts(B, Hq, Hkv, 64, T, D, dt, True)  # 64 rows a step: 16 KB of k and v rows, no more
+    with pytest.raises(ValueError, match="at most 16384 bytes of shared memory"):
+        S.KVAttentionSpec(B, Hq, Hkv, 65, T, D, dt, 0.1, heads=heads_parts(B, Hq, Hkv, 65, T, D, dt, True))
+    assert S.KVAttentionSpec(B, Hq, Hkv, 64, T, D, dt, 0.1, heads=many).heads == many
     plain = S.KVAttentionSpec(B, Hq, Hkv, Sq, T, D, dt, 0.1)
     assert "heads" not in repr(plain)  # kernels without a prologue keep their names
 

@@ -15,6 +15,7 @@ CACHE_DTYPES = FLOATS + POS_DTYPES
 KV_CHUNK_GRANULE = 32  # split lengths of kv_attention are multiples of this many keys
 KV_MAX_SPLITS = 1024  # the merging block loops over the splits
 KV_MAX_CLUSTER = 8  # splits merged through a thread block cluster: the portable cluster size
+KV_HEADS_SMEM = 16 * 1024  # shared memory a kv_attention prologue may keep the step's k and v rows in
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,6 +200,8 @@ class KVAttentionSpec:
                  f"kv_attention: the {name} part writes [B, Hkv, S, D] rows into the contiguous [B, Hkv, T, D] cache"
                  f"{' after its RoPE' if rotate else ' as they are'}, at the attention's positions")
         _req((k.cs_strides, k.cs_dtype) == (q.cs_strides, q.cs_dtype), "kv_attention: q and k share cos/sin")
+        _req(2 * self.S * self.D * self.dtype.itemsize <= KV_HEADS_SMEM, f"kv_attention: a prologue keeps the "
+             f"step's k and v rows in at most {KV_HEADS_SMEM} bytes of shared memory ({self.S} rows of {self.D})")
 
     @property
     def part_floats(self) -> int:

@@ -112,6 +112,9 @@ def plan_heads(body: Graph) -> HeadsPlan:
         raise heads.NoPlan("the attention prologue kernel takes one kv_attention")
     attn = attns[0]
     q, k, v, pos = attn.inputs
+    if 2 * q.shape[2] * q.shape[3] * q.dtype.itemsize > S.KV_HEADS_SMEM:
+        raise heads.NoPlan(f"the attention's prologue keeps the step's k and v rows in shared memory: "
+                           f"{q.shape[2]} rows of {q.shape[3]} do not fit {S.KV_HEADS_SMEM} bytes")
     rest = [n for n in body.nodes if n is not attn]
     if attn.output not in body.outputs or any(x in body.outputs for n in rest for x in n.outputs if x is q):
         raise heads.NoPlan("the rotated q rows must be read by the attention only, and its result be the kernel's")
