@@ -21,6 +21,8 @@
 #   kvh       the attention with its head_rope prologue (rope_attention): kernel bits, and the plans' GPU tests around it
 #   step_ra   Qwen3-0.6B batch 1 and 8 decode steps: with rope_attention (the default) against without it
 #   step_ra2  the same, each with and without the attention's cluster merge, and with 32-row splits
+#   step_u    Qwen3-0.6B batch 1 and 8 decode steps: the attention's key groups loading 8 keys at a time (and before
+#             the wait) against the layout's 4; with the unroll-8 attention's GPU tests first
 #   step_l    the Llama-3.2-1B shape, batch 1, ring vs register form
 #   peer      Qwen3-0.6B decode and prefill vs the gpt-fast-style torch peer (benchmarks/decode.py --quick)
 #   quant     packed quantized weights: kernels and decode (benchmarks/quant_bench.py --quick)
@@ -115,6 +117,11 @@ for step in "$@"; do
                --ab disable=rope_attention --ab FUSEC_KV_CLUSTER=0 --ab disable=rope_attention+FUSEC_KV_CLUSTER=0 \
                --ab FUSEC_KV_SPLIT_KEYS=32 > "$R/step_ra2.txt" 2>&1
              tail -n 4 "$R/step_ra2.txt" | cut -c 1-3000 ;;
+    step_u) timeout 120 $PT -n 8 tests/test_decode_kernels_gpu.py -k "kv_attention" > "$R/t_u.txt" 2>&1
+            grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_u.txt" | tail -n 8
+            timeout 300 python3 benchmarks/decode_step.py "$R/step_u" --model qwen3-0.6b --batches 1,8 --windows 3 \
+               --ab FUSEC_KV_UNROLL=8 > "$R/step_u.txt" 2>&1
+            tail -n 4 "$R/step_u.txt" | cut -c 1-3000 ;;
     step_l) timeout 150 python3 benchmarks/decode_step.py "$R/step_l" --model llama-1b --batches 1 --context 32 --gemv-forms ring,register > "$R/step_l.txt" 2>&1
             tail -n 5 "$R/step_l.txt" ;;
     peer) timeout 270 python3 benchmarks/decode.py "$R/peer.json" --quick --batches 1 --contexts 128 --budget-s 180 --hf none --no-fp32-check > "$R/peer.txt" 2>&1

@@ -39,7 +39,7 @@ def kv_layout(spec: S.KVAttentionSpec, threads: int = 128) -> dict[str, int]:
     r = min(rows_all, max(1, 32 // (vec * nv)))
     while r > 1 and ng * r * (spec.D + 2) * 4 > _SMEM_LIMIT:
         r -= 1
-    unroll = 4 if r * vec * nv <= 16 else 2
+    unroll = spec.unroll or (4 if r * vec * nv <= 16 else 2)
     return {"vec": vec, "nvec": nvec, "lpk": lpk, "nv": nv, "ng": ng, "rows": r,
             "tiles": cdiv(rows_all, r), "unroll": unroll}
 
@@ -53,7 +53,7 @@ def kv_attention_spec(B: int, Hq: int, Hkv: int, S_: int, T: int, D: int, dtype:
                       threads: int = 128, max_splits: int = KV_MAX_AUTO_SPLITS,
                       softcap: float = 0.0, window: int = 0, prefetch: bool = False,
                       cluster: bool = False, split_keys: int = S.KV_CHUNK_GRANULE,
-                      heads: tuple[S.HeadRopeSpec, ...] = ()) -> S.KVAttentionSpec:
+                      heads: tuple[S.HeadRopeSpec, ...] = (), unroll: int = 0) -> S.KVAttentionSpec:
     """The spec for a KV attention: as many splits of the key range as keep a full-context step
     within ``target_blocks`` blocks (one wave), at most ``max_splits``: batch 1 with a long
     context still spreads over the SMs, a large batch is not cut into a wave and a tail.
@@ -64,7 +64,8 @@ def kv_attention_spec(B: int, Hq: int, Hkv: int, S_: int, T: int, D: int, dtype:
     least ``split_keys`` rows of the cache's capacity T (fewer keep the 32-row granule). Measured on an
     H200 (Qwen3-0.6B, 271-row cache, plans in turns): batch 8 took 0.847 ms a step with 4 splits (64
     rows) against 0.924 with 8; batch 1 (8 blocks a split) took 0.763 with 8 against 0.789 with 4.
-    ``heads``: the q/k/v head_rope parts of its prologue (``KVAttentionSpec.heads``)."""
+    ``heads``: the q/k/v head_rope parts of its prologue (``KVAttentionSpec.heads``); ``unroll``: keys a
+    key group loads at a time (0: the layout's)."""
     probe = S.KVAttentionSpec(B, Hq, Hkv, S_, T, D, dtype, scale, 1, pos_dtype, threads, softcap)
     lay = kv_layout(probe, threads)
     per_split = B * Hkv * lay["tiles"]
@@ -77,7 +78,7 @@ def kv_attention_spec(B: int, Hq: int, Hkv: int, S_: int, T: int, D: int, dtype:
     if use_cluster:
         splits = min(splits, S.KV_MAX_CLUSTER)
     return S.KVAttentionSpec(B, Hq, Hkv, S_, T, D, dtype, scale, splits, pos_dtype, threads, softcap, window, prefetch,
-                             use_cluster, heads)
+                             use_cluster, heads, unroll)
 
 
 @builder(S.KVAttentionSpec)
