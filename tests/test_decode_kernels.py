@@ -376,3 +376,45 @@ def test_wide_batches_take_splits_of_at_least_64_cache_rows(monkeypatch) -> None
     monkeypatch.setenv("FUSEC_KV_SPLIT_KEYS", "0")
     with pytest.raises(InputError, match="FUSEC_KV_SPLIT_KEYS"):
         compile_generation("llama-tiny", batch=1, max_seq_len=32, prefill_len=8, dtype="bf16", eos_ids=[], arch="sm_90")
+
+
+def test_key_groups_load_a_half_capacity_chunk_whole_before_the_wait(monkeypatch) -> None:  # noqa: ANN001
+    """The unroll rule: 8 keys a group where a chunk at half the cache's capacity is more than the 4 a
+    group loads and at most 8 (Qwen3 heads, 271-row cache: batch 8's 4 splits), else the layout's (batch 1's
+    8 splits, long caches, the Llama-1B heads' 2); only where the older rows load before the wait. The
+    knob forces a value, and the plan's lowering reads it."""
+    from fusec.codegen.build_decode import kv_attention_spec, kv_layout
+    from fusec.dtypes import DType
+
+    def unroll(b: int, hq: int, t: int, d: int, prefetch: bool = True, forced: int = 0) -> int:
+        sp = kv_attention_spec(b, hq, 8, 1, t, d, DType.BF16, 0.088, prefetch=prefetch, cluster=True, split_keys=64,
+                               unroll=forced)
+        return kv_layout(sp, sp.threads)["unroll"]
+
+    assert (unroll(8, 16, 271, 128), unroll(1, 16, 271, 128)) == (8, 4)
+    assert unroll(8, 16, 271, 128, prefetch=False) == 4 and unroll(8, 16, 271, 128, forced=4) == 4
+    assert unroll(32, 16, 4096, 128) == unroll(1, 16, 4096, 128) == 4 and unroll(1, 32, 175, 64) == 2
+    import dataclasses
+
+    from fusec.compiler import compile_generation
+    from fusec.genmodel import GenModel
+    from fusec.models.generate import SharedWeights
+    from fusec.models.registry import get_config
+    from fusec.models.weights import RandomWeights
+
+    cfg = dataclasses.replace(get_config("qwen3-tiny"), name="qwen3-u", num_heads=8, num_kv_heads=8, head_dim=128,
+                              hidden_size=128, intermediate_size=256, num_layers=1, max_positions=512)
+
+    def unrolls(forced: str | None) -> set[str]:
+        if forced is not None:
+            monkeypatch.setenv("FUSEC_KV_UNROLL", forced)
+        gm = GenModel(cfg, SharedWeights(RandomWeights(7)), None, (), cfg.name)
+        plan = compile_generation(gm, batch=8, max_seq_len=271, prefill_len=8, dtype="bf16", eos_ids=[], arch="sm_90")
+        mods = {m["id"]: m for m in plan.manifest["modules"]}
+        srcs = [plan._blobs[mods[plan.manifest["kernels"][L["kernel"]]["module"]]["source"]].decode()
+                for L in plan.manifest["entries"]["decode"]["launches"] if "kernel" in L]
+        return {line.split()[-1] for s in srcs if "kv_attention" in s or "KV_BOUNDS" in s
+                for line in s.splitlines() if line.startswith("#define U ")}
+
+    # batch 8, 8 kv heads, 271-row cache: 4 splits of 64 keys at half capacity
+    assert unrolls(None) == {"8"} and unrolls("4") == {"4"}

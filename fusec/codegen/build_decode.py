@@ -64,8 +64,12 @@ def kv_attention_spec(B: int, Hq: int, Hkv: int, S_: int, T: int, D: int, dtype:
     least ``split_keys`` rows of the cache's capacity T (fewer keep the 32-row granule). Measured on an
     H200 (Qwen3-0.6B, 271-row cache, plans in turns): batch 8 took 0.847 ms a step with 4 splits (64
     rows) against 0.924 with 8; batch 1 (8 blocks a split) took 0.763 with 8 against 0.789 with 4.
-    ``heads``: the q/k/v head_rope parts of its prologue (``KVAttentionSpec.heads``); ``unroll``: keys a
-    key group loads at a time (0: the layout's)."""
+    ``heads``: the q/k/v head_rope parts of its prologue (``KVAttentionSpec.heads``). ``unroll``: keys a
+    key group loads at a time; 0 takes 8 where the older rows load before the PDL wait (``prefetch``) and a
+    chunk at half the cache's capacity is more than 4 a group load and at most 8 (so they load whole
+    before the wait), else the layout's. Measured on an H200 (Qwen3-0.6B, 271-row cache, plans in turns):
+    batch 8 (4 splits, 64-key chunks) took 0.790 ms a step with 8 against 0.827 with 4; batch 1 (8 splits,
+    32-key chunks: the rule keeps 4) took 0.777 with 8 against 0.760 with 4."""
     probe = S.KVAttentionSpec(B, Hq, Hkv, S_, T, D, dtype, scale, 1, pos_dtype, threads, softcap)
     lay = kv_layout(probe, threads)
     per_split = B * Hkv * lay["tiles"]
@@ -77,6 +81,12 @@ def kv_attention_spec(B: int, Hq: int, Hkv: int, S_: int, T: int, D: int, dtype:
     use_cluster = cluster and 2 <= splits <= 2 * S.KV_MAX_CLUSTER
     if use_cluster:
         splits = min(splits, S.KV_MAX_CLUSTER)
+    if not unroll and prefetch and lay["unroll"] == 4:
+        # a chunk at half the cache's capacity (a step's typical context) that 4 keys a group leave to a
+        # second, dependent batch and 8 load whole before the wait: 8
+        half = cdiv(cdiv(max(1, T // 2), splits), S.KV_CHUNK_GRANULE) * S.KV_CHUNK_GRANULE
+        if lay["ng"] * 4 < half <= lay["ng"] * 8:
+            unroll = 8
     return S.KVAttentionSpec(B, Hq, Hkv, S_, T, D, dtype, scale, splits, pos_dtype, threads, softcap, window, prefetch,
                              use_cluster, heads, unroll)
 
