@@ -24,6 +24,7 @@
 #   step_u    Qwen3-0.6B batch 1 and 8 decode steps: the attention's key groups loading 8 keys at a time (and before
 #             the wait) against the layout's 4; with the unroll-8 attention's GPU tests first
 #   step_u4   Qwen3-0.6B batch 1 and 8 decode steps: the unroll rule (the default) against 4 everywhere
+#   step_lra  the Llama-3.2-1B shape, batch 1 (32-token prompt): with rope_attention (the default) against without it
 #   step_l    the Llama-3.2-1B shape, batch 1, ring vs register form
 #   peer      Qwen3-0.6B decode and prefill vs the gpt-fast-style torch peer (benchmarks/decode.py --quick)
 #   quant     packed quantized weights: kernels and decode (benchmarks/quant_bench.py --quick)
@@ -126,6 +127,9 @@ for step in "$@"; do
     step_u4) timeout 300 python3 benchmarks/decode_step.py "$R/step_u4" --model qwen3-0.6b --batches 1,8 --windows 3 \
                --ab FUSEC_KV_UNROLL=4 > "$R/step_u4.txt" 2>&1
              tail -n 4 "$R/step_u4.txt" | cut -c 1-3000 ;;
+    step_lra) timeout 300 python3 benchmarks/decode_step.py "$R/step_lra" --model llama-1b --batches 1 --context 32 \
+                --windows 3 --ab disable=rope_attention > "$R/step_lra.txt" 2>&1
+              tail -n 3 "$R/step_lra.txt" | cut -c 1-3000 ;;
     step_l) timeout 150 python3 benchmarks/decode_step.py "$R/step_l" --model llama-1b --batches 1 --context 32 --gemv-forms ring,register > "$R/step_l.txt" 2>&1
             tail -n 5 "$R/step_l.txt" ;;
     peer) timeout 270 python3 benchmarks/decode.py "$R/peer.json" --quick --batches 1 --contexts 128 --budget-s 180 --hf none --no-fp32-check > "$R/peer.txt" 2>&1
