@@ -116,7 +116,7 @@ def plan_heads(body: Graph) -> HeadsPlan:
         raise heads.NoPlan(f"the attention's prologue keeps the step's k and v rows in shared memory: "
                            f"{q.shape[2]} rows of {q.shape[3]} do not fit {S.KV_HEADS_SMEM} bytes")
     rest = [n for n in body.nodes if n is not attn]
-    if attn.output not in body.outputs or any(x in body.outputs for n in rest for x in n.outputs if x is q):
+    if attn.output not in body.outputs or q in body.outputs:
         raise heads.NoPlan("the rotated q rows must be read by the attention only, and its result be the kernel's")
     outs = [x for n in rest for x in n.outputs if x in body.outputs or x in attn.inputs]
     cut = extract(rest, outs, "heads")
@@ -149,7 +149,7 @@ def kv_attention_heads(ctx: Context, node: Node, plan: HeadsPlan, label: str) ->
     specs: list[S.HeadRopeSpec] = []
     args: list[Any] = []
     for p in plan.parts:
-        spec, x, w, _, _ = heads._part_spec(ctx, p, plan.parts[0], group, label)
+        spec, x, w, _, _ = heads.part_spec(ctx, p, plan.parts[0], group, label)
         specs.append(spec)
         args += [x] + ([w] if w is not None else [])
     q, k, v, pos = plan.attn.inputs

@@ -184,7 +184,7 @@ def emit(ctx: Context, parts: list[Part], node: Node, label: str) -> None:
     pos: Value | None = None
     fixed = next((f for p in parts if p.write is not None and (f := fixed_position(p.write.inputs[2])) is not None), -1)
     for p in parts:
-        spec, x, w, out, ppos = _part_spec(ctx, p, parts[0], node, label)
+        spec, x, w, out, ppos = part_spec(ctx, p, parts[0], node, label)
         specs.append(spec)
         xs.append(x)
         ws.append(w)
@@ -205,7 +205,7 @@ def emit(ctx: Context, parts: list[Part], node: Node, label: str) -> None:
                 ctx.wrote_rows_from_pos(out, pos)
 
 
-def _part_spec(ctx: Context, p: Part, first: Part, node: Node, label: str
+def part_spec(ctx: Context, p: Part, first: Part, node: Node, label: str
                ) -> tuple[S.HeadRopeSpec, Any, Value | None, Value, Value | None]:
     """One part's spec and its pointers: (spec, x, norm weight, output, positions)."""
     from fusec.lower.nodes import _bcast_strides
