@@ -172,6 +172,15 @@ def profile_mode(path: str, pdl: bool, batch: int) -> Any:
         from fusec.runtime.kernel_trace import covered, split_by_marks
 
         recs = split_by_marks(counters.kernel_records(replays), marks)
+        # Each replay's records, in start order, are the decode entry's kernel launches in order (a kernel
+        # starts only after the one before it started, PDL or not): name them from the plan. CUPTI's own
+        # names went stale for a plan loaded after another one was freed in this process (the batch-8 plan
+        # showed batch-1 kernels' names).
+        launched = [plan.manifest["kernels"][L["kernel"]]["entry"] for L in plan.manifest["entries"]["decode"]["launches"]
+                    if "kernel" in L]
+        out["names_from_plan"] = all(len(r) == len(launched) for r in recs if r)
+        if out["names_from_plan"]:
+            recs = [[(s, e, n) for (s, e, _), n in zip(sorted(r), launched)] for r in recs]
         if recs and recs[1]:
             r0 = sorted(recs[1])
             out["timeline"] = [(n[:28], round((s - r0[0][0]) * 1e-3, 2), round((e - r0[0][0]) * 1e-3, 2)) for s, e, n in r0]
@@ -200,7 +209,8 @@ def profile_mode(path: str, pdl: bool, batch: int) -> Any:
                           "gap_us_median": statistics.median(gaps) if gaps else None,
                           "gap_us_p10": float(np.percentile(gaps, 10)) if gaps else None,
                           "gap_us_p90": float(np.percentile(gaps, 90)) if gaps else None,
-                          "by_family_us": {f: round(statistics.median(v), 2) for f, v in sorted(by.items())}}
+                          "by_family_us": {f: round(statistics.median(v), 2) for f, v in sorted(by.items())},
+                          "names_from_plan": out["names_from_plan"]}
     else:
         out["profile"] = f"unavailable: {counters.reason}"
     eng.sync()
