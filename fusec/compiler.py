@@ -252,7 +252,8 @@ def compile_generation(model: Any, *, batch: int = 1, max_seq_len: int = 256, pr
                        eos_ids: Sequence[int] | None = None, cuda_graph: bool = True,
                        progress: Callable[[str, str], None] | None = None, quantize: str | None = None,
                        quantize_group: int = 128, quantize_head: bool = False, admit_batch: int = 0,
-                       join: int = 0, disabled_fusions: Sequence[str] = ()) -> Any:
+                       join: int = 0, disabled_fusions: Sequence[str] = (),
+                       enabled_fusions: Sequence[str] = ()) -> Any:
     """A generation plan (entries "prefill" and "decode", ``fusec.genmodel``'s graphs) of ``model``
     (a ``fusec.genmodel.GenModel``, or what ``load_generation_model`` takes). Sampling settings are
     not compiled in: each generation (each row) gives its own. ``quantize`` (int8/int4,
@@ -261,11 +262,13 @@ def compile_generation(model: Any, *, batch: int = 1, max_seq_len: int = 256, pr
     "admit" entry that prefills A prompts into chosen rows, so a server admitting k requests
     computes about k rows instead of the whole batch (models/generate.py). ``join`` (J): also a
     "join" entry, a decode step that prefills up to J new prompts into free rows in the same
-    products (models/join.py). ``disabled_fusions``: fusion rules turned off (``fusec.compile``'s)."""
+    products (models/join.py). ``disabled_fusions``/``enabled_fusions``: fusion rules turned off/on in
+    every entry (``fusec.compile``'s; recorded in the plan's source)."""
     from fusec import _check_fusion_names
     from fusec.genmodel import GenModel, build_graphs, load_generation_model
 
     _check_fusion_names(disabled_fusions, "disabled_fusions")
+    _check_fusion_names(enabled_fusions, "enabled_fusions")
     gm = model if isinstance(model, GenModel) else load_generation_model(model, weights_dir)
     storage = DTYPES[dtype][0] if dtype in DTYPES else None
     graphs = build_graphs(gm, batch, max_seq_len, prefill_len, eos_ids, storage=storage, admit_batch=admit_batch,
@@ -278,9 +281,15 @@ def compile_generation(model: Any, *, batch: int = 1, max_seq_len: int = 256, pr
         blobs["tokenizer"] = t.backend.to_str().encode("utf-8")
         meta["tokenizer"] = {"bos_id": t.bos_id, "eos_ids": list(t.eos_ids), "add_bos": t.add_bos,
                              "chat_template": t.chat_template}
+    source: dict[str, Any] = {"model": gm.source, "shapes": {}}
+    fusion = {k: sorted(v) for k, v in (("disabled_fusions", disabled_fusions), ("enabled_fusions", enabled_fusions))
+              if v}
+    if fusion:
+        source["options"] = fusion
     # weights_nk: the prefill's cuBLAS reads each weight [N, K] through its transpose flag, the
     # layout the decode step's GEMV reads, so the two entries share one copy of every weight
     return compile_entries(graphs, dtype=dtype, cuda_graph=cuda_graph, arch=arch, progress=progress,
-                           source={"model": gm.source, "shapes": {}}, extra={"generation": meta}, extra_blobs=blobs,
+                           source=source, extra={"generation": meta}, extra_blobs=blobs,
                            weights_nk=True, disabled_fusions=tuple(disabled_fusions),
+                           enabled_fusions=tuple(enabled_fusions),
                            **quantize_options(quantize, quantize_group, quantize_head))

@@ -149,10 +149,37 @@ def test_a_plan_says_what_to_run_instead(capsys, tmp_path) -> None:
         assert "use --backend reference" not in err  # what the model-less plan cannot do is never suggested
 
 
-def test_generation_compile_refuses_fusion_flags(capsys, tmp_path) -> None:
-    code, _, err = call(capsys, ["compile", "qwen3-tiny", "--generate", "--disable-fusion", "mlp",
+def test_generation_compile_takes_fusion_flags(capsys, tmp_path) -> None:
+    """--disable-fusion on a generation plan turns the rule off in every entry (the head_dim-64 Qwen3's
+    decode attention gets its head_rope launch back) and is recorded; a misspelled rule is one line
+    and writes nothing."""
+    import dataclasses
+
+    from fusec.genmodel import GenModel
+    from fusec.models import get_config
+    from fusec.models.generate import SharedWeights
+    from fusec.models.weights import RandomWeights
+
+    code, _, err = call(capsys, ["compile", "qwen3-tiny", "--generate", "--disable-fusion", "rope_atention",
                                  "-o", str(tmp_path / "q.fplan")])
-    assert code == 1 and "do not apply to --generate" in err and list(tmp_path.iterdir()) == []
+    assert code == 1 and "rope_atention" in err and err.count("\n") == 1 and list(tmp_path.iterdir()) == []
+    cfg = dataclasses.replace(get_config("qwen3-tiny"), head_dim=64, name="qwen3-d64")
+
+    def labels(**kw) -> list[str]:  # noqa: ANN003
+        from fusec.compiler import compile_generation
+
+        gm = GenModel(cfg, SharedWeights(RandomWeights(1)), None, (), cfg.name)
+        plan = compile_generation(gm, batch=1, max_seq_len=32, prefill_len=8, dtype="bf16", arch="sm_90", eos_ids=[], **kw)
+        assert plan.manifest["source"].get("options", {}) == {k: sorted(v) for k, v in kw.items()}
+        return [L["label"] for L in plan.manifest["entries"]["decode"]["launches"]]
+
+    on, off = labels(), labels(disabled_fusions=("rope_attention",))
+    assert sum("rope_attention" in x for x in on) == cfg.num_layers and not any("rope_attention" in x for x in off)
+    assert len(off) == len(on) + cfg.num_layers
+    code, out, err = call(capsys, ["compile", "qwen3-tiny", "--generate", "--disable-fusion", "rope_attention",
+                                   "--arch", "sm_90", "-o", str(tmp_path / "q.fplan")])
+    assert code == 0, err
+    assert fusec.load(tmp_path / "q.fplan").manifest["source"]["options"] == {"disabled_fusions": ["rope_attention"]}
 
 
 def test_recompile_a_plan_for_another_arch(capsys, tmp_path) -> None:

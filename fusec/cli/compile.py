@@ -187,9 +187,6 @@ def compile_from_args(args: argparse.Namespace, progress: Progress | None = None
 
         if args.shapes is not None:
             raise InputError("--shapes does not apply to --generate (use --batch, --max-seq-len, --max-prompt-len)")
-        if args.disable_fusion or args.enable_fusion:
-            raise InputError("--disable-fusion/--enable-fusion do not apply to --generate: generation plans use "
-                             "the default fusion rules")
         check_generation_sizes(args)  # a 0 is refused, never taken as the default
         batch = args.batch if args.batch is not None else 1
         admit_batch = getattr(args, "admit_batch", 0)  # commands that compile through here without the option
@@ -208,7 +205,8 @@ def compile_from_args(args: argparse.Namespace, progress: Progress | None = None
             t_max = args.max_seq_len
         return compile_generation(gm, batch=batch, max_seq_len=t_max, prefill_len=args.max_prompt_len,
                                   dtype=args.dtype, arch=arch, progress=progress, admit_batch=admit_batch,
-                                  join=join, **quant)
+                                  join=join, disabled_fusions=getattr(args, "disable_fusion", None) or (),
+                                  enabled_fusions=getattr(args, "enable_fusion", None) or (), **quant)
     for flag in ("admit_batch", "dequantize", "join"):
         if getattr(args, flag, None):
             raise InputError(f"--{flag.replace('_', '-')} applies to generation plans (--generate)")
