@@ -140,6 +140,10 @@ def test_spec_refuses_heads_that_do_not_fit_the_attention() -> None:
             S.KVAttentionSpec(B, Hq, Hkv, Sq, T, D, dt, 0.1, heads=parts)
     with pytest.raises(ValueError, match="the k part"):  # the caches hold the attention's positions dtype
         S.KVAttentionSpec(B, Hq, Hkv, Sq, T, D, dt, 0.1, pos_dtype=DType.I32, heads=(q, k, v))
+    three = heads_parts(B, Hq, Hkv, 3, T, D, dt, True)  # a window narrower than the step's rows
+    with pytest.raises(ValueError, match="at most the window's 2 rows a step, got 3"):
+        S.KVAttentionSpec(B, Hq, Hkv, 3, T, D, dt, 0.1, window=2, heads=three)
+    assert S.KVAttentionSpec(B, Hq, Hkv, 3, T, D, dt, 0.1, window=3, heads=three).window == 3
     many = heads_parts(B, Hq, Hkv, 64, T, D, dt, True)  # 64 rows a step: 16 KB of k and v rows, no more
     with pytest.raises(ValueError, match="at most 16384 bytes of shared memory"):
         S.KVAttentionSpec(B, Hq, Hkv, 65, T, D, dt, 0.1, heads=heads_parts(B, Hq, Hkv, 65, T, D, dt, True))

@@ -202,6 +202,10 @@ class KVAttentionSpec:
                  f"kv_attention: the {name} part writes [B, Hkv, S, D] rows into the contiguous [B, Hkv, T, D] cache"
                  f"{' after its RoPE' if rotate else ' as they are'}, at the attention's positions")
         _req((k.cs_strides, k.cs_dtype) == (q.cs_strides, q.cs_dtype), "kv_attention: q and k share cos/sin")
+        # a tile's first key is in its first query's window: with more rows a step than the window, the last
+        # row tile (the one that stores the step's rows) would skip some of them
+        _req(not self.window or self.S <= self.window, f"kv_attention: a prologue takes at most the window's "
+             f"{self.window} rows a step, got {self.S}")
         _req(2 * self.S * self.D * self.dtype.itemsize <= KV_HEADS_SMEM, f"kv_attention: a prologue keeps the "
              f"step's k and v rows in at most {KV_HEADS_SMEM} bytes of shared memory ({self.S} rows of {self.D})")
 

@@ -115,6 +115,9 @@ def plan_heads(body: Graph) -> HeadsPlan:
     if 2 * q.shape[2] * q.shape[3] * q.dtype.itemsize > S.KV_HEADS_SMEM:
         raise heads.NoPlan(f"the attention's prologue keeps the step's k and v rows in shared memory: "
                            f"{q.shape[2]} rows of {q.shape[3]} do not fit {S.KV_HEADS_SMEM} bytes")
+    if attn.attrs.window and q.shape[2] > attn.attrs.window:
+        raise heads.NoPlan(f"the attention's prologue takes at most its window's {attn.attrs.window} rows a step, "
+                           f"got {q.shape[2]}")
     rest = [n for n in body.nodes if n is not attn]
     if attn.output not in body.outputs or q in body.outputs:
         raise heads.NoPlan("the rotated q rows must be read by the attention only, and its result be the kernel's")
