@@ -176,8 +176,8 @@ def profile_mode(path: str, pdl: bool, batch: int) -> Any:
         # starts only after the one before it started, PDL or not): name them from the plan. CUPTI's own
         # names went stale for a plan loaded after another one was freed in this process (the batch-8 plan
         # showed batch-1 kernels' names).
-        launched = [plan.manifest["kernels"][L["kernel"]]["entry"] for L in plan.manifest["entries"]["decode"]["launches"]
-                    if "kernel" in L]
+        launched = [plan.manifest["kernels"][L["kernel"]]["entry"]
+                    for L in plan.manifest["entries"]["decode"]["launches"] if "kernel" in L]
         out["names_from_plan"] = all(len(r) == len(launched) for r in recs if r)
         if out["names_from_plan"]:
             recs = [[(s, e, n) for (s, e, _), n in zip(sorted(r), launched)] for r in recs]

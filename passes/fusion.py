@@ -6,7 +6,8 @@ Order of proposals (``fusion_rules``; a rule proposes by fusion kind, never by o
 whole candidates of the candidate-only rules first (``mlp``, ``norm_gemm``), then RoPE siblings
 (``rope_siblings``: the q and k RoPEs of one layer, one output each) and single RoPEs with their
 norm and cache write (``head_rope``), each such group with the attention reading its rotated q and
-caches (``rope_attention``: the group becomes the attention's prologue), then per GEMM anchor its ``gemm_prologue`` and ``gemm_epilogue``, then per REDUCE anchor ``reduce_fusion``, then
+caches (``rope_attention``: the group becomes the attention's prologue), then per GEMM anchor its
+``gemm_prologue`` and ``gemm_epilogue``, then per REDUCE anchor ``reduce_fusion``, then
 ``elementwise`` groups of what is left.
 
 A group is formed only when it is

@@ -249,13 +249,13 @@ def side_writes(view: View, rope: Node) -> list[Node]:
 
 
 def attention_reader(view: View, outputs: list[Value]) -> list[Node]:
-    """The OPAQUE node that alone reads a head_rope group's rotated rows not kept in a cache (q: no
-    graph output) and also reads another output of the group (a cache it writes): the decode
-    attention, whose prologue the group can be (``rope_attention``)."""
+    """The OPAQUE node that alone reads a head_rope group's rotated rows not kept in a cache (q; a
+    graph output has no sole reader) and also reads another output of the group (a cache it writes):
+    the decode attention, whose prologue the group can be (``rope_attention``)."""
     for o in outputs:
         a = view.sole_reader(o)
-        if a is not None and not view.is_output(o) and kind(a) == K.OPAQUE and not view.owned(a) \
-                and len(a.outputs) == 1 and any(x in a.inputs for x in outputs if x is not o):
+        if a is not None and kind(a) == K.OPAQUE and not view.owned(a) and len(a.outputs) == 1 \
+                and any(x in a.inputs for x in outputs if x is not o):
             return [a]
     return []
 

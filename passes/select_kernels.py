@@ -3,8 +3,8 @@
 For every node of the optimized graph this pass decides, once:
 
 - its **family**: ``view`` (no launch: the memory plan aliases it), a fused body's template family
-  (``fusec.lower.fused.kernel_plan``: ``gemv``, ``gemm_epilogue``, ``attention``, ``kv_attention_heads``, ``head_rope``,
-  ``rope``, ``add_norm``, ``elementwise``), or the op's own lowering (its op name);
+  (``fusec.lower.fused.kernel_plan``: ``gemv``, ``gemm_epilogue``, ``attention``, ``kv_attention_heads``,
+  ``head_rope``, ``rope``, ``add_norm``, ``elementwise``), or the op's own lowering (its op name);
 - for products with alternatives (``fusec.lower.choices``: a fused GEMM epilogue, a plain MATMUL
   over a constant weight): the **variant** (the GEMM back end: cuBLAS + epilogue kernel, cuBLASLt
   with the epilogue inside, fusec's GEMM, the skinny GEMV) by an explicit choice

@@ -28,19 +28,7 @@ from fusec.passes.base import PassOptions  # noqa: E402
 from fusec.passes.fusion import describe_kernels, records  # noqa: E402
 from fusec.passes.pipeline import optimize  # noqa: E402
 from test_decode_kernels import heads_parts  # noqa: E402
-
-CASES = {
-    "qwen3-gqa": ("qwen3-tiny", dict(head_dim=64)),
-    "qwen3-mqa": ("qwen3-tiny", dict(head_dim=64, num_kv_heads=1)),
-    "qwen3-mha": ("qwen3-tiny", dict(head_dim=64, num_kv_heads=4)),
-    "llama-gqa": ("llama-tiny", dict(hidden_size=128, head_dim=64)),
-    "llama-mqa-d128": ("llama-tiny", dict(hidden_size=128, head_dim=128, num_heads=2, num_kv_heads=1)),
-}
-
-
-def _cfg(case: str):  # noqa: ANN202
-    name, kw = CASES[case]
-    return dataclasses.replace(get_config(name), name=f"{name}-{case}", **kw)
+from test_head_rope_pair import CASES, _cfg  # noqa: E402  (the same families and head layouts)
 
 
 def _model(cfg):  # noqa: ANN001, ANN202

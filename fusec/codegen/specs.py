@@ -19,7 +19,7 @@ from fusec.codegen.elementwise import Expr, dtype_of
 from fusec.codegen.spec_base import FLOATS, HALFS, _ints, _pos, _req, _softcap_ok, contiguous_strides  # noqa: F401
 from fusec.codegen.specs_decode import (  # noqa: F401  (one namespace for every spec: S.KVAttentionSpec, ...)
     CACHE_DTYPES, KV_CHUNK_GRANULE, KV_HEADS_SMEM, KV_MAX_CLUSTER, KV_MAX_SPLITS, POS_DTYPES, CacheWriteSpec,
-    HeadRopeSpec, KVAttentionSpec, SamplePartSpec, SampleSpec, cache_write_spec)
+    HeadRopeSpec, KVAttentionSpec, SamplePartSpec, SampleSpec, cache_write_spec, kv_heads_refusal)
 from fusec.codegen.specs_mlp import MlpOperand, MlpSpec  # noqa: F401  (the fused MLP: fusec.codegen.build_mlp)
 from fusec.dtypes import DType
 

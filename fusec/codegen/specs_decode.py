@@ -18,6 +18,19 @@ KV_MAX_CLUSTER = 8  # splits merged through a thread block cluster: the portable
 KV_HEADS_SMEM = 16 * 1024  # shared memory a kv_attention prologue may keep the step's k and v rows in
 
 
+def kv_heads_refusal(S: int, D: int, dtype: DType, window: int) -> str | None:
+    """Why a kv_attention over S query rows a step cannot take the head_rope group as its prologue, or
+    None: the step's k and v rows live in shared memory (``KV_HEADS_SMEM``), and a tile's first key is
+    in its first query's window, so with more rows a step than the window the last row tile (the one
+    that stores the step's rows) would skip some of them."""
+    if 2 * S * D * dtype.itemsize > KV_HEADS_SMEM:
+        return (f"a prologue keeps the step's k and v rows in at most {KV_HEADS_SMEM} bytes of shared memory "
+                f"({S} rows of {D})")
+    if window and S > window:
+        return f"a prologue takes at most the window's {window} rows a step, got {S}"
+    return None
+
+
 @dataclasses.dataclass(frozen=True)
 class CacheWriteSpec:
     """In-place write of ``new`` into a cache at a per-row offset along one axis.
@@ -140,9 +153,10 @@ class KVAttentionSpec:
     rank 0 merges the partials from their shared memory: params q, k, v, pos, out (no part, sync).
     ``heads`` (q, k, v ``HeadRopeSpec`` parts, the head_rope kernel's: the decode step's q and k norm
     and RoPE, and the K/V cache writes, as this kernel's prologue): each block computes its tile's q
-    rows itself (into shared memory) and the new cache rows pos[b] + s it reads (writing them to the
-    caches, the same bits from every block that reads them) before its key loop. Params xq, [wq], xk,
-    [wk], xv, cos, sin, pos, out_k, out_v (the caches, written in place), [part, sync], out."""
+    rows and the new rows pos[b] + s its chunk reads into shared memory, and its key loop reads those rows
+    there; the last row tile's block stores them to the caches after the split merge's barrier
+    (``kv_heads_refusal``: what the prologue cannot take). Params xq, [wq], xk, [wk], xv, cos, sin, pos,
+    out_k, out_v (the caches, written in place), [part, sync], out."""
 
     B: int
     Hq: int
@@ -185,7 +199,8 @@ class KVAttentionSpec:
              f"{-(-self.T // KV_CHUNK_GRANULE)} chunks of {KV_CHUNK_GRANULE} keys a cache of {self.T} has")
         _req(self.threads in (64, 128, 256), "kv_attention: threads must be 64, 128 or 256")
         _req(self.splits <= KV_MAX_SPLITS, f"kv_attention: at most {KV_MAX_SPLITS} splits")
-        _req(self.unroll in (0, 1, 2, 4, 8), f"kv_attention: unroll must be 0 (the layout's), 1, 2, 4 or 8, got {self.unroll!r}")
+        _req(self.unroll in (0, 1, 2, 4, 8),
+             f"kv_attention: unroll must be 0 (the layout's), 1, 2, 4 or 8, got {self.unroll!r}")
         if self.heads:
             self._check_heads()
 
@@ -202,12 +217,8 @@ class KVAttentionSpec:
                  f"kv_attention: the {name} part writes [B, Hkv, S, D] rows into the contiguous [B, Hkv, T, D] cache"
                  f"{' after its RoPE' if rotate else ' as they are'}, at the attention's positions")
         _req((k.cs_strides, k.cs_dtype) == (q.cs_strides, q.cs_dtype), "kv_attention: q and k share cos/sin")
-        # a tile's first key is in its first query's window: with more rows a step than the window, the last
-        # row tile (the one that stores the step's rows) would skip some of them
-        _req(not self.window or self.S <= self.window, f"kv_attention: a prologue takes at most the window's "
-             f"{self.window} rows a step, got {self.S}")
-        _req(2 * self.S * self.D * self.dtype.itemsize <= KV_HEADS_SMEM, f"kv_attention: a prologue keeps the "
-             f"step's k and v rows in at most {KV_HEADS_SMEM} bytes of shared memory ({self.S} rows of {self.D})")
+        why = kv_heads_refusal(self.S, self.D, self.dtype, self.window)
+        _req(why is None, f"kv_attention: {why}")
 
     @property
     def part_floats(self) -> int:

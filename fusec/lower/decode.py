@@ -1,6 +1,7 @@
 """Lowering of the decode-step ops: CACHE_WRITE (in place), KV_ATTENTION (split, merged in-kernel; or
-with the layer's head_rope group as its prologue, ``plan_heads``) and SAMPLE. Everything a launch needs per token (positions, counters, each row's sampling settings and
-seed) is read from device memory, so the launches are fixed and replay in a CUDA graph."""
+with the layer's head_rope group as its prologue, ``plan_heads``) and SAMPLE. Everything a launch needs
+per token (positions, counters, each row's sampling settings and seed) is read from device memory, so
+the launches are fixed and replay in a CUDA graph."""
 
 from __future__ import annotations
 
@@ -112,12 +113,8 @@ def plan_heads(body: Graph) -> HeadsPlan:
         raise heads.NoPlan("the attention prologue kernel takes one kv_attention")
     attn = attns[0]
     q, k, v, pos = attn.inputs
-    if 2 * q.shape[2] * q.shape[3] * q.dtype.itemsize > S.KV_HEADS_SMEM:
-        raise heads.NoPlan(f"the attention's prologue keeps the step's k and v rows in shared memory: "
-                           f"{q.shape[2]} rows of {q.shape[3]} do not fit {S.KV_HEADS_SMEM} bytes")
-    if attn.attrs.window and q.shape[2] > attn.attrs.window:
-        raise heads.NoPlan(f"the attention's prologue takes at most its window's {attn.attrs.window} rows a step, "
-                           f"got {q.shape[2]}")
+    if (why := S.kv_heads_refusal(q.shape[2], q.shape[3], q.dtype, int(attn.attrs.window))) is not None:
+        raise heads.NoPlan(why)
     rest = [n for n in body.nodes if n is not attn]
     if attn.output not in body.outputs or q in body.outputs:
         raise heads.NoPlan("the rotated q rows must be read by the attention only, and its result be the kernel's")

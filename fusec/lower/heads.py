@@ -206,7 +206,7 @@ def emit(ctx: Context, parts: list[Part], node: Node, label: str) -> None:
 
 
 def part_spec(ctx: Context, p: Part, first: Part, node: Node, label: str
-               ) -> tuple[S.HeadRopeSpec, Any, Value | None, Value, Value | None]:
+              ) -> tuple[S.HeadRopeSpec, Any, Value | None, Value, Value | None]:
     """One part's spec and its pointers: (spec, x, norm weight, output, positions)."""
     from fusec.lower.nodes import _bcast_strides
 
