@@ -121,6 +121,46 @@ template <class T> __device__ __forceinline__ T fc_block_max(T v, T* scratch, T 
   return r;
 }
 
+// Block timestamps for benchmarks/block_trace.py (FUSEC_TRACE compiles with -DFC_TRACE): per block
+// (linear index, at most FC_TRACE_BLOCKS), [start, after the PDL wait, end, SM]; the start and the SM
+// from thread 0, the end the latest thread's exit (atomicMax: a replay's times only grow).
+#ifdef FC_TRACE
+#define FC_TRACE_BLOCKS 8192
+__device__ unsigned long long fc_trace[FC_TRACE_BLOCKS * 4];
+__device__ __forceinline__ unsigned long long fc_now() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ unsigned fc_block_id() {
+  return blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+}
+struct FcTraceScope {
+  __device__ FcTraceScope() {
+    const unsigned b = fc_block_id();
+    if (threadIdx.x == 0 && threadIdx.y == 0 && b < FC_TRACE_BLOCKS) {
+      unsigned sm;
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+      fc_trace[b * 4] = fc_now();
+      fc_trace[b * 4 + 3] = sm;
+    }
+  }
+  __device__ ~FcTraceScope() {
+    const unsigned b = fc_block_id();
+    if (b < FC_TRACE_BLOCKS) atomicMax(&fc_trace[b * 4 + 2], fc_now());
+  }
+};
+#define FC_TRACE_SCOPE FcTraceScope fc_trace_scope_
+#define FC_TRACE_WAITED()                                                             \
+  do {                                                                                \
+    if (threadIdx.x == 0 && threadIdx.y == 0 && fc_block_id() < FC_TRACE_BLOCKS)     \
+      fc_trace[fc_block_id() * 4 + 1] = fc_now();                                    \
+  } while (0)
+#else
+#define FC_TRACE_SCOPE
+#define FC_TRACE_WAITED()
+#endif
+
 // ---- programmatic dependent launch (sm_90+; no-ops elsewhere) ---------------------------------
 // A kernel launched with programmatic stream serialization may start while the kernel before it
 // still runs. It loads only what no earlier kernel writes (weights, constants), calls
@@ -138,6 +178,7 @@ __device__ __forceinline__ void fc_pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+  FC_TRACE_WAITED();
 }
 // The wait, after the loads issued before it: ptxas schedules griddepcontrol.wait as early as it
 // can, above loads it sees no dependency on (seen in the SASS: ACQBULK first, the weight loads after
@@ -152,4 +193,5 @@ __device__ __forceinline__ void fc_pdl_wait_after(fc_u32 dep) {
     asm volatile("griddepcontrol.wait;" ::: "memory");
   }
 #endif
+  FC_TRACE_WAITED();
 }

@@ -201,6 +201,8 @@ def compile_cuda_async(source: str, kernel: str, arch: str | None = None, option
     opts = (f"--gpu-architecture={arch}", "-std=c++17", "-Xptxas=-v") + tuple(options)
     if knobs.get("FUSEC_LINEINFO"):  # source lines for Nsight Compute's stall sampling (another binary: another key)
         opts += ("-lineinfo",)
+    if knobs.get("FUSEC_TRACE"):  # per-block timestamps (common.cuh FC_TRACE; benchmarks/block_trace.py)
+        opts += ("-DFC_TRACE=1",)
     key = cache_key(source, opts, arch)
     with _LOCK:
         hit = _MEM.get(key)

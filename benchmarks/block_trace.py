@@ -1,0 +1,186 @@
+"""Per-block timeline of a decode step's last layer: when each block of each kernel started, passed
+its PDL wait and ended, and on which SM (kernels compiled with FUSEC_TRACE=1: common.cuh's FC_TRACE
+records %globaltimer into a module global, fc_trace). CUPTI gives a kernel's first start and last end;
+this says how many of a kernel's blocks were resident (and loading their weights) before the kernel
+before it ended, and how long the blocks' work after the wait took.
+
+    python benchmarks/block_trace.py OUT_DIR [--model qwen3-0.6b] [--batches 1,8] [--ab KNOB=V[+KNOB=V]]...
+
+A module's trace holds its last launch of the step, so the table covers the last layer's kernels (and
+the LM head). Times are us from the earliest traced start in the step; the traced kernels are the
+decode products (gemv) and the decode attention. The trace changes the binaries (another cache key)
+and adds a few instructions a block: compare variants with each other, not with untraced step times.
+Writes OUT_DIR/block_trace.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+os.environ["FUSEC_TRACE"] = "1"  # before fusec compiles anything
+
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from decode_step import _engine, model  # noqa: E402
+
+TRACE_BLOCKS = 8192  # common.cuh FC_TRACE_BLOCKS
+
+
+def read_traces(eng: Any) -> dict[str, np.ndarray]:
+    """Each module's fc_trace as [blocks, 4] uint64 (start, waited, end, SM)."""
+    import cupy as cp
+
+    out = {}
+    for mid, mod in eng.device._modules.items():
+        try:
+            ptr = mod.get_global_var("fc_trace")
+        except Exception:  # a module without the trace (no common.cuh)
+            continue
+        ptr = ptr[0] if isinstance(ptr, tuple) else ptr
+        host = np.empty((TRACE_BLOCKS, 4), np.uint64)
+        cp.cuda.runtime.memcpy(host.ctypes.data, int(ptr), host.nbytes, cp.cuda.runtime.memcpyDeviceToHost)
+        out[mid] = host
+    return out
+
+
+def clear_traces(eng: Any) -> None:
+    import cupy as cp
+
+    for mod in eng.device._modules.values():
+        try:
+            ptr = mod.get_global_var("fc_trace")
+        except Exception:
+            continue
+        ptr = ptr[0] if isinstance(ptr, tuple) else ptr
+        cp.cuda.runtime.memset(int(ptr), 0, TRACE_BLOCKS * 4 * 8)
+
+
+def pct(a: np.ndarray, q: float) -> float:
+    return float(np.percentile(a, q)) if a.size else float("nan")
+
+
+def timeline(plan: Any, traces: dict[str, np.ndarray]) -> list[dict[str, Any]]:
+    """The last launch of each traced module, in launch order, with its blocks' times."""
+    man = plan.manifest
+    launches = [L for L in man["entries"]["decode"]["launches"] if "kernel" in L]
+    last = {}
+    for i, L in enumerate(launches):
+        last[man["kernels"][L["kernel"]]["module"]] = i
+    rows = []
+    for i, L in enumerate(launches):
+        mid = man["kernels"][L["kernel"]]["module"]
+        if last[mid] != i or mid not in traces:
+            continue
+        g = L["grid"]
+        n = min(int(g[0]) * int(g[1]) * int(g[2]), TRACE_BLOCKS)
+        t = traces[mid][:n].astype(np.int64)
+        if not (t[:, 0] > 0).all() or not (t[:, 2] > 0).all():
+            continue  # a kernel that records no start/end (only the templates with FC_TRACE_SCOPE do)
+        rows.append({"label": L["label"], "blocks": n, "start": t[:, 0], "waited": t[:, 1], "end": t[:, 2],
+                     "sm": t[:, 3]})
+    return rows
+
+
+def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    t0 = min(int(r["start"].min()) for r in rows)
+    prev_end = None
+    out = []
+    for r in rows:
+        s, w, e = ((r[k] - t0) * 1e-3 for k in ("start", "waited", "end"))
+        waited = w[r["waited"] > 0]
+        ready = float(waited.min()) if waited.size else None  # the kernel before it had completed
+        before = prev_end if prev_end is not None else ready
+        per_sm = np.bincount(r["sm"].astype(np.int64))
+        out.append({
+            "label": r["label"], "blocks": r["blocks"], "sms": int((per_sm > 0).sum()), "max_blocks_per_sm": int(per_sm.max()),
+            "start_min": round(float(s.min()), 2), "start_p50": round(pct(s, 50), 2), "start_max": round(float(s.max()), 2),
+            "started_before_prev_end": int((s < before).sum()) if before is not None else None,
+            "waited_min": round(ready, 2) if ready is not None else None,
+            "waited_p50": round(pct(waited, 50), 2) if waited.size else None,
+            "waited_max": round(float(waited.max()), 2) if waited.size else None,
+            "end_min": round(float(e.min()), 2), "end_p50": round(pct(e, 50), 2), "end_max": round(float(e.max()), 2),
+            "after_wait_p50": round(pct(e - w, 50), 2) if waited.size else None,
+            "after_wait_max": round(float((e - w).max()), 2) if waited.size else None,
+        })
+        prev_end = float(e.max())
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--model", default="qwen3-0.6b")
+    ap.add_argument("--batches", default="1")
+    ap.add_argument("--context", type=int, default=128)
+    ap.add_argument("--ab", action="append", default=[], metavar="KNOB=VALUE[+KNOB=VALUE]",
+                    help="also trace the plan compiled with these knobs (disable=RULE[,RULE]: without those rules)")
+    args = ap.parse_args()
+    from fusec.compiler import compile_generation
+
+    variants: dict[str, dict[str, str]] = {"default": {}}
+    for ab in args.ab:
+        variants[ab] = dict(kv.split("=", 1) for kv in ab.split("+"))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    gm = model(args.model)
+    tmp = tempfile.mkdtemp()
+    doc: dict[str, Any] = {"model": args.model, "runs": []}
+    md = [f"model {args.model}, context {args.context}; us from the step's earliest traced block start; "
+          "'early': blocks that started before the kernel before it ended", ""]
+    for batch in map(int, args.batches.split(",")):
+        for name, knobs in variants.items():
+            knobs = dict(knobs)
+            disabled = tuple(knobs.pop("disable").split(",")) if "disable" in knobs else ()
+            saved = {k: os.environ.get(k) for k in knobs}
+            os.environ.update(knobs)
+            plan = compile_generation(gm, batch=batch, max_seq_len=args.context + 64, prefill_len=args.context,
+                                      dtype="bf16", eos_ids=[], disabled_fusions=disabled)
+            path = os.path.join(tmp, f"b{batch}.fplan")
+            plan.save(path)
+            del plan
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+            plan, eng, _ = _engine(path, True, batch, warm=True)
+            steps = []
+            for _ in range(5):  # five steps, each read on its own: the medians over them go in the table
+                clear_traces(eng)
+                eng.decode()
+                eng.sync()
+                steps.append(summarize(timeline(plan, read_traces(eng))))
+            keys = [k for k in steps[0][0] if k not in ("label",)]
+            table = []
+            for j, row in enumerate(steps[0]):
+                med = {"label": row["label"]}
+                for k in keys:
+                    vals = [s[j][k] for s in steps if s[j][k] is not None]
+                    med[k] = round(float(np.median(vals)), 2) if vals else None
+                table.append(med)
+            doc["runs"].append({"batch": batch, "variant": name, "kernels": table, "steps": steps})
+            md += [f"### batch {batch}, {name}", "",
+                   "| kernel | blocks (SMs, max/SM) | start min / p50 / max | early | wait passed min / p50 / max | "
+                   "end min / p50 / max | after wait p50 / max |", "|---|---|---|---|---|---|---|"]
+            for r in table:
+                md.append(f"| {r['label'][:40]} | {r['blocks']:.0f} ({r['sms']:.0f}, {r['max_blocks_per_sm']:.0f}) | "
+                          f"{r['start_min']} / {r['start_p50']} / {r['start_max']} | {r['started_before_prev_end']} | "
+                          f"{r['waited_min']} / {r['waited_p50']} / {r['waited_max']} | "
+                          f"{r['end_min']} / {r['end_p50']} / {r['end_max']} | {r['after_wait_p50']} / {r['after_wait_max']} |")
+            md.append("")
+            print("\n".join(md[-len(table) - 4:]), flush=True)
+            eng = plan = None
+    (out / "block_trace.json").write_text(json.dumps(doc, indent=1, default=str))
+    (out / "block_trace.md").write_text("\n".join(md) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
