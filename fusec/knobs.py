@@ -38,6 +38,8 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("FUSEC_NVTX", "bool", False, "NVTX ranges around each launch (Nsight Systems)"),
     Knob("FUSEC_LINEINFO", "bool", False, "compile kernels with source line information (Nsight Compute's "
          "per-line stall sampling; benchmarks/gpu_session.sh qncu)"),
+    Knob("FUSEC_GEMV_NORM_REGS", "bool", False, "decode products with a norm prologue: the norm weights in "
+         "registers, the PDL wait pinned below their loads (the form before the tenth session; its A/B)"),
     Knob("FUSEC_TRACE", "bool", False, "compile kernels that record per-block timestamps (start, after the PDL "
          "wait, end) in a module global, fc_trace (benchmarks/block_trace.py reads it; another binary: another key)"),
     Knob("FUSEC_CUPTI", "bool", True, "allow fusec's driver counters (CUPTI) when stats are asked for"),
