@@ -28,8 +28,6 @@
 #   step_final Qwen3-0.6B batch 1 and 8 decode steps as the defaults stand, with the per-kernel profile
 #   trace     per-block timelines of the decode step's last layer (benchmarks/block_trace.py): Qwen3-0.6B batch 1 and
 #             8 (also without the norm_gemm rule, and the register form), the Llama-1B shape batch 1
-#   step_pf   Qwen3-0.6B batch 1 and 8, the Llama-1B shape batch 1: the product after the attention streaming the next
-#             product's weights into L2 (the default) against not (FUSEC_L2_PREFETCH=0); then the trace of the default
 #   step_l    the Llama-3.2-1B shape, batch 1, ring vs register form
 #   peer      Qwen3-0.6B decode and prefill vs the gpt-fast-style torch peer (benchmarks/decode.py --quick)
 #   quant     packed quantized weights: kernels and decode (benchmarks/quant_bench.py --quick)
@@ -143,14 +141,6 @@ for step in "$@"; do
            tail -n 30 "$R/trace_q.txt"
            timeout 120 python3 benchmarks/block_trace.py "$R/trace_l" --model llama-1b --batches 1 --context 32 > "$R/trace_l.txt" 2>&1
            tail -n 12 "$R/trace_l.txt" ;;
-    step_pf) timeout 260 python3 benchmarks/decode_step.py "$R/step_pf" --model qwen3-0.6b --batches 1,8 --windows 3 \
-               --ab FUSEC_L2_PREFETCH=0 > "$R/step_pf.txt" 2>&1
-             tail -n 4 "$R/step_pf/decode_step.md"
-             timeout 150 python3 benchmarks/decode_step.py "$R/step_pfl" --model llama-1b --batches 1 --context 32 --windows 3 \
-               --ab FUSEC_L2_PREFETCH=0 > "$R/step_pfl.txt" 2>&1
-             tail -n 3 "$R/step_pfl/decode_step.md"
-             timeout 120 python3 benchmarks/block_trace.py "$R/trace_pf" --model qwen3-0.6b --batches 1,8 > "$R/trace_pf.txt" 2>&1
-             cat "$R/trace_pf/block_trace.md" ;;
     step_l) timeout 150 python3 benchmarks/decode_step.py "$R/step_l" --model llama-1b --batches 1 --context 32 --gemv-forms ring,register > "$R/step_l.txt" 2>&1
             tail -n 5 "$R/step_l.txt" ;;
     peer) timeout 270 python3 benchmarks/decode.py "$R/peer.json" --quick --batches 1 --contexts 128 --budget-s 180 --hf none --no-fp32-check > "$R/peer.txt" 2>&1

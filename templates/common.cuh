@@ -169,30 +169,6 @@ struct FcTraceScope {
 // now be scheduled. Triggering only after the wait keeps one kernel ahead at most. Launched
 // plainly, both are no-ops. The "memory" clobbers keep the compiler from moving loads or stores
 // across them.
-// Start streaming bytes [p, p + nbytes) of the weights (constants: safe before the PDL wait) into L2,
-// split over the grid's blocks, with no wait for them: the kernel after this one then reads them from L2
-// while DRAM works during this kernel's wait. nbytes: a multiple of 16; 0: nothing.
-__device__ __forceinline__ void fc_l2_prefetch(const void* p, long long nbytes) {
-  if (nbytes <= 0) return;
-  const long long nb = (long long)gridDim.x * gridDim.y * gridDim.z;
-  const long long blk = blockIdx.x + gridDim.x * (blockIdx.y + (long long)gridDim.y * blockIdx.z);
-  const long long per = ((nbytes + nb - 1) / nb + 127) & ~127LL;  // whole 128-byte lines a block
-  const long long lo = blk * per, hi = lo + per < nbytes ? lo + per : nbytes;
-  const char* base = (const char*)p;
-  const int tid = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // the bulk copy engine: a lane of the first warp per 64 KB piece
-  for (long long o = lo + (long long)tid * 65536; tid < 32 && o < hi; o += 32LL * 65536) {
-    const unsigned n = (unsigned)(hi - o < 65536 ? hi - o : 65536);
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + o), "r"(n) : "memory");
-  }
-#else
-  const int nt = blockDim.x * blockDim.y * blockDim.z;
-  for (long long o = lo + (long long)tid * 128; o < hi; o += (long long)nt * 128)
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(base + o));
-#endif
-}
-
 __device__ __forceinline__ void fc_pdl_trigger() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");

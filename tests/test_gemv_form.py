@@ -40,8 +40,6 @@ def test_the_rule_spreads_tiles_over_one_wave_of_blocks_that_fit(n: int, k: int,
 
 def test_the_knob_picks_the_register_form(monkeypatch) -> None:  # noqa: ANN001
     monkeypatch.setenv("FUSEC_GEMV_FORM", "register")
-    assert gemv_form(128256, 2048, DType.BF16) == {"stages": 0, "tiles_per_block": 1, "l2_prefetch": True}
-    monkeypatch.setenv("FUSEC_L2_PREFETCH", "0")
     assert gemv_form(128256, 2048, DType.BF16) == {"stages": 0, "tiles_per_block": 1}
     monkeypatch.setenv("FUSEC_GEMV_FORM", "rings")
     with pytest.raises(InputError, match="FUSEC_GEMV_FORM"):

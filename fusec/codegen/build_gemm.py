@@ -85,16 +85,11 @@ def gemv_form(N: int, K: int, dtype: DType, glu: bool = False, M: int = 1) -> di
     SM. Qwen3-0.6B batch 8 took 0.928 ms a step with this rule, 0.987 with spread 1 everywhere, 0.933
     with 2 everywhere (H200, the plans timed in turns in one process). At batch 1 spread 2 changed
     nothing (0.769 against 0.766) and the Llama-1B shape lost (its K = 2048 blocks of 16 warps fit one
-    to an SM), so M < 8 keeps 1. ``FUSEC_GEMV_SPREAD`` forces a spread (0: this rule).
-
-    ``l2_prefetch`` (``FUSEC_L2_PREFETCH``): the kernel can stream the next task's weights into L2 before
-    its wait; ``fusec.lower.l2_prefetch`` gives a range only to a product launched after a kernel that
-    streams no weights (the decode attention)."""
+    to an SM), so M < 8 keeps 1. ``FUSEC_GEMV_SPREAD`` forces a spread (0: this rule)."""
     from fusec import knobs
 
-    pf = {"l2_prefetch": True} if knobs.get("FUSEC_L2_PREFETCH") else {}
     if knobs.get("FUSEC_GEMV_FORM") == "register":
-        return {"stages": 0, "tiles_per_block": 1, **pf}
+        return {"stages": 0, "tiles_per_block": 1}
     spread = int(knobs.get("FUSEC_GEMV_SPREAD"))
     if spread == 0:
         spread = 2 if M >= 8 and gemv_blocks_per_sm(K, dtype, GEMV_STAGES, 2) >= 2 else 1
@@ -102,7 +97,7 @@ def gemv_form(N: int, K: int, dtype: DType, glu: bool = False, M: int = 1) -> di
         spread = 1
     tiles = cdiv(N // 2, 4) if glu else cdiv(N, 8)
     slots = _SMS * gemv_blocks_per_sm(K, dtype, GEMV_STAGES, spread)
-    form = {"stages": GEMV_STAGES, "tiles_per_block": max(1, min(4, cdiv(tiles, slots))), **pf}
+    form = {"stages": GEMV_STAGES, "tiles_per_block": max(1, min(4, cdiv(tiles, slots)))}
     return form if spread == 1 else {**form, "spread": spread}
 
 
@@ -120,13 +115,12 @@ def _gemv(spec: S.GemvSpec) -> Rendered:
         # the norm's statistic from the fragments: one k group holds all of x's rows in registers
         # (up to 8 rows: with 16, those registers spill)
         "fast_norm": spec.norm and spec.dtype in S.HALFS and kg == 1 and spec.M <= 8,
-        "stages": spec.stages, "l2_prefetch": spec.l2_prefetch,
+        "stages": spec.stages,
     }
     if spec.argmax:
         ctx.update(seed_t=ctype(spec.seed_dtype), ctr_t=ctype(spec.counter_dtype))
     params = ("x", "W") + (("g",) if spec.norm else ()) + _epi_params(e) + ("C",) \
-        + (("seed", "counter", "temperature", "part") if spec.argmax else ()) \
-        + (("pf", "pf_bytes") if spec.l2_prefetch else ())
+        + (("seed", "counter", "temperature", "part") if spec.argmax else ())
     ring = gemv_ring_bytes(spec.K, spec.dtype, spec.stages, spec.spread)
     ctx["min_blocks"] = gemv_blocks_per_sm(spec.K, spec.dtype, spec.stages, spec.spread) if spec.stages else 0
     return Rendered("gemv.cu.jinja", ctx, (spec.grid, 1, 1), (32 * warps, 1, 1), params, shared_mem=ring)

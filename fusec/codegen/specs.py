@@ -374,10 +374,8 @@ class GemvSpec:
     weights read through two register buffers; ``stages`` S >= 2: a block computes up to
     ``tiles_per_block`` tiles, streaming their weights through an S-stage shared-memory ring
     (cp.async; S - 1 stages in flight). ``spread``: a k group over more warps (``gemv_geometry``).
-    ``l2_prefetch``: two more params, ``pf`` and ``pf_bytes``: weights of the task after this one that
-    the kernel streams into L2 before its PDL wait (``fusec.lower.l2_prefetch`` fills them in).
     Params: x, W, [g], [bias], [residual], C,
-    [seed, counter, temperature, part], [pf, pf_bytes]."""
+    [seed, counter, temperature, part]."""
 
     M: int
     N: int
@@ -395,11 +393,9 @@ class GemvSpec:
     stages: int = 0
     tiles_per_block: int = 1
     spread: int = 1
-    l2_prefetch: bool = False
 
     def __post_init__(self) -> None:
         _pos(("M", self.M), ("N", self.N), ("K", self.K), ("tiles_per_block", self.tiles_per_block))
-        _req(isinstance(self.l2_prefetch, bool), "gemv l2_prefetch must be a bool")
         _req(self.spread in GEMV_SPREADS, f"gemv spread must be one of {GEMV_SPREADS}")
         _req(gemv_geometry(self.K, self.dtype, self.spread)[0] <= 32,
              f"gemv spread {self.spread} over K {self.K} needs more than 32 warps a block")

@@ -142,7 +142,6 @@ class Context:
         # Tasks that write a [B, H, T, D] cache only at rows pos[b] + s, s >= 0: task index -> (the
         # cache's region and shape, the positions' address). See older_rows_stable.
         self._rows_from_pos: dict[int, list[tuple[Region, tuple[int, ...], Addr]]] = {}
-        self.l2_prefetchers: list[int] = []  # tasks whose last two arguments are an L2 prefetch range
 
     def finish_kernels(self) -> None:
         """Wait for the kernels still compiling and store their cubins (raises the first failure)."""
@@ -259,19 +258,12 @@ class Context:
             from fusec.codegen.compile import abandon
 
             abandon([ck.future])
-        # a kernel ending in (pf, pf_bytes) streams weights into L2: fusec.lower.l2_prefetch fills in the range
-        # once every task is known (it starts empty: the first argument's address, 0 bytes)
-        pf = tuple(ck.params[-2:]) == ("pf", "pf_bytes")
-        if len(args) + 2 * pf != len(ck.params):
-            raise LoweringError(f"{label}: kernel {ck.name} takes {len(ck.params)} arguments, lowering gave "
-                                f"{len(args) + 2 * pf}")
+        if len(args) != len(ck.params):
+            raise LoweringError(f"{label}: kernel {ck.name} takes {len(ck.params)} pointers, lowering gave {len(args)}")
         out = set(written(ck.params))
-        tail = [self.ptr(args[0]), ["i64", 0]] if pf else []
         self.emit({"type": "kernel", "kernel": idx, "grid": list(ck.grid), "block": list(ck.block),
-                   "smem": ck.shared_mem, "args": [self.ptr(a) for a in args] + tail, "label": label},
+                   "smem": ck.shared_mem, "args": [self.ptr(a) for a in args], "label": label},
                   [a for i, a in enumerate(args) if i not in out], [a for i, a in enumerate(args) if i in out], ck.pdl)
-        if pf:
-            self.l2_prefetchers.append(len(self.tasks) - 1)
         self.launch_bytes.append(_value_bytes(args))
         self.count(ck.template.split(".")[0])
 
@@ -317,9 +309,6 @@ def lower(graph: Graph, offsets: dict[str, int], arch: str, compute: str = "f32"
             lower_node(ctx, node, label=_label(i, node))  # as passes/select_kernels.py decided
         ctx.node = ""
         _write_back_state(ctx, graph)
-        from fusec.lower.l2_prefetch import assign_l2_prefetch
-
-        assign_l2_prefetch(ctx)
         weights = ctx.weights.blob()  # packed while the kernels compile
         if weights:
             ctx.blobs["weights"] = weights
