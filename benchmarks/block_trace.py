@@ -2,7 +2,8 @@
 its PDL wait and ended, and on which SM (kernels compiled with FUSEC_TRACE=1: common.cuh's FC_TRACE
 records %globaltimer into a module global, fc_trace). CUPTI gives a kernel's first start and last end;
 this says how many of a kernel's blocks were resident (and loading their weights) before the kernel
-before it ended, and how long the blocks' work after the wait took.
+before it ended, when their threads reached the PDL wait (after the loads the wait is pinned below),
+when it let them through, and how long the blocks' work after the wait took.
 
     python benchmarks/block_trace.py OUT_DIR [--model qwen3-0.6b] [--batches 1,8] [--ab KNOB=V[+KNOB=V]]...
 
@@ -31,10 +32,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from decode_step import _engine, model  # noqa: E402
 
 TRACE_BLOCKS = 8192  # common.cuh FC_TRACE_BLOCKS
+SLOTS = 5  # FC_TRACE_SLOTS: start, at the wait, after it, end, SM
 
 
 def read_traces(eng: Any) -> dict[str, np.ndarray]:
-    """Each module's fc_trace as [blocks, 4] uint64 (start, waited, end, SM)."""
+    """Each module's fc_trace as [blocks, SLOTS] uint64."""
     import cupy as cp
 
     out = {}
@@ -44,7 +46,7 @@ def read_traces(eng: Any) -> dict[str, np.ndarray]:
         except Exception:  # a module without the trace (no common.cuh)
             continue
         ptr = ptr[0] if isinstance(ptr, tuple) else ptr
-        host = np.empty((TRACE_BLOCKS, 4), np.uint64)
+        host = np.empty((TRACE_BLOCKS, SLOTS), np.uint64)
         cp.cuda.runtime.memcpy(host.ctypes.data, int(ptr), host.nbytes, cp.cuda.runtime.memcpyDeviceToHost)
         out[mid] = host
     return out
@@ -59,7 +61,7 @@ def clear_traces(eng: Any) -> None:
         except Exception:
             continue
         ptr = ptr[0] if isinstance(ptr, tuple) else ptr
-        cp.cuda.runtime.memset(int(ptr), 0, TRACE_BLOCKS * 4 * 8)
+        cp.cuda.runtime.memset(int(ptr), 0, TRACE_BLOCKS * SLOTS * 8)
 
 
 def pct(a: np.ndarray, q: float) -> float:
@@ -81,10 +83,10 @@ def timeline(plan: Any, traces: dict[str, np.ndarray]) -> list[dict[str, Any]]:
         g = L["grid"]
         n = min(int(g[0]) * int(g[1]) * int(g[2]), TRACE_BLOCKS)
         t = traces[mid][:n].astype(np.int64)
-        if not (t[:, 0] > 0).all() or not (t[:, 2] > 0).all():
+        if not (t[:, 0] > 0).all() or not (t[:, 3] > 0).all():
             continue  # a kernel that records no start/end (only the templates with FC_TRACE_SCOPE do)
-        rows.append({"label": L["label"], "blocks": n, "start": t[:, 0], "waited": t[:, 1], "end": t[:, 2],
-                     "sm": t[:, 3]})
+        rows.append({"label": L["label"], "blocks": n, "start": t[:, 0], "at_wait": t[:, 1], "waited": t[:, 2],
+                     "end": t[:, 3], "sm": t[:, 4]})
     return rows
 
 
@@ -93,8 +95,9 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     prev_end = None
     out = []
     for r in rows:
-        s, w, e = ((r[k] - t0) * 1e-3 for k in ("start", "waited", "end"))
+        s, a, w, e = ((r[k] - t0) * 1e-3 for k in ("start", "at_wait", "waited", "end"))
         waited = w[r["waited"] > 0]
+        at_wait = a[r["at_wait"] > 0]
         ready = float(waited.min()) if waited.size else None  # the kernel before it had completed
         before = prev_end if prev_end is not None else ready
         per_sm = np.bincount(r["sm"].astype(np.int64))
@@ -102,6 +105,8 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "label": r["label"], "blocks": r["blocks"], "sms": int((per_sm > 0).sum()), "max_blocks_per_sm": int(per_sm.max()),
             "start_min": round(float(s.min()), 2), "start_p50": round(pct(s, 50), 2), "start_max": round(float(s.max()), 2),
             "started_before_prev_end": int((s < before).sum()) if before is not None else None,
+            "at_wait_p50": round(pct(at_wait, 50), 2) if at_wait.size else None,
+            "at_wait_max": round(float(at_wait.max()), 2) if at_wait.size else None,
             "waited_min": round(ready, 2) if ready is not None else None,
             "waited_p50": round(pct(waited, 50), 2) if waited.size else None,
             "waited_max": round(float(waited.max()), 2) if waited.size else None,
@@ -119,6 +124,7 @@ def main() -> int:
     ap.add_argument("--model", default="qwen3-0.6b")
     ap.add_argument("--batches", default="1")
     ap.add_argument("--context", type=int, default=128)
+    ap.add_argument("--modes", default="pdl", help="pdl, plain or both (pdl,plain): how the plan launches its kernels")
     ap.add_argument("--ab", action="append", default=[], metavar="KNOB=VALUE[+KNOB=VALUE]",
                     help="also trace the plan compiled with these knobs (disable=RULE[,RULE]: without those rules)")
     args = ap.parse_args()
@@ -150,33 +156,37 @@ def main() -> int:
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
-            plan, eng, _ = _engine(path, True, batch, warm=True)
-            steps = []
-            for _ in range(5):  # five steps, each read on its own: the medians over them go in the table
-                clear_traces(eng)
-                eng.decode()
-                eng.sync()
-                steps.append(summarize(timeline(plan, read_traces(eng))))
-            keys = [k for k in steps[0][0] if k not in ("label",)]
-            table = []
-            for j, row in enumerate(steps[0]):
-                med = {"label": row["label"]}
-                for k in keys:
-                    vals = [s[j][k] for s in steps if s[j][k] is not None]
-                    med[k] = round(float(np.median(vals)), 2) if vals else None
-                table.append(med)
-            doc["runs"].append({"batch": batch, "variant": name, "kernels": table, "steps": steps})
-            md += [f"### batch {batch}, {name}", "",
-                   "| kernel | blocks (SMs, max/SM) | start min / p50 / max | early | wait passed min / p50 / max | "
-                   "end min / p50 / max | after wait p50 / max |", "|---|---|---|---|---|---|---|"]
-            for r in table:
-                md.append(f"| {r['label'][:40]} | {r['blocks']:.0f} ({r['sms']:.0f}, {r['max_blocks_per_sm']:.0f}) | "
-                          f"{r['start_min']} / {r['start_p50']} / {r['start_max']} | {r['started_before_prev_end']} | "
-                          f"{r['waited_min']} / {r['waited_p50']} / {r['waited_max']} | "
-                          f"{r['end_min']} / {r['end_p50']} / {r['end_max']} | {r['after_wait_p50']} / {r['after_wait_max']} |")
-            md.append("")
-            print("\n".join(md[-len(table) - 4:]), flush=True)
-            eng = plan = None
+            for mode in args.modes.split(","):
+                plan, eng, _ = _engine(path, mode == "pdl", batch, warm=True)
+                steps = []
+                for _ in range(5):  # five steps, each read on its own: the medians over them go in the table
+                    clear_traces(eng)
+                    eng.decode()
+                    eng.sync()
+                    steps.append(summarize(timeline(plan, read_traces(eng))))
+                keys = [k for k in steps[0][0] if k not in ("label",)]
+                table = []
+                for j, row in enumerate(steps[0]):
+                    med = {"label": row["label"]}
+                    for k in keys:
+                        vals = [s[j][k] for s in steps if s[j][k] is not None]
+                        med[k] = round(float(np.median(vals)), 2) if vals else None
+                    table.append(med)
+                doc["runs"].append({"batch": batch, "variant": name, "mode": mode, "kernels": table, "steps": steps})
+                md += [f"### batch {batch}, {name}, {mode} launches", "",
+                       "| kernel | blocks (SMs, max/SM) | start min / p50 / max | early | at the wait p50 / max | "
+                       "wait passed min / p50 / max | end min / p50 / max | after wait p50 / max |",
+                       "|---|---|---|---|---|---|---|---|"]
+                for r in table:
+                    md.append(f"| {r['label'][:40]} | {r['blocks']:.0f} ({r['sms']:.0f}, {r['max_blocks_per_sm']:.0f}) | "
+                              f"{r['start_min']} / {r['start_p50']} / {r['start_max']} | {r['started_before_prev_end']} | "
+                              f"{r['at_wait_p50']} / {r['at_wait_max']} | "
+                              f"{r['waited_min']} / {r['waited_p50']} / {r['waited_max']} | "
+                              f"{r['end_min']} / {r['end_p50']} / {r['end_max']} | "
+                              f"{r['after_wait_p50']} / {r['after_wait_max']} |")
+                md.append("")
+                print("\n".join(md[-len(table) - 4:]), flush=True)
+                eng = plan = None
     (out / "block_trace.json").write_text(json.dumps(doc, indent=1, default=str))
     (out / "block_trace.md").write_text("\n".join(md) + "\n")
     return 0

@@ -27,7 +27,7 @@
 #   step_lra  the Llama-3.2-1B shape, batch 1 (32-token prompt): with rope_attention (the default) against without it
 #   step_final Qwen3-0.6B batch 1 and 8 decode steps as the defaults stand, with the per-kernel profile
 #   trace     per-block timelines of the decode step's last layer (benchmarks/block_trace.py): Qwen3-0.6B batch 1 and
-#             8 (also without the norm_gemm rule, and the register form), the Llama-1B shape batch 1
+#             8 with PDL and with plain launches, the Llama-1B shape batch 1
 #   step_l    the Llama-3.2-1B shape, batch 1, ring vs register form
 #   peer      Qwen3-0.6B decode and prefill vs the gpt-fast-style torch peer (benchmarks/decode.py --quick)
 #   quant     packed quantized weights: kernels and decode (benchmarks/quant_bench.py --quick)
@@ -136,9 +136,9 @@ for step in "$@"; do
     step_final) timeout 200 python3 benchmarks/decode_step.py "$R/step_final" --model qwen3-0.6b --batches 1,8 --windows 3 \
                   > "$R/step_final.txt" 2>&1
                 tail -n 4 "$R/step_final.txt" | cut -c 1-3000 ;;
-    trace) timeout 300 python3 benchmarks/block_trace.py "$R/trace_q" --model qwen3-0.6b --batches 1,8 \
-             --ab disable=norm_gemm --ab FUSEC_GEMV_FORM=register > "$R/trace_q.txt" 2>&1
-           tail -n 30 "$R/trace_q.txt"
+    trace) timeout 300 python3 benchmarks/block_trace.py "$R/trace_q" --model qwen3-0.6b --batches 1,8 --modes pdl,plain \
+             > "$R/trace_q.txt" 2>&1
+           cat "$R/trace_q/block_trace.md"
            timeout 120 python3 benchmarks/block_trace.py "$R/trace_l" --model llama-1b --batches 1 --context 32 > "$R/trace_l.txt" 2>&1
            tail -n 12 "$R/trace_l.txt" ;;
     step_l) timeout 150 python3 benchmarks/decode_step.py "$R/step_l" --model llama-1b --batches 1 --context 32 --gemv-forms ring,register > "$R/step_l.txt" 2>&1

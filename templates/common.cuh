@@ -122,11 +122,12 @@ template <class T> __device__ __forceinline__ T fc_block_max(T v, T* scratch, T 
 }
 
 // Block timestamps for benchmarks/block_trace.py (FUSEC_TRACE compiles with -DFC_TRACE): per block
-// (linear index, at most FC_TRACE_BLOCKS), [start, after the PDL wait, end, SM]; the start and the SM
-// from thread 0, the end the latest thread's exit (atomicMax: a replay's times only grow).
+// (linear index, at most FC_TRACE_BLOCKS), [start, at the PDL wait, after it, end, SM]; all from thread 0
+// but the end: the latest thread's exit (atomicMax: a replay's times only grow).
 #ifdef FC_TRACE
 #define FC_TRACE_BLOCKS 8192
-__device__ unsigned long long fc_trace[FC_TRACE_BLOCKS * 4];
+#define FC_TRACE_SLOTS 5
+__device__ unsigned long long fc_trace[FC_TRACE_BLOCKS * FC_TRACE_SLOTS];
 __device__ __forceinline__ unsigned long long fc_now() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -135,29 +136,31 @@ __device__ __forceinline__ unsigned long long fc_now() {
 __device__ __forceinline__ unsigned fc_block_id() {
   return blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
 }
+__device__ __forceinline__ void fc_trace_mark(int slot) {
+  const unsigned b = fc_block_id();
+  if (threadIdx.x == 0 && threadIdx.y == 0 && b < FC_TRACE_BLOCKS) fc_trace[b * FC_TRACE_SLOTS + slot] = fc_now();
+}
 struct FcTraceScope {
   __device__ FcTraceScope() {
     const unsigned b = fc_block_id();
     if (threadIdx.x == 0 && threadIdx.y == 0 && b < FC_TRACE_BLOCKS) {
       unsigned sm;
       asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-      fc_trace[b * 4] = fc_now();
-      fc_trace[b * 4 + 3] = sm;
+      fc_trace[b * FC_TRACE_SLOTS] = fc_now();
+      fc_trace[b * FC_TRACE_SLOTS + 4] = sm;
     }
   }
   __device__ ~FcTraceScope() {
     const unsigned b = fc_block_id();
-    if (b < FC_TRACE_BLOCKS) atomicMax(&fc_trace[b * 4 + 2], fc_now());
+    if (b < FC_TRACE_BLOCKS) atomicMax(&fc_trace[b * FC_TRACE_SLOTS + 3], fc_now());
   }
 };
 #define FC_TRACE_SCOPE FcTraceScope fc_trace_scope_
-#define FC_TRACE_WAITED()                                                             \
-  do {                                                                                \
-    if (threadIdx.x == 0 && threadIdx.y == 0 && fc_block_id() < FC_TRACE_BLOCKS)     \
-      fc_trace[fc_block_id() * 4 + 1] = fc_now();                                    \
-  } while (0)
+#define FC_TRACE_AT_WAIT() fc_trace_mark(1)
+#define FC_TRACE_WAITED() fc_trace_mark(2)
 #else
 #define FC_TRACE_SCOPE
+#define FC_TRACE_AT_WAIT()
 #define FC_TRACE_WAITED()
 #endif
 
@@ -175,6 +178,7 @@ __device__ __forceinline__ void fc_pdl_trigger() {
 #endif
 }
 __device__ __forceinline__ void fc_pdl_wait() {
+  FC_TRACE_AT_WAIT();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
@@ -188,8 +192,10 @@ __device__ __forceinline__ void fc_pdl_wait_after(fc_u32 dep) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("" : "+r"(dep));
   if (dep == 0x9e3779b9u) {
+    FC_TRACE_AT_WAIT();  // once dep is known: the loads it pins have returned
     asm volatile("griddepcontrol.wait;" ::: "memory");
   } else {
+    FC_TRACE_AT_WAIT();
     asm volatile("griddepcontrol.wait;" ::: "memory");
   }
 #endif
