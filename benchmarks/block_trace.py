@@ -146,16 +146,11 @@ def main() -> int:
             disabled = tuple(knobs.pop("disable").split(",")) if "disable" in knobs else ()
             saved = {k: os.environ.get(k) for k in knobs}
             os.environ.update(knobs)
-            plan = compile_generation(gm, batch=batch, max_seq_len=args.context + 64, prefill_len=args.context,
+            plan = compile_generation(gm, batch=batch, max_seq_len=args.context + 160, prefill_len=args.context,
                                       dtype="bf16", eos_ids=[], disabled_fusions=disabled)
             path = os.path.join(tmp, f"b{batch}.fplan")
             plan.save(path)
             del plan
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
             for mode in args.modes.split(","):
                 plan, eng, _ = _engine(path, mode == "pdl", batch, warm=True)
                 steps = []
@@ -172,8 +167,21 @@ def main() -> int:
                         vals = [s[j][k] for s in steps if s[j][k] is not None]
                         med[k] = round(float(np.median(vals)), 2) if vals else None
                     table.append(med)
-                doc["runs"].append({"batch": batch, "variant": name, "mode": mode, "kernels": table, "steps": steps})
+                import cupy as cp
+
+                a, b = cp.cuda.Event(), cp.cuda.Event()
+                times = []
+                for _ in range(5):  # step time of the traced binaries: compare variants of one run only
+                    a.record(eng.stream)
+                    for _ in range(20):
+                        eng.decode()
+                    b.record(eng.stream)
+                    b.synchronize()
+                    times.append(cp.cuda.get_elapsed_time(a, b) / 20)
+                doc["runs"].append({"batch": batch, "variant": name, "mode": mode, "kernels": table, "steps": steps,
+                                    "step_ms": float(np.median(times))})
                 md += [f"### batch {batch}, {name}, {mode} launches", "",
+                       f"step (the traced binaries, medians of 5 x 20 replays): {np.median(times):.3f} ms", "",
                        "| kernel | blocks (SMs, max/SM) | start min / p50 / max | early | at the wait p50 / max | "
                        "wait passed min / p50 / max | end min / p50 / max | after wait p50 / max |",
                        "|---|---|---|---|---|---|---|---|"]
@@ -185,8 +193,13 @@ def main() -> int:
                               f"{r['end_min']} / {r['end_p50']} / {r['end_max']} | "
                               f"{r['after_wait_p50']} / {r['after_wait_max']} |")
                 md.append("")
-                print("\n".join(md[-len(table) - 4:]), flush=True)
+                print("\n".join(md[-len(table) - 6:]), flush=True)
                 eng = plan = None
+            for k, v in saved.items():  # the next variant runs with the defaults again (runtime knobs: loaded above)
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
     (out / "block_trace.json").write_text(json.dumps(doc, indent=1, default=str))
     (out / "block_trace.md").write_text("\n".join(md) + "\n")
     return 0
