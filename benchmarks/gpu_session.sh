@@ -30,6 +30,8 @@
 #             8 with PDL and with plain launches, the Llama-1B shape batch 1
 #   trace_co  the same traces, Qwen3-0.6B batch 1 and 8: the driver's L1/shared split against the most shared memory for
 #             the ring kernels and for all (FUSEC_SMEM_CARVEOUT)
+#   step_iss  Qwen3-0.6B batch 1 and 8, the Llama-1B shape batch 1: the products' first weight copies before the PDL wait
+#             (the default) against after it for the norm products or all (FUSEC_GEMV_ISSUE); the trace of batch 1
 #   step_l    the Llama-3.2-1B shape, batch 1, ring vs register form
 #   peer      Qwen3-0.6B decode and prefill vs the gpt-fast-style torch peer (benchmarks/decode.py --quick)
 #   quant     packed quantized weights: kernels and decode (benchmarks/quant_bench.py --quick)
@@ -146,6 +148,15 @@ for step in "$@"; do
     trace_co) timeout 300 python3 benchmarks/block_trace.py "$R/trace_co" --model qwen3-0.6b --batches 1,8 \
                 --ab FUSEC_SMEM_CARVEOUT=ring --ab FUSEC_SMEM_CARVEOUT=all > "$R/trace_co.txt" 2>&1
               cat "$R/trace_co/block_trace.md" ;;
+    step_iss) timeout 300 python3 benchmarks/decode_step.py "$R/step_iss" --model qwen3-0.6b --batches 1,8 --windows 3 \
+                --ab FUSEC_GEMV_ISSUE=after_norm --ab FUSEC_GEMV_ISSUE=after > "$R/step_iss.txt" 2>&1
+              tail -n 4 "$R/step_iss/decode_step.md"
+              timeout 150 python3 benchmarks/decode_step.py "$R/step_issl" --model llama-1b --batches 1 --context 32 --windows 3 \
+                --ab FUSEC_GEMV_ISSUE=after_norm > "$R/step_issl.txt" 2>&1
+              tail -n 3 "$R/step_issl/decode_step.md"
+              timeout 120 python3 benchmarks/block_trace.py "$R/trace_iss" --model qwen3-0.6b --batches 1 \
+                --ab FUSEC_GEMV_ISSUE=after_norm > "$R/trace_iss.txt" 2>&1
+              cat "$R/trace_iss/block_trace.md" ;;
     step_l) timeout 150 python3 benchmarks/decode_step.py "$R/step_l" --model llama-1b --batches 1 --context 32 --gemv-forms ring,register > "$R/step_l.txt" 2>&1
             tail -n 5 "$R/step_l.txt" ;;
     peer) timeout 270 python3 benchmarks/decode.py "$R/peer.json" --quick --batches 1 --contexts 128 --budget-s 180 --hf none --no-fp32-check > "$R/peer.txt" 2>&1

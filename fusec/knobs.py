@@ -38,6 +38,9 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("FUSEC_NVTX", "bool", False, "NVTX ranges around each launch (Nsight Systems)"),
     Knob("FUSEC_LINEINFO", "bool", False, "compile kernels with source line information (Nsight Compute's "
          "per-line stall sampling; benchmarks/gpu_session.sh qncu)"),
+    Knob("FUSEC_GEMV_ISSUE", "choice", "before", "decode products (ring form): the first stages' weight copies "
+         "before the PDL wait, or after it for the products with a norm prologue or for all (an A/B)",
+         ("before", "after_norm", "after")),
     Knob("FUSEC_SMEM_CARVEOUT", "choice", "driver", "the L1/shared-memory split kernels prefer, read when a plan's "
          "kernels load: the driver's choice, or the most shared memory for the kernels with dynamic shared memory "
          "(ring) or for all", ("driver", "ring", "all")),

@@ -123,7 +123,7 @@ template <class T> __device__ __forceinline__ T fc_block_max(T v, T* scratch, T 
 
 // Block timestamps for benchmarks/block_trace.py (FUSEC_TRACE compiles with -DFC_TRACE): per block
 // (linear index, at most FC_TRACE_BLOCKS), [start, at the PDL wait, after it, end, SM]; all from thread 0
-// but the end: the latest thread's exit (atomicMax: a replay's times only grow).
+// but the end: the latest exit of a warp's lane 0 (atomicMax: a replay's times only grow).
 #ifdef FC_TRACE
 #define FC_TRACE_BLOCKS 8192
 #define FC_TRACE_SLOTS 5
@@ -152,7 +152,7 @@ struct FcTraceScope {
   }
   __device__ ~FcTraceScope() {
     const unsigned b = fc_block_id();
-    if (b < FC_TRACE_BLOCKS) atomicMax(&fc_trace[b * FC_TRACE_SLOTS + 3], fc_now());
+    if (b < FC_TRACE_BLOCKS && (threadIdx.x & 31) == 0) atomicMax(&fc_trace[b * FC_TRACE_SLOTS + 3], fc_now());
   }
 };
 #define FC_TRACE_SCOPE FcTraceScope fc_trace_scope_

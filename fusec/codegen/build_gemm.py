@@ -103,6 +103,8 @@ def gemv_form(N: int, K: int, dtype: DType, glu: bool = False, M: int = 1) -> di
 
 @builder(S.GemvSpec)
 def _gemv(spec: S.GemvSpec) -> Rendered:
+    from fusec import knobs
+
     warps, ch, kg, nch = gemv_geometry(spec.K, spec.dtype, spec.spread)
     e = spec.epilogue
     ctx = {
@@ -116,6 +118,8 @@ def _gemv(spec: S.GemvSpec) -> Rendered:
         # (up to 8 rows: with 16, those registers spill)
         "fast_norm": spec.norm and spec.dtype in S.HALFS and kg == 1 and spec.M <= 8,
         "stages": spec.stages,
+        "late_issue": spec.stages > 0 and (knobs.get("FUSEC_GEMV_ISSUE") == "after"
+                                           or (knobs.get("FUSEC_GEMV_ISSUE") == "after_norm" and spec.norm)),
     }
     if spec.argmax:
         ctx.update(seed_t=ctype(spec.seed_dtype), ctr_t=ctype(spec.counter_dtype))
