@@ -32,6 +32,8 @@
 #             the ring kernels and for all (FUSEC_SMEM_CARVEOUT)
 #   step_iss  Qwen3-0.6B batch 1 and 8, the Llama-1B shape batch 1: the products' first weight copies before the PDL wait
 #             (the default) against after it for the norm products or all (FUSEC_GEMV_ISSUE); the trace of batch 1
+#   step_cn   Qwen3-0.6B batch 1 and 8, the Llama-1B shape batch 1: the norm prologue normalizing x once per block at
+#             1-2 rows (the default) against each row's lanes normalizing their fragments (FUSEC_GEMV_COOP_NORM=0)
 #   step_l    the Llama-3.2-1B shape, batch 1, ring vs register form
 #   peer      Qwen3-0.6B decode and prefill vs the gpt-fast-style torch peer (benchmarks/decode.py --quick)
 #   quant     packed quantized weights: kernels and decode (benchmarks/quant_bench.py --quick)
@@ -157,6 +159,12 @@ for step in "$@"; do
               timeout 120 python3 benchmarks/block_trace.py "$R/trace_iss" --model qwen3-0.6b --batches 1 \
                 --ab FUSEC_GEMV_ISSUE=after_norm > "$R/trace_iss.txt" 2>&1
               cat "$R/trace_iss/block_trace.md" ;;
+    step_cn) timeout 260 python3 benchmarks/decode_step.py "$R/step_cn" --model qwen3-0.6b --batches 1,8 --windows 3 \
+               --ab FUSEC_GEMV_COOP_NORM=0 > "$R/step_cn.txt" 2>&1
+             tail -n 4 "$R/step_cn/decode_step.md"
+             timeout 150 python3 benchmarks/decode_step.py "$R/step_cnl" --model llama-1b --batches 1 --context 32 --windows 3 \
+               --ab FUSEC_GEMV_COOP_NORM=0 > "$R/step_cnl.txt" 2>&1
+             tail -n 3 "$R/step_cnl/decode_step.md" ;;
     step_l) timeout 150 python3 benchmarks/decode_step.py "$R/step_l" --model llama-1b --batches 1 --context 32 --gemv-forms ring,register > "$R/step_l.txt" 2>&1
             tail -n 5 "$R/step_l.txt" ;;
     peer) timeout 270 python3 benchmarks/decode.py "$R/peer.json" --quick --batches 1 --contexts 128 --budget-s 180 --hf none --no-fp32-check > "$R/peer.txt" 2>&1

@@ -41,6 +41,8 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("FUSEC_GEMV_ISSUE", "choice", "before", "decode products (ring form): the first stages' weight copies "
          "before the PDL wait, or after it for the products with a norm prologue or for all (an A/B)",
          ("before", "after_norm", "after")),
+    Knob("FUSEC_GEMV_COOP_NORM", "bool", True, "decode products with a norm prologue at 1-2 rows: the block "
+         "normalizes x once into shared memory (off: each row's lanes normalize their fragments; the A/B)"),
     Knob("FUSEC_SMEM_CARVEOUT", "choice", "driver", "the L1/shared-memory split kernels prefer, read when a plan's "
          "kernels load: the driver's choice, or the most shared memory for the kernels with dynamic shared memory "
          "(ring) or for all", ("driver", "ring", "all")),

@@ -117,6 +117,9 @@ def _gemv(spec: S.GemvSpec) -> Rendered:
         # the norm's statistic from the fragments: one k group holds all of x's rows in registers
         # (up to 8 rows: with 16, those registers spill)
         "fast_norm": spec.norm and spec.dtype in S.HALFS and kg == 1 and spec.M <= 8,
+        # at most 2 rows the fragments' row lanes are mostly idle: the block normalizes x once (gemv.cu.jinja)
+        "coop_norm": spec.norm and spec.dtype in S.HALFS and kg == 1 and spec.M <= 2 and knobs.get("FUSEC_GEMV_COOP_NORM"),
+        "XPT": cdiv(spec.K // 8, 32 * warps),
         "stages": spec.stages,
         "late_issue": spec.stages > 0 and (knobs.get("FUSEC_GEMV_ISSUE") == "after"
                                            or (knobs.get("FUSEC_GEMV_ISSUE") == "after_norm" and spec.norm)),
