@@ -28,10 +28,6 @@
 #   step_final Qwen3-0.6B batch 1 and 8 decode steps as the defaults stand, with the per-kernel profile
 #   trace     per-block timelines of the decode step's last layer (benchmarks/block_trace.py): Qwen3-0.6B batch 1 and
 #             8 with PDL and with plain launches, the Llama-1B shape batch 1
-#   trace_co  the same traces, Qwen3-0.6B batch 1 and 8: the driver's L1/shared split against the most shared memory for
-#             the ring kernels and for all (FUSEC_SMEM_CARVEOUT)
-#   step_iss  Qwen3-0.6B batch 1 and 8, the Llama-1B shape batch 1: the products' first weight copies before the PDL wait
-#             (the default) against after it for the norm products or all (FUSEC_GEMV_ISSUE); the trace of batch 1
 #   step_cn   Qwen3-0.6B batch 1 and 8, the Llama-1B shape batch 1: the norm prologue normalizing x once per block at
 #             1-2 rows (the default) against each row's lanes normalizing their fragments (FUSEC_GEMV_COOP_NORM=0)
 #   step_l    the Llama-3.2-1B shape, batch 1, ring vs register form
@@ -147,18 +143,6 @@ for step in "$@"; do
            cat "$R/trace_q/block_trace.md"
            timeout 120 python3 benchmarks/block_trace.py "$R/trace_l" --model llama-1b --batches 1 --context 32 > "$R/trace_l.txt" 2>&1
            tail -n 12 "$R/trace_l.txt" ;;
-    trace_co) timeout 300 python3 benchmarks/block_trace.py "$R/trace_co" --model qwen3-0.6b --batches 1,8 \
-                --ab FUSEC_SMEM_CARVEOUT=ring --ab FUSEC_SMEM_CARVEOUT=all > "$R/trace_co.txt" 2>&1
-              cat "$R/trace_co/block_trace.md" ;;
-    step_iss) timeout 300 python3 benchmarks/decode_step.py "$R/step_iss" --model qwen3-0.6b --batches 1,8 --windows 3 \
-                --ab FUSEC_GEMV_ISSUE=after_norm --ab FUSEC_GEMV_ISSUE=after > "$R/step_iss.txt" 2>&1
-              tail -n 4 "$R/step_iss/decode_step.md"
-              timeout 150 python3 benchmarks/decode_step.py "$R/step_issl" --model llama-1b --batches 1 --context 32 --windows 3 \
-                --ab FUSEC_GEMV_ISSUE=after_norm > "$R/step_issl.txt" 2>&1
-              tail -n 3 "$R/step_issl/decode_step.md"
-              timeout 120 python3 benchmarks/block_trace.py "$R/trace_iss" --model qwen3-0.6b --batches 1 \
-                --ab FUSEC_GEMV_ISSUE=after_norm > "$R/trace_iss.txt" 2>&1
-              cat "$R/trace_iss/block_trace.md" ;;
     step_cn) timeout 260 python3 benchmarks/decode_step.py "$R/step_cn" --model qwen3-0.6b --batches 1,8 --windows 3 \
                --ab FUSEC_GEMV_COOP_NORM=0 > "$R/step_cn.txt" 2>&1
              tail -n 4 "$R/step_cn/decode_step.md"

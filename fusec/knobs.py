@@ -38,14 +38,8 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("FUSEC_NVTX", "bool", False, "NVTX ranges around each launch (Nsight Systems)"),
     Knob("FUSEC_LINEINFO", "bool", False, "compile kernels with source line information (Nsight Compute's "
          "per-line stall sampling; benchmarks/gpu_session.sh qncu)"),
-    Knob("FUSEC_GEMV_ISSUE", "choice", "before", "decode products (ring form): the first stages' weight copies "
-         "before the PDL wait, or after it for the products with a norm prologue or for all (an A/B)",
-         ("before", "after_norm", "after")),
     Knob("FUSEC_GEMV_COOP_NORM", "bool", True, "decode products with a norm prologue at 1-2 rows: the block "
          "normalizes x once into shared memory (off: each row's lanes normalize their fragments; the A/B)"),
-    Knob("FUSEC_SMEM_CARVEOUT", "choice", "driver", "the L1/shared-memory split kernels prefer, read when a plan's "
-         "kernels load: the driver's choice, or the most shared memory for the kernels with dynamic shared memory "
-         "(ring) or for all", ("driver", "ring", "all")),
     Knob("FUSEC_TRACE", "bool", False, "compile kernels that record per-block timestamps (start, after the PDL "
          "wait, end) in a module global, fc_trace (benchmarks/block_trace.py reads it; another binary: another key)"),
     Knob("FUSEC_CUPTI", "bool", True, "allow fusec's driver counters (CUPTI) when stats are asked for"),

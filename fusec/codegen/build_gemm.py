@@ -121,8 +121,6 @@ def _gemv(spec: S.GemvSpec) -> Rendered:
         "coop_norm": spec.norm and spec.dtype in S.HALFS and kg == 1 and spec.M <= 2 and knobs.get("FUSEC_GEMV_COOP_NORM"),
         "XPT": cdiv(spec.K // 8, 32 * warps),
         "stages": spec.stages,
-        "late_issue": spec.stages > 0 and (knobs.get("FUSEC_GEMV_ISSUE") == "after"
-                                           or (knobs.get("FUSEC_GEMV_ISSUE") == "after_norm" and spec.norm)),
     }
     if spec.argmax:
         ctx.update(seed_t=ctype(spec.seed_dtype), ctr_t=ctype(spec.counter_dtype))

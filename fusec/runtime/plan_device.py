@@ -46,20 +46,12 @@ class Device:
             mod.load(complete_cubin(bytes(blob(m["cubin"]))))  # plans saved short before
             self._modules[m["id"]] = mod
         self.functions = []
-        from fusec import knobs
-
-        # the L1/shared split each kernel asks for (an SM changes it only when idle): the driver's choice by
-        # default; FUSEC_SMEM_CARVEOUT=ring|all asks for the most shared memory for the kernels with a ring
-        # (dynamic shared memory) or for every kernel (benchmarks/block_trace.py's A/B)
-        carveout = {"driver": None, "ring": (100, False), "all": (100, True)}[knobs.get("FUSEC_SMEM_CARVEOUT")]
         for k in self.manifest["kernels"]:
             fn = self._modules[k["module"]].get_function(k["entry"])
             if int(k.get("smem", 0)) > 0:
                 # opt in to the dynamic shared memory asked for: without it, static + dynamic must
                 # stay within 48 KB (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8)
                 cupy.cuda.driver.funcSetAttribute(fn.ptr, 8, int(k["smem"]))
-            if carveout is not None and (carveout[1] or int(k.get("smem", 0)) > 0):
-                cupy.cuda.driver.funcSetAttribute(fn.ptr, 9, carveout[0])  # PREFERRED_SHARED_MEMORY_CARVEOUT (%)
             self.functions.append(fn)
         # programmatic dependent launch: launch records that allow it overlap the kernel before them,
         # unless FUSEC_PDL=0 or cuda-bindings is missing (then every launch is plain: same results)
