@@ -24,12 +24,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-os.environ["FUSEC_TRACE"] = "1"  # before fusec compiles anything
-
-import numpy as np  # noqa: E402
+import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from decode_step import _engine, model  # noqa: E402
 
 TRACE_BLOCKS = 8192  # common.cuh FC_TRACE_BLOCKS
 SLOTS = 5  # FC_TRACE_SLOTS: start, at the wait, after it, end, SM
@@ -128,6 +125,9 @@ def main() -> int:
     ap.add_argument("--ab", action="append", default=[], metavar="KNOB=VALUE[+KNOB=VALUE]",
                     help="also trace the plan compiled with these knobs (disable=RULE[,RULE]: without those rules)")
     args = ap.parse_args()
+    os.environ["FUSEC_TRACE"] = "1"  # before fusec compiles anything
+    from decode_step import _engine, model
+
     from fusec.compiler import compile_generation
 
     variants: dict[str, dict[str, str]] = {"default": {}}

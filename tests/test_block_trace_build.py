@@ -18,3 +18,39 @@ def test_the_trace_is_another_binary_with_its_global(monkeypatch) -> None:  # no
     assert traced.source == plain.source  # the same source: the trace is a compile option
     assert traced.binary.key != plain.binary.key and traced.binary.cubin != plain.binary.cubin
     assert b"fc_trace" in traced.binary.cubin and b"fc_trace" not in plain.binary.cubin
+
+
+def test_the_table_from_block_stamps() -> None:
+    """benchmarks/block_trace.py's summary of synthetic stamps: a module's last launch is the one read,
+    times are from the step's first block, 'early' counts blocks started before the kernel before ended."""
+    import os
+    import sys
+    import types
+
+    import numpy as np
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+    import block_trace as B
+
+    assert os.environ.get("FUSEC_TRACE") != "1"  # importing it sets nothing: only its main() traces
+    launches = [{"kernel": 0, "grid": [2, 1, 1], "label": "#1 a"}, {"kernel": 1, "grid": [3, 1, 1], "label": "#2 b"},
+                {"kernel": 0, "grid": [2, 1, 1], "label": "#3 a"}, {"type": "gemm", "label": "#4 cublas"}]
+    plan = types.SimpleNamespace(manifest={"entries": {"decode": {"launches": launches}},
+                                           "kernels": [{"module": "m0"}, {"module": "m1"}]})
+
+    def stamps(rows: list[tuple[int, int, int, int, int]]) -> np.ndarray:
+        t = np.zeros((B.TRACE_BLOCKS, B.SLOTS), np.uint64)
+        t[:len(rows)] = rows
+        return t
+
+    # module m1 (#2 b) first: blocks start at 1000 and 1500 ns; m0's last launch (#3 a) starts at 2000 and 4000
+    traces = {"m1": stamps([(1000, 1100, 1200, 3000, 5), (1500, 1600, 1700, 2500, 6), (1200, 1300, 1400, 2900, 5)]),
+              "m0": stamps([(2000, 2100, 3100, 5000, 7), (4000, 4100, 4200, 6000, 7)])}
+    rows = B.timeline(plan, traces)
+    assert [r["label"] for r in rows] == ["#2 b", "#3 a"]
+    b, a = B.summarize(rows)
+    assert b["blocks"] == 3 and b["sms"] == 2 and b["max_blocks_per_sm"] == 2
+    assert (b["start_min"], b["start_max"], b["end_max"]) == (0.0, 0.5, 2.0)
+    assert a["started_before_prev_end"] == 1  # only the block at 2000 ns started before b's last end (3000)
+    assert (a["waited_min"], a["after_wait_p50"], a["at_wait_max"]) == (2.1, 1.85, 3.1)
+    assert a["max_blocks_per_sm"] == 2 and a["sms"] == 1
