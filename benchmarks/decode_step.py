@@ -184,9 +184,15 @@ def profile_mode(path: str, pdl: bool, batch: int) -> Any:
         if recs and recs[1]:
             r0 = sorted(recs[1])
             out["timeline"] = [(n[:28], round((s - r0[0][0]) * 1e-3, 2), round((e - r0[0][0]) * 1e-3, 2)) for s, e, n in r0]
+        first_label: dict[str, str] = {}
+        for L in plan.manifest["entries"]["decode"]["launches"]:
+            if "kernel" in L:
+                first_label.setdefault(plan.manifest["kernels"][L["kernel"]]["entry"], L["label"])
+        replays = max(1, sum(1 for r in recs if r))
         mods = {m["id"]: m["template"].split(".")[0] for m in plan.manifest["modules"]}
         kern = {k["entry"]: mods[k["module"]] for k in plan.manifest["kernels"]}
         by: dict[str, list[float]] = {}
+        own: dict[str, list[float]] = {}  # per kernel (entry name): the own time of each of its launches
         gaps: list[float] = []
         walls, busy = [], []
         for r in recs:
@@ -201,6 +207,7 @@ def profile_mode(path: str, pdl: bool, batch: int) -> Any:
             for s, e, n in r:  # a kernel's own time: from when it could run (the one before ended) to its end
                 f = family(n, kern)
                 per[f] = per.get(f, 0.0) + (e - max(s, prev_end)) * 1e-3
+                own.setdefault(n, []).append((e - max(s, prev_end)) * 1e-3)
                 prev_end = max(prev_end, e)
             for f, us in per.items():
                 by.setdefault(f, []).append(us)
@@ -210,6 +217,11 @@ def profile_mode(path: str, pdl: bool, batch: int) -> Any:
                           "gap_us_p10": float(np.percentile(gaps, 10)) if gaps else None,
                           "gap_us_p90": float(np.percentile(gaps, 90)) if gaps else None,
                           "by_family_us": {f: round(statistics.median(v), 2) for f, v in sorted(by.items())},
+                          # each kernel of the step (a layer's qkv, attention, o, ...): its first launch's label,
+                          # launches a step, and the median own time of one launch
+                          "by_kernel_us": {n: {"label": first_label.get(n, n), "per_step": round(len(v) / replays, 2),
+                                               "median_us": round(statistics.median(v), 2)}
+                                           for n, v in own.items()},
                           "names_from_plan": out["names_from_plan"]}
     else:
         out["profile"] = f"unavailable: {counters.reason}"
