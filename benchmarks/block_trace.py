@@ -32,33 +32,34 @@ TRACE_BLOCKS = 8192  # common.cuh FC_TRACE_BLOCKS
 SLOTS = 5  # FC_TRACE_SLOTS: start, at the wait, after it, end, SM
 
 
-def read_traces(eng: Any) -> dict[str, np.ndarray]:
-    """Each module's fc_trace as [blocks, SLOTS] uint64."""
-    import cupy as cp
-
+def trace_ptrs(eng: Any) -> dict[str, int]:
+    """Each loaded module's fc_trace address (modules compiled without the trace have none)."""
     out = {}
     for mid, mod in eng.device._modules.items():
         try:
             ptr = mod.get_global_var("fc_trace")
         except Exception:  # a module without the trace (no common.cuh)
             continue
-        ptr = ptr[0] if isinstance(ptr, tuple) else ptr
-        host = np.empty((TRACE_BLOCKS, SLOTS), np.uint64)
-        cp.cuda.runtime.memcpy(host.ctypes.data, int(ptr), host.nbytes, cp.cuda.runtime.memcpyDeviceToHost)
-        out[mid] = host
+        out[mid] = int(ptr[0] if isinstance(ptr, tuple) else ptr)
     return out
 
 
-def clear_traces(eng: Any) -> None:
+def read_traces(ptrs: dict[str, int]) -> dict[str, np.ndarray]:
+    """Each module's fc_trace as [blocks, SLOTS] uint64."""
     import cupy as cp
 
-    for mod in eng.device._modules.values():
-        try:
-            ptr = mod.get_global_var("fc_trace")
-        except Exception:
-            continue
-        ptr = ptr[0] if isinstance(ptr, tuple) else ptr
-        cp.cuda.runtime.memset(int(ptr), 0, TRACE_BLOCKS * SLOTS * 8)
+    out = {}
+    for mid, ptr in ptrs.items():
+        out[mid] = host = np.empty((TRACE_BLOCKS, SLOTS), np.uint64)
+        cp.cuda.runtime.memcpy(host.ctypes.data, ptr, host.nbytes, cp.cuda.runtime.memcpyDeviceToHost)
+    return out
+
+
+def clear_traces(ptrs: dict[str, int]) -> None:
+    import cupy as cp
+
+    for ptr in ptrs.values():
+        cp.cuda.runtime.memset(ptr, 0, TRACE_BLOCKS * SLOTS * 8)
 
 
 def pct(a: np.ndarray, q: float) -> float:
@@ -126,13 +127,11 @@ def main() -> int:
                     help="also trace the plan compiled with these knobs (disable=RULE[,RULE]: without those rules)")
     args = ap.parse_args()
     os.environ["FUSEC_TRACE"] = "1"  # before fusec compiles anything
-    from decode_step import _engine, model
+    from decode_step import _engine, model, parse_ab
 
     from fusec.compiler import compile_generation
 
-    variants: dict[str, dict[str, str]] = {"default": {}}
-    for ab in args.ab:
-        variants[ab] = dict(kv.split("=", 1) for kv in ab.split("+"))
+    variants = {"default": ({}, ())} | {ab: parse_ab(ab) for ab in args.ab}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     gm = model(args.model)
@@ -141,9 +140,7 @@ def main() -> int:
     md = [f"model {args.model}, context {args.context}; us from the step's earliest traced block start; "
           "'early': blocks that started before the kernel before it ended", ""]
     for batch in map(int, args.batches.split(",")):
-        for name, knobs in variants.items():
-            knobs = dict(knobs)
-            disabled = tuple(knobs.pop("disable").split(",")) if "disable" in knobs else ()
+        for name, (knobs, disabled) in variants.items():
             saved = {k: os.environ.get(k) for k in knobs}
             os.environ.update(knobs)
             plan = compile_generation(gm, batch=batch, max_seq_len=args.context + 160, prefill_len=args.context,
@@ -153,12 +150,12 @@ def main() -> int:
             del plan
             for mode in args.modes.split(","):
                 plan, eng, _ = _engine(path, mode == "pdl", batch, warm=True)
-                steps = []
+                steps, ptrs = [], trace_ptrs(eng)
                 for _ in range(5):  # five steps, each read on its own: the medians over them go in the table
-                    clear_traces(eng)
+                    clear_traces(ptrs)
                     eng.decode()
                     eng.sync()
-                    steps.append(summarize(timeline(plan, read_traces(eng))))
+                    steps.append(summarize(timeline(plan, read_traces(ptrs))))
                 keys = [k for k in steps[0][0] if k not in ("label",)]
                 table = []
                 for j, row in enumerate(steps[0]):

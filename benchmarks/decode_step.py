@@ -230,6 +230,12 @@ def profile_mode(path: str, pdl: bool, batch: int) -> Any:
     return out["profile"], out.get("timeline")
 
 
+def parse_ab(ab: str) -> tuple[dict[str, str], tuple[str, ...]]:
+    """An --ab variant, KNOB=VALUE[+KNOB=VALUE] with disable=RULE[,RULE]: (knobs, disabled fusion rules)."""
+    knobs = dict(kv.split("=", 1) for kv in ab.split("+"))
+    return knobs, tuple(knobs.pop("disable").split(",")) if "disable" in knobs else ()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -249,8 +255,7 @@ def main() -> int:
     env = {f: {"FUSEC_GEMV_FORM": f} for f in forms}
     disabled: dict[str, tuple[str, ...]] = {}
     for ab in args.ab:
-        knobs = dict(kv.split("=", 1) for kv in ab.split("+"))
-        disabled[ab] = tuple(knobs.pop("disable").split(",")) if "disable" in knobs else ()
+        knobs, disabled[ab] = parse_ab(ab)
         env[ab] = {"FUSEC_GEMV_FORM": forms[0], **knobs}
         forms.append(ab)
     from fusec.compiler import compile_generation
