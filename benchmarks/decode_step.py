@@ -148,9 +148,10 @@ def run_interleaved(paths: dict[str, str], batch: int, steps: int, windows: int)
     return out
 
 
-def profile_mode(path: str, pdl: bool, batch: int) -> Any:
-    """The per-kernel profile of a few replays (CUPTI kernel records): run after every timing,
-    since attached counters slow every later graph launch of the process."""
+def profile_mode(path: str, pdl: bool, batch: int, entry: str = "decode") -> Any:
+    """The per-kernel profile of a few replays of ``entry`` ("decode" or "prefill"; CUPTI kernel
+    records): run after every timing, since attached counters slow every later graph launch of the
+    process."""
 
     from fusec.runtime.counters import DriverCounters
 
@@ -165,7 +166,10 @@ def profile_mode(path: str, pdl: bool, batch: int) -> Any:
         def replays() -> None:
             for _ in range(10):
                 marks.append(counters.timestamp())
-                eng.decode()
+                if entry == "decode":
+                    eng.decode()
+                else:
+                    start()
                 eng.sync()
             marks.append(counters.timestamp())
 
@@ -177,7 +181,7 @@ def profile_mode(path: str, pdl: bool, batch: int) -> Any:
         # names went stale for a plan loaded after another one was freed in this process (the batch-8 plan
         # showed batch-1 kernels' names).
         launched = [plan.manifest["kernels"][L["kernel"]]["entry"]
-                    for L in plan.manifest["entries"]["decode"]["launches"] if "kernel" in L]
+                    for L in plan.manifest["entries"][entry]["launches"] if "kernel" in L]
         out["names_from_plan"] = all(len(r) == len(launched) for r in recs if r)
         if out["names_from_plan"]:
             recs = [[(s, e, n) for (s, e, _), n in zip(sorted(r), launched)] for r in recs]
@@ -185,7 +189,7 @@ def profile_mode(path: str, pdl: bool, batch: int) -> Any:
             r0 = sorted(recs[1])
             out["timeline"] = [(n[:28], round((s - r0[0][0]) * 1e-3, 2), round((e - r0[0][0]) * 1e-3, 2)) for s, e, n in r0]
         first_label: dict[str, str] = {}
-        for L in plan.manifest["entries"]["decode"]["launches"]:
+        for L in plan.manifest["entries"][entry]["launches"]:
             if "kernel" in L:
                 first_label.setdefault(plan.manifest["kernels"][L["kernel"]]["entry"], L["label"])
         replays = max(1, sum(1 for r in recs if r))

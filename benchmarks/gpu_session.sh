@@ -30,6 +30,8 @@
 #             8 with PDL and with plain launches, the Llama-1B shape batch 1
 #   step_cn   Qwen3-0.6B batch 1 and 8, the Llama-1B shape batch 1: the norm prologue normalizing x once per block at
 #             1-2 rows (the default) against each row's lanes normalizing their fragments (FUSEC_GEMV_COOP_NORM=0)
+#   prefill   the prefill entry of Qwen3-0.6B (128 tokens) and the Llama-1B shape (32): time, launches, per-kernel
+#             profile (benchmarks/prefill_step.py; variants from $PREFILL_AB, e.g. "--ab FUSEC_X=1")
 #   step_l    the Llama-3.2-1B shape, batch 1, ring vs register form
 #   peer      Qwen3-0.6B decode and prefill vs the gpt-fast-style torch peer (benchmarks/decode.py --quick)
 #   quant     packed quantized weights: kernels and decode (benchmarks/quant_bench.py --quick)
@@ -135,6 +137,10 @@ for step in "$@"; do
     step_lra) timeout 300 python3 benchmarks/decode_step.py "$R/step_lra" --model llama-1b --batches 1 --context 32 \
                 --windows 3 --ab disable=rope_attention > "$R/step_lra.txt" 2>&1
               tail -n 3 "$R/step_lra.txt" | cut -c 1-3000 ;;
+    prefill) timeout 200 python3 benchmarks/prefill_step.py "$R/prefill_q" --model qwen3-0.6b $PREFILL_AB > "$R/prefill_q.txt" 2>&1
+             tail -n 30 "$R/prefill_q.txt" | cut -c 1-3000
+             timeout 120 python3 benchmarks/prefill_step.py "$R/prefill_l" --model llama-1b --prompt 32 $PREFILL_AB > "$R/prefill_l.txt" 2>&1
+             tail -n 24 "$R/prefill_l.txt" | cut -c 1-3000 ;;
     step_final) timeout 200 python3 benchmarks/decode_step.py "$R/step_final" --model qwen3-0.6b --batches 1,8 --windows 3 \
                   > "$R/step_final.txt" 2>&1
                 tail -n 4 "$R/step_final.txt" | cut -c 1-3000 ;;
