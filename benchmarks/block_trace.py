@@ -3,7 +3,9 @@ its PDL wait and ended, and on which SM (kernels compiled with FUSEC_TRACE=1: co
 records %globaltimer into a module global, fc_trace). CUPTI gives a kernel's first start and last end;
 this says how many of a kernel's blocks were resident (and loading their weights) before the kernel
 before it ended, when their threads reached the PDL wait (after the loads the wait is pinned below),
-when it let them through, and how long the blocks' work after the wait took.
+when it let them through, and how long the blocks' work after the wait took, in phases (thread 0's
+FC_TRACE_PHASE marks, us after the wait): the product's x normalized / first tile summed in registers /
+summed across warps; the attention's prologue done / key loop done / splits' partials published.
 
     python benchmarks/block_trace.py OUT_DIR [--model qwen3-0.6b] [--batches 1,8] [--ab KNOB=V[+KNOB=V]]...
 
@@ -29,7 +31,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 TRACE_BLOCKS = 8192  # common.cuh FC_TRACE_BLOCKS
-SLOTS = 5  # FC_TRACE_SLOTS: start, at the wait, after it, end, SM
+SLOTS = 8  # FC_TRACE_SLOTS: start, at the wait, after it, end, SM, phases 1-3 (FC_TRACE_PHASE)
+PHASES = 3
 
 
 def trace_ptrs(eng: Any) -> dict[str, int]:
@@ -84,8 +87,16 @@ def timeline(plan: Any, traces: dict[str, np.ndarray]) -> list[dict[str, Any]]:
         if not (t[:, 0] > 0).all() or not (t[:, 3] > 0).all():
             continue  # a kernel that records no start/end (only the templates with FC_TRACE_SCOPE do)
         rows.append({"label": L["label"], "blocks": n, "start": t[:, 0], "at_wait": t[:, 1], "waited": t[:, 2],
-                     "end": t[:, 3], "sm": t[:, 4]})
+                     "end": t[:, 3], "sm": t[:, 4], "phases": t[:, 5:5 + PHASES]})
     return rows
+
+
+def _phase(r: dict[str, Any], i: int) -> float | None:
+    ph = r.get("phases")
+    if ph is None:
+        return None
+    ok = (ph[:, i] > 0) & (r["waited"] > 0)
+    return round(pct((ph[ok, i] - r["waited"][ok]) * 1e-3, 50), 2) if ok.any() else None
 
 
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -111,6 +122,9 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "end_min": round(float(e.min()), 2), "end_p50": round(pct(e, 50), 2), "end_max": round(float(e.max()), 2),
             "after_wait_p50": round(pct(e - w, 50), 2) if waited.size else None,
             "after_wait_max": round(float((e - w).max()), 2) if waited.size else None,
+            # the template's phase marks (FC_TRACE_PHASE), us after the block's wait passed: p50 over the
+            # blocks that marked it
+            **{f"phase{i + 1}_p50": _phase(r, i) for i in range(PHASES)},
         })
         prev_end = float(e.max())
     return out
@@ -180,15 +194,17 @@ def main() -> int:
                 md += [f"### batch {batch}, {name}, {mode} launches", "",
                        f"step (the traced binaries, medians of 5 x 20 replays): {np.median(times):.3f} ms", "",
                        "| kernel | blocks (SMs, max/SM) | start min / p50 / max | early | at the wait p50 / max | "
-                       "wait passed min / p50 / max | end min / p50 / max | after wait p50 / max |",
-                       "|---|---|---|---|---|---|---|---|"]
+                       "wait passed min / p50 / max | end min / p50 / max | after wait p50 / max | phases 1 / 2 / 3 after "
+                       "the wait, p50 |",
+                       "|---|---|---|---|---|---|---|---|---|"]
                 for r in table:
                     md.append(f"| {r['label'][:40]} | {r['blocks']:.0f} ({r['sms']:.0f}, {r['max_blocks_per_sm']:.0f}) | "
                               f"{r['start_min']} / {r['start_p50']} / {r['start_max']} | {r['started_before_prev_end']} | "
                               f"{r['at_wait_p50']} / {r['at_wait_max']} | "
                               f"{r['waited_min']} / {r['waited_p50']} / {r['waited_max']} | "
                               f"{r['end_min']} / {r['end_p50']} / {r['end_max']} | "
-                              f"{r['after_wait_p50']} / {r['after_wait_max']} |")
+                              f"{r['after_wait_p50']} / {r['after_wait_max']} | "
+                              f"{r['phase1_p50']} / {r['phase2_p50']} / {r['phase3_p50']} |")
                 md.append("")
                 print("\n".join(md[-len(table) - 6:]), flush=True)
                 eng = plan = None

@@ -122,11 +122,12 @@ template <class T> __device__ __forceinline__ T fc_block_max(T v, T* scratch, T 
 }
 
 // Block timestamps for benchmarks/block_trace.py (FUSEC_TRACE compiles with -DFC_TRACE): per block
-// (linear index, at most FC_TRACE_BLOCKS), [start, at the PDL wait, after it, end, SM]; all from thread 0
-// but the end: the latest exit of a warp's lane 0 (atomicMax: a replay's times only grow).
+// (linear index, at most FC_TRACE_BLOCKS), [start, at the PDL wait, after it, end, SM, phase 1, 2, 3];
+// all from thread 0 but the end: the latest exit of a warp's lane 0 (atomicMax: a replay's times only
+// grow). A template marks the phases of its work after the wait with FC_TRACE_PHASE(1..3).
 #ifdef FC_TRACE
 #define FC_TRACE_BLOCKS 8192
-#define FC_TRACE_SLOTS 5
+#define FC_TRACE_SLOTS 8
 __device__ unsigned long long fc_trace[FC_TRACE_BLOCKS * FC_TRACE_SLOTS];
 __device__ __forceinline__ unsigned long long fc_now() {
   unsigned long long t;
@@ -158,10 +159,12 @@ struct FcTraceScope {
 #define FC_TRACE_SCOPE FcTraceScope fc_trace_scope_
 #define FC_TRACE_AT_WAIT() fc_trace_mark(1)
 #define FC_TRACE_WAITED() fc_trace_mark(2)
+#define FC_TRACE_PHASE(n) fc_trace_mark(4 + (n))
 #else
 #define FC_TRACE_SCOPE
 #define FC_TRACE_AT_WAIT()
 #define FC_TRACE_WAITED()
+#define FC_TRACE_PHASE(n) do { } while (0)
 #endif
 
 // ---- programmatic dependent launch (sm_90+; no-ops elsewhere) ---------------------------------

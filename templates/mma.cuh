@@ -89,3 +89,31 @@ __device__ __forceinline__ void fc_cp_async4(void* smem, const void* gmem) {
 }
 __device__ __forceinline__ void fc_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void fc_cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N)); }
+
+// TMA bulk copies (sm_90+): one thread copies a contiguous range global -> shared (16-byte aligned, a
+// multiple of 16 bytes) and the transfer completes on an mbarrier, which the readers wait on by phase.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void fc_mbar_init(unsigned long long* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(fc_smem_addr(bar)), "r"(count) : "memory");
+}
+// after the inits, before any thread or copy uses the barriers (then a __syncthreads)
+__device__ __forceinline__ void fc_mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// the one arrival of this phase, announcing the bytes the copies will complete on it
+__device__ __forceinline__ void fc_mbar_expect_tx(unsigned long long* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(fc_smem_addr(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void fc_bulk_copy(void* smem, const void* gmem, unsigned bytes, unsigned long long* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+               :: "r"(fc_smem_addr(smem)), "l"(gmem), "r"(bytes), "r"(fc_smem_addr(bar)) : "memory");
+}
+// until the barrier's phase `parity` (0, 1, 0, ...: its uses in order) has completed
+__device__ __forceinline__ void fc_mbar_wait(unsigned long long* bar, unsigned parity) {
+  unsigned done = 0;
+  while (!done) {
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done) : "r"(fc_smem_addr(bar)), "r"(parity) : "memory");
+  }
+}
+#endif

@@ -38,14 +38,15 @@ def test_the_table_from_block_stamps() -> None:
     plan = types.SimpleNamespace(manifest={"entries": {"decode": {"launches": launches}},
                                            "kernels": [{"module": "m0"}, {"module": "m1"}]})
 
-    def stamps(rows: list[tuple[int, int, int, int, int]]) -> np.ndarray:
+    def stamps(rows: list[tuple[int, ...]]) -> np.ndarray:
         t = np.zeros((B.TRACE_BLOCKS, B.SLOTS), np.uint64)
-        t[:len(rows)] = rows
+        for i, r in enumerate(rows):
+            t[i, :len(r)] = r
         return t
 
     # module m1 (#2 b) first: blocks start at 1000 and 1500 ns; m0's last launch (#3 a) starts at 2000 and 4000
     traces = {"m1": stamps([(1000, 1100, 1200, 3000, 5), (1500, 1600, 1700, 2500, 6), (1200, 1300, 1400, 2900, 5)]),
-              "m0": stamps([(2000, 2100, 3100, 5000, 7), (4000, 4100, 4200, 6000, 7)])}
+              "m0": stamps([(2000, 2100, 3100, 5000, 7, 3600), (4000, 4100, 4200, 6000, 7, 4400, 5000)])}
     rows = B.timeline(plan, traces)
     assert [r["label"] for r in rows] == ["#2 b", "#3 a"]
     b, a = B.summarize(rows)
@@ -54,3 +55,6 @@ def test_the_table_from_block_stamps() -> None:
     assert a["started_before_prev_end"] == 1  # only the block at 2000 ns started before b's last end (3000)
     assert (a["waited_min"], a["after_wait_p50"], a["at_wait_max"]) == (2.1, 1.85, 3.1)
     assert a["max_blocks_per_sm"] == 2 and a["sms"] == 1
+    # phase marks, after each block's own wait: phase 1 of both (0.5, 0.2), phase 2 of one, phase 3 of none
+    assert (a["phase1_p50"], a["phase2_p50"], a["phase3_p50"]) == (0.35, 0.8, None)
+    assert b["phase1_p50"] is None

@@ -191,3 +191,23 @@ def test_one_or_two_rows_normalize_x_once_per_block(monkeypatch, m: int, k: int,
         assert not r0.ctx["coop_norm"] and "s_xn" not in src0 and r0.ctx["fast_norm"]
     no_norm = S.GemvSpec(m, 4096, k, DType.BF16, **gemv_form(4096, k, DType.BF16, False, m))
     assert not prepare(no_norm)[0].ctx["coop_norm"]
+
+
+@pytest.mark.parametrize("n,k,glu", SHAPES)
+def test_bulk_copies_where_a_rows_stage_is_contiguous(n: int, k: int, glu: bool, monkeypatch) -> None:  # noqa: ANN001
+    """FUSEC_GEMV_BULK: the ring's copies become TMA bulk copies (one thread, an mbarrier per stage)
+    exactly where K is a multiple of the k group; the spec refuses them elsewhere, and the source
+    carries them only then (older archs compile the cp.async form of the same source)."""
+    assert "bulk" not in gemv_form(n, k, DType.BF16, glu)  # off by default
+    monkeypatch.setenv("FUSEC_GEMV_BULK", "1")
+    form = gemv_form(n, k, DType.BF16, glu)
+    whole = k % S.gemv_group(k, DType.BF16) == 0
+    assert form.get("bulk", False) == whole
+    spec = S.GemvSpec(1, n, k, DType.BF16, glu="silu" if glu else "", **form)
+    _, src = prepare(spec)
+    assert ("#define GV_BULK" in src) == whole and "cp.async.bulk.shared" in src  # the helper: mma.cuh
+    if not whole:
+        with pytest.raises(ValueError, match="bulk"):
+            S.GemvSpec(1, n, k, DType.BF16, stages=3, bulk=True)
+    with pytest.raises(ValueError, match="bulk"):
+        S.GemvSpec(1, n, 1024, DType.BF16, bulk=True)  # no ring to fill

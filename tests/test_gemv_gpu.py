@@ -29,10 +29,10 @@ def norm_ref(x: np.ndarray, g: np.ndarray, eps: float, off: float, dt: DType) ->
     return ((g.astype(np.float32) + np.float32(off)) * n).astype(dt.np).astype(np.float64)
 
 
-def _gemv(dt: DType, M: int, N: int, K: int, ring: tuple[int, int] | None = None, **kw: object):  # noqa: ANN202
+def _gemv(dt: DType, M: int, N: int, K: int, ring: tuple[int, ...] | None = None, **kw: object):  # noqa: ANN202
     """Runs the product on random inputs against float64 numpy; with ``ring`` (stages, tiles per
-    block), the shared-memory ring's form of the same spec on the same inputs too, which must give
-    the same bits (each tile's sums run in the same order)."""
+    block[, bulk copies]), the shared-memory ring's form of the same spec on the same inputs too,
+    which must give the same bits (each tile's sums run in the same order)."""
     spec = S.GemvSpec(M, N, K, dt, **kw)  # type: ignore[arg-type]
     e = spec.epilogue
     x, w = rand((M, K), dt), rand((N, K), dt, -0.2, 0.2)
@@ -53,7 +53,7 @@ def _gemv(dt: DType, M: int, N: int, K: int, ring: tuple[int, int] | None = None
     if ring is not None:
         import dataclasses
 
-        rspec = dataclasses.replace(spec, stages=ring[0], tiles_per_block=ring[1])
+        rspec = dataclasses.replace(spec, stages=ring[0], tiles_per_block=ring[1], bulk=bool(ring[2:] and ring[2]))
         rout = poisoned((M, spec.n_out), dt)
         rargs = args[:len(args) - (5 if spec.argmax else 1)] + [rout] + (args[-4:-1] if spec.argmax else [])
         if spec.argmax:
@@ -163,3 +163,16 @@ def test_gemv_ring_equals_register_buffers(dt: DType, stages: int, tpb: int) -> 
     _gemv(dt, 16, 2 * 100, 128, ring=(stages, tpb), norm=True, glu="gelu", epilogue=S.Epilogue(residual=True))
     _gemv(dt, 2, 1001, 64, ring=(stages, tpb), norm=True, argmax=True)
     _gemv(dt, 9, 520, 8200, ring=(stages, tpb), norm=True, epilogue=S.Epilogue(residual=True))
+
+
+@pytest.mark.parametrize("dt", FLOATS)
+@pytest.mark.parametrize("stages,tpb", [(2, 1), (3, 2), (4, 3)])
+def test_gemv_bulk_copies_equal_register_buffers(dt: DType, stages: int, tpb: int) -> None:
+    """The ring filled by TMA bulk copies from one thread (``bulk``; K a multiple of the k group) gives
+    the register form's bits: N not a multiple of the tile (rows past N copy row N - 1), norm prologue,
+    gated, argmax partials, several k groups."""
+    _gemv(dt, 1, 4096, 1024, ring=(stages, tpb, True), norm=True)
+    _gemv(dt, 3, 77, 256, ring=(stages, tpb, True), epilogue=S.Epilogue(bias=True, activation="silu", residual=True))
+    _gemv(dt, 8, 2 * 101, 1024, ring=(stages, tpb, True), norm=True, glu="silu", epilogue=S.Epilogue(residual=True))
+    _gemv(dt, 2, 1001, 1024, ring=(stages, tpb, True), norm=True, argmax=True)
+    _gemv(dt, 5, 520, 8192, ring=(stages, tpb, True), norm=True, epilogue=S.Epilogue(residual=True))

@@ -97,8 +97,12 @@ def gemv_form(N: int, K: int, dtype: DType, glu: bool = False, M: int = 1) -> di
         spread = 1
     tiles = cdiv(N // 2, 4) if glu else cdiv(N, 8)
     slots = _SMS * gemv_blocks_per_sm(K, dtype, GEMV_STAGES, spread)
-    form = {"stages": GEMV_STAGES, "tiles_per_block": max(1, min(4, cdiv(tiles, slots)))}
-    return form if spread == 1 else {**form, "spread": spread}
+    form: dict[str, int] = {"stages": GEMV_STAGES, "tiles_per_block": max(1, min(4, cdiv(tiles, slots)))}
+    if spread != 1:
+        form["spread"] = spread
+    if knobs.get("FUSEC_GEMV_BULK") and K % S.gemv_group(K, dtype, spread) == 0:
+        form["bulk"] = True
+    return form
 
 
 @builder(S.GemvSpec)
@@ -120,7 +124,7 @@ def _gemv(spec: S.GemvSpec) -> Rendered:
         # at most 2 rows the fragments' row lanes are mostly idle: the block normalizes x once (gemv.cu.jinja)
         "coop_norm": spec.norm and spec.dtype in S.HALFS and kg == 1 and spec.M <= 2 and knobs.get("FUSEC_GEMV_COOP_NORM"),
         "XPT": cdiv(spec.K // 8, 32 * warps),
-        "stages": spec.stages,
+        "stages": spec.stages, "bulk": spec.bulk,
     }
     if spec.argmax:
         ctx.update(seed_t=ctype(spec.seed_dtype), ctr_t=ctype(spec.counter_dtype))

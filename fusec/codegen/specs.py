@@ -356,6 +356,12 @@ def gemv_geometry(K: int, dtype: DType, spread: int = 1) -> tuple[int, int, int,
     return warps, -(-nch // (warps * kg)), kg, nch
 
 
+def gemv_group(K: int, dtype: DType, spread: int = 1) -> int:
+    """Elements of K one k group of the skinny product covers (the ring's stage of a weight row)."""
+    warps, ch, _, _ = gemv_geometry(K, dtype, spread)
+    return warps * ch * 64
+
+
 @dataclasses.dataclass(frozen=True)
 class GemvSpec:
     """Skinny product for M <= 16 (decode): C[M, Nout] = epilogue(xn[M, K] @ W^T), W stored [N, K]
@@ -374,6 +380,9 @@ class GemvSpec:
     weights read through two register buffers; ``stages`` S >= 2: a block computes up to
     ``tiles_per_block`` tiles, streaming their weights through an S-stage shared-memory ring
     (cp.async; S - 1 stages in flight). ``spread``: a k group over more warps (``gemv_geometry``).
+    ``bulk``: the ring's copies are TMA bulk copies from one thread, one per weight row and stage,
+    completing on an mbarrier (on sm_90 and later; older archs compile the cp.async form); K must be a
+    multiple of the k group (a row's part of a stage is then contiguous).
     Params: x, W, [g], [bias], [residual], C,
     [seed, counter, temperature, part]."""
 
@@ -393,9 +402,14 @@ class GemvSpec:
     stages: int = 0
     tiles_per_block: int = 1
     spread: int = 1
+    bulk: bool = False
 
     def __post_init__(self) -> None:
         _pos(("M", self.M), ("N", self.N), ("K", self.K), ("tiles_per_block", self.tiles_per_block))
+        if self.bulk:
+            _req(self.stages > 0, "gemv bulk copies fill the shared-memory ring (stages >= 2)")
+            _req(self.K % gemv_group(self.K, self.dtype, self.spread) == 0,
+                 f"gemv bulk copies need K a multiple of the k group ({gemv_group(self.K, self.dtype, self.spread)})")
         _req(self.spread in GEMV_SPREADS, f"gemv spread must be one of {GEMV_SPREADS}")
         _req(gemv_geometry(self.K, self.dtype, self.spread)[0] <= 32,
              f"gemv spread {self.spread} over K {self.K} needs more than 32 warps a block")
