@@ -85,7 +85,12 @@ def gemv_form(N: int, K: int, dtype: DType, glu: bool = False, M: int = 1) -> di
     SM. Qwen3-0.6B batch 8 took 0.928 ms a step with this rule, 0.987 with spread 1 everywhere, 0.933
     with 2 everywhere (H200, the plans timed in turns in one process). At batch 1 spread 2 changed
     nothing (0.769 against 0.766) and the Llama-1B shape lost (its K = 2048 blocks of 16 warps fit one
-    to an SM), so M < 8 keeps 1. ``FUSEC_GEMV_SPREAD`` forces a spread (0: this rule)."""
+    to an SM), so M < 8 keeps 1. ``FUSEC_GEMV_SPREAD`` forces a spread (0: this rule).
+
+    ``bulk`` (TMA bulk copies fill the ring) at one row, where K is a multiple of the k group: in turns
+    on an H200 (eleventh session), Qwen3-0.6B batch 1 took 0.604 ms a step against 0.655 with cp.async,
+    the Llama-1B shape 0.802 against 0.845; batch 8 lost (0.832 against 0.791). ``FUSEC_GEMV_BULK``
+    forces it on or off."""
     from fusec import knobs
 
     if knobs.get("FUSEC_GEMV_FORM") == "register":
@@ -100,7 +105,8 @@ def gemv_form(N: int, K: int, dtype: DType, glu: bool = False, M: int = 1) -> di
     form: dict[str, int] = {"stages": GEMV_STAGES, "tiles_per_block": max(1, min(4, cdiv(tiles, slots)))}
     if spread != 1:
         form["spread"] = spread
-    if knobs.get("FUSEC_GEMV_BULK") and K % S.gemv_group(K, dtype, spread) == 0:
+    bulk = knobs.get("FUSEC_GEMV_BULK")
+    if (bulk == "1" or (bulk == "auto" and M == 1)) and K % S.gemv_group(K, dtype, spread) == 0:
         form["bulk"] = True
     return form
 
