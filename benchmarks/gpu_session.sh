@@ -33,8 +33,8 @@
 #   prefill   the prefill entry of Qwen3-0.6B (128 tokens) and the Llama-1B shape (32): time, launches, per-kernel
 #             profile (benchmarks/prefill_step.py; variants from $PREFILL_AB, e.g. "--ab FUSEC_X=1")
 #   btests    the skinny-product GPU tests of the ring forms (cp.async and TMA bulk copies)
-#   step_ab   Qwen3-0.6B batch 1 and 8, the Llama-1B shape batch 1: the default against the variants in $STEP_AB
-#             (e.g. STEP_AB="--ab FUSEC_GEMV_BULK=1"), timed in turns
+#   step_ab   Qwen3-0.6B batch 1 and 8 ($STEP_BATCHES), the Llama-1B shape batch 1 (not with STEP_NOLLAMA=1): the
+#             default against the variants in $STEP_AB (e.g. STEP_AB="--ab FUSEC_GEMV_BULK=1"), timed in turns
 #   trace_ab  block_trace of Qwen3-0.6B batch 1 (phases after the wait included), the default and the $STEP_AB variants
 #   step_l    the Llama-3.2-1B shape, batch 1, ring vs register form
 #   peer      Qwen3-0.6B decode and prefill vs the gpt-fast-style torch peer (benchmarks/decode.py --quick)
@@ -155,10 +155,10 @@ for step in "$@"; do
            tail -n 12 "$R/trace_l.txt" ;;
     btests) timeout 200 $PT -n 8 tests/test_gemv_gpu.py -k "bulk or ring_equals" > "$R/t_bulk.txt" 2>&1
             grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_bulk.txt" | tail -n 12 ;;
-    step_ab) timeout 260 python3 benchmarks/decode_step.py "$R/step_ab" --model qwen3-0.6b --batches 1,8 --windows 3 \
+    step_ab) timeout 330 python3 benchmarks/decode_step.py "$R/step_ab" --model qwen3-0.6b --batches ${STEP_BATCHES:-1,8} --windows 3 \
                $STEP_AB > "$R/step_ab.txt" 2>&1
-             tail -n 4 "$R/step_ab/decode_step.md"
-             timeout 150 python3 benchmarks/decode_step.py "$R/step_abl" --model llama-1b --batches 1 --context 32 --windows 3 \
+             tail -n 5 "$R/step_ab/decode_step.md"
+             [ -n "$STEP_NOLLAMA" ] || timeout 150 python3 benchmarks/decode_step.py "$R/step_abl" --model llama-1b --batches 1 --context 32 --windows 3 \
                $STEP_AB > "$R/step_abl.txt" 2>&1
              tail -n 3 "$R/step_abl/decode_step.md" ;;
     trace_ab) timeout 200 python3 benchmarks/block_trace.py "$R/trace_ab" --model qwen3-0.6b --batches 1 $STEP_AB \

@@ -131,6 +131,7 @@ def _gemv(spec: S.GemvSpec) -> Rendered:
         "coop_norm": spec.norm and spec.dtype in S.HALFS and kg == 1 and spec.M <= 2 and knobs.get("FUSEC_GEMV_COOP_NORM"),
         "XPT": cdiv(spec.K // 8, 32 * warps),
         "stages": spec.stages, "bulk": spec.bulk,
+        "unpin": spec.bulk and knobs.get("FUSEC_GEMV_BULK_UNPIN"),
     }
     if spec.argmax:
         ctx.update(seed_t=ctype(spec.seed_dtype), ctr_t=ctype(spec.counter_dtype))
