@@ -48,12 +48,8 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("FUSEC_GEMV_FORM", "choice", "ring", "how decode products stream their weights: a shared-memory ring "
          "(the default) or two register buffers (the A/B of benchmarks/decode_step.py --gemv-forms)", ("ring", "register")),
     Knob("FUSEC_GEMV_BULK", "choice", "auto", "decode products' ring: TMA bulk copies from one thread (sm_90) instead of "
-         "cp.async from every thread, where K is a multiple of the k group; auto: the rule (build_gemm.gemv_form: one row), "
+         "cp.async from every thread, where K is a multiple of the k group; auto: the rule (build_gemm.gemv_form: up to 4 rows), "
          "1/0: everywhere/nowhere (the A/B of decode_step.py --ab FUSEC_GEMV_BULK=1)", ("auto", "1", "0")),
-    Knob("FUSEC_GEMV_BULK_UNPIN", "bool", False, "A/B: bulk-copy decode products wait without pinning the wait below "
-         "their norm weights' loads"),
-    Knob("FUSEC_KV_MERGE_SPREAD", "bool", False, "A/B: the decode attention's cluster merge spread over every block of "
-         "the cluster instead of rank 0"),
     Knob("FUSEC_GEMV_SPREAD", "choice", "0", "decode products: spread each k group over 1, 2 or 4 times the warps "
          "(a lane holding 1/2 or 1/4 of the chunks; 0: the rule, build_gemm.gemv_form; the A/B of "
          "benchmarks/decode_step.py --ab FUSEC_GEMV_SPREAD=1)", ("0", "1", "2", "4")),

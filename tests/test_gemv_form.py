@@ -195,13 +195,14 @@ def test_one_or_two_rows_normalize_x_once_per_block(monkeypatch, m: int, k: int,
 
 @pytest.mark.parametrize("n,k,glu", SHAPES)
 def test_bulk_copies_where_a_rows_stage_is_contiguous(n: int, k: int, glu: bool, monkeypatch) -> None:  # noqa: ANN001
-    """The ring's copies are TMA bulk copies (one thread, an mbarrier per stage) at one row (the rule;
+    """The ring's copies are TMA bulk copies (one thread, an mbarrier per stage) up to 4 rows (the rule;
     FUSEC_GEMV_BULK=1/0 forces them on or off), exactly where K is a multiple of the k group; the spec
     refuses them elsewhere, and the source carries them only then (older archs compile the cp.async
     form of the same source)."""
     whole = k % S.gemv_group(k, DType.BF16) == 0
-    assert gemv_form(n, k, DType.BF16, glu, 1).get("bulk", False) == whole  # the rule: one row
-    assert "bulk" not in gemv_form(n, k, DType.BF16, glu, 2)
+    assert gemv_form(n, k, DType.BF16, glu, 1).get("bulk", False) == whole  # the rule: up to 4 rows
+    assert gemv_form(n, k, DType.BF16, glu, 4).get("bulk", False) == whole
+    assert "bulk" not in gemv_form(n, k, DType.BF16, glu, 5)
     monkeypatch.setenv("FUSEC_GEMV_BULK", "0")
     assert "bulk" not in gemv_form(n, k, DType.BF16, glu, 1)
     monkeypatch.setenv("FUSEC_GEMV_BULK", "1")

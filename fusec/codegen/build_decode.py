@@ -93,8 +93,6 @@ def kv_attention_spec(B: int, Hq: int, Hkv: int, S_: int, T: int, D: int, dtype:
 
 @builder(S.KVAttentionSpec)
 def _kv_attention(spec: S.KVAttentionSpec) -> Rendered:
-    from fusec import knobs
-
     lay = kv_layout(spec, spec.threads)
     grid = (spec.splits, spec.Hkv * lay["tiles"], spec.B)
     if grid[1] > 65535 or grid[2] > 65535:
@@ -109,7 +107,7 @@ def _kv_attention(spec: S.KVAttentionSpec) -> Rendered:
         # the scores are in log2 units: cap * tanh(s / cap) there is cap2 * tanh(s2 / cap2), cap2 = cap * log2(e)
         "softcap_log2": float_lit(spec.softcap * math.log2(math.e), "softcap") if spec.softcap else None,
         "window": spec.window,  # 0: the template renders no window code
-        "prefetch": spec.prefetch, "cluster": spec.cluster, "merge_spread": spec.cluster and knobs.get("FUSEC_KV_MERGE_SPREAD"),
+        "prefetch": spec.prefetch, "cluster": spec.cluster,
         # ptxas caps registers oddly (and spills) when D / vec is no power of two; lift the cap there
         "min_blocks": 1 if lay["nvec"] & (lay["nvec"] - 1) else 0,
     }

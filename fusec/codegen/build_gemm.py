@@ -87,10 +87,10 @@ def gemv_form(N: int, K: int, dtype: DType, glu: bool = False, M: int = 1) -> di
     nothing (0.769 against 0.766) and the Llama-1B shape lost (its K = 2048 blocks of 16 warps fit one
     to an SM), so M < 8 keeps 1. ``FUSEC_GEMV_SPREAD`` forces a spread (0: this rule).
 
-    ``bulk`` (TMA bulk copies fill the ring) at one row, where K is a multiple of the k group: in turns
-    on an H200 (eleventh session), Qwen3-0.6B batch 1 took 0.604 ms a step against 0.655 with cp.async,
-    the Llama-1B shape 0.802 against 0.845; batch 8 lost (0.832 against 0.791). ``FUSEC_GEMV_BULK``
-    forces it on or off."""
+    ``bulk`` (TMA bulk copies fill the ring) up to 4 rows, where K is a multiple of the k group. In
+    turns on an H200 (eleventh session), Qwen3-0.6B took 0.604 ms a step at batch 1 against 0.655 with
+    cp.async (the Llama-1B shape 0.802 against 0.845), 0.661 against 0.685 at batch 2, 0.781 against
+    0.808 at 4; batch 8 lost (0.832 against 0.791). ``FUSEC_GEMV_BULK`` forces it on or off."""
     from fusec import knobs
 
     if knobs.get("FUSEC_GEMV_FORM") == "register":
@@ -106,7 +106,7 @@ def gemv_form(N: int, K: int, dtype: DType, glu: bool = False, M: int = 1) -> di
     if spread != 1:
         form["spread"] = spread
     bulk = knobs.get("FUSEC_GEMV_BULK")
-    if (bulk == "1" or (bulk == "auto" and M == 1)) and K % S.gemv_group(K, dtype, spread) == 0:
+    if (bulk == "1" or (bulk == "auto" and M <= 4)) and K % S.gemv_group(K, dtype, spread) == 0:
         form["bulk"] = True
     return form
 
@@ -131,7 +131,6 @@ def _gemv(spec: S.GemvSpec) -> Rendered:
         "coop_norm": spec.norm and spec.dtype in S.HALFS and kg == 1 and spec.M <= 2 and knobs.get("FUSEC_GEMV_COOP_NORM"),
         "XPT": cdiv(spec.K // 8, 32 * warps),
         "stages": spec.stages, "bulk": spec.bulk,
-        "unpin": spec.bulk and knobs.get("FUSEC_GEMV_BULK_UNPIN"),
     }
     if spec.argmax:
         ctx.update(seed_t=ctype(spec.seed_dtype), ctr_t=ctype(spec.counter_dtype))
