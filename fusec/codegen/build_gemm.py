@@ -131,6 +131,9 @@ def _gemv(spec: S.GemvSpec) -> Rendered:
         "coop_norm": spec.norm and spec.dtype in S.HALFS and kg == 1 and spec.M <= 2 and knobs.get("FUSEC_GEMV_COOP_NORM"),
         "XPT": cdiv(spec.K // 8, 32 * warps),
         "stages": spec.stages, "bulk": spec.bulk,
+        # A/B knobs of the eleventh session (not in the spec: the source differs, the cache keys on it)
+        "prewait": min(int(knobs.get("FUSEC_GEMV_PREWAIT")) or spec.stages - 1, spec.stages - 1) if spec.stages else 0,
+        "bulk_warps": spec.bulk and knobs.get("FUSEC_GEMV_BULK_WARPS"),
     }
     if spec.argmax:
         ctx.update(seed_t=ctype(spec.seed_dtype), ctr_t=ctype(spec.counter_dtype))
