@@ -50,9 +50,6 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("FUSEC_GEMV_BULK", "choice", "auto", "decode products' ring: TMA bulk copies from one thread (sm_90) instead of "
          "cp.async from every thread, where K is a multiple of the k group; auto: the rule (build_gemm.gemv_form: up to 4 rows), "
          "1/0: everywhere/nowhere (the A/B of decode_step.py --ab FUSEC_GEMV_BULK=1)", ("auto", "1", "0")),
-    Knob("FUSEC_GEMV_PREWAIT", "int", 0, "A/B: ring stages decode products issue before the PDL wait (0: all S - 1; "
-         "the rest once x has arrived)"),
-    Knob("FUSEC_GEMV_BULK_WARPS", "bool", False, "A/B: each warp's lane 0 issues a share of the bulk copies"),
     Knob("FUSEC_GEMV_SPREAD", "choice", "0", "decode products: spread each k group over 1, 2 or 4 times the warps "
          "(a lane holding 1/2 or 1/4 of the chunks; 0: the rule, build_gemm.gemv_form; the A/B of "
          "benchmarks/decode_step.py --ab FUSEC_GEMV_SPREAD=1)", ("0", "1", "2", "4")),

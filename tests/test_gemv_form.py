@@ -216,3 +216,17 @@ def test_bulk_copies_where_a_rows_stage_is_contiguous(n: int, k: int, glu: bool,
             S.GemvSpec(1, n, k, DType.BF16, stages=3, bulk=True)
     with pytest.raises(ValueError, match="bulk"):
         S.GemvSpec(1, n, 1024, DType.BF16, bulk=True)  # no ring to fill
+
+
+def test_norm_products_issue_one_stage_before_the_wait() -> None:
+    """A product that normalizes x in the block (coop norm) issues one ring stage before the PDL wait and
+    the others once x has arrived; other products issue all S - 1 before it."""
+    def prewait(spec: S.GemvSpec) -> int:
+        _, src = prepare(spec)
+        return int(re.search(r"#define PREWAIT (\d+)", src).group(1))
+
+    form = gemv_form(6144, 1024, DType.BF16, True, 1)
+    assert form["stages"] == 3
+    assert prewait(S.GemvSpec(1, 6144, 1024, DType.BF16, norm=True, glu="silu", **form)) == 1
+    assert prewait(S.GemvSpec(1, 6144, 1024, DType.BF16, glu="silu", **form)) == 2
+    assert prewait(S.GemvSpec(8, 6144, 1024, DType.BF16, norm=True, glu="silu", **gemv_form(6144, 1024, DType.BF16, True, 8))) == 2

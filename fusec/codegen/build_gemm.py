@@ -131,10 +131,13 @@ def _gemv(spec: S.GemvSpec) -> Rendered:
         "coop_norm": spec.norm and spec.dtype in S.HALFS and kg == 1 and spec.M <= 2 and knobs.get("FUSEC_GEMV_COOP_NORM"),
         "XPT": cdiv(spec.K // 8, 32 * warps),
         "stages": spec.stages, "bulk": spec.bulk,
-        # A/B knobs of the eleventh session (not in the spec: the source differs, the cache keys on it)
-        "prewait": min(int(knobs.get("FUSEC_GEMV_PREWAIT")) or spec.stages - 1, spec.stages - 1) if spec.stages else 0,
-        "bulk_warps": spec.bulk and knobs.get("FUSEC_GEMV_BULK_WARPS"),
     }
+    # ring stages issued before the PDL wait: all S - 1, but one where the block normalizes x first (coop_norm):
+    # x, loaded after the wait, then arrives ahead of the rest of the weights, issued once it has. One stage
+    # everywhere took Qwen3-0.6B batch 1 0.577 ms a step against 0.588 (H200, in turns, eleventh session); its
+    # trace showed gate/up ending 1 us sooner and down (no norm, two k groups) 0.7 us later: so the norm
+    # products only.
+    ctx["prewait"] = (1 if ctx["coop_norm"] else spec.stages - 1) if spec.stages else 0
     if spec.argmax:
         ctx.update(seed_t=ctype(spec.seed_dtype), ctr_t=ctype(spec.counter_dtype))
     params = ("x", "W") + (("g",) if spec.norm else ()) + _epi_params(e) + ("C",) \
