@@ -28,14 +28,6 @@
 #   step_final Qwen3-0.6B batch 1 and 8 decode steps as the defaults stand, with the per-kernel profile
 #   trace     per-block timelines of the decode step's last layer (benchmarks/block_trace.py): Qwen3-0.6B batch 1 and
 #             8 with PDL and with plain launches, the Llama-1B shape batch 1
-#   step_cn   Qwen3-0.6B batch 1 and 8, the Llama-1B shape batch 1: the norm prologue normalizing x once per block at
-#             1-2 rows (the default) against each row's lanes normalizing their fragments (FUSEC_GEMV_COOP_NORM=0)
-#   prefill   the prefill entry of Qwen3-0.6B (128 tokens) and the Llama-1B shape (32): time, launches, per-kernel
-#             profile (benchmarks/prefill_step.py; variants from $PREFILL_AB, e.g. "--ab FUSEC_X=1")
-#   btests    the skinny-product GPU tests of the ring forms (cp.async and TMA bulk copies)
-#   step_ab   Qwen3-0.6B batch 1 and 8 ($STEP_BATCHES), the Llama-1B shape batch 1 (not with STEP_NOLLAMA=1): the
-#             default against the variants in $STEP_AB (e.g. STEP_AB="--ab FUSEC_GEMV_BULK=1"), timed in turns
-#   trace_ab  block_trace of Qwen3-0.6B batch 1 (phases after the wait included), the default and the $STEP_AB variants
 #   step_l    the Llama-3.2-1B shape, batch 1, ring vs register form
 #   peer      Qwen3-0.6B decode and prefill vs the gpt-fast-style torch peer (benchmarks/decode.py --quick)
 #   quant     packed quantized weights: kernels and decode (benchmarks/quant_bench.py --quick)
@@ -164,12 +156,6 @@ for step in "$@"; do
     trace_ab) timeout 200 python3 benchmarks/block_trace.py "$R/trace_ab" --model qwen3-0.6b --batches 1 $STEP_AB \
                 > "$R/trace_ab.txt" 2>&1
               cat "$R/trace_ab/block_trace.md" ;;
-    step_cn) timeout 260 python3 benchmarks/decode_step.py "$R/step_cn" --model qwen3-0.6b --batches 1,8 --windows 3 \
-               --ab FUSEC_GEMV_COOP_NORM=0 > "$R/step_cn.txt" 2>&1
-             tail -n 4 "$R/step_cn/decode_step.md"
-             timeout 150 python3 benchmarks/decode_step.py "$R/step_cnl" --model llama-1b --batches 1 --context 32 --windows 3 \
-               --ab FUSEC_GEMV_COOP_NORM=0 > "$R/step_cnl.txt" 2>&1
-             tail -n 3 "$R/step_cnl/decode_step.md" ;;
     step_l) timeout 150 python3 benchmarks/decode_step.py "$R/step_l" --model llama-1b --batches 1 --context 32 --gemv-forms ring,register > "$R/step_l.txt" 2>&1
             tail -n 5 "$R/step_l.txt" ;;
     peer) timeout 270 python3 benchmarks/decode.py "$R/peer.json" --quick --batches 1 --contexts 128 --budget-s 180 --hf none --no-fp32-check > "$R/peer.txt" 2>&1

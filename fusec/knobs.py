@@ -38,8 +38,6 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("FUSEC_NVTX", "bool", False, "NVTX ranges around each launch (Nsight Systems)"),
     Knob("FUSEC_LINEINFO", "bool", False, "compile kernels with source line information (Nsight Compute's "
          "per-line stall sampling; benchmarks/gpu_session.sh qncu)"),
-    Knob("FUSEC_GEMV_COOP_NORM", "bool", True, "decode products with a norm prologue at 1-2 rows: the block "
-         "normalizes x once into shared memory (off: each row's lanes normalize their fragments; the A/B)"),
     Knob("FUSEC_TRACE", "bool", False, "compile kernels that record per-block timestamps (start, after the PDL "
          "wait, end) in a module global, fc_trace (benchmarks/block_trace.py reads it; another binary: another key)"),
     Knob("FUSEC_CUPTI", "bool", True, "allow fusec's driver counters (CUPTI) when stats are asked for"),

@@ -113,8 +113,6 @@ def gemv_form(N: int, K: int, dtype: DType, glu: bool = False, M: int = 1) -> di
 
 @builder(S.GemvSpec)
 def _gemv(spec: S.GemvSpec) -> Rendered:
-    from fusec import knobs
-
     warps, ch, kg, nch = gemv_geometry(spec.K, spec.dtype, spec.spread)
     e = spec.epilogue
     ctx = {
@@ -128,7 +126,7 @@ def _gemv(spec: S.GemvSpec) -> Rendered:
         # (up to 8 rows: with 16, those registers spill)
         "fast_norm": spec.norm and spec.dtype in S.HALFS and kg == 1 and spec.M <= 8,
         # at most 2 rows the fragments' row lanes are mostly idle: the block normalizes x once (gemv.cu.jinja)
-        "coop_norm": spec.norm and spec.dtype in S.HALFS and kg == 1 and spec.M <= 2 and knobs.get("FUSEC_GEMV_COOP_NORM"),
+        "coop_norm": spec.norm and spec.dtype in S.HALFS and kg == 1 and spec.M <= 2,
         "XPT": cdiv(spec.K // 8, 32 * warps),
         "stages": spec.stages, "bulk": spec.bulk,
     }
