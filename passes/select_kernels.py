@@ -90,6 +90,11 @@ def _select(node: Node, options: PassOptions, offsets: dict[Value, int]) -> Sele
             from fusec.lower import LoweringError
 
             raise LoweringError(f"{node.describe()}: fused group ({node.attrs.rule}) is not one kernel: {e}") from None
+        if family == "gemv" and detail.packed:
+            a = detail.mm.attrs
+            return Selection("gemv", "qgemv", reason="only the quantized GEMV covers this body",
+                             params=_qgemv_params(detail.m, a.n, a.k, a.format, a.group, detail.mm.inputs[0].dtype),
+                             detail=detail)
         if family == "gemv":
             return Selection("gemv", "gemv", layout="nk", reason="only the skinny product covers this body",
                              params=_gemv_params(detail.n, detail.k, detail.mm.inputs[0].dtype, bool(detail.glu), detail.m),

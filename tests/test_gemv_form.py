@@ -92,16 +92,17 @@ def test_the_default_plan_records_and_emits_the_rule(monkeypatch) -> None:  # no
 def test_a_quantized_plan_emits_the_gemv_form_kernel_selection_recorded(monkeypatch) -> None:  # noqa: ANN001
     """The packed-weight GEMV's form comes from the record too: forms the rule never picks at one row
     of int4 weights (the FMA form with 1 row per warp; the tensor-core form with 4 warps) are what
-    every decode launch of the plan runs."""
+    every decode launch of the plan runs. (Without the norm prologue and the gated epilogue: fusion
+    takes those only where the rule's form is the FMA form with two rows a warp.)"""
     for form, template, define, want in (((("rows", 1), ("fold", False)), "qgemv.cu.jinja", "R_", 1),
                                          ((("tc", True), ("warps", 4)), "qgemv_tc.cu.jinja", "WARPS", 4)):
         monkeypatch.setattr(select_kernels, "_qgemv_params", lambda m, n, k, fmt, group, dtype, form=form: form)
-        _quantized_plan_runs(template, define, want)
+        _quantized_plan_runs(template, define, want, disabled=("norm_gemm", "gated_epilogue"))
 
 
-def _quantized_plan_runs(template: str, define: str, want: int, batch: int = 1) -> None:
+def _quantized_plan_runs(template: str, define: str, want: int, batch: int = 1, disabled: tuple[str, ...] = ()) -> None:
     plan = compile_generation("llama-tiny", batch=batch, max_seq_len=64, prefill_len=8, dtype="bf16", eos_ids=[],
-                              arch="sm_90", quantize="int4", quantize_group=32)
+                              arch="sm_90", quantize="int4", quantize_group=32, disabled_fusions=disabled)
     m = plan.manifest
     modules = {mod["id"]: mod for mod in m["modules"]}
     launches = [L for L in entry_points(m)["decode"]["launches"] if L["type"] == "kernel"]

@@ -70,6 +70,52 @@ def test_qgemv_epilogue_and_long_rows(fmt, rows, fold):
     assert rel_err(host(out, F32), ref) <= 1e-5
 
 
+def _norm_ref(x: np.ndarray, g: np.ndarray, eps: float, off: float, dt: DType) -> np.ndarray:
+    """RMSNORM as the kernels compute it: x * (1 / sqrt(mean(x^2) + eps)) rounded, times (g + off) rounded."""
+    xf = x.astype(np.float32)
+    inv = np.float32(1.0) / np.sqrt(np.mean(xf * xf, axis=-1, keepdims=True) + np.float32(eps))
+    n = (xf * inv).astype(dt.np).astype(np.float32)
+    return ((g.astype(np.float32) + np.float32(off)) * n).astype(dt.np).astype(np.float32)
+
+
+@pytest.mark.parametrize("fmt", list(quant.FORMATS))
+@pytest.mark.parametrize("m", [1, 2, 5, 8])
+def test_qgemv_norm_prologue_and_gated_epilogue(fmt, m):
+    """The FMA form with x RMS-normalized in the block (norm) and the two halves of a gated unit
+    (glu: rows j and F + j a warp), with bias and residual; odd F, fp32 and bf16, against numpy over
+    the reference's weights (the norm rounded as RMSNORM stores it, the epilogue as the unfused
+    nodes round)."""
+    f = 77
+    n, k = 2 * f, 768
+    qw = sample_weight(fmt, n, k, RNG)
+    w = qw.dequantize().astype(np.float32)
+    for dt in (F32, BF16):
+        rd = (lambda a: a.astype(dt.np).astype(np.float32)) if dt != F32 else (lambda a: a.astype(np.float32))
+        x = RNG.standard_normal((m, k)).astype(np.float32).astype(dt.np)
+        g = (RNG.random(k) + 0.5).astype(np.float32).astype(dt.np)
+        bias = RNG.standard_normal(n).astype(np.float32).astype(dt.np)
+        res = RNG.standard_normal((m, f)).astype(np.float32).astype(dt.np)
+        xn = _norm_ref(x, g, 1e-5, 1.0, dt)
+        for swap in (False, True):
+            y = xn @ w.T
+            first, second = rd(rd(y[:, :f]) + bias[:f].astype(np.float32)), rd(rd(y[:, f:]) + bias[f:].astype(np.float32))
+            if swap:
+                first, second = second, first
+            ref = rd(rd(first / (1 + np.exp(-first))) * second) + res.astype(np.float32)
+            out = poisoned((m, f), dt)
+            spec = QGemvSpec(m, n, k, fmt, qw.group, dt, qw.scale_dtype, Epilogue(bias=True, residual=True),
+                             norm=True, eps=1e-5, weight_offset=1.0, glu="silu", glu_swap=swap)
+            _run(spec, [dev(x), *[dev(a) for a in qw.arrays], dev(g), dev(bias), dev(res), out])
+            assert rel_err(host(out, dt), ref) <= TOL[dt], (fmt, m, dt, swap)
+        # the norm alone over all N rows (no gated unit), N not a multiple of a block's 8 rows
+        out = poisoned((m, n - 3), dt)
+        q3 = sample_weight(fmt, n - 3, k, RNG)
+        spec = QGemvSpec(m, n - 3, k, fmt, q3.group, dt, q3.scale_dtype, norm=True, eps=1e-5)
+        _run(spec, [dev(x), *[dev(a) for a in q3.arrays], dev(g), out])
+        ref = _norm_ref(x, g, 1e-5, 0.0, dt) @ q3.dequantize().astype(np.float32).T
+        assert rel_err(host(out, dt), ref) <= TOL[dt], (fmt, m, dt, "norm")
+
+
 TC_FORMATS = [(f, g) for f in quant.FORMATS if quant.FORMATS[f].bits < 8
               for g in ((quant.FORMATS[f].group,) if quant.FORMATS[f].group else (16, 64))]
 

@@ -47,9 +47,13 @@ def _qgemv(spec: QGemvSpec) -> Rendered:
            "fold": spec.fold,
            "t": ctype(spec.dtype), "bias": spec.epilogue.bias, "act": Ident(spec.epilogue.activation),
            "residual": spec.epilogue.residual, "round_x": _round_fn(spec.dtype),
+           "norm": spec.norm, "eps": float_lit(spec.eps), "weight_offset": float_lit(spec.weight_offset),
+           "glu": Ident(spec.glu) if spec.glu else None, "glu_swap": spec.glu_swap, "half": spec.N // 2,
            **_format_ctx(spec.fmt, spec.group, spec.scale_dtype)}
-    return Rendered("qgemv.cu.jinja", ctx, (cdiv(spec.N, 4 * spec.rows), 1, 1), (128, 1, 1),
-                    ("x",) + packed_params(spec.fmt) + _epi_params(spec.epilogue) + ("C",))
+    blocks = cdiv(spec.N // 2, 4) if spec.glu else cdiv(spec.N, 4 * spec.rows)  # 4 warps a block
+    return Rendered("qgemv.cu.jinja", ctx, (blocks, 1, 1), (128, 1, 1),
+                    ("x",) + packed_params(spec.fmt) + (("g",) if spec.norm else ()) + _epi_params(spec.epilogue)
+                    + ("C",))
 
 
 def qgemv_tc_geometry(K: int, group: int, warps: int, hb: int = 0) -> dict[str, int]:

@@ -7,12 +7,14 @@ only fusec's own names, ints and allow-listed dtypes."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from fusec.codegen.spec_base import FLOATS, _pos, _req
 from fusec.codegen.specs import Epilogue
 from fusec.dtypes import DType
 
 QGEMV_MAX_M = 16
+QNORM_SMEM = 32 << 10  # the FMA form's normalized copy of x (static shared memory)
 
 
 def _check_format(fmt: str, n: int, k: int, group: int, scale_dtype: DType) -> None:
@@ -31,8 +33,13 @@ class QGemvSpec:
     """C[M, N] = epilogue(x[M, K] @ W^T), W [N, K] packed in ``fmt`` (groups of ``group``).
     ``rows``: output rows per warp (1, 2 or 4); ``fold``: scale each 8 weights' partial dot once
     instead of every weight. ``tc``: the tensor-core form instead (templates/qgemv_tc.cu.jinja: 4- to 6-bit
-    formats, M <= 8, fp16/bf16; ``warps`` per block of 16 rows; rows and fold unused). Params: x,
-    the packed operands (the format's order), [bias], [residual], C."""
+    formats, M <= 8, fp16/bf16; ``warps`` per block of 16 rows; rows and fold unused).
+    FMA form only: ``norm``, x RMS-normalized over K first as ``Op.RMSNORM`` computes it (weight ``g``
+    [K], ``eps``, ``weight_offset``; the block normalizes x once into shared memory: M * K elements of
+    at most ``QNORM_SMEM`` bytes); ``glu``, a gated unit over the two halves of the product (as
+    ``GemvSpec.glu``: C[m, j] = glu(y[m, j]) * y[m, F + j], ``glu_swap`` activating the second half,
+    Nout = F = N / 2; a warp's two rows are j and F + j, so ``rows`` is 2). Params: x, the packed
+    operands (the format's order), [g], [bias], [residual], C."""
 
     M: int
     N: int
@@ -46,6 +53,15 @@ class QGemvSpec:
     fold: bool = True
     tc: bool = False
     warps: int = 8
+    norm: bool = False
+    eps: float = 1e-6
+    weight_offset: float = 0.0
+    glu: str = ""
+    glu_swap: bool = False
+
+    @property
+    def n_out(self) -> int:
+        return self.N // 2 if self.glu else self.N
 
     def __post_init__(self) -> None:
         _pos(("M", self.M), ("N", self.N), ("K", self.K), ("group", self.group))
@@ -57,6 +73,19 @@ class QGemvSpec:
             _req(tc_fits(self.M, self.fmt, self.dtype), "the tensor-core quantized gemv takes 4- to 6-bit "
                  "formats, M <= 8, fp16/bf16")
             _req(self.warps in (4, 8, 16), "the tensor-core quantized gemv has 4, 8 or 16 warps")
+        if self.norm or self.glu:
+            _req(not self.tc, "the quantized gemv's norm prologue and gated epilogue are the FMA form's")
+        if self.norm:
+            _req(self.M * self.K * self.dtype.itemsize <= QNORM_SMEM,
+                 f"the quantized gemv normalizes x in shared memory: M * K * {self.dtype.itemsize} <= {QNORM_SMEM} bytes")
+            _req(math.isfinite(self.eps) and self.eps >= 0 and math.isfinite(self.weight_offset),
+                 "quantized gemv norm: eps must be finite and >= 0, weight_offset finite")
+        if self.glu:
+            from fusec.codegen.specs import GLU_ACTS
+
+            _req(self.glu in GLU_ACTS, f"quantized gemv glu must be one of {GLU_ACTS}")
+            _req(self.N % 2 == 0 and self.rows == 2, "a gated quantized gemv needs an even N and 2 rows a warp")
+            _req(self.epilogue.activation == "none", "a gated gemv applies its own activation")
 
 
 def tc_fits(m: int, fmt: str, dtype: DType) -> bool:

@@ -263,7 +263,7 @@ def kernel_plan(body: Graph) -> tuple[str, Any]:
             return ("mlp", mlp.plan(body))
         except mlp.NoPlan as e:
             raise _NoPlan(str(e)) from None
-    if Op.MATMUL in ops:
+    if Op.MATMUL in ops or Op.QMATMUL in ops:
         from fusec.lower import skinny
 
         if skinny.applies(body):  # a norm before it, a gated unit or a sample after it: decode's skinny product

@@ -1,7 +1,8 @@
-"""The skinny-product family: decode's matrix products as one ``GemvSpec`` launch.
+"""The skinny-product family: decode's matrix products as one ``GemvSpec`` launch (``QGemvSpec``'s
+FMA form for a QMATMUL over packed weights: norm and gated unit, no sample).
 
 A body of this family is [RMSNORM ->] MATMUL (M <= 16 rows, a constant weight stored [N, K] and
-read with ``trans_b``) -> [an elementwise epilogue: + bias, activation, + residual | a gated unit:
+read with ``trans_b``) or QMATMUL -> [an elementwise epilogue: + bias, activation, + residual | a gated unit:
 the product's two halves sliced apart, one activated, multiplied] [-> a greedy SAMPLE of the
 result]. The norm becomes the kernel's prologue (each block normalizes the rows it reads), the
 gated unit its epilogue (a tile holds rows j of both halves), and a greedy SAMPLE its argmax
@@ -44,10 +45,26 @@ class Plan:
     n: int
     k: int
 
-    def spec(self, **params: Any) -> S.GemvSpec:
-        """The launch's spec; ``params``: the kernel selection's (how it streams its weights)."""
+    @property
+    def packed(self) -> bool:
+        return self.mm.op == Op.QMATMUL
+
+    def spec(self, **params: Any) -> Any:
+        """The launch's spec; ``params``: the kernel selection's (how it streams its weights; the
+        quantized GEMV's form)."""
         seed, counter = (self.sample.inputs[1].dtype, self.sample.inputs[2].dtype) if self.sample else (None, None)
         dt = self.mm.inputs[0].dtype
+        if self.packed:
+            from fusec.codegen.specs_quant import QGemvSpec
+
+            a = self.mm.attrs
+            return QGemvSpec(self.m, self.n, self.k, a.format, a.group, dt, _scale_dtype(self.mm),
+                             S.Epilogue(bias=self.bias is not None, activation=self.act,
+                                        residual=self.residual is not None),
+                             norm=self.norm is not None,
+                             eps=float(self.norm.attrs.eps) if self.norm is not None else 1e-6,
+                             weight_offset=float(self.norm.attrs.weight_offset) if self.norm is not None else 0.0,
+                             glu=self.glu, glu_swap=self.glu_swap, **params)
         return S.GemvSpec(self.m, self.n, self.k, dt,
                           S.Epilogue(bias=self.bias is not None, activation=self.act, residual=self.residual is not None),
                           norm=self.norm is not None,
@@ -58,12 +75,24 @@ class Plan:
                           **({"seed_dtype": seed, "counter_dtype": counter} if self.sample is not None else {}))
 
 
+def _scale_dtype(mm: Node) -> Any:
+    """A QMATMUL's scale dtype: its scale operand's (after the bit planes where the format has them)."""
+    from fusec.quant import FORMATS
+
+    return mm.inputs[1:][2 if FORMATS[mm.attrs.format].high_planes else 1].dtype
+
+
+def _product(ops: list[Op]) -> int | None:
+    hits = [i for i, o in enumerate(ops) if o in (Op.MATMUL, Op.QMATMUL)]
+    return hits[0] if len(hits) == 1 else None
+
+
 def applies(body: Graph) -> bool:
     """Bodies only this family covers: a product with a norm before it, a gated unit or a sample after it."""
     ops = [n.op for n in body.nodes]
-    if Op.MATMUL not in ops:
+    i = _product(ops)
+    if i is None:
         return False
-    i = ops.index(Op.MATMUL)
     return (i > 0 and ops[i - 1] == Op.RMSNORM) or Op.SAMPLE in ops or _glu_nodes(body, body.nodes[i]) is not None
 
 
@@ -86,25 +115,59 @@ def fits(m: int, k: int, a: Value, b: Value, trans_b: bool, const: bool) -> str 
     return None
 
 
+def qfits(m: int, n: int, k: int, a: Value, mm: Node, norm: bool, glu: bool, const: bool) -> str | None:
+    """None when the quantized GEMV's FMA form takes this product with a norm prologue or a gated
+    epilogue (``QGemvSpec``), else why not: the form the rule picks (``fusec.lower.quant.gemv_form``)
+    must be the FMA one, two rows a warp for a gated unit, and x must fit the norm's shared memory."""
+    from fusec.codegen.specs_quant import QGEMV_MAX_M, QNORM_SMEM
+    from fusec.lower import quant as Q
+
+    if m > QGEMV_MAX_M:
+        return f"the quantized GEMV takes at most {QGEMV_MAX_M} rows, this one has {m}"
+    if not const:
+        return "the quantized GEMV reads packed constant weights"
+    if a.dtype not in S.FLOATS:
+        return f"the quantized GEMV multiplies float rows, not {a.dtype.value}"
+    form = Q.gemv_form(m, n, k, mm.attrs.format, mm.attrs.group, a.dtype)
+    if form.get("tc"):
+        return "the tensor-core quantized GEMV (the rule's form here) has no norm prologue or gated epilogue"
+    if glu and form.get("rows") != 2:
+        return "a gated quantized GEMV needs two rows a warp (at most 8 rows of x)"
+    if norm and m * k * a.dtype.itemsize > QNORM_SMEM:
+        return f"the quantized GEMV's norm copies x into {QNORM_SMEM} bytes of shared memory: M * K is too large"
+    return None
+
+
 def plan(body: Graph) -> Plan:
     nodes = list(body.nodes)
-    mms = [n for n in nodes if n.op == Op.MATMUL]
-    if len(mms) != 1:
+    i = _product([nd.op for nd in nodes])
+    if i is None:
         raise NoPlan("a skinny product body has exactly one matrix product")
-    mm = mms[0]
-    i = nodes.index(mm)
+    mm = nodes[i]
     if i > 1 or (i == 1 and nodes[0].op != Op.RMSNORM):
         raise NoPlan("only an RMSNorm may come before the skinny product")
-    a, b = mm.inputs
-    if len(b.shape) != 2 or len(a.shape) < 2:
-        raise NoPlan("the skinny product multiplies rows by a 2-D weight")
-    trans_b = bool(getattr(mm.attrs, "trans_b", False))
-    n, k = (b.shape[0], b.shape[1]) if trans_b else (b.shape[1], b.shape[0])
-    m = math.prod(a.shape[:-1])
-    if getattr(mm.attrs, "precision", "f32") != "f32":
-        raise NoPlan("the skinny product computes exact products (not a 3xTF32 split)")
-    if (why := fits(m, k, a, b, trans_b, const=is_constant(body, b))) is not None:
-        raise NoPlan(why)
+    a = mm.inputs[0]
+    if mm.op == Op.QMATMUL:
+        n, k = mm.attrs.n, mm.attrs.k
+        if len(a.shape) < 2 or a.shape[-1] != k:
+            raise NoPlan("the skinny product multiplies rows of K by the packed weight")
+        m = math.prod(a.shape[:-1])
+        glu_q = _glu_nodes(body, mm) is not None
+        if Op.SAMPLE in [nd.op for nd in nodes]:
+            raise NoPlan("the quantized GEMV writes no argmax partials for a sample")
+        if (why := qfits(m, n, k, a, mm, i == 1, glu_q, all(is_constant(body, v) for v in mm.inputs[1:]))) is not None:
+            raise NoPlan(why)
+    else:
+        b = mm.inputs[1]
+        if len(b.shape) != 2 or len(a.shape) < 2:
+            raise NoPlan("the skinny product multiplies rows by a 2-D weight")
+        trans_b = bool(getattr(mm.attrs, "trans_b", False))
+        n, k = (b.shape[0], b.shape[1]) if trans_b else (b.shape[1], b.shape[0])
+        m = math.prod(a.shape[:-1])
+        if getattr(mm.attrs, "precision", "f32") != "f32":
+            raise NoPlan("the skinny product computes exact products (not a 3xTF32 split)")
+        if (why := fits(m, k, a, b, trans_b, const=is_constant(body, b))) is not None:
+            raise NoPlan(why)
     norm = nodes[0] if i == 1 else None
     if norm is not None:
         if norm.outputs[0] is not a or norm.inputs[1].shape != (k,) or norm.inputs[1].dtype != a.dtype \
@@ -208,9 +271,10 @@ def _glu_nodes(body: Graph, mm: Node) -> tuple[str, bool, list[Node], Value] | N
 
 
 def emit(ctx: Any, p: Plan, node: Node, label: str) -> None:
-    """One GemvSpec launch over the fused node's operands (and the sampler's when it samples)."""
+    """One GemvSpec launch over the fused node's operands (and the sampler's when it samples); a
+    QGemvSpec launch for a product over packed weights."""
     body: Graph = node.attrs.body
-    if not getattr(p.mm.attrs, "trans_b", False):
+    if not p.packed and not getattr(p.mm.attrs, "trans_b", False):
         raise AssertionError(f"{label}: the skinny product's weight is not stored [N, K] (kernel selection's layout)")
     outer: dict[Value, Value] = dict(zip(body.inputs, node.inputs))
     outer.update({c: c for c in body.constants})
@@ -218,6 +282,17 @@ def emit(ctx: Any, p: Plan, node: Node, label: str) -> None:
 
     spec = p.spec(**dict(selection(node).params))
     x = outer[p.norm.inputs[0] if p.norm is not None else p.mm.inputs[0]]
+    if p.packed:
+        from fusec.lower import LoweringError
+
+        packed = [outer[v] for v in p.mm.inputs[1:]]
+        extra = [outer[v] for v in (p.bias, p.residual) if v is not None]
+        if not (ctx.aligned(x, node.output, *extra) and all(ctx.aligned(v) for v in packed)):
+            raise LoweringError(f"{label}: the quantized GEMV's operands are not 16-byte aligned in the memory plan")
+        norm_w = [outer[p.norm.inputs[1]]] if p.norm is not None else []
+        ctx.kernel(spec, [x, *packed, *norm_w, *extra, node.output], f"{label} qgemv")
+        ctx.count("qmatmul:qgemv")
+        return
     args: list[Any] = [x, outer[p.mm.inputs[1]]]
     if p.norm is not None:
         args.append(outer[p.norm.inputs[1]])

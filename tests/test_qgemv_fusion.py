@@ -1,0 +1,82 @@
+"""The quantized GEMV's norm prologue and gated epilogue (CPU: plans compiled for sm_90 with NVRTC,
+nothing runs; tests/test_quant_gpu.py runs the kernels). A packed product whose rule form is the FMA
+form takes the RMSNorm before it and the SwiGLU after it, as decode's bf16 products do: a layer is five
+launches. Where the rule puts it on tensor cores, fusion declines them and says why."""
+
+from __future__ import annotations
+
+import pytest
+
+from fusec.codegen import kernels as K
+from fusec.codegen.specs import Epilogue
+from fusec.codegen.specs_quant import QNORM_SMEM, QGemvSpec
+from fusec.compiler import compile_generation
+from fusec.dtypes import DType
+from fusec.plan import entry_points
+
+
+def _plan(batch: int, disabled: tuple[str, ...] = ()):  # noqa: ANN202
+    return compile_generation("llama-tiny", batch=batch, max_seq_len=64, prefill_len=8, dtype="bf16", eos_ids=[],
+                              arch="sm_90", quantize="int4", quantize_group=32, disabled_fusions=disabled)
+
+
+def _decode(plan) -> list[dict]:  # noqa: ANN001
+    return [L for L in entry_points(plan.manifest)["decode"]["launches"] if L["type"] == "kernel"]
+
+
+def _sources(plan, launches: list[dict]) -> list[str]:  # noqa: ANN001
+    m = plan.manifest
+    modules = {mod["id"]: mod for mod in m["modules"]}
+    return [plan._blobs[modules[m["kernels"][L["kernel"]]["module"]]["source"]].decode() for L in launches]
+
+
+def test_one_row_packed_products_take_the_norm_and_the_gated_unit() -> None:
+    fused, plain = _plan(1), _plan(1, ("norm_gemm", "gated_epilogue"))
+    layers = fused.manifest["generation"]["num_layers"]
+    # per layer the two RMSNorms and the SwiGLU go into the packed products (and the final norm into the
+    # LM head: a bf16 product here, the rule leaves it unquantized)
+    assert len(_decode(plain)) - len(_decode(fused)) == 3 * layers + 1
+    q = [L for L in _decode(fused) if "qgemv" in L["label"]]
+    src = _sources(fused, q)
+    norms = [s for s in src if "s_xn[M_ * QB_K]" in s]
+    gated = [s for s in src if "#define F_" in s]
+    assert len(norms) == 2 * layers and len(gated) == layers  # qkv and gate/up normalize; gate/up is gated
+    assert all("fc_act_silu(first)" in s for s in gated)
+    applied = [f for f in fused.manifest["reports"]["decode"]["fusions"]
+               if f["rule"] in ("norm_gemm", "gated_epilogue") and f["decision"] == "applied"]
+    assert len(applied) == 3 * layers + 1
+
+
+def test_tensor_core_rows_keep_the_norm_apart() -> None:
+    """At 8 rows the rule's int4 form is the tensor-core one: no norm prologue or gated epilogue there."""
+    plan = _plan(8)
+    q = [L for L in _decode(plan) if "qgemv" in L["label"]]
+    assert q and not any("s_xn" in s for s in _sources(plan, q))
+    assert any("rmsnorm" in L["label"] for L in _decode(plan))
+    why = [f["reason"] for f in plan.manifest["reports"]["decode"]["fusions"] if f["rule"] == "norm_gemm"
+           and f["decision"] == "rejected"]
+    assert why and all("tensor-core quantized GEMV" in r for r in why)
+
+
+@pytest.mark.parametrize("fmt,group", [("q4_k", 32), ("q6_k", 16), ("int4", 32), ("q8_0", 32)])
+def test_the_fused_forms_compile_for_sm_80_and_sm_90(fmt: str, group: int) -> None:
+    spec = QGemvSpec(1, 2 * 77, 512, fmt, group, DType.BF16, DType.F16, Epilogue(bias=True, residual=True),
+                     norm=True, eps=1e-5, weight_offset=1.0, glu="silu")
+    for arch in ("sm_80", "sm_90"):
+        ck = K.build(spec, arch)
+        assert ck.binary.spill_bytes == 0
+    assert spec.n_out == 77
+
+
+def test_the_spec_refuses_what_the_kernel_does_not_do() -> None:
+    base = dict(fmt="int4", group=32, dtype=DType.BF16, scale_dtype=DType.F16)
+    with pytest.raises(ValueError, match="FMA form"):
+        QGemvSpec(4, 64, 512, norm=True, tc=True, warps=4, **base)
+    with pytest.raises(ValueError, match="2 rows a warp"):
+        QGemvSpec(1, 64, 512, glu="silu", rows=1, **base)
+    with pytest.raises(ValueError, match="even N"):
+        QGemvSpec(1, 63, 512, glu="silu", **base)
+    with pytest.raises(ValueError, match="shared memory"):
+        QGemvSpec(16, 64, QNORM_SMEM // 16, norm=True, rows=1, **base)
+    with pytest.raises(ValueError, match="own activation"):
+        QGemvSpec(1, 64, 512, glu="silu", epilogue=Epilogue(activation="silu"), **base)
