@@ -182,11 +182,15 @@ class _Grouping:
         group = self.groups[gid]
         base = set(group.members)
         declined: list[tuple[Node, str]] = []
-        if self.check(base | set(extra), multi_output, spaces=spaces) is None:
+        whole = self.check(base | set(extra), multi_output, spaces=spaces)
+        if whole is None:
             kept = extra
         else:
             kept, declined = self.fit(base, extra, multi_output, spaces)
         anchor = group.members[0]
+        if not kept and whole is not None and len(extra) > 1:  # why the whole proposal failed (its parts alone fail
+            # for their own reasons: a gated unit's first slice leaves the other half read outside the group)
+            self.record(rule, group.kind, [anchor] + extra, Decision.REJECTED, whole, legal=False)
         for n, why in declined:
             self.record(rule, group.kind, [anchor, n], Decision.REJECTED, why, legal=False)
         if not kept:

@@ -56,6 +56,9 @@ def test_tensor_core_rows_keep_the_norm_apart() -> None:
     why = [f["reason"] for f in plan.manifest["reports"]["decode"]["fusions"] if f["rule"] == "norm_gemm"
            and f["decision"] == "rejected"]
     assert why and all("tensor-core quantized GEMV" in r for r in why)
+    gated = [f for f in plan.manifest["reports"]["decode"]["fusions"] if f["rule"] == "gated_epilogue"
+             and f["decision"] == "rejected" and len(f["members"]) > 2]
+    assert gated and all("tensor-core quantized GEMV" in f["reason"] for f in gated)  # the whole unit's reason
 
 
 @pytest.mark.parametrize("fmt,group", [("q4_k", 32), ("q6_k", 16), ("int4", 32), ("q8_0", 32)])
