@@ -238,8 +238,10 @@ def versions(ctx: Ctx) -> dict[str, Any]:
     try:
         import subprocess
 
-        v["fusec_git"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                        cwd=os.path.dirname(os.path.abspath(__file__)), timeout=10).stdout.strip()
+        # "-dirty" when the tree differs from that commit (a device's copy of a working tree carries an
+        # older checkout's history: its HEAD alone would name the wrong code)
+        v["fusec_git"] = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], capture_output=True,
+                                        text=True, cwd=os.path.dirname(os.path.abspath(__file__)), timeout=10).stdout.strip()
     except Exception:  # noqa: BLE001
         pass
     return v
