@@ -83,3 +83,20 @@ def test_the_spec_refuses_what_the_kernel_does_not_do() -> None:
         QGemvSpec(16, 64, QNORM_SMEM // 16, norm=True, rows=1, **base)
     with pytest.raises(ValueError, match="own activation"):
         QGemvSpec(1, 64, 512, glu="silu", epilogue=Epilogue(activation="silu"), **base)
+
+
+def test_fused_packed_products_run_the_form_kernel_selection_recorded(monkeypatch) -> None:  # noqa: ANN001
+    """The lowering decides nothing: a form the rule does not pick at one row (no fold), put into the
+    record, is what every packed launch runs, the fused ones (norm, gated unit) included."""
+    from fusec.passes import select_kernels
+
+    monkeypatch.setattr(select_kernels, "_qgemv_params", lambda m, n, k, fmt, group, dtype: (("rows", 2), ("fold", False)))
+    plan = _plan(1)
+    q = [L for L in _decode(plan) if "qgemv" in L["label"]]
+    src = _sources(plan, q)
+    assert any("s_xn[M_ * QB_K]" in s for s in src) and any("#define F_" in s for s in src)
+    assert all("qb_w8(ch[u][r]" in s and "qb_d8(ch[u][r]" not in s for s in src)
+    monkeypatch.undo()
+    plan = _plan(1)
+    q = [L for L in _decode(plan) if "qgemv" in L["label"]]
+    assert all("qb_d8(ch[u][r]" in s for s in _sources(plan, q))  # the rule folds at one row
