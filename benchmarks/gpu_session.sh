@@ -145,6 +145,7 @@ for step in "$@"; do
            cat "$R/trace_q/block_trace.md"
            timeout 120 python3 benchmarks/block_trace.py "$R/trace_l" --model llama-1b --batches 1 --context 32 > "$R/trace_l.txt" 2>&1
            tail -n 12 "$R/trace_l.txt" ;;
+    qfuse) timeout 200 python3 benchmarks/qfuse_ab.py > "$R/qfuse.txt" 2>&1; tail -n 4 "$R/qfuse.txt" ;;
     btests) timeout 200 $PT -n 8 tests/test_gemv_gpu.py -k "bulk or ring_equals" > "$R/t_bulk.txt" 2>&1
             grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_bulk.txt" | tail -n 12 ;;
     step_ab) timeout 330 python3 benchmarks/decode_step.py "$R/step_ab" --model qwen3-0.6b --batches ${STEP_BATCHES:-1,8} --windows 3 \
