@@ -77,7 +77,7 @@ def test_the_spec_refuses_what_the_kernel_does_not_do() -> None:
         QGemvSpec(4, 64, 512, norm=True, tc=True, warps=4, **base)
     with pytest.raises(ValueError, match="2 rows a warp"):
         QGemvSpec(1, 64, 512, glu="silu", rows=1, **base)
-    with pytest.raises(ValueError, match="even N"):
+    with pytest.raises(ValueError, match="even number of weight rows"):
         QGemvSpec(1, 63, 512, glu="silu", **base)
     with pytest.raises(ValueError, match="shared memory"):
         QGemvSpec(16, 64, QNORM_SMEM // 16, norm=True, rows=1, **base)

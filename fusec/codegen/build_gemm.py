@@ -52,8 +52,7 @@ _SMEM_PER_SM = 228 * 1024  # sm_80 164 KB, sm_90 228 KB: the larger; a ring that
 
 def gemv_ring_bytes(K: int, dtype: DType, stages: int, spread: int = 1) -> int:
     """Shared memory of the ring: [stages][8 rows][16-byte pieces of a k group + 1 of padding]."""
-    warps, ch, _, _ = gemv_geometry(K, dtype, spread)
-    return stages * 8 * (warps * ch * 64 * dtype.itemsize // 16 + 1) * 16
+    return stages * 8 * (S.gemv_group(K, dtype, spread) * dtype.itemsize // 16 + 1) * 16
 
 
 def gemv_blocks_per_sm(K: int, dtype: DType, stages: int, spread: int = 1) -> int:

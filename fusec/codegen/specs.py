@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 from fusec.codegen.elementwise import Expr, dtype_of
 from fusec.codegen.spec_base import FLOATS, HALFS, _ints, _pos, _req, _softcap_ok, contiguous_strides  # noqa: F401
@@ -362,6 +363,17 @@ def gemv_group(K: int, dtype: DType, spread: int = 1) -> int:
     return warps * ch * 64
 
 
+def check_norm_glu(spec: Any, what: str) -> None:
+    """The norm prologue's and the gated epilogue's fields of a skinny product's spec (``GemvSpec``,
+    ``QGemvSpec``): eps, weight_offset, glu, N and the epilogue's activation."""
+    _req(math.isfinite(spec.eps) and spec.eps >= 0 and math.isfinite(spec.weight_offset),
+         f"{what} norm: eps must be finite and >= 0, weight_offset finite")
+    _req(spec.glu in ("",) + GLU_ACTS, f"{what} glu must be one of {GLU_ACTS} or empty")
+    if spec.glu:
+        _req(spec.N % 2 == 0, f"a gated {what} needs an even number of weight rows")
+        _req(spec.epilogue.activation == "none", f"a gated {what} applies its own activation")
+
+
 @dataclasses.dataclass(frozen=True)
 class GemvSpec:
     """Skinny product for M <= 16 (decode): C[M, Nout] = epilogue(xn[M, K] @ W^T), W stored [N, K]
@@ -420,12 +432,7 @@ class GemvSpec:
         _req(self.dtype in FLOATS, "gemv is float")
         _req(self.K % (16 // self.dtype.itemsize) == 0, "gemv reads 16-byte slices of each weight row: K must be "
              f"a multiple of {16 // self.dtype.itemsize} for {self.dtype.value}")
-        _req(math.isfinite(self.eps) and self.eps >= 0 and math.isfinite(self.weight_offset),
-             "gemv norm: eps must be finite and >= 0, weight_offset finite")
-        _req(self.glu in ("",) + GLU_ACTS, f"gemv glu must be one of {GLU_ACTS} or empty")
-        if self.glu:
-            _req(self.N % 2 == 0, "a gated gemv needs an even number of weight rows")
-            _req(self.epilogue.activation == "none", "a gated gemv applies its own activation")
+        check_norm_glu(self, "gemv")
 
     @property
     def n_out(self) -> int:

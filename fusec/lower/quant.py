@@ -86,6 +86,22 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any) -> dict[
     return form
 
 
+def scale_dtype(fmt: str, packed: Any) -> Any:
+    """The scale dtype of a product's packed operands (``fusec.quant`` order: codes, [bit planes], scales, ...)."""
+    return packed[2 if FORMATS[fmt].high_planes else 1].dtype
+
+
+def emit_qgemv(ctx: Context, spec: QGemvSpec, x: Value, packed: Any, between: list[Value], extra: Any, out: Value,
+               label: str) -> None:
+    """One quantized-GEMV launch: x, the packed operands, ``between`` (the norm weight), the epilogue's
+    ``extra`` operands, out (all 16-byte aligned: its vector loads)."""
+    if not (ctx.aligned(x, out, *extra) and all(ctx.aligned(p) for p in packed)):
+        raise LoweringError(f"{label}: the quantized GEMV was selected, but its operands are not 16-byte "
+                            "aligned in the memory plan")
+    ctx.kernel(spec, [x, *packed, *between, *extra, out], f"{label} qgemv")
+    ctx.count("qmatmul:qgemv")
+
+
 def lower_qmatmul(ctx: Context, node: Node, sel: Any, label: str, epilogue: Epilogue | None = None,
                   extra: tuple[Value, ...] = ()) -> bool:
     """Emit ``node`` (a QMATMUL over outer values) as kernel selection's record ``sel`` says (its
@@ -95,17 +111,12 @@ def lower_qmatmul(ctx: Context, node: Node, sel: Any, label: str, epilogue: Epil
     x, packed, out = node.inputs[0], node.inputs[1:], node.outputs[0]
     a = node.attrs
     m = math.prod(x.shape[:-1])
-    scale_dtype = packed[2 if FORMATS[a.format].high_planes else 1].dtype
+    sdt = scale_dtype(a.format, packed)
     if sel.variant == "qgemv":
-        if not (ctx.aligned(x, out, *extra) and all(ctx.aligned(p) for p in packed)):
-            raise LoweringError(f"{label}: the quantized GEMV was selected, but its operands are not 16-byte "
-                                "aligned in the memory plan")
-        spec = QGemvSpec(m, a.n, a.k, a.format, a.group, x.dtype, scale_dtype, epilogue or Epilogue(),
-                         **dict(sel.params))
-        ctx.kernel(spec, [x, *packed, *extra, out], f"{label} qgemv")
-        ctx.count("qmatmul:qgemv")
+        spec = QGemvSpec(m, a.n, a.k, a.format, a.group, x.dtype, sdt, epilogue or Epilogue(), **dict(sel.params))
+        emit_qgemv(ctx, spec, x, packed, [], extra, out, label)
         return epilogue is not None
-    _dequant_gemm(ctx, x, packed, out, a, scale_dtype, m, label)
+    _dequant_gemm(ctx, x, packed, out, a, sdt, m, label)
     ctx.count("qmatmul:dequant_gemm")
     return False
 
@@ -139,10 +150,10 @@ def lower_node(ctx: Context, node: Node, label: str) -> None:
 def lower_gather(ctx: Context, node: Node, label: str) -> None:
     """``LOWER[Op.QGATHER]``: the rows of a packed table, dequantized by the same kernel as the prefill's."""
     ids, packed, out, a = node.inputs[0], node.inputs[1:], node.outputs[0], node.attrs
-    scale_dtype = packed[2 if FORMATS[a.format].high_planes else 1].dtype
     if not ctx.aligned(out) or not all(ctx.aligned(p) for p in packed):
         raise LoweringError(f"{label}: qgather's output and table must be 16-byte aligned (the kernel's vector stores)")
-    spec = QDequantSpec(a.n, a.k, a.format, a.group, out.dtype, scale_dtype, ids=ids.numel, id_dtype=ids.dtype)
+    spec = QDequantSpec(a.n, a.k, a.format, a.group, out.dtype, scale_dtype(a.format, packed), ids=ids.numel,
+                        id_dtype=ids.dtype)
     ctx.kernel(spec, [ids, *packed, out], f"{label} qgather")
 
 

@@ -56,9 +56,10 @@ class Plan:
         dt = self.mm.inputs[0].dtype
         if self.packed:
             from fusec.codegen.specs_quant import QGemvSpec
+            from fusec.lower.quant import scale_dtype
 
             a = self.mm.attrs
-            return QGemvSpec(self.m, self.n, self.k, a.format, a.group, dt, _scale_dtype(self.mm),
+            return QGemvSpec(self.m, self.n, self.k, a.format, a.group, dt, scale_dtype(a.format, self.mm.inputs[1:]),
                              S.Epilogue(bias=self.bias is not None, activation=self.act,
                                         residual=self.residual is not None),
                              norm=self.norm is not None,
@@ -73,13 +74,6 @@ class Plan:
                           glu=self.glu, glu_swap=self.glu_swap, argmax=self.sample is not None,
                           **params,
                           **({"seed_dtype": seed, "counter_dtype": counter} if self.sample is not None else {}))
-
-
-def _scale_dtype(mm: Node) -> Any:
-    """A QMATMUL's scale dtype: its scale operand's (after the bit planes where the format has them)."""
-    from fusec.quant import FORMATS
-
-    return mm.inputs[1:][2 if FORMATS[mm.attrs.format].high_planes else 1].dtype
 
 
 def _product(ops: list[Op]) -> int | None:
@@ -283,15 +277,11 @@ def emit(ctx: Any, p: Plan, node: Node, label: str) -> None:
     spec = p.spec(**dict(selection(node).params))
     x = outer[p.norm.inputs[0] if p.norm is not None else p.mm.inputs[0]]
     if p.packed:
-        from fusec.lower import LoweringError
+        from fusec.lower.quant import emit_qgemv
 
-        packed = [outer[v] for v in p.mm.inputs[1:]]
-        extra = [outer[v] for v in (p.bias, p.residual) if v is not None]
-        if not (ctx.aligned(x, node.output, *extra) and all(ctx.aligned(v) for v in packed)):
-            raise LoweringError(f"{label}: the quantized GEMV's operands are not 16-byte aligned in the memory plan")
-        norm_w = [outer[p.norm.inputs[1]]] if p.norm is not None else []
-        ctx.kernel(spec, [x, *packed, *norm_w, *extra, node.output], f"{label} qgemv")
-        ctx.count("qmatmul:qgemv")
+        emit_qgemv(ctx, spec, x, [outer[v] for v in p.mm.inputs[1:]],
+                   [outer[p.norm.inputs[1]]] if p.norm is not None else [],
+                   [outer[v] for v in (p.bias, p.residual) if v is not None], node.output, label)
         return
     args: list[Any] = [x, outer[p.mm.inputs[1]]]
     if p.norm is not None:
