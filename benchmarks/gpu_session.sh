@@ -169,11 +169,11 @@ for step in "$@"; do
                 tail -n 40 "$R/quant.txt" ;;
     train_full) timeout 400 python3 benchmarks/train.py "$R/train" > "$R/train.txt" 2>&1
                 tail -n 30 "$R/train.txt" ;;
-    qtests) timeout 200 $PT -n 8 tests/test_quant_gpu.py > "$R/t_quant.txt" 2>&1
+    qtests) timeout 240 $PT -n 8 tests/test_quant_gpu.py > "$R/t_quant.txt" 2>&1
             grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_quant.txt" | tail -n 12 ;;
     qtc) timeout 150 $PT -n 12 tests/test_quant_gpu.py -k tensor_core > "$R/t_qtc.txt" 2>&1
          grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_qtc.txt" | tail -n 12 ;;
-    qvariants) timeout 200 python3 benchmarks/quant_bench.py "$R/qvar" --variants --skip torch,decode > "$R/qvar.txt" 2>&1
+    qvariants) timeout 360 python3 benchmarks/quant_bench.py "$R/qvar" --variants --skip torch,decode > "$R/qvar.txt" 2>&1
                grep "^| llama" "$R/qvar.txt" | tail -n 70 ;;
     qdecode) timeout 250 python3 benchmarks/quant_bench.py "$R/qdec" --skip kernels,torch --qgemv-forms tc,fma > "$R/qdec.txt" 2>&1
              grep "^| 1b" "$R/qdec.txt" ;;

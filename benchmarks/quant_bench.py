@@ -82,18 +82,21 @@ def _bf16(shape: tuple[int, ...]):  # noqa: ANN202
 def _forms(m: int, n: int, qw, variants: bool) -> list[tuple[str, dict]]:  # noqa: ANN001
     """The quantized GEMV's forms to time at M = ``m`` over ``n`` rows of ``qw``'s format and K (bf16 x): the
     lowering's choice (fusec.lower.quant), or with ``variants`` the FMA form and, where they fit, the
-    tensor-core form at 4, 8 and 16 warps."""
-    from fusec.codegen.specs_quant import tc_fits
+    tensor-core form at 4, 8 and 16 warps and the dp4a form at several rows a task and warps a block."""
+    from fusec.codegen.specs_quant import dp4a_fits, tc_fits
     from fusec.lower.quant import gemv_form
 
     rule = gemv_form(m, n, qw.k, qw.format, qw.group, BF16)
     if not variants:
-        return [("qgemv tc" if rule.get("tc") else "qgemv", rule)]
+        return [("qgemv tc" if rule.get("tc") else "qgemv dp4a" if rule.get("dp4a") else "qgemv", rule)]
     fma = {"rows": 2 if m <= 8 else 1, "fold": m == 1}
     forms = [("fma", fma)]
     if tc_fits(m, qw.format, BF16):
         forms += [(f"tc w{w}{' (rule)' if rule.get('warps') == w else ''}", {**fma, "tc": True, "warps": w})
                   for w in (4, 8, 16)]
+    if dp4a_fits(m, qw.k, False, BF16):
+        forms += [(f"dp4a r{r} w{w}{' (rule)' if rule.get('dp4a') and (rule['rows'], rule['warps']) == (r, w) else ''}",
+                   {"dp4a": True, "rows": r, "warps": w}) for r, w in ((1, 8), (2, 4), (2, 8), (2, 16), (4, 8))]
     return forms
 
 
@@ -106,7 +109,9 @@ def bench_kernels(results: list, quick: bool, copy: float, variants: bool = Fals
     h = Handle()
     models = ["llama-1b"] if quick or variants else list(SHAPES)
     formats = [(f, lab) for f, lab in FORMATS if not quick or f in ("q4_k", "q8_0")]
-    ms = (1, 2, 3, 4, 8) if variants else (1,) if quick else None
+    if variants:  # the formats of llama.cpp's Q4_K_M and Q8_0 files
+        formats = [(f, lab) for f, lab in formats if f in ("q4_k", "q6_k", "q8_0")]
+    ms = (1, 2, 4, 8) if variants else (1,) if quick else None
     pending = []  # every kernel compiles on the pool first (the loop below then finds them built)
     for model in models:
         for _, n, k in SHAPES[model]:

@@ -286,6 +286,20 @@ def matmul(x: np.ndarray, fmt: QFormat, k: int, group: int, arrays: Sequence[np.
     return out.reshape(*x.shape[:-1], n)
 
 
+def q8_blocks(x: np.ndarray) -> np.ndarray:
+    """x as the dp4a quantized GEMV sees it (templates/qgemv_dp4a.cu.jinja): each 32 consecutive values
+    of a row quantized to int8 with their own scale, d = max|x| / 127, q = rint(x * (127 / max|x|)),
+    and returned as d * q in fp32 (so the kernel's product is q8_blocks(x) @ W^T up to fp32
+    accumulation). The same fp32 operations as the kernel's, in the same order."""
+    xf = np.asarray(x, np.float32)
+    b = xf.reshape(*xf.shape[:-1], xf.shape[-1] // 32, 32)
+    amax = np.abs(b).max(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        iq = np.where(amax > 0, np.float32(127.0) / amax, np.float32(0.0)).astype(np.float32)
+    q = np.rint(b * iq)
+    return (q * (amax / np.float32(127.0))).astype(np.float32).reshape(xf.shape)
+
+
 def from_affine(q: np.ndarray, scale: np.ndarray, zero: np.ndarray | None, bits: int) -> QWeight:
     """The packed form of W[n, k] = scale[n, g] * (q[n, k] - zero[n, g]) (ONNX's DequantizeLinear,
     MatMulNBits) for integer codes q [N, K] of ``bits`` (4 or 8, signed or unsigned by q's dtype)

@@ -28,14 +28,15 @@ struct QbChunk {
   float s[QB_GPC], o[QB_GPC], zf[QB_GPC];
 };
 
-// The scale, offset and zero (as 2**23 + z: see qb_w8) of each group of chunk c of row n: every group's loads,
-// then the arithmetic.
-__device__ __forceinline__ void qb_scales(const QbPtrs& p, long long n, int c, float (&sv)[QB_GPC], float (&ov)[QB_GPC],
-                                          float (&zv)[QB_GPC]) {
-  struct {
-    qb_scale_t s[QB_GPC], m[QB_GPC];  // scale; min (QB_OFF 1) or dmin (QB_OFF 2)
-    unsigned char sub[QB_GPC], mins[QB_GPC], zero[QB_GPC];
-  } r;  // one struct, not separate arrays: the same operations, but arrays compiled to other SASS (nvdisasm)
+// The raw scale data of each group of one chunk (loaded, not yet decoded): one struct, not separate
+// arrays (the same operations, but arrays compiled to other SASS, nvdisasm).
+struct QbRaw {
+  qb_scale_t s[QB_GPC], m[QB_GPC];  // scale; min (QB_OFF 1) or dmin (QB_OFF 2)
+  unsigned char sub[QB_GPC], mins[QB_GPC], zero[QB_GPC];
+};
+
+// Every group's scale loads of chunk c of row n (nothing decoded: a kernel can issue them all first).
+__device__ __forceinline__ void qb_scales_raw(const QbPtrs& p, long long n, int c, QbRaw& r) {
 #pragma unroll
   for (int g = 0; g < QB_GPC; ++g) {
     const int k = c * 32 + g * 16;  // first weight of the group's part of this chunk
@@ -49,36 +50,54 @@ __device__ __forceinline__ void qb_scales(const QbPtrs& p, long long n, int c, f
     }
     if (QB_ZERO < 0) r.zero[g] = __ldg(p.zero + gi);
   }
+}
+
+// Group g's scale s, offset o and zero point z (W = s * (q - z) + o; 8-bit signed codes: z = 0 on the int8 value).
+__device__ __forceinline__ void qb_decode(const QbRaw& r, int g, float& s, float& o, int& z) {
+  s = fc_val(r.s[g]);
+  if (QB_SUB == 1) s *= (float)r.sub[g];
+  if (QB_SUB == 2) s *= (float)(signed char)r.sub[g];
+  o = 0.0f;
+  if (QB_OFF == 1) o = fc_val(r.m[g]);
+  if (QB_OFF == 2) o = -(fc_val(r.m[g]) * (float)r.mins[g]);
+  z = QB_ZERO >= 0 ? QB_ZERO : (int)r.zero[g];
+}
+
+// The scale, offset and zero (as 2**23 + z: see qb_w8) of each group of chunk c of row n: every group's loads,
+// then the arithmetic.
+__device__ __forceinline__ void qb_scales(const QbPtrs& p, long long n, int c, float (&sv)[QB_GPC], float (&ov)[QB_GPC],
+                                          float (&zv)[QB_GPC]) {
+  QbRaw r;
+  qb_scales_raw(p, n, c, r);
 #pragma unroll
   for (int g = 0; g < QB_GPC; ++g) {
-    float s = fc_val(r.s[g]);
-    if (QB_SUB == 1) s *= (float)r.sub[g];
-    if (QB_SUB == 2) s *= (float)(signed char)r.sub[g];
-    float o = 0.0f;
-    if (QB_OFF == 1) o = fc_val(r.m[g]);
-    if (QB_OFF == 2) o = -(fc_val(r.m[g]) * (float)r.mins[g]);
-    const int z = QB_ZERO >= 0 ? QB_ZERO : (int)r.zero[g];
-    sv[g] = s;
-    ov[g] = o;
+    int z;
+    qb_decode(r, g, sv[g], ov[g], z);
     zv[g] = 8388608.0f + (float)(z + (QB_BITS == 8 && QB_SIGNED ? 128 : 0));
+  }
+}
+
+// The codes of chunk c of row n (16-byte loads) and its bit planes.
+__device__ __forceinline__ void qb_load_codes(const QbPtrs& p, long long n, int c, uint4& q0, uint4& q1, unsigned int& h0,
+                                              unsigned int& h1) {
+  if (QB_BITS == 8) {
+    const uint4* src = reinterpret_cast<const uint4*>(p.codes + n * QB_K + (long long)c * 32);
+    q0 = __ldg(src);
+    q1 = __ldg(src + 1);
+  } else {
+    q0 = __ldg(reinterpret_cast<const uint4*>(p.codes + n * (QB_K / 2) + (long long)c * 16));
+  }
+  if (QB_BITS == 5 || QB_BITS == 6) {
+    const long long hb = QB_BITS - 4;
+    h0 = __ldg(p.high + (n * QB_NCH + c) * hb);
+    h1 = QB_BITS == 6 ? __ldg(p.high + (n * QB_NCH + c) * hb + 1) : 0u;
   }
 }
 
 // All of this chunk's global loads: the codes (16-byte loads), bit planes, scales. Nothing here
 // reads the activations, so a kernel can issue these first.
 __device__ __forceinline__ void qb_load(const QbPtrs& p, long long n, int c, QbChunk& ch) {
-  if (QB_BITS == 8) {
-    const uint4* src = reinterpret_cast<const uint4*>(p.codes + n * QB_K + (long long)c * 32);
-    ch.q0 = __ldg(src);
-    ch.q1 = __ldg(src + 1);
-  } else {
-    ch.q0 = __ldg(reinterpret_cast<const uint4*>(p.codes + n * (QB_K / 2) + (long long)c * 16));
-  }
-  if (QB_BITS == 5 || QB_BITS == 6) {
-    const long long hb = QB_BITS - 4;
-    ch.h0 = __ldg(p.high + (n * QB_NCH + c) * hb);
-    ch.h1 = QB_BITS == 6 ? __ldg(p.high + (n * QB_NCH + c) * hb + 1) : 0u;
-  }
+  qb_load_codes(p, n, c, ch.q0, ch.q1, ch.h0, ch.h1);
   qb_scales(p, n, c, ch.s, ch.o, ch.zf);
 }
 
@@ -156,5 +175,30 @@ __device__ __forceinline__ void qb_d8(const QbChunk& ch, int s, float d[8], floa
   for (int i = 0; i < 4; ++i) {
     d[i] = qb_f(lo, i) - zf;
     d[i + 4] = qb_f(hi, i) - zf;
+  }
+}
+
+// Bits 0..3 of v, one to the lowest bit of each byte (no two partial products share a bit: no carries).
+__device__ __forceinline__ unsigned int qb_spread4(unsigned int v) { return ((v & 0xFu) * 0x00204081u) & 0x01010101u; }
+
+// Code word i (i = 0..3) of a chunk as 4 bytes for dp4a: lo holds the codes of weights 4i .. 4i+3, hi those of
+// 16 + 4i .. 16 + 4i + 3 (4-6 bits: unsigned, below 64; 8 bits: as stored, int8 where QB_SIGNED).
+__device__ __forceinline__ void qb_words(const uint4& q0, const uint4& q1, unsigned int h0, unsigned int h1, int i,
+                                         unsigned int& lo, unsigned int& hi) {
+  const unsigned int a = i == 0 ? q0.x : i == 1 ? q0.y : i == 2 ? q0.z : q0.w;
+  if (QB_BITS == 8) {
+    lo = a;
+    hi = i == 0 ? q1.x : i == 1 ? q1.y : i == 2 ? q1.z : q1.w;
+  } else {
+    lo = a & 0x0F0F0F0Fu;
+    hi = (a >> 4) & 0x0F0F0F0Fu;
+    if (QB_BITS == 5 || QB_BITS == 6) {  // bit 4 (and 5) of weight e: bit e of the planes
+      lo |= qb_spread4(h0 >> (4 * i)) << 4;
+      hi |= qb_spread4(h0 >> (16 + 4 * i)) << 4;
+      if (QB_BITS == 6) {
+        lo |= qb_spread4(h1 >> (4 * i)) << 5;
+        hi |= qb_spread4(h1 >> (16 + 4 * i)) << 5;
+      }
+    }
   }
 }

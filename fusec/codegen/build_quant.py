@@ -39,6 +39,8 @@ def _format_ctx(fmt_name: str, group: int, scale_dtype: DType) -> dict[str, Any]
 def _qgemv(spec: QGemvSpec) -> Rendered:
     if spec.tc:
         return _qgemv_tc(spec)
+    if spec.dp4a:
+        return _qgemv_dp4a(spec)
     nch = spec.K // 32
     # chunks per lane per round: enough 16-byte loads in flight, but the unrolled body (chunks x 4
     # steps x M rows x 8 FMAs) stays small enough for ptxas (M = 16 with 8 chunks took ~2 minutes)
@@ -52,6 +54,28 @@ def _qgemv(spec: QGemvSpec) -> Rendered:
            **_format_ctx(spec.fmt, spec.group, spec.scale_dtype)}
     blocks = cdiv(spec.N // 2, 4) if spec.glu else cdiv(spec.N, 4 * spec.rows)  # 4 warps a block
     return Rendered("qgemv.cu.jinja", ctx, (blocks, 1, 1), (128, 1, 1),
+                    ("x",) + packed_params(spec.fmt) + (("g",) if spec.norm else ()) + _epi_params(spec.epilogue)
+                    + ("C",))
+
+
+DP4A_WARPS_PER_SM = 32  # the dp4a form's grid: at most this many warps an SM, its blocks taking tasks in turn (each
+# block quantizes x once for all of its tasks)
+
+
+def _qgemv_dp4a(spec: QGemvSpec) -> Rendered:
+    from fusec.codegen.build_gemm import _SMS
+
+    nch = spec.K // 32
+    ntask = spec.N // 2 if spec.glu else cdiv(spec.N, spec.rows)
+    ctx = {"name": kernel_name("qgemv", spec), "M": spec.M, "N": spec.N, "K": spec.K, "R": spec.rows,
+           "U": max(1, min(4 // spec.rows, cdiv(nch, 32))), "W": spec.warps, "ntask": ntask,
+           "t": ctype(spec.dtype), "bias": spec.epilogue.bias, "act": Ident(spec.epilogue.activation),
+           "residual": spec.epilogue.residual, "round_x": _round_fn(spec.dtype),
+           "norm": spec.norm, "eps": float_lit(spec.eps), "weight_offset": float_lit(spec.weight_offset),
+           "glu": Ident(spec.glu) if spec.glu else None, "glu_swap": spec.glu_swap, "half": spec.N // 2,
+           **_format_ctx(spec.fmt, spec.group, spec.scale_dtype)}
+    blocks = min(cdiv(ntask, spec.warps), DP4A_WARPS_PER_SM // spec.warps * _SMS)
+    return Rendered("qgemv_dp4a.cu.jinja", ctx, (blocks, 1, 1), (32 * spec.warps, 1, 1),
                     ("x",) + packed_params(spec.fmt) + (("g",) if spec.norm else ()) + _epi_params(spec.epilogue)
                     + ("C",))
 

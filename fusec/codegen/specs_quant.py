@@ -14,6 +14,21 @@ from fusec.dtypes import DType
 
 QGEMV_MAX_M = 16
 QNORM_SMEM = 32 << 10  # the FMA form's normalized copy of x (static shared memory)
+DP4A_MAX_M = 4  # the dp4a form's rows of x (its integer dot products and accumulators a chunk)
+DP4A_SMEM = 48 << 10  # static shared memory of a block
+
+
+def dp4a_smem(m: int, k: int, norm: bool, dtype: DType, warps: int = 8) -> int:
+    """The dp4a form's shared memory: x quantized (m * k bytes), each chunk's dx and sums (8 bytes a
+    chunk a row), and with ``norm`` the copy of x it normalizes (and the warps' sums of squares)."""
+    return m * k + 8 * m * (k // 32) + ((m * k * dtype.itemsize + 4 * warps * m) if norm else 0)
+
+
+def dp4a_fits(m: int, k: int, norm: bool, dtype: DType, warps: int = 8) -> bool:
+    """Whether the dp4a form takes this product: fp16/bf16 x (its quantization to int8 per 32 is an
+    approximation that fp32 plans, compared with the reference token for token, do not take), at most
+    DP4A_MAX_M rows, its shared memory within DP4A_SMEM."""
+    return dtype in (DType.F16, DType.BF16) and m <= DP4A_MAX_M and dp4a_smem(m, k, norm, dtype, warps) <= DP4A_SMEM
 
 
 def _check_format(fmt: str, n: int, k: int, group: int, scale_dtype: DType) -> None:
@@ -32,8 +47,11 @@ class QGemvSpec:
     """C[M, N] = epilogue(x[M, K] @ W^T), W [N, K] packed in ``fmt`` (groups of ``group``).
     ``rows``: output rows per warp (1, 2 or 4); ``fold``: scale each 8 weights' partial dot once
     instead of every weight. ``tc``: the tensor-core form instead (templates/qgemv_tc.cu.jinja: 4- to 6-bit
-    formats, M <= 8, fp16/bf16; ``warps`` per block of 16 rows; rows and fold unused).
-    FMA form only: ``norm``, x RMS-normalized over K first as ``Op.RMSNORM`` computes it (weight ``g``
+    formats, M <= 8, fp16/bf16; ``warps`` per block of 16 rows; rows and fold unused). ``dp4a``: integer
+    dot products instead (templates/qgemv_dp4a.cu.jinja: x quantized to int8 per 32 values in the block,
+    ``fusec.quant.q8_blocks``; fp16/bf16 x, M <= DP4A_MAX_M; ``rows`` a warp's task, ``warps`` a block; fold
+    unused).
+    FMA and dp4a forms: ``norm``, x RMS-normalized over K first as ``Op.RMSNORM`` computes it (weight ``g``
     [K], ``eps``, ``weight_offset``; the block normalizes x once into shared memory: M * K elements of
     at most ``QNORM_SMEM`` bytes); ``glu``, a gated unit over the two halves of the product (as
     ``GemvSpec.glu``: C[m, j] = glu(y[m, j]) * y[m, F + j], ``glu_swap`` activating the second half,
@@ -52,6 +70,7 @@ class QGemvSpec:
     fold: bool = True
     tc: bool = False
     warps: int = 8
+    dp4a: bool = False
     norm: bool = False
     eps: float = 1e-6
     weight_offset: float = 0.0
@@ -72,6 +91,11 @@ class QGemvSpec:
             _req(tc_fits(self.M, self.fmt, self.dtype), "the tensor-core quantized gemv takes 4- to 6-bit "
                  "formats, M <= 8, fp16/bf16")
             _req(self.warps in (4, 8, 16), "the tensor-core quantized gemv has 4, 8 or 16 warps")
+        if self.dp4a:
+            _req(not self.tc, "a quantized gemv has one form: tc or dp4a")
+            _req(self.warps in (4, 8, 16), "the dp4a quantized gemv has 4, 8 or 16 warps")
+            _req(dp4a_fits(self.M, self.K, self.norm, self.dtype, self.warps), "the dp4a quantized gemv takes fp16/bf16 x, "
+                 f"M <= {DP4A_MAX_M}, and its shared memory (x quantized, norm's copy) within {DP4A_SMEM} bytes")
         if self.norm or self.glu:
             _req(not self.tc, "the quantized gemv's norm prologue and gated epilogue are the FMA form's")
         check_norm_glu(self, "quantized gemv")
