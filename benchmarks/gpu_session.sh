@@ -37,7 +37,7 @@
 #   qtests    the packed-weight GPU tests (kernels against the reference, generation token for token)
 #   qtc       the tensor-core quantized GEMV against the exact sums (tests/test_quant_gpu.py -k tensor_core)
 #   qvariants every form of the quantized GEMV on Llama-1B's shapes (quant_bench.py --variants)
-#   qdecode   the packed-weight decode models alone (quant_bench.py --skip kernels,torch), tensor-core and FMA forms
+#   qdecode   the packed-weight decode models alone (quant_bench.py --skip kernels,torch), the rule and the rule without dp4a
 #   q7b       the 7B Llama shape in Q4_K_M, batch 1 decode and its packed-weight roofline (quant_bench.py --7b)
 #   qncu      Nsight Compute counters of the quantized GEMV's forms, stalls by source line (benchmarks/qgemv_ncu.py)
 #   pncu      Nsight Compute counters of one layer's skinny products as a Qwen3-0.6B batch-1 plan launches them (benchmarks/plan_ncu.py)
@@ -175,7 +175,7 @@ for step in "$@"; do
          grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_qtc.txt" | tail -n 12 ;;
     qvariants) timeout 360 python3 benchmarks/quant_bench.py "$R/qvar" --variants --skip torch,decode > "$R/qvar.txt" 2>&1
                grep "^| llama" "$R/qvar.txt" | tail -n 70 ;;
-    qdecode) timeout 250 python3 benchmarks/quant_bench.py "$R/qdec" --skip kernels,torch --qgemv-forms tc,fma > "$R/qdec.txt" 2>&1
+    qdecode) timeout 250 python3 benchmarks/quant_bench.py "$R/qdec" --skip kernels,torch --qgemv-forms auto,tc > "$R/qdec.txt" 2>&1
              grep "^| 1b" "$R/qdec.txt" ;;
     q7b) timeout 300 python3 benchmarks/quant_bench.py "$R/q7b" --7b --skip kernels,torch > "$R/q7b.txt" 2>&1
          tail -n 6 "$R/q7b.txt" ;;

@@ -95,8 +95,9 @@ def _forms(m: int, n: int, qw, variants: bool) -> list[tuple[str, dict]]:  # noq
         forms += [(f"tc w{w}{' (rule)' if rule.get('warps') == w else ''}", {**fma, "tc": True, "warps": w})
                   for w in (4, 8, 16)]
     if dp4a_fits(m, qw.k, False, BF16):
-        forms += [(f"dp4a r{r} w{w}{' (rule)' if rule.get('dp4a') and (rule['rows'], rule['warps']) == (r, w) else ''}",
-                   {"dp4a": True, "rows": r, "warps": w}) for r, w in ((1, 8), (2, 4), (2, 8), (2, 16), (4, 8))]
+        forms += [(f"dp4a r{r} w{w} b{b}{' (rule)' if rule.get('dp4a') and (rule['rows'], rule['warps'], rule['blocks']) == (r, w, b) else ''}",
+                   {"dp4a": True, "rows": r, "warps": w, "blocks": b})
+                  for r, w, b in ((1, 8, 1), (1, 8, 2), (1, 8, 3), (1, 8, 4), (2, 8, 2), (2, 8, 3), (2, 8, 4), (2, 16, 2))]
     return forms
 
 
@@ -251,7 +252,7 @@ def _model(mix: str, layers: int, size: str = "1b"):  # noqa: ANN202
 def compile_job(job: dict) -> dict:
     """In a helper process: compile one generation plan and save it (returns timings or the error)."""
     os.environ["FUSEC_CUPTI"] = "0"
-    os.environ["FUSEC_QGEMV_FORM"] = job.get("form", "tc")  # the packed products' form (fusec.knobs)
+    os.environ["FUSEC_QGEMV_FORM"] = job.get("form", "auto")  # the packed products' form (fusec.knobs)
     from fusec.compiler import compile_generation
 
     t0 = time.perf_counter()
@@ -266,7 +267,7 @@ def compile_job(job: dict) -> dict:
 
 
 def bench_decode(results: list, quick: bool, tmp: Path, seven_b: bool = False, copy: float = 0.0,
-                 forms: tuple[str, ...] = ("tc",)) -> None:
+                 forms: tuple[str, ...] = ("auto",)) -> None:
     """Decode tok/s of the Llama-1B-shaped plans (bf16, Q4_K_M, Q8_0 at batch 1 and 8); ``seven_b``:
     instead the 7B Llama shape (32 layers, d 4096, ffn 11008, vocab 32,000) in Q4_K_M at batch 1,
     with the share of its packed-weight roofline (weights bytes / ``copy`` bandwidth per step).
@@ -288,7 +289,7 @@ def bench_decode(results: list, quick: bool, tmp: Path, seven_b: bool = False, c
         infos = list(ex.map(compile_job, jobs))
     rng = np.random.default_rng(1)
     for job, info in zip(jobs, infos):
-        rec = {"bench": "decode", "mix": job["mix"], "batch": job["batch"], "form": job.get("form", "tc"),
+        rec = {"bench": "decode", "mix": job["mix"], "batch": job["batch"], "form": job.get("form", "auto"),
                "layers": layers, "vocab": VOCAB,
                "prompt": PROMPT, "new_tokens": NEW, **info}
         if "error" not in info:
@@ -349,8 +350,8 @@ def main() -> int:
                     "batch 1 (with its share of the packed-weight roofline) instead of the 1B plans")
     ap.add_argument("--variants", action="store_true", help="kernels: the quantized GEMV's forms (FMA; tensor cores "
                     "at 4, 8, 16 warps) on Llama-1B's shapes at M = 1, 2, 3, 4 and 8")
-    ap.add_argument("--qgemv-forms", default="tc", help="decode: the packed plans once per packed-product form "
-                    "(comma list of tc, fma: FUSEC_QGEMV_FORM), timed in the same process")
+    ap.add_argument("--qgemv-forms", default="auto", help="decode: the packed plans once per packed-product form "
+                    "(comma list of auto, tc, fma: FUSEC_QGEMV_FORM), timed in the same process")
     args = ap.parse_args()
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -288,16 +288,19 @@ def matmul(x: np.ndarray, fmt: QFormat, k: int, group: int, arrays: Sequence[np.
 
 def q8_blocks(x: np.ndarray) -> np.ndarray:
     """x as the dp4a quantized GEMV sees it (templates/qgemv_dp4a.cu.jinja): each 32 consecutive values
-    of a row quantized to int8 with their own scale, d = max|x| / 127, q = rint(x * (127 / max|x|)),
-    and returned as d * q in fp32 (so the kernel's product is q8_blocks(x) @ W^T up to fp32
-    accumulation). The same fp32 operations as the kernel's, in the same order."""
+    of a row quantized to int8 with their own scale, d = max|x| * fl(1 / 127),
+    q = rint(x * (fl(1 / max|x|) * 127)) (a block whose max|x| is below the smallest normal fp32 number:
+    zeros), and returned as d * q in fp32, so the kernel's product is q8_blocks(x) @ W^T up to fp32
+    accumulation (the same fp32 operations, each correctly rounded, as the kernel's)."""
     xf = np.asarray(x, np.float32)
     b = xf.reshape(*xf.shape[:-1], xf.shape[-1] // 32, 32)
     amax = np.abs(b).max(axis=-1, keepdims=True)
+    live = amax >= np.finfo(np.float32).tiny
     with np.errstate(divide="ignore"):
-        iq = np.where(amax > 0, np.float32(127.0) / amax, np.float32(0.0)).astype(np.float32)
+        iq = np.where(live, (np.float32(1.0) / amax) * np.float32(127.0), np.float32(0.0)).astype(np.float32)
     q = np.rint(b * iq)
-    return (q * (amax / np.float32(127.0))).astype(np.float32).reshape(xf.shape)
+    d = np.where(live, amax * (np.float32(1.0) / np.float32(127.0)), np.float32(0.0)).astype(np.float32)
+    return (q * d).astype(np.float32).reshape(xf.shape)
 
 
 def from_affine(q: np.ndarray, scale: np.ndarray, zero: np.ndarray | None, bits: int) -> QWeight:

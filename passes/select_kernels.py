@@ -93,7 +93,8 @@ def _select(node: Node, options: PassOptions, offsets: dict[Value, int]) -> Sele
         if family == "gemv" and detail.packed:
             a = detail.mm.attrs
             return Selection("gemv", "qgemv", reason="only the quantized GEMV covers this body",
-                             params=_qgemv_params(detail.m, a.n, a.k, a.format, a.group, detail.mm.inputs[0].dtype),
+                             params=_qgemv_params(detail.m, a.n, a.k, a.format, a.group, detail.mm.inputs[0].dtype,
+                                                  detail.norm is not None, bool(detail.glu)),
                              detail=detail)
         if family == "gemv":
             return Selection("gemv", "gemv", layout="nk", reason="only the skinny product covers this body",
@@ -157,11 +158,12 @@ def _quantized(node: Node, mm: Node, offsets: dict[Value, int], family: str, det
     return Selection(family, variant, reason=reason, params=params, detail=detail)
 
 
-def _qgemv_params(m: int, n: int, k: int, fmt: str, group: int, dtype: Any) -> tuple[tuple[str, Any], ...]:
+def _qgemv_params(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bool = False,
+                  glu: bool = False) -> tuple[tuple[str, Any], ...]:
     """The quantized GEMV's form at M = ``m`` (``fusec.lower.quant.gemv_form``, the one rule)."""
     from fusec.lower import quant as Q
 
-    return tuple(Q.gemv_form(m, n, k, fmt, group, dtype).items())
+    return tuple(Q.gemv_form(m, n, k, fmt, group, dtype, norm, glu).items())
 
 
 def _matmul_of(node: Node) -> tuple[Node, Graph | None]:

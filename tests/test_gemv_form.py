@@ -113,9 +113,9 @@ def _quantized_plan_runs(template: str, define: str, want: int, batch: int = 1, 
 
 def test_a_batch_8_int4_plan_decodes_on_tensor_cores() -> None:
     """Unpatched, the rule puts a batch-8 bf16 plan's int4 products on tensor cores (16 warps: the
-    tiny model's products have few blocks of 16 rows), and a batch-1 plan's on the FMA form."""
+    tiny model's products have few blocks of 16 rows), and a batch-1 plan's on the dp4a form (8 warps)."""
     _quantized_plan_runs("qgemv_tc.cu.jinja", "WARPS", 16, batch=8)
-    _quantized_plan_runs("qgemv.cu.jinja", "R_", 2, batch=1)
+    _quantized_plan_runs("qgemv_dp4a.cu.jinja", "W_", 8, batch=1)
 
 
 def test_explain_shows_the_form_kernel_selection_recorded(monkeypatch) -> None:  # noqa: ANN001

@@ -1,7 +1,7 @@
 """The quantized GEMV's norm prologue and gated epilogue (CPU: plans compiled for sm_90 with NVRTC,
 nothing runs; tests/test_quant_gpu.py runs the kernels). A packed product whose rule form is the FMA
-form takes the RMSNorm before it and the SwiGLU after it, as decode's bf16 products do: a layer is five
-launches. Where the rule puts it on tensor cores, fusion declines them and says why."""
+or dp4a form takes the RMSNorm before it and the SwiGLU after it, as decode's bf16 products do: a layer is
+five launches. Where the rule puts it on tensor cores, fusion declines them and says why."""
 
 from __future__ import annotations
 
@@ -30,15 +30,21 @@ def _sources(plan, launches: list[dict]) -> list[str]:  # noqa: ANN001
     return [plan._blobs[modules[m["kernels"][L["kernel"]]["module"]]["source"]].decode() for L in launches]
 
 
-def test_one_row_packed_products_take_the_norm_and_the_gated_unit() -> None:
-    fused, plain = _plan(1), _plan(1, ("norm_gemm", "gated_epilogue"))
+@pytest.mark.parametrize("batch,form", [(1, "dp4a"), (4, "dp4a"), (1, "fma")])
+def test_few_row_packed_products_take_the_norm_and_the_gated_unit(batch: int, form: str, monkeypatch) -> None:  # noqa: ANN001
+    """Up to 4 rows of bf16 x the rule's form is the dp4a one (FUSEC_QGEMV_FORM=fma: the FMA form); both
+    take the norm and the gated unit."""
+    if form == "fma":
+        monkeypatch.setenv("FUSEC_QGEMV_FORM", "fma")
+    fused, plain = _plan(batch), _plan(batch, ("norm_gemm", "gated_epilogue"))
     layers = fused.manifest["generation"]["num_layers"]
     # per layer the two RMSNorms and the SwiGLU go into the packed products (and the final norm into the
     # LM head: a bf16 product here, the rule leaves it unquantized)
     assert len(_decode(plain)) - len(_decode(fused)) == 3 * layers + 1
     q = [L for L in _decode(fused) if "qgemv" in L["label"]]
     src = _sources(fused, q)
-    norms = [s for s in src if "s_xn[M_ * QB_K]" in s]
+    assert src and all(("dp4a.u32.s32" in s) == (form == "dp4a") for s in src)
+    norms = [s for s in src if ("float inv[M_];" if form == "dp4a" else "s_xn[M_ * QB_K]") in s]
     gated = [s for s in src if "#define F_" in s]
     assert len(norms) == 2 * layers and len(gated) == layers  # qkv and gate/up normalize; gate/up is gated
     assert all("fc_act_silu(first)" in s for s in gated)
@@ -86,11 +92,11 @@ def test_the_spec_refuses_what_the_kernel_does_not_do() -> None:
 
 
 def test_fused_packed_products_run_the_form_kernel_selection_recorded(monkeypatch) -> None:  # noqa: ANN001
-    """The lowering decides nothing: a form the rule does not pick at one row (no fold), put into the
+    """The lowering decides nothing: a form the rule does not pick at one row (FMA, no fold), put into the
     record, is what every packed launch runs, the fused ones (norm, gated unit) included."""
     from fusec.passes import select_kernels
 
-    monkeypatch.setattr(select_kernels, "_qgemv_params", lambda m, n, k, fmt, group, dtype: (("rows", 2), ("fold", False)))
+    monkeypatch.setattr(select_kernels, "_qgemv_params", lambda *_: (("rows", 2), ("fold", False)))
     plan = _plan(1)
     q = [L for L in _decode(plan) if "qgemv" in L["label"]]
     src = _sources(plan, q)
@@ -99,4 +105,4 @@ def test_fused_packed_products_run_the_form_kernel_selection_recorded(monkeypatc
     monkeypatch.undo()
     plan = _plan(1)
     q = [L for L in _decode(plan) if "qgemv" in L["label"]]
-    assert all("qb_d8(ch[u][r]" in s for s in _sources(plan, q))  # the rule folds at one row
+    assert all("dp4a.u32.s32" in s for s in _sources(plan, q))  # the rule's form at one row of bf16 x

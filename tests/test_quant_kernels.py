@@ -11,7 +11,7 @@ import pytest
 
 from fusec.codegen import kernels as K
 from fusec.codegen.specs import Epilogue
-from fusec.codegen.specs_quant import QDequantSpec, QGemvSpec
+from fusec.codegen.specs_quant import DP4A_SMEM, QDequantSpec, QGemvSpec, dp4a_fits, dp4a_smem
 from fusec.dtypes import DType
 from fusec.lower.quant import gemv_form
 from fusec.quant import FORMATS, QWeight, from_affine
@@ -123,23 +123,46 @@ def test_gemv_variants_compile(m, rows, dt, arch, fold):
 
 
 def test_gemv_form_folds_at_one_row_only():
-    assert gemv_form(1, 4096, 2048, "q8_0", 32, DType.BF16) == {"rows": 2, "fold": True}
+    assert gemv_form(1, 4096, 2048, "q8_0", 32, DType.F32) == {"rows": 2, "fold": True}
     assert gemv_form(8, 4096, 2048, "q8_0", 32, DType.BF16) == {"rows": 2, "fold": False}
     assert gemv_form(9, 4096, 2048, "q4_k", 32, DType.BF16)["rows"] == 1
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_gemv_form_takes_dp4a_up_to_four_rows_of_half_x(fmt, monkeypatch):
+    """fp16/bf16 x, M <= 4, x quantized within the form's shared memory: the dp4a form, one row a task
+    (two for a gated unit), 8 warps; fp32 x, M > 4, rows too long, or FUSEC_QGEMV_FORM=tc/fma: not."""
+    group = FORMATS[fmt].group or 32
+    for m in range(1, 10):
+        for dt in (DType.BF16, DType.F16, DType.F32):
+            for norm, glu in ((False, False), (True, True)):
+                f = gemv_form(m, 16384, 2048, fmt, group, dt, norm, glu)
+                assert f.get("dp4a", False) == (m <= 4 and dt != DType.F32), (m, dt, f)
+                if f.get("dp4a"):
+                    assert f["rows"] == (2 if glu else 1) and f["warps"] == 8 and not f.get("tc")
+                    QGemvSpec(m, 16384, 2048, fmt, group, dt, DType.F16, norm=norm, glu="silu" if glu else "", **f)
+    too_long = next(k for k in range(2048, 1 << 20, 2048) if not dp4a_fits(4, k, False, DType.BF16))
+    assert dp4a_smem(4, too_long, False, DType.BF16) > DP4A_SMEM >= dp4a_smem(4, too_long - 2048, False, DType.BF16)
+    assert "dp4a" not in gemv_form(4, 2048, too_long, fmt, group, DType.BF16)
+    assert "dp4a" in gemv_form(1, 2048, too_long, fmt, group, DType.BF16)
+    for choice in ("tc", "fma"):
+        monkeypatch.setenv("FUSEC_QGEMV_FORM", choice)
+        assert "dp4a" not in gemv_form(1, 16384, 2048, fmt, group, DType.BF16)
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 8, 9])
 @pytest.mark.parametrize("dt", [DType.BF16, DType.F16, DType.F32])
 def test_gemv_form_takes_tensor_cores_where_they_fit(fmt, m, dt, monkeypatch):
-    """4- to 6-bit codes, fp16/bf16, from M = 3 (4-bit) or 4 (5, 6) to 8: the tensor-core form, 4
-    warps a block of 16 rows where two blocks an SM run, 8 from 160 blocks, else 16; anything else,
-    or FUSEC_QGEMV_FORM=fma: the FMA form."""
+    """Without the dp4a form: 4- to 6-bit codes, fp16/bf16, from M = 3 (4-bit) or 4 (5, 6) to 8: the
+    tensor-core form, 4 warps a block of 16 rows where two blocks an SM run, 8 from 160 blocks, else
+    16; anything else, or FUSEC_QGEMV_FORM=fma: the FMA form. And with it, from M = 5."""
     from fusec.codegen.build_quant import qgemv_tc_geometry
     from fusec.lower.quant import TC_SMEM_MAX
 
     bits = FORMATS[fmt].bits
     fits = bits in (4, 5, 6) and (3 if bits == 4 else 4) <= m <= 8 and dt != DType.F32
+    monkeypatch.setenv("FUSEC_QGEMV_FORM", "tc")  # the rule without the dp4a form (the test above)
     group = FORMATS[fmt].group or 32
     for n, warps in ((2048, 16), (2544, 16), (2560, 8), (3072, 8), (4208, 8), (4224, 4), (128256, 4)):
         f = gemv_form(m, n, 2048, fmt, group, dt)
@@ -152,6 +175,8 @@ def test_gemv_form_takes_tensor_cores_where_they_fit(fmt, m, dt, monkeypatch):
     assert gemv_form(m, 2048, long_k - 2048, fmt, group, dt).get("tc", False) == fits
     monkeypatch.setenv("FUSEC_QGEMV_FORM", "fma")
     assert "tc" not in gemv_form(m, 16384, 2048, fmt, group, dt)
+    monkeypatch.setenv("FUSEC_QGEMV_FORM", "auto")
+    assert gemv_form(m, 16384, 2048, fmt, group, dt).get("tc", False) == (fits and m > 4)
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
@@ -182,6 +207,38 @@ def test_the_forms_the_rule_picks_do_not_spill(arch):
     assert sum(bool(f.get("tc")) for (_, _, _, f), _ in pending) >= 12  # most of them run on tensor cores
     for what, p in pending:
         assert p.result().binary.spill_bytes == 0, what
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_the_dp4a_forms_the_rule_picks_compile_without_spills(arch):
+    """At M = 1, 2 and 4 the rule's dp4a form of every Llama-1B and 7B product where it fits, in every
+    format (the 1B shapes; Q4_K and Q6_K on the 7B), plain and with the norm prologue and gated
+    epilogue where K is the model's width, compiles without register spills (ptxas -v through NVRTC)."""
+    pending = []
+    for i, (n, k) in enumerate(LLAMA_SHAPES):
+        for fmt in (FORMATS if i < 5 else ("q4_k", "q6_k")):
+            group = FORMATS[fmt].group or 128
+            for m in (1, 2, 4):
+                for norm, glu in ((False, False),) + (((True, True),) if k in (2048, 4096) else ()):
+                    form = gemv_form(m, n, k, fmt, group, DType.BF16, norm, glu)
+                    assert bool(form.get("dp4a")) == dp4a_fits(m, k, norm, DType.BF16), (n, k, fmt, m)
+                    if not form.get("dp4a"):
+                        continue
+                    spec = QGemvSpec(m, n, k, fmt, group, DType.BF16, DType.F16, norm=norm, glu="silu" if glu else "",
+                                     **form)
+                    pending.append(((n, k, fmt, m, norm), K.build_async(spec, arch)))
+    for what, p in pending:
+        ck = p.result()
+        assert ck.template == "qgemv_dp4a.cu.jinja" and ck.binary.spill_bytes == 0, what
+
+
+def test_dp4a_form_refuses_what_it_cannot_take():
+    for m, dt, k, warps in ((5, DType.BF16, 2048, 8), (1, DType.F32, 2048, 8), (4, DType.BF16, 16384, 8),
+                            (1, DType.BF16, 2048, 2)):
+        with pytest.raises(ValueError, match="dp4a"):
+            QGemvSpec(m, 64, k, "q4_k", 32, dt, DType.F16, dp4a=True, warps=warps)
+    with pytest.raises(ValueError, match="one form"):
+        QGemvSpec(2, 64, 2048, "q4_k", 32, DType.BF16, DType.F16, dp4a=True, tc=True)
 
 
 def test_tensor_core_form_refuses_what_it_cannot_take():

@@ -90,6 +90,8 @@ def _all_specs() -> list[tuple[str, object]]:
         _mlp_spec(),  # a whole MLP in one kernel; GPT-2/BERT shapes and odd sizes in test_mlp
         QGemvSpec(3, 77, 512, "q4_k", 32, BF16, epilogue=S.Epilogue(bias=True, activation="silu", residual=True)),
         QGemvSpec(5, 77, 512, "q6_k", 16, F16, epilogue=S.Epilogue(bias=True), tc=True, warps=4),  # on tensor cores
+        QGemvSpec(2, 154, 512, "q4_k", 32, BF16, epilogue=S.Epilogue(residual=True), dp4a=True, norm=True, glu="silu",
+                  warps=8, blocks=2),  # integer dot products over x quantized per 32
         QDequantSpec(77, 512, "q6_k", 16, F16, row0=16, rows=40),  # more formats: tests/test_quant_kernels.py
     ]
     out += [(f"{type(s).__name__}-extra{i}", s) for i, s in enumerate(extra)]

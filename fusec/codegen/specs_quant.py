@@ -20,8 +20,8 @@ DP4A_SMEM = 48 << 10  # static shared memory of a block
 
 def dp4a_smem(m: int, k: int, norm: bool, dtype: DType, warps: int = 8) -> int:
     """The dp4a form's shared memory: x quantized (m * k bytes), each chunk's dx and sums (8 bytes a
-    chunk a row), and with ``norm`` the copy of x it normalizes (and the warps' sums of squares)."""
-    return m * k + 8 * m * (k // 32) + ((m * k * dtype.itemsize + 4 * warps * m) if norm else 0)
+    chunk a row), and with ``norm`` the warps' sums of squares."""
+    return m * k + 8 * m * (k // 32) + (4 * warps * m if norm else 0)
 
 
 def dp4a_fits(m: int, k: int, norm: bool, dtype: DType, warps: int = 8) -> bool:
@@ -49,8 +49,8 @@ class QGemvSpec:
     instead of every weight. ``tc``: the tensor-core form instead (templates/qgemv_tc.cu.jinja: 4- to 6-bit
     formats, M <= 8, fp16/bf16; ``warps`` per block of 16 rows; rows and fold unused). ``dp4a``: integer
     dot products instead (templates/qgemv_dp4a.cu.jinja: x quantized to int8 per 32 values in the block,
-    ``fusec.quant.q8_blocks``; fp16/bf16 x, M <= DP4A_MAX_M; ``rows`` a warp's task, ``warps`` a block; fold
-    unused).
+    ``fusec.quant.q8_blocks``; fp16/bf16 x, M <= DP4A_MAX_M; ``rows`` a warp's task, ``warps`` a block,
+    ``blocks`` an SM: the grid, and the registers a thread gets (its launch bounds); fold unused).
     FMA and dp4a forms: ``norm``, x RMS-normalized over K first as ``Op.RMSNORM`` computes it (weight ``g``
     [K], ``eps``, ``weight_offset``; the block normalizes x once into shared memory: M * K elements of
     at most ``QNORM_SMEM`` bytes); ``glu``, a gated unit over the two halves of the product (as
@@ -71,6 +71,7 @@ class QGemvSpec:
     tc: bool = False
     warps: int = 8
     dp4a: bool = False
+    blocks: int = 2
     norm: bool = False
     eps: float = 1e-6
     weight_offset: float = 0.0
@@ -94,6 +95,8 @@ class QGemvSpec:
         if self.dp4a:
             _req(not self.tc, "a quantized gemv has one form: tc or dp4a")
             _req(self.warps in (4, 8, 16), "the dp4a quantized gemv has 4, 8 or 16 warps")
+            _req(self.blocks in (1, 2, 3, 4) and self.blocks * self.warps <= 32,
+                 "the dp4a quantized gemv runs 1 to 4 blocks an SM, at most 32 warps")
             _req(dp4a_fits(self.M, self.K, self.norm, self.dtype, self.warps), "the dp4a quantized gemv takes fp16/bf16 x, "
                  f"M <= {DP4A_MAX_M}, and its shared memory (x quantized, norm's copy) within {DP4A_SMEM} bytes")
         if self.norm or self.glu:

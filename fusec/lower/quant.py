@@ -2,13 +2,14 @@
 
 Kernel selection (passes/select_kernels.py) applies this module's rules and records them on the
 node; the lowering emits what the record says. ``choose``: rows of activations M <= 16 (decode
-steps, small batches) run fusec's quantized GEMV (``QGemvSpec``: the weight dequantized in
+steps, small batches) run fusec's quantized GEMV (``QGemvSpec``: the weight decoded in
 registers, 16-byte loads of its codes, fp32 accumulation, the bias/activation/residual epilogue
 fused); larger M (prefill) dequantizes the weight into arena scratch, a block of rows at a time (at
 most ``SCRATCH_BYTES``), and cuBLAS multiplies it there (``QDequantSpec`` + a GEMM reading the
 block through its transpose flag, writing its columns of the output). ``gemv_form``: the GEMV's
-form, from the measurements in benchmarks/RESULTS.md: FMAs in fp32 (rows per warp, fold), or
-tensor cores for 4- to 6-bit codes at 3-8 rows (warps a block). The chosen variant is
+form, from the measurements in benchmarks/RESULTS.md: integer dot products over x quantized per
+32 values (dp4a, up to 4 rows of fp16/bf16 x), tensor cores for 4- to 6-bit codes at 3-8 rows
+(warps a block), or FMAs in fp32 (rows per warp, fold). The chosen variant is
 counted in the lowering report (``by_template``: qgemv / qdequant) and per product in
 ``ctx.counts["qmatmul:<variant>"]``.
 
@@ -52,30 +53,41 @@ def _tc_fits_smem(k: int, group: int, warps: int, hb: int) -> bool:
     return geo["smem"] <= TC_SMEM_MAX and (warps == 16 or geo["cpw"] <= TC_MAX_CPW)
 
 
-def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any) -> dict[str, object]:
-    """The quantized GEMV's form at M = ``m`` for an [n, k] weight (QGemvSpec's fields).
+def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bool = False,
+              glu: bool = False) -> dict[str, object]:
+    """The quantized GEMV's form at M = ``m`` for an [n, k] weight (QGemvSpec's fields); ``norm``,
+    ``glu``: the product takes an RMSNorm prologue, a gated epilogue.
+
+    The dp4a form (``dp4a``) where it fits (``specs_quant.dp4a_fits``: fp16/bf16 x, M <= 4, x quantized
+    in shared memory): x quantized to int8 per 32 values, integer dot products. Measured on an H200
+    (benchmarks/RESULTS.md, twelfth session), Llama-1B's shapes in Q4_K, Q6_K and Q8_0: at M = 1 it took
+    0.55-0.97x the FMA form's time (gate/up Q4_K 8.6 us against 13.4, the LM head in Q6_K 68 against
+    119), and at M = 2 and 4 less than the FMA and tensor-core forms on every shape. One row a task
+    (two for a gated unit: rows j and F + j), 8 warps a block: within 10% of the best of the variants
+    timed on every shape.
 
     The tensor-core form (``tc``) from M = TC_MIN_M (by bits) where it fits (``specs_quant.tc_fits``:
     4- to 6-bit codes, M <= 8, fp16/bf16; its copy of the block's rows within TC_SMEM_MAX, at most
-    TC_MAX_CPW chunks a warp below 16 warps). Warps a block of 16 rows: 4 where two blocks an SM run
-    (132 SMs), 8 from 160 blocks, else 16 (fewer blocks, more loads in flight each); more where the
-    copy would not fit. Measured on an H200 (benchmarks/RESULTS.md, sixth session), Llama-1B's
-    shapes in Q4_K, Q6_K and int4: at M = 8 the rule's form takes 0.33-0.78x the FMA form's time
-    (the LM head in Q4_K 100 us against 302, in Q6_K 162 against 328); at M = 1 the FMA form is
-    faster on every shape (1.2-1.6x, each form's best warps).
+    TC_MAX_CPW chunks a warp below 16 warps); it has no norm prologue or gated epilogue, so fusion
+    leaves those out of it (``fusec.lower.skinny.qfits``). Warps a block of 16 rows: 4 where
+    two blocks an SM run (132 SMs), 8 from 160 blocks, else 16 (fewer blocks, more loads in flight
+    each); more where the copy would not fit. Measured on an H200 (sixth session): at M = 8 the rule's
+    form takes 0.33-0.78x the FMA form's time.
 
     Otherwise the FMA form: rows per warp 2 (they share each activation load; past M = 8 the
     accumulators of two rows spill, ptxas -v sm_90, so 1); at M = 1 each 8 weights' partial dot is
-    scaled once (fold: 2-9% faster on Llama-1B's shapes on the H100, neutral at M = 8; 4 rows per
-    warp, registers capped for more blocks per multiprocessor, and a shared-memory ring of the
-    packed rows were slower on most shapes). ``FUSEC_QGEMV_FORM=fma`` gives the FMA form
-    everywhere. benchmarks/quant_bench.py --variants times the forms."""
+    scaled once (fold: 2-9% faster on Llama-1B's shapes on the H100, neutral at M = 8).
+    ``FUSEC_QGEMV_FORM=tc`` leaves out the dp4a form, ``fma`` gives the FMA form everywhere.
+    benchmarks/quant_bench.py --variants times the forms."""
     from fusec import knobs
     from fusec.codegen.build_gemm import _SMS
-    from fusec.codegen.specs_quant import tc_fits
+    from fusec.codegen.specs_quant import dp4a_fits, tc_fits
 
+    choice = knobs.get("FUSEC_QGEMV_FORM")
+    if choice == "auto" and dp4a_fits(m, k, norm, dtype):
+        return {"rows": 2 if glu else 1, "fold": False, "dp4a": True, "warps": 8, "blocks": 2}
     form: dict[str, object] = {"rows": 2 if m <= 8 else 1, "fold": m == 1}
-    if tc_fits(m, fmt, dtype) and m >= TC_MIN_M[FORMATS[fmt].bits] and knobs.get("FUSEC_QGEMV_FORM") == "tc":
+    if tc_fits(m, fmt, dtype) and m >= TC_MIN_M[FORMATS[fmt].bits] and choice != "fma":
         blocks = -(-n // 16)
         warps = 4 if blocks >= 2 * _SMS else 8 if blocks >= 160 else 16
         hb = FORMATS[fmt].high_planes

@@ -110,9 +110,10 @@ def fits(m: int, k: int, a: Value, b: Value, trans_b: bool, const: bool) -> str 
 
 
 def qfits(m: int, n: int, k: int, a: Value, mm: Node, norm: bool, glu: bool, const: bool) -> str | None:
-    """None when the quantized GEMV's FMA form takes this product with a norm prologue or a gated
-    epilogue (``QGemvSpec``), else why not: the form the rule picks (``fusec.lower.quant.gemv_form``)
-    must be the FMA one, two rows a warp for a gated unit, and x must fit the norm's shared memory."""
+    """None when the quantized GEMV's dp4a or FMA form takes this product with a norm prologue or a
+    gated epilogue (``QGemvSpec``), else why not: the form the rule picks (``fusec.lower.quant.gemv_form``)
+    must be one of those; the FMA form needs two rows a warp for a gated unit and x within the norm's
+    shared memory."""
     from fusec.codegen.specs_quant import QGEMV_MAX_M, QNORM_SMEM
     from fusec.lower import quant as Q
 
@@ -122,9 +123,11 @@ def qfits(m: int, n: int, k: int, a: Value, mm: Node, norm: bool, glu: bool, con
         return "the quantized GEMV reads packed constant weights"
     if a.dtype not in S.FLOATS:
         return f"the quantized GEMV multiplies float rows, not {a.dtype.value}"
-    form = Q.gemv_form(m, n, k, mm.attrs.format, mm.attrs.group, a.dtype)
+    form = Q.gemv_form(m, n, k, mm.attrs.format, mm.attrs.group, a.dtype, norm, glu)
     if form.get("tc"):
         return "the tensor-core quantized GEMV (the rule's form here) has no norm prologue or gated epilogue"
+    if form.get("dp4a"):
+        return None  # the rule picked the dp4a form with the prologue and epilogue asked for: it fits
     if glu and form.get("rows") != 2:
         return "a gated quantized GEMV needs two rows a warp (at most 8 rows of x)"
     if norm and m * k * a.dtype.itemsize > QNORM_SMEM:
