@@ -130,8 +130,9 @@ def test_gemv_form_folds_at_one_row_only():
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_gemv_form_takes_dp4a_up_to_four_rows_of_half_x(fmt, monkeypatch):
-    """fp16/bf16 x, M <= 4, x quantized within the form's shared memory: the dp4a form, one row a task
-    (two for a gated unit), 8 warps; fp32 x, M > 4, rows too long, or FUSEC_QGEMV_FORM=tc/fma: not."""
+    """fp16/bf16 x, M <= 4, x quantized within the form's shared memory: the dp4a form, 8 warps, 3
+    blocks an SM at one row (2 at more), two rows a task where they fill the grid or make a gated unit
+    (else one); fp32 x, M > 4, rows too long, or FUSEC_QGEMV_FORM=tc/fma: not."""
     group = FORMATS[fmt].group or 32
     for m in range(1, 10):
         for dt in (DType.BF16, DType.F16, DType.F32):
@@ -139,7 +140,10 @@ def test_gemv_form_takes_dp4a_up_to_four_rows_of_half_x(fmt, monkeypatch):
                 f = gemv_form(m, 16384, 2048, fmt, group, dt, norm, glu)
                 assert f.get("dp4a", False) == (m <= 4 and dt != DType.F32), (m, dt, f)
                 if f.get("dp4a"):
-                    assert f["rows"] == (2 if glu else 1) and f["warps"] == 8 and not f.get("tc")
+                    assert f["rows"] == 2 and f["warps"] == 8 and f["blocks"] == (3 if m == 1 else 2)
+                    assert not f.get("tc")
+                    # few rows: one a task (more warps), unless a gated unit's two halves
+                    assert gemv_form(m, 2048, 2048, fmt, group, dt, norm, glu)["rows"] == (2 if glu else 1)
                     QGemvSpec(m, 16384, 2048, fmt, group, dt, DType.F16, norm=norm, glu="silu" if glu else "", **f)
     too_long = next(k for k in range(2048, 1 << 20, 2048) if not dp4a_fits(4, k, False, DType.BF16))
     assert dp4a_smem(4, too_long, False, DType.BF16) > DP4A_SMEM >= dp4a_smem(4, too_long - 2048, False, DType.BF16)

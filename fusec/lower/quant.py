@@ -44,6 +44,8 @@ TC_MAX_CPW = 16
 # codes: the layer's products take the same time either way at M = 2 and 3; 6-bit (their bit planes cost the TC form
 # more): at M = 4. 5-bit was not timed and follows 6-bit.
 TC_MIN_M = {4: 3, 5: 4, 6: 4}
+DP4A_WARPS = 8  # the dp4a form's block
+DP4A_BLOCKS = (3, 2)  # its blocks an SM at one row of x, at more
 
 
 def _tc_fits_smem(k: int, group: int, warps: int, hb: int) -> bool:
@@ -62,9 +64,11 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     in shared memory): x quantized to int8 per 32 values, integer dot products. Measured on an H200
     (benchmarks/RESULTS.md, twelfth session), Llama-1B's shapes in Q4_K, Q6_K and Q8_0: at M = 1 it took
     0.55-0.97x the FMA form's time (gate/up Q4_K 8.6 us against 13.4, the LM head in Q6_K 68 against
-    119), and at M = 2 and 4 less than the FMA and tensor-core forms on every shape. One row a task
-    (two for a gated unit: rows j and F + j), 8 warps a block: within 10% of the best of the variants
-    timed on every shape.
+    119), and at M = 2 and 4 less than the FMA and tensor-core forms on every shape. 8 warps a block,
+    DP4A_BLOCKS blocks an SM (3 at one row, whose registers fit 85 a thread without spills; 2 from two
+    rows: 3 spilled); two rows a task where there are tasks enough to fill that grid with them (and
+    for a gated unit: rows j and F + j), else one (more warps on products of few rows: the down
+    product took 7.2 us at one row against 7.9 at two).
 
     The tensor-core form (``tc``) from M = TC_MIN_M (by bits) where it fits (``specs_quant.tc_fits``:
     4- to 6-bit codes, M <= 8, fp16/bf16; its copy of the block's rows within TC_SMEM_MAX, at most
@@ -85,7 +89,9 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
 
     choice = knobs.get("FUSEC_QGEMV_FORM")
     if choice == "auto" and dp4a_fits(m, k, norm, dtype):
-        return {"rows": 2 if glu else 1, "fold": False, "dp4a": True, "warps": 8, "blocks": 2}
+        blocks = DP4A_BLOCKS[min(m, 2) - 1]
+        rows = 2 if glu or -(-n // 2) >= DP4A_WARPS * blocks * _SMS else 1
+        return {"rows": rows, "fold": False, "dp4a": True, "warps": DP4A_WARPS, "blocks": blocks}
     form: dict[str, object] = {"rows": 2 if m <= 8 else 1, "fold": m == 1}
     if tc_fits(m, fmt, dtype) and m >= TC_MIN_M[FORMATS[fmt].bits] and choice != "fma":
         blocks = -(-n // 16)
