@@ -95,13 +95,9 @@ def _forms(m: int, n: int, qw, variants: bool) -> list[tuple[str, dict]]:  # noq
         forms += [(f"tc w{w}{' (rule)' if rule.get('warps') == w else ''}", {**fma, "tc": True, "warps": w})
                   for w in (4, 8, 16)]
     if dp4a_fits(m, qw.k, False, BF16):
-        def tag(f: dict) -> str:
-            return " (rule)" if all(rule.get(key) == f[key] for key in f) else ""
-
-        variants = [{"dp4a": True, "rows": r, "warps": 8, "blocks": b, "split": sp}
-                    for r, b, sp in ((1, 3, 1), (1, 4, 1), (2, 3, 1), (2, 2, 1), (1, 3, 2), (1, 2, 2), (1, 3, 4),
-                                     (1, 2, 4), (2, 3, 2)) if qw.k // 32 >= 32 * sp]
-        forms += [(f"dp4a r{f['rows']} b{f['blocks']} s{f['split']}{tag(f)}", f) for f in variants]
+        forms += [(f"dp4a r{r} w{w} b{b}{' (rule)' if rule.get('dp4a') and (rule['rows'], rule['warps'], rule['blocks']) == (r, w, b) else ''}",
+                   {"dp4a": True, "rows": r, "warps": w, "blocks": b})
+                  for r, w, b in ((1, 8, 1), (1, 8, 2), (1, 8, 3), (1, 8, 4), (2, 8, 2), (2, 8, 3), (2, 8, 4), (2, 16, 2))]
     return forms
 
 

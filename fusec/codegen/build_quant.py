@@ -66,8 +66,7 @@ def _qgemv_dp4a(spec: QGemvSpec) -> Rendered:
     nch = spec.K // 32
     ntask = spec.N // 2 if spec.glu else cdiv(spec.N, spec.rows)
     ctx = {"name": kernel_name("qgemv", spec), "M": spec.M, "N": spec.N, "K": spec.K, "R": spec.rows,
-           "U": max(1, min(4 // spec.rows, cdiv(nch, 32 * spec.split))), "W": spec.warps, "BPS": spec.blocks,
-           "S": spec.split, "ntask": ntask,
+           "U": max(1, min(4 // spec.rows, cdiv(nch, 32))), "W": spec.warps, "BPS": spec.blocks, "ntask": ntask,
            "t": ctype(spec.dtype), "bias": spec.epilogue.bias, "act": Ident(spec.epilogue.activation),
            "residual": spec.epilogue.residual, "round_x": _round_fn(spec.dtype),
            "norm": spec.norm, "eps": float_lit(spec.eps), "weight_offset": float_lit(spec.weight_offset),
@@ -75,7 +74,7 @@ def _qgemv_dp4a(spec: QGemvSpec) -> Rendered:
            **_format_ctx(spec.fmt, spec.group, spec.scale_dtype)}
     # one wave of blocks (``spec.blocks`` an SM: the launch bounds give each thread the registers for that), each taking
     # tasks in turn: a block quantizes x once for all of its tasks
-    blocks = min(cdiv(ntask, spec.warps // spec.split), spec.blocks * _SMS)
+    blocks = min(cdiv(ntask, spec.warps), spec.blocks * _SMS)
     return Rendered("qgemv_dp4a.cu.jinja", ctx, (blocks, 1, 1), (32 * spec.warps, 1, 1),
                     ("x",) + packed_params(spec.fmt) + (("g",) if spec.norm else ()) + _epi_params(spec.epilogue)
                     + ("C",))

@@ -50,8 +50,7 @@ class QGemvSpec:
     formats, M <= 8, fp16/bf16; ``warps`` per block of 16 rows; rows and fold unused). ``dp4a``: integer
     dot products instead (templates/qgemv_dp4a.cu.jinja: x quantized to int8 per 32 values in the block,
     ``fusec.quant.q8_blocks``; fp16/bf16 x, M <= DP4A_MAX_M; ``rows`` a warp's task, ``warps`` a block,
-    ``blocks`` an SM: the grid, and the registers a thread gets (its launch bounds), ``split`` warps a task
-    (each a share of K's chunks); fold unused).
+    ``blocks`` an SM: the grid, and the registers a thread gets (its launch bounds); fold unused).
     FMA and dp4a forms: ``norm``, x RMS-normalized over K first as ``Op.RMSNORM`` computes it (weight ``g``
     [K], ``eps``, ``weight_offset``; the block normalizes x once into shared memory: M * K elements of
     at most ``QNORM_SMEM`` bytes); ``glu``, a gated unit over the two halves of the product (as
@@ -73,7 +72,6 @@ class QGemvSpec:
     warps: int = 8
     dp4a: bool = False
     blocks: int = 2
-    split: int = 1
     norm: bool = False
     eps: float = 1e-6
     weight_offset: float = 0.0
@@ -99,8 +97,6 @@ class QGemvSpec:
             _req(self.warps in (4, 8, 16), "the dp4a quantized gemv has 4, 8 or 16 warps")
             _req(self.blocks in (1, 2, 3, 4) and self.blocks * self.warps <= 32,
                  "the dp4a quantized gemv runs 1 to 4 blocks an SM, at most 32 warps")
-            _req(self.split in (1, 2, 4, 8) and self.split <= self.warps and (self.split == 1 or self.K // 32 >= 32 * self.split),
-                 "the dp4a quantized gemv splits a task over 1, 2, 4 or 8 of its warps, each with at least 32 chunks")
             _req(dp4a_fits(self.M, self.K, self.norm, self.dtype, self.warps), "the dp4a quantized gemv takes fp16/bf16 x, "
                  f"M <= {DP4A_MAX_M}, and its shared memory (x quantized, norm's copy) within {DP4A_SMEM} bytes")
         if self.norm or self.glu:
