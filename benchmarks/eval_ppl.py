@@ -1,6 +1,6 @@
 """Quality of packed / quantized weights: perplexity on a real text and logit differences (a script).
 
-    python benchmarks/eval_ppl.py MODEL [--tokens 256] [--quantize int4|int8 [--quantize-group 32|128]]
+    python benchmarks/eval_ppl.py MODEL [--tokens 256] [--quantize int4|int8 [--quantize-group 32|128]] [--dp4a-activations]
                                   [--backend reference|cuda] [--dtype fp32|bf16] [--chat PROMPT] [--out DIR]
 
 Two plans of the same model read the same text (``benchmarks/data/austen_pride_ch1.txt``: the first
@@ -75,7 +75,25 @@ def _graphs(model: str, n: int, args: argparse.Namespace) -> tuple[Any, Any, dic
     return g, g, q, {}, tok
 
 
-def _run(graph: Any, options: dict[str, Any], ids: np.ndarray, args: argparse.Namespace) -> np.ndarray:
+class _Dp4aActivations:
+    """While entered: the reference's products over packed weights read x as the dp4a decode form
+    represents it (``fusec.quant.dp4a_blocks``: two int8 digits, per 32 values), so a forward pass shows
+    what that form costs in perplexity (each row's blocks are its own: the same as one token a step)."""
+
+    def __enter__(self) -> None:
+        from fusec import quant
+
+        self.quant, self.matmul = quant, quant.matmul
+        quant.matmul = lambda x, *a, **kw: self.matmul(quant.dp4a_blocks(x), *a, **kw)
+
+    def __exit__(self, *exc: object) -> None:
+        self.quant.matmul = self.matmul
+
+
+def _run(graph: Any, options: dict[str, Any], ids: np.ndarray, args: argparse.Namespace, dp4a: bool = False) -> np.ndarray:
+    if dp4a:
+        with _Dp4aActivations():
+            return _run(graph, options, ids, args)
     feeds = {"input_ids": ids[None, :].astype(np.int64), "attention_mask": np.ones((1, len(ids)), np.int64)}
     if args.backend == "cuda":
         import fusec
@@ -125,6 +143,9 @@ def main() -> int:
     ap.add_argument("--chat", default=None, metavar="PROMPT")
     ap.add_argument("--text", default=str(TEXT))
     ap.add_argument("--out", default=None, metavar="DIR")
+    ap.add_argument("--dp4a-activations", action="store_true",
+                    help="--backend reference: the packed side's products read x as the dp4a decode form represents it "
+                         "(two int8 digits per value, per 32 values: fusec.quant.dp4a_blocks)")
     args = ap.parse_args()
     t0 = time.perf_counter()
     text = Path(args.text).read_text(encoding="utf-8")
@@ -137,11 +158,15 @@ def main() -> int:
         ids = np.asarray(tok.encode(text), np.int64)[:args.tokens]
         source = f"{Path(args.text).name} ({len(ids)} tokens)"
     ga, gb, oa, ob, _ = _graphs(args.model, len(ids), args)
-    la = _run(ga, oa, ids, args)
+    la = _run(ga, oa, ids, args, dp4a=args.dp4a_activations)
     lb = _run(gb, ob, ids, args)
     diff = np.abs(la.astype(np.float64) - lb)
     side = f"--quantize {args.quantize}" + (f" (group {args.quantize_group})" if args.quantize == "int4" else "") \
         if args.quantize else "GGUF packed"
+    if args.dp4a_activations:
+        if args.backend != "reference":
+            ap.error("--dp4a-activations emulates the dp4a form in the reference backend")
+        side += ", x as the dp4a form has it"
     base = "GGUF dequantized at load" if args.model.lower().endswith(".gguf") else "unquantized"
     rec: dict[str, Any] = {"model": os.path.basename(args.model), "text": source, "backend": args.backend,
                            "dtype": args.dtype if args.backend == "cuda" else "fp32", "a": side, "b": base,
@@ -150,7 +175,11 @@ def main() -> int:
                            "logit_std": float(lb.std())}
     rec["ppl_ratio"] = rec["ppl_a"] / rec["ppl_b"]
     if args.chat:
-        rec["chat_prompt"], rec["chat_answer"] = args.chat, _chat(args.model, args.chat, args)
+        if args.dp4a_activations:
+            with _Dp4aActivations():
+                rec["chat_prompt"], rec["chat_answer"] = args.chat, _chat(args.model, args.chat, args)
+        else:
+            rec["chat_prompt"], rec["chat_answer"] = args.chat, _chat(args.model, args.chat, args)
     rec["seconds"] = time.perf_counter() - t0
     md = "\n".join([
         f"# eval_ppl: {rec['model']} ({rec['backend']}, {rec['dtype']})", "",

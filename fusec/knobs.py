@@ -52,9 +52,9 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "(a lane holding 1/2 or 1/4 of the chunks; 0: the rule, build_gemm.gemv_form; the A/B of "
          "benchmarks/decode_step.py --ab FUSEC_GEMV_SPREAD=1)", ("0", "1", "2", "4")),
     Knob("FUSEC_QGEMV_FORM", "choice", "auto", "how decode products over packed weights compute: auto, the rule "
-         "(fusec.lower.quant.gemv_form: integer dot products over x quantized to int8 per 32 values up to 4 rows of "
+         "(fusec.lower.quant.gemv_form: integer dot products over x as two int8 digits per value up to 3 rows of "
          "fp16/bf16 x, tensor cores for 4- to 6-bit codes where they fit, else fp32 FMAs); tc: the rule without the "
-         "int8 form; fma: fp32 FMAs everywhere (the A/B of benchmarks/quant_bench.py --qgemv-forms)",
+         "dp4a form; fma: fp32 FMAs everywhere (the A/B of benchmarks/quant_bench.py --qgemv-forms)",
          ("auto", "tc", "fma")),
     Knob("FUSEC_KV_PREFETCH", "bool", True, "decode attention loads the cache rows older than the step before its "
          "PDL wait, where the program shows the kernel before it does not write them (off: the A/B of "

@@ -286,21 +286,28 @@ def matmul(x: np.ndarray, fmt: QFormat, k: int, group: int, arrays: Sequence[np.
     return out.reshape(*x.shape[:-1], n)
 
 
-def q8_blocks(x: np.ndarray) -> np.ndarray:
-    """x as the dp4a quantized GEMV sees it (templates/qgemv_dp4a.cu.jinja): each 32 consecutive values
-    of a row quantized to int8 with their own scale, d = max|x| * fl(1 / 127),
-    q = rint(x * (fl(1 / max|x|) * 127)) (a block whose max|x| is below the smallest normal fp32 number:
-    zeros), and returned as d * q in fp32, so the kernel's product is q8_blocks(x) @ W^T up to fp32
-    accumulation (the same fp32 operations, each correctly rounded, as the kernel's)."""
+def dp4a_blocks(x: np.ndarray) -> np.ndarray:
+    """x as the dp4a quantized GEMV represents it (templates/qgemv_dp4a.cu.jinja): each 32 consecutive
+    values of a row as two int8 digits, xq = 254 * x1 + x0, with their own unit d: x1 = rint(x * iq)
+    for iq = fl(1 / max|x|) * 127, x0 = clip(rint((x - x1 * d1) * iq * 254), -127, 127) for
+    d1 = max|x| * fl(1 / 127), d = d1 * fl(1 / 254) (a block whose max|x| is below the smallest normal
+    fp32 number: zeros); returned as d * xq in fp32, so the kernel's product is dp4a_blocks(x) @ W^T up to
+    fp32 accumulation (the same fp32 operations, each rounded, as the kernel's). The step, max|x| /
+    32258, is finer than bf16's for all but a block's smallest values; one int8 digit (max|x| / 127)
+    changed SmolLM2-135M's greedy answers."""
     xf = np.asarray(x, np.float32)
     b = xf.reshape(*xf.shape[:-1], xf.shape[-1] // 32, 32)
     amax = np.abs(b).max(axis=-1, keepdims=True)
     live = amax >= np.finfo(np.float32).tiny
+    f = np.float32
     with np.errstate(divide="ignore"):
-        iq = np.where(live, (np.float32(1.0) / amax) * np.float32(127.0), np.float32(0.0)).astype(np.float32)
-    q = np.rint(b * iq)
-    d = np.where(live, amax * (np.float32(1.0) / np.float32(127.0)), np.float32(0.0)).astype(np.float32)
-    return (q * d).astype(np.float32).reshape(xf.shape)
+        iq = np.where(live, (f(1.0) / amax) * f(127.0), f(0.0)).astype(np.float32)
+    d1 = np.where(live, amax * (f(1.0) / f(127.0)), f(0.0)).astype(np.float32)
+    x1 = np.rint(b * iq)
+    r = (b - (x1 * d1).astype(np.float32)).astype(np.float32)
+    x0 = np.clip(np.rint(((r * iq).astype(np.float32) * f(254.0)).astype(np.float32)), -127, 127)
+    d = (d1 * (f(1.0) / f(254.0))).astype(np.float32)
+    return ((f(254.0) * x1 + x0) * d).astype(np.float32).reshape(xf.shape)
 
 
 def from_affine(q: np.ndarray, scale: np.ndarray, zero: np.ndarray | None, bits: int) -> QWeight:

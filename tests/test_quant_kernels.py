@@ -130,7 +130,7 @@ def test_gemv_form_folds_at_one_row_only():
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_gemv_form_takes_dp4a_up_to_four_rows_of_half_x(fmt, monkeypatch):
-    """fp16/bf16 x, M <= 4, x quantized within the form's shared memory: the dp4a form, 8 warps, 3
+    """fp16/bf16 x, M <= 3, x written within the form's shared memory: the dp4a form, 8 warps, 3
     blocks an SM at one row (2 at more), two rows a task where they fill the grid or make a gated unit
     (else one); fp32 x, M > 4, rows too long, or FUSEC_QGEMV_FORM=tc/fma: not."""
     group = FORMATS[fmt].group or 32
@@ -138,16 +138,16 @@ def test_gemv_form_takes_dp4a_up_to_four_rows_of_half_x(fmt, monkeypatch):
         for dt in (DType.BF16, DType.F16, DType.F32):
             for norm, glu in ((False, False), (True, True)):
                 f = gemv_form(m, 16384, 2048, fmt, group, dt, norm, glu)
-                assert f.get("dp4a", False) == (m <= 4 and dt != DType.F32), (m, dt, f)
+                assert f.get("dp4a", False) == (m <= 3 and dt != DType.F32), (m, dt, f)
                 if f.get("dp4a"):
                     assert f["rows"] == 2 and f["warps"] == 8 and f["blocks"] == (3 if m == 1 else 2)
                     assert not f.get("tc")
                     # few rows: one a task (more warps), unless a gated unit's two halves
                     assert gemv_form(m, 2048, 2048, fmt, group, dt, norm, glu)["rows"] == (2 if glu else 1)
                     QGemvSpec(m, 16384, 2048, fmt, group, dt, DType.F16, norm=norm, glu="silu" if glu else "", **f)
-    too_long = next(k for k in range(2048, 1 << 20, 2048) if not dp4a_fits(4, k, False, DType.BF16))
-    assert dp4a_smem(4, too_long, False, DType.BF16) > DP4A_SMEM >= dp4a_smem(4, too_long - 2048, False, DType.BF16)
-    assert "dp4a" not in gemv_form(4, 2048, too_long, fmt, group, DType.BF16)
+    too_long = next(k for k in range(2048, 1 << 20, 2048) if not dp4a_fits(3, k, False, DType.BF16))
+    assert dp4a_smem(3, too_long, False, DType.BF16) > DP4A_SMEM >= dp4a_smem(3, too_long - 2048, False, DType.BF16)
+    assert "dp4a" not in gemv_form(3, 2048, too_long, fmt, group, DType.BF16)
     assert "dp4a" in gemv_form(1, 2048, too_long, fmt, group, DType.BF16)
     for choice in ("tc", "fma"):
         monkeypatch.setenv("FUSEC_QGEMV_FORM", choice)
@@ -160,7 +160,7 @@ def test_gemv_form_takes_dp4a_up_to_four_rows_of_half_x(fmt, monkeypatch):
 def test_gemv_form_takes_tensor_cores_where_they_fit(fmt, m, dt, monkeypatch):
     """Without the dp4a form: 4- to 6-bit codes, fp16/bf16, from M = 3 (4-bit) or 4 (5, 6) to 8: the
     tensor-core form, 4 warps a block of 16 rows where two blocks an SM run, 8 from 160 blocks, else
-    16; anything else, or FUSEC_QGEMV_FORM=fma: the FMA form. And with it, from M = 5."""
+    16; anything else, or FUSEC_QGEMV_FORM=fma: the FMA form. And with it, from M = 4."""
     from fusec.codegen.build_quant import qgemv_tc_geometry
     from fusec.lower.quant import TC_SMEM_MAX
 
@@ -180,7 +180,7 @@ def test_gemv_form_takes_tensor_cores_where_they_fit(fmt, m, dt, monkeypatch):
     monkeypatch.setenv("FUSEC_QGEMV_FORM", "fma")
     assert "tc" not in gemv_form(m, 16384, 2048, fmt, group, dt)
     monkeypatch.setenv("FUSEC_QGEMV_FORM", "auto")
-    assert gemv_form(m, 16384, 2048, fmt, group, dt).get("tc", False) == (fits and m > 4)
+    assert gemv_form(m, 16384, 2048, fmt, group, dt).get("tc", False) == (fits and m > 3)
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])

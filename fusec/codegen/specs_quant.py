@@ -14,18 +14,18 @@ from fusec.dtypes import DType
 
 QGEMV_MAX_M = 16
 QNORM_SMEM = 32 << 10  # the FMA form's normalized copy of x (static shared memory)
-DP4A_MAX_M = 4  # the dp4a form's rows of x (its integer dot products and accumulators a chunk)
+DP4A_MAX_M = 3  # the dp4a form's rows of x (at 4 its registers spilled)
 DP4A_SMEM = 48 << 10  # static shared memory of a block
 
 
 def dp4a_smem(m: int, k: int, norm: bool, dtype: DType, warps: int = 8) -> int:
-    """The dp4a form's shared memory: x quantized (m * k bytes), each chunk's dx and sums (8 bytes a
-    chunk a row), and with ``norm`` the warps' sums of squares."""
-    return m * k + 8 * m * (k // 32) + (4 * warps * m if norm else 0)
+    """The dp4a form's shared memory: x's two int8 digits (2 * m * k bytes), each chunk's unit and
+    sums (12 bytes a chunk a row), and with ``norm`` the warps' sums of squares."""
+    return 2 * m * k + 12 * m * (k // 32) + (4 * warps * m if norm else 0)
 
 
 def dp4a_fits(m: int, k: int, norm: bool, dtype: DType, warps: int = 8) -> bool:
-    """Whether the dp4a form takes this product: fp16/bf16 x (its quantization to int8 per 32 is an
+    """Whether the dp4a form takes this product: fp16/bf16 x (its two int8 digits per value are an
     approximation that fp32 plans, compared with the reference token for token, do not take), at most
     DP4A_MAX_M rows, its shared memory within DP4A_SMEM."""
     return dtype in (DType.F16, DType.BF16) and m <= DP4A_MAX_M and dp4a_smem(m, k, norm, dtype, warps) <= DP4A_SMEM
@@ -48,8 +48,8 @@ class QGemvSpec:
     ``rows``: output rows per warp (1, 2 or 4); ``fold``: scale each 8 weights' partial dot once
     instead of every weight. ``tc``: the tensor-core form instead (templates/qgemv_tc.cu.jinja: 4- to 6-bit
     formats, M <= 8, fp16/bf16; ``warps`` per block of 16 rows; rows and fold unused). ``dp4a``: integer
-    dot products instead (templates/qgemv_dp4a.cu.jinja: x quantized to int8 per 32 values in the block,
-    ``fusec.quant.q8_blocks``; fp16/bf16 x, M <= DP4A_MAX_M; ``rows`` a warp's task, ``warps`` a block,
+    dot products instead (templates/qgemv_dp4a.cu.jinja: x as two int8 digits per value, per 32 values, in the block,
+    ``fusec.quant.dp4a_blocks``; fp16/bf16 x, M <= DP4A_MAX_M; ``rows`` a warp's task, ``warps`` a block,
     ``blocks`` an SM: the grid, and the registers a thread gets (its launch bounds); fold unused).
     FMA and dp4a forms: ``norm``, x RMS-normalized over K first as ``Op.RMSNORM`` computes it (weight ``g``
     [K], ``eps``, ``weight_offset``; the block normalizes x once into shared memory: M * K elements of

@@ -8,7 +8,7 @@ fused); larger M (prefill) dequantizes the weight into arena scratch, a block of
 most ``SCRATCH_BYTES``), and cuBLAS multiplies it there (``QDequantSpec`` + a GEMM reading the
 block through its transpose flag, writing its columns of the output). ``gemv_form``: the GEMV's
 form, from the measurements in benchmarks/RESULTS.md: integer dot products over x quantized per
-32 values (dp4a, up to 4 rows of fp16/bf16 x), tensor cores for 4- to 6-bit codes at 3-8 rows
+32 values (dp4a, up to 3 rows of fp16/bf16 x), tensor cores for 4- to 6-bit codes at 3-8 rows
 (warps a block), or FMAs in fp32 (rows per warp, fold). The chosen variant is
 counted in the lowering report (``by_template``: qgemv / qdequant) and per product in
 ``ctx.counts["qmatmul:<variant>"]``.
@@ -45,7 +45,6 @@ TC_MAX_CPW = 16
 # more): at M = 4. 5-bit was not timed and follows 6-bit.
 TC_MIN_M = {4: 3, 5: 4, 6: 4}
 DP4A_WARPS = 8  # the dp4a form's block
-DP4A_BLOCKS = (3, 2)  # its blocks an SM at one row of x, at more
 
 
 def _tc_fits_smem(k: int, group: int, warps: int, hb: int) -> bool:
@@ -60,15 +59,17 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     """The quantized GEMV's form at M = ``m`` for an [n, k] weight (QGemvSpec's fields); ``norm``,
     ``glu``: the product takes an RMSNorm prologue, a gated epilogue.
 
-    The dp4a form (``dp4a``) where it fits (``specs_quant.dp4a_fits``: fp16/bf16 x, M <= 4, x quantized
-    in shared memory): x quantized to int8 per 32 values, integer dot products. Measured on an H200
+    The dp4a form (``dp4a``) where it fits (``specs_quant.dp4a_fits``: fp16/bf16 x, M <= 3, x written
+    in shared memory): x as two int8 digits per value (per 32 values), integer dot products. Measured on an H200
     (benchmarks/RESULTS.md, twelfth session), Llama-1B's shapes in Q4_K, Q6_K and Q8_0: at M = 1 it took
     0.55-0.97x the FMA form's time (gate/up Q4_K 8.6 us against 13.4, the LM head in Q6_K 68 against
-    119), and at M = 2 and 4 less than the FMA and tensor-core forms on every shape. 8 warps a block,
-    DP4A_BLOCKS blocks an SM (3 at one row, whose registers fit 85 a thread without spills; 2 from two
-    rows: 3 spilled); two rows a task where there are tasks enough to fill that grid with them (and
-    for a gated unit: rows j and F + j), else one (more warps on products of few rows: the down
-    product took 7.2 us at one row against 7.9 at two).
+    119), and at M = 2 and 4 less than the FMA and tensor-core forms on every shape (x as one int8
+    digit; two, as now, cost a few more dp4a and broke no model's answers). 8 warps a block, 3 blocks
+    an SM at one row of x (85 registers a thread, without spills) and 2 otherwise (3 spilled; so did a
+    lane's 4 chunks of one weight row at 85); two weight rows a task where there are tasks enough to
+    fill that grid with them (and for a gated unit: rows j and F + j), else one (more warps on
+    products of few rows: the down product took 7.2 us at one row against 7.9 at two). At M = 4 the
+    registers of two digits spilled: the form takes at most 3 rows (DP4A_MAX_M).
 
     The tensor-core form (``tc``) from M = TC_MIN_M (by bits) where it fits (``specs_quant.tc_fits``:
     4- to 6-bit codes, M <= 8, fp16/bf16; its copy of the block's rows within TC_SMEM_MAX, at most
@@ -89,8 +90,10 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
 
     choice = knobs.get("FUSEC_QGEMV_FORM")
     if choice == "auto" and dp4a_fits(m, k, norm, dtype):
-        blocks = DP4A_BLOCKS[min(m, 2) - 1]
+        blocks = 3 if m == 1 else 2
         rows = 2 if glu or -(-n // 2) >= DP4A_WARPS * blocks * _SMS else 1
+        if rows == 1 and k >= 4096:
+            blocks = 2  # a lane holds 4 chunks of one row: 85 registers spilled
         return {"rows": rows, "fold": False, "dp4a": True, "warps": DP4A_WARPS, "blocks": blocks}
     form: dict[str, object] = {"rows": 2 if m <= 8 else 1, "fold": m == 1}
     if tc_fits(m, fmt, dtype) and m >= TC_MIN_M[FORMATS[fmt].bits] and choice != "fma":
