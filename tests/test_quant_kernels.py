@@ -130,9 +130,9 @@ def test_gemv_form_folds_at_one_row_only():
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_gemv_form_takes_dp4a_up_to_four_rows_of_half_x(fmt, monkeypatch):
-    """fp16/bf16 x, M <= 3, x written within the form's shared memory: the dp4a form, 8 warps, 3
-    blocks an SM at one row (2 at more), two rows a task where they fill the grid or make a gated unit
-    (else one); fp32 x, M > 4, rows too long, or FUSEC_QGEMV_FORM=tc/fma: not."""
+    """fp16/bf16 x, M <= 3, x written within the form's shared memory: the dp4a form, 8 warps, two
+    weight rows a task below K = 4096 or for a gated unit (else one), 3 blocks an SM at one row of x
+    with two weight rows (else 2); fp32 x, M > 3, rows too long, or FUSEC_QGEMV_FORM=tc/fma: not."""
     group = FORMATS[fmt].group or 32
     for m in range(1, 10):
         for dt in (DType.BF16, DType.F16, DType.F32):
@@ -142,8 +142,9 @@ def test_gemv_form_takes_dp4a_up_to_four_rows_of_half_x(fmt, monkeypatch):
                 if f.get("dp4a"):
                     assert f["rows"] == 2 and f["warps"] == 8 and f["blocks"] == (3 if m == 1 else 2)
                     assert not f.get("tc")
-                    # few rows: one a task (more warps), unless a gated unit's two halves
-                    assert gemv_form(m, 2048, 2048, fmt, group, dt, norm, glu)["rows"] == (2 if glu else 1)
+                    # long rows: one a task, 2 blocks an SM, unless a gated unit's two halves
+                    long = gemv_form(m, 2048, 4096, fmt, group, dt, norm, glu)
+                    assert (long["rows"], long["blocks"]) == ((2, 3 if m == 1 else 2) if glu else (1, 2))
                     QGemvSpec(m, 16384, 2048, fmt, group, dt, DType.F16, norm=norm, glu="silu" if glu else "", **f)
     too_long = next(k for k in range(2048, 1 << 20, 2048) if not dp4a_fits(3, k, False, DType.BF16))
     assert dp4a_smem(3, too_long, False, DType.BF16) > DP4A_SMEM >= dp4a_smem(3, too_long - 2048, False, DType.BF16)

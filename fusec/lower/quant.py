@@ -64,12 +64,13 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     (benchmarks/RESULTS.md, twelfth session), Llama-1B's shapes in Q4_K, Q6_K and Q8_0: at M = 1 it took
     0.55-0.97x the FMA form's time (gate/up Q4_K 8.6 us against 13.4, the LM head in Q6_K 68 against
     119), and at M = 2 and 4 less than the FMA and tensor-core forms on every shape (x as one int8
-    digit; two, as now, cost a few more dp4a and broke no model's answers). 8 warps a block, 3 blocks
-    an SM at one row of x (85 registers a thread, without spills) and 2 otherwise (3 spilled; so did a
-    lane's 4 chunks of one weight row at 85); two weight rows a task where there are tasks enough to
-    fill that grid with them (and for a gated unit: rows j and F + j), else one (more warps on
-    products of few rows: the down product took 7.2 us at one row against 7.9 at two). At M = 4 the
-    registers of two digits spilled: the form takes at most 3 rows (DP4A_MAX_M).
+    digit). With two digits, as now (call 5): gate/up Q4_K 9.6 us against the FMA form's 13.3, the LM
+    head in Q6_K 69 against 120, down Q4_K 8.2 against 9.8; Q8_0's small products lost 0.2-0.3 us to
+    the FMA form (qkv 4.7 against 4.5) and its gate/up won 3.8. 8 warps a block; two weight rows a
+    task (for a gated unit rows j and F + j), but one from K = 4096 (down: 8.2 us against 8.8); 3
+    blocks an SM at one row of x and two weight rows a task (85 registers a thread without spills),
+    else 2 (3 spilled). At M = 4 the registers of two digits spilled: the form takes at most 3 rows
+    (DP4A_MAX_M).
 
     The tensor-core form (``tc``) from M = TC_MIN_M (by bits) where it fits (``specs_quant.tc_fits``:
     4- to 6-bit codes, M <= 8, fp16/bf16; its copy of the block's rows within TC_SMEM_MAX, at most
@@ -90,10 +91,8 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
 
     choice = knobs.get("FUSEC_QGEMV_FORM")
     if choice == "auto" and dp4a_fits(m, k, norm, dtype):
-        blocks = 3 if m == 1 else 2
-        rows = 2 if glu or -(-n // 2) >= DP4A_WARPS * blocks * _SMS else 1
-        if rows == 1 and k >= 4096:
-            blocks = 2  # a lane holds 4 chunks of one row: 85 registers spilled
+        rows = 2 if glu or k < 4096 else 1
+        blocks = 3 if m == 1 and rows == 2 else 2
         return {"rows": rows, "fold": False, "dp4a": True, "warps": DP4A_WARPS, "blocks": blocks}
     form: dict[str, object] = {"rows": 2 if m <= 8 else 1, "fold": m == 1}
     if tc_fits(m, fmt, dtype) and m >= TC_MIN_M[FORMATS[fmt].bits] and choice != "fma":
