@@ -106,3 +106,50 @@ def test_fused_packed_products_run_the_form_kernel_selection_recorded(monkeypatc
     plan = _plan(1)
     q = [L for L in _decode(plan) if "qgemv" in L["label"]]
     assert all("dp4a.u32.s32" in s for s in _sources(plan, q))  # the rule's form at one row of bf16 x
+
+
+def _mixed_model(layers: int = 2):  # noqa: ANN202
+    """A Llama shape in llama.cpp's Q4_K_M mix (random blocks): some layers' V in Q6_K, apart from q/k."""
+    import dataclasses
+
+    from fusec.genmodel import GenModel
+    from fusec.models import get_config
+    from fusec.models.generate import SharedWeights
+    from fusec.models.weights import RandomPackedWeights, q4_k_m_types
+
+    cfg = dataclasses.replace(get_config("llama-tiny"), hidden_size=256, intermediate_size=512, num_heads=4,
+                              num_kv_heads=2, head_dim=64, num_layers=layers, tie_word_embeddings=False,
+                              name="llama-q4km")
+    return GenModel(cfg, SharedWeights(RandomPackedWeights(q4_k_m_types(layers), seed=1, scale=0.02)), None, (),
+                    cfg.name)
+
+
+def test_a_norm_read_by_two_packed_products_is_copied_into_both() -> None:
+    """q/k (Q4_K) and v (Q6_K) read one RMSNorm: split_norms gives each its copy, and each copy becomes its
+    product's prologue (no rmsnorm kernel in decode; one launch fewer a split layer). norm_gemm disabled:
+    nothing is copied. The reference's tokens are the unoptimized graph's."""
+    from fusec.generation import ReferenceEngine, generate
+    from fusec.genmodel import build_graphs
+
+    gm = _mixed_model()
+
+    def decode(disabled: tuple[str, ...]) -> tuple[list[dict], object]:
+        plan = compile_generation(gm, batch=1, max_seq_len=48, prefill_len=8, dtype="bf16", eos_ids=[],
+                                  arch="sm_90", disabled_fusions=disabled)
+        return _decode(plan), plan
+
+    from fusec.models.weights import q4_k_m_types
+
+    types = q4_k_m_types(2)
+    v_apart = sum(types(f"layers.{i}.self_attn.v_proj.weight") == "Q6_K" for i in range(2))
+    assert v_apart == 1  # the case this test is about: one layer's V apart from its q/k
+    split, _ = decode(())
+    plain, _ = decode(("norm_gemm",))
+    assert not any("rmsnorm" in L["label"] for L in split)
+    # every layer's qkv (two products where V is apart) and gate/up, and the LM head, take their norm
+    assert sum("norm_gemm" in L["label"] for L in split) == 2 * 2 + v_apart + 1
+    assert sum("rmsnorm" in L["label"] for L in plain) == 2 * 2 + 1  # without norm_gemm: nothing copied
+    prompts = [[5, 6, 7, 8]]
+    got = generate(ReferenceEngine(build_graphs(gm, 1, 32, 8, []), optimize=True), prompts, 6, gm.config.vocab_size)
+    want = generate(ReferenceEngine(build_graphs(gm, 1, 32, 8, []), optimize=False), prompts, 6, gm.config.vocab_size)
+    assert got.new_ids == want.new_ids
