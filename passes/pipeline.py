@@ -34,7 +34,6 @@ from fusec.passes import (
     recognize_softmax,
     select_kernels,
     simplify,
-    split_norms,
     split_tf32,
     transpose_cache,
     views,
@@ -64,8 +63,6 @@ PIPELINE: list[ModuleType] = [
     pad_gemm,
     # -- fp32 products with a constant weight as one 3xTF32 tensor-core GEMM (PassOptions.fp32_gemm)
     split_tf32,
-    # -- a norm read by several packed decode products: a copy each (each then its product's prologue)
-    split_norms,
     # -- fusion grouping
     fusion,
     # -- canonicalize what the rewrites left behind
