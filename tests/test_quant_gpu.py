@@ -161,6 +161,24 @@ def test_dp4a_qgemv_matches_reference(fmt, m):
             assert rel_err(host(out, dt), ref) <= TOL[dt], (fmt, m, dt, swap, "norm+glu")
 
 
+@pytest.mark.parametrize("norm", [False, True])
+def test_dp4a_qgemv_propagates_nan(norm):
+    """A NaN in one row of x makes that row's outputs NaN (its block's unit is NaN; a 0 digit would hide it),
+    and leaves the other rows' finite."""
+    m, n, k = 3, 301, 2048
+    qw = sample_weight("q4_k", n, k, RNG)
+    x = RNG.standard_normal((m, k)).astype(np.float32).astype(BF16.np)
+    import cupy as cp
+
+    x[1, 77] = np.nan
+    out = cp.zeros((m, n), cp.uint16)  # zeros, not the NaN poison: a NaN must come from the kernel
+    spec = QGemvSpec(m, n, k, "q4_k", qw.group, BF16, qw.scale_dtype, dp4a=True, norm=norm, eps=1e-5)
+    args = [dev(x), *[dev(a) for a in qw.arrays]] + ([dev(np.ones(k, BF16.np))] if norm else []) + [out]
+    _run(spec, args)
+    got = host(out, BF16)
+    assert np.isnan(got[1]).all() and np.isfinite(got[[0, 2]]).all()
+
+
 TC_FORMATS = [(f, g) for f in quant.FORMATS if quant.FORMATS[f].bits < 8
               for g in ((quant.FORMATS[f].group,) if quant.FORMATS[f].group else (16, 64))]
 
