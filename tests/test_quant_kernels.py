@@ -147,7 +147,7 @@ def test_gemv_form_takes_dp4a_up_to_four_rows_of_half_x(fmt, monkeypatch):
                     assert (long["rows"], long["blocks"]) == ((2, 3 if m == 1 else 2) if glu else (1, 2))
                     QGemvSpec(m, 16384, 2048, fmt, group, dt, DType.F16, norm=norm, glu="silu" if glu else "", **f)
     too_long = next(k for k in range(2048, 1 << 20, 2048) if not dp4a_fits(3, k, False, DType.BF16))
-    assert dp4a_smem(3, too_long, False, DType.BF16) > DP4A_SMEM >= dp4a_smem(3, too_long - 2048, False, DType.BF16)
+    assert dp4a_smem(3, too_long, False) > DP4A_SMEM >= dp4a_smem(3, too_long - 2048, False)
     assert "dp4a" not in gemv_form(3, 2048, too_long, fmt, group, DType.BF16)
     assert "dp4a" in gemv_form(1, 2048, too_long, fmt, group, DType.BF16)
     for choice in ("tc", "fma"):

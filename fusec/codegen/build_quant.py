@@ -35,6 +35,21 @@ def _format_ctx(fmt_name: str, group: int, scale_dtype: DType) -> dict[str, Any]
             "off": {"none": 0, "min": 1, "kmin": 2}[f.offset], "st": ctype(scale_dtype)}
 
 
+def _row_ctx(spec: QGemvSpec) -> dict[str, Any]:
+    """What the FMA and dp4a forms share: sizes, the storage type, the format, the norm prologue and the
+    epilogue (qgemv_epilogue.jinja)."""
+    return {"name": kernel_name("qgemv", spec), "M": spec.M, "N": spec.N, "K": spec.K, "R": spec.rows,
+            "t": ctype(spec.dtype), "bias": spec.epilogue.bias, "act": Ident(spec.epilogue.activation),
+            "residual": spec.epilogue.residual, "round_x": _round_fn(spec.dtype),
+            "norm": spec.norm, "eps": float_lit(spec.eps), "weight_offset": float_lit(spec.weight_offset),
+            "glu": Ident(spec.glu) if spec.glu else None, "glu_swap": spec.glu_swap, "half": spec.N // 2,
+            **_format_ctx(spec.fmt, spec.group, spec.scale_dtype)}
+
+
+def _row_params(spec: QGemvSpec) -> tuple[str, ...]:
+    return ("x",) + packed_params(spec.fmt) + (("g",) if spec.norm else ()) + _epi_params(spec.epilogue) + ("C",)
+
+
 @builder(QGemvSpec)
 def _qgemv(spec: QGemvSpec) -> Rendered:
     if spec.tc:
@@ -45,39 +60,21 @@ def _qgemv(spec: QGemvSpec) -> Rendered:
     # chunks per lane per round: enough 16-byte loads in flight, but the unrolled body (chunks x 4
     # steps x M rows x 8 FMAs) stays small enough for ptxas (M = 16 with 8 chunks took ~2 minutes)
     unroll = max(1, min(_UNROLL_CHUNKS // spec.rows, 32 // spec.M, cdiv(nch, 32)))
-    ctx = {"name": kernel_name("qgemv", spec), "M": spec.M, "N": spec.N, "K": spec.K, "R": spec.rows, "U": unroll,
-           "fold": spec.fold,
-           "t": ctype(spec.dtype), "bias": spec.epilogue.bias, "act": Ident(spec.epilogue.activation),
-           "residual": spec.epilogue.residual, "round_x": _round_fn(spec.dtype),
-           "norm": spec.norm, "eps": float_lit(spec.eps), "weight_offset": float_lit(spec.weight_offset),
-           "glu": Ident(spec.glu) if spec.glu else None, "glu_swap": spec.glu_swap, "half": spec.N // 2,
-           **_format_ctx(spec.fmt, spec.group, spec.scale_dtype)}
+    ctx = {**_row_ctx(spec), "U": unroll, "fold": spec.fold}
     blocks = cdiv(spec.N // 2, 4) if spec.glu else cdiv(spec.N, 4 * spec.rows)  # 4 warps a block
-    return Rendered("qgemv.cu.jinja", ctx, (blocks, 1, 1), (128, 1, 1),
-                    ("x",) + packed_params(spec.fmt) + (("g",) if spec.norm else ()) + _epi_params(spec.epilogue)
-                    + ("C",))
-
-
+    return Rendered("qgemv.cu.jinja", ctx, (blocks, 1, 1), (128, 1, 1), _row_params(spec))
 
 
 def _qgemv_dp4a(spec: QGemvSpec) -> Rendered:
     from fusec.codegen.build_gemm import _SMS
 
-    nch = spec.K // 32
     ntask = spec.N // 2 if spec.glu else cdiv(spec.N, spec.rows)
-    ctx = {"name": kernel_name("qgemv", spec), "M": spec.M, "N": spec.N, "K": spec.K, "R": spec.rows,
-           "U": max(1, min(4 // spec.rows, cdiv(nch, 32))), "W": spec.warps, "BPS": spec.blocks, "ntask": ntask,
-           "t": ctype(spec.dtype), "bias": spec.epilogue.bias, "act": Ident(spec.epilogue.activation),
-           "residual": spec.epilogue.residual, "round_x": _round_fn(spec.dtype),
-           "norm": spec.norm, "eps": float_lit(spec.eps), "weight_offset": float_lit(spec.weight_offset),
-           "glu": Ident(spec.glu) if spec.glu else None, "glu_swap": spec.glu_swap, "half": spec.N // 2,
-           **_format_ctx(spec.fmt, spec.group, spec.scale_dtype)}
+    ctx = {**_row_ctx(spec), "U": max(1, min(4 // spec.rows, cdiv(spec.K // 32, 32))), "W": spec.warps,
+           "BPS": spec.blocks, "ntask": ntask}
     # one wave of blocks (``spec.blocks`` an SM: the launch bounds give each thread the registers for that), each taking
-    # tasks in turn: a block quantizes x once for all of its tasks
+    # tasks in turn: a block writes x's digits once for all of its tasks
     blocks = min(cdiv(ntask, spec.warps), spec.blocks * _SMS)
-    return Rendered("qgemv_dp4a.cu.jinja", ctx, (blocks, 1, 1), (32 * spec.warps, 1, 1),
-                    ("x",) + packed_params(spec.fmt) + (("g",) if spec.norm else ()) + _epi_params(spec.epilogue)
-                    + ("C",))
+    return Rendered("qgemv_dp4a.cu.jinja", ctx, (blocks, 1, 1), (32 * spec.warps, 1, 1), _row_params(spec))
 
 
 def qgemv_tc_geometry(K: int, group: int, warps: int, hb: int = 0) -> dict[str, int]:

@@ -18,7 +18,7 @@ DP4A_MAX_M = 3  # the dp4a form's rows of x (at 4 its registers spilled)
 DP4A_SMEM = 48 << 10  # static shared memory of a block
 
 
-def dp4a_smem(m: int, k: int, norm: bool, dtype: DType, warps: int = 8) -> int:
+def dp4a_smem(m: int, k: int, norm: bool, warps: int = 8) -> int:
     """The dp4a form's shared memory: x's two int8 digits (2 * m * k bytes), each chunk's unit and
     sums (12 bytes a chunk a row), and with ``norm`` the warps' sums of squares."""
     return 2 * m * k + 12 * m * (k // 32) + (4 * warps * m if norm else 0)
@@ -28,7 +28,7 @@ def dp4a_fits(m: int, k: int, norm: bool, dtype: DType, warps: int = 8) -> bool:
     """Whether the dp4a form takes this product: fp16/bf16 x (its two int8 digits per value are an
     approximation that fp32 plans, compared with the reference token for token, do not take), at most
     DP4A_MAX_M rows, its shared memory within DP4A_SMEM."""
-    return dtype in (DType.F16, DType.BF16) and m <= DP4A_MAX_M and dp4a_smem(m, k, norm, dtype, warps) <= DP4A_SMEM
+    return dtype in (DType.F16, DType.BF16) and m <= DP4A_MAX_M and dp4a_smem(m, k, norm, warps) <= DP4A_SMEM
 
 
 def _check_format(fmt: str, n: int, k: int, group: int, scale_dtype: DType) -> None:
@@ -52,8 +52,8 @@ class QGemvSpec:
     ``fusec.quant.dp4a_blocks``; fp16/bf16 x, M <= DP4A_MAX_M; ``rows`` a warp's task, ``warps`` a block,
     ``blocks`` an SM: the grid, and the registers a thread gets (its launch bounds); fold unused).
     FMA and dp4a forms: ``norm``, x RMS-normalized over K first as ``Op.RMSNORM`` computes it (weight ``g``
-    [K], ``eps``, ``weight_offset``; the block normalizes x once into shared memory: M * K elements of
-    at most ``QNORM_SMEM`` bytes); ``glu``, a gated unit over the two halves of the product (as
+    [K], ``eps``, ``weight_offset``; the FMA form normalizes x once into shared memory, M * K elements of
+    at most ``QNORM_SMEM`` bytes, the dp4a form as it writes x's digits); ``glu``, a gated unit over the two halves of the product (as
     ``GemvSpec.glu``: C[m, j] = glu(y[m, j]) * y[m, F + j], ``glu_swap`` activating the second half,
     Nout = F = N / 2; a warp's two rows are j and F + j, so ``rows`` is 2). Params: x, the packed
     operands (the format's order), [g], [bias], [residual], C."""
@@ -98,11 +98,11 @@ class QGemvSpec:
             _req(self.blocks in (1, 2, 3, 4) and self.blocks * self.warps <= 32,
                  "the dp4a quantized gemv runs 1 to 4 blocks an SM, at most 32 warps")
             _req(dp4a_fits(self.M, self.K, self.norm, self.dtype, self.warps), "the dp4a quantized gemv takes fp16/bf16 x, "
-                 f"M <= {DP4A_MAX_M}, and its shared memory (x quantized, norm's copy) within {DP4A_SMEM} bytes")
+                 f"M <= {DP4A_MAX_M}, and its shared memory (x's two digits) within {DP4A_SMEM} bytes")
         if self.norm or self.glu:
             _req(not self.tc, "the quantized gemv's norm prologue and gated epilogue are the FMA form's")
         check_norm_glu(self, "quantized gemv")
-        if self.norm:
+        if self.norm and not self.dp4a:  # the FMA form's copy of x (the dp4a form reads x twice instead)
             _req(self.M * self.K * self.dtype.itemsize <= QNORM_SMEM,
                  f"the quantized gemv normalizes x in shared memory: M * K * {self.dtype.itemsize} <= {QNORM_SMEM} bytes")
         if self.glu:

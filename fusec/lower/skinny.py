@@ -52,28 +52,24 @@ class Plan:
     def spec(self, **params: Any) -> Any:
         """The launch's spec; ``params``: the kernel selection's (how it streams its weights; the
         quantized GEMV's form)."""
-        seed, counter = (self.sample.inputs[1].dtype, self.sample.inputs[2].dtype) if self.sample else (None, None)
         dt = self.mm.inputs[0].dtype
+        # what both specs take: the epilogue, the norm prologue, the gated unit
+        common = dict(epilogue=S.Epilogue(bias=self.bias is not None, activation=self.act,
+                                          residual=self.residual is not None),
+                      norm=self.norm is not None,
+                      eps=float(self.norm.attrs.eps) if self.norm is not None else 1e-6,
+                      weight_offset=float(self.norm.attrs.weight_offset) if self.norm is not None else 0.0,
+                      glu=self.glu, glu_swap=self.glu_swap, **params)
         if self.packed:
             from fusec.codegen.specs_quant import QGemvSpec
             from fusec.lower.quant import scale_dtype
 
             a = self.mm.attrs
             return QGemvSpec(self.m, self.n, self.k, a.format, a.group, dt, scale_dtype(a.format, self.mm.inputs[1:]),
-                             S.Epilogue(bias=self.bias is not None, activation=self.act,
-                                        residual=self.residual is not None),
-                             norm=self.norm is not None,
-                             eps=float(self.norm.attrs.eps) if self.norm is not None else 1e-6,
-                             weight_offset=float(self.norm.attrs.weight_offset) if self.norm is not None else 0.0,
-                             glu=self.glu, glu_swap=self.glu_swap, **params)
-        return S.GemvSpec(self.m, self.n, self.k, dt,
-                          S.Epilogue(bias=self.bias is not None, activation=self.act, residual=self.residual is not None),
-                          norm=self.norm is not None,
-                          eps=float(self.norm.attrs.eps) if self.norm is not None else 1e-6,
-                          weight_offset=float(self.norm.attrs.weight_offset) if self.norm is not None else 0.0,
-                          glu=self.glu, glu_swap=self.glu_swap, argmax=self.sample is not None,
-                          **params,
-                          **({"seed_dtype": seed, "counter_dtype": counter} if self.sample is not None else {}))
+                             **common)
+        sample = {} if self.sample is None else {"argmax": True, "seed_dtype": self.sample.inputs[1].dtype,
+                                                  "counter_dtype": self.sample.inputs[2].dtype}
+        return S.GemvSpec(self.m, self.n, self.k, dt, **common, **sample)
 
 
 def _product(ops: list[Op]) -> int | None:
