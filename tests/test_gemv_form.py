@@ -118,18 +118,6 @@ def test_a_batch_8_int4_plan_decodes_on_tensor_cores() -> None:
     _quantized_plan_runs("qgemv_dp4a.cu.jinja", "W_", 8, batch=1)
 
 
-def test_the_stages_knob_gives_the_dp4a_form_its_ring(monkeypatch) -> None:  # noqa: ANN001
-    """FUSEC_QGEMV_STAGES=3: a batch-1 int4 plan's dp4a products copy their codes 2 rounds ahead (a ring of 3 stages
-    in dynamic shared memory); unset, none has a ring."""
-    monkeypatch.setenv("FUSEC_QGEMV_STAGES", "3")
-    _quantized_plan_runs("qgemv_dp4a.cu.jinja", "S_", 3, batch=1)
-    monkeypatch.delenv("FUSEC_QGEMV_STAGES")
-    plan = compile_generation("llama-tiny", batch=1, max_seq_len=64, prefill_len=8, dtype="bf16", eos_ids=[],
-                              arch="sm_90", quantize="int4", quantize_group=32)
-    srcs = [plan._blobs[mod["source"]].decode() for mod in plan.manifest["modules"] if mod["template"] == "qgemv_dp4a.cu.jinja"]
-    assert srcs and not any("#define S_ " in src for src in srcs)
-
-
 def test_explain_shows_the_form_kernel_selection_recorded(monkeypatch) -> None:  # noqa: ANN001
     from fusec.cli.explain import explain
     from fusec.loader import load_graph

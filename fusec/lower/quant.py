@@ -45,7 +45,6 @@ TC_MAX_CPW = 16
 # more): at M = 4. 5-bit was not timed and follows 6-bit.
 TC_MIN_M = {4: 3, 5: 4, 6: 4}
 DP4A_WARPS = 8  # the dp4a form's block
-DP4A_RING_SMEM = 200 << 10  # the dp4a form's shared memory an SM with its ring (sm_90: 228 KB, 1 KB of it a block's)
 
 
 def _tc_fits_smem(k: int, group: int, warps: int, hb: int) -> bool:
@@ -94,19 +93,7 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     if choice == "auto" and dp4a_fits(m, k, norm, dtype):
         rows = 2 if glu or k < 4096 else 1
         blocks = 3 if m == 1 and rows == 2 else 2
-        form = {"rows": rows, "fold": False, "dp4a": True, "warps": DP4A_WARPS, "blocks": blocks}
-        stages = int(knobs.get("FUSEC_QGEMV_STAGES"))
-        if stages:
-            from fusec.codegen.build_quant import dp4a_slot_bytes
-            from fusec.codegen.specs_quant import dp4a_smem
-
-            # the block's ring and x's digits within DP4A_RING_SMEM, so that the rule's blocks an SM still fit
-            while stages >= 2 and (dp4a_smem(m, k, norm, DP4A_WARPS) + DP4A_WARPS * stages * dp4a_slot_bytes(fmt, rows, k)
-                                   > DP4A_RING_SMEM // blocks):
-                stages -= 1
-            if stages >= 2:
-                form["stages"] = stages
-        return form
+        return {"rows": rows, "fold": False, "dp4a": True, "warps": DP4A_WARPS, "blocks": blocks}
     form: dict[str, object] = {"rows": 2 if m <= 8 else 1, "fold": m == 1}
     if tc_fits(m, fmt, dtype) and m >= TC_MIN_M[FORMATS[fmt].bits] and choice != "fma":
         blocks = -(-n // 16)
