@@ -36,7 +36,6 @@
 #   train_full  the same with the torch.compile variant and the MiniLM fine-tune
 #   qtests    the packed-weight GPU tests (kernels against the reference, generation token for token)
 #   qtc       the tensor-core quantized GEMV against the exact sums (tests/test_quant_gpu.py -k tensor_core)
-#   qring     the dp4a form's GPU tests (its ring in shared memory against its register loads), then every form at M = 1
 #   qvariants every form of the quantized GEMV on Llama-1B's shapes (quant_bench.py --variants)
 #   qdecode   the packed-weight decode models alone (quant_bench.py --skip kernels,torch), the rule and the rule without dp4a
 #   q7b       the 7B Llama shape in Q4_K_M, batch 1 decode and its packed-weight roofline (quant_bench.py --7b)
@@ -174,10 +173,6 @@ for step in "$@"; do
             grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_quant.txt" | tail -n 12 ;;
     qtc) timeout 150 $PT -n 12 tests/test_quant_gpu.py -k tensor_core > "$R/t_qtc.txt" 2>&1
          grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_qtc.txt" | tail -n 12 ;;
-    qring) timeout 200 $PT -n 8 tests/test_quant_gpu.py -k "dp4a" > "$R/t_qring.txt" 2>&1
-           grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_qring.txt" | tail -n 12
-           timeout 300 python3 benchmarks/quant_bench.py "$R/qring" --variants --ms 1 --skip torch,decode > "$R/qring.txt" 2>&1
-           grep "^| llama" "$R/qring.txt" | grep -v " tc w" | tail -n 80 ;;
     qvariants) timeout 360 python3 benchmarks/quant_bench.py "$R/qvar" --variants --skip torch,decode > "$R/qvar.txt" 2>&1
                grep "^| llama" "$R/qvar.txt" | tail -n 70 ;;
     qdecode) timeout 250 python3 benchmarks/quant_bench.py "$R/qdec" --skip kernels,torch --qgemv-forms auto,tc > "$R/qdec.txt" 2>&1

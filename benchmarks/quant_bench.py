@@ -95,19 +95,13 @@ def _forms(m: int, n: int, qw, variants: bool) -> list[tuple[str, dict]]:  # noq
         forms += [(f"tc w{w}{' (rule)' if rule.get('warps') == w else ''}", {**fma, "tc": True, "warps": w})
                   for w in (4, 8, 16)]
     if dp4a_fits(m, qw.k, False, BF16):
-        key = lambda f: (f["rows"], f["warps"], f["blocks"], f.get("stages", 0))  # noqa: E731
-        shapes = {(r, 8, b) for r in (1, 2) for b in (2, 3)}
-        if rule.get("dp4a"):
-            shapes.add((rule["rows"], rule["warps"], rule["blocks"]))
-        for r, w, b in sorted(shapes):
-            for st in (0, 2, 3, 4):
-                f = {"dp4a": True, "rows": r, "warps": w, "blocks": b, "stages": st}
-                tag = " (rule)" if rule.get("dp4a") and key(rule) == key(f) else ""
-                forms.append((f"dp4a r{r} w{w} b{b} s{st}{tag}", f))
+        forms += [(f"dp4a r{r} w{w} b{b}{' (rule)' if rule.get('dp4a') and (rule['rows'], rule['warps'], rule['blocks']) == (r, w, b) else ''}",
+                   {"dp4a": True, "rows": r, "warps": w, "blocks": b})
+                  for r, w, b in ((1, 8, 1), (1, 8, 2), (1, 8, 3), (1, 8, 4), (2, 8, 2), (2, 8, 3), (2, 8, 4), (2, 16, 2))]
     return forms
 
 
-def bench_kernels(results: list, quick: bool, copy: float, variants: bool = False, only_ms: tuple = ()) -> None:
+def bench_kernels(results: list, quick: bool, copy: float, variants: bool = False) -> None:
     import cupy as cp
 
     from fusec.runtime.cublas import GemmCall, Handle
@@ -118,7 +112,7 @@ def bench_kernels(results: list, quick: bool, copy: float, variants: bool = Fals
     formats = [(f, lab) for f, lab in FORMATS if not quick or f in ("q4_k", "q8_0")]
     if variants:  # the formats of llama.cpp's Q4_K_M and Q8_0 files
         formats = [(f, lab) for f, lab in formats if f in ("q4_k", "q6_k", "q8_0")]
-    ms = only_ms or ((1, 2, 4, 8) if variants else (1,) if quick else None)
+    ms = (1, 2, 4, 8) if variants else (1,) if quick else None
     pending = []  # every kernel compiles on the pool first (the loop below then finds them built)
     for model in models:
         for _, n, k in SHAPES[model]:
@@ -354,7 +348,6 @@ def main() -> int:
     ap.add_argument("--skip", default="", help="comma list of parts to skip: kernels,torch,decode")
     ap.add_argument("--7b", dest="seven_b", action="store_true", help="decode: the 7B Llama shape in Q4_K_M at "
                     "batch 1 (with its share of the packed-weight roofline) instead of the 1B plans")
-    ap.add_argument("--ms", default="", help="kernels: these rows of x only (comma list; default: by mode)")
     ap.add_argument("--variants", action="store_true", help="kernels: the quantized GEMV's forms (FMA; tensor cores "
                     "at 4, 8, 16 warps) on Llama-1B's shapes at M = 1, 2, 3, 4 and 8")
     ap.add_argument("--qgemv-forms", default="auto", help="decode: the packed plans once per packed-product form "
@@ -369,8 +362,7 @@ def main() -> int:
     parts: list[tuple[str, Callable[[], None]]] = [
         ("decode", lambda: bench_decode(results, args.quick, out, args.seven_b, copy,
                                         tuple(args.qgemv_forms.split(",")))),  # its plans compile while nothing else runs
-        ("kernels", lambda: bench_kernels(results, args.quick, copy, args.variants,
-                                          tuple(int(v) for v in args.ms.split(",")) if args.ms else ())),
+        ("kernels", lambda: bench_kernels(results, args.quick, copy, args.variants)),
         ("torch", lambda: bench_torch_int4(results, args.quick, copy))]
     for name, fn in parts:
         if name in skip:

@@ -69,28 +69,12 @@ def _qgemv_dp4a(spec: QGemvSpec) -> Rendered:
     from fusec.codegen.build_gemm import _SMS
 
     ntask = spec.N // 2 if spec.glu else cdiv(spec.N, spec.rows)
-    unroll = dp4a_unroll(spec.rows, spec.K)
-    ctx = {**_row_ctx(spec), "U": unroll, "W": spec.warps, "BPS": spec.blocks, "ntask": ntask, "stages": spec.stages}
+    ctx = {**_row_ctx(spec), "U": max(1, min(4 // spec.rows, cdiv(spec.K // 32, 32))), "W": spec.warps,
+           "BPS": spec.blocks, "ntask": ntask}
     # one wave of blocks (``spec.blocks`` an SM: the launch bounds give each thread the registers for that), each taking
     # tasks in turn: a block writes x's digits once for all of its tasks
     blocks = min(cdiv(ntask, spec.warps), spec.blocks * _SMS)
-    smem = spec.warps * spec.stages * dp4a_slot_bytes(spec.fmt, spec.rows, spec.K)
-    return Rendered("qgemv_dp4a.cu.jinja", ctx, (blocks, 1, 1), (32 * spec.warps, 1, 1), _row_params(spec),
-                    shared_mem=smem)
-
-
-def dp4a_unroll(rows: int, K: int) -> int:
-    """The dp4a form's chunks a lane loads per row and round (4 over all its rows, at most the row's)."""
-    return max(1, min(4 // rows, cdiv(K // 32, 32)))
-
-
-def dp4a_slot_bytes(fmt: str, rows: int, K: int) -> int:
-    """One round of one warp in the dp4a form's ring (``QGemvSpec.stages``): each lane's chunks' codes (16
-    bytes, 32 for 8 bits) and bit planes (4 bytes a plane), rows x unroll chunks a lane."""
-    from fusec.quant import FORMATS
-
-    f = FORMATS[fmt]
-    return dp4a_unroll(rows, K) * rows * 32 * (16 * (2 if f.bits == 8 else 1) + 4 * f.high_planes)
+    return Rendered("qgemv_dp4a.cu.jinja", ctx, (blocks, 1, 1), (32 * spec.warps, 1, 1), _row_params(spec))
 
 
 def qgemv_tc_geometry(K: int, group: int, warps: int, hb: int = 0) -> dict[str, int]:

@@ -72,7 +72,6 @@ class QGemvSpec:
     warps: int = 8
     dp4a: bool = False
     blocks: int = 2
-    stages: int = 0
     norm: bool = False
     eps: float = 1e-6
     weight_offset: float = 0.0
@@ -98,7 +97,6 @@ class QGemvSpec:
             _req(self.warps in (4, 8, 16), "the dp4a quantized gemv has 4, 8 or 16 warps")
             _req(self.blocks in (1, 2, 3, 4) and self.blocks * self.warps <= 32,
                  "the dp4a quantized gemv runs 1 to 4 blocks an SM, at most 32 warps")
-            _req(self.stages == 0 or 2 <= self.stages <= 8, "the dp4a quantized gemv's ring has 2 to 8 stages (0: none)")
             _req(dp4a_fits(self.M, self.K, self.norm, self.dtype, self.warps), "the dp4a quantized gemv takes fp16/bf16 x, "
                  f"M <= {DP4A_MAX_M}, and its shared memory (x's two digits) within {DP4A_SMEM} bytes")
         if self.norm or self.glu:
