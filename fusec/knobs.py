@@ -56,6 +56,9 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "fp16/bf16 x, tensor cores for 4- to 6-bit codes where they fit, else fp32 FMAs); tc: the rule without the "
          "dp4a form; fma: fp32 FMAs everywhere (the A/B of benchmarks/quant_bench.py --qgemv-forms)",
          ("auto", "tc", "fma")),
+    Knob("FUSEC_QGEMV_DP4A_BLOCKS", "choice", "0", "the dp4a quantized GEMV's blocks an SM (its grid, and the registers "
+         "its launch bounds give a thread); 0: the rule (fusec.lower.quant.gemv_form; the A/B of "
+         "benchmarks/decode_step.py --ab FUSEC_QGEMV_DP4A_BLOCKS=3)", ("0", "1", "2", "3")),
     Knob("FUSEC_KV_PREFETCH", "bool", True, "decode attention loads the cache rows older than the step before its "
          "PDL wait, where the program shows the kernel before it does not write them (off: the A/B of "
          "benchmarks/decode_step.py --ab FUSEC_KV_PREFETCH=0)"),

@@ -131,8 +131,8 @@ def test_gemv_form_folds_at_one_row_only():
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_gemv_form_takes_dp4a_up_to_four_rows_of_half_x(fmt, monkeypatch):
     """fp16/bf16 x, M <= 3, x written within the form's shared memory: the dp4a form, 8 warps, two
-    weight rows a task below K = 4096 or for a gated unit (else one), 3 blocks an SM at one row of x
-    with two weight rows (else 2); fp32 x, M > 3, rows too long, or FUSEC_QGEMV_FORM=tc/fma: not."""
+    weight rows a task below K = 4096 or for a gated unit (else one), 2 blocks an SM (FUSEC_QGEMV_DP4A_BLOCKS: its
+    value); fp32 x, M > 3, rows too long, or FUSEC_QGEMV_FORM=tc/fma: not."""
     group = FORMATS[fmt].group or 32
     for m in range(1, 10):
         for dt in (DType.BF16, DType.F16, DType.F32):
@@ -140,11 +140,14 @@ def test_gemv_form_takes_dp4a_up_to_four_rows_of_half_x(fmt, monkeypatch):
                 f = gemv_form(m, 16384, 2048, fmt, group, dt, norm, glu)
                 assert f.get("dp4a", False) == (m <= 3 and dt != DType.F32), (m, dt, f)
                 if f.get("dp4a"):
-                    assert f["rows"] == 2 and f["warps"] == 8 and f["blocks"] == (3 if m == 1 else 2)
+                    assert f["rows"] == 2 and f["warps"] == 8 and f["blocks"] == 2
                     assert not f.get("tc")
-                    # long rows: one a task, 2 blocks an SM, unless a gated unit's two halves
+                    # long rows: one a task, unless a gated unit's two halves
                     long = gemv_form(m, 2048, 4096, fmt, group, dt, norm, glu)
-                    assert (long["rows"], long["blocks"]) == ((2, 3 if m == 1 else 2) if glu else (1, 2))
+                    assert (long["rows"], long["blocks"]) == ((2, 2) if glu else (1, 2))
+                    monkeypatch.setenv("FUSEC_QGEMV_DP4A_BLOCKS", "3")
+                    assert gemv_form(m, 16384, 2048, fmt, group, dt, norm, glu)["blocks"] == 3
+                    monkeypatch.delenv("FUSEC_QGEMV_DP4A_BLOCKS")
                     QGemvSpec(m, 16384, 2048, fmt, group, dt, DType.F16, norm=norm, glu="silu" if glu else "", **f)
     too_long = next(k for k in range(2048, 1 << 20, 2048) if not dp4a_fits(3, k, False, DType.BF16))
     assert dp4a_smem(3, too_long, False) > DP4A_SMEM >= dp4a_smem(3, too_long - 2048, False)

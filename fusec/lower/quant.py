@@ -67,10 +67,12 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     digit). With two digits, as now (call 5): gate/up Q4_K 9.6 us against the FMA form's 13.3, the LM
     head in Q6_K 69 against 120, down Q4_K 8.2 against 9.8; Q8_0's small products lost 0.2-0.3 us to
     the FMA form (qkv 4.7 against 4.5) and its gate/up won 3.8. 8 warps a block; two weight rows a
-    task (for a gated unit rows j and F + j), but one from K = 4096 (down: 8.2 us against 8.8); 3
-    blocks an SM at one row of x and two weight rows a task (85 registers a thread without spills),
-    else 2 (3 spilled). At M = 4 the registers of two digits spilled: the form takes at most 3 rows
-    (DP4A_MAX_M).
+    task (for a gated unit rows j and F + j), but one from K = 4096 (down: 8.2 us against 8.8). 2
+    blocks an SM: alone, 3 were faster at one row of x and two weight rows a task (the LM head in Q4_K
+    42 us against 47), but in the decode step 2 were 2% faster (thirteenth session: the Q4_K_M Llama-1B
+    shape 0.561 ms a step against 0.573, Q8_0 0.560 against 0.571; 1 block, 0.684 and 0.637).
+    FUSEC_QGEMV_DP4A_BLOCKS overrides it. At M = 4 the registers of two digits spilled: the form takes
+    at most 3 rows (DP4A_MAX_M).
 
     The tensor-core form (``tc``) from M = TC_MIN_M (by bits) where it fits (``specs_quant.tc_fits``:
     4- to 6-bit codes, M <= 8, fp16/bf16; its copy of the block's rows within TC_SMEM_MAX, at most
@@ -92,7 +94,7 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     choice = knobs.get("FUSEC_QGEMV_FORM")
     if choice == "auto" and dp4a_fits(m, k, norm, dtype):
         rows = 2 if glu or k < 4096 else 1
-        blocks = 3 if m == 1 and rows == 2 else 2
+        blocks = int(knobs.get("FUSEC_QGEMV_DP4A_BLOCKS")) or 2
         return {"rows": rows, "fold": False, "dp4a": True, "warps": DP4A_WARPS, "blocks": blocks}
     form: dict[str, object] = {"rows": 2 if m <= 8 else 1, "fold": m == 1}
     if tc_fits(m, fmt, dtype) and m >= TC_MIN_M[FORMATS[fmt].bits] and choice != "fma":
