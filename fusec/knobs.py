@@ -56,8 +56,6 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "fp16/bf16 x, tensor cores for 4- to 6-bit codes where they fit, else fp32 FMAs); tc: the rule without the "
          "dp4a form; fma: fp32 FMAs everywhere (the A/B of benchmarks/quant_bench.py --qgemv-forms)",
          ("auto", "tc", "fma")),
-    Knob("FUSEC_QGEMV_PIPE", "bool", False, "the dp4a quantized GEMV loads a warp's next round of weights before "
-         "summing the current one (two register buffers; the A/B of benchmarks/decode_step.py --ab FUSEC_QGEMV_PIPE=1)"),
     Knob("FUSEC_QGEMV_DP4A_BLOCKS", "choice", "0", "the dp4a quantized GEMV's blocks an SM (its grid, and the registers "
          "its launch bounds give a thread); 0: the rule (fusec.lower.quant.gemv_form; the A/B of "
          "benchmarks/decode_step.py --ab FUSEC_QGEMV_DP4A_BLOCKS=3)", ("0", "1", "2", "3")),

@@ -161,37 +161,6 @@ def test_dp4a_qgemv_matches_reference(fmt, m):
             assert rel_err(host(out, dt), ref) <= TOL[dt], (fmt, m, dt, swap, "norm+glu")
 
 
-@pytest.mark.parametrize("fmt", list(quant.FORMATS))
-@pytest.mark.parametrize("m", [1, 2])
-def test_dp4a_pipelined_rounds_equal_round_at_a_time(fmt, m):
-    """The dp4a form loading a warp's next round before summing the current one (``pipe``) gives the same bits as
-    the form loading each round when it sums it: odd N with a partial last task, tasks past the grid's warps, rows
-    of two rounds (K = 8192 at one row a task), bias + SiLU + residual, the norm prologue with a gated unit."""
-    dt = BF16
-    cases = [(4501, 768, 2, {}), (83, 8192, 1, {}), (5003, 8192, 1, {}), (1501 * 2, 2048, 2, {"norm": True, "glu": "silu"})]
-    for n, k, rows, extra in cases:
-        if not dp4a_fits(m, k, bool(extra), dt):
-            continue
-        qw = sample_weight(fmt, n, k, RNG)
-        x = dev(RNG.standard_normal((m, k)).astype(np.float32).astype(dt.np))
-        if extra:
-            g = dev((RNG.random(k) * 0.1 - 0.95).astype(np.float32).astype(dt.np))
-            args, epi, nout = [x, *[dev(a) for a in qw.arrays], g], Epilogue(), n // 2
-        else:
-            bias = dev(RNG.standard_normal(n).astype(np.float32).astype(dt.np))
-            res = dev(RNG.standard_normal((m, n)).astype(np.float32).astype(dt.np))
-            args, epi, nout = [x, *[dev(a) for a in qw.arrays], bias, res], Epilogue(True, "silu", True), n
-        outs = []
-        for pipe in (False, True):
-            out = poisoned((m, nout), dt)
-            spec = QGemvSpec(m, n, k, fmt, qw.group, dt, qw.scale_dtype, epi, rows=rows, dp4a=True, pipe=pipe,
-                             eps=1e-5, weight_offset=1.0 if extra else 0.0, **extra)
-            _run(spec, args + [out])
-            outs.append(host(out, dt))
-        assert np.isfinite(outs[0].astype(np.float32)).all(), (fmt, m, n, k)
-        assert np.array_equal(outs[1].view(np.uint16), outs[0].view(np.uint16)), (fmt, m, n, k, extra)
-
-
 @pytest.mark.parametrize("norm", [False, True])
 def test_dp4a_qgemv_propagates_nan(norm):
     """A NaN in one row of x makes that row's outputs NaN (its block's unit is NaN; a 0 digit would hide it),

@@ -72,7 +72,6 @@ class QGemvSpec:
     warps: int = 8
     dp4a: bool = False
     blocks: int = 2
-    pipe: bool = False
     norm: bool = False
     eps: float = 1e-6
     weight_offset: float = 0.0

@@ -95,10 +95,7 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     if choice == "auto" and dp4a_fits(m, k, norm, dtype):
         rows = 2 if glu or k < 4096 else 1
         blocks = int(knobs.get("FUSEC_QGEMV_DP4A_BLOCKS")) or 2
-        form = {"rows": rows, "fold": False, "dp4a": True, "warps": DP4A_WARPS, "blocks": blocks}
-        if knobs.get("FUSEC_QGEMV_PIPE"):
-            form["pipe"] = True
-        return form
+        return {"rows": rows, "fold": False, "dp4a": True, "warps": DP4A_WARPS, "blocks": blocks}
     form: dict[str, object] = {"rows": 2 if m <= 8 else 1, "fold": m == 1}
     if tc_fits(m, fmt, dtype) and m >= TC_MIN_M[FORMATS[fmt].bits] and choice != "fma":
         blocks = -(-n // 16)
