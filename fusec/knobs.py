@@ -56,6 +56,9 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "fp16/bf16 x, tensor cores for 4- to 6-bit codes where they fit, else fp32 FMAs); tc: the rule without the "
          "dp4a form; fma: fp32 FMAs everywhere (the A/B of benchmarks/quant_bench.py --qgemv-forms)",
          ("auto", "tc", "fma")),
+    Knob("FUSEC_QGEMV_DP4A_CHUNKS", "choice", "4", "the dp4a quantized GEMV's 32-weight chunks a lane loads a round "
+         "over its weight rows at one row of x (8: twice the bytes in flight, two weight rows a task below K = 8192; "
+         "not yet timed: the A/B of benchmarks/decode_step.py --ab FUSEC_QGEMV_DP4A_CHUNKS=8)", ("4", "8")),
     Knob("FUSEC_QGEMV_DP4A_BLOCKS", "choice", "0", "the dp4a quantized GEMV's blocks an SM (its grid, and the registers "
          "its launch bounds give a thread); 0: the rule (fusec.lower.quant.gemv_form; the A/B of "
          "benchmarks/decode_step.py --ab FUSEC_QGEMV_DP4A_BLOCKS=3)", ("0", "1", "2", "3")),

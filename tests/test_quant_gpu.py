@@ -161,6 +161,35 @@ def test_dp4a_qgemv_matches_reference(fmt, m):
             assert rel_err(host(out, dt), ref) <= TOL[dt], (fmt, m, dt, swap, "norm+glu")
 
 
+@pytest.mark.parametrize("fmt", list(quant.FORMATS))
+def test_dp4a_eight_chunks_a_round_equal_four(fmt):
+    """At one row of x, 8 chunks a lane a round (``chunks``: FUSEC_QGEMV_DP4A_CHUNKS=8) sum each lane's chunks in
+    the order 4 a round does, so the bits are the same: odd N with a partial last task and tasks past the grid's
+    warps, rows of 1 to 3 rounds (K 4096 at two rows a task, 11,008 at one), bias + SiLU + residual, the norm
+    prologue with a gated unit."""
+    dt, m = BF16, 1
+    cases = [(4501, 4096, 2, {}), (2051, 11008, 1, {}), (1501 * 2, 4096, 2, {"norm": True, "glu": "silu"})]
+    for n, k, rows, extra in cases:
+        qw = sample_weight(fmt, n, k, RNG)
+        x = dev(RNG.standard_normal((m, k)).astype(np.float32).astype(dt.np))
+        if extra:
+            g = dev((RNG.random(k) * 0.1 - 0.95).astype(np.float32).astype(dt.np))
+            args, epi, nout = [x, *[dev(a) for a in qw.arrays], g], Epilogue(), n // 2
+        else:
+            bias = dev(RNG.standard_normal(n).astype(np.float32).astype(dt.np))
+            res = dev(RNG.standard_normal((m, n)).astype(np.float32).astype(dt.np))
+            args, epi, nout = [x, *[dev(a) for a in qw.arrays], bias, res], Epilogue(True, "silu", True), n
+        outs = []
+        for chunks in (4, 8):
+            out = poisoned((m, nout), dt)
+            spec = QGemvSpec(m, n, k, fmt, qw.group, dt, qw.scale_dtype, epi, rows=rows, dp4a=True, chunks=chunks,
+                             eps=1e-5, weight_offset=1.0 if extra else 0.0, **extra)
+            _run(spec, args + [out])
+            outs.append(host(out, dt))
+        assert np.isfinite(outs[0].astype(np.float32)).all(), (fmt, n, k)
+        assert np.array_equal(outs[1].view(np.uint16), outs[0].view(np.uint16)), (fmt, n, k, extra)
+
+
 @pytest.mark.parametrize("norm", [False, True])
 def test_dp4a_qgemv_propagates_nan(norm):
     """A NaN in one row of x makes that row's outputs NaN (its block's unit is NaN; a 0 digit would hide it),

@@ -145,6 +145,13 @@ def test_gemv_form_takes_dp4a_up_to_four_rows_of_half_x(fmt, monkeypatch):
                     # long rows: one a task, unless a gated unit's two halves
                     long = gemv_form(m, 2048, 4096, fmt, group, dt, norm, glu)
                     assert (long["rows"], long["blocks"]) == ((2, 2) if glu else (1, 2))
+                    assert f["chunks"] == 4
+                    monkeypatch.setenv("FUSEC_QGEMV_DP4A_CHUNKS", "8")  # 8 chunks a round at one row of x only,
+                    eight = gemv_form(m, 2048, 4096, fmt, group, dt, norm, glu)  # two weight rows a task to K 4096
+                    assert (eight["chunks"], eight["rows"]) == ((8, 2) if m == 1 else (4, 2 if glu else 1))
+                    longer = gemv_form(m, 2048, 8192, fmt, group, dt, norm, glu)
+                    assert not longer.get("dp4a") or longer["rows"] == (2 if glu else 1)
+                    monkeypatch.delenv("FUSEC_QGEMV_DP4A_CHUNKS")
                     monkeypatch.setenv("FUSEC_QGEMV_DP4A_BLOCKS", "3")
                     assert gemv_form(m, 16384, 2048, fmt, group, dt, norm, glu)["blocks"] == 3
                     monkeypatch.delenv("FUSEC_QGEMV_DP4A_BLOCKS")

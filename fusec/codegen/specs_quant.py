@@ -50,7 +50,8 @@ class QGemvSpec:
     formats, M <= 8, fp16/bf16; ``warps`` per block of 16 rows; rows and fold unused). ``dp4a``: integer
     dot products instead (templates/qgemv_dp4a.cu.jinja: x as two int8 digits per value, per 32 values, in the block,
     ``fusec.quant.dp4a_blocks``; fp16/bf16 x, M <= DP4A_MAX_M; ``rows`` a warp's task, ``warps`` a block,
-    ``blocks`` an SM: the grid, and the registers a thread gets (its launch bounds); fold unused).
+    ``blocks`` an SM: the grid, and the registers a thread gets (its launch bounds); ``chunks`` the 32-weight chunks
+    a lane loads a round over its rows (2, 4 or 8); fold unused).
     FMA and dp4a forms: ``norm``, x RMS-normalized over K first as ``Op.RMSNORM`` computes it (weight ``g``
     [K], ``eps``, ``weight_offset``; the FMA form normalizes x once into shared memory, M * K elements of
     at most ``QNORM_SMEM`` bytes, the dp4a form as it writes x's digits); ``glu``, a gated unit over the two halves of the product (as
@@ -72,6 +73,7 @@ class QGemvSpec:
     warps: int = 8
     dp4a: bool = False
     blocks: int = 2
+    chunks: int = 4
     norm: bool = False
     eps: float = 1e-6
     weight_offset: float = 0.0
@@ -97,6 +99,7 @@ class QGemvSpec:
             _req(self.warps in (4, 8, 16), "the dp4a quantized gemv has 4, 8 or 16 warps")
             _req(self.blocks in (1, 2, 3, 4) and self.blocks * self.warps <= 32,
                  "the dp4a quantized gemv runs 1 to 4 blocks an SM, at most 32 warps")
+            _req(self.chunks in (2, 4, 8), "the dp4a quantized gemv's lanes load 2, 4 or 8 chunks a round")
             _req(dp4a_fits(self.M, self.K, self.norm, self.dtype, self.warps), "the dp4a quantized gemv takes fp16/bf16 x, "
                  f"M <= {DP4A_MAX_M}, and its shared memory (x's two digits) within {DP4A_SMEM} bytes")
         if self.norm or self.glu:

@@ -71,7 +71,9 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     blocks an SM: alone, 3 were faster at one row of x and two weight rows a task (the LM head in Q4_K
     42 us against 47), but in the decode step 2 were 2% faster (thirteenth session: the Q4_K_M Llama-1B
     shape 0.561 ms a step against 0.573, Q8_0 0.560 against 0.571; 1 block, 0.684 and 0.637).
-    FUSEC_QGEMV_DP4A_BLOCKS overrides it. At M = 4 the registers of two digits spilled: the form takes
+    FUSEC_QGEMV_DP4A_BLOCKS overrides it. A lane loads 4 chunks a round over its rows (2 KB a warp in flight);
+    FUSEC_QGEMV_DP4A_CHUNKS=8 loads 8 at one row of x (two weight rows a task below K = 8192), not yet timed: at
+    the 7B shape the products streamed at 42-60% of copy (thirteenth session), which 2 KB a warp in flight explains. At M = 4 the registers of two digits spilled: the form takes
     at most 3 rows (DP4A_MAX_M).
 
     The tensor-core form (``tc``) from M = TC_MIN_M (by bits) where it fits (``specs_quant.tc_fits``:
@@ -93,9 +95,10 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
 
     choice = knobs.get("FUSEC_QGEMV_FORM")
     if choice == "auto" and dp4a_fits(m, k, norm, dtype):
-        rows = 2 if glu or k < 4096 else 1
+        chunks = int(knobs.get("FUSEC_QGEMV_DP4A_CHUNKS")) if m == 1 else 4
+        rows = 2 if glu or k < 1024 * chunks else 1
         blocks = int(knobs.get("FUSEC_QGEMV_DP4A_BLOCKS")) or 2
-        return {"rows": rows, "fold": False, "dp4a": True, "warps": DP4A_WARPS, "blocks": blocks}
+        return {"rows": rows, "fold": False, "dp4a": True, "warps": DP4A_WARPS, "blocks": blocks, "chunks": chunks}
     form: dict[str, object] = {"rows": 2 if m <= 8 else 1, "fold": m == 1}
     if tc_fits(m, fmt, dtype) and m >= TC_MIN_M[FORMATS[fmt].bits] and choice != "fma":
         blocks = -(-n // 16)
