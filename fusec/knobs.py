@@ -59,6 +59,10 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("FUSEC_QGEMV_DP4A_CHUNKS", "choice", "4", "the dp4a quantized GEMV's 32-weight chunks a lane loads a round "
          "over its weight rows at one row of x (8: twice the bytes in flight, two weight rows a task below K = 8192; "
          "not yet timed: the A/B of benchmarks/decode_step.py --ab FUSEC_QGEMV_DP4A_CHUNKS=8)", ("4", "8")),
+    Knob("FUSEC_QGEMV_DP4A_MAX_M", "choice", "3", "the most rows of x the dp4a quantized GEMV takes in the rule "
+         "(fusec.lower.quant.gemv_form; its kernel takes up to 8; 4-8: not yet timed, the A/B of "
+         "benchmarks/decode_step.py --model llama-1b-q8_0 --batches 8 --ab FUSEC_QGEMV_DP4A_MAX_M=8)",
+         ("3", "4", "8")),
     Knob("FUSEC_QGEMV_DP4A_BLOCKS", "choice", "0", "the dp4a quantized GEMV's blocks an SM (its grid, and the registers "
          "its launch bounds give a thread); 0: the rule (fusec.lower.quant.gemv_form; the A/B of "
          "benchmarks/decode_step.py --ab FUSEC_QGEMV_DP4A_BLOCKS=3)", ("0", "1", "2", "3")),

@@ -118,7 +118,7 @@ def test_qgemv_norm_prologue_and_gated_epilogue(fmt, m):
 
 
 @pytest.mark.parametrize("fmt", list(quant.FORMATS))
-@pytest.mark.parametrize("m", [1, 2, 3])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 8])
 def test_dp4a_qgemv_matches_reference(fmt, m):
     """The dp4a form (x as two int8 digits per value, per 32 values; integer dot products) against numpy over
     quant.dp4a_blocks(x): plain at odd N with a task loop (N past the grid's warps) and long rows (several
@@ -127,7 +127,7 @@ def test_dp4a_qgemv_matches_reference(fmt, m):
     block of 32)."""
     for dt in (F16, BF16):
         rd = lambda a: a.astype(dt.np).astype(np.float32)  # noqa: E731
-        for n, k in ((4501, 768), (83, next(k for k in (11008, 8192, 4096) if dp4a_fits(m, k, False, dt)))):
+        for n, k in ((4501, 768), (83, next(k for k in (11008, 8192, 4096, 2048) if dp4a_fits(m, k, False, dt)))):
             qw = sample_weight(fmt, n, k, RNG)
             w = qw.dequantize().astype(np.float32)
             x = RNG.standard_normal((m, k)).astype(np.float32).astype(dt.np)

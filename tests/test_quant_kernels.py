@@ -160,6 +160,16 @@ def test_gemv_form_takes_dp4a_up_to_four_rows_of_half_x(fmt, monkeypatch):
     assert dp4a_smem(3, too_long, False) > DP4A_SMEM >= dp4a_smem(3, too_long - 2048, False)
     assert "dp4a" not in gemv_form(3, 2048, too_long, fmt, group, DType.BF16)
     assert "dp4a" in gemv_form(1, 2048, too_long, fmt, group, DType.BF16)
+    # FUSEC_QGEMV_DP4A_MAX_M: up to 8 rows where x's digits fit (K 2048 at 8 rows; not K 8192)
+    monkeypatch.setenv("FUSEC_QGEMV_DP4A_MAX_M", "8")
+    for m in (4, 8):
+        f = gemv_form(m, 16384, 2048, fmt, group, DType.BF16, True)
+        assert f.get("dp4a") and (f["rows"], f["chunks"]) == (1, 2), (m, f)  # one row a task, 2 chunks a round
+        QGemvSpec(m, 16384, 2048, fmt, group, DType.BF16, DType.F16, norm=True, **f)
+        assert "dp4a" not in gemv_form(m, 16384, 2048, fmt, group, DType.BF16, True, True)  # no gated unit
+        assert "dp4a" not in gemv_form(m, 2048, 8192, fmt, group, DType.BF16)
+    assert "dp4a" not in gemv_form(9, 16384, 2048, fmt, group, DType.BF16)
+    monkeypatch.delenv("FUSEC_QGEMV_DP4A_MAX_M")
     for choice in ("tc", "fma"):
         monkeypatch.setenv("FUSEC_QGEMV_FORM", choice)
         assert "dp4a" not in gemv_form(1, 16384, 2048, fmt, group, DType.BF16)
@@ -225,18 +235,20 @@ def test_the_forms_the_rule_picks_do_not_spill(arch):
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_the_dp4a_forms_the_rule_picks_compile_without_spills(arch):
-    """At M = 1, 2 and 4 the rule's dp4a form of every Llama-1B and 7B product where it fits, in every
-    format (the 1B shapes; Q4_K and Q6_K on the 7B), plain and with the norm prologue and gated
+def test_the_dp4a_forms_the_rule_picks_compile_without_spills(arch, monkeypatch):
+    """At M = 1, 2, 4 and 8 (FUSEC_QGEMV_DP4A_MAX_M=8) the rule's dp4a form of every Llama-1B and 7B product where
+    it fits, in every format (the 1B shapes; Q4_K and Q6_K on the 7B), plain and with the norm prologue and gated
     epilogue where K is the model's width, compiles without register spills (ptxas -v through NVRTC)."""
+    monkeypatch.setenv("FUSEC_QGEMV_DP4A_MAX_M", "8")
     pending = []
     for i, (n, k) in enumerate(LLAMA_SHAPES):
         for fmt in (FORMATS if i < 5 else ("q4_k", "q6_k")):
             group = FORMATS[fmt].group or 128
-            for m in (1, 2, 4):
+            for m in (1, 2, 4, 8):
                 for norm, glu in ((False, False),) + (((True, True),) if k in (2048, 4096) else ()):
                     form = gemv_form(m, n, k, fmt, group, DType.BF16, norm, glu)
-                    assert bool(form.get("dp4a")) == dp4a_fits(m, k, norm, DType.BF16), (n, k, fmt, m)
+                    assert bool(form.get("dp4a")) == (dp4a_fits(m, k, norm, DType.BF16) and not (glu and m >= 4)), \
+                        (n, k, fmt, m)
                     if not form.get("dp4a"):
                         continue
                     spec = QGemvSpec(m, n, k, fmt, group, DType.BF16, DType.F16, norm=norm, glu="silu" if glu else "",
@@ -248,7 +260,7 @@ def test_the_dp4a_forms_the_rule_picks_compile_without_spills(arch):
 
 
 def test_dp4a_form_refuses_what_it_cannot_take():
-    for m, dt, k, warps in ((5, DType.BF16, 2048, 8), (1, DType.F32, 2048, 8), (4, DType.BF16, 16384, 8),
+    for m, dt, k, warps in ((9, DType.BF16, 2048, 8), (1, DType.F32, 2048, 8), (4, DType.BF16, 16384, 8),
                             (1, DType.BF16, 2048, 2)):
         with pytest.raises(ValueError, match="dp4a"):
             QGemvSpec(m, 64, k, "q4_k", 32, dt, DType.F16, dp4a=True, warps=warps)

@@ -59,7 +59,7 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     """The quantized GEMV's form at M = ``m`` for an [n, k] weight (QGemvSpec's fields); ``norm``,
     ``glu``: the product takes an RMSNorm prologue, a gated epilogue.
 
-    The dp4a form (``dp4a``) where it fits (``specs_quant.dp4a_fits``: fp16/bf16 x, M <= 3, x written
+    The dp4a form (``dp4a``) where it fits (``specs_quant.dp4a_fits``: fp16/bf16 x, M <= 3 by default, x written
     in shared memory): x as two int8 digits per value (per 32 values), integer dot products. Measured on an H200
     (benchmarks/RESULTS.md, twelfth session), Llama-1B's shapes in Q4_K, Q6_K and Q8_0: at M = 1 it took
     0.55-0.97x the FMA form's time (gate/up Q4_K 8.6 us against 13.4, the LM head in Q6_K 68 against
@@ -71,10 +71,13 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     blocks an SM: alone, 3 were faster at one row of x and two weight rows a task (the LM head in Q4_K
     42 us against 47), but in the decode step 2 were 2% faster (thirteenth session: the Q4_K_M Llama-1B
     shape 0.561 ms a step against 0.573, Q8_0 0.560 against 0.571; 1 block, 0.684 and 0.637).
-    FUSEC_QGEMV_DP4A_BLOCKS overrides it. A lane loads 4 chunks a round over its rows (2 KB a warp in flight);
+    FUSEC_QGEMV_DP4A_BLOCKS overrides it. The rule takes the form to 3 rows of x (measured); the kernel takes up to
+    8 (``specs_quant.DP4A_MAX_M``) and FUSEC_QGEMV_DP4A_MAX_M=4 or 8 gives them to it, not yet timed (batch 8 in
+    Q8_0 runs the FMA form at 0.32x the bf16 plan): from 4 rows one weight row a task, 2 chunks a round, and no
+    gated unit (two rows a task spilled there; ptxas -v, sm_80 and sm_90). A lane loads 4 chunks a round over its rows (2 KB a warp in flight);
     FUSEC_QGEMV_DP4A_CHUNKS=8 loads 8 at one row of x (two weight rows a task below K = 8192), not yet timed: at
-    the 7B shape the products streamed at 42-60% of copy (thirteenth session), which 2 KB a warp in flight explains. At M = 4 the registers of two digits spilled: the form takes
-    at most 3 rows (DP4A_MAX_M).
+    the 7B shape the products streamed at 42-60% of copy (thirteenth session), which 2 KB a warp in flight
+    explains.
 
     The tensor-core form (``tc``) from M = TC_MIN_M (by bits) where it fits (``specs_quant.tc_fits``:
     4- to 6-bit codes, M <= 8, fp16/bf16; its copy of the block's rows within TC_SMEM_MAX, at most
@@ -94,9 +97,15 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     from fusec.codegen.specs_quant import dp4a_fits, tc_fits
 
     choice = knobs.get("FUSEC_QGEMV_FORM")
-    if choice == "auto" and dp4a_fits(m, k, norm, dtype):
+    # from 4 rows of x (FUSEC_QGEMV_DP4A_MAX_M): one weight row a task, 2 chunks a round, no gated unit (its two
+    # rows a task spilled at 4-8 rows of x; ptxas -v, sm_80 and sm_90, 128 registers); not yet timed
+    wide = m >= 4
+    if (choice == "auto" and m <= int(knobs.get("FUSEC_QGEMV_DP4A_MAX_M")) and not (wide and glu)
+            and dp4a_fits(m, k, norm, dtype)):
         chunks = int(knobs.get("FUSEC_QGEMV_DP4A_CHUNKS")) if m == 1 else 4
         rows = 2 if glu or k < 1024 * chunks else 1
+        if wide:
+            rows, chunks = 1, 2
         blocks = int(knobs.get("FUSEC_QGEMV_DP4A_BLOCKS")) or 2
         return {"rows": rows, "fold": False, "dp4a": True, "warps": DP4A_WARPS, "blocks": blocks, "chunks": chunks}
     form: dict[str, object] = {"rows": 2 if m <= 8 else 1, "fold": m == 1}
