@@ -15,8 +15,9 @@ from fusec.dtypes import DType
 QGEMV_MAX_M = 16
 QNORM_SMEM = 32 << 10  # the FMA form's normalized copy of x (static shared memory)
 # the dp4a form's rows of x: at 3 blocks an SM (85 registers a thread) 4 rows spilled; at 2 (128 registers) up to 8
-# rows compile without spills (ptxas, sm_90: 96-128 registers on Llama-1B's K = 2048 shapes at 2 rows a task and 4
-# chunks a round). The rule (fusec.lower.quant.gemv_form) takes it to FUSEC_QGEMV_DP4A_MAX_M rows.
+# rows compile without spills at one weight row a task and 2 chunks a round, without a gated unit (ptxas, sm_80 and
+# sm_90, the Llama-1B and 7B shapes; tests/test_quant_kernels.py). The rule (fusec.lower.quant.gemv_form) takes it
+# to FUSEC_QGEMV_DP4A_MAX_M rows.
 DP4A_MAX_M = 8
 DP4A_SMEM = 48 << 10  # static shared memory of a block
 

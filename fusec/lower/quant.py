@@ -74,10 +74,10 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     FUSEC_QGEMV_DP4A_BLOCKS overrides it. The rule takes the form to 3 rows of x (measured); the kernel takes up to
     8 (``specs_quant.DP4A_MAX_M``) and FUSEC_QGEMV_DP4A_MAX_M=4 or 8 gives them to it, not yet timed (batch 8 in
     Q8_0 runs the FMA form at 0.32x the bf16 plan): from 4 rows one weight row a task, 2 chunks a round, and no
-    gated unit (two rows a task spilled there; ptxas -v, sm_80 and sm_90). A lane loads 4 chunks a round over its rows (2 KB a warp in flight);
-    FUSEC_QGEMV_DP4A_CHUNKS=8 loads 8 at one row of x (two weight rows a task below K = 8192), not yet timed: at
-    the 7B shape the products streamed at 42-60% of copy (thirteenth session), which 2 KB a warp in flight
-    explains.
+    gated unit (two rows a task spilled there; ptxas -v, sm_80 and sm_90). Below 4 rows a lane loads 4 chunks a
+    round over its rows (2 KB a warp in flight); FUSEC_QGEMV_DP4A_CHUNKS=8 loads 8 at one row of x (two weight
+    rows a task below K = 8192), not yet timed: at the 7B shape the products streamed at 42-60% of copy
+    (thirteenth session), which 2 KB a warp in flight explains.
 
     The tensor-core form (``tc``) from M = TC_MIN_M (by bits) where it fits (``specs_quant.tc_fits``:
     4- to 6-bit codes, M <= 8, fp16/bf16; its copy of the block's rows within TC_SMEM_MAX, at most
