@@ -36,7 +36,7 @@
 #   train_full  the same with the torch.compile variant and the MiniLM fine-tune
 #   qtests    the packed-weight GPU tests (kernels against the reference, generation token for token)
 #   qtc       the tensor-core quantized GEMV against the exact sums (tests/test_quant_gpu.py -k tensor_core)
-#   qnext     the thirteenth session's untimed dp4a options: their GPU tests, then in the decode step 8 chunks a lane a
+#   qnext     the thirteenth session's untimed dp4a options: their GPU tests (and the families'), then in the decode step 8 chunks a lane a
 #             round at batch 1 (7B and 1B Q4_K_M shapes) and the dp4a form at 4-8 rows of x (batch 8, Q8_0 and Q4_K_M)
 #   qvariants every form of the quantized GEMV on Llama-1B's shapes (quant_bench.py --variants)
 #   qdecode   the packed-weight decode models alone (quant_bench.py --skip kernels,torch), the rule and the rule without dp4a
@@ -175,7 +175,7 @@ for step in "$@"; do
             grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_quant.txt" | tail -n 12 ;;
     qtc) timeout 150 $PT -n 12 tests/test_quant_gpu.py -k tensor_core > "$R/t_qtc.txt" 2>&1
          grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_qtc.txt" | tail -n 12 ;;
-    qnext) timeout 200 $PT -n 8 tests/test_quant_gpu.py -k "dp4a" > "$R/t_qnext.txt" 2>&1
+    qnext) timeout 200 $PT -n 8 tests/test_quant_gpu.py -k "dp4a" tests/test_generation_families_gpu.py > "$R/t_qnext.txt" 2>&1
            grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_qnext.txt" | tail -n 12
            for m in llama-7b-q4_k_m llama-1b-q4_k_m; do
              timeout 200 python3 benchmarks/decode_step.py "$R/qn_$m" --model $m --batches 1 --context 32 --windows 3 \
