@@ -175,8 +175,10 @@ for step in "$@"; do
             grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_quant.txt" | tail -n 12 ;;
     qtc) timeout 150 $PT -n 12 tests/test_quant_gpu.py -k tensor_core > "$R/t_qtc.txt" 2>&1
          grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_qtc.txt" | tail -n 12 ;;
-    qnext) timeout 200 $PT -n 8 tests/test_quant_gpu.py -k "dp4a" tests/test_generation_families_gpu.py > "$R/t_qnext.txt" 2>&1
+    qnext) timeout 200 $PT -n 8 tests/test_quant_gpu.py -k "dp4a" > "$R/t_qnext.txt" 2>&1
            grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_qnext.txt" | tail -n 12
+           timeout 150 $PT -n 8 tests/test_generation_families_gpu.py > "$R/t_qnext_fam.txt" 2>&1
+           grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_qnext_fam.txt" | tail -n 12
            for m in llama-7b-q4_k_m llama-1b-q4_k_m; do
              timeout 200 python3 benchmarks/decode_step.py "$R/qn_$m" --model $m --batches 1 --context 32 --windows 3 \
                --ab FUSEC_QGEMV_DP4A_CHUNKS=8 > "$R/qn_$m.txt" 2>&1
