@@ -37,7 +37,8 @@
 #   qtests    the packed-weight GPU tests (kernels against the reference, generation token for token)
 #   qtc       the tensor-core quantized GEMV against the exact sums (tests/test_quant_gpu.py -k tensor_core)
 #   qnext     the thirteenth session's untimed dp4a options: their GPU tests (and the families'), then in the decode step 8 chunks a lane a
-#             round at batch 1 (7B and 1B Q4_K_M shapes) and the dp4a form at 4-8 rows of x (batch 8, Q8_0 and Q4_K_M)
+#             round and one block of 16 warps an SM at batch 1 (7B and 1B Q4_K_M shapes), and the dp4a form at 4-8 rows
+#             of x (batch 8, Q8_0 and Q4_K_M)
 #   qvariants every form of the quantized GEMV on Llama-1B's shapes (quant_bench.py --variants)
 #   qdecode   the packed-weight decode models alone (quant_bench.py --skip kernels,torch), the rule and the rule without dp4a
 #   q7b       the 7B Llama shape in Q4_K_M, batch 1 decode and its packed-weight roofline (quant_bench.py --7b)
@@ -180,8 +181,9 @@ for step in "$@"; do
            timeout 150 $PT -n 8 tests/test_generation_families_gpu.py > "$R/t_qnext_fam.txt" 2>&1
            grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_qnext_fam.txt" | tail -n 12
            for m in llama-7b-q4_k_m llama-1b-q4_k_m; do
-             timeout 200 python3 benchmarks/decode_step.py "$R/qn_$m" --model $m --batches 1 --context 32 --windows 3 \
-               --ab FUSEC_QGEMV_DP4A_CHUNKS=8 > "$R/qn_$m.txt" 2>&1
+             timeout 280 python3 benchmarks/decode_step.py "$R/qn_$m" --model $m --batches 1 --context 32 --windows 3 \
+               --ab FUSEC_QGEMV_DP4A_CHUNKS=8 --ab FUSEC_QGEMV_DP4A_WARPS=16 \
+               --ab FUSEC_QGEMV_DP4A_CHUNKS=8+FUSEC_QGEMV_DP4A_WARPS=16 > "$R/qn_$m.txt" 2>&1
              tail -n 1 "$R/qn_$m.txt" | cut -c 1-1500
            done
            for m in llama-1b-q8_0 llama-1b-q4_k_m; do

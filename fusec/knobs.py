@@ -63,6 +63,9 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "(fusec.lower.quant.gemv_form; its kernel takes up to 8; 4-8: not yet timed, the A/B of "
          "benchmarks/decode_step.py --model llama-1b-q8_0 --batches 8 --ab FUSEC_QGEMV_DP4A_MAX_M=8)",
          ("3", "4", "8")),
+    Knob("FUSEC_QGEMV_DP4A_WARPS", "choice", "8", "the dp4a quantized GEMV's warps a block (16: one block an SM unless "
+         "FUSEC_QGEMV_DP4A_BLOCKS says otherwise, so each SM writes x's digits once; not yet timed: the A/B of "
+         "benchmarks/decode_step.py --ab FUSEC_QGEMV_DP4A_WARPS=16)", ("8", "16")),
     Knob("FUSEC_QGEMV_DP4A_BLOCKS", "choice", "0", "the dp4a quantized GEMV's blocks an SM (its grid, and the registers "
          "its launch bounds give a thread); 0: the rule (fusec.lower.quant.gemv_form; the A/B of "
          "benchmarks/decode_step.py --ab FUSEC_QGEMV_DP4A_BLOCKS=3)", ("0", "1", "2", "3")),

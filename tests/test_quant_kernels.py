@@ -152,6 +152,10 @@ def test_gemv_form_takes_dp4a_up_to_four_rows_of_half_x(fmt, monkeypatch):
                     longer = gemv_form(m, 2048, 8192, fmt, group, dt, norm, glu)
                     assert not longer.get("dp4a") or longer["rows"] == (2 if glu else 1)
                     monkeypatch.delenv("FUSEC_QGEMV_DP4A_CHUNKS")
+                    monkeypatch.setenv("FUSEC_QGEMV_DP4A_WARPS", "16")  # one block of 16 warps an SM
+                    assert (gemv_form(m, 16384, 2048, fmt, group, dt, norm, glu)["warps"],
+                            gemv_form(m, 16384, 2048, fmt, group, dt, norm, glu)["blocks"]) == (16, 1)
+                    monkeypatch.delenv("FUSEC_QGEMV_DP4A_WARPS")
                     monkeypatch.setenv("FUSEC_QGEMV_DP4A_BLOCKS", "3")
                     assert gemv_form(m, 16384, 2048, fmt, group, dt, norm, glu)["blocks"] == 3
                     monkeypatch.delenv("FUSEC_QGEMV_DP4A_BLOCKS")

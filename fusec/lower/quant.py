@@ -44,7 +44,6 @@ TC_MAX_CPW = 16
 # codes: the layer's products take the same time either way at M = 2 and 3; 6-bit (their bit planes cost the TC form
 # more): at M = 4. 5-bit was not timed and follows 6-bit.
 TC_MIN_M = {4: 3, 5: 4, 6: 4}
-DP4A_WARPS = 8  # the dp4a form's block
 
 
 def _tc_fits_smem(k: int, group: int, warps: int, hb: int) -> bool:
@@ -77,7 +76,10 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     gated unit (two rows a task spilled there; ptxas -v, sm_80 and sm_90). Below 4 rows a lane loads 4 chunks a
     round over its rows (2 KB a warp in flight); FUSEC_QGEMV_DP4A_CHUNKS=8 loads 8 at one row of x (two weight
     rows a task below K = 8192), not yet timed: at the 7B shape the products streamed at 42-60% of copy
-    (thirteenth session), which 2 KB a warp in flight explains.
+    (thirteenth session), which 2 KB a warp in flight explains. Every block writes all of x's digits: in the down
+    product (K = 8192) that is 967 instructions a thread after the wait (nvdisasm), about 2 us of issue an SM at
+    2 blocks of 8 warps; FUSEC_QGEMV_DP4A_WARPS=16 runs one block of 16 warps an SM instead (the same warps, the
+    same 128 registers, half of that work), not yet timed.
 
     The tensor-core form (``tc``) from M = TC_MIN_M (by bits) where it fits (``specs_quant.tc_fits``:
     4- to 6-bit codes, M <= 8, fp16/bf16; its copy of the block's rows within TC_SMEM_MAX, at most
@@ -106,8 +108,9 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
         rows = 2 if glu or k < 1024 * chunks else 1
         if wide:
             rows, chunks = 1, 2
-        blocks = int(knobs.get("FUSEC_QGEMV_DP4A_BLOCKS")) or 2
-        return {"rows": rows, "fold": False, "dp4a": True, "warps": DP4A_WARPS, "blocks": blocks, "chunks": chunks}
+        warps = int(knobs.get("FUSEC_QGEMV_DP4A_WARPS"))
+        blocks = int(knobs.get("FUSEC_QGEMV_DP4A_BLOCKS")) or (2 if warps == 8 else 1)
+        return {"rows": rows, "fold": False, "dp4a": True, "warps": warps, "blocks": blocks, "chunks": chunks}
     form: dict[str, object] = {"rows": 2 if m <= 8 else 1, "fold": m == 1}
     if tc_fits(m, fmt, dtype) and m >= TC_MIN_M[FORMATS[fmt].bits] and choice != "fma":
         blocks = -(-n // 16)
