@@ -38,7 +38,7 @@
 #   qtc       the tensor-core quantized GEMV against the exact sums (tests/test_quant_gpu.py -k tensor_core)
 #   qnext     the thirteenth session's untimed dp4a options: their GPU tests (and the families'), then in the decode step 8 chunks a lane a
 #             round and one block of 16 warps an SM at batch 1 (7B and 1B Q4_K_M shapes), and the dp4a form at 4-8 rows
-#             of x (batch 8, Q8_0 and Q4_K_M)
+#             of x (batch 8, Q8_0 and Q4_K_M); about 8 minutes: run it alone
 #   qvariants every form of the quantized GEMV on Llama-1B's shapes (quant_bench.py --variants)
 #   qdecode   the packed-weight decode models alone (quant_bench.py --skip kernels,torch), the rule and the rule without dp4a
 #   q7b       the 7B Llama shape in Q4_K_M, batch 1 decode and its packed-weight roofline (quant_bench.py --7b)
