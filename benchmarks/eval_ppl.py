@@ -26,6 +26,7 @@ about a minute); ``--backend cuda`` compiles plans. Writes DIR/eval.json and DIR
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -90,10 +91,7 @@ class _Dp4aActivations:
         self.quant.matmul = self.matmul
 
 
-def _run(graph: Any, options: dict[str, Any], ids: np.ndarray, args: argparse.Namespace, dp4a: bool = False) -> np.ndarray:
-    if dp4a:
-        with _Dp4aActivations():
-            return _run(graph, options, ids, args)
+def _run(graph: Any, options: dict[str, Any], ids: np.ndarray, args: argparse.Namespace) -> np.ndarray:
     feeds = {"input_ids": ids[None, :].astype(np.int64), "attention_mask": np.ones((1, len(ids)), np.int64)}
     if args.backend == "cuda":
         import fusec
@@ -147,6 +145,8 @@ def main() -> int:
                     help="--backend reference: the packed side's products read x as the dp4a decode form represents it "
                          "(two int8 digits per value, per 32 values: fusec.quant.dp4a_blocks)")
     args = ap.parse_args()
+    if args.dp4a_activations and args.backend != "reference":
+        ap.error("--dp4a-activations emulates the dp4a form in the reference backend")
     t0 = time.perf_counter()
     text = Path(args.text).read_text(encoding="utf-8")
     ga, gb, oa, ob, tok = _graphs(args.model, 8, args)  # the tokenizer first: the text decides the length
@@ -158,14 +158,13 @@ def main() -> int:
         ids = np.asarray(tok.encode(text), np.int64)[:args.tokens]
         source = f"{Path(args.text).name} ({len(ids)} tokens)"
     ga, gb, oa, ob, _ = _graphs(args.model, len(ids), args)
-    la = _run(ga, oa, ids, args, dp4a=args.dp4a_activations)
+    with _Dp4aActivations() if args.dp4a_activations else contextlib.nullcontext():
+        la = _run(ga, oa, ids, args)
     lb = _run(gb, ob, ids, args)
     diff = np.abs(la.astype(np.float64) - lb)
     side = f"--quantize {args.quantize}" + (f" (group {args.quantize_group})" if args.quantize == "int4" else "") \
         if args.quantize else "GGUF packed"
     if args.dp4a_activations:
-        if args.backend != "reference":
-            ap.error("--dp4a-activations emulates the dp4a form in the reference backend")
         side += ", x as the dp4a form has it"
     base = "GGUF dequantized at load" if args.model.lower().endswith(".gguf") else "unquantized"
     rec: dict[str, Any] = {"model": os.path.basename(args.model), "text": source, "backend": args.backend,
@@ -175,10 +174,7 @@ def main() -> int:
                            "logit_std": float(lb.std())}
     rec["ppl_ratio"] = rec["ppl_a"] / rec["ppl_b"]
     if args.chat:
-        if args.dp4a_activations:
-            with _Dp4aActivations():
-                rec["chat_prompt"], rec["chat_answer"] = args.chat, _chat(args.model, args.chat, args)
-        else:
+        with _Dp4aActivations() if args.dp4a_activations else contextlib.nullcontext():
             rec["chat_prompt"], rec["chat_answer"] = args.chat, _chat(args.model, args.chat, args)
     rec["seconds"] = time.perf_counter() - t0
     md = "\n".join([

@@ -32,7 +32,7 @@ def _sources(plan, launches: list[dict]) -> list[str]:  # noqa: ANN001
 
 @pytest.mark.parametrize("batch,form", [(1, "dp4a"), (3, "dp4a"), (1, "fma")])
 def test_few_row_packed_products_take_the_norm_and_the_gated_unit(batch: int, form: str, monkeypatch) -> None:  # noqa: ANN001
-    """Up to 4 rows of bf16 x the rule's form is the dp4a one (FUSEC_QGEMV_FORM=fma: the FMA form); both
+    """Up to 3 rows of bf16 x the rule's form is the dp4a one (FUSEC_QGEMV_FORM=fma: the FMA form); both
     take the norm and the gated unit."""
     if form == "fma":
         monkeypatch.setenv("FUSEC_QGEMV_FORM", "fma")

@@ -109,7 +109,7 @@ class QGemvSpec:
         if self.norm or self.glu:
             _req(not self.tc, "the quantized gemv's norm prologue and gated epilogue are the FMA form's")
         check_norm_glu(self, "quantized gemv")
-        if self.norm and not self.dp4a:  # the FMA form's copy of x (the dp4a form reads x twice instead)
+        if self.norm and not self.dp4a:  # the FMA form's copy of x (the dp4a form writes x's digits instead)
             _req(self.M * self.K * self.dtype.itemsize <= QNORM_SMEM,
                  f"the quantized gemv normalizes x in shared memory: M * K * {self.dtype.itemsize} <= {QNORM_SMEM} bytes")
         if self.glu:

@@ -104,10 +104,11 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     wide = m >= 4
     if (choice == "auto" and m <= int(knobs.get("FUSEC_QGEMV_DP4A_MAX_M")) and not (wide and glu)
             and dp4a_fits(m, k, norm, dtype)):
-        chunks = int(knobs.get("FUSEC_QGEMV_DP4A_CHUNKS")) if m == 1 else 4
-        rows = 2 if glu or k < 1024 * chunks else 1
         if wide:
             rows, chunks = 1, 2
+        else:
+            chunks = int(knobs.get("FUSEC_QGEMV_DP4A_CHUNKS")) if m == 1 else 4
+            rows = 2 if glu or k < 1024 * chunks else 1
         warps = int(knobs.get("FUSEC_QGEMV_DP4A_WARPS"))
         blocks = int(knobs.get("FUSEC_QGEMV_DP4A_BLOCKS")) or (2 if warps == 8 else 1)
         return {"rows": rows, "fold": False, "dp4a": True, "warps": warps, "blocks": blocks, "chunks": chunks}
