@@ -36,9 +36,9 @@
 #   train_full  the same with the torch.compile variant and the MiniLM fine-tune
 #   qtests    the packed-weight GPU tests (kernels against the reference, generation token for token)
 #   qtc       the tensor-core quantized GEMV against the exact sums (tests/test_quant_gpu.py -k tensor_core)
-#   qnext     the thirteenth session's untimed dp4a options: their GPU tests (and the families'), then in the decode step 8 chunks a lane a
-#             round and one block of 16 warps an SM at batch 1 (7B and 1B Q4_K_M shapes), and the dp4a form at 4-8 rows
-#             of x (batch 8, Q8_0 and Q4_K_M); about 8 minutes: run it alone
+#   q14       the fourteenth session's dp4a rule (8 chunks a round at one row of x; 4-8 rows of x where tensor cores do
+#             not apply): its GPU tests, then decode steps against the old choices (7B and 1B Q4_K_M batch 1 against
+#             4 chunks; 1B Q8_0 batch 4 and 8 against the rule without dp4a, the FMA form there); about 6 minutes
 #   qvariants every form of the quantized GEMV on Llama-1B's shapes (quant_bench.py --variants)
 #   qdecode   the packed-weight decode models alone (quant_bench.py --skip kernels,torch), the rule and the rule without dp4a
 #   q7b       the 7B Llama shape in Q4_K_M, batch 1 decode and its packed-weight roofline (quant_bench.py --7b)
@@ -176,21 +176,19 @@ for step in "$@"; do
             grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_quant.txt" | tail -n 12 ;;
     qtc) timeout 150 $PT -n 12 tests/test_quant_gpu.py -k tensor_core > "$R/t_qtc.txt" 2>&1
          grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_qtc.txt" | tail -n 12 ;;
-    qnext) timeout 200 $PT -n 8 tests/test_quant_gpu.py -k "dp4a" > "$R/t_qnext.txt" 2>&1
-           grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_qnext.txt" | tail -n 12
-           timeout 150 $PT -n 8 tests/test_generation_families_gpu.py > "$R/t_qnext_fam.txt" 2>&1
-           grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_qnext_fam.txt" | tail -n 12
-           for m in llama-7b-q4_k_m llama-1b-q4_k_m; do
-             timeout 280 python3 benchmarks/decode_step.py "$R/qn_$m" --model $m --batches 1 --context 32 --windows 3 \
-               --ab FUSEC_QGEMV_DP4A_CHUNKS=8 --ab FUSEC_QGEMV_DP4A_WARPS=16 \
-               --ab FUSEC_QGEMV_DP4A_CHUNKS=8+FUSEC_QGEMV_DP4A_WARPS=16 > "$R/qn_$m.txt" 2>&1
-             tail -n 1 "$R/qn_$m.txt" | cut -c 1-1500
-           done
-           for m in llama-1b-q8_0 llama-1b-q4_k_m; do
-             timeout 200 python3 benchmarks/decode_step.py "$R/qn8_$m" --model $m --batches 8 --context 32 --windows 3 \
-               --ab FUSEC_QGEMV_DP4A_MAX_M=8 > "$R/qn8_$m.txt" 2>&1
-             tail -n 1 "$R/qn8_$m.txt" | cut -c 1-1500
-           done ;;
+    q14) timeout 200 $PT -n 8 tests/test_quant_gpu.py -k "dp4a" > "$R/t_q14.txt" 2>&1
+         grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_q14.txt" | tail -n 12
+         for mb in llama-7b-q4_k_m:1 llama-1b-q4_k_m:1; do
+           m=${mb%:*}
+           timeout 200 python3 benchmarks/decode_step.py "$R/q14_$m" --model $m --batches ${mb#*:} --context 32 --windows 3 \
+             --ab FUSEC_QGEMV_DP4A_CHUNKS=4 > "$R/q14_$m.txt" 2>&1
+           tail -n 1 "$R/q14_$m.txt" | cut -c 1-1500
+         done
+         for m in llama-1b-q8_0; do
+           timeout 200 python3 benchmarks/decode_step.py "$R/q14w_$m" --model $m --batches 4,8 --context 32 --windows 3 \
+             --ab FUSEC_QGEMV_FORM=tc > "$R/q14w_$m.txt" 2>&1
+           grep -E "^\| [48] \|" "$R/q14w_$m.txt" | cut -c 1-1500
+         done ;;
     qvariants) timeout 360 python3 benchmarks/quant_bench.py "$R/qvar" --variants --skip torch,decode > "$R/qvar.txt" 2>&1
                grep "^| llama" "$R/qvar.txt" | tail -n 70 ;;
     qdecode) timeout 250 python3 benchmarks/quant_bench.py "$R/qdec" --skip kernels,torch --qgemv-forms auto,tc > "$R/qdec.txt" 2>&1

@@ -53,19 +53,13 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "benchmarks/decode_step.py --ab FUSEC_GEMV_SPREAD=1)", ("0", "1", "2", "4")),
     Knob("FUSEC_QGEMV_FORM", "choice", "auto", "how decode products over packed weights compute: auto, the rule "
          "(fusec.lower.quant.gemv_form: integer dot products over x as two int8 digits per value up to 3 rows of "
-         "fp16/bf16 x, tensor cores for 4- to 6-bit codes where they fit, else fp32 FMAs); tc: the rule without the "
-         "dp4a form; fma: fp32 FMAs everywhere (the A/B of benchmarks/quant_bench.py --qgemv-forms)",
+         "fp16/bf16 x and up to 8 where the tensor-core form does not apply, tensor cores for 4- to 6-bit codes "
+         "where they fit, else fp32 FMAs); tc: the rule without the dp4a form; fma: fp32 FMAs everywhere (the A/B of benchmarks/quant_bench.py --qgemv-forms)",
          ("auto", "tc", "fma")),
-    Knob("FUSEC_QGEMV_DP4A_CHUNKS", "choice", "4", "the dp4a quantized GEMV's 32-weight chunks a lane loads a round "
-         "over its weight rows at one row of x (8: twice the bytes in flight, two weight rows a task below K = 8192; "
-         "not yet timed: the A/B of benchmarks/decode_step.py --ab FUSEC_QGEMV_DP4A_CHUNKS=8)", ("4", "8")),
-    Knob("FUSEC_QGEMV_DP4A_MAX_M", "choice", "3", "the most rows of x the dp4a quantized GEMV takes in the rule "
-         "(fusec.lower.quant.gemv_form; its kernel takes up to 8; 4-8: not yet timed, the A/B of "
-         "benchmarks/decode_step.py --model llama-1b-q8_0 --batches 8 --ab FUSEC_QGEMV_DP4A_MAX_M=8)",
-         ("3", "4", "8")),
-    Knob("FUSEC_QGEMV_DP4A_WARPS", "choice", "8", "the dp4a quantized GEMV's warps a block (16: one block an SM unless "
-         "FUSEC_QGEMV_DP4A_BLOCKS says otherwise, so each SM writes x's digits once; not yet timed: the A/B of "
-         "benchmarks/decode_step.py --ab FUSEC_QGEMV_DP4A_WARPS=16)", ("8", "16")),
+    Knob("FUSEC_QGEMV_DP4A_CHUNKS", "choice", "8", "the dp4a quantized GEMV's 32-weight chunks a lane loads a round "
+         "over its weight rows at one row of x (8: two weight rows a task below K = 8192; 4: half the bytes in flight, "
+         "7% slower at the 7B Q4_K_M shape on an H200; the A/B of benchmarks/decode_step.py --ab "
+         "FUSEC_QGEMV_DP4A_CHUNKS=4)", ("4", "8")),
     Knob("FUSEC_QGEMV_DP4A_BLOCKS", "choice", "0", "the dp4a quantized GEMV's blocks an SM (its grid, and the registers "
          "its launch bounds give a thread); 0: the rule (fusec.lower.quant.gemv_form; the A/B of "
          "benchmarks/decode_step.py --ab FUSEC_QGEMV_DP4A_BLOCKS=3)", ("0", "1", "2", "3")),

@@ -13,7 +13,7 @@ from fusec.codegen import kernels as K
 from fusec.codegen.specs import Epilogue
 from fusec.codegen.specs_quant import DP4A_SMEM, QDequantSpec, QGemvSpec, dp4a_fits, dp4a_smem
 from fusec.dtypes import DType
-from fusec.lower.quant import gemv_form
+from fusec.lower.quant import TC_MIN_M, gemv_form
 from fusec.quant import FORMATS, QWeight, from_affine
 from fusec.quant_gguf import PACKED, random_blocks, repack
 from fusec.quantize import quantize_weight
@@ -124,59 +124,56 @@ def test_gemv_variants_compile(m, rows, dt, arch, fold):
 
 def test_gemv_form_folds_at_one_row_only():
     assert gemv_form(1, 4096, 2048, "q8_0", 32, DType.F32) == {"rows": 2, "fold": True}
-    assert gemv_form(8, 4096, 2048, "q8_0", 32, DType.BF16) == {"rows": 2, "fold": False}
+    assert gemv_form(8, 4096, 2048, "q8_0", 32, DType.BF16, glu=True) == {"rows": 2, "fold": False}
     assert gemv_form(9, 4096, 2048, "q4_k", 32, DType.BF16)["rows"] == 1
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
-def test_gemv_form_takes_dp4a_up_to_three_rows_of_half_x(fmt, monkeypatch):
-    """fp16/bf16 x, M <= 3, x written within the form's shared memory: the dp4a form, 8 warps, two
-    weight rows a task below K = 4096 or for a gated unit (else one), 2 blocks an SM (FUSEC_QGEMV_DP4A_BLOCKS: its
-    value); fp32 x, M > 3, rows too long, or FUSEC_QGEMV_FORM=tc/fma: not."""
+def test_gemv_form_takes_dp4a_where_it_fits_and_tensor_cores_do_not(fmt, monkeypatch):
+    """fp16/bf16 x, x written within the form's shared memory: the dp4a form up to 3 rows, and up to 8 where the
+    tensor-core form does not take the product (8-bit codes; no gated unit); 8 warps; at one row of x 8 chunks a
+    round (FUSEC_QGEMV_DP4A_CHUNKS=4: 4) over two weight rows a task below K = 8192, at 2-3 rows 4 over two rows
+    below K = 4096, a gated unit's two halves always; from 4 rows one row a task, 2 chunks; 2 blocks an SM
+    (FUSEC_QGEMV_DP4A_BLOCKS: its value). fp32 x, M > 8, rows too long, or FUSEC_QGEMV_FORM=tc/fma: not."""
     group = FORMATS[fmt].group or 32
+    bits = FORMATS[fmt].bits
     for m in range(1, 10):
         for dt in (DType.BF16, DType.F16, DType.F32):
             for norm, glu in ((False, False), (True, True)):
                 f = gemv_form(m, 16384, 2048, fmt, group, dt, norm, glu)
-                assert f.get("dp4a", False) == (m <= 3 and dt != DType.F32), (m, dt, f)
-                if f.get("dp4a"):
-                    assert f["rows"] == 2 and f["warps"] == 8 and f["blocks"] == 2
-                    assert not f.get("tc")
-                    # long rows: one a task, unless a gated unit's two halves
-                    long = gemv_form(m, 2048, 4096, fmt, group, dt, norm, glu)
-                    assert (long["rows"], long["blocks"]) == ((2, 2) if glu else (1, 2))
-                    assert f["chunks"] == 4
-                    monkeypatch.setenv("FUSEC_QGEMV_DP4A_CHUNKS", "8")  # 8 chunks a round at one row of x only,
-                    eight = gemv_form(m, 2048, 4096, fmt, group, dt, norm, glu)  # two weight rows a task to K 4096
-                    assert (eight["chunks"], eight["rows"]) == ((8, 2) if m == 1 else (4, 2 if glu else 1))
-                    longer = gemv_form(m, 2048, 8192, fmt, group, dt, norm, glu)
-                    assert not longer.get("dp4a") or longer["rows"] == (2 if glu else 1)
-                    monkeypatch.delenv("FUSEC_QGEMV_DP4A_CHUNKS")
-                    monkeypatch.setenv("FUSEC_QGEMV_DP4A_WARPS", "16")  # one block of 16 warps an SM
-                    sixteen = gemv_form(m, 16384, 2048, fmt, group, dt, norm, glu)
-                    assert (sixteen["warps"], sixteen["blocks"]) == (16, 1)
-                    monkeypatch.delenv("FUSEC_QGEMV_DP4A_WARPS")
-                    monkeypatch.setenv("FUSEC_QGEMV_DP4A_BLOCKS", "3")
-                    assert gemv_form(m, 16384, 2048, fmt, group, dt, norm, glu)["blocks"] == 3
-                    monkeypatch.delenv("FUSEC_QGEMV_DP4A_BLOCKS")
-                    QGemvSpec(m, 16384, 2048, fmt, group, dt, DType.F16, norm=norm, glu="silu" if glu else "", **f)
+                tensor = bits in TC_MIN_M and m >= TC_MIN_M[bits] and m <= 8 and dt != DType.F32
+                assert f.get("tc", False) == (tensor and not (m <= 3 and dt != DType.F32)), (m, dt, f)
+                wide_ok = m <= 8 and not glu and not tensor
+                assert f.get("dp4a", False) == (dt != DType.F32 and (m <= 3 or (m >= 4 and wide_ok))), (m, dt, f)
+                if not f.get("dp4a"):
+                    continue
+                assert not f.get("tc") and f["warps"] == 8 and f["blocks"] == 2
+                QGemvSpec(m, 16384, 2048, fmt, group, dt, DType.F16, norm=norm, glu="silu" if glu else "", **f)
+                if m >= 4:
+                    assert (f["rows"], f["chunks"]) == (1, 2), (m, f)  # one row a task, 2 chunks a round
+                    assert "dp4a" not in gemv_form(m, 2048, 8192, fmt, group, dt)  # x's digits do not fit
+                    continue
+                assert (f["rows"], f["chunks"]) == (2, 8 if m == 1 else 4)
+                # long rows: one a task, unless a gated unit's two halves
+                long = gemv_form(m, 2048, 4096, fmt, group, dt, norm, glu)
+                assert long["rows"] == (2 if glu or m == 1 else 1)
+                longer = gemv_form(m, 2048, 8192, fmt, group, dt, norm, glu)
+                assert not longer.get("dp4a") or longer["rows"] == (2 if glu else 1)
+                monkeypatch.setenv("FUSEC_QGEMV_DP4A_CHUNKS", "4")  # 4 chunks a round at one row of x too
+                four = gemv_form(m, 2048, 4096, fmt, group, dt, norm, glu)
+                assert (four["chunks"], four["rows"]) == (4, 2 if glu else 1)
+                monkeypatch.delenv("FUSEC_QGEMV_DP4A_CHUNKS")
+                monkeypatch.setenv("FUSEC_QGEMV_DP4A_BLOCKS", "3")
+                assert gemv_form(m, 16384, 2048, fmt, group, dt, norm, glu)["blocks"] == 3
+                monkeypatch.delenv("FUSEC_QGEMV_DP4A_BLOCKS")
     too_long = next(k for k in range(2048, 1 << 20, 2048) if not dp4a_fits(3, k, False, DType.BF16))
     assert dp4a_smem(3, too_long, False) > DP4A_SMEM >= dp4a_smem(3, too_long - 2048, False)
     assert "dp4a" not in gemv_form(3, 2048, too_long, fmt, group, DType.BF16)
     assert "dp4a" in gemv_form(1, 2048, too_long, fmt, group, DType.BF16)
-    # FUSEC_QGEMV_DP4A_MAX_M: up to 8 rows where x's digits fit (K 2048 at 8 rows; not K 8192)
-    monkeypatch.setenv("FUSEC_QGEMV_DP4A_MAX_M", "8")
-    for m in (4, 8):
-        f = gemv_form(m, 16384, 2048, fmt, group, DType.BF16, True)
-        assert f.get("dp4a") and (f["rows"], f["chunks"]) == (1, 2), (m, f)  # one row a task, 2 chunks a round
-        QGemvSpec(m, 16384, 2048, fmt, group, DType.BF16, DType.F16, norm=True, **f)
-        assert "dp4a" not in gemv_form(m, 16384, 2048, fmt, group, DType.BF16, True, True)  # no gated unit
-        assert "dp4a" not in gemv_form(m, 2048, 8192, fmt, group, DType.BF16)
-    assert "dp4a" not in gemv_form(9, 16384, 2048, fmt, group, DType.BF16)
-    monkeypatch.delenv("FUSEC_QGEMV_DP4A_MAX_M")
     for choice in ("tc", "fma"):
         monkeypatch.setenv("FUSEC_QGEMV_FORM", choice)
-        assert "dp4a" not in gemv_form(1, 16384, 2048, fmt, group, DType.BF16)
+        for m in (1, 8):
+            assert "dp4a" not in gemv_form(m, 16384, 2048, fmt, group, DType.BF16)
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
@@ -240,10 +237,9 @@ def test_the_forms_the_rule_picks_do_not_spill(arch):
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_the_dp4a_forms_the_rule_picks_compile_without_spills(arch, monkeypatch):
-    """At M = 1, 2, 4 and 8 (FUSEC_QGEMV_DP4A_MAX_M=8) the rule's dp4a form of every Llama-1B and 7B product where
-    it fits, in every format (the 1B shapes; Q4_K and Q6_K on the 7B), plain and with the norm prologue and gated
-    epilogue where K is the model's width, compiles without register spills (ptxas -v through NVRTC)."""
-    monkeypatch.setenv("FUSEC_QGEMV_DP4A_MAX_M", "8")
+    """At M = 1, 2, 4 and 8 the rule's dp4a form of every Llama-1B and 7B product where it takes it, in every format
+    (the 1B shapes; Q4_K and Q6_K on the 7B), plain and with the norm prologue and gated epilogue where K is the
+    model's width, compiles without register spills (ptxas -v through NVRTC)."""
     pending = []
     for i, (n, k) in enumerate(LLAMA_SHAPES):
         for fmt in (FORMATS if i < 5 else ("q4_k", "q6_k")):
@@ -251,7 +247,8 @@ def test_the_dp4a_forms_the_rule_picks_compile_without_spills(arch, monkeypatch)
             for m in (1, 2, 4, 8):
                 for norm, glu in ((False, False),) + (((True, True),) if k in (2048, 4096) else ()):
                     form = gemv_form(m, n, k, fmt, group, DType.BF16, norm, glu)
-                    assert bool(form.get("dp4a")) == (dp4a_fits(m, k, norm, DType.BF16) and not (glu and m >= 4)), \
+                    wide_ok = not (glu or gemv_form(m, n, k, fmt, group, DType.BF16, norm, glu).get("tc"))
+                    assert bool(form.get("dp4a")) == (dp4a_fits(m, k, norm, DType.BF16) and (m <= 3 or wide_ok)), \
                         (n, k, fmt, m)
                     if not form.get("dp4a"):
                         continue

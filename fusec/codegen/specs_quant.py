@@ -17,7 +17,7 @@ QNORM_SMEM = 32 << 10  # the FMA form's normalized copy of x (static shared memo
 # the dp4a form's rows of x: at 3 blocks an SM (85 registers a thread) 4 rows spilled; at 2 (128 registers) up to 8
 # rows compile without spills at one weight row a task and 2 chunks a round, without a gated unit (ptxas, sm_80 and
 # sm_90, the Llama-1B and 7B shapes; tests/test_quant_kernels.py). The rule (fusec.lower.quant.gemv_form) takes it
-# to FUSEC_QGEMV_DP4A_MAX_M rows.
+# that far only where the tensor-core form does not apply.
 DP4A_MAX_M = 8
 DP4A_SMEM = 48 << 10  # static shared memory of a block
 
@@ -100,7 +100,7 @@ class QGemvSpec:
             _req(self.warps in (4, 8, 16), "the tensor-core quantized gemv has 4, 8 or 16 warps")
         if self.dp4a:
             _req(not self.tc, "a quantized gemv has one form: tc or dp4a")
-            _req(self.warps in (4, 8, 16), "the dp4a quantized gemv has 4, 8 or 16 warps")
+            _req(self.warps == 8, "the dp4a quantized gemv has 8 warps")
             _req(self.blocks in (1, 2, 3, 4) and self.blocks * self.warps <= 32,
                  "the dp4a quantized gemv runs 1 to 4 blocks an SM, at most 32 warps")
             _req(self.chunks in (2, 4, 8), "the dp4a quantized gemv's lanes load 2, 4 or 8 chunks a round")

@@ -58,8 +58,9 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     """The quantized GEMV's form at M = ``m`` for an [n, k] weight (QGemvSpec's fields); ``norm``,
     ``glu``: the product takes an RMSNorm prologue, a gated epilogue.
 
-    The dp4a form (``dp4a``) where it fits (``specs_quant.dp4a_fits``: fp16/bf16 x, M <= 3 by default, x written
-    in shared memory): x as two int8 digits per value (per 32 values), integer dot products. Measured on an H200
+    The dp4a form (``dp4a``) where it fits (``specs_quant.dp4a_fits``: fp16/bf16 x, M <= 8, x written
+    in shared memory) up to 3 rows of x, and up to 8 where the tensor-core form does not take the product: x as
+    two int8 digits per value (per 32 values), integer dot products. Measured on an H200
     (benchmarks/RESULTS.md, twelfth session), Llama-1B's shapes in Q4_K, Q6_K and Q8_0: at M = 1 it took
     0.55-0.97x the FMA form's time (gate/up Q4_K 8.6 us against 13.4, the LM head in Q6_K 68 against
     119), and at M = 2 and 4 less than the FMA and tensor-core forms on every shape (x as one int8
@@ -70,16 +71,18 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     blocks an SM: alone, 3 were faster at one row of x and two weight rows a task (the LM head in Q4_K
     42 us against 47), but in the decode step 2 were 2% faster (thirteenth session: the Q4_K_M Llama-1B
     shape 0.561 ms a step against 0.573, Q8_0 0.560 against 0.571; 1 block, 0.684 and 0.637).
-    FUSEC_QGEMV_DP4A_BLOCKS overrides it. The rule takes the form to 3 rows of x (measured); the kernel takes up to
-    8 (``specs_quant.DP4A_MAX_M``) and FUSEC_QGEMV_DP4A_MAX_M=4 or 8 gives them to it, not yet timed (batch 8 in
-    Q8_0 runs the FMA form at 0.32x the bf16 plan): from 4 rows one weight row a task, 2 chunks a round, and no
-    gated unit (two rows a task spilled there; ptxas -v, sm_80 and sm_90). Below 4 rows a lane loads 4 chunks a
-    round over its rows (2 KB a warp in flight); FUSEC_QGEMV_DP4A_CHUNKS=8 loads 8 at one row of x (two weight
-    rows a task below K = 8192), not yet timed: at the 7B shape the products streamed at 42-60% of copy
-    (thirteenth session), which 2 KB a warp in flight explains. Every block writes all of x's digits: in the down
-    product (K = 8192) that is 967 instructions a thread after the wait (nvdisasm), about 2 us of issue an SM at
-    2 blocks of 8 warps; FUSEC_QGEMV_DP4A_WARPS=16 runs one block of 16 warps an SM instead (the same warps, the
-    same 128 registers, half of that work), not yet timed.
+    FUSEC_QGEMV_DP4A_BLOCKS overrides it. At one row of x a lane loads 8 chunks a round over its rows (two weight
+    rows a task below K = 8192, else one; but 4 with the norm prologue from K = 4096 over 6-bit codes or zero-point
+    operands: 8 spilled 12-132 bytes there, ptxas -v sm_90): in the 7B Q4_K_M decode step 1.928 ms against
+    2.090 with 4 chunks (H200, fourteenth session, 8 everywhere; the Llama-1B shape 0.558 against 0.560);
+    FUSEC_QGEMV_DP4A_CHUNKS=4 gives 4. At 2-3
+    rows, 4 chunks a round. One block of 16 warps an SM instead of two of 8 (each SM writing x's digits once) was
+    no faster there (1.916 against 1.928 ms at 8 chunks; Llama-1B 0.557 against 0.558) and is gone.
+    From 4 rows (up to 8, ``specs_quant.DP4A_MAX_M``) the dp4a form takes the products the tensor-core form does
+    not (8-bit codes, no gated unit: two rows a task spilled there; ptxas -v, sm_80 and sm_90): one weight row a
+    task, 2 chunks a round. Measured in the batch-8 decode step (H200, fourteenth session): Llama-1B Q8_0 2.737 ms
+    against the FMA form's 3.210; where the tensor-core form applies it stays (Q4_K_M: 1.177 ms against the dp4a
+    form's 1.898).
 
     The tensor-core form (``tc``) from M = TC_MIN_M (by bits) where it fits (``specs_quant.tc_fits``:
     4- to 6-bit codes, M <= 8, fp16/bf16; its copy of the block's rows within TC_SMEM_MAX, at most
@@ -99,28 +102,28 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     from fusec.codegen.specs_quant import dp4a_fits, tc_fits
 
     choice = knobs.get("FUSEC_QGEMV_FORM")
-    # from 4 rows of x (FUSEC_QGEMV_DP4A_MAX_M): one weight row a task, 2 chunks a round, no gated unit (its two
-    # rows a task spilled at 4-8 rows of x; ptxas -v, sm_80 and sm_90, 128 registers); not yet timed
-    wide = m >= 4
-    if (choice == "auto" and m <= int(knobs.get("FUSEC_QGEMV_DP4A_MAX_M")) and not (wide and glu)
-            and dp4a_fits(m, k, norm, dtype)):
-        if wide:
-            rows, chunks = 1, 2
-        else:
-            chunks = int(knobs.get("FUSEC_QGEMV_DP4A_CHUNKS")) if m == 1 else 4
-            rows = 2 if glu or k < 1024 * chunks else 1
-        warps = int(knobs.get("FUSEC_QGEMV_DP4A_WARPS"))
-        blocks = int(knobs.get("FUSEC_QGEMV_DP4A_BLOCKS")) or (2 if warps == 8 else 1)
-        return {"rows": rows, "fold": False, "dp4a": True, "warps": warps, "blocks": blocks, "chunks": chunks}
-    form: dict[str, object] = {"rows": 2 if m <= 8 else 1, "fold": m == 1}
+    tc = 0  # the tensor-core form's warps a block of 16 rows, where it takes the product
     if tc_fits(m, fmt, dtype) and m >= TC_MIN_M[FORMATS[fmt].bits] and choice != "fma":
         blocks = -(-n // 16)
         warps = 4 if blocks >= 2 * _SMS else 8 if blocks >= 160 else 16
         hb = FORMATS[fmt].high_planes
         while warps < 16 and not _tc_fits_smem(k, group, warps, hb):
             warps *= 2
-        if _tc_fits_smem(k, group, warps, hb):
-            form.update(tc=True, warps=warps)
+        tc = warps if _tc_fits_smem(k, group, warps, hb) else 0
+    wide = m >= 4  # from 4 rows: one weight row a task, 2 chunks a round, no gated unit, no tensor-core form
+    if choice == "auto" and dp4a_fits(m, k, norm, dtype) and (not wide or not (glu or tc)):
+        if wide:
+            rows, chunks = 1, 2
+        else:
+            # 8 spilled beside the norm prologue's x from K = 4096 with 6-bit codes or zero-point operands (ptxas -v)
+            heavy = norm and k >= 4096 and (FORMATS[fmt].bits == 6 or FORMATS[fmt].zero is None)
+            chunks = int(knobs.get("FUSEC_QGEMV_DP4A_CHUNKS")) if m == 1 and not heavy else 4
+            rows = 2 if glu or k < 1024 * chunks else 1
+        blocks = int(knobs.get("FUSEC_QGEMV_DP4A_BLOCKS")) or 2
+        return {"rows": rows, "fold": False, "dp4a": True, "warps": 8, "blocks": blocks, "chunks": chunks}
+    form: dict[str, object] = {"rows": 2 if m <= 8 else 1, "fold": m == 1}
+    if tc:
+        form.update(tc=True, warps=tc)
     return form
 
 
