@@ -39,6 +39,9 @@
 #   q14       the fourteenth session's dp4a rule (8 chunks a round at one row of x; 4-8 rows of x where tensor cores do
 #             not apply): its GPU tests, then decode steps against the old choices (7B and 1B Q4_K_M batch 1 against
 #             4 chunks; 1B Q8_0 batch 4 and 8 against the rule without dp4a, the FMA form there); about 6 minutes
+#   q14b      a norm copied into each of the products that did not merge (passes/split_norms.py): the packed-weight
+#             generation GPU tests and the families', then decode steps against disable=norm_copies (1B Q4_K_M batch 1
+#             and 8, 7B batch 1)
 #   qvariants every form of the quantized GEMV on Llama-1B's shapes (quant_bench.py --variants)
 #   qdecode   the packed-weight decode models alone (quant_bench.py --skip kernels,torch), the rule and the rule without dp4a
 #   q7b       the 7B Llama shape in Q4_K_M, batch 1 decode and its packed-weight roofline (quant_bench.py --7b)
@@ -189,6 +192,15 @@ for step in "$@"; do
              --ab FUSEC_QGEMV_FORM=tc > "$R/q14w_$m.txt" 2>&1
            grep -E "^\| [48] \|" "$R/q14w_$m.txt" | cut -c 1-1500
          done ;;
+    q14b) timeout 200 $PT tests/test_quant_gpu.py -k "generation or packed_decode or plan_with" tests/test_generation_families_gpu.py \
+            > "$R/t_q14b.txt" 2>&1
+          grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_q14b.txt" | tail -n 12
+          for mb in llama-1b-q4_k_m:1,8 llama-7b-q4_k_m:1; do
+            m=${mb%:*}
+            timeout 240 python3 benchmarks/decode_step.py "$R/q14b_$m" --model $m --batches ${mb#*:} --context 32 \
+              --windows 3 --ab disable=norm_copies > "$R/q14b_$m.txt" 2>&1
+            grep -E "^\| [0-9]+ \|" "$R/q14b_$m.txt" | cut -c 1-1500
+          done ;;
     qvariants) timeout 360 python3 benchmarks/quant_bench.py "$R/qvar" --variants --skip torch,decode > "$R/qvar.txt" 2>&1
                grep "^| llama" "$R/qvar.txt" | tail -n 70 ;;
     qdecode) timeout 250 python3 benchmarks/quant_bench.py "$R/qdec" --skip kernels,torch --qgemv-forms auto,tc > "$R/qdec.txt" 2>&1

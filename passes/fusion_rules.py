@@ -78,6 +78,9 @@ RULES: dict[str, Rule] = {r.name: r for r in (
                        "ran 3-14x slower than cuBLAS + separate kernels when measured, so it must win an A/B first"),
     Rule("norm_gemm", True, "an RMSNorm as the prologue of the skinny product (M <= 16) that reads it: each "
                             "block normalizes the rows it reads, so the norm costs no launch and no round trip"),
+    Rule("norm_copies", True, "a norm read by several skinny products that did not merge (packed weights in two "
+                              "formats) copied into each as its prologue (passes/split_norms.py): x is normalized "
+                              "twice, the norm costs no launch"),
     Rule("gated_epilogue", True, "a gated unit (the product's two halves, one activated, multiplied: SwiGLU) as "
                                  "the skinny product's epilogue: a tile holds rows j of both halves"),
     Rule("gemm_sample", True, "a greedy sample of the skinny product's result: each block writes its argmax, one "
@@ -263,8 +266,8 @@ def attention_reader(view: View, outputs: list[Value]) -> list[Node]:
 def cache_copies(view: View, nodes: list[Node]) -> dict[tuple[Value, Value], list[Node]]:
     """Cache writes (OPAQUE nodes storing their second input into their first input's storage at
     the positions of their third) of heads that are not rotated: {(source, positions): the layout
-    chain and the write}, where source is found as ``sibling_key`` finds it (the activation a
-    projection with constant weights reads, or the value the layout chain starts from). A head_rope
+    chain and the write}, where source is found as ``sibling_key`` finds it (``projection_source`` of
+    the value the layout chain starts from). A head_rope
     launch over the same source and positions can copy these rows too (the V heads of a QKV product)."""
     out: dict[tuple[Value, Value], list[Node]] = {}
     for w in nodes:
@@ -278,16 +281,14 @@ def cache_copies(view: View, nodes: list[Node]) -> dict[tuple[Value, Value], lis
             v = p.inputs[0]
         if not chain or view.sole_reader(w.inputs[1]) is not w:
             continue
-        if (p := view.prod(v)) is not None and kind(p) == K.GEMM and len(p.inputs) == 2 and p.inputs[1].data is not None:
-            v = p.inputs[0]
-        out.setdefault((v, w.inputs[2]), []).extend(chain[::-1] + [w])
+        out.setdefault((projection_source(view, v), w.inputs[2]), []).extend(chain[::-1] + [w])
     return out
 
 
 def sibling_key(view: View, rope: Node, members: list[Node]) -> tuple[Value, ...]:
     """What RoPE siblings share: the value ``rope`` reads its rotated input from (its first input
-    followed back through ``members``, its own norm and layout views; where that is a projection,
-    a GEMM with constant weights, the activation it projects) and its other inputs (cos, sin).
+    followed back through ``members``, its own norm and layout views, then ``projection_source``) and its
+    other inputs (cos, sin).
     RoPEs with one key rotate heads of one product (a merged QKV GEMM), or of projections of one
     activation (separate q and kv GEMMs), at the same positions: one launch can cover them all
     (``rope_siblings``)."""
@@ -295,9 +296,21 @@ def sibling_key(view: View, rope: Node, members: list[Node]) -> tuple[Value, ...
     v = rope.inputs[0]
     while (p := view.prod(v)) is not None and p in inside:
         v = p.inputs[0]
-    if (p := view.prod(v)) is not None and kind(p) == K.GEMM and len(p.inputs) == 2 and p.inputs[1].data is not None:
-        v = p.inputs[0]
-    return (v, *rope.inputs[1:])
+    return (projection_source(view, v), *rope.inputs[1:])
+
+
+def projection_source(view: View, v: Value) -> Value:
+    """Where ``v`` is a projection's result (a GEMM whose other operands are constants: weights, packed
+    weights, a bias), the activation it projects, followed back through a norm with constant weights (the
+    copies of one norm that ``split_norms`` gives each product read the same activation); else ``v``."""
+    p = view.prod(v)
+    if p is None or kind(p) != K.GEMM or not p.inputs[1:] or any(w.data is None for w in p.inputs[1:]):
+        return v
+    v = p.inputs[0]
+    n = view.prod(v)
+    if n is not None and is_norm(n) and n.inputs[1:] and all(w.data is not None for w in n.inputs[1:]):
+        v = n.inputs[0]
+    return v
 
 
 def norm_prologue(view: View, gemm: Node) -> list[Node]:

@@ -34,6 +34,7 @@ from fusec.passes import (
     recognize_softmax,
     select_kernels,
     simplify,
+    split_norms,
     split_tf32,
     transpose_cache,
     views,
@@ -61,6 +62,8 @@ PIPELINE: list[ModuleType] = [
     transpose_cache,
     merge_gemms,
     pad_gemm,
+    # -- a norm shared by skinny products that could not merge: one copy each, their prologue
+    split_norms,
     # -- fp32 products with a constant weight as one 3xTF32 tensor-core GEMM (PassOptions.fp32_gemm)
     split_tf32,
     # -- fusion grouping
@@ -78,7 +81,7 @@ PIPELINE: list[ModuleType] = [
 
 # Keys passes leave in graph.meta (or options.stats) that ``report`` passes through when present.
 REPORT_KEYS: tuple[str, ...] = ("patterns", "fusions", "kernels", "transposes_cached", "transposes_flagged",
-                                "gemms_merged", "gemms_padded", "quantized", "gemms_split_tf32", "split_tf32_extra_bytes", "weights_relaid",
+                                "gemms_merged", "gemms_padded", "norms_split", "quantized", "gemms_split_tf32", "split_tf32_extra_bytes", "weights_relaid",
                                 "views")
 
 

@@ -323,6 +323,7 @@ def test_generation_from_packed_weights_matches_reference_token_for_token():
     from fusec.compiler import compile_generation
 
     plan = compile_generation(_packed_model(), batch=4, max_seq_len=48, prefill_len=12, dtype="fp32", eos_ids=[])
+    assert plan.manifest["reports"]["decode"]["norms_split"] >= 1  # a layer with v in Q6_K: a norm copy each product
     got = generate_with_plan(plan, PROMPTS, max_new_tokens=20).new_ids
     gm = _packed_model()
     want = generate(ReferenceEngine(build_graphs(gm, 4, 48, 12, []), optimize=True), PROMPTS, 20,
