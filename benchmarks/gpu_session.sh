@@ -42,8 +42,6 @@
 #   q14b      a norm copied into each of the products that did not merge (passes/split_norms.py): the packed-weight
 #             generation GPU tests and the families', then decode steps against disable=norm_copies (1B Q4_K_M batch 1
 #             and 8, 7B batch 1)
-#   qpf       the dp4a form's L2 prefetch of each warp's next task (FUSEC_QGEMV_DP4A_PREFETCH=1): its bit test, then the
-#             7B and 1B Q4_K_M batch-1 decode steps against the default (about 4 minutes)
 #   qvariants every form of the quantized GEMV on Llama-1B's shapes (quant_bench.py --variants)
 #   qdecode   the packed-weight decode models alone (quant_bench.py --skip kernels,torch), the rule and the rule without dp4a
 #   q7b       the 7B Llama shape in Q4_K_M, batch 1 decode and its packed-weight roofline (quant_bench.py --7b)
@@ -203,13 +201,6 @@ for step in "$@"; do
               --windows 3 --ab disable=norm_copies > "$R/q14b_$m.txt" 2>&1
             grep -E "^\| [0-9]+ \|" "$R/q14b_$m.txt" | cut -c 1-1500
           done ;;
-    qpf) timeout 120 $PT tests/test_quant_gpu.py -k "prefetch" > "$R/t_qpf.txt" 2>&1
-         grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_qpf.txt" | tail -n 12
-         for m in llama-7b-q4_k_m llama-1b-q4_k_m; do
-           timeout 200 python3 benchmarks/decode_step.py "$R/qpf_$m" --model $m --batches 1 --context 32 --windows 3 \
-             --ab FUSEC_QGEMV_DP4A_PREFETCH=1 > "$R/qpf_$m.txt" 2>&1
-           grep -E "^\| [0-9]+ \|" "$R/qpf_$m.txt" | cut -c 1-1500
-         done ;;
     qvariants) timeout 360 python3 benchmarks/quant_bench.py "$R/qvar" --variants --skip torch,decode > "$R/qvar.txt" 2>&1
                grep "^| llama" "$R/qvar.txt" | tail -n 70 ;;
     qdecode) timeout 250 python3 benchmarks/quant_bench.py "$R/qdec" --skip kernels,torch --qgemv-forms auto,tc > "$R/qdec.txt" 2>&1

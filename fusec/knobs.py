@@ -60,10 +60,6 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "over its weight rows at one row of x (8: two weight rows a task below K = 8192; 4: half the bytes in flight, "
          "7% slower at the 7B Q4_K_M shape on an H200; the A/B of benchmarks/decode_step.py --ab "
          "FUSEC_QGEMV_DP4A_CHUNKS=4)", ("4", "8")),
-    Knob("FUSEC_QGEMV_DP4A_PREFETCH", "bool", False, "the dp4a quantized GEMV asks L2 for each warp's next task's weight "
-         "rows while it works on the current one (sm_90: one bulk prefetch a row and operand; sm_80: a prefetch a "
-         "line), so more bytes are in flight than its registers hold (the A/B of benchmarks/decode_step.py --ab "
-         "FUSEC_QGEMV_DP4A_PREFETCH=1)"),
     Knob("FUSEC_QGEMV_DP4A_BLOCKS", "choice", "0", "the dp4a quantized GEMV's blocks an SM (its grid, and the registers "
          "its launch bounds give a thread); 0: the rule (fusec.lower.quant.gemv_form; the A/B of "
          "benchmarks/decode_step.py --ab FUSEC_QGEMV_DP4A_BLOCKS=3)", ("0", "1", "2", "3")),

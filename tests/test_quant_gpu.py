@@ -192,32 +192,6 @@ def test_dp4a_eight_chunks_a_round_equal_four(fmt):
         assert np.array_equal(outs[1].view(np.uint16), outs[0].view(np.uint16)), (fmt, n, k, extra)
 
 
-@pytest.mark.parametrize("fmt", list(quant.FORMATS))
-def test_dp4a_prefetch_gives_the_same_bits(fmt):
-    """``prefetch`` (each warp asks L2 for its next task's rows) changes no arithmetic: the same bits as without,
-    at one row of x (8 chunks a round, several tasks a warp, a partial last task, rows of 1 to 3 rounds, the norm
-    prologue with a gated unit) and at 4 rows (2 chunks a round)."""
-    dt = BF16
-    cases = [(1, 30011, 4096, 2, 8, {}), (1, 4099, 11008, 1, 8, {}), (1, 9001 * 2, 4096, 2, 8, {"norm": True, "glu": "silu"}),
-             (4, 6007, 2048, 1, 2, {})]
-    for m, n, k, rows, chunks, extra in cases:
-        qw = sample_weight(fmt, n, k, RNG)
-        x = dev(RNG.standard_normal((m, k)).astype(np.float32).astype(dt.np))
-        args, nout = [x, *[dev(a) for a in qw.arrays]], n
-        if extra:
-            args.append(dev((RNG.random(k) * 0.1 - 0.95).astype(np.float32).astype(dt.np)))
-            nout = n // 2
-        outs = []
-        for prefetch in (False, True):
-            out = poisoned((m, nout), dt)
-            spec = QGemvSpec(m, n, k, fmt, qw.group, dt, qw.scale_dtype, rows=rows, dp4a=True, chunks=chunks,
-                             prefetch=prefetch, eps=1e-5, weight_offset=1.0 if extra else 0.0, **extra)
-            _run(spec, args + [out])
-            outs.append(host(out, dt))
-        assert np.isfinite(outs[0].astype(np.float32)).all(), (fmt, m, n, k)
-        assert np.array_equal(outs[1].view(np.uint16), outs[0].view(np.uint16)), (fmt, m, n, k, extra)
-
-
 @pytest.mark.parametrize("norm", [False, True])
 def test_dp4a_qgemv_propagates_nan(norm):
     """A NaN in one row of x makes that row's outputs NaN (its block's unit is NaN; a 0 digit would hide it),

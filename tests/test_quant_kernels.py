@@ -260,28 +260,6 @@ def test_the_dp4a_forms_the_rule_picks_compile_without_spills(arch, monkeypatch)
         assert ck.template == "qgemv_dp4a.cu.jinja" and ck.binary.spill_bytes == 0, what
 
 
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_dp4a_prefetch_compiles_for_both_archs(arch, monkeypatch):
-    """FUSEC_QGEMV_DP4A_PREFETCH=1 puts ``prefetch`` in the rule's dp4a form; the kernel names L2 prefetches (sm_90:
-    bulk prefetches of a row's operands; sm_80: one a line) and compiles without spills at the Llama-1B gate/up
-    (norm + gated unit) and down shapes in Q4_K and Q6_K."""
-    monkeypatch.setenv("FUSEC_QGEMV_DP4A_PREFETCH", "1")
-    for fmt in ("q4_k", "q6_k"):
-        for n, k, norm, glu in ((16384, 2048, True, True), (2048, 8192, False, False)):
-            form = gemv_form(1, n, k, fmt, FORMATS[fmt].group, DType.BF16, norm, glu)
-            assert form["prefetch"] and form["dp4a"]
-            ck = K.build(QGemvSpec(1, n, k, fmt, FORMATS[fmt].group, DType.BF16, DType.F16, norm=norm,
-                                   glu="silu" if glu else "", **form), arch)
-            assert ck.binary.spill_bytes == 0, (fmt, n, k)
-            assert "qd_prefetch_row(p" in ck.source
-    monkeypatch.delenv("FUSEC_QGEMV_DP4A_PREFETCH")
-    off = gemv_form(1, 16384, 2048, "q4_k", 32, DType.BF16)
-    assert not off["prefetch"]
-    assert "qd_prefetch" not in K.build(QGemvSpec(1, 16384, 2048, "q4_k", 32, DType.BF16, DType.F16, **off), "sm_90").source
-    with pytest.raises(ValueError, match="prefetch"):
-        QGemvSpec(1, 64, 2048, "q4_k", 32, DType.BF16, DType.F16, prefetch=True)
-
-
 def test_dp4a_form_refuses_what_it_cannot_take():
     for m, dt, k, warps in ((9, DType.BF16, 2048, 8), (1, DType.F32, 2048, 8), (4, DType.BF16, 16384, 8),
                             (1, DType.BF16, 2048, 2)):
