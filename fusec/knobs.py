@@ -60,6 +60,10 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "over its weight rows at one row of x (8: two weight rows a task below K = 8192; 4: half the bytes in flight, "
          "7% slower at the 7B Q4_K_M shape on an H200; the A/B of benchmarks/decode_step.py --ab "
          "FUSEC_QGEMV_DP4A_CHUNKS=4)", ("4", "8")),
+    Knob("FUSEC_QGEMV_DP4A_ROUND", "choice", "cvt", "how the dp4a quantized GEMV rounds x's digits: cvt, rintf and "
+         "a float-to-int conversion (FRND, F2I: the conversion pipe, a quarter of the FMA pipe's rate, 4 a value); "
+         "add, an add of 1.5 * 2^23 and the float's low bits (the same digits, FMA and integer pipes; not yet timed: "
+         "the A/B of benchmarks/decode_step.py --ab FUSEC_QGEMV_DP4A_ROUND=add)", ("cvt", "add")),
     Knob("FUSEC_QGEMV_DP4A_BLOCKS", "choice", "0", "the dp4a quantized GEMV's blocks an SM (its grid, and the registers "
          "its launch bounds give a thread); 0: the rule (fusec.lower.quant.gemv_form; the A/B of "
          "benchmarks/decode_step.py --ab FUSEC_QGEMV_DP4A_BLOCKS=3)", ("0", "1", "2", "3")),

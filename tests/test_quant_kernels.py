@@ -260,6 +260,51 @@ def test_the_dp4a_forms_the_rule_picks_compile_without_spills(arch, monkeypatch)
         assert ck.template == "qgemv_dp4a.cu.jinja" and ck.binary.spill_bytes == 0, what
 
 
+def test_rounding_by_an_add_gives_rintf_digits():
+    """The identity the dp4a form's ``round_add`` digits rest on, in IEEE float32 (numpy): for |y| <= 2^22,
+    (y + 1.5 * 2^23)'s bits less 0x4B400000 are rint(y) (ties to even), so x's two digits come out as rintf's, over
+    blocks of every magnitude and at ties."""
+    rng = np.random.default_rng(7)
+    f32, magic = np.float32, np.float32(12582912.0)
+    assert magic.view(np.int32) == 0x4B400000
+    for trial in range(500):
+        v = (rng.standard_normal(32) * f32(10.0 ** rng.uniform(-30, 30))).astype(f32)
+        amax = np.abs(v).max()
+        if trial % 2:  # ties of the major digit
+            v[:8] = ((np.round(rng.uniform(-127, 127, 8)) + 0.5) * (amax / 127)).astype(f32)
+            amax = np.abs(v).max()
+        iq = (f32(1) / amax).astype(f32) * f32(127)
+        d1 = f32(amax * f32(1 / 127))
+        q1 = np.rint(v * iq)
+        q0 = np.clip(np.rint((((v - q1 * d1) * iq).astype(f32) * f32(254)).astype(f32)), -127, 127)
+        t1 = (v * iq).astype(f32) + magic
+        t0 = (((v - (t1 - magic) * d1) * iq).astype(f32) * f32(254)).astype(f32) + magic
+        assert np.array_equal(t1.view(np.int32) - 0x4B400000, q1.astype(np.int32)), trial
+        assert np.array_equal(np.clip(t0.view(np.int32) - 0x4B400000, -127, 127), q0.astype(np.int32)), trial
+        assert np.abs(v * iq).max() <= 2 ** 22
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_dp4a_round_add_compiles_for_both_archs(arch, monkeypatch):
+    """FUSEC_QGEMV_DP4A_ROUND=add puts ``round_add`` in the rule's dp4a form; it compiles without spills at the
+    Llama-1B gate/up (norm + gated unit) and down shapes at 1 row of x and Q8_0's qkv at 8; the default rounds with
+    rintf."""
+    monkeypatch.setenv("FUSEC_QGEMV_DP4A_ROUND", "add")
+    for fmt, m, n, k, norm, glu in (("q4_k", 1, 16384, 2048, True, True), ("q6_k", 1, 2048, 8192, False, False),
+                                    ("q8_0", 8, 3072, 2048, True, False)):
+        form = gemv_form(m, n, k, fmt, FORMATS[fmt].group, DType.BF16, norm, glu)
+        assert form["round_add"] and form["dp4a"]
+        ck = K.build(QGemvSpec(m, n, k, fmt, FORMATS[fmt].group, DType.BF16, DType.F16, norm=norm,
+                               glu="silu" if glu else "", **form), arch)
+        assert ck.binary.spill_bytes == 0 and "0x4B400000" in ck.source, (fmt, m)
+    monkeypatch.delenv("FUSEC_QGEMV_DP4A_ROUND")
+    off = gemv_form(1, 16384, 2048, "q4_k", 32, DType.BF16)
+    assert not off["round_add"]
+    assert "0x4B400000" not in K.build(QGemvSpec(1, 16384, 2048, "q4_k", 32, DType.BF16, DType.F16, **off), arch).source
+    with pytest.raises(ValueError, match="round_add"):
+        QGemvSpec(1, 64, 2048, "q4_k", 32, DType.BF16, DType.F16, round_add=True)
+
+
 def test_dp4a_form_refuses_what_it_cannot_take():
     for m, dt, k, warps in ((9, DType.BF16, 2048, 8), (1, DType.F32, 2048, 8), (4, DType.BF16, 16384, 8),
                             (1, DType.BF16, 2048, 2)):

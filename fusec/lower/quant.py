@@ -84,6 +84,10 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     against the FMA form's 3.210; where the tensor-core form applies it stays (Q4_K_M: 1.177 ms against the dp4a
     form's 1.898).
 
+    FUSEC_QGEMV_DP4A_ROUND=add rounds x's digits with an add of 1.5 * 2^23 instead of FRND and F2I (the same
+    digits): every block writes all of x's digits, 4 conversions a value on a quarter-rate pipe, ~2 us an SM in the
+    down product (K = 8192, two blocks), the x phase the thirteenth session traced at 3.1-3.4 us. Not yet timed.
+
     The tensor-core form (``tc``) from M = TC_MIN_M (by bits) where it fits (``specs_quant.tc_fits``:
     4- to 6-bit codes, M <= 8, fp16/bf16; its copy of the block's rows within TC_SMEM_MAX, at most
     TC_MAX_CPW chunks a warp below 16 warps); it has no norm prologue or gated epilogue, so fusion
@@ -120,7 +124,8 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
             chunks = int(knobs.get("FUSEC_QGEMV_DP4A_CHUNKS")) if m == 1 and not heavy else 4
             rows = 2 if glu or k < 1024 * chunks else 1
         blocks = int(knobs.get("FUSEC_QGEMV_DP4A_BLOCKS")) or 2
-        return {"rows": rows, "fold": False, "dp4a": True, "warps": 8, "blocks": blocks, "chunks": chunks}
+        return {"rows": rows, "fold": False, "dp4a": True, "warps": 8, "blocks": blocks, "chunks": chunks,
+                "round_add": knobs.get("FUSEC_QGEMV_DP4A_ROUND") == "add"}
     form: dict[str, object] = {"rows": 2 if m <= 8 else 1, "fold": m == 1}
     if tc:
         form.update(tc=True, warps=tc)
