@@ -64,6 +64,10 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "a float-to-int conversion (FRND, F2I: the conversion pipe, a quarter of the FMA pipe's rate, 4 a value); "
          "add, an add of 1.5 * 2^23 and the float's low bits (the same digits, FMA and integer pipes; not yet timed: "
          "the A/B of benchmarks/decode_step.py --ab FUSEC_QGEMV_DP4A_ROUND=add)", ("cvt", "add")),
+    Knob("FUSEC_QGEMV_DP4A_FILL", "bool", False, "the dp4a quantized GEMV at one row of x gives products with short "
+         "weight rows (a lane takes at most K / 1024 of a row's chunks a round) 4 rows a task, two gated pairs, so a "
+         "round still loads 8 chunks a lane, where every warp still gets a task (Llama-1B's gate/up and LM head; "
+         "not yet timed: the A/B of benchmarks/decode_step.py --ab FUSEC_QGEMV_DP4A_FILL=1)"),
     Knob("FUSEC_QGEMV_DP4A_BLOCKS", "choice", "0", "the dp4a quantized GEMV's blocks an SM (its grid, and the registers "
          "its launch bounds give a thread); 0: the rule (fusec.lower.quant.gemv_form; the A/B of "
          "benchmarks/decode_step.py --ab FUSEC_QGEMV_DP4A_BLOCKS=3)", ("0", "1", "2", "3")),

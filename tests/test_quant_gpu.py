@@ -224,6 +224,34 @@ def test_dp4a_digits_rounded_by_an_add_give_the_same_bits(fmt):
             assert np.isnan(outs[1][1].astype(np.float32)).all() and np.isnan(outs[0][1].astype(np.float32)).all()
 
 
+@pytest.mark.parametrize("fmt", list(quant.FORMATS))
+def test_dp4a_four_rows_a_task_equal_two(fmt):
+    """4 weight rows a task (FUSEC_QGEMV_DP4A_FILL: two gated pairs, or 4 plain rows) sum each row's chunks in the
+    order 2 rows a task do, so the bits are the same: an odd number of gated outputs (the last task's second pair
+    past F), N not a multiple of 4, rows of one and of two rounds, the norm prologue, bias + SiLU + residual."""
+    dt, m = BF16, 1
+    cases = [(2 * 4099, 2048, {"norm": True, "glu": "silu"}, Epilogue()), (2 * 1501, 4096, {"glu": "silu"}, Epilogue()),
+             (30003, 2048, {"norm": True}, Epilogue()), (4101, 4096, {}, Epilogue(True, "silu", True))]
+    for n, k, extra, epi in cases:
+        qw = sample_weight(fmt, n, k, RNG)
+        x = dev(RNG.standard_normal((m, k)).astype(np.float32).astype(dt.np))
+        args, nout = [x, *[dev(a) for a in qw.arrays]], n // 2 if extra.get("glu") else n
+        if extra.get("norm"):
+            args.append(dev((RNG.random(k) * 0.1 - 0.95).astype(np.float32).astype(dt.np)))
+        if epi.bias:
+            args += [dev(RNG.standard_normal(n).astype(np.float32).astype(dt.np)),
+                     dev(RNG.standard_normal((m, n)).astype(np.float32).astype(dt.np))]
+        outs = []
+        for rows in (2, 4):
+            out = poisoned((m, nout), dt)
+            spec = QGemvSpec(m, n, k, fmt, qw.group, dt, qw.scale_dtype, epi, rows=rows, dp4a=True, chunks=8,
+                             eps=1e-5, weight_offset=1.0 if extra.get("norm") else 0.0, **extra)
+            _run(spec, args + [out])
+            outs.append(host(out, dt))
+        assert np.isfinite(outs[0].astype(np.float32)).all(), (fmt, n, k)
+        assert np.array_equal(outs[1].view(np.uint16), outs[0].view(np.uint16)), (fmt, n, k, extra)
+
+
 @pytest.mark.parametrize("norm", [False, True])
 def test_dp4a_qgemv_propagates_nan(norm):
     """A NaN in one row of x makes that row's outputs NaN (its block's unit is NaN; a 0 digit would hide it),

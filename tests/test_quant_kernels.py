@@ -305,6 +305,36 @@ def test_dp4a_round_add_compiles_for_both_archs(arch, monkeypatch):
         QGemvSpec(1, 64, 2048, "q4_k", 32, DType.BF16, DType.F16, round_add=True)
 
 
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_dp4a_fill_gives_short_rows_four_a_task(arch, monkeypatch):
+    """FUSEC_QGEMV_DP4A_FILL=1: at one row of x, K = 2048 (a lane takes 2 of a row's chunks a round), products with a
+    task for every warp take 4 weight rows a task (gated: two pairs), so a round is 8 chunks a lane; not with too few
+    tasks (Llama-1B's qkv), not where 2 rows already fill the round (K = 4096), not a gated unit beside the norm over
+    6-bit codes (it spilled), not without the knob. The filled forms compile without spills."""
+    from fusec.codegen.build_gemm import _SMS
+
+    monkeypatch.setenv("FUSEC_QGEMV_DP4A_FILL", "1")
+    pending = []
+    for fmt in FORMATS:
+        g = FORMATS[fmt].group or 128
+        for n, k, norm, glu in ((16384, 2048, True, True), (128256, 2048, True, False), (3072, 2048, True, False),
+                                (22016, 4096, True, True)):
+            f = gemv_form(1, n, k, fmt, g, DType.BF16, norm, glu)
+            tasks = n // 2 // 2 if glu else n // 4
+            want = 4 if k == 2048 and tasks >= 16 * _SMS and not (glu and FORMATS[fmt].bits == 6) else 2
+            if not (glu or k < 8 * 1024):
+                want = 1
+            assert f["rows"] == want, (fmt, n, k, f)
+            if want == 4:
+                assert gemv_form(2, n, k, fmt, g, DType.BF16, norm, glu)["rows"] == 2  # one row of x only
+                pending.append(((fmt, n, k), K.build_async(QGemvSpec(1, n, k, fmt, g, DType.BF16, DType.F16, norm=norm,
+                                                                     glu="silu" if glu else "", **f), arch)))
+    for what, p in pending:
+        assert p.result().binary.spill_bytes == 0, what
+    monkeypatch.delenv("FUSEC_QGEMV_DP4A_FILL")
+    assert gemv_form(1, 16384, 2048, "q4_k", 32, DType.BF16, True, True)["rows"] == 2
+
+
 def test_dp4a_form_refuses_what_it_cannot_take():
     for m, dt, k, warps in ((9, DType.BF16, 2048, 8), (1, DType.F32, 2048, 8), (4, DType.BF16, 16384, 8),
                             (1, DType.BF16, 2048, 2)):

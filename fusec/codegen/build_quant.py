@@ -68,7 +68,7 @@ def _qgemv(spec: QGemvSpec) -> Rendered:
 def _qgemv_dp4a(spec: QGemvSpec) -> Rendered:
     from fusec.codegen.build_gemm import _SMS
 
-    ntask = spec.N // 2 if spec.glu else cdiv(spec.N, spec.rows)
+    ntask = cdiv(spec.N // 2, spec.rows // 2) if spec.glu else cdiv(spec.N, spec.rows)
     ctx = {**_row_ctx(spec), "U": max(1, min(spec.chunks // spec.rows, cdiv(spec.K // 32, 32))), "W": spec.warps,
            "BPS": spec.blocks, "ntask": ntask, "round_add": spec.round_add}
     # one wave of blocks (``spec.blocks`` an SM: the launch bounds give each thread the registers for that), each taking

@@ -116,7 +116,8 @@ class QGemvSpec:
             _req(self.M * self.K * self.dtype.itemsize <= QNORM_SMEM,
                  f"the quantized gemv normalizes x in shared memory: M * K * {self.dtype.itemsize} <= {QNORM_SMEM} bytes")
         if self.glu:
-            _req(self.rows == 2, "a gated quantized gemv needs 2 rows a warp")
+            _req(self.rows == 2 or (self.dp4a and self.rows == 4),
+                 "a gated quantized gemv needs 2 rows a warp (the dp4a form: 2 or 4, one or two gated pairs)")
 
 
 def tc_fits(m: int, fmt: str, dtype: DType) -> bool:

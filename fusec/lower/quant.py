@@ -84,6 +84,10 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     against the FMA form's 3.210; where the tensor-core form applies it stays (Q4_K_M: 1.177 ms against the dp4a
     form's 1.898).
 
+    A lane takes at most K / 1024 of a row's chunks a round, so at K = 2048 (Llama-1B's gate/up and LM head) 8 chunks
+    a round over two rows are 4: FUSEC_QGEMV_DP4A_FILL=1 gives such products 4 rows a task (two gated pairs) where every
+    warp still gets a task (by Little's law the 1B gate/up's 2.15 TB/s is 32 KB in flight an SM over ~2 us:
+    4 chunks a lane). Not yet timed.
     FUSEC_QGEMV_DP4A_ROUND=add rounds x's digits with an add of 1.5 * 2^23 instead of FRND and F2I (the same
     digits): every block writes all of x's digits, 4 conversions a value on a quarter-rate pipe, ~2 us an SM in the
     down product (K = 8192, two blocks), the x phase the thirteenth session traced at 3.1-3.4 us. Not yet timed.
@@ -124,6 +128,13 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
             chunks = int(knobs.get("FUSEC_QGEMV_DP4A_CHUNKS")) if m == 1 and not heavy else 4
             rows = 2 if glu or k < 1024 * chunks else 1
         blocks = int(knobs.get("FUSEC_QGEMV_DP4A_BLOCKS")) or 2
+        # a lane takes at most K / 1024 of a row's chunks a round: short rows fill the round with 4 rows a task (two
+        # gated pairs) where every warp still gets a task (not a gated unit beside the norm over 6-bit codes: 12 bytes
+        # spilled, ptxas sm_80)
+        fill = 0 if wide or (norm and glu and FORMATS[fmt].bits == 6) else min(4, chunks // max(1, k // 1024))
+        tasks = (-(-n // 2 // (fill // 2)) if glu else -(-n // fill)) if fill >= 2 else 0
+        if knobs.get("FUSEC_QGEMV_DP4A_FILL") and m == 1 and fill > rows and tasks >= blocks * 8 * _SMS:
+            rows = fill
         return {"rows": rows, "fold": False, "dp4a": True, "warps": 8, "blocks": blocks, "chunks": chunks,
                 "round_add": knobs.get("FUSEC_QGEMV_DP4A_ROUND") == "add"}
     form: dict[str, object] = {"rows": 2 if m <= 8 else 1, "fold": m == 1}
