@@ -62,7 +62,8 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "FUSEC_QGEMV_DP4A_CHUNKS=4)", ("4", "8")),
     Knob("FUSEC_QGEMV_DP4A_ROUND", "choice", "cvt", "how the dp4a quantized GEMV rounds x's digits: cvt, rintf and "
          "a float-to-int conversion (FRND, F2I: the conversion pipe, a quarter of the FMA pipe's rate, 4 a value); "
-         "add, an add of 1.5 * 2^23 and the float's low bits (the same digits, FMA and integer pipes; not yet timed: "
+         "add, an add of 1.5 * 2^23 and the float's low bits, and a bf16 norm prologue's roundings two at a time (the "
+         "same digits, without FRND, F2I or F2F; not yet timed: "
          "the A/B of benchmarks/decode_step.py --ab FUSEC_QGEMV_DP4A_ROUND=add)", ("cvt", "add")),
     Knob("FUSEC_QGEMV_DP4A_FILL", "bool", False, "the dp4a quantized GEMV at one row of x gives products with short "
          "weight rows (a lane takes at most K / 1024 of a row's chunks a round) 4 rows a task, two gated pairs, so a "

@@ -45,6 +45,15 @@ __device__ __forceinline__ void fc_set(bool& d, bool v) { d = v; }
 __device__ __forceinline__ float fc_round_f16(float f) { return fc_val(fc_to_half(f)); }
 __device__ __forceinline__ float fc_round_bf16(float f) { return fc_val(fc_to_bf16(f)); }
 
+// Round two fp32 values to bfloat16's precision at once, as two fc_round_bf16 would: one packed cvt (F2FP) instead
+// of two F2F, which run on the conversion pipe.
+__device__ __forceinline__ void fc_round_bf16x2(float& lo, float& hi) {
+  fc_u32 p;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(p) : "f"(hi), "f"(lo));
+  lo = __uint_as_float(p << 16);
+  hi = __uint_as_float(p & 0xffff0000u);
+}
+
 // NaN of a storage type (0 / false for integers and bools): the fill for out-of-range gathers.
 template <class T> __device__ __forceinline__ T fc_nan();
 template <> __device__ __forceinline__ float fc_nan<float>() { return __int_as_float(0x7fffffff); }

@@ -287,8 +287,8 @@ def test_rounding_by_an_add_gives_rintf_digits():
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_dp4a_round_add_compiles_for_both_archs(arch, monkeypatch):
     """FUSEC_QGEMV_DP4A_ROUND=add puts ``round_add`` in the rule's dp4a form; it compiles without spills at the
-    Llama-1B gate/up (norm + gated unit) and down shapes at 1 row of x and Q8_0's qkv at 8; the default rounds with
-    rintf."""
+    Llama-1B gate/up (norm + gated unit) and down shapes at 1 row of x and Q8_0's qkv at 8, a bf16 norm rounding two
+    values at a time; the default rounds with rintf."""
     monkeypatch.setenv("FUSEC_QGEMV_DP4A_ROUND", "add")
     for fmt, m, n, k, norm, glu in (("q4_k", 1, 16384, 2048, True, True), ("q6_k", 1, 2048, 8192, False, False),
                                     ("q8_0", 8, 3072, 2048, True, False)):
@@ -297,6 +297,7 @@ def test_dp4a_round_add_compiles_for_both_archs(arch, monkeypatch):
         ck = K.build(QGemvSpec(m, n, k, fmt, FORMATS[fmt].group, DType.BF16, DType.F16, norm=norm,
                                glu="silu" if glu else "", **form), arch)
         assert ck.binary.spill_bytes == 0 and "0x4B400000" in ck.source, (fmt, m)
+        assert ("fc_round_bf16x2(n0, n1)" in ck.source) == norm, (fmt, m)  # the norm's roundings two at a time
     monkeypatch.delenv("FUSEC_QGEMV_DP4A_ROUND")
     off = gemv_form(1, 16384, 2048, "q4_k", 32, DType.BF16)
     assert not off["round_add"]

@@ -88,8 +88,8 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     a round over two rows are 4: FUSEC_QGEMV_DP4A_FILL=1 gives such products 4 rows a task (two gated pairs) where every
     warp still gets a task (by Little's law the 1B gate/up's 2.15 TB/s is 32 KB in flight an SM over ~2 us:
     4 chunks a lane). Not yet timed.
-    FUSEC_QGEMV_DP4A_ROUND=add rounds x's digits with an add of 1.5 * 2^23 instead of FRND and F2I (the same
-    digits): every block writes all of x's digits, 4 conversions a value on a quarter-rate pipe, ~2 us an SM in the
+    FUSEC_QGEMV_DP4A_ROUND=add rounds x's digits with an add of 1.5 * 2^23 instead of FRND and F2I, and a bf16 norm
+    prologue's two roundings a value two values at a time (one F2FP, not two F2F; the same digits): every block writes all of x's digits, 4 conversions a value on a quarter-rate pipe, ~2 us an SM in the
     down product (K = 8192, two blocks), the x phase the thirteenth session traced at 3.1-3.4 us. Not yet timed.
 
     The tensor-core form (``tc``) from M = TC_MIN_M (by bits) where it fits (``specs_quant.tc_fits``:
