@@ -44,7 +44,7 @@
 #             and 8, 7B batch 1)
 #   q15       the fourteenth session's untimed dp4a options: the dp4a GPU tests (their bit tests included), then decode steps
 #             in turns: 1B Q4_K_M batch 1 with FUSEC_QGEMV_DP4A_ROUND=add, FUSEC_QGEMV_DP4A_FILL=1 and both; 7B batch 1
-#             and 1B Q8_0 batch 8 with ROUND=add (~7 minutes: run it alone)
+#             and 1B Q8_0 batch 8 with ROUND=add; the 1B's block trace with and without ROUND=add (~8 minutes: alone)
 #   qvariants every form of the quantized GEMV on Llama-1B's shapes (quant_bench.py --variants)
 #   qdecode   the packed-weight decode models alone (quant_bench.py --skip kernels,torch), the rule and the rule without dp4a
 #   q7b       the 7B Llama shape in Q4_K_M, batch 1 decode and its packed-weight roofline (quant_bench.py --7b)
@@ -212,7 +212,11 @@ for step in "$@"; do
            timeout 200 python3 benchmarks/decode_step.py "$R/q15_$m" --model $m --batches $b --context 32 --windows 3 \
              ${rest#*:} > "$R/q15_$m.txt" 2>&1
            grep -E "^\| [0-9]+ \|" "$R/q15_$m.txt" | cut -c 1-1500
-         done ;;
+         done
+         # x's digits phase (trace phase 1) of each product, with and without ROUND=add
+         timeout 150 python3 benchmarks/block_trace.py "$R/q15_trace" --model llama-1b-q4_k_m --context 32 --ab $A \
+           > "$R/q15_trace.txt" 2>&1
+         tail -n 30 "$R/q15_trace/block_trace.md" ;;
     qvariants) timeout 360 python3 benchmarks/quant_bench.py "$R/qvar" --variants --skip torch,decode > "$R/qvar.txt" 2>&1
                grep "^| llama" "$R/qvar.txt" | tail -n 70 ;;
     qdecode) timeout 250 python3 benchmarks/quant_bench.py "$R/qdec" --skip kernels,torch --qgemv-forms auto,tc > "$R/qdec.txt" 2>&1
