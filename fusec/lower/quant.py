@@ -71,26 +71,29 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     blocks an SM: alone, 3 were faster at one row of x and two weight rows a task (the LM head in Q4_K
     42 us against 47), but in the decode step 2 were 2% faster (thirteenth session: the Q4_K_M Llama-1B
     shape 0.561 ms a step against 0.573, Q8_0 0.560 against 0.571; 1 block, 0.684 and 0.637).
-    FUSEC_QGEMV_DP4A_BLOCKS overrides it. At one row of x a lane loads 8 chunks a round over its rows (two weight
-    rows a task below K = 8192, else one; but 4 with the norm prologue from K = 4096 over 6-bit codes or zero-point
-    operands: 8 spilled 12-132 bytes there, ptxas -v sm_90): in the 7B Q4_K_M decode step 1.928 ms against
-    2.090 with 4 chunks (H200, fourteenth session, 8 everywhere; the Llama-1B shape 0.558 against 0.560);
-    FUSEC_QGEMV_DP4A_CHUNKS=4 gives 4. At 2-3
-    rows, 4 chunks a round. One block of 16 warps an SM instead of two of 8 (each SM writing x's digits once) was
-    no faster there (1.916 against 1.928 ms at 8 chunks; Llama-1B 0.557 against 0.558) and is gone.
+    FUSEC_QGEMV_DP4A_BLOCKS overrides it.
+
+    At one row of x a lane loads 8 chunks a round over its rows: two weight rows a task below K = 8192, else one;
+    but 4 chunks with the norm prologue from K = 4096 over 6-bit codes or zero-point operands (8 spilled 12-132
+    bytes there, ptxas -v sm_90). In the 7B Q4_K_M decode step: 1.928 ms against 2.090 with 4 chunks (H200,
+    fourteenth session, 8 everywhere; the Llama-1B shape 0.558 against 0.560). FUSEC_QGEMV_DP4A_CHUNKS=4 gives 4.
+    At 2-3 rows of x, 4 chunks a round. One block of 16 warps an SM instead of two of 8 (each SM writing x's digits
+    once) was no faster (1.916 against 1.928 ms at 8 chunks; Llama-1B 0.557 against 0.558) and is gone.
+    A lane takes at most K / 1024 of a row's chunks a round, so at K = 2048 (Llama-1B's gate/up and LM head) 8
+    chunks over two rows are 4. FUSEC_QGEMV_DP4A_FILL=1 gives such products 4 rows a task (two gated pairs) where
+    every warp still gets a task: by Little's law the 1B gate/up's 2.15 TB/s is 32 KB in flight an SM over ~2 us,
+    4 chunks a lane. Not yet timed.
+
     From 4 rows (up to 8, ``specs_quant.DP4A_MAX_M``) the dp4a form takes the products the tensor-core form does
-    not (8-bit codes, no gated unit: two rows a task spilled there; ptxas -v, sm_80 and sm_90): one weight row a
+    not (8-bit codes; no gated unit: two rows a task spilled there, ptxas -v, sm_80 and sm_90): one weight row a
     task, 2 chunks a round. Measured in the batch-8 decode step (H200, fourteenth session): Llama-1B Q8_0 2.737 ms
     against the FMA form's 3.210; where the tensor-core form applies it stays (Q4_K_M: 1.177 ms against the dp4a
     form's 1.898).
 
-    A lane takes at most K / 1024 of a row's chunks a round, so at K = 2048 (Llama-1B's gate/up and LM head) 8 chunks
-    a round over two rows are 4: FUSEC_QGEMV_DP4A_FILL=1 gives such products 4 rows a task (two gated pairs) where every
-    warp still gets a task (by Little's law the 1B gate/up's 2.15 TB/s is 32 KB in flight an SM over ~2 us:
-    4 chunks a lane). Not yet timed.
-    FUSEC_QGEMV_DP4A_ROUND=add rounds x's digits with an add of 1.5 * 2^23 instead of FRND and F2I, and a bf16 norm
-    prologue's two roundings a value two values at a time (one F2FP, not two F2F; the same digits): every block writes all of x's digits, 4 conversions a value on a quarter-rate pipe, ~2 us an SM in the
-    down product (K = 8192, two blocks), the x phase the thirteenth session traced at 3.1-3.4 us. Not yet timed.
+    Every block writes all of x's digits: 4 conversions a value (FRND, F2I) on a quarter-rate pipe, ~2 us an SM in
+    the down product (K = 8192, two blocks), the x phase the thirteenth session traced at 3.1-3.4 us.
+    FUSEC_QGEMV_DP4A_ROUND=add rounds them with an add of 1.5 * 2^23 instead, and a bf16 norm prologue's two
+    roundings a value two values at a time (one F2FP, not two F2F); the same digits. Not yet timed.
 
     The tensor-core form (``tc``) from M = TC_MIN_M (by bits) where it fits (``specs_quant.tc_fits``:
     4- to 6-bit codes, M <= 8, fp16/bf16; its copy of the block's rows within TC_SMEM_MAX, at most
