@@ -54,7 +54,8 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("FUSEC_QGEMV_FORM", "choice", "auto", "how decode products over packed weights compute: auto, the rule "
          "(fusec.lower.quant.gemv_form: integer dot products over x as two int8 digits per value up to 3 rows of "
          "fp16/bf16 x and up to 8 where the tensor-core form does not apply, tensor cores for 4- to 6-bit codes "
-         "where they fit, else fp32 FMAs); tc: the rule without the dp4a form; fma: fp32 FMAs everywhere (the A/B of benchmarks/quant_bench.py --qgemv-forms)",
+         "where they fit, else fp32 FMAs); tc: the rule without the dp4a form; fma: fp32 FMAs everywhere (the A/B "
+         "of benchmarks/quant_bench.py --qgemv-forms)",
          ("auto", "tc", "fma")),
     Knob("FUSEC_QGEMV_DP4A_CHUNKS", "choice", "8", "the dp4a quantized GEMV's 32-weight chunks a lane loads a round "
          "over its weight rows at one row of x (8: two weight rows a task below K = 8192; 4: half the bytes in flight, "
