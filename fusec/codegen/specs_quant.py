@@ -57,7 +57,7 @@ class QGemvSpec:
     ``blocks`` an SM: the grid, and the registers a thread gets (its launch bounds); ``chunks`` the 32-weight chunks
     a lane loads a round over its rows (2, 4 or 8); ``round_add``: x's digits rounded by adding 1.5 * 2^23 instead
     of FRND and F2I, a bf16 norm's roundings two at a time (the same digits; the conversion pipe runs at a quarter
-    rate); fold unused.
+    rate); fold unused).
     FMA and dp4a forms: ``norm``, x RMS-normalized over K first as ``Op.RMSNORM`` computes it (weight ``g``
     [K], ``eps``, ``weight_offset``; the FMA form normalizes x once into shared memory, M * K elements of
     at most ``QNORM_SMEM`` bytes, the dp4a form as it writes x's digits); ``glu``, a gated unit over the two halves of the product (as
