@@ -62,8 +62,8 @@ class QGemvSpec:
     [K], ``eps``, ``weight_offset``; the FMA form normalizes x once into shared memory, M * K elements of
     at most ``QNORM_SMEM`` bytes, the dp4a form as it writes x's digits); ``glu``, a gated unit over the two halves of the product (as
     ``GemvSpec.glu``: C[m, j] = glu(y[m, j]) * y[m, F + j], ``glu_swap`` activating the second half,
-    Nout = F = N / 2; a warp's two rows are j and F + j, so ``rows`` is 2). Params: x, the packed
-    operands (the format's order), [g], [bias], [residual], C."""
+    Nout = F = N / 2; a warp's two rows are j and F + j, so ``rows`` is 2; the dp4a form's may be 4, two such
+    pairs). Params: x, the packed operands (the format's order), [g], [bias], [residual], C."""
 
     M: int
     N: int
