@@ -44,7 +44,8 @@
 #             and 8, 7B batch 1)
 #   q15       the fourteenth session's untimed dp4a options: the dp4a GPU tests (their bit tests included), then decode steps
 #             in turns: 1B Q4_K_M batch 1 with FUSEC_QGEMV_DP4A_ROUND=add, FUSEC_QGEMV_DP4A_FILL=1 and both; 7B batch 1
-#             and 1B Q8_0 batch 8 with ROUND=add; the 1B's block trace with and without ROUND=add (~8 minutes: alone)
+#             with ROUND=add; 1B Q8_0 batch 4 and 8 with ROUND=add, FUSEC_QGEMV_DP4A_WIDE_ROWS=4 and both; the 1B's
+#             block trace with and without ROUND=add (~9 minutes: alone)
 #   qvariants every form of the quantized GEMV on Llama-1B's shapes (quant_bench.py --variants)
 #   qdecode   the packed-weight decode models alone (quant_bench.py --skip kernels,torch), the rule and the rule without dp4a
 #   q7b       the 7B Llama shape in Q4_K_M, batch 1 decode and its packed-weight roofline (quant_bench.py --7b)
@@ -206,8 +207,9 @@ for step in "$@"; do
           done ;;
     q15) timeout 200 $PT -n 8 tests/test_quant_gpu.py -k "dp4a" > "$R/t_q15.txt" 2>&1
          grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_q15.txt" | tail -n 12
-         A=FUSEC_QGEMV_DP4A_ROUND=add; B=FUSEC_QGEMV_DP4A_FILL=1
-         for spec in "llama-1b-q4_k_m:1:--ab $A --ab $B --ab $A+$B" "llama-7b-q4_k_m:1:--ab $A" "llama-1b-q8_0:8:--ab $A"; do
+         A=FUSEC_QGEMV_DP4A_ROUND=add; B=FUSEC_QGEMV_DP4A_FILL=1; C=FUSEC_QGEMV_DP4A_WIDE_ROWS=4
+         for spec in "llama-1b-q4_k_m:1:--ab $A --ab $B --ab $A+$B" "llama-7b-q4_k_m:1:--ab $A" \
+                     "llama-1b-q8_0:4,8:--ab $A --ab $C --ab $A+$C"; do
            m=${spec%%:*}; rest=${spec#*:}; b=${rest%%:*}
            timeout 200 python3 benchmarks/decode_step.py "$R/q15_$m" --model $m --batches $b --context 32 --windows 3 \
              ${rest#*:} > "$R/q15_$m.txt" 2>&1

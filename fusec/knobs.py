@@ -70,6 +70,10 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "weight rows (a lane takes at most K / 1024 of a row's chunks a round) 4 rows a task, two gated pairs, so a "
          "round still loads 8 chunks a lane, where every warp still gets a task (Llama-1B's gate/up and LM head; "
          "not yet timed: the A/B of benchmarks/decode_step.py --ab FUSEC_QGEMV_DP4A_FILL=1)"),
+    Knob("FUSEC_QGEMV_DP4A_WIDE_ROWS", "choice", "1", "the dp4a quantized GEMV at 4-8 rows of x: 1, one weight row a "
+         "task and 2 chunks a round; 4, four rows a task with one chunk each, so each read of x's digits from shared "
+         "memory serves 4 rows (not with zero-point operands: they spilled); not yet timed: the A/B of "
+         "benchmarks/decode_step.py --model llama-1b-q8_0 --batches 8 --ab FUSEC_QGEMV_DP4A_WIDE_ROWS=4", ("1", "4")),
     Knob("FUSEC_QGEMV_DP4A_BLOCKS", "choice", "0", "the dp4a quantized GEMV's blocks an SM (its grid, and the registers "
          "its launch bounds give a thread); 0: the rule (fusec.lower.quant.gemv_form; the A/B of "
          "benchmarks/decode_step.py --ab FUSEC_QGEMV_DP4A_BLOCKS=3)", ("0", "1", "2", "3")),

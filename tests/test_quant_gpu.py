@@ -252,6 +252,33 @@ def test_dp4a_four_rows_a_task_equal_two(fmt):
         assert np.array_equal(outs[1].view(np.uint16), outs[0].view(np.uint16)), (fmt, n, k, extra)
 
 
+@pytest.mark.parametrize("fmt", ["q8_0", "int8"])
+@pytest.mark.parametrize("m", [4, 8])
+def test_dp4a_four_rows_of_one_chunk_equal_one_row_of_two(fmt, m):
+    """At 4-8 rows of x, 4 weight rows a task with one chunk a round each (FUSEC_QGEMV_DP4A_WIDE_ROWS=4) sum each
+    row's chunks in the order one row a task with two chunks a round does: the same bits (N not a multiple of 4,
+    the norm prologue, bias + SiLU + residual, rows of one and of several rounds)."""
+    dt = BF16
+    for n, k, norm, epi in ((3001, 2048, True, Epilogue()), (2050, 1024 if m == 8 else 4096, False,
+                                                              Epilogue(True, "silu", True))):
+        qw = sample_weight(fmt, n, k, RNG)
+        args = [dev(RNG.standard_normal((m, k)).astype(np.float32).astype(dt.np)), *[dev(a) for a in qw.arrays]]
+        if norm:
+            args.append(dev((RNG.random(k) * 0.1 - 0.95).astype(np.float32).astype(dt.np)))
+        if epi.bias:
+            args += [dev(RNG.standard_normal(n).astype(np.float32).astype(dt.np)),
+                     dev(RNG.standard_normal((m, n)).astype(np.float32).astype(dt.np))]
+        outs = []
+        for rows, chunks in ((1, 2), (4, 4)):
+            out = poisoned((m, n), dt)
+            spec = QGemvSpec(m, n, k, fmt, qw.group, dt, qw.scale_dtype, epi, rows=rows, dp4a=True, chunks=chunks,
+                             norm=norm, eps=1e-5)
+            _run(spec, args + [out])
+            outs.append(host(out, dt))
+        assert np.isfinite(outs[0].astype(np.float32)).all(), (fmt, m, n, k)
+        assert np.array_equal(outs[1].view(np.uint16), outs[0].view(np.uint16)), (fmt, m, n, k)
+
+
 @pytest.mark.parametrize("norm", [False, True])
 def test_dp4a_qgemv_propagates_nan(norm):
     """A NaN in one row of x makes that row's outputs NaN (its block's unit is NaN; a 0 digit would hide it),

@@ -336,6 +336,35 @@ def test_dp4a_fill_gives_short_rows_four_a_task(arch, monkeypatch):
     assert gemv_form(1, 16384, 2048, "q4_k", 32, DType.BF16, True, True)["rows"] == 2
 
 
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_dp4a_wide_rows_four(arch, monkeypatch):
+    """FUSEC_QGEMV_DP4A_WIDE_ROWS=4: at 4-8 rows of x the dp4a form takes 4 weight rows a task, one chunk a round
+    each, for 8-bit codes without zero-point operands (uint8 spilled: it keeps one row); the Llama-1B shapes where
+    it fits compile without spills. Without the knob: one row, 2 chunks."""
+    for m in (4, 8):
+        assert (gemv_form(m, 3072, 2048, "q8_0", 32, DType.BF16, True)["rows"],
+                gemv_form(m, 3072, 2048, "q8_0", 32, DType.BF16, True)["chunks"]) == (1, 2)
+    monkeypatch.setenv("FUSEC_QGEMV_DP4A_WIDE_ROWS", "4")
+    pending = []
+    for fmt in ("q8_0", "int8", "uint8"):
+        g = FORMATS[fmt].group or 128
+        for m in (4, 8):
+            for n, k, norm in LLAMA_SHAPES_1B_NORM:
+                f = gemv_form(m, n, k, fmt, g, DType.BF16, norm)
+                if not f.get("dp4a"):
+                    continue
+                assert (f["rows"], f["chunks"]) == ((1, 2) if fmt == "uint8" else (4, 4)), (fmt, m, n, k)
+                spec = QGemvSpec(m, n, k, fmt, g, DType.BF16, DType.F16, norm=norm, **f)
+                pending.append(((fmt, m, n, k), K.build_async(spec, arch)))
+    assert len(pending) >= 12
+    for what, p in pending:
+        assert p.result().binary.spill_bytes == 0, what
+    assert gemv_form(1, 3072, 2048, "q8_0", 32, DType.BF16, True)["rows"] == 2  # one row of x: unchanged
+
+
+LLAMA_SHAPES_1B_NORM = [(3072, 2048, True), (2048, 2048, False), (2048, 8192, False), (128256, 2048, True)]
+
+
 def test_dp4a_form_refuses_what_it_cannot_take():
     for m, dt, k, warps in ((9, DType.BF16, 2048, 8), (1, DType.F32, 2048, 8), (4, DType.BF16, 16384, 8),
                             (1, DType.BF16, 2048, 2)):

@@ -90,6 +90,11 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     against the FMA form's 3.210; where the tensor-core form applies it stays (Q4_K_M: 1.177 ms against the dp4a
     form's 1.898).
 
+    At 4-8 rows of x a lane's two chunks each read their 64 bytes of x's digits from shared memory a row of x: 16x
+    the weight bytes at 8 rows, Q8_0 (32 bytes a chunk). At ~128 bytes a clock an SM that, not DRAM, bounds the batch-8
+    step (14% of the roofline). FUSEC_QGEMV_DP4A_WIDE_ROWS=4 takes 4 weight rows a task, one chunk each, so each
+    x read serves 4 rows (a quarter of the traffic, twice the bytes in flight; the same bits). Not yet timed.
+
     Every block writes all of x's digits: 4 conversions a value (FRND, F2I) on a quarter-rate pipe, ~2 us an SM in
     the down product (K = 8192, two blocks), the x phase the thirteenth session traced at 3.1-3.4 us.
     FUSEC_QGEMV_DP4A_ROUND=add rounds them with an add of 1.5 * 2^23 instead, and a bf16 norm prologue's two
@@ -123,8 +128,10 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
         tc = warps if _tc_fits_smem(k, group, warps, hb) else 0
     wide = m >= 4  # from 4 rows: one weight row a task, 2 chunks a round, no gated unit, no tensor-core form
     if choice == "auto" and dp4a_fits(m, k, norm, dtype) and (not wide or not (glu or tc)):
-        if wide:
-            rows, chunks = 1, 2
+        if wide:  # 4 rows a task, one chunk each: x's digits read from shared memory once for 4 rows (not with
+            # zero-point operands: 8-32 bytes spilled at 8 rows, ptxas)
+            four = knobs.get("FUSEC_QGEMV_DP4A_WIDE_ROWS") == "4" and FORMATS[fmt].zero is not None
+            rows, chunks = (4, 4) if four else (1, 2)
         else:
             # 8 spilled beside the norm prologue's x from K = 4096 with 6-bit codes or zero-point operands (ptxas -v)
             heavy = norm and k >= 4096 and (FORMATS[fmt].bits == 6 or FORMATS[fmt].zero is None)
