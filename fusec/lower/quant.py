@@ -90,10 +90,11 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     against the FMA form's 3.210; where the tensor-core form applies it stays (Q4_K_M: 1.177 ms against the dp4a
     form's 1.898).
 
-    At 4-8 rows of x a lane's two chunks each read their 64 bytes of x's digits from shared memory a row of x: 16x
-    the weight bytes at 8 rows, Q8_0 (32 bytes a chunk). At ~128 bytes a clock an SM that, not DRAM, bounds the batch-8
-    step (14% of the roofline). FUSEC_QGEMV_DP4A_WIDE_ROWS=4 takes 4 weight rows a task, one chunk each, so each
-    x read serves 4 rows (a quarter of the traffic, twice the bytes in flight; the same bits). Not yet timed.
+    At 4-8 rows of x a lane reads 76 bytes of shared memory (x's digits, sums, unit) a chunk and row of x: ~18x the
+    weight bytes at 8 rows in Q8_0 (34 bytes a chunk), a cap of ~1.8 TB/s at 128 bytes a clock an SM (an estimate;
+    the batch-8 step streams 0.48 TB/s). FUSEC_QGEMV_DP4A_WIDE_ROWS=4 takes 4 weight rows a task, one chunk each, so
+    each read of x serves 4 rows (a quarter of the traffic, twice the bytes in flight; the same bits). Not yet
+    timed.
 
     Every block writes all of x's digits: 4 conversions a value (FRND, F2I) on a quarter-rate pipe, ~2 us an SM in
     the down product (K = 8192, two blocks), the x phase the thirteenth session traced at 3.1-3.4 us.
