@@ -21,7 +21,7 @@ from __future__ import annotations
 from fusec.ir import Graph, Node, Value
 from fusec.passes import fusion_rules as R
 from fusec.passes.base import PassOptions, PassResult
-from fusec.passes.match import Ctx
+from fusec.passes.match import Ctx, Rewriter
 from fusec.passes.subgraph import extract
 
 NAME = "split_norms"
@@ -45,13 +45,12 @@ def _splittable(ctx: Ctx, graph: Graph, norm: Node) -> list[Node]:
 
 
 def run(graph: Graph, options: PassOptions) -> PassResult:
-    def on(rule: str) -> bool:
-        return rule in options.enabled_fusions or (R.RULES[rule].default and rule not in options.disabled_fusions)
-
-    if not (on("norm_copies") and on("norm_gemm")):
+    on = [R.decide(rule, options.disabled_fusions, options.enabled_fusions, {}, "")[0] == R.Decision.APPLIED
+          for rule in ("norm_copies", "norm_gemm")]
+    if not all(on):
         return PassResult(graph, False)
     ctx = Ctx(graph)
-    names = {v.name for v in graph.values()}
+    rw = Rewriter(graph)  # fresh value names
     replace: dict[Node, list[Node]] = {}
     split = 0
     for n in graph.nodes:
@@ -60,11 +59,8 @@ def run(graph: Graph, options: PassOptions) -> PassResult:
         readers = _splittable(ctx, graph, n)
         for i, r in enumerate(readers[1:], 1):
             y = n.outputs[0]
-            name, k = f"{y.name}_copy{i}", 1
-            while name in names:
-                name, k = f"{y.name}_copy{i}_{k}", k + 1
-            names.add(name)
-            copy = Node(n.op, n.inputs, [Value(name, y.shape, y.dtype)], n.attrs, f"{n.name}_copy{i}" if n.name else "")
+            copy = Node(n.op, n.inputs, [Value(rw.fresh_name(f"{y.name}_copy{i}"), y.shape, y.dtype)], n.attrs,
+                        f"{n.name}_copy{i}" if n.name else "")
             replace[r] = [copy, Node(r.op, (copy.outputs[0], *r.inputs[1:]), r.outputs, r.attrs, r.name)]
         split += bool(readers)
     if not split:

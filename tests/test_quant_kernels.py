@@ -336,6 +336,9 @@ def test_dp4a_fill_gives_short_rows_four_a_task(arch, monkeypatch):
     assert gemv_form(1, 16384, 2048, "q4_k", 32, DType.BF16, True, True)["rows"] == 2
 
 
+LLAMA_SHAPES_1B_NORM = [(3072, 2048, True), (2048, 2048, False), (2048, 8192, False), (128256, 2048, True)]  # qkv, o, down, head
+
+
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_dp4a_wide_rows_four(arch, monkeypatch):
     """FUSEC_QGEMV_DP4A_WIDE_ROWS=4: at 4-8 rows of x the dp4a form takes 4 weight rows a task, one chunk a round
@@ -360,9 +363,6 @@ def test_dp4a_wide_rows_four(arch, monkeypatch):
     for what, p in pending:
         assert p.result().binary.spill_bytes == 0, what
     assert gemv_form(1, 3072, 2048, "q8_0", 32, DType.BF16, True)["rows"] == 2  # one row of x: unchanged
-
-
-LLAMA_SHAPES_1B_NORM = [(3072, 2048, True), (2048, 2048, False), (2048, 8192, False), (128256, 2048, True)]
 
 
 def test_dp4a_form_refuses_what_it_cannot_take():
