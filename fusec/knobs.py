@@ -61,19 +61,21 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "over its weight rows at one row of x (8: two weight rows a task below K = 8192; 4: half the bytes in flight, "
          "7% slower at the 7B Q4_K_M shape on an H200; the A/B of benchmarks/decode_step.py --ab "
          "FUSEC_QGEMV_DP4A_CHUNKS=4)", ("4", "8")),
-    Knob("FUSEC_QGEMV_DP4A_ROUND", "choice", "cvt", "how the dp4a quantized GEMV rounds x's digits: cvt, rintf and "
-         "a float-to-int conversion (FRND, F2I: the conversion pipe, a quarter of the FMA pipe's rate, 4 a value); "
-         "add, an add of 1.5 * 2^23 and the float's low bits, and a bf16 norm prologue's roundings two at a time (the "
-         "same digits, without FRND, F2I or F2F; not yet timed: "
-         "the A/B of benchmarks/decode_step.py --ab FUSEC_QGEMV_DP4A_ROUND=add)", ("cvt", "add")),
-    Knob("FUSEC_QGEMV_DP4A_FILL", "bool", False, "the dp4a quantized GEMV at one row of x gives products with short "
+    Knob("FUSEC_QGEMV_DP4A_ROUND", "choice", "add", "how the dp4a quantized GEMV rounds x's digits: add, an add of "
+         "1.5 * 2^23 and the float's low bits, and a bf16 norm prologue's roundings two at a time (no FRND, F2I or "
+         "F2F; the same digits); cvt, rintf and a float-to-int conversion (the conversion pipe, a quarter of the FMA "
+         "pipe's rate; 1-4% slower in the decode steps of benchmarks/decode_step.py --ab "
+         "FUSEC_QGEMV_DP4A_ROUND=cvt, H200, fifteenth session)", ("cvt", "add")),
+    Knob("FUSEC_QGEMV_DP4A_FILL", "bool", True, "the dp4a quantized GEMV at one row of x gives products with short "
          "weight rows (a lane takes at most K / 1024 of a row's chunks a round) 4 rows a task, two gated pairs, so a "
-         "round still loads 8 chunks a lane, where every warp still gets a task (Llama-1B's gate/up and LM head; "
-         "not yet timed: the A/B of benchmarks/decode_step.py --ab FUSEC_QGEMV_DP4A_FILL=1)"),
-    Knob("FUSEC_QGEMV_DP4A_WIDE_ROWS", "choice", "1", "the dp4a quantized GEMV at 4-8 rows of x: 1, one weight row a "
-         "task and 2 chunks a round; 4, four rows a task with one chunk each, so each read of x's digits from shared "
-         "memory serves 4 rows (not with zero-point operands: they spilled); not yet timed: the A/B of "
-         "benchmarks/decode_step.py --model llama-1b-q8_0 --batches 8 --ab FUSEC_QGEMV_DP4A_WIDE_ROWS=4", ("1", "4")),
+         "round still loads 8 chunks a lane, where every warp still gets a task (Llama-1B's gate/up and LM head: "
+         "0.502 ms a step against 0.514 with 0, H200; the A/B of benchmarks/decode_step.py --ab "
+         "FUSEC_QGEMV_DP4A_FILL=0)"),
+    Knob("FUSEC_QGEMV_DP4A_WIDE_ROWS", "choice", "4", "the dp4a quantized GEMV at 4-8 rows of x: 4, four weight rows a "
+         "task with one chunk each, so each read of x's digits from shared memory serves 4 rows (not with zero-point "
+         "operands: they spilled); 1, one weight row a task and 2 chunks a round (1-2% slower in Llama-1B Q8_0's "
+         "batch-4 and batch-8 steps, H200; the A/B of benchmarks/decode_step.py --model llama-1b-q8_0 --batches 8 "
+         "--ab FUSEC_QGEMV_DP4A_WIDE_ROWS=1)", ("1", "4")),
     Knob("FUSEC_QGEMV_DP4A_BLOCKS", "choice", "0", "the dp4a quantized GEMV's blocks an SM (its grid, and the registers "
          "its launch bounds give a thread); 0: the rule (fusec.lower.quant.gemv_form; the A/B of "
          "benchmarks/decode_step.py --ab FUSEC_QGEMV_DP4A_BLOCKS=3)", ("0", "1", "2", "3")),

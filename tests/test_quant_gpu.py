@@ -194,11 +194,11 @@ def test_dp4a_eight_chunks_a_round_equal_four(fmt):
 
 @pytest.mark.parametrize("fmt", list(quant.FORMATS))
 def test_dp4a_digits_rounded_by_an_add_give_the_same_bits(fmt):
-    """``round_add`` (FUSEC_QGEMV_DP4A_ROUND=add: x's digits rounded by adding 1.5 * 2^23, no FRND or F2I) gives the
+    """``round_add`` (the default; x's digits rounded by adding 1.5 * 2^23, no FRND or F2I) gives the
     bits of rintf's digits: 1, 3 and 8 rows of x, the norm prologue with a gated unit, long rows, a row of x with a
     NaN (its outputs NaN in both, the others finite and equal), x over a wide range of magnitudes."""
     dt = BF16
-    cases = [(1, 4501, 4096, 2, 8, {"norm": True, "glu": "silu"}), (1, 2051, 11008, 1, 8, {}), (3, 2051, 4096, 1, 4, {}),
+    cases = [(1, 4502, 4096, 2, 8, {"norm": True, "glu": "silu"}), (1, 2051, 11008, 1, 8, {}), (3, 2051, 4096, 1, 4, {}),
              (8, 1003, 2048, 1, 2, {})]
     for m, n, k, rows, chunks, extra in cases:
         qw = sample_weight(fmt, n, k, RNG)
@@ -226,7 +226,7 @@ def test_dp4a_digits_rounded_by_an_add_give_the_same_bits(fmt):
 
 @pytest.mark.parametrize("fmt", list(quant.FORMATS))
 def test_dp4a_four_rows_a_task_equal_two(fmt):
-    """4 weight rows a task (FUSEC_QGEMV_DP4A_FILL: two gated pairs, or 4 plain rows) sum each row's chunks in the
+    """4 weight rows a task (the FUSEC_QGEMV_DP4A_FILL rule: two gated pairs, or 4 plain rows) sum each row's chunks in the
     order 2 rows a task do, so the bits are the same: an odd number of gated outputs (the last task's second pair
     past F), N not a multiple of 4, rows of one and of two rounds, the norm prologue, bias + SiLU + residual."""
     dt, m = BF16, 1
@@ -255,7 +255,7 @@ def test_dp4a_four_rows_a_task_equal_two(fmt):
 @pytest.mark.parametrize("fmt", ["q8_0", "int8"])
 @pytest.mark.parametrize("m", [4, 8])
 def test_dp4a_four_rows_of_one_chunk_equal_one_row_of_two(fmt, m):
-    """At 4-8 rows of x, 4 weight rows a task with one chunk a round each (FUSEC_QGEMV_DP4A_WIDE_ROWS=4) sum each
+    """At 4-8 rows of x, 4 weight rows a task with one chunk a round each (the FUSEC_QGEMV_DP4A_WIDE_ROWS rule) sum each
     row's chunks in the order one row a task with two chunks a round does: the same bits (N not a multiple of 4,
     the norm prologue, bias + SiLU + residual, rows of one and of several rounds)."""
     dt = BF16

@@ -134,7 +134,10 @@ def test_gemv_form_takes_dp4a_where_it_fits_and_tensor_cores_do_not(fmt, monkeyp
     tensor-core form does not take the product (8-bit codes; no gated unit); 8 warps; at one row of x 8 chunks a
     round (FUSEC_QGEMV_DP4A_CHUNKS=4: 4) over two weight rows a task below K = 8192, at 2-3 rows 4 over two rows
     below K = 4096, a gated unit's two halves always; from 4 rows one row a task, 2 chunks; 2 blocks an SM
-    (FUSEC_QGEMV_DP4A_BLOCKS: its value). fp32 x, M > 8, rows too long, or FUSEC_QGEMV_FORM=tc/fma: not."""
+    (FUSEC_QGEMV_DP4A_BLOCKS: its value). fp32 x, M > 8, rows too long, or FUSEC_QGEMV_FORM=tc/fma: not. (4 rows a
+    task, the FILL and WIDE_ROWS rules, are off here: their own tests below.)"""
+    monkeypatch.setenv("FUSEC_QGEMV_DP4A_FILL", "0")
+    monkeypatch.setenv("FUSEC_QGEMV_DP4A_WIDE_ROWS", "1")
     group = FORMATS[fmt].group or 32
     bits = FORMATS[fmt].bits
     for m in range(1, 10):
@@ -286,10 +289,9 @@ def test_rounding_by_an_add_gives_rintf_digits():
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_dp4a_round_add_compiles_for_both_archs(arch, monkeypatch):
-    """FUSEC_QGEMV_DP4A_ROUND=add puts ``round_add`` in the rule's dp4a form; it compiles without spills at the
+    """The rule's dp4a form rounds x's digits with an add (``round_add``); it compiles without spills at the
     Llama-1B gate/up (norm + gated unit) and down shapes at 1 row of x and Q8_0's qkv at 8, a bf16 norm rounding two
-    values at a time; the default rounds with rintf."""
-    monkeypatch.setenv("FUSEC_QGEMV_DP4A_ROUND", "add")
+    values at a time; FUSEC_QGEMV_DP4A_ROUND=cvt rounds with rintf."""
     for fmt, m, n, k, norm, glu in (("q4_k", 1, 16384, 2048, True, True), ("q6_k", 1, 2048, 8192, False, False),
                                     ("q8_0", 8, 3072, 2048, True, False)):
         form = gemv_form(m, n, k, fmt, FORMATS[fmt].group, DType.BF16, norm, glu)
@@ -298,7 +300,7 @@ def test_dp4a_round_add_compiles_for_both_archs(arch, monkeypatch):
                                glu="silu" if glu else "", **form), arch)
         assert ck.binary.spill_bytes == 0 and "0x4B400000" in ck.source, (fmt, m)
         assert ("fc_round_bf16x2(n0, n1)" in ck.source) == norm, (fmt, m)  # the norm's roundings two at a time
-    monkeypatch.delenv("FUSEC_QGEMV_DP4A_ROUND")
+    monkeypatch.setenv("FUSEC_QGEMV_DP4A_ROUND", "cvt")
     off = gemv_form(1, 16384, 2048, "q4_k", 32, DType.BF16)
     assert not off["round_add"]
     assert "0x4B400000" not in K.build(QGemvSpec(1, 16384, 2048, "q4_k", 32, DType.BF16, DType.F16, **off), arch).source
@@ -308,13 +310,12 @@ def test_dp4a_round_add_compiles_for_both_archs(arch, monkeypatch):
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_dp4a_fill_gives_short_rows_four_a_task(arch, monkeypatch):
-    """FUSEC_QGEMV_DP4A_FILL=1: at one row of x, K = 2048 (a lane takes 2 of a row's chunks a round), products with a
+    """The rule (FUSEC_QGEMV_DP4A_FILL on by default): at one row of x, K = 2048 (a lane takes 2 of a row's chunks a round), products with a
     task for every warp take 4 weight rows a task (gated: two pairs), so a round is 8 chunks a lane; not with too few
     tasks (Llama-1B's qkv), not where 2 rows already fill the round (K = 4096), not a gated unit beside the norm over
-    6-bit codes (it spilled), not without the knob. The filled forms compile without spills."""
+    6-bit codes (it spilled), not with FUSEC_QGEMV_DP4A_FILL=0. The filled forms compile without spills."""
     from fusec.codegen.build_gemm import _SMS
 
-    monkeypatch.setenv("FUSEC_QGEMV_DP4A_FILL", "1")
     pending = []
     for fmt in FORMATS:
         g = FORMATS[fmt].group or 128
@@ -332,7 +333,7 @@ def test_dp4a_fill_gives_short_rows_four_a_task(arch, monkeypatch):
                                                                      glu="silu" if glu else "", **f), arch)))
     for what, p in pending:
         assert p.result().binary.spill_bytes == 0, what
-    monkeypatch.delenv("FUSEC_QGEMV_DP4A_FILL")
+    monkeypatch.setenv("FUSEC_QGEMV_DP4A_FILL", "0")
     assert gemv_form(1, 16384, 2048, "q4_k", 32, DType.BF16, True, True)["rows"] == 2
 
 
@@ -341,13 +342,9 @@ LLAMA_SHAPES_1B_NORM = [(3072, 2048, True), (2048, 2048, False), (2048, 8192, Fa
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_dp4a_wide_rows_four(arch, monkeypatch):
-    """FUSEC_QGEMV_DP4A_WIDE_ROWS=4: at 4-8 rows of x the dp4a form takes 4 weight rows a task, one chunk a round
-    each, for 8-bit codes without zero-point operands (uint8 spilled: it keeps one row); the Llama-1B shapes where
-    it fits compile without spills. Without the knob: one row, 2 chunks."""
-    for m in (4, 8):
-        assert (gemv_form(m, 3072, 2048, "q8_0", 32, DType.BF16, True)["rows"],
-                gemv_form(m, 3072, 2048, "q8_0", 32, DType.BF16, True)["chunks"]) == (1, 2)
-    monkeypatch.setenv("FUSEC_QGEMV_DP4A_WIDE_ROWS", "4")
+    """The rule (FUSEC_QGEMV_DP4A_WIDE_ROWS=4 by default): at 4-8 rows of x the dp4a form takes 4 weight rows a
+    task, one chunk a round each, for 8-bit codes without zero-point operands (uint8 spilled: it keeps one row); the
+    Llama-1B shapes where it fits compile without spills. FUSEC_QGEMV_DP4A_WIDE_ROWS=1: one row, 2 chunks."""
     pending = []
     for fmt in ("q8_0", "int8", "uint8"):
         g = FORMATS[fmt].group or 128
@@ -363,6 +360,10 @@ def test_dp4a_wide_rows_four(arch, monkeypatch):
     for what, p in pending:
         assert p.result().binary.spill_bytes == 0, what
     assert gemv_form(1, 3072, 2048, "q8_0", 32, DType.BF16, True)["rows"] == 2  # one row of x: unchanged
+    monkeypatch.setenv("FUSEC_QGEMV_DP4A_WIDE_ROWS", "1")
+    for m in (4, 8):
+        f = gemv_form(m, 3072, 2048, "q8_0", 32, DType.BF16, True)
+        assert (f["rows"], f["chunks"]) == (1, 2), f
 
 
 def test_dp4a_form_refuses_what_it_cannot_take():

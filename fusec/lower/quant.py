@@ -80,26 +80,26 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     At 2-3 rows of x, 4 chunks a round. One block of 16 warps an SM instead of two of 8 (each SM writing x's digits
     once) was no faster (1.916 against 1.928 ms at 8 chunks; Llama-1B 0.557 against 0.558) and is gone.
     A lane takes at most K / 1024 of a row's chunks a round, so at K = 2048 (Llama-1B's gate/up and LM head) 8
-    chunks over two rows are 4. FUSEC_QGEMV_DP4A_FILL=1 gives such products 4 rows a task (two gated pairs) where
-    every warp still gets a task: by Little's law the 1B gate/up's 2.15 TB/s is 32 KB in flight an SM over ~2 us,
-    4 chunks a lane. Not yet timed.
+    chunks over two rows are 4. Such products take 4 rows a task (two gated pairs) where every warp still gets a
+    task: the Llama-1B Q4_K_M step 0.502 ms against 0.514 with two (H200, fifteenth session, both with the add
+    rounding below). FUSEC_QGEMV_DP4A_FILL=0 gives two.
 
     From 4 rows (up to 8, ``specs_quant.DP4A_MAX_M``) the dp4a form takes the products the tensor-core form does
-    not (8-bit codes; no gated unit: two rows a task spilled there, ptxas -v, sm_80 and sm_90): one weight row a
-    task, 2 chunks a round. Measured in the batch-8 decode step (H200, fourteenth session): Llama-1B Q8_0 2.737 ms
-    against the FMA form's 3.210; where the tensor-core form applies it stays (Q4_K_M: 1.177 ms against the dp4a
-    form's 1.898).
+    not (8-bit codes; no gated unit: two rows a task spilled there, ptxas -v, sm_80 and sm_90), 4 weight rows a
+    task with one chunk a round each, so each read of x's digits from shared memory serves 4 rows. Measured in the
+    decode step (H200): Llama-1B Q8_0 at batch 8 2.737 ms against the FMA form's 3.210 with one row a task and 2
+    chunks (fourteenth session), and 4 rows a task 2.668 against 2.714 at batch 8, 1.388 against 1.402 at batch 4
+    (fifteenth session). The estimate that led there (a lane reads 76 bytes of shared memory a chunk and row of x,
+    ~18x the weight bytes at 8 rows, a cap of ~1.8 TB/s) was wrong as the bound: a quarter of that traffic gave
+    1-2%. Zero-point operands keep one row (uint8 spilled); FUSEC_QGEMV_DP4A_WIDE_ROWS=1 gives one row everywhere.
+    Where the tensor-core form applies it stays (Q4_K_M: 1.177 ms against the dp4a form's 1.898).
 
-    At 4-8 rows of x a lane reads 76 bytes of shared memory (x's digits, sums, unit) a chunk and row of x: ~18x the
-    weight bytes at 8 rows in Q8_0 (34 bytes a chunk), a cap of ~1.8 TB/s at 128 bytes a clock an SM (an estimate;
-    the batch-8 step streams 0.48 TB/s). FUSEC_QGEMV_DP4A_WIDE_ROWS=4 takes 4 weight rows a task, one chunk each, so
-    each read of x serves 4 rows (a quarter of the traffic, twice the bytes in flight; the same bits). Not yet
-    timed.
-
-    Every block writes all of x's digits: 4 conversions a value (FRND, F2I) on a quarter-rate pipe, ~2 us an SM in
-    the down product (K = 8192, two blocks), the x phase the thirteenth session traced at 3.1-3.4 us.
-    FUSEC_QGEMV_DP4A_ROUND=add rounds them with an add of 1.5 * 2^23 instead, and a bf16 norm prologue's two
-    roundings a value two values at a time (one F2FP, not two F2F); the same digits. Not yet timed.
+    Every block writes all of x's digits. rintf and a float-to-int conversion are 4 conversions a value on a
+    quarter-rate pipe (~2 us an SM in the down product, K = 8192, two blocks); instead the digits are rounded by
+    an add of 1.5 * 2^23, and a bf16 norm prologue's two roundings a value are done two values at a time (one
+    F2FP, not two F2F); the same digits and the same bits. Measured in the decode steps (H200, fifteenth session):
+    Llama-1B Q4_K_M 0.514 ms against 0.534, 7B 1.859 against 1.908, Q8_0 batch 8 2.714 against 2.749.
+    FUSEC_QGEMV_DP4A_ROUND=cvt gives rintf.
 
     The tensor-core form (``tc``) from M = TC_MIN_M (by bits) where it fits (``specs_quant.tc_fits``:
     4- to 6-bit codes, M <= 8, fp16/bf16; its copy of the block's rows within TC_SMEM_MAX, at most
