@@ -49,8 +49,6 @@
 #   q16       the staged dp4a form (FUSEC_QGEMV_DP4A_STAGE=1: a block's rows copied into shared memory before the PDL
 #             wait): the dp4a bit tests, then decode steps in turns against the default (1B Q4_K_M, 7B Q4_K_M, 1B
 #             Q8_0, batch 1), then the packed-weight decode models against their bf16 plan (quant_bench.py)
-#   q17       one shared-memory carveout for every kernel of a plan (FUSEC_SMEM_CARVEOUT=100), alone and with the staged
-#             dp4a form, in turns against the default: 1B and 7B Q4_K_M and Qwen3-0.6B bf16, batch 1
 #   qvariants every form of the quantized GEMV on Llama-1B's shapes (quant_bench.py --variants)
 #   qdecode   the packed-weight decode models alone (quant_bench.py --skip kernels,torch), the rule and the rule without dp4a
 #   q7b       the 7B Llama shape in Q4_K_M, batch 1 decode and its packed-weight roofline (quant_bench.py --7b)
@@ -233,13 +231,6 @@ for step in "$@"; do
          done
          timeout 200 python3 benchmarks/quant_bench.py "$R/qdec" --skip kernels,torch > "$R/qdec.txt" 2>&1
          grep "^| 1b" "$R/qdec.txt" ;;
-    q17) C=FUSEC_SMEM_CARVEOUT=100; S=FUSEC_QGEMV_DP4A_STAGE=1
-         for spec in "llama-1b-q4_k_m:--ab $C --ab $S+$C --ab $S" "llama-7b-q4_k_m:--ab $C --ab $S+$C" "qwen3-0.6b:--ab $C"; do
-           m=${spec%%:*}
-           timeout 150 python3 benchmarks/decode_step.py "$R/q17_$m" --model $m --batches 1 --context 32 --windows 3 \
-             ${spec#*:} > "$R/q17_$m.txt" 2>&1
-           grep -E "^\| [0-9]+ \|" "$R/q17_$m.txt" | cut -c 1-1500
-         done ;;
     qvariants) timeout 360 python3 benchmarks/quant_bench.py "$R/qvar" --variants --skip torch,decode > "$R/qvar.txt" 2>&1
                grep "^| llama" "$R/qvar.txt" | tail -n 70 ;;
     qdecode) timeout 250 python3 benchmarks/quant_bench.py "$R/qdec" --skip kernels,torch --qgemv-forms auto,tc > "$R/qdec.txt" 2>&1

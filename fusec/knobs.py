@@ -95,11 +95,6 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("FUSEC_KV_UNROLL", "choice", "0", "decode attention: keys each key group loads at a time, so also how many "
          "older rows load before the PDL wait (0: the layout's, 4 for D 128 bf16; the A/B of decode_step.py --ab "
          "FUSEC_KV_UNROLL=8)", ("0", "2", "4", "8")),
-    Knob("FUSEC_SMEM_CARVEOUT", "int", 0, "the shared-memory carveout (percent of the most an SM has) a plan asks "
-         "for every kernel, in its kernel records; 0: the driver's choice per kernel. Blocks of kernels with "
-         "different carveouts cannot share an SM, which may cost the overlap of dependent launches (PDL) where one "
-         "kernel asks for much shared memory; not yet timed: the A/B of benchmarks/decode_step.py --ab "
-         "FUSEC_SMEM_CARVEOUT=100)"),
     Knob("FUSEC_PDL", "bool", True, "launch kernels that allow it with programmatic dependent launch (sm_90+)"),
     Knob("FUSEC_API_KEY", "text", None, "fusec serve: the bearer token clients must send (default: --api-key)"),
 )}

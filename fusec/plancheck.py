@@ -220,7 +220,6 @@ def validate(m: Any, blobs: Mapping[str, Any], where: str, fusec_version: str) -
         if c.str(k["entry"], f"{f}.entry", IDENT_RE) != mod_entry[k["module"]]:
             raise c.fail(f"{f}.entry", f"{_shown(k['entry'])} is not the entry of module {_shown(k['module'])}")
         c.int(k.get("smem", 0), f"{f}.smem", 0, MAX_SMEM)
-        c.int(k.get("carveout", 0), f"{f}.carveout", 0, 100)
 
     # state records: inside the state region
     state_names = set()

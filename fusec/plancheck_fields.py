@@ -41,7 +41,7 @@ SHA256_RE = re.compile(r"[0-9a-f]{64}")
 MEMORY_KEYS = {"arena_bytes", "weights_bytes", "scratch_bytes", "state_bytes", "naive_bytes", "planned_bytes",
                "lower_bound_bytes"}
 MODULE_KEYS = {"id", "cubin", "source", "entry", "template"}
-KERNEL_KEYS = {"module", "entry", "smem", "carveout"}
+KERNEL_KEYS = {"module", "entry", "smem"}
 SIG_KEYS = {"name", "shape", "dtype", "offset", "bound"}
 ENTRY_KEYS = {"inputs", "outputs", "launches", "arena_bytes"}
 KERNEL_LAUNCH_KEYS = {"type", "kernel", "grid", "block", "smem", "args", "label", "reads", "writes", "pdl"}

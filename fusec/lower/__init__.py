@@ -252,13 +252,7 @@ class Context:
             self.modules.append({"id": mid, "cubin": f"cubin/{mid}", "source": f"source/{mid}", "entry": ck.name,
                                  "template": ck.template})
             idx = len(self.kernels)
-            rec = {"module": mid, "entry": ck.name, "smem": ck.shared_mem}
-            from fusec import knobs
-
-            carveout = int(knobs.get("FUSEC_SMEM_CARVEOUT"))
-            if carveout:  # one shared-memory carveout for every kernel of the plan
-                rec["carveout"] = carveout
-            self.kernels.append(rec)
+            self.kernels.append({"module": mid, "entry": ck.name, "smem": ck.shared_mem})
             self._kernel_index[ck.name] = idx
         else:  # a kernel this plan has already: the future of its first use is the one collected
             from fusec.codegen.compile import abandon

@@ -52,9 +52,6 @@ class Device:
                 # opt in to the dynamic shared memory asked for: without it, static + dynamic must
                 # stay within 48 KB (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8)
                 cupy.cuda.driver.funcSetAttribute(fn.ptr, 8, int(k["smem"]))
-            if int(k.get("carveout", 0)) > 0:  # the compiler's shared-memory carveout, percent of the most
-                # (CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT = 9)
-                cupy.cuda.driver.funcSetAttribute(fn.ptr, 9, int(k["carveout"]))
             self.functions.append(fn)
         # programmatic dependent launch: launch records that allow it overlap the kernel before them,
         # unless FUSEC_PDL=0 or cuda-bindings is missing (then every launch is plain: same results)
