@@ -46,9 +46,6 @@
 #             in turns: 1B Q4_K_M batch 1 with FUSEC_QGEMV_DP4A_ROUND=add, FUSEC_QGEMV_DP4A_FILL=1 and both; 7B batch 1
 #             with ROUND=add; 1B Q8_0 batch 4 and 8 with ROUND=add, FUSEC_QGEMV_DP4A_WIDE_ROWS=4 and both; the 1B's
 #             block trace with and without ROUND=add (~9 minutes: alone)
-#   q16       the staged dp4a form (FUSEC_QGEMV_DP4A_STAGE=1: a block's rows copied into shared memory before the PDL
-#             wait): the dp4a bit tests, then decode steps in turns against the default (1B Q4_K_M, 7B Q4_K_M, 1B
-#             Q8_0, batch 1), then the packed-weight decode models against their bf16 plan (quant_bench.py)
 #   qvariants every form of the quantized GEMV on Llama-1B's shapes (quant_bench.py --variants)
 #   qdecode   the packed-weight decode models alone (quant_bench.py --skip kernels,torch), the rule and the rule without dp4a
 #   q7b       the 7B Llama shape in Q4_K_M, batch 1 decode and its packed-weight roofline (quant_bench.py --7b)
@@ -222,15 +219,6 @@ for step in "$@"; do
          timeout 150 python3 benchmarks/block_trace.py "$R/q15_trace" --model llama-1b-q4_k_m --context 32 --ab $A \
            > "$R/q15_trace.txt" 2>&1
          tail -n 30 "$R/q15_trace/block_trace.md" ;;
-    q16) timeout 150 $PT -n 8 tests/test_quant_gpu.py -k "staged or rounded_by_an_add or four_rows" > "$R/t_q16.txt" 2>&1
-         grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_q16.txt" | tail -n 12
-         for m in llama-1b-q4_k_m llama-7b-q4_k_m llama-1b-q8_0; do
-           timeout 150 python3 benchmarks/decode_step.py "$R/q16_$m" --model $m --batches 1 --context 32 --windows 3 \
-             --ab FUSEC_QGEMV_DP4A_STAGE=1 > "$R/q16_$m.txt" 2>&1
-           grep -E "^\| [0-9]+ \|" "$R/q16_$m.txt" | cut -c 1-1500
-         done
-         timeout 200 python3 benchmarks/quant_bench.py "$R/qdec" --skip kernels,torch > "$R/qdec.txt" 2>&1
-         grep "^| 1b" "$R/qdec.txt" ;;
     qvariants) timeout 360 python3 benchmarks/quant_bench.py "$R/qvar" --variants --skip torch,decode > "$R/qvar.txt" 2>&1
                grep "^| llama" "$R/qvar.txt" | tail -n 70 ;;
     qdecode) timeout 250 python3 benchmarks/quant_bench.py "$R/qdec" --skip kernels,torch --qgemv-forms auto,tc > "$R/qdec.txt" 2>&1

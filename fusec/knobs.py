@@ -76,11 +76,6 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "operands: they spilled); 1, one weight row a task and 2 chunks a round (1-2% slower in Llama-1B Q8_0's "
          "batch-4 and batch-8 steps, H200; the A/B of benchmarks/decode_step.py --model llama-1b-q8_0 --batches 8 "
          "--ab FUSEC_QGEMV_DP4A_WIDE_ROWS=1)", ("1", "4")),
-    Knob("FUSEC_QGEMV_DP4A_STAGE", "bool", False, "the dp4a quantized GEMV at 1-3 rows of x copies each block's "
-         "weight rows (consecutive tasks) whole into shared memory with cp.async before the PDL wait, where they fit "
-         "(fusec.codegen.build_quant.dp4a_stage: two blocks an SM on sm_90), so every weight byte streams during the "
-         "wait and while x's digits are written; not yet timed: the A/B of benchmarks/decode_step.py --ab "
-         "FUSEC_QGEMV_DP4A_STAGE=1)"),
     Knob("FUSEC_QGEMV_DP4A_BLOCKS", "choice", "0", "the dp4a quantized GEMV's blocks an SM (its grid, and the registers "
          "its launch bounds give a thread); 0: the rule (fusec.lower.quant.gemv_form; the A/B of "
          "benchmarks/decode_step.py --ab FUSEC_QGEMV_DP4A_BLOCKS=3)", ("0", "1", "2", "3")),

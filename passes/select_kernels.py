@@ -94,7 +94,7 @@ def _select(node: Node, options: PassOptions, offsets: dict[Value, int]) -> Sele
             a = detail.mm.attrs
             return Selection("gemv", "qgemv", reason="only the quantized GEMV covers this body",
                              params=_qgemv_params(detail.m, a.n, a.k, a.format, a.group, detail.mm.inputs[0].dtype,
-                                                  detail.norm is not None, bool(detail.glu), detail.mm.inputs[1:]),
+                                                  detail.norm is not None, bool(detail.glu)),
                              detail=detail)
         if family == "gemv":
             return Selection("gemv", "gemv", layout="nk", reason="only the skinny product covers this body",
@@ -154,17 +154,16 @@ def _quantized(node: Node, mm: Node, offsets: dict[Value, int], family: str, det
         extra = [C.outer(node, v) for v in (parsed[0], parsed[2]) if v is not None] if parsed else []
         if any(offsets.get(v, 0) % 16 for v in (x, *node.outputs, *extra)):
             variant, reason = "dequant_gemm", "operands not 16-byte aligned"
-    params = _qgemv_params(m, a.n, a.k, a.format, a.group, x.dtype, packed=mm.inputs[1:]) if variant == "qgemv" else ()
+    params = _qgemv_params(m, a.n, a.k, a.format, a.group, x.dtype) if variant == "qgemv" else ()
     return Selection(family, variant, reason=reason, params=params, detail=detail)
 
 
 def _qgemv_params(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bool = False,
-                  glu: bool = False, packed: Any = ()) -> tuple[tuple[str, Any], ...]:
-    """The quantized GEMV's form at M = ``m`` (``fusec.lower.quant.gemv_form``, the one rule) over the
-    ``packed`` operands."""
+                  glu: bool = False) -> tuple[tuple[str, Any], ...]:
+    """The quantized GEMV's form at M = ``m`` (``fusec.lower.quant.gemv_form``, the one rule)."""
     from fusec.lower import quant as Q
 
-    return tuple(Q.gemv_form(m, n, k, fmt, group, dtype, norm, glu, Q.scale_dtype(fmt, packed) if packed else None).items())
+    return tuple(Q.gemv_form(m, n, k, fmt, group, dtype, norm, glu).items())
 
 
 def _matmul_of(node: Node) -> tuple[Node, Graph | None]:

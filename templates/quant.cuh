@@ -8,10 +8,6 @@
 // holds w[j] low and w[j + 16] high) or 32 bytes (8 bits), read with 16-byte loads.
 #pragma once
 
-// The loads of packed data: read-only global loads, unless the including template reads a copy in shared memory
-#ifndef QB_LDG
-#define QB_LDG(ptr) __ldg(ptr)
-#endif
 #define QB_NCH (QB_K / 32)
 #define QB_GPC (QB_GROUP < 32 ? 2 : 1)  // groups per chunk
 
@@ -46,13 +42,13 @@ __device__ __forceinline__ void qb_scales_raw(const QbPtrs& p, long long n, int 
     const int k = c * 32 + g * 16;  // first weight of the group's part of this chunk
     const long long gi = n * (QB_K / QB_GROUP) + k / QB_GROUP;
     r.s[g] = p.scale[n * (QB_K / QB_SB) + k / QB_SB];
-    if (QB_SUB) r.sub[g] = QB_LDG(p.sub + gi);
+    if (QB_SUB) r.sub[g] = __ldg(p.sub + gi);
     if (QB_OFF == 1) r.m[g] = p.minv[gi];
     if (QB_OFF == 2) {
       r.m[g] = p.minv[n * (QB_K / QB_SB) + k / QB_SB];
-      r.mins[g] = QB_LDG(p.mins + gi);
+      r.mins[g] = __ldg(p.mins + gi);
     }
-    if (QB_ZERO < 0) r.zero[g] = QB_LDG(p.zero + gi);
+    if (QB_ZERO < 0) r.zero[g] = __ldg(p.zero + gi);
   }
 }
 
@@ -86,15 +82,15 @@ __device__ __forceinline__ void qb_load_codes(const QbPtrs& p, long long n, int 
                                               unsigned int& h1) {
   if (QB_BITS == 8) {
     const uint4* src = reinterpret_cast<const uint4*>(p.codes + n * QB_K + (long long)c * 32);
-    q0 = QB_LDG(src);
-    q1 = QB_LDG(src + 1);
+    q0 = __ldg(src);
+    q1 = __ldg(src + 1);
   } else {
-    q0 = QB_LDG(reinterpret_cast<const uint4*>(p.codes + n * (QB_K / 2) + (long long)c * 16));
+    q0 = __ldg(reinterpret_cast<const uint4*>(p.codes + n * (QB_K / 2) + (long long)c * 16));
   }
   if (QB_BITS == 5 || QB_BITS == 6) {
     const long long hb = QB_BITS - 4;
-    h0 = QB_LDG(p.high + (n * QB_NCH + c) * hb);
-    h1 = QB_BITS == 6 ? QB_LDG(p.high + (n * QB_NCH + c) * hb + 1) : 0u;
+    h0 = __ldg(p.high + (n * QB_NCH + c) * hb);
+    h1 = QB_BITS == 6 ? __ldg(p.high + (n * QB_NCH + c) * hb + 1) : 0u;
   }
 }
 

@@ -279,45 +279,6 @@ def test_dp4a_four_rows_of_one_chunk_equal_one_row_of_two(fmt, m):
         assert np.array_equal(outs[1].view(np.uint16), outs[0].view(np.uint16)), (fmt, m, n, k)
 
 
-@pytest.mark.parametrize("fmt", list(quant.FORMATS))
-def test_dp4a_staged_rows_give_the_same_bits(fmt):
-    """A block's rows copied whole into shared memory first (``stage``: consecutive tasks a block) give the bits of
-    the unstaged form, which takes the same tasks' rows from global memory: the norm prologue with a gated unit (4
-    rows a task, the last block's pairs past F), a gated unit alone, N not a multiple of a block's rows, long rows
-    (one a task), bias + SiLU + residual, 1 and 3 rows of x. An operand row that is not a 16-byte multiple (int8's
-    one scale a row) is not staged."""
-    from fusec.codegen.build_quant import dp4a_stage
-
-    dt = BF16
-    cases = [(1, 2 * 4099, 2048, 4, {"norm": True, "glu": "silu"}, Epilogue()),
-             (1, 2 * 1501, 4096, 2, {"glu": "silu"}, Epilogue()), (1, 3001, 2048, 2, {"norm": True}, Epilogue()),
-             (1, 2051, 8192, 1, {}, Epilogue(True, "silu", True)), (3, 1003, 2048, 2, {}, Epilogue())]
-    staged = 0
-    for m, n, k, rows, extra, epi in cases:
-        qw = sample_weight(fmt, n, k, RNG)
-        if dp4a_stage(m, n, k, fmt, qw.group, qw.scale_dtype, rows, bool(extra.get("glu"))) is None:
-            continue
-        staged += 1
-        args = [dev(RNG.standard_normal((m, k)).astype(np.float32).astype(dt.np)), *[dev(a) for a in qw.arrays]]
-        nout = n // 2 if extra.get("glu") else n
-        if extra.get("norm"):
-            args.append(dev((RNG.random(k) * 0.1 - 0.95).astype(np.float32).astype(dt.np)))
-        if epi.bias:
-            args += [dev(RNG.standard_normal(n).astype(np.float32).astype(dt.np)),
-                     dev(RNG.standard_normal((m, n)).astype(np.float32).astype(dt.np))]
-        outs = []
-        for stage in (False, True):
-            out = poisoned((m, nout), dt)
-            spec = QGemvSpec(m, n, k, fmt, qw.group, dt, qw.scale_dtype, epi, rows=rows, dp4a=True,
-                             chunks=8 if m == 1 else 4, round_add=True, stage=stage, eps=1e-5,
-                             weight_offset=1.0 if extra.get("norm") else 0.0, **extra)
-            _run(spec, args + [out])
-            outs.append(host(out, dt))
-        assert np.isfinite(outs[0].astype(np.float32)).all(), (fmt, m, n, k)
-        assert np.array_equal(outs[1].view(np.uint16), outs[0].view(np.uint16)), (fmt, m, n, k, extra)
-    assert staged == (0 if fmt == "int8" else len(cases)), fmt  # int8's one scale a row is 2 bytes
-
-
 @pytest.mark.parametrize("norm", [False, True])
 def test_dp4a_qgemv_propagates_nan(norm):
     """A NaN in one row of x makes that row's outputs NaN (its block's unit is NaN; a 0 digit would hide it),

@@ -366,49 +366,6 @@ def test_dp4a_wide_rows_four(arch, monkeypatch):
         assert (f["rows"], f["chunks"]) == (1, 2), f
 
 
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_dp4a_stage_copies_a_blocks_rows_where_they_fit(arch, monkeypatch):
-    """FUSEC_QGEMV_DP4A_STAGE=1: at 1-3 rows of x the rule stages a block's rows in shared memory where
-    ``dp4a_stage`` fits them: at one row of x the Llama-1B qkv, o, gate/up and down products (Q4_K, Q6_K; Q8_0 but
-    its gate/up), not its LM head (too many rows a block), not 4-8 rows of x, not without the knob. The staged kernels ask for the copy's bytes
-    of dynamic shared memory (each block's rows of every operand) and compile without spills."""
-    from fusec.codegen.build_quant import dp4a_stage
-    from fusec.quant import operand_types
-
-    shapes = [(3072, 2048, True, False), (2048, 2048, False, False), (16384, 2048, True, True),
-              (2048, 8192, False, False), (128256, 2048, True, False)]
-    assert not gemv_form(1, 3072, 2048, "q4_k", 32, DType.BF16, True)["stage"]
-    monkeypatch.setenv("FUSEC_QGEMV_DP4A_STAGE", "1")
-    pending = []
-    for fmt in ("q4_k", "q6_k", "q8_0"):
-        g = FORMATS[fmt].group
-        for m in (1, 3, 8):
-            for n, k, norm, glu in shapes:
-                f = gemv_form(m, n, k, fmt, g, DType.BF16, norm, glu)
-                if not f.get("dp4a"):
-                    continue
-                geo = dp4a_stage(m, n, k, fmt, g, DType.F16, f["rows"], glu)
-                assert f["stage"] == (m < 4 and geo is not None), (fmt, m, n, k, f)
-                if m == 1:  # at one row of x all but the LM head fit (and Q8_0's gate/up: 139 KB a block)
-                    assert (geo is not None) == (n < 100000 and not (fmt == "q8_0" and glu)), (fmt, n, k)
-                if not f["stage"]:
-                    continue
-                # every operand's rows of the block: tpb tasks of rows (gated: pairs, two ranges)
-                rb = sum(s[1] * dt.itemsize for _, s, dt in operand_types(FORMATS[fmt], n, k, g, DType.F16))
-                assert geo["bytes"] == rb * geo["tpb"] * f["rows"], (fmt, m, n, geo)
-                spec = QGemvSpec(m, n, k, fmt, g, DType.BF16, DType.F16, norm=norm, glu="silu" if glu else "", **f)
-                pending.append(((fmt, m, n, k), geo["bytes"], K.build_async(spec, arch)))
-    assert len(pending) >= 16
-    for what, nbytes, p in pending:
-        ck = p.result()
-        assert ck.binary.spill_bytes == 0 and ck.shared_mem == nbytes, (what, ck.binary.spill_bytes, ck.shared_mem)
-        assert "fc_cp_async16" in ck.source and "qd_stage" in ck.source
-    with pytest.raises(ValueError, match="staged"):
-        QGemvSpec(1, 128256, 2048, "q4_k", 32, DType.BF16, DType.F16, rows=2, dp4a=True, chunks=8, stage=True)
-    with pytest.raises(ValueError, match="staged"):
-        QGemvSpec(1, 2048, 2048, "q4_k", 32, DType.BF16, DType.F16, stage=True)  # the FMA form
-
-
 def test_dp4a_form_refuses_what_it_cannot_take():
     for m, dt, k, warps in ((9, DType.BF16, 2048, 8), (1, DType.F32, 2048, 8), (4, DType.BF16, 16384, 8),
                             (1, DType.BF16, 2048, 2)):

@@ -65,54 +65,17 @@ def _qgemv(spec: QGemvSpec) -> Rendered:
     return Rendered("qgemv.cu.jinja", ctx, (blocks, 1, 1), (128, 1, 1), _row_params(spec))
 
 
-def dp4a_grid(m: int, n: int, rows: int, glu: bool, warps: int = 8, blocks: int = 2) -> tuple[int, int]:
-    """The dp4a form's tasks (``rows`` weight rows each; gated: rows / 2 pairs) and its grid: one wave of
-    ``blocks`` an SM (the launch bounds give each thread the registers for that), each taking tasks in turn, so a
-    block writes x's digits once for all of its tasks."""
+def _qgemv_dp4a(spec: QGemvSpec) -> Rendered:
     from fusec.codegen.build_gemm import _SMS
 
-    ntask = cdiv(n // 2, rows // 2) if glu else cdiv(n, rows)
-    return ntask, min(cdiv(ntask, warps), blocks * _SMS)
-
-
-def dp4a_stage(m: int, n: int, k: int, fmt: str, group: int, scale_dtype: DType, rows: int, glu: bool,
-               warps: int = 8, blocks: int = 2) -> dict[str, Any] | None:
-    """The staged dp4a form's copy of a block's weight rows in shared memory, or None where it does not fit.
-    Block b takes tasks [b * tpb, (b + 1) * tpb), so its rows are one range of each packed operand (gated: two,
-    rows j and F + j), copied whole with 16-byte cp.async before the PDL wait. Each operand's row must be a
-    multiple of 16 bytes (every slice aligned), and the copy with x's digits within ``DP4A_STAGE_SMEM`` a block
-    (two blocks an SM on sm_90; one on sm_80)."""
-    from fusec.codegen.specs_quant import DP4A_STAGE_SMEM, dp4a_smem
-    from fusec.quant import FORMATS, operand_types
-
-    ops = operand_types(FORMATS[fmt], n, k, group, scale_dtype)
-    rb = [shape[1] * dt.itemsize for _, shape, dt in ops]
-    if any(b % 16 for b in rb):
-        return None
-    ntask, grid = dp4a_grid(m, n, rows, glu, warps, blocks)
-    tpb = cdiv(ntask, grid)
-    span = tpb * (rows // 2 if glu else rows)  # rows of one range (gated: pairs; two ranges)
-    srows = 2 * span if glu else span
-    off, total = [], 0
-    for b in rb:
-        off.append(total)
-        total += srows * b
-    if total + dp4a_smem(m, k, True, warps) > DP4A_STAGE_SMEM:
-        return None
-    return {"tpb": tpb, "span": span, "rb": rb, "off": off, "bytes": total}
-
-
-def _qgemv_dp4a(spec: QGemvSpec) -> Rendered:
-    ntask, blocks = dp4a_grid(spec.M, spec.N, spec.rows, bool(spec.glu), spec.warps, spec.blocks)
-    stage = (dp4a_stage(spec.M, spec.N, spec.K, spec.fmt, spec.group, spec.scale_dtype, spec.rows, bool(spec.glu),
-                        spec.warps, spec.blocks) if spec.stage else None)
-    params = _row_params(spec)
+    ntask = cdiv(spec.N // 2, spec.rows // 2) if spec.glu else cdiv(spec.N, spec.rows)
     ctx = {**_row_ctx(spec), "U": max(1, min(spec.chunks // spec.rows, cdiv(spec.K // 32, 32))), "W": spec.warps,
            "BPS": spec.blocks, "ntask": ntask, "round_add": spec.round_add,
-           "bf16": spec.dtype == DType.BF16, "stage": stage,
-           "staged": [(Ident(o), b, f) for o, b, f in zip(params[1:], stage["rb"], stage["off"])] if stage else []}
-    return Rendered("qgemv_dp4a.cu.jinja", ctx, (blocks, 1, 1), (32 * spec.warps, 1, 1), params,
-                    shared_mem=stage["bytes"] if stage else 0)
+           "bf16": spec.dtype == DType.BF16}
+    # one wave of blocks (``spec.blocks`` an SM: the launch bounds give each thread the registers for that), each taking
+    # tasks in turn: a block writes x's digits once for all of its tasks
+    blocks = min(cdiv(ntask, spec.warps), spec.blocks * _SMS)
+    return Rendered("qgemv_dp4a.cu.jinja", ctx, (blocks, 1, 1), (32 * spec.warps, 1, 1), _row_params(spec))
 
 
 def qgemv_tc_geometry(K: int, group: int, warps: int, hb: int = 0) -> dict[str, int]:

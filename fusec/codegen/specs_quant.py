@@ -20,9 +20,6 @@ QNORM_SMEM = 32 << 10  # the FMA form's normalized copy of x (static shared memo
 # that far only where the tensor-core form does not apply.
 DP4A_MAX_M = 8
 DP4A_SMEM = 48 << 10  # static shared memory of a block
-# the staged dp4a form's copy of its rows, x's digits beside it: two blocks an SM within sm_90's 228 KB, one on
-# sm_80 (163 KB a block)
-DP4A_STAGE_SMEM = 110 << 10
 
 
 def dp4a_smem(m: int, k: int, norm: bool, warps: int = 8) -> int:
@@ -60,9 +57,7 @@ class QGemvSpec:
     ``blocks`` an SM: the grid, and the registers a thread gets (its launch bounds); ``chunks`` the 32-weight chunks
     a lane loads a round over its rows (2, 4 or 8); ``round_add``: x's digits rounded by adding 1.5 * 2^23 instead
     of FRND and F2I, a bf16 norm's roundings two at a time (the same digits; the conversion pipe runs at a quarter
-    rate); ``stage``: each block's weight rows (its tasks are consecutive) copied whole into shared memory with
-    cp.async before the PDL wait, so they stream during the wait and while x's digits are written
-    (``fusec.codegen.build_quant.dp4a_stage``: where it fits); fold unused).
+    rate); fold unused).
     FMA and dp4a forms: ``norm``, x RMS-normalized over K first as ``Op.RMSNORM`` computes it (weight ``g``
     [K], ``eps``, ``weight_offset``; the FMA form normalizes x once into shared memory, M * K elements of
     at most ``QNORM_SMEM`` bytes, the dp4a form as it writes x's digits); ``glu``, a gated unit over the two halves of the product (as
@@ -86,7 +81,6 @@ class QGemvSpec:
     blocks: int = 2
     chunks: int = 4
     round_add: bool = False
-    stage: bool = False
     norm: bool = False
     eps: float = 1e-6
     weight_offset: float = 0.0
@@ -116,13 +110,6 @@ class QGemvSpec:
             _req(dp4a_fits(self.M, self.K, self.norm, self.dtype, self.warps), "the dp4a quantized gemv takes fp16/bf16 x, "
                  f"M <= {DP4A_MAX_M}, and its shared memory (x's two digits) within {DP4A_SMEM} bytes")
         _req(self.dp4a or not self.round_add, "only the dp4a quantized gemv writes x's digits (round_add)")
-        if self.stage:
-            from fusec.codegen.build_quant import dp4a_stage
-
-            _req(self.dp4a and dp4a_stage(self.M, self.N, self.K, self.fmt, self.group, self.scale_dtype, self.rows,
-                                          bool(self.glu), self.warps, self.blocks) is not None,
-                 "the staged quantized gemv is the dp4a form's, where a block's rows fit its shared memory "
-                 "(fusec.codegen.build_quant.dp4a_stage)")
         if self.norm or self.glu:
             _req(not self.tc, "the quantized gemv's norm prologue and gated epilogue are the FMA form's")
         check_norm_glu(self, "quantized gemv")

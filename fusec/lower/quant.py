@@ -23,7 +23,6 @@ import math
 from typing import Any
 
 from fusec.codegen.specs import Epilogue
-from fusec.dtypes import DType
 from fusec.codegen.specs_quant import QGEMV_MAX_M, QDequantSpec, QGemvSpec
 from fusec.ir import Node, Value
 from fusec.lower import Context, LoweringError, Raw
@@ -55,7 +54,7 @@ def _tc_fits_smem(k: int, group: int, warps: int, hb: int) -> bool:
 
 
 def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bool = False,
-              glu: bool = False, scale_dt: Any = None) -> dict[str, object]:
+              glu: bool = False) -> dict[str, object]:
     """The quantized GEMV's form at M = ``m`` for an [n, k] weight (QGemvSpec's fields); ``norm``,
     ``glu``: the product takes an RMSNorm prologue, a gated epilogue.
 
@@ -117,7 +116,6 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     benchmarks/quant_bench.py --variants times the forms."""
     from fusec import knobs
     from fusec.codegen.build_gemm import _SMS
-    from fusec.codegen.build_quant import dp4a_stage
     from fusec.codegen.specs_quant import dp4a_fits, tc_fits
 
     choice = knobs.get("FUSEC_QGEMV_FORM")
@@ -148,12 +146,8 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
         tasks = (-(-n // 2 // (fill // 2)) if glu else -(-n // fill)) if fill >= 2 else 0
         if knobs.get("FUSEC_QGEMV_DP4A_FILL") and m == 1 and fill > rows and tasks >= blocks * 8 * _SMS:
             rows = fill
-        # a block's rows copied whole into shared memory before the PDL wait, where they fit (not from 4 rows of x:
-        # 80 bytes spilled at 8, ptxas sm_90)
-        stage = bool(knobs.get("FUSEC_QGEMV_DP4A_STAGE")) and not wide and dp4a_stage(
-            m, n, k, fmt, group, scale_dt or DType.F16, rows, glu, 8, blocks) is not None
         return {"rows": rows, "fold": False, "dp4a": True, "warps": 8, "blocks": blocks, "chunks": chunks,
-                "round_add": knobs.get("FUSEC_QGEMV_DP4A_ROUND") == "add", "stage": stage}
+                "round_add": knobs.get("FUSEC_QGEMV_DP4A_ROUND") == "add"}
     form: dict[str, object] = {"rows": 2 if m <= 8 else 1, "fold": m == 1}
     if tc:
         form.update(tc=True, warps=tc)

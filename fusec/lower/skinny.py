@@ -119,8 +119,7 @@ def qfits(m: int, n: int, k: int, a: Value, mm: Node, norm: bool, glu: bool, con
         return "the quantized GEMV reads packed constant weights"
     if a.dtype not in S.FLOATS:
         return f"the quantized GEMV multiplies float rows, not {a.dtype.value}"
-    form = Q.gemv_form(m, n, k, mm.attrs.format, mm.attrs.group, a.dtype, norm, glu, Q.scale_dtype(mm.attrs.format,
-                                                                                                  mm.inputs[1:]))
+    form = Q.gemv_form(m, n, k, mm.attrs.format, mm.attrs.group, a.dtype, norm, glu)
     if form.get("tc"):
         return "the tensor-core quantized GEMV (the rule's form here) has no norm prologue or gated epilogue"
     if form.get("dp4a"):
