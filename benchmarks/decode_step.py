@@ -241,9 +241,17 @@ def profile_mode(path: str, pdl: bool, batch: int, entry: str = "decode") -> Any
 
 
 def parse_ab(ab: str) -> tuple[dict[str, str], tuple[str, ...]]:
-    """An --ab variant, KNOB=VALUE[+KNOB=VALUE] with disable=RULE[,RULE]: (knobs, disabled fusion rules)."""
+    """An --ab variant, KNOB=VALUE[+KNOB=VALUE] with disable=RULE[,RULE]: (knobs, disabled fusion rules). Each knob
+    must be declared (fusec.knobs) and its value valid, so a variant cannot time the default under another name."""
+    from fusec import knobs as K
+
     knobs = dict(kv.split("=", 1) for kv in ab.split("+"))
-    return knobs, tuple(knobs.pop("disable").split(",")) if "disable" in knobs else ()
+    disabled = tuple(knobs.pop("disable").split(",")) if "disable" in knobs else ()
+    for name, text in knobs.items():
+        if name not in K.KNOBS:
+            raise SystemExit(f"--ab {ab}: {name} is not a fusec knob (fusec/knobs.py)")
+        K.value(name, text)  # InputError naming the knob for a bad value
+    return knobs, disabled
 
 
 def main() -> int:

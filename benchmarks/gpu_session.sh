@@ -42,10 +42,6 @@
 #   q14b      a norm copied into each of the products that did not merge (passes/split_norms.py): the packed-weight
 #             generation GPU tests and the families', then decode steps against disable=norm_copies (1B Q4_K_M batch 1
 #             and 8, 7B batch 1)
-#   q15       the fourteenth session's untimed dp4a options: the dp4a GPU tests (their bit tests included), then decode steps
-#             in turns: 1B Q4_K_M batch 1 with FUSEC_QGEMV_DP4A_ROUND=add, FUSEC_QGEMV_DP4A_FILL=1 and both; 7B batch 1
-#             with ROUND=add; 1B Q8_0 batch 4 and 8 with ROUND=add, FUSEC_QGEMV_DP4A_WIDE_ROWS=4 and both; the 1B's
-#             block trace with and without ROUND=add (~9 minutes: alone)
 #   qvariants every form of the quantized GEMV on Llama-1B's shapes (quant_bench.py --variants)
 #   qdecode   the packed-weight decode models alone (quant_bench.py --skip kernels,torch), the rule and the rule without dp4a
 #   q7b       the 7B Llama shape in Q4_K_M, batch 1 decode and its packed-weight roofline (quant_bench.py --7b)
@@ -205,20 +201,6 @@ for step in "$@"; do
               --windows 3 --ab disable=norm_copies > "$R/q14b_$m.txt" 2>&1
             grep -E "^\| [0-9]+ \|" "$R/q14b_$m.txt" | cut -c 1-1500
           done ;;
-    q15) timeout 200 $PT -n 8 tests/test_quant_gpu.py -k "dp4a" > "$R/t_q15.txt" 2>&1
-         grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_q15.txt" | tail -n 12
-         A=FUSEC_QGEMV_DP4A_ROUND=add; B=FUSEC_QGEMV_DP4A_FILL=1; C=FUSEC_QGEMV_DP4A_WIDE_ROWS=4
-         for spec in "llama-1b-q4_k_m:1:--ab $A --ab $B --ab $A+$B" "llama-7b-q4_k_m:1:--ab $A" \
-                     "llama-1b-q8_0:4,8:--ab $A --ab $C --ab $A+$C"; do
-           m=${spec%%:*}; rest=${spec#*:}; b=${rest%%:*}
-           timeout 200 python3 benchmarks/decode_step.py "$R/q15_$m" --model $m --batches $b --context 32 --windows 3 \
-             ${rest#*:} > "$R/q15_$m.txt" 2>&1
-           grep -E "^\| [0-9]+ \|" "$R/q15_$m.txt" | cut -c 1-1500
-         done
-         # x's digits phase (trace phase 1) of each product, with and without ROUND=add
-         timeout 150 python3 benchmarks/block_trace.py "$R/q15_trace" --model llama-1b-q4_k_m --context 32 --ab $A \
-           > "$R/q15_trace.txt" 2>&1
-         tail -n 30 "$R/q15_trace/block_trace.md" ;;
     qvariants) timeout 360 python3 benchmarks/quant_bench.py "$R/qvar" --variants --skip torch,decode > "$R/qvar.txt" 2>&1
                grep "^| llama" "$R/qvar.txt" | tail -n 70 ;;
     qdecode) timeout 250 python3 benchmarks/quant_bench.py "$R/qdec" --skip kernels,torch --qgemv-forms auto,tc > "$R/qdec.txt" 2>&1

@@ -61,11 +61,6 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "over its weight rows at one row of x (8: two weight rows a task below K = 8192; 4: half the bytes in flight, "
          "7% slower at the 7B Q4_K_M shape on an H200; the A/B of benchmarks/decode_step.py --ab "
          "FUSEC_QGEMV_DP4A_CHUNKS=4)", ("4", "8")),
-    Knob("FUSEC_QGEMV_DP4A_ROUND", "choice", "add", "how the dp4a quantized GEMV rounds x's digits: add, an add of "
-         "1.5 * 2^23 and the float's low bits, and a bf16 norm prologue's roundings two at a time (no FRND, F2I or "
-         "F2F; the same digits); cvt, rintf and a float-to-int conversion (the conversion pipe, a quarter of the FMA "
-         "pipe's rate; 1-4% slower in the decode steps of benchmarks/decode_step.py --ab "
-         "FUSEC_QGEMV_DP4A_ROUND=cvt, H200, fifteenth session)", ("cvt", "add")),
     Knob("FUSEC_QGEMV_DP4A_FILL", "bool", True, "the dp4a quantized GEMV at one row of x gives products with short "
          "weight rows (a lane takes at most K / 1024 of a row's chunks a round) 4 rows a task, two gated pairs, so a "
          "round still loads 8 chunks a lane, where every warp still gets a task (Llama-1B's gate/up and LM head: "

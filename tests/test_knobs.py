@@ -58,3 +58,25 @@ def test_fusec_help_lists_every_knob(capsys: pytest.CaptureFixture[str]) -> None
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
     assert all(name in out for name in knobs.KNOBS)
+
+
+def test_benchmark_ab_variants_name_declared_knobs() -> None:
+    """benchmarks/decode_step.py's --ab (also block_trace.py's and prefill_step.py's) takes declared knobs with valid
+    values and fusion rules to disable; an undeclared knob (one removed, say) or a bad value stops it, instead of
+    timing the default plan under the variant's name."""
+    import sys
+    from pathlib import Path
+
+    from fusec.errors import InputError
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    try:
+        from decode_step import parse_ab
+    finally:
+        sys.path.pop(0)
+    assert parse_ab("FUSEC_QGEMV_DP4A_FILL=0+disable=norm_copies,mlp") == ({"FUSEC_QGEMV_DP4A_FILL": "0"},
+                                                                              ("norm_copies", "mlp"))
+    with pytest.raises(SystemExit, match="FUSEC_NO_SUCH_KNOB is not a fusec knob"):
+        parse_ab("FUSEC_NO_SUCH_KNOB=1")
+    with pytest.raises(InputError, match="FUSEC_QGEMV_DP4A_WIDE_ROWS"):
+        parse_ab("FUSEC_QGEMV_DP4A_WIDE_ROWS=3")

@@ -264,7 +264,7 @@ def test_the_dp4a_forms_the_rule_picks_compile_without_spills(arch, monkeypatch)
 
 
 def test_rounding_by_an_add_gives_rintf_digits():
-    """The identity the dp4a form's ``round_add`` digits rest on, in IEEE float32 (numpy): for |y| <= 2^22,
+    """The identity the dp4a form's digits rest on (rounded by an add), in IEEE float32 (numpy): for |y| <= 2^22,
     (y + 1.5 * 2^23)'s bits less 0x4B400000 are rint(y) (ties to even), so x's two digits come out as rintf's, over
     blocks of every magnitude and at ties."""
     rng = np.random.default_rng(7)
@@ -288,24 +288,21 @@ def test_rounding_by_an_add_gives_rintf_digits():
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_dp4a_round_add_compiles_for_both_archs(arch, monkeypatch):
-    """The rule's dp4a form rounds x's digits with an add (``round_add``); it compiles without spills at the
-    Llama-1B gate/up (norm + gated unit) and down shapes at 1 row of x and Q8_0's qkv at 8, a bf16 norm rounding two
-    values at a time; FUSEC_QGEMV_DP4A_ROUND=cvt rounds with rintf."""
-    for fmt, m, n, k, norm, glu in (("q4_k", 1, 16384, 2048, True, True), ("q6_k", 1, 2048, 8192, False, False),
-                                    ("q8_0", 8, 3072, 2048, True, False)):
-        form = gemv_form(m, n, k, fmt, FORMATS[fmt].group, DType.BF16, norm, glu)
-        assert form["round_add"] and form["dp4a"]
-        ck = K.build(QGemvSpec(m, n, k, fmt, FORMATS[fmt].group, DType.BF16, DType.F16, norm=norm,
+def test_dp4a_rounds_by_an_add_and_compiles_for_both_archs(arch):
+    """The dp4a form rounds x's digits with an add of 1.5 * 2^23 (no rintf); it compiles without spills at the
+    Llama-1B gate/up (norm + gated unit) and down shapes at 1 row of x and Q8_0's qkv at 8, a bf16 norm rounding
+    two values at a time and an fp16 one a value at a time."""
+    for fmt, m, n, k, norm, glu, dt in (("q4_k", 1, 16384, 2048, True, True, DType.BF16),
+                                        ("q6_k", 1, 2048, 8192, False, False, DType.BF16),
+                                        ("q8_0", 8, 3072, 2048, True, False, DType.BF16),
+                                        ("q4_k", 1, 3072, 2048, True, False, DType.F16)):
+        form = gemv_form(m, n, k, fmt, FORMATS[fmt].group, dt, norm, glu)
+        assert form["dp4a"]
+        ck = K.build(QGemvSpec(m, n, k, fmt, FORMATS[fmt].group, dt, DType.F16, norm=norm,
                                glu="silu" if glu else "", **form), arch)
-        assert ck.binary.spill_bytes == 0 and "0x4B400000" in ck.source, (fmt, m)
-        assert ("fc_round_bf16x2(n0, n1)" in ck.source) == norm, (fmt, m)  # the norm's roundings two at a time
-    monkeypatch.setenv("FUSEC_QGEMV_DP4A_ROUND", "cvt")
-    off = gemv_form(1, 16384, 2048, "q4_k", 32, DType.BF16)
-    assert not off["round_add"]
-    assert "0x4B400000" not in K.build(QGemvSpec(1, 16384, 2048, "q4_k", 32, DType.BF16, DType.F16, **off), arch).source
-    with pytest.raises(ValueError, match="round_add"):
-        QGemvSpec(1, 64, 2048, "q4_k", 32, DType.BF16, DType.F16, round_add=True)
+        assert ck.binary.spill_bytes == 0 and "0x4B400000" in ck.source and "rintf(__fmul_rn" not in ck.source, (fmt, m)
+        # the norm's roundings two at a time in bf16
+        assert ("fc_round_bf16x2(n0, n1)" in ck.source) == (norm and dt == DType.BF16), (fmt, m)
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])

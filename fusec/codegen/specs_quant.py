@@ -55,9 +55,7 @@ class QGemvSpec:
     dot products instead (templates/qgemv_dp4a.cu.jinja: x as two int8 digits per value, per 32 values, in the block,
     ``fusec.quant.dp4a_blocks``; fp16/bf16 x, M <= DP4A_MAX_M; ``rows`` a warp's task, ``warps`` a block,
     ``blocks`` an SM: the grid, and the registers a thread gets (its launch bounds); ``chunks`` the 32-weight chunks
-    a lane loads a round over its rows (2, 4 or 8); ``round_add``: x's digits rounded by adding 1.5 * 2^23 instead
-    of FRND and F2I, a bf16 norm's roundings two at a time (the same digits; the conversion pipe runs at a quarter
-    rate); fold unused).
+    a lane loads a round over its rows (2, 4 or 8); fold unused).
     FMA and dp4a forms: ``norm``, x RMS-normalized over K first as ``Op.RMSNORM`` computes it (weight ``g``
     [K], ``eps``, ``weight_offset``; the FMA form normalizes x once into shared memory, M * K elements of
     at most ``QNORM_SMEM`` bytes, the dp4a form as it writes x's digits); ``glu``, a gated unit over the two halves of the product (as
@@ -80,7 +78,6 @@ class QGemvSpec:
     dp4a: bool = False
     blocks: int = 2
     chunks: int = 4
-    round_add: bool = False
     norm: bool = False
     eps: float = 1e-6
     weight_offset: float = 0.0
@@ -109,7 +106,6 @@ class QGemvSpec:
             _req(self.chunks in (2, 4, 8), "the dp4a quantized gemv's lanes load 2, 4 or 8 chunks a round")
             _req(dp4a_fits(self.M, self.K, self.norm, self.dtype, self.warps), "the dp4a quantized gemv takes fp16/bf16 x, "
                  f"M <= {DP4A_MAX_M}, and its shared memory (x's two digits) within {DP4A_SMEM} bytes")
-        _req(self.dp4a or not self.round_add, "only the dp4a quantized gemv writes x's digits (round_add)")
         if self.norm or self.glu:
             _req(not self.tc, "the quantized gemv's norm prologue and gated epilogue are the FMA form's")
         check_norm_glu(self, "quantized gemv")

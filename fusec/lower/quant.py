@@ -94,12 +94,11 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     1-2%. Zero-point operands keep one row (uint8 spilled); FUSEC_QGEMV_DP4A_WIDE_ROWS=1 gives one row everywhere.
     Where the tensor-core form applies it stays (Q4_K_M: 1.177 ms against the dp4a form's 1.898).
 
-    Every block writes all of x's digits. rintf and a float-to-int conversion are 4 conversions a value on a
-    quarter-rate pipe (~2 us an SM in the down product, K = 8192, two blocks); instead the digits are rounded by
-    an add of 1.5 * 2^23, and a bf16 norm prologue's two roundings a value are done two values at a time (one
-    F2FP, not two F2F); the same digits and the same bits. Measured in the decode steps (H200, fifteenth session):
-    Llama-1B Q4_K_M 0.514 ms against 0.534, 7B 1.859 against 1.908, Q8_0 batch 8 2.714 against 2.749.
-    FUSEC_QGEMV_DP4A_ROUND=cvt gives rintf.
+    Every block writes all of x's digits. They are rounded by an add of 1.5 * 2^23, and a bf16 norm prologue's
+    two roundings a value are done two values at a time (one F2FP, not two F2F): rintf and a float-to-int
+    conversion were 4 conversions a value on a quarter-rate pipe (~2 us an SM in the down product, K = 8192, two
+    blocks). The same digits and bits; measured in the decode steps (H200, fifteenth session): Llama-1B Q4_K_M
+    0.514 ms against 0.534, 7B 1.859 against 1.908, Q8_0 batch 8 2.714 against 2.749. The rintf form is gone.
 
     The tensor-core form (``tc``) from M = TC_MIN_M (by bits) where it fits (``specs_quant.tc_fits``:
     4- to 6-bit codes, M <= 8, fp16/bf16; its copy of the block's rows within TC_SMEM_MAX, at most
@@ -146,8 +145,7 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
         tasks = (-(-n // 2 // (fill // 2)) if glu else -(-n // fill)) if fill >= 2 else 0
         if knobs.get("FUSEC_QGEMV_DP4A_FILL") and m == 1 and fill > rows and tasks >= blocks * 8 * _SMS:
             rows = fill
-        return {"rows": rows, "fold": False, "dp4a": True, "warps": 8, "blocks": blocks, "chunks": chunks,
-                "round_add": knobs.get("FUSEC_QGEMV_DP4A_ROUND") == "add"}
+        return {"rows": rows, "fold": False, "dp4a": True, "warps": 8, "blocks": blocks, "chunks": chunks}
     form: dict[str, object] = {"rows": 2 if m <= 8 else 1, "fold": m == 1}
     if tc:
         form.update(tc=True, warps=tc)
