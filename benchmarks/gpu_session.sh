@@ -42,6 +42,8 @@
 #   q14b      a norm copied into each of the products that did not merge (passes/split_norms.py): the packed-weight
 #             generation GPU tests and the families', then decode steps against disable=norm_copies (1B Q4_K_M batch 1
 #             and 8, 7B batch 1)
+#   q18       the dp4a norm prologue's weights loaded before the PDL wait: its bit test and the dp4a norm tests, then
+#             decode steps in turns against FUSEC_QGEMV_DP4A_NORM_EARLY=0 (1B, then 7B Q4_K_M, batch 1; ~3 minutes)
 #   qvariants every form of the quantized GEMV on Llama-1B's shapes (quant_bench.py --variants)
 #   qdecode   the packed-weight decode models alone (quant_bench.py --skip kernels,torch), the rule and the rule without dp4a
 #   q7b       the 7B Llama shape in Q4_K_M, batch 1 decode and its packed-weight roofline (quant_bench.py --7b)
@@ -201,6 +203,13 @@ for step in "$@"; do
               --windows 3 --ab disable=norm_copies > "$R/q14b_$m.txt" 2>&1
             grep -E "^\| [0-9]+ \|" "$R/q14b_$m.txt" | cut -c 1-1500
           done ;;
+    q18) timeout 80 $PT -n 8 tests/test_quant_gpu.py -k "norm_weights_loaded_early or (dp4a and norm)" > "$R/t_q18.txt" 2>&1
+         grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_q18.txt" | tail -n 12
+         for m in llama-1b-q4_k_m llama-7b-q4_k_m; do
+           timeout 120 python3 benchmarks/decode_step.py "$R/q18_$m" --model $m --batches 1 --context 32 --windows 3 \
+             --ab FUSEC_QGEMV_DP4A_NORM_EARLY=0 > "$R/q18_$m.txt" 2>&1
+           grep -E "^\| [0-9]+ \|" "$R/q18_$m.txt" | cut -c 1-1500
+         done ;;
     qvariants) timeout 360 python3 benchmarks/quant_bench.py "$R/qvar" --variants --skip torch,decode > "$R/qvar.txt" 2>&1
                grep "^| llama" "$R/qvar.txt" | tail -n 70 ;;
     qdecode) timeout 250 python3 benchmarks/quant_bench.py "$R/qdec" --skip kernels,torch --qgemv-forms auto,tc > "$R/qdec.txt" 2>&1

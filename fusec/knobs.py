@@ -71,6 +71,10 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "operands: they spilled); 1, one weight row a task and 2 chunks a round (1-2% slower in Llama-1B Q8_0's "
          "batch-4 and batch-8 steps, H200; the A/B of benchmarks/decode_step.py --model llama-1b-q8_0 --batches 8 "
          "--ab FUSEC_QGEMV_DP4A_WIDE_ROWS=1)", ("1", "4")),
+    Knob("FUSEC_QGEMV_DP4A_NORM_EARLY", "bool", True, "the dp4a quantized GEMV with a norm prologue loads the norm's "
+         "weights before the PDL wait where x is one batch of a thread's pieces (M K <= 8192), so its x phase has one "
+         "round trip to memory fewer; 0: after the wait, beside x (not yet timed: the A/B of "
+         "benchmarks/decode_step.py --ab FUSEC_QGEMV_DP4A_NORM_EARLY=0)"),
     Knob("FUSEC_QGEMV_DP4A_BLOCKS", "choice", "0", "the dp4a quantized GEMV's blocks an SM (its grid, and the registers "
          "its launch bounds give a thread); 0: the rule (fusec.lower.quant.gemv_form; the A/B of "
          "benchmarks/decode_step.py --ab FUSEC_QGEMV_DP4A_BLOCKS=3)", ("0", "1", "2", "3")),

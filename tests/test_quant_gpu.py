@@ -193,6 +193,29 @@ def test_dp4a_eight_chunks_a_round_equal_four(fmt):
 
 
 @pytest.mark.parametrize("fmt", list(quant.FORMATS))
+def test_dp4a_norm_weights_loaded_early_give_the_same_bits(fmt):
+    """The norm's weights loaded before the PDL wait (``norm_early``, where x is one batch of a thread's pieces)
+    give the bits of loading them beside x: 1-3 rows of x, a gated unit, K = 2048 and 4096 (one batch), and
+    K = 8192 at 2 rows (two batches: the weights are loaded beside x either way)."""
+    dt = BF16
+    cases = [(1, 2 * 1501, 2048, 2, "silu"), (2, 3001, 4096, 2, ""), (3, 2049, 2048, 2, ""), (2, 1003, 8192, 1, "")]
+    for m, n, k, rows, glu in cases:
+        qw = sample_weight(fmt, n, k, RNG)
+        args = [dev(RNG.standard_normal((m, k)).astype(np.float32).astype(dt.np)), *[dev(a) for a in qw.arrays],
+                dev((RNG.random(k) * 0.1 - 0.95).astype(np.float32).astype(dt.np))]
+        nout = n // 2 if glu else n
+        outs = []
+        for early in (False, True):
+            out = poisoned((m, nout), dt)
+            spec = QGemvSpec(m, n, k, fmt, qw.group, dt, qw.scale_dtype, rows=rows, dp4a=True, chunks=4,
+                             norm=True, norm_early=early, glu=glu, eps=1e-5, weight_offset=1.0)
+            _run(spec, args + [out])
+            outs.append(host(out, dt))
+        assert np.isfinite(outs[0].astype(np.float32)).all(), (fmt, m, n, k)
+        assert np.array_equal(outs[1].view(np.uint16), outs[0].view(np.uint16)), (fmt, m, n, k)
+
+
+@pytest.mark.parametrize("fmt", list(quant.FORMATS))
 def test_dp4a_four_rows_a_task_equal_two(fmt):
     """4 weight rows a task (the FUSEC_QGEMV_DP4A_FILL rule: two gated pairs, or 4 plain rows) sum each row's chunks in the
     order 2 rows a task do, so the bits are the same: an odd number of gated outputs (the last task's second pair

@@ -306,6 +306,32 @@ def test_dp4a_rounds_by_an_add_and_compiles_for_both_archs(arch):
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_dp4a_norm_weights_load_before_the_wait(arch, monkeypatch):
+    """With the norm prologue and x one batch of a thread's pieces (M K <= 8192), the rule's dp4a kernels load the
+    norm's weights before the PDL wait (in the source, before the wait), on the Llama-1B and 7B norm shapes at 1-3
+    rows of x, without spills; FUSEC_QGEMV_DP4A_NORM_EARLY=0 loads them after it."""
+    pending = []
+    for fmt in ("q4_k", "q6_k", "q8_0", "q4_0"):
+        for m in (1, 2, 3):
+            for n, k, glu in ((3072, 2048, False), (16384, 2048, True), (6144, 4096, False), (22016, 4096, True)):
+                f = gemv_form(m, n, k, fmt, FORMATS[fmt].group, DType.BF16, True, glu)
+                assert f["dp4a"] and f["norm_early"], (fmt, m, n, k)
+                spec = QGemvSpec(m, n, k, fmt, FORMATS[fmt].group, DType.BF16, DType.F16, norm=True,
+                                 glu="silu" if glu else "", **f)
+                pending.append(((fmt, m, n, k), K.build_async(spec, arch)))
+    for what, p in pending:
+        ck = p.result()
+        assert ck.binary.spill_bytes == 0, what
+        src = ck.source
+        assert "gpre[j] = *" in src and src.index("gpre[j] = *") < src.index("fc_pdl_wait_after(dep)"), what
+        assert "XP <= XB ? gpre[j]" in src, what  # used where x is one batch (XP <= XB), else loaded beside x
+    monkeypatch.setenv("FUSEC_QGEMV_DP4A_NORM_EARLY", "0")
+    f = gemv_form(1, 3072, 2048, "q4_k", 32, DType.BF16, True)
+    assert not f["norm_early"]
+    assert "gpre" not in K.build(QGemvSpec(1, 3072, 2048, "q4_k", 32, DType.BF16, DType.F16, norm=True, **f), arch).source
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_dp4a_fill_gives_short_rows_four_a_task(arch, monkeypatch):
     """The rule (FUSEC_QGEMV_DP4A_FILL on by default): at one row of x, K = 2048 (a lane takes 2 of a row's chunks a round), products with a
     task for every warp take 4 weight rows a task (gated: two pairs), so a round is 8 chunks a lane; not with too few

@@ -70,7 +70,7 @@ def _qgemv_dp4a(spec: QGemvSpec) -> Rendered:
 
     ntask = cdiv(spec.N // 2, spec.rows // 2) if spec.glu else cdiv(spec.N, spec.rows)
     ctx = {**_row_ctx(spec), "U": max(1, min(spec.chunks // spec.rows, cdiv(spec.K // 32, 32))), "W": spec.warps,
-           "BPS": spec.blocks, "ntask": ntask,
+           "BPS": spec.blocks, "ntask": ntask, "norm_early": spec.norm_early,
            "bf16": spec.dtype == DType.BF16}
     # one wave of blocks (``spec.blocks`` an SM: the launch bounds give each thread the registers for that), each taking
     # tasks in turn: a block writes x's digits once for all of its tasks

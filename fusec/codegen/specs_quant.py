@@ -55,7 +55,8 @@ class QGemvSpec:
     dot products instead (templates/qgemv_dp4a.cu.jinja: x as two int8 digits per value, per 32 values, in the block,
     ``fusec.quant.dp4a_blocks``; fp16/bf16 x, M <= DP4A_MAX_M; ``rows`` a warp's task, ``warps`` a block,
     ``blocks`` an SM: the grid, and the registers a thread gets (its launch bounds); ``chunks`` the 32-weight chunks
-    a lane loads a round over its rows (2, 4 or 8); fold unused).
+    a lane loads a round over its rows (2, 4 or 8); ``norm_early``: with the norm, its weights loaded before the PDL
+    wait where x is one batch of a thread's pieces (else after it, beside x); fold unused).
     FMA and dp4a forms: ``norm``, x RMS-normalized over K first as ``Op.RMSNORM`` computes it (weight ``g``
     [K], ``eps``, ``weight_offset``; the FMA form normalizes x once into shared memory, M * K elements of
     at most ``QNORM_SMEM`` bytes, the dp4a form as it writes x's digits); ``glu``, a gated unit over the two halves of the product (as
@@ -78,6 +79,7 @@ class QGemvSpec:
     dp4a: bool = False
     blocks: int = 2
     chunks: int = 4
+    norm_early: bool = True
     norm: bool = False
     eps: float = 1e-6
     weight_offset: float = 0.0

@@ -145,7 +145,8 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
         tasks = (-(-n // 2 // (fill // 2)) if glu else -(-n // fill)) if fill >= 2 else 0
         if knobs.get("FUSEC_QGEMV_DP4A_FILL") and m == 1 and fill > rows and tasks >= blocks * 8 * _SMS:
             rows = fill
-        return {"rows": rows, "fold": False, "dp4a": True, "warps": 8, "blocks": blocks, "chunks": chunks}
+        return {"rows": rows, "fold": False, "dp4a": True, "warps": 8, "blocks": blocks, "chunks": chunks,
+                "norm_early": bool(knobs.get("FUSEC_QGEMV_DP4A_NORM_EARLY"))}
     form: dict[str, object] = {"rows": 2 if m <= 8 else 1, "fold": m == 1}
     if tc:
         form.update(tc=True, warps=tc)
