@@ -100,6 +100,11 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     blocks). The same digits and bits; measured in the decode steps (H200, fifteenth session): Llama-1B Q4_K_M
     0.514 ms against 0.534, 7B 1.859 against 1.908, Q8_0 batch 8 2.714 against 2.749. The rintf form is gone.
 
+    With the norm prologue and x one batch of a thread's 8-value pieces (M K <= 8192), the norm's weights load
+    before the PDL wait, beside the first round's weights, so the x phase after the wait has one round trip to
+    memory fewer: Llama-1B Q4_K_M 0.490 ms a step against 0.504, 7B 1.780 against 1.857 (H200, fifteenth
+    session, the same bits). FUSEC_QGEMV_DP4A_NORM_EARLY=0 loads them after the wait.
+
     The tensor-core form (``tc``) from M = TC_MIN_M (by bits) where it fits (``specs_quant.tc_fits``:
     4- to 6-bit codes, M <= 8, fp16/bf16; its copy of the block's rows within TC_SMEM_MAX, at most
     TC_MAX_CPW chunks a warp below 16 warps); it has no norm prologue or gated epilogue, so fusion
