@@ -44,6 +44,9 @@
 #             and 8, 7B batch 1)
 #   q18       the dp4a norm prologue's weights loaded before the PDL wait: its bit test and the dp4a norm tests, then
 #             decode steps in turns against FUSEC_QGEMV_DP4A_NORM_EARLY=0 (1B, then 7B Q4_K_M, batch 1; ~3 minutes)
+#   q19       packed products at 4-8 rows of x through the dequantizing path (FUSEC_QGEMV_MAX_ROWS=4: dequantize to
+#             scratch, then cuBLAS) against the quantized GEMV: its GPU test, then decode steps in turns, batch 8, 1B
+#             Q8_0 and Q4_K_M (~3 minutes)
 #   qvariants every form of the quantized GEMV on Llama-1B's shapes (quant_bench.py --variants)
 #   qdecode   the packed-weight decode models alone (quant_bench.py --skip kernels,torch), the rule and the rule without dp4a
 #   q7b       the 7B Llama shape in Q4_K_M, batch 1 decode and its packed-weight roofline (quant_bench.py --7b)
@@ -209,6 +212,13 @@ for step in "$@"; do
            timeout 120 python3 benchmarks/decode_step.py "$R/q18_$m" --model $m --batches 1 --context 32 --windows 3 \
              --ab FUSEC_QGEMV_DP4A_NORM_EARLY=0 > "$R/q18_$m.txt" 2>&1
            grep -E "^\| [0-9]+ \|" "$R/q18_$m.txt" | cut -c 1-1500
+         done ;;
+    q19) timeout 80 $PT tests/test_quant_gpu.py -k "dequantizing_path" > "$R/t_q19.txt" 2>&1
+         grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_q19.txt" | tail -n 12
+         for m in llama-1b-q8_0 llama-1b-q4_k_m; do
+           timeout 150 python3 benchmarks/decode_step.py "$R/q19_$m" --model $m --batches 8 --context 32 --windows 3 \
+             --ab FUSEC_QGEMV_MAX_ROWS=4 > "$R/q19_$m.txt" 2>&1
+           grep -E "^\| [0-9]+ \|" "$R/q19_$m.txt" | cut -c 1-1500
          done ;;
     qvariants) timeout 360 python3 benchmarks/quant_bench.py "$R/qvar" --variants --skip torch,decode > "$R/qvar.txt" 2>&1
                grep "^| llama" "$R/qvar.txt" | tail -n 70 ;;

@@ -57,6 +57,10 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "where they fit, else fp32 FMAs); tc: the rule without the dp4a form; fma: fp32 FMAs everywhere (the A/B "
          "of benchmarks/quant_bench.py --qgemv-forms)",
          ("auto", "tc", "fma")),
+    Knob("FUSEC_QGEMV_MAX_ROWS", "int", 16, "the most rows of x the quantized GEMV takes (0-16); a product over "
+         "packed weights with more dequantizes them to scratch and runs cuBLAS, as a prefill does (fewer than 16: "
+         "the A/B of that path at small batches, benchmarks/decode_step.py --batches 8 --ab FUSEC_QGEMV_MAX_ROWS=4; "
+         "not yet timed)"),
     Knob("FUSEC_QGEMV_DP4A_CHUNKS", "choice", "8", "the dp4a quantized GEMV's 32-weight chunks a lane loads a round "
          "over its weight rows at one row of x (8: two weight rows a task below K = 8192; 4: half the bytes in flight, "
          "7% slower at the 7B Q4_K_M shape on an H200; the A/B of benchmarks/decode_step.py --ab "

@@ -106,3 +106,30 @@ def test_fused_packed_products_run_the_form_kernel_selection_recorded(monkeypatc
     plan = _plan(1)
     q = [L for L in _decode(plan) if "qgemv" in L["label"]]
     assert all("dp4a.u32.s32" in s for s in _sources(plan, q))  # the rule's form at one row of bf16 x
+
+
+def test_fewer_gemv_rows_send_the_products_through_the_dequantizing_path(monkeypatch) -> None:  # noqa: ANN001
+    """FUSEC_QGEMV_MAX_ROWS below a decode step's rows of x sends its packed products through the prefill's path
+    (dequantize the weight to scratch, then cuBLAS): no quantized GEMV, no norm prologue or gated unit fused into
+    a product; the step's launch records are kernels and GEMMs, counted by the lowering. Out of range is refused,
+    naming the variable."""
+    from fusec.errors import InputError
+
+    default = _plan(4)
+    by = default.manifest["reports"]["decode"]["lowering"]["by_template"]
+    assert by.get("qmatmul:qgemv", 0) > 0 and not by.get("qmatmul:dequant_gemm")
+    monkeypatch.setenv("FUSEC_QGEMV_MAX_ROWS", "2")
+    plan = _plan(4)
+    by = plan.manifest["reports"]["decode"]["lowering"]["by_template"]
+    layers = plan.manifest["generation"]["num_layers"]
+    assert not by.get("qmatmul:qgemv") and by["qmatmul:dequant_gemm"] >= 4 * layers, by  # qkv, o, gate/up, down
+    launches = entry_points(plan.manifest)["decode"]["launches"]
+    assert sum(L["type"] == "gemm" for L in launches) >= 4 * layers
+    assert not any("qgemv" in L.get("label", "") for L in launches)
+    # the layers' norms launch alone (the dequantizing path takes no prologue); so does the SwiGLU
+    assert sum(L.get("label", "").endswith(" rmsnorm") for L in launches) == 2 * layers
+    assert not any("gated_epilogue" in L.get("label", "") for L in launches)
+    assert _plan(2).manifest["reports"]["decode"]["lowering"]["by_template"].get("qmatmul:qgemv", 0) > 0  # 2 rows fit
+    monkeypatch.setenv("FUSEC_QGEMV_MAX_ROWS", "17")
+    with pytest.raises(InputError, match="FUSEC_QGEMV_MAX_ROWS"):
+        _plan(4)

@@ -411,6 +411,24 @@ def test_generation_from_packed_weights_matches_reference_token_for_token():
     assert kinds.get("qmatmul:qgemv", 0) >= 2 * 4 + 1  # every projection and the LM head in the GEMV
 
 
+def test_decode_through_the_dequantizing_path_matches_reference_token_for_token(monkeypatch):
+    """FUSEC_QGEMV_MAX_ROWS=2 at batch 4: the decode step's packed products dequantize to scratch and run cuBLAS
+    (the prefill's path), fp32, token for token against the reference."""
+    from fusec.generation import ReferenceEngine, generate
+    from fusec.genmodel import build_graphs
+    from fusec.compiler import compile_generation
+
+    monkeypatch.setenv("FUSEC_QGEMV_MAX_ROWS", "2")
+    plan = compile_generation(_packed_model(), batch=4, max_seq_len=48, prefill_len=12, dtype="fp32", eos_ids=[])
+    kinds = plan.manifest["reports"]["decode"]["lowering"]["by_template"]
+    assert not kinds.get("qmatmul:qgemv") and kinds["qmatmul:dequant_gemm"] >= 2 * 4 + 1, kinds
+    got = generate_with_plan(plan, PROMPTS, max_new_tokens=20).new_ids
+    gm = _packed_model()
+    want = generate(ReferenceEngine(build_graphs(gm, 4, 48, 12, []), optimize=True), PROMPTS, 20,
+                    gm.config.vocab_size).new_ids
+    assert got == want
+
+
 @pytest.mark.parametrize("method", ["int8", "int4"])
 def test_quantized_generation_matches_reference(method):
     from fusec.generation import ReferenceEngine, generate

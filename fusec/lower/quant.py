@@ -31,9 +31,23 @@ from fusec.quant import FORMATS
 SCRATCH_BYTES = 32 << 20  # the prefill's dequantized block of a weight
 
 
+def qgemv_max_rows() -> int:
+    """The most rows of x the quantized GEMV takes (FUSEC_QGEMV_MAX_ROWS, 0 to QGEMV_MAX_M); a product with more
+    dequantizes its weight to scratch and runs cuBLAS. Fewer than QGEMV_MAX_M is the A/B of the dequantizing path
+    at small batches, where the quantized GEMV is slow (Q8_0 at 8 rows of x: 0.38x the bf16 plan on an H200,
+    fifteenth session)."""
+    from fusec import knobs
+    from fusec.errors import InputError
+
+    rows = int(knobs.get("FUSEC_QGEMV_MAX_ROWS"))
+    if not 0 <= rows <= QGEMV_MAX_M:
+        raise InputError(f"environment variable FUSEC_QGEMV_MAX_ROWS={rows} must be 0 to {QGEMV_MAX_M}")
+    return rows
+
+
 def choose(m: int, n: int, k: int, fmt: str) -> str:
     """"qgemv" (dequantize in registers) or "dequant_gemm" (dequantize to scratch, then cuBLAS)."""
-    return "qgemv" if m <= QGEMV_MAX_M else "dequant_gemm"
+    return "qgemv" if m <= qgemv_max_rows() else "dequant_gemm"
 
 
 TC_SMEM_MAX = 144 << 10  # the tensor-core form's copy of its rows: within sm_80's 163 KB a block (static too)

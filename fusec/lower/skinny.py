@@ -110,11 +110,11 @@ def qfits(m: int, n: int, k: int, a: Value, mm: Node, norm: bool, glu: bool, con
     gated epilogue (``QGemvSpec``), else why not: the form the rule picks (``fusec.lower.quant.gemv_form``)
     must be one of those; the FMA form needs two rows a warp for a gated unit and x within the norm's
     shared memory."""
-    from fusec.codegen.specs_quant import QGEMV_MAX_M, QNORM_SMEM
+    from fusec.codegen.specs_quant import QNORM_SMEM
     from fusec.lower import quant as Q
 
-    if m > QGEMV_MAX_M:
-        return f"the quantized GEMV takes at most {QGEMV_MAX_M} rows, this one has {m}"
+    if m > Q.qgemv_max_rows():
+        return f"the quantized GEMV takes at most {Q.qgemv_max_rows()} rows (FUSEC_QGEMV_MAX_ROWS), this one has {m}"
     if not const:
         return "the quantized GEMV reads packed constant weights"
     if a.dtype not in S.FLOATS:
