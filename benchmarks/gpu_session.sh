@@ -81,6 +81,20 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . > "$R/install.txt"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader | tee "$R/device.txt"
 python3 -c "import cupy, cuda.bindings; print('cupy', cupy.__version__, 'cuda-bindings', cuda.bindings.__version__)" | tee -a "$R/device.txt"
 PT="python3 -m pytest -q -p no:cacheprovider -m gpu -rfE"
+# ab_step NAME TESTS BATCHES "AB ARGS" MODEL...: the packed-weight GPU tests selected by -k TESTS, then each model's
+# decode step (context 32) in turns with decode_step.py's --ab variants
+ab_step() {
+  local name=$1 tests=$2 batches=$3 ab=$4 m
+  shift 4
+  timeout 80 $PT -n 8 tests/test_quant_gpu.py -k "$tests" > "$R/t_$name.txt" 2>&1
+  grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_$name.txt" | tail -n 12
+  for m in "$@"; do
+    # shellcheck disable=SC2086  # $ab is several arguments
+    timeout 150 python3 benchmarks/decode_step.py "$R/${name}_$m" --model "$m" --batches "$batches" --context 32 \
+      --windows 3 $ab > "$R/${name}_$m.txt" 2>&1
+    grep -E "^\| [0-9]+ \|" "$R/${name}_$m.txt" | cut -c 1-1500
+  done
+}
 for step in "$@"; do
   t0=$(date +%s)
   case "$step" in
@@ -206,20 +220,9 @@ for step in "$@"; do
               --windows 3 --ab disable=norm_copies > "$R/q14b_$m.txt" 2>&1
             grep -E "^\| [0-9]+ \|" "$R/q14b_$m.txt" | cut -c 1-1500
           done ;;
-    q18) timeout 80 $PT -n 8 tests/test_quant_gpu.py -k "norm_weights_loaded_early or (dp4a and norm)" > "$R/t_q18.txt" 2>&1
-         grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_q18.txt" | tail -n 12
-         for m in llama-1b-q4_k_m llama-7b-q4_k_m; do
-           timeout 120 python3 benchmarks/decode_step.py "$R/q18_$m" --model $m --batches 1 --context 32 --windows 3 \
-             --ab FUSEC_QGEMV_DP4A_NORM_EARLY=0 > "$R/q18_$m.txt" 2>&1
-           grep -E "^\| [0-9]+ \|" "$R/q18_$m.txt" | cut -c 1-1500
-         done ;;
-    q19) timeout 80 $PT tests/test_quant_gpu.py -k "dequantizing_path" > "$R/t_q19.txt" 2>&1
-         grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_q19.txt" | tail -n 12
-         for m in llama-1b-q8_0 llama-1b-q4_k_m; do
-           timeout 150 python3 benchmarks/decode_step.py "$R/q19_$m" --model $m --batches 8 --context 32 --windows 3 \
-             --ab FUSEC_QGEMV_MAX_ROWS=4 > "$R/q19_$m.txt" 2>&1
-           grep -E "^\| [0-9]+ \|" "$R/q19_$m.txt" | cut -c 1-1500
-         done ;;
+    q18) ab_step q18 "norm_weights_loaded_early or (dp4a and norm)" 1 "--ab FUSEC_QGEMV_DP4A_NORM_EARLY=0" \
+           llama-1b-q4_k_m llama-7b-q4_k_m ;;
+    q19) ab_step q19 "dequantizing_path" 8 "--ab FUSEC_QGEMV_MAX_ROWS=4" llama-1b-q8_0 llama-1b-q4_k_m ;;
     qvariants) timeout 360 python3 benchmarks/quant_bench.py "$R/qvar" --variants --skip torch,decode > "$R/qvar.txt" 2>&1
                grep "^| llama" "$R/qvar.txt" | tail -n 70 ;;
     qdecode) timeout 250 python3 benchmarks/quant_bench.py "$R/qdec" --skip kernels,torch --qgemv-forms auto,tc > "$R/qdec.txt" 2>&1
