@@ -130,6 +130,26 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def block_rows(rows: list[dict[str, Any]], match: str, limit: int = 16) -> list[dict[str, Any]]:
+    """Per-block times (us) of the kernels whose label contains ``match``: from the step's earliest block start,
+    and the phase marks and the end after the block's own wait; the ``limit`` blocks that end last."""
+    t0 = min(int(r["start"].min()) for r in rows)
+    out = []
+    for r in rows:
+        if match not in r["label"]:
+            continue
+        w = r["waited"]
+        blocks = []
+        for i in range(r["blocks"]):
+            after = (lambda v: round(float(v - w[i]) * 1e-3, 2) if v > 0 and w[i] > 0 else None)  # noqa: E731
+            blocks.append({"block": i, "sm": int(r["sm"][i]), "start": round(float(r["start"][i] - t0) * 1e-3, 2),
+                           "waited": round(float(w[i] - t0) * 1e-3, 2) if w[i] > 0 else None,
+                           "phases": [after(v) for v in r["phases"][i]], "end_after_wait": after(r["end"][i])})
+        blocks.sort(key=lambda b: (b["end_after_wait"] is None, -(b["end_after_wait"] or 0.0)))
+        out.append({"label": r["label"], "blocks": blocks[:limit]})
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -139,6 +159,9 @@ def main() -> int:
     ap.add_argument("--modes", default="pdl", help="pdl, plain or both (pdl,plain): how the plan launches its kernels")
     ap.add_argument("--ab", action="append", default=[], metavar="KNOB=VALUE[+KNOB=VALUE]",
                     help="also trace the plan compiled with these knobs (disable=RULE[,RULE]: without those rules)")
+    ap.add_argument("--blocks", default="", metavar="LABEL_PART",
+                    help="also list the blocks (the 16 that end last) of the kernels whose label contains this, from "
+                         "the first traced step: start, wait, phase marks and end, per block")
     args = ap.parse_args()
     os.environ["FUSEC_TRACE"] = "1"  # before fusec compiles anything
     from decode_step import _engine, model, parse_ab
@@ -164,12 +187,15 @@ def main() -> int:
             del plan
             for mode in args.modes.split(","):
                 plan, eng, _ = _engine(path, mode == "pdl", batch, warm=True)
-                steps, ptrs = [], trace_ptrs(eng)
+                steps, ptrs, per_block = [], trace_ptrs(eng), []
                 for _ in range(5):  # five steps, each read on its own: the medians over them go in the table
                     clear_traces(ptrs)
                     eng.decode()
                     eng.sync()
-                    steps.append(summarize(timeline(plan, read_traces(ptrs))))
+                    rows = timeline(plan, read_traces(ptrs))
+                    steps.append(summarize(rows))
+                    if args.blocks and not per_block:
+                        per_block = block_rows(rows, args.blocks)
                 keys = [k for k in steps[0][0] if k not in ("label",)]
                 table = []
                 for j, row in enumerate(steps[0]):
@@ -190,7 +216,7 @@ def main() -> int:
                     b.synchronize()
                     times.append(cp.cuda.get_elapsed_time(a, b) / 20)
                 doc["runs"].append({"batch": batch, "variant": name, "mode": mode, "kernels": table, "steps": steps,
-                                    "step_ms": float(np.median(times))})
+                                    "step_ms": float(np.median(times)), "blocks": per_block})
                 md += [f"### batch {batch}, {name}, {mode} launches", "",
                        f"step (the traced binaries, medians of 5 x 20 replays): {np.median(times):.3f} ms", "",
                        "| kernel | blocks (SMs, max/SM) | start min / p50 / max | early | at the wait p50 / max | "
@@ -206,6 +232,12 @@ def main() -> int:
                               f"{r['after_wait_p50']} / {r['after_wait_max']} | "
                               f"{r['phase1_p50']} / {r['phase2_p50']} / {r['phase3_p50']} |")
                 md.append("")
+                for k in per_block:  # the blocks that end last of each kernel asked for (--blocks)
+                    md += [f"{k['label']}: the blocks that end last (us; phases and end after the block's own wait)",
+                           "", "| block | SM | start | wait passed | phases 1 / 2 / 3 | end |", "|---|---|---|---|---|---|"]
+                    md += [f"| {b['block']} | {b['sm']} | {b['start']} | {b['waited']} | "
+                           f"{' / '.join(str(p) for p in b['phases'])} | {b['end_after_wait']} |" for b in k["blocks"]]
+                    md.append("")
                 print("\n".join(md[-len(table) - 6:]), flush=True)
                 eng = plan = None
             for k, v in saved.items():  # the next variant runs with the defaults again (runtime knobs: loaded above)

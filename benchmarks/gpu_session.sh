@@ -47,6 +47,8 @@
 #   q19       packed products at 4-8 rows of x through the dequantizing path (FUSEC_QGEMV_MAX_ROWS=4: dequantize to
 #             scratch, then cuBLAS) against the quantized GEMV: its GPU test, then decode steps in turns, batch 8, 1B
 #             Q8_0 and Q4_K_M (~3 minutes)
+#   q20       where the decode attention's ~4 us go: the block trace with the blocks that end last of the attention
+#             kernel (block_trace.py --blocks), Llama-1B Q4_K_M and Qwen3-0.6B bf16, batch 1 (~1 minute)
 #   qvariants every form of the quantized GEMV on Llama-1B's shapes (quant_bench.py --variants)
 #   qdecode   the packed-weight decode models alone (quant_bench.py --skip kernels,torch), the rule and the rule without dp4a
 #   q7b       the 7B Llama shape in Q4_K_M, batch 1 decode and its packed-weight roofline (quant_bench.py --7b)
@@ -223,6 +225,11 @@ for step in "$@"; do
     q18) ab_step q18 "norm_weights_loaded_early or (dp4a and norm)" 1 "--ab FUSEC_QGEMV_DP4A_NORM_EARLY=0" \
            llama-1b-q4_k_m llama-7b-q4_k_m ;;
     q19) ab_step q19 "dequantizing_path" 8 "--ab FUSEC_QGEMV_MAX_ROWS=4" llama-1b-q8_0 llama-1b-q4_k_m ;;
+    q20) for m in llama-1b-q4_k_m qwen3-0.6b; do
+           timeout 120 python3 benchmarks/block_trace.py "$R/q20_$m" --model $m --context 32 --blocks rope_atte \
+             > "$R/q20_$m.txt" 2>&1
+           grep -A 20 "blocks that end last" "$R/q20_$m/block_trace.md" | head -n 22
+         done ;;
     qvariants) timeout 360 python3 benchmarks/quant_bench.py "$R/qvar" --variants --skip torch,decode > "$R/qvar.txt" 2>&1
                grep "^| llama" "$R/qvar.txt" | tail -n 70 ;;
     qdecode) timeout 250 python3 benchmarks/quant_bench.py "$R/qdec" --skip kernels,torch --qgemv-forms auto,tc > "$R/qdec.txt" 2>&1
