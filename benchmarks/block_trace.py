@@ -234,7 +234,8 @@ def main() -> int:
                 md.append("")
                 for k in per_block:  # the blocks that end last of each kernel asked for (--blocks)
                     md += [f"{k['label']}: the blocks that end last (us; phases and end after the block's own wait)",
-                           "", "| block | SM | start | wait passed | phases 1 / 2 / 3 | end |", "|---|---|---|---|---|---|"]
+                           "", "| block | SM | start | wait passed | phases 1 / 2 / 3 | end |",
+                           "|---|---|---|---|---|---|"]
                     md += [f"| {b['block']} | {b['sm']} | {b['start']} | {b['waited']} | "
                            f"{' / '.join(str(p) for p in b['phases'])} | {b['end_after_wait']} |" for b in k["blocks"]]
                     md.append("")
