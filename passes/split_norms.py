@@ -57,8 +57,8 @@ def run(graph: Graph, options: PassOptions) -> PassResult:
         if not (R.is_norm(n) and len(n.outputs) == 1):
             continue
         readers = _splittable(ctx, graph, n)
+        y = n.outputs[0]
         for i, r in enumerate(readers[1:], 1):
-            y = n.outputs[0]
             copy = Node(n.op, n.inputs, [Value(rw.fresh_name(f"{y.name}_copy{i}"), y.shape, y.dtype)], n.attrs,
                         f"{n.name}_copy{i}" if n.name else "")
             replace[r] = [copy, Node(r.op, (copy.outputs[0], *r.inputs[1:]), r.outputs, r.attrs, r.name)]

@@ -163,33 +163,42 @@ def test_dp4a_qgemv_matches_reference(fmt, m, blocks):
             assert rel_err(host(out, dt), ref) <= TOL[dt], (fmt, m, dt, swap, "norm+glu")
 
 
+def _dp4a_bits_alike(fmt: str, m: int, n: int, k: int, variants: list[dict], epi: Epilogue = Epilogue(),
+                     norm: bool = False, glu: str = "", **common) -> None:
+    """The dp4a kernel once per entry of ``variants`` (QGemvSpec keywords, beside ``common``) on the same random
+    bf16 operands (the norm's weights with ``norm``, bias and residual with ``epi``): the first output finite, the
+    others equal to it bit for bit."""
+    dt = BF16
+    qw = sample_weight(fmt, n, k, RNG)
+    args = [dev(RNG.standard_normal((m, k)).astype(np.float32).astype(dt.np)), *[dev(a) for a in qw.arrays]]
+    if norm:
+        args.append(dev((RNG.random(k) * 0.1 - 0.95).astype(np.float32).astype(dt.np)))
+    if epi.bias:
+        args += [dev(RNG.standard_normal(n).astype(np.float32).astype(dt.np)),
+                 dev(RNG.standard_normal((m, n)).astype(np.float32).astype(dt.np))]
+    outs = []
+    for v in variants:
+        out = poisoned((m, n // 2 if glu else n), dt)
+        spec = QGemvSpec(m, n, k, fmt, qw.group, dt, qw.scale_dtype, epi, dp4a=True, norm=norm, glu=glu, eps=1e-5,
+                         weight_offset=1.0 if norm else 0.0, **common, **v)
+        _run(spec, args + [out])
+        outs.append(host(out, dt))
+    assert np.isfinite(outs[0].astype(np.float32)).all(), (fmt, m, n, k)
+    for v, o in zip(variants[1:], outs[1:]):
+        assert np.array_equal(o.view(np.uint16), outs[0].view(np.uint16)), (fmt, m, n, k, v)
+
+
 @pytest.mark.parametrize("fmt", list(quant.FORMATS))
 def test_dp4a_eight_chunks_a_round_equal_four(fmt):
     """At one row of x, 8 chunks a lane a round (``chunks``: FUSEC_QGEMV_DP4A_CHUNKS=8) sum each lane's chunks in
     the order 4 a round does, so the bits are the same: odd N with a partial last task and tasks past the grid's
     warps, rows of 1 to 3 rounds (K 4096 at two rows a task, 11,008 at one), bias + SiLU + residual, the norm
     prologue with a gated unit."""
-    dt, m = BF16, 1
-    cases = [(4501, 4096, 2, {}), (2051, 11008, 1, {}), (1501 * 2, 4096, 2, {"norm": True, "glu": "silu"})]
-    for n, k, rows, extra in cases:
-        qw = sample_weight(fmt, n, k, RNG)
-        x = dev(RNG.standard_normal((m, k)).astype(np.float32).astype(dt.np))
-        if extra:
-            g = dev((RNG.random(k) * 0.1 - 0.95).astype(np.float32).astype(dt.np))
-            args, epi, nout = [x, *[dev(a) for a in qw.arrays], g], Epilogue(), n // 2
-        else:
-            bias = dev(RNG.standard_normal(n).astype(np.float32).astype(dt.np))
-            res = dev(RNG.standard_normal((m, n)).astype(np.float32).astype(dt.np))
-            args, epi, nout = [x, *[dev(a) for a in qw.arrays], bias, res], Epilogue(True, "silu", True), n
-        outs = []
-        for chunks in (4, 8):
-            out = poisoned((m, nout), dt)
-            spec = QGemvSpec(m, n, k, fmt, qw.group, dt, qw.scale_dtype, epi, rows=rows, dp4a=True, chunks=chunks,
-                             eps=1e-5, weight_offset=1.0 if extra else 0.0, **extra)
-            _run(spec, args + [out])
-            outs.append(host(out, dt))
-        assert np.isfinite(outs[0].astype(np.float32)).all(), (fmt, n, k)
-        assert np.array_equal(outs[1].view(np.uint16), outs[0].view(np.uint16)), (fmt, n, k, extra)
+    chunks = [{"chunks": 4}, {"chunks": 8}]
+    silu_res = Epilogue(True, "silu", True)
+    _dp4a_bits_alike(fmt, 1, 4501, 4096, chunks, silu_res, rows=2)
+    _dp4a_bits_alike(fmt, 1, 2051, 11008, chunks, silu_res, rows=1)
+    _dp4a_bits_alike(fmt, 1, 1501 * 2, 4096, chunks, norm=True, glu="silu", rows=2)
 
 
 @pytest.mark.parametrize("fmt", list(quant.FORMATS))
@@ -197,50 +206,22 @@ def test_dp4a_norm_weights_loaded_early_give_the_same_bits(fmt):
     """The norm's weights loaded before the PDL wait (``norm_early``, where x is one batch of a thread's pieces)
     give the bits of loading them beside x: 1-3 rows of x, a gated unit, K = 2048 and 4096 (one batch), and
     K = 8192 at 2 rows (two batches: the weights are loaded beside x either way)."""
-    dt = BF16
-    cases = [(1, 2 * 1501, 2048, 2, "silu"), (2, 3001, 4096, 2, ""), (3, 2049, 2048, 2, ""), (2, 1003, 8192, 1, "")]
-    for m, n, k, rows, glu in cases:
-        qw = sample_weight(fmt, n, k, RNG)
-        args = [dev(RNG.standard_normal((m, k)).astype(np.float32).astype(dt.np)), *[dev(a) for a in qw.arrays],
-                dev((RNG.random(k) * 0.1 - 0.95).astype(np.float32).astype(dt.np))]
-        nout = n // 2 if glu else n
-        outs = []
-        for early in (False, True):
-            out = poisoned((m, nout), dt)
-            spec = QGemvSpec(m, n, k, fmt, qw.group, dt, qw.scale_dtype, rows=rows, dp4a=True, chunks=4,
-                             norm=True, norm_early=early, glu=glu, eps=1e-5, weight_offset=1.0)
-            _run(spec, args + [out])
-            outs.append(host(out, dt))
-        assert np.isfinite(outs[0].astype(np.float32)).all(), (fmt, m, n, k)
-        assert np.array_equal(outs[1].view(np.uint16), outs[0].view(np.uint16)), (fmt, m, n, k)
+    early = [{"norm_early": False}, {"norm_early": True}]
+    for m, n, k, rows, glu in [(1, 2 * 1501, 2048, 2, "silu"), (2, 3001, 4096, 2, ""), (3, 2049, 2048, 2, ""),
+                               (2, 1003, 8192, 1, "")]:
+        _dp4a_bits_alike(fmt, m, n, k, early, norm=True, glu=glu, rows=rows, chunks=4)
 
 
 @pytest.mark.parametrize("fmt", list(quant.FORMATS))
 def test_dp4a_four_rows_a_task_equal_two(fmt):
-    """4 weight rows a task (the FUSEC_QGEMV_DP4A_FILL rule: two gated pairs, or 4 plain rows) sum each row's chunks in the
-    order 2 rows a task do, so the bits are the same: an odd number of gated outputs (the last task's second pair
+    """4 weight rows a task (the FUSEC_QGEMV_DP4A_FILL rule: two gated pairs, or 4 plain rows) sum each row's chunks in
+    the order 2 rows a task do, so the bits are the same: an odd number of gated outputs (the last task's second pair
     past F), N not a multiple of 4, rows of one and of two rounds, the norm prologue, bias + SiLU + residual."""
-    dt, m = BF16, 1
-    cases = [(2 * 4099, 2048, {"norm": True, "glu": "silu"}, Epilogue()), (2 * 1501, 4096, {"glu": "silu"}, Epilogue()),
-             (30003, 2048, {"norm": True}, Epilogue()), (4101, 4096, {}, Epilogue(True, "silu", True))]
-    for n, k, extra, epi in cases:
-        qw = sample_weight(fmt, n, k, RNG)
-        x = dev(RNG.standard_normal((m, k)).astype(np.float32).astype(dt.np))
-        args, nout = [x, *[dev(a) for a in qw.arrays]], n // 2 if extra.get("glu") else n
-        if extra.get("norm"):
-            args.append(dev((RNG.random(k) * 0.1 - 0.95).astype(np.float32).astype(dt.np)))
-        if epi.bias:
-            args += [dev(RNG.standard_normal(n).astype(np.float32).astype(dt.np)),
-                     dev(RNG.standard_normal((m, n)).astype(np.float32).astype(dt.np))]
-        outs = []
-        for rows in (2, 4):
-            out = poisoned((m, nout), dt)
-            spec = QGemvSpec(m, n, k, fmt, qw.group, dt, qw.scale_dtype, epi, rows=rows, dp4a=True, chunks=8,
-                             eps=1e-5, weight_offset=1.0 if extra.get("norm") else 0.0, **extra)
-            _run(spec, args + [out])
-            outs.append(host(out, dt))
-        assert np.isfinite(outs[0].astype(np.float32)).all(), (fmt, n, k)
-        assert np.array_equal(outs[1].view(np.uint16), outs[0].view(np.uint16)), (fmt, n, k, extra)
+    rows = [{"rows": 2}, {"rows": 4}]
+    _dp4a_bits_alike(fmt, 1, 2 * 4099, 2048, rows, norm=True, glu="silu", chunks=8)
+    _dp4a_bits_alike(fmt, 1, 2 * 1501, 4096, rows, glu="silu", chunks=8)
+    _dp4a_bits_alike(fmt, 1, 30003, 2048, rows, norm=True, chunks=8)
+    _dp4a_bits_alike(fmt, 1, 4101, 4096, rows, Epilogue(True, "silu", True), chunks=8)
 
 
 @pytest.mark.parametrize("fmt", ["q8_0", "int8"])
@@ -249,25 +230,9 @@ def test_dp4a_four_rows_of_one_chunk_equal_one_row_of_two(fmt, m):
     """At 4-8 rows of x, 4 weight rows a task with one chunk a round each (the FUSEC_QGEMV_DP4A_WIDE_ROWS rule) sum each
     row's chunks in the order one row a task with two chunks a round does: the same bits (N not a multiple of 4,
     the norm prologue, bias + SiLU + residual, rows of one and of several rounds)."""
-    dt = BF16
-    for n, k, norm, epi in ((3001, 2048, True, Epilogue()), (2050, 1024 if m == 8 else 4096, False,
-                                                              Epilogue(True, "silu", True))):
-        qw = sample_weight(fmt, n, k, RNG)
-        args = [dev(RNG.standard_normal((m, k)).astype(np.float32).astype(dt.np)), *[dev(a) for a in qw.arrays]]
-        if norm:
-            args.append(dev((RNG.random(k) * 0.1 - 0.95).astype(np.float32).astype(dt.np)))
-        if epi.bias:
-            args += [dev(RNG.standard_normal(n).astype(np.float32).astype(dt.np)),
-                     dev(RNG.standard_normal((m, n)).astype(np.float32).astype(dt.np))]
-        outs = []
-        for rows, chunks in ((1, 2), (4, 4)):
-            out = poisoned((m, n), dt)
-            spec = QGemvSpec(m, n, k, fmt, qw.group, dt, qw.scale_dtype, epi, rows=rows, dp4a=True, chunks=chunks,
-                             norm=norm, eps=1e-5)
-            _run(spec, args + [out])
-            outs.append(host(out, dt))
-        assert np.isfinite(outs[0].astype(np.float32)).all(), (fmt, m, n, k)
-        assert np.array_equal(outs[1].view(np.uint16), outs[0].view(np.uint16)), (fmt, m, n, k)
+    wide = [{"rows": 1, "chunks": 2}, {"rows": 4, "chunks": 4}]
+    _dp4a_bits_alike(fmt, m, 3001, 2048, wide, norm=True)
+    _dp4a_bits_alike(fmt, m, 2050, 1024 if m == 8 else 4096, wide, Epilogue(True, "silu", True))
 
 
 @pytest.mark.parametrize("norm", [False, True])

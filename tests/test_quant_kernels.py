@@ -325,6 +325,9 @@ def test_dp4a_norm_weights_load_before_the_wait(arch, monkeypatch):
         src = ck.source
         assert "gpre[j] = *" in src and src.index("gpre[j] = *") < src.index("fc_pdl_wait_after(dep)"), what
         assert "XP <= XB ? gpre[j]" in src, what  # used where x is one batch (XP <= XB), else loaded beside x
+    assert not gemv_form(1, 3072, 2048, "q4_k", 32, DType.BF16)["norm_early"]  # no norm: nothing to load early
+    with pytest.raises(ValueError, match="norm_early"):
+        QGemvSpec(1, 3072, 2048, "q4_k", 32, DType.BF16, DType.F16, rows=2, dp4a=True, chunks=8, norm_early=True)
     monkeypatch.setenv("FUSEC_QGEMV_DP4A_NORM_EARLY", "0")
     f = gemv_form(1, 3072, 2048, "q4_k", 32, DType.BF16, True)
     assert not f["norm_early"]

@@ -65,10 +65,15 @@ def _qgemv(spec: QGemvSpec) -> Rendered:
     return Rendered("qgemv.cu.jinja", ctx, (blocks, 1, 1), (128, 1, 1), _row_params(spec))
 
 
+def dp4a_tasks(n: int, rows: int, glu: bool) -> int:
+    """The dp4a form's tasks over an [n, K] weight: ``rows`` weight rows each (gated: rows / 2 pairs j, F + j)."""
+    return cdiv(n // 2, rows // 2) if glu else cdiv(n, rows)
+
+
 def _qgemv_dp4a(spec: QGemvSpec) -> Rendered:
     from fusec.codegen.build_gemm import _SMS
 
-    ntask = cdiv(spec.N // 2, spec.rows // 2) if spec.glu else cdiv(spec.N, spec.rows)
+    ntask = dp4a_tasks(spec.N, spec.rows, bool(spec.glu))
     ctx = {**_row_ctx(spec), "U": max(1, min(spec.chunks // spec.rows, cdiv(spec.K // 32, 32))), "W": spec.warps,
            "BPS": spec.blocks, "ntask": ntask, "norm_early": spec.norm_early,
            "bf16": spec.dtype == DType.BF16}

@@ -134,6 +134,7 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     benchmarks/quant_bench.py --variants times the forms."""
     from fusec import knobs
     from fusec.codegen.build_gemm import _SMS
+    from fusec.codegen.build_quant import dp4a_tasks
     from fusec.codegen.specs_quant import dp4a_fits, tc_fits
 
     choice = knobs.get("FUSEC_QGEMV_FORM")
@@ -161,11 +162,11 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
         # gated pairs) where every warp still gets a task (not a gated unit beside the norm over 6-bit codes: 12 bytes
         # spilled, ptxas sm_80)
         fill = 0 if wide or (norm and glu and FORMATS[fmt].bits == 6) else min(4, chunks // max(1, k // 1024))
-        tasks = (-(-n // 2 // (fill // 2)) if glu else -(-n // fill)) if fill >= 2 else 0
-        if knobs.get("FUSEC_QGEMV_DP4A_FILL") and m == 1 and fill > rows and tasks >= blocks * 8 * _SMS:
+        if (knobs.get("FUSEC_QGEMV_DP4A_FILL") and m == 1 and fill > rows
+                and dp4a_tasks(n, fill, glu) >= blocks * 8 * _SMS):
             rows = fill
         return {"rows": rows, "fold": False, "dp4a": True, "warps": 8, "blocks": blocks, "chunks": chunks,
-                "norm_early": bool(knobs.get("FUSEC_QGEMV_DP4A_NORM_EARLY"))}
+                "norm_early": norm and bool(knobs.get("FUSEC_QGEMV_DP4A_NORM_EARLY"))}
     form: dict[str, object] = {"rows": 2 if m <= 8 else 1, "fold": m == 1}
     if tc:
         form.update(tc=True, warps=tc)

@@ -113,8 +113,8 @@ def qfits(m: int, n: int, k: int, a: Value, mm: Node, norm: bool, glu: bool, con
     from fusec.codegen.specs_quant import QNORM_SMEM
     from fusec.lower import quant as Q
 
-    if m > Q.qgemv_max_rows():
-        return f"the quantized GEMV takes at most {Q.qgemv_max_rows()} rows (FUSEC_QGEMV_MAX_ROWS), this one has {m}"
+    if m > (most := Q.qgemv_max_rows()):
+        return f"the quantized GEMV takes at most {most} rows (FUSEC_QGEMV_MAX_ROWS), this one has {m}"
     if not const:
         return "the quantized GEMV reads packed constant weights"
     if a.dtype not in S.FLOATS:
