@@ -62,7 +62,8 @@ def check_plan(g: Graph, plan: MemoryPlan) -> None:
     # value level: each value's bytes lie inside its group, and two simultaneously-live values that
     # share bytes are views of one base, or an in-place pair meeting at one elementwise node
     consts = set(g.constants)
-    roots = {v: base for v, (base, _) in views.resolve(g).items()}
+    resolved = views.resolve(g)  # a view: (its base, its byte offset in the base)
+    roots = {v: base for v, (base, _) in resolved.items()}
     iv = _value_intervals(g)
     arena_vals = [v for v in iv if v.name in plan.offsets]
     for v in g.values():
@@ -86,11 +87,16 @@ def check_plan(g: Graph, plan: MemoryPlan) -> None:
             t = iv[second][0]
             assert iv[first][1] == t, f"{u.name} and {w.name} overlap while both live"
             _, node = producer[second]
-            if node.op == Op.CONCAT and first in node.inputs:  # an input written in its block of the output
-                block = sum(x.nbytes for x in node.inputs[:node.inputs.index(first)])
-                assert node.inputs.count(first) == 1 and node.attrs.axis % len(second.shape) == 0 or \
+            base_first, off_first = resolved.get(first, (first, 0))
+            # the concat's inputs that are ``first`` or views of its base (a view of the same bytes)
+            mine = [i for i, x in enumerate(node.inputs) if resolved.get(x, (x, 0))[0] is base_first]
+            if node.op == Op.CONCAT and mine:  # an input written in its block of the output
+                assert node.inputs.count(first) <= 1 and node.attrs.axis % len(second.shape) == 0 or \
                     all(d == 1 for d in second.shape[:node.attrs.axis % len(second.shape)])
-                assert plan.offsets[first.name] == plan.offsets[second.name] + block, f"{first.name} off its block"
+                # ``first`` sits where one of those inputs' blocks puts it (the others are copied in)
+                at = {plan.offsets[second.name] + sum(x.nbytes for x in node.inputs[:i])
+                      - resolved.get(node.inputs[i], (node.inputs[i], 0))[1] + off_first for i in mine}
+                assert plan.offsets[first.name] in at, f"{first.name} off its block"
                 continue
             assert _pointwise(node), f"in-place output of a {node.op.value} node"
             assert plan.offsets[first.name] == plan.offsets[second.name] and first.nbytes == second.nbytes
