@@ -200,8 +200,14 @@ __device__ __forceinline__ void fc_pdl_wait() {
 // can, above loads it sees no dependency on (seen in the SASS: ACQBULK first, the weight loads after
 // it, so nothing overlapped the previous kernel). A branch on the loaded values pins it below them:
 // the wait runs on either side, but only once `dep` (an opaque function of every load) is known.
+// With FC_PDL_PIN_ISSUE (FUSEC_PDL_PIN=issue) the branch is on a clock read instead: ptxas moves no instruction across
+// it, so the loads above still issue before the wait, but the wait does not wait for their values (a block that
+// starts late can begin its work after the wait while its weights are in flight).
 __device__ __forceinline__ void fc_pdl_wait_after(fc_u32 dep) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if defined(FC_PDL_PIN_ISSUE)
+  dep = (fc_u32)clock();
+#endif
   asm volatile("" : "+r"(dep));
   if (dep == 0x9e3779b9u) {
     FC_TRACE_AT_WAIT();  // once dep is known: the loads it pins have returned
