@@ -57,6 +57,8 @@
 #   qdecode   the packed-weight decode models alone (quant_bench.py --skip kernels,torch), the rule and the rule without dp4a
 #   q7b       the 7B Llama shape in Q4_K_M, batch 1 decode and its packed-weight roofline (quant_bench.py --7b)
 #   qncu      Nsight Compute counters of the quantized GEMV's forms, stalls by source line (benchmarks/qgemv_ncu.py)
+#   qncu8     Nsight Compute counters of the rule's forms at 8 rows of x (Q8_0 gate/up and down: the FMA form; qkv:
+#             dp4a; Q6_K down: FMA; Q4_K gate/up: tensor cores) beside the dp4a form at one row (Q4_K gate/up, down)
 #   pncu      Nsight Compute counters of one layer's skinny products as a Qwen3-0.6B batch-1 plan launches them (benchmarks/plan_ncu.py)
 #   kvncu     Nsight Compute counters of the decode attention at batch 1 and 8 (benchmarks/kv_ncu.py)
 #   minilm    the MiniLM fine-tune alone (weights from .minilm/, carried: an fp16 copy of the package's)
@@ -258,6 +260,12 @@ for step in "$@"; do
             --section MemoryWorkloadAnalysis_Tables --section SourceCounters \
             python3 benchmarks/qgemv_ncu.py > "$R/qncu.txt" 2>&1
           grep -E "^launch:|fc_qgemv|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|L1/TEX Hit|Mem Busy|Max Bandwidth|Waves Per SM" "$R/qncu.txt" | head -n 90 ;;
+    qncu8) timeout 200 ncu --clock-control none -k regex:fc_qgemv --section SpeedOfLight --section Occupancy \
+             --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section LaunchStats \
+             python3 benchmarks/qgemv_ncu.py --rule q8_0:8:16384x2048:norm:glu --rule q8_0:8:2048x8192 \
+             --rule q8_0:8:3072x2048:norm --rule q6_k:8:2048x8192 --rule q4_k:8:16384x2048 \
+             --rule q4_k:1:16384x2048:norm:glu --rule q4_k:1:2048x8192 > "$R/qncu8.txt" 2>&1
+           grep -E "^launch:|Duration|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Issue Slots Busy|No Eligible|Active Warps Per|Eligible Warps|Waves Per SM|Stall" "$R/qncu8.txt" | head -n 120 ;;
     pncu) timeout 200 ncu --clock-control none -k regex:fc_gemv --launch-skip 20 --launch-count 4 --section SpeedOfLight \
             --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats \
             --section SchedulerStats python3 benchmarks/plan_ncu.py 1 > "$R/pncu.txt" 2>&1

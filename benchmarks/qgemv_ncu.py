@@ -5,10 +5,13 @@ M = 1 and 8; the FMA and tensor-core forms), for Nsight Compute to read the hard
         --section WarpStateStats --section MemoryWorkloadAnalysis python3 benchmarks/qgemv_ncu.py
 
 The launch order (kernel names are hashes) is printed first: M, format, form (FMA: rows, fold; tc: warps).
+``--rule FMT:M:NxK[:norm][:glu]`` (repeatable) launches the lowering's form (fusec.lower.quant.gemv_form) of that
+product instead, with its RMSNorm prologue and gated epilogue where named.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -25,20 +28,38 @@ FORMS = [(1, dict(rows=2, fold=True)), (8, dict(rows=2, fold=False)), (1, dict(t
          (8, dict(tc=True, warps=4))]
 
 
+def _rule(arg: str) -> tuple[str, int, int, int, bool, bool]:
+    parts = arg.split(":")
+    n, k = (int(v) for v in parts[2].split("x"))
+    return parts[0], int(parts[1]), n, k, "norm" in parts[3:], "glu" in parts[3:]
+
+
 def main() -> None:
     import cupy as cp
 
-    n, k = 16384, 2048
+    from fusec.codegen.specs import Epilogue
+    from fusec.lower.quant import gemv_form
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rule", action="append", type=_rule, default=[], metavar="FMT:M:NxK[:norm][:glu]")
+    args = ap.parse_args()
     rng = np.random.default_rng(0)
-    for fmt in ("q4_k",):
+    runs = [(fmt, m, n, k, False, False, form) for fmt, (m, form) in (("q4_k", f) for f in FORMS)
+            for n, k in [(16384, 2048)]] if not args.rule else []
+    for fmt, m, n, k, norm, glu in args.rule:
+        qw = _weight(fmt, n, k, rng)
+        runs.append((fmt, m, n, k, norm, glu, gemv_form(m, n, k, qw.format, qw.group, DType.BF16, norm, glu)))
+    for fmt, m, n, k, norm, glu, form in runs:
         qw = _weight(fmt, n, k, rng)
         arrays = [cp.asarray(a) for a in qw.arrays]
-        for m, form in FORMS:
-            ck = K.build(QGemvSpec(m, n, k, qw.format, qw.group, DType.BF16, qw.scale_dtype, **form))
-            x, out = _bf16((m, k)), cp.empty((m, n), cp.uint16)
-            print(f"launch: {ck.name} M={m} {fmt} {form}", flush=True)
-            K.launch(ck, [x, *arrays, out])
-            cp.cuda.runtime.deviceSynchronize()
+        extra = [_bf16((k,))] if norm else []
+        spec = QGemvSpec(m, n, k, qw.format, qw.group, DType.BF16, qw.scale_dtype, Epilogue(), norm=norm,
+                         glu="silu" if glu else "", eps=1e-5, **form)
+        ck = K.build(spec)
+        x, out = _bf16((m, k)), cp.empty((m, n // 2 if glu else n), cp.uint16)
+        print(f"launch: {ck.name} M={m} {fmt} {n}x{k} norm={norm} glu={glu} {form}", flush=True)
+        K.launch(ck, [x, *arrays, *extra, out])
+        cp.cuda.runtime.deviceSynchronize()
 
 
 if __name__ == "__main__":
