@@ -200,12 +200,15 @@ __device__ __forceinline__ void fc_pdl_wait() {
 // can, above loads it sees no dependency on (seen in the SASS: ACQBULK first, the weight loads after
 // it, so nothing overlapped the previous kernel). A branch on the loaded values pins it below them:
 // the wait runs on either side, but only once `dep` (an opaque function of every load) is known.
-// With FC_PDL_PIN_ISSUE (FUSEC_PDL_PIN=issue) the branch is on a clock read instead: ptxas moves no instruction across
-// it, so the loads above still issue before the wait, but the wait does not wait for their values (a block that
-// starts late can begin its work after the wait while its weights are in flight).
+// The branch is on a clock read, not on `dep` itself: ptxas moves no instruction across a clock read (nvdisasm, sm_90:
+// the same loads sit before ACQBULK in every dp4a, attention and dequantizing kernel of the 1B Q8_0 and Q4_K_M plans,
+// where a plain wait had Q8_0's loads after it), so the loads still issue before the wait, and the wait does not wait
+// for their values: a block that starts late begins its work after the wait while its weights are in flight. The
+// decode steps, same bits: 1B Q4_K_M 0.485 ms against 0.491 pinned on the values, 7B 1.748 against 1.781, 1B Q8_0 0.525
+// against 0.540 (H200, sixteenth session). With FC_PDL_PIN_VALUE (FUSEC_PDL_PIN=value) the branch is on `dep`.
 __device__ __forceinline__ void fc_pdl_wait_after(fc_u32 dep) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#if defined(FC_PDL_PIN_ISSUE)
+#if !defined(FC_PDL_PIN_VALUE)
   dep = (fc_u32)clock();
 #endif
   asm volatile("" : "+r"(dep));

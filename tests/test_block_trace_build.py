@@ -58,3 +58,17 @@ def test_the_table_from_block_stamps() -> None:
     # phase marks, after each block's own wait: phase 1 of both (0.5, 0.2), phase 2 of one, phase 3 of none
     assert (a["phase1_p50"], a["phase2_p50"], a["phase3_p50"]) == (0.35, 0.8, None)
     assert b["phase1_p50"] is None
+
+
+def test_the_wait_pinned_on_the_values_is_another_binary(monkeypatch) -> None:  # noqa: ANN001
+    """FUSEC_PDL_PIN=value (common.cuh fc_pdl_wait_after branches on the first loads' values, not a clock read): the
+    same source compiled to another binary under another key; the default reads the clock before the wait."""
+    from fusec.codegen.specs_quant import QGemvSpec
+    from fusec.lower.quant import gemv_form as qform
+
+    spec = QGemvSpec(1, 2048, 8192, "q8_0", 32, DType.BF16, DType.F16, **qform(1, 2048, 8192, "q8_0", 32, DType.BF16))
+    issue = build(spec, "sm_90")
+    monkeypatch.setenv("FUSEC_PDL_PIN", "value")
+    value = build(spec, "sm_90")
+    assert value.source == issue.source and "dep = (fc_u32)clock();" in issue.source
+    assert value.binary.key != issue.binary.key and value.binary.cubin != issue.binary.cubin

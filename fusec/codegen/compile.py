@@ -203,8 +203,8 @@ def compile_cuda_async(source: str, kernel: str, arch: str | None = None, option
         opts += ("-lineinfo",)
     if knobs.get("FUSEC_TRACE"):  # per-block timestamps (common.cuh FC_TRACE; benchmarks/block_trace.py)
         opts += ("-DFC_TRACE=1",)
-    if knobs.get("FUSEC_PDL_PIN") == "issue":  # common.cuh fc_pdl_wait_after (another binary: another key)
-        opts += ("-DFC_PDL_PIN_ISSUE=1",)
+    if knobs.get("FUSEC_PDL_PIN") == "value":  # common.cuh fc_pdl_wait_after (another binary: another key)
+        opts += ("-DFC_PDL_PIN_VALUE=1",)
     key = cache_key(source, opts, arch)
     with _LOCK:
         hit = _MEM.get(key)
