@@ -187,6 +187,7 @@ def test_gemv_form_takes_tensor_cores_where_they_fit(fmt, m, dt, monkeypatch):
     tensor-core form, 4 warps a block of 16 rows where two blocks an SM run, 8 from 160 blocks, else
     16; anything else, or FUSEC_QGEMV_FORM=fma: the FMA form. And with it, from M = 4."""
     from fusec.codegen.build_quant import qgemv_tc_geometry
+    from fusec import knobs
     from fusec.lower.quant import TC_SMEM_MAX
 
     bits = FORMATS[fmt].bits
@@ -197,11 +198,16 @@ def test_gemv_form_takes_tensor_cores_where_they_fit(fmt, m, dt, monkeypatch):
         f = gemv_form(m, n, 2048, fmt, group, dt)
         assert f.get("tc", False) == fits and (not fits or f["warps"] == warps), (n, f)
         QGemvSpec(m, n, 2048, fmt, group, dt, DType.F16, **f)  # a spec the rule makes is valid
-    # rows too long for the tensor-core form's copy of them in shared memory: the FMA form
-    long_k = next(k for k in range(2048, 1 << 20, 2048) if qgemv_tc_geometry(k, group, 16, FORMATS[fmt].high_planes)["smem"]
-                  > TC_SMEM_MAX)
-    assert "tc" not in gemv_form(m, 2048, long_k, fmt, group, dt)
+    # rows too long for the tensor-core form's copy of them in shared memory: runs of chunks a warp copies in turn,
+    # then, past FUSEC_QGEMV_TC_RUNS runs, the FMA form
+    hb = FORMATS[fmt].high_planes
+    long_k = next(k for k in range(2048, 1 << 20, 2048) if qgemv_tc_geometry(k, group, 16, hb)["smem"] > TC_SMEM_MAX)
+    assert gemv_form(m, 2048, long_k, fmt, group, dt).get("passes", 0) == (2 if fits else 0)
+    assert "passes" not in gemv_form(m, 2048, long_k - 2048, fmt, group, dt)
     assert gemv_form(m, 2048, long_k - 2048, fmt, group, dt).get("tc", False) == fits
+    longer = next(k for k in range(long_k, 1 << 22, 2048)
+                  if qgemv_tc_geometry(k, group, 16, hb, int(knobs.get("FUSEC_QGEMV_TC_RUNS")))["smem"] > TC_SMEM_MAX)
+    assert "tc" not in gemv_form(m, 2048, longer, fmt, group, dt)
     monkeypatch.setenv("FUSEC_QGEMV_FORM", "fma")
     assert "tc" not in gemv_form(m, 16384, 2048, fmt, group, dt)
     monkeypatch.setenv("FUSEC_QGEMV_FORM", "auto")
@@ -217,6 +223,28 @@ def test_tensor_core_form_compiles(arch):
                 ck = K.build(QGemvSpec(m, 301, 512, fmt, group, dt, DType.F16, epi, tc=True, warps=warps), arch)
                 assert ck.template == "qgemv_tc.cu.jinja" and ck.binary.spill_bytes == 0, (fmt, group, dt)
                 assert ck.grid[0] == 19 and ck.block[0] == 32 * warps and ck.shared_mem > 0
+
+
+def test_tensor_core_form_takes_long_rows_in_runs(monkeypatch):
+    """Where a block's copy of its 16 rows is over TC_SMEM_MAX at 16 warps (Llama-1B's down in Q6_K, K = 8192, at 8
+    rows of x), the rule gives each warp its chunks in runs, copied in turn into the same shared memory: the kernel's
+    shared memory is the run's, and it compiles without spills on sm_80 and sm_90."""
+    from fusec.codegen.build_quant import qgemv_tc_geometry
+    from fusec.lower.quant import TC_SMEM_MAX
+
+    form = gemv_form(8, 2048, 8192, "q6_k", 16, DType.BF16)
+    assert form.get("tc") and form["warps"] == 16 and form["passes"] == 2, form
+    assert qgemv_tc_geometry(8192, 16, 16, 2)["smem"] > TC_SMEM_MAX  # one run does not fit
+    assert "passes" not in gemv_form(8, 2048, 8192, "q4_k", 32, DType.BF16)  # it fits in one
+    for arch in ("sm_80", "sm_90"):
+        ck = K.build(QGemvSpec(8, 2048, 8192, "q6_k", 16, DType.BF16, DType.F16, Epilogue(residual=True), **form),
+                     arch)
+        assert ck.binary.spill_bytes == 0 and ck.shared_mem == qgemv_tc_geometry(8192, 16, 16, 2, 2)["smem"]
+        assert ck.shared_mem <= TC_SMEM_MAX and "#define PASSES 2" in ck.source
+    with pytest.raises(ValueError, match="passes"):
+        QGemvSpec(8, 2048, 8192, "q6_k", 16, DType.BF16, passes=2)  # the FMA form has no runs
+    monkeypatch.setenv("FUSEC_QGEMV_TC_RUNS", "1")  # the lever: one run, so the FMA form, as before
+    assert gemv_form(8, 2048, 8192, "q6_k", 16, DType.BF16) == {"rows": 2, "fold": False}
 
 
 LLAMA_SHAPES = [(3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192), (128256, 2048),  # 1B: qkv, o, gate/up, down, head

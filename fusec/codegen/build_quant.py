@@ -83,13 +83,13 @@ def _qgemv_dp4a(spec: QGemvSpec) -> Rendered:
     return Rendered("qgemv_dp4a.cu.jinja", ctx, (blocks, 1, 1), (32 * spec.warps, 1, 1), _row_params(spec))
 
 
-def qgemv_tc_geometry(K: int, group: int, warps: int, hb: int = 0) -> dict[str, int]:
+def qgemv_tc_geometry(K: int, group: int, warps: int, hb: int = 0, passes: int = 1) -> dict[str, int]:
     """The tensor-core form's shared memory: chunks per warp (a contiguous range), the codes' row
     stride (bytes: whole 128-byte lines + 16, so that 8 rows' reads fall in different banks), the
     scale table's row stride (floats: 2 per group, = 2 mod 4 for the same reason), the bit planes'
     row stride (words: ``hb`` a chunk, odd or = 2 mod 4) and the bytes."""
     gpc = 2 if group < 32 else 1
-    cpw = cdiv(K // 32, warps)
+    cpw = cdiv(K // 32, warps * passes)  # a run's chunks: a warp takes ``passes`` runs
     rsb = cdiv(cpw * 16, 128) * 128 + 16
     srs = 2 * cpw * gpc + (2 if cpw * gpc % 2 == 0 else 4)
     hrs = 0
@@ -106,8 +106,9 @@ def _qgemv_tc(spec: QGemvSpec) -> Rendered:
 
     half = spec.dtype == DType.F16
     hb = FORMATS[spec.fmt].high_planes
-    geo = qgemv_tc_geometry(spec.K, spec.group, spec.warps, hb)
+    geo = qgemv_tc_geometry(spec.K, spec.group, spec.warps, hb, spec.passes)
     ctx = {"name": kernel_name("qgemv", spec), "M": spec.M, "N": spec.N, "K": spec.K, "warps": spec.warps,
+           "passes": spec.passes,
            "cpw": geo["cpw"], "rsb": geo["rsb"], "srs": geo["srs"], "gpc": geo["gpc"], "hb": hb, "hrs": geo["hrs"],
            "batch": 8 // geo["gpc"],  # scale pairs whose loads are in flight together (registers: 3 floats a group)
            # 4 and 8 warps: 64 registers a thread, so that 1024 threads fit an SM (a 1B model's gate/up in one wave

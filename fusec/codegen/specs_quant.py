@@ -51,7 +51,8 @@ class QGemvSpec:
     """C[M, N] = epilogue(x[M, K] @ W^T), W [N, K] packed in ``fmt`` (groups of ``group``).
     ``rows``: output rows per warp (1, 2 or 4); ``fold``: scale each 8 weights' partial dot once
     instead of every weight. ``tc``: the tensor-core form instead (templates/qgemv_tc.cu.jinja: 4- to 6-bit
-    formats, M <= 8, fp16/bf16; ``warps`` per block of 16 rows; rows and fold unused). ``dp4a``: integer
+    formats, M <= 8, fp16/bf16; ``warps`` per block of 16 rows, ``passes`` runs of chunks a warp copies into
+    shared memory in turn; rows and fold unused). ``dp4a``: integer
     dot products instead (templates/qgemv_dp4a.cu.jinja: x as two int8 digits per value, per 32 values, in the block,
     ``fusec.quant.dp4a_blocks``; fp16/bf16 x, M <= DP4A_MAX_M; ``rows`` a warp's task, ``warps`` a block,
     ``blocks`` an SM: the grid, and the registers a thread gets (its launch bounds); ``chunks`` the 32-weight chunks
@@ -76,6 +77,7 @@ class QGemvSpec:
     fold: bool = True
     tc: bool = False
     warps: int = 8
+    passes: int = 1
     dp4a: bool = False
     blocks: int = 2
     chunks: int = 4
@@ -100,6 +102,8 @@ class QGemvSpec:
             _req(tc_fits(self.M, self.fmt, self.dtype), "the tensor-core quantized gemv takes 4- to 6-bit "
                  "formats, M <= 8, fp16/bf16")
             _req(self.warps in (4, 8, 16), "the tensor-core quantized gemv has 4, 8 or 16 warps")
+        _req(self.passes in (1, 2, 3, 4) and (self.passes == 1 or self.tc),
+             "passes (1 to 4) are the tensor-core quantized gemv's runs of chunks a warp copies in turn")
         if self.dp4a:
             _req(not self.tc, "a quantized gemv has one form: tc or dp4a")
             _req(self.warps == 8, "the dp4a quantized gemv has 8 warps")

@@ -60,10 +60,10 @@ TC_MAX_CPW = 16
 TC_MIN_M = {4: 3, 5: 4, 6: 4}
 
 
-def _tc_fits_smem(k: int, group: int, warps: int, hb: int) -> bool:
+def _tc_fits_smem(k: int, group: int, warps: int, hb: int, passes: int = 1) -> bool:
     from fusec.codegen.build_quant import qgemv_tc_geometry
 
-    geo = qgemv_tc_geometry(k, group, warps, hb)
+    geo = qgemv_tc_geometry(k, group, warps, hb, passes)
     return geo["smem"] <= TC_SMEM_MAX and (warps == 16 or geo["cpw"] <= TC_MAX_CPW)
 
 
@@ -138,14 +138,19 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     from fusec.codegen.specs_quant import dp4a_fits, tc_fits
 
     choice = knobs.get("FUSEC_QGEMV_FORM")
-    tc = 0  # the tensor-core form's warps a block of 16 rows, where it takes the product
+    tc = passes = 0  # the tensor-core form's warps a block of 16 rows and runs a warp, where it takes the product
     if tc_fits(m, fmt, dtype) and m >= TC_MIN_M[FORMATS[fmt].bits] and choice != "fma":
         blocks = -(-n // 16)
         warps = 4 if blocks >= 2 * _SMS else 8 if blocks >= 160 else 16
         hb = FORMATS[fmt].high_planes
         while warps < 16 and not _tc_fits_smem(k, group, warps, hb):
             warps *= 2
-        tc = warps if _tc_fits_smem(k, group, warps, hb) else 0
+        # where a block's copy of its 16 rows is over TC_SMEM_MAX at 16 warps (Llama-1B's down in Q6_K at K = 8192:
+        # 172 KB), each warp copies and sums its chunks in runs, in turn (before, such products took the FMA form: at 8
+        # rows of x the 1B Q6_K down took 39.6 us, the Q4_K down on tensor cores 12.1, H200, sixteenth session)
+        runs = int(knobs.get("FUSEC_QGEMV_TC_RUNS"))
+        passes = next((p for p in range(1, runs + 1) if _tc_fits_smem(k, group, warps, hb, p)), 0)
+        tc = warps if passes else 0
     wide = m >= 4  # from 4 rows: one weight row a task, 2 chunks a round, no gated unit, no tensor-core form
     if choice == "auto" and dp4a_fits(m, k, norm, dtype) and (not wide or not (glu or tc)):
         if wide:  # 4 rows a task, one chunk each: x's digits read from shared memory once for 4 rows (not with
@@ -169,7 +174,7 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
                 "norm_early": norm and bool(knobs.get("FUSEC_QGEMV_DP4A_NORM_EARLY"))}
     form: dict[str, object] = {"rows": 2 if m <= 8 else 1, "fold": m == 1}
     if tc:
-        form.update(tc=True, warps=tc)
+        form.update(tc=True, warps=tc, **({"passes": passes} if passes > 1 else {}))
     return form
 
 
