@@ -157,36 +157,6 @@ __device__ __forceinline__ unsigned fc_cluster_rank() {
 __device__ __forceinline__ void fc_cluster_sync() {
   asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
 }
-// The push merge (kv_attention's ``push``): stores into another block's shared memory, and an mbarrier there that
-// the cluster's blocks arrive on (release) and its owner waits on (acquire), both at cluster scope.
-__device__ __forceinline__ unsigned fc_cluster_addr(const void* p, unsigned rank) {
-  const unsigned a = (unsigned)__cvta_generic_to_shared(p);
-  unsigned r;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
-  return r;
-}
-__device__ __forceinline__ void fc_st_cluster(float* p, unsigned rank, float v) {
-  asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(fc_cluster_addr(p, rank)), "f"(v) : "memory");
-}
-__device__ __forceinline__ void fc_mbar_init_cluster(unsigned long long* bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"((unsigned)__cvta_generic_to_shared(bar)), "r"(count)
-               : "memory");
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
-__device__ __forceinline__ void fc_mbar_arrive_cluster(unsigned long long* bar, unsigned rank) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(fc_cluster_addr(bar, rank))
-               : "memory");
-}
-__device__ __forceinline__ void fc_mbar_wait_cluster(unsigned long long* bar, unsigned parity) {
-  const unsigned a = (unsigned)__cvta_generic_to_shared(bar);
-  unsigned done = 0;
-  do {
-    asm volatile(
-        "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"
-        "selp.u32 %0, 1, 0, p;\n\t}"
-        : "=r"(done) : "r"(a), "r"(parity) : "memory");
-  } while (!done);
-}
 __device__ __forceinline__ float fc_ld_cluster(const float* p, unsigned rank) {
   unsigned a = (unsigned)__cvta_generic_to_shared(p), r;
   float v;

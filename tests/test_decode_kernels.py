@@ -5,8 +5,6 @@ three ops emits the launches it should (no GPU needed)."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from fusec import ops as O
@@ -295,25 +293,6 @@ def test_kv_attention_cluster_merge_takes_the_short_caches_on_sm90_only() -> Non
         src = ctx.blobs["source/m0"].decode()
         assert ("__cluster_dims__" in src) == want, arch
         assert len(ctx.launches[0]["args"]) == (5 if want else 7)  # no partials, no counters
-
-
-def test_kv_attention_push_merge_renders_no_cluster_barrier_after_the_keys() -> None:
-    """FUSEC_KV_MERGE=push: the splits' partials go to rank 0's shared memory and its mbarrier (one cluster barrier,
-    before the keys, for the barrier's init); refused without a cluster; the sync merge keeps its two barriers."""
-    from fusec.codegen.kernels import build
-
-    push = kv_attention_spec(1, 16, 8, 1, 271, 128, BF16, 0.1, cluster=True, push=True)
-    sync = dataclasses.replace(push, push=False)
-    assert push.push and push.cluster and "push=True" in repr(push) and "push" not in repr(sync)
-    assert not kv_attention_spec(1, 16, 8, 1, 4096, 128, BF16, 0.1, cluster=True, push=True).push  # no cluster
-    with pytest.raises(ValueError, match="push"):
-        S.KVAttentionSpec(1, 16, 8, 1, 271, 128, BF16, 0.1, 4, push=True)
-    p, s = build(push, "sm_90"), build(sync, "sm_90")
-    body = p.source[p.source.index("__global__"):]
-    assert body.count("fc_cluster_sync()") == 1 and "fc_mbar_arrive_cluster(&mb_bar, 0)" in body
-    assert "fc_mbar_wait_cluster" in body and "fc_ld_cluster" not in body
-    assert s.source[s.source.index("__global__"):].count("fc_cluster_sync()") == 2
-    assert p.binary.spill_bytes == 0 and s.binary.spill_bytes == 0, p.binary.log
 
 
 def test_lower_kv_attention_refuses_bad_shapes() -> None:

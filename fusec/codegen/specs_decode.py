@@ -151,10 +151,6 @@ class KVAttentionSpec:
     those rows (the lowering decides from the program: ``Context.older_rows_stable``).
     ``cluster`` (sm_90): the splits of each (b, tile, kv head) are one thread block cluster, and its
     rank 0 merges the partials from their shared memory: params q, k, v, pos, out (no part, sync).
-    ``push`` (with ``cluster``): each block stores its partials into rank 0's shared memory and arrives on a
-    barrier there; rank 0 alone waits and merges, the others exit (no barrier of the whole cluster after the
-    keys); the sync merge (``push`` off) has every block read every other's partials between two cluster
-    barriers.
     ``heads`` (q, k, v ``HeadRopeSpec`` parts, the head_rope kernel's: the decode step's q and k norm
     and RoPE, and the K/V cache writes, as this kernel's prologue): each block computes its tile's q
     rows and the new rows pos[b] + s its chunk reads into shared memory, and its key loop reads those rows
@@ -179,11 +175,10 @@ class KVAttentionSpec:
     cluster: bool = False
     heads: tuple[HeadRopeSpec, ...] = ()
     unroll: int = 0  # keys a key group loads at a time; 0: the layout's (build_decode.kv_layout)
-    push: bool = False  # with cluster: each split stores its partials into rank 0's shared memory (see above)
 
     def __repr__(self) -> str:  # window 0, flags off, no heads, unroll 0 left out: such kernels keep their names
         fields = [f for f in dataclasses.fields(self) if not (f.name == "window" and self.window == 0)
-                  and not (f.name in ("prefetch", "cluster", "heads", "unroll", "push") and not getattr(self, f.name))]
+                  and not (f.name in ("prefetch", "cluster", "heads", "unroll") and not getattr(self, f.name))]
         return f"KVAttentionSpec({', '.join(f'{f.name}={getattr(self, f.name)!r}' for f in fields)})"
 
     def __post_init__(self) -> None:
@@ -192,8 +187,6 @@ class KVAttentionSpec:
         _ints((self.window,), "kv_attention: window", 0)
         _req(isinstance(self.prefetch, bool) and isinstance(self.cluster, bool),
              "kv_attention: prefetch and cluster must be bools")
-        _req(isinstance(self.push, bool) and (not self.push or self.cluster),
-             "kv_attention: push is a cluster merge's (a bool)")
         _req(not self.cluster or 2 <= self.splits <= KV_MAX_CLUSTER,
              f"kv_attention: a cluster merge takes 2..{KV_MAX_CLUSTER} splits, got {self.splits}")
         _req(self.Hq % self.Hkv == 0, "kv_attention: Hq must be a multiple of Hkv")
