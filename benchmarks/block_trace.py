@@ -5,7 +5,8 @@ this says how many of a kernel's blocks were resident (and loading their weights
 before it ended, when their threads reached the PDL wait (after the loads the wait is pinned below),
 when it let them through, and how long the blocks' work after the wait took, in phases (thread 0's
 FC_TRACE_PHASE marks, us after the wait): the product's x normalized / first tile summed in registers /
-summed across warps; the attention's prologue done / key loop done / splits' partials published.
+summed across warps; the attention's prologue done / key loop done / its key groups merged / past the
+cluster's first barrier (the splits' partials published) / its slice of the splits merged.
 
     python benchmarks/block_trace.py OUT_DIR [--model qwen3-0.6b] [--batches 1,8] [--ab KNOB=V[+KNOB=V]]...
 
@@ -31,8 +32,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 TRACE_BLOCKS = 8192  # common.cuh FC_TRACE_BLOCKS
-SLOTS = 8  # FC_TRACE_SLOTS: start, at the wait, after it, end, SM, phases 1-3 (FC_TRACE_PHASE)
-PHASES = 3
+SLOTS = 10  # FC_TRACE_SLOTS: start, at the wait, after it, end, SM, phases 1-5 (FC_TRACE_PHASE)
+PHASES = 5
 
 
 def trace_ptrs(eng: Any) -> dict[str, int]:
@@ -220,7 +221,7 @@ def main() -> int:
                 md += [f"### batch {batch}, {name}, {mode} launches", "",
                        f"step (the traced binaries, medians of 5 x 20 replays): {np.median(times):.3f} ms", "",
                        "| kernel | blocks (SMs, max/SM) | start min / p50 / max | early | at the wait p50 / max | "
-                       "wait passed min / p50 / max | end min / p50 / max | after wait p50 / max | phases 1 / 2 / 3 after "
+                       "wait passed min / p50 / max | end min / p50 / max | after wait p50 / max | phases 1 / ... / 5 after "
                        "the wait, p50 |",
                        "|---|---|---|---|---|---|---|---|---|"]
                 for r in table:
@@ -230,11 +231,11 @@ def main() -> int:
                               f"{r['waited_min']} / {r['waited_p50']} / {r['waited_max']} | "
                               f"{r['end_min']} / {r['end_p50']} / {r['end_max']} | "
                               f"{r['after_wait_p50']} / {r['after_wait_max']} | "
-                              f"{r['phase1_p50']} / {r['phase2_p50']} / {r['phase3_p50']} |")
+                              f"{' / '.join(str(r[f'phase{i + 1}_p50']) for i in range(PHASES))} |")
                 md.append("")
                 for k in per_block:  # the blocks that end last of each kernel asked for (--blocks)
                     md += [f"{k['label']}: the blocks that end last (us; phases and end after the block's own wait)",
-                           "", "| block | SM | start | wait passed | phases 1 / 2 / 3 | end |",
+                           "", "| block | SM | start | wait passed | phases 1 / ... / 5 | end |",
                            "|---|---|---|---|---|---|"]
                     md += [f"| {b['block']} | {b['sm']} | {b['start']} | {b['waited']} | "
                            f"{' / '.join(str(p) for p in b['phases'])} | {b['end_after_wait']} |" for b in k["blocks"]]

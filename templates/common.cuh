@@ -131,12 +131,12 @@ template <class T> __device__ __forceinline__ T fc_block_max(T v, T* scratch, T 
 }
 
 // Block timestamps for benchmarks/block_trace.py (FUSEC_TRACE compiles with -DFC_TRACE): per block
-// (linear index, at most FC_TRACE_BLOCKS), [start, at the PDL wait, after it, end, SM, phase 1, 2, 3];
+// (linear index, at most FC_TRACE_BLOCKS), [start, at the PDL wait, after it, end, SM, phase 1, ..., 5];
 // all from thread 0 but the end: the latest exit of a warp's lane 0 (atomicMax: a replay's times only
-// grow). A template marks the phases of its work after the wait with FC_TRACE_PHASE(1..3).
+// grow). A template marks the phases of its work after the wait with FC_TRACE_PHASE(1..5).
 #ifdef FC_TRACE
 #define FC_TRACE_BLOCKS 8192
-#define FC_TRACE_SLOTS 8
+#define FC_TRACE_SLOTS 10
 __device__ unsigned long long fc_trace[FC_TRACE_BLOCKS * FC_TRACE_SLOTS];
 __device__ __forceinline__ unsigned long long fc_now() {
   unsigned long long t;
