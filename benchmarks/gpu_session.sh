@@ -54,10 +54,9 @@
 #   q22       the PDL wait pinned after the weight loads' issue (the default since the sixteenth session) against after
 #             their values (FUSEC_PDL_PIN=value): decode steps in turns, batch 1: Llama-1B Q4_K_M, 7B Q4_K_M, Llama-1B
 #             Q8_0 (~5 minutes)
-#   q24       the tensor-core quantized GEMV in runs (FUSEC_QGEMV_TC_RUNS; the 1B Q6_K down at batch 8) and the decode
-#             attention's key-group weights once a (group, row) (FUSEC_KV_GROUP_WEIGHTS=1): their GPU tests, decode steps
-#             in turns (1B Q4_K_M batch 8 against TC_RUNS=1; Qwen3 batch 1 and 8 and 1B batch 1 against GROUP_WEIGHTS=1),
-#             the attention's block trace with five phases (~8 minutes)
+#   q24       the tensor-core quantized GEMV in runs (FUSEC_QGEMV_TC_RUNS; the 1B Q6_K down at batch 8): its GPU tests,
+#             the 1B Q4_K_M batch-8 decode step against TC_RUNS=1, the attention's block trace with five phases
+#             (~4 minutes)
 #   qvariants every form of the quantized GEMV on Llama-1B's shapes (quant_bench.py --variants)
 #   qdecode   the packed-weight decode models alone (quant_bench.py --skip kernels,torch), the rule and the rule without dp4a
 #   q7b       the 7B Llama shape in Q4_K_M, batch 1 decode and its packed-weight roofline (quant_bench.py --7b)
@@ -253,19 +252,11 @@ for step in "$@"; do
          done ;;
     q24) timeout 150 $PT -n 8 tests/test_quant_gpu.py -k tensor_core > "$R/t_q24a.txt" 2>&1
          grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_q24a.txt" | tail -n 12
-         FUSEC_KV_GROUP_WEIGHTS=1 timeout 100 $PT -n 8 tests/test_decode_kernels_gpu.py tests/test_kv_heads_gpu.py \
-           -k "kv_attention or prologue" > "$R/t_q24b.txt" 2>&1
-         grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_q24b.txt" | tail -n 12
          timeout 120 python3 benchmarks/decode_step.py "$R/q24_b8" --model llama-1b-q4_k_m --batches 8 --context 32 \
            --windows 3 --ab FUSEC_QGEMV_TC_RUNS=1 > "$R/q24_b8.txt" 2>&1
          grep -E "^\| [0-9]+ \|" "$R/q24_b8.txt" | cut -c 1-1500
-         for mb in qwen3-0.6b:1,8 llama-1b-q4_k_m:1; do
-           timeout 150 python3 benchmarks/decode_step.py "$R/q24_${mb%%:*}" --model "${mb%%:*}" --batches "${mb##*:}" \
-             --context 32 --windows 3 --ab FUSEC_KV_GROUP_WEIGHTS=1 > "$R/q24_${mb%%:*}.txt" 2>&1
-           grep -E "^\| [0-9]+ \|" "$R/q24_${mb%%:*}.txt" | cut -c 1-1500
-         done
          timeout 120 python3 benchmarks/block_trace.py "$R/q24_trace" --model llama-1b-q4_k_m --context 32 \
-           --blocks rope_atte --ab FUSEC_KV_GROUP_WEIGHTS=1 > "$R/q24_trace.txt" 2>&1
+           --blocks rope_atte > "$R/q24_trace.txt" 2>&1
          grep -E "^step|rope_atte" "$R/q24_trace/block_trace.md" | head -n 12 ;;
     qvariants) timeout 360 python3 benchmarks/quant_bench.py "$R/qvar" --variants --skip torch,decode > "$R/qvar.txt" 2>&1
                grep "^| llama" "$R/qvar.txt" | tail -n 70 ;;

@@ -94,9 +94,6 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("FUSEC_KV_PREFETCH", "bool", True, "decode attention loads the cache rows older than the step before its "
          "PDL wait, where the program shows the kernel before it does not write them (off: the A/B of "
          "benchmarks/decode_step.py --ab FUSEC_KV_PREFETCH=0)"),
-    Knob("FUSEC_KV_GROUP_WEIGHTS", "bool", False, "decode attention merges its key groups with each group's weight "
-         "computed once a (group, row), not once an output (the same bits; the A/B of benchmarks/decode_step.py --ab "
-         "FUSEC_KV_GROUP_WEIGHTS=1)"),
     Knob("FUSEC_KV_CLUSTER", "bool", True, "decode attention on sm_90 merges up to 8 splits through a thread block "
          "cluster's shared memory instead of global memory and a counter (off: the A/B of decode_step.py --ab)"),
     Knob("FUSEC_KV_SPLIT_KEYS", "int", 64, "decode attention: the fewest cache rows (of its capacity) a split may "

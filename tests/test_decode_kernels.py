@@ -419,13 +419,3 @@ def test_key_groups_load_a_half_capacity_chunk_whole_before_the_wait(monkeypatch
     # batch 8, 8 kv heads, 271-row cache: 4 splits of 64 keys at half capacity
     assert unrolls(None) == {"8"} and unrolls("4") == {"4"}
 
-
-def test_kv_attention_group_weights_knob_renders_the_weights_once(monkeypatch) -> None:  # noqa: ANN001
-    """FUSEC_KV_GROUP_WEIGHTS=1: the key groups' merge weights computed once a (group, row) into shared memory (the
-    same arithmetic, so the same bits; GPU: tests/test_decode_kernels_gpu.py under the knob); off, none."""
-    spec = kv_attention_spec(1, 16, 8, 1, 271, 128, BF16, 0.1, cluster=True)
-    plain = K.build(spec, "sm_90")
-    monkeypatch.setenv("FUSEC_KV_GROUP_WEIGHTS", "1")
-    once = K.build(spec, "sm_90")
-    assert "red_w[g][r] = exp2f(" in once.source and "red_w" not in plain.source
-    assert once.binary.spill_bytes == 0 and once.binary.key != plain.binary.key

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 
-from fusec import knobs
 from fusec.codegen import specs as S
 from fusec.codegen.kernels import Rendered, builder, cdiv, idx_type, kernel_name
 from fusec.codegen.render import ctype, float_lit
@@ -109,9 +108,6 @@ def _kv_attention(spec: S.KVAttentionSpec) -> Rendered:
         "softcap_log2": float_lit(spec.softcap * math.log2(math.e), "softcap") if spec.softcap else None,
         "window": spec.window,  # 0: the template renders no window code
         "prefetch": spec.prefetch, "cluster": spec.cluster,
-        # the key groups' merge weights once a (group, row) (FUSEC_KV_GROUP_WEIGHTS; the same bits: a compile-time
-        # form of the source, not of the spec)
-        "group_weights": knobs.get("FUSEC_KV_GROUP_WEIGHTS"),
         # ptxas caps registers oddly (and spills) when D / vec is no power of two; lift the cap there
         "min_blocks": 1 if lay["nvec"] & (lay["nvec"] - 1) else 0,
     }
