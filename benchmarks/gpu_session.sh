@@ -113,7 +113,7 @@ for step in "$@"; do
     kernels) timeout 300 $PT -n 8 tests/test_gemv_gpu.py tests/test_decode_kernels_gpu.py tests/test_pdl_gpu.py \
                tests/test_head_rope_pair.py tests/test_softcap.py tests/test_generation_gpu.py > "$R/t_kernels.txt" 2>&1
              tail -n 25 "$R/t_kernels.txt" ;;
-    gpu_all) OUT="$R" timeout 480 bash benchmarks/gpu_check.sh ;;
+    gpu_all) OUT="$R" timeout 570 bash benchmarks/gpu_check.sh ;;
     validate) timeout 300 $PT -n 8 tests/test_generation_gpu.py tests/test_generation_families_gpu.py tests/test_head_rope_pair.py \
                 tests/test_gemv_gpu.py tests/test_serve_gpu.py tests/test_generation_join_gpu.py > "$R/t_validate.txt" 2>&1
               grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_validate.txt" | tail -n 12 ;;
