@@ -152,7 +152,11 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
         passes = next((p for p in range(1, runs + 1) if _tc_fits_smem(k, group, warps, hb, p)), 0)
         tc = warps if passes else 0
     wide = m >= 4  # from 4 rows: one weight row a task, 2 chunks a round, no gated unit, no tensor-core form
-    if choice == "auto" and dp4a_fits(m, k, norm, dtype) and (not wide or not (glu or tc)):
+    # FUSEC_QGEMV_WIDE_GATE=dp4a: a gated product at 4-8 rows that the tensor-core form does not take (8-bit codes)
+    # takes the dp4a form anyway, without its gated unit (``skinny.qfits`` then leaves the SwiGLU apart), not the FMA
+    # form with it (Nsight Compute, H200: the 1B Q8_0 gate/up at 8 rows in the FMA form took 91.5 us, 0.39 TB/s)
+    gate_apart = wide and glu and not tc and knobs.get("FUSEC_QGEMV_WIDE_GATE") == "dp4a"
+    if choice == "auto" and dp4a_fits(m, k, norm, dtype) and (not wide or not (glu or tc) or gate_apart):
         if wide:  # 4 rows a task, one chunk each: x's digits read from shared memory once for 4 rows (not with
             # zero-point operands: 8-32 bytes spilled at 8 rows, ptxas)
             four = knobs.get("FUSEC_QGEMV_DP4A_WIDE_ROWS") == "4" and FORMATS[fmt].zero is not None
@@ -170,8 +174,12 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
         if (knobs.get("FUSEC_QGEMV_DP4A_FILL") and m == 1 and fill > rows
                 and dp4a_tasks(n, fill, glu) >= blocks * 8 * _SMS):
             rows = fill
+        # more than two rounds of tasks a warp (an LM head): handed out from a counter, so that warps on slower SMs
+        # take fewer (FUSEC_QGEMV_DP4A_DYNAMIC; not timed yet)
+        dynamic = bool(knobs.get("FUSEC_QGEMV_DP4A_DYNAMIC")) and dp4a_tasks(n, rows, glu) > 2 * blocks * 8 * _SMS
         return {"rows": rows, "fold": False, "dp4a": True, "warps": 8, "blocks": blocks, "chunks": chunks,
-                "norm_early": norm and bool(knobs.get("FUSEC_QGEMV_DP4A_NORM_EARLY"))}
+                "norm_early": norm and bool(knobs.get("FUSEC_QGEMV_DP4A_NORM_EARLY")),
+                **({"dynamic": True} if dynamic else {})}
     form: dict[str, object] = {"rows": 2 if m <= 8 else 1, "fold": m == 1}
     if tc:
         form.update(tc=True, warps=tc, **({"passes": passes} if passes > 1 else {}))
@@ -190,7 +198,8 @@ def emit_qgemv(ctx: Context, spec: QGemvSpec, x: Value, packed: Any, between: li
     if not (ctx.aligned(x, out, *extra) and all(ctx.aligned(p) for p in packed)):
         raise LoweringError(f"{label}: the quantized GEMV was selected, but its operands are not 16-byte "
                             "aligned in the memory plan")
-    ctx.kernel(spec, [x, *packed, *between, *extra, out], f"{label} qgemv")
+    tickets = [ctx.sync(8)] if spec.dynamic else []  # two counters the kernel leaves zero
+    ctx.kernel(spec, [x, *packed, *between, *extra, out, *tickets], f"{label} qgemv")
     ctx.count("qmatmul:qgemv")
 
 
