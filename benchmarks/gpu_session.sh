@@ -57,10 +57,9 @@
 #   q24       the tensor-core quantized GEMV in runs (FUSEC_QGEMV_TC_RUNS; the 1B Q6_K down at batch 8): its GPU tests,
 #             the 1B Q4_K_M batch-8 decode step against TC_RUNS=1, the attention's block trace with five phases
 #             (~4 minutes)
-#   q25       built in the sixteenth session, timed in its last call: the dp4a tasks handed out from a counter
-#             (FUSEC_QGEMV_DP4A_DYNAMIC=1; its bit test; the 1B Q4_K_M batch-1 step, whose LM head takes it) and an
-#             8-bit gated product at 4-8 rows of x on the dp4a form with the SwiGLU apart (FUSEC_QGEMV_WIDE_GATE=dp4a;
-#             the 1B Q8_0 batch-8 step) (~3.5 minutes)
+#   q25       an 8-bit gated product at 4-8 rows of x on the dp4a form with the SwiGLU apart (the default since the
+#             sixteenth session) against the FMA form with it (FUSEC_QGEMV_WIDE_GATE=fma): the 1B Q8_0 batch-8 step
+#             (~1.5 minutes)
 #   qvariants every form of the quantized GEMV on Llama-1B's shapes (quant_bench.py --variants)
 #   qdecode   the packed-weight decode models alone (quant_bench.py --skip kernels,torch), the rule and the rule without dp4a
 #   q7b       the 7B Llama shape in Q4_K_M, batch 1 decode and its packed-weight roofline (quant_bench.py --7b)
@@ -262,14 +261,9 @@ for step in "$@"; do
          timeout 120 python3 benchmarks/block_trace.py "$R/q24_trace" --model llama-1b-q4_k_m --context 32 \
            --blocks rope_atte > "$R/q24_trace.txt" 2>&1
          grep -E "^step|rope_atte" "$R/q24_trace/block_trace.md" | head -n 12 ;;
-    q25) timeout 60 $PT -n 8 tests/test_quant_gpu.py -k counter > "$R/t_q25.txt" 2>&1
-         grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_q25.txt" | tail -n 12
-         timeout 100 python3 benchmarks/decode_step.py "$R/q25_q8" --model llama-1b-q8_0 --batches 8 --context 32 \
-           --windows 3 --ab FUSEC_QGEMV_WIDE_GATE=dp4a > "$R/q25_q8.txt" 2>&1
-         grep -E "^\| [0-9]+ \|" "$R/q25_q8.txt" | cut -c 1-1500
-         timeout 100 python3 benchmarks/decode_step.py "$R/q25_q4" --model llama-1b-q4_k_m --batches 1 --context 32 \
-           --windows 3 --ab FUSEC_QGEMV_DP4A_DYNAMIC=1 > "$R/q25_q4.txt" 2>&1
-         grep -E "^\| [0-9]+ \|" "$R/q25_q4.txt" | cut -c 1-1500 ;;
+    q25) timeout 100 python3 benchmarks/decode_step.py "$R/q25_q8" --model llama-1b-q8_0 --batches 8 --context 32 \
+           --windows 3 --ab FUSEC_QGEMV_WIDE_GATE=fma > "$R/q25_q8.txt" 2>&1
+         grep -E "^\| [0-9]+ \|" "$R/q25_q8.txt" | cut -c 1-1500 ;;
     qvariants) timeout 360 python3 benchmarks/quant_bench.py "$R/qvar" --variants --skip torch,decode > "$R/qvar.txt" 2>&1
                grep "^| llama" "$R/qvar.txt" | tail -n 70 ;;
     qdecode) timeout 250 python3 benchmarks/quant_bench.py "$R/qdec" --skip kernels,torch --qgemv-forms auto,tc > "$R/qdec.txt" 2>&1

@@ -135,39 +135,14 @@ def test_fewer_gemv_rows_send_the_products_through_the_dequantizing_path(monkeyp
         _plan(4)
 
 
-def test_dynamic_tasks_take_the_lm_head_with_two_zeroed_counters(monkeypatch):  # noqa: ANN001
-    """FUSEC_QGEMV_DP4A_DYNAMIC=1: the rule hands out the tasks from a counter only where a warp has more than two
-    rounds of them (the Llama-1B LM head in Q6_K, not its gate/up); the kernel takes the counters after C (the
-    lowering's zeroed sync region) and compiles without spills; off, no product takes them."""
-    from fusec.codegen import kernels as K
-    from fusec.codegen.specs_quant import QGemvSpec
-    from fusec.dtypes import DType
-    from fusec.lower.quant import gemv_form
-
-    assert "dynamic" not in gemv_form(1, 128256, 2048, "q6_k", 16, DType.BF16, True)
-    monkeypatch.setenv("FUSEC_QGEMV_DP4A_DYNAMIC", "1")
-    head = gemv_form(1, 128256, 2048, "q6_k", 16, DType.BF16, True)
-    assert head.get("dynamic") and "dynamic" not in gemv_form(1, 16384, 2048, "q4_k", 32, DType.BF16, True, True)
-    ck = K.build(QGemvSpec(1, 128256, 2048, "q6_k", 16, DType.BF16, DType.F16, norm=True, **head), "sm_90")
-    assert ck.params[-2:] == ("C", "tickets") and ck.binary.spill_bytes == 0, ck.binary.log
-    assert "atomicAdd(&tickets[0], 1u)" in ck.source
-    with pytest.raises(ValueError, match="dynamic"):
-        QGemvSpec(1, 4096, 2048, "q6_k", 16, DType.BF16, dynamic=True)  # the FMA form
-
-
-def test_wide_gate_knob_sends_the_gated_unit_apart_for_the_dp4a_form(monkeypatch) -> None:  # noqa: ANN001
-    """FUSEC_QGEMV_WIDE_GATE=dp4a: at 8 rows of x an int8 gate/up product (no tensor-core form for 8-bit codes) takes
-    the dp4a form with its norm, and the SwiGLU runs apart (fusion asks skinny.qfits, which says why); by default the
-    FMA form takes the gated unit."""
+def test_wide_gate_sends_the_gated_unit_apart_for_the_dp4a_form(monkeypatch) -> None:  # noqa: ANN001
+    """At 8 rows of x an int8 gate/up product (no tensor-core form for 8-bit codes) takes the dp4a form with its norm,
+    and the SwiGLU runs apart (fusion asks skinny.qfits, which says why); FUSEC_QGEMV_WIDE_GATE=fma gives the FMA form
+    with the gated unit, as before."""
     def plan8():  # noqa: ANN202
         return compile_generation("llama-tiny", batch=8, max_seq_len=64, prefill_len=8, dtype="bf16", eos_ids=[],
                                   arch="sm_90", quantize="int8")
 
-    plan = plan8()
-    launches = _decode(plan)
-    gated = [src for L, src in zip(launches, _sources(plan, launches)) if "gated_epilogue" in L["label"]]
-    assert gated and not any("dp4a.s32" in src for src in gated)  # the FMA form takes the gated unit
-    monkeypatch.setenv("FUSEC_QGEMV_WIDE_GATE", "dp4a")
     plan = plan8()
     launches = _decode(plan)
     assert not any("gated_epilogue" in L["label"] for L in launches)
@@ -176,3 +151,8 @@ def test_wide_gate_knob_sends_the_gated_unit_apart_for_the_dp4a_form(monkeypatch
     layers = plan.manifest["generation"]["num_layers"]
     assert len(big) >= 2 * layers  # the qkv and the gate/up products, each with its norm, on dp4a
     assert sum("elementwise" in L["label"] for L in launches) >= layers  # the SwiGLU apart
+    monkeypatch.setenv("FUSEC_QGEMV_WIDE_GATE", "fma")
+    plan = plan8()
+    launches = _decode(plan)
+    gated = [src for L, src in zip(launches, _sources(plan, launches)) if "gated_epilogue" in L["label"]]
+    assert len(gated) == layers and not any("dp4a.s32" in src for src in gated)  # the FMA form takes the gated unit

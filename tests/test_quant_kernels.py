@@ -124,14 +124,14 @@ def test_gemv_variants_compile(m, rows, dt, arch, fold):
 
 def test_gemv_form_folds_at_one_row_only():
     assert gemv_form(1, 4096, 2048, "q8_0", 32, DType.F32) == {"rows": 2, "fold": True}
-    assert gemv_form(8, 4096, 2048, "q8_0", 32, DType.BF16, glu=True) == {"rows": 2, "fold": False}
+    assert gemv_form(8, 4096, 2048, "q8_0", 32, DType.F32, glu=True) == {"rows": 2, "fold": False}
     assert gemv_form(9, 4096, 2048, "q4_k", 32, DType.BF16)["rows"] == 1
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_gemv_form_takes_dp4a_where_it_fits_and_tensor_cores_do_not(fmt, monkeypatch):
     """fp16/bf16 x, x written within the form's shared memory: the dp4a form up to 3 rows, and up to 8 where the
-    tensor-core form does not take the product (8-bit codes; no gated unit); 8 warps; at one row of x 8 chunks a
+    tensor-core form does not take the product (8-bit codes; a gated product too, the gated unit apart); 8 warps; at one row of x 8 chunks a
     round (FUSEC_QGEMV_DP4A_CHUNKS=4: 4) over two weight rows a task below K = 8192, at 2-3 rows 4 over two rows
     below K = 4096, a gated unit's two halves always; from 4 rows one row a task, 2 chunks; 2 blocks an SM
     (FUSEC_QGEMV_DP4A_BLOCKS: its value). fp32 x, M > 8, rows too long, or FUSEC_QGEMV_FORM=tc/fma: not. (4 rows a
@@ -146,12 +146,13 @@ def test_gemv_form_takes_dp4a_where_it_fits_and_tensor_cores_do_not(fmt, monkeyp
                 f = gemv_form(m, 16384, 2048, fmt, group, dt, norm, glu)
                 tensor = bits in TC_MIN_M and m >= TC_MIN_M[bits] and m <= 8 and dt != DType.F32
                 assert f.get("tc", False) == (tensor and not (m <= 3 and dt != DType.F32)), (m, dt, f)
-                wide_ok = m <= 8 and not glu and not tensor
+                wide_ok = m <= 8 and not tensor
                 assert f.get("dp4a", False) == (dt != DType.F32 and (m <= 3 or (m >= 4 and wide_ok))), (m, dt, f)
                 if not f.get("dp4a"):
                     continue
                 assert not f.get("tc") and f["warps"] == 8 and f["blocks"] == 2
-                QGemvSpec(m, 16384, 2048, fmt, group, dt, DType.F16, norm=norm, glu="silu" if glu else "", **f)
+                gated = "silu" if glu and m <= 3 else ""  # from 4 rows the gated unit runs apart (skinny.qfits)
+                QGemvSpec(m, 16384, 2048, fmt, group, dt, DType.F16, norm=norm, glu=gated, **f)
                 if m >= 4:
                     assert (f["rows"], f["chunks"]) == (1, 2), (m, f)  # one row a task, 2 chunks a round
                     assert "dp4a" not in gemv_form(m, 2048, 8192, fmt, group, dt)  # x's digits do not fit
@@ -278,13 +279,13 @@ def test_the_dp4a_forms_the_rule_picks_compile_without_spills(arch, monkeypatch)
             for m in (1, 2, 4, 8):
                 for norm, glu in ((False, False),) + (((True, True),) if k in (2048, 4096) else ()):
                     form = gemv_form(m, n, k, fmt, group, DType.BF16, norm, glu)
-                    wide_ok = not (glu or gemv_form(m, n, k, fmt, group, DType.BF16, norm, glu).get("tc"))
+                    wide_ok = not form.get("tc")  # from 4 rows a gated unit runs apart (skinny.qfits)
                     assert bool(form.get("dp4a")) == (dp4a_fits(m, k, norm, DType.BF16) and (m <= 3 or wide_ok)), \
                         (n, k, fmt, m)
                     if not form.get("dp4a"):
                         continue
-                    spec = QGemvSpec(m, n, k, fmt, group, DType.BF16, DType.F16, norm=norm, glu="silu" if glu else "",
-                                     **form)
+                    spec = QGemvSpec(m, n, k, fmt, group, DType.BF16, DType.F16, norm=norm,
+                                     glu="silu" if glu and m <= 3 else "", **form)
                     pending.append(((n, k, fmt, m, norm), K.build_async(spec, arch)))
     for what, p in pending:
         ck = p.result()

@@ -56,9 +56,7 @@ class QGemvSpec:
     dot products instead (templates/qgemv_dp4a.cu.jinja: x as two int8 digits per value, per 32 values, in the block,
     ``fusec.quant.dp4a_blocks``; fp16/bf16 x, M <= DP4A_MAX_M; ``rows`` a warp's task, ``warps`` a block,
     ``blocks`` an SM: the grid, and the registers a thread gets (its launch bounds); ``chunks`` the 32-weight chunks
-    a lane loads a round over its rows (2, 4 or 8); ``dynamic`` (the dp4a form): the tasks past the grid's first
-    handed out in turn from a counter pair (param ``tickets``, after C; zero before the launch and after it);
-    ``norm_early`` (the dp4a form with the norm): the norm's weights
+    a lane loads a round over its rows (2, 4 or 8); ``norm_early`` (the dp4a form with the norm): the norm's weights
     loaded before the PDL wait where x is one batch of a thread's pieces (else after it, beside x); fold unused).
     FMA and dp4a forms: ``norm``, x RMS-normalized over K first as ``Op.RMSNORM`` computes it (weight ``g``
     [K], ``eps``, ``weight_offset``; the FMA form normalizes x once into shared memory, M * K elements of
@@ -84,7 +82,6 @@ class QGemvSpec:
     blocks: int = 2
     chunks: int = 4
     norm_early: bool = False
-    dynamic: bool = False
     norm: bool = False
     eps: float = 1e-6
     weight_offset: float = 0.0
@@ -117,7 +114,6 @@ class QGemvSpec:
                  f"M <= {DP4A_MAX_M}, and its shared memory (x's two digits) within {DP4A_SMEM} bytes")
         _req(not self.norm_early or (self.dp4a and self.norm),
              "norm_early is the dp4a quantized gemv's, with the norm prologue")
-        _req(not self.dynamic or self.dp4a, "dynamic (tasks handed out from a counter) is the dp4a quantized gemv's")
         if self.norm or self.glu:
             _req(not self.tc, "the quantized gemv's norm prologue and gated epilogue are the FMA form's")
         check_norm_glu(self, "quantized gemv")

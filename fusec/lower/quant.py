@@ -99,7 +99,8 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     rounding below). FUSEC_QGEMV_DP4A_FILL=0 gives two.
 
     From 4 rows (up to 8, ``specs_quant.DP4A_MAX_M``) the dp4a form takes the products the tensor-core form does
-    not (8-bit codes; no gated unit: two rows a task spilled there, ptxas -v, sm_80 and sm_90), 4 weight rows a
+    not (8-bit codes; a gated product too, with the gated unit apart: two rows a task spilled there, ptxas -v, sm_80
+    and sm_90; the 1B Q8_0 step at batch 8 took 1.697 ms against 2.696 with the FMA form's gated unit), 4 weight rows a
     task with one chunk a round each, so each read of x's digits from shared memory serves 4 rows. Measured in the
     decode step (H200): Llama-1B Q8_0 at batch 8 2.737 ms against the FMA form's 3.210 with one row a task and 2
     chunks (fourteenth session), and 4 rows a task 2.668 against 2.714 at batch 8, 1.388 against 1.402 at batch 4
@@ -152,9 +153,10 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
         passes = next((p for p in range(1, runs + 1) if _tc_fits_smem(k, group, warps, hb, p)), 0)
         tc = warps if passes else 0
     wide = m >= 4  # from 4 rows: one weight row a task, 2 chunks a round, no gated unit, no tensor-core form
-    # FUSEC_QGEMV_WIDE_GATE=dp4a: a gated product at 4-8 rows that the tensor-core form does not take (8-bit codes)
-    # takes the dp4a form anyway, without its gated unit (``skinny.qfits`` then leaves the SwiGLU apart), not the FMA
-    # form with it (Nsight Compute, H200: the 1B Q8_0 gate/up at 8 rows in the FMA form took 91.5 us, 0.39 TB/s)
+    # a gated product at 4-8 rows that the tensor-core form does not take (8-bit codes) takes the dp4a form anyway,
+    # without its gated unit (``skinny.qfits`` then leaves the SwiGLU apart), not the FMA form with it: the 1B Q8_0
+    # decode step at batch 8 took 1.697 ms against 2.696 (H200, sixteenth session; Nsight Compute had that FMA
+    # gate/up at 91.5 us, 0.39 TB/s). FUSEC_QGEMV_WIDE_GATE=fma gives the FMA form with the gated unit.
     gate_apart = wide and glu and not tc and knobs.get("FUSEC_QGEMV_WIDE_GATE") == "dp4a"
     if choice == "auto" and dp4a_fits(m, k, norm, dtype) and (not wide or not (glu or tc) or gate_apart):
         if wide:  # 4 rows a task, one chunk each: x's digits read from shared memory once for 4 rows (not with
@@ -174,12 +176,8 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
         if (knobs.get("FUSEC_QGEMV_DP4A_FILL") and m == 1 and fill > rows
                 and dp4a_tasks(n, fill, glu) >= blocks * 8 * _SMS):
             rows = fill
-        # more than two rounds of tasks a warp (an LM head): handed out from a counter, so that warps on slower SMs
-        # take fewer (FUSEC_QGEMV_DP4A_DYNAMIC; not timed yet)
-        dynamic = bool(knobs.get("FUSEC_QGEMV_DP4A_DYNAMIC")) and dp4a_tasks(n, rows, glu) > 2 * blocks * 8 * _SMS
         return {"rows": rows, "fold": False, "dp4a": True, "warps": 8, "blocks": blocks, "chunks": chunks,
-                "norm_early": norm and bool(knobs.get("FUSEC_QGEMV_DP4A_NORM_EARLY")),
-                **({"dynamic": True} if dynamic else {})}
+                "norm_early": norm and bool(knobs.get("FUSEC_QGEMV_DP4A_NORM_EARLY"))}
     form: dict[str, object] = {"rows": 2 if m <= 8 else 1, "fold": m == 1}
     if tc:
         form.update(tc=True, warps=tc, **({"passes": passes} if passes > 1 else {}))
@@ -198,8 +196,7 @@ def emit_qgemv(ctx: Context, spec: QGemvSpec, x: Value, packed: Any, between: li
     if not (ctx.aligned(x, out, *extra) and all(ctx.aligned(p) for p in packed)):
         raise LoweringError(f"{label}: the quantized GEMV was selected, but its operands are not 16-byte "
                             "aligned in the memory plan")
-    tickets = [ctx.sync(8)] if spec.dynamic else []  # two counters the kernel leaves zero
-    ctx.kernel(spec, [x, *packed, *between, *extra, out, *tickets], f"{label} qgemv")
+    ctx.kernel(spec, [x, *packed, *between, *extra, out], f"{label} qgemv")
     ctx.count("qmatmul:qgemv")
 
 
