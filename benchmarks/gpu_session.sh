@@ -60,6 +60,7 @@
 #   q25       an 8-bit gated product at 4-8 rows of x on the dp4a form with the SwiGLU apart (the default since the
 #             sixteenth session) against the FMA form with it (FUSEC_QGEMV_WIDE_GATE=fma): the 1B Q8_0 batch-8 step
 #             (~1.5 minutes)
+#   q7prof    the 7B Q4_K_M batch-1 decode step with its per-kernel profile (decode_step.py; ~2 minutes)
 #   qvariants every form of the quantized GEMV on Llama-1B's shapes (quant_bench.py --variants)
 #   qdecode   the packed-weight decode models alone (quant_bench.py --skip kernels,torch), the rule and the rule without dp4a
 #   q7b       the 7B Llama shape in Q4_K_M, batch 1 decode and its packed-weight roofline (quant_bench.py --7b)
@@ -264,6 +265,9 @@ for step in "$@"; do
     q25) timeout 100 python3 benchmarks/decode_step.py "$R/q25_q8" --model llama-1b-q8_0 --batches 8 --context 32 \
            --windows 3 --ab FUSEC_QGEMV_WIDE_GATE=fma > "$R/q25_q8.txt" 2>&1
          grep -E "^\| [0-9]+ \|" "$R/q25_q8.txt" | cut -c 1-1500 ;;
+    q7prof) timeout 200 python3 benchmarks/decode_step.py "$R/q7prof" --model llama-7b-q4_k_m --batches 1 --context 32 \
+              --windows 3 > "$R/q7prof.txt" 2>&1
+            grep -E "^\| [0-9]+ \|" "$R/q7prof.txt" | cut -c 1-1500 ;;
     qvariants) timeout 360 python3 benchmarks/quant_bench.py "$R/qvar" --variants --skip torch,decode > "$R/qvar.txt" 2>&1
                grep "^| llama" "$R/qvar.txt" | tail -n 70 ;;
     qdecode) timeout 250 python3 benchmarks/quant_bench.py "$R/qdec" --skip kernels,torch --qgemv-forms auto,tc > "$R/qdec.txt" 2>&1
