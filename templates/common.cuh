@@ -198,14 +198,14 @@ __device__ __forceinline__ void fc_pdl_wait() {
 }
 // The wait, after the loads issued before it: ptxas schedules griddepcontrol.wait as early as it
 // can, above loads it sees no dependency on (seen in the SASS: ACQBULK first, the weight loads after
-// it, so nothing overlapped the previous kernel). A branch on the loaded values pins it below them:
-// the wait runs on either side, but only once `dep` (an opaque function of every load) is known.
-// The branch is on a clock read, not on `dep` itself: ptxas moves no instruction across a clock read (nvdisasm, sm_90:
-// the same loads sit before ACQBULK in every dp4a, attention and dequantizing kernel of the 1B Q8_0 and Q4_K_M plans,
-// where a plain wait had Q8_0's loads after it), so the loads still issue before the wait, and the wait does not wait
-// for their values: a block that starts late begins its work after the wait while its weights are in flight. The
-// decode steps, same bits: 1B Q4_K_M 0.485 ms against 0.491 pinned on the values, 7B 1.748 against 1.781, 1B Q8_0 0.525
-// against 0.540 (H200, sixteenth session). With FC_PDL_PIN_VALUE (FUSEC_PDL_PIN=value) the branch is on `dep`.
+// it, so nothing overlapped the previous kernel). A branch pins it: the wait runs on either side, but
+// only once the branch's value is known. That value is a clock read: ptxas moves no instruction across
+// it (nvdisasm, sm_90: the same loads sit before ACQBULK in every dp4a, attention and dequantizing
+// kernel of the 1B Q8_0 and Q4_K_M plans, where a plain wait had Q8_0's loads after it), so the loads
+// issue before the wait, which does not wait for their values: a block that starts late begins its
+// work after the wait while its weights are in flight. With FC_PDL_PIN_VALUE (FUSEC_PDL_PIN=value)
+// the value is `dep`, an opaque function of every load, so the wait comes once they have returned
+// (1.2% slower in the 1B Q4_K_M decode step, 1.9% at 7B, 2.9% in Q8_0; H200, sixteenth session).
 __device__ __forceinline__ void fc_pdl_wait_after(fc_u32 dep) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #if !defined(FC_PDL_PIN_VALUE)
@@ -213,7 +213,7 @@ __device__ __forceinline__ void fc_pdl_wait_after(fc_u32 dep) {
 #endif
   asm volatile("" : "+r"(dep));
   if (dep == 0x9e3779b9u) {
-    FC_TRACE_AT_WAIT();  // once dep is known: the loads it pins have returned
+    FC_TRACE_AT_WAIT();  // once the branch's value is known (FC_PDL_PIN_VALUE: the pinned loads have returned)
     asm volatile("griddepcontrol.wait;" ::: "memory");
   } else {
     FC_TRACE_AT_WAIT();

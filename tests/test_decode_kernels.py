@@ -418,4 +418,3 @@ def test_key_groups_load_a_half_capacity_chunk_whole_before_the_wait(monkeypatch
 
     # batch 8, 8 kv heads, 271-row cache: 4 splits of 64 keys at half capacity
     assert unrolls(None) == {"8"} and unrolls("4") == {"4"}
-

@@ -33,9 +33,9 @@ SCRATCH_BYTES = 32 << 20  # the prefill's dequantized block of a weight
 
 def qgemv_max_rows() -> int:
     """The most rows of x the quantized GEMV takes (FUSEC_QGEMV_MAX_ROWS, 0 to QGEMV_MAX_M); a product with more
-    dequantizes its weight to scratch and runs cuBLAS. Fewer than QGEMV_MAX_M is the A/B of the dequantizing path
-    at small batches, where the quantized GEMV is slow (Q8_0 at 8 rows of x: 0.38x the bf16 plan on an H200,
-    fifteenth session)."""
+    dequantizes its weight to scratch and runs cuBLAS. Fewer than QGEMV_MAX_M sends small batches that way: at 8
+    rows of x it was slower than the quantized GEMV (H200, sixteenth session: 1B Q8_0 2.862 ms a step against
+    2.702, Q4_K_M 2.830 against 1.175)."""
     from fusec import knobs
     from fusec.errors import InputError
 
@@ -50,6 +50,9 @@ def choose(m: int, n: int, k: int, fmt: str) -> str:
     return "qgemv" if m <= qgemv_max_rows() else "dequant_gemm"
 
 
+# from this many rows of x the dp4a form takes one weight row (or 4 of one chunk) a task and no gated unit (two rows a
+# task spilled, ptxas -v); ``skinny.qfits`` then leaves a gated unit apart
+DP4A_WIDE_M = 4
 TC_SMEM_MAX = 144 << 10  # the tensor-core form's copy of its rows: within sm_80's 163 KB a block (static too)
 # chunks a warp copies at 4 and 8 warps (64 registers a thread): ptxas -v spilled from 24 chunks of 6-bit codes, 32 of
 # 4-bit (tests/test_quant_kernels.py checks the rule's forms); 16 warps have 128 registers, and shared memory bounds them
@@ -152,7 +155,7 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
         runs = int(knobs.get("FUSEC_QGEMV_TC_RUNS"))
         passes = next((p for p in range(1, runs + 1) if _tc_fits_smem(k, group, warps, hb, p)), 0)
         tc = warps if passes else 0
-    wide = m >= 4  # from 4 rows: one weight row a task, 2 chunks a round, no gated unit, no tensor-core form
+    wide = m >= DP4A_WIDE_M
     # a gated product at 4-8 rows that the tensor-core form does not take (8-bit codes) takes the dp4a form anyway,
     # without its gated unit (``skinny.qfits`` then leaves the SwiGLU apart), not the FMA form with it: the 1B Q8_0
     # decode step at batch 8 took 1.697 ms against 2.696 (H200, sixteenth session; Nsight Compute had that FMA

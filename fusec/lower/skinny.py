@@ -123,7 +123,7 @@ def qfits(m: int, n: int, k: int, a: Value, mm: Node, norm: bool, glu: bool, con
     if form.get("tc"):
         return "the tensor-core quantized GEMV (the rule's form here) has no norm prologue or gated epilogue"
     if form.get("dp4a"):
-        if glu and m >= 4:  # the rule takes the dp4a form here without its gated unit (FUSEC_QGEMV_WIDE_GATE)
+        if glu and m >= Q.DP4A_WIDE_M:  # the rule's dp4a form here has no gated unit (FUSEC_QGEMV_WIDE_GATE)
             return "the dp4a quantized GEMV at 4-8 rows of x has no gated unit (spilled); the gated unit runs apart"
         return None  # the rule picked the dp4a form with the prologue and epilogue asked for: it fits
     if glu and form.get("rows") != 2:
