@@ -61,6 +61,8 @@
 #             sixteenth session) against the FMA form with it (FUSEC_QGEMV_WIDE_GATE=fma): the 1B Q8_0 batch-8 step
 #             (~1.5 minutes)
 #   q7prof    the 7B Q4_K_M batch-1 decode step with its per-kernel profile (decode_step.py; ~2 minutes)
+#   qsrc      Nsight Compute's full set on the tensor-core form at 8 rows of x (1B Q4_K gate/up, Q6_K LM head, Q6_K down
+#             in runs): the details page and the stall samples by SASS instruction (benchmarks/sass_stalls.py; ~3 minutes)
 #   qvariants every form of the quantized GEMV on Llama-1B's shapes (quant_bench.py --variants)
 #   qdecode   the packed-weight decode models alone (quant_bench.py --skip kernels,torch), the rule and the rule without dp4a
 #   q7b       the 7B Llama shape in Q4_K_M, batch 1 decode and its packed-weight roofline (quant_bench.py --7b)
@@ -279,6 +281,16 @@ for step in "$@"; do
             --section MemoryWorkloadAnalysis_Tables --section SourceCounters \
             python3 benchmarks/qgemv_ncu.py > "$R/qncu.txt" 2>&1
           grep -E "^launch:|fc_qgemv|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|L1/TEX Hit|Mem Busy|Max Bandwidth|Waves Per SM" "$R/qncu.txt" | head -n 90 ;;
+    qsrc) FUSEC_LINEINFO=1 timeout 300 ncu --clock-control none -k regex:fc_qgemv --set full --import-source yes -f \
+            -o "$R/tc8" python3 benchmarks/qgemv_ncu.py --rule q4_k:8:16384x2048 --rule q6_k:8:128256x2048 \
+            --rule q6_k:8:2048x8192 > "$R/tc8_run.txt" 2>&1
+          tail -n 4 "$R/tc8_run.txt"
+          ncu -i "$R/tc8.ncu-rep" --page details --print-details all > "$R/tc8_details.txt" 2>&1
+          ncu -i "$R/tc8.ncu-rep" --page source --csv --print-source sass > "$R/tc8_sass.csv" 2>&1
+          rm -f "$R/tc8.ncu-rep"
+          grep -E "^launch:|Duration|DRAM Throughput|L1/TEX Hit|L2 Hit|Warp Cycles Per Issued|Achieved Occ|Stall" \
+            "$R/tc8_details.txt" | head -n 80
+          python3 benchmarks/sass_stalls.py "$R/tc8_sass.csv" --top 25 2>&1 | head -n 120 ;;
     qncu8) timeout 200 ncu --clock-control none -k regex:fc_qgemv --section SpeedOfLight --section Occupancy \
              --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section LaunchStats \
              python3 benchmarks/qgemv_ncu.py --rule q8_0:8:16384x2048:norm:glu --rule q8_0:8:2048x8192 \
