@@ -60,6 +60,9 @@
 #   q25       an 8-bit gated product at 4-8 rows of x on the dp4a form with the SwiGLU apart (the default since the
 #             sixteenth session) against the FMA form with it (FUSEC_QGEMV_WIDE_GATE=fma): the 1B Q8_0 batch-8 step
 #             (~1.5 minutes)
+#   q26       the tensor-core form's lean prologue (one address a lane, constant offsets; bit planes in 16-byte copies)
+#             and its bit planes spread by a multiply: its GPU tests and the packed plans' generation tests, the 1B
+#             Q4_K_M batch-8 decode step against FUSEC_QGEMV_TC_STAGES=4 (~4 minutes)
 #   q7prof    the 7B Q4_K_M batch-1 decode step with its per-kernel profile (decode_step.py; ~2 minutes)
 #   qsrc      Nsight Compute's full set on the tensor-core form at 8 rows of x (1B Q4_K gate/up, Q6_K LM head, Q6_K down
 #             in runs): the details page and the stall samples by SASS instruction (benchmarks/sass_stalls.py; ~3 minutes)
@@ -267,6 +270,12 @@ for step in "$@"; do
     q25) timeout 100 python3 benchmarks/decode_step.py "$R/q25_q8" --model llama-1b-q8_0 --batches 8 --context 32 \
            --windows 3 --ab FUSEC_QGEMV_WIDE_GATE=fma > "$R/q25_q8.txt" 2>&1
          grep -E "^\| [0-9]+ \|" "$R/q25_q8.txt" | cut -c 1-1500 ;;
+    q26) timeout 150 $PT -n 8 tests/test_quant_gpu.py -k "tensor_core or generation or packed_decode or plan_with" \
+           > "$R/t_q26.txt" 2>&1
+         grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_q26.txt" | tail -n 12
+         timeout 120 python3 benchmarks/decode_step.py "$R/q26_b8" --model llama-1b-q4_k_m --batches 8 --context 32 \
+           --windows 3 --ab FUSEC_QGEMV_TC_STAGES=4 > "$R/q26_b8.txt" 2>&1
+         grep -E "^\| [0-9]+ \|" "$R/q26_b8.txt" | cut -c 1-1500 ;;
     q7prof) timeout 200 python3 benchmarks/decode_step.py "$R/q7prof" --model llama-7b-q4_k_m --batches 1 --context 32 \
               --windows 3 > "$R/q7prof.txt" 2>&1
             grep -E "^\| [0-9]+ \|" "$R/q7prof.txt" | cut -c 1-1500 ;;

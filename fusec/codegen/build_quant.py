@@ -87,16 +87,13 @@ def qgemv_tc_geometry(K: int, group: int, warps: int, hb: int = 0, passes: int =
     """The tensor-core form's shared memory: chunks per warp (a contiguous range), the codes' row
     stride (bytes: whole 128-byte lines + 16, so that 8 rows' reads fall in different banks), the
     scale table's row stride (floats: 2 per group, = 2 mod 4 for the same reason), the bit planes'
-    row stride (words: ``hb`` a chunk, odd or = 2 mod 4) and the bytes."""
+    row stride (words: ``hb`` a chunk, = 4 mod 8) and the bytes."""
     gpc = 2 if group < 32 else 1
     cpw = cdiv(K // 32, warps * passes)  # a run's chunks: a warp takes ``passes`` runs
     rsb = cdiv(cpw * 16, 128) * 128 + 16
     srs = 2 * cpw * gpc + (2 if cpw * gpc % 2 == 0 else 4)
-    hrs = 0
-    if hb == 1:
-        hrs = cpw + (1 - cpw % 2)
-    elif hb == 2:
-        hrs = 2 * cpw + (2 if cpw % 2 == 0 else 4)
+    # = 4 mod 8 words: rows 16-byte aligned (the 16-byte copies) and 8 rows' reads of one word in 8 different banks
+    hrs = cpw * hb + (4 - cpw * hb) % 8 if hb else 0
     smem = max(warps * 16 * (rsb + 4 * srs + 4 * hrs), warps * 16 * 8 * 4)  # the partial sums reuse it at the end
     return {"cpw": cpw, "rsb": rsb, "srs": srs, "hrs": hrs, "gpc": gpc, "smem": smem}
 
@@ -108,7 +105,10 @@ def _qgemv_tc(spec: QGemvSpec) -> Rendered:
     hb = FORMATS[spec.fmt].high_planes
     geo = qgemv_tc_geometry(spec.K, spec.group, spec.warps, hb, spec.passes)
     ctx = {"name": kernel_name("qgemv", spec), "M": spec.M, "N": spec.N, "K": spec.K, "warps": spec.warps,
-           "passes": spec.passes,
+           "passes": spec.passes, "stages": min(spec.stages, geo["cpw"]),
+           "chunks_stage": (cs := cdiv(geo["cpw"], min(spec.stages, geo["cpw"]))),
+           # the bit planes in 16-byte copies where every row's, run's and stage's range starts on 16 bytes
+           "hb16": bool(hb) and (spec.K // 32 * hb) % 4 == 0 and (geo["cpw"] * hb) % 4 == 0 and (cs * hb) % 4 == 0,
            "cpw": geo["cpw"], "rsb": geo["rsb"], "srs": geo["srs"], "gpc": geo["gpc"], "hb": hb, "hrs": geo["hrs"],
            "batch": 8 // geo["gpc"],  # scale pairs whose loads are in flight together (registers: 3 floats a group)
            # 4 and 8 warps: 64 registers a thread, so that 1024 threads fit an SM (a 1B model's gate/up in one wave
