@@ -62,7 +62,11 @@
 #             (~1.5 minutes)
 #   q26       the tensor-core form's lean prologue (one address a lane, constant offsets; bit planes in 16-byte copies)
 #             and its bit planes spread by a multiply: its GPU tests and the packed plans' generation tests, the 1B
-#             Q4_K_M batch-8 decode step against FUSEC_QGEMV_TC_STAGES=4 (~4 minutes)
+#             Q4_K_M batch-8 decode step with its per-kernel profile (~3 minutes)
+#   q27       the decode attention's chunks of at least FUSEC_KV_MIN_CHUNK keys (split 0 alone writes the output where
+#             it holds every key): the decode kernels', head_rope prologue's, generation and PDL GPU tests and the
+#             tensor-core GEMV's, then decode steps in turns against 32 (as before): Qwen3-0.6B batch 1 and 8 at
+#             contexts 32 (and 64) and 128, Llama-1B Q4_K_M batch 1 at 32 (~7 minutes)
 #   q7prof    the 7B Q4_K_M batch-1 decode step with its per-kernel profile (decode_step.py; ~2 minutes)
 #   qsrc      Nsight Compute's full set on the tensor-core form at 8 rows of x (1B Q4_K gate/up, Q6_K LM head, Q6_K down
 #             in runs): the details page and the stall samples by SASS instruction (benchmarks/sass_stalls.py; ~3 minutes)
@@ -274,8 +278,22 @@ for step in "$@"; do
            > "$R/t_q26.txt" 2>&1
          grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_q26.txt" | tail -n 12
          timeout 120 python3 benchmarks/decode_step.py "$R/q26_b8" --model llama-1b-q4_k_m --batches 8 --context 32 \
-           --windows 3 --ab FUSEC_QGEMV_TC_STAGES=4 > "$R/q26_b8.txt" 2>&1
+           --windows 3 > "$R/q26_b8.txt" 2>&1
          grep -E "^\| [0-9]+ \|" "$R/q26_b8.txt" | cut -c 1-1500 ;;
+    q27) timeout 200 $PT -n 8 tests/test_decode_kernels_gpu.py tests/test_kv_heads_gpu.py tests/test_generation_gpu.py \
+           tests/test_pdl_gpu.py > "$R/t_q27.txt" 2>&1
+         grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_q27.txt" | tail -n 12
+         timeout 100 $PT -n 8 tests/test_quant_gpu.py -k tensor_core > "$R/t_q27tc.txt" 2>&1
+         grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_q27tc.txt" | tail -n 6
+         kvab() {  # MODEL BATCHES CONTEXT AB...
+           local m=$1 b=$2 c=$3; shift 3
+           timeout 170 python3 benchmarks/decode_step.py "$R/q27_${m}_$c" --model "$m" --batches "$b" --context "$c" \
+             --windows 3 "$@" > "$R/q27_${m}_$c.txt" 2>&1
+           echo "$m context $c"; grep -E "^\| [0-9]+ \|" "$R/q27_${m}_$c.txt" | cut -c 1-1500
+         }
+         kvab qwen3-0.6b 1,8 32 --ab FUSEC_KV_MIN_CHUNK=32 --ab FUSEC_KV_MIN_CHUNK=64
+         kvab qwen3-0.6b 1,8 128 --ab FUSEC_KV_MIN_CHUNK=32
+         kvab llama-1b-q4_k_m 1 32 --ab FUSEC_KV_MIN_CHUNK=32 ;;
     q7prof) timeout 200 python3 benchmarks/decode_step.py "$R/q7prof" --model llama-7b-q4_k_m --batches 1 --context 32 \
               --windows 3 > "$R/q7prof.txt" 2>&1
             grep -E "^\| [0-9]+ \|" "$R/q7prof.txt" | cut -c 1-1500 ;;

@@ -88,9 +88,6 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "shared memory in turn, where a block's copy of its 16 rows does not fit at once (fusec.lower.quant.gemv_form; "
          "1: such products take the FMA form, as before the sixteenth session; the A/B of benchmarks/decode_step.py "
          "--ab FUSEC_QGEMV_TC_RUNS=1)", ("1", "2", "3", "4")),
-    Knob("FUSEC_QGEMV_TC_STAGES", "choice", "1", "commit groups a run of the tensor-core quantized GEMV copies its "
-         "chunks in, so that the sums of the first start while the others land (fusec.lower.quant.gemv_form; the A/B "
-         "of benchmarks/decode_step.py --ab FUSEC_QGEMV_TC_STAGES=4)", ("1", "2", "3", "4")),
     Knob("FUSEC_QGEMV_WIDE_GATE", "choice", "dp4a", "a gated quantized product at 4-8 rows of x that the tensor-core "
          "form does not take (8-bit codes): dp4a: the dp4a form, the gated unit apart; fma: the FMA form with its gated "
          "unit (the 1B Q8_0 decode step at batch 8: 1.697 ms against 2.696, H200; the A/B of benchmarks/decode_step.py "
@@ -106,6 +103,9 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("FUSEC_KV_SPLIT_KEYS", "int", 64, "decode attention: the fewest cache rows (of its capacity) a split may "
          "cover where the batch's heads alone fill a quarter of the SMs (32: the A/B of decode_step.py --ab "
          "FUSEC_KV_SPLIT_KEYS=32, as before)"),
+    Knob("FUSEC_KV_MIN_CHUNK", "choice", "128", "decode attention: the fewest keys a split covers at run time, so a "
+         "short context takes fewer splits, and where split 0 holds every key it writes the output with no merge (32: "
+         "the granule, as before; the A/B of decode_step.py --ab FUSEC_KV_MIN_CHUNK=32)", ("32", "64", "128", "256")),
     Knob("FUSEC_KV_UNROLL", "choice", "0", "decode attention: keys each key group loads at a time, so also how many "
          "older rows load before the PDL wait (0: the layout's, 4 for D 128 bf16; the A/B of decode_step.py --ab "
          "FUSEC_KV_UNROLL=8)", ("0", "2", "4", "8")),

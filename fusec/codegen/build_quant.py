@@ -105,10 +105,9 @@ def _qgemv_tc(spec: QGemvSpec) -> Rendered:
     hb = FORMATS[spec.fmt].high_planes
     geo = qgemv_tc_geometry(spec.K, spec.group, spec.warps, hb, spec.passes)
     ctx = {"name": kernel_name("qgemv", spec), "M": spec.M, "N": spec.N, "K": spec.K, "warps": spec.warps,
-           "passes": spec.passes, "stages": min(spec.stages, geo["cpw"]),
-           "chunks_stage": (cs := cdiv(geo["cpw"], min(spec.stages, geo["cpw"]))),
-           # the bit planes in 16-byte copies where every row's, run's and stage's range starts on 16 bytes
-           "hb16": bool(hb) and (spec.K // 32 * hb) % 4 == 0 and (geo["cpw"] * hb) % 4 == 0 and (cs * hb) % 4 == 0,
+           "passes": spec.passes,
+           # the bit planes in 16-byte copies where every row's and run's range starts on 16 bytes
+           "hb16": bool(hb) and (spec.K // 32 * hb) % 4 == 0 and (geo["cpw"] * hb) % 4 == 0,
            "cpw": geo["cpw"], "rsb": geo["rsb"], "srs": geo["srs"], "gpc": geo["gpc"], "hb": hb, "hrs": geo["hrs"],
            "batch": 8 // geo["gpc"],  # scale pairs whose loads are in flight together (registers: 3 floats a group)
            # 4 and 8 warps: 64 registers a thread, so that 1024 threads fit an SM (a 1B model's gate/up in one wave

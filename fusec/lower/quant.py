@@ -183,9 +183,7 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
                 "norm_early": norm and bool(knobs.get("FUSEC_QGEMV_DP4A_NORM_EARLY"))}
     form: dict[str, object] = {"rows": 2 if m <= 8 else 1, "fold": m == 1}
     if tc:
-        stages = int(knobs.get("FUSEC_QGEMV_TC_STAGES"))
-        form.update(tc=True, warps=tc, **({"passes": passes} if passes > 1 else {}),
-                    **({"stages": stages} if stages > 1 else {}))
+        form.update(tc=True, warps=tc, **({"passes": passes} if passes > 1 else {}))
     return form
 
 
