@@ -103,9 +103,6 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("FUSEC_KV_SPLIT_KEYS", "int", 64, "decode attention: the fewest cache rows (of its capacity) a split may "
          "cover where the batch's heads alone fill a quarter of the SMs (32: the A/B of decode_step.py --ab "
          "FUSEC_KV_SPLIT_KEYS=32, as before)"),
-    Knob("FUSEC_KV_MIN_CHUNK", "choice", "128", "decode attention: the fewest keys a split covers at run time, so a "
-         "short context takes fewer splits, and where split 0 holds every key it writes the output with no merge (32: "
-         "the granule, as before; the A/B of decode_step.py --ab FUSEC_KV_MIN_CHUNK=32)", ("32", "64", "128", "256")),
     Knob("FUSEC_KV_UNROLL", "choice", "0", "decode attention: keys each key group loads at a time, so also how many "
          "older rows load before the PDL wait (0: the layout's, 4 for D 128 bf16; the A/B of decode_step.py --ab "
          "FUSEC_KV_UNROLL=8)", ("0", "2", "4", "8")),

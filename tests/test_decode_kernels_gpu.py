@@ -168,7 +168,7 @@ KV = [
 ]
 
 
-@pytest.mark.parametrize("mode", ["", "prefetch", "cluster", "unroll8", "min128", "cluster-min128"])
+@pytest.mark.parametrize("mode", ["", "prefetch", "cluster", "unroll8"])
 @pytest.mark.parametrize("dt,B,Hq,Hkv,Sq,T,D,positions,splits", KV,
                          ids=[f"{c[0].value}-B{c[1]}-H{c[2]}/{c[3]}-S{c[4]}-T{c[5]}-D{c[6]}-x{c[8]}" for c in KV])
 def test_kv_attention(dt: DType, B: int, Hq: int, Hkv: int, Sq: int, T: int, D: int, positions: list | None,
@@ -184,16 +184,12 @@ def test_kv_attention(dt: DType, B: int, Hq: int, Hkv: int, Sq: int, T: int, D: 
         spec = dataclasses.replace(spec, prefetch=True)
     if mode == "unroll8":  # twice the keys in flight a key group, and before the wait
         spec = dataclasses.replace(spec, prefetch=True, unroll=8)
-    if mode.startswith("cluster"):  # 2..8 splits merged through a thread block cluster (sm_90)
+    if mode == "cluster":  # 2..8 splits merged through a thread block cluster (sm_90)
         from fusec.device import gpu_arch
 
         if int(gpu_arch()[3:]) < 90:
             pytest.skip("thread block clusters need sm_90")
         spec = dataclasses.replace(spec, splits=min(max(spec.splits, 2), S.KV_MAX_CLUSTER), cluster=True)
-    if mode.endswith("min128"):  # chunks of at least 128 keys: rows whose keys all fall in split 0 skip the merge
-        if spec.splits == 1:
-            pytest.skip("one split: no chunks to widen")
-        spec = dataclasses.replace(spec, min_chunk=128)
     ref = kv_ref(q, k, v, pos, scale)
 
     # keys past each row's context hold NaN: reading any of them would poison the output

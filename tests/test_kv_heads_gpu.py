@@ -30,12 +30,6 @@ CASES = {
     "gqa-S3-window-past-the-cache": (3, 8, 2, 3, 100, 64, True, [0, 50, 98], dict(window=20)),
     "mha-plain-rope-one-split": (2, 4, 4, 1, 40, 64, False, [39, 10], dict(max_splits=1)),
     "mqa-S2": (2, 8, 1, 2, 80, 128, True, [5, 77], dict(cluster=True)),
-    # chunks of at least 128 keys: split 0 alone writes the output (and the step's rows) where it holds every key
-    "qwen3-b1-cluster-min128-solo": (1, 16, 8, 1, 271, 128, True, [60],
-                                     dict(prefetch=True, cluster=True, min_chunk=128)),
-    "qwen3-b1-cluster-min128": (1, 16, 8, 1, 271, 128, True, [200], dict(prefetch=True, cluster=True, min_chunk=128)),
-    "qwen3-b8-split-min128": (8, 16, 8, 1, 271, 128, True, [3, 127, 128, 200, 60, 0, 255, 130],
-                              dict(prefetch=True, split_keys=64, min_chunk=128)),
 }
 
 
