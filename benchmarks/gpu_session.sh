@@ -67,6 +67,9 @@
 #             it holds every key): the decode kernels', head_rope prologue's, generation and PDL GPU tests and the
 #             tensor-core GEMV's, then decode steps in turns against 32 (as before): Qwen3-0.6B batch 1 and 8 at
 #             contexts 32 (and 64) and 128, Llama-1B Q4_K_M batch 1 at 32 (~7 minutes)
+#   q28       the decode attention asking L2 for its next rounds' older cache rows (FUSEC_KV_L2_ROUNDS): its GPU tests, then
+#             decode steps in turns against 0 (as before): Qwen3-0.6B batch 1 and 8 at contexts 512 and 128, Llama-1B
+#             Q4_K_M batch 1 at 512 (~6 minutes)
 #   q7prof    the 7B Q4_K_M batch-1 decode step with its per-kernel profile (decode_step.py; ~2 minutes)
 #   qsrc      Nsight Compute's full set on the tensor-core form at 8 rows of x (1B Q4_K gate/up, Q6_K LM head, Q6_K down
 #             in runs): the details page and the stall samples by SASS instruction (benchmarks/sass_stalls.py; ~3 minutes)
@@ -294,6 +297,17 @@ for step in "$@"; do
          kvab qwen3-0.6b 1,8 32 --ab FUSEC_KV_MIN_CHUNK=32 --ab FUSEC_KV_MIN_CHUNK=64
          kvab qwen3-0.6b 1,8 128 --ab FUSEC_KV_MIN_CHUNK=32
          kvab llama-1b-q4_k_m 1 32 --ab FUSEC_KV_MIN_CHUNK=32 ;;
+    q28) timeout 150 $PT -n 8 tests/test_decode_kernels_gpu.py tests/test_kv_heads_gpu.py -k "kv or prologue" \
+           > "$R/t_q28.txt" 2>&1
+         grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_q28.txt" | tail -n 12
+         l2ab() {  # MODEL BATCHES CONTEXT
+           timeout 170 python3 benchmarks/decode_step.py "$R/q28_$1_$3" --model "$1" --batches "$2" --context "$3" \
+             --windows 3 --ab FUSEC_KV_L2_ROUNDS=0 > "$R/q28_$1_$3.txt" 2>&1
+           echo "$1 context $3"; grep -E "^\| [0-9]+ \|" "$R/q28_$1_$3.txt" | cut -c 1-1500; tail -n 2 "$R/q28_$1_$3.txt"
+         }
+         l2ab qwen3-0.6b 1,8 512
+         l2ab qwen3-0.6b 1,8 128
+         l2ab llama-1b-q4_k_m 1 512 ;;
     q7prof) timeout 200 python3 benchmarks/decode_step.py "$R/q7prof" --model llama-7b-q4_k_m --batches 1 --context 32 \
               --windows 3 > "$R/q7prof.txt" 2>&1
             grep -E "^\| [0-9]+ \|" "$R/q7prof.txt" | cut -c 1-1500 ;;
