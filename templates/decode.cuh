@@ -20,9 +20,6 @@ __device__ __forceinline__ fc_u32x4 fc_ldw16(const void* p) {
 // 16-byte load through L2 (never a line left in L1), volatile so it stays on its side of the PDL
 // wait: kv_attention's cache rows when it loads the rows older than the step before the wait and the
 // rows the kernel before it wrote after the wait (two rows may share a 128-byte line).
-// Ask L2 for the 128-byte line at p (no register, no wait): rows a later round of a loop will load.
-__device__ __forceinline__ void fc_prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" :: "l"(p)); }
-
 __device__ __forceinline__ fc_u32x4 fc_ldcg16(const void* p) {
   fc_u32x4 r;
   asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));

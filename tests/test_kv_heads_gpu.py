@@ -30,8 +30,6 @@ CASES = {
     "gqa-S3-window-past-the-cache": (3, 8, 2, 3, 100, 64, True, [0, 50, 98], dict(window=20)),
     "mha-plain-rope-one-split": (2, 4, 4, 1, 40, 64, False, [39, 10], dict(max_splits=1)),
     "mqa-S2": (2, 8, 1, 2, 80, 128, True, [5, 77], dict(cluster=True)),
-    "qwen3-b1-cluster-l2": (1, 16, 8, 1, 1100, 128, True, [1000], dict(prefetch=True, cluster=True, l2_rounds=2)),
-    "qwen3-b8-split-l2": (8, 16, 8, 1, 600, 128, True, None, dict(prefetch=True, split_keys=64, l2_rounds=4)),
 }
 
 

@@ -175,12 +175,10 @@ class KVAttentionSpec:
     cluster: bool = False
     heads: tuple[HeadRopeSpec, ...] = ()
     unroll: int = 0  # keys a key group loads at a time; 0: the layout's (build_decode.kv_layout)
-    l2_rounds: int = 0  # with prefetch: rounds of the key loop ahead whose older rows are asked of L2 (0: none)
 
     def __repr__(self) -> str:  # window 0, flags off, no heads, unroll 0 left out: such kernels keep their names
         fields = [f for f in dataclasses.fields(self) if not (f.name == "window" and self.window == 0)
-                  and not (f.name in ("prefetch", "cluster", "heads", "unroll", "l2_rounds")
-                           and not getattr(self, f.name))]
+                  and not (f.name in ("prefetch", "cluster", "heads", "unroll") and not getattr(self, f.name))]
         return f"KVAttentionSpec({', '.join(f'{f.name}={getattr(self, f.name)!r}' for f in fields)})"
 
     def __post_init__(self) -> None:
@@ -201,8 +199,6 @@ class KVAttentionSpec:
              f"{-(-self.T // KV_CHUNK_GRANULE)} chunks of {KV_CHUNK_GRANULE} keys a cache of {self.T} has")
         _req(self.threads in (64, 128, 256), "kv_attention: threads must be 64, 128 or 256")
         _req(self.splits <= KV_MAX_SPLITS, f"kv_attention: at most {KV_MAX_SPLITS} splits")
-        _req(self.l2_rounds in (0, 1, 2, 4) and (self.l2_rounds == 0 or self.prefetch),
-             "kv_attention: l2_rounds is 0, 1, 2 or 4, with prefetch")
         _req(self.unroll in (0, 1, 2, 4, 8),
              f"kv_attention: unroll must be 0 (the layout's), 1, 2, 4 or 8, got {self.unroll!r}")
         if self.heads:
