@@ -103,9 +103,6 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("FUSEC_KV_SPLIT_KEYS", "int", 64, "decode attention: the fewest cache rows (of its capacity) a split may "
          "cover where the batch's heads alone fill a quarter of the SMs (32: the A/B of decode_step.py --ab "
          "FUSEC_KV_SPLIT_KEYS=32, as before)"),
-    Knob("FUSEC_KV_MERGE_BATCH", "choice", "8", "decode attention's global merge (more splits than a cluster takes): "
-         "the splits' partials the merging block loads at a time, all in flight before the first is used (1: one a "
-         "round trip, as before; the same bits; the A/B of decode_step.py --ab FUSEC_KV_MERGE_BATCH=1)", ("1", "8")),
     Knob("FUSEC_KV_UNROLL", "choice", "0", "decode attention: keys each key group loads at a time, so also how many "
          "older rows load before the PDL wait (0: the layout's, 4 for D 128 bf16; the A/B of decode_step.py --ab "
          "FUSEC_KV_UNROLL=8)", ("0", "2", "4", "8")),

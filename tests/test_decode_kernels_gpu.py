@@ -168,7 +168,7 @@ KV = [
 ]
 
 
-@pytest.mark.parametrize("mode", ["", "prefetch", "cluster", "unroll8", "merge8"])
+@pytest.mark.parametrize("mode", ["", "prefetch", "cluster", "unroll8"])
 @pytest.mark.parametrize("dt,B,Hq,Hkv,Sq,T,D,positions,splits", KV,
                          ids=[f"{c[0].value}-B{c[1]}-H{c[2]}/{c[3]}-S{c[4]}-T{c[5]}-D{c[6]}-x{c[8]}" for c in KV])
 def test_kv_attention(dt: DType, B: int, Hq: int, Hkv: int, Sq: int, T: int, D: int, positions: list | None,
@@ -184,10 +184,6 @@ def test_kv_attention(dt: DType, B: int, Hq: int, Hkv: int, Sq: int, T: int, D: 
         spec = dataclasses.replace(spec, prefetch=True)
     if mode == "unroll8":  # twice the keys in flight a key group, and before the wait
         spec = dataclasses.replace(spec, prefetch=True, unroll=8)
-    if mode == "merge8":  # the global merge loads 8 splits' partials at a time: the bits of one at a time
-        if spec.splits == 1:
-            pytest.skip("one split: no merge")
-        spec = dataclasses.replace(spec, merge_batch=8)
     if mode == "cluster":  # 2..8 splits merged through a thread block cluster (sm_90)
         from fusec.device import gpu_arch
 
@@ -204,10 +200,6 @@ def test_kv_attention(dt: DType, B: int, Hq: int, Hkv: int, Sq: int, T: int, D: 
     out = poisoned((B, Hq, Sq, D), dt)
     run_kv_attention(spec, [dev(q), dev(kn), dev(vn), dev(pos)], out)
     check(host(out, dt), ref, dt)
-    if mode == "merge8":
-        one = poisoned((B, Hq, Sq, D), dt)
-        run_kv_attention(dataclasses.replace(spec, merge_batch=1), [dev(q), dev(kn), dev(vn), dev(pos)], one)
-        assert host(out, dt).tobytes() == host(one, dt).tobytes(), "batched merge loads changed the result"
 
 
 @pytest.mark.parametrize("dt", FLOATS)

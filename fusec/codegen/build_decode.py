@@ -53,8 +53,7 @@ def kv_attention_spec(B: int, Hq: int, Hkv: int, S_: int, T: int, D: int, dtype:
                       threads: int = 128, max_splits: int = KV_MAX_AUTO_SPLITS,
                       softcap: float = 0.0, window: int = 0, prefetch: bool = False,
                       cluster: bool = False, split_keys: int = S.KV_CHUNK_GRANULE,
-                      heads: tuple[S.HeadRopeSpec, ...] = (), unroll: int = 0,
-                      merge_batch: int = 1) -> S.KVAttentionSpec:
+                      heads: tuple[S.HeadRopeSpec, ...] = (), unroll: int = 0) -> S.KVAttentionSpec:
     """The spec for a KV attention: as many splits of the key range as keep a full-context step
     within ``target_blocks`` blocks (one wave), at most ``max_splits``: batch 1 with a long
     context still spreads over the SMs, a large batch is not cut into a wave and a tail.
@@ -70,8 +69,7 @@ def kv_attention_spec(B: int, Hq: int, Hkv: int, S_: int, T: int, D: int, dtype:
     chunk at half the cache's capacity is more than 4 a group load and at most 8 (so they load whole
     before the wait), else the layout's. Measured on an H200 (Qwen3-0.6B, 271-row cache, plans in turns):
     batch 8 (4 splits, 64-key chunks) took 0.790 ms a step with 8 against 0.827 with 4; batch 1 (8 splits,
-    32-key chunks: the rule keeps 4) took 0.777 with 8 against 0.760 with 4. ``merge_batch``: the global merge's
-    loads of the splits' partials, this many at a time (1 where the cluster merges or there is one split)."""
+    32-key chunks: the rule keeps 4) took 0.777 with 8 against 0.760 with 4."""
     probe = S.KVAttentionSpec(B, Hq, Hkv, S_, T, D, dtype, scale, 1, pos_dtype, threads, softcap)
     lay = kv_layout(probe, threads)
     per_split = B * Hkv * lay["tiles"]
@@ -89,9 +87,8 @@ def kv_attention_spec(B: int, Hq: int, Hkv: int, S_: int, T: int, D: int, dtype:
         half = cdiv(cdiv(max(1, T // 2), splits), S.KV_CHUNK_GRANULE) * S.KV_CHUNK_GRANULE
         if lay["ng"] * 4 < half <= lay["ng"] * 8:
             unroll = 8
-    merge_batch = merge_batch if splits > 1 and not use_cluster else 1
     return S.KVAttentionSpec(B, Hq, Hkv, S_, T, D, dtype, scale, splits, pos_dtype, threads, softcap, window, prefetch,
-                             use_cluster, heads, unroll, merge_batch)
+                             use_cluster, heads, unroll)
 
 
 @builder(S.KVAttentionSpec)
@@ -111,7 +108,6 @@ def _kv_attention(spec: S.KVAttentionSpec) -> Rendered:
         "softcap_log2": float_lit(spec.softcap * math.log2(math.e), "softcap") if spec.softcap else None,
         "window": spec.window,  # 0: the template renders no window code
         "prefetch": spec.prefetch, "cluster": spec.cluster,
-        "merge_batch": min(spec.merge_batch, spec.splits),
         # ptxas caps registers oddly (and spills) when D / vec is no power of two; lift the cap there
         "min_blocks": 1 if lay["nvec"] & (lay["nvec"] - 1) else 0,
     }

@@ -175,13 +175,10 @@ class KVAttentionSpec:
     cluster: bool = False
     heads: tuple[HeadRopeSpec, ...] = ()
     unroll: int = 0  # keys a key group loads at a time; 0: the layout's (build_decode.kv_layout)
-    merge_batch: int = 1  # the global merge loads this many splits' partials at a time (the same bits for any)
 
-    def __repr__(self) -> str:  # window 0, flags off, no heads, unroll 0, merge_batch 1 left out: such kernels keep
-        # their names
+    def __repr__(self) -> str:  # window 0, flags off, no heads, unroll 0 left out: such kernels keep their names
         fields = [f for f in dataclasses.fields(self) if not (f.name == "window" and self.window == 0)
-                  and not (f.name in ("prefetch", "cluster", "heads", "unroll") and not getattr(self, f.name))
-                  and not (f.name == "merge_batch" and self.merge_batch == 1)]
+                  and not (f.name in ("prefetch", "cluster", "heads", "unroll") and not getattr(self, f.name))]
         return f"KVAttentionSpec({', '.join(f'{f.name}={getattr(self, f.name)!r}' for f in fields)})"
 
     def __post_init__(self) -> None:
@@ -202,7 +199,6 @@ class KVAttentionSpec:
              f"{-(-self.T // KV_CHUNK_GRANULE)} chunks of {KV_CHUNK_GRANULE} keys a cache of {self.T} has")
         _req(self.threads in (64, 128, 256), "kv_attention: threads must be 64, 128 or 256")
         _req(self.splits <= KV_MAX_SPLITS, f"kv_attention: at most {KV_MAX_SPLITS} splits")
-        _req(self.merge_batch in (1, 2, 4, 8, 16), "kv_attention: merge_batch is 1, 2, 4, 8 or 16")
         _req(self.unroll in (0, 1, 2, 4, 8),
              f"kv_attention: unroll must be 0 (the layout's), 1, 2, 4 or 8, got {self.unroll!r}")
         if self.heads:
