@@ -73,6 +73,8 @@
 #   q29       where a long context's attention time goes: Qwen3-0.6B batch 1 and 8 at context 512, in turns against 8 keys
 #             a key group a round (FUSEC_KV_UNROLL=8: fewer rounds) and the global merge (FUSEC_KV_CLUSTER=0: more
 #             splits than a cluster's 8), then the block trace of the attention at batch 1 (~4 minutes)
+#   qmerge    the block trace of Qwen3-0.6B batch 1 at context 512, with the global merge's phases (4: the merging block
+#             past its fence, 5: its merge loop done): where the merging blocks' ~5.4 us go (~1.5 minutes)
 #   q7prof    the 7B Q4_K_M batch-1 decode step with its per-kernel profile (decode_step.py; ~2 minutes)
 #   qsrc      Nsight Compute's full set on the tensor-core form at 8 rows of x (1B Q4_K gate/up, Q6_K LM head, Q6_K down
 #             in runs): the details page and the stall samples by SASS instruction (benchmarks/sass_stalls.py; ~3 minutes)
@@ -317,6 +319,9 @@ for step in "$@"; do
          timeout 150 python3 benchmarks/block_trace.py "$R/q29_trace" --model qwen3-0.6b --context 512 \
            --blocks rope_atte > "$R/q29_trace.txt" 2>&1
          grep -E "^step|rope_atte" "$R/q29_trace/block_trace.md" | head -n 12; tail -n 2 "$R/q29_trace.txt" ;;
+    qmerge) timeout 150 python3 benchmarks/block_trace.py "$R/qmerge" --model qwen3-0.6b --context 512 \
+              --blocks rope_atte > "$R/qmerge.txt" 2>&1
+            grep -E "^step|rope_atte|^\| [0-9]+ \| [0-9]+ \|" "$R/qmerge/block_trace.md" | head -n 14; tail -n 2 "$R/qmerge.txt" ;;
     q7prof) timeout 200 python3 benchmarks/decode_step.py "$R/q7prof" --model llama-7b-q4_k_m --batches 1 --context 32 \
               --windows 3 > "$R/q7prof.txt" 2>&1
             grep -E "^\| [0-9]+ \|" "$R/q7prof.txt" | cut -c 1-1500 ;;
