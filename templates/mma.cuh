@@ -83,10 +83,6 @@ __device__ __forceinline__ void fc_lds_b_nk(fc_u32 b[2], const unsigned short* t
 __device__ __forceinline__ void fc_cp_async16(void* smem, const void* gmem, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(fc_smem_addr(smem)), "l"(gmem), "r"(src_bytes));
 }
-// 4-byte global -> shared copy (through L1), for data whose 16-byte pieces are not aligned.
-__device__ __forceinline__ void fc_cp_async4(void* smem, const void* gmem) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" :: "r"(fc_smem_addr(smem)), "l"(gmem));
-}
 __device__ __forceinline__ void fc_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void fc_cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N)); }
 
