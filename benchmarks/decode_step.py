@@ -259,7 +259,8 @@ def main() -> int:
     ap.add_argument("out")
     ap.add_argument("--model", default="qwen3-0.6b")
     ap.add_argument("--batches", default="1,8")
-    ap.add_argument("--context", type=int, default=128, help="prompt tokens (at most 128): the cache holds them")
+    ap.add_argument("--context", type=int, default=128, help="prompt tokens, prefilled into every row; the caches hold "
+                    "context + steps + 16 rows (512 ran on an H200, seventeenth session)")
     ap.add_argument("--steps", type=int, default=127)
     ap.add_argument("--windows", type=int, default=5)
     ap.add_argument("--gemv-forms", default="ring", help="FUSEC_GEMV_FORM values: the first gets every mode and the "
