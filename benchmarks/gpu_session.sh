@@ -63,16 +63,9 @@
 #   q26       the tensor-core form's lean prologue (one address a lane, constant offsets; bit planes in 16-byte copies)
 #             and its bit planes spread by a multiply: its GPU tests and the packed plans' generation tests, the 1B
 #             Q4_K_M batch-8 decode step with its per-kernel profile (~3 minutes)
-#   q27       the decode attention's chunks of at least FUSEC_KV_MIN_CHUNK keys (split 0 alone writes the output where
-#             it holds every key): the decode kernels', head_rope prologue's, generation and PDL GPU tests and the
-#             tensor-core GEMV's, then decode steps in turns against 32 (as before): Qwen3-0.6B batch 1 and 8 at
-#             contexts 32 (and 64) and 128, Llama-1B Q4_K_M batch 1 at 32 (~7 minutes)
-#   q28       the decode attention asking L2 for its next rounds' older cache rows (FUSEC_KV_L2_ROUNDS): its GPU tests, then
-#             decode steps in turns against 0 (as before): Qwen3-0.6B batch 1 and 8 at contexts 512 and 128, Llama-1B
-#             Q4_K_M batch 1 at 512 (~6 minutes)
 #   q29       where a long context's attention time goes: Qwen3-0.6B batch 1 and 8 at context 512, in turns against 8 keys
 #             a key group a round (FUSEC_KV_UNROLL=8: fewer rounds) and the global merge (FUSEC_KV_CLUSTER=0: more
-#             splits than a cluster's 8), then the block trace of the attention at batch 1 (~4 minutes)
+#             splits than a cluster's 8), then qmerge (~4 minutes)
 #   qmerge    the block trace of Qwen3-0.6B batch 1 at context 512, with the global merge's phases (4: the merging block
 #             past its fence, 5: its merge loop done): where the merging blocks' ~5.4 us go (~1.5 minutes)
 #   q7prof    the 7B Q4_K_M batch-1 decode step with its per-kernel profile (decode_step.py; ~2 minutes)
@@ -114,6 +107,12 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . > "$R/install.txt"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader | tee "$R/device.txt"
 python3 -c "import cupy, cuda.bindings; print('cupy', cupy.__version__, 'cuda-bindings', cuda.bindings.__version__)" | tee -a "$R/device.txt"
 PT="python3 -m pytest -q -p no:cacheprovider -m gpu -rfE"
+# qmerge: the block trace of Qwen3-0.6B batch 1 at context 512 (the attention's blocks that end last, with phases)
+qmerge() {
+  timeout 150 python3 benchmarks/block_trace.py "$R/qmerge" --model qwen3-0.6b --context 512 --blocks rope_atte \
+    > "$R/qmerge.txt" 2>&1
+  grep -E "^step|rope_atte|^\| [0-9]+ \| [0-9]+ \|" "$R/qmerge/block_trace.md" | head -n 14; tail -n 2 "$R/qmerge.txt"
+}
 # ab_step NAME TESTS BATCHES "AB ARGS" MODEL...: the packed-weight GPU tests selected by -k TESTS, then each model's
 # decode step (context 32) in turns with decode_step.py's --ab variants
 ab_step() {
@@ -288,40 +287,11 @@ for step in "$@"; do
          timeout 120 python3 benchmarks/decode_step.py "$R/q26_b8" --model llama-1b-q4_k_m --batches 8 --context 32 \
            --windows 3 > "$R/q26_b8.txt" 2>&1
          grep -E "^\| [0-9]+ \|" "$R/q26_b8.txt" | cut -c 1-1500 ;;
-    q27) timeout 200 $PT -n 8 tests/test_decode_kernels_gpu.py tests/test_kv_heads_gpu.py tests/test_generation_gpu.py \
-           tests/test_pdl_gpu.py > "$R/t_q27.txt" 2>&1
-         grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_q27.txt" | tail -n 12
-         timeout 100 $PT -n 8 tests/test_quant_gpu.py -k tensor_core > "$R/t_q27tc.txt" 2>&1
-         grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_q27tc.txt" | tail -n 6
-         kvab() {  # MODEL BATCHES CONTEXT AB...
-           local m=$1 b=$2 c=$3; shift 3
-           timeout 170 python3 benchmarks/decode_step.py "$R/q27_${m}_$c" --model "$m" --batches "$b" --context "$c" \
-             --windows 3 "$@" > "$R/q27_${m}_$c.txt" 2>&1
-           echo "$m context $c"; grep -E "^\| [0-9]+ \|" "$R/q27_${m}_$c.txt" | cut -c 1-1500
-         }
-         kvab qwen3-0.6b 1,8 32 --ab FUSEC_KV_MIN_CHUNK=32 --ab FUSEC_KV_MIN_CHUNK=64
-         kvab qwen3-0.6b 1,8 128 --ab FUSEC_KV_MIN_CHUNK=32
-         kvab llama-1b-q4_k_m 1 32 --ab FUSEC_KV_MIN_CHUNK=32 ;;
-    q28) timeout 150 $PT -n 8 tests/test_decode_kernels_gpu.py tests/test_kv_heads_gpu.py -k "kv or prologue" \
-           > "$R/t_q28.txt" 2>&1
-         grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_q28.txt" | tail -n 12
-         l2ab() {  # MODEL BATCHES CONTEXT
-           timeout 170 python3 benchmarks/decode_step.py "$R/q28_$1_$3" --model "$1" --batches "$2" --context "$3" \
-             --windows 3 --ab FUSEC_KV_L2_ROUNDS=0 > "$R/q28_$1_$3.txt" 2>&1
-           echo "$1 context $3"; grep -E "^\| [0-9]+ \|" "$R/q28_$1_$3.txt" | cut -c 1-1500; tail -n 2 "$R/q28_$1_$3.txt"
-         }
-         l2ab qwen3-0.6b 1,8 512
-         l2ab qwen3-0.6b 1,8 128
-         l2ab llama-1b-q4_k_m 1 512 ;;
     q29) timeout 250 python3 benchmarks/decode_step.py "$R/q29" --model qwen3-0.6b --batches 1,8 --context 512 \
            --windows 3 --ab FUSEC_KV_UNROLL=8 --ab FUSEC_KV_CLUSTER=0 > "$R/q29.txt" 2>&1
          grep -E "^\| [0-9]+ \|" "$R/q29.txt" | cut -c 1-1500; tail -n 2 "$R/q29.txt"
-         timeout 150 python3 benchmarks/block_trace.py "$R/q29_trace" --model qwen3-0.6b --context 512 \
-           --blocks rope_atte > "$R/q29_trace.txt" 2>&1
-         grep -E "^step|rope_atte" "$R/q29_trace/block_trace.md" | head -n 12; tail -n 2 "$R/q29_trace.txt" ;;
-    qmerge) timeout 150 python3 benchmarks/block_trace.py "$R/qmerge" --model qwen3-0.6b --context 512 \
-              --blocks rope_atte > "$R/qmerge.txt" 2>&1
-            grep -E "^step|rope_atte|^\| [0-9]+ \| [0-9]+ \|" "$R/qmerge/block_trace.md" | head -n 14; tail -n 2 "$R/qmerge.txt" ;;
+         qmerge ;;
+    qmerge) qmerge ;;
     q7prof) timeout 200 python3 benchmarks/decode_step.py "$R/q7prof" --model llama-7b-q4_k_m --batches 1 --context 32 \
               --windows 3 > "$R/q7prof.txt" 2>&1
             grep -E "^\| [0-9]+ \|" "$R/q7prof.txt" | cut -c 1-1500 ;;

@@ -44,14 +44,20 @@ def main() -> None:
     ap.add_argument("--rule", action="append", type=_rule, default=[], metavar="FMT:M:NxK[:norm][:glu]")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
-    runs = [(fmt, m, n, k, False, False, form) for fmt, (m, form) in (("q4_k", f) for f in FORMS)
-            for n, k in [(16384, 2048)]] if not args.rule else []
+    weights: dict[tuple[str, int, int], tuple] = {}  # one random weight per (format, N, K), on the host and device
+
+    def weight(fmt: str, n: int, k: int) -> tuple:
+        if (fmt, n, k) not in weights:
+            qw = _weight(fmt, n, k, rng)
+            weights[fmt, n, k] = qw, [cp.asarray(a) for a in qw.arrays]
+        return weights[fmt, n, k]
+
+    runs = [("q4_k", m, 16384, 2048, False, False, form) for m, form in FORMS] if not args.rule else []
     for fmt, m, n, k, norm, glu in args.rule:
-        qw = _weight(fmt, n, k, rng)
+        qw = weight(fmt, n, k)[0]
         runs.append((fmt, m, n, k, norm, glu, gemv_form(m, n, k, qw.format, qw.group, DType.BF16, norm, glu)))
     for fmt, m, n, k, norm, glu, form in runs:
-        qw = _weight(fmt, n, k, rng)
-        arrays = [cp.asarray(a) for a in qw.arrays]
+        qw, arrays = weight(fmt, n, k)
         extra = [_bf16((k,))] if norm else []
         spec = QGemvSpec(m, n, k, qw.format, qw.group, DType.BF16, qw.scale_dtype, Epilogue(), norm=norm,
                          glu="silu" if glu else "", eps=1e-5, **form)

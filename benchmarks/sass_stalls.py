@@ -6,7 +6,8 @@
 
 Each kernel's section starts at a header row that names a "Source" column and a "Warp Stall Sampling" column; rows
 are that section's instructions. Printed per kernel: the total samples, the top instructions (address, samples,
-share, the nonzero stall-reason columns where the page has them, the SASS text), and the samples summed by opcode.
+share, the SASS text, the nonzero stall-reason columns where the page has them, all samples not the not-issued
+ones), and the samples summed by opcode.
 """
 
 from __future__ import annotations
@@ -61,13 +62,12 @@ def main() -> None:
         return
     for title, header, rows in secs:
         src = header.index("Source")
-        allc = next(i for i, c in enumerate(header) if "Warp Stall Sampling" in c and "All" in c) \
-            if any("Warp Stall Sampling" in c and "All" in c for c in header) \
-            else next(i for i, c in enumerate(header) if "Warp Stall Sampling" in c)
+        # the samples column: "(All Samples)" where the page splits them, else the one there is
+        allc = min((i for i, c in enumerate(header) if "Warp Stall Sampling" in c), key=lambda i: "All" not in header[i])
         addr = next((i for i, c in enumerate(header) if "Address" in c), None)
-        reasons = [i for i, c in enumerate(header) if c.lower().startswith("stall") or "stall_" in c.lower()]
+        reasons = [i for i, c in enumerate(header) if c.lower().startswith("stall_") and "Not Issued" not in c]
         total = sum(_num(r[allc]) for r in rows) or 1.0
-        print(f"== {title} ({len(rows)} instructions, {total:.0f} samples; columns: {', '.join(header)})")
+        print(f"== {title} ({len(rows)} instructions, {total:.0f} samples)")
         for r in sorted(rows, key=lambda r: -_num(r[allc]))[:args.top]:
             why = " ".join(f"{header[i]}={r[i]}" for i in reasons if _num(r[i]) > 0)
             print(f"  {r[addr] if addr is not None else '':>8} {_num(r[allc]):8.0f} {100 * _num(r[allc]) / total:5.1f}% "

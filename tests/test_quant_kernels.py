@@ -131,8 +131,8 @@ def test_gemv_form_folds_at_one_row_only():
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_gemv_form_takes_dp4a_where_it_fits_and_tensor_cores_do_not(fmt, monkeypatch):
     """fp16/bf16 x, x written within the form's shared memory: the dp4a form up to 3 rows, and up to 8 where the
-    tensor-core form does not take the product (8-bit codes; a gated product too, the gated unit apart); 8 warps; at one row of x 8 chunks a
-    round (FUSEC_QGEMV_DP4A_CHUNKS=4: 4) over two weight rows a task below K = 8192, at 2-3 rows 4 over two rows
+    tensor-core form does not take the product (8-bit codes; a gated product too, the gated unit apart); 8 warps; at
+    one row of x 8 chunks a round (FUSEC_QGEMV_DP4A_CHUNKS=4: 4) over two weight rows a task below K = 8192, at 2-3 rows 4 over two rows
     below K = 4096, a gated unit's two halves always; from 4 rows one row a task, 2 chunks; 2 blocks an SM
     (FUSEC_QGEMV_DP4A_BLOCKS: its value). fp32 x, M > 8, rows too long, or FUSEC_QGEMV_FORM=tc/fma: not. (4 rows a
     task, the FILL and WIDE_ROWS rules, are off here: their own tests below.)"""
@@ -224,6 +224,28 @@ def test_tensor_core_form_compiles(arch):
                 ck = K.build(QGemvSpec(m, 301, 512, fmt, group, dt, DType.F16, epi, tc=True, warps=warps), arch)
                 assert ck.template == "qgemv_tc.cu.jinja" and ck.binary.spill_bytes == 0, (fmt, group, dt)
                 assert ck.grid[0] == 19 and ck.block[0] == 32 * warps and ck.shared_mem > 0
+
+
+def test_tensor_core_bit_planes_copy_16_bytes_where_aligned():
+    """The bit planes go in 16-byte copies where every row's and warp's range starts on 16 bytes, else 4 bytes at a
+    time; the GPU test's shapes (tests/test_quant_gpu.py: K = 1536 for K-quants, 1472 otherwise) take both."""
+    from fusec.codegen.build_quant import qgemv_tc_geometry
+
+    widths = set()
+    for fmt in (f for f in FORMATS if FORMATS[f].high_planes):
+        k = 1536 if FORMATS[fmt].super_block else 1472
+        for warps, passes in ((4, 1), (8, 1), (16, 1), (16, 3), (4, 2), (8, 2)):
+            spec = QGemvSpec(8, 301, k, fmt, FORMATS[fmt].group or 32, DType.BF16, DType.F16, tc=True, warps=warps,
+                             passes=passes)
+            src = K.prepare(spec)[1]
+            wide = "qt_copy_rows<16, CPW * HB / 4" in src
+            assert wide or "qt_copy_rows<4, CPW * HB / 1" in src, (fmt, warps, passes)
+            hb, cpw = FORMATS[fmt].high_planes, qgemv_tc_geometry(k, spec.group, warps, FORMATS[fmt].high_planes,
+                                                                  passes)["cpw"]
+            assert wide == ((k // 32 * hb) % 4 == 0 and (cpw * hb) % 4 == 0), (fmt, warps, passes)
+            assert qgemv_tc_geometry(k, spec.group, warps, hb, passes)["hrs"] % 8 == 4  # aligned rows, 8 banks
+            widths.add(wide)
+    assert widths == {True, False}
 
 
 def test_tensor_core_form_takes_long_rows_in_runs(monkeypatch):

@@ -14,17 +14,17 @@ sys.path.insert(0, str(BENCH))
 from sass_stalls import sections  # noqa: E402
 
 HEADER = ('"Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)",'
-          '"stall_long_sb","stall_math"')
+          '"stall_long_sb","stall_math","stall_long_sb (Not Issued)"')
 PAGE = "\n".join([
     "==PROF== a line the profiler printed",
     "fc_qgemv_aaaa",
     HEADER,
-    '"0x10","LDGSTS.E.BYPASS.128 [R1], desc[UR4][R2.64]","30","20","25","0"',
-    '"0x20","@P0 I2F.S8 R5, R19","90","80","88","2"',
+    '"0x10","LDGSTS.E.BYPASS.128 [R1], desc[UR4][R2.64]","30","20","25","0","20"',
+    '"0x20","@P0 I2F.S8 R5, R19","80","90","78","2","77"',
     '"0x30","a row of another width"',
     "fc_qgemv_bbbb",
     HEADER,
-    '"0x40","HMMA.16816.F32.BF16 R4, R8, R12, R4","7","1","0","7"',
+    '"0x40","HMMA.16816.F32.BF16 R4, R8, R12, R4","7","1","0","7","0"',
 ])
 
 
@@ -40,9 +40,10 @@ def test_the_printout_ranks_by_samples_and_names_the_reasons(tmp_path: Path) -> 
     page.write_text(PAGE)
     out = subprocess.run([sys.executable, str(BENCH / "sass_stalls.py"), str(page), "--top", "1"],
                          capture_output=True, text=True, check=True).stdout
-    first = out.splitlines()[1]  # the top instruction of the first kernel
-    assert "I2F.S8" in first and "75.0%" in first and "stall_long_sb=88" in first and "stall_math=2" in first
-    assert "by opcode: I2F 75.0%, LDGSTS 25.0%" in out
+    first = out.splitlines()[1]  # the top instruction of the first kernel, ranked by all samples (not the not-issued)
+    assert "I2F.S8" in first and "72.7%" in first and "stall_long_sb=78" in first and "stall_math=2" in first
+    assert "Not Issued" not in first
+    assert "by opcode: I2F 72.7%, LDGSTS 27.3%" in out
 
 
 def test_a_page_without_samples_says_so(tmp_path: Path) -> None:
