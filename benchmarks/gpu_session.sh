@@ -69,6 +69,11 @@
 #   qmerge    the block trace of Qwen3-0.6B batch 1 at context 512, with the global merge's phases (4: the merging block
 #             past its fence, 5: its merge loop done): where the merging blocks' ~5.4 us go (~1.5 minutes)
 #   q7prof    the 7B Q4_K_M batch-1 decode step with its per-kernel profile (decode_step.py; ~2 minutes)
+#   q30       long rows two a task where that makes fewer round trips (the FILL rule's new half: the 7B downs): its GPU
+#             bit test, the 7B Q4_K_M batch-1 step in turns against FUSEC_QGEMV_DP4A_FILL=0 (with the per-kernel profile),
+#             and the 7B block trace of both (where a product's time after the wait goes; ~5 minutes)
+#   q31       the attention's cluster cap at batch 8: Qwen3-0.6B at contexts 128, 256 and 384 in turns against the global
+#             merge over every split (FUSEC_KV_CLUSTER=0; ~4 minutes)
 #   qsrc      Nsight Compute's full set on the tensor-core form at 8 rows of x (1B Q4_K gate/up, Q6_K LM head, Q6_K down
 #             in runs): the details page and the stall samples by SASS instruction (benchmarks/sass_stalls.py; ~3 minutes)
 #   qvariants every form of the quantized GEMV on Llama-1B's shapes (quant_bench.py --variants)
@@ -292,6 +297,19 @@ for step in "$@"; do
          grep -E "^\| [0-9]+ \|" "$R/q29.txt" | cut -c 1-1500; tail -n 2 "$R/q29.txt"
          qmerge ;;
     qmerge) qmerge ;;
+    q30) timeout 100 $PT -n 8 tests/test_quant_gpu.py -k "two_long_rows" > "$R/t_q30.txt" 2>&1
+         grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_q30.txt" | tail -n 12
+         timeout 200 python3 benchmarks/decode_step.py "$R/q30" --model llama-7b-q4_k_m --batches 1 --context 32 \
+           --windows 3 --ab FUSEC_QGEMV_DP4A_FILL=0 > "$R/q30.txt" 2>&1
+         grep -E "^\| [0-9]+ \|" "$R/q30.txt" | cut -c 1-1500; tail -n 2 "$R/q30.txt"
+         timeout 200 python3 benchmarks/block_trace.py "$R/q30_trace" --model llama-7b-q4_k_m --context 32 \
+           --ab FUSEC_QGEMV_DP4A_FILL=0 > "$R/q30_trace.txt" 2>&1
+         grep -E "^step|^### |qgemv" "$R/q30_trace/block_trace.md" | cut -c 1-400 | head -n 30 ;;
+    q31) for c in 128 256 384; do
+           timeout 150 python3 benchmarks/decode_step.py "$R/q31_$c" --model qwen3-0.6b --batches 8 --context $c \
+             --windows 3 --ab FUSEC_KV_CLUSTER=0 > "$R/q31_$c.txt" 2>&1
+           grep -E "^\| [0-9]+ \|" "$R/q31_$c.txt" | cut -c 1-600; tail -n 1 "$R/q31_$c.txt"
+         done ;;
     q7prof) timeout 200 python3 benchmarks/decode_step.py "$R/q7prof" --model llama-7b-q4_k_m --batches 1 --context 32 \
               --windows 3 > "$R/q7prof.txt" 2>&1
             grep -E "^\| [0-9]+ \|" "$R/q7prof.txt" | cut -c 1-1500 ;;

@@ -202,6 +202,17 @@ def test_dp4a_eight_chunks_a_round_equal_four(fmt):
 
 
 @pytest.mark.parametrize("fmt", list(quant.FORMATS))
+def test_dp4a_two_long_rows_a_task_equal_one(fmt):
+    """Long rows two a task at 4 chunks a round each (the FUSEC_QGEMV_DP4A_FILL rule where that makes fewer round
+    trips: the 7B downs, K = 11,008) give chunk c to lane c % 32 and sum a lane's chunks in the order one row a task at
+    8 chunks does, so the bits are the same: N odd (a last task of one row), tasks past the grid's warps, bias + SiLU
+    + residual, and a norm prologue."""
+    rows = [{"rows": 1, "chunks": 8}, {"rows": 2, "chunks": 8}]
+    _dp4a_bits_alike(fmt, 1, 2051, 11008, rows, Epilogue(True, "silu", True))
+    _dp4a_bits_alike(fmt, 1, 4097, 8192, rows, norm=True, blocks=1)
+
+
+@pytest.mark.parametrize("fmt", list(quant.FORMATS))
 def test_dp4a_norm_weights_loaded_early_give_the_same_bits(fmt):
     """The norm's weights loaded before the PDL wait (``norm_early``, where x is one batch of a thread's pieces)
     give the bits of loading them beside x: 1-3 rows of x, a gated unit, K = 2048 and 4096 (one batch), and

@@ -414,6 +414,33 @@ def test_dp4a_fill_gives_short_rows_four_a_task(arch, monkeypatch):
     assert gemv_form(1, 16384, 2048, "q4_k", 32, DType.BF16, True, True)["rows"] == 2
 
 
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_dp4a_fill_gives_long_rows_two_a_task_where_fewer_round_trips(arch, monkeypatch):
+    """The rule (FUSEC_QGEMV_DP4A_FILL): at one row of x a row of K >= 8192 takes one row a task at 8 chunks a round,
+    unless two rows at 4 chunks each make a warp fewer round trips (its tasks times a task's rounds): the 7B downs
+    (N 4096, K 11,008: two tasks of two rounds against one task of three) but not Llama-1B's down (N 2048, K 8192: one
+    task of one round against one of two), nor N 4096 at K 8192 (2 x 1 against 1 x 2). Those forms compile without
+    spills. FUSEC_QGEMV_DP4A_FILL=0: one row."""
+    from fusec.codegen.build_gemm import _SMS
+
+    pending = []
+    for fmt in FORMATS:
+        g = FORMATS[fmt].group or 128
+        for n, k in ((4096, 11008), (2048, 8192), (4096, 8192), (3 * 2 * 8 * _SMS, 11008)):
+            f = gemv_form(1, n, k, fmt, g, DType.BF16)
+            one = -(-n // (16 * _SMS)) * -(-k // 32 // 256)
+            two = -(-n // 2 // (16 * _SMS)) * -(-k // 32 // 128)
+            assert f["rows"] == (2 if two < one else 1), (fmt, n, k, f)
+            assert f["chunks"] == 8
+            if f["rows"] == 2:
+                pending.append(((fmt, n, k), K.build_async(QGemvSpec(1, n, k, fmt, g, DType.BF16, DType.F16, **f), arch)))
+    assert {w[1:] for w, _ in pending} == {(4096, 11008)}
+    for what, p in pending:
+        assert p.result().binary.spill_bytes == 0, what
+    monkeypatch.setenv("FUSEC_QGEMV_DP4A_FILL", "0")
+    assert gemv_form(1, 4096, 11008, "q4_k", 32, DType.BF16)["rows"] == 1
+
+
 LLAMA_SHAPES_1B_NORM = [(3072, 2048, True), (2048, 2048, False), (2048, 8192, False), (128256, 2048, True)]  # qkv, o, down, head
 
 

@@ -172,13 +172,22 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
             chunks = int(knobs.get("FUSEC_QGEMV_DP4A_CHUNKS")) if m == 1 and not heavy else 4
             rows = 2 if glu or k < 1024 * chunks else 1
         blocks = int(knobs.get("FUSEC_QGEMV_DP4A_BLOCKS")) or 2
+        warps = blocks * 8 * _SMS
+
+        def rounds(r: int) -> int:  # a warp's serial round trips: its tasks times a task's rounds of loads
+            return -(-dp4a_tasks(n, r, glu) // warps) * -(-(k // 32) // (32 * max(1, chunks // r)))
         # a lane takes at most K / 1024 of a row's chunks a round: short rows fill the round with 4 rows a task (two
         # gated pairs) where every warp still gets a task (not a gated unit beside the norm over 6-bit codes: 12 bytes
         # spilled, ptxas sm_80)
         fill = 0 if wide or (norm and glu and FORMATS[fmt].bits == 6) else min(4, chunks // max(1, k // 1024))
         if (knobs.get("FUSEC_QGEMV_DP4A_FILL") and m == 1 and fill > rows
-                and dp4a_tasks(n, fill, glu) >= blocks * 8 * _SMS):
+                and dp4a_tasks(n, fill, glu) >= warps):
             rows = fill
+        # long rows whose last round is mostly empty (the 7B downs, K = 11008: 344 chunks, rounds of 256 and 88, two
+        # tasks a warp, 4 round trips) take two rows a task at half the chunks each where that makes fewer round trips
+        # (3: one task of 128 + 128 + 88)
+        if knobs.get("FUSEC_QGEMV_DP4A_FILL") and not wide and rows == 1 and rounds(2) < rounds(1):
+            rows = 2
         return {"rows": rows, "fold": False, "dp4a": True, "warps": 8, "blocks": blocks, "chunks": chunks,
                 "norm_early": norm and bool(knobs.get("FUSEC_QGEMV_DP4A_NORM_EARLY"))}
     form: dict[str, object] = {"rows": 2 if m <= 8 else 1, "fold": m == 1}
