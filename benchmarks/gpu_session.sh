@@ -72,6 +72,9 @@
 #   q30       long rows two a task where that makes fewer round trips (the FILL rule's new half: the 7B downs): its GPU
 #             bit test, the 7B Q4_K_M batch-1 step in turns against FUSEC_QGEMV_DP4A_FILL=0 (with the per-kernel profile),
 #             and the 7B block trace of both (where a product's time after the wait goes; ~5 minutes)
+#   q32       x's digits written by a thread block cluster's blocks in turns (FUSEC_QGEMV_DP4A_CLUSTER): its GPU bit
+#             test, then decode steps in turns against clusters of 2, 4 and 8 (7B and 1B Q4_K_M batch 1, 1B Q8_0 batch
+#             8), and the 7B block trace with clusters of 4 (~7 minutes)
 #   q31       the attention's cluster cap at batch 8: Qwen3-0.6B at contexts 128, 256 and 384 in turns against the global
 #             merge over every split (FUSEC_KV_CLUSTER=0; ~4 minutes)
 #   qsrc      Nsight Compute's full set on the tensor-core form at 8 rows of x (1B Q4_K gate/up, Q6_K LM head, Q6_K down
@@ -310,6 +313,18 @@ for step in "$@"; do
              --windows 3 --ab FUSEC_KV_CLUSTER=0 > "$R/q31_$c.txt" 2>&1
            grep -E "^\| [0-9]+ \|" "$R/q31_$c.txt" | cut -c 1-600; tail -n 1 "$R/q31_$c.txt"
          done ;;
+    q32) timeout 120 $PT -n 8 tests/test_quant_gpu.py -k "cluster_writes or dp4a_qgemv_matches_reference" > "$R/t_q32.txt" 2>&1
+         grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_q32.txt" | tail -n 12
+         for mb in llama-7b-q4_k_m:1 llama-1b-q4_k_m:1 llama-1b-q8_0:8; do
+           m=${mb%:*}
+           timeout 200 python3 benchmarks/decode_step.py "$R/q32_$m" --model $m --batches ${mb#*:} --context 32 \
+             --windows 3 --ab FUSEC_QGEMV_DP4A_CLUSTER=2 --ab FUSEC_QGEMV_DP4A_CLUSTER=4 --ab FUSEC_QGEMV_DP4A_CLUSTER=8 \
+             > "$R/q32_$m.txt" 2>&1
+           grep -E "^\| [0-9]+ \|" "$R/q32_$m.txt" | head -n 1 | cut -c 1-700; tail -n 1 "$R/q32_$m.txt"
+         done
+         timeout 150 python3 benchmarks/block_trace.py "$R/q32_trace" --model llama-7b-q4_k_m --context 32 \
+           --ab FUSEC_QGEMV_DP4A_CLUSTER=4 > "$R/q32_trace.txt" 2>&1
+         grep -E "^step|^### |qgemv|gated_ep" "$R/q32_trace/block_trace.md" | cut -c 1-330 | head -n 30 ;;
     q7prof) timeout 200 python3 benchmarks/decode_step.py "$R/q7prof" --model llama-7b-q4_k_m --batches 1 --context 32 \
               --windows 3 > "$R/q7prof.txt" 2>&1
             grep -E "^\| [0-9]+ \|" "$R/q7prof.txt" | cut -c 1-1500 ;;

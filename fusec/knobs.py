@@ -92,6 +92,9 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "form does not take (8-bit codes): dp4a: the dp4a form, the gated unit apart; fma: the FMA form with its gated "
          "unit (the 1B Q8_0 decode step at batch 8: 1.697 ms against 2.696, H200; the A/B of benchmarks/decode_step.py "
          "--ab FUSEC_QGEMV_WIDE_GATE=fma)", ("dp4a", "fma")),
+    Knob("FUSEC_QGEMV_DP4A_CLUSTER", "choice", "1", "the dp4a quantized GEMV on sm_90: blocks a thread block cluster "
+         "whose warps take turns writing x's digits, each into every block's shared memory (1: every block writes all "
+         "of x's digits; the A/B of benchmarks/decode_step.py --ab FUSEC_QGEMV_DP4A_CLUSTER=4)", ("1", "2", "4", "8")),
     Knob("FUSEC_QGEMV_DP4A_BLOCKS", "choice", "0", "the dp4a quantized GEMV's blocks an SM (its grid, and the registers "
          "its launch bounds give a thread); 0: the rule (fusec.lower.quant.gemv_form; the A/B of "
          "benchmarks/decode_step.py --ab FUSEC_QGEMV_DP4A_BLOCKS=3)", ("0", "1", "2", "3")),

@@ -146,21 +146,3 @@ __device__ __forceinline__ float fc_gumbel_score(float z, int idx, unsigned long
   return z + -logf(-logf(u));
 }
 
-// Thread block clusters (sm_90): the block's rank, a barrier of the whole cluster (release/acquire:
-// shared-memory writes before it are seen by the cluster's blocks after it), and a float of another
-// block's shared memory (the same variable in block `rank`).
-__device__ __forceinline__ unsigned fc_cluster_rank() {
-  unsigned r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ void fc_cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
-}
-__device__ __forceinline__ float fc_ld_cluster(const float* p, unsigned rank) {
-  unsigned a = (unsigned)__cvta_generic_to_shared(p), r;
-  float v;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
-  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(r) : "memory");
-  return v;
-}

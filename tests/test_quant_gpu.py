@@ -213,6 +213,22 @@ def test_dp4a_two_long_rows_a_task_equal_one(fmt):
 
 
 @pytest.mark.parametrize("fmt", list(quant.FORMATS))
+def test_dp4a_cluster_writes_the_same_digits(fmt):
+    """A thread block cluster's blocks taking turns writing x's digits into every block's shared memory (``cluster``:
+    FUSEC_QGEMV_DP4A_CLUSTER, sm_90; elsewhere the kernel ignores it) gives the bits of every block writing them all:
+    long rows (K 11,008: pieces of x past 4 a thread), the norm prologue with a gated unit (K 4096) and with one piece
+    a thread (K 2048, 4 rows a task), 3 rows of x, 8 rows (8-bit codes), a grid of fewer blocks than a cluster."""
+    cl = [{"cluster": 1}, {"cluster": 2}, {"cluster": 4}, {"cluster": 8}]
+    _dp4a_bits_alike(fmt, 1, 2051, 11008, cl, Epilogue(True, "silu", True), rows=2, chunks=8)
+    _dp4a_bits_alike(fmt, 1, 2 * 1501, 4096, cl, norm=True, glu="silu", rows=2, chunks=8)
+    _dp4a_bits_alike(fmt, 1, 4099, 2048, cl, norm=True, rows=4, chunks=8)
+    _dp4a_bits_alike(fmt, 3, 1003, 4096, cl, norm=True, rows=1, chunks=4)
+    _dp4a_bits_alike(fmt, 1, 24, 2048, cl, rows=2, chunks=8)
+    if quant.FORMATS[fmt].bits == 8:
+        _dp4a_bits_alike(fmt, 8, 1003, 2048, cl, norm=True, rows=1, chunks=2)
+
+
+@pytest.mark.parametrize("fmt", list(quant.FORMATS))
 def test_dp4a_norm_weights_loaded_early_give_the_same_bits(fmt):
     """The norm's weights loaded before the PDL wait (``norm_early``, where x is one batch of a thread's pieces)
     give the bits of loading them beside x: 1-3 rows of x, a gated unit, K = 2048 and 4096 (one batch), and

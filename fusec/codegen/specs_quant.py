@@ -57,7 +57,9 @@ class QGemvSpec:
     ``fusec.quant.dp4a_blocks``; fp16/bf16 x, M <= DP4A_MAX_M; ``rows`` a warp's task, ``warps`` a block,
     ``blocks`` an SM: the grid, and the registers a thread gets (its launch bounds); ``chunks`` the 32-weight chunks
     a lane loads a round over its rows (2, 4 or 8); ``norm_early`` (the dp4a form with the norm): the norm's weights
-    loaded before the PDL wait where x is one batch of a thread's pieces (else after it, beside x); fold unused).
+    loaded before the PDL wait where x is one batch of a thread's pieces (else after it, beside x); ``cluster``: on
+    sm_90, blocks a thread block cluster whose warps take turns writing x's digits, each into every block's shared
+    memory (1: every block writes all of them; elsewhere always 1); fold unused).
     FMA and dp4a forms: ``norm``, x RMS-normalized over K first as ``Op.RMSNORM`` computes it (weight ``g``
     [K], ``eps``, ``weight_offset``; the FMA form normalizes x once into shared memory, M * K elements of
     at most ``QNORM_SMEM`` bytes, the dp4a form as it writes x's digits); ``glu``, a gated unit over the two halves of the product (as
@@ -82,6 +84,7 @@ class QGemvSpec:
     blocks: int = 2
     chunks: int = 4
     norm_early: bool = False
+    cluster: int = 1
     norm: bool = False
     eps: float = 1e-6
     weight_offset: float = 0.0
@@ -112,6 +115,8 @@ class QGemvSpec:
             _req(self.chunks in (2, 4, 8), "the dp4a quantized gemv's lanes load 2, 4 or 8 chunks a round")
             _req(dp4a_fits(self.M, self.K, self.norm, self.dtype, self.warps), "the dp4a quantized gemv takes fp16/bf16 x, "
                  f"M <= {DP4A_MAX_M}, and its shared memory (x's two digits) within {DP4A_SMEM} bytes")
+        _req(self.cluster in (1, 2, 4, 8) and (self.cluster == 1 or self.dp4a),
+             "cluster (1, 2, 4 or 8 blocks splitting the writing of x's digits) is the dp4a quantized gemv's")
         _req(not self.norm_early or (self.dp4a and self.norm),
              "norm_early is the dp4a quantized gemv's, with the norm prologue")
         if self.norm or self.glu:
