@@ -75,6 +75,9 @@
 #   q32       x's digits written by a thread block cluster's blocks in turns (FUSEC_QGEMV_DP4A_CLUSTER): its GPU bit
 #             test, then decode steps in turns against clusters of 2, 4 and 8 (7B and 1B Q4_K_M batch 1, 1B Q8_0 batch
 #             8), and the 7B block trace with clusters of 4 (~7 minutes)
+#   q33       the eighteenth session's kernels checked: the dp4a GPU tests (clusters of 2 at 4-8 rows of x, long rows two a
+#             task), the decode attention's (its cluster helpers moved to common.cuh), then the Llama-1B Q8_0 batch 4 and
+#             8 steps in turns against FUSEC_QGEMV_DP4A_CLUSTER=1 (~8 minutes)
 #   q31       the attention's cluster cap at batch 8: Qwen3-0.6B at contexts 128, 256 and 384 in turns against the global
 #             merge over every split (FUSEC_KV_CLUSTER=0; ~4 minutes)
 #   qsrc      Nsight Compute's full set on the tensor-core form at 8 rows of x (1B Q4_K gate/up, Q6_K LM head, Q6_K down
@@ -325,6 +328,13 @@ for step in "$@"; do
          timeout 150 python3 benchmarks/block_trace.py "$R/q32_trace" --model llama-7b-q4_k_m --context 32 \
            --ab FUSEC_QGEMV_DP4A_CLUSTER=4 > "$R/q32_trace.txt" 2>&1
          grep -E "^step|^### |qgemv|gated_ep" "$R/q32_trace/block_trace.md" | cut -c 1-330 | head -n 30 ;;
+    q33) timeout 260 $PT -n 8 tests/test_quant_gpu.py -k dp4a > "$R/t_q33a.txt" 2>&1
+         grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_q33a.txt" | tail -n 12
+         timeout 150 $PT -n 8 tests/test_decode_kernels_gpu.py -k kv_attention > "$R/t_q33b.txt" 2>&1
+         grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_q33b.txt" | tail -n 12
+         timeout 150 python3 benchmarks/decode_step.py "$R/q33" --model llama-1b-q8_0 --batches 4,8 --context 32 \
+           --windows 3 --ab FUSEC_QGEMV_DP4A_CLUSTER=1 > "$R/q33.txt" 2>&1
+         grep -E "^\| [0-9]+ \|" "$R/q33.txt" | cut -c 1-700; tail -n 1 "$R/q33.txt" ;;
     q7prof) timeout 200 python3 benchmarks/decode_step.py "$R/q7prof" --model llama-7b-q4_k_m --batches 1 --context 32 \
               --windows 3 > "$R/q7prof.txt" 2>&1
             grep -E "^\| [0-9]+ \|" "$R/q7prof.txt" | cut -c 1-1500 ;;

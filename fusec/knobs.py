@@ -73,8 +73,9 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("FUSEC_QGEMV_DP4A_FILL", "bool", True, "the dp4a quantized GEMV at one row of x gives products with short "
          "weight rows (a lane takes at most K / 1024 of a row's chunks a round) 4 rows a task, two gated pairs, so a "
          "round still loads 8 chunks a lane, where every warp still gets a task (Llama-1B's gate/up and LM head: "
-         "0.502 ms a step against 0.514 with 0, H200; the A/B of benchmarks/decode_step.py --ab "
-         "FUSEC_QGEMV_DP4A_FILL=0)"),
+         "0.502 ms a step against 0.514 with 0, H200), and long rows two a task at half the chunks each where a warp then "
+         "makes fewer round trips (the 7B downs: 1.722 ms a step against 1.749 with 0, H200; the A/B of "
+         "benchmarks/decode_step.py --ab FUSEC_QGEMV_DP4A_FILL=0)"),
     Knob("FUSEC_QGEMV_DP4A_WIDE_ROWS", "choice", "4", "the dp4a quantized GEMV at 4-8 rows of x: 4, four weight rows a "
          "task with one chunk each, so each read of x's digits from shared memory serves 4 rows (not with zero-point "
          "operands: they spilled); 1, one weight row a task and 2 chunks a round (1-2% slower in Llama-1B Q8_0's "
@@ -92,9 +93,11 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "form does not take (8-bit codes): dp4a: the dp4a form, the gated unit apart; fma: the FMA form with its gated "
          "unit (the 1B Q8_0 decode step at batch 8: 1.697 ms against 2.696, H200; the A/B of benchmarks/decode_step.py "
          "--ab FUSEC_QGEMV_WIDE_GATE=fma)", ("dp4a", "fma")),
-    Knob("FUSEC_QGEMV_DP4A_CLUSTER", "choice", "1", "the dp4a quantized GEMV on sm_90: blocks a thread block cluster "
-         "whose warps take turns writing x's digits, each into every block's shared memory (1: every block writes all "
-         "of x's digits; the A/B of benchmarks/decode_step.py --ab FUSEC_QGEMV_DP4A_CLUSTER=4)", ("1", "2", "4", "8")),
+    Knob("FUSEC_QGEMV_DP4A_CLUSTER", "choice", "auto", "the dp4a quantized GEMV on sm_90: blocks a thread block cluster "
+         "whose warps take turns writing x's digits, each into every block's shared memory; auto: the rule "
+         "(fusec.lower.quant.gemv_form: 2 at 4-8 rows of x, else 1); 1: every block writes all of x's digits (the "
+         "A/B of benchmarks/decode_step.py --model llama-1b-q8_0 --batches 8 --ab FUSEC_QGEMV_DP4A_CLUSTER=1)",
+         ("auto", "1", "2", "4")),
     Knob("FUSEC_QGEMV_DP4A_BLOCKS", "choice", "0", "the dp4a quantized GEMV's blocks an SM (its grid, and the registers "
          "its launch bounds give a thread); 0: the rule (fusec.lower.quant.gemv_form; the A/B of "
          "benchmarks/decode_step.py --ab FUSEC_QGEMV_DP4A_BLOCKS=3)", ("0", "1", "2", "3")),

@@ -443,18 +443,24 @@ def test_dp4a_fill_gives_long_rows_two_a_task_where_fewer_round_trips(arch, monk
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_dp4a_cluster_knob_and_grid(arch, monkeypatch):
-    """FUSEC_QGEMV_DP4A_CLUSTER gives the dp4a forms (not the tensor-core or FMA ones) that many blocks a cluster; the
-    grid is whole clusters (at least one, where a product has fewer tasks than a cluster's warps); the kernel declares
-    the cluster only on sm_90 (sm_80 has none: the same kernel writes every digit in every block) and compiles without
-    spills on the 7B down and gate/up shapes. A spec takes 1, 2, 4 or 8, and only on the dp4a form."""
+    """The rule (FUSEC_QGEMV_DP4A_CLUSTER=auto): clusters of 2 for the dp4a form at 4-8 rows of x, none at 1-3 rows, nor
+    for the tensor-core or FMA forms; the knob's number everywhere on the dp4a form. The grid is whole clusters (at
+    least one, where a product has fewer tasks than a cluster's warps); the kernel declares the cluster only on sm_90
+    (sm_80 has none: the same kernel writes every digit in every block) and compiles without spills on the 7B down and
+    gate/up shapes. A spec takes 1, 2 or 4, and only on the dp4a form."""
     from fusec.codegen.build_gemm import _SMS
 
     assert "cluster" not in gemv_form(1, 4096, 11008, "q4_k", 32, DType.BF16)
+    assert gemv_form(8, 2048, 2048, "q8_0", 32, DType.BF16)["cluster"] == 2
+    assert gemv_form(4, 2048, 2048, "q8_0", 32, DType.BF16)["cluster"] == 2
+    assert "cluster" not in gemv_form(3, 2048, 2048, "q8_0", 32, DType.BF16)
+    monkeypatch.setenv("FUSEC_QGEMV_DP4A_CLUSTER", "1")
+    assert "cluster" not in gemv_form(8, 2048, 2048, "q8_0", 32, DType.BF16)
     monkeypatch.setenv("FUSEC_QGEMV_DP4A_CLUSTER", "4")
     assert gemv_form(1, 4096, 11008, "q4_k", 32, DType.BF16)["cluster"] == 4
     assert "cluster" not in gemv_form(8, 4096, 2048, "q4_k", 32, DType.BF16)  # tensor cores
     assert "cluster" not in gemv_form(1, 4096, 2048, "q4_k", 32, DType.F32)  # FMA
-    for n, k, norm, glu, cl in ((4096, 11008, False, False, 4), (22016, 4096, True, True, 8), (24, 2048, False, False, 4)):
+    for n, k, norm, glu, cl in ((4096, 11008, False, False, 4), (22016, 4096, True, True, 2), (24, 2048, False, False, 4)):
         f = {**gemv_form(1, n, k, "q4_k", 32, DType.BF16, norm, glu), "cluster": cl}
         spec = QGemvSpec(1, n, k, "q4_k", 32, DType.BF16, DType.F16, norm=norm, glu="silu" if glu else "", **f)
         r, src = K.prepare(spec)
@@ -464,7 +470,7 @@ def test_dp4a_cluster_knob_and_grid(arch, monkeypatch):
         assert b.binary.spill_bytes == 0, (n, k, cl)
         if not norm:  # the cluster's barrier replaces the block's (ptxas counts block barriers): sm_90 only
             assert ("used 0 barriers" in b.binary.log) == (arch == "sm_90"), (n, k, arch, b.binary.log)
-    for bad in ({"cluster": 3, "dp4a": True, "rows": 2, "warps": 8}, {"cluster": 2}):
+    for bad in ({"cluster": 8, "dp4a": True, "rows": 2, "warps": 8}, {"cluster": 2}):
         with pytest.raises(ValueError, match="cluster"):
             QGemvSpec(1, 4096, 2048, "q4_k", 32, DType.BF16, DType.F16, **bad)
 

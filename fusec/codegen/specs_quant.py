@@ -115,8 +115,8 @@ class QGemvSpec:
             _req(self.chunks in (2, 4, 8), "the dp4a quantized gemv's lanes load 2, 4 or 8 chunks a round")
             _req(dp4a_fits(self.M, self.K, self.norm, self.dtype, self.warps), "the dp4a quantized gemv takes fp16/bf16 x, "
                  f"M <= {DP4A_MAX_M}, and its shared memory (x's two digits) within {DP4A_SMEM} bytes")
-        _req(self.cluster in (1, 2, 4, 8) and (self.cluster == 1 or self.dp4a),
-             "cluster (1, 2, 4 or 8 blocks splitting the writing of x's digits) is the dp4a quantized gemv's")
+        _req(self.cluster in (1, 2, 4) and (self.cluster == 1 or self.dp4a),
+             "cluster (1, 2 or 4 blocks splitting the writing of x's digits) is the dp4a quantized gemv's")
         _req(not self.norm_early or (self.dp4a and self.norm),
              "norm_early is the dp4a quantized gemv's, with the norm prologue")
         if self.norm or self.glu:

@@ -99,7 +99,13 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     A lane takes at most K / 1024 of a row's chunks a round, so at K = 2048 (Llama-1B's gate/up and LM head) 8
     chunks over two rows are 4. Such products take 4 rows a task (two gated pairs) where every warp still gets a
     task: the Llama-1B Q4_K_M step 0.502 ms against 0.514 with two (H200, fifteenth session, both with the add
-    rounding below). FUSEC_QGEMV_DP4A_FILL=0 gives two.
+    rounding below). FUSEC_QGEMV_DP4A_FILL=0 gives two. Long rows (one a task) take two a task at half the chunks
+    each where a warp then makes fewer round trips (its tasks times a task's rounds): the 7B downs (K = 11008, 344
+    chunks) one task of three rounds instead of two of two. The 7B Q4_K_M step took 1.722 ms against 1.749 (H200,
+    eighteenth session, the same bits); in the block trace the Q4_K down took 9.79 us after the wait against 11.23,
+    the Q6_K one 12.18 against 13.38. FUSEC_QGEMV_DP4A_FILL=0 gives one row there too.
+    On sm_90 the dp4a form at 4-8 rows of x runs in clusters of 2 blocks that take turns writing x's digits
+    (``_dp4a_cluster``).
 
     From 4 rows (up to 8, ``specs_quant.DP4A_MAX_M``) the dp4a form takes the products the tensor-core form does
     not (8-bit codes; a gated product too, with the gated unit apart: two rows a task spilled there, ptxas -v, sm_80
@@ -190,11 +196,24 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
             rows = 2
         return {"rows": rows, "fold": False, "dp4a": True, "warps": 8, "blocks": blocks, "chunks": chunks,
                 "norm_early": norm and bool(knobs.get("FUSEC_QGEMV_DP4A_NORM_EARLY")),
-                **({"cluster": cl} if (cl := int(knobs.get("FUSEC_QGEMV_DP4A_CLUSTER"))) > 1 else {})}
+                **({"cluster": cl} if (cl := _dp4a_cluster(wide)) > 1 else {})}
     form: dict[str, object] = {"rows": 2 if m <= 8 else 1, "fold": m == 1}
     if tc:
         form.update(tc=True, warps=tc, **({"passes": passes} if passes > 1 else {}))
     return form
+
+
+def _dp4a_cluster(wide: bool) -> int:
+    """The dp4a form's blocks a cluster (sm_90; the kernel has none elsewhere): 2 at 4-8 rows of x, where x's digits
+    are 4-8 times the work, else 1. Measured on an H200 (eighteenth session, decode steps in turns, the same bits):
+    the Llama-1B Q8_0 step at batch 8 took 1.592 ms with 2 against 1.686 with 1; at one row of x 2 gave nothing (7B
+    Q4_K_M 1.722 against 1.717, Llama-1B Q4_K_M 0.491 against 0.479), and 4 lost everywhere (2.384, 0.604, 1.820):
+    the block trace had clusters of 4 placed 3-4 blocks an SM on 124 SMs, their blocks starting up to 14 us late.
+    FUSEC_QGEMV_DP4A_CLUSTER sets it."""
+    from fusec import knobs
+
+    choice = knobs.get("FUSEC_QGEMV_DP4A_CLUSTER")
+    return (2 if wide else 1) if choice == "auto" else int(choice)
 
 
 def scale_dtype(fmt: str, packed: Any) -> Any:
