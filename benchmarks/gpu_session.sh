@@ -78,9 +78,6 @@
 #   q33       the eighteenth session's kernels checked: the dp4a GPU tests (clusters of 2 at 4-8 rows of x, long rows two a
 #             task), the decode attention's (its cluster helpers moved to common.cuh), then the Llama-1B Q8_0 batch 4 and
 #             8 steps in turns against FUSEC_QGEMV_DP4A_CLUSTER=1 (~8 minutes)
-#   q34       a warp's next round of weights asked into L2 before the PDL wait (FUSEC_QGEMV_DP4A_L2_ROUNDS, 1 by default):
-#             its GPU bit test, then decode steps in turns against 0 and 2 rounds (7B and 1B Q4_K_M batch 1, 1B Q8_0 batch 8; ~7
-#             minutes)
 #   q31       the attention's cluster cap at batch 8: Qwen3-0.6B at contexts 128, 256 and 384 in turns against the global
 #             merge over every split (FUSEC_KV_CLUSTER=0; ~4 minutes)
 #   qsrc      Nsight Compute's full set on the tensor-core form at 8 rows of x (1B Q4_K gate/up, Q6_K LM head, Q6_K down
@@ -338,14 +335,6 @@ for step in "$@"; do
          timeout 150 python3 benchmarks/decode_step.py "$R/q33" --model llama-1b-q8_0 --batches 4,8 --context 32 \
            --windows 3 --ab FUSEC_QGEMV_DP4A_CLUSTER=1 > "$R/q33.txt" 2>&1
          grep -E "^\| [0-9]+ \|" "$R/q33.txt" | cut -c 1-700; tail -n 1 "$R/q33.txt" ;;
-    q34) timeout 100 $PT -n 8 tests/test_quant_gpu.py -k "l2_rounds" > "$R/t_q34.txt" 2>&1
-         grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_q34.txt" | tail -n 12
-         for mb in llama-7b-q4_k_m:1 llama-1b-q4_k_m:1 llama-1b-q8_0:8; do
-           m=${mb%:*}
-           timeout 170 python3 benchmarks/decode_step.py "$R/q34_$m" --model $m --batches ${mb#*:} --context 32 \
-             --windows 3 --ab FUSEC_QGEMV_DP4A_L2_ROUNDS=0 --ab FUSEC_QGEMV_DP4A_L2_ROUNDS=2 > "$R/q34_$m.txt" 2>&1
-           grep -E "^\| [0-9]+ \|" "$R/q34_$m.txt" | head -n 1 | cut -c 1-700; tail -n 1 "$R/q34_$m.txt"
-         done ;;
     q7prof) timeout 200 python3 benchmarks/decode_step.py "$R/q7prof" --model llama-7b-q4_k_m --batches 1 --context 32 \
               --windows 3 > "$R/q7prof.txt" 2>&1
             grep -E "^\| [0-9]+ \|" "$R/q7prof.txt" | cut -c 1-1500 ;;

@@ -98,10 +98,6 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "(fusec.lower.quant.gemv_form: 2 at 4-8 rows of x, else 1); 1: every block writes all of x's digits (the "
          "A/B of benchmarks/decode_step.py --model llama-1b-q8_0 --batches 8 --ab FUSEC_QGEMV_DP4A_CLUSTER=1)",
          ("auto", "1", "2", "4")),
-    Knob("FUSEC_QGEMV_DP4A_L2_ROUNDS", "choice", "1", "the dp4a quantized GEMV asks a warp's next 0, 1 or 2 rounds of "
-         "weights (after the first, which it loads) into L2 before its PDL wait, so DRAM streams them while the kernel "
-         "before it ends and x's digits are written (the A/B of benchmarks/decode_step.py --ab "
-         "FUSEC_QGEMV_DP4A_L2_ROUNDS=0)", ("0", "1", "2")),
     Knob("FUSEC_QGEMV_DP4A_BLOCKS", "choice", "0", "the dp4a quantized GEMV's blocks an SM (its grid, and the registers "
          "its launch bounds give a thread); 0: the rule (fusec.lower.quant.gemv_form; the A/B of "
          "benchmarks/decode_step.py --ab FUSEC_QGEMV_DP4A_BLOCKS=3)", ("0", "1", "2", "3")),

@@ -94,25 +94,6 @@ __device__ __forceinline__ void qb_load_codes(const QbPtrs& p, long long n, int 
   }
 }
 
-// Chunk c of row n asked into L2 (no registers, nothing returned): every array its loads read (codes, bit planes,
-// scales and the format's other per-group data; its first group's line: a round's loads wait for the last of them).
-__device__ __forceinline__ void qb_prefetch_l2(const QbPtrs& p, long long n, int c) {
-#define QB_PF(ptr) asm volatile("prefetch.global.L2 [%0];" :: "l"(ptr))
-  const int k = c * 32;
-  const long long gi = n * (QB_K / QB_GROUP) + k / QB_GROUP, si = n * (QB_K / QB_SB) + k / QB_SB;
-  QB_PF(p.codes + (QB_BITS == 8 ? n * QB_K + (long long)k : n * (QB_K / 2) + (long long)c * 16));
-  if (QB_BITS == 5 || QB_BITS == 6) QB_PF(p.high + (n * QB_NCH + c) * (QB_BITS - 4));
-  QB_PF(p.scale + si);
-  if (QB_SUB) QB_PF(p.sub + gi);
-  if (QB_OFF == 1) QB_PF(p.minv + gi);
-  if (QB_OFF == 2) {
-    QB_PF(p.minv + si);
-    QB_PF(p.mins + gi);
-  }
-  if (QB_ZERO < 0) QB_PF(p.zero + gi);
-#undef QB_PF
-}
-
 // All of this chunk's global loads: the codes (16-byte loads), bit planes, scales. Nothing here
 // reads the activations, so a kernel can issue these first.
 __device__ __forceinline__ void qb_load(const QbPtrs& p, long long n, int c, QbChunk& ch) {

@@ -229,18 +229,6 @@ def test_dp4a_cluster_writes_the_same_digits(fmt):
 
 
 @pytest.mark.parametrize("fmt", list(quant.FORMATS))
-def test_dp4a_l2_rounds_give_the_same_bits(fmt):
-    """Asking a warp's next rounds of weights into L2 before the PDL wait (``l2_rounds``: FUSEC_QGEMV_DP4A_L2_ROUNDS)
-    changes no value: rounds within a task (K 11,008, three rounds of two rows), rounds of a warp's next task (one
-    block an SM: tasks past the grid's warps; N odd), the norm prologue with a gated unit, past the last task."""
-    pf = [{"l2_rounds": 0}, {"l2_rounds": 1}, {"l2_rounds": 2}]
-    _dp4a_bits_alike(fmt, 1, 2051, 11008, pf, Epilogue(True, "silu", True), rows=2, chunks=8)
-    _dp4a_bits_alike(fmt, 1, 2 * 4099, 4096, pf, norm=True, glu="silu", rows=2, chunks=8, blocks=1)
-    _dp4a_bits_alike(fmt, 1, 30003, 2048, pf, norm=True, rows=4, chunks=8, blocks=1)
-    _dp4a_bits_alike(fmt, 2, 1003, 4096, pf, rows=1, chunks=4)
-
-
-@pytest.mark.parametrize("fmt", list(quant.FORMATS))
 def test_dp4a_norm_weights_loaded_early_give_the_same_bits(fmt):
     """The norm's weights loaded before the PDL wait (``norm_early``, where x is one batch of a thread's pieces)
     give the bits of loading them beside x: 1-3 rows of x, a gated unit, K = 2048 and 4096 (one batch), and

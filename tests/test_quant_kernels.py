@@ -475,34 +475,6 @@ def test_dp4a_cluster_knob_and_grid(arch, monkeypatch):
             QGemvSpec(1, 4096, 2048, "q4_k", 32, DType.BF16, DType.F16, **bad)
 
 
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_dp4a_l2_rounds_knob_and_source(arch, monkeypatch):
-    """FUSEC_QGEMV_DP4A_L2_ROUNDS (1 by default) gives the dp4a forms that many rounds asked into L2 before the PDL
-    wait, and not the tensor-core or FMA forms; the kernel then holds the prefetch loop (0: none, the kernel as before)
-    and compiles without spills on the 7B and 1B shapes of every format. A spec takes 0-2, only on the dp4a form."""
-    pending = []
-    for fmt in FORMATS:
-        g = FORMATS[fmt].group or 128
-        for n, k, norm, glu in ((4096, 11008, False, False), (22016, 4096, True, True), (16384, 2048, True, True),
-                                (128256, 2048, True, False)):
-            f = gemv_form(1, n, k, fmt, g, DType.BF16, norm, glu)
-            assert f["l2_rounds"] == 1, (fmt, n, k, f)
-            spec = QGemvSpec(1, n, k, fmt, g, DType.BF16, DType.F16, norm=norm, glu="silu" if glu else "", **f)
-            assert "prefetch.global.L2 [%0]" in K.prepare(spec)[1] and "round(s) (of this task" in K.prepare(spec)[1]
-            pending.append(((fmt, n, k), K.build_async(spec, arch)))
-    for what, p in pending:
-        assert p.result().binary.spill_bytes == 0, what
-    assert "l2_rounds" not in gemv_form(8, 4096, 2048, "q4_k", 32, DType.BF16)  # tensor cores
-    assert "l2_rounds" not in gemv_form(1, 4096, 2048, "q4_k", 32, DType.F32)  # FMA
-    monkeypatch.setenv("FUSEC_QGEMV_DP4A_L2_ROUNDS", "0")
-    f = gemv_form(1, 4096, 11008, "q4_k", 32, DType.BF16)
-    assert "l2_rounds" not in f
-    assert "round(s) (of this task" not in K.prepare(QGemvSpec(1, 4096, 11008, "q4_k", 32, DType.BF16, DType.F16, **f))[1]
-    for bad in ({"l2_rounds": 3, "dp4a": True, "rows": 2, "warps": 8}, {"l2_rounds": 1}):
-        with pytest.raises(ValueError, match="l2_rounds"):
-            QGemvSpec(1, 4096, 2048, "q4_k", 32, DType.BF16, DType.F16, **bad)
-
-
 LLAMA_SHAPES_1B_NORM = [(3072, 2048, True), (2048, 2048, False), (2048, 8192, False), (128256, 2048, True)]  # qkv, o, down, head
 
 

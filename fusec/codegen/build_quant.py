@@ -76,7 +76,7 @@ def _qgemv_dp4a(spec: QGemvSpec) -> Rendered:
     ntask = dp4a_tasks(spec.N, spec.rows, bool(spec.glu))
     ctx = {**_row_ctx(spec), "U": max(1, min(spec.chunks // spec.rows, cdiv(spec.K // 32, 32))), "W": spec.warps,
            "BPS": spec.blocks, "ntask": ntask, "norm_early": spec.norm_early,
-           "bf16": spec.dtype == DType.BF16, "cluster": spec.cluster, "l2_rounds": spec.l2_rounds}
+           "bf16": spec.dtype == DType.BF16, "cluster": spec.cluster}
     # one wave of blocks (``spec.blocks`` an SM: the launch bounds give each thread the registers for that), each taking
     # tasks in turn: a block writes x's digits once for all of its tasks (on sm_90 ``spec.cluster`` blocks split that:
     # the grid is whole clusters)
