@@ -78,6 +78,8 @@
 #   q33       the eighteenth session's kernels checked: the dp4a GPU tests (clusters of 2 at 4-8 rows of x, long rows two a
 #             task), the decode attention's (its cluster helpers moved to common.cuh), then the Llama-1B Q8_0 batch 4 and
 #             8 steps in turns against FUSEC_QGEMV_DP4A_CLUSTER=1 (~8 minutes)
+#   q35       where a dp4a product's x phase goes: the block traces of the 7B and Llama-1B Q4_K_M steps at batch 1 against
+#             clusters of 2 (half of x's digits a block; ~4 minutes)
 #   q31       the attention's cluster cap at batch 8: Qwen3-0.6B at contexts 128, 256 and 384 in turns against the global
 #             merge over every split (FUSEC_KV_CLUSTER=0; ~4 minutes)
 #   qsrc      Nsight Compute's full set on the tensor-core form at 8 rows of x (1B Q4_K gate/up, Q6_K LM head, Q6_K down
@@ -335,6 +337,11 @@ for step in "$@"; do
          timeout 150 python3 benchmarks/decode_step.py "$R/q33" --model llama-1b-q8_0 --batches 4,8 --context 32 \
            --windows 3 --ab FUSEC_QGEMV_DP4A_CLUSTER=1 > "$R/q33.txt" 2>&1
          grep -E "^\| [0-9]+ \|" "$R/q33.txt" | cut -c 1-700; tail -n 1 "$R/q33.txt" ;;
+    q35) for m in llama-7b-q4_k_m llama-1b-q4_k_m; do
+           timeout 140 python3 benchmarks/block_trace.py "$R/q35_$m" --model $m --context 32 \
+             --ab FUSEC_QGEMV_DP4A_CLUSTER=2 > "$R/q35_$m.txt" 2>&1
+           grep -E "^step|^### |qgemv|gated_ep|rope_att" "$R/q35_$m/block_trace.md" | cut -c 1-330 | head -n 30
+         done ;;
     q7prof) timeout 200 python3 benchmarks/decode_step.py "$R/q7prof" --model llama-7b-q4_k_m --batches 1 --context 32 \
               --windows 3 > "$R/q7prof.txt" 2>&1
             grep -E "^\| [0-9]+ \|" "$R/q7prof.txt" | cut -c 1-1500 ;;
