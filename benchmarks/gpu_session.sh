@@ -73,7 +73,7 @@
 #             bit test, the 7B Q4_K_M batch-1 step in turns against FUSEC_QGEMV_DP4A_FILL=0 (with the per-kernel profile),
 #             and the 7B block trace of both (where a product's time after the wait goes; ~5 minutes)
 #   q32       x's digits written by a thread block cluster's blocks in turns (FUSEC_QGEMV_DP4A_CLUSTER): its GPU bit
-#             test, then decode steps in turns against clusters of 2, 4 and 8 (7B and 1B Q4_K_M batch 1, 1B Q8_0 batch
+#             test, then decode steps in turns against clusters of 1, 2 and 4 (7B and 1B Q4_K_M batch 1, 1B Q8_0 batch
 #             8), and the 7B block trace with clusters of 4 (~7 minutes)
 #   q33       the eighteenth session's kernels checked: the dp4a GPU tests (clusters of 2 at 4-8 rows of x, long rows two a
 #             task), the decode attention's (its cluster helpers moved to common.cuh), then the Llama-1B Q8_0 batch 4 and
@@ -323,7 +323,7 @@ for step in "$@"; do
          for mb in llama-7b-q4_k_m:1 llama-1b-q4_k_m:1 llama-1b-q8_0:8; do
            m=${mb%:*}
            timeout 200 python3 benchmarks/decode_step.py "$R/q32_$m" --model $m --batches ${mb#*:} --context 32 \
-             --windows 3 --ab FUSEC_QGEMV_DP4A_CLUSTER=2 --ab FUSEC_QGEMV_DP4A_CLUSTER=4 --ab FUSEC_QGEMV_DP4A_CLUSTER=8 \
+             --windows 3 --ab FUSEC_QGEMV_DP4A_CLUSTER=1 --ab FUSEC_QGEMV_DP4A_CLUSTER=2 --ab FUSEC_QGEMV_DP4A_CLUSTER=4 \
              > "$R/q32_$m.txt" 2>&1
            grep -E "^\| [0-9]+ \|" "$R/q32_$m.txt" | head -n 1 | cut -c 1-700; tail -n 1 "$R/q32_$m.txt"
          done
