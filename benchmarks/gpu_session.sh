@@ -80,6 +80,9 @@
 #             8 steps in turns against FUSEC_QGEMV_DP4A_CLUSTER=1 (~8 minutes)
 #   q35       where a dp4a product's x phase goes: the block traces of the 7B and Llama-1B Q4_K_M steps at batch 1 against
 #             clusters of 2 (half of x's digits a block; ~4 minutes)
+#   q36       the dp4a form's ring (FUSEC_QGEMV_DP4A_RING=1: 4-bit codes copied into shared memory a round ahead, two
+#             rounds in flight): its GPU bit test, decode steps in turns (7B and 1B Q4_K_M batch 1), and the 7B block trace
+#             against the register path (~7 minutes)
 #   q31       the attention's cluster cap at batch 8: Qwen3-0.6B at contexts 128, 256 and 384 in turns against the global
 #             merge over every split (FUSEC_KV_CLUSTER=0; ~4 minutes)
 #   qsrc      Nsight Compute's full set on the tensor-core form at 8 rows of x (1B Q4_K gate/up, Q6_K LM head, Q6_K down
@@ -342,6 +345,16 @@ for step in "$@"; do
              --ab FUSEC_QGEMV_DP4A_CLUSTER=2 > "$R/q35_$m.txt" 2>&1
            grep -E "^step|^### |qgemv|gated_ep|rope_att" "$R/q35_$m/block_trace.md" | cut -c 1-330 | head -n 30
          done ;;
+    q36) timeout 150 $PT -n 8 tests/test_quant_gpu.py -k "ring_gives" > "$R/t_q36.txt" 2>&1
+         grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_q36.txt" | tail -n 12
+         for m in llama-7b-q4_k_m llama-1b-q4_k_m; do
+           timeout 170 python3 benchmarks/decode_step.py "$R/q36_$m" --model $m --batches 1 --context 32 --windows 3 \
+             --ab FUSEC_QGEMV_DP4A_RING=1 > "$R/q36_$m.txt" 2>&1
+           grep -E "^\| [0-9]+ \|" "$R/q36_$m.txt" | head -n 1 | cut -c 1-700; tail -n 1 "$R/q36_$m.txt"
+         done
+         timeout 150 python3 benchmarks/block_trace.py "$R/q36_trace" --model llama-7b-q4_k_m --context 32 \
+           --ab FUSEC_QGEMV_DP4A_RING=1 > "$R/q36_trace.txt" 2>&1
+         grep -E "^step|^### |qgemv|gated_ep" "$R/q36_trace/block_trace.md" | cut -c 1-330 | head -n 30 ;;
     q7prof) timeout 200 python3 benchmarks/decode_step.py "$R/q7prof" --model llama-7b-q4_k_m --batches 1 --context 32 \
               --windows 3 > "$R/q7prof.txt" 2>&1
             grep -E "^\| [0-9]+ \|" "$R/q7prof.txt" | cut -c 1-1500 ;;

@@ -105,7 +105,10 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     eighteenth session, the same bits); in the block trace the Q4_K down took 9.79 us after the wait against 11.23,
     the Q6_K one 12.18 against 13.38. FUSEC_QGEMV_DP4A_FILL=0 gives one row there too.
     On sm_90 the dp4a form at 4-8 rows of x runs in clusters of 2 blocks that take turns writing x's digits
-    (``_dp4a_cluster``).
+    (``_dp4a_cluster``). With FUSEC_QGEMV_DP4A_RING=1 the form over 4-bit codes copies each warp's next round of codes
+    into a two-stage ring of shared memory and loads its raw scales a round ahead (``ring``): the block traces put
+    the dp4a products' time on their weights' arrival, one round of registers at a time (eighteenth session); not yet
+    run on a GPU, so off.
 
     From 4 rows (up to 8, ``specs_quant.DP4A_MAX_M``) the dp4a form takes the products the tensor-core form does
     not (8-bit codes; a gated product too, with the gated unit apart: two rows a task spilled there, ptxas -v, sm_80
@@ -196,7 +199,8 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
             rows = 2
         return {"rows": rows, "fold": False, "dp4a": True, "warps": 8, "blocks": blocks, "chunks": chunks,
                 "norm_early": norm and bool(knobs.get("FUSEC_QGEMV_DP4A_NORM_EARLY")),
-                **({"cluster": cl} if (cl := _dp4a_cluster(wide)) > 1 else {})}
+                **({"cluster": cl} if (cl := _dp4a_cluster(wide)) > 1 else {}),
+                **({"ring": True} if knobs.get("FUSEC_QGEMV_DP4A_RING") and FORMATS[fmt].bits == 4 else {})}
     form: dict[str, object] = {"rows": 2 if m <= 8 else 1, "fold": m == 1}
     if tc:
         form.update(tc=True, warps=tc, **({"passes": passes} if passes > 1 else {}))
