@@ -80,7 +80,7 @@
 #             8 steps in turns against FUSEC_QGEMV_DP4A_CLUSTER=1 (~8 minutes)
 #   q35       where a dp4a product's x phase goes: the block traces of the 7B and Llama-1B Q4_K_M steps at batch 1 against
 #             clusters of 2 (half of x's digits a block; ~4 minutes)
-#   q36       the dp4a form's ring (FUSEC_QGEMV_DP4A_RING=1: 4-bit codes copied into shared memory a round ahead, two
+#   q36       the dp4a form's ring (FUSEC_QGEMV_DP4A_RING=1: 4- to 6-bit codes copied into shared memory a round ahead, two
 #             rounds in flight): its GPU bit test, decode steps in turns (7B and 1B Q4_K_M batch 1), and the 7B block trace
 #             against the register path (~7 minutes)
 #   q31       the attention's cluster cap at batch 8: Qwen3-0.6B at contexts 128, 256 and 384 in turns against the global
