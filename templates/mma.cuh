@@ -79,12 +79,17 @@ __device__ __forceinline__ void fc_lds_b_nk(fc_u32 b[2], const unsigned short* t
 }
 
 // 16-byte global -> shared copy that bypasses registers; src_bytes < 16 zero-fills the rest
-// (0 = pure zero fill, used for out-of-range rows: the source address must still be valid).
+// (0 = pure zero fill, used for out-of-range rows: the source address must still be valid). The copy
+// and the wait are compiler memory barriers: a read of a slot stays between the wait for its copy and
+// the next copy into it (a thread reusing its own slots needs no other fence).
 __device__ __forceinline__ void fc_cp_async16(void* smem, const void* gmem, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(fc_smem_addr(smem)), "l"(gmem), "r"(src_bytes));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(fc_smem_addr(smem)), "l"(gmem), "r"(src_bytes)
+               : "memory");
 }
 __device__ __forceinline__ void fc_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void fc_cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N)); }
+template <int N> __device__ __forceinline__ void fc_cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
+}
 
 // TMA bulk copies (sm_90+): one thread copies a contiguous range global -> shared (16-byte aligned, a
 // multiple of 16 bytes) and the transfer completes on an mbarrier, which the readers wait on by phase.

@@ -65,6 +65,12 @@ def _qgemv(spec: QGemvSpec) -> Rendered:
     return Rendered("qgemv.cu.jinja", ctx, (blocks, 1, 1), (128, 1, 1), _row_params(spec))
 
 
+def dp4a_unroll(k: int, rows: int, chunks: int) -> int:
+    """The dp4a form's chunks a lane loads a round from each of a task's ``rows`` rows (of ``chunks`` over them), at
+    most a row's chunks over the warp's lanes."""
+    return max(1, min(chunks // rows, cdiv(k // 32, 32)))
+
+
 def dp4a_tasks(n: int, rows: int, glu: bool) -> int:
     """The dp4a form's tasks over an [n, K] weight: ``rows`` weight rows each (gated: rows / 2 pairs j, F + j)."""
     return cdiv(n // 2, rows // 2) if glu else cdiv(n, rows)
@@ -74,7 +80,7 @@ def _qgemv_dp4a(spec: QGemvSpec) -> Rendered:
     from fusec.codegen.build_gemm import _SMS
 
     ntask = dp4a_tasks(spec.N, spec.rows, bool(spec.glu))
-    ctx = {**_row_ctx(spec), "U": max(1, min(spec.chunks // spec.rows, cdiv(spec.K // 32, 32))), "W": spec.warps,
+    ctx = {**_row_ctx(spec), "U": dp4a_unroll(spec.K, spec.rows, spec.chunks), "W": spec.warps,
            "BPS": spec.blocks, "ntask": ntask, "norm_early": spec.norm_early,
            "bf16": spec.dtype == DType.BF16, "cluster": spec.cluster, "ring": spec.ring}
     # one wave of blocks (``spec.blocks`` an SM: the launch bounds give each thread the registers for that), each taking

@@ -147,7 +147,7 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     benchmarks/quant_bench.py --variants times the forms."""
     from fusec import knobs
     from fusec.codegen.build_gemm import _SMS
-    from fusec.codegen.build_quant import dp4a_tasks
+    from fusec.codegen.build_quant import dp4a_tasks, dp4a_unroll
     from fusec.codegen.specs_quant import dp4a_fits, tc_fits
 
     choice = knobs.get("FUSEC_QGEMV_FORM")
@@ -187,7 +187,7 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
         warps = blocks * 8 * _SMS
 
         def rounds(r: int) -> int:  # a warp's serial round trips: its tasks times a task's rounds of loads
-            return -(-dp4a_tasks(n, r, glu) // warps) * -(-(k // 32) // (32 * max(1, chunks // r)))
+            return -(-dp4a_tasks(n, r, glu) // warps) * -(-(k // 32) // (32 * dp4a_unroll(k, r, chunks)))
         # a lane takes at most K / 1024 of a row's chunks a round: short rows fill the round with 4 rows a task (two
         # gated pairs) where every warp still gets a task (not a gated unit beside the norm over 6-bit codes: 12 bytes
         # spilled, ptxas sm_80)
