@@ -30,6 +30,12 @@ CASES = {
     "gqa-S3-window-past-the-cache": (3, 8, 2, 3, 100, 64, True, [0, 50, 98], dict(window=20)),
     "mha-plain-rope-one-split": (2, 4, 4, 1, 40, 64, False, [39, 10], dict(max_splits=1)),
     "mqa-S2": (2, 8, 1, 2, 80, 128, True, [5, 77], dict(cluster=True)),
+    # one chunk holds the context (kv <= chunk): its block writes out and the caches, no merge
+    "qwen3-b1-cluster-one-chunk": (1, 16, 8, 1, 271, 128, True, [20], dict(prefetch=True, cluster=True)),
+    "qwen3-b1-cluster-512-threads": (1, 16, 8, 1, 271, 128, True, [100], dict(prefetch=True, cluster=True,
+                                                                                threads=512, round_chunk=True)),
+    "qwen3-b8-split-512-threads": (8, 16, 8, 1, 400, 128, True, [3, 127, 128, 300, 399, 0, 64, 200],
+                                   dict(prefetch=True, cluster=False, threads=512, round_chunk=True)),
 }
 
 
