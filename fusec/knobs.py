@@ -116,11 +116,6 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("FUSEC_KV_UNROLL", "choice", "0", "decode attention: keys each key group loads at a time, so also how many "
          "older rows load before the PDL wait (0: the layout's, 4 for D 128 bf16; the A/B of decode_step.py --ab "
          "FUSEC_KV_UNROLL=8)", ("0", "2", "4", "8")),
-    Knob("FUSEC_KV_THREADS", "choice", "128", "decode attention: threads a block (its key groups: 128 / 16 for D 128 "
-         "bf16); the A/B of decode_step.py --ab FUSEC_KV_ROUND_CHUNK=1+FUSEC_KV_THREADS=512", ("128", "256", "512")),
-    Knob("FUSEC_KV_ROUND_CHUNK", "bool", False, "decode attention: a split takes at least the keys one round of its "
-         "block's key groups loads, so a context within that runs in one block a head, with no merge (the A/B of "
-         "decode_step.py --ab FUSEC_KV_ROUND_CHUNK=1)"),
     Knob("FUSEC_PDL", "bool", True, "launch kernels that allow it with programmatic dependent launch (sm_90+)"),
     Knob("FUSEC_API_KEY", "text", None, "fusec serve: the bearer token clients must send (default: --api-key)"),
 )}

@@ -78,6 +78,7 @@ def test_kv_attention_vector_loads_and_params() -> None:
     r, src = K.prepare(sp)
     assert r.params == ("q", "k", "v", "pos", "part", "sync", "out") and sp.splits > 1  # merged in-kernel
     assert "ld.global.nc.v4.u32" in src and "atomicAdd" in src
+    assert "kv <= chunk" in src  # a context within one chunk: its block writes out, no merge (GPU-tested)
     assert r.grid == (sp.splits, 8, 1)  # one tile: the GQA group's 2 query heads share a block
     assert sp.sync_ints(1) == 8  # one counter per (b, tile, kv head)
     single = S.KVAttentionSpec(1, 16, 8, 1, 64, 128, BF16, 0.088)
@@ -419,48 +420,3 @@ def test_key_groups_load_a_half_capacity_chunk_whole_before_the_wait(monkeypatch
     # batch 8, 8 kv heads, 271-row cache: 4 splits of 64 keys at half capacity
     assert unrolls(None) == {"8"} and unrolls("4") == {"4"}
 
-
-def test_round_chunk_takes_a_rounds_keys_and_the_plan_reads_the_knobs(monkeypatch) -> None:  # noqa: ANN001
-    """FUSEC_KV_ROUND_CHUNK: a chunk takes at least the keys one round of the block's key groups loads (Qwen3
-    heads, D 128 bf16: 16 lanes a key, 4 keys a group: 128 threads 32 keys, 512 threads 128; Llama-1B heads, D 64,
-    4 query rows: 2 keys a group, 256 threads 64). Off, no floor and the kernel keeps its name. The template's
-    one-chunk path (no merge) is there with or without it; the lowering reads both knobs."""
-    import dataclasses
-
-    from fusec.codegen.build_decode import kv_attention_spec
-    from fusec.dtypes import DType
-
-    def spec(threads: int, rc: bool, hq: int = 16, d: int = 128):
-        return kv_attention_spec(1, hq, 8, 1, 271, d, DType.BF16, 0.088, threads=threads, prefetch=True, cluster=True,
-                                 round_chunk=rc)
-
-    assert [spec(t, True).min_chunk for t in (128, 256, 512)] == [32, 64, 128]
-    assert spec(256, True, hq=32, d=64).min_chunk == 64 and spec(512, False).min_chunk == 0
-    assert "min_chunk" not in repr(spec(128, False)) and "min_chunk=128" in repr(spec(512, True))
-    src = K.prepare(spec(512, True))[1]
-    assert "#define MIN_CHUNK 128" in src and "kv <= chunk" in src and "__cluster_dims__" in src
-    with pytest.raises(ValueError, match="min_chunk"):
-        dataclasses.replace(spec(128, False), min_chunk=48)
-
-    from fusec.compiler import compile_generation
-    from fusec.models.registry import get_config
-    cfg = dataclasses.replace(get_config("qwen3-tiny"), name="qwen3-rc", num_heads=8, num_kv_heads=8, head_dim=128,
-                              hidden_size=128, intermediate_size=256, num_layers=1, max_positions=512)
-    from fusec.genmodel import GenModel
-    from fusec.models.generate import SharedWeights
-    from fusec.models.weights import RandomWeights
-
-    def defines(**env: str) -> set[str]:
-        for k, v in env.items():
-            monkeypatch.setenv(k, v)
-        gm = GenModel(cfg, SharedWeights(RandomWeights(7)), None, (), cfg.name)
-        plan = compile_generation(gm, batch=1, max_seq_len=271, prefill_len=8, dtype="bf16", eos_ids=[], arch="sm_90")
-        mods = {m["id"]: m for m in plan.manifest["modules"]}
-        srcs = [plan._blobs[mods[plan.manifest["kernels"][L["kernel"]]["module"]]["source"]].decode()
-                for L in plan.manifest["entries"]["decode"]["launches"] if "kernel" in L]
-        return {line.strip() for s in srcs if "KV_BOUNDS" in s for line in s.splitlines()
-                if line.startswith(("#define MIN_CHUNK", "#define NT "))}
-
-    assert defines() == {"#define MIN_CHUNK 0  // keys a split takes at least (0: none)", "#define NT 128"}
-    assert defines(FUSEC_KV_ROUND_CHUNK="1", FUSEC_KV_THREADS="512") == {
-        "#define MIN_CHUNK 128  // keys a split takes at least (0: none)", "#define NT 512"}

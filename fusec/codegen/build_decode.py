@@ -53,8 +53,7 @@ def kv_attention_spec(B: int, Hq: int, Hkv: int, S_: int, T: int, D: int, dtype:
                       threads: int = 128, max_splits: int = KV_MAX_AUTO_SPLITS,
                       softcap: float = 0.0, window: int = 0, prefetch: bool = False,
                       cluster: bool = False, split_keys: int = S.KV_CHUNK_GRANULE,
-                      heads: tuple[S.HeadRopeSpec, ...] = (), unroll: int = 0,
-                      round_chunk: bool = False) -> S.KVAttentionSpec:
+                      heads: tuple[S.HeadRopeSpec, ...] = (), unroll: int = 0) -> S.KVAttentionSpec:
     """The spec for a KV attention: as many splits of the key range as keep a full-context step
     within ``target_blocks`` blocks (one wave), at most ``max_splits``: batch 1 with a long
     context still spreads over the SMs, a large batch is not cut into a wave and a tail.
@@ -70,9 +69,7 @@ def kv_attention_spec(B: int, Hq: int, Hkv: int, S_: int, T: int, D: int, dtype:
     chunk at half the cache's capacity is more than 4 a group load and at most 8 (so they load whole
     before the wait), else the layout's. Measured on an H200 (Qwen3-0.6B, 271-row cache, plans in turns):
     batch 8 (4 splits, 64-key chunks) took 0.790 ms a step with 8 against 0.827 with 4; batch 1 (8 splits,
-    32-key chunks: the rule keeps 4) took 0.777 with 8 against 0.760 with 4.
-    ``round_chunk``: a chunk takes at least the keys one round of the block's key groups loads (``min_chunk``), so
-    a context within that runs in one block a head with no merge (``threads`` sets how many that is)."""
+    32-key chunks: the rule keeps 4) took 0.777 with 8 against 0.760 with 4."""
     probe = S.KVAttentionSpec(B, Hq, Hkv, S_, T, D, dtype, scale, 1, pos_dtype, threads, softcap)
     lay = kv_layout(probe, threads)
     per_split = B * Hkv * lay["tiles"]
@@ -90,12 +87,8 @@ def kv_attention_spec(B: int, Hq: int, Hkv: int, S_: int, T: int, D: int, dtype:
         half = cdiv(cdiv(max(1, T // 2), splits), S.KV_CHUNK_GRANULE) * S.KV_CHUNK_GRANULE
         if lay["ng"] * 4 < half <= lay["ng"] * 8:
             unroll = 8
-    min_chunk = 0
-    if round_chunk:
-        keys = lay["ng"] * (unroll or lay["unroll"])
-        min_chunk = cdiv(keys, S.KV_CHUNK_GRANULE) * S.KV_CHUNK_GRANULE
     return S.KVAttentionSpec(B, Hq, Hkv, S_, T, D, dtype, scale, splits, pos_dtype, threads, softcap, window, prefetch,
-                             use_cluster, heads, unroll, min_chunk)
+                             use_cluster, heads, unroll)
 
 
 @builder(S.KVAttentionSpec)
@@ -108,7 +101,7 @@ def _kv_attention(spec: S.KVAttentionSpec) -> Rendered:
         "name": kernel_name("kvattn", spec), "D": spec.D, "S": spec.S, "T": spec.T, "Hq": spec.Hq,
         "Hkv": spec.Hkv, "group": spec.Hq // spec.Hkv, "R": lay["rows"], "threads": spec.threads,
         "vec": lay["vec"], "lpk": lay["lpk"], "nv": lay["nv"], "unroll": lay["unroll"], "splits": spec.splits,
-        "gran": S.KV_CHUNK_GRANULE, "chunk_max": chunk_max(spec.T, spec.splits), "min_chunk": spec.min_chunk,
+        "gran": S.KV_CHUNK_GRANULE, "chunk_max": chunk_max(spec.T, spec.splits),
         "b_rows": spec.B * spec.Hq * spec.S, "t": ctype(spec.dtype), "pos_t": ctype(spec.pos_dtype),
         "scale_log2": float_lit(spec.scale * math.log2(math.e), "scale"),
         # the scores are in log2 units: cap * tanh(s / cap) there is cap2 * tanh(s2 / cap2), cap2 = cap * log2(e)

@@ -141,9 +141,8 @@ class KVAttentionSpec:
     (``sync``: ``sync_ints`` int32 counters, zero before the launch and after it); the last block
     of each (b, tile, kv head) merges the partials into ``out``: one launch either way. Params
     q, k, v, pos, part, sync, out.
-    ``threads``: block size (64 to 512). ``min_chunk``: the fewest keys a chunk takes (the length above is
-    raised to it, within the splits' cover of T): a context within one chunk runs in one block a head, which
-    writes ``out`` itself (no partials, no merge; at run time, whatever ``splits``). ``softcap`` as in ``AttentionSpec`` (the partials
+    ``threads``: block size (64, 128 or 256). A context within one chunk (len <= the chunk's length, at run time)
+    runs in one block a head, which writes ``out`` itself: no partials, no merge. ``softcap`` as in ``AttentionSpec`` (the partials
     hold capped scores). ``window`` > 0: query s of row b also skips keys j <= pos[b] + s - window (a
     sliding window; the key range is still cut as above: a chunk wholly outside the window
     contributes nothing to the merge, and its block loads no key). ``window`` 0 renders the kernel
@@ -177,12 +176,10 @@ class KVAttentionSpec:
     cluster: bool = False
     heads: tuple[HeadRopeSpec, ...] = ()
     unroll: int = 0  # keys a key group loads at a time; 0: the layout's (build_decode.kv_layout)
-    min_chunk: int = 0  # keys a split takes at least (a multiple of KV_CHUNK_GRANULE; 0: none)
 
-    def __repr__(self) -> str:  # window 0, flags off, no heads, unroll/min_chunk 0 left out: such kernels keep their names
+    def __repr__(self) -> str:  # window 0, flags off, no heads, unroll 0 left out: such kernels keep their names
         fields = [f for f in dataclasses.fields(self) if not (f.name == "window" and self.window == 0)
-                  and not (f.name in ("prefetch", "cluster", "heads", "unroll", "min_chunk")
-                           and not getattr(self, f.name))]
+                  and not (f.name in ("prefetch", "cluster", "heads", "unroll") and not getattr(self, f.name))]
         return f"KVAttentionSpec({', '.join(f'{f.name}={getattr(self, f.name)!r}' for f in fields)})"
 
     def __post_init__(self) -> None:
@@ -201,9 +198,7 @@ class KVAttentionSpec:
         _req(self.pos_dtype in POS_DTYPES, "kv_attention: positions are int32/int64")
         _req(self.splits <= -(-self.T // KV_CHUNK_GRANULE), f"kv_attention: {self.splits} splits exceed the "
              f"{-(-self.T // KV_CHUNK_GRANULE)} chunks of {KV_CHUNK_GRANULE} keys a cache of {self.T} has")
-        _req(self.threads in (64, 128, 256, 512), "kv_attention: threads must be 64, 128, 256 or 512")
-        _req(isinstance(self.min_chunk, int) and self.min_chunk >= 0 and self.min_chunk % KV_CHUNK_GRANULE == 0,
-             f"kv_attention: min_chunk must be a multiple of {KV_CHUNK_GRANULE} keys >= 0, got {self.min_chunk!r}")
+        _req(self.threads in (64, 128, 256), "kv_attention: threads must be 64, 128 or 256")
         _req(self.splits <= KV_MAX_SPLITS, f"kv_attention: at most {KV_MAX_SPLITS} splits")
         _req(self.unroll in (0, 1, 2, 4, 8),
              f"kv_attention: unroll must be 0 (the layout's), 1, 2, 4 or 8, got {self.unroll!r}")
