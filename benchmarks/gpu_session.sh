@@ -80,12 +80,6 @@
 #             8 steps in turns against FUSEC_QGEMV_DP4A_CLUSTER=1 (~8 minutes)
 #   q35       where a dp4a product's x phase goes: the block traces of the 7B and Llama-1B Q4_K_M steps at batch 1 against
 #             clusters of 2 (half of x's digits a block; ~4 minutes)
-#   q36       the dp4a form's ring (FUSEC_QGEMV_DP4A_RING=1: 4- to 6-bit codes copied into shared memory a round ahead, two
-#             rounds in flight): its GPU bit test, decode steps in turns (7B and 1B Q4_K_M batch 1), and the 7B block trace
-#             against the register path (~7 minutes)
-#   q37       the decode attention with a chunk of at least one round of its key groups' keys (FUSEC_KV_ROUND_CHUNK=1) at
-#             512 and 256 threads: a short context in one block a head, no merge; its GPU tests, then Qwen3-0.6B b1/b8
-#             at context 128, Llama-1B and 7B Q4_K_M b1 at 32, in turns against the default (~8 minutes)
 #   q31       the attention's cluster cap at batch 8: Qwen3-0.6B at contexts 128, 256 and 384 in turns against the global
 #             merge over every split (FUSEC_KV_CLUSTER=0; ~4 minutes)
 #   qsrc      Nsight Compute's full set on the tensor-core form at 8 rows of x (1B Q4_K gate/up, Q6_K LM head, Q6_K down
@@ -347,26 +341,6 @@ for step in "$@"; do
            timeout 140 python3 benchmarks/block_trace.py "$R/q35_$m" --model $m --context 32 \
              --ab FUSEC_QGEMV_DP4A_CLUSTER=2 > "$R/q35_$m.txt" 2>&1
            grep -E "^step|^### |qgemv|gated_ep|rope_att" "$R/q35_$m/block_trace.md" | cut -c 1-330 | head -n 30
-         done ;;
-    q36) timeout 150 $PT -n 8 tests/test_quant_gpu.py -k "ring_gives" > "$R/t_q36.txt" 2>&1
-         grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_q36.txt" | tail -n 12
-         for m in llama-7b-q4_k_m llama-1b-q4_k_m; do
-           timeout 170 python3 benchmarks/decode_step.py "$R/q36_$m" --model $m --batches 1 --context 32 --windows 3 \
-             --ab FUSEC_QGEMV_DP4A_RING=1 > "$R/q36_$m.txt" 2>&1
-           grep -E "^\| [0-9]+ \|" "$R/q36_$m.txt" | head -n 1 | cut -c 1-700; tail -n 1 "$R/q36_$m.txt"
-         done
-         timeout 150 python3 benchmarks/block_trace.py "$R/q36_trace" --model llama-7b-q4_k_m --context 32 \
-           --ab FUSEC_QGEMV_DP4A_RING=1 > "$R/q36_trace.txt" 2>&1
-         grep -E "^step|^### |qgemv|gated_ep" "$R/q36_trace/block_trace.md" | cut -c 1-330 | head -n 30 ;;
-    q37) timeout 200 $PT -n 8 tests/test_decode_kernels_gpu.py tests/test_kv_heads_gpu.py -k "kv_attention or prologue" \
-           > "$R/t_q37.txt" 2>&1
-         grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_q37.txt" | tail -n 12
-         for mbc in qwen3-0.6b:1,8:128 llama-1b-q4_k_m:1:32 llama-7b-q4_k_m:1:32; do
-           m=${mbc%%:*}; bc=${mbc#*:}; c=${bc#*:}; b=${bc%:*}
-           timeout 200 python3 benchmarks/decode_step.py "$R/q37_$m" --model $m --batches $b --context $c --windows 3 \
-             --ab FUSEC_KV_ROUND_CHUNK=1+FUSEC_KV_THREADS=512 --ab FUSEC_KV_ROUND_CHUNK=1+FUSEC_KV_THREADS=256 \
-             > "$R/q37_$m.txt" 2>&1
-           grep -E "^\| [0-9]+ \|" "$R/q37_$m.txt" | cut -c 1-900; tail -n 1 "$R/q37_$m.txt"
          done ;;
     q7prof) timeout 200 python3 benchmarks/decode_step.py "$R/q7prof" --model llama-7b-q4_k_m --batches 1 --context 32 \
               --windows 3 > "$R/q7prof.txt" 2>&1

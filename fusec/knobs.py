@@ -98,10 +98,6 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "(fusec.lower.quant.gemv_form: 2 at 4-8 rows of x, else 1); 1: every block writes all of x's digits (the "
          "A/B of benchmarks/decode_step.py --model llama-1b-q8_0 --batches 8 --ab FUSEC_QGEMV_DP4A_CLUSTER=1)",
          ("auto", "1", "2", "4")),
-    Knob("FUSEC_QGEMV_DP4A_RING", "bool", False, "the dp4a quantized GEMV over 4- to 6-bit codes copies each warp's "
-         "next round of codes into a two-stage ring of shared memory (cp.async) and its raw scales and bit planes into "
-         "registers a round ahead, so two rounds are in flight without the codes' registers (not yet run on a GPU: the "
-         "A/B of benchmarks/decode_step.py --ab FUSEC_QGEMV_DP4A_RING=1)"),
     Knob("FUSEC_QGEMV_DP4A_BLOCKS", "choice", "0", "the dp4a quantized GEMV's blocks an SM (its grid, and the registers "
          "its launch bounds give a thread); 0: the rule (fusec.lower.quant.gemv_form; the A/B of "
          "benchmarks/decode_step.py --ab FUSEC_QGEMV_DP4A_BLOCKS=3)", ("0", "1", "2", "3")),

@@ -228,22 +228,6 @@ def test_dp4a_cluster_writes_the_same_digits(fmt):
         _dp4a_bits_alike(fmt, 8, 1003, 2048, cl, norm=True, rows=1, chunks=2)
 
 
-@pytest.mark.parametrize("fmt", [f for f in quant.FORMATS if quant.FORMATS[f].bits in (4, 5, 6)])
-def test_dp4a_ring_gives_the_same_bits(fmt):
-    """Codes copied into a two-stage shared-memory ring a round ahead (``ring``: FUSEC_QGEMV_DP4A_RING) give the bits of
-    the register loads: rounds within a task (K 11,008), rounds across a warp's tasks (one block an SM: tasks past
-    the grid's warps; N odd, a last task of one row), the norm prologue with a gated unit, 4 rows a task, 2-3 rows of
-    x, a grid with fewer tasks than warps."""
-    ring = [{"ring": False}, {"ring": True}]
-    ch = 8 if quant.FORMATS[fmt].bits == 4 else 4  # the rule's chunks a round with the ring
-    _dp4a_bits_alike(fmt, 1, 2051, 11008, ring, Epilogue(True, "silu", True), rows=2, chunks=ch)
-    _dp4a_bits_alike(fmt, 1, 4097, 8192, ring, rows=1, chunks=ch, blocks=1)
-    _dp4a_bits_alike(fmt, 1, 2 * 4099, 4096, ring, norm=True, glu="silu", rows=2, chunks=ch, blocks=1)
-    _dp4a_bits_alike(fmt, 1, 30003, 2048, ring, norm=True, rows=4, chunks=ch, blocks=1)
-    _dp4a_bits_alike(fmt, 3, 1003, 4096, ring, norm=True, rows=1, chunks=4)
-    _dp4a_bits_alike(fmt, 2, 24, 2048, ring, rows=2, chunks=4)
-
-
 @pytest.mark.parametrize("fmt", list(quant.FORMATS))
 def test_dp4a_norm_weights_loaded_early_give_the_same_bits(fmt):
     """The norm's weights loaded before the PDL wait (``norm_early``, where x is one batch of a thread's pieces)

@@ -473,44 +473,6 @@ def test_dp4a_cluster_knob_and_grid(arch, monkeypatch):
             QGemvSpec(1, 4096, 2048, "q4_k", 32, DType.BF16, DType.F16, **bad)
 
 
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_dp4a_ring_knob_spec_and_compile(arch, monkeypatch):
-    """FUSEC_QGEMV_DP4A_RING=1 gives the dp4a form over 4- to 6-bit codes (not 8-bit, not the tensor-core or FMA
-    forms) its ring: two stages of a round's code loads a warp in dynamic shared memory, the cp.async copies in the
-    source; 5-/6-bit codes then take 4 chunks a round (their bit planes wait in registers a round ahead); the spec
-    refuses it elsewhere. The Llama-1B and 7B shapes at 1 and 3 rows of x compile without spills. Off by default (not
-    yet run on a GPU)."""
-    assert "ring" not in gemv_form(1, 4096, 11008, "q4_k", 32, DType.BF16)
-    assert gemv_form(1, 4096, 11008, "q6_k", 16, DType.BF16)["chunks"] == 8
-    monkeypatch.setenv("FUSEC_QGEMV_DP4A_RING", "1")
-    assert gemv_form(1, 4096, 11008, "q6_k", 16, DType.BF16)["chunks"] == 4
-    assert gemv_form(1, 4096, 11008, "q4_k", 32, DType.BF16)["chunks"] == 8
-    assert "ring" not in gemv_form(1, 4096, 4096, "q8_0", 32, DType.BF16)
-    assert "ring" not in gemv_form(8, 4096, 2048, "q4_k", 32, DType.BF16)  # tensor cores
-    pending = []
-    for fmt in [f for f in FORMATS if FORMATS[f].bits in (4, 5, 6)]:
-        g = FORMATS[fmt].group or 128
-        for n, k, norm, glu in ((4096, 11008, False, False), (22016, 4096, True, True), (12288, 4096, True, False),
-                                (16384, 2048, True, True), (3072, 2048, True, False), (2048, 8192, False, False),
-                                (4096, 4096, False, False)):
-            for m in (1, 3):
-                f = gemv_form(m, n, k, fmt, g, DType.BF16, norm, glu)
-                if not f.get("dp4a"):
-                    continue
-                assert f["ring"] is True, (fmt, m, n, k, f)
-                spec = QGemvSpec(m, n, k, fmt, g, DType.BF16, DType.F16, norm=norm, glu="silu" if glu else "", **f)
-                r, src = K.prepare(spec)
-                assert r.shared_mem == 2 * r.ctx["U"] * f["rows"] * 32 * 16 * 8 and "fc_cp_async16(st +" in src
-                pending.append(((fmt, m, n, k), K.build_async(spec, arch)))
-    assert len(pending) >= 20
-    for what, p in pending:
-        assert p.result().binary.spill_bytes == 0, what
-    with pytest.raises(ValueError, match="ring"):
-        QGemvSpec(1, 4096, 2048, "q8_0", 32, DType.BF16, DType.F16, dp4a=True, rows=2, warps=8, ring=True)
-    with pytest.raises(ValueError, match="ring"):
-        QGemvSpec(1, 4096, 2048, "q4_k", 32, DType.BF16, DType.F16, ring=True)
-
-
 LLAMA_SHAPES_1B_NORM = [(3072, 2048, True), (2048, 2048, False), (2048, 8192, False), (128256, 2048, True)]  # qkv, o, down, head
 
 

@@ -82,16 +82,13 @@ def _qgemv_dp4a(spec: QGemvSpec) -> Rendered:
     ntask = dp4a_tasks(spec.N, spec.rows, bool(spec.glu))
     ctx = {**_row_ctx(spec), "U": dp4a_unroll(spec.K, spec.rows, spec.chunks), "W": spec.warps,
            "BPS": spec.blocks, "ntask": ntask, "norm_early": spec.norm_early,
-           "bf16": spec.dtype == DType.BF16, "cluster": spec.cluster, "ring": spec.ring}
+           "bf16": spec.dtype == DType.BF16, "cluster": spec.cluster}
     # one wave of blocks (``spec.blocks`` an SM: the launch bounds give each thread the registers for that), each taking
     # tasks in turn: a block writes x's digits once for all of its tasks (on sm_90 ``spec.cluster`` blocks split that:
     # the grid is whole clusters)
     blocks = min(cdiv(ntask, spec.warps), spec.blocks * _SMS)
     blocks = max(spec.cluster, blocks // spec.cluster * spec.cluster)
-    # the ring: two stages of a round's 16-byte code loads a warp (dynamic shared memory)
-    ring = 2 * ctx["U"] * spec.rows * 32 * 16 * spec.warps if spec.ring else 0
-    return Rendered("qgemv_dp4a.cu.jinja", ctx, (blocks, 1, 1), (32 * spec.warps, 1, 1), _row_params(spec),
-                    shared_mem=ring)
+    return Rendered("qgemv_dp4a.cu.jinja", ctx, (blocks, 1, 1), (32 * spec.warps, 1, 1), _row_params(spec))
 
 
 def qgemv_tc_geometry(K: int, group: int, warps: int, hb: int = 0, passes: int = 1) -> dict[str, int]:

@@ -105,10 +105,9 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     eighteenth session, the same bits); in the block trace the Q4_K down took 9.79 us after the wait against 11.23,
     the Q6_K one 12.18 against 13.38. FUSEC_QGEMV_DP4A_FILL=0 gives one row there too.
     On sm_90 the dp4a form at 4-8 rows of x runs in clusters of 2 blocks that take turns writing x's digits
-    (``_dp4a_cluster``). With FUSEC_QGEMV_DP4A_RING=1 the form over 4- to 6-bit codes copies each warp's next round of codes
-    into a two-stage ring of shared memory and loads its raw scales a round ahead (``ring``): the block traces put
-    the dp4a products' time on their weights' arrival, one round of registers at a time (eighteenth session); not yet
-    run on a GPU, so off.
+    (``_dp4a_cluster``). A two-stage ring of shared memory for 4- to 6-bit codes (cp.async a round ahead, two rounds
+    in flight) lost in the decode step (7B Q4_K_M 1.824 ms against 1.719, Llama-1B 0.532 against 0.478; H200,
+    nineteenth session): issuing two rounds of copies before the PDL wait made the wait pass up to 3 us late.
 
     From 4 rows (up to 8, ``specs_quant.DP4A_MAX_M``) the dp4a form takes the products the tensor-core form does
     not (8-bit codes; a gated product too, with the gated unit apart: two rows a task spilled there, ptxas -v, sm_80
@@ -170,7 +169,6 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     # decode step at batch 8 took 1.697 ms against 2.696 (H200, sixteenth session; Nsight Compute had that FMA
     # gate/up at 91.5 us, 0.39 TB/s). FUSEC_QGEMV_WIDE_GATE=fma gives the FMA form with the gated unit.
     gate_apart = wide and glu and not tc and knobs.get("FUSEC_QGEMV_WIDE_GATE") == "dp4a"
-    ring = bool(knobs.get("FUSEC_QGEMV_DP4A_RING")) and FORMATS[fmt].bits in (4, 5, 6)
     if choice == "auto" and dp4a_fits(m, k, norm, dtype) and (not wide or not (glu or tc) or gate_apart):
         if wide:  # 4 rows a task, one chunk each: x's digits read from shared memory once for 4 rows (not with
             # zero-point operands: 8-32 bytes spilled at 8 rows, ptxas)
@@ -179,8 +177,6 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
         else:
             # 8 spilled beside the norm prologue's x from K = 4096 with 6-bit codes or zero-point operands (ptxas -v)
             heavy = norm and k >= 4096 and (FORMATS[fmt].bits == 6 or FORMATS[fmt].zero is None)
-            # the ring holds 5-/6-bit codes' bit planes in registers a round ahead: 8 chunks spilled 8-224 bytes there
-            heavy = heavy or (ring and FORMATS[fmt].bits > 4)
             chunks = int(knobs.get("FUSEC_QGEMV_DP4A_CHUNKS")) if m == 1 and not heavy else 4
             rows = 2 if glu or k < 1024 * chunks else 1
         blocks = int(knobs.get("FUSEC_QGEMV_DP4A_BLOCKS")) or 2
@@ -202,8 +198,7 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
             rows = 2
         return {"rows": rows, "fold": False, "dp4a": True, "warps": 8, "blocks": blocks, "chunks": chunks,
                 "norm_early": norm and bool(knobs.get("FUSEC_QGEMV_DP4A_NORM_EARLY")),
-                **({"cluster": cl} if (cl := _dp4a_cluster(wide)) > 1 else {}),
-                **({"ring": True} if ring else {})}
+                **({"cluster": cl} if (cl := _dp4a_cluster(wide)) > 1 else {})}
     form: dict[str, object] = {"rows": 2 if m <= 8 else 1, "fold": m == 1}
     if tc:
         form.update(tc=True, warps=tc, **({"passes": passes} if passes > 1 else {}))
