@@ -420,33 +420,3 @@ def test_key_groups_load_a_half_capacity_chunk_whole_before_the_wait(monkeypatch
     # batch 8, 8 kv heads, 271-row cache: 4 splits of 64 keys at half capacity
     assert unrolls(None) == {"8"} and unrolls("4") == {"4"}
 
-
-def test_kv_trigger_knob_moves_the_pdl_trigger_past_the_key_loop(monkeypatch) -> None:  # noqa: ANN001
-    """FUSEC_KV_TRIGGER=keys: the attention lets the next kernel launch once a block's keys are summed (one trigger,
-    after the key loop, for every merge), not at its wait; the plan's lowering reads the knob."""
-    import dataclasses
-
-    from fusec.codegen.build_decode import kv_attention_spec
-    from fusec.compiler import compile_generation
-    from fusec.dtypes import DType
-
-    for cluster, splits in ((True, None), (False, None), (False, 1)):
-        kw = {"max_splits": 1} if splits == 1 else {}
-        sp = kv_attention_spec(1, 16, 8, 1, 271, 128, DType.BF16, 0.088, prefetch=True, cluster=cluster, **kw)
-        early = K.prepare(sp)[1]
-        late = K.prepare(dataclasses.replace(sp, late_trigger=True))[1]
-        for src in (early, late):
-            assert src.count("fc_pdl_trigger();") == 1
-        key_loop = early.index("FC_TRACE_PHASE(2)")
-        assert early.index("fc_pdl_trigger();") < key_loop < late.index("fc_pdl_trigger();")
-
-    def sources() -> str:
-        plan = compile_generation("llama-tiny", batch=1, max_seq_len=64, prefill_len=8, dtype="bf16", eos_ids=[],
-                                  arch="sm_90")
-        mods = {m["id"]: m for m in plan.manifest["modules"]}
-        return "".join(plan._blobs[mods[plan.manifest["kernels"][L["kernel"]]["module"]]["source"]].decode()
-                       for L in plan.manifest["entries"]["decode"]["launches"] if "kernel" in L)
-
-    assert "KV_BOUNDS" in sources() and "this block's keys are summed" not in sources()
-    monkeypatch.setenv("FUSEC_KV_TRIGGER", "keys")
-    assert "this block's keys are summed" in sources()

@@ -168,7 +168,7 @@ KV = [
 ]
 
 
-@pytest.mark.parametrize("mode", ["", "prefetch", "cluster", "unroll8", "late_trigger"])
+@pytest.mark.parametrize("mode", ["", "prefetch", "cluster", "unroll8"])
 @pytest.mark.parametrize("dt,B,Hq,Hkv,Sq,T,D,positions,splits", KV,
                          ids=[f"{c[0].value}-B{c[1]}-H{c[2]}/{c[3]}-S{c[4]}-T{c[5]}-D{c[6]}-x{c[8]}" for c in KV])
 def test_kv_attention(dt: DType, B: int, Hq: int, Hkv: int, Sq: int, T: int, D: int, positions: list | None,
@@ -184,8 +184,6 @@ def test_kv_attention(dt: DType, B: int, Hq: int, Hkv: int, Sq: int, T: int, D: 
         spec = dataclasses.replace(spec, prefetch=True)
     if mode == "unroll8":  # twice the keys in flight a key group, and before the wait
         spec = dataclasses.replace(spec, prefetch=True, unroll=8)
-    if mode == "late_trigger":  # the next kernel's launch once the keys are summed: the same result
-        spec = dataclasses.replace(spec, prefetch=True, late_trigger=True)
     if mode == "cluster":  # 2..8 splits merged through a thread block cluster (sm_90)
         from fusec.device import gpu_arch
 

@@ -176,12 +176,10 @@ class KVAttentionSpec:
     cluster: bool = False
     heads: tuple[HeadRopeSpec, ...] = ()
     unroll: int = 0  # keys a key group loads at a time; 0: the layout's (build_decode.kv_layout)
-    late_trigger: bool = False  # PDL: the next kernel's launch once a block's keys are summed, not at its wait
 
     def __repr__(self) -> str:  # window 0, flags off, no heads, unroll 0 left out: such kernels keep their names
         fields = [f for f in dataclasses.fields(self) if not (f.name == "window" and self.window == 0)
-                  and not (f.name in ("prefetch", "cluster", "heads", "unroll", "late_trigger")
-                           and not getattr(self, f.name))]
+                  and not (f.name in ("prefetch", "cluster", "heads", "unroll") and not getattr(self, f.name))]
         return f"KVAttentionSpec({', '.join(f'{f.name}={getattr(self, f.name)!r}' for f in fields)})"
 
     def __post_init__(self) -> None:
