@@ -6,7 +6,7 @@ before it ended, when their threads reached the PDL wait (once the loads before 
 when it let them through, and how long the blocks' work after the wait took, in phases (thread 0's
 FC_TRACE_PHASE marks, us after the wait): the product's x normalized / first tile summed in registers /
 summed across warps; the attention's prologue done / key loop done / its key groups merged (a cluster
-merge:) / past the cluster's first barrier (the splits' partials published) / its slice of the splits merged, or (a
+merge:) / rank 0 past its mbarrier (every split's partials stored into it) / its merge of the splits, or (a
 global merge: the last split block of a head merges them all) / past the merging block's fence / its merge loop done.
 
     python benchmarks/block_trace.py OUT_DIR [--model qwen3-0.6b] [--batches 1,8] [--ab KNOB=V[+KNOB=V]]...

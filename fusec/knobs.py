@@ -112,10 +112,6 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("FUSEC_KV_UNROLL", "choice", "0", "decode attention: keys each key group loads at a time, so also how many "
          "older rows load before the PDL wait (0: the layout's, 4 for D 128 bf16; the A/B of decode_step.py --ab "
          "FUSEC_KV_UNROLL=8)", ("0", "2", "4", "8")),
-    Knob("FUSEC_KV_CLUSTER_MERGE", "choice", "slices", "decode attention's cluster merge on sm_90: every block merges a "
-         "slice of the outputs from all the blocks' shared memory between two cluster barriers (slices), or every block "
-         "stores its partials into rank 0's, which merges alone once an mbarrier counts them in (push; the A/B of "
-         "decode_step.py --ab FUSEC_KV_CLUSTER_MERGE=push)", ("slices", "push")),
     Knob("FUSEC_PDL", "bool", True, "launch kernels that allow it with programmatic dependent launch (sm_90+)"),
     Knob("FUSEC_API_KEY", "text", None, "fusec serve: the bearer token clients must send (default: --api-key)"),
 )}

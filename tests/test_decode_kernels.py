@@ -422,34 +422,17 @@ def test_key_groups_load_a_half_capacity_chunk_whole_before_the_wait(monkeypatch
 
 
 
-def test_cluster_merge_knob_pushes_the_partials_into_rank_0(monkeypatch) -> None:  # noqa: ANN001
-    """FUSEC_KV_CLUSTER_MERGE=push: a cluster merge's blocks store their partials into rank 0's shared memory and count
-    themselves in on its mbarrier; rank 0 merges alone (one cluster barrier's halves at the start, no barrier at the
-    end). Only with a cluster (sm_90); the plan's lowering reads the knob."""
-    import dataclasses
 
+def test_a_cluster_merge_pushes_the_partials_into_rank_0() -> None:
+    """A cluster merge (sm_90): every block stores its partials into rank 0's shared memory and counts itself in on its
+    mbarrier, released after the block's stores; rank 0 alone waits and merges. The cluster's barrier only in halves
+    (an arrive at the start, a wait before the first store into rank 0), none at the end."""
     from fusec.codegen.build_decode import kv_attention_spec
-    from fusec.compiler import compile_generation
     from fusec.dtypes import DType
 
-    sp = kv_attention_spec(1, 16, 8, 1, 271, 128, DType.BF16, 0.088, prefetch=True, cluster=True, push=True)
-    src = K.prepare(sp)[1]
-    assert sp.push and "mbarrier.arrive.release.cluster" in src and "fc_mbar_wait_cluster(&pu_bar, 0)" in src
-    assert "fc_cluster_sync();" not in src.split("extern \"C\"")[1]  # no full cluster barrier in the kernel
-    assert not kv_attention_spec(1, 16, 8, 1, 271, 128, DType.BF16, 0.088, push=True).push  # no cluster, no push
-    with pytest.raises(ValueError, match="push"):
-        dataclasses.replace(sp, cluster=False, splits=2)
-
-    def pushes() -> bool:
-        plan = compile_generation("llama-tiny", batch=1, max_seq_len=128, prefill_len=8, dtype="bf16", eos_ids=[],
-                                  arch="sm_90")
-        mods = {m["id"]: m for m in plan.manifest["modules"]}
-        srcs = [plan._blobs[mods[plan.manifest["kernels"][L["kernel"]]["module"]]["source"]].decode()
-                for L in plan.manifest["entries"]["decode"]["launches"] if "kernel" in L]
-        att = [s for s in srcs if "KV_BOUNDS" in s]
-        assert att and all("__cluster_dims__" in s for s in att)
-        return all("pu_bar" in s for s in att)
-
-    assert not pushes()
-    monkeypatch.setenv("FUSEC_KV_CLUSTER_MERGE", "push")
-    assert pushes()
+    sp = kv_attention_spec(1, 16, 8, 1, 271, 128, DType.BF16, 0.088, prefetch=True, cluster=True)
+    body = K.prepare(sp)[1].split('extern "C"')[1]
+    assert sp.cluster and "__cluster_dims__" in K.prepare(sp)[1]
+    assert "fc_mbar_arrive_cluster(fc_cluster_addr(&pu_bar, 0))" in body and "fc_mbar_wait_cluster(&pu_bar, 0)" in body
+    assert "fc_cluster_sync();" not in body and "fc_ld_cluster" not in body
+    assert body.index("fc_cluster_arrive_relaxed();") < body.index("fc_pdl_wait") < body.index("fc_cluster_wait();")

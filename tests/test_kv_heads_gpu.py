@@ -32,9 +32,8 @@ CASES = {
     "mqa-S2": (2, 8, 1, 2, 80, 128, True, [5, 77], dict(cluster=True)),
     # one chunk holds the context (kv <= chunk): its block writes out and the caches, no merge
     "qwen3-b1-cluster-one-chunk": (1, 16, 8, 1, 271, 128, True, [20], dict(prefetch=True, cluster=True)),
-    "qwen3-b1-cluster-push": (1, 16, 8, 1, 271, 128, True, [200], dict(prefetch=True, cluster=True, push=True)),
-    "qwen3-b8-cluster-push-one-chunk-some-rows": (8, 16, 8, 1, 271, 128, True, [3, 127, 31, 200, 270, 0, 20, 100],
-                                                  dict(prefetch=True, cluster=True, push=True)),
+    "qwen3-b8-cluster-one-chunk-some-rows": (8, 16, 8, 1, 271, 128, True, [3, 127, 31, 200, 270, 0, 20, 100],
+                                             dict(prefetch=True, cluster=True)),
     "qwen3-b8-split-one-chunk-some-rows": (8, 16, 8, 1, 400, 128, True, [3, 127, 31, 300, 399, 0, 20, 200],
                                            dict(prefetch=True, cluster=False, split_keys=32)),
 }

@@ -176,11 +176,10 @@ class KVAttentionSpec:
     cluster: bool = False
     heads: tuple[HeadRopeSpec, ...] = ()
     unroll: int = 0  # keys a key group loads at a time; 0: the layout's (build_decode.kv_layout)
-    push: bool = False  # cluster: the blocks store their partials into rank 0's shared memory, which merges alone
 
     def __repr__(self) -> str:  # window 0, flags off, no heads, unroll 0 left out: such kernels keep their names
         fields = [f for f in dataclasses.fields(self) if not (f.name == "window" and self.window == 0)
-                  and not (f.name in ("prefetch", "cluster", "heads", "unroll", "push") and not getattr(self, f.name))]
+                  and not (f.name in ("prefetch", "cluster", "heads", "unroll") and not getattr(self, f.name))]
         return f"KVAttentionSpec({', '.join(f'{f.name}={getattr(self, f.name)!r}' for f in fields)})"
 
     def __post_init__(self) -> None:
@@ -189,7 +188,6 @@ class KVAttentionSpec:
         _ints((self.window,), "kv_attention: window", 0)
         _req(isinstance(self.prefetch, bool) and isinstance(self.cluster, bool),
              "kv_attention: prefetch and cluster must be bools")
-        _req(not self.push or self.cluster, "kv_attention: push is a cluster merge's")
         _req(not self.cluster or 2 <= self.splits <= KV_MAX_CLUSTER,
              f"kv_attention: a cluster merge takes 2..{KV_MAX_CLUSTER} splits, got {self.splits}")
         _req(self.Hq % self.Hkv == 0, "kv_attention: Hq must be a multiple of Hkv")
