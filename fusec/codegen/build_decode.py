@@ -37,7 +37,7 @@ def kv_layout(spec: S.KVAttentionSpec, threads: int = 128) -> dict[str, int]:
     ng = threads // lpk
     rows_all = spec.Hq // spec.Hkv * spec.S
     r = min(rows_all, max(1, 32 // (vec * nv)))
-    while r > 1 and ng * r * (spec.D + 3) * 4 > _SMEM_LIMIT:
+    while r > 1 and ng * r * (spec.D + 2) * 4 > _SMEM_LIMIT:
         r -= 1
     unroll = spec.unroll or (4 if r * vec * nv <= 16 else 2)
     return {"vec": vec, "nvec": nvec, "lpk": lpk, "nv": nv, "ng": ng, "rows": r,
@@ -53,8 +53,7 @@ def kv_attention_spec(B: int, Hq: int, Hkv: int, S_: int, T: int, D: int, dtype:
                       threads: int = 128, max_splits: int = KV_MAX_AUTO_SPLITS,
                       softcap: float = 0.0, window: int = 0, prefetch: bool = False,
                       cluster: bool = False, split_keys: int = S.KV_CHUNK_GRANULE,
-                      heads: tuple[S.HeadRopeSpec, ...] = (), unroll: int = 0,
-                      per_output: bool = False) -> S.KVAttentionSpec:
+                      heads: tuple[S.HeadRopeSpec, ...] = (), unroll: int = 0) -> S.KVAttentionSpec:
     """The spec for a KV attention: as many splits of the key range as keep a full-context step
     within ``target_blocks`` blocks (one wave), at most ``max_splits``: batch 1 with a long
     context still spreads over the SMs, a large batch is not cut into a wave and a tail.
@@ -89,7 +88,7 @@ def kv_attention_spec(B: int, Hq: int, Hkv: int, S_: int, T: int, D: int, dtype:
         if lay["ng"] * 4 < half <= lay["ng"] * 8:
             unroll = 8
     return S.KVAttentionSpec(B, Hq, Hkv, S_, T, D, dtype, scale, splits, pos_dtype, threads, softcap, window, prefetch,
-                             use_cluster, heads, unroll, per_output)
+                             use_cluster, heads, unroll)
 
 
 @builder(S.KVAttentionSpec)
@@ -108,7 +107,7 @@ def _kv_attention(spec: S.KVAttentionSpec) -> Rendered:
         # the scores are in log2 units: cap * tanh(s / cap) there is cap2 * tanh(s2 / cap2), cap2 = cap * log2(e)
         "softcap_log2": float_lit(spec.softcap * math.log2(math.e), "softcap") if spec.softcap else None,
         "window": spec.window,  # 0: the template renders no window code
-        "prefetch": spec.prefetch, "cluster": spec.cluster, "per_output": spec.per_output,
+        "prefetch": spec.prefetch, "cluster": spec.cluster,
         # ptxas caps registers oddly (and spills) when D / vec is no power of two; lift the cap there
         "min_blocks": 1 if lay["nvec"] & (lay["nvec"] - 1) else 0,
     }

@@ -74,8 +74,7 @@ def _kv_spec(ctx: Context, node: Node, label: str, attrs: Any, q: Value, k: Valu
                                  softcap=float(attrs.softcap), window=int(attrs.window),
                                  prefetch=knobs.get("FUSEC_KV_PREFETCH") and ctx.older_rows_stable((k, v), pos),
                                  cluster=knobs.get("FUSEC_KV_CLUSTER") and sm90_or_later(ctx.arch),
-                                 split_keys=split_keys, heads=heads, unroll=int(knobs.get("FUSEC_KV_UNROLL")),
-                                 per_output=knobs.get("FUSEC_KV_MERGE_WEIGHTS") == "per_output")
+                                 split_keys=split_keys, heads=heads, unroll=int(knobs.get("FUSEC_KV_UNROLL")))
     except ValueError as e:
         raise LoweringError(f"{_where(node, label)}: kv_attention of q {list(q.shape)} over k/v {list(k.shape)} "
                             f"({q.dtype.value}): {e}") from None
