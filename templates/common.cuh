@@ -179,9 +179,8 @@ struct FcTraceScope {
 // ---- thread block clusters (sm_90) -------------------------------------------------------------
 // The block's rank; a barrier of the whole cluster (release/acquire: shared-memory writes before it
 // are seen by the cluster's blocks after it), or its two halves apart (an arrive that orders nothing,
-// a wait); a float of another block's shared memory (the same variable in block `rank`); the address
-// of a shared variable in block `rank` and 32/64-bit stores there (a variable maps whole: offsets
-// within it hold in the other block).
+// a wait); the address of a shared variable in block `rank` and 32/64-bit stores there (a variable
+// maps whole: offsets within it hold in the other block).
 __device__ __forceinline__ unsigned fc_cluster_rank() {
   unsigned r;
   asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
@@ -200,12 +199,6 @@ __device__ __forceinline__ unsigned fc_cluster_addr(const void* p, unsigned rank
   unsigned a = (unsigned)__cvta_generic_to_shared(p), r;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
   return r;
-}
-__device__ __forceinline__ float fc_ld_cluster(const float* p, unsigned rank) {
-  const unsigned r = fc_cluster_addr(p, rank);
-  float v;
-  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(r) : "memory");
-  return v;
 }
 __device__ __forceinline__ void fc_st_cluster(unsigned addr, unsigned v) {
   asm volatile("st.shared::cluster.u32 [%0], %1;" :: "r"(addr), "r"(v) : "memory");
