@@ -6,22 +6,13 @@ after a deferred product loading nothing before its wait that the product before
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 
-def _model(layers: int = 3):
-    from fusec.genmodel import GenModel
-    from fusec.models import get_config
-    from fusec.models.generate import SharedWeights
-    from fusec.models.weights import RandomPackedWeights, q4_k_m_types
+def _model():  # noqa: ANN202
+    from test_quant_gpu import _packed_model
 
-    cfg = dataclasses.replace(get_config("llama-tiny"), hidden_size=256, intermediate_size=512, num_heads=4,
-                              num_kv_heads=2, head_dim=64, num_layers=layers, tie_word_embeddings=False,
-                              name="llama-q4km-defer")
-    return GenModel(cfg, SharedWeights(RandomPackedWeights(q4_k_m_types(layers), seed=1, scale=0.02)), None, (),
-                    cfg.name)
+    return _packed_model(3)
 
 
 def _decode(monkeypatch, defer: bool, arch: str = "sm_90"):  # noqa: ANN001, ANN202
