@@ -80,9 +80,6 @@
 #             8 steps in turns against FUSEC_QGEMV_DP4A_CLUSTER=1 (~8 minutes)
 #   q35       where a dp4a product's x phase goes: the block traces of the 7B and Llama-1B Q4_K_M steps at batch 1 against
 #             clusters of 2 (half of x's digits a block; ~4 minutes)
-#   q41       a dp4a product independent of the kernel before it waiting for it at its end (FUSEC_PDL_DEFER=1: the v
-#             product beside the q/k one, the LM head after the add): its GPU test (the same tokens), the Llama-1B
-#             Q4_K_M b1 step in turns (~3 minutes)
 #   q31       the attention's cluster cap at batch 8: Qwen3-0.6B at contexts 128, 256 and 384 in turns against the global
 #             merge over every split (FUSEC_KV_CLUSTER=0; ~4 minutes)
 #   qsrc      Nsight Compute's full set on the tensor-core form at 8 rows of x (1B Q4_K gate/up, Q6_K LM head, Q6_K down
@@ -345,11 +342,6 @@ for step in "$@"; do
              --ab FUSEC_QGEMV_DP4A_CLUSTER=2 > "$R/q35_$m.txt" 2>&1
            grep -E "^step|^### |qgemv|gated_ep|rope_att" "$R/q35_$m/block_trace.md" | cut -c 1-330 | head -n 30
          done ;;
-    q41) timeout 60 $PT tests/test_pdl_defer.py > "$R/t_q41.txt" 2>&1
-         grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_q41.txt" | tail -n 6
-         timeout 120 python3 benchmarks/decode_step.py "$R/q41" --model llama-1b-q4_k_m --batches 1 --context 32 --windows 3 \
-           --ab FUSEC_PDL_DEFER=1 > "$R/q41.txt" 2>&1
-         grep -E "^\| [0-9]+ \|" "$R/q41.txt" | cut -c 1-900; tail -n 1 "$R/q41.txt" ;;
     q7prof) timeout 200 python3 benchmarks/decode_step.py "$R/q7prof" --model llama-7b-q4_k_m --batches 1 --context 32 \
               --windows 3 > "$R/q7prof.txt" 2>&1
             grep -E "^\| [0-9]+ \|" "$R/q7prof.txt" | cut -c 1-1500 ;;

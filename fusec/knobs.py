@@ -112,9 +112,6 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("FUSEC_KV_UNROLL", "choice", "0", "decode attention: keys each key group loads at a time, so also how many "
          "older rows load before the PDL wait (0: the layout's, 4 for D 128 bf16; the A/B of decode_step.py --ab "
          "FUSEC_KV_UNROLL=8)", ("0", "2", "4", "8")),
-    Knob("FUSEC_PDL_DEFER", "bool", False, "a dp4a quantized GEMV that shares no bytes with the kernel launched before it "
-         "(a layer's v product beside its q/k product in another format) overlaps that kernel and waits for it at its "
-         "end (not yet run on a GPU: the A/B of decode_step.py --ab FUSEC_PDL_DEFER=1)"),
     Knob("FUSEC_PDL", "bool", True, "launch kernels that allow it with programmatic dependent launch (sm_90+)"),
     Knob("FUSEC_API_KEY", "text", None, "fusec serve: the bearer token clients must send (default: --api-key)"),
 )}

@@ -82,7 +82,7 @@ def _qgemv_dp4a(spec: QGemvSpec) -> Rendered:
     ntask = dp4a_tasks(spec.N, spec.rows, bool(spec.glu))
     ctx = {**_row_ctx(spec), "U": dp4a_unroll(spec.K, spec.rows, spec.chunks), "W": spec.warps,
            "BPS": spec.blocks, "ntask": ntask, "norm_early": spec.norm_early,
-           "bf16": spec.dtype == DType.BF16, "cluster": spec.cluster, "defer_wait": spec.defer_wait}
+           "bf16": spec.dtype == DType.BF16, "cluster": spec.cluster}
     # one wave of blocks (``spec.blocks`` an SM: the launch bounds give each thread the registers for that), each taking
     # tasks in turn: a block writes x's digits once for all of its tasks (on sm_90 ``spec.cluster`` blocks split that:
     # the grid is whole clusters)
@@ -138,4 +138,4 @@ def _qdequant(spec: QDequantSpec) -> Rendered:
            "ids": spec.ids > 0, "id_t": ctype(spec.id_dtype), "t": ctype(spec.dtype),
            **_format_ctx(spec.fmt, spec.group, spec.scale_dtype)}
     return Rendered("qdequant.cu.jinja", ctx, (cdiv(rows * (spec.K // 32), 256), 1, 1), (256, 1, 1),
-                    (("ids",) if spec.ids else ()) + packed_params(spec.fmt) + ("out",))
+                    (("ids",) if spec.ids else ()) + packed_params(spec.fmt) + ("W",))

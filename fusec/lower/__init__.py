@@ -130,7 +130,6 @@ class Context:
         self.compute = compute  # "f32" or "tf32": math mode of fp32 matrix products
         self.weights = WeightPacker()
         self.tasks: list[Task] = []
-        self._deferred: set[int] = set()  # tasks that wait for the task before them at their end (may_defer_wait)
         self.kernels: list[dict[str, Any]] = []
         self.modules: list[dict[str, Any]] = []
         self.blobs: dict[str, bytes] = {}
@@ -183,51 +182,25 @@ class Context:
 
     def older_rows_stable(self, caches: Sequence[Value], pos: Value) -> bool:
         """Whether a kernel launched next may read ``pos`` and the rows below pos[b] of each cache
-        [B, H, T, D] before its PDL wait: the tasks it may overlap (the last one emitted, and the one
-        before that where the last defers its wait; every other kernel triggers its dependents only
-        after its own wait, so no earlier task still runs) write neither pos nor those rows. They may
-        write a cache at rows pos[b] + s only, from the same positions (a cache write or head_rope's
-        cache parts with run-time positions)."""
-        for i in self._running_at_next_start():
-            writes = self.tasks[i].writes
-            if any(w.overlaps(self.region(pos)) for w in writes):
-                return False
-            marked = self._rows_from_pos.get(i, [])
-            for c in caches:
-                cr = self.region(c)
-                for w in writes:
-                    if w.overlaps(cr) and not any(r == cr and shape == tuple(c.shape) and len(shape) == 4
-                                                  and paddr == self.addr(pos) and r.offset <= w.offset
-                                                  and w.end <= r.end for r, shape, paddr in marked):
-                        return False
+        [B, H, T, D] before its PDL wait: the task it would overlap (the last one emitted; every
+        kernel triggers its dependents only after its own wait, so no earlier task still runs)
+        writes neither pos nor those rows. It may write a cache at rows pos[b] + s only, from the
+        same positions (a cache write or head_rope's cache parts with run-time positions)."""
+        if not self.tasks:
+            return True
+        last = len(self.tasks) - 1
+        writes = self.tasks[last].writes
+        if any(w.overlaps(self.region(pos)) for w in writes):
+            return False
+        marked = self._rows_from_pos.get(last, [])
+        for c in caches:
+            cr = self.region(c)
+            for w in writes:
+                if w.overlaps(cr) and not any(r == cr and shape == tuple(c.shape) and len(shape) == 4
+                                              and paddr == self.addr(pos) and r.offset <= w.offset and w.end <= r.end
+                                              for r, shape, paddr in marked):
+                    return False
         return True
-
-    def _running_at_next_start(self) -> list[int]:
-        """The tasks that may still run when a kernel launched next starts (PDL): the last one emitted, and the one
-        before it where the last waits for it at its end (``may_defer_wait``; never two such in a row)."""
-        last = len(self.tasks) - 1
-        return [i for i in (last, last - 1) if i >= 0 and (i == last or last in self._deferred)]
-
-    def may_defer_wait(self, reads: Sequence[Any], writes: Sequence[Any]) -> bool:
-        """Whether a kernel launched next, reading ``reads`` and writing ``writes``, may overlap the task emitted last
-        whole and wait for it (PDL) only at its end: that task is a fusec kernel that did not itself defer its wait
-        (every fusec kernel lets the next one launch only after its own wait, and a task completes only after its
-        wait, so every task before it has completed by then), and the two share no bytes one of them writes. The
-        kernel's end still follows the task's, so the tasks after it see both."""
-        if not self.tasks or not sm90_or_later(self.arch):
-            return False
-        last = len(self.tasks) - 1
-        t = self.tasks[last]
-        if t.record.get("type") != "kernel" or last in self._deferred:
-            return False
-        rr = [self.region(a) for a in reads]
-        ww = [self.region(a) for a in writes]
-        return not any(w.overlaps(x) for w in t.writes for x in rr + ww) and \
-            not any(w.overlaps(x) for w in ww for x in t.reads)
-
-    def deferred_wait(self) -> None:
-        """The task emitted last waits for the one before it at its end (``may_defer_wait`` allowed it)."""
-        self._deferred.add(len(self.tasks) - 1)
 
     @property
     def launches(self) -> list[dict[str, Any]]:

@@ -19,7 +19,6 @@ not written yet (see the report of issue 22).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any
 
@@ -231,16 +230,7 @@ def emit_qgemv(ctx: Context, spec: QGemvSpec, x: Value, packed: Any, between: li
     if not (ctx.aligned(x, out, *extra) and all(ctx.aligned(p) for p in packed)):
         raise LoweringError(f"{label}: the quantized GEMV was selected, but its operands are not 16-byte "
                             "aligned in the memory plan")
-    from fusec import knobs
-
-    reads = [x, *packed, *between, *extra]
-    # (not with a residual: the epilogue would read it before the wait through L1)
-    defer = spec.dp4a and not spec.epilogue.residual and knobs.get("FUSEC_PDL_DEFER") and ctx.may_defer_wait(reads, [out])
-    if defer:  # e.g. a layer's v product beside its q/k product in another format: both read x, neither the other's
-        spec = dataclasses.replace(spec, defer_wait=True)
-    ctx.kernel(spec, [*reads, out], f"{label} qgemv")
-    if defer:
-        ctx.deferred_wait()
+    ctx.kernel(spec, [x, *packed, *between, *extra, out], f"{label} qgemv")
     ctx.count("qmatmul:qgemv")
 
 
