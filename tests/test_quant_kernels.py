@@ -114,6 +114,31 @@ def test_gather_kernel_compiles():
         K.build(QDequantSpec(49152, 576, "q8_0", 32, dt, DType.F16, ids=7, id_dtype=DType.I32), arch)
 
 
+def test_every_launch_of_a_packed_decode_step_records_what_it_writes():
+    """The program's dependencies come from each launch's written bytes (a kernel's output parameters by name): the
+    quantized gather and dequantize kernels name theirs ``out`` (they named it ``W``, and their launches recorded
+    the row they write as read: the token's embedding row then had no writer before the first product)."""
+    import dataclasses as dc
+
+    from fusec.compiler import compile_generation
+    from fusec.genmodel import GenModel
+    from fusec.models import get_config
+    from fusec.models.generate import SharedWeights
+    from fusec.models.weights import RandomPackedWeights, q4_k_m_types
+    from fusec.program import Task, dependencies
+
+    cfg = dc.replace(get_config("llama-tiny"), hidden_size=256, intermediate_size=512, num_heads=4, num_kv_heads=2,
+                     head_dim=64, num_layers=2, tie_word_embeddings=False, name="llama-q4km-writes")
+    gm = GenModel(cfg, SharedWeights(RandomPackedWeights(q4_k_m_types(2), seed=1, scale=0.02)), None, (), cfg.name)
+    plan = compile_generation(gm, batch=1, max_seq_len=64, prefill_len=8, dtype="bf16", eos_ids=[], arch="sm_90")
+    launches = plan.manifest["entries"]["decode"]["launches"]
+    assert all(L["writes"] for L in launches if "kernel" in L), [L["label"] for L in launches if not L["writes"]]
+    gather = next(i for i, L in enumerate(launches) if "qgather" in L["label"])
+    first = next(i for i, L in enumerate(launches) if "qgemv" in L["label"])
+    deps = dependencies([Task.from_json(L) for L in launches])
+    assert gather in deps[first]  # the first product reads the row the gather wrote
+
+
 @pytest.mark.parametrize("m,rows,dt,arch,fold", [
     (1, 2, DType.F32, "sm_80", False), (1, 2, DType.F32, "sm_80", True), (16, 1, DType.F16, "sm_90", False),
     (16, 1, DType.F16, "sm_90", True), (8, 4, DType.BF16, "sm_80", False)])

@@ -138,4 +138,4 @@ def _qdequant(spec: QDequantSpec) -> Rendered:
            "ids": spec.ids > 0, "id_t": ctype(spec.id_dtype), "t": ctype(spec.dtype),
            **_format_ctx(spec.fmt, spec.group, spec.scale_dtype)}
     return Rendered("qdequant.cu.jinja", ctx, (cdiv(rows * (spec.K // 32), 256), 1, 1), (256, 1, 1),
-                    (("ids",) if spec.ids else ()) + packed_params(spec.fmt) + ("W",))
+                    (("ids",) if spec.ids else ()) + packed_params(spec.fmt) + ("out",))
