@@ -79,6 +79,13 @@ def test_training_plan_lowers_with_the_optimizer_as_three_kernels_over_state(dty
     # one pointer per gradient, read where it lies: per layer, q/k/v weights (and biases) are one stacked tensor
     assert len(update["args"]) == 4 + len(model.specs) - 4 * cfg.layers
     assert train[-1] is update  # nothing is copied into the state after the step
+    # every kernel's write set holds what it writes (the optimizer's state updated in place, its partials and
+    # scalars, the layer norm's gradients): the program's dependencies are derived from them
+    assert all(L["writes"] for L in train if L["type"] == "kernel"), [L["label"] for L in train if not L["writes"]]
+    import math
+
+    assert {w[0] for w in update["writes"]} == {"state"}
+    assert sum(w[2] for w in update["writes"]) >= 3 * 4 * sum(math.prod(p.shape) for p in model.specs)  # params, m, v
     assert {r["name"] for r in plan.manifest["state"]} == {"params", "adam_m", "adam_v", "step"}
     assert [o["name"] for o in entries["train_step"]["outputs"]] == ["loss"]
     assert {i["name"] for i in entries["train_step"]["inputs"]} == {"input_ids", "attention_mask", "intent_labels",

@@ -82,11 +82,13 @@ def _adamw(spec: T.AdamWSpec) -> Rendered:
            "b1": _f32(spec.beta1, "beta1"), "b2": _f32(spec.beta2, "beta2"), "omb1": _f32(1.0 - spec.beta1, "1 - beta1"),
            "omb2": _f32(1.0 - spec.beta2, "1 - beta2"), "eps": _f32(spec.eps, "eps")}
     grads = tuple(f"g{i}" for i in range(len(spec.sizes)))
+    # what each phase writes is named out_* (kernels.written: the program's write sets), updated in place included
     if spec.phase == "norm":
-        return Rendered("adamw.cu.jinja", ctx, (spec.blocks, 1, 1), (block, 1, 1), ("partial",) + grads)
+        return Rendered("adamw.cu.jinja", ctx, (spec.blocks, 1, 1), (block, 1, 1), ("out_partial",) + grads)
     if spec.phase == "scalars":
-        return Rendered("adamw.cu.jinja", ctx, (1, 1, 1), (block, 1, 1), ("step", "partial", "scalars"))
-    return Rendered("adamw.cu.jinja", ctx, (spec.blocks, 1, 1), (block, 1, 1), ("params", "m", "v", "scalars") + grads)
+        return Rendered("adamw.cu.jinja", ctx, (1, 1, 1), (block, 1, 1), ("out_step", "partial", "out_scalars"))
+    return Rendered("adamw.cu.jinja", ctx, (spec.blocks, 1, 1), (block, 1, 1),
+                    ("out_params", "out_m", "out_v", "scalars") + grads)
 
 
 @builder(T.SoftmaxGradSpec)
@@ -104,5 +106,5 @@ def _layernorm_grad(spec: T.LayerNormGradSpec) -> Rendered:
     ctx = {"name": kernel_name("layernorm_grad", spec), "t": ctype(spec.dtype), "w_t": ctype(spec.w_dtype),
            "rows": spec.rows, "cols": spec.cols, "eps": _f32(spec.eps, "eps"), "block": block}
     return Rendered("layernorm_grad.cu.jinja", ctx, (cdiv(spec.rows, block // 32), 1, 1), (block, 1, 1),
-                    ("x", "scale", "dy", "dx", "dyxhat"))
+                    ("x", "scale", "dy", "out_dx", "out_dyxhat"))
 
