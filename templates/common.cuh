@@ -206,20 +206,6 @@ __device__ __forceinline__ void fc_st_cluster(unsigned addr, unsigned v) {
 __device__ __forceinline__ void fc_st_cluster2(unsigned addr, unsigned a, unsigned b) {
   asm volatile("st.shared::cluster.v2.u32 [%0], {%1, %2};" :: "r"(addr), "r"(a), "r"(b) : "memory");
 }
-// An arrival on the mbarrier at cluster address `addr` (fc_cluster_addr: another block's or this one's), releasing to
-// the cluster what this thread wrote before it (after a __syncthreads: what the block's threads wrote); a wait until
-// this block's mbarrier `bar` has completed phase `parity`, acquiring what the arrivals released.
-__device__ __forceinline__ void fc_mbar_arrive_cluster(unsigned addr) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" :: "r"(addr) : "memory");
-}
-__device__ __forceinline__ void fc_mbar_wait_cluster(unsigned long long* bar, unsigned parity) {
-  const unsigned a = (unsigned)__cvta_generic_to_shared(bar);
-  unsigned done = 0;
-  while (!done) {
-    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-                 "selp.u32 %0, 1, 0, p;\n}\n" : "=r"(done) : "r"(a), "r"(parity) : "memory");
-  }
-}
 
 // ---- programmatic dependent launch (sm_90+; no-ops elsewhere) ---------------------------------
 // A kernel launched with programmatic stream serialization may start while the kernel before it

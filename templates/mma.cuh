@@ -109,12 +109,22 @@ __device__ __forceinline__ void fc_bulk_copy(void* smem, const void* gmem, unsig
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
                :: "r"(fc_smem_addr(smem)), "l"(gmem), "r"(bytes), "r"(fc_smem_addr(bar)) : "memory");
 }
-// until the barrier's phase `parity` (0, 1, 0, ...: its uses in order) has completed
-__device__ __forceinline__ void fc_mbar_wait(unsigned long long* bar, unsigned parity) {
+// until the barrier's phase `parity` (0, 1, 0, ...: its uses in order) has completed; CLUSTER: acquiring, for the
+// whole cluster, what the arrivals of its blocks released (fc_mbar_arrive_cluster)
+template <bool CLUSTER = false> __device__ __forceinline__ void fc_mbar_wait(unsigned long long* bar, unsigned parity) {
   unsigned done = 0;
   while (!done) {
-    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(done) : "r"(fc_smem_addr(bar)), "r"(parity) : "memory");
+    if (CLUSTER)
+      asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+                   "selp.u32 %0, 1, 0, p;\n}\n" : "=r"(done) : "r"(fc_smem_addr(bar)), "r"(parity) : "memory");
+    else
+      asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                   : "=r"(done) : "r"(fc_smem_addr(bar)), "r"(parity) : "memory");
   }
+}
+// an arrival on the mbarrier at cluster address `addr` (fc_cluster_addr: another block's or this one's), releasing to
+// the cluster what this thread wrote before it (after a __syncthreads: what the block's threads wrote)
+__device__ __forceinline__ void fc_mbar_arrive_cluster(unsigned addr) {
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" :: "r"(addr) : "memory");
 }
 #endif

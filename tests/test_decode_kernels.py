@@ -421,8 +421,6 @@ def test_key_groups_load_a_half_capacity_chunk_whole_before_the_wait(monkeypatch
     assert unrolls(None) == {"8"} and unrolls("4") == {"4"}
 
 
-
-
 def test_a_cluster_merge_pushes_the_partials_into_rank_0() -> None:
     """A cluster merge (sm_90): every block stores its partials into rank 0's shared memory and counts itself in on its
     mbarrier, released after the block's stores; rank 0 alone waits and merges. The cluster's barrier only in halves
@@ -431,8 +429,9 @@ def test_a_cluster_merge_pushes_the_partials_into_rank_0() -> None:
     from fusec.dtypes import DType
 
     sp = kv_attention_spec(1, 16, 8, 1, 271, 128, DType.BF16, 0.088, prefetch=True, cluster=True)
-    body = K.prepare(sp)[1].split('extern "C"')[1]
-    assert sp.cluster and "__cluster_dims__" in K.prepare(sp)[1]
-    assert "fc_mbar_arrive_cluster(fc_cluster_addr(&pu_bar, 0))" in body and "fc_mbar_wait_cluster(&pu_bar, 0)" in body
+    src = K.prepare(sp)[1]
+    body = src.split('extern "C"')[1]
+    assert sp.cluster and "__cluster_dims__" in src
+    assert "fc_mbar_arrive_cluster(fc_cluster_addr(&pu_bar, 0))" in body and "fc_mbar_wait<true>(&pu_bar, 0)" in body
     assert "fc_cluster_sync();" not in body
     assert body.index("fc_cluster_arrive_relaxed();") < body.index("fc_pdl_wait") < body.index("fc_cluster_wait();")

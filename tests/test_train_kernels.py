@@ -4,6 +4,7 @@ kernels over the state region, whatever the number of parameters."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -82,8 +83,6 @@ def test_training_plan_lowers_with_the_optimizer_as_three_kernels_over_state(dty
     # every kernel's write set holds what it writes (the optimizer's state updated in place, its partials and
     # scalars, the layer norm's gradients): the program's dependencies are derived from them
     assert all(L["writes"] for L in train if L["type"] == "kernel"), [L["label"] for L in train if not L["writes"]]
-    import math
-
     assert {w[0] for w in update["writes"]} == {"state"}
     assert sum(w[2] for w in update["writes"]) >= 3 * 4 * sum(math.prod(p.shape) for p in model.specs)  # params, m, v
     assert {r["name"] for r in plan.manifest["state"]} == {"params", "adam_m", "adam_v", "step"}
