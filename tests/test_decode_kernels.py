@@ -435,3 +435,21 @@ def test_a_cluster_merge_pushes_the_partials_into_rank_0() -> None:
     assert "fc_mbar_arrive_cluster(fc_cluster_addr(&pu_bar, 0))" in body and "fc_mbar_wait<true>(&pu_bar, 0)" in body
     assert "fc_cluster_sync();" not in body
     assert body.index("fc_cluster_arrive_relaxed();") < body.index("fc_pdl_wait") < body.index("fc_cluster_wait();")
+
+
+@pytest.mark.parametrize("hq,hkv,d,dt", [(16, 4, 256, BF16), (8, 1, 256, F32), (32, 4, 128, F32)])
+def test_a_cluster_merge_leaves_its_rows_room_in_shared_memory(hq: int, hkv: int, d: int, dt) -> None:  # noqa: ANN001
+    """Rank 0 holds every split's partials (8 splits of [rows, D] floats) beside the key groups' and the prologue's
+    rows: the layout takes fewer query rows a tile where all of that would pass 48 KB of static shared memory (these
+    shapes at 8 splits did: ptxas refused 49,544-55,688 bytes), and the kernel builds."""
+    import re
+
+    from fusec.codegen.build_decode import kv_attention_spec, kv_layout
+
+    for heads in ((), heads_parts(1, hq, hkv, 1, 271, d, dt, True)):
+        sp = kv_attention_spec(1, hq, hkv, 1, 271, d, dt, 0.1, prefetch=True, cluster=True, heads=heads)
+        assert sp.cluster and sp.splits == 8
+        lay = kv_layout(sp, sp.threads)
+        assert lay["rows"] < min(hq // hkv, 32 // (lay["vec"] * lay["nv"]))  # fewer than the layout's own choice
+        log = K.build(sp, "sm_90").binary.log
+        assert int(re.search(r"(\d+) bytes smem", log).group(1)) <= 48 * 1024

@@ -27,9 +27,21 @@ def _pow2_ceil(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+def _kv_smem(spec: S.KVAttentionSpec, ng: int, r: int) -> int:
+    """The kernel's static shared memory at ``r`` query rows a tile: the key groups' partials (red_*), with a cluster
+    merge every split's partials in rank 0 (pu_*), with the head_rope prologue the tile's q rows and the step's k/v rows."""
+    nbytes = ng * r * (spec.D + 2) * 4
+    if spec.cluster:
+        nbytes += spec.splits * r * (spec.D + 2) * 4 + 8
+    if spec.heads:
+        nbytes += (r + 2 * spec.S) * spec.D * spec.dtype.itemsize
+    return nbytes
+
+
 def kv_layout(spec: S.KVAttentionSpec, threads: int = 128) -> dict[str, int]:
     """Thread layout of the split attention kernel: 16-byte slices of D per lane (``vec``
-    elements), ``lpk`` lanes per key, ``nv`` slices per lane, ``rows`` query rows per tile."""
+    elements), ``lpk`` lanes per key, ``nv`` slices per lane, ``rows`` query rows per tile (as many as
+    the kernel's static shared memory leaves room for: ``_kv_smem``)."""
     vec = 16 // spec.dtype.itemsize
     nvec = spec.D // vec
     lpk = min(32, _pow2_ceil(nvec))
@@ -37,7 +49,7 @@ def kv_layout(spec: S.KVAttentionSpec, threads: int = 128) -> dict[str, int]:
     ng = threads // lpk
     rows_all = spec.Hq // spec.Hkv * spec.S
     r = min(rows_all, max(1, 32 // (vec * nv)))
-    while r > 1 and ng * r * (spec.D + 2) * 4 > _SMEM_LIMIT:
+    while r > 1 and _kv_smem(spec, ng, r) > _SMEM_LIMIT:
         r -= 1
     unroll = spec.unroll or (4 if r * vec * nv <= 16 else 2)
     return {"vec": vec, "nvec": nvec, "lpk": lpk, "nv": nv, "ng": ng, "rows": r,
