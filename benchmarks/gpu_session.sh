@@ -47,6 +47,8 @@
 #   q19       packed products at 4-8 rows of x through the dequantizing path (FUSEC_QGEMV_MAX_ROWS=4: dequantize to
 #             scratch, then cuBLAS) against the quantized GEMV: its GPU test, then decode steps in turns, batch 8, 1B
 #             Q8_0 and Q4_K_M (~3 minutes)
+#   q42       the packed LM head sampling from its dp4a argmax partials (gemm_sample): its GPU tests and the packed
+#             generation tests, then 1B and 7B Q4_K_M batch-1 decode steps in turns against disable=gemm_sample
 #   q20       where the decode attention's ~4 us go: the block trace with the blocks that end last of the attention
 #             kernel (block_trace.py --blocks), Llama-1B Q4_K_M and Qwen3-0.6B bf16, batch 1 (~1 minute)
 #   q21       the dp4a GPU tests (tests/test_quant_gpu.py -k dp4a), then the per-kernel profile of Llama-1B Q4_K_M at batch 1
@@ -267,6 +269,8 @@ for step in "$@"; do
           done ;;
     q18) ab_step q18 "norm_weights_loaded_early or (dp4a and norm)" 1 "--ab FUSEC_QGEMV_DP4A_NORM_EARLY=0" \
            llama-1b-q4_k_m llama-7b-q4_k_m ;;
+    q42) ab_step q42 "argmax or heads_partials or generation" 1 "--ab disable=gemm_sample" llama-1b-q4_k_m \
+           llama-7b-q4_k_m ;;
     q19) ab_step q19 "dequantizing_path" 8 "--ab FUSEC_QGEMV_MAX_ROWS=4" llama-1b-q8_0 llama-1b-q4_k_m ;;
     q20) for m in llama-1b-q4_k_m qwen3-0.6b; do
            timeout 120 python3 benchmarks/block_trace.py "$R/q20_$m" --model $m --context 32 --blocks rope_atte \

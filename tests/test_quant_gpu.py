@@ -6,6 +6,8 @@ token in fp32. Fresh random data each run; outputs poisoned before each launch."
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from test_decode_kernels_gpu import dev, host, poisoned
@@ -450,3 +452,59 @@ def test_packed_decode_steps_do_no_host_work():
         pytest.skip(f"driver counters unavailable: {dec.get('counters')}")
     per = dec["per_step"]
     assert per["syncs"] == 0 and per["allocations"] == 0 and per["h2d_bytes"] == 0 and per["d2h_bytes"] == 0
+
+
+@pytest.mark.parametrize("fmt", ["q6_k", "q4_k", "q8_0"])
+@pytest.mark.parametrize("m", [1, 2, 3])
+def test_dp4a_argmax_partials_sample_as_the_logits_do(fmt, m):
+    """The dp4a form's argmax partials (a sampler reads the product): its logits are the plain form's bit for bit, and
+    the sampler merging its partials draws what the sampler reading the whole logits draws, for greedy rows and
+    uncut sampled rows (Gumbel scores): at a vocabulary whose last task is partial and whose grid has warps without
+    a task, and at one whose warps take several tasks each."""
+    import cupy as cp
+
+    from fusec.codegen.specs_decode import SampleSpec
+    from fusec.lower.quant import gemv_form
+
+    dt, k = BF16, 2048
+    for n in (3001, 9001):
+        qw = sample_weight(fmt, n, k, RNG)
+        x = dev(RNG.standard_normal((m, k)).astype(np.float32).astype(dt.np))
+        g = dev((RNG.random(k) * 0.1 + 0.95).astype(np.float32).astype(dt.np))
+        w = [dev(a) for a in qw.arrays]
+        form = gemv_form(m, n, k, fmt, qw.group, dt, True)
+        assert form.get("dp4a"), form
+        plain = QGemvSpec(m, n, k, fmt, qw.group, dt, qw.scale_dtype, norm=True, eps=1e-5, **form)
+        spec = dataclasses.replace(plain, argmax=True)
+        tasks = -(-n // spec.rows)
+        assert (spec.parts > tasks) if n == 3001 else (spec.parts < tasks), (n, spec.parts, tasks)
+        want_logits = poisoned((m, n), dt)
+        _run(plain, [x, *w, g, want_logits])
+        temperature = dev(np.array([0.0, 0.8, 1.3][:m], np.float32))
+        seed, counter = dev(np.arange(7, 7 + m, dtype=np.int64)), dev(np.arange(100, 100 + m, dtype=np.int64))
+        top_k, top_p = dev(np.zeros(m, np.int64)), dev(np.ones(m, np.float32))
+        logits = poisoned((m, n), dt)
+        part = cp.full((spec.part_floats,), np.nan, np.float32)
+        _run(spec, [x, *w, g, logits, seed, counter, temperature, part])
+        assert np.array_equal(host(logits, dt).view(np.uint16), host(want_logits, dt).view(np.uint16)), (fmt, m, n)
+        assert not np.isnan(cp.asnumpy(part)[0::2]).any()  # every warp wrote its pair
+        got, want = cp.zeros(m, np.int64), cp.full(m, -1, np.int64)
+        _run(SampleSpec(m, n, dt, chunks=spec.parts), [logits, seed, counter, temperature, top_k, top_p, part, got])
+        _run(SampleSpec(m, n, dt), [logits, seed, counter, temperature, top_k, top_p, want])
+        assert cp.asnumpy(got).tolist() == cp.asnumpy(want).tolist(), (fmt, m, n)
+        assert int(want[0]) == int(np.argmax(host(logits, dt)[0].astype(np.float32)))
+
+
+def test_packed_generation_samples_the_same_with_the_heads_partials():
+    """A bf16 packed plan at batch 1 (its LM head in the dp4a form, sampling from the head's partials) draws the
+    same tokens as the same plan without ``gemm_sample`` (the sampler reading the logits), greedy and sampled."""
+    from fusec.compiler import compile_generation
+    from fusec.sampling import Sampling
+
+    plans = [compile_generation(_packed_model(), batch=1, max_seq_len=48, prefill_len=12, dtype="bf16", eos_ids=[],
+                                disabled_fusions=off) for off in ((), ("gemm_sample",))]
+    labels = [[L["label"] for L in p.manifest["entries"]["decode"]["launches"]] for p in plans]
+    assert any("sample scores" in lab for lab in labels[0]) and not any("sample scores" in lab for lab in labels[1])
+    for s in (Sampling(), Sampling(temperature=0.9)):
+        got, want = (generate_with_plan(p, PROMPTS[:1], max_new_tokens=20, seed=3, sampling=s).new_ids for p in plans)
+        assert got == want, s

@@ -592,3 +592,58 @@ def test_prefill_dequantizes_large_weights_a_block_of_rows_at_a_time(monkeypatch
     assert [g["n"] for g in gemms] == [32, 32, 32] and all(g["ldc"] == 96 for g in gemms)
     assert [g["c"][1] - gemms[0]["c"][1] for g in gemms] == [0, 64, 128]  # columns 0, 32, 64 (2 bytes each)
     assert st.lowered.scratch_bytes == 32 * 512 * 2
+
+
+def _packed_decode_launches(dtype: str, **kw) -> list[dict]:  # noqa: ANN003
+    import dataclasses as dc
+
+    from fusec.compiler import compile_generation
+    from fusec.genmodel import GenModel
+    from fusec.models import get_config
+    from fusec.models.generate import SharedWeights
+    from fusec.models.weights import RandomPackedWeights, q4_k_m_types
+
+    cfg = dc.replace(get_config("llama-tiny"), hidden_size=256, intermediate_size=512, num_heads=4, num_kv_heads=2,
+                     head_dim=64, num_layers=2, tie_word_embeddings=False, name="llama-q4km-head")
+    gm = GenModel(cfg, SharedWeights(RandomPackedWeights(q4_k_m_types(2), seed=1, scale=0.02)), None, (), cfg.name)
+    plan = compile_generation(gm, batch=1, max_seq_len=64, prefill_len=8, dtype=dtype, eos_ids=[], arch="sm_90", **kw)
+    return plan.manifest["entries"]["decode"]["launches"]
+
+
+def test_a_packed_lm_head_samples_from_its_argmax_partials():
+    """In bf16 at batch 1 the packed LM head (the dp4a form) writes its warps' argmax partials and the sampler merges
+    them (``gemm_sample``): no sampler of its own reads the logits, and the sampler depends on the product. The fp32
+    plan (the FMA form: no partials) and a plan without the rule keep the separate sampler."""
+    from fusec.program import Task, dependencies
+
+    launches = _packed_decode_launches("bf16")
+    labels = [L["label"] for L in launches]
+    head = next(i for i, lab in enumerate(labels) if "qgemv+sample scores" in lab)
+    apart = lambda labs: [lab for lab in labs if "sample" in lab and "gemm_sample" not in lab]  # noqa: E731
+    assert "gemm_sample" in labels[head] and not apart(labels), labels
+    sampler = next(i for i, lab in enumerate(labels) if lab.endswith(" sample") and i > head)
+    assert head in dependencies([Task.from_json(L) for L in launches])[sampler]
+    for kw in ({"dtype": "fp32"}, {"dtype": "bf16", "disabled_fusions": ("gemm_sample",)}):
+        labels = [L["label"] for L in _packed_decode_launches(**kw)]
+        assert apart(labels) and not any("sample scores" in lab for lab in labels), (kw, labels)
+
+
+def test_argmax_partials_are_the_dp4a_forms_without_a_gated_unit():
+    """QGemvSpec's argmax: the dp4a form's alone (the FMA and tensor-core forms write no partials), not with a gated
+    unit; one pair a warp of the grid; it compiles without spills at the LM heads' shapes (Llama-1B's 128,256 x 2048
+    in Q6_K, the 7B's 32,000 x 4096 in Q4_K) at 1-3 rows of x, sm_80 and sm_90."""
+    with pytest.raises(ValueError, match="argmax"):
+        QGemvSpec(1, 4096, 2048, "q4_k", 32, DType.BF16, DType.F16, argmax=True)
+    with pytest.raises(ValueError, match="argmax"):
+        QGemvSpec(1, 4096, 2048, "q4_k", 32, DType.BF16, DType.F16, argmax=True, dp4a=True, glu="silu")
+    pending = []
+    for arch in ("sm_80", "sm_90"):
+        for n, k, fmt, group in ((128256, 2048, "q6_k", 16), (32000, 4096, "q4_k", 32)):
+            for m in (1, 2, 3):
+                form = gemv_form(m, n, k, fmt, group, DType.BF16, True, False)
+                spec = QGemvSpec(m, n, k, fmt, group, DType.BF16, DType.F16, norm=True, argmax=True, **form)
+                assert spec.parts == spec.grid * spec.warps and spec.part_floats == 2 * m * spec.parts
+                pending.append(((arch, n, m), K.build_async(spec, arch)))
+    for what, p in pending:
+        ck = p.result()
+        assert ck.binary.spill_bytes == 0 and ck.params[-4:] == ("seed", "counter", "temperature", "part"), what

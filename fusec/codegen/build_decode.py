@@ -177,7 +177,7 @@ _SAMPLE_PARAMS = ("logits", "seed", "counter", "temperature", "top_k", "top_p")
 def _sample(spec: S.SampleSpec) -> Rendered:
     ctx = _sample_ctx(spec, kernel_name("sample", spec))
     ctx["threads"] = SAMPLE_THREADS
-    params = _SAMPLE_PARAMS + (("part",) if spec.chunks > 1 else ()) + ("out",)
+    params = _SAMPLE_PARAMS + (("best_in",) if spec.chunks > 1 else ()) + ("out",)  # the chunks' pairs, read
     return Rendered("sample.cu.jinja", ctx, (spec.B, 1, 1), (SAMPLE_THREADS, 1, 1), params)
 
 

@@ -43,11 +43,13 @@ def _row_ctx(spec: QGemvSpec) -> dict[str, Any]:
             "residual": spec.epilogue.residual, "round_x": _round_fn(spec.dtype),
             "norm": spec.norm, "eps": float_lit(spec.eps), "weight_offset": float_lit(spec.weight_offset),
             "glu": Ident(spec.glu) if spec.glu else None, "glu_swap": spec.glu_swap, "half": spec.N // 2,
+            "argmax": spec.argmax,
             **_format_ctx(spec.fmt, spec.group, spec.scale_dtype)}
 
 
 def _row_params(spec: QGemvSpec) -> tuple[str, ...]:
-    return ("x",) + packed_params(spec.fmt) + (("g",) if spec.norm else ()) + _epi_params(spec.epilogue) + ("C",)
+    return ("x",) + packed_params(spec.fmt) + (("g",) if spec.norm else ()) + _epi_params(spec.epilogue) + ("C",) \
+        + (("seed", "counter", "temperature", "part") if spec.argmax else ())
 
 
 @builder(QGemvSpec)
@@ -77,18 +79,16 @@ def dp4a_tasks(n: int, rows: int, glu: bool) -> int:
 
 
 def _qgemv_dp4a(spec: QGemvSpec) -> Rendered:
-    from fusec.codegen.build_gemm import _SMS
-
     ntask = dp4a_tasks(spec.N, spec.rows, bool(spec.glu))
     ctx = {**_row_ctx(spec), "U": dp4a_unroll(spec.K, spec.rows, spec.chunks), "W": spec.warps,
            "BPS": spec.blocks, "ntask": ntask, "norm_early": spec.norm_early,
-           "bf16": spec.dtype == DType.BF16, "cluster": spec.cluster}
+           "bf16": spec.dtype == DType.BF16, "cluster": spec.cluster, "parts": spec.parts}
+    if spec.argmax:
+        ctx.update(seed_t=ctype(spec.seed_dtype), ctr_t=ctype(spec.counter_dtype))
     # one wave of blocks (``spec.blocks`` an SM: the launch bounds give each thread the registers for that), each taking
     # tasks in turn: a block writes x's digits once for all of its tasks (on sm_90 ``spec.cluster`` blocks split that:
     # the grid is whole clusters)
-    blocks = min(cdiv(ntask, spec.warps), spec.blocks * _SMS)
-    blocks = max(spec.cluster, blocks // spec.cluster * spec.cluster)
-    return Rendered("qgemv_dp4a.cu.jinja", ctx, (blocks, 1, 1), (32 * spec.warps, 1, 1), _row_params(spec))
+    return Rendered("qgemv_dp4a.cu.jinja", ctx, (spec.grid, 1, 1), (32 * spec.warps, 1, 1), _row_params(spec))
 
 
 def qgemv_tc_geometry(K: int, group: int, warps: int, hb: int = 0, passes: int = 1) -> dict[str, int]:

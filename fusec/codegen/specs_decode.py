@@ -259,9 +259,9 @@ class SampleSpec:
     def __post_init__(self) -> None:
         _pos(("B", self.B), ("V", self.V), ("chunks", self.chunks))
         _req(self.B <= 2**31 - 1, "sample: at most 2**31 - 1 rows")
-        # the row kernel merges one (score, index) pair per chunk: from SamplePartSpec's chunks, or from
-        # the LM-head product's tiles of 8 columns (fusec.lower.skinny)
-        _req(self.chunks == 1 or self.chunks <= -(-self.V // 8), "sample: chunks of fewer than 8 tokens")
+        # the row kernel merges one (score, index) pair per chunk: from SamplePartSpec's chunks, from the LM-head
+        # product's tiles of 8 columns, or from the quantized product's warps (fusec.lower.skinny; a warp without a
+        # task writes (-inf, no index): a small vocabulary may have more pairs than tokens)
         _req(self.chunks <= 65535, "sample: at most 65535 chunks per row")
         _req(self.V < 2**31, "sample: vocabulary must be < 2**31")
         _req(self.dtype in FLOATS, "sample: logits are float")

@@ -65,7 +65,12 @@ class QGemvSpec:
     at most ``QNORM_SMEM`` bytes, the dp4a form as it writes x's digits); ``glu``, a gated unit over the two halves of the product (as
     ``GemvSpec.glu``: C[m, j] = glu(y[m, j]) * y[m, F + j], ``glu_swap`` activating the second half,
     Nout = F = N / 2; a warp's two rows are j and F + j, so ``rows`` is 2; the dp4a form's may be 4, two such
-    pairs). Params: x, the packed operands (the format's order), [g], [bias], [residual], C."""
+    pairs). ``argmax`` (the dp4a form, no gated unit; a sampler reads the product: the LM head): each warp also keeps,
+    per x row, the best (score, column) of the outputs it stored, as ``GemvSpec.argmax`` scores them (the stored logit
+    for a greedy row, its Gumbel score for a sampled one), and writes it to ``part`` [M][parts][value, index bits]
+    (``parts``: one a warp of the grid), which the sampler merges instead of reading the logits.
+    Params: x, the packed operands (the format's order), [g], [bias], [residual], C, [seed, counter, temperature,
+    part]."""
 
     M: int
     N: int
@@ -90,10 +95,32 @@ class QGemvSpec:
     weight_offset: float = 0.0
     glu: str = ""
     glu_swap: bool = False
+    argmax: bool = False
+    seed_dtype: DType = DType.I64
+    counter_dtype: DType = DType.I64
 
     @property
     def n_out(self) -> int:
         return self.N // 2 if self.glu else self.N
+
+    @property
+    def grid(self) -> int:
+        """The dp4a form's blocks: one wave (``blocks`` an SM) or fewer where the tasks are fewer, whole clusters."""
+        from fusec.codegen.build_gemm import _SMS
+
+        rows = self.rows // 2 if self.glu else self.rows
+        tasks = -(-self.n_out // rows)
+        blocks = min(-(-tasks // self.warps), self.blocks * _SMS)
+        return max(self.cluster, blocks // self.cluster * self.cluster)
+
+    @property
+    def parts(self) -> int:
+        """``argmax``: the (score, column) pairs a row of x gets, one a warp of the grid."""
+        return self.grid * self.warps if self.argmax else 0
+
+    @property
+    def part_floats(self) -> int:
+        return self.M * self.parts * 2
 
     def __post_init__(self) -> None:
         _pos(("M", self.M), ("N", self.N), ("K", self.K), ("group", self.group))
@@ -125,6 +152,11 @@ class QGemvSpec:
         if self.norm and not self.dp4a:  # the FMA form's copy of x (the dp4a form writes x's digits instead)
             _req(self.M * self.K * self.dtype.itemsize <= QNORM_SMEM,
                  f"the quantized gemv normalizes x in shared memory: M * K * {self.dtype.itemsize} <= {QNORM_SMEM} bytes")
+        if self.argmax:
+            _req(self.dp4a and not self.glu, "the quantized gemv's argmax partials are the dp4a form's, without a "
+                 "gated unit")
+            _req(self.seed_dtype in (DType.I64, DType.I32) and self.counter_dtype in (DType.I64, DType.I32),
+                 "the quantized gemv's sampler state: seed and counter are int32/int64")
         if self.glu:
             _req(self.rows == 2 or (self.dp4a and self.rows == 4),
                  "a gated quantized gemv needs 2 rows a warp (the dp4a form: 2 or 4, one or two gated pairs)")

@@ -20,6 +20,7 @@ not written yet (see the report of issue 22).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from fusec.codegen.specs import Epilogue
@@ -223,14 +224,16 @@ def scale_dtype(fmt: str, packed: Any) -> Any:
     return packed[2 if FORMATS[fmt].high_planes else 1].dtype
 
 
-def emit_qgemv(ctx: Context, spec: QGemvSpec, x: Value, packed: Any, between: list[Value], extra: Any, out: Value,
-               label: str) -> None:
+def emit_qgemv(ctx: Context, spec: QGemvSpec, x: Value, packed: Any, between: list[Value], extra: Any, out: Any,
+               label: str, scores: Sequence[Any] = ()) -> None:
     """One quantized-GEMV launch: x, the packed operands, ``between`` (the norm weight), the epilogue's
-    ``extra`` operands, out (all 16-byte aligned: its vector loads)."""
-    if not (ctx.aligned(x, out, *extra) and all(ctx.aligned(p) for p in packed)):
+    ``extra`` operands, out (all 16-byte aligned: its vector loads), and with ``spec.argmax`` ``scores``
+    (the sampler's seed, counter and temperature, then the partials written)."""
+    mine = [out] if isinstance(out, Value) else []  # a Raw out is scratch: the arena's alignment
+    if not (ctx.aligned(x, *mine, *extra) and all(ctx.aligned(p) for p in packed)):
         raise LoweringError(f"{label}: the quantized GEMV was selected, but its operands are not 16-byte "
                             "aligned in the memory plan")
-    ctx.kernel(spec, [x, *packed, *between, *extra, out], f"{label} qgemv")
+    ctx.kernel(spec, [x, *packed, *between, *extra, out, *scores], f"{label} qgemv{'+sample scores' if scores else ''}")
     ctx.count("qmatmul:qgemv")
 
 

@@ -60,15 +60,15 @@ class Plan:
                       eps=float(self.norm.attrs.eps) if self.norm is not None else 1e-6,
                       weight_offset=float(self.norm.attrs.weight_offset) if self.norm is not None else 0.0,
                       glu=self.glu, glu_swap=self.glu_swap, **params)
+        sample = {} if self.sample is None else {"argmax": True, "seed_dtype": self.sample.inputs[1].dtype,
+                                                  "counter_dtype": self.sample.inputs[2].dtype}
         if self.packed:
             from fusec.codegen.specs_quant import QGemvSpec
             from fusec.lower.quant import scale_dtype
 
             a = self.mm.attrs
             return QGemvSpec(self.m, self.n, self.k, a.format, a.group, dt, scale_dtype(a.format, self.mm.inputs[1:]),
-                             **common)
-        sample = {} if self.sample is None else {"argmax": True, "seed_dtype": self.sample.inputs[1].dtype,
-                                                  "counter_dtype": self.sample.inputs[2].dtype}
+                             **common, **sample)
         return S.GemvSpec(self.m, self.n, self.k, dt, **common, **sample)
 
 
@@ -133,6 +133,13 @@ def qfits(m: int, n: int, k: int, a: Value, mm: Node, norm: bool, glu: bool, con
     return None
 
 
+def _qsamples(m: int, n: int, k: int, a: Value, mm: Node, norm: bool) -> bool:
+    """Whether the rule's quantized GEMV form for this product writes argmax partials (the dp4a form's)."""
+    from fusec.lower import quant as Q
+
+    return bool(Q.gemv_form(m, n, k, mm.attrs.format, mm.attrs.group, a.dtype, norm, False).get("dp4a"))
+
+
 def plan(body: Graph) -> Plan:
     nodes = list(body.nodes)
     i = _product([nd.op for nd in nodes])
@@ -148,10 +155,10 @@ def plan(body: Graph) -> Plan:
             raise NoPlan("the skinny product multiplies rows of K by the packed weight")
         m = math.prod(a.shape[:-1])
         glu_q = _glu_nodes(body, mm) is not None
-        if Op.SAMPLE in [nd.op for nd in nodes]:
-            raise NoPlan("the quantized GEMV writes no argmax partials for a sample")
         if (why := qfits(m, n, k, a, mm, i == 1, glu_q, all(is_constant(body, v) for v in mm.inputs[1:]))) is not None:
             raise NoPlan(why)
+        if Op.SAMPLE in [nd.op for nd in nodes] and not _qsamples(m, n, k, a, mm, i == 1):
+            raise NoPlan("the quantized GEMV's form here (not the dp4a form) writes no argmax partials for a sample")
     else:
         b = mm.inputs[1]
         if len(b.shape) != 2 or len(a.shape) < 2:
@@ -277,29 +284,34 @@ def emit(ctx: Any, p: Plan, node: Node, label: str) -> None:
 
     spec = p.spec(**dict(selection(node).params))
     x = outer[p.norm.inputs[0] if p.norm is not None else p.mm.inputs[0]]
-    if p.packed:
-        from fusec.lower.quant import emit_qgemv
-
-        emit_qgemv(ctx, spec, x, [outer[v] for v in p.mm.inputs[1:]],
-                   [outer[p.norm.inputs[1]]] if p.norm is not None else [],
-                   [outer[v] for v in (p.bias, p.residual) if v is not None], node.output, label)
-        return
-    args: list[Any] = [x, outer[p.mm.inputs[1]]]
-    if p.norm is not None:
-        args.append(outer[p.norm.inputs[1]])
-    args += [outer[v] for v in (p.bias, p.residual) if v is not None]
+    between = [outer[p.norm.inputs[1]]] if p.norm is not None else []
+    extra = [outer[v] for v in (p.bias, p.residual) if v is not None]
+    weights = [outer[v] for v in p.mm.inputs[1:]]
     if p.sample is None:
-        args.append(node.output)
-        ctx.kernel(spec, args, f"{label} gemv")
+        if p.packed:
+            from fusec.lower.quant import emit_qgemv
+
+            emit_qgemv(ctx, spec, x, weights, between, extra, node.output, label)
+        else:
+            ctx.kernel(spec, [x, *weights, *between, *extra, node.output], f"{label} gemv")
         return
     from fusec.codegen.specs_decode import SampleSpec
     from fusec.lower import Raw
 
+    # the logits go to scratch (read only for a row with a top-k/top-p cut), the argmax partials after them
     seed, counter, temperature, top_k, top_p = (outer[v] for v in p.sample.inputs[1:])
     lb = -(-p.out.nbytes // 256) * 256
     base = ctx.scratch(lb + spec.part_floats * 4)
-    logits = Raw(base.space, base.offset, p.out.nbytes)  # read only for a row with a top-k/top-p cut
+    logits = Raw(base.space, base.offset, p.out.nbytes)
     part = Raw(base.space, base.offset + lb, spec.part_floats * 4)
-    ctx.kernel(spec, args + [logits, seed, counter, temperature, part], f"{label} gemv+sample scores")
-    sampler = SampleSpec(p.m, p.n, p.out.dtype, seed.dtype, counter.dtype, top_k.dtype, chunks=spec.tiles)
+    scores = [seed, counter, temperature, part]
+    if p.packed:
+        from fusec.lower.quant import emit_qgemv
+
+        emit_qgemv(ctx, spec, x, weights, between, extra, logits, label, scores)
+        chunks = spec.parts
+    else:
+        ctx.kernel(spec, [x, *weights, *between, *extra, logits, *scores], f"{label} gemv+sample scores")
+        chunks = spec.tiles
+    sampler = SampleSpec(p.m, p.n, p.out.dtype, seed.dtype, counter.dtype, top_k.dtype, chunks=chunks)
     ctx.kernel(sampler, [logits, seed, counter, temperature, top_k, top_p, part, node.output], f"{label} sample")
