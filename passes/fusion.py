@@ -3,7 +3,8 @@ subgraph (the reference backend runs it, so the fused graph must agree with the 
 each FUSED node is exactly one kernel of the plan.
 
 Order of proposals (``fusion_rules``; a rule proposes by fusion kind, never by op name):
-whole candidates of the candidate-only rules first (``mlp``, ``norm_gemm``), then RoPE siblings
+whole candidates of the candidate-only rules first (``mlp``, ``norm_gemm``), a norm with the packed products in
+different formats that read it (``packed_siblings``: one launch), then RoPE siblings
 (``rope_siblings``: the q and k RoPEs of one layer, one output each) and single RoPEs with their
 norm and cache write (``head_rope``), each such group with the attention reading its rotated q and
 caches (``rope_attention``: the group becomes the attention's prologue), then per GEMM anchor its
@@ -234,6 +235,10 @@ class _Grouping:
             mlp = R.mlp_candidate(self.view, n)
             if mlp is not None:
                 self.propose("mlp", R.K.GEMM, mlp + R.epilogue(self.view, n))
+        for n in nodes:  # packed products of one norm in different formats: one launch, before the GEMM anchors
+            sib = R.packed_siblings(self.view, n)
+            if sib:
+                self.propose("packed_siblings", R.K.GEMM, sib, multi_output=True, spaces=True)
         self.head_ropes(nodes)  # before the GEMM anchors: a RoPE joins its norm and cache write, not attention
         for n in nodes:
             if R.kind(n) == R.K.GEMM and n not in self.owner:

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fusec.ir import Node, Value
-from fusec.ops import OP_INFO, FusionKind
+from fusec.ops import OP_INFO, FusionKind, Op
 
 K = FusionKind
 
@@ -81,6 +81,9 @@ RULES: dict[str, Rule] = {r.name: r for r in (
     Rule("norm_copies", True, "a norm read by several skinny products that did not merge (packed weights in two "
                               "formats) copied into each as its prologue (passes/split_norms.py): x is normalized "
                               "twice, the norm costs no launch"),
+    Rule("packed_siblings", True, "the packed products of one norm that did not merge (weights in two formats: a "
+                                  "Q4_K_M file's q/k in Q4_K, its v in Q6_K) as one launch of the dp4a quantized "
+                                  "GEMV: x normalized once a block, each product's tasks in blocks of their own"),
     Rule("gated_epilogue", True, "a gated unit (the product's two halves, one activated, multiplied: SwiGLU) as "
                                  "the skinny product's epilogue: a tile holds rows j of both halves"),
     Rule("gemm_sample", True, "a greedy sample of the skinny product's result: each block writes its argmax, one "
@@ -320,6 +323,19 @@ def norm_prologue(view: View, gemm: Node) -> list[Node]:
     if p is None or view.owned(p) or not is_norm(p) or view.sole_reader(gemm.inputs[0]) is not gemm:
         return []
     return [p]
+
+
+def packed_siblings(view: View, norm: Node) -> list[Node]:
+    """The norm and its readers where every reader is a packed product (QMATMUL) reading it as x, at least two:
+    products of one activation that ``merge_gemms`` could not merge (their formats differ); else []."""
+    if not is_norm(norm) or view.owned(norm) or view.is_output(norm.outputs[0]):
+        return []
+    readers = view.users(norm.outputs[0])
+    if len(readers) < 2 or len(set(readers)) != len(readers) or any(
+            r.op != Op.QMATMUL or view.owned(r) or r.inputs[0] is not norm.outputs[0]
+            or norm.outputs[0] in r.inputs[1:] for r in readers):
+        return []
+    return [norm, *readers]
 
 
 def gated(view: View, gemm: Node, limit: int = 8) -> list[Node]:

@@ -92,9 +92,13 @@ def _select(node: Node, options: PassOptions, offsets: dict[Value, int]) -> Sele
             raise LoweringError(f"{node.describe()}: fused group ({node.attrs.rule}) is not one kernel: {e}") from None
         if family == "gemv" and detail.packed:
             a = detail.mm.attrs
-            return Selection("gemv", "qgemv", reason="only the quantized GEMV covers this body",
-                             params=_qgemv_params(detail.m, a.n, a.k, a.format, a.group, detail.mm.inputs[0].dtype,
-                                                  detail.norm is not None, bool(detail.glu)),
+            params = _qgemv_params(detail.m, a.n, a.k, a.format, a.group, detail.mm.inputs[0].dtype,
+                                   detail.norm is not None, bool(detail.glu))
+            if detail.siblings:  # each further product's rows a task and chunks a round (its own form's)
+                forms = [dict(_qgemv_params(detail.m, s.attrs.n, s.attrs.k, s.attrs.format, s.attrs.group,
+                                            s.inputs[0].dtype, True)) for s in detail.siblings]
+                params += (("sibling_forms", tuple((f["rows"], f["chunks"]) for f in forms)),)
+            return Selection("gemv", "qgemv", reason="only the quantized GEMV covers this body", params=params,
                              detail=detail)
         if family == "gemv":
             return Selection("gemv", "gemv", layout="nk", reason="only the skinny product covers this body",

@@ -9,7 +9,8 @@ round trip through memory).
 
 A norm is split only where every reader is a product reading it as its first operand and the
 codegen's capability query (``fusec.lower.fused.can_fuse``) says each norm + product is one kernel,
-and the rules ``norm_copies`` and ``norm_gemm`` are on: where a reader could not take the copy (a prefill's cuBLAS product,
+and the rules ``norm_copies`` and ``norm_gemm`` are on, and not where one launch takes the norm with all of its
+readers (``packed_siblings``: packed products in the dp4a form): where a reader could not take the copy (a prefill's cuBLAS product,
 the tensor-core quantized form) the norm stays one launch. The fusion pass then finds each copy read
 by one product. ``fusion_rules.projection_source`` follows a product back through the norm to the
 activation both copies read, so the q/k RoPEs and the V cache copy of the two products stay siblings
@@ -19,6 +20,7 @@ activation both copies read, so the q/k RoPEs and the V cache copy of the two pr
 from __future__ import annotations
 
 from fusec.ir import Graph, Node, Value
+from fusec.ops import Op
 from fusec.passes import fusion_rules as R
 from fusec.passes.base import PassOptions, PassResult
 from fusec.passes.match import Ctx, Rewriter
@@ -44,17 +46,31 @@ def _splittable(ctx: Ctx, graph: Graph, norm: Node) -> list[Node]:
     return readers
 
 
+def _siblings(ctx: Ctx, norm: Node) -> bool:
+    """Whether ``norm``'s readers are packed products that one launch takes with it (``packed_siblings``)."""
+    from fusec.lower.fused import can_fuse
+
+    readers = ctx.users(norm.outputs[0])
+    if len(readers) < 2 or any(r.op != Op.QMATMUL for r in readers):
+        return False
+    return can_fuse(extract([norm, *readers], [r.outputs[0] for r in readers], "candidate").body)
+
+
 def run(graph: Graph, options: PassOptions) -> PassResult:
-    on = [R.decide(rule, options.disabled_fusions, options.enabled_fusions, {}, "")[0] == R.Decision.APPLIED
-          for rule in ("norm_copies", "norm_gemm")]
-    if not all(on):
+    def on(rule: str) -> bool:
+        return R.decide(rule, options.disabled_fusions, options.enabled_fusions, {}, "")[0] == R.Decision.APPLIED
+
+    if not (on("norm_copies") and on("norm_gemm")):
         return PassResult(graph, False)
+    siblings = on("packed_siblings")
     ctx = Ctx(graph)
     rw = Rewriter(graph)  # fresh value names
     replace: dict[Node, list[Node]] = {}
     split = 0
     for n in graph.nodes:
         if not (R.is_norm(n) and len(n.outputs) == 1):
+            continue
+        if siblings and _siblings(ctx, n):  # the fusion pass makes the norm and its products one launch
             continue
         readers = _splittable(ctx, graph, n)
         y = n.outputs[0]

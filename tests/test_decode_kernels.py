@@ -132,8 +132,8 @@ def test_spec_validation() -> None:
         S.SampleSpec(1, 10, F32, seed_dtype=F32)
     with pytest.raises(ValueError, match="top_k"):
         S.SampleSpec(1, 10, F32, top_k_dtype=BOOL)
-    with pytest.raises(ValueError, match="8 tokens"):  # the LM-head product's tiles are the finest chunks
-        S.SampleSpec(1, 1000, F32, chunks=126)
+    with pytest.raises(ValueError, match="65535 chunks"):  # the pairs merged: one a tile or warp of the LM head
+        S.SampleSpec(1, 1000, F32, chunks=65536)
     with pytest.raises(ValueError, match="256 tokens"):  # the sampler's own first step
         S.SampleSpec(1, 1000, F32, chunks=8).part()
     with pytest.raises(ValueError, match="at least 2"):
@@ -148,11 +148,11 @@ def test_sample_kernels_read_every_setting_per_row() -> None:
     body = row.split('extern "C"')[1]
     for setting in ("temperature[b]", "top_k[b]", "top_p[b]", "seed[b]", "counter[b]"):
         assert setting in body
-    assert "hist[" in body and "fc_sample_cut(" in body and "part[" not in body
+    assert "hist[" in body and "fc_sample_cut(" in body and "best_in[" not in body
     cuh = row.split('extern "C"')[0]
     assert "0x9E3779B97F4A7C15" in cuh and "0x8CB92BA72F3D8DD7" in cuh and "-logf(-logf(u))" in cuh
     _, merged = K.prepare(sample_spec(1, 151936, F32))
-    assert "part[" in merged.split('extern "C"')[1]
+    assert "best_in[" in merged.split('extern "C"')[1]
     _, part = K.prepare(sample_spec(1, 151936, F32).part())
     body = part.split('extern "C"')[1]
     assert "fc_sample_cut(" in body and "hist[" not in body  # a cut row is left to the row kernel

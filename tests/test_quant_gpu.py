@@ -508,3 +508,44 @@ def test_packed_generation_samples_the_same_with_the_heads_partials():
     for s in (Sampling(), Sampling(temperature=0.9)):
         got, want = (generate_with_plan(p, PROMPTS[:1], max_new_tokens=20, seed=3, sampling=s).new_ids for p in plans)
         assert got == want, s
+
+
+@pytest.mark.parametrize("fmts", [("q4_k", "q6_k"), ("q8_0", "q4_0"), ("q5_k", "q4_1"), ("int4", "q6_k")])
+@pytest.mark.parametrize("m", [1, 2])
+def test_dp4a_siblings_give_each_products_bits(fmts, m):
+    """Packed siblings (one launch, two formats over the same normalized x, each product's tasks in blocks of its
+    own) write each product's outputs bit for bit as its own launch does: odd N, and the 7B's q/k + v shapes,
+    whose blocks together pass one wave (the wave shared by weight bytes)."""
+    from fusec.codegen.specs_quant import QSibling
+    from fusec.lower.quant import gemv_form
+
+    dt = BF16
+    for n0, n1, k in ((1001, 333, 2048), (8192, 4096, 4096)):
+        w0, w1 = (sample_weight(f, n, k, RNG) for f, n in zip(fmts, (n0, n1)))
+        x = dev(RNG.standard_normal((m, k)).astype(np.float32).astype(dt.np))
+        g = dev((RNG.random(k) * 0.1 + 0.95).astype(np.float32).astype(dt.np))
+        forms = [gemv_form(m, n, k, f, w.group, dt, True) for f, n, w in zip(fmts, (n0, n1), (w0, w1))]
+        alone = [QGemvSpec(m, n, k, f, w.group, dt, w.scale_dtype, norm=True, eps=1e-5, **form)
+                 for f, n, w, form in zip(fmts, (n0, n1), (w0, w1), forms)]
+        want = [poisoned((m, n), dt) for n in (n0, n1)]
+        for spec, w, out in zip(alone, (w0, w1), want):
+            _run(spec, [x, *[dev(a) for a in w.arrays], g, out])
+        sib = QSibling(n1, fmts[1], w1.group, w1.scale_dtype, forms[1]["rows"], forms[1]["chunks"])
+        spec = dataclasses.replace(alone[0], siblings=(sib,))
+        got = [poisoned((m, n), dt) for n in (n0, n1)]
+        _run(spec, [x, *[dev(a) for a in w0.arrays], *[dev(a) for a in w1.arrays], g, *got])
+        for a, b in zip(got, want):
+            assert np.array_equal(host(a, dt).view(np.uint16), host(b, dt).view(np.uint16)), (fmts, m, n0, n1)
+
+
+def test_packed_generation_is_the_same_with_packed_siblings():
+    """A bf16 packed plan at batch 1 whose Q6_K v product runs in one launch with the Q4_K q/k product (packed_siblings)
+    draws the same tokens as the plan with the norm copied into two launches."""
+    from fusec.compiler import compile_generation
+
+    plans = [compile_generation(_packed_model(), batch=1, max_seq_len=48, prefill_len=12, dtype="bf16", eos_ids=[],
+                                disabled_fusions=off) for off in ((), ("packed_siblings",))]
+    labels = [[L["label"] for L in p.manifest["entries"]["decode"]["launches"]] for p in plans]
+    assert any("packed_siblings" in lab for lab in labels[0]) and not any("packed_siblings" in lab for lab in labels[1])
+    got, want = (generate_with_plan(p, PROMPTS[:1], max_new_tokens=24).new_ids for p in plans)
+    assert got == want

@@ -647,3 +647,34 @@ def test_argmax_partials_are_the_dp4a_forms_without_a_gated_unit():
     for what, p in pending:
         ck = p.result()
         assert ck.binary.spill_bytes == 0 and ck.params[-4:] == ("seed", "counter", "temperature", "part"), what
+
+
+def test_dp4a_siblings_compile_without_spills_and_refuse_what_they_cannot_take():
+    """Packed siblings (QGemvSpec.siblings): the Llama-1B's and 7B's q/k (Q4_K) + v (Q6_K) at 1 and 2 rows of x compile
+    without spills on sm_80 and sm_90, each segment's params in turn, the blocks one wave at most; the dp4a form's
+    alone, without a gated unit, argmax, clusters or an epilogue, over one K."""
+    from fusec.codegen.build_gemm import _SMS
+    from fusec.codegen.specs_quant import QSibling
+
+    pending = []
+    for arch in ("sm_80", "sm_90"):
+        for n0, n1, k in ((2560, 512, 2048), (8192, 4096, 4096)):
+            for m in (1, 2):
+                f0 = gemv_form(m, n0, k, "q4_k", 32, DType.BF16, True)
+                f1 = gemv_form(m, n1, k, "q6_k", 16, DType.BF16, True)
+                spec = QGemvSpec(m, n0, k, "q4_k", 32, DType.BF16, DType.F16, norm=True, **f0,
+                                 siblings=(QSibling(n1, "q6_k", 16, DType.F16, f1["rows"], f1["chunks"]),))
+                assert spec.grid == sum(spec.segment_blocks) <= spec.blocks * _SMS
+                pending.append(((arch, n0, m), spec, K.build_async(spec, arch)))
+    for what, spec, p in pending:
+        ck = p.result()
+        assert ck.binary.spill_bytes == 0, what
+        assert ck.params[-3:] == ("g", "C", "out_1") and "codes_1" in ck.params and "high_1" in ck.params, what
+    sib = QSibling(512, "q6_k", 16)
+    base = dict(dp4a=True, norm=True, siblings=(sib,))
+    for bad in (dict(glu="silu"), dict(argmax=True), dict(cluster=2), dict(epilogue=Epilogue(residual=True)),
+                dict(dp4a=False)):
+        with pytest.raises(ValueError, match="siblings"):
+            QGemvSpec(1, 2560, 2048, "q4_k", 32, DType.BF16, DType.F16, **{**base, **bad})
+    with pytest.raises(ValueError):  # a sibling's rows must hold its format's blocks of K
+        QGemvSpec(1, 2560, 2048, "q4_k", 32, DType.BF16, DType.F16, **{**base, "siblings": (QSibling(512, "q6_k", 7),)})

@@ -1,5 +1,5 @@
-"""passes/split_norms.py: a norm read by products that could not merge (a Q4_K_M file's q/k in Q4_K, its v in
-Q6_K) becomes each product's prologue, and the V cache copy joins the q/k RoPEs and the attention; where a reader
+"""A norm read by products that could not merge (a Q4_K_M file's q/k in Q4_K, its v in Q6_K): one launch with both
+products where the dp4a form takes them (packed_siblings), else (passes/split_norms.py) each product's prologue, and the V cache copy joins the q/k RoPEs and the attention; where a reader
 cannot take the norm (tensor-core rows, the rule off), the norm stays one launch. CPU: plans compiled for sm_90
 with NVRTC; the greedy tokens through the numpy reference backend against transformers."""
 
@@ -26,9 +26,25 @@ def _decode(path, batch: int, disabled: tuple[str, ...] = ()):  # noqa: ANN001, 
     return plan, launches
 
 
-def test_a_norm_shared_by_two_packed_formats_is_each_products_prologue(tmp_path):
+def test_a_norm_shared_by_two_packed_formats_is_one_launch_with_both_products(tmp_path):
+    """packed_siblings (the default): at one row of x, in bf16, the attention norm, the q/k product (Q4_K) and the v
+    product (Q6_K) are one launch of the dp4a form, as many launches as a file whose q/k/v merged; the norm is not
+    split; both products' heads still go to the attention's prologue."""
     path = write_gguf(tmp_path / "m.gguf", Q.Q4_K, types=MIXED)
     plan, launches = _decode(path, 1)
+    labels = [L["label"] for L in launches]
+    assert "norms_split" not in plan.manifest["reports"]["decode"]
+    assert sum("fused[packed_siblings] qgemv siblings" in x for x in labels) == LAYERS, labels
+    assert not [x for x in labels if "rmsnorm" in x], labels
+    _, uniform = _decode(write_gguf(tmp_path / "u.gguf", Q.Q4_K), 1)  # q/k/v one merged product
+    assert len(launches) == len(uniform)
+    assert sum("rope_siblings+rope_attention" in x for x in labels) == LAYERS
+
+
+def test_a_norm_shared_by_two_packed_formats_is_each_products_prologue(tmp_path):
+    """Without packed_siblings: the norm is copied into each product (norm_copies)."""
+    path = write_gguf(tmp_path / "m.gguf", Q.Q4_K, types=MIXED)
+    plan, launches = _decode(path, 1, ("packed_siblings",))
     labels = [L["label"] for L in launches]
     report = plan.manifest["reports"]["decode"]
     assert report["norms_split"] == LAYERS  # each layer's attention norm, read by the q/k and the v products
@@ -36,13 +52,13 @@ def test_a_norm_shared_by_two_packed_formats_is_each_products_prologue(tmp_path)
     _, uniform = _decode(write_gguf(tmp_path / "u.gguf", Q.Q4_K), 1)  # q/k/v one merged product
     assert len(launches) == len(uniform) + LAYERS  # only the v product's launch more: no norm, no cache write
     qk_v = [x for x in labels if "fused[norm_gemm]" in x and "qgemv" in x]
-    assert len(qk_v) == 2 * LAYERS + 1  # q/k and v: each normalizes x itself (and the LM head)
+    assert len(qk_v) == 2 * LAYERS  # q/k and v: each normalizes x itself (the LM head: norm_gemm+gemm_sample)
     heads = [x for x in labels if "rope_siblings+rope_attention" in x]
     assert len(heads) == LAYERS  # both caches written by the attention's prologue
-    _, off = _decode(path, 1, ("norm_gemm",))
+    _, off = _decode(path, 1, ("norm_gemm", "packed_siblings"))
     assert sum("rmsnorm" in L["label"] for L in off) >= 2 * LAYERS  # the rule off: no copies, norms launch
     assert len(off) > len(launches)
-    _, kept = _decode(path, 1, ("norm_copies",))
+    _, kept = _decode(path, 1, ("norm_copies", "packed_siblings"))
     assert sum("rmsnorm" in L["label"] for L in kept) == LAYERS  # the attention norm, read by two products
     assert len(kept) > len(launches)
 

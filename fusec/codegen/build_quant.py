@@ -48,7 +48,9 @@ def _row_ctx(spec: QGemvSpec) -> dict[str, Any]:
 
 
 def _row_params(spec: QGemvSpec) -> tuple[str, ...]:
-    return ("x",) + packed_params(spec.fmt) + (("g",) if spec.norm else ()) + _epi_params(spec.epilogue) + ("C",) \
+    sib = tuple(f"{p}_{i}" for i, sb in enumerate(spec.siblings, 1) for p in packed_params(sb.fmt))
+    return ("x",) + packed_params(spec.fmt) + sib + (("g",) if spec.norm else ()) + _epi_params(spec.epilogue) \
+        + ("C",) + tuple(f"out_{i}" for i in range(1, len(spec.siblings) + 1)) \
         + (("seed", "counter", "temperature", "part") if spec.argmax else ())
 
 
@@ -85,9 +87,20 @@ def _qgemv_dp4a(spec: QGemvSpec) -> Rendered:
            "bf16": spec.dtype == DType.BF16, "cluster": spec.cluster, "parts": spec.parts}
     if spec.argmax:
         ctx.update(seed_t=ctype(spec.seed_dtype), ctr_t=ctype(spec.counter_dtype))
-    # one wave of blocks (``spec.blocks`` an SM: the launch bounds give each thread the registers for that), each taking
-    # tasks in turn: a block writes x's digits once for all of its tasks (on sm_90 ``spec.cluster`` blocks split that:
-    # the grid is whole clusters)
+    # the segments: the product, then each sibling (the same x, another weight and format), each in its own range of
+    # blocks. One wave of blocks (``spec.blocks`` an SM: the launch bounds give each thread the registers for that),
+    # each taking its segment's tasks in turn: a block writes x's digits once for all of its tasks (on sm_90
+    # ``spec.cluster`` blocks split that: the grid is whole clusters)
+    parts = [(spec.N, spec.fmt, spec.group, spec.scale_dtype, spec.rows, spec.chunks)]
+    parts += [(s.N, s.fmt, s.group, s.scale_dtype, s.rows, s.chunks) for s in spec.siblings]
+    segs, base = [], 0
+    for i, ((n, fmt, group, sdt, rows, chunks), nb) in enumerate(zip(parts, spec.segment_blocks if spec.siblings
+                                                                          else (spec.grid,))):
+        segs.append({"i": i, "N": n, "R": rows, "U": dp4a_unroll(spec.K, rows, chunks),
+                     "ntask": dp4a_tasks(n, rows, bool(spec.glu)), "base": base, "nb": nb,
+                     **_format_ctx(fmt, group, sdt)})
+        base += nb
+    ctx["segs"] = segs
     return Rendered("qgemv_dp4a.cu.jinja", ctx, (spec.grid, 1, 1), (32 * spec.warps, 1, 1), _row_params(spec))
 
 

@@ -47,6 +47,20 @@ def _check_format(fmt: str, n: int, k: int, group: int, scale_dtype: DType) -> N
 
 
 @dataclasses.dataclass(frozen=True)
+class QSibling:
+    """A further product of a dp4a quantized GEMV launch (``QGemvSpec.siblings``): the same x (and norm) times
+    another packed weight [N, K] in its own format, written to its own output; its tasks run in blocks of their own,
+    ``rows`` weight rows a task, ``chunks`` 32-weight chunks a lane a round (the rule's form for it alone)."""
+
+    N: int
+    fmt: str
+    group: int
+    scale_dtype: DType = DType.F16
+    rows: int = 2
+    chunks: int = 4
+
+
+@dataclasses.dataclass(frozen=True)
 class QGemvSpec:
     """C[M, N] = epilogue(x[M, K] @ W^T), W [N, K] packed in ``fmt`` (groups of ``group``).
     ``rows``: output rows per warp (1, 2 or 4); ``fold``: scale each 8 weights' partial dot once
@@ -98,6 +112,7 @@ class QGemvSpec:
     argmax: bool = False
     seed_dtype: DType = DType.I64
     counter_dtype: DType = DType.I64
+    siblings: tuple[QSibling, ...] = ()
 
     @property
     def n_out(self) -> int:
@@ -105,13 +120,37 @@ class QGemvSpec:
 
     @property
     def grid(self) -> int:
-        """The dp4a form's blocks: one wave (``blocks`` an SM) or fewer where the tasks are fewer, whole clusters."""
+        """The dp4a form's blocks: one wave (``blocks`` an SM) or fewer where the tasks are fewer, whole clusters;
+        with siblings, every segment's blocks (``segment_blocks``)."""
         from fusec.codegen.build_gemm import _SMS
 
+        if self.siblings:
+            return sum(self.segment_blocks)
         rows = self.rows // 2 if self.glu else self.rows
         tasks = -(-self.n_out // rows)
         blocks = min(-(-tasks // self.warps), self.blocks * _SMS)
         return max(self.cluster, blocks // self.cluster * self.cluster)
+
+    @property
+    def segment_tasks(self) -> tuple[int, ...]:
+        """Tasks of the product and of each sibling (``rows`` weight rows each)."""
+        return (-(-self.N // self.rows),) + tuple(-(-s.N // s.rows) for s in self.siblings)
+
+    @property
+    def segment_blocks(self) -> tuple[int, ...]:
+        """Blocks of the product and of each sibling: each as many as its tasks need; where together they pass one
+        wave (``blocks`` an SM), the wave shared in proportion to their weight bytes (at least one block each)."""
+        from fusec.codegen.build_gemm import _SMS
+        from fusec.quant import FORMATS
+
+        need = [-(-t // self.warps) for t in self.segment_tasks]
+        wave = self.blocks * _SMS
+        if sum(need) <= wave:
+            return tuple(need)
+        fmts = [(self.N, self.fmt, self.group)] + [(s.N, s.fmt, s.group) for s in self.siblings]
+        nbytes = [n * FORMATS[f].bits_per_weight(g) for n, f, g in fmts]
+        share = [max(1, min(nd, int(wave * b / sum(nbytes)))) for nd, b in zip(need, nbytes)]
+        return tuple(share)
 
     @property
     def parts(self) -> int:
@@ -152,6 +191,15 @@ class QGemvSpec:
         if self.norm and not self.dp4a:  # the FMA form's copy of x (the dp4a form writes x's digits instead)
             _req(self.M * self.K * self.dtype.itemsize <= QNORM_SMEM,
                  f"the quantized gemv normalizes x in shared memory: M * K * {self.dtype.itemsize} <= {QNORM_SMEM} bytes")
+        if self.siblings:
+            _req(self.dp4a and not self.glu and not self.argmax and self.cluster == 1 and self.epilogue == Epilogue(),
+                 "a quantized gemv's siblings are the dp4a form's, without a gated unit, argmax partials, clusters or "
+                 "an epilogue")
+            for sib in self.siblings:
+                _req(isinstance(sib, QSibling), "siblings are QSibling records")
+                _pos(("sibling N", sib.N), ("sibling group", sib.group))
+                _check_format(sib.fmt, sib.N, self.K, sib.group, sib.scale_dtype)
+                _req(sib.rows in (1, 2, 4) and sib.chunks in (2, 4, 8), "a sibling's rows (1, 2, 4) and chunks (2, 4, 8)")
         if self.argmax:
             _req(self.dp4a and not self.glu, "the quantized gemv's argmax partials are the dp4a form's, without a "
                  "gated unit")

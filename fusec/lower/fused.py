@@ -263,6 +263,13 @@ def kernel_plan(body: Graph) -> tuple[str, Any]:
             return ("mlp", mlp.plan(body))
         except mlp.NoPlan as e:
             raise _NoPlan(str(e)) from None
+    if ops.count(Op.QMATMUL) >= 2:  # packed products of one norm, in different formats: one launch
+        from fusec.lower import skinny
+
+        try:
+            return ("gemv", skinny.plan_siblings(body))
+        except skinny.NoPlan as e:
+            raise _NoPlan(str(e)) from None
     if Op.MATMUL in ops or Op.QMATMUL in ops:
         from fusec.lower import skinny
 

@@ -225,15 +225,17 @@ def scale_dtype(fmt: str, packed: Any) -> Any:
 
 
 def emit_qgemv(ctx: Context, spec: QGemvSpec, x: Value, packed: Any, between: list[Value], extra: Any, out: Any,
-               label: str, scores: Sequence[Any] = ()) -> None:
-    """One quantized-GEMV launch: x, the packed operands, ``between`` (the norm weight), the epilogue's
-    ``extra`` operands, out (all 16-byte aligned: its vector loads), and with ``spec.argmax`` ``scores``
-    (the sampler's seed, counter and temperature, then the partials written)."""
-    mine = [out] if isinstance(out, Value) else []  # a Raw out is scratch: the arena's alignment
+               label: str, after: Sequence[Any] = (), what: str = "qgemv") -> None:
+    """One quantized-GEMV launch: x, the packed operands (with siblings, each product's in turn), ``between`` (the
+    norm weight), the epilogue's ``extra`` operands, out (all 16-byte aligned: its vector loads), then ``after``:
+    the siblings' outputs, or with ``spec.argmax`` the sampler's seed, counter and temperature and the partials
+    written. ``what`` ends the launch's label."""
+    outs = (out, *after) if spec.siblings else (out,)
+    mine = [v for v in outs if isinstance(v, Value)]  # a Raw out is scratch: the arena's alignment
     if not (ctx.aligned(x, *mine, *extra) and all(ctx.aligned(p) for p in packed)):
         raise LoweringError(f"{label}: the quantized GEMV was selected, but its operands are not 16-byte "
                             "aligned in the memory plan")
-    ctx.kernel(spec, [x, *packed, *between, *extra, out, *scores], f"{label} qgemv{'+sample scores' if scores else ''}")
+    ctx.kernel(spec, [x, *packed, *between, *extra, out, *after], f"{label} {what}")
     ctx.count("qmatmul:qgemv")
 
 

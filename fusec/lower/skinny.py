@@ -44,6 +44,7 @@ class Plan:
     m: int
     n: int
     k: int
+    siblings: tuple[Node, ...] = ()  # further packed products of the same normalized x (plan_siblings)
 
     @property
     def packed(self) -> bool:
@@ -63,12 +64,15 @@ class Plan:
         sample = {} if self.sample is None else {"argmax": True, "seed_dtype": self.sample.inputs[1].dtype,
                                                   "counter_dtype": self.sample.inputs[2].dtype}
         if self.packed:
-            from fusec.codegen.specs_quant import QGemvSpec
+            from fusec.codegen.specs_quant import QGemvSpec, QSibling
             from fusec.lower.quant import scale_dtype
 
             a = self.mm.attrs
+            forms = common.pop("sibling_forms", ())
+            sibs = tuple(QSibling(s.attrs.n, s.attrs.format, s.attrs.group, scale_dtype(s.attrs.format, s.inputs[1:]),
+                                  rows, chunks) for s, (rows, chunks) in zip(self.siblings, forms))
             return QGemvSpec(self.m, self.n, self.k, a.format, a.group, dt, scale_dtype(a.format, self.mm.inputs[1:]),
-                             **common, **sample)
+                             **common, **sample, **({"siblings": sibs} if sibs else {}))
         return S.GemvSpec(self.m, self.n, self.k, dt, **common, **sample)
 
 
@@ -138,6 +142,47 @@ def _qsamples(m: int, n: int, k: int, a: Value, mm: Node, norm: bool) -> bool:
     from fusec.lower import quant as Q
 
     return bool(Q.gemv_form(m, n, k, mm.attrs.format, mm.attrs.group, a.dtype, norm, False).get("dp4a"))
+
+
+SIBLINGS_MAX_M = 2  # at 3 rows of x the Q4_K + Q6_K kernel spilled 96 bytes on sm_80 (ptxas, the Llama-1B shapes)
+
+
+def plan_siblings(body: Graph) -> Plan:
+    """An RMSNorm read by several packed products (``packed_siblings``) as one launch of the dp4a form: the norm once
+    a block, each product's tasks in blocks of their own; NoPlan saying why not."""
+    from fusec.lower import quant as Q
+
+    nodes = list(body.nodes)
+    norm, mms = nodes[0], nodes[1:]
+    if norm.op != Op.RMSNORM or len(mms) < 2 or any(n.op != Op.QMATMUL for n in mms):
+        raise NoPlan("packed siblings are an RMSNorm and the packed products that read it, nothing else")
+    x = norm.outputs[0]
+    if any(mm.inputs[0] is not x for mm in mms) or set(body.outputs) != {mm.outputs[0] for mm in mms}:
+        raise NoPlan("every sibling reads the norm's result as x and writes one of the group's outputs")
+    k = mms[0].attrs.k
+    m = math.prod(x.shape[:-1]) if len(x.shape) >= 2 else 0
+    if m < 1 or m > SIBLINGS_MAX_M:
+        raise NoPlan(f"packed siblings take 1 to {SIBLINGS_MAX_M} rows of x")
+    if norm.inputs[1].shape != (k,) or norm.inputs[1].dtype != x.dtype or norm.inputs[0].dtype != x.dtype \
+            or (norm.inputs[1] not in body.inputs and norm.inputs[1] not in body.constants):
+        raise NoPlan("the norm prologue must be an RMSNorm over K, in the products' dtype, its weight an operand")
+    forms = []
+    for mm in mms:
+        a = mm.attrs
+        if a.k != k or x.shape[-1] != k:
+            raise NoPlan("packed siblings multiply one x: the same K")
+        if (why := qfits(m, a.n, k, x, mm, True, False, all(is_constant(body, v) for v in mm.inputs[1:]))) is not None:
+            raise NoPlan(why)
+        form = Q.gemv_form(m, a.n, k, a.format, a.group, x.dtype, True, False)
+        if not form.get("dp4a") or form.get("cluster", 1) != 1:
+            raise NoPlan("packed siblings run in the dp4a form without clusters")
+        forms.append(form)
+    shared = {"warps", "blocks", "norm_early"}
+    if any({f.get(key) for f in forms} != {forms[0].get(key)} for key in shared):
+        raise NoPlan("packed siblings share one block shape and one x phase (warps, blocks an SM, norm weights)")
+    first = mms[0]
+    return Plan(first, norm, None, "none", None, "", False, None, first.outputs[0], m, first.attrs.n, k,
+                tuple(mms[1:]))
 
 
 def plan(body: Graph) -> Plan:
@@ -287,6 +332,14 @@ def emit(ctx: Any, p: Plan, node: Node, label: str) -> None:
     between = [outer[p.norm.inputs[1]]] if p.norm is not None else []
     extra = [outer[v] for v in (p.bias, p.residual) if v is not None]
     weights = [outer[v] for v in p.mm.inputs[1:]]
+    if p.siblings:  # one launch: each product's packed operands in turn, then each one's output
+        from fusec.lower.quant import emit_qgemv
+
+        made = dict(zip(body.outputs, node.outputs))
+        weights += [outer[v] for sib in p.siblings for v in sib.inputs[1:]]
+        outs = [made[mm.outputs[0]] for mm in (p.mm, *p.siblings)]
+        emit_qgemv(ctx, spec, x, weights, between, extra, outs[0], label, outs[1:], "qgemv siblings")
+        return
     if p.sample is None:
         if p.packed:
             from fusec.lower.quant import emit_qgemv
@@ -308,7 +361,7 @@ def emit(ctx: Any, p: Plan, node: Node, label: str) -> None:
     if p.packed:
         from fusec.lower.quant import emit_qgemv
 
-        emit_qgemv(ctx, spec, x, weights, between, extra, logits, label, scores)
+        emit_qgemv(ctx, spec, x, weights, between, extra, logits, label, scores, "qgemv+sample scores")
         chunks = spec.parts
     else:
         ctx.kernel(spec, [x, *weights, *between, *extra, logits, *scores], f"{label} gemv+sample scores")
