@@ -91,3 +91,17 @@ def test_greedy_tokens_with_split_norms_match_transformers(tmp_path):
     assert engine.graphs["decode"].meta["norms_split"] == LAYERS
     got = generate(engine, prompts, 10, gm.config.vocab_size).new_ids
     assert got == _hf_greedy(str(path), prompts, 10, list(gm.eos_ids))
+
+
+def test_past_the_siblings_rows_the_norm_is_copied_into_each_product(tmp_path):
+    """At 3 rows of x the two-format launch is not made (it spilled on sm_80; fusec.lower.skinny.plan_siblings says
+    so): split_norms copies the norm into each product as before (norm_copies), and no siblings group is applied."""
+    from fusec.lower.skinny import SIBLINGS_MAX_M
+
+    path = write_gguf(tmp_path / "m.gguf", Q.Q4_K, types=MIXED)
+    plan, launches = _decode(path, SIBLINGS_MAX_M + 1)
+    report = plan.manifest["reports"]["decode"]
+    assert not any("packed_siblings" in L["label"] for L in launches)
+    assert report["norms_split"] == LAYERS
+    recs = [r for r in report["fusions"] if r["rule"] == "packed_siblings"]
+    assert not any(r["decision"] == "applied" for r in recs)
