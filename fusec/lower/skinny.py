@@ -1,13 +1,15 @@
-"""The skinny-product family: decode's matrix products as one ``GemvSpec`` launch (``QGemvSpec``'s
-FMA form for a QMATMUL over packed weights: norm and gated unit, no sample).
+"""The skinny-product family: decode's matrix products as one ``GemvSpec`` launch, or one ``QGemvSpec`` launch for a
+QMATMUL over packed weights (its FMA or dp4a form).
 
 A body of this family is [RMSNORM ->] MATMUL (M <= 16 rows, a constant weight stored [N, K] and
 read with ``trans_b``) or QMATMUL -> [an elementwise epilogue: + bias, activation, + residual | a gated unit:
 the product's two halves sliced apart, one activated, multiplied] [-> a greedy SAMPLE of the
 result]. The norm becomes the kernel's prologue (each block normalizes the rows it reads), the
-gated unit its epilogue (a tile holds rows j of both halves), and a greedy SAMPLE its argmax
-partials, merged by a second, tiny launch (``SampleCombineSpec``): the logits are still written
-(a bisect or a reader of them sees them), but no kernel reads them back.
+gated unit its epilogue (a tile holds rows j of both halves), and a SAMPLE its argmax
+partials (a packed product's in the dp4a form only), merged by a second, tiny launch (``SampleSpec`` with
+chunks): the logits are still written (a bisect or a reader of them sees them), but no kernel reads them back.
+``plan_siblings``: an RMSNorm read by several packed products in different formats (``packed_siblings``), one
+launch of the dp4a form with a segment of blocks per product.
 
 ``plan(body)`` is the capability half (asked through ``fused.can_fuse`` while fusion forms groups):
 it raises ``NoPlan`` saying why a body is not one such kernel, or returns what ``emit`` needs.
