@@ -246,12 +246,14 @@ def _build(cfg: ModelConfig, weights: object, shape: GenerationShape, eos_ids: t
         ids = m.op(Op.RESHAPE, st.cur, shape=(bsz, 1))
         at = m.op(Op.RESHAPE, st.pos, shape=(bsz, 1))
 
-        def rows_at(table_: np.ndarray, name: str) -> Value:  # the table's row at each sequence's position
-            got = m.op(Op.GATHER, m.b.const(table_, name=name), at, axis=0)
-            return m.op(Op.RESHAPE, got, shape=(bsz, 1, 1, cfg.rope_dims))
+        def rows_at(cos: np.ndarray, sin: np.ndarray, sfx: str) -> tuple[Value, Value]:
+            """Each sequence's cos and sin rows at its position: one gather from the two tables stacked [2, T, D]
+            (one launch), its halves contiguous [B, 1, 1, D] views."""
+            both = m.op(Op.GATHER, m.b.const(np.stack([cos, sin]), name="rope_cos_sin_table" + sfx), at, axis=1)
+            return tuple(m.op(Op.RESHAPE, m.op(Op.SLICE, both, axes=(0,), starts=(i,), ends=(i + 1,), steps=(1,)),
+                              shape=(bsz, 1, 1, cfg.rope_dims)) for i in (0, 1))  # type: ignore[return-value]
 
-        ropes = layer_ropes(m, cfg, t_max, lambda c, s, sfx: (rows_at(c, "rope_cos_table" + sfx),
-                                                             rows_at(s, "rope_sin_table" + sfx)))
+        ropes = layer_ropes(m, cfg, t_max, rows_at)
         write_at = st.pos
 
     x = embed(m, cfg, table, ids)

@@ -274,3 +274,23 @@ def test_head_rope_group_is_one_kernel_and_keeps_the_numbers():
     assert len(applied) == cfg.num_layers
     a = generate(raw, PROMPTS[:2], 8, cfg.vocab_size).new_ids
     assert a == generate(fused, PROMPTS[:2], 8, cfg.vocab_size).new_ids
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_a_decode_step_gathers_cos_and_sin_in_one_launch(batch):
+    """The decode step reads each sequence's cos and sin rows with one gather from the two tables stacked [2, T, D]:
+    with the token's embedding row, two gather launches (three before); the halves are views (no copy launch more
+    than the step's own slices)."""
+    plan = compile_generation("qwen3-tiny", batch=batch, max_seq_len=48, prefill_len=8, dtype="bf16", eos_ids=[],
+                              arch="sm_90")
+    launches = plan.manifest["entries"]["decode"]["launches"]
+    labels = [L["label"] for L in launches]
+    assert sum(lab.endswith(" gather") for lab in labels) == 2, labels  # the token's embedding row, cos and sin
+    written = [tuple(w) for L in launches if L["label"].endswith(" gather") for w in L["writes"]]
+    copies = [L for L in launches if L["label"].endswith((" slice", " reshape"))]
+    overlap = lambda r, w: r[0] == w[0] and r[1] < w[1] + w[2] and w[1] < r[1] + r[2]  # noqa: E731
+    assert not [L["label"] for L in copies if any(overlap(r, w) for r in L["reads"] for w in written)]  # views
+    graph = build_graphs(load_generation_model("qwen3-tiny"), batch, 48, 8, [])["decode"]
+    tables = [n for n in graph.nodes if n.op == Op.GATHER and n.inputs[0].data is not None
+              and n.inputs[0].name.startswith("rope_cos_sin_table")]
+    assert len(tables) == 1 and tables[0].inputs[0].shape[0] == 2 and tables[0].attrs.axis == 1
