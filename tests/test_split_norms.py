@@ -103,5 +103,3 @@ def test_past_the_siblings_rows_the_norm_is_copied_into_each_product(tmp_path):
     report = plan.manifest["reports"]["decode"]
     assert not any("packed_siblings" in L["label"] for L in launches)
     assert report["norms_split"] == LAYERS
-    recs = [r for r in report["fusions"] if r["rule"] == "packed_siblings"]
-    assert not any(r["decision"] == "applied" for r in recs)

@@ -75,30 +75,22 @@ def dp4a_unroll(k: int, rows: int, chunks: int) -> int:
     return max(1, min(chunks // rows, cdiv(k // 32, 32)))
 
 
-def dp4a_tasks(n: int, rows: int, glu: bool) -> int:
-    """The dp4a form's tasks over an [n, K] weight: ``rows`` weight rows each (gated: rows / 2 pairs j, F + j)."""
-    return cdiv(n // 2, rows // 2) if glu else cdiv(n, rows)
-
-
 def _qgemv_dp4a(spec: QGemvSpec) -> Rendered:
-    ntask = dp4a_tasks(spec.N, spec.rows, bool(spec.glu))
-    ctx = {**_row_ctx(spec), "U": dp4a_unroll(spec.K, spec.rows, spec.chunks), "W": spec.warps,
-           "BPS": spec.blocks, "ntask": ntask, "norm_early": spec.norm_early,
+    ctx = {**_row_ctx(spec), "W": spec.warps, "BPS": spec.blocks, "norm_early": spec.norm_early,
            "bf16": spec.dtype == DType.BF16, "cluster": spec.cluster, "parts": spec.parts}
     if spec.argmax:
         ctx.update(seed_t=ctype(spec.seed_dtype), ctr_t=ctype(spec.counter_dtype))
     # the segments: the product, then each sibling (the same x, another weight and format), each in its own range of
-    # blocks. One wave of blocks (``spec.blocks`` an SM: the launch bounds give each thread the registers for that),
-    # each taking its segment's tasks in turn: a block writes x's digits once for all of its tasks (on sm_90
-    # ``spec.cluster`` blocks split that: the grid is whole clusters)
-    parts = [(spec.N, spec.fmt, spec.group, spec.scale_dtype, spec.rows, spec.chunks)]
-    parts += [(s.N, s.fmt, s.group, s.scale_dtype, s.rows, s.chunks) for s in spec.siblings]
+    # blocks (QGemvSpec.segment_blocks: one wave at most, ``spec.blocks`` an SM, whose registers the launch bounds
+    # give each thread), each block taking its segment's tasks in turn: a block writes x's digits once for all of its
+    # tasks (on sm_90 ``spec.cluster`` blocks split that: the grid is whole clusters)
+    products = [(spec.N, spec.fmt, spec.group, spec.scale_dtype, spec.rows, spec.chunks)]
+    products += [(s.N, s.fmt, s.group, s.scale_dtype, s.rows, s.chunks) for s in spec.siblings]
     segs, base = [], 0
-    for i, ((n, fmt, group, sdt, rows, chunks), nb) in enumerate(zip(parts, spec.segment_blocks if spec.siblings
-                                                                          else (spec.grid,))):
-        segs.append({"i": i, "N": n, "R": rows, "U": dp4a_unroll(spec.K, rows, chunks),
-                     "ntask": dp4a_tasks(n, rows, bool(spec.glu)), "base": base, "nb": nb,
-                     **_format_ctx(fmt, group, sdt)})
+    for i, ((n, fmt, group, sdt, rows, chunks), ntask, nb) in enumerate(zip(products, spec.segment_tasks,
+                                                                             spec.segment_blocks)):
+        segs.append({"i": i, "N": n, "R": rows, "U": dp4a_unroll(spec.K, rows, chunks), "ntask": ntask, "base": base,
+                     "nb": nb, **_format_ctx(fmt, group, sdt)})
         base += nb
     ctx["segs"] = segs
     return Rendered("qgemv_dp4a.cu.jinja", ctx, (spec.grid, 1, 1), (32 * spec.warps, 1, 1), _row_params(spec))

@@ -35,6 +35,11 @@ def dp4a_fits(m: int, k: int, norm: bool, dtype: DType, warps: int = 8) -> bool:
     return dtype in (DType.F16, DType.BF16) and m <= DP4A_MAX_M and dp4a_smem(m, k, norm, warps) <= DP4A_SMEM
 
 
+def dp4a_tasks(n: int, rows: int, glu: bool) -> int:
+    """The dp4a form's tasks over an [n, K] weight: ``rows`` weight rows each (gated: rows / 2 pairs j, F + j)."""
+    return -(-(n // 2) // (rows // 2)) if glu else -(-n // rows)
+
+
 def _check_format(fmt: str, n: int, k: int, group: int, scale_dtype: DType) -> None:
     from fusec.quant import FORMATS, SCALE_DTYPES, check_layout
 
@@ -119,38 +124,33 @@ class QGemvSpec:
         return self.N // 2 if self.glu else self.N
 
     @property
-    def grid(self) -> int:
-        """The dp4a form's blocks: one wave (``blocks`` an SM) or fewer where the tasks are fewer, whole clusters;
-        with siblings, every segment's blocks (``segment_blocks``)."""
-        from fusec.codegen.build_gemm import _SMS
-
-        if self.siblings:
-            return sum(self.segment_blocks)
-        rows = self.rows // 2 if self.glu else self.rows
-        tasks = -(-self.n_out // rows)
-        blocks = min(-(-tasks // self.warps), self.blocks * _SMS)
-        return max(self.cluster, blocks // self.cluster * self.cluster)
-
-    @property
     def segment_tasks(self) -> tuple[int, ...]:
-        """Tasks of the product and of each sibling (``rows`` weight rows each)."""
-        return (-(-self.N // self.rows),) + tuple(-(-s.N // s.rows) for s in self.siblings)
+        """The dp4a form's tasks of the product and of each sibling (``dp4a_tasks``)."""
+        return (dp4a_tasks(self.N, self.rows, bool(self.glu)),) + tuple(dp4a_tasks(s.N, s.rows, False)
+                                                                         for s in self.siblings)
 
     @property
     def segment_blocks(self) -> tuple[int, ...]:
-        """Blocks of the product and of each sibling: each as many as its tasks need; where together they pass one
-        wave (``blocks`` an SM), the wave shared in proportion to their weight bytes (at least one block each)."""
+        """The dp4a form's blocks of the product and of each sibling. Alone: one wave (``blocks`` an SM) or fewer where
+        the tasks are fewer, whole clusters. With siblings: each as many as its tasks need; where together they pass
+        one wave, the wave shared in proportion to their weight bytes (at least one block each)."""
         from fusec.codegen.build_gemm import _SMS
         from fusec.quant import FORMATS
 
         need = [-(-t // self.warps) for t in self.segment_tasks]
         wave = self.blocks * _SMS
+        if not self.siblings:
+            return (max(self.cluster, min(need[0], wave) // self.cluster * self.cluster),)
         if sum(need) <= wave:
             return tuple(need)
         fmts = [(self.N, self.fmt, self.group)] + [(s.N, s.fmt, s.group) for s in self.siblings]
         nbytes = [n * FORMATS[f].bits_per_weight(g) for n, f, g in fmts]
-        share = [max(1, min(nd, int(wave * b / sum(nbytes)))) for nd, b in zip(need, nbytes)]
-        return tuple(share)
+        return tuple(max(1, min(nd, int(wave * b / sum(nbytes)))) for nd, b in zip(need, nbytes))
+
+    @property
+    def grid(self) -> int:
+        """The dp4a form's blocks: every segment's."""
+        return sum(self.segment_blocks)
 
     @property
     def parts(self) -> int:

@@ -147,8 +147,8 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     benchmarks/quant_bench.py --variants times the forms."""
     from fusec import knobs
     from fusec.codegen.build_gemm import _SMS
-    from fusec.codegen.build_quant import dp4a_tasks, dp4a_unroll
-    from fusec.codegen.specs_quant import dp4a_fits, tc_fits
+    from fusec.codegen.build_quant import dp4a_unroll
+    from fusec.codegen.specs_quant import dp4a_fits, dp4a_tasks, tc_fits
 
     choice = knobs.get("FUSEC_QGEMV_FORM")
     tc = passes = 0  # the tensor-core form's warps a block of 16 rows and runs a warp, where it takes the product
