@@ -113,6 +113,9 @@
 #   serve     fusec serve under 1/8/32 streaming clients (benchmarks/serve.py, --duration 10)
 #   families  GGUF decoder families' decode speed (benchmarks/families_gpu.py --no-window-study)
 #   mlp       the fused-MLP A/B (benchmarks/mlp_ab.py)
+#   attn      the fp16/bf16 attention's block shapes (query warps x key splits): its GPU tests at every shape, then the
+#             Qwen3-0.6B and Llama-1B prefills in turns against FUSEC_ATTN_QWARPS=4 (the one shape before) with their
+#             per-kernel profiles (~3 minutes)
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/.."
 R=${OUT:-/tmp/gpu_session}; mkdir -p "$R"
@@ -143,6 +146,15 @@ ab_step() {
       --windows 3 $ab > "$R/${name}_$m.txt" 2>&1
     grep -E "^\| [0-9]+ \|" "$R/${name}_$m.txt" | cut -c 1-1500
   done
+}
+# the Qwen3-0.6B (128 tokens) and Llama-1B (32) prefills, with $PREFILL_AB's variants in turns, and their profiles
+prefill_ab() {
+  # shellcheck disable=SC2086  # $PREFILL_AB is several arguments
+  timeout 200 python3 benchmarks/prefill_step.py "$R/prefill_q" --model qwen3-0.6b $PREFILL_AB > "$R/prefill_q.txt" 2>&1
+  tail -n 30 "$R/prefill_q.txt" | cut -c 1-3000
+  # shellcheck disable=SC2086
+  timeout 120 python3 benchmarks/prefill_step.py "$R/prefill_l" --model llama-1b --prompt 32 $PREFILL_AB > "$R/prefill_l.txt" 2>&1
+  tail -n 24 "$R/prefill_l.txt" | cut -c 1-3000
 }
 for step in "$@"; do
   t0=$(date +%s)
@@ -207,10 +219,10 @@ for step in "$@"; do
     step_lra) timeout 300 python3 benchmarks/decode_step.py "$R/step_lra" --model llama-1b --batches 1 --context 32 \
                 --windows 3 --ab disable=rope_attention > "$R/step_lra.txt" 2>&1
               tail -n 3 "$R/step_lra.txt" | cut -c 1-3000 ;;
-    prefill) timeout 200 python3 benchmarks/prefill_step.py "$R/prefill_q" --model qwen3-0.6b $PREFILL_AB > "$R/prefill_q.txt" 2>&1
-             tail -n 30 "$R/prefill_q.txt" | cut -c 1-3000
-             timeout 120 python3 benchmarks/prefill_step.py "$R/prefill_l" --model llama-1b --prompt 32 $PREFILL_AB > "$R/prefill_l.txt" 2>&1
-             tail -n 24 "$R/prefill_l.txt" | cut -c 1-3000 ;;
+    attn) timeout 150 $PT -n 8 tests/test_kernels_gpu.py -k "attention" > "$R/t_attn.txt" 2>&1
+          grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_attn.txt" | tail -n 12
+          PREFILL_AB="--ab FUSEC_ATTN_QWARPS=4" prefill_ab ;;
+    prefill) prefill_ab ;;
     step_final) timeout 200 python3 benchmarks/decode_step.py "$R/step_final" --model qwen3-0.6b --batches 1,8 --windows 3 \
                   > "$R/step_final.txt" 2>&1
                 tail -n 4 "$R/step_final.txt" | cut -c 1-3000 ;;

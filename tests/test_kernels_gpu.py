@@ -370,11 +370,18 @@ ATTN = [
     (F16, 1, 2, 2, 33, 129, 32, False, "additive"),
     (F32, 2, 4, 2, 45, 45, 80, True, "additive"),
     (F32, 1, 2, 2, 9, 70, 64, False, "none"),
+    (BF16, 1, 16, 8, 128, 128, 128, True, "none"),     # Qwen3-0.6B's prefill of 128 tokens
+    (BF16, 2, 4, 2, 150, 333, 64, True, "none"),       # a prompt after a cache: 6 key tiles through 2 stages
+    (F16, 1, 3, 3, 200, 200, 128, False, "bool"),      # 4 key tiles, padding mask
 ]
+# fp16/bf16 cases take each block shape (query warps; the rest split each key tile), fp32 its one form
+ATTN_Q = [(*a, qw) for a in ATTN for qw in ((1, 2, 4) if a[0] != F32 else (4,))]
 
 
-@pytest.mark.parametrize("dt,B,Hq,Hkv,Sq,T,D,causal,mask", ATTN, ids=[f"{a[0].value}-D{a[6]}-S{a[4]}-T{a[5]}-{a[8]}{'-causal' if a[7] else ''}" for a in ATTN])
-def test_attention(dt: DType, B: int, Hq: int, Hkv: int, Sq: int, T: int, D: int, causal: bool, mask: str) -> None:
+@pytest.mark.parametrize("dt,B,Hq,Hkv,Sq,T,D,causal,mask,qwarps", ATTN_Q,
+                         ids=[f"{a[0].value}-D{a[6]}-S{a[4]}-T{a[5]}-{a[8]}{'-causal' if a[7] else ''}-qw{a[9]}" for a in ATTN_Q])
+def test_attention(dt: DType, B: int, Hq: int, Hkv: int, Sq: int, T: int, D: int, causal: bool, mask: str,
+                   qwarps: int) -> None:
     q, k, v = rand((B, Hq, Sq, D), dt), rand((B, Hkv, T, D), dt), rand((B, Hkv, T, D), dt)
     scale = 1.0 / math.sqrt(D)
     args = [dev(q), dev(k), dev(v)]
@@ -392,7 +399,7 @@ def test_attention(dt: DType, B: int, Hq: int, Hkv: int, Sq: int, T: int, D: int
     if m is not None:
         args.append(dev(m))
     out = poisoned((B, Hq, Sq, D), dt)
-    run(S.AttentionSpec(B, Hq, Hkv, Sq, T, D, dt, scale, causal=causal, **kw), args + [out])
+    run(S.AttentionSpec(B, Hq, Hkv, Sq, T, D, dt, scale, causal=causal, qwarps=qwarps, **kw), args + [out])
     check(host(out, dt), attention_ref(q, k, v, scale, causal, m, mask), dt)
 
 

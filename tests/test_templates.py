@@ -74,6 +74,9 @@ def _all_specs() -> list[tuple[str, object]]:
     extra = [
         S.RowReduceSpec("sum", 5, 11, I64), S.RowReduceSpec("max", 5, 11, I32, inner=2),
         S.AttentionSpec(1, 8, 1, 1, 300, 128, BF16, 0.088, causal=True),  # MQA decode
+        S.AttentionSpec(1, 16, 8, 128, 128, 128, BF16, 0.088, causal=True, qwarps=1),  # Qwen3's prefill: key splits
+        S.AttentionSpec(2, 4, 2, 37, 45, 64, F16, 0.125, mask="bool", mask_dtype=BOOL, mask_strides=(45, 0, 0, 1),
+                        qwarps=2),  # two query groups x two key splits, one stage
         S.AttentionSpec(2, 2, 2, 20, 20, 80, F16, 0.1, mask="bool", mask_dtype=BOOL, mask_strides=(400, 0, 20, 1)),
         S.AttentionSpec(1, 2, 2, 9, 9, 32, F16, 0.2),
         S.AttentionSpec(2, 8, 2, 77, 77, 128, F32, 0.088, causal=True, fp32_math="3xtf32"),  # BN 32

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fusec.codegen import specs as S
+from fusec.codegen.build_decode import SMS
 from fusec.codegen.kernels import Rendered, builder, cdiv, kernel_name
 from fusec.codegen.render import Ident, ctype, float_lit
 from fusec.dtypes import DType
@@ -23,11 +24,29 @@ def _attention(spec: S.AttentionSpec) -> Rendered:
         "mask_t": ctype(spec.mask_dtype) if spec.mask_dtype else None, "ms": spec.mask_strides,
         "qs": qs, "ks": ks, "vs": vs, "os": os_,
     }
-    rows_per_block = 64 if tc or tf32 else 4
+    rows_per_block = 16 * spec.qwarps if tc else 64 if tf32 else 4
     grid = (cdiv(spec.S, rows_per_block), spec.Hq, spec.B)
     _req_grid(grid)
     params = ("q", "k", "v") + (("mask",) if spec.mask != "none" else ()) + ("out",)
-    return Rendered("attention.cu.jinja", ctx, grid, (128, 1, 1), params)
+    smem = 0
+    if tc:  # Q, then a (K, V) tile pair a stage; two stages where a block walks more than one tile
+        stages = 2 if cdiv(spec.T, ctx["BN"]) > 1 else 1
+        ctx.update(qw=spec.qwarps, stages=stages)
+        smem = 2 * (spec.D + 8) * (rows_per_block + stages * 2 * ctx["BN"])
+    return Rendered("attention.cu.jinja", ctx, grid, (128, 1, 1), params, shared_mem=smem)
+
+
+def query_warps(b: int, hq: int, s: int) -> int:
+    """The kernel selection's rule for ``AttentionSpec.qwarps`` (FUSEC_ATTN_QWARPS overrides it): the most warps a
+    block along the query rows (each block sharing its K/V tiles among more rows) whose grid still fills the SMs;
+    where none does (a short prompt of one sequence: Qwen3-0.6B's 128 tokens had 32 blocks of 64 rows), one, the
+    other three warps splitting each key tile."""
+    from fusec import knobs
+
+    forced = knobs.get("FUSEC_ATTN_QWARPS")
+    if forced != "auto":
+        return int(forced)
+    return next((w for w in (4, 2) if cdiv(s, 16 * w) * hq * b >= SMS), 1)
 
 
 def _req_grid(grid: tuple[int, int, int]) -> None:

@@ -254,9 +254,13 @@ class AttentionSpec:
     # "" picks 3xtf32 where the tensor-core path fits (head_dim <= 128), else simt. Halfs: mma.sync f16/bf16.
     fp32_math: str = ""
     softcap: float = 0.0
+    # fp16/bf16: warps of a 4-warp block along the query rows (16 rows each); the other 4 / qwarps split each key
+    # tile (``build_attention.query_warps``: the kernel selection's rule)
+    qwarps: int = 4
 
     def __post_init__(self) -> None:
         _pos(("B", self.B), ("Hq", self.Hq), ("Hkv", self.Hkv), ("S", self.S), ("T", self.T), ("D", self.D))
+        _req(self.qwarps in (1, 2, 4), "qwarps must be 1, 2 or 4")
         _req(self.Hq % self.Hkv == 0, "Hq must be a multiple of Hkv")
         _req(self.fp32_math in ("", "3xtf32", "tf32", "simt"), "fp32_math must be '', 3xtf32, tf32 or simt")
         if self.fp32_math in ("3xtf32", "tf32"):

@@ -1,0 +1,63 @@
+"""The fp16/bf16 attention's block shape: the kernel selection's rule (``build_attention.query_warps``), its knob,
+and what the lowering launches (CPU only; the kernels' results at every shape are in test_kernels_gpu)."""
+
+from __future__ import annotations
+
+import pytest
+
+from fusec.codegen import kernels as K
+from fusec.codegen import specs as S
+from fusec.codegen.build_attention import query_warps
+from fusec.codegen.build_decode import SMS
+from fusec.compiler import compile_generation
+from fusec.dtypes import DType
+
+
+def _blocks(b: int, hq: int, s: int, qw: int) -> int:
+    return -(-s // (16 * qw)) * hq * b
+
+
+@pytest.mark.parametrize("b,hq,s", [(1, 16, 128), (8, 12, 128), (32, 12, 128), (1, 32, 32), (1, 32, 256),
+                                    (2, 16, 128), (1, 2, 9)])
+def test_the_rule_takes_the_most_query_warps_that_fill_the_sms(b: int, hq: int, s: int) -> None:
+    qw = query_warps(b, hq, s)
+    fills = [w for w in (4, 2, 1) if _blocks(b, hq, s, w) >= SMS]
+    assert qw == (fills[0] if fills else 1)
+    spec = S.AttentionSpec(b, hq, hq, s, s, 64, DType.BF16, 0.125, causal=True, qwarps=qw)
+    r, _ = K.prepare(spec)
+    assert r.grid == (-(-s // (16 * qw)), hq, b)
+    # Q, then two stages of a (K, V) tile pair where the keys span more than one 64-key tile
+    stages = 2 if s > 64 else 1
+    assert r.shared_mem == 2 * (64 + 8) * (16 * qw + stages * 2 * 64)
+
+
+def test_a_short_prompt_of_one_sequence_splits_the_keys() -> None:
+    """Qwen3-0.6B's 128-token prefill: 32 blocks of 64 rows were a quarter of the SMs."""
+    assert query_warps(1, 16, 128) == 1
+    assert query_warps(8, 12, 128) == 4  # GPT-2 small at batch 8: 192 blocks of 64 rows
+
+
+def test_the_knob_forces_the_block_shape(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FUSEC_ATTN_QWARPS", "4")
+    assert query_warps(1, 16, 128) == 4
+    monkeypatch.setenv("FUSEC_ATTN_QWARPS", "2")
+    assert query_warps(32, 12, 128) == 2
+
+
+def test_the_spec_refuses_other_shapes() -> None:
+    with pytest.raises(ValueError, match="qwarps"):
+        S.AttentionSpec(1, 2, 2, 8, 8, 64, DType.BF16, 0.125, qwarps=3)
+
+
+@pytest.mark.parametrize("forced", ["auto", "4"])
+def test_the_prefill_launches_the_rules_shape(monkeypatch: pytest.MonkeyPatch, forced: str) -> None:
+    monkeypatch.setenv("FUSEC_ATTN_QWARPS", forced)
+    plan = compile_generation("qwen3-tiny", batch=2, max_seq_len=80, prefill_len=40, dtype="bf16", eos_ids=[],
+                              arch="sm_90")
+    kernels = plan.manifest["kernels"]
+    attn = [L for L in plan.manifest["entries"]["prefill"]["launches"]
+            if "kernel" in L and kernels[L["kernel"]]["entry"].startswith("fc_attn")]
+    assert attn, "the prefill has an attention launch"
+    heads = attn[0]["grid"][1]
+    qw = 4 if forced == "4" else query_warps(2, heads, 40)
+    assert all(tuple(L["grid"]) == (-(-40 // (16 * qw)), heads, 2) for L in attn), (qw, [L["grid"] for L in attn])
