@@ -29,6 +29,10 @@ def test_the_rule_takes_the_most_query_warps_that_fill_the_sms(b: int, hq: int, 
     # Q, then two stages of a (K, V) tile pair where the keys span more than one 64-key tile
     stages = 2 if s > 64 else 1
     assert r.shared_mem == 2 * (64 + 8) * (16 * qw + stages * 2 * 64)
+    masked = S.AttentionSpec(b, hq, hq, s, s, 64, DType.BF16, 0.125, mask="additive", mask_dtype=DType.BF16,
+                             mask_strides=(s * s, 0, s, 1), qwarps=qw)
+    rm, _ = K.prepare(masked)  # and the mask's tiles, one a stage
+    assert rm.shared_mem == r.shared_mem + stages * 16 * qw * 64 * 2
 
 
 def test_a_short_prompt_of_one_sequence_splits_the_keys() -> None:

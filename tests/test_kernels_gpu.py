@@ -373,6 +373,8 @@ ATTN = [
     (BF16, 1, 16, 8, 128, 128, 128, True, "none"),     # Qwen3-0.6B's prefill of 128 tokens
     (BF16, 2, 4, 2, 150, 333, 64, True, "none"),       # a prompt after a cache: 6 key tiles through 2 stages
     (F16, 1, 3, 3, 200, 200, 128, False, "bool"),      # 4 key tiles, padding mask
+    (BF16, 1, 16, 8, 128, 128, 128, False, "rows"),    # a generation prefill's causal mask, a row a query
+    (F16, 2, 4, 2, 77, 140, 64, False, "rows"),        # 3 key tiles, a row a query
 ]
 # fp16/bf16 cases take each block shape (query warps; the rest split each key tile), fp32 its one form
 ATTN_Q = [(*a, qw) for a in ATTN for qw in ((1, 2, 4) if a[0] != F32 else (4,))]
@@ -396,11 +398,16 @@ def test_attention(dt: DType, B: int, Hq: int, Hkv: int, Sq: int, T: int, D: int
         m = RNG.random((B, 1, 1, T)) < 0.8
         m[..., 0] = True
         kw = dict(mask="bool", mask_dtype=BOOL, mask_strides=(T, 0, 0, 1))
+    elif mask == "rows":  # [B, 1, S, T]: a causal pattern (bottom-right) with random holes, finfo.min where hidden
+        keep = (np.arange(T)[None, :] <= np.arange(Sq)[:, None] + (T - Sq)) & (RNG.random((B, 1, Sq, T)) < 0.9)
+        keep[..., 0] = True
+        m = np.where(keep, 0.0, np.finfo(np.float16).min).astype(dt.np)
+        kw = dict(mask="additive", mask_dtype=dt, mask_strides=(Sq * T, 0, T, 1))
     if m is not None:
         args.append(dev(m))
     out = poisoned((B, Hq, Sq, D), dt)
     run(S.AttentionSpec(B, Hq, Hkv, Sq, T, D, dt, scale, causal=causal, qwarps=qwarps, **kw), args + [out])
-    check(host(out, dt), attention_ref(q, k, v, scale, causal, m, mask), dt)
+    check(host(out, dt), attention_ref(q, k, v, scale, causal, m, "additive" if mask == "rows" else mask), dt)
 
 
 def test_attention_bshd_strides() -> None:

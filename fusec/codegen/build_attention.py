@@ -29,10 +29,13 @@ def _attention(spec: S.AttentionSpec) -> Rendered:
     _req_grid(grid)
     params = ("q", "k", "v") + (("mask",) if spec.mask != "none" else ()) + ("out",)
     smem = 0
-    if tc:  # Q, then a (K, V) tile pair a stage; two stages where a block walks more than one tile
-        stages = 2 if cdiv(spec.T, ctx["BN"]) > 1 else 1
+    if tc:  # Q, then a (K, V) tile pair a stage (two where a block walks more than one tile), then the mask's tiles
+        bn = ctx["BN"]
+        stages = 2 if cdiv(spec.T, bn) > 1 else 1
         ctx.update(qw=spec.qwarps, stages=stages)
-        smem = 2 * (spec.D + 8) * (rows_per_block + stages * 2 * ctx["BN"])
+        smem = 2 * (spec.D + 8) * (rows_per_block + stages * 2 * bn)
+        if spec.mask_dtype is not None and spec.mask != "none":
+            smem += stages * rows_per_block * bn * spec.mask_dtype.itemsize
     return Rendered("attention.cu.jinja", ctx, grid, (128, 1, 1), params, shared_mem=smem)
 
 
