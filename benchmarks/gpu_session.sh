@@ -116,6 +116,8 @@
 #   attn      the fp16/bf16 attention's block shapes (query warps x key splits): its GPU tests at every shape, then the
 #             Qwen3-0.6B and Llama-1B prefills in turns against FUSEC_ATTN_QWARPS=4 (the one shape before) with their
 #             per-kernel profiles (~3 minutes)
+#   attn_k    the attention kernel alone at the Qwen3, Llama-1B and GPT-2 prefill shapes, each block shape, masked a row a
+#             query, causal or neither (benchmarks/attn_bench.py), then Nsight Compute on the Qwen3 shape's variants
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/.."
 R=${OUT:-/tmp/gpu_session}; mkdir -p "$R"
@@ -223,6 +225,10 @@ for step in "$@"; do
           grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_attn.txt" | tail -n 12
           PREFILL_AB="--ab FUSEC_ATTN_QWARPS=4" prefill_ab ;;
     prefill) prefill_ab ;;
+    attn_k) for sh in qwen3 llama gpt2; do timeout 60 python3 benchmarks/attn_bench.py --shape $sh 2>&1 | tail -n 12; done
+            timeout 120 ncu --section SpeedOfLight --section WarpStateStats --section LaunchStats --section Occupancy \
+              -k regex:fc_attn -c 9 python3 benchmarks/attn_bench.py --ncu > "$R/attn_ncu.txt" 2>&1
+            grep -E "fc_attn|Duration|Warp Cycles Per Issued|Stall|Registers|Achieved Occupancy|Block Limit|Compute \(SM\)|Memory Throughput" "$R/attn_ncu.txt" | head -n 60 ;;
     step_final) timeout 200 python3 benchmarks/decode_step.py "$R/step_final" --model qwen3-0.6b --batches 1,8 --windows 3 \
                   > "$R/step_final.txt" 2>&1
                 tail -n 4 "$R/step_final.txt" | cut -c 1-3000 ;;

@@ -1,0 +1,61 @@
+"""The fp16/bf16 attention kernel alone at prefill shapes: each block shape (query warps x key splits), with and
+without a mask a row a query (the generation prefill's), causal or not. Times 200 back-to-back launches (CUDA events)
+after a warm-up; with --ncu, launches each variant a few times for Nsight Compute instead.
+
+    python benchmarks/attn_bench.py [--shape qwen3|llama|gpt2] [--ncu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+
+SHAPES = {"qwen3": (1, 16, 8, 128, 128), "llama": (1, 32, 8, 32, 64), "gpt2": (8, 12, 12, 128, 64)}
+
+
+def main() -> int:
+    import cupy as cp
+
+    from fusec.codegen import kernels as K
+    from fusec.codegen import specs as S
+    from fusec.dtypes import DType
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", default="qwen3", choices=sorted(SHAPES))
+    ap.add_argument("--ncu", action="store_true")
+    args = ap.parse_args()
+    B, H, Hkv, S_, D = SHAPES[args.shape]
+    rng = np.random.default_rng(0)
+    q = cp.asarray(rng.standard_normal((B, H, S_, D)).astype(np.float32)).astype(cp.float16).view(cp.uint16)
+    k = cp.asarray(rng.standard_normal((B, Hkv, S_, D)).astype(np.float32)).astype(cp.float16).view(cp.uint16)
+    v = cp.asarray(rng.standard_normal((B, Hkv, S_, D)).astype(np.float32)).astype(cp.float16).view(cp.uint16)
+    keep = np.arange(S_)[None, :] <= np.arange(S_)[:, None]
+    mask = cp.asarray(np.where(np.broadcast_to(keep, (B, 1, S_, S_)), 0.0, -65504.0).astype(np.float16)).view(cp.uint16)
+    out = cp.zeros((B, H, S_, D), cp.uint16)
+    print(f"| shape {args.shape} B{B} H{H}/{Hkv} S{S_} D{D} | qwarps | grid | smem | us a launch |")
+    print("|---|---|---|---|---|")
+    for form in ("rows", "causal", "none"):
+        for qw in (1, 2, 4):
+            kw = dict(mask="additive", mask_dtype=DType.F16, mask_strides=(S_ * S_, 0, S_, 1)) if form == "rows" else {}
+            spec = S.AttentionSpec(B, H, Hkv, S_, S_, D, DType.F16, 1 / np.sqrt(D), causal=form == "causal",
+                                   qwarps=qw, **kw)
+            ck = K.build(spec)
+            a = [q, k, v] + ([mask] if form == "rows" else []) + [out]
+            n = 1 if args.ncu else 200
+            for _ in range(3 if not args.ncu else 0):
+                K.launch(ck, a)
+            e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+            e0.record()
+            for _ in range(n):
+                K.launch(ck, a)
+            e1.record()
+            e1.synchronize()
+            print(f"| {form} | {qw} | {ck.grid} | {ck.shared_mem} | {cp.cuda.get_elapsed_time(e0, e1) * 1000 / n:.2f} |",
+                  flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
