@@ -65,3 +65,26 @@ def test_the_prefill_launches_the_rules_shape(monkeypatch: pytest.MonkeyPatch, f
     heads = attn[0]["grid"][1]
     qw = 4 if forced == "4" else query_warps(2, heads, 40)
     assert all(tuple(L["grid"]) == (-(-40 // (16 * qw)), heads, 2) for L in attn), (qw, [L["grid"] for L in attn])
+
+
+def test_a_generation_prefills_mask_is_copied_in_16_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The generation prefill's [B, 1, S, S] mask: rows contiguous and 16-byte aligned, so its tiles go by cp.async."""
+    import fusec.lower as LW
+
+    seen = []
+    kernel = LW.Context.kernel
+
+    def spy(self, spec, args, label):  # noqa: ANN001, ANN202
+        if isinstance(spec, S.AttentionSpec):
+            seen.append(spec)
+        return kernel(self, spec, args, label)
+
+    monkeypatch.setattr(LW.Context, "kernel", spy)
+    compile_generation("qwen3-tiny", batch=1, max_seq_len=48, prefill_len=40, dtype="bf16", eos_ids=[], arch="sm_90")
+    assert seen and all(sp.mask == "additive" and sp.mask_vec for sp in seen), seen
+
+
+def test_mask_vec_refuses_a_mask_it_cannot_copy_in_16_bytes() -> None:
+    with pytest.raises(ValueError, match="mask_vec"):  # rows 7 elements apart: 14 bytes
+        S.AttentionSpec(1, 2, 2, 7, 7, 64, DType.BF16, 0.125, mask="additive", mask_dtype=DType.BF16,
+                        mask_strides=(49, 0, 7, 1), mask_vec=True)

@@ -374,7 +374,8 @@ ATTN = [
     (BF16, 2, 4, 2, 150, 333, 64, True, "none"),       # a prompt after a cache: 6 key tiles through 2 stages
     (F16, 1, 3, 3, 200, 200, 128, False, "bool"),      # 4 key tiles, padding mask
     (BF16, 1, 16, 8, 128, 128, 128, False, "rows"),    # a generation prefill's causal mask, a row a query
-    (F16, 2, 4, 2, 77, 140, 64, False, "rows"),        # 3 key tiles, a row a query
+    (F16, 2, 4, 2, 77, 140, 64, False, "rows"),        # 3 key tiles, a row a query (280-byte rows: copied by element)
+    (BF16, 1, 4, 4, 72, 200, 64, False, "rows"),       # 16-byte copies, the last one partial (200 = 3 x 64 + 8)
 ]
 # fp16/bf16 cases take each block shape (query warps; the rest split each key tile), fp32 its one form
 ATTN_Q = [(*a, qw) for a in ATTN for qw in ((1, 2, 4) if a[0] != F32 else (4,))]
@@ -402,7 +403,7 @@ def test_attention(dt: DType, B: int, Hq: int, Hkv: int, Sq: int, T: int, D: int
         keep = (np.arange(T)[None, :] <= np.arange(Sq)[:, None] + (T - Sq)) & (RNG.random((B, 1, Sq, T)) < 0.9)
         keep[..., 0] = True
         m = np.where(keep, 0.0, np.finfo(np.float16).min).astype(dt.np)
-        kw = dict(mask="additive", mask_dtype=dt, mask_strides=(Sq * T, 0, T, 1))
+        kw = dict(mask="additive", mask_dtype=dt, mask_strides=(Sq * T, 0, T, 1), mask_vec=dt != F32 and T * 2 % 16 == 0)
     if m is not None:
         args.append(dev(m))
     out = poisoned((B, Hq, Sq, D), dt)

@@ -75,6 +75,8 @@ def _all_specs() -> list[tuple[str, object]]:
         S.RowReduceSpec("sum", 5, 11, I64), S.RowReduceSpec("max", 5, 11, I32, inner=2),
         S.AttentionSpec(1, 8, 1, 1, 300, 128, BF16, 0.088, causal=True),  # MQA decode
         S.AttentionSpec(1, 16, 8, 128, 128, 128, BF16, 0.088, causal=True, qwarps=1),  # Qwen3's prefill: key splits
+        S.AttentionSpec(1, 16, 8, 128, 128, 128, BF16, 0.088, mask="additive", mask_dtype=BF16,
+                        mask_strides=(16384, 0, 128, 1), qwarps=1, mask_vec=True),  # the generation prefill's mask
         S.AttentionSpec(2, 4, 2, 37, 45, 64, F16, 0.125, mask="bool", mask_dtype=BOOL, mask_strides=(45, 0, 0, 1),
                         qwarps=2),  # two query groups x two key splits, one stage
         S.AttentionSpec(2, 2, 2, 20, 20, 80, F16, 0.1, mask="bool", mask_dtype=BOOL, mask_strides=(400, 0, 20, 1)),

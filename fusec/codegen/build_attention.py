@@ -22,7 +22,7 @@ def _attention(spec: S.AttentionSpec) -> Rendered:
         "softcap": float_lit(spec.softcap, "softcap") if spec.softcap else None,
         "causal": spec.causal, "mask": Ident(spec.mask),
         "mask_t": ctype(spec.mask_dtype) if spec.mask_dtype else None, "ms": spec.mask_strides,
-        "qs": qs, "ks": ks, "vs": vs, "os": os_,
+        "qs": qs, "ks": ks, "vs": vs, "os": os_, "mask_vec": tc and spec.mask_vec,
     }
     rows_per_block = 16 * spec.qwarps if tc else 64 if tf32 else 4
     grid = (cdiv(spec.S, rows_per_block), spec.Hq, spec.B)

@@ -257,10 +257,18 @@ class AttentionSpec:
     # fp16/bf16: warps of a 4-warp block along the query rows (16 rows each); the other 4 / qwarps split each key
     # tile (``build_attention.query_warps``: the kernel selection's rule)
     qwarps: int = 4
+    # the mask's rows contiguous (key stride 1) and 16-byte aligned, its view's offset included (the lowering knows
+    # it): fp16/bf16 attention copies its tiles with 16-byte cp.async
+    mask_vec: bool = False
 
     def __post_init__(self) -> None:
         _pos(("B", self.B), ("Hq", self.Hq), ("Hkv", self.Hkv), ("S", self.S), ("T", self.T), ("D", self.D))
         _req(self.qwarps in (1, 2, 4), "qwarps must be 1, 2 or 4")
+        if self.mask_vec:
+            e = self.mask_dtype.itemsize if self.mask_dtype is not None else 0
+            _req(self.mask != "none" and self.mask_strides[3] == 1
+                 and all(st * e % 16 == 0 for st in self.mask_strides[:3]),
+                 "mask_vec needs a mask whose key stride is 1 and whose other strides are multiples of 16 bytes")
         _req(self.Hq % self.Hkv == 0, "Hq must be a multiple of Hkv")
         _req(self.fp32_math in ("", "3xtf32", "tf32", "simt"), "fp32_math must be '', 3xtf32, tf32 or simt")
         if self.fp32_math in ("3xtf32", "tf32"):

@@ -429,6 +429,7 @@ def emit_attention(ctx: Context, plan: dict[str, Any], node: Node, label: str) -
     ins = node.inputs
     args: list[Any] = [(ins[qi], qv.offset), (ins[ki], kv.offset), (ins[vi], vv.offset)]
     mkind, mdt, mst = "none", None, (0, 0, 0, 0)
+    mask_vec = False  # the mask's rows contiguous and 16-byte aligned, where its view starts included
     if len(plan["operands"]) > 3:
         mi, mview = plan["operands"][3]
         full = L.broadcast_to(mview, (B, Hq, S_, T))
@@ -438,6 +439,8 @@ def emit_attention(ctx: Context, plan: dict[str, Any], node: Node, label: str) -
         mkind = "bool" if mask.dtype == DType.BOOL else "additive"
         mdt, mst = mask.dtype, full.strides
         args.append((mask, mview.offset))
+        mask_vec = mst[3] == 1 and ctx.aligned(mask) and all(st * mdt.itemsize % 16 == 0
+                                                              for st in (*mst[:3], mview.offset))
     ov = plan["out"]
     args.append((node.output, ov.offset))
     spec = S.AttentionSpec(B, Hq, Hkv, S_, T, D, ins[qi].dtype, float(a.attrs.scale), causal=bool(a.attrs.causal),
@@ -445,7 +448,8 @@ def emit_attention(ctx: Context, plan: dict[str, Any], node: Node, label: str) -
                            q_strides=qv.strides[:3], k_strides=kv.strides[:3], v_strides=vv.strides[:3],  # type: ignore[arg-type]
                            o_strides=ov.strides[:3],  # type: ignore[arg-type]
                            fp32_math="tf32" if ctx.compute == "tf32" and D <= 128 else "",
-                           softcap=float(a.attrs.softcap), qwarps=query_warps(B, Hq, S_))
+                           softcap=float(a.attrs.softcap), qwarps=query_warps(B, Hq, S_),
+                           mask_vec=mask_vec)
     ctx.kernel(spec, args, label)
     if a.attrs.nan_to_zero:  # torch's SDPA export zeroes fully masked rows; the kernel gives NaN there
         from fusec.lower.nodes import elementwise
