@@ -27,6 +27,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", default="qwen3", choices=sorted(SHAPES))
     ap.add_argument("--ncu", action="store_true")
+    ap.add_argument("--forms", default="rows,causal,none", help="which of rows, causal, none")
+    ap.add_argument("--qwarps", default="1,2,4")
+    ap.add_argument("--stages", default="0", help="K/V stages to try (0: the rule)")
     args = ap.parse_args()
     B, H, Hkv, S_, D = SHAPES[args.shape]
     rng = np.random.default_rng(0)
@@ -37,14 +40,15 @@ def main() -> int:
     mask = cp.asarray(np.where(np.broadcast_to(keep, (B, 1, S_, S_)), 0.0, -65504.0).astype(np.float16)).view(cp.uint16)
     out = cp.zeros((B, H, S_, D), cp.uint16)
     stream = cp.cuda.Stream(non_blocking=True)
-    print(f"| shape {args.shape} B{B} H{H}/{Hkv} S{S_} D{D} | qwarps | grid | smem | us a launch |")
+    print(f"| shape {args.shape} B{B} H{H}/{Hkv} S{S_} D{D} | qwarps, stages | grid | smem | us a launch |")
     print("|---|---|---|---|---|")
     shaped = "qwarps" in S.AttentionSpec.__dataclass_fields__  # a tree before the block shapes: one form
-    for form in ("rows", "causal", "none"):
-        for qw in ((1, 2, 4) if shaped else ("one form",)):
+    shapes = [(qw, st) for qw in args.qwarps.split(",") for st in args.stages.split(",")] if shaped else [("one form", "")]
+    for form in args.forms.split(","):
+        for qw, st in shapes:
             kw: dict = dict(mask="additive", mask_dtype=DType.F16, mask_strides=(S_ * S_, 0, S_, 1)) if form == "rows" else {}
             if shaped:
-                kw["qwarps"] = qw
+                kw["qwarps"], kw["stages"] = int(qw), int(st)
                 kw["mask_vec"] = form == "rows"  # as the lowering gives the generation prefill's mask
             spec = S.AttentionSpec(B, H, Hkv, S_, S_, D, DType.F16, 1 / np.sqrt(D), causal=form == "causal", **kw)
             ck = K.build(spec)
@@ -67,7 +71,7 @@ def main() -> int:
                 e1.record(stream)
                 e1.synchronize()
                 runs.append(cp.cuda.get_elapsed_time(e0, e1) * 1000 / N)
-            print(f"| {form} | {qw} | {ck.grid} | {ck.shared_mem} | {sorted(runs)[2]:.2f} |", flush=True)
+            print(f"| {form} | {qw} {st} | {ck.grid} | {ck.shared_mem} | {sorted(runs)[2]:.2f} |", flush=True)
     return 0
 
 

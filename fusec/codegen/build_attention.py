@@ -31,7 +31,7 @@ def _attention(spec: S.AttentionSpec) -> Rendered:
     smem = 0
     if tc:  # Q, then a (K, V) tile pair a stage (two where a block walks more than one tile), then the mask's tiles
         bn = ctx["BN"]
-        stages = 2 if cdiv(spec.T, bn) > 1 else 1
+        stages = spec.stages or (2 if cdiv(spec.T, bn) > 1 else 1)
         ctx.update(qw=spec.qwarps, stages=stages)
         smem = 2 * (spec.D + 8) * (rows_per_block + stages * 2 * bn)
         if spec.mask_dtype is not None and spec.mask != "none":

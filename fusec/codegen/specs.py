@@ -260,10 +260,14 @@ class AttentionSpec:
     # the mask's rows contiguous (key stride 1) and 16-byte aligned, its view's offset included (the lowering knows
     # it): fp16/bf16 attention copies its tiles with 16-byte cp.async
     mask_vec: bool = False
+    # fp16/bf16: K/V tile buffers (1 or 2: the next tile's copy overlapping this one's products); 0: the builder's
+    # rule, two where the keys span more than one tile
+    stages: int = 0
 
     def __post_init__(self) -> None:
         _pos(("B", self.B), ("Hq", self.Hq), ("Hkv", self.Hkv), ("S", self.S), ("T", self.T), ("D", self.D))
         _req(self.qwarps in (1, 2, 4), "qwarps must be 1, 2 or 4")
+        _req(self.stages in (0, 1, 2), "stages must be 0 (the rule), 1 or 2")
         if self.mask_vec:
             e = self.mask_dtype.itemsize if self.mask_dtype is not None else 0
             _req(self.mask != "none" and self.mask_strides[3] == 1
