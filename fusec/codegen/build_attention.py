@@ -40,16 +40,17 @@ def _attention(spec: S.AttentionSpec) -> Rendered:
 
 
 def query_warps(b: int, hq: int, s: int) -> int:
-    """The kernel selection's rule for ``AttentionSpec.qwarps`` (FUSEC_ATTN_QWARPS overrides it): the most warps a
-    block along the query rows (each block sharing its K/V tiles among more rows) whose grid still fills the SMs;
-    where none does (a short prompt of one sequence: Qwen3-0.6B's 128 tokens had 32 blocks of 64 rows), one, the
-    other three warps splitting each key tile."""
+    """The kernel selection's rule for ``AttentionSpec.qwarps`` (FUSEC_ATTN_QWARPS overrides it): two warps a block
+    along the query rows (two splitting each key tile) where that grid fills the SMs, else one (three splitting the
+    keys). Measured alone (H200, benchmarks/attn_bench.py, RESULTS.md): two was the fastest or within noise of it at
+    GPT-2's batch 8 and Qwen3's shapes, four (the one form before) 1.5-2.5 us slower; at one sequence's short prompt
+    (Qwen3-0.6B's 128 tokens: 32 blocks of 64 rows before) one, 6.1 us against 8.7 for the form before."""
     from fusec import knobs
 
     forced = knobs.get("FUSEC_ATTN_QWARPS")
     if forced != "auto":
         return int(forced)
-    return next((w for w in (4, 2) if cdiv(s, 16 * w) * hq * b >= SMS), 1)
+    return 2 if cdiv(s, 32) * hq * b >= SMS else 1
 
 
 def _req_grid(grid: tuple[int, int, int]) -> None:
