@@ -8,20 +8,12 @@ import pytest
 from fusec.codegen import kernels as K
 from fusec.codegen import specs as S
 from fusec.codegen.build_attention import query_warps
-from fusec.codegen.build_decode import SMS
 from fusec.compiler import compile_generation
 from fusec.dtypes import DType
 
 
-def _blocks(b: int, hq: int, s: int, qw: int) -> int:
-    return -(-s // (16 * qw)) * hq * b
-
-
-@pytest.mark.parametrize("b,hq,s", [(1, 16, 128), (8, 12, 128), (32, 12, 128), (1, 32, 32), (1, 32, 256),
-                                    (2, 16, 128), (1, 2, 9)])
-def test_the_rule_takes_two_query_warps_where_they_fill_the_sms(b: int, hq: int, s: int) -> None:
-    qw = query_warps(b, hq, s)
-    assert qw == (2 if _blocks(b, hq, s, 2) >= SMS else 1)
+@pytest.mark.parametrize("b,hq,s,qw", [(1, 16, 128, 2), (8, 12, 128, 2), (1, 32, 32, 1), (1, 2, 9, 4), (3, 4, 200, 1)])
+def test_the_builder_lays_out_each_block_shape(b: int, hq: int, s: int, qw: int) -> None:
     spec = S.AttentionSpec(b, hq, hq, s, s, 64, DType.BF16, 0.125, causal=True, qwarps=qw)
     r, _ = K.prepare(spec)
     assert r.grid == (-(-s // (16 * qw)), hq, b)
@@ -34,17 +26,16 @@ def test_the_rule_takes_two_query_warps_where_they_fill_the_sms(b: int, hq: int,
     assert rm.shared_mem == r.shared_mem + stages * 16 * qw * 64 * 2
 
 
-def test_a_short_prompt_of_one_sequence_splits_the_keys() -> None:
-    """Qwen3-0.6B's 128-token prefill: 32 blocks of 64 rows were a quarter of the SMs."""
-    assert query_warps(1, 16, 128) == 1
-    assert query_warps(8, 12, 128) == 2  # GPT-2 small at batch 8: 384 blocks of 32 rows
+def test_the_choice_is_two_query_warps() -> None:
+    """Two warps along the query rows (measured best at Qwen3-0.6B's, GPT-2's and Llama-1B's prefill shapes)."""
+    assert query_warps() == 2
 
 
 def test_the_knob_forces_the_block_shape(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FUSEC_ATTN_QWARPS", "4")
-    assert query_warps(1, 16, 128) == 4
-    monkeypatch.setenv("FUSEC_ATTN_QWARPS", "2")
-    assert query_warps(32, 12, 128) == 2
+    assert query_warps() == 4
+    monkeypatch.setenv("FUSEC_ATTN_QWARPS", "1")
+    assert query_warps() == 1
 
 
 def test_the_spec_refuses_other_shapes() -> None:
@@ -62,7 +53,7 @@ def test_the_prefill_launches_the_rules_shape(monkeypatch: pytest.MonkeyPatch, f
             if "kernel" in L and kernels[L["kernel"]]["entry"].startswith("fc_attn")]
     assert attn, "the prefill has an attention launch"
     heads = attn[0]["grid"][1]
-    qw = 4 if forced == "4" else query_warps(2, heads, 40)
+    qw = 4 if forced == "4" else query_warps()
     assert all(tuple(L["grid"]) == (-(-40 // (16 * qw)), heads, 2) for L in attn), (qw, [L["grid"] for L in attn])
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from fusec.codegen import specs as S
-from fusec.codegen.build_decode import SMS
 from fusec.codegen.kernels import Rendered, builder, cdiv, kernel_name
 from fusec.codegen.render import Ident, ctype, float_lit
 from fusec.dtypes import DType
@@ -39,18 +38,17 @@ def _attention(spec: S.AttentionSpec) -> Rendered:
     return Rendered("attention.cu.jinja", ctx, grid, (128, 1, 1), params, shared_mem=smem)
 
 
-def query_warps(b: int, hq: int, s: int) -> int:
-    """The kernel selection's rule for ``AttentionSpec.qwarps`` (FUSEC_ATTN_QWARPS overrides it): two warps a block
-    along the query rows (two splitting each key tile) where that grid fills the SMs, else one (three splitting the
-    keys). Measured alone (H200, benchmarks/attn_bench.py, RESULTS.md): two was the fastest or within noise of it at
-    GPT-2's batch 8 and Qwen3's shapes, four (the one form before) 1.5-2.5 us slower; at one sequence's short prompt
-    (Qwen3-0.6B's 128 tokens: 32 blocks of 64 rows before) one, 6.1 us against 8.7 for the form before."""
+def query_warps() -> int:
+    """The kernel selection's choice for ``AttentionSpec.qwarps`` (FUSEC_ATTN_QWARPS overrides it): two warps a block
+    along the query rows, two splitting each key tile, at every shape (no shape measured so far wants another). Measured alone (H200,
+    benchmarks/attn_bench.py, RESULTS.md, twenty-first session, call 11) it was the fastest or within 0.5 us of it at
+    the Qwen3-0.6B (128 tokens), GPT-2 small (batch 8) and Llama-1B (32 tokens) prefill shapes, masked a row a query,
+    causal or neither: 4.7 us against 8.7 for the kernel before at Qwen3's masked prefill, where one warp (128 blocks)
+    took 5.4 and four (32 blocks, the old shape) 6.7."""
     from fusec import knobs
 
     forced = knobs.get("FUSEC_ATTN_QWARPS")
-    if forced != "auto":
-        return int(forced)
-    return 2 if cdiv(s, 32) * hq * b >= SMS else 1
+    return 2 if forced == "auto" else int(forced)
 
 
 def _req_grid(grid: tuple[int, int, int]) -> None:

@@ -448,7 +448,7 @@ def emit_attention(ctx: Context, plan: dict[str, Any], node: Node, label: str) -
                            q_strides=qv.strides[:3], k_strides=kv.strides[:3], v_strides=vv.strides[:3],  # type: ignore[arg-type]
                            o_strides=ov.strides[:3],  # type: ignore[arg-type]
                            fp32_math="tf32" if ctx.compute == "tf32" and D <= 128 else "",
-                           softcap=float(a.attrs.softcap), qwarps=query_warps(B, Hq, S_),
+                           softcap=float(a.attrs.softcap), qwarps=query_warps(),
                            mask_vec=mask_vec)
     ctx.kernel(spec, args, label)
     if a.attrs.nan_to_zero:  # torch's SDPA export zeroes fully masked rows; the kernel gives NaN there
