@@ -9,8 +9,9 @@ import re
 import pytest
 
 from fusec.codegen import specs as S
-from fusec.codegen.build_gemm import _SMS, gemv_blocks_per_sm, gemv_form, gemv_ring_bytes
+from fusec.codegen.build_gemm import gemv_blocks_per_sm, gemv_form, gemv_ring_bytes
 from fusec.codegen.kernels import cdiv, prepare
+from fusec.codegen.spec_base import SMS
 from fusec.compiler import compile_generation
 from fusec.dtypes import DType
 from fusec.errors import InputError
@@ -28,7 +29,7 @@ def test_the_rule_spreads_tiles_over_one_wave_of_blocks_that_fit(n: int, k: int,
     form = gemv_form(n, k, dt, glu)
     stages, tpb = form["stages"], form["tiles_per_block"]
     spec = S.GemvSpec(1, n, k, dt, glu="silu" if glu else "", **form)
-    slots = _SMS * gemv_blocks_per_sm(k, dt, stages)
+    slots = SMS * gemv_blocks_per_sm(k, dt, stages)
     assert stages >= 2 and 1 <= tpb <= 4
     # the fewest tiles per block (at most 4) that keep the grid within one wave of resident blocks
     assert spec.grid <= slots or tpb == 4

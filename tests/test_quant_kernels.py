@@ -416,7 +416,7 @@ def test_dp4a_fill_gives_short_rows_four_a_task(arch, monkeypatch):
     task for every warp take 4 weight rows a task (gated: two pairs), so a round is 8 chunks a lane; not with too few
     tasks (Llama-1B's qkv), not where 2 rows already fill the round (K = 4096), not a gated unit beside the norm over
     6-bit codes (it spilled), not with FUSEC_QGEMV_DP4A_FILL=0. The filled forms compile without spills."""
-    from fusec.codegen.build_gemm import _SMS
+    from fusec.codegen.spec_base import SMS
 
     pending = []
     for fmt in FORMATS:
@@ -425,7 +425,7 @@ def test_dp4a_fill_gives_short_rows_four_a_task(arch, monkeypatch):
                                 (22016, 4096, True, True)):
             f = gemv_form(1, n, k, fmt, g, DType.BF16, norm, glu)
             tasks = n // 2 // 2 if glu else n // 4
-            want = 4 if k == 2048 and tasks >= 16 * _SMS and not (glu and FORMATS[fmt].bits == 6) else 2
+            want = 4 if k == 2048 and tasks >= 16 * SMS and not (glu and FORMATS[fmt].bits == 6) else 2
             if not (glu or k < 8 * 1024):
                 want = 1
             assert f["rows"] == want, (fmt, n, k, f)
@@ -446,12 +446,12 @@ def test_dp4a_fill_gives_long_rows_two_a_task_where_fewer_round_trips(arch, monk
     (N 4096, K 11,008: two tasks of two rounds against one task of three) but not Llama-1B's down (N 2048, K 8192: one
     task of one round against one of two), nor N 4096 at K 8192 (2 x 1 against 1 x 2). Those forms compile without
     spills. FUSEC_QGEMV_DP4A_FILL=0: one row."""
-    from fusec.codegen.build_gemm import _SMS
+    from fusec.codegen.spec_base import SMS
 
     pending = []
     for fmt in FORMATS:
         g = FORMATS[fmt].group or 128
-        for n, k in ((4096, 11008), (2048, 8192), (4096, 8192), (3 * 2 * 8 * _SMS, 11008)):
+        for n, k in ((4096, 11008), (2048, 8192), (4096, 8192), (3 * 2 * 8 * SMS, 11008)):
             f = gemv_form(1, n, k, fmt, g, DType.BF16)
             # 4096 x 11008: 2 tasks of 2 rounds a warp, or 1 of 3; 6336 x 11008: 3 tasks of 2 rounds, or 2 of 3
             assert f["rows"] == (2 if (n, k) == (4096, 11008) else 1), (fmt, n, k, f)
@@ -472,7 +472,7 @@ def test_dp4a_cluster_knob_and_grid(arch, monkeypatch):
     least one, where a product has fewer tasks than a cluster's warps); the kernel declares the cluster only on sm_90
     (sm_80 has none: the same kernel writes every digit in every block) and compiles without spills on the 7B down and
     gate/up shapes. A spec takes 1, 2 or 4, and only on the dp4a form."""
-    from fusec.codegen.build_gemm import _SMS
+    from fusec.codegen.spec_base import SMS
 
     assert "cluster" not in gemv_form(1, 4096, 11008, "q4_k", 32, DType.BF16)
     assert gemv_form(8, 2048, 2048, "q8_0", 32, DType.BF16)["cluster"] == 2
@@ -488,7 +488,7 @@ def test_dp4a_cluster_knob_and_grid(arch, monkeypatch):
         f = {**gemv_form(1, n, k, "q4_k", 32, DType.BF16, norm, glu), "cluster": cl}
         spec = QGemvSpec(1, n, k, "q4_k", 32, DType.BF16, DType.F16, norm=norm, glu="silu" if glu else "", **f)
         r, src = K.prepare(spec)
-        assert r.grid[0] % cl == 0 and r.grid[0] <= max(cl, f["blocks"] * _SMS), (n, k, r.grid)
+        assert r.grid[0] % cl == 0 and r.grid[0] <= max(cl, f["blocks"] * SMS), (n, k, r.grid)
         assert f"> 1\n#define CL_ {cl}" in src and "__cluster_dims__(CL_, 1, 1)" in src
         b = K.build(spec, arch)
         assert b.binary.spill_bytes == 0, (n, k, cl)
@@ -654,7 +654,7 @@ def test_dp4a_siblings_compile_without_spills_and_refuse_what_they_cannot_take()
     """Packed siblings (QGemvSpec.siblings): the Llama-1B's and 7B's q/k (Q4_K) + v (Q6_K) at 1 and 2 rows of x compile
     without spills on sm_80 and sm_90, each segment's params in turn, the blocks one wave at most; the dp4a form's
     alone, without a gated unit, argmax, clusters or an epilogue, over one K."""
-    from fusec.codegen.build_gemm import _SMS
+    from fusec.codegen.spec_base import SMS
     from fusec.codegen.specs_quant import QSibling
 
     pending = []
@@ -666,10 +666,10 @@ def test_dp4a_siblings_compile_without_spills_and_refuse_what_they_cannot_take()
                 spec = QGemvSpec(m, n0, k, "q4_k", 32, DType.BF16, DType.F16, norm=True, **f0,
                                  siblings=(QSibling(n1, "q6_k", 16, DType.F16, f1["rows"], f1["chunks"]),))
                 nb = spec.segment_blocks
-                assert min(nb) >= 1 and sum(nb) <= spec.blocks * _SMS
+                assert min(nb) >= 1 and sum(nb) <= spec.blocks * SMS
                 if n0 == 8192:  # the 7B's: more than a wave of tasks, the wave shared by weight bytes
                     share = n0 * FORMATS["q4_k"].bits_per_weight(32) / (n1 * FORMATS["q6_k"].bits_per_weight(16))
-                    assert sum(nb) >= spec.blocks * _SMS - 2 and abs(nb[0] / nb[1] - share) < 0.05, (nb, share)
+                    assert sum(nb) >= spec.blocks * SMS - 2 and abs(nb[0] / nb[1] - share) < 0.05, (nb, share)
                 pending.append(((arch, n0, m), spec, K.build_async(spec, arch)))
     for what, spec, p in pending:
         ck = p.result()

@@ -8,10 +8,10 @@ import math
 
 from fusec.codegen import specs as S
 from fusec.codegen.kernels import Rendered, builder, cdiv, idx_type, kernel_name
+from fusec.codegen.spec_base import SMS
 from fusec.codegen.render import ctype, float_lit
 from fusec.dtypes import DType
 
-SMS = 132  # H100/H200 SXM: only steers how many blocks a split attention aims for
 # A full-context decode step should be one wave of blocks: 8 blocks of 128 threads fit an SM at
 # the 64 registers the kernel takes for D 128. Measured on an H100 (B 32, ctx 4096): 3 splits
 # (768 blocks) 219 us, 5 splits (1280 blocks, 1.2 waves) 255 us, 9 splits (2304) 223 us.

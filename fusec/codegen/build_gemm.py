@@ -5,10 +5,10 @@ from __future__ import annotations
 from fusec.codegen import specs as S
 from fusec.codegen.kernels import Rendered, builder, cdiv, kernel_name
 from fusec.codegen.render import Ident, ctype, float_lit
+from fusec.codegen.spec_base import SMS
 from fusec.codegen.specs import gemv_geometry  # the block shape (the spec validates with it)
 from fusec.dtypes import DType
 
-_SMS = 132  # H100/H200 SXM; only steers the tile-size choice
 
 
 def _round_fn(dt: DType) -> Ident | None:
@@ -25,7 +25,7 @@ def _gemm(spec: S.GemmSpec) -> Rendered:
     out_dt = spec.out_dtype or spec.dtype
     if tc:
         # big tiles only when they still fill the machine; small problems want more blocks
-        big = cdiv(spec.M, 128) * cdiv(spec.N, 128) * spec.batch >= _SMS
+        big = cdiv(spec.M, 128) * cdiv(spec.N, 128) * spec.batch >= SMS
         bm, bn, wm, wn = (128, 128, 2, 4) if big else (64, 64, 2, 2)
     else:
         bm, bn, wm, wn = 64, 64, 1, 1
@@ -100,7 +100,7 @@ def gemv_form(N: int, K: int, dtype: DType, glu: bool = False, M: int = 1) -> di
     if gemv_geometry(K, dtype, spread)[0] > 32:
         spread = 1
     tiles = cdiv(N // 2, 4) if glu else cdiv(N, 8)
-    slots = _SMS * gemv_blocks_per_sm(K, dtype, GEMV_STAGES, spread)
+    slots = SMS * gemv_blocks_per_sm(K, dtype, GEMV_STAGES, spread)
     form: dict[str, int] = {"stages": GEMV_STAGES, "tiles_per_block": max(1, min(4, cdiv(tiles, slots)))}
     if spread != 1:
         form["spread"] = spread

@@ -10,6 +10,9 @@ from fusec.dtypes import DType
 
 FLOATS = (DType.F32, DType.F16, DType.BF16)
 HALFS = (DType.F16, DType.BF16)
+# The SMs the kernels' geometry is planned for (grids sized to whole waves, blocks a split aims for): an H100 or H200
+# SXM. A plan runs on any GPU of its arch; with fewer SMs its one-wave grids take more than one.
+SMS = 132
 
 
 def _req(cond: bool, msg: str) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 
 from fusec.codegen.elementwise import Expr, dtype_of
-from fusec.codegen.spec_base import FLOATS, HALFS, _pos, _req
+from fusec.codegen.spec_base import FLOATS, HALFS, SMS, _pos, _req
 from fusec.dtypes import DType
 
 OPERAND_KINDS = ("acc", "col", "full", "scalar")
@@ -27,7 +27,6 @@ MLP_SMEM = 101376
 MLP_BK = 64  # k step of the first product (x's columns, W1's rows)
 MLP_WARPS = 8
 MLP_MAX_ACC = 64  # fp32 accumulator registers per thread for the output tile
-_SMS = 132  # H100 SXM: steers the tiling only
 _FLOP_RATE = 3.0e12  # mma.sync flop/s one SM sustains (rough): steers the tiling only
 _BYTE_RATE = 100e9  # L2 -> SM bytes/s (rough)
 
@@ -95,7 +94,7 @@ def mlp_tiles(m: int, k: int, f: int, n: int, w1_nk: bool, w2_nk: bool) -> MlpTi
             fp = _cdiv(f, bf) * bf
             blocks = _cdiv(m, bm) * _cdiv(n, bn)
             per_block = max(2.0 * bm * (kp * fp + fp * bn) / _FLOP_RATE, 2.0 * (kp * fp + fp * bn) / _BYTE_RATE)
-            est = _cdiv(blocks, _SMS) * per_block
+            est = _cdiv(blocks, SMS) * per_block
             if best is None or est < best.estimate_s:
                 best = MlpTiles(bm, bn, bf, bk2, stages, wm, wn, 2 * (fixed + stages * stage), est)
     return best

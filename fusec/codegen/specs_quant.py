@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from fusec.codegen.spec_base import FLOATS, _pos, _req
+from fusec.codegen.spec_base import FLOATS, SMS, _pos, _req
 from fusec.codegen.specs import Epilogue, check_norm_glu
 from fusec.dtypes import DType
 
@@ -134,11 +134,10 @@ class QGemvSpec:
         """The dp4a form's blocks of the product and of each sibling. Alone: one wave (``blocks`` an SM) or fewer where
         the tasks are fewer, whole clusters. With siblings: each as many as its tasks need; where together they pass
         one wave, the wave shared in proportion to their weight bytes (at least one block each)."""
-        from fusec.codegen.build_gemm import _SMS
         from fusec.quant import FORMATS
 
         need = [-(-t // self.warps) for t in self.segment_tasks]
-        wave = self.blocks * _SMS
+        wave = self.blocks * SMS
         if not self.siblings:
             return (max(self.cluster, min(need[0], wave) // self.cluster * self.cluster),)
         if sum(need) <= wave:

@@ -146,7 +146,7 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     ``FUSEC_QGEMV_FORM=tc`` leaves out the dp4a form, ``fma`` gives the FMA form everywhere.
     benchmarks/quant_bench.py --variants times the forms."""
     from fusec import knobs
-    from fusec.codegen.build_gemm import _SMS
+    from fusec.codegen.spec_base import SMS
     from fusec.codegen.build_quant import dp4a_unroll
     from fusec.codegen.specs_quant import dp4a_fits, dp4a_tasks, tc_fits
 
@@ -154,7 +154,7 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     tc = passes = 0  # the tensor-core form's warps a block of 16 rows and runs a warp, where it takes the product
     if tc_fits(m, fmt, dtype) and m >= TC_MIN_M[FORMATS[fmt].bits] and choice != "fma":
         blocks = -(-n // 16)
-        warps = 4 if blocks >= 2 * _SMS else 8 if blocks >= 160 else 16
+        warps = 4 if blocks >= 2 * SMS else 8 if blocks >= 160 else 16
         hb = FORMATS[fmt].high_planes
         while warps < 16 and not _tc_fits_smem(k, group, warps, hb):
             warps *= 2
@@ -181,7 +181,7 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
             chunks = int(knobs.get("FUSEC_QGEMV_DP4A_CHUNKS")) if m == 1 and not heavy else 4
             rows = 2 if glu or k < 1024 * chunks else 1
         blocks = int(knobs.get("FUSEC_QGEMV_DP4A_BLOCKS")) or 2
-        warps = blocks * 8 * _SMS
+        warps = blocks * 8 * SMS
 
         def rounds(r: int) -> int:  # a warp's serial round trips: its tasks times a task's rounds of loads
             return -(-dp4a_tasks(n, r, glu) // warps) * -(-(k // 32) // (32 * dp4a_unroll(k, r, chunks)))
