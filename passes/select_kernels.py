@@ -15,7 +15,8 @@ For every node of the optimized graph this pass decides, once:
 - for products over packed weights (QMATMUL, alone or under a fused epilogue): the variant
   (``fusec.lower.quant.choose``: the quantized GEMV, or dequantize-then-cuBLAS);
 - the **spec parameters** of a GEMV (``params``): how the skinny product streams its weights
-  (``build_gemm.gemv_form``), the quantized GEMV's form (``fusec.lower.quant.gemv_form``).
+  (``build_gemm.gemv_form``), the quantized GEMV's form (``fusec.lower.quant.gemv_form``); of an attention, its
+  block shape (``build_attention.query_warps``).
 
 The lowering (``fusec.lower``) reads ``node.kernel`` and decides nothing; ``explain``, ``inspect``
 and the A/B read the same record (``graph.meta["selection"]`` holds it as JSON, per node).
@@ -107,11 +108,13 @@ def _select(node: Node, options: PassOptions, offsets: dict[Value, int]) -> Sele
         if family == "gemm_epilogue" and detail[0].op == Op.QMATMUL:
             return _quantized(node, detail[0], offsets, family, detail)
         if cp is None:
-            return Selection(family, reason=f"the one {family} kernel of this body", detail=detail)
+            return Selection(family, reason=f"the one {family} kernel of this body",
+                             params=_attention_params() if family == "attention" else (), detail=detail)
     if node.op == Op.QMATMUL:
         return _quantized(node, node, offsets, "qmatmul")
     if cp is None:
-        return Selection(node.op.value, reason="the op's own lowering")
+        return Selection(node.op.value, reason="the op's own lowering",
+                         params=_attention_params() if node.op == Op.ATTENTION else ())
     variant = C.choose(options.choices, cp)
     reason = "explicit choice" if cp.key in options.choices else "rule-based default"
     if not cp.accepts(variant):
@@ -133,6 +136,14 @@ def _select(node: Node, options: PassOptions, offsets: dict[Value, int]) -> Sele
         detail = kernel_plan(node.attrs.body)[1]
     params = _gemv_params(cp.n, cp.k, C.outer(node, cp.a).dtype, m=cp.m) if variant == "gemv" else ()
     return Selection(family, variant, cp.key, layout, reason, params, detail)
+
+
+def _attention_params() -> tuple[tuple[str, Any], ...]:
+    """The fp16/bf16 attention's block shape (``build_attention.query_warps``, the one rule; the fp32 forms ignore
+    it)."""
+    from fusec.codegen.build_attention import query_warps
+
+    return (("qwarps", query_warps()),)
 
 
 def _gemv_params(n: int, k: int, dtype: Any, glu: bool = False, m: int = 1) -> tuple[tuple[str, Any], ...]:

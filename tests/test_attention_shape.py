@@ -78,3 +78,23 @@ def test_mask_vec_refuses_a_mask_it_cannot_copy_in_16_bytes() -> None:
     with pytest.raises(ValueError, match="mask_vec"):  # rows 7 elements apart: 14 bytes
         S.AttentionSpec(1, 2, 2, 7, 7, 64, DType.BF16, 0.125, mask="additive", mask_dtype=DType.BF16,
                         mask_strides=(49, 0, 7, 1), mask_vec=True)
+
+
+@pytest.mark.parametrize("forced", ["auto", "1"])
+def test_the_block_shape_is_the_kernel_selections_record(monkeypatch: pytest.MonkeyPatch, forced: str) -> None:
+    """The attention's QW is recorded on the node by kernel selection (what explain and the A/B read), and the
+    lowering launches that shape."""
+    from fusec.compiler import stage
+    from fusec.models import build
+    from fusec.ops import Op
+    from fusec.passes.select_kernels import selection
+
+    monkeypatch.setenv("FUSEC_ATTN_QWARPS", forced)
+    graph = build("gpt2-tiny", shapes={"input_ids": (2, 40), "attention_mask": (2, 40)})
+    st = stage(graph, "fp16", "sm_90", dry_run=True)
+    attn = [n for n in st.graph.nodes
+            if n.op == Op.ATTENTION or (n.op == Op.FUSED and any(b.op == Op.ATTENTION for b in n.attrs.body.nodes))]
+    assert attn
+    want = 2 if forced == "auto" else 1
+    assert all(dict(selection(n).params) == {"qwarps": want} for n in attn)
+    assert all(selection(n).to_json()["params"] == {"qwarps": want} for n in attn)

@@ -40,11 +40,11 @@ def _attention(spec: S.AttentionSpec) -> Rendered:
 
 def query_warps() -> int:
     """The kernel selection's choice for ``AttentionSpec.qwarps`` (FUSEC_ATTN_QWARPS overrides it): two warps a block
-    along the query rows, two splitting each key tile, at every shape (no shape measured so far wants another). Measured alone (H200,
-    benchmarks/attn_bench.py, RESULTS.md, twenty-first session, call 11) it was the fastest or within 0.5 us of it at
-    the Qwen3-0.6B (128 tokens), GPT-2 small (batch 8) and Llama-1B (32 tokens) prefill shapes, masked a row a query,
-    causal or neither: 4.7 us against 8.7 for the kernel before at Qwen3's masked prefill, where one warp (128 blocks)
-    took 5.4 and four (32 blocks, the old shape) 6.7."""
+    along the query rows, two splitting each key tile, at every shape (no shape measured so far wants another).
+    Measured alone (H200, benchmarks/attn_bench.py, RESULTS.md, twenty-first session, call 11) it was the fastest or
+    within 0.5 us of it at the Qwen3-0.6B (128 tokens), GPT-2 small (batch 8) and Llama-1B (32 tokens) prefill
+    shapes, masked a row a query, causal or neither: 4.7 us against 8.7 for the kernel before at Qwen3's masked
+    prefill, where one warp (128 blocks) took 5.4 and four (32 blocks, the old shape) 6.7."""
     from fusec import knobs
 
     forced = knobs.get("FUSEC_ATTN_QWARPS")

@@ -27,7 +27,6 @@ import math
 from typing import Any
 
 from fusec.codegen import specs as S
-from fusec.codegen.build_attention import query_warps
 from fusec.codegen.elementwise import CUDA_EXPR, Apply, Const, Expr, In
 from fusec.dtypes import DType
 from fusec.ir import Graph, Node, Value
@@ -421,7 +420,10 @@ def _emit_indexed(ctx: Context, ie: IndexedExpr, outer: dict[Value, Value], out:
 
 def emit_attention(ctx: Context, plan: dict[str, Any], node: Node, label: str) -> None:
     """The one attention lowering: q/k/v/mask read and the output written through ``plan``'s views
-    (contiguous for a standalone node), then torch's SDPA nan_to_zero guard when asked for."""
+    (contiguous for a standalone node), then torch's SDPA nan_to_zero guard when asked for; the block shape is the
+    kernel selection's (``node.kernel.params``)."""
+    from fusec.passes.select_kernels import selection
+
     a: Node = plan["node"]
     (qi, qv), (ki, kv), (vi, vv) = plan["operands"][:3]
     B, Hq, S_, D = qv.shape
@@ -448,8 +450,7 @@ def emit_attention(ctx: Context, plan: dict[str, Any], node: Node, label: str) -
                            q_strides=qv.strides[:3], k_strides=kv.strides[:3], v_strides=vv.strides[:3],  # type: ignore[arg-type]
                            o_strides=ov.strides[:3],  # type: ignore[arg-type]
                            fp32_math="tf32" if ctx.compute == "tf32" and D <= 128 else "",
-                           softcap=float(a.attrs.softcap), qwarps=query_warps(),
-                           mask_vec=mask_vec)
+                           softcap=float(a.attrs.softcap), mask_vec=mask_vec, **dict(selection(node).params))
     ctx.kernel(spec, args, label)
     if a.attrs.nan_to_zero:  # torch's SDPA export zeroes fully masked rows; the kernel gives NaN there
         from fusec.lower.nodes import elementwise
