@@ -42,15 +42,13 @@ def main() -> int:
     stream = cp.cuda.Stream(non_blocking=True)
     print(f"| shape {args.shape} B{B} H{H}/{Hkv} S{S_} D{D} | qwarps, stages | grid | smem | us a launch |")
     print("|---|---|---|---|---|")
-    shaped = "qwarps" in S.AttentionSpec.__dataclass_fields__  # a tree before the block shapes: one form
-    shapes = [(qw, st) for qw in args.qwarps.split(",") for st in args.stages.split(",")] if shaped else [("one form", "")]
+    shapes = [(int(qw), int(st)) for qw in args.qwarps.split(",") for st in args.stages.split(",")]
     for form in args.forms.split(","):
         for qw, st in shapes:
-            kw: dict = dict(mask="additive", mask_dtype=DType.F16, mask_strides=(S_ * S_, 0, S_, 1)) if form == "rows" else {}
-            if shaped:
-                kw["qwarps"], kw["stages"] = int(qw), int(st)
-                kw["mask_vec"] = form == "rows"  # as the lowering gives the generation prefill's mask
-            spec = S.AttentionSpec(B, H, Hkv, S_, S_, D, DType.F16, 1 / np.sqrt(D), causal=form == "causal", **kw)
+            kw: dict = dict(mask="additive", mask_dtype=DType.F16, mask_strides=(S_ * S_, 0, S_, 1),
+                            mask_vec=True) if form == "rows" else {}  # as the lowering gives the generation prefill's
+            spec = S.AttentionSpec(B, H, Hkv, S_, S_, D, DType.F16, 1 / np.sqrt(D), causal=form == "causal",
+                                   qwarps=qw, stages=st, **kw)
             ck = K.build(spec)
             a = [q, k, v] + ([mask] if form == "rows" else []) + [out]
             if args.ncu:

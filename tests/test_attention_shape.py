@@ -13,22 +13,22 @@ from fusec.dtypes import DType
 
 
 @pytest.mark.parametrize("b,hq,s,qw", [(1, 16, 128, 2), (8, 12, 128, 2), (1, 32, 32, 1), (1, 2, 9, 4), (3, 4, 200, 1)])
-def test_the_builder_lays_out_each_block_shape(b: int, hq: int, s: int, qw: int) -> None:
-    spec = S.AttentionSpec(b, hq, hq, s, s, 64, DType.BF16, 0.125, causal=True, qwarps=qw)
+@pytest.mark.parametrize("d", [64, 128])
+def test_the_builder_lays_out_each_block_shape(b: int, hq: int, s: int, qw: int, d: int) -> None:
+    """Blocks of 16 * QW rows cover the queries; shared memory holds Q, K and V for each stage, the key splits'
+    merged states fit in the stages' space (the kernel reuses it), and a mask adds one [BM][64] tile a stage."""
+    spec = S.AttentionSpec(b, hq, hq, s, s, d, DType.BF16, 0.125, causal=True, qwarps=qw)
     r, _ = K.prepare(spec)
-    assert r.grid == (-(-s // (16 * qw)), hq, b)
-    # Q, then two stages of a (K, V) tile pair where the keys span more than one 64-key tile
-    stages = 2 if s > 64 else 1
-    assert r.shared_mem == 2 * (64 + 8) * (16 * qw + stages * 2 * 64)
-    masked = S.AttentionSpec(b, hq, hq, s, s, 64, DType.BF16, 0.125, mask="additive", mask_dtype=DType.BF16,
+    rows = 16 * qw
+    assert r.grid[1:] == (hq, b) and r.grid[0] * rows >= s > (r.grid[0] - 1) * rows
+    stages = 2 if s > 64 else 1  # double-buffered where the keys span more than one 64-key tile
+    stage_bytes = stages * 2 * 64 * (d + 8) * 2
+    assert r.shared_mem >= rows * d * 2 + stage_bytes
+    assert (4 // qw - 1) * rows * (d + 4) * 4 <= stage_bytes  # the merge's [KW - 1][BM][D + 4] floats
+    masked = S.AttentionSpec(b, hq, hq, s, s, d, DType.BF16, 0.125, mask="additive", mask_dtype=DType.BF16,
                              mask_strides=(s * s, 0, s, 1), qwarps=qw)
-    rm, _ = K.prepare(masked)  # and the mask's tiles, one a stage
-    assert rm.shared_mem == r.shared_mem + stages * 16 * qw * 64 * 2
-
-
-def test_the_choice_is_two_query_warps() -> None:
-    """Two warps along the query rows (measured best at Qwen3-0.6B's, GPT-2's and Llama-1B's prefill shapes)."""
-    assert query_warps() == 2
+    rm, _ = K.prepare(masked)
+    assert rm.shared_mem == r.shared_mem + stages * rows * 64 * 2
 
 
 def test_the_knob_forces_the_block_shape(monkeypatch: pytest.MonkeyPatch) -> None:

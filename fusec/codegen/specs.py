@@ -220,6 +220,13 @@ class RopeSpec:
 MASKS = ("none", "additive", "bool")
 
 
+def mask_rows_16(strides: tuple[int, ...], dtype: DType | None, offset: int = 0) -> bool:
+    """Whether an attention mask read at element ``strides`` (b, h, query, key) from element ``offset`` of a 16-byte
+    aligned buffer has contiguous rows that start on 16 bytes (``AttentionSpec.mask_vec``: 16-byte copies)."""
+    e = dtype.itemsize if dtype is not None else 0
+    return bool(e) and strides[3] == 1 and all(st * e % 16 == 0 for st in (*strides[:3], offset))
+
+
 @dataclasses.dataclass(frozen=True)
 class AttentionSpec:
     """out = softmax(q k^T * scale + mask) v for all batches and heads in one launch.
@@ -269,9 +276,7 @@ class AttentionSpec:
         _req(self.qwarps in (1, 2, 4), "qwarps must be 1, 2 or 4")
         _req(self.stages in (0, 1, 2), "stages must be 0 (the rule), 1 or 2")
         if self.mask_vec:
-            e = self.mask_dtype.itemsize if self.mask_dtype is not None else 0
-            _req(self.mask != "none" and self.mask_strides[3] == 1
-                 and all(st * e % 16 == 0 for st in self.mask_strides[:3]),
+            _req(self.mask != "none" and mask_rows_16(self.mask_strides, self.mask_dtype),
                  "mask_vec needs a mask whose key stride is 1 and whose other strides are multiples of 16 bytes")
         _req(self.Hq % self.Hkv == 0, "Hq must be a multiple of Hkv")
         _req(self.fp32_math in ("", "3xtf32", "tf32", "simt"), "fp32_math must be '', 3xtf32, tf32 or simt")

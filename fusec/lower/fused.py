@@ -441,8 +441,7 @@ def emit_attention(ctx: Context, plan: dict[str, Any], node: Node, label: str) -
         mkind = "bool" if mask.dtype == DType.BOOL else "additive"
         mdt, mst = mask.dtype, full.strides
         args.append((mask, mview.offset))
-        mask_vec = mst[3] == 1 and ctx.aligned(mask) and all(st * mdt.itemsize % 16 == 0
-                                                              for st in (*mst[:3], mview.offset))
+        mask_vec = ctx.aligned(mask) and S.mask_rows_16(mst, mdt, mview.offset)
     ov = plan["out"]
     args.append((node.output, ov.offset))
     spec = S.AttentionSpec(B, Hq, Hkv, S_, T, D, ins[qi].dtype, float(a.attrs.scale), causal=bool(a.attrs.causal),
