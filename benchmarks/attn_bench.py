@@ -1,9 +1,10 @@
 """The fp16/bf16 attention kernel alone at prefill shapes: each block shape (query warps x key splits), with and
-without a mask a row a query (the generation prefill's), causal or not. Times a CUDA graph of 100 launches (the median
+without a mask a row a query (the generation prefill's) or a row a batch broadcast over the queries (an encoder's key
+padding mask, BERT's), causal or not. Times a CUDA graph of 100 launches (the median
 of 5 replays, per launch: the kernel and the graph's launch gap); with --ncu, launches each variant once for Nsight
 Compute instead.
 
-    python benchmarks/attn_bench.py [--shape qwen3|llama|gpt2] [--ncu]
+    python benchmarks/attn_bench.py [--shape qwen3|llama|gpt2|bert] [--forms rows,keys,causal,none] [--ncu]
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import sys
 import numpy as np
 
 N = 100  # launches a CUDA graph (one launch at a time from Python measured the host, not the kernel)
-SHAPES = {"qwen3": (1, 16, 8, 128, 128), "llama": (1, 32, 8, 32, 64), "gpt2": (8, 12, 12, 128, 64)}
+SHAPES = {"qwen3": (1, 16, 8, 128, 128), "llama": (1, 32, 8, 32, 64), "gpt2": (8, 12, 12, 128, 64),
+          "bert": (32, 12, 12, 128, 64)}
 
 
 def main() -> int:
@@ -27,7 +29,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", default="qwen3", choices=sorted(SHAPES))
     ap.add_argument("--ncu", action="store_true")
-    ap.add_argument("--forms", default="rows,causal,none", help="which of rows, causal, none")
+    ap.add_argument("--forms", default="rows,causal,none", help="which of rows, keys, causal, none")
     ap.add_argument("--qwarps", default="1,2,4")
     ap.add_argument("--stages", default="0", help="K/V stages to try (0: the rule)")
     args = ap.parse_args()
@@ -38,6 +40,8 @@ def main() -> int:
     v = cp.asarray(rng.standard_normal((B, Hkv, S_, D)).astype(np.float32)).astype(cp.float16).view(cp.uint16)
     keep = np.arange(S_)[None, :] <= np.arange(S_)[:, None]
     mask = cp.asarray(np.where(np.broadcast_to(keep, (B, 1, S_, S_)), 0.0, -65504.0).astype(np.float16)).view(cp.uint16)
+    pad = np.arange(S_)[None, :] < rng.integers(S_ // 2, S_ + 1, (B, 1))  # each row's keys past its length masked
+    kmask = cp.asarray(np.where(pad, 0.0, -65504.0).astype(np.float16)).view(cp.uint16)
     out = cp.zeros((B, H, S_, D), cp.uint16)
     stream = cp.cuda.Stream(non_blocking=True)
     print(f"| shape {args.shape} B{B} H{H}/{Hkv} S{S_} D{D} | qwarps, stages | grid | smem | us a launch |")
@@ -45,12 +49,14 @@ def main() -> int:
     shapes = [(int(qw), int(st)) for qw in args.qwarps.split(",") for st in args.stages.split(",")]
     for form in args.forms.split(","):
         for qw, st in shapes:
-            kw: dict = dict(mask="additive", mask_dtype=DType.F16, mask_strides=(S_ * S_, 0, S_, 1),
-                            mask_vec=True) if form == "rows" else {}  # as the lowering gives the generation prefill's
+            kw: dict = {}  # the masks as the lowering gives them: the generation prefill's, BERT's
+            if form in ("rows", "keys"):
+                kw = dict(mask="additive", mask_dtype=DType.F16, mask_vec=True,
+                          mask_strides=(S_ * S_, 0, S_, 1) if form == "rows" else (S_, 0, 0, 1))
             spec = S.AttentionSpec(B, H, Hkv, S_, S_, D, DType.F16, 1 / np.sqrt(D), causal=form == "causal",
                                    qwarps=qw, stages=st, **kw)
             ck = K.build(spec)
-            a = [q, k, v] + ([mask] if form == "rows" else []) + [out]
+            a = [q, k, v] + ([mask] if form == "rows" else [kmask] if form == "keys" else []) + [out]
             if args.ncu:
                 K.launch(ck, a)
                 cp.cuda.runtime.deviceSynchronize()

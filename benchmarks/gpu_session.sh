@@ -25,6 +25,12 @@
 #             the wait) against the layout's 4; with the unroll-8 attention's GPU tests first
 #   step_u4   Qwen3-0.6B batch 1 and 8 decode steps: the unroll rule (the default) against 4 everywhere
 #   step_lra  the Llama-3.2-1B shape, batch 1 (32-token prompt): with rope_attention (the default) against without it
+#   bert_k    the attention alone at BERT-base's shape (B 32, S 128; key padding mask, none) by block shape and stages,
+#             Nsight Compute of two, and the per-kernel profiles (CUPTI, graph replays) of BERT-base and GPT-2 small
+#   rows_t    the GPU tests of the attention and the row kernels (norms, softmax, reductions)
+#   bert_ab   the attention alone at BERT's and GPT-2's shapes by block shape; then BERT-base and GPT-2 small with the
+#             tree in .old (a copy of an earlier commit laid out as the package: fusec/{passes,models,templates}) and
+#             this one, in turns, each with its per-kernel profile
 #   step_final Qwen3-0.6B batch 1 and 8 decode steps as the defaults stand, with the per-kernel profile
 #   trace     per-block timelines of the decode step's last layer (benchmarks/block_trace.py): Qwen3-0.6B batch 1 and
 #             8 with PDL and with plain launches, the Llama-1B shape batch 1
@@ -229,6 +235,31 @@ for step in "$@"; do
             timeout 120 ncu --section SpeedOfLight --section WarpStateStats --section LaunchStats --section Occupancy \
               -k regex:fc_attn -c 9 python3 benchmarks/attn_bench.py --ncu > "$R/attn_ncu.txt" 2>&1
             grep -E "fc_attn|Duration|Warp Cycles Per Issued|Stall|Registers|Achieved Occupancy|Block Limit|Compute \(SM\)|Memory Throughput" "$R/attn_ncu.txt" | head -n 60 ;;
+    bert_k) timeout 90 python3 benchmarks/attn_bench.py --shape bert --forms keys,none --stages 0,1 2>&1 | tail -n 14
+            timeout 120 ncu --section SpeedOfLight --section WarpStateStats --section LaunchStats --section Occupancy \
+              --section MemoryWorkloadAnalysis -k regex:fc_attn -c 4 python3 benchmarks/attn_bench.py --ncu --shape bert \
+              --forms keys --qwarps 2,4 --stages 0,1 > "$R/bert_ncu.txt" 2>&1
+            grep -E "fc_attn|Duration|Warp Cycles Per Issued|Stall|Registers|Achieved Occupancy|Block Limit|Compute \(SM\)|Memory Throughput|L2 Hit|DRAM Throughput" "$R/bert_ncu.txt" | head -n 80
+            for m in bert-base gpt2-small; do
+              sh=input_ids:32x128,attention_mask:32x128; [ $m = gpt2-small ] && sh=input_ids:8x128,attention_mask:8x128
+              timeout 120 python3 -m fusec bench $m --dtype fp16 --shapes $sh --cuda-graph --per-kernel --top 12 > "$R/pk_$m.txt" 2>&1
+              grep -A14 "by kind" "$R/pk_$m.txt"; grep -E "median|per-kernel|times:" "$R/pk_$m.txt"
+            done ;;
+    rows_t) timeout 200 $PT -n 8 tests/test_kernels_gpu.py -k "attention or layernorm or rmsnorm or softmax or reduce" \
+              > "$R/t_rows.txt" 2>&1
+            grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_rows.txt" | tail -n 12 ;;
+    bert_ab) for sh in bert gpt2; do timeout 60 python3 benchmarks/attn_bench.py --shape $sh --forms keys,rows,none \
+               --qwarps 2,4 2>&1 | tail -n 8; done
+             for m in bert-base gpt2-small; do
+               sh=input_ids:32x128,attention_mask:32x128; [ $m = gpt2-small ] && sh=input_ids:8x128,attention_mask:8x128
+               for round in 1 2; do for tree in old new; do
+                 pp=$PYTHONPATH; [ $tree = old ] && pp=$PWD/.old${PYTHONPATH:+:$PYTHONPATH}
+                 PYTHONPATH=$pp timeout 120 python3 -m fusec bench $m --dtype fp16 --shapes $sh --cuda-graph --per-kernel \
+                   --top 12 > "$R/ab_${m}_${tree}_$round.txt" 2>&1
+                 echo "$m $tree round $round: $(grep -E "bound +median" "$R/ab_${m}_${tree}_$round.txt")"
+               done; done
+               for tree in old new; do echo "$m $tree"; grep -A10 "by kind" "$R/ab_${m}_${tree}_2.txt"; done
+             done ;;
     step_final) timeout 200 python3 benchmarks/decode_step.py "$R/step_final" --model qwen3-0.6b --batches 1,8 --windows 3 \
                   > "$R/step_final.txt" 2>&1
                 tail -n 4 "$R/step_final.txt" | cut -c 1-3000 ;;

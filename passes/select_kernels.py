@@ -109,12 +109,13 @@ def _select(node: Node, options: PassOptions, offsets: dict[Value, int]) -> Sele
             return _quantized(node, detail[0], offsets, family, detail)
         if cp is None:
             return Selection(family, reason=f"the one {family} kernel of this body",
-                             params=_attention_params() if family == "attention" else (), detail=detail)
+                             params=_attention_params(detail["operands"][0][1].shape) if family == "attention" else (),
+                             detail=detail)
     if node.op == Op.QMATMUL:
         return _quantized(node, node, offsets, "qmatmul")
     if cp is None:
         return Selection(node.op.value, reason="the op's own lowering",
-                         params=_attention_params() if node.op == Op.ATTENTION else ())
+                         params=_attention_params(node.inputs[0].shape) if node.op == Op.ATTENTION else ())
     variant = C.choose(options.choices, cp)
     reason = "explicit choice" if cp.key in options.choices else "rule-based default"
     if not cp.accepts(variant):
@@ -138,12 +139,13 @@ def _select(node: Node, options: PassOptions, offsets: dict[Value, int]) -> Sele
     return Selection(family, variant, cp.key, layout, reason, params, detail)
 
 
-def _attention_params() -> tuple[tuple[str, Any], ...]:
-    """The fp16/bf16 attention's block shape (``build_attention.query_warps``, the one rule; the fp32 forms ignore
-    it)."""
+def _attention_params(q_shape: tuple[int, ...]) -> tuple[tuple[str, Any], ...]:
+    """The fp16/bf16 attention's block shape at q [B, H, S, D] (``build_attention.query_warps``, the one rule; the
+    fp32 forms ignore it)."""
     from fusec.codegen.build_attention import query_warps
 
-    return (("qwarps", query_warps()),)
+    b, h, s, _ = q_shape
+    return (("qwarps", query_warps(b, h, s)),)
 
 
 def _gemv_params(n: int, k: int, dtype: Any, glu: bool = False, m: int = 1) -> tuple[tuple[str, Any], ...]:

@@ -16,7 +16,8 @@ from fusec.dtypes import DType
 @pytest.mark.parametrize("d", [64, 128])
 def test_the_builder_lays_out_each_block_shape(b: int, hq: int, s: int, qw: int, d: int) -> None:
     """Blocks of 16 * QW rows cover the queries; shared memory holds Q, K and V for each stage, the key splits'
-    merged states fit in the stages' space (the kernel reuses it), and a mask adds one [BM][64] tile a stage."""
+    merged states fit in the stages' space (the kernel reuses it), and a mask adds one [BM][64] tile a stage (one
+    [64] row for a mask without a query stride)."""
     spec = S.AttentionSpec(b, hq, hq, s, s, d, DType.BF16, 0.125, causal=True, qwarps=qw)
     r, _ = K.prepare(spec)
     rows = 16 * qw
@@ -27,15 +28,31 @@ def test_the_builder_lays_out_each_block_shape(b: int, hq: int, s: int, qw: int,
     assert (4 // qw - 1) * rows * (d + 4) * 4 <= stage_bytes  # the merge's [KW - 1][BM][D + 4] floats
     masked = S.AttentionSpec(b, hq, hq, s, s, d, DType.BF16, 0.125, mask="additive", mask_dtype=DType.BF16,
                              mask_strides=(s * s, 0, s, 1), qwarps=qw)
-    rm, _ = K.prepare(masked)
+    rm, src_rows = K.prepare(masked)
     assert rm.shared_mem == r.shared_mem + stages * rows * 64 * 2
+    keys = S.AttentionSpec(b, hq, hq, s, s, d, DType.BF16, 0.125, mask="additive", mask_dtype=DType.BF16,
+                           mask_strides=(s, 0, 0, 1), qwarps=qw)  # a key padding mask: one row a tile for all queries
+    rk, src_keys = K.prepare(keys)
+    assert rk.shared_mem == r.shared_mem + stages * 64 * 2
+    assert "#define MR 1 " in src_keys and "#define MR BM " in src_rows
+
+
+@pytest.mark.parametrize("b,hq,s,want", [(1, 16, 128, 2), (1, 32, 32, 2), (8, 12, 128, 2), (32, 12, 128, 4),
+                                         (1, 264, 64, 4), (1, 263, 64, 2), (1, 132, 65, 4)])
+def test_four_query_warps_where_two_would_take_more_than_a_wave(b: int, hq: int, s: int, want: int) -> None:
+    """64-row blocks where there are at least twice as many as SMs (32-row blocks would be over four a SM: each
+    block's K/V copies then serve more rows), else 32-row blocks."""
+    from fusec.codegen.spec_base import SMS
+
+    assert SMS == 132
+    assert query_warps(b, hq, s) == want
 
 
 def test_the_knob_forces_the_block_shape(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FUSEC_ATTN_QWARPS", "4")
-    assert query_warps() == 4
+    assert query_warps(1, 2, 8) == 4
     monkeypatch.setenv("FUSEC_ATTN_QWARPS", "1")
-    assert query_warps() == 1
+    assert query_warps(32, 12, 128) == 1
 
 
 def test_the_spec_refuses_other_shapes() -> None:
@@ -53,7 +70,7 @@ def test_the_prefill_launches_the_rules_shape(monkeypatch: pytest.MonkeyPatch, f
             if "kernel" in L and kernels[L["kernel"]]["entry"].startswith("fc_attn")]
     assert attn, "the prefill has an attention launch"
     heads = attn[0]["grid"][1]
-    qw = 4 if forced == "4" else query_warps()
+    qw = 4 if forced == "4" else query_warps(2, heads, 40)
     assert all(tuple(L["grid"]) == (-(-40 // (16 * qw)), heads, 2) for L in attn), (qw, [L["grid"] for L in attn])
 
 
@@ -95,6 +112,6 @@ def test_the_block_shape_is_the_kernel_selections_record(monkeypatch: pytest.Mon
     attn = [n for n in st.graph.nodes
             if n.op == Op.ATTENTION or (n.op == Op.FUSED and any(b.op == Op.ATTENTION for b in n.attrs.body.nodes))]
     assert attn
-    want = 2 if forced == "auto" else 1
+    want = 2 if forced == "auto" else 1  # 2 x 4 heads x one block of 40 rows: far fewer blocks than SMs
     assert all(dict(selection(n).params) == {"qwarps": want} for n in attn)
     assert all(selection(n).to_json()["params"] == {"qwarps": want} for n in attn)

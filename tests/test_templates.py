@@ -46,6 +46,11 @@ def _specs(dt: DType) -> list:
         S.RowReduceSpec("softmax", 2 * 3 * 5, 77, dt, scale=0.125, mask_dtype=dt, rows_shape=(2, 3, 5),
                         mask_row_strides=(77, 0, 0), mask_col_stride=1),
         S.RowReduceSpec("mean", 4, 9, dt, inner=3),
+        S.RowReduceSpec("layernorm", 4096, 768, dt, w_dtype=dt, has_bias=True),  # a warp a row: BERT's LayerNorm
+        S.RowReduceSpec("add_rmsnorm", 530, 1000, dt, w_dtype=dt, eps=1e-6),  # a warp a row, the last block partial
+        S.RowReduceSpec("softmax", 2 * 3 * 89, 77, dt, scale=0.125, mask_dtype=dt, rows_shape=(2, 3, 89),
+                        mask_row_strides=(77, 0, 0), mask_col_stride=1),
+        S.RowReduceSpec("max", 601, 45, dt), S.RowReduceSpec("prod", 601, 45, dt),
         S.CumsumSpec(3, 7, 2, dt, exclusive=True, reverse=True),
         S.EmbeddingSpec(7, 50, 40, dt, pos_vocab=16, id_dtype=I32),
         S.RopeSpec(2, 3, 5, 64, 32, dt, (960, 320, 64), (960, 320, 64), (0, 32)),
@@ -79,6 +84,8 @@ def _all_specs() -> list[tuple[str, object]]:
                         mask_strides=(16384, 0, 128, 1), qwarps=1, mask_vec=True),  # the generation prefill's mask
         S.AttentionSpec(2, 4, 2, 37, 45, 64, F16, 0.125, mask="bool", mask_dtype=BOOL, mask_strides=(45, 0, 0, 1),
                         qwarps=2),  # two query groups x two key splits, one stage
+        S.AttentionSpec(32, 12, 12, 128, 128, 64, F16, 0.125, mask="additive", mask_dtype=F16,
+                        mask_strides=(128, 0, 0, 1), mask_vec=True),  # BERT's key padding mask: one row a tile
         S.AttentionSpec(2, 2, 2, 20, 20, 80, F16, 0.1, mask="bool", mask_dtype=BOOL, mask_strides=(400, 0, 20, 1)),
         S.AttentionSpec(1, 2, 2, 9, 9, 32, F16, 0.2),
         S.AttentionSpec(2, 8, 2, 77, 77, 128, F32, 0.088, causal=True, fp32_math="3xtf32"),  # BN 32
@@ -251,3 +258,15 @@ def test_every_template_waits_in_kernel_so_every_launch_may_overlap() -> None:
     for label, spec in _all_specs():
         assert K.prepare(spec)[0] is not None
         assert K.waits_in_kernel(K.prepare(spec)[1]), label
+
+
+@pytest.mark.parametrize("rows,cols,warp", [(4096, 768, True), (528, 2048, True), (527, 768, False),
+                                            (4096, 2056, False), (128, 1024, False)])
+def test_short_rows_take_a_warp_each(rows: int, cols: int, warp: bool) -> None:
+    """The row kernel's two forms: a warp a row (four rows a block) where a row is at most 8 vectors a lane and the
+    rows give every SM a block; else a block a row. The grid and block follow."""
+    r, src = K.prepare(S.RowReduceSpec("layernorm", rows, cols, F16, w_dtype=F16, has_bias=True))
+    if warp:
+        assert r.block == (128, 1, 1) and r.grid == (-(-rows // 4), 1, 1) and "#define RPB 4 " in src
+    else:
+        assert r.grid == (rows, 1, 1) and "#define RPB 1 " in src

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fusec.codegen import specs as S
 from fusec.codegen.kernels import Rendered, builder, cdiv, kernel_name
 from fusec.codegen.render import Ident, ctype, float_lit
+from fusec.codegen.spec_base import SMS
 from fusec.dtypes import DType
 
 
@@ -22,6 +23,8 @@ def _attention(spec: S.AttentionSpec) -> Rendered:
         "causal": spec.causal, "mask": Ident(spec.mask),
         "mask_t": ctype(spec.mask_dtype) if spec.mask_dtype else None, "ms": spec.mask_strides,
         "qs": qs, "ks": ks, "vs": vs, "os": os_, "mask_vec": tc and spec.mask_vec,
+        # a mask without a query stride (an encoder's key padding mask): one row a tile, read by every query row
+        "mask_keys": tc and spec.mask != "none" and spec.mask_strides[2] == 0,
     }
     rows_per_block = 16 * spec.qwarps if tc else 64 if tf32 else 4
     grid = (cdiv(spec.S, rows_per_block), spec.Hq, spec.B)
@@ -34,21 +37,24 @@ def _attention(spec: S.AttentionSpec) -> Rendered:
         ctx.update(qw=spec.qwarps, stages=stages)
         smem = 2 * (spec.D + 8) * (rows_per_block + stages * 2 * bn)
         if spec.mask_dtype is not None and spec.mask != "none":
-            smem += stages * rows_per_block * bn * spec.mask_dtype.itemsize
+            smem += stages * (1 if ctx["mask_keys"] else rows_per_block) * bn * spec.mask_dtype.itemsize
     return Rendered("attention.cu.jinja", ctx, grid, (128, 1, 1), params, shared_mem=smem)
 
 
-def query_warps() -> int:
-    """The kernel selection's choice for ``AttentionSpec.qwarps`` (FUSEC_ATTN_QWARPS overrides it): two warps a block
-    along the query rows, two splitting each key tile, at every shape (no shape measured so far wants another).
-    Measured alone (H200, benchmarks/attn_bench.py, RESULTS.md, twenty-first session, call 11) it was the fastest or
-    within 0.5 us of it at the Qwen3-0.6B (128 tokens), GPT-2 small (batch 8) and Llama-1B (32 tokens) prefill
-    shapes, masked a row a query, causal or neither: 4.7 us against 8.7 for the kernel before at Qwen3's masked
-    prefill, where one warp (128 blocks) took 5.4 and four (32 blocks, the old shape) 6.7."""
+def query_warps(b: int, hq: int, s: int) -> int:
+    """The kernel selection's choice for ``AttentionSpec.qwarps`` at q [b, hq, s, D] (FUSEC_ATTN_QWARPS overrides
+    it): two warps a block along the query rows (32 rows a block), two more splitting each key tile, unless those
+    blocks would take more than one wave (about four resident a SM): then four (64 rows a block), whose K/V copies
+    serve twice the rows. Measured alone (H200, benchmarks/attn_bench.py, RESULTS.md): two was the fastest or within
+    0.5 us of it at the Qwen3-0.6B (128 tokens) and Llama-1B (32 tokens) prefill shapes and at GPT-2 small's (batch
+    8: 384 blocks; 7.0 us against 7.2 with its mask a row a query); at BERT-base's (batch 32: 1,536 blocks) four took
+    12.8 us against 15.4 with its key padding mask, 12.2 against 15.1 unmasked (twenty-second session)."""
     from fusec import knobs
 
     forced = knobs.get("FUSEC_ATTN_QWARPS")
-    return 2 if forced == "auto" else int(forced)
+    if forced != "auto":
+        return int(forced)
+    return 4 if cdiv(s, 64) * hq * b >= 2 * SMS else 2
 
 
 def _req_grid(grid: tuple[int, int, int]) -> None:

@@ -9,6 +9,7 @@ from fusec.codegen import specs as S
 from fusec.codegen.elementwise import emit
 from fusec.codegen.kernels import Rendered, builder, cdiv, idx_type, kernel_name
 from fusec.codegen.render import Ident, compute_ctype, ctype, float_lit
+from fusec.codegen.spec_base import SMS
 from fusec.dtypes import DType
 
 _MAX_GRID = 1 << 20  # grid-stride loops cover the rest
@@ -68,6 +69,16 @@ def _row_geometry(nvec: int) -> tuple[int, int]:
     return block, cdiv(nvec, block)
 
 
+WARP_ROWS = 4  # rows a block of the warp-per-row form
+
+
+def warp_rows(nvec: int, rows: int, inner: int) -> bool:
+    """Whether rows of ``nvec`` vectors take a warp each (WARP_ROWS a block) instead of a block each: contiguous rows
+    of at most 8 vectors a lane, enough of them that every SM gets a block. BERT-base's LayerNorm (4,096 rows of 768
+    halfs) took 5.7 us a launch with a block of 96 threads a row: 2.2 TB/s, its barriers between reductions."""
+    return inner == 1 and nvec <= 8 * 32 and rows >= WARP_ROWS * SMS
+
+
 @builder(S.RowReduceSpec)
 def _row_reduce(spec: S.RowReduceSpec) -> Rendered:
     k = spec.kind
@@ -77,7 +88,9 @@ def _row_reduce(spec: S.RowReduceSpec) -> Rendered:
         vec = 16 // max(widths)
         while vec > 1 and spec.cols % vec:
             vec //= 2
-    block, items = _row_geometry(spec.cols // vec)
+    nvec = spec.cols // vec
+    rpb = WARP_ROWS if warp_rows(nvec, spec.rows, spec.inner) else 1
+    block, items = (32 * rpb, cdiv(nvec, 32)) if rpb > 1 else _row_geometry(nvec)
     cached = items <= 16
     is_norm = k.endswith("norm")
     out_dt = spec.w_dtype if k.endswith("rmsnorm") else spec.dtype
@@ -86,7 +99,7 @@ def _row_reduce(spec: S.RowReduceSpec) -> Rendered:
     params += (["sum_out"] if k.startswith("add_") else []) + ["out"]
     ctx = {
         "name": kernel_name("row", spec), "kind": Ident(k), "cols": spec.cols, "inner": spec.inner,
-        "vec": vec, "items": items, "block": block, "cached": cached,
+        "vec": vec, "items": items, "block": block, "cached": cached, "rpb": rpb, "rows": spec.rows,
         "x_t": ctype(spec.dtype), "out_t": ctype(out_dt), "w_t": ctype(spec.w_dtype) if spec.w_dtype else None,
         "acc_t": compute_ctype(spec.dtype) if spec.dtype.is_float else ctype(DType.I64),
         "has_bias": spec.has_bias, "eps": float_lit(spec.eps, "eps"), "offset": float_lit(spec.weight_offset),
@@ -96,7 +109,7 @@ def _row_reduce(spec: S.RowReduceSpec) -> Rendered:
         "mask_row_strides": spec.mask_row_strides, "mask_col_stride": spec.mask_col_stride,
         "round_x": _round_fn(spec.dtype), "lowest": _lowest(spec.dtype),
     }
-    return Rendered("row_reduce.cu.jinja", ctx, (spec.rows, 1, 1), (block, 1, 1), tuple(params))
+    return Rendered("row_reduce.cu.jinja", ctx, (cdiv(spec.rows, rpb), 1, 1), (block, 1, 1), tuple(params))
 
 
 @builder(S.CumsumSpec)
