@@ -31,6 +31,10 @@
 #   bert_ab   the attention alone at BERT's and GPT-2's shapes by block shape; then BERT-base and GPT-2 small with the
 #             tree in .old (a copy of an earlier commit laid out as the package: fusec/{passes,models,templates}) and
 #             this one, in turns, each with its per-kernel profile
+#   stream    the GEMM GPU tests (the stream form: few rows, K split over clusters), then the Qwen3-0.6B and Llama-1B
+#             prefills with their products on it (FUSEC_GEMM_STREAM=1) against cuBLAS, in turns, with profiles
+#   stream_k  the stream-form GEMM alone against cuBLAS at Qwen3-0.6B's and Llama-1B's prefill products, by K split, and
+#             Nsight Compute of the first two Qwen3 shapes unsplit and split 4
 #   step_final Qwen3-0.6B batch 1 and 8 decode steps as the defaults stand, with the per-kernel profile
 #   trace     per-block timelines of the decode step's last layer (benchmarks/block_trace.py): Qwen3-0.6B batch 1 and
 #             8 with PDL and with plain launches, the Llama-1B shape batch 1
@@ -260,6 +264,15 @@ for step in "$@"; do
                done; done
                for tree in old new; do echo "$m $tree"; grep -A10 "by kind" "$R/ab_${m}_${tree}_2.txt"; done
              done ;;
+    stream) timeout 120 $PT -n 8 tests/test_kernels_gpu.py -k "gemm" > "$R/t_stream.txt" 2>&1
+            grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_stream.txt" | tail -n 12
+            PREFILL_AB="--ab FUSEC_GEMM_STREAM=1" prefill_ab ;;
+    stream_k) for sh in qwen3 llama; do timeout 100 python3 benchmarks/gemm_stream_bench.py --shapes $sh --splits 1,2,4,8 \
+                2>&1 | tail -n 20; done
+              timeout 150 ncu --section SpeedOfLight --section WarpStateStats --section LaunchStats --section Occupancy \
+                --section MemoryWorkloadAnalysis --section SchedulerStats -k regex:fc_gemm -c 4 \
+                python3 benchmarks/gemm_stream_bench.py --ncu --splits 1,4 > "$R/stream_ncu.txt" 2>&1
+              grep -E "fc_gemm|Duration|Warp Cycles Per Issued|Stall|Registers|Achieved Occupancy|Block Limit|Compute \(SM\)|Memory Throughput|L2 Hit|DRAM Throughput|Issued Warp|No Eligible|Cluster" "$R/stream_ncu.txt" | head -n 90 ;;
     step_final) timeout 200 python3 benchmarks/decode_step.py "$R/step_final" --model qwen3-0.6b --batches 1,8 --windows 3 \
                   > "$R/step_final.txt" 2>&1
                 tail -n 4 "$R/step_final.txt" | cut -c 1-3000 ;;

@@ -179,8 +179,8 @@ struct FcTraceScope {
 // ---- thread block clusters (sm_90) -------------------------------------------------------------
 // The block's rank; a barrier of the whole cluster (release/acquire: shared-memory writes before it
 // are seen by the cluster's blocks after it), or its two halves apart (an arrive that orders nothing,
-// a wait); the address of a shared variable in block `rank` and 32/64-bit stores there (a variable
-// maps whole: offsets within it hold in the other block).
+// a wait); the address of a shared variable in block `rank`, 32/64-bit stores and 4-float loads there (a
+// variable maps whole: offsets within it hold in the other block).
 __device__ __forceinline__ unsigned fc_cluster_rank() {
   unsigned r;
   asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
@@ -205,6 +205,12 @@ __device__ __forceinline__ void fc_st_cluster(unsigned addr, unsigned v) {
 }
 __device__ __forceinline__ void fc_st_cluster2(unsigned addr, unsigned a, unsigned b) {
   asm volatile("st.shared::cluster.v2.u32 [%0], {%1, %2};" :: "r"(addr), "r"(a), "r"(b) : "memory");
+}
+__device__ __forceinline__ float4 fc_ld_cluster4(unsigned addr) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr) : "memory");
+  return v;
 }
 
 // ---- programmatic dependent launch (sm_90+; no-ops elsewhere) ---------------------------------

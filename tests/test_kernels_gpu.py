@@ -527,6 +527,35 @@ def test_gemm(dt: DType, M: int, N: int, K: int, batch: int, ta: bool, tb: bool,
     check(host(out, dt), ref, dt)
 
 
+GEMM_STREAM = [
+    # dt, M, N, K, splits, bias, act, residual: the stream form (M <= 128, B [K, N] read once), K split over clusters
+    (BF16, 128, 4096, 1024, 4, False, "none", False),   # Qwen3-0.6B's QKV at a 128-token prefill
+    (BF16, 128, 1024, 3072, 8, False, "none", True),    # its down product + residual: 8 blocks a cluster
+    (F16, 77, 1000, 320, 1, True, "gelu", True),        # M and N not tile multiples, 5 K slices, no split
+    (F16, 100, 200, 512, 2, True, "silu", False),       # two splits, the last column tile partial
+    (BF16, 32, 2048, 2048, 4, False, "none", True),     # a 32-token prefill: 32-row blocks
+    (F16, 5, 136, 128, 2, False, "none", False),        # 5 rows; K's share one slice a block
+]
+
+
+@pytest.mark.parametrize("dt,M,N,K,splits,bias,act,res", GEMM_STREAM,
+                         ids=[f"{g[0].value}-{g[1]}x{g[2]}x{g[3]}-s{g[4]}-{g[6]}" for g in GEMM_STREAM])
+def test_gemm_stream(dt: DType, M: int, N: int, K: int, splits: int, bias: bool, act: str, res: bool) -> None:
+    from fusec.device import gpu_arch
+
+    if splits > 1 and int(gpu_arch()[3:]) < 90:
+        pytest.skip("K splits need thread-block clusters (sm_90)")
+    a, b = rand((M, K), dt), rand((K, N), dt)
+    bv = rand((N,), dt) if bias else None
+    rv = rand((M, N), dt) if res else None
+    out = poisoned((M, N), dt)
+    spec = S.GemmSpec(M, N, K, dt, splits=splits, epilogue=S.Epilogue(bias=bias, activation=act, residual=res))
+    assert spec.stream
+    run(spec, [dev(a), dev(b)] + ([dev(bv)] if bias else []) + ([dev(rv)] if res else []) + [out])
+    ref = epilogue_ref(a.astype(np.float64) @ b.astype(np.float64), bv, act, rv, dt)
+    check(host(out, dt), ref, dt)
+
+
 def test_gemm_broadcast_b_over_batch() -> None:
     a, b = rand((3, 50, 64), F16), rand((64, 40), F16)
     out = poisoned((3, 50, 40), F16)

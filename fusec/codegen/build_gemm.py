@@ -19,6 +19,39 @@ def _epi_params(e: S.Epilogue) -> tuple[str, ...]:
     return (("bias",) if e.bias else ()) + (("residual",) if e.residual else ())
 
 
+def stream_bn(n: int) -> int:
+    """The stream form's columns a block: 128 where there are at least 32 such tiles, else 64 (more blocks)."""
+    return 128 if n >= 32 * 128 else 64
+
+
+def stream_splits(m: int, n: int, k: int, cluster: bool) -> int:
+    """The stream form's K split (``GemmSpec.splits``) where clusters exist (sm_90): the largest power of two up to 8
+    that leaves each block at least 512 of K (8 slices) and at most two blocks an SM; 1 without clusters. Measured
+    alone (H200, benchmarks/gemm_stream_bench.py, RESULTS.md, twenty-second session), it picked the fastest split or
+    one within 0.4 us of it at all eight of Qwen3-0.6B's (M 128) and Llama-1B's (M 32) prefill products: shares of 256
+    had lost to 512 (the o product 9.8 us against 8.7), 128 blocks of 1,024 won over 64 of 2,048 (Llama's down: 15.8
+    against 21.6)."""
+    tiles, splits = cdiv(n, stream_bn(n)), 1
+    while (cluster and splits < 8 and tiles * splits * 2 <= 2 * SMS and k % (S.GEMM_STREAM_BK * splits * 2) == 0
+           and k // (splits * 2) >= 512):
+        splits *= 2
+    return splits
+
+
+def _gemm_stream(spec: S.GemmSpec, ctx: dict) -> Rendered:
+    bm, bn, bk = min(128, cdiv(spec.M, 32) * 32), stream_bn(spec.N), S.GEMM_STREAM_BK
+    kt = spec.K // (spec.splits * bk)
+    # two blocks an SM (a ring within ~113 KB): at 143 KB (4 stages of 128 x 128) one fit, and 30 clusters of 4 were
+    # active at once for 32 (Nsight Compute, H200): a second wave
+    stages = min(3 if bn == 128 and bm == 128 else 4, max(2, kt))
+    ring = stages * (bm * (bk + 8) + bk * (bn + 8)) * 2
+    partials = bm * (bn + 4) * 4 if spec.splits > 1 else 0
+    ctx.update(BM=bm, BN=bn, stages=stages, ks=spec.splits, threads=256)
+    grid = (cdiv(spec.N, bn) * spec.splits, 1, 1)
+    return Rendered("gemm.cu.jinja", ctx, grid, (256, 1, 1), ("A", "B") + _epi_params(spec.epilogue) + ("C",),
+                    shared_mem=max(ring, partials))
+
+
 @builder(S.GemmSpec)
 def _gemm(spec: S.GemmSpec) -> Rendered:
     tc = spec.dtype in S.HALFS
@@ -39,8 +72,10 @@ def _gemm(spec: S.GemmSpec) -> Rendered:
         "a_vec": (not spec.trans_a) and spec.K % 8 == 0 and aligned_batches,
         "b_vec": (spec.K % 8 == 0 if spec.trans_b else spec.N % 8 == 0) and aligned_batches,
         "bias": spec.epilogue.bias, "act": Ident(spec.epilogue.activation), "residual": spec.epilogue.residual,
-        "round_x": _round_fn(out_dt),
+        "round_x": _round_fn(out_dt), "stream": spec.stream,
     }
+    if spec.stream:
+        return _gemm_stream(spec, ctx)
     grid = (cdiv(spec.N, bn), cdiv(spec.M, bm), spec.batch)
     if grid[1] > 65535 or grid[2] > 65535:
         raise ValueError(f"gemm grid {grid} exceeds the y/z launch limits")

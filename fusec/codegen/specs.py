@@ -325,6 +325,10 @@ class Epilogue:
         _req(self.activation in ACTIVATIONS, f"activation must be one of {ACTIVATIONS}")
 
 
+GEMM_STREAM_MAX_M = 128  # rows of A the stream form takes (a block holds them all)
+GEMM_STREAM_BK = 64  # its K slices
+
+
 @dataclasses.dataclass(frozen=True)
 class GemmSpec:
     """C[b] = epilogue(A[b] @ B[b]); A [M, K] (or [K, M] if trans_a), B [K, N] (or [N, K] if trans_b).
@@ -344,11 +348,22 @@ class GemmSpec:
     b_batch_stride: int = -1
     epilogue: Epilogue = Epilogue()
     out_dtype: DType | None = None
+    splits: int = 1  # the stream form's K split over a thread-block cluster (sm_90): 1, 2, 4 or 8 blocks
 
     def __post_init__(self) -> None:
         _pos(("M", self.M), ("N", self.N), ("K", self.K), ("batch", self.batch))
         _req(self.dtype in FLOATS and (self.out_dtype or self.dtype) in FLOATS, "gemm is float")
         _ints((self.a_batch_stride, self.b_batch_stride), "batch strides", -1)
+        _req(self.splits in (1, 2, 4, 8), f"gemm splits must be 1, 2, 4 or 8, got {self.splits}")
+        _req(self.splits == 1 or (self.stream and self.K % (GEMM_STREAM_BK * self.splits) == 0),
+             "a K split needs the stream form (fp16/bf16, one batch, A and B not transposed, M <= 128, K a multiple "
+             "of 64, N of 8) and K a multiple of 64 x splits")
+
+    @property
+    def stream(self) -> bool:
+        """The stream form (gemm_stream.jinja): few rows of A against a weight streamed once."""
+        return (self.dtype in HALFS and self.batch == 1 and not self.trans_a and not self.trans_b
+                and self.M <= GEMM_STREAM_MAX_M and self.K % GEMM_STREAM_BK == 0 and self.N % 8 == 0)
 
     @property
     def a_bs(self) -> int:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from fusec import knobs
 from fusec.codegen import specs as S
 from fusec.ir import Graph, Node, Value
 from fusec.lower import gemm_lt
@@ -167,11 +168,17 @@ def choice_point(node: Node) -> ChoicePoint | None:
         if mkn is None or not b.is_const:
             return None
         m, n, k = mkn
-        variants = (DEFAULT,) + (("gemv",) if _gemv_fits(m, k, a) else ()) + _layout_variant(tb, True)
+        variants = (DEFAULT,) + (("gemv",) if _gemv_fits(m, k, a) else ()) \
+            + (("fusec_gemm",) if _stream_fits(m, n, k, a) else ()) + _layout_variant(tb, True)
         prec = getattr(node.attrs, "precision", "f32")
         return ChoicePoint(f"matmul:{a.dtype.value}:{m}x{n}x{k}{_prec_key(prec)}", variants, a, b, None, None,
                            S.Epilogue(), m, n, k, tb, True, prec)
     return None
+
+
+def _stream_fits(m: int, n: int, k: int, a: Value) -> bool:
+    """fusec's GEMM in its stream form (``GemmSpec.stream``: a prefill's few rows against a weight read once)."""
+    return S.GemmSpec(m, n, k, a.dtype).stream if a.dtype in S.FLOATS else False
 
 
 def _gemv_fits(m: int, k: int, a: Value) -> bool:
@@ -192,6 +199,8 @@ def choose(choices: dict[str, str], cp: ChoicePoint) -> str:
         return explicit
     if "gemv" in cp.variants:
         return "gemv"
+    if "fusec_gemm" in cp.variants and knobs.get("FUSEC_GEMM_STREAM") and _stream_fits(cp.m, cp.n, cp.k, cp.a):
+        return "fusec_gemm"
     if gemm_lt.VARIANT in cp.variants:  # one cuBLASLt call instead of cuBLAS + an epilogue kernel
         return gemm_lt.VARIANT
     return DEFAULT
@@ -228,7 +237,13 @@ def emit(ctx, node: Node, sel, label: str) -> bool:  # noqa: ANN001 (fusec.lower
         gemm_lt.emit(ctx, cp, a, b, out, *(outer(node, v) if v is not None else None for v in (cp.bias, cp.residual)),
                      label=label)
     elif sel.variant == "fusec_gemm":
-        ctx.kernel(S.GemmSpec(cp.m, cp.n, cp.k, a.dtype, epilogue=cp.epilogue), [a, b, *extra, out], f"{label} fusec_gemm")
+        from fusec.codegen.build_gemm import stream_splits
+        from fusec.lower import sm90_or_later
+
+        spec = S.GemmSpec(cp.m, cp.n, cp.k, a.dtype, epilogue=cp.epilogue)
+        if spec.stream:  # its K split over a cluster where the arch has them
+            spec = dataclasses.replace(spec, splits=stream_splits(cp.m, cp.n, cp.k, sm90_or_later(ctx.arch)))
+        ctx.kernel(spec, [a, b, *extra, out], f"{label} fusec_gemm")
     else:  # gemv: reads the weight [N, K] (k contiguous), as MATMUL[trans_b] stores it
         spec = S.GemvSpec(cp.m, cp.n, cp.k, a.dtype, epilogue=cp.epilogue, **dict(sel.params))
         ctx.kernel(spec, [a, b, *extra, out], f"{label} gemv")

@@ -1,0 +1,78 @@
+"""fusec's GEMM in its stream form (a prefill's few rows against a weight read once; K split over thread-block
+clusters): which products take it, its split rule, its launch geometry, and the knob that puts a prefill's products
+on it (CPU only; the kernel against the reference is in test_kernels_gpu.test_gemm_stream)."""
+
+from __future__ import annotations
+
+import pytest
+
+from fusec.codegen import kernels as K
+from fusec.codegen import specs as S
+from fusec.codegen.build_gemm import stream_splits
+from fusec.compiler import compile_generation
+from fusec.dtypes import DType
+
+
+@pytest.mark.parametrize("m,n,k,dt,batch,tb,want", [
+    (128, 4096, 1024, DType.BF16, 1, False, True),
+    (1, 136, 64, DType.F16, 1, False, True),
+    (129, 4096, 1024, DType.BF16, 1, False, False),  # more rows than a block holds
+    (128, 4096, 1000, DType.BF16, 1, False, False),  # K not whole 64-slices
+    (128, 4100, 1024, DType.BF16, 1, False, False),  # B's rows not 16-byte multiples
+    (128, 4096, 1024, DType.BF16, 2, False, False),  # batched
+    (128, 4096, 1024, DType.BF16, 1, True, False),   # B read [N, K]
+    (128, 4096, 1024, DType.F32, 1, False, False),   # no tensor-core form
+])
+def test_which_products_take_the_stream_form(m: int, n: int, k: int, dt: DType, batch: int, tb: bool,
+                                              want: bool) -> None:
+    assert S.GemmSpec(m, n, k, dt, batch=batch, trans_b=tb).stream is want
+
+
+@pytest.mark.parametrize("m,n,k,want", [  # the split measured fastest (or within 0.4 us) alone on an H200
+    (128, 4096, 1024, 2), (128, 1024, 2048, 4), (128, 6144, 1024, 2), (128, 1024, 3072, 4),
+    (32, 3072, 2048, 4), (32, 2048, 2048, 4), (32, 16384, 2048, 2), (32, 2048, 8192, 8)])
+def test_the_split_rule_at_the_prefill_shapes(m: int, n: int, k: int, want: int) -> None:
+    assert stream_splits(m, n, k, cluster=True) == want
+    assert stream_splits(m, n, k, cluster=False) == 1  # no clusters before sm_90
+
+
+@pytest.mark.parametrize("m,n,k", [(128, 4096, 1024), (128, 1024, 3072), (32, 2048, 8192), (5, 136, 128)])
+def test_a_split_launches_whole_clusters_two_blocks_an_sm(m: int, n: int, k: int) -> None:
+    splits = stream_splits(m, n, k, cluster=True)
+    r, src = K.prepare(S.GemmSpec(m, n, k, DType.BF16, splits=splits))
+    bn = 128 if n >= 4096 else 64
+    assert r.grid == (-(-n // bn) * splits, 1, 1) and r.block == (256, 1, 1)
+    assert r.shared_mem <= 113 * 1024  # two blocks an SM (228 KB, 1 KB each reserved)
+    assert (f"__cluster_dims__({splits}, 1, 1)" in src) == (splits > 1)
+
+
+def test_a_split_needs_the_stream_form() -> None:
+    with pytest.raises(ValueError, match="stream form"):
+        S.GemmSpec(256, 4096, 1024, DType.BF16, splits=2)
+    with pytest.raises(ValueError, match="splits"):
+        S.GemmSpec(128, 4096, 1024, DType.BF16, splits=3)
+    with pytest.raises(ValueError, match="stream form"):  # K's share not whole slices
+        S.GemmSpec(128, 4096, 192, DType.BF16, splits=4)
+
+
+@pytest.mark.parametrize("on", [False, True])
+def test_the_knob_puts_a_prefills_products_on_the_stream_form(monkeypatch: pytest.MonkeyPatch, on: bool) -> None:
+    monkeypatch.setenv("FUSEC_GEMM_STREAM", "1" if on else "0")
+    plan = compile_generation("qwen3-tiny", batch=1, max_seq_len=80, prefill_len=40, dtype="bf16", eos_ids=[],
+                              arch="sm_90")
+    launches = plan.manifest["entries"]["prefill"]["launches"]
+    ours = [L for L in launches if L["label"].endswith("fusec_gemm")]
+    cublas = [L for L in launches if L.get("type") == "gemm"]
+    if on:
+        assert ours and not cublas
+        assert all(plan.manifest["kernels"][L["kernel"]]["entry"].startswith("fc_gemm") for L in ours)
+    else:
+        assert cublas and not ours
+
+
+@pytest.mark.parametrize("arch,splits", [("sm_90", 4), ("sm_80", 1)])
+def test_the_stream_form_compiles(arch: str, splits: int) -> None:
+    """Clusters on sm_90; sm_80 takes the unsplit form (the lowering asks stream_splits with cluster=False there)."""
+    spec = S.GemmSpec(128, 1024, 2048, DType.BF16, splits=splits,
+                      epilogue=S.Epilogue(bias=True, activation="silu", residual=True))
+    assert K.build(spec, arch).cubin
