@@ -50,6 +50,9 @@ class PassOptions:
     quantize: str | None = None
     quantize_group: int = 128
     quantize_head: bool = False
+    # The target has thread-block clusters (sm_90+): kernel selection may record a K split over a cluster
+    # (fusec's GEMM in its stream form, ``build_gemm.stream_splits``).
+    clusters: bool = False
     # Why each matcher declined a near match: list of (pattern, where, reason). Filled by passes.
     declines: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)
     # Facts passes record for reports (`inspect`): counters such as transposes_cached.

@@ -16,7 +16,8 @@ For every node of the optimized graph this pass decides, once:
   (``fusec.lower.quant.choose``: the quantized GEMV, or dequantize-then-cuBLAS);
 - the **spec parameters** of a GEMV (``params``): how the skinny product streams its weights
   (``build_gemm.gemv_form``), the quantized GEMV's form (``fusec.lower.quant.gemv_form``); of an attention, its
-  block shape (``build_attention.query_warps``).
+  block shape (``build_attention.query_warps``); of fusec's GEMM in its stream form, its K split over a cluster
+  (``build_gemm.stream_splits``, where ``PassOptions.clusters``: sm_90).
 
 The lowering (``fusec.lower``) reads ``node.kernel`` and decides nothing; ``explain``, ``inspect``
 and the A/B read the same record (``graph.meta["selection"]`` holds it as JSON, per node).
@@ -136,6 +137,8 @@ def _select(node: Node, options: PassOptions, offsets: dict[Value, int]) -> Sele
     if node.op == Op.FUSED:
         detail = kernel_plan(node.attrs.body)[1]
     params = _gemv_params(cp.n, cp.k, C.outer(node, cp.a).dtype, m=cp.m) if variant == "gemv" else ()
+    if variant == "fusec_gemm":
+        params = _gemm_params(cp.m, cp.n, cp.k, C.outer(node, cp.a).dtype, options.clusters)
     return Selection(family, variant, cp.key, layout, reason, params, detail)
 
 
@@ -146,6 +149,16 @@ def _attention_params(q_shape: tuple[int, ...]) -> tuple[tuple[str, Any], ...]:
 
     b, h, s, _ = q_shape
     return (("qwarps", query_warps(b, h, s)),)
+
+
+def _gemm_params(m: int, n: int, k: int, dtype: Any, clusters: bool) -> tuple[tuple[str, Any], ...]:
+    """fusec's GEMM: in its stream form, the K split over a cluster (``build_gemm.stream_splits``, the one rule)."""
+    from fusec.codegen import specs as S
+    from fusec.codegen.build_gemm import stream_splits
+
+    if not S.GemmSpec(m, n, k, dtype).stream:
+        return ()
+    return (("splits", stream_splits(m, n, k, clusters)),)
 
 
 def _gemv_params(n: int, k: int, dtype: Any, glu: bool = False, m: int = 1) -> tuple[tuple[str, Any], ...]:

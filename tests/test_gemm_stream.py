@@ -76,3 +76,36 @@ def test_the_stream_form_compiles(arch: str, splits: int) -> None:
     spec = S.GemmSpec(128, 1024, 2048, DType.BF16, splits=splits,
                       epilogue=S.Epilogue(bias=True, activation="silu", residual=True))
     assert K.build(spec, arch).cubin
+
+
+def _prefill_products() -> object:
+    """A 128-token prefill's two products over constant weights (Qwen3-0.6B's o and down shapes, scaled)."""
+    import numpy as np
+
+    from fusec.builder import GraphBuilder
+    from fusec.ops import Op
+
+    rng = np.random.default_rng(0)
+    b = GraphBuilder("prefill_products")
+    x = b.input("x", (128, 2048), DType.F32)
+    w1 = b.const((rng.standard_normal((2048, 1024)) * 0.02).astype(np.float32), name="w1")
+    w2 = b.const((rng.standard_normal((1024, 3072)) * 0.02).astype(np.float32), name="w2")
+    b.output(b.emit(Op.MATMUL, b.emit(Op.MATMUL, x, w1), w2), "y")
+    return b.build()
+
+
+@pytest.mark.parametrize("arch,clusters", [("sm_90", True), ("sm_80", False)])
+def test_the_split_is_the_kernel_selections_record(monkeypatch: pytest.MonkeyPatch, arch: str, clusters: bool) -> None:
+    """The K split is recorded on the node by kernel selection (what explain and the A/B read), from whether the
+    arch has clusters, and the lowering launches it: a cluster of that many blocks a column tile."""
+    from fusec.compiler import stage
+    from fusec.passes.select_kernels import selection
+
+    monkeypatch.setenv("FUSEC_GEMM_STREAM", "1")
+    st = stage(_prefill_products(), "bf16", arch)
+    ours = [n for n in st.graph.nodes if selection(n) is not None and selection(n).variant == "fusec_gemm"]
+    assert len(ours) == 2
+    splits = [dict(selection(n).params)["splits"] for n in ours]
+    assert splits == ([4, 2] if clusters else [1, 1])  # K 2048 and 1024: shares of at least 512
+    grids = [L["grid"][0] for L in st.lowered.launches if L["label"].endswith("fusec_gemm")]
+    assert grids == [1024 // 64 * splits[0], 3072 // 64 * splits[1]]

@@ -236,13 +236,8 @@ def emit(ctx, node: Node, sel, label: str) -> bool:  # noqa: ANN001 (fusec.lower
     if sel.variant == gemm_lt.VARIANT:
         gemm_lt.emit(ctx, cp, a, b, out, *(outer(node, v) if v is not None else None for v in (cp.bias, cp.residual)),
                      label=label)
-    elif sel.variant == "fusec_gemm":
-        from fusec.codegen.build_gemm import stream_splits
-        from fusec.lower import sm90_or_later
-
-        spec = S.GemmSpec(cp.m, cp.n, cp.k, a.dtype, epilogue=cp.epilogue)
-        if spec.stream:  # its K split over a cluster where the arch has them
-            spec = dataclasses.replace(spec, splits=stream_splits(cp.m, cp.n, cp.k, sm90_or_later(ctx.arch)))
+    elif sel.variant == "fusec_gemm":  # the stream form's K split as kernel selection recorded it
+        spec = S.GemmSpec(cp.m, cp.n, cp.k, a.dtype, epilogue=cp.epilogue, **dict(sel.params))
         ctx.kernel(spec, [a, b, *extra, out], f"{label} fusec_gemm")
     else:  # gemv: reads the weight [N, K] (k contiguous), as MATMUL[trans_b] stores it
         spec = S.GemvSpec(cp.m, cp.n, cp.k, a.dtype, epilogue=cp.epilogue, **dict(sel.params))
