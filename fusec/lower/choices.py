@@ -193,7 +193,10 @@ def choose(choices: dict[str, str], cp: ChoicePoint) -> str:
     16 rows over a constant weight (a decode step at batch <= 16), else cuBLASLt with the epilogue
     inside where it computes it, else cuBLAS. The earlier FMA GEMV matched or beat cuBLAS at M = 1
     and lost 2-3x at M = 8 (benchmarks/decode_kernels_results.md); the tensor-core kernel that
-    replaced it is measured against cuBLAS at M = 1..16 in benchmarks/RESULTS.md."""
+    replaced it is measured against cuBLAS at M = 1..16 in benchmarks/RESULTS.md. With
+    FUSEC_GEMM_STREAM=1, a product of at most 128 rows that fusec's GEMM takes in its stream form (a
+    prefill's) runs there: off by default, it took 1.1-2.2x cuBLAS's time on an H200 (RESULTS.md,
+    twenty-second session)."""
     explicit = choices.get(cp.key)
     if explicit is not None:
         return explicit
