@@ -109,3 +109,20 @@ def test_the_split_is_the_kernel_selections_record(monkeypatch: pytest.MonkeyPat
     assert splits == ([4, 2] if clusters else [1, 1])  # K 2048 and 1024: shares of at least 512
     grids = [L["grid"][0] for L in st.lowered.launches if L["label"].endswith("fusec_gemm")]
     assert grids == [1024 // 64 * splits[0], 3072 // 64 * splits[1]]
+
+
+@pytest.mark.parametrize("on", [False, True])
+def test_explain_names_each_products_back_end(monkeypatch: pytest.MonkeyPatch, on: bool) -> None:
+    """`fusec explain` shows kernel selection's variant for every product with alternatives (cuBLAS, cuBLASLt,
+    fusec's GEMM, the GEMV), beside the parameters it recorded."""
+    from fusec.cli.explain import explain
+    from fusec.loader import load_graph
+
+    monkeypatch.setenv("FUSEC_GEMM_STREAM", "1" if on else "0")
+    told = explain(load_graph("qwen3-tiny", {"input_ids": (1, 64), "attention_mask": (1, 64)}), dtype="bf16")
+    products = [k for layer in told["layers"].values() for k in layer["kernels"] if "matmul" in k]
+    assert products
+    if on:
+        assert all("[fusec_gemm] (splits " in k for k in products), products
+    else:
+        assert all("[cublas" in k and "fusec_gemm" not in k for k in products), products

@@ -68,8 +68,11 @@ def explain(graph: Any, disabled: list[str] = (), enabled: list[str] = (), show_
     kernels = describe_kernels(g)
     launches: list[Node] = [n for n in g.nodes if view_of(n) is None]
     for n, text in zip(launches, kernels):
-        params = getattr(getattr(n, "kernel", None), "params", ())  # the spec parameters kernel selection chose
-        slot(ctx.layer(n))["kernels"].append(text + (f" ({', '.join(f'{k} {v}' for k, v in params)})" if params else ""))
+        sel = getattr(n, "kernel", None)  # kernel selection's record: a product's back end, the spec parameters
+        variant = f" [{sel.variant}]" if sel is not None and sel.key and sel.variant else ""
+        params = getattr(sel, "params", ())
+        slot(ctx.layer(n))["kernels"].append(text + variant
+                                             + (f" ({', '.join(f'{k} {v}' for k, v in params)})" if params else ""))
     for rec in records(g):
         if show_applied or not rec.applied:
             slot(rec.layer)["fusions"].append({"rule": rec.rule, "decision": rec.decision.value, "legal": rec.legal,
