@@ -1,8 +1,7 @@
 """The fp16/bf16 attention kernel alone at prefill shapes: each block shape (query warps x key splits), with and
 without a mask a row a query (the generation prefill's) or a row a batch broadcast over the queries (an encoder's key
-padding mask, BERT's), causal or not. Times a CUDA graph of 100 launches (the median
-of 5 replays, per launch: the kernel and the graph's launch gap); with --ncu, launches each variant once for Nsight
-Compute instead.
+padding mask, BERT's), causal or not. Times a CUDA graph of 100 launches (bench_decode_kernels.graph_time, per
+launch: the kernel and the graph's launch gap); with --ncu, launches each variant once for Nsight Compute instead.
 
     python benchmarks/attn_bench.py [--shape qwen3|llama|gpt2|bert] [--forms rows,keys,causal,none] [--ncu]
 """
@@ -11,8 +10,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_decode_kernels import graph_time  # noqa: E402  (the benchmarks' CUDA-graph timing)
 
 N = 100  # launches a CUDA graph (one launch at a time from Python measured the host, not the kernel)
 SHAPES = {"qwen3": (1, 16, 8, 128, 128), "llama": (1, 32, 8, 32, 64), "gpt2": (8, 12, 12, 128, 64),
@@ -43,7 +46,6 @@ def main() -> int:
     pad = np.arange(S_)[None, :] < rng.integers(S_ // 2, S_ + 1, (B, 1))  # each row's keys past its length masked
     kmask = cp.asarray(np.where(pad, 0.0, -65504.0).astype(np.float16)).view(cp.uint16)
     out = cp.zeros((B, H, S_, D), cp.uint16)
-    stream = cp.cuda.Stream(non_blocking=True)
     print(f"| shape {args.shape} B{B} H{H}/{Hkv} S{S_} D{D} | qwarps, stages | grid | smem | us a launch |")
     print("|---|---|---|---|---|")
     shapes = [(int(qw), int(st)) for qw in args.qwarps.split(",") for st in args.stages.split(",")]
@@ -61,21 +63,8 @@ def main() -> int:
                 K.launch(ck, a)
                 cp.cuda.runtime.deviceSynchronize()
                 continue
-            K.launch(ck, a, stream)  # loads the module outside the capture
-            stream.synchronize()
-            stream.begin_capture()
-            for _ in range(N):
-                K.launch(ck, a, stream)
-            graph = stream.end_capture()
-            runs = []
-            for _ in range(5):
-                e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-                e0.record(stream)
-                graph.launch(stream)
-                e1.record(stream)
-                e1.synchronize()
-                runs.append(cp.cuda.get_elapsed_time(e0, e1) * 1000 / N)
-            print(f"| {form} | {qw} {st} | {ck.grid} | {ck.shared_mem} | {sorted(runs)[2]:.2f} |", flush=True)
+            us = graph_time([lambda s, ck=ck, a=a: K.launch(ck, a, s)], min_iters=N)
+            print(f"| {form} | {qw} {st} | {ck.grid} | {ck.shared_mem} | {us:.2f} |", flush=True)
     return 0
 
 

@@ -1,7 +1,7 @@
 """fusec's GEMM in its stream form (few rows of A, a weight read once; K split over thread-block clusters) alone,
 against cuBLAS (fusec's own binding, which CUDA graphs can capture) at a prefill's product shapes: a CUDA graph of N
 launches over rotating copies of the weight (more bytes than L2 holds, so each launch reads its weight from DRAM, as
-in a plan), the median of 5 replays, us a launch. With --ncu, launches each variant once for Nsight Compute instead.
+in a plan), us a launch (bench_decode_kernels.graph_time). With --ncu, launches each variant once for Nsight Compute instead.
 
     python benchmarks/gemm_stream_bench.py [--shapes qwen3|llama] [--splits 1,2,4,8] [--ncu]
 """
@@ -10,36 +10,18 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_decode_kernels import graph_time  # noqa: E402  (the benchmarks' CUDA-graph timing)
 
 N = 20  # launches a graph
 SHAPES = {  # (M, N, K): QKV, o, gate/up, down at a prefill
     "qwen3": [(128, 4096, 1024), (128, 1024, 2048), (128, 6144, 1024), (128, 1024, 3072)],
     "llama": [(32, 3072, 2048), (32, 2048, 2048), (32, 16384, 2048), (32, 2048, 8192)],
 }
-
-
-def _time(stream, launches) -> float:  # noqa: ANN001
-    """us a launch: N launches (``launches[i % len]``) in a CUDA graph, the median of 5 replays."""
-    import cupy as cp
-
-    for f in launches:  # loads the module / lets cuBLAS pick outside the capture
-        f()
-    stream.synchronize()
-    stream.begin_capture()
-    for i in range(N):
-        launches[i % len(launches)]()
-    graph = stream.end_capture()
-    runs = []
-    for _ in range(5):
-        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-        e0.record(stream)
-        graph.launch(stream)
-        e1.record(stream)
-        e1.synchronize()
-        runs.append(cp.cuda.get_elapsed_time(e0, e1) * 1000 / N)
-    return sorted(runs)[2]
 
 
 L2_BYTES = 96 << 20  # the weight copies rotated through exceed this (an H100's or H200's L2 holds 50 MB)
@@ -60,7 +42,6 @@ def main() -> int:
     ap.add_argument("--ncu", action="store_true")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
-    stream = cp.cuda.Stream(non_blocking=True)
     handle = Handle()
     print(f"| {args.shapes} M x N x K | cuBLAS us | splits | grid | smem | fusec us | x cuBLAS | weight GB/s |")
     print("|---|---|---|---|---|---|---|---|")
@@ -72,7 +53,7 @@ def main() -> int:
         ref = cp.matmul(a, bs[0]).astype(cp.float32)
         calls = [GemmCall(m, n, k, 1, a.data.ptr, b.data.ptr, c.data.ptr, k, n, n, 0, 0, 0, False, False, "f16", "f32")
                  for b in bs]
-        t_cublas = 0.0 if args.ncu else _time(stream, [lambda cl=cl: cl(handle, stream.ptr) for cl in calls])
+        t_cublas = 0.0 if args.ncu else graph_time([lambda st, cl=cl: cl(handle, st.ptr) for cl in calls], N)
         rule = stream_splits(m, n, k, True)
         tries = sorted({int(x) for x in args.splits.split(",")} if args.splits else {rule, 1})
         for sp in tries:
@@ -85,7 +66,7 @@ def main() -> int:
                 K.launch(ck, [a, bs[0], out])
                 cp.cuda.runtime.deviceSynchronize()
                 continue
-            t = _time(stream, [lambda b=b: K.launch(ck, [a, b, out], stream) for b in bs])
+            t = graph_time([lambda st, b=b, ck=ck, out=out: K.launch(ck, [a, b, out], st) for b in bs], N)
             err = float(cp.abs(out.astype(cp.float32) - ref).max() / (cp.abs(ref).max() + 1e-9))
             gbs = n * k * 2 / (t * 1e-6) / 1e9
             print(f"| {m}x{n}x{k} | {t_cublas:.2f} | {sp}{' (rule)' if sp == rule else ''} | {ck.grid} | "
