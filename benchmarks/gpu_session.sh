@@ -28,9 +28,6 @@
 #   bert_k    the attention alone at BERT-base's shape (B 32, S 128; key padding mask, none) by block shape and stages,
 #             Nsight Compute of two, and the per-kernel profiles (CUPTI, graph replays) of BERT-base and GPT-2 small
 #   rows_t    the GPU tests of the attention and the row kernels (norms, softmax, reductions)
-#   bert_ab   the attention alone at BERT's and GPT-2's shapes by block shape; then BERT-base and GPT-2 small with the
-#             tree in .old (a copy of an earlier commit laid out as the package: fusec/{passes,models,templates}) and
-#             this one, in turns, each with its per-kernel profile
 #   stream    the GEMM GPU tests (the stream form: few rows, K split over clusters), then the Qwen3-0.6B and Llama-1B
 #             prefills with their products on it (FUSEC_GEMM_STREAM=1) against cuBLAS, in turns, with profiles
 #   stream_k  the stream-form GEMM alone against cuBLAS at Qwen3-0.6B's and Llama-1B's prefill products, by K split, and
@@ -252,18 +249,6 @@ for step in "$@"; do
     rows_t) timeout 200 $PT -n 8 tests/test_kernels_gpu.py -k "attention or layernorm or rmsnorm or softmax or reduce" \
               > "$R/t_rows.txt" 2>&1
             grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_rows.txt" | tail -n 12 ;;
-    bert_ab) for sh in bert gpt2; do timeout 60 python3 benchmarks/attn_bench.py --shape $sh --forms keys,rows,none \
-               --qwarps 2,4 2>&1 | tail -n 8; done
-             for m in bert-base gpt2-small; do
-               sh=input_ids:32x128,attention_mask:32x128; [ $m = gpt2-small ] && sh=input_ids:8x128,attention_mask:8x128
-               for round in 1 2; do for tree in old new; do
-                 pp=$PYTHONPATH; [ $tree = old ] && pp=$PWD/.old${PYTHONPATH:+:$PYTHONPATH}
-                 PYTHONPATH=$pp timeout 120 python3 -m fusec bench $m --dtype fp16 --shapes $sh --cuda-graph --per-kernel \
-                   --top 12 > "$R/ab_${m}_${tree}_$round.txt" 2>&1
-                 echo "$m $tree round $round: $(grep -E "bound +median" "$R/ab_${m}_${tree}_$round.txt")"
-               done; done
-               for tree in old new; do echo "$m $tree"; grep -A10 "by kind" "$R/ab_${m}_${tree}_2.txt"; done
-             done ;;
     stream) timeout 120 $PT -n 8 tests/test_kernels_gpu.py -k "gemm" > "$R/t_stream.txt" 2>&1
             grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_stream.txt" | tail -n 12
             PREFILL_AB="--ab FUSEC_GEMM_STREAM=1" prefill_ab ;;

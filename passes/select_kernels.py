@@ -153,12 +153,10 @@ def _attention_params(q_shape: tuple[int, ...]) -> tuple[tuple[str, Any], ...]:
 
 def _gemm_params(m: int, n: int, k: int, dtype: Any, clusters: bool) -> tuple[tuple[str, Any], ...]:
     """fusec's GEMM: in its stream form, the K split over a cluster (``build_gemm.stream_splits``, the one rule)."""
-    from fusec.codegen import specs as S
     from fusec.codegen.build_gemm import stream_splits
+    from fusec.lower.choices import stream_fits
 
-    if not S.GemmSpec(m, n, k, dtype).stream:
-        return ()
-    return (("splits", stream_splits(m, n, k, clusters)),)
+    return (("splits", stream_splits(m, n, k, clusters)),) if stream_fits(m, n, k, dtype) else ()
 
 
 def _gemv_params(n: int, k: int, dtype: Any, glu: bool = False, m: int = 1) -> tuple[tuple[str, Any], ...]:

@@ -8,7 +8,7 @@ import pytest
 
 from fusec.codegen import kernels as K
 from fusec.codegen import specs as S
-from fusec.codegen.build_gemm import stream_splits
+from fusec.codegen.build_gemm import stream_bn, stream_splits
 from fusec.compiler import compile_generation
 from fusec.dtypes import DType
 
@@ -32,6 +32,7 @@ def test_which_products_take_the_stream_form(m: int, n: int, k: int, dt: DType, 
     (128, 4096, 1024, 2), (128, 1024, 2048, 4), (128, 6144, 1024, 2), (128, 1024, 3072, 4),
     (32, 3072, 2048, 4), (32, 2048, 2048, 4), (32, 16384, 2048, 2), (32, 2048, 8192, 8)])
 def test_the_split_rule_at_the_prefill_shapes(m: int, n: int, k: int, want: int) -> None:
+    assert stream_bn(n) == (128 if n in (4096, 6144, 16384) else 64)  # 128 columns where that still gives 32 tiles
     assert stream_splits(m, n, k, cluster=True) == want
     assert stream_splits(m, n, k, cluster=False) == 1  # no clusters before sm_90
 
@@ -40,8 +41,7 @@ def test_the_split_rule_at_the_prefill_shapes(m: int, n: int, k: int, want: int)
 def test_a_split_launches_whole_clusters_two_blocks_an_sm(m: int, n: int, k: int) -> None:
     splits = stream_splits(m, n, k, cluster=True)
     r, src = K.prepare(S.GemmSpec(m, n, k, DType.BF16, splits=splits))
-    bn = 128 if n >= 4096 else 64
-    assert r.grid == (-(-n // bn) * splits, 1, 1) and r.block == (256, 1, 1)
+    assert r.grid == (-(-n // stream_bn(n)) * splits, 1, 1) and r.block == (256, 1, 1)
     assert r.shared_mem <= 113 * 1024  # two blocks an SM (228 KB, 1 KB each reserved)
     assert (f"__cluster_dims__({splits}, 1, 1)" in src) == (splits > 1)
 

@@ -39,7 +39,7 @@ def stream_splits(m: int, n: int, k: int, cluster: bool) -> int:
 
 
 def _gemm_stream(spec: S.GemmSpec, ctx: dict) -> Rendered:
-    bm, bn, bk = min(128, cdiv(spec.M, 32) * 32), stream_bn(spec.N), S.GEMM_STREAM_BK
+    bm, bn, bk = min(S.GEMM_STREAM_MAX_M, cdiv(spec.M, 32) * 32), stream_bn(spec.N), S.GEMM_STREAM_BK
     kt = spec.K // (spec.splits * bk)
     # two blocks an SM (a ring within ~113 KB): at 143 KB (4 stages of 128 x 128) one fit, and 30 clusters of 4 were
     # active at once for 32 (Nsight Compute, H200): a second wave

@@ -32,6 +32,7 @@ import math
 
 from fusec import knobs
 from fusec.codegen import specs as S
+from fusec.dtypes import DType
 from fusec.ir import Graph, Node, Value
 from fusec.lower import gemm_lt
 from fusec.ops import Op
@@ -169,16 +170,17 @@ def choice_point(node: Node) -> ChoicePoint | None:
             return None
         m, n, k = mkn
         variants = (DEFAULT,) + (("gemv",) if _gemv_fits(m, k, a) else ()) \
-            + (("fusec_gemm",) if _stream_fits(m, n, k, a) else ()) + _layout_variant(tb, True)
+            + (("fusec_gemm",) if stream_fits(m, n, k, a.dtype) else ()) + _layout_variant(tb, True)
         prec = getattr(node.attrs, "precision", "f32")
         return ChoicePoint(f"matmul:{a.dtype.value}:{m}x{n}x{k}{_prec_key(prec)}", variants, a, b, None, None,
                            S.Epilogue(), m, n, k, tb, True, prec)
     return None
 
 
-def _stream_fits(m: int, n: int, k: int, a: Value) -> bool:
-    """fusec's GEMM in its stream form (``GemmSpec.stream``: a prefill's few rows against a weight read once)."""
-    return S.GemmSpec(m, n, k, a.dtype).stream if a.dtype in S.FLOATS else False
+def stream_fits(m: int, n: int, k: int, dtype: DType) -> bool:
+    """fusec's GEMM takes the product in its stream form (``GemmSpec.stream``: a prefill's few rows against a weight
+    read once)."""
+    return dtype in S.FLOATS and S.GemmSpec(m, n, k, dtype).stream
 
 
 def _gemv_fits(m: int, k: int, a: Value) -> bool:
@@ -202,7 +204,7 @@ def choose(choices: dict[str, str], cp: ChoicePoint) -> str:
         return explicit
     if "gemv" in cp.variants:
         return "gemv"
-    if "fusec_gemm" in cp.variants and knobs.get("FUSEC_GEMM_STREAM") and _stream_fits(cp.m, cp.n, cp.k, cp.a):
+    if "fusec_gemm" in cp.variants and knobs.get("FUSEC_GEMM_STREAM") and stream_fits(cp.m, cp.n, cp.k, cp.a.dtype):
         return "fusec_gemm"
     if gemm_lt.VARIANT in cp.variants:  # one cuBLASLt call instead of cuBLAS + an epilogue kernel
         return gemm_lt.VARIANT
