@@ -27,6 +27,9 @@
 #   step_lra  the Llama-3.2-1B shape, batch 1 (32-token prompt): with rope_attention (the default) against without it
 #   bert_k    the attention alone at BERT-base's shape (B 32, S 128; key padding mask, none) by block shape and stages,
 #             Nsight Compute of two, and the per-kernel profiles (CUPTI, graph replays) of BERT-base and GPT-2 small
+#   bert_v    BERT-base's attention alone by block shape (8 query warps a block), stages and launch bound's register cap,
+#             GPT-2's by query warps, the bias + erf-GELU kernel's forms (benchmarks/gelu_bench.py), their GPU tests, and
+#             BERT-base's per-kernel profile (~5 minutes)
 #   rows_t    the GPU tests of the attention and the row kernels (norms, softmax, reductions)
 #   stream    the GEMM GPU tests (the stream form: few rows, K split over clusters), then the Qwen3-0.6B and Llama-1B
 #             prefills with their products on it (FUSEC_GEMM_STREAM=1) against cuBLAS, in turns, with profiles
@@ -244,6 +247,18 @@ for step in "$@"; do
             for m in bert-base gpt2-small; do
               sh=input_ids:32x128,attention_mask:32x128; [ $m = gpt2-small ] && sh=input_ids:8x128,attention_mask:8x128
               timeout 120 python3 -m fusec bench $m --dtype fp16 --shapes $sh --cuda-graph --per-kernel --top 12 > "$R/pk_$m.txt" 2>&1
+              grep -A14 "by kind" "$R/pk_$m.txt"; grep -E "median|per-kernel|times:" "$R/pk_$m.txt"
+            done ;;
+    bert_v) timeout 150 python3 benchmarks/attn_bench.py --shape bert --forms keys --qwarps 4,8 --stages 0,1 \
+              --min-blocks 0,3,5,6 2>&1 | tail -n 18
+            timeout 60 python3 benchmarks/attn_bench.py --shape bert --forms keys --qwarps 2 2>&1 | tail -n 1
+            timeout 60 python3 benchmarks/attn_bench.py --shape gpt2 --forms rows --qwarps 2,4,8 2>&1 | tail -n 4
+            timeout 90 python3 benchmarks/gelu_bench.py 2>&1 | tail -n 7
+            timeout 200 $PT -n 8 tests/test_kernels_gpu.py -k "attention or gelu or elementwise" > "$R/t_bert_v.txt" 2>&1
+            grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_bert_v.txt" | tail -n 12
+            for m in bert-base; do
+              timeout 120 python3 -m fusec bench $m --dtype fp16 --shapes input_ids:32x128,attention_mask:32x128 \
+                --cuda-graph --per-kernel --top 12 > "$R/pk_$m.txt" 2>&1
               grep -A14 "by kind" "$R/pk_$m.txt"; grep -E "median|per-kernel|times:" "$R/pk_$m.txt"
             done ;;
     rows_t) timeout 200 $PT -n 8 tests/test_kernels_gpu.py -k "attention or layernorm or rmsnorm or softmax or reduce" \

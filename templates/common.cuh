@@ -71,6 +71,27 @@ template <class T> __device__ __forceinline__ T fc_max(T a, T b) { return a > b 
 template <class T> __device__ __forceinline__ T fc_min(T a, T b) { return a < b ? a : b; }
 __device__ __forceinline__ float fc_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float fc_gelu_erf(float x) { return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f)); }
+// The same GELU for a half-precision result: x * Phi(x), Phi from erfc(|x| / sqrt(2)) = 2^q(t), q = t * P(t) with P of
+// degree 8 (least squares on [0, 4]: erfc's relative error < 1.1e-5, against a half's 4.9e-4 rounding step, and a
+// negative x keeps its relative accuracy, which 1 + erff(x) loses), erfc = 0 past t = 4 (there |GELU(x)| of a
+// negative x is under 6e-8, below a half's smallest step). BERT-base's bias + GELU kernel: 26 instructions a value
+// against 32 with erff.
+__device__ __forceinline__ float fc_gelu_erf16(float x) {
+  const float t = fabsf(x) * 0.7071067811865476f, u = fminf(t, 4.0f);
+  float p = 2.739596084e-06f;
+  p = fmaf(p, u, -4.933184391e-05f);
+  p = fmaf(p, u, 3.490508243e-04f);
+  p = fmaf(p, u, -9.998425376e-04f);
+  p = fmaf(p, u, -1.761473948e-03f);
+  p = fmaf(p, u, 2.922284603e-02f);
+  p = fmaf(p, u, -1.489351541e-01f);
+  p = fmaf(p, u, -9.183322787e-01f);
+  p = fmaf(p, u, -1.627911925e+00f);
+  float e;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(p * u));  // erfc(t)
+  e = t < 4.0f ? 0.5f * e : 0.0f;  // Phi(-|x|)
+  return x * (x < 0.0f ? e : 1.0f - e);
+}
 __device__ __forceinline__ float fc_gelu_tanh(float x) {
   return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
 }

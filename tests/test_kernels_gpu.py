@@ -144,6 +144,38 @@ def test_elementwise(label: str, expr: Expr, shapes: list, dts: list, out_shape:
         assert np.array_equal(got, np.broadcast_to(ref, out_shape))
 
 
+@pytest.mark.parametrize("dt", [F16, BF16])
+def test_gelu_erf_half_per_element(dt: DType) -> None:
+    """A half result's erf-GELU (common.cuh fc_gelu_erf16, a polynomial erfc) element by element over [-12, 12] and
+    the specials: within one step of the half nearest the exact value (float64); +inf, NaN and NaN for +inf, -inf and
+    NaN, as the erff form gives."""
+    from math import erfc
+
+    x = np.concatenate([np.linspace(-12.0, 12.0, 24001), [0.0, -0.0, 5.65, -5.65, 5.66, -5.66, 1e-4, -1e-4]])
+    x = x.astype(np.float32).astype(dt.np)
+    xd = x.astype(np.float64)
+    exact = xd * np.array([0.5 * erfc(-v / math.sqrt(2.0)) for v in xd])
+    spec = S.elementwise_spec(Apply(O.Op.GELU, (In(0),), O.GeluAttrs()), [x.shape], [dt], x.shape)
+    assert "fc_gelu_erf16(" in K.prepare(spec)[1].partition("// ---- end common.cuh ----")[2]
+    out = poisoned(x.shape, dt)
+    run(spec, [dev(x), out])
+    got = host(out, dt).astype(np.float64)
+    near = exact.astype(np.float32).astype(dt.np).astype(np.float64)
+    if dt == F16:
+        step = np.abs(np.spacing(near.astype(np.float16))).astype(np.float64)
+    else:  # bf16: 8 significant bits
+        a = np.abs(near)
+        step = np.where(a > 0, 2.0 ** (np.maximum(np.floor(np.log2(np.where(a > 0, a, 1.0))), -126) - 7), 2.0**-133)
+    bad = np.abs(got - near) > step
+    assert not bad.any(), f"{int(bad.sum())} values off by more than a step, first at x={xd[bad][0]}: {got[bad][0]} " \
+                          f"against {near[bad][0]}"
+    specials = np.array([np.inf, -np.inf, np.nan], np.float32).astype(dt.np)
+    out2 = poisoned((3,), dt)
+    run(S.elementwise_spec(Apply(O.Op.GELU, (In(0),), O.GeluAttrs()), [(3,)], [dt], (3,)), [dev(specials), out2])
+    got2 = host(out2, dt).astype(np.float64)
+    assert got2[0] == np.inf and np.isnan(got2[1]) and np.isnan(got2[2])  # -inf * Phi(-inf) = -inf * 0, as erff's
+
+
 # ---- row reductions ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dt", FLOATS)
@@ -400,13 +432,16 @@ ATTN = [
     (BF16, 1, 4, 4, 72, 200, 64, False, "rows"),       # 16-byte copies, the last one partial (200 = 3 x 64 + 8)
 ]
 # fp16/bf16 cases take each block shape (query warps; the rest split each key tile), fp32 its one form
-ATTN_Q = [(*a, qw) for a in ATTN for qw in ((1, 2, 4) if a[0] != F32 else (4,))]
+# (qw 8: a block of 8 warps, all on query rows); and two register caps by the launch bound (min_blocks), which spill
+ATTN_Q = [(*a, qw, 0) for a in ATTN for qw in ((1, 2, 4, 8) if a[0] != F32 else (4,))] + [
+    (*ATTN[0], 4, 6), (*ATTN[0], 8, 3), (*ATTN[-1], 8, 3)]
 
 
-@pytest.mark.parametrize("dt,B,Hq,Hkv,Sq,T,D,causal,mask,qwarps", ATTN_Q,
-                         ids=[f"{a[0].value}-D{a[6]}-S{a[4]}-T{a[5]}-{a[8]}{'-causal' if a[7] else ''}-qw{a[9]}" for a in ATTN_Q])
+@pytest.mark.parametrize("dt,B,Hq,Hkv,Sq,T,D,causal,mask,qwarps,min_blocks", ATTN_Q,
+                         ids=[f"{a[0].value}-D{a[6]}-S{a[4]}-T{a[5]}-{a[8]}{'-causal' if a[7] else ''}-qw{a[9]}"
+                              f"{f'-mb{a[10]}' if a[10] else ''}" for a in ATTN_Q])
 def test_attention(dt: DType, B: int, Hq: int, Hkv: int, Sq: int, T: int, D: int, causal: bool, mask: str,
-                   qwarps: int) -> None:
+                   qwarps: int, min_blocks: int) -> None:
     q, k, v = rand((B, Hq, Sq, D), dt), rand((B, Hkv, T, D), dt), rand((B, Hkv, T, D), dt)
     scale = 1.0 / math.sqrt(D)
     args = [dev(q), dev(k), dev(v)]
@@ -430,7 +465,8 @@ def test_attention(dt: DType, B: int, Hq: int, Hkv: int, Sq: int, T: int, D: int
         args.append(dev(m))  # 16-byte copies of the mask's tiles where its rows allow them, as the lowering decides
         kw["mask_vec"] = dt != F32 and S.mask_rows_16(kw["mask_strides"], kw["mask_dtype"])
     out = poisoned((B, Hq, Sq, D), dt)
-    run(S.AttentionSpec(B, Hq, Hkv, Sq, T, D, dt, scale, causal=causal, qwarps=qwarps, **kw), args + [out])
+    run(S.AttentionSpec(B, Hq, Hkv, Sq, T, D, dt, scale, causal=causal, qwarps=qwarps, min_blocks=min_blocks, **kw),
+        args + [out])
     check(host(out, dt), attention_ref(q, k, v, scale, causal, m, "additive" if mask == "rows" else mask), dt)
 
 
