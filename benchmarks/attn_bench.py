@@ -3,8 +3,7 @@ without a mask a row a query (the generation prefill's) or a row a batch broadca
 padding mask, BERT's), causal or not. Times a CUDA graph of 100 launches (bench_decode_kernels.graph_time, per
 launch: the kernel and the graph's launch gap); with --ncu, launches each variant once for Nsight Compute instead.
 
-    python benchmarks/attn_bench.py [--shape qwen3|llama|gpt2|bert] [--forms rows,keys,causal,none] [--qwarps 1,2,4,8]
-                                   [--stages 0,1,2] [--min-blocks 0,5,6] [--ncu]
+    python benchmarks/attn_bench.py [--shape qwen3|llama|gpt2|bert] [--forms rows,keys,causal,none] [--ncu]
 """
 
 from __future__ import annotations
@@ -36,7 +35,6 @@ def main() -> int:
     ap.add_argument("--forms", default="rows,causal,none", help="which of rows, keys, causal, none")
     ap.add_argument("--qwarps", default="1,2,4")
     ap.add_argument("--stages", default="0", help="K/V stages to try (0: the rule)")
-    ap.add_argument("--min-blocks", default="0", help="launch bounds' minimum blocks a SM to try (0: none)")
     args = ap.parse_args()
     B, H, Hkv, S_, D = SHAPES[args.shape]
     rng = np.random.default_rng(0)
@@ -48,18 +46,17 @@ def main() -> int:
     pad = np.arange(S_)[None, :] < rng.integers(S_ // 2, S_ + 1, (B, 1))  # each row's keys past its length masked
     kmask = cp.asarray(np.where(pad, 0.0, -65504.0).astype(np.float16)).view(cp.uint16)
     out = cp.zeros((B, H, S_, D), cp.uint16)
-    print(f"| shape {args.shape} B{B} H{H}/{Hkv} S{S_} D{D} | qwarps, stages, min blocks | grid | smem | us a launch |")
+    print(f"| shape {args.shape} B{B} H{H}/{Hkv} S{S_} D{D} | qwarps, stages | grid | smem | us a launch |")
     print("|---|---|---|---|---|")
-    shapes = [(int(qw), int(st), int(mb)) for qw in args.qwarps.split(",") for st in args.stages.split(",")
-              for mb in args.min_blocks.split(",")]
+    shapes = [(int(qw), int(st)) for qw in args.qwarps.split(",") for st in args.stages.split(",")]
     for form in args.forms.split(","):
-        for qw, st, mb in shapes:
+        for qw, st in shapes:
             kw: dict = {}  # the masks as the lowering gives them: the generation prefill's, BERT's
             if form in ("rows", "keys"):
                 kw = dict(mask="additive", mask_dtype=DType.F16, mask_vec=True,
                           mask_strides=(S_ * S_, 0, S_, 1) if form == "rows" else (S_, 0, 0, 1))
             spec = S.AttentionSpec(B, H, Hkv, S_, S_, D, DType.F16, 1 / np.sqrt(D), causal=form == "causal",
-                                   qwarps=qw, stages=st, min_blocks=mb, **kw)
+                                   qwarps=qw, stages=st, **kw)
             ck = K.build(spec)
             a = [q, k, v] + ([mask] if form == "rows" else [kmask] if form == "keys" else []) + [out]
             if args.ncu:
@@ -67,7 +64,7 @@ def main() -> int:
                 cp.cuda.runtime.deviceSynchronize()
                 continue
             us = graph_time([lambda s, ck=ck, a=a: K.launch(ck, a, s)], min_iters=N)
-            print(f"| {form} | {qw} {st} {mb} | {ck.grid} | {ck.shared_mem} | {us:.2f} |", flush=True)
+            print(f"| {form} | {qw} {st} | {ck.grid} | {ck.shared_mem} | {us:.2f} |", flush=True)
     return 0
 
 

@@ -2,13 +2,17 @@
 against cuBLAS (fusec's own binding, which CUDA graphs can capture) at a prefill's product shapes: a CUDA graph of N
 launches over rotating copies of the weight (more bytes than L2 holds, so each launch reads its weight from DRAM, as
 in a plan), us a launch (bench_decode_kernels.graph_time). With --ncu, launches each variant once for Nsight Compute instead.
+With --trace, compiles the kernels with per-block timestamps (FUSEC_TRACE) and launches each once on a weight not in L2:
+the blocks' phases in us after the kernel's first block started (gemm_stream.jinja's FC_TRACE_PHASE marks: first slice
+landed, K loop done, partials visible to the cluster, rows summed and stored), p50 and max over the blocks.
 
-    python benchmarks/gemm_stream_bench.py [--shapes qwen3|llama] [--splits 1,2,4,8] [--ncu]
+    python benchmarks/gemm_stream_bench.py [--shapes qwen3|llama] [--splits 1,2,4,8] [--ncu | --trace]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -25,6 +29,32 @@ SHAPES = {  # (M, N, K): QKV, o, gate/up, down at a prefill
 
 
 L2_BYTES = 96 << 20  # the weight copies rotated through exceed this (an H100's or H200's L2 holds 50 MB)
+TRACE_BLOCKS, SLOTS = 8192, 10  # common.cuh FC_TRACE_BLOCKS, FC_TRACE_SLOTS
+PHASES = ("first slice", "K loop", "partials visible", "summed, stored")
+
+
+def trace_once(ck, args: list) -> str:  # noqa: ANN001
+    """One launch of a traced kernel: its blocks' phases (us after the first block's start), p50 / max."""
+    import cupy as cp
+
+    from fusec.codegen import kernels as K
+
+    fn = K.load(ck)
+    mod = next(m for m, f in K._MODULES.values() if f is fn)
+    g = mod.get_global_var("fc_trace")
+    ptr = int(g.ptr if hasattr(g, "ptr") else g[0] if isinstance(g, tuple) else g)
+    cp.cuda.runtime.memset(ptr, 0, TRACE_BLOCKS * SLOTS * 8)
+    K.launch(ck, args)
+    cp.cuda.runtime.deviceSynchronize()
+    t = np.empty((TRACE_BLOCKS, SLOTS), np.uint64)
+    cp.cuda.runtime.memcpy(t.ctypes.data, ptr, t.nbytes, cp.cuda.runtime.memcpyDeviceToHost)
+    n = ck.grid[0] * ck.grid[1] * ck.grid[2]
+    t = t[:n].astype(np.int64)
+    t0 = t[:, 0].min()
+    cols = [("start", t[:, 0])] + [(PHASES[i], t[:, 5 + i]) for i in range(4)] + [("end", t[:, 3])]
+    parts = [f"{name} {np.percentile((c[c > 0] - t0) * 1e-3, 50):.2f}/{((c[c > 0] - t0) * 1e-3).max():.2f}"
+             for name, c in cols if (c > 0).any()]
+    return ", ".join(parts)
 
 
 def main() -> int:
@@ -40,11 +70,18 @@ def main() -> int:
     ap.add_argument("--shapes", default="qwen3", choices=sorted(SHAPES))
     ap.add_argument("--splits", default="", help="K splits to try (default: the rule's, and 1)")
     ap.add_argument("--ncu", action="store_true")
+    ap.add_argument("--trace", action="store_true")
     args = ap.parse_args()
+    if args.trace:
+        os.environ["FUSEC_TRACE"] = "1"  # read when a kernel compiles
     rng = np.random.default_rng(0)
     handle = Handle()
-    print(f"| {args.shapes} M x N x K | cuBLAS us | splits | grid | smem | fusec us | x cuBLAS | weight GB/s |")
-    print("|---|---|---|---|---|---|---|---|")
+    if args.trace:
+        print(f"| {args.shapes} M x N x K | splits | grid | block phases, us after the first start: p50/max |")
+        print("|---|---|---|---|")
+    else:
+        print(f"| {args.shapes} M x N x K | cuBLAS us | splits | grid | smem | fusec us | x cuBLAS | weight GB/s |")
+        print("|---|---|---|---|---|---|---|---|")
     for m, n, k in SHAPES[args.shapes]:
         a = cp.asarray(rng.standard_normal((m, k)).astype(np.float16))
         b0 = rng.standard_normal((k, n)).astype(np.float16) * np.float16(0.05)
@@ -53,7 +90,7 @@ def main() -> int:
         ref = cp.matmul(a, bs[0]).astype(cp.float32)
         calls = [GemmCall(m, n, k, 1, a.data.ptr, b.data.ptr, c.data.ptr, k, n, n, 0, 0, 0, False, False, "f16", "f32")
                  for b in bs]
-        t_cublas = 0.0 if args.ncu else graph_time([lambda st, cl=cl: cl(handle, st.ptr) for cl in calls], N)
+        t_cublas = 0.0 if args.ncu or args.trace else graph_time([lambda st, cl=cl: cl(handle, st.ptr) for cl in calls], N)
         rule = stream_splits(m, n, k, True)
         tries = sorted({int(x) for x in args.splits.split(",")} if args.splits else {rule, 1})
         for sp in tries:
@@ -65,6 +102,11 @@ def main() -> int:
             if args.ncu:
                 K.launch(ck, [a, bs[0], out])
                 cp.cuda.runtime.deviceSynchronize()
+                continue
+            if args.trace:
+                for b in bs[1:]:  # the other copies through L2: the traced launch reads bs[0] from DRAM
+                    K.launch(ck, [a, b, out])
+                print(f"| {m}x{n}x{k} | splits {sp} | {ck.grid} | {trace_once(ck, [a, bs[0], out])} |", flush=True)
                 continue
             t = graph_time([lambda st, b=b, ck=ck, out=out: K.launch(ck, [a, b, out], st) for b in bs], N)
             err = float(cp.abs(out.astype(cp.float32) - ref).max() / (cp.abs(ref).max() + 1e-9))

@@ -27,9 +27,10 @@
 #   step_lra  the Llama-3.2-1B shape, batch 1 (32-token prompt): with rope_attention (the default) against without it
 #   bert_k    the attention alone at BERT-base's shape (B 32, S 128; key padding mask, none) by block shape and stages,
 #             Nsight Compute of two, and the per-kernel profiles (CUPTI, graph replays) of BERT-base and GPT-2 small
-#   bert_v    BERT-base's attention alone by block shape (8 query warps a block), stages and launch bound's register cap,
-#             GPT-2's by query warps, the bias + erf-GELU kernel's forms (benchmarks/gelu_bench.py), their GPU tests, and
-#             BERT-base's per-kernel profile (~5 minutes)
+#   bert_v    the bias + erf-GELU kernel's forms (benchmarks/gelu_bench.py), the attention's and elementwise kernels' GPU
+#             tests, and BERT-base's per-kernel profile (~1 minute)
+#   stream_t  the stream-form GEMM's blocks traced by phase (first slice, K loop, partials, stored) at Qwen3-0.6B's and
+#             Llama-1B's prefill products by K split, then its times against cuBLAS (~2 minutes)
 #   rows_t    the GPU tests of the attention and the row kernels (norms, softmax, reductions)
 #   stream    the GEMM GPU tests (the stream form: few rows, K split over clusters), then the Qwen3-0.6B and Llama-1B
 #             prefills with their products on it (FUSEC_GEMM_STREAM=1) against cuBLAS, in turns, with profiles
@@ -249,11 +250,7 @@ for step in "$@"; do
               timeout 120 python3 -m fusec bench $m --dtype fp16 --shapes $sh --cuda-graph --per-kernel --top 12 > "$R/pk_$m.txt" 2>&1
               grep -A14 "by kind" "$R/pk_$m.txt"; grep -E "median|per-kernel|times:" "$R/pk_$m.txt"
             done ;;
-    bert_v) timeout 150 python3 benchmarks/attn_bench.py --shape bert --forms keys --qwarps 4,8 --stages 0,1 \
-              --min-blocks 0,3,5,6 2>&1 | tail -n 18
-            timeout 60 python3 benchmarks/attn_bench.py --shape bert --forms keys --qwarps 2 2>&1 | tail -n 1
-            timeout 60 python3 benchmarks/attn_bench.py --shape gpt2 --forms rows --qwarps 2,4,8 2>&1 | tail -n 4
-            timeout 90 python3 benchmarks/gelu_bench.py 2>&1 | tail -n 7
+    bert_v) timeout 90 python3 benchmarks/gelu_bench.py 2>&1 | tail -n 7
             timeout 200 $PT -n 8 tests/test_kernels_gpu.py -k "attention or gelu or elementwise" > "$R/t_bert_v.txt" 2>&1
             grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_bert_v.txt" | tail -n 12
             for m in bert-base; do
@@ -261,6 +258,10 @@ for step in "$@"; do
                 --cuda-graph --per-kernel --top 12 > "$R/pk_$m.txt" 2>&1
               grep -A14 "by kind" "$R/pk_$m.txt"; grep -E "median|per-kernel|times:" "$R/pk_$m.txt"
             done ;;
+    stream_t) for sh in qwen3 llama; do timeout 100 python3 benchmarks/gemm_stream_bench.py --shapes $sh --trace \
+                --splits 1,2,4,8 2>&1 | tail -n 18; done
+              for sh in qwen3 llama; do timeout 100 python3 benchmarks/gemm_stream_bench.py --shapes $sh --splits 1,2,4,8 \
+                2>&1 | tail -n 18; done ;;
     rows_t) timeout 200 $PT -n 8 tests/test_kernels_gpu.py -k "attention or layernorm or rmsnorm or softmax or reduce" \
               > "$R/t_rows.txt" 2>&1
             grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_rows.txt" | tail -n 12 ;;

@@ -118,7 +118,7 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("FUSEC_ATTN_QWARPS", "choice", "auto", "fp16/bf16 attention (prefill, encoders): warps of a block along the "
          "query rows, the rest splitting each key tile; auto: the kernel selection's (build_attention.query_warps: two, "
          "four where two would take more than a wave, as BERT-base's batch 32; the A/B of benchmarks/prefill_step.py "
-         "--ab FUSEC_ATTN_QWARPS=4)", ("auto", "1", "2", "4", "8")),
+         "--ab FUSEC_ATTN_QWARPS=4)", ("auto", "1", "2", "4")),
     Knob("FUSEC_PDL", "bool", True, "launch kernels that allow it with programmatic dependent launch (sm_90+)"),
     Knob("FUSEC_API_KEY", "text", None, "fusec serve: the bearer token clients must send (default: --api-key)"),
 )}

@@ -74,8 +74,8 @@ __device__ __forceinline__ float fc_gelu_erf(float x) { return 0.5f * x * (1.0f 
 // The same GELU for a half-precision result: x * Phi(x), Phi from erfc(|x| / sqrt(2)) = 2^q(t), q = t * P(t) with P of
 // degree 8 (least squares on [0, 4]: erfc's relative error < 1.1e-5, against a half's 4.9e-4 rounding step, and a
 // negative x keeps its relative accuracy, which 1 + erff(x) loses), erfc = 0 past t = 4 (there |GELU(x)| of a
-// negative x is under 6e-8, below a half's smallest step). BERT-base's bias + GELU kernel: 26 instructions a value
-// against 32 with erff.
+// negative x is under 6e-8: below fp16's smallest step, and where 1 + erff rounds to 0 too). BERT-base's bias + GELU
+// kernel: 26 instructions a value against 32 with erff, 16.0 us against 19.8 alone (H200; a copy of its bytes 13.8).
 __device__ __forceinline__ float fc_gelu_erf16(float x) {
   const float t = fabsf(x) * 0.7071067811865476f, u = fminf(t, 4.0f);
   float p = 2.739596084e-06f;

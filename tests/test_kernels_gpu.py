@@ -147,8 +147,8 @@ def test_elementwise(label: str, expr: Expr, shapes: list, dts: list, out_shape:
 @pytest.mark.parametrize("dt", [F16, BF16])
 def test_gelu_erf_half_per_element(dt: DType) -> None:
     """A half result's erf-GELU (common.cuh fc_gelu_erf16, a polynomial erfc) element by element over [-12, 12] and
-    the specials: within one step of the half nearest the exact value (float64); +inf, NaN and NaN for +inf, -inf and
-    NaN, as the erff form gives."""
+    the specials: within one step of the half nearest the exact value (float64), or 0 where that is under 6e-8; +inf,
+    NaN and NaN for +inf, -inf and NaN, as the erff form gives."""
     from math import erfc
 
     x = np.concatenate([np.linspace(-12.0, 12.0, 24001), [0.0, -0.0, 5.65, -5.65, 5.66, -5.66, 1e-4, -1e-4]])
@@ -166,7 +166,9 @@ def test_gelu_erf_half_per_element(dt: DType) -> None:
     else:  # bf16: 8 significant bits
         a = np.abs(near)
         step = np.where(a > 0, 2.0 ** (np.maximum(np.floor(np.log2(np.where(a > 0, a, 1.0))), -126) - 7), 2.0**-133)
-    bad = np.abs(got - near) > step
+    # |GELU| under 6e-8 (x < -5.66) is 0: fp16 has no such value; bf16 has, but the erff form loses it too (1 + erff
+    # rounds to 0 from about the same x)
+    bad = (np.abs(got - near) > step) & ~((np.abs(exact) < 6e-8) & (got == 0))
     assert not bad.any(), f"{int(bad.sum())} values off by more than a step, first at x={xd[bad][0]}: {got[bad][0]} " \
                           f"against {near[bad][0]}"
     specials = np.array([np.inf, -np.inf, np.nan], np.float32).astype(dt.np)
@@ -432,16 +434,13 @@ ATTN = [
     (BF16, 1, 4, 4, 72, 200, 64, False, "rows"),       # 16-byte copies, the last one partial (200 = 3 x 64 + 8)
 ]
 # fp16/bf16 cases take each block shape (query warps; the rest split each key tile), fp32 its one form
-# (qw 8: a block of 8 warps, all on query rows); and two register caps by the launch bound (min_blocks), which spill
-ATTN_Q = [(*a, qw, 0) for a in ATTN for qw in ((1, 2, 4, 8) if a[0] != F32 else (4,))] + [
-    (*ATTN[0], 4, 6), (*ATTN[0], 8, 3), (*ATTN[-1], 8, 3)]
+ATTN_Q = [(*a, qw) for a in ATTN for qw in ((1, 2, 4) if a[0] != F32 else (4,))]
 
 
-@pytest.mark.parametrize("dt,B,Hq,Hkv,Sq,T,D,causal,mask,qwarps,min_blocks", ATTN_Q,
-                         ids=[f"{a[0].value}-D{a[6]}-S{a[4]}-T{a[5]}-{a[8]}{'-causal' if a[7] else ''}-qw{a[9]}"
-                              f"{f'-mb{a[10]}' if a[10] else ''}" for a in ATTN_Q])
+@pytest.mark.parametrize("dt,B,Hq,Hkv,Sq,T,D,causal,mask,qwarps", ATTN_Q,
+                         ids=[f"{a[0].value}-D{a[6]}-S{a[4]}-T{a[5]}-{a[8]}{'-causal' if a[7] else ''}-qw{a[9]}" for a in ATTN_Q])
 def test_attention(dt: DType, B: int, Hq: int, Hkv: int, Sq: int, T: int, D: int, causal: bool, mask: str,
-                   qwarps: int, min_blocks: int) -> None:
+                   qwarps: int) -> None:
     q, k, v = rand((B, Hq, Sq, D), dt), rand((B, Hkv, T, D), dt), rand((B, Hkv, T, D), dt)
     scale = 1.0 / math.sqrt(D)
     args = [dev(q), dev(k), dev(v)]
@@ -465,8 +464,7 @@ def test_attention(dt: DType, B: int, Hq: int, Hkv: int, Sq: int, T: int, D: int
         args.append(dev(m))  # 16-byte copies of the mask's tiles where its rows allow them, as the lowering decides
         kw["mask_vec"] = dt != F32 and S.mask_rows_16(kw["mask_strides"], kw["mask_dtype"])
     out = poisoned((B, Hq, Sq, D), dt)
-    run(S.AttentionSpec(B, Hq, Hkv, Sq, T, D, dt, scale, causal=causal, qwarps=qwarps, min_blocks=min_blocks, **kw),
-        args + [out])
+    run(S.AttentionSpec(B, Hq, Hkv, Sq, T, D, dt, scale, causal=causal, qwarps=qwarps, **kw), args + [out])
     check(host(out, dt), attention_ref(q, k, v, scale, causal, m, "additive" if mask == "rows" else mask), dt)
 
 

@@ -27,7 +27,6 @@ def _attention(spec: S.AttentionSpec) -> Rendered:
         "mask_keys": tc and spec.mask != "none" and spec.mask_strides[2] == 0,
     }
     rows_per_block = 16 * spec.qwarps if tc else 64 if tf32 else 4
-    threads = 32 * max(4, spec.qwarps) if tc else 128
     grid = (cdiv(spec.S, rows_per_block), spec.Hq, spec.B)
     _req_grid(grid)
     params = ("q", "k", "v") + (("mask",) if spec.mask != "none" else ()) + ("out",)
@@ -35,11 +34,11 @@ def _attention(spec: S.AttentionSpec) -> Rendered:
     if tc:  # Q, then a (K, V) tile pair a stage (two where a block walks more than one tile), then the mask's tiles
         bn = ctx["BN"]
         stages = spec.stages or (2 if cdiv(spec.T, bn) > 1 else 1)
-        ctx.update(qw=spec.qwarps, stages=stages, threads=threads, min_blocks=spec.min_blocks)
+        ctx.update(qw=spec.qwarps, stages=stages)
         smem = 2 * (spec.D + 8) * (rows_per_block + stages * 2 * bn)
         if spec.mask_dtype is not None and spec.mask != "none":
             smem += stages * (1 if ctx["mask_keys"] else rows_per_block) * bn * spec.mask_dtype.itemsize
-    return Rendered("attention.cu.jinja", ctx, grid, (threads, 1, 1), params, shared_mem=smem)
+    return Rendered("attention.cu.jinja", ctx, grid, (128, 1, 1), params, shared_mem=smem)
 
 
 def query_warps(b: int, hq: int, s: int) -> int:

@@ -261,8 +261,8 @@ class AttentionSpec:
     # "" picks 3xtf32 where the tensor-core path fits (head_dim <= 128), else simt. Halfs: mma.sync f16/bf16.
     fp32_math: str = ""
     softcap: float = 0.0
-    # fp16/bf16: warps of a block along the query rows (16 rows each). A block has 4 warps (8 at qwarps 8); the
-    # other 4 / qwarps split each key tile (``build_attention.query_warps``: the kernel selection's rule)
+    # fp16/bf16: warps of a 4-warp block along the query rows (16 rows each); the other 4 / qwarps split each key
+    # tile (``build_attention.query_warps``: the kernel selection's rule)
     qwarps: int = 4
     # the mask's rows contiguous (key stride 1) and 16-byte aligned, its view's offset included (the lowering knows
     # it): fp16/bf16 attention copies its tiles with 16-byte cp.async
@@ -270,13 +270,10 @@ class AttentionSpec:
     # fp16/bf16: K/V tile buffers (1 or 2: the next tile's copy overlapping this one's products); 0: the builder's
     # rule, two where the keys span more than one tile
     stages: int = 0
-    # fp16/bf16: the launch bound's minimum resident blocks a SM (0: none), which caps the registers a thread
-    min_blocks: int = 0
 
     def __post_init__(self) -> None:
         _pos(("B", self.B), ("Hq", self.Hq), ("Hkv", self.Hkv), ("S", self.S), ("T", self.T), ("D", self.D))
-        _req(self.qwarps in (1, 2, 4, 8), "qwarps must be 1, 2, 4 or 8")
-        _req(0 <= self.min_blocks <= 8, "min_blocks must be 0 (no bound) .. 8")
+        _req(self.qwarps in (1, 2, 4), "qwarps must be 1, 2 or 4")
         _req(self.stages in (0, 1, 2), "stages must be 0 (the rule), 1 or 2")
         if self.mask_vec:
             _req(self.mask != "none" and mask_rows_16(self.mask_strides, self.mask_dtype),
