@@ -31,8 +31,6 @@
 #             tests, and BERT-base's per-kernel profile (~1 minute)
 #   stream_t  the stream-form GEMM's blocks traced by phase (first slice, K loop, partials, stored) at Qwen3-0.6B's and
 #             Llama-1B's prefill products by K split, then its times against cuBLAS (~2 minutes)
-#   stream_s  the stream-form GEMM by K split and ring depth (stages 5 and 8: one block an SM) against cuBLAS, and the
-#             phases of the deepest against the rule's (~4 minutes)
 #   rows_t    the GPU tests of the attention and the row kernels (norms, softmax, reductions)
 #   stream    the GEMM GPU tests (the stream form: few rows, K split over clusters), then the Qwen3-0.6B and Llama-1B
 #             prefills with their products on it (FUSEC_GEMM_STREAM=1) against cuBLAS, in turns, with profiles
@@ -264,10 +262,6 @@ for step in "$@"; do
                 --splits 1,2,4,8 2>&1 | tail -n 18; done
               for sh in qwen3 llama; do timeout 100 python3 benchmarks/gemm_stream_bench.py --shapes $sh --splits 1,2,4,8 \
                 2>&1 | tail -n 18; done ;;
-    stream_s) for sh in qwen3 llama; do timeout 200 python3 benchmarks/gemm_stream_bench.py --shapes $sh --splits 2,4,8 \
-                --stages 0,5,8 2>&1 | tail -n 40; done
-              timeout 100 python3 benchmarks/gemm_stream_bench.py --shapes qwen3 --trace --splits 2,4 --stages 0,8 2>&1 \
-                | tail -n 18 ;;
     rows_t) timeout 200 $PT -n 8 tests/test_kernels_gpu.py -k "attention or layernorm or rmsnorm or softmax or reduce" \
               > "$R/t_rows.txt" 2>&1
             grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_rows.txt" | tail -n 12 ;;

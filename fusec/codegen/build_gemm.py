@@ -43,7 +43,7 @@ def _gemm_stream(spec: S.GemmSpec, ctx: dict) -> Rendered:
     kt = spec.K // (spec.splits * bk)
     # two blocks an SM (a ring within ~113 KB): at 143 KB (4 stages of 128 x 128) one fit, and 30 clusters of 4 were
     # active at once for 32 (Nsight Compute, H200): a second wave
-    stages = spec.stages or min(3 if bn == 128 and bm == 128 else 4, max(2, kt))
+    stages = min(3 if bn == 128 and bm == 128 else 4, max(2, kt))
     ring = stages * (bm * (bk + 8) + bk * (bn + 8)) * 2
     partials = bm * (bn + 4) * 4 if spec.splits > 1 else 0
     ctx.update(BM=bm, BN=bn, stages=stages, ks=spec.splits, threads=256)

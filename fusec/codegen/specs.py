@@ -349,7 +349,6 @@ class GemmSpec:
     epilogue: Epilogue = Epilogue()
     out_dtype: DType | None = None
     splits: int = 1  # the stream form's K split over a thread-block cluster (sm_90): 1, 2, 4 or 8 blocks
-    stages: int = 0  # the stream form's ring of K slices: 0 the builder's rule (3-4, two blocks an SM), else 2..8
 
     def __post_init__(self) -> None:
         _pos(("M", self.M), ("N", self.N), ("K", self.K), ("batch", self.batch))
@@ -359,8 +358,6 @@ class GemmSpec:
         _req(self.splits == 1 or (self.stream and self.K % (GEMM_STREAM_BK * self.splits) == 0),
              "a K split needs the stream form (fp16/bf16, one batch, A and B not transposed, M <= 128, K a multiple "
              "of 64, N of 8) and K a multiple of 64 x splits")
-        _req(self.stages == 0 or (self.stream and 2 <= self.stages <= 8), "gemm stages (the stream form's ring) must be "
-             "0 (the rule) or 2..8")
 
     @property
     def stream(self) -> bool:
