@@ -6,7 +6,8 @@ With --trace, compiles the kernels with per-block timestamps (FUSEC_TRACE) and l
 the blocks' phases in us after the kernel's first block started (gemm_stream.jinja's FC_TRACE_PHASE marks: first slice
 landed, K loop done, partials visible to the cluster, rows summed and stored), p50 and max over the blocks.
 
-    python benchmarks/gemm_stream_bench.py [--shapes qwen3|llama] [--splits 1,2,4,8] [--ncu | --trace]
+    python benchmarks/gemm_stream_bench.py [--shapes qwen3|llama] [--splits 1,2,4,8] [--forms stream,wgmma]
+                                          [--ncu | --trace]
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="qwen3", choices=sorted(SHAPES))
     ap.add_argument("--splits", default="", help="K splits to try (default: the rule's, and 1)")
+    ap.add_argument("--forms", default="stream", help="stream (B [K, N], mma.sync), wgmma (B [N, K], sm_90a), or both")
     ap.add_argument("--ncu", action="store_true")
     ap.add_argument("--trace", action="store_true")
     args = ap.parse_args()
@@ -77,15 +79,16 @@ def main() -> int:
     rng = np.random.default_rng(0)
     handle = Handle()
     if args.trace:
-        print(f"| {args.shapes} M x N x K | splits | grid | block phases, us after the first start: p50/max |")
+        print(f"| {args.shapes} M x N x K | form, splits | grid | block phases, us after the first start: p50/max |")
         print("|---|---|---|---|")
     else:
-        print(f"| {args.shapes} M x N x K | cuBLAS us | splits | grid | smem | fusec us | x cuBLAS | weight GB/s |")
+        print(f"| {args.shapes} M x N x K | cuBLAS us | form, splits | grid | smem | fusec us | x cuBLAS | weight GB/s |")
         print("|---|---|---|---|---|---|---|---|")
     for m, n, k in SHAPES[args.shapes]:
         a = cp.asarray(rng.standard_normal((m, k)).astype(np.float16))
         b0 = rng.standard_normal((k, n)).astype(np.float16) * np.float16(0.05)
         bs = [cp.asarray(b0) for _ in range(max(1, -(-L2_BYTES // b0.nbytes)))]
+        bts = [cp.ascontiguousarray(b.T) for b in bs] if "wgmma" in args.forms else []  # the [N, K] copies
         c = cp.empty((m, n), cp.float16)
         ref = cp.matmul(a, bs[0]).astype(cp.float32)
         calls = [GemmCall(m, n, k, 1, a.data.ptr, b.data.ptr, c.data.ptr, k, n, n, 0, 0, 0, False, False, "f16", "f32")
@@ -93,25 +96,28 @@ def main() -> int:
         t_cublas = 0.0 if args.ncu or args.trace else graph_time([lambda st, cl=cl: cl(handle, st.ptr) for cl in calls], N)
         rule = stream_splits(m, n, k, True)
         tries = sorted({int(x) for x in args.splits.split(",")} if args.splits else {rule, 1})
-        for sp in tries:
+        for form, sp in [(f, sp) for f in args.forms.split(",") for sp in tries]:
             if k % (64 * sp):
                 continue
-            spec = S.GemmSpec(m, n, k, DType.F16, splits=sp)
+            wg = form == "wgmma"
+            spec = S.GemmSpec(m, n, k, DType.F16, splits=sp, trans_b=wg, wgmma=wg)
             ck = K.build(spec)
+            ws = bts if wg else bs
             out = cp.zeros((m, n), cp.float16)
             if args.ncu:
-                K.launch(ck, [a, bs[0], out])
+                K.launch(ck, [a, ws[0], out])
                 cp.cuda.runtime.deviceSynchronize()
                 continue
             if args.trace:
-                for b in bs[1:]:  # the other copies through L2: the traced launch reads bs[0] from DRAM
+                for b in ws[1:]:  # the other copies through L2: the traced launch reads ws[0] from DRAM
                     K.launch(ck, [a, b, out])
-                print(f"| {m}x{n}x{k} | splits {sp} | {ck.grid} | {trace_once(ck, [a, bs[0], out])} |", flush=True)
+                print(f"| {m}x{n}x{k} | {form}, splits {sp} | {ck.grid} | {trace_once(ck, [a, ws[0], out])} |",
+                      flush=True)
                 continue
-            t = graph_time([lambda st, b=b, ck=ck, out=out: K.launch(ck, [a, b, out], st) for b in bs], N)
+            t = graph_time([lambda st, b=b, ck=ck, out=out: K.launch(ck, [a, b, out], st) for b in ws], N)
             err = float(cp.abs(out.astype(cp.float32) - ref).max() / (cp.abs(ref).max() + 1e-9))
             gbs = n * k * 2 / (t * 1e-6) / 1e9
-            print(f"| {m}x{n}x{k} | {t_cublas:.2f} | {sp}{' (rule)' if sp == rule else ''} | {ck.grid} | "
+            print(f"| {m}x{n}x{k} | {t_cublas:.2f} | {form}, {sp}{' (rule)' if sp == rule else ''} | {ck.grid} | "
                   f"{ck.shared_mem} | {t:.2f} | {t / t_cublas:.2f} | {gbs:.0f} (err {err:.1e}) |", flush=True)
         del bs
     handle.close()

@@ -31,6 +31,8 @@
 #             tests, and BERT-base's per-kernel profile (~1 minute)
 #   stream_t  the stream-form GEMM's blocks traced by phase (first slice, K loop, partials, stored) at Qwen3-0.6B's and
 #             Llama-1B's prefill products by K split, then its times against cuBLAS (~2 minutes)
+#   wgmma     the stream form's blocking on wgmma (sm_90a): its GPU tests, its times against cuBLAS and the mma.sync
+#             stream form at Qwen3-0.6B's and Llama-1B's prefill products by K split, its blocks' phases (~4 minutes)
 #   rows_t    the GPU tests of the attention and the row kernels (norms, softmax, reductions)
 #   stream    the GEMM GPU tests (the stream form: few rows, K split over clusters), then the Qwen3-0.6B and Llama-1B
 #             prefills with their products on it (FUSEC_GEMM_STREAM=1) against cuBLAS, in turns, with profiles
@@ -262,6 +264,13 @@ for step in "$@"; do
                 --splits 1,2,4,8 2>&1 | tail -n 18; done
               for sh in qwen3 llama; do timeout 100 python3 benchmarks/gemm_stream_bench.py --shapes $sh --splits 1,2,4,8 \
                 2>&1 | tail -n 18; done ;;
+    wgmma) timeout 200 $PT -n 8 tests/test_kernels_gpu.py -k "gemm_wgmma or gemm_stream" > "$R/t_wgmma.txt" 2>&1
+           grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_wgmma.txt" | tail -n 14
+           grep -E "^E " "$R/t_wgmma.txt" | head -n 12
+           for sh in qwen3 llama; do timeout 150 python3 benchmarks/gemm_stream_bench.py --shapes $sh --splits 1,2,4,8 \
+             --forms stream,wgmma 2>&1 | tail -n 34; done
+           timeout 100 python3 benchmarks/gemm_stream_bench.py --shapes qwen3 --trace --splits 1,2,4 --forms wgmma 2>&1 \
+             | tail -n 12 ;;
     rows_t) timeout 200 $PT -n 8 tests/test_kernels_gpu.py -k "attention or layernorm or rmsnorm or softmax or reduce" \
               > "$R/t_rows.txt" 2>&1
             grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_rows.txt" | tail -n 12 ;;

@@ -590,6 +590,25 @@ def test_gemm_stream(dt: DType, M: int, N: int, K: int, splits: int, bias: bool,
     check(host(out, dt), ref, dt)
 
 
+@pytest.mark.parametrize("dt,M,N,K,splits,bias,act,res", GEMM_STREAM,
+                         ids=[f"{g[0].value}-{g[1]}x{g[2]}x{g[3]}-s{g[4]}-{g[6]}" for g in GEMM_STREAM])
+def test_gemm_wgmma(dt: DType, M: int, N: int, K: int, splits: int, bias: bool, act: str, res: bool) -> None:
+    """The stream form's blocking on wgmma (sm_90 only: an sm_90a cubin), B the weight stored [N, K]."""
+    from fusec.device import gpu_arch
+
+    if gpu_arch() != "sm_90":
+        pytest.skip("wgmma is sm_90a")
+    a, b = rand((M, K), dt), rand((N, K), dt)
+    bv = rand((N,), dt) if bias else None
+    rv = rand((M, N), dt) if res else None
+    out = poisoned((M, N), dt)
+    spec = S.GemmSpec(M, N, K, dt, trans_b=True, splits=splits, wgmma=True,
+                      epilogue=S.Epilogue(bias=bias, activation=act, residual=res))
+    run(spec, [dev(a), dev(b)] + ([dev(bv)] if bias else []) + ([dev(rv)] if res else []) + [out])
+    ref = epilogue_ref(a.astype(np.float64) @ b.astype(np.float64).T, bv, act, rv, dt)
+    check(host(out, dt), ref, dt)
+
+
 def test_gemm_broadcast_b_over_batch() -> None:
     a, b = rand((3, 50, 64), F16), rand((64, 40), F16)
     out = poisoned((3, 50, 40), F16)

@@ -52,6 +52,19 @@ def _gemm_stream(spec: S.GemmSpec, ctx: dict) -> Rendered:
                     shared_mem=max(ring, partials))
 
 
+def _gemm_wgmma(spec: S.GemmSpec, ctx: dict) -> Rendered:
+    bn = stream_bn(spec.N)
+    kt = spec.K // (spec.splits * S.GEMM_STREAM_BK)
+    stage = (128 + bn) * S.GEMM_STREAM_BK * 2
+    stages = min(3 if bn == 128 else 4, max(2, kt))  # two blocks an SM, as the stream form
+    partials = 128 * (bn + 4) * 4 if spec.splits > 1 else 0
+    ctx.update(BN=bn, stages=stages, ks=spec.splits, threads=256, mma_t=Ident("bf16" if spec.dtype == DType.BF16 else "f16"))
+    grid = (cdiv(spec.N, bn) * spec.splits, 1, 1)
+    return Rendered("gemm.cu.jinja", ctx, grid, (256, 1, 1), ("A", "B") + _epi_params(spec.epilogue) + ("C",),
+                    shared_mem=max(stages * stage, partials) + 1024,  # + the slack that aligns the ring to 1,024
+                    arch_specific=True)
+
+
 @builder(S.GemmSpec)
 def _gemm(spec: S.GemmSpec) -> Rendered:
     tc = spec.dtype in S.HALFS
@@ -74,6 +87,9 @@ def _gemm(spec: S.GemmSpec) -> Rendered:
         "bias": spec.epilogue.bias, "act": Ident(spec.epilogue.activation), "residual": spec.epilogue.residual,
         "round_x": _round_fn(out_dt), "stream": spec.stream,
     }
+    ctx["wgmma"] = spec.wgmma
+    if spec.wgmma:
+        return _gemm_wgmma(spec, ctx)
     if spec.stream:
         return _gemm_stream(spec, ctx)
     grid = (cdiv(spec.N, bn), cdiv(spec.M, bm), spec.batch)

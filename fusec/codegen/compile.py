@@ -187,18 +187,24 @@ def compile_cuda(source: str, kernel: str, arch: str | None = None, options: tup
 
 
 def compile_cuda_async(source: str, kernel: str, arch: str | None = None, options: tuple[str, ...] = (),
-                       use_disk: bool = True) -> Future[Binary]:
+                       use_disk: bool = True, arch_specific: bool = False) -> Future[Binary]:
     """``compile_cuda`` on a thread pool: returns at once with a future of the Binary.
 
     NVRTC releases the GIL while it compiles, so distinct sources compile in parallel (up to
     ``compile_threads()`` at once). A source already compiled, or being compiled, in this process
     is not compiled again: its future is shared (``STATS["inflight_hits"]`` counts those). A caller
     with ``use_disk`` false never receives a Binary read from the disk cache, from memory or from a
-    compile it shares: it shares only compiles that do not read the disk either."""
+    compile it shares: it shares only compiles that do not read the disk either. ``arch_specific``: the
+    source uses sm_90a-only instructions (wgmma); it compiles for sm_90a, and for no other arch."""
     from fusec import knobs
 
     arch = check_arch(arch or default_arch())
-    opts = (f"--gpu-architecture={arch}", "-std=c++17", "-Xptxas=-v") + tuple(options)
+    target = arch
+    if arch_specific:
+        if arch != "sm_90":
+            raise ValueError(f"kernel {kernel} uses sm_90a instructions (wgmma) and cannot run on {arch}")
+        target = "sm_90a"  # the cubin runs on sm_90 GPUs only, which is what the kernel selection chose it for
+    opts = (f"--gpu-architecture={target}", "-std=c++17", "-Xptxas=-v") + tuple(options)
     if knobs.get("FUSEC_LINEINFO"):  # source lines for Nsight Compute's stall sampling (another binary: another key)
         opts += ("-lineinfo",)
     if knobs.get("FUSEC_TRACE"):  # per-block timestamps (common.cuh FC_TRACE; benchmarks/block_trace.py)

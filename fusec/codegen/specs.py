@@ -348,16 +348,22 @@ class GemmSpec:
     b_batch_stride: int = -1
     epilogue: Epilogue = Epilogue()
     out_dtype: DType | None = None
-    splits: int = 1  # the stream form's K split over a thread-block cluster (sm_90): 1, 2, 4 or 8 blocks
+    splits: int = 1  # the stream (or wgmma) form's K split over a thread-block cluster (sm_90): 1, 2, 4 or 8 blocks
+    # sm_90: the stream form's blocking with the products on wgmma (gemm_wgmma.jinja); B [N, K] (trans_b)
+    wgmma: bool = False
 
     def __post_init__(self) -> None:
         _pos(("M", self.M), ("N", self.N), ("K", self.K), ("batch", self.batch))
         _req(self.dtype in FLOATS and (self.out_dtype or self.dtype) in FLOATS, "gemm is float")
         _ints((self.a_batch_stride, self.b_batch_stride), "batch strides", -1)
         _req(self.splits in (1, 2, 4, 8), f"gemm splits must be 1, 2, 4 or 8, got {self.splits}")
-        _req(self.splits == 1 or (self.stream and self.K % (GEMM_STREAM_BK * self.splits) == 0),
+        _req(not self.wgmma or (self.dtype in HALFS and self.batch == 1 and not self.trans_a and self.trans_b
+                                and self.M <= GEMM_STREAM_MAX_M and self.K % GEMM_STREAM_BK == 0 and self.N % 8 == 0),
+             "the wgmma form takes fp16/bf16, one batch, A [M, K] with M <= 128, B [N, K] (trans_b), K a multiple of "
+             "64 and N of 8")
+        _req(self.splits == 1 or ((self.stream or self.wgmma) and self.K % (GEMM_STREAM_BK * self.splits) == 0),
              "a K split needs the stream form (fp16/bf16, one batch, A and B not transposed, M <= 128, K a multiple "
-             "of 64, N of 8) and K a multiple of 64 x splits")
+             "of 64, N of 8) or the wgmma form, and K a multiple of 64 x splits")
 
     @property
     def stream(self) -> bool:
