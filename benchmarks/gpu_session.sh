@@ -268,7 +268,7 @@ for step in "$@"; do
            grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_wgmma.txt" | tail -n 14
            grep -E "^E " "$R/t_wgmma.txt" | head -n 12
            for sh in qwen3 llama; do timeout 150 python3 benchmarks/gemm_stream_bench.py --shapes $sh --splits 1,2,4,8 \
-             --forms stream,wgmma 2>&1 | tail -n 34; done
+             --forms ${WG_FORMS:-wgmma} 2>&1 | tail -n 34; done
            timeout 100 python3 benchmarks/gemm_stream_bench.py --shapes qwen3 --trace --splits 1,2,4 --forms wgmma 2>&1 \
              | tail -n 12 ;;
     rows_t) timeout 200 $PT -n 8 tests/test_kernels_gpu.py -k "attention or layernorm or rmsnorm or softmax or reduce" \

@@ -53,12 +53,13 @@ def _gemm_stream(spec: S.GemmSpec, ctx: dict) -> Rendered:
 
 
 def _gemm_wgmma(spec: S.GemmSpec, ctx: dict) -> Rendered:
-    bn = stream_bn(spec.N)
+    bm, bn = (64 if spec.M <= 64 else 128), stream_bn(spec.N)
     kt = spec.K // (spec.splits * S.GEMM_STREAM_BK)
-    stage = (128 + bn) * S.GEMM_STREAM_BK * 2
-    stages = min(3 if bn == 128 else 4, max(2, kt))  # two blocks an SM, as the stream form
-    partials = 128 * (bn + 4) * 4 if spec.splits > 1 else 0
-    ctx.update(BN=bn, stages=stages, ks=spec.splits, threads=256, mma_t=Ident("bf16" if spec.dtype == DType.BF16 else "f16"))
+    stage = (bm + bn) * S.GEMM_STREAM_BK * 2
+    stages = min(3 if bm + bn == 256 else 4, max(2, kt))  # two blocks an SM, as the stream form
+    partials = bm * (bn + 4) * 4  # the accumulators' way to whole-row stores
+    ctx.update(BM=bm, BN=bn, wn=bn if bm == 128 else bn // 2, stages=stages, ks=spec.splits, threads=256,
+               mma_t=Ident("bf16" if spec.dtype == DType.BF16 else "f16"))
     grid = (cdiv(spec.N, bn) * spec.splits, 1, 1)
     return Rendered("gemm.cu.jinja", ctx, grid, (256, 1, 1), ("A", "B") + _epi_params(spec.epilogue) + ("C",),
                     shared_mem=max(stages * stage, partials) + 1024,  # + the slack that aligns the ring to 1,024
