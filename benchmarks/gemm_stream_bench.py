@@ -13,6 +13,7 @@ landed, K loop done, partials visible to the cluster, rows summed and stored), p
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -64,13 +65,14 @@ def main() -> int:
     from fusec.codegen import kernels as K
     from fusec.codegen import specs as S
     from fusec.codegen.build_gemm import stream_splits
+    from fusec.codegen.compile import compile_cuda_async
     from fusec.dtypes import DType
     from fusec.runtime.cublas import GemmCall, Handle
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="qwen3", choices=sorted(SHAPES))
     ap.add_argument("--splits", default="", help="K splits to try (default: the rule's, and 1)")
-    ap.add_argument("--forms", default="stream", help="stream (B [K, N], mma.sync), wgmma (B [N, K], sm_90a), or both")
+    ap.add_argument("--forms", default="stream", help="stream (B [K, N], mma.sync), wgmma (B [N, K], sm_90a), wgmma-nofence")
     ap.add_argument("--ncu", action="store_true")
     ap.add_argument("--trace", action="store_true")
     args = ap.parse_args()
@@ -99,9 +101,14 @@ def main() -> int:
         for form, sp in [(f, sp) for f in args.forms.split(",") for sp in tries]:
             if k % (64 * sp):
                 continue
-            wg = form == "wgmma"
+            wg = form.startswith("wgmma")
             spec = S.GemmSpec(m, n, k, DType.F16, splits=sp, trans_b=wg, wgmma=wg)
             ck = K.build(spec)
+            if form == "wgmma-nofence":  # what the async-proxy fence costs (timing only: without it nothing orders the
+                src = ck.source.replace('asm volatile("fence.proxy.async.shared::cta;" ::: "memory");', "")  # copies)
+                assert src != ck.source
+                binary = compile_cuda_async(src, ck.name, "sm_90", arch_specific=True).result()
+                ck = dataclasses.replace(ck, source=src, binary=binary)
             ws = bts if wg else bs
             out = cp.zeros((m, n), cp.float16)
             if args.ncu:
