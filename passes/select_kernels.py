@@ -17,7 +17,8 @@ For every node of the optimized graph this pass decides, once:
 - the **spec parameters** of a GEMV (``params``): how the skinny product streams its weights
   (``build_gemm.gemv_form``), the quantized GEMV's form (``fusec.lower.quant.gemv_form``); of an attention, its
   block shape (``build_attention.query_warps``); of fusec's GEMM in its stream form, its K split over a cluster
-  (``build_gemm.stream_splits``, where ``PassOptions.clusters``: sm_90).
+  (``build_gemm.stream_splits``, where ``PassOptions.clusters``: sm_90) and there its products on wgmma (the weight
+  then stored [N, K]).
 
 The lowering (``fusec.lower``) reads ``node.kernel`` and decides nothing; ``explain``, ``inspect``
 and the A/B read the same record (``graph.meta["selection"]`` holds it as JSON, per node).
@@ -128,7 +129,12 @@ def _select(node: Node, options: PassOptions, offsets: dict[Value, int]) -> Sele
         options.decline("select_kernels", node.name or node.outputs[0].name,
                         f"{cp.key}: variant {variant!r} needs 16-byte aligned operands")
         variant, reason = C.DEFAULT, "operands not 16-byte aligned"
+    params = _gemv_params(cp.n, cp.k, C.outer(node, cp.a).dtype, m=cp.m) if variant == "gemv" else ()
+    if variant == "fusec_gemm":
+        params = _gemm_params(cp.m, cp.n, cp.k, C.outer(node, cp.a).dtype, options.clusters)
     need = C.NEEDS_TRANS_B.get(variant)
+    if dict(params).get("wgmma"):  # the wgmma form reads the weight [N, K]
+        need = True
     layout = "" if not cp.b_const else ("nk" if (cp.trans_b if need is None else need) else "kn")
     family = {"cublas": "gemm_epilogue" if node.op == Op.FUSED else "cublas"}.get(variant, variant)
     if variant in C.LAYOUT_VARIANTS:
@@ -136,9 +142,6 @@ def _select(node: Node, options: PassOptions, offsets: dict[Value, int]) -> Sele
     detail = None
     if node.op == Op.FUSED:
         detail = kernel_plan(node.attrs.body)[1]
-    params = _gemv_params(cp.n, cp.k, C.outer(node, cp.a).dtype, m=cp.m) if variant == "gemv" else ()
-    if variant == "fusec_gemm":
-        params = _gemm_params(cp.m, cp.n, cp.k, C.outer(node, cp.a).dtype, options.clusters)
     return Selection(family, variant, cp.key, layout, reason, params, detail)
 
 
@@ -152,11 +155,17 @@ def _attention_params(q_shape: tuple[int, ...]) -> tuple[tuple[str, Any], ...]:
 
 
 def _gemm_params(m: int, n: int, k: int, dtype: Any, clusters: bool) -> tuple[tuple[str, Any], ...]:
-    """fusec's GEMM: in its stream form, the K split over a cluster (``build_gemm.stream_splits``, the one rule)."""
+    """fusec's GEMM: in its stream form, the K split over a cluster (``build_gemm.stream_splits``, the one rule); on
+    sm_90 (where clusters are), the products on wgmma (``GemmSpec.wgmma``, the weight read [N, K]): measured alone
+    on an H200 it took 0.63-0.89x the mma.sync stream form's time at every Qwen3-0.6B and Llama-1B prefill product
+    (benchmarks/RESULTS.md, twenty-third session)."""
     from fusec.codegen.build_gemm import stream_splits
-    from fusec.lower.choices import stream_fits
+    from fusec.lower.choices import stream_fits, wgmma_fits
 
-    return (("splits", stream_splits(m, n, k, clusters)),) if stream_fits(m, n, k, dtype) else ()
+    if not stream_fits(m, n, k, dtype):
+        return ()
+    wg = (("wgmma", True),) if clusters and wgmma_fits(m, n, k, dtype) else ()
+    return (("splits", stream_splits(m, n, k, clusters)),) + wg
 
 
 def _gemv_params(n: int, k: int, dtype: Any, glu: bool = False, m: int = 1) -> tuple[tuple[str, Any], ...]:

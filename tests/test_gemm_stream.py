@@ -109,6 +109,43 @@ def test_the_split_is_the_kernel_selections_record(monkeypatch: pytest.MonkeyPat
     assert splits == ([4, 2] if clusters else [1, 1])  # K 2048 and 1024: shares of at least 512
     grids = [L["grid"][0] for L in st.lowered.launches if L["label"].endswith("fusec_gemm")]
     assert grids == [1024 // 64 * splits[0], 3072 // 64 * splits[1]]
+    # sm_90 runs the products on wgmma, the weight stored [N, K] for it; sm_80 the mma.sync form over [K, N]
+    assert [dict(selection(n).params).get("wgmma", False) for n in ours] == [clusters, clusters]
+    assert [selection(n).layout for n in ours] == (["nk", "nk"] if clusters else ["kn", "kn"])
+    assert [bool(n.inputs[1].is_const and n.attrs.trans_b) for n in ours] == [clusters, clusters]
+    assert [n.inputs[1].shape for n in ours] == ([(1024, 2048), (3072, 1024)] if clusters else [(2048, 1024), (1024, 3072)])
+
+
+def test_the_wgmma_form_is_sm90a_only() -> None:
+    """wgmma is an sm_90a instruction: the form compiles for sm_90 GPUs (an sm_90a cubin, which reports arch 90) and is
+    refused for any other arch, and the spec takes only what the form computes."""
+    from fusec.plancheck import cubin_arch
+
+    spec = S.GemmSpec(128, 1024, 2048, DType.BF16, trans_b=True, splits=4, wgmma=True,
+                      epilogue=S.Epilogue(bias=True, activation="silu", residual=True))
+    r, src = K.prepare(spec)
+    assert r.arch_specific and "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16" in src
+    assert cubin_arch(K.build(spec, "sm_90").cubin) == 90
+    with pytest.raises(ValueError, match="sm_90a"):
+        K.build(spec, "sm_80")
+    for bad in (dict(trans_b=False), dict(dtype=DType.F32)):
+        with pytest.raises(ValueError, match="wgmma"):
+            S.GemmSpec(**{**dict(M=128, N=1024, K=2048, dtype=DType.BF16, trans_b=True, wgmma=True), **bad})
+    with pytest.raises(ValueError, match="wgmma"):
+        S.GemmSpec(256, 1024, 2048, DType.BF16, trans_b=True, wgmma=True)  # more rows than a block holds
+
+
+@pytest.mark.parametrize("m,bm,wn", [(128, 128, 64), (32, 64, 32)])
+def test_the_wgmma_blocks(m: int, bm: int, wn: int) -> None:
+    """At most 64 rows take 64-row blocks whose two warpgroups split the columns; more take 128 rows, a warpgroup 64
+    of them; one block an SM takes the SM's shared memory for its ring."""
+    spec = S.GemmSpec(m, 1024, 2048, DType.F16, trans_b=True, splits=2, wgmma=True)
+    r, src = K.prepare(spec)
+    assert r.ctx["BM"] == bm and r.ctx["wn"] == wn and f"m64n{wn}k16" in src
+    assert r.grid == (1024 // 64 * 2, 1, 1) and r.block == (256, 1, 1)
+    stage = (bm + 64) * 64 * 2
+    assert r.ctx["stages"] == min(2048 // 2 // 64, (228 - 8) * 1024 // stage)  # 32 blocks: one an SM
+    assert r.shared_mem == r.ctx["stages"] * stage + 1024
 
 
 @pytest.mark.parametrize("on", [False, True])

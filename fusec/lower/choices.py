@@ -13,7 +13,8 @@ A *choice point* is a node the lowering can emit in more than one way:
   cuBLAS's transpose flag, ``MATMUL[trans_b=True]``), whichever the passes did not pick.
 
 Weights have one owner: a variant that needs the other layout of the weight (``NEEDS_TRANS_B``:
-fusec_gemm reads [K, N], gemv reads [N, K]) never copies it here. ``passes/weight_layout.py``
+fusec_gemm reads [K, N], or [N, K] in its wgmma form on sm_90; gemv reads [N, K]) never copies it here.
+``passes/select_kernels.py``
 materializes the layout the chosen variant needs, as a constant in the IR, before memory
 planning (``PassOptions.choices``, set by ``fusec.compile(choices=...)``); the lowering only
 reads what the IR holds, and declines a variant whose layout is not there.
@@ -183,6 +184,16 @@ def stream_fits(m: int, n: int, k: int, dtype: DType) -> bool:
     return dtype in S.FLOATS and S.GemmSpec(m, n, k, dtype).stream
 
 
+def wgmma_fits(m: int, n: int, k: int, dtype: DType) -> bool:
+    """fusec's GEMM takes the product in its wgmma form (``GemmSpec.wgmma``, sm_90: the stream form's blocking, the
+    weight read [N, K])."""
+    try:
+        S.GemmSpec(m, n, k, dtype, trans_b=True, wgmma=True)
+    except ValueError:
+        return False
+    return True
+
+
 def _gemv_fits(m: int, k: int, a: Value) -> bool:
     """GemvSpec's limits: at most 16 rows, weight rows read in 16-byte slices."""
     return m <= S.GEMV_MAX_M and k % (16 // a.dtype.itemsize) == 0
@@ -198,7 +209,7 @@ def choose(choices: dict[str, str], cp: ChoicePoint) -> str:
     replaced it is measured against cuBLAS at M = 1..16 in benchmarks/RESULTS.md. With
     FUSEC_GEMM_STREAM=1, a product of at most 128 rows that fusec's GEMM takes in its stream form (a
     prefill's) runs there: off by default, it took 1.1-2.2x cuBLAS's time on an H200 (RESULTS.md,
-    twenty-second session)."""
+    twenty-second session), and in its wgmma form (sm_90) 1.1-1.9x (twenty-third session)."""
     explicit = choices.get(cp.key)
     if explicit is not None:
         return explicit
@@ -241,8 +252,8 @@ def emit(ctx, node: Node, sel, label: str) -> bool:  # noqa: ANN001 (fusec.lower
     if sel.variant == gemm_lt.VARIANT:
         gemm_lt.emit(ctx, cp, a, b, out, *(outer(node, v) if v is not None else None for v in (cp.bias, cp.residual)),
                      label=label)
-    elif sel.variant == "fusec_gemm":  # the stream form's K split as kernel selection recorded it
-        spec = S.GemmSpec(cp.m, cp.n, cp.k, a.dtype, epilogue=cp.epilogue, **dict(sel.params))
+    elif sel.variant == "fusec_gemm":  # the stream form's K split (and on sm_90 wgmma) as kernel selection recorded it
+        spec = S.GemmSpec(cp.m, cp.n, cp.k, a.dtype, trans_b=cp.trans_b, epilogue=cp.epilogue, **dict(sel.params))
         ctx.kernel(spec, [a, b, *extra, out], f"{label} fusec_gemm")
     else:  # gemv: reads the weight [N, K] (k contiguous), as MATMUL[trans_b] stores it
         spec = S.GemvSpec(cp.m, cp.n, cp.k, a.dtype, epilogue=cp.epilogue, **dict(sel.params))
