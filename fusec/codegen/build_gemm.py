@@ -56,10 +56,11 @@ def _gemm_wgmma(spec: S.GemmSpec, ctx: dict) -> Rendered:
     bm, bn = (64 if spec.M <= 64 else 128), stream_bn(spec.N)
     kt = spec.K // (spec.splits * S.GEMM_STREAM_BK)
     stage = (bm + bn) * S.GEMM_STREAM_BK * 2
+    # at least 3 stages: slices STAGES - 2 ahead of the MMAs, which run on over one more (gemm_wgmma.jinja)
     if cdiv(spec.N, bn) * spec.splits <= SMS:  # one block an SM: the ring takes its shared memory (more copies in flight)
-        stages = min(max(2, kt), (_SMEM_PER_SM - 8 * 1024) // stage)
+        stages = min(max(3, kt + 2), (_SMEM_PER_SM - 8 * 1024) // stage)
     else:  # two blocks an SM, as the stream form
-        stages = min(3 if bm + bn == 256 else 4, max(2, kt))
+        stages = 3 if bm + bn == 256 else 4
     partials = bm * (bn + 4) * 4  # the accumulators' way to whole-row stores
     ctx.update(BM=bm, BN=bn, wn=bn if bm == 128 else bn // 2, stages=stages, ks=spec.splits, threads=256,
                mma_t=Ident("bf16" if spec.dtype == DType.BF16 else "f16"))
