@@ -52,13 +52,16 @@ def _gemm_stream(spec: S.GemmSpec, ctx: dict) -> Rendered:
                     shared_mem=max(ring, partials))
 
 
+WGMMA_MAX_STAGES = 8  # 13 stages (11 commit groups in flight) failed to launch at 64 x 64 tiles (H200)
+
+
 def _gemm_wgmma(spec: S.GemmSpec, ctx: dict) -> Rendered:
     bm, bn = (64 if spec.M <= 64 else 128), stream_bn(spec.N)
     kt = spec.K // (spec.splits * S.GEMM_STREAM_BK)
     stage = (bm + bn) * S.GEMM_STREAM_BK * 2
     # at least 3 stages: slices STAGES - 2 ahead of the MMAs, which run on over one more (gemm_wgmma.jinja)
     if cdiv(spec.N, bn) * spec.splits <= SMS:  # one block an SM: the ring takes its shared memory (more copies in flight)
-        stages = min(max(3, kt + 2), (_SMEM_PER_SM - 8 * 1024) // stage)
+        stages = min(max(3, kt + 2), (_SMEM_PER_SM - 8 * 1024) // stage, WGMMA_MAX_STAGES)
     else:  # two blocks an SM, as the stream form
         stages = 3 if bm + bn == 256 else 4
     partials = bm * (bn + 4) * 4  # the accumulators' way to whole-row stores
