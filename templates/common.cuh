@@ -213,6 +213,11 @@ __device__ __forceinline__ void fc_cluster_sync() {
 __device__ __forceinline__ void fc_cluster_arrive_relaxed() {
   asm volatile("barrier.cluster.arrive.relaxed;" ::: "memory");
 }
+// an arrive after which this thread's earlier accesses (loads from another block's shared memory included) are
+// performed: a block that waits on it may then leave, its shared memory going to the next block
+__device__ __forceinline__ void fc_cluster_arrive_release() {
+  asm volatile("barrier.cluster.arrive.release;" ::: "memory");
+}
 __device__ __forceinline__ void fc_cluster_wait() {
   asm volatile("barrier.cluster.wait;" ::: "memory");
 }
