@@ -113,8 +113,8 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "older rows load before the PDL wait (0: the layout's, 4 for D 128 bf16; the A/B of decode_step.py --ab "
          "FUSEC_KV_UNROLL=8)", ("0", "2", "4", "8")),
     Knob("FUSEC_GEMM_STREAM", "bool", False, "products of at most 128 rows of fp16/bf16 activations over a constant "
-         "weight (a prefill's) on fusec's stream-form GEMM (a block holds every row, clusters split K on sm_90) "
-         "instead of cuBLAS: the A/B of benchmarks/prefill_step.py --ab FUSEC_GEMM_STREAM=1"),
+         "weight (a prefill's) on fusec's stream-form GEMM (a block holds every row; on sm_90 clusters split K and "
+         "the products run on wgmma) instead of cuBLAS: the A/B of benchmarks/prefill_step.py --ab FUSEC_GEMM_STREAM=1"),
     Knob("FUSEC_ATTN_QWARPS", "choice", "auto", "fp16/bf16 attention (prefill, encoders): warps of a block along the "
          "query rows, the rest splitting each key tile; auto: the kernel selection's (build_attention.query_warps: two, "
          "four where two would take more than a wave, as BERT-base's batch 32; the A/B of benchmarks/prefill_step.py "
