@@ -73,7 +73,6 @@ def main() -> int:
     ap.add_argument("--shapes", default="qwen3", choices=sorted(SHAPES))
     ap.add_argument("--splits", default="", help="K splits to try (default: the rule's, and 1)")
     ap.add_argument("--forms", default="stream", help="stream (B [K, N], mma.sync), wgmma (B [N, K], sm_90a), wgmma-nofence")
-    ap.add_argument("--tile-n", default="0", help="the wgmma form's columns a block to try (0: the rule)")
     ap.add_argument("--ncu", action="store_true")
     ap.add_argument("--trace", action="store_true")
     args = ap.parse_args()
@@ -99,13 +98,11 @@ def main() -> int:
         t_cublas = 0.0 if args.ncu or args.trace else graph_time([lambda st, cl=cl: cl(handle, st.ptr) for cl in calls], N)
         rule = stream_splits(m, n, k, True)
         tries = sorted({int(x) for x in args.splits.split(",")} if args.splits else {rule, 1})
-        runs = [(f, sp, int(tn) if f.startswith("wgmma") else 0) for f in args.forms.split(",") for sp in tries
-                for tn in (args.tile_n.split(",") if f.startswith("wgmma") else ["0"])]
-        for form, sp, tn in runs:
+        for form, sp in [(f, sp) for f in args.forms.split(",") for sp in tries]:
             if k % (64 * sp):
                 continue
             wg = form.startswith("wgmma")
-            spec = S.GemmSpec(m, n, k, DType.F16, splits=sp, trans_b=wg, wgmma=wg, tile_n=tn)
+            spec = S.GemmSpec(m, n, k, DType.F16, splits=sp, trans_b=wg, wgmma=wg)
             ck = K.build(spec)
             if form == "wgmma-nofence":  # what the async-proxy fence costs (timing only: without it nothing orders the
                 src = ck.source.replace('asm volatile("fence.proxy.async.shared::cta;" ::: "memory");', "")  # copies)
@@ -127,8 +124,7 @@ def main() -> int:
             t = graph_time([lambda st, b=b, ck=ck, out=out: K.launch(ck, [a, b, out], st) for b in ws], N)
             err = float(cp.abs(out.astype(cp.float32) - ref).max() / (cp.abs(ref).max() + 1e-9))
             gbs = n * k * 2 / (t * 1e-6) / 1e9
-            print(f"| {m}x{n}x{k} | {t_cublas:.2f} | {form}{f' {tn}' if tn else ''}, {sp}{' (rule)' if sp == rule else ''} | "
-                  f"{ck.grid} | "
+            print(f"| {m}x{n}x{k} | {t_cublas:.2f} | {form}, {sp}{' (rule)' if sp == rule else ''} | {ck.grid} | "
                   f"{ck.shared_mem} | {t:.2f} | {t / t_cublas:.2f} | {gbs:.0f} (err {err:.1e}) |", flush=True)
         del bs
     handle.close()

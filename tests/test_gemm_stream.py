@@ -135,18 +135,6 @@ def test_the_wgmma_form_is_sm90a_only() -> None:
         S.GemmSpec(256, 1024, 2048, DType.BF16, trans_b=True, wgmma=True)  # more rows than a block holds
 
 
-def test_the_wgmma_tile_n_option() -> None:
-    """tile_n overrides the rule's columns a block (a warpgroup then issues m64n256 at 128 rows); only the wgmma form
-    takes it."""
-    r, src = K.prepare(S.GemmSpec(128, 4096, 1024, DType.F16, trans_b=True, splits=2, wgmma=True, tile_n=256))
-    assert r.ctx["BN"] == 256 and "m64n256k16" in src and r.grid == (4096 // 256 * 2, 1, 1)
-    r64, src64 = K.prepare(S.GemmSpec(40, 600, 256, DType.F16, trans_b=True, wgmma=True, tile_n=256))
-    assert r64.ctx["BM"] == 64 and "m64n128k16" in src64 and r64.grid == (3, 1, 1)
-    for bad in (dict(tile_n=96), dict(wgmma=False, trans_b=False)):
-        with pytest.raises(ValueError, match="tile_n"):
-            S.GemmSpec(**{**dict(M=128, N=4096, K=1024, dtype=DType.F16, trans_b=True, wgmma=True, tile_n=256), **bad})
-
-
 @pytest.mark.parametrize("m,bm,wn", [(128, 128, 64), (32, 64, 32)])
 def test_the_wgmma_blocks(m: int, bm: int, wn: int) -> None:
     """At most 64 rows take 64-row blocks whose two warpgroups split the columns; more take 128 rows, a warpgroup 64

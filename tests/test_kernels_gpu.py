@@ -590,17 +590,9 @@ def test_gemm_stream(dt: DType, M: int, N: int, K: int, splits: int, bias: bool,
     check(host(out, dt), ref, dt)
 
 
-GEMM_WGMMA = [(*g, 0) for g in GEMM_STREAM] + [
-    (BF16, 128, 4096, 1024, 2, False, "none", True, 256),   # 256 columns a block: m64n256 a warpgroup
-    (F16, 77, 1000, 320, 1, True, "gelu", True, 256),       # the last column tile partial, no split
-    (F16, 40, 600, 256, 4, True, "silu", False, 256),       # 64-row blocks: m64n128 a warpgroup
-]
-
-
-@pytest.mark.parametrize("dt,M,N,K,splits,bias,act,res,tile_n", GEMM_WGMMA,
-                         ids=[f"{g[0].value}-{g[1]}x{g[2]}x{g[3]}-s{g[4]}-{g[6]}-n{g[8]}" for g in GEMM_WGMMA])
-def test_gemm_wgmma(dt: DType, M: int, N: int, K: int, splits: int, bias: bool, act: str, res: bool,
-                    tile_n: int) -> None:
+@pytest.mark.parametrize("dt,M,N,K,splits,bias,act,res", GEMM_STREAM,
+                         ids=[f"{g[0].value}-{g[1]}x{g[2]}x{g[3]}-s{g[4]}-{g[6]}" for g in GEMM_STREAM])
+def test_gemm_wgmma(dt: DType, M: int, N: int, K: int, splits: int, bias: bool, act: str, res: bool) -> None:
     """The stream form's blocking on wgmma (sm_90 only: an sm_90a cubin), B the weight stored [N, K]."""
     from fusec.device import gpu_arch
 
@@ -610,7 +602,7 @@ def test_gemm_wgmma(dt: DType, M: int, N: int, K: int, splits: int, bias: bool, 
     bv = rand((N,), dt) if bias else None
     rv = rand((M, N), dt) if res else None
     out = poisoned((M, N), dt)
-    spec = S.GemmSpec(M, N, K, dt, trans_b=True, splits=splits, wgmma=True, tile_n=tile_n,
+    spec = S.GemmSpec(M, N, K, dt, trans_b=True, splits=splits, wgmma=True,
                       epilogue=S.Epilogue(bias=bias, activation=act, residual=res))
     run(spec, [dev(a), dev(b)] + ([dev(bv)] if bias else []) + ([dev(rv)] if res else []) + [out])
     ref = epilogue_ref(a.astype(np.float64) @ b.astype(np.float64).T, bv, act, rv, dt)

@@ -56,7 +56,7 @@ WGMMA_MAX_STAGES = 8  # 13 stages (11 commit groups in flight) failed to launch 
 
 
 def _gemm_wgmma(spec: S.GemmSpec, ctx: dict) -> Rendered:
-    bm, bn = (64 if spec.M <= 64 else 128), spec.tile_n or stream_bn(spec.N)
+    bm, bn = (64 if spec.M <= 64 else 128), stream_bn(spec.N)
     kt = spec.K // (spec.splits * S.GEMM_STREAM_BK)
     stage = (bm + bn) * S.GEMM_STREAM_BK * 2
     # at least 3 stages: slices STAGES - 2 ahead of the MMAs, which run on over one more (gemm_wgmma.jinja)

@@ -351,7 +351,6 @@ class GemmSpec:
     splits: int = 1  # the stream (or wgmma) form's K split over a thread-block cluster (sm_90): 1, 2, 4 or 8 blocks
     # sm_90: the stream form's blocking with the products on wgmma (gemm_wgmma.jinja); B [N, K] (trans_b)
     wgmma: bool = False
-    tile_n: int = 0  # the wgmma form's columns a block: 0 the builder's rule (build_gemm.wgmma_bn), else 64, 128 or 256
 
     def __post_init__(self) -> None:
         _pos(("M", self.M), ("N", self.N), ("K", self.K), ("batch", self.batch))
@@ -362,8 +361,6 @@ class GemmSpec:
                                 and self.M <= GEMM_STREAM_MAX_M and self.K % GEMM_STREAM_BK == 0 and self.N % 8 == 0),
              "the wgmma form takes fp16/bf16, one batch, A [M, K] with M <= 128, B [N, K] (trans_b), K a multiple of "
              "64 and N of 8")
-        _req(self.tile_n == 0 or (self.wgmma and self.tile_n in (64, 128, 256)),
-             "gemm tile_n (the wgmma form's columns a block) must be 0 (the rule), 64, 128 or 256")
         _req(self.splits == 1 or ((self.stream or self.wgmma) and self.K % (GEMM_STREAM_BK * self.splits) == 0),
              "a K split needs the stream form (fp16/bf16, one batch, A and B not transposed, M <= 128, K a multiple "
              "of 64, N of 8) or the wgmma form, and K a multiple of 64 x splits")
