@@ -65,7 +65,7 @@ def main() -> int:
     from fusec.codegen import kernels as K
     from fusec.codegen import specs as S
     from fusec.codegen.build_gemm import stream_splits
-    from fusec.codegen.compile import compile_cuda_async
+    from fusec.codegen.compile import compile_cuda
     from fusec.dtypes import DType
     from fusec.runtime.cublas import GemmCall, Handle
 
@@ -107,7 +107,7 @@ def main() -> int:
             if form == "wgmma-nofence":  # what the async-proxy fence costs (timing only: without it nothing orders the
                 src = ck.source.replace('asm volatile("fence.proxy.async.shared::cta;" ::: "memory");', "")  # copies)
                 assert src != ck.source
-                binary = compile_cuda_async(src, ck.name, "sm_90", arch_specific=True).result()
+                binary = compile_cuda(src, ck.name, "sm_90")
                 ck = dataclasses.replace(ck, source=src, binary=binary)
             ws = bts if wg else bs
             out = cp.zeros((m, n), cp.float16)

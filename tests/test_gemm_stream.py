@@ -119,14 +119,17 @@ def test_the_split_is_the_kernel_selections_record(monkeypatch: pytest.MonkeyPat
 def test_the_wgmma_form_is_sm90a_only() -> None:
     """wgmma is an sm_90a instruction: the form compiles for sm_90 GPUs (an sm_90a cubin, which reports arch 90) and is
     refused for any other arch, and the spec takes only what the form computes."""
+    from fusec.codegen.compile import uses_sm90a
+    from fusec.errors import InputError
     from fusec.plancheck import cubin_arch
 
     spec = S.GemmSpec(128, 1024, 2048, DType.BF16, trans_b=True, splits=4, wgmma=True,
                       epilogue=S.Epilogue(bias=True, activation="silu", residual=True))
     r, src = K.prepare(spec)
-    assert r.arch_specific and "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16" in src
+    assert uses_sm90a(src) and "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16" in src
+    assert not uses_sm90a(K.prepare(S.GemmSpec(128, 1024, 2048, DType.BF16, splits=4))[1])  # the mma.sync form
     assert cubin_arch(K.build(spec, "sm_90").cubin) == 90
-    with pytest.raises(ValueError, match="sm_90a"):
+    with pytest.raises(InputError, match="sm_90a"):
         K.build(spec, "sm_80")
     for bad in (dict(trans_b=False), dict(dtype=DType.F32)):
         with pytest.raises(ValueError, match="wgmma"):
@@ -163,3 +166,26 @@ def test_explain_names_each_products_back_end(monkeypatch: pytest.MonkeyPatch, o
         assert all("[fusec_gemm] (splits " in k for k in products), products
     else:
         assert all("[cublas" in k and "fusec_gemm" not in k for k in products), products
+
+
+def test_a_plan_with_the_wgmma_form_retargets_from_its_sources(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # noqa: ANN001
+    """The bundled sources of a plan whose products took the wgmma form recompile for sm_90 (as sm_90a cubins, the
+    same test as at the first compile: the source's wgmma), and re-targeting it to sm_80 is one error naming the
+    module, with nothing written."""
+    from fusec.errors import FusecError
+    from fusec.plancheck import cubin_arch
+    from fusec.retarget import recompile
+
+    monkeypatch.setenv("FUSEC_GEMM_STREAM", "1")
+    plan = compile_generation("qwen3-tiny", batch=1, max_seq_len=80, prefill_len=40, dtype="bf16", eos_ids=[],
+                              arch="sm_90")
+    wg = [m for m in plan.manifest["modules"] if "wgmma.mma_async" in bytes(plan.blob(m["source"])).decode()]
+    assert wg, "the knob on sm_90 puts the prefill's products on the wgmma form"
+    src = tmp_path / "p.fplan"
+    plan.save(src)
+    again = recompile(src, "sm_90", tmp_path / "p90.fplan")
+    assert all(cubin_arch(bytes(again.blob(m["cubin"]))) == 90 for m in again.manifest["modules"])
+    with pytest.raises(FusecError, match=r"does not compile for sm_80.*sm_90a") as e:
+        recompile(src, "sm_80", tmp_path / "p80.fplan")
+    assert any(m["id"] in str(e.value) for m in wg)
+    assert not (tmp_path / "p80.fplan").exists()

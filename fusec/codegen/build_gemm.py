@@ -69,8 +69,7 @@ def _gemm_wgmma(spec: S.GemmSpec, ctx: dict) -> Rendered:
                mma_t=Ident("bf16" if spec.dtype == DType.BF16 else "f16"))
     grid = (cdiv(spec.N, bn) * spec.splits, 1, 1)
     return Rendered("gemm.cu.jinja", ctx, grid, (256, 1, 1), ("A", "B") + _epi_params(spec.epilogue) + ("C",),
-                    shared_mem=max(stages * stage, partials) + 1024,  # + the slack that aligns the ring to 1,024
-                    arch_specific=True)
+                    shared_mem=max(stages * stage, partials) + 1024)  # + the slack that aligns the ring to 1,024
 
 
 @builder(S.GemmSpec)

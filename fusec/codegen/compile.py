@@ -186,23 +186,32 @@ def compile_cuda(source: str, kernel: str, arch: str | None = None, options: tup
         raise
 
 
+_SM90A = re.compile(r"\bwgmma\.mma_async\b")
+
+
+def uses_sm90a(source: str) -> bool:
+    """The source issues sm_90a-only instructions (wgmma: gemm_wgmma.jinja): the one test, for kernels built from
+    specs and for a plan's bundled sources recompiled alike."""
+    return _SM90A.search(source) is not None
+
+
 def compile_cuda_async(source: str, kernel: str, arch: str | None = None, options: tuple[str, ...] = (),
-                       use_disk: bool = True, arch_specific: bool = False) -> Future[Binary]:
+                       use_disk: bool = True) -> Future[Binary]:
     """``compile_cuda`` on a thread pool: returns at once with a future of the Binary.
 
     NVRTC releases the GIL while it compiles, so distinct sources compile in parallel (up to
     ``compile_threads()`` at once). A source already compiled, or being compiled, in this process
     is not compiled again: its future is shared (``STATS["inflight_hits"]`` counts those). A caller
     with ``use_disk`` false never receives a Binary read from the disk cache, from memory or from a
-    compile it shares: it shares only compiles that do not read the disk either. ``arch_specific``: the
-    source uses sm_90a-only instructions (wgmma); it compiles for sm_90a, and for no other arch."""
+    compile it shares: it shares only compiles that do not read the disk either. A source with sm_90a-only
+    instructions (``uses_sm90a``: wgmma) compiles for sm_90a, and for no other arch (an InputError)."""
     from fusec import knobs
 
     arch = check_arch(arch or default_arch())
     target = arch
-    if arch_specific:
+    if uses_sm90a(source):
         if arch != "sm_90":
-            raise ValueError(f"kernel {kernel} uses sm_90a instructions (wgmma) and cannot run on {arch}")
+            raise InputError(f"kernel {kernel} uses sm_90a instructions (wgmma), which only sm_90 GPUs run, not {arch}")
         target = "sm_90a"  # the cubin runs on sm_90 GPUs only, which is what the kernel selection chose it for
     opts = (f"--gpu-architecture={target}", "-std=c++17", "-Xptxas=-v") + tuple(options)
     if knobs.get("FUSEC_LINEINFO"):  # source lines for Nsight Compute's stall sampling (another binary: another key)

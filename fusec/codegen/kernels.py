@@ -76,7 +76,6 @@ class Rendered:
     block: tuple[int, int, int]
     params: tuple[str, ...]
     shared_mem: int = 0
-    arch_specific: bool = False  # sm_90a instructions (wgmma): compiled for sm_90a, refused elsewhere
 
 
 _BUILDERS: dict[type, Callable[[Any], Rendered]] = {}
@@ -139,7 +138,7 @@ def build_async(spec: Any, arch: str | None = None) -> PendingKernel:
     kernels; an identical source compiles once)."""
     r, source = prepare(spec)
     name = str(r.ctx["name"])
-    future = compile_cuda_async(source, name, arch, arch_specific=r.arch_specific)
+    future = compile_cuda_async(source, name, arch)
     return PendingKernel(name, r.template, source, future, r.grid, r.block, r.shared_mem, r.params,
                          waits_in_kernel(source))
 
