@@ -157,8 +157,9 @@ def _attention_params(q_shape: tuple[int, ...]) -> tuple[tuple[str, Any], ...]:
 def _gemm_params(m: int, n: int, k: int, dtype: Any, clusters: bool) -> tuple[tuple[str, Any], ...]:
     """fusec's GEMM: in its stream form, the K split over a cluster (``build_gemm.stream_splits``, the one rule); on
     sm_90 (where clusters are), the products on wgmma (``GemmSpec.wgmma``, the weight read [N, K]): measured alone
-    on an H200 it took 0.63-0.89x the mma.sync stream form's time at every Qwen3-0.6B and Llama-1B prefill product
-    (benchmarks/RESULTS.md, twenty-third session)."""
+    on an H200 at the rule's splits it took 0.63-0.92x the mma.sync stream form's time at seven of Qwen3-0.6B's and
+    Llama-1B's eight prefill products, 1.09x at Llama-1B's o product (0.87x at two splits instead of the rule's four;
+    benchmarks/RESULTS.md, twenty-third session)."""
     from fusec.codegen.build_gemm import stream_splits
     from fusec.lower.choices import stream_fits, wgmma_fits
 
