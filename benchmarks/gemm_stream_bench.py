@@ -7,6 +7,7 @@ the blocks' phases in us after the kernel's first block started (gemm_stream.jin
 landed, K loop done, partials visible to the cluster, rows summed and stored), p50 and max over the blocks.
 
     python benchmarks/gemm_stream_bench.py [--shapes qwen3|llama] [--splits 1,2,4,8] [--forms stream,wgmma]
+                                          [--max-stages 8,4,3]
                                           [--ncu | --trace]
 """
 
@@ -64,6 +65,7 @@ def main() -> int:
 
     from fusec.codegen import kernels as K
     from fusec.codegen import specs as S
+    from fusec.codegen import build_gemm
     from fusec.codegen.build_gemm import stream_splits
     from fusec.codegen.compile import compile_cuda
     from fusec.dtypes import DType
@@ -73,6 +75,8 @@ def main() -> int:
     ap.add_argument("--shapes", default="qwen3", choices=sorted(SHAPES))
     ap.add_argument("--splits", default="", help="K splits to try (default: the rule's, and 1)")
     ap.add_argument("--forms", default="stream", help="stream (B [K, N], mma.sync), wgmma (B [N, K], sm_90a), wgmma-nofence")
+    ap.add_argument("--max-stages", default="", help="the wgmma form's ring caps to try, e.g. 8,4,3 (build_gemm."
+                    "WGMMA_MAX_STAGES; default: as built)")
     ap.add_argument("--ncu", action="store_true")
     ap.add_argument("--trace", action="store_true")
     args = ap.parse_args()
@@ -98,12 +102,19 @@ def main() -> int:
         t_cublas = 0.0 if args.ncu or args.trace else graph_time([lambda st, cl=cl: cl(handle, st.ptr) for cl in calls], N)
         rule = stream_splits(m, n, k, True)
         tries = sorted({int(x) for x in args.splits.split(",")} if args.splits else {rule, 1})
-        for form, sp in [(f, sp) for f in args.forms.split(",") for sp in tries]:
+        caps = [int(c) for c in args.max_stages.split(",")] if args.max_stages else [build_gemm.WGMMA_MAX_STAGES]
+        runs = [(f, sp, cap) for f in args.forms.split(",") for sp in tries
+                for cap in (caps if f.startswith("wgmma") else [0])]
+        for form, sp, cap in runs:
             if k % (64 * sp):
                 continue
             wg = form.startswith("wgmma")
             spec = S.GemmSpec(m, n, k, DType.F16, splits=sp, trans_b=wg, wgmma=wg)
+            if wg:  # the ring's cap for this build (a benchmark's experiment, not a product setting)
+                build_gemm.WGMMA_MAX_STAGES = cap
             ck = K.build(spec)
+            if wg and args.max_stages:
+                form = f"{form} <= {cap} stages"
             if form == "wgmma-nofence":  # what the async-proxy fence costs (timing only: without it nothing orders the
                 src = ck.source.replace('asm volatile("fence.proxy.async.shared::cta;" ::: "memory");', "")  # copies)
                 assert src != ck.source

@@ -33,6 +33,8 @@
 #             Llama-1B's prefill products by K split, then its times against cuBLAS (~2 minutes)
 #   wgmma     the stream form's blocking on wgmma (sm_90a): its GPU tests, its times against cuBLAS and the mma.sync
 #             stream form at Qwen3-0.6B's and Llama-1B's prefill products by K split, its blocks' phases (~4 minutes)
+#   wg_ring   the wgmma form by K split and ring cap (8: the rule's deep ring where the blocks are one an SM; 4, 3:
+#             shallow), alone against cuBLAS at Qwen3-0.6B's and Llama-1B's prefill products (~3 minutes)
 #   rows_t    the GPU tests of the attention and the row kernels (norms, softmax, reductions)
 #   stream    the GEMM GPU tests (the stream form: few rows, K split over clusters), then the Qwen3-0.6B and Llama-1B
 #             prefills with their products on it (FUSEC_GEMM_STREAM=1) against cuBLAS, in turns, with profiles
@@ -271,6 +273,8 @@ for step in "$@"; do
              --forms ${WG_FORMS:-wgmma} 2>&1 | tail -n 34; done
            timeout 100 python3 benchmarks/gemm_stream_bench.py --shapes qwen3 --trace --splits 1,2,4 --forms wgmma 2>&1 \
              | tail -n 12 ;;
+    wg_ring) for sh in qwen3 llama; do timeout 200 python3 benchmarks/gemm_stream_bench.py --shapes $sh --splits 1,2,4,8 \
+               --forms wgmma --max-stages 8,4,3 2>&1 | grep "^| "; done ;;
     rows_t) timeout 200 $PT -n 8 tests/test_kernels_gpu.py -k "attention or layernorm or rmsnorm or softmax or reduce" \
               > "$R/t_rows.txt" 2>&1
             grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_rows.txt" | tail -n 12 ;;
