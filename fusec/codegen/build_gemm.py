@@ -52,7 +52,9 @@ def _gemm_stream(spec: S.GemmSpec, ctx: dict) -> Rendered:
                     shared_mem=max(ring, partials))
 
 
-WGMMA_MAX_STAGES = 8  # 13 stages (11 commit groups in flight) failed to launch at 64 x 64 tiles (H200)
+# the ring's cap: not measured against deeper rings (a launch failure first put down to a 13-stage ring was the split's
+# cluster arrive, since fixed); benchmarks/gemm_stream_bench.py --max-stages compares caps
+WGMMA_MAX_STAGES = 8
 
 
 def _gemm_wgmma(spec: S.GemmSpec, ctx: dict) -> Rendered:
