@@ -74,6 +74,7 @@ def stage(graph: Any, dtype: str, arch: str, *, disabled_fusions: Sequence[str] 
           quantize_group: int = 128, quantize_head: bool = False) -> Staged:
     """The one path from a graph to its lowered launch list (every entry point of every plan)."""
     from fusec.ir import verify
+    from fusec.codegen.compile import WGMMA_ARCH
     from fusec.lower import lower, sm90_or_later
     from fusec.passes.base import PassOptions
     from fusec.passes.memory_plan import plan_memory
@@ -84,7 +85,8 @@ def stage(graph: Any, dtype: str, arch: str, *, disabled_fusions: Sequence[str] 
                        enabled_fusions=frozenset(enabled_fusions), fusion_overrides=dict(fusion_overrides or {}),
                        choices=dict(choices or {}), weights_nk=weights_nk,
                        fp32_gemm=fp32_gemm_mode(dtype, fp32_gemm), quantize=quantize,
-                       quantize_group=quantize_group, quantize_head=quantize_head, clusters=sm90_or_later(arch))
+                       quantize_group=quantize_group, quantize_head=quantize_head, clusters=sm90_or_later(arch),
+                       wgmma=arch == WGMMA_ARCH)
     step = (lambda name, i, n: progress("pass", name)) if progress else None
     g, opts = optimize(graph, opts, dump_dir=dump_dir, progress=step)
     verify(g)  # the optimized graph is well formed (no read of a value after it is overwritten in place)

@@ -53,6 +53,8 @@ class PassOptions:
     # The target has thread-block clusters (sm_90+): kernel selection may record a K split over a cluster
     # (fusec's GEMM in its stream form, ``build_gemm.stream_splits``).
     clusters: bool = False
+    # The target is sm_90, whose GPUs run wgmma (sm_90a; not sm_100 and later): fusec's GEMM takes its wgmma form.
+    wgmma: bool = False
     # Why each matcher declined a near match: list of (pattern, where, reason). Filled by passes.
     declines: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)
     # Facts passes record for reports (`inspect`): counters such as transposes_cached.

@@ -17,8 +17,8 @@ For every node of the optimized graph this pass decides, once:
 - the **spec parameters** of a GEMV (``params``): how the skinny product streams its weights
   (``build_gemm.gemv_form``), the quantized GEMV's form (``fusec.lower.quant.gemv_form``); of an attention, its
   block shape (``build_attention.query_warps``); of fusec's GEMM in its stream form, its K split over a cluster
-  (``build_gemm.stream_splits``, where ``PassOptions.clusters``: sm_90) and there its products on wgmma (the weight
-  then stored [N, K]).
+  (``build_gemm.stream_splits``, where ``PassOptions.clusters``: sm_90 and later) and on sm_90 its products on wgmma
+  (``PassOptions.wgmma``; the weight then stored [N, K]).
 
 The lowering (``fusec.lower``) reads ``node.kernel`` and decides nothing; ``explain``, ``inspect``
 and the A/B read the same record (``graph.meta["selection"]`` holds it as JSON, per node).
@@ -131,7 +131,7 @@ def _select(node: Node, options: PassOptions, offsets: dict[Value, int]) -> Sele
         variant, reason = C.DEFAULT, "operands not 16-byte aligned"
     params = _gemv_params(cp.n, cp.k, C.outer(node, cp.a).dtype, m=cp.m) if variant == "gemv" else ()
     if variant == "fusec_gemm":
-        params = _gemm_params(cp.m, cp.n, cp.k, C.outer(node, cp.a).dtype, options.clusters)
+        params = _gemm_params(cp.m, cp.n, cp.k, C.outer(node, cp.a).dtype, options.clusters, options.wgmma)
     need = C.NEEDS_TRANS_B.get(variant)
     if dict(params).get("wgmma"):  # the wgmma form reads the weight [N, K]
         need = True
@@ -154,19 +154,18 @@ def _attention_params(q_shape: tuple[int, ...]) -> tuple[tuple[str, Any], ...]:
     return (("qwarps", query_warps(b, h, s)),)
 
 
-def _gemm_params(m: int, n: int, k: int, dtype: Any, clusters: bool) -> tuple[tuple[str, Any], ...]:
+def _gemm_params(m: int, n: int, k: int, dtype: Any, clusters: bool, wgmma: bool) -> tuple[tuple[str, Any], ...]:
     """fusec's GEMM: in its stream form, the K split over a cluster (``build_gemm.stream_splits``, the one rule); on
-    sm_90 (where clusters are), the products on wgmma (``GemmSpec.wgmma``, the weight read [N, K]): measured alone
+    sm_90 (``PassOptions.wgmma``), the products on wgmma (``GemmSpec.wgmma``, the weight read [N, K]): measured alone
     on an H200 at the rule's splits it took 0.63-0.92x the mma.sync stream form's time at seven of Qwen3-0.6B's and
     Llama-1B's eight prefill products, 1.09x at Llama-1B's o product (0.87x at two splits instead of the rule's four;
     benchmarks/RESULTS.md, twenty-third session)."""
     from fusec.codegen.build_gemm import stream_splits
-    from fusec.lower.choices import stream_fits, wgmma_fits
+    from fusec.lower.choices import stream_fits
 
     if not stream_fits(m, n, k, dtype):
         return ()
-    wg = (("wgmma", True),) if clusters and wgmma_fits(m, n, k, dtype) else ()
-    return (("splits", stream_splits(m, n, k, clusters)),) + wg
+    return (("splits", stream_splits(m, n, k, clusters)),) + ((("wgmma", True),) if wgmma else ())
 
 
 def _gemv_params(n: int, k: int, dtype: Any, glu: bool = False, m: int = 1) -> tuple[tuple[str, Any], ...]:

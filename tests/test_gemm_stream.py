@@ -94,10 +94,12 @@ def _prefill_products() -> object:
     return b.build()
 
 
-@pytest.mark.parametrize("arch,clusters", [("sm_90", True), ("sm_80", False)])
-def test_the_split_is_the_kernel_selections_record(monkeypatch: pytest.MonkeyPatch, arch: str, clusters: bool) -> None:
+@pytest.mark.parametrize("arch,clusters,wgmma", [("sm_90", True, True), ("sm_100", True, False), ("sm_80", False, False)])
+def test_the_split_is_the_kernel_selections_record(monkeypatch: pytest.MonkeyPatch, arch: str, clusters: bool,
+                                                    wgmma: bool) -> None:
     """The K split is recorded on the node by kernel selection (what explain and the A/B read), from whether the
-    arch has clusters, and the lowering launches it: a cluster of that many blocks a column tile."""
+    arch has clusters, and the lowering launches it: a cluster of that many blocks a column tile. Only sm_90 takes
+    the wgmma form (sm_100 has clusters but no wgmma: it keeps the mma.sync form, split)."""
     from fusec.compiler import stage
     from fusec.passes.select_kernels import selection
 
@@ -109,11 +111,14 @@ def test_the_split_is_the_kernel_selections_record(monkeypatch: pytest.MonkeyPat
     assert splits == ([4, 2] if clusters else [1, 1])  # K 2048 and 1024: shares of at least 512
     grids = [L["grid"][0] for L in st.lowered.launches if L["label"].endswith("fusec_gemm")]
     assert grids == [1024 // 64 * splits[0], 3072 // 64 * splits[1]]
-    # sm_90 runs the products on wgmma, the weight stored [N, K] for it; sm_80 the mma.sync form over [K, N]
-    assert [dict(selection(n).params).get("wgmma", False) for n in ours] == [clusters, clusters]
-    assert [selection(n).layout for n in ours] == (["nk", "nk"] if clusters else ["kn", "kn"])
-    assert [bool(n.inputs[1].is_const and n.attrs.trans_b) for n in ours] == [clusters, clusters]
-    assert [n.inputs[1].shape for n in ours] == ([(1024, 2048), (3072, 1024)] if clusters else [(2048, 1024), (1024, 3072)])
+    # sm_90 runs the products on wgmma, the weight stored [N, K] for it; the others the mma.sync form over [K, N]
+    assert [dict(selection(n).params).get("wgmma", False) for n in ours] == [wgmma, wgmma]
+    assert [selection(n).layout for n in ours] == (["nk", "nk"] if wgmma else ["kn", "kn"])
+    assert [bool(n.inputs[1].is_const and n.attrs.trans_b) for n in ours] == [wgmma, wgmma]
+    assert [n.inputs[1].shape for n in ours] == ([(1024, 2048), (3072, 1024)] if wgmma else [(2048, 1024), (1024, 3072)])
+    gemm_modules = [m for m in st.lowered.modules if m["template"] == "gemm.cu.jinja"]
+    assert len(gemm_modules) == 2
+    assert all(("wgmma.mma_async" in st.lowered.blobs[m["source"]].decode()) == wgmma for m in gemm_modules)
 
 
 def test_the_wgmma_form_is_sm90a_only() -> None:

@@ -94,9 +94,8 @@ def _gemm(spec: S.GemmSpec) -> Rendered:
         "a_vec": (not spec.trans_a) and spec.K % 8 == 0 and aligned_batches,
         "b_vec": (spec.K % 8 == 0 if spec.trans_b else spec.N % 8 == 0) and aligned_batches,
         "bias": spec.epilogue.bias, "act": Ident(spec.epilogue.activation), "residual": spec.epilogue.residual,
-        "round_x": _round_fn(out_dt), "stream": spec.stream,
+        "round_x": _round_fn(out_dt), "stream": spec.stream, "wgmma": spec.wgmma,
     }
-    ctx["wgmma"] = spec.wgmma
     if spec.wgmma:
         return _gemm_wgmma(spec, ctx)
     if spec.stream:

@@ -187,6 +187,7 @@ def compile_cuda(source: str, kernel: str, arch: str | None = None, options: tup
 
 
 _SM90A = re.compile(r"\bwgmma\.mma_async\b")
+WGMMA_ARCH = "sm_90"  # the only arch whose GPUs run sm_90a's wgmma (sm_100 and later do not have it)
 
 
 def uses_sm90a(source: str) -> bool:
@@ -210,7 +211,7 @@ def compile_cuda_async(source: str, kernel: str, arch: str | None = None, option
     arch = check_arch(arch or default_arch())
     target = arch
     if uses_sm90a(source):
-        if arch != "sm_90":
+        if arch != WGMMA_ARCH:
             raise InputError(f"kernel {kernel} uses sm_90a instructions (wgmma), which only sm_90 GPUs run, not {arch}")
         target = "sm_90a"  # the cubin runs on sm_90 GPUs only, which is what the kernel selection chose it for
     opts = (f"--gpu-architecture={target}", "-std=c++17", "-Xptxas=-v") + tuple(options)

@@ -357,8 +357,7 @@ class GemmSpec:
         _req(self.dtype in FLOATS and (self.out_dtype or self.dtype) in FLOATS, "gemm is float")
         _ints((self.a_batch_stride, self.b_batch_stride), "batch strides", -1)
         _req(self.splits in (1, 2, 4, 8), f"gemm splits must be 1, 2, 4 or 8, got {self.splits}")
-        _req(not self.wgmma or (self.dtype in HALFS and self.batch == 1 and not self.trans_a and self.trans_b
-                                and self.M <= GEMM_STREAM_MAX_M and self.K % GEMM_STREAM_BK == 0 and self.N % 8 == 0),
+        _req(not self.wgmma or (self._few_rows and self.trans_b),
              "the wgmma form takes fp16/bf16, one batch, A [M, K] with M <= 128, B [N, K] (trans_b), K a multiple of "
              "64 and N of 8")
         _req(self.splits == 1 or ((self.stream or self.wgmma) and self.K % (GEMM_STREAM_BK * self.splits) == 0),
@@ -366,10 +365,16 @@ class GemmSpec:
              "of 64, N of 8) or the wgmma form, and K a multiple of 64 x splits")
 
     @property
+    def _few_rows(self) -> bool:
+        """What the stream and wgmma forms take: fp16/bf16, one batch, A [M, K] with M <= 128, K whole 64-slices, N a
+        multiple of 8 (they differ in B's layout)."""
+        return (self.dtype in HALFS and self.batch == 1 and not self.trans_a and self.M <= GEMM_STREAM_MAX_M
+                and self.K % GEMM_STREAM_BK == 0 and self.N % 8 == 0)
+
+    @property
     def stream(self) -> bool:
-        """The stream form (gemm_stream.jinja): few rows of A against a weight streamed once."""
-        return (self.dtype in HALFS and self.batch == 1 and not self.trans_a and not self.trans_b
-                and self.M <= GEMM_STREAM_MAX_M and self.K % GEMM_STREAM_BK == 0 and self.N % 8 == 0)
+        """The stream form (gemm_stream.jinja): few rows of A against a weight [K, N] streamed once."""
+        return self._few_rows and not self.trans_b
 
     @property
     def a_bs(self) -> int:

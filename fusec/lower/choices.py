@@ -184,16 +184,6 @@ def stream_fits(m: int, n: int, k: int, dtype: DType) -> bool:
     return dtype in S.FLOATS and S.GemmSpec(m, n, k, dtype).stream
 
 
-def wgmma_fits(m: int, n: int, k: int, dtype: DType) -> bool:
-    """fusec's GEMM takes the product in its wgmma form (``GemmSpec.wgmma``, sm_90: the stream form's blocking, the
-    weight read [N, K])."""
-    try:
-        S.GemmSpec(m, n, k, dtype, trans_b=True, wgmma=True)
-    except ValueError:
-        return False
-    return True
-
-
 def _gemv_fits(m: int, k: int, a: Value) -> bool:
     """GemvSpec's limits: at most 16 rows, weight rows read in 16-byte slices."""
     return m <= S.GEMV_MAX_M and k % (16 // a.dtype.itemsize) == 0
