@@ -45,7 +45,7 @@ def _gemm_stream(spec: S.GemmSpec, ctx: dict) -> Rendered:
     # active at once for 32 (Nsight Compute, H200): a second wave
     stages = min(3 if bn == 128 and bm == 128 else 4, max(2, kt))
     ring = stages * (bm * (bk + 8) + bk * (bn + 8)) * 2
-    partials = bm * (bn + 4) * 4 if spec.splits > 1 else 0
+    partials = bm * (bn + 4) * 4  # the accumulators' way to whole-row stores (gemm_rows_out.jinja)
     ctx.update(BM=bm, BN=bn, stages=stages, ks=spec.splits, threads=256)
     grid = (cdiv(spec.N, bn) * spec.splits, 1, 1)
     return Rendered("gemm.cu.jinja", ctx, grid, (256, 1, 1), ("A", "B") + _epi_params(spec.epilogue) + ("C",),
