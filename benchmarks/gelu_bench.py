@@ -57,8 +57,8 @@ def main() -> int:
             src = head + mark + body.replace("fc_gelu_erf16(", "fc_gelu_erf(")
             forms.append(("erff", dataclasses.replace(ck, source=src, binary=compile_cuda(src, ck.name))))
         for form, k in forms:
-            fns = [lambda s, k=k, i=i: K.launch(k, [xs[i]] + ([bias] if len(shapes) > 1 else []) + [outs[i]], s)
-                   for i in range(COPIES)]
+            extra = [bias] if len(shapes) > 1 else []
+            fns = [lambda s, k=k, i=i, extra=extra: K.launch(k, [xs[i], *extra, outs[i]], s) for i in range(COPIES)]
             us = graph_time(fns, min_iters=40)
             print(f"| {label} | {form if 'gelu' in label else '-'} | {us:.2f} | {gb / us * 1e6:.0f} |", flush=True)
     return 0

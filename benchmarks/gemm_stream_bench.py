@@ -3,8 +3,8 @@ against cuBLAS (fusec's own binding, which CUDA graphs can capture) at a prefill
 launches over rotating copies of the weight (more bytes than L2 holds, so each launch reads its weight from DRAM, as
 in a plan), us a launch (bench_decode_kernels.graph_time). With --ncu, launches each variant once for Nsight Compute instead.
 With --trace, compiles the kernels with per-block timestamps (FUSEC_TRACE) and launches each once on a weight not in L2:
-the blocks' phases in us after the kernel's first block started (gemm_stream.jinja's FC_TRACE_PHASE marks: first slice
-landed, K loop done, partials visible to the cluster, rows summed and stored), p50 and max over the blocks.
+the blocks' phases in us after the kernel's first block started (the FC_TRACE_PHASE marks: first slice landed, K loop
+done, the tile in shared memory (a split's: visible to the cluster), its rows stored), p50 and max over the blocks.
 
     python benchmarks/gemm_stream_bench.py [--shapes qwen3|llama] [--splits 1,2,4,8] [--forms stream,wgmma]
                                           [--max-stages 8,4,3]
@@ -32,27 +32,24 @@ SHAPES = {  # (M, N, K): QKV, o, gate/up, down at a prefill
 
 
 L2_BYTES = 96 << 20  # the weight copies rotated through exceed this (an H100's or H200's L2 holds 50 MB)
-TRACE_BLOCKS, SLOTS = 8192, 10  # common.cuh FC_TRACE_BLOCKS, FC_TRACE_SLOTS
-PHASES = ("first slice", "K loop", "partials visible", "summed, stored")
+PHASES = ("first slice", "K loop", "tile shared", "stored")  # gemm_stream.jinja's / gemm_wgmma.jinja's FC_TRACE_PHASE
 
 
 def trace_once(ck, args: list) -> str:  # noqa: ANN001
     """One launch of a traced kernel: its blocks' phases (us after the first block's start), p50 / max."""
     import cupy as cp
+    from block_trace import clear_traces, read_traces  # the benchmarks' fc_trace access
 
     from fusec.codegen import kernels as K
 
     fn = K.load(ck)
     mod = next(m for m, f in K._MODULES.values() if f is fn)
     g = mod.get_global_var("fc_trace")
-    ptr = int(g.ptr if hasattr(g, "ptr") else g[0] if isinstance(g, tuple) else g)
-    cp.cuda.runtime.memset(ptr, 0, TRACE_BLOCKS * SLOTS * 8)
+    ptrs = {"k": int(g.ptr if hasattr(g, "ptr") else g[0] if isinstance(g, tuple) else g)}
+    clear_traces(ptrs)
     K.launch(ck, args)
     cp.cuda.runtime.deviceSynchronize()
-    t = np.empty((TRACE_BLOCKS, SLOTS), np.uint64)
-    cp.cuda.runtime.memcpy(t.ctypes.data, ptr, t.nbytes, cp.cuda.runtime.memcpyDeviceToHost)
-    n = ck.grid[0] * ck.grid[1] * ck.grid[2]
-    t = t[:n].astype(np.int64)
+    t = read_traces(ptrs)["k"][:ck.grid[0] * ck.grid[1] * ck.grid[2]].astype(np.int64)
     t0 = t[:, 0].min()
     cols = [("start", t[:, 0])] + [(PHASES[i], t[:, 5 + i]) for i in range(4)] + [("end", t[:, 3])]
     parts = [f"{name} {np.percentile((c[c > 0] - t0) * 1e-3, 50):.2f}/{((c[c > 0] - t0) * 1e-3).max():.2f}"
@@ -63,9 +60,9 @@ def trace_once(ck, args: list) -> str:  # noqa: ANN001
 def main() -> int:
     import cupy as cp
 
+    from fusec.codegen import build_gemm
     from fusec.codegen import kernels as K
     from fusec.codegen import specs as S
-    from fusec.codegen import build_gemm
     from fusec.codegen.build_gemm import stream_splits
     from fusec.codegen.compile import compile_cuda
     from fusec.dtypes import DType
@@ -132,7 +129,7 @@ def main() -> int:
                 print(f"| {m}x{n}x{k} | {form}, splits {sp} | {ck.grid} | {trace_once(ck, [a, ws[0], out])} |",
                       flush=True)
                 continue
-            t = graph_time([lambda st, b=b, ck=ck, out=out: K.launch(ck, [a, b, out], st) for b in ws], N)
+            t = graph_time([lambda st, a=a, b=b, ck=ck, out=out: K.launch(ck, [a, b, out], st) for b in ws], N)
             err = float(cp.abs(out.astype(cp.float32) - ref).max() / (cp.abs(ref).max() + 1e-9))
             gbs = n * k * 2 / (t * 1e-6) / 1e9
             print(f"| {m}x{n}x{k} | {t_cublas:.2f} | {form}, {sp}{' (rule)' if sp == rule else ''} | {ck.grid} | "

@@ -73,8 +73,8 @@ def stage(graph: Any, dtype: str, arch: str, *, disabled_fusions: Sequence[str] 
           weights_nk: bool = False, fp32_gemm: str = "3xtf32", sync_base: int = 0, quantize: str | None = None,
           quantize_group: int = 128, quantize_head: bool = False) -> Staged:
     """The one path from a graph to its lowered launch list (every entry point of every plan)."""
-    from fusec.ir import verify
     from fusec.codegen.compile import WGMMA_ARCH
+    from fusec.ir import verify
     from fusec.lower import lower, sm90_or_later
     from fusec.passes.base import PassOptions
     from fusec.passes.memory_plan import plan_memory

@@ -10,7 +10,6 @@ from fusec.codegen.specs import gemv_geometry  # the block shape (the spec valid
 from fusec.dtypes import DType
 
 
-
 def _round_fn(dt: DType) -> Ident | None:
     return {DType.F16: Ident("fc_round_f16"), DType.BF16: Ident("fc_round_bf16")}.get(dt)
 
