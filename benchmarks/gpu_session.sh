@@ -29,7 +29,7 @@
 #             Nsight Compute of two, and the per-kernel profiles (CUPTI, graph replays) of BERT-base and GPT-2 small
 #   bert_v    the bias + erf-GELU kernel's forms (benchmarks/gelu_bench.py), the attention's and elementwise kernels' GPU
 #             tests, and BERT-base's per-kernel profile (~1 minute)
-#   stream_t  the stream-form GEMM's blocks traced by phase (first slice, K loop, partials, stored) at Qwen3-0.6B's and
+#   stream_t  the stream-form GEMM's blocks traced by phase (first slice, K loop, tile shared, stored) at Qwen3-0.6B's and
 #             Llama-1B's prefill products by K split, then its times against cuBLAS (~2 minutes)
 #   wgmma     the stream form's blocking on wgmma (sm_90a): its GPU tests, its times against cuBLAS and the mma.sync
 #             stream form at Qwen3-0.6B's and Llama-1B's prefill products by K split, its blocks' phases (~4 minutes)
