@@ -36,6 +36,7 @@
 #   wg_ring   the wgmma form by K split and ring cap (8: the rule's deep ring where the blocks are one an SM; 4, 3:
 #             shallow), alone against cuBLAS at Qwen3-0.6B's and Llama-1B's prefill products (~3 minutes)
 #   rows_t    the GPU tests of the attention and the row kernels (norms, softmax, reductions)
+#   gemm_t    every GEMM GPU test (tests/test_kernels_gpu.py, test_pdl_gpu.py -k gemm: cuBLAS, the stream and wgmma forms)
 #   stream    the GEMM GPU tests (the stream form: few rows, K split over clusters), then the Qwen3-0.6B and Llama-1B
 #             prefills with their products on it (FUSEC_GEMM_STREAM=1) against cuBLAS, in turns, with profiles
 #   stream_k  the stream-form GEMM alone against cuBLAS at Qwen3-0.6B's and Llama-1B's prefill products, by K split, and
@@ -278,6 +279,8 @@ for step in "$@"; do
     rows_t) timeout 200 $PT -n 8 tests/test_kernels_gpu.py -k "attention or layernorm or rmsnorm or softmax or reduce" \
               > "$R/t_rows.txt" 2>&1
             grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_rows.txt" | tail -n 12 ;;
+    gemm_t) timeout 150 $PT -n 8 tests/test_kernels_gpu.py tests/test_pdl_gpu.py -k "gemm" > "$R/t_gemm.txt" 2>&1
+            grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_gemm.txt" | tail -n 12 ;;
     stream) timeout 120 $PT -n 8 tests/test_kernels_gpu.py -k "gemm" > "$R/t_stream.txt" 2>&1
             grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_stream.txt" | tail -n 12
             PREFILL_AB="--ab FUSEC_GEMM_STREAM=1" prefill_ab ;;
