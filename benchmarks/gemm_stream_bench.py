@@ -7,7 +7,7 @@ the blocks' phases in us after the kernel's first block started (the FC_TRACE_PH
 done, the tile in shared memory (a split's: visible to the cluster), its rows stored), p50 and max over the blocks.
 
     python benchmarks/gemm_stream_bench.py [--shapes qwen3|llama] [--splits 1,2,4,8] [--forms stream,wgmma]
-                                          [--max-stages 8,4,3]
+                                          [--max-stages 8,4,3] [--bn 64,128]
                                           [--ncu | --trace]
 """
 
@@ -63,7 +63,7 @@ def main() -> int:
     from fusec.codegen import build_gemm
     from fusec.codegen import kernels as K
     from fusec.codegen import specs as S
-    from fusec.codegen.build_gemm import stream_splits
+    from fusec.codegen.build_gemm import stream_splits, wgmma_tiling
     from fusec.codegen.compile import compile_cuda
     from fusec.dtypes import DType
     from fusec.runtime.cublas import GemmCall, Handle
@@ -74,6 +74,8 @@ def main() -> int:
     ap.add_argument("--forms", default="stream", help="stream (B [K, N], mma.sync), wgmma (B [N, K], sm_90a), wgmma-nofence")
     ap.add_argument("--max-stages", default="", help="the wgmma form's ring caps to try, e.g. 8,4,3 (build_gemm."
                     "WGMMA_MAX_STAGES; default: as built)")
+    ap.add_argument("--bn", default="", help="the wgmma form's columns a block to try, e.g. 32,64,128 (GemmSpec.bn; "
+                    "default: build_gemm.wgmma_tiling's)")
     ap.add_argument("--ncu", action="store_true")
     ap.add_argument("--trace", action="store_true")
     args = ap.parse_args()
@@ -98,20 +100,27 @@ def main() -> int:
                  for b in bs]
         t_cublas = 0.0 if args.ncu or args.trace else graph_time([lambda st, cl=cl: cl(handle, st.ptr) for cl in calls], N)
         rule = stream_splits(m, n, k, True)
-        tries = sorted({int(x) for x in args.splits.split(",")} if args.splits else {rule, 1})
+        wg_bn, wg_rule = wgmma_tiling(m, n, k)
+        tries = sorted({int(x) for x in args.splits.split(",")} if args.splits else {rule, wg_rule, 1})
         caps = [int(c) for c in args.max_stages.split(",")] if args.max_stages else [build_gemm.WGMMA_MAX_STAGES]
-        runs = [(f, sp, cap) for f in args.forms.split(",") for sp in tries
-                for cap in (caps if f.startswith("wgmma") else [0])]
-        for form, sp, cap in runs:
+        bns = [int(x) for x in args.bn.split(",")] if args.bn else [0]
+        runs = [(f, sp, cap, bn) for f in args.forms.split(",") for sp in tries
+                for cap in (caps if f.startswith("wgmma") else [0]) for bn in (bns if f.startswith("wgmma") else [0])]
+        for form, sp, cap, bn in runs:
             if k % (64 * sp):
                 continue
             wg = form.startswith("wgmma")
-            spec = S.GemmSpec(m, n, k, DType.F16, splits=sp, trans_b=wg, wgmma=wg)
+            # the wgmma form: the rule's columns a block at the rule's split, else --bn's (or the rule's)
+            bn = bn or (wg_bn if wg and sp == wg_rule else 0)
+            spec = S.GemmSpec(m, n, k, DType.F16, splits=sp, trans_b=wg, wgmma=wg, bn=bn)
             if wg:  # the ring's cap for this build (a benchmark's experiment, not a product setting)
                 build_gemm.WGMMA_MAX_STAGES = cap
             ck = K.build(spec)
+            is_rule = (wg_rule, wg_bn) == (sp, bn or wgmma_tiling(m, n, k)[0]) if wg else sp == rule
             if wg and args.max_stages:
                 form = f"{form} <= {cap} stages"
+            if wg:
+                form = f"{form}, BN {bn or wg_bn}"
             if form == "wgmma-nofence":  # what the async-proxy fence costs (timing only: without it nothing orders the
                 src = ck.source.replace('asm volatile("fence.proxy.async.shared::cta;" ::: "memory");', "")  # copies)
                 assert src != ck.source
@@ -132,7 +141,7 @@ def main() -> int:
             t = graph_time([lambda st, a=a, b=b, ck=ck, out=out: K.launch(ck, [a, b, out], st) for b in ws], N)
             err = float(cp.abs(out.astype(cp.float32) - ref).max() / (cp.abs(ref).max() + 1e-9))
             gbs = n * k * 2 / (t * 1e-6) / 1e9
-            print(f"| {m}x{n}x{k} | {t_cublas:.2f} | {form}, {sp}{' (rule)' if sp == rule else ''} | {ck.grid} | "
+            print(f"| {m}x{n}x{k} | {t_cublas:.2f} | {form}, {sp}{' (rule)' if is_rule else ''} | {ck.grid} | "
                   f"{ck.shared_mem} | {t:.2f} | {t / t_cublas:.2f} | {gbs:.0f} (err {err:.1e}) |", flush=True)
         del bs
     handle.close()

@@ -156,16 +156,19 @@ def _attention_params(q_shape: tuple[int, ...]) -> tuple[tuple[str, Any], ...]:
 
 def _gemm_params(m: int, n: int, k: int, dtype: Any, clusters: bool, wgmma: bool) -> tuple[tuple[str, Any], ...]:
     """fusec's GEMM: in its stream form, the K split over a cluster (``build_gemm.stream_splits``, the one rule); on
-    sm_90 (``PassOptions.wgmma``), the products on wgmma (``GemmSpec.wgmma``, the weight read [N, K]): measured alone
-    on an H200 at the rule's splits it took 0.63-0.92x the mma.sync stream form's time at seven of Qwen3-0.6B's and
-    Llama-1B's eight prefill products, 1.09x at Llama-1B's o product (0.87x at two splits instead of the rule's four;
-    benchmarks/RESULTS.md, twenty-third session)."""
-    from fusec.codegen.build_gemm import stream_splits
+    sm_90 (``PassOptions.wgmma``), the products on wgmma (``GemmSpec.wgmma``, the weight read [N, K]) with their
+    columns a block and split from ``build_gemm.wgmma_tiling``: measured alone on an H200 at the rule's splits it took
+    0.63-0.92x the mma.sync stream form's time at seven of Qwen3-0.6B's and Llama-1B's eight prefill products, 1.09x at
+    Llama-1B's o product (benchmarks/RESULTS.md, twenty-third session), before that rule."""
+    from fusec.codegen.build_gemm import stream_splits, wgmma_tiling
     from fusec.lower.choices import stream_fits
 
     if not stream_fits(m, n, k, dtype):
         return ()
-    return (("splits", stream_splits(m, n, k, clusters)),) + ((("wgmma", True),) if wgmma else ())
+    if wgmma:  # its columns a block and its K split, one rule (build_gemm.wgmma_tiling)
+        bn, splits = wgmma_tiling(m, n, k)
+        return (("splits", splits), ("wgmma", True), ("bn", bn))
+    return (("splits", stream_splits(m, n, k, clusters)),)
 
 
 def _gemv_params(n: int, k: int, dtype: Any, glu: bool = False, m: int = 1) -> tuple[tuple[str, Any], ...]:

@@ -8,7 +8,7 @@ import pytest
 
 from fusec.codegen import kernels as K
 from fusec.codegen import specs as S
-from fusec.codegen.build_gemm import stream_bn, stream_splits
+from fusec.codegen.build_gemm import WGMMA_WAVE, stream_bn, stream_splits, wgmma_tiling
 from fusec.compiler import compile_generation
 from fusec.dtypes import DType
 
@@ -108,9 +108,16 @@ def test_the_split_is_the_kernel_selections_record(monkeypatch: pytest.MonkeyPat
     ours = [n for n in st.graph.nodes if selection(n) is not None and selection(n).variant == "fusec_gemm"]
     assert len(ours) == 2
     splits = [dict(selection(n).params)["splits"] for n in ours]
-    assert splits == ([4, 2] if clusters else [1, 1])  # K 2048 and 1024: shares of at least 512
+    shapes = [(128, 1024, 2048), (128, 3072, 1024)]
+    if wgmma:  # the wgmma form's columns a block and split: one rule, recorded beside each other
+        assert [(dict(selection(n).params)["bn"], sp) for n, sp in zip(ours, splits)] == [wgmma_tiling(*s) for s in shapes]
+        bns = [dict(selection(n).params)["bn"] for n in ours]
+    else:
+        assert splits == ([4, 2] if clusters else [1, 1])  # K 2048 and 1024: shares of at least 512
+        assert all("bn" not in dict(selection(n).params) for n in ours)
+        bns = [stream_bn(n) for _, n, _ in shapes]
     grids = [L["grid"][0] for L in st.lowered.launches if L["label"].endswith("fusec_gemm")]
-    assert grids == [1024 // 64 * splits[0], 3072 // 64 * splits[1]]
+    assert grids == [-(-n // bn) * sp for (_, n, _), bn, sp in zip(shapes, bns, splits)]
     # sm_90 runs the products on wgmma, the weight stored [N, K] for it; the others the mma.sync form over [K, N]
     assert [dict(selection(n).params).get("wgmma", False) for n in ours] == [wgmma, wgmma]
     assert [selection(n).layout for n in ours] == (["nk", "nk"] if wgmma else ["kn", "kn"])
@@ -143,15 +150,15 @@ def test_the_wgmma_form_is_sm90a_only() -> None:
         S.GemmSpec(256, 1024, 2048, DType.BF16, trans_b=True, wgmma=True)  # more rows than a block holds
 
 
-@pytest.mark.parametrize("m,bm,wn", [(128, 128, 64), (32, 64, 32)])
-def test_the_wgmma_blocks(m: int, bm: int, wn: int) -> None:
+@pytest.mark.parametrize("m,bn,bm,wn", [(128, 64, 128, 64), (32, 64, 64, 32), (128, 32, 128, 32), (32, 32, 64, 16)])
+def test_the_wgmma_blocks(m: int, bn: int, bm: int, wn: int) -> None:
     """At most 64 rows take 64-row blocks whose two warpgroups split the columns; more take 128 rows, a warpgroup 64
     of them; one block an SM takes the SM's shared memory for its ring."""
-    spec = S.GemmSpec(m, 1024, 2048, DType.F16, trans_b=True, splits=2, wgmma=True)
+    spec = S.GemmSpec(m, 1024, 2048, DType.F16, trans_b=True, splits=2, wgmma=True, bn=bn)
     r, src = K.prepare(spec)
-    assert r.ctx["BM"] == bm and r.ctx["wn"] == wn and f"m64n{wn}k16" in src
-    assert r.grid == (1024 // 64 * 2, 1, 1) and r.block == (256, 1, 1)
-    stage = (bm + 64) * 64 * 2
+    assert r.ctx["BM"] == bm and r.ctx["BN"] == bn and r.ctx["wn"] == wn and f"m64n{wn}k16" in src
+    assert r.grid == (1024 // bn * 2, 1, 1) and r.block == (256, 1, 1)
+    stage = (bm + bn) * 64 * 2
     assert r.ctx["stages"] == min(2048 // 2 // 64 + 2, (228 - 8) * 1024 // stage, 8)  # 32 blocks: one an SM
     assert r.shared_mem == r.ctx["stages"] * stage + 1024
 
@@ -194,3 +201,29 @@ def test_a_plan_with_the_wgmma_form_retargets_from_its_sources(monkeypatch: pyte
         recompile(src, "sm_80", tmp_path / "p80.fplan")
     assert any(m["id"] in str(e.value) for m in wg)
     assert not (tmp_path / "p80.fplan").exists()
+
+
+# the tilings measured fastest alone (H200, gemm_stream_bench.py --bn 32,64,128 --max-stages 8,4,3; RESULTS.md,
+# twenty-fourth session): Qwen3-0.6B's prefill products at 128 tokens, Llama-1B's at 32
+MEASURED_BEST = {(128, 4096, 1024): (32, 1), (128, 1024, 2048): (64, 4), (128, 6144, 1024): (64, 1),
+                 (128, 1024, 3072): (64, 4), (32, 3072, 2048): (64, 2), (32, 2048, 2048): (32, 2),
+                 (32, 16384, 2048): (128, 1), (32, 2048, 8192): (128, 8)}
+
+
+@pytest.mark.parametrize("shape", sorted(MEASURED_BEST))
+def test_the_wgmma_tiling_picks_what_was_measured_fastest(shape: tuple[int, int, int]) -> None:
+    assert wgmma_tiling(*shape) == MEASURED_BEST[shape]
+
+
+@pytest.mark.parametrize("m", [1, 32, 64, 65, 128])
+@pytest.mark.parametrize("n", [8, 136, 1000, 2304, 4096, 11008, 32768])
+@pytest.mark.parametrize("k", [64, 320, 768, 2048, 8192])
+def test_the_wgmma_tiling_runs_in_one_wave(m: int, n: int, k: int) -> None:
+    """The rule's tiling divides K into whole slices, leaves a split block at least 512 of K, and keeps its blocks
+    within one wave (a cluster's blocks share a GPC) wherever such a tiling exists; the spec takes it."""
+    bn, ks = wgmma_tiling(m, n, k)
+    assert bn in (32, 64, 128) and ks in (1, 2, 4, 8) and k % (64 * ks) == 0
+    assert ks == 1 or k // ks >= 512
+    blocks = -(-n // bn) * ks
+    assert blocks <= WGMMA_WAVE[ks] or ((bn, ks) == (128, 1) and -(-n // 128) > WGMMA_WAVE[1])  # none fits: waves
+    S.GemmSpec(m, n, k, DType.BF16, trans_b=True, wgmma=True, splits=ks, bn=bn)

@@ -590,10 +590,12 @@ def test_gemm_stream(dt: DType, M: int, N: int, K: int, splits: int, bias: bool,
     check(host(out, dt), ref, dt)
 
 
+@pytest.mark.parametrize("bn", [0, 32, 128], ids=["bn-rule", "bn32", "bn128"])
 @pytest.mark.parametrize("dt,M,N,K,splits,bias,act,res", GEMM_STREAM,
                          ids=[f"{g[0].value}-{g[1]}x{g[2]}x{g[3]}-s{g[4]}-{g[6]}" for g in GEMM_STREAM])
-def test_gemm_wgmma(dt: DType, M: int, N: int, K: int, splits: int, bias: bool, act: str, res: bool) -> None:
-    """The stream form's blocking on wgmma (sm_90 only: an sm_90a cubin), B the weight stored [N, K]."""
+def test_gemm_wgmma(dt: DType, M: int, N: int, K: int, splits: int, bias: bool, act: str, res: bool, bn: int) -> None:
+    """The stream form's blocking on wgmma (sm_90 only: an sm_90a cubin), B the weight stored [N, K], at the tiling
+    rule's columns a block (build_gemm.wgmma_tiling) and at 32 and 128 (m64n16 to m64n128 instructions)."""
     from fusec.device import gpu_arch
 
     if gpu_arch() != "sm_90":
@@ -602,7 +604,7 @@ def test_gemm_wgmma(dt: DType, M: int, N: int, K: int, splits: int, bias: bool, 
     bv = rand((N,), dt) if bias else None
     rv = rand((M, N), dt) if res else None
     out = poisoned((M, N), dt)
-    spec = S.GemmSpec(M, N, K, dt, trans_b=True, splits=splits, wgmma=True,
+    spec = S.GemmSpec(M, N, K, dt, trans_b=True, splits=splits, wgmma=True, bn=bn,
                       epilogue=S.Epilogue(bias=bias, activation=act, residual=res))
     run(spec, [dev(a), dev(b)] + ([dev(bv)] if bias else []) + ([dev(rv)] if res else []) + [out])
     ref = epilogue_ref(a.astype(np.float64) @ b.astype(np.float64).T, bv, act, rv, dt)

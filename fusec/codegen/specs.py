@@ -351,6 +351,8 @@ class GemmSpec:
     splits: int = 1  # the stream (or wgmma) form's K split over a thread-block cluster (sm_90): 1, 2, 4 or 8 blocks
     # sm_90: the stream form's blocking with the products on wgmma (gemm_wgmma.jinja); B [N, K] (trans_b)
     wgmma: bool = False
+    # the wgmma form's columns a block (32, 64 or 128; kernel selection's ``build_gemm.wgmma_tiling``), 0: that rule's
+    bn: int = 0
 
     def __post_init__(self) -> None:
         _pos(("M", self.M), ("N", self.N), ("K", self.K), ("batch", self.batch))
@@ -360,6 +362,8 @@ class GemmSpec:
         _req(not self.wgmma or (self._few_rows and self.trans_b),
              "the wgmma form takes fp16/bf16, one batch, A [M, K] with M <= 128, B [N, K] (trans_b), K a multiple of "
              "64 and N of 8")
+        _req(self.bn in (0, 32, 64, 128) and (self.bn == 0 or self.wgmma),
+             f"gemm bn (the wgmma form's columns a block) must be 32, 64 or 128, got {self.bn}")
         _req(self.splits == 1 or ((self.stream or self.wgmma) and self.K % (GEMM_STREAM_BK * self.splits) == 0),
              "a K split needs the stream form (fp16/bf16, one batch, A and B not transposed, M <= 128, K a multiple "
              "of 64, N of 8) or the wgmma form, and K a multiple of 64 x splits")
