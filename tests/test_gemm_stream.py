@@ -203,11 +203,11 @@ def test_a_plan_with_the_wgmma_form_retargets_from_its_sources(monkeypatch: pyte
     assert not (tmp_path / "p80.fplan").exists()
 
 
-# the tilings measured fastest alone (H200, gemm_stream_bench.py --bn 32,64,128 --max-stages 8,4,3; RESULTS.md,
+# the tilings measured fastest alone (H200, gemm_stream_bench.py --bn 32,64 / 64,128, --max-stages 8,4,3; RESULTS.md,
 # twenty-fourth session): Qwen3-0.6B's prefill products at 128 tokens, Llama-1B's at 32
 MEASURED_BEST = {(128, 4096, 1024): (32, 1), (128, 1024, 2048): (64, 4), (128, 6144, 1024): (64, 1),
                  (128, 1024, 3072): (64, 4), (32, 3072, 2048): (64, 2), (32, 2048, 2048): (32, 2),
-                 (32, 16384, 2048): (128, 1), (32, 2048, 8192): (128, 8)}
+                 (32, 16384, 2048): (128, 1), (32, 2048, 8192): (64, 8)}
 
 
 @pytest.mark.parametrize("shape", sorted(MEASURED_BEST))
@@ -220,10 +220,11 @@ def test_the_wgmma_tiling_picks_what_was_measured_fastest(shape: tuple[int, int,
 @pytest.mark.parametrize("k", [64, 320, 768, 2048, 8192])
 def test_the_wgmma_tiling_runs_in_one_wave(m: int, n: int, k: int) -> None:
     """The rule's tiling divides K into whole slices, leaves a split block at least 512 of K, and keeps its blocks
-    within one wave (a cluster's blocks share a GPC) wherever such a tiling exists; the spec takes it."""
+    within one wave at one or two blocks an SM (a cluster's blocks share a GPC) wherever such a tiling exists; the spec
+    takes it."""
     bn, ks = wgmma_tiling(m, n, k)
     assert bn in (32, 64, 128) and ks in (1, 2, 4, 8) and k % (64 * ks) == 0
     assert ks == 1 or k // ks >= 512
     blocks = -(-n // bn) * ks
-    assert blocks <= WGMMA_WAVE[ks] or ((bn, ks) == (128, 1) and -(-n // 128) > WGMMA_WAVE[1])  # none fits: waves
+    assert blocks <= 2 * WGMMA_WAVE[ks] or ((bn, ks) == (128, 1) and -(-n // 128) > 2 * WGMMA_WAVE[1])  # else waves
     S.GemmSpec(m, n, k, DType.BF16, trans_b=True, wgmma=True, splits=ks, bn=bn)

@@ -59,38 +59,45 @@ WGMMA_MAX_STAGES = 8
 
 # The wgmma form's tiling (``wgmma_tiling``) estimates a block's time from these, fitted to the form alone at Qwen3-0.6B's
 # (M 128) and Llama-1B's (M 32) prefill products on an H200 (RESULTS.md, twenty-fourth session): us a 64-wide K slice by
-# (BM, BN) with its SM's ring to itself, the split's reduction by KS, and each SM's share of the weight stream.
+# (BM, BN) with its SM's ring to itself (two blocks an SM, on the shallow ring: WGMMA_SHARED times that each), the
+# split's reduction by KS (twice for 128-column tiles), and each SM's share of the weight stream.
 WGMMA_SLICE_US = {128: {32: 0.16, 64: 0.25, 128: 0.5}, 64: {32: 0.195, 64: 0.23, 128: 0.3}}
+WGMMA_SHARED = 1.4
 WGMMA_SPLIT_US = {1: 0.0, 2: 1.0, 4: 1.0, 8: 2.0}
 WGMMA_SM_GBPS = 26.5  # copy bandwidth (~3.5 TB/s) over 132 SMs
 # The most blocks of a split that run in one wave at one block an SM: a cluster's blocks share a GPC, and 30 clusters of
 # 4 were active at once (Nsight Compute, H200, twenty-second session); 128 blocks in clusters of 4 ran in two waves
-# (Qwen3's o at BN 32: 8.95 us against 6.41 for 64 blocks).
+# (Qwen3's o at BN 32: 8.95 us against 6.41 for 64 blocks). Twice as many run at two blocks an SM.
 WGMMA_WAVE = {1: SMS, 2: 128, 4: 120, 8: 128}
 
 
 def wgmma_tiling(m: int, n: int, k: int) -> tuple[int, int]:
     """The wgmma form's (columns a block, K split) for an [m, k] x [k, n] product (m <= 128): of the tilings whose
-    blocks run in one wave (``WGMMA_WAVE``) with at least 512 of K a block where K is split, the one whose block is
-    estimated fastest: its K slices at ``WGMMA_SLICE_US`` or its share of the weight at ``WGMMA_SM_GBPS`` an SM,
-    whichever is longer, plus the split's reduction. Alone on an H200 it picks the fastest tiling measured (BN 32, 64,
-    128 by split 1-8, in two calls) at each of the eight Qwen3-0.6B and Llama-1B prefill products; the rule before
-    (``stream_bn``'s columns, ``stream_splits``) had Qwen3's QKV at 9.14 us against 6.18 now (BN 32, unsplit) and
-    its gate/up at 9.55 against 7.69 (BN 64, unsplit); cuBLAS took 5.43 and 6.15 (RESULTS.md, twenty-fourth
-    session)."""
+    blocks run in one wave (``WGMMA_WAVE``, one or two blocks an SM) with at least 512 of K a block where K is split,
+    the one whose SM is estimated done first: its blocks' K slices at ``WGMMA_SLICE_US`` or their share of the weight
+    at ``WGMMA_SM_GBPS``, whichever is longer, plus the split's reduction. Alone on an H200 it picks the fastest
+    tiling measured (BN 32, 64, 128 by split 1-8, in three calls) at each of the eight Qwen3-0.6B and Llama-1B prefill
+    products; the rule before (``stream_bn``'s columns, ``stream_splits``) had Qwen3's QKV at 9.14 us against 6.18 now
+    (BN 32, unsplit) and its gate/up at 9.55 against 7.61 (BN 64, unsplit); cuBLAS took 5.43-5.58 and 6.11-6.15
+    (RESULTS.md, twenty-fourth session)."""
     bm = 64 if m <= 64 else 128
     best: tuple[float, int, int] | None = None
     for bn in (32, 64, 128):
         for ks in (1, 2, 4, 8):
             blocks = cdiv(n, bn) * ks
-            if k % (S.GEMM_STREAM_BK * ks) or blocks > WGMMA_WAVE[ks] or (ks > 1 and k // ks < 512):
+            if k % (S.GEMM_STREAM_BK * ks) or (ks > 1 and k // ks < 512):
+                continue
+            wave = min(SMS, WGMMA_WAVE[ks])
+            per_sm = 1 if blocks <= wave else 2 if blocks <= 2 * wave else 0
+            if not per_sm:
                 continue
             slices = k // (S.GEMM_STREAM_BK * ks)
-            weight_us = bn * (k // ks) * 2 / (WGMMA_SM_GBPS * 1e3)  # a block's weight bytes at its SM's share
-            t = max(slices * WGMMA_SLICE_US[bm][bn], weight_us) + WGMMA_SPLIT_US[ks]
+            slice_us = slices * WGMMA_SLICE_US[bm][bn] * (1 if per_sm == 1 else 2 * WGMMA_SHARED)
+            weight_us = per_sm * bn * (k // ks) * 2 / (WGMMA_SM_GBPS * 1e3)  # its SM's weight bytes at its share
+            t = max(slice_us, weight_us) + WGMMA_SPLIT_US[ks] * max(1, bn // 64)
             if best is None or t < best[0]:
                 best = (t, bn, ks)
-    if best is None:  # more columns than one wave holds even unsplit at 128 a block: the widest, in waves
+    if best is None:  # more columns than two waves hold even unsplit at 128 a block: the widest, in waves
         return 128, 1
     return best[1], best[2]
 
