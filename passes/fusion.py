@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from collections.abc import Collection, Sequence
+from typing import Any
 
 from fusec.ir import Graph, Node, Value, verify, writes_in_place
 from fusec.ops import FusedAttrs, FusionKind, Op
@@ -45,6 +46,15 @@ from fusec.passes.subgraph import escaping, extract, label
 from fusec.passes.views import view_of
 
 NAME = "fusion"
+
+
+def target_meta(options: PassOptions) -> dict[str, Any]:
+    """What a fused body's kernel plan may use of the target, recorded in the body (``fused.kernel_plan`` reads only
+    the body): ``wgmma`` where fusec's GEMM takes the prefill's products in its wgmma form (sm_90 with
+    FUSEC_GEMM_STREAM=1), which also takes a gated unit after a product of up to 128 rows (``lower.skinny``)."""
+    from fusec import knobs
+
+    return {"wgmma": True} if options.wgmma and knobs.get("FUSEC_GEMM_STREAM") else {}
 
 
 @dataclasses.dataclass
@@ -120,7 +130,9 @@ class _Grouping:
         ordered = self.sorted(members)
         if len(ordered) < 2 or all(view_of(n) is not None for n in ordered):
             return None
-        cap = can_fuse(extract(ordered, self.outputs(ordered) if outs is None else outs, "candidate").body)
+        body = extract(ordered, self.outputs(ordered) if outs is None else outs, "candidate").body
+        body.meta.update(target_meta(self.options))
+        cap = can_fuse(body)
         return None if cap else cap.reason
 
     def check(self, members: set[Node], multi_output: bool, capable: bool = True, spaces: bool = False) -> str | None:
@@ -426,6 +438,7 @@ def run(graph: Graph, options: PassOptions) -> PassResult:
             continue
         outputs = grouping.outputs(members)
         cut = extract(members, outputs, _gname(gid))
+        cut.body.meta.update(target_meta(options))
         verify(cut.body)
         rule = "+".join(group.rules)
         replace[members[-1]] = Node(Op.FUSED, cut.reads, outputs, FusedAttrs(group.kind, rule, cut.body), _gname(gid))

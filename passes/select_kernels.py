@@ -103,6 +103,10 @@ def _select(node: Node, options: PassOptions, offsets: dict[Value, int]) -> Sele
                 params += (("sibling_forms", tuple((f["rows"], f["chunks"]) for f in forms)),)
             return Selection("gemv", "qgemv", reason="only the quantized GEMV covers this body", params=params,
                              detail=detail)
+        if family == "gemv" and detail.wide:  # a gated unit after a prefill's product: the wgmma form's epilogue
+            return Selection("gemm_glu", "fusec_gemm", layout="nk", reason="only fusec's wgmma GEMM covers this body",
+                             params=_gemm_params(detail.m, detail.n, detail.k, detail.mm.inputs[0].dtype,
+                                                 options.clusters, True), detail=detail)
         if family == "gemv":
             return Selection("gemv", "gemv", layout="nk", reason="only the skinny product covers this body",
                              params=_gemv_params(detail.n, detail.k, detail.mm.inputs[0].dtype, bool(detail.glu), detail.m),

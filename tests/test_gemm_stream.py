@@ -228,3 +228,42 @@ def test_the_wgmma_tiling_runs_in_one_wave(m: int, n: int, k: int) -> None:
     blocks = -(-n // bn) * ks
     assert blocks <= 2 * WGMMA_WAVE[ks] or ((bn, ks) == (128, 1) and -(-n // 128) > 2 * WGMMA_WAVE[1])  # else waves
     S.GemmSpec(m, n, k, DType.BF16, trans_b=True, wgmma=True, splits=ks, bn=bn)
+
+
+def test_a_gated_wgmma_gemm_is_validated() -> None:
+    """A gated unit is an epilogue of the wgmma form only, over halves of a multiple of 4 rows, with no other epilogue;
+    its block takes BN / 2 rows of each half."""
+    base = dict(M=128, N=256, K=64, dtype=DType.BF16, trans_b=True, wgmma=True, glu="silu", bn=64)
+    r, src = K.prepare(S.GemmSpec(**base))
+    assert r.grid == (128 // 32, 1, 1) and "fc_act_silu(first)" in src and "F_ = N_ / 2" in src
+    assert "fc_act_silu(second)" in K.prepare(S.GemmSpec(**{**base, "glu_swap": True}))[1]
+    for bad in (dict(wgmma=False, bn=0), dict(N=260), dict(epilogue=S.Epilogue(bias=True)), dict(glu="tanh"),
+                dict(glu="", glu_swap=True)):
+        with pytest.raises(ValueError, match="glu|gated|N of 8"):
+            S.GemmSpec(**{**base, **bad})
+
+
+def test_a_prefills_gated_unit_is_the_wgmma_gemms_epilogue(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On sm_90 with FUSEC_GEMM_STREAM=1 the SwiGLU after a prefill's gate/up product is the wgmma form's epilogue: one
+    launch a layer fewer, its block's tiling recorded by kernel selection. Not without the knob, not on sm_80 (no
+    wgmma), and not at decode (the skinny product has its own gated epilogue)."""
+    from fusec.codegen.build_gemm import wgmma_tiling
+
+    launches = {}
+    for arch, knob in (("sm_90", "1"), ("sm_90", "0"), ("sm_80", "1")):
+        monkeypatch.setenv("FUSEC_GEMM_STREAM", knob)
+        plan = compile_generation("qwen3-tiny", batch=1, max_seq_len=80, prefill_len=40, dtype="bf16", eos_ids=[],
+                                  arch=arch)
+        launches[arch, knob] = plan.manifest["entries"]["prefill"]["launches"]
+        gated = [L for L in launches[arch, knob] if "gated_epilogue" in L["label"]]
+        if (arch, knob) == ("sm_90", "1"):
+            assert len(gated) == 2 and all(L["label"].endswith("fusec_gemm") for L in gated)  # one a layer
+            bn, splits = wgmma_tiling(40, 256, 64)
+            assert all(L["grid"][0] == -(-128 // (bn // 2)) * splits for L in gated)
+            srcs = [bytes(plan.blob(m["source"])).decode() for m in plan.manifest["modules"]]
+            assert any("fc_act_silu(first)" in s and "wgmma.mma_async" in s for s in srcs)
+            decode = plan.manifest["entries"]["decode"]["launches"]
+            assert not any("fusec_gemm" in L["label"] for L in decode)
+        else:
+            assert not gated
+    assert len(launches["sm_90", "1"]) == len(launches["sm_90", "0"]) - 2

@@ -611,6 +611,35 @@ def test_gemm_wgmma(dt: DType, M: int, N: int, K: int, splits: int, bias: bool, 
     check(host(out, dt), ref, dt)
 
 
+GEMM_GLU = [
+    # dt, M, N (both halves), K, splits, bn, act, swap: the wgmma form's gated epilogue (a SwiGLU after gate/up)
+    (BF16, 128, 6144, 1024, 1, 0, "silu", False),   # Qwen3-0.6B's gate/up at a 128-token prefill, the rule's tiling
+    (BF16, 32, 16384, 2048, 2, 64, "silu", False),  # Llama-1B's at 32 tokens, split over a cluster of 2
+    (F16, 77, 1000, 320, 1, 32, "gelu", True),      # rows and a half (500) not tile multiples; the second half activated
+    (F16, 5, 136, 512, 4, 128, "silu", False),      # 5 rows, a 128-column tile over halves of 68
+]
+
+
+@pytest.mark.parametrize("dt,M,N,K,splits,bn,act,swap", GEMM_GLU,
+                         ids=[f"{g[0].value}-{g[1]}x{g[2]}x{g[3]}-s{g[4]}-bn{g[5]}-{g[6]}" for g in GEMM_GLU])
+def test_gemm_wgmma_gated(dt: DType, M: int, N: int, K: int, splits: int, bn: int, act: str, swap: bool) -> None:
+    """The wgmma form with a gated unit as its epilogue: C = act(y[:, :F]) * y[:, F:] (swapped: act of the second
+    half), y = A @ B^T rounded, then each step rounded as the unfused nodes store it."""
+    from fusec.device import gpu_arch
+
+    if gpu_arch() != "sm_90":
+        pytest.skip("wgmma is sm_90a")
+    a, b = rand((M, K), dt), rand((N, K), dt)
+    out = poisoned((M, N // 2), dt)
+    run(S.GemmSpec(M, N, K, dt, trans_b=True, splits=splits, wgmma=True, bn=bn, glu=act, glu_swap=swap),
+        [dev(a), dev(b), out])
+    y = a.astype(np.float64) @ b.astype(np.float64).T
+    first, second = y[:, :N // 2], y[:, N // 2:]
+    gated = epilogue_ref(second if swap else first, None, act, None, dt)
+    ref = (gated * (first if swap else second).astype(dt.np).astype(np.float64)).astype(dt.np)
+    check(host(out, dt), ref.astype(np.float64), dt)
+
+
 def test_gemm_broadcast_b_over_batch() -> None:
     a, b = rand((3, 50, 64), F16), rand((64, 40), F16)
     out = poisoned((3, 50, 40), F16)

@@ -69,7 +69,9 @@ def explain(graph: Any, disabled: list[str] = (), enabled: list[str] = (), show_
     launches: list[Node] = [n for n in g.nodes if view_of(n) is None]
     for n, text in zip(launches, kernels):
         sel = getattr(n, "kernel", None)  # kernel selection's record: a product's back end, the spec parameters
-        variant = f" [{sel.variant}]" if sel is not None and sel.key and sel.variant else ""
+        # a product's back end where it had alternatives, and wherever it is fusec's GEMM (a gated unit's wgmma form)
+        variant = f" [{sel.variant}]" if sel is not None and sel.variant and (sel.key or sel.variant == "fusec_gemm") \
+            else ""
         params = getattr(sel, "params", ())
         slot(ctx.layer(n))["kernels"].append(text + variant
                                              + (f" ({', '.join(f'{k} {v}' for k, v in params)})" if params else ""))

@@ -107,14 +107,16 @@ def _gemm_wgmma(spec: S.GemmSpec, ctx: dict) -> Rendered:
     kt = spec.K // (spec.splits * S.GEMM_STREAM_BK)
     stage = (bm + bn) * S.GEMM_STREAM_BK * 2
     # at least 3 stages: slices STAGES - 2 ahead of the MMAs, which run on over one more (gemm_wgmma.jinja)
-    if cdiv(spec.N, bn) * spec.splits <= SMS:  # one block an SM: the ring takes its shared memory (more copies in flight)
+    # a gated product's block takes BN / 2 rows of each half: its column tiles are over F = N / 2
+    tiles = cdiv(spec.N // 2, bn // 2) if spec.glu else cdiv(spec.N, bn)
+    if tiles * spec.splits <= SMS:  # one block an SM: the ring takes its shared memory (more copies in flight)
         stages = min(max(3, kt + 2), (_SMEM_PER_SM - 8 * 1024) // stage, WGMMA_MAX_STAGES)
     else:  # two blocks an SM, as the stream form
         stages = 3 if bm + bn == 256 else 4
     partials = bm * (bn + 4) * 4  # the accumulators' way to whole-row stores
     ctx.update(BM=bm, BN=bn, wn=bn if bm == 128 else bn // 2, stages=stages, ks=spec.splits, threads=256,
                mma_t=Ident("bf16" if spec.dtype == DType.BF16 else "f16"))
-    grid = (cdiv(spec.N, bn) * spec.splits, 1, 1)
+    grid = (tiles * spec.splits, 1, 1)
     return Rendered("gemm.cu.jinja", ctx, grid, (256, 1, 1), ("A", "B") + _epi_params(spec.epilogue) + ("C",),
                     shared_mem=max(stages * stage, partials) + 1024)  # + the slack that aligns the ring to 1,024
 
@@ -140,6 +142,7 @@ def _gemm(spec: S.GemmSpec) -> Rendered:
         "b_vec": (spec.K % 8 == 0 if spec.trans_b else spec.N % 8 == 0) and aligned_batches,
         "bias": spec.epilogue.bias, "act": Ident(spec.epilogue.activation), "residual": spec.epilogue.residual,
         "round_x": _round_fn(out_dt), "stream": spec.stream, "wgmma": spec.wgmma,
+        "glu": Ident(spec.glu) if spec.glu else None, "glu_swap": spec.glu_swap,
     }
     if spec.wgmma:
         return _gemm_wgmma(spec, ctx)

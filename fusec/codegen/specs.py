@@ -353,6 +353,11 @@ class GemmSpec:
     wgmma: bool = False
     # the wgmma form's columns a block (32, 64 or 128; kernel selection's ``build_gemm.wgmma_tiling``), 0: that rule's
     bn: int = 0
+    # the wgmma form's gated epilogue (a SwiGLU after a gate/up product): B's rows [0, F) and [F, 2F) (F = N / 2) are
+    # the unit's halves, C [M, F] = act(y[:, j]) * y[:, F + j] (``glu_swap``: the second half activated), each step
+    # rounded as the unfused nodes store it
+    glu: str = ""
+    glu_swap: bool = False
 
     def __post_init__(self) -> None:
         _pos(("M", self.M), ("N", self.N), ("K", self.K), ("batch", self.batch))
@@ -364,6 +369,11 @@ class GemmSpec:
              "64 and N of 8")
         _req(self.bn in (0, 32, 64, 128) and (self.bn == 0 or self.wgmma),
              f"gemm bn (the wgmma form's columns a block) must be 32, 64 or 128, got {self.bn}")
+        _req(self.glu in ("",) + GLU_ACTS and (self.glu or not self.glu_swap),
+             f"gemm glu must be one of {GLU_ACTS} or empty (glu_swap with it)")
+        _req(not self.glu or (self.wgmma and self.N % 8 == 0 and self.epilogue == Epilogue()),
+             "a gated gemm is the wgmma form's, over an even split of rows into halves of a multiple of 4, with no "
+             "other epilogue")
         _req(self.splits == 1 or ((self.stream or self.wgmma) and self.K % (GEMM_STREAM_BK * self.splits) == 0),
              "a K split needs the stream form (fp16/bf16, one batch, A and B not transposed, M <= 128, K a multiple "
              "of 64, N of 8) or the wgmma form, and K a multiple of 64 x splits")

@@ -369,7 +369,7 @@ def lower_fused(ctx: Context, node: Node, label: str) -> None:
         from fusec.lower import decode
 
         decode.kv_attention_heads(ctx, node, detail, label)
-    elif kind == "gemv":
+    elif kind in ("gemv", "gemm_glu"):  # the skinny family's plan: the GEMV, or a gated unit on the wgmma GEMM
         from fusec.lower import skinny
 
         skinny.emit(ctx, detail, node, label)

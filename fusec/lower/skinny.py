@@ -1,5 +1,7 @@
 """The skinny-product family: decode's matrix products as one ``GemvSpec`` launch, or one ``QGemvSpec`` launch for a
-QMATMUL over packed weights (its FMA or dp4a form).
+QMATMUL over packed weights (its FMA or dp4a form); and on sm_90 with FUSEC_GEMM_STREAM=1 (the body's ``wgmma``
+meta, ``passes.fusion.target_meta``) a prefill's product of up to 128 rows with its gated unit, as one launch of
+fusec's GEMM in its wgmma form (``GemmSpec.glu``).
 
 A body of this family is [RMSNORM ->] MATMUL (M <= 16 rows, a constant weight stored [N, K] and
 read with ``trans_b``) or QMATMUL -> [an elementwise epilogue: + bias, activation, + residual | a gated unit:
@@ -52,6 +54,11 @@ class Plan:
     def packed(self) -> bool:
         return self.mm.op == Op.QMATMUL
 
+    @property
+    def wide(self) -> bool:
+        """More rows than the skinny product takes: a gated unit on fusec's GEMM in its wgmma form (a prefill's)."""
+        return self.m > S.GEMV_MAX_M
+
     def spec(self, **params: Any) -> Any:
         """The launch's spec; ``params``: the kernel selection's (how it streams its weights; the
         quantized GEMV's form)."""
@@ -65,6 +72,9 @@ class Plan:
                       glu=self.glu, glu_swap=self.glu_swap, **params)
         sample = {} if self.sample is None else {"argmax": True, "seed_dtype": self.sample.inputs[1].dtype,
                                                   "counter_dtype": self.sample.inputs[2].dtype}
+        if self.wide:  # params: kernel selection's tiling of the wgmma form (splits, bn)
+            return S.GemmSpec(self.m, self.n, self.k, dt, trans_b=True, glu=self.glu, glu_swap=self.glu_swap,
+                              **params)
         if self.packed:
             from fusec.codegen.specs_quant import QGemvSpec, QSibling
             from fusec.lower.quant import scale_dtype
@@ -98,10 +108,13 @@ def is_constant(body: Graph, v: Value) -> bool:
     return v in body.constants or (v in body.inputs and body.inputs.index(v) in body.meta.get("const_inputs", ()))
 
 
-def fits(m: int, k: int, a: Value, b: Value, trans_b: bool, const: bool) -> str | None:
-    """None when GemvSpec takes this product, else why not."""
-    if m > S.GEMV_MAX_M:
-        return f"the skinny product takes at most {S.GEMV_MAX_M} rows, this one has {m}"
+def fits(m: int, k: int, a: Value, b: Value, trans_b: bool, const: bool, wide: bool = False) -> str | None:
+    """None when GemvSpec takes this product (or, ``wide``, fusec's GEMM in its wgmma form: more rows), else why not."""
+    if m > S.GEMV_MAX_M and not (wide and m <= S.GEMM_STREAM_MAX_M and a.dtype in S.HALFS
+                                 and k % S.GEMM_STREAM_BK == 0):
+        return f"the skinny product takes at most {S.GEMV_MAX_M} rows, this one has {m}" + (
+            f" (fusec's wgmma GEMM: at most {S.GEMM_STREAM_MAX_M} rows of fp16/bf16, K a multiple of "
+            f"{S.GEMM_STREAM_BK})" if wide else "")
     if not const:
         return "the skinny product streams a constant weight (kernel selection stores it [N, K])"
     if a.dtype not in S.FLOATS or a.dtype != b.dtype:
@@ -215,7 +228,7 @@ def plan(body: Graph) -> Plan:
         m = math.prod(a.shape[:-1])
         if getattr(mm.attrs, "precision", "f32") != "f32":
             raise NoPlan("the skinny product computes exact products (not a 3xTF32 split)")
-        if (why := fits(m, k, a, b, trans_b, const=is_constant(body, b))) is not None:
+        if (why := fits(m, k, a, b, trans_b, const=is_constant(body, b), wide=bool(body.meta.get("wgmma")))) is not None:
             raise NoPlan(why)
     norm = nodes[0] if i == 1 else None
     if norm is not None:
@@ -248,6 +261,9 @@ def plan(body: Graph) -> Plan:
             raise NoPlan("a gated unit does not feed a sample")
     elif out not in body.outputs or len(body.outputs) != 1:
         raise NoPlan("the product's result must be the group's one output")
+    if m > S.GEMV_MAX_M and (norm is not None or sample is not None or not gact or bias is not None or n % 8):
+        raise NoPlan(f"at more than {S.GEMV_MAX_M} rows fusec's wgmma GEMM takes a gated unit (halves of a multiple "
+                     "of 4 rows, no bias) as its epilogue, not a norm prologue or a sample")
     return Plan(mm, norm, bias, act, res, gact, swap, sample, out, m, n, k)
 
 
@@ -341,6 +357,9 @@ def emit(ctx: Any, p: Plan, node: Node, label: str) -> None:
         weights += [outer[v] for sib in p.siblings for v in sib.inputs[1:]]
         outs = [made[mm.outputs[0]] for mm in (p.mm, *p.siblings)]
         emit_qgemv(ctx, spec, x, weights, between, extra, outs[0], label, outs[1:], "qgemv siblings")
+        return
+    if p.wide:
+        ctx.kernel(spec, [x, *weights, node.output], f"{label} fusec_gemm")
         return
     if p.sample is None:
         if p.packed:
