@@ -36,6 +36,9 @@
 #   wg_ring   the wgmma form by K split and ring cap (8: the rule's deep ring where the blocks are one an SM; 4, 3:
 #             shallow), alone against cuBLAS at Qwen3-0.6B's and Llama-1B's prefill products (~3 minutes)
 #   rows_t    the GPU tests of the attention and the row kernels (norms, softmax, reductions)
+#   plans_t   the GPU tests of whole plans (generation, families, serve, join, PDL, end to end, runtime, A/B, softcap):
+#             with FUSEC_GEMM_STREAM set by the caller, what the products' back end changes
+#   stream_ab built-in encoders at a few rows on cuBLAS against fusec's GEMM (benchmarks/stream_ab.py)
 #   gemm_t    every GEMM GPU test (tests/test_kernels_gpu.py, test_pdl_gpu.py -k gemm: cuBLAS, the stream and wgmma forms)
 #   stream    the GEMM GPU tests (the stream form: few rows, K split over clusters), then the Qwen3-0.6B and Llama-1B
 #             prefills with their products on it (FUSEC_GEMM_STREAM=1) against cuBLAS, in turns, with profiles
@@ -279,6 +282,12 @@ for step in "$@"; do
     rows_t) timeout 200 $PT -n 8 tests/test_kernels_gpu.py -k "attention or layernorm or rmsnorm or softmax or reduce" \
               > "$R/t_rows.txt" 2>&1
             grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_rows.txt" | tail -n 12 ;;
+    plans_t) timeout 400 $PT -n 8 tests/test_generation_gpu.py tests/test_generation_families_gpu.py tests/test_head_rope_pair.py \
+               tests/test_gemv_gpu.py tests/test_serve_gpu.py tests/test_generation_join_gpu.py tests/test_pdl_gpu.py \
+               tests/test_e2e_gpu.py tests/test_runtime_gpu.py tests/test_ab_gpu.py tests/test_softcap_generation.py \
+               > "$R/t_plans.txt" 2>&1
+             grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_plans.txt" | tail -n 14 ;;
+    stream_ab) timeout 300 python3 benchmarks/stream_ab.py > "$R/stream_ab.txt" 2>&1; tail -n 6 "$R/stream_ab.txt" ;;
     gemm_t) timeout 150 $PT -n 8 tests/test_kernels_gpu.py tests/test_pdl_gpu.py -k "gemm" > "$R/t_gemm.txt" 2>&1
             grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_gemm.txt" | tail -n 12 ;;
     stream) timeout 120 $PT -n 8 tests/test_kernels_gpu.py -k "gemm" > "$R/t_stream.txt" 2>&1

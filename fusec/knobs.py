@@ -112,9 +112,12 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("FUSEC_KV_UNROLL", "choice", "0", "decode attention: keys each key group loads at a time, so also how many "
          "older rows load before the PDL wait (0: the layout's, 4 for D 128 bf16; the A/B of decode_step.py --ab "
          "FUSEC_KV_UNROLL=8)", ("0", "2", "4", "8")),
-    Knob("FUSEC_GEMM_STREAM", "bool", False, "products of at most 128 rows of fp16/bf16 activations over a constant "
-         "weight (a prefill's) on fusec's stream-form GEMM (a block holds every row; on sm_90 clusters split K and "
-         "the products run on wgmma) instead of cuBLAS: the A/B of benchmarks/prefill_step.py --ab FUSEC_GEMM_STREAM=1"),
+    Knob("FUSEC_GEMM_STREAM", "choice", "auto", "products of at most 128 rows of fp16/bf16 activations over a "
+         "constant weight (a prefill's, a small request's) on fusec's stream-form GEMM (a block holds every row; on "
+         "sm_90 clusters split K, the products run on wgmma, and a gated unit is its epilogue) instead of cuBLAS; "
+         "auto: on sm_90 only (its wgmma form), 1: wherever the form fits (the mma.sync form elsewhere), 0: never "
+         "(the A/B of benchmarks/prefill_step.py --ab FUSEC_GEMM_STREAM=0, benchmarks/stream_ab.py)",
+         ("auto", "0", "1")),
     Knob("FUSEC_ATTN_QWARPS", "choice", "auto", "fp16/bf16 attention (prefill, encoders): warps of a block along the "
          "query rows, the rest splitting each key tile; auto: the kernel selection's (build_attention.query_warps: two, "
          "four where two would take more than a wave, as BERT-base's batch 32; the A/B of benchmarks/prefill_step.py "

@@ -50,11 +50,12 @@ NAME = "fusion"
 
 def target_meta(options: PassOptions) -> dict[str, Any]:
     """What a fused body's kernel plan may use of the target, recorded in the body (``fused.kernel_plan`` reads only
-    the body): ``wgmma`` where fusec's GEMM takes the prefill's products in its wgmma form (sm_90 with
-    FUSEC_GEMM_STREAM=1), which also takes a gated unit after a product of up to 128 rows (``lower.skinny``)."""
-    from fusec import knobs
+    the body): ``wgmma`` where fusec's GEMM takes the products of up to 128 rows in its wgmma form (sm_90, unless
+    FUSEC_GEMM_STREAM=0: ``choices.gemm_stream``), which also takes a gated unit after such a product
+    (``lower.skinny``)."""
+    from fusec.lower.choices import gemm_stream
 
-    return {"wgmma": True} if options.wgmma and knobs.get("FUSEC_GEMM_STREAM") else {}
+    return {"wgmma": True} if options.wgmma and gemm_stream(True) else {}
 
 
 @dataclasses.dataclass

@@ -122,12 +122,12 @@ def _select(node: Node, options: PassOptions, offsets: dict[Value, int]) -> Sele
     if cp is None:
         return Selection(node.op.value, reason="the op's own lowering",
                          params=_attention_params(node.inputs[0].shape) if node.op == Op.ATTENTION else ())
-    variant = C.choose(options.choices, cp)
+    variant = C.choose(options.choices, cp, options.wgmma)
     reason = "explicit choice" if cp.key in options.choices else "rule-based default"
     if not cp.accepts(variant):
         options.decline("select_kernels", node.name or node.outputs[0].name,
                         f"{cp.key}: variant {variant!r} does not apply (have {', '.join(cp.variants)})")
-        variant, reason = C.choose({}, cp), f"{variant!r} does not apply here: the rule-based default"
+        variant, reason = C.choose({}, cp, options.wgmma), f"{variant!r} does not apply here: the rule-based default"
     operands = [C.outer(node, v) for v in (cp.a, cp.bias, cp.residual) if v is not None] + list(node.outputs)
     if variant in C.ALIGNED and any(offsets.get(v, 0) % 16 for v in operands):
         options.decline("select_kernels", node.name or node.outputs[0].name,

@@ -244,19 +244,19 @@ def test_a_gated_wgmma_gemm_is_validated() -> None:
 
 
 def test_a_prefills_gated_unit_is_the_wgmma_gemms_epilogue(monkeypatch: pytest.MonkeyPatch) -> None:
-    """On sm_90 with FUSEC_GEMM_STREAM=1 the SwiGLU after a prefill's gate/up product is the wgmma form's epilogue: one
-    launch a layer fewer, its block's tiling recorded by kernel selection. Not without the knob, not on sm_80 (no
-    wgmma), and not at decode (the skinny product has its own gated epilogue)."""
+    """On sm_90 (by default, and with FUSEC_GEMM_STREAM=1) the SwiGLU after a prefill's gate/up product is the wgmma
+    form's epilogue: one launch a layer fewer, its block's tiling recorded by kernel selection. Not with the knob 0,
+    not on sm_80 (no wgmma), and not at decode (the skinny product has its own gated epilogue)."""
     from fusec.codegen.build_gemm import wgmma_tiling
 
     launches = {}
-    for arch, knob in (("sm_90", "1"), ("sm_90", "0"), ("sm_80", "1")):
+    for arch, knob in (("sm_90", "auto"), ("sm_90", "1"), ("sm_90", "0"), ("sm_80", "1"), ("sm_80", "auto")):
         monkeypatch.setenv("FUSEC_GEMM_STREAM", knob)
         plan = compile_generation("qwen3-tiny", batch=1, max_seq_len=80, prefill_len=40, dtype="bf16", eos_ids=[],
                                   arch=arch)
         launches[arch, knob] = plan.manifest["entries"]["prefill"]["launches"]
         gated = [L for L in launches[arch, knob] if "gated_epilogue" in L["label"]]
-        if (arch, knob) == ("sm_90", "1"):
+        if arch == "sm_90" and knob != "0":
             assert len(gated) == 2 and all(L["label"].endswith("fusec_gemm") for L in gated)  # one a layer
             bn, splits = wgmma_tiling(40, 256, 64)
             assert all(L["grid"][0] == -(-128 // (bn // 2)) * splits for L in gated)
@@ -266,4 +266,5 @@ def test_a_prefills_gated_unit_is_the_wgmma_gemms_epilogue(monkeypatch: pytest.M
             assert not any("fusec_gemm" in L["label"] for L in decode)
         else:
             assert not gated
-    assert len(launches["sm_90", "1"]) == len(launches["sm_90", "0"]) - 2
+    assert len(launches["sm_90", "auto"]) == len(launches["sm_90", "0"]) - 2
+    assert not any("fusec_gemm" in L["label"] for L in launches["sm_80", "auto"])  # cuBLAS: the default off sm_90

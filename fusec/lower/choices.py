@@ -189,24 +189,32 @@ def _gemv_fits(m: int, k: int, a: Value) -> bool:
     return m <= S.GEMV_MAX_M and k % (16 // a.dtype.itemsize) == 0
 
 
-def choose(choices: dict[str, str], cp: ChoicePoint) -> str:
+def gemm_stream(wgmma: bool) -> bool:
+    """Whether products that fusec's GEMM takes in its stream form run there (FUSEC_GEMM_STREAM): by default where its
+    wgmma form runs (``wgmma``: sm_90). Measured on an H200 in one process against cuBLAS (RESULTS.md, twenty-fourth
+    session): Qwen3-0.6B's 128-token prefill 1.245 ms against 1.307, the Llama-1B shape's 32-token one 1.035 against
+    1.091, GPT-2 small at 1 x 128 0.82x, BERT-base at 1 x 128 0.77x, MiniLM at 4 x 32 0.83x. The mma.sync form took
+    1.1-2.2x cuBLAS's time (twenty-second session): not by default."""
+    v = knobs.get("FUSEC_GEMM_STREAM")
+    return v == "1" or (v == "auto" and wgmma)
+
+
+def choose(choices: dict[str, str], cp: ChoicePoint, wgmma: bool = False) -> str:
     """The variant ``cp`` lowers with: an explicit choice (an A/B ledger, the caller) wins; else the
     rule-based default. The rule: fusec's skinny product (GemvSpec: tensor cores, 16-byte weight
     loads, its epilogue fused, launched overlapping the kernel before it) for a product of at most
     16 rows over a constant weight (a decode step at batch <= 16), else cuBLASLt with the epilogue
     inside where it computes it, else cuBLAS. The earlier FMA GEMV matched or beat cuBLAS at M = 1
     and lost 2-3x at M = 8 (benchmarks/decode_kernels_results.md); the tensor-core kernel that
-    replaced it is measured against cuBLAS at M = 1..16 in benchmarks/RESULTS.md. With
-    FUSEC_GEMM_STREAM=1, a product of at most 128 rows that fusec's GEMM takes in its stream form (a
-    prefill's) runs there: off by default, it took 1.1-2.2x cuBLAS's time on an H200 (RESULTS.md,
-    twenty-second session); in its wgmma form (sm_90) 0.96-1.63x alone at Qwen3-0.6B's products and 1.08x
-    cuBLAS's time over its whole 128-token prefill (twenty-third session)."""
+    replaced it is measured against cuBLAS at M = 1..16 in benchmarks/RESULTS.md. Before cuBLASLt, a
+    product of at most 128 rows that fusec's GEMM takes in its stream form (a prefill's) runs there where
+    ``gemm_stream`` says so: by default on sm_90 (``wgmma``), its wgmma form."""
     explicit = choices.get(cp.key)
     if explicit is not None:
         return explicit
     if "gemv" in cp.variants:
         return "gemv"
-    if "fusec_gemm" in cp.variants and knobs.get("FUSEC_GEMM_STREAM") and stream_fits(cp.m, cp.n, cp.k, cp.a.dtype):
+    if "fusec_gemm" in cp.variants and gemm_stream(wgmma) and stream_fits(cp.m, cp.n, cp.k, cp.a.dtype):
         return "fusec_gemm"
     if gemm_lt.VARIANT in cp.variants:  # one cuBLASLt call instead of cuBLAS + an epilogue kernel
         return gemm_lt.VARIANT

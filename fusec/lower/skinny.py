@@ -1,7 +1,7 @@
 """The skinny-product family: decode's matrix products as one ``GemvSpec`` launch, or one ``QGemvSpec`` launch for a
-QMATMUL over packed weights (its FMA or dp4a form); and on sm_90 with FUSEC_GEMM_STREAM=1 (the body's ``wgmma``
-meta, ``passes.fusion.target_meta``) a prefill's product of up to 128 rows with its gated unit, as one launch of
-fusec's GEMM in its wgmma form (``GemmSpec.glu``).
+QMATMUL over packed weights (its FMA or dp4a form); and on sm_90 (the body's ``wgmma`` meta,
+``passes.fusion.target_meta``) a prefill's product of up to 128 rows with its gated unit, as one launch of fusec's
+GEMM in its wgmma form (``GemmSpec.glu``).
 
 A body of this family is [RMSNORM ->] MATMUL (M <= 16 rows, a constant weight stored [N, K] and
 read with ``trans_b``) or QMATMUL -> [an elementwise epilogue: + bias, activation, + residual | a gated unit:
