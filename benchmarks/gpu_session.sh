@@ -41,7 +41,7 @@
 #   stream_ab built-in encoders at a few rows on cuBLAS against fusec's GEMM (benchmarks/stream_ab.py)
 #   gemm_t    every GEMM GPU test (tests/test_kernels_gpu.py, test_pdl_gpu.py -k gemm: cuBLAS, the stream and wgmma forms)
 #   stream    the GEMM GPU tests (the stream form: few rows, K split over clusters), then the Qwen3-0.6B and Llama-1B
-#             prefills with their products on it (FUSEC_GEMM_STREAM=1) against cuBLAS, in turns, with profiles
+#             prefills with their products on it (the default on sm_90) against cuBLAS (FUSEC_GEMM_STREAM=0), in turns
 #   stream_k  the stream-form GEMM alone against cuBLAS at Qwen3-0.6B's and Llama-1B's prefill products, by K split, and
 #             Nsight Compute of the first two Qwen3 shapes unsplit and split 4
 #   step_final Qwen3-0.6B batch 1 and 8 decode steps as the defaults stand, with the per-kernel profile
@@ -292,7 +292,7 @@ for step in "$@"; do
             grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_gemm.txt" | tail -n 12 ;;
     stream) timeout 120 $PT -n 8 tests/test_kernels_gpu.py -k "gemm" > "$R/t_stream.txt" 2>&1
             grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_stream.txt" | tail -n 12
-            PREFILL_AB="--ab FUSEC_GEMM_STREAM=1" prefill_ab ;;
+            PREFILL_AB="--ab FUSEC_GEMM_STREAM=0" prefill_ab ;;
     stream_k) for sh in qwen3 llama; do timeout 100 python3 benchmarks/gemm_stream_bench.py --shapes $sh --splits 1,2,4,8 \
                 2>&1 | tail -n 20; done
               timeout 150 ncu --section SpeedOfLight --section WarpStateStats --section LaunchStats --section Occupancy \
