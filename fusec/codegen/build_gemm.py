@@ -119,7 +119,9 @@ def _gemm_wgmma(spec: S.GemmSpec, ctx: dict) -> Rendered:
     grid = (tiles * spec.splits, 1, 1)
     return Rendered("gemm.cu.jinja", ctx, grid, (256, 1, 1),
                     ("A", "B") + (("g",) if spec.norm else ()) + _epi_params(spec.epilogue) + ("C",),
-                    shared_mem=max(stages * stage, partials) + 1024)  # + the slack that aligns the ring to 1,024
+                    # + the slack that aligns the ring to 1,024 (+ the norm's weights of a block's share of K)
+                    shared_mem=-(-max(stages * stage, partials) // 16) * 16 + 1024
+                    + (spec.K // spec.splits * 2 if spec.norm else 0))
 
 
 @builder(S.GemmSpec)
