@@ -232,11 +232,6 @@ __device__ __forceinline__ void fc_st_cluster(unsigned addr, unsigned v) {
 __device__ __forceinline__ void fc_st_cluster2(unsigned addr, unsigned a, unsigned b) {
   asm volatile("st.shared::cluster.v2.u32 [%0], {%1, %2};" :: "r"(addr), "r"(a), "r"(b) : "memory");
 }
-__device__ __forceinline__ float fc_ld_cluster1(unsigned addr) {
-  float v;
-  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(addr) : "memory");
-  return v;
-}
 __device__ __forceinline__ float4 fc_ld_cluster4(unsigned addr) {
   float4 v;
   asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"

@@ -640,42 +640,6 @@ def test_gemm_wgmma_gated(dt: DType, M: int, N: int, K: int, splits: int, bn: in
     check(host(out, dt), ref.astype(np.float64), dt)
 
 
-GEMM_NORM = [
-    # M, N, K, splits, bn, glu, residual, weight_offset: the wgmma form's RMSNorm prologue (bf16)
-    (128, 4096, 1024, 1, 0, "", False, 0.0),      # Qwen3-0.6B's QKV at a 128-token prefill, the rule's tiling
-    (128, 6144, 1024, 2, 64, "silu", False, 0.0),  # its gate/up with the gated unit, split over a cluster of 2
-    (77, 1000, 640, 1, 32, "", True, 1.0),        # rows and columns not tile multiples, a residual, Gemma's 1 + g
-    (5, 136, 512, 4, 128, "gelu", False, 0.0),    # 5 rows, split over 4
-]
-
-
-@pytest.mark.parametrize("M,N,K,splits,bn,glu,res,off", GEMM_NORM,
-                         ids=[f"{g[0]}x{g[1]}x{g[2]}-s{g[3]}-bn{g[4]}-{g[5] or 'plain'}" for g in GEMM_NORM])
-def test_gemm_wgmma_norm(M: int, N: int, K: int, splits: int, bn: int, glu: str, res: bool, off: float) -> None:
-    """The wgmma form with an RMSNorm prologue: y = rmsnorm(x; g, eps) @ B^T, with a gated unit or a residual after it.
-    The kernel scales x by g as its slices land and each row by 1 / sqrt(mean(x^2) + eps) at the end, so it is
-    checked against the exact norm and product (float64), not against the unfused nodes' roundings."""
-    from fusec.device import gpu_arch
-
-    if gpu_arch() != "sm_90":
-        pytest.skip("wgmma is sm_90a")
-    x, b, g = rand((M, K), BF16, -4.0, 4.0), rand((N, K), BF16), rand((K,), BF16, 0.5, 1.5)
-    rv = rand((M, N), BF16) if res else None
-    out = poisoned((M, N // 2 if glu else N), BF16)
-    spec = S.GemmSpec(M, N, K, BF16, trans_b=True, splits=splits, wgmma=True, bn=bn, glu=glu, norm=True, eps=1e-6,
-                      weight_offset=off, epilogue=S.Epilogue(residual=res))
-    run(spec, [dev(x), dev(b), dev(g)] + ([dev(rv)] if res else []) + [out])
-    xf = x.astype(np.float64)
-    xn = xf / np.sqrt((xf * xf).mean(axis=1, keepdims=True) + 1e-6) * (g.astype(np.float64) + off)
-    y = xn @ b.astype(np.float64).T
-    if glu:
-        act = epilogue_ref(y[:, :N // 2], None, glu, None, F32)
-        ref = act * y[:, N // 2:]
-    else:
-        ref = y + (rv.astype(np.float64) if res else 0.0)
-    check(host(out, BF16), ref, BF16)
-
-
 def test_gemm_broadcast_b_over_batch() -> None:
     a, b = rand((3, 50, 64), F16), rand((64, 40), F16)
     out = poisoned((3, 50, 40), F16)

@@ -113,15 +113,12 @@ def _gemm_wgmma(spec: S.GemmSpec, ctx: dict) -> Rendered:
         stages = min(max(3, kt + 2), (_SMEM_PER_SM - 8 * 1024) // stage, WGMMA_MAX_STAGES)
     else:  # two blocks an SM, as the stream form
         stages = 3 if bm + bn == 256 else 4
-    partials = bm * (bn + 4) * 4 + (bm * 4 if spec.norm else 0)  # the accumulators' way out (and the rows' squares)
+    partials = bm * (bn + 4) * 4  # the accumulators' way to whole-row stores
     ctx.update(BM=bm, BN=bn, wn=bn if bm == 128 else bn // 2, stages=stages, ks=spec.splits, threads=256,
                mma_t=Ident("bf16" if spec.dtype == DType.BF16 else "f16"))
     grid = (tiles * spec.splits, 1, 1)
-    return Rendered("gemm.cu.jinja", ctx, grid, (256, 1, 1),
-                    ("A", "B") + (("g",) if spec.norm else ()) + _epi_params(spec.epilogue) + ("C",),
-                    # + the slack that aligns the ring to 1,024 (+ the norm's weights of a block's share of K)
-                    shared_mem=-(-max(stages * stage, partials) // 16) * 16 + 1024
-                    + (spec.K // spec.splits * 2 if spec.norm else 0))
+    return Rendered("gemm.cu.jinja", ctx, grid, (256, 1, 1), ("A", "B") + _epi_params(spec.epilogue) + ("C",),
+                    shared_mem=max(stages * stage, partials) + 1024)  # + the slack that aligns the ring to 1,024
 
 
 @builder(S.GemmSpec)
@@ -146,7 +143,6 @@ def _gemm(spec: S.GemmSpec) -> Rendered:
         "bias": spec.epilogue.bias, "act": Ident(spec.epilogue.activation), "residual": spec.epilogue.residual,
         "round_x": _round_fn(out_dt), "stream": spec.stream, "wgmma": spec.wgmma,
         "glu": Ident(spec.glu) if spec.glu else None, "glu_swap": spec.glu_swap,
-        "norm": spec.norm, "eps": float_lit(spec.eps), "weight_offset": float_lit(spec.weight_offset),
     }
     if spec.wgmma:
         return _gemm_wgmma(spec, ctx)

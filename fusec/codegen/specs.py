@@ -358,12 +358,6 @@ class GemmSpec:
     # rounded as the unfused nodes store it
     glu: str = ""
     glu_swap: bool = False
-    # the wgmma form's RMSNorm prologue (bf16; a prefill's norm before QKV or gate/up): A is x, g [K] the norm's weight
-    # (+ weight_offset); the block multiplies its A slices by g as they land, sums each row's squares, and scales
-    # each output row by 1 / sqrt(mean(x^2) + eps) at the end (so the norm's rounding is not the unfused node's)
-    norm: bool = False
-    eps: float = 1e-6
-    weight_offset: float = 0.0
 
     def __post_init__(self) -> None:
         _pos(("M", self.M), ("N", self.N), ("K", self.K), ("batch", self.batch))
@@ -380,9 +374,6 @@ class GemmSpec:
         _req(not self.glu or (self.wgmma and self.N % 8 == 0 and self.epilogue == Epilogue()),
              "a gated gemm is the wgmma form's, over an even split of rows into halves of a multiple of 4, with no "
              "other epilogue")
-        _req(not self.norm or (self.wgmma and self.dtype == DType.BF16 and math.isfinite(self.eps) and self.eps >= 0
-                                and math.isfinite(self.weight_offset)),
-             "a gemm's norm prologue is the wgmma form's, over bf16 (x * g in fp16 could overflow), eps finite and >= 0")
         _req(self.splits == 1 or ((self.stream or self.wgmma) and self.K % (GEMM_STREAM_BK * self.splits) == 0),
              "a K split needs the stream form (fp16/bf16, one batch, A and B not transposed, M <= 128, K a multiple "
              "of 64, N of 8) or the wgmma form, and K a multiple of 64 x splits")
@@ -478,12 +469,6 @@ class GemvSpec:
     weight_offset: float = 0.0
     glu: str = ""
     glu_swap: bool = False
-    # the wgmma form's RMSNorm prologue (bf16; a prefill's norm before QKV or gate/up): A is x, g [K] the norm's weight
-    # (+ weight_offset); the block multiplies its A slices by g as they land, sums each row's squares, and scales
-    # each output row by 1 / sqrt(mean(x^2) + eps) at the end (so the norm's rounding is not the unfused node's)
-    norm: bool = False
-    eps: float = 1e-6
-    weight_offset: float = 0.0
     argmax: bool = False
     seed_dtype: DType = DType.I64
     counter_dtype: DType = DType.I64

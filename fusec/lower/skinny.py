@@ -1,7 +1,7 @@
 """The skinny-product family: decode's matrix products as one ``GemvSpec`` launch, or one ``QGemvSpec`` launch for a
 QMATMUL over packed weights (its FMA or dp4a form); and on sm_90 (the body's ``wgmma`` meta,
-``passes.fusion.target_meta``) a prefill's product of up to 128 rows with its norm prologue (bf16) or gated unit, as
-one launch of fusec's GEMM in its wgmma form (``GemmSpec.norm``, ``GemmSpec.glu``).
+``passes.fusion.target_meta``) a prefill's product of up to 128 rows with its gated unit, as one launch of fusec's
+GEMM in its wgmma form (``GemmSpec.glu``).
 
 A body of this family is [RMSNORM ->] MATMUL (M <= 16 rows, a constant weight stored [N, K] and
 read with ``trans_b``) or QMATMUL -> [an elementwise epilogue: + bias, activation, + residual | a gated unit:
@@ -24,7 +24,6 @@ import math
 from typing import Any
 
 from fusec.codegen import specs as S
-from fusec.dtypes import DType
 from fusec.ir import Graph, Node, Value
 from fusec.ops import Op
 
@@ -75,8 +74,7 @@ class Plan:
                                                   "counter_dtype": self.sample.inputs[2].dtype}
         if self.wide:  # params: kernel selection's tiling of the wgmma form (splits, bn)
             return S.GemmSpec(self.m, self.n, self.k, dt, trans_b=True, glu=self.glu, glu_swap=self.glu_swap,
-                              epilogue=common["epilogue"], norm=common["norm"], eps=common["eps"],
-                              weight_offset=common["weight_offset"], **params)
+                              **params)
         if self.packed:
             from fusec.codegen.specs_quant import QGemvSpec, QSibling
             from fusec.lower.quant import scale_dtype
@@ -263,13 +261,9 @@ def plan(body: Graph) -> Plan:
             raise NoPlan("a gated unit does not feed a sample")
     elif out not in body.outputs or len(body.outputs) != 1:
         raise NoPlan("the product's result must be the group's one output")
-    if m > S.GEMV_MAX_M:
-        if sample is not None or (gact and (bias is not None or n % 8)):
-            raise NoPlan(f"at more than {S.GEMV_MAX_M} rows fusec's wgmma GEMM takes a gated unit (halves of a "
-                         "multiple of 4 rows, no bias) as its epilogue, not a sample")
-        if norm is not None and a.dtype != DType.BF16:
-            raise NoPlan(f"at more than {S.GEMV_MAX_M} rows fusec's wgmma GEMM takes a norm prologue over bf16 only "
-                         "(it scales x by the norm's weight before the product: fp16 could overflow)")
+    if m > S.GEMV_MAX_M and (norm is not None or sample is not None or not gact or bias is not None or n % 8):
+        raise NoPlan(f"at more than {S.GEMV_MAX_M} rows fusec's wgmma GEMM takes a gated unit (halves of a multiple "
+                     "of 4 rows, no bias) as its epilogue, not a norm prologue or a sample")
     return Plan(mm, norm, bias, act, res, gact, swap, sample, out, m, n, k)
 
 
@@ -365,7 +359,7 @@ def emit(ctx: Any, p: Plan, node: Node, label: str) -> None:
         emit_qgemv(ctx, spec, x, weights, between, extra, outs[0], label, outs[1:], "qgemv siblings")
         return
     if p.wide:
-        ctx.kernel(spec, [x, *weights, *between, *extra, node.output], f"{label} fusec_gemm")
+        ctx.kernel(spec, [x, *weights, node.output], f"{label} fusec_gemm")
         return
     if p.sample is None:
         if p.packed:
