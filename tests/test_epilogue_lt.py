@@ -30,6 +30,13 @@ RNG = np.random.default_rng(7)
 M, K, N = 24, 64, 96  # more rows than the skinny product (M <= 16) takes: cuBLAS(Lt)
 
 
+@pytest.fixture(autouse=True)
+def _cublas_for_few_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These products have at most 128 rows, which sm_90 runs on fusec's GEMM by default: this file is about the
+    cuBLAS/cuBLASLt lowering (FUSEC_GEMM_STREAM=0 keeps it)."""
+    monkeypatch.setenv("FUSEC_GEMM_STREAM", "0")
+
+
 def _graph(bias: bool = True, act: str = "none", residual: bool = False) -> Graph:
     """y = [res +] act(x @ w [+ b]) over fp32 constants (the precision pass stores them as asked)."""
     b = GraphBuilder("epi")

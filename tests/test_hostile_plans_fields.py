@@ -23,15 +23,18 @@ def _read(path: Path) -> tuple[dict, dict]:
     return pf.manifest, {n: bytes(pf.blob(n)) for n in pf.names()}
 
 
-# 2 x 32 tokens: products of M = 64 rows, cuBLAS launches (M <= 16 would be GEMVs)
+# 2 x 32 tokens: products of M = 64 rows, cuBLAS launches with FUSEC_GEMM_STREAM=0 (M <= 16 would be GEMVs)
 SHAPES = {"input_ids": (2, 32), "attention_mask": (2, 32)}
 
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory) -> tuple[dict, dict]:
-    """(manifest, blobs) of a compiled gpt2-tiny plan (sm_90, no GPU needed)."""
+    """(manifest, blobs) of a compiled gpt2-tiny plan (sm_90, no GPU needed), its products on cuBLAS (the gemm records
+    these tests tamper with; by default sm_90 runs products of at most 128 rows on fusec's GEMM)."""
     d = tmp_path_factory.mktemp("plans")
-    fusec.compile("gpt2-tiny", shapes=SHAPES).save(d / "g.fplan")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FUSEC_GEMM_STREAM", "0")
+        fusec.compile("gpt2-tiny", shapes=SHAPES).save(d / "g.fplan")
     return _read(d / "g.fplan")
 
 
