@@ -263,7 +263,8 @@ def plan(body: Graph) -> Plan:
         raise NoPlan("the product's result must be the group's one output")
     if m > S.GEMV_MAX_M and (norm is not None or sample is not None or not gact or bias is not None or n % 8):
         raise NoPlan(f"at more than {S.GEMV_MAX_M} rows fusec's wgmma GEMM takes a gated unit (halves of a multiple "
-                     "of 4 rows, no bias) as its epilogue, not a norm prologue or a sample")
+                     "of 4 rows, no bias) as its epilogue, not a sample or a norm prologue (one in the kernel measured "
+                     "slower than the separate RMSNorm: benchmarks/RESULTS.md, twenty-fourth session)")
     return Plan(mm, norm, bias, act, res, gact, swap, sample, out, m, n, k)
 
 
