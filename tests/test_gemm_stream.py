@@ -268,3 +268,28 @@ def test_a_prefills_gated_unit_is_the_wgmma_gemms_epilogue(monkeypatch: pytest.M
             assert not gated
     assert len(launches["sm_90", "auto"]) == len(launches["sm_90", "0"]) - 2
     assert not any("fusec_gemm" in L["label"] for L in launches["sm_80", "auto"])  # cuBLAS: the default off sm_90
+
+
+def test_the_default_keeps_cublas_where_no_wgmma_tiling_runs_in_one_wave(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A product of few rows but more columns than one wave of the wgmma form holds (a vocabulary's logits at every
+    row) keeps cuBLAS by default on sm_90, where nothing measured the form in waves; FUSEC_GEMM_STREAM=1 still puts
+    it there."""
+    import numpy as np
+
+    from fusec.builder import GraphBuilder
+    from fusec.codegen.build_gemm import wgmma_fits
+    from fusec.compiler import stage
+    from fusec.ops import Op
+    from fusec.passes.select_kernels import selection
+
+    assert not wgmma_fits(128, 40000, 64) and wgmma_fits(128, 4096, 64)
+    b = GraphBuilder("logits")
+    x = b.input("x", (128, 64), DType.F32)
+    w = b.const((np.random.default_rng(0).standard_normal((64, 40000)) * 0.02).astype(np.float32), name="w")
+    b.output(b.emit(Op.MATMUL, x, w), "y")
+    g = b.build()
+    for knob, want in (("auto", False), ("1", True)):
+        monkeypatch.setenv("FUSEC_GEMM_STREAM", knob)
+        st = stage(g, "bf16", "sm_90", dry_run=True)
+        variants = [selection(n).variant for n in st.graph.nodes if selection(n) is not None and selection(n).key]
+        assert variants and (variants == ["fusec_gemm"]) is want, variants

@@ -71,6 +71,12 @@ WGMMA_SM_GBPS = 26.5  # copy bandwidth (~3.5 TB/s) over 132 SMs
 WGMMA_WAVE = {1: SMS, 2: 128, 4: 120, 8: 128}
 
 
+def wgmma_fits(m: int, n: int, k: int) -> bool:
+    """A tiling of the wgmma form runs in one wave (``wgmma_tiling``'s candidates): where it was measured. More columns
+    (a vocabulary's logits at every row) would run in waves, which nothing measured."""
+    return _wgmma_best(m, n, k) is not None
+
+
 def wgmma_tiling(m: int, n: int, k: int) -> tuple[int, int]:
     """The wgmma form's (columns a block, K split) for an [m, k] x [k, n] product (m <= 128): of the tilings whose
     blocks run in one wave (``WGMMA_WAVE``, one or two blocks an SM) with at least 512 of K a block where K is split,
@@ -80,6 +86,11 @@ def wgmma_tiling(m: int, n: int, k: int) -> tuple[int, int]:
     products; the rule before (``stream_bn``'s columns, ``stream_splits``) had Qwen3's QKV at 9.14 us against 6.18 now
     (BN 32, unsplit) and its gate/up at 9.55 against 7.61 (BN 64, unsplit); cuBLAS took 5.43-5.58 and 6.11-6.15
     (RESULTS.md, twenty-fourth session)."""
+    best = _wgmma_best(m, n, k)
+    return (128, 1) if best is None else best  # none in one wave: the widest, in waves
+
+
+def _wgmma_best(m: int, n: int, k: int) -> tuple[int, int] | None:
     bm = 64 if m <= 64 else 128
     best: tuple[float, int, int] | None = None
     for bn in (32, 64, 128):
@@ -97,9 +108,7 @@ def wgmma_tiling(m: int, n: int, k: int) -> tuple[int, int]:
             t = max(slice_us, weight_us) + WGMMA_SPLIT_US[ks] * max(1, bn // 64)
             if best is None or t < best[0]:
                 best = (t, bn, ks)
-    if best is None:  # more columns than two waves hold even unsplit at 128 a block: the widest, in waves
-        return 128, 1
-    return best[1], best[2]
+    return None if best is None else (best[1], best[2])
 
 
 def _gemm_wgmma(spec: S.GemmSpec, ctx: dict) -> Rendered:

@@ -33,6 +33,7 @@ import math
 
 from fusec import knobs
 from fusec.codegen import specs as S
+from fusec.codegen.build_gemm import wgmma_fits
 from fusec.dtypes import DType
 from fusec.ir import Graph, Node, Value
 from fusec.lower import gemm_lt
@@ -189,14 +190,15 @@ def _gemv_fits(m: int, k: int, a: Value) -> bool:
     return m <= S.GEMV_MAX_M and k % (16 // a.dtype.itemsize) == 0
 
 
-def gemm_stream(wgmma: bool) -> bool:
+def gemm_stream(wgmma: bool, one_wave: bool = True) -> bool:
     """Whether products that fusec's GEMM takes in its stream form run there (FUSEC_GEMM_STREAM): by default where its
     wgmma form runs (``wgmma``: sm_90). Measured on an H200 in one process against cuBLAS (RESULTS.md, twenty-fourth
     session): Qwen3-0.6B's 128-token prefill 1.245 ms against 1.307, the Llama-1B shape's 32-token one 1.035 against
     1.091, GPT-2 small at 1 x 128 0.82x, BERT-base at 1 x 128 0.77x, MiniLM at 4 x 32 0.83x. The mma.sync form took
-    1.1-2.2x cuBLAS's time (twenty-second session): not by default."""
+    1.1-2.2x cuBLAS's time (twenty-second session): not by default. Nor where no tiling of the wgmma form runs in one
+    wave (``one_wave``: ``build_gemm.wgmma_fits``; a vocabulary's logits at every row), which nothing measured."""
     v = knobs.get("FUSEC_GEMM_STREAM")
-    return v == "1" or (v == "auto" and wgmma)
+    return v == "1" or (v == "auto" and wgmma and one_wave)
 
 
 def choose(choices: dict[str, str], cp: ChoicePoint, wgmma: bool = False) -> str:
@@ -214,7 +216,8 @@ def choose(choices: dict[str, str], cp: ChoicePoint, wgmma: bool = False) -> str
         return explicit
     if "gemv" in cp.variants:
         return "gemv"
-    if "fusec_gemm" in cp.variants and gemm_stream(wgmma) and stream_fits(cp.m, cp.n, cp.k, cp.a.dtype):
+    if "fusec_gemm" in cp.variants and stream_fits(cp.m, cp.n, cp.k, cp.a.dtype) \
+            and gemm_stream(wgmma, wgmma_fits(cp.m, cp.n, cp.k)):
         return "fusec_gemm"
     if gemm_lt.VARIANT in cp.variants:  # one cuBLASLt call instead of cuBLAS + an epilogue kernel
         return gemm_lt.VARIANT

@@ -24,6 +24,7 @@ import math
 from typing import Any
 
 from fusec.codegen import specs as S
+from fusec.codegen.build_gemm import wgmma_fits
 from fusec.ir import Graph, Node, Value
 from fusec.ops import Op
 
@@ -261,9 +262,10 @@ def plan(body: Graph) -> Plan:
             raise NoPlan("a gated unit does not feed a sample")
     elif out not in body.outputs or len(body.outputs) != 1:
         raise NoPlan("the product's result must be the group's one output")
-    if m > S.GEMV_MAX_M and (norm is not None or sample is not None or not gact or bias is not None or n % 8):
+    if m > S.GEMV_MAX_M and (norm is not None or sample is not None or not gact or bias is not None or n % 8
+                             or not wgmma_fits(m, n, k)):
         raise NoPlan(f"at more than {S.GEMV_MAX_M} rows fusec's wgmma GEMM takes a gated unit (halves of a multiple "
-                     "of 4 rows, no bias) as its epilogue, not a sample or a norm prologue (one in the kernel measured "
+                     "of 4 rows, no bias, a tiling in one wave) as its epilogue, not a sample or a norm prologue (one in the kernel measured "
                      "slower than the separate RMSNorm: benchmarks/RESULTS.md, twenty-fourth session)")
     return Plan(mm, norm, bias, act, res, gact, swap, sample, out, m, n, k)
 
