@@ -110,17 +110,13 @@ def main() -> int:
             if k % (64 * sp):
                 continue
             wg = form.startswith("wgmma")
-            # the wgmma form: the rule's columns a block at the rule's split, else --bn's (or the rule's)
-            bn = bn or (wg_bn if wg and sp == wg_rule else 0)
+            bn = (bn or wg_bn) if wg else 0  # the wgmma form: --bn's columns a block, else the rule's
             spec = S.GemmSpec(m, n, k, DType.F16, splits=sp, trans_b=wg, wgmma=wg, bn=bn)
             if wg:  # the ring's cap for this build (a benchmark's experiment, not a product setting)
                 build_gemm.WGMMA_MAX_STAGES = cap
             ck = K.build(spec)
-            is_rule = (wg_rule, wg_bn) == (sp, bn or wgmma_tiling(m, n, k)[0]) if wg else sp == rule
-            if wg and args.max_stages:
-                form = f"{form} <= {cap} stages"
-            if wg:
-                form = f"{form}, BN {bn or wg_bn}"
+            is_rule = (sp, bn) == (wg_rule, wg_bn) if wg else sp == rule
+            label = form + (f" <= {cap} stages" if wg and args.max_stages else "") + (f", BN {bn}" if wg else "")
             if form == "wgmma-nofence":  # what the async-proxy fence costs (timing only: without it nothing orders the
                 src = ck.source.replace('asm volatile("fence.proxy.async.shared::cta;" ::: "memory");', "")  # copies)
                 assert src != ck.source
@@ -135,13 +131,13 @@ def main() -> int:
             if args.trace:
                 for b in ws[1:]:  # the other copies through L2: the traced launch reads ws[0] from DRAM
                     K.launch(ck, [a, b, out])
-                print(f"| {m}x{n}x{k} | {form}, splits {sp} | {ck.grid} | {trace_once(ck, [a, ws[0], out])} |",
+                print(f"| {m}x{n}x{k} | {label}, splits {sp} | {ck.grid} | {trace_once(ck, [a, ws[0], out])} |",
                       flush=True)
                 continue
             t = graph_time([lambda st, a=a, b=b, ck=ck, out=out: K.launch(ck, [a, b, out], st) for b in ws], N)
             err = float(cp.abs(out.astype(cp.float32) - ref).max() / (cp.abs(ref).max() + 1e-9))
             gbs = n * k * 2 / (t * 1e-6) / 1e9
-            print(f"| {m}x{n}x{k} | {t_cublas:.2f} | {form}, {sp}{' (rule)' if is_rule else ''} | {ck.grid} | "
+            print(f"| {m}x{n}x{k} | {t_cublas:.2f} | {label}, {sp}{' (rule)' if is_rule else ''} | {ck.grid} | "
                   f"{ck.shared_mem} | {t:.2f} | {t / t_cublas:.2f} | {gbs:.0f} (err {err:.1e}) |", flush=True)
         del bs
     handle.close()

@@ -1,7 +1,7 @@
 """Plans of built-in models at a few rows (M = batch x sequence <= 128: a prefill's, a small encoder request) with their
 products on cuBLAS (FUSEC_GEMM_STREAM=0) and on fusec's GEMM (=1; on sm_90 its wgmma form), compiled in one process
-and timed in turns as bound CUDA graphs (CUDA events, median of the rounds' medians): whether the knob's default on
-sm_90 holds beyond the generation prefills it was measured on. Random weights (seed 0); the outputs' relative
+and timed in turns as bound CUDA graphs (bench_models.time_cuda, median of the rounds' medians): whether the knob's
+default on sm_90 holds beyond the generation prefills it was measured on. Random weights (seed 0); the outputs' relative
 difference is printed beside the times.
 
     python benchmarks/stream_ab.py [--cases gpt2-small:1x128,bert-base:1x128,minilm:4x32] [--dtype fp16] [--rounds 7]
@@ -15,6 +15,9 @@ import statistics
 import sys
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_models import time_cuda  # noqa: E402  (the benchmarks' CUDA-event timing, as compare.py's)
 
 
 def main() -> int:
@@ -46,18 +49,9 @@ def main() -> int:
         stream = cp.cuda.get_current_stream()
         times: dict[str, list[float]] = {"0": [], "1": []}
         for r in range(args.rounds):
-            for knob in (("0", "1") if r % 2 == 0 else ("1", "0")):
-                a, e = cp.cuda.Event(), cp.cuda.Event()
-                for _ in range(5):
-                    bound[knob].run(stream)
-                ts = []
-                for _ in range(20):
-                    a.record(stream)
-                    bound[knob].run(stream)
-                    e.record(stream)
-                    e.synchronize()
-                    ts.append(cp.cuda.get_elapsed_time(a, e))
-                times[knob].append(statistics.median(ts))
+            for knob in (("0", "1") if r % 2 == 0 else ("1", "0")):  # compare.py's timing of a bound plan, in turns
+                run = bound[knob].run
+                times[knob].append(time_cuda(lambda run=run, st=stream: run(st), warmup=5, iters=20)["median_ms"])
         t0, t1 = statistics.median(times["0"]), statistics.median(times["1"])
         diff = max(float(np.max(np.abs(outs["0"][k] - outs["1"][k])) / (np.max(np.abs(outs["0"][k])) + 1e-30))
                    for k in outs["0"])

@@ -69,8 +69,8 @@ def explain(graph: Any, disabled: list[str] = (), enabled: list[str] = (), show_
     launches: list[Node] = [n for n in g.nodes if view_of(n) is None]
     for n, text in zip(launches, kernels):
         sel = getattr(n, "kernel", None)  # kernel selection's record: a product's back end, the spec parameters
-        # a product's back end where it had alternatives, and wherever it is fusec's GEMM (a gated unit's wgmma form)
-        variant = f" [{sel.variant}]" if sel is not None and sel.variant and (sel.key or sel.variant == "fusec_gemm") \
+        # the back end where it had alternatives, or where it is not the family's namesake (a gated unit's fusec_gemm)
+        variant = f" [{sel.variant}]" if sel is not None and sel.variant and (sel.key or sel.variant != sel.family) \
             else ""
         params = getattr(sel, "params", ())
         slot(ctx.layer(n))["kernels"].append(text + variant

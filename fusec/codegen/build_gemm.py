@@ -98,7 +98,7 @@ def _wgmma_best(m: int, n: int, k: int) -> tuple[int, int] | None:
             blocks = cdiv(n, bn) * ks
             if k % (S.GEMM_STREAM_BK * ks) or (ks > 1 and k // ks < 512):
                 continue
-            wave = min(SMS, WGMMA_WAVE[ks])
+            wave = WGMMA_WAVE[ks]
             per_sm = 1 if blocks <= wave else 2 if blocks <= 2 * wave else 0
             if not per_sm:
                 continue

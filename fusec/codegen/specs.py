@@ -371,9 +371,9 @@ class GemmSpec:
              f"gemm bn (the wgmma form's columns a block) must be 32, 64 or 128, got {self.bn}")
         _req(self.glu in ("",) + GLU_ACTS and (self.glu or not self.glu_swap),
              f"gemm glu must be one of {GLU_ACTS} or empty (glu_swap with it)")
-        _req(not self.glu or (self.wgmma and self.N % 8 == 0 and self.epilogue == Epilogue()),
-             "a gated gemm is the wgmma form's, over an even split of rows into halves of a multiple of 4, with no "
-             "other epilogue")
+        # (the wgmma form's N, a multiple of 8, splits into halves of a multiple of 4: its 4-column stores)
+        _req(not self.glu or (self.wgmma and self.epilogue == Epilogue()),
+             "a gated gemm is the wgmma form's, with no other epilogue")
         _req(self.splits == 1 or ((self.stream or self.wgmma) and self.K % (GEMM_STREAM_BK * self.splits) == 0),
              "a K split needs the stream form (fp16/bf16, one batch, A and B not transposed, M <= 128, K a multiple "
              "of 64, N of 8) or the wgmma form, and K a multiple of 64 x splits")
