@@ -351,7 +351,7 @@ def main() -> int:
     ap.add_argument("--variants", action="store_true", help="kernels: the quantized GEMV's forms (FMA; tensor cores "
                     "at 4, 8, 16 warps) on Llama-1B's shapes at M = 1, 2, 3, 4 and 8")
     ap.add_argument("--qgemv-forms", default="auto", help="decode: the packed plans once per packed-product form "
-                    "(comma list of auto, tc, fma: FUSEC_QGEMV_FORM), timed in the same process")
+                    "(comma list of auto, tc, dp4a, fma: FUSEC_QGEMV_FORM), timed in the same process")
     args = ap.parse_args()
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)

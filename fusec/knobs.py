@@ -58,10 +58,11 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "benchmarks/decode_step.py --ab FUSEC_GEMV_SPREAD=1)", ("0", "1", "2", "4")),
     Knob("FUSEC_QGEMV_FORM", "choice", "auto", "how decode products over packed weights compute: auto, the rule "
          "(fusec.lower.quant.gemv_form: integer dot products over x as two int8 digits per value up to 3 rows of "
-         "fp16/bf16 x and up to 8 where the tensor-core form does not apply, tensor cores for 4- to 6-bit codes "
-         "where they fit, else fp32 FMAs); tc: the rule without the dp4a form; fma: fp32 FMAs everywhere (the A/B "
-         "of benchmarks/quant_bench.py --qgemv-forms)",
-         ("auto", "tc", "fma")),
+         "fp16/bf16 x and up to 8 where the tensor-core form does not apply, tensor cores for 4- to 8-bit codes "
+         "where they fit, else fp32 FMAs); tc: the rule without the dp4a form; dp4a: the rule without the "
+         "tensor-core form; fma: fp32 FMAs everywhere (the A/B of benchmarks/quant_bench.py --variants and "
+         "benchmarks/decode_step.py --ab FUSEC_QGEMV_FORM=dp4a)",
+         ("auto", "tc", "dp4a", "fma")),
     Knob("FUSEC_QGEMV_MAX_ROWS", "int", 16, "the most rows of x the quantized GEMV takes (0-16); a product over "
          "packed weights with more dequantizes them to scratch and runs cuBLAS, as a prefill does (fewer than 16: "
          "that path at small batches, slower at batch 8 on an H200: 1B Q8_0 2.862 ms a step against 2.702, Q4_K_M "
@@ -90,8 +91,8 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "1: such products take the FMA form, as before the sixteenth session; the A/B of benchmarks/decode_step.py "
          "--ab FUSEC_QGEMV_TC_RUNS=1)", ("1", "2", "3", "4")),
     Knob("FUSEC_QGEMV_WIDE_GATE", "choice", "dp4a", "a gated quantized product at 4-8 rows of x that the tensor-core "
-         "form does not take (8-bit codes): dp4a: the dp4a form, the gated unit apart; fma: the FMA form with its gated "
-         "unit (the 1B Q8_0 decode step at batch 8: 1.697 ms against 2.696, H200; the A/B of benchmarks/decode_step.py "
+         "form does not take (FUSEC_QGEMV_FORM=dp4a, or rows too long for its shared memory): dp4a: the dp4a "
+         "form, the gated unit apart; fma: the FMA form with its gated unit (the 1B Q8_0 decode step at batch 8: 1.697 ms against 2.696, H200; the A/B of benchmarks/decode_step.py "
          "--ab FUSEC_QGEMV_WIDE_GATE=fma)", ("dp4a", "fma")),
     Knob("FUSEC_QGEMV_DP4A_CLUSTER", "choice", "auto", "the dp4a quantized GEMV on sm_90: blocks a thread block cluster "
          "whose warps take turns writing x's digits, each into every block's shared memory; auto: the rule "

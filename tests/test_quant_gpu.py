@@ -282,8 +282,7 @@ def test_dp4a_qgemv_propagates_nan(norm):
     assert np.isnan(got[1]).all() and np.isfinite(got[[0, 2]]).all()
 
 
-TC_FORMATS = [(f, g) for f in quant.FORMATS if quant.FORMATS[f].bits < 8
-              for g in ((quant.FORMATS[f].group,) if quant.FORMATS[f].group else (16, 64))]
+TC_FORMATS = [(f, g) for f in quant.FORMATS for g in ((quant.FORMATS[f].group,) if quant.FORMATS[f].group else (16, 64))]
 
 
 @pytest.mark.parametrize("fmt,group", TC_FORMATS)
@@ -292,18 +291,20 @@ TC_FORMATS = [(f, g) for f in quant.FORMATS if quant.FORMATS[f].bits < 8
 def test_tensor_core_qgemv_matches_reference(fmt, group, m, warps, passes):
     """The tensor-core form against the exact sum (float64 over the reference's weights): within
     half an ulp of the stored type plus fp32 accumulation error, at odd N (a partial last block of
-    16 rows), K not a multiple of the warps' chunks, bias + SiLU + residual; fp16 and bf16; 4-, 5- and
-    6-bit codes (their bit planes in 16-byte copies where every row's and warp's range is aligned, else 4-byte
+    16 rows), K not a multiple of the warps' chunks, bias + SiLU + residual; fp16 and bf16; 4-, 5-, 6-
+    and 8-bit codes (signed, and unsigned with zero points) (their bit planes in 16-byte copies where every row's and warp's range is aligned, else 4-byte
     ones: tests/test_quant_kernels.py checks both occur here); a warp's chunks in one run or
     in 2-3 runs copied in turn (the last runs of the last warps partial or empty)."""
     n, k = 301, 1536 if quant.FORMATS[fmt].super_block else 1472  # 46 chunks (and 48): warps run out at odd places
     if quant.FORMATS[fmt].group:
         qw = sample_weight(fmt, n, k, RNG)
     else:
-        signed = fmt == "int4"  # symmetric: int8 codes in [-8, 8), no zero points
-        q = RNG.integers(-8, 8, (n, k)).astype(np.int8) if signed else RNG.integers(0, 16, (n, k)).astype(np.uint8)
+        bits = quant.FORMATS[fmt].bits
+        half = 1 << (bits - 1)
+        signed = fmt in ("int4", "int8")  # symmetric: int8 codes in [-half, half), no zero points
+        q = RNG.integers(-half, half, (n, k)).astype(np.int8) if signed else RNG.integers(0, 2 * half, (n, k)).astype(np.uint8)
         qw = quant.from_affine(q, (RNG.random((n, k // group)) * 0.01 + 1e-3).astype(np.float16),
-                               None if signed else RNG.integers(0, 16, (n, k // group)).astype(np.uint8), 4)
+                               None if signed else RNG.integers(0, 2 * half, (n, k // group)).astype(np.uint8), bits)
         assert qw.format == fmt
     w = qw.dequantize().astype(np.float64)
     for dt in (F16, BF16):

@@ -156,8 +156,8 @@ def test_gemv_form_folds_at_one_row_only():
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_gemv_form_takes_dp4a_where_it_fits_and_tensor_cores_do_not(fmt, monkeypatch):
     """fp16/bf16 x, x written within the form's shared memory: the dp4a form up to 3 rows, and up to 8 where the
-    tensor-core form does not take the product (8-bit codes; a gated product too, the gated unit apart); 8 warps; at
-    one row of x 8 chunks a round (FUSEC_QGEMV_DP4A_CHUNKS=4: 4) over two weight rows a task below K = 8192, at 2-3 rows 4 over two rows
+    tensor-core form does not take the product (FUSEC_QGEMV_FORM=dp4a; a gated product too, the gated unit apart); 8
+    warps; at one row of x 8 chunks a round (FUSEC_QGEMV_DP4A_CHUNKS=4: 4) over two weight rows a task below K = 8192, at 2-3 rows 4 over two rows
     below K = 4096, a gated unit's two halves always; from 4 rows one row a task, 2 chunks; 2 blocks an SM
     (FUSEC_QGEMV_DP4A_BLOCKS: its value). fp32 x, M > 8, rows too long, or FUSEC_QGEMV_FORM=tc/fma: not. (4 rows a
     task, the FILL and WIDE_ROWS rules, are off here: their own tests below.)"""
@@ -165,11 +165,12 @@ def test_gemv_form_takes_dp4a_where_it_fits_and_tensor_cores_do_not(fmt, monkeyp
     monkeypatch.setenv("FUSEC_QGEMV_DP4A_WIDE_ROWS", "1")
     group = FORMATS[fmt].group or 32
     bits = FORMATS[fmt].bits
-    for m in range(1, 10):
+    for m, choice in [(m, "auto") for m in range(1, 10)] + [(m, "dp4a") for m in range(4, 10)]:
+        monkeypatch.setenv("FUSEC_QGEMV_FORM", choice)
         for dt in (DType.BF16, DType.F16, DType.F32):
             for norm, glu in ((False, False), (True, True)):
                 f = gemv_form(m, 16384, 2048, fmt, group, dt, norm, glu)
-                tensor = bits in TC_MIN_M and m >= TC_MIN_M[bits] and m <= 8 and dt != DType.F32
+                tensor = choice == "auto" and m >= TC_MIN_M[bits] and m <= 8 and dt != DType.F32
                 assert f.get("tc", False) == (tensor and not (m <= 3 and dt != DType.F32)), (m, dt, f)
                 wide_ok = m <= 8 and not tensor
                 assert f.get("dp4a", False) == (dt != DType.F32 and (m <= 3 or (m >= 4 and wide_ok))), (m, dt, f)
@@ -209,15 +210,16 @@ def test_gemv_form_takes_dp4a_where_it_fits_and_tensor_cores_do_not(fmt, monkeyp
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 8, 9])
 @pytest.mark.parametrize("dt", [DType.BF16, DType.F16, DType.F32])
 def test_gemv_form_takes_tensor_cores_where_they_fit(fmt, m, dt, monkeypatch):
-    """Without the dp4a form: 4- to 6-bit codes, fp16/bf16, from M = 3 (4-bit) or 4 (5, 6) to 8: the
+    """Without the dp4a form: 4- to 8-bit codes, fp16/bf16, from M = 3 (4-bit) or 4 (5, 6, 8) to 8: the
     tensor-core form, 4 warps a block of 16 rows where two blocks an SM run, 8 from 160 blocks, else
-    16; anything else, or FUSEC_QGEMV_FORM=fma: the FMA form. And with it, from M = 4."""
+    16; anything else, or FUSEC_QGEMV_FORM=fma: the FMA form. And with it, from M = 4; with
+    FUSEC_QGEMV_FORM=dp4a never."""
     from fusec.codegen.build_quant import qgemv_tc_geometry
     from fusec import knobs
     from fusec.lower.quant import TC_SMEM_MAX
 
     bits = FORMATS[fmt].bits
-    fits = bits in (4, 5, 6) and (3 if bits == 4 else 4) <= m <= 8 and dt != DType.F32
+    fits = (3 if bits == 4 else 4) <= m <= 8 and dt != DType.F32
     monkeypatch.setenv("FUSEC_QGEMV_FORM", "tc")  # the rule without the dp4a form (the test above)
     group = FORMATS[fmt].group or 32
     for n, warps in ((2048, 16), (2544, 16), (2560, 8), (3072, 8), (4208, 8), (4224, 4), (128256, 4)):
@@ -227,14 +229,18 @@ def test_gemv_form_takes_tensor_cores_where_they_fit(fmt, m, dt, monkeypatch):
     # rows too long for the tensor-core form's copy of them in shared memory: runs of chunks a warp copies in turn,
     # then, past FUSEC_QGEMV_TC_RUNS runs, the FMA form
     hb = FORMATS[fmt].high_planes
-    long_k = next(k for k in range(2048, 1 << 20, 2048) if qgemv_tc_geometry(k, group, 16, hb)["smem"] > TC_SMEM_MAX)
+    long_k = next(k for k in range(2048, 1 << 20, 2048)
+                  if qgemv_tc_geometry(k, group, 16, hb, 1, bits)["smem"] > TC_SMEM_MAX)
     assert gemv_form(m, 2048, long_k, fmt, group, dt).get("passes", 0) == (2 if fits else 0)
     assert "passes" not in gemv_form(m, 2048, long_k - 2048, fmt, group, dt)
     assert gemv_form(m, 2048, long_k - 2048, fmt, group, dt).get("tc", False) == fits
     longer = next(k for k in range(long_k, 1 << 22, 2048)
-                  if qgemv_tc_geometry(k, group, 16, hb, int(knobs.get("FUSEC_QGEMV_TC_RUNS")))["smem"] > TC_SMEM_MAX)
+                  if qgemv_tc_geometry(k, group, 16, hb, int(knobs.get("FUSEC_QGEMV_TC_RUNS")), bits)["smem"]
+                  > TC_SMEM_MAX)
     assert "tc" not in gemv_form(m, 2048, longer, fmt, group, dt)
     monkeypatch.setenv("FUSEC_QGEMV_FORM", "fma")
+    assert "tc" not in gemv_form(m, 16384, 2048, fmt, group, dt)
+    monkeypatch.setenv("FUSEC_QGEMV_FORM", "dp4a")
     assert "tc" not in gemv_form(m, 16384, 2048, fmt, group, dt)
     monkeypatch.setenv("FUSEC_QGEMV_FORM", "auto")
     assert gemv_form(m, 16384, 2048, fmt, group, dt).get("tc", False) == (fits and m > 3)
@@ -243,12 +249,43 @@ def test_gemv_form_takes_tensor_cores_where_they_fit(fmt, m, dt, monkeypatch):
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_tensor_core_form_compiles(arch):
     epi = Epilogue(bias=True, activation="silu", residual=True)
-    for fmt in (f for f in FORMATS if FORMATS[f].bits < 8):
+    for fmt in FORMATS:
         for group in ((FORMATS[fmt].group,) if FORMATS[fmt].group else (16, 128)):
             for dt, m, warps in ((DType.BF16, 1, 8), (DType.F16, 8, 16)):
                 ck = K.build(QGemvSpec(m, 301, 512, fmt, group, dt, DType.F16, epi, tc=True, warps=warps), arch)
                 assert ck.template == "qgemv_tc.cu.jinja" and ck.binary.spill_bytes == 0, (fmt, group, dt)
                 assert ck.grid[0] == 19 and ck.block[0] == 32 * warps and ck.shared_mem > 0
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "int8", "uint8"])
+@pytest.mark.parametrize("dt", [DType.F16, DType.BF16])
+def test_tensor_core_eight_bit_operands_are_bias_plus_code_exactly(fmt, dt):
+    """The tensor-core form's 8-bit A operands, as the kernel's source defines them (CODE_MASK, MAGIC, MAGIC_HI),
+    over every byte pair: fp16 reads MAGIC | u as 1024 + u; bf16 sums its two operands (the low 7 bits, then bit 7)
+    to 256 + u; u is the stored byte, or q + 128 for signed codes; and BIAS is that constant."""
+    import re
+
+    import ml_dtypes
+
+    src = K.prepare(QGemvSpec(8, 64, 256, fmt, FORMATS[fmt].group or 32, dt, DType.F16, tc=True, warps=4))[1]
+    const = {n: int(v) for n, v in re.findall(r"#define (CODE_MASK|MAGIC|MAGIC_HI) (\d+)u", src)}
+    bias = float(re.search(r"#define BIAS (\S+)", src).group(1).rstrip("f"))
+    b = np.arange(256, dtype=np.uint32)
+    words = b | (b[::-1] << 16)  # bytes 0 and 2 of a code word: every value, each half
+    u = (words ^ 0x00800080) if FORMATS[fmt].signed else words  # the codes as unsigned (signed: q + 128)
+    np16 = np.float16 if dt == DType.F16 else ml_dtypes.bfloat16
+
+    def halves(w: np.ndarray) -> np.ndarray:
+        return np.stack([w & 0xFFFF, w >> 16], -1).astype(np.uint16).view(np16).astype(np.float64)
+
+    total = halves((words & const["CODE_MASK"]) ^ const["MAGIC"])
+    if dt == DType.BF16:
+        total = total + halves((words & 0x00800080) ^ const["MAGIC_HI"])
+    else:
+        assert const["MAGIC_HI"] == 0
+    want = bias + np.stack([u & 0xFF, (u >> 16) & 0xFF], -1).astype(np.float64)
+    assert np.array_equal(total, want), (fmt, dt)
+    assert bias == (1024.0 if dt == DType.F16 else 256.0)
 
 
 def test_tensor_core_bit_planes_copy_16_bytes_where_aligned():
@@ -302,14 +339,14 @@ LLAMA_SHAPES = [(3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192), (128256
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_the_forms_the_rule_picks_do_not_spill(arch):
     """At batch 8 the rule's form (tensor cores where they fit) of every Llama-1B and 7B product in
-    Q4_K and Q6_K compiles without register spills (ptxas -v through NVRTC)."""
+    Q4_K, Q6_K and Q8_0 compiles without register spills (ptxas -v through NVRTC)."""
     pending = []
     for n, k in LLAMA_SHAPES:
-        for fmt, group in (("q4_k", 32), ("q6_k", 16)):
+        for fmt, group in (("q4_k", 32), ("q6_k", 16), ("q8_0", 32)):
             form = gemv_form(8, n, k, fmt, group, DType.BF16)
             pending.append(((n, k, fmt, form), K.build_async(QGemvSpec(8, n, k, fmt, group, DType.BF16, DType.F16,
                                                                       **form), arch)))
-    assert sum(bool(f.get("tc")) for (_, _, _, f), _ in pending) >= 12  # most of them run on tensor cores
+    assert sum(bool(f.get("tc")) for (_, _, _, f), _ in pending) >= 20  # most of them run on tensor cores
     for what, p in pending:
         assert p.result().binary.spill_bytes == 0, what
 
@@ -364,10 +401,11 @@ def test_rounding_by_an_add_gives_rintf_digits():
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_dp4a_rounds_by_an_add_and_compiles_for_both_archs(arch):
+def test_dp4a_rounds_by_an_add_and_compiles_for_both_archs(arch, monkeypatch):
     """The dp4a form rounds x's digits with an add of 1.5 * 2^23 (no rintf); it compiles without spills at the
-    Llama-1B gate/up (norm + gated unit) and down shapes at 1 row of x and Q8_0's qkv at 8, a bf16 norm rounding
-    two values at a time and an fp16 one a value at a time."""
+    Llama-1B gate/up (norm + gated unit) and down shapes at 1 row of x and Q8_0's qkv at 8 (the rule without the
+    tensor-core form), a bf16 norm rounding two values at a time and an fp16 one a value at a time."""
+    monkeypatch.setenv("FUSEC_QGEMV_FORM", "dp4a")
     for fmt, m, n, k, norm, glu, dt in (("q4_k", 1, 16384, 2048, True, True, DType.BF16),
                                         ("q6_k", 1, 2048, 8192, False, False, DType.BF16),
                                         ("q8_0", 8, 3072, 2048, True, False, DType.BF16),
@@ -471,9 +509,12 @@ def test_dp4a_cluster_knob_and_grid(arch, monkeypatch):
     for the tensor-core or FMA forms; the knob's number everywhere on the dp4a form. The grid is whole clusters (at
     least one, where a product has fewer tasks than a cluster's warps); the kernel declares the cluster only on sm_90
     (sm_80 has none: the same kernel writes every digit in every block) and compiles without spills on the 7B down and
-    gate/up shapes. A spec takes 1, 2 or 4, and only on the dp4a form."""
+    gate/up shapes. A spec takes 1, 2 or 4, and only on the dp4a form. (8-bit codes at 4-8 rows take the dp4a form
+    without the tensor-core form: FUSEC_QGEMV_FORM=dp4a.)"""
     from fusec.codegen.spec_base import SMS
 
+    assert "cluster" not in gemv_form(8, 2048, 2048, "q8_0", 32, DType.BF16)  # the rule's tensor-core form
+    monkeypatch.setenv("FUSEC_QGEMV_FORM", "dp4a")
     assert "cluster" not in gemv_form(1, 4096, 11008, "q4_k", 32, DType.BF16)
     assert gemv_form(8, 2048, 2048, "q8_0", 32, DType.BF16)["cluster"] == 2
     assert gemv_form(4, 2048, 2048, "q8_0", 32, DType.BF16)["cluster"] == 2
@@ -482,6 +523,7 @@ def test_dp4a_cluster_knob_and_grid(arch, monkeypatch):
     assert "cluster" not in gemv_form(8, 2048, 2048, "q8_0", 32, DType.BF16)
     monkeypatch.setenv("FUSEC_QGEMV_DP4A_CLUSTER", "4")
     assert gemv_form(1, 4096, 11008, "q4_k", 32, DType.BF16)["cluster"] == 4
+    monkeypatch.setenv("FUSEC_QGEMV_FORM", "auto")
     assert "cluster" not in gemv_form(8, 4096, 2048, "q4_k", 32, DType.BF16)  # tensor cores
     assert "cluster" not in gemv_form(1, 4096, 2048, "q4_k", 32, DType.F32)  # FMA
     for n, k, norm, glu, cl in ((4096, 11008, False, False, 4), (22016, 4096, True, True, 2), (24, 2048, False, False, 4)):
@@ -506,7 +548,9 @@ LLAMA_SHAPES_1B_NORM = [(3072, 2048, True), (2048, 2048, False), (2048, 8192, Fa
 def test_dp4a_wide_rows_four(arch, monkeypatch):
     """The rule (FUSEC_QGEMV_DP4A_WIDE_ROWS=4 by default): at 4-8 rows of x the dp4a form takes 4 weight rows a
     task, one chunk a round each, for 8-bit codes without zero-point operands (uint8 spilled: it keeps one row); the
-    Llama-1B shapes where it fits compile without spills. FUSEC_QGEMV_DP4A_WIDE_ROWS=1: one row, 2 chunks."""
+    Llama-1B shapes where it fits compile without spills. FUSEC_QGEMV_DP4A_WIDE_ROWS=1: one row, 2 chunks. (There 8-bit
+    codes take the dp4a form without the tensor-core form: FUSEC_QGEMV_FORM=dp4a.)"""
+    monkeypatch.setenv("FUSEC_QGEMV_FORM", "dp4a")
     pending = []
     for fmt in ("q8_0", "int8", "uint8"):
         g = FORMATS[fmt].group or 128
@@ -538,7 +582,7 @@ def test_dp4a_form_refuses_what_it_cannot_take():
 
 
 def test_tensor_core_form_refuses_what_it_cannot_take():
-    for m, fmt, dt, warps in ((9, "q4_k", DType.BF16, 8), (1, "int8", DType.BF16, 8), (1, "q8_0", DType.F16, 8),
+    for m, fmt, dt, warps in ((9, "q4_k", DType.BF16, 8), (9, "int8", DType.BF16, 8), (1, "q8_0", DType.F32, 8),
                               (1, "q4_0", DType.F32, 8), (1, "q4_0", DType.BF16, 2)):
         with pytest.raises(ValueError, match="tensor-core"):
             QGemvSpec(m, 64, 256, fmt, FORMATS[fmt].group or 32, dt, DType.F16, tc=True, warps=warps)

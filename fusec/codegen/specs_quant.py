@@ -167,7 +167,7 @@ class QGemvSpec:
         _req(self.rows in (1, 2, 4), "rows per warp must be 1, 2 or 4")
         _check_format(self.fmt, self.N, self.K, self.group, self.scale_dtype)
         if self.tc:
-            _req(tc_fits(self.M, self.fmt, self.dtype), "the tensor-core quantized gemv takes 4- to 6-bit "
+            _req(tc_fits(self.M, self.fmt, self.dtype), "the tensor-core quantized gemv takes 4- to 8-bit "
                  "formats, M <= 8, fp16/bf16")
             _req(self.warps in (4, 8, 16), "the tensor-core quantized gemv has 4, 8 or 16 warps")
         _req(self.passes in (1, 2, 3, 4) and (self.passes == 1 or self.tc),
@@ -210,12 +210,12 @@ class QGemvSpec:
 
 
 def tc_fits(m: int, fmt: str, dtype: DType) -> bool:
-    """Whether the tensor-core form takes this product: 4- to 6-bit codes (one LOP3 makes a 16-bit
-    number of a code, bit planes OR in the rest), at most 8 rows of x (the mma's n), fp16/bf16
-    activations (the mma's types)."""
+    """Whether the tensor-core form takes this product: 4- to 8-bit codes (one LOP3 makes a 16-bit
+    number of a code; bit planes OR in bits 4-5; bf16's 8-bit codes take a second operand for bit 7), at
+    most 8 rows of x (the mma's n), fp16/bf16 activations (the mma's types)."""
     from fusec.quant import FORMATS
 
-    return FORMATS[fmt].bits in (4, 5, 6) and m <= 8 and dtype in (DType.F16, DType.BF16)
+    return FORMATS[fmt].bits in (4, 5, 6, 8) and m <= 8 and dtype in (DType.F16, DType.BF16)
 
 
 @dataclasses.dataclass(frozen=True)

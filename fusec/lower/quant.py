@@ -60,14 +60,15 @@ TC_SMEM_MAX = 144 << 10  # the tensor-core form's copy of its rows: within sm_80
 TC_MAX_CPW = 16
 # fewer rows: the FMA form (faster at M = 1 on every Llama-1B shape; its time grows with M, the TC form's not). 4-bit
 # codes: the layer's products take the same time either way at M = 2 and 3; 6-bit (their bit planes cost the TC form
-# more): at M = 4. 5-bit was not timed and follows 6-bit.
-TC_MIN_M = {4: 3, 5: 4, 6: 4}
+# more): at M = 4. 5-bit was not timed and follows 6-bit. 8-bit (a second mma a step in bf16): at M = 4, where the dp4a
+# form's digits of x are 4-8 times its work.
+TC_MIN_M = {4: 3, 5: 4, 6: 4, 8: 4}
 
 
-def _tc_fits_smem(k: int, group: int, warps: int, hb: int, passes: int = 1) -> bool:
+def _tc_fits_smem(k: int, group: int, warps: int, fmt: str, passes: int = 1) -> bool:
     from fusec.codegen.build_quant import qgemv_tc_geometry
 
-    geo = qgemv_tc_geometry(k, group, warps, hb, passes)
+    geo = qgemv_tc_geometry(k, group, warps, FORMATS[fmt].high_planes, passes, FORMATS[fmt].bits)
     return geo["smem"] <= TC_SMEM_MAX and (warps == 16 or geo["cpw"] <= TC_MAX_CPW)
 
 
@@ -133,7 +134,7 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     session, the same bits). FUSEC_QGEMV_DP4A_NORM_EARLY=0 loads them after the wait.
 
     The tensor-core form (``tc``) from M = TC_MIN_M (by bits) where it fits (``specs_quant.tc_fits``:
-    4- to 6-bit codes, M <= 8, fp16/bf16; its copy of the block's rows within TC_SMEM_MAX, at most
+    4- to 8-bit codes, M <= 8, fp16/bf16; its copy of the block's rows within TC_SMEM_MAX, at most
     TC_MAX_CPW chunks a warp below 16 warps); it has no norm prologue or gated epilogue, so fusion
     leaves those out of it (``fusec.lower.skinny.qfits``). Warps a block of 16 rows: 4 where
     two blocks an SM run (132 SMs), 8 from 160 blocks, else 16 (fewer blocks, more loads in flight
@@ -143,7 +144,8 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     Otherwise the FMA form: rows per warp 2 (they share each activation load; past M = 8 the
     accumulators of two rows spill, ptxas -v sm_90, so 1); at M = 1 each 8 weights' partial dot is
     scaled once (fold: 2-9% faster on Llama-1B's shapes on the H100, neutral at M = 8).
-    ``FUSEC_QGEMV_FORM=tc`` leaves out the dp4a form, ``fma`` gives the FMA form everywhere.
+    ``FUSEC_QGEMV_FORM=tc`` leaves out the dp4a form, ``dp4a`` the tensor-core form, ``fma`` gives the FMA form
+    everywhere.
     benchmarks/quant_bench.py --variants times the forms."""
     from fusec import knobs
     from fusec.codegen.spec_base import SMS
@@ -152,17 +154,16 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
 
     choice = knobs.get("FUSEC_QGEMV_FORM")
     tc = passes = 0  # the tensor-core form's warps a block of 16 rows and runs a warp, where it takes the product
-    if tc_fits(m, fmt, dtype) and m >= TC_MIN_M[FORMATS[fmt].bits] and choice != "fma":
+    if tc_fits(m, fmt, dtype) and m >= TC_MIN_M[FORMATS[fmt].bits] and choice in ("auto", "tc"):
         blocks = -(-n // 16)
         warps = 4 if blocks >= 2 * SMS else 8 if blocks >= 160 else 16
-        hb = FORMATS[fmt].high_planes
-        while warps < 16 and not _tc_fits_smem(k, group, warps, hb):
+        while warps < 16 and not _tc_fits_smem(k, group, warps, fmt):
             warps *= 2
         # where a block's copy of its 16 rows is over TC_SMEM_MAX at 16 warps (Llama-1B's down in Q6_K at K = 8192:
         # 172 KB), each warp copies and sums its chunks in runs, in turn (before, such products took the FMA form: at 8
         # rows of x the 1B Q6_K down took 39.6 us, the Q4_K down on tensor cores 12.1, H200, sixteenth session)
         runs = int(knobs.get("FUSEC_QGEMV_TC_RUNS"))
-        passes = next((p for p in range(1, runs + 1) if _tc_fits_smem(k, group, warps, hb, p)), 0)
+        passes = next((p for p in range(1, runs + 1) if _tc_fits_smem(k, group, warps, fmt, p)), 0)
         tc = warps if passes else 0
     wide = m >= DP4A_WIDE_M
     # a gated product at 4-8 rows that the tensor-core form does not take (8-bit codes) takes the dp4a form anyway,
@@ -170,7 +171,7 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     # decode step at batch 8 took 1.697 ms against 2.696 (H200, sixteenth session; Nsight Compute had that FMA
     # gate/up at 91.5 us, 0.39 TB/s). FUSEC_QGEMV_WIDE_GATE=fma gives the FMA form with the gated unit.
     gate_apart = wide and glu and not tc and knobs.get("FUSEC_QGEMV_WIDE_GATE") == "dp4a"
-    if choice == "auto" and dp4a_fits(m, k, norm, dtype) and (not wide or not (glu or tc) or gate_apart):
+    if choice in ("auto", "dp4a") and dp4a_fits(m, k, norm, dtype) and (not wide or not (glu or tc) or gate_apart):
         if wide:  # 4 rows a task, one chunk each: x's digits read from shared memory once for 4 rows (not with
             # zero-point operands: 8-32 bytes spilled at 8 rows, ptxas)
             four = knobs.get("FUSEC_QGEMV_DP4A_WIDE_ROWS") == "4" and FORMATS[fmt].zero is not None
