@@ -73,9 +73,6 @@
 #             generation tests, then 1B and 7B Q4_K_M batch-1 decode steps in turns against disable=packed_siblings
 #   q45       8-bit codes on the tensor-core quantized GEMV: its GPU tests (every format), then the Llama-1B Q8_0 decode
 #             step at batches 4 and 8 in turns against FUSEC_QGEMV_FORM=dp4a, with per-kernel profiles (~4 minutes)
-#   q46       the tensor-core quantized GEMV's norm prologue: its GPU tests and the packed plans' (generation, decode
-#             steps), then the Llama-1B Q8_0 and Q4_K_M decode steps at batches 4 and 8 in turns against
-#             disable=norm_gemm (the RMSNorms apart), with per-kernel profiles (~5 minutes)
 #   q20       where the decode attention's ~4 us go: the block trace with the blocks that end last of the attention
 #             kernel (block_trace.py --blocks), Llama-1B Q4_K_M and Qwen3-0.6B bf16, batch 1 (~1 minute)
 #   q21       the dp4a GPU tests (tests/test_quant_gpu.py -k dp4a), then the per-kernel profile of Llama-1B Q4_K_M at batch 1
@@ -376,14 +373,6 @@ for step in "$@"; do
          timeout 200 python3 benchmarks/decode_step.py "$R/q45" --model llama-1b-q8_0 --batches 4,8 --context 32 \
            --windows 3 --ab FUSEC_QGEMV_FORM=dp4a > "$R/q45.txt" 2>&1
          grep -E "^\| [0-9]+ \||pdl_profile" "$R/q45.txt" | cut -c 1-2500 ;;
-    q46) timeout 200 $PT -n 12 tests/test_quant_gpu.py -k "tensor_core or generation or packed_decode or plan_with" \
-           > "$R/t_q46.txt" 2>&1
-         grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_q46.txt" | tail -n 12
-         for m in llama-1b-q8_0 llama-1b-q4_k_m; do
-           timeout 150 python3 benchmarks/decode_step.py "$R/q46_$m" --model $m --batches 4,8 --context 32 \
-             --windows 3 --ab disable=norm_gemm > "$R/q46_$m.txt" 2>&1
-           grep -E "^\| [0-9]+ \|" "$R/q46_$m.txt" | cut -c 1-1500
-         done ;;
     q19) ab_step q19 "dequantizing_path" 8 "--ab FUSEC_QGEMV_MAX_ROWS=4" llama-1b-q8_0 llama-1b-q4_k_m ;;
     q20) for m in llama-1b-q4_k_m qwen3-0.6b; do
            timeout 120 python3 benchmarks/block_trace.py "$R/q20_$m" --model $m --context 32 --blocks rope_atte \

@@ -329,35 +329,6 @@ def test_tensor_core_qgemv_matches_reference(fmt, group, m, warps, passes):
         assert not bad.any(), (fmt, m, dt, int(bad.sum()), float(np.abs(got - want).max()))
 
 
-@pytest.mark.parametrize("fmt,group", [("q4_k", 32), ("q6_k", 16), ("q5_0", 32), ("q8_0", 32), ("int8", 16),
-                                       ("uint8", 64)])
-@pytest.mark.parametrize("m", [4, 5, 8])
-@pytest.mark.parametrize("warps,passes", [(4, 1), (16, 1), (8, 2)])
-def test_tensor_core_norm_prologue_matches_reference(fmt, group, m, warps, passes):
-    """The tensor-core form with x RMS-normalized in each block's shared memory (the norm rounded as RMSNORM stores
-    it, with a weight offset) and a residual, against numpy over the reference's weights; odd N, K not a multiple of
-    the warps' chunks, fp16 and bf16."""
-    n, k = 301, 1536 if quant.FORMATS[fmt].super_block else 1472
-    if quant.FORMATS[fmt].group:
-        qw = sample_weight(fmt, n, k, RNG)
-    else:
-        signed = fmt == "int8"
-        q = RNG.integers(-128, 128, (n, k)).astype(np.int8) if signed else RNG.integers(0, 256, (n, k)).astype(np.uint8)
-        qw = quant.from_affine(q, (RNG.random((n, k // group)) * 0.01 + 1e-3).astype(np.float16),
-                               None if signed else RNG.integers(0, 256, (n, k // group)).astype(np.uint8), 8)
-    w = qw.dequantize().astype(np.float32)
-    for dt in (F16, BF16):
-        x = (RNG.standard_normal((m, k)) * 3).astype(np.float32).astype(dt.np)
-        g = (RNG.random(k) + 0.5).astype(np.float32).astype(dt.np)
-        res = RNG.standard_normal((m, n)).astype(np.float32).astype(dt.np)
-        ref = (_norm_ref(x, g, 1e-5, 1.0, dt) @ w.T).astype(dt.np).astype(np.float32) + res.astype(np.float32)
-        out = poisoned((m, n), dt)
-        spec = QGemvSpec(m, n, k, qw.format, qw.group, dt, qw.scale_dtype, Epilogue(residual=True), tc=True,
-                         warps=warps, passes=passes, norm=True, eps=1e-5, weight_offset=1.0)
-        _run(spec, [dev(x), *[dev(a) for a in qw.arrays], dev(g), dev(res), out])
-        assert rel_err(host(out, dt), ref) <= TOL[dt], (fmt, m, dt)
-
-
 @pytest.mark.parametrize("fmt", list(quant.FORMATS))
 def test_dequantize_kernel_matches_reference(fmt):
     n, k = 53, 512

@@ -216,7 +216,7 @@ def test_gemv_form_takes_tensor_cores_where_they_fit(fmt, m, dt, monkeypatch):
     FUSEC_QGEMV_FORM=dp4a never."""
     from fusec.codegen.build_quant import qgemv_tc_geometry
     from fusec import knobs
-    from fusec.codegen.specs_quant import TC_SMEM
+    from fusec.lower.quant import TC_SMEM_MAX
 
     bits = FORMATS[fmt].bits
     fits = (3 if bits == 4 else 4) <= m <= 8 and dt != DType.F32
@@ -230,13 +230,13 @@ def test_gemv_form_takes_tensor_cores_where_they_fit(fmt, m, dt, monkeypatch):
     # then, past FUSEC_QGEMV_TC_RUNS runs, the FMA form
     hb = FORMATS[fmt].high_planes
     long_k = next(k for k in range(2048, 1 << 20, 2048)
-                  if qgemv_tc_geometry(k, group, 16, hb, 1, bits)["smem"] > TC_SMEM)
+                  if qgemv_tc_geometry(k, group, 16, hb, 1, bits)["smem"] > TC_SMEM_MAX)
     assert gemv_form(m, 2048, long_k, fmt, group, dt).get("passes", 0) == (2 if fits else 0)
     assert "passes" not in gemv_form(m, 2048, long_k - 2048, fmt, group, dt)
     assert gemv_form(m, 2048, long_k - 2048, fmt, group, dt).get("tc", False) == fits
     longer = next(k for k in range(long_k, 1 << 22, 2048)
                   if qgemv_tc_geometry(k, group, 16, hb, int(knobs.get("FUSEC_QGEMV_TC_RUNS")), bits)["smem"]
-                  > TC_SMEM)
+                  > TC_SMEM_MAX)
     assert "tc" not in gemv_form(m, 2048, longer, fmt, group, dt)
     monkeypatch.setenv("FUSEC_QGEMV_FORM", "fma")
     assert "tc" not in gemv_form(m, 16384, 2048, fmt, group, dt)
@@ -311,21 +311,21 @@ def test_tensor_core_bit_planes_copy_16_bytes_where_aligned():
 
 
 def test_tensor_core_form_takes_long_rows_in_runs(monkeypatch):
-    """Where a block's copy of its 16 rows is over TC_SMEM at 16 warps (Llama-1B's down in Q6_K, K = 8192, at 8
+    """Where a block's copy of its 16 rows is over TC_SMEM_MAX at 16 warps (Llama-1B's down in Q6_K, K = 8192, at 8
     rows of x), the rule gives each warp its chunks in runs, copied in turn into the same shared memory: the kernel's
     shared memory is the run's, and it compiles without spills on sm_80 and sm_90."""
     from fusec.codegen.build_quant import qgemv_tc_geometry
-    from fusec.codegen.specs_quant import TC_SMEM
+    from fusec.lower.quant import TC_SMEM_MAX
 
     form = gemv_form(8, 2048, 8192, "q6_k", 16, DType.BF16)
     assert form.get("tc") and form["warps"] == 16 and form["passes"] == 2, form
-    assert qgemv_tc_geometry(8192, 16, 16, 2)["smem"] > TC_SMEM  # one run does not fit
+    assert qgemv_tc_geometry(8192, 16, 16, 2)["smem"] > TC_SMEM_MAX  # one run does not fit
     assert "passes" not in gemv_form(8, 2048, 8192, "q4_k", 32, DType.BF16)  # it fits in one
     for arch in ("sm_80", "sm_90"):
         ck = K.build(QGemvSpec(8, 2048, 8192, "q6_k", 16, DType.BF16, DType.F16, Epilogue(residual=True), **form),
                      arch)
         assert ck.binary.spill_bytes == 0 and ck.shared_mem == qgemv_tc_geometry(8192, 16, 16, 2, 2)["smem"]
-        assert ck.shared_mem <= TC_SMEM and "#define PASSES 2" in ck.source
+        assert ck.shared_mem <= TC_SMEM_MAX and "#define PASSES 2" in ck.source
     with pytest.raises(ValueError, match="passes"):
         QGemvSpec(8, 2048, 8192, "q6_k", 16, DType.BF16, passes=2)  # the FMA form has no runs
     monkeypatch.setenv("FUSEC_QGEMV_TC_RUNS", "1")  # the lever: one run, so the FMA form, as before
@@ -638,7 +638,7 @@ def test_prefill_dequantizes_large_weights_a_block_of_rows_at_a_time(monkeypatch
     assert st.lowered.scratch_bytes == 32 * 512 * 2
 
 
-def _packed_decode_launches(dtype: str, batch: int = 1, **kw) -> list[dict]:  # noqa: ANN003
+def _packed_decode_launches(dtype: str, **kw) -> list[dict]:  # noqa: ANN003
     import dataclasses as dc
 
     from fusec.compiler import compile_generation
@@ -650,56 +650,8 @@ def _packed_decode_launches(dtype: str, batch: int = 1, **kw) -> list[dict]:  # 
     cfg = dc.replace(get_config("llama-tiny"), hidden_size=256, intermediate_size=512, num_heads=4, num_kv_heads=2,
                      head_dim=64, num_layers=2, tie_word_embeddings=False, name="llama-q4km-head")
     gm = GenModel(cfg, SharedWeights(RandomPackedWeights(q4_k_m_types(2), seed=1, scale=0.02)), None, (), cfg.name)
-    plan = compile_generation(gm, batch=batch, max_seq_len=64, prefill_len=8, dtype=dtype, eos_ids=[], arch="sm_90",
-                              **kw)
+    plan = compile_generation(gm, batch=1, max_seq_len=64, prefill_len=8, dtype=dtype, eos_ids=[], arch="sm_90", **kw)
     return plan.manifest["entries"]["decode"]["launches"]
-
-
-def test_tensor_core_form_takes_the_norm_prologue_where_it_keeps_its_waves():
-    """At batch 8 the tensor-core form takes the RMSNorm before it (x copied and normalized in each block's shared
-    memory) where that copy leaves its waves as they were: every product of a small packed model, and the 1B
-    shape's qkv, not its gate/up (one wave of 8 blocks an SM without the copy, three with it) nor its LM head. The
-    kernels compile without spills on sm_80 and sm_90 and declare the copy's shared memory."""
-    import dataclasses as dc
-
-    from fusec.codegen.build_quant import qgemv_tc_geometry
-    from fusec.compiler import compile_generation
-    from fusec.genmodel import GenModel
-    from fusec.lower.quant import tc_waves
-    from fusec.models import get_config
-    from fusec.models.generate import SharedWeights
-    from fusec.models.weights import RandomPackedWeights, q4_k_m_types
-
-    for fmt in ("q4_k", "q8_0"):
-        assert tc_waves(8, 3072, 2048, fmt, 32, DType.BF16, True) == tc_waves(8, 3072, 2048, fmt, 32, DType.BF16, False) == 1
-        assert tc_waves(8, 16384, 2048, fmt, 32, DType.BF16, True) > tc_waves(8, 16384, 2048, fmt, 32, DType.BF16, False)
-        assert tc_waves(8, 128256, 2048, fmt, 32, DType.BF16, True) > tc_waves(8, 128256, 2048, fmt, 32, DType.BF16, False)
-    for arch in ("sm_80", "sm_90"):
-        for fmt, group, n, k, m in (("q8_0", 32, 3072, 2048, 8), ("q6_k", 16, 3072, 2048, 4), ("q4_k", 32, 12288, 4096, 8)):
-            form = gemv_form(m, n, k, fmt, group, DType.BF16, True)
-            assert form.get("tc"), (fmt, m, form)
-            ck = K.build(QGemvSpec(m, n, k, fmt, group, DType.BF16, DType.F16, norm=True, eps=1e-5, **form), arch)
-            geo = qgemv_tc_geometry(k, group, form["warps"], FORMATS[fmt].high_planes, form.get("passes", 1),
-                                    FORMATS[fmt].bits, m)
-            assert ck.binary.spill_bytes == 0 and ck.shared_mem == geo["smem"] >= geo["xoff"] + m * (k + 16) * 2
-            assert ck.params[-2:] == ("g", "C") and "XS" in ck.source, (arch, fmt)
-    cfg = dc.replace(get_config("llama-tiny"), hidden_size=256, intermediate_size=512, num_heads=4, num_kv_heads=2,
-                     head_dim=64, num_layers=2, tie_word_embeddings=False, name="llama-q4km-b8")
-    gm = GenModel(cfg, SharedWeights(RandomPackedWeights(q4_k_m_types(2), seed=1, scale=0.02)), None, (), cfg.name)
-    for kw in ({}, {"disabled_fusions": ("norm_gemm",)}):
-        plan = compile_generation(gm, batch=8, max_seq_len=64, prefill_len=8, dtype="bf16", eos_ids=[], arch="sm_90",
-                                  **kw)
-        templates = {m["entry"]: m["template"] for m in plan.manifest["modules"]}
-        kernels = plan.manifest["kernels"]
-        launches = plan.manifest["entries"]["decode"]["launches"]
-        tc = [L for L in launches if L["type"] == "kernel" and templates[kernels[L["kernel"]]["entry"]] == "qgemv_tc.cu.jinja"]
-        normed = [L for L in tc if "norm_gemm" in L["label"]]
-        norms = [L for L in launches if L["label"].endswith("rmsnorm")]
-        assert len(tc) >= 10, [L["label"] for L in launches]
-        if kw:
-            assert not normed and len(norms) == 5, [L["label"] for L in launches]
-        else:  # the qkv (layer 2: q/k and v apart, two formats) and gate/up of both layers, and the head
-            assert len(normed) == 6 and not norms, [L["label"] for L in launches]
 
 
 def test_a_packed_lm_head_samples_from_its_argmax_partials():

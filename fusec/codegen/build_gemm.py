@@ -119,7 +119,7 @@ def _gemm_wgmma(spec: S.GemmSpec, ctx: dict) -> Rendered:
     # a gated product's block takes BN / 2 rows of each half: its column tiles are over F = N / 2
     tiles = cdiv(spec.N // 2, bn // 2) if spec.glu else cdiv(spec.N, bn)
     if tiles * spec.splits <= SMS:  # one block an SM: the ring takes its shared memory (more copies in flight)
-        stages = min(max(3, kt + 2), (SMEM_PER_SM - 8 * 1024) // stage, WGMMA_MAX_STAGES)
+        stages = min(max(3, kt + 2), (_SMEM_PER_SM - 8 * 1024) // stage, WGMMA_MAX_STAGES)
     else:  # two blocks an SM, as the stream form
         stages = 3 if bm + bn == 256 else 4
     partials = bm * (bn + 4) * 4  # the accumulators' way to whole-row stores
@@ -163,7 +163,7 @@ def _gemm(spec: S.GemmSpec) -> Rendered:
     return Rendered("gemm.cu.jinja", ctx, grid, (threads, 1, 1), ("A", "B") + _epi_params(spec.epilogue) + ("C",))
 
 
-SMEM_PER_SM = 228 * 1024  # sm_80 164 KB, sm_90 228 KB: the larger; a ring that does not fit runs fewer blocks
+_SMEM_PER_SM = 228 * 1024  # sm_80 164 KB, sm_90 228 KB: the larger; a ring that does not fit runs fewer blocks
 
 
 def gemv_ring_bytes(K: int, dtype: DType, stages: int, spread: int = 1) -> int:
@@ -179,7 +179,7 @@ def gemv_blocks_per_sm(K: int, dtype: DType, stages: int, spread: int = 1) -> in
     blocks, and spills)."""
     warps, _, _, _ = gemv_geometry(K, dtype, spread)
     floor = ({1: 128, 2: 80, 4: 64}[spread]) if dtype in S.HALFS else 160
-    return max(1, min(SMEM_PER_SM // (gemv_ring_bytes(K, dtype, stages, spread) + 8 * 1024),
+    return max(1, min(_SMEM_PER_SM // (gemv_ring_bytes(K, dtype, stages, spread) + 8 * 1024),
                       65536 // (32 * warps * floor)))
 
 

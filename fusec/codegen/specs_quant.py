@@ -14,7 +14,6 @@ from fusec.dtypes import DType
 
 QGEMV_MAX_M = 16
 QNORM_SMEM = 32 << 10  # the FMA form's normalized copy of x (static shared memory)
-TC_SMEM = 144 << 10  # the tensor-core form's dynamic shared memory: within sm_80's 163 KB a block (static too)
 # the dp4a form's rows of x: at 3 blocks an SM (85 registers a thread) 4 rows spilled; at 2 (128 registers) up to 8
 # rows compile without spills at one weight row a task and 2 chunks a round, without a gated unit (ptxas, sm_80 and
 # sm_90, the Llama-1B and 7B shapes; tests/test_quant_kernels.py). The rule (fusec.lower.quant.gemv_form) takes it
@@ -185,19 +184,10 @@ class QGemvSpec:
              "cluster (1, 2 or 4 blocks splitting the writing of x's digits) is the dp4a quantized gemv's")
         _req(not self.norm_early or (self.dp4a and self.norm),
              "norm_early is the dp4a quantized gemv's, with the norm prologue")
-        if self.glu:
-            _req(not self.tc, "the quantized gemv's gated epilogue is the FMA and dp4a forms'")
+        if self.norm or self.glu:
+            _req(not self.tc, "the quantized gemv's norm prologue and gated epilogue are the FMA form's")
         check_norm_glu(self, "quantized gemv")
-        if self.tc:  # its copy of the block's rows (and of x, normalized) in dynamic shared memory
-            from fusec.codegen.build_quant import qgemv_tc_geometry
-            from fusec.quant import FORMATS
-
-            f = FORMATS[self.fmt]
-            smem = qgemv_tc_geometry(self.K, self.group, self.warps, f.high_planes, self.passes, f.bits,
-                                     self.M if self.norm else 0, self.dtype.itemsize)["smem"]
-            _req(smem <= TC_SMEM, f"the tensor-core quantized gemv's shared memory ({smem} bytes) must be within "
-                 f"{TC_SMEM}: more warps or runs")
-        elif self.norm and not self.dp4a:  # the FMA form's copy of x (the dp4a form writes x's digits instead)
+        if self.norm and not self.dp4a:  # the FMA form's copy of x (the dp4a form writes x's digits instead)
             _req(self.M * self.K * self.dtype.itemsize <= QNORM_SMEM,
                  f"the quantized gemv normalizes x in shared memory: M * K * {self.dtype.itemsize} <= {QNORM_SMEM} bytes")
         if self.siblings:

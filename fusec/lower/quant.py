@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from fusec.codegen.specs import Epilogue
-from fusec.codegen.specs_quant import QGEMV_MAX_M, TC_SMEM, QDequantSpec, QGemvSpec
+from fusec.codegen.specs_quant import QGEMV_MAX_M, QDequantSpec, QGemvSpec
 from fusec.ir import Node, Value
 from fusec.lower import Context, LoweringError, Raw
 from fusec.quant import FORMATS
@@ -54,6 +54,7 @@ def choose(m: int, n: int, k: int, fmt: str) -> str:
 # from this many rows of x the dp4a form takes one weight row (or 4 of one chunk) a task and no gated unit (two rows a
 # task spilled, ptxas -v); ``skinny.qfits`` then leaves a gated unit apart
 DP4A_WIDE_M = 4
+TC_SMEM_MAX = 144 << 10  # the tensor-core form's copy of its rows: within sm_80's 163 KB a block (static too)
 # chunks a warp copies at 4 and 8 warps (64 registers a thread): ptxas -v spilled from 24 chunks of 6-bit codes, 32 of
 # 4-bit (tests/test_quant_kernels.py checks the rule's forms); 16 warps have 128 registers, and shared memory bounds them
 TC_MAX_CPW = 16
@@ -64,11 +65,11 @@ TC_MAX_CPW = 16
 TC_MIN_M = {4: 3, 5: 4, 6: 4, 8: 4}
 
 
-def _tc_fits_smem(k: int, group: int, warps: int, fmt: str, passes: int = 1, norm_m: int = 0) -> bool:
+def _tc_fits_smem(k: int, group: int, warps: int, fmt: str, passes: int = 1) -> bool:
     from fusec.codegen.build_quant import qgemv_tc_geometry
 
-    geo = qgemv_tc_geometry(k, group, warps, FORMATS[fmt].high_planes, passes, FORMATS[fmt].bits, norm_m)
-    return geo["smem"] <= TC_SMEM and (warps == 16 or geo["cpw"] <= TC_MAX_CPW)
+    geo = qgemv_tc_geometry(k, group, warps, FORMATS[fmt].high_planes, passes, FORMATS[fmt].bits)
+    return geo["smem"] <= TC_SMEM_MAX and (warps == 16 or geo["cpw"] <= TC_MAX_CPW)
 
 
 def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bool = False,
@@ -133,9 +134,9 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     session, the same bits). FUSEC_QGEMV_DP4A_NORM_EARLY=0 loads them after the wait.
 
     The tensor-core form (``tc``) from M = TC_MIN_M (by bits) where it fits (``specs_quant.tc_fits``:
-    4- to 8-bit codes, M <= 8, fp16/bf16; its copy of the block's rows within TC_SMEM, at most
-    TC_MAX_CPW chunks a warp below 16 warps, with the norm prologue's copy of x); it has no gated
-    epilogue, so fusion leaves that out of it (``fusec.lower.skinny.qfits``). Warps a block of 16 rows: 4 where
+    4- to 8-bit codes, M <= 8, fp16/bf16; its copy of the block's rows within TC_SMEM_MAX, at most
+    TC_MAX_CPW chunks a warp below 16 warps); it has no norm prologue or gated epilogue, so fusion
+    leaves those out of it (``fusec.lower.skinny.qfits``). Warps a block of 16 rows: 4 where
     two blocks an SM run (132 SMs), 8 from 160 blocks, else 16 (fewer blocks, more loads in flight
     each); more where the copy would not fit. Measured on an H200 (sixth session): at M = 8 the rule's
     form takes 0.33-0.78x the FMA form's time.
@@ -156,14 +157,13 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     if tc_fits(m, fmt, dtype) and m >= TC_MIN_M[FORMATS[fmt].bits] and choice in ("auto", "tc"):
         blocks = -(-n // 16)
         warps = 4 if blocks >= 2 * SMS else 8 if blocks >= 160 else 16
-        xm = m if norm else 0  # the norm prologue's copy of x (2-byte values)
-        while warps < 16 and not _tc_fits_smem(k, group, warps, fmt, 1, xm):
+        while warps < 16 and not _tc_fits_smem(k, group, warps, fmt):
             warps *= 2
-        # where a block's copy of its 16 rows is over TC_SMEM at 16 warps (Llama-1B's down in Q6_K at K = 8192:
+        # where a block's copy of its 16 rows is over TC_SMEM_MAX at 16 warps (Llama-1B's down in Q6_K at K = 8192:
         # 172 KB), each warp copies and sums its chunks in runs, in turn (before, such products took the FMA form: at 8
         # rows of x the 1B Q6_K down took 39.6 us, the Q4_K down on tensor cores 12.1, H200, sixteenth session)
         runs = int(knobs.get("FUSEC_QGEMV_TC_RUNS"))
-        passes = next((p for p in range(1, runs + 1) if _tc_fits_smem(k, group, warps, fmt, p, xm)), 0)
+        passes = next((p for p in range(1, runs + 1) if _tc_fits_smem(k, group, warps, fmt, p)), 0)
         tc = warps if passes else 0
     wide = m >= DP4A_WIDE_M
     # a gated product at 4-8 rows that the tensor-core form does not take (8-bit codes) takes the dp4a form anyway,
@@ -207,23 +207,6 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     return form
 
 
-def tc_waves(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bool) -> int:
-    """Waves of the rule's tensor-core form (0: the rule takes another form) with or without the norm prologue:
-    blocks of 16 rows over the SMs at as many an SM as threads (2048) and shared memory allow."""
-    from fusec.codegen.build_gemm import SMEM_PER_SM
-    from fusec.codegen.build_quant import qgemv_tc_geometry
-    from fusec.codegen.spec_base import SMS
-
-    f = gemv_form(m, n, k, fmt, group, dtype, norm)
-    if not f.get("tc"):
-        return 0
-    warps = int(f["warps"])
-    smem = qgemv_tc_geometry(k, group, warps, FORMATS[fmt].high_planes, int(f.get("passes", 1)), FORMATS[fmt].bits,
-                             m if norm else 0, dtype.itemsize)["smem"]
-    per_sm = max(1, min(2048 // (32 * warps), SMEM_PER_SM // (smem + 1024)))
-    return -(-(-(-n // 16)) // (per_sm * SMS))
-
-
 def _dp4a_cluster(wide: bool) -> int:
     """The dp4a form's blocks a cluster (sm_90; the kernel has none elsewhere): 2 at 4-8 rows of x, where x's digits
     are 4-8 times the work, else 1. Measured on an H200 (eighteenth session, decode steps in turns, the same bits):
@@ -250,7 +233,7 @@ def emit_qgemv(ctx: Context, spec: QGemvSpec, x: Value, packed: Any, between: li
     written. ``what`` ends the launch's label."""
     outs = (out, *after) if spec.siblings else (out,)
     mine = [v for v in outs if isinstance(v, Value)]  # a Raw out is scratch: the arena's alignment
-    if not (ctx.aligned(x, *mine, *between, *extra) and all(ctx.aligned(p) for p in packed)):
+    if not (ctx.aligned(x, *mine, *extra) and all(ctx.aligned(p) for p in packed)):
         raise LoweringError(f"{label}: the quantized GEMV was selected, but its operands are not 16-byte "
                             "aligned in the memory plan")
     ctx.kernel(spec, [x, *packed, *between, *extra, out, *after], f"{label} {what}")

@@ -126,10 +126,10 @@ def fits(m: int, k: int, a: Value, b: Value, trans_b: bool, const: bool, wide: b
 
 
 def qfits(m: int, n: int, k: int, a: Value, mm: Node, norm: bool, glu: bool, const: bool) -> str | None:
-    """None when the quantized GEMV takes this product with a norm prologue or a gated epilogue
-    (``QGemvSpec``), else why not: the form the rule picks (``fusec.lower.quant.gemv_form``) must have
-    them (the tensor-core form has no gated unit); the FMA form needs two rows a warp for a gated unit
-    and x within the norm's shared memory."""
+    """None when the quantized GEMV's dp4a or FMA form takes this product with a norm prologue or a
+    gated epilogue (``QGemvSpec``), else why not: the form the rule picks (``fusec.lower.quant.gemv_form``)
+    must be one of those; the FMA form needs two rows a warp for a gated unit and x within the norm's
+    shared memory."""
     from fusec.codegen.specs_quant import QNORM_SMEM
     from fusec.lower import quant as Q
 
@@ -141,14 +141,7 @@ def qfits(m: int, n: int, k: int, a: Value, mm: Node, norm: bool, glu: bool, con
         return f"the quantized GEMV multiplies float rows, not {a.dtype.value}"
     form = Q.gemv_form(m, n, k, mm.attrs.format, mm.attrs.group, a.dtype, norm, glu)
     if form.get("tc"):
-        if glu:
-            return "the tensor-core quantized GEMV (the rule's form here) has no gated epilogue"
-        # the norm prologue's copy of x in each block's shared memory: only where it keeps the form's waves (a 1B
-        # gate/up runs one wave of 8 blocks an SM; with 32 KB of x a block, 3 fit)
-        if norm and Q.tc_waves(m, n, k, mm.attrs.format, mm.attrs.group, a.dtype, True) > \
-                Q.tc_waves(m, n, k, mm.attrs.format, mm.attrs.group, a.dtype, False):
-            return "the tensor-core quantized GEMV's copy of x for the norm prologue would cost it a wave of blocks"
-        return None
+        return "the tensor-core quantized GEMV (the rule's form here) has no norm prologue or gated epilogue"
     if form.get("dp4a"):
         if glu and m >= Q.DP4A_WIDE_M:  # the rule's dp4a form here has no gated unit (FUSEC_QGEMV_WIDE_GATE)
             return "the dp4a quantized GEMV at 4-8 rows of x has no gated unit (spilled); the gated unit runs apart"
