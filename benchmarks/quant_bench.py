@@ -92,16 +92,35 @@ def _forms(m: int, n: int, qw, variants: bool) -> list[tuple[str, dict]]:  # noq
     fma = {"rows": 2 if m <= 8 else 1, "fold": m == 1}
     forms = [("fma", fma)]
     if tc_fits(m, qw.format, BF16):
-        forms += [(f"tc w{w}{' (rule)' if rule.get('warps') == w else ''}", {**fma, "tc": True, "warps": w})
-                  for w in (4, 8, 16)]
+        from fusec.lower.quant import _tc_fits_smem
+
+        for w in (4, 8, 16):  # the fewest runs whose copy fits its shared memory (as the rule takes them)
+            passes = next((p for p in range(1, 5) if _tc_fits_smem(qw.k, qw.group, w, qw.format, p)), 0)
+            if passes:
+                forms.append((f"tc w{w}{f' p{passes}' if passes > 1 else ''}"
+                              f"{' (rule)' if rule.get('tc') and rule['warps'] == w else ''}",
+                              {**fma, "tc": True, "warps": w, **({"passes": passes} if passes > 1 else {})}))
+    old = os.environ.get("FUSEC_QGEMV_FORM")
+    os.environ["FUSEC_QGEMV_FORM"] = "dp4a"  # the rule without the tensor-core form
+    try:
+        d = gemv_form(m, n, qw.k, qw.format, qw.group, BF16)
+    finally:
+        if old is None:
+            del os.environ["FUSEC_QGEMV_FORM"]
+        else:
+            os.environ["FUSEC_QGEMV_FORM"] = old
+    if d.get("dp4a") and not rule.get("dp4a"):
+        forms.append(("dp4a (FUSEC_QGEMV_FORM=dp4a's rule)", d))
     if dp4a_fits(m, qw.k, False, BF16):
         forms += [(f"dp4a r{r} w{w} b{b}{' (rule)' if rule.get('dp4a') and (rule['rows'], rule['warps'], rule['blocks']) == (r, w, b) else ''}",
                    {"dp4a": True, "rows": r, "warps": w, "blocks": b})
-                  for r, w, b in ((1, 8, 1), (1, 8, 2), (1, 8, 3), (1, 8, 4), (2, 8, 2), (2, 8, 3), (2, 8, 4), (2, 16, 2))]
+                  for r, w, b in ((1, 8, 1), (1, 8, 2), (1, 8, 3), (1, 8, 4), (2, 8, 2), (2, 8, 3), (2, 8, 4))]
+    if not any(name.endswith("(rule)") for name, _ in forms):  # the rule's own form (chunks, fill, clusters...)
+        forms.append(("tc (rule)" if rule.get("tc") else "dp4a (rule)" if rule.get("dp4a") else "fma (rule)", rule))
     return forms
 
 
-def bench_kernels(results: list, quick: bool, copy: float, variants: bool = False) -> None:
+def bench_kernels(results: list, quick: bool, copy: float, variants: bool = False, only: str = "") -> None:
     import cupy as cp
 
     from fusec.runtime.cublas import GemmCall, Handle
@@ -111,8 +130,8 @@ def bench_kernels(results: list, quick: bool, copy: float, variants: bool = Fals
     models = ["llama-1b"] if quick or variants else list(SHAPES)
     formats = [(f, lab) for f, lab in FORMATS if not quick or f in ("q4_k", "q8_0")]
     if variants:  # the formats of llama.cpp's Q4_K_M and Q8_0 files
-        formats = [(f, lab) for f, lab in formats if f in ("q4_k", "q6_k", "q8_0")]
-    ms = (1, 2, 4, 8) if variants else (1,) if quick else None
+        formats = [(f, lab) for f, lab in formats if f in (only.split(",") if only else ("q4_k", "q6_k", "q8_0"))]
+    ms = (1, 2, 3, 4, 8) if variants else (1,) if quick else None
     pending = []  # every kernel compiles on the pool first (the loop below then finds them built)
     for model in models:
         for _, n, k in SHAPES[model]:
@@ -350,6 +369,8 @@ def main() -> int:
                     "batch 1 (with its share of the packed-weight roofline) instead of the 1B plans")
     ap.add_argument("--variants", action="store_true", help="kernels: the quantized GEMV's forms (FMA; tensor cores "
                     "at 4, 8, 16 warps) on Llama-1B's shapes at M = 1, 2, 3, 4 and 8")
+    ap.add_argument("--formats", default="", help="with --variants: the formats to time (comma list; default q4_k, "
+                    "q6_k, q8_0)")
     ap.add_argument("--qgemv-forms", default="auto", help="decode: the packed plans once per packed-product form "
                     "(comma list of auto, tc, dp4a, fma: FUSEC_QGEMV_FORM), timed in the same process")
     args = ap.parse_args()
@@ -362,7 +383,7 @@ def main() -> int:
     parts: list[tuple[str, Callable[[], None]]] = [
         ("decode", lambda: bench_decode(results, args.quick, out, args.seven_b, copy,
                                         tuple(args.qgemv_forms.split(",")))),  # its plans compile while nothing else runs
-        ("kernels", lambda: bench_kernels(results, args.quick, copy, args.variants)),
+        ("kernels", lambda: bench_kernels(results, args.quick, copy, args.variants, args.formats)),
         ("torch", lambda: bench_torch_int4(results, args.quick, copy))]
     for name, fn in parts:
         if name in skip:
