@@ -60,9 +60,15 @@ TC_SMEM_MAX = 144 << 10  # the tensor-core form's copy of its rows: within sm_80
 TC_MAX_CPW = 16
 # fewer rows: the FMA form (faster at M = 1 on every Llama-1B shape; its time grows with M, the TC form's not). 4-bit
 # codes: the layer's products take the same time either way at M = 2 and 3; 6-bit (their bit planes cost the TC form
-# more): at M = 4. 5-bit was not timed and follows 6-bit. 8-bit (a second mma a step in bf16): at M = 4, where the dp4a
-# form's digits of x are 4-8 times its work.
-TC_MIN_M = {4: 3, 5: 4, 6: 4, 8: 4}
+# more): at M = 4. 5-bit was not timed and follows 6-bit. 8-bit (a second mma a step in bf16): from M = 3, which the dp4a
+# form still takes where it fits (it takes 1-3 rows first); the rest, Llama-1B's Q8_0 down (K = 8192, x's digits too
+# large), took 11.30 us on 16 warps against the FMA form's 13.65 (H200, twenty-fifth session, quant_bench --variants).
+TC_MIN_M = {4: 3, 5: 4, 6: 4, 8: 3}
+# At 4 rows of x, 8-bit products with at least this many weight rows keep the dp4a form: alone, Llama-1B's Q8_0
+# gate/up (16384 rows) took 14.26 us on it against 18.45 on tensor cores, its LM head (128,256) 75.6 against 95.7,
+# while its qkv (3072) and o (2048) were faster on tensor cores (6.32 against 6.78, 4.92 against 6.38); at 8 rows the
+# tensor cores won all (gate/up 18.52 against 22.60, LM head 105.4 against 120.0; H200, twenty-fifth session).
+DP4A_OVER_TC_N = 8192
 
 
 def _tc_fits_smem(k: int, group: int, warps: int, fmt: str, passes: int = 1) -> bool:
@@ -156,7 +162,7 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     tc = passes = 0  # the tensor-core form's warps a block of 16 rows and runs a warp, where it takes the product
     if tc_fits(m, fmt, dtype) and m >= TC_MIN_M[FORMATS[fmt].bits] and choice in ("auto", "tc"):
         blocks = -(-n // 16)
-        warps = 4 if blocks >= 2 * SMS else 8 if blocks >= 160 else 16
+        warps = max(4 if blocks >= 2 * SMS else 8 if blocks >= 160 else 16, _tc_min_warps(fmt))
         while warps < 16 and not _tc_fits_smem(k, group, warps, fmt):
             warps *= 2
         # where a block's copy of its 16 rows is over TC_SMEM_MAX at 16 warps (Llama-1B's down in Q6_K at K = 8192:
@@ -171,7 +177,9 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     # decode step at batch 8 took 1.697 ms against 2.696 (H200, sixteenth session; Nsight Compute had that FMA
     # gate/up at 91.5 us, 0.39 TB/s). FUSEC_QGEMV_WIDE_GATE=fma gives the FMA form with the gated unit.
     gate_apart = wide and glu and not tc and knobs.get("FUSEC_QGEMV_WIDE_GATE") == "dp4a"
-    if choice in ("auto", "dp4a") and dp4a_fits(m, k, norm, dtype) and (not wide or not (glu or tc) or gate_apart):
+    many = m == DP4A_WIDE_M and FORMATS[fmt].bits == 8 and n >= DP4A_OVER_TC_N  # the dp4a form over tensor cores
+    if choice in ("auto", "dp4a") and dp4a_fits(m, k, norm, dtype) and (not wide or not (glu or tc) or gate_apart
+                                                                        or many):
         if wide:  # 4 rows a task, one chunk each: x's digits read from shared memory once for 4 rows (not with
             # zero-point operands: 8-32 bytes spilled at 8 rows, ptxas)
             four = knobs.get("FUSEC_QGEMV_DP4A_WIDE_ROWS") == "4" and FORMATS[fmt].zero is not None
@@ -205,6 +213,17 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     if tc:
         form.update(tc=True, warps=tc, **({"passes": passes} if passes > 1 else {}))
     return form
+
+
+def _tc_min_warps(fmt: str) -> int:
+    """The tensor-core form's fewest warps a block of 16 rows: 8 for 8-bit codes (twice the code bytes a chunk), else
+    4. Alone at 4 and 8 rows of x, Llama-1B's Q8_0 gate/up took 18.45 and 18.52 us on 8 warps against 20.12 and 20.07
+    on the 4 the block count gave, its LM head 95.7 and 105.4 against 107.5 and 124.2 (H200, twenty-fifth session,
+    quant_bench --variants). FUSEC_QGEMV_TC_MIN_WARPS sets it."""
+    from fusec import knobs
+
+    choice = knobs.get("FUSEC_QGEMV_TC_MIN_WARPS")
+    return (8 if FORMATS[fmt].bits == 8 else 4) if choice == "auto" else int(choice)
 
 
 def _dp4a_cluster(wide: bool) -> int:
