@@ -77,6 +77,8 @@
 #             --variants --formats q8_0: where the tensor-core form overtakes the dp4a form; ~4 minutes)
 #   q48       the Llama-1B Q8_0 decode step at batches 4 and 8 in turns against FUSEC_QGEMV_FORM=tc (no dp4a form at 4
 #             rows over many weight rows) and FUSEC_QGEMV_TC_MIN_WARPS=4 (8-bit codes on 4 warps), with profiles
+#   q49       every quantized-GEMV form over Q4_K and Q6_K (quant_bench.py --variants), then the Llama-1B Q4_K_M decode
+#             step at batches 4 and 8 in turns against FUSEC_QGEMV_TC_MIN_WARPS=8 and FUSEC_QGEMV_FORM=dp4a (~3 minutes)
 #   q20       where the decode attention's ~4 us go: the block trace with the blocks that end last of the attention
 #             kernel (block_trace.py --blocks), Llama-1B Q4_K_M and Qwen3-0.6B bf16, batch 1 (~1 minute)
 #   q21       the dp4a GPU tests (tests/test_quant_gpu.py -k dp4a), then the per-kernel profile of Llama-1B Q4_K_M at batch 1
@@ -383,6 +385,12 @@ for step in "$@"; do
     q48) timeout 200 python3 benchmarks/decode_step.py "$R/q48" --model llama-1b-q8_0 --batches 4,8 --context 32 \
            --windows 3 --ab FUSEC_QGEMV_FORM=tc --ab FUSEC_QGEMV_TC_MIN_WARPS=4 > "$R/q48.txt" 2>&1
          grep -E "^\| [0-9]+ \|" "$R/q48.txt" | cut -c 1-1500 ;;
+    q49) timeout 200 python3 benchmarks/quant_bench.py "$R/qvar46" --variants --formats q4_k,q6_k --skip torch,decode \
+           > "$R/qvar46.txt" 2>&1
+         grep "^| llama" "$R/qvar46.txt" | grep -v "dp4a r1 w8 b[134]" | cut -d"|" -f3,5,6,7,8 | tail -n 140
+         timeout 200 python3 benchmarks/decode_step.py "$R/q49" --model llama-1b-q4_k_m --batches 4,8 --context 32 \
+           --windows 3 --ab FUSEC_QGEMV_TC_MIN_WARPS=8 --ab FUSEC_QGEMV_FORM=dp4a > "$R/q49.txt" 2>&1
+         grep -E "^\| [0-9]+ \|" "$R/q49.txt" | cut -c 1-1500 ;;
     q19) ab_step q19 "dequantizing_path" 8 "--ab FUSEC_QGEMV_MAX_ROWS=4" llama-1b-q8_0 llama-1b-q4_k_m ;;
     q20) for m in llama-1b-q4_k_m qwen3-0.6b; do
            timeout 120 python3 benchmarks/block_trace.py "$R/q20_$m" --model $m --context 32 --blocks rope_atte \
