@@ -170,7 +170,7 @@ def test_gemv_form_takes_dp4a_where_it_fits_and_tensor_cores_do_not(fmt, monkeyp
         for dt in (DType.BF16, DType.F16, DType.F32):
             for norm, glu in ((False, False), (True, True)):
                 f = gemv_form(m, 16384, 2048, fmt, group, dt, norm, glu)
-                tensor = choice == "auto" and m >= TC_MIN_M[bits] and m <= 8 and dt != DType.F32 \
+                tensor = choice == "auto" and m >= TC_MIN_M and m <= 8 and dt != DType.F32 \
                     and not (bits == 8 and m == 4)  # the dp4a form over tensor cores at 16384 weight rows
                 assert f.get("tc", False) == (tensor and not (m <= 3 and dt != DType.F32)), (m, dt, f)
                 wide_ok = m <= 8 and not tensor
@@ -211,7 +211,7 @@ def test_gemv_form_takes_dp4a_where_it_fits_and_tensor_cores_do_not(fmt, monkeyp
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 8, 9])
 @pytest.mark.parametrize("dt", [DType.BF16, DType.F16, DType.F32])
 def test_gemv_form_takes_tensor_cores_where_they_fit(fmt, m, dt, monkeypatch):
-    """Without the dp4a form: 4- to 8-bit codes, fp16/bf16, from M = 3 (4- and 8-bit) or 4 (5, 6) to 8: the
+    """Without the dp4a form: 4- to 8-bit codes, fp16/bf16, from M = 3 to 8: the
     tensor-core form, 4 warps a block of 16 rows where two blocks an SM run, 8 from 160 blocks, else
     16, and at least 8 for 8-bit codes (FUSEC_QGEMV_TC_MIN_WARPS=4: 4); anything else, or
     FUSEC_QGEMV_FORM=fma: the FMA form. And with it, from M = 4, but for 8-bit codes at 4 rows over at least
@@ -222,7 +222,7 @@ def test_gemv_form_takes_tensor_cores_where_they_fit(fmt, m, dt, monkeypatch):
     from fusec.lower.quant import TC_SMEM_MAX
 
     bits = FORMATS[fmt].bits
-    fits = (3 if bits in (4, 8) else 4) <= m <= 8 and dt != DType.F32
+    fits = 3 <= m <= 8 and dt != DType.F32
     monkeypatch.setenv("FUSEC_QGEMV_FORM", "tc")  # the rule without the dp4a form (the test above)
     group = FORMATS[fmt].group or 32
     for n, warps in ((2048, 16), (2544, 16), (2560, 8), (3072, 8), (4208, 8), (4224, 4), (128256, 4)):

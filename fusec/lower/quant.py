@@ -58,12 +58,11 @@ TC_SMEM_MAX = 144 << 10  # the tensor-core form's copy of its rows: within sm_80
 # chunks a warp copies at 4 and 8 warps (64 registers a thread): ptxas -v spilled from 24 chunks of 6-bit codes, 32 of
 # 4-bit (tests/test_quant_kernels.py checks the rule's forms); 16 warps have 128 registers, and shared memory bounds them
 TC_MAX_CPW = 16
-# fewer rows: the FMA form (faster at M = 1 on every Llama-1B shape; its time grows with M, the TC form's not). 4-bit
-# codes: the layer's products take the same time either way at M = 2 and 3; 6-bit (their bit planes cost the TC form
-# more): at M = 4. 5-bit was not timed and follows 6-bit. 8-bit (a second mma a step in bf16): from M = 3, which the dp4a
-# form still takes where it fits (it takes 1-3 rows first); the rest, Llama-1B's Q8_0 down (K = 8192, x's digits too
-# large), took 11.30 us on 16 warps against the FMA form's 13.65 (H200, twenty-fifth session, quant_bench --variants).
-TC_MIN_M = {4: 3, 5: 4, 6: 4, 8: 3}
+# fewer rows of x: the dp4a form where it fits, else the FMA form. From 3 rows the tensor-core form takes what the dp4a
+# form does not (it takes 1-3 rows first): at 3 rows Llama-1B's downs (K = 8192, x's digits too large for the dp4a
+# form) took 8.97 (Q4_K), 13.51 (Q6_K) and 11.30 us (Q8_0) on tensor cores against the FMA form's 16.30, 19.75 and
+# 13.65 (alone, H200, twenty-fifth session, quant_bench --variants). At 1 row the FMA form was faster on every shape.
+TC_MIN_M = 3
 # At 4 rows of x, 8-bit products with at least this many weight rows keep the dp4a form: alone, Llama-1B's Q8_0
 # gate/up (16384 rows) took 14.26 us on it against 18.45 on tensor cores, its LM head (128,256) 75.6 against 95.7,
 # while its qkv (3072) and o (2048) were faster on tensor cores (6.32 against 6.78, 4.92 against 6.38); at 8 rows the
@@ -139,7 +138,7 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     memory fewer: Llama-1B Q4_K_M 0.490 ms a step against 0.504, 7B 1.780 against 1.857 (H200, fifteenth
     session, the same bits). FUSEC_QGEMV_DP4A_NORM_EARLY=0 loads them after the wait.
 
-    The tensor-core form (``tc``) from M = TC_MIN_M (by bits) where it fits (``specs_quant.tc_fits``:
+    The tensor-core form (``tc``) from M = TC_MIN_M where it fits (``specs_quant.tc_fits``:
     4- to 8-bit codes, M <= 8, fp16/bf16; its copy of the block's rows within TC_SMEM_MAX, at most
     TC_MAX_CPW chunks a warp below 16 warps); it has no norm prologue or gated epilogue, so fusion
     leaves those out of it (``fusec.lower.skinny.qfits``). Warps a block of 16 rows: 4 where
@@ -160,7 +159,7 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
 
     choice = knobs.get("FUSEC_QGEMV_FORM")
     tc = passes = 0  # the tensor-core form's warps a block of 16 rows and runs a warp, where it takes the product
-    if tc_fits(m, fmt, dtype) and m >= TC_MIN_M[FORMATS[fmt].bits] and choice in ("auto", "tc"):
+    if tc_fits(m, fmt, dtype) and m >= TC_MIN_M and choice in ("auto", "tc"):
         blocks = -(-n // 16)
         warps = max(4 if blocks >= 2 * SMS else 8 if blocks >= 160 else 16, _tc_min_warps(fmt))
         while warps < 16 and not _tc_fits_smem(k, group, warps, fmt):
