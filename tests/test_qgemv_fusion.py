@@ -136,9 +136,11 @@ def test_fewer_gemv_rows_send_the_products_through_the_dequantizing_path(monkeyp
 
 
 def test_wide_gate_sends_the_gated_unit_apart_for_the_dp4a_form(monkeypatch) -> None:  # noqa: ANN001
-    """At 8 rows of x an int8 gate/up product (no tensor-core form for 8-bit codes) takes the dp4a form with its norm,
-    and the SwiGLU runs apart (fusion asks skinny.qfits, which says why); FUSEC_QGEMV_WIDE_GATE=fma gives the FMA form
-    with the gated unit, as before."""
+    """At 8 rows of x, without the tensor-core form (FUSEC_QGEMV_FORM=dp4a), an int8 gate/up product takes the dp4a form
+    with its norm, and the SwiGLU runs apart (fusion asks skinny.qfits, which says why); FUSEC_QGEMV_WIDE_GATE=fma gives
+    the FMA form with the gated unit, as before."""
+    monkeypatch.setenv("FUSEC_QGEMV_FORM", "dp4a")
+
     def plan8():  # noqa: ANN202
         return compile_generation("llama-tiny", batch=8, max_seq_len=64, prefill_len=8, dtype="bf16", eos_ids=[],
                                   arch="sm_90", quantize="int8")

@@ -69,7 +69,7 @@ class QSibling:
 class QGemvSpec:
     """C[M, N] = epilogue(x[M, K] @ W^T), W [N, K] packed in ``fmt`` (groups of ``group``).
     ``rows``: output rows per warp (1, 2 or 4); ``fold``: scale each 8 weights' partial dot once
-    instead of every weight. ``tc``: the tensor-core form instead (templates/qgemv_tc.cu.jinja: 4- to 6-bit
+    instead of every weight. ``tc``: the tensor-core form instead (templates/qgemv_tc.cu.jinja: 4- to 8-bit
     formats, M <= 8, fp16/bf16; ``warps`` per block of 16 rows, ``passes`` runs of chunks a warp copies into
     shared memory in turn; rows and fold unused). ``dp4a``: integer
     dot products instead (templates/qgemv_dp4a.cu.jinja: x as two int8 digits per value, per 32 values, in the block,

@@ -8,7 +8,7 @@ fused); larger M (prefill) dequantizes the weight into arena scratch, a block of
 most ``SCRATCH_BYTES``), and cuBLAS multiplies it there (``QDequantSpec`` + a GEMM reading the
 block through its transpose flag, writing its columns of the output). ``gemv_form``: the GEMV's
 form, from the measurements in benchmarks/RESULTS.md: integer dot products over x written as two
-int8 digits per value (dp4a, up to 3 rows of fp16/bf16 x), tensor cores for 4- to 6-bit codes at 3-8 rows
+int8 digits per value (dp4a, up to 3 rows of fp16/bf16 x), tensor cores for 4- to 8-bit codes at 3-8 rows
 (warps a block), or FMAs in fp32 (rows per warp, fold). The chosen variant is
 counted in the lowering report (``by_template``: qgemv / qdequant) and per product in
 ``ctx.counts["qmatmul:<variant>"]``.
