@@ -95,8 +95,9 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "--model llama-1b-q8_0 --batches 8 --ab FUSEC_QGEMV_TC_MIN_WARPS=4)", ("auto", "4", "8")),
     Knob("FUSEC_QGEMV_WIDE_GATE", "choice", "dp4a", "a gated quantized product at 4-8 rows of x that the tensor-core "
          "form does not take (FUSEC_QGEMV_FORM=dp4a, or rows too long for its shared memory): dp4a: the dp4a "
-         "form, the gated unit apart; fma: the FMA form with its gated unit (the 1B Q8_0 decode step at batch 8: 1.697 ms against 2.696, H200; the A/B of benchmarks/decode_step.py "
-         "--ab FUSEC_QGEMV_WIDE_GATE=fma)", ("dp4a", "fma")),
+         "form, the gated unit apart; fma: the FMA form with its gated unit (the 1B Q8_0 decode step at batch 8 "
+         "without tensor cores: 1.697 ms against 2.696, H200; the A/B of benchmarks/decode_step.py --ab "
+         "FUSEC_QGEMV_FORM=dp4a+FUSEC_QGEMV_WIDE_GATE=fma)", ("dp4a", "fma")),
     Knob("FUSEC_QGEMV_DP4A_CLUSTER", "choice", "auto", "the dp4a quantized GEMV on sm_90: blocks a thread block cluster "
          "whose warps take turns writing x's digits, each into every block's shared memory; auto: the rule "
          "(fusec.lower.quant.gemv_form: 2 at 4-8 rows of x, else 1); 1: every block writes all of x's digits (the "

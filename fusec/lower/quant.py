@@ -143,7 +143,8 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     TC_MAX_CPW chunks a warp below 16 warps); it has no norm prologue or gated epilogue, so fusion
     leaves those out of it (``fusec.lower.skinny.qfits``). Warps a block of 16 rows: 4 where
     two blocks an SM run (132 SMs), 8 from 160 blocks, else 16 (fewer blocks, more loads in flight
-    each); more where the copy would not fit. Measured on an H200 (sixth session): at M = 8 the rule's
+    each); at least 8 for 8-bit codes (``_tc_min_warps``); more where the copy would not fit. At 4 rows
+    the dp4a form keeps 8-bit products of at least DP4A_OVER_TC_N weight rows. Measured on an H200 (sixth session): at M = 8 the rule's
     form takes 0.33-0.78x the FMA form's time.
 
     Otherwise the FMA form: rows per warp 2 (they share each activation load; past M = 8 the
@@ -171,8 +172,8 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
         passes = next((p for p in range(1, runs + 1) if _tc_fits_smem(k, group, warps, fmt, p)), 0)
         tc = warps if passes else 0
     wide = m >= DP4A_WIDE_M
-    # a gated product at 4-8 rows that the tensor-core form does not take (8-bit codes) takes the dp4a form anyway,
-    # without its gated unit (``skinny.qfits`` then leaves the SwiGLU apart), not the FMA form with it: the 1B Q8_0
+    # a gated product at 4-8 rows that the tensor-core form does not take (FUSEC_QGEMV_FORM=dp4a; before the
+    # twenty-fifth session, 8-bit codes) takes the dp4a form anyway, without its gated unit (``skinny.qfits`` then leaves the SwiGLU apart), not the FMA form with it: the 1B Q8_0
     # decode step at batch 8 took 1.697 ms against 2.696 (H200, sixteenth session; Nsight Compute had that FMA
     # gate/up at 91.5 us, 0.39 TB/s). FUSEC_QGEMV_WIDE_GATE=fma gives the FMA form with the gated unit.
     gate_apart = wide and glu and not tc and knobs.get("FUSEC_QGEMV_WIDE_GATE") == "dp4a"
