@@ -343,7 +343,7 @@ for step in "$@"; do
                 tail -n 40 "$R/quant.txt" ;;
     train_full) timeout 400 python3 benchmarks/train.py "$R/train" > "$R/train.txt" 2>&1
                 tail -n 30 "$R/train.txt" ;;
-    qtests) timeout 240 $PT -n 8 tests/test_quant_gpu.py > "$R/t_quant.txt" 2>&1
+    qtests) timeout 280 $PT -n 12 tests/test_quant_gpu.py > "$R/t_quant.txt" 2>&1
             grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_quant.txt" | tail -n 12 ;;
     qtc) timeout 150 $PT -n 12 tests/test_quant_gpu.py -k tensor_core > "$R/t_qtc.txt" 2>&1
          grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_qtc.txt" | tail -n 12 ;;

@@ -375,6 +375,27 @@ def test_plan_with_a_packed_product_matches_reference(m):
     assert rel_err(got, want) <= 1e-5
 
 
+@pytest.mark.parametrize("fmt", ["q4_k", "q6_k", "q8_0"])
+@pytest.mark.parametrize("m", [3, 4, 8])
+def test_bf16_plan_with_a_packed_product_on_the_rules_form_matches_reference(fmt, m):
+    """A bf16 plan of one packed product with its epilogue at 3, 4 and 8 rows: the rule's form there (tensor cores for
+    these formats, the dp4a form where it still takes them) against the fp32 reference, within bf16 rounding."""
+    from test_quant_kernels import _qgraph
+
+    import fusec
+    from fusec import reference
+    from fusec.lower.quant import gemv_form
+
+    assert gemv_form(m, 96, 512, fmt, quant.FORMATS[fmt].group, BF16).get("tc") or m == 3
+    g = _qgraph(m, epilogue=True, fmt=fmt)
+    feeds = {"x": RNG.standard_normal((m, 512)).astype(np.float32),
+             "res": RNG.standard_normal((m, 96)).astype(np.float32)}
+    want = reference.run(g, feeds)["y"]
+    plan = fusec.compile(g, dtype="bf16")
+    got = np.asarray(plan.run(feeds)["y"].get()).astype(np.float32)
+    assert rel_err(got, want) <= TOL[BF16], (fmt, m)
+
+
 def _packed_model(layers: int = 2):
     import dataclasses
 

@@ -604,16 +604,16 @@ def test_specs_refuse_bad_layouts():
         QDequantSpec(8, 256, "q4_k", 32, DType.BF16, row0=4, rows=8)
 
 
-def _qgraph(m: int, epilogue: bool):
+def _qgraph(m: int, epilogue: bool, fmt: str = "q4_k"):
     from fusec.builder import GraphBuilder
     from fusec.ops import Op
 
     rng = np.random.default_rng(6)
-    qw = sample_weight("q4_k", 96, 512, rng)
+    qw = sample_weight(fmt, 96, 512, rng)
     b = GraphBuilder("q")
     x = b.input("x", (m, 512), DType.F32)
     cs = [b.const(a, name=f"w.{r}") for r, a in zip(qw.roles, qw.arrays)]
-    y = b.emit(Op.QMATMUL, x, *cs, format="q4_k", n=96, k=512, group=32)
+    y = b.emit(Op.QMATMUL, x, *cs, format=fmt, n=96, k=512, group=qw.group)
     if epilogue:
         y = b.emit(Op.ADD, b.emit(Op.SILU, b.emit(Op.ADD, y, b.const(rng.standard_normal(96).astype(np.float32)))),
                    b.input("res", (m, 96), DType.F32))
