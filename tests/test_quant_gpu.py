@@ -388,11 +388,11 @@ def test_bf16_plan_with_a_packed_product_on_the_rules_form_matches_reference(fmt
 
     assert gemv_form(m, 96, 512, fmt, quant.FORMATS[fmt].group, BF16).get("tc") or m == 3
     g = _qgraph(m, epilogue=True, fmt=fmt)
-    feeds = {"x": RNG.standard_normal((m, 512)).astype(np.float32),
-             "res": RNG.standard_normal((m, 96)).astype(np.float32)}
-    want = reference.run(g, feeds)["y"]
+    feeds = {"x": RNG.standard_normal((m, 512)).astype(np.float32).astype(BF16.np),  # a bf16 plan takes bf16
+             "res": RNG.standard_normal((m, 96)).astype(np.float32).astype(BF16.np)}
+    want = reference.run(g, {k: v.astype(np.float32) for k, v in feeds.items()})["y"]
     plan = fusec.compile(g, dtype="bf16")
-    got = np.asarray(plan.run(feeds)["y"].get()).astype(np.float32)
+    got = host(plan.run(feeds)["y"], BF16)
     assert rel_err(got, want) <= TOL[BF16], (fmt, m)
 
 
