@@ -79,7 +79,7 @@ def test_the_fused_forms_compile_for_sm_80_and_sm_90(fmt: str, group: int) -> No
 
 def test_the_spec_refuses_what_the_kernel_does_not_do() -> None:
     base = dict(fmt="int4", group=32, dtype=DType.BF16, scale_dtype=DType.F16)
-    with pytest.raises(ValueError, match="FMA form"):
+    with pytest.raises(ValueError, match="norm prologue is the FMA and dp4a forms"):
         QGemvSpec(4, 64, 512, norm=True, tc=True, warps=4, **base)
     with pytest.raises(ValueError, match="2 rows a warp"):
         QGemvSpec(1, 64, 512, glu="silu", rows=1, **base)

@@ -329,6 +329,37 @@ def test_tensor_core_qgemv_matches_reference(fmt, group, m, warps, passes):
         assert not bad.any(), (fmt, m, dt, int(bad.sum()), float(np.abs(got - want).max()))
 
 
+@pytest.mark.parametrize("fmt", ["q4_k", "q6_k", "q5_0", "q8_0", "uint4", "int8"])
+@pytest.mark.parametrize("m", [3, 5, 8])
+@pytest.mark.parametrize("warps,passes", [(4, 1), (16, 3)])
+def test_tensor_core_gated_epilogue_matches_reference(fmt, m, warps, passes):
+    """The tensor-core form with a gated unit (8 rows of each half a block) and bias + residual, both halves activated
+    in turn, odd F (a partial last block), fp16 and bf16, against numpy over the reference's weights, the epilogue
+    rounded as the unfused nodes round."""
+    f = 77
+    n, k = 2 * f, 1536 if quant.FORMATS[fmt].super_block else 1472
+    qw = sample_weight(fmt, n, k, RNG)
+    w = qw.dequantize().astype(np.float32)
+    for dt in (F16, BF16):
+        def rd(a: np.ndarray, dt: DType = dt) -> np.ndarray:
+            return a.astype(dt.np).astype(np.float32)
+        x = RNG.standard_normal((m, k)).astype(np.float32).astype(dt.np)
+        bias = RNG.standard_normal(n).astype(np.float32).astype(dt.np)
+        res = RNG.standard_normal((m, f)).astype(np.float32).astype(dt.np)
+        y = x.astype(np.float32) @ w.T
+        for swap in (False, True):
+            first, second = rd(rd(y[:, :f]) + bias[:f].astype(np.float32)), rd(rd(y[:, f:]) + bias[f:].astype(np.float32))
+            if swap:
+                first, second = second, first
+            with np.errstate(over="ignore"):
+                ref = rd(rd(first / (1 + np.exp(-first))) * second) + res.astype(np.float32)
+            out = poisoned((m, f), dt)
+            spec = QGemvSpec(m, n, k, fmt, qw.group, dt, qw.scale_dtype, Epilogue(bias=True, residual=True), tc=True,
+                             warps=warps, passes=passes, glu="silu", glu_swap=swap)
+            _run(spec, [dev(x), *[dev(a) for a in qw.arrays], dev(bias), dev(res), out])
+            assert rel_err(host(out, dt), ref) <= TOL[dt], (fmt, m, dt, swap)
+
+
 @pytest.mark.parametrize("fmt", list(quant.FORMATS))
 def test_dequantize_kernel_matches_reference(fmt):
     n, k = 53, 512

@@ -295,6 +295,31 @@ def test_tensor_core_eight_bit_operands_are_bias_plus_code_exactly(fmt, dt):
     assert bias == (1024.0 if dt == DType.F16 else 256.0)
 
 
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_tensor_core_gated_epilogue_compiles_and_fuses_only_with_its_knob(arch, monkeypatch):
+    """The tensor-core form with a gated unit (8 rows of each half a block: cdiv(F, 8) blocks) compiles without spills
+    at Llama-1B's and 7B's gate/up and at a small odd F in runs; fusion gives it the SwiGLU at batch 8 only with
+    FUSEC_QGEMV_TC_GATE=1 (one launch fewer a layer), never the norm."""
+    for fmt in ("q4_k", "q6_k", "q8_0", "uint4"):
+        group = FORMATS[fmt].group or 32
+        for n, k, warps, passes in ((16384, 2048, 4, 1), (22016, 4096, 8, 1), (154, 1536, 16, 3)):
+            spec = QGemvSpec(8, n, k, fmt, group, DType.BF16, DType.F16, Epilogue(bias=True, residual=True),
+                             glu="silu", tc=True, warps=warps, passes=passes)
+            ck = K.build(spec, arch)
+            assert ck.binary.spill_bytes == 0 and ck.grid[0] == -(-n // 16), (fmt, n)
+            assert "#define GLU 1" in ck.source and f"#define F_ {n // 2}" in ck.source
+    with pytest.raises(ValueError, match="norm prologue"):
+        QGemvSpec(8, 16384, 2048, "q4_k", 32, DType.BF16, DType.F16, norm=True, tc=True, warps=4)
+    if arch == "sm_80":
+        return
+    labels = [L["label"] for L in _packed_decode_launches("bf16", 8)]
+    monkeypatch.setenv("FUSEC_QGEMV_TC_GATE", "1")
+    gated = [L["label"] for L in _packed_decode_launches("bf16", 8)]
+    assert not any("gated_epilogue" in lab for lab in labels)
+    assert sum("gated_epilogue" in lab for lab in gated) == 2 and len(gated) == len(labels) - 2, gated
+    assert sum(lab.endswith("rmsnorm") for lab in gated) == sum(lab.endswith("rmsnorm") for lab in labels)
+
+
 def test_tensor_core_bit_planes_copy_16_bytes_where_aligned():
     """The bit planes go in 16-byte copies where every row's and warp's range starts on 16 bytes, else 4 bytes at a
     time; the GPU test's shapes (tests/test_quant_gpu.py: K = 1536 for K-quants, 1472 otherwise) take both."""
@@ -645,7 +670,7 @@ def test_prefill_dequantizes_large_weights_a_block_of_rows_at_a_time(monkeypatch
     assert st.lowered.scratch_bytes == 32 * 512 * 2
 
 
-def _packed_decode_launches(dtype: str, **kw) -> list[dict]:  # noqa: ANN003
+def _packed_decode_launches(dtype: str, batch: int = 1, **kw) -> list[dict]:  # noqa: ANN003
     import dataclasses as dc
 
     from fusec.compiler import compile_generation
@@ -657,7 +682,8 @@ def _packed_decode_launches(dtype: str, **kw) -> list[dict]:  # noqa: ANN003
     cfg = dc.replace(get_config("llama-tiny"), hidden_size=256, intermediate_size=512, num_heads=4, num_kv_heads=2,
                      head_dim=64, num_layers=2, tie_word_embeddings=False, name="llama-q4km-head")
     gm = GenModel(cfg, SharedWeights(RandomPackedWeights(q4_k_m_types(2), seed=1, scale=0.02)), None, (), cfg.name)
-    plan = compile_generation(gm, batch=1, max_seq_len=64, prefill_len=8, dtype=dtype, eos_ids=[], arch="sm_90", **kw)
+    plan = compile_generation(gm, batch=batch, max_seq_len=64, prefill_len=8, dtype=dtype, eos_ids=[], arch="sm_90",
+                              **kw)
     return plan.manifest["entries"]["decode"]["launches"]
 
 

@@ -139,8 +139,11 @@ def _qgemv_tc(spec: QGemvSpec) -> Rendered:
            "bias_value": float_lit(bias), "one": 0x3C003C00 if half else 0x3F803F80,  # ONE: 1.0 twice
            "t": ctype(spec.dtype), "bias": spec.epilogue.bias, "act": Ident(spec.epilogue.activation),
            "residual": spec.epilogue.residual, "round_x": _round_fn(spec.dtype),
+           "glu": Ident(spec.glu) if spec.glu else None, "glu_swap": spec.glu_swap, "half": spec.N // 2,
            **_format_ctx(spec.fmt, spec.group, spec.scale_dtype)}
-    return Rendered("qgemv_tc.cu.jinja", ctx, (cdiv(spec.N, 16), 1, 1), (32 * spec.warps, 1, 1),
+    # a gated block: 8 outputs (8 weight rows of each half); else 16 weight rows
+    blocks = cdiv(spec.N // 2, 8) if spec.glu else cdiv(spec.N, 16)
+    return Rendered("qgemv_tc.cu.jinja", ctx, (blocks, 1, 1), (32 * spec.warps, 1, 1),
                     ("x",) + packed_params(spec.fmt) + _epi_params(spec.epilogue) + ("C",), shared_mem=geo["smem"])
 
 

@@ -184,8 +184,8 @@ class QGemvSpec:
              "cluster (1, 2 or 4 blocks splitting the writing of x's digits) is the dp4a quantized gemv's")
         _req(not self.norm_early or (self.dp4a and self.norm),
              "norm_early is the dp4a quantized gemv's, with the norm prologue")
-        if self.norm or self.glu:
-            _req(not self.tc, "the quantized gemv's norm prologue and gated epilogue are the FMA form's")
+        if self.norm:
+            _req(not self.tc, "the quantized gemv's norm prologue is the FMA and dp4a forms'")
         check_norm_glu(self, "quantized gemv")
         if self.norm and not self.dp4a:  # the FMA form's copy of x (the dp4a form writes x's digits instead)
             _req(self.M * self.K * self.dtype.itemsize <= QNORM_SMEM,
