@@ -10,7 +10,8 @@ start, if later) to its end: under PDL a kernel's start includes its wait.
 One plan per batch (bf16, random weights, greedy), compiled once and loaded twice: FUSEC_PDL=1 and
 FUSEC_PDL=0 (read when a plan's device memory is made). The same prompt and steps run on both; the
 drawn tokens and the final KV caches must be bit-identical (PDL changes when a kernel starts, never
-what it computes). Roofline: (weight bytes + KV bytes attended) per step over the device-to-device
+what it computes; a state over 1 GB is compared by digests computed on the device). Roofline: (weight
+bytes + KV bytes attended) per step over the device-to-device
 copy bandwidth measured in the same process. The prefill entry is timed too (median of 10 calls,
 its input copy included). Variants (--gemv-forms, --ab) are timed in turns with the default plan, all
 loaded at once (run_interleaved). Writes OUT_DIR/decode_step.json and .md.
@@ -105,6 +106,47 @@ def _window_ms(eng: Any, start: Any, steps: int) -> float:
     return cp.cuda.get_elapsed_time(a, b) / steps
 
 
+HOST_STATE_BYTES = 1 << 30  # states larger than this are compared by digests computed on the device
+
+
+def _snapshot(eng: Any) -> dict[str, Any]:
+    """Every state of ``eng``'s plan, to compare two runs bit for bit: the bytes on the host, or for a state over
+    HOST_STATE_BYTES (a batch-32 cache at a 4,096-token context is ~15 GB) three digests of its 32-bit words computed
+    on the device: their sum, their sum weighted by an odd multiplier of each word's index, and their XOR. A flipped
+    bit changes the XOR; equal digests of different bytes would need all three to collide."""
+    import cupy as cp
+
+    eng.sync()
+    out: dict[str, Any] = {}
+    for r in eng.plan.manifest["state"]:
+        arr = eng.device.state_array(r["name"])
+        if arr.nbytes <= HOST_STATE_BYTES or arr.nbytes % 4:
+            out[r["name"]] = arr.get()
+            continue
+        words = arr.reshape(-1).view(cp.uint32)
+        total = weighted = xor = 0
+        for i in range(0, words.size, 1 << 26):  # 256 MB of words at a time (their uint64 copies: 512 MB)
+            w = words[i:i + (1 << 26)].astype(cp.uint64)
+            idx = (cp.arange(i, i + w.size, dtype=cp.uint64) * cp.uint64(2654435761)) | cp.uint64(1)
+            total += int(w.sum())
+            weighted += int((w * idx).sum())
+            xor ^= int(_xor_reduce()(w))
+        out[r["name"]] = ("digest", total % (1 << 64), weighted % (1 << 64), xor)
+    return out
+
+
+def _xor_reduce() -> Any:
+    import cupy as cp
+
+    return cp.ReductionKernel("uint64 x", "uint64 y", "x", "a ^ b", "y = a", "0", "fc_bench_xor_reduce")
+
+
+def _same_state(a: Any, b: Any) -> bool:
+    if isinstance(a, tuple) or isinstance(b, tuple):
+        return a == b
+    return bool(np.array_equal(a.view(np.uint8), b.view(np.uint8)))
+
+
 def run_mode(path: str, pdl: bool, batch: int, steps: int, windows: int) -> tuple[dict[str, Any], Any, Any]:
     import cupy as cp
 
@@ -120,7 +162,7 @@ def run_mode(path: str, pdl: bool, batch: int, steps: int, windows: int) -> tupl
         prefill.append(cp.cuda.get_elapsed_time(a, b))
     times = [_window_ms(eng, start, steps) for _ in range(windows)]
     tokens = eng.read_state("tokens")
-    caches = {r["name"]: eng.read_state(r["name"]) for r in plan.manifest["state"]}
+    caches = _snapshot(eng)
     out: dict[str, Any] = {"pdl": pdl, "step_ms": statistics.median(times), "step_ms_all": times,
                            "prefill_ms": statistics.median(prefill),
                            "prefill_launches": len(plan.manifest["entries"]["prefill"]["launches"]),
@@ -147,9 +189,8 @@ def run_interleaved(paths: dict[str, str], batch: int, steps: int, windows: int)
     out = {}
     for name in names:
         eng = engines[name]
-        caches = {r["name"]: eng.read_state(r["name"]) for r in eng.plan.manifest["state"]}
         out[name] = ({"step_ms": statistics.median(times[name]), "step_ms_all": times[name]},
-                     eng.read_state("tokens"), caches)
+                     eng.read_state("tokens"), _snapshot(eng))
     engines.clear()
     return out
 
@@ -331,7 +372,7 @@ def main() -> int:
         def same(a: str, b: str) -> dict[str, Any]:
             (ta, ca), (tb, cb) = runs[a], runs[b]
             diff = np.argwhere(ta != tb)
-            states = [k for k in ca if not np.array_equal(ca[k].view(np.uint8), cb[k].view(np.uint8))]
+            states = [k for k in ca if not _same_state(ca[k], cb[k])]
             return {"tokens": bool(diff.size == 0), "token_diffs": int(len(diff)),
                     "first_token_diff": [diff[0].tolist(), int(ta[tuple(diff[0])]), int(tb[tuple(diff[0])])] if diff.size else None,
                     "caches": not states, "states_differing": states}

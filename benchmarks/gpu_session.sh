@@ -39,6 +39,7 @@
 #   plans_t   the GPU tests of whole plans (generation, families, serve, join, PDL, end to end, runtime, A/B, softcap):
 #             with FUSEC_GEMM_STREAM set by the caller, what the products' back end changes
 #   ctx4k     Qwen3-0.6B decode at a 4,096-token context, batches 1 and 32, with rooflines (issue 19's report)
+#   ctx4k32   the same at batch 32 only (its ~15 GB cache compared by device digests: decode_step.py HOST_STATE_BYTES)
 #   stream_ab built-in encoders at a few rows on cuBLAS against fusec's GEMM (benchmarks/stream_ab.py)
 #   gemm_t    every GEMM GPU test (tests/test_kernels_gpu.py, test_pdl_gpu.py -k gemm: cuBLAS, the stream and wgmma forms)
 #   stream    the GEMM GPU tests (the stream form: few rows, K split over clusters), then the Qwen3-0.6B and Llama-1B
@@ -301,6 +302,9 @@ for step in "$@"; do
     ctx4k) timeout 300 python3 benchmarks/decode_step.py "$R/ctx4k" --model qwen3-0.6b --batches 1,32 --context 4096 \
              --windows 2 > "$R/ctx4k.txt" 2>&1
            grep -E "^\| [0-9]+ \|" "$R/ctx4k.txt" | cut -c 1-400 ;;
+    ctx4k32) timeout 500 python3 benchmarks/decode_step.py "$R/ctx4k32" --model qwen3-0.6b --batches 32 --context 4096 \
+               --windows 2 > "$R/ctx4k32.txt" 2>&1
+             grep -E "^\| [0-9]+ \|" "$R/ctx4k32.txt" | cut -c 1-400; tail -n 3 "$R/ctx4k32.txt" | cut -c 1-600 ;;
     stream_ab) timeout 300 python3 benchmarks/stream_ab.py > "$R/stream_ab.txt" 2>&1; tail -n 6 "$R/stream_ab.txt" ;;
     gemm_t) timeout 150 $PT -n 8 tests/test_kernels_gpu.py tests/test_pdl_gpu.py -k "gemm" > "$R/t_gemm.txt" 2>&1
             grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_gemm.txt" | tail -n 12 ;;
