@@ -117,6 +117,7 @@ def _snapshot(eng: Any) -> dict[str, Any]:
     import cupy as cp
 
     eng.sync()
+    xor_reduce = _xor_reduce()
     out: dict[str, Any] = {}
     for r in eng.plan.manifest["state"]:
         arr = eng.device.state_array(r["name"])
@@ -130,7 +131,7 @@ def _snapshot(eng: Any) -> dict[str, Any]:
             idx = (cp.arange(i, i + w.size, dtype=cp.uint64) * cp.uint64(2654435761)) | cp.uint64(1)
             total += int(w.sum())
             weighted += int((w * idx).sum())
-            xor ^= int(_xor_reduce()(w))
+            xor ^= int(xor_reduce(w))
         out[r["name"]] = ("digest", total % (1 << 64), weighted % (1 << 64), xor)
     return out
 

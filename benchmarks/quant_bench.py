@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 
@@ -100,15 +101,8 @@ def _forms(m: int, n: int, qw, variants: bool) -> list[tuple[str, dict]]:  # noq
                 forms.append((f"tc w{w}{f' p{passes}' if passes > 1 else ''}"
                               f"{' (rule)' if rule.get('tc') and rule['warps'] == w else ''}",
                               {**fma, "tc": True, "warps": w, **({"passes": passes} if passes > 1 else {})}))
-    old = os.environ.get("FUSEC_QGEMV_FORM")
-    os.environ["FUSEC_QGEMV_FORM"] = "dp4a"  # the rule without the tensor-core form
-    try:
+    with mock.patch.dict(os.environ, {"FUSEC_QGEMV_FORM": "dp4a"}):  # the rule without the tensor-core form
         d = gemv_form(m, n, qw.k, qw.format, qw.group, BF16)
-    finally:
-        if old is None:
-            del os.environ["FUSEC_QGEMV_FORM"]
-        else:
-            os.environ["FUSEC_QGEMV_FORM"] = old
     if d.get("dp4a") and not rule.get("dp4a"):
         forms.append(("dp4a (FUSEC_QGEMV_FORM=dp4a's rule)", d))
     if dp4a_fits(m, qw.k, False, BF16):

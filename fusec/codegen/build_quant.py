@@ -115,14 +115,14 @@ def qgemv_tc_geometry(K: int, group: int, warps: int, hb: int = 0, passes: int =
 def _qgemv_tc(spec: QGemvSpec) -> Rendered:
     from fusec.quant import FORMATS
 
-    half = spec.dtype == DType.F16
+    fp16 = spec.dtype == DType.F16
     f = FORMATS[spec.fmt]
     hb = f.high_planes
     geo = qgemv_tc_geometry(spec.K, spec.group, spec.warps, hb, spec.passes, f.bits)
     flip = 0x00800080 if f.bits == 8 and f.signed else 0  # signed 8-bit codes read as u = q + 128: bit 7 flipped
     if f.bits < 8:  # MAGIC | q = BIAS + q exactly: fp16 1024 (10 mantissa bits), bf16 128 (7)
-        mask, magic, magic_hi, bias = 0x000F000F, 0x64006400 if half else 0x43004300, 0, 1024.0 if half else 128.0
-    elif half:  # 1024 + u: 8 bits fit fp16's 10
+        mask, magic, magic_hi, bias = 0x000F000F, 0x64006400 if fp16 else 0x43004300, 0, 1024.0 if fp16 else 128.0
+    elif fp16:  # 1024 + u: 8 bits fit fp16's 10
         mask, magic, magic_hi, bias = 0x00FF00FF, 0x64006400 ^ flip, 0, 1024.0
     else:  # bf16: (128 + the low 7 bits) + (128 + 128 * bit 7) = 256 + u
         mask, magic, magic_hi, bias = 0x007F007F, 0x43004300, 0x43004300 ^ flip, 256.0
@@ -136,7 +136,7 @@ def _qgemv_tc(spec: QGemvSpec) -> Rendered:
            # of blocks); 16 warps (few blocks): 128
            "min_blocks": 1 if spec.warps == 16 else 32 // spec.warps,
            "cb": geo["cb"], "code_mask": mask, "magic": magic, "magic_hi": magic_hi, "hi8": bool(magic_hi),
-           "bias_value": float_lit(bias), "one": 0x3C003C00 if half else 0x3F803F80,  # ONE: 1.0 twice
+           "bias_value": float_lit(bias), "one": 0x3C003C00 if fp16 else 0x3F803F80,  # ONE: 1.0 twice
            "t": ctype(spec.dtype), "bias": spec.epilogue.bias, "act": Ident(spec.epilogue.activation),
            "residual": spec.epilogue.residual, "round_x": _round_fn(spec.dtype),
            "glu": Ident(spec.glu) if spec.glu else None, "glu_swap": spec.glu_swap, "half": spec.N // 2,

@@ -140,12 +140,13 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
 
     The tensor-core form (``tc``) from M = TC_MIN_M where it fits (``specs_quant.tc_fits``:
     4- to 8-bit codes, M <= 8, fp16/bf16; its copy of the block's rows within TC_SMEM_MAX, at most
-    TC_MAX_CPW chunks a warp below 16 warps); it has no norm prologue or gated epilogue, so fusion
-    leaves those out of it (``fusec.lower.skinny.qfits``). Warps a block of 16 rows: 4 where
-    two blocks an SM run (132 SMs), 8 from 160 blocks, else 16 (fewer blocks, more loads in flight
-    each); at least 8 for 8-bit codes (``_tc_min_warps``); more where the copy would not fit. At 4 rows
-    the dp4a form keeps 8-bit products of at least DP4A_OVER_TC_N weight rows. Measured on an H200 (sixth session): at M = 8 the rule's
-    form takes 0.33-0.78x the FMA form's time.
+    TC_MAX_CPW chunks a warp below 16 warps); it has no norm prologue, and a gated epilogue only with
+    FUSEC_QGEMV_TC_GATE=1, so fusion otherwise leaves those out of it (``fusec.lower.skinny.qfits``).
+    Warps a block of 16 rows: 4 where two blocks an SM run (132 SMs), 8 from 160 blocks, else 16 (fewer
+    blocks, more loads in flight each); at least 8 for 8-bit codes (``_tc_min_warps``); more where the
+    copy would not fit. At 4 rows the dp4a form keeps 8-bit products of at least DP4A_OVER_TC_N weight
+    rows. Measured on an H200 (sixth session): at M = 8 the rule's form takes 0.33-0.78x the FMA form's
+    time.
 
     Otherwise the FMA form: rows per warp 2 (they share each activation load; past M = 8 the
     accumulators of two rows spill, ptxas -v sm_90, so 1); at M = 1 each 8 weights' partial dot is
@@ -173,8 +174,8 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
         tc = warps if passes else 0
     wide = m >= DP4A_WIDE_M
     # a gated product at 4-8 rows that the tensor-core form does not take (FUSEC_QGEMV_FORM=dp4a; before the
-    # twenty-fifth session, 8-bit codes) takes the dp4a form anyway, without its gated unit (``skinny.qfits`` then leaves the SwiGLU apart), not the FMA form with it: the 1B Q8_0
-    # decode step at batch 8 took 1.697 ms against 2.696 (H200, sixteenth session; Nsight Compute had that FMA
+    # twenty-fifth session, 8-bit codes) takes the dp4a form anyway, without its gated unit (``skinny.qfits`` then
+    # leaves the SwiGLU apart), not the FMA form with it: the 1B Q8_0 decode step at batch 8 took 1.697 ms against 2.696 (H200, sixteenth session; Nsight Compute had that FMA
     # gate/up at 91.5 us, 0.39 TB/s). FUSEC_QGEMV_WIDE_GATE=fma gives the FMA form with the gated unit.
     gate_apart = wide and glu and not tc and knobs.get("FUSEC_QGEMV_WIDE_GATE") == "dp4a"
     many = m == DP4A_WIDE_M and FORMATS[fmt].bits == 8 and n >= DP4A_OVER_TC_N  # the dp4a form over tensor cores
