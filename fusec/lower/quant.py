@@ -140,8 +140,8 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
 
     The tensor-core form (``tc``) from M = TC_MIN_M where it fits (``specs_quant.tc_fits``:
     4- to 8-bit codes, M <= 8, fp16/bf16; its copy of the block's rows within TC_SMEM_MAX, at most
-    TC_MAX_CPW chunks a warp below 16 warps); it has no norm prologue, and a gated epilogue only with
-    FUSEC_QGEMV_TC_GATE=1, so fusion otherwise leaves those out of it (``fusec.lower.skinny.qfits``).
+    TC_MAX_CPW chunks a warp below 16 warps); it has no norm prologue, so fusion leaves the norm out of it
+    (``fusec.lower.skinny.qfits``), and takes its gated epilogue unless FUSEC_QGEMV_TC_GATE=0.
     Warps a block of 16 rows: 4 where two blocks an SM run (132 SMs), 8 from 160 blocks, else 16 (fewer
     blocks, more loads in flight each); at least 8 for 8-bit codes (``_tc_min_warps``); more where the
     copy would not fit. At 4 rows the dp4a form keeps 8-bit products of at least DP4A_OVER_TC_N weight

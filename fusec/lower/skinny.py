@@ -143,10 +143,13 @@ def qfits(m: int, n: int, k: int, a: Value, mm: Node, norm: bool, glu: bool, con
     if form.get("tc"):
         from fusec import knobs
 
-        if glu and not norm and knobs.get("FUSEC_QGEMV_TC_GATE"):
-            return None
-        return ("the tensor-core quantized GEMV (the rule's form here) has no norm prologue, and a gated epilogue only "
-                "with FUSEC_QGEMV_TC_GATE=1")
+        if norm:
+            return "the tensor-core quantized GEMV (the rule's form here) has no norm prologue"
+        if not glu:
+            return "the tensor-core quantized GEMV (the rule's form here) fuses only a gated epilogue"
+        if not knobs.get("FUSEC_QGEMV_TC_GATE"):
+            return "the tensor-core quantized GEMV's gated epilogue is off (FUSEC_QGEMV_TC_GATE=0)"
+        return None
     if form.get("dp4a"):
         if glu and m >= Q.DP4A_WIDE_M:  # the rule's dp4a form here has no gated unit (FUSEC_QGEMV_WIDE_GATE)
             return "the dp4a quantized GEMV at 4-8 rows of x has no gated unit (spilled); the gated unit runs apart"
