@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from fusec.codegen import kernels as K
-from fusec.codegen.build_quant import packed_params
 from fusec.codegen.specs import Epilogue
+from fusec.codegen.build_quant import packed_params
 from fusec.codegen.specs_quant import DP4A_SMEM, QDequantSpec, QGemvSpec, dp4a_fits, dp4a_smem
 from fusec.dtypes import DType
 from fusec.lower.quant import TC_MIN_M, gemv_form
