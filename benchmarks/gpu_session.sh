@@ -80,8 +80,6 @@
 #             rows over many weight rows) and FUSEC_QGEMV_TC_MIN_WARPS=4 (8-bit codes on 4 warps), with profiles
 #   q49       every quantized-GEMV form over Q4_K and Q6_K (quant_bench.py --variants), then the Llama-1B Q4_K_M decode
 #             step at batches 4 and 8 in turns against FUSEC_QGEMV_TC_MIN_WARPS=8 and FUSEC_QGEMV_FORM=dp4a (~3 minutes)
-#   q51       the tensor-core quantized GEMV's norm prologue (FUSEC_QGEMV_TC_NORM, off until measured): its GPU tests,
-#             the packed plans' GPU tests with it on, then the Llama-1B Q4_K_M and Q8_0 steps at batches 4 and 8 in turns
 #   q50       the tensor-core quantized GEMV's gated epilogue (FUSEC_QGEMV_TC_GATE, on since this A/B): its GPU tests,
 #             then the Llama-1B Q4_K_M and Q8_0 decode steps at batches 4 and 8 in turns against FUSEC_QGEMV_TC_GATE=0
 #   q20       where the decode attention's ~4 us go: the block trace with the blocks that end last of the attention
@@ -405,16 +403,6 @@ for step in "$@"; do
            timeout 150 python3 benchmarks/decode_step.py "$R/q50_$m" --model $m --batches 4,8 --context 32 \
              --windows 3 --ab FUSEC_QGEMV_TC_GATE=0 > "$R/q50_$m.txt" 2>&1
            grep -E "^\| [0-9]+ \|" "$R/q50_$m.txt" | cut -c 1-1500
-         done ;;
-    q51) timeout 150 $PT -n 12 tests/test_quant_gpu.py -k "norm_prologue" > "$R/t_q51.txt" 2>&1
-         grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_q51.txt" | tail -n 12
-         FUSEC_QGEMV_TC_NORM=1 timeout 200 $PT -n 12 tests/test_quant_gpu.py tests/test_generation_families_gpu.py \
-           -k "generation or packed_decode or plan_with" > "$R/t_q51b.txt" 2>&1
-         grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_q51b.txt" | tail -n 12
-         for m in llama-1b-q4_k_m llama-1b-q8_0; do
-           timeout 150 python3 benchmarks/decode_step.py "$R/q51_$m" --model $m --batches 4,8 --context 32 \
-             --windows 3 --ab FUSEC_QGEMV_TC_NORM=1 > "$R/q51_$m.txt" 2>&1
-           grep -E "^\| [0-9]+ \||pdl_profile" "$R/q51_$m.txt" | cut -c 1-1500
          done ;;
     q19) ab_step q19 "dequantizing_path" 8 "--ab FUSEC_QGEMV_MAX_ROWS=4" llama-1b-q8_0 llama-1b-q4_k_m ;;
     q20) for m in llama-1b-q4_k_m qwen3-0.6b; do

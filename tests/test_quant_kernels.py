@@ -11,7 +11,6 @@ import pytest
 
 from fusec.codegen import kernels as K
 from fusec.codegen.specs import Epilogue
-from fusec.codegen.build_quant import packed_params
 from fusec.codegen.specs_quant import DP4A_SMEM, QDequantSpec, QGemvSpec, dp4a_fits, dp4a_smem
 from fusec.dtypes import DType
 from fusec.lower.quant import TC_MIN_M, gemv_form
@@ -300,7 +299,7 @@ def test_tensor_core_eight_bit_operands_are_bias_plus_code_exactly(fmt, dt):
 def test_tensor_core_gated_epilogue_compiles_and_fuses_only_with_its_knob(arch, monkeypatch):
     """The tensor-core form with a gated unit (8 rows of each half a block: cdiv(F, 8) blocks) compiles without spills
     at Llama-1B's and 7B's gate/up and at a small odd F in runs; fusion gives it the SwiGLU at batch 8 unless
-    FUSEC_QGEMV_TC_GATE=0 (one launch fewer a layer), the norms only with FUSEC_QGEMV_TC_NORM=1."""
+    FUSEC_QGEMV_TC_GATE=0 (one launch fewer a layer), never the norm."""
     for fmt in ("q4_k", "q6_k", "q8_0", "uint4"):
         group = FORMATS[fmt].group or 32
         for n, k, warps, passes in ((16384, 2048, 4, 1), (22016, 4096, 8, 1), (154, 1536, 16, 3)):
@@ -309,6 +308,8 @@ def test_tensor_core_gated_epilogue_compiles_and_fuses_only_with_its_knob(arch, 
             ck = K.build(spec, arch)
             assert ck.binary.spill_bytes == 0 and ck.grid[0] == -(-n // 16), (fmt, n)
             assert "#define GLU 1" in ck.source and f"#define F_ {n // 2}" in ck.source
+    with pytest.raises(ValueError, match="norm prologue"):
+        QGemvSpec(8, 16384, 2048, "q4_k", 32, DType.BF16, DType.F16, norm=True, tc=True, warps=4)
     if arch == "sm_80":
         return
     gated = [L["label"] for L in _packed_decode_launches("bf16", 8)]
@@ -317,39 +318,6 @@ def test_tensor_core_gated_epilogue_compiles_and_fuses_only_with_its_knob(arch, 
     assert not any("gated_epilogue" in lab for lab in labels)
     assert sum("gated_epilogue" in lab for lab in gated) == 2 and len(gated) == len(labels) - 2, gated
     assert sum(lab.endswith("rmsnorm") for lab in gated) == sum(lab.endswith("rmsnorm") for lab in labels)
-
-
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_tensor_core_norm_prologue_compiles_and_fuses_only_with_its_knob(arch, monkeypatch):
-    """The tensor-core form with the RMSNorm as its prologue (bf16, no weight offset) compiles without spills at
-    Llama-1B's and 7B's qkv and gate/up (gated) and at a small odd N in runs, and takes the norm's weight after the
-    packed operands; fp16 and a weight offset are refused. Fusion gives it the norms at batch 8 only with
-    FUSEC_QGEMV_TC_NORM=1: no RMSNorm launch left."""
-    for fmt in ("q4_k", "q6_k", "q8_0", "uint4"):
-        group = FORMATS[fmt].group or 32
-        for n, k, warps, passes, glu in ((3072, 2048, 8, 1, ""), (16384, 2048, 4, 1, "silu"),
-                                         (22016, 4096, 8, 1, "silu"), (155, 1536, 16, 3, "")):
-            spec = QGemvSpec(8, n, k, fmt, group, DType.BF16, DType.F16, Epilogue(bias=True, residual=True),
-                             glu=glu, tc=True, warps=warps, passes=passes, norm=True, eps=1e-5)
-            ck = K.build(spec, arch)
-            assert ck.binary.spill_bytes == 0, (fmt, n, ck.binary.spill_bytes)
-            assert "qt_inv_rms" in ck.source and "fma.rn.bf16x2" in ck.source, (fmt, n)
-            params = K.prepare(spec)[0].params  # x, the packed operands, g, bias, residual, C
-            assert params[1 + len(packed_params(fmt))] == "g" and params[-3:] == ("bias", "residual", "C"), params
-    for bad in ({"dtype": DType.F16}, {"weight_offset": 1.0}):
-        kw = {"dtype": DType.BF16, **bad}
-        with pytest.raises(ValueError, match="norm prologue takes bf16"):
-            QGemvSpec(8, 16384, 2048, "q4_k", 32, kw.pop("dtype"), DType.F16, tc=True, warps=4, norm=True, **kw)
-    if arch == "sm_80":
-        return
-    labels = [L["label"] for L in _packed_decode_launches("bf16", 8)]
-    monkeypatch.setenv("FUSEC_QGEMV_TC_NORM", "1")
-    fused = [L["label"] for L in _packed_decode_launches("bf16", 8)]
-    norms = lambda labs: sum(lab.endswith("rmsnorm") for lab in labs)  # noqa: E731
-    # every layer's two norms and the LM head's (a norm read by two products, in a layer whose v is Q6_K, copied
-    # into both)
-    assert norms(labels) == 5 and norms(fused) == 0 and len(fused) == len(labels) - 5, (labels, fused)
-    assert sum("norm_gemm" in lab for lab in fused) == 6, fused
 
 
 def test_tensor_core_bit_planes_copy_16_bytes_where_aligned():

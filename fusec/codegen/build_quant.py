@@ -96,13 +96,11 @@ def _qgemv_dp4a(spec: QGemvSpec) -> Rendered:
     return Rendered("qgemv_dp4a.cu.jinja", ctx, (spec.grid, 1, 1), (32 * spec.warps, 1, 1), _row_params(spec))
 
 
-def qgemv_tc_geometry(K: int, group: int, warps: int, hb: int = 0, passes: int = 1, bits: int = 4,
-                      norm: bool = False) -> dict[str, int]:
+def qgemv_tc_geometry(K: int, group: int, warps: int, hb: int = 0, passes: int = 1, bits: int = 4) -> dict[str, int]:
     """The tensor-core form's shared memory: chunks per warp (a contiguous range), the codes' row
     stride (bytes: whole 128-byte lines + 16, so that 8 rows' reads fall in different banks; a chunk's
     codes are 16 bytes, 32 at 8 bits), the scale table's row stride (floats: 2 per group, = 2 mod 4 for
-    the same reason), the bit planes' row stride (words: ``hb`` a chunk, = 4 mod 8) and the bytes (at the end the
-    warps' partial sums reuse them, and with ``norm`` their sums of squares of x)."""
+    the same reason), the bit planes' row stride (words: ``hb`` a chunk, = 4 mod 8) and the bytes."""
     gpc = 2 if group < 32 else 1
     cb = 32 if bits == 8 else 16
     cpw = cdiv(K // 32, warps * passes)  # a run's chunks: a warp takes ``passes`` runs
@@ -110,7 +108,7 @@ def qgemv_tc_geometry(K: int, group: int, warps: int, hb: int = 0, passes: int =
     srs = 2 * cpw * gpc + (2 if cpw * gpc % 2 == 0 else 4)
     # = 4 mod 8 words: rows 16-byte aligned (the 16-byte copies) and 8 rows' reads of one word in 8 different banks
     hrs = cpw * hb + (4 - cpw * hb) % 8 if hb else 0
-    smem = max(warps * 16 * (rsb + 4 * srs + 4 * hrs), warps * (16 + norm) * 8 * 4)
+    smem = max(warps * 16 * (rsb + 4 * srs + 4 * hrs), warps * 16 * 8 * 4)  # the partial sums reuse it at the end
     return {"cpw": cpw, "rsb": rsb, "srs": srs, "hrs": hrs, "gpc": gpc, "cb": cb, "smem": smem}
 
 
@@ -120,7 +118,7 @@ def _qgemv_tc(spec: QGemvSpec) -> Rendered:
     fp16 = spec.dtype == DType.F16
     f = FORMATS[spec.fmt]
     hb = f.high_planes
-    geo = qgemv_tc_geometry(spec.K, spec.group, spec.warps, hb, spec.passes, f.bits, spec.norm)
+    geo = qgemv_tc_geometry(spec.K, spec.group, spec.warps, hb, spec.passes, f.bits)
     flip = 0x00800080 if f.bits == 8 and f.signed else 0  # signed 8-bit codes read as u = q + 128: bit 7 flipped
     if f.bits < 8:  # MAGIC | q = BIAS + q exactly: fp16 1024 (10 mantissa bits), bf16 128 (7)
         mask, magic, magic_hi, bias = 0x000F000F, 0x64006400 if fp16 else 0x43004300, 0, 1024.0 if fp16 else 128.0
@@ -135,21 +133,18 @@ def _qgemv_tc(spec: QGemvSpec) -> Rendered:
            "cpw": geo["cpw"], "rsb": geo["rsb"], "srs": geo["srs"], "gpc": geo["gpc"], "hb": hb, "hrs": geo["hrs"],
            "batch": 8 // geo["gpc"],  # scale pairs whose loads are in flight together (registers: 3 floats a group)
            # 4 and 8 warps: 64 registers a thread, so that 1024 threads fit an SM (a 1B model's gate/up in one wave
-           # of blocks); 16 warps (few blocks): 128. With the norm prologue one block an SM fewer (73 and 85
-           # registers): at 64 its operands spilled 8-16 bytes (ptxas, sm_90)
-           "min_blocks": 1 if spec.warps == 16 else 32 // spec.warps - spec.norm,
+           # of blocks); 16 warps (few blocks): 128
+           "min_blocks": 1 if spec.warps == 16 else 32 // spec.warps,
            "cb": geo["cb"], "code_mask": mask, "magic": magic, "magic_hi": magic_hi, "hi8": bool(magic_hi),
            "bias_value": float_lit(bias), "one": 0x3C003C00 if fp16 else 0x3F803F80,  # ONE: 1.0 twice
            "t": ctype(spec.dtype), "bias": spec.epilogue.bias, "act": Ident(spec.epilogue.activation),
            "residual": spec.epilogue.residual, "round_x": _round_fn(spec.dtype),
            "glu": Ident(spec.glu) if spec.glu else None, "glu_swap": spec.glu_swap, "half": spec.N // 2,
-           "norm": spec.norm, "eps": float_lit(spec.eps),
            **_format_ctx(spec.fmt, spec.group, spec.scale_dtype)}
     # a gated block: 8 outputs (8 weight rows of each half); else 16 weight rows
     blocks = cdiv(spec.N // 2, 8) if spec.glu else cdiv(spec.N, 16)
     return Rendered("qgemv_tc.cu.jinja", ctx, (blocks, 1, 1), (32 * spec.warps, 1, 1),
-                    ("x",) + packed_params(spec.fmt) + (("g",) if spec.norm else ()) + _epi_params(spec.epilogue)
-                    + ("C",), shared_mem=geo["smem"])
+                    ("x",) + packed_params(spec.fmt) + _epi_params(spec.epilogue) + ("C",), shared_mem=geo["smem"])
 
 
 @builder(QDequantSpec)

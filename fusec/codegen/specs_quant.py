@@ -79,11 +79,9 @@ class QGemvSpec:
     loaded before the PDL wait where x is one batch of a thread's pieces (else after it, beside x); ``cluster``: on
     sm_90, blocks a thread block cluster whose warps take turns writing x's digits, each into every block's shared
     memory (1: every block writes all of them; elsewhere always 1); fold unused).
-    ``norm``, x RMS-normalized over K first as ``Op.RMSNORM`` computes it (weight ``g``
+    FMA and dp4a forms: ``norm``, x RMS-normalized over K first as ``Op.RMSNORM`` computes it (weight ``g``
     [K], ``eps``, ``weight_offset``; the FMA form normalizes x once into shared memory, M * K elements of
-    at most ``QNORM_SMEM`` bytes, the dp4a form as it writes x's digits; the tensor-core form, bf16 without a
-    weight offset, multiplies x by g in its operands and each row's totals by 1 / rms(x), one rounding fewer);
-    ``glu``, a gated unit over the two halves of the product (as
+    at most ``QNORM_SMEM`` bytes, the dp4a form as it writes x's digits); ``glu``, a gated unit over the two halves of the product (as
     ``GemvSpec.glu``: C[m, j] = glu(y[m, j]) * y[m, F + j], ``glu_swap`` activating the second half,
     Nout = F = N / 2; a warp's two rows are j and F + j, so ``rows`` is 2; the dp4a form's may be 4, two such
     pairs). ``argmax`` (the dp4a form, no gated unit; a sampler reads the product: the LM head): each warp also keeps,
@@ -186,11 +184,10 @@ class QGemvSpec:
              "cluster (1, 2 or 4 blocks splitting the writing of x's digits) is the dp4a quantized gemv's")
         _req(not self.norm_early or (self.dp4a and self.norm),
              "norm_early is the dp4a quantized gemv's, with the norm prologue")
-        if self.norm and self.tc:  # x * g rounded to bf16 before 1 / rms(x) (fp16 could overflow there)
-            _req(self.dtype == DType.BF16 and self.weight_offset == 0.0,
-                 "the tensor-core quantized gemv's norm prologue takes bf16 x and a norm without a weight offset")
+        if self.norm:
+            _req(not self.tc, "the quantized gemv's norm prologue is the FMA and dp4a forms'")
         check_norm_glu(self, "quantized gemv")
-        if self.norm and not self.dp4a and not self.tc:  # the FMA form's copy of x (the dp4a form writes digits)
+        if self.norm and not self.dp4a:  # the FMA form's copy of x (the dp4a form writes x's digits instead)
             _req(self.M * self.K * self.dtype.itemsize <= QNORM_SMEM,
                  f"the quantized gemv normalizes x in shared memory: M * K * {self.dtype.itemsize} <= {QNORM_SMEM} bytes")
         if self.siblings:

@@ -25,7 +25,6 @@ from typing import Any
 
 from fusec.codegen import specs as S
 from fusec.codegen.build_gemm import wgmma_fits
-from fusec.dtypes import DType
 from fusec.ir import Graph, Node, Value
 from fusec.ops import Op
 
@@ -126,12 +125,11 @@ def fits(m: int, k: int, a: Value, b: Value, trans_b: bool, const: bool, wide: b
     return None
 
 
-def qfits(m: int, n: int, k: int, a: Value, mm: Node, norm: bool, glu: bool, const: bool,
-          weight_offset: float = 0.0) -> str | None:
-    """None when the quantized GEMV's form the rule picks (``fusec.lower.quant.gemv_form``) takes this product with
-    a norm prologue (its ``weight_offset``) or a gated epilogue (``QGemvSpec``), else why not: the FMA form needs
-    two rows a warp for a gated unit and x within the norm's shared memory; the tensor-core form takes a norm over
-    bf16 x without a weight offset, with FUSEC_QGEMV_TC_NORM=1."""
+def qfits(m: int, n: int, k: int, a: Value, mm: Node, norm: bool, glu: bool, const: bool) -> str | None:
+    """None when the quantized GEMV's dp4a or FMA form takes this product with a norm prologue or a
+    gated epilogue (``QGemvSpec``), else why not: the form the rule picks (``fusec.lower.quant.gemv_form``)
+    must be one of those; the FMA form needs two rows a warp for a gated unit and x within the norm's
+    shared memory."""
     from fusec.codegen.specs_quant import QNORM_SMEM
     from fusec.lower import quant as Q
 
@@ -145,14 +143,12 @@ def qfits(m: int, n: int, k: int, a: Value, mm: Node, norm: bool, glu: bool, con
     if form.get("tc"):
         from fusec import knobs
 
-        if norm and not knobs.get("FUSEC_QGEMV_TC_NORM"):
-            return "the tensor-core quantized GEMV's norm prologue is off (FUSEC_QGEMV_TC_NORM=0)"
-        if norm and (a.dtype != DType.BF16 or weight_offset != 0.0):
-            return "the tensor-core quantized GEMV's norm prologue takes bf16 x and a norm without a weight offset"
-        if glu and not knobs.get("FUSEC_QGEMV_TC_GATE"):
+        if norm:
+            return "the tensor-core quantized GEMV (the rule's form here) has no norm prologue"
+        if not glu:
+            return "the tensor-core quantized GEMV (the rule's form here) fuses only a gated epilogue"
+        if not knobs.get("FUSEC_QGEMV_TC_GATE"):
             return "the tensor-core quantized GEMV's gated epilogue is off (FUSEC_QGEMV_TC_GATE=0)"
-        if not (norm or glu):
-            return "the tensor-core quantized GEMV (the rule's form here) fuses a norm prologue or a gated epilogue"
         return None
     if form.get("dp4a"):
         if glu and m >= Q.DP4A_WIDE_M:  # the rule's dp4a form here has no gated unit (FUSEC_QGEMV_WIDE_GATE)
@@ -228,9 +224,7 @@ def plan(body: Graph) -> Plan:
             raise NoPlan("the skinny product multiplies rows of K by the packed weight")
         m = math.prod(a.shape[:-1])
         glu_q = _glu_nodes(body, mm) is not None
-        woff = float(nodes[0].attrs.weight_offset) if i == 1 else 0.0
-        if (why := qfits(m, n, k, a, mm, i == 1, glu_q, all(is_constant(body, v) for v in mm.inputs[1:]),
-                         woff)) is not None:
+        if (why := qfits(m, n, k, a, mm, i == 1, glu_q, all(is_constant(body, v) for v in mm.inputs[1:]))) is not None:
             raise NoPlan(why)
         if Op.SAMPLE in [nd.op for nd in nodes] and not _qsamples(m, n, k, a, mm, i == 1):
             raise NoPlan("the quantized GEMV's form here (not the dp4a form) writes no argmax partials for a sample")
