@@ -97,11 +97,20 @@ def bench_kv(results: list, quick: bool) -> None:
 
     Hq, Hkv, D, T = 16, 8, 128, 4096
     scale = 1 / math.sqrt(D)
-    # (name, target blocks (0: one split), threads); a split one merges in-kernel (its last block)
-    variants = [("default", -1, 128), ("x2", 2 * SMS, 128), ("x4", 4 * SMS, 128), ("x8", 8 * SMS, 128),
-                ("x16", 16 * SMS, 128), ("x8-256t", 8 * SMS, 256), ("nosplit", 0, 128), ("nosplit-256t", 0, 256)]
+    # (name, target blocks (0: one split), threads, keys a key group loads at a time (0: the rule's)); a split one
+    # merges in-kernel (its last block)
+    # (name, target blocks (0: one split), threads, keys a key group loads at a time (0: the rule's), the rule's
+    # options: a cluster merge (sm_90), older rows loaded before the PDL wait)
+    variants = [("default", -1, 128, 0, {}), ("default-u8", -1, 128, 8, {}), ("x2", 2 * SMS, 128, 0, {}),
+                ("x4", 4 * SMS, 128, 0, {}), ("x8", 8 * SMS, 128, 0, {}), ("x16", 16 * SMS, 128, 0, {}),
+                ("x16-u8", 16 * SMS, 128, 8, {}), ("x8-256t", 8 * SMS, 256, 0, {}), ("nosplit", 0, 128, 0, {}),
+                ("nosplit-256t", 0, 256, 0, {})]
+    if int(cp.cuda.Device().compute_capability) >= 90:
+        variants += [("cluster", -1, 128, 0, {"cluster": True}), ("prefetch", -1, 128, 0, {"prefetch": True}),
+                     ("cluster+prefetch", -1, 128, 0, {"cluster": True, "prefetch": True}),
+                     ("x4-cluster+prefetch", 4 * SMS, 128, 0, {"cluster": True, "prefetch": True})]
     if quick:
-        variants = variants[2:3]
+        variants = variants[3:4]
     for B in (1, 8, 32):
         set_bytes = 2 * B * Hkv * T * D * 2
         nsets = max(1, min(16, -(-L2_ROTATE // set_bytes)))
@@ -110,12 +119,12 @@ def bench_kv(results: list, quick: bool) -> None:
         for ctx in (128, 4096):
             pos = cp.full(B, ctx - 1, dtype=cp.int64)
             kv_bytes = 2 * B * Hkv * ctx * D * 2
-            for vname, target, threads in variants:
-                if target < 0:
-                    spec = kv_attention_spec(B, Hq, Hkv, 1, T, D, BF16, scale)  # what the lowering picks
+            for vname, target, threads, unroll, opts in variants:
+                if target < 0:  # what the lowering picks
+                    spec = kv_attention_spec(B, Hq, Hkv, 1, T, D, BF16, scale, unroll=unroll, **opts)
                 elif target:
                     spec = kv_attention_spec(B, Hq, Hkv, 1, T, D, BF16, scale, target_blocks=target, threads=threads,
-                                             max_splits=S.KV_MAX_SPLITS)
+                                             max_splits=S.KV_MAX_SPLITS, unroll=unroll, **opts)
                 else:
                     spec = S.KVAttentionSpec(B, Hq, Hkv, 1, T, D, BF16, scale, 1, threads=threads)
                 ck = K.build(spec)
@@ -126,10 +135,8 @@ def bench_kv(results: list, quick: bool) -> None:
                     q, k, v = sets[i]
 
                     def f(s) -> None:  # noqa: ANN001
-                        if spec.splits == 1:
-                            K.launch(ck, [q, k, v, pos, out], stream=s)
-                        else:
-                            K.launch(ck, [q, k, v, pos, part, sync, out], stream=s)
+                        named = {"q": q, "k": k, "v": v, "pos": pos, "part": part, "sync": sync, "out": out}
+                        K.launch(ck, [named[p] for p in ck.params], stream=s)
                     return f
 
                 us = graph_time([one(i) for i in range(nsets)])
@@ -270,10 +277,11 @@ def _table(results: list, copy: float, device: str) -> str:
     kv = [r for r in results if r["bench"] == "kv_attention"]
     if kv:
         L += ["### kv_attention (Qwen3-0.6B: Hq 16, Hkv 8, D 128, bf16, cache T 4096; split, merged in-kernel)", "",
-              "| B | ctx | variant | splits | us | K+V bytes | GB/s | % of copy |", "|---|---|---|---|---|---|---|---|"]
+              "| B | ctx | variant | splits | us | K+V bytes | GB/s | % of copy | registers |",
+              "|---|---|---|---|---|---|---|---|---|"]
         for r in kv:
             L.append(f"| {r['B']} | {r['ctx']} | {r['variant']} | {r['splits']} | {r['us']:.2f} | {r['bytes'] / 1e6:.1f} MB "
-                     f"| {r['GBps']:.0f} | {100 * r['GBps'] * 1e9 / copy:.0f}% |")
+                     f"| {r['GBps']:.0f} | {100 * r['GBps'] * 1e9 / copy:.0f}% | {r.get('regs', '')} |")
         L.append("")
     sm = [r for r in results if r["bench"] == "sample"]
     if sm:

@@ -80,6 +80,8 @@
 #             rows over many weight rows) and FUSEC_QGEMV_TC_MIN_WARPS=4 (8-bit codes on 4 warps), with profiles
 #   q49       every quantized-GEMV form over Q4_K and Q6_K (quant_bench.py --variants), then the Llama-1B Q4_K_M decode
 #             step at batches 4 and 8 in turns against FUSEC_QGEMV_TC_MIN_WARPS=8 and FUSEC_QGEMV_FORM=dp4a (~3 minutes)
+#   kvwave    the decode attention's splits sized for 4 blocks an SM (FUSEC_KV_WAVE_BLOCKS, twenty-sixth session): its
+#             GPU tests, then Qwen3-0.6B at batch 32 (context 128) in turns against FUSEC_KV_WAVE_BLOCKS=8
 #   q50       the tensor-core quantized GEMV's gated epilogue (FUSEC_QGEMV_TC_GATE, on since this A/B): its GPU tests,
 #             then the Llama-1B Q4_K_M and Q8_0 decode steps at batches 4 and 8 in turns against FUSEC_QGEMV_TC_GATE=0
 #   q20       where the decode attention's ~4 us go: the block trace with the blocks that end last of the attention
@@ -214,7 +216,7 @@ for step in "$@"; do
           grep -E "^launch:|==PROF==|  [a-zA-Z_0-9]+.*\(|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Warp Cycles Per Issued|Block Limit|Dynamic Shared|Mem Busy|Max Bandwidth|L2 Hit|Stall|Waves" "$R/gncu.txt" | head -n 120 ;;
     gtests) timeout 200 $PT -n 8 tests/test_gemv_gpu.py > "$R/t_gemv.txt" 2>&1
             grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_gemv.txt" | tail -n 12 ;;
-    kv) timeout 120 python3 benchmarks/bench_decode_kernels.py "$R/bkv" --only kv > "$R/kv.txt" 2>&1
+    kv) timeout 240 python3 benchmarks/bench_decode_kernels.py "$R/bkv" --only kv > "$R/kv.txt" 2>&1
         grep "^|" "$R/kv.txt" | tail -n 25 ;;
     step_q) timeout 200 python3 benchmarks/decode_step.py "$R/step_q" --model qwen3-0.6b --batches 1,8 --gemv-forms ring,register > "$R/step_q.txt" 2>&1
             tail -n 6 "$R/step_q.txt" ;;
@@ -404,6 +406,12 @@ for step in "$@"; do
              --windows 3 --ab FUSEC_QGEMV_TC_GATE=0 > "$R/q50_$m.txt" 2>&1
            grep -E "^\| [0-9]+ \|" "$R/q50_$m.txt" | cut -c 1-1500
          done ;;
+    kvwave) timeout 150 $PT -n 8 tests/test_decode_kernels_gpu.py tests/test_kv_heads_gpu.py -k "kv_attention or prologue" \
+              > "$R/t_kvwave.txt" 2>&1
+            grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_kvwave.txt" | tail -n 12
+            timeout 400 python3 benchmarks/decode_step.py "$R/kvwave" --model qwen3-0.6b --batches 32 --context 128 \
+              --windows 3 --ab FUSEC_KV_WAVE_BLOCKS=8 > "$R/kvwave.txt" 2>&1
+            grep -E "^\| [0-9]+ \|" "$R/kvwave.txt" | cut -c 1-1500 ;;
     q19) ab_step q19 "dequantizing_path" 8 "--ab FUSEC_QGEMV_MAX_ROWS=4" llama-1b-q8_0 llama-1b-q4_k_m ;;
     q20) for m in llama-1b-q4_k_m qwen3-0.6b; do
            timeout 120 python3 benchmarks/block_trace.py "$R/q20_$m" --model $m --context 32 --blocks rope_atte \

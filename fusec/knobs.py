@@ -118,6 +118,10 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("FUSEC_KV_SPLIT_KEYS", "int", 64, "decode attention: the fewest cache rows (of its capacity) a split may "
          "cover where the batch's heads alone fill a quarter of the SMs (32: the A/B of decode_step.py --ab "
          "FUSEC_KV_SPLIT_KEYS=32, as before)"),
+    Knob("FUSEC_KV_WAVE_BLOCKS", "choice", "4", "decode attention: blocks an SM its full-context split count is "
+         "sized for, one wave (fusec.codegen.build_decode.KV_WAVE_BLOCKS: 4 at the kernel's ~110 registers a thread; "
+         "8: the first form's, as before the twenty-sixth session; the A/B of benchmarks/decode_step.py --batches 32 "
+         "--ab FUSEC_KV_WAVE_BLOCKS=8)", ("4", "8")),
     Knob("FUSEC_KV_UNROLL", "choice", "0", "decode attention: keys each key group loads at a time, so also how many "
          "older rows load before the PDL wait (0: the layout's, 4 for D 128 bf16; the A/B of decode_step.py --ab "
          "FUSEC_KV_UNROLL=8)", ("0", "2", "4", "8")),

@@ -89,8 +89,10 @@ def test_kv_attention_splits_fill_the_gpu() -> None:
     one = kv_attention_spec(1, 16, 8, 1, 4096, 128, BF16, 0.1)
     eight = kv_attention_spec(8, 16, 8, 1, 4096, 128, BF16, 0.1)
     many = kv_attention_spec(32, 16, 8, 1, 4096, 128, BF16, 0.1)
-    assert (one.splits, eight.splits, many.splits) == (64, 16, 4)  # <= one wave of 8 x 132 blocks
-    assert kv_attention_spec(1, 16, 8, 1, 4096, 128, BF16, 0.1, max_splits=1000).splits == 128
+    assert (one.splits, eight.splits, many.splits) == (64, 8, 2)  # <= one wave of 4 x 132 blocks (64: the cap)
+    wide = kv_attention_spec(32, 16, 8, 1, 4096, 128, BF16, 0.1, target_blocks=8 * 132)
+    assert wide.splits == 4  # the first form's wave of 8 blocks an SM (FUSEC_KV_WAVE_BLOCKS=8)
+    assert kv_attention_spec(1, 16, 8, 1, 4096, 128, BF16, 0.1, max_splits=1000).splits == 66  # 528 blocks / 8
     short = kv_attention_spec(1, 16, 8, 1, 64, 128, BF16, 0.1)
     assert short.splits == 2  # never more splits than 32-key chunks
     lay = kv_layout(kv_attention_spec(1, 32, 1, 1, 256, 128, BF16, 0.1))
@@ -377,6 +379,24 @@ def test_wide_batches_take_splits_of_at_least_64_cache_rows(monkeypatch) -> None
     monkeypatch.setenv("FUSEC_KV_SPLIT_KEYS", "0")
     with pytest.raises(InputError, match="FUSEC_KV_SPLIT_KEYS"):
         compile_generation("llama-tiny", batch=1, max_seq_len=32, prefill_len=8, dtype="bf16", eos_ids=[], arch="sm_90")
+
+
+def test_the_plans_attention_sizes_its_splits_to_the_waves_knob(monkeypatch) -> None:  # noqa: ANN001
+    """The lowering sizes a full-context step's splits for FUSEC_KV_WAVE_BLOCKS blocks an SM (4 by default): a wide
+    batch (128 rows, 2 kv heads, 32-key splits allowed) takes 2 splits, and 4 with the first form's 8."""
+    from fusec.compiler import compile_generation
+
+    monkeypatch.setenv("FUSEC_KV_SPLIT_KEYS", "32")
+
+    def grids() -> list:
+        plan = compile_generation("llama-tiny", batch=128, max_seq_len=128, prefill_len=8, dtype="bf16", eos_ids=[],
+                                  arch="sm_90")
+        return [L["grid"] for L in plan.manifest["entries"]["decode"]["launches"] if "attention" in L["label"]]
+
+    default = grids()
+    monkeypatch.setenv("FUSEC_KV_WAVE_BLOCKS", "8")
+    wide = grids()
+    assert default and {g[0] for g in default} == {2} and {g[0] for g in wide} == {4}, (default, wide)
 
 
 def test_key_groups_load_a_half_capacity_chunk_whole_before_the_wait(monkeypatch) -> None:  # noqa: ANN001

@@ -12,10 +12,15 @@ from fusec.codegen.spec_base import SMS
 from fusec.codegen.render import ctype, float_lit
 from fusec.dtypes import DType
 
-# A full-context decode step should be one wave of blocks: 8 blocks of 128 threads fit an SM at
-# the 64 registers the kernel takes for D 128. Measured on an H100 (B 32, ctx 4096): 3 splits
-# (768 blocks) 219 us, 5 splits (1280 blocks, 1.2 waves) 255 us, 9 splits (2304) 223 us.
-KV_TARGET_BLOCKS = 8 * SMS
+# A full-context decode step should be one wave of blocks. The kernel takes 95-114 registers a thread for D 128 bf16
+# (sm_90: the prefetch, cluster and prologue forms), so 4 blocks of 128 threads fit an SM, not the 8 of its first
+# form (64 registers; H100, B 32, ctx 4096: 3 splits 219 us, 5 splits 255, 9 splits 223). Alone on an H200 (Qwen3's
+# heads, B 32, cache 4096, benchmarks/bench_decode_kernels.py --only kv, twenty-sixth session): with the cluster
+# merge and prefetch 2 splits (512 blocks) took 125.4 us at a 4,096-key context against 153.4 with 4 (the rule at 8
+# blocks an SM), and 6.56 against 10.69 at 128 keys; without them 130.1 against 133.6, and at B 8 8 splits 40.1
+# against 16's 44.4. FUSEC_KV_WAVE_BLOCKS=8 gives the first form's wave (the lowering reads it).
+KV_WAVE_BLOCKS = 4
+KV_TARGET_BLOCKS = KV_WAVE_BLOCKS * SMS
 # The default combine step loops over the splits per output column: beyond ~64 splits it costs
 # more than the extra parallelism brings (B 1, ctx 4096: 64 splits 24 us, 128 splits 32 us).
 KV_MAX_AUTO_SPLITS = 64

@@ -11,6 +11,7 @@ from typing import Any
 from fusec import knobs
 from fusec.codegen import specs as S
 from fusec.codegen.build_decode import kv_attention_spec, sample_spec
+from fusec.codegen.spec_base import SMS
 from fusec.dtypes import DType
 from fusec.errors import InputError
 from fusec.ir import Graph, Node, Value
@@ -70,7 +71,8 @@ def _kv_spec(ctx: Context, node: Node, label: str, attrs: Any, q: Value, k: Valu
     if split_keys < 1:
         raise InputError(f"environment variable FUSEC_KV_SPLIT_KEYS={split_keys} must be a positive row count")
     try:
-        return kv_attention_spec(B, Hq, Hkv, S_, T, D, q.dtype, float(attrs.scale), pos.dtype,
+        wave = int(knobs.get("FUSEC_KV_WAVE_BLOCKS")) * SMS  # blocks of a full-context step: one wave
+        return kv_attention_spec(B, Hq, Hkv, S_, T, D, q.dtype, float(attrs.scale), pos.dtype, target_blocks=wave,
                                  softcap=float(attrs.softcap), window=int(attrs.window),
                                  prefetch=knobs.get("FUSEC_KV_PREFETCH") and ctx.older_rows_stable((k, v), pos),
                                  cluster=knobs.get("FUSEC_KV_CLUSTER") and sm90_or_later(ctx.arch),
