@@ -27,6 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import numpy as np
 
@@ -180,74 +181,68 @@ def main() -> int:
           "'early': blocks that started before the kernel before it ended", ""]
     for batch in map(int, args.batches.split(",")):
         for name, (knobs, disabled) in variants.items():
-            saved = {k: os.environ.get(k) for k in knobs}
-            os.environ.update(knobs)
-            plan = compile_generation(gm, batch=batch, max_seq_len=args.context + 160, prefill_len=args.context,
-                                      dtype="bf16", eos_ids=[], disabled_fusions=disabled)
-            path = os.path.join(tmp, f"b{batch}.fplan")
-            plan.save(path)
-            del plan
-            for mode in args.modes.split(","):
-                plan, eng, _ = _engine(path, mode == "pdl", batch, warm=True)
-                steps, ptrs, per_block = [], trace_ptrs(eng), []
-                for _ in range(5):  # five steps, each read on its own: the medians over them go in the table
-                    clear_traces(ptrs)
-                    eng.decode()
-                    eng.sync()
-                    rows = timeline(plan, read_traces(ptrs))
-                    steps.append(summarize(rows))
-                    if args.blocks and not per_block:
-                        per_block = block_rows(rows, args.blocks)
-                keys = [k for k in steps[0][0] if k not in ("label",)]
-                table = []
-                for j, row in enumerate(steps[0]):
-                    med = {"label": row["label"]}
-                    for k in keys:
-                        vals = [s[j][k] for s in steps if s[j][k] is not None]
-                        med[k] = round(float(np.median(vals)), 2) if vals else None
-                    table.append(med)
-                import cupy as cp
-
-                a, b = cp.cuda.Event(), cp.cuda.Event()
-                times = []
-                for _ in range(5):  # step time of the traced binaries: compare variants of one run only
-                    a.record(eng.stream)
-                    for _ in range(20):
+            with mock.patch.dict(os.environ, knobs):  # the next variant runs with the defaults again
+                plan = compile_generation(gm, batch=batch, max_seq_len=args.context + 160, prefill_len=args.context,
+                                          dtype="bf16", eos_ids=[], disabled_fusions=disabled)
+                path = os.path.join(tmp, f"b{batch}.fplan")
+                plan.save(path)
+                del plan
+                for mode in args.modes.split(","):
+                    plan, eng, _ = _engine(path, mode == "pdl", batch, warm=True)
+                    steps, ptrs, per_block = [], trace_ptrs(eng), []
+                    for _ in range(5):  # five steps, each read on its own: the medians over them go in the table
+                        clear_traces(ptrs)
                         eng.decode()
-                    b.record(eng.stream)
-                    b.synchronize()
-                    times.append(cp.cuda.get_elapsed_time(a, b) / 20)
-                doc["runs"].append({"batch": batch, "variant": name, "mode": mode, "kernels": table, "steps": steps,
-                                    "step_ms": float(np.median(times)), "blocks": per_block})
-                md += [f"### batch {batch}, {name}, {mode} launches", "",
-                       f"step (the traced binaries, medians of 5 x 20 replays): {np.median(times):.3f} ms", "",
-                       "| kernel | blocks (SMs, max/SM) | start min / p50 / max | early | at the wait p50 / max | "
-                       "wait passed min / p50 / max | end min / p50 / max | after wait p50 / max | phases 1 / ... / 5 after "
-                       "the wait, p50 |",
-                       "|---|---|---|---|---|---|---|---|---|"]
-                for r in table:
-                    md.append(f"| {r['label'][:40]} | {r['blocks']:.0f} ({r['sms']:.0f}, {r['max_blocks_per_sm']:.0f}) | "
-                              f"{r['start_min']} / {r['start_p50']} / {r['start_max']} | {r['started_before_prev_end']} | "
-                              f"{r['at_wait_p50']} / {r['at_wait_max']} | "
-                              f"{r['waited_min']} / {r['waited_p50']} / {r['waited_max']} | "
-                              f"{r['end_min']} / {r['end_p50']} / {r['end_max']} | "
-                              f"{r['after_wait_p50']} / {r['after_wait_max']} | "
-                              f"{' / '.join(str(r[f'phase{i + 1}_p50']) for i in range(PHASES))} |")
-                md.append("")
-                for k in per_block:  # the blocks that end last of each kernel asked for (--blocks)
-                    md += [f"{k['label']}: the blocks that end last (us; phases and end after the block's own wait)",
-                           "", "| block | SM | start | wait passed | phases 1 / ... / 5 | end |",
-                           "|---|---|---|---|---|---|"]
-                    md += [f"| {b['block']} | {b['sm']} | {b['start']} | {b['waited']} | "
-                           f"{' / '.join(str(p) for p in b['phases'])} | {b['end_after_wait']} |" for b in k["blocks"]]
+                        eng.sync()
+                        rows = timeline(plan, read_traces(ptrs))
+                        steps.append(summarize(rows))
+                        if args.blocks and not per_block:
+                            per_block = block_rows(rows, args.blocks)
+                    keys = [k for k in steps[0][0] if k not in ("label",)]
+                    table = []
+                    for j, row in enumerate(steps[0]):
+                        med = {"label": row["label"]}
+                        for k in keys:
+                            vals = [s[j][k] for s in steps if s[j][k] is not None]
+                            med[k] = round(float(np.median(vals)), 2) if vals else None
+                        table.append(med)
+                    import cupy as cp
+
+                    a, b = cp.cuda.Event(), cp.cuda.Event()
+                    times = []
+                    for _ in range(5):  # step time of the traced binaries: compare variants of one run only
+                        a.record(eng.stream)
+                        for _ in range(20):
+                            eng.decode()
+                        b.record(eng.stream)
+                        b.synchronize()
+                        times.append(cp.cuda.get_elapsed_time(a, b) / 20)
+                    doc["runs"].append({"batch": batch, "variant": name, "mode": mode, "kernels": table, "steps": steps,
+                                        "step_ms": float(np.median(times)), "blocks": per_block})
+                    md += [f"### batch {batch}, {name}, {mode} launches", "",
+                           f"step (the traced binaries, medians of 5 x 20 replays): {np.median(times):.3f} ms", "",
+                           "| kernel | blocks (SMs, max/SM) | start min / p50 / max | early | at the wait p50 / max | "
+                           "wait passed min / p50 / max | end min / p50 / max | after wait p50 / max | phases 1 / ... / 5 after "
+                           "the wait, p50 |",
+                           "|---|---|---|---|---|---|---|---|---|"]
+                    for r in table:
+                        md.append(f"| {r['label'][:40]} | {r['blocks']:.0f} ({r['sms']:.0f}, {r['max_blocks_per_sm']:.0f}) | "
+                                  f"{r['start_min']} / {r['start_p50']} / {r['start_max']} | {r['started_before_prev_end']} | "
+                                  f"{r['at_wait_p50']} / {r['at_wait_max']} | "
+                                  f"{r['waited_min']} / {r['waited_p50']} / {r['waited_max']} | "
+                                  f"{r['end_min']} / {r['end_p50']} / {r['end_max']} | "
+                                  f"{r['after_wait_p50']} / {r['after_wait_max']} | "
+                                  f"{' / '.join(str(r[f'phase{i + 1}_p50']) for i in range(PHASES))} |")
                     md.append("")
-                print("\n".join(md[-len(table) - 6:]), flush=True)
-                eng = plan = None
-            for k, v in saved.items():  # the next variant runs with the defaults again (runtime knobs: loaded above)
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+                    for k in per_block:  # the blocks that end last of each kernel asked for (--blocks)
+                        md += [f"{k['label']}: the blocks that end last (us; phases and end after the block's own wait)",
+                               "", "| block | SM | start | wait passed | phases 1 / ... / 5 | end |",
+                               "|---|---|---|---|---|---|"]
+                        md += [f"| {b['block']} | {b['sm']} | {b['start']} | {b['waited']} | "
+                               f"{' / '.join(str(p) for p in b['phases'])} | {b['end_after_wait']} |" for b in k["blocks"]]
+                        md.append("")
+                    print("\n".join(md[-len(table) - 6:]), flush=True)
+                    eng = plan = None
     (out / "block_trace.json").write_text(json.dumps(doc, indent=1, default=str))
     (out / "block_trace.md").write_text("\n".join(md) + "\n")
     return 0

@@ -21,6 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import numpy as np
 
@@ -87,17 +88,9 @@ def main() -> int:
         variants[ab] = parse_ab(ab)
     paths, launches = {}, {}
     for name, (knobs, disabled) in variants.items():
-        saved = {k: os.environ.get(k) for k in knobs}
-        os.environ.update(knobs)
-        try:
+        with mock.patch.dict(os.environ, knobs):  # the next variant runs with the defaults again
             plan = compile_generation(gm, batch=args.batch, max_seq_len=args.prompt + 16, prefill_len=args.prompt,
                                       dtype="bf16", eos_ids=[], disabled_fusions=disabled)
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
         paths[name] = os.path.join(tmp, f"{len(paths)}.fplan")
         plan.save(paths[name])
         launches[name] = len(plan.manifest["entries"]["prefill"]["launches"])
