@@ -182,3 +182,49 @@ def test_softmax_over_another_axis_is_not_attention() -> None:
     out, _ = _run(g)
     assert not _attention_ops(out)
     _same(g, out)
+
+
+def _gqa_layer(b: GraphBuilder, i: int, tiled: bool = False) -> None:
+    q = b.input(f"q{i}", (B, HQ, S, D), F)
+    k, v = b.input(f"k{i}", (B, HKV, S, D), F), b.input(f"v{i}", (B, HKV, S, D), F)
+    rep = HQ // HKV
+    if tiled:  # heads tiled (h0, h1, h0, h1), not repeated (h0, h0, h1, h1): another layout of the same shape
+        kx = b.emit(Op.EXPAND, b.emit(Op.RESHAPE, k, shape=(B, 1, HKV, S, D)), shape=(B, rep, HKV, S, D))
+        kr = b.emit(Op.RESHAPE, kx, shape=(B, HQ, S, D))
+    else:
+        kr = _repeat_kv(b, k, rep)
+    kt = b.emit(Op.TRANSPOSE, kr, perm=(0, 1, 3, 2))
+    s = b.emit(Op.MUL, b.emit(Op.MATMUL, q, kt), b.scalar(D ** -0.5, F))
+    b.output(b.emit(Op.MATMUL, b.emit(Op.SOFTMAX, s, axis=3), _repeat_kv(b, v, rep)), f"o{i}")
+
+
+def test_heads_tiled_instead_of_repeated_are_not_taken_for_the_kv_heads() -> None:
+    """K's heads tiled (h0, h1, h0, h1) have the shape of a repeat_kv but not its layout: the attention op must not
+    read k as its kv heads (that would pair query heads with the wrong keys); the result stays the graph's."""
+    b = GraphBuilder("tiled")
+    _gqa_layer(b, 0, tiled=True)
+    g = b.build()
+    out, _ = _run(g)
+    k = g.inputs[1]
+    assert all(att.inputs[1] is not k for att in _attention_ops(out))
+    _same(g, out)
+
+
+def test_identical_layers_check_their_kv_layout_once() -> None:
+    """The layout check (a replay of the chain on an index array as large as K) runs once for each chain of shapes
+    and attrs, not once a layer: three identical layers miss the cache as often as one."""
+    def misses(layers: int) -> int:
+        recognize_attention._layout_perm.cache_clear()
+        b = GraphBuilder(f"layers{layers}")
+        for i in range(layers):
+            _gqa_layer(b, i)
+        g = b.build()
+        out, _ = _run(g)
+        assert len(_attention_ops(out)) == layers
+        assert all(att.inputs[1] is g.inputs[3 * i + 1] for i, att in enumerate(_attention_ops(out)))
+        _same(g, out)
+        return recognize_attention._layout_perm.cache_info().misses
+
+    one, three = misses(1), misses(3)
+    assert one > 0 and three == one, (one, three)
+    assert recognize_attention._layout_perm.cache_info().hits >= 2 * one
