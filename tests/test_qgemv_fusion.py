@@ -1,7 +1,8 @@
 """The quantized GEMV's norm prologue and gated epilogue (CPU: plans compiled for sm_90 with NVRTC,
 nothing runs; tests/test_quant_gpu.py runs the kernels). A packed product whose rule form is the FMA
 or dp4a form takes the RMSNorm before it and the SwiGLU after it, as decode's bf16 products do: a layer is
-five launches. Where the rule puts it on tensor cores, fusion declines them and says why."""
+five launches. Where the rule puts it on tensor cores, fusion declines the norm and says why; the gated unit is the
+tensor-core form's epilogue."""
 
 from __future__ import annotations
 
@@ -53,18 +54,26 @@ def test_few_row_packed_products_take_the_norm_and_the_gated_unit(batch: int, fo
     assert len(applied) == 3 * layers + 1
 
 
-def test_tensor_core_rows_keep_the_norm_apart() -> None:
-    """At 8 rows the rule's int4 form is the tensor-core one: no norm prologue or gated epilogue there."""
+def test_tensor_core_rows_keep_the_norm_apart_and_take_the_gated_unit(monkeypatch) -> None:  # noqa: ANN001
+    """At 8 rows the rule's int4 form is the tensor-core one: no norm prologue there (fusion says why), but the gated
+    epilogue (8 rows of each half a block); with FUSEC_QGEMV_TC_GATE=0 the SwiGLU runs apart and fusion names the
+    knob."""
     plan = _plan(8)
     q = [L for L in _decode(plan) if "qgemv" in L["label"]]
     assert q and not any("s_xn" in s for s in _sources(plan, q))
     assert any("rmsnorm" in L["label"] for L in _decode(plan))
-    why = [f["reason"] for f in plan.manifest["reports"]["decode"]["fusions"] if f["rule"] == "norm_gemm"
-           and f["decision"] == "rejected"]
+    fusions = plan.manifest["reports"]["decode"]["fusions"]
+    why = [f["reason"] for f in fusions if f["rule"] == "norm_gemm" and f["decision"] == "rejected"]
     assert why and all("tensor-core quantized GEMV" in r for r in why)
-    gated = [f for f in plan.manifest["reports"]["decode"]["fusions"] if f["rule"] == "gated_epilogue"
-             and f["decision"] == "rejected" and len(f["members"]) > 2]
-    assert gated and all("tensor-core quantized GEMV" in f["reason"] for f in gated)  # the whole unit's reason
+    layers = plan.manifest["generation"]["num_layers"]
+    gated = [s for s in _sources(plan, q) if "#define GLU 1" in s]
+    assert len(gated) == layers and all("fc_act_silu(first)" in s for s in gated)
+    monkeypatch.setenv("FUSEC_QGEMV_TC_GATE", "0")
+    apart = _plan(8)
+    assert len(_decode(apart)) == len(_decode(plan)) + layers
+    rejected = [f for f in apart.manifest["reports"]["decode"]["fusions"] if f["rule"] == "gated_epilogue"
+                and f["decision"] == "rejected" and len(f["members"]) > 2]
+    assert rejected and all("FUSEC_QGEMV_TC_GATE=0" in f["reason"] for f in rejected)  # the whole unit's reason
 
 
 @pytest.mark.parametrize("fmt,group", [("q4_k", 32), ("q6_k", 16), ("int4", 32), ("q8_0", 32)])
