@@ -82,6 +82,8 @@
 #             step at batches 4 and 8 in turns against FUSEC_QGEMV_TC_MIN_WARPS=8 and FUSEC_QGEMV_FORM=dp4a (~3 minutes)
 #   kvwave    the decode attention's splits sized for 4 blocks an SM (FUSEC_KV_WAVE_BLOCKS, twenty-sixth session): its
 #             GPU tests, then Qwen3-0.6B at batch 32 (context 128) in turns against FUSEC_KV_WAVE_BLOCKS=8
+#   kvtrace   the block trace of Qwen3-0.6B at batch 32, context 1,024: where the step's attention (its head_rope
+#             prologue, key loop, merge) spends the time it does not spend alone (250 against 153 us at 4,096)
 #   q50       the tensor-core quantized GEMV's gated epilogue (FUSEC_QGEMV_TC_GATE, on since this A/B): its GPU tests,
 #             then the Llama-1B Q4_K_M and Q8_0 decode steps at batches 4 and 8 in turns against FUSEC_QGEMV_TC_GATE=0
 #   q20       where the decode attention's ~4 us go: the block trace with the blocks that end last of the attention
@@ -412,6 +414,9 @@ for step in "$@"; do
             timeout 400 python3 benchmarks/decode_step.py "$R/kvwave" --model qwen3-0.6b --batches 32 --context 128 \
               --windows 3 --ab FUSEC_KV_WAVE_BLOCKS=8 > "$R/kvwave.txt" 2>&1
             grep -E "^\| [0-9]+ \|" "$R/kvwave.txt" | cut -c 1-1500 ;;
+    kvtrace) timeout 300 python3 benchmarks/block_trace.py "$R/kvtrace" --model qwen3-0.6b --batches 32 --context 1024 \
+               --blocks rope_atte > "$R/kvtrace.txt" 2>&1
+             grep -E "^step|rope_atte" "$R/kvtrace/block_trace.md" | cut -c 1-400 | head -n 16 ;;
     q19) ab_step q19 "dequantizing_path" 8 "--ab FUSEC_QGEMV_MAX_ROWS=4" llama-1b-q8_0 llama-1b-q4_k_m ;;
     q20) for m in llama-1b-q4_k_m qwen3-0.6b; do
            timeout 120 python3 benchmarks/block_trace.py "$R/q20_$m" --model $m --context 32 --blocks rope_atte \
