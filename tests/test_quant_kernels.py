@@ -216,10 +216,9 @@ def test_gemv_form_takes_tensor_cores_where_they_fit(fmt, m, dt, monkeypatch):
     16, and at least 8 for 8-bit codes (FUSEC_QGEMV_TC_MIN_WARPS=4: 4); anything else, or
     FUSEC_QGEMV_FORM=fma: the FMA form. And with it, from M = 4, but for 8-bit codes at 4 rows over at least
     DP4A_OVER_TC_N weight rows; with FUSEC_QGEMV_FORM=dp4a never."""
-    from fusec.lower.quant import DP4A_OVER_TC_N
-    from fusec.codegen.build_quant import qgemv_tc_geometry
     from fusec import knobs
-    from fusec.lower.quant import TC_SMEM_MAX
+    from fusec.codegen.build_quant import qgemv_tc_geometry
+    from fusec.lower.quant import DP4A_OVER_TC_N, TC_SMEM_MAX
 
     bits = FORMATS[fmt].bits
     fits = 3 <= m <= 8 and dt != DType.F32
@@ -296,7 +295,7 @@ def test_tensor_core_eight_bit_operands_are_bias_plus_code_exactly(fmt, dt):
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_tensor_core_gated_epilogue_compiles_and_fuses_only_with_its_knob(arch, monkeypatch):
+def test_tensor_core_gated_epilogue_compiles_and_fuses_unless_its_knob_is_off(arch, monkeypatch):
     """The tensor-core form with a gated unit (8 rows of each half a block: cdiv(F, 8) blocks) compiles without spills
     at Llama-1B's and 7B's gate/up and at a small odd F in runs; fusion gives it the SwiGLU at batch 8 unless
     FUSEC_QGEMV_TC_GATE=0 (one launch fewer a layer), never the norm."""

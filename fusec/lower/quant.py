@@ -175,8 +175,9 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     wide = m >= DP4A_WIDE_M
     # a gated product at 4-8 rows that the tensor-core form does not take (FUSEC_QGEMV_FORM=dp4a; before the
     # twenty-fifth session, 8-bit codes) takes the dp4a form anyway, without its gated unit (``skinny.qfits`` then
-    # leaves the SwiGLU apart), not the FMA form with it: the 1B Q8_0 decode step at batch 8 took 1.697 ms against 2.696 (H200, sixteenth session; Nsight Compute had that FMA
-    # gate/up at 91.5 us, 0.39 TB/s). FUSEC_QGEMV_WIDE_GATE=fma gives the FMA form with the gated unit.
+    # leaves the SwiGLU apart), not the FMA form with it: the 1B Q8_0 decode step at batch 8 took 1.697 ms against
+    # 2.696 (H200, sixteenth session; Nsight Compute had that FMA gate/up at 91.5 us, 0.39 TB/s).
+    # FUSEC_QGEMV_WIDE_GATE=fma gives the FMA form with the gated unit.
     gate_apart = wide and glu and not tc and knobs.get("FUSEC_QGEMV_WIDE_GATE") == "dp4a"
     many = m == DP4A_WIDE_M and FORMATS[fmt].bits == 8 and n >= DP4A_OVER_TC_N  # the dp4a form over tensor cores
     if choice in ("auto", "dp4a") and dp4a_fits(m, k, norm, dtype) and (not wide or not (glu or tc) or gate_apart
