@@ -92,7 +92,7 @@ def copy_bw() -> float:
 
 # ---- kv attention -----------------------------------------------------------------------------
 
-def bench_kv(results: list, quick: bool) -> None:
+def bench_kv(results: list, quick: bool, batches: tuple[int, ...] = (1, 8, 32)) -> None:
     import cupy as cp
 
     Hq, Hkv, D, T = 16, 8, 128, 4096
@@ -111,7 +111,7 @@ def bench_kv(results: list, quick: bool) -> None:
                      ("x4-cluster+prefetch", 4 * SMS, 128, 0, {"cluster": True, "prefetch": True})]
     if quick:
         variants = variants[3:4]
-    for B in (1, 8, 32):
+    for B in batches:
         set_bytes = 2 * B * Hkv * T * D * 2
         nsets = max(1, min(16, -(-L2_ROTATE // set_bytes)))
         sets = [(_bf16((B, Hq, 1, D)), _bf16((B, Hkv, T, D)), _bf16((B, Hkv, T, D))) for _ in range(nsets)]
@@ -324,6 +324,7 @@ def main() -> int:
     ap.add_argument("out")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", default="kv,sample,cache,gemv")
+    ap.add_argument("--kv-batches", default="1,8,32", help="kv: the batch sizes")
     ap.add_argument("--rings", default="", help="gemv: shared-memory ring forms to time too, e.g. 3x2,4x4 (stages x tiles per block)")
     ap.add_argument("--ms", default="", help="gemv: the M values (default 1,4,8,16; --quick 1,8)")
     args = ap.parse_args()
@@ -342,7 +343,7 @@ def main() -> int:
     t0 = time.time()
     copy = copy_bw()
     only = set(args.only.split(","))
-    for key, fn in (("kv", lambda: bench_kv(results, args.quick)), ("cache", lambda: bench_cache_write(results)),
+    for key, fn in (("kv", lambda: bench_kv(results, args.quick, tuple(map(int, args.kv_batches.split(","))))), ("cache", lambda: bench_cache_write(results)),
                     ("sample", lambda: bench_sample(results, args.quick)), ("gemv", lambda: bench_gemv(results, args.quick, rings, ms))):
         if key in only:
             t = time.time()

@@ -12,6 +12,10 @@
 #   gncu      Nsight Compute counters of the skinny product's forms and cuBLAS on the LM head's shape (benchmarks/gemv_ncu.py)
 #   gtests    the skinny-product GPU tests (tests/test_gemv_gpu.py)
 #   step_q    Qwen3-0.6B decode step (and prefill time), PDL vs plain, batch 1 and 8, the GEMV's ring form vs its register form (benchmarks/decode_step.py)
+#   prof27    per-kernel profiles of the Qwen3-0.6B decode step (batch 1, 8) and the Llama-1B Q4_K_M one (batch 1)
+#   xprobe    an L2-resident load's latency behind the SM's cold weight bytes in flight, by how they were asked for
+#   kvmerge   the global split merge's GPU tests; the attention alone (B 1, 8) and Qwen3 at batch 1 and 4,096 tokens with
+#             the merge against the one before it (.old/kv_attention.cu.jinja, carried), each in its own process
 #   step_kv   Qwen3-0.6B (batch 1, 8) and the Llama-1B shape (batch 1) decode steps: the default, without the attention's
 #             cluster merge (FUSEC_KV_CLUSTER=0), without that and its older cache rows loaded before the PDL wait
 #   step_sp   Qwen3-0.6B (batch 1, 8) decode steps: the spread rule against k groups over 1 and 2 times the warps
@@ -306,6 +310,28 @@ for step in "$@"; do
     ctx4k) timeout 300 python3 benchmarks/decode_step.py "$R/ctx4k" --model qwen3-0.6b --batches 1,32 --context 4096 \
              --windows 2 > "$R/ctx4k.txt" 2>&1
            grep -E "^\| [0-9]+ \|" "$R/ctx4k.txt" | cut -c 1-400 ;;
+    prof27) for m in qwen3-0.6b:1,8:128 llama-1b-q4_k_m:1:32; do IFS=: read -r name bs ctx <<< "$m"
+              timeout 200 python3 benchmarks/decode_step.py "$R/p27_$name" --model $name --batches $bs --context $ctx \
+                --windows 3 > "$R/p27_$name.txt" 2>&1
+              grep -E "^\| [0-9]+ \|" "$R/p27_$name.txt" | cut -c 1-300; done ;;
+    xprobe) timeout 120 python3 benchmarks/x_latency_probe.py --bytes 16384,32768,65536 > "$R/xprobe.txt" 2>&1; cat "$R/xprobe.txt" ;;
+    kvmerge) timeout 200 $PT -n 8 tests/test_decode_kernels_gpu.py tests/test_kv_heads_gpu.py -k "kv_attention or prologue" \
+               > "$R/t_kvmerge.txt" 2>&1
+             grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_kvmerge.txt" | tail -n 12
+             # the merge as committed against the one before it (.old/, carried), each its own process, in turns
+             cp templates/kv_attention.cu.jinja /tmp/kv_new.jinja
+             for form in new old new old; do cp /tmp/kv_$form.jinja templates/kv_attention.cu.jinja 2>/dev/null \
+                 || cp .old/kv_attention.cu.jinja templates/kv_attention.cu.jinja
+               timeout 100 python3 benchmarks/bench_decode_kernels.py "$R/kv_$form" --only kv --kv-batches 1,8 > "$R/kv_$form.txt" 2>&1
+               echo "merge $form"; grep -E "^\| 1 \| (128|4096) \| (default|prefetch|x4|x16|nosplit) \|" "$R/kv_$form.txt" | cut -c 1-90
+             done
+             for form in new old; do cp /tmp/kv_$form.jinja templates/kv_attention.cu.jinja 2>/dev/null \
+                 || cp .old/kv_attention.cu.jinja templates/kv_attention.cu.jinja
+               timeout 150 python3 benchmarks/decode_step.py "$R/kvm_$form" --model qwen3-0.6b --batches 1 --context 4096 \
+                 --windows 2 > "$R/kvm_$form.txt" 2>&1
+               echo "step, merge $form"; grep -E "^\| [0-9]+ \|" "$R/kvm_$form.txt" | cut -c 1-200
+             done
+             cp /tmp/kv_new.jinja templates/kv_attention.cu.jinja ;;
     ctx4k32) timeout 500 python3 benchmarks/decode_step.py "$R/ctx4k32" --model qwen3-0.6b --batches 32 --context 4096 \
                --windows 2 > "$R/ctx4k32.txt" 2>&1
              grep -E "^\| [0-9]+ \|" "$R/ctx4k32.txt" | cut -c 1-400; tail -n 3 "$R/ctx4k32.txt" | cut -c 1-600 ;;

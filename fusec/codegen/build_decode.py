@@ -34,10 +34,13 @@ def _pow2_ceil(n: int) -> int:
 
 def _kv_smem(spec: S.KVAttentionSpec, ng: int, r: int) -> int:
     """The kernel's static shared memory at ``r`` query rows a tile: the key groups' partials (red_*), with a cluster
-    merge every split's partials in rank 0 (pu_*), with the head_rope prologue the tile's q rows and the step's k/v rows."""
+    merge every split's partials in rank 0 (pu_*), with a global merge every split's (max, sum) and the shares of the
+    merging block's sums (mg_*), with the head_rope prologue the tile's q rows and the step's k/v rows."""
     nbytes = ng * r * (spec.D + 2) * 4
     if spec.cluster:
         nbytes += spec.splits * r * (spec.D + 2) * 4 + 8
+    elif spec.splits > 1:
+        nbytes += (2 * spec.splits + 1) * r * 4 + spec.threads * 16
     if spec.heads:
         nbytes += (r + 2 * spec.S) * spec.D * spec.dtype.itemsize
     return nbytes
