@@ -16,6 +16,8 @@
 #   xprobe    an L2-resident load's latency behind the SM's cold weight bytes in flight, by how they were asked for
 #   kvmerge   the global split merge's GPU tests; the attention alone (B 1, 8) and Qwen3 at batch 1 and 4,096 tokens with
 #             the merge against the one before it (.old/kv_attention.cu.jinja, carried), each in its own process
+#   kvm2      the attention's blocks traced in the Qwen3 step at batch 1 and 4,096 tokens; the merge's loads a share
+#             8 at a time against 16 and 4 (.old/kv_u16.jinja, kv_u4.jinja), alone
 #   step_kv   Qwen3-0.6B (batch 1, 8) and the Llama-1B shape (batch 1) decode steps: the default, without the attention's
 #             cluster merge (FUSEC_KV_CLUSTER=0), without that and its older cache rows loaded before the PDL wait
 #   step_sp   Qwen3-0.6B (batch 1, 8) decode steps: the spread rule against k groups over 1 and 2 times the warps
@@ -332,6 +334,17 @@ for step in "$@"; do
                echo "step, merge $form"; grep -E "^\| [0-9]+ \|" "$R/kvm_$form.txt" | cut -c 1-200
              done
              cp /tmp/kv_new.jinja templates/kv_attention.cu.jinja ;;
+    kvm2) timeout 200 python3 benchmarks/block_trace.py "$R/kvt4k" --model qwen3-0.6b --batches 1 --context 4096 \
+            --blocks rope_atte > "$R/kvt4k.txt" 2>&1
+          grep -E "^step|rope_atte" "$R/kvt4k/block_trace.md" | cut -c 1-400 | head -n 12
+          # the merge's loads a share: 8 at a time (committed) against 16 and 4 (.old/kv_u16.jinja, kv_u4.jinja), alone
+          cp templates/kv_attention.cu.jinja /tmp/kv_u8.jinja
+          for form in u8 u16 u4 u8 u16 u4; do cp /tmp/kv_$form.jinja templates/kv_attention.cu.jinja 2>/dev/null \
+              || cp .old/kv_$form.jinja templates/kv_attention.cu.jinja
+            timeout 100 python3 benchmarks/bench_decode_kernels.py "$R/kv_$form" --only kv --kv-batches 1 > "$R/kv_$form.txt" 2>&1
+            echo "merge $form"; grep -E "^\| 1 \| 4096 \| (default|prefetch|x2|x16) \|" "$R/kv_$form.txt" | cut -c 1-90
+          done
+          cp /tmp/kv_u8.jinja templates/kv_attention.cu.jinja ;;
     ctx4k32) timeout 500 python3 benchmarks/decode_step.py "$R/ctx4k32" --model qwen3-0.6b --batches 32 --context 4096 \
                --windows 2 > "$R/ctx4k32.txt" 2>&1
              grep -E "^\| [0-9]+ \|" "$R/ctx4k32.txt" | cut -c 1-400; tail -n 3 "$R/ctx4k32.txt" | cut -c 1-600 ;;
