@@ -92,10 +92,10 @@ def copy_bw() -> float:
 
 # ---- kv attention -----------------------------------------------------------------------------
 
-def bench_kv(results: list, quick: bool, batches: tuple[int, ...] = (1, 8, 32)) -> None:
+def bench_kv(results: list, quick: bool, batches: tuple[int, ...] = (1, 8, 32), T: int = 4096) -> None:
     import cupy as cp
 
-    Hq, Hkv, D, T = 16, 8, 128, 4096
+    Hq, Hkv, D = 16, 8, 128
     scale = 1 / math.sqrt(D)
     # (name, target blocks (0: one split), threads, keys a key group loads at a time (0: the rule's)); a split one
     # merges in-kernel (its last block)
@@ -116,7 +116,7 @@ def bench_kv(results: list, quick: bool, batches: tuple[int, ...] = (1, 8, 32)) 
         nsets = max(1, min(16, -(-L2_ROTATE // set_bytes)))
         sets = [(_bf16((B, Hq, 1, D)), _bf16((B, Hkv, T, D)), _bf16((B, Hkv, T, D))) for _ in range(nsets)]
         out = cp.empty((B, Hq, 1, D), cp.uint16)
-        for ctx in (128, 4096):
+        for ctx in (c for c in (128, 4096) if c <= T):
             pos = cp.full(B, ctx - 1, dtype=cp.int64)
             kv_bytes = 2 * B * Hkv * ctx * D * 2
             for vname, target, threads, unroll, opts in variants:
@@ -145,7 +145,7 @@ def bench_kv(results: list, quick: bool, batches: tuple[int, ...] = (1, 8, 32)) 
                                 "GBps": kv_bytes / us * 1e-3, "regs": ck.binary.registers})
         # the prefill-shaped attention kernel on a cache of exactly ctx keys (the only option before)
         if B in (1, 8) and not quick:
-            for ctx in (4096,):
+            for ctx in (c for c in (4096,) if c <= T):
                 spec = S.AttentionSpec(B, Hq, Hkv, 1, ctx, D, BF16, scale, causal=True)
                 ck = K.build(spec)
                 fns = [lambda s, i=i: K.launch(ck, [sets[i][0], sets[i][1], sets[i][2], out], stream=s) for i in range(nsets)]
@@ -276,7 +276,8 @@ def _table(results: list, copy: float, device: str) -> str:
     L = [f"device: {device}; device-to-device copy: {copy / 1e9:.0f} GB/s (read + write)", ""]
     kv = [r for r in results if r["bench"] == "kv_attention"]
     if kv:
-        L += ["### kv_attention (Qwen3-0.6B: Hq 16, Hkv 8, D 128, bf16, cache T 4096; split, merged in-kernel)", "",
+        rows = "/".join(str(t) for t in sorted({r["T"] for r in kv}))
+        L += [f"### kv_attention (Qwen3-0.6B: Hq 16, Hkv 8, D 128, bf16, cache T {rows}; split, merged in-kernel)", "",
               "| B | ctx | variant | splits | us | K+V bytes | GB/s | % of copy | registers |",
               "|---|---|---|---|---|---|---|---|---|"]
         for r in kv:
@@ -325,6 +326,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", default="kv,sample,cache,gemv")
     ap.add_argument("--kv-batches", default="1,8,32", help="kv: the batch sizes")
+    ap.add_argument("--kv-cache", type=int, default=4096, help="kv: the cache's rows (its capacity T: the split rule's)")
     ap.add_argument("--rings", default="", help="gemv: shared-memory ring forms to time too, e.g. 3x2,4x4 (stages x tiles per block)")
     ap.add_argument("--ms", default="", help="gemv: the M values (default 1,4,8,16; --quick 1,8)")
     args = ap.parse_args()
@@ -343,7 +345,7 @@ def main() -> int:
     t0 = time.time()
     copy = copy_bw()
     only = set(args.only.split(","))
-    for key, fn in (("kv", lambda: bench_kv(results, args.quick, tuple(map(int, args.kv_batches.split(","))))), ("cache", lambda: bench_cache_write(results)),
+    for key, fn in (("kv", lambda: bench_kv(results, args.quick, tuple(map(int, args.kv_batches.split(","))), args.kv_cache)), ("cache", lambda: bench_cache_write(results)),
                     ("sample", lambda: bench_sample(results, args.quick)), ("gemv", lambda: bench_gemv(results, args.quick, rings, ms))):
         if key in only:
             t = time.time()

@@ -305,6 +305,8 @@ def main() -> int:
     ap.add_argument("--context", type=int, default=128, help="prompt tokens, prefilled into every row; the caches hold "
                     "context + steps + 16 rows (512 ran on an H200, seventeenth session)")
     ap.add_argument("--steps", type=int, default=127)
+    ap.add_argument("--cache", type=int, default=0, help="the caches' rows (the plan's max_seq_len; 0: context + steps + "
+                    "16), e.g. a server's 4096 at a short context")
     ap.add_argument("--windows", type=int, default=5)
     ap.add_argument("--gemv-forms", default="ring", help="FUSEC_GEMV_FORM values: the first gets every mode and the "
                     "profile, each other one a PDL timing checked bit for bit against the first's (e.g. ring,register)")
@@ -313,6 +315,8 @@ def main() -> int:
                     "attention loads no cache row before its PDL wait; disable=RULE[,RULE]: without those fusion "
                     "rules), checked bit for bit; repeatable")
     args = ap.parse_args()
+    if args.cache and args.cache < args.context + args.steps + 1:
+        ap.error(f"--cache {args.cache} holds fewer rows than --context + --steps + 1")
     forms = args.gemv_forms.split(",")
     env = {f: {"FUSEC_GEMV_FORM": f} for f in forms}
     disabled: dict[str, tuple[str, ...]] = {}
@@ -334,7 +338,7 @@ def main() -> int:
         for form in forms:
             with mock.patch.dict(os.environ, env[form]):  # the next variant runs with the defaults again
                 t0 = time.time()
-                plan = compile_generation(gm, batch=batch, max_seq_len=args.context + args.steps + 16,
+                plan = compile_generation(gm, batch=batch, max_seq_len=args.cache or args.context + args.steps + 16,
                                           prefill_len=args.context, dtype="bf16", eos_ids=[],
                                           disabled_fusions=disabled.get(form, ()))
                 compile_s = time.time() - t0

@@ -18,6 +18,10 @@
 #             the merge against the one before it (.old/kv_attention.cu.jinja, carried), each in its own process
 #   kvm2      the attention's blocks traced in the Qwen3 step at batch 1 and 4,096 tokens; the merge's loads a share
 #             8 at a time against 16 and 4 (.old/kv_u16.jinja, kv_u4.jinja), alone
+#   kvT       the attention alone at batch 1 and 128 keys in caches of 272, 1,024 and 4,096 rows (cluster or global merge)
+#   kvcl      the attention's clusters of 8 merged over the clusters: its GPU tests; alone at batch 1 in 1,024- and
+#             4,096-row caches; Qwen3 batch 1 at 128 tokens in a 4,096-row cache and at 4,096 tokens, in turns against
+#             FUSEC_KV_CLUSTER_LEVELS=1 (and at 4,096 tokens FUSEC_KV_UNROLL=4 against the rule's 8)
 #   step_kv   Qwen3-0.6B (batch 1, 8) and the Llama-1B shape (batch 1) decode steps: the default, without the attention's
 #             cluster merge (FUSEC_KV_CLUSTER=0), without that and its older cache rows loaded before the PDL wait
 #   step_sp   Qwen3-0.6B (batch 1, 8) decode steps: the spread rule against k groups over 1 and 2 times the warps
@@ -345,6 +349,23 @@ for step in "$@"; do
             echo "merge $form"; grep -E "^\| 1 \| 4096 \| (default|prefetch|x2|x16) \|" "$R/kv_$form.txt" | cut -c 1-90
           done
           cp /tmp/kv_u8.jinja templates/kv_attention.cu.jinja ;;
+    kvT) for T in 272 1024 4096; do
+           timeout 100 python3 benchmarks/bench_decode_kernels.py "$R/kvT$T" --only kv --kv-batches 1 --kv-cache $T > "$R/kvT$T.txt" 2>&1
+           echo "cache $T"; grep -E "^\| 1 \| 128 \| (default|prefetch|cluster\+prefetch|nosplit) \|" "$R/kvT$T.txt" | cut -c 1-90
+         done ;;
+    kvcl) timeout 200 $PT -n 8 tests/test_decode_kernels_gpu.py tests/test_kv_heads_gpu.py -k "kv_attention or prologue" \
+            > "$R/t_kvcl.txt" 2>&1
+          grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_kvcl.txt" | tail -n 12
+          for T in 1024 4096; do
+            timeout 100 python3 benchmarks/bench_decode_kernels.py "$R/kvcl$T" --only kv --kv-batches 1 --kv-cache $T > "$R/kvcl$T.txt" 2>&1
+            echo "cache $T"; grep -E "^\| 1 \| (128|4096) \| (prefetch|cluster\+prefetch) \|" "$R/kvcl$T.txt" | cut -c 1-90
+          done
+          timeout 200 python3 benchmarks/decode_step.py "$R/kvcl_s" --model qwen3-0.6b --batches 1 --context 128 --cache 4096 \
+            --windows 3 --ab FUSEC_KV_CLUSTER_LEVELS=1 > "$R/kvcl_s.txt" 2>&1
+          grep -E "^\| [0-9]+ \|" "$R/kvcl_s.txt" | cut -c 1-400
+          timeout 250 python3 benchmarks/decode_step.py "$R/kvcl_l" --model qwen3-0.6b --batches 1 --context 4096 \
+            --windows 2 --ab FUSEC_KV_CLUSTER_LEVELS=1 --ab FUSEC_KV_UNROLL=4 > "$R/kvcl_l.txt" 2>&1
+          grep -E "^\| [0-9]+ \|" "$R/kvcl_l.txt" | cut -c 1-400 ;;
     ctx4k32) timeout 500 python3 benchmarks/decode_step.py "$R/ctx4k32" --model qwen3-0.6b --batches 32 --context 4096 \
                --windows 2 > "$R/ctx4k32.txt" 2>&1
              grep -E "^\| [0-9]+ \|" "$R/ctx4k32.txt" | cut -c 1-400; tail -n 3 "$R/ctx4k32.txt" | cut -c 1-600 ;;

@@ -115,6 +115,10 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "benchmarks/decode_step.py --ab FUSEC_KV_PREFETCH=0)"),
     Knob("FUSEC_KV_CLUSTER", "bool", True, "decode attention on sm_90 merges up to 8 splits through a thread block "
          "cluster's shared memory instead of global memory and a counter (off: the A/B of decode_step.py --ab)"),
+    Knob("FUSEC_KV_CLUSTER_LEVELS", "choice", "2", "decode attention on sm_90 with more than 16 splits (batch 1-2, a "
+         "cache of more than 512 rows) at 4 keys a key group: 2 makes the splits clusters of 8, and a context in the "
+         "first cluster merges there, a longer one through global memory; 1 merges every split through global "
+         "memory, as before the twenty-seventh session (the A/B of benchmarks/decode_step.py --ab FUSEC_KV_CLUSTER_LEVELS=1)", ("1", "2")),
     Knob("FUSEC_KV_SPLIT_KEYS", "int", 64, "decode attention: the fewest cache rows (of its capacity) a split may "
          "cover where the batch's heads alone fill a quarter of the SMs (32: the A/B of decode_step.py --ab "
          "FUSEC_KV_SPLIT_KEYS=32, as before)"),

@@ -278,14 +278,26 @@ def test_a_generation_plan_prefetches_old_rows_in_decode_not_in_its_join_entry()
 
 def test_kv_attention_cluster_merge_takes_the_short_caches_on_sm90_only() -> None:
     """A cluster merge where the split count fits twice the cluster size (then at most 8 splits),
-    never on sm_80, never for a long cache (its blocks are needed); its kernel takes no partials."""
+    never on sm_80; its kernel takes no partials. A long cache keeps its blocks: clusters of 8, a context in the first
+    merged there, a longer one through global memory (FUSEC_KV_CLUSTER_LEVELS=1: always through it, no cluster)."""
     short = kv_attention_spec(1, 16, 8, 1, 271, 128, BF16, 0.1, cluster=True)
-    assert short.cluster and short.splits == S.KV_MAX_CLUSTER
+    assert short.cluster and short.splits == S.KV_MAX_CLUSTER and short.merge_parts == 0 and short.part_floats == 0
     assert kv_attention_spec(1, 16, 8, 1, 271, 128, BF16, 0.1).splits > S.KV_MAX_CLUSTER  # what it cut
-    assert not kv_attention_spec(1, 16, 8, 1, 4096, 128, BF16, 0.1, cluster=True).cluster
+    long = kv_attention_spec(1, 16, 8, 1, 4096, 128, BF16, 0.1, cluster=True)
+    flat = kv_attention_spec(1, 16, 8, 1, 4096, 128, BF16, 0.1)
+    assert long.cluster and long.splits == flat.splits == 64 and long.cluster_size == S.KV_MAX_CLUSTER
+    assert long.merge_parts == flat.merge_parts == 64 and long.part_floats == flat.part_floats
+    assert not kv_attention_spec(1, 16, 8, 1, 4096, 128, BF16, 0.1, cluster=True, cluster_levels=1).cluster
+    # 8 keys a key group (a 4,240-row cache's half-capacity chunks): no clusters (two waves of 189-register blocks)
+    u8 = kv_attention_spec(1, 16, 8, 1, 4240, 128, BF16, 0.1, prefetch=True, cluster=True)
+    u4 = kv_attention_spec(1, 16, 8, 1, 4096, 128, BF16, 0.1, prefetch=True, cluster=True)
+    assert (u8.unroll, u8.cluster, u8.splits) == (8, False, 64) and (u4.unroll, u4.cluster, u4.splits) == (0, True, 64)
+    odd = kv_attention_spec(1, 16, 8, 1, 33 * 32, 128, BF16, 0.1, cluster=True)  # 33 splits: whole clusters
+    assert odd.cluster and odd.splits == 32
     assert not kv_attention_spec(256, 16, 8, 1, 271, 128, BF16, 0.1, cluster=True).cluster  # one split a head
-    with pytest.raises(ValueError, match="cluster"):
-        S.KVAttentionSpec(1, 16, 8, 1, 271, 128, BF16, 0.1, 9, cluster=True)
+    for bad in (9, 20):
+        with pytest.raises(ValueError, match="cluster"):
+            S.KVAttentionSpec(1, 16, 8, 1, 4096, 128, BF16, 0.1, bad, cluster=True)
     q, k, v = Value("q", (1, 16, 1, 128), BF16), Value("k", (1, 8, 271, 128), BF16), Value("v", (1, 8, 271, 128), BF16)
     pos, out = Value("pos", (1,), I64), Value("o", (1, 16, 1, 128), BF16)
     node = Node(O.Op.KV_ATTENTION, [q, k, v, pos], [out], O.KVAttentionAttrs(0.088), name="attn")
@@ -296,6 +308,15 @@ def test_kv_attention_cluster_merge_takes_the_short_caches_on_sm90_only() -> Non
         src = ctx.blobs["source/m0"].decode()
         assert ("__cluster_dims__" in src) == want, arch
         assert len(ctx.launches[0]["args"]) == (5 if want else 7)  # no partials, no counters
+    # a long cache on sm_90: clusters, and the partials and counters of the merge over them
+    q4, k4, v4 = Value("q", (1, 16, 1, 128), BF16), Value("k", (1, 8, 4096, 128), BF16), Value("v", (1, 8, 4096, 128), BF16)
+    node = Node(O.Op.KV_ATTENTION, [q4, k4, v4, pos], [out], O.KVAttentionAttrs(0.088), name="attn")
+    ctx = Context("sm_90", {"q": 0, "k": 1 << 20, "v": 20 << 20, "pos": 40 << 20, "o": 41 << 20}, "f32", None)
+    ctx.arena_base, ctx.sync_base = 48 << 20, 4096
+    LOWER[O.Op.KV_ATTENTION](ctx, node, "#1 kv_attention")
+    src = ctx.blobs["source/m0"].decode()
+    assert "__cluster_dims__(CL, 1, 1)" in src and "#define CL 8" in src and "#define NPART 64" in src
+    assert len(ctx.launches[0]["args"]) == 7
 
 
 def test_lower_kv_attention_refuses_bad_shapes() -> None:
@@ -494,7 +515,7 @@ def test_a_global_merge_keeps_every_splits_weights_in_shared_memory(hq: int, hkv
     else:
         assert lay["rows"] == rows
     src = K.prepare(sp)[1]
-    assert "__shared__ float mg_m[R][SPLITS], mg_l[R][SPLITS], mg_L[R];" in src
+    assert "__shared__ float mg_m[R][NPART], mg_l[R][NPART], mg_L[R];" in src and sp.merge_parts == splits
     assert "fc_ldcg(ml" not in src  # the merge's loads are not volatile: the compiler keeps them in flight together
     log = K.build(sp, "sm_80").binary.log
     assert int(re.search(r"(\d+) bytes smem", log).group(1)) <= 48 * 1024

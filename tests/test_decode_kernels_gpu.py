@@ -71,7 +71,7 @@ def run_kv_attention(spec: S.KVAttentionSpec, args: list, out) -> None:  # noqa:
     at zero after each."""
     import cupy as cp
 
-    if spec.splits == 1 or spec.cluster:  # one launch, no partials in global memory
+    if not spec.merge_parts:  # one split, or one cluster: no partials in global memory
         run(spec, args + [out])
         return
     from fusec.codegen.build_decode import kv_layout
@@ -168,7 +168,7 @@ KV = [
 ]
 
 
-@pytest.mark.parametrize("mode", ["", "prefetch", "cluster", "unroll8"])
+@pytest.mark.parametrize("mode", ["", "prefetch", "cluster", "clusters", "unroll8"])
 @pytest.mark.parametrize("dt,B,Hq,Hkv,Sq,T,D,positions,splits", KV,
                          ids=[f"{c[0].value}-B{c[1]}-H{c[2]}/{c[3]}-S{c[4]}-T{c[5]}-D{c[6]}-x{c[8]}" for c in KV])
 def test_kv_attention(dt: DType, B: int, Hq: int, Hkv: int, Sq: int, T: int, D: int, positions: list | None,
@@ -190,6 +190,15 @@ def test_kv_attention(dt: DType, B: int, Hq: int, Hkv: int, Sq: int, T: int, D: 
         if int(gpu_arch()[3:]) < 90:
             pytest.skip("thread block clusters need sm_90")
         spec = dataclasses.replace(spec, splits=min(max(spec.splits, 2), S.KV_MAX_CLUSTER), cluster=True)
+    if mode == "clusters":  # clusters of 8 splits, merged over the clusters through global memory (sm_90)
+        from fusec.device import gpu_arch
+
+        if int(gpu_arch()[3:]) < 90:
+            pytest.skip("thread block clusters need sm_90")
+        n = min(128, -(-T // S.KV_CHUNK_GRANULE)) // S.KV_MAX_CLUSTER * S.KV_MAX_CLUSTER
+        if n < 2 * S.KV_MAX_CLUSTER:
+            pytest.skip("fewer than 16 chunks: one cluster")
+        spec = dataclasses.replace(spec, splits=n, cluster=True, prefetch=True)
     ref = kv_ref(q, k, v, pos, scale)
 
     # keys past each row's context hold NaN: reading any of them would poison the output

@@ -38,9 +38,9 @@ def _kv_smem(spec: S.KVAttentionSpec, ng: int, r: int) -> int:
     merging block's sums (mg_*), with the head_rope prologue the tile's q rows and the step's k/v rows."""
     nbytes = ng * r * (spec.D + 2) * 4
     if spec.cluster:
-        nbytes += spec.splits * r * (spec.D + 2) * 4 + 8
-    elif spec.splits > 1:
-        nbytes += (2 * spec.splits + 1) * r * 4 + spec.threads * 16
+        nbytes += spec.cluster_size * r * (spec.D + 2) * 4 + 8
+    if spec.merge_parts:
+        nbytes += (2 * spec.merge_parts + 1) * r * 4 + spec.threads * 16
     if spec.heads:
         nbytes += (r + 2 * spec.S) * spec.D * spec.dtype.itemsize
     return nbytes
@@ -73,13 +73,20 @@ def kv_attention_spec(B: int, Hq: int, Hkv: int, S_: int, T: int, D: int, dtype:
                       threads: int = 128, max_splits: int = KV_MAX_AUTO_SPLITS,
                       softcap: float = 0.0, window: int = 0, prefetch: bool = False,
                       cluster: bool = False, split_keys: int = S.KV_CHUNK_GRANULE,
-                      heads: tuple[S.HeadRopeSpec, ...] = (), unroll: int = 0) -> S.KVAttentionSpec:
+                      heads: tuple[S.HeadRopeSpec, ...] = (), unroll: int = 0,
+                      cluster_levels: int = 2) -> S.KVAttentionSpec:
     """The spec for a KV attention: as many splits of the key range as keep a full-context step
     within ``target_blocks`` blocks (one wave), at most ``max_splits``: batch 1 with a long
     context still spreads over the SMs, a large batch is not cut into a wave and a tail.
     ``cluster`` (sm_90 only; the caller checks): where that gives 2 to 2 * KV_MAX_CLUSTER splits,
     at most KV_MAX_CLUSTER of them merged through a thread block cluster (no counter, no partials
-    in global memory); more splits keep the global merge: a long cache needs its blocks.
+    in global memory); more splits (a long cache needs its blocks), with ``cluster_levels`` 2, a
+    multiple of KV_MAX_CLUSTER in clusters: a context whose keys lie in the first cluster (at run
+    time) merges there, a longer one through global memory. Alone on an H200 (batch 1, Qwen3's heads,
+    128 keys): 3.90 us in a 272-row cache's one cluster against 5.8-6.1 with the global merge of a
+    1,024- or 4,096-row cache's 32-64 splits, and the Qwen3-0.6B step at 128 tokens in a 4,096-row
+    cache 0.572 ms against 0.635 (merging each cluster first, then the clusters, had cost 1.8 us
+    more alone at 4,096 keys). Not where the splits take 8 keys a group (below).
     Where the batch's (row, kv head, tile) blocks alone fill a quarter of the SMs, a split covers at
     least ``split_keys`` rows of the cache's capacity T (fewer keep the 32-row granule). Measured on an
     H200 (Qwen3-0.6B, 271-row cache, plans in turns): batch 8 took 0.847 ms a step with 4 splits (64
@@ -98,15 +105,28 @@ def kv_attention_spec(B: int, Hq: int, Hkv: int, S_: int, T: int, D: int, dtype:
     else:
         by_keys = T // split_keys
     splits = max(1, min(target_blocks // per_split, by_keys, max_splits, S.KV_MAX_SPLITS))
-    use_cluster = cluster and 2 <= splits <= 2 * S.KV_MAX_CLUSTER
-    if use_cluster:
-        splits = min(splits, S.KV_MAX_CLUSTER)
-    if not unroll and prefetch and lay["unroll"] == 4:
+
+    def keys_a_group(n: int) -> int:
+        if unroll or not prefetch or lay["unroll"] != 4:
+            return unroll
         # a chunk at half the cache's capacity (a step's typical context) that 4 keys a group leave to a
-        # second, dependent batch and 8 load whole before the wait: 8
-        half = cdiv(cdiv(max(1, T // 2), splits), S.KV_CHUNK_GRANULE) * S.KV_CHUNK_GRANULE
-        if lay["ng"] * 4 < half <= lay["ng"] * 8:
-            unroll = 8
+        # second, dependent batch and 8 load whole before the wait: 8. Even where that form's 160-193 registers
+        # make two waves (batch 1, a 4,240-row cache's 64 splits: 15.1 us alone against 11.9 at 4), it was the
+        # faster in the step (Qwen3-0.6B at 4,096 tokens, H200: 0.852 ms against 0.889): its first wave's keys
+        # load before the PDL wait
+        half = cdiv(cdiv(max(1, T // 2), n), S.KV_CHUNK_GRANULE) * S.KV_CHUNK_GRANULE
+        return 8 if lay["ng"] * 4 < half <= lay["ng"] * 8 else unroll
+
+    use_cluster = cluster and 2 <= splits
+    if use_cluster and splits <= 2 * S.KV_MAX_CLUSTER:
+        splits = min(splits, S.KV_MAX_CLUSTER)
+    elif use_cluster:
+        # not at 8 keys a group: clusters of 8 there (189 registers, two waves) made the Qwen3-0.6B step at 4,096
+        # tokens in a 4,240-row cache 0.967 ms against 0.852 through global memory
+        whole = splits // S.KV_MAX_CLUSTER * S.KV_MAX_CLUSTER
+        use_cluster = cluster_levels == 2 and keys_a_group(whole) != 8
+        splits = whole if use_cluster else splits
+    unroll = keys_a_group(splits)
     return S.KVAttentionSpec(B, Hq, Hkv, S_, T, D, dtype, scale, splits, pos_dtype, threads, softcap, window, prefetch,
                              use_cluster, heads, unroll)
 
@@ -127,12 +147,12 @@ def _kv_attention(spec: S.KVAttentionSpec) -> Rendered:
         # the scores are in log2 units: cap * tanh(s / cap) there is cap2 * tanh(s2 / cap2), cap2 = cap * log2(e)
         "softcap_log2": float_lit(spec.softcap * math.log2(math.e), "softcap") if spec.softcap else None,
         "window": spec.window,  # 0: the template renders no window code
-        "prefetch": spec.prefetch, "cluster": spec.cluster,
+        "prefetch": spec.prefetch, "cluster": spec.cluster, "cl": spec.cluster_size, "nparts": spec.merge_parts,
         # ptxas caps registers oddly (and spills) when D / vec is no power of two; lift the cap there
         "min_blocks": 1 if lay["nvec"] & (lay["nvec"] - 1) else 0,
     }
     ctx["heads"] = _heads_ctx(spec) if spec.heads else None
-    merge = ("part", "sync") if spec.splits > 1 and not spec.cluster else ()
+    merge = ("part", "sync") if spec.merge_parts else ()
     if spec.heads:  # the prologue reads the product's rows and writes the caches
         q, k, _ = spec.heads
         ins = ("xq",) + (("wq",) if q.norm else ()) + ("xk",) + (("wk",) if k.norm else ()) + ("xv", "cos", "sin")

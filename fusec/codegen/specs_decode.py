@@ -150,8 +150,11 @@ class KVAttentionSpec:
     ``prefetch``: pos and the first keys older than the step (rows below pos[b]) are loaded before the
     PDL wait, the rest after it; only where the kernel launched before this one writes neither pos nor
     those rows (the lowering decides from the program: ``Context.older_rows_stable``).
-    ``cluster`` (sm_90): the splits of each (b, tile, kv head) are one thread block cluster, and its
-    rank 0 merges the partials from their shared memory: params q, k, v, pos, out (no part, sync).
+    ``cluster`` (sm_90): the splits of each (b, tile, kv head) are thread block clusters of up to
+    ``KV_MAX_CLUSTER``, and each cluster's rank 0 merges its splits' partials from their shared memory.
+    One cluster: params q, k, v, pos, out (no part, sync). More (splits a multiple of ``KV_MAX_CLUSTER``):
+    a context whose keys lie in one cluster (at run time) merges there; a longer one merges every split
+    through global memory as above (part, sync); a cluster past the context leaves at once.
     ``heads`` (q, k, v ``HeadRopeSpec`` parts, the head_rope kernel's: the decode step's q and k norm
     and RoPE, and the K/V cache writes, as this kernel's prologue): each block computes its tile's q
     rows and the new rows pos[b] + s its chunk reads into shared memory, and its key loop reads those rows
@@ -188,8 +191,9 @@ class KVAttentionSpec:
         _ints((self.window,), "kv_attention: window", 0)
         _req(isinstance(self.prefetch, bool) and isinstance(self.cluster, bool),
              "kv_attention: prefetch and cluster must be bools")
-        _req(not self.cluster or 2 <= self.splits <= KV_MAX_CLUSTER,
-             f"kv_attention: a cluster merge takes 2..{KV_MAX_CLUSTER} splits, got {self.splits}")
+        _req(not self.cluster or 2 <= self.splits <= KV_MAX_CLUSTER or self.splits % KV_MAX_CLUSTER == 0,
+             f"kv_attention: a cluster merge takes 2..{KV_MAX_CLUSTER} splits or a multiple of {KV_MAX_CLUSTER} "
+             f"(clusters of {KV_MAX_CLUSTER}, then a merge over them), got {self.splits}")
         _req(self.Hq % self.Hkv == 0, "kv_attention: Hq must be a multiple of Hkv")
         _req(self.dtype in FLOATS, "kv_attention is float")
         _req(self.D % 8 == 0 and 8 <= self.D <= 256, "kv_attention: head_dim must be a multiple of 8 in [8, 256]")
@@ -222,14 +226,25 @@ class KVAttentionSpec:
         _req(why is None, f"kv_attention: {why}")
 
     @property
+    def cluster_size(self) -> int:
+        """Splits a thread block cluster holds (1: no cluster)."""
+        return min(self.splits, KV_MAX_CLUSTER) if self.cluster else 1
+
+    @property
+    def merge_parts(self) -> int:
+        """Partials a row the merge through global memory reads (one a split); 0 where it never runs: one
+        split, or one cluster."""
+        return 0 if self.splits == 1 or self.cluster and self.splits <= KV_MAX_CLUSTER else self.splits
+
+    @property
     def part_floats(self) -> int:
-        """fp32 values of the partials buffer (0 when ``splits == 1``): per (b, h, s, split) D
-        unnormalized outputs, then per (b, h, s, split) the pair (max in log2 units, sum)."""
-        return 0 if self.splits == 1 else self.B * self.Hq * self.S * self.splits * (self.D + 2)
+        """fp32 values of the partials buffer (0 without a global merge): per (b, h, s, part) D
+        unnormalized outputs, then per (b, h, s, part) the pair (max in log2 units, sum)."""
+        return self.B * self.Hq * self.S * self.merge_parts * (self.D + 2)
 
     def sync_ints(self, tiles: int) -> int:
-        """int32 counters of a split launch: one per (b, tile, kv head) block column."""
-        return 0 if self.splits == 1 else self.B * self.Hkv * tiles
+        """int32 counters of a global merge: one per (b, tile, kv head) block column."""
+        return self.B * self.Hkv * tiles if self.merge_parts else 0
 
 
 @dataclasses.dataclass(frozen=True)

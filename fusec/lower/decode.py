@@ -76,6 +76,7 @@ def _kv_spec(ctx: Context, node: Node, label: str, attrs: Any, q: Value, k: Valu
                                  softcap=float(attrs.softcap), window=int(attrs.window),
                                  prefetch=knobs.get("FUSEC_KV_PREFETCH") and ctx.older_rows_stable((k, v), pos),
                                  cluster=knobs.get("FUSEC_KV_CLUSTER") and sm90_or_later(ctx.arch),
+                                 cluster_levels=int(knobs.get("FUSEC_KV_CLUSTER_LEVELS")),
                                  split_keys=split_keys, heads=heads, unroll=int(knobs.get("FUSEC_KV_UNROLL")))
     except ValueError as e:
         raise LoweringError(f"{_where(node, label)}: kv_attention of q {list(q.shape)} over k/v {list(k.shape)} "
@@ -84,8 +85,8 @@ def _kv_spec(ctx: Context, node: Node, label: str, attrs: Any, q: Value, k: Valu
 
 def _merge_args(ctx: Context, spec: S.KVAttentionSpec) -> list[Raw]:
     """The partials and counters a split launch merges through (the last block of each head merges:
-    one launch); none for one split or a cluster merge."""
-    if spec.splits == 1 or spec.cluster:
+    one launch, or the last cluster's rank 0); none for one split or one cluster."""
+    if not spec.merge_parts:
         return []
     from fusec.codegen.build_decode import kv_layout
 
