@@ -22,6 +22,8 @@
 #   kvcl      the attention's clusters of 8 merged over the clusters: its GPU tests; alone at batch 1 in 1,024- and
 #             4,096-row caches; Qwen3 batch 1 at 128 tokens in a 4,096-row cache and at 4,096 tokens, in turns against
 #             FUSEC_KV_CLUSTER_LEVELS=1 (and at 4,096 tokens FUSEC_KV_UNROLL=4 against the rule's 8)
+#   solo      the kv GPU tests; Qwen3 at batch 1 and 2, 128 tokens in a 4,240-row cache (global merges), in turns against
+#             FUSEC_KV_SOLO_KEYS=0
 #   step_kv   Qwen3-0.6B (batch 1, 8) and the Llama-1B shape (batch 1) decode steps: the default, without the attention's
 #             cluster merge (FUSEC_KV_CLUSTER=0), without that and its older cache rows loaded before the PDL wait
 #   step_sp   Qwen3-0.6B (batch 1, 8) decode steps: the spread rule against k groups over 1 and 2 times the warps
@@ -366,6 +368,12 @@ for step in "$@"; do
           timeout 250 python3 benchmarks/decode_step.py "$R/kvcl_l" --model qwen3-0.6b --batches 1 --context 4096 \
             --windows 2 --ab FUSEC_KV_CLUSTER_LEVELS=1 --ab FUSEC_KV_UNROLL=4 > "$R/kvcl_l.txt" 2>&1
           grep -E "^\| [0-9]+ \|" "$R/kvcl_l.txt" | cut -c 1-400 ;;
+    solo) timeout 150 $PT -n 8 tests/test_decode_kernels_gpu.py tests/test_kv_heads_gpu.py -k "kv_attention or prologue" \
+            > "$R/t_solo.txt" 2>&1
+          grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_solo.txt" | tail -n 12
+          timeout 200 python3 benchmarks/decode_step.py "$R/solo" --model qwen3-0.6b --batches 1,2 --context 128 --cache 4240 \
+            --windows 3 --ab FUSEC_KV_SOLO_KEYS=0 > "$R/solo.txt" 2>&1
+          grep -E "^\| [0-9]+ \|" "$R/solo.txt" | cut -c 1-400 ;;
     ctx4k32) timeout 500 python3 benchmarks/decode_step.py "$R/ctx4k32" --model qwen3-0.6b --batches 32 --context 4096 \
                --windows 2 > "$R/ctx4k32.txt" 2>&1
              grep -E "^\| [0-9]+ \|" "$R/ctx4k32.txt" | cut -c 1-400; tail -n 3 "$R/ctx4k32.txt" | cut -c 1-600 ;;

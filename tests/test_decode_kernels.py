@@ -292,6 +292,14 @@ def test_kv_attention_cluster_merge_takes_the_short_caches_on_sm90_only() -> Non
     u8 = kv_attention_spec(1, 16, 8, 1, 4240, 128, BF16, 0.1, prefetch=True, cluster=True)
     u4 = kv_attention_spec(1, 16, 8, 1, 4096, 128, BF16, 0.1, prefetch=True, cluster=True)
     assert (u8.unroll, u8.cluster, u8.splits) == (8, False, 64) and (u4.unroll, u4.cluster, u4.splits) == (0, True, 64)
+    # a global merge's kernel runs a context of at most solo_keys keys in one block; a cluster's merges it there
+    assert kv_attention_spec(1, 16, 8, 1, 4240, 128, BF16, 0.1, prefetch=True, cluster=True, solo_keys=128).solo_keys == 128
+    assert kv_attention_spec(1, 16, 8, 1, 4096, 128, BF16, 0.1, prefetch=True, cluster=True, solo_keys=128).solo_keys == 0
+    assert kv_attention_spec(1, 16, 8, 1, 40, 128, BF16, 0.1, max_splits=1, solo_keys=128).solo_keys == 0  # one split
+    assert kv_attention_spec(1, 16, 8, 4, 4096, 128, BF16, 0.1, solo_keys=128).solo_keys == 0  # decode steps only
+    src = K.prepare(kv_attention_spec(1, 16, 8, 1, 4096, 128, BF16, 0.1, solo_keys=128))[1]
+    assert "kv <= 128 ? ((kv + GRAN - 1) / GRAN) * GRAN" in src
+    assert "kv <= 128" not in K.prepare(kv_attention_spec(1, 16, 8, 1, 4096, 128, BF16, 0.1))[1]
     odd = kv_attention_spec(1, 16, 8, 1, 33 * 32, 128, BF16, 0.1, cluster=True)  # 33 splits: whole clusters
     assert odd.cluster and odd.splits == 32
     assert not kv_attention_spec(256, 16, 8, 1, 271, 128, BF16, 0.1, cluster=True).cluster  # one split a head

@@ -168,7 +168,7 @@ KV = [
 ]
 
 
-@pytest.mark.parametrize("mode", ["", "prefetch", "cluster", "clusters", "unroll8"])
+@pytest.mark.parametrize("mode", ["", "prefetch", "cluster", "clusters", "unroll8", "solo"])
 @pytest.mark.parametrize("dt,B,Hq,Hkv,Sq,T,D,positions,splits", KV,
                          ids=[f"{c[0].value}-B{c[1]}-H{c[2]}/{c[3]}-S{c[4]}-T{c[5]}-D{c[6]}-x{c[8]}" for c in KV])
 def test_kv_attention(dt: DType, B: int, Hq: int, Hkv: int, Sq: int, T: int, D: int, positions: list | None,
@@ -190,6 +190,10 @@ def test_kv_attention(dt: DType, B: int, Hq: int, Hkv: int, Sq: int, T: int, D: 
         if int(gpu_arch()[3:]) < 90:
             pytest.skip("thread block clusters need sm_90")
         spec = dataclasses.replace(spec, splits=min(max(spec.splits, 2), S.KV_MAX_CLUSTER), cluster=True)
+    if mode == "solo":  # a context of at most 128 keys in one block a head, a longer one split and merged
+        if spec.splits == 1 or Sq > 1:
+            pytest.skip("one split (no merge to leave out), or S > 1 (the rule takes decode steps only)")
+        spec = dataclasses.replace(spec, solo_keys=128)
     if mode == "clusters":  # clusters of 8 splits, merged over the clusters through global memory (sm_90)
         from fusec.device import gpu_arch
 

@@ -74,7 +74,7 @@ def kv_attention_spec(B: int, Hq: int, Hkv: int, S_: int, T: int, D: int, dtype:
                       softcap: float = 0.0, window: int = 0, prefetch: bool = False,
                       cluster: bool = False, split_keys: int = S.KV_CHUNK_GRANULE,
                       heads: tuple[S.HeadRopeSpec, ...] = (), unroll: int = 0,
-                      cluster_levels: int = 2) -> S.KVAttentionSpec:
+                      cluster_levels: int = 2, solo_keys: int = 0) -> S.KVAttentionSpec:
     """The spec for a KV attention: as many splits of the key range as keep a full-context step
     within ``target_blocks`` blocks (one wave), at most ``max_splits``: batch 1 with a long
     context still spreads over the SMs, a large batch is not cut into a wave and a tail.
@@ -91,6 +91,8 @@ def kv_attention_spec(B: int, Hq: int, Hkv: int, S_: int, T: int, D: int, dtype:
     least ``split_keys`` rows of the cache's capacity T (fewer keep the 32-row granule). Measured on an
     H200 (Qwen3-0.6B, 271-row cache, plans in turns): batch 8 took 0.847 ms a step with 4 splits (64
     rows) against 0.924 with 8; batch 1 (8 blocks a split) took 0.763 with 8 against 0.789 with 4.
+    ``solo_keys`` (a decode step's, where the splits merge through global memory): a context of at most that many
+    keys runs in one block a head, with no merge (alone on an H200, batch 1, 128 keys: 4.70 us against 5.8-6.0 merged).
     ``heads``: the q/k/v head_rope parts of its prologue (``KVAttentionSpec.heads``). ``unroll``: keys a
     key group loads at a time; 0 takes 8 where the older rows load before the PDL wait (``prefetch``) and a
     chunk at half the cache's capacity is more than 4 a group load and at most 8 (so they load whole
@@ -127,8 +129,9 @@ def kv_attention_spec(B: int, Hq: int, Hkv: int, S_: int, T: int, D: int, dtype:
         use_cluster = cluster_levels == 2 and keys_a_group(whole) != 8
         splits = whole if use_cluster else splits
     unroll = keys_a_group(splits)
+    solo = solo_keys if splits > 1 and not use_cluster and S_ == 1 else 0  # decode steps (S > 1 spilled 12 bytes)
     return S.KVAttentionSpec(B, Hq, Hkv, S_, T, D, dtype, scale, splits, pos_dtype, threads, softcap, window, prefetch,
-                             use_cluster, heads, unroll)
+                             use_cluster, heads, unroll, solo)
 
 
 @builder(S.KVAttentionSpec)
@@ -148,8 +151,10 @@ def _kv_attention(spec: S.KVAttentionSpec) -> Rendered:
         "softcap_log2": float_lit(spec.softcap * math.log2(math.e), "softcap") if spec.softcap else None,
         "window": spec.window,  # 0: the template renders no window code
         "prefetch": spec.prefetch, "cluster": spec.cluster, "cl": spec.cluster_size, "nparts": spec.merge_parts,
-        # ptxas caps registers oddly (and spills) when D / vec is no power of two; lift the cap there
-        "min_blocks": 1 if lay["nvec"] & (lay["nvec"] - 1) else 0,
+        "solo_keys": spec.solo_keys,
+        # ptxas caps registers oddly (and spills) when D / vec is no power of two, and with several query rows a
+        # step (S > 1: 4 bytes at 128 registers, f32 with the head_rope prologue); lift the cap there
+        "min_blocks": 1 if lay["nvec"] & (lay["nvec"] - 1) or spec.S > 1 else 0,
     }
     ctx["heads"] = _heads_ctx(spec) if spec.heads else None
     merge = ("part", "sync") if spec.merge_parts else ()

@@ -155,6 +155,8 @@ class KVAttentionSpec:
     One cluster: params q, k, v, pos, out (no part, sync). More (splits a multiple of ``KV_MAX_CLUSTER``):
     a context whose keys lie in one cluster (at run time) merges there; a longer one merges every split
     through global memory as above (part, sync); a cluster past the context leaves at once.
+    ``solo_keys`` (a global merge's kernel): a context of at most that many keys (at run time) is one
+    chunk, so its block writes out and no merge runs.
     ``heads`` (q, k, v ``HeadRopeSpec`` parts, the head_rope kernel's: the decode step's q and k norm
     and RoPE, and the K/V cache writes, as this kernel's prologue): each block computes its tile's q
     rows and the new rows pos[b] + s its chunk reads into shared memory, and its key loop reads those rows
@@ -179,10 +181,11 @@ class KVAttentionSpec:
     cluster: bool = False
     heads: tuple[HeadRopeSpec, ...] = ()
     unroll: int = 0  # keys a key group loads at a time; 0: the layout's (build_decode.kv_layout)
+    solo_keys: int = 0  # a global merge's kernel: a context of at most this many keys runs in one block a head
 
     def __repr__(self) -> str:  # window 0, flags off, no heads, unroll 0 left out: such kernels keep their names
         fields = [f for f in dataclasses.fields(self) if not (f.name == "window" and self.window == 0)
-                  and not (f.name in ("prefetch", "cluster", "heads", "unroll") and not getattr(self, f.name))]
+                  and not (f.name in ("prefetch", "cluster", "heads", "unroll", "solo_keys") and not getattr(self, f.name))]
         return f"KVAttentionSpec({', '.join(f'{f.name}={getattr(self, f.name)!r}' for f in fields)})"
 
     def __post_init__(self) -> None:
@@ -204,6 +207,7 @@ class KVAttentionSpec:
              f"{-(-self.T // KV_CHUNK_GRANULE)} chunks of {KV_CHUNK_GRANULE} keys a cache of {self.T} has")
         _req(self.threads in (64, 128, 256), "kv_attention: threads must be 64, 128 or 256")
         _req(self.splits <= KV_MAX_SPLITS, f"kv_attention: at most {KV_MAX_SPLITS} splits")
+        _ints((self.solo_keys,), "kv_attention: solo_keys", 0)
         _req(self.unroll in (0, 1, 2, 4, 8),
              f"kv_attention: unroll must be 0 (the layout's), 1, 2, 4 or 8, got {self.unroll!r}")
         if self.heads:

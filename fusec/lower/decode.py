@@ -70,6 +70,9 @@ def _kv_spec(ctx: Context, node: Node, label: str, attrs: Any, q: Value, k: Valu
     split_keys = knobs.get("FUSEC_KV_SPLIT_KEYS")
     if split_keys < 1:
         raise InputError(f"environment variable FUSEC_KV_SPLIT_KEYS={split_keys} must be a positive row count")
+    solo_keys = knobs.get("FUSEC_KV_SOLO_KEYS")
+    if solo_keys < 0:
+        raise InputError(f"environment variable FUSEC_KV_SOLO_KEYS={solo_keys} must be 0 or a key count")
     try:
         wave = int(knobs.get("FUSEC_KV_WAVE_BLOCKS")) * SMS  # blocks of a full-context step: one wave
         return kv_attention_spec(B, Hq, Hkv, S_, T, D, q.dtype, float(attrs.scale), pos.dtype, target_blocks=wave,
@@ -77,6 +80,7 @@ def _kv_spec(ctx: Context, node: Node, label: str, attrs: Any, q: Value, k: Valu
                                  prefetch=knobs.get("FUSEC_KV_PREFETCH") and ctx.older_rows_stable((k, v), pos),
                                  cluster=knobs.get("FUSEC_KV_CLUSTER") and sm90_or_later(ctx.arch),
                                  cluster_levels=int(knobs.get("FUSEC_KV_CLUSTER_LEVELS")),
+                                 solo_keys=solo_keys,
                                  split_keys=split_keys, heads=heads, unroll=int(knobs.get("FUSEC_KV_UNROLL")))
     except ValueError as e:
         raise LoweringError(f"{_where(node, label)}: kv_attention of q {list(q.shape)} over k/v {list(k.shape)} "
