@@ -118,7 +118,8 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("FUSEC_KV_CLUSTER_LEVELS", "choice", "2", "decode attention on sm_90 with more than 16 splits (batch 1-2, a "
          "cache of more than 512 rows) at 4 keys a key group: 2 makes the splits clusters of 8, and a context in the "
          "first cluster merges there, a longer one through global memory; 1 merges every split through global "
-         "memory, as before the twenty-seventh session (the A/B of benchmarks/decode_step.py --ab FUSEC_KV_CLUSTER_LEVELS=1)", ("1", "2")),
+         "memory, as before the twenty-seventh session (the A/B of benchmarks/decode_step.py --ab "
+         "FUSEC_KV_CLUSTER_LEVELS=1)", ("1", "2")),
     Knob("FUSEC_KV_SOLO_KEYS", "int", 0, "decode attention whose splits merge through global memory (no cluster): "
          "a context of at most this many keys runs in one block a head, with no merge (0: always split). Alone at 128 "
          "keys one block took 4.70 us against 5.8-6.0 split (H200); not yet timed in a step, so off (the A/B: "

@@ -36,7 +36,7 @@ CASES = {
                                              dict(prefetch=True, cluster=True)),
     "qwen3-b8-split-one-chunk-some-rows": (8, 16, 8, 1, 400, 128, True, [3, 127, 31, 300, 399, 0, 20, 200],
                                            dict(prefetch=True, cluster=False, split_keys=32)),
-    # a long cache: clusters of 8 splits, then a merge over the clusters where more than one has keys
+    # a long cache: clusters of 8 splits; a context past the first cluster merges through global memory
     "qwen3-b1-clusters-full": (1, 16, 8, 1, 2048, 128, True, [2040], dict(prefetch=True, cluster=True)),
     "qwen3-b2-clusters-short-and-long": (2, 16, 8, 1, 2048, 128, True, [100, 1500], dict(prefetch=True, cluster=True)),
 }

@@ -196,7 +196,7 @@ class KVAttentionSpec:
              "kv_attention: prefetch and cluster must be bools")
         _req(not self.cluster or 2 <= self.splits <= KV_MAX_CLUSTER or self.splits % KV_MAX_CLUSTER == 0,
              f"kv_attention: a cluster merge takes 2..{KV_MAX_CLUSTER} splits or a multiple of {KV_MAX_CLUSTER} "
-             f"(clusters of {KV_MAX_CLUSTER}, then a merge over them), got {self.splits}")
+             f"(clusters of {KV_MAX_CLUSTER}; a longer context merges through global memory), got {self.splits}")
         _req(self.Hq % self.Hkv == 0, "kv_attention: Hq must be a multiple of Hkv")
         _req(self.dtype in FLOATS, "kv_attention is float")
         _req(self.D % 8 == 0 and 8 <= self.D <= 256, "kv_attention: head_dim must be a multiple of 8 in [8, 256]")
