@@ -24,6 +24,8 @@
 #             FUSEC_KV_CLUSTER_LEVELS=1 (and at 4,096 tokens FUSEC_KV_UNROLL=4 against the rule's 8)
 #   solo      the kv GPU tests; Qwen3 at batch 1 and 2, 128 tokens in a 4,240-row cache (global merges), in turns against
 #             FUSEC_KV_SOLO_KEYS=0
+#   next27    Qwen3 batch 1 in a 4,240-row cache: FUSEC_KV_SOLO_KEYS=128 at 16-116 keys; FUSEC_KV_UNROLL=4 (clusters) at
+#             512 and 2,048 tokens against the rule's 8 keys a group (~6 minutes)
 #   step_kv   Qwen3-0.6B (batch 1, 8) and the Llama-1B shape (batch 1) decode steps: the default, without the attention's
 #             cluster merge (FUSEC_KV_CLUSTER=0), without that and its older cache rows loaded before the PDL wait
 #   step_sp   Qwen3-0.6B (batch 1, 8) decode steps: the spread rule against k groups over 1 and 2 times the warps
@@ -374,6 +376,17 @@ for step in "$@"; do
           timeout 200 python3 benchmarks/decode_step.py "$R/solo" --model qwen3-0.6b --batches 1,2 --context 128 --cache 4240 \
             --windows 3 --ab FUSEC_KV_SOLO_KEYS=0 > "$R/solo.txt" 2>&1
           grep -E "^\| [0-9]+ \|" "$R/solo.txt" | cut -c 1-400 ;;
+    next27) # what the twenty-seventh session left: one block a head at contexts of at most 128 keys (FUSEC_KV_SOLO_KEYS),
+            # and the attention's form at mid contexts in a 4,240-row cache (the rule's 8 keys a group and global merge
+            # against 4 keys a group in clusters of 8)
+            timeout 150 python3 benchmarks/decode_step.py "$R/n27_solo" --model qwen3-0.6b --batches 1 --context 16 \
+              --steps 100 --cache 4240 --windows 3 --ab FUSEC_KV_SOLO_KEYS=128 > "$R/n27_solo.txt" 2>&1
+            grep -E "^\| [0-9]+ \|" "$R/n27_solo.txt" | cut -c 1-400
+            for c in 512 2048; do
+              timeout 200 python3 benchmarks/decode_step.py "$R/n27_$c" --model qwen3-0.6b --batches 1 --context $c \
+                --cache 4240 --windows 2 --ab FUSEC_KV_UNROLL=4 > "$R/n27_$c.txt" 2>&1
+              grep -E "^\| [0-9]+ \|" "$R/n27_$c.txt" | cut -c 1-400
+            done ;;
     ctx4k32) timeout 500 python3 benchmarks/decode_step.py "$R/ctx4k32" --model qwen3-0.6b --batches 32 --context 4096 \
                --windows 2 > "$R/ctx4k32.txt" 2>&1
              grep -E "^\| [0-9]+ \|" "$R/ctx4k32.txt" | cut -c 1-400; tail -n 3 "$R/ctx4k32.txt" | cut -c 1-600 ;;
