@@ -325,7 +325,8 @@ for step in "$@"; do
                 --windows 3 > "$R/p27_$name.txt" 2>&1
               grep -E "^\| [0-9]+ \|" "$R/p27_$name.txt" | cut -c 1-300; done ;;
     xprobe) timeout 120 python3 benchmarks/x_latency_probe.py --bytes 16384,32768,65536 > "$R/xprobe.txt" 2>&1; cat "$R/xprobe.txt" ;;
-    kvmerge) timeout 200 $PT -n 8 tests/test_decode_kernels_gpu.py tests/test_kv_heads_gpu.py -k "kv_attention or prologue" \
+    kvmerge) [ -f .old/kv_attention.cu.jinja ] || { echo "kvmerge: no .old/kv_attention.cu.jinja (git show 4835680:templates/kv_attention.cu.jinja, carried)"; continue; }
+             timeout 200 $PT -n 8 tests/test_decode_kernels_gpu.py tests/test_kv_heads_gpu.py -k "kv_attention or prologue" \
                > "$R/t_kvmerge.txt" 2>&1
              grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_kvmerge.txt" | tail -n 12
              # the merge as committed against the one before it (.old/, carried), each its own process, in turns
@@ -342,7 +343,8 @@ for step in "$@"; do
                echo "step, merge $form"; grep -E "^\| [0-9]+ \|" "$R/kvm_$form.txt" | cut -c 1-200
              done
              cp /tmp/kv_new.jinja templates/kv_attention.cu.jinja ;;
-    kvm2) timeout 200 python3 benchmarks/block_trace.py "$R/kvt4k" --model qwen3-0.6b --batches 1 --context 4096 \
+    kvm2) [ -f .old/kv_u16.jinja ] || { echo "kvm2: no .old/kv_u16.jinja, kv_u4.jinja (the merge's unroll variants, carried)"; continue; }
+          timeout 200 python3 benchmarks/block_trace.py "$R/kvt4k" --model qwen3-0.6b --batches 1 --context 4096 \
             --blocks rope_atte > "$R/kvt4k.txt" 2>&1
           grep -E "^step|rope_atte" "$R/kvt4k/block_trace.md" | cut -c 1-400 | head -n 12
           # the merge's loads a share: 8 at a time (committed) against 16 and 4 (.old/kv_u16.jinja, kv_u4.jinja), alone
