@@ -527,3 +527,34 @@ def test_a_global_merge_keeps_every_splits_weights_in_shared_memory(hq: int, hkv
     assert "fc_ldcg(ml" not in src  # the merge's loads are not volatile: the compiler keeps them in flight together
     log = K.build(sp, "sm_80").binary.log
     assert int(re.search(r"(\d+) bytes smem", log).group(1)) <= 48 * 1024
+
+
+def test_a_plans_long_cache_attention_takes_clusters_unless_the_knob_says_one_level(monkeypatch) -> None:  # noqa: ANN001
+    """A batch-1 plan whose cache passes 512 rows (more than 16 splits) on sm_90: clusters of 8 (a short context merges
+    in the first cluster), with the global merge's partials for a longer one; FUSEC_KV_CLUSTER_LEVELS=1 gives the
+    global merge alone (no cluster dims); FUSEC_KV_SOLO_KEYS reaches the kernel. The plan's lowering reads both."""
+    import dataclasses
+
+    from fusec.compiler import compile_generation
+    from fusec.genmodel import GenModel
+    from fusec.models.generate import SharedWeights
+    from fusec.models.registry import get_config
+    from fusec.models.weights import RandomWeights
+
+    cfg = dataclasses.replace(get_config("llama-tiny"), max_positions=1024)
+    gm = GenModel(cfg, SharedWeights(RandomWeights(0)), None, (), cfg.name)
+
+    def attention() -> tuple[list, str]:
+        plan = compile_generation(gm, batch=1, max_seq_len=1024, prefill_len=8, dtype="bf16", eos_ids=[], arch="sm_90")
+        launch = next(L for L in plan.manifest["entries"]["decode"]["launches"] if "attention" in L["label"])
+        src = next(bytes(v).decode() for k, v in plan.blobs().items()
+                   if k.startswith("source/") and "fc_kvattn" in bytes(v).decode())
+        return launch["grid"], src
+
+    grid, src = attention()
+    assert grid[0] % S.KV_MAX_CLUSTER == 0 and grid[0] > 2 * S.KV_MAX_CLUSTER, grid
+    assert "__cluster_dims__(CL, 1, 1)" in src and f"#define CL {S.KV_MAX_CLUSTER}" in src and "((kv + GRAN - 1) / GRAN) * GRAN" not in src
+    monkeypatch.setenv("FUSEC_KV_CLUSTER_LEVELS", "1")
+    monkeypatch.setenv("FUSEC_KV_SOLO_KEYS", "96")
+    grid1, src1 = attention()
+    assert "__cluster_dims__" not in src1 and "#define CL 1 " in src1 and "kv <= 96 ?" in src1, grid1
