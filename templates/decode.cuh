@@ -25,12 +25,6 @@ __device__ __forceinline__ fc_u32x4 fc_ldcg16(const void* p) {
   asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
   return r;
 }
-// A float written by another block of the same kernel (through L2, not a stale L1 line).
-__device__ __forceinline__ float fc_ldcg(const float* p) {
-  float v;
-  asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
-  return v;
-}
 __device__ __forceinline__ fc_u32x4 fc_zero16() { fc_u32x4 r; r.x = r.y = r.z = r.w = 0u; return r; }
 __device__ __forceinline__ fc_u32 fc_word(const fc_u32x4& r, int i) { return i == 0 ? r.x : i == 1 ? r.y : i == 2 ? r.z : r.w; }
 

@@ -281,12 +281,12 @@ def test_kv_attention_cluster_merge_takes_the_short_caches_on_sm90_only() -> Non
     never on sm_80; its kernel takes no partials. A long cache keeps its blocks: clusters of 8, a context in the first
     merged there, a longer one through global memory (FUSEC_KV_CLUSTER_LEVELS=1: always through it, no cluster)."""
     short = kv_attention_spec(1, 16, 8, 1, 271, 128, BF16, 0.1, cluster=True)
-    assert short.cluster and short.splits == S.KV_MAX_CLUSTER and short.merge_parts == 0 and short.part_floats == 0
+    assert short.cluster and short.splits == S.KV_MAX_CLUSTER and not short.global_merge and short.part_floats == 0
     assert kv_attention_spec(1, 16, 8, 1, 271, 128, BF16, 0.1).splits > S.KV_MAX_CLUSTER  # what it cut
     long = kv_attention_spec(1, 16, 8, 1, 4096, 128, BF16, 0.1, cluster=True)
     flat = kv_attention_spec(1, 16, 8, 1, 4096, 128, BF16, 0.1)
     assert long.cluster and long.splits == flat.splits == 64 and long.cluster_size == S.KV_MAX_CLUSTER
-    assert long.merge_parts == flat.merge_parts == 64 and long.part_floats == flat.part_floats
+    assert long.global_merge and flat.global_merge and long.part_floats == flat.part_floats > 0
     assert not kv_attention_spec(1, 16, 8, 1, 4096, 128, BF16, 0.1, cluster=True, cluster_levels=1).cluster
     # 8 keys a key group (a 4,240-row cache's half-capacity chunks): no clusters (two waves of 189-register blocks)
     u8 = kv_attention_spec(1, 16, 8, 1, 4240, 128, BF16, 0.1, prefetch=True, cluster=True)
@@ -323,7 +323,7 @@ def test_kv_attention_cluster_merge_takes_the_short_caches_on_sm90_only() -> Non
     ctx.arena_base, ctx.sync_base = 48 << 20, 4096
     LOWER[O.Op.KV_ATTENTION](ctx, node, "#1 kv_attention")
     src = ctx.blobs["source/m0"].decode()
-    assert "__cluster_dims__(CL, 1, 1)" in src and "#define CL 8" in src and "#define NPART 64" in src
+    assert "__cluster_dims__(CL, 1, 1)" in src and "#define CL 8" in src and "#define SPLITS 64" in src
     assert len(ctx.launches[0]["args"]) == 7
 
 
@@ -523,8 +523,9 @@ def test_a_global_merge_keeps_every_splits_weights_in_shared_memory(hq: int, hkv
     else:
         assert lay["rows"] == rows
     src = K.prepare(sp)[1]
-    assert "__shared__ float mg_m[R][NPART], mg_l[R][NPART], mg_L[R];" in src and sp.merge_parts == splits
-    assert "fc_ldcg(ml" not in src  # the merge's loads are not volatile: the compiler keeps them in flight together
+    assert "__shared__ float mg_m[R][SPLITS], mg_l[R][SPLITS], mg_L[R];" in src and sp.global_merge
+    # the merge's loads are not volatile asm: the compiler keeps them in flight together
+    assert "m = __ldcg(ml);" in src and "const float4 v = __ldcg(po + " in src and "asm volatile(\"ld.global.cg.f32" not in src
     log = K.build(sp, "sm_80").binary.log
     assert int(re.search(r"(\d+) bytes smem", log).group(1)) <= 48 * 1024
 

@@ -71,7 +71,7 @@ def run_kv_attention(spec: S.KVAttentionSpec, args: list, out) -> None:  # noqa:
     at zero after each."""
     import cupy as cp
 
-    if not spec.merge_parts:  # one split, or one cluster: no partials in global memory
+    if not spec.global_merge:  # one split, or one cluster: no partials in global memory
         run(spec, args + [out])
         return
     from fusec.codegen.build_decode import kv_layout

@@ -39,8 +39,8 @@ def _kv_smem(spec: S.KVAttentionSpec, ng: int, r: int) -> int:
     nbytes = ng * r * (spec.D + 2) * 4
     if spec.cluster:
         nbytes += spec.cluster_size * r * (spec.D + 2) * 4 + 8
-    if spec.merge_parts:
-        nbytes += (2 * spec.merge_parts + 1) * r * 4 + spec.threads * 16
+    if spec.global_merge:
+        nbytes += (2 * spec.splits + 1) * r * 4 + spec.threads * 16
     if spec.heads:
         nbytes += (r + 2 * spec.S) * spec.D * spec.dtype.itemsize
     return nbytes
@@ -150,14 +150,15 @@ def _kv_attention(spec: S.KVAttentionSpec) -> Rendered:
         # the scores are in log2 units: cap * tanh(s / cap) there is cap2 * tanh(s2 / cap2), cap2 = cap * log2(e)
         "softcap_log2": float_lit(spec.softcap * math.log2(math.e), "softcap") if spec.softcap else None,
         "window": spec.window,  # 0: the template renders no window code
-        "prefetch": spec.prefetch, "cluster": spec.cluster, "cl": spec.cluster_size, "nparts": spec.merge_parts,
+        "prefetch": spec.prefetch, "cluster": spec.cluster, "cl": spec.cluster_size,
+        "gmerge": spec.global_merge,
         "solo_keys": spec.solo_keys,
         # ptxas caps registers oddly (and spills) when D / vec is no power of two, and with several query rows a
         # step (S > 1: 4 bytes at 128 registers, f32 with the head_rope prologue); lift the cap there
         "min_blocks": 1 if lay["nvec"] & (lay["nvec"] - 1) or spec.S > 1 else 0,
     }
     ctx["heads"] = _heads_ctx(spec) if spec.heads else None
-    merge = ("part", "sync") if spec.merge_parts else ()
+    merge = ("part", "sync") if spec.global_merge else ()
     if spec.heads:  # the prologue reads the product's rows and writes the caches
         q, k, _ = spec.heads
         ins = ("xq",) + (("wq",) if q.norm else ()) + ("xk",) + (("wk",) if k.norm else ()) + ("xv", "cos", "sin")

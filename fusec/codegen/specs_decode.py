@@ -235,20 +235,20 @@ class KVAttentionSpec:
         return min(self.splits, KV_MAX_CLUSTER) if self.cluster else 1
 
     @property
-    def merge_parts(self) -> int:
-        """Partials a row the merge through global memory reads (one a split); 0 where it never runs: one
-        split, or one cluster."""
-        return 0 if self.splits == 1 or self.cluster and self.splits <= KV_MAX_CLUSTER else self.splits
+    def global_merge(self) -> bool:
+        """Whether the splits may merge through global memory (a split's partials each, then the last block):
+        not for one split, nor for one cluster."""
+        return self.splits > 1 and not (self.cluster and self.splits <= KV_MAX_CLUSTER)
 
     @property
     def part_floats(self) -> int:
-        """fp32 values of the partials buffer (0 without a global merge): per (b, h, s, part) D
-        unnormalized outputs, then per (b, h, s, part) the pair (max in log2 units, sum)."""
-        return self.B * self.Hq * self.S * self.merge_parts * (self.D + 2)
+        """fp32 values of the partials buffer (0 without a global merge): per (b, h, s, split) D
+        unnormalized outputs, then per (b, h, s, split) the pair (max in log2 units, sum)."""
+        return self.B * self.Hq * self.S * self.splits * (self.D + 2) if self.global_merge else 0
 
     def sync_ints(self, tiles: int) -> int:
         """int32 counters of a global merge: one per (b, tile, kv head) block column."""
-        return self.B * self.Hkv * tiles if self.merge_parts else 0
+        return self.B * self.Hkv * tiles if self.global_merge else 0
 
 
 @dataclasses.dataclass(frozen=True)

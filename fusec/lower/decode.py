@@ -90,7 +90,7 @@ def _kv_spec(ctx: Context, node: Node, label: str, attrs: Any, q: Value, k: Valu
 def _merge_args(ctx: Context, spec: S.KVAttentionSpec) -> list[Raw]:
     """The partials and counters a split launch merges through (the last block of each head merges:
     one launch); none for one split or one cluster."""
-    if not spec.merge_parts:
+    if not spec.global_merge:
         return []
     from fusec.codegen.build_decode import kv_layout
 
