@@ -52,6 +52,11 @@
 #   rows_t    the GPU tests of the attention and the row kernels (norms, softmax, reductions)
 #   plans_t   the GPU tests of whole plans (generation, families, serve, join, PDL, end to end, runtime, A/B, softcap):
 #             with FUSEC_GEMM_STREAM set by the caller, what the products' back end changes
+#   pre16     Qwen3-0.6B prefill at 16 tokens (caches of 32 and 4,240 rows) and at 128: times and per-kernel profiles
+#   coop      the skinny products' norm in the block at 9-16 rows: GEMV GPU tests, 16-token prefill and batch 16 against
+#             the rule before, batches 4 and 8 with it at 3-8 rows too (FUSEC_GEMV_COOP_NORM)
+#   coop2     the norm in the block at 1-4 and 9-16 rows: GEMV GPU tests, batches 3-4 and the Llama-1B shape's 4 against
+#             the rule before, a 16-token prefill with all ring stages before the wait (FUSEC_GEMV_COOP_PREWAIT=all)
 #   ctx4k     Qwen3-0.6B decode at a 4,096-token context, batches 1 and 32, with rooflines (issue 19's report)
 #   ctx4k32   the same at batch 32 only (its ~15 GB cache compared by device digests: decode_step.py HOST_STATE_BYTES)
 #   stream_ab built-in encoders at a few rows on cuBLAS against fusec's GEMM (benchmarks/stream_ab.py)
@@ -389,6 +394,39 @@ for step in "$@"; do
                 --cache 4240 --windows 2 --ab FUSEC_KV_UNROLL=4 > "$R/n27_$c.txt" 2>&1
               grep -E "^\| [0-9]+ \|" "$R/n27_$c.txt" | cut -c 1-400
             done ;;
+    pre16)  # short prompts' prefill (time to first token): per-kernel profiles at 16 tokens in a small and a long cache,
+            # and at 128 tokens
+            for pc in 16:32 16:4240 128:144; do
+              timeout 150 python3 benchmarks/prefill_step.py "$R/pre_${pc/:/_}" --model qwen3-0.6b --prompt "${pc%%:*}" \
+                --cache "${pc##*:}" --rounds 9 > "$R/pre_${pc/:/_}.txt" 2>&1
+              tail -n 22 "$R/pre_${pc/:/_}.txt" | cut -c 1-400
+            done ;;
+    coop)   # the skinny products' norm prologue in the block at 9-16 rows (FUSEC_GEMV_COOP_NORM): the GEMV GPU tests,
+            # a 16-token prefill and batch-16 decode against the rule before (1-2), batches 4 and 8 with it at 3-8 rows
+            timeout 200 $PT -n 8 tests/test_gemv_gpu.py > "$R/t_gemv.txt" 2>&1
+            grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_gemv.txt" | tail -n 12
+            timeout 150 python3 benchmarks/prefill_step.py "$R/coop_pre16" --model qwen3-0.6b --prompt 16 --cache 32 \
+              --rounds 11 --ab FUSEC_GEMV_COOP_NORM=1-2 > "$R/coop_pre16.txt" 2>&1
+            grep -E "^\|" "$R/coop_pre16.txt" | cut -c 1-400; grep -E "^ +[0-9.]+ us" "$R/coop_pre16.txt" | head -n 8
+            timeout 200 python3 benchmarks/decode_step.py "$R/coop_b16" --model qwen3-0.6b --batches 16 --context 128 \
+              --windows 2 --ab FUSEC_GEMV_COOP_NORM=1-2 > "$R/coop_b16.txt" 2>&1
+            grep -E "^\| [0-9]+ \|" "$R/coop_b16.txt" | cut -c 1-400
+            timeout 200 python3 benchmarks/decode_step.py "$R/coop_b48" --model qwen3-0.6b --batches 4,8 --context 128 \
+              --windows 2 --ab FUSEC_GEMV_COOP_NORM=all > "$R/coop_b48.txt" 2>&1
+            grep -E "^\| [0-9]+ \|" "$R/coop_b48.txt" | cut -c 1-400 ;;
+    coop2)  # the norm in the block at 1-4 and 9-16 rows (the rule now): GEMV GPU tests; batches 3-4 against the rule before;
+            # a 16-token prefill with every ring stage issued before the wait; the Llama-1B shape at batch 4
+            timeout 200 $PT -n 8 tests/test_gemv_gpu.py > "$R/t_gemv2.txt" 2>&1
+            grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_gemv2.txt" | tail -n 12
+            timeout 200 python3 benchmarks/decode_step.py "$R/coop_b34" --model qwen3-0.6b --batches 3,4 --context 128 \
+              --windows 2 --ab FUSEC_GEMV_COOP_NORM=1-2 > "$R/coop_b34.txt" 2>&1
+            grep -E "^\| [0-9]+ \|" "$R/coop_b34.txt" | cut -c 1-400
+            timeout 150 python3 benchmarks/prefill_step.py "$R/coop_pw" --model qwen3-0.6b --prompt 16 --cache 32 \
+              --rounds 11 --ab FUSEC_GEMV_COOP_PREWAIT=all > "$R/coop_pw.txt" 2>&1
+            grep -E "^\|" "$R/coop_pw.txt" | cut -c 1-400
+            timeout 200 python3 benchmarks/decode_step.py "$R/coop_l4" --model llama-1b --batches 4 --context 32 \
+              --windows 2 --ab FUSEC_GEMV_COOP_NORM=1-2 > "$R/coop_l4.txt" 2>&1
+            grep -E "^\| [0-9]+ \|" "$R/coop_l4.txt" | cut -c 1-400 ;;
     ctx4k32) timeout 500 python3 benchmarks/decode_step.py "$R/ctx4k32" --model qwen3-0.6b --batches 32 --context 4096 \
                --windows 2 > "$R/ctx4k32.txt" 2>&1
              grep -E "^\| [0-9]+ \|" "$R/ctx4k32.txt" | cut -c 1-400; tail -n 3 "$R/ctx4k32.txt" | cut -c 1-600 ;;

@@ -3,7 +3,7 @@ included), launches, and the per-kernel profile of its runs (CUPTI kernel record
 kernel, summed per layer position), for the default plan and for variants compiled with other knobs,
 timed in turns in one process.
 
-    python benchmarks/prefill_step.py OUT_DIR [--model qwen3-0.6b|llama-1b] [--batch 1] [--prompt 128]
+    python benchmarks/prefill_step.py OUT_DIR [--model qwen3-0.6b|llama-1b] [--batch 1] [--prompt 128] [--cache ROWS]
                                       [--ab KNOB=VALUE[+KNOB=VALUE]] ...
 
 Each variant's first token and KV caches after the prefill are compared with the default's bit for
@@ -73,6 +73,7 @@ def main() -> int:
     ap.add_argument("--model", default="qwen3-0.6b")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--cache", type=int, default=0, help="the plans' cache rows (default: the prompt + 16)")
     ap.add_argument("--rounds", type=int, default=15, help="timed runs of each plan, in turns")
     ap.add_argument("--ab", action="append", default=[], metavar="KNOB=VALUE[+KNOB=VALUE]",
                     help="also time a plan compiled with these knobs (disable=RULE[,RULE]: without those fusion rules)")
@@ -89,7 +90,7 @@ def main() -> int:
     paths, launches = {}, {}
     for name, (knobs, disabled) in variants.items():
         with mock.patch.dict(os.environ, knobs):  # the next variant runs with the defaults again
-            plan = compile_generation(gm, batch=args.batch, max_seq_len=args.prompt + 16, prefill_len=args.prompt,
+            plan = compile_generation(gm, batch=args.batch, max_seq_len=args.cache or args.prompt + 16, prefill_len=args.prompt,
                                       dtype="bf16", eos_ids=[], disabled_fusions=disabled)
         paths[name] = os.path.join(tmp, f"{len(paths)}.fplan")
         plan.save(paths[name])
@@ -105,7 +106,8 @@ def main() -> int:
             _, eng, start = engines[n]
             times[n].append(_prefill_ms(eng, start))
     states = {n: _state(engines[n][1]) for n in names}
-    results: dict[str, Any] = {"model": args.model, "batch": args.batch, "prompt": args.prompt, "variants": {}}
+    results: dict[str, Any] = {"model": args.model, "batch": args.batch, "prompt": args.prompt,
+                               "cache": args.cache or args.prompt + 16, "variants": {}}
     for n in names:
         results["variants"][n] = {"prefill_ms": statistics.median(times[n]), "prefill_ms_all": times[n],
                                   "launches": launches[n], "vs_default": compare(states["default"], states[n])}
@@ -121,7 +123,7 @@ def main() -> int:
                 print(f"  {v['per_step'] * v['median_us']:8.1f} us  {v['per_step']:5.1f} x {v['median_us']:6.2f}  {v['label'][:40]}  {k[:60]}")
             print("wall", prof["wall_us"], "busy", prof["busy_us"], "gap median", prof["gap_us_median"], flush=True)
     (out / "prefill_step.json").write_text(json.dumps(results, indent=1, default=str))
-    md = [f"model {args.model}, batch {args.batch}, prompt {args.prompt}", "",
+    md = [f"model {args.model}, batch {args.batch}, prompt {args.prompt}, cache rows {results['cache']}", "",
           "| variant | launches | prefill ms (median, in turns) | same bits as default | profile wall / busy us |",
           "|---|---|---|---|---|"]
     for n, r in results["variants"].items():

@@ -56,6 +56,15 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("FUSEC_GEMV_SPREAD", "choice", "0", "decode products: spread each k group over 1, 2 or 4 times the warps "
          "(a lane holding 1/2 or 1/4 of the chunks; 0: the rule, build_gemm.gemv_form; the A/B of "
          "benchmarks/decode_step.py --ab FUSEC_GEMV_SPREAD=1)", ("0", "1", "2", "4")),
+    Knob("FUSEC_GEMV_COOP_NORM", "choice", "auto", "skinny products with a norm prologue: where the block normalizes "
+         "x once into shared memory; auto: the rule (build_gemm.gemv_coop_norm: 1-4 and 9-16 rows), all: also 5-8 rows, "
+         "where the rule normalizes x in the lanes' fragments (the A/B of decode_step.py --ab FUSEC_GEMV_COOP_NORM=all), "
+         "1-2: at 1-2 rows only, as before the twenty-eighth session (9-16 rows normalize each tile's fragments: the A/B "
+         "of prefill_step.py --prompt 16 --ab FUSEC_GEMV_COOP_NORM=1-2)", ("auto", "all", "1-2")),
+    Knob("FUSEC_GEMV_COOP_PREWAIT", "choice", "one", "skinny products that normalize x in the block: ring stages "
+         "issued before the PDL wait; one: the first, the rest once x has arrived (measured at batch 1), all: every "
+         "S - 1, as other products (the A/B of prefill_step.py --prompt 16 --ab FUSEC_GEMV_COOP_PREWAIT=all)",
+         ("one", "all")),
     Knob("FUSEC_QGEMV_FORM", "choice", "auto", "how decode products over packed weights compute: auto, the rule "
          "(fusec.lower.quant.gemv_form: integer dot products over x as two int8 digits per value up to 3 rows of "
          "fp16/bf16 x and up to 8 where the tensor-core form does not apply, tensor cores for 4- to 8-bit codes "
@@ -120,10 +129,11 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "first cluster merges there, a longer one through global memory; 1 merges every split through global "
          "memory, as before the twenty-seventh session (the A/B of benchmarks/decode_step.py --ab "
          "FUSEC_KV_CLUSTER_LEVELS=1)", ("1", "2")),
-    Knob("FUSEC_KV_SOLO_KEYS", "int", 0, "decode attention whose splits merge through global memory (no cluster): "
-         "a context of at most this many keys runs in one block a head, with no merge (0: always split). Alone at 128 "
-         "keys one block took 4.70 us against 5.8-6.0 split (H200); not yet timed in a step, so off (the A/B: "
-         "benchmarks/decode_step.py --context 16 --steps 100 --cache 4240 --ab FUSEC_KV_SOLO_KEYS=128)"),
+    Knob("FUSEC_KV_SOLO_KEYS", "int", 128, "decode attention whose splits merge through global memory (no cluster): "
+         "a context of at most this many keys runs in one block a head, with no merge (0: always split). Qwen3-0.6B, "
+         "batch 1, contexts 16-116 in a 4,240-row cache: 0.613 ms a step against 0.646 split (H200); contexts past it "
+         "run as before (the A/B: benchmarks/decode_step.py --context 16 --steps 100 --cache 4240 --ab "
+         "FUSEC_KV_SOLO_KEYS=0)"),
     Knob("FUSEC_KV_SPLIT_KEYS", "int", 64, "decode attention: the fewest cache rows (of its capacity) a split may "
          "cover where the batch's heads alone fill a quarter of the SMs (32: the A/B of decode_step.py --ab "
          "FUSEC_KV_SPLIT_KEYS=32, as before)"),

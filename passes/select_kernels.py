@@ -109,7 +109,8 @@ def _select(node: Node, options: PassOptions, offsets: dict[Value, int]) -> Sele
                                                  options.clusters, True), detail=detail)
         if family == "gemv":
             return Selection("gemv", "gemv", layout="nk", reason="only the skinny product covers this body",
-                             params=_gemv_params(detail.n, detail.k, detail.mm.inputs[0].dtype, bool(detail.glu), detail.m),
+                             params=_gemv_params(detail.n, detail.k, detail.mm.inputs[0].dtype, bool(detail.glu), detail.m,
+                                                 detail.norm is not None),
                              detail=detail)
         if family == "gemm_epilogue" and detail[0].op == Op.QMATMUL:
             return _quantized(node, detail[0], offsets, family, detail)
@@ -175,11 +176,12 @@ def _gemm_params(m: int, n: int, k: int, dtype: Any, clusters: bool, wgmma: bool
     return (("splits", stream_splits(m, n, k, clusters)),)
 
 
-def _gemv_params(n: int, k: int, dtype: Any, glu: bool = False, m: int = 1) -> tuple[tuple[str, Any], ...]:
+def _gemv_params(n: int, k: int, dtype: Any, glu: bool = False, m: int = 1,
+                 norm: bool = False) -> tuple[tuple[str, Any], ...]:
     """The skinny product's weight streaming (``build_gemm.gemv_form``, the one rule)."""
     from fusec.codegen.build_gemm import gemv_form
 
-    return tuple(gemv_form(n, k, dtype, glu, m).items())
+    return tuple(gemv_form(n, k, dtype, glu, m, norm).items())
 
 
 def _quantized(node: Node, mm: Node, offsets: dict[Value, int], family: str, detail: Any = None) -> Selection:

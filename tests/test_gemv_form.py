@@ -4,6 +4,7 @@ plans are compiled for sm_90 with NVRTC, nothing runs)."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -70,7 +71,7 @@ def test_the_lowering_emits_the_form_kernel_selection_recorded(monkeypatch) -> N
     """A form the rule would never pick, put into the record: every skinny launch of the plan has
     it (the lowering decides nothing), and the record shows in the selection."""
     monkeypatch.setattr(select_kernels, "_gemv_params",
-                        lambda n, k, dtype, glu=False, m=1: (("stages", 2), ("tiles_per_block", 3)))
+                        lambda n, k, dtype, glu=False, m=1, norm=False: (("stages", 2), ("tiles_per_block", 3)))
     plan = compile_generation("llama-tiny", batch=1, max_seq_len=64, prefill_len=8, dtype="bf16", eos_ids=[],
                               arch="sm_90")
     launches = _gemv_launches(plan)
@@ -124,7 +125,7 @@ def test_explain_shows_the_form_kernel_selection_recorded(monkeypatch) -> None: 
     from fusec.loader import load_graph
 
     monkeypatch.setattr(select_kernels, "_gemv_params",
-                        lambda n, k, dtype, glu=False, m=1: (("stages", 2), ("tiles_per_block", 3)))
+                        lambda n, k, dtype, glu=False, m=1, norm=False: (("stages", 2), ("tiles_per_block", 3)))
     told = explain(load_graph("llama-tiny", None))
     kernels = [k for layer in told["layers"].values() for k in layer["kernels"]]
     assert kernels and sum("(stages 2, tiles_per_block 3)" in k for k in kernels) >= 4, kernels
@@ -177,20 +178,47 @@ def test_a_batch_8_plan_records_and_emits_the_spread() -> None:
             assert L["block"][0] == 32 * S.gemv_geometry(_define(src, "K_"), DType.BF16, form.get("spread", 1))[0]
 
 
-@pytest.mark.parametrize("m,k,coop", [(1, 1024, True), (2, 2048, True), (3, 1024, False), (8, 1024, False),
-                                      (1, 4096, False)])  # K 4096: two k groups, no fragment-held norm at all
-def test_one_or_two_rows_normalize_x_once_per_block(m: int, k: int, coop: bool) -> None:
-    """At 1-2 rows the fragment layout would leave most lanes idle while a row's lanes normalize all of it:
-    the block normalizes x once into shared memory (``coop_norm``; the fragment form measured 15% slower
-    a Qwen3-0.6B batch-1 step, benchmarks/RESULTS.md)."""
-    spec = S.GemvSpec(m, 4096, k, DType.BF16, norm=True, **gemv_form(4096, k, DType.BF16, False, m))
+@pytest.mark.parametrize("m,k,coop", [(1, 1024, True), (2, 2048, True), (3, 1024, True), (4, 1024, True),
+                                      (5, 1024, False), (8, 1024, False), (9, 1024, True), (16, 1024, True),
+                                      (4, 2048, False), (9, 2048, False),  # x beside a 99 KB ring: one block an SM
+                                      (16, 2048, False),  # 64 KB of x beside a 99 KB ring: past what sm_80 allows
+                                      (1, 4096, False), (16, 4096, False)])  # K 4096: two k groups, x not whole
+def test_the_block_normalizes_x_once_at_one_to_four_and_nine_to_sixteen_rows(m: int, k: int, coop: bool) -> None:
+    """At 1-4 rows the fragment layout leaves most lanes idle while a row's lanes normalize all of it, and at
+    9-16 rows the fragments cannot hold the statistic (the tile-by-tile form took Qwen3-0.6B's 16-token prefill's
+    qkv 13.95 us): the block normalizes x once into shared memory (``coop_norm``). At 1-2 rows x is a static
+    array; at 3-16 dynamic shared memory after the ring, which the launch's size and the blocks an SM count."""
+    form = gemv_form(4096, k, DType.BF16, False, m, True)
+    spec = S.GemvSpec(m, 4096, k, DType.BF16, norm=True, **form)
     r, src = prepare(spec)
     assert bool(r.ctx["coop_norm"]) == coop
-    assert ("s_xn[M_ * K_]" in src) == coop
+    assert ("s_xn[M_ * K_]" in src) == (coop and m <= 2)
+    assert ("gv_xn_base + XN_OFF" in src) == (coop and m > 2)
+    ring = gemv_ring_bytes(k, DType.BF16, form["stages"], form.get("spread", 1))
+    assert r.shared_mem == ring + (m * k * 2 if coop and m > 2 else 0)
     if coop:  # every thread takes whole 8-element pieces of a row: the pieces cover K exactly once
         assert r.ctx["XPT"] * 8 * r.block[0] >= k > (r.ctx["XPT"] - 1) * 8 * r.block[0]
+        assert "xr[i][hf][e];  // normalized already" in src  # the products read the block's normalized x
+    if coop and m > 2:  # the rows' bytes count against the blocks an SM holds, and leave at least 2
+        assert r.ctx["min_blocks"] == gemv_blocks_per_sm(k, DType.BF16, form["stages"], form.get("spread", 1),
+                                                          m * k * 2) >= 2
     no_norm = S.GemvSpec(m, 4096, k, DType.BF16, **gemv_form(4096, k, DType.BF16, False, m))
     assert not prepare(no_norm)[0].ctx["coop_norm"]
+
+
+def test_coop_norm_knob_takes_three_to_eight_rows_or_one_two_only(monkeypatch) -> None:  # noqa: ANN001
+    """FUSEC_GEMV_COOP_NORM=all normalizes x in the block at 5-8 rows too (the A/B against the fragments); 1-2 at
+    those rows only (the A/B against the rule before)."""
+    spec = S.GemvSpec(8, 4096, 1024, DType.BF16, norm=True, **gemv_form(4096, 1024, DType.BF16, False, 8, True))
+    assert not prepare(spec)[0].ctx["coop_norm"]
+    monkeypatch.setenv("FUSEC_GEMV_COOP_NORM", "all")
+    r, src = prepare(spec)
+    assert r.ctx["coop_norm"] and "gv_xn_base + XN_OFF" in src and r.shared_mem > gemv_ring_bytes(
+        1024, DType.BF16, spec.stages, spec.spread)
+    monkeypatch.setenv("FUSEC_GEMV_COOP_NORM", "1-2")  # the rule before: 9-16 rows normalize tile by tile
+    sixteen = S.GemvSpec(16, 4096, 1024, DType.BF16, norm=True, **gemv_form(4096, 1024, DType.BF16, False, 16, True))
+    assert not prepare(sixteen)[0].ctx["coop_norm"]
+    assert prepare(dataclasses.replace(sixteen, M=1))[0].ctx["coop_norm"]
 
 
 @pytest.mark.parametrize("n,k,glu", SHAPES)
@@ -230,3 +258,8 @@ def test_norm_products_issue_one_stage_before_the_wait() -> None:
     assert prewait(S.GemvSpec(1, 6144, 1024, DType.BF16, norm=True, glu="silu", **form)) == 1
     assert prewait(S.GemvSpec(1, 6144, 1024, DType.BF16, glu="silu", **form)) == 2
     assert prewait(S.GemvSpec(8, 6144, 1024, DType.BF16, norm=True, glu="silu", **gemv_form(6144, 1024, DType.BF16, True, 8))) == 2
+    sixteen = S.GemvSpec(16, 6144, 1024, DType.BF16, norm=True, glu="silu", **gemv_form(6144, 1024, DType.BF16, True, 16))
+    assert prewait(sixteen) == 1
+    with pytest.MonkeyPatch.context() as mp:  # the A/B: every product issues S - 1
+        mp.setenv("FUSEC_GEMV_COOP_PREWAIT", "all")
+        assert prewait(sixteen) == 2

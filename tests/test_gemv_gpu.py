@@ -176,3 +176,6 @@ def test_gemv_bulk_copies_equal_register_buffers(dt: DType, stages: int, tpb: in
     _gemv(dt, 8, 2 * 101, 1024, ring=(stages, tpb, True), norm=True, glu="silu", epilogue=S.Epilogue(residual=True))
     _gemv(dt, 2, 1001, 1024, ring=(stages, tpb, True), norm=True, argmax=True)
     _gemv(dt, 5, 520, 8192, ring=(stages, tpb, True), norm=True, epilogue=S.Epilogue(residual=True))
+    # 3-4 rows: x normalized once by the block into dynamic shared memory after the ring (gemv_coop_norm)
+    _gemv(dt, 4, 2 * 101, 1024, ring=(stages, tpb, True), norm=True, glu="silu", epilogue=S.Epilogue(residual=True))
+    _gemv(dt, 3, 520, 2048, ring=(stages, tpb, True), norm=True, weight_offset=1.0)

@@ -171,22 +171,56 @@ def gemv_ring_bytes(K: int, dtype: DType, stages: int, spread: int = 1) -> int:
     return stages * 8 * (S.gemv_group(K, dtype, spread) * dtype.itemsize // 16 + 1) * 16
 
 
-def gemv_blocks_per_sm(K: int, dtype: DType, stages: int, spread: int = 1) -> int:
-    """The ring form's resident blocks per SM: as many as their rings fit in shared memory, with at
-    least 128 registers a thread (160 for fp32's per-row sums at any spread), 80 at spread 2 and 64
-    at spread 4 (a lane holding 2 and 1 chunks; ptxas used 79 and 52 for Qwen3's qkv, no spills). The
-    kernel's launch bounds budget its registers for that many (without a count ptxas budgets for more
-    blocks, and spills)."""
+def gemv_blocks_per_sm(K: int, dtype: DType, stages: int, spread: int = 1, xn_bytes: int = 0) -> int:
+    """The ring form's resident blocks per SM: as many as their rings (and x's normalized rows,
+    ``xn_bytes``: ``gemv_xn_bytes``) fit in shared memory, with at least 128 registers a thread (160
+    for fp32's per-row sums at any spread), 80 at spread 2 and 64 at spread 4 (a lane holding 2 and 1
+    chunks; ptxas used 79 and 52 for Qwen3's qkv, no spills). The kernel's launch bounds budget its
+    registers for that many (without a count ptxas budgets for more blocks, and spills)."""
     warps, _, _, _ = gemv_geometry(K, dtype, spread)
     floor = ({1: 128, 2: 80, 4: 64}[spread]) if dtype in S.HALFS else 160
-    return max(1, min(_SMEM_PER_SM // (gemv_ring_bytes(K, dtype, stages, spread) + 8 * 1024),
+    return max(1, min(_SMEM_PER_SM // (gemv_ring_bytes(K, dtype, stages, spread) + xn_bytes + 8 * 1024),
                       65536 // (32 * warps * floor)))
+
+
+_BLOCK_SMEM = 160 * 1024  # what one block's ring and x's rows may take on every arch (sm_80 allows 163 KB a block)
+
+
+def gemv_coop_norm(M: int, K: int, dtype: DType, norm: bool, stages: int, spread: int = 1) -> bool:
+    """Whether the skinny product's norm prologue normalizes x once in the block, into shared memory
+    (gemv.cu.jinja's ``coop_norm``), rather than in the lanes' fragments (5-8 rows) or tile by tile.
+    At 1-4 rows the fragments' row lanes are mostly idle: Qwen3-0.6B's batch-3 and 4 steps took 0.641
+    and 0.669 ms against 0.752 and 0.761 with the fragments, while batch 8 lost (0.837 against 0.761;
+    H200, in turns). At
+    9-16 rows the fragments would spill (the rows' statistic from registers takes at most 8), and
+    normalizing each tile's fragments again took the 16-token prefill 1.365 ms against 1.030, batch
+    16 1.644 ms a step against 1.270. Needs one k group (x's rows whole in the block) and room for
+    them beside the ring. ``FUSEC_GEMV_COOP_NORM``: all, at 5-8 rows too; 1-2, at those
+    only (the rule before the twenty-eighth session)."""
+    from fusec import knobs
+
+    rows = {"auto": M <= 4 or M > 8, "all": True, "1-2": M <= 2}[knobs.get("FUSEC_GEMV_COOP_NORM")]
+    if not (norm and dtype in S.HALFS and gemv_geometry(K, dtype, spread)[2] == 1 and rows):
+        return False
+    xn = M * K * dtype.itemsize
+    if gemv_ring_bytes(K, dtype, stages, spread) + xn > _BLOCK_SMEM:
+        return False
+    # past 2 rows (dynamic shared memory): not where it leaves one block an SM. The Llama-1B shape's batch-4 step
+    # (K 2048: a 99 KB ring, 1 block an SM with x's 16 KB, 2 without) took 0.949 ms against 0.874.
+    return M <= 2 or gemv_blocks_per_sm(K, dtype, stages, spread, xn) >= 2
+
+
+def gemv_xn_bytes(M: int, K: int, dtype: DType, norm: bool, stages: int, spread: int = 1) -> int:
+    """Dynamic shared memory of x's normalized rows (after the ring) where the block normalizes x
+    once (``gemv_coop_norm``) at 3-16 rows; else 0. At 1-2 rows they are a static array of at most
+    8 KB, as the decode step's products measured with (the 8 KB ``gemv_blocks_per_sm`` leaves)."""
+    return M * K * dtype.itemsize if M > 2 and gemv_coop_norm(M, K, dtype, norm, stages, spread) else 0
 
 
 GEMV_STAGES = 3
 
 
-def gemv_form(N: int, K: int, dtype: DType, glu: bool = False, M: int = 1) -> dict[str, int]:
+def gemv_form(N: int, K: int, dtype: DType, glu: bool = False, M: int = 1, norm: bool = False) -> dict[str, int]:
     """The form of the skinny product decode plans use (``GemvSpec``'s stages and tiles_per_block):
     the shared-memory ring of 3 stages, a block taking up to 4 tiles, as many as spread the tiles
     over one wave of resident blocks (132 SMs). Measured on an H200 (benchmarks/RESULTS.md, fifth
@@ -216,7 +250,8 @@ def gemv_form(N: int, K: int, dtype: DType, glu: bool = False, M: int = 1) -> di
     if gemv_geometry(K, dtype, spread)[0] > 32:
         spread = 1
     tiles = cdiv(N // 2, 4) if glu else cdiv(N, 8)
-    slots = SMS * gemv_blocks_per_sm(K, dtype, GEMV_STAGES, spread)
+    slots = SMS * gemv_blocks_per_sm(K, dtype, GEMV_STAGES, spread,
+                                     gemv_xn_bytes(M, K, dtype, norm, GEMV_STAGES, spread))
     form: dict[str, int] = {"stages": GEMV_STAGES, "tiles_per_block": max(1, min(4, cdiv(tiles, slots)))}
     if spread != 1:
         form["spread"] = spread
@@ -240,8 +275,8 @@ def _gemv(spec: S.GemvSpec) -> Rendered:
         # the norm's statistic from the fragments: one k group holds all of x's rows in registers
         # (up to 8 rows: with 16, those registers spill)
         "fast_norm": spec.norm and spec.dtype in S.HALFS and kg == 1 and spec.M <= 8,
-        # at most 2 rows the fragments' row lanes are mostly idle: the block normalizes x once (gemv.cu.jinja)
-        "coop_norm": spec.norm and spec.dtype in S.HALFS and kg == 1 and spec.M <= 2,
+        # the block normalizes x once into shared memory (the rule: gemv_coop_norm)
+        "coop_norm": gemv_coop_norm(spec.M, spec.K, spec.dtype, spec.norm, spec.stages, spec.spread),
         "XPT": cdiv(spec.K // 8, 32 * warps),
         "stages": spec.stages, "bulk": spec.bulk,
     }
@@ -250,11 +285,17 @@ def _gemv(spec: S.GemvSpec) -> Rendered:
     # everywhere took Qwen3-0.6B batch 1 0.577 ms a step against 0.588 (H200, in turns, eleventh session); its
     # trace showed gate/up ending 1 us sooner and down (no norm, two k groups) 0.7 us later: so the norm
     # products only.
-    ctx["prewait"] = (1 if ctx["coop_norm"] else spec.stages - 1) if spec.stages else 0
+    # FUSEC_GEMV_COOP_PREWAIT=all: every product issues all S - 1 (the A/B at 9-16 rows, where x is 16-32 KB a block)
+    from fusec import knobs
+
+    one = ctx["coop_norm"] and knobs.get("FUSEC_GEMV_COOP_PREWAIT") == "one"
+    ctx["prewait"] = (1 if one else spec.stages - 1) if spec.stages else 0
     if spec.argmax:
         ctx.update(seed_t=ctype(spec.seed_dtype), ctr_t=ctype(spec.counter_dtype))
     params = ("x", "W") + (("g",) if spec.norm else ()) + _epi_params(e) + ("C",) \
         + (("seed", "counter", "temperature", "part") if spec.argmax else ())
-    ring = gemv_ring_bytes(spec.K, spec.dtype, spec.stages, spec.spread)
-    ctx["min_blocks"] = gemv_blocks_per_sm(spec.K, spec.dtype, spec.stages, spec.spread) if spec.stages else 0
-    return Rendered("gemv.cu.jinja", ctx, (spec.grid, 1, 1), (32 * warps, 1, 1), params, shared_mem=ring)
+    ring = gemv_ring_bytes(spec.K, spec.dtype, spec.stages, spec.spread) if spec.stages else 0
+    xn = gemv_xn_bytes(spec.M, spec.K, spec.dtype, spec.norm, spec.stages, spec.spread)
+    ctx["xn_dyn"] = xn > 0
+    ctx["min_blocks"] = gemv_blocks_per_sm(spec.K, spec.dtype, spec.stages, spec.spread, xn) if spec.stages else 0
+    return Rendered("gemv.cu.jinja", ctx, (spec.grid, 1, 1), (32 * warps, 1, 1), params, shared_mem=ring + xn)
