@@ -57,6 +57,7 @@
 #             the rule before, batches 4 and 8 with it at 3-8 rows too (FUSEC_GEMV_COOP_NORM)
 #   coop2     the norm in the block at 1-4 and 9-16 rows: GEMV GPU tests, batches 3-4 and the Llama-1B shape's 4 against
 #             the rule before, a 16-token prefill with all ring stages before the wait (FUSEC_GEMV_COOP_PREWAIT=all)
+#   norm8     the norm's roundings two a packed cvt: GEMV GPU tests, a 16-token prefill, Qwen3 decode at batches 1-16
 #   ctx4k     Qwen3-0.6B decode at a 4,096-token context, batches 1 and 32, with rooflines (issue 19's report)
 #   ctx4k32   the same at batch 32 only (its ~15 GB cache compared by device digests: decode_step.py HOST_STATE_BYTES)
 #   stream_ab built-in encoders at a few rows on cuBLAS against fusec's GEMM (benchmarks/stream_ab.py)
@@ -427,6 +428,16 @@ for step in "$@"; do
             timeout 200 python3 benchmarks/decode_step.py "$R/coop_l4" --model llama-1b --batches 4 --context 32 \
               --windows 2 --ab FUSEC_GEMV_COOP_NORM=1-2 > "$R/coop_l4.txt" 2>&1
             grep -E "^\| [0-9]+ \|" "$R/coop_l4.txt" | cut -c 1-400 ;;
+    norm8)  # the norm's roundings two values a packed cvt (gv_norm8): GEMV GPU tests, a 16-token prefill, Qwen3-0.6B decode
+            # at batches 1, 4, 8 and 16 (compare with the coop and coop2 steps' runs)
+            timeout 200 $PT -n 8 tests/test_gemv_gpu.py > "$R/t_gemv3.txt" 2>&1
+            grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_gemv3.txt" | tail -n 12
+            timeout 150 python3 benchmarks/prefill_step.py "$R/n8_pre16" --model qwen3-0.6b --prompt 16 --cache 32 \
+              --rounds 11 > "$R/n8_pre16.txt" 2>&1
+            grep -E "^\|" "$R/n8_pre16.txt" | cut -c 1-400; grep -E "^ +[0-9.]+ us" "$R/n8_pre16.txt" | head -n 5
+            timeout 300 python3 benchmarks/decode_step.py "$R/n8_dec" --model qwen3-0.6b --batches 1,4,8,16 --context 128 \
+              --windows 2 > "$R/n8_dec.txt" 2>&1
+            grep -E "^\| [0-9]+ \|" "$R/n8_dec.txt" | cut -c 1-400 ;;
     ctx4k32) timeout 500 python3 benchmarks/decode_step.py "$R/ctx4k32" --model qwen3-0.6b --batches 32 --context 4096 \
                --windows 2 > "$R/ctx4k32.txt" 2>&1
              grep -E "^\| [0-9]+ \|" "$R/ctx4k32.txt" | cut -c 1-400; tail -n 3 "$R/ctx4k32.txt" | cut -c 1-600 ;;

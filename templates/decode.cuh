@@ -28,6 +28,19 @@ __device__ __forceinline__ fc_u32x4 fc_ldcg16(const void* p) {
 __device__ __forceinline__ fc_u32x4 fc_zero16() { fc_u32x4 r; r.x = r.y = r.z = r.w = 0u; return r; }
 __device__ __forceinline__ fc_u32 fc_word(const fc_u32x4& r, int i) { return i == 0 ? r.x : i == 1 ? r.y : i == 2 ? r.z : r.w; }
 
+// The two 16-bit values of a word (lo: its low half) as fp32.
+__device__ __forceinline__ void fc_unpack2(fc_u32 w, float& lo, float& hi, fc_bf16) {
+  lo = __uint_as_float(w << 16);
+  hi = __uint_as_float(w & 0xffff0000u);
+}
+__device__ __forceinline__ void fc_unpack2(fc_u32 w, float& lo, float& hi, fc_half) {
+  fc_half l, h;
+  l.x = (unsigned short)(w & 0xffffu);
+  h.x = (unsigned short)(w >> 16);
+  lo = fc_val(l);
+  hi = fc_val(h);
+}
+
 // The 16 / sizeof(T) values of a 16-byte chunk as fp32 (call with compile-time indices only).
 __device__ __forceinline__ void fc_unpack16(const fc_u32x4& r, float* out, float) {
   out[0] = __uint_as_float(r.x); out[1] = __uint_as_float(r.y);
