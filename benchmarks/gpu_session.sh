@@ -58,6 +58,9 @@
 #   coop2     the norm in the block at 1-4 and 9-16 rows: GEMV GPU tests, batches 3-4 and the Llama-1B shape's 4 against
 #             the rule before, a 16-token prefill with all ring stages before the wait (FUSEC_GEMV_COOP_PREWAIT=all)
 #   norm8     the norm's roundings two a packed cvt: GEMV GPU tests, a 16-token prefill, Qwen3 decode at batches 1-16
+#   gvm       the decode products alone at 1, 8 and 16 rows of x: register form, the rule's form, cuBLAS
+#   prelong   Qwen3-0.6B prefill of 512 and 2,048 tokens: times and per-kernel profiles
+#   causal    Qwen3-0.6B prefill at 128, 512 and 2,048 tokens (the attention causal, no mask): times, per-kernel profiles
 #   ctx4k     Qwen3-0.6B decode at a 4,096-token context, batches 1 and 32, with rooflines (issue 19's report)
 #   ctx4k32   the same at batch 32 only (its ~15 GB cache compared by device digests: decode_step.py HOST_STATE_BYTES)
 #   stream_ab built-in encoders at a few rows on cuBLAS against fusec's GEMM (benchmarks/stream_ab.py)
@@ -438,6 +441,22 @@ for step in "$@"; do
             timeout 300 python3 benchmarks/decode_step.py "$R/n8_dec" --model qwen3-0.6b --batches 1,4,8,16 --context 128 \
               --windows 2 > "$R/n8_dec.txt" 2>&1
             grep -E "^\| [0-9]+ \|" "$R/n8_dec.txt" | cut -c 1-400 ;;
+    gvm)    # the decode products alone by rows of x (1, 8, 16): register form, the rule's form, cuBLAS (bandwidth a shape)
+            timeout 300 python3 benchmarks/bench_decode_kernels.py "$R/gvm" --only gemv --ms 1,8,16 > "$R/gvm.txt" 2>&1
+            sed -n '/decode products, bf16/,$p' "$R/gvm/decode.md" | cut -c 1-300 ;;
+    prelong) # long prompts' prefill (time to first token): per-kernel profiles at 512 and 2,048 tokens
+            for pc in 512 2048; do
+              timeout 250 python3 benchmarks/prefill_step.py "$R/pre_$pc" --model qwen3-0.6b --prompt $pc --rounds 5 \
+                > "$R/pre_$pc.txt" 2>&1
+              grep -E "^\||^ +[0-9.]+ us|^wall" "$R/pre_$pc.txt" | cut -c 1-300
+            done ;;
+    causal) # prefill attention causal without a mask (right-padded prompts): prefill at 128, 512 and 2,048 tokens (compare
+            # with the prelong and pre16 steps' runs)
+            for pc in 128 512 2048; do
+              timeout 250 python3 benchmarks/prefill_step.py "$R/cz_$pc" --model qwen3-0.6b --prompt $pc --rounds 5 \
+                > "$R/cz_$pc.txt" 2>&1
+              grep -E "^\||^ +[0-9.]+ us|^wall" "$R/cz_$pc.txt" | head -n 9 | cut -c 1-300
+            done ;;
     ctx4k32) timeout 500 python3 benchmarks/decode_step.py "$R/ctx4k32" --model qwen3-0.6b --batches 32 --context 4096 \
                --windows 2 > "$R/ctx4k32.txt" 2>&1
              grep -E "^\| [0-9]+ \|" "$R/ctx4k32.txt" | cut -c 1-400; tail -n 3 "$R/ctx4k32.txt" | cut -c 1-600 ;;

@@ -303,10 +303,19 @@ def _build(cfg: ModelConfig, weights: object, shape: GenerationShape, eos_ids: t
 
 def prompt_masks(m: Blocks, cfg: ModelConfig, length: Value, seq: int) -> dict[int, Value]:
     """The prompts' attention masks by window (``window_masks``) for right-padded prompts of
-    ``length`` [N]: attention_mask[n, j] = j < length[n], made on the device."""
+    ``length`` [N]: attention_mask[n, j] = j < length[n], made on the device.
+
+    A causal layer's (window 0) is the constant causal mask alone. A prompt's real query i
+    (i < length) sees keys j <= i, all real, so the padding mask hides none of its keys; the
+    pattern pass turns the constant into the attention's causal flag, and the kernel skips the
+    keys past each block's rows and reads no mask (the [N,1,S,S] mask had been read a score at a
+    time over every key: Qwen3-0.6B's 2,048-token prefill spent 248 us a layer in its attention,
+    H200). A padding row (i >= length) then sees the padding's keys up to i: nothing reads those
+    rows (the LM head takes row length - 1, and a decode step writes a cache row before any step
+    reads it). Windowed layers keep the window combined with the padding mask."""
     cols = m.b.const(np.arange(seq, dtype=np.int64)[None, :], name="columns")
     rows = m.op(Op.RESHAPE, length, shape=(length.shape[0], 1))
-    return window_masks(m, cfg, m.op(Op.CAST, m.op(Op.LESS, cols, rows), to=DType.I64))
+    return window_masks(m, cfg, m.op(Op.CAST, m.op(Op.LESS, cols, rows), to=DType.I64), causal_alone=True)
 
 
 def finish_step(m: Blocks, st: _State, logits: Value, counter: Value, new_caches: list[tuple[Value, Value]],

@@ -126,16 +126,19 @@ def window_mask(seq: int, window: int) -> np.ndarray:
     return np.where(keep, np.float32(0), np.float32(F32_MIN)).astype(np.float32)[None, None]
 
 
-def window_masks(m: Blocks, cfg: ModelConfig, mask_in: Value) -> dict[int, Value]:
+def window_masks(m: Blocks, cfg: ModelConfig, mask_in: Value, causal_alone: bool = False) -> dict[int, Value]:
     """{window: [B,1,S,S] additive mask} for the windows ``cfg``'s layers use (0: causal only; a
     window of S keys or more is the causal mask, and is keyed 0: ``masks[w if w < S else 0]``):
     the constant causal (windowed) mask combined with the padding mask of ``mask_in`` [B, S]
-    (1 = token) by MIN, which keeps masked entries at finfo.min instead of overflowing."""
+    (1 = token) by MIN, which keeps masked entries at finfo.min instead of overflowing.
+    ``causal_alone``: window 0 is the constant causal mask [1,1,S,S] by itself (right-padded
+    prompts: ``models.generate.prompt_masks`` says why that is exact)."""
     seq = mask_in.shape[1]
     windows = sorted({w if w < seq else 0 for w in (cfg.window(i) for i in range(cfg.num_layers))})
     consts = {w: m.b.const(window_mask(seq, w), name=f"window_mask_{w}" if w else "causal_mask") for w in windows}
-    pad = padding_mask(m, mask_in)
-    return {w: m.op(Op.MIN, consts[w], pad) for w in windows}
+    padded = [w for w in windows if w or not causal_alone]
+    pad = padding_mask(m, mask_in) if padded else None
+    return {w: m.op(Op.MIN, consts[w], pad) if w in padded else consts[w] for w in windows}
 
 
 def build_llama(cfg: ModelConfig, batch: int, seq: int, weights: WeightSource) -> Graph:

@@ -294,3 +294,45 @@ def test_a_decode_step_gathers_cos_and_sin_in_one_launch(batch):
     tables = [n for n in graph.nodes if n.op == Op.GATHER and n.inputs[0].data is not None
               and n.inputs[0].name.startswith("rope_cos_sin_table")]
     assert len(tables) == 1 and tables[0].inputs[0].shape[0] == 2 and tables[0].attrs.axis == 1
+
+
+def test_a_prefill_attends_causally_without_a_mask_and_generates_as_with_the_padding_mask():
+    """Right-padded prompts: a causal layer's prefill attention is the kernel's causal form over q/k/v alone (no
+    [N,1,S,S] mask read a score at a time; the blocks skip keys past their rows), a windowed layer keeps the window
+    combined with the padding mask; and the tokens equal those of the graph that masks the padding too
+    (models.generate.prompt_masks)."""
+    import dataclasses
+    from unittest import mock
+
+    from fusec.genmodel import GenModel
+    from fusec.models import generate as G
+    from fusec.models import get_config
+    from fusec.models.generate import SharedWeights
+    from fusec.models.llama import window_masks
+    from fusec.models.weights import RandomWeights
+
+    def attention_nodes(g) -> list:  # noqa: ANN001
+        out = []
+        for n in g.nodes:
+            out += [n] if n.op == Op.ATTENTION else attention_nodes(n.attrs.body) if n.op == Op.FUSED else []
+        return out
+
+    base = get_config("llama-tiny")
+    for cfg, windowed in ((base, 0), (dataclasses.replace(base, sliding_window=5, sliding_layers=(True, False),
+                                                          name="llama-tiny-window"), 1)):
+        def model(cfg=cfg):  # noqa: ANN202
+            return GenModel(cfg, SharedWeights(RandomWeights(2)), None, (), cfg.name)
+
+        fused = ReferenceEngine(build_graphs(model(), 3, 32, 12, []), optimize=True)
+        atts = attention_nodes(fused.graphs["prefill"])
+        assert len(atts) == cfg.num_layers
+        assert sum(a.attrs.causal and len(a.inputs) == 3 for a in atts) == cfg.num_layers - windowed
+        assert sum(len(a.inputs) == 4 for a in atts) == windowed  # the window's mask, with the padding
+        padded = mock.patch.object(G, "window_masks", lambda m, cfg, mask_in, causal_alone=False:
+                                   window_masks(m, cfg, mask_in))
+        with padded:
+            masked = ReferenceEngine(build_graphs(model(), 3, 32, 12, []), optimize=True)
+            assert not any(a.attrs.causal and len(a.inputs) == 3 for a in attention_nodes(masked.graphs["prefill"]))
+        prompts = [p[: 3 + 4 * i] for i, p in enumerate(PROMPTS[:3])]  # three lengths: padding rows in the batch
+        assert generate(fused, prompts, 6, cfg.vocab_size).new_ids == generate(masked, prompts, 6,
+                                                                                 cfg.vocab_size).new_ids
