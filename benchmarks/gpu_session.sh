@@ -61,6 +61,7 @@
 #   gvm       the decode products alone at 1, 8 and 16 rows of x: register form, the rule's form, cuBLAS
 #   prelong   Qwen3-0.6B prefill of 512 and 2,048 tokens: times and per-kernel profiles
 #   causal    Qwen3-0.6B prefill at 128, 512 and 2,048 tokens (the attention causal, no mask): times, per-kernel profiles
+#   ewvec     indexed elementwise chains in 16-byte vectors: elementwise GPU tests, the 2,048-token prefill
 #   ctx4k     Qwen3-0.6B decode at a 4,096-token context, batches 1 and 32, with rooflines (issue 19's report)
 #   ctx4k32   the same at batch 32 only (its ~15 GB cache compared by device digests: decode_step.py HOST_STATE_BYTES)
 #   stream_ab built-in encoders at a few rows on cuBLAS against fusec's GEMM (benchmarks/stream_ab.py)
@@ -457,6 +458,12 @@ for step in "$@"; do
                 > "$R/cz_$pc.txt" 2>&1
               grep -E "^\||^ +[0-9.]+ us|^wall" "$R/cz_$pc.txt" | head -n 9 | cut -c 1-300
             done ;;
+    ewvec)  # indexed elementwise chains over views in 16-byte vectors: the elementwise GPU tests, the 2,048-token prefill
+            timeout 120 $PT -n 8 tests/test_kernels_gpu.py -k "elementwise" > "$R/t_ew.txt" 2>&1
+            grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_ew.txt" | tail -n 8
+            timeout 250 python3 benchmarks/prefill_step.py "$R/ew_2048" --model qwen3-0.6b --prompt 2048 --rounds 5 \
+              > "$R/ew_2048.txt" 2>&1
+            grep -E "^\||^ +[0-9.]+ us|^wall" "$R/ew_2048.txt" | head -n 9 | cut -c 1-300 ;;
     ctx4k32) timeout 500 python3 benchmarks/decode_step.py "$R/ctx4k32" --model qwen3-0.6b --batches 32 --context 4096 \
                --windows 2 > "$R/ctx4k32.txt" 2>&1
              grep -E "^\| [0-9]+ \|" "$R/ctx4k32.txt" | cut -c 1-400; tail -n 3 "$R/ctx4k32.txt" | cut -c 1-600 ;;

@@ -144,6 +144,24 @@ def test_elementwise(label: str, expr: Expr, shapes: list, dts: list, out_shape:
         assert np.array_equal(got, np.broadcast_to(ref, out_shape))
 
 
+@pytest.mark.parametrize("dt", FLOATS)
+def test_elementwise_over_views_in_vectors(dt: DType) -> None:
+    """An indexed chain over views, as a gated unit's halves after a prefill's product (``lower.fused._indexed_vec``):
+    silu(y[:, :F]) * y[:, F:] * s[:, None], each half read 16 bytes at a time at its row stride 2F, s one value a
+    group (last stride 0)."""
+    M, F = 37, 48
+    silu_mul = Apply(O.Op.MUL, (Apply(O.Op.MUL, (Apply(O.Op.SILU, (In(0),)), In(1))), In(2)))
+    vec = 16 // max(dt.itemsize, 2)
+    spec = S.ElementwiseSpec(silu_mul, (M, F), (S.Operand(dt, (2 * F, 1)), S.Operand(dt, (2 * F, 1)),
+                                                 S.Operand(dt, (1, 0))), dt, vec)
+    y, sc = rand((M, 2 * F), dt), rand((M,), dt)
+    yd = dev(y)
+    out = poisoned((M, F), dt)
+    run(spec, [yd[:, :F], yd[:, F:], dev(sc), out])
+    ref = eval_expr(silu_mul, [y[:, :F], y[:, F:], sc[:, None]])
+    check(host(out, dt), ref, dt)
+
+
 @pytest.mark.parametrize("dt", [F16, BF16])
 def test_gelu_erf_half_per_element(dt: DType) -> None:
     """A half result's erf-GELU (common.cuh fc_gelu_erf16, a polynomial erfc) element by element over [-12, 12] and

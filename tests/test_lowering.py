@@ -147,3 +147,46 @@ def test_add_norm_whose_sum_nobody_reads_is_one_row_kernel_writing_the_sum_to_sc
     assert low.scratch_bytes >= 4 * 32 * 4
     sum_arg = low.launches[0]["args"][-2]  # x, res, w, sum, out
     assert sum_arg[:2] == ["ptr", "arena"] and sum_arg[2] >= mplan.arena_bytes  # the scratch tail of the arena
+
+
+def test_an_indexed_chain_moves_whole_aligned_vectors_or_halves_down() -> None:
+    """``lower.fused._indexed_vec``: 16 bytes of the widest type a thread where every operand along the last dim is
+    stride 1 at an aligned address and offset with rows a whole number of vectors apart (or stride 0), halved
+    until it is; 1 where nothing lines up."""
+    from types import SimpleNamespace
+
+    from fusec.codegen import specs as S
+    from fusec.lower.fused import _indexed_vec
+
+    BF, F32_ = DType.BF16, DType.F32
+    addrs = {"y": 0, "out": 0, "odd": 2, "s": 4}
+    ctx = SimpleNamespace(aligned=lambda *vals, to=16: all(addrs[v.name] % to == 0 for v in vals))
+    y, out, odd, s = (SimpleNamespace(name=n, dtype=BF) for n in ("y", "out", "odd", "s"))
+    halves = (S.Operand(BF, (6144, 1)), S.Operand(BF, (6144, 1)))
+    assert _indexed_vec(ctx, (2048, 3072), halves, [y, y], [0, 3072], out) == 8  # a gated unit's halves
+    assert _indexed_vec(ctx, (2048, 3072), halves, [y, y], [0, 3070], out) == 2  # the second half 4 bytes in
+    assert _indexed_vec(ctx, (2048, 3071), halves, [y, y], [0, 3071], out) == 1  # rows of an odd length
+    assert _indexed_vec(ctx, (64, 64), halves[:1], [odd], [0], out) == 1  # a 2-byte aligned base
+    col = S.Operand(F32_, (1, 0))  # one value a row (stride 0 along it) at any address; fp32: 4 a vector
+    assert _indexed_vec(ctx, (64, 64), (halves[0], col), [y, SimpleNamespace(name="s", dtype=F32_)], [0, 1], out) == 4
+    assert _indexed_vec(ctx, (64, 64), (S.Operand(BF, (65, 1)),), [y], [0], out) == 1  # rows 65 elements apart
+
+
+def test_a_long_prefills_swiglu_over_the_products_halves_moves_16_bytes_a_thread() -> None:
+    """Past 128 rows a prefill's gate/up product is cuBLAS's and its SwiGLU an indexed chain over the two halves of
+    the product's output: the kernel reads them 8 bf16 a thread (it read one)."""
+    import dataclasses
+
+    from fusec.compiler import compile_generation
+    from fusec.genmodel import GenModel
+    from fusec.models import get_config
+    from fusec.models.generate import SharedWeights
+    from fusec.models.weights import RandomWeights
+
+    cfg = dataclasses.replace(get_config("llama-tiny"), max_positions=256)
+    gm = GenModel(cfg, SharedWeights(RandomWeights(0)), None, (), cfg.name)
+    plan = compile_generation(gm, batch=2, max_seq_len=200, prefill_len=160, dtype="bf16", eos_ids=[], arch="sm_90")
+    bodies = [b for k, v in plan.blobs().items() if k.startswith("source/")
+              for b in bytes(v).decode().split('extern "C" __global__')[1:]]
+    swiglu = [s for s in bodies if " fc_ew_" in s and "fc_sigmoid(x0)" in s]  # silu(gate) * up
+    assert swiglu and all("const fc_vec<fc_bf16, 8> v0" in s and "const fc_vec<fc_bf16, 8> v1" in s for s in swiglu)

@@ -55,7 +55,9 @@ class ElementwiseSpec:
             _req(len(self.shape) > 0 and self.shape[-1] % self.vec == 0, "vec must divide the last dim")
             for op in self.inputs:
                 _req(op.strides[-1] in (0, 1), "vectorized operands need last stride 0 or 1")
-                _req(all(s % self.vec == 0 for s in op.strides[:-1]), "vectorized operands need aligned rows")
+                # a stride-0 operand is one load a group, wherever it sits; a vector operand's rows are whole vectors
+                _req(op.strides[-1] == 0 or all(s % self.vec == 0 for s in op.strides[:-1]),
+                     "vectorized operands need aligned rows")
             widest = max([o.dtype.itemsize for o in self.inputs] + [self.out_dtype.itemsize])
             _req(self.vec * widest <= 16, "a vector access may not exceed 16 bytes")
 
