@@ -62,6 +62,7 @@
 #   prelong   Qwen3-0.6B prefill of 512 and 2,048 tokens: times and per-kernel profiles
 #   causal    Qwen3-0.6B prefill at 128, 512 and 2,048 tokens (the attention causal, no mask): times, per-kernel profiles
 #   ewvec     indexed elementwise chains in 16-byte vectors: elementwise GPU tests, the 2,048-token prefill
+#   next28    the GEMV and A/B GPU tests changed after the twenty-eighth session's last run; prefill at 16, 128, 2,048
 #   ctx4k     Qwen3-0.6B decode at a 4,096-token context, batches 1 and 32, with rooflines (issue 19's report)
 #   ctx4k32   the same at batch 32 only (its ~15 GB cache compared by device digests: decode_step.py HOST_STATE_BYTES)
 #   stream_ab built-in encoders at a few rows on cuBLAS against fusec's GEMM (benchmarks/stream_ab.py)
@@ -464,6 +465,15 @@ for step in "$@"; do
             timeout 250 python3 benchmarks/prefill_step.py "$R/ew_2048" --model qwen3-0.6b --prompt 2048 --rounds 5 \
               > "$R/ew_2048.txt" 2>&1
             grep -E "^\||^ +[0-9.]+ us|^wall" "$R/ew_2048.txt" | head -n 9 | cut -c 1-300 ;;
+    next28) # what the twenty-eighth session left unrun: the two GPU tests it changed after its last run, and the prefill
+            # at 16, 128 and 2,048 tokens as the tree stands (the SwiGLU in vectors, the causal attention, the block's norm)
+            timeout 200 $PT -n 8 tests/test_gemv_gpu.py tests/test_ab_gpu.py > "$R/t_n28.txt" 2>&1
+            grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_n28.txt" | tail -n 8
+            for pc in 16 128 2048; do
+              timeout 250 python3 benchmarks/prefill_step.py "$R/n28_$pc" --model qwen3-0.6b --prompt $pc --rounds 5 \
+                > "$R/n28_$pc.txt" 2>&1
+              grep -E "^\| default" "$R/n28_$pc.txt" | cut -c 1-300; grep -E "^ +[0-9.]+ us" "$R/n28_$pc.txt" | head -n 6
+            done ;;
     ctx4k32) timeout 500 python3 benchmarks/decode_step.py "$R/ctx4k32" --model qwen3-0.6b --batches 32 --context 4096 \
                --windows 2 > "$R/ctx4k32.txt" 2>&1
              grep -E "^\| [0-9]+ \|" "$R/ctx4k32.txt" | cut -c 1-400; tail -n 3 "$R/ctx4k32.txt" | cut -c 1-600 ;;
