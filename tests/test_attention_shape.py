@@ -74,11 +74,19 @@ def test_the_prefill_launches_the_rules_shape(monkeypatch: pytest.MonkeyPatch, f
     assert all(tuple(L["grid"]) == (-(-40 // (16 * qw)), heads, 2) for L in attn), (qw, [L["grid"] for L in attn])
 
 
-def test_a_generation_prefills_mask_is_copied_in_16_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The generation prefill's [B, 1, S, S] mask: rows contiguous and 16-byte aligned, so its tiles go by cp.async."""
-    import fusec.lower as LW
+def test_a_generation_prefills_mask_is_copied_in_16_bytes_or_absent(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A windowed generation prefill's [B, 1, S, S] mask (the window with the padding): rows contiguous and 16-byte
+    aligned, so its tiles go by cp.async. A causal layer's prefill has no mask: the kernel's causal form
+    (models/generate.py prompt_masks)."""
+    import dataclasses
 
-    seen = []
+    import fusec.lower as LW
+    from fusec.genmodel import GenModel
+    from fusec.models import get_config
+    from fusec.models.generate import SharedWeights
+    from fusec.models.weights import RandomWeights
+
+    seen: list = []
     kernel = LW.Context.kernel
 
     def spy(self, spec, args, label):  # noqa: ANN001, ANN202
@@ -87,8 +95,13 @@ def test_a_generation_prefills_mask_is_copied_in_16_bytes(monkeypatch: pytest.Mo
         return kernel(self, spec, args, label)
 
     monkeypatch.setattr(LW.Context, "kernel", spy)
-    compile_generation("qwen3-tiny", batch=1, max_seq_len=48, prefill_len=40, dtype="bf16", eos_ids=[], arch="sm_90")
+    cfg = dataclasses.replace(get_config("qwen3-tiny"), sliding_window=16, name="qwen3-tiny-window")
+    gm = GenModel(cfg, SharedWeights(RandomWeights(0)), None, (), cfg.name)
+    compile_generation(gm, batch=1, max_seq_len=48, prefill_len=40, dtype="bf16", eos_ids=[], arch="sm_90")
     assert seen and all(sp.mask == "additive" and sp.mask_vec for sp in seen), seen
+    seen.clear()
+    compile_generation("qwen3-tiny", batch=1, max_seq_len=48, prefill_len=40, dtype="bf16", eos_ids=[], arch="sm_90")
+    assert seen and all(sp.mask == "none" and sp.causal for sp in seen), seen
 
 
 def test_mask_vec_refuses_a_mask_it_cannot_copy_in_16_bytes() -> None:
