@@ -15,7 +15,7 @@ A group is formed only when it is
 - legal (``legal``): only its final values are read outside it (several outputs only where the
   rule allows them: a residual sum written next to its norm), all outputs with one element count
   (one index space; ``rope_siblings`` alone gives each output its own: its grid is their rows in turn), and grouping creates no cycle (no path leaves the group and comes back);
-- one kernel (``lowerable``): the codegen's capability query, ``fusec.lower.fused.can_fuse``, says
+- one kernel (``lowerable``): the codegen's capability query, ``fusec.lower.fused_plan.can_fuse``, says
   a template emits the group's body as one kernel. The pass asks it while it forms groups, like
   Inductor's scheduler asks its backends ``can_fuse``: a rule's proposal that is not one kernel as
   a whole is fitted node by node outward from its anchor (each node joins if the group stays legal
@@ -126,7 +126,7 @@ class _Grouping:
     def lowerable(self, members: Collection[Node], outs: list[Value] | None = None) -> str | None:
         """None if the codegen emits ``members`` as one kernel (or they are no fused node at all:
         a single node, or views only), else the codegen's reason."""
-        from fusec.lower.fused import can_fuse
+        from fusec.lower.fused_plan import can_fuse
 
         ordered = self.sorted(members)
         if len(ordered) < 2 or all(view_of(n) is not None for n in ordered):

@@ -3,7 +3,7 @@
 For every node of the optimized graph this pass decides, once:
 
 - its **family**: ``view`` (no launch: the memory plan aliases it), a fused body's template family
-  (``fusec.lower.fused.kernel_plan``: ``gemv``, ``gemm_epilogue``, ``attention``, ``kv_attention_heads``,
+  (``fusec.lower.fused_plan.kernel_plan``: ``gemv``, ``gemm_epilogue``, ``attention``, ``kv_attention_heads``,
   ``head_rope``, ``rope``, ``add_norm``, ``elementwise``), or the op's own lowering (its op name);
 - for products with alternatives (``fusec.lower.choices``: a fused GEMM epilogue, a plain MATMUL
   over a constant weight): the **variant** (the GEMM back end: cuBLAS + epilogue kernel, cuBLASLt
@@ -81,7 +81,7 @@ def _offsets(graph: Graph) -> dict[Value, int]:
 
 def _select(node: Node, options: PassOptions, offsets: dict[Value, int]) -> Selection:
     from fusec.lower import choices as C
-    from fusec.lower.fused import _NoPlan, kernel_plan
+    from fusec.lower.fused_plan import _NoPlan, kernel_plan
 
     if view_of(node) is not None and not node.inputs[0].is_const:
         return Selection("view", reason="a zero-copy view of its input")
@@ -270,7 +270,7 @@ def run(graph: Graph, options: PassOptions) -> PassResult:
                 relaid.append({"key": sel.key, "variant": sel.variant, "where": ctx.where(node), "weight": w.name,
                                "stored": new.name, "shape": list(new.shape)})
                 if new_node.op == Op.FUSED:  # the plan of the new body
-                    from fusec.lower.fused import kernel_plan
+                    from fusec.lower.fused_plan import kernel_plan
 
                     sel = dataclasses.replace(sel, detail=kernel_plan(new_node.attrs.body)[1])
                 chosen[new_node] = sel

@@ -8,7 +8,7 @@ products normalize the rows they read (a few microseconds of K-long rows, agains
 round trip through memory).
 
 A norm is split only where every reader is a product reading it as its first operand and the
-codegen's capability query (``fusec.lower.fused.can_fuse``) says each norm + product is one kernel,
+codegen's capability query (``fusec.lower.fused_plan.can_fuse``) says each norm + product is one kernel,
 and the rules ``norm_copies`` and ``norm_gemm`` are on, and not where one launch takes the norm with all of its
 readers (``packed_siblings``: packed products in the dp4a form): where a reader could not take the copy (a prefill's cuBLAS product,
 the tensor-core quantized form) the norm stays one launch. The fusion pass then finds each copy read
@@ -32,7 +32,7 @@ REQUIRES = ("merge_gemms",)
 
 def _splittable(ctx: Ctx, graph: Graph, norm: Node) -> list[Node]:
     """The readers of ``norm``'s result when it is to be split among them, else []."""
-    from fusec.lower.fused import can_fuse
+    from fusec.lower.fused_plan import can_fuse
 
     out = norm.outputs[0]
     readers = ctx.users(out)
@@ -48,7 +48,7 @@ def _splittable(ctx: Ctx, graph: Graph, norm: Node) -> list[Node]:
 
 def _siblings(ctx: Ctx, norm: Node) -> bool:
     """Whether ``norm``'s readers are packed products that one launch takes with it (``packed_siblings``)."""
-    from fusec.lower.fused import can_fuse
+    from fusec.lower.fused_plan import can_fuse
 
     readers = ctx.users(norm.outputs[0])
     if len(readers) < 2 or any(r.op != Op.QMATMUL for r in readers):

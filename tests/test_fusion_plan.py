@@ -14,7 +14,7 @@ from fusec.builder import GraphBuilder
 from fusec.dtypes import DType
 from fusec.ir import Graph, IRError, Node, Value, verify
 from fusec.lower import LoweringError, lower
-from fusec.lower.fused import can_fuse
+from fusec.lower.fused_plan import can_fuse
 from fusec.models import registry
 from fusec.ops import FusedAttrs, FusionKind, Op
 from fusec.passes import fusion

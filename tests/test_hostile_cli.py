@@ -143,9 +143,9 @@ def test_10000_elementwise_nodes_import_and_run_on_the_reference(capsys, tmp_pat
 
 
 def test_a_10000_op_elementwise_body_is_declined_not_a_recursion_error() -> None:
-    """lower/fused.py: the capability query measures a body iteratively and declines one deeper
+    """lower/fused_plan.py: the capability query measures a body iteratively and declines one deeper
     than a kernel takes (the fusion pass then splits the chain), instead of recursing 10,000 deep."""
-    from fusec.lower.fused import MAX_EXPR_DEPTH, can_fuse
+    from fusec.lower.fused_plan import MAX_EXPR_DEPTH, can_fuse
 
     def body(n: int):
         b = GraphBuilder()
@@ -162,7 +162,7 @@ def test_a_10000_op_elementwise_body_is_declined_not_a_recursion_error() -> None
 
 def test_a_wide_diamond_body_is_declined_before_expanding_it() -> None:
     """x -> a = x + x -> b = a + a ...: 60 levels would expand to 2^60 terms as a tree."""
-    from fusec.lower.fused import can_fuse
+    from fusec.lower.fused_plan import can_fuse
 
     b = GraphBuilder()
     v = b.input("x", (4, 4), DType.F32)
@@ -175,7 +175,7 @@ def test_a_wide_diamond_body_is_declined_before_expanding_it() -> None:
 
 def test_a_chain_of_10000_elementwise_nodes_compiles_into_bounded_kernels(tmp_path) -> None:
     """End to end (the 500-node chain of the issue ended in RecursionError in lower/fused.py)."""
-    from fusec.lower.fused import MAX_EXPR_DEPTH
+    from fusec.lower.fused_plan import MAX_EXPR_DEPTH
 
     path = save(_chain("Relu", CHAIN), tmp_path / "relus.onnx")
     t0 = time.perf_counter()

@@ -17,7 +17,7 @@ from fusec.ir import verify
 from fusec.loader import load_graph
 from fusec.lower import layout as L
 from fusec.lower import lower
-from fusec.lower.fused import can_fuse
+from fusec.lower.fused_plan import can_fuse
 from fusec.ops import Op
 from fusec.passes.memory_plan import plan_memory
 from fusec.passes.pipeline import optimize

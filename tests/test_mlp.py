@@ -18,7 +18,7 @@ from fusec.dtypes import DType
 from fusec.inputs import random_inputs
 from fusec.loader import load_graph
 from fusec.lower import mlp
-from fusec.lower.fused import can_fuse
+from fusec.lower.fused_plan import can_fuse
 from fusec.ops import Op
 from fusec.passes.base import PassOptions
 from fusec.passes.pipeline import optimize

@@ -182,7 +182,7 @@ def test_attention_prologue_declines_rope_with_the_codegens_reason_and_rope_keep
     """The attention kernel reads q/k/v through layout views only: the prologue's RoPE nodes are
     declined at fusion time (recorded, not legal), and each RoPE forms its own one-kernel group
     with the views in front of it. Every applied record is part of a fused node that lowers."""
-    from fusec.lower.fused import can_fuse
+    from fusec.lower.fused_plan import can_fuse
 
     b = GraphBuilder("rope_attn")
     x = b.input("x", (1, 6, 32), F)

@@ -4,7 +4,7 @@ Every node becomes one of: nothing (a zero-copy view, or a node whose output the
 aliases to its input), one kernel launch (a spec built by ``fusec.lower.specs`` and compiled by
 ``fusec.codegen.kernels``), or one cuBLAS GEMM. A fused node is one kernel (a GEMM epilogue:
 the product, then one epilogue kernel): the fusion pass forms only groups that
-``fusec.lower.fused.can_fuse`` accepts, and records every group it declines with the reason.
+``fusec.lower.fused_plan.can_fuse`` accepts, and records every group it declines with the reason.
 
 Addresses: values live in the arena at the memory plan's offsets (views and in-place values
 included); constants, the fused bodies' constants too, are packed into one weights buffer with

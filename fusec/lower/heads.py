@@ -87,7 +87,7 @@ def plan(body: Graph) -> list[Part]:
 
 def _copy_part(body: Graph, write: Node) -> Part:
     """A cache write of heads that are not rotated (read through layout views of a body input)."""
-    from fusec.lower.fused import _NoPlan, _view_from_input
+    from fusec.lower.fused_plan import _NoPlan, _view_from_input
 
     x = write.inputs[1]
     if len(x.shape) != 4 or x.shape[3] % 64 or x.shape[3] > 256:
@@ -133,7 +133,7 @@ def _part(body: Graph, rope: Node) -> Part:
     if norm is not None:
         if len(norm.inputs) != 2 or norm.inputs[1].shape != (shape[3],) or norm.inputs[0].shape[-1] != shape[3]:
             raise NoPlan("the norm must be an RMSNorm over the head dimension with a [D] weight")
-    from fusec.lower.fused import _NoPlan, _view_from_input
+    from fusec.lower.fused_plan import _NoPlan, _view_from_input
 
     try:  # the norm maps rows to rows of the same shape: read x through it as the identity
         xi, xview = _view_from_input(body, x, through=norm)

@@ -114,7 +114,7 @@ def _expression(body: Graph, out: Value, leaf: Value, rows: int, cols: int, what
     read through (they keep the flat order: an exporter's [B*S, F] <-> [B, S, F] views around its
     products), expands of a vector or a scalar too; anything else that is not elementwise declines."""
     from fusec.codegen.elementwise import CUDA_EXPR, Apply, Const, In
-    from fusec.lower.fused import _check_expr_size, _NoPlan
+    from fusec.lower.fused_plan import _check_expr_size, _NoPlan
     from fusec.ops import OP_INFO, FusionKind
 
     producers = body.producers()
