@@ -191,12 +191,11 @@ def gemv_coop_norm(M: int, K: int, dtype: DType, norm: bool, stages: int, spread
     (gemv.cu.jinja's ``coop_norm``), rather than in the lanes' fragments (5-8 rows) or tile by tile.
     At 1-4 rows the fragments' row lanes are mostly idle: Qwen3-0.6B's batch-3 and 4 steps took 0.641
     and 0.669 ms against 0.752 and 0.761 with the fragments, while batch 8 lost (0.837 against 0.761;
-    H200, in turns). At
-    9-16 rows the fragments would spill (the rows' statistic from registers takes at most 8), and
-    normalizing each tile's fragments again took the 16-token prefill 1.365 ms against 1.030, batch
-    16 1.644 ms a step against 1.270. Needs one k group (x's rows whole in the block) and room for
-    them beside the ring. ``FUSEC_GEMV_COOP_NORM``: all, at 5-8 rows too; 1-2, at those
-    only (the rule before the twenty-eighth session)."""
+    H200, in turns). At 9-16 rows the fragments would spill (the rows' statistic from registers takes
+    at most 8), and normalizing each tile's fragments again took the 16-token prefill 1.365 ms against
+    1.030, batch 16 1.644 ms a step against 1.270. Needs one k group (x's rows whole in the block) and
+    room for them beside the ring. ``FUSEC_GEMV_COOP_NORM``: all, at 5-8 rows too; 1-2, at those only
+    (the rule before the twenty-eighth session)."""
     from fusec import knobs
 
     rows = {"auto": M <= 4 or M > 8, "all": True, "1-2": M <= 2}[knobs.get("FUSEC_GEMV_COOP_NORM")]
