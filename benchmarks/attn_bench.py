@@ -3,7 +3,7 @@ without a mask a row a query (the generation prefill's) or a row a batch broadca
 padding mask, BERT's), causal or not. Times a CUDA graph of 100 launches (bench_decode_kernels.graph_time, per
 launch: the kernel and the graph's launch gap); with --ncu, launches each variant once for Nsight Compute instead.
 
-    python benchmarks/attn_bench.py [--shape qwen3|llama|gpt2|bert] [--forms rows,keys,causal,none] [--ncu]
+    python benchmarks/attn_bench.py [--shape qwen3|qwen3-2k|llama|gpt2|bert] [--forms rows,keys,causal,none] [--ncu]
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from bench_decode_kernels import graph_time  # noqa: E402  (the benchmarks' CUDA
 
 N = 100  # launches a CUDA graph (one launch at a time from Python measured the host, not the kernel)
 SHAPES = {"qwen3": (1, 16, 8, 128, 128), "llama": (1, 32, 8, 32, 64), "gpt2": (8, 12, 12, 128, 64),
-          "bert": (32, 12, 12, 128, 64)}
+          "bert": (32, 12, 12, 128, 64), "qwen3-2k": (1, 16, 8, 2048, 128)}  # qwen3-2k: a long prompt's prefill
 
 
 def main() -> int:

@@ -473,7 +473,13 @@ for step in "$@"; do
               timeout 250 python3 benchmarks/prefill_step.py "$R/n28_$pc" --model qwen3-0.6b --prompt $pc --rounds 5 \
                 > "$R/n28_$pc.txt" 2>&1
               grep -E "^\| default" "$R/n28_$pc.txt" | cut -c 1-300; grep -E "^ +[0-9.]+ us" "$R/n28_$pc.txt" | head -n 6
-            done ;;
+            done
+            # the long prompt's attention (136 us a layer at 2,048 tokens): alone by block shape, and where it stalls
+            timeout 120 python3 benchmarks/attn_bench.py --shape qwen3-2k --forms causal --qwarps 2,4 2>&1 | tail -n 6
+            timeout 150 ncu --section SpeedOfLight --section WarpStateStats --section Occupancy -k regex:fc_attn -c 2 \
+              python3 benchmarks/attn_bench.py --shape qwen3-2k --forms causal --qwarps 4 --ncu > "$R/n28_attn_ncu.txt" 2>&1
+            grep -E "Duration|Warp Cycles Per Issued|Stall|Registers|Achieved Occupancy|Compute \(SM\)|Memory Throughput" \
+              "$R/n28_attn_ncu.txt" | head -n 30 ;;
     ctx4k32) timeout 500 python3 benchmarks/decode_step.py "$R/ctx4k32" --model qwen3-0.6b --batches 32 --context 4096 \
                --windows 2 > "$R/ctx4k32.txt" 2>&1
              grep -E "^\| [0-9]+ \|" "$R/ctx4k32.txt" | cut -c 1-400; tail -n 3 "$R/ctx4k32.txt" | cut -c 1-600 ;;
