@@ -25,6 +25,7 @@ class Knob:
     default: Any
     help: str
     choices: tuple[str, ...] = ()
+    bounds: tuple[int, int | None] | None = None  # an int knob's range: (lowest, highest or None)
 
 
 KNOBS: dict[str, Knob] = {k.name: k for k in (
@@ -75,7 +76,7 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("FUSEC_QGEMV_MAX_ROWS", "int", 16, "the most rows of x the quantized GEMV takes (0-16); a product over "
          "packed weights with more dequantizes them to scratch and runs cuBLAS, as a prefill does (fewer than 16: "
          "that path at small batches, slower at batch 8 on an H200: 1B Q8_0 2.862 ms a step against 2.702, Q4_K_M "
-         "2.830 against 1.175; the A/B of benchmarks/decode_step.py --batches 8 --ab FUSEC_QGEMV_MAX_ROWS=4)"),
+         "2.830 against 1.175; the A/B of benchmarks/decode_step.py --batches 8 --ab FUSEC_QGEMV_MAX_ROWS=4)", bounds=(0, 16)),
     Knob("FUSEC_QGEMV_DP4A_CHUNKS", "choice", "8", "the dp4a quantized GEMV's 32-weight chunks a lane loads a round "
          "over its weight rows at one row of x (8: two weight rows a task below K = 8192; 4: half the bytes in flight, "
          "7% slower at the 7B Q4_K_M shape on an H200; the A/B of benchmarks/decode_step.py --ab "
@@ -133,10 +134,10 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "a context of at most this many keys runs in one block a head, with no merge (0: always split). Qwen3-0.6B, "
          "batch 1, contexts 16-116 in a 4,240-row cache: 0.613 ms a step against 0.646 split (H200); contexts past it "
          "run as before (the A/B: benchmarks/decode_step.py --context 16 --steps 100 --cache 4240 --ab "
-         "FUSEC_KV_SOLO_KEYS=0)"),
+         "FUSEC_KV_SOLO_KEYS=0)", bounds=(0, None)),
     Knob("FUSEC_KV_SPLIT_KEYS", "int", 64, "decode attention: the fewest cache rows (of its capacity) a split may "
          "cover where the batch's heads alone fill a quarter of the SMs (32: the A/B of decode_step.py --ab "
-         "FUSEC_KV_SPLIT_KEYS=32, as before)"),
+         "FUSEC_KV_SPLIT_KEYS=32, as before)", bounds=(1, None)),
     Knob("FUSEC_KV_WAVE_BLOCKS", "choice", "4", "decode attention: blocks an SM its full-context split count is "
          "sized for, one wave (fusec.codegen.build_decode.KV_WAVE_BLOCKS: 4 at the kernel's ~110 registers a thread; "
          "8: the first form's, as before the twenty-sixth session; the A/B of benchmarks/decode_step.py --batches 32 "
@@ -185,9 +186,14 @@ def value(name: str, text: str | None) -> Any:
         raise InputError(f"environment variable {name}={text!r} must be 0 or 1")
     if k.kind == "int":
         try:
-            return int(t) if t else k.default
+            n = int(t) if t else k.default
         except ValueError:
             raise InputError(f"environment variable {name}={text!r} is not an integer") from None
+        if k.bounds and not (k.bounds[0] <= n and (k.bounds[1] is None or n <= k.bounds[1])):
+            lo, hi = k.bounds
+            raise InputError(f"environment variable {name}={text!r} must be "
+                             + (f"at least {lo}" if hi is None else f"{lo} to {hi}"))
+        return n
     if k.kind == "float":
         if not t:
             return k.default

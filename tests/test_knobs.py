@@ -47,6 +47,26 @@ def test_a_value_of_the_wrong_kind_names_the_variable(monkeypatch: pytest.Monkey
         knobs.get(name)
 
 
+@pytest.mark.parametrize("name,text,ok", [("FUSEC_KV_SOLO_KEYS", "-1", False), ("FUSEC_KV_SOLO_KEYS", "0", True),
+                                          ("FUSEC_KV_SPLIT_KEYS", "0", False), ("FUSEC_QGEMV_MAX_ROWS", "17", False),
+                                          ("FUSEC_QGEMV_MAX_ROWS", "16", True)])
+def test_an_int_knob_outside_its_bounds_names_the_variable(monkeypatch: pytest.MonkeyPatch, name: str, text: str,
+                                                           ok: bool) -> None:
+    """Bounded int knobs are checked where they are parsed, one mechanism for all of them."""
+    monkeypatch.setenv(name, text)
+    if ok:
+        assert knobs.get(name) == int(text)
+    else:
+        with pytest.raises(InputError, match=f"{name}={text!r}"):
+            knobs.get(name)
+
+
+def test_the_quantized_gemv_rows_knob_is_bounded_by_the_kernel() -> None:
+    from fusec.codegen.specs_quant import QGEMV_MAX_M
+
+    assert knobs.KNOBS["FUSEC_QGEMV_MAX_ROWS"].bounds == (0, QGEMV_MAX_M)
+
+
 def test_an_undeclared_knob_is_a_bug() -> None:
     with pytest.raises(KeyError, match="undeclared"):
         knobs.get("FUSEC_NOT_A_KNOB")

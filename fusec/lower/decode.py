@@ -13,7 +13,6 @@ from fusec.codegen import specs as S
 from fusec.codegen.build_decode import kv_attention_spec, sample_spec
 from fusec.codegen.spec_base import SMS
 from fusec.dtypes import DType
-from fusec.errors import InputError
 from fusec.ir import Graph, Node, Value
 from fusec.lower import Context, LoweringError, Raw, sm90_or_later
 from fusec.lower.heads import Part
@@ -67,12 +66,7 @@ def _kv_spec(ctx: Context, node: Node, label: str, attrs: Any, q: Value, k: Valu
         raise LoweringError(f"{_where(node, label)}: positions of dtype {pos.dtype.value} are not supported")
     if not ctx.aligned(k, v) or not (heads or ctx.aligned(q)):
         raise LoweringError(f"{_where(node, label)}: kv_attention needs 16-byte aligned q/k/v")
-    split_keys = knobs.get("FUSEC_KV_SPLIT_KEYS")
-    if split_keys < 1:
-        raise InputError(f"environment variable FUSEC_KV_SPLIT_KEYS={split_keys} must be a positive row count")
-    solo_keys = knobs.get("FUSEC_KV_SOLO_KEYS")
-    if solo_keys < 0:
-        raise InputError(f"environment variable FUSEC_KV_SOLO_KEYS={solo_keys} must be 0 or a key count")
+    solo_keys, split_keys = knobs.get("FUSEC_KV_SOLO_KEYS"), knobs.get("FUSEC_KV_SPLIT_KEYS")  # bounded: knobs.py
     try:
         wave = int(knobs.get("FUSEC_KV_WAVE_BLOCKS")) * SMS  # blocks of a full-context step: one wave
         return kv_attention_spec(B, Hq, Hkv, S_, T, D, q.dtype, float(attrs.scale), pos.dtype, target_blocks=wave,
