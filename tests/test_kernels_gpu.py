@@ -112,6 +112,8 @@ def _ew_cases() -> list[tuple[str, Expr, list[tuple[int, ...]], list[DType], tup
         cases.append((f"silu_mul_odd_{dt.value}", silu_mul, [(7, 13), (7, 13)], [dt, dt], (7, 13)))
         mid = Apply(O.Op.DIV, (Apply(O.Op.SUB, (In(0), In(1))), Apply(O.Op.SQRT, (Apply(O.Op.ABS, (In(1),)),))))
         cases.append((f"mid_broadcast_{dt.value}", mid, [(4, 5, 6), (4, 1, 6)], [dt, dt], (4, 5, 6)))
+        scale = Apply(O.Op.MUL, (In(0), In(1)))  # one value a row: stride 0 along it, vectors of the other
+        cases.append((f"row_scale_{dt.value}", scale, [(6, 40), (6, 1)], [dt, dt], (6, 40)))
         wh = Apply(O.Op.WHERE, (In(0), In(1), Const(-3.25, dt)))
         cases.append((f"where_{dt.value}", wh, [(3, 1, 40), (3, 9, 40)], [BOOL, dt], (3, 9, 40)))
         cast = Apply(O.Op.CAST, (Apply(O.Op.TANH, (In(0),)),), O.CastAttrs(F32))

@@ -190,3 +190,17 @@ def test_a_long_prefills_swiglu_over_the_products_halves_moves_16_bytes_a_thread
               for b in bytes(v).decode().split('extern "C" __global__')[1:]]
     swiglu = [s for s in bodies if " fc_ew_" in s and "fc_sigmoid(x0)" in s]  # silu(gate) * up
     assert swiglu and all("const fc_vec<fc_bf16, 8> v0" in s and "const fc_vec<fc_bf16, 8> v1" in s for s in swiglu)
+
+
+def test_a_row_broadcast_operand_does_not_stop_the_vectors() -> None:
+    """``specs.vector_width``, the one rule of both elementwise paths: an operand with one value a row (stride 0
+    along the last dim) is one load a group wherever its rows sit, so x[M, N] * s[M, 1] moves 16 bytes a thread
+    (it took one element: s's rows, 1 apart, were not whole vectors)."""
+    from fusec.codegen import specs as S
+    from fusec.codegen.elementwise import Apply, In
+    from fusec.ops import Op as O
+
+    spec = S.elementwise_spec(Apply(O.MUL, (In(0), In(1))), [(6, 40), (6, 1)], [DType.BF16] * 2, (6, 40))
+    assert spec.inputs[1].strides == (1, 0) and spec.vec == 8
+    odd = S.elementwise_spec(Apply(O.MUL, (In(0), In(1))), [(6, 36), (6, 1)], [DType.BF16] * 2, (6, 36))
+    assert odd.vec == 4  # 36 a row: whole vectors of 4

@@ -62,6 +62,19 @@ class ElementwiseSpec:
             _req(self.vec * widest <= 16, "a vector access may not exceed 16 bytes")
 
 
+def vector_width(shape: tuple[int, ...], strides: list[tuple[int, ...]], itemsizes: list[int],
+                 fits: Any = None) -> int:
+    """Elements an elementwise thread moves a step (``ElementwiseSpec.vec``): 16 bytes of the widest type, halved
+    until the last dim is whole vectors and every operand along it is stride 1 with rows whole vectors apart, or
+    stride 0 (one load a group, wherever it sits), and ``fits(vec)`` (the caller's addresses) holds."""
+    vec = 16 // max(itemsizes)
+    while vec > 1 and not (shape[-1] % vec == 0
+                           and all(s[-1] == 0 or (s[-1] == 1 and all(x % vec == 0 for x in s[:-1])) for s in strides)
+                           and (fits is None or fits(vec))):
+        vec //= 2
+    return vec
+
+
 def elementwise_spec(expr: Expr, in_shapes: list[tuple[int, ...]], in_dtypes: list[DType],
                      out_shape: tuple[int, ...], vectorize: bool = True) -> ElementwiseSpec:
     """Broadcast strides, merge dims that are contiguous for every operand, and pick the widest
@@ -88,10 +101,8 @@ def elementwise_spec(expr: Expr, in_shapes: list[tuple[int, ...]], in_dtypes: li
         i -= 1
     vec = 1
     if vectorize:
-        widest = max(list(d.itemsize for d in in_dtypes) + [dtype_of(expr, in_dtypes).itemsize])
-        vec = 16 // widest
-        while vec > 1 and not (shape[-1] % vec == 0 and all(s[-1] in (0, 1) and all(x % vec == 0 for x in s[:-1]) for s in st)):
-            vec //= 2
+        vec = vector_width(tuple(shape), [tuple(s) for s in st],
+                           [d.itemsize for d in in_dtypes] + [dtype_of(expr, in_dtypes).itemsize])
     return ElementwiseSpec(expr, tuple(shape), tuple(Operand(d, tuple(s)) for d, s in zip(in_dtypes, st)),
                            dtype_of(expr, in_dtypes), vec)
 

@@ -104,24 +104,17 @@ def _emit_indexed(ctx: Context, ie: IndexedExpr, outer: dict[Value, Value], out:
 
 def _indexed_vec(ctx: Context, shape: tuple[int, ...], operands: tuple[S.Operand, ...], vals: list[Value],
                  offs: list[int], out: Value) -> int:
-    """Outputs a thread takes a step in an indexed chain (views: a gated unit's halves, slices): 16 bytes of the
-    widest type, halved until every operand reads whole aligned vectors along the last dim (stride 1, at an
-    aligned address and offset, rows a whole number of vectors apart) or one value a group (stride 0), and the
-    output's vectors are aligned. One element a thread, 2-byte loads, had taken a 2,048-token prefill's SwiGLU
-    (Qwen3-0.6B, [2048, 6144] halves) 30.6 us for 37.7 MB (H200)."""
-    widest = max([op.dtype.itemsize for op in operands] + [out.dtype.itemsize])
-    vec = 16 // widest
+    """Outputs a thread takes a step in an indexed chain (views: a gated unit's halves, slices): the elementwise
+    rule (``specs.vector_width``) where each vector operand's address and offset, and the output's, are aligned
+    to its vectors. One element a thread, 2-byte loads, had taken a 2,048-token prefill's SwiGLU (Qwen3-0.6B,
+    [2048, 6144] halves) 30.6 us for 37.7 MB (H200)."""
+    def fits(vec: int) -> bool:
+        return ctx.aligned(out, to=vec * out.dtype.itemsize) and all(
+            op.strides[-1] == 0 or (off % vec == 0 and ctx.aligned(v, to=vec * op.dtype.itemsize))
+            for op, v, off in zip(operands, vals, offs))
 
-    def whole(op: S.Operand, v: Value, off: int) -> bool:
-        if op.strides[-1] == 0:
-            return True
-        return (op.strides[-1] == 1 and all(st % vec == 0 for st in op.strides[:-1]) and off % vec == 0
-                and ctx.aligned(v, to=vec * op.dtype.itemsize))
-
-    while vec > 1 and not (shape[-1] % vec == 0 and ctx.aligned(out, to=vec * out.dtype.itemsize)
-                           and all(whole(op, v, off) for op, v, off in zip(operands, vals, offs))):
-        vec //= 2
-    return vec
+    return S.vector_width(shape, [op.strides for op in operands],
+                          [op.dtype.itemsize for op in operands] + [out.dtype.itemsize], fits)
 
 
 def emit_attention(ctx: Context, plan: dict[str, Any], node: Node, label: str) -> None:
