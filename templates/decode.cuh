@@ -48,22 +48,11 @@ __device__ __forceinline__ void fc_unpack16(const fc_u32x4& r, float* out, float
 }
 __device__ __forceinline__ void fc_unpack16(const fc_u32x4& r, float* out, fc_bf16) {
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const fc_u32 w = fc_word(r, i);
-    out[2 * i] = __uint_as_float(w << 16);
-    out[2 * i + 1] = __uint_as_float(w & 0xffff0000u);
-  }
+  for (int i = 0; i < 4; ++i) fc_unpack2(fc_word(r, i), out[2 * i], out[2 * i + 1], fc_bf16());
 }
 __device__ __forceinline__ void fc_unpack16(const fc_u32x4& r, float* out, fc_half) {
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const fc_u32 w = fc_word(r, i);
-    fc_half lo, hi;
-    lo.x = (unsigned short)(w & 0xffffu);
-    hi.x = (unsigned short)(w >> 16);
-    out[2 * i] = fc_val(lo);
-    out[2 * i + 1] = fc_val(hi);
-  }
+  for (int i = 0; i < 4; ++i) fc_unpack2(fc_word(r, i), out[2 * i], out[2 * i + 1], fc_half());
 }
 
 // numpy.argmax order: NaN beats everything, then larger values; ties go to the lower index.
