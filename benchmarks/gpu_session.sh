@@ -218,6 +218,16 @@ prefill_ab() {
   timeout 120 python3 benchmarks/prefill_step.py "$R/prefill_l" --model llama-1b --prompt 32 $PREFILL_AB > "$R/prefill_l.txt" 2>&1
   tail -n 24 "$R/prefill_l.txt" | cut -c 1-3000
 }
+qprefill() {
+  # Qwen3-0.6B's prefill entry (prefill_step.py): NAME PROMPT[:CACHE ROWS] [prefill_step.py options]; prints its table
+  # (times, launches, variants) and the per-kernel profile's top lines
+  local name=$1 pc=$2 cache=()
+  shift 2
+  [[ $pc == *:* ]] && cache=(--cache "${pc##*:}")
+  timeout 250 python3 benchmarks/prefill_step.py "$R/$name" --model qwen3-0.6b --prompt "${pc%%:*}" "${cache[@]}" "$@" \
+    > "$R/$name.txt" 2>&1
+  grep -E "^\|" "$R/$name.txt" | cut -c 1-400; grep -E "^ +[0-9.]+ us" "$R/$name.txt" | head -n 8 | cut -c 1-300
+}
 for step in "$@"; do
   t0=$(date +%s)
   case "$step" in
@@ -402,18 +412,12 @@ for step in "$@"; do
             done ;;
     pre16)  # short prompts' prefill (time to first token): per-kernel profiles at 16 tokens in a small and a long cache,
             # and at 128 tokens
-            for pc in 16:32 16:4240 128:144; do
-              timeout 150 python3 benchmarks/prefill_step.py "$R/pre_${pc/:/_}" --model qwen3-0.6b --prompt "${pc%%:*}" \
-                --cache "${pc##*:}" --rounds 9 > "$R/pre_${pc/:/_}.txt" 2>&1
-              tail -n 22 "$R/pre_${pc/:/_}.txt" | cut -c 1-400
-            done ;;
+            for pc in 16:32 16:4240 128:144; do qprefill "pre_${pc/:/_}" "$pc" --rounds 9; done ;;
     coop)   # the skinny products' norm prologue in the block at 9-16 rows (FUSEC_GEMV_COOP_NORM): the GEMV GPU tests,
             # a 16-token prefill and batch-16 decode against the rule before (1-2), batches 4 and 8 with it at 3-8 rows
             timeout 200 $PT -n 8 tests/test_gemv_gpu.py > "$R/t_gemv.txt" 2>&1
             grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_gemv.txt" | tail -n 12
-            timeout 150 python3 benchmarks/prefill_step.py "$R/coop_pre16" --model qwen3-0.6b --prompt 16 --cache 32 \
-              --rounds 11 --ab FUSEC_GEMV_COOP_NORM=1-2 > "$R/coop_pre16.txt" 2>&1
-            grep -E "^\|" "$R/coop_pre16.txt" | cut -c 1-400; grep -E "^ +[0-9.]+ us" "$R/coop_pre16.txt" | head -n 8
+            qprefill coop_pre16 16:32 --rounds 11 --ab FUSEC_GEMV_COOP_NORM=1-2
             timeout 200 python3 benchmarks/decode_step.py "$R/coop_b16" --model qwen3-0.6b --batches 16 --context 128 \
               --windows 2 --ab FUSEC_GEMV_COOP_NORM=1-2 > "$R/coop_b16.txt" 2>&1
             grep -E "^\| [0-9]+ \|" "$R/coop_b16.txt" | cut -c 1-400
@@ -427,9 +431,7 @@ for step in "$@"; do
             timeout 200 python3 benchmarks/decode_step.py "$R/coop_b34" --model qwen3-0.6b --batches 3,4 --context 128 \
               --windows 2 --ab FUSEC_GEMV_COOP_NORM=1-2 > "$R/coop_b34.txt" 2>&1
             grep -E "^\| [0-9]+ \|" "$R/coop_b34.txt" | cut -c 1-400
-            timeout 150 python3 benchmarks/prefill_step.py "$R/coop_pw" --model qwen3-0.6b --prompt 16 --cache 32 \
-              --rounds 11 --ab FUSEC_GEMV_COOP_PREWAIT=all > "$R/coop_pw.txt" 2>&1
-            grep -E "^\|" "$R/coop_pw.txt" | cut -c 1-400
+            qprefill coop_pw 16:32 --rounds 11 --ab FUSEC_GEMV_COOP_PREWAIT=all
             timeout 200 python3 benchmarks/decode_step.py "$R/coop_l4" --model llama-1b --batches 4 --context 32 \
               --windows 2 --ab FUSEC_GEMV_COOP_NORM=1-2 > "$R/coop_l4.txt" 2>&1
             grep -E "^\| [0-9]+ \|" "$R/coop_l4.txt" | cut -c 1-400 ;;
@@ -437,9 +439,7 @@ for step in "$@"; do
             # at batches 1, 4, 8 and 16 (compare with the coop and coop2 steps' runs)
             timeout 200 $PT -n 8 tests/test_gemv_gpu.py > "$R/t_gemv3.txt" 2>&1
             grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_gemv3.txt" | tail -n 12
-            timeout 150 python3 benchmarks/prefill_step.py "$R/n8_pre16" --model qwen3-0.6b --prompt 16 --cache 32 \
-              --rounds 11 > "$R/n8_pre16.txt" 2>&1
-            grep -E "^\|" "$R/n8_pre16.txt" | cut -c 1-400; grep -E "^ +[0-9.]+ us" "$R/n8_pre16.txt" | head -n 5
+            qprefill n8_pre16 16:32 --rounds 11
             timeout 300 python3 benchmarks/decode_step.py "$R/n8_dec" --model qwen3-0.6b --batches 1,4,8,16 --context 128 \
               --windows 2 > "$R/n8_dec.txt" 2>&1
             grep -E "^\| [0-9]+ \|" "$R/n8_dec.txt" | cut -c 1-400 ;;
@@ -447,33 +447,19 @@ for step in "$@"; do
             timeout 300 python3 benchmarks/bench_decode_kernels.py "$R/gvm" --only gemv --ms 1,8,16 > "$R/gvm.txt" 2>&1
             sed -n '/decode products, bf16/,$p' "$R/gvm/decode.md" | cut -c 1-300 ;;
     prelong) # long prompts' prefill (time to first token): per-kernel profiles at 512 and 2,048 tokens
-            for pc in 512 2048; do
-              timeout 250 python3 benchmarks/prefill_step.py "$R/pre_$pc" --model qwen3-0.6b --prompt $pc --rounds 5 \
-                > "$R/pre_$pc.txt" 2>&1
-              grep -E "^\||^ +[0-9.]+ us|^wall" "$R/pre_$pc.txt" | cut -c 1-300
-            done ;;
+            for pc in 512 2048; do qprefill "pre_$pc" $pc --rounds 5; done ;;
     causal) # prefill attention causal without a mask (right-padded prompts): prefill at 128, 512 and 2,048 tokens (compare
             # with the prelong and pre16 steps' runs)
-            for pc in 128 512 2048; do
-              timeout 250 python3 benchmarks/prefill_step.py "$R/cz_$pc" --model qwen3-0.6b --prompt $pc --rounds 5 \
-                > "$R/cz_$pc.txt" 2>&1
-              grep -E "^\||^ +[0-9.]+ us|^wall" "$R/cz_$pc.txt" | head -n 9 | cut -c 1-300
-            done ;;
+            for pc in 128 512 2048; do qprefill "cz_$pc" $pc --rounds 5; done ;;
     ewvec)  # indexed elementwise chains over views in 16-byte vectors: the elementwise GPU tests, the 2,048-token prefill
             timeout 120 $PT -n 8 tests/test_kernels_gpu.py -k "elementwise" > "$R/t_ew.txt" 2>&1
             grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_ew.txt" | tail -n 8
-            timeout 250 python3 benchmarks/prefill_step.py "$R/ew_2048" --model qwen3-0.6b --prompt 2048 --rounds 5 \
-              > "$R/ew_2048.txt" 2>&1
-            grep -E "^\||^ +[0-9.]+ us|^wall" "$R/ew_2048.txt" | head -n 9 | cut -c 1-300 ;;
+            qprefill ew_2048 2048 --rounds 5 ;;
     next28) # what the twenty-eighth session left unrun: the two GPU tests it changed after its last run, and the prefill
             # at 16, 128 and 2,048 tokens as the tree stands (the SwiGLU in vectors, the causal attention, the block's norm)
             timeout 200 $PT -n 8 tests/test_gemv_gpu.py tests/test_ab_gpu.py > "$R/t_n28.txt" 2>&1
             grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_n28.txt" | tail -n 8
-            for pc in 16 128 2048; do
-              timeout 250 python3 benchmarks/prefill_step.py "$R/n28_$pc" --model qwen3-0.6b --prompt $pc --rounds 5 \
-                > "$R/n28_$pc.txt" 2>&1
-              grep -E "^\| default" "$R/n28_$pc.txt" | cut -c 1-300; grep -E "^ +[0-9.]+ us" "$R/n28_$pc.txt" | head -n 6
-            done
+            for pc in 16 128 2048; do qprefill "n28_$pc" $pc --rounds 5; done
             # the long prompt's attention (136 us a layer at 2,048 tokens): alone by block shape, and where it stalls
             timeout 120 python3 benchmarks/attn_bench.py --shape qwen3-2k --forms causal --qwarps 2,4 2>&1 | tail -n 6
             timeout 150 ncu --section SpeedOfLight --section WarpStateStats --section Occupancy -k regex:fc_attn -c 2 \
