@@ -455,10 +455,12 @@ for step in "$@"; do
             timeout 120 $PT -n 8 tests/test_kernels_gpu.py -k "elementwise" > "$R/t_ew.txt" 2>&1
             grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_ew.txt" | tail -n 8
             qprefill ew_2048 2048 --rounds 5 ;;
-    next28) # what the twenty-eighth session left unrun: the two GPU tests it changed after its last run, and the prefill
+    next28) # what the twenty-eighth session left unrun: the GPU tests it changed after its last run, and the prefill
             # at 16, 128 and 2,048 tokens as the tree stands (the SwiGLU in vectors, the causal attention, the block's norm)
             timeout 200 $PT -n 8 tests/test_gemv_gpu.py tests/test_ab_gpu.py > "$R/t_n28.txt" 2>&1
             grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_n28.txt" | tail -n 8
+            timeout 120 $PT -n 8 tests/test_kernels_gpu.py -k elementwise > "$R/t_n28_ew.txt" 2>&1  # row_scale: new
+            grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_n28_ew.txt" | tail -n 8
             for pc in 16 128 2048; do qprefill "n28_$pc" $pc --rounds 5; done
             # the long prompt's attention (136 us a layer at 2,048 tokens): alone by block shape, and where it stalls
             timeout 120 python3 benchmarks/attn_bench.py --shape qwen3-2k --forms causal --qwarps 2,4 2>&1 | tail -n 6
