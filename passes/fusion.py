@@ -81,6 +81,7 @@ class _Grouping:
         for n in graph.nodes:
             for j, _ in writes_in_place(n):
                 self.overwritten.setdefault(n.inputs[j], []).append(self.order[n])
+        self.state_old = {new: old for old, new in graph.state_pairs() if new is not old}  # a state's new -> old value
 
     def sorted(self, members: Collection[Node]) -> list[Node]:
         return sorted(members, key=self.order.__getitem__)
@@ -103,6 +104,16 @@ class _Grouping:
         # at the last member's position (nothing later can lead back): checked for every node a
         # group grows by, so it must stay cheaper than a whole-graph reachability query.
         last = max(self.order[m] for m in members)
+        if len(outs) > 1:  # a multi-output group whose output is read before its last member runs before that reader:
+            # not where it would make a state's new value before the old value's last read (a copy after the run)
+            early = min((self.order[u] for v in outs for u in self.ctx.users(v)
+                         if u not in members and self.order[u] < last), default=None)
+            if early is not None:
+                for v in outs:
+                    old = self.state_old.get(v)
+                    if old is not None and any(u not in members and self.order[u] >= early for u in self.ctx.users(old)):
+                        return (f"state {old.name!r}'s new value {v.name!r} would be made before a read of the old "
+                                f"one: the group runs before {v.name!r}'s readers")
         # The group runs at its last member: a member's read of a value that a node between the
         # member and there overwrites in place (a cache_write) would see the new contents.
         for m in members:
@@ -369,7 +380,12 @@ class _Grouping:
         members, inside, frontier = [seed], {seed}, [seed]
         while frontier:
             n = frontier.pop()
+            # producers, users, and pointwise siblings through a computed input: independent pointwise ops reading it
+            # in one launch (horizontal; layout ops stay with their chains)
             near = [self.ctx.prod(v) for v in n.inputs] + [u for v in n.outputs for u in self.ctx.users(v)]
+            if R.elementwise_like(n):
+                near += [u for v in n.inputs if self.ctx.prod(v) is not None for u in self.ctx.users(v)
+                         if R.elementwise_like(u)]
             for m in near:
                 if m is None or m in inside or m in self.owner or not _pointwise_or_injective(m):
                     continue

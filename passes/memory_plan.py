@@ -45,6 +45,7 @@ import bisect
 import dataclasses
 from typing import Any
 
+from fusec.codegen.spec_base import contiguous_strides
 from fusec.ir import Graph, Node, Value
 from fusec.ops import OP_INFO, FusionKind, Op
 from fusec.passes import views
@@ -67,6 +68,22 @@ def inplace_capable(node: Node) -> bool:
     if not isinstance(body, Graph) or not body.nodes:
         return False
     return all(inplace_capable(n) and views.view_of(n) is None for n in body.nodes)
+
+
+def _reads_at_own_index(node: Node, v: Value) -> bool:
+    """Whether ``node`` reads ``v`` (the size of each of its outputs) only element i for its outputs' element i, so an
+    output may overwrite v: an in-place capable single-output node; or a fused elementwise group (several outputs,
+    layout ops inside) whose recorded kernel plan reads v through the outputs' own contiguous strides."""
+    if views.view_of(node) is not None:
+        return False
+    sel = getattr(node, "kernel", None)
+    if node.op == Op.FUSED and sel is not None and sel.family == "elementwise":
+        body, shape = node.attrs.body, node.outputs[0].shape
+        mine = {body.inputs[j] for j, x in enumerate(node.inputs) if x is v}
+        flat = [st for d, st in zip(shape, contiguous_strides(shape)) if d != 1]
+        return all([st for d, st in zip(shape, strides) if d != 1] == flat and off == 0
+                   for bv, strides, off in sel.detail.operands if bv in mine)
+    return inplace_capable(node) and len(node.outputs) == 1
 
 
 def align_up(n: int, alignment: int) -> int:
@@ -211,7 +228,7 @@ def _updates_in_state(graph: Graph, nodes: list[Node], states: set[Value], root:
         reads = [j for j in users.get(src, [])]
         if any(j > i for j in reads):
             continue  # the old value is still read after the new one is made
-        if i in reads and not (inplace_capable(p) and len(p.outputs) == 1 and views.view_of(p) is None):
+        if i in reads and not _reads_at_own_index(p, src):
             continue
         for m in members.pop(dst):  # the new value and its views move into the state's storage
             root[m] = src

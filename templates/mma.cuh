@@ -71,6 +71,23 @@ __device__ __forceinline__ void fc_ldsm_b_trans(fc_u32 b[2], const unsigned shor
                : "=r"(b[0]), "=r"(b[1]) : "r"(fc_smem_addr(p)));
 }
 
+// B fragments of two 16(k) x 8(n) tiles side by side in n (n0.., n0 + 8..), stored k-major as above: one
+// ldmatrix .x4 .trans. Lanes 16-31 address the second tile's k rows; b[0..1] is the first tile's, b[2..3] the second's.
+__device__ __forceinline__ void fc_ldsm_b_trans2(fc_u32 b[4], const unsigned short* tile, int ld, int lane) {
+  const unsigned short* p = tile + (lane & 15) * ld + ((lane >> 4) << 3);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3]) : "r"(fc_smem_addr(p)));
+}
+
+// B fragments of two consecutive 16(k) x 8(n) tiles (k0.., k0 + 16..) stored n-major ([n][k], k contiguous, rows
+// 16-byte aligned): one ldmatrix .x4 without .trans, each 8x8 matrix an n row's 8 consecutive k. Lane (g, t) gets
+// (n g, k 2t..2t+1) of each: b[0..1] the first k tile's fragment, b[2..3] the second's (the pairs fc_lds_b_nk loads).
+__device__ __forceinline__ void fc_ldsm_b_nk2(fc_u32 b[4], const unsigned short* tile, int ld, int lane) {
+  const unsigned short* p = tile + (lane & 7) * ld + ((lane >> 3) << 3);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3]) : "r"(fc_smem_addr(p)));
+}
+
 // B fragment of a 16(k) x 8(n) tile stored n-major ([n][k], k contiguous): two 32-bit loads.
 __device__ __forceinline__ void fc_lds_b_nk(fc_u32 b[2], const unsigned short* tile, int ld, int lane) {
   const int g = lane >> 2, t = lane & 3;

@@ -164,6 +164,30 @@ def test_elementwise_over_views_in_vectors(dt: DType) -> None:
     check(host(out, dt), ref, dt)
 
 
+@pytest.mark.parametrize("dt", FLOATS)
+def test_elementwise_multi_output(dt: DType) -> None:
+    """One kernel writing several outputs at one index (a multi-output group: siblings and intermediates read
+    elsewhere): a float, a bool and an int64 result over a row broadcast, one of them over its input's own
+    storage (an in-place state update) and a second shape equal but for a size-1 axis."""
+    M, N = 9, 40
+    t = Apply(O.Op.MUL, (In(0), In(1)))  # x * s[row]
+    neg = Apply(O.Op.NEG, (t,))
+    gt = Apply(O.Op.GREATER, (t, Const(0.25, dt)))
+    cnt = Apply(O.Op.ADD, (In(2), Apply(O.Op.CAST, (gt,), O.CastAttrs(I64))))  # counter += (t > 0.25)
+    ops = (S.Operand(dt, (N, 1)), S.Operand(dt, (1, 0)), S.Operand(I64, (N, 1)))
+    spec = S.ElementwiseSpec(neg, (M, N), ops, dt, 1, ((gt, BOOL), (cnt, I64)))
+    x, sc = rand((M, N), dt), rand((M, 1), dt)
+    c0 = RNG.integers(0, 9, size=(M, N)).astype(np.int64)
+    cd = dev(c0)
+    o_neg, o_gt = poisoned((M, N), dt), poisoned((M, N), BOOL)
+    run(spec, [dev(x), dev(sc), cd, o_neg, o_gt, cd])  # the counter updated over itself
+    ref_t = eval_expr(t, [x, sc, c0])
+    check(host(o_neg, dt), -ref_t, dt)
+    ref_gt = ref_t.astype(np.float64) > 0.25
+    assert np.array_equal(host(o_gt, BOOL), ref_gt)
+    assert np.array_equal(host(cd, I64), c0 + ref_gt.astype(np.int64))
+
+
 @pytest.mark.parametrize("dt", [F16, BF16])
 def test_gelu_erf_half_per_element(dt: DType) -> None:
     """A half result's erf-GELU (common.cuh fc_gelu_erf16, a polynomial erfc) element by element over [-12, 12] and

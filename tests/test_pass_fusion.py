@@ -223,3 +223,57 @@ def test_elementwise_group_the_codegen_cannot_emit_is_declined_and_regrown_in_pa
     assert _body_ops(node) == [Op.SIGMOID, Op.NEG, Op.ABS]
     assert [n.op for n in out.nodes] == [Op.EXP, Op.RESHAPE, Op.FUSED]
     _same(g, out)
+
+
+def test_independent_pointwise_ops_on_one_value_are_one_multi_output_kernel() -> None:
+    """Pointwise siblings (ops reading one computed value, neither feeding the other) join one group, each result
+    an output of it: one launch, the shared value read once. The kernel plan covers them over one index space."""
+    from fusec.lower.fused_plan import kernel_plan
+
+    b = GraphBuilder("siblings")
+    x = b.input("x", (3, 8), F)
+    t = b.emit(Op.EXP, x)
+    b.output(b.emit(Op.NEG, t), "a")
+    b.output(b.emit(Op.MUL, t, b.scalar(2.0, F)), "c")
+    b.output(b.emit(Op.GREATER, t, b.scalar(1.5, F)), "d")  # a bool output beside the floats
+    g = b.build()
+    out, _ = _run(g)
+    (node,) = _fused(out)
+    assert sorted(v.name for v in node.outputs) == ["a", "c", "d"] and len(out.nodes) == 1
+    family, plan = kernel_plan(node.attrs.body)
+    assert family == "elementwise" and len(plan.more) == 2 and len(plan.operands) == 1  # x, read once
+    _same(g, out)
+
+
+def test_multi_output_group_is_not_hoisted_past_a_read_of_the_state_it_updates() -> None:
+    """A multi-output group runs before the first reader of any of its outputs. It may not take a state's new value
+    where a node outside it reads the old value after that point (the update would then be copied back after the
+    run instead of written in place after the last read)."""
+    b = GraphBuilder("state_hoist")
+    x = b.input("x", (4,), F)
+    pos = b.state("pos", (4,), F)
+    t = b.emit(Op.EXP, x)
+    early = b.emit(Op.NEG, t)  # read by the product, long before the state's update
+    y = b.emit(Op.MATMUL, b.emit(Op.RESHAPE, early, shape=(1, 4)), _w(b, 4, 4))
+    b.output(b.emit(Op.ADD, b.emit(Op.RESHAPE, y, shape=(4,)), pos), "z")  # the old pos, read after the product
+    new = b.emit(Op.ADD, t, pos)  # a pointwise sibling of `early` through t: pos's new value
+    b.update(pos, new)
+    g = b.build()
+    out, _ = _run(g)
+    holder = {v.name: n for n in out.nodes for v in n.outputs}[new.name]
+    assert holder.op != Op.FUSED or Op.NEG not in _body_ops(holder)
+    _same(g, out)
+    # without the later read of the old value, the sibling joins the group (one launch for both)
+    b = GraphBuilder("state_hoist_ok")
+    x = b.input("x", (4,), F)
+    pos = b.state("pos", (4,), F)
+    t = b.emit(Op.EXP, x)
+    early = b.emit(Op.NEG, t)
+    b.output(b.emit(Op.MATMUL, b.emit(Op.RESHAPE, early, shape=(1, 4)), _w(b, 4, 4)), "y")
+    new = b.emit(Op.ADD, t, pos)
+    b.update(pos, new)
+    g = b.build()
+    out, _ = _run(g)
+    holder = {v.name: n for n in out.nodes for v in n.outputs}[new.name]
+    assert holder.op == Op.FUSED and Op.NEG in _body_ops(holder)
+    _same(g, out)

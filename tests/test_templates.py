@@ -41,6 +41,8 @@ def _specs(dt: DType) -> list:
     return [
         _gelu_bias(dt),
         S.elementwise_spec(Apply(O.Op.WHERE, (In(0), In(1), Const(-1.5, dt))), [(3, 1, 5), (3, 7, 5)], [BOOL, dt], (3, 7, 5)),
+        S.ElementwiseSpec(Apply(O.Op.NEG, (In(0),)), (4, 8), (S.Operand(dt, (8, 1)), S.Operand(I64, (0, 1))), dt, 1,
+                          ((Apply(O.Op.GREATER, (In(0), Const(0.5, dt))), BOOL), (In(1), I64))),  # multi-output
         S.RowReduceSpec("add_layernorm", 10, 768, dt, w_dtype=dt, has_bias=True),
         S.RowReduceSpec("add_rmsnorm", 3, 1000, dt, w_dtype=dt, eps=1e-6, weight_offset=1.0),
         S.RowReduceSpec("softmax", 2 * 3 * 5, 77, dt, scale=0.125, mask_dtype=dt, rows_shape=(2, 3, 5),
@@ -224,6 +226,8 @@ def test_spec_validation() -> None:
         S.Epilogue(activation="swish; x")
     with pytest.raises(ValueError, match="out_dtype"):
         S.ElementwiseSpec(In(0), (4,), (S.Operand(F16, (1,)),), F32)
+    with pytest.raises(ValueError, match="`more` output"):
+        S.ElementwiseSpec(In(0), (4,), (S.Operand(F16, (1,)),), F16, more=((In(0), F32),))
 
 
 def test_code_emitted_from_the_op_table_only() -> None:

@@ -6,7 +6,7 @@ import math
 
 from fusec.codegen import copyspecs as C
 from fusec.codegen import specs as S
-from fusec.codegen.elementwise import emit
+from fusec.codegen.elementwise import emit_all
 from fusec.codegen.kernels import Rendered, builder, cdiv, idx_type, kernel_name
 from fusec.codegen.render import Ident, compute_ctype, ctype, float_lit
 from fusec.codegen.spec_base import SMS
@@ -45,7 +45,8 @@ def _elementwise(spec: S.ElementwiseSpec) -> Rendered:
             "strides": op.strides, "dims": [d for d in range(rank) if op.strides[d] != 0],
             "vector": spec.vec > 1 and op.strides[-1] == 1,
         })
-    lines, result, _ = emit(spec.expr, [(Ident(f"x{i}"), op.dtype) for i, op in enumerate(spec.inputs)])
+    lines, results = emit_all([spec.expr, *(e for e, _ in spec.more)],
+                              [(Ident(f"x{i}"), op.dtype) for i, op in enumerate(spec.inputs)])
     max_off = max([n] + [sum((d - 1) * s for d, s in zip(spec.shape, op.strides)) for op in spec.inputs])
     block = 256
     groups = n // spec.vec
@@ -53,10 +54,11 @@ def _elementwise(spec: S.ElementwiseSpec) -> Rendered:
     ctx = {
         "name": name, "block": block, "vec": spec.vec, "n_groups": groups, "shape": spec.shape,
         "dims_rev": list(reversed(range(rank))), "need_coords": any(x["mode"] == "strided" for x in inputs),
-        "inputs": inputs, "out_ctype": ctype(spec.out_dtype), "lines": lines, "result": result,
-        "idx_t": idx_type(max_off + spec.vec),
+        "inputs": inputs, "lines": lines, "idx_t": idx_type(max_off + spec.vec),
+        "outs": [{"ctype": ctype(dt), "result": r} for (r, _), dt in
+                 zip(results, [spec.out_dtype, *(dt for _, dt in spec.more)])],
     }
-    params = tuple(f"in{i}" for i in range(len(inputs))) + ("out",)
+    params = tuple(f"in{i}" for i in range(len(inputs))) + tuple(f"out{j}" for j in range(len(ctx["outs"])))
     return Rendered("elementwise.cu.jinja", ctx, (min(cdiv(groups, block), _MAX_GRID), 1, 1), (block, 1, 1), params)
 
 

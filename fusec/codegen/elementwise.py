@@ -203,6 +203,14 @@ def emit(expr: Expr, operands: Sequence[tuple[Ident, DType]], prefix: str = "t")
 
     Returns (statements, result variable, result dtype). Shared subtrees are emitted once.
     """
+    lines, results = emit_all((expr,), operands, prefix)
+    return lines, results[0][0], results[0][1]
+
+
+def emit_all(exprs: Sequence[Expr], operands: Sequence[tuple[Ident, DType]],
+             prefix: str = "t") -> tuple[list[CCode], list[tuple[Ident, DType]]]:
+    """SSA statements computing every expression of ``exprs`` (a multi-output kernel's), subtrees they share emitted
+    once; returns the statements and each expression's (result variable, dtype)."""
     in_dtypes = [d for _, d in operands]
     lines: list[CCode] = []
     memo: dict[Expr, tuple[Ident, DType]] = {}
@@ -237,8 +245,8 @@ def emit(expr: Expr, operands: Sequence[tuple[Ident, DType]], prefix: str = "t")
         memo[e] = res
         return res
 
-    var, dt = go(expr)
-    return lines, var, dt
+    results = [go(e) for e in exprs]
+    return lines, results
 
 
 def single_op(op: Op, n_inputs: int, attrs: Any = None) -> Expr:

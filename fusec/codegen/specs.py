@@ -42,14 +42,16 @@ class ElementwiseSpec:
     inputs: tuple[Operand, ...]
     out_dtype: DType
     vec: int = 1  # elements per thread access; >1 needs shape[-1] % vec == 0 (see elementwise_spec)
+    # more outputs (a multi-output group's): each (expression, dtype), written contiguously at the same index as out
+    more: tuple[tuple[Expr, DType], ...] = ()
 
     def __post_init__(self) -> None:
         _ints(self.shape, "shape", 1)
         for op in self.inputs:
             _req(len(op.strides) == len(self.shape), "operand strides must match the iteration rank")
             _ints(op.strides, "operand strides", 0)
-        _req(dtype_of(self.expr, [o.dtype for o in self.inputs]) == self.out_dtype,
-             "out_dtype differs from the expression's dtype")
+        for e, dt in ((self.expr, self.out_dtype), *self.more):
+            _req(dtype_of(e, [o.dtype for o in self.inputs]) == dt, "out_dtype (or a `more` output's dtype) differs from its expression's dtype")
         _req(self.vec in (1, 2, 4, 8, 16), f"vec must be 1, 2, 4, 8 or 16, got {self.vec}")
         if self.vec > 1:
             _req(len(self.shape) > 0 and self.shape[-1] % self.vec == 0, "vec must divide the last dim")
@@ -58,7 +60,8 @@ class ElementwiseSpec:
                 # a stride-0 operand is one load a group, wherever it sits; a vector operand's rows are whole vectors
                 _req(op.strides[-1] == 0 or all(s % self.vec == 0 for s in op.strides[:-1]),
                      "vectorized operands need aligned rows")
-            widest = max([o.dtype.itemsize for o in self.inputs] + [self.out_dtype.itemsize])
+            widest = max([o.dtype.itemsize for o in self.inputs] + [self.out_dtype.itemsize]
+                         + [dt.itemsize for _, dt in self.more])
             _req(self.vec * widest <= 16, "a vector access may not exceed 16 bytes")
 
 

@@ -29,7 +29,7 @@ def lower_fused(ctx: Context, node: Node, label: str) -> None:
     outer.update({c: c for c in body.constants})
     label = f"{label} fused[{node.attrs.rule}]"
     if kind == "elementwise":
-        _emit_indexed(ctx, detail, outer, node.output, label)
+        _emit_indexed(ctx, detail, outer, node.outputs, label)
     elif kind == "gemm_epilogue":
         mm, iexpr = detail
         outer[mm.output] = node.output
@@ -41,7 +41,7 @@ def lower_fused(ctx: Context, node: Node, label: str) -> None:
             N.matmul(ctx, Node(Op.MATMUL, [outer[x] for x in mm.inputs], [node.output], mm.attrs), label)  # cuBLAS
             fused = False
         if not fused:
-            _emit_indexed(ctx, iexpr, outer, node.output, label + " epilogue")
+            _emit_indexed(ctx, iexpr, outer, [node.output], label + " epilogue")
     elif kind == "attention":
         emit_attention(ctx, detail, node, label)
     elif kind == "head_rope":
@@ -88,9 +88,11 @@ def _norm_cols(norm: Node) -> int:
     return x.numel // math.prod(x.shape[: norm.attrs.axis]) if norm.op == Op.LAYERNORM else x.shape[-1]
 
 
-def _emit_indexed(ctx: Context, ie: IndexedExpr, outer: dict[Value, Value], out: Value, label: str) -> None:
+def _emit_indexed(ctx: Context, ie: IndexedExpr, outer: dict[Value, Value], outs: list[Value], label: str) -> None:
+    """One elementwise kernel writing ``outs`` (``ie.expr``, then ``ie.more``, all of outs[0]'s shape)."""
     vals = [outer.get(v, v) for v, _, _ in ie.operands]
-    if ie.plain:  # standard broadcasting only: let the spec merge dims and vectorize
+    out = outs[0]
+    if ie.plain and not ie.more:  # standard broadcasting only: let the spec merge dims and vectorize
         from fusec.lower.nodes import elementwise
 
         elementwise(ctx, ie.expr, vals, out, label)
@@ -98,23 +100,25 @@ def _emit_indexed(ctx: Context, ie: IndexedExpr, outer: dict[Value, Value], out:
     shape = out.shape if out.shape else (1,)
     operands = tuple(S.Operand(v.dtype, st if out.shape else (0,)) for v, (_, st, _) in zip(vals, ie.operands))
     offs = [off for _, _, off in ie.operands]
-    spec = S.ElementwiseSpec(ie.expr, shape, operands, out.dtype, _indexed_vec(ctx, shape, operands, vals, offs, out))
-    ctx.kernel(spec, [*zip(vals, offs), out], label)
+    more = tuple(zip(ie.more, (o.dtype for o in outs[1:])))
+    spec = S.ElementwiseSpec(ie.expr, shape, operands, out.dtype, _indexed_vec(ctx, shape, operands, vals, offs, outs),
+                             more)
+    ctx.kernel(spec, [*zip(vals, offs), *outs], label)
 
 
 def _indexed_vec(ctx: Context, shape: tuple[int, ...], operands: tuple[S.Operand, ...], vals: list[Value],
-                 offs: list[int], out: Value) -> int:
+                 offs: list[int], outs: list[Value]) -> int:
     """Outputs a thread takes a step in an indexed chain (views: a gated unit's halves, slices): the elementwise
     rule (``specs.vector_width``) where each vector operand's address and offset, and the output's, are aligned
     to its vectors. One element a thread, 2-byte loads, had taken a 2,048-token prefill's SwiGLU (Qwen3-0.6B,
     [2048, 6144] halves) 30.6 us for 37.7 MB (H200)."""
     def fits(vec: int) -> bool:
-        return ctx.aligned(out, to=vec * out.dtype.itemsize) and all(
+        return all(ctx.aligned(o, to=vec * o.dtype.itemsize) for o in outs) and all(
             op.strides[-1] == 0 or (off % vec == 0 and ctx.aligned(v, to=vec * op.dtype.itemsize))
             for op, v, off in zip(operands, vals, offs))
 
     return S.vector_width(shape, [op.strides for op in operands],
-                          [op.dtype.itemsize for op in operands] + [out.dtype.itemsize], fits)
+                          [op.dtype.itemsize for op in operands] + [o.dtype.itemsize for o in outs], fits)
 
 
 def emit_attention(ctx: Context, plan: dict[str, Any], node: Node, label: str) -> None:

@@ -47,15 +47,19 @@ class IndexedExpr:
     expr: Expr
     operands: list[tuple[Value, tuple[int, ...], int]]  # (body value read, strides over out dims, element offset)
     plain: bool  # every operand is a plain broadcast (no transpose/reshape/slice): vectorizable path
+    more: tuple[Expr, ...] = ()  # a multi-output group's other outputs, over the same operands and index space
 
 
-def index_expr(body: Graph, out: Value, leaves: dict[Value, Any] | None = None) -> IndexedExpr:
-    """``out`` (a body value) as an expression over body inputs (and ``leaves``), or _NoPlan.
+def index_expr(body: Graph, out: Value, leaves: dict[Value, Any] | None = None,
+               more: tuple[Value, ...] = ()) -> IndexedExpr:
+    """``out`` (a body value) as an expression over body inputs (and ``leaves``), or _NoPlan; ``more``: other
+    outputs of out's shape, over the same operands (a multi-output kernel's).
 
     Each value is reached with ``rows`` (for each of its axes: the iteration axis it follows, or
     None for coordinate 0) and ``base`` (its start coordinate per axis, from slices)."""
     producers = body.producers()
-    _check_expr_size(out, producers, leaves)  # before the recursive walk below: bounded depth
+    for o in (out, *more):
+        _check_expr_size(o, producers, leaves)  # before the recursive walk below: bounded depth
     operands: list[tuple[Value, tuple[int, ...], int]] = []
     index: dict[tuple[int, tuple[int, ...], int], int] = {}
     plain = [True]
@@ -119,8 +123,16 @@ def index_expr(body: Graph, out: Value, leaves: dict[Value, Any] | None = None) 
             return args[0] if n.op == Op.EXPAND else Apply(n.op, tuple(args), n.attrs)
         raise _NoPlan(f"{n.op.value} inside an elementwise body")
 
-    expr = go(out, tuple(range(rank)), (0,) * rank)
-    return IndexedExpr(expr, operands, plain[0])
+    def rows_of(o: Value) -> Rows:  # another output over out's iteration axes (the same sizes but for 1s)
+        big_o = [j for j, d in enumerate(o.shape) if d != 1]
+        big = [j for j, d in enumerate(out.shape) if d != 1]
+        rows: list[int | None] = [None] * len(o.shape)
+        for jo, j in zip(big_o, big):
+            rows[jo] = j
+        return tuple(rows)
+
+    exprs = [go(out, tuple(range(rank)), (0,) * rank)] + [go(o, rows_of(o), (0,) * len(o.shape)) for o in more]
+    return IndexedExpr(exprs[0], operands, plain[0], tuple(exprs[1:]))
 
 
 MAX_EXPR_DEPTH = 200  # ops on the longest path of one elementwise kernel's expression
@@ -283,9 +295,11 @@ def kernel_plan(body: Graph) -> tuple[str, Any]:
         return ("gemm_epilogue", _epilogue_plan(body))
     if any(OP_INFO[o].kind == FusionKind.REDUCE for o in ops):
         return ("add_norm", _add_norm_plan(body))
-    if len(body.outputs) != 1:
-        raise _NoPlan(f"an elementwise kernel writes one output, the group has {len(body.outputs)}")
-    return ("elementwise", index_expr(body, body.outputs[0]))
+    out, *more = body.outputs
+    if any([d for d in o.shape if d != 1] != [d for d in out.shape if d != 1] for o in more):
+        raise _NoPlan("a multi-output elementwise kernel writes outputs of one shape (but for size-1 axes): "
+                      + ", ".join(f"{o.name}{list(o.shape)}" for o in body.outputs))
+    return ("elementwise", index_expr(body, out, more=tuple(more)))
 
 
 def _rope_plan(body: Graph) -> tuple[Node, int, L.View, L.View]:
