@@ -63,6 +63,10 @@
 #   causal    Qwen3-0.6B prefill at 128, 512 and 2,048 tokens (the attention causal, no mask): times, per-kernel profiles
 #   ewvec     indexed elementwise chains in 16-byte vectors: elementwise GPU tests, the 2,048-token prefill
 #   next28    the GEMV and A/B GPU tests changed after the twenty-eighth session's last run; prefill at 16, 128, 2,048
+#   n29       multi-output elementwise and attention GPU tests; the attention alone in turns against the previous
+#             template (benchmarks/ab_prev); prefill at 128 and 2,048 tokens; decode at batches 1 and 8
+#   n29b      the attention's compares on the diagonal only: its GPU tests, the kernel alone against benchmarks/ab_prev,
+#             the 2,048-token prefill, the whole-plan GPU tests (plans_t)
 #   ctx4k     Qwen3-0.6B decode at a 4,096-token context, batches 1 and 32, with rooflines (issue 19's report)
 #   ctx4k32   the same at batch 32 only (its ~15 GB cache compared by device digests: decode_step.py HOST_STATE_BYTES)
 #   stream_ab built-in encoders at a few rows on cuBLAS against fusec's GEMM (benchmarks/stream_ab.py)
@@ -468,6 +472,47 @@ for step in "$@"; do
               python3 benchmarks/attn_bench.py --shape qwen3-2k --forms causal --qwarps 4 --ncu > "$R/n28_attn_ncu.txt" 2>&1
             grep -E "Duration|Warp Cycles Per Issued|Stall|Registers|Achieved Occupancy|Compute \(SM\)|Memory Throughput" \
               "$R/n28_attn_ncu.txt" | head -n 30 ;;
+    n29) # the twenty-ninth session: multi-output elementwise kernels and the attention's ldmatrix .x4 fragments: their
+         # GPU tests, the attention alone in turns against the previous template (benchmarks/ab_prev, untracked: the
+         # session copies it there for this call), the prefill at 128 and 2,048 tokens, decode at batches 1 and 8
+         timeout 150 $PT -n 8 tests/test_kernels_gpu.py -k "elementwise or attention or attn" > "$R/t_n29.txt" 2>&1
+         grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_n29.txt" | tail -n 8
+         if [[ -f benchmarks/ab_prev/attention_mma.jinja ]]; then
+           cp templates/attention_mma.jinja /tmp/attn_new.jinja
+           for r in 1 2; do for v in new prev; do
+             if [[ $v == prev ]]; then cp benchmarks/ab_prev/attention_mma.jinja templates/; else cp /tmp/attn_new.jinja templates/attention_mma.jinja; fi
+             for sh in "qwen3-2k --forms causal --qwarps 2,4" "bert --forms keys --qwarps 4" "qwen3 --forms causal --qwarps 2,4" \
+                       "gpt2 --forms rows --qwarps 2"; do
+               echo "[$v round $r] $sh"; timeout 60 python3 benchmarks/attn_bench.py --shape $sh 2>&1 | grep -E "^\| [a-z]+ \|"
+             done
+           done; done
+           cp /tmp/attn_new.jinja templates/attention_mma.jinja
+         fi
+         for pc in 128 2048; do qprefill "n29_$pc" $pc --rounds 5; done
+         timeout 200 python3 benchmarks/decode_step.py "$R/n29_step" --model qwen3-0.6b --batches 1,8 --windows 3 \
+           > "$R/n29_step.txt" 2>&1
+         grep -E "^\| [0-9]+ \|" "$R/n29_step.txt" | cut -c 1-300 ;;
+    n29b) # the attention's score compares only on the causal diagonal's slices: its GPU tests, the kernel alone in turns
+          # against the previous templates (benchmarks/ab_prev: attention.cu.jinja and attention_mma.jinja), the
+          # 2,048-token prefill, then the whole-plan GPU tests (plans_t)
+         timeout 100 $PT -n 8 tests/test_kernels_gpu.py -k "attention or attn" > "$R/t_n29b.txt" 2>&1
+         grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_n29b.txt" | tail -n 8
+         if [[ -f benchmarks/ab_prev/attention.cu.jinja ]]; then
+           mkdir -p /tmp/attn_new && cp templates/attention.cu.jinja templates/attention_mma.jinja /tmp/attn_new/
+           for r in 1 2; do for v in new prev; do
+             if [[ $v == prev ]]; then cp benchmarks/ab_prev/attention*.jinja templates/; else cp /tmp/attn_new/*.jinja templates/; fi
+             for sh in "qwen3-2k --forms causal --qwarps 2,4" "bert --forms keys --qwarps 4" "qwen3 --forms causal --qwarps 2"; do
+               echo "[$v round $r] $sh"; timeout 60 python3 benchmarks/attn_bench.py --shape $sh 2>&1 | grep -E "^\| [a-z]+ \|"
+             done
+           done; done
+           cp /tmp/attn_new/*.jinja templates/
+         fi
+         qprefill n29b_2048 2048 --rounds 5
+         timeout 330 $PT -n 8 tests/test_generation_gpu.py tests/test_generation_families_gpu.py tests/test_head_rope_pair.py \
+           tests/test_gemv_gpu.py tests/test_serve_gpu.py tests/test_generation_join_gpu.py tests/test_pdl_gpu.py \
+           tests/test_e2e_gpu.py tests/test_runtime_gpu.py tests/test_ab_gpu.py tests/test_softcap_generation.py \
+           > "$R/t_plans.txt" 2>&1
+         grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_plans.txt" | tail -n 14 ;;
     ctx4k32) timeout 500 python3 benchmarks/decode_step.py "$R/ctx4k32" --model qwen3-0.6b --batches 32 --context 4096 \
                --windows 2 > "$R/ctx4k32.txt" 2>&1
              grep -E "^\| [0-9]+ \|" "$R/ctx4k32.txt" | cut -c 1-400; tail -n 3 "$R/ctx4k32.txt" | cut -c 1-600 ;;
