@@ -35,6 +35,7 @@ def main() -> int:
     ap.add_argument("--forms", default="rows,causal,none", help="which of rows, keys, causal, none")
     ap.add_argument("--qwarps", default="1,2,4")
     ap.add_argument("--stages", default="0", help="K/V stages to try (0: the rule)")
+    ap.add_argument("--bn", default="0", help="keys a K/V tile to try (0: the rule, 64; 32)")
     args = ap.parse_args()
     B, H, Hkv, S_, D = SHAPES[args.shape]
     rng = np.random.default_rng(0)
@@ -46,17 +47,18 @@ def main() -> int:
     pad = np.arange(S_)[None, :] < rng.integers(S_ // 2, S_ + 1, (B, 1))  # each row's keys past its length masked
     kmask = cp.asarray(np.where(pad, 0.0, -65504.0).astype(np.float16)).view(cp.uint16)
     out = cp.zeros((B, H, S_, D), cp.uint16)
-    print(f"| shape {args.shape} B{B} H{H}/{Hkv} S{S_} D{D} | qwarps, stages | grid | smem | us a launch |")
+    print(f"| shape {args.shape} B{B} H{H}/{Hkv} S{S_} D{D} | qwarps, stages, bn | grid | smem | us a launch |")
     print("|---|---|---|---|---|")
-    shapes = [(int(qw), int(st)) for qw in args.qwarps.split(",") for st in args.stages.split(",")]
+    shapes = [(int(qw), int(st), int(bn)) for qw in args.qwarps.split(",") for st in args.stages.split(",")
+              for bn in args.bn.split(",") if not int(bn) or int(bn) * int(qw) // 4 % 16 == 0]
     for form in args.forms.split(","):
-        for qw, st in shapes:
+        for qw, st, bn in shapes:
             kw: dict = {}  # the masks as the lowering gives them: the generation prefill's, BERT's
             if form in ("rows", "keys"):
                 kw = dict(mask="additive", mask_dtype=DType.F16, mask_vec=True,
                           mask_strides=(S_ * S_, 0, S_, 1) if form == "rows" else (S_, 0, 0, 1))
             spec = S.AttentionSpec(B, H, Hkv, S_, S_, D, DType.F16, 1 / np.sqrt(D), causal=form == "causal",
-                                   qwarps=qw, stages=st, **kw)
+                                   qwarps=qw, stages=st, bn=bn, **kw)
             ck = K.build(spec)
             a = [q, k, v] + ([mask] if form == "rows" else [kmask] if form == "keys" else []) + [out]
             if args.ncu:
@@ -64,7 +66,7 @@ def main() -> int:
                 cp.cuda.runtime.deviceSynchronize()
                 continue
             us = graph_time([lambda s, ck=ck, a=a: K.launch(ck, a, s)], min_iters=N)
-            print(f"| {form} | {qw} {st} | {ck.grid} | {ck.shared_mem} | {us:.2f} |", flush=True)
+            print(f"| {form} | {qw} {st} {bn} | {ck.grid} | {ck.shared_mem} | {us:.2f} |", flush=True)
     return 0
 
 

@@ -67,6 +67,7 @@
 #             template (benchmarks/ab_prev); prefill at 128 and 2,048 tokens; decode at batches 1 and 8
 #   n29b      the attention's compares on the diagonal only: its GPU tests, the kernel alone against benchmarks/ab_prev,
 #             the 2,048-token prefill, the whole-plan GPU tests (plans_t)
+#   n29c      the attention alone by keys a tile (bn 64, 32) at the long prompt's, BERT's, Qwen3's and GPT-2's shapes
 #   ctx4k     Qwen3-0.6B decode at a 4,096-token context, batches 1 and 32, with rooflines (issue 19's report)
 #   ctx4k32   the same at batch 32 only (its ~15 GB cache compared by device digests: decode_step.py HOST_STATE_BYTES)
 #   stream_ab built-in encoders at a few rows on cuBLAS against fusec's GEMM (benchmarks/stream_ab.py)
@@ -513,6 +514,14 @@ for step in "$@"; do
            tests/test_e2e_gpu.py tests/test_runtime_gpu.py tests/test_ab_gpu.py tests/test_softcap_generation.py \
            > "$R/t_plans.txt" 2>&1
          grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_plans.txt" | tail -n 14 ;;
+    n29c) # the attention's keys a tile (AttentionSpec.bn 32 against the rule's 64: 166 against 176 registers at Qwen3's
+          # D = 128, so 3 blocks an SM instead of 2), alone, two rounds
+         for r in 1 2; do
+           for sh in "qwen3-2k --forms causal --qwarps 2,4" "bert --forms keys --qwarps 2,4" "qwen3 --forms causal --qwarps 2,4" \
+                     "gpt2 --forms rows --qwarps 2,4"; do
+             echo "[round $r] $sh"; timeout 90 python3 benchmarks/attn_bench.py --shape $sh --bn 64,32 2>&1 | grep -E "^\| [a-z]+ \|"
+           done
+         done ;;
     ctx4k32) timeout 500 python3 benchmarks/decode_step.py "$R/ctx4k32" --model qwen3-0.6b --batches 32 --context 4096 \
                --windows 2 > "$R/ctx4k32.txt" 2>&1
              grep -E "^\| [0-9]+ \|" "$R/ctx4k32.txt" | cut -c 1-400; tail -n 3 "$R/ctx4k32.txt" | cut -c 1-600 ;;

@@ -155,6 +155,9 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "query rows, the rest splitting each key tile; auto: the kernel selection's (build_attention.query_warps: two, "
          "four where two would take more than a wave, as BERT-base's batch 32; the A/B of benchmarks/prefill_step.py "
          "--ab FUSEC_ATTN_QWARPS=4)", ("auto", "1", "2", "4")),
+    Knob("FUSEC_ATTN_BN", "choice", "auto", "fp16/bf16 attention: keys a K/V tile; auto: the kernel selection's "
+         "(build_attention.key_tile: 32 at four query warps and a head dimension past 64, else 64; the A/B of "
+         "benchmarks/prefill_step.py --ab FUSEC_ATTN_BN=64)", ("auto", "32", "64")),
     Knob("FUSEC_PDL", "bool", True, "launch kernels that allow it with programmatic dependent launch (sm_90+)"),
     Knob("FUSEC_API_KEY", "text", None, "fusec serve: the bearer token clients must send (default: --api-key)"),
 )}

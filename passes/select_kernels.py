@@ -151,12 +151,13 @@ def _select(node: Node, options: PassOptions, offsets: dict[Value, int]) -> Sele
 
 
 def _attention_params(q_shape: tuple[int, ...]) -> tuple[tuple[str, Any], ...]:
-    """The fp16/bf16 attention's block shape at q [B, H, S, D] (``build_attention.query_warps``, the one rule; the
-    fp32 forms ignore it)."""
-    from fusec.codegen.build_attention import query_warps
+    """The fp16/bf16 attention's block shape at q [B, H, S, D] and its keys a tile (``build_attention.query_warps``
+    and ``key_tile``, the rules; the fp32 forms ignore them)."""
+    from fusec.codegen.build_attention import key_tile, query_warps
 
-    b, h, s, _ = q_shape
-    return (("qwarps", query_warps(b, h, s)),)
+    b, h, s, d = q_shape
+    qw = query_warps(b, h, s)
+    return (("qwarps", qw), ("bn", key_tile(d, qw)))
 
 
 def _gemm_params(m: int, n: int, k: int, dtype: Any, clusters: bool, wgmma: bool) -> tuple[tuple[str, Any], ...]:

@@ -7,7 +7,7 @@ import pytest
 
 from fusec.codegen import kernels as K
 from fusec.codegen import specs as S
-from fusec.codegen.build_attention import query_warps
+from fusec.codegen.build_attention import key_tile, query_warps
 from fusec.compiler import compile_generation
 from fusec.dtypes import DType
 
@@ -78,29 +78,10 @@ def test_a_generation_prefills_mask_is_copied_in_16_bytes_or_absent(monkeypatch:
     """A windowed generation prefill's [B, 1, S, S] mask (the window with the padding): rows contiguous and 16-byte
     aligned, so its tiles go by cp.async. A causal layer's prefill has no mask: the kernel's causal form
     (models/generate.py prompt_masks)."""
-    import dataclasses
-
-    import fusec.lower as LW
-    from fusec.genmodel import GenModel
-    from fusec.models import get_config
-    from fusec.models.generate import SharedWeights
-    from fusec.models.weights import RandomWeights
-
-    seen: list = []
-    kernel = LW.Context.kernel
-
-    def spy(self, spec, args, label):  # noqa: ANN001, ANN202
-        if isinstance(spec, S.AttentionSpec):
-            seen.append(spec)
-        return kernel(self, spec, args, label)
-
-    monkeypatch.setattr(LW.Context, "kernel", spy)
-    cfg = dataclasses.replace(get_config("qwen3-tiny"), sliding_window=16, name="qwen3-tiny-window")
-    gm = GenModel(cfg, SharedWeights(RandomWeights(0)), None, (), cfg.name)
-    compile_generation(gm, batch=1, max_seq_len=48, prefill_len=40, dtype="bf16", eos_ids=[], arch="sm_90")
+    compile_ = _attention_specs(monkeypatch)
+    seen = compile_({"sliding_window": 16}, batch=1, max_seq_len=48, prefill_len=40)
     assert seen and all(sp.mask == "additive" and sp.mask_vec for sp in seen), seen
-    seen.clear()
-    compile_generation("qwen3-tiny", batch=1, max_seq_len=48, prefill_len=40, dtype="bf16", eos_ids=[], arch="sm_90")
+    seen = compile_({}, batch=1, max_seq_len=48, prefill_len=40)
     assert seen and all(sp.mask == "none" and sp.causal for sp in seen), seen
 
 
@@ -126,5 +107,68 @@ def test_the_block_shape_is_the_kernel_selections_record(monkeypatch: pytest.Mon
             if n.op == Op.ATTENTION or (n.op == Op.FUSED and any(b.op == Op.ATTENTION for b in n.attrs.body.nodes))]
     assert attn
     want = 2 if forced == "auto" else 1  # 2 x 4 heads x one block of 40 rows: far fewer blocks than SMs
-    assert all(dict(selection(n).params) == {"qwarps": want} for n in attn)
-    assert all(selection(n).to_json()["params"] == {"qwarps": want} for n in attn)
+    assert all(dict(selection(n).params) == {"qwarps": want, "bn": 64} for n in attn)
+    assert all(selection(n).to_json()["params"] == {"qwarps": want, "bn": 64} for n in attn)
+
+
+@pytest.mark.parametrize("d,qw,want", [(128, 4, 32), (128, 2, 64), (64, 4, 64), (256, 4, 32), (128, 1, 64)])
+def test_32_key_tiles_at_four_query_warps_past_64_head_dims(d: int, qw: int, want: int) -> None:
+    """``key_tile``: where the 64-key tile's registers held a 4-warp block of D = 128 to two an SM (measured: the
+    2,048-token prefill's attention), 32 keys; elsewhere 64."""
+    assert key_tile(d, qw) == want
+
+
+def test_the_key_tile_is_laid_out_and_forced_by_its_knob(monkeypatch: pytest.MonkeyPatch) -> None:
+    base = dict(causal=True, qwarps=4)
+    r64, src64 = K.prepare(S.AttentionSpec(1, 16, 8, 2048, 2048, 128, DType.BF16, 0.088, bn=64, **base))
+    r32, src32 = K.prepare(S.AttentionSpec(1, 16, 8, 2048, 2048, 128, DType.BF16, 0.088, bn=32, **base))
+    assert "#define BN 64" in src64 and "#define BN 32" in src32
+    assert r64.shared_mem - r32.shared_mem == 2 * 2 * 32 * (128 + 8) * 2  # two stages of K and V, 32 keys fewer
+    monkeypatch.setenv("FUSEC_ATTN_BN", "64")
+    assert key_tile(128, 4) == 64
+    with pytest.raises(ValueError, match="bn"):
+        S.AttentionSpec(1, 2, 2, 8, 8, 64, DType.BF16, 0.125, qwarps=1, bn=32)  # 8 keys a split
+    with pytest.raises(ValueError, match="bn"):
+        S.AttentionSpec(1, 2, 2, 8, 8, 64, DType.BF16, 0.125, bn=48)
+
+
+def test_the_long_prefill_records_and_launches_the_key_tile(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel selection records bn beside qwarps and the lowering renders what it records: a prompt long enough
+    for 4 query warps at head_dim 128 takes 32-key tiles."""
+    compile_ = _attention_specs(monkeypatch)
+    seen = compile_({"head_dim": 128, "max_positions": 1024, "num_layers": 1}, batch=9, max_seq_len=528,
+                    prefill_len=512)
+    assert seen and all(sp.D == 128 and sp.qwarps == 4 and sp.bn == 32 for sp in seen), seen
+
+
+def _attention_specs(monkeypatch: pytest.MonkeyPatch, **cfg_changes) -> callable:  # type: ignore[valid-type]
+    """A compile function for qwen3-tiny with ``cfg_changes`` (or the built-in with none) that returns the
+    AttentionSpecs the lowering rendered."""
+    import dataclasses
+
+    import fusec.lower as LW
+    from fusec.genmodel import GenModel
+    from fusec.models import get_config
+    from fusec.models.generate import SharedWeights
+    from fusec.models.weights import RandomWeights
+
+    seen: list = []
+    kernel = LW.Context.kernel
+
+    def spy(self, spec, args, label):  # noqa: ANN001, ANN202
+        if isinstance(spec, S.AttentionSpec):
+            seen.append(spec)
+        return kernel(self, spec, args, label)
+
+    monkeypatch.setattr(LW.Context, "kernel", spy)
+
+    def compile_(changes: dict, **kw) -> list:  # type: ignore[type-arg]
+        model = "qwen3-tiny"
+        if changes:
+            cfg = dataclasses.replace(get_config("qwen3-tiny"), name="qwen3-tiny-variant", **changes)
+            model = GenModel(cfg, SharedWeights(RandomWeights(0)), None, (), cfg.name)
+        seen.clear()
+        compile_generation(model, dtype="bf16", eos_ids=[], arch="sm_90", **kw)
+        return list(seen)
+
+    return compile_

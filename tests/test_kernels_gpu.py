@@ -477,14 +477,17 @@ ATTN = [
     (F16, 2, 4, 2, 77, 140, 64, False, "rows"),        # 3 key tiles, a row a query (280-byte rows: copied by element)
     (BF16, 1, 4, 4, 72, 200, 64, False, "rows"),       # 16-byte copies, the last one partial (200 = 3 x 64 + 8)
 ]
-# fp16/bf16 cases take each block shape (query warps; the rest split each key tile), fp32 its one form
-ATTN_Q = [(*a, qw) for a in ATTN for qw in ((1, 2, 4) if a[0] != F32 else (4,))]
+# fp16/bf16 cases take each block shape (query warps; the rest split each key tile) at 64-key tiles and, where a
+# split keeps 16 keys, 32-key tiles (AttentionSpec.bn); fp32 its one form
+ATTN_Q = [(*a, qw, bn) for a in ATTN for qw in ((1, 2, 4) if a[0] != F32 else (4,))
+          for bn in ((64, 32) if a[0] != F32 and qw > 1 else (0,))]
 
 
-@pytest.mark.parametrize("dt,B,Hq,Hkv,Sq,T,D,causal,mask,qwarps", ATTN_Q,
-                         ids=[f"{a[0].value}-D{a[6]}-S{a[4]}-T{a[5]}-{a[8]}{'-causal' if a[7] else ''}-qw{a[9]}" for a in ATTN_Q])
+@pytest.mark.parametrize("dt,B,Hq,Hkv,Sq,T,D,causal,mask,qwarps,bn", ATTN_Q,
+                         ids=[f"{a[0].value}-D{a[6]}-S{a[4]}-T{a[5]}-{a[8]}{'-causal' if a[7] else ''}-qw{a[9]}-bn{a[10]}"
+                              for a in ATTN_Q])
 def test_attention(dt: DType, B: int, Hq: int, Hkv: int, Sq: int, T: int, D: int, causal: bool, mask: str,
-                   qwarps: int) -> None:
+                   qwarps: int, bn: int) -> None:
     q, k, v = rand((B, Hq, Sq, D), dt), rand((B, Hkv, T, D), dt), rand((B, Hkv, T, D), dt)
     scale = 1.0 / math.sqrt(D)
     args = [dev(q), dev(k), dev(v)]
@@ -508,7 +511,7 @@ def test_attention(dt: DType, B: int, Hq: int, Hkv: int, Sq: int, T: int, D: int
         args.append(dev(m))  # 16-byte copies of the mask's tiles where its rows allow them, as the lowering decides
         kw["mask_vec"] = dt != F32 and S.mask_rows_16(kw["mask_strides"], kw["mask_dtype"])
     out = poisoned((B, Hq, Sq, D), dt)
-    run(S.AttentionSpec(B, Hq, Hkv, Sq, T, D, dt, scale, causal=causal, qwarps=qwarps, **kw), args + [out])
+    run(S.AttentionSpec(B, Hq, Hkv, Sq, T, D, dt, scale, causal=causal, qwarps=qwarps, bn=bn, **kw), args + [out])
     check(host(out, dt), attention_ref(q, k, v, scale, causal, m, "additive" if mask == "rows" else mask), dt)
 
 

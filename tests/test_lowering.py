@@ -159,17 +159,20 @@ def test_an_indexed_chain_moves_whole_aligned_vectors_or_halves_down() -> None:
     from fusec.lower.fused import _indexed_vec
 
     BF, F32_ = DType.BF16, DType.F32
-    addrs = {"y": 0, "out": 0, "odd": 2, "s": 4}
+    addrs = {"y": 0, "out": 0, "odd": 2, "s": 4, "f": 0}
     ctx = SimpleNamespace(aligned=lambda *vals, to=16: all(addrs[v.name] % to == 0 for v in vals))
     y, out, odd, s = (SimpleNamespace(name=n, dtype=BF) for n in ("y", "out", "odd", "s"))
     halves = (S.Operand(BF, (6144, 1)), S.Operand(BF, (6144, 1)))
-    assert _indexed_vec(ctx, (2048, 3072), halves, [y, y], [0, 3072], out) == 8  # a gated unit's halves
-    assert _indexed_vec(ctx, (2048, 3072), halves, [y, y], [0, 3070], out) == 2  # the second half 4 bytes in
-    assert _indexed_vec(ctx, (2048, 3071), halves, [y, y], [0, 3071], out) == 1  # rows of an odd length
-    assert _indexed_vec(ctx, (64, 64), halves[:1], [odd], [0], out) == 1  # a 2-byte aligned base
+    assert _indexed_vec(ctx, (2048, 3072), halves, [y, y], [0, 3072], [out]) == 8  # a gated unit's halves
+    assert _indexed_vec(ctx, (2048, 3072), halves, [y, y], [0, 3070], [out]) == 2  # the second half 4 bytes in
+    assert _indexed_vec(ctx, (2048, 3071), halves, [y, y], [0, 3071], [out]) == 1  # rows of an odd length
+    assert _indexed_vec(ctx, (64, 64), halves[:1], [odd], [0], [out]) == 1  # a 2-byte aligned base
     col = S.Operand(F32_, (1, 0))  # one value a row (stride 0 along it) at any address; fp32: 4 a vector
-    assert _indexed_vec(ctx, (64, 64), (halves[0], col), [y, SimpleNamespace(name="s", dtype=F32_)], [0, 1], out) == 4
-    assert _indexed_vec(ctx, (64, 64), (S.Operand(BF, (65, 1)),), [y], [0], out) == 1  # rows 65 elements apart
+    assert _indexed_vec(ctx, (64, 64), (halves[0], col), [y, SimpleNamespace(name="s", dtype=F32_)], [0, 1], [out]) == 4
+    assert _indexed_vec(ctx, (64, 64), (S.Operand(BF, (65, 1)),), [y], [0], [out]) == 1  # rows 65 elements apart
+    # a multi-output kernel: every output's address and type count (an fp32 output: 4 a vector; a 2-byte aligned one)
+    assert _indexed_vec(ctx, (64, 64), halves[:1], [y], [0], [out, SimpleNamespace(name="f", dtype=F32_)]) == 4
+    assert _indexed_vec(ctx, (64, 64), halves[:1], [y], [0], [out, odd]) == 1
 
 
 def test_a_long_prefills_swiglu_over_the_products_halves_moves_16_bytes_a_thread() -> None:

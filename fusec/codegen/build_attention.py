@@ -17,7 +17,7 @@ def _attention(spec: S.AttentionSpec) -> Rendered:
     qs, ks, vs, os_ = spec.strides()
     ctx = {
         "name": kernel_name("attn", spec), "tc": tc, "tf32": tf32, "split": math == "3xtf32",
-        "BN": 64 if tc or spec.D <= 64 else 32, "D": spec.D, "S": spec.S, "T": spec.T,
+        "BN": (spec.bn or 64) if tc else 64 if spec.D <= 64 else 32, "D": spec.D, "S": spec.S, "T": spec.T,
         "group": spec.Hq // spec.Hkv, "t": ctype(spec.dtype), "scale": float_lit(spec.scale, "scale"),
         "softcap": float_lit(spec.softcap, "softcap") if spec.softcap else None,
         "causal": spec.causal, "mask": Ident(spec.mask),
@@ -55,6 +55,21 @@ def query_warps(b: int, hq: int, s: int) -> int:
     if forced != "auto":
         return int(forced)
     return 4 if cdiv(s, 64) * hq * b >= 2 * SMS else 2
+
+
+def key_tile(d: int, qwarps: int) -> int:
+    """The kernel selection's keys a K/V tile (``AttentionSpec.bn``; FUSEC_ATTN_BN overrides it): 32 at four query warps
+    and a head dimension past 64, else 64. There the 64-key tile's scores and addresses took 176 registers a thread
+    (two 4-warp blocks an SM; the ring's 87 KB of shared memory allowed two as well), 32 keys take 166 and 52 KB
+    (three): the 2,048-token Qwen3-0.6B prefill's attention alone took 109.3-109.5 us against 128.1-128.7 (H200,
+    attn_bench.py --bn, twenty-ninth session). At two query warps (one wave: occupancy is not what holds it) and at
+    D = 64 the 32-key tile lost (Qwen3 128 tokens 4.65 us against 4.20; BERT-base 13.8 against 12.4)."""
+    from fusec import knobs
+
+    forced = knobs.get("FUSEC_ATTN_BN")
+    if forced != "auto":
+        return int(forced)
+    return 32 if qwarps == 4 and d > 64 else 64
 
 
 def _req_grid(grid: tuple[int, int, int]) -> None:

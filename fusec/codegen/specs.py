@@ -286,11 +286,15 @@ class AttentionSpec:
     # fp16/bf16: K/V tile buffers (1 or 2: the next tile's copy overlapping this one's products); 0: the builder's
     # rule, two where the keys span more than one tile
     stages: int = 0
+    # fp16/bf16: keys a K/V tile (32 or 64; each key split's share a multiple of 16); 0: the builder's rule (64)
+    bn: int = 0
 
     def __post_init__(self) -> None:
         _pos(("B", self.B), ("Hq", self.Hq), ("Hkv", self.Hkv), ("S", self.S), ("T", self.T), ("D", self.D))
         _req(self.qwarps in (1, 2, 4), "qwarps must be 1, 2 or 4")
         _req(self.stages in (0, 1, 2), "stages must be 0 (the rule), 1 or 2")
+        _req(self.bn in (0, 32, 64) and (self.bn == 0 or self.bn * self.qwarps // 4 % 16 == 0),
+             "bn must be 0 (the rule), 32 or 64, with bn / (4 / qwarps) keys a split a multiple of 16")
         if self.mask_vec:
             _req(self.mask != "none" and mask_rows_16(self.mask_strides, self.mask_dtype),
                  "mask_vec needs a mask whose key stride is 1 and whose other strides are multiples of 16 bytes")
