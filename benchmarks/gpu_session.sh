@@ -68,6 +68,8 @@
 #   n29b      the attention's compares on the diagonal only: its GPU tests, the kernel alone against benchmarks/ab_prev,
 #             the 2,048-token prefill, the whole-plan GPU tests (plans_t)
 #   n29c      the attention alone by keys a tile (bn 64, 32) at the long prompt's, BERT's, Qwen3's and GPT-2's shapes
+#   n29d      the attention's GPU tests with 32-key tiles, the kernel alone by launch bound, the 2,048-token prefill
+#             against FUSEC_ATTN_BN=64
 #   ctx4k     Qwen3-0.6B decode at a 4,096-token context, batches 1 and 32, with rooflines (issue 19's report)
 #   ctx4k32   the same at batch 32 only (its ~15 GB cache compared by device digests: decode_step.py HOST_STATE_BYTES)
 #   stream_ab built-in encoders at a few rows on cuBLAS against fusec's GEMM (benchmarks/stream_ab.py)
@@ -522,6 +524,16 @@ for step in "$@"; do
              echo "[round $r] $sh"; timeout 90 python3 benchmarks/attn_bench.py --shape $sh --bn 64,32 2>&1 | grep -E "^\| [a-z]+ \|"
            done
          done ;;
+    n29d) # the attention's 32-key tiles in the plans: its GPU tests (32-key cases at 2 and 4 query warps), the kernel
+          # alone with the launch bound at 4 blocks an SM (AttentionSpec.min_blocks: 128 registers, 84 bytes of
+          # spills), then the 2,048-token prefill in turns against FUSEC_ATTN_BN=64
+         timeout 150 $PT -n 8 tests/test_kernels_gpu.py -k "attention or attn" > "$R/t_n29d.txt" 2>&1
+         grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_n29d.txt" | tail -n 8
+         for r in 1 2; do
+           echo "[round $r]"; timeout 90 python3 benchmarks/attn_bench.py --shape qwen3-2k --forms causal --qwarps 2,4 --bn 64,32 \
+             2>&1 | grep -E "^\| [a-z]+ \|"  # (call 5 also tried a launch bound of 3 and 4 blocks an SM: removed)
+         done
+         qprefill n29d_2048 2048 --rounds 6 --ab FUSEC_ATTN_BN=64 ;;
     ctx4k32) timeout 500 python3 benchmarks/decode_step.py "$R/ctx4k32" --model qwen3-0.6b --batches 32 --context 4096 \
                --windows 2 > "$R/ctx4k32.txt" 2>&1
              grep -E "^\| [0-9]+ \|" "$R/ctx4k32.txt" | cut -c 1-400; tail -n 3 "$R/ctx4k32.txt" | cut -c 1-600 ;;
