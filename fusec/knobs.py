@@ -158,6 +158,9 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("FUSEC_ATTN_BN", "choice", "auto", "fp16/bf16 attention: keys a K/V tile; auto: the kernel selection's "
          "(build_attention.key_tile: 32 at four query warps and a head dimension past 64, else 64; the A/B of "
          "benchmarks/prefill_step.py --ab FUSEC_ATTN_BN=64)", ("auto", "32", "64")),
+    Knob("FUSEC_HEAD_ROPE_RPW", "choice", "auto", "the head_rope kernel (q/k norm, RoPE, cache writes): head rows a "
+         "warp; auto: build_heads.rows_per_warp (4 where S allows and 4 blocks an SM remain; the A/B of "
+         "benchmarks/prefill_step.py --ab FUSEC_HEAD_ROPE_RPW=1)", ("auto", "1", "2", "4")),
     Knob("FUSEC_PDL", "bool", True, "launch kernels that allow it with programmatic dependent launch (sm_90+)"),
     Knob("FUSEC_API_KEY", "text", None, "fusec serve: the bearer token clients must send (default: --api-key)"),
 )}

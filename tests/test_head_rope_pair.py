@@ -201,7 +201,25 @@ def test_group_kernel_compiles(arch: str, dt: DType) -> None:
     assert K.build(dual, arch).params[-3:] == ("out0", "out1", "dual1")
     fixed = HeadRopeGroupSpec(_pair(dt, 1, 5, 4, 2, 64, True, 40).parts, copies=(1,), fixed_pos=0)  # one-row prefill
     ck = K.build(fixed, arch)
-    assert "pos" not in ck.params and "(hr_idx)0 + s" in ck.source
+    assert "pos" not in ck.params and "(hr_idx)0 + s0" in ck.source
+
+
+@pytest.mark.parametrize("S_,rows,want", [(2048, 65536, 4), (128, 4096, 1), (2048, 8192, 2), (1, 64, 1),
+                                          (6, 65536, 2), (77, 65536, 1)])
+def test_rows_a_warp_where_positions_and_blocks_allow(S_: int, rows: int, want: int,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """``rows_per_warp``: the most of 4, 2, 1 that divides S and leaves 4 blocks an SM (4 warps a block); the knob
+    forces it where it divides S; the kernel's grid covers the rows at that many a warp."""
+    from fusec.codegen.build_heads import rows_per_warp
+
+    assert rows_per_warp(S_, rows) == want
+    monkeypatch.setenv("FUSEC_HEAD_ROPE_RPW", "4")
+    assert rows_per_warp(S_, rows) == (4 if S_ % 4 == 0 else 1)
+    monkeypatch.setenv("FUSEC_HEAD_ROPE_RPW", "auto")
+    spec = _pair(BF16, 1, 2048, 16, 8, 128, True, 2064)
+    ck = K.build(spec, "sm_90")
+    rows = sum(p.B * p.H * p.S for p in spec.parts)
+    assert "#define RPW 4 " in ck.source and ck.grid[0] * ck.block[0] // 32 * 4 >= rows
 
 
 def test_group_spec_rejects_parts_that_cannot_share_a_launch() -> None:
@@ -281,14 +299,18 @@ def _ref_part(x: np.ndarray, w: np.ndarray | None, cos: np.ndarray, sin: np.ndar
 @pytest.mark.parametrize("dt", [F32, F16, BF16])
 @pytest.mark.parametrize("Hq,Hkv,D,norm", [(4, 2, 64, True), (8, 1, 128, True), (6, 1, 64, False), (16, 8, 128, True)])
 @pytest.mark.parametrize("dual", [False, True])
-def test_group_kernel_matches_numpy(dt: DType, Hq: int, Hkv: int, D: int, norm: bool, dual: bool) -> None:
+@pytest.mark.parametrize("rpw", [1, 4])
+def test_group_kernel_matches_numpy(dt: DType, Hq: int, Hkv: int, D: int, norm: bool, dual: bool, rpw: int,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """q heads to their output and k heads into a cache at per-batch positions (rows past the cache
     dropped), from one merged QKV buffer, in one launch: against float64 numpy; the cache rows not
     written keep their poison, and the V columns are never read (NaN there would show). ``dual``
-    (prefill): k's rotated rows also go to a [B, Hkv, S, D] output, all of them."""
+    (prefill): k's rotated rows also go to a [B, Hkv, S, D] output, all of them. ``rpw``: head rows a warp
+    (a long prefill's form: 4 positions a warp, some of them past the cache)."""
     import cupy as cp
 
-    B, S_, T = 2, 5, 12
+    monkeypatch.setenv("FUSEC_HEAD_ROPE_RPW", str(rpw))
+    B, S_, T = 2, (8 if rpw == 4 else 5), 12
     spec = _pair(dt, B, S_, Hq, Hkv, D, norm, T)
     spec = HeadRopeGroupSpec(spec.parts, copies=(1,) if dual else ())
     rng = np.random.default_rng(20261123)
