@@ -70,6 +70,7 @@
 #   n29c      the attention alone by keys a tile (bn 64, 32) at the long prompt's, BERT's, Qwen3's and GPT-2's shapes
 #   n29d      the attention's GPU tests with 32-key tiles, the kernel alone by launch bound, the 2,048-token prefill
 #             against FUSEC_ATTN_BN=64
+#   n29e      head_rope's rows a warp: GPU tests, prefill at 2,048 and 512 tokens against FUSEC_HEAD_ROPE_RPW=1, decode b1
 #   ctx4k     Qwen3-0.6B decode at a 4,096-token context, batches 1 and 32, with rooflines (issue 19's report)
 #   ctx4k32   the same at batch 32 only (its ~15 GB cache compared by device digests: decode_step.py HOST_STATE_BYTES)
 #   stream_ab built-in encoders at a few rows on cuBLAS against fusec's GEMM (benchmarks/stream_ab.py)
@@ -534,6 +535,16 @@ for step in "$@"; do
              2>&1 | grep -E "^\| [a-z]+ \|"  # (call 5 also tried a launch bound of 3 and 4 blocks an SM: removed)
          done
          qprefill n29d_2048 2048 --rounds 6 --ab FUSEC_ATTN_BN=64 ;;
+    n29e) # head_rope's rows a warp: its GPU tests (and the decode attention's, whose prologue shares the row math), the
+          # 2,048-token prefill in turns against FUSEC_HEAD_ROPE_RPW=1, the 512-token one, decode at batch 1
+         timeout 200 $PT -n 8 tests/test_head_rope_pair.py tests/test_kv_heads_gpu.py tests/test_decode_kernels_gpu.py \
+           > "$R/t_n29e.txt" 2>&1
+         grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_n29e.txt" | tail -n 8
+         qprefill n29e_2048 2048 --rounds 6 --ab FUSEC_HEAD_ROPE_RPW=1
+         qprefill n29e_512 512 --rounds 6 --ab FUSEC_HEAD_ROPE_RPW=1
+         timeout 150 python3 benchmarks/decode_step.py "$R/n29e_step" --model qwen3-0.6b --batches 1 --windows 3 \
+           > "$R/n29e_step.txt" 2>&1
+         grep -E "^\| [0-9]+ \|" "$R/n29e_step.txt" | cut -c 1-300 ;;
     ctx4k32) timeout 500 python3 benchmarks/decode_step.py "$R/ctx4k32" --model qwen3-0.6b --batches 32 --context 4096 \
                --windows 2 > "$R/ctx4k32.txt" 2>&1
              grep -E "^\| [0-9]+ \|" "$R/ctx4k32.txt" | cut -c 1-400; tail -n 3 "$R/ctx4k32.txt" | cut -c 1-600 ;;
