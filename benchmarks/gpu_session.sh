@@ -71,6 +71,9 @@
 #   n29d      the attention's GPU tests with 32-key tiles, the kernel alone by launch bound, the 2,048-token prefill
 #             against FUSEC_ATTN_BN=64
 #   n29e      head_rope's rows a warp: GPU tests, prefill at 2,048 and 512 tokens against FUSEC_HEAD_ROPE_RPW=1, decode b1
+#   n29f      the attention's one-barrier ring: GPU tests, alone against benchmarks/ab_prev, prefill 2,048 and 128,
+#             compare.py bert-base gpt2-small
+#   n29g      the same with the whole ring issued up front
 #   ctx4k     Qwen3-0.6B decode at a 4,096-token context, batches 1 and 32, with rooflines (issue 19's report)
 #   ctx4k32   the same at batch 32 only (its ~15 GB cache compared by device digests: decode_step.py HOST_STATE_BYTES)
 #   stream_ab built-in encoders at a few rows on cuBLAS against fusec's GEMM (benchmarks/stream_ab.py)
@@ -545,6 +548,42 @@ for step in "$@"; do
          timeout 150 python3 benchmarks/decode_step.py "$R/n29e_step" --model qwen3-0.6b --batches 1 --windows 3 \
            > "$R/n29e_step.txt" 2>&1
          grep -E "^\| [0-9]+ \|" "$R/n29e_step.txt" | cut -c 1-300 ;;
+    n29f) # the attention's ring with one barrier a key tile: its GPU tests, the kernel alone in turns against the
+          # previous template (benchmarks/ab_prev/attention_mma.jinja, copied there for this call), the prefill at 2,048
+          # and 128 tokens, and BERT-base / GPT-2 small against torch (compare.py, issue 19's encoder targets)
+         timeout 150 $PT -n 8 tests/test_kernels_gpu.py -k "attention or attn" > "$R/t_n29f.txt" 2>&1
+         grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_n29f.txt" | tail -n 8
+         if [[ -f benchmarks/ab_prev/attention_mma.jinja ]]; then
+           cp templates/attention_mma.jinja /tmp/attn_new.jinja
+           for r in 1 2; do for v in new prev; do
+             if [[ $v == prev ]]; then cp benchmarks/ab_prev/attention_mma.jinja templates/; else cp /tmp/attn_new.jinja templates/attention_mma.jinja; fi
+             for sh in "qwen3-2k --forms causal --qwarps 4" "bert --forms keys --qwarps 4" "qwen3 --forms causal --qwarps 2" \
+                       "gpt2 --forms rows --qwarps 2"; do
+               echo "[$v round $r] $sh"; timeout 60 python3 benchmarks/attn_bench.py --shape $sh 2>&1 | grep -E "^\| [a-z]+ \|"
+             done
+           done; done
+           cp /tmp/attn_new.jinja templates/attention_mma.jinja
+         fi
+         for pc in 2048 128; do qprefill "n29f_$pc" $pc --rounds 5; done
+         timeout 280 python3 benchmarks/compare.py bert-base gpt2-small --json "$R/n29f_compare.json" > "$R/n29f_compare.txt" 2>&1
+         grep -E "^\||fusec|ratio|agree" "$R/n29f_compare.txt" | grep -v '^{"peaks' | head -n 30 ;;
+    n29g) # the attention's one-barrier ring, the whole ring issued up front (n29f's form issued one tile fewer before the
+          # first step: short shapes lost): its GPU tests, alone in turns against benchmarks/ab_prev (the two-barrier
+          # form), the prefill at 2,048 and 128 tokens
+         timeout 150 $PT -n 8 tests/test_kernels_gpu.py -k "attention or attn" > "$R/t_n29g.txt" 2>&1
+         grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_n29g.txt" | tail -n 8
+         if [[ -f benchmarks/ab_prev/attention_mma.jinja ]]; then
+           cp templates/attention_mma.jinja /tmp/attn_new.jinja
+           for r in 1 2; do for v in new prev; do
+             if [[ $v == prev ]]; then cp benchmarks/ab_prev/attention_mma.jinja templates/; else cp /tmp/attn_new.jinja templates/attention_mma.jinja; fi
+             for sh in "qwen3-2k --forms causal --qwarps 4 --bn 32,64" "bert --forms keys --qwarps 4" "qwen3 --forms causal --qwarps 2" \
+                       "gpt2 --forms rows --qwarps 2"; do
+               echo "[$v round $r] $sh"; timeout 60 python3 benchmarks/attn_bench.py --shape $sh 2>&1 | grep -E "^\| [a-z]+ \|"
+             done
+           done; done
+           cp /tmp/attn_new.jinja templates/attention_mma.jinja
+         fi
+         for pc in 2048 128; do qprefill "n29g_$pc" $pc --rounds 5; done ;;
     ctx4k32) timeout 500 python3 benchmarks/decode_step.py "$R/ctx4k32" --model qwen3-0.6b --batches 32 --context 4096 \
                --windows 2 > "$R/ctx4k32.txt" 2>&1
              grep -E "^\| [0-9]+ \|" "$R/ctx4k32.txt" | cut -c 1-400; tail -n 3 "$R/ctx4k32.txt" | cut -c 1-600 ;;

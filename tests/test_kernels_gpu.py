@@ -515,6 +515,18 @@ def test_attention(dt: DType, B: int, Hq: int, Hkv: int, Sq: int, T: int, D: int
     check(host(out, dt), attention_ref(q, k, v, scale, causal, m, "additive" if mask == "rows" else mask), dt)
 
 
+@pytest.mark.parametrize("stages", [1, 2])
+def test_attention_stages_over_many_key_tiles(stages: int) -> None:
+    """The K/V ring at both depths over 5 key tiles (a causal prompt after a cache): one stage refilled after every
+    warp's step (a forced ``stages``), or two."""
+    B, Hq, Hkv, Sq, T, D = 1, 4, 2, 40, 300, 128
+    q, k, v = rand((B, Hq, Sq, D), BF16), rand((B, Hkv, T, D), BF16), rand((B, Hkv, T, D), BF16)
+    out = poisoned((B, Hq, Sq, D), BF16)
+    run(S.AttentionSpec(B, Hq, Hkv, Sq, T, D, BF16, 0.088, causal=True, qwarps=2, stages=stages),
+        [dev(q), dev(k), dev(v), out])
+    check(host(out, BF16), attention_ref(q, k, v, 0.088, True, None, "none"), BF16)
+
+
 def test_attention_bshd_strides() -> None:
     """q/k/v/out laid out [B, S, H, D] (no transposes needed around the kernel)."""
     B, H, Sq, D = 2, 4, 50, 64
