@@ -115,9 +115,9 @@ def _select(node: Node, options: PassOptions, offsets: dict[Value, int]) -> Sele
         if family == "gemm_epilogue" and detail[0].op == Op.QMATMUL:
             return _quantized(node, detail[0], offsets, family, detail)
         if cp is None:
-            return Selection(family, reason=f"the one {family} kernel of this body",
-                             params=_attention_params(detail["operands"][0][1].shape) if family == "attention" else (),
-                             detail=detail)
+            params = _attention_params(detail["operands"][0][1].shape) if family == "attention" \
+                else _head_rope_params(detail) if family == "head_rope" else ()
+            return Selection(family, reason=f"the one {family} kernel of this body", params=params, detail=detail)
     if node.op == Op.QMATMUL:
         return _quantized(node, node, offsets, "qmatmul")
     if cp is None:
@@ -158,6 +158,14 @@ def _attention_params(q_shape: tuple[int, ...]) -> tuple[tuple[str, Any], ...]:
     b, h, s, d = q_shape
     qw = query_warps(b, h, s)
     return (("qwarps", qw), ("bn", key_tile(d, qw)))
+
+
+def _head_rope_params(parts: Any) -> tuple[tuple[str, Any], ...]:
+    """The head_rope kernel's rows a warp over its parts' [B, H, S, D] rows (``build_heads.rows_per_warp``)."""
+    from fusec.codegen.build_heads import rows_per_warp
+
+    shapes = [p.rows.shape for p in parts]
+    return (("rpw", rows_per_warp(shapes[0][2], sum(b * h * s for b, h, s, _ in shapes))),)
 
 
 def _gemm_params(m: int, n: int, k: int, dtype: Any, clusters: bool, wgmma: bool) -> tuple[tuple[str, Any], ...]:

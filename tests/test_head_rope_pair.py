@@ -209,17 +209,38 @@ def test_group_kernel_compiles(arch: str, dt: DType) -> None:
 def test_rows_a_warp_where_positions_and_blocks_allow(S_: int, rows: int, want: int,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """``rows_per_warp``: the most of 4, 2, 1 that divides S and leaves 4 blocks an SM (4 warps a block); the knob
-    forces it where it divides S; the kernel's grid covers the rows at that many a warp."""
+    forces it where it divides S. The kernel's grid covers the rows at the spec's rows a warp."""
     from fusec.codegen.build_heads import rows_per_warp
 
     assert rows_per_warp(S_, rows) == want
     monkeypatch.setenv("FUSEC_HEAD_ROPE_RPW", "4")
     assert rows_per_warp(S_, rows) == (4 if S_ % 4 == 0 else 1)
-    monkeypatch.setenv("FUSEC_HEAD_ROPE_RPW", "auto")
-    spec = _pair(BF16, 1, 2048, 16, 8, 128, True, 2064)
+    spec = HeadRopeGroupSpec(_pair(BF16, 1, 2048, 16, 8, 128, True, 2064).parts, rpw=4)
     ck = K.build(spec, "sm_90")
     rows = sum(p.B * p.H * p.S for p in spec.parts)
     assert "#define RPW 4 " in ck.source and ck.grid[0] * ck.block[0] // 32 * 4 >= rows
+    with pytest.raises(ValueError, match="rpw"):
+        HeadRopeGroupSpec(_pair(BF16, 1, 6, 16, 8, 128, True, 20).parts, rpw=4)  # 4 does not divide S = 6
+
+
+@pytest.mark.parametrize("prompt,want", [(512, 4), (8, 1)])
+def test_the_prefills_head_rope_records_and_launches_its_rows_a_warp(prompt: int, want: int) -> None:
+    """Kernel selection records rows a warp on the head_rope node (what explain shows); the lowering renders the
+    kernel at that many."""
+    from fusec.compiler import compile_generation
+    from fusec.genmodel import GenModel
+    from fusec.models.generate import SharedWeights
+    from fusec.models.weights import RandomWeights
+
+    cfg = dataclasses.replace(_cfg("qwen3-gqa"), max_positions=1024, num_heads=16, num_kv_heads=8, num_layers=1)
+    gm = GenModel(cfg, SharedWeights(RandomWeights(1)), None, (), cfg.name)
+    plan = compile_generation(gm, batch=4, max_seq_len=prompt + 8, prefill_len=prompt, dtype="bf16", arch="sm_90",
+                              eos_ids=[])
+    modules = {m["entry"]: m for m in plan.manifest["modules"]}
+    entries = {plan.manifest["kernels"][int(L["kernel"])]["entry"] for L in plan.manifest["entries"]["prefill"]["launches"]
+               if "kernel" in L}
+    srcs = [bytes(plan.blobs()[modules[e]["source"]]).decode() for e in entries if e.startswith("fc_headrope")]
+    assert srcs and all(f"#define RPW {want} " in s for s in srcs)
 
 
 def test_group_spec_rejects_parts_that_cannot_share_a_launch() -> None:
@@ -300,8 +321,7 @@ def _ref_part(x: np.ndarray, w: np.ndarray | None, cos: np.ndarray, sin: np.ndar
 @pytest.mark.parametrize("Hq,Hkv,D,norm", [(4, 2, 64, True), (8, 1, 128, True), (6, 1, 64, False), (16, 8, 128, True)])
 @pytest.mark.parametrize("dual", [False, True])
 @pytest.mark.parametrize("rpw", [1, 4])
-def test_group_kernel_matches_numpy(dt: DType, Hq: int, Hkv: int, D: int, norm: bool, dual: bool, rpw: int,
-                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_group_kernel_matches_numpy(dt: DType, Hq: int, Hkv: int, D: int, norm: bool, dual: bool, rpw: int) -> None:
     """q heads to their output and k heads into a cache at per-batch positions (rows past the cache
     dropped), from one merged QKV buffer, in one launch: against float64 numpy; the cache rows not
     written keep their poison, and the V columns are never read (NaN there would show). ``dual``
@@ -309,10 +329,9 @@ def test_group_kernel_matches_numpy(dt: DType, Hq: int, Hkv: int, D: int, norm: 
     (a long prefill's form: 4 positions a warp, some of them past the cache)."""
     import cupy as cp
 
-    monkeypatch.setenv("FUSEC_HEAD_ROPE_RPW", str(rpw))
     B, S_, T = 2, (8 if rpw == 4 else 5), 12
     spec = _pair(dt, B, S_, Hq, Hkv, D, norm, T)
-    spec = HeadRopeGroupSpec(spec.parts, copies=(1,) if dual else ())
+    spec = HeadRopeGroupSpec(spec.parts, copies=(1,) if dual else (), rpw=rpw)
     rng = np.random.default_rng(20261123)
     qkv = rng.uniform(-1, 1, (B, S_, Hq + 2 * Hkv, D)).astype(dt.np)
     qkv[:, :, Hq + Hkv:] = np.nan  # V: not read

@@ -27,6 +27,7 @@ class HeadRopeGroupSpec:
     parts: tuple[S.HeadRopeSpec, ...]
     copies: tuple[int, ...] = ()
     fixed_pos: int = -1
+    rpw: int = 1  # head rows a warp (consecutive positions; kernel selection's rows_per_warp), dividing S
 
     def __post_init__(self) -> None:
         S._req(len(self.parts) >= 1 and all(isinstance(p, S.HeadRopeSpec) for p in self.parts),
@@ -40,11 +41,12 @@ class HeadRopeGroupSpec:
             isinstance(i, int) and 0 <= i < len(self.parts) and self.parts[i].cache_len for i in self.copies),
             f"head_rope group copies {self.copies} must name distinct parts that write a cache, in order")
         S._req(isinstance(self.fixed_pos, int) and self.fixed_pos >= -1, f"fixed_pos must be an int >= -1, got {self.fixed_pos!r}")
+        S._req(self.rpw in (1, 2, 4) and p0.S % self.rpw == 0, f"rpw must be 1, 2 or 4 and divide S, got {self.rpw}")
 
 
 def rows_per_warp(s: int, rows: int) -> int:
-    """Head rows a warp takes (consecutive positions; FUSEC_HEAD_ROPE_RPW overrides): the most of 4, 2, 1 that divides
-    the positions S and leaves at least 4 blocks an SM. A warp a row had each warp's one row of loads (256 bytes at
+    """Kernel selection's head rows a warp (``HeadRopeGroupSpec.rpw``: consecutive positions; FUSEC_HEAD_ROPE_RPW
+    overrides it): the most of 4, 2, 1 that divides the positions S and leaves at least 4 blocks an SM. A warp a row had each warp's one row of loads (256 bytes at
     D = 128) in flight at a time: the 2,048-token Qwen3-0.6B prefill's kernel moved ~38 MB in 21 us (1.8 TB/s, H200)."""
     from fusec import knobs
 
@@ -72,7 +74,7 @@ def _render(spec: S.HeadRopeSpec | HeadRopeGroupSpec) -> Rendered:
                      sum((n - 1) * st for n, st in zip((p.B, p.H, t_rows), p.out_strides)) + p.D)
     extent = max([extent] + [rows[i] * p0.D for i in copies])  # the contiguous copies
     caches = [p for p in parts if p.cache_len]
-    rpw = rows_per_warp(p0.S, sum(rows))
+    rpw = spec.rpw if isinstance(spec, HeadRopeGroupSpec) else 1
     ctx = {"name": kernel_name("headrope", spec), "t": ctype(p0.dtype), "cs_t": ctype(p0.cs_dtype),
            "pos_t": ctype(caches[0].pos_dtype if caches else p0.pos_dtype), "any_cache": bool(caches) and fixed < 0,
            "fixed_pos": fixed,

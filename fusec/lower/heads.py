@@ -197,8 +197,11 @@ def emit(ctx: Context, parts: list[Part], node: Node, label: str) -> None:
     if fixed >= 0:
         pos = None  # the literal start row is part of the kernel
     args += [cos, sin] + ([pos] if pos is not None else []) + outs + [node.outputs[parts[i].res] for i in copies]  # type: ignore[index]
-    group = len(specs) > 1 or copies or fixed >= 0
-    ctx.kernel(HeadRopeGroupSpec(tuple(specs), copies, fixed) if group else specs[0], args, label)
+    from fusec.passes.select_kernels import selection
+
+    rpw = dict(selection(node).params).get("rpw", 1)  # kernel selection's rows a warp
+    group = len(specs) > 1 or copies or fixed >= 0 or rpw > 1
+    ctx.kernel(HeadRopeGroupSpec(tuple(specs), copies, fixed, rpw) if group else specs[0], args, label)
     if pos is not None:  # run-time positions: each cache part writes rows pos[b] + s only
         for p, out in zip(parts, outs):
             if p.write is not None:
