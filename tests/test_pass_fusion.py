@@ -277,3 +277,20 @@ def test_multi_output_group_is_not_hoisted_past_a_read_of_the_state_it_updates()
     holder = {v.name: n for n in out.nodes for v in n.outputs}[new.name]
     assert holder.op == Op.FUSED and Op.NEG in _body_ops(holder)
     _same(g, out)
+
+
+def test_a_generation_plans_state_updates_stay_in_place_with_multi_output_groups() -> None:
+    """The bookkeeping at the end of a prefill and a decode step (the new position, the current token, the done flags)
+    is one multi-output elementwise kernel that writes each state's new value over the old one: no copy into a state
+    after the run (the memory plan's in-place rule reads the group's recorded kernel plan), and no more than one such
+    group a plan entry beside the prefill's start."""
+    from fusec.compiler import compile_generation
+
+    for batch in (1, 3):
+        plan = compile_generation("qwen3-tiny", batch=batch, max_seq_len=48, prefill_len=16, dtype="bf16",
+                                  arch="sm_90", eos_ids=[])
+        for entry, v in plan.manifest["entries"].items():
+            labels = [L.get("label", "") for L in v["launches"]]
+            assert not [x for x in labels if "<- update" in x], (batch, entry, labels)
+            groups = sum("fused[elementwise]" in x for x in labels)
+            assert 1 <= groups <= (2 if entry == "prefill" else 1), (batch, entry, labels)
