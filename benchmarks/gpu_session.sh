@@ -229,6 +229,24 @@ prefill_ab() {
   timeout 120 python3 benchmarks/prefill_step.py "$R/prefill_l" --model llama-1b --prompt 32 $PREFILL_AB > "$R/prefill_l.txt" 2>&1
   tail -n 24 "$R/prefill_l.txt" | cut -c 1-3000
 }
+attn_ab() {
+  # the attention alone (attn_bench.py) at each "SHAPE [options]" argument, two rounds; where benchmarks/ab_prev holds
+  # templates (untracked, copied there for one call), the tree's and those in turns, the tree's put back after
+  local v r sh f prev=()
+  for f in benchmarks/ab_prev/*.jinja; do [[ -f $f ]] && prev+=("${f##*/}"); done
+  mkdir -p /tmp/ab_new
+  for f in "${prev[@]}"; do cp "templates/$f" /tmp/ab_new/; done
+  for r in 1 2; do for v in new ${prev[@]:+prev}; do
+    for f in "${prev[@]}"; do
+      if [[ $v == prev ]]; then cp "benchmarks/ab_prev/$f" templates/; else cp "/tmp/ab_new/$f" templates/; fi
+    done
+    for sh in "$@"; do
+      # shellcheck disable=SC2086  # $sh is a shape and its options
+      echo "[$v round $r] $sh"; timeout 90 python3 benchmarks/attn_bench.py --shape $sh 2>&1 | grep -E "^\| [a-z]+ \|"
+    done
+  done; done
+  for f in "${prev[@]}"; do cp "/tmp/ab_new/$f" templates/; done
+}
 qprefill() {
   # Qwen3-0.6B's prefill entry (prefill_step.py): NAME PROMPT[:CACHE ROWS] [prefill_step.py options]; prints its table
   # (times, launches, variants) and the per-kernel profile's top lines
@@ -484,17 +502,8 @@ for step in "$@"; do
          # session copies it there for this call), the prefill at 128 and 2,048 tokens, decode at batches 1 and 8
          timeout 150 $PT -n 8 tests/test_kernels_gpu.py -k "elementwise or attention or attn" > "$R/t_n29.txt" 2>&1
          grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_n29.txt" | tail -n 8
-         if [[ -f benchmarks/ab_prev/attention_mma.jinja ]]; then
-           cp templates/attention_mma.jinja /tmp/attn_new.jinja
-           for r in 1 2; do for v in new prev; do
-             if [[ $v == prev ]]; then cp benchmarks/ab_prev/attention_mma.jinja templates/; else cp /tmp/attn_new.jinja templates/attention_mma.jinja; fi
-             for sh in "qwen3-2k --forms causal --qwarps 2,4" "bert --forms keys --qwarps 4" "qwen3 --forms causal --qwarps 2,4" \
-                       "gpt2 --forms rows --qwarps 2"; do
-               echo "[$v round $r] $sh"; timeout 60 python3 benchmarks/attn_bench.py --shape $sh 2>&1 | grep -E "^\| [a-z]+ \|"
-             done
-           done; done
-           cp /tmp/attn_new.jinja templates/attention_mma.jinja
-         fi
+         attn_ab "qwen3-2k --forms causal --qwarps 2,4" "bert --forms keys --qwarps 4" \
+           "qwen3 --forms causal --qwarps 2,4" "gpt2 --forms rows --qwarps 2"
          for pc in 128 2048; do qprefill "n29_$pc" $pc --rounds 5; done
          timeout 200 python3 benchmarks/decode_step.py "$R/n29_step" --model qwen3-0.6b --batches 1,8 --windows 3 \
            > "$R/n29_step.txt" 2>&1
@@ -504,16 +513,7 @@ for step in "$@"; do
           # 2,048-token prefill, then the whole-plan GPU tests (plans_t)
          timeout 100 $PT -n 8 tests/test_kernels_gpu.py -k "attention or attn" > "$R/t_n29b.txt" 2>&1
          grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_n29b.txt" | tail -n 8
-         if [[ -f benchmarks/ab_prev/attention.cu.jinja ]]; then
-           mkdir -p /tmp/attn_new && cp templates/attention.cu.jinja templates/attention_mma.jinja /tmp/attn_new/
-           for r in 1 2; do for v in new prev; do
-             if [[ $v == prev ]]; then cp benchmarks/ab_prev/attention*.jinja templates/; else cp /tmp/attn_new/*.jinja templates/; fi
-             for sh in "qwen3-2k --forms causal --qwarps 2,4" "bert --forms keys --qwarps 4" "qwen3 --forms causal --qwarps 2"; do
-               echo "[$v round $r] $sh"; timeout 60 python3 benchmarks/attn_bench.py --shape $sh 2>&1 | grep -E "^\| [a-z]+ \|"
-             done
-           done; done
-           cp /tmp/attn_new/*.jinja templates/
-         fi
+         attn_ab "qwen3-2k --forms causal --qwarps 2,4" "bert --forms keys --qwarps 4" "qwen3 --forms causal --qwarps 2"
          qprefill n29b_2048 2048 --rounds 5
          timeout 330 $PT -n 8 tests/test_generation_gpu.py tests/test_generation_families_gpu.py tests/test_head_rope_pair.py \
            tests/test_gemv_gpu.py tests/test_serve_gpu.py tests/test_generation_join_gpu.py tests/test_pdl_gpu.py \
@@ -522,21 +522,14 @@ for step in "$@"; do
          grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_plans.txt" | tail -n 14 ;;
     n29c) # the attention's keys a tile (AttentionSpec.bn 32 against the rule's 64: 166 against 176 registers at Qwen3's
           # D = 128, so 3 blocks an SM instead of 2), alone, two rounds
-         for r in 1 2; do
-           for sh in "qwen3-2k --forms causal --qwarps 2,4" "bert --forms keys --qwarps 2,4" "qwen3 --forms causal --qwarps 2,4" \
-                     "gpt2 --forms rows --qwarps 2,4"; do
-             echo "[round $r] $sh"; timeout 90 python3 benchmarks/attn_bench.py --shape $sh --bn 64,32 2>&1 | grep -E "^\| [a-z]+ \|"
-           done
-         done ;;
+         attn_ab "qwen3-2k --forms causal --qwarps 2,4 --bn 64,32" "bert --forms keys --qwarps 2,4 --bn 64,32" \
+           "qwen3 --forms causal --qwarps 2,4 --bn 64,32" "gpt2 --forms rows --qwarps 2,4 --bn 64,32" ;;
     n29d) # the attention's 32-key tiles in the plans: its GPU tests (32-key cases at 2 and 4 query warps), the kernel
           # alone with the launch bound at 4 blocks an SM (AttentionSpec.min_blocks: 128 registers, 84 bytes of
           # spills), then the 2,048-token prefill in turns against FUSEC_ATTN_BN=64
          timeout 150 $PT -n 8 tests/test_kernels_gpu.py -k "attention or attn" > "$R/t_n29d.txt" 2>&1
          grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_n29d.txt" | tail -n 8
-         for r in 1 2; do
-           echo "[round $r]"; timeout 90 python3 benchmarks/attn_bench.py --shape qwen3-2k --forms causal --qwarps 2,4 --bn 64,32 \
-             2>&1 | grep -E "^\| [a-z]+ \|"  # (call 5 also tried a launch bound of 3 and 4 blocks an SM: removed)
-         done
+         attn_ab "qwen3-2k --forms causal --qwarps 2,4 --bn 64,32"  # (call 5 also tried launch bounds of 3 and 4 blocks)
          qprefill n29d_2048 2048 --rounds 6 --ab FUSEC_ATTN_BN=64 ;;
     n29e) # head_rope's rows a warp: its GPU tests (and the decode attention's, whose prologue shares the row math), the
           # 2,048-token prefill in turns against FUSEC_HEAD_ROPE_RPW=1, the 512-token one, decode at batch 1
@@ -553,17 +546,8 @@ for step in "$@"; do
           # and 128 tokens, and BERT-base / GPT-2 small against torch (compare.py, issue 19's encoder targets)
          timeout 150 $PT -n 8 tests/test_kernels_gpu.py -k "attention or attn" > "$R/t_n29f.txt" 2>&1
          grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_n29f.txt" | tail -n 8
-         if [[ -f benchmarks/ab_prev/attention_mma.jinja ]]; then
-           cp templates/attention_mma.jinja /tmp/attn_new.jinja
-           for r in 1 2; do for v in new prev; do
-             if [[ $v == prev ]]; then cp benchmarks/ab_prev/attention_mma.jinja templates/; else cp /tmp/attn_new.jinja templates/attention_mma.jinja; fi
-             for sh in "qwen3-2k --forms causal --qwarps 4" "bert --forms keys --qwarps 4" "qwen3 --forms causal --qwarps 2" \
-                       "gpt2 --forms rows --qwarps 2"; do
-               echo "[$v round $r] $sh"; timeout 60 python3 benchmarks/attn_bench.py --shape $sh 2>&1 | grep -E "^\| [a-z]+ \|"
-             done
-           done; done
-           cp /tmp/attn_new.jinja templates/attention_mma.jinja
-         fi
+         attn_ab "qwen3-2k --forms causal --qwarps 4" "bert --forms keys --qwarps 4" \
+           "qwen3 --forms causal --qwarps 2" "gpt2 --forms rows --qwarps 2"
          for pc in 2048 128; do qprefill "n29f_$pc" $pc --rounds 5; done
          timeout 280 python3 benchmarks/compare.py bert-base gpt2-small --json "$R/n29f_compare.json" > "$R/n29f_compare.txt" 2>&1
          grep -E "^\||fusec|ratio|agree" "$R/n29f_compare.txt" | grep -v '^{"peaks' | head -n 30 ;;
@@ -572,17 +556,8 @@ for step in "$@"; do
           # form), the prefill at 2,048 and 128 tokens
          timeout 150 $PT -n 8 tests/test_kernels_gpu.py -k "attention or attn" > "$R/t_n29g.txt" 2>&1
          grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_n29g.txt" | tail -n 8
-         if [[ -f benchmarks/ab_prev/attention_mma.jinja ]]; then
-           cp templates/attention_mma.jinja /tmp/attn_new.jinja
-           for r in 1 2; do for v in new prev; do
-             if [[ $v == prev ]]; then cp benchmarks/ab_prev/attention_mma.jinja templates/; else cp /tmp/attn_new.jinja templates/attention_mma.jinja; fi
-             for sh in "qwen3-2k --forms causal --qwarps 4 --bn 32,64" "bert --forms keys --qwarps 4" "qwen3 --forms causal --qwarps 2" \
-                       "gpt2 --forms rows --qwarps 2"; do
-               echo "[$v round $r] $sh"; timeout 60 python3 benchmarks/attn_bench.py --shape $sh 2>&1 | grep -E "^\| [a-z]+ \|"
-             done
-           done; done
-           cp /tmp/attn_new.jinja templates/attention_mma.jinja
-         fi
+         attn_ab "qwen3-2k --forms causal --qwarps 4 --bn 32,64" "bert --forms keys --qwarps 4" \
+           "qwen3 --forms causal --qwarps 2" "gpt2 --forms rows --qwarps 2"
          for pc in 2048 128; do qprefill "n29g_$pc" $pc --rounds 5; done ;;
     ctx4k32) timeout 500 python3 benchmarks/decode_step.py "$R/ctx4k32" --model qwen3-0.6b --batches 32 --context 4096 \
                --windows 2 > "$R/ctx4k32.txt" 2>&1

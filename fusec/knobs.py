@@ -159,8 +159,8 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "(build_attention.key_tile: 32 at four query warps and a head dimension past 64, else 64; the A/B of "
          "benchmarks/prefill_step.py --ab FUSEC_ATTN_BN=64)", ("auto", "32", "64")),
     Knob("FUSEC_HEAD_ROPE_RPW", "choice", "auto", "the head_rope kernel (q/k norm, RoPE, cache writes): head rows a "
-         "warp; auto: build_heads.rows_per_warp (4 where S allows and 4 blocks an SM remain; the A/B of "
-         "benchmarks/prefill_step.py --ab FUSEC_HEAD_ROPE_RPW=1)", ("auto", "1", "2", "4")),
+         "warp; auto: build_heads.rows_per_warp (4 where S allows and 4 blocks an SM remain); a count is taken where it "
+         "divides S, else 1 (the A/B of benchmarks/prefill_step.py --ab FUSEC_HEAD_ROPE_RPW=1)", ("auto", "1", "2", "4")),
     Knob("FUSEC_PDL", "bool", True, "launch kernels that allow it with programmatic dependent launch (sm_90+)"),
     Knob("FUSEC_API_KEY", "text", None, "fusec serve: the bearer token clients must send (default: --api-key)"),
 )}
@@ -176,6 +176,13 @@ def raw(name: str) -> str | None:
 def get(name: str) -> Any:
     """The knob's value now: parsed from the environment, else its default."""
     return value(name, raw(name))
+
+
+def forced_count(name: str) -> int | None:
+    """A rule's "auto"-or-number choice knob (FUSEC_ATTN_QWARPS, FUSEC_ATTN_BN, FUSEC_HEAD_ROPE_RPW): the number it
+    forces, or None where it leaves the rule to decide."""
+    v = get(name)
+    return None if v == "auto" else int(v)
 
 
 def value(name: str, text: str | None) -> Any:

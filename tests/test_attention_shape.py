@@ -3,6 +3,8 @@ and what the lowering launches (CPU only; the kernels' results at every shape ar
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from fusec.codegen import kernels as K
@@ -141,9 +143,9 @@ def test_the_long_prefill_records_and_launches_the_key_tile(monkeypatch: pytest.
     assert seen and all(sp.D == 128 and sp.qwarps == 4 and sp.bn == 32 for sp in seen), seen
 
 
-def _attention_specs(monkeypatch: pytest.MonkeyPatch, **cfg_changes) -> callable:  # type: ignore[valid-type]
-    """A compile function for qwen3-tiny with ``cfg_changes`` (or the built-in with none) that returns the
-    AttentionSpecs the lowering rendered."""
+def _attention_specs(monkeypatch: pytest.MonkeyPatch) -> Callable[..., list]:  # type: ignore[type-arg]
+    """A compile function: qwen3-tiny with a dict of config changes (the built-in with none) and compile_generation's
+    arguments, returning the AttentionSpecs the lowering rendered."""
     import dataclasses
 
     import fusec.lower as LW

@@ -51,10 +51,8 @@ def query_warps(b: int, hq: int, s: int) -> int:
     12.8 us against 15.4 with its key padding mask, 12.2 against 15.1 unmasked (twenty-second session)."""
     from fusec import knobs
 
-    forced = knobs.get("FUSEC_ATTN_QWARPS")
-    if forced != "auto":
-        return int(forced)
-    return 4 if cdiv(s, 64) * hq * b >= 2 * SMS else 2
+    forced = knobs.forced_count("FUSEC_ATTN_QWARPS")
+    return forced if forced is not None else 4 if cdiv(s, 64) * hq * b >= 2 * SMS else 2
 
 
 def key_tile(d: int, qwarps: int) -> int:
@@ -66,10 +64,8 @@ def key_tile(d: int, qwarps: int) -> int:
     D = 64 the 32-key tile lost (Qwen3 128 tokens 4.65 us against 4.20; BERT-base 13.8 against 12.4)."""
     from fusec import knobs
 
-    forced = knobs.get("FUSEC_ATTN_BN")
-    if forced != "auto":
-        return int(forced)
-    return 32 if qwarps == 4 and d > 64 else 64
+    forced = knobs.forced_count("FUSEC_ATTN_BN")
+    return forced if forced is not None else 32 if qwarps == 4 and d > 64 else 64
 
 
 def _req_grid(grid: tuple[int, int, int]) -> None:

@@ -41,19 +41,20 @@ class HeadRopeGroupSpec:
             isinstance(i, int) and 0 <= i < len(self.parts) and self.parts[i].cache_len for i in self.copies),
             f"head_rope group copies {self.copies} must name distinct parts that write a cache, in order")
         S._req(isinstance(self.fixed_pos, int) and self.fixed_pos >= -1, f"fixed_pos must be an int >= -1, got {self.fixed_pos!r}")
-        S._req(self.rpw in (1, 2, 4) and p0.S % self.rpw == 0, f"rpw must be 1, 2 or 4 and divide S, got {self.rpw}")
+        S._req(self.rpw in (1, 2, 4) and p0.S % self.rpw == 0,
+               f"rpw must be 1, 2 or 4 and divide S, got {self.rpw}")
 
 
 def rows_per_warp(s: int, rows: int) -> int:
-    """Kernel selection's head rows a warp (``HeadRopeGroupSpec.rpw``: consecutive positions; FUSEC_HEAD_ROPE_RPW
-    overrides it): the most of 4, 2, 1 that divides the positions S and leaves at least 4 blocks an SM. A warp a row had each warp's one row of loads (256 bytes at
-    D = 128) in flight at a time: the 2,048-token Qwen3-0.6B prefill's kernel moved ~38 MB in 21 us (1.8 TB/s, H200)."""
+    """Kernel selection's head rows a warp (``HeadRopeGroupSpec.rpw``: consecutive positions): the most of 4, 2, 1
+    that divides the positions S and leaves at least 4 blocks an SM. FUSEC_HEAD_ROPE_RPW forces a count where it
+    divides S (else 1). A warp a row kept one row's loads (256 bytes at D = 128) in flight a warp: the 2,048-token
+    Qwen3-0.6B prefill's kernel moved ~38 MB in 21 us (1.8 TB/s, H200); 4 rows took it to 12 us."""
     from fusec import knobs
 
-    forced = knobs.get("FUSEC_HEAD_ROPE_RPW")
-    if forced != "auto":
-        r = int(forced)
-        return r if s % r == 0 else 1
+    forced = knobs.forced_count("FUSEC_HEAD_ROPE_RPW")
+    if forced is not None:
+        return forced if s % forced == 0 else 1
     return next(r for r in (4, 2, 1) if s % r == 0 and (cdiv(rows // r, _WARPS) >= 4 * SMS or r == 1))
 
 

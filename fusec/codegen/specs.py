@@ -51,7 +51,8 @@ class ElementwiseSpec:
             _req(len(op.strides) == len(self.shape), "operand strides must match the iteration rank")
             _ints(op.strides, "operand strides", 0)
         for e, dt in ((self.expr, self.out_dtype), *self.more):
-            _req(dtype_of(e, [o.dtype for o in self.inputs]) == dt, "out_dtype (or a `more` output's dtype) differs from its expression's dtype")
+            _req(dtype_of(e, [o.dtype for o in self.inputs]) == dt,
+                 "out_dtype (or a `more` output's dtype) differs from its expression's dtype")
         _req(self.vec in (1, 2, 4, 8, 16), f"vec must be 1, 2, 4, 8 or 16, got {self.vec}")
         if self.vec > 1:
             _req(len(self.shape) > 0 and self.shape[-1] % self.vec == 0, "vec must divide the last dim")

@@ -4,7 +4,8 @@ its plan, which kernel selection records and ``fusec.lower.fused`` lowers).
 
 - elementwise: a body of elementwise/broadcast ops, plus transposes, expands and reshapes that
   only add or drop size-1 axes, becomes one elementwise kernel. Each leaf read is an operand with
-  its own strides over the output's iteration space (scalar constants become literals).
+  its own strides over the output's iteration space (scalar constants become literals). Several
+  outputs of one shape (but for size-1 axes) are written at the same index by one kernel.
 - gemm epilogue: MATMUL followed by an elementwise chain: the matrix product (cuBLAS) writes the
   node's output, then one elementwise kernel applies the whole epilogue in place. Where cuBLASLt
   computes the epilogue exactly (bias, ReLU, tanh-GELU, residual), the kernel choice lowers the node
