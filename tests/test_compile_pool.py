@@ -98,6 +98,27 @@ def test_cancelling_spares_a_compile_another_caller_waits_for(slow_pool) -> None
     assert again is not alone and again.result(timeout=120).cubin[:4] == b"\x7fELF"
 
 
+def test_ctrl_c_at_the_command_line_cancels_every_queued_compile(slow_pool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compiles nobody abandoned (a caller that was not unwinding when Ctrl-C came) are cancelled by
+    the command line's handler too: only the one already running completes."""
+    import fusec.cli as cli
+
+    release, started, ran = slow_pool
+    futures = []
+
+    def command(argv):
+        futures.extend(CC.compile_cuda_async(SRC % f"{v}.0f", "fc_rr_k", "sm_90") for v in (4, 5, 6))
+        assert started.wait(60)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_main", command)
+    assert cli.main(["compile", "x"]) == cli.EXIT_INTERRUPTED
+    release.set()
+    assert futures[0].result(timeout=120).cubin[:4] == b"\x7fELF"
+    assert [f.cancelled() for f in futures] == [False, True, True] and len(ran) == 1
+    assert CC.cancel_queued() == 0  # nothing left in flight
+
+
 def test_a_plan_recompile_stops_at_the_first_module_that_fails(slow_pool, monkeypatch: pytest.MonkeyPatch) -> None:
     from types import SimpleNamespace
 

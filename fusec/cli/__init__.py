@@ -102,6 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _main(argv)
     except KeyboardInterrupt:
         # files being written are temp files until the last moment; atomic_write removed them
+        _cancel_compiles()
         return _fail("interrupted", EXIT_INTERRUPTED, debug)
     except BrokenPipeError:
         # `fusec inspect ... | head`: the reader left; not an error worth a traceback.
@@ -126,6 +127,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         first = (str(e).strip().splitlines() or [""])[0][:300]
         return _fail(f"internal error, a bug in fusec: {type(e).__name__}: {first} "
                      f"(run again with --debug for the traceback, and please report it)", EXIT_BUG, debug)
+
+
+def entry() -> None:
+    """The ``fusec`` executable (and ``python -m fusec``): ``main``, then exit with its code. After
+    Ctrl-C the process ends at once: it does not wait for the NVRTC compiles still running on the
+    pool's threads (the interpreter joins them at exit; a cache entry they were writing is a temp
+    file that the next writer of that cache directory removes)."""
+    code = main()
+    if code == EXIT_INTERRUPTED:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
+    sys.exit(code)
+
+
+def _cancel_compiles() -> None:
+    """Ctrl-C: the compiles still queued are not wanted (the interpreter would run them at exit)."""
+    if "fusec.codegen.compile" in sys.modules:
+        sys.modules["fusec.codegen.compile"].cancel_queued()
 
 
 def _main(argv: list[str]) -> int:

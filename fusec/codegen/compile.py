@@ -256,6 +256,16 @@ def abandon(futures: list[Future[Binary]]) -> None:
                 fut.cancel()  # False for one already running or done: it completes (and is cached)
 
 
+def cancel_queued() -> int:
+    """Cancel every compile of this process's pool that has not started (Ctrl-C at the command line:
+    nobody will collect them). Returns how many were cancelled; running ones complete and are cached."""
+    with _LOCK:
+        cancelled = [fut for fut in list(_INFLIGHT.values()) if fut.cancel()]  # runs _forget_inflight (re-entrant)
+        for fut in cancelled:
+            _USERS.pop(fut, None)
+    return len(cancelled)
+
+
 def compile_threads() -> int:
     """NVRTC compiles run at once: ``$FUSEC_COMPILE_THREADS``, else the CPU count (at most 16)."""
     from fusec import knobs
