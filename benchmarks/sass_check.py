@@ -15,7 +15,7 @@ from fusec.dtypes import DType
 def main() -> int:
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
-    for name, spec in (("gemv_qkv", S.GemvSpec(1, 4096, 1024, DType.BF16, norm=True)),
+    for name, spec in (("gemv_qkv", S.GemvSpec(1, 4096, 1024, DType.BF16, norm=True, coop_norm=True)),
                        ("gemv_down", S.GemvSpec(1, 1024, 3072, DType.BF16, epilogue=S.Epilogue(residual=True)))):
         ck = K.build(spec, "sm_90")
         cub = out / f"{name}.cubin"

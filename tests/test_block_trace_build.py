@@ -11,7 +11,7 @@ from fusec.dtypes import DType
 
 
 def test_the_trace_is_another_binary_with_its_global(monkeypatch) -> None:  # noqa: ANN001
-    spec = S.GemvSpec(1, 4096, 1024, DType.BF16, norm=True, **gemv_form(4096, 1024, DType.BF16))
+    spec = S.GemvSpec(1, 4096, 1024, DType.BF16, norm=True, **gemv_form(4096, 1024, DType.BF16, False, 1, True))
     plain = build(spec, "sm_90")
     monkeypatch.setenv("FUSEC_TRACE", "1")
     traced = build(spec, "sm_90")

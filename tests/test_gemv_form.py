@@ -156,8 +156,6 @@ def test_a_batch_8_plan_records_and_emits_the_spread() -> None:
     """The kernel selection records the spread at batch 8 and the lowering emits it: a llama-shaped
     model of d 1024 (Qwen3-0.6B's row length) runs its K = 1024 products in blocks of 8 warps at
     batch 8 (spread 2), of 4 at batch 1."""
-    import dataclasses
-
     from fusec.genmodel import GenModel
     from fusec.models.generate import SharedWeights
     from fusec.models.registry import get_config
@@ -209,16 +207,29 @@ def test_the_block_normalizes_x_once_at_one_to_four_and_nine_to_sixteen_rows(m: 
 def test_coop_norm_knob_takes_three_to_eight_rows_or_one_two_only(monkeypatch) -> None:  # noqa: ANN001
     """FUSEC_GEMV_COOP_NORM=all normalizes x in the block at 5-8 rows too (the A/B against the fragments); 1-2 at
     those rows only (the A/B against the rule before)."""
-    spec = S.GemvSpec(8, 4096, 1024, DType.BF16, norm=True, **gemv_form(4096, 1024, DType.BF16, False, 8, True))
-    assert not prepare(spec)[0].ctx["coop_norm"]
+    def spec(m: int) -> S.GemvSpec:  # as kernel selection records it: the knob is read by the rule, not the builder
+        return S.GemvSpec(m, 4096, 1024, DType.BF16, norm=True, **gemv_form(4096, 1024, DType.BF16, False, m, True))
+
+    eight = spec(8)
+    assert not eight.coop_norm and not prepare(eight)[0].ctx["coop_norm"]
     monkeypatch.setenv("FUSEC_GEMV_COOP_NORM", "all")
-    r, src = prepare(spec)
+    assert not prepare(eight)[0].ctx["coop_norm"]  # a spec already made keeps its record
+    r, src = prepare(spec(8))
     assert r.ctx["coop_norm"] and "gv_xn_base + XN_OFF" in src and r.shared_mem > gemv_ring_bytes(
-        1024, DType.BF16, spec.stages, spec.spread)
+        1024, DType.BF16, eight.stages, eight.spread)
     monkeypatch.setenv("FUSEC_GEMV_COOP_NORM", "1-2")  # the rule before: 9-16 rows normalize tile by tile
-    sixteen = S.GemvSpec(16, 4096, 1024, DType.BF16, norm=True, **gemv_form(4096, 1024, DType.BF16, False, 16, True))
-    assert not prepare(sixteen)[0].ctx["coop_norm"]
-    assert prepare(dataclasses.replace(sixteen, M=1))[0].ctx["coop_norm"]
+    assert not spec(16).coop_norm and not prepare(spec(16))[0].ctx["coop_norm"]
+    assert spec(1).coop_norm and prepare(spec(1))[0].ctx["coop_norm"]
+
+
+def test_coop_norm_is_refused_where_x_is_not_whole_in_the_block() -> None:
+    """The record is checked: the block's copy of x needs the norm prologue, a half dtype and one k group."""
+    S.GemvSpec(1, 64, 1024, DType.BF16, norm=True, coop_norm=True)
+    for bad in (dict(K=1024, norm=False), dict(K=4096, norm=True)):  # no norm; K 4096: two k groups
+        with pytest.raises(ValueError, match="coop_norm"):
+            S.GemvSpec(1, 64, bad["K"], DType.BF16, norm=bad["norm"], coop_norm=True)
+    with pytest.raises(ValueError, match="coop_norm"):
+        S.GemvSpec(1, 64, 1024, DType.F32, norm=True, coop_norm=True)
 
 
 @pytest.mark.parametrize("n,k,glu", SHAPES)
@@ -253,12 +264,14 @@ def test_norm_products_issue_one_stage_before_the_wait() -> None:
         _, src = prepare(spec)
         return int(re.search(r"#define PREWAIT (\d+)", src).group(1))
 
-    form = gemv_form(6144, 1024, DType.BF16, True, 1)
-    assert form["stages"] == 3
+    form = gemv_form(6144, 1024, DType.BF16, True, 1, True)
+    assert form["stages"] == 3 and form["coop_norm"]
     assert prewait(S.GemvSpec(1, 6144, 1024, DType.BF16, norm=True, glu="silu", **form)) == 1
-    assert prewait(S.GemvSpec(1, 6144, 1024, DType.BF16, glu="silu", **form)) == 2
-    assert prewait(S.GemvSpec(8, 6144, 1024, DType.BF16, norm=True, glu="silu", **gemv_form(6144, 1024, DType.BF16, True, 8))) == 2
-    sixteen = S.GemvSpec(16, 6144, 1024, DType.BF16, norm=True, glu="silu", **gemv_form(6144, 1024, DType.BF16, True, 16))
+    assert prewait(S.GemvSpec(1, 6144, 1024, DType.BF16, glu="silu", **gemv_form(6144, 1024, DType.BF16, True, 1))) == 2
+    assert prewait(S.GemvSpec(8, 6144, 1024, DType.BF16, norm=True, glu="silu",
+                              **gemv_form(6144, 1024, DType.BF16, True, 8, True))) == 2
+    sixteen = S.GemvSpec(16, 6144, 1024, DType.BF16, norm=True, glu="silu",
+                         **gemv_form(6144, 1024, DType.BF16, True, 16, True))
     assert prewait(sixteen) == 1
     with pytest.MonkeyPatch.context() as mp:  # the A/B: every product issues S - 1
         mp.setenv("FUSEC_GEMV_COOP_PREWAIT", "all")

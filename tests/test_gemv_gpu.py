@@ -6,10 +6,13 @@ Outputs are poisoned first; tolerances as in test_kernels_gpu."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from fusec.codegen import specs as S
+from fusec.codegen.build_gemm import gemv_coop_norm
 from fusec.dtypes import DType
 
 from test_kernels_gpu import BF16, F16, F32, FLOATS, check, dev, epilogue_ref, host, poisoned, rand, run
@@ -34,6 +37,9 @@ def _gemv(dt: DType, M: int, N: int, K: int, ring: tuple[int, ...] | None = None
     block[, bulk copies]), the shared-memory ring's form of the same spec on the same inputs too,
     which must give the same bits (each tile's sums run in the same order)."""
     spec = S.GemvSpec(M, N, K, dt, **kw)  # type: ignore[arg-type]
+    rule = "coop_norm" not in kw  # else where the rule (kernel selection's) normalizes x in the block
+    if rule:
+        spec = dataclasses.replace(spec, coop_norm=gemv_coop_norm(M, K, dt, spec.norm, spec.stages, spec.spread))
     e = spec.epilogue
     x, w = rand((M, K), dt), rand((N, K), dt, -0.2, 0.2)
     g = rand((K,), dt) if spec.norm else None
@@ -51,9 +57,9 @@ def _gemv(dt: DType, M: int, N: int, K: int, ring: tuple[int, ...] | None = None
         args += [dev(np.arange(7, 7 + M, dtype=np.int64)), dev(np.full(M, 3, np.int64)), dev(temp), part]
     run(spec, args)
     if ring is not None:
-        import dataclasses
-
         rspec = dataclasses.replace(spec, stages=ring[0], tiles_per_block=ring[1], bulk=bool(ring[2:] and ring[2]))
+        if rule:
+            rspec = dataclasses.replace(rspec, coop_norm=gemv_coop_norm(M, K, dt, spec.norm, ring[0], spec.spread))
         rout = poisoned((M, spec.n_out), dt)
         rargs = args[:len(args) - (5 if spec.argmax else 1)] + [rout] + (args[-4:-1] if spec.argmax else [])
         if spec.argmax:

@@ -209,11 +209,11 @@ def gemv_coop_norm(M: int, K: int, dtype: DType, norm: bool, stages: int, spread
     return M <= 2 or gemv_blocks_per_sm(K, dtype, stages, spread, xn) >= 2
 
 
-def gemv_xn_bytes(M: int, K: int, dtype: DType, norm: bool, stages: int, spread: int = 1) -> int:
+def gemv_xn_bytes(M: int, K: int, dtype: DType, coop_norm: bool) -> int:
     """Dynamic shared memory of x's normalized rows (after the ring) where the block normalizes x
-    once (``gemv_coop_norm``) at 3-16 rows; else 0. At 1-2 rows they are a static array of at most
+    once (``coop_norm``) at 3-16 rows; else 0. At 1-2 rows they are a static array of at most
     8 KB, as the decode step's products measured with (the 8 KB ``gemv_blocks_per_sm`` leaves)."""
-    return M * K * dtype.itemsize if M > 2 and gemv_coop_norm(M, K, dtype, norm, stages, spread) else 0
+    return M * K * dtype.itemsize if M > 2 and coop_norm else 0
 
 
 GEMV_STAGES = 3
@@ -241,19 +241,21 @@ def gemv_form(N: int, K: int, dtype: DType, glu: bool = False, M: int = 1, norm:
     0.808 at 4; batch 8 lost (0.832 against 0.791). ``FUSEC_GEMV_BULK`` forces it on or off."""
     from fusec import knobs
 
-    if knobs.get("FUSEC_GEMV_FORM") == "register":
-        return {"stages": 0, "tiles_per_block": 1}
+    if knobs.get("FUSEC_GEMV_FORM") == "register":  # one block a tile; its norm as the rule says at no ring
+        return {"stages": 0, "tiles_per_block": 1} | ({"coop_norm": True} if gemv_coop_norm(M, K, dtype, norm, 0) else {})
     spread = int(knobs.get("FUSEC_GEMV_SPREAD"))
     if spread == 0:
         spread = 2 if M >= 8 and gemv_blocks_per_sm(K, dtype, GEMV_STAGES, 2) >= 2 else 1
     if gemv_geometry(K, dtype, spread)[0] > 32:
         spread = 1
     tiles = cdiv(N // 2, 4) if glu else cdiv(N, 8)
-    slots = SMS * gemv_blocks_per_sm(K, dtype, GEMV_STAGES, spread,
-                                     gemv_xn_bytes(M, K, dtype, norm, GEMV_STAGES, spread))
+    coop = gemv_coop_norm(M, K, dtype, norm, GEMV_STAGES, spread)
+    slots = SMS * gemv_blocks_per_sm(K, dtype, GEMV_STAGES, spread, gemv_xn_bytes(M, K, dtype, coop))
     form: dict[str, int] = {"stages": GEMV_STAGES, "tiles_per_block": max(1, min(4, cdiv(tiles, slots)))}
     if spread != 1:
         form["spread"] = spread
+    if coop:
+        form["coop_norm"] = True
     bulk = knobs.get("FUSEC_GEMV_BULK")
     if (bulk == "1" or (bulk == "auto" and M <= 4)) and K % S.gemv_group(K, dtype, spread) == 0:
         form["bulk"] = True
@@ -274,8 +276,8 @@ def _gemv(spec: S.GemvSpec) -> Rendered:
         # the norm's statistic from the fragments: one k group holds all of x's rows in registers
         # (up to 8 rows: with 16, those registers spill)
         "fast_norm": spec.norm and spec.dtype in S.HALFS and kg == 1 and spec.M <= 8,
-        # the block normalizes x once into shared memory (the rule: gemv_coop_norm)
-        "coop_norm": gemv_coop_norm(spec.M, spec.K, spec.dtype, spec.norm, spec.stages, spec.spread),
+        # the block normalizes x once into shared memory (kernel selection's record; the rule: gemv_coop_norm)
+        "coop_norm": spec.coop_norm,
         "XPT": cdiv(spec.K // 8, 32 * warps),
         "stages": spec.stages, "bulk": spec.bulk,
     }
@@ -294,7 +296,7 @@ def _gemv(spec: S.GemvSpec) -> Rendered:
     params = ("x", "W") + (("g",) if spec.norm else ()) + _epi_params(e) + ("C",) \
         + (("seed", "counter", "temperature", "part") if spec.argmax else ())
     ring = gemv_ring_bytes(spec.K, spec.dtype, spec.stages, spec.spread) if spec.stages else 0
-    xn = gemv_xn_bytes(spec.M, spec.K, spec.dtype, spec.norm, spec.stages, spec.spread)
+    xn = gemv_xn_bytes(spec.M, spec.K, spec.dtype, spec.coop_norm)
     ctx["xn_dyn"] = xn > 0
     ctx["min_blocks"] = gemv_blocks_per_sm(spec.K, spec.dtype, spec.stages, spec.spread, xn) if spec.stages else 0
     return Rendered("gemv.cu.jinja", ctx, (spec.grid, 1, 1), (32 * warps, 1, 1), params, shared_mem=ring + xn)

@@ -477,6 +477,9 @@ class GemvSpec:
     ``bulk``: the ring's copies are TMA bulk copies from one thread, one per weight row and stage,
     completing on an mbarrier (on sm_90 and later; older archs compile the cp.async form); K must be a
     multiple of the k group (a row's part of a stage is then contiguous).
+    ``coop_norm``: the block normalizes x once (``norm``; half dtypes, one k group: x's rows whole in the
+    block) into shared memory, rather than in the lanes' fragments or tile by tile; kernel selection
+    decides it (``build_gemm.gemv_form``, rule ``gemv_coop_norm``).
     Params: x, W, [g], [bias], [residual], C,
     [seed, counter, temperature, part]."""
 
@@ -497,9 +500,14 @@ class GemvSpec:
     tiles_per_block: int = 1
     spread: int = 1
     bulk: bool = False
+    coop_norm: bool = False
 
     def __post_init__(self) -> None:
         _pos(("M", self.M), ("N", self.N), ("K", self.K), ("tiles_per_block", self.tiles_per_block))
+        if self.coop_norm:
+            _req(self.norm and self.dtype in HALFS and gemv_geometry(self.K, self.dtype, self.spread)[2] == 1,
+                 "gemv coop_norm normalizes x in the block: it needs the norm prologue, fp16/bf16 and one k group "
+                 f"(K {self.K} spread {self.spread} has {gemv_geometry(self.K, self.dtype, self.spread)[2]})")
         if self.bulk:
             _req(self.stages > 0, "gemv bulk copies fill the shared-memory ring (stages >= 2)")
             _req(self.K % gemv_group(self.K, self.dtype, self.spread) == 0,
