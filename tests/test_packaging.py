@@ -53,10 +53,26 @@ def test_every_package_directory_is_listed_in_pyproject() -> None:
     assert not [p for p in listed if p.split(".")[0] != "fusec"], "only fusec.* may be installed"
 
 
-def test_entry_point_is_the_cli_main() -> None:
+def test_entry_point_is_the_cli_main(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The executable runs ``fusec.cli.main`` and exits with its code; after Ctrl-C (130) at once, through
+    os._exit, so that the interpreter does not wait for NVRTC threads still compiling."""
+    import fusec.cli as cli
+
     with open(REPO / "pyproject.toml", "rb") as f:
         scripts = tomllib.load(f)["project"]["scripts"]
-    assert scripts == {"fusec": "fusec.cli:main"}
+    assert scripts == {"fusec": "fusec.cli:entry"}
+    exits = []
+    monkeypatch.setattr(cli.os, "_exit", lambda code: exits.append(code))
+    for code in (0, cli.EXIT_MISMATCH):
+        monkeypatch.setattr(cli, "main", lambda code=code: code)
+        with pytest.raises(SystemExit) as e:
+            cli.entry()
+        assert e.value.code == code
+    assert exits == []
+    monkeypatch.setattr(cli, "main", lambda: cli.EXIT_INTERRUPTED)
+    with pytest.raises(SystemExit):  # the stubbed os._exit returns: sys.exit follows it
+        cli.entry()
+    assert exits == [cli.EXIT_INTERRUPTED]
 
 
 def test_ci_runs_the_readme_test_command() -> None:
