@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from fusec.codegen.spec_base import FLOATS, SMS, _pos, _req
-from fusec.codegen.specs import Epilogue, check_norm_glu
+from fusec.codegen.specs_gemm import Epilogue, check_norm_glu
 from fusec.dtypes import DType
 
 QGEMV_MAX_M = 16
