@@ -15,8 +15,12 @@ For every node of the optimized graph this pass decides, once:
 - for products over packed weights (QMATMUL, alone or under a fused epilogue): the variant
   (``fusec.lower.quant.choose``: the quantized GEMV, or dequantize-then-cuBLAS);
 - the **spec parameters** of a GEMV (``params``): how the skinny product streams its weights
-  (``build_gemm.gemv_form``), the quantized GEMV's form (``fusec.lower.quant.gemv_form``); of an attention, its
-  block shape (``build_attention.query_warps``); of fusec's GEMM in its stream form, its K split over a cluster
+  (``build_gemm.gemv_form``: its ring, tiles a block, spread, bulk copies, x normalized in the block), the
+  quantized GEMV's form (``fusec.lower.quant.gemv_form``); of an attention, its block shape and keys a tile
+  (``build_attention.query_warps``, ``key_tile``); of a head_rope group, its rows a warp
+  (``build_heads.rows_per_warp``); of a decode attention, its splits, cluster merge, keys a group, solo context
+  and whether it loads older rows before its PDL wait (``build_decode.kv_form``; the lowering keeps that last
+  one only where the task before it leaves those rows alone); of fusec's GEMM in its stream form, its K split over a cluster
   (``build_gemm.stream_splits``, where ``PassOptions.clusters``: sm_90 and later) and on sm_90 its products on wgmma
   (``PassOptions.wgmma``; the weight then stored [N, K]).
 
@@ -116,13 +120,15 @@ def _select(node: Node, options: PassOptions, offsets: dict[Value, int]) -> Sele
             return _quantized(node, detail[0], offsets, family, detail)
         if cp is None:
             params = _attention_params(detail["operands"][0][1].shape) if family == "attention" \
-                else _head_rope_params(detail) if family == "head_rope" else ()
+                else _head_rope_params(detail) if family == "head_rope" \
+                else _kv_params(detail.attn, options) if family == "kv_attention_heads" else ()
             return Selection(family, reason=f"the one {family} kernel of this body", params=params, detail=detail)
     if node.op == Op.QMATMUL:
         return _quantized(node, node, offsets, "qmatmul")
     if cp is None:
-        return Selection(node.op.value, reason="the op's own lowering",
-                         params=_attention_params(node.inputs[0].shape) if node.op == Op.ATTENTION else ())
+        params = _attention_params(node.inputs[0].shape) if node.op == Op.ATTENTION \
+            else _kv_params(node, options) if node.op == Op.KV_ATTENTION else ()
+        return Selection(node.op.value, reason="the op's own lowering", params=params)
     variant = C.choose(options.choices, cp, options.wgmma)
     reason = "explicit choice" if cp.key in options.choices else "rule-based default"
     if not cp.accepts(variant):
@@ -158,6 +164,26 @@ def _attention_params(q_shape: tuple[int, ...]) -> tuple[tuple[str, Any], ...]:
     b, h, s, d = q_shape
     qw = query_warps(b, h, s)
     return (("qwarps", qw), ("bn", key_tile(d, qw)))
+
+
+def _kv_params(attn: Node, options: PassOptions) -> tuple[tuple[str, Any], ...]:
+    """The decode attention's form (``build_decode.kv_form``: splits, cluster merge, keys a group, solo context,
+    older rows before the wait) for a KV_ATTENTION node (a fused body's: its shapes are the kernel's)."""
+    from fusec.codegen.build_decode import kv_form
+    from fusec.errors import InputError
+    from fusec.lower import LoweringError
+
+    q, k, _, pos = attn.inputs
+    B, Hq, S_, D = q.shape
+    try:
+        form = kv_form(B, Hq, k.shape[1], S_, k.shape[2], D, q.dtype, pos.dtype, float(attn.attrs.softcap),
+                       options.clusters)
+    except InputError:  # a FUSEC_KV_* knob out of its bounds: its own message
+        raise
+    except ValueError as e:
+        raise LoweringError(f"{attn.describe()}: kv_attention of q {list(q.shape)} over k/v {list(k.shape)} "
+                            f"({q.dtype.value}): {e}") from None
+    return tuple(form.items())
 
 
 def _head_rope_params(parts: Any) -> tuple[tuple[str, Any], ...]:

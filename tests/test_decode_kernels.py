@@ -166,6 +166,16 @@ def _ctx(offsets: dict[str, int]) -> Context:
     return Context("sm_90", offsets, "f32", None)
 
 
+def _lower_kv(ctx: Context, node: Node, label: str) -> None:
+    """Kernel selection records the attention's form (for ctx's arch, as a compile for it would), then the lowering."""
+    from fusec.lower import sm90_or_later
+    from fusec.passes import select_kernels
+    from fusec.passes.base import PassOptions
+
+    node.kernel = select_kernels._select(node, PassOptions(clusters=sm90_or_later(ctx.arch)), {})
+    LOWER[O.Op.KV_ATTENTION](ctx, node, label)
+
+
 def test_lower_cache_write_in_place() -> None:
     cache, new, pos = Value("kc", (2, 8, 64, 128), BF16), Value("kn", (2, 8, 1, 128), BF16), Value("pos", (2,), I64)
     out = Value("kc2", (2, 8, 64, 128), BF16)
@@ -196,7 +206,7 @@ def test_lower_kv_attention_split_merges_in_one_launch() -> None:
     ctx = _ctx({"q": 0, "k": 1 << 20, "v": 16 << 20, "pos": 32 << 20, "o": 33 << 20})
     ctx.arena_base = 64 << 20
     ctx.sync_base = 4096
-    LOWER[O.Op.KV_ATTENTION](ctx, node, "#1 kv_attention")
+    _lower_kv(ctx, node, "#1 kv_attention")
     assert len(ctx.launches) == 1  # the last block of each head merges the splits' partials
     args = ctx.launches[0]["args"]
     assert args[4] == ["ptr", "arena", 64 << 20] and ctx.scratch_bytes >= 16 * 130 * 4 * 2  # the partials
@@ -225,7 +235,7 @@ def _prefetch_case(writer: str) -> bool:
         ctx.tasks[-1].writes += (ctx.region(pos),)
     node = Node(O.Op.KV_ATTENTION, [q, k, v, pos], [Value("o", (2, 4, 1, 64), BF16)], O.KVAttentionAttrs(0.125))
     ctx.arena_base, ctx.sync_base = 8 << 20, 4096
-    LOWER[O.Op.KV_ATTENTION](ctx, node, "#1 kv_attention")
+    _lower_kv(ctx, node, "#1 kv_attention")
     return "#define KV_LD fc_ldcg16" in ctx.blobs[f"source/m{len(ctx.modules) - 1}"].decode()
 
 
@@ -312,7 +322,7 @@ def test_kv_attention_cluster_merge_takes_the_short_caches_on_sm90_only() -> Non
     for arch, want in (("sm_90", True), ("sm_80", False)):
         ctx = Context(arch, {"q": 0, "k": 1 << 20, "v": 2 << 20, "pos": 3 << 20, "o": 4 << 20}, "f32", None)
         ctx.arena_base, ctx.sync_base = 8 << 20, 4096
-        LOWER[O.Op.KV_ATTENTION](ctx, node, "#1 kv_attention")
+        _lower_kv(ctx, node, "#1 kv_attention")
         src = ctx.blobs["source/m0"].decode()
         assert ("__cluster_dims__" in src) == want, arch
         assert len(ctx.launches[0]["args"]) == (5 if want else 7)  # no partials, no counters
@@ -321,7 +331,7 @@ def test_kv_attention_cluster_merge_takes_the_short_caches_on_sm90_only() -> Non
     node = Node(O.Op.KV_ATTENTION, [q4, k4, v4, pos], [out], O.KVAttentionAttrs(0.088), name="attn")
     ctx = Context("sm_90", {"q": 0, "k": 1 << 20, "v": 20 << 20, "pos": 40 << 20, "o": 41 << 20}, "f32", None)
     ctx.arena_base, ctx.sync_base = 48 << 20, 4096
-    LOWER[O.Op.KV_ATTENTION](ctx, node, "#1 kv_attention")
+    _lower_kv(ctx, node, "#1 kv_attention")
     src = ctx.blobs["source/m0"].decode()
     assert "__cluster_dims__(CL, 1, 1)" in src and "#define CL 8" in src and "#define SPLITS 64" in src
     assert len(ctx.launches[0]["args"]) == 7
@@ -333,7 +343,7 @@ def test_lower_kv_attention_refuses_bad_shapes() -> None:
     node = Node(O.Op.KV_ATTENTION, [q, k, v, pos], [out], O.KVAttentionAttrs(0.1), name="attn76")
     ctx = _ctx({"q": 0, "k": 4096, "v": 65536, "pos": 1 << 20, "o": 2 << 20})
     with pytest.raises(LoweringError, match="attn76.*\\[1, 4, 1, 76\\]"):
-        LOWER[O.Op.KV_ATTENTION](ctx, node, "#1")
+        _lower_kv(ctx, node, "#1")
 
 
 def _sample_node(B: int, V: int, dt: DType) -> tuple[Node, dict[str, int]]:
@@ -559,3 +569,37 @@ def test_a_plans_long_cache_attention_takes_clusters_unless_the_knob_says_one_le
     monkeypatch.setenv("FUSEC_KV_SOLO_KEYS", "96")
     grid1, src1 = attention()
     assert "__cluster_dims__" not in src1 and "#define CL 1 " in src1 and "kv <= 96 ?" in src1, grid1
+
+
+def test_the_lowering_builds_the_attention_kernel_selection_recorded(monkeypatch) -> None:  # noqa: ANN001
+    """Kernel selection decides the decode attention's form once (splits, cluster merge, keys a group, solo
+    context, older rows before the wait: ``build_decode.kv_form``) and records it on the node; the lowering
+    builds that kernel, whatever the FUSEC_KV_* knobs say by the time it runs."""
+    from fusec.passes import select_kernels
+    from fusec.passes.base import PassOptions
+
+    def node_over(t: int) -> Node:
+        q, k, v = Value("q", (1, 16, 1, 128), BF16), Value("k", (1, 8, t, 128), BF16), Value("v", (1, 8, t, 128), BF16)
+        n = Node(O.Op.KV_ATTENTION, [q, k, v, Value("pos", (1,), I64)], [Value("o", (1, 16, 1, 128), BF16)],
+                 O.KVAttentionAttrs(0.088), name=f"attn{t}")
+        n.kernel = select_kernels._select(n, PassOptions(clusters=True), {})
+        return n
+
+    def lowered(n: Node) -> str:
+        ctx = Context("sm_90", {"q": 0, "k": 1 << 20, "v": 20 << 20, "pos": 40 << 20, "o": 41 << 20}, "f32", None)
+        ctx.arena_base, ctx.sync_base = 48 << 20, 4096
+        LOWER[O.Op.KV_ATTENTION](ctx, n, "#1 kv_attention")
+        return ctx.blobs["source/m0"].decode()
+
+    long, short = node_over(4240), node_over(271)  # 8 keys a group, a solo context, no cluster; a cluster merge
+    for n, t in ((long, 4240), (short, 271)):
+        want = kv_attention_spec(1, 16, 8, 1, t, 128, BF16, 0.088, prefetch=True, cluster=True, solo_keys=128)
+        assert dict(n.kernel.params) == {"splits": want.splits, "cluster": want.cluster, "unroll": want.unroll,
+                                         "solo_keys": want.solo_keys, "prefetch": True}
+    assert dict(long.kernel.params)["solo_keys"] == 128 and dict(short.kernel.params)["cluster"]
+    monkeypatch.setenv("FUSEC_KV_SOLO_KEYS", "0")  # after selection: the records hold
+    monkeypatch.setenv("FUSEC_KV_CLUSTER", "0")
+    assert "kv <= 128" in lowered(long) and "__cluster_dims__(CL, 1, 1)" in lowered(short)
+    again = node_over(4240), node_over(271)  # selected again: the knobs' forms
+    assert dict(again[0].kernel.params)["solo_keys"] == 0 and not dict(again[1].kernel.params)["cluster"]
+    assert "kv <= 128" not in lowered(again[0]) and "__cluster_dims__" not in lowered(again[1])

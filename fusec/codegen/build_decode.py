@@ -5,6 +5,7 @@ share (``kv_attention_spec``: how many splits of the key range fill the GPU)."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from fusec.codegen import specs as S
 from fusec.codegen.kernels import Rendered, builder, cdiv, idx_type, kernel_name
@@ -18,7 +19,7 @@ from fusec.dtypes import DType
 # heads, B 32, cache 4096, benchmarks/bench_decode_kernels.py --only kv, twenty-sixth session): with the cluster
 # merge and prefetch 2 splits (512 blocks) took 125.4 us at a 4,096-key context against 153.4 with 4 (the rule at 8
 # blocks an SM), and 6.56 against 10.69 at 128 keys; without them 130.1 against 133.6, and at B 8 8 splits 40.1
-# against 16's 44.4. FUSEC_KV_WAVE_BLOCKS=8 gives the first form's wave (the lowering reads it).
+# against 16's 44.4. FUSEC_KV_WAVE_BLOCKS=8 gives the first form's wave (kernel selection reads it: kv_form).
 KV_WAVE_BLOCKS = 4
 KV_TARGET_BLOCKS = KV_WAVE_BLOCKS * SMS
 # The default combine step loops over the splits per output column: beyond ~64 splits it costs
@@ -132,6 +133,24 @@ def kv_attention_spec(B: int, Hq: int, Hkv: int, S_: int, T: int, D: int, dtype:
     solo = solo_keys if splits > 1 and not use_cluster and S_ == 1 else 0  # decode steps (S > 1 spilled 12 bytes)
     return S.KVAttentionSpec(B, Hq, Hkv, S_, T, D, dtype, scale, splits, pos_dtype, threads, softcap, window, prefetch,
                              use_cluster, heads, unroll, solo)
+
+
+def kv_form(B: int, Hq: int, Hkv: int, S_: int, T: int, D: int, dtype: DType, pos_dtype: DType = DType.I64,
+            softcap: float = 0.0, clusters: bool = False) -> dict[str, Any]:
+    """Kernel selection's decode attention form at q [B, Hq, S_, D] over a [B, Hkv, T, D] cache: the split
+    count, the cluster merge (``clusters``: the target has them), keys a key group, the solo context and
+    whether the older rows load before the PDL wait (where the lowering finds the task before it leaves them
+    alone). ``kv_attention_spec`` is the rule; the ``FUSEC_KV_*`` knobs are its A/Bs."""
+    from fusec import knobs
+
+    prefetch = bool(knobs.get("FUSEC_KV_PREFETCH"))
+    spec = kv_attention_spec(B, Hq, Hkv, S_, T, D, dtype, 1.0, pos_dtype, int(knobs.get("FUSEC_KV_WAVE_BLOCKS")) * SMS,
+                             softcap=softcap, prefetch=prefetch, cluster=bool(knobs.get("FUSEC_KV_CLUSTER")) and clusters,
+                             cluster_levels=int(knobs.get("FUSEC_KV_CLUSTER_LEVELS")),
+                             solo_keys=knobs.get("FUSEC_KV_SOLO_KEYS"), split_keys=knobs.get("FUSEC_KV_SPLIT_KEYS"),
+                             unroll=int(knobs.get("FUSEC_KV_UNROLL")))
+    return {"splits": spec.splits, "cluster": spec.cluster, "unroll": spec.unroll, "solo_keys": spec.solo_keys,
+            "prefetch": prefetch}
 
 
 @builder(S.KVAttentionSpec)

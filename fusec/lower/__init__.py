@@ -295,7 +295,7 @@ def lower(graph: Graph, offsets: dict[str, int], arch: str, compute: str = "f32"
         from fusec.passes import select_kernels
         from fusec.passes.base import PassOptions
 
-        graph = select_kernels.run(graph, PassOptions(choices=dict(choices or {}))).graph
+        graph = select_kernels.run(graph, PassOptions(choices=dict(choices or {}), clusters=sm90_or_later(arch))).graph
 
     ctx = Context(arch, offsets, compute, progress, dry_run, -(-arena_base // _ALIGN) * _ALIGN, state, sync_base)
     if shared is not None:

@@ -8,13 +8,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from fusec import knobs
 from fusec.codegen import specs as S
-from fusec.codegen.build_decode import kv_attention_spec, sample_spec
-from fusec.codegen.spec_base import SMS
+from fusec.codegen.build_decode import sample_spec
 from fusec.dtypes import DType
 from fusec.ir import Graph, Node, Value
-from fusec.lower import Context, LoweringError, Raw, sm90_or_later
+from fusec.lower import Context, LoweringError, Raw
 from fusec.lower.heads import Part
 from fusec.ops import FusedAttrs, Op
 from fusec.passes.subgraph import Cut, extract
@@ -66,16 +64,16 @@ def _kv_spec(ctx: Context, node: Node, label: str, attrs: Any, q: Value, k: Valu
         raise LoweringError(f"{_where(node, label)}: positions of dtype {pos.dtype.value} are not supported")
     if not ctx.aligned(k, v) or not (heads or ctx.aligned(q)):
         raise LoweringError(f"{_where(node, label)}: kv_attention needs 16-byte aligned q/k/v")
-    solo_keys, split_keys = knobs.get("FUSEC_KV_SOLO_KEYS"), knobs.get("FUSEC_KV_SPLIT_KEYS")  # bounded: knobs.py
+    from fusec.passes.select_kernels import selection
+
+    form = dict(selection(node).params)  # kernel selection's form (build_decode.kv_form)
+    # the older rows load before the PDL wait only where the task before this one leaves them and pos alone
+    prefetch = form.pop("prefetch") and ctx.older_rows_stable((k, v), pos)
     try:
-        wave = int(knobs.get("FUSEC_KV_WAVE_BLOCKS")) * SMS  # blocks of a full-context step: one wave
-        return kv_attention_spec(B, Hq, Hkv, S_, T, D, q.dtype, float(attrs.scale), pos.dtype, target_blocks=wave,
-                                 softcap=float(attrs.softcap), window=int(attrs.window),
-                                 prefetch=knobs.get("FUSEC_KV_PREFETCH") and ctx.older_rows_stable((k, v), pos),
-                                 cluster=knobs.get("FUSEC_KV_CLUSTER") and sm90_or_later(ctx.arch),
-                                 cluster_levels=int(knobs.get("FUSEC_KV_CLUSTER_LEVELS")),
-                                 solo_keys=solo_keys,
-                                 split_keys=split_keys, heads=heads, unroll=int(knobs.get("FUSEC_KV_UNROLL")))
+        return S.KVAttentionSpec(B, Hq, Hkv, S_, T, D, q.dtype, float(attrs.scale), form["splits"], pos.dtype,
+                                 softcap=float(attrs.softcap), window=int(attrs.window), prefetch=prefetch,
+                                 cluster=form["cluster"], heads=heads, unroll=form["unroll"],
+                                 solo_keys=form["solo_keys"])
     except ValueError as e:
         raise LoweringError(f"{_where(node, label)}: kv_attention of q {list(q.shape)} over k/v {list(k.shape)} "
                             f"({q.dtype.value}): {e}") from None
