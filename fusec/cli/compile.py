@@ -172,6 +172,35 @@ class Progress:
         return f"{parts} in {now - self.t0:.1f}s"
 
 
+def generation_setup(args: argparse.Namespace, progress: Progress | None = None) -> tuple[Any, dict[str, Any]]:
+    """The generation model ``args`` name (--generate) and its plan's sizes (``compile_generation``'s batch,
+    max_seq_len, prefill_len, admit_batch, join), checked as compile --generate checks them."""
+    from fusec.cli.generate import check_generation_sizes
+    from fusec.genmodel import load_generation_model
+    from fusec.models.generate import check_admit_batch, check_join
+
+    if args.shapes is not None:
+        raise InputError("--shapes does not apply to --generate (use --batch, --max-seq-len, --max-prompt-len)")
+    check_generation_sizes(args)  # a 0 is refused, never taken as the default
+    batch = args.batch if args.batch is not None else 1
+    admit_batch = getattr(args, "admit_batch", 0)  # commands that compile through here without the option
+    check_admit_batch(admit_batch, batch)
+    join = getattr(args, "join", 0) or 0
+    check_join(join, batch)
+    if progress is not None:
+        progress("build", args.model)
+    gm = load_generation_model(args.model, args.weights_dir, packed=not getattr(args, "dequantize", False))
+    context = getattr(gm.config, "max_positions", None)
+    if args.max_seq_len is None:
+        t_max = min(256, context) if context else 256  # the default, clamped to the model
+    elif context and args.max_seq_len > context:
+        raise InputError(f"--max-seq-len {args.max_seq_len} exceeds the model's context of {context} positions")
+    else:
+        t_max = args.max_seq_len
+    return gm, {"batch": batch, "max_seq_len": t_max, "prefill_len": args.max_prompt_len, "admit_batch": admit_batch,
+                "join": join}
+
+
 def compile_from_args(args: argparse.Namespace, progress: Progress | None = None):
     """The plan the compile options in ``args`` describe (checked up front, see check_compile_options)."""
     generate = getattr(args, "generate", False)
@@ -180,32 +209,11 @@ def compile_from_args(args: argparse.Namespace, progress: Progress | None = None
     arch = check_compile_options(args)
     quant = quantize_from_args(args)
     if generate:
-        from fusec.cli.generate import check_generation_sizes
         from fusec.compiler import compile_generation
-        from fusec.genmodel import load_generation_model
-        from fusec.models.generate import check_admit_batch, check_join
 
-        if args.shapes is not None:
-            raise InputError("--shapes does not apply to --generate (use --batch, --max-seq-len, --max-prompt-len)")
-        check_generation_sizes(args)  # a 0 is refused, never taken as the default
-        batch = args.batch if args.batch is not None else 1
-        admit_batch = getattr(args, "admit_batch", 0)  # commands that compile through here without the option
-        check_admit_batch(admit_batch, batch)
-        join = getattr(args, "join", 0) or 0
-        check_join(join, batch)
-        if progress is not None:
-            progress("build", args.model)
-        gm = load_generation_model(args.model, args.weights_dir, packed=not getattr(args, "dequantize", False))
-        context = getattr(gm.config, "max_positions", None)
-        if args.max_seq_len is None:
-            t_max = min(256, context) if context else 256  # the default, clamped to the model
-        elif context and args.max_seq_len > context:
-            raise InputError(f"--max-seq-len {args.max_seq_len} exceeds the model's context of {context} positions")
-        else:
-            t_max = args.max_seq_len
-        return compile_generation(gm, batch=batch, max_seq_len=t_max, prefill_len=args.max_prompt_len,
-                                  dtype=args.dtype, arch=arch, progress=progress, admit_batch=admit_batch,
-                                  join=join, disabled_fusions=getattr(args, "disable_fusion", None) or (),
+        gm, sizes = generation_setup(args, progress)
+        return compile_generation(gm, **sizes, dtype=args.dtype, arch=arch, progress=progress,
+                                  disabled_fusions=getattr(args, "disable_fusion", None) or (),
                                   enabled_fusions=getattr(args, "enable_fusion", None) or (), **quant)
     for flag in ("admit_batch", "dequantize", "join"):
         if getattr(args, flag, None):

@@ -5,7 +5,10 @@ every fusion candidate that was rejected or left as a candidate (with its reason
 kernel the codegen can emit -- its capability query's answer --, or not profitable), and every near
 match a pattern matcher declined (``PassOptions.decline``: pattern, node, one-line reason).
 Layers are told apart by the layer number in node or weight names (``layers.3``, ``h.3``, ...);
-anything without one is listed under "model".
+anything without one is listed under "model". With ``--generate``, one entry of the generation plan
+``fusec compile MODEL --generate`` makes (``--entry``: the decode step by default, prefill, admit, join),
+with the same sizes and options; each kernel shows kernel selection's record (the decode attention's
+splits and merge, a skinny product's form, ...).
 """
 
 from __future__ import annotations
@@ -14,8 +17,16 @@ import argparse
 import json
 from typing import Any
 
-from fusec.cli._common import (add_command, add_fusion_arguments, add_json_flag, add_model_arguments, check_fusion_names,
-                               fmt_name, load_model)
+from fusec.cli._common import (
+    add_command,
+    add_fusion_arguments,
+    add_json_flag,
+    add_model_arguments,
+    check_fusion_names,
+    fmt_name,
+    load_model,
+)
+from fusec.errors import InputError
 
 _GLOBAL = "model"
 
@@ -29,10 +40,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--disable-fusion/--enable-fusion RULE flip fusion rules (the same flags as compile and run)\n"
         "to see what changes.",
         ["fusec explain gpt2-tiny", "fusec explain llama-tiny --enable-fusion mlp --json",
-         "fusec explain model.onnx --shapes input_ids:1x128,attention_mask:1x128"])
+         "fusec explain model.onnx --shapes input_ids:1x128,attention_mask:1x128",
+         "fusec explain qwen3-0.6b --generate --batch 8 --max-seq-len 1024"])
     add_model_arguments(p)
-    p.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), default="fp16",
-                   help="storage dtype of the plan explained (default fp16, as compile)")
+    p.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), default=None,
+                   help="storage dtype of the plan explained (default fp16, bf16 with --generate: as compile)")
+    from fusec.cli.generate import add_generation_arguments
+
+    add_generation_arguments(p, for_compile=True)
+    p.add_argument("--entry", choices=("decode", "prefill", "admit", "join"), default="decode",
+                   help="with --generate: the entry point explained (default decode; admit and join need "
+                        "--admit-batch and --join)")
     add_json_flag(p)
     # --disable/--enable: the old spellings, hidden (deprecated) aliases of the shared flags
     add_fusion_arguments(p, deprecated_aliases=True)
@@ -41,8 +59,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def explain(graph: Any, disabled: list[str] = (), enabled: list[str] = (), show_applied: bool = False,
-            dtype: str = "fp16") -> dict[str, Any]:  # type: ignore[assignment]
-    """The JSON-able explanation of optimizing ``graph`` (see the module docstring)."""
+            dtype: str = "fp16", weights_nk: bool = False) -> dict[str, Any]:  # type: ignore[assignment]
+    """The JSON-able explanation of optimizing ``graph`` (see the module docstring); ``weights_nk``: as a
+    generation plan's entries are staged (``compile_generation``)."""
     from fusec.errors import InputError
     from fusec.ir import Node
     from fusec.passes.fusion import describe_kernels, records
@@ -54,10 +73,13 @@ def explain(graph: Any, disabled: list[str] = (), enabled: list[str] = (), show_
     if unknown:
         raise InputError(f"unknown fusion rule(s) {', '.join(unknown)} (known: {', '.join(RULES)})")
     from fusec.codegen.compile import default_arch
-    from fusec.compiler import stage
+    from fusec.compiler import DTYPES, stage, state_layout
 
-    # the one staging path `fusec compile` and `inspect` take (same default dtype), lowered as a dry run
-    st = stage(graph, dtype, default_arch(), disabled_fusions=disabled, enabled_fusions=enabled, dry_run=True)
+    # the one staging path `fusec compile` and `inspect` take (same default dtype, states placed as compile_entries
+    # places them), lowered as a dry run
+    recs, state_bytes = state_layout(graph, DTYPES[dtype][0])
+    st = stage(graph, dtype, default_arch(), disabled_fusions=disabled, enabled_fusions=enabled, dry_run=True,
+               weights_nk=weights_nk, state_layout={r["name"]: r["offset"] for r in recs}, sync_base=state_bytes)
     g, opts = st.graph, st.options
     layers: dict[str, dict[str, list[Any]]] = {}
 
@@ -116,10 +138,35 @@ def render_text(report: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     check_fusion_names(args)
-    report = explain(load_model(args), args.disable_fusion, args.enable_fusion, args.all, args.dtype)
-    report = {"model": args.model, **report}
+    if args.dtype is None:
+        args.dtype = "bf16" if args.generate else "fp16"  # as compile
+    if args.generate:
+        report = {"model": args.model, "entry": args.entry,
+                  **explain(_generation_entry(args), args.disable_fusion, args.enable_fusion, args.all, args.dtype,
+                            weights_nk=True)}
+    else:
+        for flag in ("batch", "max_seq_len", "max_prompt_len", "weights_dir", "admit_batch", "join", "dequantize"):
+            if getattr(args, flag):
+                raise InputError(f"--{flag.replace('_', '-')} applies to --generate")
+        report = {"model": args.model, **explain(load_model(args), args.disable_fusion, args.enable_fusion, args.all,
+                                                 args.dtype)}
     if args.json:
         print(json.dumps(report, indent=2, ensure_ascii=True))
     else:
         print(render_text(report))
     return 0
+
+
+def _generation_entry(args: argparse.Namespace) -> Any:
+    """The graph of entry ``args.entry`` of the generation plan ``compile --generate`` would make with ``args``."""
+    from fusec.cli.compile import generation_setup
+    from fusec.compiler import DTYPES
+    from fusec.genmodel import build_graphs
+
+    gm, sizes = generation_setup(args)
+    graphs = build_graphs(gm, sizes["batch"], sizes["max_seq_len"], sizes["prefill_len"], storage=DTYPES[args.dtype][0],
+                          admit_batch=sizes["admit_batch"], join=sizes["join"])
+    if args.entry not in graphs:
+        flag = {"admit": "--admit-batch A", "join": "--join"}[args.entry]
+        raise InputError(f"the plan has no {args.entry} entry: compile it with {flag} (entries: {', '.join(graphs)})")
+    return graphs[args.entry]

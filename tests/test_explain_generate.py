@@ -1,0 +1,42 @@
+"""``fusec explain MODEL --generate``: an entry of the generation plan ``compile --generate`` makes, explained
+from the same staging (sizes, dtype, weight layout, states), with kernel selection's records."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fusec.cli import main
+
+
+def _explain(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
+    assert main(["explain", "llama-tiny", "--generate", "--batch", "2", "--max-seq-len", "64", "--max-prompt-len",
+                 "8", "--json", *args]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_each_entry_counts_the_launches_the_compiled_plan_has(capsys: pytest.CaptureFixture[str]) -> None:
+    from fusec.codegen.compile import default_arch
+    from fusec.compiler import compile_generation
+
+    plan = compile_generation("llama-tiny", batch=2, max_seq_len=64, prefill_len=8, dtype="bf16", arch=default_arch(),
+                              join=1)
+    for entry in ("decode", "prefill", "join"):
+        report = _explain(capsys, "--entry", entry, "--join")
+        assert report["entry"] == entry
+        assert report["launches"] == len(plan.manifest["entries"][entry]["launches"]), entry
+    decode = _explain(capsys)  # the decode step by default: its attention shows the form kernel selection recorded
+    kernels = [k for layer in decode["layers"].values() for k in layer["kernels"]]
+    attn = [k for k in kernels if "kv_attention" in k]
+    assert attn and all("splits" in k and "prefetch" in k for k in attn), attn
+
+
+def test_generation_options_are_checked(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["explain", "llama-tiny", "--generate", "--entry", "admit"]) == 1
+    err = capsys.readouterr().err
+    assert "no admit entry" in err and "--admit-batch A" in err
+    assert main(["explain", "llama-tiny", "--batch", "4"]) == 1
+    assert "--batch applies to --generate" in capsys.readouterr().err
+    assert main(["explain", "llama-tiny", "--generate", "--batch", "0"]) == 1
+    assert "--batch must be a positive integer" in capsys.readouterr().err
