@@ -65,10 +65,11 @@ def family(name: str, kernels: dict[str, str]) -> str:
     return "cublas" if "gemm" in name.lower() or "sm90" in name or "cutlass" in name else name[:24]
 
 
-def _engine(path: str, pdl: bool, batch: int, warm: bool = False) -> tuple[Any, Any, Any]:
+def _engine(path: str, pdl: bool, batch: int, warm: bool = False, edit: Any = None) -> tuple[Any, Any, Any]:
     """(plan, engine, start) for a plan file: FUSEC_PDL as asked (read when its device memory is made),
     greedy rows, and ``start`` prefilling the same random prompt into every row (decode then starts at
-    position prefill_len). ``warm``: started and 8 steps run already."""
+    position prefill_len). ``warm``: started and 8 steps run already. ``edit``: applied to the loaded
+    plan's manifest before its engine is made (an experiment's variant of the launches)."""
     import fusec
     from fusec.generation import write_sampling
     from fusec.runtime.generation import PlanEngine
@@ -76,6 +77,8 @@ def _engine(path: str, pdl: bool, batch: int, warm: bool = False) -> tuple[Any, 
 
     os.environ["FUSEC_PDL"] = "1" if pdl else "0"
     plan = fusec.load(path)
+    if edit is not None:
+        edit(plan.manifest)
     eng = PlanEngine(plan)
     gen = plan.manifest["generation"]
     ids = np.random.default_rng(0).integers(0, int(gen["vocab_size"]), (batch, int(gen["prefill_len"])))

@@ -74,6 +74,8 @@
 #   n29f      the attention's one-barrier ring: GPU tests, alone against benchmarks/ab_prev, prefill 2,048 and 128,
 #             compare.py bert-base gpt2-small
 #   n29g      the same with the whole ring issued up front
+#   l2b       how much of a decode step DRAM costs: Qwen3-0.6B (batches 1, 8) and the Llama-1B Q4_K_M shape (batch 1)
+#             as compiled against every layer reading the first layer's weights (L2-hot; benchmarks/l2_bound.py)
 #   ctx4k     Qwen3-0.6B decode at a 4,096-token context, batches 1 and 32, with rooflines (issue 19's report)
 #   ctx4k32   the same at batch 32 only (its ~15 GB cache compared by device digests: decode_step.py HOST_STATE_BYTES)
 #   stream_ab built-in encoders at a few rows on cuBLAS against fusec's GEMM (benchmarks/stream_ab.py)
@@ -559,6 +561,10 @@ for step in "$@"; do
          attn_ab "qwen3-2k --forms causal --qwarps 4 --bn 32,64" "bert --forms keys --qwarps 4" \
            "qwen3 --forms causal --qwarps 2" "gpt2 --forms rows --qwarps 2"
          for pc in 2048 128; do qprefill "n29g_$pc" $pc --rounds 5; done ;;
+    l2b) for m in "qwen3-0.6b --batches 1,8" "llama-1b-q4_k_m --batches 1"; do
+           timeout 200 python3 benchmarks/l2_bound.py "$R/l2b_${m%% *}" --model $m > "$R/l2b_${m%% *}.txt" 2>&1
+           tail -n 4 "$R/l2b_${m%% *}.txt" | cut -c 1-600
+         done ;;
     ctx4k32) timeout 500 python3 benchmarks/decode_step.py "$R/ctx4k32" --model qwen3-0.6b --batches 32 --context 4096 \
                --windows 2 > "$R/ctx4k32.txt" 2>&1
              grep -E "^\| [0-9]+ \|" "$R/ctx4k32.txt" | cut -c 1-400; tail -n 3 "$R/ctx4k32.txt" | cut -c 1-600 ;;

@@ -1,0 +1,105 @@
+"""How much of a decode step DRAM costs: the step as compiled against the same plan with every layer's launches
+reading the first layer's weights (redirected in its launch records), so that after the first layer they come from
+L2, timed in turns in one process. The LM head (read once a step, larger than L2) is left as it is.
+
+The difference is the most that overlapping the weights' DRAM traffic with the step's latency-bound phases (the
+attention, the kernel boundaries, the products' ramps; e.g. an L2 prefetch of the next kernels' weights) could win;
+the hot step's time is what is left when the layers' weights cost no DRAM time at all. The tokens differ (other
+weights); both variants run the same kernels, grids and launches. CUDA only.
+
+    python benchmarks/l2_bound.py OUT_DIR [--model qwen3-0.6b] [--batches 1,8] [--context 128] [--steps 64] [--windows 6]
+
+Writes OUT_DIR/l2_bound.json and prints one line a batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from decode_step import _engine, _window_ms, model  # noqa: E402
+
+
+def hot_weights(manifest: dict[str, Any], entry: str = "decode") -> int:
+    """Point every launch of ``entry`` that runs a kernel an earlier launch ran at that first launch's weight
+    arguments (a layer's launches at the first layer's weights: the same kernels, shapes and argument order).
+    Returns the weight bytes a step no longer reads from distinct places: the launches redirected count their
+    weight arguments' spans up to the next weight offset (an upper bound per argument, from the weights layout)."""
+    launches = manifest["entries"][entry]["launches"]
+    first: dict[int, list[Any]] = {}
+    offsets = sorted({a[2] for L in launches for a in L.get("args", ()) if a[:2] == ["ptr", "weights"]})
+    end = int(manifest["memory"]["weights_bytes"])
+    span = {o: (offsets[i + 1] if i + 1 < len(offsets) else end) - o for i, o in enumerate(offsets)}
+    saved = 0
+    for L in launches:
+        if L.get("type") != "kernel":
+            continue
+        ref = first.setdefault(int(L["kernel"]), L["args"])
+        if ref is L["args"]:
+            continue
+        new = []
+        for a, r in zip(L["args"], ref):
+            if a[:2] == ["ptr", "weights"] and r[:2] == ["ptr", "weights"]:
+                saved += span[a[2]]
+                new.append(list(r))
+            else:
+                new.append(a)
+        L["args"] = new
+    return saved
+
+
+def main() -> int:
+    import cupy as cp
+
+    from fusec.compiler import compile_generation
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--model", default="qwen3-0.6b")
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--context", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--windows", type=int, default=6)
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    gm = model(args.model)
+    device = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    results: dict[str, Any] = {"model": args.model, "context": args.context, "device": device, "runs": []}
+    tmp = tempfile.mkdtemp()
+    for batch in map(int, args.batches.split(",")):
+        path = os.path.join(tmp, f"b{batch}.fplan")
+        plan = compile_generation(gm, batch=batch, max_seq_len=args.context + args.steps + 16, prefill_len=args.context,
+                                  dtype="bf16", eos_ids=[])
+        plan.save(path)
+        weights = int(plan.manifest["memory"]["weights_bytes"])
+        del plan
+        saved: list[int] = []
+        engines = {"as compiled": _engine(path, True, batch, warm=True),
+                   "layers' weights in L2": _engine(path, True, batch, warm=True,
+                                                    edit=lambda m, s=saved: s.append(hot_weights(m)))}
+        times: dict[str, list[float]] = {k: [] for k in engines}
+        names = list(engines)
+        for w in range(args.windows):  # in turns, each window starting from another variant
+            for name in names[w % 2:] + names[:w % 2]:
+                _, eng, start = engines[name]
+                times[name].append(_window_ms(eng, start, args.steps))
+        rec = {"batch": batch, "weights_bytes": weights, "redirected_bytes": saved[0],
+               **{k: {"step_ms": statistics.median(v), "all": v} for k, v in times.items()}}
+        rec["dram_share_ms"] = rec["as compiled"]["step_ms"] - rec["layers' weights in L2"]["step_ms"]
+        results["runs"].append(rec)
+        print(json.dumps({k: v for k, v in rec.items()}, default=str), flush=True)
+        engines.clear()
+        (out / "l2_bound.json").write_text(json.dumps(results, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,38 @@
+"""benchmarks/l2_bound.py's variant of a decode plan, on the CPU: every launch of a kernel an earlier launch ran
+reads that first launch's weights (a layer's products the first layer's), and nothing else changes."""
+
+from __future__ import annotations
+
+import copy
+import os
+import sys
+
+
+def test_each_layer_reads_the_first_layers_weights_and_nothing_else_moves() -> None:
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+    from l2_bound import hot_weights
+
+    from fusec.compiler import compile_generation
+
+    plan = compile_generation("llama-tiny", batch=1, max_seq_len=32, prefill_len=8, dtype="bf16", arch="sm_90")
+    before = copy.deepcopy(plan.manifest)
+    saved = hot_weights(plan.manifest)
+    old, new = before["entries"]["decode"]["launches"], plan.manifest["entries"]["decode"]["launches"]
+    assert len(old) == len(new) and saved > 0
+    first: dict[int, list] = {}
+    moved = 0
+    for a, b in zip(old, new):
+        assert {k: v for k, v in a.items() if k != "args"} == {k: v for k, v in b.items() if k != "args"}
+        if a.get("type") != "kernel":
+            assert a == b
+            continue
+        ref = first.setdefault(int(a["kernel"]), b["args"])
+        for x, y, r in zip(a["args"], b["args"], ref):
+            if x[:2] == ["ptr", "weights"]:
+                assert y == r
+                moved += x != y
+            else:
+                assert x == y  # activations, caches, state: where they were
+    layers = plan.manifest["generation"]["num_layers"]
+    assert layers >= 2 and moved >= layers - 1  # every later layer's products at least
+    assert before["entries"]["prefill"] == plan.manifest["entries"]["prefill"]
