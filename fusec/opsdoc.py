@@ -113,7 +113,7 @@ def render() -> str:
     from fusec.frontend.onnx_import import MIN_OPSET
     from fusec.frontend.onnx_load import ONNX_TO_DTYPE
     from fusec.ops import OP_INFO
-    from fusec.plancheck import DTYPES as PLAN_TENSOR_DTYPES
+    from fusec.plancheck_fields import DTYPES as PLAN_TENSOR_DTYPES
 
     mods = _frontend_modules()
     maps, folded = _onnx_to_ir(mods)

@@ -178,7 +178,7 @@ def _kv_params(attn: Node, options: PassOptions) -> tuple[tuple[str, Any], ...]:
     try:
         form = kv_form(B, Hq, k.shape[1], S_, k.shape[2], D, q.dtype, pos.dtype, float(attn.attrs.softcap),
                        options.clusters)
-    except InputError:  # a FUSEC_KV_* knob out of its bounds: its own message
+    except InputError:  # a knob out of its bounds: its own message
         raise
     except ValueError as e:
         raise LoweringError(f"{attn.describe()}: kv_attention of q {list(q.shape)} over k/v {list(k.shape)} "

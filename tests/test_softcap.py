@@ -263,10 +263,13 @@ def test_decode_kernel_renders_the_cap_and_compiles(dt: DType, arch: str) -> Non
 def test_lowering_passes_the_cap_to_the_kernels() -> None:
     from fusec.lower import Context
     from fusec.lower.nodes import LOWER
+    from fusec.passes import select_kernels
+    from fusec.passes.base import PassOptions
 
     q, k, v = Value("q", (1, 16, 1, 128), BF16), Value("k", (1, 8, 4096, 128), BF16), Value("v", (1, 8, 4096, 128), BF16)
     pos, out = Value("pos", (1,), I64), Value("o", (1, 16, 1, 128), BF16)
     node = Node(Op.KV_ATTENTION, [q, k, v, pos], [out], O.KVAttentionAttrs(0.088, softcap=30.0), name="attn")
+    node.kernel = select_kernels._select(node, PassOptions(clusters=True), {})  # the form the lowering builds
     ctx = Context("sm_90", {"q": 0, "k": 1 << 20, "v": 16 << 20, "pos": 32 << 20, "o": 33 << 20}, "f32", None)
     ctx.arena_base = 64 << 20
     LOWER[Op.KV_ATTENTION](ctx, node, "#1 kv_attention")

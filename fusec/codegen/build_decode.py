@@ -140,7 +140,7 @@ def kv_form(B: int, Hq: int, Hkv: int, S_: int, T: int, D: int, dtype: DType, po
     """Kernel selection's decode attention form at q [B, Hq, S_, D] over a [B, Hkv, T, D] cache: the split
     count, the cluster merge (``clusters``: the target has them), keys a key group, the solo context and
     whether the older rows load before the PDL wait (where the lowering finds the task before it leaves them
-    alone). ``kv_attention_spec`` is the rule; the ``FUSEC_KV_*`` knobs are its A/Bs."""
+    alone). ``kv_attention_spec`` is the rule; the decode attention's knobs in ``fusec.knobs`` are its A/Bs."""
     from fusec import knobs
 
     prefetch = bool(knobs.get("FUSEC_KV_PREFETCH"))
