@@ -270,12 +270,17 @@ def test_norm_products_issue_one_stage_before_the_wait() -> None:
     assert prewait(S.GemvSpec(1, 6144, 1024, DType.BF16, glu="silu", **gemv_form(6144, 1024, DType.BF16, True, 1))) == 2
     assert prewait(S.GemvSpec(8, 6144, 1024, DType.BF16, norm=True, glu="silu",
                               **gemv_form(6144, 1024, DType.BF16, True, 8, True))) == 2
-    sixteen = S.GemvSpec(16, 6144, 1024, DType.BF16, norm=True, glu="silu",
-                         **gemv_form(6144, 1024, DType.BF16, True, 16, True))
-    assert prewait(sixteen) == 1
+    def sixteen() -> S.GemvSpec:  # as kernel selection records it, with the knob as it is then
+        return S.GemvSpec(16, 6144, 1024, DType.BF16, norm=True, glu="silu",
+                          **gemv_form(6144, 1024, DType.BF16, True, 16, True))
+
+    recorded = sixteen()
+    assert recorded.prewait == 1 and prewait(recorded) == 1
     with pytest.MonkeyPatch.context() as mp:  # the A/B: every product issues S - 1
         mp.setenv("FUSEC_GEMV_COOP_PREWAIT", "all")
-        assert prewait(sixteen) == 2
+        assert prewait(sixteen()) == 2 and prewait(recorded) == 1  # a spec already made keeps its record
+    with pytest.raises(ValueError, match="prewait"):
+        S.GemvSpec(1, 64, 1024, DType.BF16, stages=3, prewait=3)
 
 
 def test_the_norm_rounds_two_values_a_conversion() -> None:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from fusec.codegen import specs as S
-from fusec.codegen.build_gemm import gemv_coop_norm
+from fusec.codegen.build_gemm import gemv_coop_norm, gemv_prewait
 from fusec.dtypes import DType
 
 from test_kernels_gpu import BF16, F16, F32, FLOATS, check, dev, epilogue_ref, host, poisoned, rand, run
@@ -39,7 +39,8 @@ def _gemv(dt: DType, M: int, N: int, K: int, ring: tuple[int, ...] | None = None
     spec = S.GemvSpec(M, N, K, dt, **kw)  # type: ignore[arg-type]
     rule = "coop_norm" not in kw  # else where the rule (kernel selection's) normalizes x in the block
     if rule:
-        spec = dataclasses.replace(spec, coop_norm=gemv_coop_norm(M, K, dt, spec.norm, spec.stages, spec.spread))
+        coop = gemv_coop_norm(M, K, dt, spec.norm, spec.stages, spec.spread)
+        spec = dataclasses.replace(spec, coop_norm=coop, prewait=gemv_prewait(coop, spec.stages))
     e = spec.epilogue
     x, w = rand((M, K), dt), rand((N, K), dt, -0.2, 0.2)
     g = rand((K,), dt) if spec.norm else None
@@ -59,7 +60,8 @@ def _gemv(dt: DType, M: int, N: int, K: int, ring: tuple[int, ...] | None = None
     if ring is not None:
         rspec = dataclasses.replace(spec, stages=ring[0], tiles_per_block=ring[1], bulk=bool(ring[2:] and ring[2]))
         if rule:
-            rspec = dataclasses.replace(rspec, coop_norm=gemv_coop_norm(M, K, dt, spec.norm, ring[0], spec.spread))
+            coop = gemv_coop_norm(M, K, dt, spec.norm, ring[0], spec.spread)
+            rspec = dataclasses.replace(rspec, coop_norm=coop, prewait=gemv_prewait(coop, ring[0]))
         rout = poisoned((M, spec.n_out), dt)
         rargs = args[:len(args) - (5 if spec.argmax else 1)] + [rout] + (args[-4:-1] if spec.argmax else [])
         if spec.argmax:

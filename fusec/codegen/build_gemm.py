@@ -216,6 +216,19 @@ def gemv_xn_bytes(M: int, K: int, dtype: DType, coop_norm: bool) -> int:
     return M * K * dtype.itemsize if M > 2 and coop_norm else 0
 
 
+def gemv_prewait(coop_norm: bool, stages: int) -> int:
+    """Ring stages a skinny product issues before its PDL wait (``GemvSpec.prewait``; 0: all S - 1): one where the
+    block normalizes x first (``coop_norm``): x, loaded after the wait, then arrives ahead of the rest of the
+    weights, issued once it has. One stage everywhere took Qwen3-0.6B batch 1 0.577 ms a step against 0.588 (H200,
+    in turns, eleventh session); its trace showed gate/up ending 1 us sooner and down (no norm, two k groups) 0.7 us
+    later: so the norm products only. FUSEC_GEMV_COOP_PREWAIT=all: every product issues all S - 1 (the A/B at 9-16
+    rows, where x is 16-32 KB a block)."""
+    from fusec import knobs
+
+    one = coop_norm and stages > 2 and knobs.get("FUSEC_GEMV_COOP_PREWAIT") == "one"
+    return 1 if one else 0
+
+
 GEMV_STAGES = 3
 
 
@@ -256,6 +269,8 @@ def gemv_form(N: int, K: int, dtype: DType, glu: bool = False, M: int = 1, norm:
         form["spread"] = spread
     if coop:
         form["coop_norm"] = True
+    if prewait := gemv_prewait(coop, GEMV_STAGES):
+        form["prewait"] = prewait
     bulk = knobs.get("FUSEC_GEMV_BULK")
     if (bulk == "1" or (bulk == "auto" and M <= 4)) and K % S.gemv_group(K, dtype, spread) == 0:
         form["bulk"] = True
@@ -281,16 +296,7 @@ def _gemv(spec: S.GemvSpec) -> Rendered:
         "XPT": cdiv(spec.K // 8, 32 * warps),
         "stages": spec.stages, "bulk": spec.bulk,
     }
-    # ring stages issued before the PDL wait: all S - 1, but one where the block normalizes x first (coop_norm):
-    # x, loaded after the wait, then arrives ahead of the rest of the weights, issued once it has. One stage
-    # everywhere took Qwen3-0.6B batch 1 0.577 ms a step against 0.588 (H200, in turns, eleventh session); its
-    # trace showed gate/up ending 1 us sooner and down (no norm, two k groups) 0.7 us later: so the norm
-    # products only.
-    # FUSEC_GEMV_COOP_PREWAIT=all: every product issues all S - 1 (the A/B at 9-16 rows, where x is 16-32 KB a block)
-    from fusec import knobs
-
-    one = ctx["coop_norm"] and knobs.get("FUSEC_GEMV_COOP_PREWAIT") == "one"
-    ctx["prewait"] = (1 if one else spec.stages - 1) if spec.stages else 0
+    ctx["prewait"] = spec.prewait or (spec.stages - 1 if spec.stages else 0)  # kernel selection's record
     if spec.argmax:
         ctx.update(seed_t=ctype(spec.seed_dtype), ctr_t=ctype(spec.counter_dtype))
     params = ("x", "W") + (("g",) if spec.norm else ()) + _epi_params(e) + ("C",) \
