@@ -7,7 +7,8 @@ attention, the kernel boundaries, the products' ramps; e.g. an L2 prefetch of th
 the hot step's time is what is left when the layers' weights cost no DRAM time at all. The tokens differ (other
 weights); both variants run the same kernels, grids and launches. CUDA only.
 
-    python benchmarks/l2_bound.py OUT_DIR [--model qwen3-0.6b] [--batches 1,8] [--context 128] [--steps 64] [--windows 6]
+    python benchmarks/l2_bound.py OUT_DIR [--model qwen3-0.6b] [--batches 1,8] [--context 128] [--steps 64]
+                                          [--windows 6]
 
 Writes OUT_DIR/l2_bound.json and prints one line a batch.
 """

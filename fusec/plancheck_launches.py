@@ -38,7 +38,8 @@ def sig_bytes(c: FieldCheck, rec: Mapping[str, Any], f: str) -> int:
     return n
 
 
-def check_entry(c: FieldCheck, e: Mapping[str, Any], kernels: list[Any], limits: Mapping[str, int], prefix: str) -> None:
+def check_entry(c: FieldCheck, e: Mapping[str, Any], kernels: list[Any], limits: Mapping[str, int],
+                prefix: str) -> None:
     arena_only = {"arena": limits["arena"]}
     for sig in ("inputs", "outputs"):
         names = set()

@@ -20,9 +20,9 @@ For every node of the optimized graph this pass decides, once:
   (``build_attention.query_warps``, ``key_tile``); of a head_rope group, its rows a warp
   (``build_heads.rows_per_warp``); of a decode attention, its splits, cluster merge, keys a group, solo context
   and whether it loads older rows before its PDL wait (``build_decode.kv_form``; the lowering keeps that last
-  one only where the task before it leaves those rows alone); of fusec's GEMM in its stream form, its K split over a cluster
-  (``build_gemm.stream_splits``, where ``PassOptions.clusters``: sm_90 and later) and on sm_90 its products on wgmma
-  (``PassOptions.wgmma``; the weight then stored [N, K]).
+  one only where the task before it leaves those rows alone); of fusec's GEMM in its stream form, its K split over
+  a cluster (``build_gemm.stream_splits``, where ``PassOptions.clusters``: sm_90 and later) and on sm_90 its
+  products on wgmma (``PassOptions.wgmma``; the weight then stored [N, K]).
 
 The lowering (``fusec.lower``) reads ``node.kernel`` and decides nothing; ``explain``, ``inspect``
 and the A/B read the same record (``graph.meta["selection"]`` holds it as JSON, per node).

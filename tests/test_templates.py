@@ -70,7 +70,8 @@ def _specs(dt: DType) -> list:
         S.GemvSpec(8, 4096, 1024, dt, norm=True, stages=3, tiles_per_block=2, spread=2),  # batch 8's spread
         S.GemvSpec(8, 2 * 300, 3072, dt, norm=True, glu="silu", stages=3, tiles_per_block=1, spread=4),
         *([S.GemvSpec(1, 1000, 64, dt, norm=True, argmax=True, coop_norm=True),  # x normalized once in the block:
-           S.GemvSpec(3, 512, 1024, dt, norm=True, stages=3, tiles_per_block=2, coop_norm=True, prewait=1),  # static, dynamic
+           S.GemvSpec(3, 512, 1024, dt, norm=True, stages=3, tiles_per_block=2, coop_norm=True,
+                      prewait=1),  # static, dynamic
            S.GemvSpec(16, 2 * 300, 1024, dt, norm=True, glu="silu", stages=3, spread=2, coop_norm=True)]
           if dt in S.HALFS else []),
         C.gather((10, 8), (2, 3), 0, dt, I64),

@@ -255,7 +255,8 @@ def gemv_form(N: int, K: int, dtype: DType, glu: bool = False, M: int = 1, norm:
     from fusec import knobs
 
     if knobs.get("FUSEC_GEMV_FORM") == "register":  # one block a tile; its norm as the rule says at no ring
-        return {"stages": 0, "tiles_per_block": 1} | ({"coop_norm": True} if gemv_coop_norm(M, K, dtype, norm, 0) else {})
+        coop = {"coop_norm": True} if gemv_coop_norm(M, K, dtype, norm, 0) else {}
+        return {"stages": 0, "tiles_per_block": 1} | coop
     spread = int(knobs.get("FUSEC_GEMV_SPREAD"))
     if spread == 0:
         spread = 2 if M >= 8 and gemv_blocks_per_sm(K, dtype, GEMV_STAGES, 2) >= 2 else 1

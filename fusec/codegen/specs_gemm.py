@@ -186,7 +186,8 @@ class GemvSpec:
     def __post_init__(self) -> None:
         _pos(("M", self.M), ("N", self.N), ("K", self.K), ("tiles_per_block", self.tiles_per_block))
         _req(isinstance(self.prewait, int) and 0 <= self.prewait <= max(0, self.stages - 1),
-             f"gemv prewait must be 0 (all S - 1) or 1..S - 1 ring stages, got {self.prewait} with stages {self.stages}")
+             f"gemv prewait must be 0 (all S - 1) or 1..S - 1 ring stages, got {self.prewait} "
+             f"with stages {self.stages}")
         if self.coop_norm:
             _req(self.norm and self.dtype in HALFS and gemv_geometry(self.K, self.dtype, self.spread)[2] == 1,
                  "gemv coop_norm normalizes x in the block: it needs the norm prologue, fp16/bf16 and one k group "
