@@ -603,3 +603,39 @@ def test_the_lowering_builds_the_attention_kernel_selection_recorded(monkeypatch
     again = node_over(4240), node_over(271)  # selected again: the knobs' forms
     assert dict(again[0].kernel.params)["solo_keys"] == 0 and not dict(again[1].kernel.params)["cluster"]
     assert "kv <= 128" not in lowered(again[0]) and "__cluster_dims__" not in lowered(again[1])
+
+
+def test_every_decode_attention_of_a_plan_is_the_recorded_form(monkeypatch) -> None:  # noqa: ANN001
+    """A form the rule would not pick, put into the record: every decode attention of a compiled plan runs it, the
+    fused ones (head_rope prologue) and the join entry's alike: the lowering decides nothing."""
+    import dataclasses
+
+    from fusec.compiler import compile_generation
+    from fusec.genmodel import GenModel
+    from fusec.models.generate import SharedWeights
+    from fusec.models.registry import get_config
+    from fusec.models.weights import RandomWeights
+    from fusec.passes import select_kernels
+
+    seen = []
+
+    def form(attn, options):  # noqa: ANN001, ANN202
+        seen.append(attn.inputs[0].shape)
+        return (("splits", 3), ("cluster", False), ("unroll", 2), ("solo_keys", 0), ("prefetch", False))  # 3 of 32 rows
+
+    monkeypatch.setattr(select_kernels, "_kv_params", form)
+    cfg = dataclasses.replace(get_config("qwen3-tiny"), name="qwen3-pf", hidden_size=128, num_heads=4, num_kv_heads=2,
+                              head_dim=64, intermediate_size=256, num_layers=2)  # head_dim 64: the fused form
+    gm = GenModel(cfg, SharedWeights(RandomWeights(7)), None, (), cfg.name)
+    plan = compile_generation(gm, batch=2, max_seq_len=96, prefill_len=8, dtype="bf16", eos_ids=[], arch="sm_90",
+                              join=1)
+    man = plan.manifest
+    mods = {m["id"]: m for m in man["modules"]}
+    srcs = [plan._blobs[mods[man["kernels"][L["kernel"]]["module"]]["source"]].decode()
+            for e in ("decode", "join") for L in man["entries"][e]["launches"] if "kernel" in L
+            and mods[man["kernels"][L["kernel"]]["module"]]["template"] == "kv_attention.cu.jinja"]
+    assert seen and len(srcs) >= 2 * man["generation"]["num_layers"]
+    assert any("xq" in src for src in srcs)  # the fused form (its head_rope prologue) among them
+    for src in srcs:
+        assert "#define SPLITS 3" in src and "#define U 2" in src and "#define CL 1" in src
+        assert "fc_pdl_wait_after(dep)" not in src  # no older rows before the wait: the record says so
