@@ -32,11 +32,14 @@ def test_each_entry_counts_the_launches_the_compiled_plan_has(capsys: pytest.Cap
     assert attn and all("splits" in k and "prefetch" in k for k in attn), attn
 
 
-def test_generation_options_are_checked(capsys: pytest.CaptureFixture[str]) -> None:
+def test_generation_options_are_checked(capsys: pytest.CaptureFixture[str], tmp_path) -> None:  # noqa: ANN001
     assert main(["explain", "llama-tiny", "--generate", "--entry", "admit"]) == 1
     err = capsys.readouterr().err
     assert "no admit entry" in err and "--admit-batch A" in err
     assert main(["explain", "llama-tiny", "--batch", "4"]) == 1
-    assert "--batch applies to --generate" in capsys.readouterr().err
+    assert "--batch applies to generation plans (--generate)" in capsys.readouterr().err
+    assert main(["compile", "gpt2-tiny", "--max-seq-len", "64", "-o", str(tmp_path / "x.fplan")]) == 1  # compile too
+    assert "--max-seq-len applies to generation plans (--generate)" in capsys.readouterr().err
+    assert not (tmp_path / "x.fplan").exists()
     assert main(["explain", "llama-tiny", "--generate", "--batch", "0"]) == 1
     assert "--batch must be a positive integer" in capsys.readouterr().err

@@ -201,6 +201,17 @@ def generation_setup(args: argparse.Namespace, progress: Progress | None = None)
                 "join": join}
 
 
+GENERATION_FLAGS = ("batch", "max_seq_len", "max_prompt_len", "weights_dir", "admit_batch", "join", "dequantize")
+
+
+def refuse_generation_flags(args: argparse.Namespace) -> None:
+    """The generation plan's options (``add_generation_arguments(for_compile=True)``) given without --generate:
+    an error, never ignored."""
+    for flag in GENERATION_FLAGS:
+        if getattr(args, flag, None):
+            raise InputError(f"--{flag.replace('_', '-')} applies to generation plans (--generate)")
+
+
 def compile_from_args(args: argparse.Namespace, progress: Progress | None = None):
     """The plan the compile options in ``args`` describe (checked up front, see check_compile_options)."""
     generate = getattr(args, "generate", False)
@@ -215,9 +226,7 @@ def compile_from_args(args: argparse.Namespace, progress: Progress | None = None
         return compile_generation(gm, **sizes, dtype=args.dtype, arch=arch, progress=progress,
                                   disabled_fusions=getattr(args, "disable_fusion", None) or (),
                                   enabled_fusions=getattr(args, "enable_fusion", None) or (), **quant)
-    for flag in ("admit_batch", "dequantize", "join"):
-        if getattr(args, flag, None):
-            raise InputError(f"--{flag.replace('_', '-')} applies to generation plans (--generate)")
+    refuse_generation_flags(args)
     check_dump_dir(args)
     import fusec
     import fusec.ab

@@ -62,7 +62,6 @@ def explain(graph: Any, disabled: list[str] = (), enabled: list[str] = (), show_
             dtype: str = "fp16", weights_nk: bool = False) -> dict[str, Any]:  # type: ignore[assignment]
     """The JSON-able explanation of optimizing ``graph`` (see the module docstring); ``weights_nk``: as a
     generation plan's entries are staged (``compile_generation``)."""
-    from fusec.errors import InputError
     from fusec.ir import Node
     from fusec.passes.fusion import describe_kernels, records
     from fusec.passes.fusion_rules import RULES
@@ -145,9 +144,9 @@ def run(args: argparse.Namespace) -> int:
                   **explain(_generation_entry(args), args.disable_fusion, args.enable_fusion, args.all, args.dtype,
                             weights_nk=True)}
     else:
-        for flag in ("batch", "max_seq_len", "max_prompt_len", "weights_dir", "admit_batch", "join", "dequantize"):
-            if getattr(args, flag):
-                raise InputError(f"--{flag.replace('_', '-')} applies to --generate")
+        from fusec.cli.compile import refuse_generation_flags
+
+        refuse_generation_flags(args)
         report = {"model": args.model, **explain(load_model(args), args.disable_fusion, args.enable_fusion, args.all,
                                                  args.dtype)}
     if args.json:
