@@ -4,6 +4,7 @@
 # Usage: bash benchmarks/gpu_session.sh STEP [STEP ...]
 #   kernels   GPU tests of the decode kernels, PDL and generation
 #   gpu_all   every GPU test (benchmarks/gpu_check.sh)
+#   lt_t      the cuBLASLt algorithm-pick GPU tests (tests/test_lt_algo.py)
 #   validate  what the fifth session left unrun on a GPU: the generation tests (prefill attention over the caches), the
 #             decode kernels and GEMV tests (the ring's 4-stage case), the serve tests (read-backs every 4 steps)
 #   gemv      decode products alone vs cuBLAS (benchmarks/bench_decode_kernels.py --only gemv)
@@ -265,6 +266,7 @@ for step in "$@"; do
     kernels) timeout 300 $PT -n 8 tests/test_gemv_gpu.py tests/test_decode_kernels_gpu.py tests/test_pdl_gpu.py \
                tests/test_head_rope_pair.py tests/test_softcap.py tests/test_generation_gpu.py > "$R/t_kernels.txt" 2>&1
              tail -n 25 "$R/t_kernels.txt" ;;
+    lt_t) timeout 120 $PT tests/test_lt_algo.py > "$R/t_lt.txt" 2>&1; grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_lt.txt" | tail -n 6 ;;
     gpu_all) OUT="$R" timeout 570 bash benchmarks/gpu_check.sh ;;
     validate) timeout 300 $PT -n 8 tests/test_generation_gpu.py tests/test_generation_families_gpu.py tests/test_head_rope_pair.py \
                 tests/test_gemv_gpu.py tests/test_serve_gpu.py tests/test_generation_join_gpu.py > "$R/t_validate.txt" 2>&1
