@@ -79,6 +79,7 @@
 #             as compiled against every layer reading the first layer's weights (L2-hot; benchmarks/l2_bound.py)
 #   drop      what a layer kernel costs a decode step: Qwen3-0.6B (batches 1, 8) and the Llama-1B Q4_K_M shape
 #             (batch 1) without the o product, the attention, both, the down product in every layer (l2_bound.py --drop)
+#   drop2     the same for Qwen3-0.6B's qkv and gate/up products
 #   ctx4k     Qwen3-0.6B decode at a 4,096-token context, batches 1 and 32, with rooflines (issue 19's report)
 #   ctx4k32   the same at batch 32 only (its ~15 GB cache compared by device digests: decode_step.py HOST_STATE_BYTES)
 #   stream_ab built-in encoders at a few rows on cuBLAS against fusec's GEMM (benchmarks/stream_ab.py)
@@ -565,7 +566,9 @@ for step in "$@"; do
          attn_ab "qwen3-2k --forms causal --qwarps 4 --bn 32,64" "bert --forms keys --qwarps 4" \
            "qwen3 --forms causal --qwarps 2" "gpt2 --forms rows --qwarps 2"
          for pc in 2048 128; do qprefill "n29g_$pc" $pc --rounds 5; done ;;
-    drop) for m in "qwen3-0.6b --batches 1,8 --drop 2,1,1+2,4" "llama-1b-q4_k_m --batches 1 --drop 1,0,0+1,3"; do
+    drop|drop2) [ "$step" = drop2 ] && M=("qwen3-0.6b --batches 1,8 --drop 0,3") || \
+                  M=("qwen3-0.6b --batches 1,8 --drop 2,1,1+2,4" "llama-1b-q4_k_m --batches 1 --drop 1,0,0+1,3")
+          for m in "${M[@]}"; do
             timeout 250 python3 benchmarks/l2_bound.py "$R/drop_${m%% *}" --model $m > "$R/drop_${m%% *}.txt" 2>&1
             grep -v "^{" "$R/drop_${m%% *}.txt" | tail -n 3 | cut -c 1-600
             grep "^{" "$R/drop_${m%% *}.txt" | python3 -c "import json,sys
