@@ -77,6 +77,7 @@ def fold(graph: Graph, options: PassOptions, policy: FoldPolicy = POLICY) -> tup
     kept: list[Node] = []
     folded = 0
     stored: dict[Value, Value] = {}  # the fp32 value of a kept stored-weight CAST -> the stored weight
+    names = {v.name for v in consts} | {v.name for n in graph.nodes for v in n.outputs}
     with np.errstate(all="ignore"):  # folding mirrors run(): IEEE results, not warnings
         for node in graph.nodes:
             ins = [mapping.get(v, v) for v in node.inputs]
@@ -95,7 +96,10 @@ def fold(graph: Graph, options: PassOptions, policy: FoldPolicy = POLICY) -> tup
             results = reference.eval_node(node, [v.data if v in const_set else stored[v].data.astype(np.float32)
                                                  for v in ins])
             for old, arr in zip(node.outputs, results):
-                new = Value(old.name, old.shape, old.dtype, np.ascontiguousarray(arr))
+                name = _folded_name(node, ins, old, graph)
+                name = old.name if name in names else name
+                names.add(name)
+                new = Value(name, old.shape, old.dtype, np.ascontiguousarray(arr))
                 mapping[old] = new
                 consts.append(new)
                 const_set.add(new)
@@ -103,6 +107,18 @@ def fold(graph: Graph, options: PassOptions, policy: FoldPolicy = POLICY) -> tup
     g = Graph(graph.inputs, graph.outputs, kept, consts, graph.name, graph.meta)
     g = dce.replace_uses(g, mapping)
     return dce.eliminate(g), folded
+
+
+def _folded_name(node: Node, ins: list[Value], old: Value, graph: Graph) -> str:
+    """The folded constant's name: its value's, except where one layer's weight alone makes an unnamed value (a
+    builder's transpose of ``layers.0.self_attn.o_proj.weight``): then the weight's name and the op, so the
+    constant still says which layer it belongs to (``explain``'s layers, decline messages)."""
+    from fusec.passes.match import layer_of_name
+
+    src = [v for v in ins if v.numel > 1]
+    if len(src) != 1 or old in graph.outputs or layer_of_name(old.name) or not layer_of_name(src[0].name):
+        return old.name
+    return f"{src[0].name}.{node.op.value}"
 
 
 def run(graph: Graph, options: PassOptions) -> PassResult:

@@ -79,10 +79,7 @@ class Ctx:
         found = None
         seen: set[Node] = set()
         frontier = [node]
-        # A node reading its own named, layer-less parameter ("ln_f.weight", "model.norm.weight")
-        # belongs to the model, not to the layer upstream of it.
-        own = [v.name for v in node.inputs if v.data is not None and v.numel > 1 and "." in v.name]
-        if own and not any(layer_of_name(t) for t in (node.name, *own, *(v.name for v in node.outputs))):
+        if self._model_level(node):
             self._layer[node] = None
             return None
         for _ in range(8):  # a few hops: the projection weights are close to every pattern
@@ -96,12 +93,20 @@ class Ctx:
                     p = self._prod.get(v)
                     if p is not None and p not in seen:
                         seen.add(p)
-                        nxt.append(p)
+                        if not self._model_level(p):  # what reads the model's head or tail is not a layer's
+                            nxt.append(p)
             if found or not nxt:
                 break
             frontier = nxt
         self._layer[node] = found
         return found
+
+    @staticmethod
+    def _model_level(node: Node) -> bool:
+        """A node reading its own named, layer-less parameter ("ln_f.weight", "model.norm.weight", the LM head's or
+        the embedding's table) belongs to the model, not to the layer upstream of it."""
+        own = [v.name for v in node.inputs if v.data is not None and v.numel > 1 and "." in v.name]
+        return bool(own) and not any(layer_of_name(t) for t in (node.name, *own, *(v.name for v in node.outputs)))
 
     def where(self, node: Node) -> str:
         """``layers.3: <node name or output name> (op)``: names the node for decline messages."""

@@ -43,3 +43,16 @@ def test_generation_options_are_checked(capsys: pytest.CaptureFixture[str], tmp_
     assert not (tmp_path / "x.fplan").exists()
     assert main(["explain", "llama-tiny", "--generate", "--batch", "0"]) == 1
     assert "--batch must be a positive integer" in capsys.readouterr().err
+
+
+def test_each_layer_lists_its_own_kernels_and_the_step_s_tail_is_the_model_s(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    decode = _explain(capsys)
+    layers = {k: [x.split(" (")[0] for x in v["kernels"]] for k, v in decode["layers"].items()}
+    model = layers.pop("model")
+    assert sorted(layers) == ["layers.0", "layers.1"]
+    assert layers["layers.0"] == layers["layers.1"], layers  # the o product is each layer's, not the model's
+    assert sum("matmul" in k for k in layers["layers.0"]) == 4, layers  # qkv, o, gate/up, down
+    # the LM head, its sampler and what the step does with the token read no layer's weight: the model's
+    assert any("gemm_sample" in k for k in model) and "cache_write" in model, model
+    assert not any("matmul" in k and "sample" not in k for k in model), model

@@ -131,3 +131,17 @@ def test_integer_shape_arithmetic_folds_exactly() -> None:
     assert [n.op for n in res.graph.nodes] == [Op.ADD]
     assert res.graph.constants[0].data.tolist() == [3, -3, -2, 2]  # truncation toward zero
     check_same(g, res.graph, {"x": np.array([1, 2, 3, 4], np.int64)})
+
+
+def test_a_layer_weight_folded_alone_keeps_the_layer_in_its_name() -> None:
+    b = GraphBuilder()
+    x = b.input("x", (2, 4), DType.F32)
+    w = b.const(np.arange(12, dtype=np.float32).reshape(3, 4), name="layers.3.self_attn.o_proj.weight")
+    wt = b.emit(Op.TRANSPOSE, w, perm=(1, 0))  # a builder's unnamed transpose of one layer's weight
+    b.output(b.emit(Op.MATMUL, x, wt), "y")
+    g = b.build()
+    res = constant_fold.run(g, PassOptions())
+    (c,) = res.graph.constants
+    assert c.name == "layers.3.self_attn.o_proj.weight.transpose"
+    np.testing.assert_array_equal(c.data, w.data.T)
+    check_same(g, res.graph, {"x": np.ones((2, 4), np.float32)})
