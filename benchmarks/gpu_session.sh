@@ -79,6 +79,8 @@
 #             as compiled against every layer reading the first layer's weights (L2-hot; benchmarks/l2_bound.py)
 #   drop      what a layer kernel costs a decode step: Qwen3-0.6B (batches 1, 8) and the Llama-1B Q4_K_M shape
 #             (batch 1) without the o product, the attention, both, the down product in every layer (l2_bound.py --drop)
+#   atr       the block trace of Qwen3-0.6B's decode step (batches 1, 8; context 128) with the attention's blocks that end
+#             last (block_trace.py --blocks): where its ~3.3 us of fixed cost go, today
 #   l2rate    the SMs' read rate from L2-resident buffers (8-48 MB) against HBM (4 GB) (benchmarks/l2_rate.py)
 #   drop2     the same for Qwen3-0.6B's qkv and gate/up products
 #   ctx4k     Qwen3-0.6B decode at a 4,096-token context, batches 1 and 32, with rooflines (issue 19's report)
@@ -576,6 +578,9 @@ for step in "$@"; do
 for l in sys.stdin:
     r = json.loads(l); print(r['batch'], {k: round(v['step_ms'], 4) for k, v in r.items() if isinstance(v, dict) and 'step_ms' in v}, 'saves', {k: round(v, 4) for k, v in r['dropped_saves_ms'].items()})"
           done ;;
+    atr) timeout 150 python3 benchmarks/block_trace.py "$R/atr" --model qwen3-0.6b --batches 1,8 --blocks rope_atte \
+           > "$R/atr.txt" 2>&1
+         cat "$R/atr/block_trace.md" | head -n 80 ;;
     l2rate) timeout 120 python3 benchmarks/l2_rate.py > "$R/l2rate.txt" 2>&1; cat "$R/l2rate.txt" | tail -n 8 ;;
     l2b) for m in "qwen3-0.6b --batches 1,8" "llama-1b-q4_k_m --batches 1"; do
            timeout 200 python3 benchmarks/l2_bound.py "$R/l2b_${m%% *}" --model $m > "$R/l2b_${m%% *}.txt" 2>&1
