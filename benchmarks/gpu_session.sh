@@ -573,10 +573,7 @@ for step in "$@"; do
                   M=("qwen3-0.6b --batches 1,8 --drop 2,1,1+2,4" "llama-1b-q4_k_m --batches 1 --drop 1,0,0+1,3")
           for m in "${M[@]}"; do
             timeout 250 python3 benchmarks/l2_bound.py "$R/drop_${m%% *}" --model $m > "$R/drop_${m%% *}.txt" 2>&1
-            grep -v "^{" "$R/drop_${m%% *}.txt" | tail -n 3 | cut -c 1-600
-            grep "^{" "$R/drop_${m%% *}.txt" | python3 -c "import json,sys
-for l in sys.stdin:
-    r = json.loads(l); print(r['batch'], {k: round(v['step_ms'], 4) for k, v in r.items() if isinstance(v, dict) and 'step_ms' in v}, 'saves', {k: round(v, 4) for k, v in r['dropped_saves_ms'].items()})"
+            grep -v "^{" "$R/drop_${m%% *}.txt" | tail -n 4 | cut -c 1-900
           done ;;
     atr) timeout 150 python3 benchmarks/block_trace.py "$R/atr" --model qwen3-0.6b --batches 1,8 --blocks rope_atte \
            > "$R/atr.txt" 2>&1

@@ -14,7 +14,8 @@ weights); both variants run the same kernels, grids and launches. CUDA only.
     python benchmarks/l2_bound.py OUT_DIR [--model qwen3-0.6b] [--batches 1,8] [--context 128] [--steps 64]
                                           [--windows 6] [--drop 2,1,1+2]
 
-Writes OUT_DIR/l2_bound.json and prints one line a batch.
+Writes OUT_DIR/l2_bound.json and prints, a batch, its record (JSON) and a line of each variant's ms a step and its
+difference from the plan as compiled.
 """
 
 from __future__ import annotations
@@ -135,6 +136,10 @@ def main() -> int:
         rec["dropped_saves_ms"] = {k: rec["as compiled"]["step_ms"] - rec[k]["step_ms"] for k in names[2:]}
         results["runs"].append(rec)
         print(json.dumps({k: v for k, v in rec.items()}, default=str), flush=True)
+        base = rec["as compiled"]["step_ms"]
+        print(f"batch {batch}: " + "; ".join(
+            f"{k} {rec[k]['step_ms']:.4f} ms" + ("" if k == names[0] else f" ({rec[k]['step_ms'] - base:+.4f})")
+            for k in names), flush=True)
         engines.clear()
         (out / "l2_bound.json").write_text(json.dumps(results, indent=1, default=str))
     return 0

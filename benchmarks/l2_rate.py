@@ -1,8 +1,8 @@
 """How fast the SMs read a buffer that stays in L2 against one that does not: a grid-stride kernel of 16-byte loads
-(every SM, 8 blocks of 256 threads each) reads a buffer again and again; GB/s by buffer size, CUDA events over 50
-launches after 5 warm-ups, each launch reading the buffer enough times to read >= 512 MB. Reads of buffers up to about half the L2 (the H200's 50 MB is two partitions) come from L2
-after the first launch; 4 GB come from HBM. Tells how much an L2-resident weight saves a memory-bound kernel
-(benchmarks/l2_bound.py's hot variant). CUDA only.
+(8 blocks of 256 threads an SM) reads a buffer again and again; GB/s by buffer size, CUDA events over 50 launches
+after 5 warm-ups, each launch reading the buffer enough times to read >= 512 MB. After the first launch a buffer
+smaller than the L2 (the H200's 50 MB, two partitions) is read from L2; 4 GB are read from HBM. Tells how much faster
+an L2-resident weight can arrive (benchmarks/l2_bound.py's hot variant). CUDA only.
 
     python benchmarks/l2_rate.py [--sizes-mb 8,16,24,32,48,4096]
 """
@@ -34,7 +34,6 @@ def main() -> int:
     k = cp.RawKernel(SRC, "rd")
     sms = cp.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"]
     out = cp.zeros(1, cp.uint64)
-    rows = []
     for mb in map(int, args.sizes_mb.split(",")):
         n = mb * (1 << 20) // 16
         buf = cp.random.default_rng(1).integers(0, 2**31, n * 4, dtype=cp.uint32).view(cp.uint64).reshape(-1, 2)
@@ -49,8 +48,8 @@ def main() -> int:
         b.record()
         b.synchronize()
         us = cp.cuda.get_elapsed_time(a, b) * 1e3 / 50
-        rows.append({"mb": mb, "reps": reps, "us": round(us, 2), "GB/s": round(reps * n * 16 / us / 1e3, 1)})
-        print(json.dumps(rows[-1]), flush=True)
+        print(json.dumps({"mb": mb, "reps": reps, "us": round(us, 2), "GB/s": round(reps * n * 16 / us / 1e3, 1)}),
+              flush=True)
         del buf
     return 0
 
