@@ -132,6 +132,7 @@ def test_cli_names_the_architecture_in_one_line(root: str, tmp_path: Path, capsy
 
     monkeypatch.setattr(device, "gpu_available", lambda: False)
     d = _edited_dir(root, "qwen3", tmp_path, lambda c: c.update(model_type="qwen3_moe"))
+    capsys.readouterr()  # what writing the fixture's model printed (transformers' shard progress), if this test made it
     assert main(["generate", str(d), "--prompt-ids", "1,2", "--max-new-tokens", "2"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("fusec: error:") and "'qwen3_moe'" in err[0], err
