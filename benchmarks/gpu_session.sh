@@ -81,6 +81,11 @@
 #             (batch 1) without the o product, the attention, both, the down product in every layer (l2_bound.py --drop)
 #   atr       the block trace of Qwen3-0.6B's decode step (batches 1, 8; context 128) with the attention's blocks that end
 #             last (block_trace.py --blocks): where its ~3.3 us of fixed cost go, today
+#   atr2      the same trace at batch 1, beside the plan whose PDL waits hold until the loads before them return
+#             (FUSEC_PDL_PIN=value): is the attention's key loop waiting on its prefetched keys?
+#   clock     the SMs' clock (clock64 cycles a globaltimer ns) alone and between decode steps (benchmarks/sm_clock.py)
+#   l2ef      Qwen3-0.6B decode (batches 1, 8) in turns against its decode products' weights copied under an L2
+#             evict-first policy (FUSEC_GEMV_L2_EVICT_FIRST=1)
 #   l2rate    the SMs' read rate from L2-resident buffers (8-48 MB) against HBM (4 GB) (benchmarks/l2_rate.py)
 #   drop2     the same for Qwen3-0.6B's qkv and gate/up products
 #   ctx4k     Qwen3-0.6B decode at a 4,096-token context, batches 1 and 32, with rooflines (issue 19's report)
@@ -578,6 +583,13 @@ for step in "$@"; do
     atr) timeout 150 python3 benchmarks/block_trace.py "$R/atr" --model qwen3-0.6b --batches 1,8 --blocks rope_atte \
            > "$R/atr.txt" 2>&1
          cat "$R/atr/block_trace.md" | head -n 80 ;;
+    atr2) timeout 150 python3 benchmarks/block_trace.py "$R/atr2" --model qwen3-0.6b --batches 1 --blocks rope_atte \
+            --ab FUSEC_PDL_PIN=value > "$R/atr2.txt" 2>&1
+          cat "$R/atr2/block_trace.md" | head -n 120 ;;
+    clock) timeout 150 python3 benchmarks/sm_clock.py > "$R/clock.txt" 2>&1; tail -n 4 "$R/clock.txt" | cut -c 1-800 ;;
+    l2ef) timeout 300 python3 benchmarks/decode_step.py "$R/l2ef" --model qwen3-0.6b --batches 1,8 --windows 3 \
+            --ab FUSEC_GEMV_L2_EVICT_FIRST=1 > "$R/l2ef.txt" 2>&1
+          tail -n 6 "$R/l2ef.txt" | cut -c 1-3000 ;;
     l2rate) timeout 120 python3 benchmarks/l2_rate.py > "$R/l2rate.txt" 2>&1; cat "$R/l2rate.txt" | tail -n 8 ;;
     l2b) for m in "qwen3-0.6b --batches 1,8" "llama-1b-q4_k_m --batches 1"; do
            timeout 200 python3 benchmarks/l2_bound.py "$R/l2b_${m%% *}" --model $m > "$R/l2b_${m%% *}.txt" 2>&1

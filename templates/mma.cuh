@@ -103,6 +103,18 @@ __device__ __forceinline__ void fc_cp_async16(void* smem, const void* gmem, int 
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(fc_smem_addr(smem)), "l"(gmem), "r"(src_bytes)
                : "memory");
 }
+// The same with an L2 cache policy (fc_l2_evict_first): bytes read once (a decode step's weights) leave L2 before
+// what is read again soon (activations, caches, code).
+__device__ __forceinline__ void fc_cp_async16_l2(void* smem, const void* gmem, int src_bytes, unsigned long long pol) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n"
+               :: "r"(fc_smem_addr(smem)), "l"(gmem), "r"(src_bytes), "l"(pol) : "memory");
+}
+// An L2 policy under which the lines a copy brings in are the first evicted (sm_80+).
+__device__ __forceinline__ unsigned long long fc_l2_evict_first() {
+  unsigned long long pol;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
+  return pol;
+}
 __device__ __forceinline__ void fc_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void fc_cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
@@ -125,6 +137,11 @@ __device__ __forceinline__ void fc_mbar_expect_tx(unsigned long long* bar, unsig
 __device__ __forceinline__ void fc_bulk_copy(void* smem, const void* gmem, unsigned bytes, unsigned long long* bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
                :: "r"(fc_smem_addr(smem)), "l"(gmem), "r"(bytes), "r"(fc_smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void fc_bulk_copy_l2(void* smem, const void* gmem, unsigned bytes, unsigned long long* bar,
+                                                unsigned long long pol) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n"
+               :: "r"(fc_smem_addr(smem)), "l"(gmem), "r"(bytes), "r"(fc_smem_addr(bar)), "l"(pol) : "memory");
 }
 // until the barrier's phase `parity` (0, 1, 0, ...: its uses in order) has completed; CLUSTER: acquiring, for the
 // whole cluster, what the arrivals of its blocks released (fc_mbar_arrive_cluster)

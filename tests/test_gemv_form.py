@@ -292,3 +292,27 @@ def test_the_norm_rounds_two_values_a_conversion() -> None:
     body = src[src.index("gv_norm8(const fc_u32x4& xr"):]
     body = body[:body.index("\n}\n")]
     assert body.count("fc_pack2(") == 2 and "fc_set(" not in body
+
+
+def test_ring_copies_carry_the_l2_evict_first_policy(monkeypatch) -> None:  # noqa: ANN001
+    """The ring form's weight copies (bulk and cp.async) carry an L2 evict-first policy by default; the knob
+    turns it off, the register form has no copies to carry it, and the spec refuses it without a ring. Both copy
+    forms build with it for sm_90 and sm_80 (ptxas checks the cache-hinted copies' operands)."""
+    from fusec.codegen import kernels as K
+
+    for m, bulk in ((1, True), (8, False)):  # batch 1: TMA bulk copies; batch 8: cp.async from every thread
+        form = gemv_form(1024, 1024, DType.BF16, False, m)
+        assert form.get("l2_evict_first") is True and bool(form.get("bulk")) == bulk
+        spec = S.GemvSpec(m, 1024, 1024, DType.BF16, **form)
+        assert "#define GV_L2EF 1" in prepare(spec)[1]
+        for arch in ("sm_90", "sm_80"):
+            assert K.build(spec, arch).binary.cubin
+    monkeypatch.setenv("FUSEC_GEMV_L2_EVICT_FIRST", "0")
+    form = gemv_form(1024, 1024, DType.BF16, False, 1)
+    assert "l2_evict_first" not in form
+    assert "#define GV_L2EF" not in prepare(S.GemvSpec(1, 1024, 1024, DType.BF16, **form))[1]
+    monkeypatch.setenv("FUSEC_GEMV_L2_EVICT_FIRST", "1")
+    monkeypatch.setenv("FUSEC_GEMV_FORM", "register")
+    assert "l2_evict_first" not in gemv_form(1024, 1024, DType.BF16, False, 1)
+    with pytest.raises(ValueError, match="l2_evict_first"):
+        S.GemvSpec(1, 1024, 1024, DType.BF16, l2_evict_first=True)  # stages 0: no ring

@@ -251,7 +251,13 @@ def gemv_form(N: int, K: int, dtype: DType, glu: bool = False, M: int = 1, norm:
     ``bulk`` (TMA bulk copies fill the ring) up to 4 rows, where K is a multiple of the k group. In
     turns on an H200 (eleventh session), Qwen3-0.6B took 0.604 ms a step at batch 1 against 0.655 with
     cp.async (the Llama-1B shape 0.802 against 0.845), 0.661 against 0.685 at batch 2, 0.781 against
-    0.808 at 4; batch 8 lost (0.832 against 0.791). ``FUSEC_GEMV_BULK`` forces it on or off."""
+    0.808 at 4; batch 8 lost (0.832 against 0.791). ``FUSEC_GEMV_BULK`` forces it on or off.
+
+    ``l2_evict_first``: the ring's copies carry an L2 evict-first policy. A step reads each weight once, and
+    without the policy those bytes push out of L2 what it reads again: the activations and norm weights a
+    kernel waits for after its PDL wait, the cache rows, the kernels' code. Qwen3-0.6B on an H200 (plans in
+    turns, thirty-second session): batch 1 0.547 ms a step against 0.565, batch 8 0.725 against 0.722, the
+    same bits. ``FUSEC_GEMV_L2_EVICT_FIRST=0`` turns it off."""
     from fusec import knobs
 
     if knobs.get("FUSEC_GEMV_FORM") == "register":  # one block a tile; its norm as the rule says at no ring
@@ -272,6 +278,8 @@ def gemv_form(N: int, K: int, dtype: DType, glu: bool = False, M: int = 1, norm:
         form["coop_norm"] = True
     if prewait := gemv_prewait(coop, GEMV_STAGES):
         form["prewait"] = prewait
+    if knobs.get("FUSEC_GEMV_L2_EVICT_FIRST"):
+        form["l2_evict_first"] = True
     bulk = knobs.get("FUSEC_GEMV_BULK")
     if (bulk == "1" or (bulk == "auto" and M <= 4)) and K % S.gemv_group(K, dtype, spread) == 0:
         form["bulk"] = True
@@ -295,7 +303,7 @@ def _gemv(spec: S.GemvSpec) -> Rendered:
         # the block normalizes x once into shared memory (kernel selection's record; the rule: gemv_coop_norm)
         "coop_norm": spec.coop_norm,
         "XPT": cdiv(spec.K // 8, 32 * warps),
-        "stages": spec.stages, "bulk": spec.bulk,
+        "stages": spec.stages, "bulk": spec.bulk, "l2ef": spec.l2_evict_first,
     }
     ctx["prewait"] = spec.prewait or (spec.stages - 1 if spec.stages else 0)  # kernel selection's record
     if spec.argmax:

@@ -182,6 +182,7 @@ class GemvSpec:
     bulk: bool = False
     coop_norm: bool = False
     prewait: int = 0  # ring stages issued before the PDL wait (build_gemm.gemv_prewait); 0: all S - 1
+    l2_evict_first: bool = False  # the ring's copies carry an L2 evict-first policy (build_gemm.gemv_form)
 
     def __post_init__(self) -> None:
         _pos(("M", self.M), ("N", self.N), ("K", self.K), ("tiles_per_block", self.tiles_per_block))
@@ -192,6 +193,8 @@ class GemvSpec:
             _req(self.norm and self.dtype in HALFS and gemv_geometry(self.K, self.dtype, self.spread)[2] == 1,
                  "gemv coop_norm normalizes x in the block: it needs the norm prologue, fp16/bf16 and one k group "
                  f"(K {self.K} spread {self.spread} has {gemv_geometry(self.K, self.dtype, self.spread)[2]})")
+        _req(not self.l2_evict_first or self.stages > 0, "gemv l2_evict_first is a policy of the ring's copies "
+             "(stages >= 2)")
         if self.bulk:
             _req(self.stages > 0, "gemv bulk copies fill the shared-memory ring (stages >= 2)")
             _req(self.K % gemv_group(self.K, self.dtype, self.spread) == 0,
