@@ -54,10 +54,10 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("FUSEC_GEMV_BULK", "choice", "auto", "decode products' ring: TMA bulk copies from one thread (sm_90) instead of "
          "cp.async from every thread, where K is a multiple of the k group; auto: the rule (build_gemm.gemv_form: up to 4 rows), "
          "1/0: everywhere/nowhere (the A/B of decode_step.py --ab FUSEC_GEMV_BULK=1)", ("auto", "1", "0")),
-    Knob("FUSEC_GEMV_L2_EVICT_FIRST", "bool", True, "decode products: the weights' loads (the bf16 ring's copies, "
-         "the packed forms' codes and bit planes) carry an L2 evict-first policy, so that the bytes a step reads once "
-         "leave L2 before the activations, caches and code it reads again (Qwen3-0.6B batch 1, H200: 0.547 ms a step "
-         "against 0.565; batch 8 0.725 against 0.722; the A/B of decode_step.py --ab FUSEC_GEMV_L2_EVICT_FIRST=0)"),
+    Knob("FUSEC_GEMV_L2_EVICT_FIRST", "bool", True, "decode products' ring: the weights' copies carry an L2 "
+         "evict-first policy, so that the bytes a step reads once leave L2 before the activations, caches and code it "
+         "reads again (Qwen3-0.6B batch 1, H200: 0.547 ms a step against 0.565; batch 8 0.725 against 0.722; the A/B "
+         "of decode_step.py --ab FUSEC_GEMV_L2_EVICT_FIRST=0)"),
     Knob("FUSEC_GEMV_SPREAD", "choice", "0", "decode products: spread each k group over 1, 2 or 4 times the warps "
          "(a lane holding 1/2 or 1/4 of the chunks; 0: the rule, build_gemm.gemv_form; the A/B of "
          "benchmarks/decode_step.py --ab FUSEC_GEMV_SPREAD=1)", ("0", "1", "2", "4")),

@@ -239,15 +239,6 @@ __device__ __forceinline__ float4 fc_ld_cluster4(unsigned addr) {
   return v;
 }
 
-// An L2 cache policy (sm_80+) under which the lines a load or copy brings in are the first evicted: for bytes a
-// step reads once (a decode step's weights), so that they leave L2 before what it reads again. Not volatile: the
-// compiler may share one policy register among a kernel's loads.
-__device__ __forceinline__ unsigned long long fc_l2_evict_first() {
-  unsigned long long pol;
-  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
-  return pol;
-}
-
 // ---- programmatic dependent launch (sm_90+; no-ops elsewhere) ---------------------------------
 // A kernel launched with programmatic stream serialization may start while the kernel before it
 // still runs. It loads only what no earlier kernel writes (weights, constants), calls

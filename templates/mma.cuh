@@ -103,11 +103,17 @@ __device__ __forceinline__ void fc_cp_async16(void* smem, const void* gmem, int 
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(fc_smem_addr(smem)), "l"(gmem), "r"(src_bytes)
                : "memory");
 }
-// The same with an L2 cache policy (common.cuh fc_l2_evict_first): bytes read once (a decode step's weights) leave L2 before
+// The same with an L2 cache policy (fc_l2_evict_first): bytes read once (a decode step's weights) leave L2 before
 // what is read again soon (activations, caches, code).
 __device__ __forceinline__ void fc_cp_async16_l2(void* smem, const void* gmem, int src_bytes, unsigned long long pol) {
   asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n"
                :: "r"(fc_smem_addr(smem)), "l"(gmem), "r"(src_bytes), "l"(pol) : "memory");
+}
+// An L2 policy under which the lines a copy brings in are the first evicted (sm_80+).
+__device__ __forceinline__ unsigned long long fc_l2_evict_first() {
+  unsigned long long pol;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
+  return pol;
 }
 __device__ __forceinline__ void fc_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void fc_cp_async_wait() {

@@ -77,45 +77,20 @@ __device__ __forceinline__ void qb_scales(const QbPtrs& p, long long n, int c, f
   }
 }
 
-// Read-only loads of the codes and bit planes; QB_L2EF: under an L2 evict-first policy (a step reads them once).
-#if defined(QB_L2EF) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// the policy made beside each load (volatile: not one register held across the loop). sm_80 loads plainly: its
-// dp4a forms spilled 8-288 bytes with the policy operands (ptxas, Llama-1B's q6_k down and sibling products)
-__device__ __forceinline__ unsigned long long qb_policy() {
-  unsigned long long pol;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-  return pol;
-}
-__device__ __forceinline__ uint4 qb_ld(const uint4* p) {
-  uint4 r;
-  asm("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p), "l"(qb_policy()));
-  return r;
-}
-__device__ __forceinline__ unsigned int qb_ld(const unsigned int* p) {
-  unsigned int r;
-  asm("ld.global.nc.L2::cache_hint.u32 %0, [%1], %2;" : "=r"(r) : "l"(p), "l"(qb_policy()));
-  return r;
-}
-#else
-__device__ __forceinline__ uint4 qb_ld(const uint4* p) { return __ldg(p); }
-__device__ __forceinline__ unsigned int qb_ld(const unsigned int* p) { return __ldg(p); }
-#endif
-
 // The codes of chunk c of row n (16-byte loads) and its bit planes.
 __device__ __forceinline__ void qb_load_codes(const QbPtrs& p, long long n, int c, uint4& q0, uint4& q1, unsigned int& h0,
                                               unsigned int& h1) {
   if (QB_BITS == 8) {
     const uint4* src = reinterpret_cast<const uint4*>(p.codes + n * QB_K + (long long)c * 32);
-    q0 = qb_ld(src);
-    q1 = qb_ld(src + 1);
+    q0 = __ldg(src);
+    q1 = __ldg(src + 1);
   } else {
-    q0 = qb_ld(reinterpret_cast<const uint4*>(p.codes + n * (QB_K / 2) + (long long)c * 16));
+    q0 = __ldg(reinterpret_cast<const uint4*>(p.codes + n * (QB_K / 2) + (long long)c * 16));
   }
   if (QB_BITS == 5 || QB_BITS == 6) {
     const long long hb = QB_BITS - 4;
-    h0 = qb_ld(p.high + (n * QB_NCH + c) * hb);
-    h1 = QB_BITS == 6 ? qb_ld(p.high + (n * QB_NCH + c) * hb + 1) : 0u;
+    h0 = __ldg(p.high + (n * QB_NCH + c) * hb);
+    h1 = QB_BITS == 6 ? __ldg(p.high + (n * QB_NCH + c) * hb + 1) : 0u;
   }
 }
 

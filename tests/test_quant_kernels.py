@@ -148,9 +148,8 @@ def test_gemv_variants_compile(m, rows, dt, arch, fold):
 
 
 def test_gemv_form_folds_at_one_row_only():
-    assert gemv_form(1, 4096, 2048, "q8_0", 32, DType.F32) == {"rows": 2, "fold": True, "l2_evict_first": True}
-    assert gemv_form(8, 4096, 2048, "q8_0", 32, DType.F32, glu=True) == {"rows": 2, "fold": False,
-                                                                           "l2_evict_first": True}
+    assert gemv_form(1, 4096, 2048, "q8_0", 32, DType.F32) == {"rows": 2, "fold": True}
+    assert gemv_form(8, 4096, 2048, "q8_0", 32, DType.F32, glu=True) == {"rows": 2, "fold": False}
     assert gemv_form(9, 4096, 2048, "q4_k", 32, DType.BF16)["rows"] == 1
 
 
@@ -361,7 +360,7 @@ def test_tensor_core_form_takes_long_rows_in_runs(monkeypatch):
     with pytest.raises(ValueError, match="passes"):
         QGemvSpec(8, 2048, 8192, "q6_k", 16, DType.BF16, passes=2)  # the FMA form has no runs
     monkeypatch.setenv("FUSEC_QGEMV_TC_RUNS", "1")  # the lever: one run, so the FMA form, as before
-    assert gemv_form(8, 2048, 8192, "q6_k", 16, DType.BF16) == {"rows": 2, "fold": False, "l2_evict_first": True}
+    assert gemv_form(8, 2048, 8192, "q6_k", 16, DType.BF16) == {"rows": 2, "fold": False}
 
 
 LLAMA_SHAPES = [(3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192), (128256, 2048),  # 1B: qkv, o, gate/up, down, head
@@ -760,25 +759,3 @@ def test_dp4a_siblings_compile_without_spills_and_refuse_what_they_cannot_take()
             QGemvSpec(1, 2560, 2048, "q4_k", 32, DType.BF16, DType.F16, **{**base, **bad})
     with pytest.raises(ValueError):  # a sibling's rows must hold its format's blocks of K
         QGemvSpec(1, 2560, 2048, "q4_k", 32, DType.BF16, DType.F16, **{**base, "siblings": (QSibling(512, "q6_k", 7),)})
-
-
-@pytest.mark.parametrize("m,form", [(1, "dp4a"), (8, "tc"), (1, "fma")])
-def test_packed_codes_load_under_the_l2_evict_first_policy(m: int, form: str, monkeypatch) -> None:  # noqa: ANN001
-    """Every form of the quantized product (the dp4a form at one row of x, the tensor-core form's copies at 8, the
-    FMA form) records the L2 evict-first policy of its code loads, renders it and builds with it for sm_90 (ptxas
-    checks the cache-hinted loads and copies) and sm_80 (plain loads there); FUSEC_GEMV_L2_EVICT_FIRST=0 leaves it
-    out."""
-    from fusec.codegen.kernels import prepare
-
-    monkeypatch.setenv("FUSEC_QGEMV_FORM", "auto" if form != "fma" else "fma")
-    rec = gemv_form(m, 256, 1024, "q4_k", FORMATS["q4_k"].group, DType.BF16)
-    assert rec.get(form, form == "fma") and rec.get("l2_evict_first") is True
-    spec = QGemvSpec(m, 256, 1024, "q4_k", FORMATS["q4_k"].group, DType.BF16, DType.F16, **rec)
-    assert "#define QB_L2EF 1" in prepare(spec)[1]
-    for arch in ("sm_90", "sm_80"):
-        assert K.build(spec, arch).binary.cubin
-    monkeypatch.setenv("FUSEC_GEMV_L2_EVICT_FIRST", "0")
-    rec = gemv_form(m, 256, 1024, "q4_k", FORMATS["q4_k"].group, DType.BF16)
-    assert "l2_evict_first" not in rec
-    assert "#define QB_L2EF" not in prepare(QGemvSpec(m, 256, 1024, "q4_k", FORMATS["q4_k"].group, DType.BF16,
-                                                      DType.F16, **rec))[1]

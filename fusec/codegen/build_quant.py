@@ -43,7 +43,7 @@ def _row_ctx(spec: QGemvSpec) -> dict[str, Any]:
             "residual": spec.epilogue.residual, "round_x": _round_fn(spec.dtype),
             "norm": spec.norm, "eps": float_lit(spec.eps), "weight_offset": float_lit(spec.weight_offset),
             "glu": Ident(spec.glu) if spec.glu else None, "glu_swap": spec.glu_swap, "half": spec.N // 2,
-            "argmax": spec.argmax, "l2ef": spec.l2_evict_first,
+            "argmax": spec.argmax,
             **_format_ctx(spec.fmt, spec.group, spec.scale_dtype)}
 
 
@@ -127,7 +127,7 @@ def _qgemv_tc(spec: QGemvSpec) -> Rendered:
     else:  # bf16: (128 + the low 7 bits) + (128 + 128 * bit 7) = 256 + u
         mask, magic, magic_hi, bias = 0x007F007F, 0x43004300, 0x43004300 ^ flip, 256.0
     ctx = {"name": kernel_name("qgemv", spec), "M": spec.M, "N": spec.N, "K": spec.K, "warps": spec.warps,
-           "passes": spec.passes, "l2ef": spec.l2_evict_first,
+           "passes": spec.passes,
            # the bit planes in 16-byte copies where every row's and run's range starts on 16 bytes
            "hb16": bool(hb) and (spec.K // 32 * hb) % 4 == 0 and (geo["cpw"] * hb) % 4 == 0,
            "cpw": geo["cpw"], "rsb": geo["rsb"], "srs": geo["srs"], "gpc": geo["gpc"], "hb": hb, "hrs": geo["hrs"],

@@ -89,7 +89,7 @@ class QGemvSpec:
     for a greedy row, its Gumbel score for a sampled one), and writes it to ``part`` [M][parts][value, index bits]
     (``parts``: one a warp of the grid), which the sampler merges instead of reading the logits.
     Params: x, the packed operands (the format's order), [g], [bias], [residual], C, [seed, counter, temperature,
-    part]. ``l2_evict_first``: the codes and bit planes (every form) load under an L2 evict-first policy."""
+    part]."""
 
     M: int
     N: int
@@ -118,7 +118,6 @@ class QGemvSpec:
     seed_dtype: DType = DType.I64
     counter_dtype: DType = DType.I64
     siblings: tuple[QSibling, ...] = ()
-    l2_evict_first: bool = False  # the codes and bit planes load under an L2 evict-first policy (lower.quant.gemv_form)
 
     @property
     def n_out(self) -> int:

@@ -151,13 +151,11 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     everywhere.
     benchmarks/quant_bench.py --variants times the forms."""
     from fusec import knobs
-    from fusec.codegen.build_quant import dp4a_unroll
     from fusec.codegen.spec_base import SMS
+    from fusec.codegen.build_quant import dp4a_unroll
     from fusec.codegen.specs_quant import dp4a_fits, dp4a_tasks, tc_fits
 
     choice = knobs.get("FUSEC_QGEMV_FORM")
-    # the packed weights load under an L2 evict-first policy, as the bf16 ring's copies do (build_gemm.gemv_form)
-    l2: dict[str, object] = {"l2_evict_first": True} if knobs.get("FUSEC_GEMV_L2_EVICT_FIRST") else {}
     tc = passes = 0  # the tensor-core form's warps a block of 16 rows and runs a warp, where it takes the product
     if tc_fits(m, fmt, dtype) and m >= TC_MIN_M and choice in ("auto", "tc"):
         blocks = -(-n // 16)
@@ -208,8 +206,8 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
             rows = 2
         return {"rows": rows, "fold": False, "dp4a": True, "warps": 8, "blocks": blocks, "chunks": chunks,
                 "norm_early": norm and bool(knobs.get("FUSEC_QGEMV_DP4A_NORM_EARLY")),
-                **({"cluster": cl} if (cl := _dp4a_cluster(wide)) > 1 else {}), **l2}
-    form: dict[str, object] = {"rows": 2 if m <= 8 else 1, "fold": m == 1, **l2}
+                **({"cluster": cl} if (cl := _dp4a_cluster(wide)) > 1 else {})}
+    form: dict[str, object] = {"rows": 2 if m <= 8 else 1, "fold": m == 1}
     if tc:
         form.update(tc=True, warps=tc, **({"passes": passes} if passes > 1 else {}))
     return form
