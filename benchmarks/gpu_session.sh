@@ -86,6 +86,9 @@
 #   clock     the SMs' clock (clock64 cycles a globaltimer ns) alone and between decode steps (benchmarks/sm_clock.py)
 #   l2ef      Qwen3-0.6B decode (batches 1, 8) in turns against its decode products' weights copied under an L2
 #             evict-first policy (FUSEC_GEMV_L2_EVICT_FIRST=1)
+#   l2q       the Llama-1B shape's decode steps (bf16 at batch 1; Q4_K_M and Q8_0 at batches 1 and 8; context 32) in
+#             turns against FUSEC_GEMV_L2_EVICT_FIRST=0 (in the thirty-second session's call 6 the packed forms' codes
+#             loaded under the policy too: Q4_K_M gained nothing, Q8_0 lost 8-9 us a step; that was taken out)
 #   l2rate    the SMs' read rate from L2-resident buffers (8-48 MB) against HBM (4 GB) (benchmarks/l2_rate.py)
 #   drop2     the same for Qwen3-0.6B's qkv and gate/up products
 #   ctx4k     Qwen3-0.6B decode at a 4,096-token context, batches 1 and 32, with rooflines (issue 19's report)
@@ -590,6 +593,11 @@ for step in "$@"; do
     l2ef) timeout 300 python3 benchmarks/decode_step.py "$R/l2ef" --model qwen3-0.6b --batches 1,8 --windows 3 \
             --ab FUSEC_GEMV_L2_EVICT_FIRST=1 > "$R/l2ef.txt" 2>&1
           tail -n 6 "$R/l2ef.txt" | cut -c 1-3000 ;;
+    l2q) for m in "llama-1b --batches 1" "llama-1b-q4_k_m --batches 1,8" "llama-1b-q8_0 --batches 1,8"; do
+           timeout 240 python3 benchmarks/decode_step.py "$R/l2q_${m%% *}" --model $m --context 32 --windows 3 \
+             --ab FUSEC_GEMV_L2_EVICT_FIRST=0 > "$R/l2q_${m%% *}.txt" 2>&1
+           echo "$m"; tail -n 4 "$R/l2q_${m%% *}.txt" | cut -c 1-2000
+         done ;;
     l2rate) timeout 120 python3 benchmarks/l2_rate.py > "$R/l2rate.txt" 2>&1; cat "$R/l2rate.txt" | tail -n 8 ;;
     l2b) for m in "qwen3-0.6b --batches 1,8" "llama-1b-q4_k_m --batches 1"; do
            timeout 200 python3 benchmarks/l2_bound.py "$R/l2b_${m%% *}" --model $m > "$R/l2b_${m%% *}.txt" 2>&1
