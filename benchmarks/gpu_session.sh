@@ -84,11 +84,13 @@
 #   atr2      the same trace at batch 1, beside the plan whose PDL waits hold until the loads before them return
 #             (FUSEC_PDL_PIN=value): is the attention's key loop waiting on its prefetched keys?
 #   clock     the SMs' clock (clock64 cycles a globaltimer ns) alone and between decode steps (benchmarks/sm_clock.py)
-#   l2ef      Qwen3-0.6B decode (batches 1, 8) in turns against its decode products' weights copied under an L2
-#             evict-first policy (FUSEC_GEMV_L2_EVICT_FIRST=1)
+#   l2ef      Qwen3-0.6B decode (batches 1, 8), its decode products' weights copied under an L2 evict-first policy (the
+#             default) in turns against without it (FUSEC_GEMV_L2_EVICT_FIRST=0)
 #   l2q       the Llama-1B shape's decode steps (bf16 at batch 1; Q4_K_M and Q8_0 at batches 1 and 8; context 32) in
 #             turns against FUSEC_GEMV_L2_EVICT_FIRST=0 (in the thirty-second session's call 6 the packed forms' codes
 #             loaded under the policy too: Q4_K_M gained nothing, Q8_0 lost 8-9 us a step; that was taken out)
+#   l2w       Qwen3-0.6B and Llama-1B prefills of 128 and 32 tokens, the wgmma form's weight copies under the L2
+#             evict-first policy (the default) in turns against without it (FUSEC_WGMMA_L2_EVICT_FIRST=0)
 #   l2rate    the SMs' read rate from L2-resident buffers (8-48 MB) against HBM (4 GB) (benchmarks/l2_rate.py)
 #   drop2     the same for Qwen3-0.6B's qkv and gate/up products
 #   ctx4k     Qwen3-0.6B decode at a 4,096-token context, batches 1 and 32, with rooflines (issue 19's report)
@@ -591,12 +593,17 @@ for step in "$@"; do
           cat "$R/atr2/block_trace.md" | head -n 120 ;;
     clock) timeout 150 python3 benchmarks/sm_clock.py > "$R/clock.txt" 2>&1; tail -n 4 "$R/clock.txt" | cut -c 1-800 ;;
     l2ef) timeout 300 python3 benchmarks/decode_step.py "$R/l2ef" --model qwen3-0.6b --batches 1,8 --windows 3 \
-            --ab FUSEC_GEMV_L2_EVICT_FIRST=1 > "$R/l2ef.txt" 2>&1
+            --ab FUSEC_GEMV_L2_EVICT_FIRST=0 > "$R/l2ef.txt" 2>&1
           tail -n 6 "$R/l2ef.txt" | cut -c 1-3000 ;;
     l2q) for m in "llama-1b --batches 1" "llama-1b-q4_k_m --batches 1,8" "llama-1b-q8_0 --batches 1,8"; do
            timeout 240 python3 benchmarks/decode_step.py "$R/l2q_${m%% *}" --model $m --context 32 --windows 3 \
              --ab FUSEC_GEMV_L2_EVICT_FIRST=0 > "$R/l2q_${m%% *}.txt" 2>&1
            echo "$m"; tail -n 4 "$R/l2q_${m%% *}.txt" | cut -c 1-2000
+         done ;;
+    l2w) for m in "qwen3-0.6b --prompt 128" "llama-1b --prompt 32"; do
+           timeout 200 python3 benchmarks/prefill_step.py "$R/l2w_${m%% *}" --model $m \
+             --ab FUSEC_WGMMA_L2_EVICT_FIRST=0 > "$R/l2w_${m%% *}.txt" 2>&1
+           echo "$m"; grep -E "^\| " "$R/l2w_${m%% *}.txt" | head -n 6 | cut -c 1-600; tail -n 3 "$R/l2w_${m%% *}.txt" | cut -c 1-600
          done ;;
     l2rate) timeout 120 python3 benchmarks/l2_rate.py > "$R/l2rate.txt" 2>&1; cat "$R/l2rate.txt" | tail -n 8 ;;
     l2b) for m in "qwen3-0.6b --batches 1,8" "llama-1b-q4_k_m --batches 1"; do

@@ -59,6 +59,10 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "reads again (H200, batch 1: Qwen3-0.6B 0.547 ms a step against 0.565, the Llama-1B shape 0.757 against 0.768; "
          "Qwen3 batch 8 0.725 against 0.722; the A/B of decode_step.py --ab FUSEC_GEMV_L2_EVICT_FIRST=0). The packed "
          "forms load plainly: under the policy Q4_K_M gained nothing and Q8_0 lost 8-9 us a step"),
+    Knob("FUSEC_WGMMA_L2_EVICT_FIRST", "bool", True, "fusec's GEMM in its wgmma form (sm_90; a prefill's "
+         "products): the weight's copies carry an L2 evict-first policy, as the decode products' do (H200, in turns, "
+         "the same bits: Qwen3-0.6B's 128-token prefill 1.145 ms against 1.151, the Llama-1B shape's 32-token one "
+         "1.044 against 1.071; the A/B of prefill_step.py --ab FUSEC_WGMMA_L2_EVICT_FIRST=0)"),
     Knob("FUSEC_GEMV_SPREAD", "choice", "0", "decode products: spread each k group over 1, 2 or 4 times the warps "
          "(a lane holding 1/2 or 1/4 of the chunks; 0: the rule, build_gemm.gemv_form; the A/B of "
          "benchmarks/decode_step.py --ab FUSEC_GEMV_SPREAD=1)", ("0", "1", "2", "4")),

@@ -199,7 +199,9 @@ def _gemm_params(m: int, n: int, k: int, dtype: Any, clusters: bool, wgmma: bool
     sm_90 (``PassOptions.wgmma``), the products on wgmma (``GemmSpec.wgmma``, the weight read [N, K]) with their
     columns a block and split from ``build_gemm.wgmma_tiling``: measured alone on an H200 at the rule's splits it took
     0.63-0.92x the mma.sync stream form's time at seven of Qwen3-0.6B's and Llama-1B's eight prefill products, 1.09x at
-    Llama-1B's o product (benchmarks/RESULTS.md, twenty-third session), before that rule."""
+    Llama-1B's o product (benchmarks/RESULTS.md, twenty-third session), before that rule. Its B copies carry an L2
+    evict-first policy where ``FUSEC_WGMMA_L2_EVICT_FIRST`` says so (``GemmSpec.l2_evict_first``)."""
+    from fusec import knobs
     from fusec.codegen.build_gemm import stream_splits, wgmma_tiling
     from fusec.lower.choices import stream_fits
 
@@ -207,7 +209,8 @@ def _gemm_params(m: int, n: int, k: int, dtype: Any, clusters: bool, wgmma: bool
         return ()
     if wgmma:  # its columns a block and its K split, one rule (build_gemm.wgmma_tiling)
         bn, splits = wgmma_tiling(m, n, k)
-        return (("splits", splits), ("wgmma", True), ("bn", bn))
+        l2 = (("l2_evict_first", True),) if knobs.get("FUSEC_WGMMA_L2_EVICT_FIRST") else ()
+        return (("splits", splits), ("wgmma", True), ("bn", bn)) + l2
     return (("splits", stream_splits(m, n, k, clusters)),)
 
 

@@ -293,3 +293,23 @@ def test_the_default_keeps_cublas_where_no_wgmma_tiling_runs_in_one_wave(monkeyp
         st = stage(g, "bf16", "sm_90", dry_run=True)
         variants = [selection(n).variant for n in st.graph.nodes if selection(n) is not None and selection(n).key]
         assert variants and (variants == ["fusec_gemm"]) is want, variants
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_the_wgmma_forms_weight_copies_take_the_l2_policy_the_record_says(monkeypatch: pytest.MonkeyPatch,
+                                                                          on: bool) -> None:
+    """FUSEC_WGMMA_L2_EVICT_FIRST puts an L2 evict-first policy on the wgmma form's B copies: kernel selection records
+    it in the product's params, the spec carries it (the wgmma form's only), and the kernel renders and builds with
+    the cache-hinted copies exactly then (sm_90: ptxas checks them)."""
+    from passes.select_kernels import _gemm_params
+
+    monkeypatch.setenv("FUSEC_WGMMA_L2_EVICT_FIRST", "1" if on else "0")
+    params = dict(_gemm_params(128, 3072, 1024, DType.BF16, True, True))
+    assert params["wgmma"] and params.get("l2_evict_first", False) == on
+    assert "l2_evict_first" not in dict(_gemm_params(128, 3072, 1024, DType.BF16, True, False))  # mma.sync form
+    spec = S.GemmSpec(128, 3072, 1024, DType.BF16, trans_b=True, **params)
+    src = K.prepare(spec)[1]
+    assert ("fc_cp_async16_l2(bs" in src) == on
+    assert K.build(spec, "sm_90").cubin
+    with pytest.raises(ValueError, match="l2_evict_first"):
+        S.GemmSpec(128, 3072, 1024, DType.BF16, trans_b=True, l2_evict_first=True)  # no wgmma

@@ -124,7 +124,7 @@ def _gemm_wgmma(spec: S.GemmSpec, ctx: dict) -> Rendered:
         stages = 3 if bm + bn == 256 else 4
     partials = bm * (bn + 4) * 4  # the accumulators' way to whole-row stores
     ctx.update(BM=bm, BN=bn, wn=bn if bm == 128 else bn // 2, stages=stages, ks=spec.splits, threads=256,
-               mma_t=Ident("bf16" if spec.dtype == DType.BF16 else "f16"))
+               mma_t=Ident("bf16" if spec.dtype == DType.BF16 else "f16"), l2ef=spec.l2_evict_first)
     grid = (tiles * spec.splits, 1, 1)
     return Rendered("gemm.cu.jinja", ctx, grid, (256, 1, 1), ("A", "B") + _epi_params(spec.epilogue) + ("C",),
                     shared_mem=max(stages * stage, partials) + 1024)  # + the slack that aligns the ring to 1,024

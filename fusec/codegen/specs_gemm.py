@@ -59,9 +59,13 @@ class GemmSpec:
     # rounded as the unfused nodes store it
     glu: str = ""
     glu_swap: bool = False
+    # the wgmma form's B copies carry an L2 evict-first policy (each byte read once a launch; kernel selection's
+    # ``select_kernels._gemm_params``)
+    l2_evict_first: bool = False
 
     def __post_init__(self) -> None:
         _pos(("M", self.M), ("N", self.N), ("K", self.K), ("batch", self.batch))
+        _req(not self.l2_evict_first or self.wgmma, "gemm l2_evict_first is the wgmma form's (its B copies)")
         _req(self.dtype in FLOATS and (self.out_dtype or self.dtype) in FLOATS, "gemm is float")
         _ints((self.a_batch_stride, self.b_batch_stride), "batch strides", -1)
         _req(self.splits in (1, 2, 4, 8), f"gemm splits must be 1, 2, 4 or 8, got {self.splits}")
