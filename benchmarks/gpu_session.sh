@@ -91,6 +91,9 @@
 #             loaded under the policy too: Q4_K_M gained nothing, Q8_0 lost 8-9 us a step; that was taken out)
 #   l2w       Qwen3-0.6B and Llama-1B prefills of 128 and 32 tokens, the wgmma form's weight copies under the L2
 #             evict-first policy (the default) in turns against without it (FUSEC_WGMMA_L2_EVICT_FIRST=0)
+#   trig      Qwen3-0.6B decode (batches 1, 8): the attention letting the next kernel launch right after its wait (the
+#             default) in turns against once its key groups are merged, and at its exit (FUSEC_KV_TRIGGER); the block
+#             trace at batch 1 with the trigger at exit (the attention's phases without the o product's blocks beside)
 #   l2rate    the SMs' read rate from L2-resident buffers (8-48 MB) against HBM (4 GB) (benchmarks/l2_rate.py)
 #   drop2     the same for Qwen3-0.6B's qkv and gate/up products
 #   ctx4k     Qwen3-0.6B decode at a 4,096-token context, batches 1 and 32, with rooflines (issue 19's report)
@@ -605,6 +608,12 @@ for step in "$@"; do
              --ab FUSEC_WGMMA_L2_EVICT_FIRST=0 > "$R/l2w_${m%% *}.txt" 2>&1
            echo "$m"; grep -E "^\| " "$R/l2w_${m%% *}.txt" | head -n 6 | cut -c 1-600; tail -n 3 "$R/l2w_${m%% *}.txt" | cut -c 1-600
          done ;;
+    trig) timeout 300 python3 benchmarks/decode_step.py "$R/trig" --model qwen3-0.6b --batches 1,8 --windows 3 \
+            --ab FUSEC_KV_TRIGGER=merged --ab FUSEC_KV_TRIGGER=end > "$R/trig.txt" 2>&1
+          tail -n 4 "$R/trig.txt" | cut -c 1-3000
+          timeout 150 python3 benchmarks/block_trace.py "$R/trig_tr" --model qwen3-0.6b --batches 1 --blocks rope_atte \
+            --ab FUSEC_KV_TRIGGER=end > "$R/trig_tr.txt" 2>&1
+          grep -E "^#|^\| #|^step" "$R/trig_tr/block_trace.md" | cut -c 1-400 ;;
     l2rate) timeout 120 python3 benchmarks/l2_rate.py > "$R/l2rate.txt" 2>&1; cat "$R/l2rate.txt" | tail -n 8 ;;
     l2b) for m in "qwen3-0.6b --batches 1,8" "llama-1b-q4_k_m --batches 1"; do
            timeout 200 python3 benchmarks/l2_bound.py "$R/l2b_${m%% *}" --model $m > "$R/l2b_${m%% *}.txt" 2>&1

@@ -5,6 +5,8 @@ three ops emits the launches it should (no GPU needed)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from fusec import ops as O
@@ -639,3 +641,34 @@ def test_every_decode_attention_of_a_plan_is_the_recorded_form(monkeypatch) -> N
     for src in srcs:
         assert "#define SPLITS 3" in src and "#define U 2" in src and "#define CL 1" in src
         assert "fc_pdl_wait_after(dep)" not in src  # no older rows before the wait: the record says so
+
+
+@pytest.mark.parametrize("trigger", ["wait", "merged", "end"])
+def test_the_attention_lets_the_next_kernel_launch_where_its_record_says(trigger: str, monkeypatch) -> None:  # noqa: ANN001
+    """FUSEC_KV_TRIGGER places the decode attention's PDL trigger: right after its own wait (the default, unrecorded),
+    once its key groups are merged (before any merge of splits), or nowhere (the kernel's exit). Kernel selection
+    records a placement other than the default, the plan's attention carries it, and it builds for sm_90 and sm_80."""
+    from fusec.compiler import compile_generation
+
+    monkeypatch.setenv("FUSEC_KV_TRIGGER", trigger)
+    plan = compile_generation("llama-tiny", batch=1, max_seq_len=128, prefill_len=8, dtype="bf16", eos_ids=[],
+                              arch="sm_90")
+    (src,) = {plan.blob(m["source"]).decode() for m in plan.manifest["modules"] if m["entry"].startswith("fc_kvattn")}
+    body = src.split('extern "C"')[1]
+    uses = body.count("fc_pdl_trigger();")
+    assert uses == (0 if trigger == "end" else 1)
+    if trigger == "wait":
+        assert body.index("fc_pdl_wait") < body.index("fc_pdl_trigger();") < body.index("FC_TRACE_PHASE(1)")
+    if trigger == "merged":
+        assert body.index("FC_TRACE_PHASE(2)") < body.index("fc_pdl_trigger();") < body.index("FC_TRACE_PHASE(3)")
+    from fusec.codegen.build_decode import kv_form
+
+    assert kv_form(1, 16, 8, 1, 271, 128, DType.BF16, clusters=True).get("trigger", "wait") == trigger
+    assert ("trigger" in kv_form(1, 16, 8, 1, 271, 128, DType.BF16)) == (trigger != "wait")
+    sp = kv_attention_spec(1, 16, 8, 1, 271, 128, DType.BF16, 0.088, prefetch=True, cluster=True)
+    sp = dataclasses.replace(sp, trigger=trigger)
+    assert ("trigger=" in repr(sp)) == (trigger != "wait")  # the default keeps the kernels' names
+    for arch in ("sm_90", "sm_80"):
+        assert K.build(dataclasses.replace(sp, cluster=arch == "sm_90"), arch).binary.cubin
+    with pytest.raises(ValueError, match="trigger"):
+        dataclasses.replace(sp, trigger="early")

@@ -150,8 +150,9 @@ def kv_form(B: int, Hq: int, Hkv: int, S_: int, T: int, D: int, dtype: DType, po
                              cluster_levels=int(knobs.get("FUSEC_KV_CLUSTER_LEVELS")),
                              solo_keys=knobs.get("FUSEC_KV_SOLO_KEYS"), split_keys=knobs.get("FUSEC_KV_SPLIT_KEYS"),
                              unroll=int(knobs.get("FUSEC_KV_UNROLL")))
+    trigger = knobs.get("FUSEC_KV_TRIGGER")
     return {"splits": spec.splits, "cluster": spec.cluster, "unroll": spec.unroll, "solo_keys": spec.solo_keys,
-            "prefetch": prefetch}
+            "prefetch": prefetch} | ({"trigger": trigger} if trigger != "wait" else {})
 
 
 @builder(S.KVAttentionSpec)
@@ -173,6 +174,7 @@ def _kv_attention(spec: S.KVAttentionSpec) -> Rendered:
         "prefetch": spec.prefetch, "cluster": spec.cluster, "cl": spec.cluster_size,
         "gmerge": spec.global_merge,
         "solo_keys": spec.solo_keys,
+        "trigger_wait": spec.trigger == "wait", "trigger_merged": spec.trigger == "merged",  # else at exit
         # ptxas caps registers oddly (and spills) when D / vec is no power of two, and with several query rows a
         # step (S > 1: 4 bytes at 128 registers, f32 with the head_rope prologue); lift the cap there
         "min_blocks": 1 if lay["nvec"] & (lay["nvec"] - 1) or spec.S > 1 else 0,

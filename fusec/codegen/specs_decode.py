@@ -128,6 +128,9 @@ class HeadRopeSpec:
         _ints(self.x_strides + self.out_strides + self.cs_strides, "strides", 0)
 
 
+KV_TRIGGERS = ("wait", "merged", "end")  # KVAttentionSpec.trigger
+
+
 @dataclasses.dataclass(frozen=True)
 class KVAttentionSpec:
     """Attention of q [B, Hq, S, D] over KV caches k/v [B, Hkv, T, D] (all contiguous): query s of
@@ -182,10 +185,14 @@ class KVAttentionSpec:
     heads: tuple[HeadRopeSpec, ...] = ()
     unroll: int = 0  # keys a key group loads at a time; 0: the layout's (build_decode.kv_layout)
     solo_keys: int = 0  # a global merge's kernel: a context of at most this many keys runs in one block a head
+    # where each block lets the kernel after it launch (PDL): "wait", right after its own wait; "merged", once its key
+    # groups are merged; "end", not before it exits
+    trigger: str = "wait"
 
     def __repr__(self) -> str:  # window 0, flags off, no heads, unroll 0 left out: such kernels keep their names
         fields = [f for f in dataclasses.fields(self) if not (f.name == "window" and self.window == 0)
-                  and not (f.name in ("prefetch", "cluster", "heads", "unroll", "solo_keys") and not getattr(self, f.name))]
+                  and not (f.name in ("prefetch", "cluster", "heads", "unroll", "solo_keys") and not getattr(self, f.name))
+                  and not (f.name == "trigger" and self.trigger == "wait")]
         return f"KVAttentionSpec({', '.join(f'{f.name}={getattr(self, f.name)!r}' for f in fields)})"
 
     def __post_init__(self) -> None:
@@ -208,6 +215,7 @@ class KVAttentionSpec:
         _req(self.threads in (64, 128, 256), "kv_attention: threads must be 64, 128 or 256")
         _req(self.splits <= KV_MAX_SPLITS, f"kv_attention: at most {KV_MAX_SPLITS} splits")
         _ints((self.solo_keys,), "kv_attention: solo_keys", 0)
+        _req(self.trigger in KV_TRIGGERS, f"kv_attention: trigger must be one of {KV_TRIGGERS}, got {self.trigger!r}")
         _req(self.unroll in (0, 1, 2, 4, 8),
              f"kv_attention: unroll must be 0 (the layout's), 1, 2, 4 or 8, got {self.unroll!r}")
         if self.heads:
