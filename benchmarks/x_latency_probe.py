@@ -10,6 +10,8 @@ times (SM clock) how long x took to arrive and how long the weights took. The we
 - cp_async: 16-byte cp.async into shared memory (the tensor-core form's way);
 - bulk: one TMA bulk copy a 4 KB piece into shared memory, completing on an mbarrier (the bf16 ring's way);
 - ld_drained: as ld, but x is asked for only once the weights have arrived (x's latency with nothing queued).
+- l2_prefetch: one `cp.async.bulk.prefetch.L2` a 4 KB piece (nothing returns to the SM), then x, then the same
+  pieces by TMA bulk copies from L2 into shared memory ("weights in" times both).
 
     python benchmarks/x_latency_probe.py [--bytes 16384,32768] [--launches 20]
 
@@ -39,7 +41,7 @@ extern "C" __global__ void __launch_bounds__(NT, 2) probe(const uint4* __restric
   __shared__ __align__(8) unsigned long long bar;
   const uint4* w = W + (size_t)blockIdx.x * units * NT;  // this block's cold weights: units x 4 KB
   const unsigned sbar = (unsigned)__cvta_generic_to_shared(&bar);
-  if (mode == 3 && threadIdx.x == 0) {
+  if ((mode == 3 || mode == 5) && threadIdx.x == 0) {
     asm volatile("mbarrier.init.shared.b64 [%0], 1;" :: "r"(sbar));
     asm volatile("fence.mbarrier_init.release.cluster;");
   }
@@ -64,6 +66,10 @@ extern "C" __global__ void __launch_bounds__(NT, 2) probe(const uint4* __restric
                    :: "r"(d), "l"(w + i * NT), "r"(sbar) : "memory");
     }
   }
+  if (mode == 5 && threadIdx.x == 0) {
+    for (int i = 0; i < units; ++i)
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], 4096;" :: "l"(w + i * NT) : "memory");
+  }
   unsigned s = 0;
   if (mode == 4) {  // the weights first: x then finds nothing queued ahead of it
 #pragma unroll
@@ -84,7 +90,15 @@ extern "C" __global__ void __launch_bounds__(NT, 2) probe(const uint4* __restric
   } else if (mode == 2) {
     asm volatile("cp.async.wait_all;" ::: "memory");
     s ^= *reinterpret_cast<const unsigned*>(ring + threadIdx.x * 16);
-  } else if (mode == 3) {
+  } else if (mode == 3 || mode == 5) {
+    if (mode == 5 && threadIdx.x == 0) {  // x is in: now the pieces, from L2 where the prefetch got them there
+      asm volatile("mbarrier.arrive.expect_tx.shared.b64 _, [%0], %1;" :: "r"(sbar), "r"(units * 4096));
+      for (int i = 0; i < units; ++i) {
+        const unsigned d = (unsigned)__cvta_generic_to_shared(ring + i * 4096);
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], 4096, [%2];"
+                     :: "r"(d), "l"(w + i * NT), "r"(sbar) : "memory");
+      }
+    }
     unsigned done = 0;
     while (!done) asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared.b64 p, [%1], 0; selp.u32 %0, 1, 0, p; }"
                                : "=r"(done) : "r"(sbar) : "memory");
@@ -101,7 +115,7 @@ extern "C" __global__ void __launch_bounds__(NT, 2) probe(const uint4* __restric
 }
 """
 
-MODES = {"none": 0, "ld": 1, "cp_async": 2, "bulk": 3, "ld_drained": 4}
+MODES = {"none": 0, "ld": 1, "cp_async": 2, "bulk": 3, "ld_drained": 4, "l2_prefetch": 5}
 
 
 def main() -> int:
