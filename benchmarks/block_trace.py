@@ -128,6 +128,9 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             # the template's phase marks (FC_TRACE_PHASE), us after the block's wait passed: p50 over the
             # blocks that marked it
             **{f"phase{i + 1}_p50": _phase(r, i) for i in range(PHASES)},
+            # the p50 end of the blocks on SMs holding n of this kernel's blocks, by n: do stacked SMs end later?
+            "end_p50_by_sm_load": {int(n): round(pct(e[per_sm[r["sm"].astype(np.int64)] == n], 50), 2)
+                                   for n in np.unique(per_sm[per_sm > 0])},
         })
         prev_end = float(e.max())
     return out
@@ -203,6 +206,11 @@ def main() -> int:
                     for j, row in enumerate(steps[0]):
                         med = {"label": row["label"]}
                         for k in keys:
+                            if isinstance(row[k], dict):  # by blocks on the SM: the median of each count's values
+                                vals_by = [(n, [s[j][k][n] for s in steps if n in s[j][k]]) for n in sorted(
+                                    {n for s in steps for n in s[j][k]})]
+                                med[k] = {n: round(float(np.median(v)), 2) for n, v in vals_by}
+                                continue
                             vals = [s[j][k] for s in steps if s[j][k] is not None]
                             med[k] = round(float(np.median(vals)), 2) if vals else None
                         table.append(med)
@@ -223,8 +231,8 @@ def main() -> int:
                            f"step (the traced binaries, medians of 5 x 20 replays): {np.median(times):.3f} ms", "",
                            "| kernel | blocks (SMs, max/SM) | start min / p50 / max | early | at the wait p50 / max | "
                            "wait passed min / p50 / max | end min / p50 / max | after wait p50 / max | phases 1 / ... / 5 after "
-                           "the wait, p50 |",
-                           "|---|---|---|---|---|---|---|---|---|"]
+                           "the wait, p50 | end p50 by blocks on the SM |",
+                           "|---|---|---|---|---|---|---|---|---|---|"]
                     for r in table:
                         md.append(f"| {r['label'][:40]} | {r['blocks']:.0f} ({r['sms']:.0f}, {r['max_blocks_per_sm']:.0f}) | "
                                   f"{r['start_min']} / {r['start_p50']} / {r['start_max']} | {r['started_before_prev_end']} | "
@@ -232,7 +240,8 @@ def main() -> int:
                                   f"{r['waited_min']} / {r['waited_p50']} / {r['waited_max']} | "
                                   f"{r['end_min']} / {r['end_p50']} / {r['end_max']} | "
                                   f"{r['after_wait_p50']} / {r['after_wait_max']} | "
-                                  f"{' / '.join(str(r[f'phase{i + 1}_p50']) for i in range(PHASES))} |")
+                                  f"{' / '.join(str(r[f'phase{i + 1}_p50']) for i in range(PHASES))} | "
+                                  f"{', '.join(f'{n}: {v}' for n, v in r['end_p50_by_sm_load'].items())} |")
                     md.append("")
                     for k in per_block:  # the blocks that end last of each kernel asked for (--blocks)
                         md += [f"{k['label']}: the blocks that end last (us; phases and end after the block's own wait)",

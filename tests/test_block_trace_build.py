@@ -51,6 +51,8 @@ def test_the_table_from_block_stamps() -> None:
     assert [r["label"] for r in rows] == ["#2 b", "#3 a"]
     b, a = B.summarize(rows)
     assert b["blocks"] == 3 and b["sms"] == 2 and b["max_blocks_per_sm"] == 2
+    # b's blocks on SM 5 (two: ends 3000 and 2900 ns) and SM 6 (one: 2500), from the step's first start (1000)
+    assert b["end_p50_by_sm_load"] == {1: 1.5, 2: 1.95}
     assert (b["start_min"], b["start_max"], b["end_max"]) == (0.0, 0.5, 2.0)
     assert a["started_before_prev_end"] == 1  # only the block at 2000 ns started before b's last end (3000)
     assert (a["waited_min"], a["after_wait_p50"], a["at_wait_max"]) == (2.1, 1.85, 3.1)
