@@ -86,9 +86,9 @@
 #   clock     the SMs' clock (clock64 cycles a globaltimer ns) alone and between decode steps (benchmarks/sm_clock.py)
 #   l2ef      Qwen3-0.6B decode (batches 1, 8), its decode products' weights copied under an L2 evict-first policy (the
 #             default) in turns against without it (FUSEC_GEMV_L2_EVICT_FIRST=0)
-#   l2q       the Llama-1B shape's decode steps (bf16 at batch 1; Q4_K_M and Q8_0 at batches 1 and 8; context 32) in
-#             turns against FUSEC_GEMV_L2_EVICT_FIRST=0 (in the thirty-second session's call 6 the packed forms' codes
-#             loaded under the policy too: Q4_K_M gained nothing, Q8_0 lost 8-9 us a step; that was taken out)
+#   l2q       the Llama-1B shape's bf16 decode step (batch 1, context 32) in turns against FUSEC_GEMV_L2_EVICT_FIRST=0 (the
+#             packed forms' plans have no bf16 product for the knob to change; in the thirty-second session's call 6
+#             their codes loaded under the policy too: Q4_K_M gained nothing, Q8_0 lost 8-9 us a step, taken out)
 #   l2w       Qwen3-0.6B and Llama-1B prefills of 128 and 32 tokens, the wgmma form's weight copies under the L2
 #             evict-first policy (the default) in turns against without it (FUSEC_WGMMA_L2_EVICT_FIRST=0)
 #   trig      Qwen3-0.6B decode (batches 1, 8): the attention letting the next kernel launch right after its wait (the
@@ -601,7 +601,7 @@ for step in "$@"; do
     l2ef) timeout 300 python3 benchmarks/decode_step.py "$R/l2ef" --model qwen3-0.6b --batches 1,8 --windows 3 \
             --ab FUSEC_GEMV_L2_EVICT_FIRST=0 > "$R/l2ef.txt" 2>&1
           tail -n 6 "$R/l2ef.txt" | cut -c 1-3000 ;;
-    l2q) for m in "llama-1b --batches 1" "llama-1b-q4_k_m --batches 1,8" "llama-1b-q8_0 --batches 1,8"; do
+    l2q) for m in "llama-1b --batches 1"; do
            timeout 240 python3 benchmarks/decode_step.py "$R/l2q_${m%% *}" --model $m --context 32 --windows 3 \
              --ab FUSEC_GEMV_L2_EVICT_FIRST=0 > "$R/l2q_${m%% *}.txt" 2>&1
            echo "$m"; tail -n 4 "$R/l2q_${m%% *}.txt" | cut -c 1-2000

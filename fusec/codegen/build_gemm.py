@@ -283,8 +283,7 @@ def gemv_form(N: int, K: int, dtype: DType, glu: bool = False, M: int = 1, norm:
     # FUSEC_GEMV_SM_CAP=even (an A/B, not yet measured): at most ceil(grid / SMs) blocks an SM where more would fit,
     # so that a grid launched early (PDL) spreads over the SMs instead of stacking where there is room (the
     # thirty-second session's traces: gate/up's 384 blocks on 120 SMs, up to 4 each; down's 128 on 65, 2 each)
-    cap = cdiv(cdiv(tiles, form["tiles_per_block"]), SMS)
-    if knobs.get("FUSEC_GEMV_SM_CAP") == "even" and cap < slots // SMS:
+    if knobs.get("FUSEC_GEMV_SM_CAP") == "even" and (cap := cdiv(cdiv(tiles, form["tiles_per_block"]), SMS)) < slots // SMS:
         form["sm_cap"] = cap
     bulk = knobs.get("FUSEC_GEMV_BULK")
     if (bulk == "1" or (bulk == "auto" and M <= 4)) and K % S.gemv_group(K, dtype, spread) == 0:
