@@ -94,9 +94,6 @@
 #   trig      Qwen3-0.6B decode (batches 1, 8): the attention letting the next kernel launch right after its wait (the
 #             default) in turns against once its key groups are merged, and at its exit (FUSEC_KV_TRIGGER); the block
 #             trace at batch 1 with the trigger at exit (the attention's phases without the o product's blocks beside)
-#   cap       the decode products' blocks capped at ceil(grid / SMs) an SM (FUSEC_GEMV_SM_CAP=even): the GEMV GPU tests
-#             with it, Qwen3-0.6B decode (batches 1, 8) and the Llama-1B shape (batch 1) in turns against the default,
-#             the block trace at batch 1 with it (the SMs each product uses)
 #   l2rate    the SMs' read rate from L2-resident buffers (8-48 MB) against HBM (4 GB) (benchmarks/l2_rate.py)
 #   drop2     the same for Qwen3-0.6B's qkv and gate/up products
 #   ctx4k     Qwen3-0.6B decode at a 4,096-token context, batches 1 and 32, with rooflines (issue 19's report)
@@ -617,16 +614,6 @@ for step in "$@"; do
           timeout 150 python3 benchmarks/block_trace.py "$R/trig_tr" --model qwen3-0.6b --batches 1 --blocks rope_atte \
             --ab FUSEC_KV_TRIGGER=end > "$R/trig_tr.txt" 2>&1
           grep -E "^#|^\| #|^step" "$R/trig_tr/block_trace.md" | cut -c 1-400 ;;
-    cap) FUSEC_GEMV_SM_CAP=even timeout 200 $PT -n 8 tests/test_gemv_gpu.py > "$R/t_cap.txt" 2>&1
-         grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_cap.txt" | tail -n 6
-         for m in "qwen3-0.6b --batches 1,8 --context 128" "llama-1b --batches 1 --context 32"; do
-           timeout 200 python3 benchmarks/decode_step.py "$R/cap_${m%% *}" --model $m --windows 3 \
-             --ab FUSEC_GEMV_SM_CAP=even > "$R/cap_${m%% *}.txt" 2>&1
-           echo "$m"; tail -n 4 "$R/cap_${m%% *}.txt" | cut -c 1-2000
-         done
-         timeout 150 python3 benchmarks/block_trace.py "$R/cap_tr" --model qwen3-0.6b --batches 1,8 \
-           --ab FUSEC_GEMV_SM_CAP=even > "$R/cap_tr.txt" 2>&1
-         grep -E "^#|^\| #|^step" "$R/cap_tr/block_trace.md" | cut -c 1-400 ;;
     l2rate) timeout 120 python3 benchmarks/l2_rate.py > "$R/l2rate.txt" 2>&1; cat "$R/l2rate.txt" | tail -n 8 ;;
     l2b) for m in "qwen3-0.6b --batches 1,8" "llama-1b-q4_k_m --batches 1"; do
            timeout 200 python3 benchmarks/l2_bound.py "$R/l2b_${m%% *}" --model $m > "$R/l2b_${m%% *}.txt" 2>&1

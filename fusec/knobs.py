@@ -63,9 +63,6 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "products): the weight's copies carry an L2 evict-first policy, as the decode products' do (H200, in turns, "
          "the same bits: Qwen3-0.6B's 128-token prefill 1.145 ms against 1.151, the Llama-1B shape's 32-token one "
          "1.044 against 1.071; the A/B of prefill_step.py --ab FUSEC_WGMMA_L2_EVICT_FIRST=0)"),
-    Knob("FUSEC_GEMV_SM_CAP", "choice", "0", "decode products: even: at most ceil(grid / SMs) blocks an SM, by a "
-         "shared-memory request, where more would fit (0: as many as fit). An A/B not yet timed (decode_step.py --ab "
-         "FUSEC_GEMV_SM_CAP=even; block_trace.py shows the SMs used)", ("0", "even")),
     Knob("FUSEC_GEMV_SPREAD", "choice", "0", "decode products: spread each k group over 1, 2 or 4 times the warps "
          "(a lane holding 1/2 or 1/4 of the chunks; 0: the rule, build_gemm.gemv_form; the A/B of "
          "benchmarks/decode_step.py --ab FUSEC_GEMV_SPREAD=1)", ("0", "1", "2", "4")),

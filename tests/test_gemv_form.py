@@ -316,30 +316,3 @@ def test_ring_copies_carry_the_l2_evict_first_policy(monkeypatch) -> None:  # no
     assert "l2_evict_first" not in gemv_form(1024, 1024, DType.BF16, False, 1)
     with pytest.raises(ValueError, match="l2_evict_first"):
         S.GemvSpec(1, 1024, 1024, DType.BF16, l2_evict_first=True)  # stages 0: no ring
-
-
-@pytest.mark.parametrize("n,k,glu,m,cap", [(6144, 1024, True, 1, 3), (1024, 3072, False, 1, 1), (4096, 1024, False, 8, 2),
-                                           (4096, 1024, False, 1, 0)])
-def test_the_even_cap_asks_for_shared_memory_that_fits_only_its_blocks(n: int, k: int, glu: bool, m: int, cap: int,
-                                                                        monkeypatch) -> None:  # noqa: ANN001
-    """FUSEC_GEMV_SM_CAP=even caps a ring product at ceil(grid / SMs) blocks an SM where more would fit (Qwen3-0.6B's
-    gate/up at batch 1: 384 blocks, 3; its down: 128, 1; qkv at batch 8: 256, 2; qkv at batch 1 fills 4 an SM
-    anyway: no cap). The launch then asks for shared memory such that cap blocks fit an sm_90 SM (228 KB, 1 KB reserved
-    a block, the kernel's static shared memory beside) and cap + 1 do not; without the knob nothing is recorded."""
-    from fusec.codegen import kernels as K
-    from fusec.codegen.build_gemm import gemv_cap_smem
-
-    assert "sm_cap" not in gemv_form(n, k, DType.BF16, glu, m, True)
-    monkeypatch.setenv("FUSEC_GEMV_SM_CAP", "even")
-    form = gemv_form(n, k, DType.BF16, glu, m, True)
-    assert form.get("sm_cap", 0) == cap
-    if not cap:
-        return
-    spec = S.GemvSpec(m, n, k, DType.BF16, norm=True, glu="silu" if glu else "", **form)
-    ck = K.build(spec, "sm_90")
-    static = int(re.search(r"(\d+) bytes smem", ck.binary.log).group(1))
-    per_block = ck.shared_mem + static + 1024
-    assert ck.shared_mem == gemv_cap_smem(cap) > gemv_ring_bytes(k, DType.BF16, form["stages"], form.get("spread", 1))
-    assert cap * per_block <= 228 * 1024 < (cap + 1) * per_block
-    with pytest.raises(ValueError, match="sm_cap"):
-        S.GemvSpec(m, n, k, DType.BF16, sm_cap=cap)  # no ring

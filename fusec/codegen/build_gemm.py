@@ -280,11 +280,6 @@ def gemv_form(N: int, K: int, dtype: DType, glu: bool = False, M: int = 1, norm:
         form["prewait"] = prewait
     if knobs.get("FUSEC_GEMV_L2_EVICT_FIRST"):
         form["l2_evict_first"] = True
-    # FUSEC_GEMV_SM_CAP=even (an A/B, not yet measured): at most ceil(grid / SMs) blocks an SM where more would fit,
-    # so that a grid launched early (PDL) spreads over the SMs instead of stacking where there is room (the
-    # thirty-second session's traces: gate/up's 384 blocks on 120 SMs, up to 4 each; down's 128 on 65, 2 each)
-    if knobs.get("FUSEC_GEMV_SM_CAP") == "even" and (cap := cdiv(cdiv(tiles, form["tiles_per_block"]), SMS)) < slots // SMS:
-        form["sm_cap"] = cap
     bulk = knobs.get("FUSEC_GEMV_BULK")
     if (bulk == "1" or (bulk == "auto" and M <= 4)) and K % S.gemv_group(K, dtype, spread) == 0:
         form["bulk"] = True
@@ -319,12 +314,4 @@ def _gemv(spec: S.GemvSpec) -> Rendered:
     xn = gemv_xn_bytes(spec.M, spec.K, spec.dtype, spec.coop_norm)
     ctx["xn_dyn"] = xn > 0
     ctx["min_blocks"] = gemv_blocks_per_sm(spec.K, spec.dtype, spec.stages, spec.spread, xn) if spec.stages else 0
-    return Rendered("gemv.cu.jinja", ctx, (spec.grid, 1, 1), (32 * warps, 1, 1), params,
-                    shared_mem=max(ring + xn, gemv_cap_smem(spec.sm_cap)))
-
-
-def gemv_cap_smem(cap: int) -> int:
-    """The dynamic shared memory a block asks for so that at most ``cap`` blocks fit an SM (``GemvSpec.sm_cap``; 0:
-    none): just over a (cap + 1)-th of an sm_90 SM's 228 KB, less the 1 KB each block has reserved. On sm_80 (164 KB)
-    fewer fit."""
-    return _SMEM_PER_SM // (cap + 1) - 1024 + 16 if cap else 0
+    return Rendered("gemv.cu.jinja", ctx, (spec.grid, 1, 1), (32 * warps, 1, 1), params, shared_mem=ring + xn)

@@ -187,7 +187,6 @@ class GemvSpec:
     coop_norm: bool = False
     prewait: int = 0  # ring stages issued before the PDL wait (build_gemm.gemv_prewait); 0: all S - 1
     l2_evict_first: bool = False  # the ring's copies carry an L2 evict-first policy (build_gemm.gemv_form)
-    sm_cap: int = 0  # at most this many blocks an SM (its shared-memory request: build_gemm.gemv_cap_smem); 0: as fit
 
     def __post_init__(self) -> None:
         _pos(("M", self.M), ("N", self.N), ("K", self.K), ("tiles_per_block", self.tiles_per_block))
@@ -200,8 +199,6 @@ class GemvSpec:
                  f"(K {self.K} spread {self.spread} has {gemv_geometry(self.K, self.dtype, self.spread)[2]})")
         _req(not self.l2_evict_first or self.stages > 0, "gemv l2_evict_first is a policy of the ring's copies "
              "(stages >= 2)")
-        _req(isinstance(self.sm_cap, int) and 0 <= self.sm_cap <= 3 and (self.sm_cap == 0 or self.stages > 0),
-             f"gemv sm_cap must be 0 (as many blocks an SM as fit) or 1-3 with the ring form, got {self.sm_cap!r}")
         if self.bulk:
             _req(self.stages > 0, "gemv bulk copies fill the shared-memory ring (stages >= 2)")
             _req(self.K % gemv_group(self.K, self.dtype, self.spread) == 0,
