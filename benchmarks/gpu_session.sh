@@ -94,6 +94,9 @@
 #   trig      Qwen3-0.6B decode (batches 1, 8): the attention letting the next kernel launch right after its wait (the
 #             default) in turns against once its key groups are merged, and at its exit (FUSEC_KV_TRIGGER); the block
 #             trace at batch 1 with the trigger at exit (the attention's phases without the o product's blocks beside)
+#   kvthr     the decode attention at 64 and 256 threads a block (FUSEC_KV_THREADS): its kernel, generation and family
+#             GPU tests with each, then the Llama-1B shape (Q4_K_M at batches 1 and 8, bf16 at 1; context 32) and
+#             Qwen3-0.6B (batches 1, 8) in turns against 128
 #   l2rate    the SMs' read rate from L2-resident buffers (8-48 MB) against HBM (4 GB) (benchmarks/l2_rate.py)
 #   drop2     the same for Qwen3-0.6B's qkv and gate/up products
 #   ctx4k     Qwen3-0.6B decode at a 4,096-token context, batches 1 and 32, with rooflines (issue 19's report)
@@ -614,6 +617,17 @@ for step in "$@"; do
           timeout 150 python3 benchmarks/block_trace.py "$R/trig_tr" --model qwen3-0.6b --batches 1 --blocks rope_atte \
             --ab FUSEC_KV_TRIGGER=end > "$R/trig_tr.txt" 2>&1
           grep -E "^#|^\| #|^step" "$R/trig_tr/block_trace.md" | cut -c 1-400 ;;
+    kvthr) for t in 64 256; do
+             FUSEC_KV_THREADS=$t timeout 200 $PT -n 8 tests/test_decode_kernels_gpu.py tests/test_generation_gpu.py \
+               tests/test_generation_families_gpu.py tests/test_head_rope_pair.py > "$R/t_kvthr$t.txt" 2>&1
+             echo "threads $t"; grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_kvthr$t.txt" | tail -n 6
+           done
+           for m in "llama-1b-q4_k_m --batches 1,8 --context 32" "llama-1b --batches 1 --context 32" \
+                    "qwen3-0.6b --batches 1,8 --context 128"; do
+             timeout 240 python3 benchmarks/decode_step.py "$R/kvthr_${m%% *}" --model $m --windows 3 \
+               --ab FUSEC_KV_THREADS=64 --ab FUSEC_KV_THREADS=256 > "$R/kvthr_${m%% *}.txt" 2>&1
+             echo "$m"; tail -n 4 "$R/kvthr_${m%% *}.txt" | cut -c 1-2000
+           done ;;
     l2rate) timeout 120 python3 benchmarks/l2_rate.py > "$R/l2rate.txt" 2>&1; cat "$R/l2rate.txt" | tail -n 8 ;;
     l2b) for m in "qwen3-0.6b --batches 1,8" "llama-1b-q4_k_m --batches 1"; do
            timeout 200 python3 benchmarks/l2_bound.py "$R/l2b_${m%% *}" --model $m > "$R/l2b_${m%% *}.txt" 2>&1
