@@ -97,6 +97,10 @@
 #   kvthr     the decode attention at 64 and 256 threads a block (FUSEC_KV_THREADS): its kernel, generation and family
 #             GPU tests with each, then the Llama-1B shape (Q4_K_M at batches 1 and 8, bf16 at 1; context 32) and
 #             Qwen3-0.6B (batches 1, 8) in turns against 128
+#   qrows     packed products of 9-64 rows of x on the quantized GEMV over row chunks (FUSEC_QGEMV_ROW_CHUNKS): every
+#             packed-weight GPU test, then the Llama-1B shape's Q4_K_M and Q8_0 plans (prefills of 32 and 64 tokens, the
+#             decode step's prefill column) in turns against the dequantizing path (=0), and Q4_K_M at 128 tokens
+#             against the chunks taking 128 rows
 #   l2rate    the SMs' read rate from L2-resident buffers (8-48 MB) against HBM (4 GB) (benchmarks/l2_rate.py)
 #   drop2     the same for Qwen3-0.6B's qkv and gate/up products
 #   ctx4k     Qwen3-0.6B decode at a 4,096-token context, batches 1 and 32, with rooflines (issue 19's report)
@@ -627,6 +631,15 @@ for step in "$@"; do
              timeout 240 python3 benchmarks/decode_step.py "$R/kvthr_${m%% *}" --model $m --windows 3 \
                --ab FUSEC_KV_THREADS=64 --ab FUSEC_KV_THREADS=256 > "$R/kvthr_${m%% *}.txt" 2>&1
              echo "$m"; tail -n 4 "$R/kvthr_${m%% *}.txt" | cut -c 1-2000
+           done ;;
+    qrows) timeout 260 $PT -n 12 tests/test_quant_gpu.py > "$R/t_qrows.txt" 2>&1
+           grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_qrows.txt" | tail -n 8
+           for m in "llama-1b-q4_k_m --prompt 32" "llama-1b-q4_k_m --prompt 64" "llama-1b-q8_0 --prompt 32" \
+                    "llama-1b-q4_k_m --prompt 128"; do
+             f=$(echo "$m" | tr -d ' -' | cut -c 1-40)
+             ab="--ab FUSEC_QGEMV_ROW_CHUNKS=0"; [ "${m##* }" = 128 ] && ab="--ab FUSEC_QGEMV_ROW_CHUNKS=128"
+             timeout 200 python3 benchmarks/prefill_step.py "$R/qr_$f" --model $m $ab > "$R/qr_$f.txt" 2>&1
+             echo "$m $ab"; grep -E "^\| " "$R/qr_$f/prefill_step.md" | head -n 6 | cut -c 1-600; tail -n 2 "$R/qr_$f.txt" | cut -c 1-600
            done ;;
     l2rate) timeout 120 python3 benchmarks/l2_rate.py > "$R/l2rate.txt" 2>&1; cat "$R/l2rate.txt" | tail -n 8 ;;
     l2b) for m in "qwen3-0.6b --batches 1,8" "llama-1b-q4_k_m --batches 1"; do
