@@ -94,9 +94,6 @@
 #   trig      Qwen3-0.6B decode (batches 1, 8): the attention letting the next kernel launch right after its wait (the
 #             default) in turns against once its key groups are merged, and at its exit (FUSEC_KV_TRIGGER); the block
 #             trace at batch 1 with the trigger at exit (the attention's phases without the o product's blocks beside)
-#   kvthr     the decode attention at 64 and 256 threads a block (FUSEC_KV_THREADS): its kernel, generation and family
-#             GPU tests with each, then the Llama-1B shape (Q4_K_M at batches 1 and 8, bf16 at 1; context 32) and
-#             Qwen3-0.6B (batches 1, 8) in turns against 128
 #   qrows     packed products of 9-64 rows of x on the quantized GEMV over row chunks (FUSEC_QGEMV_ROW_CHUNKS): every
 #             packed-weight GPU test, then the Llama-1B shape's Q4_K_M and Q8_0 plans (prefills of 32 and 64 tokens, the
 #             decode step's prefill column) in turns against the dequantizing path (=0), and Q4_K_M at 128 tokens
@@ -621,17 +618,6 @@ for step in "$@"; do
           timeout 150 python3 benchmarks/block_trace.py "$R/trig_tr" --model qwen3-0.6b --batches 1 --blocks rope_atte \
             --ab FUSEC_KV_TRIGGER=end > "$R/trig_tr.txt" 2>&1
           grep -E "^#|^\| #|^step" "$R/trig_tr/block_trace.md" | cut -c 1-400 ;;
-    kvthr) for t in 64 256; do
-             FUSEC_KV_THREADS=$t timeout 200 $PT -n 8 tests/test_decode_kernels_gpu.py tests/test_generation_gpu.py \
-               tests/test_generation_families_gpu.py tests/test_head_rope_pair.py > "$R/t_kvthr$t.txt" 2>&1
-             echo "threads $t"; grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_kvthr$t.txt" | tail -n 6
-           done
-           for m in "llama-1b-q4_k_m --batches 1,8 --context 32" "llama-1b --batches 1 --context 32" \
-                    "qwen3-0.6b --batches 1,8 --context 128"; do
-             timeout 240 python3 benchmarks/decode_step.py "$R/kvthr_${m%% *}" --model $m --windows 3 \
-               --ab FUSEC_KV_THREADS=64 --ab FUSEC_KV_THREADS=256 > "$R/kvthr_${m%% *}.txt" 2>&1
-             echo "$m"; tail -n 4 "$R/kvthr_${m%% *}.txt" | cut -c 1-2000
-           done ;;
     qrows) timeout 260 $PT -n 12 tests/test_quant_gpu.py > "$R/t_qrows.txt" 2>&1
            grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_qrows.txt" | tail -n 8
            for m in "llama-1b-q4_k_m --prompt 32" "llama-1b-q4_k_m --prompt 64" "llama-1b-q8_0 --prompt 32" \

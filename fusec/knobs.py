@@ -153,9 +153,6 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("FUSEC_KV_SPLIT_KEYS", "int", 64, "decode attention: the fewest cache rows (of its capacity) a split may "
          "cover where the batch's heads alone fill a quarter of the SMs (32: the A/B of decode_step.py --ab "
          "FUSEC_KV_SPLIT_KEYS=32, as before)", bounds=(1, None)),
-    Knob("FUSEC_KV_THREADS", "choice", "128", "decode attention: threads a block (64, 128, 256; the same key "
-         "groups' layout, 16-byte slices of D a lane, more or fewer key groups a block). Not yet timed against 128: "
-         "the A/B of decode_step.py --ab FUSEC_KV_THREADS=64", ("64", "128", "256")),
     Knob("FUSEC_KV_TRIGGER", "choice", "wait", "decode attention: where each block lets the kernel after it launch "
          "(PDL): wait: right after its own wait; merged: once its key groups are merged; end: when it exits. Qwen3-0.6B "
          "on an H200, in turns: batch 1 0.551 ms a step against 0.569 (merged) and 0.587 (end), batch 8 0.714 against "

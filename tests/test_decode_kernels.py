@@ -672,24 +672,3 @@ def test_the_attention_lets_the_next_kernel_launch_where_its_record_says(trigger
         assert K.build(dataclasses.replace(sp, cluster=arch == "sm_90"), arch).binary.cubin
     with pytest.raises(ValueError, match="trigger"):
         dataclasses.replace(sp, trigger="early")
-
-
-@pytest.mark.parametrize("threads", [64, 128, 256])
-def test_the_attention_runs_the_block_size_its_record_says(threads: int, monkeypatch) -> None:  # noqa: ANN001
-    """FUSEC_KV_THREADS sizes the decode attention's blocks: kernel selection records a size other than 128 (the
-    default, unrecorded), the plan launches its attention (with its head_rope prologue) at that size, and the
-    Llama-1B shape's spec at that size builds for sm_90 and sm_80."""
-    from fusec.codegen.build_decode import kv_form
-    from fusec.compiler import compile_generation
-
-    monkeypatch.setenv("FUSEC_KV_THREADS", str(threads))
-    assert kv_form(1, 32, 8, 1, 288, 64, DType.BF16, clusters=True).get("threads", 128) == threads
-    assert ("threads" in kv_form(1, 32, 8, 1, 288, 64, DType.BF16)) == (threads != 128)
-    plan = compile_generation("llama-tiny", batch=1, max_seq_len=128, prefill_len=8, dtype="bf16", eos_ids=[],
-                              arch="sm_90")
-    atts = [ln for ln in plan.manifest["entries"]["decode"]["launches"] if "attention" in ln["label"]]
-    assert atts and all(ln["block"] == [threads, 1, 1] for ln in atts)
-    sp = kv_attention_spec(1, 32, 8, 1, 288, 64, DType.BF16, 0.125, prefetch=True, cluster=True, threads=threads)
-    assert sp.threads == threads and ("threads=128" in repr(sp)) == (threads == 128)
-    for arch in ("sm_90", "sm_80"):
-        assert K.build(dataclasses.replace(sp, cluster=arch == "sm_90"), arch).binary.cubin

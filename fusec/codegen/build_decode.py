@@ -144,17 +144,15 @@ def kv_form(B: int, Hq: int, Hkv: int, S_: int, T: int, D: int, dtype: DType, po
     from fusec import knobs
 
     prefetch = bool(knobs.get("FUSEC_KV_PREFETCH"))
-    threads = int(knobs.get("FUSEC_KV_THREADS"))
     wave = int(knobs.get("FUSEC_KV_WAVE_BLOCKS")) * SMS  # blocks of a full-context step: one wave
     spec = kv_attention_spec(B, Hq, Hkv, S_, T, D, dtype, 1.0, pos_dtype, wave, softcap=softcap, prefetch=prefetch,
                              cluster=bool(knobs.get("FUSEC_KV_CLUSTER")) and clusters,
                              cluster_levels=int(knobs.get("FUSEC_KV_CLUSTER_LEVELS")),
                              solo_keys=knobs.get("FUSEC_KV_SOLO_KEYS"), split_keys=knobs.get("FUSEC_KV_SPLIT_KEYS"),
-                             unroll=int(knobs.get("FUSEC_KV_UNROLL")), threads=threads)
+                             unroll=int(knobs.get("FUSEC_KV_UNROLL")))
     trigger = knobs.get("FUSEC_KV_TRIGGER")
     return {"splits": spec.splits, "cluster": spec.cluster, "unroll": spec.unroll, "solo_keys": spec.solo_keys,
-            "prefetch": prefetch} | ({"trigger": trigger} if trigger != "wait" else {}) | (
-                {"threads": threads} if threads != 128 else {})
+            "prefetch": prefetch} | ({"trigger": trigger} if trigger != "wait" else {})
 
 
 @builder(S.KVAttentionSpec)
