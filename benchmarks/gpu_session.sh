@@ -98,6 +98,10 @@
 #             packed-weight GPU test, then the Llama-1B shape's Q4_K_M and Q8_0 plans (prefills of 32 and 64 tokens, the
 #             decode step's prefill column) in turns against the dequantizing path (=0), and Q4_K_M at 128 tokens
 #             against the chunks taking 128 rows
+#   qdq       the prefill's dequantizing kernel with its stores staged through shared memory (QDequantSpec.stage,
+#             FUSEC_QDEQUANT_STAGE): the packed-weight GPU tests of it and of plans and generation, the kernel alone
+#             against the plain form (benchmarks/dequant_bench.py; ncu of both at the qkv shape), and the Llama-1B Q4_K_M
+#             and Q8_0 128-token prefills in turns against FUSEC_QDEQUANT_STAGE=0
 #   l2rate    the SMs' read rate from L2-resident buffers (8-48 MB) against HBM (4 GB) (benchmarks/l2_rate.py)
 #   drop2     the same for Qwen3-0.6B's qkv and gate/up products
 #   ctx4k     Qwen3-0.6B decode at a 4,096-token context, batches 1 and 32, with rooflines (issue 19's report)
@@ -627,6 +631,19 @@ for step in "$@"; do
              timeout 200 python3 benchmarks/prefill_step.py "$R/qr_$f" --model $m $ab > "$R/qr_$f.txt" 2>&1
              echo "$m $ab"; grep -E "^\| " "$R/qr_$f/prefill_step.md" | head -n 6 | cut -c 1-600; tail -n 2 "$R/qr_$f.txt" | cut -c 1-600
            done ;;
+    qdq) timeout 200 $PT -n 12 tests/test_quant_gpu.py -k "dequantiz or gather or prefill or generation or token or plan" \
+           > "$R/t_qdq.txt" 2>&1
+         grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_qdq.txt" | tail -n 8
+         timeout 150 python3 benchmarks/dequant_bench.py > "$R/dqb.txt" 2>&1; cat "$R/dqb.txt" | tail -n 14
+         timeout 120 ncu --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy -k regex:fc_qdequant \
+           -c 2 python3 benchmarks/dequant_bench.py --formats q4_k > "$R/dqb_ncu.txt" 2>&1
+         grep -E "fc_qdequant|Duration|Memory Throughput|DRAM Throughput|L2 Cache Throughput|Achieved Occupancy|L1/TEX Hit|Mem Busy|Max Bandwidth" \
+           "$R/dqb_ncu.txt" | head -n 30
+         for m in llama-1b-q4_k_m llama-1b-q8_0; do
+           timeout 200 python3 benchmarks/prefill_step.py "$R/qdq_$m" --model $m --prompt 128 --ab FUSEC_QDEQUANT_STAGE=0 \
+             > "$R/qdq_$m.txt" 2>&1
+           echo "$m"; grep -E "^\| " "$R/qdq_$m/prefill_step.md" | head -n 4 | cut -c 1-400
+         done ;;
     l2rate) timeout 120 python3 benchmarks/l2_rate.py > "$R/l2rate.txt" 2>&1; cat "$R/l2rate.txt" | tail -n 8 ;;
     l2b) for m in "qwen3-0.6b --batches 1,8" "llama-1b-q4_k_m --batches 1"; do
            timeout 200 python3 benchmarks/l2_bound.py "$R/l2b_${m%% *}" --model $m > "$R/l2b_${m%% *}.txt" 2>&1

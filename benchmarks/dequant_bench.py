@@ -1,0 +1,69 @@
+"""The prefill's dequantizing kernel alone (``QDequantSpec``: a packed weight -> bf16 scratch, which cuBLAS then
+reads), its plain form against ``stage`` (stores through shared memory, whole lines a warp instruction), timed in
+turns on Llama-1B's product shapes in the formats of a Q4_K_M and a Q8_0 file, the packed copies rotated past L2.
+
+    python benchmarks/dequant_bench.py [--formats q4_k,q6_k,q8_0]
+
+Prints a markdown table: us a launch, GB/s (packed bytes read + bf16 bytes written), % of the device's copy
+bandwidth (bytes read + written by a 1 GB device copy), and whether the two forms wrote the same bits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_decode_kernels import copy_bw, graph_time  # noqa: E402
+from quant_bench import L2_ROTATE, _weight  # noqa: E402
+
+from fusec.codegen import kernels as K  # noqa: E402
+from fusec.codegen.specs_quant import QDequantSpec  # noqa: E402
+from fusec.dtypes import DType  # noqa: E402
+
+SHAPES = [("qkv", 3072, 2048), ("gate/up half", 8192, 2048), ("down", 2048, 8192)]
+
+
+def main() -> int:
+    import cupy as cp
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--formats", default="q4_k,q6_k,q8_0")
+    args = ap.parse_args()
+    copy = copy_bw()
+    print(f"copy bandwidth {copy / 1e9:.0f} GB/s\n")
+    print("| shape | format | plain us | staged us | plain GB/s (% copy) | staged GB/s (% copy) | same bits |")
+    print("|---|---|---|---|---|---|---|")
+    rng = np.random.default_rng(0)
+    for name, n, k in SHAPES:
+        for fmt in args.formats.split(","):
+            qw = _weight(fmt, n, k, rng)
+            sets = [[cp.asarray(a) for a in qw.arrays] for _ in range(max(1, min(16, -(-L2_ROTATE // qw.nbytes))))]
+            outs, times = {}, {}
+            kernels = {st: K.build(QDequantSpec(n, k, qw.format, qw.group, DType.BF16, qw.scale_dtype, stage=st))
+                       for st in (False, True)}
+            for st, ck in kernels.items():
+                outs[st] = cp.zeros((n, k), cp.uint16)
+                K.launch(ck, [*sets[0], outs[st]])
+            cp.cuda.Device().synchronize()
+            same = bool((outs[False] == outs[True]).all())
+            scratch = cp.empty((n, k), cp.uint16)
+            for _ in range(2):  # in turns
+                for st, ck in kernels.items():
+                    us = graph_time([lambda s, p=p, ck=ck: K.launch(ck, [*p, scratch], stream=s) for p in sets])
+                    times.setdefault(st, []).append(us)
+            byt = qw.nbytes + n * k * 2
+            t = {st: min(v) for st, v in times.items()}
+            gb = {st: byt / t[st] * 1e-3 for st in t}
+            print(f"| {name} {n}x{k} | {fmt} | {t[False]:.2f} | {t[True]:.2f} | {gb[False]:.0f} "
+                  f"({100 * gb[False] * 1e9 / copy:.0f}%) | {gb[True]:.0f} ({100 * gb[True] * 1e9 / copy:.0f}%) | {same} |",
+                  flush=True)
+            del sets, outs, scratch
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
