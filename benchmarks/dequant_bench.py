@@ -53,7 +53,7 @@ def main() -> int:
             scratch = cp.empty((n, k), cp.uint16)
             for _ in range(2):  # in turns
                 for st, ck in kernels.items():
-                    us = graph_time([lambda s, p=p, ck=ck: K.launch(ck, [*p, scratch], stream=s) for p in sets])
+                    us = graph_time([lambda s, p=p, ck=ck, o=scratch: K.launch(ck, [*p, o], stream=s) for p in sets])
                     times.setdefault(st, []).append(us)
             byt = qw.nbytes + n * k * 2
             t = {st: min(v) for st, v in times.items()}
