@@ -98,10 +98,9 @@
 #             packed-weight GPU test, then the Llama-1B shape's Q4_K_M and Q8_0 plans (prefills of 32 and 64 tokens, the
 #             decode step's prefill column) in turns against the dequantizing path (=0), and Q4_K_M at 128 tokens
 #             against the chunks taking 128 rows
-#   qdq       the prefill's dequantizing kernel with its stores staged through shared memory (QDequantSpec.stage,
-#             FUSEC_QDEQUANT_STAGE): the packed-weight GPU tests of it and of plans and generation, the kernel alone
-#             against the plain form (benchmarks/dequant_bench.py; ncu of both at the qkv shape), and the Llama-1B Q4_K_M
-#             and Q8_0 128-token prefills in turns against FUSEC_QDEQUANT_STAGE=0
+#   qdq       the prefill's dequantizing kernel (stores staged through shared memory, thirty-third session): its GPU
+#             tests and those of packed plans and generation, the kernel alone (benchmarks/dequant_bench.py), and the
+#             Llama-1B Q4_K_M and Q8_0 prefills of 24-32 tokens in turns against FUSEC_QGEMV_ROW_CHUNKS=0
 #   l2rate    the SMs' read rate from L2-resident buffers (8-48 MB) against HBM (4 GB) (benchmarks/l2_rate.py)
 #   drop2     the same for Qwen3-0.6B's qkv and gate/up products
 #   ctx4k     Qwen3-0.6B decode at a 4,096-token context, batches 1 and 32, with rooflines (issue 19's report)
@@ -635,14 +634,11 @@ for step in "$@"; do
            > "$R/t_qdq.txt" 2>&1
          grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_qdq.txt" | tail -n 8
          timeout 150 python3 benchmarks/dequant_bench.py > "$R/dqb.txt" 2>&1; cat "$R/dqb.txt" | tail -n 14
-         timeout 120 ncu --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy -k regex:fc_qdequant \
-           -c 2 python3 benchmarks/dequant_bench.py --formats q4_k > "$R/dqb_ncu.txt" 2>&1
-         grep -E "fc_qdequant|Duration|Memory Throughput|DRAM Throughput|L2 Cache Throughput|Achieved Occupancy|L1/TEX Hit|Mem Busy|Max Bandwidth" \
-           "$R/dqb_ncu.txt" | head -n 30
-         for m in llama-1b-q4_k_m llama-1b-q8_0; do
-           timeout 200 python3 benchmarks/prefill_step.py "$R/qdq_$m" --model $m --prompt 128 --ab FUSEC_QDEQUANT_STAGE=0 \
-             > "$R/qdq_$m.txt" 2>&1
-           echo "$m"; grep -E "^\| " "$R/qdq_$m/prefill_step.md" | head -n 4 | cut -c 1-400
+         for m in "llama-1b-q4_k_m --prompt 32" "llama-1b-q8_0 --prompt 32" "llama-1b-q4_k_m --prompt 24"; do
+           f=$(echo "$m" | tr -d ' -' | cut -c 1-40)
+           timeout 200 python3 benchmarks/prefill_step.py "$R/qdq_$f" --model $m --ab FUSEC_QGEMV_ROW_CHUNKS=0 \
+             > "$R/qdq_$f.txt" 2>&1
+           echo "$m"; grep -E "^\| " "$R/qdq_$f/prefill_step.md" | head -n 4 | cut -c 1-400
          done ;;
     l2rate) timeout 120 python3 benchmarks/l2_rate.py > "$R/l2rate.txt" 2>&1; cat "$R/l2rate.txt" | tail -n 8 ;;
     l2b) for m in "qwen3-0.6b --batches 1,8" "llama-1b-q4_k_m --batches 1"; do

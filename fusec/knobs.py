@@ -92,10 +92,6 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "H200, in turns: Q4_K_M 32 tokens 2.327 ms against 2.596, Q8_0 2.564 against 2.592; but 64 tokens 4.132 "
          "against 2.659 (each chunk costs about a dequantizing pass; the A/B of benchmarks/prefill_step.py --prompt 32 "
          "--ab FUSEC_QGEMV_ROW_CHUNKS=0)", bounds=(0, None)),
-    Knob("FUSEC_QDEQUANT_STAGE", "bool", True, "the prefill's dequantizing kernel (a packed weight to bf16 scratch "
-         "for cuBLAS) stores through shared memory, each warp store instruction 512 contiguous bytes (0: 64 bytes a "
-         "lane, 16 at a time, as before; the A/B of benchmarks/prefill_step.py --ab FUSEC_QDEQUANT_STAGE=0, and "
-         "benchmarks/dequant_bench.py alone). Not yet timed"),
     Knob("FUSEC_QGEMV_DP4A_CHUNKS", "choice", "8", "the dp4a quantized GEMV's 32-weight chunks a lane loads a round "
          "over its weight rows at one row of x (8: two weight rows a task below K = 8192; 4: half the bytes in flight, "
          "7% slower at the 7B Q4_K_M shape on an H200; the A/B of benchmarks/decode_step.py --ab "

@@ -226,7 +226,6 @@ def _quantized(node: Node, mm: Node, offsets: dict[Value, int], family: str, det
     """A product over packed weights (``mm``: a QMATMUL, alone or the product of a fused epilogue):
     the quantized GEMV with its form (``fusec.lower.quant``'s rules), or dequantize-then-cuBLAS for
     more rows than the GEMV takes or operands not 16-byte aligned (the GEMV's vector loads)."""
-    from fusec import knobs
     from fusec.lower import choices as C
     from fusec.lower import quant as Q
 
@@ -245,8 +244,6 @@ def _quantized(node: Node, mm: Node, offsets: dict[Value, int], family: str, det
     if variant == "qgemv_rows":  # each distinct chunk's rows and form
         sizes = sorted({r for _, r in Q.row_chunks(m, a.format, x.dtype)})
         params = (("forms", tuple((r, _qgemv_params(r, a.n, a.k, a.format, a.group, x.dtype)) for r in sizes)),)
-    if variant == "dequant_gemm" and knobs.get("FUSEC_QDEQUANT_STAGE"):  # the dequantizing kernel's stores
-        params = (("stage", True),)
     return Selection(family, variant, reason=reason, params=params, detail=detail)
 
 

@@ -151,7 +151,7 @@ def _qgemv_tc(spec: QGemvSpec) -> Rendered:
 def _qdequant(spec: QDequantSpec) -> Rendered:
     rows = spec.ids or spec.rows or spec.N
     ctx = {"name": kernel_name("qdequant", spec), "K": spec.K, "N": spec.N, "rows": rows, "row0": spec.row0,
-           "ids": spec.ids > 0, "id_t": ctype(spec.id_dtype), "t": ctype(spec.dtype), "stage": spec.stage,
+           "ids": spec.ids > 0, "id_t": ctype(spec.id_dtype), "t": ctype(spec.dtype),
            **_format_ctx(spec.fmt, spec.group, spec.scale_dtype)}
     return Rendered("qdequant.cu.jinja", ctx, (cdiv(rows * (spec.K // 32), 256), 1, 1), (256, 1, 1),
                     (("ids",) if spec.ids else ()) + packed_params(spec.fmt) + ("out",))

@@ -236,7 +236,6 @@ class QDequantSpec:
     rows: int = 0  # 0: all N
     ids: int = 0  # > 0: gather these many rows by index
     id_dtype: DType = DType.I64
-    stage: bool = False  # stores through shared memory: each warp store instruction writes 512 contiguous bytes
 
     def __post_init__(self) -> None:
         _pos(("N", self.N), ("K", self.K), ("group", self.group))

@@ -300,7 +300,7 @@ def lower_qmatmul(ctx: Context, node: Node, sel: Any, label: str, epilogue: Epil
     if sel.variant == "qgemv_rows":
         _qgemv_rows(ctx, x, packed, out, a, sdt, epilogue or Epilogue(), extra, dict(sel.params), label)
         return epilogue is not None
-    _dequant_gemm(ctx, x, packed, out, a, sdt, m, label, bool(dict(sel.params).get("stage")))
+    _dequant_gemm(ctx, x, packed, out, a, sdt, m, label)
     ctx.count("qmatmul:dequant_gemm")
     return False
 
@@ -324,7 +324,7 @@ def _qgemv_rows(ctx: Context, x: Value, packed: tuple[Value, ...], out: Value, a
 
 
 def _dequant_gemm(ctx: Context, x: Value, packed: tuple[Value, ...], out: Value, a: Any, scale_dtype: Any,
-                  m: int, label: str, stage: bool) -> None:
+                  m: int, label: str) -> None:
     from fusec.lower.nodes import gemm_compute
 
     item = x.dtype.itemsize
@@ -333,7 +333,7 @@ def _dequant_gemm(ctx: Context, x: Value, packed: tuple[Value, ...], out: Value,
     base = ctx.scratch(rows * a.k * item)
     for r0 in range(0, a.n, rows):
         r = min(rows, a.n - r0)
-        ctx.kernel(QDequantSpec(a.n, a.k, a.format, a.group, x.dtype, scale_dtype, r0, r, stage=stage), [*packed, base],
+        ctx.kernel(QDequantSpec(a.n, a.k, a.format, a.group, x.dtype, scale_dtype, r0, r), [*packed, base],
                    f"{label} dequantize rows {r0}..{r0 + r}")
         fields = {"m": m, "n": r, "k": a.k, "batch": 1, "lda": a.k, "ldb": a.k, "ldc": a.n, "stride_a": 0,
                   "stride_b": 0, "stride_c": 0, "trans_a": False, "trans_b": True, "dtype": x.dtype.value,
