@@ -5,7 +5,7 @@ reads) on Llama-1B's product shapes in the formats of a Q4_K_M and a Q8_0 file, 
 
 Prints a markdown table: us a launch, GB/s (packed bytes read + bf16 bytes written), % of the device's copy
 bandwidth (bytes read + written by a 1 GB device copy), and the output's largest difference from the format's fp32
-reference dequantization, relative to its largest value (bf16 rounding: at most 2^-9).
+reference dequantization, relative to its largest value (bf16 rounding to nearest: at most 2^-8 of a value).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def main() -> int:
             K.launch(ck, [*sets[0], out])
             want = qw.dequantize().astype(np.float32)
             got = out.get().view(DType.BF16.np).astype(np.float32)
-            err = float(np.abs(got - want).max() / np.abs(want).max())  # bf16's rounding: at most 2^-9 relative
+            err = float(np.abs(got - want).max() / np.abs(want).max())  # bf16 rounds to nearest: at most 2^-8 of a value
             us = graph_time([lambda s, p=p, o=out, ck=ck: K.launch(ck, [*p, o], stream=s) for p in sets])
             gb = (qw.nbytes + n * k * 2) / us * 1e-3
             print(f"| {name} {n}x{k} | {fmt} | {us:.2f} | {gb:.0f} ({100 * gb * 1e9 / copy:.0f}%) | {err:.1e} |", flush=True)

@@ -94,13 +94,9 @@
 #   trig      Qwen3-0.6B decode (batches 1, 8): the attention letting the next kernel launch right after its wait (the
 #             default) in turns against once its key groups are merged, and at its exit (FUSEC_KV_TRIGGER); the block
 #             trace at batch 1 with the trigger at exit (the attention's phases without the o product's blocks beside)
-#   qrows     packed products of 9-64 rows of x on the quantized GEMV over row chunks (FUSEC_QGEMV_ROW_CHUNKS): every
-#             packed-weight GPU test, then the Llama-1B shape's Q4_K_M and Q8_0 plans (prefills of 32 and 64 tokens, the
-#             decode step's prefill column) in turns against the dequantizing path (=0), and Q4_K_M at 128 tokens
-#             against the chunks taking 128 rows
 #   qdq       the prefill's dequantizing kernel (stores staged through shared memory, thirty-third session): its GPU
 #             tests and those of packed plans and generation, the kernel alone (benchmarks/dequant_bench.py), and the
-#             Llama-1B Q4_K_M and Q8_0 prefills of 24-32 tokens in turns against FUSEC_QGEMV_ROW_CHUNKS=0
+#             Llama-1B Q4_K_M and Q8_0 prefills of 128 tokens
 #   l2rate    the SMs' read rate from L2-resident buffers (8-48 MB) against HBM (4 GB) (benchmarks/l2_rate.py)
 #   drop2     the same for Qwen3-0.6B's qkv and gate/up products
 #   ctx4k     Qwen3-0.6B decode at a 4,096-token context, batches 1 and 32, with rooflines (issue 19's report)
@@ -621,24 +617,13 @@ for step in "$@"; do
           timeout 150 python3 benchmarks/block_trace.py "$R/trig_tr" --model qwen3-0.6b --batches 1 --blocks rope_atte \
             --ab FUSEC_KV_TRIGGER=end > "$R/trig_tr.txt" 2>&1
           grep -E "^#|^\| #|^step" "$R/trig_tr/block_trace.md" | cut -c 1-400 ;;
-    qrows) timeout 260 $PT -n 12 tests/test_quant_gpu.py > "$R/t_qrows.txt" 2>&1
-           grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_qrows.txt" | tail -n 8
-           for m in "llama-1b-q4_k_m --prompt 32" "llama-1b-q4_k_m --prompt 64" "llama-1b-q8_0 --prompt 32" \
-                    "llama-1b-q4_k_m --prompt 128"; do
-             f=$(echo "$m" | tr -d ' -' | cut -c 1-40)
-             ab="--ab FUSEC_QGEMV_ROW_CHUNKS=0"; [ "${m##* }" = 128 ] && ab="--ab FUSEC_QGEMV_ROW_CHUNKS=128"
-             timeout 200 python3 benchmarks/prefill_step.py "$R/qr_$f" --model $m $ab > "$R/qr_$f.txt" 2>&1
-             echo "$m $ab"; grep -E "^\| " "$R/qr_$f/prefill_step.md" | head -n 6 | cut -c 1-600; tail -n 2 "$R/qr_$f.txt" | cut -c 1-600
-           done ;;
     qdq) timeout 200 $PT -n 12 tests/test_quant_gpu.py -k "dequantiz or gather or prefill or generation or token or plan" \
            > "$R/t_qdq.txt" 2>&1
          grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_qdq.txt" | tail -n 8
          timeout 150 python3 benchmarks/dequant_bench.py > "$R/dqb.txt" 2>&1; cat "$R/dqb.txt" | tail -n 14
-         for m in "llama-1b-q4_k_m --prompt 32" "llama-1b-q8_0 --prompt 32" "llama-1b-q4_k_m --prompt 24"; do
-           f=$(echo "$m" | tr -d ' -' | cut -c 1-40)
-           timeout 200 python3 benchmarks/prefill_step.py "$R/qdq_$f" --model $m --ab FUSEC_QGEMV_ROW_CHUNKS=0 \
-             > "$R/qdq_$f.txt" 2>&1
-           echo "$m"; grep -E "^\| " "$R/qdq_$f/prefill_step.md" | head -n 4 | cut -c 1-400
+         for m in llama-1b-q4_k_m llama-1b-q8_0; do
+           timeout 200 python3 benchmarks/prefill_step.py "$R/qdq_$m" --model $m --prompt 128 > "$R/qdq_$m.txt" 2>&1
+           echo "$m"; grep -E "^\| " "$R/qdq_$m/prefill_step.md" | head -n 4 | cut -c 1-400
          done ;;
     l2rate) timeout 120 python3 benchmarks/l2_rate.py > "$R/l2rate.txt" 2>&1; cat "$R/l2rate.txt" | tail -n 8 ;;
     l2b) for m in "qwen3-0.6b --batches 1,8" "llama-1b-q4_k_m --batches 1"; do

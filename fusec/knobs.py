@@ -83,15 +83,9 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "benchmarks/decode_step.py --ab FUSEC_QGEMV_FORM=dp4a)",
          ("auto", "tc", "dp4a", "fma")),
     Knob("FUSEC_QGEMV_MAX_ROWS", "int", 16, "the most rows of x the quantized GEMV takes (0-16); a product over "
-         "packed weights with more runs the GEMV over row chunks (FUSEC_QGEMV_ROW_CHUNKS) or dequantizes them to "
-         "scratch and runs cuBLAS, as a long prefill does (fewer than 16, with FUSEC_QGEMV_ROW_CHUNKS=0: that path at small batches, slower at batch 8 on an H200: 1B Q8_0 2.862 ms a step against 2.702, Q4_K_M "
+         "packed weights with more dequantizes them to scratch and runs cuBLAS, as a prefill does (fewer than 16: "
+         "that path at small batches, slower at batch 8 on an H200: 1B Q8_0 2.862 ms a step against 2.702, Q4_K_M "
          "2.830 against 1.175; the A/B of benchmarks/decode_step.py --batches 8 --ab FUSEC_QGEMV_MAX_ROWS=4)", bounds=(0, 16)),
-    Knob("FUSEC_QGEMV_ROW_CHUNKS", "int", 32, "products over packed weights with more rows of x than the quantized "
-         "GEMV takes (FUSEC_QGEMV_MAX_ROWS) and at most this many: the GEMV once per chunk of 8 rows (the packed weight "
-         "read once a chunk) instead of dequantizing it to scratch for cuBLAS (0: never). Llama-1B prefills on an "
-         "H200, in turns: Q4_K_M 32 tokens 2.327 ms against 2.596, Q8_0 2.564 against 2.592; but 64 tokens 4.132 "
-         "against 2.659 (each chunk costs about a dequantizing pass; the A/B of benchmarks/prefill_step.py --prompt 32 "
-         "--ab FUSEC_QGEMV_ROW_CHUNKS=0)", bounds=(0, None)),
     Knob("FUSEC_QGEMV_DP4A_CHUNKS", "choice", "8", "the dp4a quantized GEMV's 32-weight chunks a lane loads a round "
          "over its weight rows at one row of x (8: two weight rows a task below K = 8192; 4: half the bytes in flight, "
          "7% slower at the 7B Q4_K_M shape on an H200; the A/B of benchmarks/decode_step.py --ab "

@@ -233,17 +233,12 @@ def _quantized(node: Node, mm: Node, offsets: dict[Value, int], family: str, det
     m, a = int(np.prod(x.shape[:-1])), mm.attrs
     variant = Q.choose(m, a.n, a.k, a.format)
     reason = "rule-based default"
-    if variant in ("qgemv", "qgemv_rows"):
+    if variant == "qgemv":
         parsed = C._epilogue(node.attrs.body) if node.op == Op.FUSED else None
         extra = [C.outer(node, v) for v in (parsed[0], parsed[2]) if v is not None] if parsed else []
         if any(offsets.get(v, 0) % 16 for v in (x, *node.outputs, *extra)):
             variant, reason = "dequant_gemm", "operands not 16-byte aligned"
     params = _qgemv_params(m, a.n, a.k, a.format, a.group, x.dtype) if variant == "qgemv" else ()
-    if variant == "qgemv_rows" and any(r0 * a.n * x.dtype.itemsize % 16 for r0, _ in Q.row_chunks(m, a.format, x.dtype)):
-        variant, reason = "dequant_gemm", "the row chunks' outputs are not 16-byte aligned"
-    if variant == "qgemv_rows":  # each distinct chunk's rows and form
-        sizes = sorted({r for _, r in Q.row_chunks(m, a.format, x.dtype)})
-        params = (("forms", tuple((r, _qgemv_params(r, a.n, a.k, a.format, a.group, x.dtype)) for r in sizes)),)
     return Selection(family, variant, reason=reason, params=params, detail=detail)
 
 

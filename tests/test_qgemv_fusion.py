@@ -128,7 +128,6 @@ def test_fewer_gemv_rows_send_the_products_through_the_dequantizing_path(monkeyp
     by = default.manifest["reports"]["decode"]["lowering"]["by_template"]
     assert by.get("qmatmul:qgemv", 0) > 0 and not by.get("qmatmul:dequant_gemm")
     monkeypatch.setenv("FUSEC_QGEMV_MAX_ROWS", "2")
-    monkeypatch.setenv("FUSEC_QGEMV_ROW_CHUNKS", "0")  # not the GEMV over row chunks either
     plan = _plan(4)
     by = plan.manifest["reports"]["decode"]["lowering"]["by_template"]
     layers = plan.manifest["generation"]["num_layers"]

@@ -470,7 +470,6 @@ def test_decode_through_the_dequantizing_path_matches_reference_token_for_token(
     from fusec.compiler import compile_generation
 
     monkeypatch.setenv("FUSEC_QGEMV_MAX_ROWS", "2")
-    monkeypatch.setenv("FUSEC_QGEMV_ROW_CHUNKS", "0")  # not the GEMV over row chunks either
     plan = compile_generation(_packed_model(), batch=4, max_seq_len=48, prefill_len=12, dtype="fp32", eos_ids=[])
     kinds = plan.manifest["reports"]["decode"]["lowering"]["by_template"]
     assert not kinds.get("qmatmul:qgemv") and kinds["qmatmul:dequant_gemm"] >= 2 * 4 + 1, kinds

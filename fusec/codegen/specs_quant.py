@@ -13,7 +13,6 @@ from fusec.codegen.specs_gemm import Epilogue, check_norm_glu
 from fusec.dtypes import DType
 
 QGEMV_MAX_M = 16
-TC_MAX_M = 8  # the tensor-core form's most rows of x: the mma's n
 QNORM_SMEM = 32 << 10  # the FMA form's normalized copy of x (static shared memory)
 # the dp4a form's rows of x: at 3 blocks an SM (85 registers a thread) 4 rows spilled; at 2 (128 registers) up to 8
 # rows compile without spills at one weight row a task and 2 chunks a round, without a gated unit (ptxas, sm_80 and
@@ -216,7 +215,7 @@ def tc_fits(m: int, fmt: str, dtype: DType) -> bool:
     most 8 rows of x (the mma's n), fp16/bf16 activations (the mma's types)."""
     from fusec.quant import FORMATS
 
-    return FORMATS[fmt].bits in (4, 5, 6, 8) and m <= TC_MAX_M and dtype in (DType.F16, DType.BF16)
+    return FORMATS[fmt].bits in (4, 5, 6, 8) and m <= 8 and dtype in (DType.F16, DType.BF16)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -33,8 +33,8 @@ SCRATCH_BYTES = 32 << 20  # the prefill's dequantized block of a weight
 
 
 def qgemv_max_rows() -> int:
-    """The most rows of x the quantized GEMV takes in one launch (FUSEC_QGEMV_MAX_ROWS, 0 to QGEMV_MAX_M); a product
-    with more runs it over row chunks (``choose``) or dequantizes its weight to scratch and runs cuBLAS. Fewer than QGEMV_MAX_M sends small batches that way: at 8
+    """The most rows of x the quantized GEMV takes (FUSEC_QGEMV_MAX_ROWS, 0 to QGEMV_MAX_M); a product with more
+    dequantizes its weight to scratch and runs cuBLAS. Fewer than QGEMV_MAX_M sends small batches that way: at 8
     rows of x it was slower than the quantized GEMV (H200, sixteenth session: 1B Q8_0 2.862 ms a step against
     2.702, Q4_K_M 2.830 against 1.175)."""
     from fusec import knobs
@@ -43,34 +43,8 @@ def qgemv_max_rows() -> int:
 
 
 def choose(m: int, n: int, k: int, fmt: str) -> str:
-    """"qgemv" (dequantize in registers), "qgemv_rows" (the same GEMV over row chunks of x: more rows than one launch
-    takes, at most FUSEC_QGEMV_ROW_CHUNKS; each launch reads the packed weight again) or "dequant_gemm" (dequantize
-    to scratch, then cuBLAS)."""
-    from fusec import knobs
-
-    most = qgemv_max_rows()
-    if m <= most:
-        return "qgemv"
-    return "qgemv_rows" if most and m <= int(knobs.get("FUSEC_QGEMV_ROW_CHUNKS")) else "dequant_gemm"
-
-
-def row_chunks(m: int, fmt: str, dtype: Any) -> list[tuple[int, int]]:
-    """The (first row, rows) launches of the "qgemv_rows" variant: as few as allows chunks of at most the tensor-core
-    form's rows (8) where it takes the format (above 8 rows the rule's form is the FMA form, which issues ~10x the
-    instructions a weight), else of FUSEC_QGEMV_MAX_ROWS; as even as they can be (20 rows: 7, 7, 6), so that at most
-    two distinct forms are built."""
-    from fusec.codegen.specs_quant import TC_MAX_M, tc_fits
-
-    most = qgemv_max_rows()
-    size = min(most, TC_MAX_M) if tc_fits(min(most, TC_MAX_M), fmt, dtype) else most
-    q = -(-m // size)
-    base, more = divmod(m, q)
-    out, r0 = [], 0
-    for i in range(q):
-        r = base + (i < more)
-        out.append((r0, r))
-        r0 += r
-    return out
+    """"qgemv" (dequantize in registers) or "dequant_gemm" (dequantize to scratch, then cuBLAS)."""
+    return "qgemv" if m <= qgemv_max_rows() else "dequant_gemm"
 
 
 # from this many rows of x the dp4a form takes one weight row (or 4 of one chunk) a task and no gated unit (two rows a
@@ -297,30 +271,9 @@ def lower_qmatmul(ctx: Context, node: Node, sel: Any, label: str, epilogue: Epil
         spec = QGemvSpec(m, a.n, a.k, a.format, a.group, x.dtype, sdt, epilogue or Epilogue(), **dict(sel.params))
         emit_qgemv(ctx, spec, x, packed, [], extra, out, label)
         return epilogue is not None
-    if sel.variant == "qgemv_rows":
-        _qgemv_rows(ctx, x, packed, out, a, sdt, epilogue or Epilogue(), extra, dict(sel.params), label)
-        return epilogue is not None
     _dequant_gemm(ctx, x, packed, out, a, sdt, m, label)
     ctx.count("qmatmul:dequant_gemm")
     return False
-
-
-def _qgemv_rows(ctx: Context, x: Value, packed: tuple[Value, ...], out: Value, a: Any, sdt: Any, epi: Epilogue,
-                extra: tuple[Value, ...], params: dict[str, Any], label: str) -> None:
-    """The quantized GEMV once per row chunk of x (kernel selection's ``forms``: each chunk's rows and form): x, the
-    residual and out offset by the chunk's first row, the packed weight and the bias whole."""
-    if not (ctx.aligned(x, out, *extra) and all(ctx.aligned(p) for p in packed)):
-        raise LoweringError(f"{label}: the quantized GEMV was selected, but its operands are not 16-byte "
-                            "aligned in the memory plan")
-    forms = dict(params["forms"])
-    for r0, r in row_chunks(math.prod(x.shape[:-1]), a.format, x.dtype):
-        if (r0 * a.k * x.dtype.itemsize) % 16 or (r0 * a.n * out.dtype.itemsize) % 16:
-            raise LoweringError(f"{label}: row {r0} of the quantized GEMV's chunks is not 16-byte aligned "
-                                f"(K = {a.k}, N = {a.n})")
-        spec = QGemvSpec(r, a.n, a.k, a.format, a.group, x.dtype, sdt, epi, **dict(forms[r]))
-        rows = [(v, r0 * a.n) if epi.residual and i == len(extra) - 1 else v for i, v in enumerate(extra)]
-        ctx.kernel(spec, [(x, r0 * a.k), *packed, *rows, (out, r0 * a.n)], f"{label} qgemv rows {r0}..{r0 + r}")
-        ctx.count("qmatmul:qgemv")
 
 
 def _dequant_gemm(ctx: Context, x: Value, packed: tuple[Value, ...], out: Value, a: Any, scale_dtype: Any,
