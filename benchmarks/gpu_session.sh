@@ -97,6 +97,8 @@
 #   qdq       the prefill's dequantizing kernel (stores staged through shared memory, thirty-third session): its GPU
 #             tests and those of packed plans and generation, the kernel alone (benchmarks/dequant_bench.py), and the
 #             Llama-1B Q4_K_M and Q8_0 prefills of 128 tokens
+#   qfinal    every packed-weight GPU test, and the Llama-1B Q4_K_M and Q8_0 decode steps (batches 1, 8; context 32)
+#             with their 32-token prefills (issue 22's table)
 #   l2rate    the SMs' read rate from L2-resident buffers (8-48 MB) against HBM (4 GB) (benchmarks/l2_rate.py)
 #   drop2     the same for Qwen3-0.6B's qkv and gate/up products
 #   ctx4k     Qwen3-0.6B decode at a 4,096-token context, batches 1 and 32, with rooflines (issue 19's report)
@@ -625,6 +627,13 @@ for step in "$@"; do
            timeout 200 python3 benchmarks/prefill_step.py "$R/qdq_$m" --model $m --prompt 128 > "$R/qdq_$m.txt" 2>&1
            echo "$m"; grep -E "^\| " "$R/qdq_$m/prefill_step.md" | head -n 4 | cut -c 1-400
          done ;;
+    qfinal) timeout 280 $PT -n 12 tests/test_quant_gpu.py > "$R/t_qfinal.txt" 2>&1
+            grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_qfinal.txt" | tail -n 8
+            for m in llama-1b-q4_k_m llama-1b-q8_0; do
+              timeout 150 python3 benchmarks/decode_step.py "$R/qf_$m" --model $m --batches 1,8 --context 32 --windows 2 \
+                > "$R/qf_$m.txt" 2>&1
+              echo "$m"; tail -n 3 "$R/qf_$m.txt" | cut -c 1-1200
+            done ;;
     l2rate) timeout 120 python3 benchmarks/l2_rate.py > "$R/l2rate.txt" 2>&1; cat "$R/l2rate.txt" | tail -n 8 ;;
     l2b) for m in "qwen3-0.6b --batches 1,8" "llama-1b-q4_k_m --batches 1"; do
            timeout 200 python3 benchmarks/l2_bound.py "$R/l2b_${m%% *}" --model $m > "$R/l2b_${m%% *}.txt" 2>&1
