@@ -62,6 +62,7 @@ def main() -> int:
             r = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,clocks.max.sm,clocks.applications.graphics,power.draw",
                                 "--format=csv,noheader"], capture_output=True, text=True)
             smi.append(r.stdout.strip())
+            stop.wait(0.2)  # not a busy loop of processes beside the steps being timed
 
     th = threading.Thread(target=poll)
     th.start()

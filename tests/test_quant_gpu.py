@@ -362,7 +362,7 @@ def test_tensor_core_gated_epilogue_matches_reference(fmt, m, warps, passes):
 
 @pytest.mark.parametrize("fmt", list(quant.FORMATS))
 def test_dequantize_kernel_matches_reference(fmt):
-    n, k = 53, 512  # 20 rows of 16 chunks: the last warp holds 32 chunks, the block's last 64 lanes none
+    n, k = 53, 512  # 20 rows of 16 chunks: the second block's first two warps hold 64, its six others none
     qw = sample_weight(fmt, n, k, RNG)
     out = poisoned((20, k), F32)
     _run(QDequantSpec(n, k, fmt, qw.group, F32, qw.scale_dtype, row0=30, rows=20),
