@@ -4,6 +4,8 @@
 # Usage: bash benchmarks/gpu_session.sh STEP [STEP ...]
 #   kernels   GPU tests of the decode kernels, PDL and generation
 #   gpu_all   every GPU test (benchmarks/gpu_check.sh)
+#   qgemm     the dequantize-in-tile GEMM: its GPU tests and the packed plans', alone against the scratch path by
+#             tiling (benchmarks/qgemm_bench.py), Llama-1B Q4_K_M prefills of 32 and 128 tokens against FUSEC_QGEMM=scratch
 #   lt_t      the cuBLASLt algorithm-pick GPU tests (tests/test_lt_algo.py)
 #   validate  what the fifth session left unrun on a GPU: the generation tests (prefill attention over the caches), the
 #             decode kernels and GEMV tests (the ring's 4-stage case), the serve tests (read-backs every 4 steps)
@@ -626,6 +628,16 @@ for step in "$@"; do
          for m in llama-1b-q4_k_m llama-1b-q8_0; do
            timeout 200 python3 benchmarks/prefill_step.py "$R/qdq_$m" --model $m --prompt 128 > "$R/qdq_$m.txt" 2>&1
            echo "$m"; grep -E "^\| " "$R/qdq_$m/prefill_step.md" | head -n 4 | cut -c 1-400
+         done ;;
+    qgemm) timeout 200 $PT -n 12 tests/test_quant_gpu.py -k "tile or dequantiz or prefill or plan or generation or token" \
+           > "$R/t_qgemm.txt" 2>&1
+         grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_qgemm.txt" | tail -n 8
+         timeout 150 python3 benchmarks/qgemm_bench.py --rows 32,128,512 --tilings "8,4,1;4,1,4;16,2,2" > "$R/qgb.txt" 2>&1
+         tail -n 40 "$R/qgb.txt"
+         for p in 32 128; do
+           timeout 110 python3 benchmarks/prefill_step.py "$R/qg_$p" --model llama-1b-q4_k_m --prompt $p \
+             --ab FUSEC_QGEMM=scratch > "$R/qg_$p.txt" 2>&1
+           echo "q4_k_m $p"; grep -E "^\| " "$R/qg_$p/prefill_step.md" | head -n 4 | cut -c 1-300
          done ;;
     qfinal) timeout 280 $PT -n 12 tests/test_quant_gpu.py > "$R/t_qfinal.txt" 2>&1
             grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_qfinal.txt" | tail -n 8

@@ -13,7 +13,7 @@ For every node of the optimized graph this pass decides, once:
   weight, shared by every product that reads it so, and ``trans_b`` flipped), so that the lowering
   never copies a weight and the copy shows in the dumps and the weight bytes;
 - for products over packed weights (QMATMUL, alone or under a fused epilogue): the variant
-  (``fusec.lower.quant.choose``: the quantized GEMV, or dequantize-then-cuBLAS);
+  (``fusec.lower.quant.choose``: the quantized GEMV, the dequantize-in-tile GEMM, or dequantize-then-cuBLAS);
 - the **spec parameters** of a GEMV (``params``): how the skinny product streams its weights
   (``build_gemm.gemv_form``: its ring, tiles a block, spread, bulk copies, x normalized in the block), the
   quantized GEMV's form (``fusec.lower.quant.gemv_form``); of an attention, its block shape and keys a tile
@@ -231,14 +231,20 @@ def _quantized(node: Node, mm: Node, offsets: dict[Value, int], family: str, det
 
     x = C.outer(node, mm.inputs[0]) if node.op == Op.FUSED else mm.inputs[0]
     m, a = int(np.prod(x.shape[:-1])), mm.attrs
-    variant = Q.choose(m, a.n, a.k, a.format)
+    variant = Q.choose(m, a.n, a.k, a.format, x.dtype)
     reason = "rule-based default"
     if variant == "qgemv":
         parsed = C._epilogue(node.attrs.body) if node.op == Op.FUSED else None
         extra = [C.outer(node, v) for v in (parsed[0], parsed[2]) if v is not None] if parsed else []
         if any(offsets.get(v, 0) % 16 for v in (x, *node.outputs, *extra)):
             variant, reason = "dequant_gemm", "operands not 16-byte aligned"
-    params = _qgemv_params(m, a.n, a.k, a.format, a.group, x.dtype) if variant == "qgemv" else ()
+    elif variant == "qgemm" and offsets.get(x, 0) % 16:  # x's tiles are copied 16 bytes at a time
+        variant, reason = "dequant_gemm", "x not 16-byte aligned"
+    params: tuple[tuple[str, Any], ...] = ()
+    if variant == "qgemv":
+        params = _qgemv_params(m, a.n, a.k, a.format, a.group, x.dtype)
+    elif variant == "qgemm":
+        params = tuple(Q.qgemm_tiling(m, a.n, a.k).items())
     return Selection(family, variant, reason=reason, params=params, detail=detail)
 
 

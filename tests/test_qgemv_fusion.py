@@ -128,6 +128,7 @@ def test_fewer_gemv_rows_send_the_products_through_the_dequantizing_path(monkeyp
     by = default.manifest["reports"]["decode"]["lowering"]["by_template"]
     assert by.get("qmatmul:qgemv", 0) > 0 and not by.get("qmatmul:dequant_gemm")
     monkeypatch.setenv("FUSEC_QGEMV_MAX_ROWS", "2")
+    monkeypatch.setenv("FUSEC_QGEMM", "scratch")  # not the dequantize-in-tile GEMM, which bf16 x would take
     plan = _plan(4)
     by = plan.manifest["reports"]["decode"]["lowering"]["by_template"]
     layers = plan.manifest["generation"]["num_layers"]

@@ -17,7 +17,7 @@ from fusec import quant
 from fusec.codegen import kernels as K
 from fusec.codegen.build_quant import packed_params
 from fusec.codegen.specs import Epilogue
-from fusec.codegen.specs_quant import QDequantSpec, QGemvSpec, dp4a_fits
+from fusec.codegen.specs_quant import QDequantSpec, QGemmSpec, QGemvSpec, dp4a_fits
 from fusec.dtypes import DType
 from fusec.runtime.generation import generate_with_plan
 
@@ -388,6 +388,74 @@ def test_gather_kernel_matches_reference(fmt):
     want = qw.dequantize()[ids[ok]].astype(BF16.np).astype(np.float32)
     np.testing.assert_allclose(got[ok], want, rtol=1e-2, atol=1e-3 * np.abs(want).max())
     assert np.isnan(got[[4, 5]]).all()
+
+
+def _rounded_weights(qw, dt: DType) -> np.ndarray:  # noqa: ANN001
+    """The weights as the prefill's dequantizing kernel writes them: the format's fp32 values rounded to ``dt``."""
+    out = poisoned((qw.n, qw.k), dt)
+    _run(QDequantSpec(qw.n, qw.k, qw.format, qw.group, dt, qw.scale_dtype), [*[dev(a) for a in qw.arrays], out])
+    return host(out, dt).astype(np.float32)
+
+
+@pytest.mark.parametrize("fmt", list(quant.FORMATS))
+@pytest.mark.parametrize("m,tiling", [(17, (3, 1, 4)), (40, (5, 2, 2)), (130, (8, 4, 1)), (100, (16, 1, 2))])
+def test_tile_gemm_matches_the_scratch_paths_weights(fmt, m, tiling):
+    """The dequantize-in-tile GEMM against x @ W^T with W as the scratch path's dequantizing kernel writes it (the
+    same rounded weights; only the order of the fp32 sums differs): odd N (a partial block of weight rows), rows of x
+    past a block's (partial y blocks), K tiles that do not divide evenly among the K warps, bf16 and fp16."""
+    mt, rw, kw = tiling
+    n = 77
+    k = 1280 if quant.FORMATS[fmt].super_block else 320
+    qw = sample_weight(fmt, n, k, RNG)
+    for dt in (BF16, F16):
+        w = _rounded_weights(qw, dt)
+        x = RNG.standard_normal((m, k)).astype(np.float32).astype(dt.np)
+        ref = x.astype(np.float32) @ w.T
+        out = poisoned((m, n), dt)
+        _run(QGemmSpec(m, n, k, fmt, qw.group, dt, qw.scale_dtype, mt=mt, rw=rw, kw=kw),
+             [dev(x), *[dev(a) for a in qw.arrays], out])
+        got = host(out, dt).astype(np.float32)
+        # one rounding of the output to dt (the sums' order is within fp32 noise)
+        np.testing.assert_allclose(got, ref, rtol=2 ** -7, atol=2 ** -7 * float(np.abs(ref).max()) / 16)
+
+
+@pytest.mark.parametrize("fmt", ["q4_k", "q6_k", "q8_0", "uint4"])
+def test_tile_gemm_epilogue_matches_reference(fmt):
+    """bias + SiLU + residual fused, the rule's tiling, against the fp32 reference within fp16 rounding."""
+    from fusec.lower.quant import qgemm_tiling
+
+    m, n, k = 45, 83, 2048
+    qw = sample_weight(fmt, n, k, RNG)
+    x = RNG.standard_normal((m, k)).astype(np.float16)
+    bias = RNG.standard_normal(n).astype(np.float16)
+    res = RNG.standard_normal((m, n)).astype(np.float16)
+    y = x.astype(np.float32) @ qw.dequantize().T + bias.astype(np.float32)
+    ref = y / (1 + np.exp(-y)) + res.astype(np.float32)
+    out = poisoned((m, n), F16)
+    spec = QGemmSpec(m, n, k, fmt, qw.group, F16, qw.scale_dtype, Epilogue(True, "silu", True), **qgemm_tiling(m, n, k))
+    _run(spec, [dev(x), *[dev(a) for a in qw.arrays], dev(bias), dev(res), out])
+    assert rel_err(host(out, F16), ref) <= TOL[F16], fmt
+
+
+@pytest.mark.parametrize("knob", ["auto", "scratch"])
+def test_bf16_prefill_plan_takes_the_tile_gemm_or_scratch_and_matches_reference(knob, monkeypatch):
+    """A bf16 plan of one packed product with its epilogue at 40 rows: the dequantize-in-tile GEMM (the rule) or the
+    scratch path (FUSEC_QGEMM=scratch), each against the fp32 reference within bf16 rounding."""
+    from test_quant_kernels import _qgraph
+
+    import fusec
+    from fusec import reference
+
+    monkeypatch.setenv("FUSEC_QGEMM", knob)
+    g = _qgraph(40, epilogue=True, fmt="q4_k")
+    feeds = {"x": RNG.standard_normal((40, 512)).astype(np.float32).astype(BF16.np),
+             "res": RNG.standard_normal((40, 96)).astype(np.float32).astype(BF16.np)}
+    want = reference.run(g, {k: v.astype(np.float32) for k, v in feeds.items()})["y"]
+    plan = fusec.compile(g, dtype="bf16")
+    labels = [L.get("label", "") for L in plan.manifest["launches"]]
+    assert any(lb.endswith(" qgemm") for lb in labels) == (knob == "auto"), labels
+    got = host(plan.run(feeds)["y"], BF16)
+    assert rel_err(got, want) <= TOL[BF16], knob
 
 
 @pytest.mark.parametrize("m", [4, 40])

@@ -656,16 +656,96 @@ def _qgraph(m: int, epilogue: bool, fmt: str = "q4_k"):
     return b.build()
 
 
-def test_lowering_picks_the_gemv_for_decode_and_dequantize_gemm_for_prefill():
+def test_lowering_picks_the_gemv_for_decode_and_the_tile_gemm_or_scratch_for_prefill(monkeypatch):
+    """Decode rows: the quantized GEMV. Prefill rows of fp16/bf16 x: the dequantize-in-tile GEMM with the epilogue
+    fused, one launch and no scratch; FUSEC_QGEMM=scratch (and fp32 x, which the mma does not take): the weight
+    dequantized into arena scratch, cuBLAS, the epilogue apart."""
     from fusec.compiler import stage
 
     dec = stage(_qgraph(4, epilogue=True), "bf16", "sm_90", dry_run=True)
     by = dec.lowered.report["by_template"]
     assert by.get("qmatmul:qgemv") == 1 and "cublas_gemm" not in by and dec.lowered.report["launches"] == 1
-    pre = stage(_qgraph(64, epilogue=True), "bf16", "sm_90", dry_run=True)
-    by = pre.lowered.report["by_template"]
-    assert by.get("qmatmul:dequant_gemm") == 1 and by.get("cublas_gemm") == 1 and by.get("qdequant") == 1
-    assert pre.lowered.scratch_bytes >= 96 * 512 * 2  # the dequantized weight lives in arena scratch
+    tile = stage(_qgraph(64, epilogue=True), "bf16", "sm_90", dry_run=True)
+    by = tile.lowered.report["by_template"]
+    assert by.get("qmatmul:qgemm") == 1 and "cublas_gemm" not in by and "qdequant" not in by, by
+    assert tile.lowered.report["launches"] == 1 and tile.lowered.scratch_bytes < 96 * 512 * 2
+    for dtype, knob in (("bf16", "scratch"), ("fp32", "auto")):
+        monkeypatch.setenv("FUSEC_QGEMM", knob)
+        pre = stage(_qgraph(64, epilogue=True), dtype, "sm_90", dry_run=True)
+        by = pre.lowered.report["by_template"]
+        assert by.get("qmatmul:dequant_gemm") == 1 and by.get("cublas_gemm") == 1 and by.get("qdequant") == 1, by
+        assert pre.lowered.scratch_bytes >= 96 * 512 * 2  # the dequantized weight lives in arena scratch
+        assert "qmatmul:qgemm" not in by
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_the_tile_gemm_compiles_for_every_format(fmt):
+    """The dequantize-in-tile GEMM in every format: bf16 on sm_80 and fp16 with bias, SiLU and residual on sm_90, at
+    odd M and N, a K whose 64-wide tiles do not divide evenly among the K warps; it dequantizes with the prefill's
+    own quant.cuh loads and rounding (qb_load, qb_w8) and loads the weights before its PDL wait."""
+    from fusec.codegen.specs_quant import QGemmSpec
+
+    group = FORMATS[fmt].group or 64
+    k = 1280 if FORMATS[fmt].super_block else 320
+    K.build(QGemmSpec(45, 77, k, fmt, group, DType.BF16, DType.F16, mt=6, rw=1, kw=4), "sm_80")
+    src = K.build(QGemmSpec(130, 77, k, fmt, group, DType.F16, DType.F16, Epilogue(True, "silu", True), mt=16,
+                            rw=2, kw=2), "sm_90").source
+    body = src.split('extern "C"')[1]
+    assert "qb_w8" in src and "qb_load" in src and "fc_ldsm_b_nk2" in src
+    assert body.index("qg_load(p, n, kw + KW") < body.index("fc_pdl_wait()") < body.index("qg_copy_x")
+
+
+def test_the_tile_gemm_spec_refuses_what_it_cannot_run():
+    from fusec.codegen.specs_quant import QGemmSpec
+
+    for bad, what in ((dict(K=544), "multiple of 64"), (dict(dtype=DType.F32), "fp16/bf16"), (dict(mt=17), "mt"),
+                      (dict(rw=4, kw=4), "at most 8 warps"), (dict(rw=3), "rw and kw")):
+        args = dict(M=40, N=64, K=512, fmt="q8_0", group=32, dtype=DType.BF16) | bad
+        with pytest.raises(ValueError, match=what):
+            QGemmSpec(**args)
+
+
+def test_the_tile_gemm_tiling_rule(monkeypatch):
+    """All of x's rows in one block up to 64; warps over weight rows while the grid keeps two blocks an SM, else over
+    K; shared memory within QGEMM_SMEM_MAX; FUSEC_QGEMM_TILE overrides it, and text that is not three integers is
+    refused, naming the variable."""
+    from fusec.codegen.spec_base import SMS
+    from fusec.codegen.specs_quant import QGemmSpec
+    from fusec.errors import InputError
+    from fusec.lower.quant import QGEMM_SMEM_MAX, qgemm_tiling
+
+    for m in (17, 32, 100, 128, 512):
+        for n, k in LLAMA_SHAPES:
+            t = qgemm_tiling(m, n, k)
+            assert 8 * t["mt"] >= min(m, 64) and t["rw"] * t["kw"] <= 4
+            ys = -(-m // (8 * t["mt"]))
+            assert -(-n // (16 * t["rw"])) * ys >= 2 * SMS or t["rw"] == 1, (m, n, k, t)
+            assert QGemmSpec(m, n, k, "q4_k", 32, DType.BF16, **t).smem <= QGEMM_SMEM_MAX
+    assert qgemm_tiling(32, 2048, 8192) == {"mt": 4, "rw": 1, "kw": 4}  # 128 blocks: K split four ways
+    assert qgemm_tiling(32, 22016, 4096)["rw"] == 4  # 344 blocks of 64 rows
+    assert qgemm_tiling(32, 16384, 2048)["rw"] == 2  # 256 of 64 would be under two an SM: 512 of 32
+    monkeypatch.setenv("FUSEC_QGEMM_TILE", "8,2,2")
+    assert qgemm_tiling(32, 2048, 8192) == {"mt": 8, "rw": 2, "kw": 2}
+    monkeypatch.setenv("FUSEC_QGEMM_TILE", "8,2")
+    with pytest.raises(InputError, match="FUSEC_QGEMM_TILE"):
+        qgemm_tiling(32, 2048, 8192)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_the_tile_gemm_tilings_the_rule_picks_do_not_spill(arch):
+    """At 32 and 512 rows of bf16 x, the rule's tiling of every Llama-1B and 7B product in Q4_K, Q6_K and Q8_0
+    compiles without register spills (ptxas -v through NVRTC)."""
+    from fusec.codegen.specs_quant import QGemmSpec
+    from fusec.lower.quant import qgemm_tiling
+
+    pending = []
+    for m in (32, 512):
+        for n, k in LLAMA_SHAPES:
+            for fmt, group in (("q4_k", 32), ("q6_k", 16), ("q8_0", 32)):
+                spec = QGemmSpec(m, n, k, fmt, group, DType.BF16, DType.F16, **qgemm_tiling(m, n, k))
+                pending.append(((m, n, k, fmt), K.build_async(spec, arch)))
+    for what, p in pending:
+        assert p.result().binary.spill_bytes == 0, what
 
 
 def test_prefill_dequantizes_large_weights_a_block_of_rows_at_a_time(monkeypatch):
@@ -673,6 +753,7 @@ def test_prefill_dequantizes_large_weights_a_block_of_rows_at_a_time(monkeypatch
     from fusec.lower import quant as LQ
 
     monkeypatch.setattr(LQ, "SCRATCH_BYTES", 32 * 512 * 2)  # 32 rows of the bf16 [96, 512] weight
+    monkeypatch.setenv("FUSEC_QGEMM", "scratch")
     st = stage(_qgraph(64, epilogue=False), "bf16", "sm_90")
     gemms = [L for L in st.lowered.launches if L["type"] == "gemm"]
     assert [g["n"] for g in gemms] == [32, 32, 32] and all(g["ldc"] == 96 for g in gemms)

@@ -1,4 +1,4 @@
-"""Builders of the kernels over packed quantized weights (templates/qgemv.cu.jinja,
+"""Builders of the kernels over packed quantized weights (templates/qgemv*.cu.jinja, templates/qgemm_tc.cu.jinja,
 templates/qdequant.cu.jinja; the format's arithmetic in templates/quant.cuh)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 from fusec.codegen.build_gemm import _epi_params, _round_fn
 from fusec.codegen.kernels import Rendered, builder, cdiv, kernel_name
 from fusec.codegen.render import Ident, ctype, float_lit
-from fusec.codegen.specs_quant import QDequantSpec, QGemvSpec
+from fusec.codegen.specs_quant import QDequantSpec, QGemmSpec, QGemvSpec
 from fusec.dtypes import DType
 
 _UNROLL_CHUNKS = 8  # packed chunks a lane loads per round, over all its rows (registers)
@@ -155,3 +155,16 @@ def _qdequant(spec: QDequantSpec) -> Rendered:
            **_format_ctx(spec.fmt, spec.group, spec.scale_dtype)}
     return Rendered("qdequant.cu.jinja", ctx, (cdiv(rows * (spec.K // 32), 256), 1, 1), (256, 1, 1),
                     (("ids",) if spec.ids else ()) + packed_params(spec.fmt) + ("out",))
+
+
+@builder(QGemmSpec)
+def _qgemm(spec: QGemmSpec) -> Rendered:
+    from fusec.quant import FORMATS
+
+    ctx = {"name": kernel_name("qgemm", spec), "M": spec.M, "N": spec.N, "K": spec.K, "rw": spec.rw, "kw": spec.kw,
+           "mt": spec.mt, "hb": bool(FORMATS[spec.fmt].high_planes), "t": ctype(spec.dtype),
+           "bias": spec.epilogue.bias, "act": Ident(spec.epilogue.activation), "residual": spec.epilogue.residual,
+           "round_x": _round_fn(spec.dtype), **_format_ctx(spec.fmt, spec.group, spec.scale_dtype)}
+    grid = (cdiv(spec.N, 16 * spec.rw), cdiv(spec.M, 8 * spec.mt), 1)
+    return Rendered("qgemm_tc.cu.jinja", ctx, grid, (32 * spec.rw * spec.kw, 1, 1),
+                    ("x",) + packed_params(spec.fmt) + _epi_params(spec.epilogue) + ("C",), shared_mem=spec.smem)

@@ -218,6 +218,46 @@ def tc_fits(m: int, fmt: str, dtype: DType) -> bool:
     return FORMATS[fmt].bits in (4, 5, 6, 8) and m <= 8 and dtype in (DType.F16, DType.BF16)
 
 
+QGEMM_MAX_MT = 16  # the dequantize-in-tile GEMM's n8 tiles of x a block (128 rows: 64 accumulators a lane)
+
+
+@dataclasses.dataclass(frozen=True)
+class QGemmSpec:
+    """C[M, N] = epilogue(x[M, K] @ W^T) for a prefill, W [N, K] packed in ``fmt``, dequantized in the tile
+    (templates/qgemm_tc.cu.jinja): blocks of ``rw`` x ``kw`` warps own 16 ``rw`` weight rows and 8 ``mt`` rows of x,
+    warp (rw, kw) the 64-wide k tiles kw, kw + kw_count, ...; each lane dequantizes its 32-weight chunk of a tile
+    exactly as QDequantSpec does (the same bits), and mma.m16n8k16 sums it with x in fp32. fp16/bf16 x, K a multiple
+    of 64. Params: x, the packed operands (the format's order), [bias], [residual], C."""
+
+    M: int
+    N: int
+    K: int
+    fmt: str
+    group: int
+    dtype: DType
+    scale_dtype: DType = DType.F16
+    epilogue: Epilogue = Epilogue()
+    mt: int = 8
+    rw: int = 4
+    kw: int = 1
+
+    def __post_init__(self) -> None:
+        _pos(("M", self.M), ("N", self.N), ("K", self.K), ("group", self.group))
+        _req(self.dtype in (DType.F16, DType.BF16), "the dequantize-in-tile GEMM multiplies fp16/bf16 x (mma)")
+        _req(self.K % 64 == 0, "the dequantize-in-tile GEMM takes K a multiple of 64 (its k tiles)")
+        _req(self.mt in range(1, QGEMM_MAX_MT + 1), f"mt (n8 tiles of x a block) is 1 to {QGEMM_MAX_MT}")
+        _req(self.rw in (1, 2, 4) and self.kw in (1, 2, 4) and self.rw * self.kw <= 8,
+             "rw and kw (warps a block over weight rows and over K) are 1, 2 or 4, at most 8 warps")
+        _check_format(self.fmt, self.N, self.K, self.group, self.scale_dtype)
+
+    @property
+    def smem(self) -> int:
+        """Shared memory: x's ring [kw][3][8 mt][72] and the warps' weight tiles [rw kw][16][72] of 16-bit values;
+        the partial sums [kw][16 rw][8 mt + 1] of fp32 reuse it."""
+        ring = (self.kw * 3 * 8 * self.mt + self.rw * self.kw * 16) * 72 * 2
+        return max(ring, self.kw * 16 * self.rw * (8 * self.mt + 1) * 4)
+
+
 @dataclasses.dataclass(frozen=True)
 class QDequantSpec:
     """Rows [row0, row0 + rows) of W [N, K] packed in ``fmt`` -> a contiguous [rows, K] matrix of

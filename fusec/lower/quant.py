@@ -13,8 +13,9 @@ int8 digits per value (dp4a, up to 3 rows of fp16/bf16 x), tensor cores for 4- t
 counted in the lowering report (``by_template``: qgemv / qdequant) and per product in
 ``ctx.counts["qmatmul:<variant>"]``.
 
-Measured alternatives are the A/B's business: a dequantize-in-tile tensor-core GEMM for prefill is
-not written yet (see the report of issue 22).
+Past the GEMV's rows (prefill) the product is dequantized in the tile of a tensor-core GEMM (``QGemmSpec``,
+templates/qgemm_tc.cu.jinja: the weight's bytes read once a block of up to 128 rows of x, no scratch) where it applies,
+else dequantized into scratch for cuBLAS; FUSEC_QGEMM is the A/B between them (``choose``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from fusec.codegen.specs import Epilogue
-from fusec.codegen.specs_quant import QDequantSpec, QGemvSpec
+from fusec.codegen.specs_quant import QDequantSpec, QGemmSpec, QGemvSpec
 from fusec.ir import Node, Value
 from fusec.lower import Context, LoweringError, Raw
 from fusec.quant import FORMATS
@@ -42,9 +43,52 @@ def qgemv_max_rows() -> int:
     return int(knobs.get("FUSEC_QGEMV_MAX_ROWS"))  # 0 to QGEMV_MAX_M (the knob's bounds)
 
 
-def choose(m: int, n: int, k: int, fmt: str) -> str:
-    """"qgemv" (dequantize in registers) or "dequant_gemm" (dequantize to scratch, then cuBLAS)."""
-    return "qgemv" if m <= qgemv_max_rows() else "dequant_gemm"
+def choose(m: int, n: int, k: int, fmt: str, dtype: Any) -> str:
+    """"qgemv" (dequantize in registers) up to ``qgemv_max_rows``; past it "qgemm" (dequantize in the tile of a
+    tensor-core GEMM) where it applies (fp16/bf16 x, K a multiple of 64) and FUSEC_QGEMM does not say "scratch",
+    else "dequant_gemm" (dequantize to scratch, then cuBLAS)."""
+    from fusec import knobs
+    from fusec.dtypes import DType
+
+    if m <= qgemv_max_rows():
+        return "qgemv"
+    fits = dtype in (DType.F16, DType.BF16) and k % 64 == 0
+    return "qgemm" if fits and knobs.get("FUSEC_QGEMM") != "scratch" else "dequant_gemm"
+
+
+QGEMM_SMEM_MAX = 100 << 10  # the tiling's shared memory: two blocks an SM
+
+
+def qgemm_tiling(m: int, n: int, k: int) -> dict[str, int]:
+    """The dequantize-in-tile GEMM's block (``QGemmSpec``'s mt, rw, kw): all of x's rows in one block up to 64
+    (8 mt of them, so each weight is dequantized once; 128 rows a block took ~220 registers a thread, ptxas -v), then
+    4 warps: as many over weight rows (rw) as keep at least two blocks an SM, the rest over K (kw), within
+    QGEMM_SMEM_MAX. FUSEC_QGEMM_TILE=mt,rw,kw sets it."""
+    from fusec import knobs
+    from fusec.codegen.spec_base import SMS
+
+    forced = knobs.get("FUSEC_QGEMM_TILE")
+    if forced:
+        try:
+            mt, rw, kw = (int(v) for v in forced.split(","))
+        except ValueError:
+            from fusec.errors import InputError
+
+            raise InputError(f"environment variable FUSEC_QGEMM_TILE={forced!r} is not mt,rw,kw (three integers)") \
+                from None
+        return {"mt": mt, "rw": rw, "kw": kw}
+    mt = min(8, -(-m // 8))
+    ys = -(-m // (8 * mt))
+
+    def smem(rw: int, kw: int) -> int:
+        return (kw * 3 * 8 * mt + rw * kw * 16) * 72 * 2
+
+    for rw, kw in ((4, 1), (2, 2), (1, 4)):
+        if -(-n // (16 * rw)) * ys >= 2 * SMS or rw == 1:
+            while kw > 1 and smem(rw, kw) > QGEMM_SMEM_MAX:
+                kw //= 2
+            return {"mt": mt, "rw": rw, "kw": min(kw, max(1, k // 64))}
+    raise AssertionError("unreachable: rw = 1 returns")
 
 
 # from this many rows of x the dp4a form takes one weight row (or 4 of one chunk) a task and no gated unit (two rows a
@@ -270,6 +314,14 @@ def lower_qmatmul(ctx: Context, node: Node, sel: Any, label: str, epilogue: Epil
     if sel.variant == "qgemv":
         spec = QGemvSpec(m, a.n, a.k, a.format, a.group, x.dtype, sdt, epilogue or Epilogue(), **dict(sel.params))
         emit_qgemv(ctx, spec, x, packed, [], extra, out, label)
+        return epilogue is not None
+    if sel.variant == "qgemm":
+        spec = QGemmSpec(m, a.n, a.k, a.format, a.group, x.dtype, sdt, epilogue or Epilogue(), **dict(sel.params))
+        if not (ctx.aligned(x) and all(ctx.aligned(p) for p in packed)):
+            raise LoweringError(f"{label}: the dequantize-in-tile GEMM was selected, but x or the packed operands "
+                                "are not 16-byte aligned in the memory plan")
+        ctx.kernel(spec, [x, *packed, *extra, out], f"{label} qgemm")
+        ctx.count("qmatmul:qgemm")
         return epilogue is not None
     _dequant_gemm(ctx, x, packed, out, a, sdt, m, label)
     ctx.count("qmatmul:dequant_gemm")

@@ -1,0 +1,109 @@
+"""A prefill's product over a packed weight, alone, both ways: dequantized in the tile of fusec's tensor-core GEMM
+(``QGemmSpec``, templates/qgemm_tc.cu.jinja) against the scratch path (``QDequantSpec`` into bf16 scratch, then a
+cuBLAS bf16 GEMM through torch, as a plan's prefill runs it), on Llama-1B's product shapes in the formats of a Q4_K_M
+and a Q8_0 file, packed copies rotated past L2.
+
+    python benchmarks/qgemm_bench.py [--rows 32,128,512] [--formats q4_k,q6_k,q8_0] [--tilings 4,1,4;8,2,2]
+
+Prints a markdown table: us a product for the rule's tiling (and each --tilings one, mt,rw,kw), the scratch path's
+dequantize and GEMM and their sum, and the tile product's largest difference from the scratch path's output relative
+to the output's largest value (the same bf16 weights; only the order of the fp32 sums differs). Timed with CUDA
+events over 50 launches each after warm-ups, the two paths in turns on one stream.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from quant_bench import L2_ROTATE, _weight  # noqa: E402
+
+from fusec.codegen import kernels as K  # noqa: E402
+from fusec.codegen.specs_quant import QDequantSpec, QGemmSpec  # noqa: E402
+from fusec.dtypes import DType  # noqa: E402
+from fusec.lower.quant import qgemm_tiling  # noqa: E402
+
+SHAPES = [("qkv", 3072, 2048), ("o", 2048, 2048), ("gate/up", 16384, 2048), ("down", 2048, 8192)]
+
+
+def _time(fn, iters: int = 50) -> float:  # noqa: ANN001
+    """Median us a call over 5 windows of ``iters`` calls (``fn(i)`` launches call i on torch's current stream)."""
+    import torch
+
+    for i in range(5):
+        fn(i)
+    ts = []
+    for _ in range(5):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        for i in range(iters):
+            fn(i)
+        e1.record()
+        e1.synchronize()
+        ts.append(e0.elapsed_time(e1) * 1e3 / iters)
+    return statistics.median(ts)
+
+
+def main() -> int:
+    import cupy as cp
+    import torch
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", default="32,128,512")
+    ap.add_argument("--formats", default="q4_k,q6_k,q8_0")
+    ap.add_argument("--tilings", default="", help="more tilings to time, mt,rw,kw separated by ';'")
+    args = ap.parse_args()
+    extra = [tuple(int(v) for v in t.split(",")) for t in args.tilings.split(";") if t]
+    stream = cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+    print("| shape | format | rows | tile (rule mt,rw,kw) | " + "".join(f"tile {t} | " for t in extra)
+          + "dequantize | cuBLAS | scratch path | tile / scratch | max difference / largest |")
+    print("|---|---|---|---|" + "---|" * len(extra) + "---|---|---|---|---|")
+    rng = np.random.default_rng(0)
+    for name, n, k in SHAPES:
+        for fmt in args.formats.split(","):
+            qw = _weight(fmt, n, k, rng)
+            sets = [[cp.asarray(a) for a in qw.arrays] for _ in range(max(1, min(16, -(-L2_ROTATE // qw.nbytes))))]
+            dq = K.build(QDequantSpec(n, k, qw.format, qw.group, DType.BF16, qw.scale_dtype))
+            scratch = torch.empty((n, k), dtype=torch.bfloat16, device="cuda")
+            for m in (int(r) for r in args.rows.split(",")):
+                x = torch.randn((m, k), device="cuda").to(torch.bfloat16)
+                out = torch.empty((m, n), dtype=torch.bfloat16, device="cuda")
+                ref = torch.empty((m, n), dtype=torch.bfloat16, device="cuda")
+                xp, op, sp = (cp.asarray(t.view(torch.int16)) for t in (x, out, scratch))
+                rule = qgemm_tiling(m, n, k)
+                times = []
+                for t in [tuple(rule.values()), *extra]:
+                    spec = QGemmSpec(m, n, k, qw.format, qw.group, DType.BF16, qw.scale_dtype, mt=t[0], rw=t[1],
+                                     kw=t[2])
+                    ck = K.build(spec)
+                    times.append(_time(lambda i, ck=ck, xp=xp, op=op, sets=sets:
+                                       K.launch(ck, [xp, *sets[i % len(sets)], op], stream=stream)))
+                    if len(times) == 1:
+                        got = out.float()
+
+                def deq(i: int, sets: list = sets, sp: object = sp, dq: object = dq) -> None:
+                    K.launch(dq, [*sets[i % len(sets)], sp], stream=stream)
+
+                def mm(i: int, x: object = x, scratch: object = scratch, ref: object = ref) -> None:
+                    torch.matmul(x, scratch.t(), out=ref)
+
+                t_dq = _time(deq)
+                t_mm = _time(mm)
+                t_both = _time(lambda i, deq=deq, mm=mm: (deq(i), mm(i)))
+                want = ref.float()
+                diff = float((got - want).abs().max() / want.abs().max())
+                print(f"| {name} {n}x{k} | {fmt} | {m} | {times[0]:.2f} ({','.join(map(str, rule.values()))}) | "
+                      + "".join(f"{t:.2f} | " for t in times[1:])
+                      + f"{t_dq:.2f} | {t_mm:.2f} | {t_both:.2f} | {times[0] / t_both:.2f} | {diff:.1e} |",
+                      flush=True)
+            del sets, scratch
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
