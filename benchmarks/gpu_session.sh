@@ -632,7 +632,8 @@ for step in "$@"; do
     qgemm) timeout 200 $PT -n 12 tests/test_quant_gpu.py -k "tile or dequantiz or prefill or plan or generation or token" \
            > "$R/t_qgemm.txt" 2>&1
          grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_qgemm.txt" | tail -n 8
-         timeout 150 python3 benchmarks/qgemm_bench.py --rows 32,128,512 --tilings "8,4,1;4,1,4;16,2,2" > "$R/qgb.txt" 2>&1
+         timeout 150 python3 benchmarks/qgemm_bench.py --rows ${QG_ROWS:-32,128} --tilings "${QG_TILINGS:-8,4,1;8,2,2;16,2,2;16,4,1}" \
+           > "$R/qgb.txt" 2>&1
          tail -n 40 "$R/qgb.txt"
          for p in 32 128; do
            timeout 110 python3 benchmarks/prefill_step.py "$R/qg_$p" --model llama-1b-q4_k_m --prompt $p \

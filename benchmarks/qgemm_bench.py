@@ -7,8 +7,9 @@ and a Q8_0 file, packed copies rotated past L2.
 
 Prints a markdown table: us a product for the rule's tiling (and each --tilings one, mt,rw,kw), the scratch path's
 dequantize and GEMM and their sum, and the tile product's largest difference from the scratch path's output relative
-to the output's largest value (the same bf16 weights; only the order of the fp32 sums differs). Timed with CUDA
-events over 50 launches each after warm-ups, the two paths in turns on one stream.
+to the output's largest value (the same bf16 weights; only the order of the fp32 sums differs). Each kernel is timed
+alone in a CUDA graph (the median of 15 replays; fusec's kernels cycle through the packed copies, cuBLAS through
+torch's graph); the scratch path is the sum of its two kernels' times.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_decode_kernels import graph_time  # noqa: E402
 from quant_bench import L2_ROTATE, _weight  # noqa: E402
 
 from fusec.codegen import kernels as K  # noqa: E402
@@ -31,21 +33,30 @@ from fusec.lower.quant import qgemm_tiling  # noqa: E402
 SHAPES = [("qkv", 3072, 2048), ("o", 2048, 2048), ("gate/up", 16384, 2048), ("down", 2048, 8192)]
 
 
-def _time(fn, iters: int = 50) -> float:  # noqa: ANN001
-    """Median us a call over 5 windows of ``iters`` calls (``fn(i)`` launches call i on torch's current stream)."""
+def _torch_graph_us(fn, n: int = 20, reps: int = 15) -> float:  # noqa: ANN001
+    """Median us a call of ``fn`` (torch work) in a CUDA graph of ``n`` calls, over ``reps`` replays."""
     import torch
 
-    for i in range(5):
-        fn(i)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(n):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
     ts = []
-    for _ in range(5):
+    for _ in range(reps):
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         e0.record()
-        for i in range(iters):
-            fn(i)
+        g.replay()
         e1.record()
         e1.synchronize()
-        ts.append(e0.elapsed_time(e1) * 1e3 / iters)
+        ts.append(e0.elapsed_time(e1) * 1e3 / n)
     return statistics.median(ts)
 
 
@@ -59,7 +70,6 @@ def main() -> int:
     ap.add_argument("--tilings", default="", help="more tilings to time, mt,rw,kw separated by ';'")
     args = ap.parse_args()
     extra = [tuple(int(v) for v in t.split(",")) for t in args.tilings.split(";") if t]
-    stream = cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
     print("| shape | format | rows | tile (rule mt,rw,kw) | " + "".join(f"tile {t} | " for t in extra)
           + "dequantize | cuBLAS | scratch path | tile / scratch | max difference / largest |")
     print("|---|---|---|---|" + "---|" * len(extra) + "---|---|---|---|---|")
@@ -81,20 +91,13 @@ def main() -> int:
                     spec = QGemmSpec(m, n, k, qw.format, qw.group, DType.BF16, qw.scale_dtype, mt=t[0], rw=t[1],
                                      kw=t[2])
                     ck = K.build(spec)
-                    times.append(_time(lambda i, ck=ck, xp=xp, op=op, sets=sets:
-                                       K.launch(ck, [xp, *sets[i % len(sets)], op], stream=stream)))
+                    times.append(graph_time([lambda st, ck=ck, xp=xp, op=op, p=p: K.launch(ck, [xp, *p, op], stream=st)
+                                             for p in sets]))
                     if len(times) == 1:
                         got = out.float()
-
-                def deq(i: int, sets: list = sets, sp: object = sp, dq: object = dq) -> None:
-                    K.launch(dq, [*sets[i % len(sets)], sp], stream=stream)
-
-                def mm(i: int, x: object = x, scratch: object = scratch, ref: object = ref) -> None:
-                    torch.matmul(x, scratch.t(), out=ref)
-
-                t_dq = _time(deq)
-                t_mm = _time(mm)
-                t_both = _time(lambda i, deq=deq, mm=mm: (deq(i), mm(i)))
+                t_dq = graph_time([lambda st, p=p, sp=sp, dq=dq: K.launch(dq, [*p, sp], stream=st) for p in sets])
+                t_mm = _torch_graph_us(lambda x=x, scratch=scratch, ref=ref: torch.matmul(x, scratch.t(), out=ref))
+                t_both = t_dq + t_mm
                 want = ref.float()
                 diff = float((got - want).abs().max() / want.abs().max())
                 print(f"| {name} {n}x{k} | {fmt} | {m} | {times[0]:.2f} ({','.join(map(str, rule.values()))}) | "
