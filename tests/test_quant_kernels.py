@@ -721,11 +721,11 @@ def test_the_tile_gemm_tiling_rule(monkeypatch):
             ys = -(-m // (8 * t["mt"]))
             assert -(-n // (16 * t["rw"])) * ys >= 2 * SMS or t["rw"] == 1, (m, n, k, t)
             assert QGemmSpec(m, n, k, "q4_k", 32, DType.BF16, **t).smem <= QGEMM_SMEM_MAX
-    assert qgemm_tiling(32, 2048, 8192) == {"mt": 4, "rw": 1, "kw": 4}  # 128 blocks: K split four ways
+    assert {k: v for k, v in qgemm_tiling(32, 2048, 8192).items() if k != "blocks"} == {"mt": 4, "rw": 1, "kw": 4}
     assert qgemm_tiling(32, 22016, 4096)["rw"] == 4  # 344 blocks of 64 rows
     assert qgemm_tiling(32, 16384, 2048)["rw"] == 2  # 256 of 64 would be under two an SM: 512 of 32
-    monkeypatch.setenv("FUSEC_QGEMM_TILE", "8,2,2")
-    assert qgemm_tiling(32, 2048, 8192) == {"mt": 8, "rw": 2, "kw": 2}
+    monkeypatch.setenv("FUSEC_QGEMM_TILE", "8,2,2,3")
+    assert qgemm_tiling(32, 2048, 8192) == {"mt": 8, "rw": 2, "kw": 2, "blocks": 3}
     monkeypatch.setenv("FUSEC_QGEMM_TILE", "8,2")
     with pytest.raises(InputError, match="FUSEC_QGEMM_TILE"):
         qgemm_tiling(32, 2048, 8192)

@@ -57,26 +57,27 @@ def choose(m: int, n: int, k: int, fmt: str, dtype: Any) -> str:
 
 
 QGEMM_SMEM_MAX = 100 << 10  # the tiling's shared memory: two blocks an SM
+WARPS_SM = 8  # the warps an SM the dequantize-in-tile GEMM's launch bounds budget registers for
 
 
 def qgemm_tiling(m: int, n: int, k: int) -> dict[str, int]:
     """The dequantize-in-tile GEMM's block (``QGemmSpec``'s mt, rw, kw): all of x's rows in one block up to 64
     (8 mt of them, so each weight is dequantized once; 128 rows a block took ~220 registers a thread, ptxas -v), then
     4 warps: as many over weight rows (rw) as keep at least two blocks an SM, the rest over K (kw), within
-    QGEMM_SMEM_MAX. FUSEC_QGEMM_TILE=mt,rw,kw sets it."""
+    QGEMM_SMEM_MAX; registers budgeted for WARPS_SM warps an SM (``blocks``). FUSEC_QGEMM_TILE=mt,rw,kw[,blocks] sets
+    it."""
     from fusec import knobs
     from fusec.codegen.spec_base import SMS
 
     forced = knobs.get("FUSEC_QGEMM_TILE")
     if forced:
-        try:
-            mt, rw, kw = (int(v) for v in forced.split(","))
-        except ValueError:
+        vals = forced.split(",")
+        if len(vals) not in (3, 4) or not all(v.strip().isdigit() for v in vals):
             from fusec.errors import InputError
 
-            raise InputError(f"environment variable FUSEC_QGEMM_TILE={forced!r} is not mt,rw,kw (three integers)") \
-                from None
-        return {"mt": mt, "rw": rw, "kw": kw}
+            raise InputError(f"environment variable FUSEC_QGEMM_TILE={forced!r} is not mt,rw,kw[,blocks] (integers)")
+        mt, rw, kw, *rest = (int(v) for v in vals)
+        return {"mt": mt, "rw": rw, "kw": kw, "blocks": rest[0] if rest else max(1, WARPS_SM // (rw * kw))}
     mt = min(8, -(-m // 8))
     ys = -(-m // (8 * mt))
 
@@ -87,7 +88,8 @@ def qgemm_tiling(m: int, n: int, k: int) -> dict[str, int]:
         if -(-n // (16 * rw)) * ys >= 2 * SMS or rw == 1:
             while kw > 1 and smem(rw, kw) > QGEMM_SMEM_MAX:
                 kw //= 2
-            return {"mt": mt, "rw": rw, "kw": min(kw, max(1, k // 64))}
+            kw = min(kw, max(1, k // 64))
+            return {"mt": mt, "rw": rw, "kw": kw, "blocks": max(1, WARPS_SM // (rw * kw))}
     raise AssertionError("unreachable: rw = 1 returns")
 
 
