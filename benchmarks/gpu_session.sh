@@ -6,6 +6,7 @@
 #   gpu_all   every GPU test (benchmarks/gpu_check.sh)
 #   qgemm     the dequantize-in-tile GEMM: its GPU tests and the packed plans', alone against the scratch path by
 #             tiling (benchmarks/qgemm_bench.py), Llama-1B Q4_K_M prefills of 32 and 128 tokens against FUSEC_QGEMM=scratch
+#   qgemm2    the tile GEMM's GPU tests; Llama-1B Q4_K_M and Q8_0 32-token prefills: the rule against scratch and tile
 #   lt_t      the cuBLASLt algorithm-pick GPU tests (tests/test_lt_algo.py)
 #   validate  what the fifth session left unrun on a GPU: the generation tests (prefill attention over the caches), the
 #             decode kernels and GEMV tests (the ring's 4-stage case), the serve tests (read-backs every 4 steps)
@@ -640,6 +641,13 @@ for step in "$@"; do
              --ab FUSEC_QGEMM=scratch > "$R/qg_$p.txt" 2>&1
            echo "q4_k_m $p"; grep -E "^\| " "$R/qg_$p/prefill_step.md" | head -n 4 | cut -c 1-300
          done ;;
+    qgemm2) timeout 120 $PT -n 12 tests/test_quant_gpu.py -k "tile or prefill" > "$R/t_qgemm2.txt" 2>&1
+          grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_qgemm2.txt" | tail -n 8
+          for m in llama-1b-q4_k_m llama-1b-q8_0; do
+            timeout 200 python3 benchmarks/prefill_step.py "$R/qg2_$m" --model $m --prompt 32 \
+              --ab FUSEC_QGEMM=scratch --ab FUSEC_QGEMM=tile > "$R/qg2_$m.txt" 2>&1
+            echo "$m 32"; grep -E "^\| " "$R/qg2_$m/prefill_step.md" | head -n 5 | cut -c 1-200
+          done ;;
     qfinal) timeout 280 $PT -n 12 tests/test_quant_gpu.py > "$R/t_qfinal.txt" 2>&1
             grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_qfinal.txt" | tail -n 8
             for m in llama-1b-q4_k_m llama-1b-q8_0; do

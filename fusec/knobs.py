@@ -87,8 +87,9 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "that path at small batches, slower at batch 8 on an H200: 1B Q8_0 2.862 ms a step against 2.702, Q4_K_M "
          "2.830 against 1.175; the A/B of benchmarks/decode_step.py --batches 8 --ab FUSEC_QGEMV_MAX_ROWS=4)", bounds=(0, 16)),
     Knob("FUSEC_QGEMM", "choice", "auto", "how a prefill's products over packed weights (more rows of x than the "
-         "quantized GEMV takes) compute: auto, the rule (fusec.lower.quant.choose); tile: dequantized in the tile of a "
-         "tensor-core GEMM (templates/qgemm_tc.cu.jinja) wherever it applies (fp16/bf16 x, K a multiple of 64); "
+         "quantized GEMV takes) compute: auto, the rule (fusec.lower.quant.choose, tile_wins: the tile where it was "
+         "measured faster); tile: dequantized in the tile of a tensor-core GEMM (templates/qgemm_tc.cu.jinja) "
+         "wherever it applies (fp16/bf16 x, K a multiple of 64); "
          "scratch: dequantized into scratch, then cuBLAS (the A/B of benchmarks/prefill_step.py --ab "
          "FUSEC_QGEMM=scratch)", ("auto", "tile", "scratch")),
     Knob("FUSEC_QGEMM_TILE", "text", "", "the dequantize-in-tile GEMM's block as mt,rw,kw[,blocks] (n8 tiles of x, "

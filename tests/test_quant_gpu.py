@@ -437,10 +437,10 @@ def test_tile_gemm_epilogue_matches_reference(fmt):
     assert rel_err(host(out, F16), ref) <= TOL[F16], fmt
 
 
-@pytest.mark.parametrize("knob", ["auto", "scratch"])
+@pytest.mark.parametrize("knob", ["tile", "scratch"])
 def test_bf16_prefill_plan_takes_the_tile_gemm_or_scratch_and_matches_reference(knob, monkeypatch):
-    """A bf16 plan of one packed product with its epilogue at 40 rows: the dequantize-in-tile GEMM (the rule) or the
-    scratch path (FUSEC_QGEMM=scratch), each against the fp32 reference within bf16 rounding."""
+    """A bf16 plan of one packed product with its epilogue at 40 rows: the dequantize-in-tile GEMM or the scratch path
+    (FUSEC_QGEMM=tile, scratch), each against the fp32 reference within bf16 rounding."""
     from test_quant_kernels import _qgraph
 
     import fusec
@@ -453,7 +453,7 @@ def test_bf16_prefill_plan_takes_the_tile_gemm_or_scratch_and_matches_reference(
     want = reference.run(g, {k: v.astype(np.float32) for k, v in feeds.items()})["y"]
     plan = fusec.compile(g, dtype="bf16")
     labels = [L.get("label", "") for L in plan.manifest["launches"]]
-    assert any(lb.endswith(" qgemm") for lb in labels) == (knob == "auto"), labels
+    assert any(lb.endswith(" qgemm") for lb in labels) == (knob == "tile"), labels
     got = host(plan.run(feeds)["y"], BF16)
     assert rel_err(got, want) <= TOL[BF16], knob
 

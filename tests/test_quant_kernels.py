@@ -657,25 +657,47 @@ def _qgraph(m: int, epilogue: bool, fmt: str = "q4_k"):
 
 
 def test_lowering_picks_the_gemv_for_decode_and_the_tile_gemm_or_scratch_for_prefill(monkeypatch):
-    """Decode rows: the quantized GEMV. Prefill rows of fp16/bf16 x: the dequantize-in-tile GEMM with the epilogue
-    fused, one launch and no scratch; FUSEC_QGEMM=scratch (and fp32 x, which the mma does not take): the weight
-    dequantized into arena scratch, cuBLAS, the epilogue apart."""
+    """Decode rows: the quantized GEMV. Prefill rows: the rule's path (64 rows of this narrow product: scratch);
+    FUSEC_QGEMM=tile: the dequantize-in-tile GEMM with the epilogue fused, one launch and no scratch; the scratch
+    path (and fp32 x, which the mma does not take, even with FUSEC_QGEMM=tile): the weight dequantized into arena
+    scratch, cuBLAS, the epilogue apart."""
     from fusec.compiler import stage
 
     dec = stage(_qgraph(4, epilogue=True), "bf16", "sm_90", dry_run=True)
     by = dec.lowered.report["by_template"]
     assert by.get("qmatmul:qgemv") == 1 and "cublas_gemm" not in by and dec.lowered.report["launches"] == 1
+    monkeypatch.setenv("FUSEC_QGEMM", "tile")
     tile = stage(_qgraph(64, epilogue=True), "bf16", "sm_90", dry_run=True)
     by = tile.lowered.report["by_template"]
     assert by.get("qmatmul:qgemm") == 1 and "cublas_gemm" not in by and "qdequant" not in by, by
     assert tile.lowered.report["launches"] == 1 and tile.lowered.scratch_bytes < 96 * 512 * 2
-    for dtype, knob in (("bf16", "scratch"), ("fp32", "auto")):
+    for dtype, knob in (("bf16", "auto"), ("bf16", "scratch"), ("fp32", "tile")):
         monkeypatch.setenv("FUSEC_QGEMM", knob)
         pre = stage(_qgraph(64, epilogue=True), dtype, "sm_90", dry_run=True)
         by = pre.lowered.report["by_template"]
         assert by.get("qmatmul:dequant_gemm") == 1 and by.get("cublas_gemm") == 1 and by.get("qdequant") == 1, by
         assert pre.lowered.scratch_bytes >= 96 * 512 * 2  # the dequantized weight lives in arena scratch
         assert "qmatmul:qgemm" not in by
+
+
+def test_the_rule_gives_the_tile_gemm_short_prefills_of_wide_products(monkeypatch):
+    """The rule (fusec.lower.quant.tile_wins): the dequantize-in-tile GEMM at up to 32 rows where its tiling puts warps
+    over weight rows (Llama-1B's gate/up, the 7B's), the scratch path for the products whose tiling splits K (qkv, o,
+    down) and past 32 rows; FUSEC_QGEMM=tile and scratch override it."""
+    from fusec.lower.quant import choose
+
+    assert choose(32, 16384, 2048, "q4_k", DType.BF16) == "qgemm"
+    assert choose(24, 22016, 4096, "q4_k", DType.F16) == "qgemm"
+    for n, k in ((3072, 2048), (2048, 2048), (2048, 8192)):
+        assert choose(32, n, k, "q4_k", DType.BF16) == "dequant_gemm", (n, k)
+    assert choose(33, 16384, 2048, "q4_k", DType.BF16) == "dequant_gemm"
+    assert choose(128, 16384, 2048, "q4_k", DType.BF16) == "dequant_gemm"
+    assert choose(8, 16384, 2048, "q4_k", DType.BF16) == "qgemv"
+    monkeypatch.setenv("FUSEC_QGEMM", "tile")
+    assert choose(128, 2048, 8192, "q6_k", DType.BF16) == "qgemm"
+    assert choose(128, 2048, 8192, "q6_k", DType.F32) == "dequant_gemm"  # the mma takes fp16/bf16
+    monkeypatch.setenv("FUSEC_QGEMM", "scratch")
+    assert choose(32, 16384, 2048, "q4_k", DType.BF16) == "dequant_gemm"
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))

@@ -45,15 +45,30 @@ def qgemv_max_rows() -> int:
 
 def choose(m: int, n: int, k: int, fmt: str, dtype: Any) -> str:
     """"qgemv" (dequantize in registers) up to ``qgemv_max_rows``; past it "qgemm" (dequantize in the tile of a
-    tensor-core GEMM) where it applies (fp16/bf16 x, K a multiple of 64) and FUSEC_QGEMM does not say "scratch",
-    else "dequant_gemm" (dequantize to scratch, then cuBLAS)."""
+    tensor-core GEMM) where it applies (fp16/bf16 x, K a multiple of 64) and ``tile_wins``, else "dequant_gemm"
+    (dequantize to scratch, then cuBLAS). FUSEC_QGEMM=tile or scratch takes one of them wherever it applies."""
     from fusec import knobs
     from fusec.dtypes import DType
 
     if m <= qgemv_max_rows():
         return "qgemv"
     fits = dtype in (DType.F16, DType.BF16) and k % 64 == 0
-    return "qgemm" if fits and knobs.get("FUSEC_QGEMM") != "scratch" else "dequant_gemm"
+    choice = knobs.get("FUSEC_QGEMM")
+    tile = fits and (choice == "tile" or (choice == "auto" and tile_wins(m, n, k)))
+    return "qgemm" if tile else "dequant_gemm"
+
+
+TILE_MAX_ROWS = 32  # the most rows of x the rule gives the dequantize-in-tile GEMM
+
+
+def tile_wins(m: int, n: int, k: int) -> bool:
+    """Where the dequantize-in-tile GEMM beat dequantize-to-scratch + cuBLAS, alone on an H200 (benchmarks/RESULTS.md,
+    thirty-fourth session, qgemm_bench.py, Q4_K and Q8_0): at 32 rows of x with warps over weight rows, two blocks an
+    SM or more (Llama-1B's gate/up, 16384 x 2048: 34.8 us against 43.2 in Q4_K, 32.5 against 46.8 in Q8_0). Its warps
+    are bound by the latency of their own instructions, a 64-wide tile after another: with warps over K instead (few
+    blocks) it lost, the more so the longer K (the down product, K = 8192: 29.8 against 23.0), and at 128 rows it lost
+    on every shape (1.6-2.7x), so up to TILE_MAX_ROWS rows and a tiling with rw >= 2."""
+    return m <= TILE_MAX_ROWS and qgemm_tiling(m, n, k)["rw"] >= 2
 
 
 QGEMM_SMEM_MAX = 100 << 10  # the tiling's shared memory: two blocks an SM
