@@ -5,7 +5,7 @@ and a Q8_0 file, packed copies rotated past L2.
 
     python benchmarks/qgemm_bench.py [--rows 32,128,512] [--formats q4_k,q6_k,q8_0] [--tilings 4,1,4,2,4;8,2,2]
 
-Prints a markdown table: us a product for the rule's tiling (and each --tilings one, mt,rw,kw[,blocks[,depth]]), the scratch path's
+Prints a markdown table: us a product for the rule's tiling (and each --tilings one, mt,rw,kw[,ks[,blocks[,depth]]]), the scratch path's
 dequantize and GEMM and their sum, and the tile product's largest difference from the scratch path's output relative
 to the output's largest value (the same bf16 weights; only the order of the fp32 sums differs). Each kernel is timed
 alone in a CUDA graph (the median of 15 replays; fusec's kernels cycle through the packed copies, cuBLAS through
@@ -67,10 +67,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", default="32,128,512")
     ap.add_argument("--formats", default="q4_k,q6_k,q8_0")
-    ap.add_argument("--tilings", default="", help="more tilings to time, mt,rw,kw[,blocks[,depth]] separated by ';'")
+    ap.add_argument("--tilings", default="", help="more tilings to time, mt,rw,kw[,ks[,blocks[,depth]]] separated by ';'")
     args = ap.parse_args()
     extra = [tuple(int(v) for v in t.split(",")) for t in args.tilings.split(";") if t]
-    print("| shape | format | rows | tile (rule mt,rw,kw,blocks) | " + "".join(f"tile {t} | " for t in extra)
+    print("| shape | format | rows | tile (rule, sm_90: mt,rw,kw,ks,blocks) | " + "".join(f"tile {t} | " for t in extra)
           + "dequantize | cuBLAS | scratch path | tile / scratch | max difference / largest |")
     print("|---|---|---|---|" + "---|" * len(extra) + "---|---|---|---|---|")
     rng = np.random.default_rng(0)
@@ -85,12 +85,14 @@ def main() -> int:
                 out = torch.empty((m, n), dtype=torch.bfloat16, device="cuda")
                 ref = torch.empty((m, n), dtype=torch.bfloat16, device="cuda")
                 xp, op, sp = (cp.asarray(t.view(torch.int16)) for t in (x, out, scratch))
-                rule = qgemm_tiling(m, n, k)
+                rule = qgemm_tiling(m, n, k, clusters=True)
                 times = []
-                for t in [tuple(rule.values()), *extra]:
-                    spec = QGemmSpec(m, n, k, qw.format, qw.group, DType.BF16, qw.scale_dtype, mt=t[0], rw=t[1],
-                                     kw=t[2], blocks=t[3] if len(t) > 3 else max(1, 8 // (t[1] * t[2])),
-                                     depth=t[4] if len(t) > 4 else 2)
+                for t in [rule, *extra]:
+                    if not isinstance(t, dict):  # mt,rw,kw[,ks[,blocks[,depth]]]
+                        t = {"mt": t[0], "rw": t[1], "kw": t[2], "ks": t[3] if len(t) > 3 else 1,
+                             "blocks": t[4] if len(t) > 4 else max(1, 8 // (t[1] * t[2])),
+                             "depth": t[5] if len(t) > 5 else 2}
+                    spec = QGemmSpec(m, n, k, qw.format, qw.group, DType.BF16, qw.scale_dtype, **t)
                     ck = K.build(spec)
                     times.append(graph_time([lambda st, ck=ck, xp=xp, op=op, p=p: K.launch(ck, [xp, *p, op], stream=st)
                                              for p in sets]))

@@ -92,8 +92,9 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "wherever it applies (fp16/bf16 x, K a multiple of 64); "
          "scratch: dequantized into scratch, then cuBLAS (the A/B of benchmarks/prefill_step.py --ab "
          "FUSEC_QGEMM=scratch)", ("auto", "tile", "scratch")),
-    Knob("FUSEC_QGEMM_TILE", "text", "", "the dequantize-in-tile GEMM's block as mt,rw,kw[,blocks] (n8 tiles of x, "
-         "warps over weight rows, warps over K, blocks an SM its registers are budgeted for; e.g. 8,2,2), for every product it takes; empty: the rule "
+    Knob("FUSEC_QGEMM_TILE", "text", "", "the dequantize-in-tile GEMM's block as mt,rw,kw[,ks[,blocks]] (n8 tiles of x, "
+         "warps over weight rows, warps over K, blocks of a cluster over K (sm_90), blocks an SM its registers are "
+         "budgeted for; e.g. 4,4,1,4), for every product it takes; empty: the rule "
          "(fusec.lower.quant.qgemm_tiling)"),
     Knob("FUSEC_QGEMV_DP4A_CHUNKS", "choice", "8", "the dp4a quantized GEMV's 32-weight chunks a lane loads a round "
          "over its weight rows at one row of x (8: two weight rows a task below K = 8192; 4: half the bytes in flight, "

@@ -117,14 +117,14 @@ def _select(node: Node, options: PassOptions, offsets: dict[Value, int]) -> Sele
                                                  detail.norm is not None),
                              detail=detail)
         if family == "gemm_epilogue" and detail[0].op == Op.QMATMUL:
-            return _quantized(node, detail[0], offsets, family, detail)
+            return _quantized(node, detail[0], offsets, family, detail, options.clusters)
         if cp is None:
             params = _attention_params(detail["operands"][0][1].shape) if family == "attention" \
                 else _head_rope_params(detail) if family == "head_rope" \
                 else _kv_params(detail.attn, options) if family == "kv_attention_heads" else ()
             return Selection(family, reason=f"the one {family} kernel of this body", params=params, detail=detail)
     if node.op == Op.QMATMUL:
-        return _quantized(node, node, offsets, "qmatmul")
+        return _quantized(node, node, offsets, "qmatmul", clusters=options.clusters)
     if cp is None:
         params = _attention_params(node.inputs[0].shape) if node.op == Op.ATTENTION \
             else _kv_params(node, options) if node.op == Op.KV_ATTENTION else ()
@@ -222,7 +222,8 @@ def _gemv_params(n: int, k: int, dtype: Any, glu: bool = False, m: int = 1,
     return tuple(gemv_form(n, k, dtype, glu, m, norm).items())
 
 
-def _quantized(node: Node, mm: Node, offsets: dict[Value, int], family: str, detail: Any = None) -> Selection:
+def _quantized(node: Node, mm: Node, offsets: dict[Value, int], family: str, detail: Any = None,
+               clusters: bool = False) -> Selection:
     """A product over packed weights (``mm``: a QMATMUL, alone or the product of a fused epilogue):
     the quantized GEMV with its form (``fusec.lower.quant``'s rules), or dequantize-then-cuBLAS for
     more rows than the GEMV takes or operands not 16-byte aligned (the GEMV's vector loads)."""
@@ -231,7 +232,7 @@ def _quantized(node: Node, mm: Node, offsets: dict[Value, int], family: str, det
 
     x = C.outer(node, mm.inputs[0]) if node.op == Op.FUSED else mm.inputs[0]
     m, a = int(np.prod(x.shape[:-1])), mm.attrs
-    variant = Q.choose(m, a.n, a.k, a.format, x.dtype)
+    variant = Q.choose(m, a.n, a.k, a.format, x.dtype, clusters)
     reason = "rule-based default"
     if variant == "qgemv":
         parsed = C._epilogue(node.attrs.body) if node.op == Op.FUSED else None
@@ -244,7 +245,7 @@ def _quantized(node: Node, mm: Node, offsets: dict[Value, int], family: str, det
     if variant == "qgemv":
         params = _qgemv_params(m, a.n, a.k, a.format, a.group, x.dtype)
     elif variant == "qgemm":
-        params = tuple(Q.qgemm_tiling(m, a.n, a.k).items())
+        params = tuple(Q.qgemm_tiling(m, a.n, a.k, clusters).items())
     return Selection(family, variant, reason=reason, params=params, detail=detail)
 
 

@@ -398,12 +398,14 @@ def _rounded_weights(qw, dt: DType) -> np.ndarray:  # noqa: ANN001
 
 
 @pytest.mark.parametrize("fmt", list(quant.FORMATS))
-@pytest.mark.parametrize("m,tiling", [(17, (3, 1, 4)), (40, (5, 2, 2)), (130, (8, 4, 1)), (100, (16, 1, 2))])
+@pytest.mark.parametrize("m,tiling", [(17, (3, 1, 4, 1)), (40, (5, 2, 2, 1)), (130, (8, 4, 1, 1)), (100, (16, 1, 2, 1)),
+                                      (45, (6, 4, 1, 4)), (70, (4, 4, 1, 8))])
 def test_tile_gemm_matches_the_scratch_paths_weights(fmt, m, tiling):
     """The dequantize-in-tile GEMM against x @ W^T with W as the scratch path's dequantizing kernel writes it (the
     same rounded weights; only the order of the fp32 sums differs): odd N (a partial block of weight rows), rows of x
-    past a block's (partial y blocks), K tiles that do not divide evenly among the K warps, bf16 and fp16."""
-    mt, rw, kw = tiling
+    past a block's (partial y blocks), K tiles that do not divide evenly among the K warps, K split over clusters of
+    4 and 8 blocks (some with no k tile at K = 320), bf16 and fp16."""
+    mt, rw, kw, ks = tiling
     n = 77
     k = 1280 if quant.FORMATS[fmt].super_block else 320
     qw = sample_weight(fmt, n, k, RNG)
@@ -412,7 +414,7 @@ def test_tile_gemm_matches_the_scratch_paths_weights(fmt, m, tiling):
         x = RNG.standard_normal((m, k)).astype(np.float32).astype(dt.np)
         ref = x.astype(np.float32) @ w.T
         out = poisoned((m, n), dt)
-        _run(QGemmSpec(m, n, k, fmt, qw.group, dt, qw.scale_dtype, mt=mt, rw=rw, kw=kw),
+        _run(QGemmSpec(m, n, k, fmt, qw.group, dt, qw.scale_dtype, mt=mt, rw=rw, kw=kw, ks=ks),
              [dev(x), *[dev(a) for a in qw.arrays], out])
         got = host(out, dt).astype(np.float32)
         # one rounding of the output to dt (the sums' order is within fp32 noise)
@@ -421,7 +423,8 @@ def test_tile_gemm_matches_the_scratch_paths_weights(fmt, m, tiling):
 
 @pytest.mark.parametrize("fmt", ["q4_k", "q6_k", "q8_0", "uint4"])
 def test_tile_gemm_epilogue_matches_reference(fmt):
-    """bias + SiLU + residual fused, the rule's tiling, against the fp32 reference within fp16 rounding."""
+    """bias + SiLU + residual fused, the rule's sm_90 tiling (K over a cluster), against the fp32 reference within fp16
+    rounding."""
     from fusec.lower.quant import qgemm_tiling
 
     m, n, k = 45, 83, 2048
@@ -432,7 +435,8 @@ def test_tile_gemm_epilogue_matches_reference(fmt):
     y = x.astype(np.float32) @ qw.dequantize().T + bias.astype(np.float32)
     ref = y / (1 + np.exp(-y)) + res.astype(np.float32)
     out = poisoned((m, n), F16)
-    spec = QGemmSpec(m, n, k, fmt, qw.group, F16, qw.scale_dtype, Epilogue(True, "silu", True), **qgemm_tiling(m, n, k))
+    spec = QGemmSpec(m, n, k, fmt, qw.group, F16, qw.scale_dtype, Epilogue(True, "silu", True),
+                     **qgemm_tiling(m, n, k, clusters=True))
     _run(spec, [dev(x), *[dev(a) for a in qw.arrays], dev(bias), dev(res), out])
     assert rel_err(host(out, F16), ref) <= TOL[F16], fmt
 

@@ -714,7 +714,7 @@ def test_the_tile_gemm_compiles_for_every_format(fmt):
                             rw=2, kw=2), "sm_90").source
     body = src.split('extern "C"')[1]
     assert "qb_w8" in src and "qb_load" in src and "fc_ldsm_b_nk2" in src
-    assert body.index("qg_load(p, n, kw + KW") < body.index("fc_pdl_wait()") < body.index("qg_copy_x")
+    assert body.index("qg_load(p, n, sl + SL * d") < body.index("fc_pdl_wait()") < body.index("qg_copy_x")
 
 
 def test_the_tile_gemm_spec_refuses_what_it_cannot_run():
@@ -728,9 +728,10 @@ def test_the_tile_gemm_spec_refuses_what_it_cannot_run():
 
 
 def test_the_tile_gemm_tiling_rule(monkeypatch):
-    """All of x's rows in one block up to 64; warps over weight rows while the grid keeps two blocks an SM, else over
-    K; shared memory within QGEMM_SMEM_MAX; FUSEC_QGEMM_TILE overrides it, and text that is not three integers is
-    refused, naming the variable."""
+    """All of x's rows in one block up to 64. Without clusters: warps over weight rows while the grid keeps two blocks
+    an SM, else over K, shared memory within QGEMM_SMEM_MAX. With clusters (sm_90): 64 weight rows a block and K split
+    over the fewest blocks of a cluster that give two blocks an SM (at most 8, each at least two k tiles).
+    FUSEC_QGEMM_TILE overrides it; text that is not integers is refused, naming the variable."""
     from fusec.codegen.spec_base import SMS
     from fusec.codegen.specs_quant import QGemmSpec
     from fusec.errors import InputError
@@ -738,25 +739,51 @@ def test_the_tile_gemm_tiling_rule(monkeypatch):
 
     for m in (17, 32, 100, 128, 512):
         for n, k in LLAMA_SHAPES:
-            t = qgemm_tiling(m, n, k)
-            assert 8 * t["mt"] >= min(m, 64) and t["rw"] * t["kw"] <= 4
-            ys = -(-m // (8 * t["mt"]))
-            assert -(-n // (16 * t["rw"])) * ys >= 2 * SMS or t["rw"] == 1, (m, n, k, t)
-            assert QGemmSpec(m, n, k, "q4_k", 32, DType.BF16, **t).smem <= QGEMM_SMEM_MAX
-    assert {k: v for k, v in qgemm_tiling(32, 2048, 8192).items() if k != "blocks"} == {"mt": 4, "rw": 1, "kw": 4}
+            for clusters in (False, True):
+                t = qgemm_tiling(m, n, k, clusters)
+                assert 8 * t["mt"] >= min(m, 64) and t["rw"] * t["kw"] <= 4
+                ys = -(-m // (8 * t["mt"]))
+                blocks = -(-n // (16 * t["rw"])) * ys * t["ks"]
+                if clusters:
+                    assert t["rw"] == 4 and t["kw"] == 1 and (blocks >= 2 * SMS or t["ks"] == 8
+                                                              or k // 64 < 4 * t["ks"]), (m, n, k, t)
+                    assert t["ks"] == 1 or blocks // 2 < 2 * SMS, (m, n, k, t)  # the fewest that fill
+                else:
+                    assert t["ks"] == 1 and (blocks >= 2 * SMS or t["rw"] == 1), (m, n, k, t)
+                assert QGemmSpec(m, n, k, "q4_k", 32, DType.BF16, **t).smem <= QGEMM_SMEM_MAX
+    assert {k: v for k, v in qgemm_tiling(32, 2048, 8192).items() if k in "mt rw kw"} == {"mt": 4, "rw": 1, "kw": 4}
     assert qgemm_tiling(32, 22016, 4096)["rw"] == 4  # 344 blocks of 64 rows
     assert qgemm_tiling(32, 16384, 2048)["rw"] == 2  # 256 of 64 would be under two an SM: 512 of 32
-    monkeypatch.setenv("FUSEC_QGEMM_TILE", "8,2,2,3")
-    assert qgemm_tiling(32, 2048, 8192) == {"mt": 8, "rw": 2, "kw": 2, "blocks": 3}
+    assert qgemm_tiling(32, 2048, 8192, clusters=True)["ks"] == 8  # 32 blocks of 64 rows: 256 in clusters of 8
+    assert qgemm_tiling(32, 16384, 2048, clusters=True)["ks"] == 2
+    monkeypatch.setenv("FUSEC_QGEMM_TILE", "8,2,2,1,3")
+    assert qgemm_tiling(32, 2048, 8192) == {"mt": 8, "rw": 2, "kw": 2, "ks": 1, "blocks": 3}
     monkeypatch.setenv("FUSEC_QGEMM_TILE", "8,2")
     with pytest.raises(InputError, match="FUSEC_QGEMM_TILE"):
         qgemm_tiling(32, 2048, 8192)
 
 
+def test_the_tile_gemm_splits_k_over_a_cluster_on_sm_90_only():
+    """ks > 1: the grid's z is the cluster's blocks (__cluster_dims__ on sm_90), which add their partial sums through
+    distributed shared memory and wait for each other before leaving; for sm_80 such a spec does not compile, and the
+    rule gives it none there."""
+    from fusec.codegen.compile import KernelCompileError
+    from fusec.codegen.specs_quant import QGemmSpec
+
+    spec = QGemmSpec(45, 77, 1280, "q6_k", 16, DType.BF16, DType.F16, Epilogue(True, "silu", True), mt=6, rw=4,
+                     kw=1, ks=4)
+    ck = K.build(spec, "sm_90")
+    assert ck.grid == (2, 1, 4) and "__cluster_dims__(1, 1, KS_)" in ck.source
+    body = ck.source.split('extern "C"')[1]
+    assert body.count("fc_cluster_sync()") == 2 and "ld.shared::cluster" in ck.source
+    with pytest.raises(KernelCompileError, match="needs sm_90"):
+        K.build(spec, "sm_80")
+
+
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_the_tile_gemm_tilings_the_rule_picks_do_not_spill(arch):
     """At 32 and 512 rows of bf16 x, the rule's tiling of every Llama-1B and 7B product in Q4_K, Q6_K and Q8_0
-    compiles without register spills (ptxas -v through NVRTC)."""
+    (clusters on sm_90) compiles without register spills (ptxas -v through NVRTC)."""
     from fusec.codegen.specs_quant import QGemmSpec
     from fusec.lower.quant import qgemm_tiling
 
@@ -764,7 +791,8 @@ def test_the_tile_gemm_tilings_the_rule_picks_do_not_spill(arch):
     for m in (32, 512):
         for n, k in LLAMA_SHAPES:
             for fmt, group in (("q4_k", 32), ("q6_k", 16), ("q8_0", 32)):
-                spec = QGemmSpec(m, n, k, fmt, group, DType.BF16, DType.F16, **qgemm_tiling(m, n, k))
+                spec = QGemmSpec(m, n, k, fmt, group, DType.BF16, DType.F16,
+                                 **qgemm_tiling(m, n, k, clusters=arch == "sm_90"))
                 pending.append(((m, n, k, fmt), K.build_async(spec, arch)))
     for what, p in pending:
         assert p.result().binary.spill_bytes == 0, what

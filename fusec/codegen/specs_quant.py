@@ -226,7 +226,8 @@ class QGemmSpec:
     """C[M, N] = epilogue(x[M, K] @ W^T) for a prefill, W [N, K] packed in ``fmt``, dequantized in the tile
     (templates/qgemm_tc.cu.jinja): blocks of ``rw`` x ``kw`` warps own 16 ``rw`` weight rows and 8 ``mt`` rows of x,
     warp (rw, kw) the 64-wide k tiles kw, kw + kw_count, ...; ``blocks`` an SM its launch bounds budget registers
-    for; the weight's loads run ``depth`` tiles ahead; each lane dequantizes its 32-weight chunk of a tile
+    for; the weight's loads run ``depth`` tiles ahead; ``ks`` > 1 (sm_90 only): K is split further over the ``ks``
+    blocks of a thread block cluster, which add their sums through distributed shared memory; each lane dequantizes its 32-weight chunk of a tile
     exactly as QDequantSpec does (the same bits), and mma.m16n8k16 sums it with x in fp32. fp16/bf16 x, K a multiple
     of 64. Params: x, the packed operands (the format's order), [bias], [residual], C."""
 
@@ -243,11 +244,13 @@ class QGemmSpec:
     kw: int = 1
     blocks: int = 2
     depth: int = 2
+    ks: int = 1
 
     def __post_init__(self) -> None:
         _pos(("M", self.M), ("N", self.N), ("K", self.K), ("group", self.group))
         _req(self.blocks in range(1, 9), "blocks (an SM, the launch bounds' registers) is 1 to 8")
         _req(self.depth in range(1, 7), "depth (tiles the weight loads run ahead) is 1 to 6")
+        _req(self.ks in (1, 2, 4, 8), "ks (blocks of a cluster splitting K, sm_90) is 1, 2, 4 or 8")
         _req(self.dtype in (DType.F16, DType.BF16), "the dequantize-in-tile GEMM multiplies fp16/bf16 x (mma)")
         _req(self.K % 64 == 0, "the dequantize-in-tile GEMM takes K a multiple of 64 (its k tiles)")
         _req(self.mt in range(1, QGEMM_MAX_MT + 1), f"mt (n8 tiles of x a block) is 1 to {QGEMM_MAX_MT}")

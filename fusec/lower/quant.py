@@ -43,10 +43,11 @@ def qgemv_max_rows() -> int:
     return int(knobs.get("FUSEC_QGEMV_MAX_ROWS"))  # 0 to QGEMV_MAX_M (the knob's bounds)
 
 
-def choose(m: int, n: int, k: int, fmt: str, dtype: Any) -> str:
+def choose(m: int, n: int, k: int, fmt: str, dtype: Any, clusters: bool = False) -> str:
     """"qgemv" (dequantize in registers) up to ``qgemv_max_rows``; past it "qgemm" (dequantize in the tile of a
     tensor-core GEMM) where it applies (fp16/bf16 x, K a multiple of 64) and ``tile_wins``, else "dequant_gemm"
-    (dequantize to scratch, then cuBLAS). FUSEC_QGEMM=tile or scratch takes one of them wherever it applies."""
+    (dequantize to scratch, then cuBLAS). FUSEC_QGEMM=tile or scratch takes one of them wherever it applies.
+    ``clusters``: the target has thread block clusters (sm_90+)."""
     from fusec import knobs
     from fusec.dtypes import DType
 
@@ -54,47 +55,55 @@ def choose(m: int, n: int, k: int, fmt: str, dtype: Any) -> str:
         return "qgemv"
     fits = dtype in (DType.F16, DType.BF16) and k % 64 == 0
     choice = knobs.get("FUSEC_QGEMM")
-    tile = fits and (choice == "tile" or (choice == "auto" and tile_wins(m, n, k)))
+    tile = fits and (choice == "tile" or (choice == "auto" and tile_wins(m, n, k, clusters)))
     return "qgemm" if tile else "dequant_gemm"
 
 
 TILE_MAX_ROWS = 32  # the most rows of x the rule gives the dequantize-in-tile GEMM
 
 
-def tile_wins(m: int, n: int, k: int) -> bool:
+def tile_wins(m: int, n: int, k: int, clusters: bool = False) -> bool:
     """Where the dequantize-in-tile GEMM beat dequantize-to-scratch + cuBLAS, alone on an H200 (benchmarks/RESULTS.md,
     thirty-fourth session, qgemm_bench.py, Q4_K and Q8_0): at 32 rows of x with warps over weight rows, two blocks an
     SM or more (Llama-1B's gate/up, 16384 x 2048: 34.8 us against 43.2 in Q4_K, 32.5 against 46.8 in Q8_0). Its warps
     are bound by the latency of their own instructions, a 64-wide tile after another: with warps over K instead (few
     blocks) it lost, the more so the longer K (the down product, K = 8192: 29.8 against 23.0), and at 128 rows it lost
     on every shape (1.6-2.7x), so up to TILE_MAX_ROWS rows and a tiling with rw >= 2."""
-    return m <= TILE_MAX_ROWS and qgemm_tiling(m, n, k)["rw"] >= 2
+    return m <= TILE_MAX_ROWS and qgemm_tiling(m, n, k, clusters)["rw"] >= 2
 
 
 QGEMM_SMEM_MAX = 100 << 10  # the tiling's shared memory: two blocks an SM
 WARPS_SM = 8  # the warps an SM the dequantize-in-tile GEMM's launch bounds budget registers for
 
 
-def qgemm_tiling(m: int, n: int, k: int) -> dict[str, int]:
-    """The dequantize-in-tile GEMM's block (``QGemmSpec``'s mt, rw, kw): all of x's rows in one block up to 64
-    (8 mt of them, so each weight is dequantized once; 128 rows a block took ~220 registers a thread, ptxas -v), then
-    4 warps: as many over weight rows (rw) as keep at least two blocks an SM, the rest over K (kw), within
-    QGEMM_SMEM_MAX; registers budgeted for WARPS_SM warps an SM (``blocks``). FUSEC_QGEMM_TILE=mt,rw,kw[,blocks] sets
-    it."""
+def qgemm_tiling(m: int, n: int, k: int, clusters: bool = False) -> dict[str, int]:
+    """The dequantize-in-tile GEMM's block (``QGemmSpec``'s mt, rw, kw, blocks, ks): all of x's rows in one block up
+    to 64 (8 mt of them, so each weight is dequantized once; 128 rows a block took ~220 registers a thread, ptxas -v).
+    With clusters (sm_90): 4 warps over 64 weight rows sharing each x tile, and K split over the ks blocks of a cluster
+    (the fewest of 1, 2, 4, 8 that give two blocks an SM, each block at least two k tiles). Without: 4 warps, as many
+    over weight rows (rw) as keep two blocks an SM, the rest over K (kw) within QGEMM_SMEM_MAX. Registers are budgeted
+    for WARPS_SM warps an SM (``blocks``). FUSEC_QGEMM_TILE=mt,rw,kw[,ks[,blocks]] sets it."""
     from fusec import knobs
     from fusec.codegen.spec_base import SMS
 
     forced = knobs.get("FUSEC_QGEMM_TILE")
     if forced:
         vals = forced.split(",")
-        if len(vals) not in (3, 4) or not all(v.strip().isdigit() for v in vals):
+        if len(vals) not in (3, 4, 5) or not all(v.strip().isdigit() for v in vals):
             from fusec.errors import InputError
 
-            raise InputError(f"environment variable FUSEC_QGEMM_TILE={forced!r} is not mt,rw,kw[,blocks] (integers)")
+            raise InputError(f"environment variable FUSEC_QGEMM_TILE={forced!r} is not mt,rw,kw[,ks[,blocks]] "
+                             "(integers)")
         mt, rw, kw, *rest = (int(v) for v in vals)
-        return {"mt": mt, "rw": rw, "kw": kw, "blocks": rest[0] if rest else max(1, WARPS_SM // (rw * kw))}
+        ks = rest[0] if rest else 1
+        return {"mt": mt, "rw": rw, "kw": kw, "ks": ks,
+                "blocks": rest[1] if len(rest) > 1 else max(1, WARPS_SM // (rw * kw))}
     mt = min(8, -(-m // 8))
     ys = -(-m // (8 * mt))
+    if clusters:
+        base = -(-n // 64) * ys
+        ks = next((c for c in (1, 2, 4, 8) if base * c >= 2 * SMS or k // 64 < 4 * c), 8)
+        return {"mt": mt, "rw": 4, "kw": 1, "ks": ks, "blocks": max(1, WARPS_SM // 4)}
 
     def smem(rw: int, kw: int) -> int:
         return (kw * 3 * 8 * mt + rw * kw * 16) * 72 * 2
@@ -104,7 +113,7 @@ def qgemm_tiling(m: int, n: int, k: int) -> dict[str, int]:
             while kw > 1 and smem(rw, kw) > QGEMM_SMEM_MAX:
                 kw //= 2
             kw = min(kw, max(1, k // 64))
-            return {"mt": mt, "rw": rw, "kw": kw, "blocks": max(1, WARPS_SM // (rw * kw))}
+            return {"mt": mt, "rw": rw, "kw": kw, "ks": 1, "blocks": max(1, WARPS_SM // (rw * kw))}
     raise AssertionError("unreachable: rw = 1 returns")
 
 
