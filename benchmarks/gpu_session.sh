@@ -6,6 +6,7 @@
 #   gpu_all   every GPU test (benchmarks/gpu_check.sh)
 #   qgemm     the dequantize-in-tile GEMM: its GPU tests and the packed plans', alone against the scratch path by
 #             tiling (benchmarks/qgemm_bench.py), Llama-1B Q4_K_M prefills of 32 and 128 tokens against FUSEC_QGEMM=scratch
+#   qgncu     Nsight Compute of the tile GEMM at 32 rows, Llama-1B's qkv in Q4_K (QG_TILE: its tiling)
 #   qgemm2    the tile GEMM's GPU tests; Llama-1B Q4_K_M and Q8_0 32-token prefills: the rule against scratch and tile
 #   lt_t      the cuBLASLt algorithm-pick GPU tests (tests/test_lt_algo.py)
 #   validate  what the fifth session left unrun on a GPU: the generation tests (prefill attention over the caches), the
@@ -860,6 +861,12 @@ for step in "$@"; do
             --section MemoryWorkloadAnalysis_Tables --section SourceCounters \
             python3 benchmarks/qgemv_ncu.py > "$R/qncu.txt" 2>&1
           grep -E "^launch:|fc_qgemv|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|L1/TEX Hit|Mem Busy|Max Bandwidth|Waves Per SM" "$R/qncu.txt" | head -n 90 ;;
+    qgncu) FUSEC_LINEINFO=1 timeout 200 ncu --clock-control none -k regex:fc_qgemm --launch-skip 1 --launch-count 1 \
+             --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
+             --section SchedulerStats --section MemoryWorkloadAnalysis --section SourceCounters \
+             python3 benchmarks/qgemm_ncu.py --tile ${QG_TILE:-4,1,4} > "$R/qgncu.txt" 2>&1
+           grep -E "Duration|Throughput|Achieved Occ|Registers Per|Warp Cycles Per Issued|Issued Warp|No Eligible|Active Warps|Eligible Warps|Stall|stall|L1/TEX Hit|L2 Hit|Waves" "$R/qgncu.txt" | head -n 60
+           grep -B2 -A14 "Warp State" "$R/qgncu.txt" | head -n 60 ;;
     qsrc) FUSEC_LINEINFO=1 timeout 300 ncu --clock-control none -k regex:fc_qgemv --set full --import-source yes -f \
             -o "$R/tc8" python3 benchmarks/qgemv_ncu.py --rule q4_k:8:16384x2048 --rule q6_k:8:128256x2048 \
             --rule q6_k:8:2048x8192 > "$R/tc8_run.txt" 2>&1
