@@ -681,15 +681,16 @@ def test_lowering_picks_the_gemv_for_decode_and_the_tile_gemm_or_scratch_for_pre
 
 
 def test_the_rule_gives_the_tile_gemm_short_prefills_of_wide_products(monkeypatch):
-    """The rule (fusec.lower.quant.tile_wins): the dequantize-in-tile GEMM at up to 32 rows where its tiling puts warps
-    over weight rows (Llama-1B's gate/up, the 7B's), the scratch path for the products whose tiling splits K (qkv, o,
-    down) and past 32 rows; FUSEC_QGEMM=tile and scratch override it."""
+    """The rule (fusec.lower.quant.tile_wins): the dequantize-in-tile GEMM at up to 32 rows for products of at least 64
+    weight rows an SM (Llama-1B's gate/up, the 7B's), with or without clusters; the scratch path for the narrower ones
+    (qkv, o, down) and past 32 rows; FUSEC_QGEMM=tile and scratch override it."""
     from fusec.lower.quant import choose
 
-    assert choose(32, 16384, 2048, "q4_k", DType.BF16) == "qgemm"
-    assert choose(24, 22016, 4096, "q4_k", DType.F16) == "qgemm"
-    for n, k in ((3072, 2048), (2048, 2048), (2048, 8192)):
-        assert choose(32, n, k, "q4_k", DType.BF16) == "dequant_gemm", (n, k)
+    for clusters in (False, True):
+        assert choose(32, 16384, 2048, "q4_k", DType.BF16, clusters) == "qgemm"
+        assert choose(24, 22016, 4096, "q4_k", DType.F16, clusters) == "qgemm"
+        for n, k in ((3072, 2048), (2048, 2048), (2048, 8192)):
+            assert choose(32, n, k, "q4_k", DType.BF16, clusters) == "dequant_gemm", (n, k)
     assert choose(33, 16384, 2048, "q4_k", DType.BF16) == "dequant_gemm"
     assert choose(128, 16384, 2048, "q4_k", DType.BF16) == "dequant_gemm"
     assert choose(8, 16384, 2048, "q4_k", DType.BF16) == "qgemv"

@@ -64,12 +64,15 @@ TILE_MAX_ROWS = 32  # the most rows of x the rule gives the dequantize-in-tile G
 
 def tile_wins(m: int, n: int, k: int, clusters: bool = False) -> bool:
     """Where the dequantize-in-tile GEMM beat dequantize-to-scratch + cuBLAS, alone on an H200 (benchmarks/RESULTS.md,
-    thirty-fourth session, qgemm_bench.py, Q4_K and Q8_0): at 32 rows of x with warps over weight rows, two blocks an
-    SM or more (Llama-1B's gate/up, 16384 x 2048: 34.8 us against 43.2 in Q4_K, 32.5 against 46.8 in Q8_0). Its warps
-    are bound by the latency of their own instructions, a 64-wide tile after another: with warps over K instead (few
-    blocks) it lost, the more so the longer K (the down product, K = 8192: 29.8 against 23.0), and at 128 rows it lost
-    on every shape (1.6-2.7x), so up to TILE_MAX_ROWS rows and a tiling with rw >= 2."""
-    return m <= TILE_MAX_ROWS and qgemm_tiling(m, n, k, clusters)["rw"] >= 2
+    thirty-fourth session, qgemm_bench.py, Q4_K and Q8_0): at up to 32 rows of x, products with at least 64 weight
+    rows an SM (Llama-1B's gate/up, 16384 x 2048: 30.6 us in clusters of 2 and 34.8 without, against 43.2 in Q4_K).
+    Its warps are bound by the latency of their own instructions (Nsight Compute at Llama-1B's qkv: 0.26 warps issued
+    a cycle of a scheduler, 1.5 active, 5.8 cycles an instruction), so a product that does not fill the GPU with
+    blocks of 64 weight rows lost whichever way K was split: qkv 13.2 us at best against 10.8, o 9.3 against 9.6
+    (even), down 29.7 against 23.0; at 128 rows it lost on every shape (1.6-5x)."""
+    from fusec.codegen.spec_base import SMS
+
+    return m <= TILE_MAX_ROWS and n >= 64 * SMS
 
 
 QGEMM_SMEM_MAX = 100 << 10  # the tiling's shared memory: two blocks an SM
