@@ -671,6 +671,11 @@ def test_lowering_picks_the_gemv_for_decode_and_the_tile_gemm_or_scratch_for_pre
     by = tile.lowered.report["by_template"]
     assert by.get("qmatmul:qgemm") == 1 and "cublas_gemm" not in by and "qdequant" not in by, by
     assert tile.lowered.report["launches"] == 1 and tile.lowered.scratch_bytes < 96 * 512 * 2
+    import fusec
+
+    for arch in ("sm_80", "sm_90"):  # the whole plan, its kernel sources checked as a plan file's are
+        plan = fusec.compile(_qgraph(64, epilogue=True), dtype="bf16", arch=arch)
+        assert [L.get("label", "").split()[-1] for L in plan.manifest["launches"]] == ["qgemm"]
     for dtype, knob in (("bf16", "auto"), ("bf16", "scratch"), ("fp32", "tile")):
         monkeypatch.setenv("FUSEC_QGEMM", knob)
         pre = stage(_qgraph(64, epilogue=True), dtype, "sm_90", dry_run=True)
