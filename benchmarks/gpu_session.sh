@@ -7,6 +7,7 @@
 #   qgemm     the dequantize-in-tile GEMM: its GPU tests and the packed plans', alone against the scratch path by
 #             tiling (benchmarks/qgemm_bench.py), Llama-1B Q4_K_M prefills of 32 and 128 tokens against FUSEC_QGEMM=scratch
 #   qgncu     Nsight Compute of the tile GEMM at 32 rows, Llama-1B's qkv in Q4_K (QG_TILE: its tiling)
+#   qgemm3    the tile GEMM's GPU tests, alone at 32 rows in Q4_K, and the Llama-1B Q4_K_M 32-token prefill against scratch
 #   qgemm2    the tile GEMM's GPU tests; Llama-1B Q4_K_M and Q8_0 32-token prefills: the rule against scratch and tile
 #   lt_t      the cuBLASLt algorithm-pick GPU tests (tests/test_lt_algo.py)
 #   validate  what the fifth session left unrun on a GPU: the generation tests (prefill attention over the caches), the
@@ -649,6 +650,13 @@ for step in "$@"; do
               --ab FUSEC_QGEMM=scratch --ab FUSEC_QGEMM=tile > "$R/qg2_$m.txt" 2>&1
             echo "$m 32"; grep -E "^\| " "$R/qg2_$m/prefill_step.md" | head -n 5 | cut -c 1-200
           done ;;
+    qgemm3) timeout 90 $PT -n 12 tests/test_quant_gpu.py -k "tile or prefill" > "$R/t_qgemm3.txt" 2>&1
+          grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_qgemm3.txt" | tail -n 8
+          timeout 60 python3 benchmarks/qgemm_bench.py --rows 32 --formats q4_k --tilings "4,1,4" > "$R/qgb3.txt" 2>&1
+          grep -E "^\| " "$R/qgb3.txt"
+          timeout 100 python3 benchmarks/prefill_step.py "$R/qg3" --model llama-1b-q4_k_m --prompt 32 \
+            --ab FUSEC_QGEMM=scratch > "$R/qg3.txt" 2>&1
+          grep -E "^\| " "$R/qg3/prefill_step.md" | head -n 4 | cut -c 1-200 ;;
     qfinal) timeout 280 $PT -n 12 tests/test_quant_gpu.py > "$R/t_qfinal.txt" 2>&1
             grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_qfinal.txt" | tail -n 8
             for m in llama-1b-q4_k_m llama-1b-q8_0; do

@@ -720,7 +720,7 @@ def test_the_tile_gemm_compiles_for_every_format(fmt):
                             rw=2, kw=2), "sm_90").source
     body = src.split('extern "C"')[1]
     assert "qb_w8" in src and "qb_load" in src and "fc_ldsm_b_nk2" in src
-    assert body.index("qg_load(p, n, sl + SL * d") < body.index("fc_pdl_wait()") < body.index("qg_copy_x")
+    assert body.index("qg_load(pr, row_live, sl + SL * d") < body.index("fc_pdl_wait()") < body.index("qg_copy_x")
 
 
 def test_the_tile_gemm_spec_refuses_what_it_cannot_run():
