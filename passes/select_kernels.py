@@ -225,8 +225,10 @@ def _gemv_params(n: int, k: int, dtype: Any, glu: bool = False, m: int = 1,
 def _quantized(node: Node, mm: Node, offsets: dict[Value, int], family: str, detail: Any = None,
                clusters: bool = False) -> Selection:
     """A product over packed weights (``mm``: a QMATMUL, alone or the product of a fused epilogue):
-    the quantized GEMV with its form (``fusec.lower.quant``'s rules), or dequantize-then-cuBLAS for
-    more rows than the GEMV takes or operands not 16-byte aligned (the GEMV's vector loads)."""
+    the quantized GEMV with its form (``fusec.lower.quant``'s rules); past the GEMV's rows the
+    dequantize-in-tile GEMM with its tiling where the rule or FUSEC_QGEMM takes it (``clusters``: sm_90's
+    tilings), else dequantize-then-cuBLAS; also dequantize-then-cuBLAS where the chosen kernel's
+    operands are not 16-byte aligned (vector loads, x's 16-byte copies)."""
     from fusec.lower import choices as C
     from fusec.lower import quant as Q
 
