@@ -117,14 +117,14 @@ def _select(node: Node, options: PassOptions, offsets: dict[Value, int]) -> Sele
                                                  detail.norm is not None),
                              detail=detail)
         if family == "gemm_epilogue" and detail[0].op == Op.QMATMUL:
-            return _quantized(node, detail[0], offsets, family, detail, options.clusters)
+            return _quantized(node, detail[0], offsets, family, detail, options.clusters, options.choices)
         if cp is None:
             params = _attention_params(detail["operands"][0][1].shape) if family == "attention" \
                 else _head_rope_params(detail) if family == "head_rope" \
                 else _kv_params(detail.attn, options) if family == "kv_attention_heads" else ()
             return Selection(family, reason=f"the one {family} kernel of this body", params=params, detail=detail)
     if node.op == Op.QMATMUL:
-        return _quantized(node, node, offsets, "qmatmul", clusters=options.clusters)
+        return _quantized(node, node, offsets, "qmatmul", clusters=options.clusters, choices=options.choices)
     if cp is None:
         params = _attention_params(node.inputs[0].shape) if node.op == Op.ATTENTION \
             else _kv_params(node, options) if node.op == Op.KV_ATTENTION else ()
@@ -223,19 +223,27 @@ def _gemv_params(n: int, k: int, dtype: Any, glu: bool = False, m: int = 1,
 
 
 def _quantized(node: Node, mm: Node, offsets: dict[Value, int], family: str, detail: Any = None,
-               clusters: bool = False) -> Selection:
+               clusters: bool = False, choices: dict[str, str] | None = None) -> Selection:
     """A product over packed weights (``mm``: a QMATMUL, alone or the product of a fused epilogue):
     the quantized GEMV with its form (``fusec.lower.quant``'s rules); past the GEMV's rows the
-    dequantize-in-tile GEMM with its tiling where the rule or FUSEC_QGEMM takes it (``clusters``: sm_90's
-    tilings), else dequantize-then-cuBLAS; also dequantize-then-cuBLAS where the chosen kernel's
+    dequantize-in-tile GEMM with its tiling where an explicit choice for its key (``choices``: an A/B's), the
+    rule or FUSEC_QGEMM takes it (``clusters``: sm_90's tilings), else dequantize-then-cuBLAS; also dequantize-then-cuBLAS where the chosen kernel's
     operands are not 16-byte aligned (vector loads, x's 16-byte copies)."""
     from fusec.lower import choices as C
     from fusec.lower import quant as Q
 
+    choices = choices or {}
     x = C.outer(node, mm.inputs[0]) if node.op == Op.FUSED else mm.inputs[0]
     m, a = int(np.prod(x.shape[:-1])), mm.attrs
     variant = Q.choose(m, a.n, a.k, a.format, x.dtype, clusters)
     reason = "rule-based default"
+    cp = C.choice_point(node)
+    key = cp.key if cp is not None else ""
+    if cp is not None and cp.key in choices:  # an A/B's (or the caller's) choice for this shape
+        if cp.accepts(choices[cp.key]):
+            variant, reason = choices[cp.key], "explicit choice"
+        else:
+            reason = f"{choices[cp.key]!r} does not apply here (have {', '.join(cp.variants)}): the rule-based default"
     if variant == "qgemv":
         parsed = C._epilogue(node.attrs.body) if node.op == Op.FUSED else None
         extra = [C.outer(node, v) for v in (parsed[0], parsed[2]) if v is not None] if parsed else []
@@ -248,7 +256,7 @@ def _quantized(node: Node, mm: Node, offsets: dict[Value, int], family: str, det
         params = _qgemv_params(m, a.n, a.k, a.format, a.group, x.dtype)
     elif variant == "qgemm":
         params = tuple(Q.qgemm_tiling(m, a.n, a.k, clusters).items())
-    return Selection(family, variant, reason=reason, params=params, detail=detail)
+    return Selection(family, variant, key, reason=reason, params=params, detail=detail)
 
 
 def _qgemv_params(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bool = False,

@@ -706,6 +706,32 @@ def test_the_rule_gives_the_tile_gemm_short_prefills_of_wide_products(monkeypatc
     assert choose(32, 16384, 2048, "q4_k", DType.BF16) == "dequant_gemm"
 
 
+def test_a_prefills_packed_product_is_a_kernel_choice_the_ab_measures():
+    """A prefill's packed product (with its epilogue) is a choice point keyed by dtype, format, group, shape and
+    epilogue: the rule's way first, the other for the A/B (fusec.ab's candidates list it); an explicit choice takes
+    either way and the lowering report says it applied; an unknown variant is declined, naming the key; decode rows
+    and fp32 x have no such point."""
+    import fusec
+    from fusec.ab import regions as R
+    from fusec.lower.choices import choice_point
+
+    pre, cands = R.candidates(_qgraph(64, epilogue=True), "bf16")
+    mine = [c for c in cands if c.kind == "kernel_choice" and c.key.startswith("qmatmul:")]
+    assert [c.variant for c in mine] == ["qgemm"] and mine[0].key == "qmatmul:bf16:q4_k:g32:64x96x512:bias+silu+res"
+    key = mine[0].key
+    for variant, last in (("qgemm", "qgemm"), ("dequant_gemm", "epilogue")):
+        p = fusec.compile(_qgraph(64, epilogue=True), dtype="bf16", arch="sm_90", choices={key: variant})
+        assert p.manifest["report"]["lowering"]["choices"]["applied"] == {key: variant}
+        assert p.manifest["launches"][-1]["label"].split()[-1] == last
+    bad = fusec.compile(_qgraph(64, epilogue=True), dtype="bf16", arch="sm_90", choices={key: "gemv"})
+    assert "gemv" in bad.manifest["report"]["lowering"]["choices"]["declined"][key]
+    from fusec.compiler import stage
+
+    for m, dtype in ((4, "bf16"), (64, "fp32")):
+        st = stage(_qgraph(m, epilogue=True), dtype, "sm_90", dry_run=True)
+        assert not any(choice_point(n) for n in st.graph.nodes), (m, dtype)
+
+
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_the_tile_gemm_compiles_for_every_format(fmt):
     """The dequantize-in-tile GEMM in every format: bf16 on sm_80 and fp16 with bias, SiLU and residual on sm_90, at

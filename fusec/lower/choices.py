@@ -8,6 +8,10 @@ A *choice point* is a node the lowering can emit in more than one way:
   to the accumulator before the store: one launch, no round trip of the product), and for
   M <= 8 with a constant weight also ``"gemv"`` (``GemvSpec`` with the same epilogue);
 - a plain MATMUL with a constant 2-D weight: ``"cublas"``, and for M <= 8 ``"gemv"``;
+- a product over packed weights (QMATMUL, alone or under such an epilogue) with more rows than the quantized GEMV
+  takes, fp16/bf16 x and K a multiple of 64: ``"qgemm"`` (dequantized in the tile of fusec's tensor-core GEMM, the
+  epilogue fused) or ``"dequant_gemm"`` (dequantized into scratch, cuBLAS, the epilogue apart), the rule's first
+  (``fusec.lower.quant.choose``), the other what an A/B measures; ``fusec.lower.quant`` emits them;
 - for every constant 2-D weight, the other of its two layouts: ``"cached_transpose"`` (B stored
   [K, N], cuBLAS reads it as is) or ``"transpose_flag"`` (B stored [N, K] and read through
   cuBLAS's transpose flag, ``MATMUL[trans_b=True]``), whichever the passes did not pick.
@@ -142,6 +146,8 @@ def choice_point(node: Node) -> ChoicePoint | None:
     mm = node.attrs.body.nodes[0] if node.op == Op.FUSED and node.attrs.body.nodes else node
     if mm.op == Op.MATMUL and getattr(mm.attrs, "trans_a", False):
         return None
+    if mm.op == Op.QMATMUL:
+        return _packed_choice(node, mm)
     if node.op == Op.FUSED:
         body = node.attrs.body
         if len(body.outputs) != 1 or not body.nodes or body.nodes[0].op != Op.MATMUL \
@@ -224,6 +230,33 @@ def choose(choices: dict[str, str], cp: ChoicePoint, wgmma: bool = False) -> str
     return DEFAULT
 
 
+QVARIANTS = ("qgemm", "dequant_gemm")  # a prefill's product over packed weights (fusec.lower.quant emits them)
+
+
+def _packed_choice(node: Node, mm: Node) -> ChoicePoint | None:
+    """The choice point of a QMATMUL (alone, or the product of a gemm_epilogue body) where both of a prefill's
+    ways apply: more rows than the quantized GEMV takes, fp16/bf16 x, K a multiple of 64."""
+    from fusec.lower import quant as Q
+
+    x, a = mm.inputs[0], mm.attrs
+    m = math.prod(x.shape[:-1])
+    if m <= Q.qgemv_max_rows() or x.dtype not in (DType.F16, DType.BF16) or a.k % 64:
+        return None
+    bias = res = None
+    e = S.Epilogue()
+    if node.op == Op.FUSED:
+        body = node.attrs.body
+        epi = _epilogue(body) if len(body.outputs) == 1 else None
+        if epi is None or any(n.op in (Op.MATMUL, Op.QMATMUL) for n in body.nodes[1:]):
+            return None
+        bias, act, res = epi
+        e = S.Epilogue(bias=bias is not None, activation=act, residual=res is not None)
+    rule = "qgemm" if Q.tile_wins(m, a.n, a.k) else "dequant_gemm"
+    variants = (rule,) + tuple(v for v in QVARIANTS if v != rule)
+    key = f"qmatmul:{x.dtype.value}:{a.format}:g{a.group}:{m}x{a.n}x{a.k}:{_epi_name(e)}"
+    return ChoicePoint(key, variants, x, mm.inputs[1], bias, res, e, m, a.n, a.k, True, True)
+
+
 def choice_points(graph: Graph) -> list[tuple[Node, ChoicePoint]]:
     """Every node of ``graph`` (an optimized graph) with alternative lowerings."""
     return [(n, cp) for n in graph.nodes if (cp := choice_point(n)) is not None]
@@ -244,8 +277,8 @@ def emit(ctx, node: Node, sel, label: str) -> bool:  # noqa: ANN001 (fusec.lower
     """Emit the product variant ``sel`` (passes/select_kernels.py) chose for ``node``; False when the
     variant is cuBLAS (the op's own lowering emits it). Layouts and alignment were settled by the
     selection: the IR holds the weight as the variant reads it."""
-    if not sel.key or sel.variant in ("", DEFAULT) or sel.variant in LAYOUT_VARIANTS:
-        return False  # no choice point (a fused family's one kernel), or cuBLAS
+    if not sel.key or sel.variant in ("", DEFAULT) or sel.variant in LAYOUT_VARIANTS or sel.variant in QVARIANTS:
+        return False  # no choice point (a fused family's one kernel), cuBLAS, or packed weights' (fusec.lower.quant)
     cp = choice_point(node)
     if cp is None or not cp.accepts(sel.variant):
         raise AssertionError(f"{label}: selected variant {sel.variant!r} does not fit the node")
