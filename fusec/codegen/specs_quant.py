@@ -66,7 +66,22 @@ class QSibling:
 
 
 @dataclasses.dataclass(frozen=True)
-class QGemvSpec:
+class _QProduct:
+    """What every product over a packed weight names: C[M, N] = epilogue(x[M, K] @ W^T), W [N, K] packed in ``fmt``
+    (groups of ``group``), its scales of ``scale_dtype``, x and C of ``dtype``."""
+
+    M: int
+    N: int
+    K: int
+    fmt: str
+    group: int
+    dtype: DType
+    scale_dtype: DType = DType.F16
+    epilogue: Epilogue = Epilogue()
+
+
+@dataclasses.dataclass(frozen=True)
+class QGemvSpec(_QProduct):
     """C[M, N] = epilogue(x[M, K] @ W^T), W [N, K] packed in ``fmt`` (groups of ``group``).
     ``rows``: output rows per warp (1, 2 or 4); ``fold``: scale each 8 weights' partial dot once
     instead of every weight. ``tc``: the tensor-core form instead (templates/qgemv_tc.cu.jinja: 4- to 8-bit
@@ -91,14 +106,6 @@ class QGemvSpec:
     Params: x, the packed operands (the format's order), [g], [bias], [residual], C, [seed, counter, temperature,
     part]."""
 
-    M: int
-    N: int
-    K: int
-    fmt: str
-    group: int
-    dtype: DType
-    scale_dtype: DType = DType.F16
-    epilogue: Epilogue = Epilogue()
     rows: int = 2
     fold: bool = True
     tc: bool = False
@@ -222,23 +229,16 @@ QGEMM_MAX_MT = 16  # the dequantize-in-tile GEMM's n8 tiles of x a block (128 ro
 
 
 @dataclasses.dataclass(frozen=True)
-class QGemmSpec:
+class QGemmSpec(_QProduct):
     """C[M, N] = epilogue(x[M, K] @ W^T) for a prefill, W [N, K] packed in ``fmt``, dequantized in the tile
     (templates/qgemm_tc.cu.jinja): blocks of ``rw`` x ``kw`` warps own 16 ``rw`` weight rows and 8 ``mt`` rows of x,
     warp (rw, kw) the 64-wide k tiles kw, kw + kw_count, ...; ``blocks`` an SM its launch bounds budget registers
     for; the weight's loads run ``depth`` tiles ahead; ``ks`` > 1 (sm_90 only): K is split further over the ``ks``
-    blocks of a thread block cluster, which add their sums through distributed shared memory; each lane dequantizes its 32-weight chunk of a tile
-    exactly as QDequantSpec does (the same bits), and mma.m16n8k16 sums it with x in fp32. fp16/bf16 x, K a multiple
-    of 64. Params: x, the packed operands (the format's order), [bias], [residual], C."""
+    blocks of a thread block cluster, which add their sums through distributed shared memory. Each lane dequantizes
+    its 32-weight chunk of a tile exactly as QDequantSpec does (the same bits), and mma.m16n8k16 sums it with x in
+    fp32. fp16/bf16 x, K a multiple of 64. Params: x, the packed operands (the format's order), [bias], [residual],
+    C."""
 
-    M: int
-    N: int
-    K: int
-    fmt: str
-    group: int
-    dtype: DType
-    scale_dtype: DType = DType.F16
-    epilogue: Epilogue = Epilogue()
     mt: int = 8
     rw: int = 4
     kw: int = 1
