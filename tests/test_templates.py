@@ -15,7 +15,7 @@ from fusec.codegen import specs as S
 from fusec.codegen.build_topk import TopKSpec
 from fusec.codegen.elementwise import Apply, Const, In
 from fusec.codegen.render import CCode, Ident, ctype, float_lit, render
-from fusec.codegen.specs_quant import QDequantSpec, QGemvSpec
+from fusec.codegen.specs_quant import QDequantSpec, QGemmSpec, QGemvSpec
 from fusec.dtypes import DType
 from fusec.lower.tf32_split import Tf32SplitSpec
 
@@ -112,6 +112,7 @@ def _all_specs() -> list[tuple[str, object]]:
         QGemvSpec(2, 154, 512, "q4_k", 32, BF16, epilogue=S.Epilogue(residual=True), dp4a=True, norm=True, glu="silu",
                   warps=8, blocks=2),  # integer dot products over x quantized per 32
         QDequantSpec(77, 512, "q6_k", 16, F16, row0=16, rows=40),  # more formats: tests/test_quant_kernels.py
+        QGemmSpec(40, 77, 512, "q4_k", 32, BF16, epilogue=S.Epilogue(residual=True), mt=5, rw=2, kw=2),  # prefill
     ]
     out += [(f"{type(s).__name__}-extra{i}", s) for i, s in enumerate(extra)]
     return out
