@@ -673,9 +673,12 @@ def test_lowering_picks_the_gemv_for_decode_and_the_tile_gemm_or_scratch_for_pre
     assert tile.lowered.report["launches"] == 1 and tile.lowered.scratch_bytes < 96 * 512 * 2
     import fusec
 
-    for arch in ("sm_80", "sm_90"):  # the whole plan, its kernel sources checked as a plan file's are
+    for arch, tiling in (("sm_80", ""), ("sm_90", ""), ("sm_90", "8,4,1,4")):  # the whole plan, its kernel sources
+        monkeypatch.setenv("FUSEC_QGEMM_TILE", tiling)  # checked as a plan file's are (a cluster's too)
         plan = fusec.compile(_qgraph(64, epilogue=True), dtype="bf16", arch=arch)
         assert [L.get("label", "").split()[-1] for L in plan.manifest["launches"]] == ["qgemm"]
+        assert plan.manifest["launches"][0]["grid"][2] == (4 if tiling else 1)  # z: a cluster's blocks
+    monkeypatch.delenv("FUSEC_QGEMM_TILE")
     for dtype, knob in (("bf16", "auto"), ("bf16", "scratch"), ("fp32", "tile")):
         monkeypatch.setenv("FUSEC_QGEMM", knob)
         pre = stage(_qgraph(64, epilogue=True), dtype, "sm_90", dry_run=True)
@@ -760,10 +763,10 @@ def test_the_tile_gemm_spec_refuses_what_it_cannot_run():
 
 
 def test_the_tile_gemm_tiling_rule(monkeypatch):
-    """All of x's rows in one block up to 64. Without clusters: warps over weight rows while the grid keeps two blocks
-    an SM, else over K, shared memory within QGEMM_SMEM_MAX. With clusters (sm_90): 64 weight rows a block and K split
-    over the fewest blocks of a cluster that give two blocks an SM (at most 8, each at least two k tiles).
-    FUSEC_QGEMM_TILE overrides it; text that is not integers is refused, naming the variable."""
+    """All of x's rows in one block up to 64. Warps over weight rows while the grid keeps two blocks an SM, else over
+    K, shared memory within QGEMM_SMEM_MAX; with clusters (sm_90), where blocks of 64 weight rows number at least the
+    SMs, 64 rows a block and K over clusters of 2 where that makes two blocks an SM. FUSEC_QGEMM_TILE overrides it;
+    text that is not integers is refused, naming the variable."""
     from fusec.codegen.spec_base import SMS
     from fusec.codegen.specs_quant import QGemmSpec
     from fusec.errors import InputError
@@ -776,18 +779,18 @@ def test_the_tile_gemm_tiling_rule(monkeypatch):
                 assert 8 * t["mt"] >= min(m, 64) and t["rw"] * t["kw"] <= 4
                 ys = -(-m // (8 * t["mt"]))
                 blocks = -(-n // (16 * t["rw"])) * ys * t["ks"]
-                if clusters:
-                    assert t["rw"] == 4 and t["kw"] == 1 and (blocks >= 2 * SMS or t["ks"] == 8
-                                                              or k // 64 < 4 * t["ks"]), (m, n, k, t)
-                    assert t["ks"] == 1 or blocks // 2 < 2 * SMS, (m, n, k, t)  # the fewest that fill
+                if t["ks"] > 1:
+                    assert clusters and t["ks"] == 2 and t["rw"] == 4 and t["kw"] == 1, (m, n, k, t)
+                    assert SMS <= blocks // 2 < 2 * SMS <= blocks, (m, n, k, t)  # clusters of 2 make the second wave
                 else:
-                    assert t["ks"] == 1 and (blocks >= 2 * SMS or t["rw"] == 1), (m, n, k, t)
+                    assert blocks >= 2 * SMS or t["rw"] == 1, (m, n, k, t)
                 assert QGemmSpec(m, n, k, "q4_k", 32, DType.BF16, **t).smem <= QGEMM_SMEM_MAX
     assert {k: v for k, v in qgemm_tiling(32, 2048, 8192).items() if k in "mt rw kw"} == {"mt": 4, "rw": 1, "kw": 4}
     assert qgemm_tiling(32, 22016, 4096)["rw"] == 4  # 344 blocks of 64 rows
     assert qgemm_tiling(32, 16384, 2048)["rw"] == 2  # 256 of 64 would be under two an SM: 512 of 32
-    assert qgemm_tiling(32, 2048, 8192, clusters=True)["ks"] == 8  # 32 blocks of 64 rows: 256 in clusters of 8
-    assert qgemm_tiling(32, 16384, 2048, clusters=True)["ks"] == 2
+    assert qgemm_tiling(32, 2048, 8192, clusters=True) == qgemm_tiling(32, 2048, 8192)  # 32 blocks of 64 rows: no
+    assert qgemm_tiling(32, 16384, 2048, clusters=True)["ks"] == 2  # 256 blocks of 64 rows: 512 in clusters of 2
+    assert qgemm_tiling(32, 22016, 4096, clusters=True)["ks"] == 1  # 344 already
     monkeypatch.setenv("FUSEC_QGEMM_TILE", "8,2,2,1,3")
     assert qgemm_tiling(32, 2048, 8192) == {"mt": 8, "rw": 2, "kw": 2, "ks": 1, "blocks": 3}
     monkeypatch.setenv("FUSEC_QGEMM_TILE", "8,2")
