@@ -756,7 +756,8 @@ def test_the_tile_gemm_spec_refuses_what_it_cannot_run():
     from fusec.codegen.specs_quant import QGemmSpec
 
     for bad, what in ((dict(K=544), "multiple of 64"), (dict(dtype=DType.F32), "fp16/bf16"), (dict(mt=17), "mt"),
-                      (dict(rw=4, kw=4), "at most 8 warps"), (dict(rw=3), "rw and kw")):
+                      (dict(rw=4, kw=4), "at most 8 warps"), (dict(rw=3), "rw and kw"),
+                      (dict(mt=16, rw=2, kw=4), "shared memory")):
         args = dict(M=40, N=64, K=512, fmt="q8_0", group=32, dtype=DType.BF16) | bad
         with pytest.raises(ValueError, match=what):
             QGemmSpec(**args)
@@ -793,9 +794,10 @@ def test_the_tile_gemm_tiling_rule(monkeypatch):
     assert qgemm_tiling(32, 22016, 4096, clusters=True)["ks"] == 1  # 344 already
     monkeypatch.setenv("FUSEC_QGEMM_TILE", "8,2,2,1,3")
     assert qgemm_tiling(32, 2048, 8192) == {"mt": 8, "rw": 2, "kw": 2, "ks": 1, "blocks": 3}
-    monkeypatch.setenv("FUSEC_QGEMM_TILE", "8,2")
-    with pytest.raises(InputError, match="FUSEC_QGEMM_TILE"):
-        qgemm_tiling(32, 2048, 8192)
+    for bad in ("8,2", "8,2,x", "17,1,1", "16,2,4"):  # not integers; mt over 16; x's ring over the shared memory
+        monkeypatch.setenv("FUSEC_QGEMM_TILE", bad)
+        with pytest.raises(InputError, match="FUSEC_QGEMM_TILE"):
+            qgemm_tiling(32, 2048, 8192)
 
 
 def test_the_tile_gemm_splits_k_over_a_cluster_on_sm_90_only():

@@ -226,6 +226,7 @@ def tc_fits(m: int, fmt: str, dtype: DType) -> bool:
 
 
 QGEMM_MAX_MT = 16  # the dequantize-in-tile GEMM's n8 tiles of x a block (128 rows: 64 accumulators a lane)
+QGEMM_SMEM_LIMIT = 227 << 10  # a block's shared memory on sm_90 (sm_80: 163 KB; the rule stays within 100 KB)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -251,6 +252,8 @@ class QGemmSpec(_QProduct):
         _req(self.blocks in range(1, 9), "blocks (an SM, the launch bounds' registers) is 1 to 8")
         _req(self.depth in range(1, 7), "depth (tiles the weight loads run ahead) is 1 to 6")
         _req(self.ks in (1, 2, 4, 8), "ks (blocks of a cluster splitting K, sm_90) is 1, 2, 4 or 8")
+        _req(self.smem <= QGEMM_SMEM_LIMIT, f"the block's shared memory ({self.smem} bytes: x's ring of 3 tiles of "
+             f"8 mt rows a K warp, and the warps' weight tiles) is over {QGEMM_SMEM_LIMIT}")
         _req(self.dtype in (DType.F16, DType.BF16), "the dequantize-in-tile GEMM multiplies fp16/bf16 x (mma)")
         _req(self.K % 64 == 0, "the dequantize-in-tile GEMM takes K a multiple of 64 (its k tiles)")
         _req(self.mt in range(1, QGEMM_MAX_MT + 1), f"mt (n8 tiles of x a block) is 1 to {QGEMM_MAX_MT}")

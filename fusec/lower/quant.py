@@ -101,8 +101,18 @@ def qgemm_tiling(m: int, n: int, k: int, clusters: bool = False) -> dict[str, in
                              "(integers)")
         mt, rw, kw, *rest = (int(v) for v in vals)
         ks = rest[0] if rest else 1
-        return {"mt": mt, "rw": rw, "kw": kw, "ks": ks,
-                "blocks": rest[1] if len(rest) > 1 else max(1, WARPS_SM // (rw * kw))}
+        forced_tiling = {"mt": mt, "rw": rw, "kw": kw, "ks": ks,
+                         "blocks": rest[1] if len(rest) > 1 else max(1, WARPS_SM // max(1, rw * kw))}
+        from fusec.codegen.specs_quant import QGemmSpec
+        from fusec.dtypes import DType
+
+        try:  # the spec's own checks, on this product's shape
+            QGemmSpec(m, n, k, "q8_0", 32, DType.BF16, **forced_tiling)
+        except ValueError as e:
+            from fusec.errors import InputError
+
+            raise InputError(f"environment variable FUSEC_QGEMM_TILE={forced!r}: {e}") from None
+        return forced_tiling
     mt = min(8, -(-m // 8))
     ys = -(-m // (8 * mt))
     base = -(-n // 64) * ys  # blocks of 64 weight rows
