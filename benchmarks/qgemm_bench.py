@@ -23,7 +23,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_decode_kernels import graph_time  # noqa: E402
-from quant_bench import L2_ROTATE, _weight  # noqa: E402
+from quant_bench import _weight, packed_copies  # noqa: E402
 
 from fusec.codegen import kernels as K  # noqa: E402
 from fusec.codegen.specs_quant import QDequantSpec, QGemmSpec  # noqa: E402
@@ -77,7 +77,7 @@ def main() -> int:
     for name, n, k in SHAPES:
         for fmt in args.formats.split(","):
             qw = _weight(fmt, n, k, rng)
-            sets = [[cp.asarray(a) for a in qw.arrays] for _ in range(max(1, min(16, -(-L2_ROTATE // qw.nbytes))))]
+            sets = packed_copies(qw)
             dq = K.build(QDequantSpec(n, k, qw.format, qw.group, DType.BF16, qw.scale_dtype))
             scratch = torch.empty((n, k), dtype=torch.bfloat16, device="cuda")
             for m in (int(r) for r in args.rows.split(",")):

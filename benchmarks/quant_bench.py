@@ -60,6 +60,13 @@ SHAPES = {  # model -> [(name, N, K)]
 FORMATS = [("q4_k", "Q4_K"), ("q6_k", "Q6_K"), ("q8_0", "Q8_0"), ("uint4", "int4-g128"), ("int8", "int8")]
 
 
+def packed_copies(qw, most: int = 16) -> list[list]:  # noqa: ANN001
+    """Device copies of a packed weight's arrays, enough (up to ``most``) to rotate through past L2_ROTATE bytes."""
+    import cupy as cp
+
+    return [[cp.asarray(a) for a in qw.arrays] for _ in range(max(1, min(most, -(-L2_ROTATE // qw.nbytes))))]
+
+
 def _weight(fmt: str, n: int, k: int, rng: np.random.Generator):  # noqa: ANN202
     from fusec.quant import from_affine
     from fusec.quant_gguf import random_blocks, repack
@@ -145,7 +152,7 @@ def bench_kernels(results: list, quick: bool, copy: float, variants: bool = Fals
             packed = {}  # format -> (weight, device copies rotated past L2); made once for every M
             for fmt, _ in formats:
                 qw = _weight(fmt, n, k, rng)
-                packed[fmt] = (qw, [[cp.asarray(a) for a in qw.arrays] for _ in range(max(1, min(16, -(-L2_ROTATE // qw.nbytes))))])
+                packed[fmt] = (qw, packed_copies(qw))
             for m in ms or ((1, 8) if model == "llama-1b" else (1,)):
                 x = _bf16((m, k))
                 out = cp.empty((m, n), cp.uint16)

@@ -226,9 +226,10 @@ def _quantized(node: Node, mm: Node, offsets: dict[Value, int], family: str, det
                clusters: bool = False, choices: dict[str, str] | None = None) -> Selection:
     """A product over packed weights (``mm``: a QMATMUL, alone or the product of a fused epilogue):
     the quantized GEMV with its form (``fusec.lower.quant``'s rules); past the GEMV's rows the
-    dequantize-in-tile GEMM with its tiling where an explicit choice for its key (``choices``: an A/B's), the
-    rule or FUSEC_QGEMM takes it (``clusters``: sm_90's tilings), else dequantize-then-cuBLAS; also dequantize-then-cuBLAS where the chosen kernel's
-    operands are not 16-byte aligned (vector loads, x's 16-byte copies)."""
+    dequantize-in-tile GEMM with its tiling where an explicit choice for its key (``choices``: an A/B's),
+    the rule or FUSEC_QGEMM takes it (``clusters``: sm_90's tilings), else dequantize-then-cuBLAS; also
+    dequantize-then-cuBLAS where the chosen kernel's operands are not 16-byte aligned (vector loads, x's
+    16-byte copies)."""
     from fusec.lower import choices as C
     from fusec.lower import quant as Q
 

@@ -63,18 +63,40 @@ __device__ __forceinline__ void qb_decode(const QbRaw& r, int g, float& s, float
   z = QB_ZERO >= 0 ? QB_ZERO : (int)r.zero[g];
 }
 
-// The scale, offset and zero (as 2**23 + z: see qb_w8) of each group of chunk c of row n: every group's loads,
-// then the arithmetic.
-__device__ __forceinline__ void qb_scales(const QbPtrs& p, long long n, int c, float (&sv)[QB_GPC], float (&ov)[QB_GPC],
-                                          float (&zv)[QB_GPC]) {
-  QbRaw r;
-  qb_scales_raw(p, n, c, r);
+// Every group's scale, offset and zero (as 2**23 + z: see qb_w8) from loaded scale data.
+__device__ __forceinline__ void qb_decode_all(const QbRaw& r, float (&sv)[QB_GPC], float (&ov)[QB_GPC],
+                                              float (&zv)[QB_GPC]) {
 #pragma unroll
   for (int g = 0; g < QB_GPC; ++g) {
     int z;
     qb_decode(r, g, sv[g], ov[g], z);
     zv[g] = 8388608.0f + (float)(z + (QB_BITS == 8 && QB_SIGNED ? 128 : 0));
   }
+}
+
+// The scale, offset and zero of each group of chunk c of row n: every group's loads, then the arithmetic.
+__device__ __forceinline__ void qb_scales(const QbPtrs& p, long long n, int c, float (&sv)[QB_GPC], float (&ov)[QB_GPC],
+                                          float (&zv)[QB_GPC]) {
+  QbRaw r;
+  qb_scales_raw(p, n, c, r);
+  qb_decode_all(r, sv, ov, zv);
+}
+
+// The operands from row n on (each array holds a row's entries contiguously), so that a kernel's loads of row n and
+// the rows after it are offsets by row and chunk alone.
+__device__ __forceinline__ QbPtrs qb_rows(const QbPtrs& p, long long n) {
+  QbPtrs r = p;
+  r.codes += n * (QB_NCH * (QB_BITS == 8 ? 32 : 16));
+  if (QB_BITS == 5 || QB_BITS == 6) r.high += n * QB_NCH * (QB_BITS - 4);
+  r.scale += n * (QB_K / QB_SB);
+  if (QB_SUB) r.sub += n * (QB_K / QB_GROUP);
+  if (QB_ZERO < 0) r.zero += n * (QB_K / QB_GROUP);
+  if (QB_OFF == 1) r.minv += n * (QB_K / QB_GROUP);
+  if (QB_OFF == 2) {
+    r.minv += n * (QB_K / QB_SB);
+    r.mins += n * (QB_K / QB_GROUP);
+  }
+  return r;
 }
 
 // The codes of chunk c of row n (16-byte loads) and its bit planes.

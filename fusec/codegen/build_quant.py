@@ -162,7 +162,8 @@ def _qgemm(spec: QGemmSpec) -> Rendered:
     from fusec.quant import FORMATS
 
     ctx = {"name": kernel_name("qgemm", spec), "M": spec.M, "N": spec.N, "K": spec.K, "rw": spec.rw, "kw": spec.kw,
-           "mt": spec.mt, "min_blocks": spec.blocks, "depth": spec.depth, "ks": spec.ks, "hb": bool(FORMATS[spec.fmt].high_planes), "t": ctype(spec.dtype),
+           "mt": spec.mt, "min_blocks": spec.blocks, "depth": spec.depth, "ks": spec.ks,
+           "hb": bool(FORMATS[spec.fmt].high_planes), "t": ctype(spec.dtype),
            "bias": spec.epilogue.bias, "act": Ident(spec.epilogue.activation), "residual": spec.epilogue.residual,
            "round_x": _round_fn(spec.dtype), **_format_ctx(spec.fmt, spec.group, spec.scale_dtype)}
     grid = (cdiv(spec.N, 16 * spec.rw), cdiv(spec.M, 8 * spec.mt), spec.ks)

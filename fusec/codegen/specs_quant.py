@@ -229,6 +229,12 @@ QGEMM_MAX_MT = 16  # the dequantize-in-tile GEMM's n8 tiles of x a block (128 ro
 QGEMM_SMEM_LIMIT = 227 << 10  # a block's shared memory on sm_90 (sm_80: 163 KB; the rule stays within 100 KB)
 
 
+def qgemm_smem(mt: int, rw: int, kw: int) -> int:
+    """The dequantize-in-tile GEMM's shared memory: x's ring [kw][3][8 mt][72] and the warps' weight tiles
+    [rw kw][16][72] of 16-bit values; the partial sums [kw][16 rw][8 mt + 1] of fp32 reuse it."""
+    return max((kw * 3 * 8 * mt + rw * kw * 16) * 72 * 2, kw * 16 * rw * (8 * mt + 1) * 4)
+
+
 @dataclasses.dataclass(frozen=True)
 class QGemmSpec(_QProduct):
     """C[M, N] = epilogue(x[M, K] @ W^T) for a prefill, W [N, K] packed in ``fmt``, dequantized in the tile
@@ -263,10 +269,7 @@ class QGemmSpec(_QProduct):
 
     @property
     def smem(self) -> int:
-        """Shared memory: x's ring [kw][3][8 mt][72] and the warps' weight tiles [rw kw][16][72] of 16-bit values;
-        the partial sums [kw][16 rw][8 mt + 1] of fp32 reuse it."""
-        ring = (self.kw * 3 * 8 * self.mt + self.rw * self.kw * 16) * 72 * 2
-        return max(ring, self.kw * 16 * self.rw * (8 * self.mt + 1) * 4)
+        return qgemm_smem(self.mt, self.rw, self.kw)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,8 +14,9 @@ counted in the lowering report (``by_template``: qgemv / qdequant) and per produ
 ``ctx.counts["qmatmul:<variant>"]``.
 
 Past the GEMV's rows (prefill) the product is dequantized in the tile of a tensor-core GEMM (``QGemmSpec``,
-templates/qgemm_tc.cu.jinja: the weight's bytes read once a block of up to 128 rows of x, no scratch) where it applies,
-else dequantized into scratch for cuBLAS; FUSEC_QGEMM is the A/B between them (``choose``).
+templates/qgemm_tc.cu.jinja: no scratch, the epilogue fused) where ``tile_wins``, else dequantized into scratch for
+cuBLAS. Both are a kernel choice point (``fusec.lower.choices``): an A/B measures the other way per shape, and
+FUSEC_QGEMM forces one everywhere.
 """
 
 from __future__ import annotations
@@ -49,14 +50,20 @@ def choose(m: int, n: int, k: int, fmt: str, dtype: Any, clusters: bool = False)
     (dequantize to scratch, then cuBLAS). FUSEC_QGEMM=tile or scratch takes one of them wherever it applies.
     ``clusters``: the target has thread block clusters (sm_90+)."""
     from fusec import knobs
-    from fusec.dtypes import DType
 
     if m <= qgemv_max_rows():
         return "qgemv"
-    fits = dtype in (DType.F16, DType.BF16) and k % 64 == 0
     choice = knobs.get("FUSEC_QGEMM")
-    tile = fits and (choice == "tile" or (choice == "auto" and tile_wins(m, n, k, clusters)))
+    tile = tile_applies(m, k, dtype) and (choice == "tile" or (choice == "auto" and tile_wins(m, n, k, clusters)))
     return "qgemm" if tile else "dequant_gemm"
+
+
+def tile_applies(m: int, k: int, dtype: Any) -> bool:
+    """Whether a prefill's product may take the dequantize-in-tile GEMM: more rows than the quantized GEMV takes,
+    fp16/bf16 x (the mma's types), K a multiple of 64 (its k tiles)."""
+    from fusec.dtypes import DType
+
+    return m > qgemv_max_rows() and dtype in (DType.F16, DType.BF16) and k % 64 == 0
 
 
 TILE_MAX_ROWS = 32  # the most rows of x the rule gives the dequantize-in-tile GEMM
@@ -90,6 +97,7 @@ def qgemm_tiling(m: int, n: int, k: int, clusters: bool = False) -> dict[str, in
     sets it."""
     from fusec import knobs
     from fusec.codegen.spec_base import SMS
+    from fusec.codegen.specs_quant import qgemm_smem
 
     forced = knobs.get("FUSEC_QGEMM_TILE")
     if forced:
@@ -119,12 +127,9 @@ def qgemm_tiling(m: int, n: int, k: int, clusters: bool = False) -> dict[str, in
     if clusters and base >= SMS and k // 64 >= 4:
         return {"mt": mt, "rw": 4, "kw": 1, "ks": 1 if base >= 2 * SMS else 2, "blocks": max(1, WARPS_SM // 4)}
 
-    def smem(rw: int, kw: int) -> int:
-        return (kw * 3 * 8 * mt + rw * kw * 16) * 72 * 2
-
     for rw, kw in ((4, 1), (2, 2), (1, 4)):
         if -(-n // (16 * rw)) * ys >= 2 * SMS or rw == 1:
-            while kw > 1 and smem(rw, kw) > QGEMM_SMEM_MAX:
+            while kw > 1 and qgemm_smem(mt, rw, kw) > QGEMM_SMEM_MAX:
                 kw //= 2
             kw = min(kw, max(1, k // 64))
             return {"mt": mt, "rw": rw, "kw": kw, "ks": 1, "blocks": max(1, WARPS_SM // (rw * kw))}
