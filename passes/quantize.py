@@ -3,7 +3,8 @@
 ``fusec compile MODEL --quantize int8|int4`` (``fusec.quantize``: per-channel int8, or group-wise
 int4 with ``PassOptions.quantize_group`` 32 or 128, both round-to-nearest) turns every
 ``MATMUL(x, W)`` whose W is a constant 2-D weight, in any of the layouts an importer leaves
-([K, N], ``trans_b`` [N, K], or ``TRANSPOSE`` of an [N, K] nn.Linear weight), into one
+([K, N], ``trans_b`` [N, K], or ``TRANSPOSE`` of an [N, K] nn.Linear weight; each also as the CAST to fp32
+of a weight stored in bf16/fp16, which constant folding keeps for the precision pass), into one
 ``QMATMUL`` over the packed weight (``fusec.quant``). It runs before ``precision`` so the codes
 come from the fp32 weights, not from their bf16 rounding.
 
@@ -46,16 +47,28 @@ def _output_products(graph: Graph) -> set[Node]:
     return heads
 
 
-def _weight(ctx: Ctx, node: Node) -> tuple[Value, bool, Node | None] | None:
-    """(constant weight, stored [N, K]?, the TRANSPOSE read through) of a product, or None."""
+def _stored(ctx: Ctx, v: Value) -> tuple[Value, Node | None] | None:
+    """(the constant ``v`` holds, the CAST read through) or None: ``v`` itself, or a CAST of a float constant (a
+    weight stored in bf16/fp16 while the model was built: constant folding keeps that CAST for the precision pass,
+    passes/constant_fold.py)."""
+    if v.data is not None:
+        return v, None
+    c = ctx.prod(v)
+    if c is not None and c.op == Op.CAST and c.inputs[0].data is not None and c.inputs[0].dtype.is_float:
+        return c.inputs[0], c
+    return None
+
+
+def _weight(ctx: Ctx, node: Node) -> tuple[Value, bool, list[Node]] | None:
+    """(constant weight, stored [N, K]?, the TRANSPOSE and CAST read through) of a product, or None."""
     x, b = node.inputs
     trans_b = bool(getattr(node.attrs, "trans_b", False))
-    if b.data is not None and len(b.shape) == 2:
-        return b, trans_b, None
+    if len(b.shape) == 2 and (found := _stored(ctx, b)) is not None:
+        return found[0], trans_b, [n for n in found[1:] if n is not None]
     t = ctx.prod(b)
     if not trans_b and t is not None and t.op == Op.TRANSPOSE and t.attrs.perm == (1, 0) \
-            and t.inputs[0].data is not None and len(t.inputs[0].shape) == 2:
-        return t.inputs[0], True, t
+            and len(t.inputs[0].shape) == 2 and (found := _stored(ctx, t.inputs[0])) is not None:
+        return found[0], True, [t] + [n for n in found[1:] if n is not None]
     return None
 
 
@@ -101,7 +114,7 @@ def run(graph: Graph, options: PassOptions) -> PassResult:
         consts = packed[key]
         group = k if method == "int8" else options.quantize_group
         new = rw.node(Op.QMATMUL, [x, *consts], QMatMulAttrs(fmt, n, k, group), out=node.outputs[0], name=node.name)
-        rw.replace(node, [new], [node] + ([via] if via is not None else []))
+        rw.replace(node, [new], [node] + via)
         count += 1
     g = rw.finish() if rw.changed else graph.copy()
     g.meta["quantized"] = {"method": method, "format": fmt or None, "group": options.quantize_group if method == "int4"

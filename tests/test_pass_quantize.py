@@ -102,3 +102,32 @@ def test_weight_report_counts_packed_tensors_in_fused_bodies_too():
     consts = {id(c): c.nbytes for c in q.constants}
     consts.update({id(c): c.nbytes for n in q.nodes if n.op == Op.FUSED for c in n.attrs.body.constants})
     assert rep["step_bytes"] == sum(consts.values()) - table["bytes"] + 16 * table["bytes"] // table["shape"][0]
+
+
+def test_quantize_reads_weights_stored_narrow_through_their_cast(monkeypatch):
+    """A generation plan stores its large weights in bf16 (``storage``): each product then reads its weight through a
+    CAST to fp32 that constant folding keeps for the precision pass. The pass quantizes through that CAST, from the
+    stored values, exactly the products it quantizes when the weights are fp32 constants (before, it quantized none:
+    ``--quantize`` on a bf16 generation plan did nothing)."""
+    from fusec.genmodel import build_graphs, load_generation_model
+    from fusec.models.weights import StoredWeights
+    from fusec.quantize import quantize_weight
+
+    monkeypatch.setattr(StoredWeights, "MIN_ELEMENTS", 1)  # llama-tiny's matrices are under the size stored narrow
+    gm = load_generation_model("llama-tiny")
+    counts = {}
+    for storage in (None, "bf16"):
+        g = build_graphs(gm, 1, 32, 8, [], storage=storage)["decode"]
+        casts = sum(n.op == Op.CAST and n.inputs[0].data is not None for n in g.nodes)
+        assert (casts > 0) == (storage is not None)
+        q, _ = optimize(g, PassOptions(quantize="int4", quantize_group=32, **({"storage_dtype": storage} if storage else {})))
+        counts[storage] = q.meta["quantized"]["products"]
+        if storage is None:
+            continue
+        # the codes of a packed weight are those of the stored (bf16) weight
+        stored = {v.name: v for v in g.constants if v.dtype == DType.BF16}
+        name, w = next((k, v) for k, v in stored.items() if k.endswith("down_proj.weight"))
+        want = quantize_weight(w.data.astype(np.float32), "int4", 32, name)
+        got = {v.name: v for v in q.constants if v.name.startswith(name + ".")}
+        assert got and all(np.array_equal(got[f"{name}.{role}"].data, a) for role, a in zip(want.roles, want.arrays))
+    assert counts["bf16"] == counts[None] > 0
