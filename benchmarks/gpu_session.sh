@@ -6,6 +6,8 @@
 #   gpu_all   every GPU test (benchmarks/gpu_check.sh)
 #   qgemm     the dequantize-in-tile GEMM: its GPU tests and the packed plans', alone against the scratch path by
 #             tiling (benchmarks/qgemm_bench.py), Llama-1B Q4_K_M prefills of 32 and 128 tokens against FUSEC_QGEMM=scratch
+#   int4_7b   issue 22's 7B int4 target: fusec --quantize int4 (group 128, head packed) at batch 1 against its packed-weight
+#             roofline and gpt-fast's int4 form compiled in torch, in turns (benchmarks/int4_7b.py, ~7 minutes)
 #   qgncu     Nsight Compute of the tile GEMM at 32 rows, Llama-1B's qkv in Q4_K (QG_TILE: its tiling)
 #   qgemm3    the tile GEMM's GPU tests, alone at 32 rows in Q4_K, and the Llama-1B Q4_K_M 32-token prefill against scratch
 #   qgemm2    the tile GEMM's GPU tests; Llama-1B Q4_K_M and Q8_0 32-token prefills: the rule against scratch and tile
@@ -643,6 +645,8 @@ for step in "$@"; do
              --ab FUSEC_QGEMM=scratch > "$R/qg_$p.txt" 2>&1
            echo "q4_k_m $p"; grep -E "^\| " "$R/qg_$p/prefill_step.md" | head -n 4 | cut -c 1-300
          done ;;
+    int4_7b) timeout 540 python3 benchmarks/int4_7b.py "$R/int4_7b" > "$R/int4_7b.txt" 2>&1
+          grep -vE "^\s*$" "$R/int4_7b.txt" | tail -n 60 ;;
     qgemm2) timeout 120 $PT -n 12 tests/test_quant_gpu.py -k "tile or prefill" > "$R/t_qgemm2.txt" 2>&1
           grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_qgemm2.txt" | tail -n 8
           for m in llama-1b-q4_k_m llama-1b-q8_0; do

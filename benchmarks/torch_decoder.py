@@ -24,6 +24,11 @@ Attention:
 
 ``decode_one_token`` (greedy: argmax of the last logits) is what benchmarks/decode.py compiles
 with ``torch.compile(mode="reduce-overhead", fullgraph=True)``; ``prefill_tokens`` is the prefill.
+
+``qk_norm=False`` gives the Llama block (no q/k norm). ``quantize_int4`` turns every linear layer into gpt-fast's
+weight-only int4 form: round-to-nearest codes 0..15 per group of K with a bf16 scale and a zero point (min + 8
+scales) per group, packed for ``torch.ops.aten._weight_int4pack_mm`` (the tinygemm kernel), the int4 peer of
+benchmarks/int4_7b.py.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ class DecoderConfig:
     norm_eps: float
     rope_theta: float
     tie_word_embeddings: bool
+    qk_norm: bool = True  # Qwen3's RMSNorm over the head dim of q and k; Llama has none
 
     @classmethod
     def from_hf(cls, cfg: Any) -> DecoderConfig:
@@ -69,7 +75,7 @@ class DecoderConfig:
     def num_params(self) -> int:
         """Parameters stored once (the tied LM head is the embedding table)."""
         d, hd, h, kv, ff = self.dim, self.head_dim, self.n_head, self.n_kv_head, self.intermediate_size
-        layer = d * (h + 2 * kv) * hd + h * hd * d + 3 * d * ff + 2 * d + 2 * hd
+        layer = d * (h + 2 * kv) * hd + h * hd * d + 3 * d * ff + 2 * d + (2 * hd if self.qk_norm else 0)
         head = 0 if self.tie_word_embeddings else self.vocab_size * d
         return self.n_layer * layer + self.vocab_size * d + d + head
 
@@ -118,8 +124,8 @@ class Attention(nn.Module):
         self.c = c
         self.wqkv = nn.Linear(c.dim, (c.n_head + 2 * c.n_kv_head) * c.head_dim, bias=False)
         self.wo = nn.Linear(c.n_head * c.head_dim, c.dim, bias=False)
-        self.q_norm = RMSNorm(c.head_dim, c.norm_eps)
-        self.k_norm = RMSNorm(c.head_dim, c.norm_eps)
+        self.q_norm = RMSNorm(c.head_dim, c.norm_eps) if c.qk_norm else nn.Identity()
+        self.k_norm = RMSNorm(c.head_dim, c.norm_eps) if c.qk_norm else nn.Identity()
         self.kv_cache: KVCache | None = None
         self.scale = c.head_dim ** -0.5
 
@@ -301,3 +307,44 @@ def kv_bytes_per_step(c: DecoderConfig, batch: int, keys: float, itemsize: int =
 
 __all__ = ["DecoderConfig", "Transformer", "decode_one_token", "prefill_tokens", "from_hf",
            "weight_bytes_per_step", "kv_bytes_per_step"]
+
+
+class Int4Linear(nn.Module):
+    """A bias-free linear layer over group-wise int4 weights in the layout of ``aten._weight_int4pack_mm``."""
+
+    def __init__(self, weight: Tensor, group: int = 128, inner_k_tiles: int = 8):
+        super().__init__()
+        n, k = weight.shape
+        if k % group or k % (inner_k_tiles * 16):
+            raise ValueError(f"int4: K = {k} must be a multiple of the group {group} and of {inner_k_tiles * 16}")
+        w = weight.float().reshape(n, k // group, group)
+        lo, hi = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)
+        scale = ((hi - lo) / 15).clamp(min=1e-6)
+        codes = ((w - lo) / scale).round().clamp(0, 15).to(torch.int32).reshape(n, k)
+        zero = lo + 8 * scale  # the kernel computes (code - 8) * scale + zero
+        packed = (codes[:, ::2] << 4 | codes[:, 1::2]).to(torch.uint8)
+        self.register_buffer("weight", torch.ops.aten._convert_weight_to_int4pack(packed, inner_k_tiles))
+        sz = torch.cat([scale, zero], -1).to(torch.bfloat16)  # [N, K / group, 2]
+        self.register_buffer("scales_and_zeros", sz.transpose(0, 1).contiguous())  # [K / group, N, 2]
+        self.group, self.n = group, n
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = torch.ops.aten._weight_int4pack_mm(x.reshape(-1, x.shape[-1]), self.weight, self.group,
+                                               self.scales_and_zeros)
+        return y.reshape(*x.shape[:-1], self.n)
+
+
+def quantize_int4(model: nn.Module, group: int = 128) -> nn.Module:
+    """Every ``nn.Linear`` of ``model`` (on a CUDA device, bf16) replaced by an ``Int4Linear`` of its weight; in place."""
+    for name, mod in list(model.named_children()):
+        if isinstance(mod, nn.Linear):
+            setattr(model, name, Int4Linear(mod.weight.detach(), group))
+        else:
+            quantize_int4(mod, group)
+    return model
+
+
+def int4_weight_bytes(model: nn.Module) -> int:
+    """Bytes a decode step reads of an ``quantize_int4`` model's linear layers (packed codes, scales and zeros)."""
+    return sum(m.weight.numel() * m.weight.element_size() + m.scales_and_zeros.numel() * 2
+               for m in model.modules() if isinstance(m, Int4Linear))
