@@ -209,7 +209,7 @@ class Transformer(nn.Module):
     def setup_caches(self, batch: int, max_seq_len: int) -> None:
         """Preallocate every layer's [B, Hkv, T, D] cache and the RoPE tables for T positions."""
         c = self.config
-        w = self.output.weight
+        w = self.tok_embeddings.weight  # (the LM head's may be packed int4 codes)
         dtype, device = w.dtype, w.device
         for blk in self.layers:
             blk.attention.kv_cache = KVCache(batch, c.n_kv_head, max_seq_len, c.head_dim, dtype, device)
