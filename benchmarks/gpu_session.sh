@@ -645,7 +645,7 @@ for step in "$@"; do
              --ab FUSEC_QGEMM=scratch > "$R/qg_$p.txt" 2>&1
            echo "q4_k_m $p"; grep -E "^\| " "$R/qg_$p/prefill_step.md" | head -n 4 | cut -c 1-300
          done ;;
-    int4_7b) timeout 540 python3 benchmarks/int4_7b.py "$R/int4_7b" > "$R/int4_7b.txt" 2>&1
+    int4_7b) timeout 560 python3 benchmarks/int4_7b.py "$R/int4_7b" --ab-prev > "$R/int4_7b.txt" 2>&1
           grep -vE "^\s*$" "$R/int4_7b.txt" | tail -n 60 ;;
     qgemm2) timeout 120 $PT -n 12 tests/test_quant_gpu.py -k "tile or prefill" > "$R/t_qgemm2.txt" 2>&1
           grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_qgemm2.txt" | tail -n 8

@@ -46,6 +46,11 @@ def compile_fusec(job: dict) -> dict:
     from fusec.models.generate import SharedWeights
     from fusec.models.weights import RandomWeights
 
+    if job.get("prev_heavy"):  # the rule before the thirty-fifth session: every zero-point format 4 chunks from K 4096
+        from fusec.lower import quant as Q
+
+        Q.dp4a_heavy = lambda fmt, k, norm: norm and k >= 4096 and (Q.FORMATS[fmt].bits == 6
+                                                                    or Q.FORMATS[fmt].zero is None)
     cfg = _config(job["layers"])
     t0 = time.perf_counter()
     try:
@@ -128,6 +133,9 @@ def main() -> int:
     ap.add_argument("--prompt", type=int, default=32)
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--ab-prev", action="store_true",
+                    help="also a plan with the dp4a chunk rule before the thirty-fifth session (fusec.lower.quant."
+                         "dp4a_heavy: 4 chunks for every zero-point format from K = 4096), timed in turns")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -137,50 +145,60 @@ def main() -> int:
     from fusec.runtime.generation import generate_with_plan
 
     res: dict[str, Any] = {"layers": args.layers, "group": args.group, "prompt": args.prompt, "new": args.new}
-    path = str(out / "7b-int4.fplan")
-    job = {"layers": args.layers, "group": args.group, "prompt": args.prompt, "new": args.new, "path": path}
-    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as ex:
-        fut = ex.submit(compile_fusec, job)
+    names = ["fusec"] + (["fusec_prev"] if args.ab_prev else [])
+    jobs = {name: {"layers": args.layers, "group": args.group, "prompt": args.prompt, "new": args.new,
+                   "path": str(out / f"7b-int4-{name}.fplan"), "prev_heavy": name == "fusec_prev"} for name in names}
+    with ProcessPoolExecutor(max_workers=len(jobs), mp_context=multiprocessing.get_context("spawn")) as ex:
+        futs = {name: ex.submit(compile_fusec, job) for name, job in jobs.items()}
         try:
             _, peer_run, res["torch"] = torch_peer(args.layers, args.group, args.prompt, args.new)
         except Exception as e:  # noqa: BLE001 -- the peer may not run on this torch/GPU: say so
             peer_run, res["torch"] = None, {"error": f"{type(e).__name__}: {e}"[:1000]}
         print("torch:", json.dumps(res["torch"]), flush=True)
-        res["fusec"] = fut.result()
-    print("fusec:", json.dumps(res["fusec"]), flush=True)
+        for name, fut in futs.items():
+            res[name] = fut.result()
+            print(f"{name}:", json.dumps(res[name]), flush=True)
     copy = copy_bw()
     res["copy_Bps"] = copy
-    plan = None
-    if "error" not in res["fusec"]:
-        plan = fusec.load(path)
-        vocab_rows = 32000 * 4096 * 2  # the embedding table (bf16): a step reads one row of it
-        res["fusec"]["step_bytes"] = res["fusec"]["weights_bytes"] - vocab_rows + 4096 * 2
-        prompt = [list(range(1, args.prompt + 1))]
-        generate_with_plan(plan, prompt, max_new_tokens=8)  # upload, capture
-    fus_ms, peer_ms = [], []
+    plans: dict[str, Any] = {}
+    prompt = [list(range(1, args.prompt + 1))]
+    for name in names:
+        if "error" not in res[name]:
+            plans[name] = fusec.load(jobs[name]["path"])
+            vocab_rows = 32000 * 4096 * 2  # the embedding table (bf16): a step reads one row of it
+            res[name]["step_bytes"] = res[name]["weights_bytes"] - vocab_rows + 4096 * 2
+            generate_with_plan(plans[name], prompt, max_new_tokens=8)  # upload, capture
+    times: dict[str, list[float]] = {name: [] for name in names + ["torch"]}
+    tokens: dict[str, list[int]] = {}
     for _ in range(args.rounds):  # in turns
-        if plan is not None:
+        for name, plan in plans.items():
             gen = generate_with_plan(plan, prompt, max_new_tokens=args.new)
-            fus_ms.append(gen.decode_ms / gen.decode_steps)
+            times[name].append(gen.decode_ms / gen.decode_steps)
+            tokens[name] = list(gen.new_ids[0])
         if peer_run is not None:
-            peer_ms.append(peer_run(args.new - 1) / (args.new - 1))
-    for name, ms, key in (("fusec", fus_ms, "step_bytes"), ("torch", peer_ms, "weight_bytes")):
+            times["torch"].append(peer_run(args.new - 1) / (args.new - 1))
+    if len(tokens) == 2:
+        res["prev_same_tokens"] = tokens["fusec"] == tokens["fusec_prev"]
+    for name, ms in times.items():
         if ms:
             m = statistics.median(ms)
             r = res[name]
+            key = "weight_bytes" if name == "torch" else "step_bytes"
             r.update(step_ms=ms, step_ms_median=m, tok_s=1e3 / m, pct_roofline=100 * r[key] / copy / (m * 1e-3))
-    if fus_ms and peer_ms:
-        res["fusec_over_torch_tok_s"] = statistics.median(peer_ms) / statistics.median(fus_ms)
-    if plan is not None:  # the per-kernel profile (CUPTI) last: attached counters slow every later graph launch
+    if times["fusec"] and times["torch"]:
+        res["fusec_over_torch_tok_s"] = statistics.median(times["torch"]) / statistics.median(times["fusec"])
+    plans.clear()
+    if "error" not in res["fusec"]:  # the per-kernel profile (CUPTI) last: attached counters slow every later launch
         from decode_step import profile_mode
 
-        plan = None
         try:
-            prof, _ = profile_mode(path, True, 1)
+            prof, _ = profile_mode(jobs["fusec"]["path"], True, 1)
             res["fusec"]["profile"] = prof
         except Exception as e:  # noqa: BLE001 -- reported
             res["fusec"]["profile"] = f"{type(e).__name__}: {e}"[:500]
-        os.unlink(path)
+    for job in jobs.values():
+        if os.path.exists(job["path"]):
+            os.unlink(job["path"])
     (out / "int4_7b.json").write_text(json.dumps(res, indent=1, default=str))
     print(json.dumps(res, indent=1, default=str))
     return 0

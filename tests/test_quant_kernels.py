@@ -418,6 +418,28 @@ def test_the_dp4a_forms_the_rule_picks_compile_without_spills(arch, monkeypatch)
         assert ck.template == "qgemv_dp4a.cu.jinja" and ck.binary.spill_bytes == 0, what
 
 
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_the_dp4a_norm_forms_at_one_row_load_what_fits_in_registers(arch):
+    """At one row of x with the norm prologue (and a gated unit), K = 4096 and 8192, every format: the rule's dp4a
+    form compiles without register spills, and it loads 8 chunks a round except where 8 spill (``dp4a_heavy``):
+    fusec's int4 takes 8 at the 7B shape (it took 4, half the loads in flight), Q4_K takes 4 at K = 8192."""
+    from fusec.lower.quant import dp4a_heavy
+
+    pending = []
+    for fmt in FORMATS:
+        group = FORMATS[fmt].group or 128
+        for k, n in ((4096, 22016), (8192, 28672)):
+            for glu in (False, True):
+                form = gemv_form(1, n, k, fmt, group, DType.BF16, True, glu)
+                assert form.get("dp4a") and form["chunks"] == (4 if dp4a_heavy(fmt, k, True) else 8), (fmt, k, glu)
+                spec = QGemvSpec(1, n, k, fmt, group, DType.BF16, DType.F16, norm=True, glu="silu" if glu else "",
+                                 **form)
+                pending.append(((fmt, k, glu), K.build_async(spec, arch)))
+    assert not dp4a_heavy("uint4", 4096, True) and dp4a_heavy("q4_k", 8192, True) and dp4a_heavy("q6_k", 4096, True)
+    for what, p in pending:
+        assert p.result().binary.spill_bytes == 0, what
+
+
 def test_rounding_by_an_add_gives_rintf_digits():
     """The identity the dp4a form's digits rest on (rounded by an add), in IEEE float32 (numpy): for |y| <= 2^22,
     (y + 1.5 * 2^23)'s bits less 0x4B400000 are rint(y) (ties to even), so x's two digits come out as rintf's, over

@@ -183,9 +183,9 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     FUSEC_QGEMV_DP4A_BLOCKS overrides it.
 
     At one row of x a lane loads 8 chunks a round over its rows: two weight rows a task below K = 8192, else one;
-    but 4 chunks with the norm prologue from K = 4096 over 6-bit codes or zero-point operands (8 spilled 12-132
-    bytes there, ptxas -v sm_90). In the 7B Q4_K_M decode step: 1.928 ms against 2.090 with 4 chunks (H200,
-    fourteenth session, 8 everywhere; the Llama-1B shape 0.558 against 0.560). FUSEC_QGEMV_DP4A_CHUNKS=4 gives 4.
+    but 4 chunks where 8 spill beside the norm prologue's x (``dp4a_heavy``). In the 7B Q4_K_M decode step:
+    1.928 ms against 2.090 with 4 chunks (H200, fourteenth session, 8 everywhere; the Llama-1B shape 0.558 against
+    0.560). FUSEC_QGEMV_DP4A_CHUNKS=4 gives 4.
     At 2-3 rows of x, 4 chunks a round. One block of 16 warps an SM instead of two of 8 (each SM writing x's digits
     once) was no faster (1.916 against 1.928 ms at 8 chunks; Llama-1B 0.557 against 0.558) and is gone.
     A lane takes at most K / 1024 of a row's chunks a round, so at K = 2048 (Llama-1B's gate/up and LM head) 8
@@ -272,9 +272,7 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
             four = knobs.get("FUSEC_QGEMV_DP4A_WIDE_ROWS") == "4" and FORMATS[fmt].zero is not None
             rows, chunks = (4, 4) if four else (1, 2)
         else:
-            # 8 spilled beside the norm prologue's x from K = 4096 with 6-bit codes or zero-point operands (ptxas -v)
-            heavy = norm and k >= 4096 and (FORMATS[fmt].bits == 6 or FORMATS[fmt].zero is None)
-            chunks = int(knobs.get("FUSEC_QGEMV_DP4A_CHUNKS")) if m == 1 and not heavy else 4
+            chunks = int(knobs.get("FUSEC_QGEMV_DP4A_CHUNKS")) if m == 1 and not dp4a_heavy(fmt, k, norm) else 4
             rows = 2 if glu or k < 1024 * chunks else 1
         blocks = int(knobs.get("FUSEC_QGEMV_DP4A_BLOCKS")) or 2
         warps = blocks * 8 * SMS
@@ -300,6 +298,19 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     if tc:
         form.update(tc=True, warps=tc, **({"passes": passes} if passes > 1 else {}))
     return form
+
+
+def dp4a_heavy(fmt: str, k: int, norm: bool) -> bool:
+    """Whether the dp4a form at one row of x loads 4 chunks a round instead of 8 (``gemv_form``): where 8 spill
+    beside the norm prologue's x. ptxas -v through NVRTC (sm_80 and sm_90, two weight rows a task, thirty-fifth
+    session): from K = 8192 with 8-bit codes (72-396 bytes) or a super-block's sub-scales (Q4_K 48-144, Q5_K, Q6_K);
+    at K = 4096 only Q6_K (12 bytes, with a gated unit); never fusec's int4 and uint4, Q4_0/1 or Q5_0/1 (one scale a
+    group; up to 127 registers at K = 8192). 6-bit codes stay at 4 from K = 4096 with or without a gated unit, as
+    the plans were measured (fourteenth session). Before, every zero-point format (fusec's uint4 and uint8) took 4 from
+    K = 4096 and 8-bit codes and Q4_K/Q5_K took 8 at K = 8192: the int4 7B shape's products with the norm ran at half the
+    loads in flight, and a d-8192 model's spilled."""
+    f = FORMATS[fmt]
+    return norm and k >= 4096 and (f.bits == 6 or (k >= 8192 and (f.bits == 8 or f.super_block > 0)))
 
 
 def _tc_min_warps(fmt: str) -> int:
