@@ -131,3 +131,19 @@ def test_quantize_reads_weights_stored_narrow_through_their_cast(monkeypatch):
         got = {v.name: v for v in q.constants if v.name.startswith(name + ".")}
         assert got and all(np.array_equal(got[f"{name}.{role}"].data, a) for role, a in zip(want.roles, want.arrays))
     assert counts["bf16"] == counts[None] > 0
+
+
+def test_a_bf16_generation_plan_with_quantize_runs_its_products_packed(monkeypatch, tmp_path):
+    """``compile_generation(..., dtype="bf16", quantize="int4")``, what ``fusec generate MODEL --quantize int4`` compiles,
+    with the model's matrices stored in bf16: the decode step's products run on the quantized GEMV and the plan's
+    weights hold the packed codes (for sm_90, on the CPU)."""
+    from fusec.compiler import compile_generation
+    from fusec.models.weights import StoredWeights
+
+    monkeypatch.setenv("FUSEC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(StoredWeights, "MIN_ELEMENTS", 1)
+    plan = compile_generation("llama-tiny", batch=1, max_seq_len=32, prefill_len=8, dtype="bf16", arch="sm_90",
+                              eos_ids=[], quantize="int4", quantize_group=32)
+    rep = plan.manifest["reports"]["decode"]
+    assert rep["quantized"]["products"] > 0 and rep["quantized"]["format"] == "uint4"
+    assert rep["lowering"]["by_template"].get("qmatmul:qgemv", 0) > 0, rep["lowering"]["by_template"]
