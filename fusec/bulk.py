@@ -37,7 +37,7 @@ def cast_clipped(a: np.ndarray, dtype: np.dtype, limit: float) -> np.ndarray:
             np.clip(src[i:i + n], lo, hi, out=tmp[:n])
             out[i:i + n] = tmp[:n]  # the same cast as astype (round to nearest even)
 
-    _in_parts(part, src.size, _BLOCK, src.size)
+    in_parts(part, src.size, _BLOCK, src.size)
     return out.reshape(a.shape)
 
 
@@ -64,7 +64,7 @@ def transposed(a: np.ndarray, perm: Sequence[int]) -> np.ndarray:
         for i in range(start, stop, _TILE):
             out[:, i:min(i + _TILE, stop)] = a[i:min(i + _TILE, stop)].T
 
-    _in_parts(part, rows, _TILE, a.size)
+    in_parts(part, rows, _TILE, a.size)
     return out
 
 
@@ -80,7 +80,7 @@ _POOL: ThreadPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()
 
 
-def _in_parts(fn: Callable[[int, int], None], n: int, unit: int, elements: int) -> None:
+def in_parts(fn: Callable[[int, int], None], n: int, unit: int, elements: int) -> None:
     """``fn(start, stop)`` over ``range(n)`` cut into one part per thread (part bounds are multiples
     of ``unit``; numpy's copies and casts release the GIL, so the parts run in parallel). Parts
     hold at least a quarter of ``_MIN`` of the array's ``elements``."""
@@ -114,6 +114,7 @@ if hasattr(os, "register_at_fork"):
 _DERIVED: dict[tuple[object, ...], tuple[list[weakref.ref[np.ndarray]], weakref.ref[np.ndarray]]] = {}
 _DERIVED_LOCK = threading.RLock()  # re-entered: dropping an entry can end a source of another (forget)
 _SCOPES = [0]
+_KEPT: list[np.ndarray] = []  # derived(keep=True) arrays, held until the last scope ends
 
 
 @contextlib.contextmanager
@@ -129,15 +130,19 @@ def sharing_derived() -> Iterator[None]:
             _SCOPES[0] -= 1
             if not _SCOPES[0]:
                 _DERIVED.clear()
+                _KEPT.clear()
 
 
-def derived(kind: str, sources: Sequence[np.ndarray], params: Hashable, make: Callable[[], np.ndarray]) -> np.ndarray:
+def derived(kind: str, sources: Sequence[np.ndarray], params: Hashable, make: Callable[[], np.ndarray],
+            keep: bool = False) -> np.ndarray:
     """``make()``, made once per (``kind``, the ``sources`` arrays by identity, ``params``) while
     ``sharing_derived`` lasts and the sources live (outside it, ``make()`` each time). The prefill
     and decode graphs of a generation plan (and of the reference backend) hold the same weight
     arrays, and the passes run on each graph in turn: a constant a pass derives from them (a merged
     product's concatenated weights, a transposed or padded copy, a weight in the storage dtype) is
-    made once and shared, not once per graph (for qwen3-0.6b, 0.6 GB). Derived arrays are never
+    made once and shared, not once per graph (for qwen3-0.6b, 0.6 GB). ``keep``: held until the
+    scope ends even where no graph holds it any more, for what costs more to make again than to
+    keep (a packed weight that a later pass merges into a bigger one). Derived arrays are never
     written to, like every constant."""
     if not _SCOPES[0]:
         return make()
@@ -161,6 +166,8 @@ def derived(kind: str, sources: Sequence[np.ndarray], params: Hashable, make: Ca
 
     with _DERIVED_LOCK:
         _DERIVED[key] = ([weakref.ref(o, forget) for o in owners], weakref.ref(out))
+        if keep:
+            _KEPT.append(out)
     return out
 
 

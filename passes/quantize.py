@@ -22,7 +22,6 @@ Records ``meta["quantized"]`` ({format, method, group, products, weight_bytes_be
 
 from __future__ import annotations
 
-from fusec.dtypes import DType
 from fusec.ir import Graph, Node, Value
 from fusec.ops import OP_INFO, FusionKind, Op, QMatMulAttrs
 from fusec.passes.base import PassOptions, PassResult
@@ -76,7 +75,7 @@ def run(graph: Graph, options: PassOptions) -> PassResult:
     method = options.quantize
     if not method:
         return PassResult(graph.copy(), False)
-    from fusec.quantize import quantize_weight, why_not
+    from fusec.quantize import quantize_shared, why_not
 
     ctx = Ctx(graph)
     rw = Rewriter(graph)
@@ -106,7 +105,7 @@ def run(graph: Graph, options: PassOptions) -> PassResult:
         if key not in packed:
             assert w.data is not None
             data = w.data if nk else w.data.T
-            qw = quantize_weight(data.astype(DType.F32.np, copy=False), method, options.quantize_group, w.name)
+            qw = quantize_shared(data, method, options.quantize_group, w.name)  # once for the plan's entries
             packed[key] = [rw.const(a, f"{w.name}.{role}") for role, a in zip(qw.roles, qw.arrays)]
             before += n * k * 4
             after += qw.nbytes

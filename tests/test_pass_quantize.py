@@ -4,6 +4,8 @@ weights alone, precision keeps the packed operands' dtypes."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -147,3 +149,41 @@ def test_a_bf16_generation_plan_with_quantize_runs_its_products_packed(monkeypat
     rep = plan.manifest["reports"]["decode"]
     assert rep["quantized"]["products"] > 0 and rep["quantized"]["format"] == "uint4"
     assert rep["lowering"]["by_template"].get("qmatmul:qgemv", 0) > 0, rep["lowering"]["by_template"]
+
+
+def test_the_entries_of_a_plan_pack_each_weight_once(monkeypatch):
+    """A generation plan's prefill and decode graphs hold the same weight arrays (stored in bf16, as a bf16 plan's
+    are): under ``sharing_derived`` (as ``compile_entries`` runs the entries) each weight is quantized once and both
+    graphs hold the same packed arrays."""
+    from fusec import quantize as Q
+    from fusec.bulk import sharing_derived
+    from fusec.genmodel import GenModel, build_graphs
+    from fusec.models.generate import SharedWeights
+    from fusec.models.weights import RandomWeights, StoredWeights
+
+    monkeypatch.setattr(StoredWeights, "MIN_ELEMENTS", 1)  # every matrix stored narrow
+    calls = []
+    real = Q.quantize_weight
+    monkeypatch.setattr(Q, "quantize_weight", lambda w, *a, **kw: calls.append(1) or real(w, *a, **kw))
+    # matrices over constant folding's 4,096-element layout limit, as a real model's (llama-tiny's q/k/v/o fold)
+    cfg = dataclasses.replace(get_config("llama-tiny"), hidden_size=128, intermediate_size=256, num_heads=4,
+                              num_kv_heads=2, head_dim=32)
+    graphs = build_graphs(GenModel(cfg, SharedWeights(RandomWeights(0)), None, (), cfg.name), 1, 32, 8, [],
+                          storage="bf16")
+
+    def opts():
+        return PassOptions(quantize="int4", quantize_group=32, storage_dtype="bf16")
+
+    with sharing_derived():
+        pre, _ = optimize(graphs["prefill"], opts())
+        dec, _ = optimize(graphs["decode"], opts())
+        n = pre.meta["quantized"]["products"]
+        assert n == dec.meta["quantized"]["products"] == 14 and len(calls) == n  # 2 layers x 7 weights, once each
+
+        def packed(g):
+            return {v.name: v.data for v in g.constants if v.name.endswith((".codes", ".scales", ".zeros"))}
+
+        a, b = packed(pre), packed(dec)
+        assert a and a.keys() == b.keys() and all(a[k] is b[k] for k in a)
+    optimize(graphs["decode"], opts())  # outside it: made again
+    assert len(calls) == 2 * n
