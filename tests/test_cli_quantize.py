@@ -34,3 +34,16 @@ def test_compile_quantized_plan_and_inspect_its_weights(capsys, tmp_path, no_gpu
 def test_bad_quantize_options_are_one_line(capsys, no_gpu, argv, needle) -> None:
     code, out, err = call(capsys, argv)
     assert code == 1 and needle in err and err.count("\n") == 1, err
+
+
+
+def test_inspect_says_when_quantize_packs_nothing() -> None:
+    """A --quantize that packed no product gets a line saying so (and why products are left), instead of none."""
+    from fusec.cli.inspect_text import weights_lines
+
+    w = {"step_bytes": 1024, "by_format": {}, "tensors": []}
+    lines = weights_lines(w, {"method": "int4", "group": 128, "products": 0})
+    assert any(line.startswith("quantized   no product with --quantize int4") for line in lines)
+    lines = weights_lines(w, {"method": "int4", "group": 32, "products": 14})
+    assert "quantized   14 products with --quantize int4 (group 32)" in lines
+    assert not any(line.startswith("quantized") for line in weights_lines(w, None))
