@@ -3,7 +3,8 @@
 # the named steps, each under its own time limit, results under $OUT (or /tmp/gpu_session).
 # Usage: bash benchmarks/gpu_session.sh STEP [STEP ...]
 #   kernels   GPU tests of the decode kernels, PDL and generation
-#   gpu_all   every GPU test (benchmarks/gpu_check.sh)
+#   gpu_all   every GPU test (benchmarks/gpu_check.sh; 563 s of a call in the thirty-fifth session)
+#   gpu_k     the kernels' GPU tests alone (8 workers); gpu_r: the whole-plan, family and A/B GPU tests
 #   qgemm     the dequantize-in-tile GEMM: its GPU tests and the packed plans', alone against the scratch path by
 #             tiling (benchmarks/qgemm_bench.py), Llama-1B Q4_K_M prefills of 32 and 128 tokens against FUSEC_QGEMM=scratch
 #   int4_7b   issue 22's 7B int4 target: fusec --quantize int4 (group 128, head packed) at batch 1 against its packed-weight
@@ -299,6 +300,8 @@ for step in "$@"; do
              tail -n 25 "$R/t_kernels.txt" ;;
     lt_t) timeout 120 $PT tests/test_lt_algo.py > "$R/t_lt.txt" 2>&1; grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_lt.txt" | tail -n 6 ;;
     gpu_all) OUT="$R" timeout 570 bash benchmarks/gpu_check.sh ;;
+    gpu_k) OUT="$R" GPU_PARTS=kernels timeout 570 bash benchmarks/gpu_check.sh ;;
+    gpu_r) OUT="$R" GPU_PARTS="runtime families ab" timeout 570 bash benchmarks/gpu_check.sh ;;
     validate) timeout 300 $PT -n 8 tests/test_generation_gpu.py tests/test_generation_families_gpu.py tests/test_head_rope_pair.py \
                 tests/test_gemv_gpu.py tests/test_serve_gpu.py tests/test_generation_join_gpu.py > "$R/t_validate.txt" 2>&1
               grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_validate.txt" | tail -n 12 ;;
