@@ -6,7 +6,8 @@ int4 with ``PassOptions.quantize_group`` 32 or 128, both round-to-nearest) turns
 ([K, N], ``trans_b`` [N, K], or ``TRANSPOSE`` of an [N, K] nn.Linear weight; each also as the CAST to fp32
 of a weight stored in bf16/fp16, which constant folding keeps for the precision pass), into one
 ``QMATMUL`` over the packed weight (``fusec.quant``). It runs before ``precision`` so the codes
-come from the fp32 weights, not from their bf16 rounding.
+come from the weights as the model holds them (fp32, or the bf16/fp16 a large matrix is stored in),
+not from a rounding the precision pass would add.
 
 Kept in higher precision (each recorded as a decline with the reason):
 
@@ -63,11 +64,13 @@ def _weight(ctx: Ctx, node: Node) -> tuple[Value, bool, list[Node]] | None:
     x, b = node.inputs
     trans_b = bool(getattr(node.attrs, "trans_b", False))
     if len(b.shape) == 2 and (found := _stored(ctx, b)) is not None:
-        return found[0], trans_b, [n for n in found[1:] if n is not None]
+        w, cast = found
+        return w, trans_b, [cast] if cast is not None else []
     t = ctx.prod(b)
     if not trans_b and t is not None and t.op == Op.TRANSPOSE and t.attrs.perm == (1, 0) \
             and len(t.inputs[0].shape) == 2 and (found := _stored(ctx, t.inputs[0])) is not None:
-        return found[0], True, [t] + [n for n in found[1:] if n is not None]
+        w, cast = found
+        return w, True, [t] + ([cast] if cast is not None else [])
     return None
 
 
