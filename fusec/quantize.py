@@ -22,6 +22,11 @@ from fusec.quant import CHUNK, FORMATS, QWeight, operand_types, pack_codes
 
 METHODS = {"int8": "per-channel symmetric int8 (RTN)", "int4": "group-wise asymmetric int4 with zero points (RTN)"}
 _FORMAT = {"int8": "int8", "int4": "uint4"}  # the packed format each method writes
+
+
+def _packed_as(method: str, k: int, group: int) -> tuple[str, int]:
+    """(format, group) of what ``method`` writes for rows of K: int8's one scale a row is a group of K."""
+    return _FORMAT[method], (k if method == "int8" else group)
 INT4_GROUPS = (32, 128)
 
 
@@ -77,7 +82,8 @@ def quantize_weight(w: np.ndarray, method: str, group: int = 128, what: str = "w
         out[1][start:stop], out[2][start:stop] = s, zero
 
     in_parts(rows, n, 1, n * k)
-    return QWeight(_FORMAT[method], n, k, k if method == "int8" else group, out)
+    fmt, g = _packed_as(method, k, group)
+    return QWeight(fmt, n, k, g, out)
 
 
 def quantize_shared(w: np.ndarray, method: str, group: int = 128, what: str = "weight") -> QWeight:
@@ -87,7 +93,7 @@ def quantize_shared(w: np.ndarray, method: str, group: int = 128, what: str = "w
     compile time. The packed arrays are held until the scope ends (the merged products' stacked copies besides them:
     at most the packed bytes again while a plan compiles)."""
     n, k = w.shape
-    fmt, g = _FORMAT[method], (k if method == "int8" else group)
+    fmt, g = _packed_as(method, k, group)
     made: list[QWeight] = []
 
     def part(i: int) -> np.ndarray:
