@@ -6,6 +6,7 @@ int4 form (``torch.ops.aten._weight_int4pack_mm``), its decode step compiled wit
 ``torch.compile(mode="reduce-overhead", fullgraph=True)``.
 
     python benchmarks/int4_7b.py OUT_DIR [--layers 32] [--group 128] [--prompt 32] [--new 128] [--rounds 3]
+                                         [--ab KNOB=VALUE[+KNOB=VALUE]]...
 
 fusec's plan compiles in a helper process while the peer is built and compiled here. The two then decode in turns
 (``--rounds``), each round 128 new tokens after the same-length prompt; the medians are reported. The roofline of each
@@ -46,11 +47,7 @@ def compile_fusec(job: dict) -> dict:
     from fusec.models.generate import SharedWeights
     from fusec.models.weights import RandomWeights
 
-    if job.get("prev_heavy"):  # the rule before the thirty-fifth session: every zero-point format 4 chunks from K 4096
-        from fusec.lower import quant as Q
-
-        Q.dp4a_heavy = lambda fmt, k, norm: norm and k >= 4096 and (Q.FORMATS[fmt].bits == 6
-                                                                    or Q.FORMATS[fmt].zero is None)
+    os.environ.update(job["env"])  # a variant's knobs (--ab), read as the plan compiles
     cfg = _config(job["layers"])
     t0 = time.perf_counter()
     try:
@@ -133,9 +130,9 @@ def main() -> int:
     ap.add_argument("--prompt", type=int, default=32)
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--ab-prev", action="store_true",
-                    help="also a plan with the dp4a chunk rule before the thirty-fifth session (fusec.lower.quant."
-                         "dp4a_heavy: 4 chunks for every zero-point format from K = 4096), timed in turns")
+    ap.add_argument("--ab", action="append", default=[], metavar="KNOB=VALUE[+KNOB=VALUE]",
+                    help="also a plan compiled with these knobs (e.g. FUSEC_QGEMV_DP4A_L2=0), timed in turns with the "
+                         "default and checked token for token; repeatable")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -145,9 +142,15 @@ def main() -> int:
     from fusec.runtime.generation import generate_with_plan
 
     res: dict[str, Any] = {"layers": args.layers, "group": args.group, "prompt": args.prompt, "new": args.new}
-    names = ["fusec"] + (["fusec_prev"] if args.ab_prev else [])
+    variants = {"fusec": {}}
+    for ab in args.ab:
+        pairs = [kv.partition("=") for kv in ab.split("+")]
+        if any(not k or not eq for k, eq, _ in pairs):
+            ap.error(f"--ab {ab!r}: expected KNOB=VALUE[+KNOB=VALUE]")
+        variants[f"fusec {ab}"] = {k: v for k, _, v in pairs}
+    names = list(variants)
     jobs = {name: {"layers": args.layers, "group": args.group, "prompt": args.prompt, "new": args.new,
-                   "path": str(out / f"7b-int4-{name}.fplan"), "prev_heavy": name == "fusec_prev"} for name in names}
+                   "path": str(out / f"7b-int4-{i}.fplan"), "env": variants[name]} for i, name in enumerate(names)}
     with ProcessPoolExecutor(max_workers=len(jobs), mp_context=multiprocessing.get_context("spawn")) as ex:
         futs = {name: ex.submit(compile_fusec, job) for name, job in jobs.items()}
         try:
@@ -177,8 +180,9 @@ def main() -> int:
             tokens[name] = list(gen.new_ids[0])
         if peer_run is not None:
             times["torch"].append(peer_run(args.new - 1) / (args.new - 1))
-    if len(tokens) == 2:
-        res["prev_same_tokens"] = tokens["fusec"] == tokens["fusec_prev"]
+    for name in names[1:]:
+        if name in tokens and "fusec" in tokens:
+            res[name]["same_tokens"] = tokens[name] == tokens["fusec"]
     for name, ms in times.items():
         if ms:
             m = statistics.median(ms)

@@ -252,6 +252,14 @@ __device__ __forceinline__ void fc_pdl_trigger() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
+// Bytes [begin, end) of an array into L2 (no registers, nothing waits on it): the warp's lanes take its 128-byte
+// lines in turn (the first one the line holding begin). A kernel reads them later at L2's latency, not memory's.
+__device__ __forceinline__ void fc_prefetch_l2(const void* base, long long begin, long long end, int lane) {
+  const char* b = reinterpret_cast<const char*>(base);
+#pragma unroll 1
+  for (long long a = (begin & ~127ll) + 128ll * lane; a < end; a += 128ll * 32)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(b + a));
+}
 __device__ __forceinline__ void fc_pdl_wait() {
   FC_TRACE_AT_WAIT();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
