@@ -520,7 +520,7 @@ def test_dp4a_l2_prefetch_follows_the_wait_and_the_knob(monkeypatch):
     f = gemv_form(1, 4096, 11008, "int4", 128, DType.BF16)
     assert f["dp4a"] and f["l2"] == int(knobs.get("FUSEC_QGEMV_DP4A_L2")) > 0
     src = K.build(QGemvSpec(1, 4096, 11008, "int4", 128, DType.BF16, DType.F16, **f), "sm_90").source
-    assert src.index("fc_pdl_wait_after(dep)") < src.index("qb_prefetch(p, n,") < src.index("(2) x as two int8")
+    assert src.index("fc_pdl_wait_after(dep)") < src.index("qb_prefetch(p, n,") < src.index("if (j0 == 0) prefetch_l2();")
     assert f"int left = {f['l2']};" in src
     monkeypatch.setenv("FUSEC_QGEMV_DP4A_L2", "0")
     f0 = gemv_form(1, 4096, 11008, "int4", 128, DType.BF16)
