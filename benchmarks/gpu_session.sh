@@ -10,8 +10,6 @@
 #   int4_7b   issue 22's 7B int4 target: fusec --quantize int4 (group 128, head packed) at batch 1 against its packed-weight
 #             roofline and gpt-fast's int4 form compiled in torch, in turns (benchmarks/int4_7b.py, ~7 minutes; $INT4_AB:
 #             its --ab variants)
-#   l2        the dp4a form's L2 prefetch after the wait: its GPU tests, and int4_7b against FUSEC_QGEMV_DP4A_L2=0
-#   l2q       the same in the Q4_K_M decode steps (Llama-1B batches 1 and 8, 7B batch 1) against 0 and 32,768 bytes
 #   qgncu     Nsight Compute of the tile GEMM at 32 rows, Llama-1B's qkv in Q4_K (QG_TILE: its tiling)
 #   qgemm3    the tile GEMM's GPU tests, alone at 32 rows in Q4_K, and the Llama-1B Q4_K_M 32-token prefill against scratch
 #   qgemm2    the tile GEMM's GPU tests; Llama-1B Q4_K_M and Q8_0 32-token prefills: the rule against scratch and tile
@@ -654,17 +652,6 @@ for step in "$@"; do
     int4_7b) # shellcheck disable=SC2086  # $INT4_AB is several arguments
           timeout 560 python3 benchmarks/int4_7b.py "$R/int4_7b" ${INT4_AB:-} > "$R/int4_7b.txt" 2>&1
           grep -vE "^\s*$" "$R/int4_7b.txt" | tail -n 60 ;;
-    l2) timeout 100 $PT -n 8 tests/test_quant_gpu.py -k "l2_prefetch" > "$R/t_l2.txt" 2>&1
-        grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_l2.txt" | tail -n 12
-        timeout 450 python3 benchmarks/int4_7b.py "$R/int4_7b" --ab FUSEC_QGEMV_DP4A_L2=0 --ab FUSEC_QGEMV_DP4A_L2=65536 \
-          > "$R/int4_7b.txt" 2>&1
-        grep -vE "^\s*$" "$R/int4_7b.txt" | tail -n 60 ;;
-    l2q) for mb in llama-1b-q4_k_m:1,8 llama-7b-q4_k_m:1; do
-           m=${mb%:*}
-           timeout 200 python3 benchmarks/decode_step.py "$R/l2q_$m" --model $m --batches ${mb#*:} --context 32 --windows 3 \
-             --ab FUSEC_QGEMV_DP4A_L2=0 --ab FUSEC_QGEMV_DP4A_L2=32768 > "$R/l2q_$m.txt" 2>&1
-           grep -E "^\| [0-9]+ \|" "$R/l2q_$m.txt" | cut -c 1-1500
-         done ;;
     qgemm2) timeout 120 $PT -n 12 tests/test_quant_gpu.py -k "tile or prefill" > "$R/t_qgemm2.txt" 2>&1
           grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_qgemm2.txt" | tail -n 8
           for m in llama-1b-q4_k_m llama-1b-q8_0; do

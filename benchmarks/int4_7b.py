@@ -192,14 +192,14 @@ def main() -> int:
     if times["fusec"] and times["torch"]:
         res["fusec_over_torch_tok_s"] = statistics.median(times["torch"]) / statistics.median(times["fusec"])
     plans.clear()
-    if "error" not in res["fusec"]:  # the per-kernel profile (CUPTI) last: attached counters slow every later launch
-        from decode_step import profile_mode
+    from decode_step import profile_mode
 
-        try:
-            prof, _ = profile_mode(jobs["fusec"]["path"], True, 1)
-            res["fusec"]["profile"] = prof
-        except Exception as e:  # noqa: BLE001 -- reported
-            res["fusec"]["profile"] = f"{type(e).__name__}: {e}"[:500]
+    for name in names:  # each plan's per-kernel profile (CUPTI) last: attached counters slow every later launch
+        if "error" not in res[name]:
+            try:
+                res[name]["profile"], _ = profile_mode(jobs[name]["path"], True, 1)
+            except Exception as e:  # noqa: BLE001 -- reported
+                res[name]["profile"] = f"{type(e).__name__}: {e}"[:500]
     for job in jobs.values():
         if os.path.exists(job["path"]):
             os.unlink(job["path"])

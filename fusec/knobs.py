@@ -115,10 +115,6 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "weights before the PDL wait where x is one batch of a thread's pieces (M K <= 8192), so its x phase has one "
          "round trip to memory fewer; 0: after the wait, beside x (2.8% slower in the Llama-1B Q4_K_M decode step, "
          "4.1% at 7B, H200; the A/B of benchmarks/decode_step.py --ab FUSEC_QGEMV_DP4A_NORM_EARLY=0)"),
-    Knob("FUSEC_QGEMV_DP4A_L2", "int", 8192, "bytes of the weights a warp of the dp4a quantized GEMV reads after its "
-         "first round (the first task's later rounds, then its next tasks) that it prefetches into L2 once the PDL wait "
-         "returns, while x's digits are written (fusec.lower.quant.gemv_form; 0: none; the A/B of "
-         "benchmarks/decode_step.py --ab FUSEC_QGEMV_DP4A_L2=0)", bounds=(0, 1 << 20)),
     Knob("FUSEC_QGEMV_TC_RUNS", "choice", "4", "runs of chunks a warp of the tensor-core quantized GEMV may copy into "
          "shared memory in turn, where a block's copy of its 16 rows does not fit at once (fusec.lower.quant.gemv_form; "
          "1: such products take the FMA form, as before the sixteenth session; the A/B of benchmarks/decode_step.py "

@@ -252,17 +252,6 @@ __device__ __forceinline__ void fc_pdl_trigger() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
-// Bytes [begin, end) of an array into L2, on sm_90 (elsewhere nothing): one bulk prefetch by the TMA unit for the
-// 16-byte-aligned bytes inside the range (no registers, no load slots, nothing waits on it), issued by the calling
-// thread. A kernel reads them later at L2's latency, not memory's.
-__device__ __forceinline__ void fc_prefetch_l2(const void* base, long long begin, long long end) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const long long a = (begin + 15) & ~15ll, b = end & ~15ll;
-  if (b > a)
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(reinterpret_cast<const char*>(base) + a),
-                 "r"((unsigned)(b - a)) : "memory");
-#endif
-}
 __device__ __forceinline__ void fc_pdl_wait() {
   FC_TRACE_AT_WAIT();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

@@ -99,31 +99,6 @@ __device__ __forceinline__ QbPtrs qb_rows(const QbPtrs& p, long long n) {
   return r;
 }
 
-// Chunks c0.. of rows n0 .. n0 + rows - 1 (codes and bit planes; their scale data whole) into L2 (fc_prefetch_l2: sm_90),
-// issued by the calling thread. Returns the bytes of codes and bit planes.
-__device__ __forceinline__ int qb_prefetch(const QbPtrs& p, long long n0, int rows, int c0) {
-  if (rows <= 0 || c0 >= QB_NCH) return 0;
-  const long long cb = QB_BITS == 8 ? 32 : 16, hb = QB_BITS == 5 || QB_BITS == 6 ? 4 * (QB_BITS - 4) : 0;
-#pragma unroll 1
-  for (int r = 0; r < rows; ++r) {  // c0 = 0: one range, else a range a row
-    const long long n = n0 + r;
-    const long long last = c0 ? n + 1 : n0 + rows;
-    fc_prefetch_l2(p.codes, n * QB_NCH * cb + c0 * cb, last * QB_NCH * cb);
-    if (hb) fc_prefetch_l2(p.high, n * QB_NCH * hb + c0 * hb, last * QB_NCH * hb);
-    if (!c0) break;
-  }
-  const long long sbs = QB_K / QB_SB, gs = QB_K / QB_GROUP, ss = (long long)sizeof(qb_scale_t);
-  fc_prefetch_l2(p.scale, n0 * sbs * ss, (n0 + rows) * sbs * ss);
-  if (QB_SUB) fc_prefetch_l2(p.sub, n0 * gs, (n0 + rows) * gs);
-  if (QB_ZERO < 0) fc_prefetch_l2(p.zero, n0 * gs, (n0 + rows) * gs);
-  if (QB_OFF == 1) fc_prefetch_l2(p.minv, n0 * gs * ss, (n0 + rows) * gs * ss);
-  if (QB_OFF == 2) {
-    fc_prefetch_l2(p.minv, n0 * sbs * ss, (n0 + rows) * sbs * ss);
-    fc_prefetch_l2(p.mins, n0 * gs, (n0 + rows) * gs);
-  }
-  return (int)(rows * (QB_NCH - c0) * (cb + hb));
-}
-
 // The codes of chunk c of row n (16-byte loads) and its bit planes.
 __device__ __forceinline__ void qb_load_codes(const QbPtrs& p, long long n, int c, uint4& q0, uint4& q1, unsigned int& h0,
                                               unsigned int& h1) {

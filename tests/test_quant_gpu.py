@@ -242,18 +242,6 @@ def test_dp4a_norm_weights_loaded_early_give_the_same_bits(fmt):
 
 
 @pytest.mark.parametrize("fmt", list(quant.FORMATS))
-def test_dp4a_l2_prefetch_gives_the_same_bits(fmt):
-    """Prefetching a warp's later weights into L2 after the wait (``l2`` bytes a warp: none, part of the first task,
-    past every task) changes where the loads find them, not the bits: rows of three rounds (K 11,008, two rows a task,
-    N odd: a last task of one row), tasks past the grid's warps, a gated unit over the norm (pairs j and F + j), 3 rows
-    of x."""
-    l2 = [{"l2": 0}, {"l2": 512}, {"l2": 1 << 20}]
-    _dp4a_bits_alike(fmt, 1, 2051, 11008, l2, Epilogue(True, "silu", True), rows=2, chunks=8)
-    _dp4a_bits_alike(fmt, 1, 2 * 1501, 4096, l2, norm=True, glu="silu", rows=2, chunks=8)
-    _dp4a_bits_alike(fmt, 3, 1003, 4096, l2, norm=True, rows=1, chunks=4)
-
-
-@pytest.mark.parametrize("fmt", list(quant.FORMATS))
 def test_dp4a_four_rows_a_task_equal_two(fmt):
     """4 weight rows a task (the FUSEC_QGEMV_DP4A_FILL rule: two gated pairs, or 4 plain rows) sum each row's chunks in
     the order 2 rows a task do, so the bits are the same: an odd number of gated outputs (the last task's second pair

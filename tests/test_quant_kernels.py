@@ -9,7 +9,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fusec import knobs
 from fusec.codegen import kernels as K
 from fusec.codegen.specs import Epilogue
 from fusec.codegen.specs_quant import DP4A_SMEM, QDequantSpec, QGemvSpec, dp4a_fits, dp4a_smem
@@ -511,25 +510,6 @@ def test_dp4a_norm_weights_load_before_the_wait(arch, monkeypatch):
     f = gemv_form(1, 3072, 2048, "q4_k", 32, DType.BF16, True)
     assert not f["norm_early"]
     assert "gpre" not in K.build(QGemvSpec(1, 3072, 2048, "q4_k", 32, DType.BF16, DType.F16, norm=True, **f), arch).source
-
-
-def test_dp4a_l2_prefetch_follows_the_wait_and_the_knob(monkeypatch):
-    """The rule's dp4a form prefetches FUSEC_QGEMV_DP4A_L2 bytes a warp of its later weights into L2 after the PDL wait
-    (in the source: after the wait, before x's phase; not before it, where the prefetches would slow the kernel
-    before); 0 gives a kernel without them, and the spec refuses it on another form or below 0."""
-    f = gemv_form(1, 4096, 11008, "int4", 128, DType.BF16)
-    assert f["dp4a"] and f["l2"] == int(knobs.get("FUSEC_QGEMV_DP4A_L2")) > 0
-    src = K.build(QGemvSpec(1, 4096, 11008, "int4", 128, DType.BF16, DType.F16, **f), "sm_90").source
-    assert src.index("fc_pdl_wait_after(dep)") < src.index("qb_prefetch(p, n,") < src.index("if (j0 == 0) prefetch_l2();")
-    assert f"int left = {f['l2']};" in src
-    monkeypatch.setenv("FUSEC_QGEMV_DP4A_L2", "0")
-    f0 = gemv_form(1, 4096, 11008, "int4", 128, DType.BF16)
-    assert "l2" not in f0 and "qb_prefetch(p" not in K.build(QGemvSpec(1, 4096, 11008, "int4", 128, DType.BF16,
-                                                                        DType.F16, **f0), "sm_90").source
-    with pytest.raises(ValueError, match="l2"):
-        QGemvSpec(1, 4096, 2048, "q4_k", 32, DType.BF16, DType.F16, l2=4096)  # the FMA form
-    with pytest.raises(ValueError, match="l2"):
-        QGemvSpec(1, 4096, 2048, "q4_k", 32, DType.BF16, DType.F16, dp4a=True, chunks=8, l2=-1)
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])

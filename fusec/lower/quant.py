@@ -200,6 +200,10 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     (``_dp4a_cluster``). A two-stage ring of shared memory for 4- to 6-bit codes (cp.async a round ahead, two rounds
     in flight) lost in the decode step (7B Q4_K_M 1.824 ms against 1.719, Llama-1B 0.532 against 0.478; H200,
     nineteenth session): issuing two rounds of copies before the PDL wait made the wait pass up to 3 us late.
+    Prefetching a warp's later weights into L2 after the wait, for x's phase to hide, lost too, and more bytes lost more
+    (the 7B int4 step, H200, thirty-sixth session, in turns: none 1.396 ms; 8 KB a warp 1.541, 64 KB 1.619 as TMA bulk
+    prefetches once x's first loads were issued; 8 KB as per-line prefetches right after the wait 1.593 against 1.401):
+    every product slowed, the down (its first task's later rounds only) 10.66 -> 11.68 us.
 
     From 4 rows (up to 8, ``specs_quant.DP4A_MAX_M``) the dp4a form takes the products the tensor-core form does
     not (8-bit codes; a gated product too, with the gated unit apart: two rows a task spilled there, ptxas -v, sm_80
@@ -293,7 +297,6 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
             rows = 2
         return {"rows": rows, "fold": False, "dp4a": True, "warps": 8, "blocks": blocks, "chunks": chunks,
                 "norm_early": norm and bool(knobs.get("FUSEC_QGEMV_DP4A_NORM_EARLY")),
-                **({"l2": l2} if (l2 := int(knobs.get("FUSEC_QGEMV_DP4A_L2"))) else {}),
                 **({"cluster": cl} if (cl := _dp4a_cluster(wide)) > 1 else {})}
     form: dict[str, object] = {"rows": 2 if m <= 8 else 1, "fold": m == 1}
     if tc:
