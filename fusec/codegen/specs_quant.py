@@ -93,8 +93,7 @@ class QGemvSpec(_QProduct):
     a lane loads a round over its rows (2, 4 or 8); ``norm_early`` (the dp4a form with the norm): the norm's weights
     loaded before the PDL wait where x is one batch of a thread's pieces (else after it, beside x); ``cluster``: on
     sm_90, blocks a thread block cluster whose warps take turns writing x's digits, each into every block's shared
-    memory (1: every block writes all of them; elsewhere always 1); ``x_batch``: the 8-value pieces of x a thread
-    loads at once (4 or 8; one round trip to L2 a batch); fold unused).
+    memory (1: every block writes all of them; elsewhere always 1); fold unused).
     FMA and dp4a forms: ``norm``, x RMS-normalized over K first as ``Op.RMSNORM`` computes it (weight ``g``
     [K], ``eps``, ``weight_offset``; the FMA form normalizes x once into shared memory, M * K elements of
     at most ``QNORM_SMEM`` bytes, the dp4a form as it writes x's digits); ``glu``, a gated unit over the two halves of the product (as
@@ -117,7 +116,6 @@ class QGemvSpec(_QProduct):
     chunks: int = 4
     norm_early: bool = False
     cluster: int = 1
-    x_batch: int = 4
     norm: bool = False
     eps: float = 1e-6
     weight_offset: float = 0.0
@@ -191,8 +189,6 @@ class QGemvSpec(_QProduct):
                  f"M <= {DP4A_MAX_M}, and its shared memory (x's two digits) within {DP4A_SMEM} bytes")
         _req(self.cluster in (1, 2, 4) and (self.cluster == 1 or self.dp4a),
              "cluster (1, 2 or 4 blocks splitting the writing of x's digits) is the dp4a quantized gemv's")
-        _req(self.x_batch in (4, 8) and (self.x_batch == 4 or self.dp4a),
-             "x_batch (4 or 8 pieces of x a thread loads at once) is the dp4a quantized gemv's")
         _req(not self.norm_early or (self.dp4a and self.norm),
              "norm_early is the dp4a quantized gemv's, with the norm prologue")
         if self.norm:

@@ -297,7 +297,6 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
             rows = 2
         return {"rows": rows, "fold": False, "dp4a": True, "warps": 8, "blocks": blocks, "chunks": chunks,
                 "norm_early": norm and bool(knobs.get("FUSEC_QGEMV_DP4A_NORM_EARLY")),
-                **({"x_batch": xb} if (xb := int(knobs.get("FUSEC_QGEMV_DP4A_XBATCH"))) != 4 else {}),
                 **({"cluster": cl} if (cl := _dp4a_cluster(wide)) > 1 else {})}
     form: dict[str, object] = {"rows": 2 if m <= 8 else 1, "fold": m == 1}
     if tc:
