@@ -10,6 +10,8 @@
 #   int4_7b   issue 22's 7B int4 target: fusec --quantize int4 (group 128, head packed) at batch 1 against its packed-weight
 #             roofline and gpt-fast's int4 form compiled in torch, in turns (benchmarks/int4_7b.py, ~7 minutes; $INT4_AB:
 #             its --ab variants)
+#   c1        clusters of 2 for the one-row dp4a products without the norm: their GPU tests, the 7B int4 step and the
+#             Q4_K_M decode steps (Llama-1B, 7B; batch 1) against FUSEC_QGEMV_DP4A_CLUSTER=1
 #   qgncu     Nsight Compute of the tile GEMM at 32 rows, Llama-1B's qkv in Q4_K (QG_TILE: its tiling)
 #   qgemm3    the tile GEMM's GPU tests, alone at 32 rows in Q4_K, and the Llama-1B Q4_K_M 32-token prefill against scratch
 #   qgemm2    the tile GEMM's GPU tests; Llama-1B Q4_K_M and Q8_0 32-token prefills: the rule against scratch and tile
@@ -652,6 +654,15 @@ for step in "$@"; do
     int4_7b) # shellcheck disable=SC2086  # $INT4_AB is several arguments
           timeout 560 python3 benchmarks/int4_7b.py "$R/int4_7b" ${INT4_AB:-} > "$R/int4_7b.txt" 2>&1
           grep -vE "^\s*$" "$R/int4_7b.txt" | tail -n 60 ;;
+    c1) timeout 90 $PT -n 8 tests/test_quant_gpu.py -k "cluster" > "$R/t_c1.txt" 2>&1
+        grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_c1.txt" | tail -n 12
+        timeout 300 python3 benchmarks/int4_7b.py "$R/int4_7b" --ab FUSEC_QGEMV_DP4A_CLUSTER=1 > "$R/int4_7b.txt" 2>&1
+        grep -E "step_ms_median|pct_roofline|same_tokens|error" "$R/int4_7b.txt" | head -n 12
+        for m in llama-1b-q4_k_m llama-7b-q4_k_m; do
+          timeout 150 python3 benchmarks/decode_step.py "$R/c1_$m" --model $m --batches 1 --context 32 --windows 3 \
+            --ab FUSEC_QGEMV_DP4A_CLUSTER=1 > "$R/c1_$m.txt" 2>&1
+          grep -E "^\| [0-9]+ \|" "$R/c1_$m.txt" | cut -c 1-1500
+        done ;;
     qgemm2) timeout 120 $PT -n 12 tests/test_quant_gpu.py -k "tile or prefill" > "$R/t_qgemm2.txt" 2>&1
           grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_qgemm2.txt" | tail -n 8
           for m in llama-1b-q4_k_m llama-1b-q8_0; do

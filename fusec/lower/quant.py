@@ -297,7 +297,7 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
             rows = 2
         return {"rows": rows, "fold": False, "dp4a": True, "warps": 8, "blocks": blocks, "chunks": chunks,
                 "norm_early": norm and bool(knobs.get("FUSEC_QGEMV_DP4A_NORM_EARLY")),
-                **({"cluster": cl} if (cl := _dp4a_cluster(wide)) > 1 else {})}
+                **({"cluster": cl} if (cl := _dp4a_cluster(wide or (m == 1 and not norm))) > 1 else {})}
     form: dict[str, object] = {"rows": 2 if m <= 8 else 1, "fold": m == 1}
     if tc:
         form.update(tc=True, warps=tc, **({"passes": passes} if passes > 1 else {}))
@@ -328,17 +328,20 @@ def _tc_min_warps(fmt: str) -> int:
     return (8 if FORMATS[fmt].bits == 8 else 4) if choice == "auto" else int(choice)
 
 
-def _dp4a_cluster(wide: bool) -> int:
-    """The dp4a form's blocks a cluster (sm_90; the kernel has none elsewhere): 2 at 4-8 rows of x, where x's digits
-    are 4-8 times the work, else 1. Measured on an H200 (eighteenth session, decode steps in turns, the same bits):
-    the Llama-1B Q8_0 step at batch 8 took 1.592 ms with 2 against 1.686 with 1; at one row of x 2 gave nothing (7B
-    Q4_K_M 1.722 against 1.717, Llama-1B Q4_K_M 0.491 against 0.479), and 4 lost everywhere (2.384, 0.604, 1.820):
-    the block trace had clusters of 4 placed 3-4 blocks an SM on 124 SMs, their blocks starting up to 14 us late.
-    FUSEC_QGEMV_DP4A_CLUSTER sets it."""
+def _dp4a_cluster(pair: bool) -> int:
+    """The dp4a form's blocks a cluster (sm_90; the kernel has none elsewhere): 2 where ``pair`` (gemv_form: at 4-8 rows
+    of x, where x's digits are 4-8 times the work, and at one row without the norm prologue), else 1. Measured on an
+    H200, decode steps in turns, the same bits: the Llama-1B Q8_0 step at batch 8 took 1.592 ms with 2 against 1.686
+    with 1 (eighteenth session); 4 lost everywhere (2.384, 0.604, 1.820): the block trace had clusters of 4 placed 3-4
+    blocks an SM on 124 SMs, their blocks starting up to 14 us late. At one row of x 2 on every product gave nothing
+    there (7B Q4_K_M 1.722 against 1.717, Llama-1B Q4_K_M 0.491 against 0.479). Per product, in the 7B int4 step
+    (thirty-sixth session, 1.372 ms against 1.398 with 2 on every product): the down took 9.79 us against 10.72
+    (K 11,008: the longest x phase), o 3.20 against 3.42, while among the products with the norm qkv lost (8.99 against
+    8.59) and gate/up and the LM head gained 0.5-0.7. FUSEC_QGEMV_DP4A_CLUSTER sets it."""
     from fusec import knobs
 
     choice = knobs.get("FUSEC_QGEMV_DP4A_CLUSTER")
-    return (2 if wide else 1) if choice == "auto" else int(choice)
+    return (2 if pair else 1) if choice == "auto" else int(choice)
 
 
 def scale_dtype(fmt: str, packed: Any) -> Any:
