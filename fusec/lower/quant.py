@@ -337,7 +337,9 @@ def _dp4a_cluster(pair: bool) -> int:
     there (7B Q4_K_M 1.722 against 1.717, Llama-1B Q4_K_M 0.491 against 0.479). Per product, in the 7B int4 step
     (thirty-sixth session, 1.372 ms against 1.398 with 2 on every product): the down took 9.79 us against 10.72
     (K 11,008: the longest x phase), o 3.20 against 3.42, while among the products with the norm qkv lost (8.99 against
-    8.59) and gate/up and the LM head gained 0.5-0.7. FUSEC_QGEMV_DP4A_CLUSTER sets it."""
+    8.59) and gate/up and the LM head gained 0.5-0.7. The rule (2 for o and down only) against 1, in turns: the 7B int4
+    step 1.380 ms against 1.401 (down 10.18 us against 10.69, o 3.14 against 3.29), the Llama-1B Q4_K_M step 0.462
+    against 0.466, 7B Q4_K_M 1.671 against 1.673, the same tokens and bits. FUSEC_QGEMV_DP4A_CLUSTER sets it."""
     from fusec import knobs
 
     choice = knobs.get("FUSEC_QGEMV_DP4A_CLUSTER")
