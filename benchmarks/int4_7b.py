@@ -131,7 +131,7 @@ def main() -> int:
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--ab", action="append", default=[], metavar="KNOB=VALUE[+KNOB=VALUE]",
-                    help="also a plan compiled with these knobs (e.g. FUSEC_QGEMV_DP4A_L2=0), timed in turns with the "
+                    help="also a plan compiled with these knobs (e.g. FUSEC_QGEMV_DP4A_CLUSTER=1), timed in turns with the "
                          "default and checked token for token; repeatable")
     args = ap.parse_args()
     out = Path(args.out)
