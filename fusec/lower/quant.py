@@ -197,9 +197,10 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     eighteenth session, the same bits); in the block trace the Q4_K down took 9.79 us after the wait against 11.23,
     the Q6_K one 12.18 against 13.38. FUSEC_QGEMV_DP4A_FILL=0 gives one row there too.
     On sm_90 the dp4a form at 4-8 rows of x, and at one row without the norm, runs in clusters of 2 blocks that take
-    turns writing x's digits (``_dp4a_cluster``). A two-stage ring of shared memory for 4- to 6-bit codes (cp.async a round ahead, two rounds
-    in flight) lost in the decode step (7B Q4_K_M 1.824 ms against 1.719, Llama-1B 0.532 against 0.478; H200,
-    nineteenth session): issuing two rounds of copies before the PDL wait made the wait pass up to 3 us late.
+    turns writing x's digits (``_dp4a_cluster``). A two-stage ring of shared memory for 4- to 6-bit codes (cp.async
+    a round ahead, two rounds in flight) lost in the decode step (7B Q4_K_M 1.824 ms against 1.719, Llama-1B 0.532
+    against 0.478; H200, nineteenth session): issuing two rounds of copies before the PDL wait made the wait pass up
+    to 3 us late.
     Prefetching a warp's later weights into L2 after the wait, for x's phase to hide, lost too, and more bytes lost more
     (the 7B int4 step, H200, thirty-sixth session, in turns: none 1.396 ms; 8 KB a warp 1.541, 64 KB 1.619 as TMA bulk
     prefetches once x's first loads were issued; 8 KB as per-line prefetches right after the wait 1.593 against 1.401):
@@ -335,11 +336,12 @@ def _dp4a_cluster(pair: bool) -> int:
     with 1 (eighteenth session); 4 lost everywhere (2.384, 0.604, 1.820): the block trace had clusters of 4 placed 3-4
     blocks an SM on 124 SMs, their blocks starting up to 14 us late. At one row of x 2 on every product gave nothing
     there (7B Q4_K_M 1.722 against 1.717, Llama-1B Q4_K_M 0.491 against 0.479). In the 7B int4 step (thirty-sixth
-    session) 2 on every one-row product took 1.372 ms against 1.398 with 1; per product the down took 9.79 us against 10.72
-    (K 11,008: the longest x phase), o 3.20 against 3.42, while among the products with the norm qkv lost (8.99 against
-    8.59) and gate/up and the LM head gained 0.5-0.7. The rule (2 for o and down only) against 1, in turns: the 7B int4
-    step 1.380 ms against 1.401 (down 10.18 us against 10.69, o 3.14 against 3.29), the Llama-1B Q4_K_M step 0.462
-    against 0.466, 7B Q4_K_M 1.671 against 1.673, the same tokens and bits. FUSEC_QGEMV_DP4A_CLUSTER sets it."""
+    session) 2 on every one-row product took 1.372 ms against 1.398 with 1; per product the down took 9.79 us
+    against 10.72 (K 11,008: the longest x phase), o 3.20 against 3.42, while among the products with the norm qkv
+    lost (8.99 against 8.59) and gate/up and the LM head gained 0.5-0.7. The rule (2 for o and down only) against 1,
+    in turns: the 7B int4 step 1.380 ms against 1.401 (down 10.18 us against 10.69, o 3.14 against 3.29), the
+    Llama-1B Q4_K_M step 0.462 against 0.466, 7B Q4_K_M 1.671 against 1.673, the same tokens and bits.
+    FUSEC_QGEMV_DP4A_CLUSTER sets it."""
     from fusec import knobs
 
     choice = knobs.get("FUSEC_QGEMV_DP4A_CLUSTER")
