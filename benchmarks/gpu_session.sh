@@ -12,8 +12,6 @@
 #             its --ab variants)
 #   c1        clusters of 2 for the one-row dp4a products without the norm: their GPU tests, the 7B int4 step and the
 #             Q4_K_M decode steps (Llama-1B, 7B; batch 1) against FUSEC_QGEMV_DP4A_CLUSTER=1
-#   prmt      x's digits packed by PRMT and summed in float: the dp4a GPU tests against the reference, the Q4_K_M decode
-#             steps (Llama-1B, 7B; batch 1) against FUSEC_QGEMV_DP4A_PRMT=0, bit for bit
 #   qgncu     Nsight Compute of the tile GEMM at 32 rows, Llama-1B's qkv in Q4_K (QG_TILE: its tiling)
 #   qgemm3    the tile GEMM's GPU tests, alone at 32 rows in Q4_K, and the Llama-1B Q4_K_M 32-token prefill against scratch
 #   qgemm2    the tile GEMM's GPU tests; Llama-1B Q4_K_M and Q8_0 32-token prefills: the rule against scratch and tile
@@ -665,14 +663,6 @@ for step in "$@"; do
             --ab FUSEC_QGEMV_DP4A_CLUSTER=1 > "$R/c1_$m.txt" 2>&1
           grep -E "^\| [0-9]+ \|" "$R/c1_$m.txt" | cut -c 1-1500
         done ;;
-    prmt) timeout 80 $PT -n 12 tests/test_quant_gpu.py -k "(dp4a_qgemv_matches and (2-1- or 2-8-)) or propagates_nan or \
-            argmax_partials or siblings" > "$R/t_prmt.txt" 2>&1
-          grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_prmt.txt" | tail -n 12
-          for m in llama-1b-q4_k_m llama-7b-q4_k_m; do
-            timeout 100 python3 benchmarks/decode_step.py "$R/prmt_$m" --model $m --batches 1 --context 32 --windows 3 \
-              --ab FUSEC_QGEMV_DP4A_PRMT=0 > "$R/prmt_$m.txt" 2>&1
-            grep -E "^\| [0-9]+ \|" "$R/prmt_$m.txt" | cut -c 1-1500
-          done ;;
     qgemm2) timeout 120 $PT -n 12 tests/test_quant_gpu.py -k "tile or prefill" > "$R/t_qgemm2.txt" 2>&1
           grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_qgemm2.txt" | tail -n 8
           for m in llama-1b-q4_k_m llama-1b-q8_0; do

@@ -115,9 +115,6 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "weights before the PDL wait where x is one batch of a thread's pieces (M K <= 8192), so its x phase has one "
          "round trip to memory fewer; 0: after the wait, beside x (2.8% slower in the Llama-1B Q4_K_M decode step, "
          "4.1% at 7B, H200; the A/B of benchmarks/decode_step.py --ab FUSEC_QGEMV_DP4A_NORM_EARLY=0)"),
-    Knob("FUSEC_QGEMV_DP4A_PRMT", "bool", True, "the dp4a quantized GEMV packs x's digits from the rounded floats' low "
-         "bytes (PRMT) and sums them in float; 0: integer digits shifted into place (the A/B of "
-         "benchmarks/decode_step.py --ab FUSEC_QGEMV_DP4A_PRMT=0)"),
     Knob("FUSEC_QGEMV_TC_RUNS", "choice", "4", "runs of chunks a warp of the tensor-core quantized GEMV may copy into "
          "shared memory in turn, where a block's copy of its 16 rows does not fit at once (fusec.lower.quant.gemv_form; "
          "1: such products take the FMA form, as before the sixteenth session; the A/B of benchmarks/decode_step.py "

@@ -464,47 +464,6 @@ def test_rounding_by_an_add_gives_rintf_digits():
         assert np.abs(v * iq).max() <= 2 ** 22
 
 
-def _byte_perm(a: int, b: int, sel: int) -> int:
-    """CUDA's __byte_perm(a, b, sel): byte i of the result is byte (sel >> 4 i) & 7 of b:a (a's bytes 0-3)."""
-    pool = (a & 0xFFFFFFFF) | (b & 0xFFFFFFFF) << 32
-    return sum(((pool >> 8 * ((sel >> 4 * i) & 7)) & 0xFF) << 8 * i for i in range(4))
-
-
-def test_dp4a_digits_packed_from_the_rounded_floats_equal_the_integer_digits():
-    """The dp4a form's x phase as templates/qgemv_dp4a_x.jinja writes it with PRMT (FUSEC_QGEMV_DP4A_PRMT), emulated in
-    IEEE float32 (numpy): the minor digit clamped as a float before its bits are read, each digit's byte the rounded
-    float's low byte, 4 packed by 3 byte permutes, and the sums of 254 x1 + x0 in float give the words and sums of the
-    integer form (clamped after, shifted into place), over blocks of every magnitude and at ties."""
-    rng = np.random.default_rng(11)
-    f32, magic = np.float32, np.float32(12582912.0)
-    for trial in range(300):
-        v = (rng.standard_normal(8) * f32(10.0 ** rng.uniform(-30, 30))).astype(f32)
-        amax = np.abs(v).max()
-        if trial % 2:
-            v[:4] = ((np.round(rng.uniform(-127, 127, 4)) + 0.5) * (amax / 127)).astype(f32)
-            amax = np.abs(v).max()
-        iq = (f32(1) / amax).astype(f32) * f32(127)
-        d1 = f32(amax * f32(1 / 127))
-        t1 = (v * iq).astype(f32) + magic
-        t0 = (((v - (t1 - magic) * d1) * iq).astype(f32) * f32(254)).astype(f32) + magic
-        q1 = t1.view(np.int32) - 0x4B400000  # the integer form
-        q0 = np.clip(t0.view(np.int32) - 0x4B400000, -127, 127)
-        words = [sum((int(q[i]) & 0xFF) << 8 * (i & 3) for i in range(4 * h, 4 * h + 4)) for q in (q1, q0) for h in (0, 1)]
-        s0 = np.minimum(np.maximum(t0, magic - f32(127)), magic + f32(127)).astype(f32)  # the PRMT form
-        bits = [t1.view(np.uint32), s0.view(np.uint32)]
-        packed = [_byte_perm(_byte_perm(int(b[4 * h]), int(b[4 * h + 1]), 0x0040),
-                             _byte_perm(int(b[4 * h + 2]), int(b[4 * h + 3]), 0x4000), 0x7610) for b in bits for h in (0, 1)]
-        assert packed == words, trial
-        fsum = f32(0)
-        for i in range(8):
-            fsum = f32(f32(f32(254) * (t1[i] - magic)) + fsum) + f32(s0[i] - magic)  # an FMA: exact products below 2^24
-        assert int(fsum) == int((254 * q1.astype(np.int64) + q0).sum()), trial
-    _, src = K.prepare(QGemvSpec(1, 4096, 11008, "int4", 128, DType.BF16, DType.F16,
-                                 **gemv_form(1, 4096, 11008, "int4", 128, DType.BF16)))
-    assert src.count("0x0040u)") == 2 and src.count("0x4000u), 0x7610u)") == 2  # the permutes emulated here
-    assert "fminf(fmaxf(" in src and "__float2int_rn(fsum)" in src
-
-
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_dp4a_rounds_by_an_add_and_compiles_for_both_archs(arch, monkeypatch):
     """The dp4a form rounds x's digits with an add of 1.5 * 2^23 (no rintf); it compiles without spills at the

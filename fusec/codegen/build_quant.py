@@ -76,10 +76,7 @@ def dp4a_unroll(k: int, rows: int, chunks: int) -> int:
 
 
 def _qgemv_dp4a(spec: QGemvSpec) -> Rendered:
-    from fusec import knobs
-
     ctx = {**_row_ctx(spec), "W": spec.warps, "BPS": spec.blocks, "norm_early": spec.norm_early,
-           "prmt": bool(knobs.get("FUSEC_QGEMV_DP4A_PRMT")),
            "bf16": spec.dtype == DType.BF16, "cluster": spec.cluster, "parts": spec.parts}
     if spec.argmax:
         ctx.update(seed_t=ctype(spec.seed_dtype), ctr_t=ctype(spec.counter_dtype))
