@@ -68,9 +68,11 @@ def torch_peer(layers: int, group: int, prompt: int, new: int) -> tuple[Any, Any
     import torch
     import torch_decoder as td
 
-    c = td.DecoderConfig(vocab_size=32000, dim=4096, n_layer=layers, n_head=32, n_kv_head=32, head_dim=128,
-                         intermediate_size=11008, norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False,
-                         qk_norm=False)
+    f = _config(layers)  # the same shape as fusec's plan
+    c = td.DecoderConfig(vocab_size=f.vocab_size, dim=f.hidden_size, n_layer=layers, n_head=f.num_heads,
+                         n_kv_head=f.num_kv_heads, head_dim=f.head_dim, intermediate_size=f.intermediate_size,
+                         norm_eps=f.norm_eps, rope_theta=f.rope_theta, tie_word_embeddings=f.tie_word_embeddings,
+                         qk_norm=f.qk_norm)
     torch.manual_seed(0)
     info: dict[str, Any] = {}
     t0 = time.perf_counter()
@@ -91,7 +93,7 @@ def torch_peer(layers: int, group: int, prompt: int, new: int) -> tuple[Any, Any
     td.quantize_int4(dec, group)
     dec = dec.eval()
     torch.cuda.empty_cache()
-    info["weight_bytes"] = td.int4_weight_bytes(dec) + 4096 * 2 * 2 * layers + 4096 * 2  # + the norms
+    info["weight_bytes"] = td.int4_weight_bytes(dec) + c.dim * 2 * (2 * layers + 1)  # + the norms (bf16)
     info["build_s"] = time.perf_counter() - t0
     dec.setup_caches(1, prompt + new + 16)
     for blk in dec.layers:
@@ -168,8 +170,8 @@ def main() -> int:
     for name in names:
         if "error" not in res[name]:
             plans[name] = fusec.load(jobs[name]["path"])
-            vocab_rows = 32000 * 4096 * 2  # the embedding table (bf16): a step reads one row of it
-            res[name]["step_bytes"] = res[name]["weights_bytes"] - vocab_rows + 4096 * 2
+            cfg = _config(args.layers)  # less the embedding table (bf16), of which a step reads one row
+            res[name]["step_bytes"] = res[name]["weights_bytes"] - (cfg.vocab_size - 1) * cfg.hidden_size * 2
             generate_with_plan(plans[name], prompt, max_new_tokens=8)  # upload, capture
     times: dict[str, list[float]] = {name: [] for name in names + ["torch"]}
     tokens: dict[str, list[int]] = {}

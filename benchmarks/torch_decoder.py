@@ -305,10 +305,6 @@ def kv_bytes_per_step(c: DecoderConfig, batch: int, keys: float, itemsize: int =
     return itemsize * c.n_layer * 2 * batch * c.n_kv_head * c.head_dim * keys
 
 
-__all__ = ["DecoderConfig", "Transformer", "decode_one_token", "prefill_tokens", "from_hf",
-           "weight_bytes_per_step", "kv_bytes_per_step"]
-
-
 class Int4Linear(nn.Module):
     """A bias-free linear layer over group-wise int4 weights in the layout of ``aten._weight_int4pack_mm``."""
 
@@ -348,3 +344,7 @@ def int4_weight_bytes(model: nn.Module) -> int:
     """Bytes a decode step reads of an ``quantize_int4`` model's linear layers (packed codes, scales and zeros)."""
     return sum(m.weight.numel() * m.weight.element_size() + m.scales_and_zeros.numel() * 2
                for m in model.modules() if isinstance(m, Int4Linear))
+
+
+__all__ = ["DecoderConfig", "Transformer", "decode_one_token", "prefill_tokens", "from_hf",
+           "weight_bytes_per_step", "kv_bytes_per_step", "Int4Linear", "quantize_int4", "int4_weight_bytes"]

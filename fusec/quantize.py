@@ -22,12 +22,12 @@ from fusec.quant import CHUNK, FORMATS, QWeight, operand_types, pack_codes
 
 METHODS = {"int8": "per-channel symmetric int8 (RTN)", "int4": "group-wise asymmetric int4 with zero points (RTN)"}
 _FORMAT = {"int8": "int8", "int4": "uint4"}  # the packed format each method writes
+INT4_GROUPS = (32, 128)
 
 
 def _packed_as(method: str, k: int, group: int) -> tuple[str, int]:
     """(format, group) of what ``method`` writes for rows of K: int8's one scale a row is a group of K."""
     return _FORMAT[method], (k if method == "int8" else group)
-INT4_GROUPS = (32, 128)
 
 
 def why_not(method: str, k: int, group: int) -> str | None:

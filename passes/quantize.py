@@ -18,10 +18,13 @@ Kept in higher precision (each recorded as a decline with the reason):
   table is a head above, and with ``quantize_head`` reads a packed copy (the table stays);
 - weights whose K is not a multiple of 32, or, for int4, of the group.
 
-Records ``meta["quantized"]`` ({format, method, group, products, weight_bytes_before/after}).
+Records ``meta["quantized"]`` ({format, method, group, products, weight_bytes_fp32/packed, kept: {reason: products
+kept in higher precision for it}}).
 """
 
 from __future__ import annotations
+
+from collections import Counter
 
 from fusec.ir import Graph, Node, Value
 from fusec.ops import OP_INFO, FusionKind, Op, QMatMulAttrs
@@ -86,6 +89,7 @@ def run(graph: Graph, options: PassOptions) -> PassResult:
     packed: dict[tuple[int, bool], list[Value]] = {}  # one packed copy per weight (and layout)
     count = before = after = 0
     fmt = ""
+    kept: Counter[str] = Counter()  # reason -> products kept in higher precision for it (fusec inspect shows them)
     for node in graph.nodes:
         if node.op != Op.MATMUL or getattr(node.attrs, "precision", "f32") != "f32":
             continue
@@ -98,11 +102,13 @@ def run(graph: Graph, options: PassOptions) -> PassResult:
         if node in heads and not options.quantize_head:
             options.decline(NAME, where, f"output projection {w.name!r} (the LM head) kept in higher precision "
                                          "(--quantize-head quantizes it)")
+            kept["the LM head (--quantize-head packs it)"] += 1
             continue
         n, k = w.shape if nk else w.shape[::-1]
         reason = why_not(method, k, options.quantize_group)
         if reason is not None:
             options.decline(NAME, where, f"weight {w.name!r} kept in higher precision: {reason}")
+            kept[reason] += 1
             continue
         key = (id(w), nk)
         if key not in packed:
@@ -120,6 +126,7 @@ def run(graph: Graph, options: PassOptions) -> PassResult:
         count += 1
     g = rw.finish() if rw.changed else graph.copy()
     g.meta["quantized"] = {"method": method, "format": fmt or None, "group": options.quantize_group if method == "int4"
-                           else None, "products": count, "weight_bytes_fp32": before, "weight_bytes_packed": after}
+                           else None, "products": count, "weight_bytes_fp32": before, "weight_bytes_packed": after,
+                           "kept": dict(kept)}
     options.bump("products_quantized", count)
     return PassResult(g, count > 0)

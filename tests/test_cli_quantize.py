@@ -36,14 +36,31 @@ def test_bad_quantize_options_are_one_line(capsys, no_gpu, argv, needle) -> None
     assert code == 1 and needle in err and err.count("\n") == 1, err
 
 
-
 def test_inspect_says_when_quantize_packs_nothing() -> None:
-    """A --quantize that packed no product gets a line saying so (and why products are left), instead of none."""
-    from fusec.cli.inspect_text import weights_lines
+    """A --quantize that packed no product gets a line saying so, with the pass's reasons and counts (its ``kept``
+    record: a product whose K of 48 fits no chunk of 32, and the output projection), instead of none."""
+    import numpy as np
 
+    from fusec.builder import GraphBuilder
+    from fusec.cli.inspect_text import weights_lines
+    from fusec.dtypes import DType
+    from fusec.ops import Op
+    from fusec.passes.base import PassOptions
+    from fusec.passes.pipeline import optimize
+
+    rng = np.random.default_rng(0)
+    b = GraphBuilder("m")
+    h = b.emit(Op.MATMUL, b.input("x", (1, 4, 48), DType.F32), b.const(rng.standard_normal((48, 64), np.float32)))
+    b.output(b.emit(Op.MATMUL, b.emit(Op.RELU, h), b.const(rng.standard_normal((64, 8), np.float32))), "y")
+    rec = optimize(b.build(), PassOptions(quantize="int4", quantize_group=32))[0].meta["quantized"]
+    assert rec["products"] == 0 and rec["kept"] == {"K=48 is not a multiple of 32": 1,
+                                                    "the LM head (--quantize-head packs it)": 1}, rec
     w = {"step_bytes": 1024, "by_format": {}, "tensors": []}
-    lines = weights_lines(w, {"method": "int4", "group": 128, "products": 0})
-    assert any(line.startswith("quantized   no product with --quantize int4") for line in lines)
+    line = next(x for x in weights_lines(w, rec) if x.startswith("quantized"))
+    assert line == ("quantized   no product with --quantize int4 (1 kept: K=48 is not a multiple of 32; 1 kept: the "
+                    "LM head (--quantize-head packs it))"), line
+    line = next(x for x in weights_lines(w, {"method": "int4", "products": 0}) if x.startswith("quantized"))
+    assert line.endswith("(no product over a constant weight)"), line
     lines = weights_lines(w, {"method": "int4", "group": 32, "products": 14})
     assert "quantized   14 products with --quantize int4 (group 32)" in lines
     assert not any(line.startswith("quantized") for line in weights_lines(w, None))

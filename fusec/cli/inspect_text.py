@@ -120,10 +120,10 @@ def weights_lines(w: Mapping[str, Any] | None, quantized: Mapping[str, Any] | No
     if quantized and quantized.get("products"):
         lines.append(f"quantized   {quantized['products']} products with --quantize {one_line(str(quantized['method']))}"
                      + (f" (group {quantized['group']})" if quantized.get("group") else ""))
-    elif quantized and quantized.get("method"):  # asked for, and nothing fit: say so rather than show nothing
-        lines.append(f"quantized   no product with --quantize {one_line(str(quantized['method']))}: no constant "
-                     "float weight whose K is a multiple of 32 (and of the int4 group) outside the LM head "
-                     "(--quantize-head packs that too)")
+    elif quantized and quantized.get("method"):  # asked for, and nothing fit: say so, with the pass's reasons
+        kept = quantized.get("kept") or {}
+        why = "; ".join(f"{n} kept: {one_line(str(r))}" for r, n in kept.items()) or "no product over a constant weight"
+        lines.append(f"quantized   no product with --quantize {one_line(str(quantized['method']))} ({why})")
     rows = [(one_line(str(f)), s["tensors"], f"{s['weights']:,}", fmt_bytes(int(s["bytes"])),
              f"{8 * s['bytes'] / max(1, s['weights']):.2f}") for f, s in (w.get("by_format") or {}).items()]
     lines.append("weight formats:")
