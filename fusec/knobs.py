@@ -100,6 +100,10 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "over its weight rows at one row of x (8: two weight rows a task below K = 8192; 4: half the bytes in flight, "
          "7% slower at the 7B Q4_K_M shape on an H200; the A/B of benchmarks/decode_step.py --ab "
          "FUSEC_QGEMV_DP4A_CHUNKS=4)", ("4", "8")),
+    Knob("FUSEC_QGEMV_DP4A_X", "choice", "bytes", "how the dp4a quantized GEMV writes x (fusec.quant.dp4a_blocks): "
+         "bytes: one 16-bit integer a value (a step of max|x| / 32767 a 32-value block) as a signed high and an "
+         "unsigned low byte, ~5 instructions a value; 254: two signed digits of base 254, ~15 (the A/B of "
+         "benchmarks/decode_step.py --ab FUSEC_QGEMV_DP4A_X=254)", ("bytes", "254")),
     Knob("FUSEC_QGEMV_DP4A_FILL", "bool", True, "the dp4a quantized GEMV at one row of x gives products with short "
          "weight rows (a lane takes at most K / 1024 of a row's chunks a round) 4 rows a task, two gated pairs, so a "
          "round still loads 8 chunks a lane, where every warp still gets a task (Llama-1B's gate/up and LM head: "

@@ -14,6 +14,7 @@ from fusec.codegen.specs import Epilogue
 from fusec.codegen.specs_quant import DP4A_SMEM, QDequantSpec, QGemvSpec, dp4a_fits, dp4a_smem
 from fusec.dtypes import DType
 from fusec.lower.quant import TC_MIN_M, gemv_form
+from fusec import quant
 from fusec.quant import FORMATS, QWeight, from_affine
 from fusec.quant_gguf import PACKED, random_blocks, repack
 from fusec.quantize import quantize_weight
@@ -462,6 +463,59 @@ def test_rounding_by_an_add_gives_rintf_digits():
         assert np.array_equal(t1.view(np.int32) - 0x4B400000, q1.astype(np.int32)), trial
         assert np.array_equal(np.clip(t0.view(np.int32) - 0x4B400000, -127, 127), q0.astype(np.int32)), trial
         assert np.abs(v * iq).max() <= 2 ** 22
+
+
+def _byte_perm(x: int, y: int, sel: int) -> int:
+    """CUDA's __byte_perm: byte n of the result is byte (sel >> 4n) & 7 of the 8 bytes y:x."""
+    b = (x | (y << 32)).to_bytes(8, "little")
+    return int.from_bytes(bytes(b[(sel >> (4 * n)) & 7] for n in range(4)), "little")
+
+
+def test_byte_digits_are_the_integer_the_reference_rounds():
+    """The dp4a form's default digits (templates/qgemv_dp4a_x.jinja), emulated in numpy: one FMA of x and
+    iq = fl(fl(1 / max|x|) * 32767) with 1.5 * 2^23 (the exact product rounded once, ties to even) leaves xq in its
+    float's low bits; the byte permutes gather a signed high and an unsigned low digit, 256 x1 + x0 = xq, |xq| <= 32767;
+    the bits' sum less 8 x 0x4B400000 is the sum of xq; and fusec.quant.dp4a_blocks gives d * xq. Over blocks of
+    every magnitude and at ties."""
+    rng = np.random.default_rng(11)
+    f32 = np.float32
+    for trial in range(300):
+        v = (rng.standard_normal(32) * f32(10.0 ** rng.uniform(-30, 30))).astype(f32)
+        amax = np.abs(v).max()
+        if trial % 2:  # exact ties of the rounding
+            v[:8] = ((np.round(rng.uniform(-32000, 32000, 8)) + 0.5) * (amax / 32767)).astype(f32)
+            amax = np.abs(v).max()
+        iq = ((f32(1) / amax).astype(f32) * f32(32767)).astype(f32)
+        fma = (v.astype(np.float64) * np.float64(iq) + 12582912.0).astype(f32)  # exact in float64, rounded once
+        bits = fma.view(np.uint32).astype(np.int64)
+        xq = bits - 0x4B400000
+        assert np.array_equal(xq, np.rint(v.astype(np.float64) * np.float64(iq)).astype(np.int64)), trial
+        assert np.abs(xq).max() <= 32767, trial
+        for h in range(8):  # each word: four values' low digits, and their high digits
+            b = [int(t) for t in bits[4 * h:4 * h + 4]]
+            lo, hi = _byte_perm(b[0], b[1], 0x5140), _byte_perm(b[2], b[3], 0x5140)
+            x0 = np.frombuffer(_byte_perm(lo, hi, 0x5410).to_bytes(4, "little"), np.uint8).astype(np.int64)
+            x1 = np.frombuffer(_byte_perm(lo, hi, 0x7632).to_bytes(4, "little"), np.int8).astype(np.int64)
+            assert np.array_equal(256 * x1 + x0, xq[4 * h:4 * h + 4]), (trial, h)
+        piece = int((bits[:8].sum() - 8 * 0x4B400000) % 2 ** 32)
+        assert (piece - 2 ** 32 if piece >= 2 ** 31 else piece) == xq[:8].sum(), trial
+        d = f32(amax * f32(1 / 32767))
+        assert np.array_equal(quant.dp4a_blocks(v), (xq.astype(f32) * d).astype(f32)), trial
+        assert np.array_equal(quant.dp4a_blocks(np.zeros(32, f32)), np.zeros(32, f32))
+
+
+def test_both_digit_forms_represent_x_within_a_step_of_max_over_32k():
+    """Both of dp4a_blocks' digit forms stay within a step of max|x| / 32258 of x in every 32-value block (the step that
+    kept a real model's answers), and the default is the byte form."""
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((4, 256)) * np.exp(rng.uniform(-8, 8, (4, 256)))).astype(np.float32)
+    amax = np.repeat(np.abs(x.reshape(4, 8, 32)).max(-1), 32, axis=-1).reshape(4, 256)
+    for digits in ("bytes", "254"):
+        err = np.abs(quant.dp4a_blocks(x, digits) - x)
+        assert (err <= amax / 32258 * 0.5 * 1.001 + 1e-30).all(), digits
+    assert np.array_equal(quant.dp4a_blocks(x), quant.dp4a_blocks(x, "bytes"))
+    with pytest.raises(ValueError, match="bytes"):
+        quant.dp4a_blocks(x, "base10")
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
