@@ -9,12 +9,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from fusec import quant
 from fusec.codegen import kernels as K
 from fusec.codegen.specs import Epilogue
 from fusec.codegen.specs_quant import DP4A_SMEM, QDequantSpec, QGemvSpec, dp4a_fits, dp4a_smem
 from fusec.dtypes import DType
 from fusec.lower.quant import TC_MIN_M, gemv_form
-from fusec import quant
 from fusec.quant import FORMATS, QWeight, from_affine
 from fusec.quant_gguf import PACKED, random_blocks, repack
 from fusec.quantize import quantize_weight
