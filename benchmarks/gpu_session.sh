@@ -13,6 +13,7 @@
 #   dx        x's digits as one 16-bit integer in two bytes against base 254's (FUSEC_QGEMV_DP4A_X): the dp4a GPU tests,
 #             the Llama-1B Q4_K_M and Q8_0 decode steps in turns; dx7: the 7B int4 (and its peer) and 7B Q4_K_M steps
 #   dx2       after the cluster's addresses mapped once: the 7B int4 step, the dp4a GPU tests, Llama-1B Q4_K_M, against 254
+#   gcl       clusters of 2 for the gated product with the norm at one row: dp4a GPU tests, 7B int4 and Llama-1B Q4_K_M
 #   c1        clusters of 2 for the one-row dp4a products without the norm: their GPU tests, the 7B int4 step and the
 #             Q4_K_M decode steps (Llama-1B, 7B; batch 1) against FUSEC_QGEMV_DP4A_CLUSTER=1
 #   qgncu     Nsight Compute of the tile GEMM at 32 rows, Llama-1B's qkv in Q4_K (QG_TILE: its tiling)
@@ -681,6 +682,15 @@ for step in "$@"; do
         timeout 120 python3 benchmarks/decode_step.py "$R/dx2_q4km" --model llama-1b-q4_k_m --batches 1 --context 32 \
           --windows 3 --ab FUSEC_QGEMV_DP4A_X=254 > "$R/dx2_q4km.txt" 2>&1
         grep -E "^\| [0-9]+ \|" "$R/dx2_q4km.txt" | cut -c 1-1500 ;;
+    gcl) # clusters of 2 for the gated product with the norm at one row (FUSEC_QGEMV_DP4A_CLUSTER=gated): the dp4a GPU
+        # tests, then the 7B int4 step and the Llama-1B Q4_K_M step against the rule, in turns
+        timeout 160 $PT -n 12 tests/test_quant_gpu.py -k "dp4a" > "$R/t_gcl.txt" 2>&1
+        grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_gcl.txt" | tail -n 12
+        timeout 320 python3 benchmarks/int4_7b.py "$R/int4_7b" --ab FUSEC_QGEMV_DP4A_CLUSTER=gated > "$R/int4_7b.txt" 2>&1
+        grep -E "step_ms_median|pct_roofline|same_tokens|error|Error" "$R/int4_7b.txt" | head -n 12
+        timeout 100 python3 benchmarks/decode_step.py "$R/gcl_q4km" --model llama-1b-q4_k_m --batches 1 --context 32 \
+          --windows 3 --ab FUSEC_QGEMV_DP4A_CLUSTER=gated > "$R/gcl_q4km.txt" 2>&1
+        grep -E "^\| [0-9]+ \|" "$R/gcl_q4km.txt" | cut -c 1-1500 ;;
     c1) timeout 90 $PT -n 8 tests/test_quant_gpu.py -k "cluster" > "$R/t_c1.txt" 2>&1
         grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_c1.txt" | tail -n 12
         timeout 300 python3 benchmarks/int4_7b.py "$R/int4_7b" --ab FUSEC_QGEMV_DP4A_CLUSTER=1 > "$R/int4_7b.txt" 2>&1

@@ -139,8 +139,8 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "whose warps take turns writing x's digits, each into every block's shared memory; auto: the rule "
          "(fusec.lower.quant.gemv_form: 2 at 4-8 rows of x and at one row without the norm prologue, else 1); 1: every "
          "block writes all of x's digits (the A/B of benchmarks/decode_step.py --model llama-1b-q8_0 --batches 8 "
-         "--ab FUSEC_QGEMV_DP4A_CLUSTER=1)",
-         ("auto", "1", "2", "4")),
+         "--ab FUSEC_QGEMV_DP4A_CLUSTER=1); gated: the rule, and 2 for a gated product with the norm at one row",
+         ("auto", "gated", "1", "2", "4")),
     Knob("FUSEC_QGEMV_DP4A_BLOCKS", "choice", "0", "the dp4a quantized GEMV's blocks an SM (its grid, and the registers "
          "its launch bounds give a thread); 0: the rule (fusec.lower.quant.gemv_form; the A/B of "
          "benchmarks/decode_step.py --ab FUSEC_QGEMV_DP4A_BLOCKS=3)", ("0", "1", "2", "3")),

@@ -624,7 +624,8 @@ def test_dp4a_fill_gives_long_rows_two_a_task_where_fewer_round_trips(arch, monk
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_dp4a_cluster_knob_and_grid(arch, monkeypatch):
     """The rule (FUSEC_QGEMV_DP4A_CLUSTER=auto): clusters of 2 for the dp4a form at 4-8 rows of x and at one row without
-    the norm prologue, none with it at one row nor at 2-3 rows, nor for the tensor-core or FMA forms; the knob's number everywhere on the dp4a form. The grid is whole clusters (at
+    the norm prologue, none with it at one row nor at 2-3 rows, nor for the tensor-core or FMA forms; ``gated`` adds the
+    gated product with the norm at one row; the knob's number everywhere on the dp4a form. The grid is whole clusters (at
     least one, where a product has fewer tasks than a cluster's warps); the kernel declares the cluster only on sm_90
     (sm_80 has none: the same kernel writes every digit in every block) and compiles without spills on the 7B down and
     gate/up shapes. A spec takes 1, 2 or 4, and only on the dp4a form. (8-bit codes at 4-8 rows take the dp4a form
@@ -639,6 +640,10 @@ def test_dp4a_cluster_knob_and_grid(arch, monkeypatch):
     assert gemv_form(8, 2048, 2048, "q8_0", 32, DType.BF16)["cluster"] == 2
     assert gemv_form(4, 2048, 2048, "q8_0", 32, DType.BF16)["cluster"] == 2
     assert "cluster" not in gemv_form(3, 2048, 2048, "q8_0", 32, DType.BF16)
+    monkeypatch.setenv("FUSEC_QGEMV_DP4A_CLUSTER", "gated")  # the rule, and the gated product with the norm
+    assert gemv_form(1, 22016, 4096, "q4_k", 32, DType.BF16, True, True)["cluster"] == 2
+    assert "cluster" not in gemv_form(1, 12288, 4096, "q4_k", 32, DType.BF16, True, False)
+    assert gemv_form(1, 4096, 11008, "q4_k", 32, DType.BF16)["cluster"] == 2
     monkeypatch.setenv("FUSEC_QGEMV_DP4A_CLUSTER", "1")
     assert "cluster" not in gemv_form(8, 2048, 2048, "q8_0", 32, DType.BF16)
     monkeypatch.setenv("FUSEC_QGEMV_DP4A_CLUSTER", "4")

@@ -298,7 +298,7 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
             rows = 2
         return {"rows": rows, "fold": False, "dp4a": True, "warps": 8, "blocks": blocks, "chunks": chunks,
                 "norm_early": norm and bool(knobs.get("FUSEC_QGEMV_DP4A_NORM_EARLY")),
-                **({"cluster": cl} if (cl := _dp4a_cluster(wide or (m == 1 and not norm))) > 1 else {}),
+                **({"cluster": cl} if (cl := _dp4a_cluster(wide, m == 1 and not norm, glu)) > 1 else {}),
                 **({"digits": dg} if (dg := knobs.get("FUSEC_QGEMV_DP4A_X")) != "bytes" else {})}
     form: dict[str, object] = {"rows": 2 if m <= 8 else 1, "fold": m == 1}
     if tc:
@@ -330,9 +330,10 @@ def _tc_min_warps(fmt: str) -> int:
     return (8 if FORMATS[fmt].bits == 8 else 4) if choice == "auto" else int(choice)
 
 
-def _dp4a_cluster(pair: bool) -> int:
-    """The dp4a form's blocks a cluster (sm_90; the kernel has none elsewhere): 2 where ``pair`` (gemv_form: at 4-8 rows
-    of x, where x's digits are 4-8 times the work, and at one row without the norm prologue), else 1. Measured on an
+def _dp4a_cluster(wide: bool, plain_one: bool, glu: bool) -> int:
+    """The dp4a form's blocks a cluster (sm_90; the kernel has none elsewhere): 2 at 4-8 rows of x (``wide``), where x's
+    digits are 4-8 times the work, and at one row without the norm prologue (``plain_one``), else 1; with
+    FUSEC_QGEMV_DP4A_CLUSTER=gated, 2 also for a gated product with the norm at one row (the gate/up). Measured on an
     H200, decode steps in turns, the same bits: the Llama-1B Q8_0 step at batch 8 took 1.592 ms with 2 against 1.686
     with 1 (eighteenth session); 4 lost everywhere (2.384, 0.604, 1.820): the block trace had clusters of 4 placed 3-4
     blocks an SM on 124 SMs, their blocks starting up to 14 us late. At one row of x 2 on every product gave nothing
@@ -346,7 +347,9 @@ def _dp4a_cluster(pair: bool) -> int:
     from fusec import knobs
 
     choice = knobs.get("FUSEC_QGEMV_DP4A_CLUSTER")
-    return (2 if pair else 1) if choice == "auto" else int(choice)
+    if choice in ("auto", "gated"):
+        return 2 if wide or plain_one or (choice == "gated" and glu) else 1
+    return int(choice)
 
 
 def scale_dtype(fmt: str, packed: Any) -> Any:
