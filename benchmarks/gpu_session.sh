@@ -203,6 +203,7 @@
 #             in runs): the details page and the stall samples by SASS instruction (benchmarks/sass_stalls.py; ~3 minutes)
 #   qvariants every form of the quantized GEMV on Llama-1B's shapes (quant_bench.py --variants)
 #   qdecode   the packed-weight decode models alone (quant_bench.py --skip kernels,torch), the rule and the rule without dp4a
+#   qtab      issue 22's decode table in one run (quant_bench.py --skip kernels,torch: Q4_K_M, Q8_0, bf16; batches 1, 8)
 #   q7b       the 7B Llama shape in Q4_K_M, batch 1 decode and its packed-weight roofline (quant_bench.py --7b)
 #   qncu      Nsight Compute counters of the quantized GEMV's forms, stalls by source line (benchmarks/qgemv_ncu.py)
 #   qncu8     Nsight Compute counters of the rule's forms at 8 rows of x (Q8_0 gate/up and down: the FMA form; qkv:
@@ -919,6 +920,9 @@ for step in "$@"; do
                grep "^| llama" "$R/qvar.txt" | tail -n 70 ;;
     qdecode) timeout 250 python3 benchmarks/quant_bench.py "$R/qdec" --skip kernels,torch --qgemv-forms auto,tc > "$R/qdec.txt" 2>&1
              grep "^| 1b" "$R/qdec.txt" ;;
+    qtab) # issue 22's table in one run: the Llama-1B Q4_K_M, Q8_0 and bf16 plans (the same weights) at batches 1 and 8
+        timeout 330 python3 benchmarks/quant_bench.py "$R/qtab" --skip kernels,torch > "$R/qtab.txt" 2>&1
+        grep -E "^\| " "$R/qtab.txt" | tail -n 12 ;;
     q7b) timeout 300 python3 benchmarks/quant_bench.py "$R/q7b" --7b --skip kernels,torch > "$R/q7b.txt" 2>&1
          tail -n 6 "$R/q7b.txt" ;;
     qncu) FUSEC_LINEINFO=1 timeout 150 ncu --clock-control none -k regex:fc_qgemv --section SpeedOfLight --section Occupancy \
