@@ -78,7 +78,7 @@ def _graphs(model: str, n: int, args: argparse.Namespace) -> tuple[Any, Any, dic
 
 class _Dp4aActivations:
     """While entered: the reference's products over packed weights read x as the dp4a decode form
-    represents it (``fusec.quant.dp4a_blocks``: two int8 digits, per 32 values), so a forward pass shows
+    represents it (``fusec.quant.dp4a_blocks``: two 8-bit digits, per 32 values), so a forward pass shows
     what that form costs in perplexity (each row's blocks are its own: the same as one token a step)."""
 
     def __enter__(self) -> None:
@@ -143,7 +143,7 @@ def main() -> int:
     ap.add_argument("--out", default=None, metavar="DIR")
     ap.add_argument("--dp4a-activations", action="store_true",
                     help="--backend reference: the packed side's products read x as the dp4a decode form represents it "
-                         "(two int8 digits per value, per 32 values: fusec.quant.dp4a_blocks)")
+                         "(two 8-bit digits per value, per 32 values: fusec.quant.dp4a_blocks)")
     args = ap.parse_args()
     if args.dp4a_activations and args.backend != "reference":
         ap.error("--dp4a-activations emulates the dp4a form in the reference backend")

@@ -76,7 +76,7 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "S - 1, as other products (the A/B of prefill_step.py --prompt 16 --ab FUSEC_GEMV_COOP_PREWAIT=all)",
          ("one", "all")),
     Knob("FUSEC_QGEMV_FORM", "choice", "auto", "how decode products over packed weights compute: auto, the rule "
-         "(fusec.lower.quant.gemv_form: integer dot products over x as two int8 digits per value up to 3 rows of "
+         "(fusec.lower.quant.gemv_form: integer dot products over x as two 8-bit digits per value up to 3 rows of "
          "fp16/bf16 x and up to 8 where the tensor-core form does not apply, tensor cores for 4- to 8-bit codes "
          "where they fit, else fp32 FMAs); tc: the rule without the dp4a form; dp4a: the rule without the "
          "tensor-core form; fma: fp32 FMAs everywhere (the A/B of benchmarks/quant_bench.py --variants and "
@@ -102,8 +102,9 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "FUSEC_QGEMV_DP4A_CHUNKS=4)", ("4", "8")),
     Knob("FUSEC_QGEMV_DP4A_X", "choice", "bytes", "how the dp4a quantized GEMV writes x (fusec.quant.dp4a_blocks): "
          "bytes: one 16-bit integer a value (a step of max|x| / 32767 a 32-value block) as a signed high and an "
-         "unsigned low byte, ~5 instructions a value; 254: two signed digits of base 254, ~15 (the A/B of "
-         "benchmarks/decode_step.py --ab FUSEC_QGEMV_DP4A_X=254)", ("bytes", "254")),
+         "unsigned low byte, ~5 instructions a value; 254: two signed digits of base 254, ~15 (the 7B int4 step "
+         "1.361 ms against 1.309 with bytes, H200; the A/B of benchmarks/int4_7b.py or decode_step.py --ab "
+         "FUSEC_QGEMV_DP4A_X=254)", ("bytes", "254")),
     Knob("FUSEC_QGEMV_DP4A_FILL", "bool", True, "the dp4a quantized GEMV at one row of x gives products with short "
          "weight rows (a lane takes at most K / 1024 of a row's chunks a round) 4 rows a task, two gated pairs, so a "
          "round still loads 8 chunks a lane, where every warp still gets a task (Llama-1B's gate/up and LM head: "

@@ -24,13 +24,13 @@ DP4A_DIGITS = ("bytes", "254")  # how the dp4a form writes x (fusec.quant.dp4a_b
 
 
 def dp4a_smem(m: int, k: int, norm: bool, warps: int = 8) -> int:
-    """The dp4a form's shared memory: x's two int8 digits (2 * m * k bytes), each chunk's unit and
+    """The dp4a form's shared memory: x's two 8-bit digits (2 * m * k bytes), each chunk's unit and
     sums (12 bytes a chunk a row), and with ``norm`` the warps' sums of squares."""
     return 2 * m * k + 12 * m * (k // 32) + (4 * warps * m if norm else 0)
 
 
 def dp4a_fits(m: int, k: int, norm: bool, dtype: DType, warps: int = 8) -> bool:
-    """Whether the dp4a form takes this product: fp16/bf16 x (its two int8 digits per value are an
+    """Whether the dp4a form takes this product: fp16/bf16 x (its two 8-bit digits per value are an
     approximation that fp32 plans, compared with the reference token for token, do not take), at most
     DP4A_MAX_M rows, its shared memory within DP4A_SMEM."""
     return dtype in (DType.F16, DType.BF16) and m <= DP4A_MAX_M and dp4a_smem(m, k, norm, warps) <= DP4A_SMEM
@@ -88,7 +88,7 @@ class QGemvSpec(_QProduct):
     instead of every weight. ``tc``: the tensor-core form instead (templates/qgemv_tc.cu.jinja: 4- to 8-bit
     formats, M <= 8, fp16/bf16; ``warps`` per block of 16 rows, ``passes`` runs of chunks a warp copies into
     shared memory in turn; rows and fold unused). ``dp4a``: integer
-    dot products instead (templates/qgemv_dp4a.cu.jinja: x as two int8 digits per value, per 32 values, in the block,
+    dot products instead (templates/qgemv_dp4a.cu.jinja: x as two 8-bit digits per value, per 32 values, in the block,
     ``fusec.quant.dp4a_blocks``; fp16/bf16 x, M <= DP4A_MAX_M; ``rows`` a warp's task, ``warps`` a block,
     ``blocks`` an SM: the grid, and the registers a thread gets (its launch bounds); ``chunks`` the 32-weight chunks
     a lane loads a round over its rows (2, 4 or 8); ``norm_early`` (the dp4a form with the norm): the norm's weights

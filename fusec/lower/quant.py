@@ -169,7 +169,7 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
 
     The dp4a form (``dp4a``) where it fits (``specs_quant.dp4a_fits``: fp16/bf16 x, M <= 8, x written
     in shared memory) up to 3 rows of x, and up to 8 where the tensor-core form does not take the product: x as
-    two int8 digits per value (per 32 values), integer dot products. Measured on an H200
+    two 8-bit digits per value (per 32 values), integer dot products. Measured on an H200
     (benchmarks/RESULTS.md, twelfth session), Llama-1B's shapes in Q4_K, Q6_K and Q8_0: at M = 1 it took
     0.55-0.97x the FMA form's time (gate/up Q4_K 8.6 us against 13.4, the LM head in Q6_K 68 against
     119), and at M = 2 and 4 less than the FMA and tensor-core forms on every shape (x as one int8
@@ -217,6 +217,13 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     1-2%. Zero-point operands keep one row (uint8 spilled); FUSEC_QGEMV_DP4A_WIDE_ROWS=1 gives one row everywhere.
     Where the tensor-core form applies it stays (Q4_K_M: 1.177 ms against the dp4a form's 1.898).
 
+    x's digits are one 16-bit integer a value, xq = rint(x * 32767 / max|x|), as a signed high and an unsigned low byte
+    (``fusec.quant.dp4a_blocks``): one FMA, byte permutes and an add, ~5 instructions a value, where base 254's two
+    signed digits took ~15. In turns against base 254 (FUSEC_QGEMV_DP4A_X=254; H200, thirty-seventh session): the 7B
+    int4 step 1.309 ms against 1.361 (down 9.41 us against 9.98, qkv 8.26 against 8.61, gate/up 15.46 against
+    15.78, o 2.82 against 3.14), the 7B Q4_K_M step 1.592 against 1.648, Llama-1B Q4_K_M 0.449 against 0.458, its
+    Q8_0 0.513 against 0.524; at batch 8 (the tensor-core form) the same. In clusters each block's addresses of x's
+    arrays are mapped once a thread (the 7B int4 step then 1.306 against 1.359).
     Every block writes all of x's digits. They are rounded by an add of 1.5 * 2^23, and a bf16 norm prologue's
     two roundings a value are done two values at a time (one F2FP, not two F2F): rintf and a float-to-int
     conversion were 4 conversions a value on a quarter-rate pipe (~2 us an SM in the down product, K = 8192, two
@@ -342,7 +349,9 @@ def _dp4a_cluster(wide: bool, plain_one: bool, glu: bool) -> int:
     against 10.72 (K 11,008: the longest x phase), o 3.20 against 3.42, while among the products with the norm qkv
     lost (8.99 against 8.59) and gate/up and the LM head gained 0.5-0.7. The rule (2 for o and down only) against 1,
     in turns: the 7B int4 step 1.380 ms against 1.401 (down 10.18 us against 10.69, o 3.14 against 3.29), the
-    Llama-1B Q4_K_M step 0.462 against 0.466, 7B Q4_K_M 1.671 against 1.673, the same tokens and bits.
+    Llama-1B Q4_K_M step 0.462 against 0.466, 7B Q4_K_M 1.671 against 1.673, the same tokens and bits. With x's
+    byte digits (thirty-seventh session) ``gated`` (2 for the gate/up too) took the gate/up 15.14 us against 15.49, but
+    the 7B int4 step 1.313 ms against 1.309 with the rule, in turns, the same tokens: not taken.
     FUSEC_QGEMV_DP4A_CLUSTER sets it."""
     from fusec import knobs
 
