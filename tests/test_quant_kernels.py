@@ -441,19 +441,26 @@ def test_the_dp4a_norm_forms_at_one_row_load_what_fits_in_registers(arch):
         assert p.result().binary.spill_bytes == 0, what
 
 
+def _blocks(seed: int, trials: int, top: int):  # noqa: ANN202
+    """(trial, v, max|v|): 32-value fp32 blocks of magnitudes 1e-30 to 1e30; every other one has 8 values at ties of
+    the rounding to steps of max|v| / top."""
+    rng = np.random.default_rng(seed)
+    f32 = np.float32
+    for trial in range(trials):
+        v = (rng.standard_normal(32) * f32(10.0 ** rng.uniform(-30, 30))).astype(f32)
+        if trial % 2:
+            amax = np.abs(v).max()
+            v[:8] = ((np.round(rng.uniform(-top, top, 8) * 0.98) + 0.5) * (amax / top)).astype(f32)
+        yield trial, v, np.abs(v).max()
+
+
 def test_rounding_by_an_add_gives_rintf_digits():
     """The identity the dp4a form's digits rest on (rounded by an add), in IEEE float32 (numpy): for |y| <= 2^22,
     (y + 1.5 * 2^23)'s bits less 0x4B400000 are rint(y) (ties to even), so x's two digits come out as rintf's, over
     blocks of every magnitude and at ties."""
-    rng = np.random.default_rng(7)
     f32, magic = np.float32, np.float32(12582912.0)
     assert magic.view(np.int32) == 0x4B400000
-    for trial in range(500):
-        v = (rng.standard_normal(32) * f32(10.0 ** rng.uniform(-30, 30))).astype(f32)
-        amax = np.abs(v).max()
-        if trial % 2:  # ties of the major digit
-            v[:8] = ((np.round(rng.uniform(-127, 127, 8)) + 0.5) * (amax / 127)).astype(f32)
-            amax = np.abs(v).max()
+    for trial, v, amax in _blocks(7, 500, 127):  # ties of the major digit
         iq = (f32(1) / amax).astype(f32) * f32(127)
         d1 = f32(amax * f32(1 / 127))
         q1 = np.rint(v * iq)
@@ -477,14 +484,8 @@ def test_byte_digits_are_the_integer_the_reference_rounds():
     float's low bits; the byte permutes gather a signed high and an unsigned low digit, 256 x1 + x0 = xq, |xq| <= 32767;
     the bits' sum less 8 x 0x4B400000 is the sum of xq; and fusec.quant.dp4a_blocks gives d * xq. Over blocks of
     every magnitude and at ties."""
-    rng = np.random.default_rng(11)
     f32 = np.float32
-    for trial in range(300):
-        v = (rng.standard_normal(32) * f32(10.0 ** rng.uniform(-30, 30))).astype(f32)
-        amax = np.abs(v).max()
-        if trial % 2:  # exact ties of the rounding
-            v[:8] = ((np.round(rng.uniform(-32000, 32000, 8)) + 0.5) * (amax / 32767)).astype(f32)
-            amax = np.abs(v).max()
+    for trial, v, amax in _blocks(11, 300, 32767):
         iq = ((f32(1) / amax).astype(f32) * f32(32767)).astype(f32)
         fma = (v.astype(np.float64) * np.float64(iq) + 12582912.0).astype(f32)  # exact in float64, rounded once
         bits = fma.view(np.uint32).astype(np.int64)
