@@ -105,6 +105,10 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "unsigned low byte, ~5 instructions a value; 254: two signed digits of base 254, ~15 (the 7B int4 step "
          "1.361 ms against 1.309 with bytes, H200; the A/B of benchmarks/int4_7b.py or decode_step.py --ab "
          "FUSEC_QGEMV_DP4A_X=254)", ("bytes", "254")),
+    Knob("FUSEC_QGEMV_DP4A_SPREAD", "bool", False, "the dp4a quantized GEMV hands its tasks out warp-major over the "
+         "grid, so a last partial round of tasks spreads over every SM instead of the first blocks' SMs (the 7B "
+         "gate/up: the sixth round's 448 tasks on 56 SMs, 8 warps each); the same bits; not yet measured (the A/B "
+         "of benchmarks/int4_7b.py --ab FUSEC_QGEMV_DP4A_SPREAD=1)"),
     Knob("FUSEC_QGEMV_DP4A_FILL", "bool", True, "the dp4a quantized GEMV at one row of x gives products with short "
          "weight rows (a lane takes at most K / 1024 of a row's chunks a round) 4 rows a task, two gated pairs, so a "
          "round still loads 8 chunks a lane, where every warp still gets a task (Llama-1B's gate/up and LM head: "

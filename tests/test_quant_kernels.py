@@ -667,6 +667,25 @@ def test_dp4a_cluster_knob_and_grid(arch, monkeypatch):
             QGemvSpec(1, 4096, 2048, "q4_k", 32, DType.BF16, DType.F16, **bad)
 
 
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_dp4a_spread_knob_hands_tasks_out_warp_major(arch, monkeypatch):
+    """FUSEC_QGEMV_DP4A_SPREAD puts ``spread`` in the dp4a form (not by default): the kernel's first task of a warp is
+    warp * blocks + block, and it compiles without spills on the 7B int4 gate/up and down and Llama-1B's Q6_K LM head.
+    A spec takes it only on the dp4a form."""
+    assert "spread" not in gemv_form(1, 22016, 4096, "uint4", 128, DType.BF16, True, True)
+    monkeypatch.setenv("FUSEC_QGEMV_DP4A_SPREAD", "1")
+    for fmt, g, n, k, norm, glu in (("uint4", 128, 22016, 4096, True, True), ("uint4", 128, 4096, 11008, False, False),
+                                    ("q6_k", 16, 128256, 2048, True, False)):
+        f = gemv_form(1, n, k, fmt, g, DType.BF16, norm, glu)
+        assert f["spread"] and f["dp4a"], (fmt, n, k)
+        spec = QGemvSpec(1, n, k, fmt, g, DType.BF16, DType.F16, norm=norm, glu="silu" if glu else "", **f)
+        _, src = K.prepare(spec)
+        assert "int t = warp * QD_BLOCKS + QD_BLOCK;" in src and "int t = QD_BLOCK * W_ + warp;" not in src
+        assert K.build(spec, arch).binary.spill_bytes == 0, (fmt, n, k)
+    with pytest.raises(ValueError, match="spread"):
+        QGemvSpec(1, 4096, 2048, "q4_k", 32, DType.BF16, DType.F16, spread=True)
+
+
 LLAMA_SHAPES_1B_NORM = [(3072, 2048, True), (2048, 2048, False), (2048, 8192, False), (128256, 2048, True)]  # qkv, o, down, head
 
 

@@ -96,7 +96,8 @@ class QGemvSpec(_QProduct):
     sm_90, blocks a thread block cluster whose warps take turns writing x's digits, each into every block's shared
     memory (1: every block writes all of them; elsewhere always 1); ``digits``: how the dp4a form writes x,
     ``fusec.quant.dp4a_blocks``'s ``digits`` ("bytes": one 16-bit integer a value as two bytes; "254": two signed
-    digits of base 254); fold unused).
+    digits of base 254); ``spread``: the dp4a form hands its tasks out warp-major over the grid (a warp's first task
+    is warp * blocks + block, not block * warps + warp), so a last partial round spreads over every SM; fold unused).
     FMA and dp4a forms: ``norm``, x RMS-normalized over K first as ``Op.RMSNORM`` computes it (weight ``g``
     [K], ``eps``, ``weight_offset``; the FMA form normalizes x once into shared memory, M * K elements of
     at most ``QNORM_SMEM`` bytes, the dp4a form as it writes x's digits); ``glu``, a gated unit over the two halves of the product (as
@@ -120,6 +121,7 @@ class QGemvSpec(_QProduct):
     norm_early: bool = False
     cluster: int = 1
     digits: str = "bytes"
+    spread: bool = False
     norm: bool = False
     eps: float = 1e-6
     weight_offset: float = 0.0
@@ -194,6 +196,7 @@ class QGemvSpec(_QProduct):
         _req(self.cluster in (1, 2, 4) and (self.cluster == 1 or self.dp4a),
              "cluster (1, 2 or 4 blocks splitting the writing of x's digits) is the dp4a quantized gemv's")
         _req(self.digits in DP4A_DIGITS, f"the dp4a quantized gemv's digits are one of {DP4A_DIGITS}")
+        _req(not self.spread or self.dp4a, "spread (tasks handed out warp-major) is the dp4a quantized gemv's")
         _req(not self.norm_early or (self.dp4a and self.norm),
              "norm_early is the dp4a quantized gemv's, with the norm prologue")
         if self.norm:

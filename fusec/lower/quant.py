@@ -306,7 +306,8 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
         return {"rows": rows, "fold": False, "dp4a": True, "warps": 8, "blocks": blocks, "chunks": chunks,
                 "norm_early": norm and bool(knobs.get("FUSEC_QGEMV_DP4A_NORM_EARLY")),
                 **({"cluster": cl} if (cl := _dp4a_cluster(wide, m == 1 and not norm, glu)) > 1 else {}),
-                **({"digits": dg} if (dg := knobs.get("FUSEC_QGEMV_DP4A_X")) != "bytes" else {})}
+                **({"digits": dg} if (dg := knobs.get("FUSEC_QGEMV_DP4A_X")) != "bytes" else {}),
+                **({"spread": True} if knobs.get("FUSEC_QGEMV_DP4A_SPREAD") else {})}
     form: dict[str, object] = {"rows": 2 if m <= 8 else 1, "fold": m == 1}
     if tc:
         form.update(tc=True, warps=tc, **({"passes": passes} if passes > 1 else {}))
