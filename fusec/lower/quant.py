@@ -224,6 +224,9 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     15.78, o 2.82 against 3.14), the 7B Q4_K_M step 1.592 against 1.648, Llama-1B Q4_K_M 0.449 against 0.458, its
     Q8_0 0.513 against 0.524; at batch 8 (the tensor-core form) the same. In clusters each block's addresses of x's
     arrays are mapped once a thread (the 7B int4 step then 1.306 against 1.359).
+    A warp takes tasks block-major (task t: warp t % 8 of block t / 8, then t plus the grid's warps), so a last partial
+    round runs on the first blocks' SMs: the 7B gate/up's sixth round, 448 tasks, on 56 SMs at 8 warps each.
+    FUSEC_QGEMV_DP4A_SPREAD hands them out warp-major instead (the same bits; not yet measured).
     Every block writes all of x's digits. They are rounded by an add of 1.5 * 2^23, and a bf16 norm prologue's
     two roundings a value are done two values at a time (one F2FP, not two F2F): rintf and a float-to-int
     conversion were 4 conversions a value on a quarter-rate pipe (~2 us an SM in the down product, K = 8192, two
