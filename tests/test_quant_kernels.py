@@ -940,7 +940,7 @@ def test_the_tile_gemm_tilings_the_rule_picks_do_not_spill(arch):
 
 def test_prefill_dequantizes_large_weights_a_block_of_rows_at_a_time(monkeypatch):
     from fusec.compiler import stage
-    from fusec.lower import quant as LQ
+    from fusec.lower import quant_emit as LQ
 
     monkeypatch.setattr(LQ, "SCRATCH_BYTES", 32 * 512 * 2)  # 32 rows of the bf16 [96, 512] weight
     monkeypatch.setenv("FUSEC_QGEMM", "scratch")

@@ -33,10 +33,10 @@ def lower_fused(ctx: Context, node: Node, label: str) -> None:
     elif kind == "gemm_epilogue":
         mm, iexpr = detail
         outer[mm.output] = node.output
-        from fusec.lower import quant
+        from fusec.lower import quant_emit
 
         if mm.op == Op.QMATMUL:  # the quantized GEMV fuses what it can (fusec.lower.quant)
-            fused = quant.lower_fused(ctx, node, mm, outer, label)
+            fused = quant_emit.lower_fused(ctx, node, mm, outer, label)
         else:
             N.matmul(ctx, Node(Op.MATMUL, [outer[x] for x in mm.inputs], [node.output], mm.attrs), label)  # cuBLAS
             fused = False

@@ -10,15 +10,14 @@ from fusec.codegen import specs as S
 from fusec.codegen.elementwise import single_op
 from fusec.dtypes import DType
 from fusec.ir import Node, Value
-from fusec.lower import Context, LoweringError, Raw
+from fusec.lower import Context, LoweringError, Raw, quant_emit
 from fusec.lower import argreduce as _argreduce
 from fusec.lower import batching as B
 from fusec.lower import decode as _decode
 from fusec.lower import layout as L
 from fusec.lower import pad as _pad
-from fusec.lower import quant as _quant
-from fusec.lower import topk as _topk
 from fusec.lower import tf32_split as _tf32_split
+from fusec.lower import topk as _topk
 from fusec.lower import train as _train
 from fusec.ops import OP_INFO, FusionKind, Op
 
@@ -264,8 +263,8 @@ def _fused(ctx: Context, node: Node, label: str) -> None:
 
 LOWER: dict[Op, Callable[[Context, Node, str], None]] = {
     Op.MATMUL: matmul,
-    Op.QMATMUL: _quant.lower_node,
-    Op.QGATHER: _quant.lower_gather,
+    Op.QMATMUL: quant_emit.lower_node,
+    Op.QGATHER: quant_emit.lower_gather,
     Op.TRANSPOSE: _copy,
     Op.SLICE: _copy,
     Op.EXPAND: _copy,

@@ -78,7 +78,7 @@ class Plan:
                               **params)
         if self.packed:
             from fusec.codegen.specs_quant import QGemvSpec, QSibling
-            from fusec.lower.quant import scale_dtype
+            from fusec.lower.quant_emit import scale_dtype
 
             a = self.mm.attrs
             forms = common.pop("sibling_forms", ())
@@ -362,7 +362,7 @@ def emit(ctx: Any, p: Plan, node: Node, label: str) -> None:
     extra = [outer[v] for v in (p.bias, p.residual) if v is not None]
     weights = [outer[v] for v in p.mm.inputs[1:]]
     if p.siblings:  # one launch: each product's packed operands in turn, then each one's output
-        from fusec.lower.quant import emit_qgemv
+        from fusec.lower.quant_emit import emit_qgemv
 
         made = dict(zip(body.outputs, node.outputs))
         weights += [outer[v] for sib in p.siblings for v in sib.inputs[1:]]
@@ -374,7 +374,7 @@ def emit(ctx: Any, p: Plan, node: Node, label: str) -> None:
         return
     if p.sample is None:
         if p.packed:
-            from fusec.lower.quant import emit_qgemv
+            from fusec.lower.quant_emit import emit_qgemv
 
             emit_qgemv(ctx, spec, x, weights, between, extra, node.output, label)
         else:
@@ -391,7 +391,7 @@ def emit(ctx: Any, p: Plan, node: Node, label: str) -> None:
     part = Raw(base.space, base.offset + lb, spec.part_floats * 4)
     scores = [seed, counter, temperature, part]
     if p.packed:
-        from fusec.lower.quant import emit_qgemv
+        from fusec.lower.quant_emit import emit_qgemv
 
         emit_qgemv(ctx, spec, x, weights, between, extra, logits, label, scores, "qgemv+sample scores")
         chunks = spec.parts
