@@ -10,9 +10,6 @@
 #   int4_7b   issue 22's 7B int4 target: fusec --quantize int4 (group 128, head packed) at batch 1 against its packed-weight
 #             roofline and gpt-fast's int4 form compiled in torch, in turns (benchmarks/int4_7b.py, ~7 minutes; $INT4_AB:
 #             its --ab variants)
-#   dx        x's digits as one 16-bit integer in two bytes against base 254's (FUSEC_QGEMV_DP4A_X): the dp4a GPU tests,
-#             the Llama-1B Q4_K_M and Q8_0 decode steps in turns; dx7: the 7B int4 (and its peer) and 7B Q4_K_M steps
-#   dx2       after the cluster's addresses mapped once: the 7B int4 step, the dp4a GPU tests, Llama-1B Q4_K_M, against 254
 #   gcl       clusters of 2 for the gated product with the norm at one row: dp4a GPU tests, 7B int4 and Llama-1B Q4_K_M
 #   spread    tasks handed out warp-major (FUSEC_QGEMV_DP4A_SPREAD): its GPU test, the 7B int4 and Llama-1B Q4_K_M steps
 #   kvab      the decode attention's merge knobs (clusters off, split keys 128 and 32) on Llama-1B Q4_K_M and Qwen3-0.6B
@@ -661,30 +658,6 @@ for step in "$@"; do
     int4_7b) # shellcheck disable=SC2086  # $INT4_AB is several arguments
           timeout 560 python3 benchmarks/int4_7b.py "$R/int4_7b" ${INT4_AB:-} > "$R/int4_7b.txt" 2>&1
           grep -vE "^\s*$" "$R/int4_7b.txt" | tail -n 60 ;;
-    dx) # x as one 16-bit integer in two bytes (FUSEC_QGEMV_DP4A_X=bytes, the default) against base 254's two digits: the
-        # dp4a GPU tests; the Llama-1B Q4_K_M (batches 1, 8) and Q8_0 (batch 1) decode steps against the knob, in turns
-        timeout 200 $PT -n 12 tests/test_quant_gpu.py -k "dp4a or packed or token or generation" > "$R/t_dx.txt" 2>&1
-        grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_dx.txt" | tail -n 12
-        for m in "llama-1b-q4_k_m --batches 1,8" "llama-1b-q8_0 --batches 1"; do
-          timeout 170 python3 benchmarks/decode_step.py "$R/dx_${m%% *}" --model $m --context 32 --windows 3 \
-            --ab FUSEC_QGEMV_DP4A_X=254 > "$R/dx_${m%% *}.txt" 2>&1
-          echo "$m"; grep -E "^\| [0-9]+ \|" "$R/dx_${m%% *}.txt" | cut -c 1-1500
-        done ;;
-    dx7) # the same on the 7B shapes: the int4 step (and its PyTorch peer) and the 7B Q4_K_M step against the knob
-        timeout 330 python3 benchmarks/int4_7b.py "$R/int4_7b" --ab FUSEC_QGEMV_DP4A_X=254 > "$R/int4_7b.txt" 2>&1
-        grep -E "step_ms_median|pct_roofline|same_tokens|error|Error" "$R/int4_7b.txt" | head -n 12
-        timeout 200 python3 benchmarks/decode_step.py "$R/dx_7b" --model llama-7b-q4_k_m --batches 1 --context 32 \
-          --windows 3 --ab FUSEC_QGEMV_DP4A_X=254 > "$R/dx_7b.txt" 2>&1
-        grep -E "^\| [0-9]+ \|" "$R/dx_7b.txt" | cut -c 1-1500 ;;
-    dx2) # after the cluster's addresses mapped once a thread: the 7B int4 step against base 254's digits (both forms with
-        # the change), the dp4a GPU tests, the Llama-1B Q4_K_M step against the knob
-        timeout 330 python3 benchmarks/int4_7b.py "$R/int4_7b" --ab FUSEC_QGEMV_DP4A_X=254 > "$R/int4_7b.txt" 2>&1
-        grep -E "step_ms_median|pct_roofline|same_tokens|error|Error" "$R/int4_7b.txt" | head -n 12
-        timeout 120 $PT -n 12 tests/test_quant_gpu.py -k "dp4a" > "$R/t_dx2.txt" 2>&1
-        grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_dx2.txt" | tail -n 12
-        timeout 120 python3 benchmarks/decode_step.py "$R/dx2_q4km" --model llama-1b-q4_k_m --batches 1 --context 32 \
-          --windows 3 --ab FUSEC_QGEMV_DP4A_X=254 > "$R/dx2_q4km.txt" 2>&1
-        grep -E "^\| [0-9]+ \|" "$R/dx2_q4km.txt" | cut -c 1-1500 ;;
     gcl) # clusters of 2 for the gated product with the norm at one row (FUSEC_QGEMV_DP4A_CLUSTER=gated): the dp4a GPU
         # tests, then the 7B int4 step and the Llama-1B Q4_K_M step against the rule, in turns
         timeout 160 $PT -n 12 tests/test_quant_gpu.py -k "dp4a" > "$R/t_gcl.txt" 2>&1

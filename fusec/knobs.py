@@ -100,11 +100,6 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "over its weight rows at one row of x (8: two weight rows a task below K = 8192; 4: half the bytes in flight, "
          "7% slower at the 7B Q4_K_M shape on an H200; the A/B of benchmarks/decode_step.py --ab "
          "FUSEC_QGEMV_DP4A_CHUNKS=4)", ("4", "8")),
-    Knob("FUSEC_QGEMV_DP4A_X", "choice", "bytes", "how the dp4a quantized GEMV writes x (fusec.quant.dp4a_blocks): "
-         "bytes: one 16-bit integer a value (a step of max|x| / 32767 a 32-value block) as a signed high and an "
-         "unsigned low byte, ~5 instructions a value; 254: two signed digits of base 254, ~15 (the 7B int4 step "
-         "1.361 ms against 1.309 with bytes, H200; the A/B of benchmarks/int4_7b.py or decode_step.py --ab "
-         "FUSEC_QGEMV_DP4A_X=254)", ("bytes", "254")),
     Knob("FUSEC_QGEMV_DP4A_SPREAD", "bool", False, "the dp4a quantized GEMV hands its tasks out warp-major over the "
          "grid, so a last partial round of tasks spreads over every SM instead of the first blocks' SMs (the 7B "
          "gate/up: the sixth round's 448 tasks on 56 SMs, 8 warps each); the same bits; not yet measured (the A/B "

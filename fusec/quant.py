@@ -286,41 +286,24 @@ def matmul(x: np.ndarray, fmt: QFormat, k: int, group: int, arrays: Sequence[np.
     return out.reshape(*x.shape[:-1], n)
 
 
-def dp4a_blocks(x: np.ndarray, digits: str = "bytes") -> np.ndarray:
+def dp4a_blocks(x: np.ndarray) -> np.ndarray:
     """x as the dp4a quantized GEMV represents it (templates/qgemv_dp4a_x.jinja), each 32 consecutive values of a row
     with their own unit d, returned as d * xq in fp32, so the kernel's product is dp4a_blocks(x) @ W^T up to fp32
-    accumulation (the same fp32 operations, each rounded, as the kernel's). A block whose max|x| is below the smallest
-    normal fp32 number is zeros.
-
-    ``digits="bytes"`` (the default): xq = rint(x * iq), the exact product rounded once (the kernel's FMA), for
-    iq = fl(fl(1 / max|x|) * 32767), so |xq| <= 32767; d = max|x| * fl(1 / 32767). The kernel splits xq into a
-    signed high and an unsigned low byte, xq = 256 * x1 + x0.
-    ``digits="254"``: two signed digits, xq = 254 * x1 + x0: x1 = rint(x * iq) for iq = fl(1 / max|x|) * 127,
-    x0 = clip(rint((x - x1 * d1) * iq * 254), -127, 127) for d1 = max|x| * fl(1 / 127), d = d1 * fl(1 / 254).
-
-    Either step, about max|x| / 32k, is finer than bf16's for all but a block's smallest values; one int8 digit
-    (max|x| / 127) changed SmolLM2-135M's greedy answers."""
+    accumulation (the same fp32 operations, each rounded, as the kernel's): xq = rint(x * iq), the exact product
+    rounded once (the kernel's FMA), for iq = fl(fl(1 / max|x|) * 32767), so |xq| <= 32767; d = max|x| * fl(1 / 32767).
+    A block whose max|x| is below the smallest normal fp32 number is zeros. The kernel splits xq into a signed high
+    and an unsigned low byte, xq = 256 * x1 + x0. The step, max|x| / 32767, is finer than bf16's for all but a block's
+    smallest values; one int8 digit (max|x| / 127) changed SmolLM2-135M's greedy answers."""
     xf = np.asarray(x, np.float32)
     b = xf.reshape(*xf.shape[:-1], xf.shape[-1] // 32, 32)
     amax = np.abs(b).max(axis=-1, keepdims=True)
     live = amax >= np.finfo(np.float32).tiny
     f = np.float32
-    if digits == "bytes":
-        with np.errstate(divide="ignore"):
-            iq = np.where(live, (f(1.0) / amax) * f(32767.0), f(0.0)).astype(np.float32)
-        xq = np.rint(b.astype(np.float64) * iq.astype(np.float64))  # exact in float64 (24 x 24 bits), rounded once
-        d = np.where(live, amax * (f(1.0) / f(32767.0)), f(0.0)).astype(np.float32)
-        return (xq.astype(np.float32) * d).astype(np.float32).reshape(xf.shape)
-    if digits != "254":
-        raise ValueError(f"dp4a digits are 'bytes' or '254', not {digits!r}")
     with np.errstate(divide="ignore"):
-        iq = np.where(live, (f(1.0) / amax) * f(127.0), f(0.0)).astype(np.float32)
-    d1 = np.where(live, amax * (f(1.0) / f(127.0)), f(0.0)).astype(np.float32)
-    x1 = np.rint(b * iq)
-    r = (b - (x1 * d1).astype(np.float32)).astype(np.float32)
-    x0 = np.clip(np.rint(((r * iq).astype(np.float32) * f(254.0)).astype(np.float32)), -127, 127)
-    d = (d1 * (f(1.0) / f(254.0))).astype(np.float32)
-    return ((f(254.0) * x1 + x0) * d).astype(np.float32).reshape(xf.shape)
+        iq = np.where(live, (f(1.0) / amax) * f(32767.0), f(0.0)).astype(np.float32)
+    xq = np.rint(b.astype(np.float64) * iq.astype(np.float64))  # exact in float64 (24 x 24 bits), rounded once
+    d = np.where(live, amax * (f(1.0) / f(32767.0)), f(0.0)).astype(np.float32)
+    return (xq.astype(np.float32) * d).astype(np.float32).reshape(xf.shape)
 
 
 def from_affine(q: np.ndarray, scale: np.ndarray, zero: np.ndarray | None, bits: int) -> QWeight:

@@ -165,34 +165,6 @@ def test_dp4a_qgemv_matches_reference(fmt, m, blocks):
             assert rel_err(host(out, dt), ref) <= TOL[dt], (fmt, m, dt, swap, "norm+glu")
 
 
-@pytest.mark.parametrize("fmt", list(quant.FORMATS))
-@pytest.mark.parametrize("m", [1, 3, 8])
-def test_dp4a_base_254_digits_match_their_reference(fmt, m):
-    """The dp4a form with x as two signed digits of base 254 (``digits="254"``, FUSEC_QGEMV_DP4A_X=254, the A/B of
-    the default bytes) against numpy over quant.dp4a_blocks(x, "254"): the plain product at odd N and long rows, and
-    the norm prologue, bf16; both forms within the tolerance of the exact product."""
-    dt = BF16
-    rd = lambda a: a.astype(dt.np).astype(np.float32)  # noqa: E731
-    k = next(k for k in (11008, 8192, 4096, 2048) if dp4a_fits(m, k, False, dt))
-    qw = sample_weight(fmt, 4501, k, RNG)
-    w = qw.dequantize().astype(np.float32)
-    x = RNG.standard_normal((m, k)).astype(np.float32).astype(dt.np)
-    got = {}
-    for digits in ("254", "bytes"):
-        out = poisoned((m, 4501), dt)
-        _run(QGemvSpec(m, 4501, k, fmt, qw.group, dt, qw.scale_dtype, dp4a=True, digits=digits),
-             [dev(x), *[dev(a) for a in qw.arrays], out])
-        got[digits] = host(out, dt)
-        assert rel_err(got[digits], rd(quant.dp4a_blocks(x, digits) @ w.T)) <= TOL[dt], (fmt, m, digits)
-        assert rel_err(got[digits], x.astype(np.float32) @ w.T) <= TOL[dt], (fmt, m, digits, "exact")
-    g = (RNG.random(k) * 0.1 - 0.95).astype(np.float32).astype(dt.np)
-    out = poisoned((m, 4501), dt)
-    _run(QGemvSpec(m, 4501, k, fmt, qw.group, dt, qw.scale_dtype, dp4a=True, digits="254", norm=True, eps=1e-5,
-                   weight_offset=1.0), [dev(x), *[dev(a) for a in qw.arrays], dev(g), out])
-    ref = rd(quant.dp4a_blocks(_norm_ref(x, g, 1e-5, 1.0, dt), "254") @ w.T)
-    assert rel_err(host(out, dt), ref) <= TOL[dt], (fmt, m, "norm")
-
-
 def _dp4a_bits_alike(fmt: str, m: int, n: int, k: int, variants: list[dict], epi: Epilogue = Epilogue(),
                      norm: bool = False, glu: str = "", **common) -> None:
     """The dp4a kernel once per entry of ``variants`` (QGemvSpec keywords, beside ``common``) on the same random

@@ -20,7 +20,6 @@ QNORM_SMEM = 32 << 10  # the FMA form's normalized copy of x (static shared memo
 # that far only where the tensor-core form does not apply.
 DP4A_MAX_M = 8
 DP4A_SMEM = 48 << 10  # static shared memory of a block
-DP4A_DIGITS = ("bytes", "254")  # how the dp4a form writes x (fusec.quant.dp4a_blocks)
 
 
 def dp4a_smem(m: int, k: int, norm: bool, warps: int = 8) -> int:
@@ -94,9 +93,7 @@ class QGemvSpec(_QProduct):
     a lane loads a round over its rows (2, 4 or 8); ``norm_early`` (the dp4a form with the norm): the norm's weights
     loaded before the PDL wait where x is one batch of a thread's pieces (else after it, beside x); ``cluster``: on
     sm_90, blocks a thread block cluster whose warps take turns writing x's digits, each into every block's shared
-    memory (1: every block writes all of them; elsewhere always 1); ``digits``: how the dp4a form writes x,
-    ``fusec.quant.dp4a_blocks``'s ``digits`` ("bytes": one 16-bit integer a value as two bytes; "254": two signed
-    digits of base 254); ``spread``: the dp4a form hands its tasks out warp-major over the grid (a warp's first task
+    memory (1: every block writes all of them; elsewhere always 1); ``spread``: the dp4a form hands its tasks out warp-major over the grid (a warp's first task
     is warp * blocks + block, not block * warps + warp), so a last partial round spreads over every SM; fold unused).
     FMA and dp4a forms: ``norm``, x RMS-normalized over K first as ``Op.RMSNORM`` computes it (weight ``g``
     [K], ``eps``, ``weight_offset``; the FMA form normalizes x once into shared memory, M * K elements of
@@ -120,7 +117,6 @@ class QGemvSpec(_QProduct):
     chunks: int = 4
     norm_early: bool = False
     cluster: int = 1
-    digits: str = "bytes"
     spread: bool = False
     norm: bool = False
     eps: float = 1e-6
@@ -195,7 +191,6 @@ class QGemvSpec(_QProduct):
                  f"M <= {DP4A_MAX_M}, and its shared memory (x's two digits) within {DP4A_SMEM} bytes")
         _req(self.cluster in (1, 2, 4) and (self.cluster == 1 or self.dp4a),
              "cluster (1, 2 or 4 blocks splitting the writing of x's digits) is the dp4a quantized gemv's")
-        _req(self.digits in DP4A_DIGITS, f"the dp4a quantized gemv's digits are one of {DP4A_DIGITS}")
         _req(not self.spread or self.dp4a, "spread (tasks handed out warp-major) is the dp4a quantized gemv's")
         _req(not self.norm_early or (self.dp4a and self.norm),
              "norm_early is the dp4a quantized gemv's, with the norm prologue")

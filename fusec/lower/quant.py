@@ -206,7 +206,7 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
 
     x's digits are one 16-bit integer a value, xq = rint(x * 32767 / max|x|), as a signed high and an unsigned low byte
     (``fusec.quant.dp4a_blocks``): one FMA, byte permutes and an add, ~5 instructions a value, where base 254's two
-    signed digits took ~15. In turns against base 254 (FUSEC_QGEMV_DP4A_X=254; H200, thirty-seventh session): the 7B
+    signed digits took ~15. In turns against base 254 (H200, thirty-seventh session; that form is gone since): the 7B
     int4 step 1.309 ms against 1.361 (down 9.41 us against 9.98, qkv 8.26 against 8.61, gate/up 15.46 against
     15.78, o 2.82 against 3.14), the 7B Q4_K_M step 1.592 against 1.648, Llama-1B Q4_K_M 0.449 against 0.458, its
     Q8_0 0.513 against 0.524; at batch 8 (the tensor-core form) the same. In clusters each block's addresses of x's
@@ -296,7 +296,6 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
         return {"rows": rows, "fold": False, "dp4a": True, "warps": 8, "blocks": blocks, "chunks": chunks,
                 "norm_early": norm and bool(knobs.get("FUSEC_QGEMV_DP4A_NORM_EARLY")),
                 **({"cluster": cl} if (cl := _dp4a_cluster(wide, m == 1 and not norm, glu)) > 1 else {}),
-                **({"digits": dg} if (dg := knobs.get("FUSEC_QGEMV_DP4A_X")) != "bytes" else {}),
                 **({"spread": True} if knobs.get("FUSEC_QGEMV_DP4A_SPREAD") else {})}
     form: dict[str, object] = {"rows": 2 if m <= 8 else 1, "fold": m == 1}
     if tc:
