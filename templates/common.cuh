@@ -20,15 +20,11 @@ __device__ __forceinline__ float fc_val(fc_half h) {
 }
 __device__ __forceinline__ float fc_val(fc_bf16 h) { return __uint_as_float(((fc_u32)h.x) << 16); }
 __device__ __forceinline__ long long fc_val(long long v) { return v; }
-// max(a, b), NaN where either is (fmaxf drops a NaN operand)
+// max(a, b), NaN where either is (fmaxf drops a NaN operand; max.NaN is sm_80's, fusec's oldest arch)
 __device__ __forceinline__ float fc_fmax_nan(float a, float b) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   float d;
   asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
   return d;
-#else
-  return a != a || b != b ? __int_as_float(0x7fffffff) : fmaxf(a, b);
-#endif
 }
 __device__ __forceinline__ int fc_val(int v) { return v; }
 __device__ __forceinline__ bool fc_val(bool v) { return v; }

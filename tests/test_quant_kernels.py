@@ -448,7 +448,7 @@ def _byte_perm(x: int, y: int, sel: int) -> int:
 
 
 def test_byte_digits_are_the_integer_the_reference_rounds():
-    """The dp4a form's default digits (templates/qgemv_dp4a_x.jinja), emulated in numpy: one FMA of x and
+    """The dp4a form's digits of x (templates/qgemv_dp4a_x.jinja), emulated in numpy: one FMA of x and
     iq = fl(fl(1 / max|x|) * 32767) with 1.5 * 2^23 (the exact product rounded once, ties to even) leaves xq in its
     float's low bits; the byte permutes gather a signed high and an unsigned low digit, 256 x1 + x0 = xq, |xq| <= 32767;
     the bits' sum less 8 x 0x4B400000 is the sum of xq; and fusec.quant.dp4a_blocks gives d * xq. Over blocks of
@@ -477,7 +477,7 @@ def test_byte_digits_are_the_integer_the_reference_rounds():
         assert (piece - 2 ** 32 if piece >= 2 ** 31 else piece) == xq[:8].sum(), trial
         d = f32(amax * f32(1 / 32767))
         assert np.array_equal(quant.dp4a_blocks(v), (xq.astype(f32) * d).astype(f32)), trial
-        assert np.array_equal(quant.dp4a_blocks(np.zeros(32, f32)), np.zeros(32, f32))
+    assert np.array_equal(quant.dp4a_blocks(np.zeros(32, f32)), np.zeros(32, f32))  # a block of zeros: no unit
 
 
 def test_dp4a_blocks_represent_x_within_half_a_step():
