@@ -11,7 +11,8 @@
 #             roofline and gpt-fast's int4 form compiled in torch, in turns (benchmarks/int4_7b.py, ~7 minutes; $INT4_AB:
 #             its --ab variants)
 #   gcl       clusters of 2 for the gated product with the norm at one row: dp4a GPU tests, 7B int4 and Llama-1B Q4_K_M
-#   spread    tasks handed out warp-major (FUSEC_QGEMV_DP4A_SPREAD): its GPU test, the 7B int4 and Llama-1B Q4_K_M steps
+#   w17       one block of 17 warps where that makes fewer rounds (FUSEC_QGEMV_DP4A_WARPS=auto, built without a device in the
+#             thirty-eighth session): its GPU bits test, the 7B int4 step against the default, the dp4a, packed and generation GPU tests under it
 #   kvab      the decode attention's merge knobs (clusters off, split keys 128 and 32) on Llama-1B Q4_K_M and Qwen3-0.6B
 #   c1        clusters of 2 for the one-row dp4a products without the norm: their GPU tests, the 7B int4 step and the
 #             Q4_K_M decode steps (Llama-1B, 7B; batch 1) against FUSEC_QGEMV_DP4A_CLUSTER=1
@@ -667,15 +668,14 @@ for step in "$@"; do
         timeout 100 python3 benchmarks/decode_step.py "$R/gcl_q4km" --model llama-1b-q4_k_m --batches 1 --context 32 \
           --windows 3 --ab FUSEC_QGEMV_DP4A_CLUSTER=gated > "$R/gcl_q4km.txt" 2>&1
         grep -E "^\| [0-9]+ \|" "$R/gcl_q4km.txt" | cut -c 1-1500 ;;
-    spread) # tasks handed out warp-major (FUSEC_QGEMV_DP4A_SPREAD, built in the thirty-seventh session, not yet measured):
-        # its GPU test (the same bits), then the 7B int4 step and the Llama-1B Q4_K_M one against the rule, in turns
-        timeout 120 $PT -n 12 tests/test_quant_gpu.py -k "warp_major or cluster_writes" > "$R/t_spread.txt" 2>&1
-        grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_spread.txt" | tail -n 12
-        timeout 320 python3 benchmarks/int4_7b.py "$R/int4_7b" --ab FUSEC_QGEMV_DP4A_SPREAD=1 > "$R/int4_7b.txt" 2>&1
+    w17) # one block of 17 warps an SM where that makes a warp's rounds fewer (the 7B int4 gate/up: 5, not 6)
+        timeout 120 $PT -n 12 tests/test_quant_gpu.py -k "17_warps" > "$R/t_w17.txt" 2>&1
+        grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_w17.txt" | tail -n 12
+        timeout 320 python3 benchmarks/int4_7b.py "$R/int4_7b" --ab FUSEC_QGEMV_DP4A_WARPS=auto > "$R/int4_7b.txt" 2>&1
         grep -E "step_ms_median|pct_roofline|same_tokens|error|Error" "$R/int4_7b.txt" | head -n 12
-        timeout 100 python3 benchmarks/decode_step.py "$R/spread_q4km" --model llama-1b-q4_k_m --batches 1 --context 32 \
-          --windows 3 --ab FUSEC_QGEMV_DP4A_SPREAD=1 > "$R/spread_q4km.txt" 2>&1
-        grep -E "^\| [0-9]+ \|" "$R/spread_q4km.txt" | cut -c 1-1500 ;;
+        FUSEC_QGEMV_DP4A_WARPS=auto timeout 200 $PT -n 12 tests/test_quant_gpu.py -k "dp4a or packed or token or generation" \
+          > "$R/t_quant.txt" 2>&1
+        grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_quant.txt" | tail -n 12 ;;
     kvab) # the decode attention's merge knobs on the Llama-1B Q4_K_M (context 32) and Qwen3-0.6B (128) steps at batch 1
         for m in llama-1b-q4_k_m:32 qwen3-0.6b:128; do IFS=: read -r name ctx <<< "$m"
           timeout 110 python3 benchmarks/decode_step.py "$R/kvab_$name" --model "$name" --batches 1 --context "$ctx" \

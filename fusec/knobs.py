@@ -100,10 +100,11 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "over its weight rows at one row of x (8: two weight rows a task below K = 8192; 4: half the bytes in flight, "
          "7% slower at the 7B Q4_K_M shape on an H200; the A/B of benchmarks/decode_step.py --ab "
          "FUSEC_QGEMV_DP4A_CHUNKS=4)", ("4", "8")),
-    Knob("FUSEC_QGEMV_DP4A_SPREAD", "bool", False, "the dp4a quantized GEMV hands its tasks out warp-major over the "
-         "grid, so a last partial round of tasks spreads over every SM instead of the first blocks' SMs (the 7B "
-         "gate/up: the sixth round's 448 tasks on 56 SMs, 8 warps each); the same bits; not yet measured (the A/B "
-         "of benchmarks/int4_7b.py --ab FUSEC_QGEMV_DP4A_SPREAD=1)"),
+    Knob("FUSEC_QGEMV_DP4A_WARPS", "choice", "16", "the dp4a quantized GEMV's warps an SM at one row of x: 16, two "
+         "blocks of 8 (the rule as measured); auto: one block of 17 where that makes a warp's rounds of loads fewer, "
+         "for 4-bit codes that fit its 96 registers (fusec.lower.quant.gemv_form; the 7B int4 gate/up: 5 rounds, not "
+         "6); built without a GPU, not yet measured (the A/B of benchmarks/int4_7b.py --ab FUSEC_QGEMV_DP4A_WARPS=auto)",
+         ("16", "auto")),
     Knob("FUSEC_QGEMV_DP4A_FILL", "bool", True, "the dp4a quantized GEMV at one row of x gives products with short "
          "weight rows (a lane takes at most K / 1024 of a row's chunks a round) 4 rows a task, two gated pairs, so a "
          "round still loads 8 chunks a lane, where every warp still gets a task (Llama-1B's gate/up and LM head: "

@@ -253,15 +253,15 @@ def test_dp4a_four_rows_a_task_equal_two(fmt):
     _dp4a_bits_alike(fmt, 1, 4101, 4096, rows, Epilogue(True, "silu", True), chunks=8)
 
 
-@pytest.mark.parametrize("fmt", ["uint4", "q4_k", "q6_k", "q8_0"])
-def test_dp4a_tasks_handed_out_warp_major_give_the_same_bits(fmt):
-    """Tasks handed out warp-major over the grid (``spread``: FUSEC_QGEMV_DP4A_SPREAD) give each output to another warp,
-    which sums it in the same order: the same bits. Tasks past the grid's warps (a partial last round), the norm and a
-    gated unit at one row, bias + SiLU + residual, a cluster of 2, and 2 rows of x with fewer tasks than warps."""
-    spread = [{}, {"spread": True}]
-    _dp4a_bits_alike(fmt, 1, 2 * 11008, 4096, spread, norm=True, glu="silu", rows=2, chunks=8)
-    _dp4a_bits_alike(fmt, 1, 4101, 2048, spread, Epilogue(True, "silu", True), rows=2, chunks=8, cluster=2)
-    _dp4a_bits_alike(fmt, 2, 1003, 2048, spread, norm=True, rows=2, chunks=4)
+@pytest.mark.parametrize("fmt", ["uint4", "int4", "q4_0", "q4_1"])
+def test_dp4a_one_block_of_17_warps_gives_the_same_bits(fmt):
+    """One block of 17 warps an SM (``gemv_form`` where that makes fewer rounds) gives each output to another warp,
+    which sums it in the same order as two blocks of 8 do: the same bits. Tasks past the grid's warps (a partial last
+    round), the norm and a gated unit, bias + SiLU + residual in a cluster of 2, argmax-free plain rows."""
+    w17 = [{"warps": 8, "blocks": 2}, {"warps": 17, "blocks": 1}]
+    _dp4a_bits_alike(fmt, 1, 2 * 11008, 4096, w17, norm=True, glu="silu", rows=2, chunks=8)
+    _dp4a_bits_alike(fmt, 1, 4101, 2048, w17, Epilogue(True, "silu", True), rows=2, chunks=8, cluster=2)
+    _dp4a_bits_alike(fmt, 1, 30003, 2048, w17, norm=True, rows=4, chunks=8)
 
 
 @pytest.mark.parametrize("fmt", ["q8_0", "int8"])

@@ -640,22 +640,41 @@ def test_dp4a_cluster_knob_and_grid(arch, monkeypatch):
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_dp4a_spread_knob_hands_tasks_out_warp_major(arch, monkeypatch):
-    """FUSEC_QGEMV_DP4A_SPREAD puts ``spread`` in the dp4a form (not by default): the kernel's first task of a warp is
-    warp * blocks + block, and it compiles without spills on the 7B int4 gate/up and down and Llama-1B's Q6_K LM head.
-    A spec takes it only on the dp4a form."""
-    assert "spread" not in gemv_form(1, 22016, 4096, "uint4", 128, DType.BF16, True, True)
-    monkeypatch.setenv("FUSEC_QGEMV_DP4A_SPREAD", "1")
-    for fmt, g, n, k, norm, glu in (("uint4", 128, 22016, 4096, True, True), ("uint4", 128, 4096, 11008, False, False),
-                                    ("q6_k", 16, 128256, 2048, True, False)):
-        f = gemv_form(1, n, k, fmt, g, DType.BF16, norm, glu)
-        assert f["spread"] and f["dp4a"], (fmt, n, k)
-        spec = QGemvSpec(1, n, k, fmt, g, DType.BF16, DType.F16, norm=norm, glu="silu" if glu else "", **f)
-        _, src = K.prepare(spec)
-        assert "int t = warp * QD_BLOCKS + QD_BLOCK;" in src and "int t = QD_BLOCK * W_ + warp;" not in src
-        assert K.build(spec, arch).binary.spill_bytes == 0, (fmt, n, k)
-    with pytest.raises(ValueError, match="spread"):
-        QGemvSpec(1, 4096, 2048, "q4_k", 32, DType.BF16, DType.F16, spread=True)
+def test_dp4a_takes_one_block_of_17_warps_where_that_makes_fewer_rounds(arch, monkeypatch):
+    """With FUSEC_QGEMV_DP4A_WARPS=auto, at one row of x the dp4a form takes one block of 17 warps an SM where a warp's
+    rounds of loads are then fewer (the 7B int4 gate/up: 11,008 tasks, 5 rounds over 2,244 warps against 6 over 2,112),
+    not where they are the same (its qkv, down, LM head), and only for the formats ``dp4a_lean`` admits: every such
+    product compiles without spills in 96 registers, over the shapes and prologues the rule can give it. The default
+    (16) keeps two blocks of 8."""
+    from fusec.codegen.spec_base import SMS
+    from fusec.codegen.specs_quant import DP4A_LEAN_WARPS
+    from fusec.lower.quant import dp4a_lean
+
+    assert gemv_form(1, 22016, 4096, "uint4", 128, DType.BF16, True, True)["warps"] == 8
+    monkeypatch.setenv("FUSEC_QGEMV_DP4A_WARPS", "auto")
+    f = gemv_form(1, 22016, 4096, "uint4", 128, DType.BF16, True, True)
+    assert (f["warps"], f["blocks"]) == (DP4A_LEAN_WARPS, 1)
+    spec = QGemvSpec(1, 22016, 4096, "uint4", 128, DType.BF16, DType.F16, norm=True, glu="silu", **f)
+    r, src = K.prepare(spec)
+    assert r.grid[0] == SMS and r.block[0] == 32 * DP4A_LEAN_WARPS and "__launch_bounds__(32 * W_, BPS_)" in src
+    for n, k, norm, glu in ((12288, 4096, True, False), (4096, 11008, False, False), (32000, 4096, True, False)):
+        assert gemv_form(1, n, k, "uint4", 128, DType.BF16, norm, glu)["warps"] == 8, (n, k)
+    assert gemv_form(1, 22016, 4096, "q4_k", 32, DType.BF16, True, True)["warps"] == 8  # not lean: it spilled
+    pending = []
+    for fmt in FORMATS:
+        g = FORMATS[fmt].group or 128
+        for k in (2048, 4096, 11008):
+            for norm, glu in ((False, False), (True, False), (True, True)):
+                if not dp4a_lean(fmt, k, norm):
+                    continue
+                for n in ((2 * 11008,) if glu else (128256,) if norm else (4096,)):
+                    form = gemv_form(1, n, k, fmt, g, DType.BF16, norm, glu) | {"warps": DP4A_LEAN_WARPS, "blocks": 1}
+                    spec = QGemvSpec(1, n, k, fmt, g, DType.BF16, DType.F16, norm=norm, glu="silu" if glu else "",
+                                     argmax=norm and not glu and n > 100000, **form)
+                    pending.append(((fmt, n, k, norm, glu), K.build_async(spec, arch)))
+    assert len(pending) == 26
+    for what, p in pending:
+        assert p.result().binary.spill_bytes == 0, what
 
 
 LLAMA_SHAPES_1B_NORM = [(3072, 2048, True), (2048, 2048, False), (2048, 8192, False), (128256, 2048, True)]  # qkv, o, down, head
@@ -691,7 +710,7 @@ def test_dp4a_wide_rows_four(arch, monkeypatch):
 
 def test_dp4a_form_refuses_what_it_cannot_take():
     for m, dt, k, warps in ((9, DType.BF16, 2048, 8), (1, DType.F32, 2048, 8), (4, DType.BF16, 16384, 8),
-                            (1, DType.BF16, 2048, 2)):
+                            (1, DType.BF16, 2048, 2), (1, DType.BF16, 2048, 17)):  # 17: one block an SM only
         with pytest.raises(ValueError, match="dp4a"):
             QGemvSpec(m, 64, k, "q4_k", 32, dt, DType.F16, dp4a=True, warps=warps)
     with pytest.raises(ValueError, match="one form"):

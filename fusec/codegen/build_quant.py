@@ -77,8 +77,7 @@ def dp4a_unroll(k: int, rows: int, chunks: int) -> int:
 
 def _qgemv_dp4a(spec: QGemvSpec) -> Rendered:
     ctx = {**_row_ctx(spec), "W": spec.warps, "BPS": spec.blocks, "norm_early": spec.norm_early,
-           "bf16": spec.dtype == DType.BF16, "cluster": spec.cluster, "parts": spec.parts,
-           "spread": spec.spread}
+           "bf16": spec.dtype == DType.BF16, "cluster": spec.cluster, "parts": spec.parts}
     if spec.argmax:
         ctx.update(seed_t=ctype(spec.seed_dtype), ctr_t=ctype(spec.counter_dtype))
     # the segments: the product, then each sibling (the same x, another weight and format), each in its own range of

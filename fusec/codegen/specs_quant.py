@@ -28,6 +28,9 @@ def dp4a_smem(m: int, k: int, norm: bool, warps: int = 8) -> int:
     return 2 * m * k + 12 * m * (k // 32) + (4 * warps * m if norm else 0)
 
 
+DP4A_LEAN_WARPS = 17  # the dp4a form's one block an SM (fusec.lower.quant.gemv_form): ptxas gives it 96 registers a thread
+
+
 def dp4a_fits(m: int, k: int, norm: bool, dtype: DType, warps: int = 8) -> bool:
     """Whether the dp4a form takes this product: fp16/bf16 x (its two 8-bit digits per value are an
     approximation that fp32 plans, compared with the reference token for token, do not take), at most
@@ -93,8 +96,7 @@ class QGemvSpec(_QProduct):
     a lane loads a round over its rows (2, 4 or 8); ``norm_early`` (the dp4a form with the norm): the norm's weights
     loaded before the PDL wait where x is one batch of a thread's pieces (else after it, beside x); ``cluster``: on
     sm_90, blocks a thread block cluster whose warps take turns writing x's digits, each into every block's shared
-    memory (1: every block writes all of them; elsewhere always 1); ``spread``: the dp4a form hands its tasks out warp-major over the grid (a warp's first task
-    is warp * blocks + block, not block * warps + warp), so a last partial round spreads over every SM; fold unused).
+    memory (1: every block writes all of them; elsewhere always 1); fold unused).
     FMA and dp4a forms: ``norm``, x RMS-normalized over K first as ``Op.RMSNORM`` computes it (weight ``g``
     [K], ``eps``, ``weight_offset``; the FMA form normalizes x once into shared memory, M * K elements of
     at most ``QNORM_SMEM`` bytes, the dp4a form as it writes x's digits); ``glu``, a gated unit over the two halves of the product (as
@@ -117,7 +119,6 @@ class QGemvSpec(_QProduct):
     chunks: int = 4
     norm_early: bool = False
     cluster: int = 1
-    spread: bool = False
     norm: bool = False
     eps: float = 1e-6
     weight_offset: float = 0.0
@@ -183,7 +184,8 @@ class QGemvSpec(_QProduct):
              "passes (1 to 4) are the tensor-core quantized gemv's runs of chunks a warp copies in turn")
         if self.dp4a:
             _req(not self.tc, "a quantized gemv has one form: tc or dp4a")
-            _req(self.warps == 8, "the dp4a quantized gemv has 8 warps")
+            _req(self.warps == 8 or (self.warps == DP4A_LEAN_WARPS and self.blocks == 1),
+                 f"the dp4a quantized gemv has 8 warps a block, or {DP4A_LEAN_WARPS} in one block an SM")
             _req(self.blocks in (1, 2, 3, 4) and self.blocks * self.warps <= 32,
                  "the dp4a quantized gemv runs 1 to 4 blocks an SM, at most 32 warps")
             _req(self.chunks in (2, 4, 8), "the dp4a quantized gemv's lanes load 2, 4 or 8 chunks a round")
@@ -191,7 +193,6 @@ class QGemvSpec(_QProduct):
                  f"M <= {DP4A_MAX_M}, and its shared memory (x's two digits) within {DP4A_SMEM} bytes")
         _req(self.cluster in (1, 2, 4) and (self.cluster == 1 or self.dp4a),
              "cluster (1, 2 or 4 blocks splitting the writing of x's digits) is the dp4a quantized gemv's")
-        _req(not self.spread or self.dp4a, "spread (tasks handed out warp-major) is the dp4a quantized gemv's")
         _req(not self.norm_early or (self.dp4a and self.norm),
              "norm_early is the dp4a quantized gemv's, with the norm prologue")
         if self.norm:

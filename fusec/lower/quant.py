@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fusec.codegen.specs_quant import DP4A_LEAN_WARPS
 from fusec.quant import FORMATS
 
 
@@ -212,8 +213,13 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     Q8_0 0.513 against 0.524; at batch 8 (the tensor-core form) the same. In clusters each block's addresses of x's
     arrays are mapped once a thread (the 7B int4 step then 1.306 against 1.359).
     A warp takes tasks block-major (task t: warp t % 8 of block t / 8, then t plus the grid's warps), so a last partial
-    round runs on the first blocks' SMs: the 7B gate/up's sixth round, 448 tasks, on 56 SMs at 8 warps each.
-    FUSEC_QGEMV_DP4A_SPREAD hands them out warp-major instead (the same bits; not yet measured).
+    round runs on the first blocks' SMs: the 7B gate/up's sixth round, 448 tasks, on 56 SMs at 8 warps each. Handing
+    them out warp-major instead (a warp's first task warp * blocks + block) lost: the 7B int4 step 1.346 ms against
+    1.306 (gate/up 16.45 us against 15.39), Llama-1B Q4_K_M 0.460 against 0.450 (H200, thirty-eighth session, the
+    same tokens); a partial round costs one round trip wherever it runs. So where one block of 17 warps an SM
+    makes a warp's rounds fewer than two blocks of 8 (the 7B gate/up: 11,008 tasks over 2,244 warps, 5 rounds, not 6),
+    at one row of x, FUSEC_QGEMV_DP4A_WARPS=auto takes it (``dp4a_lean``: its 96 registers a thread hold the form
+    without spills); built without a device (thirty-eighth session), so not the default until measured.
     Every block writes all of x's digits. They are rounded by an add of 1.5 * 2^23, and a bf16 norm prologue's
     two roundings a value are done two values at a time (one F2FP, not two F2F): rintf and a float-to-int
     conversion were 4 conversions a value on a quarter-rate pipe (~2 us an SM in the down product, K = 8192, two
@@ -279,7 +285,7 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
         blocks = int(knobs.get("FUSEC_QGEMV_DP4A_BLOCKS")) or 2
         warps = blocks * 8 * SMS
 
-        def rounds(r: int) -> int:  # a warp's serial round trips: its tasks times a task's rounds of loads
+        def rounds(r: int, warps: int = warps) -> int:  # a warp's serial round trips: its tasks times a task's rounds
             return -(-dp4a_tasks(n, r, glu) // warps) * -(-(k // 32) // (32 * dp4a_unroll(k, r, chunks)))
         # a lane takes at most K / 1024 of a row's chunks a round: short rows fill the round with 4 rows a task (two
         # gated pairs) where every warp still gets a task (not a gated unit beside the norm over 6-bit codes: 12 bytes
@@ -293,14 +299,28 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
         # (3: one task of 128 + 128 + 88)
         if knobs.get("FUSEC_QGEMV_DP4A_FILL") and not wide and rows == 1 and rounds(2) < rounds(1):
             rows = 2
-        return {"rows": rows, "fold": False, "dp4a": True, "warps": 8, "blocks": blocks, "chunks": chunks,
+        per_block = 8
+        if (m == 1 and blocks == 2 and knobs.get("FUSEC_QGEMV_DP4A_WARPS") == "auto" and dp4a_lean(fmt, k, norm)
+                and rounds(rows, DP4A_LEAN_WARPS * SMS) < rounds(rows)):
+            per_block, blocks = DP4A_LEAN_WARPS, 1
+        return {"rows": rows, "fold": False, "dp4a": True, "warps": per_block, "blocks": blocks, "chunks": chunks,
                 "norm_early": norm and bool(knobs.get("FUSEC_QGEMV_DP4A_NORM_EARLY")),
-                **({"cluster": cl} if (cl := _dp4a_cluster(wide, m == 1 and not norm, glu)) > 1 else {}),
-                **({"spread": True} if knobs.get("FUSEC_QGEMV_DP4A_SPREAD") else {})}
+                **({"cluster": cl} if (cl := _dp4a_cluster(wide, m == 1 and not norm, glu)) > 1 else {})}
     form: dict[str, object] = {"rows": 2 if m <= 8 else 1, "fold": m == 1}
     if tc:
         form.update(tc=True, warps=tc, **({"passes": passes} if passes > 1 else {}))
     return form
+
+
+def dp4a_lean(fmt: str, k: int, norm: bool) -> bool:
+    """Whether the dp4a form at one row of x fits 96 registers a thread (one block of 17 warps an SM, ``gemv_form``)
+    without spills, as ptxas -v through NVRTC found it (sm_80 and sm_90, K = 2048-11008, with and without the norm
+    prologue and a gated unit, thirty-eighth session): 4-bit codes with one scale a group, at K <= 4096, and longer
+    rows without the norm prologue (Q4_0's beside it spilled 144 bytes at 11,008) where the format has no zero point
+    or offset operand (uint4 and Q4_1 spilled 36-52 bytes at 8192 with a gated unit, Q4_1's down at 11,008 8).
+    Super-blocks' sub-scales (Q4_K 60-256 bytes), 5- to 8-bit codes spilled."""
+    f = FORMATS[fmt]
+    return f.bits == 4 and not f.super_block and (k <= 4096 or (not norm and f.zero is not None and f.offset == "none"))
 
 
 def dp4a_heavy(fmt: str, k: int, norm: bool) -> bool:

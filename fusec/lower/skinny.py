@@ -201,7 +201,7 @@ def plan_siblings(body: Graph) -> Plan:
         if not form.get("dp4a") or form.get("cluster", 1) != 1:
             raise NoPlan("packed siblings run in the dp4a form without clusters")
         forms.append(form)
-    shared = {"warps", "blocks", "norm_early", "spread"}
+    shared = {"warps", "blocks", "norm_early"}
     if any({f.get(key) for f in forms} != {forms[0].get(key)} for key in shared):
         raise NoPlan("packed siblings share one block shape and one x phase (warps, blocks an SM, norm weights)")
     first = mms[0]
