@@ -105,6 +105,11 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "for 4-bit codes that fit its 96 registers (fusec.lower.quant.gemv_form; the 7B int4 gate/up: 5 rounds, not "
          "6); built without a GPU, not yet measured (the A/B of benchmarks/int4_7b.py --ab FUSEC_QGEMV_DP4A_WARPS=auto)",
          ("16", "auto")),
+    Knob("FUSEC_QGEMV_DP4A_KSPLIT", "choice", "1", "the dp4a quantized GEMV at one row of x without the norm prologue "
+         "(the o and down products) on sm_90: 2 or 4 blocks of a cluster split K, each writing the digits of its slice "
+         "of x alone, rank 0 adding the slices' sums in rank order, in place of clusters of 2 that share the writing of "
+         "all of x's digits; 1: the rule (fusec.lower.quant.gemv_form); built without a device, not yet measured (the "
+         "A/B of benchmarks/int4_7b.py --ab FUSEC_QGEMV_DP4A_KSPLIT=4)", ("1", "2", "4")),
     Knob("FUSEC_QGEMV_DP4A_FILL", "bool", True, "the dp4a quantized GEMV at one row of x gives products with short "
          "weight rows (a lane takes at most K / 1024 of a row's chunks a round) 4 rows a task, two gated pairs, so a "
          "round still loads 8 chunks a lane, where every warp still gets a task (Llama-1B's gate/up and LM head: "

@@ -12,7 +12,7 @@ import pytest
 from fusec import quant
 from fusec.codegen import kernels as K
 from fusec.codegen.specs import Epilogue
-from fusec.codegen.specs_quant import DP4A_SMEM, QDequantSpec, QGemvSpec, dp4a_fits, dp4a_smem
+from fusec.codegen.specs_quant import DP4A_SMEM, QDequantSpec, QGemvSpec, QSibling, dp4a_fits, dp4a_smem
 from fusec.dtypes import DType
 from fusec.lower.quant import TC_MIN_M, gemv_form
 from fusec.quant import FORMATS, QWeight, from_affine
@@ -675,6 +675,43 @@ def test_dp4a_takes_one_block_of_17_warps_where_that_makes_fewer_rounds(arch, mo
     assert len(pending) == 26
     for what, p in pending:
         assert p.result().binary.spill_bytes == 0, what
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_dp4a_k_split_knob_splits_k_over_a_cluster(arch, monkeypatch):
+    """FUSEC_QGEMV_DP4A_KSPLIT=2 or 4 gives the one-row dp4a products without the norm (o, down) ``ksplit`` in place of
+    clusters of 2 sharing x's digits (not by default, not with the norm or a gated unit): the grid is whole clusters of
+    that many blocks, each block's slice of x a 1/ksplit share of the pieces, every format compiles without spills at
+    the 7B down's and Llama-1B's o and down shapes (plain and with argmax partials), and a spec refuses it beside the
+    norm, a gated unit, clusters sharing the digits or siblings."""
+    from fusec.codegen.spec_base import SMS
+
+    assert "ksplit" not in gemv_form(1, 4096, 11008, "uint4", 128, DType.BF16, False, False)
+    pending = []
+    for ks in (2, 4):
+        monkeypatch.setenv("FUSEC_QGEMV_DP4A_KSPLIT", str(ks))
+        assert "ksplit" not in gemv_form(1, 12288, 4096, "uint4", 128, DType.BF16, True, False)
+        assert "ksplit" not in gemv_form(2, 4096, 4096, "uint4", 128, DType.BF16, False, False)  # one row only
+        for fmt in FORMATS:
+            g = FORMATS[fmt].group or 128
+            for n, k in ((4096, 11008), (2048, 2048), (2048, 8192)):
+                f = gemv_form(1, n, k, fmt, g, DType.BF16, False, False)
+                assert f["ksplit"] == ks and "cluster" not in f, (fmt, n, k, f)
+                spec = QGemvSpec(1, n, k, fmt, g, DType.BF16, DType.F16, Epilogue(residual=True), **f)
+                r, src = K.prepare(spec)
+                assert r.grid[0] % ks == 0 and r.grid[0] <= f["blocks"] * SMS, (fmt, n, k, r.grid)
+                assert f"> 1\n#define KS_ {ks}" in src and "__cluster_dims__(KS_, 1, 1)" in src
+                pending.append(((fmt, n, k, ks), K.build_async(spec, arch)))
+                if n == 2048 and k == 2048:
+                    am = QGemvSpec(1, 128256, k, fmt, g, DType.BF16, DType.F16, argmax=True, **f)
+                    pending.append(((fmt, "argmax", ks), K.build_async(am, arch)))
+    for what, p in pending:
+        assert p.result().binary.spill_bytes == 0, what
+    base = dict(dp4a=True, rows=2, chunks=8, ksplit=2)
+    for bad in ({"norm": True}, {"glu": "silu"}, {"cluster": 2}, {"ksplit": 3},
+                {"siblings": (QSibling(1024, "q6_k", 16, DType.F16, 2, 8),)}):
+        with pytest.raises(ValueError, match="ksplit"):
+            QGemvSpec(1, 4096, 2048, "q4_k", 32, DType.BF16, DType.F16, **(base | bad))
 
 
 LLAMA_SHAPES_1B_NORM = [(3072, 2048, True), (2048, 2048, False), (2048, 8192, False), (128256, 2048, True)]  # qkv, o, down, head

@@ -96,7 +96,10 @@ class QGemvSpec(_QProduct):
     a lane loads a round over its rows (2, 4 or 8); ``norm_early`` (the dp4a form with the norm): the norm's weights
     loaded before the PDL wait where x is one batch of a thread's pieces (else after it, beside x); ``cluster``: on
     sm_90, blocks a thread block cluster whose warps take turns writing x's digits, each into every block's shared
-    memory (1: every block writes all of them; elsewhere always 1); fold unused).
+    memory (1: every block writes all of them; elsewhere always 1); ``ksplit``: on sm_90, blocks a cluster that split K
+    instead (the dp4a form without the norm, a gated unit or siblings): each writes its slice's digits and sums its slice
+    of the cluster's tasks, rank 0 adds the slices in rank order and runs the epilogue, argmax partials too; the other
+    ranks' warps write empty partials (elsewhere 1); fold unused).
     FMA and dp4a forms: ``norm``, x RMS-normalized over K first as ``Op.RMSNORM`` computes it (weight ``g``
     [K], ``eps``, ``weight_offset``; the FMA form normalizes x once into shared memory, M * K elements of
     at most ``QNORM_SMEM`` bytes, the dp4a form as it writes x's digits); ``glu``, a gated unit over the two halves of the product (as
@@ -119,6 +122,7 @@ class QGemvSpec(_QProduct):
     chunks: int = 4
     norm_early: bool = False
     cluster: int = 1
+    ksplit: int = 1
     norm: bool = False
     eps: float = 1e-6
     weight_offset: float = 0.0
@@ -146,15 +150,21 @@ class QGemvSpec(_QProduct):
         one wave, the wave shared in proportion to their weight bytes (at least one block each)."""
         from fusec.quant import FORMATS
 
-        need = [-(-t // self.warps) for t in self.segment_tasks]
+        need = [-(-t // self.warps) * self.ksplit for t in self.segment_tasks]
         wave = self.blocks * SMS
         if not self.siblings:
-            return (max(self.cluster, min(need[0], wave) // self.cluster * self.cluster),)
+            grp = self.cluster * self.ksplit  # whole clusters (one of the two is 1)
+            return (max(grp, min(need[0], wave) // grp * grp),)
         if sum(need) <= wave:
             return tuple(need)
         fmts = [(self.N, self.fmt, self.group)] + [(s.N, s.fmt, s.group) for s in self.siblings]
         nbytes = [n * FORMATS[f].bits_per_weight(g) for n, f, g in fmts]
         return tuple(max(1, min(nd, int(wave * b / sum(nbytes)))) for nd, b in zip(need, nbytes))
+
+    @property
+    def kp_tasks(self) -> int:
+        """``ksplit``: the most tasks a warp of a cluster takes (its rank 0's sums of the slices hold them all)."""
+        return -(-self.segment_tasks[0] // (self.segment_blocks[0] // self.ksplit * self.warps))
 
     @property
     def grid(self) -> int:
@@ -193,6 +203,14 @@ class QGemvSpec(_QProduct):
                  f"M <= {DP4A_MAX_M}, and its shared memory (x's two digits) within {DP4A_SMEM} bytes")
         _req(self.cluster in (1, 2, 4) and (self.cluster == 1 or self.dp4a),
              "cluster (1, 2 or 4 blocks splitting the writing of x's digits) is the dp4a quantized gemv's")
+        _req(self.ksplit in (1, 2, 4) and (self.ksplit == 1 or (
+            self.dp4a and self.cluster == 1 and not (self.norm or self.glu or self.siblings))),
+             "ksplit (1, 2 or 4 blocks of a cluster splitting K) is the dp4a quantized gemv's, without clusters sharing "
+             "x's digits, the norm prologue, a gated unit or siblings")
+        if self.ksplit > 1:
+            kp = self.kp_tasks * self.ksplit * self.warps * self.rows * self.M * 4
+            _req(dp4a_smem(self.M, self.K, self.norm, self.warps) + kp <= DP4A_SMEM,
+                 f"ksplit: x's digits and rank 0's sums of the slices ({kp} bytes) over {DP4A_SMEM} bytes")
         _req(not self.norm_early or (self.dp4a and self.norm),
              "norm_early is the dp4a quantized gemv's, with the norm prologue")
         if self.norm:

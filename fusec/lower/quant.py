@@ -220,6 +220,11 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     makes a warp's rounds fewer than two blocks of 8 (the 7B gate/up: 11,008 tasks over 2,244 warps, 5 rounds, not 6),
     at one row of x, FUSEC_QGEMV_DP4A_WARPS=auto takes it (``dp4a_lean``: its 96 registers a thread hold the form
     without spills); built without a device (thirty-eighth session), so not the default until measured.
+    At one row without the norm (the o and down products), FUSEC_QGEMV_DP4A_KSPLIT=2 or 4 has the blocks of a cluster
+    split K instead of sharing the writing of x's digits: each writes its slice's digits alone and sums its slice of
+    the cluster's tasks, and rank 0 adds the slices in rank order before the epilogue (``QGemvSpec.ksplit``; every
+    block's x phase a quarter of the 7B down's 11,008 values at 4, and no distributed stores). Built without a device
+    (thirty-eighth session), not yet measured.
     Every block writes all of x's digits. They are rounded by an add of 1.5 * 2^23, and a bf16 norm prologue's
     two roundings a value are done two values at a time (one F2FP, not two F2F): rintf and a float-to-int
     conversion were 4 conversions a value on a quarter-rate pipe (~2 us an SM in the down product, K = 8192, two
@@ -303,9 +308,11 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
         if (m == 1 and blocks == 2 and knobs.get("FUSEC_QGEMV_DP4A_WARPS") == "auto" and dp4a_lean(fmt, k, norm)
                 and rounds(rows, DP4A_LEAN_WARPS * SMS) < rounds(rows)):
             per_block, blocks = DP4A_LEAN_WARPS, 1
+        ks = int(knobs.get("FUSEC_QGEMV_DP4A_KSPLIT")) if m == 1 and not (norm or glu) else 1
         return {"rows": rows, "fold": False, "dp4a": True, "warps": per_block, "blocks": blocks, "chunks": chunks,
                 "norm_early": norm and bool(knobs.get("FUSEC_QGEMV_DP4A_NORM_EARLY")),
-                **({"cluster": cl} if (cl := _dp4a_cluster(wide, m == 1 and not norm, glu)) > 1 else {})}
+                **({"ksplit": ks} if ks > 1 else {}),
+                **({"cluster": cl} if ks == 1 and (cl := _dp4a_cluster(wide, m == 1 and not norm, glu)) > 1 else {})}
     form: dict[str, object] = {"rows": 2 if m <= 8 else 1, "fold": m == 1}
     if tc:
         form.update(tc=True, warps=tc, **({"passes": passes} if passes > 1 else {}))
