@@ -13,8 +13,8 @@
 #   gcl       clusters of 2 for the gated product with the norm at one row: dp4a GPU tests, 7B int4 and Llama-1B Q4_K_M
 #   w17       one block of 17 warps where that makes fewer rounds (FUSEC_QGEMV_DP4A_WARPS=auto, built without a device in the
 #             thirty-eighth session): its GPU bits test, the 7B int4 step against the default, the dp4a, packed and generation GPU tests under it
-#   ks        blocks of a cluster splitting K (FUSEC_QGEMV_DP4A_KSPLIT=4 and 2, built without a device in the thirty-eighth
-#             session): its GPU tests, the 7B int4 and Llama-1B Q4_K_M steps against the rule
+#   ks        blocks of a cluster splitting K (FUSEC_QGEMV_DP4A_KSPLIT, _KSPLIT_NORM; built without a device in the
+#             thirty-eighth session): its GPU tests, the 7B int4 and Llama-1B Q4_K_M steps against the rule
 #   kvab      the decode attention's merge knobs (clusters off, split keys 128 and 32) on Llama-1B Q4_K_M and Qwen3-0.6B
 #   c1        clusters of 2 for the one-row dp4a products without the norm: their GPU tests, the 7B int4 step and the
 #             Q4_K_M decode steps (Llama-1B, 7B; batch 1) against FUSEC_QGEMV_DP4A_CLUSTER=1
@@ -678,16 +678,17 @@ for step in "$@"; do
         FUSEC_QGEMV_DP4A_WARPS=auto timeout 200 $PT -n 12 tests/test_quant_gpu.py -k "dp4a or packed or token or generation" \
           > "$R/t_quant.txt" 2>&1
         grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_quant.txt" | tail -n 12 ;;
-    ks) # blocks of a cluster splitting K for the one-row dp4a products without the norm (FUSEC_QGEMV_DP4A_KSPLIT, built in
-        # the thirty-eighth session without a device): its GPU tests, then the 7B int4 step (4 and 2 against the rule) and
-        # the Llama-1B Q4_K_M one, in turns
+    ks) # blocks of a cluster splitting K for the one-row dp4a products (FUSEC_QGEMV_DP4A_KSPLIT without the norm,
+        # _KSPLIT_NORM with it; built in the thirty-eighth session without a device): its GPU tests, then the 7B int4
+        # step and the Llama-1B Q4_K_M one, in turns against the rule
         timeout 150 $PT -n 12 tests/test_quant_gpu.py -k "k_split" > "$R/t_ks.txt" 2>&1
         grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_ks.txt" | tail -n 12
-        timeout 380 python3 benchmarks/int4_7b.py "$R/int4_7b_ks" --ab FUSEC_QGEMV_DP4A_KSPLIT=4 --ab FUSEC_QGEMV_DP4A_KSPLIT=2 \
-          > "$R/int4_7b_ks.txt" 2>&1
+        timeout 420 python3 benchmarks/int4_7b.py "$R/int4_7b_ks" --ab FUSEC_QGEMV_DP4A_KSPLIT=4 \
+          --ab FUSEC_QGEMV_DP4A_KSPLIT=4+FUSEC_QGEMV_DP4A_KSPLIT_NORM=2 > "$R/int4_7b_ks.txt" 2>&1
         grep -E "step_ms_median|pct_roofline|same_tokens|error|Error" "$R/int4_7b_ks.txt" | head -n 16
-        timeout 100 python3 benchmarks/decode_step.py "$R/ks_q4km" --model llama-1b-q4_k_m --batches 1 --context 32 \
-          --windows 3 --ab FUSEC_QGEMV_DP4A_KSPLIT=4 --ab FUSEC_QGEMV_DP4A_KSPLIT=2 > "$R/ks_q4km.txt" 2>&1
+        timeout 120 python3 benchmarks/decode_step.py "$R/ks_q4km" --model llama-1b-q4_k_m --batches 1 --context 32 \
+          --windows 3 --ab FUSEC_QGEMV_DP4A_KSPLIT=4 --ab FUSEC_QGEMV_DP4A_KSPLIT=2 \
+          --ab FUSEC_QGEMV_DP4A_KSPLIT=4+FUSEC_QGEMV_DP4A_KSPLIT_NORM=4 > "$R/ks_q4km.txt" 2>&1
         grep -E "^\| [0-9]+ \|" "$R/ks_q4km.txt" | cut -c 1-1500 ;;
     kvab) # the decode attention's merge knobs on the Llama-1B Q4_K_M (context 32) and Qwen3-0.6B (128) steps at batch 1
         for m in llama-1b-q4_k_m:32 qwen3-0.6b:128; do IFS=: read -r name ctx <<< "$m"

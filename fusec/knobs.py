@@ -110,6 +110,10 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "of x alone, rank 0 adding the slices' sums in rank order, in place of clusters of 2 that share the writing of "
          "all of x's digits; 1: the rule (fusec.lower.quant.gemv_form); built without a device, not yet measured (the "
          "A/B of benchmarks/int4_7b.py --ab FUSEC_QGEMV_DP4A_KSPLIT=4)", ("1", "2", "4")),
+    Knob("FUSEC_QGEMV_DP4A_KSPLIT_NORM", "choice", "1", "as FUSEC_QGEMV_DP4A_KSPLIT, for the one-row dp4a products with "
+         "the norm prologue (qkv, gate/up, LM head; not a launch of packed siblings): each block of the cluster sums "
+         "the squares of whole rows and writes its slice's digits; built without a device, not yet measured (the A/B "
+         "of benchmarks/int4_7b.py --ab FUSEC_QGEMV_DP4A_KSPLIT_NORM=4)", ("1", "2", "4")),
     Knob("FUSEC_QGEMV_DP4A_FILL", "bool", True, "the dp4a quantized GEMV at one row of x gives products with short "
          "weight rows (a lane takes at most K / 1024 of a row's chunks a round) 4 rows a task, two gated pairs, so a "
          "round still loads 8 chunks a lane, where every warp still gets a task (Llama-1B's gate/up and LM head: "

@@ -104,6 +104,8 @@ def _select(node: Node, options: PassOptions, offsets: dict[Value, int]) -> Sele
             if detail.siblings:  # each further product's rows a task and chunks a round (its own form's)
                 forms = [dict(_qgemv_params(detail.m, s.attrs.n, s.attrs.k, s.attrs.format, s.attrs.group,
                                             s.inputs[0].dtype, True)) for s in detail.siblings]
+                # one launch of several products runs without a split of K (QGemvSpec.ksplit is not the siblings')
+                params = tuple((key, v) for key, v in params if key != "ksplit")
                 params += (("sibling_forms", tuple((f["rows"], f["chunks"]) for f in forms)),)
             return Selection("gemv", "qgemv", reason="only the quantized GEMV covers this body", params=params,
                              detail=detail)

@@ -119,6 +119,16 @@ def test_qgemv_norm_prologue_and_gated_epilogue(fmt, m):
         assert rel_err(host(out, dt), ref) <= TOL[dt], (fmt, m, dt, "norm")
 
 
+def _gated_ref(xh: np.ndarray, w: np.ndarray, f: int, swap: bool, dt: DType) -> np.ndarray:
+    """The gated unit over the product of x's digits xh and w [2F, K] (``swap``: the second half activated), rounded
+    to ``dt`` where the kernel stores."""
+    rd = lambda a: a.astype(dt.np).astype(np.float32)  # noqa: E731
+    y = rd(xh @ w.T)
+    first, second = (y[:, f:], y[:, :f]) if swap else (y[:, :f], y[:, f:])
+    with np.errstate(over="ignore"):
+        return rd(rd(first / (1 + np.exp(-first))) * second)
+
+
 @pytest.mark.parametrize("fmt", list(quant.FORMATS))
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 8])
 @pytest.mark.parametrize("blocks", [2, 1])
@@ -154,10 +164,7 @@ def test_dp4a_qgemv_matches_reference(fmt, m, blocks):
         g = (RNG.random(k) * 0.1 - 0.95).astype(np.float32).astype(dt.np)
         xh = quant.dp4a_blocks(_norm_ref(x, g, 1e-5, 1.0, dt))
         for swap in (False, True):
-            y = rd(xh @ w.T)
-            first, second = (y[:, f:], y[:, :f]) if swap else (y[:, :f], y[:, f:])
-            with np.errstate(over="ignore"):
-                ref = rd(rd(first / (1 + np.exp(-first))) * second)
+            ref = _gated_ref(xh, w, f, swap, dt)
             out = poisoned((m, f), dt)
             spec = QGemvSpec(m, 2 * f, k, fmt, qw.group, dt, qw.scale_dtype, dp4a=True, norm=True, eps=1e-5, blocks=blocks,
                              weight_offset=1.0, glu="silu", glu_swap=swap)
@@ -659,6 +666,37 @@ def test_dp4a_argmax_partials_sample_as_the_logits_do(fmt, m):
         _run(SampleSpec(m, n, dt), [logits, seed, counter, temperature, top_k, top_p, want])
         assert cp.asnumpy(got).tolist() == cp.asnumpy(want).tolist(), (fmt, m, n)
         assert int(want[0]) == int(np.argmax(host(logits, dt)[0].astype(np.float32)))
+
+
+@pytest.mark.parametrize("fmt", list(quant.FORMATS))
+@pytest.mark.parametrize("ksplit,rows", [(2, 4), (4, 8)])
+def test_dp4a_k_split_with_the_norm_and_a_gated_unit_matches_reference(fmt, ksplit, rows):
+    """A split of K with the norm prologue (every block of the cluster sums the squares of whole rows, writes its
+    slice's digits) and a gated unit after rank 0 adds the slices (both orders), 4 and 8 weight rows a task (two and
+    four gated pairs; F not a multiple of them); and the norm alone over 8 rows a task (the 1B qkv's and LM head's
+    shape of task). Against numpy over quant.dp4a_blocks of the normalized x."""
+    dt = BF16
+    rd = lambda a: a.astype(dt.np).astype(np.float32)  # noqa: E731
+    f, k = 1501, 4096
+    qw = sample_weight(fmt, 2 * f, k, RNG)
+    w = qw.dequantize().astype(np.float32)
+    x = RNG.standard_normal((1, k)).astype(np.float32).astype(dt.np)
+    g = (RNG.random(k) * 0.1 - 0.95).astype(np.float32).astype(dt.np)
+    xh = quant.dp4a_blocks(_norm_ref(x, g, 1e-5, 1.0, dt))
+    for swap in (False, True):
+        ref = _gated_ref(xh, w, f, swap, dt)
+        out = poisoned((1, f), dt)
+        spec = QGemvSpec(1, 2 * f, k, fmt, qw.group, dt, qw.scale_dtype, dp4a=True, norm=True, eps=1e-5, chunks=8,
+                         weight_offset=1.0, glu="silu", glu_swap=swap, rows=rows, ksplit=ksplit, norm_early=True)
+        _run(spec, [dev(x), *[dev(a) for a in qw.arrays], dev(g), out])
+        assert rel_err(host(out, dt), ref) <= TOL[dt], (fmt, ksplit, rows, swap)
+    qw = sample_weight(fmt, 3001, k, RNG)
+    ref = rd(xh @ qw.dequantize().astype(np.float32).T)
+    out = poisoned((1, 3001), dt)
+    spec = QGemvSpec(1, 3001, k, fmt, qw.group, dt, qw.scale_dtype, dp4a=True, norm=True, eps=1e-5, chunks=8,
+                     weight_offset=1.0, rows=rows, ksplit=ksplit)
+    _run(spec, [dev(x), *[dev(a) for a in qw.arrays], dev(g), out])
+    assert rel_err(host(out, dt), ref) <= TOL[dt], (fmt, ksplit, rows, "norm")
 
 
 @pytest.mark.parametrize("fmt", ["q6_k", "uint4"])

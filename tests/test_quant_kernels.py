@@ -680,38 +680,49 @@ def test_dp4a_takes_one_block_of_17_warps_where_that_makes_fewer_rounds(arch, mo
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_dp4a_k_split_knob_splits_k_over_a_cluster(arch, monkeypatch):
     """FUSEC_QGEMV_DP4A_KSPLIT=2 or 4 gives the one-row dp4a products without the norm (o, down) ``ksplit`` in place of
-    clusters of 2 sharing x's digits (not by default, not with the norm or a gated unit): the grid is whole clusters of
-    that many blocks, each block's slice of x a 1/ksplit share of the pieces, every format compiles without spills at
-    the 7B down's and Llama-1B's o and down shapes (plain and with argmax partials), and a spec refuses it beside the
-    norm, a gated unit, clusters sharing the digits or siblings."""
+    clusters of 2 sharing x's digits, FUSEC_QGEMV_DP4A_KSPLIT_NORM those with it (qkv, gate/up, LM head); neither by
+    default, nor at 2 rows of x. The grid is whole clusters of that many blocks; the row rules see a block's slice of
+    K (slices of 512 at K = 2048 take 8 rows a task: one chunk a lane a row); every format compiles without spills at
+    the 7B down's and Llama-1B's o and down shapes (plain and with argmax partials), and the rule's norm forms (the
+    Llama-1B qkv, gate/up and LM head, the 7B gate/up) for the formats of the GGUF and int4 plans. A spec refuses the
+    split beside clusters sharing the digits or siblings, and 8 rows a task without it."""
     from fusec.codegen.spec_base import SMS
 
     assert "ksplit" not in gemv_form(1, 4096, 11008, "uint4", 128, DType.BF16, False, False)
+    assert "ksplit" not in gemv_form(1, 22016, 4096, "uint4", 128, DType.BF16, True, True)
     pending = []
     for ks in (2, 4):
         monkeypatch.setenv("FUSEC_QGEMV_DP4A_KSPLIT", str(ks))
-        assert "ksplit" not in gemv_form(1, 12288, 4096, "uint4", 128, DType.BF16, True, False)
+        monkeypatch.setenv("FUSEC_QGEMV_DP4A_KSPLIT_NORM", str(ks))
         assert "ksplit" not in gemv_form(2, 4096, 4096, "uint4", 128, DType.BF16, False, False)  # one row only
         for fmt in FORMATS:
             g = FORMATS[fmt].group or 128
-            for n, k in ((4096, 11008), (2048, 2048), (2048, 8192)):
-                f = gemv_form(1, n, k, fmt, g, DType.BF16, False, False)
+            shapes = [(4096, 11008, False, False), (2048, 2048, False, False), (2048, 8192, False, False)]
+            if fmt in ("uint4", "q4_k", "q6_k", "q8_0", "q4_0"):
+                shapes += [(3072, 2048, True, False), (16384, 2048, True, True), (22016, 4096, True, True),
+                           (128256, 2048, True, False)]
+            for n, k, norm, glu in shapes:
+                f = gemv_form(1, n, k, fmt, g, DType.BF16, norm, glu)
                 assert f["ksplit"] == ks and "cluster" not in f, (fmt, n, k, f)
-                spec = QGemvSpec(1, n, k, fmt, g, DType.BF16, DType.F16, Epilogue(residual=True), **f)
+                if k == 2048 and ks == 4 and n >= 16384:
+                    assert f["rows"] == (2 if fmt in ("q6_k", "uint8", "q5_k") else 8), (fmt, n, k, f)
+                spec = QGemvSpec(1, n, k, fmt, g, DType.BF16, DType.F16, Epilogue(residual=not norm), norm=norm,
+                                 glu="silu" if glu else "", argmax=n > 100000, **f)
                 r, src = K.prepare(spec)
                 assert r.grid[0] % ks == 0 and r.grid[0] <= f["blocks"] * SMS, (fmt, n, k, r.grid)
                 assert f"> 1\n#define KS_ {ks}" in src and "__cluster_dims__(KS_, 1, 1)" in src
                 pending.append(((fmt, n, k, ks), K.build_async(spec, arch)))
-                if n == 2048 and k == 2048:
+                if (n, k) == (2048, 2048):
                     am = QGemvSpec(1, 128256, k, fmt, g, DType.BF16, DType.F16, argmax=True, **f)
                     pending.append(((fmt, "argmax", ks), K.build_async(am, arch)))
     for what, p in pending:
         assert p.result().binary.spill_bytes == 0, what
     base = dict(dp4a=True, rows=2, chunks=8, ksplit=2)
-    for bad in ({"norm": True}, {"glu": "silu"}, {"cluster": 2}, {"ksplit": 3},
-                {"siblings": (QSibling(1024, "q6_k", 16, DType.F16, 2, 8),)}):
+    for bad in ({"cluster": 2}, {"ksplit": 3}, {"siblings": (QSibling(1024, "q6_k", 16, DType.F16, 2, 8),)}):
         with pytest.raises(ValueError, match="ksplit"):
             QGemvSpec(1, 4096, 2048, "q4_k", 32, DType.BF16, DType.F16, **(base | bad))
+    with pytest.raises(ValueError, match="rows"):
+        QGemvSpec(1, 4096, 2048, "q4_k", 32, DType.BF16, DType.F16, **(base | {"rows": 8, "ksplit": 1}))
 
 
 LLAMA_SHAPES_1B_NORM = [(3072, 2048, True), (2048, 2048, False), (2048, 8192, False), (128256, 2048, True)]  # qkv, o, down, head

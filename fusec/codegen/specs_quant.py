@@ -97,9 +97,9 @@ class QGemvSpec(_QProduct):
     loaded before the PDL wait where x is one batch of a thread's pieces (else after it, beside x); ``cluster``: on
     sm_90, blocks a thread block cluster whose warps take turns writing x's digits, each into every block's shared
     memory (1: every block writes all of them; elsewhere always 1); ``ksplit``: on sm_90, blocks a cluster that split K
-    instead (the dp4a form without the norm, a gated unit or siblings): each writes its slice's digits and sums its slice
-    of the cluster's tasks, rank 0 adds the slices in rank order and runs the epilogue, argmax partials too; the other
-    ranks' warps write empty partials (elsewhere 1); fold unused).
+    instead (the dp4a form without siblings): each writes its slice's digits (the norm's sums of squares over whole rows)
+    and sums its slice of the cluster's tasks, rank 0 adds the slices in rank order and runs the epilogue, argmax
+    partials too; the other ranks' warps write empty partials (elsewhere 1); fold unused).
     FMA and dp4a forms: ``norm``, x RMS-normalized over K first as ``Op.RMSNORM`` computes it (weight ``g``
     [K], ``eps``, ``weight_offset``; the FMA form normalizes x once into shared memory, M * K elements of
     at most ``QNORM_SMEM`` bytes, the dp4a form as it writes x's digits); ``glu``, a gated unit over the two halves of the product (as
@@ -184,7 +184,8 @@ class QGemvSpec(_QProduct):
         _pos(("M", self.M), ("N", self.N), ("K", self.K), ("group", self.group))
         _req(self.M <= QGEMV_MAX_M, f"the quantized gemv handles M <= {QGEMV_MAX_M}")
         _req(self.dtype in FLOATS, "the quantized gemv is float")
-        _req(self.rows in (1, 2, 4), "rows per warp must be 1, 2 or 4")
+        _req(self.rows in (1, 2, 4) or (self.rows == 8 and self.ksplit > 1),
+             "rows per warp must be 1, 2 or 4 (8: the dp4a form splitting K, whose slices are short)")
         _check_format(self.fmt, self.N, self.K, self.group, self.scale_dtype)
         if self.tc:
             _req(tc_fits(self.M, self.fmt, self.dtype), "the tensor-core quantized gemv takes 4- to 8-bit "
@@ -203,10 +204,9 @@ class QGemvSpec(_QProduct):
                  f"M <= {DP4A_MAX_M}, and its shared memory (x's two digits) within {DP4A_SMEM} bytes")
         _req(self.cluster in (1, 2, 4) and (self.cluster == 1 or self.dp4a),
              "cluster (1, 2 or 4 blocks splitting the writing of x's digits) is the dp4a quantized gemv's")
-        _req(self.ksplit in (1, 2, 4) and (self.ksplit == 1 or (
-            self.dp4a and self.cluster == 1 and not (self.norm or self.glu or self.siblings))),
+        _req(self.ksplit in (1, 2, 4) and (self.ksplit == 1 or (self.dp4a and self.cluster == 1 and not self.siblings)),
              "ksplit (1, 2 or 4 blocks of a cluster splitting K) is the dp4a quantized gemv's, without clusters sharing "
-             "x's digits, the norm prologue, a gated unit or siblings")
+             "x's digits or siblings")
         if self.ksplit > 1:
             kp = self.kp_tasks * self.ksplit * self.warps * self.rows * self.M * 4
             _req(dp4a_smem(self.M, self.K, self.norm, self.warps) + kp <= DP4A_SMEM,
@@ -234,8 +234,8 @@ class QGemvSpec(_QProduct):
             _req(self.seed_dtype in (DType.I64, DType.I32) and self.counter_dtype in (DType.I64, DType.I32),
                  "the quantized gemv's sampler state: seed and counter are int32/int64")
         if self.glu:
-            _req(self.rows == 2 or (self.dp4a and self.rows == 4),
-                 "a gated quantized gemv needs 2 rows a warp (the dp4a form: 2 or 4, one or two gated pairs)")
+            _req(self.rows == 2 or (self.dp4a and self.rows in (4, 8)),
+                 "a gated quantized gemv needs 2 rows a warp (the dp4a form: 2, 4 or 8, one to four gated pairs)")
 
 
 def tc_fits(m: int, fmt: str, dtype: DType) -> bool:

@@ -223,8 +223,10 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     At one row without the norm (the o and down products), FUSEC_QGEMV_DP4A_KSPLIT=2 or 4 has the blocks of a cluster
     split K instead of sharing the writing of x's digits: each writes its slice's digits alone and sums its slice of
     the cluster's tasks, and rank 0 adds the slices in rank order before the epilogue (``QGemvSpec.ksplit``; every
-    block's x phase a quarter of the 7B down's 11,008 values at 4, and no distributed stores). Built without a device
-    (thirty-eighth session), not yet measured.
+    block's x phase a quarter of the 7B down's 11,008 values at 4, and no distributed stores);
+    FUSEC_QGEMV_DP4A_KSPLIT_NORM does the same with the norm (each block sums the squares of whole rows), not in a
+    launch of packed siblings (kernel selection drops the split there). Built without a device (thirty-eighth
+    session), not yet measured.
     Every block writes all of x's digits. They are rounded by an add of 1.5 * 2^23, and a bf16 norm prologue's
     two roundings a value are done two values at a time (one F2FP, not two F2F): rintf and a float-to-int
     conversion were 4 conversions a value on a quarter-rate pipe (~2 us an SM in the down product, K = 8192, two
@@ -286,16 +288,24 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
             rows, chunks = (4, 4) if four else (1, 2)
         else:
             chunks = int(knobs.get("FUSEC_QGEMV_DP4A_CHUNKS")) if m == 1 and not dp4a_heavy(fmt, k, norm) else 4
-            rows = 2 if glu or k < 1024 * chunks else 1
+        # blocks of a cluster splitting K (one row of x): the rules below see a block's slice of K, and the clusters'
+        # warps as the warps that take distinct tasks
+        ks = int(knobs.get("FUSEC_QGEMV_DP4A_KSPLIT_NORM" if norm else "FUSEC_QGEMV_DP4A_KSPLIT")) if m == 1 else 1
+        kk = -(-(k // 32) // ks) * 32
+        if not wide:
+            rows = 2 if glu or kk < 1024 * chunks else 1
         blocks = int(knobs.get("FUSEC_QGEMV_DP4A_BLOCKS")) or 2
-        warps = blocks * 8 * SMS
+        warps = blocks * 8 * SMS // ks
 
         def rounds(r: int, warps: int = warps) -> int:  # a warp's serial round trips: its tasks times a task's rounds
-            return -(-dp4a_tasks(n, r, glu) // warps) * -(-(k // 32) // (32 * dp4a_unroll(k, r, chunks)))
+            return -(-dp4a_tasks(n, r, glu) // warps) * -(-(kk // 32) // (32 * dp4a_unroll(kk, r, chunks)))
         # a lane takes at most K / 1024 of a row's chunks a round: short rows fill the round with 4 rows a task (two
         # gated pairs) where every warp still gets a task (not a gated unit beside the norm over 6-bit codes: 12 bytes
         # spilled, ptxas sm_80)
-        fill = 0 if wide or (norm and glu and FORMATS[fmt].bits == 6) else min(4, chunks // max(1, k // 1024))
+        # (with a split of K up to 8 rows: a slice of 512 has one chunk a lane a row; 2 where more spill beside the
+        # split's sums, ``_dp4a_split_rows``)
+        cap = (_dp4a_split_rows(fmt) if ks > 1 else 4)
+        fill = 0 if wide or (norm and glu and FORMATS[fmt].bits == 6) else min(cap, chunks // max(1, kk // 1024))
         if (knobs.get("FUSEC_QGEMV_DP4A_FILL") and m == 1 and fill > rows
                 and dp4a_tasks(n, fill, glu) >= warps):
             rows = fill
@@ -305,10 +315,9 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
         if knobs.get("FUSEC_QGEMV_DP4A_FILL") and not wide and rows == 1 and rounds(2) < rounds(1):
             rows = 2
         per_block = 8
-        if (m == 1 and blocks == 2 and knobs.get("FUSEC_QGEMV_DP4A_WARPS") == "auto" and dp4a_lean(fmt, k, norm)
-                and rounds(rows, DP4A_LEAN_WARPS * SMS) < rounds(rows)):
+        if (m == 1 and blocks == 2 and ks == 1 and knobs.get("FUSEC_QGEMV_DP4A_WARPS") == "auto"
+                and dp4a_lean(fmt, k, norm) and rounds(rows, DP4A_LEAN_WARPS * SMS) < rounds(rows)):
             per_block, blocks = DP4A_LEAN_WARPS, 1
-        ks = int(knobs.get("FUSEC_QGEMV_DP4A_KSPLIT")) if m == 1 and not (norm or glu) else 1
         return {"rows": rows, "fold": False, "dp4a": True, "warps": per_block, "blocks": blocks, "chunks": chunks,
                 "norm_early": norm and bool(knobs.get("FUSEC_QGEMV_DP4A_NORM_EARLY")),
                 **({"ksplit": ks} if ks > 1 else {}),
@@ -317,6 +326,14 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     if tc:
         form.update(tc=True, warps=tc, **({"passes": passes} if passes > 1 else {}))
     return form
+
+
+def _dp4a_split_rows(fmt: str) -> int:
+    """The most weight rows a task of the dp4a form splitting K (``gemv_form``): 8, but 2 for super-blocks of 5- and
+    6-bit codes and 8-bit codes with a zero-point operand (uint8), which spilled at 8 rows (12-292 bytes; Q6_K 12 at 4
+    rows of the 7B down's slices), ptxas -v through NVRTC, sm_80 and sm_90, thirty-eighth session."""
+    f = FORMATS[fmt]
+    return 2 if (f.bits in (5, 6) and f.super_block) or (f.bits == 8 and f.zero is None) else 8
 
 
 def dp4a_lean(fmt: str, k: int, norm: bool) -> bool:
