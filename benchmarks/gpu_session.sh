@@ -681,12 +681,12 @@ for step in "$@"; do
     ks) # blocks of a cluster splitting K for the one-row dp4a products (FUSEC_QGEMV_DP4A_KSPLIT without the norm,
         # _KSPLIT_NORM with it; built in the thirty-eighth session without a device): its GPU tests, then the 7B int4
         # step and the Llama-1B Q4_K_M one, in turns against the rule
-        timeout 150 $PT -n 12 tests/test_quant_gpu.py -k "k_split" > "$R/t_ks.txt" 2>&1
+        timeout 90 $PT -n 12 tests/test_quant_gpu.py -k "k_split" > "$R/t_ks.txt" 2>&1
         grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_ks.txt" | tail -n 12
-        timeout 420 python3 benchmarks/int4_7b.py "$R/int4_7b_ks" --ab FUSEC_QGEMV_DP4A_KSPLIT=4 \
+        timeout 330 python3 benchmarks/int4_7b.py "$R/int4_7b_ks" --ab FUSEC_QGEMV_DP4A_KSPLIT=4 \
           --ab FUSEC_QGEMV_DP4A_KSPLIT=4+FUSEC_QGEMV_DP4A_KSPLIT_NORM=2 > "$R/int4_7b_ks.txt" 2>&1
         grep -E "step_ms_median|pct_roofline|same_tokens|error|Error" "$R/int4_7b_ks.txt" | head -n 16
-        timeout 120 python3 benchmarks/decode_step.py "$R/ks_q4km" --model llama-1b-q4_k_m --batches 1 --context 32 \
+        timeout 110 python3 benchmarks/decode_step.py "$R/ks_q4km" --model llama-1b-q4_k_m --batches 1 --context 32 \
           --windows 3 --ab FUSEC_QGEMV_DP4A_KSPLIT=4 --ab FUSEC_QGEMV_DP4A_KSPLIT=2 \
           --ab FUSEC_QGEMV_DP4A_KSPLIT=4+FUSEC_QGEMV_DP4A_KSPLIT_NORM=4 > "$R/ks_q4km.txt" 2>&1
         grep -E "^\| [0-9]+ \|" "$R/ks_q4km.txt" | cut -c 1-1500 ;;

@@ -288,24 +288,17 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
             rows, chunks = (4, 4) if four else (1, 2)
         else:
             chunks = int(knobs.get("FUSEC_QGEMV_DP4A_CHUNKS")) if m == 1 and not dp4a_heavy(fmt, k, norm) else 4
-        # blocks of a cluster splitting K (one row of x): the rules below see a block's slice of K, and the clusters'
-        # warps as the warps that take distinct tasks
-        ks = int(knobs.get("FUSEC_QGEMV_DP4A_KSPLIT_NORM" if norm else "FUSEC_QGEMV_DP4A_KSPLIT")) if m == 1 else 1
-        kk = -(-(k // 32) // ks) * 32
-        if not wide:
-            rows = 2 if glu or kk < 1024 * chunks else 1
+            rows = 2 if glu or k < 1024 * chunks else 1
         blocks = int(knobs.get("FUSEC_QGEMV_DP4A_BLOCKS")) or 2
-        warps = blocks * 8 * SMS // ks
+        warps = blocks * 8 * SMS
 
-        def rounds(r: int, warps: int = warps) -> int:  # a warp's serial round trips: its tasks times a task's rounds
-            return -(-dp4a_tasks(n, r, glu) // warps) * -(-(kk // 32) // (32 * dp4a_unroll(kk, r, chunks)))
+        def rounds(r: int, warps: int = warps, k: int = k) -> int:  # a warp's serial round trips: its tasks times a
+            # task's rounds (over rows of k)
+            return -(-dp4a_tasks(n, r, glu) // warps) * -(-(k // 32) // (32 * dp4a_unroll(k, r, chunks)))
         # a lane takes at most K / 1024 of a row's chunks a round: short rows fill the round with 4 rows a task (two
         # gated pairs) where every warp still gets a task (not a gated unit beside the norm over 6-bit codes: 12 bytes
         # spilled, ptxas sm_80)
-        # (with a split of K up to 8 rows: a slice of 512 has one chunk a lane a row; 2 where more spill beside the
-        # split's sums, ``_dp4a_split_rows``)
-        cap = (_dp4a_split_rows(fmt) if ks > 1 else 4)
-        fill = 0 if wide or (norm and glu and FORMATS[fmt].bits == 6) else min(cap, chunks // max(1, kk // 1024))
+        fill = 0 if wide or (norm and glu and FORMATS[fmt].bits == 6) else min(4, chunks // max(1, k // 1024))
         if (knobs.get("FUSEC_QGEMV_DP4A_FILL") and m == 1 and fill > rows
                 and dp4a_tasks(n, fill, glu) >= warps):
             rows = fill
@@ -314,6 +307,20 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
         # (3: one task of 128 + 128 + 88)
         if knobs.get("FUSEC_QGEMV_DP4A_FILL") and not wide and rows == 1 and rounds(2) < rounds(1):
             rows = 2
+        # blocks of a cluster splitting K (one row of x, the knobs): over a block's slice, with a cluster's warps taking
+        # distinct tasks, the rows a task that make a warp's round trips fewest (then the fewer rows; up to 8, as a
+        # slice of 512 has one chunk a lane a row; 2 where more spill beside the split's sums), where they are then no
+        # more than over whole rows (the Q6_K LM head at K = 2048: 122 against 16)
+        ks = int(knobs.get("FUSEC_QGEMV_DP4A_KSPLIT_NORM" if norm else "FUSEC_QGEMV_DP4A_KSPLIT")) \
+            if m == 1 and not wide else 1
+        if ks > 1:
+            kk = -(-(k // 32) // ks) * 32
+            split = min((r for r in (1, 2, 4, 8) if r <= _dp4a_split_rows(fmt) and (r >= 2 or not glu)),
+                        key=lambda r: (rounds(r, warps // ks, kk), r))
+            if rounds(split, warps // ks, kk) <= rounds(rows):
+                rows = split
+            else:
+                ks = 1
         per_block = 8
         if (m == 1 and blocks == 2 and ks == 1 and knobs.get("FUSEC_QGEMV_DP4A_WARPS") == "auto"
                 and dp4a_lean(fmt, k, norm) and rounds(rows, DP4A_LEAN_WARPS * SMS) < rounds(rows)):
