@@ -734,6 +734,52 @@ def test_dp4a_k_split_knob_splits_k_over_a_cluster(arch, monkeypatch):
         QGemvSpec(1, 4096, 2048, "q4_k", 32, DType.BF16, DType.F16, **(base | {"rows": 8, "ksplit": 1}))
 
 
+def _c_macro(source: str, name: str, scope: dict) -> object:
+    """The first definition of ``name`` in the rendered source, evaluated in Python over ``scope`` (integer C
+    arithmetic on non-negative values: / is //; casts dropped); a function-like macro becomes a function."""
+    import re
+
+    hit = re.search(rf"^#define {name}(\((\w+)\))? (.+)$", source, re.M)
+    assert hit, name
+    body = hit.group(3).split("//")[0].strip()
+    body = body.replace("(long long)", "").replace("/", "//").replace("&&", " and ").replace("true", "True")
+    if hit.group(2):
+        return lambda v: eval(body, {"__builtins__": {}}, {**scope, hit.group(2): v})  # noqa: S307
+    return eval(body, {"__builtins__": {}}, scope)  # noqa: S307
+
+
+@pytest.mark.parametrize("m,k,ks,norm", [(1, 11008, 4, False), (1, 4096, 2, True), (2, 2048, 4, False),
+                                         (3, 5120, 4, True), (1, 2080, 4, False)])
+def test_dp4a_k_split_slices_cover_each_row_of_x_once(m, k, ks, norm):
+    """The split's index macros as the template renders them (NCHS, NPC, XP, QD_POFF, QD_PIN; c_lo = rank * NCHS,
+    c_hi = min(chunks, c_lo + NCHS)), evaluated for every thread and rank of a cluster: the pieces a block writes the
+    digits of are its slice's chunks, each quarter once, read at x's offset m K + 32 c + 8 q, and the ranks' slices
+    tile every row (K not a multiple of the slices: 11,008 = 4 x 86 chunks, 2080 = 65 chunks over 4)."""
+    spec = QGemvSpec(m, 64, k, "q4_0", 32, DType.BF16, DType.F16, dp4a=True, rows=2, chunks=4, ksplit=ks, norm=norm)
+    _, src = K.prepare(spec)
+    nch = k // 32
+    scope = {"KS_": ks, "M_": m, "W_": spec.warps, "QB_K": k}
+    scope["NCHS"] = _c_macro(src, "NCHS", scope)
+    scope["NPC"] = _c_macro(src, "NPC", scope)
+    xp = _c_macro(src, "XP", scope)
+    seen: dict[tuple[int, int, int], int] = {}
+    for rank in range(ks):
+        c_lo = rank * scope["NCHS"]
+        c_hi = min(nch, c_lo + scope["NCHS"])
+        local = {**scope, "c_lo": c_lo, "c_hi": c_hi}
+        poff, pin = _c_macro(src, "QD_POFF", local), _c_macro(src, "QD_PIN", local)
+        for tid in range(32 * spec.warps):
+            for j in range(xp):
+                pc = tid + 32 * spec.warps * j
+                if not (pc < scope["NPC"] and pin(pc)):
+                    continue
+                row, c, q = pc // (scope["NCHS"] * 4), c_lo + ((pc % (scope["NCHS"] * 4)) >> 2), pc & 3
+                assert c_lo <= c < c_hi and row < m, (rank, pc)
+                assert row * k + poff(pc) == row * k + 32 * c + 8 * q, (rank, pc)
+                seen[(row, c, q)] = seen.get((row, c, q), 0) + 1
+    assert seen == {(row, c, q): 1 for row in range(m) for c in range(nch) for q in range(4)}
+
+
 LLAMA_SHAPES_1B_NORM = [(3072, 2048, True), (2048, 2048, False), (2048, 8192, False), (128256, 2048, True)]  # qkv, o, down, head
 
 
