@@ -275,9 +275,10 @@ def test_dp4a_one_block_of_17_warps_gives_the_same_bits(fmt):
 @pytest.mark.parametrize("ksplit", [2, 4])
 def test_dp4a_k_split_over_a_cluster_matches_reference(fmt, ksplit):
     """Blocks of a cluster splitting K (``ksplit``, FUSEC_QGEMV_DP4A_KSPLIT; sm_90, else each block sums whole rows):
-    each writes its slice's digits and sums its slice, rank 0 adds the slices in rank order and runs the epilogue.
+    each writes its slice's digits and sums its slice; a warp's i-th task's combining rank (i % ksplit) adds the slices
+    in rank order and runs the epilogue.
     Against numpy over quant.dp4a_blocks(x): K not a multiple of the slices' rounds (11,008: slices of 86 or 172
-    chunks), an odd N with tasks past the clusters' warps (several tasks a warp in rank 0's sums), 1-3 rows of x,
+    chunks), an odd N with tasks past the clusters' warps (several tasks a warp, combined by different ranks), 1-3 rows of x,
     bias + SiLU + residual; and two runs give the same bits (the slices are added in a fixed order)."""
     dt = BF16
     rd = lambda a: a.astype(dt.np).astype(np.float32)  # noqa: E731
@@ -672,7 +673,7 @@ def test_dp4a_argmax_partials_sample_as_the_logits_do(fmt, m):
 @pytest.mark.parametrize("ksplit,rows", [(2, 4), (4, 8)])
 def test_dp4a_k_split_with_the_norm_and_a_gated_unit_matches_reference(fmt, ksplit, rows):
     """A split of K with the norm prologue (every block of the cluster sums the squares of whole rows, writes its
-    slice's digits) and a gated unit after rank 0 adds the slices (both orders), 4 and 8 weight rows a task (two and
+    slice's digits) and a gated unit after the slices are added (both orders), 4 and 8 weight rows a task (two and
     four gated pairs; F not a multiple of them); and the norm alone over 8 rows a task (the 1B qkv's and LM head's
     shape of task). Against numpy over quant.dp4a_blocks of the normalized x."""
     dt = BF16
@@ -702,10 +703,10 @@ def test_dp4a_k_split_with_the_norm_and_a_gated_unit_matches_reference(fmt, kspl
 @pytest.mark.parametrize("fmt", ["q6_k", "uint4"])
 @pytest.mark.parametrize("m", [1, 2])
 def test_dp4a_k_split_argmax_partials_sample_as_the_logits_do(fmt, m):
-    """With blocks of a cluster splitting K (``ksplit``), rank 0 keeps the argmax partials of the outputs it stores and
-    the other ranks' warps write empty ones: the logits are the same kernel's without partials bit for bit, and the
-    sampler merging the partials draws what the sampler reading the logits draws (greedy and sampled rows), with
-    warps taking several tasks each."""
+    """With blocks of a cluster splitting K (``ksplit``), each rank's warps keep the argmax partials of the outputs
+    they store (a warp's i-th task is combined and stored by rank i % ksplit): the logits are the same kernel's
+    without partials bit for bit, and the sampler merging the partials draws what the sampler reading the logits
+    draws (greedy and sampled rows), with warps taking several tasks each."""
     import cupy as cp
 
     from fusec.codegen.specs_decode import SampleSpec

@@ -98,8 +98,8 @@ class QGemvSpec(_QProduct):
     sm_90, blocks a thread block cluster whose warps take turns writing x's digits, each into every block's shared
     memory (1: every block writes all of them; elsewhere always 1); ``ksplit``: on sm_90, blocks a cluster that split K
     instead (the dp4a form without siblings): each writes its slice's digits (the norm's sums of squares over whole rows)
-    and sums its slice of the cluster's tasks, rank 0 adds the slices in rank order and runs the epilogue, argmax
-    partials too; the other ranks' warps write empty partials (elsewhere 1); fold unused).
+    and sums its slice of the cluster's tasks; a warp's i-th task is combined by rank i % ksplit, which adds the
+    slices in rank order and runs the epilogue, argmax partials too (elsewhere 1); fold unused).
     FMA and dp4a forms: ``norm``, x RMS-normalized over K first as ``Op.RMSNORM`` computes it (weight ``g``
     [K], ``eps``, ``weight_offset``; the FMA form normalizes x once into shared memory, M * K elements of
     at most ``QNORM_SMEM`` bytes, the dp4a form as it writes x's digits); ``glu``, a gated unit over the two halves of the product (as
@@ -163,7 +163,7 @@ class QGemvSpec(_QProduct):
 
     @property
     def kp_tasks(self) -> int:
-        """``ksplit``: the most tasks a warp of a cluster takes (its rank 0's sums of the slices hold them all)."""
+        """``ksplit``: the most tasks a warp of a cluster takes (the combining blocks' sums of the slices hold them)."""
         return -(-self.segment_tasks[0] // (self.segment_blocks[0] // self.ksplit * self.warps))
 
     @property
@@ -210,7 +210,7 @@ class QGemvSpec(_QProduct):
         if self.ksplit > 1:
             kp = self.kp_tasks * self.ksplit * self.warps * self.rows * self.M * 4
             _req(dp4a_smem(self.M, self.K, self.norm, self.warps) + kp <= DP4A_SMEM,
-                 f"ksplit: x's digits and rank 0's sums of the slices ({kp} bytes) over {DP4A_SMEM} bytes")
+                 f"ksplit: x's digits and the sums of the slices ({kp} bytes) over {DP4A_SMEM} bytes")
         _req(not self.norm_early or (self.dp4a and self.norm),
              "norm_early is the dp4a quantized gemv's, with the norm prologue")
         if self.norm:

@@ -222,8 +222,8 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     without spills); built without a device (thirty-eighth session), so not the default until measured.
     At one row without the norm (the o and down products), FUSEC_QGEMV_DP4A_KSPLIT=2 or 4 has the blocks of a cluster
     split K instead of sharing the writing of x's digits: each writes its slice's digits alone and sums its slice of
-    the cluster's tasks, and rank 0 adds the slices in rank order before the epilogue (``QGemvSpec.ksplit``; every
-    block's x phase a quarter of the 7B down's 11,008 values at 4, and no distributed stores);
+    the cluster's tasks, and one rank a task adds the slices in rank order before the epilogue (``QGemvSpec.ksplit``;
+    every block's x phase a quarter of the 7B down's 11,008 values at 4, and no distributed stores);
     FUSEC_QGEMV_DP4A_KSPLIT_NORM does the same with the norm (each block sums the squares of whole rows), not in a
     launch of packed siblings (kernel selection drops the split there). Built without a device (thirty-eighth
     session), not yet measured.
