@@ -108,8 +108,9 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("FUSEC_QGEMV_DP4A_KSPLIT", "choice", "1", "the dp4a quantized GEMV at one row of x without the norm prologue "
          "(the o and down products) on sm_90: 2 or 4 blocks of a cluster split K, each writing the digits of its slice "
          "of x alone, one rank a task adding the slices' sums in rank order, in place of clusters of 2 that share the "
-         "writing of all of x's digits; 1: the rule (fusec.lower.quant.gemv_form); built without a device, not yet measured (the "
-         "A/B of benchmarks/int4_7b.py --ab FUSEC_QGEMV_DP4A_KSPLIT=4)", ("1", "2", "4")),
+         "writing of all of x's digits, where a warp then makes no more round trips (fusec.lower.quant.gemv_form); "
+         "1: no split, as measured; built without a device, not yet measured (the A/B of benchmarks/int4_7b.py --ab "
+         "FUSEC_QGEMV_DP4A_KSPLIT=4)", ("1", "2", "4")),
     Knob("FUSEC_QGEMV_DP4A_KSPLIT_NORM", "choice", "1", "as FUSEC_QGEMV_DP4A_KSPLIT, for the one-row dp4a products with "
          "the norm prologue (qkv, gate/up, LM head; not a launch of packed siblings): each block of the cluster sums "
          "the squares of whole rows and writes its slice's digits; built without a device, not yet measured (the A/B "

@@ -780,6 +780,48 @@ def test_dp4a_k_split_slices_cover_each_row_of_x_once(m, k, ks, norm):
     assert seen == {(row, c, q): 1 for row in range(m) for c in range(nch) for q in range(4)}
 
 
+def _llama_1b_q4_k_m(layers: int):  # noqa: ANN202 -- the Llama-1B shape in a Q4_K_M mix (some layers' v in Q6_K)
+    import dataclasses
+
+    from fusec.genmodel import GenModel
+    from fusec.models import get_config
+    from fusec.models.generate import SharedWeights
+    from fusec.models.weights import RandomPackedWeights, q4_k_m_types
+
+    cfg = dataclasses.replace(get_config("llama-tiny"), name="llama-1b-q4_k_m", num_layers=layers, hidden_size=2048,
+                              intermediate_size=8192, num_heads=32, num_kv_heads=8, head_dim=64, vocab_size=4096,
+                              tie_word_embeddings=False, max_positions=4096)
+    return GenModel(cfg, SharedWeights(RandomPackedWeights(q4_k_m_types(layers), seed=0, scale=0.02)), None, (),
+                    cfg.name)
+
+
+def test_a_split_of_k_leaves_the_siblings_launch_whole(monkeypatch):
+    """The dp4a form's split of K over a cluster (FUSEC_QGEMV_DP4A_KSPLIT and _KSPLIT_NORM=4, sm_90), at the Llama-1B
+    Q4_K_M shapes (where the split takes 8 rows a task for the q/k product): the other one-row products split K, the
+    siblings' launch (q/k in Q4_K, v in Q6_K) keeps whole rows and the rows a task of the rule without the split
+    (kernel selection asks their forms with ``split`` False), and the plan has the launches it has without the
+    split."""
+    from fusec.compiler import compile_generation
+    from fusec.plan import entry_points
+
+    def decode(gm):  # noqa: ANN001, ANN202
+        plan = compile_generation(gm, batch=1, max_seq_len=48, prefill_len=8, dtype="bf16", arch="sm_90", eos_ids=())
+        return plan, [L for L in entry_points(plan.manifest)["decode"]["launches"] if L["type"] == "kernel"]
+
+    _, base = decode(_llama_1b_q4_k_m(2))
+    monkeypatch.setenv("FUSEC_QGEMV_DP4A_KSPLIT", "4")
+    monkeypatch.setenv("FUSEC_QGEMV_DP4A_KSPLIT_NORM", "4")
+    assert gemv_form(1, 3072, 2048, "q4_k", 32, DType.BF16, True)["rows"] == 8  # the split's q/k form
+    plan, launches = decode(_llama_1b_q4_k_m(2))
+    assert [L["label"] for L in launches] == [L["label"] for L in base]
+    mods = {m["id"]: bytes(plan.blob(m["source"])).decode() for m in plan.manifest["modules"]}
+    split = {L["label"]: "&& 4 > 1\n#define KS_ 4" in mods[plan.manifest["kernels"][L["kernel"]]["module"]]
+             for L in launches if "qgemv" in L["label"]}
+    sib = [lab for lab in split if "packed_siblings" in lab]
+    assert sib and not any(split[lab] for lab in sib), split
+    assert sum(split.values()) >= 4, split  # o, gate/up, down, the merged q/k/v of a layer without Q6_K
+
+
 LLAMA_SHAPES_1B_NORM = [(3072, 2048, True), (2048, 2048, False), (2048, 8192, False), (128256, 2048, True)]  # qkv, o, down, head
 
 

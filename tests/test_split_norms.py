@@ -103,21 +103,3 @@ def test_past_the_siblings_rows_the_norm_is_copied_into_each_product(tmp_path):
     report = plan.manifest["reports"]["decode"]
     assert not any("packed_siblings" in L["label"] for L in launches)
     assert report["norms_split"] == LAYERS
-
-
-def test_a_split_of_k_leaves_the_siblings_launch_whole(tmp_path, monkeypatch):
-    """The dp4a form's split of K over a cluster (FUSEC_QGEMV_DP4A_KSPLIT and _KSPLIT_NORM=4, sm_90): the other one-row
-    products split K, the siblings' launch (q/k in Q4_K, v in Q6_K) does not (kernel selection drops the split there,
-    QGemvSpec.ksplit is not the siblings'), and the plan has the launches it has without the split."""
-    path = write_gguf(tmp_path / "m.gguf", Q.Q4_K, types=MIXED)
-    _, base = _decode(path, 1)
-    monkeypatch.setenv("FUSEC_QGEMV_DP4A_KSPLIT", "4")
-    monkeypatch.setenv("FUSEC_QGEMV_DP4A_KSPLIT_NORM", "4")
-    plan, launches = _decode(path, 1)
-    assert [L["label"] for L in launches] == [L["label"] for L in base]
-    mods = {m["id"]: bytes(plan.blob(m["source"])).decode() for m in plan.manifest["modules"]}
-    split = {L["label"]: "&& 4 > 1\n#define KS_ 4" in mods[plan.manifest["kernels"][L["kernel"]]["module"]]
-             for L in launches if "qgemv" in L["label"]}
-    sib = [lab for lab in split if "packed_siblings" in lab]
-    assert len(sib) == LAYERS and not any(split[lab] for lab in sib), split
-    assert sum(split.values()) >= 2 * LAYERS, split  # o, gate/up, down (and the LM head) split K

@@ -151,9 +151,10 @@ def _tc_fits_smem(k: int, group: int, warps: int, fmt: str, passes: int = 1) -> 
 
 
 def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bool = False,
-              glu: bool = False) -> dict[str, object]:
+              glu: bool = False, split: bool = True) -> dict[str, object]:
     """The quantized GEMV's form at M = ``m`` for an [n, k] weight (QGemvSpec's fields); ``norm``,
-    ``glu``: the product takes an RMSNorm prologue, a gated epilogue.
+    ``glu``: the product takes an RMSNorm prologue, a gated epilogue; ``split`` False: whole rows of K a block (a
+    launch of packed siblings, which the dp4a form's split of K does not take).
 
     The dp4a form (``dp4a``) where it fits (``specs_quant.dp4a_fits``: fp16/bf16 x, M <= 8, x written
     in shared memory) up to 3 rows of x, and up to 8 where the tensor-core form does not take the product: x as
@@ -225,8 +226,8 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     the cluster's tasks, and one rank a task adds the slices in rank order before the epilogue (``QGemvSpec.ksplit``;
     every block's x phase a quarter of the 7B down's 11,008 values at 4, and no distributed stores);
     FUSEC_QGEMV_DP4A_KSPLIT_NORM does the same with the norm (each block sums the squares of whole rows), not in a
-    launch of packed siblings (kernel selection drops the split there). Built without a device (thirty-eighth
-    session), not yet measured.
+    launch of packed siblings (``split`` False: kernel selection asks their forms over whole rows). Built without a
+    device (thirty-eighth session), not yet measured.
     Every block writes all of x's digits. They are rounded by an add of 1.5 * 2^23, and a bf16 norm prologue's
     two roundings a value are done two values at a time (one F2FP, not two F2F): rintf and a float-to-int
     conversion were 4 conversions a value on a quarter-rate pipe (~2 us an SM in the down product, K = 8192, two
@@ -312,7 +313,7 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
         # slice of 512 has one chunk a lane a row; 2 where more spill beside the split's sums), where they are then no
         # more than over whole rows (the Q6_K LM head at K = 2048: 122 against 16)
         ks = int(knobs.get("FUSEC_QGEMV_DP4A_KSPLIT_NORM" if norm else "FUSEC_QGEMV_DP4A_KSPLIT")) \
-            if m == 1 and not wide else 1
+            if m == 1 and split else 1
         if ks > 1:
             kk = -(-(k // 32) // ks) * 32
             split = min((r for r in (1, 2, 4, 8) if r <= _dp4a_split_rows(fmt) and (r >= 2 or not glu)),
