@@ -751,8 +751,8 @@ def _c_macro(source: str, name: str, scope: dict) -> object:
 @pytest.mark.parametrize("m,k,ks,norm", [(1, 11008, 4, False), (1, 4096, 2, True), (2, 2048, 4, False),
                                          (3, 5120, 4, True), (1, 2080, 4, False)])
 def test_dp4a_k_split_slices_cover_each_row_of_x_once(m, k, ks, norm):
-    """The split's index macros as the template renders them (NCHS, NPC, XP, QD_POFF, QD_PIN; c_lo = rank * NCHS,
-    c_hi = min(chunks, c_lo + NCHS)), evaluated for every thread and rank of a cluster: the pieces a block writes the
+    """The split's index macros as the template renders them (NCHS, NPC, XP, QD_POFF, QD_XOFF, QD_PIN; c_lo = rank *
+    NCHS, c_hi = min(chunks, c_lo + NCHS)), evaluated for every thread and rank of a cluster: the pieces a block writes the
     digits of are its slice's chunks, each quarter once, read at x's offset m K + 32 c + 8 q, and the ranks' slices
     tile every row (K not a multiple of the slices: 11,008 = 4 x 86 chunks, 2080 = 65 chunks over 4)."""
     spec = QGemvSpec(m, 64, k, "q4_0", 32, DType.BF16, DType.F16, dp4a=True, rows=2, chunks=4, ksplit=ks, norm=norm)
@@ -767,7 +767,8 @@ def test_dp4a_k_split_slices_cover_each_row_of_x_once(m, k, ks, norm):
         c_lo = rank * scope["NCHS"]
         c_hi = min(nch, c_lo + scope["NCHS"])
         local = {**scope, "c_lo": c_lo, "c_hi": c_hi}
-        poff, pin = _c_macro(src, "QD_POFF", local), _c_macro(src, "QD_PIN", local)
+        xoff, pin = _c_macro(src, "QD_XOFF", {**local, "QD_POFF": _c_macro(src, "QD_POFF", local)}), \
+            _c_macro(src, "QD_PIN", local)
         for tid in range(32 * spec.warps):
             for j in range(xp):
                 pc = tid + 32 * spec.warps * j
@@ -775,7 +776,7 @@ def test_dp4a_k_split_slices_cover_each_row_of_x_once(m, k, ks, norm):
                     continue
                 row, c, q = pc // (scope["NCHS"] * 4), c_lo + ((pc % (scope["NCHS"] * 4)) >> 2), pc & 3
                 assert c_lo <= c < c_hi and row < m, (rank, pc)
-                assert row * k + poff(pc) == row * k + 32 * c + 8 * q, (rank, pc)
+                assert xoff(pc) == row * k + 32 * c + 8 * q, (rank, pc)
                 seen[(row, c, q)] = seen.get((row, c, q), 0) + 1
     assert seen == {(row, c, q): 1 for row in range(m) for c in range(nch) for q in range(4)}
 
