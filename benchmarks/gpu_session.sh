@@ -11,10 +11,8 @@
 #             roofline and gpt-fast's int4 form compiled in torch, in turns (benchmarks/int4_7b.py, ~7 minutes; $INT4_AB:
 #             its --ab variants)
 #   gcl       clusters of 2 for the gated product with the norm at one row: dp4a GPU tests, 7B int4 and Llama-1B Q4_K_M
-#   w17       one block of 17 warps where that makes fewer rounds (FUSEC_QGEMV_DP4A_WARPS=auto, built without a device in the
-#             thirty-eighth session): its GPU bits test, the 7B int4 step against the default, the dp4a, packed and generation GPU tests under it
-#   ks        blocks of a cluster splitting K (FUSEC_QGEMV_DP4A_KSPLIT, _KSPLIT_NORM; built without a device in the
-#             thirty-eighth session): its GPU tests, the 7B int4 and Llama-1B Q4_K_M steps against the rule
+#   kvs       the decode attention's split count (FUSEC_KV_MAX_SPLITS 1, 2, 3 against the rule's 6 at the 7B int4 step's 32
+#             kv heads; 1, 2, 4 at Llama-1B Q4_K_M and Qwen3-0.6B): where its merges' fixed cost goes
 #   kvab      the decode attention's merge knobs (clusters off, split keys 128 and 32) on Llama-1B Q4_K_M and Qwen3-0.6B
 #   c1        clusters of 2 for the one-row dp4a products without the norm: their GPU tests, the 7B int4 step and the
 #             Q4_K_M decode steps (Llama-1B, 7B; batch 1) against FUSEC_QGEMV_DP4A_CLUSTER=1
@@ -273,6 +271,17 @@ prefill_ab() {
   # shellcheck disable=SC2086
   timeout 120 python3 benchmarks/prefill_step.py "$R/prefill_l" --model llama-1b --prompt 32 $PREFILL_AB > "$R/prefill_l.txt" 2>&1
   tail -n 24 "$R/prefill_l.txt" | cut -c 1-3000
+}
+# kv_short NAME --ab ...: the Llama-1B Q4_K_M (context 32) and Qwen3-0.6B (128) decode steps at batch 1, the variants in
+# turns (the decode attention's knobs at short contexts)
+kv_short() {
+  local name=$1 m mname ctx
+  shift
+  for m in llama-1b-q4_k_m:32 qwen3-0.6b:128; do IFS=: read -r mname ctx <<< "$m"
+    timeout 110 python3 benchmarks/decode_step.py "$R/${name}_$mname" --model "$mname" --batches 1 --context "$ctx" \
+      --windows 3 "$@" > "$R/${name}_$mname.txt" 2>&1
+    echo "$mname"; grep -E "^\| (batch|[0-9]+) \|" "$R/${name}_$mname.txt" | cut -c 1-900
+  done
 }
 attn_ab() {
   # the attention alone (attn_bench.py) at each "SHAPE [options]" argument, two rounds; where benchmarks/ab_prev holds
@@ -670,33 +679,12 @@ for step in "$@"; do
         timeout 100 python3 benchmarks/decode_step.py "$R/gcl_q4km" --model llama-1b-q4_k_m --batches 1 --context 32 \
           --windows 3 --ab FUSEC_QGEMV_DP4A_CLUSTER=gated > "$R/gcl_q4km.txt" 2>&1
         grep -E "^\| [0-9]+ \|" "$R/gcl_q4km.txt" | cut -c 1-1500 ;;
-    w17) # one block of 17 warps an SM where that makes a warp's rounds fewer (the 7B int4 gate/up: 5, not 6)
-        timeout 120 $PT -n 12 tests/test_quant_gpu.py -k "17_warps" > "$R/t_w17.txt" 2>&1
-        grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_w17.txt" | tail -n 12
-        timeout 320 python3 benchmarks/int4_7b.py "$R/int4_7b" --ab FUSEC_QGEMV_DP4A_WARPS=auto > "$R/int4_7b.txt" 2>&1
-        grep -E "step_ms_median|pct_roofline|same_tokens|error|Error" "$R/int4_7b.txt" | head -n 12
-        FUSEC_QGEMV_DP4A_WARPS=auto timeout 200 $PT -n 12 tests/test_quant_gpu.py -k "dp4a or packed or token or generation" \
-          > "$R/t_quant.txt" 2>&1
-        grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_quant.txt" | tail -n 12 ;;
-    ks) # blocks of a cluster splitting K for the one-row dp4a products (FUSEC_QGEMV_DP4A_KSPLIT without the norm,
-        # _KSPLIT_NORM with it; built in the thirty-eighth session without a device): its GPU tests, then the 7B int4
-        # step and the Llama-1B Q4_K_M one, in turns against the rule
-        timeout 90 $PT -n 12 tests/test_quant_gpu.py -k "k_split" > "$R/t_ks.txt" 2>&1
-        grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_ks.txt" | tail -n 12
-        timeout 330 python3 benchmarks/int4_7b.py "$R/int4_7b_ks" --ab FUSEC_QGEMV_DP4A_KSPLIT=4 \
-          --ab FUSEC_QGEMV_DP4A_KSPLIT=4+FUSEC_QGEMV_DP4A_KSPLIT_NORM=2 > "$R/int4_7b_ks.txt" 2>&1
-        grep -E "step_ms_median|pct_roofline|same_tokens|error|Error" "$R/int4_7b_ks.txt" | head -n 16
-        timeout 110 python3 benchmarks/decode_step.py "$R/ks_q4km" --model llama-1b-q4_k_m --batches 1 --context 32 \
-          --windows 3 --ab FUSEC_QGEMV_DP4A_KSPLIT=4 --ab FUSEC_QGEMV_DP4A_KSPLIT=2 \
-          --ab FUSEC_QGEMV_DP4A_KSPLIT=4+FUSEC_QGEMV_DP4A_KSPLIT_NORM=4 > "$R/ks_q4km.txt" 2>&1
-        grep -E "^\| [0-9]+ \|" "$R/ks_q4km.txt" | cut -c 1-1500 ;;
+    kvs) timeout 360 python3 benchmarks/int4_7b.py "$R/int4_7b_kvs" --ab FUSEC_KV_MAX_SPLITS=1 --ab FUSEC_KV_MAX_SPLITS=2 \
+          --ab FUSEC_KV_MAX_SPLITS=3 > "$R/int4_7b_kvs.txt" 2>&1
+        grep -E "step_ms_median|pct_roofline|same_tokens|error|Error" "$R/int4_7b_kvs.txt" | head -n 16
+        kv_short kvs --ab FUSEC_KV_MAX_SPLITS=1 --ab FUSEC_KV_MAX_SPLITS=2 --ab FUSEC_KV_MAX_SPLITS=4 ;;
     kvab) # the decode attention's merge knobs on the Llama-1B Q4_K_M (context 32) and Qwen3-0.6B (128) steps at batch 1
-        for m in llama-1b-q4_k_m:32 qwen3-0.6b:128; do IFS=: read -r name ctx <<< "$m"
-          timeout 110 python3 benchmarks/decode_step.py "$R/kvab_$name" --model "$name" --batches 1 --context "$ctx" \
-            --windows 3 --ab FUSEC_KV_CLUSTER=0 --ab FUSEC_KV_SPLIT_KEYS=128 --ab FUSEC_KV_SPLIT_KEYS=32 \
-            > "$R/kvab_$name.txt" 2>&1
-          echo "$name"; grep -E "^\| (batch|[0-9]+) \|" "$R/kvab_$name.txt" | cut -c 1-900
-        done ;;
+        kv_short kvab --ab FUSEC_KV_CLUSTER=0 --ab FUSEC_KV_SPLIT_KEYS=128 --ab FUSEC_KV_SPLIT_KEYS=32 ;;
     c1) timeout 90 $PT -n 8 tests/test_quant_gpu.py -k "cluster" > "$R/t_c1.txt" 2>&1
         grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_c1.txt" | tail -n 12
         timeout 300 python3 benchmarks/int4_7b.py "$R/int4_7b" --ab FUSEC_QGEMV_DP4A_CLUSTER=1 > "$R/int4_7b.txt" 2>&1

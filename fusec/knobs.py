@@ -100,21 +100,6 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "over its weight rows at one row of x (8: two weight rows a task below K = 8192; 4: half the bytes in flight, "
          "7% slower at the 7B Q4_K_M shape on an H200; the A/B of benchmarks/decode_step.py --ab "
          "FUSEC_QGEMV_DP4A_CHUNKS=4)", ("4", "8")),
-    Knob("FUSEC_QGEMV_DP4A_WARPS", "choice", "16", "the dp4a quantized GEMV's warps an SM at one row of x: 16, two "
-         "blocks of 8 (the rule as measured); auto: one block of 17 where that makes a warp's rounds of loads fewer, "
-         "for 4-bit codes that fit its 96 registers (fusec.lower.quant.gemv_form; the 7B int4 gate/up: 5 rounds, not "
-         "6); built without a GPU, not yet measured (the A/B of benchmarks/int4_7b.py --ab FUSEC_QGEMV_DP4A_WARPS=auto)",
-         ("16", "auto")),
-    Knob("FUSEC_QGEMV_DP4A_KSPLIT", "choice", "1", "the dp4a quantized GEMV at one row of x without the norm prologue "
-         "(the o and down products) on sm_90: 2 or 4 blocks of a cluster split K, each writing the digits of its slice "
-         "of x alone, one rank a task adding the slices' sums in rank order, in place of clusters of 2 that share the "
-         "writing of all of x's digits, where a warp then makes no more round trips (fusec.lower.quant.gemv_form); "
-         "1: no split, as measured; built without a device, not yet measured (the A/B of benchmarks/int4_7b.py --ab "
-         "FUSEC_QGEMV_DP4A_KSPLIT=4)", ("1", "2", "4")),
-    Knob("FUSEC_QGEMV_DP4A_KSPLIT_NORM", "choice", "1", "as FUSEC_QGEMV_DP4A_KSPLIT, for the one-row dp4a products with "
-         "the norm prologue (qkv, gate/up, LM head; not a launch of packed siblings): each block of the cluster sums "
-         "the squares of whole rows and writes its slice's digits; built without a device, not yet measured (the A/B "
-         "of benchmarks/int4_7b.py --ab FUSEC_QGEMV_DP4A_KSPLIT_NORM=4)", ("1", "2", "4")),
     Knob("FUSEC_QGEMV_DP4A_FILL", "bool", True, "the dp4a quantized GEMV at one row of x gives products with short "
          "weight rows (a lane takes at most K / 1024 of a row's chunks a round) 4 rows a task, two gated pairs, so a "
          "round still loads 8 chunks a lane, where every warp still gets a task (Llama-1B's gate/up and LM head: "
@@ -170,6 +155,11 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "batch 1, contexts 16-116 in a 4,240-row cache: 0.613 ms a step against 0.646 split (H200); contexts past it "
          "run as before (the A/B: benchmarks/decode_step.py --context 16 --steps 100 --cache 4240 --ab "
          "FUSEC_KV_SOLO_KEYS=0)", bounds=(0, None)),
+    Knob("FUSEC_KV_MAX_SPLITS", "int", 0, "decode attention: at most this many splits of a head's keys (0: the "
+         "rule's; 1: one block a head, no merge). The rule's most splits won, in turns on an H200: the 7B int4 step "
+         "(32 kv heads, 176-row cache: 6 splits) 1.310 ms against 1.452 (1), 1.340 (2), 1.350 (3); Llama-1B Q4_K_M "
+         "0.449 against 0.484 (1), 0.469 (2), 0.452 (4); Qwen3-0.6B 0.552 against 0.777, 0.673, 0.559 (the A/B of "
+         "benchmarks/int4_7b.py or decode_step.py --ab FUSEC_KV_MAX_SPLITS=2)", bounds=(0, None)),
     Knob("FUSEC_KV_SPLIT_KEYS", "int", 64, "decode attention: the fewest cache rows (of its capacity) a split may "
          "cover where the batch's heads alone fill a quarter of the SMs (32: the A/B of decode_step.py --ab "
          "FUSEC_KV_SPLIT_KEYS=32, as before)", bounds=(1, None)),

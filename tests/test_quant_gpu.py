@@ -119,16 +119,6 @@ def test_qgemv_norm_prologue_and_gated_epilogue(fmt, m):
         assert rel_err(host(out, dt), ref) <= TOL[dt], (fmt, m, dt, "norm")
 
 
-def _gated_ref(xh: np.ndarray, w: np.ndarray, f: int, swap: bool, dt: DType) -> np.ndarray:
-    """The gated unit over the product of x's digits xh and w [2F, K] (``swap``: the second half activated), rounded
-    to ``dt`` where the kernel stores."""
-    rd = lambda a: a.astype(dt.np).astype(np.float32)  # noqa: E731
-    y = rd(xh @ w.T)
-    first, second = (y[:, f:], y[:, :f]) if swap else (y[:, :f], y[:, f:])
-    with np.errstate(over="ignore"):
-        return rd(rd(first / (1 + np.exp(-first))) * second)
-
-
 @pytest.mark.parametrize("fmt", list(quant.FORMATS))
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 8])
 @pytest.mark.parametrize("blocks", [2, 1])
@@ -164,7 +154,10 @@ def test_dp4a_qgemv_matches_reference(fmt, m, blocks):
         g = (RNG.random(k) * 0.1 - 0.95).astype(np.float32).astype(dt.np)
         xh = quant.dp4a_blocks(_norm_ref(x, g, 1e-5, 1.0, dt))
         for swap in (False, True):
-            ref = _gated_ref(xh, w, f, swap, dt)
+            y = rd(xh @ w.T)
+            first, second = (y[:, f:], y[:, :f]) if swap else (y[:, :f], y[:, f:])
+            with np.errstate(over="ignore"):
+                ref = rd(rd(first / (1 + np.exp(-first))) * second)
             out = poisoned((m, f), dt)
             spec = QGemvSpec(m, 2 * f, k, fmt, qw.group, dt, qw.scale_dtype, dp4a=True, norm=True, eps=1e-5, blocks=blocks,
                              weight_offset=1.0, glu="silu", glu_swap=swap)
@@ -258,47 +251,6 @@ def test_dp4a_four_rows_a_task_equal_two(fmt):
     _dp4a_bits_alike(fmt, 1, 2 * 1501, 4096, rows, glu="silu", chunks=8)
     _dp4a_bits_alike(fmt, 1, 30003, 2048, rows, norm=True, chunks=8)
     _dp4a_bits_alike(fmt, 1, 4101, 4096, rows, Epilogue(True, "silu", True), chunks=8)
-
-
-@pytest.mark.parametrize("fmt", ["uint4", "int4", "q4_0", "q4_1"])
-def test_dp4a_one_block_of_17_warps_gives_the_same_bits(fmt):
-    """One block of 17 warps an SM (``gemv_form`` where that makes fewer rounds) gives each output to another warp,
-    which sums it in the same order as two blocks of 8 do: the same bits. Tasks past the grid's warps (a partial last
-    round), the norm and a gated unit, bias + SiLU + residual in a cluster of 2, argmax-free plain rows."""
-    w17 = [{"warps": 8, "blocks": 2}, {"warps": 17, "blocks": 1}]
-    _dp4a_bits_alike(fmt, 1, 2 * 11008, 4096, w17, norm=True, glu="silu", rows=2, chunks=8)
-    _dp4a_bits_alike(fmt, 1, 4101, 2048, w17, Epilogue(True, "silu", True), rows=2, chunks=8, cluster=2)
-    _dp4a_bits_alike(fmt, 1, 30003, 2048, w17, norm=True, rows=4, chunks=8)
-
-
-@pytest.mark.parametrize("fmt", list(quant.FORMATS))
-@pytest.mark.parametrize("ksplit", [2, 4])
-def test_dp4a_k_split_over_a_cluster_matches_reference(fmt, ksplit):
-    """Blocks of a cluster splitting K (``ksplit``, FUSEC_QGEMV_DP4A_KSPLIT; sm_90, else each block sums whole rows):
-    each writes its slice's digits and sums its slice; a warp's i-th task's combining rank (i % ksplit) adds the slices
-    in rank order and runs the epilogue.
-    Against numpy over quant.dp4a_blocks(x): K not a multiple of the slices' rounds (11,008: slices of 86 or 172
-    chunks), an odd N with tasks past the clusters' warps (several tasks a warp, combined by different ranks), 1-3 rows of x,
-    bias + SiLU + residual; and two runs give the same bits (the slices are added in a fixed order)."""
-    dt = BF16
-    rd = lambda a: a.astype(dt.np).astype(np.float32)  # noqa: E731
-    for m, n, k in ((1, 4501, 2048), (1, 4096, 11008), (2, 1003, 4096), (3, 83, 5120)):
-        qw = sample_weight(fmt, n, k, RNG)
-        w = qw.dequantize().astype(np.float32)
-        x = RNG.standard_normal((m, k)).astype(np.float32).astype(dt.np)
-        bias = RNG.standard_normal(n).astype(np.float32).astype(dt.np)
-        res = RNG.standard_normal((m, n)).astype(np.float32).astype(dt.np)
-        spec = QGemvSpec(m, n, k, fmt, qw.group, dt, qw.scale_dtype, Epilogue(True, "silu", True), dp4a=True,
-                         rows=2 if k >= 8192 else 1, chunks=8 if m == 1 else 4, ksplit=ksplit)
-        y = rd(rd(quant.dp4a_blocks(x) @ w.T) + bias.astype(np.float32))
-        ref = rd(y / (1 + np.exp(-y))) + res.astype(np.float32)
-        outs = []
-        for _ in range(2):
-            out = poisoned((m, n), dt)
-            _run(spec, [dev(x), *[dev(a) for a in qw.arrays], dev(bias), dev(res), out])
-            outs.append(host(out, dt))
-        assert rel_err(outs[0], ref) <= TOL[dt], (fmt, m, n, k, ksplit)
-        assert np.array_equal(outs[0].view(np.uint16), outs[1].view(np.uint16)), (fmt, m, n, k, ksplit)
 
 
 @pytest.mark.parametrize("fmt", ["q8_0", "int8"])
@@ -667,72 +619,6 @@ def test_dp4a_argmax_partials_sample_as_the_logits_do(fmt, m):
         _run(SampleSpec(m, n, dt), [logits, seed, counter, temperature, top_k, top_p, want])
         assert cp.asnumpy(got).tolist() == cp.asnumpy(want).tolist(), (fmt, m, n)
         assert int(want[0]) == int(np.argmax(host(logits, dt)[0].astype(np.float32)))
-
-
-@pytest.mark.parametrize("fmt", list(quant.FORMATS))
-@pytest.mark.parametrize("ksplit,rows", [(2, 4), (4, 8)])
-def test_dp4a_k_split_with_the_norm_and_a_gated_unit_matches_reference(fmt, ksplit, rows):
-    """A split of K with the norm prologue (every block of the cluster sums the squares of whole rows, writes its
-    slice's digits) and a gated unit after the slices are added (both orders), 4 and 8 weight rows a task (two and
-    four gated pairs; F not a multiple of them); and the norm alone over 8 rows a task (the 1B qkv's and LM head's
-    shape of task). Against numpy over quant.dp4a_blocks of the normalized x."""
-    dt = BF16
-    rd = lambda a: a.astype(dt.np).astype(np.float32)  # noqa: E731
-    f, k = 1501, 4096
-    qw = sample_weight(fmt, 2 * f, k, RNG)
-    w = qw.dequantize().astype(np.float32)
-    x = RNG.standard_normal((1, k)).astype(np.float32).astype(dt.np)
-    g = (RNG.random(k) * 0.1 - 0.95).astype(np.float32).astype(dt.np)
-    xh = quant.dp4a_blocks(_norm_ref(x, g, 1e-5, 1.0, dt))
-    for swap in (False, True):
-        ref = _gated_ref(xh, w, f, swap, dt)
-        out = poisoned((1, f), dt)
-        spec = QGemvSpec(1, 2 * f, k, fmt, qw.group, dt, qw.scale_dtype, dp4a=True, norm=True, eps=1e-5, chunks=8,
-                         weight_offset=1.0, glu="silu", glu_swap=swap, rows=rows, ksplit=ksplit, norm_early=True)
-        _run(spec, [dev(x), *[dev(a) for a in qw.arrays], dev(g), out])
-        assert rel_err(host(out, dt), ref) <= TOL[dt], (fmt, ksplit, rows, swap)
-    qw = sample_weight(fmt, 3001, k, RNG)
-    ref = rd(xh @ qw.dequantize().astype(np.float32).T)
-    out = poisoned((1, 3001), dt)
-    spec = QGemvSpec(1, 3001, k, fmt, qw.group, dt, qw.scale_dtype, dp4a=True, norm=True, eps=1e-5, chunks=8,
-                     weight_offset=1.0, rows=rows, ksplit=ksplit)
-    _run(spec, [dev(x), *[dev(a) for a in qw.arrays], dev(g), out])
-    assert rel_err(host(out, dt), ref) <= TOL[dt], (fmt, ksplit, rows, "norm")
-
-
-@pytest.mark.parametrize("fmt", ["q6_k", "uint4"])
-@pytest.mark.parametrize("m", [1, 2])
-def test_dp4a_k_split_argmax_partials_sample_as_the_logits_do(fmt, m):
-    """With blocks of a cluster splitting K (``ksplit``), each rank's warps keep the argmax partials of the outputs
-    they store (a warp's i-th task is combined and stored by rank i % ksplit): the logits are the same kernel's
-    without partials bit for bit, and the sampler merging the partials draws what the sampler reading the logits
-    draws (greedy and sampled rows), with warps taking several tasks each."""
-    import cupy as cp
-
-    from fusec.codegen.specs_decode import SampleSpec
-
-    dt, n, k = BF16, 9001, 4096
-    qw = sample_weight(fmt, n, k, RNG)
-    x = dev(RNG.standard_normal((m, k)).astype(np.float32).astype(dt.np))
-    w = [dev(a) for a in qw.arrays]
-    plain = QGemvSpec(m, n, k, fmt, qw.group, dt, qw.scale_dtype, dp4a=True, rows=2, chunks=8 if m == 1 else 4,
-                      ksplit=4)
-    spec = dataclasses.replace(plain, argmax=True)
-    assert spec.kp_tasks > 1, spec.kp_tasks
-    want_logits = poisoned((m, n), dt)
-    _run(plain, [x, *w, want_logits])
-    temperature = dev(np.array([0.0, 0.8][:m], np.float32))
-    seed, counter = dev(np.arange(7, 7 + m, dtype=np.int64)), dev(np.arange(100, 100 + m, dtype=np.int64))
-    top_k, top_p = dev(np.zeros(m, np.int64)), dev(np.ones(m, np.float32))
-    logits = poisoned((m, n), dt)
-    part = cp.full((spec.part_floats,), np.nan, np.float32)
-    _run(spec, [x, *w, logits, seed, counter, temperature, part])
-    assert np.array_equal(host(logits, dt).view(np.uint16), host(want_logits, dt).view(np.uint16)), (fmt, m)
-    assert not np.isnan(cp.asnumpy(part)[0::2]).any()  # every warp wrote its pair
-    got, want = cp.zeros(m, np.int64), cp.full(m, -1, np.int64)
-    _run(SampleSpec(m, n, dt, chunks=spec.parts), [logits, seed, counter, temperature, top_k, top_p, part, got])
-    _run(SampleSpec(m, n, dt), [logits, seed, counter, temperature, top_k, top_p, want])
-    assert cp.asnumpy(got).tolist() == cp.asnumpy(want).tolist(), (fmt, m)
 
 
 def test_packed_generation_samples_the_same_with_the_heads_partials():

@@ -149,7 +149,8 @@ def kv_form(B: int, Hq: int, Hkv: int, S_: int, T: int, D: int, dtype: DType, po
                              cluster=bool(knobs.get("FUSEC_KV_CLUSTER")) and clusters,
                              cluster_levels=int(knobs.get("FUSEC_KV_CLUSTER_LEVELS")),
                              solo_keys=knobs.get("FUSEC_KV_SOLO_KEYS"), split_keys=knobs.get("FUSEC_KV_SPLIT_KEYS"),
-                             unroll=int(knobs.get("FUSEC_KV_UNROLL")))
+                             unroll=int(knobs.get("FUSEC_KV_UNROLL")),
+                             max_splits=int(knobs.get("FUSEC_KV_MAX_SPLITS")) or KV_MAX_AUTO_SPLITS)
     trigger = knobs.get("FUSEC_KV_TRIGGER")
     return {"splits": spec.splits, "cluster": spec.cluster, "unroll": spec.unroll, "solo_keys": spec.solo_keys,
             "prefetch": prefetch} | ({"trigger": trigger} if trigger != "wait" else {})

@@ -77,8 +77,7 @@ def dp4a_unroll(k: int, rows: int, chunks: int) -> int:
 
 def _qgemv_dp4a(spec: QGemvSpec) -> Rendered:
     ctx = {**_row_ctx(spec), "W": spec.warps, "BPS": spec.blocks, "norm_early": spec.norm_early,
-           "bf16": spec.dtype == DType.BF16, "cluster": spec.cluster, "parts": spec.parts, "ksplit": spec.ksplit,
-           "kp_tasks": spec.kp_tasks if spec.ksplit > 1 else 1}
+           "bf16": spec.dtype == DType.BF16, "cluster": spec.cluster, "parts": spec.parts}
     if spec.argmax:
         ctx.update(seed_t=ctype(spec.seed_dtype), ctr_t=ctype(spec.counter_dtype))
     # the segments: the product, then each sibling (the same x, another weight and format), each in its own range of
@@ -90,8 +89,7 @@ def _qgemv_dp4a(spec: QGemvSpec) -> Rendered:
     segs, base = [], 0
     for i, ((n, fmt, group, sdt, rows, chunks), ntask, nb) in enumerate(zip(products, spec.segment_tasks,
                                                                              spec.segment_blocks)):
-        k_slice = cdiv(spec.K // 32, spec.ksplit) * 32  # a block's slice of K (all of it without the split)
-        segs.append({"i": i, "N": n, "R": rows, "U": dp4a_unroll(k_slice, rows, chunks), "ntask": ntask, "base": base,
+        segs.append({"i": i, "N": n, "R": rows, "U": dp4a_unroll(spec.K, rows, chunks), "ntask": ntask, "base": base,
                      "nb": nb, **_format_ctx(fmt, group, sdt)})
         base += nb
     ctx["segs"] = segs

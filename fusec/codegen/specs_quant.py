@@ -28,9 +28,6 @@ def dp4a_smem(m: int, k: int, norm: bool, warps: int = 8) -> int:
     return 2 * m * k + 12 * m * (k // 32) + (4 * warps * m if norm else 0)
 
 
-DP4A_LEAN_WARPS = 17  # the dp4a form's one block an SM (fusec.lower.quant.gemv_form): ptxas gives it 96 registers a thread
-
-
 def dp4a_fits(m: int, k: int, norm: bool, dtype: DType, warps: int = 8) -> bool:
     """Whether the dp4a form takes this product: fp16/bf16 x (its two 8-bit digits per value are an
     approximation that fp32 plans, compared with the reference token for token, do not take), at most
@@ -96,10 +93,7 @@ class QGemvSpec(_QProduct):
     a lane loads a round over its rows (2, 4 or 8); ``norm_early`` (the dp4a form with the norm): the norm's weights
     loaded before the PDL wait where x is one batch of a thread's pieces (else after it, beside x); ``cluster``: on
     sm_90, blocks a thread block cluster whose warps take turns writing x's digits, each into every block's shared
-    memory (1: every block writes all of them; elsewhere always 1); ``ksplit``: on sm_90, blocks a cluster that split K
-    instead (the dp4a form without siblings): each writes its slice's digits (the norm's sums of squares over whole rows)
-    and sums its slice of the cluster's tasks; a warp's i-th task is combined by rank i % ksplit, which adds the
-    slices in rank order and runs the epilogue, argmax partials too (elsewhere 1); fold unused).
+    memory (1: every block writes all of them; elsewhere always 1); fold unused).
     FMA and dp4a forms: ``norm``, x RMS-normalized over K first as ``Op.RMSNORM`` computes it (weight ``g``
     [K], ``eps``, ``weight_offset``; the FMA form normalizes x once into shared memory, M * K elements of
     at most ``QNORM_SMEM`` bytes, the dp4a form as it writes x's digits); ``glu``, a gated unit over the two halves of the product (as
@@ -122,7 +116,6 @@ class QGemvSpec(_QProduct):
     chunks: int = 4
     norm_early: bool = False
     cluster: int = 1
-    ksplit: int = 1
     norm: bool = False
     eps: float = 1e-6
     weight_offset: float = 0.0
@@ -150,21 +143,15 @@ class QGemvSpec(_QProduct):
         one wave, the wave shared in proportion to their weight bytes (at least one block each)."""
         from fusec.quant import FORMATS
 
-        need = [-(-t // self.warps) * self.ksplit for t in self.segment_tasks]
+        need = [-(-t // self.warps) for t in self.segment_tasks]
         wave = self.blocks * SMS
         if not self.siblings:
-            grp = self.cluster * self.ksplit  # whole clusters (one of the two is 1)
-            return (max(grp, min(need[0], wave) // grp * grp),)
+            return (max(self.cluster, min(need[0], wave) // self.cluster * self.cluster),)
         if sum(need) <= wave:
             return tuple(need)
         fmts = [(self.N, self.fmt, self.group)] + [(s.N, s.fmt, s.group) for s in self.siblings]
         nbytes = [n * FORMATS[f].bits_per_weight(g) for n, f, g in fmts]
         return tuple(max(1, min(nd, int(wave * b / sum(nbytes)))) for nd, b in zip(need, nbytes))
-
-    @property
-    def kp_tasks(self) -> int:
-        """``ksplit``: the most tasks a warp of a cluster takes (the combining blocks' sums of the slices hold them)."""
-        return -(-self.segment_tasks[0] // (self.segment_blocks[0] // self.ksplit * self.warps))
 
     @property
     def grid(self) -> int:
@@ -184,8 +171,7 @@ class QGemvSpec(_QProduct):
         _pos(("M", self.M), ("N", self.N), ("K", self.K), ("group", self.group))
         _req(self.M <= QGEMV_MAX_M, f"the quantized gemv handles M <= {QGEMV_MAX_M}")
         _req(self.dtype in FLOATS, "the quantized gemv is float")
-        _req(self.rows in (1, 2, 4) or (self.rows == 8 and self.ksplit > 1),
-             "rows per warp must be 1, 2 or 4 (8: the dp4a form splitting K, whose slices are short)")
+        _req(self.rows in (1, 2, 4), "rows per warp must be 1, 2 or 4")
         _check_format(self.fmt, self.N, self.K, self.group, self.scale_dtype)
         if self.tc:
             _req(tc_fits(self.M, self.fmt, self.dtype), "the tensor-core quantized gemv takes 4- to 8-bit "
@@ -195,8 +181,7 @@ class QGemvSpec(_QProduct):
              "passes (1 to 4) are the tensor-core quantized gemv's runs of chunks a warp copies in turn")
         if self.dp4a:
             _req(not self.tc, "a quantized gemv has one form: tc or dp4a")
-            _req(self.warps == 8 or (self.warps == DP4A_LEAN_WARPS and self.blocks == 1),
-                 f"the dp4a quantized gemv has 8 warps a block, or {DP4A_LEAN_WARPS} in one block an SM")
+            _req(self.warps == 8, "the dp4a quantized gemv has 8 warps")
             _req(self.blocks in (1, 2, 3, 4) and self.blocks * self.warps <= 32,
                  "the dp4a quantized gemv runs 1 to 4 blocks an SM, at most 32 warps")
             _req(self.chunks in (2, 4, 8), "the dp4a quantized gemv's lanes load 2, 4 or 8 chunks a round")
@@ -204,13 +189,6 @@ class QGemvSpec(_QProduct):
                  f"M <= {DP4A_MAX_M}, and its shared memory (x's two digits) within {DP4A_SMEM} bytes")
         _req(self.cluster in (1, 2, 4) and (self.cluster == 1 or self.dp4a),
              "cluster (1, 2 or 4 blocks splitting the writing of x's digits) is the dp4a quantized gemv's")
-        _req(self.ksplit in (1, 2, 4) and (self.ksplit == 1 or (self.dp4a and self.cluster == 1 and not self.siblings)),
-             "ksplit (1, 2 or 4 blocks of a cluster splitting K) is the dp4a quantized gemv's, without clusters sharing "
-             "x's digits or siblings")
-        if self.ksplit > 1:
-            kp = self.kp_tasks * self.ksplit * self.warps * self.rows * self.M * 4
-            _req(dp4a_smem(self.M, self.K, self.norm, self.warps) + kp <= DP4A_SMEM,
-                 f"ksplit: x's digits and the sums of the slices ({kp} bytes) over {DP4A_SMEM} bytes")
         _req(not self.norm_early or (self.dp4a and self.norm),
              "norm_early is the dp4a quantized gemv's, with the norm prologue")
         if self.norm:
@@ -234,8 +212,8 @@ class QGemvSpec(_QProduct):
             _req(self.seed_dtype in (DType.I64, DType.I32) and self.counter_dtype in (DType.I64, DType.I32),
                  "the quantized gemv's sampler state: seed and counter are int32/int64")
         if self.glu:
-            _req(self.rows == 2 or (self.dp4a and self.rows in (4, 8)),
-                 "a gated quantized gemv needs 2 rows a warp (the dp4a form: 2, 4 or 8, one to four gated pairs)")
+            _req(self.rows == 2 or (self.dp4a and self.rows == 4),
+                 "a gated quantized gemv needs 2 rows a warp (the dp4a form: 2 or 4, one or two gated pairs)")
 
 
 def tc_fits(m: int, fmt: str, dtype: DType) -> bool:

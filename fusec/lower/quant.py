@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from fusec.codegen.specs_quant import DP4A_LEAN_WARPS
 from fusec.quant import FORMATS
 
 
@@ -151,10 +150,9 @@ def _tc_fits_smem(k: int, group: int, warps: int, fmt: str, passes: int = 1) -> 
 
 
 def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bool = False,
-              glu: bool = False, split: bool = True) -> dict[str, object]:
+              glu: bool = False) -> dict[str, object]:
     """The quantized GEMV's form at M = ``m`` for an [n, k] weight (QGemvSpec's fields); ``norm``,
-    ``glu``: the product takes an RMSNorm prologue, a gated epilogue; ``split`` False: whole rows of K a block (a
-    launch of packed siblings, which the dp4a form's split of K does not take).
+    ``glu``: the product takes an RMSNorm prologue, a gated epilogue.
 
     The dp4a form (``dp4a``) where it fits (``specs_quant.dp4a_fits``: fp16/bf16 x, M <= 8, x written
     in shared memory) up to 3 rows of x, and up to 8 where the tensor-core form does not take the product: x as
@@ -217,17 +215,12 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     round runs on the first blocks' SMs: the 7B gate/up's sixth round, 448 tasks, on 56 SMs at 8 warps each. Handing
     them out warp-major instead (a warp's first task warp * blocks + block) lost: the 7B int4 step 1.346 ms against
     1.306 (gate/up 16.45 us against 15.39), Llama-1B Q4_K_M 0.460 against 0.450 (H200, thirty-eighth session, the
-    same tokens); a partial round costs one round trip wherever it runs. So where one block of 17 warps an SM
-    makes a warp's rounds fewer than two blocks of 8 (the 7B gate/up: 11,008 tasks over 2,244 warps, 5 rounds, not 6),
-    at one row of x, FUSEC_QGEMV_DP4A_WARPS=auto takes it (``dp4a_lean``: its 96 registers a thread hold the form
-    without spills); built without a device (thirty-eighth session), so not the default until measured.
-    At one row without the norm (the o and down products), FUSEC_QGEMV_DP4A_KSPLIT=2 or 4 has the blocks of a cluster
-    split K instead of sharing the writing of x's digits: each writes its slice's digits alone and sums its slice of
-    the cluster's tasks, and one rank a task adds the slices in rank order before the epilogue (``QGemvSpec.ksplit``;
-    every block's x phase a quarter of the 7B down's 11,008 values at 4, and no distributed stores);
-    FUSEC_QGEMV_DP4A_KSPLIT_NORM does the same with the norm (each block sums the squares of whole rows), not in a
-    launch of packed siblings (``split`` False: kernel selection asks their forms over whole rows). Built without a
-    device (thirty-eighth session), not yet measured.
+    same tokens); a partial round costs one round trip wherever it runs. Fewer rounds by one block of 17 warps an SM
+    (96 registers a thread; the 7B gate/up 5 rounds, not 6) lost too: gate/up 17.15 us against 15.49, the step 1.357
+    ms against 1.309 (H200, thirty-ninth session): two blocks an SM overlap one block's x phase with the other's loads.
+    Blocks of a cluster splitting K (each block a slice of x's digits, partial sums combined over distributed shared
+    memory after a cluster barrier) lost more: the o product 7.47 us against 2.85, down 14.72 against 9.34 at a split
+    of 4 (the step 1.576 ms), Llama-1B Q4_K_M 0.455-0.521 ms against 0.450 at splits of 2-4 (same call).
     Every block writes all of x's digits. They are rounded by an add of 1.5 * 2^23, and a bf16 norm prologue's
     two roundings a value are done two values at a time (one F2FP, not two F2F): rintf and a float-to-int
     conversion were 4 conversions a value on a quarter-rate pipe (~2 us an SM in the down product, K = 8192, two
@@ -293,8 +286,7 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
         blocks = int(knobs.get("FUSEC_QGEMV_DP4A_BLOCKS")) or 2
         warps = blocks * 8 * SMS
 
-        def rounds(r: int, warps: int = warps, k: int = k) -> int:  # a warp's serial round trips: its tasks times a
-            # task's rounds (over rows of k)
+        def rounds(r: int) -> int:  # a warp's serial round trips: its tasks times a task's rounds of loads
             return -(-dp4a_tasks(n, r, glu) // warps) * -(-(k // 32) // (32 * dp4a_unroll(k, r, chunks)))
         # a lane takes at most K / 1024 of a row's chunks a round: short rows fill the round with 4 rows a task (two
         # gated pairs) where every warp still gets a task (not a gated unit beside the norm over 6-bit codes: 12 bytes
@@ -308,51 +300,13 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
         # (3: one task of 128 + 128 + 88)
         if knobs.get("FUSEC_QGEMV_DP4A_FILL") and not wide and rows == 1 and rounds(2) < rounds(1):
             rows = 2
-        # blocks of a cluster splitting K (one row of x, the knobs): over a block's slice, with a cluster's warps taking
-        # distinct tasks, the rows a task that make a warp's round trips fewest (then the fewer rows; up to 8, as a
-        # slice of 512 has one chunk a lane a row; 2 where more spill beside the split's sums), where they are then no
-        # more than over whole rows (the Q6_K LM head at K = 2048: 122 against 16)
-        ks = int(knobs.get("FUSEC_QGEMV_DP4A_KSPLIT_NORM" if norm else "FUSEC_QGEMV_DP4A_KSPLIT")) \
-            if m == 1 and split else 1
-        if ks > 1:
-            kk = -(-(k // 32) // ks) * 32
-            split = min((r for r in (1, 2, 4, 8) if r <= _dp4a_split_rows(fmt) and (r >= 2 or not glu)),
-                        key=lambda r: (rounds(r, warps // ks, kk), r))
-            if rounds(split, warps // ks, kk) <= rounds(rows):
-                rows = split
-            else:
-                ks = 1
-        per_block = 8
-        if (m == 1 and blocks == 2 and ks == 1 and knobs.get("FUSEC_QGEMV_DP4A_WARPS") == "auto"
-                and dp4a_lean(fmt, k, norm) and rounds(rows, DP4A_LEAN_WARPS * SMS) < rounds(rows)):
-            per_block, blocks = DP4A_LEAN_WARPS, 1
-        return {"rows": rows, "fold": False, "dp4a": True, "warps": per_block, "blocks": blocks, "chunks": chunks,
+        return {"rows": rows, "fold": False, "dp4a": True, "warps": 8, "blocks": blocks, "chunks": chunks,
                 "norm_early": norm and bool(knobs.get("FUSEC_QGEMV_DP4A_NORM_EARLY")),
-                **({"ksplit": ks} if ks > 1 else {}),
-                **({"cluster": cl} if ks == 1 and (cl := _dp4a_cluster(wide, m == 1 and not norm, glu)) > 1 else {})}
+                **({"cluster": cl} if (cl := _dp4a_cluster(wide, m == 1 and not norm, glu)) > 1 else {})}
     form: dict[str, object] = {"rows": 2 if m <= 8 else 1, "fold": m == 1}
     if tc:
         form.update(tc=True, warps=tc, **({"passes": passes} if passes > 1 else {}))
     return form
-
-
-def _dp4a_split_rows(fmt: str) -> int:
-    """The most weight rows a task of the dp4a form splitting K (``gemv_form``): 8, but 2 for super-blocks of 5- and
-    6-bit codes and 8-bit codes with a zero-point operand (uint8), which spilled at 8 rows (12-292 bytes; Q6_K 12 at 4
-    rows of the 7B down's slices), ptxas -v through NVRTC, sm_80 and sm_90, thirty-eighth session."""
-    f = FORMATS[fmt]
-    return 2 if (f.bits in (5, 6) and f.super_block) or (f.bits == 8 and f.zero is None) else 8
-
-
-def dp4a_lean(fmt: str, k: int, norm: bool) -> bool:
-    """Whether the dp4a form at one row of x fits 96 registers a thread (one block of 17 warps an SM, ``gemv_form``)
-    without spills, as ptxas -v through NVRTC found it (sm_80 and sm_90, K = 2048-11008, with and without the norm
-    prologue and a gated unit, thirty-eighth session): 4-bit codes with one scale a group, at K <= 4096, and longer
-    rows without the norm prologue (Q4_0's beside it spilled 144 bytes at 11,008) where the format has no zero point
-    or offset operand (uint4 and Q4_1 spilled 36-52 bytes at 8192 with a gated unit, Q4_1's down at 11,008 8).
-    Super-blocks' sub-scales (Q4_K 60-256 bytes), 5- to 8-bit codes spilled."""
-    f = FORMATS[fmt]
-    return f.bits == 4 and not f.super_block and (k <= 4096 or (not norm and f.zero is not None and f.offset == "none"))
 
 
 def dp4a_heavy(fmt: str, k: int, norm: bool) -> bool:

@@ -197,7 +197,7 @@ def plan_siblings(body: Graph) -> Plan:
             raise NoPlan("packed siblings multiply one x: the same K")
         if (why := qfits(m, a.n, k, x, mm, True, False, all(is_constant(body, v) for v in mm.inputs[1:]))) is not None:
             raise NoPlan(why)
-        form = Q.gemv_form(m, a.n, k, a.format, a.group, x.dtype, True, False, split=False)
+        form = Q.gemv_form(m, a.n, k, a.format, a.group, x.dtype, True, False)
         if not form.get("dp4a") or form.get("cluster", 1) != 1:
             raise NoPlan("packed siblings run in the dp4a form without clusters")
         forms.append(form)
