@@ -62,7 +62,11 @@ Numbers:
   prefix length out of N (min and mean over rows; bf16 on random weights can diverge after a
   few tokens where two logits nearly tie). Batch-1 context 128 also compares the first step's
   logits (last prompt position): torch vs HF in bf16, and both vs HF in fp32 (the checkpoint
-  upcast); fusec exposes tokens only, so its first token is compared with the fp32 argmax.
+  upcast); fusec exposes tokens only, so its first token is compared with the fp32 argmax. Where
+  fusec's and torch's rows part (up to 8 rows), the first differing step of each: the fp32
+  reference's and the bf16 HF model's logits after the prompt and the tokens both chose, and
+  whether the two choices are the fp32 top two with a gap no larger than bf16's own logit error
+  there (a near-tie within bf16 rounding; ``decode_report.first_divergences``).
 
 fusec's driver counters (CUPTI) attach to the whole process and make every CUDA API call a
 little slower, peers included; so they are off (FUSEC_CUPTI=0) while anything is timed, and a
@@ -271,7 +275,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     help="compile fusec plans in this process, each when its workload starts (default: a helper "
                          "process compiles them all ahead, in workload order, while this one works)")
     ap.add_argument("--compile-worker", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--no-fp32-check", action="store_true", help="skip the fp32 logits reference")
+    ap.add_argument("--no-fp32-check", action="store_true", help="skip the fp32 logits reference (batch 1: the "
+                    "first token against its argmax; rows where fusec and torch diverge: whether their first "
+                    "differing tokens are a near-tie within bf16 rounding)")
     ap.add_argument("--no-counters", action="store_true", help="skip the CUPTI counters pass")
     ap.add_argument("--cpu-check", action="store_true",
                     help="tiny Qwen3 on the CPU in fp32, fusec's numpy reference backend: checks the plumbing")

@@ -3,6 +3,7 @@ between engines (greedy tokens, first-step logits) and the table printed at the 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -16,6 +17,41 @@ def common_prefix(a: list[int], b: list[int]) -> int:
             break
         n += 1
     return n
+
+
+MAX_DIVERGENT_ROWS = 8  # rows a pair of engines diverged on whose first differing step is examined
+
+
+def bf16_spacing(x: float) -> float:
+    """The distance between adjacent bf16 values at |x| (8 significant bits)."""
+    return float(2.0 ** (np.floor(np.log2(max(abs(x), 2.0 ** -126))) - 7))
+
+
+def first_divergences(prompt: np.ndarray, a: list[list[int]], b: list[list[int]],
+                      logits_at: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]) -> list[dict[str, Any]]:
+    """For each row where two engines' greedy tokens ``a`` and ``b`` differ (at most ``MAX_DIVERGENT_ROWS``), the
+    first differing step k: ``logits_at(ids)`` gives the fp32 reference's and a bf16 model's logits [V] after the row's
+    prompt and the k tokens both engines chose. Whether the two choices are a near-tie within bf16 rounding: the fp32
+    gap between them is at most what bf16 already errs by at that position (the bf16 model's largest logit error over
+    the vocabulary), and the two tokens are the fp32 reference's top two."""
+    out: list[dict[str, Any]] = []
+    for row, (ta, tb) in enumerate(zip(a, b)):
+        k = common_prefix(ta, tb)
+        if k >= min(len(ta), len(tb)):
+            continue
+        ids = np.concatenate([np.asarray(prompt[row], dtype=np.int64), np.asarray(ta[:k], dtype=np.int64)])
+        l32, l16 = (np.asarray(x, dtype=np.float64) for x in logits_at(ids))
+        x, y = int(ta[k]), int(tb[k])
+        gap = float(l32[x] - l32[y])
+        err = float(np.abs(l16 - l32).max())
+        ranks = [int((l32 > l32[t]).sum()) for t in (x, y)]
+        out.append({"row": row, "step": k, "tokens": [x, y], "fp32_logits": [float(l32[x]), float(l32[y])],
+                    "fp32_gap": gap, "fp32_ranks": ranks, "bf16_max_abs_error": err,
+                    "bf16_spacing": bf16_spacing(max(abs(l32[x]), abs(l32[y]))),
+                    "within_bf16_rounding": abs(gap) <= err and sorted(ranks) == [0, 1]})
+        if len(out) == MAX_DIVERGENT_ROWS:
+            break
+    return out
 
 
 def agreement(ctx: Ctx, batch: int, context: int, prompt: np.ndarray, eng: dict[str, dict[str, Any]],
@@ -56,7 +92,28 @@ def agreement(ctx: Ctx, batch: int, context: int, prompt: np.ndarray, eng: dict[
             firsts = {k: [t[0] for t in eng[k]["tokens"]] for k in names}
             out["first_token"] = firsts
             out["first_token_equals_fp32_argmax"] = {k: v == r.argmax(-1).tolist() for k, v in firsts.items()}
+    pair = out.get("fusec~torch")
+    if pair and pair["common_prefix_min"] < ctx.new_tokens and same_prompt and ctx.ckpt \
+            and not ctx.args.no_fp32_check:
+        out["fusec~torch"]["first_divergence"] = _divergences(ctx, prompt, eng["fusec"]["tokens"], eng["torch"]["tokens"])
     return out
+
+
+def _divergences(ctx: Ctx, prompt: np.ndarray, a: list[list[int]], b: list[list[int]]) -> dict[str, Any]:
+    """``first_divergences`` with the checkpoint in fp32 as the reference and the bf16 HF model beside it."""
+    torch = ctx.torch
+    import transformers as T
+
+    ref = T.Qwen3ForCausalLM.from_pretrained(ctx.ckpt).float().to(ctx.dev).eval()
+
+    def logits_at(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        x = torch.from_numpy(ids[None]).to(ctx.dev)
+        with torch.no_grad():
+            return tuple(m(input_ids=x, logits_to_keep=1, use_cache=False).logits[0, -1].float().cpu().numpy()
+                         for m in (ref, ctx.hf))
+
+    rows = first_divergences(prompt, a, b, logits_at)  # the fp32 model goes with this frame
+    return {"rows": rows, "within_bf16_rounding": sum(r["within_bf16_rounding"] for r in rows)}
 
 
 def fmt(x: Any, spec: str) -> str:
@@ -131,6 +188,11 @@ def print_table(doc: dict[str, Any]) -> None:
         if a.get("first_token_equals_fp32_argmax"):
             parts.append("first token = fp32 argmax: " + ", ".join(
                 f"{k} {v}" for k, v in a["first_token_equals_fp32_argmax"].items()))
+        fd = a.get("fusec~torch", {}).get("first_divergence")
+        if fd and fd["rows"]:
+            parts.append(f"fusec~torch first differing tokens within bf16 rounding (fp32 top two, fp32 gap <= the bf16 "
+                         f"model's logit error there): {fd['within_bf16_rounding']} of {len(fd['rows'])} rows; gaps "
+                         + ", ".join(f"{r['fp32_gap']:.3g}/{r['bf16_max_abs_error']:.3g}" for r in fd["rows"]))
         if a.get("error"):
             parts.append("ERROR " + a["error"][:100])
         if parts:

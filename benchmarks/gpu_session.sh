@@ -129,6 +129,8 @@
 #             8 with PDL and with plain launches, the Llama-1B shape batch 1
 #   step_l    the Llama-3.2-1B shape, batch 1, ring vs register form
 #   peer      Qwen3-0.6B decode and prefill vs the gpt-fast-style torch peer (benchmarks/decode.py --quick)
+#   peer8     the same at batches 1 and 8 with the fp32 reference: greedy tokens against the peer's, and where a row
+#             parts, whether its first differing tokens are a near-tie within bf16 rounding (issue 19's agreement)
 #   quant     packed quantized weights: kernels and decode (benchmarks/quant_bench.py --quick)
 #   quant_full  the same, every shape and format, the 16-layer decode models at batch 1 and 8
 #   train     the training step vs PyTorch (benchmarks/train.py --no-compile --skip minilm)
@@ -759,6 +761,9 @@ for step in "$@"; do
             tail -n 5 "$R/step_l.txt" ;;
     peer) timeout 270 python3 benchmarks/decode.py "$R/peer.json" --quick --batches 1 --contexts 128 --budget-s 180 --hf none --no-fp32-check > "$R/peer.txt" 2>&1
           tail -n 25 "$R/peer.txt" ;;
+    peer8) timeout 420 python3 benchmarks/decode.py "$R/peer8.json" --quick --batches 1,8 --contexts 128 --budget-s 330 \
+             --hf none > "$R/peer8.txt" 2>&1
+           tail -n 25 "$R/peer8.txt" ;;
     step_diag) timeout 300 python3 benchmarks/decode_step.py "$R/step_d" --model qwen3-0.6b --batches 1 --windows 2 > "$R/step_d.txt" 2>&1
                tail -n 4 "$R/step_d.txt" ;;
     quant) timeout 150 python3 benchmarks/quant_bench.py "$R/quant" --quick > "$R/quant.txt" 2>&1

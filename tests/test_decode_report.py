@@ -1,0 +1,63 @@
+"""The decode benchmark's divergence report (benchmarks/decode_report.py): where two engines' greedy tokens part,
+whether the first differing tokens are a near-tie within bf16 rounding (issue 19's batch-8 agreement question)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+
+
+def test_first_divergences_examine_each_diverging_rows_first_differing_step() -> None:
+    import decode_report as R
+
+    V = 50
+    prompt = np.arange(12, dtype=np.int64).reshape(3, 4)
+    a = [[1, 2, 3, 4], [9, 9, 5, 1], [3, 3, 3, 3]]
+    b = [[1, 2, 3, 4], [9, 9, 7, 1], [3, 8, 3, 3]]  # row 0 agrees; row 1 parts at step 2, row 2 at step 1
+    seen = []
+
+    def logits_at(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        seen.append(ids.tolist())
+        l32 = np.linspace(-3.0, 3.0, V)
+        if len(ids) == 6:  # row 1: tokens 5 and 7 the top two, 0.01 apart; the bf16 model errs by 0.05
+            l32[5], l32[7] = 9.0, 8.99
+            return l32, l32 + 0.05
+        l32[3], l32[8] = 9.0, 4.0  # row 2: a wide gap
+        return l32, l32 + 0.05
+
+    rows = R.first_divergences(prompt, a, b, logits_at)
+    assert seen == [[4, 5, 6, 7, 9, 9], [8, 9, 10, 11, 3]]  # the prompt and the tokens both engines chose
+    assert [(r["row"], r["step"], r["tokens"]) for r in rows] == [(1, 2, [5, 7]), (2, 1, [3, 8])]
+    near, wide = rows
+    assert near["fp32_gap"] == pytest.approx(0.01) and near["fp32_ranks"] == [0, 1]
+    assert near["bf16_max_abs_error"] == pytest.approx(0.05) and near["within_bf16_rounding"]
+    assert wide["fp32_gap"] == pytest.approx(5.0) and not wide["within_bf16_rounding"]
+    assert near["bf16_spacing"] == 2.0 ** (3 - 7)  # bf16 at 9.0: 8 significant bits
+
+
+def test_divergences_read_the_checkpoints_fp32_logits_after_the_common_tokens(tmp_path) -> None:
+    torch = pytest.importorskip("torch")
+    T = pytest.importorskip("transformers")
+    import decode_report as R
+
+    torch.manual_seed(0)
+    cfg = T.Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64)
+    model = T.Qwen3ForCausalLM(cfg).eval()
+    model.save_pretrained(tmp_path)
+    ctx = types.SimpleNamespace(torch=torch, ckpt=str(tmp_path), dev="cpu", hf=model.to(torch.bfloat16))
+    prompt = np.array([[5, 6, 7]], dtype=np.int64)
+    got = R._divergences(ctx, prompt, [[1, 2, 3]], [[1, 4, 3]])
+    (row,) = got["rows"]
+    assert (row["row"], row["step"], row["tokens"]) == (0, 1, [2, 4])
+    ref = T.Qwen3ForCausalLM.from_pretrained(tmp_path).float().eval()
+    with torch.no_grad():
+        want = ref(input_ids=torch.tensor([[5, 6, 7, 1]])).logits[0, -1]
+    assert row["fp32_logits"] == pytest.approx([float(want[2]), float(want[4])], rel=1e-5, abs=1e-6)
+    assert row["bf16_max_abs_error"] > 0 and got["within_bf16_rounding"] == int(row["within_bf16_rounding"])
