@@ -672,3 +672,21 @@ def test_the_attention_lets_the_next_kernel_launch_where_its_record_says(trigger
         assert K.build(dataclasses.replace(sp, cluster=arch == "sm_90"), arch).binary.cubin
     with pytest.raises(ValueError, match="trigger"):
         dataclasses.replace(sp, trigger="early")
+
+
+@pytest.mark.parametrize("cap", [0, 1, 2, 3])
+def test_kv_max_splits_caps_the_splits_and_takes_clusters_from_two(cap, monkeypatch):
+    """FUSEC_KV_MAX_SPLITS caps the rule's split count (0: the rule's own: 6 at the 7B int4 step's 32 kv heads in a
+    176-row cache); 1 is one block a head without a cluster, 2 and up merge in a cluster; the plan's attention takes
+    the capped count."""
+    from fusec.codegen.build_decode import kv_form
+    from fusec.compiler import compile_generation
+
+    monkeypatch.setenv("FUSEC_KV_MAX_SPLITS", str(cap))
+    f = kv_form(1, 32, 32, 1, 176, 128, DType.BF16, clusters=True)
+    assert (f["splits"], f["cluster"]) == ((6, True) if cap == 0 else (cap, cap > 1))
+    plan = compile_generation("llama-tiny", batch=1, max_seq_len=128, prefill_len=8, dtype="bf16", eos_ids=[],
+                              arch="sm_90")
+    (grid,) = {tuple(L["grid"]) for L in plan.manifest["entries"]["decode"]["launches"]
+               if "kernel" in L and plan.manifest["kernels"][L["kernel"]]["entry"].startswith("fc_kvattn")}
+    assert grid[0] == (4 if cap == 0 else cap)  # splits are the grid's x (the rule: a 128-row cache's 4 granules)
