@@ -61,3 +61,29 @@ def test_divergences_read_the_checkpoints_fp32_logits_after_the_common_tokens(tm
         want = ref(input_ids=torch.tensor([[5, 6, 7, 1]])).logits[0, -1]
     assert row["fp32_logits"] == pytest.approx([float(want[2]), float(want[4])], rel=1e-5, abs=1e-6)
     assert row["bf16_max_abs_error"] > 0 and got["within_bf16_rounding"] == int(row["within_bf16_rounding"])
+
+
+def test_agreement_examines_where_fusec_and_the_peer_part(tmp_path) -> None:
+    """``agreement`` at batch 2: the row where fusec's and torch's tokens part gets its first differing step examined;
+    with --no-fp32-check it does not."""
+    torch = pytest.importorskip("torch")
+    T = pytest.importorskip("transformers")
+    import decode_report as R
+
+    torch.manual_seed(1)
+    cfg = T.Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64)
+    T.Qwen3ForCausalLM(cfg).eval().save_pretrained(tmp_path)
+    hf = T.Qwen3ForCausalLM.from_pretrained(tmp_path).to(torch.bfloat16).eval()
+    prompt = np.array([[5, 6, 7], [8, 9, 10]], dtype=np.int64)
+    for skip in (False, True):
+        ctx = types.SimpleNamespace(torch=torch, ckpt=str(tmp_path), dev="cpu", hf=hf, new_tokens=4, max_prefill=16,
+                                    args=types.SimpleNamespace(no_fp32_check=skip))
+        eng = {"fusec": {"tokens": [[1, 2, 3, 4], [1, 2, 3, 4]]}, "torch": {"tokens": [[1, 2, 3, 4], [1, 2, 9, 4]]}}
+        got = R.agreement(ctx, 2, 3, prompt, eng, True)["fusec~torch"]
+        assert got["common_prefix_min"] == 2
+        if skip:
+            assert "first_divergence" not in got
+            continue
+        (row,) = got["first_divergence"]["rows"]
+        assert (row["row"], row["step"], row["tokens"]) == (1, 2, [3, 9])
