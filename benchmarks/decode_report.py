@@ -58,6 +58,17 @@ def agreement(ctx: Ctx, batch: int, context: int, prompt: np.ndarray, eng: dict[
               same_prompt: bool) -> dict[str, Any]:
     torch = ctx.torch
     out: dict[str, Any] = {"new_tokens": ctx.new_tokens}
+    fp32: list[Any] = []
+
+    def reference() -> Any:
+        """The saved checkpoint in fp32 (bf16 values upcast exactly), loaded once for this workload's checks; not a
+        deepcopy of the model, which by now may carry transformers' compiled __call__."""
+        if not fp32:
+            import transformers as T
+
+            fp32.append(T.Qwen3ForCausalLM.from_pretrained(ctx.ckpt).float().to(ctx.dev).eval())
+        return fp32[0]
+
     la, lb = eng.get("torch", {}).pop("_first_logits", None), eng.get("hf", {}).pop("_first_logits", None)
     names = [k for k in ("fusec", "torch", "hf") if isinstance(eng.get(k, {}).get("tokens"), list)]
     for i, a in enumerate(names):
@@ -75,15 +86,9 @@ def agreement(ctx: Ctx, batch: int, context: int, prompt: np.ndarray, eng: dict[
                                      "norm_rel": float((la - lb).norm() / lb.norm()),
                                      "argmax_equal_rows": int((la.argmax(-1) == lb.argmax(-1)).sum())}
         if batch == 1 and context <= ctx.max_prefill and not ctx.args.no_fp32_check:
-            import transformers as T
-
-            # the saved checkpoint in fp32 (bf16 values upcast exactly); not a deepcopy of the model,
-            # which by now may carry transformers' compiled __call__
-            ref = T.Qwen3ForCausalLM.from_pretrained(ctx.ckpt).float().to(ctx.dev).eval()
             ids = torch.from_numpy(np.ascontiguousarray(prompt)).to(ctx.dev)
             with torch.no_grad():
-                r = ref(input_ids=ids, logits_to_keep=1, use_cache=False).logits[:, -1].float().cpu()
-            del ref
+                r = reference()(input_ids=ids, logits_to_keep=1, use_cache=False).logits[:, -1].float().cpu()
             top2 = r.topk(2, dim=-1).values
             out["logits_vs_hf_fp32"] = {"torch_bf16_norm_rel": float((la - r).norm() / r.norm()),
                                         "hf_bf16_norm_rel": float((lb - r).norm() / r.norm()),
@@ -93,18 +98,14 @@ def agreement(ctx: Ctx, batch: int, context: int, prompt: np.ndarray, eng: dict[
             out["first_token"] = firsts
             out["first_token_equals_fp32_argmax"] = {k: v == r.argmax(-1).tolist() for k, v in firsts.items()}
     pair = out.get("fusec~torch")
-    if pair and pair["common_prefix_min"] < ctx.new_tokens and same_prompt and ctx.ckpt \
-            and not ctx.args.no_fp32_check:
-        out["fusec~torch"]["first_divergence"] = _divergences(ctx, prompt, eng["fusec"]["tokens"], eng["torch"]["tokens"])
-    return out
+    if pair and pair["common_prefix_min"] < ctx.new_tokens and same_prompt and not ctx.args.no_fp32_check:
+        pair["first_divergence"] = _divergences(ctx, reference(), prompt, eng["fusec"]["tokens"], eng["torch"]["tokens"])
+    return out  # the fp32 model goes with this frame
 
 
-def _divergences(ctx: Ctx, prompt: np.ndarray, a: list[list[int]], b: list[list[int]]) -> dict[str, Any]:
-    """``first_divergences`` with the checkpoint in fp32 as the reference and the bf16 HF model beside it."""
+def _divergences(ctx: Ctx, ref: Any, prompt: np.ndarray, a: list[list[int]], b: list[list[int]]) -> dict[str, Any]:
+    """``first_divergences`` with ``ref`` (the checkpoint in fp32) as the reference and the bf16 HF model beside it."""
     torch = ctx.torch
-    import transformers as T
-
-    ref = T.Qwen3ForCausalLM.from_pretrained(ctx.ckpt).float().to(ctx.dev).eval()
 
     def logits_at(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         x = torch.from_numpy(ids[None]).to(ctx.dev)
@@ -112,7 +113,7 @@ def _divergences(ctx: Ctx, prompt: np.ndarray, a: list[list[int]], b: list[list[
             return tuple(m(input_ids=x, logits_to_keep=1, use_cache=False).logits[0, -1].float().cpu().numpy()
                          for m in (ref, ctx.hf))
 
-    rows = first_divergences(prompt, a, b, logits_at)  # the fp32 model goes with this frame
+    rows = first_divergences(prompt, a, b, logits_at)
     return {"rows": rows, "within_bf16_rounding": sum(r["within_bf16_rounding"] for r in rows)}
 
 
