@@ -129,6 +129,9 @@
 #             8 with PDL and with plain launches, the Llama-1B shape batch 1
 #   step_l    the Llama-3.2-1B shape, batch 1, ring vs register form
 #   peer      Qwen3-0.6B decode and prefill vs the gpt-fast-style torch peer (benchmarks/decode.py --quick)
+#   kvm       the decode attention's key loop on tensor cores (FUSEC_KV_MMA=1): the attention's GPU tests (every mode,
+#             the prologue's bits), then Llama-1B Q4_K_M and Qwen3 at batch 1 and Qwen3 at batch 8 against the rule
+#   kvm7      the same knob on the 7B int4 step (benchmarks/int4_7b.py --ab FUSEC_KV_MMA=1)
 #   peer8     the same at batches 1 and 8 with the fp32 reference: greedy tokens against the peer's, and where a row
 #             parts, whether its first differing tokens are a near-tie within bf16 rounding (issue 19's agreement)
 #   quant     packed quantized weights: kernels and decode (benchmarks/quant_bench.py --quick)
@@ -685,6 +688,16 @@ for step in "$@"; do
           --ab FUSEC_KV_MAX_SPLITS=3 > "$R/int4_7b_kvs.txt" 2>&1
         grep -E "step_ms_median|pct_roofline|same_tokens|error|Error" "$R/int4_7b_kvs.txt" | head -n 16
         kv_short kvs --ab FUSEC_KV_MAX_SPLITS=1 --ab FUSEC_KV_MAX_SPLITS=2 --ab FUSEC_KV_MAX_SPLITS=4 ;;
+    kvm) # the decode attention's key loop on tensor cores (FUSEC_KV_MMA): its GPU tests, then the short-context steps
+         timeout 240 $PT -n 12 tests/test_decode_kernels_gpu.py tests/test_kv_heads_gpu.py -k "kv_attention or prologue" \
+           > "$R/t_kvm.txt" 2>&1
+         grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_kvm.txt" | tail -n 20
+         kv_short kvm --ab FUSEC_KV_MMA=1 --ab FUSEC_KV_MMA=1+FUSEC_KV_MAX_SPLITS=2
+         timeout 110 python3 benchmarks/decode_step.py "$R/kvm_b8" --model qwen3-0.6b --batches 8 --context 128 \
+           --windows 3 --ab FUSEC_KV_MMA=1 > "$R/kvm_b8.txt" 2>&1
+         grep -E "^\| (batch|[0-9]+) \|" "$R/kvm_b8.txt" | cut -c 1-900 ;;
+    kvm7) timeout 330 python3 benchmarks/int4_7b.py "$R/int4_7b_kvm" --ab FUSEC_KV_MMA=1 > "$R/int4_7b_kvm.txt" 2>&1
+          grep -E "step_ms_median|pct_roofline|same_tokens|error|Error" "$R/int4_7b_kvm.txt" | head -n 12 ;;
     kvab) # the decode attention's merge knobs on the Llama-1B Q4_K_M (context 32) and Qwen3-0.6B (128) steps at batch 1
         kv_short kvab --ab FUSEC_KV_CLUSTER=0 --ab FUSEC_KV_SPLIT_KEYS=128 --ab FUSEC_KV_SPLIT_KEYS=32 ;;
     c1) timeout 90 $PT -n 8 tests/test_quant_gpu.py -k "cluster" > "$R/t_c1.txt" 2>&1

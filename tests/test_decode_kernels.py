@@ -651,8 +651,9 @@ def test_the_attention_lets_the_next_kernel_launch_where_its_record_says(trigger
     from fusec.compiler import compile_generation
 
     monkeypatch.setenv("FUSEC_KV_TRIGGER", trigger)
-    plan = compile_generation("llama-tiny", batch=1, max_seq_len=128, prefill_len=8, dtype="bf16", eos_ids=[],
-                              arch="sm_90")
+    cfg = dataclasses.replace(get_config("qwen3-tiny"), head_dim=64)
+    gm = GenModel(cfg, SharedWeights(RandomWeights(0)), None, (), cfg.name)
+    plan = compile_generation(gm, batch=1, max_seq_len=128, prefill_len=8, dtype="bf16", eos_ids=[], arch="sm_90")
     (src,) = {plan.blob(m["source"]).decode() for m in plan.manifest["modules"] if m["entry"].startswith("fc_kvattn")}
     body = src.split('extern "C"')[1]
     uses = body.count("fc_pdl_trigger();")
@@ -690,3 +691,39 @@ def test_kv_max_splits_caps_the_splits_and_takes_clusters_from_two(cap, monkeypa
     (grid,) = {tuple(L["grid"]) for L in plan.manifest["entries"]["decode"]["launches"]
                if "kernel" in L and plan.manifest["kernels"][L["kernel"]]["entry"].startswith("fc_kvattn")}
     assert grid[0] == (4 if cap == 0 else cap)  # splits are the grid's x (the rule: a 128-row cache's 4 granules)
+
+
+@pytest.mark.parametrize("on", [False, True])
+def test_kv_mma_knob_puts_the_key_loop_on_tensor_cores_where_it_applies(on, monkeypatch):
+    """FUSEC_KV_MMA: kernel selection's decode attention form takes the tensor-core key loop for fp16/bf16 at head_dim
+    64 or 128 (not fp32, not 256, not with the knob off); the plan's attention kernel then runs mma.sync steps, one
+    merge group a warp, and builds without spilling for sm_80 and sm_90 (a tiny Qwen3 at head_dim 64)."""
+    import re
+
+    from fusec.codegen.build_decode import kv_form
+    from fusec.compiler import compile_generation
+    from fusec.genmodel import GenModel
+    from fusec.models.generate import SharedWeights
+    from fusec.models.registry import get_config
+    from fusec.models.weights import RandomWeights
+
+    monkeypatch.setenv("FUSEC_KV_MMA", "1" if on else "0")
+    assert kv_form(1, 16, 8, 1, 271, 128, DType.BF16, clusters=True).get("mma", False) is on
+    assert kv_form(8, 32, 8, 1, 271, 64, DType.F16).get("mma", False) is on
+    assert "mma" not in kv_form(1, 16, 8, 1, 271, 128, DType.F32) and "mma" not in kv_form(1, 8, 2, 1, 99, 256, DType.BF16)
+    cfg = dataclasses.replace(get_config("qwen3-tiny"), head_dim=64)
+    gm = GenModel(cfg, SharedWeights(RandomWeights(0)), None, (), cfg.name)
+    plan = compile_generation(gm, batch=1, max_seq_len=128, prefill_len=8, dtype="bf16", eos_ids=[], arch="sm_90")
+    (src,) = {bytes(plan.blob(m["source"])).decode() for m in plan.manifest["modules"]
+              if m["entry"].startswith("fc_kvattn")}
+    assert ("mma.sync.aligned.m16n8k16" in src and "#define NGM (NT / 32)" in src) is on
+    if on:
+        for d, dt, heads in ((128, DType.BF16, True), (64, DType.F16, False)):
+            parts = heads_parts(1, 16, 8, 1, 271, d, dt, True) if heads else ()
+            sp = kv_attention_spec(1, 16, 8, 1, 271, d, dt, 0.1, prefetch=True, cluster=heads, heads=parts, mma=True)
+            assert sp.mma and kv_layout(sp, sp.threads)["ng"] == sp.threads // 32
+            for arch in ("sm_80", "sm_90"):
+                if sp.cluster and arch == "sm_80":
+                    continue
+                log = K.build(sp, arch).binary.log
+                assert re.search(r"(\d+) bytes spill stores", log).group(1) == "0", log

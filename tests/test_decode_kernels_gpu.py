@@ -168,7 +168,8 @@ KV = [
 ]
 
 
-@pytest.mark.parametrize("mode", ["", "prefetch", "cluster", "clusters", "unroll8", "solo"])
+@pytest.mark.parametrize("mode", ["", "prefetch", "cluster", "clusters", "unroll8", "solo", "mma", "mma_prefetch",
+                                  "mma_cluster"])
 @pytest.mark.parametrize("dt,B,Hq,Hkv,Sq,T,D,positions,splits", KV,
                          ids=[f"{c[0].value}-B{c[1]}-H{c[2]}/{c[3]}-S{c[4]}-T{c[5]}-D{c[6]}-x{c[8]}" for c in KV])
 def test_kv_attention(dt: DType, B: int, Hq: int, Hkv: int, Sq: int, T: int, D: int, positions: list | None,
@@ -184,6 +185,13 @@ def test_kv_attention(dt: DType, B: int, Hq: int, Hkv: int, Sq: int, T: int, D: 
         spec = dataclasses.replace(spec, prefetch=True)
     if mode == "unroll8":  # twice the keys in flight a key group, and before the wait
         spec = dataclasses.replace(spec, prefetch=True, unroll=8)
+    if mode.startswith("mma"):  # the key loop on tensor cores (16-key tiles a warp, P rounded to the dtype)
+        from fusec.codegen.build_decode import kv_mma_applies
+
+        if not kv_mma_applies(dt, D):
+            pytest.skip("the tensor-core key loop takes fp16/bf16 and a head_dim of 64 or 128")
+        spec = dataclasses.replace(spec, mma=True, prefetch=mode == "mma_prefetch")
+        mode = mode.removeprefix("mma_")
     if mode == "cluster":  # 2..8 splits merged through a thread block cluster (sm_90)
         from fusec.device import gpu_arch
 

@@ -46,12 +46,20 @@ def _bits(a) -> np.ndarray:  # noqa: ANN001
     return np.ascontiguousarray(a.get()).view(np.uint8)
 
 
+@pytest.mark.parametrize("mma", [False, True])
 @pytest.mark.parametrize("dt", [F32, F16, BF16])
 @pytest.mark.parametrize("case", list(CASES))
-def test_prologue_gives_the_bits_of_head_rope_then_attention(dt: DType, case: str) -> None:
+def test_prologue_gives_the_bits_of_head_rope_then_attention(dt: DType, case: str, mma: bool) -> None:
+    """(``mma``: with the key loop on tensor cores, where it applies.)"""
     import cupy as cp
 
     B, Hq, Hkv, Sq, T, D, norm, positions, kw = CASES[case]
+    if mma:
+        from fusec.codegen.build_decode import kv_mma_applies
+
+        if not kv_mma_applies(dt, D):
+            pytest.skip("the tensor-core key loop takes fp16/bf16")
+        kw = kw | {"mma": True}
     if kw.get("cluster"):
         from fusec.device import gpu_arch
 

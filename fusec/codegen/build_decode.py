@@ -55,7 +55,7 @@ def kv_layout(spec: S.KVAttentionSpec, threads: int = 128) -> dict[str, int]:
     nvec = spec.D // vec
     lpk = min(32, _pow2_ceil(nvec))
     nv = cdiv(nvec, lpk)
-    ng = threads // lpk
+    ng = threads // 32 if spec.mma else threads // lpk  # the merge's groups: a warp each in the tensor-core form
     rows_all = spec.Hq // spec.Hkv * spec.S
     r = min(rows_all, max(1, 32 // (vec * nv)))
     while r > 1 and _kv_smem(spec, ng, r) > _SMEM_LIMIT:
@@ -75,7 +75,7 @@ def kv_attention_spec(B: int, Hq: int, Hkv: int, S_: int, T: int, D: int, dtype:
                       softcap: float = 0.0, window: int = 0, prefetch: bool = False,
                       cluster: bool = False, split_keys: int = S.KV_CHUNK_GRANULE,
                       heads: tuple[S.HeadRopeSpec, ...] = (), unroll: int = 0,
-                      cluster_levels: int = 2, solo_keys: int = 0) -> S.KVAttentionSpec:
+                      cluster_levels: int = 2, solo_keys: int = 0, mma: bool = False) -> S.KVAttentionSpec:
     """The spec for a KV attention: as many splits of the key range as keep a full-context step
     within ``target_blocks`` blocks (one wave), at most ``max_splits``: batch 1 with a long
     context still spreads over the SMs, a large batch is not cut into a wave and a tail.
@@ -97,10 +97,12 @@ def kv_attention_spec(B: int, Hq: int, Hkv: int, S_: int, T: int, D: int, dtype:
     ``heads``: the q/k/v head_rope parts of its prologue (``KVAttentionSpec.heads``). ``unroll``: keys a
     key group loads at a time; 0 takes 8 where the older rows load before the PDL wait (``prefetch``) and a
     chunk at half the cache's capacity is more than 4 a group load and at most 8 (so they load whole
-    before the wait), else the layout's. Measured on an H200 (Qwen3-0.6B, 271-row cache, plans in turns):
+    before the wait), else the layout's. ``mma``: the key loop on tensor cores where it applies (fp16/bf16, D a
+    multiple of 64; ``kv_mma_applies``). Measured on an H200 (Qwen3-0.6B, 271-row cache, plans in turns):
     batch 8 (4 splits, 64-key chunks) took 0.790 ms a step with 8 against 0.827 with 4; batch 1 (8 splits,
     32-key chunks: the rule keeps 4) took 0.777 with 8 against 0.760 with 4."""
-    probe = S.KVAttentionSpec(B, Hq, Hkv, S_, T, D, dtype, scale, 1, pos_dtype, threads, softcap)
+    mma = mma and kv_mma_applies(dtype, D)
+    probe = S.KVAttentionSpec(B, Hq, Hkv, S_, T, D, dtype, scale, 1, pos_dtype, threads, softcap, mma=mma)
     lay = kv_layout(probe, threads)
     per_split = B * Hkv * lay["tiles"]
     if per_split < SMS // 4 or split_keys <= S.KV_CHUNK_GRANULE:
@@ -132,7 +134,12 @@ def kv_attention_spec(B: int, Hq: int, Hkv: int, S_: int, T: int, D: int, dtype:
     unroll = keys_a_group(splits)
     solo = solo_keys if splits > 1 and not use_cluster and S_ == 1 else 0  # decode steps (S > 1 spilled 12 bytes)
     return S.KVAttentionSpec(B, Hq, Hkv, S_, T, D, dtype, scale, splits, pos_dtype, threads, softcap, window, prefetch,
-                             use_cluster, heads, unroll, solo)
+                             use_cluster, heads, unroll, solo, mma=mma)
+
+
+def kv_mma_applies(dtype: DType, D: int) -> bool:
+    """Whether the decode attention's key loop can run on tensor cores (templates/kv_mma.jinja)."""
+    return dtype in (DType.F16, DType.BF16) and D in (64, 128)  # D 256 spilled (255 registers)
 
 
 def kv_form(B: int, Hq: int, Hkv: int, S_: int, T: int, D: int, dtype: DType, pos_dtype: DType = DType.I64,
@@ -150,10 +157,12 @@ def kv_form(B: int, Hq: int, Hkv: int, S_: int, T: int, D: int, dtype: DType, po
                              cluster_levels=int(knobs.get("FUSEC_KV_CLUSTER_LEVELS")),
                              solo_keys=knobs.get("FUSEC_KV_SOLO_KEYS"), split_keys=knobs.get("FUSEC_KV_SPLIT_KEYS"),
                              unroll=int(knobs.get("FUSEC_KV_UNROLL")),
-                             max_splits=int(knobs.get("FUSEC_KV_MAX_SPLITS")) or KV_MAX_AUTO_SPLITS)
+                             max_splits=int(knobs.get("FUSEC_KV_MAX_SPLITS")) or KV_MAX_AUTO_SPLITS,
+                             mma=bool(knobs.get("FUSEC_KV_MMA")))
     trigger = knobs.get("FUSEC_KV_TRIGGER")
-    return {"splits": spec.splits, "cluster": spec.cluster, "unroll": spec.unroll, "solo_keys": spec.solo_keys,
-            "prefetch": prefetch} | ({"trigger": trigger} if trigger != "wait" else {})
+    return ({"splits": spec.splits, "cluster": spec.cluster, "unroll": spec.unroll, "solo_keys": spec.solo_keys,
+             "prefetch": prefetch} | ({"trigger": trigger} if trigger != "wait" else {})
+            | ({"mma": True} if spec.mma else {}))
 
 
 @builder(S.KVAttentionSpec)
@@ -174,7 +183,7 @@ def _kv_attention(spec: S.KVAttentionSpec) -> Rendered:
         "window": spec.window,  # 0: the template renders no window code
         "prefetch": spec.prefetch, "cluster": spec.cluster, "cl": spec.cluster_size,
         "gmerge": spec.global_merge,
-        "solo_keys": spec.solo_keys,
+        "solo_keys": spec.solo_keys, "mma": spec.mma,
         "trigger_wait": spec.trigger == "wait", "trigger_merged": spec.trigger == "merged",  # else at exit
         # ptxas caps registers oddly (and spills) when D / vec is no power of two, and with several query rows a
         # step (S > 1: 4 bytes at 128 registers, f32 with the head_rope prologue); lift the cap there

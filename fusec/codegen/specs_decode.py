@@ -188,10 +188,13 @@ class KVAttentionSpec:
     # where each block lets the kernel after it launch (PDL): "wait", right after its own wait; "merged", once its key
     # groups are merged; "end", not before it exits
     trigger: str = "wait"
+    # the key loop on tensor cores (templates/kv_mma.jinja): fp16/bf16, D a multiple of 64; each warp takes 16-key tiles
+    mma: bool = False
 
     def __repr__(self) -> str:  # window 0, flags off, no heads, unroll 0 left out: such kernels keep their names
         fields = [f for f in dataclasses.fields(self) if not (f.name == "window" and self.window == 0)
-                  and not (f.name in ("prefetch", "cluster", "heads", "unroll", "solo_keys") and not getattr(self, f.name))
+                  and not (f.name in ("prefetch", "cluster", "heads", "unroll", "solo_keys", "mma")
+                           and not getattr(self, f.name))
                   and not (f.name == "trigger" and self.trigger == "wait")]
         return f"KVAttentionSpec({', '.join(f'{f.name}={getattr(self, f.name)!r}' for f in fields)})"
 
@@ -216,6 +219,9 @@ class KVAttentionSpec:
         _req(self.splits <= KV_MAX_SPLITS, f"kv_attention: at most {KV_MAX_SPLITS} splits")
         _ints((self.solo_keys,), "kv_attention: solo_keys", 0)
         _req(self.trigger in KV_TRIGGERS, f"kv_attention: trigger must be one of {KV_TRIGGERS}, got {self.trigger!r}")
+        _req(not self.mma or (self.dtype in (DType.F16, DType.BF16) and self.D % 64 == 0),
+             f"kv_attention: the tensor-core key loop takes fp16/bf16 and a head_dim multiple of 64, got "
+             f"{self.dtype.value}, {self.D}")
         _req(self.unroll in (0, 1, 2, 4, 8),
              f"kv_attention: unroll must be 0 (the layout's), 1, 2, 4 or 8, got {self.unroll!r}")
         if self.heads:

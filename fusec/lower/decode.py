@@ -73,7 +73,8 @@ def _kv_spec(ctx: Context, node: Node, label: str, attrs: Any, q: Value, k: Valu
         return S.KVAttentionSpec(B, Hq, Hkv, S_, T, D, q.dtype, float(attrs.scale), form["splits"], pos.dtype,
                                  softcap=float(attrs.softcap), window=int(attrs.window), prefetch=prefetch,
                                  cluster=form["cluster"], heads=heads, unroll=form["unroll"],
-                                 solo_keys=form["solo_keys"], trigger=form.get("trigger", "wait"))
+                                 solo_keys=form["solo_keys"], trigger=form.get("trigger", "wait"),
+                                 mma=form.get("mma", False))
     except ValueError as e:
         raise LoweringError(f"{_where(node, label)}: kv_attention of q {list(q.shape)} over k/v {list(k.shape)} "
                             f"({q.dtype.value}): {e}") from None
