@@ -131,6 +131,7 @@
 #   peer      Qwen3-0.6B decode and prefill vs the gpt-fast-style torch peer (benchmarks/decode.py --quick)
 #   kvm       the decode attention's key loop on tensor cores (FUSEC_KV_MMA=1): the attention's GPU tests (every mode,
 #             the prologue's bits), then Llama-1B Q4_K_M and Qwen3 at batch 1 and Qwen3 at batch 8 against the rule
+#   kvmt      the block trace of Qwen3's attention at batches 1 and 8 with FUSEC_KV_MMA=1 against the rule
 #   kvm7      the same knob on the 7B int4 step (benchmarks/int4_7b.py --ab FUSEC_KV_MMA=1)
 #   peer8     the same at batches 1 and 8 with the fp32 reference: greedy tokens against the peer's, and where a row
 #             parts, whether its first differing tokens are a near-tie within bf16 rounding (issue 19's agreement)
@@ -696,6 +697,10 @@ for step in "$@"; do
          timeout 110 python3 benchmarks/decode_step.py "$R/kvm_b8" --model qwen3-0.6b --batches 8 --context 128 \
            --windows 3 --ab FUSEC_KV_MMA=1 > "$R/kvm_b8.txt" 2>&1
          grep -E "^\| (batch|[0-9]+) \|" "$R/kvm_b8.txt" | cut -c 1-900 ;;
+    kvmt) # the block trace of the attention (Qwen3-0.6B, context 128, batches 1 and 8) with FUSEC_KV_MMA=1 against the rule
+          timeout 200 python3 benchmarks/block_trace.py "$R/kvmt" --model qwen3-0.6b --batches 1,8 --blocks rope_atte \
+            --ab FUSEC_KV_MMA=1 > "$R/kvmt.txt" 2>&1
+          cat "$R/kvmt/block_trace.md" | head -n 60 ;;
     kvm7) timeout 330 python3 benchmarks/int4_7b.py "$R/int4_7b_kvm" --ab FUSEC_KV_MMA=1 > "$R/int4_7b_kvm.txt" 2>&1
           grep -E "step_ms_median|pct_roofline|same_tokens|error|Error" "$R/int4_7b_kvm.txt" | head -n 12 ;;
     kvab) # the decode attention's merge knobs on the Llama-1B Q4_K_M (context 32) and Qwen3-0.6B (128) steps at batch 1

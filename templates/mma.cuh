@@ -20,6 +20,16 @@ __device__ __forceinline__ void fc_mma16816(float c[4], const fc_u32 a[4], const
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// m16n8k8 with fp16/bf16 in: A 16x8 row-major a0 = (g, 2t..2t+1), a1 = (g+8, 2t..); B 8x8 "col" b = (k 2t..2t+1, n g)
+__device__ __forceinline__ void fc_mma_k8(float c[4], const fc_u32 a[2], fc_u32 b, fc_half) {
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]) : "r"(a[0]), "r"(a[1]), "r"(b));
+}
+__device__ __forceinline__ void fc_mma_k8(float c[4], const fc_u32 a[2], fc_u32 b, fc_bf16) {
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]) : "r"(a[0]), "r"(a[1]), "r"(b));
+}
+
 // tf32 (sm_80+): fp32 rounded to 10 mantissa bits (low 13 bits zero), and mma.sync m16n8k8 with
 // fp32 accumulate. Fragments (PTX ISA, m16n8k8 .tf32), one 32-bit element per register:
 //   A 16x8 row-major: a0 = (g, t), a1 = (g+8, t), a2 = (g, t+4), a3 = (g+8, t+4)
