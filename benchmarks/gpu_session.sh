@@ -132,7 +132,8 @@
 #   kvm       the decode attention's key loop on tensor cores (FUSEC_KV_MMA=1): the attention's GPU tests (every mode,
 #             the prologue's bits), then Llama-1B Q4_K_M and Qwen3 at batch 1 and Qwen3 at batch 8 against the rule
 #   kvmt      the block trace of Qwen3's attention at batches 1 and 8 with FUSEC_KV_MMA=1 against the rule
-#   kvm7      the same knob on the 7B int4 step (benchmarks/int4_7b.py --ab FUSEC_KV_MMA=1)
+#   kvm7      the same knob and FUSEC_KV_TRIGGER=prologue on the 7B int4 step (benchmarks/int4_7b.py)
+#   kvtp      FUSEC_KV_TRIGGER=prologue, alone and with FUSEC_KV_MMA=1: the kvm steps
 #   peer8     the same at batches 1 and 8 with the fp32 reference: greedy tokens against the peer's, and where a row
 #             parts, whether its first differing tokens are a near-tie within bf16 rounding (issue 19's agreement)
 #   quant     packed quantized weights: kernels and decode (benchmarks/quant_bench.py --quick)
@@ -701,8 +702,14 @@ for step in "$@"; do
           timeout 200 python3 benchmarks/block_trace.py "$R/kvmt" --model qwen3-0.6b --batches 1,8 --blocks rope_atte \
             --ab FUSEC_KV_MMA=1 > "$R/kvmt.txt" 2>&1
           cat "$R/kvmt/block_trace.md" | head -n 60 ;;
-    kvm7) timeout 330 python3 benchmarks/int4_7b.py "$R/int4_7b_kvm" --ab FUSEC_KV_MMA=1 > "$R/int4_7b_kvm.txt" 2>&1
+    kvm7) timeout 330 python3 benchmarks/int4_7b.py "$R/int4_7b_kvm" --ab FUSEC_KV_MMA=1 --ab FUSEC_KV_TRIGGER=prologue \
+            > "$R/int4_7b_kvm.txt" 2>&1
           grep -E "step_ms_median|pct_roofline|same_tokens|error|Error" "$R/int4_7b_kvm.txt" | head -n 12 ;;
+    kvtp) # the attention's PDL trigger once its prologue is in, alone and with the tensor-core key loop
+          kv_short kvtp --ab FUSEC_KV_TRIGGER=prologue --ab FUSEC_KV_TRIGGER=prologue+FUSEC_KV_MMA=1
+          timeout 110 python3 benchmarks/decode_step.py "$R/kvtp_b8" --model qwen3-0.6b --batches 8 --context 128 \
+            --windows 3 --ab FUSEC_KV_TRIGGER=prologue --ab FUSEC_KV_TRIGGER=prologue+FUSEC_KV_MMA=1 > "$R/kvtp_b8.txt" 2>&1
+          grep -E "^\| (batch|[0-9]+) \|" "$R/kvtp_b8.txt" | cut -c 1-900 ;;
     kvab) # the decode attention's merge knobs on the Llama-1B Q4_K_M (context 32) and Qwen3-0.6B (128) steps at batch 1
         kv_short kvab --ab FUSEC_KV_CLUSTER=0 --ab FUSEC_KV_SPLIT_KEYS=128 --ab FUSEC_KV_SPLIT_KEYS=32 ;;
     c1) timeout 90 $PT -n 8 tests/test_quant_gpu.py -k "cluster" > "$R/t_c1.txt" 2>&1

@@ -643,23 +643,25 @@ def test_every_decode_attention_of_a_plan_is_the_recorded_form(monkeypatch) -> N
         assert "fc_pdl_wait_after(dep)" not in src  # no older rows before the wait: the record says so
 
 
-@pytest.mark.parametrize("trigger", ["wait", "merged", "end"])
+@pytest.mark.parametrize("trigger", ["wait", "prologue", "merged", "end"])
 def test_the_attention_lets_the_next_kernel_launch_where_its_record_says(trigger: str, monkeypatch) -> None:  # noqa: ANN001
     """FUSEC_KV_TRIGGER places the decode attention's PDL trigger: right after its own wait (the default, unrecorded),
-    once its key groups are merged (before any merge of splits), or nowhere (the kernel's exit). Kernel selection
-    records a placement other than the default, the plan's attention carries it, and it builds for sm_90 and sm_80."""
+    once its q rows are in (the prologue's), once its key groups are merged (before any merge of splits), or nowhere
+    (the kernel's exit). Kernel selection records a placement other than the default, the plan's attention carries
+    it, and it builds for sm_90 and sm_80."""
     from fusec.compiler import compile_generation
 
     monkeypatch.setenv("FUSEC_KV_TRIGGER", trigger)
-    cfg = dataclasses.replace(get_config("qwen3-tiny"), head_dim=64)
-    gm = GenModel(cfg, SharedWeights(RandomWeights(0)), None, (), cfg.name)
-    plan = compile_generation(gm, batch=1, max_seq_len=128, prefill_len=8, dtype="bf16", eos_ids=[], arch="sm_90")
+    plan = compile_generation("llama-tiny", batch=1, max_seq_len=128, prefill_len=8, dtype="bf16", eos_ids=[],
+                              arch="sm_90")
     (src,) = {plan.blob(m["source"]).decode() for m in plan.manifest["modules"] if m["entry"].startswith("fc_kvattn")}
     body = src.split('extern "C"')[1]
     uses = body.count("fc_pdl_trigger();")
     assert uses == (0 if trigger == "end" else 1)
     if trigger == "wait":
         assert body.index("fc_pdl_wait") < body.index("fc_pdl_trigger();") < body.index("FC_TRACE_PHASE(1)")
+    if trigger == "prologue":
+        assert body.index("FC_TRACE_PHASE(1)") < body.index("fc_pdl_trigger();") < body.index("FC_TRACE_PHASE(2)")
     if trigger == "merged":
         assert body.index("FC_TRACE_PHASE(2)") < body.index("fc_pdl_trigger();") < body.index("FC_TRACE_PHASE(3)")
     from fusec.codegen.build_decode import kv_form

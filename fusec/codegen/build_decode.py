@@ -185,6 +185,7 @@ def _kv_attention(spec: S.KVAttentionSpec) -> Rendered:
         "gmerge": spec.global_merge,
         "solo_keys": spec.solo_keys, "mma": spec.mma,
         "trigger_wait": spec.trigger == "wait", "trigger_merged": spec.trigger == "merged",  # else at exit
+        "trigger_prologue": spec.trigger == "prologue",
         # ptxas caps registers oddly (and spills) when D / vec is no power of two, and with several query rows a
         # step (S > 1: 4 bytes at 128 registers, f32 with the head_rope prologue); lift the cap there
         "min_blocks": 1 if lay["nvec"] & (lay["nvec"] - 1) or spec.S > 1 else 0,

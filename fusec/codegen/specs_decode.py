@@ -128,7 +128,7 @@ class HeadRopeSpec:
         _ints(self.x_strides + self.out_strides + self.cs_strides, "strides", 0)
 
 
-KV_TRIGGERS = ("wait", "merged", "end")  # KVAttentionSpec.trigger
+KV_TRIGGERS = ("wait", "prologue", "merged", "end")  # KVAttentionSpec.trigger
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,8 +185,8 @@ class KVAttentionSpec:
     heads: tuple[HeadRopeSpec, ...] = ()
     unroll: int = 0  # keys a key group loads at a time; 0: the layout's (build_decode.kv_layout)
     solo_keys: int = 0  # a global merge's kernel: a context of at most this many keys runs in one block a head
-    # where each block lets the kernel after it launch (PDL): "wait", right after its own wait; "merged", once its key
-    # groups are merged; "end", not before it exits
+    # where each block lets the kernel after it launch (PDL): "wait", right after its own wait; "prologue", once q is
+    # in (with heads: the q/k/v rows computed); "merged", once its key groups are merged; "end", not before it exits
     trigger: str = "wait"
     # the key loop on tensor cores (templates/kv_mma.jinja): fp16/bf16, D a multiple of 64; each warp takes 16-key tiles
     mma: bool = False
