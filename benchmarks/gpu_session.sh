@@ -133,6 +133,7 @@
 #             the prologue's bits), then Llama-1B Q4_K_M and Qwen3 at batch 1 and Qwen3 at batch 8 against the rule
 #   kvmt      the block trace of Qwen3's attention at batches 1 and 8 with FUSEC_KV_MMA=1 against the rule
 #   kvm7      the same knob and FUSEC_KV_TRIGGER=prologue on the 7B int4 step (benchmarks/int4_7b.py)
+#   kvr       the GPU tests the tensor-core key loop's rule touches (attention, generation, PDL, head_rope pairs, families)
 #   kvm1      FUSEC_KV_MMA=1 on the Llama-1B shape (GQA 4): Q4_K_M at batches 1 and 8, bf16 at batch 1
 #   kvtp      FUSEC_KV_TRIGGER=prologue, alone and with FUSEC_KV_MMA=1: the kvm steps
 #   peer8     the same at batches 1 and 8 with the fp32 reference: greedy tokens against the peer's, and where a row
@@ -706,6 +707,10 @@ for step in "$@"; do
     kvm7) timeout 330 python3 benchmarks/int4_7b.py "$R/int4_7b_kvm" --ab FUSEC_KV_MMA=1 --ab FUSEC_KV_TRIGGER=prologue \
             > "$R/int4_7b_kvm.txt" 2>&1
           grep -E "step_ms_median|pct_roofline|same_tokens|error|Error" "$R/int4_7b_kvm.txt" | head -n 12 ;;
+    kvr) # the tensor-core key loop as the rule: the attention's GPU tests, the generation and PDL tests, the families'
+         timeout 330 $PT -n 12 tests/test_decode_kernels_gpu.py tests/test_kv_heads_gpu.py tests/test_generation_gpu.py \
+           tests/test_pdl_gpu.py tests/test_head_rope_pair.py tests/test_generation_families_gpu.py > "$R/t_kvr.txt" 2>&1
+         grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_kvr.txt" | tail -n 20 ;;
     kvm1) # the tensor-core key loop (FUSEC_KV_MMA=1) on the GQA-4 Llama-1B shape: Q4_K_M at batches 1 and 8, bf16 at 1
           for m in llama-1b-q4_k_m:1,8 llama-1b:1; do IFS=: read -r mname bs <<< "$m"
             timeout 150 python3 benchmarks/decode_step.py "$R/kvm1_$mname" --model "$mname" --batches "$bs" --context 32 \

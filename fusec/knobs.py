@@ -143,9 +143,11 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("FUSEC_KV_PREFETCH", "bool", True, "decode attention loads the cache rows older than the step before its "
          "PDL wait, where the program shows the kernel before it does not write them (off: the A/B of "
          "benchmarks/decode_step.py --ab FUSEC_KV_PREFETCH=0)"),
-    Knob("FUSEC_KV_MMA", "bool", False, "decode attention's key loop on tensor cores (fp16/bf16, head_dim a multiple "
-         "of 64): each warp takes 16-key tiles, scores and P V as mma.m16n8k16 steps, P rounded to the cache's dtype "
-         "(templates/kv_mma.jinja; on: the A/B of decode_step.py --ab FUSEC_KV_MMA=1)"),
+    Knob("FUSEC_KV_MMA", "choice", "auto", "decode attention's key loop on tensor cores (fp16/bf16, head_dim 64 or "
+         "128): each warp takes 8-key tiles, the scores and P V as mma steps, P rounded to the cache's dtype "
+         "(templates/kv_mma.jinja). auto: decode steps with at least 4 q heads a kv head (build_decode.kv_mma_rule, "
+         "with its measurements); 1: wherever it applies; 0: never (the A/B of decode_step.py --ab FUSEC_KV_MMA=0)",
+         ("auto", "1", "0")),
     Knob("FUSEC_KV_CLUSTER", "bool", True, "decode attention on sm_90 merges up to 8 splits through a thread block "
          "cluster's shared memory instead of global memory and a counter (off: the A/B of decode_step.py --ab)"),
     Knob("FUSEC_KV_CLUSTER_LEVELS", "choice", "2", "decode attention on sm_90 with more than 16 splits (batch 1-2, a "

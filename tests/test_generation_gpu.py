@@ -90,3 +90,34 @@ def test_head_rope_fusion_generates_like_the_reference(head_dim):
     res = generate_with_plan(plan, PROMPTS, max_new_tokens=16)
     want = generate(ReferenceEngine(build_graphs(model(), 4, 48, 12, [])), PROMPTS, 16, cfg.vocab_size)
     assert res.new_ids == want.new_ids
+
+
+def test_tensor_core_key_loop_generates_as_the_simt_loop(monkeypatch):
+    """A bf16 plan at GQA 4 and head_dim 128 takes the tensor-core key loop by the rule (FUSEC_KV_MMA=auto); its
+    greedy tokens equal those of the same plan with the SIMT loop (FUSEC_KV_MMA=0) over 16 steps (random weights: no
+    near-ties at these logits), and the fp32 plan (SIMT) still equals the reference."""
+    import dataclasses
+
+    from fusec.genmodel import GenModel
+    from fusec.models import get_config
+    from fusec.models.generate import SharedWeights
+    from fusec.models.weights import RandomWeights
+
+    cfg = dataclasses.replace(get_config("qwen3-tiny"), head_dim=128, num_heads=8, num_kv_heads=2, name="qwen3-g4")
+
+    def model():
+        return GenModel(cfg, SharedWeights(RandomWeights(2)), None, (), cfg.name)
+
+    def tokens(knob: str, dtype: str) -> tuple[list, str]:
+        monkeypatch.setenv("FUSEC_KV_MMA", knob)
+        plan = compile_generation(model(), batch=4, max_seq_len=48, prefill_len=12, dtype=dtype, eos_ids=[])
+        srcs = [bytes(plan.blob(m["source"])).decode() for m in plan.manifest["modules"]
+                if m["entry"].startswith("fc_kvattn")]
+        return generate_with_plan(plan, PROMPTS, max_new_tokens=16).new_ids, "".join(srcs)
+
+    mma, src_mma = tokens("auto", "bf16")
+    simt, src_simt = tokens("0", "bf16")
+    assert "#define NGM (NT / 32)" in src_mma and "#define NGM (NT / 32)" not in src_simt  # the merge's groups: warps
+    assert mma == simt
+    exact, _ = tokens("auto", "fp32")
+    assert exact == generate(ReferenceEngine(build_graphs(model(), 4, 48, 12, [])), PROMPTS, 16, cfg.vocab_size).new_ids

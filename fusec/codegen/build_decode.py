@@ -142,6 +142,19 @@ def kv_mma_applies(dtype: DType, D: int) -> bool:
     return dtype in (DType.F16, DType.BF16) and D in (64, 128)  # D 256 spilled (255 registers)
 
 
+# The rule for the tensor-core key loop: decode steps whose tile holds at least this many query rows (q heads a kv
+# head). The SIMT loop's work a key grows with the rows (a dot and a shuffle reduction each); an mma step's does not,
+# up to 8. Measured on an H200, in turns, ms a step (fortieth session): GQA 4 (the Llama-1B shape, context 32) Q4_K_M
+# batch 1 0.440-0.444 against 0.449-0.450, batch 8 0.860 against 0.876, bf16 0.751 against 0.759; GQA 2 (Qwen3-0.6B,
+# context 128) batch 1 0.553-0.566 against 0.550-0.551, batch 8 0.751 against 0.724; GQA 1 (the 7B int4 shape) 1.3175
+# against 1.3124. The key loop's ~1 us at batch 1 is mostly the keys' load latency, which neither form changes.
+KV_MMA_MIN_ROWS = 4
+
+
+def kv_mma_rule(Hq: int, Hkv: int, S_: int) -> bool:
+    return S_ == 1 and Hq // Hkv >= KV_MMA_MIN_ROWS
+
+
 def kv_form(B: int, Hq: int, Hkv: int, S_: int, T: int, D: int, dtype: DType, pos_dtype: DType = DType.I64,
             softcap: float = 0.0, clusters: bool = False) -> dict[str, Any]:
     """Kernel selection's decode attention form at q [B, Hq, S_, D] over a [B, Hkv, T, D] cache: the split
@@ -158,7 +171,7 @@ def kv_form(B: int, Hq: int, Hkv: int, S_: int, T: int, D: int, dtype: DType, po
                              solo_keys=knobs.get("FUSEC_KV_SOLO_KEYS"), split_keys=knobs.get("FUSEC_KV_SPLIT_KEYS"),
                              unroll=int(knobs.get("FUSEC_KV_UNROLL")),
                              max_splits=int(knobs.get("FUSEC_KV_MAX_SPLITS")) or KV_MAX_AUTO_SPLITS,
-                             mma=bool(knobs.get("FUSEC_KV_MMA")))
+                             mma={"auto": kv_mma_rule(Hq, Hkv, S_), "1": True, "0": False}[knobs.get("FUSEC_KV_MMA")])
     trigger = knobs.get("FUSEC_KV_TRIGGER")
     return ({"splits": spec.splits, "cluster": spec.cluster, "unroll": spec.unroll, "solo_keys": spec.solo_keys,
              "prefetch": prefetch} | ({"trigger": trigger} if trigger != "wait" else {})
