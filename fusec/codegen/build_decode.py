@@ -97,8 +97,8 @@ def kv_attention_spec(B: int, Hq: int, Hkv: int, S_: int, T: int, D: int, dtype:
     ``heads``: the q/k/v head_rope parts of its prologue (``KVAttentionSpec.heads``). ``unroll``: keys a
     key group loads at a time; 0 takes 8 where the older rows load before the PDL wait (``prefetch``) and a
     chunk at half the cache's capacity is more than 4 a group load and at most 8 (so they load whole
-    before the wait), else the layout's. ``mma``: the key loop on tensor cores where it applies (fp16/bf16, D a
-    multiple of 64; ``kv_mma_applies``). Measured on an H200 (Qwen3-0.6B, 271-row cache, plans in turns):
+    before the wait), else the layout's. ``mma``: the key loop on tensor cores where it applies (fp16/bf16, D 64 or
+    128: ``kv_mma_applies``). Measured on an H200 (Qwen3-0.6B, 271-row cache, plans in turns):
     batch 8 (4 splits, 64-key chunks) took 0.790 ms a step with 8 against 0.827 with 4; batch 1 (8 splits,
     32-key chunks: the rule keeps 4) took 0.777 with 8 against 0.760 with 4."""
     mma = mma and kv_mma_applies(dtype, D)
@@ -152,6 +152,7 @@ KV_MMA_MIN_ROWS = 4
 
 
 def kv_mma_rule(Hq: int, Hkv: int, S_: int) -> bool:
+    """Kernel selection's choice of the tensor-core key loop (FUSEC_KV_MMA=auto), where it applies."""
     return S_ == 1 and Hq // Hkv >= KV_MMA_MIN_ROWS
 
 

@@ -188,7 +188,8 @@ class KVAttentionSpec:
     # where each block lets the kernel after it launch (PDL): "wait", right after its own wait; "prologue", once q is
     # in (with heads: the q/k/v rows computed); "merged", once its key groups are merged; "end", not before it exits
     trigger: str = "wait"
-    # the key loop on tensor cores (templates/kv_mma.jinja): fp16/bf16, D a multiple of 64; each warp takes 16-key tiles
+    # the key loop on tensor cores (templates/kv_mma.jinja): fp16/bf16, D a multiple of 64; each warp takes 8-key tiles,
+    # and P is rounded to the dtype before P V (build_decode.kv_mma_rule: where kernel selection takes it)
     mma: bool = False
 
     def __repr__(self) -> str:  # window 0, flags off, no heads, unroll 0 left out: such kernels keep their names
