@@ -129,12 +129,13 @@
 #             8 with PDL and with plain launches, the Llama-1B shape batch 1
 #   step_l    the Llama-3.2-1B shape, batch 1, ring vs register form
 #   peer      Qwen3-0.6B decode and prefill vs the gpt-fast-style torch peer (benchmarks/decode.py --quick)
-#   kvm       the decode attention's key loop on tensor cores (FUSEC_KV_MMA=1): the attention's GPU tests (every mode,
-#             the prologue's bits), then Llama-1B Q4_K_M and Qwen3 at batch 1 and Qwen3 at batch 8 against the rule
+#   kvm       the decode attention's key loop on tensor cores: the attention's GPU tests (every mode, the prologue's
+#             bits), then Llama-1B Q4_K_M and Qwen3 at batch 1 and Qwen3 at batch 8, the rule against FUSEC_KV_MMA=0 and 1
 #   kvmt      the block trace of Qwen3's attention at batches 1 and 8 with FUSEC_KV_MMA=1 against the rule
 #   kvm7      the same knob and FUSEC_KV_TRIGGER=prologue on the 7B int4 step (benchmarks/int4_7b.py)
 #   kvr       the GPU tests the tensor-core key loop's rule touches (attention, generation, PDL, head_rope pairs, families)
-#   kvm1      FUSEC_KV_MMA=1 on the Llama-1B shape (GQA 4): Q4_K_M at batches 1 and 8, bf16 at batch 1
+#   kvm1      the Llama-1B shape (GQA 4: the tensor-core loop by the rule) against FUSEC_KV_MMA=0: Q4_K_M at batches 1
+#             and 8, bf16 at batch 1
 #   kvtp      FUSEC_KV_TRIGGER=prologue, alone and with FUSEC_KV_MMA=1: the kvm steps
 #   peer8     the same at batches 1 and 8 with the fp32 reference: greedy tokens against the peer's, and where a row
 #             parts, whether its first differing tokens are a near-tie within bf16 rounding (issue 19's agreement)
@@ -696,9 +697,9 @@ for step in "$@"; do
          timeout 240 $PT -n 12 tests/test_decode_kernels_gpu.py tests/test_kv_heads_gpu.py -k "kv_attention or prologue" \
            > "$R/t_kvm.txt" 2>&1
          grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_kvm.txt" | tail -n 20
-         kv_short kvm --ab FUSEC_KV_MMA=1 --ab FUSEC_KV_MMA=1+FUSEC_KV_MAX_SPLITS=2
+         kv_short kvm --ab FUSEC_KV_MMA=0 --ab FUSEC_KV_MMA=1
          timeout 110 python3 benchmarks/decode_step.py "$R/kvm_b8" --model qwen3-0.6b --batches 8 --context 128 \
-           --windows 3 --ab FUSEC_KV_MMA=1 > "$R/kvm_b8.txt" 2>&1
+           --windows 3 --ab FUSEC_KV_MMA=0 --ab FUSEC_KV_MMA=1 > "$R/kvm_b8.txt" 2>&1
          grep -E "^\| (batch|[0-9]+) \|" "$R/kvm_b8.txt" | cut -c 1-900 ;;
     kvmt) # the block trace of the attention (Qwen3-0.6B, context 128, batches 1 and 8) with FUSEC_KV_MMA=1 against the rule
           timeout 200 python3 benchmarks/block_trace.py "$R/kvmt" --model qwen3-0.6b --batches 1,8 --blocks rope_atte \
@@ -711,10 +712,11 @@ for step in "$@"; do
          timeout 330 $PT -n 12 tests/test_decode_kernels_gpu.py tests/test_kv_heads_gpu.py tests/test_generation_gpu.py \
            tests/test_pdl_gpu.py tests/test_head_rope_pair.py tests/test_generation_families_gpu.py > "$R/t_kvr.txt" 2>&1
          grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_kvr.txt" | tail -n 20 ;;
-    kvm1) # the tensor-core key loop (FUSEC_KV_MMA=1) on the GQA-4 Llama-1B shape: Q4_K_M at batches 1 and 8, bf16 at 1
+    kvm1) # the tensor-core key loop (the rule there) on the GQA-4 Llama-1B shape against the SIMT loop (FUSEC_KV_MMA=0):
+          # Q4_K_M at batches 1 and 8, bf16 at 1
           for m in llama-1b-q4_k_m:1,8 llama-1b:1; do IFS=: read -r mname bs <<< "$m"
             timeout 150 python3 benchmarks/decode_step.py "$R/kvm1_$mname" --model "$mname" --batches "$bs" --context 32 \
-              --windows 3 --ab FUSEC_KV_MMA=1 > "$R/kvm1_$mname.txt" 2>&1
+              --windows 3 --ab FUSEC_KV_MMA=0 > "$R/kvm1_$mname.txt" 2>&1
             echo "$mname"; grep -E "^\| (batch|[0-9]+) \|" "$R/kvm1_$mname.txt" | cut -c 1-900
           done ;;
     kvtp) # the attention's PDL trigger once its prologue is in, alone and with the tensor-core key loop

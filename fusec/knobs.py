@@ -169,11 +169,12 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "cover where the batch's heads alone fill a quarter of the SMs (32: the A/B of decode_step.py --ab "
          "FUSEC_KV_SPLIT_KEYS=32, as before)", bounds=(1, None)),
     Knob("FUSEC_KV_TRIGGER", "choice", "wait", "decode attention: where each block lets the kernel after it launch "
-         "(PDL): wait: right after its own wait; prologue: once q (and the step's k/v rows) are in; merged: once its key "
-         "groups are merged; end: when it exits. Qwen3-0.6B "
-         "on an H200, in turns: batch 1 0.551 ms a step against 0.569 (merged) and 0.587 (end), batch 8 0.714 against "
-         "0.738 and 0.754; the o product's blocks beside it slow the attention by ~0.2 us, and loading their weights "
-         "early is worth more (the A/B of decode_step.py --ab FUSEC_KV_TRIGGER=merged)", ("wait", "prologue", "merged", "end")),
+         "(PDL): wait: right after its own wait; prologue: once q (and the step's k/v rows) are in; merged: once its "
+         "key groups are merged; end: when it exits. Qwen3-0.6B on an H200, in turns: batch 1 0.551 ms a step against "
+         "0.565 (prologue), 0.569 (merged) and 0.587 (end), batch 8 0.714 against 0.738 and 0.754 (0.729 against 0.729 "
+         "for prologue); the o product's blocks beside it slow the attention by ~0.2 us, and loading their weights "
+         "early is worth more (the A/B of decode_step.py --ab FUSEC_KV_TRIGGER=merged)",
+         ("wait", "prologue", "merged", "end")),
     Knob("FUSEC_KV_WAVE_BLOCKS", "choice", "4", "decode attention: blocks an SM its full-context split count is "
          "sized for, one wave (fusec.codegen.build_decode.KV_WAVE_BLOCKS: 4 at the kernel's ~110 registers a thread; "
          "8: the first form's, as before the twenty-sixth session; the A/B of benchmarks/decode_step.py --batches 32 "

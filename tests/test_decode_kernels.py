@@ -698,9 +698,9 @@ def test_kv_max_splits_caps_the_splits_and_takes_clusters_from_two(cap, monkeypa
 @pytest.mark.parametrize("knob", ["0", "1", "auto"])
 def test_kv_mma_knob_puts_the_key_loop_on_tensor_cores_where_it_applies(knob, monkeypatch):
     """FUSEC_KV_MMA: kernel selection's decode attention form takes the tensor-core key loop for fp16/bf16 at head_dim
-    64 or 128 (never fp32 or 256): everywhere with 1, nowhere with 0, and by the rule (auto) at decode steps of at least
-    4 q heads a kv head. The plan's attention (a tiny Qwen3 at GQA 4, head_dim 64) then runs mma steps, one merge group a
-    warp, and the form builds without spilling for sm_80 and sm_90."""
+    64 or 128 (never fp32 or 256): everywhere with 1, nowhere with 0, and by the rule (auto) at decode steps of at
+    least 4 q heads a kv head. The plan's attention (a tiny Qwen3 at GQA 4, head_dim 64) then runs mma steps, one merge
+    group a warp, and the form builds without spilling for sm_80 and sm_90."""
     import re
 
     from fusec.codegen.build_decode import kv_form
@@ -715,7 +715,8 @@ def test_kv_mma_knob_puts_the_key_loop_on_tensor_cores_where_it_applies(knob, mo
     assert kv_form(1, 16, 8, 1, 271, 128, DType.BF16, clusters=True).get("mma", False) is (knob == "1")  # GQA 2
     assert kv_form(8, 32, 8, 1, 271, 64, DType.F16).get("mma", False) is on  # GQA 4
     assert kv_form(1, 32, 8, 2, 271, 64, DType.F16).get("mma", False) is (knob == "1")  # two query rows a step
-    assert "mma" not in kv_form(1, 32, 8, 1, 271, 128, DType.F32) and "mma" not in kv_form(1, 32, 8, 1, 99, 256, DType.BF16)
+    assert "mma" not in kv_form(1, 32, 8, 1, 271, 128, DType.F32)
+    assert "mma" not in kv_form(1, 32, 8, 1, 99, 256, DType.BF16)
     cfg = dataclasses.replace(get_config("qwen3-tiny"), head_dim=64, num_heads=8, num_kv_heads=2)
     gm = GenModel(cfg, SharedWeights(RandomWeights(0)), None, (), cfg.name)
     plan = compile_generation(gm, batch=1, max_seq_len=128, prefill_len=8, dtype="bf16", eos_ids=[], arch="sm_90")
