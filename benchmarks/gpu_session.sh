@@ -707,6 +707,15 @@ for step in "$@"; do
           timeout 200 python3 benchmarks/decode_step.py "$R/tcst_b8" --model llama-1b-q4_k_m --batches 8 --context 32 \
             --windows 3 --ab FUSEC_QGEMV_TC_STAGES=2 --ab FUSEC_QGEMV_TC_STAGES=4 > "$R/tcst_b8.txt" 2>&1
           grep -E "^\| (batch|[0-9]+) \|" "$R/tcst_b8.txt" | cut -c 1-900 ;;
+    tcprof) # where the tensor-core quantized GEMV's warps stall at 8 rows: Nsight Compute's full set on the 1B Q4_K
+            # gate/up and the Q6_K LM head, the details and the SASS with its stall samples
+            timeout 200 ncu --clock-control none -k regex:fc_qgemv --set full --import-source yes -o "$R/tcprof" \
+              python3 benchmarks/qgemv_ncu.py --rule q4_k:8:16384x2048:glu --rule q6_k:8:128256x2048 > "$R/tcprof.txt" 2>&1
+            tail -n 3 "$R/tcprof.txt"
+            ncu -i "$R/tcprof.ncu-rep" --page details --print-details all > "$R/tcprof_details.txt" 2>&1
+            ncu -i "$R/tcprof.ncu-rep" --page source --csv --print-source sass > "$R/tcprof_sass.csv" 2>&1
+            grep -E "Duration|Warp Cycles Per Issued|Stall|stall|Eligible|Occupancy|L2 Hit|L1/TEX Hit|Mem Busy|Max Bandwidth" \
+              "$R/tcprof_details.txt" | head -n 80; wc -l "$R/tcprof_sass.csv"; rm -f "$R/tcprof.ncu-rep" ;;
     kvm) # the decode attention's key loop on tensor cores (FUSEC_KV_MMA): its GPU tests, then the short-context steps
          timeout 240 $PT -n 12 tests/test_decode_kernels_gpu.py tests/test_kv_heads_gpu.py -k "kv_attention or prologue" \
            > "$R/t_kvm.txt" 2>&1
