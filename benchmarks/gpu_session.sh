@@ -716,10 +716,6 @@ for step in "$@"; do
              --windows 3 --ab FUSEC_QGEMV_TC_NORM=0 --ab FUSEC_QGEMV_TC_NORM=smem > "$R/tcn_$mname.txt" 2>&1
            echo "$mname"; grep -E "^\| (batch|[0-9]+) \|" "$R/tcn_$mname.txt" | cut -c 1-900
          done ;;
-    tcn8) # the norm prologue with 8 chunks unrolled where it compiles without spills: the 1B Q4_K_M step at batch 8
-          timeout 150 python3 benchmarks/decode_step.py "$R/tcn8" --model llama-1b-q4_k_m --batches 8 --context 32 \
-            --windows 3 --ab FUSEC_QGEMV_TC_NORM=0 > "$R/tcn8.txt" 2>&1
-          grep -E "^\| (batch|[0-9]+) \|" "$R/tcn8.txt" | cut -c 1-900 ;;
     tcprof) # where the tensor-core quantized GEMV's warps stall at 8 rows: Nsight Compute's full set on the 1B Q4_K
             # gate/up and the Q6_K LM head, the details and the SASS with its stall samples
             timeout 200 ncu --clock-control none -k regex:fc_qgemv --set full --import-source yes -o "$R/tcprof" \
