@@ -713,7 +713,7 @@ for step in "$@"; do
          grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_tcn.txt" | tail -n 20
          for mname in llama-1b-q4_k_m llama-1b-q8_0; do
            timeout 150 python3 benchmarks/decode_step.py "$R/tcn_$mname" --model "$mname" --batches 8 --context 32 \
-             --windows 3 --ab FUSEC_QGEMV_TC_NORM=0 --ab FUSEC_QGEMV_TC_NORM=smem > "$R/tcn_$mname.txt" 2>&1
+             --windows 3 --ab FUSEC_QGEMV_TC_NORM=0 > "$R/tcn_$mname.txt" 2>&1
            echo "$mname"; grep -E "^\| (batch|[0-9]+) \|" "$R/tcn_$mname.txt" | cut -c 1-900
          done ;;
     tcprof) # where the tensor-core quantized GEMV's warps stall at 8 rows: Nsight Compute's full set on the 1B Q4_K

@@ -332,13 +332,11 @@ def test_tensor_core_qgemv_matches_reference(fmt, group, m, warps, passes):
 @pytest.mark.parametrize("fmt", ["q4_k", "q6_k", "q5_0", "q8_0", "uint4", "int8"])
 @pytest.mark.parametrize("m", [3, 5, 8])
 @pytest.mark.parametrize("warps,passes", [(4, 1), (8, 1), (16, 3)])
-@pytest.mark.parametrize("gsmem", [False, True])
-def test_tensor_core_norm_prologue_matches_reference(fmt, m, warps, passes, gsmem):
+def test_tensor_core_norm_prologue_matches_reference(fmt, m, warps, passes):
     """The tensor-core form with the RMSNorm before it as its prologue (x * (g + offset) into the mma, 1 / rms from
     the Gram mma's diagonal in the epilogue), plain with bias + residual and gated, weight offsets 0 and 1, odd N (a
     partial last block), fp16 and bf16, against numpy: the unfused norm (as RMSNORM rounds it) times the reference's
-    weights. Its bits are not the unfused ones (the roundings sit elsewhere): within the tolerance of the dtype. The
-    norm weight read from global memory or copied beside the codes (gsmem)."""
+    weights. Its bits are not the unfused ones (the roundings sit elsewhere): within the tolerance of the dtype."""
     f = 77
     k = 1536 if quant.FORMATS[fmt].super_block else 1472
     qw = sample_weight(fmt, 2 * f, k, RNG)
@@ -356,7 +354,7 @@ def test_tensor_core_norm_prologue_matches_reference(fmt, m, warps, passes, gsme
             out = poisoned((m, 2 * f - 3), dt)
             q3 = sample_weight(fmt, 2 * f - 3, k, RNG)
             spec = QGemvSpec(m, 2 * f - 3, k, fmt, q3.group, dt, q3.scale_dtype, Epilogue(bias=True, residual=True),
-                             tc=True, warps=warps, passes=passes, norm=True, eps=1e-5, weight_offset=off, gsmem=gsmem)
+                             tc=True, warps=warps, passes=passes, norm=True, eps=1e-5, weight_offset=off)
             _run(spec, [dev(x), *[dev(a) for a in q3.arrays], dev(g), dev(bias[:-3]), dev(res[:, :-3]), out])
             y3 = _norm_ref(x, g, 1e-5, off, dt) @ q3.dequantize().astype(np.float32).T
             ref = rd(rd(y3) + bias[:-3].astype(np.float32)) + res[:, :-3].astype(np.float32)
@@ -364,7 +362,7 @@ def test_tensor_core_norm_prologue_matches_reference(fmt, m, warps, passes, gsme
             # gated: silu(first) * second
             out = poisoned((m, f), dt)
             spec = QGemvSpec(m, 2 * f, k, fmt, qw.group, dt, qw.scale_dtype, Epilogue(), tc=True, warps=warps,
-                             passes=passes, norm=True, eps=1e-5, weight_offset=off, glu="silu", gsmem=gsmem)
+                             passes=passes, norm=True, eps=1e-5, weight_offset=off, glu="silu")
             _run(spec, [dev(x), *[dev(a) for a in qw.arrays], dev(g), out])
             first, second = rd(y[:, :f]), rd(y[:, f:])
             with np.errstate(over="ignore"):

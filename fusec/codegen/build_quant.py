@@ -96,13 +96,11 @@ def _qgemv_dp4a(spec: QGemvSpec) -> Rendered:
     return Rendered("qgemv_dp4a.cu.jinja", ctx, (spec.grid, 1, 1), (32 * spec.warps, 1, 1), _row_params(spec))
 
 
-def qgemv_tc_geometry(K: int, group: int, warps: int, hb: int = 0, passes: int = 1, bits: int = 4,
-                      norm: bool = False) -> dict[str, int]:
+def qgemv_tc_geometry(K: int, group: int, warps: int, hb: int = 0, passes: int = 1, bits: int = 4) -> dict[str, int]:
     """The tensor-core form's shared memory: chunks per warp (a contiguous range), the codes' row
     stride (bytes: whole 128-byte lines + 16, so that 8 rows' reads fall in different banks; a chunk's
     codes are 16 bytes, 32 at 8 bits), the scale table's row stride (floats: 2 per group, = 2 mod 4 for
-    the same reason), the bit planes' row stride (words: ``hb`` a chunk, = 4 mod 8), with ``norm`` the norm
-    weight's range (64 bytes a chunk), and the bytes."""
+    the same reason), the bit planes' row stride (words: ``hb`` a chunk, = 4 mod 8) and the bytes."""
     gpc = 2 if group < 32 else 1
     cb = 32 if bits == 8 else 16
     cpw = cdiv(K // 32, warps * passes)  # a run's chunks: a warp takes ``passes`` runs
@@ -110,8 +108,7 @@ def qgemv_tc_geometry(K: int, group: int, warps: int, hb: int = 0, passes: int =
     srs = 2 * cpw * gpc + (2 if cpw * gpc % 2 == 0 else 4)
     # = 4 mod 8 words: rows 16-byte aligned (the 16-byte copies) and 8 rows' reads of one word in 8 different banks
     hrs = cpw * hb + (4 - cpw * hb) % 8 if hb else 0
-    # the partial sums reuse it at the end
-    smem = max(warps * (16 * (rsb + 4 * srs + 4 * hrs) + (64 * cpw if norm else 0)), warps * 16 * 8 * 4)
+    smem = max(warps * 16 * (rsb + 4 * srs + 4 * hrs), warps * 16 * 8 * 4)  # the partial sums reuse it at the end
     return {"cpw": cpw, "rsb": rsb, "srs": srs, "hrs": hrs, "gpc": gpc, "cb": cb, "smem": smem}
 
 
@@ -121,7 +118,7 @@ def _qgemv_tc(spec: QGemvSpec) -> Rendered:
     fp16 = spec.dtype == DType.F16
     f = FORMATS[spec.fmt]
     hb = f.high_planes
-    geo = qgemv_tc_geometry(spec.K, spec.group, spec.warps, hb, spec.passes, f.bits, spec.gsmem)
+    geo = qgemv_tc_geometry(spec.K, spec.group, spec.warps, hb, spec.passes, f.bits)
     cps = cdiv(geo["cpw"], spec.stages)  # chunks a stage of a run
     flip = 0x00800080 if f.bits == 8 and f.signed else 0  # signed 8-bit codes read as u = q + 128: bit 7 flipped
     if f.bits < 8:  # MAGIC | q = BIAS + q exactly: fp16 1024 (10 mantissa bits), bf16 128 (7)
@@ -144,8 +141,8 @@ def _qgemv_tc(spec: QGemvSpec) -> Rendered:
            "t": ctype(spec.dtype), "bias": spec.epilogue.bias, "act": Ident(spec.epilogue.activation),
            "residual": spec.epilogue.residual, "round_x": _round_fn(spec.dtype),
            "glu": Ident(spec.glu) if spec.glu else None, "glu_swap": spec.glu_swap, "half": spec.N // 2,
-           "norm": spec.norm, "gsmem": spec.gsmem, "eps": float_lit(spec.eps),
-           "weight_offset": float_lit(spec.weight_offset), "weight_offset_nonzero": spec.weight_offset != 0, "bf16": spec.dtype == DType.BF16,
+           "norm": spec.norm, "eps": float_lit(spec.eps), "weight_offset": float_lit(spec.weight_offset),
+           "weight_offset_nonzero": spec.weight_offset != 0, "bf16": spec.dtype == DType.BF16,
            **_format_ctx(spec.fmt, spec.group, spec.scale_dtype)}
     # a gated block: 8 outputs (8 weight rows of each half); else 16 weight rows
     blocks = cdiv(spec.N // 2, 8) if spec.glu else cdiv(spec.N, 16)

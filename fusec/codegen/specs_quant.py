@@ -98,8 +98,7 @@ class QGemvSpec(_QProduct):
     ``norm``, x RMS-normalized over K first as ``Op.RMSNORM`` computes it (weight ``g``
     [K], ``eps``, ``weight_offset``; the FMA form normalizes x once into shared memory, M * K elements of
     at most ``QNORM_SMEM`` bytes, the dp4a form as it writes x's digits, the tensor-core form in two parts: x * g into
-    the mma, 1 / rms in the epilogue; ``gsmem``: its weight's elements copied beside the codes, else read from
-    global memory); ``glu``, a gated unit over the two halves of the product (as
+    the mma, 1 / rms in the epilogue); ``glu``, a gated unit over the two halves of the product (as
     ``GemvSpec.glu``: C[m, j] = glu(y[m, j]) * y[m, F + j], ``glu_swap`` activating the second half,
     Nout = F = N / 2; a warp's two rows are j and F + j, so ``rows`` is 2; the dp4a form's may be 4, two such
     pairs). ``argmax`` (the dp4a form, no gated unit; a sampler reads the product: the LM head): each warp also keeps,
@@ -115,7 +114,6 @@ class QGemvSpec(_QProduct):
     warps: int = 8
     passes: int = 1
     stages: int = 1
-    gsmem: bool = False
     dp4a: bool = False
     blocks: int = 2
     chunks: int = 4
@@ -184,8 +182,6 @@ class QGemvSpec(_QProduct):
             _req(self.warps in (4, 8, 16), "the tensor-core quantized gemv has 4, 8 or 16 warps")
         _req(self.passes in (1, 2, 3, 4) and (self.passes == 1 or self.tc),
              "passes (1 to 4) are the tensor-core quantized gemv's runs of chunks a warp copies in turn")
-        _req(not self.gsmem or (self.tc and self.norm), "gsmem (the norm weight beside the codes in shared memory) "
-             "is the tensor-core quantized gemv's, with the norm")
         _req(self.stages in (1, 2, 3, 4) and (self.stages == 1 or self.tc),
              "stages (1 to 4) are the tensor-core quantized gemv's commit groups a run's copy is split into")
         if self.dp4a:

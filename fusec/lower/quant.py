@@ -142,12 +142,10 @@ TC_MIN_M = 3
 DP4A_OVER_TC_N = 8192
 
 
-def _tc_fits_smem(k: int, group: int, warps: int, fmt: str, passes: int = 1, norm: bool = False) -> bool:
-    from fusec import knobs
+def _tc_fits_smem(k: int, group: int, warps: int, fmt: str, passes: int = 1) -> bool:
     from fusec.codegen.build_quant import qgemv_tc_geometry
 
-    geo = qgemv_tc_geometry(k, group, warps, FORMATS[fmt].high_planes, passes, FORMATS[fmt].bits,
-                            norm and knobs.get("FUSEC_QGEMV_TC_NORM") == "smem")
+    geo = qgemv_tc_geometry(k, group, warps, FORMATS[fmt].high_planes, passes, FORMATS[fmt].bits)
     return geo["smem"] <= TC_SMEM_MAX and (warps == 16 or geo["cpw"] <= TC_MAX_CPW)
 
 
@@ -260,13 +258,13 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     if tc_fits(m, fmt, dtype) and m >= TC_MIN_M and choice in ("auto", "tc"):
         blocks = -(-n // 16)
         warps = max(4 if blocks >= 2 * SMS else 8 if blocks >= 160 else 16, _tc_min_warps(fmt))
-        while warps < 16 and not _tc_fits_smem(k, group, warps, fmt, 1, norm):
+        while warps < 16 and not _tc_fits_smem(k, group, warps, fmt):
             warps *= 2
         # where a block's copy of its 16 rows is over TC_SMEM_MAX at 16 warps (Llama-1B's down in Q6_K at K = 8192:
         # 172 KB), each warp copies and sums its chunks in runs, in turn (before, such products took the FMA form: at 8
         # rows of x the 1B Q6_K down took 39.6 us, the Q4_K down on tensor cores 12.1, H200, sixteenth session)
         runs = int(knobs.get("FUSEC_QGEMV_TC_RUNS"))
-        passes = next((p for p in range(1, runs + 1) if _tc_fits_smem(k, group, warps, fmt, p, norm)), 0)
+        passes = next((p for p in range(1, runs + 1) if _tc_fits_smem(k, group, warps, fmt, p)), 0)
         tc = warps if passes else 0
     wide = m >= DP4A_WIDE_M
     # a gated product at 4-8 rows that the tensor-core form does not take (FUSEC_QGEMV_FORM=dp4a; before the
@@ -314,8 +312,6 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
         stages = min(int(knobs.get("FUSEC_QGEMV_TC_STAGES")), cpw)  # no more stages than a run's chunks
         if stages > 1:
             form["stages"] = stages
-        if norm and knobs.get("FUSEC_QGEMV_TC_NORM") == "smem":
-            form["gsmem"] = True
     return form
 
 

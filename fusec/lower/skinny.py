@@ -143,7 +143,7 @@ def qfits(m: int, n: int, k: int, a: Value, mm: Node, norm: bool, glu: bool, con
     if form.get("tc"):
         from fusec import knobs
 
-        if norm and knobs.get("FUSEC_QGEMV_TC_NORM") == "0":
+        if norm and not knobs.get("FUSEC_QGEMV_TC_NORM"):
             return "the tensor-core quantized GEMV's norm prologue is off (FUSEC_QGEMV_TC_NORM=0)"
         if glu and not knobs.get("FUSEC_QGEMV_TC_GATE"):
             return "the tensor-core quantized GEMV's gated epilogue is off (FUSEC_QGEMV_TC_GATE=0)"
