@@ -707,15 +707,6 @@ for step in "$@"; do
           timeout 200 python3 benchmarks/decode_step.py "$R/tcst_b8" --model llama-1b-q4_k_m --batches 8 --context 32 \
             --windows 3 --ab FUSEC_QGEMV_TC_STAGES=2 --ab FUSEC_QGEMV_TC_STAGES=4 > "$R/tcst_b8.txt" 2>&1
           grep -E "^\| (batch|[0-9]+) \|" "$R/tcst_b8.txt" | cut -c 1-900 ;;
-    tcn) # the tensor-core quantized GEMV's norm prologue (FUSEC_QGEMV_TC_NORM): its GPU tests (and every tensor-core and
-         # packed-plan test), the 1B Q4_K_M and Q8_0 steps at batch 8 against the norm apart
-         timeout 240 $PT -n 12 tests/test_quant_gpu.py -k "tensor_core or rules_form or packed" > "$R/t_tcn.txt" 2>&1
-         grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_tcn.txt" | tail -n 20
-         for mname in llama-1b-q4_k_m llama-1b-q8_0; do
-           timeout 150 python3 benchmarks/decode_step.py "$R/tcn_$mname" --model "$mname" --batches 8 --context 32 \
-             --windows 3 --ab FUSEC_QGEMV_TC_NORM=0 > "$R/tcn_$mname.txt" 2>&1
-           echo "$mname"; grep -E "^\| (batch|[0-9]+) \|" "$R/tcn_$mname.txt" | cut -c 1-900
-         done ;;
     tcprof) # where the tensor-core quantized GEMV's warps stall at 8 rows: Nsight Compute's full set on the 1B Q4_K
             # gate/up and the Q6_K LM head, the details and the SASS with its stall samples
             timeout 200 ncu --clock-control none -k regex:fc_qgemv --set full --import-source yes -o "$R/tcprof" \

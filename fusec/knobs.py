@@ -131,10 +131,6 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "epilogue (a block's 16 rows: 8 of each half), one launch fewer a layer at 3-8 rows of x (H200, 1B Q4_K_M "
          "batch 8: 0.877 ms a step against 0.893 with the SwiGLU apart, same bits; 0: apart, the A/B of "
          "benchmarks/decode_step.py --model llama-1b-q4_k_m --batches 8 --ab FUSEC_QGEMV_TC_GATE=0)"),
-    Knob("FUSEC_QGEMV_TC_NORM", "bool", True, "the tensor-core quantized GEMV takes the RMSNorm before it as a "
-         "prologue (x * g into the mma, 1 / rms from a Gram mma's diagonal in the epilogue; other bits than the "
-         "unfused norm), one launch fewer a norm at 3-8 rows of x (0: the norm apart; the A/B of "
-         "benchmarks/decode_step.py --model llama-1b-q4_k_m --batches 8 --ab FUSEC_QGEMV_TC_NORM=0)"),
     Knob("FUSEC_QGEMV_WIDE_GATE", "choice", "dp4a", "a gated quantized product at 4-8 rows of x that the tensor-core "
          "form does not take (FUSEC_QGEMV_FORM=dp4a, or rows too long for its shared memory): dp4a: the dp4a "
          "form, the gated unit apart; fma: the FMA form with its gated unit (the 1B Q8_0 decode step at batch 8 "

@@ -141,14 +141,11 @@ def _qgemv_tc(spec: QGemvSpec) -> Rendered:
            "t": ctype(spec.dtype), "bias": spec.epilogue.bias, "act": Ident(spec.epilogue.activation),
            "residual": spec.epilogue.residual, "round_x": _round_fn(spec.dtype),
            "glu": Ident(spec.glu) if spec.glu else None, "glu_swap": spec.glu_swap, "half": spec.N // 2,
-           "norm": spec.norm, "eps": float_lit(spec.eps), "weight_offset": float_lit(spec.weight_offset),
-           "weight_offset_nonzero": spec.weight_offset != 0, "bf16": spec.dtype == DType.BF16,
            **_format_ctx(spec.fmt, spec.group, spec.scale_dtype)}
     # a gated block: 8 outputs (8 weight rows of each half); else 16 weight rows
     blocks = cdiv(spec.N // 2, 8) if spec.glu else cdiv(spec.N, 16)
     return Rendered("qgemv_tc.cu.jinja", ctx, (blocks, 1, 1), (32 * spec.warps, 1, 1),
-                    ("x",) + packed_params(spec.fmt) + (("g",) if spec.norm else ()) + _epi_params(spec.epilogue)
-                    + ("C",), shared_mem=geo["smem"])
+                    ("x",) + packed_params(spec.fmt) + _epi_params(spec.epilogue) + ("C",), shared_mem=geo["smem"])
 
 
 @builder(QDequantSpec)

@@ -95,10 +95,9 @@ class QGemvSpec(_QProduct):
     loaded before the PDL wait where x is one batch of a thread's pieces (else after it, beside x); ``cluster``: on
     sm_90, blocks a thread block cluster whose warps take turns writing x's digits, each into every block's shared
     memory (1: every block writes all of them; elsewhere always 1); fold unused).
-    ``norm``, x RMS-normalized over K first as ``Op.RMSNORM`` computes it (weight ``g``
+    FMA and dp4a forms: ``norm``, x RMS-normalized over K first as ``Op.RMSNORM`` computes it (weight ``g``
     [K], ``eps``, ``weight_offset``; the FMA form normalizes x once into shared memory, M * K elements of
-    at most ``QNORM_SMEM`` bytes, the dp4a form as it writes x's digits, the tensor-core form in two parts: x * g into
-    the mma, 1 / rms in the epilogue); ``glu``, a gated unit over the two halves of the product (as
+    at most ``QNORM_SMEM`` bytes, the dp4a form as it writes x's digits); ``glu``, a gated unit over the two halves of the product (as
     ``GemvSpec.glu``: C[m, j] = glu(y[m, j]) * y[m, F + j], ``glu_swap`` activating the second half,
     Nout = F = N / 2; a warp's two rows are j and F + j, so ``rows`` is 2; the dp4a form's may be 4, two such
     pairs). ``argmax`` (the dp4a form, no gated unit; a sampler reads the product: the LM head): each warp also keeps,
@@ -196,9 +195,10 @@ class QGemvSpec(_QProduct):
              "cluster (1, 2 or 4 blocks splitting the writing of x's digits) is the dp4a quantized gemv's")
         _req(not self.norm_early or (self.dp4a and self.norm),
              "norm_early is the dp4a quantized gemv's, with the norm prologue")
+        if self.norm:
+            _req(not self.tc, "the quantized gemv's norm prologue is the FMA and dp4a forms'")
         check_norm_glu(self, "quantized gemv")
-        if self.norm and not (self.dp4a or self.tc):  # the FMA form's copy of x (the dp4a form writes x's digits
-            # instead, the tensor-core form scales its fragments)
+        if self.norm and not self.dp4a:  # the FMA form's copy of x (the dp4a form writes x's digits instead)
             _req(self.M * self.K * self.dtype.itemsize <= QNORM_SMEM,
                  f"the quantized gemv normalizes x in shared memory: M * K * {self.dtype.itemsize} <= {QNORM_SMEM} bytes")
         if self.siblings:

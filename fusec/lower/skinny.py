@@ -126,10 +126,10 @@ def fits(m: int, k: int, a: Value, b: Value, trans_b: bool, const: bool, wide: b
 
 
 def qfits(m: int, n: int, k: int, a: Value, mm: Node, norm: bool, glu: bool, const: bool) -> str | None:
-    """None when the quantized GEMV's form the rule picks (``fusec.lower.quant.gemv_form``) takes this product with
-    a norm prologue or a gated epilogue (``QGemvSpec``), else why not: the tensor-core form with either where its
-    knobs are on, the dp4a form (no gated unit from 4 rows of x), the FMA form with two rows a warp for a gated unit
-    and x within the norm's shared memory."""
+    """None when the quantized GEMV's dp4a or FMA form takes this product with a norm prologue or a
+    gated epilogue (``QGemvSpec``), else why not: the form the rule picks (``fusec.lower.quant.gemv_form``)
+    must be one of those; the FMA form needs two rows a warp for a gated unit and x within the norm's
+    shared memory."""
     from fusec.codegen.specs_quant import QNORM_SMEM
     from fusec.lower import quant as Q
 
@@ -143,12 +143,12 @@ def qfits(m: int, n: int, k: int, a: Value, mm: Node, norm: bool, glu: bool, con
     if form.get("tc"):
         from fusec import knobs
 
-        if norm and not knobs.get("FUSEC_QGEMV_TC_NORM"):
-            return "the tensor-core quantized GEMV's norm prologue is off (FUSEC_QGEMV_TC_NORM=0)"
-        if glu and not knobs.get("FUSEC_QGEMV_TC_GATE"):
+        if norm:
+            return "the tensor-core quantized GEMV (the rule's form here) has no norm prologue"
+        if not glu:
+            return "the tensor-core quantized GEMV (the rule's form here) fuses only a gated epilogue"
+        if not knobs.get("FUSEC_QGEMV_TC_GATE"):
             return "the tensor-core quantized GEMV's gated epilogue is off (FUSEC_QGEMV_TC_GATE=0)"
-        if not (norm or glu):
-            return "the tensor-core quantized GEMV (the rule's form here) fuses a norm prologue and a gated epilogue"
         return None
     if form.get("dp4a"):
         if glu and m >= Q.DP4A_WIDE_M:  # the rule's dp4a form here has no gated unit (FUSEC_QGEMV_WIDE_GATE)
