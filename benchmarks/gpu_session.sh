@@ -693,6 +693,11 @@ for step in "$@"; do
           --ab FUSEC_KV_MAX_SPLITS=3 > "$R/int4_7b_kvs.txt" 2>&1
         grep -E "step_ms_median|pct_roofline|same_tokens|error|Error" "$R/int4_7b_kvs.txt" | head -n 16
         kv_short kvs --ab FUSEC_KV_MAX_SPLITS=1 --ab FUSEC_KV_MAX_SPLITS=2 --ab FUSEC_KV_MAX_SPLITS=4 ;;
+    tcw8) # the tensor-core quantized GEMV on 8 warps a block of 16 rows everywhere (FUSEC_QGEMV_TC_MIN_WARPS=8: half
+          # the chunks a warp, so half its scale table): the 1B Q4_K_M step at batches 1 and 8
+          timeout 200 python3 benchmarks/decode_step.py "$R/tcw8" --model llama-1b-q4_k_m --batches 1,8 --context 32 \
+            --windows 3 --ab FUSEC_QGEMV_TC_MIN_WARPS=8 > "$R/tcw8.txt" 2>&1
+          grep -E "^\| (batch|[0-9]+) \|" "$R/tcw8.txt" | cut -c 1-900 ;;
     tcprof) # where the tensor-core quantized GEMV's warps stall at 8 rows: Nsight Compute's full set on the 1B Q4_K
             # gate/up and the Q6_K LM head, the details and the SASS with its stall samples
             timeout 200 ncu --clock-control none -k regex:fc_qgemv --set full --import-source yes -o "$R/tcprof" \
