@@ -693,6 +693,20 @@ for step in "$@"; do
           --ab FUSEC_KV_MAX_SPLITS=3 > "$R/int4_7b_kvs.txt" 2>&1
         grep -E "step_ms_median|pct_roofline|same_tokens|error|Error" "$R/int4_7b_kvs.txt" | head -n 16
         kv_short kvs --ab FUSEC_KV_MAX_SPLITS=1 --ab FUSEC_KV_MAX_SPLITS=2 --ab FUSEC_KV_MAX_SPLITS=4 ;;
+    tcst) # the tensor-core quantized GEMV's copy in commit groups (FUSEC_QGEMV_TC_STAGES): its GPU tests, the 1B
+          # products at 8 rows alone under Nsight Compute (1, 2, 4 stages), then the 1B Q4_K_M step at batch 8
+          timeout 200 $PT -n 12 tests/test_quant_gpu.py -k "tensor_core" > "$R/t_tcst.txt" 2>&1
+          grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_tcst.txt" | tail -n 20
+          for st in 1 2 4; do
+            FUSEC_QGEMV_TC_STAGES=$st timeout 120 ncu --clock-control none -k regex:fc_qgemv --section SpeedOfLight \
+              python3 benchmarks/qgemv_ncu.py --rule q4_k:8:16384x2048:glu --rule q4_k:8:2048x8192 \
+              --rule q6_k:8:2048x8192 --rule q6_k:8:128256x2048 --rule q4_k:8:3072x2048 --rule q4_k:8:2048x2048 \
+              > "$R/tcst_ncu$st.txt" 2>&1
+            echo "stages $st"; grep -E "^launch:|Duration|DRAM Throughput" "$R/tcst_ncu$st.txt" | head -n 30
+          done
+          timeout 200 python3 benchmarks/decode_step.py "$R/tcst_b8" --model llama-1b-q4_k_m --batches 8 --context 32 \
+            --windows 3 --ab FUSEC_QGEMV_TC_STAGES=2 --ab FUSEC_QGEMV_TC_STAGES=4 > "$R/tcst_b8.txt" 2>&1
+          grep -E "^\| (batch|[0-9]+) \|" "$R/tcst_b8.txt" | cut -c 1-900 ;;
     tcw8) # the tensor-core quantized GEMV on 8 warps a block of 16 rows everywhere (FUSEC_QGEMV_TC_MIN_WARPS=8: half
           # the chunks a warp, so half its scale table): the 1B Q4_K_M step at batches 1 and 8
           timeout 200 python3 benchmarks/decode_step.py "$R/tcw8" --model llama-1b-q4_k_m --batches 1,8 --context 32 \

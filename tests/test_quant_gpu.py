@@ -329,6 +329,38 @@ def test_tensor_core_qgemv_matches_reference(fmt, group, m, warps, passes):
         assert not bad.any(), (fmt, m, dt, int(bad.sum()), float(np.abs(got - want).max()))
 
 
+@pytest.mark.parametrize("fmt,group", TC_FORMATS)
+@pytest.mark.parametrize("warps,passes", [(4, 1), (16, 3), (8, 2)])
+@pytest.mark.parametrize("glu", ["", "silu"])
+def test_tensor_core_stages_give_the_same_bits(fmt, group, warps, passes, glu):
+    """A run's copy issued in 2-4 commit groups (each summed once it lands) gives the bits of one group: the same
+    chunks summed in the same order, the scale table the same. At odd N and K not a multiple of the warps' chunks
+    (partial and empty stages), 3 and 8 rows of x, bf16, plain and gated."""
+    n, k = (154, 1536) if quant.FORMATS[fmt].super_block else (154, 1472)
+    qw = sample_weight(fmt, n, k, RNG) if quant.FORMATS[fmt].group else None
+    if qw is None:
+        bits = quant.FORMATS[fmt].bits
+        half = 1 << (bits - 1)
+        signed = fmt in ("int4", "int8")
+        q = RNG.integers(-half, half, (n, k)).astype(np.int8) if signed else RNG.integers(0, 2 * half, (n, k)).astype(np.uint8)
+        qw = quant.from_affine(q, (RNG.random((n, k // group)) * 0.01 + 1e-3).astype(np.float16),
+                               None if signed else RNG.integers(0, 2 * half, (n, k // group)).astype(np.uint8), bits)
+    nout = n // 2 if glu else n
+    for m in (3, 8):
+        x = dev(RNG.standard_normal((m, k)).astype(np.float32).astype(BF16.np))
+        res = dev(RNG.standard_normal((m, nout)).astype(np.float32).astype(BF16.np))
+        outs = []
+        for stages in (1, 2, 3, 4):
+            out = poisoned((m, nout), BF16)
+            spec = QGemvSpec(m, n, k, qw.format, qw.group, BF16, qw.scale_dtype, Epilogue(residual=True), tc=True,
+                             warps=warps, passes=passes, stages=stages, glu=glu)
+            _run(spec, [x, *[dev(a) for a in qw.arrays], res, out])
+            outs.append(host(out, BF16))
+        assert np.isfinite(outs[0].astype(np.float32)).all(), (fmt, m)
+        for stages, got in zip((2, 3, 4), outs[1:]):
+            assert np.array_equal(got.view(np.uint16), outs[0].view(np.uint16)), (fmt, group, m, stages)
+
+
 @pytest.mark.parametrize("fmt", ["q4_k", "q6_k", "q5_0", "q8_0", "uint4", "int8"])
 @pytest.mark.parametrize("m", [3, 5, 8])
 @pytest.mark.parametrize("warps,passes", [(4, 1), (16, 3)])

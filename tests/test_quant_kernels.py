@@ -343,8 +343,8 @@ def test_tensor_core_bit_planes_copy_16_bytes_where_aligned():
             spec = QGemvSpec(8, 301, k, fmt, FORMATS[fmt].group or 32, DType.BF16, DType.F16, tc=True, warps=warps,
                              passes=passes)
             src = K.prepare(spec)[1]
-            wide = "qt_copy_rows<16, CPW * HB / 4" in src
-            assert wide or "qt_copy_rows<4, CPW * HB / 1" in src, (fmt, warps, passes)
+            wide = "qt_copy_rows<16, CPS * HB / 4" in src
+            assert wide or "qt_copy_rows<4, CPS * HB / 1" in src, (fmt, warps, passes)
             hb, cpw = FORMATS[fmt].high_planes, qgemv_tc_geometry(k, spec.group, warps, FORMATS[fmt].high_planes,
                                                                   passes)["cpw"]
             assert wide == ((k // 32 * hb) % 4 == 0 and (cpw * hb) % 4 == 0), (fmt, warps, passes)

@@ -119,6 +119,7 @@ def _qgemv_tc(spec: QGemvSpec) -> Rendered:
     f = FORMATS[spec.fmt]
     hb = f.high_planes
     geo = qgemv_tc_geometry(spec.K, spec.group, spec.warps, hb, spec.passes, f.bits)
+    cps = cdiv(geo["cpw"], spec.stages)  # chunks a stage of a run
     flip = 0x00800080 if f.bits == 8 and f.signed else 0  # signed 8-bit codes read as u = q + 128: bit 7 flipped
     if f.bits < 8:  # MAGIC | q = BIAS + q exactly: fp16 1024 (10 mantissa bits), bf16 128 (7)
         mask, magic, magic_hi, bias = 0x000F000F, 0x64006400 if fp16 else 0x43004300, 0, 1024.0 if fp16 else 128.0
@@ -127,9 +128,9 @@ def _qgemv_tc(spec: QGemvSpec) -> Rendered:
     else:  # bf16: (128 + the low 7 bits) + (128 + 128 * bit 7) = 256 + u
         mask, magic, magic_hi, bias = 0x007F007F, 0x43004300, 0x43004300 ^ flip, 256.0
     ctx = {"name": kernel_name("qgemv", spec), "M": spec.M, "N": spec.N, "K": spec.K, "warps": spec.warps,
-           "passes": spec.passes,
-           # the bit planes in 16-byte copies where every row's and run's range starts on 16 bytes
-           "hb16": bool(hb) and (spec.K // 32 * hb) % 4 == 0 and (geo["cpw"] * hb) % 4 == 0,
+           "passes": spec.passes, "stages": spec.stages, "cps": cps,
+           # the bit planes in 16-byte copies where every row's, run's and stage's range starts on 16 bytes
+           "hb16": bool(hb) and (spec.K // 32 * hb) % 4 == 0 and (geo["cpw"] * hb) % 4 == 0 and (cps * hb) % 4 == 0,
            "cpw": geo["cpw"], "rsb": geo["rsb"], "srs": geo["srs"], "gpc": geo["gpc"], "hb": hb, "hrs": geo["hrs"],
            "batch": 8 // geo["gpc"],  # scale pairs whose loads are in flight together (registers: 3 floats a group)
            # 4 and 8 warps: 64 registers a thread, so that 1024 threads fit an SM (a 1B model's gate/up in one wave
