@@ -119,6 +119,8 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "shared memory in turn, where a block's copy of its 16 rows does not fit at once (fusec.lower.quant.gemv_form; "
          "1: such products take the FMA form, as before the sixteenth session; the A/B of benchmarks/decode_step.py "
          "--ab FUSEC_QGEMV_TC_RUNS=1)", ("1", "2", "3", "4")),
+    Knob("FUSEC_QGEMV_TC_OLD", "bool", False, "temporary A/B: the tensor-core quantized GEMV's template as of the "
+         "fortieth session (before its scale table's loads and decoding were split)"),
     Knob("FUSEC_QGEMV_TC_STAGES", "choice", "1", "commit groups the tensor-core quantized GEMV issues a warp's copy "
          "of its chunks in (fusec.lower.quant.gemv_form): from 2, the warp sums a stage's chunks while the later ones "
          "are in flight, and the scale table's first loads issue before the copies (1: one group, every chunk copied "
