@@ -712,10 +712,13 @@ for step in "$@"; do
           timeout 200 python3 benchmarks/decode_step.py "$R/tcw8" --model llama-1b-q4_k_m --batches 1,8 --context 32 \
             --windows 3 --ab FUSEC_QGEMV_TC_MIN_WARPS=8 > "$R/tcw8.txt" 2>&1
           grep -E "^\| (batch|[0-9]+) \|" "$R/tcw8.txt" | cut -c 1-900 ;;
-    tcold) # the tensor-core GEMV's split scale table (loads, then decoding) against the fortieth session's template
-           timeout 200 python3 benchmarks/decode_step.py "$R/tcold" --model llama-1b-q4_k_m --batches 8 --context 32 \
-             --windows 3 --ab FUSEC_QGEMV_TC_OLD=1 > "$R/tcold.txt" 2>&1
-           grep -E "^\| (batch|[0-9]+) \|" "$R/tcold.txt" | cut -c 1-900 ;;
+    tcr) # issue 22's batch-8 ratio in one call: the Llama-1B shape's bf16 plan and its Q4_K_M plan at batch 8 (two
+         # processes, one after the other)
+         for mname in llama-1b llama-1b-q4_k_m; do
+           timeout 100 python3 benchmarks/decode_step.py "$R/tcr_$mname" --model "$mname" --batches 8 --context 32 \
+             --windows 3 > "$R/tcr_$mname.txt" 2>&1
+           echo "$mname"; grep -E "^\| (batch|[0-9]+) \|" "$R/tcr_$mname.txt" | cut -c 1-400
+         done ;;
     tcprof) # where the tensor-core quantized GEMV's warps stall at 8 rows: Nsight Compute's full set on the 1B Q4_K
             # gate/up and the Q6_K LM head, the details and the SASS with its stall samples
             timeout 200 ncu --clock-control none -k regex:fc_qgemv --set full --import-source yes -o "$R/tcprof" \

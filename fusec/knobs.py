@@ -119,13 +119,12 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "shared memory in turn, where a block's copy of its 16 rows does not fit at once (fusec.lower.quant.gemv_form; "
          "1: such products take the FMA form, as before the sixteenth session; the A/B of benchmarks/decode_step.py "
          "--ab FUSEC_QGEMV_TC_RUNS=1)", ("1", "2", "3", "4")),
-    Knob("FUSEC_QGEMV_TC_OLD", "bool", False, "temporary A/B: the tensor-core quantized GEMV's template as of the "
-         "fortieth session (before its scale table's loads and decoding were split)"),
     Knob("FUSEC_QGEMV_TC_STAGES", "choice", "1", "commit groups the tensor-core quantized GEMV issues a warp's copy "
          "of its chunks in (fusec.lower.quant.gemv_form): from 2, the warp sums a stage's chunks while the later ones "
-         "are in flight, and the scale table's first loads issue before the copies (1: one group, every chunk copied "
-         "before any is summed; the A/B of benchmarks/decode_step.py --model llama-1b-q4_k_m --batches 8 --ab "
-         "FUSEC_QGEMV_TC_STAGES=4)", ("1", "2", "3", "4")),
+         "are in flight, and the scale table's first loads issue before the copies. 1 (every chunk copied before any "
+         "is summed) stays: the 1B Q4_K_M step at batch 8 took 0.810 ms with 2 and 0.904 with 4 against 0.815 (H200, "
+         "forty-first session; the A/B of benchmarks/decode_step.py --model llama-1b-q4_k_m --batches 8 --ab "
+         "FUSEC_QGEMV_TC_STAGES=2)", ("1", "2", "3", "4")),
     Knob("FUSEC_QGEMV_TC_MIN_WARPS", "choice", "auto", "the tensor-core quantized GEMV's fewest warps a block "
          "(fusec.lower.quant._tc_min_warps; auto: 8 for 8-bit codes, else 4; the A/B of benchmarks/decode_step.py "
          "--model llama-1b-q8_0 --batches 8 --ab FUSEC_QGEMV_TC_MIN_WARPS=4)", ("auto", "4", "8")),

@@ -144,10 +144,7 @@ def _qgemv_tc(spec: QGemvSpec) -> Rendered:
            **_format_ctx(spec.fmt, spec.group, spec.scale_dtype)}
     # a gated block: 8 outputs (8 weight rows of each half); else 16 weight rows
     blocks = cdiv(spec.N // 2, 8) if spec.glu else cdiv(spec.N, 16)
-    from fusec import knobs
-
-    template = "qgemv_tc_old.cu.jinja" if knobs.get("FUSEC_QGEMV_TC_OLD") else "qgemv_tc.cu.jinja"
-    return Rendered(template, ctx, (blocks, 1, 1), (32 * spec.warps, 1, 1),
+    return Rendered("qgemv_tc.cu.jinja", ctx, (blocks, 1, 1), (32 * spec.warps, 1, 1),
                     ("x",) + packed_params(spec.fmt) + _epi_params(spec.epilogue) + ("C",), shared_mem=geo["smem"])
 
 
