@@ -235,7 +235,11 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     The tensor-core form (``tc``) from M = TC_MIN_M where it fits (``specs_quant.tc_fits``:
     4- to 8-bit codes, M <= 8, fp16/bf16; its copy of the block's rows within TC_SMEM_MAX, at most
     TC_MAX_CPW chunks a warp below 16 warps); it has no norm prologue, so fusion leaves the norm out of it
-    (``fusec.lower.skinny.qfits``), and takes its gated epilogue unless FUSEC_QGEMV_TC_GATE=0.
+    (``fusec.lower.skinny.qfits``), and takes its gated epilogue unless FUSEC_QGEMV_TC_GATE=0. A norm prologue was
+    built and lost (x * g into the mma, 1 / rms from a Gram mma's diagonal in the epilogue: no RMSNorm launch left;
+    the 1B Q4_K_M step at batch 8 0.848-0.852 ms against 0.817-0.819 with the norm apart, 0.888 with the norm weight
+    in shared memory (7 blocks an SM, not 8); H200, forty-first session, commits 3643faa, a712eee, d2c8747): the normed
+    products grew more (the gate/up 12.7 -> 16.4 us) than the norms' launches had cost on the critical path.
     Warps a block of 16 rows: 4 where two blocks an SM run (132 SMs), 8 from 160 blocks, else 16 (fewer
     blocks, more loads in flight each); at least 8 for 8-bit codes (``_tc_min_warps``); more where the
     copy would not fit. At 4 rows the dp4a form keeps 8-bit products of at least DP4A_OVER_TC_N weight
