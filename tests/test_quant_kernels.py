@@ -353,6 +353,30 @@ def test_tensor_core_bit_planes_copy_16_bytes_where_aligned():
     assert widths == {True, False}
 
 
+def test_tensor_core_stages_knob_splits_a_runs_copy_into_commit_groups(monkeypatch):
+    """FUSEC_QGEMV_TC_STAGES=N puts N stages in the rule's tensor-core form (at most a run's chunks): the source issues
+    N commit groups a run and waits for them one at a time, and compiles without spills (sm_90); the default keeps
+    one group (the scale table's loads after the copies)."""
+    from fusec.codegen.build_quant import qgemv_tc_geometry
+
+    base = gemv_form(8, 16384, 2048, "q4_k", 32, DType.BF16)
+    assert base.get("tc") and "stages" not in base
+    src = K.prepare(QGemvSpec(8, 16384, 2048, "q4_k", 32, DType.BF16, DType.F16, **base))[1]
+    assert src.count("fc_cp_async_commit();") == 1 and "#define STAGES 1" in src
+    cpw = qgemv_tc_geometry(2048, 32, base["warps"])["cpw"]
+    for n in (2, 4):
+        monkeypatch.setenv("FUSEC_QGEMV_TC_STAGES", str(n))
+        form = gemv_form(8, 16384, 2048, "q4_k", 32, DType.BF16)
+        assert form["stages"] == min(n, cpw), form
+        ck = K.build(QGemvSpec(8, 16384, 2048, "q4_k", 32, DType.BF16, DType.F16, **form), "sm_90")
+        assert ck.source.count("fc_cp_async_commit();") == n and f"#define STAGES {n}" in ck.source
+        assert ck.binary.spill_bytes == 0
+    monkeypatch.setenv("FUSEC_QGEMV_TC_STAGES", "4")  # a run of 2 chunks (K = 256, 4 warps) takes 2 stages, not 4
+    assert gemv_form(8, 16384, 256, "q4_k", 32, DType.BF16)["stages"] == 2
+    with pytest.raises(ValueError, match="stages"):
+        QGemvSpec(8, 2048, 2048, "q4_k", 32, DType.BF16, stages=2)  # the FMA form has no stages
+
+
 def test_tensor_core_form_takes_long_rows_in_runs(monkeypatch):
     """Where a block's copy of its 16 rows is over TC_SMEM_MAX at 16 warps (Llama-1B's down in Q6_K, K = 8192, at 8
     rows of x), the rule gives each warp its chunks in runs, copied in turn into the same shared memory: the kernel's
