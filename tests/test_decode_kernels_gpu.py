@@ -185,7 +185,7 @@ def test_kv_attention(dt: DType, B: int, Hq: int, Hkv: int, Sq: int, T: int, D: 
         spec = dataclasses.replace(spec, prefetch=True)
     if mode == "unroll8":  # twice the keys in flight a key group, and before the wait
         spec = dataclasses.replace(spec, prefetch=True, unroll=8)
-    if mode.startswith("mma"):  # the key loop on tensor cores (16-key tiles a warp, P rounded to the dtype)
+    if mode.startswith("mma"):  # the key loop on tensor cores (8-key tiles a warp, P rounded to the dtype)
         from fusec.codegen.build_decode import kv_mma_applies
 
         if not kv_mma_applies(dt, D):

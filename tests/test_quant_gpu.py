@@ -285,6 +285,21 @@ def test_dp4a_qgemv_propagates_nan(norm):
 TC_FORMATS = [(f, g) for f in quant.FORMATS for g in ((quant.FORMATS[f].group,) if quant.FORMATS[f].group else (16, 64))]
 
 
+def _tc_weight(fmt: str, group: int, n: int, k: int) -> quant.QWeight:
+    """A random [n, k] weight in ``fmt``: sampled blocks for the file formats, else fusec's affine codes in groups of
+    ``group`` (int4/int8 symmetric, no zero points; uint4/uint8 with them)."""
+    if quant.FORMATS[fmt].group:
+        return sample_weight(fmt, n, k, RNG)
+    bits = quant.FORMATS[fmt].bits
+    half = 1 << (bits - 1)
+    signed = fmt in ("int4", "int8")  # symmetric: int8 codes in [-half, half), no zero points
+    q = RNG.integers(-half, half, (n, k)).astype(np.int8) if signed else RNG.integers(0, 2 * half, (n, k)).astype(np.uint8)
+    qw = quant.from_affine(q, (RNG.random((n, k // group)) * 0.01 + 1e-3).astype(np.float16),
+                           None if signed else RNG.integers(0, 2 * half, (n, k // group)).astype(np.uint8), bits)
+    assert qw.format == fmt
+    return qw
+
+
 @pytest.mark.parametrize("fmt,group", TC_FORMATS)
 @pytest.mark.parametrize("m", [1, 2, 5, 8])
 @pytest.mark.parametrize("warps,passes", [(4, 1), (8, 1), (16, 1), (16, 3), (4, 2), (8, 2)])
@@ -296,16 +311,7 @@ def test_tensor_core_qgemv_matches_reference(fmt, group, m, warps, passes):
     ones: tests/test_quant_kernels.py checks both occur here); a warp's chunks in one run or
     in 2-3 runs copied in turn (the last runs of the last warps partial or empty)."""
     n, k = 301, 1536 if quant.FORMATS[fmt].super_block else 1472  # 46 chunks (and 48): warps run out at odd places
-    if quant.FORMATS[fmt].group:
-        qw = sample_weight(fmt, n, k, RNG)
-    else:
-        bits = quant.FORMATS[fmt].bits
-        half = 1 << (bits - 1)
-        signed = fmt in ("int4", "int8")  # symmetric: int8 codes in [-half, half), no zero points
-        q = RNG.integers(-half, half, (n, k)).astype(np.int8) if signed else RNG.integers(0, 2 * half, (n, k)).astype(np.uint8)
-        qw = quant.from_affine(q, (RNG.random((n, k // group)) * 0.01 + 1e-3).astype(np.float16),
-                               None if signed else RNG.integers(0, 2 * half, (n, k // group)).astype(np.uint8), bits)
-        assert qw.format == fmt
+    qw = _tc_weight(fmt, group, n, k)
     w = qw.dequantize().astype(np.float64)
     for dt in (F16, BF16):
         x = RNG.standard_normal((m, k)).astype(np.float32).astype(dt.np)
@@ -337,14 +343,7 @@ def test_tensor_core_stages_give_the_same_bits(fmt, group, warps, passes, glu):
     chunks summed in the same order, the scale table the same. At odd N and K not a multiple of the warps' chunks
     (partial and empty stages), 3 and 8 rows of x, bf16, plain and gated."""
     n, k = (154, 1536) if quant.FORMATS[fmt].super_block else (154, 1472)
-    qw = sample_weight(fmt, n, k, RNG) if quant.FORMATS[fmt].group else None
-    if qw is None:
-        bits = quant.FORMATS[fmt].bits
-        half = 1 << (bits - 1)
-        signed = fmt in ("int4", "int8")
-        q = RNG.integers(-half, half, (n, k)).astype(np.int8) if signed else RNG.integers(0, 2 * half, (n, k)).astype(np.uint8)
-        qw = quant.from_affine(q, (RNG.random((n, k // group)) * 0.01 + 1e-3).astype(np.float16),
-                               None if signed else RNG.integers(0, 2 * half, (n, k // group)).astype(np.uint8), bits)
+    qw = _tc_weight(fmt, group, n, k)
     nout = n // 2 if glu else n
     for m in (3, 8):
         x = dev(RNG.standard_normal((m, k)).astype(np.float32).astype(BF16.np))

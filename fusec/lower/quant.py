@@ -310,12 +310,12 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     form: dict[str, object] = {"rows": 2 if m <= 8 else 1, "fold": m == 1}
     if tc:
         form.update(tc=True, warps=tc, **({"passes": passes} if passes > 1 else {}))
-        from fusec.codegen.build_quant import qgemv_tc_geometry
+        if (stages := int(knobs.get("FUSEC_QGEMV_TC_STAGES"))) > 1:
+            from fusec.codegen.build_quant import qgemv_tc_geometry
 
-        cpw = qgemv_tc_geometry(k, group, tc, FORMATS[fmt].high_planes, passes, FORMATS[fmt].bits)["cpw"]
-        stages = min(int(knobs.get("FUSEC_QGEMV_TC_STAGES")), cpw)  # no more stages than a run's chunks
-        if stages > 1:
-            form["stages"] = stages
+            # no more stages than a run's chunks
+            form["stages"] = min(stages, qgemv_tc_geometry(k, group, tc, FORMATS[fmt].high_planes, passes,
+                                                           FORMATS[fmt].bits)["cpw"])
     return form
 
 
