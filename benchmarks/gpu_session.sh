@@ -11,6 +11,9 @@
 #             roofline and gpt-fast's int4 form compiled in torch, in turns (benchmarks/int4_7b.py, ~7 minutes; $INT4_AB:
 #             its --ab variants)
 #   gcl       clusters of 2 for the gated product with the norm at one row: dp4a GPU tests, 7B int4 and Llama-1B Q4_K_M
+#   hw        5/6-bit codes' high bits byte-aligned (plan format 3): every packed GPU test; the 5/6-bit products alone
+#             under Nsight Compute against the tree before (.old/tree: git archive 53d2ada, carried); hwstep: the 1B
+#             Q4_K_M steps at batches 1 and 8 of both trees, each its own process, in turns
 #   kvs       the decode attention's split count (FUSEC_KV_MAX_SPLITS 1, 2, 3 against the rule's 6 at the 7B int4 step's 32
 #             kv heads; 1, 2, 4 at Llama-1B Q4_K_M and Qwen3-0.6B): where its merges' fixed cost goes
 #   kvab      the decode attention's merge knobs (clusters off, split keys 128 and 32) on Llama-1B Q4_K_M and Qwen3-0.6B
@@ -284,6 +287,27 @@ prefill_ab() {
 }
 # kv_short NAME --ab ...: the Llama-1B Q4_K_M (context 32) and Qwen3-0.6B (128) decode steps at batch 1, the variants in
 # turns (the decode attention's knobs at short contexts)
+# hw_tree ncu|step: this tree's 5/6-bit products (ncu) or the 1B Q4_K_M step (step) against .old/tree's, in turns
+hw_tree() {
+  [ -d .old/tree ] || { echo "hw: no .old/tree (git archive 53d2ada, carried)"; return; }
+  local order="new old" t
+  [ "$1" = step ] && order="new old new old"
+  for t in $order; do
+    local dir=.; [ "$t" = old ] && dir=.old/tree
+    if [ "$1" = ncu ]; then
+      (cd "$dir" && PYTHONPATH="$PWD" timeout 150 ncu --clock-control none -k regex:fc_qgemv --section SpeedOfLight \
+        python3 benchmarks/qgemv_ncu.py --rule q6_k:8:128256x2048 --rule q6_k:8:2048x8192 --rule q5_k:8:2048x8192 \
+        --rule q6_k:1:128256x2048 --rule q6_k:1:2048x8192 --rule q5_k:1:2048x8192 --rule q4_k:8:2048x8192 \
+        > "$R/hw_ncu_$t.txt" 2>&1)
+      echo "tree $t"; grep -E "^launch:|Duration|DRAM Throughput" "$R/hw_ncu_$t.txt" | head -n 30
+    else
+      (cd "$dir" && PYTHONPATH="$PWD" timeout 120 python3 benchmarks/decode_step.py "$R/hw_$t" --model llama-1b-q4_k_m \
+        --batches 1,8 --context 32 --windows 3 > "$R/hw_step_$t.txt" 2>&1)
+      echo "tree $t"; grep -E "^\| (batch|[0-9]+) \|" "$R/hw_step_$t.txt" | cut -c 1-400
+    fi
+  done
+}
+
 kv_short() {
   local name=$1 m mname ctx
   shift
@@ -712,6 +736,14 @@ for step in "$@"; do
           timeout 200 python3 benchmarks/decode_step.py "$R/tcw8" --model llama-1b-q4_k_m --batches 1,8 --context 32 \
             --windows 3 --ab FUSEC_QGEMV_TC_MIN_WARPS=8 > "$R/tcw8.txt" 2>&1
           grep -E "^\| (batch|[0-9]+) \|" "$R/tcw8.txt" | cut -c 1-900 ;;
+    hw) # 5- and 6-bit codes' high bits byte-aligned with the code words (fusec/quant.py, plan format 3): every packed
+        # GPU test, then the 5/6-bit products alone under Nsight Compute, this tree against the one before it (.old/tree:
+        # git archive 53d2ada, carried)
+        timeout 280 $PT -n 12 tests/test_quant_gpu.py > "$R/t_hw.txt" 2>&1
+        grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_hw.txt" | tail -n 12
+        hw_tree ncu ;;
+    hwstep) # the same two trees' Llama-1B Q4_K_M steps at batches 1 and 8, each its own process, in turns
+        hw_tree step ;;
     tcr) # issue 22's batch-8 ratio in one call: the Llama-1B shape's bf16 plan and its Q4_K_M plan at batch 8 (two
          # processes, one after the other)
          for mname in llama-1b llama-1b-q4_k_m; do

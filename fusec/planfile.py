@@ -47,7 +47,7 @@ from fusec.errors import FusecError
 from fusec.fsutil import atomic_write
 
 MAGIC = b"FUSECPLN"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # 3: packed 5- and 6-bit weights hold their high bits byte-aligned (fusec/quant.py), not in planes
 _ALIGN = 256
 _HEADER = struct.Struct("<8sIQ")
 _CHUNK = 64 << 20  # hashing granularity: pages of a hashed chunk are released from the mapping

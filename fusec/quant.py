@@ -25,8 +25,8 @@ operand         shape, dtype          meaning
 ``codes``       [N, K/2] u8           bits 4..6: the low 4 bits; per 32-weight chunk 16 bytes,
                                       byte j = w[j] | w[j + 16] << 4 (one 16-byte load = 32 weights)
                 [N, K] i8 / u8        bits 8: one code per byte (i8 for the signed formats)
-``high``        [N, K/32 * hb] u32    bits 5/6 (hb = bits - 4): per chunk hb bit planes, bit j of
-                                      plane p = bit 4 + p of w[j]
+``high``        [N, K/32 * hb] u32    bits 5/6 (hb = bits - 4): per chunk hb words of code bits 4..,
+                                      hb bits a weight, byte-aligned with the code words (below)
 ``scale``       [N, K/sb] f16/f32     sb = ``super_block`` (= group outside the K-quants)
 ``sub_scale``   [N, K/group] u8/i8    K-quants only
 ``zero``        [N, K/group] u8       formats with per-group zero points only
@@ -34,6 +34,16 @@ operand         shape, dtype          meaning
 ``dmin, mins``  [N, K/sb] f16,        offset "kmin" only
                 [N, K/group] u8
 ==============  ====================  ==========================================================
+
+**The high bits** of 5- and 6-bit codes sit where a code word's byte needs them. Code word i (i = 0..3:
+bytes 4i..4i+3 of a chunk's codes) holds weights 4i + b (low nibble of byte b) and 16 + 4i + b (high
+nibble). With m = 4 / hb code words a high word, word i // m of the chunk's hb words holds, for t = i % m,
+in its byte b: bits 4 + hb t .. of weight 4i + b at bits ``4 + hb*t``, those of weight 16 + 4i + b at bits
+``hb*t``. So one shift and one mask put a code word's high bits under its low nibbles (``(h >> hb t) &
+0x30303030`` for a 6-bit word's low nibbles, ``(h << (4 - hb t)) & 0x30303030`` for its high ones), for
+dp4a's 4 bytes and for the tensor-core form's byte pairs alike. Bit planes (bit j of plane p = bit 4 + p
+of w[j]) had cost the kernels a spread of every bit: the 6-bit tensor-core form took 106 instructions a
+chunk against 4-bit's 47 (benchmarks/RESULTS.md, forty-first session).
 
 K must be a multiple of 32 (the kernels' chunk); the group a multiple of 16 dividing K.
 Sources: ``fusec.quant_gguf`` (GGUF blocks), the ONNX importer (MatMulNBits, QDQ), and
@@ -65,7 +75,7 @@ class QFormat:
     gguf: str | None = None  # the GGUF type name it holds
 
     @property
-    def high_planes(self) -> int:
+    def high_words(self) -> int:
         return max(0, self.bits - 4) if self.bits < 8 else 0
 
     def bits_per_weight(self, group: int, scale_bytes: int = 2) -> float:
@@ -127,8 +137,8 @@ def operand_types(fmt: QFormat, n: int, k: int, group: int,
         out.append(("codes", (n, k), DType.I8 if fmt.signed else DType.U8))
     else:
         out.append(("codes", (n, k // 2), DType.U8))
-        if fmt.high_planes:
-            out.append(("high", (n, k // CHUNK * fmt.high_planes), DType.U32))
+        if fmt.high_words:
+            out.append(("high", (n, k // CHUNK * fmt.high_words), DType.U32))
     out.append(("scale", (n, k // sb), scale_dtype))
     if fmt.sub_scale is not None:
         out.append(("sub_scale", (n, k // group), fmt.sub_scale))
@@ -143,7 +153,7 @@ def operand_types(fmt: QFormat, n: int, k: int, group: int,
 
 def check_operands(fmt: QFormat, n: int, k: int, group: int, types: Sequence[tuple[tuple[int, ...], DType]]) -> None:
     """ValueError naming the first operand whose shape or dtype is not what the layout needs."""
-    scale_dt = types[1 + (1 if fmt.high_planes else 0)][1] if len(types) > 1 + bool(fmt.high_planes) else DType.F16
+    scale_dt = types[1 + (1 if fmt.high_words else 0)][1] if len(types) > 1 + bool(fmt.high_words) else DType.F16
     if scale_dt not in SCALE_DTYPES:
         raise ValueError(f"{fmt.name}: scales must be f16 or f32, got {scale_dt.value}")
     if fmt.gguf is not None and scale_dt != DType.F16:
@@ -183,7 +193,7 @@ class QWeight:
 
     @property
     def scale_dtype(self) -> DType:
-        return DType.from_np(self.arrays[1 + (1 if self.fmt.high_planes else 0)].dtype)
+        return DType.from_np(self.arrays[1 + (1 if self.fmt.high_words else 0)].dtype)
 
     @property
     def nbytes(self) -> int:
@@ -200,6 +210,12 @@ class QWeight:
 
 # ---- codes: canonical packing -------------------------------------------------------------------
 
+def _high_shifts(hb: int) -> np.ndarray:
+    """[2 nibbles][m] bit offsets inside a high word's byte (see the module docstring), m = 4 // hb."""
+    m = 4 // hb
+    return np.array([[4 + hb * t for t in range(m)], [hb * t for t in range(m)]], np.uint8)
+
+
 def pack_codes(q: np.ndarray, bits: int) -> tuple[np.ndarray, ...]:
     """Integer codes q [N, K] (values in [0, 2**bits), or i8 for 8-bit signed) -> (codes[, high])."""
     if bits == 8:
@@ -210,11 +226,12 @@ def pack_codes(q: np.ndarray, bits: int) -> tuple[np.ndarray, ...]:
     codes = (low[:, :, 0, :] | (low[:, :, 1, :] << np.uint8(4))).reshape(n, k // 2)
     if bits == 4:
         return (np.ascontiguousarray(codes),)
-    planes = []
-    for p in range(bits - 4):
-        bit = ((q >> np.uint8(4 + p)) & np.uint8(1)).reshape(n, k // CHUNK, CHUNK)
-        planes.append(np.packbits(bit, axis=-1, bitorder="little").view("<u4").reshape(n, k // CHUNK))
-    high = np.stack(planes, axis=-1).reshape(n, k // CHUNK * (bits - 4)).astype(np.uint32)
+    hb = bits - 4
+    m = 4 // hb
+    # [row, chunk, nibble, high word j, t, byte b]: weight 16 * nibble + 4 * (j * m + t) + b
+    h = (q >> np.uint8(4)).reshape(n, k // CHUNK, 2, hb, m, 4)
+    h = np.bitwise_or.reduce(h << _high_shifts(hb).reshape(1, 1, 2, 1, m, 1), axis=(2, 4))  # [row, chunk, j, b]
+    high = np.ascontiguousarray(h).view("<u4").reshape(n, k // CHUNK * hb).astype(np.uint32)
     return np.ascontiguousarray(codes), high
 
 
@@ -228,10 +245,10 @@ def unpack_codes(codes: np.ndarray, high: np.ndarray | None, bits: int, k: int) 
     q = q.reshape(n, k // CHUNK, CHUNK)
     if high is not None and bits > 4:
         hb = bits - 4
-        h = np.ascontiguousarray(high).reshape(n, k // CHUNK, hb).astype("<u4").view(np.uint8)
-        for p in range(hb):
-            bits_p = np.unpackbits(h.reshape(n, k // CHUNK, hb, 4)[:, :, p, :], axis=-1, bitorder="little")
-            q |= bits_p << np.uint8(4 + p)
+        m = 4 // hb
+        h = np.ascontiguousarray(high).astype("<u4").view(np.uint8).reshape(n, k // CHUNK, 1, hb, 1, 4)
+        hi = (h >> _high_shifts(hb).reshape(1, 1, 2, 1, m, 1)) & np.uint8((1 << hb) - 1)  # [row, chunk, nib, j, t, b]
+        q |= hi.reshape(n, k // CHUNK, CHUNK) << np.uint8(4)
     return q.reshape(n, k)
 
 
@@ -242,7 +259,7 @@ def dequantize(fmt: QFormat, k: int, group: int, arrays: Sequence[np.ndarray], s
     """W[start:stop] as fp32 [rows, K], exactly as the module docstring defines it."""
     it = iter(arrays)
     codes = next(it)[start:stop]
-    high = next(it)[start:stop] if fmt.high_planes else None
+    high = next(it)[start:stop] if fmt.high_words else None
     scale = next(it)[start:stop]
     sub = next(it)[start:stop] if fmt.sub_scale is not None else None
     zero = next(it)[start:stop] if fmt.zero is None else None

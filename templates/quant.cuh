@@ -99,7 +99,7 @@ __device__ __forceinline__ QbPtrs qb_rows(const QbPtrs& p, long long n) {
   return r;
 }
 
-// The codes of chunk c of row n (16-byte loads) and its bit planes.
+// The codes of chunk c of row n (16-byte loads) and its high words.
 __device__ __forceinline__ void qb_load_codes(const QbPtrs& p, long long n, int c, uint4& q0, uint4& q1, unsigned int& h0,
                                               unsigned int& h1) {
   if (QB_BITS == 8) {
@@ -116,7 +116,7 @@ __device__ __forceinline__ void qb_load_codes(const QbPtrs& p, long long n, int 
   }
 }
 
-// All of this chunk's global loads: the codes (16-byte loads), bit planes, scales. Nothing here
+// All of this chunk's global loads: the codes (16-byte loads), high words, scales. Nothing here
 // reads the activations, so a kernel can issue these first.
 __device__ __forceinline__ void qb_load(const QbPtrs& p, long long n, int c, QbChunk& ch) {
   qb_load_codes(p, n, c, ch.q0, ch.q1, ch.h0, ch.h1);
@@ -142,6 +142,16 @@ __device__ __forceinline__ float qb_f(unsigned int word, int byte) {
   return __uint_as_float(__byte_perm(word, 0x4B000000u, (unsigned)byte | 0x7650u));
 }
 
+// Bits 4.. of the codes of code word i (i = 0..3, bytes 4i .. 4i+3 of a chunk's codes) under its low nibbles (upper
+// false: weights 4i ..) or its high ones (weights 16 + 4i ..), at bits 4.. of each byte: one shift and one mask (the
+// high words' layout: fusec/quant.py). Bit planes had taken a spread of every bit.
+__device__ __forceinline__ unsigned int qb_high(unsigned int h0, unsigned int h1, int i, bool upper) {
+  constexpr int hb = QB_BITS == 6 ? 2 : 1, per = 4 / hb;  // bits a weight, code words a high word
+  const unsigned int h = i / per ? h1 : h0;
+  const int t = hb * (i % per);
+  return (upper ? h << (4 - t) : h >> t) & (((1u << hb) - 1u) * 0x10101010u);
+}
+
 // The 8 codes of weights 8*s .. 8*s+7 of a chunk (s = 0..3), one per byte of lo (w0..3) and hi (w4..7).
 __device__ __forceinline__ void qb_codes8(const QbChunk& ch, int s, unsigned int& lo, unsigned int& hi) {
   if (QB_BITS == 8) {
@@ -157,16 +167,9 @@ __device__ __forceinline__ void qb_codes8(const QbChunk& ch, int s, unsigned int
     const int shift = s < 2 ? 0 : 4;  // sub-steps 0, 1: low nibbles (w0..15); 2, 3: high (w16..31)
     lo = (a >> shift) & 0x0F0F0F0Fu;
     hi = (b >> shift) & 0x0F0F0F0Fu;
-    if (QB_BITS == 5 || QB_BITS == 6) {  // bit 4 (and 5) of weight e = 8*s + i: bit e of the planes
-      const unsigned int e0 = ch.h0 >> (8 * s), e1 = ch.h1 >> (8 * s);
-      unsigned int x0 = 0, x1 = 0;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        x0 |= (((e0 >> i) & 1u) << 4 | (QB_BITS == 6 ? ((e1 >> i) & 1u) << 5 : 0u)) << (8 * i);
-        x1 |= (((e0 >> (i + 4)) & 1u) << 4 | (QB_BITS == 6 ? ((e1 >> (i + 4)) & 1u) << 5 : 0u)) << (8 * i);
-      }
-      lo |= x0;
-      hi |= x1;
+    if (QB_BITS == 5 || QB_BITS == 6) {  // bits 4 (and 5): code words 2 (s & 1) and 2 (s & 1) + 1
+      lo |= qb_high(ch.h0, ch.h1, (s & 1) * 2, s >= 2);
+      hi |= qb_high(ch.h0, ch.h1, (s & 1) * 2 + 1, s >= 2);
     }
   }
 }
@@ -200,9 +203,6 @@ __device__ __forceinline__ void qb_d8(const QbChunk& ch, int s, float d[8], floa
   }
 }
 
-// Bits 0..3 of v, one to the lowest bit of each byte (no two partial products share a bit: no carries).
-__device__ __forceinline__ unsigned int qb_spread4(unsigned int v) { return ((v & 0xFu) * 0x00204081u) & 0x01010101u; }
-
 // Code word i (i = 0..3) of a chunk as 4 bytes for dp4a: lo holds the codes of weights 4i .. 4i+3, hi those of
 // 16 + 4i .. 16 + 4i + 3 (4-6 bits: unsigned, below 64; 8 bits: as stored, int8 where QB_SIGNED).
 __device__ __forceinline__ void qb_words(const uint4& q0, const uint4& q1, unsigned int h0, unsigned int h1, int i,
@@ -214,13 +214,9 @@ __device__ __forceinline__ void qb_words(const uint4& q0, const uint4& q1, unsig
   } else {
     lo = a & 0x0F0F0F0Fu;
     hi = (a >> 4) & 0x0F0F0F0Fu;
-    if (QB_BITS == 5 || QB_BITS == 6) {  // bit 4 (and 5) of weight e: bit e of the planes
-      lo |= qb_spread4(h0 >> (4 * i)) << 4;
-      hi |= qb_spread4(h0 >> (16 + 4 * i)) << 4;
-      if (QB_BITS == 6) {
-        lo |= qb_spread4(h1 >> (4 * i)) << 5;
-        hi |= qb_spread4(h1 >> (16 + 4 * i)) << 5;
-      }
+    if (QB_BITS == 5 || QB_BITS == 6) {  // bits 4 (and 5)
+      lo |= qb_high(h0, h1, i, false);
+      hi |= qb_high(h0, h1, i, true);
     }
   }
 }

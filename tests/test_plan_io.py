@@ -100,13 +100,15 @@ def test_a_file_of_another_size_than_its_table_is_refused(tmp_path, plan_file) -
         read_plan(p, verify="lazy")
 
 
-def test_a_format_1_plan_is_refused_with_a_recompile_hint(tmp_path, plan_file) -> None:
+@pytest.mark.parametrize("old", [1, 2])
+def test_an_older_format_plan_is_refused_with_a_recompile_hint(tmp_path, plan_file, old: int) -> None:
+    """Format 2 plans held 5- and 6-bit packed weights' high bits as bit planes: read now, they would decode wrong."""
     raw = bytearray(plan_file.read_bytes())
-    raw[8:12] = (1).to_bytes(4, "little")
+    raw[8:12] = old.to_bytes(4, "little")
     p = tmp_path / "old.fplan"
     p.write_bytes(bytes(raw))
-    assert FORMAT_VERSION == 2
-    with pytest.raises(PlanFileError, match="format_version is 1, this fusec reads 2; recompile"):
+    assert FORMAT_VERSION == 3
+    with pytest.raises(PlanFileError, match=f"format_version is {old}, this fusec reads 3; recompile"):
         fusec.load(p)
 
 

@@ -1,5 +1,5 @@
 """The kernels over packed weights without a GPU: templates/quant.cuh's decoding rendered in numpy
-(the kernel's math: 32-bit words of codes, bytes picked as the PRMT does, bit planes per 8-weight
+(the kernel's math: 32-bit words of codes, bytes picked as the PRMT does, high words per 8-weight
 step, w = s * ((2**23 + q) - (2**23 + z)) + o with an FMA) equals the format's reference
 dequantization; every format's GEMV and dequantization kernels compile with NVRTC for sm_80 and
 sm_90; the lowering picks the GEMV for M <= 16 (epilogue fused) and dequantize + cuBLAS above."""
@@ -48,7 +48,7 @@ def kernel_dequant(qw: QWeight) -> np.ndarray:
     f = qw.fmt
     it = iter(qw.arrays)
     codes = next(it)
-    high = next(it) if f.high_planes else None
+    high = next(it) if f.high_words else None
     scale = next(it).astype(np.float32)
     sub = next(it) if f.sub_scale is not None else None
     zero = next(it) if f.zero is None else None
@@ -68,11 +68,16 @@ def kernel_dequant(qw: QWeight) -> np.ndarray:
                 pair = words[:, c, (s & 1) * 2:(s & 1) * 2 + 2]
                 q = (pair >> np.uint32(0 if s < 2 else 4)) & np.uint32(0x0F0F0F0F)
             byte = np.stack([(q >> np.uint32(8 * i)) & np.uint32(0xFF) for i in range(4)], axis=-1).reshape(n, 8)
-            if f.bits in (5, 6):
-                h = high.reshape(n, k // 32, f.bits - 4)[:, c, :]
-                for p in range(f.bits - 4):
-                    e = (h[:, p:p + 1] >> np.uint32(8 * s)) >> np.arange(8, dtype=np.uint32)[None, :]
-                    byte |= (e & np.uint32(1)) << np.uint32(4 + p)
+            if f.bits in (5, 6):  # qb_high: code words 2 (s & 1) and + 1, one shift and a mask each
+                hb = f.bits - 4
+                h = high.reshape(n, k // 32, hb)[:, c, :]
+                parts = []
+                for i in ((s & 1) * 2, (s & 1) * 2 + 1):
+                    w, t = h[:, i // (4 // hb)], hb * (i % (4 // hb))
+                    w = (w << np.uint32(4 - t)) if s >= 2 else (w >> np.uint32(t))
+                    parts.append(w & np.uint32(((1 << hb) - 1) * 0x10101010))
+                hw = np.stack(parts, axis=-1)
+                byte |= np.stack([(hw >> np.uint32(8 * i)) & np.uint32(0xFF) for i in range(4)], axis=-1).reshape(n, 8)
             g = (c * 32 + s * 8) // group
             sg = scale[:, (c * 32 + s * 8) // sb].copy()
             if sub is not None:
@@ -245,7 +250,7 @@ def test_gemv_form_takes_tensor_cores_where_they_fit(fmt, m, dt, monkeypatch):
         monkeypatch.delenv("FUSEC_QGEMV_TC_MIN_WARPS")
     # rows too long for the tensor-core form's copy of them in shared memory: runs of chunks a warp copies in turn,
     # then, past FUSEC_QGEMV_TC_RUNS runs, the FMA form
-    hb = FORMATS[fmt].high_planes
+    hb = FORMATS[fmt].high_words
     long_k = next(k for k in range(2048, 1 << 20, 2048)
                   if qgemv_tc_geometry(k, group, 16, hb, 1, bits)["smem"] > TC_SMEM_MAX)
     assert gemv_form(m, 2048, long_k, fmt, group, dt).get("passes", 0) == (2 if fits else 0)
@@ -337,7 +342,7 @@ def test_tensor_core_bit_planes_copy_16_bytes_where_aligned():
     from fusec.codegen.build_quant import qgemv_tc_geometry
 
     widths = set()
-    for fmt in (f for f in FORMATS if FORMATS[f].high_planes):
+    for fmt in (f for f in FORMATS if FORMATS[f].high_words):
         k = 1536 if FORMATS[fmt].super_block else 1472
         for warps, passes in ((4, 1), (8, 1), (16, 1), (16, 3), (4, 2), (8, 2)):
             spec = QGemvSpec(8, 301, k, fmt, FORMATS[fmt].group or 32, DType.BF16, DType.F16, tc=True, warps=warps,
@@ -345,7 +350,7 @@ def test_tensor_core_bit_planes_copy_16_bytes_where_aligned():
             src = K.prepare(spec)[1]
             wide = "qt_copy_rows<16, CPS * HB / 4" in src
             assert wide or "qt_copy_rows<4, CPS * HB / 1" in src, (fmt, warps, passes)
-            hb, cpw = FORMATS[fmt].high_planes, qgemv_tc_geometry(k, spec.group, warps, FORMATS[fmt].high_planes,
+            hb, cpw = FORMATS[fmt].high_words, qgemv_tc_geometry(k, spec.group, warps, FORMATS[fmt].high_words,
                                                                   passes)["cpw"]
             assert wide == ((k // 32 * hb) % 4 == 0 and (cpw * hb) % 4 == 0), (fmt, warps, passes)
             assert qgemv_tc_geometry(k, spec.group, warps, hb, passes)["hrs"] % 8 == 4  # aligned rows, 8 banks

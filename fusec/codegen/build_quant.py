@@ -19,7 +19,7 @@ def packed_params(fmt_name: str) -> tuple[str, ...]:
     from fusec.quant import FORMATS
 
     f = FORMATS[fmt_name]
-    out = ["codes"] + (["high"] if f.high_planes else []) + ["scale"]
+    out = ["codes"] + (["high"] if f.high_words else []) + ["scale"]
     out += (["sub"] if f.sub_scale is not None else []) + (["zero"] if f.zero is None else [])
     out += {"none": [], "min": ["minv"], "kmin": ["minv", "mins"]}[f.offset]
     return tuple(out)
@@ -100,7 +100,7 @@ def qgemv_tc_geometry(K: int, group: int, warps: int, hb: int = 0, passes: int =
     """The tensor-core form's shared memory: chunks per warp (a contiguous range), the codes' row
     stride (bytes: whole 128-byte lines + 16, so that 8 rows' reads fall in different banks; a chunk's
     codes are 16 bytes, 32 at 8 bits), the scale table's row stride (floats: 2 per group, = 2 mod 4 for
-    the same reason), the bit planes' row stride (words: ``hb`` a chunk, = 4 mod 8) and the bytes."""
+    the same reason), the high words' row stride (words: ``hb`` a chunk, = 4 mod 8) and the bytes."""
     gpc = 2 if group < 32 else 1
     cb = 32 if bits == 8 else 16
     cpw = cdiv(K // 32, warps * passes)  # a run's chunks: a warp takes ``passes`` runs
@@ -117,7 +117,7 @@ def _qgemv_tc(spec: QGemvSpec) -> Rendered:
 
     fp16 = spec.dtype == DType.F16
     f = FORMATS[spec.fmt]
-    hb = f.high_planes
+    hb = f.high_words
     geo = qgemv_tc_geometry(spec.K, spec.group, spec.warps, hb, spec.passes, f.bits)
     cps = cdiv(geo["cpw"], spec.stages)  # chunks a stage of a run
     flip = 0x00800080 if f.bits == 8 and f.signed else 0  # signed 8-bit codes read as u = q + 128: bit 7 flipped
@@ -129,7 +129,7 @@ def _qgemv_tc(spec: QGemvSpec) -> Rendered:
         mask, magic, magic_hi, bias = 0x007F007F, 0x43004300, 0x43004300 ^ flip, 256.0
     ctx = {"name": kernel_name("qgemv", spec), "M": spec.M, "N": spec.N, "K": spec.K, "warps": spec.warps,
            "passes": spec.passes, "stages": spec.stages, "cps": cps,
-           # the bit planes in 16-byte copies where every row's, run's and stage's range starts on 16 bytes
+           # the high words in 16-byte copies where every row's, run's and stage's range starts on 16 bytes
            "hb16": bool(hb) and (spec.K // 32 * hb) % 4 == 0 and (geo["cpw"] * hb) % 4 == 0 and (cps * hb) % 4 == 0,
            "cpw": geo["cpw"], "rsb": geo["rsb"], "srs": geo["srs"], "gpc": geo["gpc"], "hb": hb, "hrs": geo["hrs"],
            "batch": 8 // geo["gpc"],  # scale pairs whose loads are in flight together (registers: 3 floats a group)
@@ -164,7 +164,7 @@ def _qgemm(spec: QGemmSpec) -> Rendered:
 
     ctx = {"name": kernel_name("qgemm", spec), "M": spec.M, "N": spec.N, "K": spec.K, "rw": spec.rw, "kw": spec.kw,
            "mt": spec.mt, "min_blocks": spec.blocks, "depth": spec.depth, "ks": spec.ks,
-           "hb": bool(FORMATS[spec.fmt].high_planes), "t": ctype(spec.dtype),
+           "hb": bool(FORMATS[spec.fmt].high_words), "t": ctype(spec.dtype),
            "bias": spec.epilogue.bias, "act": Ident(spec.epilogue.activation), "residual": spec.epilogue.residual,
            "round_x": _round_fn(spec.dtype), **_format_ctx(spec.fmt, spec.group, spec.scale_dtype)}
     grid = (cdiv(spec.N, 16 * spec.rw), cdiv(spec.M, 8 * spec.mt), spec.ks)

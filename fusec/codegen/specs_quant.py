@@ -222,7 +222,7 @@ class QGemvSpec(_QProduct):
 
 def tc_fits(m: int, fmt: str, dtype: DType) -> bool:
     """Whether the tensor-core form takes this product: 4- to 8-bit codes (one LOP3 makes a 16-bit
-    number of a code; bit planes OR in bits 4-5; bf16's 8-bit codes take a second operand for bit 7), at
+    number of a code; high words OR in bits 4-5; bf16's 8-bit codes take a second operand for bit 7), at
     most 8 rows of x (the mma's n), fp16/bf16 activations (the mma's types)."""
     from fusec.quant import FORMATS
 

@@ -22,8 +22,8 @@ SCRATCH_BYTES = 32 << 20  # the prefill's dequantized block of a weight
 
 
 def scale_dtype(fmt: str, packed: Any) -> Any:
-    """The scale dtype of a product's packed operands (``fusec.quant`` order: codes, [bit planes], scales, ...)."""
-    return packed[2 if FORMATS[fmt].high_planes else 1].dtype
+    """The scale dtype of a product's packed operands (``fusec.quant`` order: codes, [high words], scales, ...)."""
+    return packed[2 if FORMATS[fmt].high_words else 1].dtype
 
 
 def emit_qgemv(ctx: Context, spec: QGemvSpec, x: Value, packed: Any, between: list[Value], extra: Any, out: Any,
