@@ -142,10 +142,10 @@ TC_MIN_M = 3
 DP4A_OVER_TC_N = 8192
 
 
-def _tc_fits_smem(k: int, group: int, warps: int, fmt: str, passes: int = 1) -> bool:
+def _tc_fits_smem(k: int, group: int, warps: int, fmt: str, passes: int = 1, tiles: int = 1) -> bool:
     from fusec.codegen.build_quant import qgemv_tc_geometry
 
-    geo = qgemv_tc_geometry(k, group, warps, FORMATS[fmt].high_words, passes, FORMATS[fmt].bits)
+    geo = qgemv_tc_geometry(k, group, warps, FORMATS[fmt].high_words, passes, FORMATS[fmt].bits, tiles)
     return geo["smem"] <= TC_SMEM_MAX and (warps == 16 or geo["cpw"] <= TC_MAX_CPW)
 
 
@@ -310,6 +310,11 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     form: dict[str, object] = {"rows": 2 if m <= 8 else 1, "fold": m == 1}
     if tc:
         form.update(tc=True, warps=tc, **({"passes": passes} if passes > 1 else {}))
+        # more 16-row tiles a block (FUSEC_QGEMV_TC_TILES): as many as asked that fit shared memory
+        tiles = max(t for t in (1, 2, 4) if t <= int(knobs.get("FUSEC_QGEMV_TC_TILES"))
+                    and (t == 1 or _tc_fits_smem(k, group, tc, fmt, passes, t)))
+        if tiles > 1:
+            form["tiles"] = tiles
         if (stages := int(knobs.get("FUSEC_QGEMV_TC_STAGES"))) > 1:
             from fusec.codegen.build_quant import qgemv_tc_geometry
 
