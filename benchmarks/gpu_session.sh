@@ -15,8 +15,6 @@
 #             under Nsight Compute against the tree before (.old/tree: git archive 53d2ada, carried); hwstep: the 1B
 #             Q4_K_M steps at batches 1 and 8 of both trees, each its own process, in turns
 #   tctrace   the tensor-core quantized GEMV's blocks in the 1B Q4_K_M step at batch 8 (block_trace.py --blocks qgemv)
-#   tiles     16-row tiles a block of the tensor-core quantized GEMV: its GPU tests; the 1B Q4_K_M step at batch 8
-#             against FUSEC_QGEMV_TC_TILES=2 and 4
 #   kvs       the decode attention's split count (FUSEC_KV_MAX_SPLITS 1, 2, 3 against the rule's 6 at the 7B int4 step's 32
 #             kv heads; 1, 2, 4 at Llama-1B Q4_K_M and Qwen3-0.6B): where its merges' fixed cost goes
 #   kvab      the decode attention's merge knobs (clusters off, split keys 128 and 32) on Llama-1B Q4_K_M and Qwen3-0.6B
@@ -753,18 +751,6 @@ for step in "$@"; do
         timeout 200 python3 benchmarks/block_trace.py "$R/tctrace" --model llama-1b-q4_k_m --batches 8 --context 32 \
           --blocks qgemv > "$R/tctrace.txt" 2>&1
         tail -n 3 "$R/tctrace.txt"; grep -E "^step|^\| " "$R/tctrace/block_trace.md" | cut -c 1-400 | head -n 60 ;;
-    tiles) # 16-row tiles a block of the tensor-core quantized GEMV (FUSEC_QGEMV_TC_TILES): its GPU tests, the 1B Q4_K_M
-           # step at batch 8 against 2 and 4 tiles in turns, and this tree's default against .old/tree's (carried:
-           # git archive 49fdec6, the template before the tiles' restructuring), each its own process
-        timeout 200 $PT -n 12 tests/test_quant_gpu.py -k "tensor_core" > "$R/t_tiles.txt" 2>&1
-        grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_tiles.txt" | tail -n 12
-        timeout 200 python3 benchmarks/decode_step.py "$R/tiles_b8" --model llama-1b-q4_k_m --batches 8 --context 32 \
-          --windows 3 --ab FUSEC_QGEMV_TC_TILES=2 --ab FUSEC_QGEMV_TC_TILES=4 > "$R/tiles_b8.txt" 2>&1
-        grep -E "^\| (batch|[0-9]+) \|" "$R/tiles_b8.txt" | cut -c 1-900
-        # the per-kernel profile with 2 tiles (a variant gets only a timing)
-        FUSEC_QGEMV_TC_TILES=2 timeout 100 python3 benchmarks/decode_step.py "$R/tiles2" --model llama-1b-q4_k_m \
-          --batches 8 --context 32 --windows 3 > "$R/tiles2.txt" 2>&1
-        grep -E "^\| (batch|[0-9]+) \|" "$R/tiles2.txt" | cut -c 1-400 ;;
     tcr) # issue 22's batch-8 ratio in one call: the Llama-1B shape's bf16 plan and its Q4_K_M plan at batch 8 (two
          # processes, one after the other)
          for mname in llama-1b llama-1b-q4_k_m; do

@@ -125,11 +125,6 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "is summed) stays: the 1B Q4_K_M step at batch 8 took 0.810 ms with 2 and 0.904 with 4 against 0.815 (H200, "
          "forty-first session; the A/B of benchmarks/decode_step.py --model llama-1b-q4_k_m --batches 8 --ab "
          "FUSEC_QGEMV_TC_STAGES=2)", ("1", "2", "3", "4")),
-    Knob("FUSEC_QGEMV_TC_TILES", "choice", "1", "16-row tiles a block of the tensor-core quantized GEMV (fusec.lower."
-         "quant.gemv_form; at most what fits shared memory): each warp sums them all over its chunks, so x's fragments "
-         "are read from L2 once for that many rows (at 8 rows of x, every block of one tile read all of x, 32 KB at "
-         "K = 2048, more than its weights: H200, forty-second session). The A/B of benchmarks/decode_step.py --model "
-         "llama-1b-q4_k_m --batches 8 --ab FUSEC_QGEMV_TC_TILES=2", ("1", "2", "4")),
     Knob("FUSEC_QGEMV_TC_MIN_WARPS", "choice", "auto", "the tensor-core quantized GEMV's fewest warps a block "
          "(fusec.lower.quant._tc_min_warps; auto: 8 for 8-bit codes, else 4; the A/B of benchmarks/decode_step.py "
          "--model llama-1b-q8_0 --batches 8 --ab FUSEC_QGEMV_TC_MIN_WARPS=4)", ("auto", "4", "8")),

@@ -360,31 +360,6 @@ def test_tensor_core_stages_give_the_same_bits(fmt, group, warps, passes, glu):
             assert np.array_equal(got.view(np.uint16), outs[0].view(np.uint16)), (fmt, group, m, stages)
 
 
-@pytest.mark.parametrize("fmt,group", TC_FORMATS)
-@pytest.mark.parametrize("warps,passes", [(4, 1), (16, 3), (8, 2)])
-@pytest.mark.parametrize("glu", ["", "silu"])
-def test_tensor_core_tiles_give_the_same_bits(fmt, group, warps, passes, glu):
-    """2 and 4 16-row tiles a block (each warp summing them all over its chunks, x's fragments read once) give the
-    bits of one tile a block: each row's chunks summed in the same order, x's sums the same. At N whose last block is
-    partial (154 rows: 77 gated outputs), 3 and 8 rows of x, bf16, plain and gated, with 2 stages too."""
-    n, k = (154, 1536) if quant.FORMATS[fmt].super_block else (154, 1472)
-    qw = _tc_weight(fmt, group, n, k)
-    nout = n // 2 if glu else n
-    for m in (3, 8):
-        x = dev(RNG.standard_normal((m, k)).astype(np.float32).astype(BF16.np))
-        res = dev(RNG.standard_normal((m, nout)).astype(np.float32).astype(BF16.np))
-        outs = []
-        for tiles, stages in ((1, 1), (2, 1), (4, 1), (2, 2)):
-            out = poisoned((m, nout), BF16)
-            spec = QGemvSpec(m, n, k, qw.format, qw.group, BF16, qw.scale_dtype, Epilogue(residual=True), tc=True,
-                             warps=warps, passes=passes, stages=stages, tiles=tiles, glu=glu)
-            _run(spec, [x, *[dev(a) for a in qw.arrays], res, out])
-            outs.append(host(out, BF16))
-        assert np.isfinite(outs[0].astype(np.float32)).all(), (fmt, m)
-        for variant, got in zip(("2 tiles", "4 tiles", "2 tiles, 2 stages"), outs[1:]):
-            assert np.array_equal(got.view(np.uint16), outs[0].view(np.uint16)), (fmt, group, m, variant)
-
-
 @pytest.mark.parametrize("fmt", ["q4_k", "q6_k", "q5_0", "q8_0", "uint4", "int8"])
 @pytest.mark.parametrize("m", [3, 5, 8])
 @pytest.mark.parametrize("warps,passes", [(4, 1), (16, 3)])

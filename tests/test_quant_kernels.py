@@ -358,38 +358,6 @@ def test_tensor_core_bit_planes_copy_16_bytes_where_aligned():
     assert widths == {True, False}
 
 
-@pytest.mark.parametrize("fmt,group,n,k,glu", [("q4_k", 32, 16384, 2048, True), ("q6_k", 16, 128256, 2048, False),
-                                                ("q6_k", 16, 2048, 8192, False), ("q4_k", 32, 3072, 2048, False),
-                                                ("q8_0", 32, 16384, 2048, True)])
-def test_tensor_core_tiles_knob_puts_more_rows_in_a_block(monkeypatch, fmt, group, n, k, glu):
-    """FUSEC_QGEMV_TC_TILES=N gives the rule's tensor-core form N 16-row tiles a block where they fit shared memory
-    (else fewer): a grid of cdiv(rows, 16 N) blocks, the shared memory of 16 N rows, the registers of N times fewer
-    blocks an SM, and no spills (sm_90) at the Llama-1B shapes the batch-8 step runs (8 rows of x)."""
-    from fusec.codegen.build_quant import qgemv_tc_geometry
-    from fusec.lower.quant import TC_SMEM_MAX
-
-    base = gemv_form(8, n, k, fmt, group, DType.BF16, glu=glu)
-    assert base.get("tc") and "tiles" not in base
-    hb, bits = FORMATS[fmt].high_words, FORMATS[fmt].bits
-    for want in (2, 4):
-        monkeypatch.setenv("FUSEC_QGEMV_TC_TILES", str(want))
-        form = gemv_form(8, n, k, fmt, group, DType.BF16, glu=glu)
-        tiles = form.get("tiles", 1)
-        fits = [t for t in (1, 2, 4) if t <= want and qgemv_tc_geometry(
-            k, group, form["warps"], hb, form.get("passes", 1), bits, t)["smem"] <= TC_SMEM_MAX]
-        assert tiles == max(fits), (want, form)
-        if tiles == 1:
-            continue
-        ck = K.build(QGemvSpec(8, n, k, fmt, group, DType.BF16, DType.F16, glu="silu" if glu else "", **form), "sm_90")
-        rows = n // 2 if glu else n
-        assert ck.grid[0] == -(-rows // ((8 if glu else 16) * tiles)), (want, ck.grid)
-        assert ck.shared_mem == qgemv_tc_geometry(k, group, form["warps"], hb, form.get("passes", 1), bits,
-                                                  tiles)["smem"]
-        assert f"#define RT {tiles}" in ck.source and ck.binary.spill_bytes == 0, (want, ck.binary.spill_bytes)
-    with pytest.raises(ValueError, match="tiles"):
-        QGemvSpec(8, 2048, 2048, "q4_k", 32, DType.BF16, tiles=2)  # the FMA form has no tiles
-
-
 def test_tensor_core_stages_knob_splits_a_runs_copy_into_commit_groups(monkeypatch):
     """FUSEC_QGEMV_TC_STAGES=N puts N stages in the rule's tensor-core form (at most a run's chunks): the source issues
     N commit groups a run and waits for them one at a time, and compiles without spills (sm_90); the default keeps

@@ -96,9 +96,8 @@ def _qgemv_dp4a(spec: QGemvSpec) -> Rendered:
     return Rendered("qgemv_dp4a.cu.jinja", ctx, (spec.grid, 1, 1), (32 * spec.warps, 1, 1), _row_params(spec))
 
 
-def qgemv_tc_geometry(K: int, group: int, warps: int, hb: int = 0, passes: int = 1, bits: int = 4,
-                      tiles: int = 1) -> dict[str, int]:
-    """The tensor-core form's shared memory (``tiles`` 16-row tiles a block): chunks per warp (a contiguous range), the codes' row
+def qgemv_tc_geometry(K: int, group: int, warps: int, hb: int = 0, passes: int = 1, bits: int = 4) -> dict[str, int]:
+    """The tensor-core form's shared memory: chunks per warp (a contiguous range), the codes' row
     stride (bytes: whole 128-byte lines + 16, so that 8 rows' reads fall in different banks; a chunk's
     codes are 16 bytes, 32 at 8 bits), the scale table's row stride (floats: 2 per group, = 2 mod 4 for
     the same reason), the high words' row stride (words: ``hb`` a chunk, = 4 mod 8) and the bytes."""
@@ -109,8 +108,7 @@ def qgemv_tc_geometry(K: int, group: int, warps: int, hb: int = 0, passes: int =
     srs = 2 * cpw * gpc + (2 if cpw * gpc % 2 == 0 else 4)
     # = 4 mod 8 words: rows 16-byte aligned (the 16-byte copies) and 8 rows' reads of one word in 8 different banks
     hrs = cpw * hb + (4 - cpw * hb) % 8 if hb else 0
-    rows = 16 * tiles
-    smem = max(warps * rows * (rsb + 4 * srs + 4 * hrs), warps * rows * 8 * 4)  # the partial sums reuse it at the end
+    smem = max(warps * 16 * (rsb + 4 * srs + 4 * hrs), warps * 16 * 8 * 4)  # the partial sums reuse it at the end
     return {"cpw": cpw, "rsb": rsb, "srs": srs, "hrs": hrs, "gpc": gpc, "cb": cb, "smem": smem}
 
 
@@ -120,7 +118,7 @@ def _qgemv_tc(spec: QGemvSpec) -> Rendered:
     fp16 = spec.dtype == DType.F16
     f = FORMATS[spec.fmt]
     hb = f.high_words
-    geo = qgemv_tc_geometry(spec.K, spec.group, spec.warps, hb, spec.passes, f.bits, spec.tiles)
+    geo = qgemv_tc_geometry(spec.K, spec.group, spec.warps, hb, spec.passes, f.bits)
     cps = cdiv(geo["cpw"], spec.stages)  # chunks a stage of a run
     flip = 0x00800080 if f.bits == 8 and f.signed else 0  # signed 8-bit codes read as u = q + 128: bit 7 flipped
     if f.bits < 8:  # MAGIC | q = BIAS + q exactly: fp16 1024 (10 mantissa bits), bf16 128 (7)
@@ -130,22 +128,22 @@ def _qgemv_tc(spec: QGemvSpec) -> Rendered:
     else:  # bf16: (128 + the low 7 bits) + (128 + 128 * bit 7) = 256 + u
         mask, magic, magic_hi, bias = 0x007F007F, 0x43004300, 0x43004300 ^ flip, 256.0
     ctx = {"name": kernel_name("qgemv", spec), "M": spec.M, "N": spec.N, "K": spec.K, "warps": spec.warps,
-           "passes": spec.passes, "stages": spec.stages, "cps": cps, "tiles": spec.tiles,
+           "passes": spec.passes, "stages": spec.stages, "cps": cps,
            # the high words in 16-byte copies where every row's, run's and stage's range starts on 16 bytes
            "hb16": bool(hb) and (spec.K // 32 * hb) % 4 == 0 and (geo["cpw"] * hb) % 4 == 0 and (cps * hb) % 4 == 0,
            "cpw": geo["cpw"], "rsb": geo["rsb"], "srs": geo["srs"], "gpc": geo["gpc"], "hb": hb, "hrs": geo["hrs"],
            "batch": 8 // geo["gpc"],  # scale pairs whose loads are in flight together (registers: 3 floats a group)
            # 4 and 8 warps: 64 registers a thread, so that 1024 threads fit an SM (a 1B model's gate/up in one wave
-           # of blocks); 16 warps (few blocks): 128; more tiles a block, as many more registers
-           "min_blocks": max(1, (1 if spec.warps == 16 else 32 // spec.warps) // spec.tiles),
+           # of blocks); 16 warps (few blocks): 128
+           "min_blocks": 1 if spec.warps == 16 else 32 // spec.warps,
            "cb": geo["cb"], "code_mask": mask, "magic": magic, "magic_hi": magic_hi, "hi8": bool(magic_hi),
            "bias_value": float_lit(bias), "one": 0x3C003C00 if fp16 else 0x3F803F80,  # ONE: 1.0 twice
            "t": ctype(spec.dtype), "bias": spec.epilogue.bias, "act": Ident(spec.epilogue.activation),
            "residual": spec.epilogue.residual, "round_x": _round_fn(spec.dtype),
            "glu": Ident(spec.glu) if spec.glu else None, "glu_swap": spec.glu_swap, "half": spec.N // 2,
            **_format_ctx(spec.fmt, spec.group, spec.scale_dtype)}
-    # a gated block: 8 outputs a tile (8 weight rows of each half); else 16 weight rows a tile
-    blocks = cdiv(spec.N // 2, 8 * spec.tiles) if spec.glu else cdiv(spec.N, 16 * spec.tiles)
+    # a gated block: 8 outputs (8 weight rows of each half); else 16 weight rows
+    blocks = cdiv(spec.N // 2, 8) if spec.glu else cdiv(spec.N, 16)
     return Rendered("qgemv_tc.cu.jinja", ctx, (blocks, 1, 1), (32 * spec.warps, 1, 1),
                     ("x",) + packed_params(spec.fmt) + _epi_params(spec.epilogue) + ("C",), shared_mem=geo["smem"])
 

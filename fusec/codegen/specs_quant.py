@@ -87,8 +87,7 @@ class QGemvSpec(_QProduct):
     instead of every weight. ``tc``: the tensor-core form instead (templates/qgemv_tc.cu.jinja: 4- to 8-bit
     formats, M <= 8, fp16/bf16; ``warps`` per block of 16 rows, ``passes`` runs of chunks a warp copies into
     shared memory in turn, ``stages`` commit groups each run's copy is issued in, so that a warp sums a stage's
-    chunks while the later stages are still in flight, ``tiles`` 16-row tiles a block, each warp summing all of them
-    over its chunks so that x's fragments are read once for 16 * tiles rows; rows and fold unused). ``dp4a``: integer
+    chunks while the later stages are still in flight; rows and fold unused). ``dp4a``: integer
     dot products instead (templates/qgemv_dp4a.cu.jinja: x as two 8-bit digits per value, per 32 values, in the block,
     ``fusec.quant.dp4a_blocks``; fp16/bf16 x, M <= DP4A_MAX_M; ``rows`` a warp's task, ``warps`` a block,
     ``blocks`` an SM: the grid, and the registers a thread gets (its launch bounds); ``chunks`` the 32-weight chunks
@@ -114,7 +113,6 @@ class QGemvSpec(_QProduct):
     warps: int = 8
     passes: int = 1
     stages: int = 1
-    tiles: int = 1
     dp4a: bool = False
     blocks: int = 2
     chunks: int = 4
@@ -185,8 +183,6 @@ class QGemvSpec(_QProduct):
              "passes (1 to 4) are the tensor-core quantized gemv's runs of chunks a warp copies in turn")
         _req(self.stages in (1, 2, 3, 4) and (self.stages == 1 or self.tc),
              "stages (1 to 4) are the tensor-core quantized gemv's commit groups a run's copy is split into")
-        _req(self.tiles in (1, 2, 4) and (self.tiles == 1 or self.tc),
-             "tiles (1, 2 or 4) are the tensor-core quantized gemv's 16-row tiles a block")
         if self.dp4a:
             _req(not self.tc, "a quantized gemv has one form: tc or dp4a")
             _req(self.warps == 8, "the dp4a quantized gemv has 8 warps")

@@ -142,10 +142,10 @@ TC_MIN_M = 3
 DP4A_OVER_TC_N = 8192
 
 
-def _tc_fits_smem(k: int, group: int, warps: int, fmt: str, passes: int = 1, tiles: int = 1) -> bool:
+def _tc_fits_smem(k: int, group: int, warps: int, fmt: str, passes: int = 1) -> bool:
     from fusec.codegen.build_quant import qgemv_tc_geometry
 
-    geo = qgemv_tc_geometry(k, group, warps, FORMATS[fmt].high_words, passes, FORMATS[fmt].bits, tiles)
+    geo = qgemv_tc_geometry(k, group, warps, FORMATS[fmt].high_words, passes, FORMATS[fmt].bits)
     return geo["smem"] <= TC_SMEM_MAX and (warps == 16 or geo["cpw"] <= TC_MAX_CPW)
 
 
@@ -240,6 +240,10 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     the 1B Q4_K_M step at batch 8 0.848-0.852 ms against 0.817-0.819 with the norm apart, 0.888 with the norm weight
     in shared memory (7 blocks an SM, not 8); H200, forty-first session, commits 3643faa, a712eee, d2c8747): the normed
     products grew more (the gate/up 12.7 -> 16.4 us) than the norms' launches had cost on the critical path.
+    Blocks of 2 or 4 16-row tiles (each warp summing them all with x's fragments loaded once: at 8 rows of x a
+    block of one tile reads all of x from L2, 32 KB at K = 2048, more than its weights) lost too: 0.884 and 1.039 ms
+    against 0.790 (the gate/up 12.5 -> 14.4 us, the LM head 116 -> 172: half the warps an SM; H200, forty-second
+    session, commit d0c62fe).
     Warps a block of 16 rows: 4 where two blocks an SM run (132 SMs), 8 from 160 blocks, else 16 (fewer
     blocks, more loads in flight each); at least 8 for 8-bit codes (``_tc_min_warps``); more where the
     copy would not fit. At 4 rows the dp4a form keeps 8-bit products of at least DP4A_OVER_TC_N weight
@@ -310,11 +314,6 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     form: dict[str, object] = {"rows": 2 if m <= 8 else 1, "fold": m == 1}
     if tc:
         form.update(tc=True, warps=tc, **({"passes": passes} if passes > 1 else {}))
-        # more 16-row tiles a block (FUSEC_QGEMV_TC_TILES): as many as asked that fit shared memory
-        tiles = max(t for t in (1, 2, 4) if t <= int(knobs.get("FUSEC_QGEMV_TC_TILES"))
-                    and (t == 1 or _tc_fits_smem(k, group, tc, fmt, passes, t)))
-        if tiles > 1:
-            form["tiles"] = tiles
         if (stages := int(knobs.get("FUSEC_QGEMV_TC_STAGES"))) > 1:
             from fusec.codegen.build_quant import qgemv_tc_geometry
 
