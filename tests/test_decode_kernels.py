@@ -722,7 +722,8 @@ def test_kv_mma_knob_puts_the_key_loop_on_tensor_cores_where_it_applies(knob, mo
     plan = compile_generation(gm, batch=1, max_seq_len=128, prefill_len=8, dtype="bf16", eos_ids=[], arch="sm_90")
     (src,) = {bytes(plan.blob(m["source"])).decode() for m in plan.manifest["modules"]
               if m["entry"].startswith("fc_kvattn")}
-    assert ("fc_mma_k8(cf, pa" in src and "#define NGM (NT / 32)" in src) is on
+    warp_groups = re.search(r"#define NGM (\d+)", src)[1] == str(int(re.search(r"#define NT (\d+)", src)[1]) // 32)
+    assert ("fc_mma_k8(cf, pa" in src and warp_groups) is on  # the merge's groups: a warp each
     if knob == "1":
         for d, dt, heads in ((128, DType.BF16, True), (64, DType.F16, False)):
             parts = heads_parts(1, 16, 8, 1, 271, d, dt, True) if heads else ()

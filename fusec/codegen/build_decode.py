@@ -188,7 +188,8 @@ def _kv_attention(spec: S.KVAttentionSpec) -> Rendered:
     ctx = {
         "name": kernel_name("kvattn", spec), "D": spec.D, "S": spec.S, "T": spec.T, "Hq": spec.Hq,
         "Hkv": spec.Hkv, "group": spec.Hq // spec.Hkv, "R": lay["rows"], "threads": spec.threads,
-        "vec": lay["vec"], "lpk": lay["lpk"], "nv": lay["nv"], "unroll": lay["unroll"], "splits": spec.splits,
+        "vec": lay["vec"], "lpk": lay["lpk"], "nv": lay["nv"], "ng": lay["ng"], "unroll": lay["unroll"],
+        "splits": spec.splits,
         "gran": S.KV_CHUNK_GRANULE, "chunk_max": chunk_max(spec.T, spec.splits),
         "b_rows": spec.B * spec.Hq * spec.S, "t": ctype(spec.dtype), "pos_t": ctype(spec.pos_dtype),
         "scale_log2": float_lit(spec.scale * math.log2(math.e), "scale"),
