@@ -291,6 +291,12 @@ prefill_ab() {
 # hw_tree ncu|step: this tree's 5/6-bit products (ncu) or the 1B Q4_K_M step (step) against .old/tree's, in turns
 hw_tree() {
   [ -d .old/tree ] || { echo "hw: no .old/tree (a git archive of an earlier commit, carried)"; return; }
+  # the editable install maps fusec.templates, .models and .passes to this checkout (its import finder): without these
+  # links the old tree's fusec rendered this tree's templates (the forty-second session's calls 1-3 compared nothing)
+  for d in templates models passes; do [ -e ".old/tree/fusec/$d" ] || ln -s "../$d" ".old/tree/fusec/$d"; done
+  (cd .old/tree && PYTHONPATH="$PWD:$PYTHONPATH" python3 -c "import sys, fusec.codegen.render as r
+sys.exit(0 if str(r._templates_dir()).startswith(sys.argv[1]) else 'the old tree renders ' + str(r._templates_dir()))" \
+    "$PWD") || return
   local order="new old" t
   [ "$1" = step ] && order="new old new old"
   for t in $order; do
