@@ -550,9 +550,9 @@ PROMPTS = [[11, 12, 13, 14, 15, 16, 17, 18, 19], [21, 22, 23], [31, 32, 33, 34, 
 
 
 def test_generation_from_packed_weights_matches_reference_token_for_token():
+    from fusec.compiler import compile_generation
     from fusec.generation import ReferenceEngine, generate
     from fusec.genmodel import build_graphs
-    from fusec.compiler import compile_generation
 
     plan = compile_generation(_packed_model(), batch=4, max_seq_len=48, prefill_len=12, dtype="fp32", eos_ids=[])
     assert plan.manifest["reports"]["decode"]["norms_split"] >= 1  # a layer with v in Q6_K: a norm copy each product
@@ -568,9 +568,9 @@ def test_generation_from_packed_weights_matches_reference_token_for_token():
 def test_decode_through_the_dequantizing_path_matches_reference_token_for_token(monkeypatch):
     """FUSEC_QGEMV_MAX_ROWS=2 at batch 4: the decode step's packed products dequantize to scratch and run cuBLAS
     (the prefill's path), fp32, token for token against the reference."""
+    from fusec.compiler import compile_generation
     from fusec.generation import ReferenceEngine, generate
     from fusec.genmodel import build_graphs
-    from fusec.compiler import compile_generation
 
     monkeypatch.setenv("FUSEC_QGEMV_MAX_ROWS", "2")
     plan = compile_generation(_packed_model(), batch=4, max_seq_len=48, prefill_len=12, dtype="fp32", eos_ids=[])
@@ -585,9 +585,9 @@ def test_decode_through_the_dequantizing_path_matches_reference_token_for_token(
 
 @pytest.mark.parametrize("method", ["int8", "int4"])
 def test_quantized_generation_matches_reference(method):
+    from fusec.compiler import compile_generation
     from fusec.generation import ReferenceEngine, generate
     from fusec.genmodel import build_graphs, load_generation_model
-    from fusec.compiler import compile_generation
     from fusec.passes.base import PassOptions
 
     q = {"quantize": method, "quantize_group": 32}

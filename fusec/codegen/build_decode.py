@@ -9,8 +9,8 @@ from typing import Any
 
 from fusec.codegen import specs as S
 from fusec.codegen.kernels import Rendered, builder, cdiv, idx_type, kernel_name
-from fusec.codegen.spec_base import SMS
 from fusec.codegen.render import ctype, float_lit
+from fusec.codegen.spec_base import SMS
 from fusec.dtypes import DType
 
 # A full-context decode step should be one wave of blocks. The kernel takes 95-114 registers a thread for D 128 bf16

@@ -257,8 +257,8 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     everywhere.
     benchmarks/quant_bench.py --variants times the forms."""
     from fusec import knobs
-    from fusec.codegen.spec_base import SMS
     from fusec.codegen.build_quant import dp4a_unroll
+    from fusec.codegen.spec_base import SMS
     from fusec.codegen.specs_quant import dp4a_fits, dp4a_tasks, tc_fits
 
     choice = knobs.get("FUSEC_QGEMV_FORM")
