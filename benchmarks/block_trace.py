@@ -5,7 +5,8 @@ this says how many of a kernel's blocks were resident (and loading their weights
 before it ended, when their threads reached the PDL wait (once the loads before it issued; FUSEC_PDL_PIN=value: returned),
 when it let them through, and how long the blocks' work after the wait took, in phases (thread 0's
 FC_TRACE_PHASE marks, us after the wait): the product's x normalized / first tile summed in registers /
-summed across warps; the attention's prologue done / key loop done / its key groups merged (a cluster
+summed across warps; the tensor-core quantized product's first stage's copies landed / first run summed / every
+warp's sums in shared memory; the attention's prologue done / key loop done / its key groups merged (a cluster
 merge:) / rank 0 past its mbarrier (every split's partials stored into it) / its merge of the splits, or (a
 global merge: the last split block of a head merges them all) / past the merging block's fence / its merge loop done.
 
@@ -13,7 +14,7 @@ global merge: the last split block of a head merges them all) / past the merging
 
 A module's trace holds its last launch of the step, so the table covers the last layer's kernels (and
 the LM head). Times are us from the earliest traced start in the step; the traced kernels are the
-decode products (gemv) and the decode attention. The trace changes the binaries (another cache key)
+decode products (gemv, and the quantized dp4a and tensor-core forms) and the decode attention. The trace changes the binaries (another cache key)
 and adds a few instructions a block: compare variants with each other, not with untraced step times.
 Writes OUT_DIR/block_trace.json and .md.
 """
