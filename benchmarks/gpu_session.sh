@@ -11,9 +11,9 @@
 #             roofline and gpt-fast's int4 form compiled in torch, in turns (benchmarks/int4_7b.py, ~7 minutes; $INT4_AB:
 #             its --ab variants)
 #   gcl       clusters of 2 for the gated product with the norm at one row: dp4a GPU tests, 7B int4 and Llama-1B Q4_K_M
-#   hw        5/6-bit codes' high bits byte-aligned (plan format 3): every packed GPU test; the 5/6-bit products alone
-#             under Nsight Compute against an earlier tree (.old/tree: a git archive, carried); hwstep: the 1B Q4_K_M
-#             steps at batches 1 and 8 of both trees, each its own process, in turns
+#   hw        5/6-bit codes' high bits byte-aligned (plan format 3): the 5/6-bit products alone under Nsight Compute
+#             against an earlier tree (.old/tree: a git archive, carried); hwstep: the 1B Q4_K_M steps at batches 1
+#             and 8 of both trees, each its own process, in turns (qtests: every packed GPU test)
 #   tctrace   the tensor-core quantized GEMV's blocks in the 1B Q4_K_M step at batch 8 (block_trace.py --blocks qgemv)
 #   kvs       the decode attention's split count (FUSEC_KV_MAX_SPLITS 1, 2, 3 against the rule's 6 at the 7B int4 step's 32
 #             kv heads; 1, 2, 4 at Llama-1B Q4_K_M and Qwen3-0.6B): where its merges' fixed cost goes
@@ -743,11 +743,9 @@ for step in "$@"; do
           timeout 200 python3 benchmarks/decode_step.py "$R/tcw8" --model llama-1b-q4_k_m --batches 1,8 --context 32 \
             --windows 3 --ab FUSEC_QGEMV_TC_MIN_WARPS=8 > "$R/tcw8.txt" 2>&1
           grep -E "^\| (batch|[0-9]+) \|" "$R/tcw8.txt" | cut -c 1-900 ;;
-    hw) # 5- and 6-bit codes' high bits byte-aligned with the code words (fusec/quant.py, plan format 3): every packed
-        # GPU test, then the 5/6-bit products alone under Nsight Compute, this tree against an earlier one (.old/tree: a
-        # git archive, carried)
-        timeout 280 $PT -n 12 tests/test_quant_gpu.py > "$R/t_hw.txt" 2>&1
-        grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_hw.txt" | tail -n 12
+    hw) # 5- and 6-bit codes' high bits byte-aligned with the code words (fusec/quant.py, plan format 3): the 5/6-bit
+        # products alone under Nsight Compute, this tree against an earlier one (.old/tree: a git archive, carried; run
+        # after qtests, every packed GPU test)
         hw_tree ncu ;;
     hwstep) # the same two trees' Llama-1B Q4_K_M steps at batches 1 and 8, each its own process, in turns
         hw_tree step ;;
@@ -788,10 +786,6 @@ for step in "$@"; do
     kvm7) timeout 330 python3 benchmarks/int4_7b.py "$R/int4_7b_kvm" --ab FUSEC_KV_MMA=1 --ab FUSEC_KV_TRIGGER=prologue \
             > "$R/int4_7b_kvm.txt" 2>&1
           grep -E "step_ms_median|pct_roofline|same_tokens|error|Error" "$R/int4_7b_kvm.txt" | head -n 12 ;;
-    mends) # the tensor-core quantized GEMV's GPU tests after the forty-second session's review mends (run with kvr, for
-           # the decode attention's, and hwstep, the 1B Q4_K_M steps against .old/tree's)
-        timeout 200 $PT -n 12 tests/test_quant_gpu.py -k "tensor_core" > "$R/t_mends.txt" 2>&1
-        grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_mends.txt" | tail -n 12 ;;
     kvr) # the tensor-core key loop as the rule: the attention's GPU tests, the generation and PDL tests, the families'
          timeout 330 $PT -n 12 tests/test_decode_kernels_gpu.py tests/test_kv_heads_gpu.py tests/test_generation_gpu.py \
            tests/test_pdl_gpu.py tests/test_head_rope_pair.py tests/test_generation_families_gpu.py > "$R/t_kvr.txt" 2>&1

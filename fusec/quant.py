@@ -39,9 +39,9 @@ operand         shape, dtype          meaning
 bytes 4i..4i+3 of a chunk's codes) holds weights 4i + b (low nibble of byte b) and 16 + 4i + b (high
 nibble). With m = 4 / hb code words a high word, word i // m of the chunk's hb words holds, for t = i % m,
 in its byte b the high bits (code bits 4..) of weight 4i + b from bit ``4 + hb*t`` and those of weight
-16 + 4i + b from bit ``hb*t``. So one shift and one mask put a code word's high bits under its low nibbles (``(h >> hb t) &
-0x30303030`` for a 6-bit word's low nibbles, ``(h << (4 - hb t)) & 0x30303030`` for its high ones), for
-dp4a's 4 bytes and for the tensor-core form's byte pairs alike. Bit planes (bit j of plane p = bit 4 + p
+16 + 4i + b from bit ``hb*t``. So one shift and one mask put a code word's high bits under its nibbles
+(``(h >> hb t) & 0x30303030`` for a 6-bit word's low nibbles, ``(h << (4 - hb t)) & 0x30303030`` for its
+high ones), for dp4a's 4 bytes and for the tensor-core form's byte pairs alike. Bit planes (bit j of plane p = bit 4 + p
 of w[j]) had cost the kernels a spread of every bit: the 6-bit tensor-core form took 106 instructions a
 chunk against 4-bit's 47 (benchmarks/RESULTS.md, forty-first session).
 

@@ -108,36 +108,26 @@ def test_kernel_decoding_is_the_formats_dequantization(fmt):
 
 
 @pytest.mark.parametrize("bits", [5, 6])
-def test_high_words_decode_with_one_shift_and_mask_for_both_lane_views(bits):
-    """The high words' layout (fusec.quant): one shift and one mask put code word i's high bits under its nibbles, as
-    templates/quant.cuh's qb_high (dp4a's 4 bytes: (h >> hb t) and (h << (4 - hb t)), & 0x30303030 or 0x10101010) and
-    the tensor-core form's lane c (after h >> hb t: pairs of bytes (0, 2) as they are, (1, 3) >> 8, the high nibbles'
-    << 4 and >> 4, & 0x00300030 or 0x00100010) compute them; both give every code of random rows."""
+def test_high_words_decode_in_the_tensor_core_forms_lane_view(bits):
+    """The high words' layout (fusec.quant) as the tensor-core form's lane c decodes it (templates/qgemv_tc.cu.jinja:
+    the word shifted down by hb t, then pairs of bytes (0, 2) as they are, (1, 3) >> 8, the high nibbles' << 4 and
+    >> 4, & 0x00300030 or 0x00100010): every code of random rows, at both 16-bit halves of every pair. (dp4a's view,
+    qb_high, is kernel_dequant's, checked against the reference above.)"""
     rng = np.random.default_rng(bits)
     n, k, hb = 5, 96, bits - 4
     q = rng.integers(0, 1 << bits, (n, k)).astype(np.uint8)
     codes, high = quant.pack_codes(q, bits)
-    words = codes.reshape(n, k // 32, 4, 4).view("<u4")[..., 0].astype(np.int64)  # [row, chunk, code word i]
+    words = codes.reshape(n, k // 32, 4, 4).view("<u4")[..., 0].astype(np.int64)  # [row, chunk, code word c]
     hw = high.reshape(n, k // 32, hb).astype(np.int64)
     qc = q.reshape(n, k // 32, 32).astype(np.int64)
     m = 4 // hb
-    mask = (1 << hb) - 1
-    for i in range(4):
-        h, t = hw[:, :, i // m], hb * (i % m)
-        a = words[:, :, i]
-        # dp4a: bytes b of lo / hi = weights 4i + b / 16 + 4i + b
-        lo = (a & 0x0F0F0F0F) | ((h >> t) & (mask * 0x10101010))
-        hi = ((a >> 4) & 0x0F0F0F0F) | (((h << (4 - t)) & 0xFFFFFFFF) & (mask * 0x10101010))
-        for b in range(4):
-            assert np.array_equal((lo >> (8 * b)) & 0xFF, qc[:, :, 4 * i + b]), (bits, i, b)
-            assert np.array_equal((hi >> (8 * b)) & 0xFF, qc[:, :, 16 + 4 * i + b]), (bits, i, b)
-        # tensor cores, lane c = i: 16-bit pairs (weights w, w + 2) at bits 0 and 16
-        hh, pm = h >> t, mask * 0x00100010
+    for c in range(4):  # lane c reads code word c: 16-bit pairs (weights w, w + 2) at bits 0 and 16
+        a, hh, pm = words[:, :, c], hw[:, :, c // m] >> (hb * (c % m)), ((1 << hb) - 1) * 0x00100010
         pairs = {(0, 0): (a & 0x000F000F) | (hh & pm), (0, 1): ((a >> 8) & 0x000F000F) | ((hh >> 8) & pm),
                  (1, 0): ((a >> 4) & 0x000F000F) | ((hh << 4) & pm), (1, 1): ((a >> 12) & 0x000F000F) | ((hh >> 4) & pm)}
         for (st, odd), v in pairs.items():
-            w = 16 * st + 4 * i + odd
-            assert np.array_equal(v & 0xFFFF, qc[:, :, w]) and np.array_equal(v >> 16, qc[:, :, w + 2]), (bits, i, st)
+            w = 16 * st + 4 * c + odd
+            assert np.array_equal(v & 0xFFFF, qc[:, :, w]) and np.array_equal(v >> 16, qc[:, :, w + 2]), (bits, c, st)
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
