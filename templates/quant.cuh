@@ -144,12 +144,14 @@ __device__ __forceinline__ float qb_f(unsigned int word, int byte) {
 
 // Bits 4.. of the codes of code word i (i = 0..3, bytes 4i .. 4i+3 of a chunk's codes) under its low nibbles (upper
 // false: weights 4i ..) or its high ones (weights 16 + 4i ..), at bits 4.. of each byte: one shift and one mask (the
-// high words' layout: fusec/quant.py). Bit planes had taken a spread of every bit.
+// high words' layout: fusec/quant.py; the two shifts of `upper` fold into one under the mask, and written so the
+// tensor-core form's lane, which takes both halves of a word, shares the first). Bit planes had taken a spread of
+// every bit.
 __device__ __forceinline__ unsigned int qb_high(unsigned int h0, unsigned int h1, int i, bool upper) {
   constexpr int hb = QB_BITS == 6 ? 2 : 1, per = 4 / hb;  // bits a weight, code words a high word
   const unsigned int h = i / per ? h1 : h0;
   const int t = hb * (i % per);
-  return (upper ? h << (4 - t) : h >> t) & (((1u << hb) - 1u) * 0x10101010u);
+  return ((h >> t) << (upper ? 4 : 0)) & (((1u << hb) - 1u) * 0x10101010u);
 }
 
 // The 8 codes of weights 8*s .. 8*s+7 of a chunk (s = 0..3), one per byte of lo (w0..3) and hi (w4..7).

@@ -43,6 +43,13 @@ def _fma(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
     return (a.astype(np.float64) * b.astype(np.float64) + c.astype(np.float64)).astype(np.float32)
 
 
+def qb_high(h: np.ndarray, i: int, upper: bool, hb: int) -> np.ndarray:
+    """templates/quant.cuh's qb_high: bits 4.. of code word i's codes from a chunk's high words ``h`` [..., hb], at bits
+    4.. of each byte under the word's low nibbles or (``upper``) its high ones."""
+    w, t = h[..., i // (4 // hb)], hb * (i % (4 // hb))
+    return ((w >> np.uint32(t)) << np.uint32(4 if upper else 0)) & np.uint32(((1 << hb) - 1) * 0x10101010)
+
+
 def kernel_dequant(qw: QWeight) -> np.ndarray:
     """W as templates/quant.cuh computes it (qb_load + qb_w8), from the packed bytes."""
     f = qw.fmt
@@ -71,12 +78,7 @@ def kernel_dequant(qw: QWeight) -> np.ndarray:
             if f.bits in (5, 6):  # qb_high: code words 2 (s & 1) and + 1, one shift and a mask each
                 hb = f.bits - 4
                 h = high.reshape(n, k // 32, hb)[:, c, :]
-                parts = []
-                for i in ((s & 1) * 2, (s & 1) * 2 + 1):
-                    w, t = h[:, i // (4 // hb)], hb * (i % (4 // hb))
-                    w = (w << np.uint32(4 - t)) if s >= 2 else (w >> np.uint32(t))
-                    parts.append(w & np.uint32(((1 << hb) - 1) * 0x10101010))
-                hw = np.stack(parts, axis=-1)
+                hw = np.stack([qb_high(h, i, s >= 2, hb) for i in ((s & 1) * 2, (s & 1) * 2 + 1)], axis=-1)
                 byte |= np.stack([(hw >> np.uint32(8 * i)) & np.uint32(0xFF) for i in range(4)], axis=-1).reshape(n, 8)
             g = (c * 32 + s * 8) // group
             sg = scale[:, (c * 32 + s * 8) // sb].copy()
@@ -109,25 +111,28 @@ def test_kernel_decoding_is_the_formats_dequantization(fmt):
 
 @pytest.mark.parametrize("bits", [5, 6])
 def test_high_words_decode_in_the_tensor_core_forms_lane_view(bits):
-    """The high words' layout (fusec.quant) as the tensor-core form's lane c decodes it (templates/qgemv_tc.cu.jinja:
-    the word shifted down by hb t, then pairs of bytes (0, 2) as they are, (1, 3) >> 8, the high nibbles' << 4 and
-    >> 4, & 0x00300030 or 0x00100010): every code of random rows, at both 16-bit halves of every pair. (dp4a's view,
-    qb_high, is kernel_dequant's, checked against the reference above.)"""
+    """The high words' layout (fusec.quant) as the tensor-core form's lane c decodes it (templates/qgemv_tc.cu.jinja):
+    qb_high's bits of code word c, then pairs of bytes (0, 2) as they are and (1, 3) >> 8, each & 0x00FF00FF, ORed
+    into the code nibbles' pairs: every code of random rows, at both 16-bit halves of every pair. (dp4a's view is
+    kernel_dequant's, checked against the reference above.)"""
     rng = np.random.default_rng(bits)
     n, k, hb = 5, 96, bits - 4
     q = rng.integers(0, 1 << bits, (n, k)).astype(np.uint8)
     codes, high = quant.pack_codes(q, bits)
-    words = codes.reshape(n, k // 32, 4, 4).view("<u4")[..., 0].astype(np.int64)  # [row, chunk, code word c]
-    hw = high.reshape(n, k // 32, hb).astype(np.int64)
+    words = codes.reshape(n, k // 32, 4, 4).view("<u4")[..., 0]  # [row, chunk, code word c]
+    h = high.reshape(n, k // 32, hb)
     qc = q.reshape(n, k // 32, 32).astype(np.int64)
-    m = 4 // hb
+    lo = np.uint32(0x000F000F)
     for c in range(4):  # lane c reads code word c: 16-bit pairs (weights w, w + 2) at bits 0 and 16
-        a, hh, pm = words[:, :, c], hw[:, :, c // m] >> (hb * (c % m)), ((1 << hb) - 1) * 0x00100010
-        pairs = {(0, 0): (a & 0x000F000F) | (hh & pm), (0, 1): ((a >> 8) & 0x000F000F) | ((hh >> 8) & pm),
-                 (1, 0): ((a >> 4) & 0x000F000F) | ((hh << 4) & pm), (1, 1): ((a >> 12) & 0x000F000F) | ((hh >> 4) & pm)}
-        for (st, odd), v in pairs.items():
-            w = 16 * st + 4 * c + odd
-            assert np.array_equal(v & 0xFFFF, qc[:, :, w]) and np.array_equal(v >> 16, qc[:, :, w + 2]), (bits, c, st)
+        a = words[:, :, c]
+        for st in range(2):  # step 0: low nibbles, 1: high ones
+            u, nib = qb_high(h, c, st == 1, hb), a >> np.uint32(4 * st)
+            for odd in range(2):
+                v = ((nib >> np.uint32(8 * odd)) & lo) | ((u >> np.uint32(8 * odd)) & np.uint32(0x00FF00FF))
+                w = 16 * st + 4 * c + odd
+                v = v.astype(np.int64)
+                assert np.array_equal(v & 0xFFFF, qc[:, :, w]) and np.array_equal(v >> 16, qc[:, :, w + 2]), \
+                    (bits, c, st)
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
