@@ -78,6 +78,11 @@ class QFormat:
     def high_words(self) -> int:
         return max(0, self.bits - 4) if self.bits < 8 else 0
 
+    @property
+    def scale_only(self) -> bool:
+        """W = s * (q - z) with a constant z: a group's scale is its only number (no offset, no zero operand)."""
+        return self.offset == "none" and self.zero is not None
+
     def bits_per_weight(self, group: int, scale_bytes: int = 2) -> float:
         """Bytes the packed layout reads per weight, as bits (codes + scales + the rest)."""
         g = self.group or group

@@ -278,15 +278,12 @@ def test_gemv_form_takes_tensor_cores_where_they_fit(fmt, m, dt, monkeypatch):
         monkeypatch.delenv("FUSEC_QGEMV_TC_MIN_WARPS")
     # rows too long for the tensor-core form's copy of them in shared memory: runs of chunks a warp copies in turn,
     # then, past FUSEC_QGEMV_TC_RUNS runs, the FMA form
-    hb = FORMATS[fmt].high_words
-    long_k = next(k for k in range(2048, 1 << 20, 2048)
-                  if qgemv_tc_geometry(k, group, 16, hb, 1, bits)["smem"] > TC_SMEM_MAX)
+    long_k = next(k for k in range(2048, 1 << 20, 2048) if qgemv_tc_geometry(k, group, 16, fmt, 1)["smem"] > TC_SMEM_MAX)
     assert gemv_form(m, 2048, long_k, fmt, group, dt).get("passes", 0) == (2 if fits else 0)
     assert "passes" not in gemv_form(m, 2048, long_k - 2048, fmt, group, dt)
     assert gemv_form(m, 2048, long_k - 2048, fmt, group, dt).get("tc", False) == fits
     longer = next(k for k in range(long_k, 1 << 22, 2048)
-                  if qgemv_tc_geometry(k, group, 16, hb, int(knobs.get("FUSEC_QGEMV_TC_RUNS")), bits)["smem"]
-                  > TC_SMEM_MAX)
+                  if qgemv_tc_geometry(k, group, 16, fmt, int(knobs.get("FUSEC_QGEMV_TC_RUNS")))["smem"] > TC_SMEM_MAX)
     assert "tc" not in gemv_form(m, 2048, longer, fmt, group, dt)
     monkeypatch.setenv("FUSEC_QGEMV_FORM", "fma")
     assert "tc" not in gemv_form(m, 16384, 2048, fmt, group, dt)
@@ -378,12 +375,36 @@ def test_tensor_core_bit_planes_copy_16_bytes_where_aligned():
             src = K.prepare(spec)[1]
             wide = "qt_copy_rows<16, CPS * HB / 4" in src
             assert wide or "qt_copy_rows<4, CPS * HB / 1" in src, (fmt, warps, passes)
-            hb, cpw = FORMATS[fmt].high_words, qgemv_tc_geometry(k, spec.group, warps, FORMATS[fmt].high_words,
-                                                                  passes)["cpw"]
-            assert wide == ((k // 32 * hb) % 4 == 0 and (cpw * hb) % 4 == 0), (fmt, warps, passes)
-            assert qgemv_tc_geometry(k, spec.group, warps, hb, passes)["hrs"] % 8 == 4  # aligned rows, 8 banks
+            hb, geo = FORMATS[fmt].high_words, qgemv_tc_geometry(k, spec.group, warps, fmt, passes)
+            assert wide == ((k // 32 * hb) % 4 == 0 and (geo["cpw"] * hb) % 4 == 0), (fmt, warps, passes)
+            assert geo["hrs"] % 8 == 4  # aligned rows, 8 banks
             widths.add(wide)
     assert widths == {True, False}
+
+
+def test_tensor_core_scale_table_holds_the_scale_alone_where_the_format_has_nothing_else():
+    """Formats without an offset or a zero operand (Q6_K, Q8_0, Q4_0, ...) keep one float a group in the tensor-core
+    form's scale table, the others (s, o - s (BIAS + z)); a row's stride is odd where a lane reads one float a row and
+    chunk, = 2 mod 4 where it reads 8 bytes (8 rows' reads in different banks); the loop then folds -(BIAS + z) * sum(x)
+    in before the scale. So the Llama-1B Q6_K LM head's blocks at 8 rows of x fit 6 an SM (228 KB, 1 KB reserved a
+    block) instead of 5."""
+    from fusec.codegen.build_quant import qgemv_tc_geometry
+
+    for fmt, f in FORMATS.items():
+        if f.bits not in (4, 5, 6, 8):
+            continue
+        group = f.group or 32
+        for k, warps in ((2048, 4), (2048, 8), (8192, 16), (1472 if not f.super_block else 1536, 16)):
+            geo = qgemv_tc_geometry(k, group, warps, fmt)
+            assert geo["tv"] == (1 if f.scale_only else 2), fmt
+            width, unit = geo["tv"] * geo["cpw"] * geo["gpc"], geo["tv"] * geo["gpc"]
+            assert geo["srs"] > width and (geo["srs"] % 2 == 1 if unit == 1 else geo["srs"] % 4 == 2), (fmt, k, geo)
+        src = K.prepare(QGemvSpec(8, 301, 2048, fmt, group, DType.BF16, DType.F16, tc=True, warps=4))[1]
+        assert (f"#define TV {geo['tv']}" in src) and (("fmaf(ZB, xs" in src) == f.scale_only), fmt
+    assert FORMATS["q6_k"].scale_only and FORMATS["q8_0"].scale_only and not FORMATS["q4_k"].scale_only
+    form = gemv_form(8, 128256, 2048, "q6_k", 16, DType.BF16)
+    smem = qgemv_tc_geometry(2048, 16, form["warps"], "q6_k")["smem"]
+    assert (228 << 10) // (smem + 1024) == 6, smem
 
 
 def test_tensor_core_stages_knob_splits_a_runs_copy_into_commit_groups(monkeypatch):
@@ -396,7 +417,7 @@ def test_tensor_core_stages_knob_splits_a_runs_copy_into_commit_groups(monkeypat
     assert base.get("tc") and "stages" not in base
     src = K.prepare(QGemvSpec(8, 16384, 2048, "q4_k", 32, DType.BF16, DType.F16, **base))[1]
     assert src.count("fc_cp_async_commit();") == 1 and "#define STAGES 1" in src
-    cpw = qgemv_tc_geometry(2048, 32, base["warps"])["cpw"]
+    cpw = qgemv_tc_geometry(2048, 32, base["warps"], "q4_k")["cpw"]
     for n in (2, 4):
         monkeypatch.setenv("FUSEC_QGEMV_TC_STAGES", str(n))
         form = gemv_form(8, 16384, 2048, "q4_k", 32, DType.BF16)
@@ -411,25 +432,25 @@ def test_tensor_core_stages_knob_splits_a_runs_copy_into_commit_groups(monkeypat
 
 
 def test_tensor_core_form_takes_long_rows_in_runs(monkeypatch):
-    """Where a block's copy of its 16 rows is over TC_SMEM_MAX at 16 warps (Llama-1B's down in Q6_K, K = 8192, at 8
-    rows of x), the rule gives each warp its chunks in runs, copied in turn into the same shared memory: the kernel's
+    """Where a block's copy of its 16 rows is over TC_SMEM_MAX at 16 warps (a 7B down in Q6_K, K = 11008, at 8 rows
+    of x), the rule gives each warp its chunks in runs, copied in turn into the same shared memory: the kernel's
     shared memory is the run's, and it compiles without spills on sm_80 and sm_90."""
     from fusec.codegen.build_quant import qgemv_tc_geometry
     from fusec.lower.quant import TC_SMEM_MAX
 
-    form = gemv_form(8, 2048, 8192, "q6_k", 16, DType.BF16)
+    k = 11008
+    form = gemv_form(8, 4096, k, "q6_k", 16, DType.BF16)
     assert form.get("tc") and form["warps"] == 16 and form["passes"] == 2, form
-    assert qgemv_tc_geometry(8192, 16, 16, 2)["smem"] > TC_SMEM_MAX  # one run does not fit
-    assert "passes" not in gemv_form(8, 2048, 8192, "q4_k", 32, DType.BF16)  # it fits in one
+    assert qgemv_tc_geometry(k, 16, 16, "q6_k")["smem"] > TC_SMEM_MAX  # one run does not fit
+    assert "passes" not in gemv_form(8, 2048, 8192, "q6_k", 16, DType.BF16)  # Llama-1B's down fits in one
     for arch in ("sm_80", "sm_90"):
-        ck = K.build(QGemvSpec(8, 2048, 8192, "q6_k", 16, DType.BF16, DType.F16, Epilogue(residual=True), **form),
-                     arch)
-        assert ck.binary.spill_bytes == 0 and ck.shared_mem == qgemv_tc_geometry(8192, 16, 16, 2, 2)["smem"]
+        ck = K.build(QGemvSpec(8, 4096, k, "q6_k", 16, DType.BF16, DType.F16, Epilogue(residual=True), **form), arch)
+        assert ck.binary.spill_bytes == 0 and ck.shared_mem == qgemv_tc_geometry(k, 16, 16, "q6_k", 2)["smem"]
         assert ck.shared_mem <= TC_SMEM_MAX and "#define PASSES 2" in ck.source
     with pytest.raises(ValueError, match="passes"):
-        QGemvSpec(8, 2048, 8192, "q6_k", 16, DType.BF16, passes=2)  # the FMA form has no runs
+        QGemvSpec(8, 4096, k, "q6_k", 16, DType.BF16, passes=2)  # the FMA form has no runs
     monkeypatch.setenv("FUSEC_QGEMV_TC_RUNS", "1")  # the lever: one run, so the FMA form, as before
-    assert gemv_form(8, 2048, 8192, "q6_k", 16, DType.BF16) == {"rows": 2, "fold": False}
+    assert gemv_form(8, 4096, k, "q6_k", 16, DType.BF16) == {"rows": 2, "fold": False}
 
 
 LLAMA_SHAPES = [(3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192), (128256, 2048),  # 1B: qkv, o, gate/up, down, head

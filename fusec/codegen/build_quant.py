@@ -96,20 +96,28 @@ def _qgemv_dp4a(spec: QGemvSpec) -> Rendered:
     return Rendered("qgemv_dp4a.cu.jinja", ctx, (spec.grid, 1, 1), (32 * spec.warps, 1, 1), _row_params(spec))
 
 
-def qgemv_tc_geometry(K: int, group: int, warps: int, hb: int = 0, passes: int = 1, bits: int = 4) -> dict[str, int]:
-    """The tensor-core form's shared memory: chunks per warp (a contiguous range), the codes' row
-    stride (bytes: whole 128-byte lines + 16, so that 8 rows' reads fall in different banks; a chunk's
-    codes are 16 bytes, 32 at 8 bits), the scale table's row stride (floats: 2 per group, = 2 mod 4 for
-    the same reason), the high words' row stride (words: ``hb`` a chunk, = 4 mod 8) and the bytes."""
+def qgemv_tc_geometry(K: int, group: int, warps: int, fmt: str, passes: int = 1) -> dict[str, int]:
+    """The tensor-core form's shared memory for ``fmt`` (a ``fusec.quant`` format): chunks per warp (a contiguous
+    range), the codes' row stride (bytes: whole 128-byte lines + 16, so that 8 rows' reads fall in different banks; a
+    chunk's codes are 16 bytes, 32 at 8 bits), the scale table's floats a group (``tv``: s and o - s (BIAS + z), or s
+    alone where the format is ``scale_only``) and row stride (floats; a lane reads a chunk's entries of a row as one
+    float or float2 each: an odd stride, or = 2 mod 4 for 8-byte reads, for the same reason), the high words' row
+    stride (words: ``hb`` a chunk, = 4 mod 8) and the bytes."""
+    from fusec.quant import FORMATS
+
+    f = FORMATS[fmt]
+    hb, bits = f.high_words, f.bits
     gpc = 2 if group < 32 else 1
+    tv = 1 if f.scale_only else 2
     cb = 32 if bits == 8 else 16
     cpw = cdiv(K // 32, warps * passes)  # a run's chunks: a warp takes ``passes`` runs
     rsb = cdiv(cpw * cb, 128) * 128 + 16
-    srs = 2 * cpw * gpc + (2 if cpw * gpc % 2 == 0 else 4)
+    width = tv * cpw * gpc
+    srs = width + (1 if width % 2 == 0 else 2) if tv * gpc == 1 else width + (2 if width % 4 == 0 else 4)
     # = 4 mod 8 words: rows 16-byte aligned (the 16-byte copies) and 8 rows' reads of one word in 8 different banks
     hrs = cpw * hb + (4 - cpw * hb) % 8 if hb else 0
     smem = max(warps * 16 * (rsb + 4 * srs + 4 * hrs), warps * 16 * 8 * 4)  # the partial sums reuse it at the end
-    return {"cpw": cpw, "rsb": rsb, "srs": srs, "hrs": hrs, "gpc": gpc, "cb": cb, "smem": smem}
+    return {"cpw": cpw, "rsb": rsb, "srs": srs, "hrs": hrs, "gpc": gpc, "tv": tv, "cb": cb, "smem": smem}
 
 
 def _qgemv_tc(spec: QGemvSpec) -> Rendered:
@@ -118,7 +126,7 @@ def _qgemv_tc(spec: QGemvSpec) -> Rendered:
     fp16 = spec.dtype == DType.F16
     f = FORMATS[spec.fmt]
     hb = f.high_words
-    geo = qgemv_tc_geometry(spec.K, spec.group, spec.warps, hb, spec.passes, f.bits)
+    geo = qgemv_tc_geometry(spec.K, spec.group, spec.warps, spec.fmt, spec.passes)
     cps = cdiv(geo["cpw"], spec.stages)  # chunks a stage of a run
     flip = 0x00800080 if f.bits == 8 and f.signed else 0  # signed 8-bit codes read as u = q + 128: bit 7 flipped
     if f.bits < 8:  # MAGIC | q = BIAS + q exactly: fp16 1024 (10 mantissa bits), bf16 128 (7)
@@ -132,6 +140,7 @@ def _qgemv_tc(spec: QGemvSpec) -> Rendered:
            # the high words in 16-byte copies where every row's, run's and stage's range starts on 16 bytes
            "hb16": bool(hb) and (spec.K // 32 * hb) % 4 == 0 and (geo["cpw"] * hb) % 4 == 0 and (cps * hb) % 4 == 0,
            "cpw": geo["cpw"], "rsb": geo["rsb"], "srs": geo["srs"], "gpc": geo["gpc"], "hb": hb, "hrs": geo["hrs"],
+           "tv": geo["tv"], "zero_bias": float_lit(-(bias + (f.zero or 0) + (128 if f.bits == 8 and f.signed else 0))),
            "batch": 8 // geo["gpc"],  # scale pairs whose loads are in flight together (registers: 3 floats a group)
            # 4 and 8 warps: 64 registers a thread, so that 1024 threads fit an SM (a 1B model's gate/up in one wave
            # of blocks); 16 warps (few blocks): 128

@@ -145,7 +145,7 @@ DP4A_OVER_TC_N = 8192
 def _tc_fits_smem(k: int, group: int, warps: int, fmt: str, passes: int = 1) -> bool:
     from fusec.codegen.build_quant import qgemv_tc_geometry
 
-    geo = qgemv_tc_geometry(k, group, warps, FORMATS[fmt].high_words, passes, FORMATS[fmt].bits)
+    geo = qgemv_tc_geometry(k, group, warps, fmt, passes)
     return geo["smem"] <= TC_SMEM_MAX and (warps == 16 or geo["cpw"] <= TC_MAX_CPW)
 
 
@@ -318,8 +318,7 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
             from fusec.codegen.build_quant import qgemv_tc_geometry
 
             # no more stages than a run's chunks
-            form["stages"] = min(stages, qgemv_tc_geometry(k, group, tc, FORMATS[fmt].high_words, passes,
-                                                           FORMATS[fmt].bits)["cpw"])
+            form["stages"] = min(stages, qgemv_tc_geometry(k, group, tc, fmt, passes)["cpw"])
     return form
 
 
