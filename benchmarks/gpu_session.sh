@@ -288,29 +288,32 @@ prefill_ab() {
 }
 # kv_short NAME --ab ...: the Llama-1B Q4_K_M (context 32) and Qwen3-0.6B (128) decode steps at batch 1, the variants in
 # turns (the decode attention's knobs at short contexts)
-# hw_tree ncu|step: this tree's 5/6-bit products (ncu) or the 1B Q4_K_M step (step) against .old/tree's, in turns
+# hw_tree ncu|step: this tree's 5/6-bit products (ncu) or the 1B Q4_K_M step (step) against $OLD_TREE's (default
+# .old/tree: a git archive of an earlier commit, carried), in turns; results named after the old tree's folder
 hw_tree() {
-  [ -d .old/tree ] || { echo "hw: no .old/tree (a git archive of an earlier commit, carried)"; return; }
+  local old=${OLD_TREE:-.old/tree} tag
+  tag=$(basename "$old")
+  [ -d "$old" ] || { echo "hw: no $old (a git archive of an earlier commit, carried)"; return; }
   # the editable install maps fusec.templates, .models and .passes to this checkout (its import finder): without these
   # links the old tree's fusec rendered this tree's templates (the forty-second session's calls 1-3 compared nothing)
-  for d in templates models passes; do [ -e ".old/tree/fusec/$d" ] || ln -s "../$d" ".old/tree/fusec/$d"; done
-  (cd .old/tree && PYTHONPATH="$PWD:$PYTHONPATH" python3 -c "import sys, fusec.codegen.render as r
+  for d in templates models passes; do [ -e "$old/fusec/$d" ] || ln -s "../$d" "$old/fusec/$d"; done
+  (cd "$old" && PYTHONPATH="$PWD:$PYTHONPATH" python3 -c "import sys, fusec.codegen.render as r
 sys.exit(0 if str(r._templates_dir()).startswith(sys.argv[1]) else 'the old tree renders ' + str(r._templates_dir()))" \
     "$PWD") || return
   local order="new old" t
   [ "$1" = step ] && order="new old new old"
   for t in $order; do
-    local dir=.; [ "$t" = old ] && dir=.old/tree
+    local dir=.; [ "$t" = old ] && dir=$old
     if [ "$1" = ncu ]; then
       (cd "$dir" && PYTHONPATH="$PWD:$PYTHONPATH" timeout 150 ncu --clock-control none -k regex:fc_qgemv \
         --section SpeedOfLight python3 benchmarks/qgemv_ncu.py --rule q6_k:8:128256x2048 --rule q6_k:8:2048x8192 --rule q5_k:8:2048x8192 \
         --rule q6_k:1:128256x2048 --rule q6_k:1:2048x8192 --rule q5_k:1:2048x8192 --rule q4_k:8:2048x8192 \
-        > "$R/hw_ncu_$t.txt" 2>&1)
-      echo "tree $t"; grep -E "^launch:|Duration|DRAM Throughput" "$R/hw_ncu_$t.txt" | head -n 30
+        > "$R/hw_ncu_${tag}_$t.txt" 2>&1)
+      echo "tree $t ($tag)"; grep -E "^launch:|Duration|DRAM Throughput" "$R/hw_ncu_${tag}_$t.txt" | head -n 30
     else
-      (cd "$dir" && PYTHONPATH="$PWD:$PYTHONPATH" timeout 120 python3 benchmarks/decode_step.py "$R/hw_$t" \
-        --model llama-1b-q4_k_m --batches 1,8 --context 32 --windows 3 > "$R/hw_step_$t.txt" 2>&1)
-      echo "tree $t"; grep -E "^\| (batch|[0-9]+) \|" "$R/hw_step_$t.txt" | cut -c 1-400
+      (cd "$dir" && PYTHONPATH="$PWD:$PYTHONPATH" timeout 120 python3 benchmarks/decode_step.py "$R/hw_${tag}_$t" \
+        --model llama-1b-q4_k_m --batches 1,8 --context 32 --windows 3 > "$R/hw_step_${tag}_$t.txt" 2>&1)
+      echo "tree $t ($tag)"; grep -E "^\| (batch|[0-9]+) \|" "$R/hw_step_${tag}_$t.txt" | cut -c 1-400
     fi
   done
 }
