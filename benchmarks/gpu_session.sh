@@ -289,7 +289,8 @@ prefill_ab() {
 # kv_short NAME --ab ...: the Llama-1B Q4_K_M (context 32) and Qwen3-0.6B (128) decode steps at batch 1, the variants in
 # turns (the decode attention's knobs at short contexts)
 # hw_tree ncu|step: this tree's 5/6-bit products (ncu) or the 1B Q4_K_M step (step) against $OLD_TREE's (default
-# .old/tree: a git archive of an earlier commit, carried), in turns; results named after the old tree's folder
+# .old/tree: a git archive of an earlier commit, carried), in turns; results named after the old tree's folder; step:
+# the models $HW_MODELS (default llama-1b-q4_k_m) at batches $HW_BATCHES (default 1,8)
 hw_tree() {
   local old=${OLD_TREE:-.old/tree} tag
   tag=$(basename "$old")
@@ -311,9 +312,12 @@ sys.exit(0 if str(r._templates_dir()).startswith(sys.argv[1]) else 'the old tree
         > "$R/hw_ncu_${tag}_$t.txt" 2>&1)
       echo "tree $t ($tag)"; grep -E "^launch:|Duration|DRAM Throughput" "$R/hw_ncu_${tag}_$t.txt" | head -n 30
     else
-      (cd "$dir" && PYTHONPATH="$PWD:$PYTHONPATH" timeout 120 python3 benchmarks/decode_step.py "$R/hw_${tag}_$t" \
-        --model llama-1b-q4_k_m --batches 1,8 --context 32 --windows 3 > "$R/hw_step_${tag}_$t.txt" 2>&1)
-      echo "tree $t ($tag)"; grep -E "^\| (batch|[0-9]+) \|" "$R/hw_step_${tag}_$t.txt" | cut -c 1-400
+      local m
+      for m in ${HW_MODELS:-llama-1b-q4_k_m}; do
+        (cd "$dir" && PYTHONPATH="$PWD:$PYTHONPATH" timeout 120 python3 benchmarks/decode_step.py "$R/hw_${tag}_${m}_$t" \
+          --model "$m" --batches "${HW_BATCHES:-1,8}" --context 32 --windows 3 > "$R/hw_step_${tag}_${m}_$t.txt" 2>&1)
+        echo "tree $t ($tag), $m"; grep -E "^\| (batch|[0-9]+) \|" "$R/hw_step_${tag}_${m}_$t.txt" | cut -c 1-400
+      done
     fi
   done
 }
