@@ -432,25 +432,26 @@ def test_tensor_core_stages_knob_splits_a_runs_copy_into_commit_groups(monkeypat
 
 
 def test_tensor_core_form_takes_long_rows_in_runs(monkeypatch):
-    """Where a block's copy of its 16 rows is over TC_SMEM_MAX at 16 warps (a 7B down in Q6_K, K = 11008, at 8 rows
-    of x), the rule gives each warp its chunks in runs, copied in turn into the same shared memory: the kernel's
-    shared memory is the run's, and it compiles without spills on sm_80 and sm_90."""
+    """Where a block's copy of its 16 rows is over TC_SMEM_MAX at 16 warps (Llama-1B's downs, K = 8192, in Q6_K and
+    Q4_K, at 8 rows of x; a 7B down, K = 11008, in Q6_K), the rule gives each warp its chunks in runs, copied in turn
+    into the same shared memory: the kernel's shared memory is the run's, and it compiles without spills on sm_80 and
+    sm_90. The o product (K = 2048) takes one."""
     from fusec.codegen.build_quant import qgemv_tc_geometry
     from fusec.lower.quant import TC_SMEM_MAX
 
-    k = 11008
-    form = gemv_form(8, 4096, k, "q6_k", 16, DType.BF16)
-    assert form.get("tc") and form["warps"] == 16 and form["passes"] == 2, form
-    assert qgemv_tc_geometry(k, 16, 16, "q6_k")["smem"] > TC_SMEM_MAX  # one run does not fit
-    assert "passes" not in gemv_form(8, 2048, 8192, "q6_k", 16, DType.BF16)  # Llama-1B's down fits in one
-    for arch in ("sm_80", "sm_90"):
-        ck = K.build(QGemvSpec(8, 4096, k, "q6_k", 16, DType.BF16, DType.F16, Epilogue(residual=True), **form), arch)
-        assert ck.binary.spill_bytes == 0 and ck.shared_mem == qgemv_tc_geometry(k, 16, 16, "q6_k", 2)["smem"]
-        assert ck.shared_mem <= TC_SMEM_MAX and "#define PASSES 2" in ck.source
+    for n, k, fmt, group, runs in ((2048, 8192, "q6_k", 16, 2), (2048, 8192, "q4_k", 32, 2), (4096, 11008, "q6_k", 16, 3)):
+        form = gemv_form(8, n, k, fmt, group, DType.BF16)
+        assert form.get("tc") and form["warps"] == 16 and form["passes"] == runs, form
+        assert qgemv_tc_geometry(k, group, 16, fmt, runs - 1)["smem"] > TC_SMEM_MAX  # one run fewer does not fit
+        for arch in ("sm_80", "sm_90"):
+            ck = K.build(QGemvSpec(8, n, k, fmt, group, DType.BF16, DType.F16, Epilogue(residual=True), **form), arch)
+            assert ck.binary.spill_bytes == 0 and ck.shared_mem == qgemv_tc_geometry(k, group, 16, fmt, runs)["smem"]
+            assert ck.shared_mem <= TC_SMEM_MAX and f"#define PASSES {runs}" in ck.source
+    assert "passes" not in gemv_form(8, 2048, 2048, "q6_k", 16, DType.BF16)
     with pytest.raises(ValueError, match="passes"):
-        QGemvSpec(8, 4096, k, "q6_k", 16, DType.BF16, passes=2)  # the FMA form has no runs
+        QGemvSpec(8, 2048, 8192, "q6_k", 16, DType.BF16, passes=2)  # the FMA form has no runs
     monkeypatch.setenv("FUSEC_QGEMV_TC_RUNS", "1")  # the lever: one run, so the FMA form, as before
-    assert gemv_form(8, 4096, k, "q6_k", 16, DType.BF16) == {"rows": 2, "fold": False}
+    assert gemv_form(8, 2048, 8192, "q6_k", 16, DType.BF16) == {"rows": 2, "fold": False}
 
 
 LLAMA_SHAPES = [(3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192), (128256, 2048),  # 1B: qkv, o, gate/up, down, head

@@ -126,7 +126,12 @@ def qgemm_tiling(m: int, n: int, k: int, clusters: bool = False) -> dict[str, in
 # from this many rows of x the dp4a form takes one weight row (or 4 of one chunk) a task and no gated unit (two rows a
 # task spilled, ptxas -v); ``skinny.qfits`` then leaves a gated unit apart
 DP4A_WIDE_M = 4
-TC_SMEM_MAX = 144 << 10  # the tensor-core form's copy of its rows: within sm_80's 163 KB a block (static too)
+# the tensor-core form's copy of a block's rows (a run's, where it takes runs): within sm_80's 163 KB a block, and at
+# most 100 KB, measured: a block copies its run before its PDL wait, while the kernel before it still runs. The 1B
+# Q4_K_M step at batch 8 took 0.772-0.773 ms with its downs (K = 8192) in one run each (Q4_K 104 KB, Q6_K 141 KB)
+# against 0.766 in two (H200, forty-third session, in turns; 144 KB before). It binds only at 16 warps: at 4 and 8 a
+# warp's TC_MAX_CPW chunks take at most ~76 KB.
+TC_SMEM_MAX = 100 << 10
 # chunks a warp copies at 4 and 8 warps (64 registers a thread): ptxas -v spilled from 24 chunks of 6-bit codes, 32 of
 # 4-bit (tests/test_quant_kernels.py checks the rule's forms); 16 warps have 128 registers, and shared memory bounds them
 TC_MAX_CPW = 16
@@ -268,9 +273,10 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
         warps = max(4 if blocks >= 2 * SMS else 8 if blocks >= 160 else 16, _tc_min_warps(fmt))
         while warps < 16 and not _tc_fits_smem(k, group, warps, fmt):
             warps *= 2
-        # where a block's copy of its 16 rows is over TC_SMEM_MAX at 16 warps (Llama-1B's down in Q6_K at K = 8192:
-        # 172 KB), each warp copies and sums its chunks in runs, in turn (before, such products took the FMA form: at 8
-        # rows of x the 1B Q6_K down took 39.6 us, the Q4_K down on tensor cores 12.1, H200, sixteenth session)
+        # where a block's copy of its 16 rows is over TC_SMEM_MAX at 16 warps (Llama-1B's downs at K = 8192: Q6_K 141
+        # KB, Q4_K 104 KB), each warp copies and sums its chunks in runs, in turn (before, such products took the FMA
+        # form: at 8 rows of x the 1B Q6_K down took 39.6 us, the Q4_K down on tensor cores 12.1, H200, sixteenth
+        # session)
         runs = int(knobs.get("FUSEC_QGEMV_TC_RUNS"))
         passes = next((p for p in range(1, runs + 1) if _tc_fits_smem(k, group, warps, fmt, p)), 0)
         tc = warps if passes else 0
