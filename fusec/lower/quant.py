@@ -128,9 +128,9 @@ def qgemm_tiling(m: int, n: int, k: int, clusters: bool = False) -> dict[str, in
 DP4A_WIDE_M = 4
 # the tensor-core form's copy of a block's rows (a run's, where it takes runs): within sm_80's 163 KB a block, and at
 # most 100 KB, measured: a block copies its run before its PDL wait, while the kernel before it still runs. The 1B
-# Q4_K_M step at batch 8 took 0.772-0.773 ms with its downs (K = 8192) in one run each (Q4_K 104 KB, Q6_K 141 KB)
-# against 0.766 in two (H200, forty-third session, in turns; 144 KB before). It binds only at 16 warps: at 4 and 8 a
-# warp's TC_MAX_CPW chunks take at most ~76 KB.
+# Q4_K_M step at batch 8 took 0.777-0.779 ms with its downs (K = 8192) in one run each (Q4_K 104 KB, Q6_K 141 KB;
+# the limit was 144 KB), 0.771-0.773 with the Q6_K down in two, 0.766 with both in two (H200, forty-third session,
+# calls 4-5, in turns). It binds only at 16 warps: at 4 and 8 a warp's TC_MAX_CPW chunks take at most ~76 KB.
 TC_SMEM_MAX = 100 << 10
 # chunks a warp copies at 4 and 8 warps (64 registers a thread): ptxas -v spilled from 24 chunks of 6-bit codes, 32 of
 # 4-bit (tests/test_quant_kernels.py checks the rule's forms); 16 warps have 128 registers, and shared memory bounds them
