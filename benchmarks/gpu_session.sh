@@ -11,9 +11,9 @@
 #             roofline and gpt-fast's int4 form compiled in torch, in turns (benchmarks/int4_7b.py, ~7 minutes; $INT4_AB:
 #             its --ab variants)
 #   gcl       clusters of 2 for the gated product with the norm at one row: dp4a GPU tests, 7B int4 and Llama-1B Q4_K_M
-#   hw        5/6-bit codes' high bits byte-aligned (plan format 3): the 5/6-bit products alone under Nsight Compute
-#             against an earlier tree (.old/tree: a git archive, carried); hwstep: the 1B Q4_K_M steps at batches 1
-#             and 8 of both trees, each its own process, in turns (qtests: every packed GPU test)
+#   hw        the 5/6-bit products alone under Nsight Compute against an earlier tree ($OLD_TREE, default .old/tree:
+#             a git archive, carried); hwstep: the decode steps of both trees ($HW_MODELS, default llama-1b-q4_k_m, at
+#             batches $HW_BATCHES, default 1,8), each its own process, in turns (qtests: every packed GPU test)
 #   tctrace   the tensor-core quantized GEMV's blocks in the 1B Q4_K_M step at batch 8 (block_trace.py --blocks qgemv)
 #   kvs       the decode attention's split count (FUSEC_KV_MAX_SPLITS 1, 2, 3 against the rule's 6 at the 7B int4 step's 32
 #             kv heads; 1, 2, 4 at Llama-1B Q4_K_M and Qwen3-0.6B): where its merges' fixed cost goes
@@ -754,7 +754,7 @@ for step in "$@"; do
         # products alone under Nsight Compute, this tree against an earlier one (.old/tree: a git archive, carried; run
         # after qtests, every packed GPU test)
         hw_tree ncu ;;
-    hwstep) # the same two trees' Llama-1B Q4_K_M steps at batches 1 and 8, each its own process, in turns
+    hwstep) # the same two trees' decode steps ($HW_MODELS at $HW_BATCHES), each its own process, in turns
         hw_tree step ;;
     tctrace) # the tensor-core quantized GEMV's blocks in the 1B Q4_K_M step at batch 8 (block_trace.py, the last layer
              # and the LM head): when each block passed its wait, its first stage's copies landed (phase 1), its first
