@@ -361,8 +361,8 @@ def test_tensor_core_gated_epilogue_compiles_and_fuses_unless_its_knob_is_off(ar
     assert sum(lab.endswith("rmsnorm") for lab in gated) == sum(lab.endswith("rmsnorm") for lab in labels)
 
 
-def test_tensor_core_bit_planes_copy_16_bytes_where_aligned():
-    """The bit planes go in 16-byte copies where every row's and warp's range starts on 16 bytes, else 4 bytes at a
+def test_tensor_core_high_words_copy_16_bytes_where_aligned():
+    """The 5/6-bit codes' high words go in 16-byte copies where every row's and warp's range starts on 16 bytes, else 4 bytes at a
     time; the GPU test's shapes (tests/test_quant_gpu.py: K = 1536 for K-quants, 1472 otherwise) take both."""
     from fusec.codegen.build_quant import qgemv_tc_geometry
 
