@@ -307,8 +307,8 @@ def test_tensor_core_qgemv_matches_reference(fmt, group, m, warps, passes):
     """The tensor-core form against the exact sum (float64 over the reference's weights): within
     half an ulp of the stored type plus fp32 accumulation error, at odd N (a partial last block of
     16 rows), K not a multiple of the warps' chunks, bias + SiLU + residual; fp16 and bf16; 4-, 5-, 6-
-    and 8-bit codes (signed, and unsigned with zero points) (their high words in 16-byte copies where every row's and warp's range is aligned, else 4-byte
-    ones: tests/test_quant_kernels.py checks both occur here); a warp's chunks in one run or
+    and 8-bit codes (signed, and unsigned with zero points) (their high words in 16-byte copies where every row's and
+    warp's range is aligned, else 4-byte ones: tests/test_quant_kernels.py checks both occur here); a warp's chunks in one run or
     in 2-3 runs copied in turn (the last runs of the last warps partial or empty)."""
     n, k = 301, 1536 if quant.FORMATS[fmt].super_block else 1472  # 46 chunks (and 48): warps run out at odd places
     qw = _tc_weight(fmt, group, n, k)

@@ -278,12 +278,14 @@ def test_gemv_form_takes_tensor_cores_where_they_fit(fmt, m, dt, monkeypatch):
         monkeypatch.delenv("FUSEC_QGEMV_TC_MIN_WARPS")
     # rows too long for the tensor-core form's copy of them in shared memory: runs of chunks a warp copies in turn,
     # then, past FUSEC_QGEMV_TC_RUNS runs, the FMA form
-    long_k = next(k for k in range(2048, 1 << 20, 2048) if qgemv_tc_geometry(k, group, 16, fmt, 1)["smem"] > TC_SMEM_MAX)
+    long_k = next(k for k in range(2048, 1 << 20, 2048)
+                  if qgemv_tc_geometry(k, group, 16, fmt, 1)["smem"] > TC_SMEM_MAX)
     assert gemv_form(m, 2048, long_k, fmt, group, dt).get("passes", 0) == (2 if fits else 0)
     assert "passes" not in gemv_form(m, 2048, long_k - 2048, fmt, group, dt)
     assert gemv_form(m, 2048, long_k - 2048, fmt, group, dt).get("tc", False) == fits
     longer = next(k for k in range(long_k, 1 << 22, 2048)
-                  if qgemv_tc_geometry(k, group, 16, fmt, int(knobs.get("FUSEC_QGEMV_TC_RUNS")))["smem"] > TC_SMEM_MAX)
+                  if qgemv_tc_geometry(k, group, 16, fmt, int(knobs.get("FUSEC_QGEMV_TC_RUNS")))["smem"]
+                  > TC_SMEM_MAX)
     assert "tc" not in gemv_form(m, 2048, longer, fmt, group, dt)
     monkeypatch.setenv("FUSEC_QGEMV_FORM", "fma")
     assert "tc" not in gemv_form(m, 16384, 2048, fmt, group, dt)
@@ -362,8 +364,9 @@ def test_tensor_core_gated_epilogue_compiles_and_fuses_unless_its_knob_is_off(ar
 
 
 def test_tensor_core_high_words_copy_16_bytes_where_aligned():
-    """The 5/6-bit codes' high words go in 16-byte copies where every row's and warp's range starts on 16 bytes, else 4 bytes at a
-    time; the GPU test's shapes (tests/test_quant_gpu.py: K = 1536 for K-quants, 1472 otherwise) take both."""
+    """The 5/6-bit codes' high words go in 16-byte copies where every row's and warp's range starts on 16 bytes, else 4
+    bytes at a time; the GPU test's shapes (tests/test_quant_gpu.py: K = 1536 for K-quants, 1472 otherwise) take
+    both."""
     from fusec.codegen.build_quant import qgemv_tc_geometry
 
     widths = set()
@@ -439,7 +442,8 @@ def test_tensor_core_form_takes_long_rows_in_runs(monkeypatch):
     from fusec.codegen.build_quant import qgemv_tc_geometry
     from fusec.lower.quant import TC_SMEM_MAX
 
-    for n, k, fmt, group, runs in ((2048, 8192, "q6_k", 16, 2), (2048, 8192, "q4_k", 32, 2), (4096, 11008, "q6_k", 16, 3)):
+    shapes = ((2048, 8192, "q6_k", 16, 2), (2048, 8192, "q4_k", 32, 2), (4096, 11008, "q6_k", 16, 3))
+    for n, k, fmt, group, runs in shapes:
         form = gemv_form(8, n, k, fmt, group, DType.BF16)
         assert form.get("tc") and form["warps"] == 16 and form["passes"] == runs, form
         assert qgemv_tc_geometry(k, group, 16, fmt, runs - 1)["smem"] > TC_SMEM_MAX  # one run fewer does not fit
