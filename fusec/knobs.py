@@ -119,6 +119,11 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "shared memory in turn, where a block's copy of its 16 rows does not fit at once (fusec.lower.quant.gemv_form; "
          "1: such products take the FMA form, as before the sixteenth session; the A/B of benchmarks/decode_step.py "
          "--ab FUSEC_QGEMV_TC_RUNS=1)", ("1", "2", "3", "4")),
+    Knob("FUSEC_QGEMV_TC_RUN_KB", "choice", "100", "KB of shared memory a block of the tensor-core quantized GEMV "
+         "may copy its rows' run into (fusec.lower.quant.tc_smem_max; more runs a warp where a block's copy is larger): "
+         "the Llama-1B Q4_K_M step at batch 8 took 0.766 ms at 100 against 0.777-0.779 at 144, the limit before (H200, "
+         "forty-third session); the A/B of benchmarks/decode_step.py --ab FUSEC_QGEMV_TC_RUN_KB=144",
+         ("64", "100", "144")),
     Knob("FUSEC_QGEMV_TC_STAGES", "choice", "1", "commit groups the tensor-core quantized GEMV issues a warp's copy "
          "of its chunks in (fusec.lower.quant.gemv_form): from 2, the warp sums a stage's chunks while the later ones "
          "are in flight, and the scale table's first loads issue before the copies. 1 (every chunk copied before any "

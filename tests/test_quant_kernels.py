@@ -263,7 +263,7 @@ def test_gemv_form_takes_tensor_cores_where_they_fit(fmt, m, dt, monkeypatch):
     DP4A_OVER_TC_N weight rows; with FUSEC_QGEMV_FORM=dp4a never."""
     from fusec import knobs
     from fusec.codegen.build_quant import qgemv_tc_geometry
-    from fusec.lower.quant import DP4A_OVER_TC_N, TC_SMEM_MAX
+    from fusec.lower.quant import DP4A_OVER_TC_N, tc_smem_max
 
     bits = FORMATS[fmt].bits
     fits = 3 <= m <= 8 and dt != DType.F32
@@ -279,13 +279,13 @@ def test_gemv_form_takes_tensor_cores_where_they_fit(fmt, m, dt, monkeypatch):
     # rows too long for the tensor-core form's copy of them in shared memory: runs of chunks a warp copies in turn,
     # then, past FUSEC_QGEMV_TC_RUNS runs, the FMA form
     long_k = next(k for k in range(2048, 1 << 20, 2048)
-                  if qgemv_tc_geometry(k, group, 16, fmt, 1)["smem"] > TC_SMEM_MAX)
+                  if qgemv_tc_geometry(k, group, 16, fmt, 1)["smem"] > tc_smem_max())
     assert gemv_form(m, 2048, long_k, fmt, group, dt).get("passes", 0) == (2 if fits else 0)
     assert "passes" not in gemv_form(m, 2048, long_k - 2048, fmt, group, dt)
     assert gemv_form(m, 2048, long_k - 2048, fmt, group, dt).get("tc", False) == fits
     longer = next(k for k in range(long_k, 1 << 22, 2048)
                   if qgemv_tc_geometry(k, group, 16, fmt, int(knobs.get("FUSEC_QGEMV_TC_RUNS")))["smem"]
-                  > TC_SMEM_MAX)
+                  > tc_smem_max())
     assert "tc" not in gemv_form(m, 2048, longer, fmt, group, dt)
     monkeypatch.setenv("FUSEC_QGEMV_FORM", "fma")
     assert "tc" not in gemv_form(m, 16384, 2048, fmt, group, dt)
@@ -435,25 +435,36 @@ def test_tensor_core_stages_knob_splits_a_runs_copy_into_commit_groups(monkeypat
 
 
 def test_tensor_core_form_takes_long_rows_in_runs(monkeypatch):
-    """Where a block's copy of its 16 rows is over TC_SMEM_MAX at 16 warps (Llama-1B's downs, K = 8192, in Q6_K and
-    Q4_K, at 8 rows of x; a 7B down, K = 11008, in Q6_K), the rule gives each warp its chunks in runs, copied in turn
-    into the same shared memory: the kernel's shared memory is the run's, and it compiles without spills on sm_80 and
-    sm_90. The o product (K = 2048) takes one."""
+    """Where a block's copy of its 16 rows is over ``tc_smem_max()`` at 16 warps (Llama-1B's downs, K = 8192, in Q6_K
+    and Q4_K, at 8 rows of x; a 7B down, K = 11008, in Q6_K), the rule gives each warp its chunks in runs, copied in
+    turn into the same shared memory: the kernel's shared memory is the run's, and it compiles without spills on sm_80
+    and sm_90. The o product (K = 2048) takes one. FUSEC_QGEMV_TC_RUN_KB moves the limit: at 144 (the limit before the
+    forty-third session) Llama-1B's Q6_K down takes one run, at 64 three."""
     from fusec.codegen.build_quant import qgemv_tc_geometry
-    from fusec.lower.quant import TC_SMEM_MAX
+    from fusec.lower.quant import tc_smem_max
 
     shapes = ((2048, 8192, "q6_k", 16, 2), (2048, 8192, "q4_k", 32, 2), (4096, 11008, "q6_k", 16, 3))
     for n, k, fmt, group, runs in shapes:
         form = gemv_form(8, n, k, fmt, group, DType.BF16)
         assert form.get("tc") and form["warps"] == 16 and form["passes"] == runs, form
-        assert qgemv_tc_geometry(k, group, 16, fmt, runs - 1)["smem"] > TC_SMEM_MAX  # one run fewer does not fit
+        assert qgemv_tc_geometry(k, group, 16, fmt, runs - 1)["smem"] > tc_smem_max()  # one run fewer does not fit
         for arch in ("sm_80", "sm_90"):
             ck = K.build(QGemvSpec(8, n, k, fmt, group, DType.BF16, DType.F16, Epilogue(residual=True), **form), arch)
             assert ck.binary.spill_bytes == 0 and ck.shared_mem == qgemv_tc_geometry(k, group, 16, fmt, runs)["smem"]
-            assert ck.shared_mem <= TC_SMEM_MAX and f"#define PASSES {runs}" in ck.source
+            assert ck.shared_mem <= tc_smem_max() and f"#define PASSES {runs}" in ck.source
     assert "passes" not in gemv_form(8, 2048, 2048, "q6_k", 16, DType.BF16)
     with pytest.raises(ValueError, match="passes"):
         QGemvSpec(8, 2048, 8192, "q6_k", 16, DType.BF16, passes=2)  # the FMA form has no runs
+    for kb, runs in (("144", 1), ("64", 3)):
+        monkeypatch.setenv("FUSEC_QGEMV_TC_RUN_KB", kb)
+        form = gemv_form(8, 2048, 8192, "q6_k", 16, DType.BF16)
+        assert form.get("passes", 1) == runs and form["warps"] == 16, (kb, form)
+        smem = qgemv_tc_geometry(8192, 16, 16, "q6_k", runs)["smem"]
+        assert smem <= int(kb) << 10 and (runs == 1 or qgemv_tc_geometry(8192, 16, 16, "q6_k", runs - 1)["smem"]
+                                          > int(kb) << 10), (kb, smem)
+        ck = K.build(QGemvSpec(8, 2048, 8192, "q6_k", 16, DType.BF16, DType.F16, **form), "sm_90")
+        assert ck.binary.spill_bytes == 0 and ck.shared_mem == smem
+    monkeypatch.delenv("FUSEC_QGEMV_TC_RUN_KB")
     monkeypatch.setenv("FUSEC_QGEMV_TC_RUNS", "1")  # the lever: one run, so the FMA form, as before
     assert gemv_form(8, 2048, 8192, "q6_k", 16, DType.BF16) == {"rows": 2, "fold": False}
 

@@ -126,12 +126,20 @@ def qgemm_tiling(m: int, n: int, k: int, clusters: bool = False) -> dict[str, in
 # from this many rows of x the dp4a form takes one weight row (or 4 of one chunk) a task and no gated unit (two rows a
 # task spilled, ptxas -v); ``skinny.qfits`` then leaves a gated unit apart
 DP4A_WIDE_M = 4
-# the tensor-core form's copy of a block's rows (a run's, where it takes runs): within sm_80's 163 KB a block, and at
-# most 100 KB, measured: a block copies its run before its PDL wait, while the kernel before it still runs. The 1B
-# Q4_K_M step at batch 8 took 0.777-0.779 ms with its downs (K = 8192) in one run each (Q4_K 104 KB, Q6_K 141 KB;
-# the limit was 144 KB), 0.771-0.773 with the Q6_K down in two, 0.766 with both in two (H200, forty-third session,
-# calls 4-5, in turns). It binds only at 16 warps: at 4 and 8 a warp's TC_MAX_CPW chunks take at most ~76 KB.
-TC_SMEM_MAX = 100 << 10
+
+
+def tc_smem_max() -> int:
+    """Bytes of the tensor-core form's copy of a block's rows (a run's, where it takes runs): FUSEC_QGEMV_TC_RUN_KB,
+    100 KB by default, within sm_80's 163 KB a block. Measured: a block copies its run before its PDL wait, while the
+    kernel before it still runs. The 1B Q4_K_M step at batch 8 took 0.777-0.779 ms with its downs (K = 8192) in one
+    run each (Q4_K 104 KB, Q6_K 141 KB; the limit was 144 KB), 0.771-0.773 with the Q6_K down in two, 0.766 with both
+    in two (H200, forty-third session, calls 4-5, in turns). It binds only at 16 warps: at 4 and 8 a warp's TC_MAX_CPW
+    chunks take at most ~76 KB."""
+    from fusec import knobs
+
+    return int(knobs.get("FUSEC_QGEMV_TC_RUN_KB")) << 10
+
+
 # chunks a warp copies at 4 and 8 warps (64 registers a thread): ptxas -v spilled from 24 chunks of 6-bit codes, 32 of
 # 4-bit (tests/test_quant_kernels.py checks the rule's forms); 16 warps have 128 registers, and shared memory bounds them
 TC_MAX_CPW = 16
@@ -151,7 +159,7 @@ def _tc_fits_smem(k: int, group: int, warps: int, fmt: str, passes: int = 1) -> 
     from fusec.codegen.build_quant import qgemv_tc_geometry
 
     geo = qgemv_tc_geometry(k, group, warps, fmt, passes)
-    return geo["smem"] <= TC_SMEM_MAX and (warps == 16 or geo["cpw"] <= TC_MAX_CPW)
+    return geo["smem"] <= tc_smem_max() and (warps == 16 or geo["cpw"] <= TC_MAX_CPW)
 
 
 def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bool = False,
@@ -238,7 +246,7 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     session, the same bits). FUSEC_QGEMV_DP4A_NORM_EARLY=0 loads them after the wait.
 
     The tensor-core form (``tc``) from M = TC_MIN_M where it fits (``specs_quant.tc_fits``:
-    4- to 8-bit codes, M <= 8, fp16/bf16; its copy of the block's rows within TC_SMEM_MAX, at most
+    4- to 8-bit codes, M <= 8, fp16/bf16; its copy of the block's rows within ``tc_smem_max()``, at most
     TC_MAX_CPW chunks a warp below 16 warps); it has no norm prologue, so fusion leaves the norm out of it
     (``fusec.lower.skinny.qfits``), and takes its gated epilogue unless FUSEC_QGEMV_TC_GATE=0. A norm prologue was
     built and lost (x * g into the mma, 1 / rms from a Gram mma's diagonal in the epilogue: no RMSNorm launch left;
@@ -273,7 +281,7 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
         warps = max(4 if blocks >= 2 * SMS else 8 if blocks >= 160 else 16, _tc_min_warps(fmt))
         while warps < 16 and not _tc_fits_smem(k, group, warps, fmt):
             warps *= 2
-        # where a block's copy of its 16 rows is over TC_SMEM_MAX at 16 warps (Llama-1B's downs at K = 8192: Q6_K 141
+        # where a block's copy of its 16 rows is over tc_smem_max() at 16 warps (Llama-1B's downs at K = 8192: Q6_K 141
         # KB, Q4_K 104 KB), each warp copies and sums its chunks in runs, in turn (before, such products took the FMA
         # form: at 8 rows of x the 1B Q6_K down took 39.6 us, the Q4_K down on tensor cores 12.1, H200, sixteenth
         # session)
