@@ -288,7 +288,7 @@ prefill_ab() {
 }
 # kv_short NAME --ab ...: the Llama-1B Q4_K_M (context 32) and Qwen3-0.6B (128) decode steps at batch 1, the variants in
 # turns (the decode attention's knobs at short contexts)
-# hw_tree ncu|step: this tree's 5/6-bit products (ncu) or the 1B Q4_K_M step (step) against $OLD_TREE's (default
+# hw_tree ncu|step: this tree's 5/6-bit products (ncu) or decode steps (step) against $OLD_TREE's (default
 # .old/tree: a git archive of an earlier commit, carried), in turns; results named after the old tree's folder; step:
 # the models $HW_MODELS (default llama-1b-q4_k_m) at batches $HW_BATCHES (default 1,8)
 hw_tree() {
@@ -751,7 +751,7 @@ for step in "$@"; do
             --windows 3 --ab FUSEC_QGEMV_TC_MIN_WARPS=8 > "$R/tcw8.txt" 2>&1
           grep -E "^\| (batch|[0-9]+) \|" "$R/tcw8.txt" | cut -c 1-900 ;;
     hw) # 5- and 6-bit codes' high bits byte-aligned with the code words (fusec/quant.py, plan format 3): the 5/6-bit
-        # products alone under Nsight Compute, this tree against an earlier one (.old/tree: a git archive, carried; run
+        # products alone under Nsight Compute, this tree against an earlier one ($OLD_TREE: a git archive, carried; run
         # after qtests, every packed GPU test)
         hw_tree ncu ;;
     hwstep) # the same two trees' decode steps ($HW_MODELS at $HW_BATCHES), each its own process, in turns

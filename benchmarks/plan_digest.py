@@ -39,8 +39,8 @@ def main() -> None:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import quant_bench
 
+    gm = quant_bench._model("q4_k_m", 4, "1b")
     for batch in (1, 8):  # the dp4a form at one row, the tensor-core form at 8
-        gm = quant_bench._model("q4_k_m", 4, "1b")
         plan = compile_generation(gm, batch=batch, max_seq_len=64, prefill_len=32, dtype="bf16", arch="sm_90",
                                   eos_ids=[])
         out[f"llama-1b-q4_k_m:4 layers:b{batch}"] = digest(plan)

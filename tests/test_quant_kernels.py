@@ -393,18 +393,18 @@ def test_tensor_core_scale_table_holds_the_scale_alone_where_the_format_has_noth
     block) instead of 5."""
     from fusec.codegen.build_quant import qgemv_tc_geometry
 
+    SCALE_ONLY = {"q8_0", "q4_0", "q5_0", "q6_k", "int8", "int4"}  # no offset, no zero operand (fusec.quant's table)
     for fmt, f in FORMATS.items():
         if f.bits not in (4, 5, 6, 8):
             continue
         group = f.group or 32
         for k, warps in ((2048, 4), (2048, 8), (8192, 16), (1472 if not f.super_block else 1536, 16)):
             geo = qgemv_tc_geometry(k, group, warps, fmt)
-            assert geo["tv"] == (1 if f.scale_only else 2), fmt
+            assert (geo["tv"] == 1) == (fmt in SCALE_ONLY), fmt
             width, unit = geo["tv"] * geo["cpw"] * geo["gpc"], geo["tv"] * geo["gpc"]
             assert geo["srs"] > width and (geo["srs"] % 2 == 1 if unit == 1 else geo["srs"] % 4 == 2), (fmt, k, geo)
         src = K.prepare(QGemvSpec(8, 301, 2048, fmt, group, DType.BF16, DType.F16, tc=True, warps=4))[1]
         assert (f"#define TV {geo['tv']}" in src) and (("fmaf(ZB, xs" in src) == f.scale_only), fmt
-    assert FORMATS["q6_k"].scale_only and FORMATS["q8_0"].scale_only and not FORMATS["q4_k"].scale_only
     form = gemv_form(8, 128256, 2048, "q6_k", 16, DType.BF16)
     smem = qgemv_tc_geometry(2048, 16, form["warps"], "q6_k")["smem"]
     assert (228 << 10) // (smem + 1024) == 6, smem

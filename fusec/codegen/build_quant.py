@@ -141,7 +141,7 @@ def _qgemv_tc(spec: QGemvSpec) -> Rendered:
            "hb16": bool(hb) and (spec.K // 32 * hb) % 4 == 0 and (geo["cpw"] * hb) % 4 == 0 and (cps * hb) % 4 == 0,
            "cpw": geo["cpw"], "rsb": geo["rsb"], "srs": geo["srs"], "gpc": geo["gpc"], "hb": hb, "hrs": geo["hrs"],
            # a scale-only format's table is s alone: the loop adds s * (dot + ZB * sum(x))
-           "tv": geo["tv"], "zero_bias": float_lit(-(bias + (f.zero or 0) + (128 if f.bits == 8 and f.signed else 0)))
+           "tv": geo["tv"], "zero_bias": float_lit(-(bias + f.zero + (128 if f.bits == 8 and f.signed else 0)))
            if f.scale_only else None,
            "batch": 8 // geo["gpc"],  # scale pairs whose loads are in flight together (registers: 3 floats a group)
            # 4 and 8 warps: 64 registers a thread, so that 1024 threads fit an SM (a 1B model's gate/up in one wave
