@@ -185,7 +185,10 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     At one row of x a lane loads 8 chunks a round over its rows: two weight rows a task below K = 8192, else one;
     but 4 chunks where 8 spill beside the norm prologue's x (``dp4a_heavy``). In the 7B Q4_K_M decode step:
     1.928 ms against 2.090 with 4 chunks (H200, fourteenth session, 8 everywhere; the Llama-1B shape 0.558 against
-    0.560). FUSEC_QGEMV_DP4A_CHUNKS=4 gives 4.
+    0.560). FUSEC_QGEMV_DP4A_CHUNKS=4 gives 4. Sixteen chunks (4 rows a task at K = 4096: fusec's int4 and Q4_0
+    compile without spills there, at 128 registers; every other format spilled) lost in the 7B int4 step: 1.786 ms
+    against 1.310, the qkv 8.32 -> 14.21 us, gate/up 15.47 -> 22.69, down (two rounds of 8 chunks, not three of 4)
+    9.34 -> 9.92 (H200, forty-fourth session, in turns, the same tokens): half the round trips, but slower ones.
     At 2-3 rows of x, 4 chunks a round. One block of 16 warps an SM instead of two of 8 (each SM writing x's digits
     once) was no faster (1.916 against 1.928 ms at 8 chunks; Llama-1B 0.557 against 0.558) and is gone.
     A lane takes at most K / 1024 of a row's chunks a round, so at K = 2048 (Llama-1B's gate/up and LM head) 8
@@ -214,7 +217,12 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     chunks (fourteenth session), and 4 rows a task 2.668 against 2.714 at batch 8, 1.388 against 1.402 at batch 4
     (fifteenth session). The estimate that led there (a lane reads 76 bytes of shared memory a chunk and row of x,
     ~18x the weight bytes at 8 rows, a cap of ~1.8 TB/s) was wrong as the bound: a quarter of that traffic gave
-    1-2%. Zero-point operands keep one row (uint8 spilled); FUSEC_QGEMV_DP4A_WIDE_ROWS=1 gives one row everywhere.
+    1-2%. Zero-point operands keep one row (uint8 spilled), and so do codes of fewer than 8 bits, which reach this
+    form only under FUSEC_QGEMV_FORM=dp4a: at 4 rows a task every one of them spilled (ptxas -v, sm_90: Q4_K 424 bytes
+    at 4 rows of x, 2,452 at 8; fusec's int4 92 and 872), and alone at 8 rows of x that form took Llama-1B's Q4_K
+    gate/up 92.4 us and its LM head 640, against 32.5 and 209 with one row a task (H200, forty-fourth session,
+    quant_bench --variants); one row and 2 chunks compile without spills in every format.
+    FUSEC_QGEMV_DP4A_WIDE_ROWS=1 gives one row everywhere.
     Where the tensor-core form applies it stays (Q4_K_M: 1.177 ms against the dp4a form's 1.898).
 
     x's digits are one 16-bit integer a value, xq = rint(x * 32767 / max|x|), as a signed high and an unsigned low byte
@@ -298,9 +306,10 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     many = m == DP4A_WIDE_M and FORMATS[fmt].bits == 8 and n >= DP4A_OVER_TC_N  # the dp4a form over tensor cores
     if choice in ("auto", "dp4a") and dp4a_fits(m, k, norm, dtype) and (not wide or not (glu or tc) or gate_apart
                                                                         or many):
-        if wide:  # 4 rows a task, one chunk each: x's digits read from shared memory once for 4 rows (not with
-            # zero-point operands: 8-32 bytes spilled at 8 rows, ptxas)
-            four = knobs.get("FUSEC_QGEMV_DP4A_WIDE_ROWS") == "4" and FORMATS[fmt].zero is not None
+        if wide:  # 4 rows a task, one chunk each: x's digits read from shared memory once for 4 rows (8-bit codes
+            # with a constant zero point only: zero-point operands spilled 8-32 bytes at 8 rows, shorter codes more)
+            four = (knobs.get("FUSEC_QGEMV_DP4A_WIDE_ROWS") == "4" and FORMATS[fmt].zero is not None
+                    and FORMATS[fmt].bits == 8)
             rows, chunks = (4, 4) if four else (1, 2)
         else:
             chunks = int(knobs.get("FUSEC_QGEMV_DP4A_CHUNKS")) if m == 1 and not dp4a_heavy(fmt, k, norm) else 4
