@@ -43,12 +43,12 @@ def model(name: str) -> Any:
     from fusec.models.registry import get_config
     from fusec.models.weights import RandomWeights
 
-    if name in ("llama-1b-q4_k_m", "llama-1b-q8_0", "llama-7b-q4_k_m"):  # issue 22's packed shapes (quant_bench.py)
+    if name in ("llama-1b-q4_k_m", "llama-1b-q8_0", "llama-7b-q4_k_m", "llama-13b-q8_0"):  # packed shapes (quant_bench)
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import quant_bench
 
         size = name.split("-")[1]
-        return quant_bench._model(name.split("-", 2)[2], 16 if size == "1b" else 32, size)
+        return quant_bench._model(name.split("-", 2)[2], {"1b": 16, "7b": 32, "13b": 40}[size], size)
     if name == "llama-1b":  # the Llama-3.2-1B shape: tied 128,256 vocabulary, 16 layers, d 2048, GQA 32/8
         cfg = dataclasses.replace(get_config("llama-tiny"), name="llama-1b", vocab_size=128256, hidden_size=2048,
                                   num_layers=16, num_heads=32, num_kv_heads=8, head_dim=64, intermediate_size=8192,

@@ -259,7 +259,9 @@ def _model(mix: str, layers: int, size: str = "1b"):  # noqa: ANN202
     dims = {"1b": dict(hidden_size=2048, intermediate_size=8192, num_heads=32, num_kv_heads=8, head_dim=64,
                        vocab_size=VOCAB),
             "7b": dict(hidden_size=4096, intermediate_size=11008, num_heads=32, num_kv_heads=32, head_dim=128,
-                       vocab_size=32000)}[size]
+                       vocab_size=32000),
+            "13b": dict(hidden_size=5120, intermediate_size=13824, num_heads=40, num_kv_heads=40, head_dim=128,
+                        vocab_size=32000)}[size]
     cfg = dataclasses.replace(get_config("llama-tiny"), name=f"llama-{size}-{mix}", num_layers=layers,
                               tie_word_embeddings=False, max_positions=4096, **dims)
     types = q4_k_m_types(layers) if mix != "q8_0" else (lambda name: "Q8_0")

@@ -96,10 +96,11 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "warps over weight rows, warps over K, blocks of a cluster over K (sm_90), blocks an SM its registers are "
          "budgeted for; e.g. 4,4,1,4), for every product it takes; empty: the rule "
          "(fusec.lower.quant.qgemm_tiling)"),
-    Knob("FUSEC_QGEMV_DP4A_CHUNKS", "choice", "8", "the dp4a quantized GEMV's 32-weight chunks a lane loads a round "
-         "over its weight rows at one row of x (8: two weight rows a task below K = 8192; 4: half the bytes in flight, "
-         "7% slower at the 7B Q4_K_M shape on an H200; the A/B of benchmarks/decode_step.py --ab "
-         "FUSEC_QGEMV_DP4A_CHUNKS=4)", ("4", "8")),
+    Knob("FUSEC_QGEMV_DP4A_CHUNKS", "choice", "auto", "the dp4a quantized GEMV's 32-weight chunks a lane loads a "
+         "round over its weight rows at one row of x: auto, 8 (two weight rows a task below K = 8192) except where 8 "
+         "spill beside the norm prologue's x (fusec.lower.quant.dp4a_heavy: 4 there); 8 or 4 everywhere (4: half the "
+         "bytes in flight, 7% slower at the 7B Q4_K_M shape on an H200; 8 where it spills: the A/B of "
+         "benchmarks/decode_step.py --ab FUSEC_QGEMV_DP4A_CHUNKS=8)", ("auto", "4", "8")),
     Knob("FUSEC_QGEMV_DP4A_FILL", "bool", True, "the dp4a quantized GEMV at one row of x gives products with short "
          "weight rows (a lane takes at most K / 1024 of a row's chunks a round) 4 rows a task, two gated pairs, so a "
          "round still loads 8 chunks a lane, where every warp still gets a task (Llama-1B's gate/up and LM head: "

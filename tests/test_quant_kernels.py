@@ -534,15 +534,18 @@ def test_the_dp4a_form_at_4_and_8_rows_compiles_without_spills_in_every_format(a
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_the_dp4a_norm_forms_at_one_row_load_what_fits_in_registers(arch):
-    """At one row of x with the norm prologue (and a gated unit), K = 4096 and 8192, every format: the rule's dp4a
-    form compiles without register spills, and it loads 8 chunks a round except where 8 spill (``dp4a_heavy``):
-    fusec's int4 takes 8 at the 7B shape (it took 4, half the loads in flight), Q4_K takes 4 at K = 8192."""
+    """At one row of x with the norm prologue (and a gated unit), K = 4096, 5120 (Llama-2-13B), 6656 (a thread holds
+    4 of x's pieces) and 8192, every format: the rule's dp4a form compiles without register spills, and it loads 8
+    chunks a round except where 8 spill (``dp4a_heavy``): fusec's int4 takes 8 at the 7B shape (it took 4, half the
+    loads in flight), Q8_0 and Q5_K take 4 from K = 5120, Q4_K from 6656."""
     from fusec.lower.quant import dp4a_heavy
 
     pending = []
     for fmt in FORMATS:
         group = FORMATS[fmt].group or 128
-        for k, n in ((4096, 22016), (8192, 28672)):
+        for k, n in ((4096, 22016), (5120, 27648), (6656, 35840), (8192, 28672)):
+            if k % (FORMATS[fmt].super_block or group):
+                continue
             for glu in (False, True):
                 form = gemv_form(1, n, k, fmt, group, DType.BF16, True, glu)
                 assert form.get("dp4a") and form["chunks"] == (4 if dp4a_heavy(fmt, k, True) else 8), (fmt, k, glu)
@@ -550,6 +553,8 @@ def test_the_dp4a_norm_forms_at_one_row_load_what_fits_in_registers(arch):
                                  **form)
                 pending.append(((fmt, k, glu), K.build_async(spec, arch)))
     assert not dp4a_heavy("uint4", 4096, True) and dp4a_heavy("q4_k", 8192, True) and dp4a_heavy("q6_k", 4096, True)
+    assert dp4a_heavy("q8_0", 5120, True) and dp4a_heavy("q5_k", 5120, True) and not dp4a_heavy("q4_k", 6144, True)
+    assert dp4a_heavy("q4_k", 6656, True) and not dp4a_heavy("q4_0", 16384, True) and not dp4a_heavy("q8_0", 4096, True)
     for what, p in pending:
         assert p.result().binary.spill_bytes == 0, what
 

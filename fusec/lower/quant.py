@@ -312,7 +312,8 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
                     and FORMATS[fmt].bits == 8)
             rows, chunks = (4, 4) if four else (1, 2)
         else:
-            chunks = int(knobs.get("FUSEC_QGEMV_DP4A_CHUNKS")) if m == 1 and not dp4a_heavy(fmt, k, norm) else 4
+            chosen = knobs.get("FUSEC_QGEMV_DP4A_CHUNKS")
+            chunks = (int(chosen) if chosen != "auto" else 4 if dp4a_heavy(fmt, k, norm) else 8) if m == 1 else 4
             rows = 2 if glu or k < 1024 * chunks else 1
         blocks = int(knobs.get("FUSEC_QGEMV_DP4A_BLOCKS")) or 2
         warps = blocks * 8 * SMS
@@ -347,15 +348,22 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
 
 def dp4a_heavy(fmt: str, k: int, norm: bool) -> bool:
     """Whether the dp4a form at one row of x loads 4 chunks a round instead of 8 (``gemv_form``): where 8 spill
-    beside the norm prologue's x. ptxas -v through NVRTC (sm_80 and sm_90, two weight rows a task, thirty-fifth
-    session): from K = 8192 with 8-bit codes (72-396 bytes) or a super-block's sub-scales (Q4_K 48-144, Q5_K, Q6_K);
-    at K = 4096 only Q6_K (12 bytes, with a gated unit); never fusec's int4 and uint4, Q4_0/1 or Q5_0/1 (one scale a
-    group; up to 127 registers at K = 8192). 6-bit codes stay at 4 from K = 4096 with or without a gated unit, as
-    the plans were measured (fourteenth session). Before, every zero-point format (fusec's uint4 and uint8) took 4 from
-    K = 4096 and 8-bit codes and Q4_K/Q5_K took 8 at K = 8192: the int4 7B shape's products with the norm ran at half the
-    loads in flight, and a d-8192 model's spilled."""
+    beside the norm prologue's x, which a thread holds in registers, ceil(K / 2048) 8-value pieces of it (8 warps).
+    ptxas -v through NVRTC, sm_80 and sm_90, with and without a gated unit, K = 3072 to 16384:
+    - Q6_K from K = 4096 (2 pieces; 12 bytes with a gated unit; 6-bit codes stay at 4 there, as the plans were
+      measured, fourteenth session);
+    - 8-bit codes and Q5_K from 3 pieces (K > 4096: 60-96 bytes at K = 4352-6144, 156-204 for fusec's uint8;
+      Llama-2-13B's d 5120 spilled in Q8_0, Q5_K and int8 until the forty-fourth session, whose rule began at K = 8192);
+    - Q4_K from 4 pieces (K > 6144: 84-132 bytes at K = 6656 and 7168, 48-64 at 8192);
+    - never fusec's int4 and uint4, Q4_0/1 or Q5_0/1 (one scale a group), at any of those K.
+    Past 4 pieces x is read twice, not held: the rule keeps 4 there for the formats above (Q6_K and uint8 spilled
+    76-544 bytes with 8 at K = 12288 and 16384). Before the thirty-fifth session every zero-point format (fusec's uint4
+    and uint8) took 4 from K = 4096: the int4 7B shape's products with the norm ran at half the loads in flight.
+    tests/test_quant_kernels.py compiles the rule's forms at these K."""
     f = FORMATS[fmt]
-    return norm and k >= 4096 and (f.bits == 6 or (k >= 8192 and (f.bits == 8 or f.super_block > 0)))
+    pieces = -(-k // 2048)
+    return norm and k >= 4096 and (f.bits == 6 or (pieces >= 3 and (f.bits == 8 or (f.bits == 5 and f.super_block > 0)))
+                                   or (pieces >= 4 and f.super_block > 0))
 
 
 def _tc_min_warps(fmt: str) -> int:
