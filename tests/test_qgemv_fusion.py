@@ -145,6 +145,21 @@ def test_fewer_gemv_rows_send_the_products_through_the_dequantizing_path(monkeyp
         _plan(4)
 
 
+def test_past_eight_rows_a_decode_step_takes_the_prefills_paths(monkeypatch) -> None:  # noqa: ANN001
+    """By default the quantized GEMV takes at most 8 rows of x (past them only its FMA form was left, 3.8x slower in
+    the Llama-1B Q4_K_M step at batch 16 than the prefill's paths): a batch-9 decode step runs no quantized GEMV, every
+    packed product a tile GEMM or scratch + cuBLAS; 8 rows still run it; FUSEC_QGEMV_MAX_ROWS=16 gives 9 rows to it
+    again (the A/B's other side)."""
+    from fusec.lower.quant import qgemv_max_rows
+
+    assert qgemv_max_rows() == 8
+    by = _plan(9).manifest["reports"]["decode"]["lowering"]["by_template"]
+    assert not by.get("qmatmul:qgemv") and by.get("qmatmul:qgemm", 0) + by.get("qmatmul:dequant_gemm", 0) > 0, by
+    assert _plan(8).manifest["reports"]["decode"]["lowering"]["by_template"].get("qmatmul:qgemv", 0) > 0
+    monkeypatch.setenv("FUSEC_QGEMV_MAX_ROWS", "16")
+    assert _plan(9).manifest["reports"]["decode"]["lowering"]["by_template"].get("qmatmul:qgemv", 0) > 0
+
+
 def test_wide_gate_sends_the_gated_unit_apart_for_the_dp4a_form(monkeypatch) -> None:  # noqa: ANN001
     """At 8 rows of x, without the tensor-core form (FUSEC_QGEMV_FORM=dp4a), an int8 gate/up product takes the dp4a form
     with its norm, and the SwiGLU runs apart (fusion asks skinny.qfits, which says why); FUSEC_QGEMV_WIDE_GATE=fma gives

@@ -1,10 +1,10 @@
 """The rules for QMATMUL (a product over a packed quantized weight, ``fusec.quant``): which kernel, in which form.
 
 Kernel selection (passes/select_kernels.py) applies these rules and records them on the node; the lowering
-(``fusec.lower.quant_emit``) emits what the record says. ``choose``: rows of activations M <= 16 (decode steps, small
-batches) run fusec's quantized GEMV (``QGemvSpec``: the weight decoded in registers, 16-byte loads of its codes, fp32
-accumulation, the bias/activation/residual epilogue fused); larger M (prefill) dequantizes the weight into arena
-scratch and cuBLAS multiplies it there. ``gemv_form``: the GEMV's form, from the measurements in
+(``fusec.lower.quant_emit``) emits what the record says. ``choose``: rows of activations M <= 8 (``qgemv_max_rows``: decode
+steps, small batches) run fusec's quantized GEMV (``QGemvSpec``: the weight decoded in registers, 16-byte loads of its codes, fp32
+accumulation, the bias/activation/residual epilogue fused); larger M (prefill, larger batches) takes the paths
+below. ``gemv_form``: the GEMV's form, from the measurements in
 benchmarks/RESULTS.md: integer dot products over x written as two 8-bit digits per value (dp4a, up to 3 rows of
 fp16/bf16 x), tensor cores for 4- to 8-bit codes at 3-8 rows (warps a block), or FMAs in fp32 (rows per warp, fold).
 
@@ -22,10 +22,12 @@ from fusec.quant import FORMATS
 
 
 def qgemv_max_rows() -> int:
-    """The most rows of x the quantized GEMV takes (FUSEC_QGEMV_MAX_ROWS, 0 to QGEMV_MAX_M); a product with more
-    dequantizes its weight to scratch and runs cuBLAS. Fewer than QGEMV_MAX_M sends small batches that way: at 8
-    rows of x it was slower than the quantized GEMV (H200, sixteenth session: 1B Q8_0 2.862 ms a step against
-    2.702, Q4_K_M 2.830 against 1.175)."""
+    """The most rows of x the quantized GEMV takes (FUSEC_QGEMV_MAX_ROWS, 0 to QGEMV_MAX_M; 8 by default); a product
+    with more takes a prefill's path (``choose``). 8, the most its dp4a and tensor-core forms take: past it only the
+    FMA form was left, fp32 FMAs for every row of x, and the Llama-1B Q4_K_M decode step at batch 16 took 6.020 ms with
+    it against 1.595 on the prefill's paths (the bf16 plan: 1.991; H200, forty-fourth session, decode_step.py --ab
+    FUSEC_QGEMV_MAX_ROWS=8, in turns). Fewer than 8 sends small batches that way, slower at 8 rows (sixteenth
+    session: 1B Q8_0 2.862 ms a step against 2.702, Q4_K_M 2.830 against 1.175)."""
     from fusec import knobs
 
     return int(knobs.get("FUSEC_QGEMV_MAX_ROWS"))  # 0 to QGEMV_MAX_M (the knob's bounds)
