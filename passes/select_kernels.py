@@ -100,10 +100,10 @@ def _select(node: Node, options: PassOptions, offsets: dict[Value, int]) -> Sele
         if family == "gemv" and detail.packed:
             a = detail.mm.attrs
             params = _qgemv_params(detail.m, a.n, a.k, a.format, a.group, detail.mm.inputs[0].dtype,
-                                   detail.norm is not None, bool(detail.glu))
+                                   detail.norm is not None, bool(detail.glu), bool(detail.siblings))
             if detail.siblings:  # each further product's rows a task and chunks a round (its own form's)
                 forms = [dict(_qgemv_params(detail.m, s.attrs.n, s.attrs.k, s.attrs.format, s.attrs.group,
-                                            s.inputs[0].dtype, True)) for s in detail.siblings]
+                                            s.inputs[0].dtype, True, siblings=True)) for s in detail.siblings]
                 params += (("sibling_forms", tuple((f["rows"], f["chunks"]) for f in forms)),)
             return Selection("gemv", "qgemv", reason="only the quantized GEMV covers this body", params=params,
                              detail=detail)
@@ -261,11 +261,11 @@ def _quantized(node: Node, mm: Node, offsets: dict[Value, int], family: str, det
 
 
 def _qgemv_params(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bool = False,
-                  glu: bool = False) -> tuple[tuple[str, Any], ...]:
+                  glu: bool = False, siblings: bool = False) -> tuple[tuple[str, Any], ...]:
     """The quantized GEMV's form at M = ``m`` (``fusec.lower.quant.gemv_form``, the one rule)."""
     from fusec.lower import quant as Q
 
-    return tuple(Q.gemv_form(m, n, k, fmt, group, dtype, norm, glu).items())
+    return tuple(Q.gemv_form(m, n, k, fmt, group, dtype, norm, glu, siblings).items())
 
 
 def _matmul_of(node: Node) -> tuple[Node, Graph | None]:

@@ -555,6 +555,7 @@ def test_the_dp4a_norm_forms_at_one_row_load_what_fits_in_registers(arch):
     assert not dp4a_heavy("uint4", 4096, True) and dp4a_heavy("q4_k", 8192, True) and dp4a_heavy("q6_k", 4096, True)
     assert dp4a_heavy("q8_0", 5120, True) and dp4a_heavy("q5_k", 5120, True) and not dp4a_heavy("q4_k", 6144, True)
     assert dp4a_heavy("q4_k", 6656, True) and not dp4a_heavy("q4_0", 16384, True) and not dp4a_heavy("q8_0", 4096, True)
+    assert dp4a_heavy("q4_k", 5120, True, siblings=True) and not dp4a_heavy("q4_k", 4096, True, siblings=True)
     for what, p in pending:
         assert p.result().binary.spill_bytes == 0, what
 
@@ -1080,18 +1081,19 @@ def test_argmax_partials_are_the_dp4a_forms_without_a_gated_unit():
 
 
 def test_dp4a_siblings_compile_without_spills_and_refuse_what_they_cannot_take():
-    """Packed siblings (QGemvSpec.siblings): the Llama-1B's and 7B's q/k (Q4_K) + v (Q6_K) at 1 and 2 rows of x compile
-    without spills on sm_80 and sm_90, each segment's params in turn, the blocks one wave at most; the dp4a form's
-    alone, without a gated unit, argmax, clusters or an epilogue, over one K."""
+    """Packed siblings (QGemvSpec.siblings): the Llama-1B's, 7B's and Llama-2-13B's q/k (Q4_K) + v (Q6_K) at 1 and 2
+    rows of x, in the rule's forms for siblings, compile without spills on sm_80 and sm_90 (the 13B's Q4_K at 8 chunks
+    a round spilled 80 bytes beside its Q6_K sibling: ``dp4a_heavy``), each segment's params in turn, the blocks one
+    wave at most; the dp4a form's alone, without a gated unit, argmax, clusters or an epilogue, over one K."""
     from fusec.codegen.spec_base import SMS
     from fusec.codegen.specs_quant import QSibling
 
     pending = []
     for arch in ("sm_80", "sm_90"):
-        for n0, n1, k in ((2560, 512, 2048), (8192, 4096, 4096)):
+        for n0, n1, k in ((2560, 512, 2048), (8192, 4096, 4096), (10240, 5120, 5120)):
             for m in (1, 2):
-                f0 = gemv_form(m, n0, k, "q4_k", 32, DType.BF16, True)
-                f1 = gemv_form(m, n1, k, "q6_k", 16, DType.BF16, True)
+                f0 = gemv_form(m, n0, k, "q4_k", 32, DType.BF16, True, siblings=True)
+                f1 = gemv_form(m, n1, k, "q6_k", 16, DType.BF16, True, siblings=True)
                 spec = QGemvSpec(m, n0, k, "q4_k", 32, DType.BF16, DType.F16, norm=True, **f0,
                                  siblings=(QSibling(n1, "q6_k", 16, DType.F16, f1["rows"], f1["chunks"]),))
                 nb = spec.segment_blocks

@@ -165,9 +165,10 @@ def _tc_fits_smem(k: int, group: int, warps: int, fmt: str, passes: int = 1) -> 
 
 
 def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bool = False,
-              glu: bool = False) -> dict[str, object]:
+              glu: bool = False, siblings: bool = False) -> dict[str, object]:
     """The quantized GEMV's form at M = ``m`` for an [n, k] weight (QGemvSpec's fields); ``norm``,
-    ``glu``: the product takes an RMSNorm prologue, a gated epilogue.
+    ``glu``: the product takes an RMSNorm prologue, a gated epilogue; ``siblings``: it shares its launch with products
+    of the same x in other formats (``dp4a_heavy``).
 
     The dp4a form (``dp4a``) where it fits (``specs_quant.dp4a_fits``: fp16/bf16 x, M <= 8, x written
     in shared memory) up to 3 rows of x, and up to 8 where the tensor-core form does not take the product: x as
@@ -315,7 +316,8 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
             rows, chunks = (4, 4) if four else (1, 2)
         else:
             chosen = knobs.get("FUSEC_QGEMV_DP4A_CHUNKS")
-            chunks = (int(chosen) if chosen != "auto" else 4 if dp4a_heavy(fmt, k, norm) else 8) if m == 1 else 4
+            chunks = (int(chosen) if chosen != "auto" else 4 if dp4a_heavy(fmt, k, norm, siblings) else 8) if m == 1 \
+                else 4
             rows = 2 if glu or k < 1024 * chunks else 1
         blocks = int(knobs.get("FUSEC_QGEMV_DP4A_BLOCKS")) or 2
         warps = blocks * 8 * SMS
@@ -348,7 +350,7 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     return form
 
 
-def dp4a_heavy(fmt: str, k: int, norm: bool) -> bool:
+def dp4a_heavy(fmt: str, k: int, norm: bool, siblings: bool = False) -> bool:
     """Whether the dp4a form at one row of x loads 4 chunks a round instead of 8 (``gemv_form``): where 8 spill
     beside the norm prologue's x, which a thread holds in registers, ceil(K / 2048) 8-value pieces of it (8 warps).
     ptxas -v through NVRTC, sm_80 and sm_90, with and without a gated unit, K = 3072 to 16384:
@@ -356,7 +358,9 @@ def dp4a_heavy(fmt: str, k: int, norm: bool) -> bool:
       measured, fourteenth session);
     - 8-bit codes and Q5_K from 3 pieces (K > 4096: 60-96 bytes at K = 4352-6144, 156-204 for fusec's uint8;
       Llama-2-13B's d 5120 spilled in Q8_0, Q5_K and int8 until the forty-fourth session, whose rule began at K = 8192);
-    - Q4_K from 4 pieces (K > 6144: 84-132 bytes at K = 6656 and 7168, 48-64 at 8192);
+    - Q4_K from 4 pieces (K > 6144: 84-132 bytes at K = 6656 and 7168, 48-64 at 8192), and from 3 beside
+      ``siblings`` (a Q4_K_M qkv with its v in Q6_K or Q8_0 in one launch: 80 bytes at K = 5120 and 6144, none with 4
+      chunks; Llama-2-13B's shape, forty-fourth session);
     - never fusec's int4 and uint4, Q4_0/1 or Q5_0/1 (one scale a group), at any of those K.
     Past 4 pieces x is read twice, not held: the rule keeps 4 there for the formats above (Q6_K and uint8 spilled
     76-544 bytes with 8 at K = 12288 and 16384). Before the thirty-fifth session every zero-point format (fusec's uint4
@@ -364,7 +368,8 @@ def dp4a_heavy(fmt: str, k: int, norm: bool) -> bool:
     tests/test_quant_kernels.py compiles the rule's forms at these K."""
     f = FORMATS[fmt]
     pieces = -(-k // 2048)
-    return norm and k >= 4096 and (f.bits == 6 or (pieces >= 3 and (f.bits == 8 or (f.bits == 5 and f.super_block > 0)))
+    return norm and k >= 4096 and (f.bits == 6 or (pieces >= 3 and (f.bits == 8 or (f.super_block > 0
+                                                                                   and (f.bits == 5 or siblings))))
                                    or (pieces >= 4 and f.super_block > 0))
 
 
