@@ -583,6 +583,37 @@ def test_decode_through_the_dequantizing_path_matches_reference_token_for_token(
     assert got == want
 
 
+def test_packed_generation_at_batch_16_takes_the_prefills_paths_and_matches_reference_token_for_token():
+    """Past 8 rows of x (FUSEC_QGEMV_MAX_ROWS' default) a decode step's packed products take the prefill's paths, not
+    the quantized GEMV: at batch 16 in fp32 the step dequantizes into scratch for cuBLAS, token for token against the
+    reference with 16 rows of prompts; and a bf16 plan of one packed product at 16 rows (the dequantize-in-tile GEMM
+    or the scratch path, as the rule picks) against the fp32 reference within bf16 rounding."""
+    from test_quant_kernels import _qgraph
+
+    import fusec
+    from fusec import reference
+    from fusec.compiler import compile_generation
+    from fusec.generation import ReferenceEngine, generate
+    from fusec.genmodel import build_graphs
+
+    prompts = [p + [41 + i] for i in range(6) for p in PROMPTS][:16]
+    plan = compile_generation(_packed_model(), batch=16, max_seq_len=48, prefill_len=12, dtype="fp32", eos_ids=[])
+    kinds = plan.manifest["reports"]["decode"]["lowering"]["by_template"]
+    assert not kinds.get("qmatmul:qgemv") and kinds.get("qmatmul:dequant_gemm", 0) >= 2 * 4 + 1, kinds
+    got = generate_with_plan(plan, prompts, max_new_tokens=12).new_ids
+    gm = _packed_model()
+    want = generate(ReferenceEngine(build_graphs(gm, 16, 48, 12, []), optimize=True), prompts, 12,
+                    gm.config.vocab_size).new_ids
+    assert got == want
+    for fmt in ("q4_k", "q8_0"):
+        g = _qgraph(16, epilogue=True, fmt=fmt)
+        feeds = {"x": RNG.standard_normal((16, 512)).astype(np.float32).astype(BF16.np),
+                 "res": RNG.standard_normal((16, 96)).astype(np.float32).astype(BF16.np)}
+        want_y = reference.run(g, {k: v.astype(np.float32) for k, v in feeds.items()})["y"]
+        got_y = host(fusec.compile(g, dtype="bf16").run(feeds)["y"], BF16)
+        assert rel_err(got_y, want_y) <= TOL[BF16], fmt
+
+
 @pytest.mark.parametrize("method", ["int8", "int4"])
 def test_quantized_generation_matches_reference(method):
     from fusec.compiler import compile_generation
