@@ -111,7 +111,8 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "benchmarks/decode_step.py --ab FUSEC_QGEMV_DP4A_FILL=0)"),
     Knob("FUSEC_QGEMV_DP4A_WIDE_ROWS", "choice", "4", "the dp4a quantized GEMV at 4-8 rows of x: 4, four weight rows a "
          "task with one chunk each, so each read of x's digits from shared memory serves 4 rows (8-bit codes with a "
-         "constant zero point: zero-point operands and shorter codes spilled); 1, one weight row a task and 2 chunks a round (1-2% slower in Llama-1B Q8_0's "
+         "constant zero point: zero-point operands and shorter codes spilled); 1, one weight row a task and 2 chunks "
+         "a round (1-2% slower in Llama-1B Q8_0's "
          "batch-4 and batch-8 steps, H200; the A/B of benchmarks/decode_step.py --model llama-1b-q8_0 --batches 8 "
          "--ab FUSEC_QGEMV_DP4A_WIDE_ROWS=1)", ("1", "4")),
     Knob("FUSEC_QGEMV_DP4A_NORM_EARLY", "bool", True, "the dp4a quantized GEMV with a norm prologue loads the norm's "

@@ -1,10 +1,10 @@
 """The rules for QMATMUL (a product over a packed quantized weight, ``fusec.quant``): which kernel, in which form.
 
 Kernel selection (passes/select_kernels.py) applies these rules and records them on the node; the lowering
-(``fusec.lower.quant_emit``) emits what the record says. ``choose``: rows of activations M <= 8 (``qgemv_max_rows``: decode
-steps, small batches) run fusec's quantized GEMV (``QGemvSpec``: the weight decoded in registers, 16-byte loads of its codes, fp32
-accumulation, the bias/activation/residual epilogue fused); larger M (prefill, larger batches) takes the paths
-below. ``gemv_form``: the GEMV's form, from the measurements in
+(``fusec.lower.quant_emit``) emits what the record says. ``choose``: rows of activations M <= 8
+(``qgemv_max_rows``: decode steps, small batches) run fusec's quantized GEMV (``QGemvSpec``: the weight decoded in
+registers, 16-byte loads of its codes, fp32 accumulation, the bias/activation/residual epilogue fused); larger M
+(prefill, larger batches) takes the paths below. ``gemv_form``: the GEMV's form, from the measurements in
 benchmarks/RESULTS.md: integer dot products over x written as two 8-bit digits per value (dp4a, up to 3 rows of
 fp16/bf16 x), tensor cores for 4- to 8-bit codes at 3-8 rows (warps a block), or FMAs in fp32 (rows per warp, fold).
 
@@ -368,10 +368,14 @@ def dp4a_heavy(fmt: str, k: int, norm: bool, siblings: bool = False) -> bool:
     and uint8) took 4 from K = 4096: the int4 7B shape's products with the norm ran at half the loads in flight.
     tests/test_quant_kernels.py compiles the rule's forms at these K."""
     f = FORMATS[fmt]
-    pieces = -(-k // 2048)
-    return norm and k >= 4096 and (f.bits == 6 or (pieces >= 3 and (f.bits == 8 or (f.super_block > 0
-                                                                                   and (f.bits == 5 or siblings))))
-                                   or (pieces >= 4 and f.super_block > 0))
+    if not norm or k < 4096:
+        return False
+    if f.bits == 6:
+        return True
+    pieces = -(-k // 2048)  # x's 8-value pieces a thread holds
+    if f.bits == 8 or (f.super_block > 0 and (f.bits == 5 or siblings)):
+        return pieces >= 3
+    return f.super_block > 0 and pieces >= 4
 
 
 def _tc_min_warps(fmt: str) -> int:
