@@ -217,9 +217,10 @@
 #             in runs): the details page and the stall samples by SASS instruction (benchmarks/sass_stalls.py; ~3 minutes)
 #   qvariants every form of the quantized GEMV on Llama-1B's shapes (quant_bench.py --variants)
 #   qdecode   the packed-weight decode models alone (quant_bench.py --skip kernels,torch), the rule and the rule without dp4a
-#   rows16    packed decode past 8 rows: the Llama-1B Q4_K_M step at batches 9, 12, 16 and Q8_0 at 16, the default
-#             (the prefill's paths) in turns against the quantized GEMV up to 16 rows (--ab FUSEC_QGEMV_MAX_ROWS=16),
-#             with per-kernel profiles; then the packed plans' GPU tests at batch 16 (~4 minutes)
+#   rows16    packed decode past 8 rows: the tensor-core GEMV's GPU tests (one and two tiles of x), then the Llama-1B
+#             Q4_K_M step at batches 9, 12, 16, Q8_0 at 16 and the 7B Q4_K_M at 16, the default (two tiles of x) in
+#             turns against the prefill's paths (--ab FUSEC_QGEMV_MAX_ROWS=8), with per-kernel profiles; the bf16
+#             Llama-1B step at 16 beside them (~6 minutes)
 #   qtab      issue 22's decode table in one run (quant_bench.py --skip kernels,torch: Q4_K_M, Q8_0, bf16; batches 1, 8)
 #   q7b       the 7B Llama shape in Q4_K_M, batch 1 decode and its packed-weight roofline (quant_bench.py --7b)
 #   qncu      Nsight Compute counters of the quantized GEMV's forms, stalls by source line (benchmarks/qgemv_ncu.py)
@@ -899,13 +900,17 @@ for step in "$@"; do
                 tail -n 40 "$R/quant.txt" ;;
     train_full) timeout 400 python3 benchmarks/train.py "$R/train" > "$R/train.txt" 2>&1
                 tail -n 30 "$R/train.txt" ;;
-    rows16) for m in llama-1b-q4_k_m:9,12,16 llama-1b-q8_0:16; do IFS=: read -r mname bs <<< "$m"
+    rows16) timeout 200 $PT -n 12 tests/test_quant_gpu.py -k "tensor_core or batch_16 or dequantizing_path" \
+              > "$R/t_rows16.txt" 2>&1
+            grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_rows16.txt" | tail -n 12
+            for m in llama-1b-q4_k_m:9,12,16 llama-1b-q8_0:16 llama-7b-q4_k_m:16; do IFS=: read -r mname bs <<< "$m"
               timeout 150 python3 benchmarks/decode_step.py "$R/rows16_$mname" --model "$mname" --batches "$bs" \
-                --context 32 --windows 3 --ab FUSEC_QGEMV_MAX_ROWS=16 > "$R/rows16_$mname.txt" 2>&1
+                --context 32 --windows 3 --ab FUSEC_QGEMV_MAX_ROWS=8 > "$R/rows16_$mname.txt" 2>&1
               grep -E "^\| (batch|[0-9]+) \|" "$R/rows16_$mname.txt" | cut -c 1-400
             done
-            timeout 120 $PT tests/test_quant_gpu.py -k "batch_16 or dequantizing_path" > "$R/t_rows16.txt" 2>&1
-            grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_rows16.txt" | tail -n 6 ;;
+            timeout 100 python3 benchmarks/decode_step.py "$R/rows16_bf16" --model llama-1b --batches 16 --context 32 \
+              --windows 3 > "$R/rows16_bf16.txt" 2>&1
+            grep -E "^\| [0-9]+ \|" "$R/rows16_bf16.txt" | cut -c 1-200 ;;
     qtests) timeout 280 $PT -n 12 tests/test_quant_gpu.py > "$R/t_quant.txt" 2>&1
             grep -E "^(FAILED|ERROR)|passed|failed" "$R/t_quant.txt" | tail -n 12 ;;
     qtc) timeout 150 $PT -n 12 tests/test_quant_gpu.py -k tensor_core > "$R/t_qtc.txt" 2>&1

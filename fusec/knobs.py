@@ -82,12 +82,12 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "tensor-core form; fma: fp32 FMAs everywhere (the A/B of benchmarks/quant_bench.py --variants and "
          "benchmarks/decode_step.py --ab FUSEC_QGEMV_FORM=dp4a)",
          ("auto", "tc", "dp4a", "fma")),
-    Knob("FUSEC_QGEMV_MAX_ROWS", "int", 8, "the most rows of x the quantized GEMV takes (0-16); a product over "
-         "packed weights with more runs a prefill's path (the dequantize-in-tile GEMM or scratch + cuBLAS, "
-         "fusec.lower.quant.choose). 8: at 16 rows the GEMV (its FMA form) took the Llama-1B Q4_K_M step 6.02 ms "
-         "against 1.60 (H200); fewer than 8 is slower at batch 8 (1B Q4_K_M 2.830 ms a step against 1.175 when the "
-         "GEMV was last measured so). The A/B of benchmarks/decode_step.py --batches 16 --ab FUSEC_QGEMV_MAX_ROWS=16",
-         bounds=(0, 16)),
+    Knob("FUSEC_QGEMV_MAX_ROWS", "int", 16, "the most rows of x the quantized GEMV takes (0-16), past 8 only in its "
+         "tensor-core form (fusec.lower.quant.qgemv_takes); a product over packed weights it does not take runs a "
+         "prefill's path (the dequantize-in-tile GEMM or scratch + cuBLAS, fusec.lower.quant.choose). 8 gives rows "
+         "9-16 to the prefill's paths; fewer than 8 is slower at batch 8 (1B Q4_K_M 2.830 ms a step against 1.175 "
+         "when the GEMV was last measured so). The A/B of benchmarks/decode_step.py --batches 16 --ab "
+         "FUSEC_QGEMV_MAX_ROWS=8", bounds=(0, 16)),
     Knob("FUSEC_QGEMM", "choice", "auto", "how a prefill's products over packed weights (more rows of x than the "
          "quantized GEMV takes) compute: auto, the rule (fusec.lower.quant.choose, tile_wins: the tile where it was "
          "measured faster); tile: dequantized in the tile of a tensor-core GEMM (templates/qgemm_tc.cu.jinja) "

@@ -236,7 +236,7 @@ def _quantized(node: Node, mm: Node, offsets: dict[Value, int], family: str, det
     choices = choices or {}
     x = C.outer(node, mm.inputs[0]) if node.op == Op.FUSED else mm.inputs[0]
     m, a = int(np.prod(x.shape[:-1])), mm.attrs
-    variant = Q.choose(m, a.n, a.k, a.format, x.dtype, clusters)
+    variant = Q.choose(m, a.n, a.k, a.format, a.group, x.dtype, clusters)
     reason = "rule-based default"
     cp = C.choice_point(node)
     key = cp.key if cp is not None else ""

@@ -145,19 +145,31 @@ def test_fewer_gemv_rows_send_the_products_through_the_dequantizing_path(monkeyp
         _plan(4)
 
 
-def test_past_eight_rows_a_decode_step_takes_the_prefills_paths(monkeypatch) -> None:  # noqa: ANN001
-    """By default the quantized GEMV takes at most 8 rows of x (past them only its FMA form was left, 3.8x slower in
-    the Llama-1B Q4_K_M step at batch 16 than the prefill's paths): a batch-9 decode step runs no quantized GEMV, every
-    packed product a tile GEMM or scratch + cuBLAS; 8 rows still run it; FUSEC_QGEMV_MAX_ROWS=16 gives 9 rows to it
-    again (the A/B's other side)."""
-    from fusec.lower.quant import qgemv_max_rows
+def test_past_eight_rows_only_the_tensor_core_form_takes_a_decode_steps_products(monkeypatch) -> None:  # noqa: ANN001
+    """Past 8 rows of x the quantized GEMV takes a packed product only in its tensor-core form (two tiles of 8 rows;
+    before, its FMA form took them, 3.8x slower in the Llama-1B Q4_K_M step at batch 16 than the prefill's paths): a
+    bf16 batch-9 and batch-16 decode step runs every packed product on it, the gate/up with its gated epilogue; an fp32
+    one (the mma takes fp16/bf16) runs none, every packed product a prefill's path; FUSEC_QGEMV_MAX_ROWS=8 gives rows
+    9-16 to the prefill's paths (the A/B's other side). The kernels' sources say two tiles."""
+    from fusec.lower.quant import qgemv_max_rows, qgemv_takes
 
-    assert qgemv_max_rows() == 8
+    assert qgemv_max_rows() == 16
+    for batch in (9, 16):
+        plan = _plan(batch)
+        by = plan.manifest["reports"]["decode"]["lowering"]["by_template"]
+        assert by.get("qmatmul:qgemv", 0) > 0 and not by.get("qmatmul:qgemm") and not by.get("qmatmul:dequant_gemm"), by
+        tc = [src for src in _sources(plan, _decode(plan)) if "#define XT " in src]  # the tensor-core form's
+        assert len(tc) == by["qmatmul:qgemv"] and all("#define XT 2" in src for src in tc), (batch, by)
+        assert any("gated_epilogue" in L["label"] for L in _decode(plan)), batch
+    assert not qgemv_takes(9, 256, 128, "int4", 32, DType.F32) and qgemv_takes(9, 256, 128, "int4", 32, DType.BF16)
+    fp32 = compile_generation("llama-tiny", batch=9, max_seq_len=64, prefill_len=8, dtype="fp32", eos_ids=[],
+                              arch="sm_90", quantize="int4", quantize_group=32)
+    by = fp32.manifest["reports"]["decode"]["lowering"]["by_template"]
+    assert not by.get("qmatmul:qgemv") and by.get("qmatmul:dequant_gemm", 0) > 0, by
+    monkeypatch.setenv("FUSEC_QGEMV_MAX_ROWS", "8")
     by = _plan(9).manifest["reports"]["decode"]["lowering"]["by_template"]
     assert not by.get("qmatmul:qgemv") and by.get("qmatmul:qgemm", 0) + by.get("qmatmul:dequant_gemm", 0) > 0, by
     assert _plan(8).manifest["reports"]["decode"]["lowering"]["by_template"].get("qmatmul:qgemv", 0) > 0
-    monkeypatch.setenv("FUSEC_QGEMV_MAX_ROWS", "16")
-    assert _plan(9).manifest["reports"]["decode"]["lowering"]["by_template"].get("qmatmul:qgemv", 0) > 0
 
 
 def test_wide_gate_sends_the_gated_unit_apart_for_the_dp4a_form(monkeypatch) -> None:  # noqa: ANN001

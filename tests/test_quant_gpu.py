@@ -301,10 +301,11 @@ def _tc_weight(fmt: str, group: int, n: int, k: int) -> quant.QWeight:
 
 
 @pytest.mark.parametrize("fmt,group", TC_FORMATS)
-@pytest.mark.parametrize("m", [1, 2, 5, 8])
+@pytest.mark.parametrize("m", [1, 2, 5, 8, 11, 16])
 @pytest.mark.parametrize("warps,passes", [(4, 1), (8, 1), (16, 1), (16, 3), (4, 2), (8, 2)])
 def test_tensor_core_qgemv_matches_reference(fmt, group, m, warps, passes):
-    """The tensor-core form against the exact sum (float64 over the reference's weights): within
+    """The tensor-core form against the exact sum (float64 over the reference's weights), one tile of 8 rows of x or
+    two (11 and 16 rows): within
     half an ulp of the stored type plus fp32 accumulation error, at odd N (a partial last block of
     16 rows), K not a multiple of the warps' chunks, bias + SiLU + residual; fp16 and bf16; 4-, 5-, 6-
     and 8-bit codes (signed, and unsigned with zero points) (their high words in 16-byte copies where every row's and
@@ -341,11 +342,11 @@ def test_tensor_core_qgemv_matches_reference(fmt, group, m, warps, passes):
 def test_tensor_core_stages_give_the_same_bits(fmt, group, warps, passes, glu):
     """A run's copy issued in 2-4 commit groups (each summed once it lands) gives the bits of one group: the same
     chunks summed in the same order, the scale table the same. At odd N and K not a multiple of the warps' chunks
-    (partial and empty stages), 3 and 8 rows of x, bf16, plain and gated."""
+    (partial and empty stages), 3, 8 and 13 rows of x, bf16, plain and gated."""
     n, k = (154, 1536) if quant.FORMATS[fmt].super_block else (154, 1472)
     qw = _tc_weight(fmt, group, n, k)
     nout = n // 2 if glu else n
-    for m in (3, 8):
+    for m in (3, 8, 13):
         x = dev(RNG.standard_normal((m, k)).astype(np.float32).astype(BF16.np))
         res = dev(RNG.standard_normal((m, nout)).astype(np.float32).astype(BF16.np))
         outs = []
@@ -360,8 +361,35 @@ def test_tensor_core_stages_give_the_same_bits(fmt, group, warps, passes, glu):
             assert np.array_equal(got.view(np.uint16), outs[0].view(np.uint16)), (fmt, group, m, stages)
 
 
+@pytest.mark.parametrize("fmt,group", TC_FORMATS)
+@pytest.mark.parametrize("warps,passes", [(4, 1), (8, 2), (16, 3)])
+@pytest.mark.parametrize("glu", ["", "silu"])
+def test_tensor_core_two_tiles_of_x_give_each_tiles_bits(fmt, group, warps, passes, glu):
+    """Past 8 rows of x the tensor-core form multiplies each chunk's decoded weights with two tiles of 8 rows: every
+    output row is bit for bit what the one-tile kernel gives for the same row of x (the same chunks, summed in the
+    same order), at 16 rows and at 13 (a partial second tile), bf16, plain and gated, odd N."""
+    n, k = (154, 1536) if quant.FORMATS[fmt].super_block else (154, 1472)
+    qw = _tc_weight(fmt, group, n, k)
+    nout = n // 2 if glu else n
+    arrays = [dev(a) for a in qw.arrays]
+    for m in (16, 13):
+        x = RNG.standard_normal((m, k)).astype(np.float32).astype(BF16.np)
+        res = RNG.standard_normal((m, nout)).astype(np.float32).astype(BF16.np)
+
+        def run(xs: np.ndarray, rs: np.ndarray) -> np.ndarray:
+            out = poisoned((len(xs), nout), BF16)
+            spec = QGemvSpec(len(xs), n, k, qw.format, qw.group, BF16, qw.scale_dtype, Epilogue(residual=True),
+                             tc=True, warps=warps, passes=passes, glu=glu)
+            _run(spec, [dev(np.ascontiguousarray(xs)), *arrays, dev(np.ascontiguousarray(rs)), out])
+            return host(out, BF16)
+        both = run(x, res)
+        halves = np.concatenate([run(x[:8], res[:8]), run(x[8:], res[8:])])
+        assert np.isfinite(both.astype(np.float32)).all(), (fmt, m)
+        assert np.array_equal(both.view(np.uint16), halves.view(np.uint16)), (fmt, group, m, warps, passes, glu)
+
+
 @pytest.mark.parametrize("fmt", ["q4_k", "q6_k", "q5_0", "q8_0", "uint4", "int8"])
-@pytest.mark.parametrize("m", [3, 5, 8])
+@pytest.mark.parametrize("m", [3, 5, 8, 12, 16])
 @pytest.mark.parametrize("warps,passes", [(4, 1), (16, 3)])
 def test_tensor_core_gated_epilogue_matches_reference(fmt, m, warps, passes):
     """The tensor-core form with a gated unit (8 rows of each half a block) and bias + residual, both halves activated
@@ -583,16 +611,16 @@ def test_decode_through_the_dequantizing_path_matches_reference_token_for_token(
     assert got == want
 
 
-def test_packed_generation_at_batch_16_takes_the_prefills_paths_and_matches_reference_token_for_token():
-    """Past 8 rows of x (FUSEC_QGEMV_MAX_ROWS' default) a decode step's packed products take the prefill's paths, not
-    the quantized GEMV: at batch 16 in fp32 the step dequantizes into scratch for cuBLAS, token for token against the
-    reference with 16 rows of prompts; and a bf16 plan of one packed product at 16 rows (the dequantize-in-tile GEMM
-    or the scratch path, as the rule picks) against the fp32 reference within bf16 rounding."""
+def test_packed_generation_at_batch_16_matches_reference_token_for_token(monkeypatch):
+    """At batch 16 in fp32 a decode step's packed products take the prefill's paths (the tensor-core GEMV, which takes
+    9-16 rows, takes fp16/bf16): the step dequantizes into scratch for cuBLAS, token for token against the reference
+    with 16 rows of prompts. And bf16 plans of one packed product at 12 and 16 rows, on the tensor-core GEMV (two tiles
+    of x) and with FUSEC_QGEMV_MAX_ROWS=8 on the prefill's paths, against the fp32 reference within bf16 rounding."""
     from test_quant_kernels import _qgraph
 
     import fusec
     from fusec import reference
-    from fusec.compiler import compile_generation
+    from fusec.compiler import compile_generation, stage
     from fusec.generation import ReferenceEngine, generate
     from fusec.genmodel import build_graphs
 
@@ -605,13 +633,18 @@ def test_packed_generation_at_batch_16_takes_the_prefills_paths_and_matches_refe
     want = generate(ReferenceEngine(build_graphs(gm, 16, 48, 12, []), optimize=True), prompts, 12,
                     gm.config.vocab_size).new_ids
     assert got == want
-    for fmt in ("q4_k", "q8_0"):
-        g = _qgraph(16, epilogue=True, fmt=fmt)
-        feeds = {"x": RNG.standard_normal((16, 512)).astype(np.float32).astype(BF16.np),
-                 "res": RNG.standard_normal((16, 96)).astype(np.float32).astype(BF16.np)}
-        want_y = reference.run(g, {k: v.astype(np.float32) for k, v in feeds.items()})["y"]
-        got_y = host(fusec.compile(g, dtype="bf16").run(feeds)["y"], BF16)
-        assert rel_err(got_y, want_y) <= TOL[BF16], fmt
+    for rows in ("16", "8"):
+        monkeypatch.setenv("FUSEC_QGEMV_MAX_ROWS", rows)
+        for fmt in ("q4_k", "q8_0"):
+            for m in (12, 16):
+                g = _qgraph(m, epilogue=True, fmt=fmt)
+                feeds = {"x": RNG.standard_normal((m, 512)).astype(np.float32).astype(BF16.np),
+                         "res": RNG.standard_normal((m, 96)).astype(np.float32).astype(BF16.np)}
+                want_y = reference.run(g, {k: v.astype(np.float32) for k, v in feeds.items()})["y"]
+                by = stage(g, "bf16", "sm_90", dry_run=True).lowered.report["by_template"]
+                assert (by.get("qmatmul:qgemv", 0) > 0) == (rows == "16"), (rows, by)
+                got_y = host(fusec.compile(g, dtype="bf16").run(feeds)["y"], BF16)
+                assert rel_err(got_y, want_y) <= TOL[BF16], (fmt, m, rows)
 
 
 @pytest.mark.parametrize("method", ["int8", "int4"])

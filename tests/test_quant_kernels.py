@@ -195,7 +195,7 @@ def test_gemv_variants_compile(m, rows, dt, arch, fold):
 def test_gemv_form_folds_at_one_row_only():
     assert gemv_form(1, 4096, 2048, "q8_0", 32, DType.F32) == {"rows": 2, "fold": True}
     assert gemv_form(8, 4096, 2048, "q8_0", 32, DType.F32, glu=True) == {"rows": 2, "fold": False}
-    assert gemv_form(9, 4096, 2048, "q4_k", 32, DType.BF16)["rows"] == 1
+    assert gemv_form(9, 4096, 2048, "q4_k", 32, DType.F32)["rows"] == 1  # past 8 rows (fp32 x: the FMA form)
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
@@ -204,7 +204,8 @@ def test_gemv_form_takes_dp4a_where_it_fits_and_tensor_cores_do_not(fmt, monkeyp
     tensor-core form does not take the product (FUSEC_QGEMV_FORM=dp4a; a gated product too, the gated unit apart); 8
     warps; at one row of x 8 chunks a round (FUSEC_QGEMV_DP4A_CHUNKS=4: 4) over two weight rows a task below K = 8192, at 2-3 rows 4 over two rows
     below K = 4096, a gated unit's two halves always; from 4 rows one row a task, 2 chunks; 2 blocks an SM
-    (FUSEC_QGEMV_DP4A_BLOCKS: its value). fp32 x, M > 8, rows too long, or FUSEC_QGEMV_FORM=tc/fma: not. (4 rows a
+    (FUSEC_QGEMV_DP4A_BLOCKS: its value). fp32 x, M > 8 (tensor cores there), rows too long, or
+    FUSEC_QGEMV_FORM=tc/fma: not. (4 rows a
     task, the FILL and WIDE_ROWS rules, are off here: their own tests below.)"""
     monkeypatch.setenv("FUSEC_QGEMV_DP4A_FILL", "0")
     monkeypatch.setenv("FUSEC_QGEMV_DP4A_WIDE_ROWS", "1")
@@ -215,7 +216,7 @@ def test_gemv_form_takes_dp4a_where_it_fits_and_tensor_cores_do_not(fmt, monkeyp
         for dt in (DType.BF16, DType.F16, DType.F32):
             for norm, glu in ((False, False), (True, True)):
                 f = gemv_form(m, 16384, 2048, fmt, group, dt, norm, glu)
-                tensor = choice == "auto" and m >= TC_MIN_M and m <= 8 and dt != DType.F32 \
+                tensor = choice == "auto" and m >= TC_MIN_M and dt != DType.F32 \
                     and not (bits == 8 and m == 4)  # the dp4a form over tensor cores at 16384 weight rows
                 assert f.get("tc", False) == (tensor and not (m <= 3 and dt != DType.F32)), (m, dt, f)
                 wide_ok = m <= 8 and not tensor
@@ -253,10 +254,10 @@ def test_gemv_form_takes_dp4a_where_it_fits_and_tensor_cores_do_not(fmt, monkeyp
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 8, 9])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 8, 9, 16])
 @pytest.mark.parametrize("dt", [DType.BF16, DType.F16, DType.F32])
 def test_gemv_form_takes_tensor_cores_where_they_fit(fmt, m, dt, monkeypatch):
-    """Without the dp4a form: 4- to 8-bit codes, fp16/bf16, from M = 3 to 8: the
+    """Without the dp4a form: 4- to 8-bit codes, fp16/bf16, from M = 3 to 16 (two tiles of x past 8): the
     tensor-core form, 4 warps a block of 16 rows where two blocks an SM run, 8 from 160 blocks, else
     16, and at least 8 for 8-bit codes (FUSEC_QGEMV_TC_MIN_WARPS=4: 4); anything else, or
     FUSEC_QGEMV_FORM=fma: the FMA form. And with it, from M = 4, but for 8-bit codes at 4 rows over at least
@@ -266,7 +267,7 @@ def test_gemv_form_takes_tensor_cores_where_they_fit(fmt, m, dt, monkeypatch):
     from fusec.lower.quant import DP4A_OVER_TC_N, tc_smem_max
 
     bits = FORMATS[fmt].bits
-    fits = 3 <= m <= 8 and dt != DType.F32
+    fits = 3 <= m <= 16 and dt != DType.F32
     monkeypatch.setenv("FUSEC_QGEMV_FORM", "tc")  # the rule without the dp4a form (the test above)
     group = FORMATS[fmt].group or 32
     for n, warps in ((2048, 16), (2544, 16), (2560, 8), (3072, 8), (4208, 8), (4224, 4), (128256, 4)):
@@ -301,7 +302,7 @@ def test_tensor_core_form_compiles(arch):
     epi = Epilogue(bias=True, activation="silu", residual=True)
     for fmt in FORMATS:
         for group in ((FORMATS[fmt].group,) if FORMATS[fmt].group else (16, 128)):
-            for dt, m, warps in ((DType.BF16, 1, 8), (DType.F16, 8, 16)):
+            for dt, m, warps in ((DType.BF16, 8, 8), (DType.F16, 8, 16), (DType.BF16, 16, 4), (DType.F16, 11, 16)):
                 ck = K.build(QGemvSpec(m, 301, 512, fmt, group, dt, DType.F16, epi, tc=True, warps=warps), arch)
                 assert ck.template == "qgemv_tc.cu.jinja" and ck.binary.spill_bytes == 0, (fmt, group, dt)
                 assert ck.grid[0] == 19 and ck.block[0] == 32 * warps and ck.shared_mem > 0
@@ -475,15 +476,22 @@ LLAMA_SHAPES = [(3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192), (128256
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_the_forms_the_rule_picks_do_not_spill(arch):
-    """At batch 8 the rule's form (tensor cores where they fit) of every Llama-1B and 7B product in
-    Q4_K, Q6_K and Q8_0 compiles without register spills (ptxas -v through NVRTC)."""
+    """At batch 8 and 16 the rule's form (tensor cores where they fit; at 16 rows two tiles of x, with fewer chunks
+    unrolled and 80 registers a thread at 4 and 8 warps) of every Llama-1B and 7B product in Q4_K, Q6_K and Q8_0, and
+    at 16 rows in every format the tensor-core form takes, plain and gated, compiles without register spills (ptxas
+    -v through NVRTC)."""
     pending = []
-    for n, k in LLAMA_SHAPES:
-        for fmt, group in (("q4_k", 32), ("q6_k", 16), ("q8_0", 32)):
-            form = gemv_form(8, n, k, fmt, group, DType.BF16)
-            pending.append(((n, k, fmt, form), K.build_async(QGemvSpec(8, n, k, fmt, group, DType.BF16, DType.F16,
-                                                                      **form), arch)))
-    assert sum(bool(f.get("tc")) for (_, _, _, f), _ in pending) >= 20  # most of them run on tensor cores
+    for m in (8, 16):
+        for n, k in LLAMA_SHAPES:
+            every = [f for f in FORMATS if FORMATS[f].bits > 3]
+            for fmt in (("q4_k", "q6_k", "q8_0") if m == 8 or n > 30000 else every):
+                group = FORMATS[fmt].group or 32
+                for glu in ("", "silu") if m == 16 and n < 30000 else ("",):
+                    form = gemv_form(m, n, k, fmt, group, DType.BF16, False, bool(glu))
+                    spec = QGemvSpec(m, n, k, fmt, group, DType.BF16, DType.F16, glu=glu, **form)
+                    pending.append(((m, n, k, fmt, glu, form), K.build_async(spec, arch)))
+    assert sum(bool(w[-1].get("tc")) for w, _ in pending if w[0] == 8) >= 20  # most of them run on tensor cores
+    assert all(w[-1].get("tc") for w, _ in pending if w[0] == 16)  # past 8 rows, only that form
     for what, p in pending:
         assert p.result().binary.spill_bytes == 0, what
 
@@ -799,7 +807,7 @@ def test_dp4a_form_refuses_what_it_cannot_take():
 
 
 def test_tensor_core_form_refuses_what_it_cannot_take():
-    for m, fmt, dt, warps in ((9, "q4_k", DType.BF16, 8), (9, "int8", DType.BF16, 8), (1, "q8_0", DType.F32, 8),
+    for m, fmt, dt, warps in ((16, "q4_k", DType.F32, 8), (9, "int8", DType.F32, 8), (1, "q8_0", DType.F32, 8),
                               (1, "q4_0", DType.F32, 8), (1, "q4_0", DType.BF16, 2)):
         with pytest.raises(ValueError, match="tensor-core"):
             QGemvSpec(m, 64, 256, fmt, FORMATS[fmt].group or 32, dt, DType.F16, tc=True, warps=warps)
@@ -870,18 +878,23 @@ def test_the_rule_gives_the_tile_gemm_short_prefills_of_wide_products(monkeypatc
     from fusec.lower.quant import choose
 
     for clusters in (False, True):
-        assert choose(32, 16384, 2048, "q4_k", DType.BF16, clusters) == "qgemm"
-        assert choose(24, 22016, 4096, "q4_k", DType.F16, clusters) == "qgemm"
+        assert choose(32, 16384, 2048, "q4_k", 32, DType.BF16, clusters) == "qgemm"
+        assert choose(24, 22016, 4096, "q4_k", 32, DType.F16, clusters) == "qgemm"
         for n, k in ((3072, 2048), (2048, 2048), (2048, 8192)):
-            assert choose(32, n, k, "q4_k", DType.BF16, clusters) == "dequant_gemm", (n, k)
-    assert choose(33, 16384, 2048, "q4_k", DType.BF16) == "dequant_gemm"
-    assert choose(128, 16384, 2048, "q4_k", DType.BF16) == "dequant_gemm"
-    assert choose(8, 16384, 2048, "q4_k", DType.BF16) == "qgemv"
+            assert choose(32, n, k, "q4_k", 32, DType.BF16, clusters) == "dequant_gemm", (n, k)
+    assert choose(33, 16384, 2048, "q4_k", 32, DType.BF16) == "dequant_gemm"
+    assert choose(128, 16384, 2048, "q4_k", 32, DType.BF16) == "dequant_gemm"
+    assert choose(8, 16384, 2048, "q4_k", 32, DType.BF16) == "qgemv"
+    assert choose(16, 16384, 2048, "q4_k", 32, DType.BF16) == "qgemv"  # the tensor-core form, past 8 rows
+    assert choose(16, 16384, 2048, "q4_k", 32, DType.F32) == "dequant_gemm"  # it takes fp16/bf16
+    monkeypatch.setenv("FUSEC_QGEMV_MAX_ROWS", "8")
+    assert choose(16, 16384, 2048, "q4_k", 32, DType.BF16) == "qgemm"
+    monkeypatch.delenv("FUSEC_QGEMV_MAX_ROWS")
     monkeypatch.setenv("FUSEC_QGEMM", "tile")
-    assert choose(128, 2048, 8192, "q6_k", DType.BF16) == "qgemm"
-    assert choose(128, 2048, 8192, "q6_k", DType.F32) == "dequant_gemm"  # the mma takes fp16/bf16
+    assert choose(128, 2048, 8192, "q6_k", 16, DType.BF16) == "qgemm"
+    assert choose(128, 2048, 8192, "q6_k", 16, DType.F32) == "dequant_gemm"  # the mma takes fp16/bf16
     monkeypatch.setenv("FUSEC_QGEMM", "scratch")
-    assert choose(32, 16384, 2048, "q4_k", DType.BF16) == "dequant_gemm"
+    assert choose(32, 16384, 2048, "q4_k", 32, DType.BF16) == "dequant_gemm"
 
 
 def test_a_prefills_packed_product_is_a_kernel_choice_the_ab_measures():

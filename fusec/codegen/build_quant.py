@@ -96,13 +96,14 @@ def _qgemv_dp4a(spec: QGemvSpec) -> Rendered:
     return Rendered("qgemv_dp4a.cu.jinja", ctx, (spec.grid, 1, 1), (32 * spec.warps, 1, 1), _row_params(spec))
 
 
-def qgemv_tc_geometry(K: int, group: int, warps: int, fmt: str, passes: int = 1) -> dict[str, int]:
+def qgemv_tc_geometry(K: int, group: int, warps: int, fmt: str, passes: int = 1, m: int = 8) -> dict[str, int]:
     """The tensor-core form's shared memory for ``fmt`` (a ``fusec.quant`` format): chunks per warp (a contiguous
     range), the codes' row stride (bytes: whole 128-byte lines + 16, so that 8 rows' reads fall in different banks; a
     chunk's codes are 16 bytes, 32 at 8 bits), the scale table's floats a group (``tv``: s and o - s (BIAS + z), or s
     alone where the format is ``scale_only``) and row stride (floats; a lane reads a chunk's entries of a row as one
     float or float2 each: an odd stride, or = 2 mod 4 for 8-byte reads, for the same reason), the high words' row
-    stride (words: ``hb`` a chunk, = 4 mod 8) and the bytes."""
+    stride (words: ``hb`` a chunk, = 4 mod 8) and the bytes (``m`` rows of x: the warps' partial sums reuse them,
+    16 weight rows by 8 x rows a tile of x)."""
     from fusec.quant import FORMATS
 
     f = FORMATS[fmt]
@@ -116,7 +117,8 @@ def qgemv_tc_geometry(K: int, group: int, warps: int, fmt: str, passes: int = 1)
     srs = width + (1 if width % 2 == 0 else 2) if tv * gpc == 1 else width + (2 if width % 4 == 0 else 4)
     # = 4 mod 8 words: rows 16-byte aligned (the 16-byte copies) and 8 rows' reads of one word in 8 different banks
     hrs = cpw * hb + (4 - cpw * hb) % 8 if hb else 0
-    smem = max(warps * 16 * (rsb + 4 * srs + 4 * hrs), warps * 16 * 8 * 4)  # the partial sums reuse it at the end
+    xt = cdiv(m, 8)  # x's tiles of 8 rows (the mma's n)
+    smem = max(warps * 16 * (rsb + 4 * srs + 4 * hrs), warps * 16 * 8 * xt * 4)  # the partial sums reuse it at the end
     return {"cpw": cpw, "rsb": rsb, "srs": srs, "hrs": hrs, "gpc": gpc, "tv": tv, "cb": cb, "smem": smem}
 
 
@@ -126,7 +128,7 @@ def _qgemv_tc(spec: QGemvSpec) -> Rendered:
     fp16 = spec.dtype == DType.F16
     f = FORMATS[spec.fmt]
     hb = f.high_words
-    geo = qgemv_tc_geometry(spec.K, spec.group, spec.warps, spec.fmt, spec.passes)
+    geo = qgemv_tc_geometry(spec.K, spec.group, spec.warps, spec.fmt, spec.passes, spec.M)
     cps = cdiv(geo["cpw"], spec.stages)  # chunks a stage of a run
     flip = 0x00800080 if f.bits == 8 and f.signed else 0  # signed 8-bit codes read as u = q + 128: bit 7 flipped
     if f.bits < 8:  # MAGIC | q = BIAS + q exactly: fp16 1024 (10 mantissa bits), bf16 128 (7)
@@ -135,8 +137,8 @@ def _qgemv_tc(spec: QGemvSpec) -> Rendered:
         mask, magic, magic_hi, bias = 0x00FF00FF, 0x64006400 ^ flip, 0, 1024.0
     else:  # bf16: (128 + the low 7 bits) + (128 + 128 * bit 7) = 256 + u
         mask, magic, magic_hi, bias = 0x007F007F, 0x43004300, 0x43004300 ^ flip, 256.0
-    ctx = {"name": kernel_name("qgemv", spec), "M": spec.M, "N": spec.N, "K": spec.K, "warps": spec.warps,
-           "passes": spec.passes, "stages": spec.stages, "cps": cps,
+    ctx = {"name": kernel_name("qgemv", spec), "M": spec.M, "xt": cdiv(spec.M, 8), "N": spec.N, "K": spec.K,
+           "warps": spec.warps, "passes": spec.passes, "stages": spec.stages, "cps": cps,
            # the high words in 16-byte copies where every row's, run's and stage's range starts on 16 bytes
            "hb16": bool(hb) and (spec.K // 32 * hb) % 4 == 0 and (geo["cpw"] * hb) % 4 == 0 and (cps * hb) % 4 == 0,
            "cpw": geo["cpw"], "rsb": geo["rsb"], "srs": geo["srs"], "gpc": geo["gpc"], "hb": hb, "hrs": geo["hrs"],
@@ -145,8 +147,9 @@ def _qgemv_tc(spec: QGemvSpec) -> Rendered:
            if f.scale_only else None,
            "batch": 8 // geo["gpc"],  # scale pairs whose loads are in flight together (registers: 3 floats a group)
            # 4 and 8 warps: 64 registers a thread, so that 1024 threads fit an SM (a 1B model's gate/up in one wave
-           # of blocks); 16 warps (few blocks): 128
-           "min_blocks": 1 if spec.warps == 16 else 32 // spec.warps,
+           # of blocks); two tiles of x (M > 8): 80 (at 64 they spilled with half the chunks unrolled, ptxas -v);
+           # 16 warps (few blocks): 128
+           "min_blocks": 1 if spec.warps == 16 else (32 if spec.M <= 8 else 24) // spec.warps,
            "cb": geo["cb"], "code_mask": mask, "magic": magic, "magic_hi": magic_hi, "hi8": bool(magic_hi),
            "bias_value": float_lit(bias), "one": 0x3C003C00 if fp16 else 0x3F803F80,  # ONE: 1.0 twice
            "t": ctype(spec.dtype), "bias": spec.epilogue.bias, "act": Ident(spec.epilogue.activation),

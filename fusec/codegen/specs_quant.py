@@ -177,7 +177,7 @@ class QGemvSpec(_QProduct):
         _check_format(self.fmt, self.N, self.K, self.group, self.scale_dtype)
         if self.tc:
             _req(tc_fits(self.M, self.fmt, self.dtype), "the tensor-core quantized gemv takes 4- to 8-bit "
-                 "formats, M <= 8, fp16/bf16")
+                 f"formats, M <= {QGEMV_MAX_M}, fp16/bf16")
             _req(self.warps in (4, 8, 16), "the tensor-core quantized gemv has 4, 8 or 16 warps")
         _req(self.passes in (1, 2, 3, 4) and (self.passes == 1 or self.tc),
              "passes (1 to 4) are the tensor-core quantized gemv's runs of chunks a warp copies in turn")
@@ -223,10 +223,10 @@ class QGemvSpec(_QProduct):
 def tc_fits(m: int, fmt: str, dtype: DType) -> bool:
     """Whether the tensor-core form takes this product: 4- to 8-bit codes (one LOP3 makes a 16-bit
     number of a code; high words OR in bits 4-5; bf16's 8-bit codes take a second operand for bit 7), at
-    most 8 rows of x (the mma's n), fp16/bf16 activations (the mma's types)."""
+    most QGEMV_MAX_M rows of x (one or two tiles of 8, the mma's n), fp16/bf16 activations (the mma's types)."""
     from fusec.quant import FORMATS
 
-    return FORMATS[fmt].bits in (4, 5, 6, 8) and m <= 8 and dtype in (DType.F16, DType.BF16)
+    return FORMATS[fmt].bits in (4, 5, 6, 8) and m <= QGEMV_MAX_M and dtype in (DType.F16, DType.BF16)
 
 
 QGEMM_MAX_MT = 16  # the dequantize-in-tile GEMM's n8 tiles of x a block (128 rows: 64 accumulators a lane)

@@ -240,7 +240,7 @@ def _packed_choice(node: Node, mm: Node) -> ChoicePoint | None:
 
     x, a = mm.inputs[0], mm.attrs
     m = math.prod(x.shape[:-1])
-    if not Q.tile_applies(m, a.k, x.dtype):
+    if not Q.tile_applies(m, a.n, a.k, a.format, a.group, x.dtype):
         return None
     bias = res = None
     e = S.Epilogue()
@@ -251,7 +251,7 @@ def _packed_choice(node: Node, mm: Node) -> ChoicePoint | None:
             return None
         bias, act, res = epi
         e = S.Epilogue(bias=bias is not None, activation=act, residual=res is not None)
-    rule = Q.choose(m, a.n, a.k, a.format, x.dtype)  # the rule's (or FUSEC_QGEMM's) way first
+    rule = Q.choose(m, a.n, a.k, a.format, a.group, x.dtype)  # the rule's (or FUSEC_QGEMM's) way first
     variants = (rule,) + tuple(v for v in QVARIANTS if v != rule)
     key = f"qmatmul:{x.dtype.value}:{a.format}:g{a.group}:{m}x{a.n}x{a.k}:{_epi_name(e)}"
     return ChoicePoint(key, variants, x, mm.inputs[1], bias, res, e, m, a.n, a.k, True, True)

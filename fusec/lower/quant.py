@@ -1,12 +1,12 @@
 """The rules for QMATMUL (a product over a packed quantized weight, ``fusec.quant``): which kernel, in which form.
 
 Kernel selection (passes/select_kernels.py) applies these rules and records them on the node; the lowering
-(``fusec.lower.quant_emit``) emits what the record says. ``choose``: rows of activations M <= 8
-(``qgemv_max_rows``: decode steps, small batches) run fusec's quantized GEMV (``QGemvSpec``: the weight decoded in
-registers, 16-byte loads of its codes, fp32 accumulation, the bias/activation/residual epilogue fused); larger M
-(prefill, larger batches) takes the paths below. ``gemv_form``: the GEMV's form, from the measurements in
+(``fusec.lower.quant_emit``) emits what the record says. ``choose``: rows of activations M <= 8, and up to 16 on
+tensor cores (``qgemv_takes``: decode steps, small batches) run fusec's quantized GEMV (``QGemvSpec``: the weight
+decoded in registers, 16-byte loads of its codes, fp32 accumulation, the bias/activation/residual epilogue fused);
+larger M (prefill, larger batches) takes the paths below. ``gemv_form``: the GEMV's form, from the measurements in
 benchmarks/RESULTS.md: integer dot products over x written as two 8-bit digits per value (dp4a, up to 3 rows of
-fp16/bf16 x), tensor cores for 4- to 8-bit codes at 3-8 rows (warps a block), or FMAs in fp32 (rows per warp, fold).
+fp16/bf16 x), tensor cores for 4- to 8-bit codes at 3-16 rows (warps a block), or FMAs in fp32 (rows per warp, fold).
 
 Past the GEMV's rows (prefill) the product is dequantized in the tile of a tensor-core GEMM (``QGemmSpec``,
 templates/qgemm_tc.cu.jinja: no scratch, the epilogue fused) where ``tile_wins``, else dequantized into scratch for
@@ -22,37 +22,53 @@ from fusec.quant import FORMATS
 
 
 def qgemv_max_rows() -> int:
-    """The most rows of x the quantized GEMV takes (FUSEC_QGEMV_MAX_ROWS, 0 to QGEMV_MAX_M; 8 by default); a product
-    with more takes a prefill's path (``choose``). 8, the most its dp4a and tensor-core forms take: past it only the
-    FMA form was left, fp32 FMAs for every row of x, and the Llama-1B Q4_K_M decode step at batch 16 took 6.020 ms with
-    it against 1.595 on the prefill's paths (the bf16 plan: 1.991; H200, forty-fourth session, decode_step.py --ab
-    FUSEC_QGEMV_MAX_ROWS=8, in turns). Fewer than 8 sends small batches that way, slower at 8 rows (sixteenth
-    session: 1B Q8_0 2.862 ms a step against 2.702, Q4_K_M 2.830 against 1.175)."""
+    """The most rows of x the quantized GEMV takes (FUSEC_QGEMV_MAX_ROWS, 0 to QGEMV_MAX_M; 16 by default), past 8 in
+    its tensor-core form only (``qgemv_takes``); a product it does not take runs a prefill's path (``choose``).
+    Measured (H200, forty-fifth session, decode_step.py --ab FUSEC_QGEMV_MAX_ROWS=8, in turns): the Llama-1B Q4_K_M
+    step took 0.876 ms at batch 9 against 1.566 on the prefill's paths, 0.920 against 1.580 at 12, 1.023 against 1.598
+    at 16; Q8_0 at 16 1.026 against 1.622; the 7B Q4_K_M at 16 4.457 against 7.642 (the bf16 1B plan at 16: 1.991).
+    Before (to the forty-fourth session) only the FMA form took 9-16 rows: 6.020 ms at 16. Fewer than 8 sends small
+    batches to the prefill's paths, slower at 8 rows (sixteenth session: 1B Q8_0 2.862 ms a step against 2.702,
+    Q4_K_M 2.830 against 1.175)."""
     from fusec import knobs
 
     return int(knobs.get("FUSEC_QGEMV_MAX_ROWS"))  # 0 to QGEMV_MAX_M (the knob's bounds)
 
 
-def choose(m: int, n: int, k: int, fmt: str, dtype: Any, clusters: bool = False) -> str:
-    """"qgemv" (dequantize in registers) up to ``qgemv_max_rows``; past it "qgemm" (dequantize in the tile of a
-    tensor-core GEMM) where it applies (fp16/bf16 x, K a multiple of 64) and ``tile_wins``, else "dequant_gemm"
-    (dequantize to scratch, then cuBLAS). FUSEC_QGEMM=tile or scratch takes one of them wherever it applies.
-    ``clusters``: the target has thread block clusters (sm_90+)."""
+def qgemv_takes(m: int, n: int, k: int, fmt: str, group: int, dtype: Any) -> bool:
+    """Whether the quantized GEMV takes a product of ``m`` rows of x over an [n, k] weight: up to GEMV_FORMS_M rows in
+    whichever form ``gemv_form`` picks; past them, up to ``qgemv_max_rows``, only in its tensor-core form (two tiles of
+    8 rows of x; where it does not fit, such as fp32 x, only the FMA form was left, 3.8x slower in the Llama-1B Q4_K_M
+    step at batch 16 than the prefill's paths, forty-fourth session)."""
+    if m > qgemv_max_rows():
+        return False
+    return m <= GEMV_FORMS_M or bool(gemv_form(m, n, k, fmt, group, dtype).get("tc"))
+
+
+GEMV_FORMS_M = 8  # rows of x up to which the quantized GEMV takes a product in any of its forms (``qgemv_takes``)
+
+
+def choose(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, clusters: bool = False) -> str:
+    """"qgemv" (dequantize in registers) where it takes the product (``qgemv_takes``); else "qgemm" (dequantize in the
+    tile of a tensor-core GEMM) where it applies (fp16/bf16 x, K a multiple of 64) and ``tile_wins``, else
+    "dequant_gemm" (dequantize to scratch, then cuBLAS). FUSEC_QGEMM=tile or scratch takes one of them wherever it
+    applies. ``clusters``: the target has thread block clusters (sm_90+)."""
     from fusec import knobs
 
-    if m <= qgemv_max_rows():
+    if qgemv_takes(m, n, k, fmt, group, dtype):
         return "qgemv"
     choice = knobs.get("FUSEC_QGEMM")
-    tile = tile_applies(m, k, dtype) and (choice == "tile" or (choice == "auto" and tile_wins(m, n, k, clusters)))
+    tile = (tile_applies(m, n, k, fmt, group, dtype)
+            and (choice == "tile" or (choice == "auto" and tile_wins(m, n, k, clusters))))
     return "qgemm" if tile else "dequant_gemm"
 
 
-def tile_applies(m: int, k: int, dtype: Any) -> bool:
-    """Whether a prefill's product may take the dequantize-in-tile GEMM: more rows than the quantized GEMV takes,
-    fp16/bf16 x (the mma's types), K a multiple of 64 (its k tiles)."""
+def tile_applies(m: int, n: int, k: int, fmt: str, group: int, dtype: Any) -> bool:
+    """Whether a prefill's product may take the dequantize-in-tile GEMM: the quantized GEMV does not take it
+    (``qgemv_takes``), fp16/bf16 x (the mma's types), K a multiple of 64 (its k tiles)."""
     from fusec.dtypes import DType
 
-    return m > qgemv_max_rows() and dtype in (DType.F16, DType.BF16) and k % 64 == 0
+    return dtype in (DType.F16, DType.BF16) and k % 64 == 0 and not qgemv_takes(m, n, k, fmt, group, dtype)
 
 
 TILE_MAX_ROWS = 32  # the most rows of x the rule gives the dequantize-in-tile GEMM
@@ -257,7 +273,9 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     session, the same bits). FUSEC_QGEMV_DP4A_NORM_EARLY=0 loads them after the wait.
 
     The tensor-core form (``tc``) from M = TC_MIN_M where it fits (``specs_quant.tc_fits``:
-    4- to 8-bit codes, M <= 8, fp16/bf16; its copy of the block's rows within ``tc_smem_max()``, at most
+    4- to 8-bit codes, M <= 16 (two tiles of 8 rows of x past 8: each chunk's weights decoded once for both; half
+    the chunks unrolled, and 80 registers a thread at 4 and 8 warps: at 64 they spilled 8-184 bytes, ptxas -v,
+    sm_80 and sm_90), fp16/bf16; its copy of the block's rows within ``tc_smem_max()``, at most
     TC_MAX_CPW chunks a warp below 16 warps); it has no norm prologue, so fusion leaves the norm out of it
     (``fusec.lower.skinny.qfits``), and takes its gated epilogue unless FUSEC_QGEMV_TC_GATE=0. A norm prologue was
     built and lost (x * g into the mma, 1 / rms from a Gram mma's diagonal in the epilogue: no RMSNorm launch left;
@@ -339,7 +357,7 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
         return {"rows": rows, "fold": False, "dp4a": True, "warps": 8, "blocks": blocks, "chunks": chunks,
                 "norm_early": norm and bool(knobs.get("FUSEC_QGEMV_DP4A_NORM_EARLY")),
                 **({"cluster": cl} if (cl := _dp4a_cluster(wide, m == 1 and not norm, glu)) > 1 else {})}
-    form: dict[str, object] = {"rows": 2 if m <= 8 else 1, "fold": m == 1}
+    form: dict[str, object] = {"rows": 2 if m <= 8 or tc else 1, "fold": m == 1}  # (the tensor-core form's unused)
     if tc:
         form.update(tc=True, warps=tc, **({"passes": passes} if passes > 1 else {}))
         if (stages := int(knobs.get("FUSEC_QGEMV_TC_STAGES"))) > 1:

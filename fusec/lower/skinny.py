@@ -135,6 +135,9 @@ def qfits(m: int, n: int, k: int, a: Value, mm: Node, norm: bool, glu: bool, con
 
     if m > (most := Q.qgemv_max_rows()):
         return f"the quantized GEMV takes at most {most} rows (FUSEC_QGEMV_MAX_ROWS), this one has {m}"
+    if not Q.qgemv_takes(m, n, k, mm.attrs.format, mm.attrs.group, a.dtype):
+        return (f"past {Q.GEMV_FORMS_M} rows the quantized GEMV takes a product only in its tensor-core form, which "
+                f"does not take this one ({m} rows of {a.dtype.value})")
     if not const:
         return "the quantized GEMV reads packed constant weights"
     if a.dtype not in S.FLOATS:
