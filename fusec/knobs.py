@@ -78,9 +78,10 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("FUSEC_QGEMV_FORM", "choice", "auto", "how decode products over packed weights compute: auto, the rule "
          "(fusec.lower.quant.gemv_form: integer dot products over x as two 8-bit digits per value up to 3 rows of "
          "fp16/bf16 x and up to 8 where the tensor-core form does not apply, tensor cores for 4- to 8-bit codes "
-         "where they fit, else fp32 FMAs); tc: the rule without the dp4a form; dp4a: the rule without the "
-         "tensor-core form; fma: fp32 FMAs everywhere (the A/B of benchmarks/quant_bench.py --variants and "
-         "benchmarks/decode_step.py --ab FUSEC_QGEMV_FORM=dp4a)",
+         "where they fit, else fp32 FMAs; past 8 rows tensor cores only); tc: the rule without the dp4a form; dp4a: "
+         "the rule without the tensor-core form; fma: fp32 FMAs everywhere up to 8 rows (past them the prefill's "
+         "paths; the A/B of benchmarks/quant_bench.py --variants and benchmarks/decode_step.py --ab "
+         "FUSEC_QGEMV_FORM=dp4a)",
          ("auto", "tc", "dp4a", "fma")),
     Knob("FUSEC_QGEMV_MAX_ROWS", "int", 16, "the most rows of x the quantized GEMV takes (0-16), past 8 only in its "
          "tensor-core form (fusec.lower.quant.qgemv_takes); a product over packed weights it does not take runs a "
