@@ -147,8 +147,10 @@ def _qgemv_tc(spec: QGemvSpec) -> Rendered:
            if f.scale_only else None,
            "batch": 8 // geo["gpc"],  # scale pairs whose loads are in flight together (registers: 3 floats a group)
            # 4 and 8 warps: 64 registers a thread, so that 1024 threads fit an SM (a 1B model's gate/up in one wave
-           # of blocks); two tiles of x (M > 8): 80 (at 64 they spilled with half the chunks unrolled, ptxas -v);
-           # 16 warps (few blocks): 128
+           # of blocks); two tiles of x (M > 8): 80 (at 64 5- to 8-bit codes spilled with half the chunks unrolled,
+           # ptxas -v; 64 for 4-bit codes alone, which did not, lost: the 7B Q4_K_M step at batch 16 4.773 ms against
+           # 4.429, the 1B's at batch 9 0.891 against 0.873, at 16 1.006 against 1.021; H200, forty-fifth session, in
+           # turns); 16 warps (few blocks): 128
            "min_blocks": 1 if spec.warps == 16 else (32 if spec.M <= 8 else 24) // spec.warps,
            "cb": geo["cb"], "code_mask": mask, "magic": magic, "magic_hi": magic_hi, "hi8": bool(magic_hi),
            "bias_value": float_lit(bias), "one": 0x3C003C00 if fp16 else 0x3F803F80,  # ONE: 1.0 twice
