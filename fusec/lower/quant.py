@@ -35,6 +35,9 @@ def qgemv_max_rows() -> int:
     return int(knobs.get("FUSEC_QGEMV_MAX_ROWS"))  # 0 to QGEMV_MAX_M (the knob's bounds)
 
 
+GEMV_FORMS_M = 8  # rows of x up to which the quantized GEMV takes a product in any of its forms (``qgemv_takes``)
+
+
 def qgemv_takes(m: int, n: int, k: int, fmt: str, group: int, dtype: Any) -> bool:
     """Whether the quantized GEMV takes a product of ``m`` rows of x over an [n, k] weight: up to GEMV_FORMS_M rows in
     whichever form ``gemv_form`` picks; past them, up to ``qgemv_max_rows``, only in its tensor-core form (two tiles of
@@ -43,9 +46,6 @@ def qgemv_takes(m: int, n: int, k: int, fmt: str, group: int, dtype: Any) -> boo
     if m > qgemv_max_rows():
         return False
     return m <= GEMV_FORMS_M or bool(gemv_form(m, n, k, fmt, group, dtype).get("tc"))
-
-
-GEMV_FORMS_M = 8  # rows of x up to which the quantized GEMV takes a product in any of its forms (``qgemv_takes``)
 
 
 def choose(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, clusters: bool = False) -> str:
