@@ -227,6 +227,11 @@ def gemv_form(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bo
     (the 7B int4 step, H200, thirty-sixth session, in turns: none 1.396 ms; 8 KB a warp 1.541, 64 KB 1.619 as TMA bulk
     prefetches once x's first loads were issued; 8 KB as per-line prefetches right after the wait 1.593 against 1.401):
     every product slowed, the down (its first task's later rounds only) 10.66 -> 11.68 us.
+    Each round's loads issued a round ahead into a second set of registers (the next task's first round at a task's
+    last; all after the PDL wait) lost as well: the 7B int4 step 1.395 ms against 1.312 at 8 chunks (int4 compiled
+    without spills there, 124-128 registers), 1.541 at 4; qkv 8.29 -> 9.15 us, gate/up 15.47 -> 16.25, down 9.38 ->
+    10.18, LM head 22.13 -> 23.15 (H200, forty-sixth session, in turns, the same tokens; its GPU bit tests passed): a
+    warp's loads in flight are not what the form waits for.
 
     From 4 rows (up to 8, ``specs_quant.DP4A_MAX_M``) the dp4a form takes the products the tensor-core form does
     not (8-bit codes; a gated product too, with the gated unit apart: two rows a task spilled there, ptxas -v, sm_80
