@@ -5,7 +5,7 @@ M = 1 and 8; the FMA and tensor-core forms), for Nsight Compute to read the hard
         --section WarpStateStats --section MemoryWorkloadAnalysis python3 benchmarks/qgemv_ncu.py
 
 The launch order (kernel names are hashes) is printed first: M, format, form (FMA: rows, fold; tc: warps).
-``--rule FMT:M:NxK[:norm][:glu]`` (repeatable) launches the lowering's form (fusec.lower.quant.gemv_form) of that
+``--rule FMT:M:NxK[:norm][:glu]`` (repeatable) launches the lowering's form (fusec.lower.qgemv_form.gemv_form) of that
 product instead, with its RMSNorm prologue and gated epilogue where named.
 """
 
@@ -38,7 +38,7 @@ def main() -> None:
     import cupy as cp
 
     from fusec.codegen.specs import Epilogue
-    from fusec.lower.quant import gemv_form
+    from fusec.lower.qgemv_form import gemv_form
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rule", action="append", type=_rule, default=[], metavar="FMT:M:NxK[:norm][:glu]")

@@ -92,7 +92,7 @@ def _forms(m: int, n: int, qw, variants: bool) -> list[tuple[str, dict]]:  # noq
     lowering's choice (fusec.lower.quant), or with ``variants`` the FMA form and, where they fit, the
     tensor-core form at 4, 8 and 16 warps and the dp4a form at several rows a task and warps a block."""
     from fusec.codegen.specs_quant import dp4a_fits, tc_fits
-    from fusec.lower.quant import gemv_form
+    from fusec.lower.qgemv_form import gemv_form
 
     rule = gemv_form(m, n, qw.k, qw.format, qw.group, BF16)
     if not variants:
@@ -100,7 +100,7 @@ def _forms(m: int, n: int, qw, variants: bool) -> list[tuple[str, dict]]:  # noq
     fma = {"rows": 2 if m <= 8 else 1, "fold": m == 1}
     forms = [("fma", fma)]
     if tc_fits(m, qw.format, BF16):
-        from fusec.lower.quant import _tc_fits_smem
+        from fusec.lower.qgemv_form import _tc_fits_smem
 
         for w in (4, 8, 16):  # the fewest runs whose copy fits its shared memory (as the rule takes them)
             passes = next((p for p in range(1, 5) if _tc_fits_smem(qw.k, qw.group, w, qw.format, p)), 0)

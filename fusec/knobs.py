@@ -76,7 +76,7 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "S - 1, as other products (the A/B of prefill_step.py --prompt 16 --ab FUSEC_GEMV_COOP_PREWAIT=all)",
          ("one", "all")),
     Knob("FUSEC_QGEMV_FORM", "choice", "auto", "how decode products over packed weights compute: auto, the rule "
-         "(fusec.lower.quant.gemv_form: integer dot products over x as two 8-bit digits per value up to 3 rows of "
+         "(lower.qgemv_form.gemv_form: integer dot products over x as two 8-bit digits per value up to 3 rows of "
          "fp16/bf16 x and up to 8 where the tensor-core form does not apply, tensor cores for 4- to 8-bit codes "
          "where they fit, else fp32 FMAs; past 8 rows tensor cores only); tc: the rule without the dp4a form; dp4a: "
          "the rule without the tensor-core form; fma: fp32 FMAs everywhere up to 8 rows (past them the prefill's "
@@ -101,7 +101,7 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "(fusec.lower.quant.qgemm_tiling)"),
     Knob("FUSEC_QGEMV_DP4A_CHUNKS", "choice", "auto", "the dp4a quantized GEMV's 32-weight chunks a lane loads a "
          "round over its weight rows at one row of x: auto, 8 (two weight rows a task below K = 8192) except where 8 "
-         "spill beside the norm prologue's x (fusec.lower.quant.dp4a_heavy: 4 there); 8 or 4 everywhere (4: half the "
+         "spill beside the norm prologue's x (lower.qgemv_form.dp4a_heavy: 4 there); 8 or 4 everywhere (4: half the "
          "bytes in flight, 7% slower at the 7B Q4_K_M shape on an H200; 8 where it spills: the A/B of "
          "benchmarks/decode_step.py --ab FUSEC_QGEMV_DP4A_CHUNKS=8)", ("auto", "4", "8")),
     Knob("FUSEC_QGEMV_DP4A_FILL", "bool", True, "the dp4a quantized GEMV at one row of x gives products with short "
@@ -121,22 +121,22 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "round trip to memory fewer; 0: after the wait, beside x (2.8% slower in the Llama-1B Q4_K_M decode step, "
          "4.1% at 7B, H200; the A/B of benchmarks/decode_step.py --ab FUSEC_QGEMV_DP4A_NORM_EARLY=0)"),
     Knob("FUSEC_QGEMV_TC_RUNS", "choice", "4", "runs of chunks a warp of the tensor-core quantized GEMV may copy into "
-         "shared memory in turn, where a block's copy of its 16 rows does not fit at once (fusec.lower.quant.gemv_form; "
+         "shared memory in turn, where a block's copy of its 16 rows does not fit at once (lower.qgemv_form.gemv_form; "
          "1: such products take the FMA form, as before the sixteenth session; the A/B of benchmarks/decode_step.py "
          "--ab FUSEC_QGEMV_TC_RUNS=1)", ("1", "2", "3", "4")),
     Knob("FUSEC_QGEMV_TC_RUN_KB", "choice", "100", "KB of shared memory a block of the tensor-core quantized GEMV "
-         "may copy its rows' run into (fusec.lower.quant.tc_smem_max; more runs a warp where a block's copy is larger): "
+         "may copy its rows' run into (lower.qgemv_form.tc_smem_max; more runs a warp where a block's copy is larger): "
          "the Llama-1B Q4_K_M step at batch 8 took 0.766 ms at 100 against 0.777-0.779 at 144, the limit before (H200, "
          "forty-third session); the A/B of benchmarks/decode_step.py --ab FUSEC_QGEMV_TC_RUN_KB=144",
          ("64", "100", "144")),
     Knob("FUSEC_QGEMV_TC_STAGES", "choice", "1", "commit groups the tensor-core quantized GEMV issues a warp's copy "
-         "of its chunks in (fusec.lower.quant.gemv_form): from 2, the warp sums a stage's chunks while the later ones "
+         "of its chunks in (lower.qgemv_form.gemv_form): from 2, the warp sums a stage's chunks while the later ones "
          "are in flight, and the scale table's first loads issue before the copies. 1 (every chunk copied before any "
          "is summed) stays: the 1B Q4_K_M step at batch 8 took 0.810 ms with 2 and 0.904 with 4 against 0.815 (H200, "
          "forty-first session; the A/B of benchmarks/decode_step.py --model llama-1b-q4_k_m --batches 8 --ab "
          "FUSEC_QGEMV_TC_STAGES=2)", ("1", "2", "3", "4")),
     Knob("FUSEC_QGEMV_TC_MIN_WARPS", "choice", "auto", "the tensor-core quantized GEMV's fewest warps a block "
-         "(fusec.lower.quant._tc_min_warps; auto: 8 for 8-bit codes, else 4; the A/B of benchmarks/decode_step.py "
+         "(lower.qgemv_form._tc_min_warps; auto: 8 for 8-bit codes, else 4; the A/B of benchmarks/decode_step.py "
          "--model llama-1b-q8_0 --batches 8 --ab FUSEC_QGEMV_TC_MIN_WARPS=4)", ("auto", "4", "8")),
     Knob("FUSEC_QGEMV_TC_GATE", "bool", True, "the tensor-core quantized GEMV takes a gated unit's SwiGLU as its "
          "epilogue (a block's 16 rows: 8 of each half), one launch fewer a layer at 3-8 rows of x (H200, 1B Q4_K_M "
@@ -149,12 +149,12 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "FUSEC_QGEMV_FORM=dp4a+FUSEC_QGEMV_WIDE_GATE=fma)", ("dp4a", "fma")),
     Knob("FUSEC_QGEMV_DP4A_CLUSTER", "choice", "auto", "the dp4a quantized GEMV on sm_90: blocks a thread block cluster "
          "whose warps take turns writing x's digits, each into every block's shared memory; auto: the rule "
-         "(fusec.lower.quant.gemv_form: 2 at 4-8 rows of x and at one row without the norm prologue, else 1); 1: every "
+         "(lower.qgemv_form.gemv_form: 2 at 4-8 rows of x and at one row without the norm prologue, else 1); 1: every "
          "block writes all of x's digits (the A/B of benchmarks/decode_step.py --model llama-1b-q8_0 --batches 8 "
          "--ab FUSEC_QGEMV_DP4A_CLUSTER=1); gated: the rule, and 2 for a gated product with the norm at one row",
          ("auto", "gated", "1", "2", "4")),
     Knob("FUSEC_QGEMV_DP4A_BLOCKS", "choice", "0", "the dp4a quantized GEMV's blocks an SM (its grid, and the registers "
-         "its launch bounds give a thread); 0: the rule (fusec.lower.quant.gemv_form; the A/B of "
+         "its launch bounds give a thread); 0: the rule (lower.qgemv_form.gemv_form; the A/B of "
          "benchmarks/decode_step.py --ab FUSEC_QGEMV_DP4A_BLOCKS=3)", ("0", "1", "2", "3")),
     Knob("FUSEC_KV_PREFETCH", "bool", True, "decode attention loads the cache rows older than the step before its "
          "PDL wait, where the program shows the kernel before it does not write them (off: the A/B of "

@@ -16,7 +16,7 @@ For every node of the optimized graph this pass decides, once:
   (``fusec.lower.quant.choose``: the quantized GEMV, the dequantize-in-tile GEMM, or dequantize-then-cuBLAS);
 - the **spec parameters** of a GEMV (``params``): how the skinny product streams its weights
   (``build_gemm.gemv_form``: its ring, tiles a block, spread, bulk copies, x normalized in the block), the
-  quantized GEMV's form (``fusec.lower.quant.gemv_form``); of an attention, its block shape and keys a tile
+  quantized GEMV's form (``fusec.lower.qgemv_form.gemv_form``); of an attention, its block shape and keys a tile
   (``build_attention.query_warps``, ``key_tile``); of a head_rope group, its rows a warp
   (``build_heads.rows_per_warp``); of a decode attention, its splits, cluster merge, keys a group, solo context
   and whether it loads older rows before its PDL wait (``build_decode.kv_form``; the lowering keeps that last
@@ -262,10 +262,10 @@ def _quantized(node: Node, mm: Node, offsets: dict[Value, int], family: str, det
 
 def _qgemv_params(m: int, n: int, k: int, fmt: str, group: int, dtype: Any, norm: bool = False,
                   glu: bool = False, siblings: bool = False) -> tuple[tuple[str, Any], ...]:
-    """The quantized GEMV's form at M = ``m`` (``fusec.lower.quant.gemv_form``, the one rule)."""
-    from fusec.lower import quant as Q
+    """The quantized GEMV's form at M = ``m`` (``fusec.lower.qgemv_form.gemv_form``, the one rule)."""
+    from fusec.lower.qgemv_form import gemv_form
 
-    return tuple(Q.gemv_form(m, n, k, fmt, group, dtype, norm, glu, siblings).items())
+    return tuple(gemv_form(m, n, k, fmt, group, dtype, norm, glu, siblings).items())
 
 
 def _matmul_of(node: Node) -> tuple[Node, Graph | None]:

@@ -66,7 +66,7 @@ def test_the_wait_pinned_on_the_values_is_another_binary(monkeypatch) -> None:  
     """FUSEC_PDL_PIN=value (common.cuh fc_pdl_wait_after branches on the first loads' values, not a clock read): the
     same source compiled to another binary under another key; the default reads the clock before the wait."""
     from fusec.codegen.specs_quant import QGemvSpec
-    from fusec.lower.quant import gemv_form as qform
+    from fusec.lower.qgemv_form import gemv_form as qform
 
     spec = QGemvSpec(1, 2048, 8192, "q8_0", 32, DType.BF16, DType.F16, **qform(1, 2048, 8192, "q8_0", 32, DType.BF16))
     issue = build(spec, "sm_90")

@@ -547,7 +547,7 @@ def test_bf16_plan_with_a_packed_product_on_the_rules_form_matches_reference(fmt
 
     import fusec
     from fusec import reference
-    from fusec.lower.quant import gemv_form
+    from fusec.lower.qgemv_form import gemv_form
 
     assert gemv_form(m, 96, 512, fmt, quant.FORMATS[fmt].group, BF16).get("tc") or m == 3
     g = _qgraph(m, epilogue=True, fmt=fmt)
@@ -685,7 +685,7 @@ def test_dp4a_argmax_partials_sample_as_the_logits_do(fmt, m):
     import cupy as cp
 
     from fusec.codegen.specs_decode import SampleSpec
-    from fusec.lower.quant import gemv_form
+    from fusec.lower.qgemv_form import gemv_form
 
     dt, k = BF16, 2048
     for n in (3001, 9001):
@@ -738,7 +738,7 @@ def test_dp4a_siblings_give_each_products_bits(fmts, m):
     own) write each product's outputs bit for bit as its own launch does: odd N, and the 7B's q/k + v shapes,
     whose blocks together pass one wave (the wave shared by weight bytes)."""
     from fusec.codegen.specs_quant import QSibling
-    from fusec.lower.quant import gemv_form
+    from fusec.lower.qgemv_form import gemv_form
 
     dt = BF16
     for n0, n1, k in ((1001, 333, 2048), (8192, 4096, 4096)):

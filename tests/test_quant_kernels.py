@@ -14,7 +14,7 @@ from fusec.codegen import kernels as K
 from fusec.codegen.specs import Epilogue
 from fusec.codegen.specs_quant import DP4A_SMEM, QDequantSpec, QGemvSpec, dp4a_fits, dp4a_smem
 from fusec.dtypes import DType
-from fusec.lower.quant import TC_MIN_M, gemv_form
+from fusec.lower.qgemv_form import TC_MIN_M, gemv_form
 from fusec.quant import FORMATS, QWeight, from_affine
 from fusec.quant_gguf import PACKED, random_blocks, repack
 from fusec.quantize import quantize_weight
@@ -264,7 +264,7 @@ def test_gemv_form_takes_tensor_cores_where_they_fit(fmt, m, dt, monkeypatch):
     DP4A_OVER_TC_N weight rows; with FUSEC_QGEMV_FORM=dp4a never."""
     from fusec import knobs
     from fusec.codegen.build_quant import qgemv_tc_geometry
-    from fusec.lower.quant import DP4A_OVER_TC_N, tc_smem_max
+    from fusec.lower.qgemv_form import DP4A_OVER_TC_N, tc_smem_max
 
     bits = FORMATS[fmt].bits
     fits = 3 <= m <= 16 and dt != DType.F32
@@ -442,7 +442,7 @@ def test_tensor_core_form_takes_long_rows_in_runs(monkeypatch):
     and sm_90. The o product (K = 2048) takes one. FUSEC_QGEMV_TC_RUN_KB moves the limit: at 144 (the limit before the
     forty-third session) Llama-1B's Q6_K down takes one run, at 64 three."""
     from fusec.codegen.build_quant import qgemv_tc_geometry
-    from fusec.lower.quant import tc_smem_max
+    from fusec.lower.qgemv_form import tc_smem_max
 
     shapes = ((2048, 8192, "q6_k", 16, 2), (2048, 8192, "q4_k", 32, 2), (4096, 11008, "q6_k", 16, 3))
     for n, k, fmt, group, runs in shapes:
@@ -546,7 +546,7 @@ def test_the_dp4a_norm_forms_at_one_row_load_what_fits_in_registers(arch):
     4 of x's pieces) and 8192, every format: the rule's dp4a form compiles without register spills, and it loads 8
     chunks a round except where 8 spill (``dp4a_heavy``): fusec's int4 takes 8 at the 7B shape (it took 4, half the
     loads in flight), Q8_0 and Q5_K take 4 from K = 5120, Q4_K from 6656."""
-    from fusec.lower.quant import dp4a_heavy
+    from fusec.lower.qgemv_form import dp4a_heavy
 
     pending = []
     for fmt in FORMATS:

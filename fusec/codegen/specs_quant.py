@@ -16,7 +16,7 @@ QGEMV_MAX_M = 16
 QNORM_SMEM = 32 << 10  # the FMA form's normalized copy of x (static shared memory)
 # the dp4a form's rows of x: at 3 blocks an SM (85 registers a thread) 4 rows spilled; at 2 (128 registers) up to 8
 # rows compile without spills at one weight row a task and 2 chunks a round, without a gated unit (ptxas, sm_80 and
-# sm_90, the Llama-1B and 7B shapes; tests/test_quant_kernels.py). The rule (fusec.lower.quant.gemv_form) takes it
+# sm_90, the Llama-1B and 7B shapes; tests/test_quant_kernels.py). The rule (fusec.lower.qgemv_form.gemv_form) takes it
 # that far only where the tensor-core form does not apply.
 DP4A_MAX_M = 8
 DP4A_SMEM = 48 << 10  # static shared memory of a block

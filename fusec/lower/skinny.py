@@ -127,10 +127,11 @@ def fits(m: int, k: int, a: Value, b: Value, trans_b: bool, const: bool, wide: b
 
 def qfits(m: int, n: int, k: int, a: Value, mm: Node, norm: bool, glu: bool, const: bool) -> str | None:
     """None when the quantized GEMV's dp4a or FMA form takes this product with a norm prologue or a
-    gated epilogue (``QGemvSpec``), else why not: the form the rule picks (``fusec.lower.quant.gemv_form``)
+    gated epilogue (``QGemvSpec``), else why not: the form the rule picks (``fusec.lower.qgemv_form.gemv_form``)
     must be one of those; the FMA form needs two rows a warp for a gated unit and x within the norm's
     shared memory."""
     from fusec.codegen.specs_quant import QNORM_SMEM
+    from fusec.lower import qgemv_form as QF
     from fusec.lower import quant as Q
 
     if m > (most := Q.qgemv_max_rows()):
@@ -142,7 +143,7 @@ def qfits(m: int, n: int, k: int, a: Value, mm: Node, norm: bool, glu: bool, con
         return "the quantized GEMV reads packed constant weights"
     if a.dtype not in S.FLOATS:
         return f"the quantized GEMV multiplies float rows, not {a.dtype.value}"
-    form = Q.gemv_form(m, n, k, mm.attrs.format, mm.attrs.group, a.dtype, norm, glu)
+    form = QF.gemv_form(m, n, k, mm.attrs.format, mm.attrs.group, a.dtype, norm, glu)
     if form.get("tc"):
         from fusec import knobs
 
@@ -154,7 +155,7 @@ def qfits(m: int, n: int, k: int, a: Value, mm: Node, norm: bool, glu: bool, con
             return "the tensor-core quantized GEMV's gated epilogue is off (FUSEC_QGEMV_TC_GATE=0)"
         return None
     if form.get("dp4a"):
-        if glu and m >= Q.DP4A_WIDE_M:  # the rule's dp4a form here has no gated unit (FUSEC_QGEMV_WIDE_GATE)
+        if glu and m >= QF.DP4A_WIDE_M:  # the rule's dp4a form here has no gated unit (FUSEC_QGEMV_WIDE_GATE)
             return "the dp4a quantized GEMV at 4-8 rows of x has no gated unit (spilled); the gated unit runs apart"
         return None  # the rule picked the dp4a form with the prologue and epilogue asked for: it fits
     if glu and form.get("rows") != 2:
@@ -166,9 +167,9 @@ def qfits(m: int, n: int, k: int, a: Value, mm: Node, norm: bool, glu: bool, con
 
 def _qsamples(m: int, n: int, k: int, a: Value, mm: Node, norm: bool) -> bool:
     """Whether the rule's quantized GEMV form for this product writes argmax partials (the dp4a form's)."""
-    from fusec.lower import quant as Q
+    from fusec.lower import qgemv_form as QF
 
-    return bool(Q.gemv_form(m, n, k, mm.attrs.format, mm.attrs.group, a.dtype, norm, False).get("dp4a"))
+    return bool(QF.gemv_form(m, n, k, mm.attrs.format, mm.attrs.group, a.dtype, norm, False).get("dp4a"))
 
 
 SIBLINGS_MAX_M = 2  # at 3 rows of x the Q4_K + Q6_K kernel spilled 96 bytes on sm_80 (ptxas, the Llama-1B shapes)
@@ -177,7 +178,7 @@ SIBLINGS_MAX_M = 2  # at 3 rows of x the Q4_K + Q6_K kernel spilled 96 bytes on 
 def plan_siblings(body: Graph) -> Plan:
     """An RMSNorm read by several packed products (``packed_siblings``) as one launch of the dp4a form: the norm once
     a block, each product's tasks in blocks of their own; NoPlan saying why not."""
-    from fusec.lower import quant as Q
+    from fusec.lower import qgemv_form as QF
 
     nodes = list(body.nodes)
     norm, mms = nodes[0], nodes[1:]
@@ -200,7 +201,7 @@ def plan_siblings(body: Graph) -> Plan:
             raise NoPlan("packed siblings multiply one x: the same K")
         if (why := qfits(m, a.n, k, x, mm, True, False, all(is_constant(body, v) for v in mm.inputs[1:]))) is not None:
             raise NoPlan(why)
-        form = Q.gemv_form(m, a.n, k, a.format, a.group, x.dtype, True, False)
+        form = QF.gemv_form(m, a.n, k, a.format, a.group, x.dtype, True, False)
         if not form.get("dp4a") or form.get("cluster", 1) != 1:
             raise NoPlan("packed siblings run in the dp4a form without clusters")
         forms.append(form)
