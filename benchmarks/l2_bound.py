@@ -74,11 +74,13 @@ def layer_kernels(manifest: dict[str, Any], entry: str = "decode") -> list[tuple
 
 def drop_layer_kernels(manifest: dict[str, Any], positions: list[int], entry: str = "decode") -> int:
     """Remove every launch of the kernels at ``positions`` of a layer (``layer_kernels``) from ``entry``; returns
-    how many launches went. A kernel the layer launches twice is refused (the drop would take both)."""
+    how many launches went. A kernel the layer launches more than once is refused unless every position of it is
+    named (the drop takes them all)."""
     ids = [k for k, _ in layer_kernels(manifest, entry)]
     gone = {ids[p] for p in positions}
-    if any(ids.count(k) > 1 for k in gone):
-        raise SystemExit(f"a layer launches one of the kernels at {positions} twice ({ids}): pick another")
+    if any(k in gone and p not in positions for p, k in enumerate(ids)):
+        raise SystemExit(f"a layer launches one of the kernels at {positions} at other positions too ({ids}): name "
+                         "them all")
     launches = manifest["entries"][entry]["launches"]
     kept = [L for L in launches if not (L.get("type") == "kernel" and int(L["kernel"]) in gone)]
     manifest["entries"][entry]["launches"] = kept
