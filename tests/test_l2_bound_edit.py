@@ -61,5 +61,10 @@ def test_a_dropped_layer_kernel_leaves_every_layer_and_nothing_else() -> None:
     assert [L for L in old if not (L.get("type") == "kernel" and L["kernel"] in dropped)] == new
     assert before["entries"]["prefill"] == plan.manifest["entries"]["prefill"]
     twice = next(i for i, (k, _) in enumerate(layer) if [j for j, _ in layer].count(k) > 1)  # the two cache writes
-    with pytest.raises(SystemExit, match="twice"):
+    with pytest.raises(SystemExit, match="other positions too"):
         drop_layer_kernels(plan.manifest, [twice])
+    # every position of it named: all of its launches go
+    both = [i for i, (k, _) in enumerate(layer) if k == layer[twice][0]]
+    launches = copy.deepcopy(plan.manifest["entries"]["decode"]["launches"])
+    assert drop_layer_kernels(plan.manifest, both) == sum(
+        1 for L in launches if L.get("type") == "kernel" and L["kernel"] == layer[twice][0]) == len(both) * layers
