@@ -225,6 +225,33 @@ def test_elementwise_group_the_codegen_cannot_emit_is_declined_and_regrown_in_pa
     _same(g, out)
 
 
+def test_a_group_past_the_whole_group_limit_is_regrown_as_a_declined_one_is(monkeypatch) -> None:
+    """An elementwise group grown past WHOLE_GROUP_MAX nodes is declined without asking the codegen (asking costs the
+    whole group at every node it grows by) and regrown node by node: for a chain too deep for one kernel anyway, the
+    same kernels as when the codegen declines it."""
+    from fusec.lower.fused_plan import MAX_EXPR_DEPTH
+
+    b = GraphBuilder()
+    v = b.input("x", (4, 8), F)
+    for i in range(fusion.WHOLE_GROUP_MAX + 100):
+        v = b.emit(Op.NEG if i % 2 else Op.TANH, v)
+    b.output(v, "y")
+    g = b.build()
+    out, _ = _run(g)
+    whole = [r for r in fusion.records(out) if r.rule == "elementwise" and not r.legal]
+    assert len(whole) == 1 and whole[0].reason == f"not one kernel: more than {fusion.WHOLE_GROUP_MAX} nodes, grown " \
+        "node by node" and len(whole[0].members) == fusion.WHOLE_GROUP_MAX
+    fused = _fused(out)
+    assert all(len(n.attrs.body.nodes) <= MAX_EXPR_DEPTH for n in fused)
+    assert sum(len(n.attrs.body.nodes) for n in fused) == len(g.nodes)  # every node in a kernel
+    monkeypatch.setattr(fusion, "WHOLE_GROUP_MAX", 10 ** 9)  # the codegen asked, and declining it
+    asked, _ = _run(g)
+    (why,) = [r for r in fusion.records(asked) if r.rule == "elementwise" and not r.legal]
+    assert "ops in a row" in why.reason
+    assert [_body_ops(n) for n in _fused(asked)] == [_body_ops(n) for n in fused]
+    _same(g, out)
+
+
 def test_independent_pointwise_ops_on_one_value_are_one_multi_output_kernel() -> None:
     """Pointwise siblings (ops reading one computed value, neither feeding the other) join one group, each result
     an output of it: one launch, the shared value read once. The kernel plan covers them over one index space."""
