@@ -32,6 +32,8 @@ a FUSED node being one).
 
 from __future__ import annotations
 
+import sys
+
 from fusec.ir import Graph, Node, Value, verify
 from fusec.ops import FusedAttrs, Op
 from fusec.passes import fusion_rules as R
@@ -47,7 +49,7 @@ __all__ = ["candidate_key", "describe_kernels", "kernel_count", "records", "run"
 NAME = "fusion"
 # An elementwise group is first grown whole (legal only), then asked once whether it is one kernel. Each step of that
 # growth checks the whole group, so a group of n nodes costs O(n^2): a chain of 10,000 Relus took ~200 s to compile
-# (forty-sixth session, CPU). Past this many nodes the whole group is declined unasked and grown node by node (each
+# (forty-sixth session, CPU). At this many nodes the whole group is declined unasked and grown node by node (each
 # node joining while the group stays one kernel), as any group the codegen declines is; no elementwise kernel
 # computes more than MAX_EXPR_DEPTH (200) ops in a row, and groups of real models are tens of nodes.
 WHOLE_GROUP_MAX = 1024
@@ -170,7 +172,7 @@ class _Grouping(Groups):
             members = self.grow(seed, capable=False, most=WHOLE_GROUP_MAX)
             if _launches(members) < 2:
                 return
-            why = (f"more than {WHOLE_GROUP_MAX} nodes, grown node by node" if len(members) >= WHOLE_GROUP_MAX
+            why = (f"{WHOLE_GROUP_MAX} nodes or more, grown node by node" if len(members) == WHOLE_GROUP_MAX
                    else self.lowerable(members))
             if why is not None:
                 self.record("elementwise", kind, members, Decision.REJECTED, "not one kernel: " + why, legal=False)
@@ -180,11 +182,11 @@ class _Grouping(Groups):
         if _launches(members) >= 2:
             self.propose("elementwise", kind, members, multi_output=True)
 
-    def grow(self, seed: Node, capable: bool, most: int = 0) -> list[Node]:
+    def grow(self, seed: Node, capable: bool, most: int = sys.maxsize) -> list[Node]:
         """The group grown from ``seed`` over its producers, users and pointwise siblings, each joining if the group
-        stays legal (and, ``capable``, one kernel); ``most`` (> 0): stop at that many members."""
+        stays legal (and, ``capable``, one kernel), up to ``most`` members."""
         members, inside, frontier = [seed], {seed}, [seed]
-        while frontier and not 0 < most <= len(members):
+        while frontier and len(members) < most:
             n = frontier.pop()
             # producers, users, and pointwise siblings through a computed input: independent pointwise ops reading it
             # in one launch (horizontal; layout ops stay with their chains)
@@ -193,7 +195,7 @@ class _Grouping(Groups):
                 near += [u for v in n.inputs if self.ctx.prod(v) is not None for u in self.ctx.users(v)
                          if R.elementwise_like(u)]
             for m in near:
-                if 0 < most <= len(members):
+                if len(members) == most:
                     break
                 if m is None or m in inside or m in self.owner or not pointwise_or_injective(m):
                     continue
