@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
-import time
 
 os.environ["FUSEC_CUPTI"] = "0"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cupti_modes import gpu_host_times  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
@@ -34,20 +34,8 @@ def main(argv: list[str]) -> int:
     stream = cp.cuda.Stream(non_blocking=True)
 
     def measure(n: int = 200) -> dict[str, float]:
-        for _ in range(10):
-            bound.run(stream)
-        stream.synchronize()
-        gpu, host = [], []
-        for _ in range(n):
-            a, e = cp.cuda.Event(), cp.cuda.Event()
-            a.record(stream)
-            t0 = time.perf_counter()
-            bound.run(stream)
-            host.append((time.perf_counter() - t0) * 1e3)
-            e.record(stream)
-            e.synchronize()
-            gpu.append(cp.cuda.get_elapsed_time(a, e))
-        return {"median_ms": statistics.median(gpu), "host_ms": statistics.median(host)}
+        t = gpu_host_times(lambda: bound.run(stream), stream, n)
+        return {"median_ms": t["gpu_ms"], "host_ms": t["host_us"] / 1e3}
 
     c.activity_register_callbacks(lambda: (8 << 20, 0), lambda acts: None)
     kinds = {"driver": c.ActivityKind.DRIVER, "runtime": c.ActivityKind.RUNTIME, "memcpy": c.ActivityKind.MEMCPY,

@@ -47,7 +47,9 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "step, 1.9% at 7B, 2.9% in Q8_0, H200; the A/B of benchmarks/decode_step.py --ab FUSEC_PDL_PIN=value)",
          ("issue", "value")),
     Knob("FUSEC_CUPTI", "bool", True, "allow fusec's driver counters (CUPTI) when stats are asked for"),
-    Knob("FUSEC_CUPTI_MODE", "choice", "always", "which CUPTI activity kinds stay on", ("always", "lazy")),
+    Knob("FUSEC_CUPTI_MODE", "choice", "lazy", "which CUPTI activity kinds stay on once the counters are attached: "
+         "lazy, the copy kinds only inside measured runs; always, all of them (every graph launch then pays ~1 us a "
+         "node)", ("always", "lazy")),
     Knob("FUSEC_LT_PICK", "bool", False, "time cuBLASLt's candidate algorithms when a plan is loaded on a GPU"),
     Knob("FUSEC_GEMV_FORM", "choice", "ring", "how decode products stream their weights: a shared-memory ring "
          "(the default) or two register buffers (the A/B of benchmarks/decode_step.py --gemv-forms)", ("ring", "register")),

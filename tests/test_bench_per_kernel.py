@@ -182,9 +182,8 @@ def test_bench_turns_the_counters_off_only_when_nobody_asked(monkeypatch) -> Non
     """Attached CUPTI copy tracing slows every graph launch: bench times without it unless FUSEC_CUPTI
     is set, --per-kernel needs CUPTI, or the process already has its counters; and a counters
     object made while it was off is forgotten afterwards, so the process's later plans count."""
-    from fusec.runtime.counters import off_while_timing
     from fusec.runtime import counters
-    from fusec.runtime.counters import DriverCounters
+    from fusec.runtime.counters import DriverCounters, off_while_timing
 
     counters._reset_for_tests()
     monkeypatch.delenv("FUSEC_CUPTI", raising=False)
@@ -209,6 +208,7 @@ def test_bench_turns_the_counters_off_only_when_nobody_asked(monkeypatch) -> Non
 
 def test_counters_describe_what_they_cost_timings() -> None:
     from fusec.bench import counters_state
+    from fusec.knobs import KNOBS
     from fusec.runtime import counters
     from fusec.runtime.counters import DriverCounters
 
@@ -218,10 +218,12 @@ def test_counters_describe_what_they_cost_timings() -> None:
     off.reason = "disabled by FUSEC_CUPTI=0"
     assert off.describe() == "off (disabled by FUSEC_CUPTI=0)"
     on = DriverCounters()
-    on.available, on.reason = True, "CUPTI via cupti-python, mode always"
+    assert on.mode == KNOBS["FUSEC_CUPTI_MODE"].default == "lazy"
+    on.available, on.reason = True, "CUPTI via cupti-python, mode lazy"
+    assert "copy tracing only inside measured runs" in on.describe() and "FUSEC_CUPTI=0" in on.describe()
+    assert "per node" not in on.describe()
+    on.mode, on.reason = "always", "CUPTI via cupti-python, mode always"
     assert "~1 us of GPU time per node" in on.describe() and "FUSEC_CUPTI=0" in on.describe()
-    on.mode, on.reason = "lazy", "CUPTI via cupti-python, mode lazy"
-    assert on.describe().endswith("copy tracing only inside measured runs")
 
 
 @pytest.mark.gpu

@@ -23,9 +23,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--cuda-graph, each launch's kernel time inside bound graph replays (CUPTI kernel records;\n"
         "what the launch costs a replay), else CUDA events around each launch of an eager run (a\n"
         "short kernel's time then includes the host's launch gap).\n"
-        "fusec's driver counters (CUPTI, with the cupti extra) slow every CUDA-graph launch while\n"
-        "attached (~1 us per graph node), so bench turns them off for its timings (FUSEC_CUPTI=0)\n"
-        "unless FUSEC_CUPTI is set or --per-kernel needs CUPTI; the output says which.\n"
+        "fusec's driver counters (CUPTI, with the cupti extra) slow every CUDA call while attached\n"
+        "(and every graph node by ~1 us in FUSEC_CUPTI_MODE=always), so bench turns them off for its\n"
+        "timings (FUSEC_CUPTI=0) unless FUSEC_CUPTI is set or --per-kernel needs CUPTI; the output says\n"
+        "which.\n"
         "PLAN_OR_MODEL is a .fplan file, or a model compiled first with the options below. Needs a GPU.",
         ["fusec bench gpt2.fplan", "fusec bench gpt2-small --dtype fp16 --iters 200 --json",
          "fusec bench bert-base --dtype fp16 --shapes input_ids:32x128,attention_mask:32x128 --per-kernel",

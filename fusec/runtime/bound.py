@@ -63,8 +63,8 @@ class BoundRun:
         self._keep = (inputs, outputs)  # the caller's arrays stay referenced while bound
         self.host_enqueue_ms: float | None = None
         self._graph = self._capture(copies_in, ex._launches, copies_out)
-        # bound runs are never measured: in the counters' "lazy" mode, copy tracing left on by a
-        # measured run would cost each launch ~1 us per graph node (a no-op in the other modes)
+        # bound runs are never measured: in the counters' "lazy" mode (the default), copy tracing left on
+        # by a measured run would cost each launch ~1 us per graph node (a no-op in mode "always")
         if ex.device.attached_counters is not None:
             ex.device.attached_counters.quiesce()
 
