@@ -38,8 +38,8 @@ sync) or ``quiesce()`` (``plan.bind`` calls it), so that later runs do not pay t
 time. Measured on an H200 (``benchmarks/cupti_modes.py``, GPT-2 small fp16 8x128, a bound CUDA
 graph of 90 nodes after one measured run): 0.831 ms with the counters off, 0.898 in ``always``,
 0.865 in ``lazy``, where what is left is the API records' host time delaying the launch (the bound
-run's host time 10, 60 and 45 us); the measured runs counted the same in both modes, and every
-counters, kernel-trace and runtime GPU test passed in ``lazy``.
+run's host time 10, 60 and 45 us); the measured runs counted the same in both modes, and the
+counters, kernel-trace, bench, runtime, end-to-end and generation GPU tests passed in ``lazy``.
 (A mode ``toggle`` that turned every kind off at ``stop()`` was removed: it cost ~100 us of host time
 per region on an H100 and missed a region's asynchronous copies that ran after ``stop()``.)
 In every mode, once CUPTI is attached each CUDA API call of the process costs a little more (about
