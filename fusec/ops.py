@@ -1,7 +1,8 @@
 """fusec's one op vocabulary: a closed ``Op`` enum, a typed frozen attribute record per op, and
 one table per concern keyed by ``Op`` (fusion kind, attrs, shape/dtype inference and arity here;
 the numpy reference in ``fusec.reference``; CUDA expressions in the codegen). The attribute
-records live in ``fusec.ops_attrs`` and the inference rules in ``fusec.ops_infer``; this module
+records live in ``fusec.ops_attrs`` and the inference rules in ``fusec.ops_infer`` (tensor ops) and
+``fusec.ops_infer_model`` (norms, packed products, attention, caches, sampling, fused groups); this module
 re-exports the records, so ``from fusec.ops import ReduceAttrs`` keeps working.
 
 ONNX ``op_type`` strings never appear outside the frontend. Every node has one or more outputs;
@@ -17,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from fusec import ops_infer as I
+from fusec import ops_infer_model as M
 from fusec.dtypes import DType
 from fusec.ops_attrs import (PAD_MODES, ArgAttrs, AttentionAttrs, AxisAttrs, BitShiftAttrs, CacheWriteAttrs,  # noqa: F401
                              CastAttrs, CumSumAttrs, FusedAttrs, GatherNDAttrs, GeluAttrs, IsInfAttrs,
@@ -206,12 +208,12 @@ OP_INFO: dict[Op, OpInfo] = {
     Op.TOPK: OpInfo(_O, TopKAttrs, I._topk, (1, 1)),
     Op.SOFTMAX: OpInfo(_R, AxisAttrs, I._axis_same, (1, 1)),
     Op.CUMSUM: OpInfo(_O, CumSumAttrs, I._axis_same, (1, 1)),
-    Op.LAYERNORM: OpInfo(_R, LayerNormAttrs, I._layernorm, (2, 3)),
-    Op.RMSNORM: OpInfo(_R, RMSNormAttrs, I._rmsnorm, (2, 2)),
+    Op.LAYERNORM: OpInfo(_R, LayerNormAttrs, M._layernorm, (2, 3)),
+    Op.RMSNORM: OpInfo(_R, RMSNormAttrs, M._rmsnorm, (2, 2)),
     Op.MATMUL: OpInfo(_G, MatMulAttrs, I._matmul, (2, 2)),
     # (x, codes[, high], scale[, sub_scale][, zero][, min | dmin, mins]): fusec/quant.py's layout
-    Op.QMATMUL: OpInfo(_G, QMatMulAttrs, I._qmatmul, (3, 7)),
-    Op.TF32_SPLIT: OpInfo(_O, NoAttrs, I._tf32_split, (1, 1)),
+    Op.QMATMUL: OpInfo(_G, QMatMulAttrs, M._qmatmul, (3, 7)),
+    Op.TF32_SPLIT: OpInfo(_O, NoAttrs, M._tf32_split, (1, 1)),
     Op.RESHAPE: OpInfo(_I, ShapeAttrs, I._reshape, (1, 1)),
     Op.TRANSPOSE: OpInfo(_I, PermAttrs, I._transpose, (1, 1)),
     Op.EXPAND: OpInfo(_B, ShapeAttrs, I._expand, (1, 1)),
@@ -219,7 +221,7 @@ OP_INFO: dict[Op, OpInfo] = {
     Op.SLICE: OpInfo(_I, SliceAttrs, I._slice, (1, 1)),
     Op.GATHER: OpInfo(_I, AxisAttrs, I._gather, (2, 2)),
     # (ids, codes[, high], scale...): opaque, one kernel of its own (no fusion reads it through an index)
-    Op.QGATHER: OpInfo(_O, QGatherAttrs, I._qgather, (3, 7)),
+    Op.QGATHER: OpInfo(_O, QGatherAttrs, M._qgather, (3, 7)),
     Op.GATHER_ELEMENTS: OpInfo(_I, AxisAttrs, I._gather_elements, (2, 2)),
     Op.GATHER_ND: OpInfo(_I, GatherNDAttrs, I._gather_nd, (2, 2)),
     Op.SCATTER_ND: OpInfo(_O, NoAttrs, I._scatter_nd, (3, 3)),
@@ -230,14 +232,14 @@ OP_INFO: dict[Op, OpInfo] = {
     # Attention is two batched matrix products: like a GEMM, it takes elementwise epilogues and
     # layout (injective) prologues/epilogues. RoPE reads x at i and at i +- rotary_dim/2: an index
     # remap plus arithmetic, fusable wherever an injective op is.
-    Op.ATTENTION: OpInfo(_G, AttentionAttrs, I._attention, (3, 4)),
-    Op.ROPE: OpInfo(_I, RopeAttrs, I._rope, (3, 3)),
-    Op.FUSED: OpInfo(_O, FusedAttrs, I._fused, (0, -1)),
+    Op.ATTENTION: OpInfo(_G, AttentionAttrs, M._attention, (3, 4)),
+    Op.ROPE: OpInfo(_I, RopeAttrs, M._rope, (3, 3)),
+    Op.FUSED: OpInfo(_O, FusedAttrs, M._fused, (0, -1)),
     # (cache, new, pos) -> cache'; (q, k_cache, v_cache, pos) -> out;
     # (logits, seed, counter, temperature, top_k, top_p) -> ids (fusec/sampling.py: per-row settings)
-    Op.CACHE_WRITE: OpInfo(_O, CacheWriteAttrs, I._cache_write, (3, 4)),
-    Op.KV_ATTENTION: OpInfo(_O, KVAttentionAttrs, I._kv_attention, (4, 4)),
-    Op.SAMPLE: OpInfo(_O, NoAttrs, I._sample, (6, 6)),
+    Op.CACHE_WRITE: OpInfo(_O, CacheWriteAttrs, M._cache_write, (3, 4)),
+    Op.KV_ATTENTION: OpInfo(_O, KVAttentionAttrs, M._kv_attention, (4, 4)),
+    Op.SAMPLE: OpInfo(_O, NoAttrs, M._sample, (6, 6)),
     # (updates, indices) -> zeros + updates added at their indices; (logits, labels) -> loss per row;
     # (params, m, v, step, grads...) -> the four states after one AdamW step (in place); (seed) -> [P]
     Op.SCATTER_ADD: OpInfo(_O, ScatterAddAttrs, T.scatter_add, (2, 2)),
