@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from fusec import ops as O
+from fusec import reference_model as RM
 from fusec import reference_ops as RO
 from fusec.dtypes import DType
 from fusec.errors import InputError
@@ -87,14 +88,6 @@ def _reduce(fn: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
     return _f32(lambda a, x: fn(x, axis=a.axes, keepdims=a.keepdims))
 
 
-
-def _softmax(a: O.AxisAttrs, x: np.ndarray) -> np.ndarray:
-    m = np.max(x, axis=a.axis, keepdims=True)
-    m = np.where(np.isfinite(m), m, 0)  # an all -inf row gives NaN, as in onnxruntime and torch
-    e = np.exp(x - m)
-    return e / np.sum(e, axis=a.axis, keepdims=True)
-
-
 def _cumsum(a: O.CumSumAttrs, x: np.ndarray) -> np.ndarray:
     y = np.flip(x, a.axis) if a.reverse else x
     out = np.cumsum(y, axis=a.axis, dtype=x.dtype)
@@ -102,28 +95,6 @@ def _cumsum(a: O.CumSumAttrs, x: np.ndarray) -> np.ndarray:
         out = np.roll(out, 1, axis=a.axis)
         out[(slice(None),) * a.axis + (0,)] = 0
     return np.flip(out, a.axis) if a.reverse else out
-
-
-def _layernorm(a: O.LayerNormAttrs, x: np.ndarray, scale: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
-    axes = tuple(range(a.axis, x.ndim))
-    mean = np.mean(x, axis=axes, keepdims=True)
-    var = np.mean(np.square(x - mean), axis=axes, keepdims=True)
-    y = (x - mean) / np.sqrt(var + np.float32(a.eps)) * scale
-    return y if bias is None else y + bias
-
-
-def _wide(x: np.ndarray) -> np.dtype:
-    """The dtype a high-level op computes ``x`` in: fp64 stays fp64 (gradient checks), else fp32."""
-    return np.dtype(np.float64) if x.dtype == np.float64 else np.dtype(np.float32)
-
-
-def _rmsnorm(a: O.RMSNormAttrs, x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    wide = _wide(x)
-    xf = x.astype(wide)
-    ms = np.mean(np.square(xf), axis=-1, keepdims=True)
-    y = (xf / np.sqrt(ms + np.float32(a.eps))).astype(x.dtype)  # HF: normalize, cast back, then scale
-    out = (w.astype(wide) + np.float32(a.weight_offset)) * y.astype(wide)
-    return out.astype(w.dtype)
 
 
 def _matmul(a: Any, x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -142,88 +113,8 @@ def _matmul(a: Any, x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.matmul(x.astype(wide, copy=False), y.astype(wide, copy=False)).astype(dt, copy=False)
 
 
-def _qmatmul(a: O.QMatMulAttrs, x: np.ndarray, *packed: np.ndarray) -> np.ndarray:
-    """x @ W^T with W dequantized exactly as its format defines (fusec.quant), a block of rows at a
-    time: a packed weight is never expanded to fp32 whole."""
-    from fusec import quant
-
-    y = quant.matmul(x.astype(np.float32, copy=False), quant.get_format(a.format), a.k, a.group, packed)
-    return y.astype(x.dtype, copy=False)
-
-
-def _qgather(a: O.QGatherAttrs, ids: np.ndarray, *packed: np.ndarray) -> np.ndarray:
-    from fusec import quant
-
-    idx = RO._checked_index(ids.reshape(-1), a.n, "qgather")
-    w = quant.dequantize(quant.get_format(a.format), a.k, a.group, [p[idx] for p in packed])
-    return w.reshape(*ids.shape, a.k).astype(a.out_dtype.np)
-
-
 def _isinf(a: O.IsInfAttrs, x: np.ndarray) -> np.ndarray:
     return (np.isposinf(x) & a.detect_positive) | (np.isneginf(x) & a.detect_negative)
-
-
-def _attention(a: O.AttentionAttrs, q: np.ndarray, k: np.ndarray, v: np.ndarray,
-               mask: np.ndarray | None = None) -> np.ndarray:
-    out_dt = v.dtype
-    wide = _wide(q)
-    q, k, v = (x.astype(wide) for x in (q, k, v))
-    rep = q.shape[1] // k.shape[1]
-    k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)  # q head h reads kv head h // rep
-    s = np.matmul(q, np.swapaxes(k, -1, -2)) * np.float32(a.scale)
-    if a.softcap:
-        s = np.float32(a.softcap) * np.tanh(s / np.float32(a.softcap))
-    if mask is not None:
-        s = np.where(mask, s, -np.inf) if mask.dtype == np.bool_ else s + mask.astype(wide)
-    if a.causal:
-        qlen, klen = s.shape[-2:]
-        s = np.where(np.tril(np.ones((qlen, klen), bool), k=klen - qlen), s, -np.inf)
-    p = _softmax(O.AxisAttrs(3), s.astype(wide))
-    if a.nan_to_zero:
-        p = np.where(np.isnan(p), np.float32(0), p)
-    return np.matmul(p, v).astype(out_dt)
-
-
-def _rope(a: O.RopeAttrs, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-    rd, half = a.rotary_dim, a.rotary_dim // 2
-    xr = x[..., :rd]
-    rot = np.concatenate([-xr[..., half:], xr[..., :half]], axis=-1)
-    y = xr * cos + rot * sin
-    return np.concatenate([y, x[..., rd:]], axis=-1)
-
-
-def _cache_write(a: O.CacheWriteAttrs, cache: np.ndarray, new: np.ndarray, pos: np.ndarray,
-                 rows: np.ndarray | None = None) -> np.ndarray:
-    out = np.array(cache, copy=True)  # functional here; in place on the GPU (the output is the cache's storage)
-    length = cache.shape[a.axis]
-    for i in range(new.shape[0]):
-        b = i if rows is None else int(rows[i])
-        if not 0 <= b < cache.shape[0]:
-            continue  # a destination outside the cache: dropped, as on the GPU
-        start = int(pos[i])
-        n = max(0, min(new.shape[a.axis], length - start))
-        if n:
-            dst = out[b].swapaxes(0, a.axis - 1)
-            dst[start:start + n] = new[i].swapaxes(0, a.axis - 1)[:n]
-    return out
-
-
-def _kv_attention(a: O.KVAttentionAttrs, q: np.ndarray, k: np.ndarray, v: np.ndarray, pos: np.ndarray) -> np.ndarray:
-    bsz, _, slen, _ = q.shape
-    total = k.shape[2]
-    keys = np.arange(total)[None, :]
-    last = np.asarray(pos).reshape(bsz, 1, 1, 1) + np.arange(slen).reshape(1, 1, slen, 1)  # each query's position
-    allowed = keys <= last
-    if a.window:
-        allowed = allowed & (keys > last - a.window)
-    return _attention(O.AttentionAttrs(a.scale, nan_to_zero=True, softcap=a.softcap), q, k, v, allowed)
-
-
-def _sample(a: O.NoAttrs, logits: np.ndarray, seed: np.ndarray, counter: np.ndarray, temperature: np.ndarray,
-            top_k: np.ndarray, top_p: np.ndarray) -> np.ndarray:
-    from fusec.sampling import sample
-
-    return sample(logits, seed, counter, temperature, top_k, top_p)
 
 
 def _fused(a: O.FusedAttrs, *xs: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -291,13 +182,13 @@ IMPL: dict[Op, Callable[..., np.ndarray]] = {
     Op.ARGMAX: lambda a, x: RO.arg(np.argmax, a, x),
     Op.ARGMIN: lambda a, x: RO.arg(np.argmin, a, x),
     Op.TOPK: RO.topk,
-    Op.SOFTMAX: _f32(_softmax),
+    Op.SOFTMAX: _f32(RO.softmax),
     Op.CUMSUM: _cumsum,
-    Op.LAYERNORM: _f32(_layernorm),
-    Op.RMSNORM: _rmsnorm,
+    Op.LAYERNORM: _f32(RM.layernorm),
+    Op.RMSNORM: RM.rmsnorm,
     Op.MATMUL: _matmul,
-    Op.QMATMUL: _qmatmul,
-    Op.QGATHER: _qgather,
+    Op.QMATMUL: RM.qmatmul,
+    Op.QGATHER: RM.qgather,
     Op.TF32_SPLIT: RO.tf32_split,
     Op.RESHAPE: lambda a, x: x.reshape(a.shape),
     Op.TRANSPOSE: lambda a, x: np.transpose(x, a.perm),
@@ -311,12 +202,12 @@ IMPL: dict[Op, Callable[..., np.ndarray]] = {
     Op.TILE: lambda a, x: np.tile(x, a.repeats),
     Op.TRILU: RO.trilu,
     Op.PAD: RO.pad,
-    Op.ATTENTION: _attention,
-    Op.ROPE: _f32(_rope),
+    Op.ATTENTION: RM.attention,
+    Op.ROPE: _f32(RM.rope),
     Op.FUSED: _fused,
-    Op.CACHE_WRITE: _cache_write,
-    Op.KV_ATTENTION: _kv_attention,
-    Op.SAMPLE: _sample,
+    Op.CACHE_WRITE: RM.cache_write,
+    Op.KV_ATTENTION: RM.kv_attention,
+    Op.SAMPLE: RM.sample,
     Op.SCATTER_ADD: RT.scatter_add,
     Op.CROSS_ENTROPY: RT.cross_entropy,
     Op.ADAMW: RT.adamw,

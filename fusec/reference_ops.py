@@ -1,5 +1,5 @@
 """Numpy definitions of the reference's indexing, integer and padding ops (slice, the gathers,
-scatter_nd, trilu, mod, bit_shift, argmax/argmin, topk, pad, empty-safe reduce_max/reduce_min),
+scatter_nd, trilu, mod, bit_shift, argmax/argmin, topk, pad, empty-safe reduce_max/reduce_min, softmax),
 each as the ONNX operator spec defines it; ``fusec.reference.IMPL`` maps the ops to them."""
 
 from __future__ import annotations
@@ -194,3 +194,15 @@ def matmul_tf32(trans_b: bool, x: np.ndarray, y: np.ndarray) -> np.ndarray:
     if trans_b:
         y = np.swapaxes(y, -1, -2)
     return np.matmul(tf32_truncate(x), tf32_truncate(y)).astype(np.float32, copy=False)
+
+
+def wide(x: np.ndarray) -> np.dtype:
+    """The dtype a high-level op computes ``x`` in: fp64 stays fp64 (gradient checks), else fp32."""
+    return np.dtype(np.float64) if x.dtype == np.float64 else np.dtype(np.float32)
+
+
+def softmax(a: O.AxisAttrs, x: np.ndarray) -> np.ndarray:
+    m = np.max(x, axis=a.axis, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0)  # an all -inf row gives NaN, as in onnxruntime and torch
+    e = np.exp(x - m)
+    return e / np.sum(e, axis=a.axis, keepdims=True)

@@ -9,6 +9,7 @@ import math
 import numpy as np
 
 from fusec.errors import InputError
+from fusec import reference_ops as RO
 from fusec.ops_train import (
     AdamWAttrs,
     CrossEntropyAttrs,
@@ -23,10 +24,6 @@ _M64 = (1 << 64) - 1
 INIT_SALT = 0x5851F42D4C957F2D  # keeps init's stream apart from sampling's for one seed
 
 
-def _wide(x: np.ndarray) -> np.dtype:
-    return np.dtype(np.float64) if x.dtype == np.float64 else np.dtype(np.float32)
-
-
 def _indices(idx: np.ndarray, size: int, what: str) -> np.ndarray:
     if idx.size and (idx.min() < -size or idx.max() >= size):
         raise InputError(f"{what}: index out of range [{-size}, {size}) (min {idx.min()}, max {idx.max()})")
@@ -37,7 +34,7 @@ def scatter_add(a: ScatterAddAttrs, upd: np.ndarray, idx: np.ndarray) -> np.ndar
     pre = upd.shape[:a.axis]
     post = upd.shape[a.axis + idx.ndim:]
     n_pre, n_post = math.prod(pre), math.prod(post)
-    wide = _wide(upd)
+    wide = RO.wide(upd)
     out = np.zeros((n_pre, a.size, n_post), wide)
     flat = _indices(idx.reshape(-1), a.size, "scatter_add")
     np.add.at(out, (slice(None), flat), upd.reshape(n_pre, flat.size, n_post).astype(wide))
@@ -57,7 +54,7 @@ def _labels(a: CrossEntropyAttrs, classes: int, labels: np.ndarray, what: str) -
 def cross_entropy(a: CrossEntropyAttrs, x: np.ndarray, labels: np.ndarray) -> np.ndarray:
     """loss[r] = logsumexp(x[r]) - x[r, labels[r]]; 0 where labels[r] == ignore_index."""
     keep = _labels(a, x.shape[-1], labels, "cross_entropy")
-    xw = x.astype(_wide(x))
+    xw = x.astype(RO.wide(x))
     m = np.max(xw, axis=-1, keepdims=True)
     lse = np.log(np.sum(np.exp(xw - m), axis=-1)) + m[..., 0]
     picked = np.take_along_axis(xw, np.where(keep, labels, 0)[..., None].astype(np.int64), axis=-1)[..., 0]
@@ -66,7 +63,7 @@ def cross_entropy(a: CrossEntropyAttrs, x: np.ndarray, labels: np.ndarray) -> np
 
 def softmax_grad(a: SoftmaxGradAttrs, p: np.ndarray, dp: np.ndarray) -> np.ndarray:
     """scale * p * (dp - sum(dp * p)) along the axis, in fp32 (fp64 stays fp64)."""
-    w = _wide(p)
+    w = RO.wide(p)
     pw, dw = p.astype(w), dp.astype(w)
     s = np.sum(dw * pw, axis=a.axis, keepdims=True)
     return (w.type(a.scale) * (pw * (dw - s))).astype(p.dtype)
@@ -75,7 +72,7 @@ def softmax_grad(a: SoftmaxGradAttrs, p: np.ndarray, dp: np.ndarray) -> np.ndarr
 def layernorm_grad(a: LayerNormGradAttrs, x: np.ndarray, scale: np.ndarray, dy: np.ndarray
                    ) -> tuple[np.ndarray, np.ndarray]:
     """(dx, dy * xhat): dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * scale."""
-    w = _wide(x)
+    w = RO.wide(x)
     axes = tuple(range(a.axis, x.ndim))
     xw, dw = x.astype(w), dy.astype(w)
     sw = scale.astype(w).reshape(x.shape[a.axis:])
@@ -91,7 +88,7 @@ def layernorm_grad(a: LayerNormGradAttrs, x: np.ndarray, scale: np.ndarray, dy: 
 def cross_entropy_grad(a: CrossEntropyAttrs, x: np.ndarray, labels: np.ndarray, dloss: np.ndarray) -> np.ndarray:
     """(softmax(x) - onehot(label)) * dloss per row; 0 on rows whose label is the ignore index."""
     keep = _labels(a, x.shape[-1], labels, "cross_entropy_grad")
-    w = _wide(x)
+    w = RO.wide(x)
     xw = x.astype(w)
     e = np.exp(xw - np.max(xw, axis=-1, keepdims=True))
     p = e / np.sum(e, axis=-1, keepdims=True)
