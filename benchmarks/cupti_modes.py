@@ -60,29 +60,26 @@ def child(plan_path: str, runs: int) -> dict:
     inputs = {k: cp.asarray(v) for k, v in random_inputs_for(plan.manifest["inputs"], 0).items()}
     stream = cp.cuda.Stream(non_blocking=True)
     plan.run(inputs, stream=stream, measure=True)  # attaches the counters (unless FUSEC_CUPTI=0)
-    first = plan.stats()
-    bound = plan.bind(inputs)
 
-    def timed(fn, n: int) -> dict:  # noqa: ANN001
-        return gpu_host_times(fn, stream, n)
-
-    out = {"bound": timed(lambda: bound.run(stream), runs),
-           "run": timed(lambda: plan.run(inputs, stream=stream, measure=False), runs)}
-    counts = []
+    def counted() -> dict:  # what the last run's driver counters said
+        s = plan.stats()
+        return {k: s.get(k) for k in (*COUNTS, "counters")}
 
     def measured() -> None:
         plan.run(inputs, stream=stream, measure=True)
 
-    out["measured_run"] = timed(measured, max(10, runs // 10))
+    out = {"first_counts": counted()}
+    bound = plan.bind(inputs)
+    out["bound"] = gpu_host_times(lambda: bound.run(stream), stream, runs)
+    out["run"] = gpu_host_times(lambda: plan.run(inputs, stream=stream, measure=False), stream, runs)
+    out["measured_run"] = gpu_host_times(measured, stream, max(10, runs // 10))
+    out["counts"] = []
     for _ in range(3):
         measured()
-        s = plan.stats()
-        counts.append({k: s.get(k) for k in COUNTS} | {"counters": s.get("counters")})
-    out["bound_after"] = timed(lambda: bound.run(stream), runs)
+        out["counts"].append(counted())
+    out["bound_after"] = gpu_host_times(lambda: bound.run(stream), stream, runs)
     inst = DriverCounters.peek()
     out["describe"] = inst.describe() if inst is not None else "not created"
-    out["first_counts"] = {k: first.get(k) for k in COUNTS} | {"counters": first.get("counters")}
-    out["counts"] = counts
     return out
 
 

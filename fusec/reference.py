@@ -109,7 +109,7 @@ def _matmul(a: Any, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         return np.matmul(x, y)
     # copy=False: weights already in fp32 are not copied on every call (decode runs this per token);
     # fp64 (gradient checks) computes in fp64
-    wide = np.float64 if dt == np.float64 else np.float32
+    wide = RO.wide(x)
     return np.matmul(x.astype(wide, copy=False), y.astype(wide, copy=False)).astype(dt, copy=False)
 
 
